@@ -1,0 +1,695 @@
+/*
+ * kvtier.h - the public C API of kvtier, a cold KV-cache tier on local SSD for
+ * LLM inference servers. This header is the manual: every function documents
+ * its return codes, what state remains after a failure, who owns what, and
+ * which threads may call it. It is the only header kvtier installs.
+ *
+ * Conventions (shared by every function below):
+ *  - Return codes: 0 (KVT_OK) on success, a negative KVT_E* code on failure.
+ *    Functions that return a count return it as a non-negative int64_t or via
+ *    an out-parameter. After any failure, kvt_last_error() on the same thread
+ *    holds a human-readable message and kvt_last_errno() the OS errno (0 when
+ *    the failure did not come from the OS).
+ *  - Out-parameters come first. They are written only on success unless the
+ *    function says otherwise.
+ *  - Objects come in create/free pairs; every *_free function accepts NULL.
+ *  - Strings passed in are copied; the caller keeps ownership.
+ *  - Sizes are sized integers (uint64_t bytes, int32_t tokens).
+ *  - Options structs are versioned: initialise with the *_INIT macro or the
+ *    *_init() function (callable from ctypes), then set fields.
+ */
+#ifndef KVTIER_H
+#define KVTIER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(KVT_BUILDING_LIBRARY) && defined(__GNUC__)
+#define KVT_API __attribute__((visibility("default")))
+#else
+#define KVT_API
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                  */
+/* ------------------------------------------------------------------------ */
+
+#define KVT_VERSION_MAJOR 0
+#define KVT_VERSION_MINOR 1
+#define KVT_VERSION_PATCH 0
+#define KVT_VERSION_STRING "0.1.0"
+#define KVT_VERSION_NUMBER                                                     \
+  (KVT_VERSION_MAJOR * 10000 + KVT_VERSION_MINOR * 100 + KVT_VERSION_PATCH)
+
+/** Version string of the library actually loaded ("0.1.0"). Static storage. */
+KVT_API const char *kvt_version(void);
+/** KVT_VERSION_NUMBER of the library actually loaded. */
+KVT_API int kvt_version_number(void);
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef enum kvt_error {
+  KVT_OK = 0,
+  KVT_EINVAL = -1,       /* invalid argument or option (message names it)   */
+  KVT_ENOMEM = -2,       /* allocation failed                                */
+  KVT_EIO = -3,          /* OS I/O error; kvt_last_errno() has the errno      */
+  KVT_ENOTFOUND = -4,    /* no such entry                                    */
+  KVT_ECORRUPT = -5,     /* stored data failed validation (never served)     */
+  KVT_EFULL = -6,        /* spill queue full: the entry was dropped          */
+  KVT_ECLOSED = -7,      /* the tier is closed                               */
+  KVT_ETIMEDOUT = -8,    /* a wait ran out; the operation may be retried     */
+  KVT_ECANCELED = -9,    /* the operation was cancelled                      */
+  KVT_EBUDGET = -10,     /* the caller's reserve callback refused the bytes  */
+  KVT_ETOOBIG = -11,     /* entry larger than the configured capacity/queue  */
+  KVT_EPERM = -12,       /* unsafe ownership/permissions or symlink          */
+  KVT_EBUSY = -13,       /* resource in use (e.g. another writer process)    */
+  KVT_EUNSUPPORTED = -14, /* feature not available in this build/format      */
+  KVT_ENOSPC = -15,      /* the disk is full                                 */
+  KVT_EDB = -16,         /* SQLite error; the message carries SQLite's text  */
+  KVT_EAGAIN = -17,      /* not ready yet (non-blocking query)               */
+  KVT_ERANGE = -18       /* a caller-supplied buffer is too small            */
+} kvt_error;
+
+/** Static, never-NULL description of an error code ("invalid argument"). */
+KVT_API const char *kvt_strerror(int err);
+/** Message of the last failure on this thread ("" if none). Valid until the
+ *  next kvtier call on this thread. Thread-local: safe from any thread. */
+KVT_API const char *kvt_last_error(void);
+/** OS errno of the last failure on this thread, 0 if not OS-related. */
+KVT_API int kvt_last_errno(void);
+/** Clears this thread's last error. */
+KVT_API void kvt_clear_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Logging                                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef enum kvt_log_level {
+  KVT_LOG_DEBUG = 0,
+  KVT_LOG_INFO = 1,
+  KVT_LOG_WARN = 2,
+  KVT_LOG_ERROR = 3,
+  KVT_LOG_NONE = 4
+} kvt_log_level;
+
+/** Log sink. Called from any kvtier thread (caller threads, the writer, the
+ *  promote workers), possibly concurrently: it must be thread-safe and must
+ *  not call back into the tier that logs. `msg` is valid only during the call.
+ */
+typedef void (*kvt_log_fn)(void *ctx, int level, const char *msg);
+
+/* ------------------------------------------------------------------------ */
+/* Tensors and layers                                                       */
+/* ------------------------------------------------------------------------ */
+
+/** Element types; the names are the safetensors dtype strings. */
+typedef enum kvt_dtype {
+  KVT_DTYPE_INVALID = 0,
+  KVT_DTYPE_BOOL = 1,
+  KVT_DTYPE_U8 = 2,
+  KVT_DTYPE_I8 = 3,
+  KVT_DTYPE_I16 = 4,
+  KVT_DTYPE_U16 = 5,
+  KVT_DTYPE_F16 = 6,
+  KVT_DTYPE_BF16 = 7,
+  KVT_DTYPE_I32 = 8,
+  KVT_DTYPE_U32 = 9,
+  KVT_DTYPE_F32 = 10,
+  KVT_DTYPE_I64 = 11,
+  KVT_DTYPE_U64 = 12,
+  KVT_DTYPE_F64 = 13
+} kvt_dtype;
+
+/** Bytes per element, 0 for an unknown dtype. */
+KVT_API size_t kvt_dtype_size(kvt_dtype dt);
+/** safetensors name ("BF16"), or NULL for an unknown dtype. Static storage. */
+KVT_API const char *kvt_dtype_name(kvt_dtype dt);
+/** Parses a safetensors name; KVT_DTYPE_INVALID when unknown. */
+KVT_API kvt_dtype kvt_dtype_from_name(const char *name);
+
+#define KVT_MAX_DIMS 8
+
+/** A dense, C-contiguous tensor. In a spill the data is the caller's and is
+ *  only read; in a promoted entry it is owned by the entry. */
+typedef struct kvt_tensor {
+  int32_t dtype;                 /* kvt_dtype */
+  uint32_t ndim;                 /* 0..KVT_MAX_DIMS (0 = scalar) */
+  int64_t shape[KVT_MAX_DIMS];   /* each >= 0 */
+  void *data;                    /* nbytes bytes; may be NULL iff nbytes==0 */
+  uint64_t nbytes;               /* must equal prod(shape) * dtype size */
+} kvt_tensor;
+
+typedef enum kvt_layer_kind {
+  KVT_LAYER_KV = 1,           /* tensors: [keys, values]                       */
+  KVT_LAYER_ROTATING_KV = 2,  /* as KV, plus max_size, keep, step, idx         */
+  KVT_LAYER_ARRAYS = 3,       /* tensors: state[0..n) (ArraysCache/MambaCache)  */
+  KVT_LAYER_QUANTIZED_KV = 4  /* tensors: [k_packed, k_scales, k_biases,
+                                  v_packed, v_scales, v_biases]; bits,
+                                  group_size                                   */
+} kvt_layer_kind;
+
+/** Sentinel for "attribute absent" in the integer fields of kvt_layer. */
+#define KVT_ABSENT INT64_MIN
+
+/** One layer of a KV cache. On spill the caller fills it and keeps
+ *  ownership of everything it points to; kvtier copies what it needs before
+ *  kvt_tier_spill returns (or, with kvt_tier_spill_nocopy, until the release
+ *  callback runs). In a promoted entry everything is owned by the entry. */
+typedef struct kvt_layer {
+  int32_t kind;          /* kvt_layer_kind */
+  uint32_t num_tensors;  /* KV/rotating: 2, quantized: 6, arrays: >= 0 */
+  kvt_tensor *tensors;
+  int64_t offset;        /* KV kinds: tokens held; KVT_ABSENT for arrays */
+  /* Rotating KV attributes (KVT_ABSENT when not present). */
+  int64_t max_size, keep, step, idx;
+  /* Quantized KV attributes. */
+  int32_t bits, group_size;
+  /* Original-dtype hints, one per tensor (KVT_DTYPE_INVALID = none), or NULL.
+   * Read from the reference's `*_original_dtype` manifest keys: the stored
+   * tensor was upcast (bf16 -> F32) and the engine casts back. kvtier's own
+   * native mode never needs them (bf16 stays BF16). */
+  int32_t *orig_dtypes;
+} kvt_layer;
+
+/** Initialises a layer to kind with every optional attribute absent. */
+KVT_API void kvt_layer_init(kvt_layer *layer, kvt_layer_kind kind);
+
+/* ------------------------------------------------------------------------ */
+/* Keys                                                                     */
+/* ------------------------------------------------------------------------ */
+
+#define KVT_HASH_HEX_LEN 64
+#define KVT_PREFIX_FILTER_TOKENS 16
+
+/** out = lowercase hex SHA-256 of the native-endian int32 token blob, NUL
+ *  terminated (65 bytes), bit-identical to the reference's _tokens_hash.
+ *  n may be 0. Returns 0, KVT_EINVAL (NULL out, or NULL tokens with n > 0). */
+KVT_API int kvt_token_hash(char out[KVT_HASH_HEX_LEN + 1], const int32_t *tokens,
+                           size_t n);
+/** Same over the first min(n, 16) tokens (the reference's _prefix_hash). */
+KVT_API int kvt_prefix_hash(char out[KVT_HASH_HEX_LEN + 1],
+                            const int32_t *tokens, size_t n);
+
+/* ------------------------------------------------------------------------ */
+/* Options                                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef enum kvt_storage_mode {
+  /** Lossless: bf16 stays BF16, quantized layers stay packed with scales and
+   *  biases. kvtier reads it back exactly; the reference cannot read bf16 or
+   *  quantized layers written this way. */
+  KVT_STORAGE_NATIVE = 0,
+  /** What the reference writes: bf16 upcast to F32 with an original-dtype
+   *  hint, quantized layers dequantized. The reference reads it. */
+  KVT_STORAGE_COMPAT = 1
+} kvt_storage_mode;
+
+typedef enum kvt_durability {
+  /** write tmp dir -> fsync files -> rename -> fsync data/ (default). An
+   *  entry reported written survives a crash or power loss. */
+  KVT_DURABILITY_FSYNC = 0,
+  /** No fsync (the reference's behaviour): atomic rename only. Survives a
+   *  process crash; a power loss may lose recent entries (never serves a
+   *  torn one: checksums catch it). */
+  KVT_DURABILITY_NONE = 1
+} kvt_durability;
+
+typedef enum kvt_io_backend {
+  KVT_IO_AUTO = 0,     /* io_uring when built and usable, else portable */
+  KVT_IO_PORTABLE = 1, /* pread/pwrite; every platform */
+  KVT_IO_URING = 2     /* io_uring; KVT_EUNSUPPORTED where unavailable */
+} kvt_io_backend;
+
+/** Flags for kvt_options.flags. */
+#define KVT_OPEN_READONLY 0x1u      /* inspect only: no writer, no changes   */
+#define KVT_OPEN_NO_RECONCILE 0x2u  /* skip reconcile at open               */
+#define KVT_OPEN_SKIP_OWNER_CHECK 0x4u /* allow a dir not owned by the user */
+
+/** Called by the writer thread after each spill finished (status 0: the entry
+ *  is published, durably when durability is FSYNC; negative: it was not
+ *  written and no trace of it remains). token_hash is valid during the call.
+ *  Must not block for long and must not close the tier. */
+typedef void (*kvt_spill_done_fn)(void *ctx, const char *token_hash,
+                                  int status);
+
+#define KVT_OPTIONS_VERSION 1
+
+/** Tier options; mirrors the reference's SSDCacheConfig plus kvtier's own. */
+typedef struct kvt_options {
+  unsigned int version;      /* KVT_OPTIONS_VERSION */
+  /** Cache directory. NULL: $XDG_CACHE_HOME (else ~/.cache) +
+   *  "/kvtier/<model_name>". */
+  const char *cache_dir;
+  /** Used only to derive the default cache_dir; NULL = "default". Must not
+   *  contain '/' or be "." or "..". */
+  const char *model_name;
+  double max_size_gb;        /* > 0; GiB (2^30) of bytes ON DISK. 10.0 */
+  int64_t max_entries;       /* >= 1. 10000 */
+  uint32_t file_mode;        /* 0600 */
+  uint32_t dir_mode;         /* 0700 */
+  uint32_t spill_queue_size; /* >= 1 entries. 64 */
+  /** Bound on the bytes of snapshots held by the queue; 0 = no bound. A
+   *  spill that does not fit is dropped (KVT_EFULL); one larger than the
+   *  whole bound is refused (KVT_ETOOBIG). */
+  uint64_t spill_queue_bytes;
+  /** Entries older than this many seconds since they were WRITTEN expire;
+   *  0 = never (the reference's None). >= 0. */
+  int64_t retention_seconds;
+  int32_t storage_mode;      /* kvt_storage_mode; KVT_STORAGE_NATIVE */
+  int32_t durability;        /* kvt_durability; KVT_DURABILITY_FSYNC */
+  int32_t io_backend;        /* kvt_io_backend; KVT_IO_AUTO */
+  uint32_t promote_threads;  /* workers for async promote, >= 1. 2 */
+  /** Max entries kept in quarantine/ (oldest removed first); 0 = keep none
+   *  (corrupt entries are deleted). 16 */
+  uint32_t quarantine_max;
+  uint32_t flags;            /* KVT_OPEN_* */
+  kvt_log_fn log_fn;         /* NULL = no logging */
+  void *log_ctx;
+  int32_t log_level;         /* minimum level passed to log_fn. WARN */
+  kvt_spill_done_fn spill_done_fn; /* NULL = none */
+  void *spill_done_ctx;
+} kvt_options;
+
+#define KVT_OPTIONS_INIT                                                       \
+  {KVT_OPTIONS_VERSION, NULL, NULL, 10.0, 10000, 0600, 0700, 64, 0, 0,         \
+   KVT_STORAGE_NATIVE, KVT_DURABILITY_FSYNC, KVT_IO_AUTO, 2, 16, 0, NULL,       \
+   NULL, KVT_LOG_WARN, NULL, NULL}
+
+/** Fills opts with the defaults of KVT_OPTIONS_INIT. Returns 0, or KVT_EINVAL
+ *  for a NULL opts or a version this library does not know. */
+KVT_API int kvt_options_init(kvt_options *opts, unsigned int version);
+/** Checks every field as the reference's SSDCacheConfig.__post_init__ does
+ *  and more. Returns 0, or KVT_EINVAL with a message naming the field, e.g.
+ *  "max_size_gb must be > 0, got -1". */
+KVT_API int kvt_options_validate(const kvt_options *opts);
+/** sizeof(kvt_options), for bindings that mirror the struct. */
+KVT_API size_t kvt_options_size(void);
+
+/* ------------------------------------------------------------------------ */
+/* Entries (promoted data)                                                  */
+/* ------------------------------------------------------------------------ */
+
+/** A promoted entry: tokens, layers and tensor data, all owned by it.
+ *  Immutable once returned: any number of threads may read it at once. */
+typedef struct kvt_entry kvt_entry;
+
+KVT_API uint32_t kvt_entry_num_layers(const kvt_entry *e);
+/** Layer i (NULL if out of range). Owned by the entry. */
+KVT_API const kvt_layer *kvt_entry_layer(const kvt_entry *e, uint32_t i);
+/** Tokens of the entry; *n receives the count. Owned by the entry. */
+KVT_API const int32_t *kvt_entry_tokens(const kvt_entry *e, size_t *n);
+/** memory_bytes recorded at spill (the RAM estimate the engine gave). */
+KVT_API uint64_t kvt_entry_memory_bytes(const kvt_entry *e);
+/** Bytes reserved through the reserve callback for this entry (0 when no
+ *  callback was given). The reservation now belongs to the caller: kvtier
+ *  never releases it after a successful promote. */
+KVT_API uint64_t kvt_entry_reserved_bytes(const kvt_entry *e);
+/** Bytes read from disk to build this entry. */
+KVT_API uint64_t kvt_entry_disk_bytes(const kvt_entry *e);
+/** Token hash (64 hex chars). Owned by the entry. */
+KVT_API const char *kvt_entry_hash(const kvt_entry *e);
+/** Storage mode the entry was written in (kvt_storage_mode). */
+KVT_API int kvt_entry_storage_mode(const kvt_entry *e);
+/** Frees the entry and its tensors (via the caller's free callback for
+ *  buffers the caller allocated). Accepts NULL. Not thread-safe against
+ *  readers of the same entry. */
+KVT_API void kvt_entry_free(kvt_entry *e);
+
+/* ------------------------------------------------------------------------ */
+/* The tier                                                                 */
+/* ------------------------------------------------------------------------ */
+
+typedef struct kvt_tier kvt_tier;
+
+/** Opens (creating when missing) a cache directory: cache_dir/ and data/
+ *  with dir_mode, index.db (WAL), removes stale *.tmp dirs, and reconciles
+ *  unless KVT_OPEN_NO_RECONCILE. Does NOT start the writer (see
+ *  kvt_tier_start_writer), as in the reference.
+ *  Returns 0 and *out; or KVT_EINVAL (bad options), KVT_EPERM (directory not
+ *  owned by the user, writable by group/others, or a symlink), KVT_EBUSY
+ *  (another process holds the directory for writing), KVT_EIO/KVT_ENOSPC,
+ *  KVT_EDB, KVT_ENOMEM. On failure nothing stays open or allocated (created
+ *  directories are left). Thread-safe (independent tiers). */
+KVT_API int kvt_tier_open(kvt_tier **out, const kvt_options *opts);
+
+/** Starts the background spill writer. Idempotent. Returns 0, KVT_ECLOSED,
+ *  KVT_EINVAL (read-only tier), KVT_ENOMEM/KVT_EIO (thread creation).
+ *  Spills enqueued before the writer starts wait in the queue. */
+KVT_API int kvt_tier_start_writer(kvt_tier *t);
+
+/** Stops accepting spills, waits up to timeout_ms (< 0: forever) for the
+ *  writer to drain the queue, joins it, and closes the index. Returns 0, or
+ *  KVT_ETIMEDOUT when the queue did not drain in time: the tier stays usable
+ *  for lookups and promotes, still refuses spills, and close may be called
+ *  again. A second close after success returns 0 and does nothing. Waits for
+ *  running promotes. Any thread; not concurrently with kvt_tier_free. */
+KVT_API int kvt_tier_close(kvt_tier *t, int64_t timeout_ms);
+
+/** Closes if needed (dropping spills not yet started, waiting for the one in
+ *  progress and for promotes), and frees the tier. Accepts NULL. After it,
+ *  the pointer is invalid; no other call may be in flight on this tier. */
+KVT_API void kvt_tier_free(kvt_tier *t);
+
+/** Enqueues a spill without blocking on I/O. The layers are copied
+ *  (snapshotted) on the calling thread before return; the writer never
+ *  touches caller memory. memory_bytes is the engine's RAM estimate, stored
+ *  as the reference does. Spilling tokens already stored replaces the entry.
+ *  Returns 0 (enqueued; kvt_options.spill_done_fn reports the outcome),
+ *  KVT_EFULL (queue full by count or bytes: dropped, counted in spill_drops),
+ *  KVT_ETOOBIG (larger than max_size_gb or spill_queue_bytes: refused),
+ *  KVT_EINVAL (bad layer: message says which layer and why; nothing
+ *  enqueued), KVT_ECLOSED, KVT_ENOMEM. Thread-safe. */
+KVT_API int kvt_tier_spill(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
+                           const kvt_layer *layers, uint32_t n_layers,
+                           uint64_t memory_bytes);
+
+/** Zero-copy spill: as kvt_tier_spill, but the tensor data is not copied.
+ *  The caller hands the buffers over and must not modify or free them until
+ *  release(release_ctx) is called (exactly once, from the writer thread or,
+ *  on any failure return, from the calling thread before return). The
+ *  kvt_layer/kvt_tensor descriptor arrays themselves are still copied. */
+KVT_API int kvt_tier_spill_nocopy(kvt_tier *t, const int32_t *tokens,
+                                  size_t n_tokens, const kvt_layer *layers,
+                                  uint32_t n_layers, uint64_t memory_bytes,
+                                  void (*release)(void *ctx),
+                                  void *release_ctx);
+
+/** Blocks until every spill enqueued before the call has been written (or
+ *  failed), or timeout_ms passes (< 0: forever). Returns 0, KVT_ETIMEDOUT,
+ *  KVT_EINVAL (writer not started while the queue is non-empty). */
+KVT_API int kvt_tier_flush(kvt_tier *t, int64_t timeout_ms);
+
+/** Metadata of a stored entry, read without touching tensor data. */
+typedef struct kvt_entry_info {
+  char token_hash[KVT_HASH_HEX_LEN + 1];
+  char prefix_hash[KVT_HASH_HEX_LEN + 1];
+  uint64_t num_tokens;
+  uint64_t memory_bytes;  /* RAM estimate given at spill */
+  uint64_t disk_bytes;    /* bytes of the entry's files on disk */
+  double created_at;      /* Unix seconds */
+  double accessed_at;     /* Unix seconds */
+} kvt_entry_info;
+
+/** Exact lookup. Returns 0 and *out, KVT_ENOTFOUND (absent or expired),
+ *  KVT_EINVAL, KVT_ECLOSED, KVT_EDB. Does not count hits or misses (as in
+ *  the reference). Thread-safe. */
+KVT_API int kvt_tier_lookup(kvt_entry_info *out, kvt_tier *t,
+                            const int32_t *tokens, size_t n_tokens);
+
+/** Longest stored sequence that is a prefix of tokens (possibly all of it).
+ *  Returns as kvt_tier_lookup. Thread-safe. */
+KVT_API int kvt_tier_lookup_prefix(kvt_entry_info *out, kvt_tier *t,
+                                   const int32_t *tokens, size_t n_tokens);
+
+/** Budget callbacks. reserve returns nonzero when nbytes were reserved.
+ *  Both run on the thread that calls kvt_tier_promote, kvt_tier_promote_async
+ *  (reserve), kvt_promise_result / kvt_promise_cancel / kvt_promise_free
+ *  (release) - never on a kvtier worker thread. */
+typedef int (*kvt_reserve_fn)(void *ctx, uint64_t nbytes);
+typedef void (*kvt_release_fn)(void *ctx, uint64_t nbytes);
+
+/** Caller-supplied tensor buffers: return a buffer of at least desc->nbytes
+ *  bytes (desc has dtype and shape filled) for tensor `tensor` of layer
+ *  `layer`, or NULL to fail the promote with KVT_ENOMEM. free_fn, when set,
+ *  is called for each such buffer by kvt_entry_free (or on failure). Called
+ *  on a worker thread for async promotes. */
+typedef void *(*kvt_alloc_fn)(void *ctx, uint32_t layer, uint32_t tensor,
+                              const kvt_tensor *desc);
+typedef void (*kvt_free_fn)(void *ctx, void *buf);
+
+/** Per-layer completion for layer-streamed promote: called once per layer,
+ *  in order, as soon as that layer's data is verified and in place. Called
+ *  on the reading thread. The layer belongs to the entry being built. */
+typedef void (*kvt_layer_ready_fn)(void *ctx, uint32_t layer_idx,
+                                   const kvt_layer *layer);
+
+#define KVT_PROMOTE_PREFIX 0x1u   /* promote the longest stored prefix */
+#define KVT_PROMOTE_NO_TOUCH 0x2u /* do not update accessed_at */
+
+#define KVT_PROMOTE_OPTS_VERSION 1
+typedef struct kvt_promote_opts {
+  unsigned int version;  /* KVT_PROMOTE_OPTS_VERSION */
+  uint32_t flags;        /* KVT_PROMOTE_* */
+  kvt_reserve_fn reserve; /* NULL: nothing reserved */
+  kvt_release_fn release;
+  void *budget_ctx;
+  kvt_alloc_fn alloc;     /* NULL: kvtier allocates (pooled) */
+  kvt_free_fn free_buf;
+  void *alloc_ctx;
+  kvt_layer_ready_fn on_layer; /* NULL: none */
+  void *layer_ctx;
+} kvt_promote_opts;
+
+#define KVT_PROMOTE_OPTS_INIT                                                  \
+  {KVT_PROMOTE_OPTS_VERSION, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}
+KVT_API int kvt_promote_opts_init(kvt_promote_opts *opts, unsigned int version);
+
+/** Synchronous promote, in the reference's order: lookup (a miss counts
+ *  ssd_misses -> KVT_ENOTFOUND); reserve(memory_bytes) BEFORE any data is
+ *  read (refusal counts promotion_failures -> KVT_EBUDGET); read and verify
+ *  every file; on I/O error or corruption release the reservation, count a
+ *  promotion failure, quarantine a corrupt entry (KVT_EIO / KVT_ECORRUPT);
+ *  on success count the hit, latency and bytes, touch the entry and return
+ *  it in *out with the reservation handed to the caller.
+ *  opts may be NULL (no budget). Thread-safe; many at once. */
+KVT_API int kvt_tier_promote(kvt_entry **out, kvt_tier *t,
+                             const int32_t *tokens, size_t n_tokens,
+                             const kvt_promote_opts *opts);
+
+/** An asynchronous promote in flight. */
+typedef struct kvt_promise kvt_promise;
+
+/** Starts a promote: lookup and reserve run now, on the calling thread (so a
+ *  miss or refusal is known at once: KVT_ENOTFOUND / KVT_EBUDGET are returned
+ *  directly and no promise is created); the read runs on a worker thread.
+ *  Returns 0 and *out, or the codes above, KVT_ECLOSED, KVT_ENOMEM. */
+KVT_API int kvt_tier_promote_async(kvt_promise **out, kvt_tier *t,
+                                   const int32_t *tokens, size_t n_tokens,
+                                   const kvt_promote_opts *opts);
+
+/** Waits up to timeout_ms (< 0: forever; 0: poll) for completion. Returns 0
+ *  when complete (success or not; see kvt_promise_result), KVT_ETIMEDOUT. */
+KVT_API int kvt_promise_wait(kvt_promise *p, int64_t timeout_ms);
+
+/** A file descriptor that becomes readable when the promise completes, for
+ *  event loops (select/poll/epoll/asyncio add_reader). Owned by the promise;
+ *  valid until kvt_promise_free. Returns the fd or a negative code. */
+KVT_API int kvt_promise_fd(kvt_promise *p);
+
+/** Collects the result of a completed promise: 0 and *out (the entry, now the
+ *  caller's), or the promote's error code (the reservation, if any, has then
+ *  been released on this thread). KVT_EAGAIN if not complete yet. Can be
+ *  called once successfully; later calls return KVT_EINVAL. */
+KVT_API int kvt_promise_result(kvt_entry **out, kvt_promise *p);
+
+/** Cancels: asks the read to stop, WAITS for it to finish, frees any data,
+ *  releases the reservation on this thread. Returns KVT_ECANCELED when the
+ *  promote was cancelled, 0 when it had already completed (the result is
+ *  then still collectable), or KVT_EINVAL. The budget never leaks. */
+KVT_API int kvt_promise_cancel(kvt_promise *p);
+
+/** Frees the promise; an uncollected result is cancelled/released first
+ *  (as kvt_promise_cancel). Accepts NULL. */
+KVT_API void kvt_promise_free(kvt_promise *p);
+
+/** Reads an entry by its relative path in data/ (the index's file_path), as
+ *  the reference's _read_entry(tokens, file_path): no budget, no stats, no
+ *  touch. A corrupt entry is quarantined. file_path must be a 64-hex entry
+ *  name (anything else: KVT_EINVAL, never a path outside the cache).
+ *  Returns 0 and *out, KVT_ENOTFOUND, KVT_ECORRUPT, KVT_EIO. */
+KVT_API int kvt_tier_read_entry(kvt_entry **out, kvt_tier *t,
+                                const int32_t *tokens, size_t n_tokens,
+                                const char *file_path);
+
+/** Marks an entry recently used (accessed_at = now). Returns 0 or
+ *  KVT_ENOTFOUND. Touches may be grouped and written to SQLite lazily; they
+ *  are visible to kvt_tier_lookup at once. */
+KVT_API int kvt_tier_touch(kvt_tier *t, const int32_t *tokens,
+                           size_t n_tokens);
+
+/** Removes an entry (files and row). Returns 0, KVT_ENOTFOUND. */
+KVT_API int kvt_tier_remove(kvt_tier *t, const int32_t *tokens,
+                            size_t n_tokens);
+
+/** Reconciles the index with the files: drops rows whose entry directory or
+ *  manifest is missing, removes data directories with no row and stale *.tmp
+ *  directories. Returns the number cleaned (>= 0) or a negative code. Safe
+ *  on a directory written by the reference. */
+KVT_API int64_t kvt_tier_reconcile(kvt_tier *t);
+
+/** Limits for kvt_tier_gc; a field of 0 (or < 0 for older_than) means "use
+ *  the tier's configured value". */
+typedef struct kvt_gc_opts {
+  unsigned int version; /* 1 */
+  uint64_t max_bytes;
+  int64_t max_entries;
+  int64_t older_than_seconds;
+  int dry_run;
+} kvt_gc_opts;
+#define KVT_GC_OPTS_INIT {1, 0, 0, -1, 0}
+
+/** Applies capacity and retention now (as the writer does after each spill
+ *  and the retention sweep does periodically). Counts in *removed and
+ *  *removed_bytes (may be NULL). Returns 0 or a negative code. */
+KVT_API int kvt_tier_gc(kvt_tier *t, const kvt_gc_opts *opts,
+                        uint64_t *removed, uint64_t *removed_bytes);
+
+/** Calls fn for each stored entry, most recently used first, until fn
+ *  returns nonzero. Must not call other kvt_tier functions from fn.
+ *  Returns 0 or a negative code. */
+typedef int (*kvt_entry_visit_fn)(void *ctx, const kvt_entry_info *info);
+KVT_API int kvt_tier_foreach(kvt_tier *t, kvt_entry_visit_fn fn, void *ctx);
+
+/** JSON description of one stored entry: its manifest, storage mode, and for
+ *  each layer the tensors with dtype, shape and byte length, read from the
+ *  manifest and safetensors headers only (no tensor data). *json is
+ *  malloc'ed; free with kvt_free. Returns 0, KVT_ENOTFOUND, KVT_ECORRUPT,
+ *  KVT_EINVAL (token_hash not 64 hex digits), KVT_EIO. Thread-safe. */
+KVT_API int kvt_tier_describe(char **json, kvt_tier *t, const char *token_hash);
+
+/** Reads and verifies one entry completely (manifest, every safetensors
+ *  header and checksum, tokens.bin against the hash, path safety). Returns 0
+ *  (good), KVT_ECORRUPT (message says what is wrong; with repair nonzero the
+ *  entry is quarantined and its row dropped), KVT_ENOTFOUND, KVT_EIO. */
+KVT_API int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair);
+
+/** The cache directory actually in use (absolute). Owned by the tier. */
+KVT_API const char *kvt_tier_dir(const kvt_tier *t);
+
+/* ------------------------------------------------------------------------ */
+/* Stats                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct kvt_stats {
+  /* The reference's counters. */
+  uint64_t spill_count;
+  uint64_t spill_bytes;       /* bytes written to disk */
+  uint64_t ssd_hits;
+  uint64_t ssd_misses;
+  double reload_latency_sum;  /* seconds */
+  uint64_t reload_bytes;
+  uint64_t promotion_failures;
+  /* kvtier's. */
+  uint64_t spill_drops;       /* queue full */
+  uint64_t spill_rejects;     /* too big / invalid */
+  uint64_t write_failures;
+  uint64_t evictions;
+  uint64_t expirations;
+  uint64_t quarantined;
+  uint64_t reconciled;
+  uint64_t promotions_cancelled;
+  uint64_t entries;           /* now */
+  uint64_t disk_bytes;        /* now: bytes of entries on disk */
+  uint64_t memory_bytes;      /* now: sum of memory_bytes */
+  uint64_t queue_depth;       /* now */
+  uint64_t queue_bytes;       /* now */
+} kvt_stats;
+
+/** Snapshot of the counters. Returns 0, KVT_EINVAL. Thread-safe. */
+KVT_API int kvt_tier_stats(kvt_stats *out, kvt_tier *t);
+
+/** Adds delta to a counter by its reference name ("ssd_hits",
+ *  "promotion_failures", ...), for engines that count on their own. Returns
+ *  0, KVT_EINVAL (unknown name or a result below 0). */
+KVT_API int kvt_tier_stats_add(kvt_tier *t, const char *counter,
+                               int64_t delta);
+
+/** Renders stats as JSON: the reference's to_dict keys (same rounding) plus
+ *  kvtier's. Size-then-copy: writes at most cap bytes including the NUL and
+ *  sets *needed to the full size including the NUL. Returns 0, or KVT_ERANGE
+ *  when cap < *needed (buf then holds nothing useful). */
+KVT_API int kvt_stats_to_json(char *buf, size_t cap, size_t *needed,
+                              const kvt_stats *s);
+/** Prometheus text exposition (metric names prefixed "kvtier_"), same
+ *  size-then-copy contract. */
+KVT_API int kvt_stats_to_prometheus(char *buf, size_t cap, size_t *needed,
+                                    const kvt_stats *s);
+
+/* ------------------------------------------------------------------------ */
+/* The index on its own (the reference's SSDIndex)                          */
+/* ------------------------------------------------------------------------ */
+
+/** The SQLite index of a cache directory, usable without a tier (the
+ *  reference exposes SSDIndex publicly). Thread-safe: one mutex serialises
+ *  every call, as in the reference. */
+typedef struct kvt_index kvt_index;
+
+/** A row of the entries table. tokens points into memory owned by the list
+ *  it came from. */
+typedef struct kvt_index_row {
+  char token_hash[KVT_HASH_HEX_LEN + 1];
+  char file_path[KVT_HASH_HEX_LEN + 8];
+  uint64_t num_tokens;
+  uint64_t memory_bytes;
+  double created_at;
+  double accessed_at;
+  const int32_t *tokens;
+  size_t n_tokens;
+} kvt_index_row;
+
+/** A list of rows, owned by the caller; free with kvt_index_rows_free. */
+typedef struct kvt_index_rows {
+  kvt_index_row *rows;
+  size_t count;
+} kvt_index_rows;
+
+KVT_API void kvt_index_rows_free(kvt_index_rows *rows);
+
+/** Opens cache_dir/index.db (creating it, WAL, synchronous=NORMAL, schema
+ *  and migration of a legacy table lacking prefix_hash). Returns 0, KVT_EDB,
+ *  KVT_EIO, KVT_ENOMEM, KVT_EINVAL. */
+KVT_API int kvt_index_open(kvt_index **out, const char *cache_dir);
+KVT_API void kvt_index_close(kvt_index *idx); /* accepts NULL */
+/** INSERT OR REPLACE with created_at = accessed_at = now. */
+KVT_API int kvt_index_insert(kvt_index *idx, const int32_t *tokens, size_t n,
+                             const char *file_path, uint64_t memory_bytes,
+                             uint64_t num_tokens);
+/** 0 and *out (tokens not filled), or KVT_ENOTFOUND. */
+KVT_API int kvt_index_lookup_exact(kvt_index_row *out, kvt_index *idx,
+                                   const int32_t *tokens, size_t n);
+/** All stored sequences that are prefixes of tokens, longest first. */
+KVT_API int kvt_index_lookup_prefix(kvt_index_rows *out, kvt_index *idx,
+                                    const int32_t *tokens, size_t n);
+KVT_API int kvt_index_delete(kvt_index *idx, const int32_t *tokens, size_t n);
+/** Least recently used first, at most limit rows (tokens filled). */
+KVT_API int kvt_index_lru(kvt_index_rows *out, kvt_index *idx, size_t limit);
+KVT_API int kvt_index_total_bytes(uint64_t *out, kvt_index *idx);
+KVT_API int kvt_index_count(uint64_t *out, kvt_index *idx);
+KVT_API int kvt_index_touch(kvt_index *idx, const int32_t *tokens, size_t n);
+/** Every row, most recently accessed first (tokens filled). */
+KVT_API int kvt_index_all(kvt_index_rows *out, kvt_index *idx);
+
+/* ------------------------------------------------------------------------ */
+/* Single layer files (the reference's LayerSerializer)                     */
+/* ------------------------------------------------------------------------ */
+
+/** Writes one layer as a safetensors file at path (tensor names
+ *  layer_<idx>_keys/_values/_state_<j>, quantized names in native mode) and
+ *  returns its manifest metadata as a malloc'ed JSON object string in
+ *  *meta_json (free with kvt_free). mode is a kvt_storage_mode. Not atomic
+ *  on its own (the tier publishes whole entry directories atomically).
+ *  Returns 0, KVT_EINVAL, KVT_EIO/KVT_ENOSPC, KVT_ENOMEM. */
+KVT_API int kvt_layer_save(char **meta_json, const char *path,
+                           const kvt_layer *layer, uint32_t layer_idx,
+                           int mode, uint32_t file_mode);
+
+/** Reads one layer file given its manifest metadata JSON. The result is
+ *  owned by a single-layer kvt_entry (*out; kvt_entry_layer(*out, 0)).
+ *  Returns 0, KVT_ECORRUPT, KVT_EIO, KVT_ENOMEM, KVT_EINVAL. */
+KVT_API int kvt_layer_load(kvt_entry **out, const char *path,
+                           const char *meta_json);
+
+/** Frees memory kvtier allocated and handed over (JSON strings). */
+KVT_API void kvt_free(void *p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVTIER_H */

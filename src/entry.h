@@ -1,0 +1,99 @@
+/*
+ * entry.h - one cache entry on disk: the producer-side snapshot of an engine's layers, the
+ * atomic+durable publication of data/<hash>/ (layer_<i>.safetensors, manifest.json, tokens.bin)
+ * and the verified read back into a kvt_entry. Both storage modes (native, compat) and every
+ * layer kind are handled here; the exact byte format is specified in docs/FORMAT.md.
+ *
+ * Invariants: a reader never returns data that failed validation (structure, sizes, xxh3
+ * checksums when the manifest has them, tokens.bin against the expected hash); a failed write
+ * leaves no data/<hash>.tmp and no change to an existing data/<hash>; paths are built only from
+ * validated 64-hex entry names.
+ */
+#ifndef KVT_ENTRY_H
+#define KVT_ENTRY_H
+
+#include "kvtier.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* The public kvt_entry. Everything it points to is owned by it. */
+struct kvt_entry {
+  char hash[KVT_HASH_HEX_LEN + 1];
+  int32_t *tokens;
+  size_t n_tokens;
+  uint32_t num_layers;
+  kvt_layer *layers;    /* tensors/orig_dtypes arrays owned by the entry */
+  uint64_t memory_bytes;
+  uint64_t reserved_bytes; /* set by the tier after a budgeted promote */
+  uint64_t disk_bytes;     /* bytes read from disk */
+  int storage_mode;
+  /* Tensor buffers from a caller's alloc callback are returned through free_buf. */
+  kvt_free_fn free_buf;
+  void *alloc_ctx;
+};
+
+/* Immutable producer-side copy of a spill, handed to the writer thread. */
+typedef struct kvti_snapshot kvti_snapshot;
+
+/* Validates the layers (kinds, tensor counts, dtypes, shapes vs nbytes, quantized bits and
+ * group_size) and copies them. With copy == 0 the tensor data is referenced, not copied, and
+ * release(release_ctx) runs when the snapshot is freed (also on failure here). Returns 0,
+ * KVT_EINVAL (message names the layer and the problem), KVT_ENOMEM. */
+int kvti_snapshot_create(kvti_snapshot **out, const int32_t *tokens, size_t n_tokens,
+                         const kvt_layer *layers, uint32_t n_layers,
+                         uint64_t memory_bytes, int copy, void (*release)(void *),
+                         void *release_ctx);
+void kvti_snapshot_free(kvti_snapshot *s); /* accepts NULL */
+const char *kvti_snapshot_hash(const kvti_snapshot *s);
+const int32_t *kvti_snapshot_tokens(const kvti_snapshot *s, size_t *n);
+uint64_t kvti_snapshot_memory_bytes(const kvti_snapshot *s);
+/* Heap bytes the snapshot holds (0 data bytes for a no-copy snapshot). */
+uint64_t kvti_snapshot_held_bytes(const kvti_snapshot *s);
+/* Exact bytes the entry will take on disk in mode (file sizes, before block rounding). */
+uint64_t kvti_snapshot_disk_bytes(const kvti_snapshot *s, int mode);
+
+typedef struct kvti_write_opts {
+  int storage_mode;   /* kvt_storage_mode */
+  int do_fsync;       /* durability == FSYNC */
+  uint32_t file_mode;
+  uint32_t dir_mode;
+} kvti_write_opts;
+
+/* Writes data_dir/<hash>.tmp/ (removing a stale one first), fsyncs each file when do_fsync,
+ * publishes it as data_dir/<hash> by rename (an existing entry is first renamed aside to
+ * <hash>.old.tmp so that at every moment one complete version is in place), fsyncs data_dir,
+ * and removes the old version. *disk_bytes receives the sum of the file sizes written. On
+ * failure nothing new remains visible and an existing entry is unchanged.
+ * Returns 0, KVT_EIO, KVT_ENOSPC, KVT_ENOMEM, KVT_EPERM. */
+int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
+                     const kvti_snapshot *s, const kvti_write_opts *o);
+
+typedef struct kvti_read_opts {
+  /* Expected tokens: tokens.bin must match (when present) and hash to the entry name. NULL:
+   * the tokens come from tokens.bin, which then must exist and hash to the name. */
+  const int32_t *tokens;
+  size_t n_tokens;
+  atomic_int *cancel;          /* checked between layers/chunks; NULL = never */
+  kvt_alloc_fn alloc;          /* NULL: kvtier allocates */
+  kvt_free_fn free_buf;
+  void *alloc_ctx;
+  kvt_layer_ready_fn on_layer; /* NULL: none */
+  void *layer_ctx;
+  int verify_only;             /* read and verify everything, keep no data */
+} kvti_read_opts;
+
+/* Reads and fully validates data_dir/<hash>. Returns 0 and *out; KVT_ENOTFOUND (no such entry
+ * directory or manifest), KVT_ECORRUPT (anything malformed or a checksum mismatch; message says
+ * which file and why), KVT_EIO, KVT_ENOMEM, KVT_ECANCELED. Never returns partial data. */
+int kvti_entry_read(kvt_entry **out, const char *data_dir, const char *hash,
+                    const kvti_read_opts *o);
+
+/* Describes data_dir/<hash> as JSON (see kvt_tier_describe) without reading tensor data. */
+int kvti_entry_describe(char **json, const char *data_dir, const char *hash);
+
+/* Allocates an empty entry (all zero) or NULL with the error set. */
+kvt_entry *kvti_entry_new(void);
+
+#endif

@@ -1,0 +1,310 @@
+/*
+ * io.c - the default (libc) implementation of the I/O seam and the robust helpers built on it:
+ * EINTR retry, short-transfer loops, symlink-refusing opens, directory fsync and a tree removal
+ * that never follows links. All kvtier file access funnels through here (see io.h).
+ */
+#include "io.h"
+#include "error.h"
+#include "kvtier.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int d_open(const char *p, int f, mode_t m) { return open(p, f, m); }
+static int d_mkdir(const char *p, mode_t m) { return mkdir(p, m); }
+static int d_chmod(const char *p, mode_t m) { return chmod(p, m); }
+
+const kvti_io_ops kvti_io_default = {
+    .open = d_open,
+    .close = close,
+    .pread = pread,
+    .pwrite = pwrite,
+    .fsync = fsync,
+    .ftruncate = ftruncate,
+    .fstat = fstat,
+    .lstat = lstat,
+    .rename = rename,
+    .mkdir = d_mkdir,
+    .rmdir = rmdir,
+    .unlink = unlink,
+    .chmod = d_chmod,
+    .opendir = opendir,
+    .readdir = readdir,
+    .closedir = closedir,
+    .malloc = malloc,
+    .calloc = calloc,
+    .realloc = realloc,
+    .free = free,
+};
+
+const kvti_io_ops *kvti_io = &kvti_io_default;
+
+const kvti_io_ops *kvti_io_set(const kvti_io_ops *ops) {
+  const kvti_io_ops *old = kvti_io;
+  kvti_io = ops ? ops : &kvti_io_default;
+  return old;
+}
+
+void *kvti_malloc(size_t n) { return kvti_io->malloc(n ? n : 1); }
+void *kvti_calloc(size_t n, size_t size) {
+  return kvti_io->calloc(n ? n : 1, size ? size : 1);
+}
+void *kvti_realloc(void *p, size_t n) { return kvti_io->realloc(p, n ? n : 1); }
+void kvti_free(void *p) {
+  if (p)
+    kvti_io->free(p);
+}
+char *kvti_strdup(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *d = kvti_malloc(n);
+  if (!d) {
+    KVT_ERR_NOMEM();
+    return NULL;
+  }
+  memcpy(d, s, n);
+  return d;
+}
+
+int kvti_open(const char *path, int flags, mode_t mode) {
+  int fd;
+  do {
+    fd = kvti_io->open(path, flags | O_NOFOLLOW | O_CLOEXEC, mode);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0)
+    return KVT_ERR_OS(errno, "open %s", path);
+  return fd;
+}
+
+int kvti_close(int fd) {
+  if (kvti_io->close(fd) != 0 && errno != EINTR)
+    return KVT_ERR_OS(errno, "close");
+  return 0;
+}
+
+int kvti_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path) {
+  char *p = buf;
+  while (n > 0) {
+    ssize_t r = kvti_io->pread(fd, p, n, (off_t)off);
+    if (r < 0) {
+      if (errno == EINTR)
+        continue;
+      return KVT_ERR_OS(errno, "read %s", path);
+    }
+    if (r == 0)
+      return KVT_ERR(KVT_ECORRUPT, "read %s: file truncated (%zu bytes missing)",
+                     path, n);
+    p += r;
+    n -= (size_t)r;
+    off += (uint64_t)r;
+  }
+  return 0;
+}
+
+int kvti_pwrite_all(int fd, const void *buf, size_t n, uint64_t off,
+                    const char *path) {
+  const char *p = buf;
+  while (n > 0) {
+    ssize_t r = kvti_io->pwrite(fd, p, n, (off_t)off);
+    if (r < 0) {
+      if (errno == EINTR)
+        continue;
+      return KVT_ERR_OS(errno, "write %s", path);
+    }
+    if (r == 0)
+      return KVT_ERR_OS(EIO, "write %s: no progress", path);
+    p += r;
+    n -= (size_t)r;
+    off += (uint64_t)r;
+  }
+  return 0;
+}
+
+int kvti_fsync(int fd, const char *path) {
+  int r;
+  do {
+    r = kvti_io->fsync(fd);
+  } while (r != 0 && errno == EINTR);
+  if (r != 0)
+    return KVT_ERR_OS(errno, "fsync %s", path);
+  return 0;
+}
+
+int kvti_fsync_dir(const char *path) {
+  int fd = kvti_open(path, O_RDONLY | O_DIRECTORY, 0);
+  if (fd < 0)
+    return fd;
+  int rc = kvti_fsync(fd, path);
+  kvti_io->close(fd);
+  return rc;
+}
+
+int kvti_read_file(char **out, size_t *len, const char *path, size_t max) {
+  int fd = kvti_open(path, O_RDONLY, 0);
+  if (fd < 0)
+    return fd;
+  struct stat st;
+  int rc = 0;
+  char *buf = NULL;
+  if (kvti_io->fstat(fd, &st) != 0) {
+    rc = KVT_ERR_OS(errno, "stat %s", path);
+    goto out;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    rc = KVT_ERR(KVT_ECORRUPT, "%s is not a regular file", path);
+    goto out;
+  }
+  if ((uint64_t)st.st_size > max) {
+    rc = KVT_ERR(KVT_ECORRUPT, "%s is too large (%lld bytes, limit %zu)", path,
+                 (long long)st.st_size, max);
+    goto out;
+  }
+  buf = kvti_malloc((size_t)st.st_size + 1);
+  if (!buf) {
+    rc = KVT_ERR_NOMEM();
+    goto out;
+  }
+  rc = kvti_pread_all(fd, buf, (size_t)st.st_size, 0, path);
+  if (rc == 0) {
+    buf[st.st_size] = '\0';
+    *out = buf;
+    *len = (size_t)st.st_size;
+    buf = NULL;
+  }
+out:
+  kvti_free(buf);
+  kvti_io->close(fd);
+  return rc;
+}
+
+int kvti_write_file(const char *path, const void *data, size_t len, mode_t mode,
+                    int do_fsync) {
+  int fd = kvti_open(path, O_WRONLY | O_CREAT | O_TRUNC, mode);
+  if (fd < 0)
+    return fd;
+  int rc = kvti_pwrite_all(fd, data, len, 0, path);
+  if (rc == 0 && do_fsync)
+    rc = kvti_fsync(fd, path);
+  if (kvti_io->close(fd) != 0 && rc == 0 && errno != EINTR)
+    rc = KVT_ERR_OS(errno, "close %s", path);
+  if (rc != 0)
+    kvti_io->unlink(path);
+  return rc;
+}
+
+int kvti_mkdir(const char *path, mode_t mode) {
+  if (kvti_io->mkdir(path, mode) == 0)
+    return 0;
+  int e = errno;
+  if (e == EEXIST) {
+    struct stat st;
+    if (kvti_io->lstat(path, &st) != 0)
+      return KVT_ERR_OS(errno, "stat %s", path);
+    if (S_ISLNK(st.st_mode))
+      return KVT_ERR(KVT_EPERM, "%s is a symlink; refusing to use it", path);
+    if (!S_ISDIR(st.st_mode))
+      return KVT_ERR(KVT_EIO, "%s exists and is not a directory", path);
+    return 0;
+  }
+  return KVT_ERR_OS(e, "mkdir %s", path);
+}
+
+int kvti_rename(const char *from, const char *to) {
+  if (kvti_io->rename(from, to) != 0)
+    return KVT_ERR_OS(errno, "rename %s -> %s", from, to);
+  return 0;
+}
+
+int kvti_unlink(const char *path) {
+  if (kvti_io->unlink(path) != 0 && errno != ENOENT)
+    return KVT_ERR_OS(errno, "unlink %s", path);
+  return 0;
+}
+
+int kvti_lstat(const char *path, struct stat *st) {
+  if (kvti_io->lstat(path, st) != 0) {
+    if (errno == ENOENT)
+      return KVT_ERR(KVT_ENOTFOUND, "%s does not exist", path);
+    return KVT_ERR_OS(errno, "stat %s", path);
+  }
+  return 0;
+}
+
+char *kvti_path_join(const char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b);
+  char *p = kvti_malloc(la + lb + 2);
+  if (!p) {
+    KVT_ERR_NOMEM();
+    return NULL;
+  }
+  memcpy(p, a, la);
+  size_t o = la;
+  if (la == 0 || a[la - 1] != '/')
+    p[o++] = '/';
+  memcpy(p + o, b, lb + 1);
+  return p;
+}
+
+/* Depth is bounded so a hostile deep tree cannot exhaust the stack. */
+static int rmtree_rec(const char *path, int depth) {
+  struct stat st;
+  if (kvti_io->lstat(path, &st) != 0)
+    return errno == ENOENT ? 0 : KVT_ERR_OS(errno, "stat %s", path);
+  if (!S_ISDIR(st.st_mode))
+    return kvti_unlink(path);
+  if (depth > 16)
+    return KVT_ERR(KVT_EIO, "%s: directory tree too deep to remove", path);
+  DIR *d = kvti_io->opendir(path);
+  if (!d)
+    return KVT_ERR_OS(errno, "opendir %s", path);
+  int rc = 0;
+  struct dirent *de;
+  while ((de = kvti_io->readdir(d)) != NULL) {
+    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+      continue;
+    char *child = kvti_path_join(path, de->d_name);
+    if (!child) {
+      rc = KVT_ENOMEM;
+      break;
+    }
+    int r = rmtree_rec(child, depth + 1);
+    kvti_free(child);
+    if (r != 0 && rc == 0)
+      rc = r;
+  }
+  kvti_io->closedir(d);
+  if (rc == 0 && kvti_io->rmdir(path) != 0 && errno != ENOENT)
+    rc = KVT_ERR_OS(errno, "rmdir %s", path);
+  return rc;
+}
+
+int kvti_rmtree(const char *path) { return rmtree_rec(path, 0); }
+
+int kvti_dir_bytes(uint64_t *out, const char *dir, int apparent) {
+  DIR *d = kvti_io->opendir(dir);
+  if (!d)
+    return KVT_ERR_OS(errno, "opendir %s", dir);
+  uint64_t total = 0;
+  int rc = 0;
+  struct dirent *de;
+  while ((de = kvti_io->readdir(d)) != NULL) {
+    if (de->d_name[0] == '.')
+      continue;
+    char *p = kvti_path_join(dir, de->d_name);
+    if (!p) {
+      rc = KVT_ENOMEM;
+      break;
+    }
+    struct stat st;
+    if (kvti_io->lstat(p, &st) == 0 && S_ISREG(st.st_mode))
+      total += apparent ? (uint64_t)st.st_size : (uint64_t)st.st_blocks * 512u;
+    kvti_free(p);
+  }
+  kvti_io->closedir(d);
+  if (rc == 0)
+    *out = total;
+  return rc;
+}

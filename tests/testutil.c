@@ -1,0 +1,97 @@
+/*
+ * testutil.c - implementation of the shared test helpers declared in testutil.h.
+ */
+#include "testutil.h"
+
+#include <dirent.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int kvt_test_failures;
+
+int kvt_test_done(void) {
+  if (kvt_test_failures) {
+    fprintf(stderr, "%d check(s) failed\n", kvt_test_failures);
+    return 1;
+  }
+  return 0;
+}
+
+uint64_t kvt_rng_next(kvt_rng *r) {
+  uint64_t z = (r->s += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+void kvt_rng_fill(kvt_rng *r, void *buf, size_t n) {
+  unsigned char *p = buf;
+  while (n >= 8) {
+    uint64_t v = kvt_rng_next(r);
+    memcpy(p, &v, 8);
+    p += 8;
+    n -= 8;
+  }
+  if (n) {
+    uint64_t v = kvt_rng_next(r);
+    memcpy(p, &v, n);
+  }
+}
+
+#define MAX_TMP 64
+static char *tmp_dirs[MAX_TMP];
+static int n_tmp;
+
+void kvt_test_rmtree(const char *path) {
+  struct stat st;
+  if (lstat(path, &st) != 0)
+    return;
+  if (S_ISDIR(st.st_mode)) {
+    DIR *d = opendir(path);
+    if (d) {
+      struct dirent *de;
+      while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+          continue;
+        char child[4096];
+        snprintf(child, sizeof child, "%s/%s", path, de->d_name);
+        kvt_test_rmtree(child);
+      }
+      closedir(d);
+    }
+    chmod(path, 0700);
+    rmdir(path);
+  } else {
+    unlink(path);
+  }
+}
+
+static void cleanup(void) {
+  const char *keep = getenv("KVT_KEEP_TMP");
+  for (int i = 0; i < n_tmp; i++) {
+    if (!(keep && keep[0] == '1'))
+      kvt_test_rmtree(tmp_dirs[i]);
+    free(tmp_dirs[i]);
+  }
+  n_tmp = 0;
+}
+
+char *kvt_test_tmpdir(const char *tag) {
+  const char *base = getenv("TMPDIR");
+  if (!base || !base[0])
+    base = "/tmp";
+  char tmpl[4096];
+  snprintf(tmpl, sizeof tmpl, "%s/kvt-%s-XXXXXX", base, tag ? tag : "t");
+  char *d = mkdtemp(tmpl);
+  if (!d) {
+    perror("mkdtemp");
+    exit(1);
+  }
+  char *p = strdup(d);
+  if (n_tmp == 0)
+    atexit(cleanup);
+  if (n_tmp < MAX_TMP)
+    tmp_dirs[n_tmp++] = p;
+  return p;
+}

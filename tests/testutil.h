@@ -1,0 +1,72 @@
+/*
+ * testutil.h - the tiny assertion framework and helpers every C test uses: CHECK macros that
+ * report file:line and the kvtier last error and make the test exit non-zero, a seeded PRNG
+ * (tests generate their data, never download it), and private temporary directories removed at
+ * exit unless KVT_KEEP_TMP is set.
+ */
+#ifndef KVT_TESTUTIL_H
+#define KVT_TESTUTIL_H
+
+#include "kvtier.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+extern int kvt_test_failures;
+
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__,  \
+              __LINE__, #cond, kvt_last_error());                              \
+      kvt_test_failures++;                                                     \
+    }                                                                          \
+  } while (0)
+
+/* Fatal variant: stops the test function at once. */
+#define REQUIRE(cond)                                                          \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "%s:%d: REQUIRE failed: %s (last error: %s)\n",          \
+              __FILE__, __LINE__, #cond, kvt_last_error());                    \
+      exit(1);                                                                 \
+    }                                                                          \
+  } while (0)
+
+#define CHECK_EQ_INT(a, b)                                                     \
+  do {                                                                         \
+    long long va_ = (long long)(a), vb_ = (long long)(b);                      \
+    if (va_ != vb_) {                                                          \
+      fprintf(stderr, "%s:%d: CHECK_EQ failed: %s == %lld, %s == %lld (last "  \
+                      "error: %s)\n",                                          \
+              __FILE__, __LINE__, #a, va_, #b, vb_, kvt_last_error());         \
+      kvt_test_failures++;                                                     \
+    }                                                                          \
+  } while (0)
+
+#define RUN(fn)                                                                \
+  do {                                                                         \
+    int before_ = kvt_test_failures;                                           \
+    fn();                                                                      \
+    fprintf(stderr, "%s %s\n", kvt_test_failures == before_ ? "ok  " : "FAIL", \
+            #fn);                                                              \
+  } while (0)
+
+/* Prints the summary line and returns the exit code for main. */
+int kvt_test_done(void);
+
+/* splitmix64 PRNG; deterministic for a seed. */
+typedef struct kvt_rng {
+  uint64_t s;
+} kvt_rng;
+uint64_t kvt_rng_next(kvt_rng *r);
+void kvt_rng_fill(kvt_rng *r, void *buf, size_t n);
+
+/* Creates a fresh private temporary directory (mode 0700) and returns its path (static storage
+ * per call, malloc'ed; removed at exit unless KVT_KEEP_TMP=1). */
+char *kvt_test_tmpdir(const char *tag);
+/* rm -rf without following symlinks. */
+void kvt_test_rmtree(const char *path);
+
+#endif
