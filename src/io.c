@@ -13,10 +13,35 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#if KVT_HAVE_URING
+#include <liburing.h>
+#endif
 
 static int d_open(const char *p, int f, mode_t m) { return open(p, f, m); }
 static int d_mkdir(const char *p, mode_t m) { return mkdir(p, m); }
 static int d_chmod(const char *p, mode_t m) { return chmod(p, m); }
+static void *d_aligned_alloc(size_t align, size_t n) {
+  void *p = NULL;
+  return posix_memalign(&p, align, n ? n : 1) == 0 ? p : NULL;
+}
+static int d_fallocate(int fd, off_t off, off_t len) {
+  return posix_fallocate(fd, off, len);
+}
+static int d_fadvise(int fd, off_t off, off_t len, int advice) {
+  return posix_fadvise(fd, off, len, advice);
+}
+#if KVT_HAVE_URING
+static int d_uring_setup(unsigned entries, void *ring, unsigned flags) {
+  return io_uring_queue_init(entries, (struct io_uring *)ring, flags);
+}
+static int d_uring_submit(void *ring, unsigned wait_nr) {
+  return io_uring_submit_and_wait((struct io_uring *)ring, wait_nr);
+}
+static int d_uring_result(int is_write, int fd, uint64_t off, size_t len, int res) {
+  (void)is_write, (void)fd, (void)off, (void)len;
+  return res;
+}
+#endif
 
 const kvti_io_ops kvti_io_default = {
     .open = d_open,
@@ -39,6 +64,14 @@ const kvti_io_ops kvti_io_default = {
     .calloc = calloc,
     .realloc = realloc,
     .free = free,
+    .aligned_alloc = d_aligned_alloc,
+    .fallocate = d_fallocate,
+    .fadvise = d_fadvise,
+#if KVT_HAVE_URING
+    .uring_setup = d_uring_setup,
+    .uring_submit = d_uring_submit,
+    .uring_result = d_uring_result,
+#endif
 };
 
 const kvti_io_ops *kvti_io = &kvti_io_default;
@@ -47,6 +80,15 @@ const kvti_io_ops *kvti_io_set(const kvti_io_ops *ops) {
   const kvti_io_ops *old = kvti_io;
   kvti_io = ops ? ops : &kvti_io_default;
   return old;
+}
+
+void *kvti_aligned_alloc(size_t align, size_t n) {
+  void *(*fn)(size_t, size_t) =
+      kvti_io->aligned_alloc ? kvti_io->aligned_alloc : d_aligned_alloc;
+  void *p = fn(align, n ? n : 1);
+  if (!p)
+    KVT_ERR_NOMEM();
+  return p;
 }
 
 void *kvti_malloc(size_t n) { return kvti_io->malloc(n ? n : 1); }
