@@ -1,0 +1,206 @@
+/*
+ * test_bufpool.c - unit tests for the aligned buffer pool: size classes (aligned, never smaller
+ * than asked, bounded slack), reuse of returned buffers, the idle-bytes cap and the soft limit,
+ * statistics, allocation failures injected through the io seam (aligned_alloc and malloc), and
+ * the reference-counted lifetime (buffers returned after the creator released the pool).
+ */
+#include "testutil.h"
+#include "bufpool.h"
+#include "error.h"
+#include "io.h"
+
+#include <stdint.h>
+#include <string.h>
+
+static void test_classes(void) {
+  size_t prev = 0;
+  kvt_rng rng = {1};
+  for (size_t n = 1; n < (64u << 20); n += 1 + (size_t)(kvt_rng_next(&rng) % (n / 3 + 1))) {
+    size_t c = kvti_bufpool_class(n);
+    CHECK(c >= n);
+    CHECK(c % 4096 == 0);
+    if (n > 32768)
+      CHECK((double)c <= (double)n * 1.125 + 1);
+    CHECK(c >= prev); /* monotone */
+    prev = c;
+  }
+  CHECK_EQ_INT(kvti_bufpool_class(0), 4096);
+  CHECK_EQ_INT(kvti_bufpool_class(4096), 4096);
+  CHECK_EQ_INT(kvti_bufpool_class(4097), 8192);
+  CHECK_EQ_INT(kvti_bufpool_class(1u << 20), 1u << 20);
+  CHECK_EQ_INT(kvti_bufpool_class((1u << 20) + 1), (1u << 20) + (1u << 17));
+  CHECK(kvti_bufpool_class(SIZE_MAX / 2) >= SIZE_MAX / 2);
+}
+
+static void test_reuse_and_cap(void) {
+  kvti_bufpool *p = NULL;
+  CHECK_EQ_INT(kvti_bufpool_create(&p, 1u << 20), 0);
+  size_t cap = 0;
+  char *a = kvti_bufpool_get(p, 100000, &cap);
+  REQUIRE(a);
+  CHECK(((uintptr_t)a & 4095) == 0);
+  CHECK(cap >= 100000);
+  memset(a, 1, cap); /* the whole capacity is usable */
+  kvti_bufpool_put(p, a, 100000);
+  char *b = kvti_bufpool_get(p, 99000, NULL); /* same class: reused */
+  CHECK(b == a);
+  char *c = kvti_bufpool_get(p, 99000, NULL); /* none idle: new */
+  CHECK(c && c != b);
+  kvti_bufpool_stats st;
+  kvti_bufpool_get_stats(p, &st);
+  CHECK_EQ_INT(st.gets, 3);
+  CHECK_EQ_INT(st.hits, 1);
+  CHECK_EQ_INT(st.allocs, 2);
+  CHECK_EQ_INT(st.out_bytes, 2 * cap);
+  CHECK_EQ_INT(st.idle_bytes, 0);
+  kvti_bufpool_put(p, b, 99000);
+  kvti_bufpool_put(p, c, 99000);
+  kvti_bufpool_get_stats(p, &st);
+  CHECK_EQ_INT(st.out_bytes, 0);
+  CHECK_EQ_INT(st.idle_bytes, 2 * cap);
+  /* Idle bytes never exceed the cap: fill with 300 KiB buffers. */
+  void *bufs[8];
+  for (int i = 0; i < 8; i++)
+    bufs[i] = kvti_bufpool_get(p, 300000, NULL);
+  for (int i = 0; i < 8; i++)
+    kvti_bufpool_put(p, bufs[i], 300000);
+  kvti_bufpool_get_stats(p, &st);
+  CHECK(st.idle_bytes <= (1u << 20));
+  CHECK(st.idle_bytes > 0);
+  CHECK(st.frees > 0);
+  /* A buffer larger than the cap is never kept. */
+  void *big = kvti_bufpool_get(p, 2u << 20, NULL);
+  REQUIRE(big);
+  kvti_bufpool_put(p, big, 2u << 20);
+  kvti_bufpool_get_stats(p, &st);
+  CHECK(st.idle_bytes <= (1u << 20));
+  kvti_bufpool_trim(p);
+  kvti_bufpool_get_stats(p, &st);
+  CHECK_EQ_INT(st.idle_bytes, 0);
+  kvti_bufpool_put(p, NULL, 10); /* no-op */
+  kvti_bufpool_release(p);
+  kvti_bufpool_release(NULL);
+}
+
+static void test_limit(void) {
+  kvti_bufpool *p = NULL;
+  CHECK_EQ_INT(kvti_bufpool_create(&p, 64u << 20), 0);
+  kvti_bufpool_set_limit(p, 1u << 20);
+  /* Four idle 256 KiB buffers fill the limit ... */
+  void *b[4];
+  for (int i = 0; i < 4; i++)
+    b[i] = kvti_bufpool_get(p, 256u << 10, NULL);
+  for (int i = 0; i < 4; i++)
+    kvti_bufpool_put(p, b[i], 256u << 10);
+  kvti_bufpool_stats st;
+  kvti_bufpool_get_stats(p, &st);
+  CHECK_EQ_INT(st.idle_bytes, 1u << 20);
+  /* ... so a get of another class first drops idle buffers to stay under it. */
+  void *x = kvti_bufpool_get(p, 512u << 10, NULL);
+  REQUIRE(x);
+  kvti_bufpool_get_stats(p, &st);
+  CHECK(st.idle_bytes + st.out_bytes <= (1u << 20));
+  /* Gets above the limit still succeed. */
+  void *y = kvti_bufpool_get(p, 2u << 20, NULL);
+  CHECK(y != NULL);
+  kvti_bufpool_put(p, y, 2u << 20);
+  kvti_bufpool_get_stats(p, &st);
+  CHECK(st.idle_bytes + st.out_bytes <= (1u << 20));
+  kvti_bufpool_put(p, x, 512u << 10);
+  kvti_bufpool_release(p);
+}
+
+static int fail_aligned, fail_malloc;
+static void *inj_aligned(size_t align, size_t n) {
+  if (fail_aligned)
+    return NULL;
+  return kvti_io_default.aligned_alloc(align, n);
+}
+static void *inj_malloc(size_t n) {
+  if (fail_malloc)
+    return NULL;
+  return malloc(n);
+}
+
+static void test_alloc_failures(void) {
+  kvti_io_ops ops = kvti_io_default;
+  ops.aligned_alloc = inj_aligned;
+  ops.malloc = inj_malloc;
+  kvti_io_set(&ops);
+  kvti_bufpool *p = NULL;
+  CHECK_EQ_INT(kvti_bufpool_create(&p, 1u << 20), 0);
+  fail_aligned = 1;
+  CHECK(kvti_bufpool_get(p, 5000, NULL) == NULL);
+  CHECK(strstr(kvt_last_error(), "out of memory") != NULL);
+  kvti_bufpool_stats st;
+  kvti_bufpool_get_stats(p, &st);
+  CHECK_EQ_INT(st.out_bytes, 0);
+  CHECK_EQ_INT(st.gets, 0);
+  fail_aligned = 0;
+  void *a = kvti_bufpool_get(p, 5000, NULL);
+  REQUIRE(a);
+  /* The bookkeeping node cannot be allocated: the buffer is freed instead of leaking. */
+  fail_malloc = 1;
+  kvti_bufpool_put(p, a, 5000);
+  fail_malloc = 0;
+  kvti_bufpool_get_stats(p, &st);
+  CHECK_EQ_INT(st.idle_bytes, 0);
+  CHECK_EQ_INT(st.out_bytes, 0);
+  kvti_io_set(NULL);
+  kvti_bufpool_release(p);
+}
+
+static void *fail_calloc(size_t n, size_t s) {
+  (void)n, (void)s;
+  return NULL;
+}
+
+static void test_create_failure(void) {
+  kvti_io_ops ops = kvti_io_default;
+  ops.calloc = fail_calloc;
+  kvti_io_set(&ops);
+  kvti_bufpool *p = NULL;
+  CHECK_EQ_INT(kvti_bufpool_create(&p, 1), KVT_ENOMEM);
+  CHECK(p == NULL);
+  kvti_io_set(NULL);
+}
+
+/* Buffers may outlive the creator's reference (entries outlive their tier). ASan checks that
+ * nothing is used after free or leaked. */
+static void test_lifetime(void) {
+  kvti_bufpool *p = NULL;
+  CHECK_EQ_INT(kvti_bufpool_create(&p, 1u << 20), 0);
+  kvti_bufpool_retain(p);
+  void *a = kvti_bufpool_get(p, 10000, NULL);
+  void *b = kvti_bufpool_get(p, 20000, NULL);
+  REQUIRE(a && b);
+  kvti_bufpool_release(p); /* the extra reference */
+  kvti_bufpool_release(p); /* the creator's: a and b still pin the pool */
+  memset(a, 3, 10000);
+  kvti_bufpool_put(p, a, 10000); /* not cached: nobody can get it any more */
+  kvti_bufpool_put(p, b, 20000); /* the last one destroys the pool */
+}
+
+static void test_default_pool(void) {
+  kvti_bufpool *d = kvti_bufpool_default();
+  REQUIRE(d);
+  CHECK(d == kvti_bufpool_default());
+  void *a = kvti_bufpool_get(d, 1u << 20, NULL);
+  REQUIRE(a);
+  kvti_bufpool_put(d, a, 1u << 20);
+  void *b = kvti_bufpool_get(d, 1u << 20, NULL);
+  CHECK(a == b);
+  kvti_bufpool_put(d, b, 1u << 20);
+  kvti_bufpool_trim(d);
+}
+
+int main(void) {
+  RUN(test_classes);
+  RUN(test_reuse_and_cap);
+  RUN(test_limit);
+  RUN(test_alloc_failures);
+  RUN(test_create_failure);
+  RUN(test_lifetime);
+  RUN(test_default_pool);
+  return kvt_test_done();
+}
