@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -25,13 +26,13 @@ static int uring_ok;
 
 static kvti_io_ops ops;
 static int direct_fd = -1;  /* the O_DIRECT descriptor under test */
-static int direct_calls;    /* transfers seen on it */
-static int buffered_calls;
+static atomic_int direct_calls;    /* transfers seen on it */
+static atomic_int buffered_calls;
 static int fail_at_call = -1; /* transfer index that fails with fail_errno */
 static int fail_errno;
 static int fail_times = 1;
 static int short_transfers; /* halve every transfer (at least 1 byte) */
-static int call_no;
+static atomic_int call_no;
 static int einval_direct; /* refuse every O_DIRECT transfer with EINVAL */
 
 static void reset_inject(void) {
