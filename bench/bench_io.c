@@ -1,12 +1,14 @@
 /*
- * bench_io.c - the raw I/O engine against the disk's own speed, in one run: fio's sequential
- * O_DIRECT write and read (1 MiB blocks, io_uring, the engine's queue depth) and fio's warm
- * buffered read, against kvtier's iobatch writing/reading the same amount through O_DIRECT and
- * through the page cache, on both backends. Each line prints value, limit and ratio. Runs are
- * interleaved (fio, then kvtier, per round) and the median of the rounds is reported, so drift
- * in a shared machine's load hits both sides alike.
+ * bench_io.c - the raw I/O engine against the disk's own speed, in one run:
+ * fio's sequential O_DIRECT write and read (1 MiB blocks, io_uring, the
+ * engine's queue depth) and fio's warm buffered read, against kvtier's iobatch
+ * writing/reading the same amount through O_DIRECT and through the page cache,
+ * on both backends. Each line prints value, limit and ratio. Runs are
+ * interleaved (fio, then kvtier, per round) and the median of the rounds is
+ * reported, so drift in a shared machine's load hits both sides alike.
  *
- * Usage: bench_io [--dir DIR] [--size-mb N] [--depth N] [--chunk-kb N] [--runs N] [--no-fio]
+ * Usage: bench_io [--dir DIR] [--size-mb N] [--depth N] [--chunk-kb N] [--runs
+ * N] [--no-fio]
  */
 #define _GNU_SOURCE 1
 #include "benchutil.h"
@@ -25,9 +27,10 @@ static uint64_t size_b = 512ull << 20;
 static int depth = 8;
 static size_t chunk = 1u << 20;
 
-/* Writes the file from buf with the engine: create, preallocate, batch, fsync. Returns seconds
- * or -1. */
-static double ours_write(kvti_iobatch *b, const char *path, void *buf, int direct) {
+/* Writes the file from buf with the engine: create, preallocate, batch, fsync.
+ * Returns seconds or -1. */
+static double ours_write(kvti_iobatch *b, const char *path, void *buf,
+                         int direct) {
   unlink(path);
   double t0 = bu_now();
   int fd = kvti_open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
@@ -50,7 +53,8 @@ static double ours_write(kvti_iobatch *b, const char *path, void *buf, int direc
   return t;
 }
 
-static double ours_read(kvti_iobatch *b, const char *path, void *buf, int direct) {
+static double ours_read(kvti_iobatch *b, const char *path, void *buf,
+                        int direct) {
   double t0 = bu_now();
   int fd = kvti_open(path, O_RDONLY, 0);
   if (fd < 0)
@@ -71,7 +75,18 @@ static double ours_read(kvti_iobatch *b, const char *path, void *buf, int direct
 
 #define MAXRUNS 16
 enum {
-  FIO_W, FIO_RD, FIO_RB, U_WD, U_WB, U_RD, U_RBC, U_RBW, P_WD, P_RD, P_RBW, NMEAS
+  FIO_W,
+  FIO_RD,
+  FIO_RB,
+  U_WD,
+  U_WB,
+  U_RD,
+  U_RBC,
+  U_RBW,
+  P_WD,
+  P_RD,
+  P_RBW,
+  NMEAS
 };
 
 int main(int argc, char **argv) {
@@ -92,7 +107,8 @@ int main(int argc, char **argv) {
       use_fio = 0;
     else {
       fprintf(stderr,
-              "usage: %s [--dir DIR] [--size-mb N] [--depth N] [--chunk-kb N] [--runs N] "
+              "usage: %s [--dir DIR] [--size-mb N] [--depth N] [--chunk-kb N] "
+              "[--runs N] "
               "[--no-fio]\n",
               argv[0]);
       return 2;
@@ -103,14 +119,17 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (use_fio && !bu_have_fio()) {
-    fprintf(stderr, "fio not found: limits unavailable (install fio or pass --no-fio)\n");
+    fprintf(
+        stderr,
+        "fio not found: limits unavailable (install fio or pass --no-fio)\n");
     use_fio = 0;
   }
   char *dir = bu_mkdtemp(base);
   if (!dir)
     return 1;
   bu_header("bench_io: iobatch vs fio", dir);
-  printf("# size %llu MiB, queue depth %d, chunk %zu KiB, %d rounds (kvtier: median; fio: best)\n",
+  printf("# size %llu MiB, queue depth %d, chunk %zu KiB, %d rounds (kvtier: "
+         "median; fio: best)\n",
          (unsigned long long)(size_b >> 20), depth, chunk >> 10, runs);
 
   kvti_iob_cfg cfg = KVTI_IOB_CFG_INIT;
@@ -119,7 +138,8 @@ int main(int argc, char **argv) {
   cfg.chunk = chunk;
   kvti_iobatch *ub = NULL, *pb = NULL;
   if (kvti_iobatch_create(&ub, &cfg) != 0) {
-    printf("# io_uring unavailable (%s): io_uring lines skipped\n", kvt_last_error());
+    printf("# io_uring unavailable (%s): io_uring lines skipped\n",
+           kvt_last_error());
     ub = NULL;
   }
   cfg.backend = KVT_IO_PORTABLE;
@@ -127,7 +147,8 @@ int main(int argc, char **argv) {
   if (kvti_iobatch_create(&pb, &cfg) != 0)
     return 1;
 
-  /* Pre-touched aligned buffer: the data source and sink (allocation cost is not measured). */
+  /* Pre-touched aligned buffer: the data source and sink (allocation cost is
+   * not measured). */
   void *buf = kvti_aligned_alloc(4096, size_b);
   if (!buf)
     return 1;
@@ -142,7 +163,8 @@ int main(int argc, char **argv) {
   double gb = (double)size_b / 1e9;
   for (int r = 0; r < runs; r++) {
     if (use_fio) {
-      bu_fio_job j = {fiof, "write", 1, 1u << 20, size_b, depth, "io_uring", 1, 1};
+      bu_fio_job j = {fiof,  "write",    1, 1u << 20, size_b,
+                      depth, "io_uring", 1, 1};
       unlink(fiof);
       bu_fio(&m[FIO_W][r], &j);
       j.rw = "read";
@@ -181,7 +203,8 @@ int main(int argc, char **argv) {
     unlink(ourf);
   }
   double v[NMEAS];
-  /* Ours: the median round. The limits (fio): the best round - the conservative choice. */
+  /* Ours: the median round. The limits (fio): the best round - the conservative
+   * choice. */
   for (int k = 0; k < NMEAS; k++)
     v[k] = (k <= FIO_RB ? bu_max(m[k], runs) : bu_median(m[k], runs)) / 1e9;
   char dw[128], dr[128], db[128];
@@ -189,18 +212,27 @@ int main(int argc, char **argv) {
   snprintf(dr, sizeof dr, "fio read O_DIRECT bs=1M qd=%d", depth);
   snprintf(db, sizeof db, "fio read buffered warm bs=1M psync");
   if (use_fio)
-    printf("# fio: write %.3f GB/s, O_DIRECT read %.3f GB/s, warm buffered read %.3f GB/s\n",
+    printf("# fio: write %.3f GB/s, O_DIRECT read %.3f GB/s, warm buffered "
+           "read %.3f GB/s\n",
            v[FIO_W], v[FIO_RD], v[FIO_RB]);
   if (ub) {
-    bu_report("uring write O_DIRECT+fsync", v[U_WD], v[FIO_W], "GB/s", dw, 0.85, 1);
-    bu_report("uring read O_DIRECT (cold)", v[U_RD], v[FIO_RD], "GB/s", dr, 0.85, 1);
-    bu_report("uring read buffered warm", v[U_RBW], v[FIO_RB], "GB/s", db, 0.80, 1);
-    bu_report("uring read buffered cold", v[U_RBC], v[FIO_RD], "GB/s", dr, 0, 1);
-    bu_report("uring write buffered+fsync", v[U_WB], v[FIO_W], "GB/s", dw, 0, 1);
+    bu_report("uring write O_DIRECT+fsync", v[U_WD], v[FIO_W], "GB/s", dw, 0.85,
+              1);
+    bu_report("uring read O_DIRECT (cold)", v[U_RD], v[FIO_RD], "GB/s", dr,
+              0.85, 1);
+    bu_report("uring read buffered warm", v[U_RBW], v[FIO_RB], "GB/s", db, 0.80,
+              1);
+    bu_report("uring read buffered cold", v[U_RBC], v[FIO_RD], "GB/s", dr, 0,
+              1);
+    bu_report("uring write buffered+fsync", v[U_WB], v[FIO_W], "GB/s", dw, 0,
+              1);
   }
-  bu_report("portable write O_DIRECT+fsync", v[P_WD], v[FIO_W], "GB/s", dw, 0, 1);
-  bu_report("portable read O_DIRECT (cold)", v[P_RD], v[FIO_RD], "GB/s", dr, 0, 1);
-  bu_report("portable read buffered warm", v[P_RBW], v[FIO_RB], "GB/s", db, 0, 1);
+  bu_report("portable write O_DIRECT+fsync", v[P_WD], v[FIO_W], "GB/s", dw, 0,
+            1);
+  bu_report("portable read O_DIRECT (cold)", v[P_RD], v[FIO_RD], "GB/s", dr, 0,
+            1);
+  bu_report("portable read buffered warm", v[P_RBW], v[FIO_RB], "GB/s", db, 0,
+            1);
   kvti_free(buf);
   kvti_iobatch_free(ub);
   kvti_iobatch_free(pb);

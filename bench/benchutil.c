@@ -1,6 +1,6 @@
 /*
- * benchutil.c - implementation of the bench helpers (see benchutil.h). Benchmarks are not
- * library code: they call libc and popen directly.
+ * benchutil.c - implementation of the bench helpers (see benchutil.h).
+ * Benchmarks are not library code: they call libc and popen directly.
  */
 #define _GNU_SOURCE 1
 #include "benchutil.h"
@@ -22,16 +22,20 @@ double bu_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-int bu_have_fio(void) { return system("fio --version >/dev/null 2>&1") == 0; }
+int bu_have_fio(void) {
+  return system("fio --version >/dev/null 2>&1") == 0;
+}
 
 int bu_fio(double *bw, const bu_fio_job *j) {
   char cmd[2048];
-  snprintf(cmd, sizeof cmd,
-           "fio --name=kvtbench --filename='%s' --rw=%s --bs=%zu --size=%llu --direct=%d "
-           "--ioengine=%s --iodepth=%d --end_fsync=%d --invalidate=%d --numjobs=1 "
-           "--output-format=json 2>/dev/null",
-           j->file, j->rw, j->bs, (unsigned long long)j->size, j->direct, j->engine,
-           j->depth, j->end_fsync, j->invalidate);
+  snprintf(
+      cmd, sizeof cmd,
+      "fio --name=kvtbench --filename='%s' --rw=%s --bs=%zu --size=%llu "
+      "--direct=%d "
+      "--ioengine=%s --iodepth=%d --end_fsync=%d --invalidate=%d --numjobs=1 "
+      "--output-format=json 2>/dev/null",
+      j->file, j->rw, j->bs, (unsigned long long)j->size, j->direct, j->engine,
+      j->depth, j->end_fsync, j->invalidate);
   FILE *f = popen(cmd, "r");
   if (!f) {
     fprintf(stderr, "fio: cannot run\n");
@@ -61,7 +65,8 @@ int bu_fio(double *bw, const bu_fio_job *j) {
   if (root) {
     cJSON *jobs = cJSON_GetObjectItem(root, "jobs");
     cJSON *job = cJSON_GetArrayItem(jobs, 0);
-    cJSON *side = cJSON_GetObjectItem(job, strstr(j->rw, "write") ? "write" : "read");
+    cJSON *side =
+        cJSON_GetObjectItem(job, strstr(j->rw, "write") ? "write" : "read");
     cJSON *b = cJSON_GetObjectItem(side, "bw_bytes");
     if (cJSON_IsNumber(b) && b->valuedouble > 0) {
       *bw = b->valuedouble;
@@ -127,8 +132,12 @@ static uint64_t status_kb(const char *key) {
   return v * 1024;
 }
 
-uint64_t bu_rss(void) { return status_kb("VmRSS:"); }
-uint64_t bu_peak_rss(void) { return status_kb("VmHWM:"); }
+uint64_t bu_rss(void) {
+  return status_kb("VmRSS:");
+}
+uint64_t bu_peak_rss(void) {
+  return status_kb("VmHWM:");
+}
 
 void bu_reset_peak_rss(void) {
   FILE *f = fopen("/proc/self/clear_refs", "w");
@@ -185,9 +194,13 @@ int bu_report(const char *name, double value, double limit, const char *unit,
   char tgt[32] = "-";
   if (want > 0)
     snprintf(tgt, sizeof tgt, "%s %.2f", higher_better ? ">=" : "<=", want);
-  printf("%-34s %10.3f %-5s limit %10.3f %-5s ratio %6.3f  target %-8s %s  [%s]\n", name,
-         value, unit, limit, unit, ratio, tgt, want <= 0 ? "info" : ok ? "PASS" : "MISS",
-         limit_desc);
+  printf(
+      "%-34s %10.3f %-5s limit %10.3f %-5s ratio %6.3f  target %-8s %s  [%s]\n",
+      name, value, unit, limit, unit, ratio, tgt,
+      want <= 0 ? "info"
+      : ok      ? "PASS"
+                : "MISS",
+      limit_desc);
   fflush(stdout);
   return ok;
 }
@@ -199,9 +212,10 @@ void bu_header(const char *title, const char *dir) {
   long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
   double load[3] = {0, 0, 0};
   getloadavg(load, 3);
-  printf("# %s\n# machine: %ld cpus, %.1f GiB RAM, kernel %s %s; load avg %.2f %.2f %.2f\n",
-         title, ncpu, (double)pages * (double)psz / (1 << 30), u.sysname, u.release, load[0],
-         load[1], load[2]);
+  printf("# %s\n# machine: %ld cpus, %.1f GiB RAM, kernel %s %s; load avg %.2f "
+         "%.2f %.2f\n",
+         title, ncpu, (double)pages * (double)psz / (1 << 30), u.sysname,
+         u.release, load[0], load[1], load[2]);
   char cmd[4200];
   snprintf(cmd, sizeof cmd, "df -hT '%s' 2>/dev/null | tail -1", dir);
   FILE *f = popen(cmd, "r");

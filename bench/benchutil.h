@@ -1,8 +1,9 @@
 /*
- * benchutil.h - helpers shared by the bench programs: wall-clock timing, running fio with JSON
- * output and reading its bandwidth with cJSON, dropping a file from the page cache, peak/current
- * RSS from /proc, a scratch directory on the disk under test, and the one report-line format
- * every target uses ("name  value  limit  ratio  target  verdict").
+ * benchutil.h - helpers shared by the bench programs: wall-clock timing,
+ * running fio with JSON output and reading its bandwidth with cJSON, dropping a
+ * file from the page cache, peak/current RSS from /proc, a scratch directory on
+ * the disk under test, and the one report-line format every target uses ("name
+ * value  limit  ratio  target  verdict").
  */
 #ifndef KVT_BENCHUTIL_H
 #define KVT_BENCHUTIL_H
@@ -21,34 +22,38 @@ typedef struct bu_fio_job {
   int depth;          /* iodepth */
   const char *engine; /* "io_uring", "psync", ... */
   int end_fsync;
-  int invalidate;     /* 1: fio drops the file's cache before the job */
+  int invalidate; /* 1: fio drops the file's cache before the job */
 } bu_fio_job;
 
-/* Runs fio; *bw receives bytes/s. Returns 0, or -1 when fio is missing or its output cannot be
- * parsed (a message is printed). */
+/* Runs fio; *bw receives bytes/s. Returns 0, or -1 when fio is missing or its
+ * output cannot be parsed (a message is printed). */
 int bu_fio(double *bw, const bu_fio_job *job);
 /* Whether fio is on PATH. */
 int bu_have_fio(void);
 
 /* fsync + posix_fadvise(DONTNEED) of a file: its pages leave the page cache. */
 int bu_drop_cache(const char *path);
-/* Same for every regular file below dir (one level of subdirectories, as in data/<hash>/). */
+/* Same for every regular file below dir (one level of subdirectories, as in
+ * data/<hash>/). */
 int bu_drop_cache_tree(const char *dir);
 
 uint64_t bu_rss(void);      /* VmRSS, bytes */
 uint64_t bu_peak_rss(void); /* VmHWM, bytes */
 void bu_reset_peak_rss(void);
 
-/* Creates <base>/kvt-bench-XXXXXX (base NULL: $KVT_BENCH_DIR, else /var/tmp). */
+/* Creates <base>/kvt-bench-XXXXXX (base NULL: $KVT_BENCH_DIR, else /var/tmp).
+ */
 char *bu_mkdtemp(const char *base);
 void bu_rmtree(const char *path);
 
-/* Prints one target line. higher_better: ratio = value/limit (target: ratio >= want), else
- * ratio = value/limit (target: ratio <= want). want <= 0: informational line, no verdict.
- * Returns 1 when the target is met (or informational). */
+/* Prints one target line. higher_better: ratio = value/limit (target: ratio >=
+ * want), else ratio = value/limit (target: ratio <= want). want <= 0:
+ * informational line, no verdict. Returns 1 when the target is met (or
+ * informational). */
 int bu_report(const char *name, double value, double limit, const char *unit,
               const char *limit_desc, double want, int higher_better);
-/* Prints the header (machine: nproc, memory, disk of dir, kernel, load average). */
+/* Prints the header (machine: nproc, memory, disk of dir, kernel, load
+ * average). */
 void bu_header(const char *title, const char *dir);
 
 /* Median of n doubles (sorts in place). */

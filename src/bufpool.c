@@ -1,9 +1,10 @@
 /*
- * bufpool.c - the aligned buffer pool (see bufpool.h). Idle buffers sit in two intrusive lists at
- * once: a per-size-class stack (most recently returned first, so a get reuses memory that is
- * still mapped and likely warm in the TLB) and one pool-wide age list (oldest first) used to
- * evict when the idle bytes would exceed the cap. Large allocations and frees happen outside
- * the mutex; under it only list links change.
+ * bufpool.c - the aligned buffer pool (see bufpool.h). Idle buffers sit in two
+ * intrusive lists at once: a per-size-class stack (most recently returned
+ * first, so a get reuses memory that is still mapped and likely warm in the
+ * TLB) and one pool-wide age list (oldest first) used to evict when the idle
+ * bytes would exceed the cap. Large allocations and frees happen outside the
+ * mutex; under it only list links change.
  */
 #include "bufpool.h"
 #include "error.h"
@@ -19,16 +20,16 @@
 typedef struct node {
   void *buf;
   size_t cap;
-  struct node *cnext, *cprev;     /* class stack */
-  struct node *anext, *aprev;     /* age list */
+  struct node *cnext, *cprev; /* class stack */
+  struct node *anext, *aprev; /* age list */
 } node;
 
 struct kvti_bufpool {
   pthread_mutex_t mu;
   uint64_t max_cached;
   uint64_t limit;
-  int refs;       /* creator + retains */
-  uint64_t nout;  /* outstanding buffers */
+  int refs;      /* creator + retains */
+  uint64_t nout; /* outstanding buffers */
   node *cls[NCLASSES];
   node *oldest, *newest;
   kvti_bufpool_stats st;
@@ -42,7 +43,8 @@ static int class_index(size_t n, size_t *cap) {
     *cap = c;
     return (int)(c / 4096 - 1);
   }
-  int e = 63 - __builtin_clzll((unsigned long long)(n - 1)); /* 2^e < n <= 2^(e+1) */
+  int e = 63 -
+          __builtin_clzll((unsigned long long)(n - 1)); /* 2^e < n <= 2^(e+1) */
   size_t step = (size_t)1 << (e - 3);
   size_t c = (n + step - 1) & ~(step - 1);
   *cap = c;
@@ -95,8 +97,8 @@ static void unlink_node(kvti_bufpool *p, node *n) {
   p->st.idle_bytes -= n->cap;
 }
 
-/* Moves idle buffers to a private list until idle_bytes + extra <= keep (or none remain).
- * Caller holds mu and frees the returned list after unlocking. */
+/* Moves idle buffers to a private list until idle_bytes + extra <= keep (or
+ * none remain). Caller holds mu and frees the returned list after unlocking. */
 static node *evict_locked(kvti_bufpool *p, uint64_t keep, uint64_t extra) {
   node *victims = NULL;
   while (p->oldest && p->st.idle_bytes + extra > keep) {
@@ -181,8 +183,8 @@ void *kvti_bufpool_get(kvti_bufpool *p, size_t n, size_t *capp) {
     uint64_t keep = p->limit > out ? p->limit - out : 0;
     victims = evict_locked(p, keep, 0);
   }
-  /* Count the buffer as outstanding before allocating so that the pool cannot be destroyed
-   * under us and concurrent gets see the bytes. */
+  /* Count the buffer as outstanding before allocating so that the pool cannot
+   * be destroyed under us and concurrent gets see the bytes. */
   p->nout++;
   p->st.out_bytes += cap;
   pthread_mutex_unlock(&p->mu);
@@ -221,7 +223,8 @@ void kvti_bufpool_put(kvti_bufpool *p, void *buf, size_t n) {
     return;
   size_t cap;
   int ci = class_index(n, &cap);
-  /* The node is allocated outside the lock; when even that fails the buffer is simply freed. */
+  /* The node is allocated outside the lock; when even that fails the buffer is
+   * simply freed. */
   node *nd = kvti_malloc(sizeof *nd);
   node *victims = NULL;
   pthread_mutex_lock(&p->mu);

@@ -1,8 +1,10 @@
 /*
- * test_bufpool.c - unit tests for the aligned buffer pool: size classes (aligned, never smaller
- * than asked, bounded slack), reuse of returned buffers, the idle-bytes cap and the soft limit,
- * statistics, allocation failures injected through the io seam (aligned_alloc and malloc), and
- * the reference-counted lifetime (buffers returned after the creator released the pool).
+ * test_bufpool.c - unit tests for the aligned buffer pool: size classes
+ * (aligned, never smaller than asked, bounded slack), reuse of returned
+ * buffers, the idle-bytes cap and the soft limit, statistics, allocation
+ * failures injected through the io seam (aligned_alloc and malloc), and the
+ * reference-counted lifetime (buffers returned after the creator released the
+ * pool).
  */
 #include "testutil.h"
 #include "bufpool.h"
@@ -15,7 +17,8 @@
 static void test_classes(void) {
   size_t prev = 0;
   kvt_rng rng = {1};
-  for (size_t n = 1; n < (64u << 20); n += 1 + (size_t)(kvt_rng_next(&rng) % (n / 3 + 1))) {
+  for (size_t n = 1; n < (64u << 20);
+       n += 1 + (size_t)(kvt_rng_next(&rng) % (n / 3 + 1))) {
     size_t c = kvti_bufpool_class(n);
     CHECK(c >= n);
     CHECK(c % 4096 == 0);
@@ -139,7 +142,8 @@ static void test_alloc_failures(void) {
   fail_aligned = 0;
   void *a = kvti_bufpool_get(p, 5000, NULL);
   REQUIRE(a);
-  /* The bookkeeping node cannot be allocated: the buffer is freed instead of leaking. */
+  /* The bookkeeping node cannot be allocated: the buffer is freed instead of
+   * leaking. */
   fail_malloc = 1;
   kvti_bufpool_put(p, a, 5000);
   fail_malloc = 0;
@@ -165,8 +169,8 @@ static void test_create_failure(void) {
   kvti_io_set(NULL);
 }
 
-/* Buffers may outlive the creator's reference (entries outlive their tier). ASan checks that
- * nothing is used after free or leaked. */
+/* Buffers may outlive the creator's reference (entries outlive their tier).
+ * ASan checks that nothing is used after free or leaked. */
 static void test_lifetime(void) {
   kvti_bufpool *p = NULL;
   CHECK_EQ_INT(kvti_bufpool_create(&p, 1u << 20), 0);

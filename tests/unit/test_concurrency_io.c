@@ -1,8 +1,9 @@
 /*
- * test_concurrency_io.c - the threaded parts of the I/O layer under contention (run by the TSan
- * job through the `threads` label): several threads sharing one buffer pool (gets and puts of
- * mixed sizes, checking every buffer is exclusively theirs), taking engines from the process-wide
- * engine cache, and running batches - the portable backend with its own worker threads and
+ * test_concurrency_io.c - the threaded parts of the I/O layer under contention
+ * (run by the TSan job through the `threads` label): several threads sharing
+ * one buffer pool (gets and puts of mixed sizes, checking every buffer is
+ * exclusively theirs), taking engines from the process-wide engine cache, and
+ * running batches - the portable backend with its own worker threads and
  * io_uring when available - on private files, verifying the bytes.
  */
 #include "testutil.h"
@@ -55,7 +56,8 @@ static void *worker(void *arg) {
     }
     kvti_iob_req wq = {fd, dfd, 1, w, n, 0, 0, 0, 0};
     kvti_iob_req rq = {fd, dfd, 0, rd, n, 0, 0, 0, 0};
-    if (kvti_iobatch_run(b, &wq, 1, 0, path) != 0 || kvti_iobatch_run(b, &rq, 1, 0, path) != 0)
+    if (kvti_iobatch_run(b, &wq, 1, 0, path) != 0 ||
+        kvti_iobatch_run(b, &rq, 1, 0, path) != 0)
       failures[a->id]++;
     kvti_iobatch_put(b);
     /* Our buffers were not handed to anyone else meanwhile. */
@@ -92,8 +94,12 @@ static void run_threads(int backend) {
   CHECK(st.idle_bytes <= (16u << 20));
 }
 
-static void test_portable_threads(void) { run_threads(KVT_IO_PORTABLE); }
-static void test_auto_threads(void) { run_threads(KVT_IO_AUTO); }
+static void test_portable_threads(void) {
+  run_threads(KVT_IO_PORTABLE);
+}
+static void test_auto_threads(void) {
+  run_threads(KVT_IO_AUTO);
+}
 
 int main(void) {
   dir = kvt_test_tmpdir("conc-io");

@@ -1,11 +1,13 @@
 /*
- * test_iobatch.c - unit tests for the batched I/O engine on both backends: round trips of
- * aligned and unaligned requests through the O_DIRECT and buffered descriptors (checking which
- * one carried each chunk), short reads at end of file, errors, EINTR/EAGAIN, short transfers and
- * O_DIRECT refusals injected through the io seam (pread/pwrite for the portable backend,
- * uring_result/uring_submit/uring_setup for io_uring), backend selection when io_uring cannot be
- * set up, registered buffers and the engine cache. io_uring cases are skipped (not failed) where
- * the ring cannot be created; the whole program exits 77 only if nothing could run.
+ * test_iobatch.c - unit tests for the batched I/O engine on both backends:
+ * round trips of aligned and unaligned requests through the O_DIRECT and
+ * buffered descriptors (checking which one carried each chunk), short reads at
+ * end of file, errors, EINTR/EAGAIN, short transfers and O_DIRECT refusals
+ * injected through the io seam (pread/pwrite for the portable backend,
+ * uring_result/uring_submit/uring_setup for io_uring), backend selection when
+ * io_uring cannot be set up, registered buffers and the engine cache. io_uring
+ * cases are skipped (not failed) where the ring cannot be created; the whole
+ * program exits 77 only if nothing could run.
  */
 #include "testutil.h"
 #include "bufpool.h"
@@ -25,8 +27,8 @@ static int uring_ok;
 /* ------------------------------------------------------------ injection */
 
 static kvti_io_ops ops;
-static int direct_fd = -1;  /* the O_DIRECT descriptor under test */
-static atomic_int direct_calls;    /* transfers seen on it */
+static int direct_fd = -1;      /* the O_DIRECT descriptor under test */
+static atomic_int direct_calls; /* transfers seen on it */
 static atomic_int buffered_calls;
 static int fail_at_call = -1; /* transfer index that fails with fail_errno */
 static int fail_errno;
@@ -44,7 +46,8 @@ static void reset_inject(void) {
   einval_direct = 0;
 }
 
-/* Decides the fate of one transfer: returns -errno to inject, or the length to transfer. */
+/* Decides the fate of one transfer: returns -errno to inject, or the length to
+ * transfer. */
 static long decide(int fd, size_t n) {
   int k = call_no++;
   if (fd == direct_fd)
@@ -83,9 +86,11 @@ static ssize_t inj_pwrite(int fd, const void *buf, size_t n, off_t off) {
   return pwrite(fd, buf, (size_t)d, off);
 }
 
-/* io_uring: the transfer already happened in full; a "short" result just reports fewer bytes
- * (the engine re-issues the rest, which rewrites/re-reads the same bytes: harmless). */
-static int inj_uring_result(int is_write, int fd, uint64_t off, size_t len, int res) {
+/* io_uring: the transfer already happened in full; a "short" result just
+ * reports fewer bytes (the engine re-issues the rest, which rewrites/re-reads
+ * the same bytes: harmless). */
+static int inj_uring_result(int is_write, int fd, uint64_t off, size_t len,
+                            int res) {
   (void)is_write, (void)off;
   if (res < 0)
     return res;
@@ -168,8 +173,9 @@ static void close_pair(fpair f) {
 
 /* ------------------------------------------------------------ tests */
 
-/* Layout: three requests; the first aligned (buffer, offset) with an unaligned length, the
- * second an unaligned buffer, the third aligned with a small tail. */
+/* Layout: three requests; the first aligned (buffer, offset) with an unaligned
+ * length, the second an unaligned buffer, the third aligned with a small tail.
+ */
 static void round_trip(int backend, int with_direct, unsigned threads) {
   reset_inject();
   kvti_iobatch *b = engine(backend, 64 * 1024, threads);
@@ -187,7 +193,8 @@ static void round_trip(int backend, int with_direct, unsigned threads) {
   REQUIRE(src && dst);
   kvt_rng rng = {42u + (unsigned)backend};
   kvt_rng_fill(&rng, src, total + 8192);
-  char *s0 = src, *s1 = src + 8192 + 1, *s2 = src + 4096 * 100; /* s1 unaligned */
+  char *s0 = src, *s1 = src + 8192 + 1,
+       *s2 = src + 4096 * 100; /* s1 unaligned */
   REQUIRE(s1 + l1 <= s2 && s2 + l2 <= src + total + 8192);
   kvti_iob_req w[3] = {
       {f.fd, f.dfd, 1, s0, l0, o0, 0, 0, 0},
@@ -319,7 +326,8 @@ static void injected_errors(int backend, unsigned threads) {
   kvt_rng_fill(&rng, buf, len);
   kvti_iob_req w = {f.fd, f.dfd, 1, buf, len, 0, 0, 0, 0};
 
-  /* A write error (ENOSPC) mid-batch: the code maps, the request says so, errno is kept. */
+  /* A write error (ENOSPC) mid-batch: the code maps, the request says so, errno
+   * is kept. */
   reset_inject();
   fail_at_call = 5;
   fail_errno = ENOSPC;
@@ -414,7 +422,8 @@ static void test_backend_selection(void) {
   CHECK_EQ_INT(kvti_iobatch_create(&b, &cfg), KVT_EINVAL);
   cfg.backend = KVT_IO_AUTO;
   CHECK_EQ_INT(kvti_iobatch_create(&b, &cfg), 0);
-  CHECK_EQ_INT(kvti_iobatch_backend(b), uring_ok ? KVT_IO_URING : KVT_IO_PORTABLE);
+  CHECK_EQ_INT(kvti_iobatch_backend(b),
+               uring_ok ? KVT_IO_URING : KVT_IO_PORTABLE);
   /* Registration is best effort and only for io_uring. */
   char *reg = kvti_aligned_alloc(4096, 65536);
   REQUIRE(reg);
@@ -451,8 +460,8 @@ static void test_backend_selection(void) {
   kvti_io_set(NULL);
 }
 
-/* A failing io_uring_submit_and_wait leaves the engine broken: the batch fails, later runs
- * refuse, and put() frees it rather than caching it. */
+/* A failing io_uring_submit_and_wait leaves the engine broken: the batch fails,
+ * later runs refuse, and put() frees it rather than caching it. */
 static void test_submit_failure(void) {
   if (!uring_ok)
     return;
@@ -485,6 +494,78 @@ static void test_submit_failure(void) {
   kvti_io_set(NULL);
 }
 
+/* Pipelined pushes: a rotation of 3 buffers refilled after wait_req, then a
+ * read-back; then a failure in the middle of a push sequence. */
+static void pushes(int backend) {
+  reset_inject();
+  kvti_iobatch *b = engine(backend, 65536, 1);
+  fpair f = open_pair("push.bin", 1);
+  enum { NB = 3, BS = 200 * 1024, NPUSH = 20 };
+  char *bufs[NB];
+  kvti_iob_req reqs[NB];
+  int busy[NB] = {0};
+  for (int i = 0; i < NB; i++)
+    REQUIRE((bufs[i] = kvti_aligned_alloc(4096, BS)) != NULL);
+  for (int p = 0; p < NPUSH; p++) {
+    int k = p % NB;
+    if (busy[k])
+      CHECK_EQ_INT(kvti_iobatch_wait_req(b, &reqs[k]), 0);
+    memset(bufs[k], 'a' + p, BS);
+    reqs[k] = (kvti_iob_req){
+        f.fd, f.dfd, 1, bufs[k], BS, (uint64_t)p * BS, 0, 0, 0, 0, 0, 0, NULL};
+    CHECK_EQ_INT(kvti_iobatch_push(b, &reqs[k], 0, "push.bin"), 0);
+    busy[k] = 1;
+  }
+  CHECK_EQ_INT(kvti_iobatch_wait_all(b), 0);
+  for (int k = 0; k < NB; k++)
+    CHECK_EQ_INT(reqs[k].done, BS);
+  char *rd = kvti_aligned_alloc(4096, BS);
+  REQUIRE(rd);
+  for (int p = 0; p < NPUSH; p++) {
+    kvti_iob_req r = {f.fd, f.dfd, 0, rd, BS,  (uint64_t)p * BS, 0, 0,
+                      0,    0,     0, 0,  NULL};
+    CHECK_EQ_INT(kvti_iobatch_run(b, &r, 1, 0, NULL), 0);
+    CHECK(rd[0] == 'a' + p && rd[BS - 1] == 'a' + p);
+  }
+  /* A failure: the failing push or a later one reports it; wait_all returns it
+   * once. */
+  reset_inject();
+  fail_at_call = 2;
+  fail_errno = EIO;
+  int first = 0;
+  for (int p = 0; p < 3; p++) {
+    reqs[p] = (kvti_iob_req){
+        f.fd, f.dfd, 1, bufs[p], BS, (uint64_t)p * BS, 0, 0, 0, 0, 0, 0, NULL};
+    int rc = kvti_iobatch_push(b, &reqs[p], 0, "push.bin");
+    if (rc && !first)
+      first = rc;
+  }
+  CHECK_EQ_INT(kvti_iobatch_wait_all(b), KVT_EIO);
+  CHECK(first == 0 || first == KVT_EIO);
+  CHECK(reqs[0].status == KVT_EIO || reqs[1].status == KVT_EIO ||
+        reqs[2].status == KVT_EIO);
+  reset_inject();
+  CHECK_EQ_INT(kvti_iobatch_wait_all(b), 0); /* forgotten */
+  kvti_iob_req ok = {f.fd, f.dfd, 1, bufs[0], BS, 0, 0, 0, 0, 0, 0, 0, NULL};
+  CHECK_EQ_INT(kvti_iobatch_push(b, &ok, 0, NULL), 0);
+  CHECK_EQ_INT(kvti_iobatch_wait_req(b, &ok), 0);
+  CHECK_EQ_INT(ok.done, BS);
+  CHECK_EQ_INT(kvti_iobatch_push(b, NULL, 0, NULL), KVT_EINVAL);
+  for (int i = 0; i < NB; i++)
+    kvti_free(bufs[i]);
+  kvti_free(rd);
+  close_pair(f);
+  kvti_iobatch_free(b);
+}
+
+static void test_push(void) {
+  install();
+  pushes(KVT_IO_PORTABLE);
+  if (uring_ok)
+    pushes(KVT_IO_URING);
+  kvti_io_set(NULL);
+}
+
 static void test_helpers(void) {
   fpair f = open_pair("adv.bin", 1);
   CHECK_EQ_INT(kvti_iob_preallocate(f.fd, 1 << 20), 0);
@@ -504,17 +585,20 @@ int main(void) {
   uring_ok = kvti_iobatch_create(&b, &cfg) == 0;
   kvti_iobatch_free(b);
   if (!uring_ok)
-    fprintf(stderr, "io_uring unavailable (%s): its cases are skipped\n", kvt_last_error());
+    fprintf(stderr, "io_uring unavailable (%s): its cases are skipped\n",
+            kvt_last_error());
   RUN(test_round_trips);
   RUN(test_short_reads);
   RUN(test_injected_errors);
   RUN(test_backend_selection);
   RUN(test_submit_failure);
+  RUN(test_push);
   RUN(test_helpers);
   kvti_iobatch_cache_drain();
   int rc = kvt_test_done();
   if (rc == 0 && !uring_ok) {
-    fprintf(stderr, "portable backend passed; io_uring unavailable: reporting skip\n");
+    fprintf(stderr,
+            "portable backend passed; io_uring unavailable: reporting skip\n");
     return 77;
   }
   return rc;

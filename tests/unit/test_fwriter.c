@@ -1,0 +1,188 @@
+/*
+ * test_fwriter.c - unit tests for the staged file writer on both backends:
+ * files of many sizes (empty, one partial block, exact stage multiples, more
+ * stages than the rotation) appended in random piece sizes, with and without
+ * O_DIRECT and with exact, too large and too small size hints, checked byte for
+ * byte and against the one-shot XXH3-64; O_EXCL refusal keeping the existing
+ * file; write failures injected through the io seam removing the file; abort.
+ */
+#include "testutil.h"
+#include "error.h"
+#include "fwriter.h"
+#include "hash.h"
+#include "io.h"
+#include "iobatch.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char *dir;
+static int uring_ok;
+
+static char *slurp(const char *path, size_t *n) {
+  char *buf = NULL;
+  if (kvti_read_file(&buf, n, path, (size_t)1 << 30) != 0)
+    return NULL;
+  return buf;
+}
+
+static void one(int backend, int no_direct, size_t size, int hint_mode,
+                unsigned seed) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/f_%d_%d_%zu_%d.bin", dir, backend, no_direct,
+           size, hint_mode);
+  char *src = malloc(size + 1);
+  REQUIRE(src);
+  kvt_rng rng = {seed};
+  kvt_rng_fill(&rng, src, size);
+  kvti_fwriter_opts o = KVTI_FWRITER_OPTS_INIT;
+  o.backend = backend;
+  o.no_direct = no_direct;
+  o.size_hint = hint_mode == 0   ? 0
+                : hint_mode == 1 ? size
+                : hint_mode == 2 ? size * 2 + (3u << 20)
+                                 : size / 2;
+  kvti_fwriter *w = NULL;
+  REQUIRE(kvti_fwriter_open(&w, path, &o) == 0);
+  size_t pos = 0;
+  while (pos < size) {
+    size_t n = 1 + (size_t)(kvt_rng_next(&rng) % 300000);
+    if (kvt_rng_next(&rng) % 4 == 0)
+      n = 1 + (size_t)(kvt_rng_next(&rng) % 17);
+    if (n > size - pos)
+      n = size - pos;
+    CHECK_EQ_INT(kvti_fwriter_append(w, src + pos, n), 0);
+    pos += n;
+  }
+  uint64_t sz = 0, h = 0;
+  CHECK_EQ_INT(kvti_fwriter_finish(w, &sz, &h, 1), 0);
+  CHECK_EQ_INT(sz, size);
+  CHECK(h == kvti_xxh3(src, size));
+  size_t got = 0;
+  char *back = slurp(path, &got);
+  REQUIRE(back);
+  CHECK_EQ_INT(got, size);
+  CHECK(got == size && memcmp(back, src, size) == 0);
+  kvti_free(back);
+  free(src);
+  unlink(path);
+}
+
+static void test_sizes(void) {
+  size_t sizes[] = {0,
+                    1,
+                    100,
+                    4096,
+                    4097,
+                    (size_t)1 << 20,
+                    ((size_t)1 << 20) + 1,
+                    (size_t)7 << 20,
+                    ((size_t)9 << 20) + 12345};
+  int backends[2] = {KVT_IO_PORTABLE, KVT_IO_URING};
+  for (int bi = 0; bi < 2; bi++) {
+    if (backends[bi] == KVT_IO_URING && !uring_ok)
+      continue;
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+      for (int hint = 0; hint < 4; hint++)
+        one(backends[bi], hint == 3, sizes[s], hint, (unsigned)(s * 10 + hint));
+  }
+}
+
+static void test_excl(void) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/exists.bin", dir);
+  REQUIRE(kvti_write_file(path, "keep", 4, 0600, 0) == 0);
+  kvti_fwriter_opts o = KVTI_FWRITER_OPTS_INIT;
+  o.excl = 1;
+  kvti_fwriter *w = NULL;
+  CHECK(kvti_fwriter_open(&w, path, &o) < 0);
+  struct stat st;
+  CHECK(stat(path, &st) == 0 && st.st_size == 4); /* untouched, not removed */
+  /* O_TRUNC replaces it. */
+  o.excl = 0;
+  REQUIRE(kvti_fwriter_open(&w, path, &o) == 0);
+  CHECK_EQ_INT(kvti_fwriter_append(w, "xy", 2), 0);
+  CHECK_EQ_INT(kvti_fwriter_finish(w, NULL, NULL, 0), 0);
+  CHECK(stat(path, &st) == 0 && st.st_size == 2);
+  /* Abort removes the file. */
+  REQUIRE(kvti_fwriter_open(&w, path, &o) == 0);
+  CHECK_EQ_INT(kvti_fwriter_append(w, "xyz", 3), 0);
+  kvti_fwriter_abort(w);
+  CHECK(stat(path, &st) != 0 && errno == ENOENT);
+  kvti_fwriter_abort(NULL);
+}
+
+static int fail_writes_after = -1, nwrites;
+static ssize_t inj_pwrite(int fd, const void *b, size_t n, off_t off) {
+  if (fail_writes_after >= 0 && nwrites++ >= fail_writes_after) {
+    errno = ENOSPC;
+    return -1;
+  }
+  return pwrite(fd, b, n, off);
+}
+static int inj_result(int is_write, int fd, uint64_t off, size_t len, int res) {
+  (void)fd, (void)off, (void)len;
+  if (is_write && fail_writes_after >= 0 && nwrites++ >= fail_writes_after)
+    return -ENOSPC;
+  return res;
+}
+
+static void test_write_failure(void) {
+  kvti_io_ops ops = kvti_io_default;
+  ops.pwrite = inj_pwrite;
+  if (ops.uring_result)
+    ops.uring_result = inj_result;
+  kvti_io_set(&ops);
+  kvti_iobatch_cache_drain();
+  int backends[2] = {KVT_IO_PORTABLE, KVT_IO_URING};
+  size_t size = (size_t)10 << 20;
+  char *src = calloc(1, size);
+  REQUIRE(src);
+  for (int bi = 0; bi < 2; bi++) {
+    if (backends[bi] == KVT_IO_URING && !uring_ok)
+      continue;
+    for (int after = 0; after < 12; after += 3) {
+      char path[4096];
+      snprintf(path, sizeof path, "%s/fail.bin", dir);
+      kvti_fwriter_opts o = KVTI_FWRITER_OPTS_INIT;
+      o.backend = backends[bi];
+      o.size_hint = size;
+      kvti_fwriter *w = NULL;
+      REQUIRE(kvti_fwriter_open(&w, path, &o) == 0);
+      nwrites = 0;
+      fail_writes_after = after;
+      int rc = 0;
+      for (size_t pos = 0; pos < size && rc == 0; pos += 100000)
+        rc = kvti_fwriter_append(w, src + pos,
+                                 size - pos < 100000 ? size - pos : 100000);
+      int rc2 = kvti_fwriter_finish(w, NULL, NULL, 1);
+      CHECK_EQ_INT(rc2, KVT_ENOSPC);
+      CHECK(rc == 0 || rc == KVT_ENOSPC);
+      CHECK(strstr(kvt_last_error(), "fail.bin") != NULL);
+      struct stat st;
+      CHECK(stat(path, &st) != 0 && errno == ENOENT);
+      fail_writes_after = -1;
+    }
+  }
+  free(src);
+  kvti_io_set(NULL);
+  kvti_iobatch_cache_drain();
+}
+
+int main(void) {
+  dir = kvt_test_tmpdir("fwriter");
+  REQUIRE(dir);
+  kvti_iob_cfg cfg = KVTI_IOB_CFG_INIT;
+  cfg.backend = KVT_IO_URING;
+  kvti_iobatch *b = NULL;
+  uring_ok = kvti_iobatch_create(&b, &cfg) == 0;
+  kvti_iobatch_free(b);
+  RUN(test_sizes);
+  RUN(test_excl);
+  RUN(test_write_failure);
+  kvti_iobatch_cache_drain();
+  return kvt_test_done();
+}
