@@ -447,8 +447,6 @@ out:
     kvti_rmtree(tmp);
     rc = keep;
   }
-  if (rc)
-    KVT_ERR(rc, "writing entry %.12s... failed: %s", s->hash, kvt_last_error());
   for (uint32_t i = 0; metas && i < s->n_layers; i++)
     kvti_free(metas[i]);
   kvti_free(metas);

@@ -752,9 +752,11 @@ int kvti_layer_check_header(const kvti_st_tensor **slot,
     l.bits = m->bits;
     l.group_size = m->group_size;
     l.offset = m->offset;
-    if (kvti_layer_validate(&l, m->layer_idx, 0) != 0)
-      return BAD("%s: quantized tensors inconsistent: %s", path,
-                 kvt_last_error());
+    if (kvti_layer_validate(&l, m->layer_idx, 0) != 0) {
+      char why[256];
+      snprintf(why, sizeof why, "%s", kvt_last_error());
+      return BAD("%s: quantized tensors inconsistent: %s", path, why);
+    }
   }
   return 0;
 }
