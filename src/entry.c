@@ -517,10 +517,12 @@ static int load_manifest(manifest *m, const char *data_dir, const char *hash) {
     return KVT_ENOMEM;
   int rc;
   struct stat st;
-  if ((rc = kvti_lstat(m->dir, &st)) != 0)
+  if ((rc = kvti_lstat(m->dir, &st)) != 0 ||
+      (!S_ISDIR(st.st_mode) &&
+       (rc = BAD("%s is not a directory", m->dir)) != 0)) {
+    manifest_free(m);
     return rc;
-  if (!S_ISDIR(st.st_mode))
-    return BAD("%s is not a directory", m->dir);
+  }
   char *mp = kvti_path_join(m->dir, "manifest.json");
   char *sp = kvti_path_join(m->dir, "manifest.sum");
   char *text = NULL, *sum = NULL;
