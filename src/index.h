@@ -62,4 +62,11 @@ int kvti_index_foreach(kvt_index *idx, kvt_entry_visit_fn fn, void *ctx);
 /* Tokens of a stored entry (malloc'ed copy; free with kvti_free), read from SQLite. */
 int kvti_index_tokens(int32_t **tokens, size_t *n, kvt_index *idx, const char *hash);
 
+/* Rows of index.db that failed validation at open (hostile or damaged: bad file_path, blob
+ * length, numbers) and are not served; each set the last-error message when skipped. */
+uint64_t kvti_index_skipped(kvt_index *idx);
+
+/* Heap bytes of the mirror's lookup structures (benchmarks, diagnostics). */
+uint64_t kvti_index_mem_bytes(kvt_index *idx);
+
 #endif
