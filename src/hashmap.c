@@ -1,7 +1,8 @@
 /*
- * hashmap.c - the open-addressing multimap of hashmap.h: linear probing over a power-of-two
- * table, growth by doubling at 70% load, and backward-shift deletion so that no tombstones
- * accumulate (a probe sequence always ends at the first empty slot).
+ * hashmap.c - the open-addressing multimap of hashmap.h: linear probing over a
+ * power-of-two table, growth by doubling at 70% load, and backward-shift
+ * deletion so that no tombstones accumulate (a probe sequence always ends at
+ * the first empty slot).
  */
 #include "hashmap.h"
 
@@ -68,8 +69,8 @@ kvti_hm_slot *kvti_hm_next(const kvti_hm *m, uint64_t key, size_t *pos) {
   if (!m->s)
     return NULL;
   key = kvti_hm_key(key);
-  /* *pos counts probed slots from the home slot, so iteration survives no mutation but
-   * needs no extra state. */
+  /* *pos counts probed slots from the home slot, so iteration survives no
+   * mutation but needs no extra state. */
   for (size_t i = *pos; i <= m->mask; i++) {
     kvti_hm_slot *s = &m->s[(key + i) & m->mask];
     if (!s->key)
@@ -90,7 +91,8 @@ void kvti_hm_remove_slot(kvti_hm *m, kvti_hm_slot *slot) {
     if (!m->s[j].key)
       break;
     size_t home = m->s[j].key & m->mask;
-    /* Move s[j] back into the hole at i unless its home lies cyclically in (i, j]. */
+    /* Move s[j] back into the hole at i unless its home lies cyclically in (i,
+     * j]. */
     int in_range = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
     if (!in_range) {
       m->s[i] = m->s[j];

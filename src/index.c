@@ -1,30 +1,34 @@
 /*
- * index.c - the SQLite index of a cache directory (the reference's SSDIndex, schema byte for
- * byte) and its in-memory mirror. SQLite is the durable record and the format the reference
- * reads; every lookup is answered from the mirror without SQL:
- *  - exact: a multimap keyed by the first 8 bytes of the binary SHA-256 (the entry key), the
- *    candidate confirmed against the full 32 bytes;
- *  - longest prefix: a "block trie" that stores no tokens. A sequence of n tokens has k = n/16
- *    full blocks and a tail of t = n%16 tokens. hb_0 is a constant and hb_{i+1} = XXH3(block i,
- *    seed hb_i) chains the block hashes; the entry hangs off node hb_k (a map from hb_k to a
- *    count and a bit mask of the tail lengths present there) and is found by its sequence key
- *    hf = XXH3(tail, seed hb_k ^ f(t)). A query computes its chained block hashes once, walks
- *    the nodes from the deepest down, and for each present tail length probes hf. The cost is
- *    O(query_len/16 + tail probes), independent of how many entries share a prefix; the final
- *    candidate is confirmed by SHA-256 of the query prefix against the entry's key, so a 64-bit
- *    collision can never serve a wrong entry.
- * Memory per entry: struct mirror_ent (144 bytes) + exact-map pair + sequence-map pair (16 bytes
- * each at 35-70% load: 23-46 bytes each) + at most one node pair (same) + 2 heap slots (8 bytes,
- * amortised growth up to 16) ~= 230-310 bytes, whatever the number of tokens: tokens stay in
- * SQLite (kvti_index_tokens reads them).
- * LRU victim and oldest-created are the tops of two binary min-heaps (O(log n) updates).
- * Touches update the mirror at once and are written to SQLite in batches (256 touches or 1 s,
- * kvti_index_flush, close) with "accessed_at = max(old, new)" so a late batch never rewinds an
+ * index.c - the SQLite index of a cache directory (the reference's SSDIndex,
+ * schema byte for byte) and its in-memory mirror. SQLite is the durable record
+ * and the format the reference reads; every lookup is answered from the mirror
+ * without SQL:
+ *  - exact: a multimap keyed by the first 8 bytes of the binary SHA-256 (the
+ * entry key), the candidate confirmed against the full 32 bytes;
+ *  - longest prefix: a "block trie" that stores no tokens. A sequence of n
+ * tokens has k = n/16 full blocks and a tail of t = n%16 tokens. hb_0 is a
+ * constant and hb_{i+1} = XXH3(block i, seed hb_i) chains the block hashes; the
+ * entry hangs off node hb_k (a map from hb_k to a count and a bit mask of the
+ * tail lengths present there) and is found by its sequence key hf = XXH3(tail,
+ * seed hb_k ^ f(t)). A query computes its chained block hashes once, walks the
+ * nodes from the deepest down, and for each present tail length probes hf. The
+ * cost is O(query_len/16 + tail probes), independent of how many entries share
+ * a prefix; the final candidate is confirmed by SHA-256 of the query prefix
+ * against the entry's key, so a 64-bit collision can never serve a wrong entry.
+ * Memory per entry: struct mirror_ent (144 bytes) + exact-map pair +
+ * sequence-map pair (16 bytes each at 35-70% load: 23-46 bytes each) + at most
+ * one node pair (same) + 2 heap slots (8 bytes, amortised growth up to 16) ~=
+ * 230-310 bytes, whatever the number of tokens: tokens stay in SQLite
+ * (kvti_index_tokens reads them). LRU victim and oldest-created are the tops of
+ * two binary min-heaps (O(log n) updates). Touches update the mirror at once
+ * and are written to SQLite in batches (256 touches or 1 s, kvti_index_flush,
+ * close) with "accessed_at = max(old, new)" so a late batch never rewinds an
  * entry re-inserted meanwhile.
- * Locks: db_mu serialises SQLite; rw protects the mirror; pend_mu the pending touches. Order is
- * always db_mu -> rw -> pend_mu. Rows read from index.db are untrusted: a row whose file_path is
- * not the 64-hex token_hash, whose blob length is not num_tokens*4, or with negative/ill-typed
- * numbers is skipped (counted, error message set) and never served.
+ * Locks: db_mu serialises SQLite; rw protects the mirror; pend_mu the pending
+ * touches. Order is always db_mu -> rw -> pend_mu. Rows read from index.db are
+ * untrusted: a row whose file_path is not the 64-hex token_hash, whose blob
+ * length is not num_tokens*4, or with negative/ill-typed numbers is skipped
+ * (counted, error message set) and never served.
  */
 #include "index.h"
 
@@ -45,14 +49,16 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#define BLK 16                  /* tokens per trie block (== the reference's prefix filter) */
-#define HB0 0x6b7674696572ull   /* hb_0, "kvtier" */
+#define BLK 16 /* tokens per trie block (== the reference's prefix filter) */
+#define HB0 0x6b7674696572ull /* hb_0, "kvtier" */
 #define TOUCH_BATCH 256
-#define TOUCH_MAX_AGE 1.0       /* seconds a touch may wait before being written */
+#define TOUCH_MAX_AGE 1.0 /* seconds a touch may wait before being written */
 #define BUSY_TIMEOUT_MS 5000
-#define MAX_TOKENS ((uint64_t)1 << 28) /* 1 GiB blob: SQLite's default length limit */
+#define MAX_TOKENS                                                             \
+  ((uint64_t)1 << 28) /* 1 GiB blob: SQLite's default length limit */
 
-/* ---- SQL text (the reference's, verbatim) ---------------------------------------------- */
+/* ---- SQL text (the reference's, verbatim)
+ * ---------------------------------------------- */
 
 static const char SCHEMA_SQL[] =
     "\n"
@@ -86,11 +92,12 @@ static const char INDEX_SQL[] =
     "        ";
 
 static const char META_SQL[] =
-    "CREATE TABLE IF NOT EXISTS kvtier_meta (token_hash TEXT PRIMARY KEY, disk_bytes INTEGER "
+    "CREATE TABLE IF NOT EXISTS kvtier_meta (token_hash TEXT PRIMARY KEY, "
+    "disk_bytes INTEGER "
     "NOT NULL, storage_mode INTEGER NOT NULL)";
 
 enum {
-  ST_INSERT,      /* the reference's INSERT OR REPLACE */
+  ST_INSERT, /* the reference's INSERT OR REPLACE */
   ST_META_PUT,
   ST_META_DEL,
   ST_DELETE,
@@ -103,22 +110,27 @@ enum {
 };
 
 static const char *const STMT_SQL[ST_COUNT] = {
-    [ST_INSERT] = "\n            INSERT OR REPLACE INTO entries\n"
-                  "                (token_hash, tokens_blob, prefix_hash, num_tokens, "
-                  "file_path,\n                 memory_bytes, created_at, accessed_at)\n"
-                  "            VALUES (?, ?, ?, ?, ?, ?, ?, ?)\n            ",
-    [ST_META_PUT] = "INSERT OR REPLACE INTO kvtier_meta (token_hash, disk_bytes, "
-                    "storage_mode) VALUES (?, ?, ?)",
+    [ST_INSERT] =
+        "\n            INSERT OR REPLACE INTO entries\n"
+        "                (token_hash, tokens_blob, prefix_hash, num_tokens, "
+        "file_path,\n                 memory_bytes, created_at, accessed_at)\n"
+        "            VALUES (?, ?, ?, ?, ?, ?, ?, ?)\n            ",
+    [ST_META_PUT] =
+        "INSERT OR REPLACE INTO kvtier_meta (token_hash, disk_bytes, "
+        "storage_mode) VALUES (?, ?, ?)",
     [ST_META_DEL] = "DELETE FROM kvtier_meta WHERE token_hash = ?",
     [ST_DELETE] = "DELETE FROM entries WHERE token_hash = ?",
-    [ST_TOUCH] = "UPDATE entries SET accessed_at = ? WHERE token_hash = ? AND accessed_at < ?",
-    [ST_TOKENS] = "SELECT tokens_blob, num_tokens, file_path FROM entries WHERE token_hash = ?",
+    [ST_TOUCH] = "UPDATE entries SET accessed_at = ? WHERE token_hash = ? AND "
+                 "accessed_at < ?",
+    [ST_TOKENS] = "SELECT tokens_blob, num_tokens, file_path FROM entries "
+                  "WHERE token_hash = ?",
     [ST_BEGIN] = "BEGIN IMMEDIATE",
     [ST_COMMIT] = "COMMIT",
     [ST_ROLLBACK] = "ROLLBACK",
 };
 
-/* ---- the mirror ------------------------------------------------------------------------- */
+/* ---- the mirror
+ * ------------------------------------------------------------------------- */
 
 typedef struct mirror_ent {
   uint8_t sha[32];  /* SHA-256 of the tokens: the key */
@@ -130,7 +142,8 @@ typedef struct mirror_ent {
   uint64_t disk_bytes;
   double created_at;
   double accessed_at;
-  uint32_t heap_pos[2]; /* positions in the LRU / created heaps; heap_pos[0] = next free */
+  uint32_t heap_pos[2]; /* positions in the LRU / created heaps; heap_pos[0] =
+                           next free */
   int32_t storage_mode;
   uint32_t live;
 } mirror_ent;
@@ -168,7 +181,8 @@ struct kvt_index {
   double pend_first;
 };
 
-/* ---- small helpers ---------------------------------------------------------------------- */
+/* ---- small helpers
+ * ---------------------------------------------------------------------- */
 
 static double now_s(void) {
   struct timespec ts;
@@ -178,7 +192,8 @@ static double now_s(void) {
 
 static int sha256_bin(uint8_t out[32], const void *data, size_t len) {
   unsigned int mdlen = 0;
-  if (!EVP_Digest(len ? data : (const void *)"", len, out, &mdlen, EVP_sha256(), NULL) ||
+  if (!EVP_Digest(len ? data : (const void *)"", len, out, &mdlen, EVP_sha256(),
+                  NULL) ||
       mdlen != 32)
     return KVT_ERR(KVT_ENOMEM, "SHA-256 computation failed");
   return 0;
@@ -225,12 +240,14 @@ static void seq_keys(uint64_t *hb, uint64_t *hf, const int32_t *tok, size_t n) {
     h = XXH3_64bits_withSeed(tok + i * BLK, BLK * sizeof(int32_t), h);
   size_t t = n % BLK;
   *hb = h;
-  *hf = XXH3_64bits_withSeed(tok + k * BLK, t * sizeof(int32_t), tail_seed(h, t));
+  *hf =
+      XXH3_64bits_withSeed(tok + k * BLK, t * sizeof(int32_t), tail_seed(h, t));
 }
 
 static int db_err(kvt_index *idx, int rc, const char *what) {
   int prim = rc & 0xff;
-  const char *msg = idx && idx->db ? sqlite3_errmsg(idx->db) : sqlite3_errstr(rc);
+  const char *msg =
+      idx && idx->db ? sqlite3_errmsg(idx->db) : sqlite3_errstr(rc);
   int code = prim == SQLITE_FULL    ? KVT_ENOSPC
              : prim == SQLITE_IOERR ? KVT_EIO
              : prim == SQLITE_NOMEM ? KVT_ENOMEM
@@ -274,7 +291,9 @@ static void rollback(kvt_index *idx) {
   }
 }
 
-/* ---- heaps ------------------------------------------------------------------------------ */
+/* ---- heaps
+ * ------------------------------------------------------------------------------
+ */
 
 static double hkey(const kvt_index *idx, int h, uint32_t id) {
   const mirror_ent *e = &idx->ents[id];
@@ -325,9 +344,11 @@ static void heaps_remove(kvt_index *idx, uint32_t id) {
       heap_fix(idx, h, pos[h]);
 }
 
-/* ---- mirror maintenance (callers hold rw for writing) ---------------------------------- */
+/* ---- mirror maintenance (callers hold rw for writing)
+ * ---------------------------------- */
 
-static int mirror_find(const kvt_index *idx, const uint8_t sha[32], uint32_t *id) {
+static int mirror_find(const kvt_index *idx, const uint8_t sha[32],
+                       uint32_t *id) {
   size_t pos = 0;
   kvti_hm_slot *s;
   while ((s = kvti_hm_next(&idx->exact, key64(sha), &pos)) != NULL) {
@@ -410,8 +431,8 @@ static void mirror_del(kvt_index *idx, uint32_t id) {
     kvti_hm_remove(&idx->seq, e->hf, id);
     size_t pos = 0;
     kvti_hm_slot *s = kvti_hm_next(&idx->nodes, e->hb, &pos);
-    /* The tail mask is not narrowed on removal: a stale bit costs one probe, never a wrong
-     * answer; the node goes away with its last entry. */
+    /* The tail mask is not narrowed on removal: a stale bit costs one probe,
+     * never a wrong answer; the node goes away with its last entry. */
     if (s) {
       if ((s->val & 0xffffffffu) <= 1)
         kvti_hm_remove_slot(&idx->nodes, s);
@@ -439,9 +460,11 @@ static void fill_info(kvt_entry_info *out, const mirror_ent *e) {
   out->accessed_at = e->accessed_at;
 }
 
-/* Builds the mirror record of a token sequence (hashes computed here, outside any lock).
- * full_sha = 0 leaves e->sha for the caller (rows loaded from SQLite carry their key). */
-static int make_ent(mirror_ent *e, const int32_t *tokens, size_t n, int full_sha) {
+/* Builds the mirror record of a token sequence (hashes computed here, outside
+ * any lock). full_sha = 0 leaves e->sha for the caller (rows loaded from SQLite
+ * carry their key). */
+static int make_ent(mirror_ent *e, const int32_t *tokens, size_t n,
+                    int full_sha) {
   memset(e, 0, sizeof *e);
   int rc = full_sha ? sha256_bin(e->sha, tokens, n * sizeof(int32_t)) : 0;
   if (!rc)
@@ -453,21 +476,26 @@ static int make_ent(mirror_ent *e, const int32_t *tokens, size_t n, int full_sha
   return 0;
 }
 
-/* ---- open ------------------------------------------------------------------------------- */
+/* ---- open
+ * -------------------------------------------------------------------------------
+ */
 
 static int prepare_all(kvt_index *idx) {
   for (int i = 0; i < ST_COUNT; i++) {
-    if (idx->readonly && (i == ST_META_PUT || i == ST_META_DEL))
-      continue; /* kvtier_meta may not exist in a read-only legacy DB */
-    int rc = sqlite3_prepare_v3(idx->db, STMT_SQL[i], -1, SQLITE_PREPARE_PERSISTENT,
-                                &idx->st[i], NULL);
+    if (idx->readonly && (i == ST_INSERT || i == ST_META_PUT ||
+                          i == ST_META_DEL || i == ST_DELETE || i == ST_TOUCH))
+      continue; /* never used read-only, and a legacy DB lacks
+                   prefix_hash/kvtier_meta */
+    int rc = sqlite3_prepare_v3(idx->db, STMT_SQL[i], -1,
+                                SQLITE_PREPARE_PERSISTENT, &idx->st[i], NULL);
     if (rc != SQLITE_OK)
       return db_err(idx, rc, "prepare");
   }
   return 0;
 }
 
-static int has_column(kvt_index *idx, const char *table, const char *col, int *out) {
+static int has_column(kvt_index *idx, const char *table, const char *col,
+                      int *out) {
   char sql[128];
   snprintf(sql, sizeof sql, "PRAGMA table_info(%s)", table);
   sqlite3_stmt *s = NULL;
@@ -485,23 +513,27 @@ static int has_column(kvt_index *idx, const char *table, const char *col, int *o
   return ret;
 }
 
-/* The reference's _backfill_prefix_hashes: prefix_hash for rows lacking it. Rows whose blob is
- * not a whole number of int32 (which the reference could not parse either) are left NULL. */
+/* The reference's _backfill_prefix_hashes: prefix_hash for rows lacking it.
+ * Rows whose blob is not a whole number of int32 (which the reference could not
+ * parse either) are left NULL. */
 static int backfill(kvt_index *idx) {
   sqlite3_stmt *sel = NULL, *upd = NULL;
-  int rc = sqlite3_prepare_v2(idx->db,
-                              "SELECT token_hash, tokens_blob FROM entries WHERE prefix_hash "
-                              "IS NULL",
-                              -1, &sel, NULL);
+  int rc = sqlite3_prepare_v2(
+      idx->db,
+      "SELECT token_hash, tokens_blob FROM entries WHERE prefix_hash "
+      "IS NULL",
+      -1, &sel, NULL);
   if (rc == SQLITE_OK)
-    rc = sqlite3_prepare_v2(idx->db, "UPDATE entries SET prefix_hash = ? WHERE token_hash = ?",
-                            -1, &upd, NULL);
+    rc = sqlite3_prepare_v2(
+        idx->db, "UPDATE entries SET prefix_hash = ? WHERE token_hash = ?", -1,
+        &upd, NULL);
   int ret = 0;
   if (rc != SQLITE_OK) {
     ret = db_err(idx, rc, "backfill prepare");
     goto out;
   }
-  /* Collect first: updating the table while stepping over it is not well-defined. */
+  /* Collect first: updating the table while stepping over it is not
+   * well-defined. */
   typedef struct {
     char th[65];
     char ph[65];
@@ -553,8 +585,8 @@ out:
   return ret;
 }
 
-/* The reference's _create_tables (plus kvtier_meta and removal of stale meta rows), in one
- * transaction. */
+/* The reference's _create_tables (plus kvtier_meta and removal of stale meta
+ * rows), in one transaction. */
 static int create_tables(kvt_index *idx) {
   int rc = exec_sql(idx, "BEGIN IMMEDIATE", "begin");
   if (rc)
@@ -564,12 +596,14 @@ static int create_tables(kvt_index *idx) {
   if (!rc)
     rc = has_column(idx, "entries", "prefix_hash", &has);
   if (!rc && !has)
-    rc = exec_sql(idx, "ALTER TABLE entries ADD COLUMN prefix_hash TEXT", "add prefix_hash");
+    rc = exec_sql(idx, "ALTER TABLE entries ADD COLUMN prefix_hash TEXT",
+                  "add prefix_hash");
   if (!rc)
     rc = exec_sql(idx, INDEX_SQL, "create indexes");
   if (!rc) {
     sqlite3_stmt *s = NULL;
-    int r = sqlite3_prepare_v2(idx->db, "SELECT COUNT(*) FROM schema_version", -1, &s, NULL);
+    int r = sqlite3_prepare_v2(idx->db, "SELECT COUNT(*) FROM schema_version",
+                               -1, &s, NULL);
     if (r == SQLITE_OK && (r = sqlite3_step(s)) == SQLITE_ROW) {
       if (sqlite3_column_int64(s, 0) == 0)
         rc = exec_sql(idx, "INSERT INTO schema_version (version) VALUES (1)",
@@ -585,7 +619,8 @@ static int create_tables(kvt_index *idx) {
     rc = exec_sql(idx, META_SQL, "create kvtier_meta");
   if (!rc)
     rc = exec_sql(idx,
-                  "DELETE FROM kvtier_meta WHERE token_hash NOT IN (SELECT token_hash FROM "
+                  "DELETE FROM kvtier_meta WHERE token_hash NOT IN (SELECT "
+                  "token_hash FROM "
                   "entries)",
                   "remove stale kvtier_meta rows");
   if (!rc)
@@ -598,13 +633,16 @@ static int create_tables(kvt_index *idx) {
 static int table_exists(kvt_index *idx, const char *name, int *out) {
   sqlite3_stmt *s = NULL;
   int rc = sqlite3_prepare_v2(
-      idx->db, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", -1, &s, NULL);
+      idx->db, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+      -1, &s, NULL);
   if (rc != SQLITE_OK)
     return db_err(idx, rc, "sqlite_master");
   sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
   rc = sqlite3_step(s);
   *out = rc == SQLITE_ROW;
-  int ret = (rc == SQLITE_ROW || rc == SQLITE_DONE) ? 0 : db_err(idx, rc, "sqlite_master");
+  int ret = (rc == SQLITE_ROW || rc == SQLITE_DONE)
+                ? 0
+                : db_err(idx, rc, "sqlite_master");
   sqlite3_finalize(s);
   return ret;
 }
@@ -612,15 +650,17 @@ static int table_exists(kvt_index *idx, const char *name, int *out) {
 static int skip_row(uint64_t *skipped, const char *th, const char *why) {
   if (skipped)
     (*skipped)++;
-  KVT_ERR(KVT_ECORRUPT, "index.db: row %.64s skipped: %s", th ? th : "(null)", why);
+  KVT_ERR(KVT_ECORRUPT, "index.db: row %.64s skipped: %s", th ? th : "(null)",
+          why);
   return 0;
 }
 
-/* Validates a row of entries (columns: token_hash, tokens_blob, num_tokens, file_path,
- * memory_bytes[, created_at, accessed_at]) from SQLite. On success fills e (hashes from blob)
- * and returns 1; returns 0 (and counts/logs) for a hostile or damaged row. */
-static int row_valid(uint64_t *skipped, sqlite3_stmt *s, int col_th, int col_blob, int col_n,
-                     int col_fp, char th[65]) {
+/* Validates a row of entries (columns: token_hash, tokens_blob, num_tokens,
+ * file_path, memory_bytes[, created_at, accessed_at]) from SQLite. On success
+ * fills e (hashes from blob) and returns 1; returns 0 (and counts/logs) for a
+ * hostile or damaged row. */
+static int row_valid(uint64_t *skipped, sqlite3_stmt *s, int col_th,
+                     int col_blob, int col_n, int col_fp, char th[65]) {
   const unsigned char *t = sqlite3_column_text(s, col_th);
   int tl = sqlite3_column_bytes(s, col_th);
   if (!t || tl != 64) {
@@ -640,7 +680,8 @@ static int row_valid(uint64_t *skipped, sqlite3_stmt *s, int col_th, int col_blo
   sqlite3_int64 n = sqlite3_column_int64(s, col_n);
   if (n < 0 || (uint64_t)n > MAX_TOKENS)
     return skip_row(skipped, th, "num_tokens out of range");
-  if (sqlite3_column_type(s, col_blob) != SQLITE_BLOB && sqlite3_column_bytes(s, col_blob))
+  if (sqlite3_column_type(s, col_blob) != SQLITE_BLOB &&
+      sqlite3_column_bytes(s, col_blob))
     return skip_row(skipped, th, "tokens_blob is not a blob");
   int bl = sqlite3_column_bytes(s, col_blob);
   if (bl < 0 || bl % 4 || (uint64_t)bl != (uint64_t)n * 4)
@@ -670,11 +711,15 @@ static int load_mirror(kvt_index *idx) {
   if (rc)
     return rc;
   const char *sql =
-      has_meta ? "SELECT e.token_hash, e.tokens_blob, e.num_tokens, e.file_path, "
-                 "e.memory_bytes, e.created_at, e.accessed_at, m.disk_bytes, m.storage_mode "
-                 "FROM entries e LEFT JOIN kvtier_meta m ON m.token_hash = e.token_hash"
-               : "SELECT token_hash, tokens_blob, num_tokens, file_path, memory_bytes, "
-                 "created_at, accessed_at, NULL, NULL FROM entries";
+      has_meta
+          ? "SELECT e.token_hash, e.tokens_blob, e.num_tokens, e.file_path, "
+            "e.memory_bytes, e.created_at, e.accessed_at, m.disk_bytes, "
+            "m.storage_mode "
+            "FROM entries e LEFT JOIN kvtier_meta m ON m.token_hash = "
+            "e.token_hash"
+          : "SELECT token_hash, tokens_blob, num_tokens, file_path, "
+            "memory_bytes, "
+            "created_at, accessed_at, NULL, NULL FROM entries";
   sqlite3_stmt *s = NULL;
   rc = sqlite3_prepare_v2(idx->db, sql, -1, &s, NULL);
   if (rc != SQLITE_OK)
@@ -691,14 +736,15 @@ static int load_mirror(kvt_index *idx) {
       continue;
     }
     if (!num_ok(s, 5) || !num_ok(s, 6)) {
-      skip_row(&idx->skipped, th, "created_at/accessed_at is not a non-negative number");
+      skip_row(&idx->skipped, th,
+               "created_at/accessed_at is not a non-negative number");
       continue;
     }
     mirror_ent e;
     size_t n = (size_t)sqlite3_column_int64(s, 2);
     const int32_t *tok = sqlite3_column_blob(s, 1);
-    /* SQLite blobs are not guaranteed 4-byte aligned: hash from the bytes, copy for the
-     * block hashes only when misaligned. */
+    /* SQLite blobs are not guaranteed 4-byte aligned: hash from the bytes, copy
+     * for the block hashes only when misaligned. */
     int32_t *copy = NULL;
     if (n && ((uintptr_t)tok % sizeof(int32_t))) {
       copy = kvti_malloc(n * sizeof(int32_t));
@@ -713,9 +759,9 @@ static int load_mirror(kvt_index *idx) {
     kvti_free(copy);
     if (ret)
       break;
-    /* The key is the stored token_hash (what the reference and the files use); lookups confirm
-     * candidates by hashing the query, so a blob that does not hash to it is never served under
-     * another key. */
+    /* The key is the stored token_hash (what the reference and the files use);
+     * lookups confirm candidates by hashing the query, so a blob that does not
+     * hash to it is never served under another key. */
     if (unhex_of(e.sha, th) != 0) {
       skip_row(&idx->skipped, th, "bad token_hash");
       continue;
@@ -724,7 +770,8 @@ static int load_mirror(kvt_index *idx) {
     e.created_at = sqlite3_column_double(s, 5);
     e.accessed_at = sqlite3_column_double(s, 6);
     if (sqlite3_column_type(s, 7) != SQLITE_NULL) {
-      if (sqlite3_column_type(s, 7) != SQLITE_INTEGER || sqlite3_column_int64(s, 7) < 0 ||
+      if (sqlite3_column_type(s, 7) != SQLITE_INTEGER ||
+          sqlite3_column_int64(s, 7) < 0 ||
           sqlite3_column_type(s, 8) != SQLITE_INTEGER ||
           (sqlite3_column_int64(s, 8) != KVT_STORAGE_NATIVE &&
            sqlite3_column_int64(s, 8) != KVT_STORAGE_COMPAT)) {
@@ -817,8 +864,8 @@ static void index_destroy(kvt_index *idx) {
   kvti_free(idx);
 }
 
-int kvti_index_open(kvt_index **out, const char *cache_dir, const char *data_dir,
-                    int readonly) {
+int kvti_index_open(kvt_index **out, const char *cache_dir,
+                    const char *data_dir, int readonly) {
   if (!out || !cache_dir || !*cache_dir)
     return KVT_ERR(KVT_EINVAL, "kvti_index_open: NULL argument");
   *out = NULL;
@@ -835,7 +882,8 @@ int kvti_index_open(kvt_index **out, const char *cache_dir, const char *data_dir
     rc = KVT_ENOMEM;
     goto fail;
   }
-  int flags = (readonly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) |
+  int flags = (readonly ? SQLITE_OPEN_READONLY
+                        : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) |
               SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW;
   int src = sqlite3_open_v2(idx->db_path, &idx->db, flags, NULL);
   if (src != SQLITE_OK) {
@@ -868,7 +916,9 @@ uint64_t kvti_index_skipped(kvt_index *idx) {
   return n;
 }
 
-/* ---- writes ----------------------------------------------------------------------------- */
+/* ---- writes
+ * -----------------------------------------------------------------------------
+ */
 
 static int check_tokens(const int32_t *tokens, size_t n) {
   if (!tokens && n > 0)
@@ -878,11 +928,12 @@ static int check_tokens(const int32_t *tokens, size_t n) {
   return 0;
 }
 
-/* INSERT OR REPLACE as the reference; with_meta writes kvtier_meta too, otherwise removes it
- * (a reference-style row: disk bytes get measured at the next open). */
-static int put_common(kvt_index *idx, const int32_t *tokens, size_t n, const char *hash,
-                      uint64_t memory_bytes, uint64_t disk_bytes, int storage_mode,
-                      int with_meta) {
+/* INSERT OR REPLACE as the reference; with_meta writes kvtier_meta too,
+ * otherwise removes it (a reference-style row: disk bytes get measured at the
+ * next open). */
+static int put_common(kvt_index *idx, const int32_t *tokens, size_t n,
+                      const char *hash, uint64_t memory_bytes,
+                      uint64_t disk_bytes, int storage_mode, int with_meta) {
   int rc = check_tokens(tokens, n);
   if (rc)
     return rc;
@@ -899,7 +950,8 @@ static int put_common(kvt_index *idx, const int32_t *tokens, size_t n, const cha
   hex_of(th, e.sha);
   hex_of(ph, e.psha);
   if (hash && strcmp(hash, th) != 0)
-    return KVT_ERR(KVT_EINVAL, "index: hash %.64s is not the tokens' hash %s", hash, th);
+    return KVT_ERR(KVT_EINVAL, "index: hash %.64s is not the tokens' hash %s",
+                   hash, th);
   e.memory_bytes = memory_bytes;
   e.disk_bytes = disk_bytes;
   e.storage_mode = storage_mode;
@@ -910,7 +962,8 @@ static int put_common(kvt_index *idx, const int32_t *tokens, size_t n, const cha
   if (!rc) {
     sqlite3_stmt *s = idx->st[ST_INSERT];
     sqlite3_bind_text(s, 1, th, 64, SQLITE_STATIC);
-    sqlite3_bind_blob(s, 2, n ? (const void *)tokens : "", (int)(n * 4), SQLITE_STATIC);
+    sqlite3_bind_blob(s, 2, n ? (const void *)tokens : "", (int)(n * 4),
+                      SQLITE_STATIC);
     sqlite3_bind_text(s, 3, ph, 64, SQLITE_STATIC);
     sqlite3_bind_int64(s, 4, (sqlite3_int64)n);
     sqlite3_bind_text(s, 5, th, 64, SQLITE_STATIC);
@@ -952,17 +1005,20 @@ static int put_common(kvt_index *idx, const int32_t *tokens, size_t n, const cha
   } else if ((rc = mirror_reserve(idx)) == 0) {
     mirror_add(idx, &e);
   }
-  /* On ENOMEM here SQLite has the row but the mirror does not: it is served after reopen. */
+  /* On ENOMEM here SQLite has the row but the mirror does not: it is served
+   * after reopen. */
   pthread_rwlock_unlock(&idx->rw);
   pthread_mutex_unlock(&idx->db_mu);
   return rc;
 }
 
-int kvti_index_put(kvt_index *idx, const int32_t *tokens, size_t n, const char *hash,
-                   uint64_t memory_bytes, uint64_t disk_bytes, int storage_mode) {
+int kvti_index_put(kvt_index *idx, const int32_t *tokens, size_t n,
+                   const char *hash, uint64_t memory_bytes, uint64_t disk_bytes,
+                   int storage_mode) {
   if (!idx)
     return KVT_ERR(KVT_EINVAL, "kvti_index_put: NULL index");
-  return put_common(idx, tokens, n, hash, memory_bytes, disk_bytes, storage_mode, 1);
+  return put_common(idx, tokens, n, hash, memory_bytes, disk_bytes,
+                    storage_mode, 1);
 }
 
 static int remove_sha(kvt_index *idx, const uint8_t sha[32]) {
@@ -1008,7 +1064,9 @@ int kvti_index_remove_hash(kvt_index *idx, const char *hash) {
   return remove_sha(idx, sha);
 }
 
-/* ---- touches ---------------------------------------------------------------------------- */
+/* ---- touches
+ * ----------------------------------------------------------------------------
+ */
 
 int kvti_index_flush(kvt_index *idx) {
   if (!idx)
@@ -1077,7 +1135,8 @@ static int touch_sha(kvt_index *idx, const uint8_t sha[32]) {
     memcpy(idx->pend[idx->pend_n].sha, sha, 32);
     idx->pend[idx->pend_n].t = t;
     idx->pend_n++;
-    need_flush = idx->pend_n >= TOUCH_BATCH || t - idx->pend_first >= TOUCH_MAX_AGE;
+    need_flush =
+        idx->pend_n >= TOUCH_BATCH || t - idx->pend_first >= TOUCH_MAX_AGE;
   }
   pthread_mutex_unlock(&idx->pend_mu);
   pthread_rwlock_unlock(&idx->rw);
@@ -1093,14 +1152,16 @@ int kvti_index_touch_hash(kvt_index *idx, const char *hash) {
   return touch_sha(idx, sha);
 }
 
-/* ---- lookups ---------------------------------------------------------------------------- */
+/* ---- lookups
+ * ----------------------------------------------------------------------------
+ */
 
 static int visible(const mirror_ent *e, double created_before) {
   return !(created_before > 0 && e->created_at < created_before);
 }
 
-int kvti_index_find(kvt_entry_info *out, kvt_index *idx, const int32_t *tokens, size_t n,
-                    double created_before) {
+int kvti_index_find(kvt_entry_info *out, kvt_index *idx, const int32_t *tokens,
+                    size_t n, double created_before) {
   if (!out || !idx)
     return KVT_ERR(KVT_EINVAL, "kvti_index_find: NULL argument");
   int rc = check_tokens(tokens, n);
@@ -1109,14 +1170,16 @@ int kvti_index_find(kvt_entry_info *out, kvt_index *idx, const int32_t *tokens, 
     return rc;
   pthread_rwlock_rdlock(&idx->rw);
   uint32_t id;
-  int found = mirror_find(idx, sha, &id) && visible(&idx->ents[id], created_before);
+  int found =
+      mirror_find(idx, sha, &id) && visible(&idx->ents[id], created_before);
   if (found)
     fill_info(out, &idx->ents[id]);
   pthread_rwlock_unlock(&idx->rw);
   return found ? 0 : KVT_ENOTFOUND;
 }
 
-int kvti_index_find_hash(kvt_entry_info *out, kvt_index *idx, const char *hash) {
+int kvti_index_find_hash(kvt_entry_info *out, kvt_index *idx,
+                         const char *hash) {
   uint8_t sha[32];
   if (!out || !idx || unhex_of(sha, hash) != 0)
     return KVT_ERR(KVT_EINVAL, "kvti_index_find_hash: bad argument");
@@ -1129,8 +1192,9 @@ int kvti_index_find_hash(kvt_entry_info *out, kvt_index *idx, const char *hash) 
   return found ? 0 : KVT_ENOTFOUND;
 }
 
-/* Calls fn(ctx, id) for each stored non-empty sequence that is a prefix of tokens, longest
- * first, until fn returns nonzero. Caller holds rw (read). Returns 0 or a negative code. */
+/* Calls fn(ctx, id) for each stored non-empty sequence that is a prefix of
+ * tokens, longest first, until fn returns nonzero. Caller holds rw (read).
+ * Returns 0 or a negative code. */
 typedef int (*prefix_fn)(void *ctx, kvt_index *idx, uint32_t id);
 
 static int prefix_walk(kvt_index *idx, const int32_t *tokens, size_t n,
@@ -1146,10 +1210,12 @@ static int prefix_walk(kvt_index *idx, const int32_t *tokens, size_t n,
       return KVT_ERR_NOMEM();
   }
   hb[0] = HB0;
-  /* All chained block hashes of the query: nodes exist only where entries end, so an absent
-   * node at depth k says nothing about depth k+1 and every depth is probed (deepest first). */
+  /* All chained block hashes of the query: nodes exist only where entries end,
+   * so an absent node at depth k says nothing about depth k+1 and every depth
+   * is probed (deepest first). */
   for (size_t k = 0; k < kmax; k++)
-    hb[k + 1] = XXH3_64bits_withSeed(tokens + k * BLK, BLK * sizeof(int32_t), hb[k]);
+    hb[k + 1] =
+        XXH3_64bits_withSeed(tokens + k * BLK, BLK * sizeof(int32_t), hb[k]);
   int rc = 0, stop = 0;
   for (size_t kk = kmax + 1; kk-- > 0 && !stop;) {
     size_t pos = 0;
@@ -1162,8 +1228,8 @@ static int prefix_walk(kvt_index *idx, const int32_t *tokens, size_t n,
     for (size_t t = tmax + 1; t-- > 0 && !stop;) {
       if (!(mask & (1u << t)) || base + t == 0)
         continue;
-      uint64_t hf =
-          XXH3_64bits_withSeed(tokens + base, t * sizeof(int32_t), tail_seed(hb[kk], t));
+      uint64_t hf = XXH3_64bits_withSeed(tokens + base, t * sizeof(int32_t),
+                                         tail_seed(hb[kk], t));
       size_t p2 = 0;
       kvti_hm_slot *s;
       while (!stop && (s = kvti_hm_next(&idx->seq, hf, &p2)) != NULL) {
@@ -1199,8 +1265,9 @@ static int first_fn(void *ctx, kvt_index *idx, uint32_t id) {
   return 1;
 }
 
-int kvti_index_find_prefix(kvt_entry_info *out, kvt_index *idx, const int32_t *tokens,
-                           size_t n, double created_before) {
+int kvti_index_find_prefix(kvt_entry_info *out, kvt_index *idx,
+                           const int32_t *tokens, size_t n,
+                           double created_before) {
   if (!out || !idx)
     return KVT_ERR(KVT_EINVAL, "kvti_index_find_prefix: NULL argument");
   int rc = check_tokens(tokens, n);
@@ -1248,11 +1315,13 @@ int kvti_index_lru_victim(kvt_entry_info *out, kvt_index *idx) {
   return found ? 0 : KVT_ENOTFOUND;
 }
 
-int kvti_index_oldest_before(kvt_entry_info *out, kvt_index *idx, double cutoff) {
+int kvti_index_oldest_before(kvt_entry_info *out, kvt_index *idx,
+                             double cutoff) {
   if (!out || !idx)
     return KVT_ERR(KVT_EINVAL, "kvti_index_oldest_before: NULL argument");
   pthread_rwlock_rdlock(&idx->rw);
-  int found = idx->heap_n > 0 && idx->ents[idx->heap[H_CREATED][0]].created_at < cutoff;
+  int found =
+      idx->heap_n > 0 && idx->ents[idx->heap[H_CREATED][0]].created_at < cutoff;
   if (found)
     fill_info(out, &idx->ents[idx->heap[H_CREATED][0]]);
   pthread_rwlock_unlock(&idx->rw);
@@ -1288,7 +1357,8 @@ int kvti_index_foreach(kvt_index *idx, kvt_entry_visit_fn fn, void *ctx) {
   return rc;
 }
 
-int kvti_index_tokens(int32_t **tokens, size_t *n, kvt_index *idx, const char *hash) {
+int kvti_index_tokens(int32_t **tokens, size_t *n, kvt_index *idx,
+                      const char *hash) {
   if (!tokens || !n || !idx || !hash || !kvti_is_hash_name(hash))
     return KVT_ERR(KVT_EINVAL, "kvti_index_tokens: bad argument");
   pthread_mutex_lock(&idx->db_mu);
@@ -1301,8 +1371,8 @@ int kvti_index_tokens(int32_t **tokens, size_t *n, kvt_index *idx, const char *h
     int bl = sqlite3_column_bytes(s, 0);
     sqlite3_int64 nt = sqlite3_column_int64(s, 1);
     if (!fp || fl != 64 || memcmp(fp, hash, 64) != 0 ||
-        sqlite3_column_type(s, 1) != SQLITE_INTEGER || nt < 0 || (uint64_t)nt > MAX_TOKENS ||
-        bl % 4 || (sqlite3_int64)bl != nt * 4) {
+        sqlite3_column_type(s, 1) != SQLITE_INTEGER || nt < 0 ||
+        (uint64_t)nt > MAX_TOKENS || bl % 4 || (sqlite3_int64)bl != nt * 4) {
       ret = KVT_ERR(KVT_ECORRUPT, "index.db: row %s is malformed", hash);
     } else {
       int32_t *t = kvti_malloc(bl ? (size_t)bl : 1);
@@ -1332,13 +1402,15 @@ uint64_t kvti_index_mem_bytes(kvt_index *idx) {
     return 0;
   pthread_rwlock_rdlock(&idx->rw);
   uint64_t b = (uint64_t)idx->cap_ents * sizeof(mirror_ent) +
-               2ull * idx->heap_cap * sizeof(uint32_t) + kvti_hm_bytes(&idx->exact) +
-               kvti_hm_bytes(&idx->seq) + kvti_hm_bytes(&idx->nodes);
+               2ull * idx->heap_cap * sizeof(uint32_t) +
+               kvti_hm_bytes(&idx->exact) + kvti_hm_bytes(&idx->seq) +
+               kvti_hm_bytes(&idx->nodes);
   pthread_rwlock_unlock(&idx->rw);
   return b;
 }
 
-/* ---- the public SSDIndex API ------------------------------------------------------------ */
+/* ---- the public SSDIndex API
+ * ------------------------------------------------------------ */
 
 void kvt_index_rows_free(kvt_index_rows *rows) {
   if (!rows)
@@ -1361,18 +1433,22 @@ void kvt_index_close(kvt_index *idx) {
   index_destroy(idx);
 }
 
-int kvt_index_insert(kvt_index *idx, const int32_t *tokens, size_t n, const char *file_path,
-                     uint64_t memory_bytes, uint64_t num_tokens) {
+int kvt_index_insert(kvt_index *idx, const int32_t *tokens, size_t n,
+                     const char *file_path, uint64_t memory_bytes,
+                     uint64_t num_tokens) {
   if (!idx || !file_path)
     return KVT_ERR(KVT_EINVAL, "kvt_index_insert: NULL argument");
-  /* kvtier only ever stores entries under their own hash: any other file_path would be an
-   * arbitrary path handed to readers of the index. */
+  /* kvtier only ever stores entries under their own hash: any other file_path
+   * would be an arbitrary path handed to readers of the index. */
   if (num_tokens != n)
-    return KVT_ERR(KVT_EINVAL, "kvt_index_insert: num_tokens %llu != %zu tokens",
+    return KVT_ERR(KVT_EINVAL,
+                   "kvt_index_insert: num_tokens %llu != %zu tokens",
                    (unsigned long long)num_tokens, n);
   if (!kvti_is_hash_name(file_path))
-    return KVT_ERR(KVT_EINVAL, "kvt_index_insert: file_path must be the token hash");
-  return put_common(idx, tokens, n, file_path, memory_bytes, 0, KVT_STORAGE_COMPAT, 0);
+    return KVT_ERR(KVT_EINVAL,
+                   "kvt_index_insert: file_path must be the token hash");
+  return put_common(idx, tokens, n, file_path, memory_bytes, 0,
+                    KVT_STORAGE_COMPAT, 0);
 }
 
 static void row_from_ent(kvt_index_row *r, const mirror_ent *e) {
@@ -1385,8 +1461,8 @@ static void row_from_ent(kvt_index_row *r, const mirror_ent *e) {
   r->accessed_at = e->accessed_at;
 }
 
-int kvt_index_lookup_exact(kvt_index_row *out, kvt_index *idx, const int32_t *tokens,
-                           size_t n) {
+int kvt_index_lookup_exact(kvt_index_row *out, kvt_index *idx,
+                           const int32_t *tokens, size_t n) {
   if (!out || !idx)
     return KVT_ERR(KVT_EINVAL, "kvt_index_lookup_exact: NULL argument");
   int rc = check_tokens(tokens, n);
@@ -1427,8 +1503,8 @@ static void rows_release(kvt_index_row *rows, size_t n) {
   kvti_free(rows);
 }
 
-int kvt_index_lookup_prefix(kvt_index_rows *out, kvt_index *idx, const int32_t *tokens,
-                            size_t n) {
+int kvt_index_lookup_prefix(kvt_index_rows *out, kvt_index *idx,
+                            const int32_t *tokens, size_t n) {
   if (!out || !idx)
     return KVT_ERR(KVT_EINVAL, "kvt_index_lookup_prefix: NULL argument");
   int rc = check_tokens(tokens, n);
@@ -1470,8 +1546,10 @@ int kvt_index_delete(kvt_index *idx, const int32_t *tokens, size_t n) {
   return rc == KVT_ENOTFOUND ? 0 : rc; /* the reference's DELETE is silent */
 }
 
-/* Rows from SQLite in accessed_at order (after flushing touches), validated as at open. */
-static int sql_rows(kvt_index_rows *out, kvt_index *idx, const char *sql, int64_t limit) {
+/* Rows from SQLite in accessed_at order (after flushing touches), validated as
+ * at open. */
+static int sql_rows(kvt_index_rows *out, kvt_index *idx, const char *sql,
+                    int64_t limit) {
   int rc = kvti_index_flush(idx);
   if (rc)
     return rc;
@@ -1488,7 +1566,8 @@ static int sql_rows(kvt_index_rows *out, kvt_index *idx, const char *sql, int64_
   while ((src = sqlite3_step(s)) == SQLITE_ROW) {
     char th[65];
     /* Invalid rows were counted at open; here they are only left out. */
-    int ok = row_valid(NULL, s, 0, 1, 2, 3, th) && num_ok(s, 4) && num_ok(s, 5) && num_ok(s, 6);
+    int ok = row_valid(NULL, s, 0, 1, 2, 3, th) && num_ok(s, 4) &&
+             num_ok(s, 5) && num_ok(s, 6);
     if (!ok)
       continue;
     if (c.n == c.cap) {
@@ -1538,19 +1617,21 @@ out:
 int kvt_index_lru(kvt_index_rows *out, kvt_index *idx, size_t limit) {
   if (!out || !idx)
     return KVT_ERR(KVT_EINVAL, "kvt_index_lru: NULL argument");
-  return sql_rows(out, idx,
-                  "SELECT token_hash, tokens_blob, num_tokens, file_path, memory_bytes, "
-                  "created_at, accessed_at FROM entries ORDER BY accessed_at ASC LIMIT ?",
-                  limit > INT64_MAX ? INT64_MAX : (int64_t)limit);
+  return sql_rows(
+      out, idx,
+      "SELECT token_hash, tokens_blob, num_tokens, file_path, memory_bytes, "
+      "created_at, accessed_at FROM entries ORDER BY accessed_at ASC LIMIT ?",
+      limit > INT64_MAX ? INT64_MAX : (int64_t)limit);
 }
 
 int kvt_index_all(kvt_index_rows *out, kvt_index *idx) {
   if (!out || !idx)
     return KVT_ERR(KVT_EINVAL, "kvt_index_all: NULL argument");
-  return sql_rows(out, idx,
-                  "SELECT token_hash, tokens_blob, num_tokens, file_path, memory_bytes, "
-                  "created_at, accessed_at FROM entries ORDER BY accessed_at DESC",
-                  -1);
+  return sql_rows(
+      out, idx,
+      "SELECT token_hash, tokens_blob, num_tokens, file_path, memory_bytes, "
+      "created_at, accessed_at FROM entries ORDER BY accessed_at DESC",
+      -1);
 }
 
 int kvt_index_total_bytes(uint64_t *out, kvt_index *idx) {
