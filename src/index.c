@@ -1396,6 +1396,22 @@ int kvti_index_tokens(int32_t **tokens, size_t *n, kvt_index *idx,
   return ret;
 }
 
+int kvti_index_bench_add(kvt_index *idx, const int32_t *tokens, size_t n, double t) {
+  if (!idx)
+    return KVT_ERR(KVT_EINVAL, "kvti_index_bench_add: NULL index");
+  mirror_ent e;
+  int rc = check_tokens(tokens, n);
+  if (rc || (rc = make_ent(&e, tokens, n, 1)) != 0)
+    return rc;
+  e.created_at = e.accessed_at = t;
+  pthread_rwlock_wrlock(&idx->rw);
+  uint32_t id;
+  if (!mirror_find(idx, e.sha, &id) && (rc = mirror_reserve(idx)) == 0)
+    mirror_add(idx, &e);
+  pthread_rwlock_unlock(&idx->rw);
+  return rc;
+}
+
 /* Memory held by the lookup structures (bench/diagnostics). */
 uint64_t kvti_index_mem_bytes(kvt_index *idx) {
   if (!idx)

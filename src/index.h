@@ -78,6 +78,10 @@ int kvti_index_tokens(int32_t **tokens, size_t *n, kvt_index *idx,
  * message when skipped. */
 uint64_t kvti_index_skipped(kvt_index *idx);
 
+/* Benchmarks only: adds an entry to the in-memory mirror without writing SQLite (created_at =
+ * accessed_at = t). Returns 0, KVT_ENOMEM, KVT_EINVAL. */
+int kvti_index_bench_add(kvt_index *idx, const int32_t *tokens, size_t n, double t);
+
 /* Heap bytes of the mirror's lookup structures (benchmarks, diagnostics). */
 uint64_t kvti_index_mem_bytes(kvt_index *idx);
 
