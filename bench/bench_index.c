@@ -1,10 +1,12 @@
 /*
- * bench_index.c - micro-benchmark of the index mirror (issue 7 lookup targets): exact lookup
- * latency at N entries, longest-prefix latency at M entries that all share a 1,024-token prefix,
- * bytes of lookup structures per entry, and the open time of an index.db holding K entries
- * (written in one transaction with SQLite's C API, as the reference's schema and kvtier_meta).
- * Usage: bench_index [exact_n=1000000] [exact_tokens=256] [prefix_n=100000] [open_n=100000]
- *                    [open_tokens=128]. Prints p50/p99 in microseconds. No assertions.
+ * bench_index.c - micro-benchmark of the index mirror (issue 7 lookup targets):
+ * exact lookup latency at N entries, longest-prefix latency at M entries that
+ * all share a 1,024-token prefix, bytes of lookup structures per entry, and the
+ * open time of an index.db holding K entries (written in one transaction with
+ * SQLite's C API, as the reference's schema and kvtier_meta). Usage:
+ * bench_index [exact_n=1000000] [exact_tokens=256] [prefix_n=100000]
+ * [open_n=100000] [open_tokens=128]. Prints p50/p99 in microseconds. No
+ * assertions.
  */
 #include "index.h"
 #include "kvtier.h"
@@ -41,8 +43,8 @@ static int cmpd(const void *a, const void *b) {
 
 static void report(const char *what, double *lat, size_t n) {
   qsort(lat, n, sizeof *lat, cmpd);
-  printf("%-40s p50 %8.2f us  p99 %8.2f us  max %8.2f us\n", what, lat[n / 2] * 1e6,
-         lat[n * 99 / 100] * 1e6, lat[n - 1] * 1e6);
+  printf("%-40s p50 %8.2f us  p99 %8.2f us  max %8.2f us\n", what,
+         lat[n / 2] * 1e6, lat[n * 99 / 100] * 1e6, lat[n - 1] * 1e6);
 }
 
 static char *mktmp(void) {
@@ -102,8 +104,8 @@ static void bench_exact(size_t n, size_t ntok) {
     lat[q] = now() - a;
   }
   report("lru victim", lat, Q);
-  printf("  hits %zu/%d, build %.2f s, lookup structures %.1f bytes/entry\n", hits, Q, build,
-         (double)kvti_index_mem_bytes(idx) / (double)n);
+  printf("  hits %zu/%d, build %.2f s, lookup structures %.1f bytes/entry\n",
+         hits, Q, build, (double)kvti_index_mem_bytes(idx) / (double)n);
   kvt_index_close(idx);
   rmdb(dir);
   free(dir);
@@ -153,8 +155,8 @@ static void bench_prefix(size_t n) {
     lat[q] = now() - a;
   }
   report("prefix miss after shared prefix", lat, Q);
-  printf("  correct %zu/%d, build %.2f s, lookup structures %.1f bytes/entry\n", ok, Q, build,
-         (double)kvti_index_mem_bytes(idx) / (double)n);
+  printf("  correct %zu/%d, build %.2f s, lookup structures %.1f bytes/entry\n",
+         ok, Q, build, (double)kvti_index_mem_bytes(idx) / (double)n);
   kvt_index_close(idx);
   rmdb(dir);
   free(dir);
@@ -174,12 +176,14 @@ static void bench_open(size_t n, size_t ntok) {
   sqlite3_open(path, &db);
   sqlite3_exec(db, "BEGIN", NULL, NULL, NULL);
   sqlite3_stmt *ins, *meta;
-  sqlite3_prepare_v2(db,
-                     "INSERT INTO entries (token_hash, tokens_blob, prefix_hash, num_tokens, "
-                     "file_path, memory_bytes, created_at, accessed_at) VALUES "
-                     "(?,?,?,?,?,?,?,?)",
-                     -1, &ins, NULL);
-  sqlite3_prepare_v2(db, "INSERT INTO kvtier_meta VALUES (?, ?, 0)", -1, &meta, NULL);
+  sqlite3_prepare_v2(
+      db,
+      "INSERT INTO entries (token_hash, tokens_blob, prefix_hash, num_tokens, "
+      "file_path, memory_bytes, created_at, accessed_at) VALUES "
+      "(?,?,?,?,?,?,?,?)",
+      -1, &ins, NULL);
+  sqlite3_prepare_v2(db, "INSERT INTO kvtier_meta VALUES (?, ?, 0)", -1, &meta,
+                     NULL);
   int32_t *t = malloc(ntok * sizeof *t);
   for (size_t i = 0; i < n; i++) {
     gen(t, ntok, i);
@@ -231,7 +235,8 @@ static void bench_open(size_t n, size_t ntok) {
     kvti_index_touch_hash(idx, h);
   }
   double touch = (now() - a) / W;
-  printf("put %.1f us each, touch %.2f us each (batched)\n", put * 1e6, touch * 1e6);
+  printf("put %.1f us each, touch %.2f us each (batched)\n", put * 1e6,
+         touch * 1e6);
   kvt_index_close(idx);
   rmdb(dir);
   free(dir);

@@ -1068,6 +1068,10 @@ int kvti_index_remove_hash(kvt_index *idx, const char *hash) {
  * ----------------------------------------------------------------------------
  */
 
+static int touch_cmp(const void *a, const void *b) {
+  return memcmp(((const touch_rec *)a)->sha, ((const touch_rec *)b)->sha, 32);
+}
+
 int kvti_index_flush(kvt_index *idx) {
   if (!idx)
     return KVT_ERR(KVT_EINVAL, "kvti_index_flush: NULL index");
@@ -1079,6 +1083,20 @@ int kvti_index_flush(kvt_index *idx) {
   idx->pend_n = idx->pend_cap = 0;
   pthread_mutex_unlock(&idx->pend_mu);
   int rc = 0;
+  if (n > 1) { /* one UPDATE per entry (SQLite rewrites the whole row, blob
+                  included) */
+    qsort(batch, n, sizeof *batch, touch_cmp);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (m && memcmp(batch[m - 1].sha, batch[i].sha, 32) == 0) {
+        if (batch[i].t > batch[m - 1].t)
+          batch[m - 1].t = batch[i].t;
+      } else {
+        batch[m++] = batch[i];
+      }
+    }
+    n = m;
+  }
   if (n && !idx->readonly) {
     rc = step_done(idx, ST_BEGIN, "begin");
     for (size_t i = 0; !rc && i < n; i++) {
@@ -1396,7 +1414,8 @@ int kvti_index_tokens(int32_t **tokens, size_t *n, kvt_index *idx,
   return ret;
 }
 
-int kvti_index_bench_add(kvt_index *idx, const int32_t *tokens, size_t n, double t) {
+int kvti_index_bench_add(kvt_index *idx, const int32_t *tokens, size_t n,
+                         double t) {
   if (!idx)
     return KVT_ERR(KVT_EINVAL, "kvti_index_bench_add: NULL index");
   mirror_ent e;

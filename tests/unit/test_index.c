@@ -13,6 +13,7 @@
 #include "testutil.h"
 #include "error.h"
 #include "hash.h"
+#include "hashmap.h"
 #include "index.h"
 #include "io.h"
 
@@ -178,6 +179,17 @@ static void test_schema(void) {
   CHECK(strcmp((const char *)sqlite3_column_text(s, 0), "wal") == 0);
   sqlite3_finalize(s);
   sqlite3_close(db);
+
+  /* index.db as a symlink is refused. */
+  char *dir2 = kvt_test_tmpdir("idx-symlink");
+  char target[4200], link[4200];
+  snprintf(target, sizeof target, "%s/index.db", dir);
+  snprintf(link, sizeof link, "%s/index.db", dir2);
+  REQUIRE(symlink(target, link) == 0);
+  idx = NULL;
+  CHECK(kvt_index_open(&idx, dir2) == KVT_EDB);
+  CHECK(idx == NULL);
+  CHECK(strstr(kvt_last_error(), "index.db") != NULL);
 }
 
 static void test_ssdindex_ops(void) {
@@ -286,6 +298,8 @@ static void test_ssdindex_ops(void) {
    * 20, 5. */
   sleep_ms(2);
   CHECK(kvt_index_touch(idx, a, 5) == 0);
+  CHECK(kvt_index_touch(idx, a, 5) ==
+        0); /* duplicate touches collapse in the batch */
   CHECK(kvt_index_touch(idx, d, 7) == 0); /* absent: silent */
   CHECK(kvt_index_lru(&rs, idx, 10) == 0);
   CHECK_EQ_INT(rs.count, 5);
@@ -744,7 +758,49 @@ static void test_python_reads(void) {
   CHECK(system(cmd) == 0);
 }
 
+/* The multimap behind the mirror: random adds/removes with heavy home-slot
+ * collisions (keys sharing their low bits, some homed at the last slot so
+ * clusters wrap) against a plain array; backward-shift deletion must keep every
+ * remaining pair reachable. Key 0 is accepted. */
+static void test_hashmap(void) {
+  enum { K = 600 };
+  static uint64_t keys[K];
+  static int present[K];
+  kvti_hm m = {0};
+  kvt_rng rng = {7};
+  for (int i = 0; i < K; i++)
+    keys[i] =
+        i == 0 ? 0
+               : ((kvt_rng_next(&rng) % 40) << 40) |
+                     (i % 3 ? (uint64_t)(i % 8) : (uint64_t)(0xFFFFF - i % 4));
+  for (int step = 0; step < 20000; step++) {
+    int i = (int)(kvt_rng_next(&rng) % K);
+    if (present[i]) {
+      CHECK(kvti_hm_remove(&m, keys[i], (uint64_t)i) == 1);
+      present[i] = 0;
+    } else {
+      CHECK(kvti_hm_add(&m, keys[i], (uint64_t)i) == 0);
+      present[i] = 1;
+    }
+    if (step % 500 == 0) {
+      size_t n = 0;
+      for (int j = 0; j < K; j++) {
+        size_t pos = 0;
+        kvti_hm_slot *sl;
+        int found = 0;
+        while ((sl = kvti_hm_next(&m, keys[j], &pos)) != NULL)
+          found += sl->val == (uint64_t)j;
+        CHECK_EQ_INT(found, present[j]);
+        n += (size_t)present[j];
+      }
+      CHECK_EQ_INT(m.n, n);
+    }
+  }
+  kvti_hm_free(&m);
+}
+
 int main(void) {
+  RUN(test_hashmap);
   RUN(test_schema);
   RUN(test_ssdindex_ops);
   RUN(test_empty_entry);
