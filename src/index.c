@@ -291,6 +291,9 @@ static void rollback(kvt_index *idx) {
   }
 }
 
+static int flush_locked(kvt_index *idx);
+static int touches_due(kvt_index *idx, double t);
+
 /* ---- heaps
  * ------------------------------------------------------------------------------
  */
@@ -1008,6 +1011,8 @@ static int put_common(kvt_index *idx, const int32_t *tokens, size_t n,
   /* On ENOMEM here SQLite has the row but the mirror does not: it is served
    * after reopen. */
   pthread_rwlock_unlock(&idx->rw);
+  if (touches_due(idx, e.created_at))
+    flush_locked(idx); /* a failure here loses only accessed_at updates */
   pthread_mutex_unlock(&idx->db_mu);
   return rc;
 }
@@ -1072,10 +1077,8 @@ static int touch_cmp(const void *a, const void *b) {
   return memcmp(((const touch_rec *)a)->sha, ((const touch_rec *)b)->sha, 32);
 }
 
-int kvti_index_flush(kvt_index *idx) {
-  if (!idx)
-    return KVT_ERR(KVT_EINVAL, "kvti_index_flush: NULL index");
-  pthread_mutex_lock(&idx->db_mu);
+/* Writes the pending touches in one transaction. Caller holds db_mu. */
+static int flush_locked(kvt_index *idx) {
   pthread_mutex_lock(&idx->pend_mu);
   touch_rec *batch = idx->pend;
   size_t n = idx->pend_n;
@@ -1113,9 +1116,27 @@ int kvti_index_flush(kvt_index *idx) {
     if (rc)
       rollback(idx);
   }
-  pthread_mutex_unlock(&idx->db_mu);
   kvti_free(batch);
   return rc;
+}
+
+int kvti_index_flush(kvt_index *idx) {
+  if (!idx)
+    return KVT_ERR(KVT_EINVAL, "kvti_index_flush: NULL index");
+  pthread_mutex_lock(&idx->db_mu);
+  int rc = flush_locked(idx);
+  pthread_mutex_unlock(&idx->db_mu);
+  return rc;
+}
+
+/* True when the pending touches are due (a full batch, or the oldest waited
+ * TOUCH_MAX_AGE). */
+static int touches_due(kvt_index *idx, double t) {
+  pthread_mutex_lock(&idx->pend_mu);
+  int due = idx->pend_n >= TOUCH_BATCH ||
+            (idx->pend_n > 0 && t - idx->pend_first >= TOUCH_MAX_AGE);
+  pthread_mutex_unlock(&idx->pend_mu);
+  return due;
 }
 
 static int touch_sha(kvt_index *idx, const uint8_t sha[32]) {
@@ -1136,7 +1157,7 @@ static int touch_sha(kvt_index *idx, const uint8_t sha[32]) {
     t = e->accessed_at;
   }
   pthread_mutex_lock(&idx->pend_mu);
-  int rc = 0, need_flush = 0;
+  int rc = 0, need_flush = 0, must_flush = 0;
   if (idx->pend_n == idx->pend_cap) {
     size_t nc = idx->pend_cap ? idx->pend_cap * 2 : 64;
     touch_rec *p = kvti_realloc(idx->pend, nc * sizeof *p);
@@ -1155,11 +1176,19 @@ static int touch_sha(kvt_index *idx, const uint8_t sha[32]) {
     idx->pend_n++;
     need_flush =
         idx->pend_n >= TOUCH_BATCH || t - idx->pend_first >= TOUCH_MAX_AGE;
+    must_flush = idx->pend_n >= 16 * TOUCH_BATCH;
   }
   pthread_mutex_unlock(&idx->pend_mu);
   pthread_rwlock_unlock(&idx->rw);
-  if (need_flush)
+  /* A touching (lookup) thread writes the batch only when SQLite is free;
+   * otherwise the writer thread's next put/remove (or a later touch) does it.
+   * Past 16 batches it waits, so the pending list stays bounded. */
+  if (must_flush) {
     rc = kvti_index_flush(idx);
+  } else if (need_flush && pthread_mutex_trylock(&idx->db_mu) == 0) {
+    rc = flush_locked(idx);
+    pthread_mutex_unlock(&idx->db_mu);
+  }
   return rc;
 }
 

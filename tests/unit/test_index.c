@@ -463,6 +463,12 @@ static void test_internal(void) {
   CHECK(raw_count(raw, sql) != (long long)(touched * 1000000));
   CHECK(kvti_index_flush(idx) == 0);
   CHECK(raw_count(raw, sql) == (long long)(touched * 1000000));
+  /* A full batch (256 touches) is written without an explicit flush. */
+  for (int i = 0; i < 256; i++)
+    CHECK(kvti_index_touch_hash(idx, h[0]) == 0);
+  REQUIRE(kvti_index_find_hash(&info, idx, h[0]) == 0);
+  CHECK(info.accessed_at > touched);
+  CHECK(raw_count(raw, sql) == (long long)(info.accessed_at * 1000000));
 
   /* foreach: most recently used first; snapshot lets fn call the index. */
   visit_ctx ctx = {idx, {{0}}, 0};
