@@ -2,29 +2,31 @@
  * index.c - the SQLite index of a cache directory (the reference's SSDIndex,
  * schema byte for byte) and its in-memory mirror. SQLite is the durable record
  * and the format the reference reads; every lookup is answered from the mirror
- * without SQL:
- *  - exact: a multimap keyed by the first 8 bytes of the binary SHA-256 (the
- * entry key), the candidate confirmed against the full 32 bytes;
- *  - longest prefix: a "block trie" that stores no tokens. A sequence of n
+ * without SQL.
+ *   Exact: a multimap keyed by the first 8 bytes of the binary SHA-256 (the
+ * entry key); the candidate is confirmed against all 32 bytes.
+ *   Longest prefix: a "block trie" that stores no tokens. A sequence of n
  * tokens has k = n/16 full blocks and a tail of t = n%16 tokens. hb_0 is a
- * constant and hb_{i+1} = XXH3(block i, seed hb_i) chains the block hashes; the
+ * constant and hb_{i+1} = XXH3(block i, seed hb_i) chains the block hashes; an
  * entry hangs off node hb_k (a map from hb_k to a count and a bit mask of the
  * tail lengths present there) and is found by its sequence key hf = XXH3(tail,
- * seed hb_k ^ f(t)). A query computes its chained block hashes once, walks the
- * nodes from the deepest down, and for each present tail length probes hf. The
- * cost is O(query_len/16 + tail probes), independent of how many entries share
- * a prefix; the final candidate is confirmed by SHA-256 of the query prefix
- * against the entry's key, so a 64-bit collision can never serve a wrong entry.
- * Memory per entry: struct mirror_ent (144 bytes) + exact-map pair +
- * sequence-map pair (16 bytes each at 35-70% load: 23-46 bytes each) + at most
- * one node pair (same) + 2 heap slots (8 bytes, amortised growth up to 16) ~=
- * 230-310 bytes, whatever the number of tokens: tokens stay in SQLite
- * (kvti_index_tokens reads them). LRU victim and oldest-created are the tops of
- * two binary min-heaps (O(log n) updates). Touches update the mirror at once
- * and are written to SQLite in batches (256 touches or 1 s, kvti_index_flush,
- * close) with "accessed_at = max(old, new)" so a late batch never rewinds an
- * entry re-inserted meanwhile.
- * Locks: db_mu serialises SQLite; rw protects the mirror; pend_mu the pending
+ * seed hb_k ^ f(t)). A query computes its chained block hashes once, visits the
+ * nodes deepest first and, for each tail length present, probes hf. The cost is
+ * O(query_len/16 + tail probes), independent of how many entries share a
+ * prefix; the final candidate is confirmed by SHA-256 of the query prefix
+ * against the entry's key, so a 64-bit collision never serves a wrong entry.
+ *   Memory per entry, whatever its length (tokens stay in SQLite;
+ * kvti_index_tokens reads them): struct mirror_ent 136 bytes + one pair in the
+ * exact map and one in the sequence map (16-byte slots at 35-70% load: 23-46
+ * bytes each) + at most one node pair (same) + two heap slots (8-16 bytes):
+ * 190-290 bytes; measured 252 (1M entries) and 294 (100k) bytes per entry.
+ *   LRU victim and oldest-created are the tops of two binary min-heaps (O(log
+ * n) updates). Touches update the mirror at once and are written to SQLite in
+ * batches (due at 256 touches or after 1 s; written by the writer's next
+ * put, by a toucher that finds SQLite free, by kvti_index_flush or at close)
+ * with "accessed_at = max(old, new)" so a late batch never rewinds an entry
+ * re-inserted meanwhile.
+ *   Locks: db_mu serialises SQLite; rw protects the mirror; pend_mu the pending
  * touches. Order is always db_mu -> rw -> pend_mu. Rows read from index.db are
  * untrusted: a row whose file_path is not the 64-hex token_hash, whose blob
  * length is not num_tokens*4, or with negative/ill-typed numbers is skipped
@@ -57,8 +59,7 @@
 #define MAX_TOKENS                                                             \
   ((uint64_t)1 << 28) /* 1 GiB blob: SQLite's default length limit */
 
-/* ---- SQL text (the reference's, verbatim)
- * ---------------------------------------------- */
+/* ---- SQL text (the reference's, verbatim) ---- */
 
 static const char SCHEMA_SQL[] =
     "\n"
@@ -129,8 +130,7 @@ static const char *const STMT_SQL[ST_COUNT] = {
     [ST_ROLLBACK] = "ROLLBACK",
 };
 
-/* ---- the mirror
- * ------------------------------------------------------------------------- */
+/* ---- the mirror ---- */
 
 typedef struct mirror_ent {
   uint8_t sha[32];  /* SHA-256 of the tokens: the key */
@@ -147,6 +147,8 @@ typedef struct mirror_ent {
   int32_t storage_mode;
   uint32_t live;
 } mirror_ent;
+_Static_assert(sizeof(mirror_ent) == 136,
+               "per-entry memory stated in the file comment");
 
 enum { H_LRU = 0, H_CREATED = 1 };
 
@@ -181,8 +183,7 @@ struct kvt_index {
   double pend_first;
 };
 
-/* ---- small helpers
- * ---------------------------------------------------------------------- */
+/* ---- small helpers ---- */
 
 static double now_s(void) {
   struct timespec ts;
@@ -294,9 +295,7 @@ static void rollback(kvt_index *idx) {
 static int flush_locked(kvt_index *idx);
 static int touches_due(kvt_index *idx, double t);
 
-/* ---- heaps
- * ------------------------------------------------------------------------------
- */
+/* ---- heaps ---- */
 
 static double hkey(const kvt_index *idx, int h, uint32_t id) {
   const mirror_ent *e = &idx->ents[id];
@@ -347,8 +346,7 @@ static void heaps_remove(kvt_index *idx, uint32_t id) {
       heap_fix(idx, h, pos[h]);
 }
 
-/* ---- mirror maintenance (callers hold rw for writing)
- * ---------------------------------- */
+/* ---- mirror maintenance (callers hold rw for writing) ---- */
 
 static int mirror_find(const kvt_index *idx, const uint8_t sha[32],
                        uint32_t *id) {
@@ -479,9 +477,7 @@ static int make_ent(mirror_ent *e, const int32_t *tokens, size_t n,
   return 0;
 }
 
-/* ---- open
- * -------------------------------------------------------------------------------
- */
+/* ---- open ---- */
 
 static int prepare_all(kvt_index *idx) {
   for (int i = 0; i < ST_COUNT; i++) {
@@ -919,9 +915,7 @@ uint64_t kvti_index_skipped(kvt_index *idx) {
   return n;
 }
 
-/* ---- writes
- * -----------------------------------------------------------------------------
- */
+/* ---- writes ---- */
 
 static int check_tokens(const int32_t *tokens, size_t n) {
   if (!tokens && n > 0)
@@ -1069,9 +1063,7 @@ int kvti_index_remove_hash(kvt_index *idx, const char *hash) {
   return remove_sha(idx, sha);
 }
 
-/* ---- touches
- * ----------------------------------------------------------------------------
- */
+/* ---- touches ---- */
 
 static int touch_cmp(const void *a, const void *b) {
   return memcmp(((const touch_rec *)a)->sha, ((const touch_rec *)b)->sha, 32);
@@ -1199,9 +1191,7 @@ int kvti_index_touch_hash(kvt_index *idx, const char *hash) {
   return touch_sha(idx, sha);
 }
 
-/* ---- lookups
- * ----------------------------------------------------------------------------
- */
+/* ---- lookups ---- */
 
 static int visible(const mirror_ent *e, double created_before) {
   return !(created_before > 0 && e->created_at < created_before);
@@ -1473,8 +1463,7 @@ uint64_t kvti_index_mem_bytes(kvt_index *idx) {
   return b;
 }
 
-/* ---- the public SSDIndex API
- * ------------------------------------------------------------ */
+/* ---- the public SSDIndex API ---- */
 
 void kvt_index_rows_free(kvt_index_rows *rows) {
   if (!rows)

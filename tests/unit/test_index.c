@@ -739,6 +739,31 @@ static void test_reference_db_and_hostile(void) {
   sqlite3_close(db);
 }
 
+/* A database whose entries table is not the reference's fails to open with
+ * KVT_EDB and SQLite's message; nothing is served from it. */
+static void test_bad_schema(void) {
+  char *dir = kvt_test_tmpdir("idx-badschema");
+  sqlite3 *db = raw_open(dir);
+  raw_exec(db, "CREATE TABLE entries (token_hash TEXT PRIMARY KEY, x INTEGER)");
+  sqlite3_close(db);
+  kvt_index *idx = NULL;
+  CHECK(kvt_index_open(&idx, dir) == KVT_EDB);
+  CHECK(idx == NULL);
+  CHECK(strstr(kvt_last_error(), "accessed_at") != NULL);
+  /* Not a database at all. */
+  char *dir2 = kvt_test_tmpdir("idx-notdb");
+  char path[4200];
+  snprintf(path, sizeof path, "%s/index.db", dir2);
+  REQUIRE(kvti_write_file(
+              path,
+              "this is not sqlite, just some text of some length........"
+              "...............................................",
+              100, 0600, 0) == 0);
+  CHECK(kvt_index_open(&idx, dir2) == KVT_EDB);
+  CHECK(strstr(kvt_last_error(), "not a database") != NULL);
+  CHECK(kvt_index_open(&idx, NULL) == KVT_EINVAL);
+}
+
 /* The reference's own queries, run by Python's sqlite3 over a kvtier-written
  * index.db. */
 static void test_python_reads(void) {
@@ -814,6 +839,7 @@ int main(void) {
   RUN(test_shared_prefix);
   RUN(test_migration);
   RUN(test_reference_db_and_hostile);
+  RUN(test_bad_schema);
   RUN(test_python_reads);
   return kvt_test_done();
 }
