@@ -355,7 +355,7 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
     char *lp = kvti_path_join(tmp, name);
     uint64_t sz = 0;
     rc = lp ? kvti_layer_write_file(&sz, &sums[i], lp, &p, o->file_mode,
-                                    o->do_fsync, 0)
+                                    o->do_fsync, 0, o->io_backend)
             : KVT_ENOMEM;
     kvti_free(lp);
     metas[i] = p.meta_json;

@@ -59,6 +59,7 @@ typedef struct kvti_write_opts {
   int do_fsync;       /* durability == FSYNC */
   uint32_t file_mode;
   uint32_t dir_mode;
+  int io_backend;     /* kvt_io_backend for the layer files (0 = AUTO) */
 } kvti_write_opts;
 
 /* Writes data_dir/<hash>.tmp/ (removing a stale one first), fsyncs each file when do_fsync,

@@ -456,6 +456,15 @@ static void u_pump(kvti_iobatch *b, unsigned wait_nr) {
 
 /* ---------------------------------------------------------------- engine */
 
+/* A test table that replaced pread/pwrite wants to see every transfer: AUTO then means
+ * portable (io_uring would bypass those hooks). */
+static int auto_backend(int backend) {
+  if (backend == KVT_IO_AUTO &&
+      (kvti_io->pread != kvti_io_default.pread || kvti_io->pwrite != kvti_io_default.pwrite))
+    return KVT_IO_PORTABLE;
+  return backend;
+}
+
 int kvti_iobatch_create(kvti_iobatch **out, const kvti_iob_cfg *cfg) {
   kvti_iob_cfg def = KVTI_IOB_CFG_INIT;
   if (!cfg)
@@ -479,7 +488,7 @@ int kvti_iobatch_create(kvti_iobatch **out, const kvti_iob_cfg *cfg) {
     b->chunk = (size_t)1 << 30;
   b->threads = cfg->threads ? cfg->threads : 2;
   b->backend = KVT_IO_PORTABLE;
-  if (cfg->backend != KVT_IO_PORTABLE) {
+  if (auto_backend(cfg->backend) != KVT_IO_PORTABLE) {
     int err = ENOSYS;
 #if KVT_HAVE_URING
     if (kvti_io->uring_setup && kvti_io->uring_submit &&
@@ -700,6 +709,7 @@ static kvti_iobatch *cache[3];
 static unsigned cache_n[3];
 
 int kvti_iobatch_get(kvti_iobatch **out, int backend) {
+  backend = auto_backend(backend);
   if (backend >= 0 && backend < 3) {
     pthread_mutex_lock(&cache_mu);
     kvti_iobatch *b = cache[backend];

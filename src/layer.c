@@ -11,6 +11,7 @@
  * order.
  */
 #include "layer.h"
+#include "fwriter.h"
 #include "dtype.h"
 #include "entry.h"
 #include "error.h"
@@ -522,25 +523,56 @@ uint64_t kvti_layer_out_file_size(const kvti_layer_out *p) {
 
 int kvti_layer_write_file(uint64_t *size, uint64_t *xxh3, const char *path,
                           const kvti_layer_out *p, uint32_t file_mode,
-                          int do_fsync, int truncate) {
+                          int do_fsync, int truncate, int io_backend) {
+  /* Through the staged writer (fwriter.h): the header and the tensors are copied into aligned
+   * pooled buffers, hashed while hot, and written with O_DIRECT, several writes in flight. */
   kvti_st_item *it = items_of(p);
-  if (!it)
-    return KVT_ENOMEM;
-  int fd = kvti_open(path, O_WRONLY | O_CREAT | (truncate ? O_TRUNC : O_EXCL),
-                     (mode_t)file_mode);
-  if (fd < 0) {
-    kvti_free(it);
-    return fd;
+  size_t *order = kvti_calloc(p->n ? p->n : 1, sizeof *order);
+  char *hdr = NULL;
+  size_t hl = 0;
+  kvti_fwriter *w = NULL;
+  int rc = 0;
+  if (!it || !order) {
+    rc = KVT_ERR_NOMEM();
+    goto out;
   }
-  int rc = kvti_st_write(size, xxh3, fd, path, it, p->n, NULL, 0);
-  if (rc == 0 && kvti_io->chmod(path, (mode_t)file_mode) != 0)
-    rc = KVT_ERR_OS(errno, "chmod %s", path);
-  if (rc == 0 && do_fsync)
-    rc = kvti_fsync(fd, path);
-  if (kvti_io->close(fd) != 0 && rc == 0 && errno != EINTR)
-    rc = KVT_ERR_OS(errno, "close %s", path);
+  rc = kvti_st_build_header(&hdr, &hl, order, it, p->n, NULL, 0);
   if (rc)
-    kvti_io->unlink(path);
+    goto out;
+  uint64_t total = hl;
+  for (uint32_t j = 0; j < p->n; j++)
+    total += it[j].t->nbytes;
+  kvti_fwriter_opts fo = KVTI_FWRITER_OPTS_INIT;
+  fo.backend = io_backend;
+  fo.hash = xxh3 != NULL;
+  fo.size_hint = total;
+  fo.file_mode = file_mode;
+  fo.excl = !truncate;
+  rc = kvti_fwriter_open(&w, path, &fo);
+  if (rc) {
+    w = NULL;
+    goto out;
+  }
+  rc = kvti_fwriter_append(w, hdr, hl);
+  for (uint32_t j = 0; rc == 0 && j < p->n; j++) {
+    const kvt_tensor *t = it[order[j]].t;
+    if (t->nbytes)
+      rc = kvti_fwriter_append(w, t->data, (size_t)t->nbytes);
+  }
+  if (rc) {
+    kvti_fwriter_abort(w);
+    goto out;
+  }
+  /* The mode is applied before the data is made durable (umask-independent, as before). */
+  if (kvti_io->chmod(path, (mode_t)file_mode) != 0) {
+    rc = KVT_ERR_OS(errno, "chmod %s", path);
+    kvti_fwriter_abort(w);
+    goto out;
+  }
+  rc = kvti_fwriter_finish(w, size, xxh3, do_fsync);
+out:
+  kvti_free(hdr);
+  kvti_free(order);
   kvti_free(it);
   return rc;
 }
@@ -939,7 +971,7 @@ int kvt_layer_save(char **meta_json, const char *path, const kvt_layer *layer,
                        kvti_layer_is_quantized(layer), 1);
   if (rc)
     return rc;
-  rc = kvti_layer_write_file(NULL, NULL, path, &p, file_mode, 0, 1);
+  rc = kvti_layer_write_file(NULL, NULL, path, &p, file_mode, 0, 1, KVT_IO_AUTO);
   if (rc == 0) {
     *meta_json = p.meta_json;
     p.meta_json = NULL;

@@ -53,12 +53,13 @@ void kvti_layer_out_free(kvti_layer_out *p);
 uint64_t kvti_layer_out_file_size(const kvti_layer_out *p);
 
 /* Writes a planned layer as a safetensors file at path (O_CREAT|O_EXCL unless
- * truncate), with file_mode, fsync when do_fsync. size and xxh3 as kvti_st_write.
- * On failure the file is removed.
+ * truncate), with file_mode, fsync when do_fsync. size and xxh3 as kvti_st_write
+ * (same bytes). io_backend (kvt_io_backend) picks the I/O engine of the staged
+ * O_DIRECT writer (fwriter.h). On failure the file is removed.
  */
 int kvti_layer_write_file(uint64_t *size, uint64_t *xxh3, const char *path,
                           const kvti_layer_out *p, uint32_t file_mode,
-                          int do_fsync, int truncate);
+                          int do_fsync, int truncate, int io_backend);
 
 /* Parsed manifest object of a layer. */
 typedef struct kvti_layer_meta {

@@ -399,6 +399,11 @@ static void test_injected_errors(void) {
 
 static void test_backend_selection(void) {
   install();
+  /* Only the io_uring hooks replaced: AUTO may use io_uring. */
+  kvti_io_ops only_uring = ops;
+  only_uring.pread = kvti_io_default.pread;
+  only_uring.pwrite = kvti_io_default.pwrite;
+  kvti_io_set(&only_uring);
   kvti_iobatch_cache_drain();
   int errs[2] = {ENOSYS, EPERM};
   for (int i = 0; i < 2; i++) {
@@ -421,6 +426,17 @@ static void test_backend_selection(void) {
   cfg.backend = 7;
   CHECK_EQ_INT(kvti_iobatch_create(&b, &cfg), KVT_EINVAL);
   cfg.backend = KVT_IO_AUTO;
+  /* With pread/pwrite replaced, AUTO routes through them (portable) ... */
+  kvti_io_set(&ops);
+  CHECK_EQ_INT(kvti_iobatch_create(&b, &cfg), 0);
+  CHECK_EQ_INT(kvti_iobatch_backend(b), KVT_IO_PORTABLE);
+  kvti_iobatch_free(b);
+  kvti_iobatch *cached = NULL;
+  CHECK_EQ_INT(kvti_iobatch_get(&cached, KVT_IO_AUTO), 0);
+  CHECK_EQ_INT(kvti_iobatch_backend(cached), KVT_IO_PORTABLE);
+  kvti_iobatch_put(cached);
+  /* ... else io_uring when it works. */
+  kvti_io_set(&only_uring);
   CHECK_EQ_INT(kvti_iobatch_create(&b, &cfg), 0);
   CHECK_EQ_INT(kvti_iobatch_backend(b),
                uring_ok ? KVT_IO_URING : KVT_IO_PORTABLE);
