@@ -13,6 +13,7 @@
 #include "entry.h"
 #include "dtype.h"
 #include "error.h"
+#include "fwriter.h"
 #include "hash.h"
 #include "io.h"
 #include "layer.h"
@@ -21,6 +22,7 @@
 #include <cjson/cJSON.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -298,19 +300,25 @@ static char *suffixed(const char *dir, const char *hash, const char *suf) {
   return kvti_path_join(dir, name);
 }
 
-/* Writes one small file (tokens, manifest, sum) and returns its xxh3. */
-static int write_small(uint64_t *xxh, const char *dir, const char *name,
+/* Writes one small file (tokens, manifest, sum) in the entry's write group (its fsync and, on
+ * failure, its removal happen with the group's) and returns its xxh3. */
+static int write_small(uint64_t *xxh, kvti_wgroup *g, const char *dir, const char *name,
                        const void *data, size_t len, const kvti_write_opts *o) {
   char *p = kvti_path_join(dir, name);
   if (!p)
     return KVT_ENOMEM;
   if (xxh)
     *xxh = kvti_xxh3(data, len);
-  int rc = kvti_write_file(p, data, len, (mode_t)o->file_mode, o->do_fsync);
-  if (rc == 0 && kvti_io->chmod(p, (mode_t)o->file_mode) != 0)
-    rc = KVT_ERR_OS(errno, "chmod %s", p);
-  if (rc)
-    kvti_io->unlink(p);
+  kvti_fwriter_opts fo = KVTI_FWRITER_OPTS_INIT;
+  fo.hash = 0;
+  fo.size_hint = len;
+  fo.file_mode = o->file_mode;
+  kvti_fwriter *w = NULL;
+  int rc = kvti_wgroup_file(&w, g, p, &fo);
+  if (rc == 0)
+    rc = kvti_fwriter_append(w, data, len);
+  if (rc == 0)
+    rc = kvti_fwriter_close(w, NULL, NULL);
   kvti_free(p);
   return rc;
 }
@@ -330,6 +338,7 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
   char **metas = kvti_calloc(s->n_layers ? s->n_layers : 1, sizeof(char *));
   uint64_t *sums = kvti_calloc(s->n_layers + 1u, sizeof(uint64_t));
   char *manifest = NULL;
+  kvti_wgroup *g = NULL;
   if (!tmp || !live || !old || !metas || !sums) {
     rc = KVT_ERR_NOMEM();
     goto out;
@@ -345,6 +354,13 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
     rc = KVT_ERR_OS(errno, "chmod %s", tmp);
     goto out;
   }
+  /* Every file of the entry goes through one write group: the writes stay in flight across
+   * files and all files are fsynced together at the end (fwriter.h). */
+  rc = kvti_wgroup_open(&g, o->io_backend, NULL, o->do_fsync);
+  if (rc) {
+    g = NULL;
+    goto out;
+  }
   for (uint32_t i = 0; i < s->n_layers; i++) {
     kvti_layer_out p;
     rc = kvti_layer_plan(&p, &s->layers[i], i, mode, s->has_quant, 1);
@@ -355,7 +371,7 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
     char *lp = kvti_path_join(tmp, name);
     uint64_t sz = 0;
     rc = lp ? kvti_layer_write_file(&sz, &sums[i], lp, &p, o->file_mode,
-                                    o->do_fsync, 0, o->io_backend)
+                                    o->do_fsync, 0, o->io_backend, g)
             : KVT_ENOMEM;
     kvti_free(lp);
     metas[i] = p.meta_json;
@@ -365,7 +381,7 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
       goto out;
     total += sz;
   }
-  rc = write_small(&sums[s->n_layers], tmp, "tokens.bin", s->tokens,
+  rc = write_small(&sums[s->n_layers], g, tmp, "tokens.bin", s->tokens,
                    s->n_tokens * sizeof(int32_t), o);
   if (rc)
     goto out;
@@ -376,17 +392,21 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
     goto out;
   }
   size_t mlen = strlen(manifest);
-  rc = write_small(NULL, tmp, "manifest.json", manifest, mlen, o);
+  rc = write_small(NULL, g, tmp, "manifest.json", manifest, mlen, o);
   if (rc)
     goto out;
   total += mlen;
   char sum[SUM_LEN + 8];
   kvti_xxh3_format(sum, kvti_xxh3(manifest, mlen));
   strcat(sum, "\n");
-  rc = write_small(NULL, tmp, "manifest.sum", sum, SUM_LEN, o);
+  rc = write_small(NULL, g, tmp, "manifest.sum", sum, SUM_LEN, o);
   if (rc)
     goto out;
   total += SUM_LEN;
+  rc = kvti_wgroup_finish(g); /* waits, fsyncs every file (durability FSYNC), closes */
+  g = NULL;
+  if (rc)
+    goto out;
   if (o->do_fsync && (rc = kvti_fsync_dir(tmp)) != 0)
     goto out;
 
@@ -442,6 +462,7 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
     *disk_bytes = total;
   rc = 0;
 out:
+  kvti_wgroup_abort(g);
   if (rc && tmp_made && !published) {
     int keep = rc;
     kvti_rmtree(tmp);
@@ -737,6 +758,140 @@ out:
   return rc;
 }
 
+/* ---- parallel layer reads ------------------------------------------------ */
+
+/* Layers are independent files: up to READ_THREADS threads (the caller plus helpers) each take
+ * the next unread layer, read it straight into its final buffers and verify it. A warm read is
+ * a memory copy out of the page cache plus a hash, both CPU-bound, so this is what lets a warm
+ * promote run at more than one core's copy speed; a cold one gets more I/O in flight.
+ * The caller's alloc/free callbacks are serialised (never called concurrently) and on_layer
+ * runs in layer order for the completed prefix, from whichever reading thread completed it. */
+#define READ_THREADS 2
+
+typedef struct rd_job {
+  pthread_mutex_t mu;
+  pthread_mutex_t cb_mu; /* serialises the caller's alloc/free */
+  kvt_entry *e;
+  const manifest *m;
+  const char *hash;
+  const kvti_read_opts *o;
+  uint32_t next, delivered;
+  unsigned char *done;
+  uint64_t bytes;
+  int rc, os_errno;
+  char msg[512];
+} rd_job;
+
+static void *rd_alloc(void *ctx, uint32_t layer, uint32_t tensor, const kvt_tensor *desc) {
+  rd_job *j = ctx;
+  pthread_mutex_lock(&j->cb_mu);
+  void *p = j->o->alloc(j->o->alloc_ctx, layer, tensor, desc);
+  pthread_mutex_unlock(&j->cb_mu);
+  return p;
+}
+
+static void rd_free(void *ctx, void *buf) {
+  rd_job *j = ctx;
+  if (!j->o->free_buf)
+    return;
+  pthread_mutex_lock(&j->cb_mu);
+  j->o->free_buf(j->o->alloc_ctx, buf);
+  pthread_mutex_unlock(&j->cb_mu);
+}
+
+static void *rd_worker(void *arg) {
+  rd_job *j = arg;
+  const kvti_read_opts *o = j->o;
+  for (;;) {
+    pthread_mutex_lock(&j->mu);
+    uint32_t i = j->next;
+    int stop = j->rc != 0 || i >= j->m->num_layers;
+    if (!stop)
+      j->next++;
+    pthread_mutex_unlock(&j->mu);
+    if (stop)
+      return NULL;
+    int rc = 0;
+    uint64_t fb = 0;
+    if (o->cancel && atomic_load(o->cancel)) {
+      rc = KVT_ERR(KVT_ECANCELED, "read of %.12s... cancelled", j->hash);
+    } else {
+      char name[40];
+      snprintf(name, sizeof name, "layer_%u.safetensors", i);
+      char *lp = kvti_path_join(j->m->dir, name);
+      if (!lp) {
+        rc = KVT_ENOMEM;
+      } else {
+        kvti_layer_read_opts lo = {o->alloc ? rd_alloc : NULL,
+                                   o->alloc ? rd_free : NULL,
+                                   j,
+                                   i,
+                                   o->cancel,
+                                   o->verify_only,
+                                   j->m->has_sums ? &j->m->sums[i] : NULL,
+                                   o->io_backend};
+        rc = kvti_layer_read_file(&j->e->layers[i], &fb, lp, &j->m->metas[i], &lo);
+        kvti_free(lp);
+      }
+    }
+    pthread_mutex_lock(&j->mu);
+    if (rc) {
+      if (j->rc == 0) {
+        j->rc = rc;
+        j->os_errno = kvt_last_errno();
+        snprintf(j->msg, sizeof j->msg, "%s", kvt_last_error());
+      }
+    } else {
+      j->done[i] = 1;
+      j->bytes += fb;
+      while (j->rc == 0 && j->delivered < j->m->num_layers && j->done[j->delivered]) {
+        /* Once cancelled, no further layer is handed out (a layer read concurrently with the
+         * cancel is dropped). */
+        if (o->cancel && atomic_load(o->cancel)) {
+          j->rc = KVT_ECANCELED;
+          snprintf(j->msg, sizeof j->msg, "read of %.12s... cancelled", j->hash);
+          break;
+        }
+        if (o->on_layer && !o->verify_only)
+          o->on_layer(o->layer_ctx, j->delivered, &j->e->layers[j->delivered]);
+        j->delivered++;
+      }
+    }
+    pthread_mutex_unlock(&j->mu);
+  }
+}
+
+static int read_layers(uint64_t *bytes, kvt_entry *e, const manifest *m, const char *hash,
+                       const kvti_read_opts *o) {
+  rd_job j;
+  memset(&j, 0, sizeof j);
+  j.e = e;
+  j.m = m;
+  j.hash = hash;
+  j.o = o;
+  j.done = kvti_calloc(m->num_layers ? m->num_layers : 1, 1);
+  if (!j.done)
+    return KVT_ERR_NOMEM();
+  pthread_mutex_init(&j.mu, NULL);
+  pthread_mutex_init(&j.cb_mu, NULL);
+  unsigned nthreads = m->num_layers >= 4 ? READ_THREADS : 1;
+  pthread_t th[READ_THREADS];
+  unsigned started = 0;
+  for (unsigned t = 1; t < nthreads; t++)
+    if (pthread_create(&th[started], NULL, rd_worker, &j) == 0)
+      started++;
+  rd_worker(&j);
+  for (unsigned t = 0; t < started; t++)
+    pthread_join(th[t], NULL);
+  pthread_mutex_destroy(&j.mu);
+  pthread_mutex_destroy(&j.cb_mu);
+  kvti_free(j.done);
+  if (j.rc)
+    return kvti_error_restore(j.rc, j.os_errno, j.msg);
+  *bytes = j.bytes;
+  return 0;
+}
+
 int kvti_entry_read(kvt_entry **out, const char *data_dir, const char *hash,
                     const kvti_read_opts *o) {
   static const kvti_read_opts none = {0};
@@ -771,35 +926,12 @@ int kvti_entry_read(kvt_entry **out, const char *data_dir, const char *hash,
     rc = KVT_ERR_NOMEM();
     goto fail;
   }
-  for (uint32_t i = 0; i < m.num_layers; i++) {
-    if (o->cancel && atomic_load(o->cancel)) {
-      rc = KVT_ERR(KVT_ECANCELED, "read of %.12s... cancelled", hash);
-      goto fail;
-    }
-    char name[40];
-    snprintf(name, sizeof name, "layer_%u.safetensors", i);
-    char *lp = kvti_path_join(m.dir, name);
-    if (!lp) {
-      rc = KVT_ENOMEM;
-      goto fail;
-    }
-    kvti_layer_read_opts lo = {o->alloc,
-                               o->free_buf,
-                               o->alloc_ctx,
-                               i,
-                               o->cancel,
-                               o->verify_only,
-                               m.has_sums ? &m.sums[i] : NULL};
-    uint64_t fb = 0;
-    rc = kvti_layer_read_file(&e->layers[i], &fb, lp, &m.metas[i], &lo);
-    kvti_free(lp);
-    if (rc)
-      goto fail;
-    e->num_layers = i + 1;
-    disk += fb;
-    if (o->on_layer && !o->verify_only)
-      o->on_layer(o->layer_ctx, i, &e->layers[i]);
-  }
+  e->num_layers = m.num_layers; /* unread layers stay zeroed: freeing them is a no-op */
+  uint64_t layer_bytes = 0;
+  rc = read_layers(&layer_bytes, e, &m, hash, o);
+  if (rc)
+    goto fail;
+  disk += layer_bytes;
   e->disk_bytes = disk;
   manifest_free(&m);
   if (o->verify_only) {

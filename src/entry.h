@@ -83,6 +83,7 @@ typedef struct kvti_read_opts {
   kvt_layer_ready_fn on_layer; /* NULL: none */
   void *layer_ctx;
   int verify_only;             /* read and verify everything, keep no data */
+  int io_backend;              /* kvt_io_backend of the reads (0 = AUTO) */
 } kvti_read_opts;
 
 /* Reads and fully validates data_dir/<hash>. Returns 0 and *out; KVT_ENOTFOUND (no such entry

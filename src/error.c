@@ -105,3 +105,9 @@ int kvti_error_os(int os_errno, const char *file, int line, const char *fmt, ...
   tl_errno = os_errno;
   return kvti_errno_to_code(os_errno);
 }
+
+int kvti_error_restore(int code, int os_errno, const char *msg) {
+  snprintf(tl_msg, sizeof tl_msg, "%s", msg ? msg : "");
+  tl_errno = os_errno;
+  return code;
+}

@@ -23,6 +23,10 @@ int kvti_error_os(int os_errno, const char *file, int line, const char *fmt, ...
 /* Maps an errno to a kvt_error code as above. */
 int kvti_errno_to_code(int os_errno);
 
+/* Sets this thread's message and errno verbatim (to carry an error raised on a worker thread
+ * over to the thread that reports it). Returns code. */
+int kvti_error_restore(int code, int os_errno, const char *msg);
+
 #define KVT_ERR(code, ...) kvti_error_set((code), __FILE__, __LINE__, __VA_ARGS__)
 #define KVT_ERR_OS(os_errno, ...)                                             \
   kvti_error_os((os_errno), __FILE__, __LINE__, __VA_ARGS__)

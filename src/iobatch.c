@@ -665,6 +665,79 @@ int kvti_iobatch_run(kvti_iobatch *b, kvti_iob_req *reqs, size_t n,
   return portable_run(b, reqs, n);
 }
 
+int kvti_iobatch_fsync_many(kvti_iobatch *b, const int *fds, size_t n,
+                            const char *const *paths) {
+  int rc = kvti_iobatch_wait_all(b);
+  if (rc)
+    return rc;
+#if KVT_HAVE_URING
+  if (b->backend == KVT_IO_URING && !b->broken && kvti_io->fsync == kvti_io_default.fsync) {
+    size_t next = 0, done = 0;
+    int first_err = 0;
+    size_t err_i = 0;
+    unsigned inflight = 0;
+    while (done < n) {
+      while (next < n && inflight < b->depth) {
+        struct io_uring_sqe *sqe = io_uring_get_sqe(&b->ring);
+        if (!sqe)
+          break;
+        io_uring_prep_fsync(sqe, fds[next], 0);
+        io_uring_sqe_set_data64(sqe, next);
+        next++;
+        inflight++;
+      }
+      int s = u_submit(b, 1);
+      if (s < 0 && s != -EINTR && s != -EAGAIN && s != -EBUSY) {
+        /* Leave the ring alone (it may hold accepted fsyncs) and finish the portable way. */
+        struct io_uring_cqe *c;
+        while (inflight > 0 && io_uring_wait_cqe(&b->ring, &c) == 0) {
+          io_uring_cqe_seen(&b->ring, c);
+          inflight--;
+        }
+        b->broken = inflight > 0;
+        for (size_t i = 0; i < n; i++) { /* again for all: fsync is idempotent */
+          int r = kvti_fsync(fds[i], paths ? paths[i] : "file");
+          if (r && !first_err)
+            return r;
+        }
+        return first_err ? KVT_ERR_OS(first_err, "fsync %s", paths ? paths[err_i] : "file")
+                         : 0;
+      }
+      unsigned head, seen = 0;
+      struct io_uring_cqe *cqe;
+      io_uring_for_each_cqe(&b->ring, head, cqe) {
+        seen++;
+        size_t i = (size_t)io_uring_cqe_get_data64(cqe);
+        int res = cqe->res;
+        if (kvti_io->uring_result)
+          res = kvti_io->uring_result(2, fds[i], 0, 0, res);
+        if (res == -EINTR || res == -EAGAIN) {
+          /* retry this one the plain way */
+          int r = kvti_fsync(fds[i], paths ? paths[i] : "file");
+          res = r == 0 ? 0 : -(kvt_last_errno() ? kvt_last_errno() : EIO);
+        }
+        if (res < 0 && !first_err) {
+          first_err = -res;
+          err_i = i;
+        }
+        inflight--;
+        done++;
+      }
+      io_uring_cq_advance(&b->ring, seen);
+    }
+    if (first_err)
+      return KVT_ERR_OS(first_err, "fsync %s", paths ? paths[err_i] : "file");
+    return 0;
+  }
+#endif
+  for (size_t i = 0; i < n; i++) {
+    rc = kvti_fsync(fds[i], paths ? paths[i] : "file");
+    if (rc)
+      return rc;
+  }
+  return 0;
+}
+
 int kvti_iob_open_direct(const char *path, int flags, unsigned mode) {
 #ifdef O_DIRECT
   int fd;

@@ -12,6 +12,7 @@
  */
 #include "layer.h"
 #include "fwriter.h"
+#include "iobatch.h"
 #include "dtype.h"
 #include "entry.h"
 #include "error.h"
@@ -523,9 +524,11 @@ uint64_t kvti_layer_out_file_size(const kvti_layer_out *p) {
 
 int kvti_layer_write_file(uint64_t *size, uint64_t *xxh3, const char *path,
                           const kvti_layer_out *p, uint32_t file_mode,
-                          int do_fsync, int truncate, int io_backend) {
+                          int do_fsync, int truncate, int io_backend,
+                          kvti_wgroup *group) {
   /* Through the staged writer (fwriter.h): the header and the tensors are copied into aligned
-   * pooled buffers, hashed while hot, and written with O_DIRECT, several writes in flight. */
+   * pooled buffers, hashed while hot, and written with O_DIRECT, several writes in flight. In a
+   * group the writes complete (and are fsynced) at kvti_wgroup_finish. */
   kvti_st_item *it = items_of(p);
   size_t *order = kvti_calloc(p->n ? p->n : 1, sizeof *order);
   char *hdr = NULL;
@@ -548,7 +551,7 @@ int kvti_layer_write_file(uint64_t *size, uint64_t *xxh3, const char *path,
   fo.size_hint = total;
   fo.file_mode = file_mode;
   fo.excl = !truncate;
-  rc = kvti_fwriter_open(&w, path, &fo);
+  rc = group ? kvti_wgroup_file(&w, group, path, &fo) : kvti_fwriter_open(&w, path, &fo);
   if (rc) {
     w = NULL;
     goto out;
@@ -559,17 +562,14 @@ int kvti_layer_write_file(uint64_t *size, uint64_t *xxh3, const char *path,
     if (t->nbytes)
       rc = kvti_fwriter_append(w, t->data, (size_t)t->nbytes);
   }
-  if (rc) {
+  if (group) {
+    if (rc == 0)
+      rc = kvti_fwriter_close(w, size, xxh3);
+  } else if (rc) {
     kvti_fwriter_abort(w);
-    goto out;
+  } else {
+    rc = kvti_fwriter_finish(w, size, xxh3, do_fsync);
   }
-  /* The mode is applied before the data is made durable (umask-independent, as before). */
-  if (kvti_io->chmod(path, (mode_t)file_mode) != 0) {
-    rc = KVT_ERR_OS(errno, "chmod %s", path);
-    kvti_fwriter_abort(w);
-    goto out;
-  }
-  rc = kvti_fwriter_finish(w, size, xxh3, do_fsync);
 out:
   kvti_free(hdr);
   kvti_free(order);
@@ -817,6 +817,34 @@ void kvti_layer_release(kvt_layer *l, int caller_alloc, kvt_free_fn free_buf,
 }
 
 #define RCHUNK ((size_t)8 << 20)
+#define RPIECE ((size_t)1 << 20) /* read granularity: hashed as soon as it lands */
+#define RWINDOW 8                /* pieces in flight ahead of the hashing */
+
+/* Reads len bytes at off into dst through the batched I/O engine, keeping RWINDOW pieces in
+ * flight and hashing each piece (in order) as soon as it has landed - while the next ones are
+ * still being read, and while it is still warm in cache. */
+static int read_range_hashed(kvti_iobatch *b, int fd, char *dst, uint64_t off, uint64_t len,
+                             kvti_xxh3_state *h, const char *path) {
+  kvti_iob_req win[RWINDOW];
+  uint64_t n = (len + RPIECE - 1) / RPIECE, pushed = 0;
+  int rc = 0;
+  for (uint64_t k = 0; k < n && rc == 0; k++) {
+    while (rc == 0 && pushed < n && pushed < k + RWINDOW) {
+      uint64_t po = pushed * RPIECE;
+      uint64_t pl = len - po < RPIECE ? len - po : RPIECE;
+      kvti_iob_req *r = &win[pushed % RWINDOW];
+      *r = (kvti_iob_req){fd, -1, 0, dst + po, pl, off + po, 0, 0, 0, 0, 0, 0, NULL};
+      rc = kvti_iobatch_push(b, r, 0, path);
+      pushed++;
+    }
+    if (rc == 0)
+      rc = kvti_iobatch_wait_req(b, &win[k % RWINDOW]);
+    if (rc == 0 && h)
+      kvti_xxh3_update(h, dst + k * RPIECE, win[k % RWINDOW].len);
+  }
+  int rc2 = kvti_iobatch_wait_all(b); /* nothing may land in dst after we return */
+  return rc ? rc : rc2;
+}
 
 int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
                          const kvti_layer_meta *m,
@@ -828,6 +856,7 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
   const kvti_st_tensor **slot = NULL;
   kvti_xxh3_state *h = NULL;
   char *scratch = NULL;
+  kvti_iobatch *eng = NULL;
   int rc = 0;
   int fd = kvti_open(path, O_RDONLY, 0);
   if (fd < 0)
@@ -917,14 +946,16 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
     }
     char *dst = l.tensors[j].data;
     uint64_t left = ht->nbytes, off = ht->offset;
+    if (left > 0 && !eng && (rc = kvti_iobatch_get(&eng, o->io_backend)) != 0) {
+      eng = NULL;
+      goto out;
+    }
     while (left > 0) {
-      size_t c = left < RCHUNK ? (size_t)left : RCHUNK;
+      size_t c = o->verify_only && left > RCHUNK ? RCHUNK : (size_t)left;
       char *p = o->verify_only ? scratch : dst;
-      rc = kvti_pread_all(fd, p, c, off, path);
+      rc = read_range_hashed(eng, fd, p, off, c, h, path);
       if (rc)
         goto out;
-      if (h)
-        kvti_xxh3_update(h, p, c);
       if (!o->verify_only)
         dst += c;
       off += c;
@@ -942,6 +973,7 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
   *out = l;
   memset(&l, 0, sizeof l);
 out:
+  kvti_iobatch_put(eng);
   kvti_io->close(fd);
   kvti_free(scratch);
   kvti_free(slot);
@@ -971,7 +1003,7 @@ int kvt_layer_save(char **meta_json, const char *path, const kvt_layer *layer,
                        kvti_layer_is_quantized(layer), 1);
   if (rc)
     return rc;
-  rc = kvti_layer_write_file(NULL, NULL, path, &p, file_mode, 0, 1, KVT_IO_AUTO);
+  rc = kvti_layer_write_file(NULL, NULL, path, &p, file_mode, 0, 1, KVT_IO_AUTO, NULL);
   if (rc == 0) {
     *meta_json = p.meta_json;
     p.meta_json = NULL;

@@ -55,11 +55,16 @@ uint64_t kvti_layer_out_file_size(const kvti_layer_out *p);
 /* Writes a planned layer as a safetensors file at path (O_CREAT|O_EXCL unless
  * truncate), with file_mode, fsync when do_fsync. size and xxh3 as kvti_st_write
  * (same bytes). io_backend (kvt_io_backend) picks the I/O engine of the staged
- * O_DIRECT writer (fwriter.h). On failure the file is removed.
+ * O_DIRECT writer (fwriter.h). With a group (non-NULL) the file joins it:
+ * do_fsync/io_backend are the group's, and the writes complete, are fsynced and
+ * (on failure) removed by kvti_wgroup_finish/abort. Alone, on failure the file
+ * is removed.
  */
+struct kvti_wgroup;
 int kvti_layer_write_file(uint64_t *size, uint64_t *xxh3, const char *path,
                           const kvti_layer_out *p, uint32_t file_mode,
-                          int do_fsync, int truncate, int io_backend);
+                          int do_fsync, int truncate, int io_backend,
+                          struct kvti_wgroup *group);
 
 /* Parsed manifest object of a layer. */
 typedef struct kvti_layer_meta {
@@ -97,6 +102,7 @@ typedef struct kvti_layer_read_opts {
   atomic_int *cancel;
   int verify_only; /* read + verify, keep no data (out gets no buffers) */
   const uint64_t *expect_xxh3; /* NULL: no checksum */
+  int io_backend;              /* kvt_io_backend of the reads (0 = AUTO) */
 } kvti_layer_read_opts;
 
 /* Reads the layer file at path described by m into out (tensors and orig_dtypes

@@ -1,0 +1,365 @@
+/*
+ * bench_tier.c - the issue-7 targets end to end, on Llama-3-8B-shaped entries (32 layers, 8 KV
+ * heads, head dim 128; fp16 and bf16; 1-8k tokens) and a hybrid model (arrays layers between
+ * KV layers). Each target line prints the measured value, the limit it is held against
+ * (measured in the same run: fio on the same disk, or memcpy) and the ratio:
+ *
+ *  - durable spill writer-side throughput (fsync on) vs fio sequential O_DIRECT write, 1 MiB;
+ *  - cold promote (page cache dropped with posix_fadvise(DONTNEED) after fsync) vs fio O_DIRECT
+ *    sequential read at the same queue depth;
+ *  - warm promote vs fio buffered sequential read (page cache hot);
+ *  - producer cost of a spill on the caller's thread vs memcpy of the entry (copy mode), and
+ *    the zero-copy spill's cost (must not grow with the entry);
+ *  - peak RSS during a spill storm vs the configured queue bytes.
+ *
+ * Two levels: "entry" lines drive the entry writer/reader directly (src/entry.h); "tier" lines
+ * go through the public API (kvt_tier_*), including the queue, the writer thread and the index.
+ *
+ * Usage: bench_tier [--dir DIR] [--tokens 1024,4096] [--entries N] [--runs N] [--depth N]
+ *                   [--no-fio] [--quick]
+ */
+#define _GNU_SOURCE 1
+#include "benchutil.h"
+#include "bufpool.h"
+#include "entry.h"
+#include "io.h"
+#include "iobatch.h"
+#include "kvtier.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------ workload */
+
+typedef struct model {
+  const char *name;
+  uint32_t n_layers;
+  int hybrid; /* 1: every 4th layer KV, the others arrays (conv + ssm state) */
+  kvt_dtype dtype;
+} model;
+
+typedef struct workload {
+  int32_t *tokens;
+  size_t n_tokens;
+  kvt_layer *layers;
+  uint32_t n_layers;
+  uint64_t bytes; /* tensor bytes */
+} workload;
+
+static void fill(void *p, uint64_t n, uint64_t seed) {
+  uint64_t *q = p;
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (uint64_t i = 0; i < n / 8; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    q[i] = x;
+  }
+}
+
+static void tensor(kvt_tensor *t, kvt_dtype dt, uint32_t ndim, const int64_t *shape,
+                   uint64_t seed) {
+  memset(t, 0, sizeof *t);
+  t->dtype = dt;
+  t->ndim = ndim;
+  uint64_t n = kvt_dtype_size(dt);
+  for (uint32_t i = 0; i < ndim; i++) {
+    t->shape[i] = shape[i];
+    n *= (uint64_t)shape[i];
+  }
+  t->nbytes = n;
+  void *p = NULL;
+  if (posix_memalign(&p, 4096, n ? n : 1) != 0)
+    abort();
+  fill(p, n, seed); /* touched: the caller's KV cache is resident */
+  t->data = p;
+}
+
+static void make_workload(workload *w, const model *m, size_t n_tokens, int32_t salt) {
+  memset(w, 0, sizeof *w);
+  w->n_tokens = n_tokens;
+  w->tokens = malloc(n_tokens * sizeof(int32_t));
+  for (size_t i = 0; i < n_tokens; i++)
+    w->tokens[i] = (int32_t)((i * 2654435761u + (uint32_t)salt) % 128000u);
+  w->n_layers = m->n_layers;
+  w->layers = calloc(m->n_layers, sizeof(kvt_layer));
+  for (uint32_t i = 0; i < m->n_layers; i++) {
+    kvt_layer *l = &w->layers[i];
+    if (!m->hybrid || i % 4 == 3) {
+      kvt_layer_init(l, KVT_LAYER_KV);
+      l->num_tensors = 2;
+      l->tensors = calloc(2, sizeof(kvt_tensor));
+      int64_t sh[4] = {1, 8, (int64_t)n_tokens, 128};
+      tensor(&l->tensors[0], m->dtype, 4, sh, i * 2 + 1);
+      tensor(&l->tensors[1], m->dtype, 4, sh, i * 2 + 2);
+      l->offset = (int64_t)n_tokens;
+    } else {
+      kvt_layer_init(l, KVT_LAYER_ARRAYS);
+      l->num_tensors = 2;
+      l->tensors = calloc(2, sizeof(kvt_tensor));
+      int64_t conv[3] = {1, 3, 8192};
+      int64_t ssm[4] = {1, 64, 128, 128};
+      tensor(&l->tensors[0], m->dtype, 3, conv, i * 2 + 1);
+      tensor(&l->tensors[1], KVT_DTYPE_F32, 4, ssm, i * 2 + 2);
+    }
+    for (uint32_t j = 0; j < l->num_tensors; j++)
+      w->bytes += l->tensors[j].nbytes;
+  }
+}
+
+static void free_workload(workload *w) {
+  for (uint32_t i = 0; i < w->n_layers; i++) {
+    for (uint32_t j = 0; j < w->layers[i].num_tensors; j++)
+      free(w->layers[i].tensors[j].data);
+    free(w->layers[i].tensors);
+  }
+  free(w->layers);
+  free(w->tokens);
+}
+
+/* ------------------------------------------------------------ limits */
+
+typedef struct limits {
+  double fio_w, fio_rd, fio_rb; /* bytes/s */
+  double memcpy_bw;
+} limits;
+
+static int use_fio = 1, depth = 8;
+
+static void measure_limits(limits *L, const char *dir, uint64_t size, int runs) {
+  memset(L, 0, sizeof *L);
+  char f[4096];
+  snprintf(f, sizeof f, "%s/fio.dat", dir);
+  for (int r = 0; use_fio && r < runs; r++) {
+    double v;
+    bu_fio_job j = {f, "write", 1, 1u << 20, size, depth, "io_uring", 1, 1};
+    unlink(f);
+    if (bu_fio(&v, &j) == 0 && v > L->fio_w)
+      L->fio_w = v;
+    j.rw = "read";
+    if (bu_fio(&v, &j) == 0 && v > L->fio_rd)
+      L->fio_rd = v;
+    j.direct = 0;
+    j.engine = "psync";
+    j.depth = 1;
+    j.invalidate = 0;
+    bu_fio(&v, &j);
+    if (bu_fio(&v, &j) == 0 && v > L->fio_rb)
+      L->fio_rb = v;
+    unlink(f);
+  }
+  /* memcpy into a resident buffer (the best a copying producer can do). */
+  size_t n = (size_t)(size < (256u << 20) ? size : (256u << 20));
+  char *a = NULL, *b = NULL;
+  if (posix_memalign((void **)&a, 4096, n) || posix_memalign((void **)&b, 4096, n))
+    abort();
+  memset(a, 1, n);
+  memset(b, 2, n);
+  double best = 0;
+  for (int r = 0; r < 5; r++) {
+    double t0 = bu_now();
+    memcpy(b, a, n);
+    double t = bu_now() - t0;
+    if (t > 0 && n / t > best)
+      best = (double)n / t;
+  }
+  L->memcpy_bw = best;
+  free(a);
+  free(b);
+}
+
+/* ------------------------------------------------------------ entry level */
+
+static uint64_t dir_bytes(const char *d) {
+  uint64_t n = 0;
+  char p[4096];
+  snprintf(p, sizeof p, "du -sb '%s' 2>/dev/null", d);
+  FILE *f = popen(p, "r");
+  if (f) {
+    unsigned long long v = 0;
+    if (fscanf(f, "%llu", &v) == 1)
+      n = v;
+    pclose(f);
+  }
+  return n;
+}
+
+typedef struct entry_res {
+  double write_bw, cold_bw, warm_bw, snap_s, memcpy_s, nocopy_s;
+} entry_res;
+
+static double median_of(double *v, int n) { return bu_median(v, n); }
+
+static void bench_entry_level(entry_res *res, const char *dir, const workload *w, int runs,
+                              int backend) {
+  char data[4096];
+  snprintf(data, sizeof data, "%s/entry-data", dir);
+  bu_rmtree(data);
+  mkdir(data, 0700);
+  double wbw[16], cbw[16], hbw[16], snap[16], mc[16], nc[16];
+  char *dst = NULL;
+  if (posix_memalign((void **)&dst, 4096, w->bytes ? w->bytes : 1))
+    abort();
+  memset(dst, 0, w->bytes);
+  for (int r = 0; r < runs; r++) {
+    /* Producer: snapshot copy vs memcpy of the same bytes. */
+    double t0 = bu_now();
+    char *p = dst;
+    for (uint32_t i = 0; i < w->n_layers; i++)
+      for (uint32_t j = 0; j < w->layers[i].num_tensors; j++) {
+        memcpy(p, w->layers[i].tensors[j].data, w->layers[i].tensors[j].nbytes);
+        p += w->layers[i].tensors[j].nbytes;
+      }
+    mc[r] = bu_now() - t0;
+    kvti_snapshot *s = NULL;
+    t0 = bu_now();
+    if (kvti_snapshot_create(&s, w->tokens, w->n_tokens, w->layers, w->n_layers, w->bytes, 1,
+                             NULL, NULL) != 0) {
+      fprintf(stderr, "snapshot: %s\n", kvt_last_error());
+      exit(1);
+    }
+    snap[r] = bu_now() - t0;
+    kvti_snapshot *s0 = NULL;
+    t0 = bu_now();
+    kvti_snapshot_create(&s0, w->tokens, w->n_tokens, w->layers, w->n_layers, w->bytes, 0,
+                         NULL, NULL);
+    nc[r] = bu_now() - t0;
+    kvti_snapshot_free(s0);
+    /* Durable write. */
+    kvti_write_opts wo = {KVT_STORAGE_NATIVE, 1, 0600, 0700, backend};
+    uint64_t disk = 0;
+    t0 = bu_now();
+    if (kvti_entry_write(&disk, data, s, &wo) != 0) {
+      fprintf(stderr, "entry write: %s\n", kvt_last_error());
+      exit(1);
+    }
+    double tw = bu_now() - t0;
+    wbw[r] = (double)disk / tw;
+    char hash[65];
+    memcpy(hash, kvti_snapshot_hash(s), 65);
+    kvti_snapshot_free(s);
+    /* Cold read. */
+    char ed[4200];
+    snprintf(ed, sizeof ed, "%s/%s", data, hash);
+    bu_drop_cache_tree(ed);
+    kvti_read_opts ro;
+    memset(&ro, 0, sizeof ro);
+    ro.tokens = w->tokens;
+    ro.n_tokens = w->n_tokens;
+    kvt_entry *e = NULL;
+    t0 = bu_now();
+    if (kvti_entry_read(&e, data, hash, &ro) != 0) {
+      fprintf(stderr, "entry read: %s\n", kvt_last_error());
+      exit(1);
+    }
+    cbw[r] = (double)kvt_entry_disk_bytes(e) / (bu_now() - t0);
+    kvt_entry_free(e);
+    /* Warm read (the cold read left the pages cached? not with O_DIRECT: warm them). */
+    kvti_read_opts ro2 = ro;
+    e = NULL;
+    kvti_entry_read(&e, data, hash, &ro2);
+    kvt_entry_free(e);
+    char cat[4400];
+    snprintf(cat, sizeof cat, "cat '%s'/* > /dev/null", ed);
+    if (system(cat) != 0)
+      fprintf(stderr, "warming failed\n");
+    e = NULL;
+    t0 = bu_now();
+    kvti_entry_read(&e, data, hash, &ro2);
+    hbw[r] = (double)kvt_entry_disk_bytes(e) / (bu_now() - t0);
+    kvt_entry_free(e);
+    (void)dir_bytes;
+  }
+  res->write_bw = median_of(wbw, runs);
+  res->cold_bw = median_of(cbw, runs);
+  res->warm_bw = median_of(hbw, runs);
+  res->snap_s = median_of(snap, runs);
+  res->memcpy_s = median_of(mc, runs);
+  res->nocopy_s = median_of(nc, runs);
+  free(dst);
+  bu_rmtree(data);
+}
+
+/* ------------------------------------------------------------ main */
+
+int main(int argc, char **argv) {
+  const char *base = NULL;
+  int runs = 3;
+  size_t toks[8] = {1024, 4096};
+  int ntoks = 2;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--dir") && i + 1 < argc)
+      base = argv[++i];
+    else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) {
+      ntoks = 0;
+      char *s = argv[++i], *save = NULL;
+      for (char *t = strtok_r(s, ",", &save); t && ntoks < 8; t = strtok_r(NULL, ",", &save))
+        toks[ntoks++] = (size_t)strtoull(t, NULL, 10);
+    } else if (!strcmp(argv[i], "--runs") && i + 1 < argc)
+      runs = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--depth") && i + 1 < argc)
+      depth = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--no-fio"))
+      use_fio = 0;
+    else if (!strcmp(argv[i], "--quick")) {
+      runs = 1;
+      toks[0] = 512;
+      ntoks = 1;
+    } else {
+      fprintf(stderr,
+              "usage: %s [--dir DIR] [--tokens N,N..] [--runs N] [--depth N] [--no-fio] "
+              "[--quick]\n",
+              argv[0]);
+      return 2;
+    }
+  }
+  if (runs < 1 || runs > 16) {
+    fprintf(stderr, "--runs must be 1..16\n");
+    return 2;
+  }
+  if (use_fio && !bu_have_fio()) {
+    fprintf(stderr, "fio not found: limits unavailable\n");
+    use_fio = 0;
+  }
+  char *dir = bu_mkdtemp(base);
+  if (!dir)
+    return 1;
+  bu_header("bench_tier: issue-7 targets", dir);
+  model models[3] = {{"llama3-8b fp16", 32, 0, KVT_DTYPE_F16},
+                     {"llama3-8b bf16", 32, 0, KVT_DTYPE_BF16},
+                     {"hybrid bf16", 32, 1, KVT_DTYPE_BF16}};
+  for (int ti = 0; ti < ntoks; ti++) {
+    for (int mi = 0; mi < 3; mi++) {
+      if (mi == 2 && ti > 0)
+        continue; /* hybrid: one size (its arrays layers do not grow with tokens) */
+      workload w;
+      make_workload(&w, &models[mi], toks[ti], mi * 1000 + ti);
+      limits L;
+      measure_limits(&L, dir, w.bytes, runs);
+      printf("\n## %s, %zu tokens: %.1f MiB of tensors; fio write %.2f, O_DIRECT read %.2f, "
+             "buffered read %.2f GB/s; memcpy %.2f GB/s\n",
+             models[mi].name, toks[ti], (double)w.bytes / (1 << 20), L.fio_w / 1e9,
+             L.fio_rd / 1e9, L.fio_rb / 1e9, L.memcpy_bw / 1e9);
+      entry_res er;
+      bench_entry_level(&er, dir, &w, runs, KVT_IO_AUTO);
+      char d[160];
+      snprintf(d, sizeof d, "fio O_DIRECT write bs=1M qd=%d", depth);
+      bu_report("entry: durable write", er.write_bw / 1e9, L.fio_w / 1e9, "GB/s", d, 0.85, 1);
+      snprintf(d, sizeof d, "fio O_DIRECT read bs=1M qd=%d", depth);
+      bu_report("entry: cold read", er.cold_bw / 1e9, L.fio_rd / 1e9, "GB/s", d, 0.85, 1);
+      bu_report("entry: warm read", er.warm_bw / 1e9, L.fio_rb / 1e9, "GB/s",
+                "fio buffered read (warm) bs=1M psync", 0.80, 1);
+      bu_report("entry: snapshot copy", er.snap_s * 1e3, er.memcpy_s * 1e3, "ms",
+                "memcpy of the entry", 1.3, 0);
+      bu_report("entry: snapshot no-copy", er.nocopy_s * 1e3, er.memcpy_s * 1e3, "ms",
+                "memcpy of the entry (info: O(layers))", 0, 0);
+      free_workload(&w);
+    }
+  }
+  bu_rmtree(dir);
+  free(dir);
+  return 0;
+}
