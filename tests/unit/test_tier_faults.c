@@ -322,8 +322,6 @@ static void test_reconcile(void) {
 
   /* At open: stale temporaries always go; reconcile unless NO_RECONCILE. */
   mkdir_junk(dd, tmpname);
-  char *d3 = t_entry_path(t, e[3].tokens, 8, NULL);
-  (void)d3;
   o.flags = KVT_OPEN_NO_RECONCILE;
   unlink(other);
   t = t_open(&o);
@@ -345,7 +343,6 @@ static void test_reconcile(void) {
   free(d0);
   free(m1);
   free(d2);
-  free(d3);
   free(dd);
   for (int i = 0; i < 4; i++)
     t_free(&e[i]);
