@@ -50,6 +50,9 @@ typedef struct kvti_backend_ops {
   /* 1 when the entry is present and complete enough to read (dir + manifest), 0
    * when not, or a negative code. */
   int (*exists)(kvti_backend *b, const char *hash);
+  /* 1 when anything at all is stored under hash (even an incomplete entry), 0
+   * when nothing, or a negative code. */
+  int (*present)(kvti_backend *b, const char *hash);
   /* JSON description (manifest + headers, no tensor data); *json malloc'ed via
    * kvti_malloc. */
   int (*describe)(kvti_backend *b, char **json, const char *hash);

@@ -124,6 +124,20 @@ static int lb_exists(kvti_backend *b, const char *hash) {
   return rc;
 }
 
+static int lb_present(kvti_backend *b, const char *hash) {
+  if (!kvti_is_hash_name(hash))
+    return KVT_ERR(KVT_EINVAL, "invalid entry name");
+  char *dir = entry_path(L(b), hash);
+  if (!dir)
+    return KVT_ENOMEM;
+  struct stat st;
+  int rc = 1;
+  if (kvti_io->lstat(dir, &st) != 0)
+    rc = errno == ENOENT ? 0 : KVT_ERR_OS(errno, "stat data/%s", hash);
+  kvti_free(dir);
+  return rc;
+}
+
 static int lb_describe(kvti_backend *b, char **json, const char *hash) {
   if (!kvti_is_hash_name(hash))
     return KVT_ERR(KVT_EINVAL, "invalid entry name");
@@ -329,6 +343,7 @@ static const kvti_backend_ops local_ops = {
     .get = lb_get,
     .remove = lb_remove,
     .exists = lb_exists,
+    .present = lb_present,
     .describe = lb_describe,
     .list = lb_list,
     .purge = lb_purge,

@@ -190,14 +190,17 @@ void kvti_tier_enforce_locked(kvt_tier *t, int64_t max_entries,
   }
 }
 
-/* Caller holds mut_mu and the stripe exclusively. True when hash is stored and
- * (created_at < 0 or) it is still the version the caller saw: a replacement
- * written since is left alone. */
-static int same_version(kvt_tier *t, const char *hash, double created_at) {
+/* Caller holds mut_mu and the stripe exclusively. True when the index still
+ * holds the version a reader saw: created_at >= 0 is the row's created_at at
+ * read time (a replacement written since has another and is left alone);
+ * created_at < 0 means the reader saw no row, and it must still have none. */
+static int same_version(kvt_tier *t, const char *hash, double created_at,
+                        int *stored) {
   kvt_entry_info cur;
-  if (kvti_index_find_hash(&cur, t->idx, hash) != 0)
-    return 0;
-  return created_at < 0 || cur.created_at == created_at;
+  *stored = kvti_index_find_hash(&cur, t->idx, hash) == 0;
+  if (created_at < 0)
+    return !*stored;
+  return *stored && cur.created_at == created_at;
 }
 
 void kvti_tier_quarantine(kvt_tier *t, const char *hash, double created_at) {
@@ -205,13 +208,12 @@ void kvti_tier_quarantine(kvt_tier *t, const char *hash, double created_at) {
     return;
   saved_err se;
   err_save(&se);
-  int code = KVT_ECORRUPT;
   pthread_mutex_lock(&t->mut_mu);
   kvti_stripe_wrlock(&t->stripes, hash);
-  int stored = kvti_index_find_hash(&(kvt_entry_info){0}, t->idx, hash) == 0;
-  if (!stored || same_version(t, hash, created_at)) {
+  int stored = 0;
+  if (same_version(t, hash, created_at, &stored)) {
     if (stored)
-      kvti_index_remove_hash(t->idx, hash);
+      kvti_index_remove_hash(t->idx, hash); /* row first: no new lookup */
     int r = t->be->ops->quarantine(t->be, hash, t->opts.quarantine_max);
     KVTI_STAT_ADD(&t->stats, quarantined, 1);
     if (r != 0)
@@ -223,7 +225,7 @@ void kvti_tier_quarantine(kvt_tier *t, const char *hash, double created_at) {
   }
   kvti_stripe_unlock(&t->stripes, hash);
   pthread_mutex_unlock(&t->mut_mu);
-  err_restore(&se, code);
+  err_restore(&se, KVT_ECORRUPT);
 }
 
 void kvti_tier_drop_missing(kvt_tier *t, const char *hash, double created_at) {
@@ -233,7 +235,8 @@ void kvti_tier_drop_missing(kvt_tier *t, const char *hash, double created_at) {
   err_save(&se);
   pthread_mutex_lock(&t->mut_mu);
   kvti_stripe_wrlock(&t->stripes, hash);
-  if (same_version(t, hash, created_at) &&
+  int stored = 0;
+  if (created_at >= 0 && same_version(t, hash, created_at, &stored) &&
       t->be->ops->exists(t->be, hash) == 0) {
     kvti_index_remove_hash(t->idx, hash);
     t->be->ops->remove(t->be, hash);

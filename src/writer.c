@@ -19,6 +19,7 @@
 #include "io.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 int kvti_writer_init(kvt_tier *t) {
@@ -57,7 +58,16 @@ static void write_one(kvt_tier *t, kvti_snapshot *s) {
                         t->opts.file_mode, t->opts.dir_mode};
   uint64_t disk = 0;
   pthread_mutex_lock(&t->mut_mu);
-  kvti_stripe_wrlock(&t->stripes, hash);
+  /* Readers must be excluded only when something is already stored under this
+   * hash (a replace: a reader could otherwise mix files of two versions). A new
+   * entry appears atomically by rename and its row only after that, and nobody
+   * else can create either while we hold mut_mu, so readers of other entries in
+   * the stripe need not wait for this write. */
+  kvt_entry_info old;
+  int replacing = kvti_index_find_hash(&old, t->idx, hash) == 0 ||
+                  t->be->ops->present(t->be, hash) != 0;
+  if (replacing)
+    kvti_stripe_wrlock(&t->stripes, hash);
   int rc = t->be->ops->put(t->be, &disk, s, &wo);
   if (rc == 0) {
     rc = kvti_index_put(t->idx, tokens, n, hash, kvti_snapshot_memory_bytes(s),
@@ -67,14 +77,18 @@ static void write_one(kvt_tier *t, kvti_snapshot *s) {
        * capacity does not count: remove them (and any row of a replaced
        * version) so no trace remains. */
       char msg[1024];
-      memcpy(msg, kvt_last_error(), sizeof msg);
-      msg[sizeof msg - 1] = '\0';
+      snprintf(msg, sizeof msg, "%s", kvt_last_error());
+      if (!replacing)
+        kvti_stripe_wrlock(&t->stripes, hash);
       kvti_index_remove_hash(t->idx, hash);
       t->be->ops->remove(t->be, hash);
+      if (!replacing)
+        kvti_stripe_unlock(&t->stripes, hash);
       KVT_ERR(rc, "%s", msg);
     }
   }
-  kvti_stripe_unlock(&t->stripes, hash);
+  if (replacing)
+    kvti_stripe_unlock(&t->stripes, hash);
   if (rc == 0) {
     KVTI_STAT_ADD(&t->stats, spill_count, 1);
     KVTI_STAT_ADD(&t->stats, spill_bytes, disk);
