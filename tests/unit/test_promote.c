@@ -276,6 +276,100 @@ static void test_cancel(void) {
   t_free(&e);
 }
 
+/* Stripe of a hash as lock.c computes it (first 4 hex digits mod 64). */
+static unsigned stripe_of(const t_entry *e) {
+  char h[65];
+  kvt_token_hash(h, e->tokens, e->n_tokens);
+  return (unsigned)strtoul((char[5]){h[0], h[1], h[2], h[3], 0}, NULL, 16) % 64;
+}
+
+typedef struct remove_arg {
+  kvt_tier *t;
+  const t_entry *e;
+  atomic_int done;
+  int rc;
+} remove_arg;
+
+static void *do_remove(void *arg) {
+  remove_arg *r = arg;
+  r->rc = kvt_tier_remove(r->t, r->e->tokens, r->e->n_tokens);
+  atomic_store(&r->done, 1);
+  return NULL;
+}
+
+/* An eviction/removal never runs under a reader: it waits for the read in
+ * progress, which returns the whole entry; and a promote whose entry is removed
+ * between its lookup and its read is a miss, with the budget released. */
+static void test_race_with_removal(void) {
+  t_entry a = t_make(20, 16, 2, 4, 4), b = t_make(21, 16, 2, 4, 4);
+  for (uint64_t seed = 22; stripe_of(&a) == stripe_of(&b); seed++) {
+    t_free(&b);
+    b = t_make(seed, 16, 2, 4, 4);
+  }
+  kvt_options o = t_opts("race");
+  o.promote_threads = 1;
+  kvt_tier *t = t_open(&o);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  CHECK_EQ_INT(t_spill(t, &a), 0);
+  CHECK_EQ_INT(t_spill(t, &b), 0);
+  CHECK_EQ_INT(kvt_tier_flush(t, -1), 0);
+  gate g;
+  memset(&g, 0, sizeof g);
+  pthread_mutex_init(&g.mu, NULL);
+  pthread_cond_init(&g.cv, NULL);
+  t_budget bud;
+  t_budget_init(&bud, 1 << 30);
+  kvt_promote_opts pa = t_popts(&bud);
+  pa.on_layer = gate_layer;
+  pa.layer_ctx = &g;
+  kvt_promise *pA = NULL, *pB = NULL;
+  CHECK_EQ_INT(kvt_tier_promote_async(&pA, t, a.tokens, 16, &pa), 0);
+  pthread_mutex_lock(&g.mu);
+  while (!g.entered)
+    pthread_cond_wait(&g.cv, &g.mu);
+  pthread_mutex_unlock(&g.mu);
+  /* The only worker is inside A's read. B is looked up and reserved now, read
+   * later. */
+  kvt_promote_opts pb = t_popts(&bud);
+  CHECK_EQ_INT(kvt_tier_promote_async(&pB, t, b.tokens, 16, &pb), 0);
+  CHECK_EQ_INT(kvt_tier_remove(t, b.tokens, 16), 0); /* other stripe: no wait */
+  /* Removing A must wait for A's reader. */
+  remove_arg ra = {t, &a, 0, 1};
+  pthread_t th;
+  pthread_create(&th, NULL, do_remove, &ra);
+  usleep(50000);
+  CHECK_EQ_INT(atomic_load(&ra.done), 0);
+  pthread_mutex_lock(&g.mu);
+  g.open = 1;
+  pthread_cond_broadcast(&g.cv);
+  pthread_mutex_unlock(&g.mu);
+  kvt_entry *got = NULL;
+  CHECK_EQ_INT(kvt_promise_wait(pA, -1), 0);
+  CHECK_EQ_INT(kvt_promise_result(&got, pA), 0);
+  CHECK(got && t_same(got, &a)); /* whole, never half-removed */
+  t_release(&bud, kvt_entry_reserved_bytes(got));
+  kvt_entry_free(got);
+  pthread_join(th, NULL);
+  CHECK_EQ_INT(ra.rc, 0);
+  CHECK_EQ_INT(kvt_promise_wait(pB, -1), 0);
+  got = NULL;
+  CHECK_EQ_INT(kvt_promise_result(&got, pB), KVT_ENOTFOUND);
+  CHECK(got == NULL);
+  kvt_promise_free(pA);
+  kvt_promise_free(pB);
+  CHECK_EQ_INT(bud.reserves, 2);
+  CHECK_EQ_INT(bud.releases, 2);
+  CHECK_EQ_INT(bud.used, 0);
+  kvt_stats s;
+  kvt_tier_stats(&s, t);
+  CHECK_EQ_INT(s.ssd_misses, 1);
+  CHECK_EQ_INT(s.promotion_failures, 0);
+  CHECK_EQ_INT(s.entries, 0);
+  kvt_tier_free(t);
+  t_free(&a);
+  t_free(&b);
+}
+
 /* Many async promotes cancelled at random points: reserve and release always
  * balance. */
 static void test_cancel_storm(void) {
@@ -417,6 +511,7 @@ int main(void) {
   RUN(test_release_on_failure);
   RUN(test_async_roundtrip);
   RUN(test_cancel);
+  RUN(test_race_with_removal);
   RUN(test_cancel_storm);
   RUN(test_caller_buffers);
   RUN(test_close_waits_for_promotes);
