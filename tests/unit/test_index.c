@@ -505,6 +505,37 @@ static void test_internal(void) {
   kvt_index_close(idx);
 }
 
+/* kvti_index_put_many: one transaction, all or none. */
+static void test_put_many(void) {
+  char *dir = kvt_test_tmpdir("idx-many");
+  kvt_index *idx = NULL;
+  REQUIRE(kvti_index_open(&idx, dir, NULL, 0) == 0);
+  int32_t t[8][30];
+  kvti_index_put_args a[8];
+  for (int i = 0; i < 8; i++) {
+    seq(t[i], 30, 1000 * i);
+    a[i] = (kvti_index_put_args){t[i], 10 + (size_t)i, NULL, 5, 7, 0};
+  }
+  a[5].storage_mode = 9; /* invalid: nothing is written */
+  CHECK(kvti_index_put_many(idx, a, 8) == KVT_EINVAL);
+  uint64_t ne, db, mb;
+  kvti_index_totals(idx, &ne, NULL, NULL);
+  CHECK_EQ_INT(ne, 0);
+  a[5].storage_mode = KVT_STORAGE_COMPAT;
+  CHECK(kvti_index_put_many(idx, a, 8) == 0);
+  CHECK(kvti_index_put_many(idx, a, 0) == 0);
+  CHECK(kvti_index_put_many(idx, a, 2) == 0); /* replaces */
+  kvti_index_totals(idx, &ne, &db, &mb);
+  CHECK(ne == 8 && db == 56 && mb == 40);
+  kvt_index_close(idx);
+  REQUIRE(kvti_index_open(&idx, dir, NULL, 0) == 0);
+  kvt_entry_info info;
+  CHECK(kvti_index_find(&info, idx, t[5], 15, 0) == 0 && info.disk_bytes == 7);
+  CHECK(kvti_index_find_prefix(&info, idx, t[7], 30, 0) == 0 &&
+        info.num_tokens == 17);
+  kvt_index_close(idx);
+}
+
 /* Many entries sharing a long prefix, differing in length and tail: the longest
  * is found. */
 static void test_shared_prefix(void) {
@@ -931,6 +962,7 @@ int main(void) {
   RUN(test_ssdindex_ops);
   RUN(test_empty_entry);
   RUN(test_internal);
+  RUN(test_put_many);
   RUN(test_shared_prefix);
   RUN(test_migration);
   RUN(test_reference_db_and_hostile);
