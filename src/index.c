@@ -1264,7 +1264,7 @@ int kvti_index_find(kvt_entry_info *out, kvt_index *idx, const int32_t *tokens,
   if (found)
     fill_info(out, &idx->ents[id]);
   pthread_rwlock_unlock(&idx->rw);
-  return found ? 0 : KVT_ENOTFOUND;
+  return found ? 0 : KVT_ERR(KVT_ENOTFOUND, "index: no such entry");
 }
 
 int kvti_index_find_hash(kvt_entry_info *out, kvt_index *idx,
@@ -1278,7 +1278,7 @@ int kvti_index_find_hash(kvt_entry_info *out, kvt_index *idx,
   if (found)
     fill_info(out, &idx->ents[id]);
   pthread_rwlock_unlock(&idx->rw);
-  return found ? 0 : KVT_ENOTFOUND;
+  return found ? 0 : KVT_ERR(KVT_ENOTFOUND, "index: no such entry");
 }
 
 /* Calls fn(ctx, id) for each stored non-empty sequence that is a prefix of
@@ -1370,7 +1370,7 @@ int kvti_index_find_prefix(kvt_entry_info *out, kvt_index *idx,
   if (rc)
     return rc;
   if (!info.token_hash[0])
-    return KVT_ENOTFOUND;
+    return KVT_ERR(KVT_ENOTFOUND, "index: no such entry");
   *out = info;
   return 0;
 }
@@ -1401,7 +1401,7 @@ int kvti_index_lru_victim(kvt_entry_info *out, kvt_index *idx) {
   if (found)
     fill_info(out, &idx->ents[idx->heap[H_LRU][0]]);
   pthread_rwlock_unlock(&idx->rw);
-  return found ? 0 : KVT_ENOTFOUND;
+  return found ? 0 : KVT_ERR(KVT_ENOTFOUND, "index: no such entry");
 }
 
 int kvti_index_oldest_before(kvt_entry_info *out, kvt_index *idx,
@@ -1414,7 +1414,7 @@ int kvti_index_oldest_before(kvt_entry_info *out, kvt_index *idx,
   if (found)
     fill_info(out, &idx->ents[idx->heap[H_CREATED][0]]);
   pthread_rwlock_unlock(&idx->rw);
-  return found ? 0 : KVT_ENOTFOUND;
+  return found ? 0 : KVT_ERR(KVT_ENOTFOUND, "index: no such entry");
 }
 
 static int by_accessed_desc(const void *a, const void *b) {
@@ -1581,7 +1581,7 @@ int kvt_index_lookup_exact(kvt_index_row *out, kvt_index *idx,
   if (found)
     row_from_ent(out, &idx->ents[id]);
   pthread_rwlock_unlock(&idx->rw);
-  return found ? 0 : KVT_ENOTFOUND;
+  return found ? 0 : KVT_ERR(KVT_ENOTFOUND, "index: no such entry");
 }
 
 typedef struct collect_ctx {
