@@ -722,6 +722,15 @@ static void test_reference_db_and_hostile(void) {
   raw_insert(db, hy, y, 92, py, 23, hy, -5, 1.0,
              1.0); /* negative memory_bytes */
   raw_insert(db, "zz", y, 92, py, 23, "zz", 1, 1.0, 1.0); /* bad token_hash */
+  /* Well-formed, but the blob is not the sequence its token_hash names: the
+   * blob's tokens must never be answered with that key. */
+  int32_t z[24], zreal[24];
+  seq(z, 24, 3000);
+  seq(zreal, 24, 4000);
+  char hz[65], pz[65];
+  hash_of(hz, zreal, 24);
+  REQUIRE(kvt_prefix_hash(pz, z, 24) == 0);
+  raw_insert(db, hz, z, 96, pz, 24, hz, 1, 1.0, 1.0);
   /* A stale kvtier_meta row (the reference deleted its entry). */
   raw_exec(
       db,
@@ -750,14 +759,16 @@ static void test_reference_db_and_hostile(void) {
   CHECK(kvti_index_find(&info, idx, y, 23, 0) == KVT_ENOTFOUND);
   uint64_t ne;
   kvti_index_totals(idx, &ne, NULL, NULL);
-  CHECK_EQ_INT(ne, 1);
+  CHECK_EQ_INT(ne, 2);
+  CHECK(kvti_index_find_prefix(&info, idx, z, 24, 0) == KVT_ENOTFOUND);
+  CHECK(kvti_index_find(&info, idx, z, 24, 0) == KVT_ENOTFOUND);
   int32_t *tok = NULL;
   size_t n = 0;
   CHECK(kvti_index_tokens(&tok, &n, idx, hu) == KVT_ECORRUPT);
   CHECK(kvti_index_tokens(&tok, &n, idx, hx) == KVT_ECORRUPT);
   /* The public list functions leave them out too. */
   kvt_index_rows rs;
-  CHECK(kvt_index_all(&rs, idx) == 0 && rs.count == 1);
+  CHECK(kvt_index_all(&rs, idx) == 0 && rs.count == 2);
   kvt_index_rows_free(&rs);
   kvt_index_close(idx);
 
