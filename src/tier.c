@@ -91,20 +91,28 @@ void kvti_log(kvt_tier *t, int level, const char *fmt, ...) {
 }
 
 int kvti_tier_enter(kvt_tier *t) {
-  pthread_mutex_lock(&t->life_mu);
-  if (t->state != KVTI_OPEN) {
-    pthread_mutex_unlock(&t->life_mu);
+  atomic_fetch_add(&t->active, 1);
+  if (atomic_load(&t->state) != KVTI_OPEN) {
+    kvti_tier_leave(t);
     return KVT_ERR(KVT_ECLOSED, "the tier is closed");
   }
-  t->active++;
-  pthread_mutex_unlock(&t->life_mu);
   return 0;
 }
 
 void kvti_tier_leave(kvt_tier *t) {
+  /* After the decrement that lets a closer proceed, t may be freed at any
+   * moment: the fast path touches nothing after it. While closing, the
+   * decrement happens under life_mu, which the closer holds while it checks
+   * active, so the broadcast cannot be lost and the closer cannot finish before
+   * we unlock. A decrement on the fast path that races with the start of a
+   * close is caught by the closer's periodic re-check (see tier_close). */
+  if (atomic_load(&t->state) == KVTI_OPEN) {
+    atomic_fetch_sub(&t->active, 1);
+    return;
+  }
   pthread_mutex_lock(&t->life_mu);
-  if (--t->active == 0)
-    pthread_cond_broadcast(&t->life_cv);
+  atomic_fetch_sub(&t->active, 1);
+  pthread_cond_broadcast(&t->life_cv);
   pthread_mutex_unlock(&t->life_mu);
 }
 
@@ -520,7 +528,8 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *opts) {
   pthread_mutex_init(&t->life_mu, NULL);
   pthread_mutex_init(&t->close_mu, NULL);
   kvti_stats_init(&t->stats);
-  t->state = KVTI_OPEN;
+  atomic_init(&t->state, KVTI_OPEN);
+  atomic_init(&t->active, 0);
   if ((rc = kvti_cond_init(&t->life_cv)) != 0) {
     pthread_cond_init(&t->life_cv, NULL); /* so destroy is valid */
     goto fail;
@@ -618,9 +627,7 @@ fail:;
 
 static int tier_close(kvt_tier *t, int64_t timeout_ms, int drop) {
   pthread_mutex_lock(&t->close_mu);
-  pthread_mutex_lock(&t->life_mu);
-  int state = t->state;
-  pthread_mutex_unlock(&t->life_mu);
+  int state = atomic_load(&t->state);
   if (state == KVTI_CLOSED) {
     pthread_mutex_unlock(&t->close_mu);
     return 0;
@@ -652,10 +659,14 @@ static int tier_close(kvt_tier *t, int64_t timeout_ms, int drop) {
   kvti_writer_stop(t, drop);
   /* 4. Refuse new calls and wait for those in flight, including async promotes.
    */
+  atomic_store(&t->state, KVTI_TEARDOWN);
   pthread_mutex_lock(&t->life_mu);
-  t->state = KVTI_TEARDOWN;
-  while (t->active > 0)
-    pthread_cond_wait(&t->life_cv, &t->life_mu);
+  while (atomic_load(&t->active) > 0) {
+    struct timespec ts;
+    int has;
+    kvti_deadline(&ts, &has, 5); /* re-check: see kvti_tier_leave */
+    kvti_cond_wait_until(&t->life_cv, &t->life_mu, &ts, has);
+  }
   pthread_mutex_unlock(&t->life_mu);
   kvti_pool_stop(t);
   /* 5. Flush batched touches, close the index, release the directory lock. */
@@ -669,9 +680,7 @@ static int tier_close(kvt_tier *t, int64_t timeout_ms, int drop) {
     kvti_io->close(t->lock_fd);
     t->lock_fd = -1;
   }
-  pthread_mutex_lock(&t->life_mu);
-  t->state = KVTI_CLOSED;
-  pthread_mutex_unlock(&t->life_mu);
+  atomic_store(&t->state, KVTI_CLOSED);
   kvti_log(t, KVT_LOG_INFO, "kvtier: closed %s", t->dir);
   pthread_mutex_unlock(&t->close_mu);
   return 0;
@@ -735,7 +744,10 @@ int kvt_tier_touch(kvt_tier *t, const int32_t *tokens, size_t n_tokens) {
     return rc;
   if ((rc = kvti_tier_enter(t)) != 0)
     return rc;
-  rc = kvti_index_touch_hash(t->idx, info.token_hash);
+  if (t->readonly)
+    rc = KVT_ERR(KVT_EINVAL, "touch needs a writable tier (opened read-only)");
+  else
+    rc = kvti_index_touch_hash(t->idx, info.token_hash);
   kvti_tier_leave(t);
   return rc;
 }

@@ -27,6 +27,7 @@
 #include "stats.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -77,10 +78,10 @@ struct kvt_tier {
   kvti_stats stats;
   kvti_writer w;
   kvti_pool pool;
-  pthread_mutex_t life_mu;
+  pthread_mutex_t life_mu; /* only for sleeping until active == 0 */
   pthread_cond_t life_cv;
-  int state;
-  uint64_t active;
+  atomic_int state;
+  atomic_uint_fast64_t active;
   pthread_mutex_t close_mu; /* serialises close/free */
 };
 
