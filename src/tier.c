@@ -517,6 +517,12 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *opts) {
   int rc = kvt_options_validate(opts);
   if (rc != 0)
     return rc;
+#if !KVT_HAVE_URING
+  if (opts->io_backend == KVT_IO_URING)
+    return KVT_ERR(KVT_EUNSUPPORTED, "io_backend KVT_IO_URING: this build has "
+                                     "no io_uring support (use AUTO or "
+                                     "PORTABLE)");
+#endif
   kvt_tier *t = kvti_calloc(1, sizeof *t);
   if (!t)
     return KVT_ERR_NOMEM();
