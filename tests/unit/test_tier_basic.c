@@ -355,6 +355,15 @@ static void test_entry_ops(void) {
   CHECK_EQ_INT(kvt_tier_start_writer(r), KVT_EINVAL);
   CHECK_EQ_INT(t_spill(r, &a), KVT_EINVAL);
   CHECK_EQ_INT(kvt_tier_remove(r, b.tokens, b.n_tokens), KVT_EINVAL);
+  CHECK_EQ_INT(kvt_tier_touch(r, b.tokens, b.n_tokens), KVT_EINVAL);
+  CHECK_EQ_INT(kvt_tier_reconcile(r), KVT_EINVAL);
+  kvt_gc_opts g = KVT_GC_OPTS_INIT;
+  uint64_t would = 9;
+  g.dry_run = 1; /* a dry run only reads */
+  CHECK_EQ_INT(kvt_tier_gc(r, &g, &would, NULL), 0);
+  CHECK_EQ_INT(would, 0);
+  g.dry_run = 0;
+  CHECK_EQ_INT(kvt_tier_gc(r, &g, NULL, NULL), KVT_EINVAL);
   CHECK_EQ_INT(kvt_tier_promote(&got, r, b.tokens, b.n_tokens, NULL), 0);
   CHECK(got && t_same(got, &b));
   kvt_entry_free(got);
