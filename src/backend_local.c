@@ -146,8 +146,10 @@ static int lb_describe(kvti_backend *b, char **json, const char *hash) {
 
 typedef struct name_list {
   char **names;
-  time_t *sec;
+  time_t *sec; /* ctimes, only when read with want_ctime */
   long *nsec;
+  unsigned char
+      *type; /* d_type (DT_UNKNOWN when the file system does not say) */
   size_t n, cap;
 } name_list;
 
@@ -157,11 +159,14 @@ static void names_free(name_list *l) {
   kvti_free(l->names);
   kvti_free(l->sec);
   kvti_free(l->nsec);
+  kvti_free(l->type);
   memset(l, 0, sizeof *l);
 }
 
-/* Reads the names of dir (without . and ..) and their ctimes. */
-static int names_read(name_list *l, const char *dir) {
+/* Reads the names of dir (without . and ..), their d_type and, with want_ctime,
+ * their ctimes (one lstat each; skipped for data/, which may hold 100,000
+ * entries). */
+static int names_read(name_list *l, const char *dir, int want_ctime) {
   memset(l, 0, sizeof *l);
   DIR *d = kvti_io->opendir(dir);
   if (!d)
@@ -180,11 +185,14 @@ static int names_read(name_list *l, const char *dir) {
       if (ns)
         l->sec = ns;
       long *nns = ns ? kvti_realloc(l->nsec, nc * sizeof *nns) : NULL;
-      if (!nns) {
+      if (nns)
+        l->nsec = nns;
+      unsigned char *nt = nns ? kvti_realloc(l->type, nc) : NULL;
+      if (!nt) {
         rc = KVT_ERR_NOMEM();
         break;
       }
-      l->nsec = nns;
+      l->type = nt;
       l->cap = nc;
     }
     char *s = kvti_strdup(de->d_name);
@@ -195,13 +203,20 @@ static int names_read(name_list *l, const char *dir) {
     l->names[l->n] = s;
     l->sec[l->n] = 0;
     l->nsec[l->n] = 0;
-    char *p = kvti_path_join(dir, s);
-    struct stat st;
-    if (p && kvti_io->lstat(p, &st) == 0) {
-      l->sec[l->n] = st.st_ctim.tv_sec;
-      l->nsec[l->n] = st.st_ctim.tv_nsec;
+#ifdef DT_UNKNOWN
+    l->type[l->n] = de->d_type;
+#else
+    l->type[l->n] = 0;
+#endif
+    if (want_ctime) {
+      char *p = kvti_path_join(dir, s);
+      struct stat st;
+      if (p && kvti_io->lstat(p, &st) == 0) {
+        l->sec[l->n] = st.st_ctim.tv_sec;
+        l->nsec[l->n] = st.st_ctim.tv_nsec;
+      }
+      kvti_free(p);
     }
-    kvti_free(p);
     l->n++;
   }
   kvti_io->closedir(d);
@@ -213,7 +228,7 @@ static int names_read(name_list *l, const char *dir) {
 static int lb_list(kvti_backend *b, kvti_backend_list_fn fn, void *ctx) {
   local_backend *lb = L(b);
   name_list l;
-  int rc = names_read(&l, lb->data_dir);
+  int rc = names_read(&l, lb->data_dir, 0);
   if (rc != 0)
     return rc;
   for (size_t i = 0; i < l.n && rc == 0; i++) {
@@ -222,11 +237,18 @@ static int lb_list(kvti_backend *b, kvti_backend_list_fn fn, void *ctx) {
     if (ends_with(name, ".tmp")) {
       kind = KVTI_BK_TMP;
     } else if (kvti_is_hash_name(name)) {
-      char *p = entry_path(lb, name);
-      struct stat st;
-      if (p && kvti_io->lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
+#ifdef DT_DIR
+      if (l.type[i] == DT_DIR) {
         kind = KVTI_BK_ENTRY;
-      kvti_free(p);
+      } else if (l.type[i] == DT_UNKNOWN)
+#endif
+      {
+        char *p = entry_path(lb, name);
+        struct stat st;
+        if (p && kvti_io->lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
+          kind = KVTI_BK_ENTRY;
+        kvti_free(p);
+      }
     }
     rc = fn(ctx, name, kind);
   }
@@ -243,7 +265,7 @@ static int lb_purge(kvti_backend *b, const char *name) {
 /* Removes the oldest quarantined entries until at most keep remain. */
 static void quarantine_bound(local_backend *lb, uint32_t keep) {
   name_list l;
-  if (names_read(&l, lb->quarantine_dir) != 0)
+  if (names_read(&l, lb->quarantine_dir, 1) != 0)
     return;
   while (l.n > keep) {
     size_t oldest = 0;

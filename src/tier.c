@@ -599,7 +599,8 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *opts) {
 
   if ((rc = kvti_backend_local_new(&t->be, t->dir, opts->dir_mode)) != 0)
     goto fail;
-  if (!t->readonly) {
+  if (!t->readonly && (opts->flags & KVT_OPEN_NO_RECONCILE)) {
+    /* (reconcile below removes them too, in the same directory walk) */
     int64_t n = purge_tmps(t);
     if (n < 0) {
       rc = (int)n;
