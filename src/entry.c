@@ -532,6 +532,10 @@ static int load_manifest(manifest *m, const char *data_dir, const char *hash) {
     goto out;
   }
   rc = kvti_read_file(&text, &tlen, mp, MANIFEST_MAX);
+  if (rc == KVT_EPERM && kvt_last_errno() == ELOOP) {
+    rc = BAD("%s: manifest.json is a symlink", m->dir);
+    goto out;
+  }
   if (rc == KVT_ENOTFOUND) {
     rc = KVT_ERR(KVT_ENOTFOUND, "%s: no manifest.json", m->dir);
     goto out;
@@ -540,6 +544,10 @@ static int load_manifest(manifest *m, const char *data_dir, const char *hash) {
     goto out;
   m->bytes = tlen;
   rc = kvti_read_file(&sum, &slen, sp, 4096);
+  if (rc == KVT_EPERM && kvt_last_errno() == ELOOP)
+    rc = BAD("%s: manifest.sum is a symlink", m->dir);
+  if (rc == KVT_ECORRUPT)
+    goto out;
   int have_sum = rc == 0;
   if (rc && rc != KVT_ENOTFOUND)
     goto out;
@@ -679,8 +687,11 @@ static int load_tokens(int32_t **tokens, uint64_t *bytes, const manifest *m,
   int rc = kvti_read_file(&buf, &len, tp, (size_t)m->num_tokens * 4u);
   int32_t *tok = NULL;
   size_t n = (size_t)m->num_tokens;
+  if (rc == KVT_EPERM && kvt_last_errno() == ELOOP)
+    rc = BAD("%s: tokens.bin is a symlink", m->dir);
   if (rc == KVT_ECORRUPT) {
-    rc = BAD("%s: tokens.bin longer than num_tokens * 4", m->dir);
+    rc = BAD("%s: tokens.bin is not a regular file of num_tokens * 4 bytes",
+             m->dir);
     goto out;
   }
   if (rc == KVT_ENOTFOUND) {

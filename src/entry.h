@@ -61,10 +61,11 @@ typedef struct kvti_write_opts {
   uint32_t dir_mode;
 } kvti_write_opts;
 
-/* Writes data_dir/<hash>.tmp/ (removing a stale one first), fsyncs each file when do_fsync,
- * publishes it as data_dir/<hash> by rename (an existing entry is first renamed aside to
- * <hash>.old.tmp so that at every moment one complete version is in place), fsyncs data_dir,
- * and removes the old version. *disk_bytes receives the sum of the file sizes written. On
+/* Writes data_dir/<hash>.tmp/ (removing a stale one first), fsyncs each file and the tmp dir
+ * when do_fsync, publishes it as data_dir/<hash> by rename - an existing entry is swapped out
+ * atomically with kvti_rename_exchange (tmp then holds the old version), or where that is
+ * unsupported first renamed aside to <hash>.old.tmp - fsyncs data_dir, and removes the old
+ * version. At every moment one complete version is in place. *disk_bytes receives the sum of the file sizes written. On
  * failure nothing new remains visible and an existing entry is unchanged.
  * Returns 0, KVT_EIO, KVT_ENOSPC, KVT_ENOMEM, KVT_EPERM. */
 int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,

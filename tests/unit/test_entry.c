@@ -773,6 +773,33 @@ static void test_callbacks_and_cancel(void) {
     up[i] = (char)toupper((unsigned char)h[i]);
   up[64] = 0;
   CHECK_EQ_INT(kvti_entry_read(&e, dir, up, NULL), KVT_EINVAL);
+  /* symlinks inside or as the entry are refused as corruption */
+  {
+    char *lp = t_join(ed, "layer_1.safetensors"), *lk = t_join(ed, "elsewhere");
+    REQUIRE(rename(lp, lk) == 0);
+    REQUIRE(symlink(lk, lp) == 0);
+    CHECK_EQ_INT(read_status(dir, h), KVT_ECORRUPT);
+    unlink(lp);
+    REQUIRE(rename(lk, lp) == 0);
+    char *mp = t_join(ed, "manifest.json");
+    REQUIRE(rename(mp, lk) == 0);
+    REQUIRE(symlink(lk, mp) == 0);
+    CHECK_EQ_INT(read_status(dir, h), KVT_ECORRUPT);
+    unlink(mp);
+    REQUIRE(rename(lk, mp) == 0);
+    CHECK_EQ_INT(read_status(dir, h), 0);
+    char *moved = t_join(dir, "moved");
+    REQUIRE(rename(ed, moved) == 0);
+    REQUIRE(symlink(moved, ed) == 0);
+    CHECK_EQ_INT(read_status(dir, h), KVT_ECORRUPT);
+    unlink(ed);
+    REQUIRE(rename(moved, ed) == 0);
+    CHECK_EQ_INT(read_status(dir, h), 0);
+    free(moved);
+    free(mp);
+    free(lp);
+    free(lk);
+  }
   /* absent entry */
   char other[65];
   memset(other, 'a', 64);

@@ -256,6 +256,25 @@ static void test_compat_all(void) {
   kvt_entry_free(e);
   kvt_free(meta);
   t_layer_free(&q2);
+  /* keys f16, values bf16: values reach the reference's snapshot as bf16 and
+   * are upcast */
+  kvt_layer qm = t_quant(&r, 4, 32, KVT_DTYPE_F16, 1, 1, 2, 32, 2);
+  for (int j = 4; j < 6; j++) {
+    free(qm.tensors[j].data);
+    qm.tensors[j] = t_tensor(&r, KVT_DTYPE_BF16, 4, 1, 1, 2, 1);
+  }
+  REQUIRE(save_load(&e, &meta, &qm, 0, KVT_STORAGE_COMPAT) == 0);
+  g = kvt_entry_layer(e, 0);
+  CHECK_EQ_INT(g->tensors[0].dtype, KVT_DTYPE_F16);
+  CHECK_EQ_INT(g->tensors[1].dtype, KVT_DTYPE_F32);
+  CHECK(g->orig_dtypes && g->orig_dtypes[0] == 0 &&
+        g->orig_dtypes[1] == KVT_DTYPE_BF16);
+  for (int64_t i = 0; i < 64; i++)
+    CHECK(((float *)g->tensors[1].data)[i] ==
+          t_dequant_elem(&qm, 1, i / 32, i % 32));
+  kvt_entry_free(e);
+  kvt_free(meta);
+  t_layer_free(&qm);
   /* 5-bit cannot be dequantized with confidence: refused in compat */
   kvt_layer q5 = t_quant(&r, 5, 32, KVT_DTYPE_F16, 1, 1, 2, 32, 2);
   CHECK_EQ_INT(save_load(&e, &meta, &q5, 0, KVT_STORAGE_COMPAT),
