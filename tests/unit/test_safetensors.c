@@ -136,10 +136,9 @@ static void test_exact_bytes(void) {
   size_t hl = 0, ord[3];
   REQUIRE(kvti_st_build_header(&hdr, &hl, ord, items, 3, NULL, 0) == 0);
   const char *want =
-      "{\"a_float\":{\"dtype\":\"F32\",\"shape\":[1,1],\"data_offsets\":[8,12]}"
-      ","
-      "\"b_half\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[12,16]},"
-      "\"c_long\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[0,8]}}";
+      "{\"c_long\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[0,8]},"
+      "\"a_float\":{\"dtype\":\"F32\",\"shape\":[1,1],\"data_offsets\":[8,12]},"
+      "\"b_half\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[12,16]}}";
   size_t wl = strlen(want), pad = (8 - wl % 8) % 8;
   CHECK_EQ_INT(hl, 8 + wl + pad);
   uint64_t stored = 0;
