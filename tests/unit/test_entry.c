@@ -929,6 +929,52 @@ static void test_empty_entry(void) {
   kvt_entry_free(e);
 }
 
+/* ---- Python's own view ------------------------------------------------ */
+
+/* Python's json must re-serialise manifest.json to the identical text
+ * (json.dump default separators), and every safetensors header must be the
+ * compact serde_json form; checked with /usr/bin/python3 when present (skipped
+ * otherwise). */
+static void test_python_json(void) {
+  if (access("/usr/bin/python3", X_OK) != 0) {
+    fprintf(stderr, "skip: no /usr/bin/python3\n");
+    return;
+  }
+  char *dir = kvt_test_tmpdir("entry-python");
+  char h[65];
+  small_entry(dir, KVT_STORAGE_COMPAT, h);
+  char *ed = t_join(dir, h);
+  char *script = t_join(dir, "check.py");
+  const char *py =
+      "import json, os, struct, sys\n"
+      "d = sys.argv[1]\n"
+      "t = open(os.path.join(d, 'manifest.json')).read()\n"
+      "m = json.loads(t)\n"
+      "assert json.dumps(m) == t, 'manifest differs from json.dumps'\n"
+      "for i in range(m['num_layers']):\n"
+      "    b = open(os.path.join(d, 'layer_%d.safetensors' % i), 'rb').read()\n"
+      "    n = struct.unpack('<Q', b[:8])[0]\n"
+      "    assert (8 + n) % 8 == 0\n"
+      "    hs = b[8:8 + n].decode()\n"
+      "    hd = json.loads(hs)\n"
+      "    assert json.dumps(hd, separators=(',', ':')) == hs.rstrip(' ')\n"
+      "    assert hs == hs.rstrip(' ') + ' ' * (len(hs) - len(hs.rstrip(' "
+      "')))\n"
+      "    end = max([v['data_offsets'][1] for v in hd.values()] + [0])\n"
+      "    assert 8 + n + end == len(b)\n"
+      "    assert m['layers'][i]['layer_type'] in ('KVCache', 'ArraysCache')\n"
+      "toks = open(os.path.join(d, 'tokens.bin'), 'rb').read()\n"
+      "assert len(toks) == 4 * m['num_tokens']\n"
+      "import hashlib\n"
+      "assert hashlib.sha256(toks).hexdigest() == os.path.basename(d)\n";
+  t_write_all(script, py, strlen(py));
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s %s", script, ed);
+  CHECK_EQ_INT(system(cmd), 0);
+  free(script);
+  free(ed);
+}
+
 /* ---- allocation failures ------------------------------------------------ */
 
 static int a_at, a_calls, a_hit;
@@ -1029,5 +1075,6 @@ int main(void) {
   RUN(test_compat_unsupported_bits);
   RUN(test_empty_entry);
   RUN(test_allocation_failures);
+  RUN(test_python_json);
   return kvt_test_done();
 }
