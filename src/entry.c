@@ -507,7 +507,17 @@ static int count_key(const cJSON *o, const char *key) {
   return n;
 }
 
-static int load_manifest(manifest *m, const char *data_dir, const char *hash) {
+/* dir_id (optional) receives the entry directory's identity as soon as it is
+ * known, even when loading fails later: the reader compares it afterwards to
+ * detect a replacement. */
+typedef struct dir_id {
+  int known;
+  dev_t dev;
+  ino_t ino;
+} dir_id;
+
+static int load_manifest(manifest *m, const char *data_dir, const char *hash,
+                         dir_id *id) {
   memset(m, 0, sizeof *m);
   if (!data_dir || !kvti_is_hash_name(hash))
     return KVT_ERR(KVT_EINVAL, "entry name '%.80s' is not 64 hex digits",
@@ -522,6 +532,11 @@ static int load_manifest(manifest *m, const char *data_dir, const char *hash) {
        (rc = BAD("%s is not a directory", m->dir)) != 0)) {
     manifest_free(m);
     return rc;
+  }
+  if (id) {
+    id->known = 1;
+    id->dev = st.st_dev;
+    id->ino = st.st_ino;
   }
   char *mp = kvti_path_join(m->dir, "manifest.json");
   char *sp = kvti_path_join(m->dir, "manifest.sum");
@@ -748,15 +763,10 @@ out:
   return rc;
 }
 
-int kvti_entry_read(kvt_entry **out, const char *data_dir, const char *hash,
-                    const kvti_read_opts *o) {
-  static const kvti_read_opts none = {0};
-  if (!o)
-    o = &none;
-  if (!out && !o->verify_only)
-    return KVT_ERR(KVT_EINVAL, "entry read: NULL out");
+static int read_once(kvt_entry **out, const char *data_dir, const char *hash,
+                     const kvti_read_opts *o, dir_id *id, int *reported) {
   manifest m;
-  int rc = load_manifest(&m, data_dir, hash);
+  int rc = load_manifest(&m, data_dir, hash, id);
   if (rc)
     return rc;
   kvt_entry *e = kvti_entry_new();
@@ -808,23 +818,77 @@ int kvti_entry_read(kvt_entry **out, const char *data_dir, const char *hash,
       goto fail;
     e->num_layers = i + 1;
     disk += fb;
-    if (o->on_layer && !o->verify_only)
+    if (o->on_layer && !o->verify_only) {
       o->on_layer(o->layer_ctx, i, &e->layers[i]);
+      *reported = 1;
+    }
   }
   e->disk_bytes = disk;
   manifest_free(&m);
-  if (o->verify_only) {
-    kvt_entry_free(e);
-    if (out)
-      *out = NULL;
-    return 0;
-  }
   *out = e;
   return 0;
 fail:
   manifest_free(&m);
   kvt_entry_free(e);
   return rc;
+}
+
+/* The entry directory may be replaced (a re-spill of the same tokens swaps in a
+ * new version) or removed (eviction) while it is read: files would then come
+ * from two versions. The directory's identity is compared before and after; a
+ * read that saw a replacement is retried (when no layer has been reported
+ * through on_layer yet) instead of being mistaken for corruption, and one that
+ * saw a removal reports KVT_ENOTFOUND. */
+int kvti_entry_read(kvt_entry **out, const char *data_dir, const char *hash,
+                    const kvti_read_opts *o) {
+  static const kvti_read_opts none = {0};
+  if (!o)
+    o = &none;
+  if (!out && !o->verify_only)
+    return KVT_ERR(KVT_EINVAL, "entry read: NULL out");
+  for (int attempt = 0;; attempt++) {
+    dir_id id = {0};
+    int reported = 0;
+    kvt_entry *e = NULL;
+    int rc = read_once(&e, data_dir, hash, o, &id, &reported);
+    if (rc != 0 && rc != KVT_ECORRUPT && rc != KVT_ENOTFOUND)
+      return rc;
+    if (!id.known)
+      return rc; /* no entry directory (or a bad name): nothing to compare */
+    int changed = 0, gone = 0;
+    char *dir = kvti_path_join(data_dir, hash);
+    struct stat st;
+    if (!dir) {
+      kvt_entry_free(e);
+      return KVT_ENOMEM;
+    }
+    if (kvti_io->lstat(dir, &st) != 0)
+      gone = 1;
+    else if (st.st_dev != id.dev || st.st_ino != id.ino)
+      changed = 1;
+    kvti_free(dir);
+    /* A complete, verified read of a directory evicted just afterwards is still
+     * good. */
+    if ((!gone && !changed) || (gone && rc == 0)) {
+      if (rc)
+        return rc; /* genuine: the same directory throughout */
+      if (o->verify_only) {
+        kvt_entry_free(e);
+        if (out)
+          *out = NULL;
+      } else {
+        *out = e;
+      }
+      return 0;
+    }
+    kvt_entry_free(e);
+    if (gone)
+      return KVT_ERR(KVT_ENOTFOUND, "entry %.12s... was removed while read",
+                     hash);
+    if (reported || attempt >= 2)
+      return KVT_ERR(KVT_EAGAIN,
+                     "entry %.12s... was replaced while read; retry", hash);
+  }
 }
 
 /* ---- describe ----------------------------------------------------------- */
@@ -848,7 +912,7 @@ int kvti_entry_describe(char **json, const char *data_dir, const char *hash) {
   if (!json)
     return KVT_ERR(KVT_EINVAL, "describe: NULL out");
   manifest m;
-  int rc = load_manifest(&m, data_dir, hash);
+  int rc = load_manifest(&m, data_dir, hash, NULL);
   if (rc)
     return rc;
   cJSON *d = cJSON_CreateObject();

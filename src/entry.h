@@ -86,8 +86,12 @@ typedef struct kvti_read_opts {
 } kvti_read_opts;
 
 /* Reads and fully validates data_dir/<hash>. Returns 0 and *out; KVT_ENOTFOUND (no such entry
- * directory or manifest), KVT_ECORRUPT (anything malformed or a checksum mismatch; message says
- * which file and why), KVT_EIO, KVT_ENOMEM, KVT_ECANCELED. Never returns partial data. */
+ * directory or manifest, or it was removed during the read), KVT_ECORRUPT (anything malformed or
+ * a checksum mismatch; message says which file and why), KVT_EIO, KVT_ENOMEM, KVT_ECANCELED,
+ * KVT_EAGAIN (the entry was replaced by a new version during the read after on_layer had
+ * already reported layers of the old one: not corruption, retry). A replacement seen before any
+ * on_layer call is retried internally. Never returns partial or mixed data. With verify_only,
+ * *out (out may be NULL) is set to NULL on success. */
 int kvti_entry_read(kvt_entry **out, const char *data_dir, const char *hash,
                     const kvti_read_opts *o);
 

@@ -929,6 +929,90 @@ static void test_empty_entry(void) {
   kvt_entry_free(e);
 }
 
+/* ---- concurrent replacement / removal during a read ---------------------- */
+
+static int r_armed; /* 1: replace, 2: remove, on the open of layer_1 */
+static const char *r_dir;
+static kvt_layer *r_new;
+static int r_open(const char *p, int fl, mode_t m) {
+  size_t n = strlen(p);
+  if (r_armed && n > 19 && strcmp(p + n - 19, "layer_1.safetensors") == 0) {
+    int what = r_armed;
+    r_armed = 0;
+    int32_t tok[2] = {5, 6};
+    if (what == 1)
+      REQUIRE(write_entry(r_dir, tok, 2, r_new, 2, KVT_STORAGE_NATIVE, NULL) ==
+              0);
+    else {
+      char h[65];
+      kvt_token_hash(h, tok, 2);
+      char *ed = t_join(r_dir, h);
+      kvt_test_rmtree(ed);
+      free(ed);
+    }
+  }
+  return kvti_io_default.open(p, fl, m);
+}
+static void noop_layer(void *ctx, uint32_t i, const kvt_layer *l) {
+  (void)ctx;
+  (void)i;
+  (void)l;
+}
+
+static void test_replaced_while_read(void) {
+  char *dir = kvt_test_tmpdir("entry-race");
+  kvt_rng r = {10};
+  static kvt_layer a[2], b[2];
+  for (int i = 0; i < 2; i++) {
+    a[i] = t_kv(&r, KVT_DTYPE_F32, 1, 1, 2, 4, 2);
+    b[i] = t_kv(&r, KVT_DTYPE_F32, 1, 1, 2, 4, 2);
+  }
+  int32_t tok[2] = {5, 6};
+  char h[65];
+  kvt_token_hash(h, tok, 2);
+  kvti_io_ops ops = kvti_io_default;
+  ops.open = r_open;
+  r_dir = dir;
+  r_new = b;
+  for (int rep = 0; rep < 2; rep++) { /* with exchange, then the fallback */
+    ops.rename_exchange = rep ? NULL : kvti_io_default.rename_exchange;
+    /* replaced before any layer was reported: retried, the new version returned
+     */
+    REQUIRE(write_entry(dir, tok, 2, a, 2, KVT_STORAGE_NATIVE, NULL) == 0);
+    kvt_entry *e = NULL;
+    r_armed = 1;
+    kvti_io_set(&ops);
+    int rc = kvti_entry_read(&e, dir, h, NULL);
+    kvti_io_set(NULL);
+    CHECK_EQ_INT(rc, 0);
+    CHECK(r_armed == 0);
+    if (rc == 0) {
+      CHECK(t_layer_eq(kvt_entry_layer(e, 0), &b[0]));
+      CHECK(t_layer_eq(kvt_entry_layer(e, 1), &b[1]));
+      kvt_entry_free(e);
+    }
+    /* replaced after layer 0 was reported: KVT_EAGAIN, never corruption */
+    REQUIRE(write_entry(dir, tok, 2, a, 2, KVT_STORAGE_NATIVE, NULL) == 0);
+    kvti_read_opts ro = {0};
+    ro.on_layer = noop_layer;
+    r_armed = 1;
+    kvti_io_set(&ops);
+    rc = kvti_entry_read(&e, dir, h, &ro);
+    kvti_io_set(NULL);
+    CHECK_EQ_INT(rc, KVT_EAGAIN);
+    /* removed during the read: not found, not corrupt */
+    r_armed = 2;
+    kvti_io_set(&ops);
+    rc = kvti_entry_read(&e, dir, h, NULL);
+    kvti_io_set(NULL);
+    CHECK_EQ_INT(rc, KVT_ENOTFOUND);
+  }
+  for (int i = 0; i < 2; i++) {
+    t_layer_free(&a[i]);
+    t_layer_free(&b[i]);
+  }
+}
+
 /* ---- Python's own view ------------------------------------------------ */
 
 /* Python's json must re-serialise manifest.json to the identical text
@@ -1076,5 +1160,6 @@ int main(void) {
   RUN(test_empty_entry);
   RUN(test_allocation_failures);
   RUN(test_python_json);
+  RUN(test_replaced_while_read);
   return kvt_test_done();
 }
