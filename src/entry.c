@@ -447,6 +447,10 @@ out:
     kvti_rmtree(tmp);
     rc = keep;
   }
+  /* A vanished data/ (or file) is an I/O failure of the write, not "no such entry";
+   * kvt_last_errno() still says ENOENT. */
+  if (rc == KVT_ENOTFOUND)
+    rc = KVT_EIO;
   for (uint32_t i = 0; metas && i < s->n_layers; i++)
     kvti_free(metas[i]);
   kvti_free(metas);

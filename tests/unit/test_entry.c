@@ -918,6 +918,10 @@ static void test_compat_unsupported_bits(void) {
 static void test_empty_entry(void) {
   char *dir = kvt_test_tmpdir("entry-empty");
   kvt_entry *e = NULL;
+  char *nodir = t_join(dir, "missing");
+  CHECK_EQ_INT(write_entry(nodir, NULL, 0, NULL, 0, KVT_STORAGE_NATIVE, NULL),
+               KVT_EIO);
+  free(nodir);
   REQUIRE(write_entry(dir, NULL, 0, NULL, 0, KVT_STORAGE_NATIVE, NULL) == 0);
   char h[65];
   kvt_token_hash(h, NULL, 0);
