@@ -322,7 +322,7 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
   int mode = o->storage_mode;
   if (mode != KVT_STORAGE_NATIVE && mode != KVT_STORAGE_COMPAT)
     return KVT_ERR(KVT_EINVAL, "entry write: bad storage mode %d", mode);
-  int rc = 0, published = 0, exchanged = 0, tmp_made = 0;
+  int rc = 0, published = 0, exchanged = 0, tmp_made = 0, moved_aside = 0;
   uint64_t total = 0;
   char *tmp = suffixed(data_dir, s->hash, ".tmp");
   char *live = suffixed(data_dir, s->hash, "");
@@ -404,9 +404,10 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
       /* Portable fallback: old version aside, new into place. A crash between
        * the two renames leaves the old version complete at <hash>.old.tmp. */
       if ((rc = kvti_rmtree(old)) == 0 && (rc = kvti_rename(live, old)) == 0) {
+        moved_aside = 1;
         rc = kvti_rename(tmp, live);
-        if (rc)
-          kvti_io->rename(old, live);
+        if (rc && kvti_io->rename(old, live) == 0)
+          moved_aside = 0;
       }
     } else {
       rc = kvti_rename(tmp, live);
@@ -422,9 +423,8 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
         published = 0;
     } else if (kvti_io->rename(live, tmp) == 0) {
       published = 0;
-      struct stat st;
-      if (kvti_io->lstat(old, &st) == 0)
-        kvti_io->rename(old, live);
+      if (moved_aside && kvti_io->rename(old, live) == 0)
+        moved_aside = 0;
     }
     if (published) {
       /* could not undo: the new complete version stays; report success */
@@ -436,7 +436,7 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
   /* Remove the previous version (now at tmp after an exchange, or at old). */
   if (exchanged)
     kvti_rmtree(tmp);
-  else
+  else if (moved_aside)
     kvti_rmtree(old);
   if (disk_bytes)
     *disk_bytes = total;
@@ -447,8 +447,8 @@ out:
     kvti_rmtree(tmp);
     rc = keep;
   }
-  /* A vanished data/ (or file) is an I/O failure of the write, not "no such entry";
-   * kvt_last_errno() still says ENOENT. */
+  /* A vanished data/ (or file) is an I/O failure of the write, not "no such
+   * entry"; kvt_last_errno() still says ENOENT. */
   if (rc == KVT_ENOTFOUND)
     rc = KVT_EIO;
   for (uint32_t i = 0; metas && i < s->n_layers; i++)
