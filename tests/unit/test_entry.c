@@ -692,6 +692,115 @@ static void test_reference_layout(void) {
   free(ed);
 }
 
+/* kvtier's compat output is byte for byte what the reference writes for the
+ * same cache. */
+static void test_compat_bytes_match_reference(void) {
+  char *dir = kvt_test_tmpdir("entry-compat-bytes");
+  int32_t tok[3] = {11, 12, 13};
+  char h[65];
+  kvt_token_hash(h, tok, 3);
+  float kv0[8] = {1.0f, -2.0f, 0.5f, 3.25f, -0.125f, 8.0f, 0.0f, -1.5f};
+  uint16_t kv0b[8];
+  for (int i = 0; i < 8; i++)
+    kv0b[i] = t_f32_to_bf16(kv0[i]); /* exact: all are bf16 values */
+  uint16_t kv1[4] = {0x3c00, 0x4000, 0xbc00, 0x0000};
+  float s0[3] = {0.25f, 0.5f, 0.75f};
+  uint16_t s0b[3];
+  for (int i = 0; i < 3; i++)
+    s0b[i] = t_f32_to_bf16(s0[i]);
+  int32_t s1[3] = {1, -2, 3};
+  kvt_tensor t0[2] = {{KVT_DTYPE_BF16, 4, {1, 1, 2, 2}, kv0b, 8},
+                      {KVT_DTYPE_BF16, 4, {1, 1, 2, 2}, kv0b + 4, 8}};
+  kvt_tensor t1[2] = {{KVT_DTYPE_F16, 4, {1, 1, 1, 2}, kv1, 4},
+                      {KVT_DTYPE_F16, 4, {1, 1, 1, 2}, kv1 + 2, 4}};
+  kvt_tensor t2[2] = {{KVT_DTYPE_BF16, 1, {3}, s0b, 6},
+                      {KVT_DTYPE_I32, 1, {3}, s1, 12}};
+  kvt_layer ls[3];
+  kvt_layer_init(&ls[0], KVT_LAYER_KV);
+  ls[0].tensors = t0;
+  ls[0].offset = 2;
+  kvt_layer_init(&ls[1], KVT_LAYER_ROTATING_KV);
+  ls[1].tensors = t1;
+  ls[1].offset = 9;
+  ls[1].max_size = 4;
+  ls[1].keep = 0;
+  ls[1].step = 256;
+  ls[1].idx = 1;
+  kvt_layer_init(&ls[2], KVT_LAYER_ARRAYS);
+  ls[2].num_tensors = 2;
+  ls[2].tensors = t2;
+  kvti_snapshot *s = NULL;
+  REQUIRE(kvti_snapshot_create(&s, tok, 3, ls, 3, 4096, 0, NULL, NULL) == 0);
+  kvti_write_opts o = {KVT_STORAGE_COMPAT, 0, 0600, 0700};
+  REQUIRE(kvti_entry_write(NULL, dir, s, &o) == 0);
+  kvti_snapshot_free(s);
+  char *ed = t_join(dir, h);
+  char want[4096];
+  size_t wn[3];
+  char *wants[3];
+  wn[0] = st_file(want,
+                  "{\"layer_0_keys\":{\"dtype\":\"F32\",\"shape\":[1,1,2,2],"
+                  "\"data_offsets\":[0,16]},\"layer_0_values\":{\"dtype\":"
+                  "\"F32\",\"shape\":[1,1,2,2],\"data_offsets\":[16,32]}}",
+                  kv0, sizeof kv0);
+  wants[0] = malloc(wn[0]);
+  memcpy(wants[0], want, wn[0]);
+  wn[1] = st_file(want,
+                  "{\"layer_1_keys\":{\"dtype\":\"F16\",\"shape\":[1,1,1,2],"
+                  "\"data_offsets\":[0,4]},\"layer_1_values\":{\"dtype\":"
+                  "\"F16\",\"shape\":[1,1,1,2],\"data_offsets\":[4,8]}}",
+                  kv1, sizeof kv1);
+  wants[1] = malloc(wn[1]);
+  memcpy(wants[1], want, wn[1]);
+  char d2[24];
+  memcpy(d2, s0, 12);
+  memcpy(d2 + 12, s1, 12);
+  wn[2] = st_file(want,
+                  "{\"layer_2_state_0\":{\"dtype\":\"F32\",\"shape\":[3],"
+                  "\"data_offsets\":[0,12]},\"layer_2_state_1\":{\"dtype\":"
+                  "\"I32\",\"shape\":[3],\"data_offsets\":[12,24]}}",
+                  d2, sizeof d2);
+  wants[2] = malloc(wn[2]);
+  memcpy(wants[2], want, wn[2]);
+  for (int i = 0; i < 3; i++) {
+    char name[40];
+    snprintf(name, sizeof name, "layer_%d.safetensors", i);
+    char *p = t_join(ed, name);
+    size_t len = 0;
+    char *got = t_read_all(p, &len);
+    CHECK(got && len == wn[i] && memcmp(got, wants[i], len) == 0);
+    free(got);
+    free(p);
+    free(wants[i]);
+  }
+  const char *manifest =
+      "{\"num_layers\": 3, \"layers\": [{\"layer_type\": \"KVCache\", "
+      "\"layer_idx\": 0, \"offset\": 2, \"keys_original_dtype\": "
+      "\"bfloat16\", \"values_original_dtype\": \"bfloat16\"}, "
+      "{\"layer_type\": \"KVCache\", \"layer_idx\": 1, \"offset\": 9, "
+      "\"max_size\": 4, \"keep\": 0, \"step\": 256, \"_idx\": 1}, "
+      "{\"layer_type\": \"ArraysCache\", \"layer_idx\": 2, \"num_arrays\": 2, "
+      "\"state_original_dtypes\": [\"bfloat16\", null]}], "
+      "\"memory_bytes\": 4096, \"num_tokens\": 3";
+  char *mp = t_join(ed, "manifest.json");
+  size_t ml = 0;
+  char *m = t_read_all(mp, &ml);
+  REQUIRE(m);
+  size_t pl = strlen(manifest);
+  /* identical up to kvtier's extra key */
+  CHECK(ml > pl && memcmp(m, manifest, pl) == 0 &&
+        strncmp(m + pl, ", \"kvtier\": {", 13) == 0);
+  char *tp = t_join(ed, "tokens.bin");
+  size_t tl = 0;
+  char *tb = t_read_all(tp, &tl);
+  CHECK(tb && tl == sizeof tok && memcmp(tb, tok, tl) == 0);
+  free(tb);
+  free(tp);
+  free(m);
+  free(mp);
+  free(ed);
+}
+
 /* ---- callbacks, cancellation, names ------------------------------------ */
 
 static int g_allocs, g_frees, g_layers_seen;
@@ -1158,6 +1267,7 @@ int main(void) {
   RUN(test_corrupt_compat);
   RUN(test_failed_writes);
   RUN(test_reference_layout);
+  RUN(test_compat_bytes_match_reference);
   RUN(test_callbacks_and_cancel);
   RUN(test_snapshot_validation);
   RUN(test_compat_unsupported_bits);
