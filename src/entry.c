@@ -511,6 +511,111 @@ static int count_key(const cJSON *o, const char *key) {
   return n;
 }
 
+/* Parses and validates manifest text into m (dir and bytes are the caller's).
+ * have_sum: a manifest.sum was present (and matched): the kvtier key is then
+ * required, else forbidden. */
+static int parse_manifest(manifest *m, const char *text, size_t tlen,
+                          int have_sum, const char *hash, const char *where) {
+  int rc = 0;
+  m->root = cJSON_ParseWithLength(text, tlen);
+  if (!m->root) {
+    rc = BAD("%s: manifest.json is not valid JSON", where);
+    goto out;
+  }
+  cJSON *r = m->root;
+  if (!cJSON_IsObject(r)) {
+    rc = BAD("%s: manifest is not a JSON object", where);
+    goto out;
+  }
+  static const char *keys[] = {"num_layers", "layers", "memory_bytes",
+                               "num_tokens", "kvtier"};
+  for (size_t k = 0; k < 5; k++)
+    if (count_key(r, keys[k]) > 1) {
+      rc = BAD("%s: duplicate manifest key '%s'", where, keys[k]);
+      goto out;
+    }
+  uint64_t nl;
+  if ((rc = json_uint(&nl, r, "num_layers", KVTI_MAX_LAYERS, where)) ||
+      (rc = json_uint(&m->memory_bytes, r, "memory_bytes", UINT64_C(1) << 53,
+                      where)) ||
+      (rc = json_uint(&m->num_tokens, r, "num_tokens", INT32_MAX, where)))
+    goto out;
+  m->num_layers = (uint32_t)nl;
+  const cJSON *layers = cJSON_GetObjectItemCaseSensitive(r, "layers");
+  if (!cJSON_IsArray(layers) ||
+      cJSON_GetArraySize(layers) != (int)m->num_layers) {
+    rc = BAD("%s: 'layers' is not a list of num_layers objects", where);
+    goto out;
+  }
+  const cJSON *kv = cJSON_GetObjectItemCaseSensitive(r, "kvtier");
+  m->mode = KVT_STORAGE_COMPAT;
+  if (kv && !have_sum) {
+    rc = BAD("%s: kvtier manifest without manifest.sum", where);
+    goto out;
+  }
+  if (!kv && have_sum) {
+    rc = BAD("%s: manifest.sum present but manifest has no kvtier key", where);
+    goto out;
+  }
+  m->metas = kvti_calloc(m->num_layers ? m->num_layers : 1, sizeof *m->metas);
+  m->sums = kvti_calloc(m->num_layers + 1u, sizeof(uint64_t));
+  if (!m->metas || !m->sums) {
+    rc = KVT_ERR_NOMEM();
+    goto out;
+  }
+  if (kv) {
+    uint64_t fmt;
+    if (!cJSON_IsObject(kv) ||
+        (rc = json_uint(&fmt, kv, "format", 1000, where)) != 0) {
+      rc = BAD("%s: malformed kvtier manifest key", where);
+      goto out;
+    }
+    if (fmt != KVTI_FORMAT) {
+      rc = KVT_ERR(KVT_EUNSUPPORTED, "%s: kvtier format %llu not supported",
+                   where, (unsigned long long)fmt);
+      goto out;
+    }
+    const cJSON *sm = cJSON_GetObjectItemCaseSensitive(kv, "storage_mode");
+    if (cJSON_IsString(sm) && !strcmp(sm->valuestring, "native"))
+      m->mode = KVT_STORAGE_NATIVE;
+    else if (cJSON_IsString(sm) && !strcmp(sm->valuestring, "compat"))
+      m->mode = KVT_STORAGE_COMPAT;
+    else {
+      rc = BAD("%s: bad kvtier storage_mode", where);
+      goto out;
+    }
+    const cJSON *cs = cJSON_GetObjectItemCaseSensitive(kv, "checksums");
+    if (!cJSON_IsObject(cs) ||
+        cJSON_GetArraySize(cs) != (int)m->num_layers + 1) {
+      rc = BAD("%s: kvtier checksums must list every file", where);
+      goto out;
+    }
+    for (uint32_t i = 0; i <= m->num_layers; i++) {
+      char name[40];
+      if (i < m->num_layers)
+        snprintf(name, sizeof name, "layer_%u.safetensors", i);
+      else
+        snprintf(name, sizeof name, "tokens.bin");
+      const cJSON *c = cJSON_GetObjectItemCaseSensitive(cs, name);
+      if (count_key(cs, name) != 1 || !cJSON_IsString(c) ||
+          kvti_xxh3_parse(&m->sums[i], c->valuestring) != 0) {
+        rc = BAD("%s: checksum of %s missing or malformed", where, name);
+        goto out;
+      }
+    }
+    m->has_sums = 1;
+  }
+  uint32_t i = 0;
+  for (const cJSON *l = layers->child; l; l = l->next, i++) {
+    char what[96];
+    snprintf(what, sizeof what, "%.64s layer %u", hash, i);
+    if ((rc = kvti_layer_meta_parse(&m->metas[i], l, i, what)) != 0)
+      goto out;
+  }
+out:
+  return rc;
+}
+
 /* dir_id (optional) receives the entry directory's identity as soon as it is
  * known, even when loading fails later: the reader compares it afterwards to
  * detect a replacement. */
@@ -588,101 +693,7 @@ static int load_manifest(manifest *m, const char *data_dir, const char *hash,
       goto out;
     }
   }
-  m->root = cJSON_ParseWithLength(text, tlen);
-  if (!m->root) {
-    rc = BAD("%s: manifest.json is not valid JSON", m->dir);
-    goto out;
-  }
-  cJSON *r = m->root;
-  if (!cJSON_IsObject(r)) {
-    rc = BAD("%s: manifest is not a JSON object", m->dir);
-    goto out;
-  }
-  static const char *keys[] = {"num_layers", "layers", "memory_bytes",
-                               "num_tokens", "kvtier"};
-  for (size_t k = 0; k < 5; k++)
-    if (count_key(r, keys[k]) > 1) {
-      rc = BAD("%s: duplicate manifest key '%s'", m->dir, keys[k]);
-      goto out;
-    }
-  uint64_t nl;
-  if ((rc = json_uint(&nl, r, "num_layers", KVTI_MAX_LAYERS, m->dir)) ||
-      (rc = json_uint(&m->memory_bytes, r, "memory_bytes", UINT64_C(1) << 53,
-                      m->dir)) ||
-      (rc = json_uint(&m->num_tokens, r, "num_tokens", INT32_MAX, m->dir)))
-    goto out;
-  m->num_layers = (uint32_t)nl;
-  const cJSON *layers = cJSON_GetObjectItemCaseSensitive(r, "layers");
-  if (!cJSON_IsArray(layers) ||
-      cJSON_GetArraySize(layers) != (int)m->num_layers) {
-    rc = BAD("%s: 'layers' is not a list of num_layers objects", m->dir);
-    goto out;
-  }
-  const cJSON *kv = cJSON_GetObjectItemCaseSensitive(r, "kvtier");
-  m->mode = KVT_STORAGE_COMPAT;
-  if (kv && !have_sum) {
-    rc = BAD("%s: kvtier manifest without manifest.sum", m->dir);
-    goto out;
-  }
-  if (!kv && have_sum) {
-    rc = BAD("%s: manifest.sum present but manifest has no kvtier key", m->dir);
-    goto out;
-  }
-  m->metas = kvti_calloc(m->num_layers ? m->num_layers : 1, sizeof *m->metas);
-  m->sums = kvti_calloc(m->num_layers + 1u, sizeof(uint64_t));
-  if (!m->metas || !m->sums) {
-    rc = KVT_ERR_NOMEM();
-    goto out;
-  }
-  if (kv) {
-    uint64_t fmt;
-    if (!cJSON_IsObject(kv) ||
-        (rc = json_uint(&fmt, kv, "format", 1000, m->dir)) != 0) {
-      rc = BAD("%s: malformed kvtier manifest key", m->dir);
-      goto out;
-    }
-    if (fmt != KVTI_FORMAT) {
-      rc = KVT_ERR(KVT_EUNSUPPORTED, "%s: kvtier format %llu not supported",
-                   m->dir, (unsigned long long)fmt);
-      goto out;
-    }
-    const cJSON *sm = cJSON_GetObjectItemCaseSensitive(kv, "storage_mode");
-    if (cJSON_IsString(sm) && !strcmp(sm->valuestring, "native"))
-      m->mode = KVT_STORAGE_NATIVE;
-    else if (cJSON_IsString(sm) && !strcmp(sm->valuestring, "compat"))
-      m->mode = KVT_STORAGE_COMPAT;
-    else {
-      rc = BAD("%s: bad kvtier storage_mode", m->dir);
-      goto out;
-    }
-    const cJSON *cs = cJSON_GetObjectItemCaseSensitive(kv, "checksums");
-    if (!cJSON_IsObject(cs) ||
-        cJSON_GetArraySize(cs) != (int)m->num_layers + 1) {
-      rc = BAD("%s: kvtier checksums must list every file", m->dir);
-      goto out;
-    }
-    for (uint32_t i = 0; i <= m->num_layers; i++) {
-      char name[40];
-      if (i < m->num_layers)
-        snprintf(name, sizeof name, "layer_%u.safetensors", i);
-      else
-        snprintf(name, sizeof name, "tokens.bin");
-      const cJSON *c = cJSON_GetObjectItemCaseSensitive(cs, name);
-      if (count_key(cs, name) != 1 || !cJSON_IsString(c) ||
-          kvti_xxh3_parse(&m->sums[i], c->valuestring) != 0) {
-        rc = BAD("%s: checksum of %s missing or malformed", m->dir, name);
-        goto out;
-      }
-    }
-    m->has_sums = 1;
-  }
-  uint32_t i = 0;
-  for (const cJSON *l = layers->child; l; l = l->next, i++) {
-    char what[96];
-    snprintf(what, sizeof what, "%.64s layer %u", hash, i);
-    if ((rc = kvti_layer_meta_parse(&m->metas[i], l, i, what)) != 0)
-      goto out;
-  }
+  rc = parse_manifest(m, text, tlen, have_sum, hash, m->dir);
 out:
   kvti_free(text);
   kvti_free(sum);
@@ -690,6 +701,23 @@ out:
   kvti_free(sp);
   if (rc)
     manifest_free(m);
+  return rc;
+}
+
+int kvti_manifest_validate(const char *text, size_t len) {
+  if (!text)
+    return KVT_ERR(KVT_EINVAL, "manifest: NULL text");
+  manifest m;
+  memset(&m, 0, sizeof m);
+  /* Standalone: the kvtier key's presence stands in for manifest.sum's. */
+  int have_sum = 0;
+  cJSON *probe = cJSON_ParseWithLength(text, len);
+  if (probe && cJSON_IsObject(probe) &&
+      cJSON_GetObjectItemCaseSensitive(probe, "kvtier"))
+    have_sum = 1;
+  cJSON_Delete(probe);
+  int rc = parse_manifest(&m, text, len, have_sum, "(entry)", "manifest");
+  manifest_free(&m);
   return rc;
 }
 

@@ -95,6 +95,12 @@ typedef struct kvti_read_opts {
 int kvti_entry_read(kvt_entry **out, const char *data_dir, const char *hash,
                     const kvti_read_opts *o);
 
+/* Validates manifest.json text on its own, exactly as the reader does (JSON types, counts, layer
+ * objects, the kvtier key and its checksums list); for fuzzing and tools. Returns 0,
+ * KVT_ECORRUPT, KVT_EUNSUPPORTED (a kvtier format this build does not know), KVT_ENOMEM,
+ * KVT_EINVAL. */
+int kvti_manifest_validate(const char *text, size_t len);
+
 /* Describes data_dir/<hash> as JSON (see kvt_tier_describe) without reading tensor data. */
 int kvti_entry_describe(char **json, const char *data_dir, const char *hash);
 

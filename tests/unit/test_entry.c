@@ -670,6 +670,24 @@ static void test_reference_layout(void) {
   }
   t_write_all(mp, manifest, ml);
   CHECK_EQ_INT(read_status(dir, h), 0);
+  /* the standalone validator agrees */
+  CHECK_EQ_INT(kvti_manifest_validate(manifest, ml), 0);
+  for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+    const char *at = strstr(manifest, edits[i].from);
+    size_t pre = (size_t)(at - manifest);
+    sprintf(bad, "%.*s%s%s", (int)pre, manifest, edits[i].to,
+            at + strlen(edits[i].from));
+    int rc = kvti_manifest_validate(bad, strlen(bad));
+    /* num_tokens is only checked against tokens.bin, num_arrays 1 -> 0 against
+     * the layer file */
+    if (strstr(edits[i].from, "num_tokens") ||
+        strstr(edits[i].from, "num_arrays\": 1"))
+      CHECK_EQ_INT(rc, 0);
+    else
+      CHECK_EQ_INT(rc, KVT_ECORRUPT);
+  }
+  for (size_t cut = 0; cut < ml; cut++)
+    CHECK_EQ_INT(kvti_manifest_validate(manifest, cut), KVT_ECORRUPT);
   /* tokens.bin of the wrong length or content */
   t_write_all(tp, tok, sizeof tok - 4);
   CHECK_EQ_INT(read_status(dir, h), KVT_ECORRUPT);
