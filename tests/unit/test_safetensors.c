@@ -306,11 +306,91 @@ static void test_malformed_headers(void) {
   kvti_st_header_free(&hd);
 }
 
+/* Seeded random mutations (byte changes, insertions, deletions, JSON tokens
+ * spliced in) of a valid header, parsed from memory: never a crash (ASan/UBSan
+ * run this), and whatever is accepted satisfies the invariants the readers rely
+ * on. */
+static void test_random_mutations(void) {
+  const char *base =
+      "{\"__metadata__\":{\"format\":\"np\"},\"layer_0_keys\":{\"dtype\":"
+      "\"F16\",\"shape\":[1,2,3],\"data_offsets\":[0,12]},\"layer_0_values\":"
+      "{\"dtype\":\"F16\",\"shape\":[1,2,3],\"data_offsets\":[12,24]}}";
+  const char *tokens[] = {"{",
+                          "}",
+                          "[",
+                          "]",
+                          ",",
+                          ":",
+                          "\"",
+                          "0",
+                          "-1",
+                          "1e9",
+                          "null",
+                          "true",
+                          "\\u0000",
+                          "99999999999999999999",
+                          "[0,24]",
+                          "\"U8\"",
+                          "\"__metadata__\""};
+  kvt_rng r = {13};
+  char buf[1024];
+  int accepted = 0;
+  for (int it = 0; it < 20000; it++) {
+    size_t n = strlen(base);
+    memcpy(buf, base, n);
+    int edits = 1 + (int)(kvt_rng_next(&r) % 4);
+    for (int e = 0; e < edits; e++) {
+      size_t pos = (size_t)(kvt_rng_next(&r) % (n + 1));
+      switch (kvt_rng_next(&r) % 4) {
+      case 0: /* change */
+        if (pos < n)
+          buf[pos] = (char)(kvt_rng_next(&r) & 0xff);
+        break;
+      case 1: /* delete */
+        if (pos < n) {
+          memmove(buf + pos, buf + pos + 1, n - pos - 1);
+          n--;
+        }
+        break;
+      default: { /* splice a token */
+        const char *t =
+            tokens[kvt_rng_next(&r) % (sizeof tokens / sizeof tokens[0])];
+        size_t tl = strlen(t);
+        if (n + tl < sizeof buf) {
+          memmove(buf + pos + tl, buf + pos, n - pos);
+          memcpy(buf + pos, t, tl);
+          n += tl;
+        }
+      }
+      }
+    }
+    uint64_t fsize =
+        8 + n + (kvt_rng_next(&r) % 3 == 0 ? 24 : kvt_rng_next(&r) % 40);
+    kvti_st_header hd;
+    int rc = kvti_st_parse(&hd, buf, n, fsize, "fuzz");
+    if (rc == 0) {
+      accepted++;
+      uint64_t pos = hd.data_start;
+      for (size_t k = 0; k < hd.n; k++) {
+        CHECK(hd.tensors[k].offset == pos);
+        CHECK(hd.tensors[k].ndim <= KVT_MAX_DIMS);
+        pos += hd.tensors[k].nbytes;
+      }
+      CHECK(pos == fsize && hd.file_size == fsize);
+      kvti_st_header_free(&hd);
+    } else {
+      CHECK(rc == KVT_ECORRUPT || rc == KVT_ENOMEM);
+    }
+  }
+  CHECK(accepted > 0);
+}
+
 int main(void) {
   g_dir = kvt_test_tmpdir("safetensors");
   RUN(test_roundtrip_all_dtypes);
   RUN(test_exact_bytes);
   RUN(test_truncation_and_flips);
   RUN(test_malformed_headers);
+  RUN(test_random_mutations);
   return kvt_test_done();
 }
