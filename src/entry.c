@@ -795,74 +795,146 @@ out:
   return rc;
 }
 
-static int read_once(kvt_entry **out, const char *data_dir, const char *hash,
-                     const kvti_read_opts *o, dir_id *id, int *reported) {
+struct kvti_entry_reader {
   manifest m;
-  int rc = load_manifest(&m, data_dir, hash, id);
-  if (rc)
+  kvt_entry *e;
+  kvti_read_opts o;
+  dir_id id;
+  uint64_t base_bytes; /* manifest, manifest.sum, tokens.bin */
+  uint64_t *layer_bytes;
+  unsigned char *done;
+};
+
+void kvti_entry_reader_free(kvti_entry_reader *r) {
+  if (!r)
+    return;
+  kvt_entry_free(r->e);
+  manifest_free(&r->m);
+  kvti_free(r->layer_bytes);
+  kvti_free(r->done);
+  kvti_free(r);
+}
+
+static int reader_open(kvti_entry_reader **out, const char *data_dir,
+                       const char *hash, const kvti_read_opts *o, dir_id *id) {
+  static const kvti_read_opts none = {0};
+  kvti_entry_reader *r = kvti_calloc(1, sizeof *r);
+  if (!r)
+    return KVT_ERR_NOMEM();
+  r->o = o ? *o : none;
+  int rc = load_manifest(&r->m, data_dir, hash, id);
+  if (rc) {
+    kvti_free(r);
     return rc;
-  kvt_entry *e = kvti_entry_new();
-  if (!e) {
-    manifest_free(&m);
-    return KVT_ENOMEM;
+  }
+  r->id = *id;
+  uint32_t n = r->m.num_layers;
+  kvt_entry *e = r->e = kvti_entry_new();
+  r->layer_bytes = kvti_calloc(n ? n : 1, sizeof(uint64_t));
+  r->done = kvti_calloc(n ? n : 1, 1);
+  if (!e || !r->layer_bytes || !r->done) {
+    rc = KVT_ERR_NOMEM();
+    goto fail;
   }
   memcpy(e->hash, hash, KVT_HASH_HEX_LEN + 1);
-  e->memory_bytes = m.memory_bytes;
-  e->storage_mode = m.mode;
-  e->n_tokens = (size_t)m.num_tokens;
-  if (o->alloc) {
-    e->free_buf = o->free_buf ? o->free_buf : noop_free;
-    e->alloc_ctx = o->alloc_ctx;
+  e->memory_bytes = r->m.memory_bytes;
+  e->storage_mode = r->m.mode;
+  e->n_tokens = (size_t)r->m.num_tokens;
+  if (r->o.alloc) {
+    e->free_buf = r->o.free_buf ? r->o.free_buf : noop_free;
+    e->alloc_ctx = r->o.alloc_ctx;
   }
-  uint64_t disk = m.bytes, tb = 0;
-  rc = load_tokens(&e->tokens, &tb, &m, hash, o);
+  uint64_t tb = 0;
+  rc = load_tokens(&e->tokens, &tb, &r->m, hash, &r->o);
   if (rc)
     goto fail;
-  disk += tb;
-  e->layers = kvti_calloc(m.num_layers ? m.num_layers : 1, sizeof(kvt_layer));
+  r->base_bytes = r->m.bytes + tb;
+  /* Every layer slot exists from the start (zeroed until read), so freeing the
+   * entry releases exactly the layers that were read. */
+  e->layers = kvti_calloc(n ? n : 1, sizeof(kvt_layer));
   if (!e->layers) {
     rc = KVT_ERR_NOMEM();
     goto fail;
   }
-  for (uint32_t i = 0; i < m.num_layers; i++) {
-    if (o->cancel && atomic_load(o->cancel)) {
-      rc = KVT_ERR(KVT_ECANCELED, "read of %.12s... cancelled", hash);
-      goto fail;
-    }
-    char name[40];
-    snprintf(name, sizeof name, "layer_%u.safetensors", i);
-    char *lp = kvti_path_join(m.dir, name);
-    if (!lp) {
-      rc = KVT_ENOMEM;
-      goto fail;
-    }
-    kvti_layer_read_opts lo = {o->alloc,
-                               o->free_buf,
-                               o->alloc_ctx,
-                               i,
-                               o->cancel,
-                               o->verify_only,
-                               m.has_sums ? &m.sums[i] : NULL};
-    uint64_t fb = 0;
-    rc = kvti_layer_read_file(&e->layers[i], &fb, lp, &m.metas[i], &lo);
-    kvti_free(lp);
-    if (rc)
-      goto fail;
-    e->num_layers = i + 1;
-    disk += fb;
-    if (o->on_layer && !o->verify_only) {
-      o->on_layer(o->layer_ctx, i, &e->layers[i]);
-      *reported = 1;
-    }
-  }
-  e->disk_bytes = disk;
-  manifest_free(&m);
-  *out = e;
+  e->num_layers = n;
+  *out = r;
   return 0;
 fail:
-  manifest_free(&m);
-  kvt_entry_free(e);
+  kvti_entry_reader_free(r);
   return rc;
+}
+
+int kvti_entry_reader_open(kvti_entry_reader **out, const char *data_dir,
+                           const char *hash, const kvti_read_opts *o) {
+  if (!out)
+    return KVT_ERR(KVT_EINVAL, "entry reader: NULL out");
+  dir_id id = {0};
+  return reader_open(out, data_dir, hash, o, &id);
+}
+
+uint32_t kvti_entry_reader_num_layers(const kvti_entry_reader *r) {
+  return r ? r->m.num_layers : 0;
+}
+
+int kvti_entry_reader_read_layer(kvti_entry_reader *r, uint32_t i,
+                                 const kvt_layer **layer) {
+  if (!r || i >= r->m.num_layers || r->done[i])
+    return KVT_ERR(KVT_EINVAL, "entry reader: bad layer %u", i);
+  char name[40];
+  snprintf(name, sizeof name, "layer_%u.safetensors", i);
+  char *lp = kvti_path_join(r->m.dir, name);
+  if (!lp)
+    return KVT_ENOMEM;
+  kvti_layer_read_opts lo = {r->o.alloc,
+                             r->o.free_buf,
+                             r->o.alloc_ctx,
+                             i,
+                             r->o.cancel,
+                             r->o.verify_only,
+                             r->m.has_sums ? &r->m.sums[i] : NULL};
+  int rc = kvti_layer_read_file(&r->e->layers[i], &r->layer_bytes[i], lp,
+                                &r->m.metas[i], &lo);
+  kvti_free(lp);
+  if (rc == 0) {
+    r->done[i] = 1;
+    if (layer)
+      *layer = &r->e->layers[i];
+  }
+  return rc;
+}
+
+/* 0: the entry directory is the one the reader opened; 1: replaced; 2: gone. */
+static int dir_state(const char *dir, const dir_id *id) {
+  struct stat st;
+  if (kvti_io->lstat(dir, &st) != 0)
+    return 2;
+  return st.st_dev != id->dev || st.st_ino != id->ino;
+}
+
+int kvti_entry_reader_finish(kvt_entry **out, kvti_entry_reader *r) {
+  if (!r || (!out && !r->o.verify_only))
+    return KVT_ERR(KVT_EINVAL, "entry reader: bad argument");
+  for (uint32_t i = 0; i < r->m.num_layers; i++)
+    if (!r->done[i])
+      return KVT_ERR(KVT_EINVAL, "entry reader: layer %u not read", i);
+  /* A replacement during the read may have mixed versions (undetectable for
+   * reference entries, which carry no checksums); an eviction right after a
+   * complete, verified read is harmless. */
+  if (dir_state(r->m.dir, &r->id) == 1)
+    return KVT_ERR(KVT_EAGAIN, "entry %.12s... was replaced while read; retry",
+                   r->e->hash);
+  uint64_t disk = r->base_bytes;
+  for (uint32_t i = 0; i < r->m.num_layers; i++)
+    disk += r->layer_bytes[i];
+  r->e->disk_bytes = disk;
+  if (r->o.verify_only) {
+    if (out)
+      *out = NULL;
+  } else {
+    *out = r->e;
+    r->e = NULL;
+  }
+  return 0;
 }
 
 /* The entry directory may be replaced (a re-spill of the same tokens swaps in a
@@ -881,40 +953,41 @@ int kvti_entry_read(kvt_entry **out, const char *data_dir, const char *hash,
   for (int attempt = 0;; attempt++) {
     dir_id id = {0};
     int reported = 0;
+    kvti_entry_reader *r = NULL;
     kvt_entry *e = NULL;
-    int rc = read_once(&e, data_dir, hash, o, &id, &reported);
-    if (rc != 0 && rc != KVT_ECORRUPT && rc != KVT_ENOTFOUND)
+    int rc = reader_open(&r, data_dir, hash, o, &id);
+    for (uint32_t i = 0; rc == 0 && i < r->m.num_layers; i++) {
+      if (o->cancel && atomic_load(o->cancel)) {
+        rc = KVT_ERR(KVT_ECANCELED, "read of %.12s... cancelled", hash);
+        break;
+      }
+      const kvt_layer *l = NULL;
+      rc = kvti_entry_reader_read_layer(r, i, &l);
+      if (rc == 0 && o->on_layer && !o->verify_only) {
+        o->on_layer(o->layer_ctx, i, l);
+        reported = 1;
+      }
+    }
+    if (rc == 0)
+      rc = kvti_entry_reader_finish(&e, r);
+    kvti_entry_reader_free(r);
+    if (rc == 0) {
+      if (out)
+        *out = e;
+      return 0;
+    }
+    if (rc != KVT_ECORRUPT && rc != KVT_ENOTFOUND && rc != KVT_EAGAIN)
       return rc;
     if (!id.known)
       return rc; /* no entry directory (or a bad name): nothing to compare */
-    int changed = 0, gone = 0;
     char *dir = kvti_path_join(data_dir, hash);
-    struct stat st;
-    if (!dir) {
-      kvt_entry_free(e);
+    if (!dir)
       return KVT_ENOMEM;
-    }
-    if (kvti_io->lstat(dir, &st) != 0)
-      gone = 1;
-    else if (st.st_dev != id.dev || st.st_ino != id.ino)
-      changed = 1;
+    int state = dir_state(dir, &id);
     kvti_free(dir);
-    /* A complete, verified read of a directory evicted just afterwards is still
-     * good. */
-    if ((!gone && !changed) || (gone && rc == 0)) {
-      if (rc)
-        return rc; /* genuine: the same directory throughout */
-      if (o->verify_only) {
-        kvt_entry_free(e);
-        if (out)
-          *out = NULL;
-      } else {
-        *out = e;
-      }
-      return 0;
-    }
-    kvt_entry_free(e);
-    if (gone)
+    if (state == 0)
+      return rc; /* genuine: the same directory throughout */
+    if (state == 2)
       return KVT_ERR(KVT_ENOTFOUND, "entry %.12s... was removed while read",
                      hash);
     if (reported || attempt >= 2)

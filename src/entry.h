@@ -95,6 +95,23 @@ typedef struct kvti_read_opts {
 int kvti_entry_read(kvt_entry **out, const char *data_dir, const char *hash,
                     const kvti_read_opts *o);
 
+/* Layer-by-layer reading, for callers that read layers in parallel or stream them: open
+ * validates the manifest and tokens.bin (as kvti_entry_read); read_layer reads and verifies one
+ * layer into the entry being built and may be called concurrently from several threads for
+ * DISTINCT layers (any order); finish hands the entry over once every layer is read. Returns as
+ * kvti_entry_read, except that nothing is retried: KVT_EAGAIN from finish (or KVT_ECORRUPT /
+ * KVT_ENOTFOUND from a layer while the directory was being replaced) means "read again".
+ * The reader must be freed in every case (it frees whatever was read, through free_buf). */
+typedef struct kvti_entry_reader kvti_entry_reader;
+int kvti_entry_reader_open(kvti_entry_reader **out, const char *data_dir,
+                           const char *hash, const kvti_read_opts *o);
+uint32_t kvti_entry_reader_num_layers(const kvti_entry_reader *r);
+/* *layer (may be NULL) receives the verified layer, owned by the entry being built. */
+int kvti_entry_reader_read_layer(kvti_entry_reader *r, uint32_t i,
+                                 const kvt_layer **layer);
+int kvti_entry_reader_finish(kvt_entry **out, kvti_entry_reader *r);
+void kvti_entry_reader_free(kvti_entry_reader *r); /* accepts NULL */
+
 /* Validates manifest.json text on its own, exactly as the reader does (JSON types, counts, layer
  * objects, the kvtier key and its checksums list); for fuzzing and tools. Returns 0,
  * KVT_ECORRUPT, KVT_EUNSUPPORTED (a kvtier format this build does not know), KVT_ENOMEM,
