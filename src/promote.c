@@ -78,6 +78,7 @@ static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
   ro.tokens = tokens;
   ro.n_tokens = n;
   ro.cancel = cancel;
+  ro.io_backend = t->opts.io_backend;
   if (o) {
     ro.alloc = o->alloc;
     ro.free_buf = o->free_buf;
@@ -223,6 +224,7 @@ int kvt_tier_read_entry(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
   memset(&ro, 0, sizeof ro);
   ro.tokens = tokens;
   ro.n_tokens = n_tokens;
+  ro.io_backend = t->opts.io_backend;
   kvt_entry_info cur;
   double created = -1;
   kvti_stripe_rdlock(&t->stripes, file_path);

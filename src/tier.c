@@ -9,6 +9,7 @@
  * promote.c.
  */
 #include "tier.h"
+#include "iobatch.h"
 #include "error.h"
 #include "hash.h"
 #include "index.h"
@@ -523,6 +524,15 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *opts) {
                                      "no io_uring support (use AUTO or "
                                      "PORTABLE)");
 #endif
+  if (opts->io_backend == KVT_IO_URING) {
+    /* Built with io_uring, but it may still be unusable here (seccomp, an old kernel,
+     * io_uring_disabled): refuse now rather than fail every spill and promote. */
+    kvti_iobatch *probe = NULL;
+    rc = kvti_iobatch_get(&probe, KVT_IO_URING);
+    if (rc != 0)
+      return rc;
+    kvti_iobatch_put(probe);
+  }
   kvt_tier *t = kvti_calloc(1, sizeof *t);
   if (!t)
     return KVT_ERR_NOMEM();
@@ -934,6 +944,7 @@ int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair) {
   kvti_read_opts ro;
   memset(&ro, 0, sizeof ro);
   ro.verify_only = 1;
+  ro.io_backend = t->opts.io_backend;
   kvt_entry_info info;
   double created = -1;
   kvti_stripe_rdlock(&t->stripes, token_hash);
