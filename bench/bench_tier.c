@@ -283,6 +283,207 @@ static void bench_entry_level(entry_res *res, const char *dir, const workload *w
   bu_rmtree(data);
 }
 
+
+/* ------------------------------------------------------------ tier level */
+
+typedef struct tier_res {
+  double spill_bw;       /* writer-side: disk bytes / (first spill .. flush done) */
+  double cold_bw, warm_bw, warm_caller_bw;
+  double spill_s, nocopy_s, memcpy_s; /* producer cost per entry */
+} tier_res;
+
+static kvt_tier *open_tier(const char *cache, uint64_t queue_bytes, uint32_t queue_n) {
+  kvt_options o;
+  kvt_options_init(&o, KVT_OPTIONS_VERSION);
+  o.cache_dir = cache;
+  o.max_size_gb = 64;
+  o.max_entries = 100000;
+  o.spill_queue_size = queue_n;
+  o.spill_queue_bytes = queue_bytes;
+  o.durability = KVT_DURABILITY_FSYNC;
+  kvt_tier *t = NULL;
+  if (kvt_tier_open(&t, &o) != 0 || kvt_tier_start_writer(t) != 0) {
+    fprintf(stderr, "tier open: %s\n", kvt_last_error());
+    exit(1);
+  }
+  return t;
+}
+
+static void salt_tokens(workload *w, int32_t salt) { w->tokens[0] = salt; }
+
+static void noop_release(void *ctx) { (void)ctx; }
+
+/* Caller-supplied buffers: one pre-allocated, pre-touched arena (an engine's pinned pool). */
+typedef struct arena {
+  char *base;
+  size_t cap, used;
+} arena;
+static void *arena_alloc(void *ctx, uint32_t layer, uint32_t tensor, const kvt_tensor *d) {
+  (void)layer, (void)tensor;
+  arena *a = ctx;
+  size_t n = ((size_t)d->nbytes + 4095) & ~(size_t)4095;
+  if (a->used + n > a->cap)
+    return NULL;
+  void *p = a->base + a->used;
+  a->used += n;
+  return p;
+}
+static void arena_free(void *ctx, void *buf) { (void)ctx, (void)buf; }
+
+static void bench_tier_level(tier_res *res, const char *dir, workload *w, int n_entries,
+                             int runs) {
+  char cache[4096];
+  snprintf(cache, sizeof cache, "%s/tier", dir);
+  double sbw[16], cbw[16], hbw[16], abw[16], sp[16], nc[16], mc[16];
+  char *dst = NULL;
+  if (posix_memalign((void **)&dst, 4096, w->bytes))
+    abort();
+  memset(dst, 0, w->bytes);
+  arena ar = {NULL, (size_t)w->bytes + (size_t)w->n_layers * 4 * 4096, 0};
+  if (posix_memalign((void **)&ar.base, 4096, ar.cap))
+    abort();
+  memset(ar.base, 0, ar.cap);
+  for (int r = 0; r < runs; r++) {
+    bu_rmtree(cache);
+    kvt_tier *t = open_tier(cache, (uint64_t)(n_entries + 1) * w->bytes * 2, 64);
+    /* Warm the pools once (steady state: the library's buffers are reused). */
+    salt_tokens(w, -1);
+    kvt_tier_spill(t, w->tokens, w->n_tokens, w->layers, w->n_layers, w->bytes);
+    kvt_tier_flush(t, -1);
+    /* Producer cost, writer idle: copy-mode spill vs memcpy, and zero-copy. */
+    double t0 = bu_now();
+    char *p = dst;
+    for (uint32_t i = 0; i < w->n_layers; i++)
+      for (uint32_t j = 0; j < w->layers[i].num_tensors; j++) {
+        memcpy(p, w->layers[i].tensors[j].data, w->layers[i].tensors[j].nbytes);
+        p += w->layers[i].tensors[j].nbytes;
+      }
+    mc[r] = bu_now() - t0;
+    salt_tokens(w, -2);
+    t0 = bu_now();
+    int rc = kvt_tier_spill(t, w->tokens, w->n_tokens, w->layers, w->n_layers, w->bytes);
+    sp[r] = bu_now() - t0;
+    kvt_tier_flush(t, -1);
+    salt_tokens(w, -3);
+    t0 = bu_now();
+    rc |= kvt_tier_spill_nocopy(t, w->tokens, w->n_tokens, w->layers, w->n_layers, w->bytes,
+                                noop_release, NULL);
+    nc[r] = bu_now() - t0;
+    kvt_tier_flush(t, -1);
+    if (rc) {
+      fprintf(stderr, "spill: %s\n", kvt_last_error());
+      exit(1);
+    }
+    /* Writer-side throughput: n entries back to back, durable. */
+    kvt_stats st0, st1;
+    kvt_tier_stats(&st0, t);
+    t0 = bu_now();
+    for (int k = 0; k < n_entries; k++) {
+      salt_tokens(w, k + 1);
+      if (kvt_tier_spill(t, w->tokens, w->n_tokens, w->layers, w->n_layers, w->bytes) != 0) {
+        fprintf(stderr, "spill %d: %s\n", k, kvt_last_error());
+        exit(1);
+      }
+    }
+    kvt_tier_flush(t, -1);
+    double tw = bu_now() - t0;
+    kvt_tier_stats(&st1, t);
+    sbw[r] = (double)(st1.spill_bytes - st0.spill_bytes) / tw;
+    /* Cold promotes. */
+    char data[4200];
+    snprintf(data, sizeof data, "%s/data", cache);
+    bu_drop_cache_tree(data);
+    uint64_t bytes = 0;
+    t0 = bu_now();
+    for (int k = 0; k < n_entries; k++) {
+      salt_tokens(w, k + 1);
+      kvt_entry *e = NULL;
+      if (kvt_tier_promote(&e, t, w->tokens, w->n_tokens, NULL) != 0) {
+        fprintf(stderr, "promote: %s\n", kvt_last_error());
+        exit(1);
+      }
+      bytes += kvt_entry_disk_bytes(e);
+      kvt_entry_free(e);
+    }
+    cbw[r] = (double)bytes / (bu_now() - t0);
+    /* Warm promotes (pages cached by the cold pass). */
+    bytes = 0;
+    t0 = bu_now();
+    for (int k = 0; k < n_entries; k++) {
+      salt_tokens(w, k + 1);
+      kvt_entry *e = NULL;
+      kvt_tier_promote(&e, t, w->tokens, w->n_tokens, NULL);
+      bytes += kvt_entry_disk_bytes(e);
+      kvt_entry_free(e);
+    }
+    hbw[r] = (double)bytes / (bu_now() - t0);
+    /* Warm promotes into caller-supplied buffers. */
+    kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
+    po.alloc = arena_alloc;
+    po.free_buf = arena_free;
+    po.alloc_ctx = &ar;
+    bytes = 0;
+    t0 = bu_now();
+    for (int k = 0; k < n_entries; k++) {
+      salt_tokens(w, k + 1);
+      ar.used = 0;
+      kvt_entry *e = NULL;
+      if (kvt_tier_promote(&e, t, w->tokens, w->n_tokens, &po) != 0) {
+        fprintf(stderr, "promote (caller buffers): %s\n", kvt_last_error());
+        exit(1);
+      }
+      bytes += kvt_entry_disk_bytes(e);
+      kvt_entry_free(e);
+    }
+    abw[r] = (double)bytes / (bu_now() - t0);
+    if (kvt_tier_close(t, -1) != 0)
+      fprintf(stderr, "close: %s\n", kvt_last_error());
+    kvt_tier_free(t);
+  }
+  res->spill_bw = bu_median(sbw, runs);
+  res->cold_bw = bu_median(cbw, runs);
+  res->warm_bw = bu_median(hbw, runs);
+  res->warm_caller_bw = bu_median(abw, runs);
+  res->spill_s = bu_median(sp, runs);
+  res->nocopy_s = bu_median(nc, runs);
+  res->memcpy_s = bu_median(mc, runs);
+  free(dst);
+  free(ar.base);
+  bu_rmtree(cache);
+}
+
+/* Spill storm: many spills as fast as possible into a queue bounded to queue_bytes; peak RSS
+ * growth over the baseline (the caller's own KV data already resident). */
+static void bench_storm(double *growth, const char *dir, workload *w, uint64_t queue_bytes,
+                        int spills) {
+  char cache[4096];
+  snprintf(cache, sizeof cache, "%s/storm", dir);
+  bu_rmtree(cache);
+  kvti_bufpool_trim(kvti_bufpool_default());
+  kvt_tier *t = open_tier(cache, queue_bytes, 1024);
+  uint64_t base = bu_rss();
+  bu_reset_peak_rss();
+  int dropped = 0;
+  for (int k = 0; k < spills; k++) {
+    salt_tokens(w, 100000 + k);
+    int rc = kvt_tier_spill(t, w->tokens, w->n_tokens, w->layers, w->n_layers, w->bytes);
+    if (rc == KVT_EFULL)
+      dropped++;
+    else if (rc) {
+      fprintf(stderr, "storm spill: %s\n", kvt_last_error());
+      break;
+    }
+  }
+  kvt_tier_flush(t, -1);
+  uint64_t peak = bu_peak_rss();
+  *growth = peak > base ? (double)(peak - base) : 0;
+  printf("# storm: %d spills of %.1f MiB, %d dropped (queue full), queue bound %.1f MiB\n",
+         spills, (double)w->bytes / (1 << 20), dropped, (double)queue_bytes / (1 << 20));
+  kvt_tier_close(t, -1);
+  kvt_tier_free(t);
+  bu_rmtree(cache);
+}
+
 /* ------------------------------------------------------------ main */
 
 int main(int argc, char **argv) {
@@ -290,6 +491,7 @@ int main(int argc, char **argv) {
   int runs = 3;
   size_t toks[8] = {1024, 4096};
   int ntoks = 2;
+  int n_entries = 3, storm = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--dir") && i + 1 < argc)
       base = argv[++i];
@@ -304,14 +506,18 @@ int main(int argc, char **argv) {
       depth = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--no-fio"))
       use_fio = 0;
+    else if (!strcmp(argv[i], "--entries") && i + 1 < argc)
+      n_entries = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--no-storm"))
+      storm = 0;
     else if (!strcmp(argv[i], "--quick")) {
       runs = 1;
       toks[0] = 512;
       ntoks = 1;
     } else {
       fprintf(stderr,
-              "usage: %s [--dir DIR] [--tokens N,N..] [--runs N] [--depth N] [--no-fio] "
-              "[--quick]\n",
+              "usage: %s [--dir DIR] [--tokens N,N..] [--entries N] [--runs N] [--depth N] "
+              "[--no-fio] [--no-storm] [--quick]\n",
               argv[0]);
       return 2;
     }
@@ -356,6 +562,28 @@ int main(int argc, char **argv) {
                 "memcpy of the entry", 1.3, 0);
       bu_report("entry: snapshot no-copy", er.nocopy_s * 1e3, er.memcpy_s * 1e3, "ms",
                 "memcpy of the entry (info: O(layers))", 0, 0);
+      tier_res tr;
+      bench_tier_level(&tr, dir, &w, n_entries, runs);
+      snprintf(d, sizeof d, "fio O_DIRECT write bs=1M qd=%d", depth);
+      bu_report("tier: durable spill (writer)", tr.spill_bw / 1e9, L.fio_w / 1e9, "GB/s", d,
+                0.85, 1);
+      snprintf(d, sizeof d, "fio O_DIRECT read bs=1M qd=%d", depth);
+      bu_report("tier: cold promote", tr.cold_bw / 1e9, L.fio_rd / 1e9, "GB/s", d, 0.85, 1);
+      bu_report("tier: warm promote", tr.warm_bw / 1e9, L.fio_rb / 1e9, "GB/s",
+                "fio buffered read (warm) bs=1M psync", 0.80, 1);
+      bu_report("tier: warm promote, caller bufs", tr.warm_caller_bw / 1e9, L.fio_rb / 1e9,
+                "GB/s", "fio buffered read (warm) bs=1M psync", 0.80, 1);
+      bu_report("tier: spill producer (copy)", tr.spill_s * 1e3, tr.memcpy_s * 1e3, "ms",
+                "memcpy of the entry", 1.3, 0);
+      bu_report("tier: spill producer (nocopy)", tr.nocopy_s * 1e3, tr.memcpy_s * 1e3, "ms",
+                "memcpy of the entry (O(1) in size)", 0, 0);
+      if (mi == 0 && ti == 0 && storm) {
+        double growth = 0;
+        uint64_t qb = 4 * w.bytes;
+        bench_storm(&growth, dir, &w, qb, 16);
+        bu_report("tier: storm peak RSS growth", growth / (1 << 20), (double)qb / (1 << 20),
+                  "MiB", "spill_queue_bytes (target: + small constant)", 1.25, 0);
+      }
       free_workload(&w);
     }
   }

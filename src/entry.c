@@ -24,6 +24,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -991,6 +992,25 @@ int kvti_entry_reader_finish(kvt_entry **out, kvti_entry_reader *r) {
  * in layer order for the completed prefix, from whichever reading thread completed it, never
  * concurrently; after a cancel no further layer is reported. */
 #define READ_THREADS 2
+#define MAX_READ_THREADS 8
+
+/* Threads per entry read: READ_THREADS, or KVT_READ_THREADS from the environment (1..8; read
+ * once) for tuning on machines with more cores or slower disks. */
+static unsigned read_threads(void) {
+  static int cached = 0; /* benign race: every thread computes the same value */
+  int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+  if (v == 0) {
+    v = READ_THREADS;
+    const char *env = getenv("KVT_READ_THREADS");
+    if (env && *env) {
+      int e = atoi(env);
+      if (e >= 1 && e <= MAX_READ_THREADS)
+        v = e;
+    }
+    __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+  }
+  return (unsigned)v;
+}
 
 typedef struct rd_job {
   pthread_mutex_t mu;
@@ -1060,8 +1080,8 @@ static int read_layers(kvti_entry_reader *r, const kvti_read_opts *o, const char
   if (!j.done)
     return KVT_ERR_NOMEM();
   pthread_mutex_init(&j.mu, NULL);
-  unsigned nthreads = r->m.num_layers >= 4 ? READ_THREADS : 1;
-  pthread_t th[READ_THREADS];
+  unsigned nthreads = r->m.num_layers >= 4 ? read_threads() : 1;
+  pthread_t th[MAX_READ_THREADS];
   unsigned started = 0;
   for (unsigned t = 1; t < nthreads; t++)
     if (pthread_create(&th[started], NULL, rd_worker, &j) == 0)

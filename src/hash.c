@@ -46,7 +46,30 @@ int kvt_prefix_hash(char out[KVT_HASH_HEX_LEN + 1], const int32_t *tokens,
                                                      : KVT_PREFIX_FILTER_TOKENS);
 }
 
+/* AVX2 variants (hash_avx2.c), used when built and the CPU has AVX2. */
+int kvti_xxh3_avx2_built(void);
+uint64_t kvti_xxh3_avx2(const void *data, size_t len);
+void kvti_xxh3_update_avx2(void *state, const void *data, size_t len);
+
+static int use_avx2(void) {
+  static int v = -1; /* benign race: every thread computes the same value */
+  int u = __atomic_load_n(&v, __ATOMIC_RELAXED);
+  if (u < 0) {
+    u = 0;
+#if defined(__GNUC__) && defined(__x86_64__)
+    if (kvti_xxh3_avx2_built()) {
+      __builtin_cpu_init();
+      u = __builtin_cpu_supports("avx2") ? 1 : 0;
+    }
+#endif
+    __atomic_store_n(&v, u, __ATOMIC_RELAXED);
+  }
+  return u;
+}
+
 uint64_t kvti_xxh3(const void *data, size_t len) {
+  if (use_avx2())
+    return kvti_xxh3_avx2(data, len);
   return XXH3_64bits(data, len);
 }
 
@@ -61,7 +84,10 @@ kvti_xxh3_state *kvti_xxh3_new(void) {
   return s;
 }
 void kvti_xxh3_update(kvti_xxh3_state *s, const void *data, size_t len) {
-  XXH3_64bits_update(&s->st, data, len);
+  if (use_avx2())
+    kvti_xxh3_update_avx2(&s->st, data, len);
+  else
+    XXH3_64bits_update(&s->st, data, len);
 }
 uint64_t kvti_xxh3_digest(const kvti_xxh3_state *s) {
   return XXH3_64bits_digest(&s->st);

@@ -822,8 +822,8 @@ void kvti_layer_release(kvt_layer *l, int caller_alloc, kvt_free_fn free_buf,
 }
 
 #define RCHUNK ((size_t)8 << 20)
-#define RPIECE ((size_t)1 << 20) /* read granularity: hashed as soon as it lands */
-#define RWINDOW 8                /* pieces in flight ahead of the hashing */
+#define RPIECE ((size_t)256 << 10) /* read granularity: hashed (cache-resident) as it lands */
+#define RWINDOW 16               /* pieces in flight ahead of the hashing */
 
 /* Reads len bytes at off into dst through the batched I/O engine, keeping RWINDOW pieces in
  * flight and hashing each piece (in order) as soon as it has landed - while the next ones are
