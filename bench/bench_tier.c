@@ -292,7 +292,8 @@ typedef struct tier_res {
   double spill_s, nocopy_s, memcpy_s; /* producer cost per entry */
 } tier_res;
 
-static kvt_tier *open_tier(const char *cache, uint64_t queue_bytes, uint32_t queue_n) {
+static kvt_tier *open_tier2(const char *cache, uint64_t queue_bytes, uint32_t queue_n,
+                            int writer) {
   kvt_options o;
   kvt_options_init(&o, KVT_OPTIONS_VERSION);
   o.cache_dir = cache;
@@ -302,11 +303,17 @@ static kvt_tier *open_tier(const char *cache, uint64_t queue_bytes, uint32_t que
   o.spill_queue_bytes = queue_bytes;
   o.durability = KVT_DURABILITY_FSYNC;
   kvt_tier *t = NULL;
-  if (kvt_tier_open(&t, &o) != 0 || kvt_tier_start_writer(t) != 0) {
+  if (kvt_tier_open(&t, &o) != 0 || (writer && kvt_tier_start_writer(t) != 0)) {
     fprintf(stderr, "tier open: %s\n", kvt_last_error());
     exit(1);
   }
   return t;
+}
+static kvt_tier *open_tier(const char *cache, uint64_t queue_bytes, uint32_t queue_n) {
+  return open_tier2(cache, queue_bytes, queue_n, 1);
+}
+static kvt_tier *open_tier_nowriter(const char *cache, uint64_t queue_bytes, uint32_t queue_n) {
+  return open_tier2(cache, queue_bytes, queue_n, 0);
 }
 
 static void salt_tokens(workload *w, int32_t salt) { w->tokens[0] = salt; }
@@ -374,10 +381,11 @@ static void bench_tier_level(tier_res *res, const char *dir, workload *w, int n_
       fprintf(stderr, "spill: %s\n", kvt_last_error());
       exit(1);
     }
-    /* Writer-side throughput: n entries back to back, durable. */
-    kvt_stats st0, st1;
-    kvt_tier_stats(&st0, t);
-    t0 = bu_now();
+    /* Writer-side throughput: n entries queued while the writer is stopped, then the time the
+     * writer takes to drain them durably (entry files, fsyncs, publication, index rows). */
+    kvt_tier_close(t, -1);
+    kvt_tier_free(t);
+    t = open_tier_nowriter(cache, (uint64_t)(n_entries + 1) * w->bytes * 2, 64);
     for (int k = 0; k < n_entries; k++) {
       salt_tokens(w, k + 1);
       if (kvt_tier_spill(t, w->tokens, w->n_tokens, w->layers, w->n_layers, w->bytes) != 0) {
@@ -385,6 +393,10 @@ static void bench_tier_level(tier_res *res, const char *dir, workload *w, int n_
         exit(1);
       }
     }
+    kvt_stats st0, st1;
+    kvt_tier_stats(&st0, t);
+    t0 = bu_now();
+    kvt_tier_start_writer(t);
     kvt_tier_flush(t, -1);
     double tw = bu_now() - t0;
     kvt_tier_stats(&st1, t);

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* 8 classes of 4 KiB steps up to 32 KiB, then 8 per power of two up to 2^64. */
 #define NCLASSES (8 + 49 * 8)
@@ -148,15 +149,19 @@ static pthread_once_t default_once = PTHREAD_ONCE_INIT;
 static kvti_bufpool *default_pool;
 
 static void default_init(void) {
-  uint64_t mb = 256;
+  /* Idle cap: 1 GiB (one 8k-token Llama-3-8B entry) but at most 1/8 of physical memory. */
+  uint64_t cap = (uint64_t)1 << 30;
+  long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && psz > 0 && (uint64_t)pages * (uint64_t)psz / 8 < cap)
+    cap = (uint64_t)pages * (uint64_t)psz / 8;
   const char *env = getenv("KVT_BUFPOOL_MB");
   if (env && *env) {
     char *end;
     unsigned long long v = strtoull(env, &end, 10);
     if (*end == '\0')
-      mb = v;
+      cap = (uint64_t)v << 20;
   }
-  if (kvti_bufpool_create(&default_pool, mb << 20) != 0)
+  if (kvti_bufpool_create(&default_pool, cap) != 0)
     default_pool = NULL;
 }
 
