@@ -462,6 +462,38 @@ KVT_API int kvt_tier_promote(kvt_entry **out, kvt_tier *t,
                              const int32_t *tokens, size_t n_tokens,
                              const kvt_promote_opts *opts);
 
+/** Trimmed promote ("promote a longest common prefix"): promotes only the
+ *  first n_keep tokens of the entry stored for exactly tokens[0, n_tokens) -
+ *  typically a longer conversation that shares its first n_keep tokens with
+ *  the request at hand (kvt_common_prefix computes n_keep). Every layer must
+ *  be trimmable: KVT_LAYER_KV or KVT_LAYER_QUANTIZED_KV, whose tensors all hold
+ *  the tokens on axis -2 (keys/values [.., T, D]; packed, scales and biases
+ *  alike). The result holds, for every layer, token positions [0, n_keep) only
+ *  (shape[-2] = n_keep, offset = n_keep); kvt_entry_tokens() is
+ *  tokens[0, n_keep), kvt_entry_hash() is the hash of those tokens (what the
+ *  entry now holds, so it can be spilled under its own key), and
+ *  kvt_entry_memory_bytes() is the stored memory_bytes scaled by
+ *  n_keep / n_tokens - the amount passed to opts->reserve before any read.
+ *  opts->alloc receives the trimmed tensor descriptions; on_layer sees the
+ *  trimmed layers. Integrity is not relaxed: kvtier entries carry whole-file
+ *  checksums, so their layer files are still read (and hashed) completely,
+ *  but only the kept rows are copied into the entry - the saving is memory
+ *  and copies, not disk reads; entries without checksums (written by the
+ *  reference) are read for the kept rows only. Stats and touch as
+ *  kvt_tier_promote (the stored entry is touched).
+ *  Returns as kvt_tier_promote, plus KVT_EINVAL (n_keep 0 or > n_tokens, a
+ *  layer holding fewer than n_keep tokens, KVT_PROMOTE_PREFIX in
+ *  opts->flags) and KVT_EUNSUPPORTED (a layer kind that cannot be trimmed:
+ *  arrays or rotating KV). n_keep == n_tokens is exactly kvt_tier_promote.
+ *  Thread-safe; many at once. */
+KVT_API int kvt_tier_promote_trim(kvt_entry **out, kvt_tier *t,
+                                  const int32_t *tokens, size_t n_tokens,
+                                  size_t n_keep, const kvt_promote_opts *opts);
+
+/** Length of the longest common prefix of a[0, na) and b[0, nb). */
+KVT_API size_t kvt_common_prefix(const int32_t *a, size_t na, const int32_t *b,
+                                 size_t nb);
+
 /** An asynchronous promote in flight. */
 typedef struct kvt_promise kvt_promise;
 

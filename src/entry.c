@@ -937,7 +937,8 @@ int kvti_entry_reader_read_layer(kvti_entry_reader *r, uint32_t i,
                              r->o.cancel,
                              r->o.verify_only,
                              r->m.has_sums ? &r->m.sums[i] : NULL,
-                             r->o.io_backend};
+                             r->o.io_backend,
+                             r->o.keep_tokens};
   int rc = kvti_layer_read_file(&r->e->layers[i], &r->layer_bytes[i], lp,
                                 &r->m.metas[i], &lo);
   kvti_free(lp);
@@ -973,6 +974,16 @@ int kvti_entry_reader_finish(kvt_entry **out, kvti_entry_reader *r) {
   for (uint32_t i = 0; i < r->m.num_layers; i++)
     disk += r->layer_bytes[i];
   r->e->disk_bytes = disk;
+  uint64_t keep = r->o.keep_tokens;
+  if (keep && keep < r->e->n_tokens) {
+    /* A trimmed read: the entry now holds (and is named by) the kept tokens. */
+    kvt_entry *e = r->e;
+    int rc = kvt_token_hash(e->hash, e->tokens, (size_t)keep);
+    if (rc)
+      return rc;
+    e->memory_bytes = (uint64_t)((double)e->memory_bytes * (double)keep / (double)e->n_tokens);
+    e->n_tokens = (size_t)keep;
+  }
   if (r->o.verify_only) {
     if (out)
       *out = NULL;

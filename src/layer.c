@@ -825,6 +825,21 @@ void kvti_layer_release(kvt_layer *l, int caller_alloc, kvt_free_fn free_buf,
 #define RPIECE ((size_t)256 << 10) /* read granularity: hashed (cache-resident) as it lands */
 #define RWINDOW 16               /* pieces in flight ahead of the hashing */
 
+/* Copies the part of a streamed piece (tensor bytes [pos, pos+len)) that falls into kept rows:
+ * the tensor is `outer` blocks of tb bytes (all token rows of one head), of which the first kb
+ * bytes (the kept rows) go to dst, block after block. */
+static void copy_kept(char *dst, const char *piece, uint64_t pos, uint64_t len, uint64_t tb,
+                      uint64_t kb) {
+  if (len == 0 || tb == 0)
+    return;
+  for (uint64_t o = pos / tb; o <= (pos + len - 1) / tb; o++) {
+    uint64_t s = o * tb > pos ? o * tb : pos;
+    uint64_t e = o * tb + kb < pos + len ? o * tb + kb : pos + len;
+    if (s < e)
+      memcpy(dst + o * kb + (s - o * tb), piece + (s - pos), (size_t)(e - s));
+  }
+}
+
 /* Reads len bytes at off into dst through the batched I/O engine, keeping RWINDOW pieces in
  * flight and hashing each piece (in order) as soon as it has landed - while the next ones are
  * still being read, and while it is still warm in cache. */
@@ -862,6 +877,7 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
   kvti_xxh3_state *h = NULL;
   char *scratch = NULL;
   kvti_iobatch *eng = NULL;
+  uint64_t *tbytes = NULL; /* trimmed read: per tensor (tb, kb) */
   int rc = 0;
   int fd = kvti_open(path, O_RDONLY, 0);
   if (fd == KVT_ENOTFOUND)
@@ -920,6 +936,41 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
     t->nbytes = slot[j]->nbytes;
     t->data = NULL;
   }
+  /* Trimmed read: per tensor, tb = bytes of one head's token rows in the file, kb = bytes of
+   * its kept rows. */
+  uint64_t keep = o->keep_tokens;
+  if (keep) {
+    if (m->kind != KVT_LAYER_KV && m->kind != KVT_LAYER_QUANTIZED_KV) {
+      rc = KVT_ERR(KVT_EUNSUPPORTED,
+                   "%s: only KV and quantized KV layers can be trimmed to a token prefix",
+                   path);
+      goto out;
+    }
+    tbytes = kvti_calloc(2u * (m->num_tensors ? m->num_tensors : 1), sizeof(uint64_t));
+    if (!tbytes) {
+      rc = KVT_ERR_NOMEM();
+      goto out;
+    }
+    for (uint32_t j = 0; j < m->num_tensors; j++) {
+      kvt_tensor *t = &l.tensors[j];
+      if (t->ndim < 2 || t->shape[t->ndim - 2] < (int64_t)keep) {
+        rc = KVT_ERR(KVT_EINVAL, "%s: tensor %u holds fewer than the %llu tokens to keep",
+                     path, j, (unsigned long long)keep);
+        goto out;
+      }
+      uint64_t outer = 1;
+      for (uint32_t d = 0; d + 2 < t->ndim; d++)
+        outer *= (uint64_t)t->shape[d];
+      uint64_t tt = (uint64_t)t->shape[t->ndim - 2];
+      uint64_t tb = outer ? t->nbytes / outer : 0;
+      uint64_t kb = tt ? tb / tt * keep : 0;
+      tbytes[2 * j] = tb;
+      tbytes[2 * j + 1] = kb;
+      t->shape[t->ndim - 2] = (int64_t)keep;
+      t->nbytes = outer * kb;
+    }
+    l.offset = (int64_t)keep;
+  }
   /* Allocate every buffer first (so a refusal costs no I/O), then read in file
    * order. */
   if (!o->verify_only) {
@@ -935,7 +986,8 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
         goto out;
       }
     }
-  } else {
+  }
+  if (o->verify_only || (keep && h)) {
     scratch = kvti_malloc(RCHUNK);
     if (!scratch) {
       rc = KVT_ERR_NOMEM();
@@ -957,18 +1009,37 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
       eng = NULL;
       goto out;
     }
+    if (keep && !h) {
+      /* No checksum to verify: read only the kept rows, one request per head. */
+      uint64_t tb = tbytes[2 * j], kb = tbytes[2 * j + 1];
+      uint64_t outer = tb ? ht->nbytes / tb : 0;
+      for (uint64_t b0 = 0; b0 < outer && !o->verify_only && kb > 0; b0 += 64) {
+        kvti_iob_req rq[64];
+        size_t nr = 0;
+        for (uint64_t b = b0; b < outer && b < b0 + 64; b++)
+          rq[nr++] = (kvti_iob_req){fd, -1, 0, dst + b * kb, kb, off + b * tb,
+                                    0, 0, 0, 0, 0, 0, NULL};
+        if ((rc = kvti_iobatch_run(eng, rq, nr, 0, path)) != 0)
+          goto out;
+      }
+      continue;
+    }
+    uint64_t tpos = 0; /* tensor-relative position (trimmed reads) */
     while (left > 0) {
       if (o->cancel && atomic_load(o->cancel)) {
         rc = KVT_ERR(KVT_ECANCELED, "read of %s cancelled", path);
         goto out;
       }
       size_t c = left < RCHUNK ? (size_t)left : RCHUNK;
-      char *p = o->verify_only ? scratch : dst;
+      char *p = o->verify_only || keep ? scratch : dst;
       rc = read_range_hashed(eng, fd, p, off, c, h, path);
       if (rc)
         goto out;
-      if (!o->verify_only)
+      if (keep && !o->verify_only)
+        copy_kept(l.tensors[j].data, scratch, tpos, c, tbytes[2 * j], tbytes[2 * j + 1]);
+      else if (!o->verify_only)
         dst += c;
+      tpos += c;
       off += c;
       left -= c;
     }
@@ -987,6 +1058,7 @@ out:
   kvti_iobatch_put(eng);
   kvti_io->close(fd);
   kvti_free(scratch);
+  kvti_free(tbytes);
   kvti_free(slot);
   if (h)
     kvti_xxh3_free(h);

@@ -103,6 +103,12 @@ typedef struct kvti_layer_read_opts {
   int verify_only; /* read + verify, keep no data (out gets no buffers) */
   const uint64_t *expect_xxh3; /* NULL: no checksum */
   int io_backend;              /* kvt_io_backend of the reads (0 = AUTO) */
+  /* > 0: keep only token positions [0, keep_tokens) of a KV or quantized KV layer (axis -2 of
+   * every tensor; offset becomes keep_tokens); other kinds fail with KVT_EUNSUPPORTED, a layer
+   * holding fewer tokens with KVT_EINVAL. With a checksum the whole file is still read (the
+   * checksum covers it) but only the kept rows are copied out; without one only the kept rows
+   * are read. 0: the whole layer. */
+  uint64_t keep_tokens;
 } kvti_layer_read_opts;
 
 /* Reads the layer file at path described by m into out (tensors and orig_dtypes

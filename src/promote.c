@@ -69,9 +69,10 @@ struct kvt_promise {
  * caller does, so a cancelled async result is never counted as a hit). On
  * corruption the entry is quarantined. Runs on the caller's thread (sync) or a
  * worker (async). */
-static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
-                      const int32_t *tokens, size_t n,
-                      const kvt_promote_opts *o, atomic_int *cancel) {
+static int read_entry_keep(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
+                           const int32_t *tokens, size_t n,
+                           const kvt_promote_opts *o, atomic_int *cancel,
+                           uint64_t keep) {
   const char *hash = info->token_hash;
   kvti_read_opts ro;
   memset(&ro, 0, sizeof ro);
@@ -79,6 +80,7 @@ static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
   ro.n_tokens = n;
   ro.cancel = cancel;
   ro.io_backend = t->opts.io_backend;
+  ro.keep_tokens = keep;
   if (o) {
     ro.alloc = o->alloc;
     ro.free_buf = o->free_buf;
@@ -119,6 +121,12 @@ static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
   return rc;
 }
 
+static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
+                      const int32_t *tokens, size_t n,
+                      const kvt_promote_opts *o, atomic_int *cancel) {
+  return read_entry_keep(out, t, info, tokens, n, o, cancel, 0);
+}
+
 /* Success accounting: hit, latency since t0, bytes read, touch. */
 static void account_hit(kvt_tier *t, kvt_entry *e, const kvt_entry_info *info,
                         double t0, uint32_t flags) {
@@ -135,8 +143,9 @@ static void account_hit(kvt_tier *t, kvt_entry *e, const kvt_entry_info *info,
 }
 
 /* Lookup + reserve on the calling thread. On success *info, *reserved. */
-static int begin(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
-                 const int32_t *tokens, size_t n, const kvt_promote_opts *o) {
+static int begin_keep(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
+                      const int32_t *tokens, size_t n, const kvt_promote_opts *o,
+                      uint64_t keep) {
   uint32_t flags = o ? o->flags : 0;
   double cutoff = kvti_tier_cutoff(t);
   int rc = (flags & KVT_PROMOTE_PREFIX)
@@ -149,6 +158,9 @@ static int begin(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
   if (rc != 0)
     return rc;
   *reserved = 0;
+  if (keep && keep < info->num_tokens) /* a trimmed promote needs its share only */
+    info->memory_bytes = (uint64_t)((double)info->memory_bytes * (double)keep /
+                                    (double)info->num_tokens);
   if (o && o->reserve) {
     if (!o->reserve(o->budget_ctx, info->memory_bytes)) {
       KVTI_STAT_ADD(&t->stats, promotion_failures, 1);
@@ -162,6 +174,11 @@ static int begin(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
     *reserved = info->memory_bytes;
   }
   return 0;
+}
+
+static int begin(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
+                 const int32_t *tokens, size_t n, const kvt_promote_opts *o) {
+  return begin_keep(t, info, reserved, tokens, n, o, 0);
 }
 
 static int check_args(const void *out, kvt_tier *t, const int32_t *tokens,
@@ -180,18 +197,19 @@ static int check_args(const void *out, kvt_tier *t, const int32_t *tokens,
   return 0;
 }
 
-int kvt_tier_promote(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
-                     size_t n_tokens, const kvt_promote_opts *opts) {
+static int promote_sync(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
+                        size_t n_tokens, const kvt_promote_opts *opts, uint64_t keep) {
   int rc = check_args(out, t, tokens, n_tokens, opts);
   if (rc != 0 || (rc = kvti_tier_enter(t)) != 0)
     return rc;
   kvt_entry_info info;
   uint64_t reserved = 0;
-  rc = begin(t, &info, &reserved, tokens, n_tokens, opts);
+  rc = begin_keep(t, &info, &reserved, tokens, n_tokens, opts, keep);
   if (rc == 0) {
     double t0 = kvti_now_mono();
     kvt_entry *e = NULL;
-    rc = read_entry(&e, t, &info, tokens, (size_t)info.num_tokens, opts, NULL);
+    rc = read_entry_keep(&e, t, &info, tokens, (size_t)info.num_tokens, opts, NULL,
+                         keep);
     if (rc == 0) {
       e->reserved_bytes = reserved;
       account_hit(t, e, &info, t0, opts ? opts->flags : 0);
@@ -209,6 +227,32 @@ int kvt_tier_promote(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
   }
   kvti_tier_leave(t);
   return rc;
+}
+
+int kvt_tier_promote(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
+                     size_t n_tokens, const kvt_promote_opts *opts) {
+  return promote_sync(out, t, tokens, n_tokens, opts, 0);
+}
+
+int kvt_tier_promote_trim(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
+                          size_t n_tokens, size_t n_keep,
+                          const kvt_promote_opts *opts) {
+  if (n_keep == 0 || n_keep > n_tokens)
+    return KVT_ERR(KVT_EINVAL, "n_keep must be in 1..n_tokens (%zu), got %zu", n_tokens,
+                   n_keep);
+  if (opts && (opts->flags & KVT_PROMOTE_PREFIX))
+    return KVT_ERR(KVT_EINVAL, "kvt_tier_promote_trim promotes an exact entry: "
+                               "KVT_PROMOTE_PREFIX is not allowed");
+  return promote_sync(out, t, tokens, n_tokens, opts, n_keep == n_tokens ? 0 : n_keep);
+}
+
+size_t kvt_common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
+  size_t n = na < nb ? na : nb, i = 0;
+  if (!a || !b)
+    return 0;
+  while (i < n && a[i] == b[i])
+    i++;
+  return i;
 }
 
 int kvt_tier_read_entry(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
