@@ -187,23 +187,28 @@ void bu_rmtree(const char *path) {
   }
 }
 
-int bu_report_ratio(const char *name, double value, double limit, double ratio, const char *unit,
-                    const char *limit_desc, double want, int higher_better) {
+int bu_report_ratio(const char *name, double value, double limit, double ratio,
+                    const char *unit, const char *limit_desc, double want,
+                    int higher_better) {
   int ok = want <= 0 || (higher_better ? ratio >= want : ratio <= want);
   char tgt[32] = "-";
   if (want > 0)
     snprintf(tgt, sizeof tgt, "%s %.2f", higher_better ? ">=" : "<=", want);
-  printf("%-34s %10.3f %-5s limit %10.3f %-5s ratio %6.3f  target %-8s %s  [%s]\n", name,
-         value, unit, limit, unit, ratio, tgt, want <= 0 ? "info" : ok ? "PASS" : "MISS",
-         limit_desc);
+  printf(
+      "%-34s %10.3f %-5s limit %10.3f %-5s ratio %6.3f  target %-8s %s  [%s]\n",
+      name, value, unit, limit, unit, ratio, tgt,
+      want <= 0 ? "info"
+      : ok      ? "PASS"
+                : "MISS",
+      limit_desc);
   fflush(stdout);
   return ok;
 }
 
 int bu_report(const char *name, double value, double limit, const char *unit,
               const char *limit_desc, double want, int higher_better) {
-  return bu_report_ratio(name, value, limit, limit > 0 ? value / limit : 0, unit, limit_desc,
-                         want, higher_better);
+  return bu_report_ratio(name, value, limit, limit > 0 ? value / limit : 0,
+                         unit, limit_desc, want, higher_better);
 }
 
 void bu_header(const char *title, const char *dir) {

@@ -52,10 +52,11 @@ void bu_rmtree(const char *path);
  * informational). */
 int bu_report(const char *name, double value, double limit, const char *unit,
               const char *limit_desc, double want, int higher_better);
-/* As bu_report with the ratio given (e.g. the median of per-round ratios, each pairing a
- * measurement with the limit measured right before it). */
-int bu_report_ratio(const char *name, double value, double limit, double ratio, const char *unit,
-                    const char *limit_desc, double want, int higher_better);
+/* As bu_report with the ratio given (e.g. the median of per-round ratios, each
+ * pairing a measurement with the limit measured right before it). */
+int bu_report_ratio(const char *name, double value, double limit, double ratio,
+                    const char *unit, const char *limit_desc, double want,
+                    int higher_better);
 /* Prints the header (machine: nproc, memory, disk of dir, kernel, load
  * average). */
 void bu_header(const char *title, const char *dir);

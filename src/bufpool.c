@@ -149,7 +149,8 @@ static pthread_once_t default_once = PTHREAD_ONCE_INIT;
 static kvti_bufpool *default_pool;
 
 static void default_init(void) {
-  /* Idle cap: 1 GiB (one 8k-token Llama-3-8B entry) but at most 1/8 of physical memory. */
+  /* Idle cap: 1 GiB (one 8k-token Llama-3-8B entry) but at most 1/8 of physical
+   * memory. */
   uint64_t cap = (uint64_t)1 << 30;
   long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
   if (pages > 0 && psz > 0 && (uint64_t)pages * (uint64_t)psz / 8 < cap)

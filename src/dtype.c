@@ -215,13 +215,14 @@ int kvti_tensor_nbytes(uint64_t *out, kvt_dtype dt, uint32_t ndim,
   return 0;
 }
 
-/* Two kinds of buffer, told apart by a tag word just before the returned address:
- *  - small (< KVTI_BUF_POOL_MIN): kvti_malloc'ed, 64-aligned; the raw pointer sits just before
- *    the tag;
- *  - large: from the process-wide bufpool (reused, never freshly faulted in steady state: first
- *    touch of new memory runs at ~1.5 GB/s on the target VMs, slower than the disk). The pool
- *    block starts one page before the returned (4096-aligned) address; that page holds the
- *    block's size. */
+/* Two kinds of buffer, told apart by a tag word just before the returned
+ * address:
+ *  - small (< KVTI_BUF_POOL_MIN): kvti_malloc'ed, 64-aligned; the raw pointer
+ * sits just before the tag;
+ *  - large: from the process-wide bufpool (reused, never freshly faulted in
+ * steady state: first touch of new memory runs at ~1.5 GB/s on the target VMs,
+ * slower than the disk). The pool block starts one page before the returned
+ * (4096-aligned) address; that page holds the block's size. */
 #define KVTI_BUF_POOL_MIN ((size_t)64 << 10)
 #define TAG_MALLOC UINT64_C(0x6b76746d616c6c63)
 #define TAG_POOL UINT64_C(0x6b7674706f6f6c21)
@@ -244,7 +245,8 @@ void *kvti_buf_alloc(size_t n) {
   char *raw = kvti_malloc(n + 64 + 2 * sizeof(uint64_t));
   if (!raw)
     return NULL;
-  uintptr_t a = ((uintptr_t)(raw + 2 * sizeof(uint64_t)) + 63u) & ~(uintptr_t)63u;
+  uintptr_t a =
+      ((uintptr_t)(raw + 2 * sizeof(uint64_t)) + 63u) & ~(uintptr_t)63u;
   uint64_t *hdr = (uint64_t *)a;
   hdr[-2] = (uint64_t)(uintptr_t)raw;
   hdr[-1] = TAG_MALLOC;
@@ -256,7 +258,8 @@ void kvti_buf_free(void *p) {
     return;
   uint64_t *hdr = p;
   if (hdr[-1] == TAG_POOL)
-    kvti_bufpool_put(kvti_bufpool_default(), (char *)p - KVTI_BUF_ALIGN, (size_t)hdr[-2]);
+    kvti_bufpool_put(kvti_bufpool_default(), (char *)p - KVTI_BUF_ALIGN,
+                     (size_t)hdr[-2]);
   else
     kvti_free((void *)(uintptr_t)hdr[-2]);
 }

@@ -38,9 +38,10 @@ void kvti_store_float(void *buf, kvt_dtype dt, size_t i, float v);
 int kvti_tensor_nbytes(uint64_t *out, kvt_dtype dt, uint32_t ndim,
                        const int64_t *shape);
 
-/* 64-byte aligned buffer (n may be 0); free with kvti_buf_free. Buffers of 64 KiB and more
- * are 4096-aligned and come from the process-wide buffer pool (bufpool.h), so tensor copies and
- * promoted tensors reuse memory instead of faulting in fresh pages. */
+/* 64-byte aligned buffer (n may be 0); free with kvti_buf_free. Buffers of 64
+ * KiB and more are 4096-aligned and come from the process-wide buffer pool
+ * (bufpool.h), so tensor copies and promoted tensors reuse memory instead of
+ * faulting in fresh pages. */
 void *kvti_buf_alloc(size_t n);
 void kvti_buf_free(void *p);
 

@@ -301,10 +301,12 @@ static char *suffixed(const char *dir, const char *hash, const char *suf) {
   return kvti_path_join(dir, name);
 }
 
-/* Writes one small file (tokens, manifest, sum) in the entry's write group (its fsync and, on
- * failure, its removal happen with the group's) and returns its xxh3. */
-static int write_small(uint64_t *xxh, kvti_wgroup *g, const char *dir, const char *name,
-                       const void *data, size_t len, const kvti_write_opts *o) {
+/* Writes one small file (tokens, manifest, sum) in the entry's write group (its
+ * fsync and, on failure, its removal happen with the group's) and returns its
+ * xxh3. */
+static int write_small(uint64_t *xxh, kvti_wgroup *g, const char *dir,
+                       const char *name, const void *data, size_t len,
+                       const kvti_write_opts *o) {
   char *p = kvti_path_join(dir, name);
   if (!p)
     return KVT_ENOMEM;
@@ -355,8 +357,9 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
     rc = KVT_ERR_OS(errno, "chmod %s", tmp);
     goto out;
   }
-  /* Every file of the entry goes through one write group: the writes stay in flight across
-   * files and all files are fsynced together at the end (fwriter.h). */
+  /* Every file of the entry goes through one write group: the writes stay in
+   * flight across files and all files are fsynced together at the end
+   * (fwriter.h). */
   rc = kvti_wgroup_open(&g, o->io_backend, NULL, o->do_fsync);
   if (rc) {
     g = NULL;
@@ -404,7 +407,8 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
   if (rc)
     goto out;
   total += SUM_LEN;
-  rc = kvti_wgroup_finish(g); /* waits, fsyncs every file (durability FSYNC), closes */
+  rc = kvti_wgroup_finish(
+      g); /* waits, fsyncs every file (durability FSYNC), closes */
   g = NULL;
   if (rc)
     goto out;
@@ -825,12 +829,13 @@ struct kvti_entry_reader {
   uint64_t base_bytes; /* manifest, manifest.sum, tokens.bin */
   uint64_t *layer_bytes;
   unsigned char *done;
-  /* Layers may be read from several threads at once: the caller's alloc/free callbacks are
-   * called under this lock, so never concurrently. */
+  /* Layers may be read from several threads at once: the caller's alloc/free
+   * callbacks are called under this lock, so never concurrently. */
   pthread_mutex_t cb_mu;
 };
 
-static void *reader_alloc(void *ctx, uint32_t layer, uint32_t tensor, const kvt_tensor *desc) {
+static void *reader_alloc(void *ctx, uint32_t layer, uint32_t tensor,
+                          const kvt_tensor *desc) {
   kvti_entry_reader *r = ctx;
   pthread_mutex_lock(&r->cb_mu);
   void *p = r->o.alloc(r->o.alloc_ctx, layer, tensor, desc);
@@ -981,7 +986,8 @@ int kvti_entry_reader_finish(kvt_entry **out, kvti_entry_reader *r) {
     int rc = kvt_token_hash(e->hash, e->tokens, (size_t)keep);
     if (rc)
       return rc;
-    e->memory_bytes = (uint64_t)((double)e->memory_bytes * (double)keep / (double)e->n_tokens);
+    e->memory_bytes = (uint64_t)((double)e->memory_bytes * (double)keep /
+                                 (double)e->n_tokens);
     e->n_tokens = (size_t)keep;
   }
   if (r->o.verify_only) {
@@ -996,17 +1002,19 @@ int kvti_entry_reader_finish(kvt_entry **out, kvti_entry_reader *r) {
 
 /* ---- parallel layer reads ------------------------------------------------ */
 
-/* Layers are independent files: up to READ_THREADS threads (the caller plus helpers) each take
- * the next unread layer and read it straight into its final buffers, verifying it. A warm read
- * is a copy out of the page cache plus a hash, both CPU-bound, so this is what lets a warm
- * promote go beyond one core's copy speed; a cold one gets more I/O in flight. on_layer runs
- * in layer order for the completed prefix, from whichever reading thread completed it, never
- * concurrently; after a cancel no further layer is reported. */
+/* Layers are independent files: up to READ_THREADS threads (the caller plus
+ * helpers) each take the next unread layer and read it straight into its final
+ * buffers, verifying it. A warm read is a copy out of the page cache plus a
+ * hash, both CPU-bound, so this is what lets a warm promote go beyond one
+ * core's copy speed; a cold one gets more I/O in flight. on_layer runs in layer
+ * order for the completed prefix, from whichever reading thread completed it,
+ * never concurrently; after a cancel no further layer is reported. */
 #define READ_THREADS 2
 #define MAX_READ_THREADS 8
 
-/* Threads per entry read: READ_THREADS, or KVT_READ_THREADS from the environment (1..8; read
- * once) for tuning on machines with more cores or slower disks. */
+/* Threads per entry read: READ_THREADS, or KVT_READ_THREADS from the
+ * environment (1..8; read once) for tuning on machines with more cores or
+ * slower disks. */
 static unsigned read_threads(void) {
   static int cached = 0; /* benign race: every thread computes the same value */
   int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
@@ -1029,7 +1037,8 @@ typedef struct rd_job {
   const kvti_read_opts *o;
   const char *hash;
   uint32_t next, delivered;
-  unsigned char *done; /* under mu (the reader's own flags are written outside it) */
+  unsigned char
+      *done; /* under mu (the reader's own flags are written outside it) */
   int reported;
   int rc, os_errno;
   char msg[512];
@@ -1066,11 +1075,13 @@ static void *rd_worker(void *arg) {
         if (o->cancel && atomic_load(o->cancel)) {
           j->rc = KVT_ECANCELED;
           j->os_errno = 0;
-          snprintf(j->msg, sizeof j->msg, "read of %.12s... cancelled", j->hash);
+          snprintf(j->msg, sizeof j->msg, "read of %.12s... cancelled",
+                   j->hash);
           break;
         }
         if (o->on_layer && !o->verify_only) {
-          o->on_layer(o->layer_ctx, j->delivered, &j->r->e->layers[j->delivered]);
+          o->on_layer(o->layer_ctx, j->delivered,
+                      &j->r->e->layers[j->delivered]);
           j->reported = 1;
         }
         j->delivered++;
@@ -1080,8 +1091,8 @@ static void *rd_worker(void *arg) {
   }
 }
 
-static int read_layers(kvti_entry_reader *r, const kvti_read_opts *o, const char *hash,
-                       int *reported) {
+static int read_layers(kvti_entry_reader *r, const kvti_read_opts *o,
+                       const char *hash, int *reported) {
   rd_job j;
   memset(&j, 0, sizeof j);
   j.r = r;

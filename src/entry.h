@@ -59,7 +59,7 @@ typedef struct kvti_write_opts {
   int do_fsync;       /* durability == FSYNC */
   uint32_t file_mode;
   uint32_t dir_mode;
-  int io_backend;     /* kvt_io_backend for the layer files (0 = AUTO) */
+  int io_backend; /* kvt_io_backend for the layer files (0 = AUTO) */
 } kvti_write_opts;
 
 /* Writes data_dir/<hash>.tmp/ (removing a stale one first), fsyncs each file and the tmp dir
@@ -85,9 +85,10 @@ typedef struct kvti_read_opts {
   void *layer_ctx;
   int verify_only;             /* read and verify everything, keep no data */
   int io_backend;              /* kvt_io_backend of the reads (0 = AUTO) */
-  /* > 0 (and < the entry's tokens): a trimmed read of the first keep_tokens tokens (see
-   * kvti_layer_read_opts.keep_tokens); the entry then holds tokens[0, keep_tokens), is named by
-   * their hash, and its memory_bytes is scaled by keep_tokens / num_tokens. 0: everything. */
+  /* > 0 (and < the entry's tokens): a trimmed read of the first keep_tokens
+   * tokens (see kvti_layer_read_opts.keep_tokens); the entry then holds
+   * tokens[0, keep_tokens), is named by their hash, and its memory_bytes is
+   * scaled by keep_tokens / num_tokens. 0: everything. */
   uint64_t keep_tokens;
 } kvti_read_opts;
 

@@ -1,12 +1,13 @@
 /*
- * fwriter.c - the staged group writer (see fwriter.h). A group owns one I/O engine and a ring
- * of NSTAGE staging buffers of STAGE bytes shared by its files: the current file's bytes are
- * copied (in cache-sized pieces, each hashed right after its copy) into the current buffer; a
- * full buffer - or a file's last partial one at close - is pushed as one write at the file's
- * offset and the ring advances, waiting only for the next buffer's previous write. Files stay
- * open until finish (or a checkpoint every MAX_OPEN files), which waits for all writes, trims
- * preallocations and fsyncs them all at once. Staging buffers come from a bufpool, so steady
- * state allocates nothing.
+ * fwriter.c - the staged group writer (see fwriter.h). A group owns one I/O
+ * engine and a ring of NSTAGE staging buffers of STAGE bytes shared by its
+ * files: the current file's bytes are copied (in cache-sized pieces, each
+ * hashed right after its copy) into the current buffer; a full buffer - or a
+ * file's last partial one at close - is pushed as one write at the file's
+ * offset and the ring advances, waiting only for the next buffer's previous
+ * write. Files stay open until finish (or a checkpoint every MAX_OPEN files),
+ * which waits for all writes, trims preallocations and fsyncs them all at once.
+ * Staging buffers come from a bufpool, so steady state allocates nothing.
  */
 #include "fwriter.h"
 #include "error.h"
@@ -22,16 +23,18 @@
 
 #define NSTAGE 8
 #define STAGE ((size_t)1 << 20)
-#define PIECE ((size_t)64 << 10) /* copy+hash granularity: stays in L1/L2 between the two */
-#define MAX_OPEN 64              /* files kept open before a checkpoint */
+#define PIECE                                                                  \
+  ((size_t)64 << 10) /* copy+hash granularity: stays in L1/L2 between the two  \
+                      */
+#define MAX_OPEN 64  /* files kept open before a checkpoint */
 
 struct kvti_fwriter {
   kvti_wgroup *g;
   char *path;
   int fd, dfd;
   kvti_xxh3_state *h;
-  size_t fill;   /* bytes of this file in the current stage */
-  uint64_t off;  /* file offset of the current stage's first byte */
+  size_t fill;  /* bytes of this file in the current stage */
+  uint64_t off; /* file offset of the current stage's first byte */
   uint64_t prealloc;
   int closed;
   int own_group; /* made by kvti_fwriter_open */
@@ -48,11 +51,12 @@ struct kvti_wgroup {
   unsigned k;
   kvti_fwriter *files; /* every file not yet checkpointed, newest first */
   unsigned nfiles;
-  kvti_fwriter *cur;   /* the file being appended to */
+  kvti_fwriter *cur; /* the file being appended to */
   int err;
 };
 
-int kvti_wgroup_open(kvti_wgroup **out, int backend, kvti_bufpool *pool, int do_fsync) {
+int kvti_wgroup_open(kvti_wgroup **out, int backend, kvti_bufpool *pool,
+                     int do_fsync) {
   kvti_wgroup *g = kvti_calloc(1, sizeof *g);
   if (!g)
     return KVT_ERR_NOMEM();
@@ -86,10 +90,11 @@ static void file_free(kvti_fwriter *w, int remove) {
   kvti_free(w);
 }
 
-/* Waits for every write, then trims, fsyncs and closes the group's files; on failure (or
- * remove) removes them. Returns 0 or the error. */
+/* Waits for every write, then trims, fsyncs and closes the group's files; on
+ * failure (or remove) removes them. Returns 0 or the error. */
 static int settle(kvti_wgroup *g, int remove) {
-  int rc = kvti_iobatch_wait_all(g->b); /* no write may touch a buffer or fd after this */
+  int rc = kvti_iobatch_wait_all(
+      g->b); /* no write may touch a buffer or fd after this */
   memset(g->busy, 0, sizeof g->busy);
   if (g->err && !rc)
     rc = g->err;
@@ -164,7 +169,8 @@ int kvti_wgroup_file(kvti_fwriter **out, kvti_wgroup *g, const char *path,
   if (g->err)
     return g->err;
   if (g->cur)
-    return KVT_ERR(KVT_EINVAL, "fwriter: %s still open in the group", g->cur->path);
+    return KVT_ERR(KVT_EINVAL, "fwriter: %s still open in the group",
+                   g->cur->path);
   if (g->nfiles >= MAX_OPEN) {
     int rc = settle(g, 0); /* checkpoint: bounds open descriptors */
     if (rc)
@@ -193,7 +199,8 @@ int kvti_wgroup_file(kvti_fwriter **out, kvti_wgroup *g, const char *path,
     file_free(w, 0); /* not ours to remove (e.g. O_EXCL on an existing file) */
     return rc;
   }
-  /* Registered at once: from here on a failure removes it with the group's files. */
+  /* Registered at once: from here on a failure removes it with the group's
+   * files. */
   w->next = g->files;
   g->files = w;
   g->nfiles++;
@@ -212,12 +219,13 @@ int kvti_wgroup_file(kvti_fwriter **out, kvti_wgroup *g, const char *path,
   return 0;
 }
 
-/* Pushes len bytes of the current stage as w's data at w->off and makes the next stage
- * current, waiting for its previous write. */
+/* Pushes len bytes of the current stage as w's data at w->off and makes the
+ * next stage current, waiting for its previous write. */
 static int flush_stage(kvti_fwriter *w, size_t len) {
   kvti_wgroup *g = w->g;
   unsigned k = g->k;
-  g->req[k] = (kvti_iob_req){w->fd, w->dfd, 1, g->stage[k], len, w->off, 0, 0, 0, 0, 0, 0, NULL};
+  g->req[k] = (kvti_iob_req){w->fd, w->dfd, 1, g->stage[k], len, w->off, 0,
+                             0,     0,      0, 0,           0,   NULL};
   g->busy[k] = 1;
   int rc = kvti_iobatch_push(g->b, &g->req[k], 0, w->path);
   w->off += len;
@@ -286,7 +294,8 @@ int kvti_fwriter_close(kvti_fwriter *w, uint64_t *size, uint64_t *xxh3) {
   return 0;
 }
 
-int kvti_fwriter_open(kvti_fwriter **out, const char *path, const kvti_fwriter_opts *o) {
+int kvti_fwriter_open(kvti_fwriter **out, const char *path,
+                      const kvti_fwriter_opts *o) {
   kvti_fwriter_opts def = KVTI_FWRITER_OPTS_INIT;
   if (!o)
     o = &def;
@@ -305,7 +314,8 @@ int kvti_fwriter_open(kvti_fwriter **out, const char *path, const kvti_fwriter_o
   return 0;
 }
 
-int kvti_fwriter_finish(kvti_fwriter *w, uint64_t *size, uint64_t *xxh3, int do_fsync) {
+int kvti_fwriter_finish(kvti_fwriter *w, uint64_t *size, uint64_t *xxh3,
+                        int do_fsync) {
   kvti_wgroup *g = w->g;
   uint64_t sz = 0, h = 0;
   int rc = w->closed ? 0 : kvti_fwriter_close(w, &sz, &h);

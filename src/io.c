@@ -37,7 +37,8 @@ static int d_uring_setup(unsigned entries, void *ring, unsigned flags) {
 static int d_uring_submit(void *ring, unsigned wait_nr) {
   return io_uring_submit_and_wait((struct io_uring *)ring, wait_nr);
 }
-static int d_uring_result(int is_write, int fd, uint64_t off, size_t len, int res) {
+static int d_uring_result(int is_write, int fd, uint64_t off, size_t len,
+                          int res) {
   (void)is_write, (void)fd, (void)off, (void)len;
   return res;
 }

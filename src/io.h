@@ -42,20 +42,23 @@ typedef struct kvti_io_ops {
    * -1 with errno ENOTSUP/ENOSYS/EINVAL where unsupported. May be NULL in a test table
    * (treated as unsupported). */
   int (*rename_exchange)(const char *a, const char *b);
-  /* --- Added for the batched I/O engine (iobatch.c, issue 7); all optional: a NULL hook means
-   * "not available" (uring_*: io_uring unusable; fallocate/fadvise: skipped). --- */
-  /* 4096-or-larger aligned allocation (posix_memalign semantics: NULL on failure); the block is
-   * released with ->free. */
+  /* --- Added for the batched I/O engine (iobatch.c, issue 7); all optional: a
+   * NULL hook means "not available" (uring_*: io_uring unusable;
+   * fallocate/fadvise: skipped). --- */
+  /* 4096-or-larger aligned allocation (posix_memalign semantics: NULL on
+   * failure); the block is released with ->free. */
   void *(*aligned_alloc)(size_t align, size_t n);
-  /* posix_fallocate / posix_fadvise: return 0 or an errno value (not -1/errno). */
+  /* posix_fallocate / posix_fadvise: return 0 or an errno value. */
   int (*fallocate)(int fd, off_t off, off_t len);
   int (*fadvise)(int fd, off_t off, off_t len, int advice);
-  /* io_uring seam. `ring` is a struct io_uring * (opaque here so this header needs no liburing).
-   * uring_setup = io_uring_queue_init: 0 or -errno (-ENOSYS/-EPERM in sandboxes that forbid
-   * io_uring). uring_submit = io_uring_submit_and_wait: submitted count or -errno.
-   * uring_result filters every completion before iobatch looks at it: given the kernel's result
-   * (bytes or -errno) of an op on fd at off for len bytes it returns the result to use; tests
-   * replace it to inject errors and short transfers. The default returns res unchanged. */
+  /* io_uring seam. `ring` is a struct io_uring * (opaque here so this header
+   * needs no liburing). uring_setup = io_uring_queue_init: 0 or -errno
+   * (-ENOSYS/-EPERM in sandboxes that forbid io_uring). uring_submit =
+   * io_uring_submit_and_wait: submitted count or -errno. uring_result filters
+   * every completion before iobatch looks at it: given the kernel's result
+   * (bytes or -errno) of an op on fd at off for len bytes it returns the result
+   * to use; tests replace it to inject errors and short transfers. The default
+   * returns res unchanged. */
   int (*uring_setup)(unsigned entries, void *ring, unsigned flags);
   int (*uring_submit)(void *ring, unsigned wait_nr);
   int (*uring_result)(int is_write, int fd, uint64_t off, size_t len, int res);
@@ -69,8 +72,9 @@ extern const kvti_io_ops kvti_io_default;
 /* Installs ops (NULL restores the default). Returns the previous table. */
 const kvti_io_ops *kvti_io_set(const kvti_io_ops *ops);
 
-/* 4096-aligned allocation through the seam (->aligned_alloc, falling back to posix_memalign
- * semantics when the hook is NULL); free with kvti_free. Sets the error on failure. */
+/* 4096-aligned allocation through the seam (->aligned_alloc, falling back to
+ * posix_memalign semantics when the hook is NULL); free with kvti_free. Sets
+ * the error on failure. */
 void *kvti_aligned_alloc(size_t align, size_t n);
 
 /* Allocation through the seam. kvti_free accepts NULL. */

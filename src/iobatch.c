@@ -456,11 +456,11 @@ static void u_pump(kvti_iobatch *b, unsigned wait_nr) {
 
 /* ---------------------------------------------------------------- engine */
 
-/* A test table that replaced pread/pwrite wants to see every transfer: AUTO then means
- * portable (io_uring would bypass those hooks). */
+/* A test table that replaced pread/pwrite wants to see every transfer: AUTO
+ * then means portable (io_uring would bypass those hooks). */
 static int auto_backend(int backend) {
-  if (backend == KVT_IO_AUTO &&
-      (kvti_io->pread != kvti_io_default.pread || kvti_io->pwrite != kvti_io_default.pwrite))
+  if (backend == KVT_IO_AUTO && (kvti_io->pread != kvti_io_default.pread ||
+                                 kvti_io->pwrite != kvti_io_default.pwrite))
     return KVT_IO_PORTABLE;
   return backend;
 }
@@ -671,7 +671,8 @@ int kvti_iobatch_fsync_many(kvti_iobatch *b, const int *fds, size_t n,
   if (rc)
     return rc;
 #if KVT_HAVE_URING
-  if (b->backend == KVT_IO_URING && !b->broken && kvti_io->fsync == kvti_io_default.fsync) {
+  if (b->backend == KVT_IO_URING && !b->broken &&
+      kvti_io->fsync == kvti_io_default.fsync) {
     size_t next = 0, done = 0;
     int first_err = 0;
     size_t err_i = 0;
@@ -688,19 +689,22 @@ int kvti_iobatch_fsync_many(kvti_iobatch *b, const int *fds, size_t n,
       }
       int s = u_submit(b, 1);
       if (s < 0 && s != -EINTR && s != -EAGAIN && s != -EBUSY) {
-        /* Leave the ring alone (it may hold accepted fsyncs) and finish the portable way. */
+        /* Leave the ring alone (it may hold accepted fsyncs) and finish the
+         * portable way. */
         struct io_uring_cqe *c;
         while (inflight > 0 && io_uring_wait_cqe(&b->ring, &c) == 0) {
           io_uring_cqe_seen(&b->ring, c);
           inflight--;
         }
         b->broken = inflight > 0;
-        for (size_t i = 0; i < n; i++) { /* again for all: fsync is idempotent */
+        for (size_t i = 0; i < n;
+             i++) { /* again for all: fsync is idempotent */
           int r = kvti_fsync(fds[i], paths ? paths[i] : "file");
           if (r && !first_err)
             return r;
         }
-        return first_err ? KVT_ERR_OS(first_err, "fsync %s", paths ? paths[err_i] : "file")
+        return first_err ? KVT_ERR_OS(first_err, "fsync %s",
+                                      paths ? paths[err_i] : "file")
                          : 0;
       }
       unsigned head, seen = 0;

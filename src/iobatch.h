@@ -105,11 +105,13 @@ int kvti_iobatch_push(kvti_iobatch *b, kvti_iob_req *r, unsigned flags,
 int kvti_iobatch_wait_req(kvti_iobatch *b, kvti_iob_req *r);
 int kvti_iobatch_wait_all(kvti_iobatch *b);
 
-/* fsync of n descriptors at once: through io_uring (in parallel, so the file system can commit
- * them together) when b is an io_uring engine and the io table's fsync is the default one;
- * otherwise kvti_fsync one after the other. Waits for everything pushed first. Returns 0 or
- * the first error (naming paths[i] when paths is given). */
-int kvti_iobatch_fsync_many(kvti_iobatch *b, const int *fds, size_t n, const char *const *paths);
+/* fsync of n descriptors at once: through io_uring (in parallel, so the file
+ * system can commit them together) when b is an io_uring engine and the io
+ * table's fsync is the default one; otherwise kvti_fsync one after the other.
+ * Waits for everything pushed first. Returns 0 or the first error (naming
+ * paths[i] when paths is given). */
+int kvti_iobatch_fsync_many(kvti_iobatch *b, const int *fds, size_t n,
+                            const char *const *paths);
 
 /* Opens path with O_DIRECT added to flags (through the io seam). Returns the
  * fd, or -1 when the platform or the file system has no O_DIRECT (the error is

@@ -531,9 +531,10 @@ int kvti_layer_write_file(uint64_t *size, uint64_t *xxh3, const char *path,
                           const kvti_layer_out *p, uint32_t file_mode,
                           int do_fsync, int truncate, int io_backend,
                           kvti_wgroup *group) {
-  /* Through the staged writer (fwriter.h): the header and the tensors are copied into aligned
-   * pooled buffers, hashed while hot, and written with O_DIRECT, several writes in flight. In a
-   * group the writes complete (and are fsynced) at kvti_wgroup_finish. */
+  /* Through the staged writer (fwriter.h): the header and the tensors are
+   * copied into aligned pooled buffers, hashed while hot, and written with
+   * O_DIRECT, several writes in flight. In a group the writes complete (and are
+   * fsynced) at kvti_wgroup_finish. */
   kvti_st_item *it = items_of(p);
   size_t *order = kvti_calloc(p->n ? p->n : 1, sizeof *order);
   char *hdr = NULL;
@@ -556,7 +557,8 @@ int kvti_layer_write_file(uint64_t *size, uint64_t *xxh3, const char *path,
   fo.size_hint = total;
   fo.file_mode = file_mode;
   fo.excl = !truncate;
-  rc = group ? kvti_wgroup_file(&w, group, path, &fo) : kvti_fwriter_open(&w, path, &fo);
+  rc = group ? kvti_wgroup_file(&w, group, path, &fo)
+             : kvti_fwriter_open(&w, path, &fo);
   if (rc) {
     w = NULL;
     goto out;
@@ -822,14 +824,17 @@ void kvti_layer_release(kvt_layer *l, int caller_alloc, kvt_free_fn free_buf,
 }
 
 #define RCHUNK ((size_t)8 << 20)
-#define RPIECE ((size_t)256 << 10) /* read granularity: hashed (cache-resident) as it lands */
-#define RWINDOW 16               /* pieces in flight ahead of the hashing */
+#define RPIECE                                                                 \
+  ((size_t)256                                                                 \
+   << 10)          /* read granularity: hashed (cache-resident) as it lands */
+#define RWINDOW 16 /* pieces in flight ahead of the hashing */
 
-/* Copies the part of a streamed piece (tensor bytes [pos, pos+len)) that falls into kept rows:
- * the tensor is `outer` blocks of tb bytes (all token rows of one head), of which the first kb
- * bytes (the kept rows) go to dst, block after block. */
-static void copy_kept(char *dst, const char *piece, uint64_t pos, uint64_t len, uint64_t tb,
-                      uint64_t kb) {
+/* Copies the part of a streamed piece (tensor bytes [pos, pos+len)) that falls
+ * into kept rows: the tensor is `outer` blocks of tb bytes (all token rows of
+ * one head), of which the first kb bytes (the kept rows) go to dst, block after
+ * block. */
+static void copy_kept(char *dst, const char *piece, uint64_t pos, uint64_t len,
+                      uint64_t tb, uint64_t kb) {
   if (len == 0 || tb == 0)
     return;
   for (uint64_t o = pos / tb; o <= (pos + len - 1) / tb; o++) {
@@ -840,11 +845,13 @@ static void copy_kept(char *dst, const char *piece, uint64_t pos, uint64_t len, 
   }
 }
 
-/* Reads len bytes at off into dst through the batched I/O engine, keeping RWINDOW pieces in
- * flight and hashing each piece (in order) as soon as it has landed - while the next ones are
- * still being read, and while it is still warm in cache. */
-static int read_range_hashed(kvti_iobatch *b, int fd, char *dst, uint64_t off, uint64_t len,
-                             kvti_xxh3_state *h, const char *path) {
+/* Reads len bytes at off into dst through the batched I/O engine, keeping
+ * RWINDOW pieces in flight and hashing each piece (in order) as soon as it has
+ * landed - while the next ones are still being read, and while it is still warm
+ * in cache. */
+static int read_range_hashed(kvti_iobatch *b, int fd, char *dst, uint64_t off,
+                             uint64_t len, kvti_xxh3_state *h,
+                             const char *path) {
   kvti_iob_req win[RWINDOW];
   uint64_t n = (len + RPIECE - 1) / RPIECE, pushed = 0;
   int rc = 0;
@@ -853,7 +860,8 @@ static int read_range_hashed(kvti_iobatch *b, int fd, char *dst, uint64_t off, u
       uint64_t po = pushed * RPIECE;
       uint64_t pl = len - po < RPIECE ? len - po : RPIECE;
       kvti_iob_req *r = &win[pushed % RWINDOW];
-      *r = (kvti_iob_req){fd, -1, 0, dst + po, pl, off + po, 0, 0, 0, 0, 0, 0, NULL};
+      *r = (kvti_iob_req){fd, -1, 0, dst + po, pl, off + po, 0,
+                          0,  0,  0, 0,        0,  NULL};
       rc = kvti_iobatch_push(b, r, 0, path);
       pushed++;
     }
@@ -862,7 +870,8 @@ static int read_range_hashed(kvti_iobatch *b, int fd, char *dst, uint64_t off, u
     if (rc == 0 && h)
       kvti_xxh3_update(h, dst + k * RPIECE, win[k % RWINDOW].len);
   }
-  int rc2 = kvti_iobatch_wait_all(b); /* nothing may land in dst after we return */
+  int rc2 =
+      kvti_iobatch_wait_all(b); /* nothing may land in dst after we return */
   return rc ? rc : rc2;
 }
 
@@ -936,17 +945,19 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
     t->nbytes = slot[j]->nbytes;
     t->data = NULL;
   }
-  /* Trimmed read: per tensor, tb = bytes of one head's token rows in the file, kb = bytes of
-   * its kept rows. */
+  /* Trimmed read: per tensor, tb = bytes of one head's token rows in the file,
+   * kb = bytes of its kept rows. */
   uint64_t keep = o->keep_tokens;
   if (keep) {
     if (m->kind != KVT_LAYER_KV && m->kind != KVT_LAYER_QUANTIZED_KV) {
       rc = KVT_ERR(KVT_EUNSUPPORTED,
-                   "%s: only KV and quantized KV layers can be trimmed to a token prefix",
+                   "%s: only KV and quantized KV layers can be trimmed to a "
+                   "token prefix",
                    path);
       goto out;
     }
-    tbytes = kvti_calloc(2u * (m->num_tensors ? m->num_tensors : 1), sizeof(uint64_t));
+    tbytes = kvti_calloc(2u * (m->num_tensors ? m->num_tensors : 1),
+                         sizeof(uint64_t));
     if (!tbytes) {
       rc = KVT_ERR_NOMEM();
       goto out;
@@ -954,7 +965,8 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
     for (uint32_t j = 0; j < m->num_tensors; j++) {
       kvt_tensor *t = &l.tensors[j];
       if (t->ndim < 2 || t->shape[t->ndim - 2] < (int64_t)keep) {
-        rc = KVT_ERR(KVT_EINVAL, "%s: tensor %u holds fewer than the %llu tokens to keep",
+        rc = KVT_ERR(KVT_EINVAL,
+                     "%s: tensor %u holds fewer than the %llu tokens to keep",
                      path, j, (unsigned long long)keep);
         goto out;
       }
@@ -1010,15 +1022,17 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
       goto out;
     }
     if (keep && !h) {
-      /* No checksum to verify: read only the kept rows, one request per head. */
+      /* No checksum to verify: read only the kept rows, one request per head.
+       */
       uint64_t tb = tbytes[2 * j], kb = tbytes[2 * j + 1];
       uint64_t outer = tb ? ht->nbytes / tb : 0;
       for (uint64_t b0 = 0; b0 < outer && !o->verify_only && kb > 0; b0 += 64) {
         kvti_iob_req rq[64];
         size_t nr = 0;
         for (uint64_t b = b0; b < outer && b < b0 + 64; b++)
-          rq[nr++] = (kvti_iob_req){fd, -1, 0, dst + b * kb, kb, off + b * tb,
-                                    0, 0, 0, 0, 0, 0, NULL};
+          rq[nr++] =
+              (kvti_iob_req){fd, -1, 0, dst + b * kb, kb, off + b * tb, 0, 0, 0,
+                             0,  0,  0, NULL};
         if ((rc = kvti_iobatch_run(eng, rq, nr, 0, path)) != 0)
           goto out;
       }
@@ -1036,7 +1050,8 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
       if (rc)
         goto out;
       if (keep && !o->verify_only)
-        copy_kept(l.tensors[j].data, scratch, tpos, c, tbytes[2 * j], tbytes[2 * j + 1]);
+        copy_kept(l.tensors[j].data, scratch, tpos, c, tbytes[2 * j],
+                  tbytes[2 * j + 1]);
       else if (!o->verify_only)
         dst += c;
       tpos += c;
@@ -1086,7 +1101,8 @@ int kvt_layer_save(char **meta_json, const char *path, const kvt_layer *layer,
                        kvti_layer_is_quantized(layer), 1);
   if (rc)
     return rc;
-  rc = kvti_layer_write_file(NULL, NULL, path, &p, file_mode, 0, 1, KVT_IO_AUTO, NULL);
+  rc = kvti_layer_write_file(NULL, NULL, path, &p, file_mode, 0, 1, KVT_IO_AUTO,
+                             NULL);
   if (rc == 0) {
     *meta_json = p.meta_json;
     p.meta_json = NULL;

@@ -53,12 +53,12 @@ void kvti_layer_out_free(kvti_layer_out *p);
 uint64_t kvti_layer_out_file_size(const kvti_layer_out *p);
 
 /* Writes a planned layer as a safetensors file at path (O_CREAT|O_EXCL unless
- * truncate), with file_mode, fsync when do_fsync. size and xxh3 as kvti_st_write
- * (same bytes). io_backend (kvt_io_backend) picks the I/O engine of the staged
- * O_DIRECT writer (fwriter.h). With a group (non-NULL) the file joins it:
- * do_fsync/io_backend are the group's, and the writes complete, are fsynced and
- * (on failure) removed by kvti_wgroup_finish/abort. Alone, on failure the file
- * is removed.
+ * truncate), with file_mode, fsync when do_fsync. size and xxh3 as
+ * kvti_st_write (same bytes). io_backend (kvt_io_backend) picks the I/O engine
+ * of the staged O_DIRECT writer (fwriter.h). With a group (non-NULL) the file
+ * joins it: do_fsync/io_backend are the group's, and the writes complete, are
+ * fsynced and (on failure) removed by kvti_wgroup_finish/abort. Alone, on
+ * failure the file is removed.
  */
 struct kvti_wgroup;
 int kvti_layer_write_file(uint64_t *size, uint64_t *xxh3, const char *path,
@@ -103,11 +103,12 @@ typedef struct kvti_layer_read_opts {
   int verify_only; /* read + verify, keep no data (out gets no buffers) */
   const uint64_t *expect_xxh3; /* NULL: no checksum */
   int io_backend;              /* kvt_io_backend of the reads (0 = AUTO) */
-  /* > 0: keep only token positions [0, keep_tokens) of a KV or quantized KV layer (axis -2 of
-   * every tensor; offset becomes keep_tokens); other kinds fail with KVT_EUNSUPPORTED, a layer
-   * holding fewer tokens with KVT_EINVAL. With a checksum the whole file is still read (the
-   * checksum covers it) but only the kept rows are copied out; without one only the kept rows
-   * are read. 0: the whole layer. */
+  /* > 0: keep only token positions [0, keep_tokens) of a KV or quantized KV
+   * layer (axis -2 of every tensor; offset becomes keep_tokens); other kinds
+   * fail with KVT_EUNSUPPORTED, a layer holding fewer tokens with KVT_EINVAL.
+   * With a checksum the whole file is still read (the checksum covers it) but
+   * only the kept rows are copied out; without one only the kept rows are read.
+   * 0: the whole layer. */
   uint64_t keep_tokens;
 } kvti_layer_read_opts;
 

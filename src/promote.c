@@ -69,10 +69,10 @@ struct kvt_promise {
  * caller does, so a cancelled async result is never counted as a hit). On
  * corruption the entry is quarantined. Runs on the caller's thread (sync) or a
  * worker (async). */
-static int read_entry_keep(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
-                           const int32_t *tokens, size_t n,
-                           const kvt_promote_opts *o, atomic_int *cancel,
-                           uint64_t keep) {
+static int read_entry_keep(kvt_entry **out, kvt_tier *t,
+                           const kvt_entry_info *info, const int32_t *tokens,
+                           size_t n, const kvt_promote_opts *o,
+                           atomic_int *cancel, uint64_t keep) {
   const char *hash = info->token_hash;
   kvti_read_opts ro;
   memset(&ro, 0, sizeof ro);
@@ -144,8 +144,8 @@ static void account_hit(kvt_tier *t, kvt_entry *e, const kvt_entry_info *info,
 
 /* Lookup + reserve on the calling thread. On success *info, *reserved. */
 static int begin_keep(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
-                      const int32_t *tokens, size_t n, const kvt_promote_opts *o,
-                      uint64_t keep) {
+                      const int32_t *tokens, size_t n,
+                      const kvt_promote_opts *o, uint64_t keep) {
   uint32_t flags = o ? o->flags : 0;
   double cutoff = kvti_tier_cutoff(t);
   int rc = (flags & KVT_PROMOTE_PREFIX)
@@ -158,7 +158,8 @@ static int begin_keep(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
   if (rc != 0)
     return rc;
   *reserved = 0;
-  if (keep && keep < info->num_tokens) /* a trimmed promote needs its share only */
+  if (keep &&
+      keep < info->num_tokens) /* a trimmed promote needs its share only */
     info->memory_bytes = (uint64_t)((double)info->memory_bytes * (double)keep /
                                     (double)info->num_tokens);
   if (o && o->reserve) {
@@ -198,7 +199,8 @@ static int check_args(const void *out, kvt_tier *t, const int32_t *tokens,
 }
 
 static int promote_sync(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
-                        size_t n_tokens, const kvt_promote_opts *opts, uint64_t keep) {
+                        size_t n_tokens, const kvt_promote_opts *opts,
+                        uint64_t keep) {
   int rc = check_args(out, t, tokens, n_tokens, opts);
   if (rc != 0 || (rc = kvti_tier_enter(t)) != 0)
     return rc;
@@ -208,8 +210,8 @@ static int promote_sync(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
   if (rc == 0) {
     double t0 = kvti_now_mono();
     kvt_entry *e = NULL;
-    rc = read_entry_keep(&e, t, &info, tokens, (size_t)info.num_tokens, opts, NULL,
-                         keep);
+    rc = read_entry_keep(&e, t, &info, tokens, (size_t)info.num_tokens, opts,
+                         NULL, keep);
     if (rc == 0) {
       e->reserved_bytes = reserved;
       account_hit(t, e, &info, t0, opts ? opts->flags : 0);
@@ -238,15 +240,17 @@ int kvt_tier_promote_trim(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
                           size_t n_tokens, size_t n_keep,
                           const kvt_promote_opts *opts) {
   if (n_keep == 0 || n_keep > n_tokens)
-    return KVT_ERR(KVT_EINVAL, "n_keep must be in 1..n_tokens (%zu), got %zu", n_tokens,
-                   n_keep);
+    return KVT_ERR(KVT_EINVAL, "n_keep must be in 1..n_tokens (%zu), got %zu",
+                   n_tokens, n_keep);
   if (opts && (opts->flags & KVT_PROMOTE_PREFIX))
     return KVT_ERR(KVT_EINVAL, "kvt_tier_promote_trim promotes an exact entry: "
                                "KVT_PROMOTE_PREFIX is not allowed");
-  return promote_sync(out, t, tokens, n_tokens, opts, n_keep == n_tokens ? 0 : n_keep);
+  return promote_sync(out, t, tokens, n_tokens, opts,
+                      n_keep == n_tokens ? 0 : n_keep);
 }
 
-size_t kvt_common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
+size_t kvt_common_prefix(const int32_t *a, size_t na, const int32_t *b,
+                         size_t nb) {
   size_t n = na < nb ? na : nb, i = 0;
   if (!a || !b)
     return 0;

@@ -525,8 +525,9 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *opts) {
                                      "PORTABLE)");
 #endif
   if (opts->io_backend == KVT_IO_URING) {
-    /* Built with io_uring, but it may still be unusable here (seccomp, an old kernel,
-     * io_uring_disabled): refuse now rather than fail every spill and promote. */
+    /* Built with io_uring, but it may still be unusable here (seccomp, an old
+     * kernel, io_uring_disabled): refuse now rather than fail every spill and
+     * promote. */
     kvti_iobatch *probe = NULL;
     rc = kvti_iobatch_get(&probe, KVT_IO_URING);
     if (rc != 0)

@@ -53,10 +53,9 @@ static void write_one(kvt_tier *t, kvti_snapshot *s) {
   memcpy(hash, kvti_snapshot_hash(s), sizeof hash);
   size_t n = 0;
   const int32_t *tokens = kvti_snapshot_tokens(s, &n);
-  kvti_write_opts wo = {t->opts.storage_mode,
-                        t->opts.durability == KVT_DURABILITY_FSYNC,
-                        t->opts.file_mode, t->opts.dir_mode,
-                        t->opts.io_backend};
+  kvti_write_opts wo = {
+      t->opts.storage_mode, t->opts.durability == KVT_DURABILITY_FSYNC,
+      t->opts.file_mode, t->opts.dir_mode, t->opts.io_backend};
   uint64_t disk = 0;
   pthread_mutex_lock(&t->mut_mu);
   /* Readers must be excluded only when something is already stored under this

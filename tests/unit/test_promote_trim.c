@@ -1,10 +1,12 @@
 /*
- * test_promote_trim.c - trimmed promotes (kvt_tier_promote_trim): only the first n_keep tokens
- * of a stored entry come back, with every head's rows [0, n_keep) byte-identical to what was
- * spilled, tokens/hash/offset/memory_bytes of the kept prefix, the budget asked for the scaled
- * amount, caller buffers sized for the trimmed tensors, on_layer in order; quantized KV layers
- * trim all six tensors; arrays layers and bad n_keep are refused; a layer file read without a
- * checksum (as for reference-written entries) reads only the kept rows; kvt_common_prefix.
+ * test_promote_trim.c - trimmed promotes (kvt_tier_promote_trim): only the
+ * first n_keep tokens of a stored entry come back, with every head's rows [0,
+ * n_keep) byte-identical to what was spilled, tokens/hash/offset/memory_bytes
+ * of the kept prefix, the budget asked for the scaled amount, caller buffers
+ * sized for the trimmed tensors, on_layer in order; quantized KV layers trim
+ * all six tensors; arrays layers and bad n_keep are refused; a layer file read
+ * without a checksum (as for reference-written entries) reads only the kept
+ * rows; kvt_common_prefix.
  */
 #include "testutil.h"
 #include "tier_testlib.h"
@@ -12,16 +14,21 @@
 
 #include <cjson/cJSON.h>
 
-/* Rows [0, keep) of every head of a [1, H, T, D] tensor equal the trimmed [1, H, keep, D]. */
-static int rows_match(const kvt_tensor *trim, const kvt_tensor *full, int64_t keep) {
+/* Rows [0, keep) of every head of a [1, H, T, D] tensor equal the trimmed [1,
+ * H, keep, D]. */
+static int rows_match(const kvt_tensor *trim, const kvt_tensor *full,
+                      int64_t keep) {
   int64_t H = full->shape[1], T = full->shape[2];
-  size_t row = (size_t)(full->nbytes / (uint64_t)(H * T)); /* bytes of one token row */
+  size_t row =
+      (size_t)(full->nbytes / (uint64_t)(H * T)); /* bytes of one token row */
   if (trim->ndim != 4 || trim->shape[2] != keep || trim->shape[1] != H ||
-      trim->shape[3] != full->shape[3] || trim->nbytes != (uint64_t)(H * keep) * row)
+      trim->shape[3] != full->shape[3] ||
+      trim->nbytes != (uint64_t)(H * keep) * row)
     return 0;
   for (int64_t h = 0; h < H; h++)
     if (memcmp((const char *)trim->data + (size_t)(h * keep) * row,
-               (const char *)full->data + (size_t)(h * T) * row, (size_t)keep * row) != 0)
+               (const char *)full->data + (size_t)(h * T) * row,
+               (size_t)keep * row) != 0)
       return 0;
   return 1;
 }
@@ -38,7 +45,8 @@ typedef struct cbuf {
   int allocs;
   uint64_t bytes;
 } cbuf;
-static void *c_alloc(void *ctx, uint32_t layer, uint32_t tensor, const kvt_tensor *d) {
+static void *c_alloc(void *ctx, uint32_t layer, uint32_t tensor,
+                     const kvt_tensor *d) {
   (void)layer, (void)tensor;
   cbuf *c = ctx;
   c->allocs++;
@@ -65,7 +73,8 @@ static void test_kv_trim(void) {
   po.layer_ctx = &keep;
   layers_seen = layers_in_order = 0;
   kvt_entry *got = NULL;
-  REQUIRE(kvt_tier_promote_trim(&got, t, e.tokens, e.n_tokens, (size_t)keep, &po) == 0);
+  REQUIRE(kvt_tier_promote_trim(&got, t, e.tokens, e.n_tokens, (size_t)keep,
+                                &po) == 0);
   CHECK_EQ_INT(kvt_entry_num_layers(got), 3);
   for (uint32_t l = 0; l < 3; l++) {
     const kvt_layer *ly = kvt_entry_layer(got, l);
@@ -97,28 +106,35 @@ static void test_kv_trim(void) {
   REQUIRE(kvt_tier_promote_trim(&got, t, e.tokens, e.n_tokens, 5, &pc) == 0);
   CHECK_EQ_INT(cb.allocs, 6);
   CHECK_EQ_INT(cb.bytes, 6 * 2 * 5 * 8 * 4);
-  CHECK(rows_match(&kvt_entry_layer(got, 2)->tensors[1], &e.layers[2].tensors[1], 5));
+  CHECK(rows_match(&kvt_entry_layer(got, 2)->tensors[1],
+                   &e.layers[2].tensors[1], 5));
   kvt_entry_free(got);
   /* n_keep == n_tokens is a plain promote; bad values are refused. */
   got = NULL;
-  REQUIRE(kvt_tier_promote_trim(&got, t, e.tokens, e.n_tokens, e.n_tokens, NULL) == 0);
+  REQUIRE(kvt_tier_promote_trim(&got, t, e.tokens, e.n_tokens, e.n_tokens,
+                                NULL) == 0);
   CHECK(t_same(got, &e));
   kvt_entry_free(got);
   got = NULL;
-  CHECK_EQ_INT(kvt_tier_promote_trim(&got, t, e.tokens, e.n_tokens, 0, NULL), KVT_EINVAL);
-  CHECK_EQ_INT(kvt_tier_promote_trim(&got, t, e.tokens, e.n_tokens, 41, NULL), KVT_EINVAL);
+  CHECK_EQ_INT(kvt_tier_promote_trim(&got, t, e.tokens, e.n_tokens, 0, NULL),
+               KVT_EINVAL);
+  CHECK_EQ_INT(kvt_tier_promote_trim(&got, t, e.tokens, e.n_tokens, 41, NULL),
+               KVT_EINVAL);
   kvt_promote_opts pp = t_popts(NULL);
   pp.flags = KVT_PROMOTE_PREFIX;
-  CHECK_EQ_INT(kvt_tier_promote_trim(&got, t, e.tokens, e.n_tokens, 3, &pp), KVT_EINVAL);
+  CHECK_EQ_INT(kvt_tier_promote_trim(&got, t, e.tokens, e.n_tokens, 3, &pp),
+               KVT_EINVAL);
   /* Unknown entry: a miss. */
-  CHECK_EQ_INT(kvt_tier_promote_trim(&got, t, e.tokens, 39, 3, NULL), KVT_ENOTFOUND);
+  CHECK_EQ_INT(kvt_tier_promote_trim(&got, t, e.tokens, 39, 3, NULL),
+               KVT_ENOTFOUND);
   CHECK(got == NULL);
-  /* Integrity is not relaxed: damage in the rows a trimmed read drops is still caught by the
-   * whole-file checksum (and the entry quarantined). */
+  /* Integrity is not relaxed: damage in the rows a trimmed read drops is still
+   * caught by the whole-file checksum (and the entry quarantined). */
   char *lp = t_entry_path(t, e.tokens, e.n_tokens, "layer_1.safetensors");
   REQUIRE(lp && t_flip(lp, -1) == 0);
   free(lp);
-  CHECK_EQ_INT(kvt_tier_promote_trim(&got, t, e.tokens, e.n_tokens, 3, NULL), KVT_ECORRUPT);
+  CHECK_EQ_INT(kvt_tier_promote_trim(&got, t, e.tokens, e.n_tokens, 3, NULL),
+               KVT_ECORRUPT);
   CHECK(got == NULL);
   kvt_tier_free(t);
   t_free(&e);
@@ -149,7 +165,8 @@ static void test_quantized_and_arrays(void) {
     qt[k].shape[1] = H;
     qt[k].shape[2] = T;
     qt[k].shape[3] = packed ? D * BITS / 32 : D / GS;
-    qt[k].nbytes = (uint64_t)H * T * (uint64_t)qt[k].shape[3] * (packed ? 4 : 2);
+    qt[k].nbytes =
+        (uint64_t)H * T * (uint64_t)qt[k].shape[3] * (packed ? 4 : 2);
     qt[k].data = malloc(qt[k].nbytes);
     kvt_rng_fill(&r, qt[k].data, qt[k].nbytes);
     if (!packed) /* keep the F16 values finite: clear the exponent's top bit */
@@ -187,7 +204,8 @@ static void test_quantized_and_arrays(void) {
   REQUIRE(kvt_tier_spill(t, tok2, 5, &a, 1, 64) == 0);
   REQUIRE(kvt_tier_flush(t, -1) == 0);
   got = NULL;
-  CHECK_EQ_INT(kvt_tier_promote_trim(&got, t, tok2, 5, 2, NULL), KVT_EUNSUPPORTED);
+  CHECK_EQ_INT(kvt_tier_promote_trim(&got, t, tok2, 5, 2, NULL),
+               KVT_EUNSUPPORTED);
   CHECK(got == NULL);
   kvt_tier_free(t);
   free(at.data);
@@ -195,17 +213,19 @@ static void test_quantized_and_arrays(void) {
     free(qt[k].data);
 }
 
-/* A layer file read without a checksum (what entries written by the reference get) reads only
- * the kept rows: the bytes of the dropped rows are never looked at, so corrupting them does
- * not matter. */
+/* A layer file read without a checksum (what entries written by the reference
+ * get) reads only the kept rows: the bytes of the dropped rows are never looked
+ * at, so corrupting them does not matter. */
 static void test_layer_range_read(void) {
   char *dir = kvt_test_tmpdir("trim-layer");
   t_entry e = t_make(5, 30, 1, 30, 16);
   char path[4096];
   snprintf(path, sizeof path, "%s/layer_0.safetensors", dir);
   char *meta = NULL;
-  REQUIRE(kvt_layer_save(&meta, path, &e.layers[0], 0, KVT_STORAGE_NATIVE, 0600) == 0);
-  /* Flip the last byte of the file: the last row of the last head, beyond the kept rows. */
+  REQUIRE(kvt_layer_save(&meta, path, &e.layers[0], 0, KVT_STORAGE_NATIVE,
+                         0600) == 0);
+  /* Flip the last byte of the file: the last row of the last head, beyond the
+   * kept rows. */
   REQUIRE(t_flip(path, -1) == 0);
   cJSON *j = cJSON_Parse(meta);
   REQUIRE(j);
