@@ -128,8 +128,8 @@ int main(int argc, char **argv) {
   if (!dir)
     return 1;
   bu_header("bench_io: iobatch vs fio", dir);
-  printf("# size %llu MiB, queue depth %d, chunk %zu KiB, %d rounds (kvtier: "
-         "median; fio: best)\n",
+  printf("# size %llu MiB, queue depth %d, chunk %zu KiB, %d rounds (medians; "
+         "ratio = median of per-round ratios)\n",
          (unsigned long long)(size_b >> 20), depth, chunk >> 10, runs);
 
   kvti_iob_cfg cfg = KVTI_IOB_CFG_INIT;
@@ -203,36 +203,45 @@ int main(int argc, char **argv) {
     unlink(ourf);
   }
   double v[NMEAS];
-  /* Ours: the median round. The limits (fio): the best round - the conservative
-   * choice. */
-  for (int k = 0; k < NMEAS; k++)
-    v[k] = (k <= FIO_RB ? bu_max(m[k], runs) : bu_median(m[k], runs)) / 1e9;
+  /* Medians of the rounds for values and limits; the ratio is the median of the per-round
+   * ratios (each pairs kvtier's figure with fio's from the same round). */
+  for (int k = 0; k < NMEAS; k++) {
+    double tmp[MAXRUNS];
+    memcpy(tmp, m[k], sizeof tmp);
+    v[k] = bu_median(tmp, runs) / 1e9;
+  }
   char dw[128], dr[128], db[128];
   snprintf(dw, sizeof dw, "fio write O_DIRECT bs=1M qd=%d +fsync", depth);
   snprintf(dr, sizeof dr, "fio read O_DIRECT bs=1M qd=%d", depth);
   snprintf(db, sizeof db, "fio read buffered warm bs=1M psync");
   if (use_fio)
-    printf("# fio: write %.3f GB/s, O_DIRECT read %.3f GB/s, warm buffered "
+    printf("# fio (median): write %.3f GB/s, O_DIRECT read %.3f GB/s, warm buffered "
            "read %.3f GB/s\n",
            v[FIO_W], v[FIO_RD], v[FIO_RB]);
-  if (ub) {
-    bu_report("uring write O_DIRECT+fsync", v[U_WD], v[FIO_W], "GB/s", dw, 0.85,
-              1);
-    bu_report("uring read O_DIRECT (cold)", v[U_RD], v[FIO_RD], "GB/s", dr,
-              0.85, 1);
-    bu_report("uring read buffered warm", v[U_RBW], v[FIO_RB], "GB/s", db, 0.80,
-              1);
-    bu_report("uring read buffered cold", v[U_RBC], v[FIO_RD], "GB/s", dr, 0,
-              1);
-    bu_report("uring write buffered+fsync", v[U_WB], v[FIO_W], "GB/s", dw, 0,
-              1);
+  struct {
+    const char *name;
+    int k, lim;
+    const char *desc;
+    double want;
+  } lines[] = {
+      {"uring write O_DIRECT+fsync", U_WD, FIO_W, dw, 0.85},
+      {"uring read O_DIRECT (cold)", U_RD, FIO_RD, dr, 0.85},
+      {"uring read buffered warm", U_RBW, FIO_RB, db, 0.80},
+      {"uring read buffered cold", U_RBC, FIO_RD, dr, 0},
+      {"uring write buffered+fsync", U_WB, FIO_W, dw, 0},
+      {"portable write O_DIRECT+fsync", P_WD, FIO_W, dw, 0},
+      {"portable read O_DIRECT (cold)", P_RD, FIO_RD, dr, 0},
+      {"portable read buffered warm", P_RBW, FIO_RB, db, 0},
+  };
+  for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) {
+    if (!ub && lines[i].k >= U_WD && lines[i].k <= U_RBW)
+      continue;
+    double q[MAXRUNS];
+    for (int r = 0; r < runs; r++)
+      q[r] = m[lines[i].lim][r] > 0 ? m[lines[i].k][r] / m[lines[i].lim][r] : 0;
+    bu_report_ratio(lines[i].name, v[lines[i].k], v[lines[i].lim], bu_median(q, runs), "GB/s",
+                    lines[i].desc, lines[i].want, 1);
   }
-  bu_report("portable write O_DIRECT+fsync", v[P_WD], v[FIO_W], "GB/s", dw, 0,
-            1);
-  bu_report("portable read O_DIRECT (cold)", v[P_RD], v[FIO_RD], "GB/s", dr, 0,
-            1);
-  bu_report("portable read buffered warm", v[P_RBW], v[FIO_RB], "GB/s", db, 0,
-            1);
   kvti_free(buf);
   kvti_iobatch_free(ub);
   kvti_iobatch_free(pb);

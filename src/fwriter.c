@@ -23,9 +23,8 @@
 
 #define NSTAGE 8
 #define STAGE ((size_t)1 << 20)
-#define PIECE                                                                  \
-  ((size_t)64 << 10) /* copy+hash granularity: stays in L1/L2 between the two  \
-                      */
+/* Copy+hash granularity: a piece stays in L1/L2 between its copy and its hash. */
+#define PIECE ((size_t)64 << 10)
 #define MAX_OPEN 64  /* files kept open before a checkpoint */
 
 struct kvti_fwriter {

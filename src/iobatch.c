@@ -313,8 +313,7 @@ static int portable_run(kvti_iobatch *b, kvti_iob_req *reqs, size_t n) {
   return j.f.code ? raise_failure(&j.f) : 0;
 }
 
-/* Synchronous push for the portable backend: the request is done before return.
- */
+/* Synchronous push (portable backend): the request is done before return. */
 static int portable_push(kvti_iobatch *b, kvti_iob_req *r) {
   chunk ch;
   while (b->f.code == 0 && take_chunk(r, b->chunk, &ch))

@@ -824,9 +824,8 @@ void kvti_layer_release(kvt_layer *l, int caller_alloc, kvt_free_fn free_buf,
 }
 
 #define RCHUNK ((size_t)8 << 20)
-#define RPIECE                                                                 \
-  ((size_t)256                                                                 \
-   << 10)          /* read granularity: hashed (cache-resident) as it lands */
+/* Read granularity: each piece is hashed, still cache-resident, as it lands. */
+#define RPIECE ((size_t)256 << 10)
 #define RWINDOW 16 /* pieces in flight ahead of the hashing */
 
 /* Copies the part of a streamed piece (tensor bytes [pos, pos+len)) that falls
@@ -1022,8 +1021,7 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
       goto out;
     }
     if (keep && !h) {
-      /* No checksum to verify: read only the kept rows, one request per head.
-       */
+      /* No checksum to verify: read only the kept rows, one read per head. */
       uint64_t tb = tbytes[2 * j], kb = tbytes[2 * j + 1];
       uint64_t outer = tb ? ht->nbytes / tb : 0;
       for (uint64_t b0 = 0; b0 < outer && !o->verify_only && kb > 0; b0 += 64) {
