@@ -563,14 +563,14 @@ static void shape_str(char *buf, size_t cap, const cJSON *shape) {
 }
 
 /* Layer attributes worth a glance: offset and the kind-specific ones. */
-static void layer_attrs(char *buf, size_t cap, const cJSON *layer) {
+static void layer_attrs(char *buf, size_t cap, const cJSON *layer,
+                        const cJSON *man_layer) {
   static const char *keys[] = {"offset", "max_size",   "keep",
                                "step",   "idx",        "_idx",
                                "bits",   "group_size", "num_arrays"};
   size_t cur = 0;
   buf[0] = 0;
-  const cJSON *src[2] = {layer,
-                         cJSON_GetObjectItemCaseSensitive(layer, "manifest")};
+  const cJSON *src[2] = {layer, man_layer};
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
     for (int s = 0; s < 2; s++) {
       const cJSON *v =
@@ -584,6 +584,32 @@ static void layer_attrs(char *buf, size_t cap, const cJSON *layer) {
   }
   if (!buf[0])
     snprintf(buf, cap, "-");
+}
+
+static void print_manifest(const cJSON *obj, const char *prefix) {
+  const cJSON *it;
+  cJSON_ArrayForEach(it, obj) {
+    if (!it->string || (!*prefix && strcmp(it->string, "layers") == 0))
+      continue;
+    char key[128];
+    snprintf(key, sizeof key, "%s%s", prefix, it->string);
+    if (cJSON_IsObject(it) && !*prefix) {
+      char p2[136];
+      snprintf(p2, sizeof p2, "%s.", key);
+      print_manifest(it, p2);
+    } else if (cJSON_IsObject(it) || cJSON_IsArray(it)) {
+      char *s = cJSON_PrintUnformatted(it);
+      if (s && strlen(s) <= 100)
+        printf("  %-24s %s\n", key, s);
+      else
+        printf("  %-24s (%d items; see --json)\n", key, cJSON_GetArraySize(it));
+      cJSON_free(s);
+    } else {
+      char *s = cJSON_PrintUnformatted(it);
+      printf("  %-24s %s\n", key, s ? s : "?");
+      cJSON_free(s);
+    }
+  }
 }
 
 int cmd_show(int argc, char **argv) {
@@ -708,7 +734,12 @@ int cmd_show(int argc, char **argv) {
     char idx[16], attrs[160];
     double lidx = cli_jnum(layer, "layer_idx", cli_jnum(layer, "index", li));
     snprintf(idx, sizeof idx, "%.0f", lidx);
-    layer_attrs(attrs, sizeof attrs, layer);
+    /* Attributes live in the manifest's layer object (describe's layer
+     * object may repeat them). */
+    const cJSON *man = cJSON_GetObjectItemCaseSensitive(doc, "manifest");
+    const cJSON *mls =
+        man ? cJSON_GetObjectItemCaseSensitive(man, "layers") : NULL;
+    layer_attrs(attrs, sizeof attrs, layer, cJSON_GetArrayItem(mls, li));
     const char *kind = cli_kind_name(cli_layer_kind(layer));
     const cJSON *ts = cJSON_GetObjectItemCaseSensitive(layer, "tensors");
     const cJSON *tv;
@@ -746,14 +777,11 @@ int cmd_show(int argc, char **argv) {
   cli_table_free(&t);
   const cJSON *man = cJSON_GetObjectItemCaseSensitive(doc, "manifest");
   if (man) {
-    /* The manifest without its layer list (shown above). */
-    cJSON *copy = cJSON_Duplicate(man, 1);
-    cJSON_DeleteItemFromObjectCaseSensitive(copy, "layers");
-    char *s = cJSON_PrintUnformatted(copy);
-    if (s)
-      printf("\nmanifest    %s\n", s);
-    cJSON_free(s);
-    cJSON_Delete(copy);
+    /* The manifest's other keys, one level of nesting flattened; big
+     * objects (per-file checksums) summarised. The full document is in
+     * --json. */
+    printf("\nmanifest\n");
+    print_manifest(man, "");
   }
   cJSON_Delete(doc);
   cli_cache_close(&c);
