@@ -783,6 +783,7 @@ int cmd_bench(int argc, char **argv) {
       lat[warm.count++] = dt;
       warm.seconds += dt;
       warm.bytes += kvt_entry_disk_bytes(ent);
+      verify_entry(&vc, &w, e, ent); /* outside the timed region */
       kvt_entry_free(ent);
       cli_progress_update(&pg, ++done_ops);
     }
@@ -819,6 +820,7 @@ int cmd_bench(int argc, char **argv) {
       lat[cold.count++] = dt;
       cold.seconds += dt;
       cold.bytes += kvt_entry_disk_bytes(ent);
+      verify_entry(&vc, &w, e, ent);
       kvt_entry_free(ent);
       cli_progress_update(&pg, ++done_ops);
     }

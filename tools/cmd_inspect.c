@@ -72,7 +72,8 @@ static const char *LS_HELP =
     "\n"
     "Columns: HASH, TOKENS, LAYERS, KINDS (kv, rotating, arrays, quant with\n"
     "layer counts), DTYPES, DISK (bytes on disk), MEMORY (RAM size recorded\n"
-    "at spill), CREATED, ACCESSED (local time), MODE (native or compat).\n";
+    "at spill), CREATED, ACCESSED (local time), MODE (native, compat, or\n"
+    "reference for entries the reference implementation wrote).\n";
 
 static int sort_key;
 static int sort_rev;
@@ -343,7 +344,11 @@ int cmd_stats(int argc, char **argv) {
   double oldest = 0, newest = 0, lru = 0;
   uint64_t tokens = 0, disk = 0, mem = 0;
   uint64_t layers_by_kind[5] = {0}, entries_by_kind[5] = {0};
-  uint64_t native = 0, compat = 0, unreadable = 0;
+  uint64_t unreadable = 0;
+  /* Storage modes as describe names them (native, compat, reference...). */
+  char mode_name[8][16];
+  uint64_t mode_count[8] = {0};
+  size_t nmodes = 0;
   char dtypes[256] = "";
   cli_progress pg;
   cli_progress_start(&pg, "reading", describe ? es.n : 0, 1);
@@ -371,10 +376,13 @@ int cmd_stats(int argc, char **argv) {
       layers_by_kind[k] += d.kind_count[k];
       entries_by_kind[k] += d.kind_count[k] ? 1 : 0;
     }
-    if (strcmp(d.storage, "compat") == 0)
-      compat++;
-    else if (strcmp(d.storage, "native") == 0)
-      native++;
+    size_t m = 0;
+    while (m < nmodes && strcmp(mode_name[m], d.storage) != 0)
+      m++;
+    if (m == nmodes && nmodes < 8)
+      snprintf(mode_name[nmodes++], sizeof mode_name[0], "%s", d.storage);
+    if (m < nmodes)
+      mode_count[m]++;
     if (strcmp(d.dtypes, "?") != 0) {
       char tmp[64];
       snprintf(tmp, sizeof tmp, "%s", d.dtypes);
@@ -433,8 +441,8 @@ int cmd_stats(int argc, char **argv) {
                                 (double)entries_by_kind[k]);
       }
       cJSON *sm = cJSON_AddObjectToObject(o, "storage_modes");
-      cJSON_AddNumberToObject(sm, "native", (double)native);
-      cJSON_AddNumberToObject(sm, "compat", (double)compat);
+      for (size_t m = 0; m < nmodes; m++)
+        cJSON_AddNumberToObject(sm, mode_name[m], (double)mode_count[m]);
       cJSON *dt = cJSON_AddArrayToObject(o, "dtypes");
       for (char *sv = NULL, *p = strtok_r(dtypes, ",", &sv); p;
            p = strtok_r(NULL, ",", &sv))
@@ -496,8 +504,11 @@ int cmd_stats(int argc, char **argv) {
         const char *row[3] = {cli_kind_name(k), l, e};
         cli_table_add(&t, row);
       }
-      printf("modes      native %llu, compat %llu\n",
-             (unsigned long long)native, (unsigned long long)compat);
+      printf("modes      ");
+      for (size_t m = 0; m < nmodes; m++)
+        printf("%s%s %llu", m ? ", " : "", mode_name[m],
+               (unsigned long long)mode_count[m]);
+      printf("%s\n", nmodes ? "" : "-");
       printf("dtypes     %s\n", dtypes[0] ? dtypes : "-");
       if (unreadable)
         printf("unreadable %llu entries (run kvtier verify)\n",
