@@ -159,6 +159,11 @@ int cli_isatty_err(void);
 /* rm -rf without following symlinks. Returns 0 or -1. */
 int cli_rmtree(const char *path);
 int cli_is_hex64(const char *s);
+/* qsort/bsearch that accept an empty (NULL) array. */
+void cli_qsort(void *base, size_t n, size_t size,
+               int (*cmp)(const void *, const void *));
+void *cli_bsearch(const void *key, const void *base, size_t n, size_t size,
+                  int (*cmp)(const void *, const void *));
 
 /* Commands. argv excludes the command word. */
 int cmd_ls(int argc, char **argv);

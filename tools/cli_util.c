@@ -685,3 +685,14 @@ int cli_is_hex64(const char *s) {
       return 0;
   return i == 64;
 }
+
+void cli_qsort(void *base, size_t n, size_t size,
+               int (*cmp)(const void *, const void *)) {
+  if (base && n > 1)
+    qsort(base, n, size, cmp);
+}
+
+void *cli_bsearch(const void *key, const void *base, size_t n, size_t size,
+                  int (*cmp)(const void *, const void *)) {
+  return base && n ? bsearch(key, base, n, size, cmp) : NULL;
+}

@@ -262,7 +262,7 @@ static int cmp_dbl(const void *a, const void *b) {
 static double pct(double *v, size_t n, double q) {
   if (n == 0)
     return 0;
-  qsort(v, n, sizeof *v, cmp_dbl);
+  cli_qsort(v, n, sizeof *v, cmp_dbl);
   size_t k = (size_t)ceil(q * (double)n);
   if (k < 1)
     k = 1;

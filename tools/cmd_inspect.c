@@ -165,7 +165,7 @@ int cmd_ls(int argc, char **argv) {
     return cli_fail(json, "ls", CLI_FAILED, "cannot list entries: %s",
                     kvt_last_error());
   }
-  qsort(es.v, es.n, sizeof *es.v, cmp_entries);
+  cli_qsort(es.v, es.n, sizeof *es.v, cmp_entries);
   size_t shown = es.n < limit ? es.n : (size_t)limit;
 
   if (json) {

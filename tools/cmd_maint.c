@@ -110,7 +110,7 @@ int cmd_verify(int argc, char **argv) {
     return cli_fail(json, "verify", CLI_FAILED, "cannot list entries: %s",
                     kvt_last_error());
   }
-  qsort(es.v, es.n, sizeof *es.v, cmp_hash);
+  cli_qsort(es.v, es.n, sizeof *es.v, cmp_hash);
 
   problems ps = {0};
   size_t ok = 0, failed_checks = 0, repaired = 0;
@@ -169,7 +169,7 @@ int cmd_verify(int argc, char **argv) {
       kvt_entry_info key;
       memset(&key, 0, sizeof key);
       memcpy(key.token_hash, n, 65);
-      if (!bsearch(&key, es.v, es.n, sizeof *es.v, cmp_hash))
+      if (!cli_bsearch(&key, es.v, es.n, sizeof *es.v, cmp_hash))
         add_problem(&ps, n, "orphan", "entry directory without an index row");
     }
     closedir(d);
@@ -409,9 +409,9 @@ int cmd_gc(int argc, char **argv) {
       return cli_fail(json, "gc", CLI_FAILED, "cannot list entries: %s",
                       kvt_last_error());
     }
-    qsort(after.v, after.n, sizeof *after.v, cmp_hash);
+    cli_qsort(after.v, after.n, sizeof *after.v, cmp_hash);
     for (size_t i = 0; i < before.n; i++)
-      if (!bsearch(&before.v[i], after.v, after.n, sizeof *after.v, cmp_hash)) {
+      if (!cli_bsearch(&before.v[i], after.v, after.n, sizeof *after.v, cmp_hash)) {
         picks[npick].info = before.v[i];
         picks[npick].reason =
             older > 0 && before.v[i].created_at < now - (double)older
@@ -422,7 +422,7 @@ int cmd_gc(int argc, char **argv) {
     remaining = after.n;
     cli_entries_free(&after);
   } else {
-    qsort(before.v, before.n, sizeof *before.v, cmp_lru);
+    cli_qsort(before.v, before.n, sizeof *before.v, cmp_lru);
     uint64_t count = before.n, bytes = 0;
     for (size_t i = 0; i < before.n; i++)
       bytes += before.v[i].disk_bytes;
