@@ -411,7 +411,8 @@ int cmd_gc(int argc, char **argv) {
     }
     cli_qsort(after.v, after.n, sizeof *after.v, cmp_hash);
     for (size_t i = 0; i < before.n; i++)
-      if (!cli_bsearch(&before.v[i], after.v, after.n, sizeof *after.v, cmp_hash)) {
+      if (!cli_bsearch(&before.v[i], after.v, after.n, sizeof *after.v,
+                       cmp_hash)) {
         picks[npick].info = before.v[i];
         picks[npick].reason =
             older > 0 && before.v[i].created_at < now - (double)older
