@@ -626,7 +626,8 @@ int cmd_bench(int argc, char **argv) {
   o.storage_mode = c.storage;
   o.durability = c.durability;
   o.log_fn = log_warn;
-  o.log_level = KVT_LOG_WARN;
+  o.log_level =
+      cli_flag_get(f, nf, "verbose")->set ? KVT_LOG_INFO : KVT_LOG_WARN;
   o.spill_done_fn = on_spill_done;
   o.spill_done_ctx = &trk;
   kvt_tier *t = NULL;
