@@ -462,6 +462,11 @@ int cli_cache_open(cli_cache *c, const char *dir, unsigned flags, int json,
     return cli_fail(json, cmd, CLI_NOOPEN,
                     "%s: not a kvtier cache directory (no index.db or data/)",
                     dir);
+  if (!has_index && (flags & KVT_OPEN_READONLY))
+    return cli_fail(json, cmd, CLI_NOOPEN,
+                    "%s: has data/ but no index.db: nothing to read (the "
+                    "index is missing)",
+                    dir);
   if (has_index) {
     char p[4200];
     snprintf(p, sizeof p, "%s/index.db", dir);

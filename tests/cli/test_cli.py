@@ -178,6 +178,27 @@ def t_errors():
                   f"ls {path} --json: error object with exit_code 3")
             check(msg in d.get("error", {}).get("message", ""),
                   f"ls {path} --json: error message")
+        # data/ without an index; a garbage index.db; an unsafe mode.
+        noindex = os.path.join(base, "noindex")
+        os.makedirs(os.path.join(noindex, "data"))
+        rc, _, err = run("ls", noindex)
+        check(rc == 3 and "no index.db" in err, f"data/ without index: {err}")
+        garbage = os.path.join(base, "garbage")
+        os.makedirs(os.path.join(garbage, "data"), mode=0o700)
+        os.chmod(garbage, 0o700)
+        with open(os.path.join(garbage, "index.db"), "wb") as fh:
+            fh.write(b"this is not an SQLite database" * 100)
+        for cmd in (["ls"], ["stats"], ["verify"]):
+            rc, _, err = run(cmd[0], garbage)
+            check(rc == 3 and "cannot open cache" in err,
+                  f"{cmd[0]} garbage index.db: exit {rc}: {err.strip()}")
+            check("Sanitizer" not in err, "garbage index.db: no crash")
+        unsafe = os.path.join(base, "unsafe")
+        make_good(unsafe, small=True)
+        os.chmod(unsafe, 0o777)
+        rc, _, err = run("ls", unsafe)
+        check(rc == 3 and "cannot open cache" in err,
+              f"group/world-writable cache refused: exit {rc}: {err}")
         check(not os.path.exists(missing), "nothing created for a missing dir")
         check(os.listdir(notcache) == ["README"], "not-a-cache dir untouched")
         # Unreadable directory (meaningless as root, who reads anything).
