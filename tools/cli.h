@@ -19,12 +19,13 @@
 
 /* Exit codes (documented in docs/CLI.md and `kvtier --help`). */
 enum {
-  CLI_OK = 0,       /* success; verify: everything is good               */
-  CLI_PROBLEMS = 1, /* verify found problems (repaired with --repair)     */
-  CLI_USAGE = 2,    /* bad command line                                   */
-  CLI_NOOPEN = 3,   /* directory missing, unreadable or not a cache       */
-  CLI_FAILED = 4,   /* the operation failed (I/O, database, repair)       */
-  CLI_NOTFOUND = 5  /* show: no such entry                                */
+  CLI_OK = 0,           /* success; verify: everything is good               */
+  CLI_PROBLEMS = 1,     /* verify found problems (repaired with --repair)     */
+  CLI_USAGE = 2,        /* bad command line                                   */
+  CLI_NOOPEN = 3,       /* directory missing, unreadable or not a cache       */
+  CLI_FAILED = 4,       /* the operation failed (I/O, database, repair)       */
+  CLI_NOTFOUND = 5,     /* show: no such entry                                */
+  CLI_INTERRUPTED = 130 /* bench: SIGINT/SIGTERM (cleaned up first)        */
 };
 
 /* ---- option parsing --------------------------------------------------- */

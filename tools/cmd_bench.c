@@ -23,6 +23,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -73,8 +74,7 @@ static const char *BENCH_HELP =
     "\n"
     "Throughputs are decimal (1 GB/s = 1e9 bytes/s) over bytes on disk.\n";
 
-/* ---- the workload ---------------------------------------------------------
- */
+/* ---- the workload ---- */
 
 typedef struct bench_cfg {
   const char *preset;
@@ -250,8 +250,7 @@ static void free_workload(workload *w, int entries) {
   free(w->tensors);
 }
 
-/* ---- statistics -----------------------------------------------------------
- */
+/* ---- statistics ---- */
 
 static int cmp_dbl(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -271,8 +270,7 @@ static double pct(double *v, size_t n, double q) {
   return v[k - 1];
 }
 
-/* ---- spill completion tracking --------------------------------------------
- */
+/* ---- spill completion tracking ---- */
 
 typedef struct spill_track {
   pthread_mutex_t mu;
@@ -369,8 +367,7 @@ static int drop_all_caches(void) {
   return ok ? 0 : -1;
 }
 
-/* ---- verification of promoted data ----------------------------------------
- */
+/* ---- verification of promoted data ---- */
 
 typedef struct verify_count {
   uint64_t exact, skipped, mismatched;
@@ -414,8 +411,44 @@ static void verify_entry(verify_count *vc, workload *w, int e,
   }
 }
 
-/* ---- the command ----------------------------------------------------------
- */
+/* ---- the command ---- */
+
+/* Set by SIGINT/SIGTERM: the bench stops at the next step and still cleans
+ * up its directory (a killed bench must not leave gigabytes in /var/tmp). */
+static volatile sig_atomic_t interrupted;
+
+static void on_signal(int sig) {
+  (void)sig;
+  interrupted = 1;
+}
+
+/* An empty directory, or one holding index.db or data/. */
+static int looks_like_cache(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d)
+    return 0;
+  int n = 0, cache = 0;
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+      continue;
+    n++;
+    if (strcmp(de->d_name, "index.db") == 0 || strcmp(de->d_name, "data") == 0)
+      cache = 1;
+  }
+  closedir(d);
+  return n == 0 || cache;
+}
+
+#define CHECK_INTERRUPT()                                                      \
+  do {                                                                         \
+    if (interrupted) {                                                         \
+      code = CLI_INTERRUPTED;                                                  \
+      snprintf(fail, sizeof fail, "interrupted; cleaned up");                  \
+      cli_progress_end(&pg);                                                   \
+      goto out;                                                                \
+    }                                                                          \
+  } while (0)
 
 typedef struct phase {
   uint64_t count, bytes;
@@ -545,6 +578,13 @@ int cmd_bench(int argc, char **argv) {
                       "--cold drop-caches needs root");
   }
 
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+
   /* ---- the directory ---- */
   char dir[4096];
   int remove_dir = 0, created = 0;
@@ -559,6 +599,12 @@ int cmd_bench(int argc, char **argv) {
       remove_dir = !c.keep;
     } else if (!S_ISDIR(st.st_mode)) {
       return cli_fail(json, "bench", CLI_NOOPEN, "%s: not a directory", dir);
+    } else if (!looks_like_cache(dir)) {
+      /* Never scatter index.db and data/ into someone's own directory. */
+      return cli_fail(json, "bench", CLI_NOOPEN,
+                      "%s: not empty and not a kvtier cache directory; give a "
+                      "new or empty directory, or an existing cache",
+                      dir);
     }
   } else {
     const char *base = getenv("TMPDIR");
@@ -594,7 +640,8 @@ int cmd_bench(int argc, char **argv) {
   workload w;
   int code = CLI_OK, reported = 0;
   char fail[8192] = "";
-  double *lat = NULL;
+  double *lat = NULL, *enq_t = NULL;
+  cli_progress pg = {0};
   if (build_workload(&w, &c) != 0) {
     free_workload(&w, c.entries);
     if (remove_dir)
@@ -604,20 +651,23 @@ int cmd_bench(int argc, char **argv) {
                     "workload");
   }
 
+  spill_track trk;
+  memset(&trk, 0, sizeof trk);
+  pthread_mutex_init(&trk.mu, NULL);
+  pthread_cond_init(&trk.cv, NULL);
+  enq_t = calloc((size_t)c.entries, sizeof *enq_t);
+  trk.done_t = calloc((size_t)c.entries, sizeof *trk.done_t);
+  trk.cap = trk.done_t ? (uint64_t)c.entries : 0;
+
   /* ---- 1. the disk's own limits ---- */
   disk_result disk;
   memset(&disk, 0, sizeof disk);
   if (!c.no_disk)
     disk_measure(&disk, dir, c.disk_size, c.progress);
+  kvt_tier *t = NULL;
+  CHECK_INTERRUPT();
 
   /* ---- 2. open the tier ---- */
-  spill_track trk;
-  memset(&trk, 0, sizeof trk);
-  pthread_mutex_init(&trk.mu, NULL);
-  pthread_cond_init(&trk.cv, NULL);
-  double *enq_t = calloc((size_t)c.entries, sizeof *enq_t);
-  trk.done_t = calloc((size_t)c.entries, sizeof *trk.done_t);
-  trk.cap = trk.done_t ? (uint64_t)c.entries : 0;
   kvt_options o;
   kvt_options_init(&o, KVT_OPTIONS_VERSION);
   o.cache_dir = dir;
@@ -630,7 +680,6 @@ int cmd_bench(int argc, char **argv) {
       cli_flag_get(f, nf, "verbose")->set ? KVT_LOG_INFO : KVT_LOG_WARN;
   o.spill_done_fn = on_spill_done;
   o.spill_done_ctx = &trk;
-  kvt_tier *t = NULL;
   rc = kvt_tier_open(&t, &o);
   if (rc == 0)
     rc = kvt_tier_start_writer(t);
@@ -652,10 +701,10 @@ int cmd_bench(int argc, char **argv) {
     goto out;
   }
   phase producer = {0};
-  cli_progress pg;
   cli_progress_start(&pg, "spill", (uint64_t)c.entries, c.progress);
   double s0 = cli_mono();
   for (int e = 0; e < c.entries; e++) {
+    CHECK_INTERRUPT();
     if ((uint64_t)e >= inflight)
       wait_done_at_least(&trk, (uint64_t)e - inflight + 1);
     point_entry(&w, e);
@@ -727,6 +776,8 @@ int cmd_bench(int argc, char **argv) {
   phase lk_exact = {0}, lk_prefix = {0};
   cli_progress_start(&pg, "lookup", 2 * nlook, c.progress);
   for (size_t i = 0; i < nlook; i++) {
+    if (i % 256 == 0)
+      CHECK_INTERRUPT();
     int e = (int)(i % (size_t)c.entries);
     kvt_entry_info info;
     double t0 = cli_mono();
@@ -747,6 +798,8 @@ int cmd_bench(int argc, char **argv) {
   lk_exact.p50 = pct(lat, nlook, 0.5);
   lk_exact.p99 = pct(lat, nlook, 0.99);
   for (size_t i = 0; i < nlook; i++) {
+    if (i % 256 == 0)
+      CHECK_INTERRUPT();
     int e = (int)(i % (size_t)c.entries);
     kvt_entry_info info;
     double t0 = cli_mono();
@@ -778,6 +831,7 @@ int cmd_bench(int argc, char **argv) {
   uint64_t done_ops = 0;
   cli_progress_start(&pg, "promote", total_ops, c.progress);
   for (int e = 0; e < c.entries; e++) {
+    CHECK_INTERRUPT();
     kvt_entry *ent = NULL;
     rc = kvt_tier_promote(&ent, t, w.tokens[e], (size_t)c.tokens, NULL);
     if (rc != 0) {
@@ -794,6 +848,7 @@ int cmd_bench(int argc, char **argv) {
   phase warm = {0}, cold = {0};
   for (int r = 0; r < warm_rounds; r++)
     for (int e = 0; e < c.entries; e++) {
+      CHECK_INTERRUPT();
       kvt_entry *ent = NULL;
       double t0 = cli_mono();
       rc = kvt_tier_promote(&ent, t, w.tokens[e], (size_t)c.tokens, NULL);
@@ -818,6 +873,7 @@ int cmd_bench(int argc, char **argv) {
   int resident_n = 0;
   for (int r = 0; r < cold_rounds; r++)
     for (int e = 0; e < c.entries; e++) {
+      CHECK_INTERRUPT();
       if (c.drop_caches) {
         if (drop_all_caches() != 0) {
           code = CLI_FAILED;

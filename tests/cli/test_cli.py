@@ -78,6 +78,30 @@ def tree_state(d):
     return state
 
 
+def run_with_tty_stderr(*args):
+    """Runs kvtier with stderr on a pseudo-terminal; returns what it wrote
+    there."""
+    import pty
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.Popen([KVTIER, *args], stdout=subprocess.DEVNULL,
+                             stderr=slave)
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                b = os.read(master, 4096)
+            except OSError:  # EIO once the child closed the pty
+                break
+            if not b:
+                break
+            chunks.append(b)
+        p.wait(timeout=120)
+    finally:
+        os.close(master)
+    return b"".join(chunks).decode(errors="replace")
+
+
 def make_good(d, small=False):
     """A cache written by kvtier itself: 4 presets/modes, 2 entries each."""
     runs = [
@@ -329,6 +353,15 @@ def t_good():
               f"verify good: {j}")
         rc, out, _ = run("verify", d)
         check(rc == 0 and "8 ok" in out, "verify human")
+        # progress bar: on stderr when it is a terminal, never otherwise
+        err_tty = run_with_tty_stderr("verify", d)
+        check("verifying" in err_tty and "[" in err_tty,
+              f"verify draws a progress bar on a terminal: {err_tty!r}")
+        rc, _, err = run("verify", d)
+        check("\r" not in err and "verifying" not in err,
+              "no progress bar when stderr is not a terminal")
+        err_tty = run_with_tty_stderr("verify", d, "--no-progress")
+        check("verifying" not in err_tty, "--no-progress")
         # read-only commands changed nothing
         after = tree_state(d)
         check(before == after, "ls/stats/show/verify changed nothing: "
@@ -552,6 +585,15 @@ def t_bench():
                        "--entries", "2", "--tokens", "8", "--seed", "9")
         check(rc == 0 and len(entries(kept)) == 2,
               "bench in an existing cache leaves the user's entries alone")
+        # A non-empty directory that is not a cache is refused, untouched.
+        own = os.path.join(base, "own")
+        os.mkdir(own)
+        with open(os.path.join(own, "notes.txt"), "w") as fh:
+            fh.write("mine\n")
+        rc, _, err = run("bench", own, "--quick", "--no-disk", "--entries",
+                         "1", "--tokens", "8")
+        check(rc == 3 and "not a kvtier cache" in err and
+              os.listdir(own) == ["notes.txt"], "bench refuses a user dir")
         for preset in ("quantized",):
             for storage in ("native", "compat"):
                 j = run_json("bench", "--quick", "--no-disk", "--no-progress",
