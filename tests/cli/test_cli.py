@@ -37,9 +37,9 @@ def check(cond, what):
     return cond
 
 
-def run(*args, timeout=300):
+def run(*args, timeout=300, env=None):
     p = subprocess.run([KVTIER, *args], capture_output=True, text=True,
-                       timeout=timeout)
+                       timeout=timeout, env=env)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -565,6 +565,18 @@ def t_bench():
           disk.get("read_buffered_bps", 0) > 0, f"disk figures: {disk}")
     check("ratio" in j.get("spill", {}) and "ratio" in
           j.get("promote_cold", {}), "ratios present")
+    # Without fio on PATH: the built-in O_DIRECT loop, and the report says so.
+    env = dict(os.environ, PATH="/nonexistent")
+    rc, out, err = run("bench", "--quick", "--no-progress", "--entries", "1",
+                       "--tokens", "16", "--disk-size", "8M", "--json",
+                       env=env)
+    check(rc == 0, f"bench without fio: {err.strip()[:300]}")
+    try:
+        disk = json.loads(out).get("disk") or {}
+    except ValueError:
+        disk = {}
+    check(disk.get("tool") == "builtin" and "fio" in disk.get("note", "")
+          and disk.get("write_direct_bps", 0) > 0, f"builtin disk: {disk}")
     # Explicit directory: created, kept with --keep, removed without.
     base = tmpdir("bench")
     try:
