@@ -222,10 +222,18 @@ int cmd_ls(int argc, char **argv) {
     }
     cli_table_print(&t, stdout);
     cli_table_free(&t);
-    if (es.n == 0)
+    if (es.n == 0) {
       printf("(no entries%s)\n", c.empty ? ": empty directory" : "");
-    else if (shown < es.n)
-      printf("(%zu of %zu entries shown)\n", shown, es.n);
+    } else {
+      uint64_t disk = 0, mem = 0;
+      for (size_t i = 0; i < es.n; i++)
+        disk += es.v[i].disk_bytes, mem += es.v[i].memory_bytes;
+      char a[32], b[32];
+      printf("(%zu of %zu entries shown; cache total %s on disk, %s in "
+             "memory)\n",
+             shown, es.n, cli_fmt_bytes(a, sizeof a, disk),
+             cli_fmt_bytes(b, sizeof b, mem));
+    }
   }
   cli_entries_free(&es);
   cli_cache_close(&c);

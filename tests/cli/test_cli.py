@@ -302,7 +302,8 @@ def t_good():
         lines = out.strip().splitlines()
         check(rc == 0 and lines[0].split()[:4] ==
               ["HASH", "TOKENS", "LAYERS", "KINDS"], "ls table header")
-        check(len(lines) == 9, "ls table: header + 8 rows")
+        check(len(lines) == 10 and "8 of 8 entries" in lines[-1],
+              "ls table: header + 8 rows + total line")
         rc, out, _ = run("ls", d, "--full", "--no-describe")
         check(rc == 0 and es[0]["token_hash"] in out, "ls --full")
         # stats
