@@ -1050,6 +1050,15 @@ class SSDCacheTier:
             return None
         return entry_to_layers(e.value, self._h)
 
+    def flush(self, timeout: float | None = None) -> None:
+        """kvtier extension: block until every spill enqueued so far has been
+        written (or failed).  Raises TimeoutError after ``timeout`` seconds
+        (None: no limit), ValueError when the writer was never started while
+        spills are queued."""
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        rc = L.kvt_tier_flush(self._h.ptr, ms)
+        L.check(rc, "flush")
+
     def reconcile(self) -> int:
         """Reconcile index with files on disk.
 
