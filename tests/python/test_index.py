@@ -90,19 +90,21 @@ def test_cross_open_both_ways(tmp_path):
     d = tmp_path / "shared"
     d.mkdir(mode=0o700)
     r = ref.SSDIndex(str(d))
-    r.insert_entry((1, 2, 3), "aa", 10, 3)
-    r.insert_entry(tuple(range(20)), "bb", 20, 20)
+    r.insert_entry((1, 2, 3), ref._tokens_hash((1, 2, 3)), 10, 3)
+    r.insert_entry(tuple(range(20)), ref._tokens_hash(tuple(range(20))), 20, 20)
     r.close()
     k = kv.SSDIndex(str(d))
-    assert k.lookup_exact((1, 2, 3)) == {"file_path": "aa", "memory_bytes": 10, "num_tokens": 3}
-    assert k.lookup_prefix(tuple(range(25)))[0]["file_path"] == "bb"
-    k.insert_entry((4, 5), "cc", 30, 2)
+    assert k.lookup_exact((1, 2, 3)) == {"file_path": ref._tokens_hash((1, 2, 3)),
+                                         "memory_bytes": 10, "num_tokens": 3}
+    assert k.lookup_prefix(tuple(range(25)))[0]["file_path"] == ref._tokens_hash(tuple(range(20)))
+    k.insert_entry((4, 5), kv._tokens_hash((4, 5)), 30, 2)
     k.delete_entry((1, 2, 3))
     k.close()
     r = ref.SSDIndex(str(d))
     assert r.lookup_exact((1, 2, 3)) is None
-    assert r.lookup_exact((4, 5)) == {"file_path": "cc", "memory_bytes": 30, "num_tokens": 2}
-    assert r.lookup_prefix((4, 5, 6))[0]["file_path"] == "cc"
+    assert r.lookup_exact((4, 5)) == {"file_path": kv._tokens_hash((4, 5)),
+                                      "memory_bytes": 30, "num_tokens": 2}
+    assert r.lookup_prefix((4, 5, 6))[0]["file_path"] == kv._tokens_hash((4, 5))
     assert r.get_total_bytes() == 50
     r.close()
 
@@ -122,18 +124,29 @@ def test_legacy_table_without_prefix_hash_is_migrated(tmp_path):
     """)
     toks = tuple(range(30))
     conn.execute("INSERT INTO entries VALUES (?,?,?,?,?,?,?)",
-                 (kv._tokens_hash(toks), kv._tokens_to_blob(toks), 30, "legacy", 5,
+                 (kv._tokens_hash(toks), kv._tokens_to_blob(toks), 30, kv._tokens_hash(toks), 5,
                   time.time(), time.time()))
     conn.commit()
     conn.close()
     k = kv.SSDIndex(str(d))
-    assert k.lookup_prefix(toks + (7,))[0]["file_path"] == "legacy"
+    assert k.lookup_prefix(toks + (7,))[0]["file_path"] == kv._tokens_hash(toks)
     k.close()
     conn = sqlite3.connect(str(d / "index.db"))
     cols = {r[1] for r in conn.execute("PRAGMA table_info(entries)")}
     ph = conn.execute("SELECT prefix_hash FROM entries").fetchone()[0]
     conn.close()
     assert "prefix_hash" in cols and ph == kv._prefix_hash(toks)
+
+
+def test_insert_refuses_a_file_path_that_is_not_the_hash(tmp_path):
+    # kvtier's documented restriction: rows are written as the reference's
+    # tier writes them (file_path = token hash), never a path elsewhere.
+    _, ki = _pair(tmp_path)
+    with pytest.raises(ValueError):
+        ki.insert_entry((1, 2), "../../elsewhere", 1, 2)
+    with pytest.raises(ValueError):
+        ki.insert_entry((1, 2), kv._tokens_hash((1, 2)), 1, 3)
+    ki.close()
 
 
 def test_closed_index_raises_like_sqlite(tmp_path):
