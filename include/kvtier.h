@@ -646,21 +646,34 @@ KVT_API void kvt_index_rows_free(kvt_index_rows *rows);
  *  KVT_EIO, KVT_ENOMEM, KVT_EINVAL. */
 KVT_API int kvt_index_open(kvt_index **out, const char *cache_dir);
 KVT_API void kvt_index_close(kvt_index *idx); /* accepts NULL */
-/** INSERT OR REPLACE with created_at = accessed_at = now. */
+/** INSERT OR REPLACE with created_at = accessed_at = now, rows written
+ *  exactly as the reference writes them. file_path must be the tokens' hash
+ *  (64 lowercase hex, as the reference's tier writes it) and num_tokens must
+ *  equal n, else KVT_EINVAL. Returns 0, KVT_EINVAL, KVT_EDB, KVT_ENOSPC,
+ *  KVT_EIO, KVT_ENOMEM. */
 KVT_API int kvt_index_insert(kvt_index *idx, const int32_t *tokens, size_t n,
                              const char *file_path, uint64_t memory_bytes,
                              uint64_t num_tokens);
-/** 0 and *out (tokens not filled), or KVT_ENOTFOUND. */
+/** 0 and *out (tokens not filled), or KVT_ENOTFOUND. Answered from the
+ *  in-memory mirror (no SQL); rows of index.db that failed validation at open
+ *  (file_path not the hash, wrong blob length, ...) are never returned. */
 KVT_API int kvt_index_lookup_exact(kvt_index_row *out, kvt_index *idx,
                                    const int32_t *tokens, size_t n);
-/** All stored sequences that are prefixes of tokens, longest first. */
+/** All stored non-empty sequences that are prefixes of tokens (possibly all
+ *  of it), longest first; tokens filled. An empty list (count 0) when none.
+ *  Cost independent of how many entries share a prefix. */
 KVT_API int kvt_index_lookup_prefix(kvt_index_rows *out, kvt_index *idx,
                                     const int32_t *tokens, size_t n);
+/** Deletes the row (absent: 0, as the reference). */
 KVT_API int kvt_index_delete(kvt_index *idx, const int32_t *tokens, size_t n);
-/** Least recently used first, at most limit rows (tokens filled). */
+/** Least recently used first, at most limit rows (tokens filled). Pending
+ *  touches are written first; invalid rows are left out. */
 KVT_API int kvt_index_lru(kvt_index_rows *out, kvt_index *idx, size_t limit);
 KVT_API int kvt_index_total_bytes(uint64_t *out, kvt_index *idx);
 KVT_API int kvt_index_count(uint64_t *out, kvt_index *idx);
+/** accessed_at = now (absent: 0). Visible to lookups at once; written to
+ *  SQLite in batches (at the latest within ~1 s of later activity, by lru/all,
+ *  or at close). */
 KVT_API int kvt_index_touch(kvt_index *idx, const int32_t *tokens, size_t n);
 /** Every row, most recently accessed first (tokens filled). */
 KVT_API int kvt_index_all(kvt_index_rows *out, kvt_index *idx);

@@ -26,7 +26,10 @@
 int kvti_index_open(kvt_index **out, const char *cache_dir, const char *data_dir,
                     int readonly);
 
-/* Inserts or replaces (both tables, one transaction). created_at/accessed_at = now. */
+/* Inserts or replaces (both tables, one transaction). created_at/accessed_at = now. hash may be
+ * NULL (computed); if given it must be the tokens' hash, else KVT_EINVAL. storage_mode is a
+ * kvt_storage_mode. KVT_EPERM when opened read-only; SQLite errors -> KVT_EDB (KVT_ENOSPC,
+ * KVT_EIO for SQLITE_FULL, SQLITE_IOERR), and then neither SQLite nor the mirror changed. */
 int kvti_index_put(kvt_index *idx, const int32_t *tokens, size_t n, const char *hash,
                    uint64_t memory_bytes, uint64_t disk_bytes, int storage_mode);
 
@@ -61,5 +64,17 @@ int kvti_index_foreach(kvt_index *idx, kvt_entry_visit_fn fn, void *ctx);
 
 /* Tokens of a stored entry (malloc'ed copy; free with kvti_free), read from SQLite. */
 int kvti_index_tokens(int32_t **tokens, size_t *n, kvt_index *idx, const char *hash);
+
+/* Rows of index.db that failed validation at open (hostile or damaged: file_path not the
+ * token_hash, blob length != num_tokens*4, bad numbers) and are not served; each set the
+ * last-error message when skipped. */
+uint64_t kvti_index_skipped(kvt_index *idx);
+
+/* Benchmarks only: adds an entry to the in-memory mirror without writing SQLite (created_at =
+ * accessed_at = t). Returns 0, KVT_ENOMEM, KVT_EINVAL. */
+int kvti_index_bench_add(kvt_index *idx, const int32_t *tokens, size_t n, double t);
+
+/* Heap bytes of the mirror's lookup structures (benchmarks, diagnostics). */
+uint64_t kvti_index_mem_bytes(kvt_index *idx);
 
 #endif

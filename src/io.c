@@ -18,6 +18,27 @@ static int d_open(const char *p, int f, mode_t m) { return open(p, f, m); }
 static int d_mkdir(const char *p, mode_t m) { return mkdir(p, m); }
 static int d_chmod(const char *p, mode_t m) { return chmod(p, m); }
 
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
+#if defined(__APPLE__)
+#include <stdio.h>
+#endif
+
+/* renameat2(RENAME_EXCHANGE) through syscall(): older glibc lacks the wrapper. */
+static int d_rename_exchange(const char *a, const char *b) {
+#if defined(__linux__) && defined(SYS_renameat2)
+  return (int)syscall(SYS_renameat2, AT_FDCWD, a, AT_FDCWD, b, 2u /* RENAME_EXCHANGE */);
+#elif defined(__APPLE__) && defined(RENAME_SWAP)
+  return renamex_np(a, b, RENAME_SWAP);
+#else
+  (void)a;
+  (void)b;
+  errno = ENOTSUP;
+  return -1;
+#endif
+}
+
 const kvti_io_ops kvti_io_default = {
     .open = d_open,
     .close = close,
@@ -39,6 +60,7 @@ const kvti_io_ops kvti_io_default = {
     .calloc = calloc,
     .realloc = realloc,
     .free = free,
+    .rename_exchange = d_rename_exchange,
 };
 
 const kvti_io_ops *kvti_io = &kvti_io_default;
@@ -216,6 +238,19 @@ int kvti_rename(const char *from, const char *to) {
   if (kvti_io->rename(from, to) != 0)
     return KVT_ERR_OS(errno, "rename %s -> %s", from, to);
   return 0;
+}
+
+int kvti_rename_exchange(const char *a, const char *b) {
+  if (!kvti_io->rename_exchange)
+    return KVT_EUNSUPPORTED;
+  if (kvti_io->rename_exchange(a, b) == 0)
+    return 0;
+  int e = errno;
+  if (e == ENOSYS || e == EINVAL || e == ENOTSUP || e == EOPNOTSUPP)
+    return KVT_EUNSUPPORTED;
+  if (e == ENOENT)
+    return KVT_ENOTFOUND;
+  return KVT_ERR_OS(e, "rename-exchange %s <-> %s", a, b);
 }
 
 int kvti_unlink(const char *path) {

@@ -38,6 +38,10 @@ typedef struct kvti_io_ops {
   void *(*calloc)(size_t n, size_t size);
   void *(*realloc)(void *p, size_t n);
   void (*free)(void *p);
+  /* Atomically swaps two paths (Linux renameat2(RENAME_EXCHANGE), macOS renamex_np(RENAME_SWAP)).
+   * -1 with errno ENOTSUP/ENOSYS/EINVAL where unsupported. May be NULL in a test table
+   * (treated as unsupported). */
+  int (*rename_exchange)(const char *a, const char *b);
 } kvti_io_ops;
 
 /* The table in force. Tests swap it with kvti_io_set (not thread-safe: set before opening tiers
@@ -78,6 +82,10 @@ int kvti_mkdir(const char *path, mode_t mode);
 /* Removes a file tree without following symlinks. Missing path is success. */
 int kvti_rmtree(const char *path);
 int kvti_rename(const char *from, const char *to);
+/* Atomic swap of a and b through kvti_io->rename_exchange. Returns 0, KVT_EUNSUPPORTED (no
+ * support on this OS/file system: error not set), KVT_ENOTFOUND (one side missing), or another
+ * code with the error set. */
+int kvti_rename_exchange(const char *a, const char *b);
 int kvti_unlink(const char *path);
 /* lstat; returns 0, KVT_ENOTFOUND, or another code. */
 int kvti_lstat(const char *path, struct stat *st);

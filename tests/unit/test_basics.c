@@ -1,8 +1,9 @@
 /*
- * test_basics.c - unit tests for the small foundation modules: version, error codes and the
- * thread-local last error, SHA-256 token keys (against known digests computed by Python's
- * hashlib over array('i', tokens).tobytes()), xxh3 formatting, entry-name validation, and
- * options defaults/validation with the reference's messages.
+ * test_basics.c - unit tests for the small foundation modules: version, error
+ * codes and the thread-local last error, SHA-256 token keys (against known
+ * digests computed by Python's hashlib over array('i', tokens).tobytes()), xxh3
+ * formatting, entry-name validation, and options defaults/validation with the
+ * reference's messages.
  */
 #include "testutil.h"
 #include "error.h"
@@ -47,13 +48,22 @@ static void test_error_thread_local(void) {
 
 static void test_hashes(void) {
   char h[65];
-  /* hashlib.sha256(array('i', [1, 2, 3]).tobytes()).hexdigest() on little-endian. */
+  /* hashlib.sha256(array('i', [1, 2, 3]).tobytes()).hexdigest() on
+   * little-endian. */
   int32_t t[3] = {1, 2, 3};
   CHECK_EQ_INT(kvt_token_hash(h, t, 3), 0);
-  CHECK(strcmp(h, "4636993d3e1da4e9d6b8f87b79e8f7c6d018580d52661950eabc3845c5897a4d") == 0);
+  CHECK(
+      strcmp(
+          h,
+          "4636993d3e1da4e9d6b8f87b79e8f7c6d018580d52661950eabc3845c5897a4d") ==
+      0);
   /* Empty sequence: sha256(b""). */
   CHECK_EQ_INT(kvt_token_hash(h, NULL, 0), 0);
-  CHECK(strcmp(h, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855") == 0);
+  CHECK(
+      strcmp(
+          h,
+          "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855") ==
+      0);
   /* Prefix hash = hash of the first 16 tokens. */
   int32_t many[40];
   for (int i = 0; i < 40; i++)
@@ -69,7 +79,8 @@ static void test_hashes(void) {
   CHECK_EQ_INT(kvt_token_hash(h, NULL, 3), KVT_EINVAL);
   CHECK(kvti_is_hash_name(h));
   CHECK(!kvti_is_hash_name("../etc"));
-  CHECK(!kvti_is_hash_name("4636993D3E1DA4E9D6B8F87B79E8F7C6D018580D52661950EABC3845C5897A4D"));
+  CHECK(!kvti_is_hash_name(
+      "4636993D3E1DA4E9D6B8F87B79E8F7C6D018580D52661950EABC3845C5897A4D"));
   char x[24];
   kvti_xxh3_format(x, 0x0123456789abcdefULL);
   CHECK(strcmp(x, "xxh3:0123456789abcdef") == 0);
@@ -94,12 +105,14 @@ static void test_options(void) {
   kvt_options o = KVT_OPTIONS_INIT, o2;
   CHECK_EQ_INT(kvt_options_init(&o2, KVT_OPTIONS_VERSION), 0);
   CHECK(o2.version == o.version && o2.max_size_gb == o.max_size_gb &&
-        o2.promote_threads == o.promote_threads && o2.log_level == o.log_level &&
-        o2.quarantine_max == o.quarantine_max && o2.cache_dir == NULL);
+        o2.promote_threads == o.promote_threads &&
+        o2.log_level == o.log_level && o2.quarantine_max == o.quarantine_max &&
+        o2.cache_dir == NULL);
   CHECK_EQ_INT(kvt_options_init(&o2, 99), KVT_EINVAL);
   CHECK_EQ_INT(kvt_options_validate(&o), 0);
-  CHECK(o.max_size_gb == 10.0 && o.max_entries == 10000 && o.file_mode == 0600 &&
-        o.dir_mode == 0700 && o.spill_queue_size == 64 && o.retention_seconds == 0);
+  CHECK(o.max_size_gb == 10.0 && o.max_entries == 10000 &&
+        o.file_mode == 0600 && o.dir_mode == 0700 && o.spill_queue_size == 64 &&
+        o.retention_seconds == 0);
   CHECK(kvti_options_max_bytes(&o) == 10ULL * 1073741824ULL);
   o.max_size_gb = 0;
   CHECK_EQ_INT(kvt_options_validate(&o), KVT_EINVAL);
@@ -111,7 +124,8 @@ static void test_options(void) {
   o = o2;
   o.spill_queue_size = 0;
   CHECK_EQ_INT(kvt_options_validate(&o), KVT_EINVAL);
-  CHECK(strstr(kvt_last_error(), "spill_queue_size must be >= 1, got 0") != NULL);
+  CHECK(strstr(kvt_last_error(), "spill_queue_size must be >= 1, got 0") !=
+        NULL);
   o = o2;
   o.retention_seconds = -1;
   CHECK_EQ_INT(kvt_options_validate(&o), KVT_EINVAL);

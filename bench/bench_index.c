@@ -1,0 +1,259 @@
+/*
+ * bench_index.c - micro-benchmark of the index mirror (issue 7 lookup targets):
+ * exact lookup latency at N entries, longest-prefix latency at M entries that
+ * all share a 1,024-token prefix, bytes of lookup structures per entry, and the
+ * open time of an index.db holding K entries (written in one transaction with
+ * SQLite's C API, as the reference's schema and kvtier_meta). Usage:
+ * bench_index [exact_n=1000000] [exact_tokens=256] [prefix_n=100000]
+ * [open_n=100000] [open_tokens=128]. Prints p50/p99 in microseconds. No
+ * assertions.
+ */
+#include "index.h"
+#include "kvtier.h"
+
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+static void gen(int32_t *t, size_t n, uint64_t seed) {
+  for (size_t i = 0; i < n; i++)
+    t[i] = (int32_t)(mix(seed * 1000003u + i) % 150000);
+}
+
+static int cmpd(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void report(const char *what, double *lat, size_t n) {
+  qsort(lat, n, sizeof *lat, cmpd);
+  printf("%-40s p50 %8.2f us  p99 %8.2f us  max %8.2f us\n", what,
+         lat[n / 2] * 1e6, lat[n * 99 / 100] * 1e6, lat[n - 1] * 1e6);
+}
+
+static char *mktmp(void) {
+  char *d = strdup("/tmp/kvt-bench-index-XXXXXX");
+  if (!d || !mkdtemp(d)) {
+    perror("mkdtemp");
+    exit(1);
+  }
+  return d;
+}
+
+static void rmdb(const char *dir) {
+  char p[4096];
+  const char *suf[] = {"/index.db", "/index.db-wal", "/index.db-shm"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(p, sizeof p, "%s%s", dir, suf[i]);
+    unlink(p);
+  }
+  rmdir(dir);
+}
+
+enum { Q = 20000 };
+
+static void bench_exact(size_t n, size_t ntok) {
+  char *dir = mktmp();
+  kvt_index *idx = NULL;
+  if (kvti_index_open(&idx, dir, NULL, 0)) {
+    fprintf(stderr, "open: %s\n", kvt_last_error());
+    exit(1);
+  }
+  int32_t *t = malloc(ntok * sizeof *t);
+  double t0 = now();
+  for (size_t i = 0; i < n; i++) {
+    gen(t, ntok, i);
+    if (kvti_index_bench_add(idx, t, ntok, (double)i)) {
+      fprintf(stderr, "add: %s\n", kvt_last_error());
+      exit(1);
+    }
+  }
+  double build = now() - t0;
+  double *lat = malloc(Q * sizeof *lat);
+  kvt_entry_info info;
+  size_t hits = 0;
+  for (size_t q = 0; q < Q; q++) {
+    gen(t, ntok, mix(q) % n);
+    double a = now();
+    hits += kvti_index_find(&info, idx, t, ntok, 0) == 0;
+    lat[q] = now() - a;
+  }
+  char what[128];
+  snprintf(what, sizeof what, "exact, %zu entries x %zu tokens", n, ntok);
+  report(what, lat, Q);
+  for (size_t q = 0; q < Q; q++) {
+    double a = now();
+    kvt_entry_info v;
+    kvti_index_lru_victim(&v, idx);
+    lat[q] = now() - a;
+  }
+  report("lru victim", lat, Q);
+  printf("  hits %zu/%d, build %.2f s, lookup structures %.1f bytes/entry\n",
+         hits, Q, build, (double)kvti_index_mem_bytes(idx) / (double)n);
+  kvt_index_close(idx);
+  rmdb(dir);
+  free(dir);
+  free(t);
+  free(lat);
+}
+
+static void bench_prefix(size_t n) {
+  enum { P = 1024, MAXS = 64, EXTRA = 50 };
+  char *dir = mktmp();
+  kvt_index *idx = NULL;
+  if (kvti_index_open(&idx, dir, NULL, 0))
+    exit(1);
+  int32_t *t = malloc((P + MAXS + EXTRA) * sizeof *t);
+  gen(t, P, 999999);
+  double t0 = now();
+  for (size_t i = 0; i < n; i++) {
+    size_t s = 1 + mix(i) % MAXS;
+    gen(t + P, s, i + 1);
+    t[P] = (int32_t)i; /* distinct entries */
+    if (kvti_index_bench_add(idx, t, P + s, (double)i))
+      exit(1);
+  }
+  double build = now() - t0;
+  double *lat = malloc(Q * sizeof *lat);
+  kvt_entry_info info;
+  size_t ok = 0;
+  for (size_t q = 0; q < Q; q++) {
+    size_t i = mix(q + 77) % n;
+    size_t s = 1 + mix(i) % MAXS;
+    gen(t + P, s, i + 1);
+    t[P] = (int32_t)i;
+    gen(t + P + s, EXTRA, q + 123456789);
+    double a = now();
+    int rc = kvti_index_find_prefix(&info, idx, t, P + s + EXTRA, 0);
+    lat[q] = now() - a;
+    ok += rc == 0 && info.num_tokens == P + s;
+  }
+  char what[128];
+  snprintf(what, sizeof what, "prefix, %zu sharing %d tokens", n, P);
+  report(what, lat, Q);
+  /* Miss after the shared prefix: walks every block, matches nothing. */
+  for (size_t q = 0; q < Q; q++) {
+    t[P] = -1;
+    double a = now();
+    kvti_index_find_prefix(&info, idx, t, P + 60, 0);
+    lat[q] = now() - a;
+  }
+  report("prefix miss after shared prefix", lat, Q);
+  printf("  correct %zu/%d, build %.2f s, lookup structures %.1f bytes/entry\n",
+         ok, Q, build, (double)kvti_index_mem_bytes(idx) / (double)n);
+  kvt_index_close(idx);
+  rmdb(dir);
+  free(dir);
+  free(t);
+  free(lat);
+}
+
+static void bench_open(size_t n, size_t ntok) {
+  char *dir = mktmp();
+  kvt_index *idx = NULL;
+  if (kvti_index_open(&idx, dir, NULL, 0))
+    exit(1);
+  kvt_index_close(idx);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/index.db", dir);
+  sqlite3 *db;
+  sqlite3_open(path, &db);
+  sqlite3_exec(db, "BEGIN", NULL, NULL, NULL);
+  sqlite3_stmt *ins, *meta;
+  sqlite3_prepare_v2(
+      db,
+      "INSERT INTO entries (token_hash, tokens_blob, prefix_hash, num_tokens, "
+      "file_path, memory_bytes, created_at, accessed_at) VALUES "
+      "(?,?,?,?,?,?,?,?)",
+      -1, &ins, NULL);
+  sqlite3_prepare_v2(db, "INSERT INTO kvtier_meta VALUES (?, ?, 0)", -1, &meta,
+                     NULL);
+  int32_t *t = malloc(ntok * sizeof *t);
+  for (size_t i = 0; i < n; i++) {
+    gen(t, ntok, i);
+    char h[65], ph[65];
+    kvt_token_hash(h, t, ntok);
+    kvt_prefix_hash(ph, t, ntok);
+    sqlite3_bind_text(ins, 1, h, 64, SQLITE_STATIC);
+    sqlite3_bind_blob(ins, 2, t, (int)(ntok * 4), SQLITE_STATIC);
+    sqlite3_bind_text(ins, 3, ph, 64, SQLITE_STATIC);
+    sqlite3_bind_int64(ins, 4, (sqlite3_int64)ntok);
+    sqlite3_bind_text(ins, 5, h, 64, SQLITE_STATIC);
+    sqlite3_bind_int64(ins, 6, 1000);
+    sqlite3_bind_double(ins, 7, 1.7e9 + (double)i);
+    sqlite3_bind_double(ins, 8, 1.7e9 + (double)i);
+    sqlite3_step(ins);
+    sqlite3_reset(ins);
+    sqlite3_bind_text(meta, 1, h, 64, SQLITE_STATIC);
+    sqlite3_bind_int64(meta, 2, 4096);
+    sqlite3_step(meta);
+    sqlite3_reset(meta);
+  }
+  sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+  sqlite3_finalize(ins);
+  sqlite3_finalize(meta);
+  sqlite3_close(db);
+  double t0 = now();
+  if (kvti_index_open(&idx, dir, NULL, 0)) {
+    fprintf(stderr, "open: %s\n", kvt_last_error());
+    exit(1);
+  }
+  double el = now() - t0;
+  uint64_t ne;
+  kvti_index_totals(idx, &ne, NULL, NULL);
+  printf("open, %zu entries x %zu tokens: %.3f s (%llu loaded)\n", n, ntok, el,
+         (unsigned long long)ne);
+  /* Write cost: puts and batched touches through SQLite. */
+  double a = now();
+  enum { W = 2000 };
+  for (size_t i = 0; i < W; i++) {
+    gen(t, ntok, n + i);
+    kvti_index_put(idx, t, ntok, NULL, 1, 1, 0);
+  }
+  double put = (now() - a) / W;
+  a = now();
+  for (size_t i = 0; i < W; i++) {
+    char h[65];
+    gen(t, ntok, i);
+    kvt_token_hash(h, t, ntok);
+    kvti_index_touch_hash(idx, h);
+  }
+  double touch = (now() - a) / W;
+  printf("put %.1f us each, touch %.2f us each (batched)\n", put * 1e6,
+         touch * 1e6);
+  kvt_index_close(idx);
+  rmdb(dir);
+  free(dir);
+  free(t);
+}
+
+int main(int argc, char **argv) {
+  size_t exact_n = argc > 1 ? strtoull(argv[1], NULL, 10) : 1000000;
+  size_t exact_tok = argc > 2 ? strtoull(argv[2], NULL, 10) : 256;
+  size_t prefix_n = argc > 3 ? strtoull(argv[3], NULL, 10) : 100000;
+  size_t open_n = argc > 4 ? strtoull(argv[4], NULL, 10) : 100000;
+  size_t open_tok = argc > 5 ? strtoull(argv[5], NULL, 10) : 128;
+  if (exact_n)
+    bench_exact(exact_n, exact_tok ? exact_tok : 1);
+  if (prefix_n)
+    bench_prefix(prefix_n);
+  if (open_n)
+    bench_open(open_n, open_tok ? open_tok : 1);
+  return 0;
+}

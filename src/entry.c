@@ -1,0 +1,939 @@
+/*
+ * entry.c - cache entries on disk. A spill is first validated and copied into
+ * an immutable snapshot on the caller's thread; the writer thread then builds
+ * data/<hash>.tmp/ (one safetensors file per layer, tokens.bin, manifest.json
+ * with kvtier's checksums, manifest.sum protecting the manifest itself),
+ * fsyncs, and publishes it with an atomic rename - swapping it with an existing
+ * version through renameat2(RENAME_EXCHANGE) so that a complete entry is always
+ * in place. Reading validates everything before handing out any data: manifest
+ * checksum and structure, token file against the entry name, each layer file's
+ * header against the manifest, and each file's XXH3 while its tensors are pread
+ * straight into their final buffers.
+ */
+#include "entry.h"
+#include "dtype.h"
+#include "error.h"
+#include "hash.h"
+#include "io.h"
+#include "layer.h"
+#include "safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#define KVTI_FORMAT 1
+#define MANIFEST_MAX ((size_t)64 << 20)
+#define SUM_LEN 22 /* "xxh3:" + 16 hex + "\n" */
+
+/* ---- entries ------------------------------------------------------------ */
+
+kvt_entry *kvti_entry_new(void) {
+  kvt_entry *e = kvti_calloc(1, sizeof *e);
+  if (!e)
+    KVT_ERR_NOMEM();
+  return e;
+}
+
+static void noop_free(void *ctx, void *buf) {
+  (void)ctx;
+  (void)buf;
+}
+
+void kvt_entry_free(kvt_entry *e) {
+  if (!e)
+    return;
+  for (uint32_t i = 0; e->layers && i < e->num_layers; i++)
+    kvti_layer_release(&e->layers[i], e->free_buf != NULL, e->free_buf,
+                       e->alloc_ctx);
+  kvti_free(e->layers);
+  kvti_free(e->tokens);
+  kvti_free(e);
+}
+
+uint32_t kvt_entry_num_layers(const kvt_entry *e) {
+  return e ? e->num_layers : 0;
+}
+const kvt_layer *kvt_entry_layer(const kvt_entry *e, uint32_t i) {
+  return e && i < e->num_layers ? &e->layers[i] : NULL;
+}
+const int32_t *kvt_entry_tokens(const kvt_entry *e, size_t *n) {
+  if (n)
+    *n = e ? e->n_tokens : 0;
+  return e ? e->tokens : NULL;
+}
+uint64_t kvt_entry_memory_bytes(const kvt_entry *e) {
+  return e ? e->memory_bytes : 0;
+}
+uint64_t kvt_entry_reserved_bytes(const kvt_entry *e) {
+  return e ? e->reserved_bytes : 0;
+}
+uint64_t kvt_entry_disk_bytes(const kvt_entry *e) {
+  return e ? e->disk_bytes : 0;
+}
+const char *kvt_entry_hash(const kvt_entry *e) {
+  return e ? e->hash : NULL;
+}
+int kvt_entry_storage_mode(const kvt_entry *e) {
+  return e ? e->storage_mode : 0;
+}
+
+/* ---- snapshots ---------------------------------------------------------- */
+
+struct kvti_snapshot {
+  char hash[KVT_HASH_HEX_LEN + 1];
+  int32_t *tokens;
+  size_t n_tokens;
+  kvt_layer *layers;
+  uint32_t n_layers;
+  uint64_t memory_bytes;
+  int copy;
+  int has_quant;
+  void (*release)(void *);
+  void *release_ctx;
+  uint64_t held;
+};
+
+void kvti_snapshot_free(kvti_snapshot *s) {
+  if (!s)
+    return;
+  for (uint32_t i = 0; s->layers && i < s->n_layers; i++) {
+    kvt_layer *l = &s->layers[i];
+    if (s->copy && l->tensors)
+      for (uint32_t j = 0; j < l->num_tensors; j++)
+        kvti_buf_free(l->tensors[j].data);
+    kvti_free(l->tensors);
+    kvti_free(l->orig_dtypes);
+  }
+  kvti_free(s->layers);
+  kvti_free(s->tokens);
+  if (s->release)
+    s->release(s->release_ctx);
+  kvti_free(s);
+}
+
+int kvti_snapshot_create(kvti_snapshot **out, const int32_t *tokens,
+                         size_t n_tokens, const kvt_layer *layers,
+                         uint32_t n_layers, uint64_t memory_bytes, int copy,
+                         void (*release)(void *), void *release_ctx) {
+  int rc = 0;
+  kvti_snapshot *s = NULL;
+  if (!out || (n_tokens && !tokens) || (n_layers && !layers)) {
+    rc = KVT_ERR(KVT_EINVAL, "snapshot: NULL argument");
+    goto fail;
+  }
+  if (n_tokens > (SIZE_MAX / 8) || n_tokens > (size_t)INT32_MAX) {
+    rc = KVT_ERR(KVT_EINVAL, "snapshot: too many tokens");
+    goto fail;
+  }
+  if (n_layers > KVTI_MAX_LAYERS) {
+    rc = KVT_ERR(KVT_EINVAL, "snapshot: too many layers (%u)", n_layers);
+    goto fail;
+  }
+  if (memory_bytes > (UINT64_C(1) << 53)) {
+    rc = KVT_ERR(KVT_EINVAL, "snapshot: memory_bytes too large");
+    goto fail;
+  }
+  for (uint32_t i = 0; i < n_layers; i++)
+    if ((rc = kvti_layer_validate(&layers[i], i, 1)) != 0)
+      goto fail;
+  s = kvti_calloc(1, sizeof *s);
+  if (!s) {
+    rc = KVT_ERR_NOMEM();
+    goto fail;
+  }
+  s->copy = copy;
+  s->memory_bytes = memory_bytes;
+  s->n_tokens = n_tokens;
+  if ((rc = kvt_token_hash(s->hash, tokens, n_tokens)) != 0)
+    goto fail;
+  s->tokens = kvti_malloc(n_tokens * sizeof(int32_t));
+  s->layers = kvti_calloc(n_layers ? n_layers : 1, sizeof(kvt_layer));
+  if (!s->tokens || !s->layers) {
+    rc = KVT_ERR_NOMEM();
+    goto fail;
+  }
+  if (n_tokens)
+    memcpy(s->tokens, tokens, n_tokens * sizeof(int32_t));
+  s->held = n_tokens * sizeof(int32_t);
+  for (uint32_t i = 0; i < n_layers; i++) {
+    const kvt_layer *src = &layers[i];
+    kvt_layer *d = &s->layers[i];
+    *d = *src;
+    d->tensors = NULL;
+    d->orig_dtypes = NULL;
+    d->num_tensors = 0;
+    s->n_layers = i + 1;
+    uint32_t nt = src->num_tensors;
+    d->tensors = kvti_calloc(nt ? nt : 1, sizeof(kvt_tensor));
+    if (!d->tensors) {
+      rc = KVT_ERR_NOMEM();
+      goto fail;
+    }
+    if (src->orig_dtypes) {
+      d->orig_dtypes = kvti_malloc((nt ? nt : 1) * sizeof(int32_t));
+      if (!d->orig_dtypes) {
+        rc = KVT_ERR_NOMEM();
+        goto fail;
+      }
+      memcpy(d->orig_dtypes, src->orig_dtypes, nt * sizeof(int32_t));
+    }
+    for (uint32_t j = 0; j < nt; j++) {
+      d->tensors[j] = src->tensors[j];
+      if (copy) {
+        d->tensors[j].data = NULL;
+        d->num_tensors = j + 1;
+        if (src->tensors[j].nbytes) {
+          void *b = kvti_buf_alloc((size_t)src->tensors[j].nbytes);
+          if (!b) {
+            rc = KVT_ERR(KVT_ENOMEM, "snapshot: cannot copy %llu bytes",
+                         (unsigned long long)src->tensors[j].nbytes);
+            goto fail;
+          }
+          memcpy(b, src->tensors[j].data, (size_t)src->tensors[j].nbytes);
+          d->tensors[j].data = b;
+          s->held += src->tensors[j].nbytes;
+        }
+      }
+    }
+    d->num_tensors = nt;
+    if (src->kind == KVT_LAYER_QUANTIZED_KV)
+      s->has_quant = 1;
+  }
+  s->release = release;
+  s->release_ctx = release_ctx;
+  *out = s;
+  return 0;
+fail:
+  kvti_snapshot_free(s);
+  if (!copy && release)
+    release(release_ctx);
+  return rc;
+}
+
+const char *kvti_snapshot_hash(const kvti_snapshot *s) {
+  return s->hash;
+}
+const int32_t *kvti_snapshot_tokens(const kvti_snapshot *s, size_t *n) {
+  if (n)
+    *n = s->n_tokens;
+  return s->tokens;
+}
+uint64_t kvti_snapshot_memory_bytes(const kvti_snapshot *s) {
+  return s->memory_bytes;
+}
+uint64_t kvti_snapshot_held_bytes(const kvti_snapshot *s) {
+  return s->held;
+}
+
+/* ---- manifest ----------------------------------------------------------- */
+
+/* Python json.dump(manifest) with default separators, plus kvtier's key. sums:
+ * n_layers layer checksums then the tokens.bin checksum. */
+static char *build_manifest(const kvti_snapshot *s, char **metas,
+                            const uint64_t *sums, int mode) {
+  kvti_sb b = {0};
+  kvti_sb_printf(&b, "{\"num_layers\": %u, \"layers\": [", s->n_layers);
+  for (uint32_t i = 0; i < s->n_layers; i++) {
+    if (i)
+      kvti_sb_puts(&b, ", ");
+    kvti_sb_puts(&b, metas[i]);
+  }
+  kvti_sb_printf(&b,
+                 "], \"memory_bytes\": %llu, \"num_tokens\": %zu, \"kvtier\": "
+                 "{\"format\": %d, \"storage_mode\": \"%s\", \"checksums\": {",
+                 (unsigned long long)s->memory_bytes, s->n_tokens, KVTI_FORMAT,
+                 mode == KVT_STORAGE_COMPAT ? "compat" : "native");
+  char x[24];
+  for (uint32_t i = 0; i < s->n_layers; i++) {
+    kvti_xxh3_format(x, sums[i]);
+    kvti_sb_printf(&b, "%s\"layer_%u.safetensors\": \"%s\"", i ? ", " : "", i,
+                   x);
+  }
+  kvti_xxh3_format(x, sums[s->n_layers]);
+  kvti_sb_printf(&b, "%s\"tokens.bin\": \"%s\"}}}", s->n_layers ? ", " : "", x);
+  return kvti_sb_take(&b);
+}
+
+uint64_t kvti_snapshot_disk_bytes(const kvti_snapshot *s, int mode) {
+  uint64_t total = (uint64_t)s->n_tokens * 4u + SUM_LEN;
+  char **metas = kvti_calloc(s->n_layers ? s->n_layers : 1, sizeof(char *));
+  uint64_t *sums = kvti_calloc(s->n_layers + 1u, sizeof(uint64_t));
+  uint64_t ret = 0;
+  if (!metas || !sums)
+    goto out;
+  for (uint32_t i = 0; i < s->n_layers; i++) {
+    kvti_layer_out p;
+    if (kvti_layer_plan(&p, &s->layers[i], i, mode, s->has_quant, 0) != 0)
+      goto out;
+    uint64_t fs = kvti_layer_out_file_size(&p);
+    metas[i] = p.meta_json;
+    p.meta_json = NULL;
+    kvti_layer_out_free(&p);
+    if (!fs)
+      goto out;
+    total += fs;
+  }
+  char *m = build_manifest(s, metas, sums, mode);
+  if (m) {
+    ret = total + strlen(m);
+    kvti_free(m);
+  }
+out:
+  for (uint32_t i = 0; metas && i < s->n_layers; i++)
+    kvti_free(metas[i]);
+  kvti_free(metas);
+  kvti_free(sums);
+  return ret;
+}
+
+/* ---- writing ------------------------------------------------------------ */
+
+static char *suffixed(const char *dir, const char *hash, const char *suf) {
+  char name[KVT_HASH_HEX_LEN + 16];
+  snprintf(name, sizeof name, "%s%s", hash, suf);
+  return kvti_path_join(dir, name);
+}
+
+/* Writes one small file (tokens, manifest, sum) and returns its xxh3. */
+static int write_small(uint64_t *xxh, const char *dir, const char *name,
+                       const void *data, size_t len, const kvti_write_opts *o) {
+  char *p = kvti_path_join(dir, name);
+  if (!p)
+    return KVT_ENOMEM;
+  if (xxh)
+    *xxh = kvti_xxh3(data, len);
+  int rc = kvti_write_file(p, data, len, (mode_t)o->file_mode, o->do_fsync);
+  if (rc == 0 && kvti_io->chmod(p, (mode_t)o->file_mode) != 0)
+    rc = KVT_ERR_OS(errno, "chmod %s", p);
+  if (rc)
+    kvti_io->unlink(p);
+  kvti_free(p);
+  return rc;
+}
+
+int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
+                     const kvti_snapshot *s, const kvti_write_opts *o) {
+  if (!data_dir || !s || !o || !kvti_is_hash_name(s->hash))
+    return KVT_ERR(KVT_EINVAL, "entry write: bad argument");
+  int mode = o->storage_mode;
+  if (mode != KVT_STORAGE_NATIVE && mode != KVT_STORAGE_COMPAT)
+    return KVT_ERR(KVT_EINVAL, "entry write: bad storage mode %d", mode);
+  int rc = 0, published = 0, exchanged = 0, tmp_made = 0;
+  uint64_t total = 0;
+  char *tmp = suffixed(data_dir, s->hash, ".tmp");
+  char *live = suffixed(data_dir, s->hash, "");
+  char *old = suffixed(data_dir, s->hash, ".old.tmp");
+  char **metas = kvti_calloc(s->n_layers ? s->n_layers : 1, sizeof(char *));
+  uint64_t *sums = kvti_calloc(s->n_layers + 1u, sizeof(uint64_t));
+  char *manifest = NULL;
+  if (!tmp || !live || !old || !metas || !sums) {
+    rc = KVT_ERR_NOMEM();
+    goto out;
+  }
+  if ((rc = kvti_rmtree(tmp)) != 0)
+    goto out;
+  if (kvti_io->mkdir(tmp, (mode_t)o->dir_mode) != 0) {
+    rc = KVT_ERR_OS(errno, "mkdir %s", tmp);
+    goto out;
+  }
+  tmp_made = 1;
+  if (kvti_io->chmod(tmp, (mode_t)o->dir_mode) != 0) {
+    rc = KVT_ERR_OS(errno, "chmod %s", tmp);
+    goto out;
+  }
+  for (uint32_t i = 0; i < s->n_layers; i++) {
+    kvti_layer_out p;
+    rc = kvti_layer_plan(&p, &s->layers[i], i, mode, s->has_quant, 1);
+    if (rc)
+      goto out;
+    char name[40];
+    snprintf(name, sizeof name, "layer_%u.safetensors", i);
+    char *lp = kvti_path_join(tmp, name);
+    uint64_t sz = 0;
+    rc = lp ? kvti_layer_write_file(&sz, &sums[i], lp, &p, o->file_mode,
+                                    o->do_fsync, 0)
+            : KVT_ENOMEM;
+    kvti_free(lp);
+    metas[i] = p.meta_json;
+    p.meta_json = NULL;
+    kvti_layer_out_free(&p);
+    if (rc)
+      goto out;
+    total += sz;
+  }
+  rc = write_small(&sums[s->n_layers], tmp, "tokens.bin", s->tokens,
+                   s->n_tokens * sizeof(int32_t), o);
+  if (rc)
+    goto out;
+  total += s->n_tokens * sizeof(int32_t);
+  manifest = build_manifest(s, metas, sums, mode);
+  if (!manifest) {
+    rc = KVT_ENOMEM;
+    goto out;
+  }
+  size_t mlen = strlen(manifest);
+  rc = write_small(NULL, tmp, "manifest.json", manifest, mlen, o);
+  if (rc)
+    goto out;
+  total += mlen;
+  char sum[SUM_LEN + 8];
+  kvti_xxh3_format(sum, kvti_xxh3(manifest, mlen));
+  strcat(sum, "\n");
+  rc = write_small(NULL, tmp, "manifest.sum", sum, SUM_LEN, o);
+  if (rc)
+    goto out;
+  total += SUM_LEN;
+  if (o->do_fsync && (rc = kvti_fsync_dir(tmp)) != 0)
+    goto out;
+
+  /* Publish. Preferred: atomic exchange with a live version (tmp then holds the
+   * old one). */
+  rc = kvti_rename_exchange(tmp, live);
+  if (rc == 0) {
+    exchanged = 1;
+  } else if (rc == KVT_ENOTFOUND) {
+    rc = kvti_rename(tmp, live);
+  } else if (rc == KVT_EUNSUPPORTED) {
+    struct stat st;
+    rc = 0;
+    if (kvti_io->lstat(live, &st) == 0) {
+      /* Portable fallback: old version aside, new into place. A crash between
+       * the two renames leaves the old version complete at <hash>.old.tmp. */
+      if ((rc = kvti_rmtree(old)) == 0 && (rc = kvti_rename(live, old)) == 0) {
+        rc = kvti_rename(tmp, live);
+        if (rc)
+          kvti_io->rename(old, live);
+      }
+    } else {
+      rc = kvti_rename(tmp, live);
+    }
+  }
+  if (rc)
+    goto out;
+  published = 1;
+  if (o->do_fsync && (rc = kvti_fsync_dir(data_dir)) != 0) {
+    /* Not durable: undo, putting the old version (if any) back. */
+    if (exchanged) {
+      if (kvti_io->rename_exchange && kvti_io->rename_exchange(tmp, live) == 0)
+        published = 0;
+    } else if (kvti_io->rename(live, tmp) == 0) {
+      published = 0;
+      struct stat st;
+      if (kvti_io->lstat(old, &st) == 0)
+        kvti_io->rename(old, live);
+    }
+    if (published) {
+      /* could not undo: the new complete version stays; report success */
+      rc = 0;
+    } else {
+      goto out;
+    }
+  }
+  /* Remove the previous version (now at tmp after an exchange, or at old). */
+  if (exchanged)
+    kvti_rmtree(tmp);
+  else
+    kvti_rmtree(old);
+  if (disk_bytes)
+    *disk_bytes = total;
+  rc = 0;
+out:
+  if (rc && tmp_made && !published) {
+    int keep = rc;
+    kvti_rmtree(tmp);
+    rc = keep;
+  }
+  for (uint32_t i = 0; metas && i < s->n_layers; i++)
+    kvti_free(metas[i]);
+  kvti_free(metas);
+  kvti_free(sums);
+  kvti_free(manifest);
+  kvti_free(tmp);
+  kvti_free(live);
+  kvti_free(old);
+  return rc;
+}
+
+/* ---- reading ------------------------------------------------------------ */
+
+#define BAD(...) KVT_ERR(KVT_ECORRUPT, __VA_ARGS__)
+
+typedef struct manifest {
+  cJSON *root;
+  char *dir;
+  uint32_t num_layers;
+  uint64_t memory_bytes;
+  uint64_t num_tokens;
+  int has_sums; /* kvtier-written */
+  int mode;
+  uint64_t *sums; /* num_layers + 1 (tokens.bin last) */
+  kvti_layer_meta *metas;
+  uint64_t bytes; /* manifest + sum */
+} manifest;
+
+static void manifest_free(manifest *m) {
+  cJSON_Delete(m->root);
+  kvti_free(m->dir);
+  kvti_free(m->sums);
+  for (uint32_t i = 0; m->metas && i < m->num_layers; i++)
+    kvti_layer_meta_free(&m->metas[i]);
+  kvti_free(m->metas);
+  memset(m, 0, sizeof *m);
+}
+
+static int json_uint(uint64_t *out, const cJSON *o, const char *key,
+                     uint64_t max, const char *what) {
+  const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+  if (!j)
+    return BAD("%s: missing '%s'", what, key);
+  double d = cJSON_IsNumber(j) ? j->valuedouble : -1;
+  if (!isfinite(d) || d < 0 || floor(d) != d || d > (double)max)
+    return BAD("%s: '%s' is not an integer in [0, %llu]", what, key,
+               (unsigned long long)max);
+  *out = (uint64_t)d;
+  return 0;
+}
+
+/* Counts object members named key (cJSON keeps duplicates). */
+static int count_key(const cJSON *o, const char *key) {
+  int n = 0;
+  for (const cJSON *c = o->child; c; c = c->next)
+    if (c->string && strcmp(c->string, key) == 0)
+      n++;
+  return n;
+}
+
+static int load_manifest(manifest *m, const char *data_dir, const char *hash) {
+  memset(m, 0, sizeof *m);
+  if (!data_dir || !kvti_is_hash_name(hash))
+    return KVT_ERR(KVT_EINVAL, "entry name '%.80s' is not 64 hex digits",
+                   hash ? hash : "(null)");
+  m->dir = kvti_path_join(data_dir, hash);
+  if (!m->dir)
+    return KVT_ENOMEM;
+  int rc;
+  struct stat st;
+  if ((rc = kvti_lstat(m->dir, &st)) != 0 ||
+      (!S_ISDIR(st.st_mode) &&
+       (rc = BAD("%s is not a directory", m->dir)) != 0)) {
+    manifest_free(m);
+    return rc;
+  }
+  char *mp = kvti_path_join(m->dir, "manifest.json");
+  char *sp = kvti_path_join(m->dir, "manifest.sum");
+  char *text = NULL, *sum = NULL;
+  size_t tlen = 0, slen = 0;
+  if (!mp || !sp) {
+    rc = KVT_ENOMEM;
+    goto out;
+  }
+  rc = kvti_read_file(&text, &tlen, mp, MANIFEST_MAX);
+  if (rc == KVT_ENOTFOUND) {
+    rc = KVT_ERR(KVT_ENOTFOUND, "%s: no manifest.json", m->dir);
+    goto out;
+  }
+  if (rc)
+    goto out;
+  m->bytes = tlen;
+  rc = kvti_read_file(&sum, &slen, sp, 4096);
+  int have_sum = rc == 0;
+  if (rc && rc != KVT_ENOTFOUND)
+    goto out;
+  rc = 0;
+  if (have_sum) {
+    m->bytes += slen;
+    uint64_t want;
+    if (slen != SUM_LEN || sum[SUM_LEN - 1] != '\n') {
+      rc = BAD("%s: malformed manifest.sum", m->dir);
+      goto out;
+    }
+    sum[SUM_LEN - 1] = '\0';
+    if (kvti_xxh3_parse(&want, sum) != 0) {
+      rc = BAD("%s: malformed manifest.sum", m->dir);
+      goto out;
+    }
+    if (kvti_xxh3(text, tlen) != want) {
+      rc = BAD("%s: manifest.json checksum mismatch", m->dir);
+      goto out;
+    }
+  }
+  m->root = cJSON_ParseWithLength(text, tlen);
+  if (!m->root) {
+    rc = BAD("%s: manifest.json is not valid JSON", m->dir);
+    goto out;
+  }
+  cJSON *r = m->root;
+  if (!cJSON_IsObject(r)) {
+    rc = BAD("%s: manifest is not a JSON object", m->dir);
+    goto out;
+  }
+  static const char *keys[] = {"num_layers", "layers", "memory_bytes",
+                               "num_tokens", "kvtier"};
+  for (size_t k = 0; k < 5; k++)
+    if (count_key(r, keys[k]) > 1) {
+      rc = BAD("%s: duplicate manifest key '%s'", m->dir, keys[k]);
+      goto out;
+    }
+  uint64_t nl;
+  if ((rc = json_uint(&nl, r, "num_layers", KVTI_MAX_LAYERS, m->dir)) ||
+      (rc = json_uint(&m->memory_bytes, r, "memory_bytes", UINT64_C(1) << 53,
+                      m->dir)) ||
+      (rc = json_uint(&m->num_tokens, r, "num_tokens", INT32_MAX, m->dir)))
+    goto out;
+  m->num_layers = (uint32_t)nl;
+  const cJSON *layers = cJSON_GetObjectItemCaseSensitive(r, "layers");
+  if (!cJSON_IsArray(layers) ||
+      cJSON_GetArraySize(layers) != (int)m->num_layers) {
+    rc = BAD("%s: 'layers' is not a list of num_layers objects", m->dir);
+    goto out;
+  }
+  const cJSON *kv = cJSON_GetObjectItemCaseSensitive(r, "kvtier");
+  m->mode = KVT_STORAGE_COMPAT;
+  if (kv && !have_sum) {
+    rc = BAD("%s: kvtier manifest without manifest.sum", m->dir);
+    goto out;
+  }
+  if (!kv && have_sum) {
+    rc = BAD("%s: manifest.sum present but manifest has no kvtier key", m->dir);
+    goto out;
+  }
+  m->metas = kvti_calloc(m->num_layers ? m->num_layers : 1, sizeof *m->metas);
+  m->sums = kvti_calloc(m->num_layers + 1u, sizeof(uint64_t));
+  if (!m->metas || !m->sums) {
+    rc = KVT_ERR_NOMEM();
+    goto out;
+  }
+  if (kv) {
+    uint64_t fmt;
+    if (!cJSON_IsObject(kv) ||
+        (rc = json_uint(&fmt, kv, "format", 1000, m->dir)) != 0) {
+      rc = BAD("%s: malformed kvtier manifest key", m->dir);
+      goto out;
+    }
+    if (fmt != KVTI_FORMAT) {
+      rc = KVT_ERR(KVT_EUNSUPPORTED, "%s: kvtier format %llu not supported",
+                   m->dir, (unsigned long long)fmt);
+      goto out;
+    }
+    const cJSON *sm = cJSON_GetObjectItemCaseSensitive(kv, "storage_mode");
+    if (cJSON_IsString(sm) && !strcmp(sm->valuestring, "native"))
+      m->mode = KVT_STORAGE_NATIVE;
+    else if (cJSON_IsString(sm) && !strcmp(sm->valuestring, "compat"))
+      m->mode = KVT_STORAGE_COMPAT;
+    else {
+      rc = BAD("%s: bad kvtier storage_mode", m->dir);
+      goto out;
+    }
+    const cJSON *cs = cJSON_GetObjectItemCaseSensitive(kv, "checksums");
+    if (!cJSON_IsObject(cs) ||
+        cJSON_GetArraySize(cs) != (int)m->num_layers + 1) {
+      rc = BAD("%s: kvtier checksums must list every file", m->dir);
+      goto out;
+    }
+    for (uint32_t i = 0; i <= m->num_layers; i++) {
+      char name[40];
+      if (i < m->num_layers)
+        snprintf(name, sizeof name, "layer_%u.safetensors", i);
+      else
+        snprintf(name, sizeof name, "tokens.bin");
+      const cJSON *c = cJSON_GetObjectItemCaseSensitive(cs, name);
+      if (count_key(cs, name) != 1 || !cJSON_IsString(c) ||
+          kvti_xxh3_parse(&m->sums[i], c->valuestring) != 0) {
+        rc = BAD("%s: checksum of %s missing or malformed", m->dir, name);
+        goto out;
+      }
+    }
+    m->has_sums = 1;
+  }
+  uint32_t i = 0;
+  for (const cJSON *l = layers->child; l; l = l->next, i++) {
+    char what[96];
+    snprintf(what, sizeof what, "%.64s layer %u", hash, i);
+    if ((rc = kvti_layer_meta_parse(&m->metas[i], l, i, what)) != 0)
+      goto out;
+  }
+out:
+  kvti_free(text);
+  kvti_free(sum);
+  kvti_free(mp);
+  kvti_free(sp);
+  if (rc)
+    manifest_free(m);
+  return rc;
+}
+
+/* Reads tokens.bin (when present) and checks it against the manifest, the
+ * expected tokens and the entry name. *tokens receives a kvti_malloc'ed copy.
+ */
+static int load_tokens(int32_t **tokens, uint64_t *bytes, const manifest *m,
+                       const char *hash, const kvti_read_opts *o) {
+  char *tp = kvti_path_join(m->dir, "tokens.bin");
+  if (!tp)
+    return KVT_ENOMEM;
+  char *buf = NULL;
+  size_t len = 0;
+  int rc = kvti_read_file(&buf, &len, tp, (size_t)m->num_tokens * 4u);
+  int32_t *tok = NULL;
+  size_t n = (size_t)m->num_tokens;
+  if (rc == KVT_ECORRUPT) {
+    rc = BAD("%s: tokens.bin longer than num_tokens * 4", m->dir);
+    goto out;
+  }
+  if (rc == KVT_ENOTFOUND) {
+    if (m->has_sums || !o || !o->tokens) {
+      rc = BAD("%s: tokens.bin missing", m->dir);
+      goto out;
+    }
+  } else if (rc) {
+    goto out;
+  } else {
+    *bytes = len;
+    if (len != n * 4u) {
+      rc = BAD("%s: tokens.bin has %zu bytes, num_tokens is %zu", m->dir, len,
+               n);
+      goto out;
+    }
+    if (m->has_sums && kvti_xxh3(buf, len) != m->sums[m->num_layers]) {
+      rc = BAD("%s: tokens.bin checksum mismatch", m->dir);
+      goto out;
+    }
+  }
+  rc = 0;
+  const void *src = buf;
+  if (o && o->tokens) {
+    if (o->n_tokens != n) {
+      rc = BAD("%s: entry holds %zu tokens, %zu expected", m->dir, n,
+               o->n_tokens);
+      goto out;
+    }
+    if (buf && n && memcmp(buf, o->tokens, n * 4u) != 0) {
+      rc = BAD("%s: tokens.bin differs from the expected tokens", m->dir);
+      goto out;
+    }
+    src = o->tokens;
+  }
+  char h[KVT_HASH_HEX_LEN + 1];
+  if ((rc = kvt_token_hash(h, src, n)) != 0)
+    goto out;
+  if (strcmp(h, hash) != 0) {
+    rc = BAD("%s: tokens do not hash to the entry name", m->dir);
+    goto out;
+  }
+  tok = kvti_malloc(n * 4u);
+  if (!tok) {
+    rc = KVT_ERR_NOMEM();
+    goto out;
+  }
+  if (n)
+    memcpy(tok, src, n * 4u);
+  *tokens = tok;
+out:
+  kvti_free(buf);
+  kvti_free(tp);
+  return rc;
+}
+
+int kvti_entry_read(kvt_entry **out, const char *data_dir, const char *hash,
+                    const kvti_read_opts *o) {
+  static const kvti_read_opts none = {0};
+  if (!o)
+    o = &none;
+  if (!out && !o->verify_only)
+    return KVT_ERR(KVT_EINVAL, "entry read: NULL out");
+  manifest m;
+  int rc = load_manifest(&m, data_dir, hash);
+  if (rc)
+    return rc;
+  kvt_entry *e = kvti_entry_new();
+  if (!e) {
+    manifest_free(&m);
+    return KVT_ENOMEM;
+  }
+  memcpy(e->hash, hash, KVT_HASH_HEX_LEN + 1);
+  e->memory_bytes = m.memory_bytes;
+  e->storage_mode = m.mode;
+  e->n_tokens = (size_t)m.num_tokens;
+  if (o->alloc) {
+    e->free_buf = o->free_buf ? o->free_buf : noop_free;
+    e->alloc_ctx = o->alloc_ctx;
+  }
+  uint64_t disk = m.bytes, tb = 0;
+  rc = load_tokens(&e->tokens, &tb, &m, hash, o);
+  if (rc)
+    goto fail;
+  disk += tb;
+  e->layers = kvti_calloc(m.num_layers ? m.num_layers : 1, sizeof(kvt_layer));
+  if (!e->layers) {
+    rc = KVT_ERR_NOMEM();
+    goto fail;
+  }
+  for (uint32_t i = 0; i < m.num_layers; i++) {
+    if (o->cancel && atomic_load(o->cancel)) {
+      rc = KVT_ERR(KVT_ECANCELED, "read of %.12s... cancelled", hash);
+      goto fail;
+    }
+    char name[40];
+    snprintf(name, sizeof name, "layer_%u.safetensors", i);
+    char *lp = kvti_path_join(m.dir, name);
+    if (!lp) {
+      rc = KVT_ENOMEM;
+      goto fail;
+    }
+    kvti_layer_read_opts lo = {o->alloc,
+                               o->free_buf,
+                               o->alloc_ctx,
+                               i,
+                               o->cancel,
+                               o->verify_only,
+                               m.has_sums ? &m.sums[i] : NULL};
+    uint64_t fb = 0;
+    rc = kvti_layer_read_file(&e->layers[i], &fb, lp, &m.metas[i], &lo);
+    kvti_free(lp);
+    if (rc)
+      goto fail;
+    e->num_layers = i + 1;
+    disk += fb;
+    if (o->on_layer && !o->verify_only)
+      o->on_layer(o->layer_ctx, i, &e->layers[i]);
+  }
+  e->disk_bytes = disk;
+  manifest_free(&m);
+  if (o->verify_only) {
+    kvt_entry_free(e);
+    if (out)
+      *out = NULL;
+    return 0;
+  }
+  *out = e;
+  return 0;
+fail:
+  manifest_free(&m);
+  kvt_entry_free(e);
+  return rc;
+}
+
+/* ---- describe ----------------------------------------------------------- */
+
+static const char *kind_name(int k) {
+  switch (k) {
+  case KVT_LAYER_KV:
+    return "kv";
+  case KVT_LAYER_ROTATING_KV:
+    return "rotating_kv";
+  case KVT_LAYER_ARRAYS:
+    return "arrays";
+  case KVT_LAYER_QUANTIZED_KV:
+    return "quantized_kv";
+  default:
+    return "unknown";
+  }
+}
+
+int kvti_entry_describe(char **json, const char *data_dir, const char *hash) {
+  if (!json)
+    return KVT_ERR(KVT_EINVAL, "describe: NULL out");
+  manifest m;
+  int rc = load_manifest(&m, data_dir, hash);
+  if (rc)
+    return rc;
+  cJSON *d = cJSON_CreateObject();
+  cJSON *ls = cJSON_CreateArray();
+  const kvti_st_tensor **slot = NULL;
+  if (!d || !ls) {
+    cJSON_Delete(ls);
+    rc = KVT_ERR_NOMEM();
+    goto out;
+  }
+  cJSON_AddStringToObject(d, "token_hash", hash);
+  cJSON_AddStringToObject(d, "storage_mode",
+                          !m.has_sums                    ? "reference"
+                          : m.mode == KVT_STORAGE_NATIVE ? "native"
+                                                         : "compat");
+  cJSON_AddBoolToObject(d, "checksums", m.has_sums);
+  cJSON_AddNumberToObject(d, "num_layers", m.num_layers);
+  cJSON_AddNumberToObject(d, "num_tokens", (double)m.num_tokens);
+  cJSON_AddNumberToObject(d, "memory_bytes", (double)m.memory_bytes);
+  cJSON_AddItemReferenceToObject(d, "manifest", m.root);
+  cJSON_AddItemToObject(d, "layers", ls);
+  uint64_t disk = m.bytes;
+  for (uint32_t i = 0; i < m.num_layers; i++) {
+    char name[40];
+    snprintf(name, sizeof name, "layer_%u.safetensors", i);
+    char *lp = kvti_path_join(m.dir, name);
+    if (!lp) {
+      rc = KVT_ENOMEM;
+      goto out;
+    }
+    kvti_st_header hd = {0};
+    int fd = kvti_open(lp, O_RDONLY, 0);
+    struct stat st;
+    if (fd < 0) {
+      rc = fd == KVT_ENOTFOUND ? BAD("%s: layer file missing", lp) : fd;
+    } else {
+      if (kvti_io->fstat(fd, &st) != 0)
+        rc = KVT_ERR_OS(errno, "stat %s", lp);
+      else if (!S_ISREG(st.st_mode))
+        rc = BAD("%s is not a regular file", lp);
+      else
+        rc = kvti_st_read_header(&hd, fd, (uint64_t)st.st_size, lp, NULL);
+      kvti_io->close(fd);
+    }
+    kvti_free(slot);
+    slot = kvti_calloc(m.metas[i].num_tensors + 1u, sizeof *slot);
+    if (!rc && !slot)
+      rc = KVT_ERR_NOMEM();
+    if (!rc)
+      rc = kvti_layer_check_header(slot, &hd, &m.metas[i], lp);
+    kvti_free(lp);
+    if (rc) {
+      kvti_st_header_free(&hd);
+      goto out;
+    }
+    disk += (uint64_t)st.st_size;
+    cJSON *lo = cJSON_CreateObject();
+    cJSON_AddItemToArray(ls, lo);
+    cJSON_AddNumberToObject(lo, "index", i);
+    cJSON_AddStringToObject(lo, "file", name);
+    cJSON_AddNumberToObject(lo, "bytes", (double)st.st_size);
+    cJSON_AddStringToObject(lo, "kind", kind_name(m.metas[i].kind));
+    cJSON *ts = cJSON_AddArrayToObject(lo, "tensors");
+    for (uint32_t j = 0; j < m.metas[i].num_tensors; j++) {
+      const kvti_st_tensor *t = slot[j];
+      cJSON *to = cJSON_CreateObject();
+      cJSON_AddItemToArray(ts, to);
+      cJSON_AddStringToObject(to, "name", t->name);
+      cJSON_AddStringToObject(to, "dtype", kvt_dtype_name(t->dtype));
+      cJSON *sh = cJSON_AddArrayToObject(to, "shape");
+      for (uint32_t k = 0; k < t->ndim; k++)
+        cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->shape[k]));
+      cJSON_AddNumberToObject(to, "nbytes", (double)t->nbytes);
+    }
+    kvti_st_header_free(&hd);
+  }
+  {
+    struct stat st;
+    char *tp = kvti_path_join(m.dir, "tokens.bin");
+    if (tp && kvti_io->lstat(tp, &st) == 0)
+      disk += (uint64_t)st.st_size;
+    kvti_free(tp);
+  }
+  cJSON_AddNumberToObject(d, "disk_bytes", (double)disk);
+  char *s = cJSON_PrintUnformatted(d);
+  if (!s) {
+    rc = KVT_ERR_NOMEM();
+    goto out;
+  }
+  *json = kvti_strdup(s);
+  cJSON_free(s);
+  if (!*json)
+    rc = KVT_ENOMEM;
+out:
+  kvti_free(slot);
+  cJSON_Delete(d);
+  manifest_free(&m);
+  return rc;
+}

@@ -1,0 +1,990 @@
+/*
+ * layer.c - one layer <-> one safetensors file plus its manifest object.
+ * Writing applies the storage mode: native keeps every tensor as given
+ * (quantized layers as packed/scales/biases under kvtier's "QuantizedKVCache"
+ * type), compat reproduces the reference's enqueue_spill and serializers byte
+ * for byte (bf16 -> F32 with "*_original_dtype": "bfloat16"; quantized -> MLX
+ * dequantization, trim to offset along axis -2, bf16 -> F16 with hints, written
+ * as "KVCache"). Reading accepts every layer_type the reference accepts plus
+ * QuantizedKVCache, checks the file's tensors against the manifest, and preads
+ * each tensor straight into its final buffer while hashing the file in offset
+ * order.
+ */
+#include "layer.h"
+#include "dtype.h"
+#include "entry.h"
+#include "error.h"
+#include "io.h"
+
+#include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- validation --------------------------------------------------------- */
+
+static int quant_bits_ok(int b) {
+  return b == 2 || b == 3 || b == 4 || b == 5 || b == 6 || b == 8;
+}
+
+static int check_tensor(const kvt_tensor *t, uint32_t idx, uint32_t j,
+                        int need_data) {
+  uint64_t nb;
+  if (kvt_dtype_size((kvt_dtype)t->dtype) == 0)
+    return KVT_ERR(KVT_EINVAL, "layer %u tensor %u: invalid dtype %d", idx, j,
+                   (int)t->dtype);
+  if (t->ndim > KVT_MAX_DIMS)
+    return KVT_ERR(KVT_EINVAL, "layer %u tensor %u: ndim %u > %d", idx, j,
+                   t->ndim, KVT_MAX_DIMS);
+  for (uint32_t d = 0; d < t->ndim; d++)
+    if (t->shape[d] < 0)
+      return KVT_ERR(KVT_EINVAL, "layer %u tensor %u: negative dimension", idx,
+                     j);
+  if (kvti_tensor_nbytes(&nb, (kvt_dtype)t->dtype, t->ndim, t->shape) != 0)
+    return KVT_ERR(KVT_EINVAL, "layer %u tensor %u: size overflows", idx, j);
+  if (nb != t->nbytes)
+    return KVT_ERR(KVT_EINVAL,
+                   "layer %u tensor %u: nbytes %llu != shape x dtype size %llu",
+                   idx, j, (unsigned long long)t->nbytes,
+                   (unsigned long long)nb);
+  if (need_data && nb && !t->data)
+    return KVT_ERR(KVT_EINVAL, "layer %u tensor %u: NULL data", idx, j);
+  return 0;
+}
+
+/* Geometry of one quantized triple (packed U32 [..., D*bits/32], scales/biases
+ * [..., D/gs]). */
+static int check_quant(const kvt_tensor *q, const kvt_tensor *s,
+                       const kvt_tensor *b, int bits, int gs, uint32_t idx,
+                       const char *which) {
+  if (q->dtype != KVT_DTYPE_U32)
+    return KVT_ERR(KVT_EINVAL, "layer %u: %s packed tensor must be U32", idx,
+                   which);
+  if (!kvti_dtype_is_float((kvt_dtype)s->dtype) || s->dtype == KVT_DTYPE_F64 ||
+      s->dtype != b->dtype)
+    return KVT_ERR(KVT_EINVAL,
+                   "layer %u: %s scales/biases must share a dtype among F16, "
+                   "BF16, F32",
+                   idx, which);
+  if (q->ndim < 1 || q->ndim != s->ndim || s->ndim != b->ndim)
+    return KVT_ERR(KVT_EINVAL, "layer %u: %s tensors need the same ndim >= 1",
+                   idx, which);
+  for (uint32_t d = 0; d < q->ndim; d++) {
+    if (s->shape[d] != b->shape[d])
+      return KVT_ERR(KVT_EINVAL, "layer %u: %s scales/biases shapes differ",
+                     idx, which);
+    if (d + 1 < q->ndim && q->shape[d] != s->shape[d])
+      return KVT_ERR(KVT_EINVAL, "layer %u: %s leading dimensions differ", idx,
+                     which);
+  }
+  int64_t w = q->shape[q->ndim - 1];
+  if (w > (INT64_C(1) << 40))
+    return KVT_ERR(KVT_EINVAL, "layer %u: %s last dimension too large", idx,
+                   which);
+  if ((w * 32) % bits != 0)
+    return KVT_ERR(KVT_EINVAL,
+                   "layer %u: %s packed width %lld not a whole "
+                   "number of %d-bit elements",
+                   idx, which, (long long)w, bits);
+  int64_t D = w * 32 / bits;
+  if (D % gs != 0 || s->shape[s->ndim - 1] != D / gs)
+    return KVT_ERR(KVT_EINVAL,
+                   "layer %u: %s scales last dim %lld != %lld elements / "
+                   "group_size %d",
+                   idx, which, (long long)s->shape[s->ndim - 1], (long long)D,
+                   gs);
+  return 0;
+}
+
+int kvti_layer_validate(const kvt_layer *l, uint32_t idx, int need_data) {
+  if (!l)
+    return KVT_ERR(KVT_EINVAL, "layer %u is NULL", idx);
+  uint32_t want;
+  switch (l->kind) {
+  case KVT_LAYER_KV:
+  case KVT_LAYER_ROTATING_KV:
+    want = 2;
+    break;
+  case KVT_LAYER_QUANTIZED_KV:
+    want = 6;
+    break;
+  case KVT_LAYER_ARRAYS:
+    want = l->num_tensors;
+    break;
+  default:
+    return KVT_ERR(KVT_EINVAL, "layer %u: unknown kind %d", idx, l->kind);
+  }
+  if (l->num_tensors != want)
+    return KVT_ERR(KVT_EINVAL, "layer %u: %u tensors, kind needs %u", idx,
+                   l->num_tensors, want);
+  if (l->num_tensors > KVTI_MAX_ARRAYS)
+    return KVT_ERR(KVT_EINVAL, "layer %u: too many tensors", idx);
+  if (l->num_tensors && !l->tensors)
+    return KVT_ERR(KVT_EINVAL, "layer %u: NULL tensors", idx);
+  for (uint32_t j = 0; j < l->num_tensors; j++) {
+    int rc = check_tensor(&l->tensors[j], idx, j, need_data);
+    if (rc)
+      return rc;
+    if (l->orig_dtypes && l->orig_dtypes[j] != KVT_DTYPE_INVALID &&
+        !kvt_dtype_name((kvt_dtype)l->orig_dtypes[j]))
+      return KVT_ERR(KVT_EINVAL, "layer %u: invalid orig_dtypes[%u]", idx, j);
+  }
+  if (l->kind != KVT_LAYER_ARRAYS && l->kind != KVT_LAYER_QUANTIZED_KV &&
+      l->offset < 0)
+    return KVT_ERR(KVT_EINVAL, "layer %u: offset must be >= 0", idx);
+  if (l->kind == KVT_LAYER_QUANTIZED_KV && l->offset < 0 &&
+      l->offset != KVT_ABSENT)
+    return KVT_ERR(KVT_EINVAL, "layer %u: offset must be >= 0", idx);
+  if (l->kind == KVT_LAYER_ROTATING_KV && l->max_size == KVT_ABSENT)
+    return KVT_ERR(KVT_EINVAL, "layer %u: rotating layer needs max_size", idx);
+  if (l->kind == KVT_LAYER_QUANTIZED_KV) {
+    if (!quant_bits_ok(l->bits))
+      return KVT_ERR(KVT_EINVAL, "layer %u: bits %d not in {2,3,4,5,6,8}", idx,
+                     l->bits);
+    if (l->group_size <= 0 || l->group_size > (1 << 20))
+      return KVT_ERR(KVT_EINVAL, "layer %u: invalid group_size %d", idx,
+                     l->group_size);
+    int rc = check_quant(&l->tensors[0], &l->tensors[1], &l->tensors[2],
+                         l->bits, l->group_size, idx, "keys");
+    if (!rc)
+      rc = check_quant(&l->tensors[3], &l->tensors[4], &l->tensors[5], l->bits,
+                       l->group_size, idx, "values");
+    if (rc)
+      return rc;
+  }
+  return 0;
+}
+
+/* ---- dequantization ----------------------------------------------------- */
+
+int kvti_dequantize(void *out, kvt_dtype out_dtype, const kvt_tensor *packed,
+                    const kvt_tensor *scales, const kvt_tensor *biases,
+                    int bits, int group_size, int64_t keep_rows) {
+  /* MLX packs each row as a little-endian bit stream: element i occupies bits
+   * [i*bits, (i+1)*bits) of the row's uint32 words (word k holds stream bits
+   * 32k..32k+31). For bits 2/4/8 no element crosses a word; for 3 and 6 some do
+   * (MLX's 3-byte packs are the same stream). 5-bit packing is refused: we
+   * cannot verify MLX's layout for it. */
+  if (!(bits == 2 || bits == 3 || bits == 4 || bits == 6 || bits == 8))
+    return KVT_ERR(KVT_EUNSUPPORTED,
+                   "compat mode cannot dequantize %d-bit layers", bits);
+  kvt_dtype sd = (kvt_dtype)scales->dtype;
+  uint32_t nd = packed->ndim;
+  int64_t W = packed->shape[nd - 1];
+  int64_t D = W * 32 / bits;
+  int64_t G = D / group_size;
+  int64_t T = nd >= 2 ? packed->shape[nd - 2] : 1;
+  int64_t outer = 1;
+  for (uint32_t d = 0; d + 2 < nd; d++)
+    outer *= packed->shape[d];
+  if (nd < 2)
+    outer = 1;
+  if (keep_rows > T || keep_rows < 0)
+    keep_rows = T;
+  const uint32_t *wq = packed->data;
+  uint32_t mask = (1u << bits) - 1u;
+  size_t o = 0;
+  for (int64_t a = 0; a < outer; a++) {
+    for (int64_t t = 0; t < keep_rows; t++) {
+      int64_t row = a * T + t;
+      const uint32_t *w = wq + row * W;
+      for (int64_t i = 0; i < D; i++) {
+        uint64_t bit = (uint64_t)i * (uint64_t)bits;
+        uint64_t k = bit >> 5;
+        unsigned s = (unsigned)(bit & 31u);
+        uint64_t v = w[k] >> s;
+        if (s + (unsigned)bits > 32)
+          v |= (uint64_t)w[k + 1] << (32 - s);
+        uint32_t q = (uint32_t)v & mask;
+        size_t g = (size_t)(row * G + i / group_size);
+        float sc = kvti_load_float(scales->data, sd, g);
+        float bi = kvti_load_float(biases->data, sd, g);
+        float f = sc * (float)q;
+        f = f + bi;
+        /* round to the dequantized dtype (the scales dtype), then to the output
+         * dtype */
+        if (sd == KVT_DTYPE_BF16)
+          f = kvti_bf16_to_f32(kvti_f32_to_bf16(f));
+        else if (sd == KVT_DTYPE_F16)
+          f = kvti_f16_to_f32(kvti_f32_to_f16(f));
+        kvti_store_float(out, out_dtype, o++, f);
+      }
+    }
+  }
+  return 0;
+}
+
+/* ---- planning ----------------------------------------------------------- */
+
+void kvti_layer_out_free(kvti_layer_out *p) {
+  if (!p)
+    return;
+  if (p->owned)
+    for (uint32_t i = 0; i < p->n; i++)
+      kvti_buf_free(p->owned[i]);
+  kvti_free(p->owned);
+  kvti_free(p->names);
+  kvti_free(p->tensors);
+  kvti_free(p->meta_json);
+  memset(p, 0, sizeof *p);
+}
+
+static int out_alloc(kvti_layer_out *p, uint32_t n) {
+  p->n = n;
+  p->names = kvti_calloc(n ? n : 1, sizeof *p->names);
+  p->tensors = kvti_calloc(n ? n : 1, sizeof *p->tensors);
+  p->owned = kvti_calloc(n ? n : 1, sizeof *p->owned);
+  if (!p->names || !p->tensors || !p->owned)
+    return KVT_ERR_NOMEM();
+  return 0;
+}
+
+/* Converted copy of src as dtype `to` (float types only). */
+static int convert(kvti_layer_out *p, uint32_t j, const kvt_tensor *src,
+                   kvt_dtype to, int materialize) {
+  kvt_tensor *t = &p->tensors[j];
+  *t = *src;
+  t->dtype = to;
+  t->nbytes =
+      src->nbytes / kvt_dtype_size((kvt_dtype)src->dtype) * kvt_dtype_size(to);
+  t->data = NULL;
+  if (!materialize)
+    return 0;
+  if (!kvti_dtype_is_float((kvt_dtype)src->dtype))
+    return KVT_ERR(KVT_EUNSUPPORTED, "cannot cast a %s tensor to %s",
+                   kvt_dtype_name((kvt_dtype)src->dtype), kvt_dtype_name(to));
+  void *buf = kvti_buf_alloc(t->nbytes);
+  if (!buf)
+    return KVT_ERR_NOMEM();
+  size_t n = src->nbytes / kvt_dtype_size((kvt_dtype)src->dtype);
+  kvt_dtype sd = (kvt_dtype)src->dtype;
+  if (sd == KVT_DTYPE_BF16 && to == KVT_DTYPE_F32) {
+    const uint16_t *s = src->data;
+    float *d = buf;
+    for (size_t i = 0; i < n; i++) {
+      uint16_t h;
+      memcpy(&h, s + i, 2);
+      d[i] = kvti_bf16_to_f32(h);
+    }
+  } else if (sd == KVT_DTYPE_F64) {
+    for (size_t i = 0; i < n; i++) {
+      double v;
+      memcpy(&v, (const char *)src->data + 8 * i, 8);
+      kvti_store_float(buf, to, i, (float)v); /* double rounding accepted */
+    }
+  } else {
+    for (size_t i = 0; i < n; i++)
+      kvti_store_float(buf, to, i, kvti_load_float(src->data, sd, i));
+  }
+  p->owned[j] = buf;
+  t->data = buf;
+  return 0;
+}
+
+static void put_hint(kvti_sb *b, const char *key, int32_t dt) {
+  const char *nm = kvti_dtype_np_name((kvt_dtype)dt);
+  if (!nm)
+    return;
+  kvti_sb_printf(b, ", \"%s\": ", key);
+  kvti_sb_json_str(b, nm);
+}
+
+static void put_int(kvti_sb *b, const char *key, int64_t v) {
+  if (v != KVT_ABSENT)
+    kvti_sb_printf(b, ", \"%s\": %lld", key, (long long)v);
+}
+
+int kvti_layer_plan(kvti_layer_out *p, const kvt_layer *l, uint32_t idx,
+                    int mode, int entry_has_quant, int materialize) {
+  memset(p, 0, sizeof *p);
+  kvti_sb b = {0};
+  int rc = 0;
+  int32_t hint[6] = {0};
+  int compat = mode == KVT_STORAGE_COMPAT;
+  const char *type;
+  if (l->kind == KVT_LAYER_ARRAYS) {
+    rc = out_alloc(p, l->num_tensors);
+    if (rc)
+      goto out;
+    int any_hint = 0;
+    int32_t *h = kvti_calloc(l->num_tensors ? l->num_tensors : 1, 4);
+    if (!h) {
+      rc = KVT_ERR_NOMEM();
+      goto out;
+    }
+    for (uint32_t j = 0; j < l->num_tensors && rc == 0; j++) {
+      snprintf(p->names[j], KVTI_NAME_MAX, "layer_%u_state_%u", idx, j);
+      const kvt_tensor *t = &l->tensors[j];
+      h[j] = l->orig_dtypes ? l->orig_dtypes[j] : 0;
+      if (compat && t->dtype == KVT_DTYPE_BF16) {
+        rc = convert(p, j, t, KVT_DTYPE_F32, materialize);
+        h[j] = KVT_DTYPE_BF16;
+      } else {
+        p->tensors[j] = *t;
+      }
+      if (h[j])
+        any_hint = 1;
+    }
+    if (rc) {
+      kvti_free(h);
+      goto out;
+    }
+    kvti_sb_printf(&b,
+                   "{\"layer_type\": \"ArraysCache\", \"layer_idx\": %u, "
+                   "\"num_arrays\": %u",
+                   idx, l->num_tensors);
+    if (any_hint) {
+      kvti_sb_puts(&b, ", \"state_original_dtypes\": [");
+      for (uint32_t j = 0; j < l->num_tensors; j++) {
+        if (j)
+          kvti_sb_puts(&b, ", ");
+        const char *nm = kvti_dtype_np_name((kvt_dtype)h[j]);
+        if (nm)
+          kvti_sb_json_str(&b, nm);
+        else
+          kvti_sb_puts(&b, "null");
+      }
+      kvti_sb_puts(&b, "]");
+    }
+    kvti_free(h);
+    put_int(&b, "offset", l->offset);
+    kvti_sb_puts(&b, "}");
+    goto done;
+  }
+
+  if (l->kind == KVT_LAYER_QUANTIZED_KV && !compat) {
+    static const char *suf[6] = {"keys",   "keys_scales",   "keys_biases",
+                                 "values", "values_scales", "values_biases"};
+    rc = out_alloc(p, 6);
+    if (rc)
+      goto out;
+    for (uint32_t j = 0; j < 6; j++) {
+      snprintf(p->names[j], KVTI_NAME_MAX, "layer_%u_%s", idx, suf[j]);
+      p->tensors[j] = l->tensors[j];
+    }
+    kvti_sb_printf(
+        &b, "{\"layer_type\": \"QuantizedKVCache\", \"layer_idx\": %u", idx);
+    put_int(&b, "offset", l->offset);
+    kvti_sb_printf(&b, ", \"bits\": %d, \"group_size\": %d}", (int)l->bits,
+                   (int)l->group_size);
+    goto done;
+  }
+
+  /* KV, rotating KV, and compat-dequantized quantized KV: two tensors. */
+  rc = out_alloc(p, 2);
+  if (rc)
+    goto out;
+  snprintf(p->names[0], KVTI_NAME_MAX, "layer_%u_keys", idx);
+  snprintf(p->names[1], KVTI_NAME_MAX, "layer_%u_values", idx);
+  type = "KVCache";
+  int64_t offset = l->offset;
+  if (l->kind == KVT_LAYER_QUANTIZED_KV) {
+    /* enqueue_spill: dequantize (dtype = scales dtype), trim to offset along
+     * axis -2 when ndim >= 3, then bf16 -> F16 with "bfloat16" hints (decided
+     * by the keys' dtype). */
+    for (int kv = 0; kv < 2 && rc == 0; kv++) {
+      const kvt_tensor *q = &l->tensors[3 * kv], *s = &l->tensors[3 * kv + 1],
+                       *bi = &l->tensors[3 * kv + 2];
+      kvt_tensor *t = &p->tensors[kv];
+      t->ndim = q->ndim;
+      memcpy(t->shape, q->shape, sizeof t->shape);
+      t->shape[q->ndim - 1] = q->shape[q->ndim - 1] * 32 / l->bits;
+      if (offset == KVT_ABSENT && kv == 0)
+        offset = q->ndim >= 2 ? q->shape[q->ndim - 2] : 0;
+      int64_t keep = q->ndim >= 2 ? q->shape[q->ndim - 2] : 1;
+      if (q->ndim >= 3 && offset < keep) {
+        keep = offset;
+        t->shape[q->ndim - 2] = offset;
+      }
+      kvt_dtype kd =
+          (kvt_dtype)l->tensors[1].dtype; /* keys' dequantized dtype */
+      kvt_dtype od = kd == KVT_DTYPE_BF16 ? KVT_DTYPE_F16 : (kvt_dtype)s->dtype;
+      if (kd == KVT_DTYPE_BF16)
+        hint[kv] = KVT_DTYPE_BF16;
+      t->dtype = od;
+      uint64_t nb;
+      if (kvti_tensor_nbytes(&nb, od, t->ndim, t->shape) != 0) {
+        rc = KVT_ERR(KVT_EINVAL, "layer %u: dequantized size overflows", idx);
+        break;
+      }
+      t->nbytes = nb;
+      t->data = NULL;
+      if (!materialize)
+        continue;
+      if (!(l->bits == 2 || l->bits == 3 || l->bits == 4 || l->bits == 6 ||
+            l->bits == 8)) {
+        rc = KVT_ERR(KVT_EUNSUPPORTED,
+                     "layer %u: compat mode cannot dequantize %d-bit layers",
+                     idx, l->bits);
+        break;
+      }
+      void *buf = kvti_buf_alloc(nb);
+      if (!buf) {
+        rc = KVT_ERR_NOMEM();
+        break;
+      }
+      p->owned[kv] = buf;
+      t->data = buf;
+      rc = kvti_dequantize(buf, od, q, s, bi, l->bits, l->group_size, keep);
+    }
+    if (rc == 0 && !materialize && compat &&
+        !(l->bits == 2 || l->bits == 3 || l->bits == 4 || l->bits == 6 ||
+          l->bits == 8))
+      rc = KVT_ERR(KVT_EUNSUPPORTED,
+                   "layer %u: compat mode cannot dequantize %d-bit layers", idx,
+                   l->bits);
+    if (rc)
+      goto out;
+  } else {
+    const kvt_tensor *k = &l->tensors[0], *v = &l->tensors[1];
+    hint[0] = l->orig_dtypes ? l->orig_dtypes[0] : 0;
+    hint[1] = l->orig_dtypes ? l->orig_dtypes[1] : 0;
+    if (compat && entry_has_quant && k->dtype == KVT_DTYPE_BF16) {
+      /* the reference casts every bf16 KV layer of an entry holding a quantized
+       * layer */
+      rc = convert(p, 0, k, KVT_DTYPE_F16, materialize);
+      if (!rc)
+        rc = convert(p, 1, v, KVT_DTYPE_F16, materialize);
+      hint[0] = hint[1] = KVT_DTYPE_BF16;
+    } else {
+      for (int j = 0; j < 2 && rc == 0; j++) {
+        const kvt_tensor *t = &l->tensors[j];
+        if (compat && t->dtype == KVT_DTYPE_BF16) {
+          rc = convert(p, (uint32_t)j, t, KVT_DTYPE_F32, materialize);
+          hint[j] = KVT_DTYPE_BF16;
+        } else {
+          p->tensors[j] = *t;
+        }
+      }
+    }
+    if (rc)
+      goto out;
+  }
+  kvti_sb_printf(&b, "{\"layer_type\": \"%s\", \"layer_idx\": %u", type, idx);
+  put_int(&b, "offset", offset);
+  put_hint(&b, "keys_original_dtype", hint[0]);
+  put_hint(&b, "values_original_dtype", hint[1]);
+  if (l->kind != KVT_LAYER_QUANTIZED_KV) {
+    put_int(&b, "max_size", l->max_size);
+    put_int(&b, "keep", l->keep);
+    put_int(&b, "step", l->step);
+    put_int(&b, "_idx", l->idx);
+  }
+  kvti_sb_puts(&b, "}");
+done:
+  p->meta_json = kvti_sb_take(&b);
+  if (!p->meta_json)
+    rc = KVT_ENOMEM;
+out:
+  kvti_sb_free(&b);
+  if (rc)
+    kvti_layer_out_free(p);
+  return rc;
+}
+
+static kvti_st_item *items_of(const kvti_layer_out *p) {
+  kvti_st_item *it = kvti_calloc(p->n ? p->n : 1, sizeof *it);
+  if (!it) {
+    KVT_ERR_NOMEM();
+    return NULL;
+  }
+  for (uint32_t j = 0; j < p->n; j++) {
+    it[j].name = p->names[j];
+    it[j].t = &p->tensors[j];
+  }
+  return it;
+}
+
+uint64_t kvti_layer_out_file_size(const kvti_layer_out *p) {
+  kvti_st_item *it = items_of(p);
+  if (!it)
+    return 0;
+  /* descriptors may have NULL data when not materialized: size only */
+  kvt_tensor *tmp = kvti_calloc(p->n ? p->n : 1, sizeof *tmp);
+  uint64_t sz = 0;
+  if (tmp) {
+    static char dummy;
+    for (uint32_t j = 0; j < p->n; j++) {
+      tmp[j] = p->tensors[j];
+      tmp[j].data = &dummy;
+      it[j].t = &tmp[j];
+    }
+    sz = kvti_st_file_size(it, p->n, NULL, 0);
+    kvti_free(tmp);
+  } else {
+    KVT_ERR_NOMEM();
+  }
+  kvti_free(it);
+  return sz;
+}
+
+int kvti_layer_write_file(uint64_t *size, uint64_t *xxh3, const char *path,
+                          const kvti_layer_out *p, uint32_t file_mode,
+                          int do_fsync, int truncate) {
+  kvti_st_item *it = items_of(p);
+  if (!it)
+    return KVT_ENOMEM;
+  int fd = kvti_open(path, O_WRONLY | O_CREAT | (truncate ? O_TRUNC : O_EXCL),
+                     (mode_t)file_mode);
+  if (fd < 0) {
+    kvti_free(it);
+    return fd;
+  }
+  int rc = kvti_st_write(size, xxh3, fd, path, it, p->n, NULL, 0);
+  if (rc == 0 && kvti_io->chmod(path, (mode_t)file_mode) != 0)
+    rc = KVT_ERR_OS(errno, "chmod %s", path);
+  if (rc == 0 && do_fsync)
+    rc = kvti_fsync(fd, path);
+  if (kvti_io->close(fd) != 0 && rc == 0 && errno != EINTR)
+    rc = KVT_ERR_OS(errno, "close %s", path);
+  if (rc)
+    kvti_io->unlink(path);
+  kvti_free(it);
+  return rc;
+}
+
+/* ---- manifest parsing --------------------------------------------------- */
+
+#define BAD(...) KVT_ERR(KVT_ECORRUPT, __VA_ARGS__)
+
+/* JSON integer in [-2^53, 2^53]. */
+static int json_i64(int64_t *out, const cJSON *j) {
+  if (!cJSON_IsNumber(j))
+    return -1;
+  double d = j->valuedouble;
+  if (!isfinite(d) || fabs(d) > 9007199254740992.0 || floor(d) != d)
+    return -1;
+  *out = (int64_t)d;
+  return 0;
+}
+
+static int opt_int(int64_t *out, const cJSON *o, const char *key,
+                   const char *what) {
+  const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+  *out = KVT_ABSENT;
+  if (!j || cJSON_IsNull(j))
+    return 0;
+  if (json_i64(out, j) != 0)
+    return BAD("%s: '%s' is not an integer", what, key);
+  return 0;
+}
+
+static int req_int(int64_t *out, const cJSON *o, const char *key, int64_t lo,
+                   int64_t hi, const char *what) {
+  const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+  if (!j)
+    return BAD("%s: missing '%s'", what, key);
+  if (json_i64(out, j) != 0 || *out < lo || *out > hi)
+    return BAD("%s: '%s' is not an integer in [%lld, %lld]", what, key,
+               (long long)lo, (long long)hi);
+  return 0;
+}
+
+/* A hint: absent/null -> none; a string -> its dtype (unknown names: none). */
+static int hint_of(int32_t *out, const cJSON *j, const char *key,
+                   const char *what) {
+  *out = KVT_DTYPE_INVALID;
+  if (!j || cJSON_IsNull(j))
+    return 0;
+  if (!cJSON_IsString(j))
+    return BAD("%s: '%s' is not a string", what, key);
+  *out = kvti_dtype_from_np_name(j->valuestring);
+  return 0;
+}
+
+void kvti_layer_meta_free(kvti_layer_meta *m) {
+  if (!m)
+    return;
+  kvti_free(m->orig_dtypes);
+  m->orig_dtypes = NULL;
+}
+
+int kvti_layer_meta_parse(kvti_layer_meta *m, const void *cjson_obj,
+                          int64_t expect_idx, const char *what) {
+  const cJSON *o = cjson_obj;
+  memset(m, 0, sizeof *m);
+  m->offset = m->max_size = m->keep = m->step = m->idx = KVT_ABSENT;
+  if (!cJSON_IsObject(o))
+    return BAD("%s: layer metadata is not an object", what);
+  const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "layer_type");
+  if (!cJSON_IsString(ty))
+    return BAD("%s: layer_type missing or not a string", what);
+  const char *t = ty->valuestring;
+  int64_t v;
+  int rc = req_int(&v, o, "layer_idx", 0, KVTI_MAX_LAYERS, what);
+  if (rc)
+    return rc;
+  if (expect_idx >= 0 && v != expect_idx)
+    return BAD("%s: layer_idx %lld where %lld expected", what, (long long)v,
+               (long long)expect_idx);
+  m->layer_idx = (uint32_t)v;
+  int32_t h[2] = {0, 0};
+  if (!strcmp(t, "KVCache") || !strcmp(t, "RotatingKVCache")) {
+    rc = req_int(&m->offset, o, "offset", 0, INT64_C(1) << 53, what);
+    if (!rc)
+      rc = opt_int(&m->max_size, o, "max_size", what);
+    if (!rc)
+      rc = opt_int(&m->keep, o, "keep", what);
+    if (!rc)
+      rc = opt_int(&m->step, o, "step", what);
+    if (!rc)
+      rc = opt_int(&m->idx, o, "_idx", what);
+    if (!rc)
+      rc = hint_of(&h[0],
+                   cJSON_GetObjectItemCaseSensitive(o, "keys_original_dtype"),
+                   "keys_original_dtype", what);
+    if (!rc)
+      rc = hint_of(&h[1],
+                   cJSON_GetObjectItemCaseSensitive(o, "values_original_dtype"),
+                   "values_original_dtype", what);
+    if (rc)
+      return rc;
+    m->kind = (!strcmp(t, "RotatingKVCache") || m->max_size != KVT_ABSENT)
+                  ? KVT_LAYER_ROTATING_KV
+                  : KVT_LAYER_KV;
+    m->num_tensors = 2;
+    if (h[0] || h[1]) {
+      m->orig_dtypes = kvti_calloc(2, sizeof(int32_t));
+      if (!m->orig_dtypes)
+        return KVT_ERR_NOMEM();
+      m->orig_dtypes[0] = h[0];
+      m->orig_dtypes[1] = h[1];
+    }
+    return 0;
+  }
+  if (!strcmp(t, "ArraysCache") || !strcmp(t, "MambaCache")) {
+    rc = req_int(&v, o, "num_arrays", 0, KVTI_MAX_ARRAYS, what);
+    if (!rc)
+      rc = opt_int(&m->offset, o, "offset", what);
+    if (rc)
+      return rc;
+    m->kind = KVT_LAYER_ARRAYS;
+    m->num_tensors = (uint32_t)v;
+    const cJSON *sd =
+        cJSON_GetObjectItemCaseSensitive(o, "state_original_dtypes");
+    if (sd && !cJSON_IsNull(sd)) {
+      if (!cJSON_IsArray(sd) || cJSON_GetArraySize(sd) != (int)v)
+        return BAD("%s: state_original_dtypes is not a list of num_arrays "
+                   "entries",
+                   what);
+      m->orig_dtypes = kvti_calloc(v ? (size_t)v : 1, sizeof(int32_t));
+      if (!m->orig_dtypes)
+        return KVT_ERR_NOMEM();
+      uint32_t j = 0;
+      int any = 0;
+      for (const cJSON *e = sd->child; e; e = e->next, j++) {
+        rc = hint_of(&m->orig_dtypes[j], e, "state_original_dtypes", what);
+        if (rc) {
+          kvti_layer_meta_free(m);
+          return rc;
+        }
+        any |= m->orig_dtypes[j] != 0;
+      }
+      if (!any) {
+        kvti_free(m->orig_dtypes);
+        m->orig_dtypes = NULL;
+      }
+    }
+    return 0;
+  }
+  if (!strcmp(t, "QuantizedKVCache")) {
+    int64_t bits, gs;
+    rc = opt_int(&m->offset, o, "offset", what);
+    if (!rc && m->offset != KVT_ABSENT && m->offset < 0)
+      rc = BAD("%s: negative offset", what);
+    if (!rc)
+      rc = req_int(&bits, o, "bits", 2, 8, what);
+    if (!rc)
+      rc = req_int(&gs, o, "group_size", 1, 1 << 20, what);
+    if (rc)
+      return rc;
+    if (!quant_bits_ok((int)bits))
+      return BAD("%s: unsupported bits %lld", what, (long long)bits);
+    m->kind = KVT_LAYER_QUANTIZED_KV;
+    m->bits = (int32_t)bits;
+    m->group_size = (int32_t)gs;
+    m->num_tensors = 6;
+    return 0;
+  }
+  return BAD("%s: unknown layer_type '%.40s'", what, t);
+}
+
+void kvti_layer_tensor_name(char out[KVTI_NAME_MAX], const kvti_layer_meta *m,
+                            uint32_t j) {
+  static const char *suf[6] = {"keys",   "keys_scales",   "keys_biases",
+                               "values", "values_scales", "values_biases"};
+  if (m->kind == KVT_LAYER_ARRAYS)
+    snprintf(out, KVTI_NAME_MAX, "layer_%u_state_%u", m->layer_idx, j);
+  else if (m->kind == KVT_LAYER_QUANTIZED_KV)
+    snprintf(out, KVTI_NAME_MAX, "layer_%u_%s", m->layer_idx, suf[j % 6]);
+  else
+    snprintf(out, KVTI_NAME_MAX, "layer_%u_%s", m->layer_idx,
+             j ? "values" : "keys");
+}
+
+int kvti_layer_check_header(const kvti_st_tensor **slot,
+                            const kvti_st_header *hd, const kvti_layer_meta *m,
+                            const char *path) {
+  if (hd->n != m->num_tensors)
+    return BAD("%s: %zu tensors where the manifest describes %u", path, hd->n,
+               m->num_tensors);
+  char nm[KVTI_NAME_MAX];
+  for (uint32_t j = 0; j < m->num_tensors; j++) {
+    kvti_layer_tensor_name(nm, m, j);
+    slot[j] = kvti_st_find(hd, nm);
+    if (!slot[j])
+      return BAD("%s: tensor '%s' missing", path, nm);
+  }
+  if (m->kind == KVT_LAYER_QUANTIZED_KV) {
+    kvt_layer l;
+    kvt_tensor t[6];
+    kvt_layer_init(&l, KVT_LAYER_QUANTIZED_KV);
+    for (int j = 0; j < 6; j++) {
+      memset(&t[j], 0, sizeof t[j]);
+      t[j].dtype = slot[j]->dtype;
+      t[j].ndim = slot[j]->ndim;
+      memcpy(t[j].shape, slot[j]->shape, sizeof t[j].shape);
+      t[j].nbytes = slot[j]->nbytes;
+    }
+    l.tensors = t;
+    l.bits = m->bits;
+    l.group_size = m->group_size;
+    l.offset = m->offset;
+    if (kvti_layer_validate(&l, m->layer_idx, 0) != 0) {
+      char why[256];
+      snprintf(why, sizeof why, "%s", kvt_last_error());
+      return BAD("%s: quantized tensors inconsistent: %s", path, why);
+    }
+  }
+  return 0;
+}
+
+/* ---- reading ------------------------------------------------------------ */
+
+void kvti_layer_release(kvt_layer *l, int caller_alloc, kvt_free_fn free_buf,
+                        void *ctx) {
+  if (!l)
+    return;
+  if (l->tensors)
+    for (uint32_t j = 0; j < l->num_tensors; j++) {
+      void *d = l->tensors[j].data;
+      if (!d)
+        continue;
+      if (!caller_alloc)
+        kvti_buf_free(d);
+      else if (free_buf)
+        free_buf(ctx, d);
+    }
+  kvti_free(l->tensors);
+  kvti_free(l->orig_dtypes);
+  l->tensors = NULL;
+  l->orig_dtypes = NULL;
+  l->num_tensors = 0;
+}
+
+#define RCHUNK ((size_t)8 << 20)
+
+int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
+                         const kvti_layer_meta *m,
+                         const kvti_layer_read_opts *o) {
+  kvt_layer l;
+  kvt_layer_init(&l, (kvt_layer_kind)m->kind);
+  l.num_tensors = 0;
+  kvti_st_header hd = {0};
+  const kvti_st_tensor **slot = NULL;
+  kvti_xxh3_state *h = NULL;
+  char *scratch = NULL;
+  int rc = 0;
+  int fd = kvti_open(path, O_RDONLY, 0);
+  if (fd < 0)
+    return fd == KVT_ENOTFOUND
+               ? KVT_ERR(KVT_ECORRUPT, "%s: layer file missing", path)
+               : fd;
+  struct stat st;
+  if (kvti_io->fstat(fd, &st) != 0) {
+    rc = KVT_ERR_OS(errno, "stat %s", path);
+    goto out;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    rc = BAD("%s is not a regular file", path);
+    goto out;
+  }
+  if (o->expect_xxh3 && !(h = kvti_xxh3_new())) {
+    rc = KVT_ERR_NOMEM();
+    goto out;
+  }
+  rc = kvti_st_read_header(&hd, fd, (uint64_t)st.st_size, path, h);
+  if (rc)
+    goto out;
+  slot = kvti_calloc(m->num_tensors ? m->num_tensors : 1, sizeof *slot);
+  l.tensors =
+      kvti_calloc(m->num_tensors ? m->num_tensors : 1, sizeof(kvt_tensor));
+  if (!slot || !l.tensors) {
+    rc = KVT_ERR_NOMEM();
+    goto out;
+  }
+  l.num_tensors = m->num_tensors;
+  rc = kvti_layer_check_header(slot, &hd, m, path);
+  if (rc)
+    goto out;
+  l.offset = m->offset;
+  l.max_size = m->max_size;
+  l.keep = m->keep;
+  l.step = m->step;
+  l.idx = m->idx;
+  l.bits = m->bits;
+  l.group_size = m->group_size;
+  if (m->orig_dtypes) {
+    l.orig_dtypes = kvti_malloc(m->num_tensors * sizeof(int32_t));
+    if (!l.orig_dtypes) {
+      rc = KVT_ERR_NOMEM();
+      goto out;
+    }
+    memcpy(l.orig_dtypes, m->orig_dtypes, m->num_tensors * sizeof(int32_t));
+  }
+  for (uint32_t j = 0; j < m->num_tensors; j++) {
+    kvt_tensor *t = &l.tensors[j];
+    t->dtype = slot[j]->dtype;
+    t->ndim = slot[j]->ndim;
+    memcpy(t->shape, slot[j]->shape, sizeof t->shape);
+    t->nbytes = slot[j]->nbytes;
+    t->data = NULL;
+  }
+  /* Allocate every buffer first (so a refusal costs no I/O), then read in file
+   * order. */
+  if (!o->verify_only) {
+    for (uint32_t j = 0; j < m->num_tensors; j++) {
+      kvt_tensor *t = &l.tensors[j];
+      if (t->nbytes == 0)
+        continue;
+      t->data = o->alloc ? o->alloc(o->alloc_ctx, o->layer_no, j, t)
+                         : kvti_buf_alloc((size_t)t->nbytes);
+      if (!t->data) {
+        rc = KVT_ERR(KVT_ENOMEM, "%s: cannot allocate %llu bytes for tensor %u",
+                     path, (unsigned long long)t->nbytes, j);
+        goto out;
+      }
+    }
+  } else {
+    scratch = kvti_malloc(RCHUNK);
+    if (!scratch) {
+      rc = KVT_ERR_NOMEM();
+      goto out;
+    }
+  }
+  for (size_t i = 0; i < hd.n; i++) {
+    const kvti_st_tensor *ht = &hd.tensors[i];
+    uint32_t j = 0;
+    while (slot[j] != ht)
+      j++;
+    if (o->cancel && atomic_load(o->cancel)) {
+      rc = KVT_ERR(KVT_ECANCELED, "read of %s cancelled", path);
+      goto out;
+    }
+    char *dst = l.tensors[j].data;
+    uint64_t left = ht->nbytes, off = ht->offset;
+    while (left > 0) {
+      size_t c = left < RCHUNK ? (size_t)left : RCHUNK;
+      char *p = o->verify_only ? scratch : dst;
+      rc = kvti_pread_all(fd, p, c, off, path);
+      if (rc)
+        goto out;
+      if (h)
+        kvti_xxh3_update(h, p, c);
+      if (!o->verify_only)
+        dst += c;
+      off += c;
+      left -= c;
+    }
+  }
+  if (h && kvti_xxh3_digest(h) != *o->expect_xxh3) {
+    rc = BAD("%s: checksum mismatch", path);
+    goto out;
+  }
+  if (file_bytes)
+    *file_bytes = (uint64_t)st.st_size;
+  if (o->verify_only)
+    kvti_layer_release(&l, 0, NULL, NULL);
+  *out = l;
+  memset(&l, 0, sizeof l);
+out:
+  kvti_io->close(fd);
+  kvti_free(scratch);
+  kvti_free(slot);
+  if (h)
+    kvti_xxh3_free(h);
+  kvti_st_header_free(&hd);
+  if (rc)
+    kvti_layer_release(&l, o->alloc != NULL, o->free_buf, o->alloc_ctx);
+  return rc;
+}
+
+/* ---- public single-layer API -------------------------------------------- */
+
+int kvt_layer_save(char **meta_json, const char *path, const kvt_layer *layer,
+                   uint32_t layer_idx, int mode, uint32_t file_mode) {
+  if (!meta_json || !path || !layer)
+    return KVT_ERR(KVT_EINVAL, "kvt_layer_save: NULL argument");
+  if (mode != KVT_STORAGE_NATIVE && mode != KVT_STORAGE_COMPAT)
+    return KVT_ERR(KVT_EINVAL, "kvt_layer_save: invalid storage mode %d", mode);
+  if (layer_idx > KVTI_MAX_LAYERS)
+    return KVT_ERR(KVT_EINVAL, "kvt_layer_save: layer_idx too large");
+  int rc = kvti_layer_validate(layer, layer_idx, 1);
+  if (rc)
+    return rc;
+  kvti_layer_out p;
+  rc = kvti_layer_plan(&p, layer, layer_idx, mode,
+                       kvti_layer_is_quantized(layer), 1);
+  if (rc)
+    return rc;
+  rc = kvti_layer_write_file(NULL, NULL, path, &p, file_mode, 0, 1);
+  if (rc == 0) {
+    *meta_json = p.meta_json;
+    p.meta_json = NULL;
+  }
+  kvti_layer_out_free(&p);
+  return rc;
+}
+
+int kvt_layer_load(kvt_entry **out, const char *path, const char *meta_json) {
+  if (!out || !path || !meta_json)
+    return KVT_ERR(KVT_EINVAL, "kvt_layer_load: NULL argument");
+  cJSON *j = cJSON_Parse(meta_json);
+  if (!j)
+    return KVT_ERR(KVT_EINVAL, "kvt_layer_load: metadata is not valid JSON");
+  kvti_layer_meta m;
+  int rc = kvti_layer_meta_parse(&m, j, -1, path);
+  cJSON_Delete(j);
+  if (rc)
+    return rc;
+  kvt_entry *e = kvti_entry_new();
+  if (!e) {
+    kvti_layer_meta_free(&m);
+    return KVT_ENOMEM;
+  }
+  e->layers = kvti_calloc(1, sizeof(kvt_layer));
+  if (!e->layers) {
+    rc = KVT_ERR_NOMEM();
+  } else {
+    kvti_layer_read_opts o = {0};
+    uint64_t fb = 0;
+    rc = kvti_layer_read_file(&e->layers[0], &fb, path, &m, &o);
+    if (rc == 0) {
+      e->num_layers = 1;
+      e->disk_bytes = fb;
+    }
+  }
+  kvti_layer_meta_free(&m);
+  if (rc) {
+    kvt_entry_free(e);
+    return rc;
+  }
+  *out = e;
+  return 0;
+}
+
+void kvt_free(void *p) {
+  kvti_free(p);
+}

@@ -1,0 +1,941 @@
+/*
+ * test_index.c - unit tests of the SQLite index and its mirror: every SSDIndex
+ * operation with the reference's semantics (insert-or-replace, exact,
+ * longest-first prefix with its edge cases, delete, LRU order, totals, touch,
+ * all entries), the internal kvti_index_* API (retention filter, LRU victim,
+ * oldest-created, foreach, tokens, batched touches), the exact schema,
+ * migration of a legacy database lacking prefix_hash, hostile rows never
+ * served, a database created by the reference's SQL text, disk bytes measured
+ * for reference-written rows, stale kvtier_meta rows, reopen persistence, and
+ * (when /usr/bin/python3 is present) the reference's own SQL queries run by
+ * Python's sqlite3 over a kvtier-written index.db.
+ */
+#include "testutil.h"
+#include "error.h"
+#include "hash.h"
+#include "hashmap.h"
+#include "index.h"
+#include "io.h"
+
+#include <math.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static void seq(int32_t *t, size_t n, int32_t base) {
+  for (size_t i = 0; i < n; i++)
+    t[i] = base + (int32_t)i * 7;
+}
+
+static void hash_of(char h[65], const int32_t *t, size_t n) {
+  REQUIRE(kvt_token_hash(h, t, n) == 0);
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static sqlite3 *raw_open(const char *dir) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/index.db", dir);
+  sqlite3 *db = NULL;
+  REQUIRE(sqlite3_open(path, &db) == SQLITE_OK);
+  return db;
+}
+
+static void raw_exec(sqlite3 *db, const char *sql) {
+  char *em = NULL;
+  int rc = sqlite3_exec(db, sql, NULL, NULL, &em);
+  if (rc != SQLITE_OK)
+    fprintf(stderr, "sql error: %s in %s\n", em ? em : "?", sql);
+  REQUIRE(rc == SQLITE_OK);
+  sqlite3_free(em);
+}
+
+/* Inserts a row exactly as the reference would (no kvtier_meta). */
+static void raw_insert(sqlite3 *db, const char *th, const void *blob, int blen,
+                       const char *ph, long long n, const char *fp,
+                       long long mem, double created, double accessed) {
+  sqlite3_stmt *s = NULL;
+  const char *sql =
+      ph ? "INSERT OR REPLACE INTO entries (token_hash, tokens_blob, "
+           "prefix_hash, num_tokens, "
+           "file_path, memory_bytes, created_at, accessed_at) VALUES "
+           "(?,?,?,?,?,?,?,?)"
+         : "INSERT OR REPLACE INTO entries (token_hash, tokens_blob, "
+           "num_tokens, file_path, "
+           "memory_bytes, created_at, accessed_at) VALUES (?,?,?,?,?,?,?)";
+  REQUIRE(sqlite3_prepare_v2(db, sql, -1, &s, NULL) == SQLITE_OK);
+  int c = 1;
+  sqlite3_bind_text(s, c++, th, -1, SQLITE_STATIC);
+  sqlite3_bind_blob(s, c++, blob ? blob : "", blen, SQLITE_STATIC);
+  if (ph)
+    sqlite3_bind_text(s, c++, ph, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(s, c++, n);
+  sqlite3_bind_text(s, c++, fp, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(s, c++, mem);
+  sqlite3_bind_double(s, c++, created);
+  sqlite3_bind_double(s, c++, accessed);
+  REQUIRE(sqlite3_step(s) == SQLITE_DONE);
+  sqlite3_finalize(s);
+}
+
+static long long raw_count(sqlite3 *db, const char *sql) {
+  sqlite3_stmt *s = NULL;
+  REQUIRE(sqlite3_prepare_v2(db, sql, -1, &s, NULL) == SQLITE_OK);
+  long long v = -1;
+  if (sqlite3_step(s) == SQLITE_ROW)
+    v = sqlite3_column_int64(s, 0);
+  sqlite3_finalize(s);
+  return v;
+}
+
+/* The reference's schema text, as _create_tables runs it. */
+static const char REF_SCHEMA[] =
+    "\n"
+    "        CREATE TABLE IF NOT EXISTS schema_version (\n"
+    "            version INTEGER NOT NULL\n"
+    "        );\n"
+    "\n"
+    "        CREATE TABLE IF NOT EXISTS entries (\n"
+    "            token_hash   TEXT PRIMARY KEY,\n"
+    "            tokens_blob  BLOB NOT NULL,\n"
+    "            prefix_hash  TEXT,\n"
+    "            num_tokens   INTEGER NOT NULL,\n"
+    "            file_path    TEXT NOT NULL,\n"
+    "            memory_bytes INTEGER NOT NULL,\n"
+    "            created_at   REAL NOT NULL,\n"
+    "            accessed_at  REAL NOT NULL\n"
+    "        );\n"
+    "\n"
+    "        ";
+static const char REF_INDEXES[] =
+    "\n"
+    "        CREATE INDEX IF NOT EXISTS idx_entries_accessed\n"
+    "            ON entries(accessed_at);\n"
+    "\n"
+    "        CREATE INDEX IF NOT EXISTS idx_entries_num_tokens\n"
+    "            ON entries(num_tokens);\n"
+    "\n"
+    "        CREATE INDEX IF NOT EXISTS idx_entries_prefix_hash_num_tokens\n"
+    "            ON entries(prefix_hash, num_tokens);\n"
+    "        ";
+
+static void test_schema(void) {
+  char *dir = kvt_test_tmpdir("idx-schema");
+  kvt_index *idx = NULL;
+  REQUIRE(kvt_index_open(&idx, dir) == 0);
+  kvt_index_close(idx);
+  /* Reopen twice: schema_version keeps exactly one row. */
+  REQUIRE(kvt_index_open(&idx, dir) == 0);
+  kvt_index_close(idx);
+  sqlite3 *db = raw_open(dir);
+  CHECK_EQ_INT(raw_count(db, "SELECT COUNT(*) FROM schema_version"), 1);
+  CHECK_EQ_INT(raw_count(db, "SELECT version FROM schema_version"), 1);
+  CHECK_EQ_INT(
+      raw_count(
+          db,
+          "SELECT COUNT(*) FROM sqlite_master WHERE type='index' AND name IN "
+          "('idx_entries_accessed','idx_entries_num_tokens',"
+          "'idx_entries_prefix_hash_num_tokens')"),
+      3);
+  CHECK_EQ_INT(
+      raw_count(db,
+                "SELECT COUNT(*) FROM sqlite_master WHERE name='kvtier_meta'"),
+      1);
+  /* The stored CREATE text equals what the reference's script stores. */
+  sqlite3 *ref = NULL;
+  REQUIRE(sqlite3_open(":memory:", &ref) == SQLITE_OK);
+  raw_exec(ref, REF_SCHEMA);
+  raw_exec(ref, REF_INDEXES);
+  const char *q = "SELECT name, sql FROM sqlite_master WHERE name IN "
+                  "('entries','schema_version',"
+                  "'idx_entries_accessed','idx_entries_num_tokens',"
+                  "'idx_entries_prefix_hash_num_tokens') ORDER BY name";
+  sqlite3_stmt *a = NULL, *b = NULL;
+  REQUIRE(sqlite3_prepare_v2(db, q, -1, &a, NULL) == SQLITE_OK);
+  REQUIRE(sqlite3_prepare_v2(ref, q, -1, &b, NULL) == SQLITE_OK);
+  int rows = 0;
+  while (sqlite3_step(a) == SQLITE_ROW) {
+    REQUIRE(sqlite3_step(b) == SQLITE_ROW);
+    CHECK(strcmp((const char *)sqlite3_column_text(a, 0),
+                 (const char *)sqlite3_column_text(b, 0)) == 0);
+    CHECK(strcmp((const char *)sqlite3_column_text(a, 1),
+                 (const char *)sqlite3_column_text(b, 1)) == 0);
+    rows++;
+  }
+  CHECK_EQ_INT(rows, 5);
+  sqlite3_finalize(a);
+  sqlite3_finalize(b);
+  sqlite3_close(ref);
+  sqlite3_stmt *s = NULL;
+  REQUIRE(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &s, NULL) ==
+          SQLITE_OK);
+  REQUIRE(sqlite3_step(s) == SQLITE_ROW);
+  CHECK(strcmp((const char *)sqlite3_column_text(s, 0), "wal") == 0);
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+
+  /* index.db as a symlink is refused. */
+  char *dir2 = kvt_test_tmpdir("idx-symlink");
+  char target[4200], link[4200];
+  snprintf(target, sizeof target, "%s/index.db", dir);
+  snprintf(link, sizeof link, "%s/index.db", dir2);
+  REQUIRE(symlink(target, link) == 0);
+  idx = NULL;
+  CHECK(kvt_index_open(&idx, dir2) == KVT_EDB);
+  CHECK(idx == NULL);
+  CHECK(strstr(kvt_last_error(), "index.db") != NULL);
+}
+
+static void test_ssdindex_ops(void) {
+  char *dir = kvt_test_tmpdir("idx-ops");
+  kvt_index *idx = NULL;
+  REQUIRE(kvt_index_open(&idx, dir) == 0);
+  int32_t a[40];
+  seq(a, 40, 100);
+  char h[65];
+  uint64_t v = 99;
+  CHECK(kvt_index_count(&v, idx) == 0 && v == 0);
+  CHECK(kvt_index_total_bytes(&v, idx) == 0 && v == 0);
+
+  /* Stored entries: a[:5], a[:16], a[:20], a[:40]; plus an unrelated one. */
+  size_t lens[] = {5, 16, 20, 40};
+  for (int i = 0; i < 4; i++) {
+    hash_of(h, a, lens[i]);
+    CHECK(kvt_index_insert(idx, a, lens[i], h, 1000 * (i + 1), lens[i]) == 0);
+  }
+  int32_t other[3] = {1, 2, 3};
+  hash_of(h, other, 3);
+  CHECK(kvt_index_insert(idx, other, 3, h, 7, 3) == 0);
+  /* file_path other than the hash, or num_tokens != n, is refused. */
+  CHECK(kvt_index_insert(idx, other, 3, "../../etc", 7, 3) == KVT_EINVAL);
+  CHECK(kvt_index_insert(idx, other, 3, h, 7, 4) == KVT_EINVAL);
+  char h2[65];
+  hash_of(h2, a, 5);
+  CHECK(kvt_index_insert(idx, other, 3, h2, 7, 3) == KVT_EINVAL);
+
+  CHECK(kvt_index_count(&v, idx) == 0 && v == 5);
+  CHECK(kvt_index_total_bytes(&v, idx) == 0 &&
+        v == 1000 + 2000 + 3000 + 4000 + 7);
+
+  kvt_index_row row;
+  CHECK(kvt_index_lookup_exact(&row, idx, a, 20) == 0);
+  hash_of(h, a, 20);
+  CHECK(strcmp(row.token_hash, h) == 0 && strcmp(row.file_path, h) == 0);
+  CHECK(row.num_tokens == 20 && row.memory_bytes == 3000);
+  CHECK(kvt_index_lookup_exact(&row, idx, a, 21) == KVT_ENOTFOUND);
+
+  /* Prefix: query longer than all -> 40, 20, 16, 5. */
+  int32_t q[50];
+  memcpy(q, a, sizeof a);
+  seq(q + 40, 10, 5000);
+  kvt_index_rows rs = {0};
+  CHECK(kvt_index_lookup_prefix(&rs, idx, q, 50) == 0);
+  CHECK_EQ_INT(rs.count, 4);
+  if (rs.count == 4) {
+    for (int i = 0; i < 4; i++) {
+      CHECK(rs.rows[i].num_tokens == lens[3 - i]);
+      hash_of(h, a, lens[3 - i]);
+      CHECK(strcmp(rs.rows[i].token_hash, h) == 0);
+      CHECK(rs.rows[i].n_tokens == lens[3 - i] &&
+            memcmp(rs.rows[i].tokens, a, lens[3 - i] * 4) == 0);
+    }
+  }
+  kvt_index_rows_free(&rs);
+  CHECK(rs.rows == NULL && rs.count == 0);
+  /* Query equal to an entry: includes it. */
+  CHECK(kvt_index_lookup_prefix(&rs, idx, a, 20) == 0);
+  CHECK_EQ_INT(rs.count, 3);
+  if (rs.count == 3)
+    CHECK(rs.rows[0].num_tokens == 20 && rs.rows[2].num_tokens == 5);
+  kvt_index_rows_free(&rs);
+  /* Entry longer than the query is not a prefix of it. */
+  CHECK(kvt_index_lookup_prefix(&rs, idx, a, 19) == 0);
+  CHECK_EQ_INT(rs.count, 2);
+  kvt_index_rows_free(&rs);
+  /* Shorter than 16 tokens. */
+  CHECK(kvt_index_lookup_prefix(&rs, idx, a, 6) == 0);
+  CHECK_EQ_INT(rs.count, 1);
+  kvt_index_rows_free(&rs);
+  CHECK(kvt_index_lookup_prefix(&rs, idx, a, 4) == 0);
+  CHECK_EQ_INT(rs.count, 0);
+  kvt_index_rows_free(&rs);
+  /* Empty query. */
+  CHECK(kvt_index_lookup_prefix(&rs, idx, a, 0) == 0);
+  CHECK_EQ_INT(rs.count, 0);
+  kvt_index_rows_free(&rs);
+  /* Diverging after 16 shared tokens: only entries <= the divergence point
+   * match. */
+  int32_t d[40];
+  memcpy(d, a, sizeof d);
+  d[18] = -1;
+  CHECK(kvt_index_lookup_prefix(&rs, idx, d, 40) == 0);
+  CHECK_EQ_INT(rs.count, 2);
+  if (rs.count == 2)
+    CHECK(rs.rows[0].num_tokens == 16 && rs.rows[1].num_tokens == 5);
+  kvt_index_rows_free(&rs);
+  /* Diverging in the first token: nothing. */
+  d[0] = -5;
+  CHECK(kvt_index_lookup_prefix(&rs, idx, d, 40) == 0);
+  CHECK_EQ_INT(rs.count, 0);
+  kvt_index_rows_free(&rs);
+
+  /* Insert-or-replace keeps one row, updates memory_bytes. */
+  hash_of(h, a, 20);
+  CHECK(kvt_index_insert(idx, a, 20, h, 42, 20) == 0);
+  CHECK(kvt_index_count(&v, idx) == 0 && v == 5);
+  CHECK(kvt_index_lookup_exact(&row, idx, a, 20) == 0 &&
+        row.memory_bytes == 42);
+  CHECK(kvt_index_total_bytes(&v, idx) == 0 &&
+        v == 1000 + 2000 + 42 + 4000 + 7);
+
+  /* LRU: a[:20] was re-inserted last; touch a[:5] -> order 16, 40, other,
+   * 20, 5. */
+  sleep_ms(2);
+  CHECK(kvt_index_touch(idx, a, 5) == 0);
+  CHECK(kvt_index_touch(idx, a, 5) ==
+        0); /* duplicate touches collapse in the batch */
+  CHECK(kvt_index_touch(idx, d, 7) == 0); /* absent: silent */
+  CHECK(kvt_index_lru(&rs, idx, 10) == 0);
+  CHECK_EQ_INT(rs.count, 5);
+  if (rs.count == 5) {
+    CHECK(rs.rows[3].num_tokens == 20);
+    CHECK(rs.rows[4].num_tokens == 5);
+    CHECK(rs.rows[0].num_tokens == 16 && rs.rows[1].num_tokens == 40);
+    CHECK(rs.rows[2].num_tokens == 3);
+    CHECK(rs.rows[0].n_tokens == 16 &&
+          memcmp(rs.rows[0].tokens, a, 16 * 4) == 0);
+    for (size_t i = 1; i < rs.count; i++)
+      CHECK(rs.rows[i - 1].accessed_at <= rs.rows[i].accessed_at);
+  }
+  kvt_index_rows_free(&rs);
+  CHECK(kvt_index_lru(&rs, idx, 2) == 0);
+  CHECK_EQ_INT(rs.count, 2);
+  kvt_index_rows_free(&rs);
+  CHECK(kvt_index_all(&rs, idx) == 0);
+  CHECK_EQ_INT(rs.count, 5);
+  if (rs.count == 5) {
+    CHECK(rs.rows[0].num_tokens == 5);
+    for (size_t i = 1; i < rs.count; i++)
+      CHECK(rs.rows[i - 1].accessed_at >= rs.rows[i].accessed_at);
+  }
+  kvt_index_rows_free(&rs);
+
+  /* Delete; deleting an absent entry is silent. */
+  CHECK(kvt_index_delete(idx, a, 16) == 0);
+  CHECK(kvt_index_delete(idx, a, 16) == 0);
+  CHECK(kvt_index_lookup_exact(&row, idx, a, 16) == KVT_ENOTFOUND);
+  CHECK(kvt_index_lookup_prefix(&rs, idx, q, 50) == 0);
+  CHECK_EQ_INT(rs.count, 3);
+  kvt_index_rows_free(&rs);
+  CHECK(kvt_index_count(&v, idx) == 0 && v == 4);
+  kvt_index_close(idx);
+
+  /* Reopen: persisted (including the touch, flushed at close). */
+  REQUIRE(kvt_index_open(&idx, dir) == 0);
+  CHECK(kvt_index_count(&v, idx) == 0 && v == 4);
+  CHECK(kvt_index_lookup_exact(&row, idx, a, 20) == 0 &&
+        row.memory_bytes == 42);
+  CHECK(kvt_index_all(&rs, idx) == 0);
+  CHECK(rs.count == 4 && rs.rows[0].num_tokens == 5);
+  kvt_index_rows_free(&rs);
+  CHECK(kvt_index_lookup_prefix(&rs, idx, q, 50) == 0);
+  CHECK_EQ_INT(rs.count, 3);
+  kvt_index_rows_free(&rs);
+  kvt_index_close(idx);
+  kvt_index_close(NULL);
+}
+
+/* Zero-length entries are stored and found exactly, never as a prefix (the
+ * reference's filter uses prefix lengths 1..16). */
+static void test_empty_entry(void) {
+  char *dir = kvt_test_tmpdir("idx-empty");
+  kvt_index *idx = NULL;
+  REQUIRE(kvt_index_open(&idx, dir) == 0);
+  char h[65];
+  hash_of(h, NULL, 0);
+  int32_t one = 5;
+  CHECK(kvt_index_insert(idx, &one, 0, h, 1, 0) == 0);
+  kvt_index_row row;
+  CHECK(kvt_index_lookup_exact(&row, idx, &one, 0) == 0);
+  kvt_index_rows rs;
+  CHECK(kvt_index_lookup_prefix(&rs, idx, &one, 1) == 0 && rs.count == 0);
+  kvt_index_rows_free(&rs);
+  kvt_index_close(idx);
+}
+
+typedef struct visit_ctx {
+  kvt_index *idx;
+  char seen[3][65];
+  int n;
+} visit_ctx;
+
+static int visit(void *c, const kvt_entry_info *e) {
+  visit_ctx *ctx = c;
+  kvt_entry_info again;
+  CHECK(kvti_index_find_hash(&again, ctx->idx, e->token_hash) == 0);
+  if (ctx->n < 3)
+    memcpy(ctx->seen[ctx->n], e->token_hash, 65);
+  ctx->n++;
+  return 0;
+}
+
+static void test_internal(void) {
+  char *dir = kvt_test_tmpdir("idx-internal");
+  char data[4096];
+  snprintf(data, sizeof data, "%s/data", dir);
+  kvt_index *idx = NULL;
+  REQUIRE(kvti_index_open(&idx, dir, data, 0) == 0);
+  int32_t t[100];
+  seq(t, 100, 1);
+  char h[3][65];
+  size_t lens[3] = {10, 50, 100};
+  for (int i = 0; i < 3; i++) {
+    hash_of(h[i], t, lens[i]);
+    CHECK(kvti_index_put(idx, t, lens[i], h[i], 10 + i, 100 + i,
+                         i == 2 ? KVT_STORAGE_COMPAT : KVT_STORAGE_NATIVE) ==
+          0);
+    sleep_ms(3);
+  }
+  CHECK(kvti_index_put(idx, t, 10, h[1], 1, 1, 0) ==
+        KVT_EINVAL); /* hash mismatch */
+  CHECK(kvti_index_put(idx, t, 10, NULL, 1, 1, 7) == KVT_EINVAL); /* bad mode */
+  uint64_t ne, db, mb;
+  kvti_index_totals(idx, &ne, &db, &mb);
+  CHECK(ne == 3 && db == 303 && mb == 33);
+
+  kvt_entry_info info;
+  CHECK(kvti_index_find(&info, idx, t, 50, 0) == 0);
+  CHECK(strcmp(info.token_hash, h[1]) == 0 && info.disk_bytes == 101 &&
+        info.num_tokens == 50);
+  char ph[65];
+  REQUIRE(kvt_prefix_hash(ph, t, 50) == 0);
+  CHECK(strcmp(info.prefix_hash, ph) == 0);
+  CHECK(kvti_index_find_prefix(&info, idx, t, 99, 0) == 0 &&
+        info.num_tokens == 50);
+  CHECK(kvti_index_find_prefix(&info, idx, t, 100, 0) == 0 &&
+        info.num_tokens == 100);
+  CHECK(kvti_index_find_prefix(&info, idx, t, 9, 0) == KVT_ENOTFOUND);
+  CHECK(kvti_index_find_hash(&info, idx, h[2]) == 0 && info.num_tokens == 100);
+  CHECK(kvti_index_find_hash(&info, idx, "../../etc") == KVT_EINVAL);
+
+  /* Retention: hide entries created before the third one. */
+  kvt_entry_info third;
+  REQUIRE(kvti_index_find_hash(&third, idx, h[2]) == 0);
+  kvt_entry_info second;
+  REQUIRE(kvti_index_find_hash(&second, idx, h[1]) == 0);
+  CHECK(kvti_index_find(&info, idx, t, 50, third.created_at) == KVT_ENOTFOUND);
+  CHECK(kvti_index_find(&info, idx, t, 100, third.created_at) == 0);
+  CHECK(kvti_index_find_prefix(&info, idx, t, 99, second.created_at) == 0 &&
+        info.num_tokens == 50);
+  CHECK(kvti_index_find_prefix(&info, idx, t, 99, third.created_at) ==
+        KVT_ENOTFOUND);
+
+  /* Oldest created / LRU victim. */
+  CHECK(kvti_index_oldest_before(&info, idx, 1e18) == 0 &&
+        strcmp(info.token_hash, h[0]) == 0);
+  CHECK(kvti_index_oldest_before(&info, idx, 1.0) == KVT_ENOTFOUND);
+  CHECK(kvti_index_lru_victim(&info, idx) == 0 &&
+        strcmp(info.token_hash, h[0]) == 0);
+  CHECK(kvti_index_touch_hash(idx, h[0]) == 0);
+  CHECK(kvti_index_lru_victim(&info, idx) == 0 &&
+        strcmp(info.token_hash, h[1]) == 0);
+  CHECK(kvti_index_oldest_before(&info, idx, 1e18) == 0 &&
+        strcmp(info.token_hash, h[0]) == 0);
+  char absent[65];
+  hash_of(absent, t, 3);
+  CHECK(kvti_index_touch_hash(idx, absent) == KVT_ENOTFOUND);
+
+  /* Touch is visible in the mirror at once, in SQLite after flush. */
+  REQUIRE(kvti_index_find_hash(&info, idx, h[0]) == 0);
+  double touched = info.accessed_at;
+  sqlite3 *raw = raw_open(dir);
+  char sql[256];
+  snprintf(sql, sizeof sql,
+           "SELECT CAST(accessed_at * 1000000 AS INTEGER) FROM entries WHERE "
+           "token_hash='%s'",
+           h[0]);
+  CHECK(raw_count(raw, sql) != (long long)(touched * 1000000));
+  CHECK(kvti_index_flush(idx) == 0);
+  CHECK(raw_count(raw, sql) == (long long)(touched * 1000000));
+  /* A full batch (256 touches) is written without an explicit flush. */
+  for (int i = 0; i < 256; i++)
+    CHECK(kvti_index_touch_hash(idx, h[0]) == 0);
+  REQUIRE(kvti_index_find_hash(&info, idx, h[0]) == 0);
+  CHECK(info.accessed_at > touched);
+  CHECK(raw_count(raw, sql) == (long long)(info.accessed_at * 1000000));
+
+  /* foreach: most recently used first; snapshot lets fn call the index. */
+  visit_ctx ctx = {idx, {{0}}, 0};
+  CHECK(kvti_index_foreach(idx, visit, &ctx) == 0);
+  CHECK_EQ_INT(ctx.n, 3);
+  CHECK(strcmp(ctx.seen[0], h[0]) == 0 && strcmp(ctx.seen[1], h[2]) == 0 &&
+        strcmp(ctx.seen[2], h[1]) == 0);
+
+  /* Tokens from SQLite. */
+  int32_t *tok = NULL;
+  size_t n = 0;
+  CHECK(kvti_index_tokens(&tok, &n, idx, h[1]) == 0 && n == 50 &&
+        memcmp(tok, t, 200) == 0);
+  kvti_free(tok);
+  CHECK(kvti_index_tokens(&tok, &n, idx, absent) == KVT_ENOTFOUND);
+
+  /* Remove. */
+  CHECK(kvti_index_remove_hash(idx, h[1]) == 0);
+  CHECK(kvti_index_remove_hash(idx, h[1]) == KVT_ENOTFOUND);
+  CHECK(kvti_index_find_prefix(&info, idx, t, 99, 0) == 0 &&
+        info.num_tokens == 10);
+  kvti_index_totals(idx, &ne, &db, &mb);
+  CHECK(ne == 2 && db == 202 && mb == 22);
+  CHECK_EQ_INT(raw_count(raw, "SELECT COUNT(*) FROM kvtier_meta"), 2);
+  sqlite3_close(raw);
+  kvt_index_close(idx);
+
+  /* Reopen keeps disk bytes and mode; read-only open refuses writes. */
+  REQUIRE(kvti_index_open(&idx, dir, NULL, 1) == 0);
+  CHECK(kvti_index_find_hash(&info, idx, h[2]) == 0 && info.disk_bytes == 102);
+  CHECK(kvti_index_put(idx, t, 3, NULL, 1, 1, 0) == KVT_EPERM);
+  CHECK(kvti_index_remove_hash(idx, h[2]) == KVT_EPERM);
+  CHECK(kvti_index_touch_hash(idx, h[2]) == 0);
+  kvt_index_close(idx);
+}
+
+/* Many entries sharing a long prefix, differing in length and tail: the longest
+ * is found. */
+static void test_shared_prefix(void) {
+  char *dir = kvt_test_tmpdir("idx-shared");
+  kvt_index *idx = NULL;
+  REQUIRE(kvti_index_open(&idx, dir, NULL, 0) == 0);
+  enum { P = 100, N = 300 };
+  int32_t base[P + 40];
+  seq(base, P + 40, 9);
+  kvt_rng rng = {42};
+  /* Entries: base[:P] + one distinct token, and base[:P+k] for k in 0..39 */
+  for (int i = 0; i < N; i++) {
+    int32_t t[P + 1];
+    memcpy(t, base, P * 4);
+    t[P] = 1000000 + i;
+    CHECK(kvti_index_put(idx, t, P + 1, NULL, 1, 1, 0) == 0);
+  }
+  for (int k = 0; k < 40; k += 3)
+    CHECK(kvti_index_put(idx, base, P + k, NULL, 1, 1, 0) == 0);
+  for (int trial = 0; trial < 200; trial++) {
+    int32_t q[P + 40];
+    memcpy(q, base, sizeof q);
+    int kind = (int)(kvt_rng_next(&rng) % 3);
+    size_t qn = P + 1 + kvt_rng_next(&rng) % 39;
+    size_t expect;
+    if (kind == 0) { /* one of the distinct-token entries */
+      q[P] = 1000000 + (int32_t)(kvt_rng_next(&rng) % N);
+      expect = P + 1;
+    } else if (kind == 1) { /* follows base */
+      expect = ((qn - P) / 3) * 3 + P;
+      if (expect > P + 39)
+        expect = P + 39;
+      while (expect > qn || (expect - P) % 3)
+        expect--;
+    } else { /* diverges at P with an unknown token */
+      q[P] = -7;
+      expect = P;
+    }
+    kvt_entry_info info;
+    int rc = kvti_index_find_prefix(&info, idx, q, qn, 0);
+    CHECK(rc == 0);
+    if (rc == 0 && info.num_tokens != expect)
+      fprintf(stderr, "kind %d qn %zu: got %llu want %zu\n", kind, qn,
+              (unsigned long long)info.num_tokens, expect);
+    CHECK(rc == 0 && info.num_tokens == expect);
+    char h[65];
+    hash_of(h, q, expect);
+    CHECK(rc == 0 && strcmp(info.token_hash, h) == 0);
+  }
+  /* Remove all the distinct ones; prefix lookups fall back to base entries. */
+  for (int i = 0; i < N; i++) {
+    int32_t t[P + 1];
+    memcpy(t, base, P * 4);
+    t[P] = 1000000 + i;
+    char h[65];
+    hash_of(h, t, P + 1);
+    CHECK(kvti_index_remove_hash(idx, h) == 0);
+  }
+  int32_t q[P + 1];
+  memcpy(q, base, P * 4);
+  q[P] = 1000000 + 3;
+  kvt_entry_info info;
+  CHECK(kvti_index_find_prefix(&info, idx, q, P + 1, 0) == 0 &&
+        info.num_tokens == P);
+  uint64_t ne;
+  kvti_index_totals(idx, &ne, NULL, NULL);
+  CHECK_EQ_INT(ne, 14);
+  kvt_index_close(idx);
+}
+
+/* A legacy DB (entries without prefix_hash, written with the C API) is
+ * migrated. */
+static void test_migration(void) {
+  char *dir = kvt_test_tmpdir("idx-legacy");
+  sqlite3 *db = raw_open(dir);
+  raw_exec(db, "CREATE TABLE schema_version (version INTEGER NOT NULL);"
+               "INSERT INTO schema_version VALUES (1);"
+               "CREATE TABLE entries (token_hash TEXT PRIMARY KEY, tokens_blob "
+               "BLOB NOT NULL, "
+               "num_tokens INTEGER NOT NULL, file_path TEXT NOT NULL, "
+               "memory_bytes INTEGER NOT "
+               "NULL, created_at REAL NOT NULL, accessed_at REAL NOT NULL);"
+               "CREATE INDEX idx_entries_accessed ON entries(accessed_at);");
+  int32_t t[30];
+  seq(t, 30, 3);
+  char h1[65], h2[65];
+  hash_of(h1, t, 30);
+  hash_of(h2, t, 8);
+  raw_insert(db, h1, t, 120, NULL, 30, h1, 11, 1000.0, 1000.0);
+  raw_insert(db, h2, t, 32, NULL, 8, h2, 22, 1001.0, 1001.0);
+  sqlite3_close(db);
+
+  /* Read-only: served with prefixes computed in memory, DB untouched. */
+  kvt_index *idx = NULL;
+  REQUIRE(kvti_index_open(&idx, dir, NULL, 1) == 0);
+  kvt_entry_info info;
+  CHECK(kvti_index_find_prefix(&info, idx, t, 29, 0) == 0 &&
+        info.num_tokens == 8);
+  kvt_index_close(idx);
+  db = raw_open(dir);
+  CHECK_EQ_INT(
+      raw_count(db, "SELECT COUNT(*) FROM pragma_table_info('entries') WHERE "
+                    "name='prefix_hash'"),
+      0);
+  sqlite3_close(db);
+
+  REQUIRE(kvt_index_open(&idx, dir) == 0);
+  kvt_index_rows rs;
+  CHECK(kvt_index_lookup_prefix(&rs, idx, t, 30) == 0 && rs.count == 2);
+  kvt_index_rows_free(&rs);
+  kvt_index_close(idx);
+  db = raw_open(dir);
+  char p1[65], p2[65], sql[256];
+  REQUIRE(kvt_prefix_hash(p1, t, 30) == 0 && kvt_prefix_hash(p2, t, 8) == 0);
+  snprintf(sql, sizeof sql,
+           "SELECT COUNT(*) FROM entries WHERE token_hash='%s' AND "
+           "prefix_hash='%s'",
+           h1, p1);
+  CHECK_EQ_INT(raw_count(db, sql), 1);
+  snprintf(sql, sizeof sql,
+           "SELECT COUNT(*) FROM entries WHERE token_hash='%s' AND "
+           "prefix_hash='%s'",
+           h2, p2);
+  CHECK_EQ_INT(raw_count(db, sql), 1);
+  CHECK_EQ_INT(raw_count(db, "SELECT COUNT(*) FROM sqlite_master WHERE "
+                             "name='idx_entries_prefix_hash_num_tokens'"),
+               1);
+  sqlite3_close(db);
+}
+
+/* A DB created by the reference's SQL text with reference-written rows opens
+ * and is served; rows lacking kvtier_meta get their disk bytes measured from
+ * data/<hash>/. Hostile rows are skipped; stale kvtier_meta rows are removed.
+ */
+static void test_reference_db_and_hostile(void) {
+  char *dir = kvt_test_tmpdir("idx-ref");
+  char data[4096], edir[4200], f[4300];
+  snprintf(data, sizeof data, "%s/data", dir);
+  REQUIRE(mkdir(data, 0700) == 0);
+  sqlite3 *db = raw_open(dir);
+  raw_exec(db, "PRAGMA journal_mode=WAL");
+  raw_exec(db, REF_SCHEMA);
+  raw_exec(db, REF_INDEXES);
+  raw_exec(db, "INSERT INTO schema_version (version) VALUES (1)");
+  int32_t t[64];
+  seq(t, 64, 11);
+  char h[65], ph[65];
+  hash_of(h, t, 64);
+  REQUIRE(kvt_prefix_hash(ph, t, 64) == 0);
+  raw_insert(db, h, t, 256, ph, 64, h, 5000, 2000.5, 2001.5);
+  snprintf(edir, sizeof edir, "%s/%s", data, h);
+  REQUIRE(mkdir(edir, 0700) == 0);
+  snprintf(f, sizeof f, "%s/tokens.bin", edir);
+  REQUIRE(kvti_write_file(f, t, 256, 0600, 0) == 0);
+  snprintf(f, sizeof f, "%s/manifest.json", edir);
+  REQUIRE(kvti_write_file(f, "{\"num_layers\": 0}", 17, 0600, 0) == 0);
+
+  /* Hostile rows. */
+  int32_t u[20];
+  seq(u, 20, 77);
+  char hu[65], pu[65];
+  hash_of(hu, u, 20);
+  REQUIRE(kvt_prefix_hash(pu, u, 20) == 0);
+  raw_insert(db, hu, u, 80, pu, 20, "../../etc", 1, 1.0,
+             1.0); /* bad file_path */
+  int32_t w[21];
+  seq(w, 21, 500);
+  char hw[65], pw[65];
+  hash_of(hw, w, 21);
+  REQUIRE(kvt_prefix_hash(pw, w, 21) == 0);
+  raw_insert(db, hw, w, 83, pw, 21, hw, 1, 1.0,
+             1.0); /* blob not multiple of 4 */
+  int32_t x[22];
+  seq(x, 22, 900);
+  char hx[65], px[65];
+  hash_of(hx, x, 22);
+  REQUIRE(kvt_prefix_hash(px, x, 22) == 0);
+  raw_insert(db, hx, x, 88, px, 23, hx, 1, 1.0, 1.0); /* num_tokens != blob/4 */
+  int32_t y[23];
+  seq(y, 23, 1300);
+  char hy[65], py[65];
+  hash_of(hy, y, 23);
+  REQUIRE(kvt_prefix_hash(py, y, 23) == 0);
+  raw_insert(db, hy, y, 92, py, 23, hy, -5, 1.0,
+             1.0); /* negative memory_bytes */
+  raw_insert(db, "zz", y, 92, py, 23, "zz", 1, 1.0, 1.0); /* bad token_hash */
+  /* A stale kvtier_meta row (the reference deleted its entry). */
+  raw_exec(
+      db,
+      "CREATE TABLE IF NOT EXISTS kvtier_meta (token_hash TEXT PRIMARY KEY, "
+      "disk_bytes INTEGER NOT NULL, storage_mode INTEGER NOT NULL)");
+  raw_exec(db, "INSERT INTO kvtier_meta VALUES ('"
+               "000000000000000000000000000000000000000000000000000000000000000"
+               "0', 5, 0)");
+  sqlite3_close(db);
+
+  kvt_index *idx = NULL;
+  REQUIRE(kvti_index_open(&idx, dir, data, 0) == 0);
+  CHECK_EQ_INT(kvti_index_skipped(idx), 5);
+  kvt_entry_info info;
+  CHECK(kvti_index_find(&info, idx, t, 64, 0) == 0);
+  CHECK(info.disk_bytes == 256 + 17 && info.memory_bytes == 5000);
+  CHECK(fabs(info.created_at - 2000.5) < 1e-9 &&
+        fabs(info.accessed_at - 2001.5) < 1e-9);
+  CHECK(kvti_index_find_prefix(&info, idx, t, 64, 0) == 0 &&
+        info.num_tokens == 64);
+  CHECK(kvti_index_find(&info, idx, u, 20, 0) == KVT_ENOTFOUND);
+  CHECK(kvti_index_find_prefix(&info, idx, u, 20, 0) == KVT_ENOTFOUND);
+  CHECK(kvti_index_find(&info, idx, w, 21, 0) == KVT_ENOTFOUND);
+  CHECK(kvti_index_find(&info, idx, x, 22, 0) == KVT_ENOTFOUND);
+  CHECK(kvti_index_find_prefix(&info, idx, x, 22, 0) == KVT_ENOTFOUND);
+  CHECK(kvti_index_find(&info, idx, y, 23, 0) == KVT_ENOTFOUND);
+  uint64_t ne;
+  kvti_index_totals(idx, &ne, NULL, NULL);
+  CHECK_EQ_INT(ne, 1);
+  int32_t *tok = NULL;
+  size_t n = 0;
+  CHECK(kvti_index_tokens(&tok, &n, idx, hu) == KVT_ECORRUPT);
+  CHECK(kvti_index_tokens(&tok, &n, idx, hx) == KVT_ECORRUPT);
+  /* The public list functions leave them out too. */
+  kvt_index_rows rs;
+  CHECK(kvt_index_all(&rs, idx) == 0 && rs.count == 1);
+  kvt_index_rows_free(&rs);
+  kvt_index_close(idx);
+
+  db = raw_open(dir);
+  char sql[256];
+  snprintf(sql, sizeof sql,
+           "SELECT disk_bytes FROM kvtier_meta WHERE token_hash='%s'", h);
+  CHECK_EQ_INT(raw_count(db, sql), 256 + 17);
+  CHECK_EQ_INT(raw_count(db, "SELECT COUNT(*) FROM kvtier_meta"), 1);
+  sqlite3_close(db);
+}
+
+/* A database whose entries table is not the reference's fails to open with
+ * KVT_EDB and SQLite's message; nothing is served from it. */
+static void test_bad_schema(void) {
+  char *dir = kvt_test_tmpdir("idx-badschema");
+  sqlite3 *db = raw_open(dir);
+  raw_exec(db, "CREATE TABLE entries (token_hash TEXT PRIMARY KEY, x INTEGER)");
+  sqlite3_close(db);
+  kvt_index *idx = NULL;
+  CHECK(kvt_index_open(&idx, dir) == KVT_EDB);
+  CHECK(idx == NULL);
+  CHECK(strstr(kvt_last_error(), "accessed_at") != NULL);
+  /* Not a database at all. */
+  char *dir2 = kvt_test_tmpdir("idx-notdb");
+  char path[4200];
+  snprintf(path, sizeof path, "%s/index.db", dir2);
+  REQUIRE(kvti_write_file(
+              path,
+              "this is not sqlite, just some text of some length........"
+              "...............................................",
+              100, 0600, 0) == 0);
+  CHECK(kvt_index_open(&idx, dir2) == KVT_EDB);
+  CHECK(strstr(kvt_last_error(), "not a database") != NULL);
+  CHECK(kvt_index_open(&idx, NULL) == KVT_EINVAL);
+}
+
+/* Allocation failure at every kvtier allocation site in turn (SQLite's own
+ * allocations are not routed through the seam): open, put, lookups, touch,
+ * flush, remove, list and close either succeed or fail cleanly with KVT_ENOMEM,
+ * never crash or leak (ASan), and whatever succeeded stays consistent after a
+ * clean reopen. */
+static long g_alloc_count, g_alloc_fail_at;
+static void *fail_malloc(size_t n) {
+  return ++g_alloc_count == g_alloc_fail_at ? NULL : malloc(n);
+}
+static void *fail_calloc(size_t n, size_t z) {
+  return ++g_alloc_count == g_alloc_fail_at ? NULL : calloc(n, z);
+}
+static void *fail_realloc(void *p, size_t n) {
+  return ++g_alloc_count == g_alloc_fail_at ? NULL : realloc(p, n);
+}
+
+static int alloc_scenario(const char *dir) {
+  kvt_index *idx = NULL;
+  int rc = kvti_index_open(&idx, dir, NULL, 0);
+  if (rc)
+    return rc;
+  int32_t t[300];
+  seq(t, 300, 1);
+  int bad = 0;
+  for (int i = 0; i < 40; i++) {
+    t[299] = i;
+    rc = kvti_index_put(idx, t, 100 + (size_t)i * 5, NULL, 1, 1, 0);
+    bad |= rc != 0 && rc != KVT_ENOMEM;
+  }
+  kvt_entry_info info;
+  rc = kvti_index_find_prefix(&info, idx, t, 300, 0);
+  bad |= rc != 0 && rc != KVT_ENOMEM && rc != KVT_ENOTFOUND;
+  char h[65];
+  hash_of(h, t, 100);
+  for (int i = 0; i < 300; i++) {
+    rc = kvti_index_touch_hash(idx, h);
+    bad |= rc != 0 && rc != KVT_ENOMEM && rc != KVT_ENOTFOUND;
+  }
+  rc = kvti_index_remove_hash(idx, h);
+  bad |= rc != 0 && rc != KVT_ENOMEM && rc != KVT_ENOTFOUND;
+  kvt_index_rows rs;
+  rc = kvt_index_lookup_prefix(&rs, idx, t, 300);
+  if (rc == 0)
+    kvt_index_rows_free(&rs);
+  bad |= rc != 0 && rc != KVT_ENOMEM;
+  rc = kvt_index_all(&rs, idx);
+  if (rc == 0)
+    kvt_index_rows_free(&rs);
+  bad |= rc != 0 && rc != KVT_ENOMEM;
+  int32_t *tok = NULL;
+  size_t n;
+  hash_of(h, t, 105);
+  if (kvti_index_tokens(&tok, &n, idx, h) == 0)
+    kvti_free(tok);
+  kvt_index_close(idx);
+  return bad ? -100 : 0;
+}
+
+static void test_alloc_failures(void) {
+  kvti_io_ops ops = kvti_io_default;
+  ops.malloc = fail_malloc;
+  ops.calloc = fail_calloc;
+  ops.realloc = fail_realloc;
+  int finished = 0;
+  char *base = kvt_test_tmpdir("idx-alloc");
+  long last = 0;
+  for (long at = 1; at < 2000 && !finished; at++) {
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/at%ld", base, at);
+    REQUIRE(mkdir(dir, 0700) == 0);
+    g_alloc_count = 0;
+    g_alloc_fail_at = at;
+    kvti_io_set(&ops);
+    int rc = alloc_scenario(dir);
+    kvti_io_set(NULL);
+    CHECK(rc == 0 || rc == KVT_ENOMEM);
+    if (g_alloc_count < at)
+      finished = 1; /* the failure point lies beyond the last allocation */
+    last = at;
+    /* A clean reopen works and agrees with itself. */
+    kvt_index *idx = NULL;
+    REQUIRE(kvti_index_open(&idx, dir, NULL, 0) == 0);
+    kvt_index_rows rs;
+    uint64_t ne;
+    CHECK(kvt_index_all(&rs, idx) == 0);
+    kvti_index_totals(idx, &ne, NULL, NULL);
+    CHECK_EQ_INT(rs.count, ne);
+    kvt_index_rows_free(&rs);
+    kvt_index_close(idx);
+    kvt_test_rmtree(dir);
+  }
+  CHECK(finished);
+  fprintf(stderr, "  %ld allocation sites failed in turn\n", last - 1);
+}
+
+/* The reference's own queries, run by Python's sqlite3 over a kvtier-written
+ * index.db. */
+static void test_python_reads(void) {
+  if (access("/usr/bin/python3", X_OK) != 0 || !getenv("KVT_TEST_SRC")) {
+    fprintf(stderr, "skip python check\n");
+    return;
+  }
+  char *dir = kvt_test_tmpdir("idx-py");
+  kvt_index *idx = NULL;
+  REQUIRE(kvt_index_open(&idx, dir) == 0);
+  int32_t t[40];
+  seq(t, 40, -20);
+  char h[65];
+  hash_of(h, t, 40);
+  CHECK(kvt_index_insert(idx, t, 40, h, 1234, 40) == 0);
+  hash_of(h, t, 10);
+  CHECK(kvt_index_insert(idx, t, 10, h, 99, 10) == 0);
+  kvt_index_close(idx);
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd,
+           "/usr/bin/python3 %s/tests/unit/index_reference_check.py %s",
+           getenv("KVT_TEST_SRC"), dir);
+  CHECK(system(cmd) == 0);
+}
+
+/* The multimap behind the mirror: random adds/removes with heavy home-slot
+ * collisions (keys sharing their low bits, some homed at the last slot so
+ * clusters wrap) against a plain array; backward-shift deletion must keep every
+ * remaining pair reachable. Key 0 is accepted. */
+static void test_hashmap(void) {
+  enum { K = 600 };
+  static uint64_t keys[K];
+  static int present[K];
+  kvti_hm m = {0};
+  kvt_rng rng = {7};
+  for (int i = 0; i < K; i++)
+    keys[i] =
+        i == 0 ? 0
+               : ((kvt_rng_next(&rng) % 40) << 40) |
+                     (i % 3 ? (uint64_t)(i % 8) : (uint64_t)(0xFFFFF - i % 4));
+  for (int step = 0; step < 20000; step++) {
+    int i = (int)(kvt_rng_next(&rng) % K);
+    if (present[i]) {
+      CHECK(kvti_hm_remove(&m, keys[i], (uint64_t)i) == 1);
+      present[i] = 0;
+    } else {
+      CHECK(kvti_hm_add(&m, keys[i], (uint64_t)i) == 0);
+      present[i] = 1;
+    }
+    if (step % 500 == 0) {
+      size_t n = 0;
+      for (int j = 0; j < K; j++) {
+        size_t pos = 0;
+        kvti_hm_slot *sl;
+        int found = 0;
+        while ((sl = kvti_hm_next(&m, keys[j], &pos)) != NULL)
+          found += sl->val == (uint64_t)j;
+        CHECK_EQ_INT(found, present[j]);
+        n += (size_t)present[j];
+      }
+      CHECK_EQ_INT(m.n, n);
+    }
+  }
+  kvti_hm_free(&m);
+}
+
+int main(void) {
+  RUN(test_hashmap);
+  RUN(test_schema);
+  RUN(test_ssdindex_ops);
+  RUN(test_empty_entry);
+  RUN(test_internal);
+  RUN(test_shared_prefix);
+  RUN(test_migration);
+  RUN(test_reference_db_and_hostile);
+  RUN(test_bad_schema);
+  RUN(test_alloc_failures);
+  RUN(test_python_reads);
+  return kvt_test_done();
+}
