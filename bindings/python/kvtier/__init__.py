@@ -8,6 +8,10 @@ for vllm-mlx's ``vllm_mlx.ssd_cache`` is :mod:`kvtier.ssd_cache`::
 The shared library is found through ``KVTIER_LIBRARY`` (a path), else the
 ``build/`` directory of the source checkout this package sits in, else the
 system's library path; ``kvtier.library_path`` says which was loaded.
+
+A more Pythonic interface, raising exceptions instead of returning
+False/None and exposing kvtier's extras (sync and prefix promote, gc,
+verify, describe, Prometheus metrics), is :class:`kvtier.Tier`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from ._lib import (
     LibraryNotFoundError,
     library_path,
 )
+
+from .tier import BudgetRefused, Entry, EntryInfo, QueueFull, Tier, TooBig
 
 __version__ = "0.1.0"
 
@@ -44,6 +50,12 @@ def token_hash(tokens) -> str:
 
 
 __all__ = [
+    "Tier",
+    "Entry",
+    "EntryInfo",
+    "QueueFull",
+    "TooBig",
+    "BudgetRefused",
     "KvtierError",
     "KvtierClosed",
     "KvtierCorrupt",
