@@ -428,3 +428,34 @@ def test_stats_keys_match_reference_and_rounding(tier):
     assert {k: st[k] for k in ref_d} == ref_d
     for k in ("spill_drops", "evictions", "quarantined", "entries"):
         assert k in st
+
+
+def test_threads_spill_and_read_concurrently(tier):
+    import threading
+
+    errors = []
+
+    def worker(k):
+        try:
+            r = np.random.default_rng(k)
+            for i in range(20):
+                toks = (k, i, 99)
+                layer = kv_layer(r, 3, np.float32)
+                while not tier.enqueue_spill(toks, [layer], 10):
+                    tier.flush(timeout=30)
+                tier.flush(timeout=30)
+                got = tier._read_entry(toks, kv._tokens_hash(toks))
+                assert got is not None and np.array_equal(got[0]["keys"], layer.keys)
+                with tier._lock:
+                    tier._stats.ssd_hits += 1
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+    assert tier.get_stats()["ssd_hits"] == 80
+    assert tier.get_stats()["spill_count"] == 80
