@@ -21,9 +21,9 @@ for _p in (os.path.join(_ROOT, "bindings", "python"), os.path.join(_ROOT, "tests
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-import make_ref_cache  # noqa: E402
 import mlx_standin  # noqa: E402
-from make_ref_cache import ArraysLayer, KVLayer, QuantizedLayer, RotatingLayer  # noqa: E402,F401
+from make_ref_cache import (  # noqa: E402,F401  (re-exported to the tests)
+    ArraysLayer, KVLayer, QuantizedLayer, RotatingLayer)
 
 
 @pytest.fixture
@@ -75,3 +75,7 @@ class Budget:
     def release(self, n):
         self.calls.append(("release", n))
         self.reserved -= n
+
+
+__all__ = ["ArraysLayer", "KVLayer", "QuantizedLayer", "RotatingLayer", "Budget",
+           "kv_layer", "make_tier", "run"]

@@ -4,7 +4,6 @@ legacy table without prefix_hash)."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import time
 

@@ -12,7 +12,7 @@ import pytest
 
 import mlx_standin
 import ssd_cache_ref as ref
-from conftest import ArraysLayer, KVLayer, RotatingLayer, kv_layer
+from conftest import ArraysLayer, RotatingLayer, kv_layer
 from kvtier import ssd_cache as kv
 
 

@@ -13,7 +13,6 @@ import shutil
 import numpy as np
 import pytest
 
-import kvtier._lib as L
 import mlx_standin
 import ssd_cache_ref as ref
 from conftest import ArraysLayer, Budget, KVLayer, QuantizedLayer, RotatingLayer, kv_layer, make_tier, run

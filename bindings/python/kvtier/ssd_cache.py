@@ -54,7 +54,6 @@ import logging
 import os
 import sqlite3
 import threading
-import time
 import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -64,7 +63,6 @@ import numpy as np
 
 from . import _lib as L
 from ._convert import (
-    EntryHandle,
     _Keep,
     build_layers,
     entry_to_layers,
