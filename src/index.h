@@ -33,6 +33,20 @@ int kvti_index_open(kvt_index **out, const char *cache_dir, const char *data_dir
 int kvti_index_put(kvt_index *idx, const int32_t *tokens, size_t n, const char *hash,
                    uint64_t memory_bytes, uint64_t disk_bytes, int storage_mode);
 
+/* Several puts in one SQLite transaction (all or none: on error neither SQLite nor the mirror
+ * changed, except KVT_ENOMEM after the commit, when rows missing from the mirror are served after
+ * reopen). Amortises the commit (and WAL checkpoint) cost when the writer has several entries
+ * ready. Fields as kvti_index_put; count 0 is a no-op. */
+typedef struct kvti_index_put_args {
+  const int32_t *tokens;
+  size_t n;
+  const char *hash; /* NULL or the tokens' hash */
+  uint64_t memory_bytes;
+  uint64_t disk_bytes;
+  int storage_mode;
+} kvti_index_put_args;
+int kvti_index_put_many(kvt_index *idx, const kvti_index_put_args *puts, size_t count);
+
 /* Exact / longest-prefix lookups from the mirror (no SQL). created_before > 0 hides entries
  * created before it (retention). Return 0, KVT_ENOTFOUND. */
 int kvti_index_find(kvt_entry_info *out, kvt_index *idx, const int32_t *tokens,
