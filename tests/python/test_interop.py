@@ -165,3 +165,26 @@ def test_scripts_run(tmp_path):
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
     assert s["count"] == 3 and s["failed"] == 0
+
+
+@pytest.mark.parametrize("kinds,bf16", [(("kv",), True), (("quantized",), False), (("arrays",), True)])
+def test_native_lossless_entries_are_refused_not_misread_by_reference(tmp_path, kinds, bf16):
+    # Native mode keeps BF16 / packed quantized data, which the reference
+    # cannot load: it must fail (and would quarantine), never return wrong data.
+    # Plain fp16/fp32 layers in native mode stay readable by the reference.
+    d = str(tmp_path / "native")
+    t = make_tier(d, storage_mode="native")
+    t.start_writer()
+    try:
+        lossless = make_ref_cache.build_entries(seed=8, entries=1, layers=2, kinds=kinds, bf16=bf16)[0]
+        plain = make_ref_cache.build_entries(seed=9, entries=1, layers=2, kinds=("kv", "arrays"))[0]
+        plain["tokens"] = plain["tokens"] + (77777,)  # distinct from the first
+        assert t.enqueue_spill(lossless["tokens"], lossless["layers"], 1)
+        assert t.enqueue_spill(plain["tokens"], plain["layers"], 1)
+        t.flush(timeout=60)
+    finally:
+        t.close()
+    s = read_ref_cache.read_cache(d)
+    by_tokens = {tuple(e["tokens"]): e for e in s["entries"]}
+    assert by_tokens[tuple(lossless["tokens"])]["ok"] is False
+    assert by_tokens[tuple(plain["tokens"])]["ok"] is True
