@@ -284,11 +284,14 @@ def test_reconcile(tier, rng, cache_dir):
 
 def test_close_drains_and_rejects_later_spills(cache_dir, rng):
     t = make_tier(cache_dir)
+    assert t._writer_thread is None
     t.start_writer()
+    assert t._writer_thread.is_alive()
     for i in range(8):
         assert t.enqueue_spill((7, i), [kv_layer(rng, 2)], 5)
     t.close()
     t.close()  # idempotent
+    assert not t._writer_thread.is_alive()
     assert t.enqueue_spill((9, 9), [kv_layer(rng, 2)], 5) is False
     t2 = make_tier(cache_dir)
     try:

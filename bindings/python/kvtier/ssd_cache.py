@@ -767,6 +767,24 @@ class _Budget:
         return o
 
 
+class _WriterInfo:
+    """Stands in for the reference's ``_writer_thread`` (a threading.Thread):
+    kvtier's writer is a C thread; this reports its name and liveness."""
+
+    name = "ssd-cache-writer"
+    daemon = True
+
+    def __init__(self, tier: "SSDCacheTier") -> None:
+        self._tier = weakref.ref(tier)
+
+    def is_alive(self) -> bool:
+        t = self._tier()
+        return t is not None and not t._closed
+
+    def __repr__(self) -> str:
+        return f"<kvtier writer {'alive' if self.is_alive() else 'stopped'}>"
+
+
 class SSDCacheTier:
     """Cold-tier disk cache for KV cache entries, backed by libkvtier.
 
@@ -843,7 +861,7 @@ class SSDCacheTier:
         if self._writer_thread is not None:
             return
         L.check(L.kvt_tier_start_writer(self._h.ptr), "start_writer")
-        self._writer_thread = "kvtier-writer"
+        self._writer_thread = _WriterInfo(self)
         logger.info("[ssd_cache] writer thread started")
 
     def enqueue_spill(
