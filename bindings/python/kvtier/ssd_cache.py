@@ -811,6 +811,16 @@ class SSDCacheTier:
     """
 
     def __init__(self, config: SSDCacheConfig) -> None:
+        """Opens (creating when missing) config.cache_dir and its index.  The
+        writer is not started (call start_writer(), as with the reference).
+
+        Raises:
+            ValueError: cache_dir is None, or an option libkvtier refuses.
+            OSError: the directory cannot be created or used (PermissionError
+                semantics for a directory owned by someone else or writable
+                by group/others; another process holding it for writing).
+            sqlite3.DatabaseError: index.db is unusable.
+        """
         self._config = config
         self._closed = True
         self._closing = False
