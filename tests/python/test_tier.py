@@ -461,3 +461,11 @@ def test_threads_spill_and_read_concurrently(tier):
     assert not errors, errors
     assert tier.get_stats()["ssd_hits"] == 80
     assert tier.get_stats()["spill_count"] == 80
+
+
+def test_unsafe_directory_refused_with_permission_error(tmp_path):
+    d = tmp_path / "shared"
+    d.mkdir()
+    os.chmod(d, 0o777)  # writable by everyone: kvtier refuses it
+    with pytest.raises(PermissionError):
+        make_tier(str(d))

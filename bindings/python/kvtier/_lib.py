@@ -283,6 +283,10 @@ class KvtierOSError(KvtierError, OSError):
         self.strerror = message
 
 
+class KvtierPermissionError(KvtierOSError, PermissionError):
+    """KVT_EPERM: unsafe ownership/permissions or a symlink."""
+
+
 class KvtierMemoryError(KvtierError, MemoryError):
     """KVT_ENOMEM."""
 
@@ -321,7 +325,7 @@ _EXC = {
     KVT_ENOMEM: KvtierMemoryError,
     KVT_EIO: KvtierOSError,
     KVT_ENOSPC: KvtierOSError,
-    KVT_EPERM: KvtierOSError,
+    KVT_EPERM: KvtierPermissionError,
     KVT_EBUSY: KvtierOSError,
     KVT_ETIMEDOUT: KvtierTimeoutError,
     KVT_EDB: KvtierDatabaseError,
