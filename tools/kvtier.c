@@ -36,6 +36,7 @@ static const char *USAGE =
     "  3  directory missing, unreadable or not a kvtier cache\n"
     "  4  the operation failed (I/O or database error, repair failed, ...)\n"
     "  5  show: no such entry\n"
+    "  130  bench interrupted (its directory or entries are removed first)\n"
     "\n"
     "Options:\n"
     "  -h, --help        this help;  kvtier COMMAND --help for a command\n"
