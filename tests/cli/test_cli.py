@@ -532,6 +532,39 @@ def t_reference():
         check(j.get("removed_count") == 3, "gc dry run on reference dir")
         check(tree_state(d) == before, "reference dir unchanged by "
                                        "inspection")
+        # Maintenance works on it too.
+        j = run_json("verify", d, "--repair")
+        check(j.get("clean") is True, "verify --repair on a reference dir")
+        j = run_json("gc", d, "--max-entries", "2")
+        left = {e["token_hash"] for e in entries(d)}
+        check(j.get("removed_count") == 2 and len(left) == 2 and
+              {r["token_hash"] for r in j.get("removed", [])} == want - left,
+              f"gc on a reference dir: {j}")
+        # The reference can still read what is left (its own reader).
+        reader = os.path.join(SRC, "tests", "reference", "read_ref_cache.py")
+        if os.path.exists(reader):
+            p = subprocess.run(["/usr/bin/python3", reader, d],
+                               capture_output=True, text=True, timeout=300)
+            check(p.returncode == 0, f"reference reads the dir after gc: "
+                                     f"{p.stderr.strip()[:300]}")
+            # A compat-mode directory written by `kvtier bench` is one the
+            # reference reads.
+            c = os.path.join(d, "compat")
+            rc, _, err = run("bench", c, "--quick", "--no-disk", "--keep",
+                             "--no-progress", "--entries", "2", "--tokens",
+                             "16", "--preset", "hybrid", "--dtype", "bf16",
+                             "--storage", "compat")
+            check(rc == 0, f"bench compat: {err.strip()[:300]}")
+            p = subprocess.run(["/usr/bin/python3", reader, c],
+                               capture_output=True, text=True, timeout=300)
+            check(p.returncode == 0, f"reference reads bench's compat dir: "
+                                     f"{p.stderr.strip()[:300]}")
+            try:
+                got = json.loads(p.stdout)
+            except ValueError:
+                got = {}
+            check(len(got.get("entries", [])) == 2 and not got.get("errors"),
+                  f"reference read both entries: {got.get('errors')}")
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
