@@ -13,6 +13,7 @@
 #include "io.h"
 #include "iobatch.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
@@ -115,6 +116,20 @@ static void test_excl(void) {
   kvti_fwriter_abort(NULL);
 }
 
+/* Number of names in a directory (without . and ..). */
+static int t_count(const char *d) {
+  DIR *dd = opendir(d);
+  int n = 0;
+  struct dirent *de;
+  if (!dd)
+    return -1;
+  while ((de = readdir(dd)))
+    if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+      n++;
+  closedir(dd);
+  return n;
+}
+
 static int fail_writes_after = -1, nwrites;
 static ssize_t inj_pwrite(int fd, const void *b, size_t n, off_t off) {
   if (fail_writes_after >= 0 && nwrites++ >= fail_writes_after) {
@@ -172,6 +187,101 @@ static void test_write_failure(void) {
   kvti_iobatch_cache_drain();
 }
 
+/* A group of many files (more than the open-file checkpoint of 64) of mixed
+ * sizes: all complete, byte-exact, with the checksums reported at close; then a
+ * failure in the middle of a group removes every file the group created. */
+static void test_group(int backend) {
+  char gdir[4096];
+  snprintf(gdir, sizeof gdir, "%s/group%d", dir, backend);
+  REQUIRE(mkdir(gdir, 0700) == 0);
+  kvti_wgroup *g = NULL;
+  REQUIRE(kvti_wgroup_open(&g, backend, NULL, 1) == 0);
+  enum { NF = 70 };
+  uint64_t sums[NF], sizes[NF];
+  kvt_rng rng = {77};
+  char *src = malloc((size_t)3 << 20);
+  REQUIRE(src);
+  kvt_rng_fill(&rng, src, (size_t)3 << 20);
+  for (int i = 0; i < NF; i++) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/f%02d", gdir, i);
+    size_t n = i % 7 == 0 ? ((size_t)2 << 20) + 333
+                          : (size_t)(kvt_rng_next(&rng) % 200000);
+    kvti_fwriter_opts o = KVTI_FWRITER_OPTS_INIT;
+    o.size_hint = n;
+    kvti_fwriter *w = NULL;
+    REQUIRE(kvti_wgroup_file(&w, g, p, &o) == 0);
+    /* A second file cannot start while this one is open. */
+    kvti_fwriter *w2 = NULL;
+    if (i == 0)
+      CHECK_EQ_INT(kvti_wgroup_file(&w2, g, p, &o), KVT_EINVAL);
+    CHECK_EQ_INT(kvti_fwriter_append(w, src + i, n), 0);
+    CHECK_EQ_INT(kvti_fwriter_close(w, &sizes[i], &sums[i]), 0);
+    CHECK_EQ_INT(sizes[i], n);
+    CHECK(sums[i] == kvti_xxh3(src + i, n));
+  }
+  CHECK_EQ_INT(kvti_wgroup_finish(g), 0);
+  for (int i = 0; i < NF; i++) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/f%02d", gdir, i);
+    size_t got = 0;
+    char *back = slurp(p, &got);
+    CHECK(back && got == sizes[i] && memcmp(back, src + i, got) == 0);
+    kvti_free(back);
+  }
+  /* Failure: the 3rd file's data write fails; all files of the group are
+   * removed. */
+  char fdir[4096];
+  snprintf(fdir, sizeof fdir, "%s/groupfail%d", dir, backend);
+  REQUIRE(mkdir(fdir, 0700) == 0);
+  kvti_io_ops ops = kvti_io_default;
+  ops.pwrite = inj_pwrite;
+  if (ops.uring_result)
+    ops.uring_result = inj_result;
+  kvti_io_set(&ops);
+  kvti_iobatch_cache_drain();
+  REQUIRE(kvti_wgroup_open(&g, backend, NULL, 1) == 0);
+  nwrites = 0;
+  fail_writes_after = 4;
+  int rc = 0;
+  for (int i = 0; i < 5 && rc == 0; i++) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/f%d", fdir, i);
+    kvti_fwriter_opts o = KVTI_FWRITER_OPTS_INIT;
+    o.size_hint = (size_t)1 << 20;
+    kvti_fwriter *w = NULL;
+    rc = kvti_wgroup_file(&w, g, p, &o);
+    if (rc == 0)
+      rc = kvti_fwriter_append(w, src, (size_t)1 << 20);
+    if (rc == 0)
+      rc = kvti_fwriter_close(w, NULL, NULL);
+  }
+  int frc = kvti_wgroup_finish(g);
+  CHECK(frc == KVT_ENOSPC);
+  CHECK(rc == 0 || rc == KVT_ENOSPC);
+  fail_writes_after = -1;
+  kvti_io_set(NULL);
+  kvti_iobatch_cache_drain();
+  CHECK_EQ_INT(t_count(fdir), 0);
+  /* Abort removes what a group created. */
+  REQUIRE(kvti_wgroup_open(&g, backend, NULL, 0) == 0);
+  char p[4200];
+  snprintf(p, sizeof p, "%s/aborted", fdir);
+  kvti_fwriter *w = NULL;
+  REQUIRE(kvti_wgroup_file(&w, g, p, NULL) == 0);
+  CHECK_EQ_INT(kvti_fwriter_append(w, "abc", 3), 0);
+  kvti_wgroup_abort(g);
+  CHECK_EQ_INT(t_count(fdir), 0);
+  kvti_wgroup_abort(NULL);
+  free(src);
+}
+
+static void test_groups(void) {
+  test_group(KVT_IO_PORTABLE);
+  if (uring_ok)
+    test_group(KVT_IO_URING);
+}
+
 int main(void) {
   dir = kvt_test_tmpdir("fwriter");
   REQUIRE(dir);
@@ -183,6 +293,7 @@ int main(void) {
   RUN(test_sizes);
   RUN(test_excl);
   RUN(test_write_failure);
+  RUN(test_groups);
   kvti_iobatch_cache_drain();
   return kvt_test_done();
 }
