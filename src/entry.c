@@ -98,70 +98,14 @@ struct kvti_snapshot {
   void (*release)(void *);
   void *release_ctx;
   uint64_t held;
-  /* Copy mode: each layer's bytes laid out exactly as its native-mode file (header, then the
-   * tensors in file order) in one 4096-aligned pooled buffer, so the writer can hand it to
-   * O_DIRECT as is (no staging copy). NULL for a layer copied tensor by tensor. */
-  char **blob;
-  uint64_t *blob_len;
-  size_t *blob_hdr;
 };
-
-/* Lays layer i out in file order into one pooled buffer and points d's tensors into it.
- * Returns 1 when done, 0 when the layer is copied the ordinary way (nothing changed). */
-static int layout_layer(kvti_snapshot *s, uint32_t i, const kvt_layer *src, kvt_layer *d,
-                        int has_quant) {
-  kvti_layer_out p;
-  if (kvti_layer_plan(&p, src, i, KVT_STORAGE_NATIVE, has_quant, 0) != 0) {
-    kvt_clear_error();
-    return 0;
-  }
-  int done = 0;
-  uint32_t nt = src->num_tensors;
-  char *hdr = NULL;
-  size_t hl = 0, *order = kvti_calloc(nt ? nt : 1, sizeof *order);
-  uint64_t total = 0;
-  int same = order && p.n == nt;
-  for (uint32_t j = 0; same && j < nt; j++) {
-    same = p.tensors[j].nbytes == src->tensors[j].nbytes &&
-           p.tensors[j].dtype == src->tensors[j].dtype;
-    total += src->tensors[j].nbytes;
-  }
-  if (same && kvti_layer_out_header(&hdr, &hl, order, &p) == 0) {
-    char *blob = kvti_buf_alloc((size_t)(hl + total));
-    if (blob) {
-      memcpy(blob, hdr, hl);
-      uint64_t pos = hl;
-      for (uint32_t k = 0; k < nt; k++) {
-        const kvt_tensor *t = &src->tensors[order[k]];
-        if (t->nbytes)
-          memcpy(blob + pos, t->data, (size_t)t->nbytes);
-        d->tensors[order[k]].data = blob + pos;
-        pos += t->nbytes;
-      }
-      s->blob[i] = blob;
-      s->blob_len[i] = hl + total;
-      s->blob_hdr[i] = hl;
-      s->held += total; /* tensor bytes, as the per-tensor copy counts them */
-      d->num_tensors = nt;
-      done = 1;
-    }
-  }
-  if (!done)
-    kvt_clear_error();
-  kvti_free(hdr);
-  kvti_free(order);
-  kvti_layer_out_free(&p);
-  return done;
-}
 
 void kvti_snapshot_free(kvti_snapshot *s) {
   if (!s)
     return;
   for (uint32_t i = 0; s->layers && i < s->n_layers; i++) {
     kvt_layer *l = &s->layers[i];
-    if (s->blob && s->blob[i])
-      kvti_buf_free(s->blob[i]);
-    else if (s->copy && l->tensors)
+    if (s->copy && l->tensors)
       for (uint32_t j = 0; j < l->num_tensors; j++)
         kvti_buf_free(l->tensors[j].data);
     kvti_free(l->tensors);
@@ -169,9 +113,6 @@ void kvti_snapshot_free(kvti_snapshot *s) {
   }
   kvti_free(s->layers);
   kvti_free(s->tokens);
-  kvti_free(s->blob);
-  kvti_free(s->blob_len);
-  kvti_free(s->blob_hdr);
   if (s->release)
     s->release(s->release_ctx);
   kvti_free(s);
@@ -221,18 +162,6 @@ int kvti_snapshot_create(kvti_snapshot **out, const int32_t *tokens,
   if (n_tokens)
     memcpy(s->tokens, tokens, n_tokens * sizeof(int32_t));
   s->held = n_tokens * sizeof(int32_t);
-  int any_quant = 0;
-  for (uint32_t i = 0; i < n_layers; i++)
-    any_quant |= layers[i].kind == KVT_LAYER_QUANTIZED_KV;
-  if (copy) {
-    s->blob = kvti_calloc(n_layers ? n_layers : 1, sizeof *s->blob);
-    s->blob_len = kvti_calloc(n_layers ? n_layers : 1, sizeof *s->blob_len);
-    s->blob_hdr = kvti_calloc(n_layers ? n_layers : 1, sizeof *s->blob_hdr);
-    if (!s->blob || !s->blob_len || !s->blob_hdr) {
-      rc = KVT_ERR_NOMEM();
-      goto fail;
-    }
-  }
   for (uint32_t i = 0; i < n_layers; i++) {
     const kvt_layer *src = &layers[i];
     kvt_layer *d = &s->layers[i];
@@ -254,13 +183,6 @@ int kvti_snapshot_create(kvti_snapshot **out, const int32_t *tokens,
         goto fail;
       }
       memcpy(d->orig_dtypes, src->orig_dtypes, nt * sizeof(int32_t));
-    }
-    for (uint32_t j = 0; j < nt; j++)
-      d->tensors[j] = src->tensors[j];
-    if (copy && layout_layer(s, i, src, d, any_quant)) {
-      if (src->kind == KVT_LAYER_QUANTIZED_KV)
-        s->has_quant = 1;
-      continue;
     }
     for (uint32_t j = 0; j < nt; j++) {
       d->tensors[j] = src->tensors[j];
@@ -404,35 +326,6 @@ static int write_small(uint64_t *xxh, kvti_wgroup *g, const char *dir,
   return rc;
 }
 
-/* The snapshot's file-order buffer of layer i is exactly the file the plan describes (same
- * header: the tensors did not change between snapshot and write). */
-static int blob_matches(const kvti_snapshot *s, uint32_t i, const kvti_layer_out *p) {
-  char *hdr = NULL;
-  size_t hl = 0;
-  size_t *order = kvti_calloc(p->n ? p->n : 1, sizeof *order);
-  int ok = order && kvti_layer_out_header(&hdr, &hl, order, p) == 0 &&
-           hl == s->blob_hdr[i] && memcmp(hdr, s->blob[i], hl) == 0;
-  kvti_free(hdr);
-  kvti_free(order);
-  if (!ok)
-    kvt_clear_error();
-  return ok;
-}
-
-/* Writes layer i straight from the snapshot's file-order buffer (no staging copy). */
-static int write_blob(uint64_t *size, uint64_t *xxh, kvti_wgroup *g, const char *path,
-                      const kvti_snapshot *s, uint32_t i, const kvti_write_opts *o) {
-  kvti_fwriter_opts fo = KVTI_FWRITER_OPTS_INIT;
-  fo.size_hint = s->blob_len[i];
-  fo.file_mode = o->file_mode;
-  fo.excl = 1;
-  kvti_fwriter *w = NULL;
-  int rc = kvti_wgroup_file(&w, g, path, &fo);
-  if (rc == 0)
-    rc = kvti_fwriter_put_buffer(w, s->blob[i], (size_t)s->blob_len[i], size, xxh);
-  return rc;
-}
-
 int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
                      const kvti_snapshot *s, const kvti_write_opts *o) {
   if (!data_dir || !s || !o || !kvti_is_hash_name(s->hash))
@@ -481,14 +374,9 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
     snprintf(name, sizeof name, "layer_%u.safetensors", i);
     char *lp = kvti_path_join(tmp, name);
     uint64_t sz = 0;
-    if (!lp)
-      rc = KVT_ENOMEM;
-    else if (mode == KVT_STORAGE_NATIVE && s->blob && s->blob[i] &&
-             blob_matches(s, i, &p))
-      rc = write_blob(&sz, &sums[i], g, lp, s, i, o);
-    else
-      rc = kvti_layer_write_file(&sz, &sums[i], lp, &p, o->file_mode, o->do_fsync, 0,
-                                 o->io_backend, g);
+    rc = lp ? kvti_layer_write_file(&sz, &sums[i], lp, &p, o->file_mode,
+                                    o->do_fsync, 0, o->io_backend, g)
+            : KVT_ENOMEM;
     kvti_free(lp);
     metas[i] = p.meta_json;
     p.meta_json = NULL;

@@ -23,10 +23,9 @@
 
 #define NSTAGE 8
 #define STAGE ((size_t)1 << 20)
-/* Copy+hash granularity: a piece stays in L1/L2 between its copy and its hash.
- */
+/* Copy+hash granularity: a piece stays in L1/L2 between its copy and its hash. */
 #define PIECE ((size_t)64 << 10)
-#define MAX_OPEN 64 /* files kept open before a checkpoint */
+#define MAX_OPEN 64  /* files kept open before a checkpoint */
 
 struct kvti_fwriter {
   kvti_wgroup *g;
@@ -38,8 +37,6 @@ struct kvti_fwriter {
   uint64_t prealloc;
   int closed;
   int own_group; /* made by kvti_fwriter_open */
-  kvti_iob_req
-      zreq; /* kvti_fwriter_put_buffer's write (in flight until settle) */
   struct kvti_fwriter *next;
 };
 
@@ -291,34 +288,6 @@ int kvti_fwriter_close(kvti_fwriter *w, uint64_t *size, uint64_t *xxh3) {
   g->cur = NULL;
   if (size)
     *size = total;
-  if (xxh3)
-    *xxh3 = w->h ? kvti_xxh3_digest(w->h) : 0;
-  return 0;
-}
-
-int kvti_fwriter_put_buffer(kvti_fwriter *w, const void *buf, size_t len,
-                            uint64_t *size, uint64_t *xxh3) {
-  kvti_wgroup *g = w->g;
-  if (g->err)
-    return g->err;
-  if (w->closed || g->cur != w || w->off || w->fill ||
-      ((uintptr_t)buf & (KVTI_IOB_ALIGN - 1))) {
-    /* Not the whole of a fresh file from an aligned buffer: the staged path. */
-    int rc = kvti_fwriter_append(w, buf, len);
-    return rc ? rc : kvti_fwriter_close(w, size, xxh3);
-  }
-  if (w->h) /* one pass over the buffer, ahead of the write */
-    kvti_xxh3_update(w->h, buf, len);
-  w->zreq = (kvti_iob_req){w->fd, w->dfd, 1, (void *)buf, len, 0,   0,
-                           0,     0,      0, 0,           0,   NULL};
-  int rc = kvti_iobatch_push(g->b, &w->zreq, 0, w->path);
-  if (rc)
-    return g->err = rc;
-  w->off = len;
-  w->closed = 1;
-  g->cur = NULL;
-  if (size)
-    *size = len;
   if (xxh3)
     *xxh3 = w->h ? kvti_xxh3_digest(w->h) : 0;
   return 0;

@@ -56,13 +56,6 @@ int kvti_wgroup_file(kvti_fwriter **out, kvti_wgroup *g, const char *path,
  * receive its size and checksum now; the writes complete by kvti_wgroup_finish.
  */
 int kvti_fwriter_close(kvti_fwriter *w, uint64_t *size, uint64_t *xxh3);
-/* Zero-copy alternative to append + close for a whole file: writes buf[0, len)
- * as the complete content of the fresh file w (hashing it first) straight from
- * buf - O_DIRECT for its aligned part - and closes w. buf must stay unchanged
- * until kvti_wgroup_finish/abort returns. Falls back to append + close when buf
- * is not 4096-aligned or w already has bytes. */
-int kvti_fwriter_put_buffer(kvti_fwriter *w, const void *buf, size_t len,
-                            uint64_t *size, uint64_t *xxh3);
 /* Waits for every write, trims preallocation beyond each file's size, fsyncs
  * every file (when the group was opened with do_fsync), closes them and frees
  * the group. On failure every file of the group is removed. Returns 0 or the

@@ -504,26 +504,6 @@ static kvti_st_item *items_of(const kvti_layer_out *p) {
   return it;
 }
 
-int kvti_layer_out_header(char **hdr, size_t *hdr_len, size_t *order, const kvti_layer_out *p) {
-  kvti_st_item *it = items_of(p);
-  kvt_tensor *tmp = kvti_calloc(p->n ? p->n : 1, sizeof *tmp);
-  int rc = 0;
-  if (!it || !tmp) {
-    rc = KVT_ERR_NOMEM();
-  } else {
-    static char dummy; /* descriptors only: the data is not looked at */
-    for (uint32_t j = 0; j < p->n; j++) {
-      tmp[j] = p->tensors[j];
-      tmp[j].data = &dummy;
-      it[j].t = &tmp[j];
-    }
-    rc = kvti_st_build_header(hdr, hdr_len, order, it, p->n, NULL, 0);
-  }
-  kvti_free(tmp);
-  kvti_free(it);
-  return rc;
-}
-
 uint64_t kvti_layer_out_file_size(const kvti_layer_out *p) {
   kvti_st_item *it = items_of(p);
   if (!it)

@@ -49,11 +49,6 @@ int kvti_layer_plan(kvti_layer_out *p, const kvt_layer *l, uint32_t idx,
                     int mode, int entry_has_quant, int materialize);
 void kvti_layer_out_free(kvti_layer_out *p);
 
-/* The safetensors header bytes (8-byte length + padded JSON, *hdr kvti_malloc'ed) of the file
- * kvti_layer_write_file would write for p, and the file order of its tensors (order[i] = index
- * into p->tensors; caller array of p->n). Descriptors only. Returns 0, KVT_EINVAL, KVT_ENOMEM. */
-int kvti_layer_out_header(char **hdr, size_t *hdr_len, size_t *order, const kvti_layer_out *p);
-
 /* Bytes the layer file will have (0 with the error set on failure). */
 uint64_t kvti_layer_out_file_size(const kvti_layer_out *p);
 
