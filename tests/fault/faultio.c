@@ -1,8 +1,9 @@
 /*
- * faultio.c - implementation of the fault-injecting I/O table (see faultio.h). Every wrapper
- * bumps its operation's counter, asks should_fail() whether this call is the armed one, and
- * otherwise forwards to kvti_io_default. Short transfers forward a shortened request, so the
- * bytes that were transferred are real.
+ * faultio.c - implementation of the fault-injecting I/O table (see faultio.h).
+ * Every wrapper bumps its operation's counter, asks should_fail() whether this
+ * call is the armed one, and otherwise forwards to kvti_io_default. Short
+ * transfers forward a shortened request, so the bytes that were transferred are
+ * real.
  */
 #include "faultio.h"
 #include "io.h"
@@ -19,15 +20,16 @@ static atomic_int g_kind, g_err, g_sticky;
 static atomic_uint_fast64_t g_fired, g_total;
 
 static const char *const g_names[FIO_NOPS] = {
-    "open",   "close", "pread",  "pwrite",   "fsync",   "ftruncate",
-    "fstat",  "lstat", "rename", "mkdir",    "rmdir",   "unlink",
-    "chmod",  "opendir", "readdir", "closedir", "rename_exchange", "alloc"};
+    "open",  "close",   "pread",   "pwrite",   "fsync",           "ftruncate",
+    "fstat", "lstat",   "rename",  "mkdir",    "rmdir",           "unlink",
+    "chmod", "opendir", "readdir", "closedir", "rename_exchange", "alloc"};
 
 const char *fio_op_name(fio_op op) {
   return op >= 0 && op < FIO_NOPS ? g_names[op] : "?";
 }
 
-/* Returns the fault kind + 1 for a call that must fail (errno set for errno faults), else 0. */
+/* Returns the fault kind + 1 for a call that must fail (errno set for errno
+ * faults), else 0. */
 static int should_fail(fio_op op) {
   uint64_t k = atomic_fetch_add(&g_count[op], 1) + 1;
   if (atomic_load(&g_op) != (int)op)
@@ -50,7 +52,8 @@ static int w_open(const char *p, int f, mode_t m) {
 }
 static int w_close(int fd) {
   if (FAIL_ERRNO(FIO_CLOSE)) {
-    /* A failed close still releases the descriptor on Linux: do that, or the fd leaks. */
+    /* A failed close still releases the descriptor on Linux: do that, or the fd
+     * leaks. */
     int e = errno;
     kvti_io_default.close(fd);
     errno = e;
@@ -117,7 +120,9 @@ static int w_closedir(DIR *d) {
   return kvti_io_default.closedir(d);
 }
 static atomic_int g_noexch;
-void fio_set_no_exchange(int on) { atomic_store(&g_noexch, on); }
+void fio_set_no_exchange(int on) {
+  atomic_store(&g_noexch, on);
+}
 
 static int w_rename_exchange(const char *a, const char *b) {
   if (atomic_load(&g_noexch)) {
@@ -141,7 +146,9 @@ static void *w_calloc(size_t n, size_t s) {
 static void *w_realloc(void *p, size_t n) {
   return FAIL_ERRNO(FIO_ALLOC) ? NULL : kvti_io_default.realloc(p, n);
 }
-static void w_free(void *p) { kvti_io_default.free(p); }
+static void w_free(void *p) {
+  kvti_io_default.free(p);
+}
 
 void fio_reset(void) {
   for (int i = 0; i < FIO_NOPS; i++)
@@ -152,13 +159,27 @@ void fio_reset(void) {
 
 void fio_install(void) {
   g_ops = (kvti_io_ops){
-      .open = w_open,         .close = w_close,       .pread = w_pread,
-      .pwrite = w_pwrite,     .fsync = w_fsync,       .ftruncate = w_ftruncate,
-      .fstat = w_fstat,       .lstat = w_lstat,       .rename = w_rename,
-      .mkdir = w_mkdir,       .rmdir = w_rmdir,       .unlink = w_unlink,
-      .chmod = w_chmod,       .opendir = w_opendir,   .readdir = w_readdir,
-      .closedir = w_closedir, .malloc = w_malloc,     .calloc = w_calloc,
-      .realloc = w_realloc,   .free = w_free,         .rename_exchange = w_rename_exchange,
+      .open = w_open,
+      .close = w_close,
+      .pread = w_pread,
+      .pwrite = w_pwrite,
+      .fsync = w_fsync,
+      .ftruncate = w_ftruncate,
+      .fstat = w_fstat,
+      .lstat = w_lstat,
+      .rename = w_rename,
+      .mkdir = w_mkdir,
+      .rmdir = w_rmdir,
+      .unlink = w_unlink,
+      .chmod = w_chmod,
+      .opendir = w_opendir,
+      .readdir = w_readdir,
+      .closedir = w_closedir,
+      .malloc = w_malloc,
+      .calloc = w_calloc,
+      .realloc = w_realloc,
+      .free = w_free,
+      .rename_exchange = w_rename_exchange,
   };
   fio_reset();
   kvti_io_set(&g_ops);
@@ -181,7 +202,15 @@ void fio_arm(fio_op op, uint64_t nth, fio_kind kind, int err, int sticky) {
   atomic_store(&g_op, (int)op);
 }
 
-void fio_disarm(void) { atomic_store(&g_op, -1); }
-uint64_t fio_fired(void) { return atomic_load(&g_fired); }
-uint64_t fio_count(fio_op op) { return atomic_load(&g_count[op]); }
-uint64_t fio_total_injected(void) { return atomic_load(&g_total); }
+void fio_disarm(void) {
+  atomic_store(&g_op, -1);
+}
+uint64_t fio_fired(void) {
+  return atomic_load(&g_fired);
+}
+uint64_t fio_count(fio_op op) {
+  return atomic_load(&g_count[op]);
+}
+uint64_t fio_total_injected(void) {
+  return atomic_load(&g_total);
+}

@@ -1,8 +1,9 @@
 /*
- * rel_common.h - helpers shared by the reliability tests (fault injection, crash simulation,
- * corruption campaign): a seeded entry of mixed layer kinds, writing it through the format
- * code, reading it back and comparing bit for bit, and directory inspection (tmp leftovers,
- * entry names). Header-only so each test stays one executable.
+ * rel_common.h - helpers shared by the reliability tests (fault injection,
+ * crash simulation, corruption campaign): a seeded entry of mixed layer kinds,
+ * writing it through the format code, reading it back and comparing bit for
+ * bit, and directory inspection (tmp leftovers, entry names). Header-only so
+ * each test stays one executable.
  */
 #ifndef KVT_REL_COMMON_H
 #define KVT_REL_COMMON_H
@@ -26,8 +27,9 @@ typedef struct r_entry {
   char hash[KVT_HASH_HEX_LEN + 1];
 } r_entry;
 
-/* Seeded entry: a KV F16 layer, a BF16 KV layer, an ARRAYS layer and (quant) a 4-bit
- * quantized layer. Small: a few KB in all, so loops over every call site stay fast. */
+/* Seeded entry: a KV F16 layer, a BF16 KV layer, an ARRAYS layer and (quant) a
+ * 4-bit quantized layer. Small: a few KB in all, so loops over every call site
+ * stay fast. */
 static inline r_entry r_make(uint64_t seed, size_t n_tokens, int quant) {
   kvt_rng r = {seed};
   r_entry e;
@@ -61,12 +63,13 @@ static inline void r_free(r_entry *e) {
   memset(e, 0, sizeof *e);
 }
 
-/* Writes e into data_dir through kvti_entry_write (snapshot included, so allocation faults
- * also hit the snapshot copy). */
-static inline int r_write(const char *data_dir, const r_entry *e, int mode, int do_fsync) {
+/* Writes e into data_dir through kvti_entry_write (snapshot included, so
+ * allocation faults also hit the snapshot copy). */
+static inline int r_write(const char *data_dir, const r_entry *e, int mode,
+                          int do_fsync) {
   kvti_snapshot *s = NULL;
-  int rc = kvti_snapshot_create(&s, e->tokens, e->n_tokens, e->layers, e->n_layers, 777, 1,
-                                NULL, NULL);
+  int rc = kvti_snapshot_create(&s, e->tokens, e->n_tokens, e->layers,
+                                e->n_layers, 777, 1, NULL, NULL);
   if (rc)
     return rc;
   kvti_write_opts o = {mode, do_fsync, 0600, 0700};
@@ -90,8 +93,8 @@ static inline int r_same(const kvt_entry *got, const r_entry *e) {
   return 1;
 }
 
-/* Reads data_dir/<e.hash> and returns the read's code; *same receives whether the data equals
- * e (only meaningful on 0). */
+/* Reads data_dir/<e.hash> and returns the read's code; *same receives whether
+ * the data equals e (only meaningful on 0). */
 static inline int r_read(const char *data_dir, const r_entry *e, int *same) {
   kvt_entry *got = NULL;
   kvti_read_opts o;
@@ -156,9 +159,72 @@ static inline long r_env_long(const char *name, long def) {
   return *end ? def : x;
 }
 
-/* Puts the test's temporary directories on tmpfs (/dev/shm) when available: the reliability
- * loops inject their own fsync failures and simulate power loss at the seam, so real fsyncs
- * to disk would only cost time. KVT_REL_TMPDIR overrides (e.g. to test a real file system). */
+/* ---- damage ------------------------------------------------------------ */
+
+enum { R_FLIP, R_TRUNCATE, R_ZERO, R_EXTEND, R_NKINDS };
+static const char *const r_kind_names[R_NKINDS] = {"flip", "truncate", "zero",
+                                                   "extend"};
+
+/* Damages the file at path in one of four ways (kind < 0: random): flip 1-8
+ * random bytes (xor with a non-zero value), truncate to a random shorter
+ * length, zero a random range, or append 1-64 random bytes. Returns 1 when the
+ * bytes changed, 0 when the damage happened to leave the file identical
+ * (zeroing zeros, truncating an empty file), -1 on error. *orig / *orig_len
+ * receive the original bytes (malloc'ed) so the caller can restore them. */
+static inline int r_damage(const char *path, kvt_rng *rng, int kind,
+                           char **orig, size_t *orig_len, int *kind_out) {
+  size_t n = 0;
+  char *b = t_read_all(path, &n);
+  if (!b)
+    return -1;
+  if (kind < 0)
+    kind = (int)(kvt_rng_next(rng) % R_NKINDS);
+  if (n == 0 && kind != R_EXTEND)
+    kind = R_EXTEND;
+  if (kind_out)
+    *kind_out = kind;
+  char *m = malloc(n + 64 + 1);
+  memcpy(m, b, n);
+  size_t mn = n;
+  switch (kind) {
+  case R_FLIP: {
+    int k = 1 + (int)(kvt_rng_next(rng) % 8);
+    for (int i = 0; i < k; i++) {
+      size_t at = (size_t)(kvt_rng_next(rng) % n);
+      unsigned char x = (unsigned char)(1 + kvt_rng_next(rng) % 255);
+      m[at] = (char)(m[at] ^ x);
+    }
+    break;
+  }
+  case R_TRUNCATE:
+    mn = (size_t)(kvt_rng_next(rng) % n);
+    break;
+  case R_ZERO: {
+    size_t at = (size_t)(kvt_rng_next(rng) % n);
+    size_t len =
+        1 + (size_t)(kvt_rng_next(rng) % (n - at < 256 ? n - at : 256));
+    memset(m + at, 0, len);
+    break;
+  }
+  default: {
+    size_t len = 1 + (size_t)(kvt_rng_next(rng) % 64);
+    kvt_rng_fill(rng, m + n, len);
+    mn = n + len;
+    break;
+  }
+  }
+  int changed = mn != n || memcmp(m, b, n) != 0;
+  int rc = t_write_all(path, m, mn) == 0 ? changed : -1;
+  free(m);
+  *orig = b;
+  *orig_len = n;
+  return rc;
+}
+
+/* Puts the test's temporary directories on tmpfs (/dev/shm) when available: the
+ * reliability loops inject their own fsync failures and simulate power loss at
+ * the seam, so real fsyncs to disk would only cost time. KVT_REL_TMPDIR
+ * overrides (e.g. to test a real file system). */
 static inline void r_use_fast_tmp(void) {
   const char *o = getenv("KVT_REL_TMPDIR");
   if (o && *o) {
