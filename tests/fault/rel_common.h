@@ -159,6 +159,34 @@ static inline long r_env_long(const char *name, long def) {
   return *end ? def : x;
 }
 
+/* Copies a tree of directories and regular files (cp -r without links or
+ * modes). */
+static inline void r_copy_tree(const char *from, const char *to) {
+  struct stat st;
+  if (lstat(from, &st) != 0)
+    return;
+  if (S_ISDIR(st.st_mode)) {
+    mkdir(to, 0700);
+    DIR *d = opendir(from);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+      if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+        continue;
+      char a[4200], b[4200];
+      snprintf(a, sizeof a, "%s/%s", from, de->d_name);
+      snprintf(b, sizeof b, "%s/%s", to, de->d_name);
+      r_copy_tree(a, b);
+    }
+    closedir(d);
+  } else {
+    size_t n = 0;
+    char *buf = t_read_all(from, &n);
+    REQUIRE(buf);
+    REQUIRE(t_write_all(to, buf, n) == 0);
+    free(buf);
+  }
+}
+
 /* ---- damage ------------------------------------------------------------ */
 
 enum { R_FLIP, R_TRUNCATE, R_ZERO, R_EXTEND, R_NKINDS };

@@ -192,32 +192,6 @@ static void remap(char *out, size_t cap, const char *p) {
              p); /* never happens: all entry I/O is under data/ */
 }
 
-static void copy_tree(const char *from, const char *to) {
-  struct stat st;
-  if (lstat(from, &st) != 0)
-    return;
-  if (S_ISDIR(st.st_mode)) {
-    mkdir(to, 0700);
-    DIR *d = opendir(from);
-    struct dirent *de;
-    while ((de = readdir(d))) {
-      if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-        continue;
-      char a[4200], b[4200];
-      snprintf(a, sizeof a, "%s/%s", from, de->d_name);
-      snprintf(b, sizeof b, "%s/%s", to, de->d_name);
-      copy_tree(a, b);
-    }
-    closedir(d);
-  } else {
-    size_t n = 0;
-    char *buf = t_read_all(from, &n);
-    REQUIRE(buf);
-    REQUIRE(t_write_all(to, buf, n) == 0);
-    free(buf);
-  }
-}
-
 static int is_ns(int k) {
   return k == OP_MKDIR || k == OP_CREATE || k == OP_RENAME || k == OP_EXCH ||
          k == OP_UNLINK || k == OP_RMDIR;
@@ -228,7 +202,7 @@ static int is_ns(int k) {
  */
 static void replay(size_t K, kvt_rng *rng) {
   kvt_test_rmtree(g_replay);
-  copy_tree(g_base, g_replay);
+  r_copy_tree(g_base, g_replay);
   char *durable = calloc(K + 1, 1), *apply = calloc(K + 1, 1);
   for (size_t i = 0; i < K; i++) {
     sim_op *o = &g_log[i];
@@ -363,7 +337,7 @@ static uint64_t campaign(const r_entry *old, const r_entry *neu, int replace,
   if (replace)
     REQUIRE(r_write(g_base, old, KVT_STORAGE_NATIVE, 1) == 0);
   kvt_test_rmtree(g_live);
-  copy_tree(g_base, g_live);
+  r_copy_tree(g_base, g_live);
   log_clear();
   rec_install();
   int rc = r_write(g_live, neu, KVT_STORAGE_NATIVE, do_fsync);

@@ -1,0 +1,267 @@
+/*
+ * test_fault_tier.c - fault injection through the whole tier. A pristine cache
+ * directory holds E1, E2 and a corrupt E4. For each fault (EIO, ENOSPC, a full
+ * disk, EINTR, short transfers, fsync and rename failures, allocation failure)
+ * and each call site of that operation in turn, one run under the fault does:
+ * open, start the writer, spill E3 (new) and E1' (a replacement of E1), flush,
+ * promote E2, promote the corrupt E4 (quarantine), reconcile, close. Asserted
+ * after each run: no crash or leak (sanitizer builds); failures come back as
+ * error codes with a message and are counted (write_failures for failed spills,
+ * promotion_failures for failed promotes); EINTR and short transfers change
+ * nothing; the corrupt entry is never served; and after a clean reopen: no
+ * temporaries, every row verifies, every directory has a row, E2 (never written
+ * under the fault) is still there and intact - a transient fault never makes
+ * the tier drop or quarantine a good entry -, E3 and E1' are there exactly when
+ * their spill was reported written, and E1 otherwise keeps its old version.
+ * KVT_FAULT_TIER_STRIDE (default 1) fails only every Nth call site, to shorten
+ * the run.
+ */
+#include "faultio.h"
+#include "rel_tier.h"
+
+static char g_pristine[4096], g_dir[4096];
+static t_entry E1, E1v, E2, E3, E4;
+static uint64_t g_runs, g_write_failed, g_promote_failed, g_open_failed,
+    g_replace_lost;
+
+static int code_ok(int rc) {
+  return rc == KVT_EIO || rc == KVT_ENOSPC || rc == KVT_ENOMEM ||
+         rc == KVT_EPERM || rc == KVT_ENOTFOUND || rc == KVT_EDB;
+}
+
+static void make_pristine(void) {
+  kvt_options o = rel_opts(g_pristine, KVT_DURABILITY_FSYNC);
+  kvt_tier *t = t_open(&o);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  REQUIRE(t_spill(t, &E1) == 0 && t_spill(t, &E2) == 0 && t_spill(t, &E4) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  char *f = t_entry_path(t, E4.tokens, E4.n_tokens, "layer_1.safetensors");
+  REQUIRE(t_flip(f, -3) == 0);
+  free(f);
+  REQUIRE(kvt_tier_close(t, -1) == 0);
+  kvt_tier_free(t);
+}
+
+typedef struct fault {
+  fio_op op;
+  fio_kind kind;
+  int err;
+  int sticky;
+} fault;
+
+static int transparent(const fault *f) {
+  return f->kind == FIO_FAIL_SHORT || f->err == EINTR;
+}
+
+/* Promotes e on t; 0 + same data, or the promote's code. */
+static int promote_same(kvt_tier *t, const t_entry *e, int *same) {
+  kvt_entry *got = NULL;
+  int rc = kvt_tier_promote(&got, t, e->tokens, e->n_tokens, NULL);
+  *same = rc == 0 && got && t_same(got, e);
+  CHECK(rc == 0 || got == NULL);
+  kvt_entry_free(got);
+  return rc;
+}
+
+static int hash_of(char h[65], const t_entry *e) {
+  return kvt_token_hash(h, e->tokens, e->n_tokens);
+}
+
+/* One run under the fault; returns whether it fired. */
+static int run_once(const fault *f, uint64_t nth) {
+  kvt_test_rmtree(g_dir);
+  r_copy_tree(g_pristine, g_dir);
+  chmod(g_dir, 0700);
+  rel_done done;
+  memset(&done, 0, sizeof done);
+  pthread_mutex_init(&done.mu, NULL);
+  kvt_options o = rel_opts(g_dir, KVT_DURABILITY_FSYNC);
+  o.spill_done_fn = rel_done_fn;
+  o.spill_done_ctx = &done;
+  fio_install();
+  fio_arm(f->op, nth, f->kind, f->err, f->sticky);
+  kvt_clear_error();
+  kvt_tier *t = NULL;
+  int rc_open = kvt_tier_open(&t, &o), rc_p2 = 1, rc_p4 = 1, same2 = 0,
+      same4 = 0;
+  kvt_stats st;
+  memset(&st, 0, sizeof st);
+  if (rc_open == 0) {
+    kvt_tier_start_writer(t);
+    int s3 = t_spill(t, &E3), s1 = t_spill(t, &E1v);
+    CHECK(s3 == 0 || s3 == KVT_ENOMEM);
+    CHECK(s1 == 0 || s1 == KVT_ENOMEM);
+    kvt_tier_flush(t, 20000);
+    rc_p2 = promote_same(t, &E2, &same2);
+    rc_p4 = promote_same(t, &E4, &same4);
+    kvt_tier_reconcile(t);
+    CHECK_EQ_INT(kvt_tier_stats(&st, t), 0);
+    kvt_tier_close(t, 20000);
+    kvt_tier_free(t);
+  } else {
+    g_open_failed++;
+    CHECK(t == NULL);
+    CHECK(kvt_last_error()[0] != '\0');
+    if (!code_ok(rc_open))
+      fprintf(stderr, "  %s #%llu: open returned %d (%s)\n", fio_op_name(f->op),
+              (unsigned long long)nth, rc_open, kvt_last_error());
+    CHECK(code_ok(rc_open));
+  }
+  uint64_t fired = fio_fired();
+  fio_remove();
+  g_runs++;
+  char h1[65], h3[65];
+  hash_of(h1, &E1v);
+  hash_of(h3, &E3);
+  int st1 = rel_done_status(&done, h1), st3 = rel_done_status(&done, h3);
+  if (fired && transparent(f)) {
+    CHECK_EQ_INT(rc_open, 0);
+    CHECK_EQ_INT(st1, 0);
+    CHECK_EQ_INT(st3, 0);
+    CHECK_EQ_INT(rc_p2, 0);
+  }
+  if (rc_open == 0) {
+    /* Counted: each failed spill in write_failures, each failed promote in
+     * promotion_failures. */
+    uint64_t wf = (uint64_t)(st1 < 0) + (uint64_t)(st3 < 0);
+    g_write_failed += wf;
+    CHECK(st.write_failures >= wf);
+    if (rc_p2 != 0) {
+      g_promote_failed++;
+      CHECK(code_ok(rc_p2));
+      CHECK(st.promotion_failures >= 1);
+    } else {
+      CHECK(same2);
+    }
+    CHECK(rc_p4 != 0); /* the corrupt entry is never served */
+    if (rc_p4 == KVT_ECORRUPT)
+      CHECK(st.promotion_failures >= 1);
+  }
+  /* After a clean reopen. */
+  int before = kvt_test_failures;
+  char h4[65];
+  hash_of(h4, &E4);
+  rel_check_dir(g_dir, h4);
+  kvt_options o2 = rel_opts(g_dir, KVT_DURABILITY_NONE);
+  kvt_tier *t2 = t_open(&o2);
+  int same = 0, rc = promote_same(t2, &E2, &same);
+  if (rc != 0 || !same)
+    fprintf(stderr, "  E2 lost or damaged by a fault elsewhere: %d (%s)\n", rc,
+            kvt_last_error());
+  CHECK_EQ_INT(rc, 0);
+  CHECK(same);
+  rc = promote_same(t2, &E3, &same);
+  if (st3 == 0) {
+    CHECK_EQ_INT(rc, 0);
+    CHECK(same);
+  } else {
+    CHECK_EQ_INT(rc, KVT_ENOTFOUND);
+  }
+  rc = promote_same(t2, &E1v, &same);
+  if (st1 == 0) {
+    CHECK_EQ_INT(rc, 0);
+    CHECK(same);
+  } else if (rc == 0) {
+    CHECK(!same); /* not reported written: the old version */
+    CHECK_EQ_INT(promote_same(t2, &E1, &same), 0);
+    CHECK(same);
+  } else {
+    /* A replace that failed after the exchange (index row not written) removes
+     * both versions, so that no unindexed files remain; the spill was reported
+     * failed. */
+    CHECK(st1 < 0);
+    CHECK_EQ_INT(rc, KVT_ENOTFOUND);
+    g_replace_lost++;
+  }
+  rc = promote_same(t2, &E4, &same);
+  CHECK(rc != 0);
+  kvt_tier_close(t2, -1);
+  kvt_tier_free(t2);
+  if (kvt_test_failures != before)
+    fprintf(stderr, "  (after %s %s #%llu%s)\n", fio_op_name(f->op),
+            f->kind == FIO_FAIL_SHORT ? "short" : strerror(f->err),
+            (unsigned long long)nth, f->sticky ? " sticky" : "");
+  pthread_mutex_destroy(&done.mu);
+  return fired != 0;
+}
+
+static const fault g_faults[] = {
+    {FIO_OPEN, FIO_FAIL_ERRNO, EIO, 0},
+    {FIO_OPEN, FIO_FAIL_ERRNO, EINTR, 0},
+    {FIO_CLOSE, FIO_FAIL_ERRNO, EIO, 0},
+    {FIO_PREAD, FIO_FAIL_ERRNO, EIO, 0},
+    {FIO_PREAD, FIO_FAIL_SHORT, 0, 1},
+    {FIO_PWRITE, FIO_FAIL_ERRNO, ENOSPC, 0},
+    {FIO_PWRITE, FIO_FAIL_ERRNO, ENOSPC, 1},
+    {FIO_PWRITE, FIO_FAIL_ERRNO, EINTR, 0},
+    {FIO_PWRITE, FIO_FAIL_SHORT, 0, 1},
+    {FIO_FSYNC, FIO_FAIL_ERRNO, EIO, 0},
+    {FIO_FSTAT, FIO_FAIL_ERRNO, EIO, 0},
+    {FIO_LSTAT, FIO_FAIL_ERRNO, EIO, 0},
+    {FIO_RENAME, FIO_FAIL_ERRNO, EIO, 0},
+    {FIO_MKDIR, FIO_FAIL_ERRNO, ENOSPC, 0},
+    {FIO_RMDIR, FIO_FAIL_ERRNO, EIO, 0},
+    {FIO_UNLINK, FIO_FAIL_ERRNO, EIO, 0},
+    {FIO_CHMOD, FIO_FAIL_ERRNO, EIO, 0},
+    {FIO_OPENDIR, FIO_FAIL_ERRNO, EIO, 0},
+    {FIO_READDIR, FIO_FAIL_ERRNO, EIO, 0},
+    {FIO_RENAME_EXCHANGE, FIO_FAIL_ERRNO, EIO, 0},
+    {FIO_PWRITE, FIO_FAIL_ERRNO, EIO, 0},
+    {FIO_FSYNC, FIO_FAIL_ERRNO, ENOSPC, 0},
+    {FIO_FSYNC, FIO_FAIL_ERRNO, EINTR, 0},
+    {FIO_PREAD, FIO_FAIL_ERRNO, EINTR, 0},
+    {FIO_PREAD, FIO_FAIL_ERRNO, EIO, 1},
+    {FIO_RENAME, FIO_FAIL_ERRNO, ENOSPC, 0},
+    {FIO_ALLOC, FIO_FAIL_ERRNO, ENOMEM, 0},
+};
+#define N_FAULTS (sizeof g_faults / sizeof g_faults[0])
+
+static void test_tier_faults(void) {
+  long stride = r_env_long("KVT_FAULT_TIER_STRIDE", 1);
+  if (stride < 1)
+    stride = 1;
+  uint64_t sites = 0;
+  for (size_t i = 0; i < N_FAULTS; i++) {
+    uint64_t n = 1, k = 0;
+    while (n < 20000 && run_once(&g_faults[i], n)) {
+      n += (uint64_t)stride;
+      k++;
+    }
+    sites += k;
+    fprintf(stderr, "  %-16s %-24s %4llu sites\n", fio_op_name(g_faults[i].op),
+            g_faults[i].kind == FIO_FAIL_SHORT ? "short"
+                                               : strerror(g_faults[i].err),
+            (unsigned long long)k);
+  }
+  fprintf(
+      stderr,
+      "tier: %llu runs over %llu call sites, %llu faults injected; %llu opens "
+      "failed, %llu spills failed (counted), %llu promotes failed (counted), "
+      "%llu "
+      "failed replaces removed the old version\n",
+      (unsigned long long)g_runs, (unsigned long long)sites,
+      (unsigned long long)fio_total_injected(),
+      (unsigned long long)g_open_failed, (unsigned long long)g_write_failed,
+      (unsigned long long)g_promote_failed, (unsigned long long)g_replace_lost);
+}
+
+int main(void) {
+  r_use_fast_tmp();
+  char *root = kvt_test_tmpdir("fault-tier");
+  snprintf(g_pristine, sizeof g_pristine, "%s/pristine", root);
+  snprintf(g_dir, sizeof g_dir, "%s/run", root);
+  E1 = t_make(1, 24, 2, 4, 8);
+  E1v = t_make(11, 24, 2, 4, 8);
+  memcpy(E1v.tokens, E1.tokens, 24 * sizeof(int32_t));
+  E2 = t_make(2, 30, 2, 4, 8);
+  E3 = t_make(3, 18, 3, 4, 8);
+  E4 = t_make(4, 20, 2, 4, 8);
+  make_pristine();
+  RUN(test_tier_faults);
+  t_free(&E1);
+  t_free(&E1v);
+  t_free(&E2);
+  t_free(&E3);
+  t_free(&E4);
+  return kvt_test_done();
+}
