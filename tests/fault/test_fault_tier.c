@@ -20,7 +20,8 @@
 #include "rel_tier.h"
 
 static char g_pristine[4096], g_dir[4096];
-static t_entry E1, E1v, E2, E3, E4;
+static t_entry E1, E1v, E2, E3, E4, E5, E6;
+static uint64_t g_last_quarantined, g_last_reconciled;
 static uint64_t g_runs, g_write_failed, g_promote_failed, g_open_failed,
     g_replace_lost;
 
@@ -38,8 +39,24 @@ static void make_pristine(void) {
   char *f = t_entry_path(t, E4.tokens, E4.n_tokens, "layer_1.safetensors");
   REQUIRE(t_flip(f, -3) == 0);
   free(f);
+  /* Debris for open's purge and reconcile to clean up under the faults: a row
+   * whose files are gone (E5), a data directory without a row (a copy of E2
+   * under E6's name), a stale tmp. */
+  REQUIRE(t_spill(t, &E5) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  char *d5 = t_entry_path(t, E5.tokens, E5.n_tokens, NULL);
+  char *d2 = t_entry_path(t, E2.tokens, E2.n_tokens, NULL);
+  char *d6 = t_entry_path(t, E6.tokens, E6.n_tokens, NULL);
   REQUIRE(kvt_tier_close(t, -1) == 0);
   kvt_tier_free(t);
+  kvt_test_rmtree(d5);
+  r_copy_tree(d2, d6);
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp", d6);
+  r_copy_tree(d2, tmp);
+  free(d5);
+  free(d2);
+  free(d6);
 }
 
 typedef struct fault {
@@ -96,6 +113,8 @@ static int run_once(const fault *f, uint64_t nth) {
     rc_p4 = promote_same(t, &E4, &same4);
     kvt_tier_reconcile(t);
     CHECK_EQ_INT(kvt_tier_stats(&st, t), 0);
+    g_last_quarantined = st.quarantined;
+    g_last_reconciled = st.reconciled;
     kvt_tier_close(t, 20000);
     kvt_tier_free(t);
   } else {
@@ -216,6 +235,29 @@ static const fault g_faults[] = {
 };
 #define N_FAULTS (sizeof g_faults / sizeof g_faults[0])
 
+/* The same run without a fault: everything succeeds, the corrupt entry is
+ * quarantined and counted, the debris is cleaned up (so the fault runs do
+ * exercise those paths). */
+static void test_baseline(void) {
+  fault none = {FIO_OPEN, FIO_FAIL_ERRNO, EIO, 0};
+  CHECK(!run_once(&none, 0));
+  kvt_options o = rel_opts(g_dir, KVT_DURABILITY_NONE);
+  kvt_tier *t = t_open(&o);
+  kvt_entry_info info;
+  CHECK_EQ_INT(kvt_tier_lookup(&info, t, E4.tokens, E4.n_tokens),
+               KVT_ENOTFOUND);
+  CHECK_EQ_INT(kvt_tier_lookup(&info, t, E5.tokens, E5.n_tokens),
+               KVT_ENOTFOUND);
+  CHECK_EQ_INT(kvt_tier_lookup(&info, t, E6.tokens, E6.n_tokens),
+               KVT_ENOTFOUND);
+  char *q = rel_path(g_dir, "quarantine", NULL);
+  CHECK_EQ_INT(r_count(q, NULL), 1);
+  free(q);
+  kvt_tier_free(t);
+  CHECK_EQ_INT(g_last_quarantined, 1);
+  CHECK(g_last_reconciled >= 2);
+}
+
 static void test_tier_faults(void) {
   long stride = r_env_long("KVT_FAULT_TIER_STRIDE", 1);
   if (stride < 1)
@@ -256,12 +298,17 @@ int main(void) {
   E2 = t_make(2, 30, 2, 4, 8);
   E3 = t_make(3, 18, 3, 4, 8);
   E4 = t_make(4, 20, 2, 4, 8);
+  E5 = t_make(5, 21, 2, 4, 8);
+  E6 = t_make(6, 22, 2, 4, 8);
   make_pristine();
+  RUN(test_baseline);
   RUN(test_tier_faults);
   t_free(&E1);
   t_free(&E1v);
   t_free(&E2);
   t_free(&E3);
   t_free(&E4);
+  t_free(&E5);
+  t_free(&E6);
   return kvt_test_done();
 }
