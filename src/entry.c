@@ -322,7 +322,7 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
   int mode = o->storage_mode;
   if (mode != KVT_STORAGE_NATIVE && mode != KVT_STORAGE_COMPAT)
     return KVT_ERR(KVT_EINVAL, "entry write: bad storage mode %d", mode);
-  int rc = 0, published = 0, exchanged = 0, tmp_made = 0;
+  int rc = 0, published = 0, exchanged = 0, tmp_made = 0, moved_aside = 0;
   uint64_t total = 0;
   char *tmp = suffixed(data_dir, s->hash, ".tmp");
   char *live = suffixed(data_dir, s->hash, "");
@@ -404,9 +404,10 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
       /* Portable fallback: old version aside, new into place. A crash between
        * the two renames leaves the old version complete at <hash>.old.tmp. */
       if ((rc = kvti_rmtree(old)) == 0 && (rc = kvti_rename(live, old)) == 0) {
+        moved_aside = 1;
         rc = kvti_rename(tmp, live);
-        if (rc)
-          kvti_io->rename(old, live);
+        if (rc && kvti_io->rename(old, live) == 0)
+          moved_aside = 0;
       }
     } else {
       rc = kvti_rename(tmp, live);
@@ -422,9 +423,8 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
         published = 0;
     } else if (kvti_io->rename(live, tmp) == 0) {
       published = 0;
-      struct stat st;
-      if (kvti_io->lstat(old, &st) == 0)
-        kvti_io->rename(old, live);
+      if (moved_aside && kvti_io->rename(old, live) == 0)
+        moved_aside = 0;
     }
     if (published) {
       /* could not undo: the new complete version stays; report success */
@@ -436,7 +436,7 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
   /* Remove the previous version (now at tmp after an exchange, or at old). */
   if (exchanged)
     kvti_rmtree(tmp);
-  else
+  else if (moved_aside)
     kvti_rmtree(old);
   if (disk_bytes)
     *disk_bytes = total;
@@ -447,6 +447,10 @@ out:
     kvti_rmtree(tmp);
     rc = keep;
   }
+  /* A vanished data/ (or file) is an I/O failure of the write, not "no such
+   * entry"; kvt_last_errno() still says ENOENT. */
+  if (rc == KVT_ENOTFOUND)
+    rc = KVT_EIO;
   for (uint32_t i = 0; metas && i < s->n_layers; i++)
     kvti_free(metas[i]);
   kvti_free(metas);
@@ -507,7 +511,122 @@ static int count_key(const cJSON *o, const char *key) {
   return n;
 }
 
-static int load_manifest(manifest *m, const char *data_dir, const char *hash) {
+/* Parses and validates manifest text into m (dir and bytes are the caller's).
+ * have_sum: a manifest.sum was present (and matched): the kvtier key is then
+ * required, else forbidden. */
+static int parse_manifest(manifest *m, const char *text, size_t tlen,
+                          int have_sum, const char *hash, const char *where) {
+  int rc = 0;
+  m->root = cJSON_ParseWithLength(text, tlen);
+  if (!m->root) {
+    rc = BAD("%s: manifest.json is not valid JSON", where);
+    goto out;
+  }
+  cJSON *r = m->root;
+  if (!cJSON_IsObject(r)) {
+    rc = BAD("%s: manifest is not a JSON object", where);
+    goto out;
+  }
+  static const char *keys[] = {"num_layers", "layers", "memory_bytes",
+                               "num_tokens", "kvtier"};
+  for (size_t k = 0; k < 5; k++)
+    if (count_key(r, keys[k]) > 1) {
+      rc = BAD("%s: duplicate manifest key '%s'", where, keys[k]);
+      goto out;
+    }
+  uint64_t nl;
+  if ((rc = json_uint(&nl, r, "num_layers", KVTI_MAX_LAYERS, where)) ||
+      (rc = json_uint(&m->memory_bytes, r, "memory_bytes", UINT64_C(1) << 53,
+                      where)) ||
+      (rc = json_uint(&m->num_tokens, r, "num_tokens", INT32_MAX, where)))
+    goto out;
+  m->num_layers = (uint32_t)nl;
+  const cJSON *layers = cJSON_GetObjectItemCaseSensitive(r, "layers");
+  if (!cJSON_IsArray(layers) ||
+      cJSON_GetArraySize(layers) != (int)m->num_layers) {
+    rc = BAD("%s: 'layers' is not a list of num_layers objects", where);
+    goto out;
+  }
+  const cJSON *kv = cJSON_GetObjectItemCaseSensitive(r, "kvtier");
+  m->mode = KVT_STORAGE_COMPAT;
+  if (kv && !have_sum) {
+    rc = BAD("%s: kvtier manifest without manifest.sum", where);
+    goto out;
+  }
+  if (!kv && have_sum) {
+    rc = BAD("%s: manifest.sum present but manifest has no kvtier key", where);
+    goto out;
+  }
+  m->metas = kvti_calloc(m->num_layers ? m->num_layers : 1, sizeof *m->metas);
+  m->sums = kvti_calloc(m->num_layers + 1u, sizeof(uint64_t));
+  if (!m->metas || !m->sums) {
+    rc = KVT_ERR_NOMEM();
+    goto out;
+  }
+  if (kv) {
+    uint64_t fmt;
+    if (!cJSON_IsObject(kv) ||
+        (rc = json_uint(&fmt, kv, "format", 1000, where)) != 0) {
+      rc = BAD("%s: malformed kvtier manifest key", where);
+      goto out;
+    }
+    if (fmt != KVTI_FORMAT) {
+      rc = KVT_ERR(KVT_EUNSUPPORTED, "%s: kvtier format %llu not supported",
+                   where, (unsigned long long)fmt);
+      goto out;
+    }
+    const cJSON *sm = cJSON_GetObjectItemCaseSensitive(kv, "storage_mode");
+    if (cJSON_IsString(sm) && !strcmp(sm->valuestring, "native"))
+      m->mode = KVT_STORAGE_NATIVE;
+    else if (cJSON_IsString(sm) && !strcmp(sm->valuestring, "compat"))
+      m->mode = KVT_STORAGE_COMPAT;
+    else {
+      rc = BAD("%s: bad kvtier storage_mode", where);
+      goto out;
+    }
+    const cJSON *cs = cJSON_GetObjectItemCaseSensitive(kv, "checksums");
+    if (!cJSON_IsObject(cs) ||
+        cJSON_GetArraySize(cs) != (int)m->num_layers + 1) {
+      rc = BAD("%s: kvtier checksums must list every file", where);
+      goto out;
+    }
+    for (uint32_t i = 0; i <= m->num_layers; i++) {
+      char name[40];
+      if (i < m->num_layers)
+        snprintf(name, sizeof name, "layer_%u.safetensors", i);
+      else
+        snprintf(name, sizeof name, "tokens.bin");
+      const cJSON *c = cJSON_GetObjectItemCaseSensitive(cs, name);
+      if (count_key(cs, name) != 1 || !cJSON_IsString(c) ||
+          kvti_xxh3_parse(&m->sums[i], c->valuestring) != 0) {
+        rc = BAD("%s: checksum of %s missing or malformed", where, name);
+        goto out;
+      }
+    }
+    m->has_sums = 1;
+  }
+  uint32_t i = 0;
+  for (const cJSON *l = layers->child; l; l = l->next, i++) {
+    char what[96];
+    snprintf(what, sizeof what, "%.64s layer %u", hash, i);
+    if ((rc = kvti_layer_meta_parse(&m->metas[i], l, i, what)) != 0)
+      goto out;
+  }
+out:
+  return rc;
+}
+
+/* dir_id (optional) receives the entry directory's identity as soon as it is
+ * known, even when loading fails later: the reader compares it afterwards to
+ * detect a replacement. */
+typedef struct dir_id {
+  int known;
+  dev_t dev;
+  ino_t ino;
+} dir_id;
+
+static int load_manifest(manifest *m, const char *data_dir, const char *hash,
+                         dir_id *id) {
   memset(m, 0, sizeof *m);
   if (!data_dir || !kvti_is_hash_name(hash))
     return KVT_ERR(KVT_EINVAL, "entry name '%.80s' is not 64 hex digits",
@@ -523,6 +642,11 @@ static int load_manifest(manifest *m, const char *data_dir, const char *hash) {
     manifest_free(m);
     return rc;
   }
+  if (id) {
+    id->known = 1;
+    id->dev = st.st_dev;
+    id->ino = st.st_ino;
+  }
   char *mp = kvti_path_join(m->dir, "manifest.json");
   char *sp = kvti_path_join(m->dir, "manifest.sum");
   char *text = NULL, *sum = NULL;
@@ -532,6 +656,10 @@ static int load_manifest(manifest *m, const char *data_dir, const char *hash) {
     goto out;
   }
   rc = kvti_read_file(&text, &tlen, mp, MANIFEST_MAX);
+  if (rc == KVT_EPERM && kvt_last_errno() == ELOOP) {
+    rc = BAD("%s: manifest.json is a symlink", m->dir);
+    goto out;
+  }
   if (rc == KVT_ENOTFOUND) {
     rc = KVT_ERR(KVT_ENOTFOUND, "%s: no manifest.json", m->dir);
     goto out;
@@ -540,6 +668,10 @@ static int load_manifest(manifest *m, const char *data_dir, const char *hash) {
     goto out;
   m->bytes = tlen;
   rc = kvti_read_file(&sum, &slen, sp, 4096);
+  if (rc == KVT_EPERM && kvt_last_errno() == ELOOP)
+    rc = BAD("%s: manifest.sum is a symlink", m->dir);
+  if (rc == KVT_ECORRUPT)
+    goto out;
   int have_sum = rc == 0;
   if (rc && rc != KVT_ENOTFOUND)
     goto out;
@@ -561,101 +693,7 @@ static int load_manifest(manifest *m, const char *data_dir, const char *hash) {
       goto out;
     }
   }
-  m->root = cJSON_ParseWithLength(text, tlen);
-  if (!m->root) {
-    rc = BAD("%s: manifest.json is not valid JSON", m->dir);
-    goto out;
-  }
-  cJSON *r = m->root;
-  if (!cJSON_IsObject(r)) {
-    rc = BAD("%s: manifest is not a JSON object", m->dir);
-    goto out;
-  }
-  static const char *keys[] = {"num_layers", "layers", "memory_bytes",
-                               "num_tokens", "kvtier"};
-  for (size_t k = 0; k < 5; k++)
-    if (count_key(r, keys[k]) > 1) {
-      rc = BAD("%s: duplicate manifest key '%s'", m->dir, keys[k]);
-      goto out;
-    }
-  uint64_t nl;
-  if ((rc = json_uint(&nl, r, "num_layers", KVTI_MAX_LAYERS, m->dir)) ||
-      (rc = json_uint(&m->memory_bytes, r, "memory_bytes", UINT64_C(1) << 53,
-                      m->dir)) ||
-      (rc = json_uint(&m->num_tokens, r, "num_tokens", INT32_MAX, m->dir)))
-    goto out;
-  m->num_layers = (uint32_t)nl;
-  const cJSON *layers = cJSON_GetObjectItemCaseSensitive(r, "layers");
-  if (!cJSON_IsArray(layers) ||
-      cJSON_GetArraySize(layers) != (int)m->num_layers) {
-    rc = BAD("%s: 'layers' is not a list of num_layers objects", m->dir);
-    goto out;
-  }
-  const cJSON *kv = cJSON_GetObjectItemCaseSensitive(r, "kvtier");
-  m->mode = KVT_STORAGE_COMPAT;
-  if (kv && !have_sum) {
-    rc = BAD("%s: kvtier manifest without manifest.sum", m->dir);
-    goto out;
-  }
-  if (!kv && have_sum) {
-    rc = BAD("%s: manifest.sum present but manifest has no kvtier key", m->dir);
-    goto out;
-  }
-  m->metas = kvti_calloc(m->num_layers ? m->num_layers : 1, sizeof *m->metas);
-  m->sums = kvti_calloc(m->num_layers + 1u, sizeof(uint64_t));
-  if (!m->metas || !m->sums) {
-    rc = KVT_ERR_NOMEM();
-    goto out;
-  }
-  if (kv) {
-    uint64_t fmt;
-    if (!cJSON_IsObject(kv) ||
-        (rc = json_uint(&fmt, kv, "format", 1000, m->dir)) != 0) {
-      rc = BAD("%s: malformed kvtier manifest key", m->dir);
-      goto out;
-    }
-    if (fmt != KVTI_FORMAT) {
-      rc = KVT_ERR(KVT_EUNSUPPORTED, "%s: kvtier format %llu not supported",
-                   m->dir, (unsigned long long)fmt);
-      goto out;
-    }
-    const cJSON *sm = cJSON_GetObjectItemCaseSensitive(kv, "storage_mode");
-    if (cJSON_IsString(sm) && !strcmp(sm->valuestring, "native"))
-      m->mode = KVT_STORAGE_NATIVE;
-    else if (cJSON_IsString(sm) && !strcmp(sm->valuestring, "compat"))
-      m->mode = KVT_STORAGE_COMPAT;
-    else {
-      rc = BAD("%s: bad kvtier storage_mode", m->dir);
-      goto out;
-    }
-    const cJSON *cs = cJSON_GetObjectItemCaseSensitive(kv, "checksums");
-    if (!cJSON_IsObject(cs) ||
-        cJSON_GetArraySize(cs) != (int)m->num_layers + 1) {
-      rc = BAD("%s: kvtier checksums must list every file", m->dir);
-      goto out;
-    }
-    for (uint32_t i = 0; i <= m->num_layers; i++) {
-      char name[40];
-      if (i < m->num_layers)
-        snprintf(name, sizeof name, "layer_%u.safetensors", i);
-      else
-        snprintf(name, sizeof name, "tokens.bin");
-      const cJSON *c = cJSON_GetObjectItemCaseSensitive(cs, name);
-      if (count_key(cs, name) != 1 || !cJSON_IsString(c) ||
-          kvti_xxh3_parse(&m->sums[i], c->valuestring) != 0) {
-        rc = BAD("%s: checksum of %s missing or malformed", m->dir, name);
-        goto out;
-      }
-    }
-    m->has_sums = 1;
-  }
-  uint32_t i = 0;
-  for (const cJSON *l = layers->child; l; l = l->next, i++) {
-    char what[96];
-    snprintf(what, sizeof what, "%.64s layer %u", hash, i);
-    if ((rc = kvti_layer_meta_parse(&m->metas[i], l, i, what)) != 0)
-      goto out;
-  }
+  rc = parse_manifest(m, text, tlen, have_sum, hash, m->dir);
 out:
   kvti_free(text);
   kvti_free(sum);
@@ -663,6 +701,23 @@ out:
   kvti_free(sp);
   if (rc)
     manifest_free(m);
+  return rc;
+}
+
+int kvti_manifest_validate(const char *text, size_t len) {
+  if (!text)
+    return KVT_ERR(KVT_EINVAL, "manifest: NULL text");
+  manifest m;
+  memset(&m, 0, sizeof m);
+  /* Standalone: the kvtier key's presence stands in for manifest.sum's. */
+  int have_sum = 0;
+  cJSON *probe = cJSON_ParseWithLength(text, len);
+  if (probe && cJSON_IsObject(probe) &&
+      cJSON_GetObjectItemCaseSensitive(probe, "kvtier"))
+    have_sum = 1;
+  cJSON_Delete(probe);
+  int rc = parse_manifest(&m, text, len, have_sum, "(entry)", "manifest");
+  manifest_free(&m);
   return rc;
 }
 
@@ -679,8 +734,11 @@ static int load_tokens(int32_t **tokens, uint64_t *bytes, const manifest *m,
   int rc = kvti_read_file(&buf, &len, tp, (size_t)m->num_tokens * 4u);
   int32_t *tok = NULL;
   size_t n = (size_t)m->num_tokens;
+  if (rc == KVT_EPERM && kvt_last_errno() == ELOOP)
+    rc = BAD("%s: tokens.bin is a symlink", m->dir);
   if (rc == KVT_ECORRUPT) {
-    rc = BAD("%s: tokens.bin longer than num_tokens * 4", m->dir);
+    rc = BAD("%s: tokens.bin is not a regular file of num_tokens * 4 bytes",
+             m->dir);
     goto out;
   }
   if (rc == KVT_ENOTFOUND) {
@@ -737,6 +795,154 @@ out:
   return rc;
 }
 
+struct kvti_entry_reader {
+  manifest m;
+  kvt_entry *e;
+  kvti_read_opts o;
+  dir_id id;
+  uint64_t base_bytes; /* manifest, manifest.sum, tokens.bin */
+  uint64_t *layer_bytes;
+  unsigned char *done;
+};
+
+void kvti_entry_reader_free(kvti_entry_reader *r) {
+  if (!r)
+    return;
+  kvt_entry_free(r->e);
+  manifest_free(&r->m);
+  kvti_free(r->layer_bytes);
+  kvti_free(r->done);
+  kvti_free(r);
+}
+
+static int reader_open(kvti_entry_reader **out, const char *data_dir,
+                       const char *hash, const kvti_read_opts *o, dir_id *id) {
+  static const kvti_read_opts none = {0};
+  kvti_entry_reader *r = kvti_calloc(1, sizeof *r);
+  if (!r)
+    return KVT_ERR_NOMEM();
+  r->o = o ? *o : none;
+  int rc = load_manifest(&r->m, data_dir, hash, id);
+  if (rc) {
+    kvti_free(r);
+    return rc;
+  }
+  r->id = *id;
+  uint32_t n = r->m.num_layers;
+  kvt_entry *e = r->e = kvti_entry_new();
+  r->layer_bytes = kvti_calloc(n ? n : 1, sizeof(uint64_t));
+  r->done = kvti_calloc(n ? n : 1, 1);
+  if (!e || !r->layer_bytes || !r->done) {
+    rc = KVT_ERR_NOMEM();
+    goto fail;
+  }
+  memcpy(e->hash, hash, KVT_HASH_HEX_LEN + 1);
+  e->memory_bytes = r->m.memory_bytes;
+  e->storage_mode = r->m.mode;
+  e->n_tokens = (size_t)r->m.num_tokens;
+  if (r->o.alloc) {
+    e->free_buf = r->o.free_buf ? r->o.free_buf : noop_free;
+    e->alloc_ctx = r->o.alloc_ctx;
+  }
+  uint64_t tb = 0;
+  rc = load_tokens(&e->tokens, &tb, &r->m, hash, &r->o);
+  if (rc)
+    goto fail;
+  r->base_bytes = r->m.bytes + tb;
+  /* Every layer slot exists from the start (zeroed until read), so freeing the
+   * entry releases exactly the layers that were read. */
+  e->layers = kvti_calloc(n ? n : 1, sizeof(kvt_layer));
+  if (!e->layers) {
+    rc = KVT_ERR_NOMEM();
+    goto fail;
+  }
+  e->num_layers = n;
+  *out = r;
+  return 0;
+fail:
+  kvti_entry_reader_free(r);
+  return rc;
+}
+
+int kvti_entry_reader_open(kvti_entry_reader **out, const char *data_dir,
+                           const char *hash, const kvti_read_opts *o) {
+  if (!out)
+    return KVT_ERR(KVT_EINVAL, "entry reader: NULL out");
+  dir_id id = {0};
+  return reader_open(out, data_dir, hash, o, &id);
+}
+
+uint32_t kvti_entry_reader_num_layers(const kvti_entry_reader *r) {
+  return r ? r->m.num_layers : 0;
+}
+
+int kvti_entry_reader_read_layer(kvti_entry_reader *r, uint32_t i,
+                                 const kvt_layer **layer) {
+  if (!r || i >= r->m.num_layers || r->done[i])
+    return KVT_ERR(KVT_EINVAL, "entry reader: bad layer %u", i);
+  char name[40];
+  snprintf(name, sizeof name, "layer_%u.safetensors", i);
+  char *lp = kvti_path_join(r->m.dir, name);
+  if (!lp)
+    return KVT_ENOMEM;
+  kvti_layer_read_opts lo = {r->o.alloc,
+                             r->o.free_buf,
+                             r->o.alloc_ctx,
+                             i,
+                             r->o.cancel,
+                             r->o.verify_only,
+                             r->m.has_sums ? &r->m.sums[i] : NULL};
+  int rc = kvti_layer_read_file(&r->e->layers[i], &r->layer_bytes[i], lp,
+                                &r->m.metas[i], &lo);
+  kvti_free(lp);
+  if (rc == 0) {
+    r->done[i] = 1;
+    if (layer)
+      *layer = &r->e->layers[i];
+  }
+  return rc;
+}
+
+/* 0: the entry directory is the one the reader opened; 1: replaced; 2: gone. */
+static int dir_state(const char *dir, const dir_id *id) {
+  struct stat st;
+  if (kvti_io->lstat(dir, &st) != 0)
+    return 2;
+  return st.st_dev != id->dev || st.st_ino != id->ino;
+}
+
+int kvti_entry_reader_finish(kvt_entry **out, kvti_entry_reader *r) {
+  if (!r || (!out && !r->o.verify_only))
+    return KVT_ERR(KVT_EINVAL, "entry reader: bad argument");
+  for (uint32_t i = 0; i < r->m.num_layers; i++)
+    if (!r->done[i])
+      return KVT_ERR(KVT_EINVAL, "entry reader: layer %u not read", i);
+  /* A replacement during the read may have mixed versions (undetectable for
+   * reference entries, which carry no checksums); an eviction right after a
+   * complete, verified read is harmless. */
+  if (dir_state(r->m.dir, &r->id) == 1)
+    return KVT_ERR(KVT_EAGAIN, "entry %.12s... was replaced while read; retry",
+                   r->e->hash);
+  uint64_t disk = r->base_bytes;
+  for (uint32_t i = 0; i < r->m.num_layers; i++)
+    disk += r->layer_bytes[i];
+  r->e->disk_bytes = disk;
+  if (r->o.verify_only) {
+    if (out)
+      *out = NULL;
+  } else {
+    *out = r->e;
+    r->e = NULL;
+  }
+  return 0;
+}
+
+/* The entry directory may be replaced (a re-spill of the same tokens swaps in a
+ * new version) or removed (eviction) while it is read: files would then come
+ * from two versions. The directory's identity is compared before and after; a
+ * read that saw a replacement is retried (when no layer has been reported
+ * through on_layer yet) instead of being mistaken for corruption, and one that
+ * saw a removal reports KVT_ENOTFOUND. */
 int kvti_entry_read(kvt_entry **out, const char *data_dir, const char *hash,
                     const kvti_read_opts *o) {
   static const kvti_read_opts none = {0};
@@ -744,76 +950,50 @@ int kvti_entry_read(kvt_entry **out, const char *data_dir, const char *hash,
     o = &none;
   if (!out && !o->verify_only)
     return KVT_ERR(KVT_EINVAL, "entry read: NULL out");
-  manifest m;
-  int rc = load_manifest(&m, data_dir, hash);
-  if (rc)
-    return rc;
-  kvt_entry *e = kvti_entry_new();
-  if (!e) {
-    manifest_free(&m);
-    return KVT_ENOMEM;
-  }
-  memcpy(e->hash, hash, KVT_HASH_HEX_LEN + 1);
-  e->memory_bytes = m.memory_bytes;
-  e->storage_mode = m.mode;
-  e->n_tokens = (size_t)m.num_tokens;
-  if (o->alloc) {
-    e->free_buf = o->free_buf ? o->free_buf : noop_free;
-    e->alloc_ctx = o->alloc_ctx;
-  }
-  uint64_t disk = m.bytes, tb = 0;
-  rc = load_tokens(&e->tokens, &tb, &m, hash, o);
-  if (rc)
-    goto fail;
-  disk += tb;
-  e->layers = kvti_calloc(m.num_layers ? m.num_layers : 1, sizeof(kvt_layer));
-  if (!e->layers) {
-    rc = KVT_ERR_NOMEM();
-    goto fail;
-  }
-  for (uint32_t i = 0; i < m.num_layers; i++) {
-    if (o->cancel && atomic_load(o->cancel)) {
-      rc = KVT_ERR(KVT_ECANCELED, "read of %.12s... cancelled", hash);
-      goto fail;
+  for (int attempt = 0;; attempt++) {
+    dir_id id = {0};
+    int reported = 0;
+    kvti_entry_reader *r = NULL;
+    kvt_entry *e = NULL;
+    int rc = reader_open(&r, data_dir, hash, o, &id);
+    for (uint32_t i = 0; rc == 0 && i < r->m.num_layers; i++) {
+      if (o->cancel && atomic_load(o->cancel)) {
+        rc = KVT_ERR(KVT_ECANCELED, "read of %.12s... cancelled", hash);
+        break;
+      }
+      const kvt_layer *l = NULL;
+      rc = kvti_entry_reader_read_layer(r, i, &l);
+      if (rc == 0 && o->on_layer && !o->verify_only) {
+        o->on_layer(o->layer_ctx, i, l);
+        reported = 1;
+      }
     }
-    char name[40];
-    snprintf(name, sizeof name, "layer_%u.safetensors", i);
-    char *lp = kvti_path_join(m.dir, name);
-    if (!lp) {
-      rc = KVT_ENOMEM;
-      goto fail;
+    if (rc == 0)
+      rc = kvti_entry_reader_finish(&e, r);
+    kvti_entry_reader_free(r);
+    if (rc == 0) {
+      if (out)
+        *out = e;
+      return 0;
     }
-    kvti_layer_read_opts lo = {o->alloc,
-                               o->free_buf,
-                               o->alloc_ctx,
-                               i,
-                               o->cancel,
-                               o->verify_only,
-                               m.has_sums ? &m.sums[i] : NULL};
-    uint64_t fb = 0;
-    rc = kvti_layer_read_file(&e->layers[i], &fb, lp, &m.metas[i], &lo);
-    kvti_free(lp);
-    if (rc)
-      goto fail;
-    e->num_layers = i + 1;
-    disk += fb;
-    if (o->on_layer && !o->verify_only)
-      o->on_layer(o->layer_ctx, i, &e->layers[i]);
+    if (rc != KVT_ECORRUPT && rc != KVT_ENOTFOUND && rc != KVT_EAGAIN)
+      return rc;
+    if (!id.known)
+      return rc; /* no entry directory (or a bad name): nothing to compare */
+    char *dir = kvti_path_join(data_dir, hash);
+    if (!dir)
+      return KVT_ENOMEM;
+    int state = dir_state(dir, &id);
+    kvti_free(dir);
+    if (state == 0)
+      return rc; /* genuine: the same directory throughout */
+    if (state == 2)
+      return KVT_ERR(KVT_ENOTFOUND, "entry %.12s... was removed while read",
+                     hash);
+    if (reported || attempt >= 2)
+      return KVT_ERR(KVT_EAGAIN,
+                     "entry %.12s... was replaced while read; retry", hash);
   }
-  e->disk_bytes = disk;
-  manifest_free(&m);
-  if (o->verify_only) {
-    kvt_entry_free(e);
-    if (out)
-      *out = NULL;
-    return 0;
-  }
-  *out = e;
-  return 0;
-fail:
-  manifest_free(&m);
-  kvt_entry_free(e);
-  return rc;
 }
 
 /* ---- describe ----------------------------------------------------------- */
@@ -837,7 +1017,7 @@ int kvti_entry_describe(char **json, const char *data_dir, const char *hash) {
   if (!json)
     return KVT_ERR(KVT_EINVAL, "describe: NULL out");
   manifest m;
-  int rc = load_manifest(&m, data_dir, hash);
+  int rc = load_manifest(&m, data_dir, hash, NULL);
   if (rc)
     return rc;
   cJSON *d = cJSON_CreateObject();

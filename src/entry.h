@@ -61,10 +61,11 @@ typedef struct kvti_write_opts {
   uint32_t dir_mode;
 } kvti_write_opts;
 
-/* Writes data_dir/<hash>.tmp/ (removing a stale one first), fsyncs each file when do_fsync,
- * publishes it as data_dir/<hash> by rename (an existing entry is first renamed aside to
- * <hash>.old.tmp so that at every moment one complete version is in place), fsyncs data_dir,
- * and removes the old version. *disk_bytes receives the sum of the file sizes written. On
+/* Writes data_dir/<hash>.tmp/ (removing a stale one first), fsyncs each file and the tmp dir
+ * when do_fsync, publishes it as data_dir/<hash> by rename - an existing entry is swapped out
+ * atomically with kvti_rename_exchange (tmp then holds the old version), or where that is
+ * unsupported first renamed aside to <hash>.old.tmp - fsyncs data_dir, and removes the old
+ * version. At every moment one complete version is in place. *disk_bytes receives the sum of the file sizes written. On
  * failure nothing new remains visible and an existing entry is unchanged.
  * Returns 0, KVT_EIO, KVT_ENOSPC, KVT_ENOMEM, KVT_EPERM. */
 int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
@@ -85,10 +86,37 @@ typedef struct kvti_read_opts {
 } kvti_read_opts;
 
 /* Reads and fully validates data_dir/<hash>. Returns 0 and *out; KVT_ENOTFOUND (no such entry
- * directory or manifest), KVT_ECORRUPT (anything malformed or a checksum mismatch; message says
- * which file and why), KVT_EIO, KVT_ENOMEM, KVT_ECANCELED. Never returns partial data. */
+ * directory or manifest, or it was removed during the read), KVT_ECORRUPT (anything malformed or
+ * a checksum mismatch; message says which file and why), KVT_EIO, KVT_ENOMEM, KVT_ECANCELED,
+ * KVT_EAGAIN (the entry was replaced by a new version during the read after on_layer had
+ * already reported layers of the old one: not corruption, retry). A replacement seen before any
+ * on_layer call is retried internally. Never returns partial or mixed data. With verify_only,
+ * *out (out may be NULL) is set to NULL on success. */
 int kvti_entry_read(kvt_entry **out, const char *data_dir, const char *hash,
                     const kvti_read_opts *o);
+
+/* Layer-by-layer reading, for callers that read layers in parallel or stream them: open
+ * validates the manifest and tokens.bin (as kvti_entry_read); read_layer reads and verifies one
+ * layer into the entry being built and may be called concurrently from several threads for
+ * DISTINCT layers (any order); finish hands the entry over once every layer is read. Returns as
+ * kvti_entry_read, except that nothing is retried: KVT_EAGAIN from finish (or KVT_ECORRUPT /
+ * KVT_ENOTFOUND from a layer while the directory was being replaced) means "read again".
+ * The reader must be freed in every case (it frees whatever was read, through free_buf). */
+typedef struct kvti_entry_reader kvti_entry_reader;
+int kvti_entry_reader_open(kvti_entry_reader **out, const char *data_dir,
+                           const char *hash, const kvti_read_opts *o);
+uint32_t kvti_entry_reader_num_layers(const kvti_entry_reader *r);
+/* *layer (may be NULL) receives the verified layer, owned by the entry being built. */
+int kvti_entry_reader_read_layer(kvti_entry_reader *r, uint32_t i,
+                                 const kvt_layer **layer);
+int kvti_entry_reader_finish(kvt_entry **out, kvti_entry_reader *r);
+void kvti_entry_reader_free(kvti_entry_reader *r); /* accepts NULL */
+
+/* Validates manifest.json text on its own, exactly as the reader does (JSON types, counts, layer
+ * objects, the kvtier key and its checksums list); for fuzzing and tools. Returns 0,
+ * KVT_ECORRUPT, KVT_EUNSUPPORTED (a kvtier format this build does not know), KVT_ENOMEM,
+ * KVT_EINVAL. */
+int kvti_manifest_validate(const char *text, size_t len);
 
 /* Describes data_dir/<hash> as JSON (see kvt_tier_describe) without reading tensor data. */
 int kvti_entry_describe(char **json, const char *data_dir, const char *hash);

@@ -928,86 +928,130 @@ static int check_tokens(const int32_t *tokens, size_t n) {
 /* INSERT OR REPLACE as the reference; with_meta writes kvtier_meta too,
  * otherwise removes it (a reference-style row: disk bytes get measured at the
  * next open). */
-static int put_common(kvt_index *idx, const int32_t *tokens, size_t n,
-                      const char *hash, uint64_t memory_bytes,
-                      uint64_t disk_bytes, int storage_mode, int with_meta) {
-  int rc = check_tokens(tokens, n);
+/* Validates one put and builds its mirror record (hashes computed outside any
+ * lock). */
+static int put_prepare(mirror_ent *e, const kvti_index_put_args *a) {
+  int rc = check_tokens(a->tokens, a->n);
   if (rc)
     return rc;
-  if (idx->readonly)
-    return KVT_ERR(KVT_EPERM, "index: opened read-only");
-  if (memory_bytes > INT64_MAX || disk_bytes > INT64_MAX)
+  if (a->memory_bytes > INT64_MAX || a->disk_bytes > INT64_MAX)
     return KVT_ERR(KVT_EINVAL, "index: byte count out of range");
-  if (storage_mode != KVT_STORAGE_NATIVE && storage_mode != KVT_STORAGE_COMPAT)
-    return KVT_ERR(KVT_EINVAL, "index: bad storage_mode %d", storage_mode);
-  mirror_ent e;
-  if ((rc = make_ent(&e, tokens, n, 1)) != 0)
+  if (a->storage_mode != KVT_STORAGE_NATIVE &&
+      a->storage_mode != KVT_STORAGE_COMPAT)
+    return KVT_ERR(KVT_EINVAL, "index: bad storage_mode %d", a->storage_mode);
+  if ((rc = make_ent(e, a->tokens, a->n, 1)) != 0)
     return rc;
-  char th[65], ph[65];
-  hex_of(th, e.sha);
-  hex_of(ph, e.psha);
-  if (hash && strcmp(hash, th) != 0)
+  char th[65];
+  hex_of(th, e->sha);
+  if (a->hash && strcmp(a->hash, th) != 0)
     return KVT_ERR(KVT_EINVAL, "index: hash %.64s is not the tokens' hash %s",
-                   hash, th);
-  e.memory_bytes = memory_bytes;
-  e.disk_bytes = disk_bytes;
-  e.storage_mode = storage_mode;
-  e.created_at = e.accessed_at = now_s();
+                   a->hash, th);
+  e->memory_bytes = a->memory_bytes;
+  e->disk_bytes = a->disk_bytes;
+  e->storage_mode = a->storage_mode;
+  return 0;
+}
 
-  pthread_mutex_lock(&idx->db_mu);
-  rc = step_done(idx, ST_BEGIN, "begin");
-  if (!rc) {
-    sqlite3_stmt *s = idx->st[ST_INSERT];
-    sqlite3_bind_text(s, 1, th, 64, SQLITE_STATIC);
-    sqlite3_bind_blob(s, 2, n ? (const void *)tokens : "", (int)(n * 4),
-                      SQLITE_STATIC);
-    sqlite3_bind_text(s, 3, ph, 64, SQLITE_STATIC);
-    sqlite3_bind_int64(s, 4, (sqlite3_int64)n);
-    sqlite3_bind_text(s, 5, th, 64, SQLITE_STATIC);
-    sqlite3_bind_int64(s, 6, (sqlite3_int64)memory_bytes);
-    sqlite3_bind_double(s, 7, e.created_at);
-    sqlite3_bind_double(s, 8, e.accessed_at);
-    rc = step_done(idx, ST_INSERT, "insert");
-  }
+/* The SQL of one put inside the open transaction: INSERT OR REPLACE as the
+ * reference; with_meta writes kvtier_meta too, otherwise removes it (a
+ * reference-style row: disk bytes get measured at the next open). */
+static int put_sql(kvt_index *idx, const mirror_ent *e,
+                   const kvti_index_put_args *a, int with_meta) {
+  char th[65], ph[65];
+  hex_of(th, e->sha);
+  hex_of(ph, e->psha);
+  sqlite3_stmt *s = idx->st[ST_INSERT];
+  sqlite3_bind_text(s, 1, th, 64, SQLITE_STATIC);
+  sqlite3_bind_blob(s, 2, a->n ? (const void *)a->tokens : "", (int)(a->n * 4),
+                    SQLITE_STATIC);
+  sqlite3_bind_text(s, 3, ph, 64, SQLITE_STATIC);
+  sqlite3_bind_int64(s, 4, (sqlite3_int64)a->n);
+  sqlite3_bind_text(s, 5, th, 64, SQLITE_STATIC);
+  sqlite3_bind_int64(s, 6, (sqlite3_int64)e->memory_bytes);
+  sqlite3_bind_double(s, 7, e->created_at);
+  sqlite3_bind_double(s, 8, e->accessed_at);
+  int rc = step_done(idx, ST_INSERT, "insert");
   if (!rc && with_meta) {
-    sqlite3_stmt *s = idx->st[ST_META_PUT];
+    s = idx->st[ST_META_PUT];
     sqlite3_bind_text(s, 1, th, 64, SQLITE_STATIC);
-    sqlite3_bind_int64(s, 2, (sqlite3_int64)disk_bytes);
-    sqlite3_bind_int64(s, 3, storage_mode);
+    sqlite3_bind_int64(s, 2, (sqlite3_int64)e->disk_bytes);
+    sqlite3_bind_int64(s, 3, e->storage_mode);
     rc = step_done(idx, ST_META_PUT, "insert kvtier_meta");
   } else if (!rc) {
     sqlite3_bind_text(idx->st[ST_META_DEL], 1, th, 64, SQLITE_STATIC);
     rc = step_done(idx, ST_META_DEL, "delete kvtier_meta");
   }
+  return rc;
+}
+
+/* Applies a committed put to the mirror. Caller holds rw (write). */
+static int put_mirror(kvt_index *idx, const mirror_ent *e) {
+  uint32_t id;
+  if (mirror_find(idx, e->sha, &id)) {
+    mirror_ent *o = &idx->ents[id];
+    idx->sum_disk += e->disk_bytes - o->disk_bytes;
+    idx->sum_mem += e->memory_bytes - o->memory_bytes;
+    o->memory_bytes = e->memory_bytes;
+    o->disk_bytes = e->disk_bytes;
+    o->storage_mode = e->storage_mode;
+    o->created_at = e->created_at;
+    o->accessed_at = e->accessed_at;
+    heap_fix(idx, H_LRU, o->heap_pos[H_LRU]);
+    heap_fix(idx, H_CREATED, o->heap_pos[H_CREATED]);
+    return 0;
+  }
+  int rc = mirror_reserve(idx);
+  if (!rc)
+    mirror_add(idx, e);
+  return rc;
+}
+
+/* count puts in one SQLite transaction (all or none), then the mirror. */
+static int put_common(kvt_index *idx, const kvti_index_put_args *a,
+                      size_t count, int with_meta) {
+  if (idx->readonly)
+    return KVT_ERR(KVT_EPERM, "index: opened read-only");
+  if (count == 0)
+    return 0;
+  mirror_ent one, *e = &one;
+  if (count > 1) {
+    if (count > SIZE_MAX / sizeof *e || !(e = kvti_malloc(count * sizeof *e)))
+      return KVT_ERR_NOMEM();
+  }
+  int rc = 0;
+  double now = now_s();
+  for (size_t i = 0; !rc && i < count; i++) {
+    rc = put_prepare(&e[i], &a[i]);
+    e[i].created_at = e[i].accessed_at = now;
+  }
+  if (rc)
+    goto out;
+  pthread_mutex_lock(&idx->db_mu);
+  rc = step_done(idx, ST_BEGIN, "begin");
+  for (size_t i = 0; !rc && i < count; i++)
+    rc = put_sql(idx, &e[i], &a[i], with_meta);
   if (!rc)
     rc = step_done(idx, ST_COMMIT, "commit");
   if (rc) {
     rollback(idx);
     pthread_mutex_unlock(&idx->db_mu);
-    return rc;
+    goto out;
   }
   pthread_rwlock_wrlock(&idx->rw);
-  uint32_t id;
-  if (mirror_find(idx, e.sha, &id)) {
-    mirror_ent *o = &idx->ents[id];
-    idx->sum_disk += disk_bytes - o->disk_bytes;
-    idx->sum_mem += memory_bytes - o->memory_bytes;
-    o->memory_bytes = memory_bytes;
-    o->disk_bytes = disk_bytes;
-    o->storage_mode = storage_mode;
-    o->created_at = e.created_at;
-    o->accessed_at = e.accessed_at;
-    heap_fix(idx, H_LRU, o->heap_pos[H_LRU]);
-    heap_fix(idx, H_CREATED, o->heap_pos[H_CREATED]);
-  } else if ((rc = mirror_reserve(idx)) == 0) {
-    mirror_add(idx, &e);
+  /* On ENOMEM here SQLite has the rows but the mirror lacks some: they are
+   * served after reopen. */
+  for (size_t i = 0; i < count; i++) {
+    int r = put_mirror(idx, &e[i]);
+    if (r && !rc)
+      rc = r;
   }
-  /* On ENOMEM here SQLite has the row but the mirror does not: it is served
-   * after reopen. */
   pthread_rwlock_unlock(&idx->rw);
-  if (touches_due(idx, e.created_at))
+  if (touches_due(idx, now))
     flush_locked(idx); /* a failure here loses only accessed_at updates */
   pthread_mutex_unlock(&idx->db_mu);
+out:
+  if (e != &one)
+    kvti_free(e);
   return rc;
 }
 
@@ -1016,8 +1060,16 @@ int kvti_index_put(kvt_index *idx, const int32_t *tokens, size_t n,
                    int storage_mode) {
   if (!idx)
     return KVT_ERR(KVT_EINVAL, "kvti_index_put: NULL index");
-  return put_common(idx, tokens, n, hash, memory_bytes, disk_bytes,
-                    storage_mode, 1);
+  kvti_index_put_args a = {tokens,       n,          hash,
+                           memory_bytes, disk_bytes, storage_mode};
+  return put_common(idx, &a, 1, 1);
+}
+
+int kvti_index_put_many(kvt_index *idx, const kvti_index_put_args *puts,
+                        size_t count) {
+  if (!idx || (!puts && count))
+    return KVT_ERR(KVT_EINVAL, "kvti_index_put_many: NULL argument");
+  return put_common(idx, puts, count, 1);
 }
 
 static int remove_sha(kvt_index *idx, const uint8_t sha[32]) {
@@ -1212,7 +1264,7 @@ int kvti_index_find(kvt_entry_info *out, kvt_index *idx, const int32_t *tokens,
   if (found)
     fill_info(out, &idx->ents[id]);
   pthread_rwlock_unlock(&idx->rw);
-  return found ? 0 : KVT_ENOTFOUND;
+  return found ? 0 : KVT_ERR(KVT_ENOTFOUND, "index: no such entry");
 }
 
 int kvti_index_find_hash(kvt_entry_info *out, kvt_index *idx,
@@ -1226,7 +1278,7 @@ int kvti_index_find_hash(kvt_entry_info *out, kvt_index *idx,
   if (found)
     fill_info(out, &idx->ents[id]);
   pthread_rwlock_unlock(&idx->rw);
-  return found ? 0 : KVT_ENOTFOUND;
+  return found ? 0 : KVT_ERR(KVT_ENOTFOUND, "index: no such entry");
 }
 
 /* Calls fn(ctx, id) for each stored non-empty sequence that is a prefix of
@@ -1318,7 +1370,7 @@ int kvti_index_find_prefix(kvt_entry_info *out, kvt_index *idx,
   if (rc)
     return rc;
   if (!info.token_hash[0])
-    return KVT_ENOTFOUND;
+    return KVT_ERR(KVT_ENOTFOUND, "index: no such entry");
   *out = info;
   return 0;
 }
@@ -1349,7 +1401,7 @@ int kvti_index_lru_victim(kvt_entry_info *out, kvt_index *idx) {
   if (found)
     fill_info(out, &idx->ents[idx->heap[H_LRU][0]]);
   pthread_rwlock_unlock(&idx->rw);
-  return found ? 0 : KVT_ENOTFOUND;
+  return found ? 0 : KVT_ERR(KVT_ENOTFOUND, "index: no such entry");
 }
 
 int kvti_index_oldest_before(kvt_entry_info *out, kvt_index *idx,
@@ -1362,7 +1414,7 @@ int kvti_index_oldest_before(kvt_entry_info *out, kvt_index *idx,
   if (found)
     fill_info(out, &idx->ents[idx->heap[H_CREATED][0]]);
   pthread_rwlock_unlock(&idx->rw);
-  return found ? 0 : KVT_ENOTFOUND;
+  return found ? 0 : KVT_ERR(KVT_ENOTFOUND, "index: no such entry");
 }
 
 static int by_accessed_desc(const void *a, const void *b) {
@@ -1500,8 +1552,9 @@ int kvt_index_insert(kvt_index *idx, const int32_t *tokens, size_t n,
   if (!kvti_is_hash_name(file_path))
     return KVT_ERR(KVT_EINVAL,
                    "kvt_index_insert: file_path must be the token hash");
-  return put_common(idx, tokens, n, file_path, memory_bytes, 0,
-                    KVT_STORAGE_COMPAT, 0);
+  kvti_index_put_args a = {tokens,       n, file_path,
+                           memory_bytes, 0, KVT_STORAGE_COMPAT};
+  return put_common(idx, &a, 1, 0);
 }
 
 static void row_from_ent(kvt_index_row *r, const mirror_ent *e) {
@@ -1528,7 +1581,7 @@ int kvt_index_lookup_exact(kvt_index_row *out, kvt_index *idx,
   if (found)
     row_from_ent(out, &idx->ents[id]);
   pthread_rwlock_unlock(&idx->rw);
-  return found ? 0 : KVT_ENOTFOUND;
+  return found ? 0 : KVT_ERR(KVT_ENOTFOUND, "index: no such entry");
 }
 
 typedef struct collect_ctx {

@@ -398,10 +398,15 @@ int kvti_layer_plan(kvti_layer_out *p, const kvt_layer *l, uint32_t idx,
         keep = offset;
         t->shape[q->ndim - 2] = offset;
       }
+      /* keys bf16: both cast to F16 (hints "bfloat16"). Otherwise a bf16 result
+       * (values only) reaches the snapshot as bf16 and is upcast to F32 with a
+       * hint there. */
       kvt_dtype kd =
           (kvt_dtype)l->tensors[1].dtype; /* keys' dequantized dtype */
-      kvt_dtype od = kd == KVT_DTYPE_BF16 ? KVT_DTYPE_F16 : (kvt_dtype)s->dtype;
-      if (kd == KVT_DTYPE_BF16)
+      kvt_dtype od = kd == KVT_DTYPE_BF16         ? KVT_DTYPE_F16
+                     : s->dtype == KVT_DTYPE_BF16 ? KVT_DTYPE_F32
+                                                  : (kvt_dtype)s->dtype;
+      if (kd == KVT_DTYPE_BF16 || s->dtype == KVT_DTYPE_BF16)
         hint[kv] = KVT_DTYPE_BF16;
       t->dtype = od;
       uint64_t nb;
@@ -798,10 +803,12 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
   char *scratch = NULL;
   int rc = 0;
   int fd = kvti_open(path, O_RDONLY, 0);
+  if (fd == KVT_ENOTFOUND)
+    return BAD("%s: layer file missing", path);
+  if (fd == KVT_EPERM && kvt_last_errno() == ELOOP)
+    return BAD("%s is a symlink", path);
   if (fd < 0)
-    return fd == KVT_ENOTFOUND
-               ? KVT_ERR(KVT_ECORRUPT, "%s: layer file missing", path)
-               : fd;
+    return fd;
   struct stat st;
   if (kvti_io->fstat(fd, &st) != 0) {
     rc = KVT_ERR_OS(errno, "stat %s", path);
@@ -886,6 +893,10 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
     char *dst = l.tensors[j].data;
     uint64_t left = ht->nbytes, off = ht->offset;
     while (left > 0) {
+      if (o->cancel && atomic_load(o->cancel)) {
+        rc = KVT_ERR(KVT_ECANCELED, "read of %s cancelled", path);
+        goto out;
+      }
       size_t c = left < RCHUNK ? (size_t)left : RCHUNK;
       char *p = o->verify_only ? scratch : dst;
       rc = kvti_pread_all(fd, p, c, off, path);

@@ -53,8 +53,8 @@ void kvti_layer_out_free(kvti_layer_out *p);
 uint64_t kvti_layer_out_file_size(const kvti_layer_out *p);
 
 /* Writes a planned layer as a safetensors file at path (O_CREAT|O_EXCL unless
- * truncate), with file_mode, fsync when do_fsync. size and xxh3 as kvti_st_write.
- * On failure the file is removed.
+ * truncate), with file_mode, fsync when do_fsync. size and xxh3 as
+ * kvti_st_write. On failure the file is removed.
  */
 int kvti_layer_write_file(uint64_t *size, uint64_t *xxh3, const char *path,
                           const kvti_layer_out *p, uint32_t file_mode,

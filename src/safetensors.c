@@ -610,7 +610,7 @@ int kvti_st_build_header(char **hdr, size_t *hdr_len, size_t *order,
     first = 0;
   }
   for (size_t i = 0; i < n; i++) {
-    const kvti_st_item *it = &items[o[i].idx];
+    const kvti_st_item *it = &items[order[i]];
     if (!first)
       kvti_sb_putn(&b, ",", 1);
     first = 0;
@@ -620,8 +620,8 @@ int kvti_st_build_header(char **hdr, size_t *hdr_len, size_t *order,
     for (uint32_t d = 0; d < it->t->ndim; d++)
       kvti_sb_printf(&b, d ? ",%lld" : "%lld", (long long)it->t->shape[d]);
     kvti_sb_printf(&b, "],\"data_offsets\":[%llu,%llu]}",
-                   (unsigned long long)offs[o[i].idx],
-                   (unsigned long long)(offs[o[i].idx] + it->t->nbytes));
+                   (unsigned long long)offs[order[i]],
+                   (unsigned long long)(offs[order[i]] + it->t->nbytes));
   }
   kvti_sb_putn(&b, "}", 1);
   while (!b.oom && (b.len - 8) % 8 != 0)

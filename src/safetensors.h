@@ -4,8 +4,8 @@
  * then the tensor data; see docs/FORMAT.md). The reader validates the header
  * completely and exposes one descriptor per tensor (absolute file offset and
  * byte length) so callers pread each tensor straight into its final buffer. The
- * writer emits exactly what the Python `safetensors` package writes (header
- * keys sorted, data ordered by dtype then name, header space-padded to 8 bytes)
+ * writer emits exactly what the Python `safetensors` package writes (data and
+ * header keys ordered by dtype then name, header space-padded to 8 bytes)
  * and computes the XXH3-64 of the whole file while writing it. Also hosts a
  * tiny string builder used to emit JSON.
  */

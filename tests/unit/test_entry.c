@@ -35,7 +35,8 @@ static int write_entry(const char *data, const int32_t *tok, size_t n,
   rc = kvti_entry_write(&d, data, s, &o);
   if (rc == 0) {
     uint64_t pred = kvti_snapshot_disk_bytes(s, mode);
-    CHECK_EQ_INT(pred, d);
+    if (pred != 0 || kvti_io == &kvti_io_default) /* 0: OOM under injection */
+      CHECK_EQ_INT(pred, d);
     if (disk)
       *disk = d;
   }
@@ -669,6 +670,24 @@ static void test_reference_layout(void) {
   }
   t_write_all(mp, manifest, ml);
   CHECK_EQ_INT(read_status(dir, h), 0);
+  /* the standalone validator agrees */
+  CHECK_EQ_INT(kvti_manifest_validate(manifest, ml), 0);
+  for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+    const char *at = strstr(manifest, edits[i].from);
+    size_t pre = (size_t)(at - manifest);
+    sprintf(bad, "%.*s%s%s", (int)pre, manifest, edits[i].to,
+            at + strlen(edits[i].from));
+    int rc = kvti_manifest_validate(bad, strlen(bad));
+    /* num_tokens is only checked against tokens.bin, num_arrays 1 -> 0 against
+     * the layer file */
+    if (strstr(edits[i].from, "num_tokens") ||
+        strstr(edits[i].from, "num_arrays\": 1"))
+      CHECK_EQ_INT(rc, 0);
+    else
+      CHECK_EQ_INT(rc, KVT_ECORRUPT);
+  }
+  for (size_t cut = 0; cut < ml; cut++)
+    CHECK_EQ_INT(kvti_manifest_validate(manifest, cut), KVT_ECORRUPT);
   /* tokens.bin of the wrong length or content */
   t_write_all(tp, tok, sizeof tok - 4);
   CHECK_EQ_INT(read_status(dir, h), KVT_ECORRUPT);
@@ -688,6 +707,115 @@ static void test_reference_layout(void) {
   free(bad);
   free(mp);
   free(tp);
+  free(ed);
+}
+
+/* kvtier's compat output is byte for byte what the reference writes for the
+ * same cache. */
+static void test_compat_bytes_match_reference(void) {
+  char *dir = kvt_test_tmpdir("entry-compat-bytes");
+  int32_t tok[3] = {11, 12, 13};
+  char h[65];
+  kvt_token_hash(h, tok, 3);
+  float kv0[8] = {1.0f, -2.0f, 0.5f, 3.25f, -0.125f, 8.0f, 0.0f, -1.5f};
+  uint16_t kv0b[8];
+  for (int i = 0; i < 8; i++)
+    kv0b[i] = t_f32_to_bf16(kv0[i]); /* exact: all are bf16 values */
+  uint16_t kv1[4] = {0x3c00, 0x4000, 0xbc00, 0x0000};
+  float s0[3] = {0.25f, 0.5f, 0.75f};
+  uint16_t s0b[3];
+  for (int i = 0; i < 3; i++)
+    s0b[i] = t_f32_to_bf16(s0[i]);
+  int32_t s1[3] = {1, -2, 3};
+  kvt_tensor t0[2] = {{KVT_DTYPE_BF16, 4, {1, 1, 2, 2}, kv0b, 8},
+                      {KVT_DTYPE_BF16, 4, {1, 1, 2, 2}, kv0b + 4, 8}};
+  kvt_tensor t1[2] = {{KVT_DTYPE_F16, 4, {1, 1, 1, 2}, kv1, 4},
+                      {KVT_DTYPE_F16, 4, {1, 1, 1, 2}, kv1 + 2, 4}};
+  kvt_tensor t2[2] = {{KVT_DTYPE_BF16, 1, {3}, s0b, 6},
+                      {KVT_DTYPE_I32, 1, {3}, s1, 12}};
+  kvt_layer ls[3];
+  kvt_layer_init(&ls[0], KVT_LAYER_KV);
+  ls[0].tensors = t0;
+  ls[0].offset = 2;
+  kvt_layer_init(&ls[1], KVT_LAYER_ROTATING_KV);
+  ls[1].tensors = t1;
+  ls[1].offset = 9;
+  ls[1].max_size = 4;
+  ls[1].keep = 0;
+  ls[1].step = 256;
+  ls[1].idx = 1;
+  kvt_layer_init(&ls[2], KVT_LAYER_ARRAYS);
+  ls[2].num_tensors = 2;
+  ls[2].tensors = t2;
+  kvti_snapshot *s = NULL;
+  REQUIRE(kvti_snapshot_create(&s, tok, 3, ls, 3, 4096, 0, NULL, NULL) == 0);
+  kvti_write_opts o = {KVT_STORAGE_COMPAT, 0, 0600, 0700};
+  REQUIRE(kvti_entry_write(NULL, dir, s, &o) == 0);
+  kvti_snapshot_free(s);
+  char *ed = t_join(dir, h);
+  char want[4096];
+  size_t wn[3];
+  char *wants[3];
+  wn[0] = st_file(want,
+                  "{\"layer_0_keys\":{\"dtype\":\"F32\",\"shape\":[1,1,2,2],"
+                  "\"data_offsets\":[0,16]},\"layer_0_values\":{\"dtype\":"
+                  "\"F32\",\"shape\":[1,1,2,2],\"data_offsets\":[16,32]}}",
+                  kv0, sizeof kv0);
+  wants[0] = malloc(wn[0]);
+  memcpy(wants[0], want, wn[0]);
+  wn[1] = st_file(want,
+                  "{\"layer_1_keys\":{\"dtype\":\"F16\",\"shape\":[1,1,1,2],"
+                  "\"data_offsets\":[0,4]},\"layer_1_values\":{\"dtype\":"
+                  "\"F16\",\"shape\":[1,1,1,2],\"data_offsets\":[4,8]}}",
+                  kv1, sizeof kv1);
+  wants[1] = malloc(wn[1]);
+  memcpy(wants[1], want, wn[1]);
+  char d2[24];
+  memcpy(d2, s0, 12);
+  memcpy(d2 + 12, s1, 12);
+  wn[2] = st_file(want,
+                  "{\"layer_2_state_0\":{\"dtype\":\"F32\",\"shape\":[3],"
+                  "\"data_offsets\":[0,12]},\"layer_2_state_1\":{\"dtype\":"
+                  "\"I32\",\"shape\":[3],\"data_offsets\":[12,24]}}",
+                  d2, sizeof d2);
+  wants[2] = malloc(wn[2]);
+  memcpy(wants[2], want, wn[2]);
+  for (int i = 0; i < 3; i++) {
+    char name[40];
+    snprintf(name, sizeof name, "layer_%d.safetensors", i);
+    char *p = t_join(ed, name);
+    size_t len = 0;
+    char *got = t_read_all(p, &len);
+    CHECK(got && len == wn[i] && memcmp(got, wants[i], len) == 0);
+    free(got);
+    free(p);
+    free(wants[i]);
+  }
+  const char *manifest =
+      "{\"num_layers\": 3, \"layers\": [{\"layer_type\": \"KVCache\", "
+      "\"layer_idx\": 0, \"offset\": 2, \"keys_original_dtype\": "
+      "\"bfloat16\", \"values_original_dtype\": \"bfloat16\"}, "
+      "{\"layer_type\": \"KVCache\", \"layer_idx\": 1, \"offset\": 9, "
+      "\"max_size\": 4, \"keep\": 0, \"step\": 256, \"_idx\": 1}, "
+      "{\"layer_type\": \"ArraysCache\", \"layer_idx\": 2, \"num_arrays\": 2, "
+      "\"state_original_dtypes\": [\"bfloat16\", null]}], "
+      "\"memory_bytes\": 4096, \"num_tokens\": 3";
+  char *mp = t_join(ed, "manifest.json");
+  size_t ml = 0;
+  char *m = t_read_all(mp, &ml);
+  REQUIRE(m);
+  size_t pl = strlen(manifest);
+  /* identical up to kvtier's extra key */
+  CHECK(ml > pl && memcmp(m, manifest, pl) == 0 &&
+        strncmp(m + pl, ", \"kvtier\": {", 13) == 0);
+  char *tp = t_join(ed, "tokens.bin");
+  size_t tl = 0;
+  char *tb = t_read_all(tp, &tl);
+  CHECK(tb && tl == sizeof tok && memcmp(tb, tok, tl) == 0);
+  free(tb);
+  free(tp);
+  free(m);
+  free(mp);
   free(ed);
 }
 
@@ -773,6 +901,33 @@ static void test_callbacks_and_cancel(void) {
     up[i] = (char)toupper((unsigned char)h[i]);
   up[64] = 0;
   CHECK_EQ_INT(kvti_entry_read(&e, dir, up, NULL), KVT_EINVAL);
+  /* symlinks inside or as the entry are refused as corruption */
+  {
+    char *lp = t_join(ed, "layer_1.safetensors"), *lk = t_join(ed, "elsewhere");
+    REQUIRE(rename(lp, lk) == 0);
+    REQUIRE(symlink(lk, lp) == 0);
+    CHECK_EQ_INT(read_status(dir, h), KVT_ECORRUPT);
+    unlink(lp);
+    REQUIRE(rename(lk, lp) == 0);
+    char *mp = t_join(ed, "manifest.json");
+    REQUIRE(rename(mp, lk) == 0);
+    REQUIRE(symlink(lk, mp) == 0);
+    CHECK_EQ_INT(read_status(dir, h), KVT_ECORRUPT);
+    unlink(mp);
+    REQUIRE(rename(lk, mp) == 0);
+    CHECK_EQ_INT(read_status(dir, h), 0);
+    char *moved = t_join(dir, "moved");
+    REQUIRE(rename(ed, moved) == 0);
+    REQUIRE(symlink(moved, ed) == 0);
+    CHECK_EQ_INT(read_status(dir, h), KVT_ECORRUPT);
+    unlink(ed);
+    REQUIRE(rename(moved, ed) == 0);
+    CHECK_EQ_INT(read_status(dir, h), 0);
+    free(moved);
+    free(mp);
+    free(lp);
+    free(lk);
+  }
   /* absent entry */
   char other[65];
   memset(other, 'a', 64);
@@ -890,6 +1045,10 @@ static void test_compat_unsupported_bits(void) {
 static void test_empty_entry(void) {
   char *dir = kvt_test_tmpdir("entry-empty");
   kvt_entry *e = NULL;
+  char *nodir = t_join(dir, "missing");
+  CHECK_EQ_INT(write_entry(nodir, NULL, 0, NULL, 0, KVT_STORAGE_NATIVE, NULL),
+               KVT_EIO);
+  free(nodir);
   REQUIRE(write_entry(dir, NULL, 0, NULL, 0, KVT_STORAGE_NATIVE, NULL) == 0);
   char h[65];
   kvt_token_hash(h, NULL, 0);
@@ -901,6 +1060,223 @@ static void test_empty_entry(void) {
   kvt_entry_free(e);
 }
 
+/* ---- concurrent replacement / removal during a read ---------------------- */
+
+static int r_armed; /* 1: replace, 2: remove, on the open of layer_1 */
+static const char *r_dir;
+static kvt_layer *r_new;
+static int r_open(const char *p, int fl, mode_t m) {
+  size_t n = strlen(p);
+  if (r_armed && n > 19 && strcmp(p + n - 19, "layer_1.safetensors") == 0) {
+    int what = r_armed;
+    r_armed = 0;
+    int32_t tok[2] = {5, 6};
+    if (what == 1)
+      REQUIRE(write_entry(r_dir, tok, 2, r_new, 2, KVT_STORAGE_NATIVE, NULL) ==
+              0);
+    else {
+      char h[65];
+      kvt_token_hash(h, tok, 2);
+      char *ed = t_join(r_dir, h);
+      kvt_test_rmtree(ed);
+      free(ed);
+    }
+  }
+  return kvti_io_default.open(p, fl, m);
+}
+static void noop_layer(void *ctx, uint32_t i, const kvt_layer *l) {
+  (void)ctx;
+  (void)i;
+  (void)l;
+}
+
+static void test_replaced_while_read(void) {
+  char *dir = kvt_test_tmpdir("entry-race");
+  kvt_rng r = {10};
+  static kvt_layer a[2], b[2];
+  for (int i = 0; i < 2; i++) {
+    a[i] = t_kv(&r, KVT_DTYPE_F32, 1, 1, 2, 4, 2);
+    b[i] = t_kv(&r, KVT_DTYPE_F32, 1, 1, 2, 4, 2);
+  }
+  int32_t tok[2] = {5, 6};
+  char h[65];
+  kvt_token_hash(h, tok, 2);
+  kvti_io_ops ops = kvti_io_default;
+  ops.open = r_open;
+  r_dir = dir;
+  r_new = b;
+  for (int rep = 0; rep < 2; rep++) { /* with exchange, then the fallback */
+    ops.rename_exchange = rep ? NULL : kvti_io_default.rename_exchange;
+    /* replaced before any layer was reported: retried, the new version returned
+     */
+    REQUIRE(write_entry(dir, tok, 2, a, 2, KVT_STORAGE_NATIVE, NULL) == 0);
+    kvt_entry *e = NULL;
+    r_armed = 1;
+    kvti_io_set(&ops);
+    int rc = kvti_entry_read(&e, dir, h, NULL);
+    kvti_io_set(NULL);
+    CHECK_EQ_INT(rc, 0);
+    CHECK(r_armed == 0);
+    if (rc == 0) {
+      CHECK(t_layer_eq(kvt_entry_layer(e, 0), &b[0]));
+      CHECK(t_layer_eq(kvt_entry_layer(e, 1), &b[1]));
+      kvt_entry_free(e);
+    }
+    /* replaced after layer 0 was reported: KVT_EAGAIN, never corruption */
+    REQUIRE(write_entry(dir, tok, 2, a, 2, KVT_STORAGE_NATIVE, NULL) == 0);
+    kvti_read_opts ro = {0};
+    ro.on_layer = noop_layer;
+    r_armed = 1;
+    kvti_io_set(&ops);
+    rc = kvti_entry_read(&e, dir, h, &ro);
+    kvti_io_set(NULL);
+    CHECK_EQ_INT(rc, KVT_EAGAIN);
+    /* removed during the read: not found, not corrupt */
+    r_armed = 2;
+    kvti_io_set(&ops);
+    rc = kvti_entry_read(&e, dir, h, NULL);
+    kvti_io_set(NULL);
+    CHECK_EQ_INT(rc, KVT_ENOTFOUND);
+  }
+  for (int i = 0; i < 2; i++) {
+    t_layer_free(&a[i]);
+    t_layer_free(&b[i]);
+  }
+}
+
+/* ---- Python's own view ------------------------------------------------ */
+
+/* Python's json must re-serialise manifest.json to the identical text
+ * (json.dump default separators), and every safetensors header must be the
+ * compact serde_json form; checked with /usr/bin/python3 when present (skipped
+ * otherwise). */
+static void test_python_json(void) {
+  if (access("/usr/bin/python3", X_OK) != 0) {
+    fprintf(stderr, "skip: no /usr/bin/python3\n");
+    return;
+  }
+  char *dir = kvt_test_tmpdir("entry-python");
+  char h[65];
+  small_entry(dir, KVT_STORAGE_COMPAT, h);
+  char *ed = t_join(dir, h);
+  char *script = t_join(dir, "check.py");
+  const char *py =
+      "import json, os, struct, sys\n"
+      "d = sys.argv[1]\n"
+      "t = open(os.path.join(d, 'manifest.json')).read()\n"
+      "m = json.loads(t)\n"
+      "assert json.dumps(m) == t, 'manifest differs from json.dumps'\n"
+      "for i in range(m['num_layers']):\n"
+      "    b = open(os.path.join(d, 'layer_%d.safetensors' % i), 'rb').read()\n"
+      "    n = struct.unpack('<Q', b[:8])[0]\n"
+      "    assert (8 + n) % 8 == 0\n"
+      "    hs = b[8:8 + n].decode()\n"
+      "    hd = json.loads(hs)\n"
+      "    assert json.dumps(hd, separators=(',', ':')) == hs.rstrip(' ')\n"
+      "    assert hs == hs.rstrip(' ') + ' ' * (len(hs) - len(hs.rstrip(' "
+      "')))\n"
+      "    end = max([v['data_offsets'][1] for v in hd.values()] + [0])\n"
+      "    assert 8 + n + end == len(b)\n"
+      "    assert m['layers'][i]['layer_type'] in ('KVCache', 'ArraysCache')\n"
+      "toks = open(os.path.join(d, 'tokens.bin'), 'rb').read()\n"
+      "assert len(toks) == 4 * m['num_tokens']\n"
+      "import hashlib\n"
+      "assert hashlib.sha256(toks).hexdigest() == os.path.basename(d)\n";
+  t_write_all(script, py, strlen(py));
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s %s", script, ed);
+  CHECK_EQ_INT(system(cmd), 0);
+  free(script);
+  free(ed);
+}
+
+/* ---- allocation failures ------------------------------------------------ */
+
+static int a_at, a_calls, a_hit;
+static int a_fail(void) {
+  if (++a_calls == a_at) {
+    a_hit = 1;
+    errno = ENOMEM;
+    return 1;
+  }
+  return 0;
+}
+static void *a_malloc(size_t n) {
+  return a_fail() ? NULL : malloc(n);
+}
+static void *a_calloc(size_t n, size_t z) {
+  return a_fail() ? NULL : calloc(n, z);
+}
+static void *a_realloc(void *p, size_t n) {
+  return a_fail() ? NULL : realloc(p, n);
+}
+
+static void test_allocation_failures(void) {
+  char *dir = kvt_test_tmpdir("entry-oom");
+  kvt_rng r = {8};
+  kvt_layer ls[3];
+  ls[0] = t_kv(&r, KVT_DTYPE_BF16, 1, 1, 2, 4, 2);
+  kvt_dtype dts[2] = {KVT_DTYPE_F32, KVT_DTYPE_BF16};
+  ls[1] = t_arrays(&r, 2, dts);
+  ls[2] = t_quant(&r, 4, 32, KVT_DTYPE_BF16, 1, 1, 2, 32, 2);
+  int32_t tok[3] = {3, 1, 4};
+  char h[65];
+  kvt_token_hash(h, tok, 3);
+  kvti_io_ops ops = kvti_io_default;
+  ops.malloc = a_malloc;
+  ops.calloc = a_calloc;
+  ops.realloc = a_realloc;
+  for (int mode = 0; mode < 2; mode++) {
+    int fails = 0;
+    for (a_at = 1; a_at < 10000; a_at++) {
+      kvt_test_rmtree(dir);
+      mkdir(dir, 0700);
+      a_calls = 0;
+      a_hit = 0;
+      kvti_io_set(&ops);
+      int rc = write_entry(dir, tok, 3, ls, 3, mode, NULL);
+      kvti_io_set(NULL);
+      if (!a_hit) {
+        CHECK_EQ_INT(rc, 0);
+        break;
+      }
+      if (rc == 0)
+        continue;
+      fails++;
+      CHECK_EQ_INT(rc, KVT_ENOMEM);
+      CHECK_EQ_INT(count_dir(dir), 0);
+    }
+    CHECK(fails > 10);
+    /* reads (and describe) of the complete entry */
+    fails = 0;
+    for (a_at = 1; a_at < 10000; a_at++) {
+      a_calls = 0;
+      a_hit = 0;
+      kvt_entry *e = NULL;
+      char *js = NULL;
+      kvti_io_set(&ops);
+      int rc = kvti_entry_read(&e, dir, h, NULL);
+      int rc2 = kvti_entry_describe(&js, dir, h);
+      kvti_io_set(NULL);
+      kvt_entry_free(e);
+      kvt_free(js);
+      if (!a_hit) {
+        CHECK_EQ_INT(rc, 0);
+        CHECK_EQ_INT(rc2, 0);
+        break;
+      }
+      if (rc)
+        CHECK(e == NULL);
+      CHECK(rc == 0 || rc == KVT_ENOMEM);
+      CHECK(rc2 == 0 || rc2 == KVT_ENOMEM);
+      fails += rc != 0;
+    }
+    CHECK(fails > 10);
+  }
+  for (int i = 0; i < 3; i++)
+    t_layer_free(&ls[i]);
+}
+
 int main(void) {
   RUN(test_native_roundtrip);
   RUN(test_compat_roundtrip);
@@ -909,9 +1285,13 @@ int main(void) {
   RUN(test_corrupt_compat);
   RUN(test_failed_writes);
   RUN(test_reference_layout);
+  RUN(test_compat_bytes_match_reference);
   RUN(test_callbacks_and_cancel);
   RUN(test_snapshot_validation);
   RUN(test_compat_unsupported_bits);
   RUN(test_empty_entry);
+  RUN(test_allocation_failures);
+  RUN(test_python_json);
+  RUN(test_replaced_while_read);
   return kvt_test_done();
 }

@@ -505,6 +505,37 @@ static void test_internal(void) {
   kvt_index_close(idx);
 }
 
+/* kvti_index_put_many: one transaction, all or none. */
+static void test_put_many(void) {
+  char *dir = kvt_test_tmpdir("idx-many");
+  kvt_index *idx = NULL;
+  REQUIRE(kvti_index_open(&idx, dir, NULL, 0) == 0);
+  int32_t t[8][30];
+  kvti_index_put_args a[8];
+  for (int i = 0; i < 8; i++) {
+    seq(t[i], 30, 1000 * i);
+    a[i] = (kvti_index_put_args){t[i], 10 + (size_t)i, NULL, 5, 7, 0};
+  }
+  a[5].storage_mode = 9; /* invalid: nothing is written */
+  CHECK(kvti_index_put_many(idx, a, 8) == KVT_EINVAL);
+  uint64_t ne, db, mb;
+  kvti_index_totals(idx, &ne, NULL, NULL);
+  CHECK_EQ_INT(ne, 0);
+  a[5].storage_mode = KVT_STORAGE_COMPAT;
+  CHECK(kvti_index_put_many(idx, a, 8) == 0);
+  CHECK(kvti_index_put_many(idx, a, 0) == 0);
+  CHECK(kvti_index_put_many(idx, a, 2) == 0); /* replaces */
+  kvti_index_totals(idx, &ne, &db, &mb);
+  CHECK(ne == 8 && db == 56 && mb == 40);
+  kvt_index_close(idx);
+  REQUIRE(kvti_index_open(&idx, dir, NULL, 0) == 0);
+  kvt_entry_info info;
+  CHECK(kvti_index_find(&info, idx, t[5], 15, 0) == 0 && info.disk_bytes == 7);
+  CHECK(kvti_index_find_prefix(&info, idx, t[7], 30, 0) == 0 &&
+        info.num_tokens == 17);
+  kvt_index_close(idx);
+}
+
 /* Many entries sharing a long prefix, differing in length and tail: the longest
  * is found. */
 static void test_shared_prefix(void) {
@@ -691,6 +722,15 @@ static void test_reference_db_and_hostile(void) {
   raw_insert(db, hy, y, 92, py, 23, hy, -5, 1.0,
              1.0); /* negative memory_bytes */
   raw_insert(db, "zz", y, 92, py, 23, "zz", 1, 1.0, 1.0); /* bad token_hash */
+  /* Well-formed, but the blob is not the sequence its token_hash names: the
+   * blob's tokens must never be answered with that key. */
+  int32_t z[24], zreal[24];
+  seq(z, 24, 3000);
+  seq(zreal, 24, 4000);
+  char hz[65], pz[65];
+  hash_of(hz, zreal, 24);
+  REQUIRE(kvt_prefix_hash(pz, z, 24) == 0);
+  raw_insert(db, hz, z, 96, pz, 24, hz, 1, 1.0, 1.0);
   /* A stale kvtier_meta row (the reference deleted its entry). */
   raw_exec(
       db,
@@ -719,14 +759,16 @@ static void test_reference_db_and_hostile(void) {
   CHECK(kvti_index_find(&info, idx, y, 23, 0) == KVT_ENOTFOUND);
   uint64_t ne;
   kvti_index_totals(idx, &ne, NULL, NULL);
-  CHECK_EQ_INT(ne, 1);
+  CHECK_EQ_INT(ne, 2);
+  CHECK(kvti_index_find_prefix(&info, idx, z, 24, 0) == KVT_ENOTFOUND);
+  CHECK(kvti_index_find(&info, idx, z, 24, 0) == KVT_ENOTFOUND);
   int32_t *tok = NULL;
   size_t n = 0;
   CHECK(kvti_index_tokens(&tok, &n, idx, hu) == KVT_ECORRUPT);
   CHECK(kvti_index_tokens(&tok, &n, idx, hx) == KVT_ECORRUPT);
   /* The public list functions leave them out too. */
   kvt_index_rows rs;
-  CHECK(kvt_index_all(&rs, idx) == 0 && rs.count == 1);
+  CHECK(kvt_index_all(&rs, idx) == 0 && rs.count == 2);
   kvt_index_rows_free(&rs);
   kvt_index_close(idx);
 
@@ -931,6 +973,7 @@ int main(void) {
   RUN(test_ssdindex_ops);
   RUN(test_empty_entry);
   RUN(test_internal);
+  RUN(test_put_many);
   RUN(test_shared_prefix);
   RUN(test_migration);
   RUN(test_reference_db_and_hostile);

@@ -13,7 +13,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-enum { BASE = 40, STABLE = 20, CHURN = 60, ROUNDS = 300, READERS = 3 };
+enum { BASE = 40, STABLE = 20, CHURN = 60, ROUNDS = 500, READERS = 3 };
 
 static kvt_index *g_idx;
 static atomic_int g_stop;
@@ -49,6 +49,12 @@ static void *writer(void *arg) {
   return NULL;
 }
 
+static int count_fn(void *ctx, const kvt_entry_info *e) {
+  (void)e;
+  (*(int *)ctx)++;
+  return 0;
+}
+
 static void *reader(void *arg) {
   kvt_rng rng = {(uint64_t)(uintptr_t)arg};
   while (!atomic_load(&g_stop)) {
@@ -82,14 +88,27 @@ static void *reader(void *arg) {
       atomic_fetch_add(&g_bad, 1);
     if (kvti_index_lru_victim(&info, g_idx) != 0)
       atomic_fetch_add(&g_bad, 1);
+    kvt_index_rows rs;
+    if (kvt_index_lookup_prefix(&rs, g_idx, t, n + 1) != 0)
+      atomic_fetch_add(&g_bad, 1);
+    else {
+      for (size_t i = 0; i < rs.count; i++) {
+        char hp[65];
+        kvt_token_hash(hp, rs.rows[i].tokens, rs.rows[i].n_tokens);
+        if (strcmp(hp, rs.rows[i].token_hash) != 0 ||
+            (i && rs.rows[i].num_tokens >= rs.rows[i - 1].num_tokens))
+          atomic_fetch_add(&g_bad, 1);
+      }
+      kvt_index_rows_free(&rs);
+    }
+    if ((w & 15) == 0) {
+      int visited = 0;
+      if (kvti_index_foreach(g_idx, count_fn, &visited) != 0 ||
+          visited < STABLE)
+        atomic_fetch_add(&g_bad, 1);
+    }
   }
   return NULL;
-}
-
-static int count_fn(void *ctx, const kvt_entry_info *e) {
-  (void)e;
-  (*(int *)ctx)++;
-  return 0;
 }
 
 static void test_concurrent(void) {
