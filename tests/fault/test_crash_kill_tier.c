@@ -272,8 +272,8 @@ static void test_crash_kill(void) {
   double t0 = now_s();
   for (long i = 0; i < max_trials && now_s() - t0 < budget; i++) {
     make_plan(&p, &rng);
-    /* A process crash loses nothing the kernel has: both durability modes must keep every
-     * acknowledged entry. Odd trials run without fsync. */
+    /* A process crash loses nothing the kernel has: both durability modes must
+     * keep every acknowledged entry. Odd trials run without fsync. */
     g_durability = (i & 1) ? KVT_DURABILITY_NONE : KVT_DURABILITY_FSYNC;
     long delay = (long)(kvt_rng_next(&rng) % (uint64_t)span_us);
     trial(&p, delay, &acked, &mid);

@@ -1,14 +1,16 @@
 /*
- * test_crashsim_index_tier.c - the power-loss check for the index half of a spill. The entry
- * files go through kvtier's I/O seam (checked by test_crashsim_entry.c); index.db goes through
- * SQLite, so this test wraps SQLite's default VFS with a shim that tracks, for the database
- * file, its WAL and journals, whether bytes were written since that file's last xSync. At
- * the moment the tier acknowledges a spill as written (spill_done_fn, status 0) with
- * durability FSYNC, nothing the acknowledgement depends on may be unsynced: if the WAL frames
- * holding the entry's row were still unsynced, a power loss could roll the row back, and the
- * next open's reconcile would delete the entry's (durable) directory as an orphan - an
- * acknowledged entry lost. With durability NONE no such promise is made: the test only
- * reports what it sees.
+ * test_crashsim_index_tier.c - the power-loss check for the index half of a
+ * spill. The entry files go through kvtier's I/O seam (checked by
+ * test_crashsim_entry.c); index.db goes through SQLite, so this test wraps
+ * SQLite's default VFS with a shim that tracks, for the database file, its WAL
+ * and journals, whether bytes were written since that file's last xSync. At the
+ * moment the tier acknowledges a spill as written (spill_done_fn, status 0)
+ * with durability FSYNC, nothing the acknowledgement depends on may be
+ * unsynced: if the WAL frames holding the entry's row were still unsynced, a
+ * power loss could roll the row back, and the next open's reconcile would
+ * delete the entry's (durable) directory as an orphan - an acknowledged entry
+ * lost. With durability NONE no such promise is made: the test only reports
+ * what it sees.
  */
 #include "rel_tier.h"
 
@@ -67,15 +69,21 @@ static int s_sync(sqlite3_file *f, int flags) {
 static int s_size(sqlite3_file *f, sqlite3_int64 *s) {
   return REAL(f)->pMethods->xFileSize(REAL(f), s);
 }
-static int s_lock(sqlite3_file *f, int l) { return REAL(f)->pMethods->xLock(REAL(f), l); }
-static int s_unlock(sqlite3_file *f, int l) { return REAL(f)->pMethods->xUnlock(REAL(f), l); }
+static int s_lock(sqlite3_file *f, int l) {
+  return REAL(f)->pMethods->xLock(REAL(f), l);
+}
+static int s_unlock(sqlite3_file *f, int l) {
+  return REAL(f)->pMethods->xUnlock(REAL(f), l);
+}
 static int s_check(sqlite3_file *f, int *o) {
   return REAL(f)->pMethods->xCheckReservedLock(REAL(f), o);
 }
 static int s_fcntl(sqlite3_file *f, int op, void *a) {
   return REAL(f)->pMethods->xFileControl(REAL(f), op, a);
 }
-static int s_sector(sqlite3_file *f) { return REAL(f)->pMethods->xSectorSize(REAL(f)); }
+static int s_sector(sqlite3_file *f) {
+  return REAL(f)->pMethods->xSectorSize(REAL(f));
+}
 static int s_devchar(sqlite3_file *f) {
   return REAL(f)->pMethods->xDeviceCharacteristics(REAL(f));
 }
@@ -85,7 +93,9 @@ static int s_shmmap(sqlite3_file *f, int i, int sz, int e, void volatile **p) {
 static int s_shmlock(sqlite3_file *f, int o, int n, int fl) {
   return REAL(f)->pMethods->xShmLock(REAL(f), o, n, fl);
 }
-static void s_shmbarrier(sqlite3_file *f) { REAL(f)->pMethods->xShmBarrier(REAL(f)); }
+static void s_shmbarrier(sqlite3_file *f) {
+  REAL(f)->pMethods->xShmBarrier(REAL(f));
+}
 static int s_shmunmap(sqlite3_file *f, int d) {
   return REAL(f)->pMethods->xShmUnmap(REAL(f), d);
 }
@@ -96,7 +106,8 @@ static int s_unfetch(sqlite3_file *f, sqlite3_int64 o, void *p) {
   return REAL(f)->pMethods->xUnfetch(REAL(f), o, p);
 }
 
-static int s_open(sqlite3_vfs *v, const char *name, sqlite3_file *f, int flags, int *out) {
+static int s_open(sqlite3_vfs *v, const char *name, sqlite3_file *f, int flags,
+                  int *out) {
   (void)v;
   shim_file *sf = (shim_file *)f;
   memset(sf, 0, sizeof *sf);
@@ -106,9 +117,11 @@ static int s_open(sqlite3_vfs *v, const char *name, sqlite3_file *f, int flags, 
     sf->base.pMethods = NULL;
     return rc;
   }
-  g_methods.iVersion = sf->real->pMethods->iVersion < 3 ? sf->real->pMethods->iVersion : 3;
+  g_methods.iVersion =
+      sf->real->pMethods->iVersion < 3 ? sf->real->pMethods->iVersion : 3;
   sf->base.pMethods = &g_methods;
-  sf->tracked = (flags & (SQLITE_OPEN_MAIN_DB | SQLITE_OPEN_WAL | SQLITE_OPEN_MAIN_JOURNAL)) != 0;
+  sf->tracked = (flags & (SQLITE_OPEN_MAIN_DB | SQLITE_OPEN_WAL |
+                          SQLITE_OPEN_MAIN_JOURNAL)) != 0;
   return rc;
 }
 static int s_delete(sqlite3_vfs *v, const char *n, int sync) {
@@ -147,10 +160,11 @@ static int s_time64(sqlite3_vfs *v, sqlite3_int64 *t) {
 static void shim_install(void) {
   g_real = sqlite3_vfs_find(NULL);
   REQUIRE(g_real);
-  g_methods = (sqlite3_io_methods){3,        s_close,     s_read,     s_write,    s_truncate,
-                                   s_sync,   s_size,      s_lock,     s_unlock,   s_check,
-                                   s_fcntl,  s_sector,    s_devchar,  s_shmmap,   s_shmlock,
-                                   s_shmbarrier, s_shmunmap, s_fetch, s_unfetch};
+  g_methods = (sqlite3_io_methods){
+      3,         s_close,  s_read,    s_write,      s_truncate, s_sync,
+      s_size,    s_lock,   s_unlock,  s_check,      s_fcntl,    s_sector,
+      s_devchar, s_shmmap, s_shmlock, s_shmbarrier, s_shmunmap, s_fetch,
+      s_unfetch};
   memset(&g_shim, 0, sizeof g_shim);
   g_shim.iVersion = 2;
   g_shim.szOsFile = (int)sizeof(shim_file) + g_real->szOsFile;
@@ -207,13 +221,17 @@ static void run(int durability, int *acks, int *unsynced) {
 static void test_ack_implies_index_synced(void) {
   int acks, uns;
   run(KVT_DURABILITY_FSYNC, &acks, &uns);
-  fprintf(stderr, "FSYNC: %d spills acknowledged, %d while index.db/WAL writes were unsynced "
-                  "(%ld SQLite writes, %ld syncs)\n",
+  fprintf(stderr,
+          "FSYNC: %d spills acknowledged, %d while index.db/WAL writes were "
+          "unsynced "
+          "(%ld SQLite writes, %ld syncs)\n",
           acks, uns, atomic_load(&g_writes), atomic_load(&g_syncs));
   CHECK_EQ_INT(acks, 20);
   CHECK_EQ_INT(uns, 0);
   run(KVT_DURABILITY_NONE, &acks, &uns);
-  fprintf(stderr, "NONE: %d acknowledged, %d with unsynced index writes (allowed)\n", acks, uns);
+  fprintf(stderr,
+          "NONE: %d acknowledged, %d with unsynced index writes (allowed)\n",
+          acks, uns);
 }
 
 int main(void) {
