@@ -90,9 +90,9 @@ static void test_owner_and_modes_refused(void) {
   free(d2data);
 }
 
-static void test_modes(void) {
-  mode_t old = umask(0);
-  char *d = rel_path(g_root, "modes", NULL);
+static void modes_under(mode_t um, const char *name) {
+  mode_t old = umask(um);
+  char *d = rel_path(g_root, name, NULL);
   kvt_options o = rel_opts(d, KVT_DURABILITY_FSYNC);
   o.file_mode = 0640;
   o.dir_mode = 0750;
@@ -134,6 +134,11 @@ static void test_modes(void) {
   free(db);
   free(d);
   umask(old);
+}
+
+static void test_modes(void) {
+  modes_under(0, "modes0");
+  modes_under(077, "modes077");
 }
 
 /* A cache with entries a (spilled) and an outside copy of a's directory. */
