@@ -158,29 +158,29 @@ void fio_reset(void) {
 }
 
 void fio_install(void) {
-  g_ops = (kvti_io_ops){
-      .open = w_open,
-      .close = w_close,
-      .pread = w_pread,
-      .pwrite = w_pwrite,
-      .fsync = w_fsync,
-      .ftruncate = w_ftruncate,
-      .fstat = w_fstat,
-      .lstat = w_lstat,
-      .rename = w_rename,
-      .mkdir = w_mkdir,
-      .rmdir = w_rmdir,
-      .unlink = w_unlink,
-      .chmod = w_chmod,
-      .opendir = w_opendir,
-      .readdir = w_readdir,
-      .closedir = w_closedir,
-      .malloc = w_malloc,
-      .calloc = w_calloc,
-      .realloc = w_realloc,
-      .free = w_free,
-      .rename_exchange = w_rename_exchange,
-  };
+  /* Start from the real table so hooks this harness does not wrap keep working. */
+  g_ops = kvti_io_default;
+  g_ops.open = w_open;
+  g_ops.close = w_close;
+  g_ops.pread = w_pread;
+  g_ops.pwrite = w_pwrite;
+  g_ops.fsync = w_fsync;
+  g_ops.ftruncate = w_ftruncate;
+  g_ops.fstat = w_fstat;
+  g_ops.lstat = w_lstat;
+  g_ops.rename = w_rename;
+  g_ops.mkdir = w_mkdir;
+  g_ops.rmdir = w_rmdir;
+  g_ops.unlink = w_unlink;
+  g_ops.chmod = w_chmod;
+  g_ops.opendir = w_opendir;
+  g_ops.readdir = w_readdir;
+  g_ops.closedir = w_closedir;
+  g_ops.malloc = w_malloc;
+  g_ops.calloc = w_calloc;
+  g_ops.realloc = w_realloc;
+  g_ops.free = w_free;
+  g_ops.rename_exchange = w_rename_exchange;
   fio_reset();
   kvti_io_set(&g_ops);
 }

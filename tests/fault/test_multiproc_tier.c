@@ -108,7 +108,7 @@ static int promote_all(kvt_tier *t, long *ok, long *miss, long *fail) {
     } else {
       (*fail)++; /* e.g. the entry was replaced or evicted under the reader:
                     refused, fine */
-      if (rc != KVT_ECORRUPT && rc != KVT_EIO) {
+      if (rc != KVT_ECORRUPT && rc != KVT_EIO && rc != KVT_EAGAIN) {
         fprintf(stderr, "reader: unexpected %d (%s)\n", rc, kvt_last_error());
         return 1;
       }
