@@ -158,7 +158,8 @@ void fio_reset(void) {
 }
 
 void fio_install(void) {
-  /* Start from the real table so hooks this harness does not wrap keep working. */
+  /* Start from the real table so hooks this harness does not wrap keep working.
+   */
   g_ops = kvti_io_default;
   g_ops.open = w_open;
   g_ops.close = w_close;

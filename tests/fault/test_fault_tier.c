@@ -1,26 +1,30 @@
 /*
  * test_fault_tier.c - fault injection through the whole tier. A pristine cache
- * directory holds E1, E2 and a corrupt E4. For each fault (EIO, ENOSPC, a full
+ * directory holds E1, E2, E7, a corrupt E4 and debris (a row without files, a
+ * directory without a row, a stale tmp). For each fault (EIO, ENOSPC, a full
  * disk, EINTR, short transfers, fsync and rename failures, allocation failure)
  * and each call site of that operation in turn, one run under the fault does:
- * open, start the writer, spill E3 (new) and E1' (a replacement of E1), flush,
- * promote E2, promote the corrupt E4 (quarantine), reconcile, close. Asserted
- * after each run: no crash or leak (sanitizer builds); failures come back as
- * error codes with a message and are counted (write_failures for failed spills,
- * promotion_failures for failed promotes); EINTR and short transfers change
- * nothing; the corrupt entry is never served; and after a clean reopen: no
- * temporaries, every row verifies, every directory has a row, E2 (never written
- * under the fault) is still there and intact - a transient fault never makes
- * the tier drop or quarantine a good entry -, E3 and E1' are there exactly when
- * their spill was reported written, and E1 otherwise keeps its old version.
- * KVT_FAULT_TIER_STRIDE (default 1) fails only every Nth call site, to shorten
- * the run.
+ * open (purge + reconcile of the debris), start the writer, spill E3 (new), E1'
+ * (a replacement of E1) and E8 (zero-copy), flush, promote E2 asynchronously,
+ * remove E7, promote E2, promote the corrupt E4 (quarantine), reconcile, close.
+ * Asserted after each run: no crash or leak (sanitizer builds; open descriptors
+ * are counted too), the zero-copy release callback ran exactly once, failures
+ * come back as error codes with a message and are counted (write_failures for
+ * failed spills, promotion_failures for failed promotes), EINTR and short
+ * transfers change nothing, the corrupt entry is never served; and after a
+ * clean reopen: no temporaries, every row verifies, every directory has a row,
+ * E2 (never written under the fault) is still there and intact - a transient
+ * fault never makes the tier drop or quarantine a good entry -, E3, E8 and E1'
+ * are there exactly when their spill was reported written, E1 otherwise keeps
+ * its old version, and E7 is either whole or gone. KVT_FAULT_TIER_STRIDE
+ * (default 1) fails only every Nth call site, to shorten the run.
  */
 #include "faultio.h"
 #include "rel_tier.h"
 
 static char g_pristine[4096], g_dir[4096];
-static t_entry E1, E1v, E2, E3, E4, E5, E6;
+static t_entry E1, E1v, E2, E3, E4, E5, E6, E7, E8;
+static atomic_int g_released;
 static uint64_t g_last_quarantined, g_last_reconciled;
 static uint64_t g_runs, g_write_failed, g_promote_failed, g_open_failed,
     g_replace_lost;
@@ -34,7 +38,8 @@ static void make_pristine(void) {
   kvt_options o = rel_opts(g_pristine, KVT_DURABILITY_FSYNC);
   kvt_tier *t = t_open(&o);
   REQUIRE(kvt_tier_start_writer(t) == 0);
-  REQUIRE(t_spill(t, &E1) == 0 && t_spill(t, &E2) == 0 && t_spill(t, &E4) == 0);
+  REQUIRE(t_spill(t, &E1) == 0 && t_spill(t, &E2) == 0 &&
+          t_spill(t, &E4) == 0 && t_spill(t, &E7) == 0);
   REQUIRE(kvt_tier_flush(t, -1) == 0);
   char *f = t_entry_path(t, E4.tokens, E4.n_tokens, "layer_1.safetensors");
   REQUIRE(t_flip(f, -3) == 0);
@@ -70,6 +75,36 @@ static int transparent(const fault *f) {
   return f->kind == FIO_FAIL_SHORT || f->err == EINTR;
 }
 
+/* Open descriptors of this process (a fault path that leaks an fd shows up
+ * here). */
+static int open_fds(void) {
+  return r_count("/proc/self/fd", NULL);
+}
+
+static void on_release(void *ctx) {
+  (void)ctx;
+  atomic_fetch_add(&g_released, 1);
+}
+
+/* Async promote of e: 0 + same data, or the code. */
+static int promote_async_same(kvt_tier *t, const t_entry *e, int *same) {
+  kvt_promise *p = NULL;
+  *same = 0;
+  int rc = kvt_tier_promote_async(&p, t, e->tokens, e->n_tokens, NULL);
+  if (rc != 0) {
+    CHECK(p == NULL);
+    return rc;
+  }
+  CHECK_EQ_INT(kvt_promise_wait(p, -1), 0);
+  kvt_entry *got = NULL;
+  rc = kvt_promise_result(&got, p);
+  *same = rc == 0 && got && t_same(got, e);
+  CHECK(rc == 0 || got == NULL);
+  kvt_entry_free(got);
+  kvt_promise_free(p);
+  return rc;
+}
+
 /* Promotes e on t; 0 + same data, or the promote's code. */
 static int promote_same(kvt_tier *t, const t_entry *e, int *same) {
   kvt_entry *got = NULL;
@@ -95,6 +130,9 @@ static int run_once(const fault *f, uint64_t nth) {
   kvt_options o = rel_opts(g_dir, KVT_DURABILITY_FSYNC);
   o.spill_done_fn = rel_done_fn;
   o.spill_done_ctx = &done;
+  int fds0 = open_fds();
+  atomic_store(&g_released, 0);
+  int nocopy_called = 0;
   fio_install();
   fio_arm(f->op, nth, f->kind, f->err, f->sticky);
   kvt_clear_error();
@@ -108,7 +146,21 @@ static int run_once(const fault *f, uint64_t nth) {
     int s3 = t_spill(t, &E3), s1 = t_spill(t, &E1v);
     CHECK(s3 == 0 || s3 == KVT_ENOMEM);
     CHECK(s1 == 0 || s1 == KVT_ENOMEM);
+    /* Zero-copy spill: its release callback must run exactly once whatever
+     * happens. */
+    int s8 =
+        kvt_tier_spill_nocopy(t, E8.tokens, E8.n_tokens, E8.layers, E8.n_layers,
+                              E8.memory_bytes, on_release, NULL);
+    CHECK(s8 == 0 || s8 == KVT_ENOMEM);
+    nocopy_called = 1;
     kvt_tier_flush(t, 20000);
+    int same2a = 0, rc_a = promote_async_same(t, &E2, &same2a);
+    if (rc_a == 0)
+      CHECK(same2a);
+    else
+      CHECK(code_ok(rc_a));
+    int rm = kvt_tier_remove(t, E7.tokens, E7.n_tokens);
+    CHECK(rm == 0 || code_ok(rm));
     rc_p2 = promote_same(t, &E2, &same2);
     rc_p4 = promote_same(t, &E4, &same4);
     kvt_tier_reconcile(t);
@@ -129,6 +181,13 @@ static int run_once(const fault *f, uint64_t nth) {
   uint64_t fired = fio_fired();
   fio_remove();
   g_runs++;
+  if (nocopy_called)
+    CHECK_EQ_INT(atomic_load(&g_released), 1);
+  int fds1 = open_fds();
+  if (fds1 != fds0)
+    fprintf(stderr, "  %s #%llu: %d descriptors leaked\n", fio_op_name(f->op),
+            (unsigned long long)nth, fds1 - fds0);
+  CHECK_EQ_INT(fds1, fds0);
   char h1[65], h3[65];
   hash_of(h1, &E1v);
   hash_of(h3, &E3);
@@ -194,6 +253,16 @@ static int run_once(const fault *f, uint64_t nth) {
   }
   rc = promote_same(t2, &E4, &same);
   CHECK(rc != 0);
+  /* A removal under the fault: the entry is either whole or gone. */
+  rc = promote_same(t2, &E7, &same);
+  CHECK(rc == KVT_ENOTFOUND || (rc == 0 && same));
+  char h8[65];
+  hash_of(h8, &E8);
+  rc = promote_same(t2, &E8, &same);
+  if (rel_done_status(&done, h8) == 0)
+    CHECK(rc == 0 && same);
+  else
+    CHECK_EQ_INT(rc, KVT_ENOTFOUND);
   kvt_tier_close(t2, -1);
   kvt_tier_free(t2);
   if (kvt_test_failures != before)
@@ -300,6 +369,8 @@ int main(void) {
   E4 = t_make(4, 20, 2, 4, 8);
   E5 = t_make(5, 21, 2, 4, 8);
   E6 = t_make(6, 22, 2, 4, 8);
+  E7 = t_make(7, 23, 2, 4, 8);
+  E8 = t_make(8, 25, 2, 4, 8);
   make_pristine();
   RUN(test_baseline);
   RUN(test_tier_faults);
@@ -310,5 +381,7 @@ int main(void) {
   t_free(&E4);
   t_free(&E5);
   t_free(&E6);
+  t_free(&E7);
+  t_free(&E8);
   return kvt_test_done();
 }
