@@ -10,8 +10,8 @@
  * with a message, leaves no new entry and no temporary behind, and never
  * changes the entry it was replacing; a failed read returns no data and never
  * reports a transient fault as corruption (the tier would quarantine a good
- * entry); retried without the fault, everything succeeds and reads back bit for
- * bit.
+ * entry); no file descriptor leaks on any path (counted in /proc/self/fd);
+ * retried without the fault, everything succeeds and reads back bit for bit.
  */
 #include "faultio.h"
 #include "rel_common.h"
@@ -58,11 +58,13 @@ static int write_once(const fault *f, uint64_t nth, const r_entry *old,
   fio_install();
   fio_set_no_exchange(no_exch);
   REQUIRE(r_write(g_data, old, KVT_STORAGE_NATIVE, 1) == 0);
+  int fds0 = r_count("/proc/self/fd", NULL);
   fio_arm(f->op, nth, f->kind, f->err, f->sticky);
   kvt_clear_error();
   int rc = r_write(g_data, neu, KVT_STORAGE_NATIVE, 1);
   uint64_t fired = fio_fired();
   fio_disarm();
+  CHECK_EQ_INT(r_count("/proc/self/fd", NULL), fds0); /* no descriptor leaked */
   g_runs++;
   int transparent = f->kind == FIO_FAIL_SHORT || f->err == EINTR;
   if (fired && transparent) {
@@ -136,6 +138,7 @@ static int write_once(const fault *f, uint64_t nth, const r_entry *old,
 
 static uint64_t read_once(const fault *f, uint64_t nth, const r_entry *e) {
   char name[96];
+  int fds0 = r_count("/proc/self/fd", NULL);
   fio_install();
   fio_arm(f->op, nth, f->kind, f->err, f->sticky);
   kvt_clear_error();
@@ -143,6 +146,7 @@ static uint64_t read_once(const fault *f, uint64_t nth, const r_entry *e) {
   int rc = r_read(g_data, e, &same);
   uint64_t fired = fio_fired();
   fio_remove();
+  CHECK_EQ_INT(r_count("/proc/self/fd", NULL), fds0);
   g_runs++;
   CHECK(rc != -1000); /* never data together with an error */
   int transparent = f->kind == FIO_FAIL_SHORT || f->err == EINTR;
