@@ -25,7 +25,8 @@
 static char g_pristine[4096], g_dir[4096];
 static t_entry E1, E1v, E2, E3, E4, E5, E6, E7, E8;
 static atomic_int g_released;
-static uint64_t g_last_quarantined, g_last_reconciled;
+static uint64_t g_last_quarantined, g_last_reconciled,
+    g_served_during_write_faults;
 static uint64_t g_runs, g_write_failed, g_promote_failed, g_open_failed,
     g_replace_lost;
 
@@ -70,6 +71,13 @@ typedef struct fault {
   int err;
   int sticky;
 } fault;
+
+/* Operations only writes use: a promote must work while they fail. */
+static int write_only(fio_op op) {
+  return op == FIO_PWRITE || op == FIO_FSYNC || op == FIO_RENAME ||
+         op == FIO_MKDIR || op == FIO_RMDIR || op == FIO_UNLINK ||
+         op == FIO_CHMOD || op == FIO_RENAME_EXCHANGE;
+}
 
 static int transparent(const fault *f) {
   return f->kind == FIO_FAIL_SHORT || f->err == EINTR;
@@ -162,6 +170,18 @@ static int run_once(const fault *f, uint64_t nth) {
     int rm = kvt_tier_remove(t, E7.tokens, E7.n_tokens);
     CHECK(rm == 0 || code_ok(rm));
     rc_p2 = promote_same(t, &E2, &same2);
+    if (write_only(f->op)) {
+      /* Writes failing (a full or read-only disk) never stop the tier from
+       * serving what it has: E2, and E1 in its old or new version. */
+      CHECK_EQ_INT(rc_p2, 0);
+      int s_old = 0, s_new = 0;
+      int r1 = promote_same(t, &E1, &s_old);
+      if (r1 == 0 && !s_old)
+        CHECK_EQ_INT(promote_same(t, &E1v, &s_new), 0);
+      CHECK_EQ_INT(r1, 0);
+      CHECK(s_old || s_new);
+      g_served_during_write_faults++;
+    }
     rc_p4 = promote_same(t, &E4, &same4);
     kvt_tier_reconcile(t);
     CHECK_EQ_INT(kvt_tier_stats(&st, t), 0);
@@ -349,11 +369,14 @@ static void test_tier_faults(void) {
       "tier: %llu runs over %llu call sites, %llu faults injected; %llu opens "
       "failed, %llu spills failed (counted), %llu promotes failed (counted), "
       "%llu "
-      "failed replaces removed the old version\n",
+      "failed replaces removed the old version; %llu sessions kept serving "
+      "while writes "
+      "failed\n",
       (unsigned long long)g_runs, (unsigned long long)sites,
       (unsigned long long)fio_total_injected(),
       (unsigned long long)g_open_failed, (unsigned long long)g_write_failed,
-      (unsigned long long)g_promote_failed, (unsigned long long)g_replace_lost);
+      (unsigned long long)g_promote_failed, (unsigned long long)g_replace_lost,
+      (unsigned long long)g_served_during_write_faults);
 }
 
 int main(void) {
