@@ -10,6 +10,9 @@
  * evicts (max_entries): every entry the reader is handed is exactly one version
  * that was spilled for its key - never torn or mixed data - and afterwards the
  * directory is consistent. KVT_MULTIPROC_SECONDS (default 4) bounds the race.
+ * Last, a process that forks (without exec) after using the tier: parent and
+ * child then promote at the same time, and both must read exact data without
+ * hanging (no I/O state, such as a cached io_uring ring, may be shared).
  */
 #include "rel_tier.h"
 
@@ -214,6 +217,74 @@ static void test_reader_during_writes(void) {
   free(dir);
 }
 
+/* Forks without exec after the parent has used a tier (servers that fork
+ * workers, Python's multiprocessing "fork"): the child must not share any I/O
+ * state with the parent - e.g. a cached io_uring instance, whose rings a fork
+ * shares - so parent and child promote at the same time, on their own tiers
+ * over copies of one directory, and each must read exactly what was spilled. */
+static int promote_loop(const char *dir, int rounds) {
+  kvt_options o = rel_opts(dir, KVT_DURABILITY_NONE);
+  kvt_tier *t = NULL;
+  if (kvt_tier_open(&t, &o) != 0)
+    return 1;
+  long ok = 0, miss = 0, fail = 0;
+  int bad = 0;
+  for (int r = 0; r < rounds && !bad; r++)
+    bad = promote_all(t, &ok, &miss, &fail);
+  kvt_tier_close(t, -1);
+  kvt_tier_free(t);
+  if (!bad && (miss || fail))
+    fprintf(stderr, "fork: %ld served, %ld missing, %ld failed (%s)\n", ok,
+            miss, fail, kvt_last_error());
+  return bad || miss || fail;
+}
+
+static void on_alarm(int sig) {
+  (void)sig;
+  static const char msg[] =
+      "test_fork_after_use: promotes hung after fork (I/O state shared "
+      "with the other process?)\n";
+  if (write(2, msg, sizeof msg - 1) < 0) {
+  }
+  _exit(1);
+}
+
+static void test_fork_after_use(void) {
+  /* A hang is a failure too: both processes give up after 60 s. */
+  signal(SIGALRM, on_alarm);
+  alarm(60);
+  char *root = kvt_test_tmpdir("mp-fork");
+  char *a = rel_path(root, "a", NULL), *b = rel_path(root, "b", NULL);
+  kvt_options o = rel_opts(a, KVT_DURABILITY_NONE);
+  kvt_tier *t = t_open(&o);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  for (int k = 0; k < N_KEYS; k++) {
+    t_entry e = make_version(k, 0);
+    REQUIRE(t_spill(t, &e) == 0);
+    t_free(&e);
+  }
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  kvt_tier_close(t, -1);
+  kvt_tier_free(t);
+  r_copy_tree(a, b);
+  chmod(b, 0700);
+  CHECK_EQ_INT(promote_loop(a, 2), 0); /* the parent has used the read path */
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    alarm(60); /* alarms are not inherited across fork */
+    _exit(promote_loop(b, 40));
+  }
+  CHECK_EQ_INT(promote_loop(a, 40), 0);
+  int code = wait_code(pid);
+  if (code != 0)
+    fprintf(stderr, "  forked child's promotes failed (code %d)\n", code);
+  CHECK_EQ_INT(code, 0);
+  alarm(0);
+  free(a);
+  free(b);
+}
+
 int main(int argc, char **argv) {
   if (argc >= 3) {
     if (!strcmp(argv[1], "try-writer"))
@@ -231,5 +302,6 @@ int main(int argc, char **argv) {
   g_self[n] = '\0';
   RUN(test_writer_lock);
   RUN(test_reader_during_writes);
+  RUN(test_fork_after_use);
   return kvt_test_done();
 }
