@@ -45,6 +45,18 @@ int cli_parse(const char *cmd, int argc, char **argv, cli_flag *flags,
               int *help);
 cli_flag *cli_flag_get(cli_flag *flags, size_t nflags, const char *name);
 
+/* Returned by cli_begin when the command should go on (not an exit code). */
+#define CLI_RUN (-1)
+
+/* The start every command shares: cli_parse (maxpos positionals into pos),
+ * then "--help" prints help to stdout (exit CLI_OK), and fewer than minpos
+ * positionals print "kvtier CMD: MISSING" and the help to stderr (exit
+ * CLI_USAGE; missing may be NULL when minpos is 0). Returns CLI_RUN when the
+ * command should go on, else the exit code to return. */
+int cli_begin(const char *cmd, const char *help, const char *missing, int argc,
+              char **argv, cli_flag *flags, size_t nflags, const char **pos,
+              size_t minpos, size_t maxpos);
+
 /* Parsers of user values; return 0 or -1 (caller reports usage). */
 int cli_parse_size(const char *s, uint64_t *out);    /* 10G, 512M, 4096 */
 int cli_parse_duration(const char *s, int64_t *out); /* 7d, 12h, 1h30m, 45 */

@@ -95,6 +95,26 @@ int cli_parse(const char *cmd, int argc, char **argv, cli_flag *flags,
   return 0;
 }
 
+int cli_begin(const char *cmd, const char *help, const char *missing, int argc,
+              char **argv, cli_flag *flags, size_t nflags, const char **pos,
+              size_t minpos, size_t maxpos) {
+  size_t np = 0;
+  int want_help = 0;
+  int rc =
+      cli_parse(cmd, argc, argv, flags, nflags, pos, maxpos, &np, &want_help);
+  if (rc)
+    return rc;
+  if (want_help) {
+    fputs(help, stdout);
+    return CLI_OK;
+  }
+  if (np < minpos) {
+    fprintf(stderr, "kvtier %s: %s\n%s", cmd, missing, help);
+    return CLI_USAGE;
+  }
+  return CLI_RUN;
+}
+
 int cli_parse_u64(const char *s, uint64_t *out) {
   if (!s || !*s || !isdigit((unsigned char)*s))
     return -1;

@@ -484,15 +484,9 @@ int cmd_bench(int argc, char **argv) {
                   {"no-progress", 0}, {"cold", 1},      {"verbose", 0}};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1] = {NULL};
-  size_t np = 0;
-  int help = 0;
-  int rc = cli_parse("bench", argc, argv, f, nf, pos, 1, &np, &help);
-  if (rc)
+  int rc = cli_begin("bench", BENCH_HELP, NULL, argc, argv, f, nf, pos, 0, 1);
+  if (rc != CLI_RUN)
     return rc;
-  if (help) {
-    fputs(BENCH_HELP, stdout);
-    return CLI_OK;
-  }
   bench_cfg c;
   memset(&c, 0, sizeof c);
   c.json = cli_flag_get(f, nf, "json")->set;

@@ -112,20 +112,11 @@ int cmd_ls(int argc, char **argv) {
                   {"full", 0}, {"no-describe", 0}, {"verbose", 0}};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1];
-  size_t np = 0;
-  int help = 0;
-  int rc = cli_parse("ls", argc, argv, f, nf, pos, 1, &np, &help);
-  if (rc)
+  int rc =
+      cli_begin("ls", LS_HELP, "missing DIR", argc, argv, f, nf, pos, 1, 1);
+  if (rc != CLI_RUN)
     return rc;
-  if (help) {
-    fputs(LS_HELP, stdout);
-    return CLI_OK;
-  }
   int json = cli_flag_get(f, nf, "json")->set;
-  if (np != 1) {
-    fprintf(stderr, "kvtier ls: missing DIR\n%s", LS_HELP);
-    return CLI_USAGE;
-  }
   static const char *keys[] = {"accessed", "created", "size",
                                "memory",   "tokens",  "hash"};
   sort_key = 0;
@@ -279,21 +270,12 @@ int cmd_stats(int argc, char **argv) {
                   {"max-entries", 1}, {"no-describe", 0}, {"verbose", 0}};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1];
-  size_t np = 0;
-  int help = 0;
-  int rc = cli_parse("stats", argc, argv, f, nf, pos, 1, &np, &help);
-  if (rc)
+  int rc = cli_begin("stats", STATS_HELP, "missing DIR", argc, argv, f, nf, pos,
+                     1, 1);
+  if (rc != CLI_RUN)
     return rc;
-  if (help) {
-    fputs(STATS_HELP, stdout);
-    return CLI_OK;
-  }
   int json = cli_flag_get(f, nf, "json")->set;
   int prom = cli_flag_get(f, nf, "prometheus")->set;
-  if (np != 1) {
-    fprintf(stderr, "kvtier stats: missing DIR\n%s", STATS_HELP);
-    return CLI_USAGE;
-  }
   if (json && prom)
     return cli_fail(0, "stats", CLI_USAGE,
                     "--json and --prometheus are exclusive");
@@ -635,20 +617,11 @@ int cmd_show(int argc, char **argv) {
   cli_flag f[] = {{"json", 0}, {"verbose", 0}};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[2];
-  size_t np = 0;
-  int help = 0;
-  int rc = cli_parse("show", argc, argv, f, nf, pos, 2, &np, &help);
-  if (rc)
+  int rc = cli_begin("show", SHOW_HELP, "needs DIR and HASH", argc, argv, f, nf,
+                     pos, 2, 2);
+  if (rc != CLI_RUN)
     return rc;
-  if (help) {
-    fputs(SHOW_HELP, stdout);
-    return CLI_OK;
-  }
   int json = cli_flag_get(f, nf, "json")->set;
-  if (np != 2) {
-    fprintf(stderr, "kvtier show: needs DIR and HASH\n%s", SHOW_HELP);
-    return CLI_USAGE;
-  }
   const char *want = pos[1];
   size_t wl = strlen(want);
   if (wl < 4 || wl > 64 || strspn(want, "0123456789abcdefABCDEF") != wl)

@@ -82,21 +82,12 @@ int cmd_verify(int argc, char **argv) {
       {"json", 0}, {"repair", 0}, {"no-progress", 0}, {"verbose", 0}};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1];
-  size_t np = 0;
-  int help = 0;
-  int rc = cli_parse("verify", argc, argv, f, nf, pos, 1, &np, &help);
-  if (rc)
+  int rc = cli_begin("verify", VERIFY_HELP, "missing DIR", argc, argv, f, nf,
+                     pos, 1, 1);
+  if (rc != CLI_RUN)
     return rc;
-  if (help) {
-    fputs(VERIFY_HELP, stdout);
-    return CLI_OK;
-  }
   int json = cli_flag_get(f, nf, "json")->set;
   int repair = cli_flag_get(f, nf, "repair")->set;
-  if (np != 1) {
-    fprintf(stderr, "kvtier verify: missing DIR\n%s", VERIFY_HELP);
-    return CLI_USAGE;
-  }
   unsigned flags = KVT_OPEN_NO_RECONCILE | (repair ? 0 : KVT_OPEN_READONLY);
   cli_cache c;
   rc = cli_cache_open(&c, pos[0], flags, json, "verify",
@@ -302,21 +293,12 @@ int cmd_gc(int argc, char **argv) {
                   {"older-than", 1}, {"dry-run", 0},  {"verbose", 0}};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1];
-  size_t np = 0;
-  int help = 0;
-  int rc = cli_parse("gc", argc, argv, f, nf, pos, 1, &np, &help);
-  if (rc)
+  int rc =
+      cli_begin("gc", GC_HELP, "missing DIR", argc, argv, f, nf, pos, 1, 1);
+  if (rc != CLI_RUN)
     return rc;
-  if (help) {
-    fputs(GC_HELP, stdout);
-    return CLI_OK;
-  }
   int json = cli_flag_get(f, nf, "json")->set;
   int dry = cli_flag_get(f, nf, "dry-run")->set;
-  if (np != 1) {
-    fprintf(stderr, "kvtier gc: missing DIR\n%s", GC_HELP);
-    return CLI_USAGE;
-  }
   kvt_gc_opts go = KVT_GC_OPTS_INIT;
   const char *v;
   int any = 0;
