@@ -144,6 +144,14 @@ typedef struct cli_entries {
 } cli_entries;
 int cli_entries_load(cli_entries *out, kvt_tier *t);
 void cli_entries_free(cli_entries *e);
+/* cli_entries_load for a command: returns 0, or on failure frees out, closes
+ * c and returns cli_fail(json, cmd, CLI_FAILED, "cannot list entries: ..."). */
+int cli_entries_load_or_fail(cli_entries *out, cli_cache *c, int json,
+                             const char *cmd);
+/* cli_cache_open, then cli_entries_load_or_fail. Returns 0 (c open, es
+ * loaded) or the exit code (nothing left to close or free). */
+int cli_cache_open_list(cli_cache *c, cli_entries *es, const char *dir,
+                        unsigned flags, int json, const char *cmd, int verbose);
 
 /* ---- describe summary ------------------------------------------------- */
 

@@ -551,6 +551,25 @@ void cli_entries_free(cli_entries *e) {
   memset(e, 0, sizeof *e);
 }
 
+int cli_entries_load_or_fail(cli_entries *out, cli_cache *c, int json,
+                             const char *cmd) {
+  if (cli_entries_load(out, c->tier) == 0)
+    return 0;
+  cli_entries_free(out);
+  cli_cache_close(c);
+  return cli_fail(json, cmd, CLI_FAILED, "cannot list entries: %s",
+                  kvt_last_error());
+}
+
+int cli_cache_open_list(cli_cache *c, cli_entries *es, const char *dir,
+                        unsigned flags, int json, const char *cmd,
+                        int verbose) {
+  int rc = cli_cache_open(c, dir, flags, json, cmd, verbose);
+  if (rc)
+    return rc;
+  return cli_entries_load_or_fail(es, c, json, cmd);
+}
+
 /* ---- describe summary ------------------------------------------------- */
 
 const char *cli_kind_name(int kind) {

@@ -144,18 +144,11 @@ int cmd_ls(int argc, char **argv) {
   int describe = !cli_flag_get(f, nf, "no-describe")->set;
 
   cli_cache c;
-  rc = cli_cache_open(&c, pos[0], RO_FLAGS, json, "ls",
-                      cli_flag_get(f, nf, "verbose")->set);
+  cli_entries es;
+  rc = cli_cache_open_list(&c, &es, pos[0], RO_FLAGS, json, "ls",
+                           cli_flag_get(f, nf, "verbose")->set);
   if (rc)
     return rc;
-  cli_entries es;
-  rc = cli_entries_load(&es, c.tier);
-  if (rc != 0) {
-    cli_entries_free(&es);
-    cli_cache_close(&c);
-    return cli_fail(json, "ls", CLI_FAILED, "cannot list entries: %s",
-                    kvt_last_error());
-  }
   cli_qsort(es.v, es.n, sizeof *es.v, cmp_entries);
   size_t shown = es.n < limit ? es.n : (size_t)limit;
 
@@ -325,12 +318,8 @@ int cmd_stats(int argc, char **argv) {
   }
 
   cli_entries es;
-  if (cli_entries_load(&es, c.tier) != 0) {
-    cli_entries_free(&es);
-    cli_cache_close(&c);
-    return cli_fail(json, "stats", CLI_FAILED, "cannot list entries: %s",
-                    kvt_last_error());
-  }
+  if ((rc = cli_entries_load_or_fail(&es, &c, json, "stats")) != 0)
+    return rc;
   double oldest = 0, newest = 0, lru = 0;
   uint64_t tokens = 0, disk = 0, mem = 0;
   uint64_t layers_by_kind[5] = {0}, entries_by_kind[5] = {0};
@@ -632,17 +621,11 @@ int cmd_show(int argc, char **argv) {
     lw[i] = (char)((want[i] >= 'A' && want[i] <= 'F') ? want[i] + 32 : want[i]);
 
   cli_cache c;
-  rc = cli_cache_open(&c, pos[0], RO_FLAGS, json, "show",
-                      cli_flag_get(f, nf, "verbose")->set);
+  cli_entries es;
+  rc = cli_cache_open_list(&c, &es, pos[0], RO_FLAGS, json, "show",
+                           cli_flag_get(f, nf, "verbose")->set);
   if (rc)
     return rc;
-  cli_entries es;
-  if (cli_entries_load(&es, c.tier) != 0) {
-    cli_entries_free(&es);
-    cli_cache_close(&c);
-    return cli_fail(json, "show", CLI_FAILED, "cannot list entries: %s",
-                    kvt_last_error());
-  }
   const kvt_entry_info *hit = NULL;
   size_t matches = 0;
   for (size_t i = 0; i < es.n; i++)

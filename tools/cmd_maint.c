@@ -90,17 +90,11 @@ int cmd_verify(int argc, char **argv) {
   int repair = cli_flag_get(f, nf, "repair")->set;
   unsigned flags = KVT_OPEN_NO_RECONCILE | (repair ? 0 : KVT_OPEN_READONLY);
   cli_cache c;
-  rc = cli_cache_open(&c, pos[0], flags, json, "verify",
-                      cli_flag_get(f, nf, "verbose")->set);
+  cli_entries es;
+  rc = cli_cache_open_list(&c, &es, pos[0], flags, json, "verify",
+                           cli_flag_get(f, nf, "verbose")->set);
   if (rc)
     return rc;
-  cli_entries es;
-  if (cli_entries_load(&es, c.tier) != 0) {
-    cli_entries_free(&es);
-    cli_cache_close(&c);
-    return cli_fail(json, "verify", CLI_FAILED, "cannot list entries: %s",
-                    kvt_last_error());
-  }
   cli_qsort(es.v, es.n, sizeof *es.v, cmp_hash);
 
   problems ps = {0};
@@ -340,16 +334,10 @@ int cmd_gc(int argc, char **argv) {
    * else read-write without reconcile (see below). */
   unsigned flags = KVT_OPEN_NO_RECONCILE | (dry ? KVT_OPEN_READONLY : 0);
   int verbose = cli_flag_get(f, nf, "verbose")->set;
-  rc = cli_cache_open(&c, pos[0], flags, json, "gc", verbose);
+  cli_entries before;
+  rc = cli_cache_open_list(&c, &before, pos[0], flags, json, "gc", verbose);
   if (rc)
     return rc;
-  cli_entries before;
-  if (cli_entries_load(&before, c.tier) != 0) {
-    cli_entries_free(&before);
-    cli_cache_close(&c);
-    return cli_fail(json, "gc", CLI_FAILED, "cannot list entries: %s",
-                    kvt_last_error());
-  }
   double now = cli_now();
   uint64_t removed = 0, removed_bytes = 0;
   if (c.tier) {
@@ -383,13 +371,10 @@ int cmd_gc(int argc, char **argv) {
   size_t remaining = before.n;
   if (!dry) {
     cli_entries after;
-    if (cli_entries_load(&after, c.tier) != 0) {
-      cli_entries_free(&after);
+    if ((rc = cli_entries_load_or_fail(&after, &c, json, "gc")) != 0) {
       free(picks);
       cli_entries_free(&before);
-      cli_cache_close(&c);
-      return cli_fail(json, "gc", CLI_FAILED, "cannot list entries: %s",
-                      kvt_last_error());
+      return rc;
     }
     cli_qsort(after.v, after.n, sizeof *after.v, cmp_hash);
     for (size_t i = 0; i < before.n; i++)
