@@ -57,6 +57,20 @@ int cli_begin(const char *cmd, const char *help, const char *missing, int argc,
               char **argv, cli_flag *flags, size_t nflags, const char **pos,
               size_t minpos, size_t maxpos);
 
+/* One accepted word of an option whose value is one of a few names. */
+typedef struct cli_choice {
+  const char *name;
+  int value;
+} cli_choice;
+
+/* Option --NAME whose value must be one of choices: returns 0 when it is
+ * absent (*out untouched) or names a choice (*out set to its value); else
+ * reports "--NAME must be EXPECTED, got 'VALUE'" (cli_fail) and returns
+ * CLI_USAGE. */
+int cli_flag_choice(cli_flag *flags, size_t nflags, const char *name,
+                    const cli_choice *choices, size_t nchoices,
+                    const char *expected, int json, const char *cmd, int *out);
+
 /* Parsers of user values; return 0 or -1 (caller reports usage). */
 int cli_parse_size(const char *s, uint64_t *out);    /* 10G, 512M, 4096 */
 int cli_parse_duration(const char *s, int64_t *out); /* 7d, 12h, 1h30m, 45 */

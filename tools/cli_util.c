@@ -115,6 +115,21 @@ int cli_begin(const char *cmd, const char *help, const char *missing, int argc,
   return CLI_RUN;
 }
 
+int cli_flag_choice(cli_flag *flags, size_t nflags, const char *name,
+                    const cli_choice *choices, size_t nchoices,
+                    const char *expected, int json, const char *cmd, int *out) {
+  const char *v = cli_flag_get(flags, nflags, name)->value;
+  if (!v)
+    return 0;
+  for (size_t i = 0; i < nchoices; i++)
+    if (strcmp(v, choices[i].name) == 0) {
+      *out = choices[i].value;
+      return 0;
+    }
+  return cli_fail(json, cmd, CLI_USAGE, "--%s must be %s, got '%s'", name,
+                  expected, v);
+}
+
 int cli_parse_u64(const char *s, uint64_t *out) {
   if (!s || !*s || !isdigit((unsigned char)*s))
     return -1;

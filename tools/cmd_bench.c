@@ -523,35 +523,25 @@ int cmd_bench(int argc, char **argv) {
                       "--tokens needs 1..1000000, got '%s'", v);
     c.tokens = (int)u;
   }
-  if ((v = cli_flag_get(f, nf, "dtype")->value)) {
-    if (strcmp(v, "f16") == 0 || strcmp(v, "fp16") == 0)
-      c.dtype = KVT_DTYPE_F16;
-    else if (strcmp(v, "bf16") == 0)
-      c.dtype = KVT_DTYPE_BF16;
-    else if (strcmp(v, "f32") == 0 || strcmp(v, "fp32") == 0)
-      c.dtype = KVT_DTYPE_F32;
-    else
-      return cli_fail(json, "bench", CLI_USAGE,
-                      "--dtype must be f16, bf16 or f32, got '%s'", v);
-  }
-  if ((v = cli_flag_get(f, nf, "storage")->value)) {
-    if (strcmp(v, "native") == 0)
-      c.storage = KVT_STORAGE_NATIVE;
-    else if (strcmp(v, "compat") == 0)
-      c.storage = KVT_STORAGE_COMPAT;
-    else
-      return cli_fail(json, "bench", CLI_USAGE,
-                      "--storage must be native or compat, got '%s'", v);
-  }
-  if ((v = cli_flag_get(f, nf, "durability")->value)) {
-    if (strcmp(v, "fsync") == 0)
-      c.durability = KVT_DURABILITY_FSYNC;
-    else if (strcmp(v, "none") == 0)
-      c.durability = KVT_DURABILITY_NONE;
-    else
-      return cli_fail(json, "bench", CLI_USAGE,
-                      "--durability must be fsync or none, got '%s'", v);
-  }
+  static const cli_choice dtypes[] = {{"f16", KVT_DTYPE_F16},
+                                      {"fp16", KVT_DTYPE_F16},
+                                      {"bf16", KVT_DTYPE_BF16},
+                                      {"f32", KVT_DTYPE_F32},
+                                      {"fp32", KVT_DTYPE_F32}};
+  static const cli_choice storages[] = {{"native", KVT_STORAGE_NATIVE},
+                                        {"compat", KVT_STORAGE_COMPAT}};
+  static const cli_choice durabilities[] = {{"fsync", KVT_DURABILITY_FSYNC},
+                                            {"none", KVT_DURABILITY_NONE}};
+  static const cli_choice colds[] = {{"fadvise", 0}, {"drop-caches", 1}};
+  int dtype = (int)c.dtype;
+  if ((rc = cli_flag_choice(f, nf, "dtype", dtypes, 5, "f16, bf16 or f32", json,
+                            "bench", &dtype)) ||
+      (rc = cli_flag_choice(f, nf, "storage", storages, 2, "native or compat",
+                            json, "bench", &c.storage)) ||
+      (rc = cli_flag_choice(f, nf, "durability", durabilities, 2,
+                            "fsync or none", json, "bench", &c.durability)))
+    return rc;
+  c.dtype = (kvt_dtype)dtype;
   if ((v = cli_flag_get(f, nf, "seed")->value)) {
     if (cli_parse_u64(v, &c.seed) != 0)
       return cli_fail(json, "bench", CLI_USAGE, "--seed needs a number");
@@ -561,16 +551,11 @@ int cmd_bench(int argc, char **argv) {
       return cli_fail(json, "bench", CLI_USAGE,
                       "--disk-size needs a size >= 1M like 512M, got '%s'", v);
   }
-  if ((v = cli_flag_get(f, nf, "cold")->value)) {
-    if (strcmp(v, "drop-caches") == 0)
-      c.drop_caches = 1;
-    else if (strcmp(v, "fadvise") != 0)
-      return cli_fail(json, "bench", CLI_USAGE,
-                      "--cold must be fadvise or drop-caches, got '%s'", v);
-    if (c.drop_caches && geteuid() != 0)
-      return cli_fail(json, "bench", CLI_USAGE,
-                      "--cold drop-caches needs root");
-  }
+  if ((rc = cli_flag_choice(f, nf, "cold", colds, 2, "fadvise or drop-caches",
+                            json, "bench", &c.drop_caches)) != 0)
+    return rc;
+  if (c.drop_caches && geteuid() != 0)
+    return cli_fail(json, "bench", CLI_USAGE, "--cold drop-caches needs root");
 
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
