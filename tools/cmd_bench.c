@@ -440,14 +440,20 @@ static int looks_like_cache(const char *dir) {
   return n == 0 || cache;
 }
 
+/* Ends the run with exit code CODE and a printf-style message: the progress
+ * bar (if any) is erased, then everything is cleaned up at `out`. */
+#define END_RUN(CODE, ...)                                                     \
+  do {                                                                         \
+    code = (CODE);                                                             \
+    snprintf(fail, sizeof fail, __VA_ARGS__);                                  \
+    cli_progress_end(&pg);                                                     \
+    goto out;                                                                  \
+  } while (0)
+
 #define CHECK_INTERRUPT()                                                      \
   do {                                                                         \
-    if (interrupted) {                                                         \
-      code = CLI_INTERRUPTED;                                                  \
-      snprintf(fail, sizeof fail, "interrupted; cleaned up");                  \
-      cli_progress_end(&pg);                                                   \
-      goto out;                                                                \
-    }                                                                          \
+    if (interrupted)                                                           \
+      END_RUN(CLI_INTERRUPTED, "interrupted; cleaned up");                     \
   } while (0)
 
 typedef struct phase {
@@ -474,6 +480,31 @@ static cJSON *phase_json(const phase *p, double limit, const char *limit_name,
     cJSON_AddStringToObject(o, "ratio_of", limit_name);
   }
   return o;
+}
+
+/* p50/p99 of p from its n latencies in lat (sorted in place). */
+static void phase_percentiles(phase *p, double *lat, size_t n) {
+  p->p50 = pct(lat, n, 0.5);
+  p->p99 = pct(lat, n, 0.99);
+}
+
+/* One timed promote of entry e, counted in p (latency into lat[p->count]);
+ * the data is verified and freed outside the timed region. Returns 0 or the
+ * library's error code. */
+static int timed_promote(phase *p, double *lat, verify_count *vc, kvt_tier *t,
+                         workload *w, const bench_cfg *c, int e) {
+  kvt_entry *ent = NULL;
+  double t0 = cli_mono();
+  int rc = kvt_tier_promote(&ent, t, w->tokens[e], (size_t)c->tokens, NULL);
+  double dt = cli_mono() - t0;
+  if (rc != 0)
+    return rc;
+  lat[p->count++] = dt;
+  p->seconds += dt;
+  p->bytes += kvt_entry_disk_bytes(ent);
+  verify_entry(vc, w, e, ent);
+  kvt_entry_free(ent);
+  return 0;
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -664,21 +695,15 @@ int cmd_bench(int argc, char **argv) {
     rc = kvt_tier_start_writer(t);
   if (rc == 0 && (!enq_t || !trk.done_t))
     rc = KVT_ENOMEM;
-  if (rc != 0) {
-    code = CLI_FAILED;
-    snprintf(fail, sizeof fail, "cannot open %s: %s (%s)", dir,
-             kvt_last_error(), kvt_strerror(rc));
-    goto out;
-  }
+  if (rc != 0)
+    END_RUN(CLI_FAILED, "cannot open %s: %s (%s)", dir, kvt_last_error(),
+            kvt_strerror(rc));
 
   /* ---- 3. spill ---- */
   const uint64_t inflight = 3;
   lat = calloc((size_t)c.entries * 64 + 20000, sizeof *lat);
-  if (!lat) {
-    code = CLI_FAILED;
-    snprintf(fail, sizeof fail, "out of memory");
-    goto out;
-  }
+  if (!lat)
+    END_RUN(CLI_FAILED, "out of memory");
   phase producer = {0};
   cli_progress_start(&pg, "spill", (uint64_t)c.entries, c.progress);
   double s0 = cli_mono();
@@ -705,13 +730,9 @@ int cmd_bench(int argc, char **argv) {
       producer.bytes += w.entry_bytes;
       break;
     }
-    if (rc != 0) {
-      cli_progress_end(&pg);
-      code = CLI_FAILED;
-      snprintf(fail, sizeof fail, "spill of entry %d failed: %s (%s)", e,
-               kvt_last_error(), kvt_strerror(rc));
-      goto out;
-    }
+    if (rc != 0)
+      END_RUN(CLI_FAILED, "spill of entry %d failed: %s (%s)", e,
+              kvt_last_error(), kvt_strerror(rc));
     pthread_mutex_lock(&trk.mu);
     uint64_t d = trk.done;
     pthread_mutex_unlock(&trk.mu);
@@ -721,15 +742,11 @@ int cmd_bench(int argc, char **argv) {
   wait_done_at_least(&trk, (uint64_t)c.entries);
   double spill_secs = cli_mono() - s0;
   cli_progress_end(&pg);
-  producer.p50 = pct(lat, producer.count, 0.50);
-  producer.p99 = pct(lat, producer.count, 0.99);
-  if (rc != 0 || trk.failed) {
-    code = CLI_FAILED;
-    snprintf(fail, sizeof fail, "%llu of %d spills failed: %s",
-             (unsigned long long)trk.failed, c.entries,
-             trk.failed ? trk.err : kvt_last_error());
-    goto out;
-  }
+  phase_percentiles(&producer, lat, producer.count);
+  if (rc != 0 || trk.failed)
+    END_RUN(CLI_FAILED, "%llu of %d spills failed: %s",
+            (unsigned long long)trk.failed, c.entries,
+            trk.failed ? trk.err : kvt_last_error());
   kvt_stats st;
   kvt_tier_stats(&st, t);
   /* Writer-side time: the single FIFO writer starts entry i when it has been
@@ -746,8 +763,7 @@ int cmd_bench(int argc, char **argv) {
   }
   spill.count = spill_e2e.count = (uint64_t)c.entries;
   spill.bytes = spill_e2e.bytes = st.spill_bytes;
-  spill.p50 = pct(lat, (size_t)c.entries, 0.5);
-  spill.p99 = pct(lat, (size_t)c.entries, 0.99);
+  phase_percentiles(&spill, lat, (size_t)c.entries);
   spill_e2e.seconds = spill_secs;
 
   /* ---- 4. lookups ---- */
@@ -762,20 +778,15 @@ int cmd_bench(int argc, char **argv) {
     double t0 = cli_mono();
     rc = kvt_tier_lookup(&info, t, w.tokens[e], (size_t)c.tokens);
     lat[i] = cli_mono() - t0;
-    if (rc != 0 || strcmp(info.token_hash, w.hashes[e]) != 0) {
-      code = CLI_FAILED;
-      snprintf(fail, sizeof fail, "exact lookup of entry %d failed: %s", e,
-               rc ? kvt_last_error() : "wrong entry returned");
-      cli_progress_end(&pg);
-      goto out;
-    }
+    if (rc != 0 || strcmp(info.token_hash, w.hashes[e]) != 0)
+      END_RUN(CLI_FAILED, "exact lookup of entry %d failed: %s", e,
+              rc ? kvt_last_error() : "wrong entry returned");
     lk_exact.seconds += lat[i];
     if (i % 256 == 0)
       cli_progress_update(&pg, i);
   }
   lk_exact.count = nlook;
-  lk_exact.p50 = pct(lat, nlook, 0.5);
-  lk_exact.p99 = pct(lat, nlook, 0.99);
+  phase_percentiles(&lk_exact, lat, nlook);
   for (size_t i = 0; i < nlook; i++) {
     if (i % 256 == 0)
       CHECK_INTERRUPT();
@@ -784,20 +795,15 @@ int cmd_bench(int argc, char **argv) {
     double t0 = cli_mono();
     rc = kvt_tier_lookup_prefix(&info, t, w.queries[e], (size_t)c.tokens + 16);
     lat[i] = cli_mono() - t0;
-    if (rc != 0 || strcmp(info.token_hash, w.hashes[e]) != 0) {
-      code = CLI_FAILED;
-      snprintf(fail, sizeof fail, "prefix lookup of entry %d failed: %s", e,
-               rc ? kvt_last_error() : "wrong entry returned");
-      cli_progress_end(&pg);
-      goto out;
-    }
+    if (rc != 0 || strcmp(info.token_hash, w.hashes[e]) != 0)
+      END_RUN(CLI_FAILED, "prefix lookup of entry %d failed: %s", e,
+              rc ? kvt_last_error() : "wrong entry returned");
     lk_prefix.seconds += lat[i];
     if (i % 256 == 0)
       cli_progress_update(&pg, nlook + i);
   }
   lk_prefix.count = nlook;
-  lk_prefix.p50 = pct(lat, nlook, 0.5);
-  lk_prefix.p99 = pct(lat, nlook, 0.99);
+  phase_percentiles(&lk_prefix, lat, nlook);
   cli_progress_end(&pg);
 
   /* ---- 5. promote: a verifying warm-up pass, then warm and cold runs ---- */
@@ -813,13 +819,9 @@ int cmd_bench(int argc, char **argv) {
     CHECK_INTERRUPT();
     kvt_entry *ent = NULL;
     rc = kvt_tier_promote(&ent, t, w.tokens[e], (size_t)c.tokens, NULL);
-    if (rc != 0) {
-      code = CLI_FAILED;
-      snprintf(fail, sizeof fail, "promote of entry %d failed: %s (%s)", e,
-               kvt_last_error(), kvt_strerror(rc));
-      cli_progress_end(&pg);
-      goto out;
-    }
+    if (rc != 0)
+      END_RUN(CLI_FAILED, "promote of entry %d failed: %s (%s)", e,
+              kvt_last_error(), kvt_strerror(rc));
     verify_entry(&vc, &w, e, ent);
     kvt_entry_free(ent);
     cli_progress_update(&pg, ++done_ops);
@@ -828,64 +830,30 @@ int cmd_bench(int argc, char **argv) {
   for (int r = 0; r < warm_rounds; r++)
     for (int e = 0; e < c.entries; e++) {
       CHECK_INTERRUPT();
-      kvt_entry *ent = NULL;
-      double t0 = cli_mono();
-      rc = kvt_tier_promote(&ent, t, w.tokens[e], (size_t)c.tokens, NULL);
-      double dt = cli_mono() - t0;
-      if (rc != 0) {
-        code = CLI_FAILED;
-        snprintf(fail, sizeof fail, "warm promote of entry %d failed: %s", e,
-                 kvt_last_error());
-        cli_progress_end(&pg);
-        goto out;
-      }
-      lat[warm.count++] = dt;
-      warm.seconds += dt;
-      warm.bytes += kvt_entry_disk_bytes(ent);
-      verify_entry(&vc, &w, e, ent); /* outside the timed region */
-      kvt_entry_free(ent);
+      if ((rc = timed_promote(&warm, lat, &vc, t, &w, &c, e)) != 0)
+        END_RUN(CLI_FAILED, "warm promote of entry %d failed: %s", e,
+                kvt_last_error());
       cli_progress_update(&pg, ++done_ops);
     }
-  warm.p50 = pct(lat, warm.count, 0.5);
-  warm.p99 = pct(lat, warm.count, 0.99);
+  phase_percentiles(&warm, lat, warm.count);
   double resident_sum = 0;
   int resident_n = 0;
   for (int r = 0; r < cold_rounds; r++)
     for (int e = 0; e < c.entries; e++) {
       CHECK_INTERRUPT();
-      if (c.drop_caches) {
-        if (drop_all_caches() != 0) {
-          code = CLI_FAILED;
-          snprintf(fail, sizeof fail, "cannot write /proc/sys/vm/drop_caches");
-          cli_progress_end(&pg);
-          goto out;
-        }
-      }
+      if (c.drop_caches && drop_all_caches() != 0)
+        END_RUN(CLI_FAILED, "cannot write /proc/sys/vm/drop_caches");
       double res = evict_entry(dir, w.hashes[e]);
       if (res >= 0) {
         resident_sum += res;
         resident_n++;
       }
-      kvt_entry *ent = NULL;
-      double t0 = cli_mono();
-      rc = kvt_tier_promote(&ent, t, w.tokens[e], (size_t)c.tokens, NULL);
-      double dt = cli_mono() - t0;
-      if (rc != 0) {
-        code = CLI_FAILED;
-        snprintf(fail, sizeof fail, "cold promote of entry %d failed: %s", e,
-                 kvt_last_error());
-        cli_progress_end(&pg);
-        goto out;
-      }
-      lat[cold.count++] = dt;
-      cold.seconds += dt;
-      cold.bytes += kvt_entry_disk_bytes(ent);
-      verify_entry(&vc, &w, e, ent);
-      kvt_entry_free(ent);
+      if ((rc = timed_promote(&cold, lat, &vc, t, &w, &c, e)) != 0)
+        END_RUN(CLI_FAILED, "cold promote of entry %d failed: %s", e,
+                kvt_last_error());
       cli_progress_update(&pg, ++done_ops);
     }
-  cold.p50 = pct(lat, cold.count, 0.5);
-  cold.p99 = pct(lat, cold.count, 0.99);
+  phase_percentiles(&cold, lat, cold.count);
   cli_progress_end(&pg);
   kvt_tier_stats(&st, t);
   free(lat);
