@@ -482,6 +482,22 @@ static cJSON *phase_json(const phase *p, double limit, const char *limit_name,
   return o;
 }
 
+/* One row of the text report: NAME, VALUE, the phase's p50 and p99 (in ms,
+ * or in us when !ms; "-" without a phase) and the comparison VS. */
+static void report_row(cli_table *tb, const char *name, const char *value,
+                       const phase *p, int ms, const char *vs) {
+  char p50[48] = "-", p99[48] = "-";
+  if (p && ms) {
+    snprintf(p50, sizeof p50, "%.2f ms", p->p50 * 1e3);
+    snprintf(p99, sizeof p99, "%.2f ms", p->p99 * 1e3);
+  } else if (p) {
+    snprintf(p50, sizeof p50, "%.1f us", p->p50 * 1e6);
+    snprintf(p99, sizeof p99, "%.1f us", p->p99 * 1e6);
+  }
+  const char *row[5] = {name, value, p50, p99, vs};
+  cli_table_add(tb, row);
+}
+
 /* p50/p99 of p from its n latencies in lat (sorted in place). */
 static void phase_percentiles(phase *p, double *lat, size_t n) {
   p->p50 = pct(lat, n, 0.5);
@@ -995,50 +1011,29 @@ int cmd_bench(int argc, char **argv) {
                                     "VS HARDWARE"};
       cli_table tb;
       cli_table_init(&tb, 5, heads, "lrrrl");
-      char v1[48], v2[48], v3[48], v4[96];
+      char v1[48], v4[96];
 #define RATIO(x, lim, name)                                                    \
   (ratios ? (snprintf(v4, sizeof v4, "%.2f x %s", (x) / (lim), name), v4) : "-")
-      snprintf(v2, sizeof v2, "%.2f ms", spill.p50 * 1e3);
-      snprintf(v3, sizeof v3, "%.2f ms", spill.p99 * 1e3);
-      const char *row1[5] = {
-          c.durability == KVT_DURABILITY_FSYNC ? "spill (durable, writer)"
-                                               : "spill (no fsync, writer)",
-          cli_fmt_rate(v1, sizeof v1, bps_spill), v2, v3,
-          RATIO(bps_spill, disk.write_direct, "disk write O_DIRECT")};
-      cli_table_add(&tb, row1);
-      snprintf(v2, sizeof v2, "-");
-      snprintf(v3, sizeof v3, "-");
-      const char *row1b[5] = {
-          "  end to end (spill .. flush)", cli_fmt_rate(v1, sizeof v1, bps_e2e),
-          v2, v3, RATIO(bps_e2e, disk.write_direct, "disk write O_DIRECT")};
-      cli_table_add(&tb, row1b);
-      snprintf(v2, sizeof v2, "%.2f ms", producer.p50 * 1e3);
-      snprintf(v3, sizeof v3, "%.2f ms", producer.p99 * 1e3);
-      const char *row2[5] = {"  producer (caller thread)",
-                             cli_fmt_rate(v1, sizeof v1, bps_prod), v2, v3,
-                             "copy of the layers on spill"};
-      cli_table_add(&tb, row2);
-      snprintf(v2, sizeof v2, "%.2f ms", warm.p50 * 1e3);
-      snprintf(v3, sizeof v3, "%.2f ms", warm.p99 * 1e3);
-      const char *row3[5] = {
-          "promote warm", cli_fmt_rate(v1, sizeof v1, bps_warm), v2, v3,
-          RATIO(bps_warm, disk.read_buffered, "cached read")};
-      cli_table_add(&tb, row3);
-      snprintf(v2, sizeof v2, "%.2f ms", cold.p50 * 1e3);
-      snprintf(v3, sizeof v3, "%.2f ms", cold.p99 * 1e3);
-      const char *row4[5] = {
-          "promote cold", cli_fmt_rate(v1, sizeof v1, bps_cold), v2, v3,
-          RATIO(bps_cold, disk.read_direct, "disk read O_DIRECT")};
-      cli_table_add(&tb, row4);
+      report_row(&tb,
+                 c.durability == KVT_DURABILITY_FSYNC
+                     ? "spill (durable, writer)"
+                     : "spill (no fsync, writer)",
+                 cli_fmt_rate(v1, sizeof v1, bps_spill), &spill, 1,
+                 RATIO(bps_spill, disk.write_direct, "disk write O_DIRECT"));
+      report_row(&tb, "  end to end (spill .. flush)",
+                 cli_fmt_rate(v1, sizeof v1, bps_e2e), NULL, 1,
+                 RATIO(bps_e2e, disk.write_direct, "disk write O_DIRECT"));
+      report_row(&tb, "  producer (caller thread)",
+                 cli_fmt_rate(v1, sizeof v1, bps_prod), &producer, 1,
+                 "copy of the layers on spill");
+      report_row(&tb, "promote warm", cli_fmt_rate(v1, sizeof v1, bps_warm),
+                 &warm, 1, RATIO(bps_warm, disk.read_buffered, "cached read"));
+      report_row(&tb, "promote cold", cli_fmt_rate(v1, sizeof v1, bps_cold),
+                 &cold, 1,
+                 RATIO(bps_cold, disk.read_direct, "disk read O_DIRECT"));
       snprintf(v1, sizeof v1, "%zu", nlook);
-      snprintf(v2, sizeof v2, "%.1f us", lk_exact.p50 * 1e6);
-      snprintf(v3, sizeof v3, "%.1f us", lk_exact.p99 * 1e6);
-      const char *row5[5] = {"lookup exact", v1, v2, v3, "-"};
-      cli_table_add(&tb, row5);
-      snprintf(v2, sizeof v2, "%.1f us", lk_prefix.p50 * 1e6);
-      snprintf(v3, sizeof v3, "%.1f us", lk_prefix.p99 * 1e6);
-      const char *row6[5] = {"lookup prefix", v1, v2, v3, "-"};
-      cli_table_add(&tb, row6);
+      report_row(&tb, "lookup exact", v1, &lk_exact, 0, "-");
+      report_row(&tb, "lookup prefix", v1, &lk_prefix, 0, "-");
 #undef RATIO
       cli_table_print(&tb, stdout);
       cli_table_free(&tb);
