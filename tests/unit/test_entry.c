@@ -524,6 +524,17 @@ static size_t st_file(char *out, const char *json, const void *data,
   return 8 + hl + dlen;
 }
 
+/* Writes ed/name as a safetensors file (st_file) with this header and data. */
+static void put_st(const char *ed, const char *name, const char *json,
+                   const void *data, size_t dlen) {
+  char buf[4096];
+  REQUIRE(dlen + strlen(json) + 16 <= sizeof buf);
+  size_t n = st_file(buf, json, data, dlen);
+  char *p = t_join(ed, name);
+  t_write_all(p, buf, n);
+  free(p);
+}
+
 static void test_reference_layout(void) {
   char *dir = kvt_test_tmpdir("entry-reference");
   int32_t tok[6] = {101, 2023, -1, 0, 7, 65536};
@@ -531,29 +542,22 @@ static void test_reference_layout(void) {
   kvt_token_hash(h, tok, 6);
   char *ed = t_join(dir, h);
   REQUIRE(mkdir(ed, 0700) == 0);
-  char buf[4096];
   /* layer 0: KVCache whose bf16 keys/values were upcast to float32 (shape
    * [1,1,2,2]) */
   float kv0[8] = {1.0f, -2.0f, 0.5f, 3.25f, -0.125f, 8.0f, 0.0f, -1.5f};
-  size_t n = st_file(buf,
-                     "{\"layer_0_keys\":{\"dtype\":\"F32\",\"shape\":[1,1,2,2],"
-                     "\"data_offsets\":[0,16]},\"layer_0_values\":{\"dtype\":"
-                     "\"F32\",\"shape\":[1,1,2,2],\"data_offsets\":[16,32]}}",
-                     kv0, sizeof kv0);
-  char *p = t_join(ed, "layer_0.safetensors");
-  t_write_all(p, buf, n);
-  free(p);
+  put_st(ed, "layer_0.safetensors",
+         "{\"layer_0_keys\":{\"dtype\":\"F32\",\"shape\":[1,1,2,2],"
+         "\"data_offsets\":[0,16]},\"layer_0_values\":{\"dtype\":"
+         "\"F32\",\"shape\":[1,1,2,2],\"data_offsets\":[16,32]}}",
+         kv0, sizeof kv0);
   /* layer 1: RotatingKVCache written as "KVCache" with the rotating attributes,
    * F16 */
   uint16_t kv1[4] = {0x3c00, 0x4000, 0xbc00, 0x0000};
-  n = st_file(buf,
-              "{\"layer_1_keys\":{\"dtype\":\"F16\",\"shape\":[1,1,1,2],"
-              "\"data_offsets\":[0,4]},\"layer_1_values\":{\"dtype\":\"F16\","
-              "\"shape\":[1,1,1,2],\"data_offsets\":[4,8]}}",
-              kv1, sizeof kv1);
-  p = t_join(ed, "layer_1.safetensors");
-  t_write_all(p, buf, n);
-  free(p);
+  put_st(ed, "layer_1.safetensors",
+         "{\"layer_1_keys\":{\"dtype\":\"F16\",\"shape\":[1,1,1,2],"
+         "\"data_offsets\":[0,4]},\"layer_1_values\":{\"dtype\":\"F16\","
+         "\"shape\":[1,1,1,2],\"data_offsets\":[4,8]}}",
+         kv1, sizeof kv1);
   /* layer 2: ArraysCache, state_0 f32 upcast from bf16, state_1 int32. Data
    * order = dtype (F32 > I32) then name. */
   char d2[24];
@@ -561,23 +565,17 @@ static void test_reference_layout(void) {
   int32_t s1[3] = {1, -2, 3};
   memcpy(d2, s0, 12);
   memcpy(d2 + 12, s1, 12);
-  n = st_file(buf,
-              "{\"layer_2_state_0\":{\"dtype\":\"F32\",\"shape\":[3],"
-              "\"data_offsets\":[0,12]},\"layer_2_state_1\":{\"dtype\":\"I32\","
-              "\"shape\":[3],\"data_offsets\":[12,24]}}",
-              d2, sizeof d2);
-  p = t_join(ed, "layer_2.safetensors");
-  t_write_all(p, buf, n);
-  free(p);
+  put_st(ed, "layer_2.safetensors",
+         "{\"layer_2_state_0\":{\"dtype\":\"F32\",\"shape\":[3],"
+         "\"data_offsets\":[0,12]},\"layer_2_state_1\":{\"dtype\":\"I32\","
+         "\"shape\":[3],\"data_offsets\":[12,24]}}",
+         d2, sizeof d2);
   /* layer 3: MambaCache with a single state (mlx-lm's old class name) */
   float s3[2] = {4.0f, 5.0f};
-  n = st_file(buf,
-              "{\"layer_3_state_0\":{\"dtype\":\"F32\",\"shape\":[2],"
-              "\"data_offsets\":[0,8]}}",
-              s3, sizeof s3);
-  p = t_join(ed, "layer_3.safetensors");
-  t_write_all(p, buf, n);
-  free(p);
+  put_st(ed, "layer_3.safetensors",
+         "{\"layer_3_state_0\":{\"dtype\":\"F32\",\"shape\":[2],"
+         "\"data_offsets\":[0,8]}}",
+         s3, sizeof s3);
   const char *manifest =
       "{\"num_layers\": 4, \"layers\": [{\"layer_type\": \"KVCache\", "
       "\"layer_idx\": 0, \"offset\": 2, \"keys_original_dtype\": "
@@ -588,12 +586,10 @@ static void test_reference_layout(void) {
       "\"state_original_dtypes\": [\"bfloat16\", null]}, {\"layer_type\": "
       "\"MambaCache\", \"layer_idx\": 3, \"num_arrays\": 1}], "
       "\"memory_bytes\": 4096, \"num_tokens\": 6}";
-  p = t_join(ed, "manifest.json");
-  t_write_all(p, manifest, strlen(manifest));
-  char *mp = p;
-  p = t_join(ed, "tokens.bin");
-  t_write_all(p, tok, sizeof tok);
-  char *tp = p;
+  char *mp = t_join(ed, "manifest.json");
+  t_write_all(mp, manifest, strlen(manifest));
+  char *tp = t_join(ed, "tokens.bin");
+  t_write_all(tp, tok, sizeof tok);
 
   kvt_entry *e = NULL;
   kvti_read_opts ro = {0};
