@@ -524,6 +524,20 @@ static size_t st_file(char *out, const char *json, const void *data,
   return 8 + hl + dlen;
 }
 
+/* CHECKs that ed/name holds exactly the file st_file makes of json and data. */
+static void check_st(const char *ed, const char *name, const char *json,
+                     const void *data, size_t dlen) {
+  char want[4096];
+  REQUIRE(dlen + strlen(json) + 16 <= sizeof want);
+  size_t wn = st_file(want, json, data, dlen);
+  char *p = t_join(ed, name);
+  size_t len = 0;
+  char *got = t_read_all(p, &len);
+  CHECK(got && len == wn && memcmp(got, want, len) == 0);
+  free(got);
+  free(p);
+}
+
 /* Writes ed/name as a safetensors file (st_file) with this header and data. */
 static void put_st(const char *ed, const char *name, const char *json,
                    const void *data, size_t dlen) {
@@ -749,44 +763,24 @@ static void test_compat_bytes_match_reference(void) {
   REQUIRE(kvti_entry_write(NULL, dir, s, &o) == 0);
   kvti_snapshot_free(s);
   char *ed = t_join(dir, h);
-  char want[4096];
-  size_t wn[3];
-  char *wants[3];
-  wn[0] = st_file(want,
-                  "{\"layer_0_keys\":{\"dtype\":\"F32\",\"shape\":[1,1,2,2],"
-                  "\"data_offsets\":[0,16]},\"layer_0_values\":{\"dtype\":"
-                  "\"F32\",\"shape\":[1,1,2,2],\"data_offsets\":[16,32]}}",
-                  kv0, sizeof kv0);
-  wants[0] = malloc(wn[0]);
-  memcpy(wants[0], want, wn[0]);
-  wn[1] = st_file(want,
-                  "{\"layer_1_keys\":{\"dtype\":\"F16\",\"shape\":[1,1,1,2],"
-                  "\"data_offsets\":[0,4]},\"layer_1_values\":{\"dtype\":"
-                  "\"F16\",\"shape\":[1,1,1,2],\"data_offsets\":[4,8]}}",
-                  kv1, sizeof kv1);
-  wants[1] = malloc(wn[1]);
-  memcpy(wants[1], want, wn[1]);
+  check_st(ed, "layer_0.safetensors",
+           "{\"layer_0_keys\":{\"dtype\":\"F32\",\"shape\":[1,1,2,2],"
+           "\"data_offsets\":[0,16]},\"layer_0_values\":{\"dtype\":"
+           "\"F32\",\"shape\":[1,1,2,2],\"data_offsets\":[16,32]}}",
+           kv0, sizeof kv0);
+  check_st(ed, "layer_1.safetensors",
+           "{\"layer_1_keys\":{\"dtype\":\"F16\",\"shape\":[1,1,1,2],"
+           "\"data_offsets\":[0,4]},\"layer_1_values\":{\"dtype\":"
+           "\"F16\",\"shape\":[1,1,1,2],\"data_offsets\":[4,8]}}",
+           kv1, sizeof kv1);
   char d2[24];
   memcpy(d2, s0, 12);
   memcpy(d2 + 12, s1, 12);
-  wn[2] = st_file(want,
-                  "{\"layer_2_state_0\":{\"dtype\":\"F32\",\"shape\":[3],"
-                  "\"data_offsets\":[0,12]},\"layer_2_state_1\":{\"dtype\":"
-                  "\"I32\",\"shape\":[3],\"data_offsets\":[12,24]}}",
-                  d2, sizeof d2);
-  wants[2] = malloc(wn[2]);
-  memcpy(wants[2], want, wn[2]);
-  for (int i = 0; i < 3; i++) {
-    char name[40];
-    snprintf(name, sizeof name, "layer_%d.safetensors", i);
-    char *p = t_join(ed, name);
-    size_t len = 0;
-    char *got = t_read_all(p, &len);
-    CHECK(got && len == wn[i] && memcmp(got, wants[i], len) == 0);
-    free(got);
-    free(p);
-    free(wants[i]);
-  }
+  check_st(ed, "layer_2.safetensors",
+           "{\"layer_2_state_0\":{\"dtype\":\"F32\",\"shape\":[3],"
+           "\"data_offsets\":[0,12]},\"layer_2_state_1\":{\"dtype\":"
+           "\"I32\",\"shape\":[3],\"data_offsets\":[12,24]}}",
+           d2, sizeof d2);
   const char *manifest =
       "{\"num_layers\": 3, \"layers\": [{\"layer_type\": \"KVCache\", "
       "\"layer_idx\": 0, \"offset\": 2, \"keys_original_dtype\": "
