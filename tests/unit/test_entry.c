@@ -302,6 +302,19 @@ static int read_status(const char *dir, const char *h) {
   return rc;
 }
 
+/* Moves path to aside and puts a symlink to it in its place: reading the
+ * entry must be refused as corruption. Then restores path, after which the
+ * entry reads again. */
+static void check_symlink_refused(const char *dir, const char *h,
+                                  const char *path, const char *aside) {
+  REQUIRE(rename(path, aside) == 0);
+  REQUIRE(symlink(aside, path) == 0);
+  CHECK_EQ_INT(read_status(dir, h), KVT_ECORRUPT);
+  unlink(path);
+  REQUIRE(rename(aside, path) == 0);
+  CHECK_EQ_INT(read_status(dir, h), 0);
+}
+
 static void corrupt_all_files(int mode) {
   char *dir = kvt_test_tmpdir("entry-corrupt");
   char h[65];
@@ -894,25 +907,11 @@ static void test_callbacks_and_cancel(void) {
   /* symlinks inside or as the entry are refused as corruption */
   {
     char *lp = t_join(ed, "layer_1.safetensors"), *lk = t_join(ed, "elsewhere");
-    REQUIRE(rename(lp, lk) == 0);
-    REQUIRE(symlink(lk, lp) == 0);
-    CHECK_EQ_INT(read_status(dir, h), KVT_ECORRUPT);
-    unlink(lp);
-    REQUIRE(rename(lk, lp) == 0);
+    check_symlink_refused(dir, h, lp, lk);
     char *mp = t_join(ed, "manifest.json");
-    REQUIRE(rename(mp, lk) == 0);
-    REQUIRE(symlink(lk, mp) == 0);
-    CHECK_EQ_INT(read_status(dir, h), KVT_ECORRUPT);
-    unlink(mp);
-    REQUIRE(rename(lk, mp) == 0);
-    CHECK_EQ_INT(read_status(dir, h), 0);
+    check_symlink_refused(dir, h, mp, lk);
     char *moved = t_join(dir, "moved");
-    REQUIRE(rename(ed, moved) == 0);
-    REQUIRE(symlink(moved, ed) == 0);
-    CHECK_EQ_INT(read_status(dir, h), KVT_ECORRUPT);
-    unlink(ed);
-    REQUIRE(rename(moved, ed) == 0);
-    CHECK_EQ_INT(read_status(dir, h), 0);
+    check_symlink_refused(dir, h, ed, moved);
     free(moved);
     free(mp);
     free(lp);
