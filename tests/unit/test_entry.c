@@ -537,6 +537,19 @@ static size_t st_file(char *out, const char *json, const void *data,
   return 8 + hl + dlen;
 }
 
+/* Headers of reference-layout layer files 0-2 (KVCache F32 [1,1,2,2], KVCache
+ * F16 [1,1,1,2], ArraysCache F32 [3] + I32 [3]) used by the tests below. */
+static const char *const REF_HDR[3] = {
+    "{\"layer_0_keys\":{\"dtype\":\"F32\",\"shape\":[1,1,2,2],"
+    "\"data_offsets\":[0,16]},\"layer_0_values\":{\"dtype\":\"F32\","
+    "\"shape\":[1,1,2,2],\"data_offsets\":[16,32]}}",
+    "{\"layer_1_keys\":{\"dtype\":\"F16\",\"shape\":[1,1,1,2],"
+    "\"data_offsets\":[0,4]},\"layer_1_values\":{\"dtype\":\"F16\","
+    "\"shape\":[1,1,1,2],\"data_offsets\":[4,8]}}",
+    "{\"layer_2_state_0\":{\"dtype\":\"F32\",\"shape\":[3],"
+    "\"data_offsets\":[0,12]},\"layer_2_state_1\":{\"dtype\":\"I32\","
+    "\"shape\":[3],\"data_offsets\":[12,24]}}"};
+
 /* CHECKs that ed/name holds exactly the file st_file makes of json and data. */
 static void check_st(const char *ed, const char *name, const char *json,
                      const void *data, size_t dlen) {
@@ -572,19 +585,11 @@ static void test_reference_layout(void) {
   /* layer 0: KVCache whose bf16 keys/values were upcast to float32 (shape
    * [1,1,2,2]) */
   float kv0[8] = {1.0f, -2.0f, 0.5f, 3.25f, -0.125f, 8.0f, 0.0f, -1.5f};
-  put_st(ed, "layer_0.safetensors",
-         "{\"layer_0_keys\":{\"dtype\":\"F32\",\"shape\":[1,1,2,2],"
-         "\"data_offsets\":[0,16]},\"layer_0_values\":{\"dtype\":"
-         "\"F32\",\"shape\":[1,1,2,2],\"data_offsets\":[16,32]}}",
-         kv0, sizeof kv0);
+  put_st(ed, "layer_0.safetensors", REF_HDR[0], kv0, sizeof kv0);
   /* layer 1: RotatingKVCache written as "KVCache" with the rotating attributes,
    * F16 */
   uint16_t kv1[4] = {0x3c00, 0x4000, 0xbc00, 0x0000};
-  put_st(ed, "layer_1.safetensors",
-         "{\"layer_1_keys\":{\"dtype\":\"F16\",\"shape\":[1,1,1,2],"
-         "\"data_offsets\":[0,4]},\"layer_1_values\":{\"dtype\":\"F16\","
-         "\"shape\":[1,1,1,2],\"data_offsets\":[4,8]}}",
-         kv1, sizeof kv1);
+  put_st(ed, "layer_1.safetensors", REF_HDR[1], kv1, sizeof kv1);
   /* layer 2: ArraysCache, state_0 f32 upcast from bf16, state_1 int32. Data
    * order = dtype (F32 > I32) then name. */
   char d2[24];
@@ -592,11 +597,7 @@ static void test_reference_layout(void) {
   int32_t s1[3] = {1, -2, 3};
   memcpy(d2, s0, 12);
   memcpy(d2 + 12, s1, 12);
-  put_st(ed, "layer_2.safetensors",
-         "{\"layer_2_state_0\":{\"dtype\":\"F32\",\"shape\":[3],"
-         "\"data_offsets\":[0,12]},\"layer_2_state_1\":{\"dtype\":\"I32\","
-         "\"shape\":[3],\"data_offsets\":[12,24]}}",
-         d2, sizeof d2);
+  put_st(ed, "layer_2.safetensors", REF_HDR[2], d2, sizeof d2);
   /* layer 3: MambaCache with a single state (mlx-lm's old class name) */
   float s3[2] = {4.0f, 5.0f};
   put_st(ed, "layer_3.safetensors",
@@ -776,24 +777,12 @@ static void test_compat_bytes_match_reference(void) {
   REQUIRE(kvti_entry_write(NULL, dir, s, &o) == 0);
   kvti_snapshot_free(s);
   char *ed = t_join(dir, h);
-  check_st(ed, "layer_0.safetensors",
-           "{\"layer_0_keys\":{\"dtype\":\"F32\",\"shape\":[1,1,2,2],"
-           "\"data_offsets\":[0,16]},\"layer_0_values\":{\"dtype\":"
-           "\"F32\",\"shape\":[1,1,2,2],\"data_offsets\":[16,32]}}",
-           kv0, sizeof kv0);
-  check_st(ed, "layer_1.safetensors",
-           "{\"layer_1_keys\":{\"dtype\":\"F16\",\"shape\":[1,1,1,2],"
-           "\"data_offsets\":[0,4]},\"layer_1_values\":{\"dtype\":"
-           "\"F16\",\"shape\":[1,1,1,2],\"data_offsets\":[4,8]}}",
-           kv1, sizeof kv1);
+  check_st(ed, "layer_0.safetensors", REF_HDR[0], kv0, sizeof kv0);
+  check_st(ed, "layer_1.safetensors", REF_HDR[1], kv1, sizeof kv1);
   char d2[24];
   memcpy(d2, s0, 12);
   memcpy(d2 + 12, s1, 12);
-  check_st(ed, "layer_2.safetensors",
-           "{\"layer_2_state_0\":{\"dtype\":\"F32\",\"shape\":[3],"
-           "\"data_offsets\":[0,12]},\"layer_2_state_1\":{\"dtype\":"
-           "\"I32\",\"shape\":[3],\"data_offsets\":[12,24]}}",
-           d2, sizeof d2);
+  check_st(ed, "layer_2.safetensors", REF_HDR[2], d2, sizeof d2);
   const char *manifest =
       "{\"num_layers\": 3, \"layers\": [{\"layer_type\": \"KVCache\", "
       "\"layer_idx\": 0, \"offset\": 2, \"keys_original_dtype\": "
