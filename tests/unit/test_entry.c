@@ -525,8 +525,9 @@ static void test_failed_writes(void) {
 
 /* Header exactly as safetensors' save_file writes it: compact JSON, keys in
  * order, padded with spaces so that 8 + len is a multiple of 8. */
-static size_t st_file(char *out, const char *json, const void *data,
+static size_t st_file(char *out, size_t cap, const char *json, const void *data,
                       size_t dlen) {
+  REQUIRE(16 + strlen(json) + dlen <= cap);
   size_t n = strlen(json), pad = (8 - n % 8) % 8;
   uint64_t hl = n + pad;
   for (int i = 0; i < 8; i++)
@@ -554,8 +555,7 @@ static const char *const REF_HDR[3] = {
 static void check_st(const char *ed, const char *name, const char *json,
                      const void *data, size_t dlen) {
   char want[4096];
-  REQUIRE(dlen + strlen(json) + 16 <= sizeof want);
-  size_t wn = st_file(want, json, data, dlen);
+  size_t wn = st_file(want, sizeof want, json, data, dlen);
   char *p = t_join(ed, name);
   size_t len = 0;
   char *got = t_read_all(p, &len);
@@ -568,8 +568,7 @@ static void check_st(const char *ed, const char *name, const char *json,
 static void put_st(const char *ed, const char *name, const char *json,
                    const void *data, size_t dlen) {
   char buf[4096];
-  REQUIRE(dlen + strlen(json) + 16 <= sizeof buf);
-  size_t n = st_file(buf, json, data, dlen);
+  size_t n = st_file(buf, sizeof buf, json, data, dlen);
   char *p = t_join(ed, name);
   t_write_all(p, buf, n);
   free(p);
