@@ -112,20 +112,11 @@ int cmd_ls(int argc, char **argv) {
                   {"full", 0}, {"no-describe", 0}, {"verbose", 0}};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1];
-  size_t np = 0;
-  int help = 0;
-  int rc = cli_parse("ls", argc, argv, f, nf, pos, 1, &np, &help);
-  if (rc)
+  int rc =
+      cli_begin("ls", LS_HELP, "missing DIR", argc, argv, f, nf, pos, 1, 1);
+  if (rc != CLI_RUN)
     return rc;
-  if (help) {
-    fputs(LS_HELP, stdout);
-    return CLI_OK;
-  }
   int json = cli_flag_get(f, nf, "json")->set;
-  if (np != 1) {
-    fprintf(stderr, "kvtier ls: missing DIR\n%s", LS_HELP);
-    return CLI_USAGE;
-  }
   static const char *keys[] = {"accessed", "created", "size",
                                "memory",   "tokens",  "hash"};
   sort_key = 0;
@@ -153,18 +144,11 @@ int cmd_ls(int argc, char **argv) {
   int describe = !cli_flag_get(f, nf, "no-describe")->set;
 
   cli_cache c;
-  rc = cli_cache_open(&c, pos[0], RO_FLAGS, json, "ls",
-                      cli_flag_get(f, nf, "verbose")->set);
+  cli_entries es;
+  rc = cli_cache_open_list(&c, &es, pos[0], RO_FLAGS, json, "ls",
+                           cli_flag_get(f, nf, "verbose")->set);
   if (rc)
     return rc;
-  cli_entries es;
-  rc = cli_entries_load(&es, c.tier);
-  if (rc != 0) {
-    cli_entries_free(&es);
-    cli_cache_close(&c);
-    return cli_fail(json, "ls", CLI_FAILED, "cannot list entries: %s",
-                    kvt_last_error());
-  }
   cli_qsort(es.v, es.n, sizeof *es.v, cmp_entries);
   size_t shown = es.n < limit ? es.n : (size_t)limit;
 
@@ -279,21 +263,12 @@ int cmd_stats(int argc, char **argv) {
                   {"max-entries", 1}, {"no-describe", 0}, {"verbose", 0}};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1];
-  size_t np = 0;
-  int help = 0;
-  int rc = cli_parse("stats", argc, argv, f, nf, pos, 1, &np, &help);
-  if (rc)
+  int rc = cli_begin("stats", STATS_HELP, "missing DIR", argc, argv, f, nf, pos,
+                     1, 1);
+  if (rc != CLI_RUN)
     return rc;
-  if (help) {
-    fputs(STATS_HELP, stdout);
-    return CLI_OK;
-  }
   int json = cli_flag_get(f, nf, "json")->set;
   int prom = cli_flag_get(f, nf, "prometheus")->set;
-  if (np != 1) {
-    fprintf(stderr, "kvtier stats: missing DIR\n%s", STATS_HELP);
-    return CLI_USAGE;
-  }
   if (json && prom)
     return cli_fail(0, "stats", CLI_USAGE,
                     "--json and --prometheus are exclusive");
@@ -343,12 +318,8 @@ int cmd_stats(int argc, char **argv) {
   }
 
   cli_entries es;
-  if (cli_entries_load(&es, c.tier) != 0) {
-    cli_entries_free(&es);
-    cli_cache_close(&c);
-    return cli_fail(json, "stats", CLI_FAILED, "cannot list entries: %s",
-                    kvt_last_error());
-  }
+  if ((rc = cli_entries_load_or_fail(&es, &c, json, "stats")) != 0)
+    return rc;
   double oldest = 0, newest = 0, lru = 0;
   uint64_t tokens = 0, disk = 0, mem = 0;
   uint64_t layers_by_kind[5] = {0}, entries_by_kind[5] = {0};
@@ -635,20 +606,11 @@ int cmd_show(int argc, char **argv) {
   cli_flag f[] = {{"json", 0}, {"verbose", 0}};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[2];
-  size_t np = 0;
-  int help = 0;
-  int rc = cli_parse("show", argc, argv, f, nf, pos, 2, &np, &help);
-  if (rc)
+  int rc = cli_begin("show", SHOW_HELP, "needs DIR and HASH", argc, argv, f, nf,
+                     pos, 2, 2);
+  if (rc != CLI_RUN)
     return rc;
-  if (help) {
-    fputs(SHOW_HELP, stdout);
-    return CLI_OK;
-  }
   int json = cli_flag_get(f, nf, "json")->set;
-  if (np != 2) {
-    fprintf(stderr, "kvtier show: needs DIR and HASH\n%s", SHOW_HELP);
-    return CLI_USAGE;
-  }
   const char *want = pos[1];
   size_t wl = strlen(want);
   if (wl < 4 || wl > 64 || strspn(want, "0123456789abcdefABCDEF") != wl)
@@ -659,17 +621,11 @@ int cmd_show(int argc, char **argv) {
     lw[i] = (char)((want[i] >= 'A' && want[i] <= 'F') ? want[i] + 32 : want[i]);
 
   cli_cache c;
-  rc = cli_cache_open(&c, pos[0], RO_FLAGS, json, "show",
-                      cli_flag_get(f, nf, "verbose")->set);
+  cli_entries es;
+  rc = cli_cache_open_list(&c, &es, pos[0], RO_FLAGS, json, "show",
+                           cli_flag_get(f, nf, "verbose")->set);
   if (rc)
     return rc;
-  cli_entries es;
-  if (cli_entries_load(&es, c.tier) != 0) {
-    cli_entries_free(&es);
-    cli_cache_close(&c);
-    return cli_fail(json, "show", CLI_FAILED, "cannot list entries: %s",
-                    kvt_last_error());
-  }
   const kvt_entry_info *hit = NULL;
   size_t matches = 0;
   for (size_t i = 0; i < es.n; i++)
