@@ -274,12 +274,50 @@ typedef struct kvt_options {
   int32_t log_level;         /* minimum level passed to log_fn. WARN */
   kvt_spill_done_fn spill_done_fn; /* NULL = none */
   void *spill_done_ctx;
+  /* ---- Shared remote tier (Redis / Valkey); see docs/REMOTE.md. ---- */
+  /** Remote store: "redis://[:password@]host:port", several comma-separated
+   *  "host:port" seed nodes for a Redis Cluster. NULL = none. Validated
+   *  without connecting: an unreachable server never fails open. Builds
+   *  without hiredis refuse a URL with KVT_EUNSUPPORTED at open. */
+  const char *remote_url;
+  /** kvt_remote_mode; KVT_REMOTE_LOCAL (the default) ignores the remote and
+   *  needs remote_url NULL; the other modes need a remote_url. */
+  int32_t remote_mode;
+  /** Key prefix so several models or deployments share one store. NULL =
+   *  "kvt:". No '{' or '}'; at most 128 bytes. */
+  const char *remote_prefix;
+  /** Bound on each connect and command, in ms (1..600000). 1000 */
+  uint32_t remote_timeout_ms;
+  /** Uploads waiting for the remote thread (>= 1); one that does not fit is
+   *  dropped and counted in remote_spill_drops. Bytes are bounded by
+   *  spill_queue_bytes as for the spill queue. 64 */
+  uint32_t remote_queue_size;
+  /** Entries are stored as values of at most this many bytes (the server's
+   *  limit is 512 MiB). 4 KiB .. 512 MiB. 16 MiB */
+  uint64_t remote_chunk_bytes;
+  uint32_t remote_flags; /* KVT_REMOTE_* flags. 0 */
 } kvt_options;
+
+/** Where entries live (kvt_options.remote_mode). */
+typedef enum kvt_remote_mode {
+  KVT_REMOTE_LOCAL = 0,        /* local SSD only (the reference)            */
+  /** Spills go to the local SSD and, asynchronously, to the remote store; a
+   *  promote that misses locally looks in the remote store and on a hit
+   *  promotes from it, keeping a local copy (unless KVT_REMOTE_NO_LOCAL_COPY). */
+  KVT_REMOTE_LOCAL_AND_REMOTE = 1,
+  /** Spills go only to the remote store (the local directory holds the lock,
+   *  an empty index and staging files); promotes read only from it. */
+  KVT_REMOTE_ONLY = 2
+} kvt_remote_mode;
+
+/** kvt_options.remote_flags: do not keep a local copy of remote hits. */
+#define KVT_REMOTE_NO_LOCAL_COPY 0x1u
 
 #define KVT_OPTIONS_INIT                                                       \
   {KVT_OPTIONS_VERSION, NULL, NULL, 10.0, 10000, 0600, 0700, 64, 0, 0,         \
    KVT_STORAGE_NATIVE, KVT_DURABILITY_FSYNC, KVT_IO_AUTO, 2, 16, 0, NULL,       \
-   NULL, KVT_LOG_WARN, NULL, NULL}
+   NULL, KVT_LOG_WARN, NULL, NULL, NULL, KVT_REMOTE_LOCAL, NULL, 1000, 64,     \
+   16u << 20, 0}
 
 /** Fills opts with the defaults of KVT_OPTIONS_INIT. Returns 0, or KVT_EINVAL
  *  for a NULL opts or a version this library does not know. */
@@ -589,6 +627,21 @@ typedef struct kvt_stats {
   uint64_t memory_bytes;      /* now: sum of memory_bytes */
   uint64_t queue_depth;       /* now */
   uint64_t queue_bytes;       /* now */
+  /* The remote tier (all 0 without one). ssd_hits/ssd_misses/reload_* count
+   * every promote whichever tier served it; local hits = ssd_hits -
+   * remote_hits. */
+  uint64_t remote_hits;        /* promotes served from the remote store */
+  uint64_t remote_misses;      /* remote lookups that found nothing usable */
+  uint64_t remote_read_bytes;  /* entry bytes fetched from the remote */
+  double remote_latency_sum;   /* seconds spent in remote fetches (hits) */
+  uint64_t remote_spill_count; /* entries uploaded */
+  uint64_t remote_spill_bytes; /* bytes uploaded */
+  uint64_t remote_spill_drops; /* uploads dropped: queue full or remote down */
+  uint64_t remote_errors;      /* failed remote operations (connection,
+                                  timeout, server error, damaged data) */
+  uint64_t remote_queue_depth; /* now: uploads waiting */
+  uint64_t remote_available;   /* now: 1 when the remote is configured and
+                                  not in back-off after a failure */
 } kvt_stats;
 
 /** Snapshot of the counters. Returns 0, KVT_EINVAL. Thread-safe. */
