@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -435,6 +436,37 @@ static int is_err(const redisReply *r, const char *prefix) {
 /* Execution                                                                */
 /* ------------------------------------------------------------------------ */
 
+/* hiredis writes with write(2): a server that closed the connection raises
+ * SIGPIPE, which would kill a process that did not ignore it. Every public
+ * entry point blocks SIGPIPE on the calling thread while it talks to Redis
+ * (SIGPIPE from a socket write is sent to the writing thread) and discards one
+ * it caused, so the library needs no process-wide signal setting. */
+typedef struct pipe_guard {
+  sigset_t old;
+  int was_blocked;
+} pipe_guard;
+
+static void pipe_block(pipe_guard *g) {
+  sigset_t s;
+  sigemptyset(&s);
+  sigaddset(&s, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &s, &g->old);
+  g->was_blocked = sigismember(&g->old, SIGPIPE);
+}
+
+static void pipe_restore(pipe_guard *g) {
+  if (!g->was_blocked) {
+    sigset_t pend, s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGPIPE);
+    if (sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE)) {
+      struct timespec zero = {0, 0};
+      sigtimedwait(&s, NULL, &zero);
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
 /* Sends cmds[idx[0..m)] to node (each preceded by ASKING when asking) and
  * reads the replies into replies[idx[k]]. 0 or a connection error (then no
  * reply is kept). */
@@ -491,8 +523,20 @@ io_fail:
   return rc;
 }
 
+static int exec_batch(kvr_client *c, const char *key, size_t klen,
+                      const kvr_cmd *cmds, size_t n, redisReply **replies);
+
 int kvr_exec(kvr_client *c, const char *key, size_t klen, const kvr_cmd *cmds,
              size_t n, redisReply **replies) {
+  pipe_guard g;
+  pipe_block(&g);
+  int rc = exec_batch(c, key, klen, cmds, n, replies);
+  pipe_restore(&g);
+  return rc;
+}
+
+static int exec_batch(kvr_client *c, const char *key, size_t klen,
+                      const kvr_cmd *cmds, size_t n, redisReply **replies) {
   if (n == 0)
     return 0;
   unsigned slot = kvr_key_slot(key, klen);
@@ -585,11 +629,18 @@ int kvr_exec_node(kvr_client *c, int node, const kvr_cmd *cmd,
                   redisReply **reply) {
   size_t idx = 0;
   *reply = NULL;
-  return run_on(c, node, cmd, &idx, 1, 0, reply);
+  pipe_guard g;
+  pipe_block(&g);
+  int rc = run_on(c, node, cmd, &idx, 1, 0, reply);
+  pipe_restore(&g);
+  return rc;
 }
 
 int kvr_foreach_master(kvr_client *c, kvr_node_fn fn, void *ctx) {
+  pipe_guard g;
+  pipe_block(&g);
   int rc = refresh(c);
+  pipe_restore(&g);
   if (rc != 0)
     return rc;
   /* The distinct owners in the slot map are the masters. */
