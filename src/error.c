@@ -1,8 +1,9 @@
 /*
- * error.c - error codes, their static descriptions and the thread-local last-error state
- * (message + OS errno) behind kvt_strerror, kvt_last_error and kvt_last_errno. The message buffer
- * is per thread so concurrent callers never see each other's errors; it is fixed-size so that
- * reporting an out-of-memory condition never needs memory.
+ * error.c - error codes, their static descriptions and the thread-local
+ * last-error state (message + OS errno) behind kvt_strerror, kvt_last_error and
+ * kvt_last_errno. The message buffer is per thread so concurrent callers never
+ * see each other's errors; it is fixed-size so that reporting an out-of-memory
+ * condition never needs memory.
  */
 #include "error.h"
 
@@ -17,31 +18,55 @@ static _Thread_local int tl_errno;
 
 const char *kvt_strerror(int err) {
   switch (err) {
-  case KVT_OK: return "success";
-  case KVT_EINVAL: return "invalid argument";
-  case KVT_ENOMEM: return "out of memory";
-  case KVT_EIO: return "I/O error";
-  case KVT_ENOTFOUND: return "not found";
-  case KVT_ECORRUPT: return "corrupt data";
-  case KVT_EFULL: return "spill queue full";
-  case KVT_ECLOSED: return "tier closed";
-  case KVT_ETIMEDOUT: return "timed out";
-  case KVT_ECANCELED: return "cancelled";
-  case KVT_EBUDGET: return "memory budget refused";
-  case KVT_ETOOBIG: return "entry too big";
-  case KVT_EPERM: return "permission or ownership refused";
-  case KVT_EBUSY: return "resource busy";
-  case KVT_EUNSUPPORTED: return "unsupported";
-  case KVT_ENOSPC: return "no space left on device";
-  case KVT_EDB: return "index database error";
-  case KVT_EAGAIN: return "not ready";
-  case KVT_ERANGE: return "buffer too small";
-  default: return "unknown error";
+  case KVT_OK:
+    return "success";
+  case KVT_EINVAL:
+    return "invalid argument";
+  case KVT_ENOMEM:
+    return "out of memory";
+  case KVT_EIO:
+    return "I/O error";
+  case KVT_ENOTFOUND:
+    return "not found";
+  case KVT_ECORRUPT:
+    return "corrupt data";
+  case KVT_EFULL:
+    return "spill queue full";
+  case KVT_ECLOSED:
+    return "tier closed";
+  case KVT_ETIMEDOUT:
+    return "timed out";
+  case KVT_ECANCELED:
+    return "cancelled";
+  case KVT_EBUDGET:
+    return "memory budget refused";
+  case KVT_ETOOBIG:
+    return "entry too big";
+  case KVT_EPERM:
+    return "permission or ownership refused";
+  case KVT_EBUSY:
+    return "resource busy";
+  case KVT_EUNSUPPORTED:
+    return "unsupported";
+  case KVT_ENOSPC:
+    return "no space left on device";
+  case KVT_EDB:
+    return "index database error";
+  case KVT_EAGAIN:
+    return "not ready";
+  case KVT_ERANGE:
+    return "buffer too small";
+  default:
+    return "unknown error";
   }
 }
 
-const char *kvt_last_error(void) { return tl_msg; }
-int kvt_last_errno(void) { return tl_errno; }
+const char *kvt_last_error(void) {
+  return tl_msg;
+}
+int kvt_last_errno(void) {
+  return tl_errno;
+}
 void kvt_clear_error(void) {
   tl_msg[0] = '\0';
   tl_errno = 0;
@@ -75,17 +100,23 @@ int kvti_errno_to_code(int os_errno) {
   case EDQUOT:
 #endif
     return KVT_ENOSPC;
-  case ENOMEM: return KVT_ENOMEM;
+  case ENOMEM:
+    return KVT_ENOMEM;
   case EACCES:
   case EPERM:
-  case ELOOP: return KVT_EPERM;
-  case ENOENT: return KVT_ENOTFOUND;
-  case EINVAL: return KVT_EINVAL;
-  default: return KVT_EIO;
+  case ELOOP:
+    return KVT_EPERM;
+  case ENOENT:
+    return KVT_ENOTFOUND;
+  case EINVAL:
+    return KVT_EINVAL;
+  default:
+    return KVT_EIO;
   }
 }
 
-int kvti_error_os(int os_errno, const char *file, int line, const char *fmt, ...) {
+int kvti_error_os(int os_errno, const char *file, int line, const char *fmt,
+                  ...) {
   va_list ap;
   va_start(ap, fmt);
   vset(file, line, fmt, ap);

@@ -1,8 +1,9 @@
 /*
- * error.h - internal error reporting. Every failing internal function sets the thread-local
- * last-error message (and the OS errno when there is one) through these macros and returns the
- * negative kvt_error code, so the public API's kvt_last_error() always explains the most recent
- * failure on the calling thread. In debug builds (KVT_DEBUG) the message is prefixed with the
+ * error.h - internal error reporting. Every failing internal function sets the
+ * thread-local last-error message (and the OS errno when there is one) through
+ * these macros and returns the negative kvt_error code, so the public API's
+ * kvt_last_error() always explains the most recent failure on the calling
+ * thread. In debug builds (KVT_DEBUG) the message is prefixed with the
  * file:line that raised it.
  */
 #ifndef KVT_ERROR_H
@@ -15,16 +16,18 @@
 /* Sets the message (printf-style) and errno 0; returns code. */
 int kvti_error_set(int code, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-/* Sets the message with ": strerror(os_errno)" appended and the OS errno; returns a code mapped
- * from os_errno (ENOSPC -> KVT_ENOSPC, ENOMEM -> KVT_ENOMEM, EACCES/EPERM/ELOOP -> KVT_EPERM,
- * ENOENT -> KVT_ENOTFOUND, else KVT_EIO). */
-int kvti_error_os(int os_errno, const char *file, int line, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+/* Sets the message with ": strerror(os_errno)" appended and the OS errno;
+ * returns a code mapped from os_errno (ENOSPC -> KVT_ENOSPC, ENOMEM ->
+ * KVT_ENOMEM, EACCES/EPERM/ELOOP -> KVT_EPERM, ENOENT -> KVT_ENOTFOUND, else
+ * KVT_EIO). */
+int kvti_error_os(int os_errno, const char *file, int line, const char *fmt,
+                  ...) __attribute__((format(printf, 4, 5)));
 /* Maps an errno to a kvt_error code as above. */
 int kvti_errno_to_code(int os_errno);
 
-#define KVT_ERR(code, ...) kvti_error_set((code), __FILE__, __LINE__, __VA_ARGS__)
-#define KVT_ERR_OS(os_errno, ...)                                             \
+#define KVT_ERR(code, ...)                                                     \
+  kvti_error_set((code), __FILE__, __LINE__, __VA_ARGS__)
+#define KVT_ERR_OS(os_errno, ...)                                              \
   kvti_error_os((os_errno), __FILE__, __LINE__, __VA_ARGS__)
 #define KVT_ERR_NOMEM() KVT_ERR(KVT_ENOMEM, "out of memory")
 

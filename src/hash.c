@@ -1,7 +1,8 @@
 /*
- * hash.c - SHA-256 token keys through OpenSSL's EVP interface and XXH3-64 checksums. xxhash is
- * included with XXH_INLINE_ALL so the hot checksum loop is inlined (about 2.5x faster here than
- * calling the shared libxxhash), which matters because every spilled and promoted byte is hashed.
+ * hash.c - SHA-256 token keys through OpenSSL's EVP interface and XXH3-64
+ * checksums. xxhash is included with XXH_INLINE_ALL so the hot checksum loop is
+ * inlined (about 2.5x faster here than calling the shared libxxhash), which
+ * matters because every spilled and promoted byte is hashed.
  */
 #include "hash.h"
 #include "kvtier.h"
@@ -41,9 +42,8 @@ int kvt_token_hash(char out[KVT_HASH_HEX_LEN + 1], const int32_t *tokens,
 
 int kvt_prefix_hash(char out[KVT_HASH_HEX_LEN + 1], const int32_t *tokens,
                     size_t n) {
-  return kvt_token_hash(out, tokens,
-                        n < KVT_PREFIX_FILTER_TOKENS ? n
-                                                     : KVT_PREFIX_FILTER_TOKENS);
+  return kvt_token_hash(
+      out, tokens, n < KVT_PREFIX_FILTER_TOKENS ? n : KVT_PREFIX_FILTER_TOKENS);
 }
 
 uint64_t kvti_xxh3(const void *data, size_t len) {
@@ -55,7 +55,8 @@ struct kvti_xxh3_state {
 };
 
 kvti_xxh3_state *kvti_xxh3_new(void) {
-  kvti_xxh3_state *s = aligned_alloc(64, sizeof *s + (64 - sizeof *s % 64) % 64);
+  kvti_xxh3_state *s =
+      aligned_alloc(64, sizeof *s + (64 - sizeof *s % 64) % 64);
   if (s)
     XXH3_64bits_reset(&s->st);
   return s;
@@ -66,7 +67,9 @@ void kvti_xxh3_update(kvti_xxh3_state *s, const void *data, size_t len) {
 uint64_t kvti_xxh3_digest(const kvti_xxh3_state *s) {
   return XXH3_64bits_digest(&s->st);
 }
-void kvti_xxh3_free(kvti_xxh3_state *s) { free(s); }
+void kvti_xxh3_free(kvti_xxh3_state *s) {
+  free(s);
+}
 
 void kvti_xxh3_format(char out[24], uint64_t h) {
   snprintf(out, 24, "xxh3:%016llx", (unsigned long long)h);

@@ -1,16 +1,19 @@
 /*
- * index.h - the SQLite index (the reference's schema, byte for byte, so either program opens the
- * other's index.db) plus kvtier's side table and an in-memory mirror that answers exact and
- * longest-prefix lookups without SQL. The public kvt_index_* functions (the reference's SSDIndex)
- * are implemented on top of the same object.
+ * index.h - the SQLite index (the reference's schema, byte for byte, so either
+ * program opens the other's index.db) plus kvtier's side table and an in-memory
+ * mirror that answers exact and longest-prefix lookups without SQL. The public
+ * kvt_index_* functions (the reference's SSDIndex) are implemented on top of
+ * the same object.
  *
- * Schema: the reference's `schema_version` and `entries` tables with its three indexes, untouched;
- * kvtier adds `kvtier_meta(token_hash TEXT PRIMARY KEY, disk_bytes INTEGER NOT NULL, storage_mode
- * INTEGER NOT NULL)` which the reference ignores. A row in entries without a kvtier_meta row (the
- * reference wrote it) has its disk bytes measured from the files at open.
+ * Schema: the reference's `schema_version` and `entries` tables with its three
+ * indexes, untouched; kvtier adds `kvtier_meta(token_hash TEXT PRIMARY KEY,
+ * disk_bytes INTEGER NOT NULL, storage_mode INTEGER NOT NULL)` which the
+ * reference ignores. A row in entries without a kvtier_meta row (the reference
+ * wrote it) has its disk bytes measured from the files at open.
  *
- * Threads: every function is safe to call from any thread; one mutex serialises SQLite, the
- * mirror has its own read-write lock so lookups do not wait for writes to SQLite.
+ * Threads: every function is safe to call from any thread; one mutex serialises
+ * SQLite, the mirror has its own read-write lock so lookups do not wait for
+ * writes to SQLite.
  */
 #ifndef KVT_INDEX_H
 #define KVT_INDEX_H
@@ -20,23 +23,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Opens cache_dir/index.db. data_dir (may be NULL) is used to measure disk bytes of rows that
- * lack kvtier_meta. readonly: open SQLITE_OPEN_READONLY, no schema changes (a legacy DB is then
- * served with prefix hashes computed in memory). Loads the mirror. */
-int kvti_index_open(kvt_index **out, const char *cache_dir, const char *data_dir,
-                    int readonly);
+/* Opens cache_dir/index.db. data_dir (may be NULL) is used to measure disk
+ * bytes of rows that lack kvtier_meta. readonly: open SQLITE_OPEN_READONLY, no
+ * schema changes (a legacy DB is then served with prefix hashes computed in
+ * memory). Loads the mirror. */
+int kvti_index_open(kvt_index **out, const char *cache_dir,
+                    const char *data_dir, int readonly);
 
-/* Inserts or replaces (both tables, one transaction). created_at/accessed_at = now. hash may be
- * NULL (computed); if given it must be the tokens' hash, else KVT_EINVAL. storage_mode is a
- * kvt_storage_mode. KVT_EPERM when opened read-only; SQLite errors -> KVT_EDB (KVT_ENOSPC,
- * KVT_EIO for SQLITE_FULL, SQLITE_IOERR), and then neither SQLite nor the mirror changed. */
-int kvti_index_put(kvt_index *idx, const int32_t *tokens, size_t n, const char *hash,
-                   uint64_t memory_bytes, uint64_t disk_bytes, int storage_mode);
+/* Inserts or replaces (both tables, one transaction). created_at/accessed_at =
+ * now. hash may be NULL (computed); if given it must be the tokens' hash, else
+ * KVT_EINVAL. storage_mode is a kvt_storage_mode. KVT_EPERM when opened
+ * read-only; SQLite errors -> KVT_EDB (KVT_ENOSPC, KVT_EIO for SQLITE_FULL,
+ * SQLITE_IOERR), and then neither SQLite nor the mirror changed. */
+int kvti_index_put(kvt_index *idx, const int32_t *tokens, size_t n,
+                   const char *hash, uint64_t memory_bytes, uint64_t disk_bytes,
+                   int storage_mode);
 
-/* Several puts in one SQLite transaction (all or none: on error neither SQLite nor the mirror
- * changed, except KVT_ENOMEM after the commit, when rows missing from the mirror are served after
- * reopen). Amortises the commit (and WAL checkpoint) cost when the writer has several entries
- * ready. Fields as kvti_index_put; count 0 is a no-op. */
+/* Several puts in one SQLite transaction (all or none: on error neither SQLite
+ * nor the mirror changed, except KVT_ENOMEM after the commit, when rows missing
+ * from the mirror are served after reopen). Amortises the commit (and WAL
+ * checkpoint) cost when the writer has several entries ready. Fields as
+ * kvti_index_put; count 0 is a no-op. */
 typedef struct kvti_index_put_args {
   const int32_t *tokens;
   size_t n;
@@ -45,21 +52,23 @@ typedef struct kvti_index_put_args {
   uint64_t disk_bytes;
   int storage_mode;
 } kvti_index_put_args;
-int kvti_index_put_many(kvt_index *idx, const kvti_index_put_args *puts, size_t count);
+int kvti_index_put_many(kvt_index *idx, const kvti_index_put_args *puts,
+                        size_t count);
 
-/* Exact / longest-prefix lookups from the mirror (no SQL). created_before > 0 hides entries
- * created before it (retention). Return 0, KVT_ENOTFOUND. */
+/* Exact / longest-prefix lookups from the mirror (no SQL). created_before > 0
+ * hides entries created before it (retention). Return 0, KVT_ENOTFOUND. */
 int kvti_index_find(kvt_entry_info *out, kvt_index *idx, const int32_t *tokens,
                     size_t n, double created_before);
 int kvti_index_find_prefix(kvt_entry_info *out, kvt_index *idx,
-                           const int32_t *tokens, size_t n, double created_before);
+                           const int32_t *tokens, size_t n,
+                           double created_before);
 int kvti_index_find_hash(kvt_entry_info *out, kvt_index *idx, const char *hash);
 
 /* Removes by hash (both tables and the mirror). KVT_ENOTFOUND if absent. */
 int kvti_index_remove_hash(kvt_index *idx, const char *hash);
 
-/* accessed_at = now in the mirror at once; written to SQLite in batches (at the latest by
- * kvti_index_flush or close). KVT_ENOTFOUND if absent. */
+/* accessed_at = now in the mirror at once; written to SQLite in batches (at the
+ * latest by kvti_index_flush or close). KVT_ENOTFOUND if absent. */
 int kvti_index_touch_hash(kvt_index *idx, const char *hash);
 int kvti_index_flush(kvt_index *idx);
 
@@ -70,23 +79,28 @@ void kvti_index_totals(kvt_index *idx, uint64_t *entries, uint64_t *disk_bytes,
 /* Least recently used entry (oldest accessed_at). KVT_ENOTFOUND when empty. */
 int kvti_index_lru_victim(kvt_entry_info *out, kvt_index *idx);
 /* Oldest-created entry with created_at < cutoff. KVT_ENOTFOUND when none. */
-int kvti_index_oldest_before(kvt_entry_info *out, kvt_index *idx, double cutoff);
+int kvti_index_oldest_before(kvt_entry_info *out, kvt_index *idx,
+                             double cutoff);
 
-/* Visits entries, most recently used first, until fn returns nonzero. The index lock is NOT
- * held during fn (a snapshot is taken first), so fn may call other index functions. */
+/* Visits entries, most recently used first, until fn returns nonzero. The index
+ * lock is NOT held during fn (a snapshot is taken first), so fn may call other
+ * index functions. */
 int kvti_index_foreach(kvt_index *idx, kvt_entry_visit_fn fn, void *ctx);
 
-/* Tokens of a stored entry (malloc'ed copy; free with kvti_free), read from SQLite. */
-int kvti_index_tokens(int32_t **tokens, size_t *n, kvt_index *idx, const char *hash);
+/* Tokens of a stored entry (malloc'ed copy; free with kvti_free), read from
+ * SQLite. */
+int kvti_index_tokens(int32_t **tokens, size_t *n, kvt_index *idx,
+                      const char *hash);
 
-/* Rows of index.db that failed validation at open (hostile or damaged: file_path not the
- * token_hash, blob length != num_tokens*4, bad numbers) and are not served; each set the
- * last-error message when skipped. */
+/* Rows of index.db that failed validation at open (hostile or damaged:
+ * file_path not the token_hash, blob length != num_tokens*4, bad numbers) and
+ * are not served; each set the last-error message when skipped. */
 uint64_t kvti_index_skipped(kvt_index *idx);
 
-/* Benchmarks only: adds an entry to the in-memory mirror without writing SQLite (created_at =
- * accessed_at = t). Returns 0, KVT_ENOMEM, KVT_EINVAL. */
-int kvti_index_bench_add(kvt_index *idx, const int32_t *tokens, size_t n, double t);
+/* Benchmarks only: adds an entry to the in-memory mirror without writing SQLite
+ * (created_at = accessed_at = t). Returns 0, KVT_ENOMEM, KVT_EINVAL. */
+int kvti_index_bench_add(kvt_index *idx, const int32_t *tokens, size_t n,
+                         double t);
 
 /* Heap bytes of the mirror's lookup structures (benchmarks, diagnostics). */
 uint64_t kvti_index_mem_bytes(kvt_index *idx);

@@ -1,5 +1,6 @@
 /*
- * testutil.c - implementation of the shared test helpers declared in testutil.h.
+ * testutil.c - implementation of the shared test helpers declared in
+ * testutil.h.
  */
 #include "testutil.h"
 

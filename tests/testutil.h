@@ -1,8 +1,9 @@
 /*
- * testutil.h - the tiny assertion framework and helpers every C test uses: CHECK macros that
- * report file:line and the kvtier last error and make the test exit non-zero, a seeded PRNG
- * (tests generate their data, never download it), and private temporary directories removed at
- * exit unless KVT_KEEP_TMP is set.
+ * testutil.h - the tiny assertion framework and helpers every C test uses:
+ * CHECK macros that report file:line and the kvtier last error and make the
+ * test exit non-zero, a seeded PRNG (tests generate their data, never download
+ * it), and private temporary directories removed at exit unless KVT_KEEP_TMP is
+ * set.
  */
 #ifndef KVT_TESTUTIL_H
 #define KVT_TESTUTIL_H
@@ -38,8 +39,9 @@ extern int kvt_test_failures;
   do {                                                                         \
     long long va_ = (long long)(a), vb_ = (long long)(b);                      \
     if (va_ != vb_) {                                                          \
-      fprintf(stderr, "%s:%d: CHECK_EQ failed: %s == %lld, %s == %lld (last "  \
-                      "error: %s)\n",                                          \
+      fprintf(stderr,                                                          \
+              "%s:%d: CHECK_EQ failed: %s == %lld, %s == %lld (last "          \
+              "error: %s)\n",                                                  \
               __FILE__, __LINE__, #a, va_, #b, vb_, kvt_last_error());         \
       kvt_test_failures++;                                                     \
     }                                                                          \
@@ -63,8 +65,9 @@ typedef struct kvt_rng {
 uint64_t kvt_rng_next(kvt_rng *r);
 void kvt_rng_fill(kvt_rng *r, void *buf, size_t n);
 
-/* Creates a fresh private temporary directory (mode 0700) and returns its path (static storage
- * per call, malloc'ed; removed at exit unless KVT_KEEP_TMP=1). */
+/* Creates a fresh private temporary directory (mode 0700) and returns its path
+ * (static storage per call, malloc'ed; removed at exit unless KVT_KEEP_TMP=1).
+ */
 char *kvt_test_tmpdir(const char *tag);
 /* rm -rf without following symlinks. */
 void kvt_test_rmtree(const char *path);

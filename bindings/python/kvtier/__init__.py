@@ -1,0 +1,68 @@
+"""kvtier: a cold KV-cache tier on local SSD for LLM inference servers.
+
+Python binding of libkvtier (ctypes + numpy only).  The drop-in replacement
+for vllm-mlx's ``vllm_mlx.ssd_cache`` is :mod:`kvtier.ssd_cache`::
+
+    from kvtier.ssd_cache import SSDCacheConfig, SSDCacheTier
+
+The shared library is found through ``KVTIER_LIBRARY`` (a path), else the
+``build/`` directory of the source checkout this package sits in, else the
+system's library path; ``kvtier.library_path`` says which was loaded.
+
+A more Pythonic interface, raising exceptions instead of returning
+False/None and exposing kvtier's extras (sync and prefix promote, gc,
+verify, describe, Prometheus metrics), is :class:`kvtier.Tier`.
+"""
+
+from __future__ import annotations
+
+from . import _lib
+from ._lib import (
+    KvtierClosed,
+    KvtierCorrupt,
+    KvtierError,
+    KvtierNotFound,
+    LibraryNotFoundError,
+    library_path,
+)
+
+from .tier import BudgetRefused, Entry, EntryInfo, QueueFull, Tier, TooBig
+
+__version__ = "0.1.0"
+
+
+def library_version() -> str:
+    """Version string of the loaded libkvtier."""
+    return _lib.kvt_version().decode()
+
+
+def token_hash(tokens) -> str:
+    """SHA-256 hex of the int32 token blob (the reference's _tokens_hash),
+    computed by libkvtier."""
+    import ctypes
+
+    from ._convert import tokens_arg
+
+    tok, n = tokens_arg(tokens)
+    buf = ctypes.create_string_buffer(65)
+    _lib.check(_lib.kvt_token_hash(buf, tok, n), "token_hash")
+    return buf.value.decode()
+
+
+__all__ = [
+    "Tier",
+    "Entry",
+    "EntryInfo",
+    "QueueFull",
+    "TooBig",
+    "BudgetRefused",
+    "KvtierError",
+    "KvtierClosed",
+    "KvtierCorrupt",
+    "KvtierNotFound",
+    "LibraryNotFoundError",
+    "library_path",
+    "library_version",
+    "token_hash",
+    "__version__",
+]

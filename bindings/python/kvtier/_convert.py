@@ -1,0 +1,410 @@
+"""Conversions between Python objects and libkvtier's C structures.
+
+Two directions:
+- Spill: duck-typed engine layers (``.keys/.values/.offset`` [+ rotating
+  attributes], a list ``.state``, or quantized ``(packed, scales, biases)``
+  tuples with ``bits``/``group_size``) holding numpy arrays, bf16 stand-ins
+  (anything whose ``str(dtype)`` ends in "bfloat16" and that converts with
+  ``astype(numpy.float32)``) or anything ``numpy.asarray`` accepts, become a
+  ``kvt_layer`` array.  The numpy buffers are referenced, not copied: the
+  ``_Keep`` object returned with them must stay alive until the C call that
+  reads them has returned (kvt_tier_spill copies before returning).
+- Promote: a ``kvt_entry`` becomes the reference's list of layer dicts.  Tensor
+  data is shared, not copied: each array's ``base`` chain ends in a ctypes
+  buffer whose ``_owner`` is the ``EntryHandle`` that frees the entry when the
+  last array (or the handle) goes away.  BF16 is the exception: numpy has no
+  bfloat16, so BF16 tensors are returned as float32 copies with the
+  reference's ``*_original_dtype: "bfloat16"`` hint.
+"""
+
+from __future__ import annotations
+
+import array as _array
+import ctypes
+import weakref
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _lib as L
+
+# numpy dtype -> kvt_dtype.
+_NP_TO_KVT = {
+    np.dtype(np.bool_): L.DTYPE_BOOL,
+    np.dtype(np.uint8): L.DTYPE_U8,
+    np.dtype(np.int8): L.DTYPE_I8,
+    np.dtype(np.int16): L.DTYPE_I16,
+    np.dtype(np.uint16): L.DTYPE_U16,
+    np.dtype(np.float16): L.DTYPE_F16,
+    np.dtype(np.int32): L.DTYPE_I32,
+    np.dtype(np.uint32): L.DTYPE_U32,
+    np.dtype(np.float32): L.DTYPE_F32,
+    np.dtype(np.int64): L.DTYPE_I64,
+    np.dtype(np.uint64): L.DTYPE_U64,
+    np.dtype(np.float64): L.DTYPE_F64,
+}
+_KVT_TO_NP = {v: k for k, v in _NP_TO_KVT.items()}
+
+# Original-dtype hint names (MLX dtype names, as the reference records them).
+_HINT_NAMES = {
+    L.DTYPE_BOOL: "bool_",
+    L.DTYPE_U8: "uint8",
+    L.DTYPE_I8: "int8",
+    L.DTYPE_I16: "int16",
+    L.DTYPE_U16: "uint16",
+    L.DTYPE_F16: "float16",
+    L.DTYPE_BF16: "bfloat16",
+    L.DTYPE_I32: "int32",
+    L.DTYPE_U32: "uint32",
+    L.DTYPE_F32: "float32",
+    L.DTYPE_I64: "int64",
+    L.DTYPE_U64: "uint64",
+    L.DTYPE_F64: "float64",
+}
+_HINT_CODES = {v: k for k, v in _HINT_NAMES.items()}
+_HINT_CODES["bool"] = L.DTYPE_BOOL
+
+ROTATING_ATTRS = ("max_size", "keep", "step", "_idx")
+
+
+# --------------------------------------------------------------------------
+# Tokens
+# --------------------------------------------------------------------------
+
+
+def tokens_arg(tokens: Sequence[int]) -> Tuple[Any, int]:
+    """(ctypes int32 array or None, n) for a token sequence.  Built through
+    array('i', ...) exactly like the reference's _tokens_to_blob, so values
+    outside int32 raise OverflowError as they do there."""
+    arr = _array.array("i", tokens)
+    n = len(arr)
+    if n == 0:
+        return None, 0
+    return (ctypes.c_int32 * n).from_buffer(arr), n
+
+
+def tokens_blob(tokens: Sequence[int]) -> bytes:
+    """The reference's _tokens_to_blob."""
+    return _array.array("i", tokens).tobytes()
+
+
+# --------------------------------------------------------------------------
+# bf16 helpers
+# --------------------------------------------------------------------------
+
+
+def is_bf16(x: Any) -> bool:
+    """True for a bf16 array object numpy cannot represent (MLX bf16 or the
+    test stand-in): its dtype prints as ...bfloat16."""
+    if isinstance(x, np.ndarray):
+        return False
+    return str(getattr(x, "dtype", "")).endswith("bfloat16")
+
+
+def f32_to_bf16_bits(f: np.ndarray) -> np.ndarray:
+    """float32 -> uint16 bf16 patterns, round to nearest even (exact for
+    values that are already bf16)."""
+    f = np.ascontiguousarray(f, dtype=np.float32)
+    bits = f.view(np.uint32).astype(np.uint64)
+    out = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16)
+    nan = np.isnan(f)
+    if nan.any():
+        out[nan] = ((bits[nan] >> 16) | 0x40).astype(np.uint16)
+    return out
+
+
+def bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
+    """uint16 bf16 patterns -> float32 (exact)."""
+    return (np.ascontiguousarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(
+        np.float32)
+
+
+def to_numpy_safe(arr: Any) -> Tuple[np.ndarray, Optional[str]]:
+    """The reference's _mx_to_numpy_safe: a numpy copy, upcasting bf16
+    (whose np.array() conversion fails with a 'buffer format string'
+    RuntimeError) to float32 and returning the original dtype name."""
+    try:
+        return np.array(arr), None
+    except RuntimeError as exc:
+        if "buffer format string" not in str(exc):
+            raise
+        original_dtype = str(arr.dtype).rsplit(".", 1)[-1]
+        return np.array(arr.astype(np.float32)), original_dtype
+
+
+# --------------------------------------------------------------------------
+# Spill side: Python layers -> kvt_layer
+# --------------------------------------------------------------------------
+
+
+class _Keep(list):
+    """Objects that must outlive the C call reading the layers."""
+
+
+def _fill_tensor(t: L.Tensor, x: Any, keep: _Keep, hint_code: int = 0) -> int:
+    """Fills t from x; returns the original-dtype hint code for the tensor
+    (hint_code, or 0)."""
+    if is_bf16(x):
+        f32 = np.asarray(x.astype(np.float32), dtype=np.float32)
+        arr = f32_to_bf16_bits(f32)
+        code = L.DTYPE_BF16
+    else:
+        a = np.asarray(x)
+        if a.dtype.byteorder not in ("=", "|"):
+            a = a.astype(a.dtype.newbyteorder("="))
+        code = _NP_TO_KVT.get(a.dtype)
+        if code is None:
+            raise ValueError(f"unsupported dtype {a.dtype} (safetensors has no such type)")
+        arr = np.ascontiguousarray(a)
+    if arr.ndim > L.KVT_MAX_DIMS:
+        raise ValueError(f"tensor has {arr.ndim} dimensions (max {L.KVT_MAX_DIMS})")
+    keep.append(arr)
+    t.dtype = code
+    t.ndim = arr.ndim
+    for i, d in enumerate(arr.shape):
+        t.shape[i] = int(d)
+    t.nbytes = int(arr.nbytes)
+    t.data = arr.ctypes.data if arr.nbytes else None
+    return hint_code
+
+
+def _hint_from_sentinel(layer: Any, attr: str) -> int:
+    name = getattr(layer, attr, None)
+    if isinstance(name, str):
+        return _HINT_CODES.get(name.rsplit(".", 1)[-1], 0)
+    return 0
+
+
+def _opt_int(layer: Any, attr: str) -> int:
+    if hasattr(layer, attr):
+        v = getattr(layer, attr)
+        if v is None:
+            return L.KVT_ABSENT
+        return int(v)
+    return L.KVT_ABSENT
+
+
+def is_quantized_layer(layer: Any) -> bool:
+    """The reference's duck test: keys is a tuple/list (packed, scales,
+    biases)."""
+    return isinstance(getattr(layer, "keys", None), (tuple, list))
+
+
+def fill_layer(out: L.Layer, layer: Any, keep: _Keep) -> None:
+    """Describes one duck-typed engine layer in out (see module docstring).
+    Raises ValueError for an unsupported layer, as the reference's
+    get_serializer_for_layer does."""
+    if is_quantized_layer(layer):
+        keys = tuple(layer.keys)
+        values = tuple(getattr(layer, "values", ()))
+        if len(keys) != 3 or len(values) != 3:
+            raise ValueError("quantized layer keys/values must be (packed, scales, biases)")
+        tensors = (L.Tensor * 6)()
+        hints = (ctypes.c_int32 * 6)()
+        for i, x in enumerate(keys + values):
+            _fill_tensor(tensors[i], x, keep)
+        kh = _hint_from_sentinel(layer, "_ssd_keys_original_dtype")
+        vh = _hint_from_sentinel(layer, "_ssd_values_original_dtype")
+        hints[0], hints[3] = kh, vh
+        keep.extend((tensors, hints))
+        L.kvt_layer_init(ctypes.byref(out), L.LAYER_QUANTIZED_KV)
+        out.num_tensors = 6
+        out.tensors = tensors
+        out.bits = int(getattr(layer, "bits", 8))
+        out.group_size = int(getattr(layer, "group_size", 64))
+        packed = np.asarray(keys[0]) if not is_bf16(keys[0]) else None
+        default_off = packed.shape[-2] if packed is not None and packed.ndim >= 2 else 0
+        out.offset = int(getattr(layer, "offset", default_off))
+        out.orig_dtypes = hints if (kh or vh) else None
+        return
+    if hasattr(layer, "keys") and hasattr(layer, "values") and hasattr(layer, "offset"):
+        tensors = (L.Tensor * 2)()
+        hints = (ctypes.c_int32 * 2)()
+        hints[0] = _fill_tensor(tensors[0], layer.keys, keep,
+                                _hint_from_sentinel(layer, "_ssd_keys_original_dtype"))
+        hints[1] = _fill_tensor(tensors[1], layer.values, keep,
+                                _hint_from_sentinel(layer, "_ssd_values_original_dtype"))
+        keep.extend((tensors, hints))
+        rot = any(hasattr(layer, a) for a in ROTATING_ATTRS)
+        L.kvt_layer_init(ctypes.byref(out), L.LAYER_ROTATING_KV if rot else L.LAYER_KV)
+        out.num_tensors = 2
+        out.tensors = tensors
+        out.offset = int(layer.offset)
+        if rot:
+            out.max_size = _opt_int(layer, "max_size")
+            out.keep = _opt_int(layer, "keep")
+            out.step = _opt_int(layer, "step")
+            out.idx = _opt_int(layer, "_idx")
+        out.orig_dtypes = hints if (hints[0] or hints[1]) else None
+        return
+    if hasattr(layer, "state") and isinstance(getattr(layer, "state", None), list):
+        state = layer.state
+        n = len(state)
+        tensors = (L.Tensor * max(n, 1))()
+        hints = (ctypes.c_int32 * max(n, 1))()
+        for i, x in enumerate(state):
+            _fill_tensor(tensors[i], x, keep)
+        keep.extend((tensors, hints))
+        L.kvt_layer_init(ctypes.byref(out), L.LAYER_ARRAYS)
+        out.num_tensors = n
+        out.tensors = tensors
+        out.orig_dtypes = None
+        return
+    raise ValueError(f"Unsupported cache layer type: {type(layer).__name__}")
+
+
+def build_layers(cache: Sequence[Any]) -> Tuple[Any, int, _Keep]:
+    """(kvt_layer array, count, keep-alive list) for a list of layers."""
+    keep = _Keep()
+    n = len(cache)
+    layers = (L.Layer * max(n, 1))()
+    for i, layer in enumerate(cache):
+        try:
+            fill_layer(layers[i], layer, keep)
+        except ValueError as e:
+            raise ValueError(f"layer {i}: {e}") from None
+    keep.append(layers)
+    return layers, n, keep
+
+
+def layer_from_snapshot(snapshot: dict, keep: _Keep) -> L.Layer:
+    """kvt_layer for a serializer snapshot (keys_np/values_np or state_np
+    with the reference's *_original_dtype hints)."""
+    out = L.Layer()
+    if "state_np" in snapshot:
+        state = snapshot["state_np"]
+        n = len(state)
+        tensors = (L.Tensor * max(n, 1))()
+        hints = (ctypes.c_int32 * max(n, 1))()
+        names = snapshot.get("state_original_dtypes") or [None] * n
+        for i, x in enumerate(state):
+            hints[i] = _fill_tensor(tensors[i], x, keep,
+                                    _HINT_CODES.get(names[i] or "", 0))
+        keep.extend((tensors, hints))
+        L.kvt_layer_init(ctypes.byref(out), L.LAYER_ARRAYS)
+        out.num_tensors = n
+        out.tensors = tensors
+        out.orig_dtypes = hints if any(hints[i] for i in range(n)) else None
+        return out
+    tensors = (L.Tensor * 2)()
+    hints = (ctypes.c_int32 * 2)()
+    hints[0] = _fill_tensor(tensors[0], snapshot["keys_np"], keep,
+                            _HINT_CODES.get(snapshot.get("keys_original_dtype") or "", 0))
+    hints[1] = _fill_tensor(tensors[1], snapshot["values_np"], keep,
+                            _HINT_CODES.get(snapshot.get("values_original_dtype") or "", 0))
+    keep.extend((tensors, hints))
+    rot = any(a in snapshot for a in ROTATING_ATTRS)
+    L.kvt_layer_init(ctypes.byref(out), L.LAYER_ROTATING_KV if rot else L.LAYER_KV)
+    out.num_tensors = 2
+    out.tensors = tensors
+    out.offset = int(snapshot["offset"])
+    if rot:
+        for attr, field in (("max_size", "max_size"), ("keep", "keep"),
+                            ("step", "step"), ("_idx", "idx")):
+            v = snapshot.get(attr)
+            setattr(out, field, L.KVT_ABSENT if v is None else int(v))
+    out.orig_dtypes = hints if (hints[0] or hints[1]) else None
+    return out
+
+
+# --------------------------------------------------------------------------
+# Promote side: kvt_entry -> reference dicts
+# --------------------------------------------------------------------------
+
+
+class EntryHandle:
+    """Owns one kvt_entry.  Arrays returned from it keep it alive; it is freed
+    when the last of them (and this handle) is gone.  ``tier`` keeps the tier
+    that produced it alive as long as the entry is."""
+
+    __slots__ = ("ptr", "tier", "_fin", "__weakref__")
+
+    def __init__(self, ptr: int, tier: Any = None) -> None:
+        self.ptr = ptr
+        self.tier = tier
+        self._fin = weakref.finalize(self, L.kvt_entry_free, ptr)
+        # At interpreter exit arrays may still be referenced; leaking the
+        # entry then is harmless, freeing it under them is not.
+        self._fin.atexit = False
+
+    def free(self) -> None:
+        """Frees now (only when no array from it is referenced)."""
+        self._fin()
+
+
+def _tensor_to_numpy(t: L.Tensor, owner: EntryHandle) -> Tuple[np.ndarray, Optional[str]]:
+    shape = tuple(int(t.shape[i]) for i in range(t.ndim))
+    if t.dtype == L.DTYPE_BF16:
+        n = int(t.nbytes)
+        if n == 0:
+            return np.zeros(shape, dtype=np.float32), "bfloat16"
+        raw = (ctypes.c_uint16 * (n // 2)).from_address(t.data)
+        bits = np.frombuffer(raw, dtype=np.uint16)
+        return bf16_bits_to_f32(bits).reshape(shape), "bfloat16"
+    dt = _KVT_TO_NP.get(t.dtype)
+    if dt is None:
+        raise ValueError(f"unknown dtype code {t.dtype} in entry")
+    n = int(t.nbytes)
+    if n == 0 or not t.data:
+        return np.zeros(shape, dtype=dt), None
+    buf = (ctypes.c_uint8 * n).from_address(t.data)
+    buf._owner = owner  # the base chain keeps the entry alive
+    return np.frombuffer(buf, dtype=dt).reshape(shape), None
+
+
+def _stored_hint(lay: L.Layer, i: int) -> Optional[str]:
+    if not lay.orig_dtypes:
+        return None
+    code = lay.orig_dtypes[i]
+    return _HINT_NAMES.get(code) if code else None
+
+
+def layer_to_dict(lay: L.Layer, owner: EntryHandle) -> dict:
+    """The reference's deserialize_layer result for one kvt_layer."""
+    arrays: List[np.ndarray] = []
+    hints: List[Optional[str]] = []
+    for i in range(lay.num_tensors):
+        a, h = _tensor_to_numpy(lay.tensors[i], owner)
+        arrays.append(a)
+        hints.append(_stored_hint(lay, i) or h)
+    kind = lay.kind
+    if kind in (L.LAYER_KV, L.LAYER_ROTATING_KV):
+        result: dict = {"keys": arrays[0], "values": arrays[1], "offset": int(lay.offset)}
+        if hints[0] is not None:
+            result["keys_original_dtype"] = hints[0]
+        if hints[1] is not None:
+            result["values_original_dtype"] = hints[1]
+        for attr, field in (("max_size", "max_size"), ("keep", "keep"),
+                            ("step", "step"), ("_idx", "idx")):
+            v = getattr(lay, field)
+            if v != L.KVT_ABSENT:
+                result[attr] = int(v)
+        return result
+    if kind == L.LAYER_ARRAYS:
+        result = {"state": arrays}
+        if any(h is not None for h in hints):
+            result["state_original_dtypes"] = hints
+        return result
+    if kind == L.LAYER_QUANTIZED_KV:
+        result = {"keys": tuple(arrays[0:3]), "values": tuple(arrays[3:6]),
+                  "offset": int(lay.offset), "bits": int(lay.bits),
+                  "group_size": int(lay.group_size)}
+        kh = hints[0] or hints[1]
+        vh = hints[3] or hints[4]
+        if kh is not None:
+            result["keys_original_dtype"] = kh
+        if vh is not None:
+            result["values_original_dtype"] = vh
+        return result
+    raise ValueError(f"unknown layer kind {kind} in entry")
+
+
+def entry_to_layers(ptr: int, tier: Any = None) -> List[dict]:
+    """Takes ownership of a kvt_entry and returns its layers as dicts."""
+    owner = EntryHandle(ptr, tier)
+    n = L.kvt_entry_num_layers(ptr)
+    out = []
+    for i in range(n):
+        lp = L.kvt_entry_layer(ptr, i)
+        out.append(layer_to_dict(lp.contents, owner))
+    return out

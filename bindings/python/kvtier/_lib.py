@@ -1,0 +1,579 @@
+"""Loading libkvtier and describing its C API to ctypes.
+
+This module finds the shared library (``KVTIER_LIBRARY``, then the build tree
+of the source checkout this package lives in, then the system's library
+path), mirrors the public structs of ``include/kvtier.h`` as ctypes
+Structures (checked against ``kvt_options_size()`` at import so a layout
+drift fails loudly instead of corrupting memory), declares the prototype of
+every function the binding calls, and maps ``KVT_E*`` codes to Python
+exceptions.  A function missing from an older library is replaced by a stub
+that raises ``NotImplementedError`` when called, so the parts that do exist
+stay usable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import sqlite3
+from typing import Any, Callable, List, Optional
+
+# --------------------------------------------------------------------------
+# Constants (include/kvtier.h)
+# --------------------------------------------------------------------------
+
+KVT_OK = 0
+KVT_EINVAL = -1
+KVT_ENOMEM = -2
+KVT_EIO = -3
+KVT_ENOTFOUND = -4
+KVT_ECORRUPT = -5
+KVT_EFULL = -6
+KVT_ECLOSED = -7
+KVT_ETIMEDOUT = -8
+KVT_ECANCELED = -9
+KVT_EBUDGET = -10
+KVT_ETOOBIG = -11
+KVT_EPERM = -12
+KVT_EBUSY = -13
+KVT_EUNSUPPORTED = -14
+KVT_ENOSPC = -15
+KVT_EDB = -16
+KVT_EAGAIN = -17
+KVT_ERANGE = -18
+
+DTYPE_INVALID = 0
+DTYPE_BOOL = 1
+DTYPE_U8 = 2
+DTYPE_I8 = 3
+DTYPE_I16 = 4
+DTYPE_U16 = 5
+DTYPE_F16 = 6
+DTYPE_BF16 = 7
+DTYPE_I32 = 8
+DTYPE_U32 = 9
+DTYPE_F32 = 10
+DTYPE_I64 = 11
+DTYPE_U64 = 12
+DTYPE_F64 = 13
+
+LAYER_KV = 1
+LAYER_ROTATING_KV = 2
+LAYER_ARRAYS = 3
+LAYER_QUANTIZED_KV = 4
+
+KVT_ABSENT = -(2 ** 63)
+KVT_MAX_DIMS = 8
+KVT_HASH_HEX_LEN = 64
+
+STORAGE_NATIVE = 0
+STORAGE_COMPAT = 1
+DURABILITY_FSYNC = 0
+DURABILITY_NONE = 1
+IO_AUTO = 0
+IO_PORTABLE = 1
+IO_URING = 2
+
+OPEN_READONLY = 0x1
+OPEN_NO_RECONCILE = 0x2
+OPEN_SKIP_OWNER_CHECK = 0x4
+
+PROMOTE_PREFIX = 0x1
+PROMOTE_NO_TOUCH = 0x2
+
+KVT_OPTIONS_VERSION = 1
+KVT_PROMOTE_OPTS_VERSION = 1
+
+# --------------------------------------------------------------------------
+# Structs
+# --------------------------------------------------------------------------
+
+LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
+SPILL_DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int)
+RESERVE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)
+RELEASE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64)
+RELEASE_CTX_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class Tensor(ctypes.Structure):
+    """struct kvt_tensor."""
+
+    _fields_ = [
+        ("dtype", ctypes.c_int32),
+        ("ndim", ctypes.c_uint32),
+        ("shape", ctypes.c_int64 * KVT_MAX_DIMS),
+        ("data", ctypes.c_void_p),
+        ("nbytes", ctypes.c_uint64),
+    ]
+
+
+class Layer(ctypes.Structure):
+    """struct kvt_layer."""
+
+    _fields_ = [
+        ("kind", ctypes.c_int32),
+        ("num_tensors", ctypes.c_uint32),
+        ("tensors", ctypes.POINTER(Tensor)),
+        ("offset", ctypes.c_int64),
+        ("max_size", ctypes.c_int64),
+        ("keep", ctypes.c_int64),
+        ("step", ctypes.c_int64),
+        ("idx", ctypes.c_int64),
+        ("bits", ctypes.c_int32),
+        ("group_size", ctypes.c_int32),
+        ("orig_dtypes", ctypes.POINTER(ctypes.c_int32)),
+    ]
+
+
+class Options(ctypes.Structure):
+    """struct kvt_options (KVT_OPTIONS_VERSION 1)."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("cache_dir", ctypes.c_char_p),
+        ("model_name", ctypes.c_char_p),
+        ("max_size_gb", ctypes.c_double),
+        ("max_entries", ctypes.c_int64),
+        ("file_mode", ctypes.c_uint32),
+        ("dir_mode", ctypes.c_uint32),
+        ("spill_queue_size", ctypes.c_uint32),
+        ("spill_queue_bytes", ctypes.c_uint64),
+        ("retention_seconds", ctypes.c_int64),
+        ("storage_mode", ctypes.c_int32),
+        ("durability", ctypes.c_int32),
+        ("io_backend", ctypes.c_int32),
+        ("promote_threads", ctypes.c_uint32),
+        ("quarantine_max", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("log_fn", LOG_FN),
+        ("log_ctx", ctypes.c_void_p),
+        ("log_level", ctypes.c_int32),
+        ("spill_done_fn", SPILL_DONE_FN),
+        ("spill_done_ctx", ctypes.c_void_p),
+    ]
+
+
+class EntryInfo(ctypes.Structure):
+    """struct kvt_entry_info."""
+
+    _fields_ = [
+        ("token_hash", ctypes.c_char * (KVT_HASH_HEX_LEN + 1)),
+        ("prefix_hash", ctypes.c_char * (KVT_HASH_HEX_LEN + 1)),
+        ("num_tokens", ctypes.c_uint64),
+        ("memory_bytes", ctypes.c_uint64),
+        ("disk_bytes", ctypes.c_uint64),
+        ("created_at", ctypes.c_double),
+        ("accessed_at", ctypes.c_double),
+    ]
+
+
+ALLOC_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32,
+                            ctypes.c_uint32, ctypes.POINTER(Tensor))
+FREE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+LAYER_READY_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32,
+                                  ctypes.POINTER(Layer))
+ENTRY_VISIT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p,
+                                  ctypes.POINTER(EntryInfo))
+
+
+class PromoteOpts(ctypes.Structure):
+    """struct kvt_promote_opts."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("flags", ctypes.c_uint32),
+        ("reserve", RESERVE_FN),
+        ("release", RELEASE_FN),
+        ("budget_ctx", ctypes.c_void_p),
+        ("alloc", ALLOC_FN),
+        ("free_buf", FREE_FN),
+        ("alloc_ctx", ctypes.c_void_p),
+        ("on_layer", LAYER_READY_FN),
+        ("layer_ctx", ctypes.c_void_p),
+    ]
+
+
+class Stats(ctypes.Structure):
+    """struct kvt_stats."""
+
+    _fields_ = [
+        ("spill_count", ctypes.c_uint64),
+        ("spill_bytes", ctypes.c_uint64),
+        ("ssd_hits", ctypes.c_uint64),
+        ("ssd_misses", ctypes.c_uint64),
+        ("reload_latency_sum", ctypes.c_double),
+        ("reload_bytes", ctypes.c_uint64),
+        ("promotion_failures", ctypes.c_uint64),
+        ("spill_drops", ctypes.c_uint64),
+        ("spill_rejects", ctypes.c_uint64),
+        ("write_failures", ctypes.c_uint64),
+        ("evictions", ctypes.c_uint64),
+        ("expirations", ctypes.c_uint64),
+        ("quarantined", ctypes.c_uint64),
+        ("reconciled", ctypes.c_uint64),
+        ("promotions_cancelled", ctypes.c_uint64),
+        ("entries", ctypes.c_uint64),
+        ("disk_bytes", ctypes.c_uint64),
+        ("memory_bytes", ctypes.c_uint64),
+        ("queue_depth", ctypes.c_uint64),
+        ("queue_bytes", ctypes.c_uint64),
+    ]
+
+
+class IndexRow(ctypes.Structure):
+    """struct kvt_index_row."""
+
+    _fields_ = [
+        ("token_hash", ctypes.c_char * (KVT_HASH_HEX_LEN + 1)),
+        ("file_path", ctypes.c_char * (KVT_HASH_HEX_LEN + 8)),
+        ("num_tokens", ctypes.c_uint64),
+        ("memory_bytes", ctypes.c_uint64),
+        ("created_at", ctypes.c_double),
+        ("accessed_at", ctypes.c_double),
+        ("tokens", ctypes.POINTER(ctypes.c_int32)),
+        ("n_tokens", ctypes.c_size_t),
+    ]
+
+
+class IndexRows(ctypes.Structure):
+    """struct kvt_index_rows."""
+
+    _fields_ = [("rows", ctypes.POINTER(IndexRow)), ("count", ctypes.c_size_t)]
+
+
+class GcOpts(ctypes.Structure):
+    """struct kvt_gc_opts."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("max_bytes", ctypes.c_uint64),
+        ("max_entries", ctypes.c_int64),
+        ("older_than_seconds", ctypes.c_int64),
+        ("dry_run", ctypes.c_int),
+    ]
+
+
+# --------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------
+
+
+class KvtierError(Exception):
+    """A libkvtier failure: ``code`` is the KVT_E* code, ``errno`` the OS
+    errno when the failure came from the OS (else 0)."""
+
+    def __init__(self, code: int, message: str, errno_: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+        self.errno = errno_
+
+
+class KvtierValueError(KvtierError, ValueError):
+    """KVT_EINVAL / KVT_ERANGE: bad argument or option."""
+
+
+class KvtierOSError(KvtierError, OSError):
+    """KVT_EIO / KVT_ENOSPC / KVT_EPERM / KVT_EBUSY: the OS said no."""
+
+    def __init__(self, code: int, message: str, errno_: int = 0) -> None:
+        KvtierError.__init__(self, code, message, errno_)
+        self.args = (errno_ or None, message)
+        self.strerror = message
+
+
+class KvtierPermissionError(KvtierOSError, PermissionError):
+    """KVT_EPERM: unsafe ownership/permissions or a symlink."""
+
+
+class KvtierMemoryError(KvtierError, MemoryError):
+    """KVT_ENOMEM."""
+
+
+class KvtierTimeoutError(KvtierError, TimeoutError):
+    """KVT_ETIMEDOUT."""
+
+
+class KvtierDatabaseError(KvtierError, sqlite3.DatabaseError):
+    """KVT_EDB: an SQLite failure (a sqlite3.DatabaseError, as the reference
+    would raise)."""
+
+
+class KvtierNotFound(KvtierError, KeyError):
+    """KVT_ENOTFOUND."""
+
+    def __str__(self) -> str:  # KeyError quotes its message otherwise
+        return Exception.__str__(self)
+
+
+class KvtierCorrupt(KvtierError):
+    """KVT_ECORRUPT: stored data failed validation (and was not served)."""
+
+
+class KvtierClosed(KvtierError):
+    """KVT_ECLOSED: the tier is closed."""
+
+
+class KvtierUnsupported(KvtierError, NotImplementedError):
+    """KVT_EUNSUPPORTED."""
+
+
+_EXC = {
+    KVT_EINVAL: KvtierValueError,
+    KVT_ERANGE: KvtierValueError,
+    KVT_ENOMEM: KvtierMemoryError,
+    KVT_EIO: KvtierOSError,
+    KVT_ENOSPC: KvtierOSError,
+    KVT_EPERM: KvtierPermissionError,
+    KVT_EBUSY: KvtierOSError,
+    KVT_ETIMEDOUT: KvtierTimeoutError,
+    KVT_EDB: KvtierDatabaseError,
+    KVT_ENOTFOUND: KvtierNotFound,
+    KVT_ECORRUPT: KvtierCorrupt,
+    KVT_ECLOSED: KvtierClosed,
+    KVT_EUNSUPPORTED: KvtierUnsupported,
+}
+
+
+# --------------------------------------------------------------------------
+# Finding and loading the library
+# --------------------------------------------------------------------------
+
+
+class LibraryNotFoundError(ImportError):
+    """libkvtier could not be loaded; the message lists every place tried."""
+
+
+def _build_tree_candidates() -> List[str]:
+    """libkvtier.so* in build/ of the source checkout containing this
+    package (walking up to the directory that has include/kvtier.h)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    d = here
+    while True:
+        if os.path.isfile(os.path.join(d, "include", "kvtier.h")):
+            hits = sorted(glob.glob(os.path.join(d, "build", "libkvtier.so*")),
+                          key=len)
+            return hits or [os.path.join(d, "build", "libkvtier.so")]
+        parent = os.path.dirname(d)
+        if parent == d:
+            return []
+        d = parent
+
+
+def _load() -> tuple[ctypes.CDLL, str]:
+    tried: List[str] = []
+    env = os.environ.get("KVTIER_LIBRARY")
+    if env:
+        # An explicit choice that fails is an error, not a reason to load
+        # some other copy silently.
+        try:
+            return ctypes.CDLL(env), env
+        except OSError as e:
+            raise LibraryNotFoundError(
+                f"kvtier: cannot load libkvtier. Tried:\n  KVTIER_LIBRARY={env}: {e}\n"
+                "Unset KVTIER_LIBRARY to search the build tree and the system.") from e
+    else:
+        tried.append("KVTIER_LIBRARY: not set")
+    for cand in _build_tree_candidates():
+        if not os.path.exists(cand):
+            tried.append(f"build tree {cand}: no such file")
+            continue
+        try:
+            return ctypes.CDLL(cand), cand
+        except OSError as e:
+            tried.append(f"build tree {cand}: {e}")
+    found = ctypes.util.find_library("kvtier")
+    names = [found] if found else []
+    tried.append(f"ctypes.util.find_library('kvtier'): {found or 'nothing'}")
+    names.append("libkvtier.so.0")
+    for name in names:
+        try:
+            return ctypes.CDLL(name), name
+        except OSError as e:
+            tried.append(f"system {name}: {e}")
+    raise LibraryNotFoundError(
+        "kvtier: cannot load libkvtier. Tried:\n  " + "\n  ".join(tried)
+        + "\nSet KVTIER_LIBRARY to the path of libkvtier.so, build the "
+        "library (cmake --build build), or install it.")
+
+
+lib, library_path = _load()
+
+c_char_p = ctypes.c_char_p
+c_int = ctypes.c_int
+c_int32 = ctypes.c_int32
+c_int64 = ctypes.c_int64
+c_uint32 = ctypes.c_uint32
+c_uint64 = ctypes.c_uint64
+c_size_t = ctypes.c_size_t
+c_void_p = ctypes.c_void_p
+c_double = ctypes.c_double
+P = ctypes.POINTER
+PI32 = P(c_int32)
+
+missing: List[str] = []
+
+
+def _proto(name: str, restype: Any, argtypes: list) -> Callable:
+    try:
+        fn = getattr(lib, name)
+    except AttributeError:
+        missing.append(name)
+
+        def _stub(*_a: Any, **_k: Any) -> Any:
+            raise NotImplementedError(
+                f"{name} is not exported by {library_path} (library too old?)")
+
+        _stub.__name__ = name
+        return _stub
+    fn.restype = restype
+    fn.argtypes = argtypes
+    return fn
+
+
+# Version, errors.
+kvt_version = _proto("kvt_version", c_char_p, [])
+kvt_version_number = _proto("kvt_version_number", c_int, [])
+kvt_strerror = _proto("kvt_strerror", c_char_p, [c_int])
+kvt_last_error = _proto("kvt_last_error", c_char_p, [])
+kvt_last_errno = _proto("kvt_last_errno", c_int, [])
+kvt_clear_error = _proto("kvt_clear_error", None, [])
+kvt_free = _proto("kvt_free", None, [c_void_p])
+
+# Dtypes, hashes.
+kvt_dtype_size = _proto("kvt_dtype_size", c_size_t, [c_int])
+kvt_dtype_name = _proto("kvt_dtype_name", c_char_p, [c_int])
+kvt_token_hash = _proto("kvt_token_hash", c_int, [c_char_p, PI32, c_size_t])
+kvt_prefix_hash = _proto("kvt_prefix_hash", c_int, [c_char_p, PI32, c_size_t])
+kvt_layer_init = _proto("kvt_layer_init", None, [P(Layer), c_int])
+
+# Options.
+kvt_options_init = _proto("kvt_options_init", c_int, [P(Options), ctypes.c_uint])
+kvt_options_validate = _proto("kvt_options_validate", c_int, [P(Options)])
+kvt_options_size = _proto("kvt_options_size", c_size_t, [])
+kvt_promote_opts_init = _proto("kvt_promote_opts_init", c_int,
+                               [P(PromoteOpts), ctypes.c_uint])
+
+# Entries.
+kvt_entry_num_layers = _proto("kvt_entry_num_layers", c_uint32, [c_void_p])
+kvt_entry_layer = _proto("kvt_entry_layer", P(Layer), [c_void_p, c_uint32])
+kvt_entry_tokens = _proto("kvt_entry_tokens", PI32, [c_void_p, P(c_size_t)])
+kvt_entry_memory_bytes = _proto("kvt_entry_memory_bytes", c_uint64, [c_void_p])
+kvt_entry_reserved_bytes = _proto("kvt_entry_reserved_bytes", c_uint64, [c_void_p])
+kvt_entry_disk_bytes = _proto("kvt_entry_disk_bytes", c_uint64, [c_void_p])
+kvt_entry_hash = _proto("kvt_entry_hash", c_char_p, [c_void_p])
+kvt_entry_storage_mode = _proto("kvt_entry_storage_mode", c_int, [c_void_p])
+kvt_entry_free = _proto("kvt_entry_free", None, [c_void_p])
+
+# Tier.
+kvt_tier_open = _proto("kvt_tier_open", c_int, [P(c_void_p), P(Options)])
+kvt_tier_start_writer = _proto("kvt_tier_start_writer", c_int, [c_void_p])
+kvt_tier_close = _proto("kvt_tier_close", c_int, [c_void_p, c_int64])
+kvt_tier_free = _proto("kvt_tier_free", None, [c_void_p])
+kvt_tier_spill = _proto("kvt_tier_spill", c_int,
+                        [c_void_p, PI32, c_size_t, P(Layer), c_uint32, c_uint64])
+kvt_tier_flush = _proto("kvt_tier_flush", c_int, [c_void_p, c_int64])
+kvt_tier_lookup = _proto("kvt_tier_lookup", c_int,
+                         [P(EntryInfo), c_void_p, PI32, c_size_t])
+kvt_tier_lookup_prefix = _proto("kvt_tier_lookup_prefix", c_int,
+                                [P(EntryInfo), c_void_p, PI32, c_size_t])
+kvt_tier_promote = _proto("kvt_tier_promote", c_int,
+                          [P(c_void_p), c_void_p, PI32, c_size_t, P(PromoteOpts)])
+kvt_tier_promote_async = _proto("kvt_tier_promote_async", c_int,
+                                [P(c_void_p), c_void_p, PI32, c_size_t,
+                                 P(PromoteOpts)])
+kvt_promise_wait = _proto("kvt_promise_wait", c_int, [c_void_p, c_int64])
+kvt_promise_fd = _proto("kvt_promise_fd", c_int, [c_void_p])
+kvt_promise_result = _proto("kvt_promise_result", c_int, [P(c_void_p), c_void_p])
+kvt_promise_cancel = _proto("kvt_promise_cancel", c_int, [c_void_p])
+kvt_promise_free = _proto("kvt_promise_free", None, [c_void_p])
+kvt_tier_read_entry = _proto("kvt_tier_read_entry", c_int,
+                             [P(c_void_p), c_void_p, PI32, c_size_t, c_char_p])
+kvt_tier_touch = _proto("kvt_tier_touch", c_int, [c_void_p, PI32, c_size_t])
+kvt_tier_remove = _proto("kvt_tier_remove", c_int, [c_void_p, PI32, c_size_t])
+kvt_tier_reconcile = _proto("kvt_tier_reconcile", c_int64, [c_void_p])
+kvt_tier_gc = _proto("kvt_tier_gc", c_int,
+                     [c_void_p, P(GcOpts), P(c_uint64), P(c_uint64)])
+kvt_tier_foreach = _proto("kvt_tier_foreach", c_int,
+                          [c_void_p, ENTRY_VISIT_FN, c_void_p])
+kvt_tier_describe = _proto("kvt_tier_describe", c_int,
+                           [P(c_void_p), c_void_p, c_char_p])
+kvt_tier_verify = _proto("kvt_tier_verify", c_int, [c_void_p, c_char_p, c_int])
+kvt_tier_dir = _proto("kvt_tier_dir", c_char_p, [c_void_p])
+kvt_tier_stats = _proto("kvt_tier_stats", c_int, [P(Stats), c_void_p])
+kvt_tier_stats_add = _proto("kvt_tier_stats_add", c_int,
+                            [c_void_p, c_char_p, c_int64])
+kvt_stats_to_json = _proto("kvt_stats_to_json", c_int,
+                           [c_char_p, c_size_t, P(c_size_t), P(Stats)])
+kvt_stats_to_prometheus = _proto("kvt_stats_to_prometheus", c_int,
+                                 [c_char_p, c_size_t, P(c_size_t), P(Stats)])
+
+# Index.
+kvt_index_rows_free = _proto("kvt_index_rows_free", None, [P(IndexRows)])
+kvt_index_open = _proto("kvt_index_open", c_int, [P(c_void_p), c_char_p])
+kvt_index_close = _proto("kvt_index_close", None, [c_void_p])
+kvt_index_insert = _proto("kvt_index_insert", c_int,
+                          [c_void_p, PI32, c_size_t, c_char_p, c_uint64, c_uint64])
+kvt_index_lookup_exact = _proto("kvt_index_lookup_exact", c_int,
+                                [P(IndexRow), c_void_p, PI32, c_size_t])
+kvt_index_lookup_prefix = _proto("kvt_index_lookup_prefix", c_int,
+                                 [P(IndexRows), c_void_p, PI32, c_size_t])
+kvt_index_delete = _proto("kvt_index_delete", c_int, [c_void_p, PI32, c_size_t])
+kvt_index_lru = _proto("kvt_index_lru", c_int, [P(IndexRows), c_void_p, c_size_t])
+kvt_index_total_bytes = _proto("kvt_index_total_bytes", c_int,
+                               [P(c_uint64), c_void_p])
+kvt_index_count = _proto("kvt_index_count", c_int, [P(c_uint64), c_void_p])
+kvt_index_touch = _proto("kvt_index_touch", c_int, [c_void_p, PI32, c_size_t])
+kvt_index_all = _proto("kvt_index_all", c_int, [P(IndexRows), c_void_p])
+
+# Layer files.
+kvt_layer_save = _proto("kvt_layer_save", c_int,
+                        [P(c_void_p), c_char_p, P(Layer), c_uint32, c_int, c_uint32])
+kvt_layer_load = _proto("kvt_layer_load", c_int, [P(c_void_p), c_char_p, c_char_p])
+
+# The struct mirror must match the library's layout exactly.
+if "kvt_options_size" not in missing:
+    _c_size = kvt_options_size()
+    if ctypes.sizeof(Options) != _c_size:
+        raise ImportError(
+            f"kvtier: ctypes Options mirror is {ctypes.sizeof(Options)} bytes but "
+            f"{library_path} reports sizeof(kvt_options) = {_c_size}; the binding "
+            "and the library disagree on include/kvtier.h")
+
+
+def last_error() -> str:
+    """This thread's last libkvtier error message."""
+    msg = kvt_last_error()
+    return msg.decode("utf-8", "replace") if msg else ""
+
+
+def strerror(code: int) -> str:
+    s = kvt_strerror(code)
+    return s.decode("utf-8", "replace") if s else f"error {code}"
+
+
+def error(code: int, what: str = "") -> KvtierError:
+    """The exception for a negative KVT_E* code, with this thread's message."""
+    msg = last_error() or strerror(code)
+    if what:
+        msg = f"{what}: {msg}"
+    errno_ = kvt_last_errno() if "kvt_last_errno" not in missing else 0
+    cls = _EXC.get(code, KvtierError)
+    return cls(code, msg, errno_)
+
+
+def check(rc: int, what: str = "") -> int:
+    """Raises the mapped exception when rc < 0; returns rc otherwise."""
+    if rc < 0:
+        raise error(rc, what)
+    return rc
+
+
+def fs_path(p: Any) -> bytes:
+    """os.PathLike / str / bytes -> bytes for a const char* argument."""
+    return os.fsencode(os.fspath(p))
+
+
+def opt_fs_path(p: Optional[Any]) -> Optional[bytes]:
+    return None if p is None else fs_path(p)

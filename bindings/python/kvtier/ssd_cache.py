@@ -1,0 +1,1137 @@
+"""Drop-in replacement for vllm-mlx's ``vllm_mlx.ssd_cache`` backed by libkvtier.
+
+Switch with one import::
+
+    from kvtier.ssd_cache import SSDCacheConfig, SSDCacheTier
+
+Every public name of the reference module is here with the same signature,
+defaults, return values and exceptions: ``SSDCacheConfig``, ``SSDCacheStats``,
+``SSDIndex``, ``LayerSerializer``, ``KVCacheSerializer``,
+``ArraysCacheSerializer``, ``get_serializer_for_layer``,
+``SERIALIZER_SUPPORT_MATRIX`` and ``SSDCacheTier``.  The work happens in C:
+the spill queue and writer thread, the SQLite index, the safetensors files,
+the verified reads and the async promote workers.
+
+Differences a caller can observe, all deliberate:
+
+- ``SSDCacheConfig`` has extra fields after the reference's (``storage_mode``
+  "native" (default) or "compat", ``durability``, ``spill_queue_bytes``,
+  ``promote_threads``, ``quarantine_max``, ``io_backend``, ``model_name``).
+  In "native" mode bf16 tensors stay bf16 and quantized layers stay packed on
+  disk (lossless, smaller); "compat" writes exactly what the reference writes
+  so the reference can read the directory.  Either mode reads both, and
+  reads directories written by the reference.
+- Promoted layers are the reference's dicts of numpy arrays, sharing the C
+  buffers (no copy).  numpy has no bfloat16: a bf16 tensor comes back as
+  float32 with ``"keys_original_dtype": "bfloat16"`` (``values_...``,
+  ``state_original_dtypes``), exactly the hint the reference's reload path
+  already casts back from.  A quantized layer stored natively comes back with
+  ``keys``/``values`` as ``(packed, scales, biases)`` tuples plus ``bits`` and
+  ``group_size``.
+- ``close(timeout=None)`` drains the queued spills (the reference drops them)
+  and raises ``TimeoutError`` when the writer does not finish in time; the
+  tier then stays usable for lookups and promotes and ``close`` can be
+  retried.  ``aclose()`` does the same without blocking the event loop.
+  ``enqueue_spill`` after ``close`` returns False.
+- ``retention_seconds`` is enforced (the reference only stores it).
+- ``get_stats()`` returns the reference's keys with the same rounding, plus
+  kvtier's counters (``spill_drops``, ``evictions``, ...).
+
+The scheduler-internal attributes vllm-mlx uses work unchanged:
+``tier._stats.ssd_hits += 1`` / ``tier._stats.promotion_failures += 1`` (the
+increments reach the C counters and show in ``get_stats()``),
+``tier._read_entry(tokens, file_path)`` and ``tier._index.touch(tokens)``.
+"""
+
+from __future__ import annotations
+
+import array as _array
+import asyncio
+import ctypes
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import threading
+import weakref
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from . import _lib as L
+from ._convert import (
+    _Keep,
+    build_layers,
+    entry_to_layers,
+    layer_from_snapshot,
+    to_numpy_safe,
+    tokens_arg,
+)
+
+__all__ = [
+    "SSDCacheConfig",
+    "SSDCacheStats",
+    "SSDIndex",
+    "LayerSerializer",
+    "KVCacheSerializer",
+    "ArraysCacheSerializer",
+    "get_serializer_for_layer",
+    "SERIALIZER_SUPPORT_MATRIX",
+    "SSDCacheTier",
+]
+
+logger = logging.getLogger(__name__)
+
+_BYTES_PER_MB = 1024 * 1024
+_BYTES_PER_GB = 1024 * 1024 * 1024
+_PREFIX_FILTER_TOKENS = 16
+
+SERIALIZER_SUPPORT_MATRIX = {
+    "KVCache": "supported",
+    "RotatingKVCache": "supported",
+    "ArraysCache": "supported",
+    "MambaCache": "supported",
+    "_QuantizedCacheWrapper": "supported_via_dequant_on_spill",
+    "QuantizedKVCache": "supported_via_dequant_on_spill",
+}
+
+_STORAGE_MODES = {"native": L.STORAGE_NATIVE, "compat": L.STORAGE_COMPAT}
+_DURABILITIES = {"fsync": L.DURABILITY_FSYNC, "none": L.DURABILITY_NONE}
+_IO_BACKENDS = {"auto": L.IO_AUTO, "portable": L.IO_PORTABLE, "uring": L.IO_URING}
+
+
+# --------------------------------------------------------------------------
+# Config and stats
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class SSDCacheConfig:
+    """Configuration for SSD cache tier.
+
+    Attributes:
+        cache_dir: Directory for SSD cache files. None = auto-detect
+            (~/.cache/vllm-mlx/ssd_cache/{model}/).
+        max_size_gb: Maximum total size of SSD cache in GB.
+        max_entries: Maximum number of entries in SSD cache.
+        file_permissions: Unix permission bits for cache data files.
+        dir_permissions: Unix permission bits for cache directories.
+        spill_queue_size: Max pending spill operations before dropping.
+        retention_seconds: Optional max age for cache entries (None = no expiry).
+
+    kvtier's own fields (defaults keep the reference's API behaviour):
+        storage_mode: "native" (lossless bf16/quantized, default) or "compat"
+            (the reference's on-disk format, readable by the reference).
+        durability: "fsync" (default; published entries survive power loss)
+            or "none" (the reference's: atomic rename, no fsync).
+        spill_queue_bytes: bound on bytes held by queued spills (0 = none).
+        promote_threads: async promote workers (>= 1).
+        quarantine_max: corrupt entries kept in quarantine/ (0 = delete them).
+        io_backend: "auto", "portable" or "uring".
+        model_name: names the default directory when cache_dir is None
+            (only used by kvtier.Tier; SSDCacheTier requires cache_dir).
+    """
+
+    cache_dir: str | None = None
+    max_size_gb: float = 10.0
+    max_entries: int = 10000
+    file_permissions: int = 0o600
+    dir_permissions: int = 0o700
+    spill_queue_size: int = 64
+    retention_seconds: int | None = None
+    storage_mode: str = "native"
+    durability: str = "fsync"
+    spill_queue_bytes: int = 0
+    promote_threads: int = 2
+    quarantine_max: int = 16
+    io_backend: str = "auto"
+    model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_size_gb <= 0:
+            raise ValueError(f"max_size_gb must be > 0, got {self.max_size_gb}")
+        if self.max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {self.max_entries}")
+        if self.spill_queue_size < 1:
+            raise ValueError(
+                f"spill_queue_size must be >= 1, got {self.spill_queue_size}"
+            )
+        # kvtier's fields.
+        if self.storage_mode not in _STORAGE_MODES:
+            raise ValueError(
+                f"storage_mode must be 'native' or 'compat', got {self.storage_mode!r}"
+            )
+        if self.durability not in _DURABILITIES:
+            raise ValueError(
+                f"durability must be 'fsync' or 'none', got {self.durability!r}"
+            )
+        if self.io_backend not in _IO_BACKENDS:
+            raise ValueError(
+                "io_backend must be 'auto', 'portable' or 'uring', "
+                f"got {self.io_backend!r}"
+            )
+        if self.spill_queue_bytes < 0:
+            raise ValueError(
+                f"spill_queue_bytes must be >= 0, got {self.spill_queue_bytes}"
+            )
+        if self.promote_threads < 1:
+            raise ValueError(
+                f"promote_threads must be >= 1, got {self.promote_threads}"
+            )
+        if self.quarantine_max < 0:
+            raise ValueError(f"quarantine_max must be >= 0, got {self.quarantine_max}")
+        if self.retention_seconds is not None and self.retention_seconds < 0:
+            raise ValueError(
+                f"retention_seconds must be >= 0 or None, got {self.retention_seconds}"
+            )
+
+    @property
+    def max_size_bytes(self) -> int:
+        """Maximum cache size in bytes."""
+        return int(self.max_size_gb * _BYTES_PER_GB)
+
+    def _to_options(self) -> tuple[L.Options, list]:
+        """The kvt_options equivalent (plus the byte strings it points to,
+        which must stay alive until kvt_tier_open returns)."""
+        o = L.Options()
+        L.check(L.kvt_options_init(ctypes.byref(o), L.KVT_OPTIONS_VERSION),
+                "kvt_options_init")
+        keep = []
+        if self.cache_dir is not None:
+            b = L.fs_path(self.cache_dir)
+            keep.append(b)
+            o.cache_dir = b
+        if self.model_name is not None:
+            b = self.model_name.encode("utf-8")
+            keep.append(b)
+            o.model_name = b
+        o.max_size_gb = float(self.max_size_gb)
+        o.max_entries = int(self.max_entries)
+        o.file_mode = int(self.file_permissions)
+        o.dir_mode = int(self.dir_permissions)
+        o.spill_queue_size = int(self.spill_queue_size)
+        o.spill_queue_bytes = int(self.spill_queue_bytes)
+        o.retention_seconds = int(self.retention_seconds or 0)
+        o.storage_mode = _STORAGE_MODES[self.storage_mode]
+        o.durability = _DURABILITIES[self.durability]
+        o.io_backend = _IO_BACKENDS[self.io_backend]
+        o.promote_threads = int(self.promote_threads)
+        o.quarantine_max = int(self.quarantine_max)
+        return o, keep
+
+
+@dataclass
+class SSDCacheStats:
+    """Statistics for SSD cache tier — exposed from day one.
+
+    Attributes:
+        spill_count: Number of entries spilled to SSD.
+        spill_bytes: Total bytes written to SSD.
+        ssd_hits: Number of successful SSD cache lookups.
+        ssd_misses: Number of SSD cache lookup misses.
+        reload_latency_sum: Sum of reload latencies in seconds.
+        reload_bytes: Total bytes read from SSD.
+        promotion_failures: Number of failed promotions (RAM budget exhausted).
+    """
+
+    spill_count: int = 0
+    spill_bytes: int = 0
+    ssd_hits: int = 0
+    ssd_misses: int = 0
+    reload_latency_sum: float = 0.0
+    reload_bytes: int = 0
+    promotion_failures: int = 0
+
+    def to_dict(self) -> dict:
+        """Return spill, lookup, reload, and promotion statistics."""
+
+        total_lookups = self.ssd_hits + self.ssd_misses
+        hit_rate = self.ssd_hits / total_lookups if total_lookups > 0 else 0.0
+        avg_latency_ms = (
+            (self.reload_latency_sum / self.ssd_hits * 1000)
+            if self.ssd_hits > 0
+            else 0.0
+        )
+        return {
+            "spill_count": self.spill_count,
+            "spill_bytes": self.spill_bytes,
+            "ssd_hits": self.ssd_hits,
+            "ssd_misses": self.ssd_misses,
+            "ssd_hit_rate": round(hit_rate, 4),
+            "reload_latency_sum_s": round(self.reload_latency_sum, 4),
+            "avg_reload_latency_ms": round(avg_latency_ms, 2),
+            "reload_bytes": self.reload_bytes,
+            "promotion_failures": self.promotion_failures,
+        }
+
+
+_REF_STAT_FIELDS = ("spill_count", "spill_bytes", "ssd_hits", "ssd_misses",
+                    "reload_latency_sum", "reload_bytes", "promotion_failures")
+_KVT_STAT_FIELDS = ("spill_drops", "spill_rejects", "write_failures", "evictions",
+                    "expirations", "quarantined", "reconciled",
+                    "promotions_cancelled", "entries", "disk_bytes",
+                    "memory_bytes", "queue_depth", "queue_bytes")
+
+
+class _CounterValue(int):
+    """An int read from a live C counter that remembers how much was added to
+    it since, so ``tier._stats.x += n`` becomes one atomic
+    kvt_tier_stats_add(x, n) (no lost updates from C-side increments racing
+    the read-modify-write)."""
+
+    def __new__(cls, value: int, name: str, delta: int = 0) -> "_CounterValue":
+        obj = int.__new__(cls, value)
+        obj._name = name
+        obj._delta = delta
+        return obj
+
+    def __add__(self, other: Any) -> Any:
+        if isinstance(other, int) and not isinstance(other, bool):
+            return _CounterValue(int(self) + other, self._name, self._delta + other)
+        return int(self) + other
+
+    __radd__ = __add__
+
+    def __sub__(self, other: Any) -> Any:
+        if isinstance(other, int) and not isinstance(other, bool):
+            return _CounterValue(int(self) - other, self._name, self._delta - other)
+        return int(self) - other
+
+
+class _TierHandle:
+    """Owns the kvt_tier*; freed (kvt_tier_free) when the SSDCacheTier and
+    every promoted entry that references it are gone."""
+
+    __slots__ = ("ptr", "_fin", "__weakref__")
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+        self._fin = weakref.finalize(self, L.kvt_tier_free, ptr)
+
+    def stats(self) -> L.Stats:
+        s = L.Stats()
+        L.check(L.kvt_tier_stats(ctypes.byref(s), self.ptr), "kvt_tier_stats")
+        return s
+
+
+class _TierStats:
+    """``tier._stats``: the reference's SSDCacheStats fields, live from the C
+    counters.  Assigning to an integer field (``+= 1`` included) adds the
+    difference with kvt_tier_stats_add, so it shows in get_stats()."""
+
+    def __init__(self, handle: _TierHandle) -> None:
+        object.__setattr__(self, "_h", handle)
+
+    def _snapshot(self) -> SSDCacheStats:
+        s = self._h.stats()
+        return SSDCacheStats(**{f: getattr(s, f) for f in _REF_STAT_FIELDS})
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _REF_STAT_FIELDS or name in _KVT_STAT_FIELDS:
+            v = getattr(self._h.stats(), name)
+            if name == "reload_latency_sum":
+                return float(v)
+            return _CounterValue(int(v), name)
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in _REF_STAT_FIELDS:
+            raise AttributeError(f"_stats.{name} cannot be set")
+        if name == "reload_latency_sum":
+            raise AttributeError("_stats.reload_latency_sum is maintained by kvtier")
+        if isinstance(value, _CounterValue) and value._name == name:
+            delta = value._delta
+        else:
+            delta = int(value) - int(getattr(self._h.stats(), name))
+        if delta:
+            L.check(L.kvt_tier_stats_add(self._h.ptr, name.encode(), delta),
+                    f"stats {name}")
+
+    def to_dict(self) -> dict:
+        """The reference's SSDCacheStats.to_dict() of the current counters."""
+        return self._snapshot().to_dict()
+
+    def __repr__(self) -> str:
+        return f"_TierStats({self._snapshot()!r})"
+
+
+# --------------------------------------------------------------------------
+# Token helpers (the reference's module-level functions)
+# --------------------------------------------------------------------------
+
+
+def _tokens_to_blob(tokens: tuple[int, ...]) -> bytes:
+    """Serialize token tuple to a compact binary blob for SQLite storage."""
+    return _array.array("i", tokens).tobytes()
+
+
+def _blob_to_tokens(blob: bytes) -> tuple[int, ...]:
+    """Deserialize binary blob back to token tuple."""
+    arr = _array.array("i")
+    arr.frombytes(blob)
+    return tuple(arr)
+
+
+def _tokens_hash(tokens: tuple[int, ...]) -> str:
+    """Compute SHA-256 hex digest of a token sequence for use as primary key."""
+    return hashlib.sha256(_tokens_to_blob(tokens)).hexdigest()
+
+
+def _prefix_hash(tokens: tuple[int, ...]) -> str:
+    """Hash the bounded token prefix used to prefilter prefix lookups."""
+    return _tokens_hash(tokens[:_PREFIX_FILTER_TOKENS])
+
+
+# --------------------------------------------------------------------------
+# SSDIndex
+# --------------------------------------------------------------------------
+
+
+def _row_dict(row: L.IndexRow, keys: tuple) -> dict:
+    d: dict = {}
+    for k in keys:
+        if k == "token_hash":
+            d[k] = row.token_hash.decode()
+        elif k == "file_path":
+            d[k] = row.file_path.decode()
+        elif k == "tokens_blob":
+            n = int(row.n_tokens)
+            d[k] = ctypes.string_at(row.tokens, n * 4) if n else b""
+        else:
+            d[k] = int(getattr(row, k))
+    return d
+
+
+_LRU_KEYS = ("token_hash", "tokens_blob", "file_path", "memory_bytes", "num_tokens")
+_PREFIX_KEYS = ("token_hash", "file_path", "memory_bytes", "num_tokens")
+
+
+class SSDIndex:
+    """SQLite-backed index for SSD cache entries (libkvtier's kvt_index_*).
+
+    Same schema as the reference (index.db opened by either program), same
+    methods and return values.  Thread safety: every call is serialised, as
+    in the reference.
+    """
+
+    _SCHEMA_VERSION = 1
+
+    def __init__(self, cache_dir: str) -> None:
+        self._cache_dir = cache_dir
+        self._db_lock = threading.Lock()
+        p = ctypes.c_void_p()
+        L.check(L.kvt_index_open(ctypes.byref(p), L.fs_path(cache_dir)),
+                f"open index in {cache_dir}")
+        self._ptr: Optional[int] = p.value
+        self._fin = weakref.finalize(self, L.kvt_index_close, p.value)
+
+    def _p(self) -> int:
+        if self._ptr is None:
+            raise sqlite3.ProgrammingError("Cannot operate on a closed database.")
+        return self._ptr
+
+    def _rows(self, fn: Callable, *args: Any, keys: tuple) -> list[dict]:
+        rows = L.IndexRows()
+        L.check(fn(ctypes.byref(rows), *args))
+        try:
+            return [_row_dict(rows.rows[i], keys) for i in range(rows.count)]
+        finally:
+            L.kvt_index_rows_free(ctypes.byref(rows))
+
+    def insert_entry(
+        self,
+        tokens_key: tuple[int, ...],
+        file_path: str,
+        memory_bytes: int,
+        num_tokens: int,
+    ) -> None:
+        """Insert or replace a cache entry in the index."""
+        tok, n = tokens_arg(tokens_key)
+        with self._db_lock:
+            L.check(L.kvt_index_insert(self._p(), tok, n, file_path.encode(),
+                                       int(memory_bytes), int(num_tokens)),
+                    "insert_entry")
+
+    def lookup_exact(self, tokens_key: tuple[int, ...]) -> dict | None:
+        """Look up an exact token sequence. Returns dict or None."""
+        tok, n = tokens_arg(tokens_key)
+        row = L.IndexRow()
+        with self._db_lock:
+            rc = L.kvt_index_lookup_exact(ctypes.byref(row), self._p(), tok, n)
+        if rc == L.KVT_ENOTFOUND:
+            return None
+        L.check(rc, "lookup_exact")
+        return {
+            "file_path": row.file_path.decode(),
+            "memory_bytes": int(row.memory_bytes),
+            "num_tokens": int(row.num_tokens),
+        }
+
+    def lookup_prefix(self, query_tokens: tuple[int, ...]) -> list[dict]:
+        """Find entries whose token sequence is a prefix of query_tokens.
+
+        Returns list of dicts sorted by num_tokens descending (longest prefix first).
+        """
+        tok, n = tokens_arg(query_tokens)
+        if n == 0:
+            return []
+        with self._db_lock:
+            return self._rows(L.kvt_index_lookup_prefix, self._p(), tok, n,
+                              keys=_PREFIX_KEYS)
+
+    def delete_entry(self, tokens_key: tuple[int, ...]) -> None:
+        """Delete an entry by token sequence."""
+        tok, n = tokens_arg(tokens_key)
+        with self._db_lock:
+            rc = L.kvt_index_delete(self._p(), tok, n)
+        if rc != L.KVT_ENOTFOUND:
+            L.check(rc, "delete_entry")
+
+    def get_lru(self, limit: int = 10) -> list[dict]:
+        """Get the least recently used entries, ordered oldest first."""
+        # SQLite's LIMIT with a negative value means "no limit".
+        lim = int(limit) if limit >= 0 else (1 << 62)
+        with self._db_lock:
+            return self._rows(L.kvt_index_lru, self._p(), lim, keys=_LRU_KEYS)
+
+    def get_total_bytes(self) -> int:
+        """Get total memory_bytes across all entries."""
+        v = ctypes.c_uint64()
+        with self._db_lock:
+            L.check(L.kvt_index_total_bytes(ctypes.byref(v), self._p()))
+        return int(v.value)
+
+    def get_entry_count(self) -> int:
+        """Get number of entries in the index."""
+        v = ctypes.c_uint64()
+        with self._db_lock:
+            L.check(L.kvt_index_count(ctypes.byref(v), self._p()))
+        return int(v.value)
+
+    def touch(self, tokens_key: tuple[int, ...]) -> None:
+        """Update accessed_at timestamp for an entry (marks as recently used)."""
+        tok, n = tokens_arg(tokens_key)
+        with self._db_lock:
+            rc = L.kvt_index_touch(self._p(), tok, n)
+        if rc != L.KVT_ENOTFOUND:
+            L.check(rc, "touch")
+
+    def all_entries(self) -> list[dict]:
+        """Return all entries (for startup reconciliation)."""
+        with self._db_lock:
+            return self._rows(L.kvt_index_all, self._p(), keys=_LRU_KEYS)
+
+    def close(self) -> None:
+        """Close the SQLite connection."""
+        with self._db_lock:
+            if self._ptr is not None:
+                self._ptr = None
+                self._fin()
+
+
+class _TierIndex:
+    """``tier._index``: the tier's own index, for the calls vllm-mlx makes
+    past the public API (``touch``), plus read-only helpers.  Goes through
+    the tier (kvt_tier_*), so it sees the tier's in-memory state."""
+
+    def __init__(self, tier: "SSDCacheTier") -> None:
+        self._tier = weakref.proxy(tier)
+
+    def touch(self, tokens_key: tuple[int, ...]) -> None:
+        """Update accessed_at timestamp for an entry (marks as recently used)."""
+        tok, n = tokens_arg(tokens_key)
+        rc = L.kvt_tier_touch(self._tier._h.ptr, tok, n)
+        if rc != L.KVT_ENOTFOUND:
+            L.check(rc, "touch")
+
+    def lookup_exact(self, tokens_key: tuple[int, ...]) -> dict | None:
+        """As SSDIndex.lookup_exact."""
+        return self._tier.lookup_ssd(tokens_key)
+
+    def lookup_prefix(self, query_tokens: tuple[int, ...]) -> list[dict]:
+        """The longest stored prefix only (kvtier's lookup), as a 0/1-list."""
+        r = self._tier.lookup_ssd_prefix(query_tokens)
+        return [r] if r is not None else []
+
+    def delete_entry(self, tokens_key: tuple[int, ...]) -> None:
+        """Remove the entry (files and row)."""
+        tok, n = tokens_arg(tokens_key)
+        rc = L.kvt_tier_remove(self._tier._h.ptr, tok, n)
+        if rc != L.KVT_ENOTFOUND:
+            L.check(rc, "delete_entry")
+
+    def get_entry_count(self) -> int:
+        return int(self._tier._h.stats().entries)
+
+    def get_total_bytes(self) -> int:
+        return int(self._tier._h.stats().memory_bytes)
+
+    def close(self) -> None:
+        """No-op: the tier owns its index (closed by SSDCacheTier.close)."""
+
+
+# --------------------------------------------------------------------------
+# Serializers
+# --------------------------------------------------------------------------
+
+
+class LayerSerializer(ABC):
+    """Interface for per-layer cache serialization.
+
+    Spill is split across two threads: ``snapshot_layer`` runs on the
+    producer (request handler) thread and copies the layer into numpy;
+    ``serialize_layer`` then writes it (here through kvt_layer_save).
+    """
+
+    @abstractmethod
+    def snapshot_layer(self, layer: Any) -> dict[str, Any]:
+        """Producer-thread CPU snapshot of an MLX-backed cache layer."""
+        ...
+
+    @abstractmethod
+    def serialize_layer(
+        self, snapshot: dict[str, Any], layer_idx: int, file_path: str
+    ) -> dict[str, Any]:
+        """Writer-thread: persist a snapshot to safetensors at file_path.
+
+        Returns metadata dict with at least 'layer_type'.
+        """
+        ...
+
+    @abstractmethod
+    def deserialize_layer(self, file_path: str, metadata: dict[str, Any]) -> dict:
+        """Read a layer back from disk. Returns layer-state dict."""
+        ...
+
+
+def _mx_to_numpy_safe(arr: Any) -> tuple[np.ndarray, str | None]:
+    """mx.array → np.ndarray, upcasting numpy-unsupported dtypes (bf16) to fp32.
+
+    Returns (numpy_array, original_dtype_name_or_None).
+    """
+    return to_numpy_safe(arr)
+
+
+def _save_snapshot(snapshot: dict[str, Any], layer_idx: int, file_path: str) -> dict:
+    keep = _Keep()
+    lay = layer_from_snapshot(snapshot, keep)
+    meta = ctypes.c_void_p()
+    L.check(L.kvt_layer_save(ctypes.byref(meta), L.fs_path(file_path),
+                             ctypes.byref(lay), int(layer_idx), L.STORAGE_COMPAT,
+                             0o600), f"save {file_path}")
+    try:
+        return json.loads(ctypes.string_at(meta.value).decode("utf-8"))
+    finally:
+        L.kvt_free(meta.value)
+
+
+def _load_layer(file_path: str, metadata: dict[str, Any]) -> dict:
+    out = ctypes.c_void_p()
+    L.check(L.kvt_layer_load(ctypes.byref(out), L.fs_path(file_path),
+                             json.dumps(metadata).encode("utf-8")),
+            f"load {file_path}")
+    return entry_to_layers(out.value)[0]
+
+
+class KVCacheSerializer(LayerSerializer):
+    """Serializer for KVCache and RotatingKVCache layers.
+
+    Handles layers with .keys, .values, .offset attributes.
+    RotatingKVCache also has .max_size, .keep, .step, ._idx.
+    """
+
+    _ROTATING_ATTRS = ("max_size", "keep", "step", "_idx")
+
+    def snapshot_layer(self, layer: Any) -> dict[str, Any]:
+        """Copy a KV cache layer into NumPy-backed writer-thread data."""
+        keys_np, keys_orig_dtype = _mx_to_numpy_safe(layer.keys)
+        values_np, values_orig_dtype = _mx_to_numpy_safe(layer.values)
+        keys_orig_dtype = (
+            getattr(layer, "_ssd_keys_original_dtype", None) or keys_orig_dtype
+        )
+        values_orig_dtype = (
+            getattr(layer, "_ssd_values_original_dtype", None) or values_orig_dtype
+        )
+        snapshot: dict[str, Any] = {
+            "keys_np": keys_np,
+            "values_np": values_np,
+            "offset": layer.offset,
+        }
+        if keys_orig_dtype is not None:
+            snapshot["keys_original_dtype"] = keys_orig_dtype
+        if values_orig_dtype is not None:
+            snapshot["values_original_dtype"] = values_orig_dtype
+        for attr in self._ROTATING_ATTRS:
+            if hasattr(layer, attr):
+                snapshot[attr] = getattr(layer, attr)
+        return snapshot
+
+    def serialize_layer(
+        self, snapshot: dict[str, Any], layer_idx: int, file_path: str
+    ) -> dict[str, Any]:
+        """Write one KV layer to safetensors and return reconstruction metadata."""
+        return _save_snapshot(snapshot, layer_idx, file_path)
+
+    def deserialize_layer(self, file_path: str, metadata: dict[str, Any]) -> dict:
+        """Load one KV layer as arrays plus cache reconstruction metadata."""
+        return _load_layer(file_path, metadata)
+
+
+class ArraysCacheSerializer(LayerSerializer):
+    """Serializer for ArraysCache (Mamba/linear attention) layers.
+
+    Handles layers with .state attribute containing a list of arrays.
+    """
+
+    def snapshot_layer(self, layer: Any) -> dict[str, Any]:
+        """Copy an arrays-cache state into NumPy-backed writer-thread data."""
+        state_np: list[np.ndarray] = []
+        original_dtypes: list[str | None] = []
+        for arr in layer.state:
+            np_arr, orig = _mx_to_numpy_safe(arr)
+            state_np.append(np_arr)
+            original_dtypes.append(orig)
+        snapshot: dict[str, Any] = {"state_np": state_np}
+        if any(d is not None for d in original_dtypes):
+            snapshot["state_original_dtypes"] = original_dtypes
+        return snapshot
+
+    def serialize_layer(
+        self, snapshot: dict[str, Any], layer_idx: int, file_path: str
+    ) -> dict[str, Any]:
+        """Write arrays-cache state to safetensors and return its metadata."""
+        return _save_snapshot(snapshot, layer_idx, file_path)
+
+    def deserialize_layer(self, file_path: str, metadata: dict[str, Any]) -> dict:
+        """Load arrays-cache state and any original dtype hints."""
+        return _load_layer(file_path, metadata)
+
+
+def get_serializer_for_layer(layer: Any) -> LayerSerializer:
+    """Return the appropriate serializer for a cache layer.
+
+    Dispatches based on duck-typing:
+    - If layer has .keys and .values and .offset -> KVCacheSerializer
+    - If layer has .state and it's a list -> ArraysCacheSerializer
+
+    Raises ValueError for unsupported layer types.
+    """
+    if hasattr(layer, "keys") and hasattr(layer, "values") and hasattr(layer, "offset"):
+        return KVCacheSerializer()
+    if hasattr(layer, "state") and isinstance(getattr(layer, "state", None), list):
+        return ArraysCacheSerializer()
+    raise ValueError(
+        f"Unsupported cache layer type: {type(layer).__name__}. "
+        f"Supported: {list(SERIALIZER_SUPPORT_MATRIX.keys())}"
+    )
+
+
+# --------------------------------------------------------------------------
+# The tier
+# --------------------------------------------------------------------------
+
+
+class _Budget:
+    """C callbacks around the caller's reserve/release functions.  Must stay
+    alive until the promise is freed (release may run then)."""
+
+    def __init__(self, reserve_fn: Callable[[int], bool],
+                 release_fn: Callable[[int], None]) -> None:
+        self.reserve_fn = reserve_fn
+        self.release_fn = release_fn
+        self.exc: Optional[BaseException] = None
+        self.c_reserve = L.RESERVE_FN(self._reserve)
+        self.c_release = L.RELEASE_FN(self._release)
+
+    def _reserve(self, _ctx: Any, nbytes: int) -> int:
+        try:
+            return 1 if self.reserve_fn(int(nbytes)) else 0
+        except BaseException as e:  # re-raised by async_promote
+            self.exc = e
+            return 0
+
+    def _release(self, _ctx: Any, nbytes: int) -> None:
+        try:
+            self.release_fn(int(nbytes))
+        except BaseException:
+            logger.exception("[ssd_cache] release_budget_fn raised")
+
+    def opts(self) -> L.PromoteOpts:
+        o = L.PromoteOpts()
+        L.check(L.kvt_promote_opts_init(ctypes.byref(o), L.KVT_PROMOTE_OPTS_VERSION))
+        o.reserve = self.c_reserve
+        o.release = self.c_release
+        return o
+
+
+class _WriterInfo:
+    """Stands in for the reference's ``_writer_thread`` (a threading.Thread):
+    kvtier's writer is a C thread; this reports its name and liveness."""
+
+    name = "ssd-cache-writer"
+    daemon = True
+
+    def __init__(self, tier: "SSDCacheTier") -> None:
+        self._tier = weakref.ref(tier)
+
+    def is_alive(self) -> bool:
+        t = self._tier()
+        return t is not None and not t._closed
+
+    def __repr__(self) -> str:
+        return f"<kvtier writer {'alive' if self.is_alive() else 'stopped'}>"
+
+
+class SSDCacheTier:
+    """Cold-tier disk cache for KV cache entries, backed by libkvtier.
+
+    Directory layout (identical to the reference's)::
+
+        cache_dir/
+          index.db           # SQLite metadata index
+          data/              # safetensors files per entry
+            {hash}/          # one directory per entry
+              layer_0.safetensors ...
+              manifest.json  # per-entry layer metadata
+              tokens.bin
+
+    Typical use::
+
+        tier = SSDCacheTier(SSDCacheConfig(cache_dir="/path"))
+        tier.start_writer()
+        tier.enqueue_spill(tokens, cache_layers, memory_bytes)   # -> bool
+        meta = tier.lookup_ssd(tokens)                            # dict | None
+        layers = await tier.async_promote(tokens, reserve, release)
+        tier.close()
+
+    Thread-safe: spills, lookups and promotes may come from any thread.
+    """
+
+    def __init__(self, config: SSDCacheConfig) -> None:
+        """Opens (creating when missing) config.cache_dir and its index.  The
+        writer is not started (call start_writer(), as with the reference).
+
+        Raises:
+            ValueError: cache_dir is None, or an option libkvtier refuses.
+            OSError: the directory cannot be created or used (PermissionError
+                semantics for a directory owned by someone else or writable
+                by group/others; another process holding it for writing).
+            sqlite3.DatabaseError: index.db is unusable.
+        """
+        self._config = config
+        self._closed = True
+        self._closing = False
+        self._writer_thread: Any = None
+
+        if config.cache_dir is None:
+            raise ValueError("SSDCacheConfig.cache_dir must be set")
+
+        self._cache_dir = config.cache_dir
+        self._data_dir = os.path.join(self._cache_dir, "data")
+
+        # The reference creates parents too; kvtier then checks ownership and
+        # permissions of the leaf.
+        os.makedirs(self._cache_dir, mode=config.dir_permissions, exist_ok=True)
+
+        opts, keep = config._to_options()
+        p = ctypes.c_void_p()
+        rc = L.kvt_tier_open(ctypes.byref(p), ctypes.byref(opts))
+        del keep
+        L.check(rc, f"open {self._cache_dir}")
+        self._h = _TierHandle(p.value)
+        self._stats = _TierStats(self._h)
+        self._index = _TierIndex(self)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("closing" if self._closing else "open")
+        return (f"<kvtier.ssd_cache.SSDCacheTier {self._cache_dir!r} "
+                f"{self._config.storage_mode} {state}>")
+
+    @staticmethod
+    def _entry_hash(tokens: tuple[int, ...]) -> str:
+        """Compute deterministic hash for a token sequence."""
+        return _tokens_hash(tokens)
+
+    def get_stats(self) -> dict:
+        """Return current SSD cache statistics: the reference's keys (same
+        rounding) followed by kvtier's counters."""
+        s = self._h.stats()
+        d = SSDCacheStats(**{f: getattr(s, f) for f in _REF_STAT_FIELDS}).to_dict()
+        for f in _KVT_STAT_FIELDS:
+            d[f] = int(getattr(s, f))
+        return d
+
+    def start_writer(self) -> None:
+        """Start the background spill writer thread (idempotent)."""
+        if self._writer_thread is not None:
+            return
+        L.check(L.kvt_tier_start_writer(self._h.ptr), "start_writer")
+        self._writer_thread = _WriterInfo(self)
+        logger.info("[ssd_cache] writer thread started")
+
+    def enqueue_spill(
+        self,
+        tokens: tuple[int, ...],
+        cache: list[Any],
+        memory_bytes: int,
+    ) -> bool:
+        """Enqueue a cache entry for async spill to SSD.
+
+        The layers are copied before this returns; the caller may reuse them.
+        Layers: ``.keys/.values/.offset`` (+ ``max_size, keep, step, _idx``),
+        a list ``.state``, or quantized ``(packed, scales, biases)`` tuples
+        with ``bits``/``group_size``; numpy arrays, bf16 arrays, or anything
+        numpy.asarray accepts.
+
+        Returns True if enqueued, False if the entry was dropped (queue full,
+        entry too big, unsupported layer, tier closed).
+        """
+        if self._closed or self._closing:
+            return False
+        try:
+            tok, n = tokens_arg(tokens)
+            if memory_bytes < 0:
+                raise ValueError(f"memory_bytes must be >= 0, got {memory_bytes}")
+            layers, nl, keep = build_layers(cache)
+        except Exception:
+            logger.exception(
+                "[ssd_cache] failed to snapshot layers for spill "
+                f"({len(tokens)} tokens) — entry dropped"
+            )
+            return False
+        rc = L.kvt_tier_spill(self._h.ptr, tok, n, layers, nl, int(memory_bytes))
+        del keep
+        if rc == 0:
+            return True
+        if rc == L.KVT_EFULL:
+            logger.warning(
+                f"[ssd_cache] spill queue full, dropping entry "
+                f"({len(tokens)} tokens, {memory_bytes} bytes)"
+            )
+        elif rc != L.KVT_ECLOSED:
+            logger.warning(f"[ssd_cache] spill refused ({len(tokens)} tokens): "
+                           f"{L.last_error() or L.strerror(rc)}")
+        return False
+
+    def lookup_ssd(self, tokens: tuple[int, ...]) -> dict | None:
+        """Synchronous check whether tokens exist in SSD tier.
+
+        Fast: an in-memory index lookup, no disk I/O.
+
+        Returns:
+            Dict with entry metadata (file_path, memory_bytes, num_tokens)
+            if found, None otherwise.
+        """
+        tok, n = tokens_arg(tokens)
+        info = L.EntryInfo()
+        rc = L.kvt_tier_lookup(ctypes.byref(info), self._h.ptr, tok, n)
+        if rc == L.KVT_ENOTFOUND:
+            return None
+        L.check(rc, "lookup_ssd")
+        return {
+            "file_path": info.token_hash.decode(),
+            "memory_bytes": int(info.memory_bytes),
+            "num_tokens": int(info.num_tokens),
+        }
+
+    def lookup_ssd_prefix(self, tokens: tuple[int, ...]) -> dict | None:
+        """Find the longest prefix match in the SSD tier.
+
+        Returns the longest-prefix entry metadata (token_hash, file_path,
+        memory_bytes, num_tokens) or None.
+        """
+        tok, n = tokens_arg(tokens)
+        if n == 0:
+            return None
+        info = L.EntryInfo()
+        rc = L.kvt_tier_lookup_prefix(ctypes.byref(info), self._h.ptr, tok, n)
+        if rc == L.KVT_ENOTFOUND:
+            return None
+        L.check(rc, "lookup_ssd_prefix")
+        h = info.token_hash.decode()
+        return {
+            "token_hash": h,
+            "file_path": h,
+            "memory_bytes": int(info.memory_bytes),
+            "num_tokens": int(info.num_tokens),
+        }
+
+    async def _wait_promise(self, promise: int) -> None:
+        loop = asyncio.get_running_loop()
+        fd = L.kvt_promise_fd(promise)
+        if fd >= 0:
+            fut = loop.create_future()
+
+            def _ready() -> None:
+                if not fut.done():
+                    fut.set_result(None)
+
+            try:
+                loop.add_reader(fd, _ready)
+            except (NotImplementedError, RuntimeError):
+                pass
+            else:
+                try:
+                    await fut
+                finally:
+                    loop.remove_reader(fd)
+                return
+        # Event loops without add_reader: poll without blocking the loop.
+        delay = 0.0005
+        while L.kvt_promise_wait(promise, 0) == L.KVT_ETIMEDOUT:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.01)
+
+    async def async_promote(
+        self,
+        tokens: tuple[int, ...],
+        reserve_budget_fn: Callable[[int], bool],
+        release_budget_fn: Callable[[int], None],
+    ) -> list | None:
+        """Promote an entry from SSD to RAM asynchronously.
+
+        CRITICAL: Reserves RAM budget BEFORE the disk read, to avoid
+        thrash when multiple promotions race.
+
+        Args:
+            tokens: Token sequence to promote.
+            reserve_budget_fn: Callable(nbytes) -> bool. Must return True
+                if budget is available and reserved, False otherwise. Called
+                on this (the event loop's) thread before any data is read.
+            release_budget_fn: Callable(nbytes) -> None. Called (on this
+                thread) to release budget on failure or cancellation.
+
+        Returns:
+            List of deserialized cache layers (dicts of numpy arrays), or
+            None if promotion failed (miss, budget refused, corrupt or
+            unreadable entry; counted in the stats).
+
+        Cancelling the awaiting task stops the read, waits for it to finish,
+        releases the budget and re-raises CancelledError.
+        """
+        budget = _Budget(reserve_budget_fn, release_budget_fn)
+        opts = budget.opts()
+        tok, n = tokens_arg(tokens)
+        p = ctypes.c_void_p()
+        rc = L.kvt_tier_promote_async(ctypes.byref(p), self._h.ptr, tok, n,
+                                      ctypes.byref(opts))
+        if rc != 0:
+            if budget.exc is not None:
+                # The reference propagates the reserve function's exception
+                # without counting a promotion failure.
+                L.kvt_tier_stats_add(self._h.ptr, b"promotion_failures", -1)
+                raise budget.exc
+            if rc == L.KVT_ENOTFOUND:
+                return None
+            if rc == L.KVT_EBUDGET:
+                logger.warning("[ssd_cache] promotion denied: cannot reserve "
+                               "RAM budget")
+                return None
+            if rc in (L.KVT_ECLOSED, L.KVT_EDB, L.KVT_EINVAL):
+                raise L.error(rc, "async_promote")
+            logger.warning(f"[ssd_cache] promote failed: {L.last_error()}")
+            return None
+        promise = p.value
+        try:
+            await self._wait_promise(promise)
+        except BaseException:
+            # Cancelled (or the loop is going away): stop the read, wait for
+            # it, release the reservation on this thread, then re-raise.
+            L.kvt_promise_cancel(promise)
+            L.kvt_promise_free(promise)
+            raise
+        e = ctypes.c_void_p()
+        rc = L.kvt_promise_result(ctypes.byref(e), promise)
+        if rc != 0:
+            msg = L.last_error()
+        L.kvt_promise_free(promise)
+        del budget
+        if rc != 0:
+            logger.warning(f"[ssd_cache] failed to read entry from disk "
+                           f"({len(tokens)} tokens): {msg or L.strerror(rc)}")
+            return None
+        return entry_to_layers(e.value, self._h)
+
+    def _read_entry(self, tokens: tuple[int, ...], relative_path: str) -> list | None:
+        """Read a cache entry from disk synchronously (no budget, no stats,
+        no touch), as the reference's _read_entry.
+
+        Returns list of deserialized layer dicts, or None when the entry is
+        missing or corrupt (a corrupt entry is quarantined).
+        """
+        tok, n = tokens_arg(tokens)
+        e = ctypes.c_void_p()
+        rc = L.kvt_tier_read_entry(ctypes.byref(e), self._h.ptr, tok, n,
+                                   str(relative_path).encode())
+        if rc == L.KVT_ECLOSED:
+            raise L.error(rc, "_read_entry")
+        if rc != 0:
+            logger.warning(f"[ssd_cache] cannot read entry {relative_path}: "
+                           f"{L.last_error() or L.strerror(rc)}")
+            return None
+        return entry_to_layers(e.value, self._h)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """kvtier extension: block until every spill enqueued so far has been
+        written (or failed).  Raises TimeoutError after ``timeout`` seconds
+        (None: no limit), ValueError when the writer was never started while
+        spills are queued."""
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        rc = L.kvt_tier_flush(self._h.ptr, ms)
+        L.check(rc, "flush")
+
+    def reconcile(self) -> int:
+        """Reconcile index with files on disk.
+
+        Removes index entries whose data files are missing and data
+        directories not in the index.
+
+        Returns number of entries cleaned up.
+        """
+        return int(L.check(L.kvt_tier_reconcile(self._h.ptr), "reconcile"))
+
+    def close(self, timeout: float | None = None) -> None:
+        """Close the SSD cache tier and release resources.
+
+        Stops accepting spills, waits for the writer to drain the queued
+        ones (up to ``timeout`` seconds; None waits as long as it takes) and
+        closes the index.  Idempotent.
+
+        Raises:
+            TimeoutError: the writer did not finish in time.  The tier stays
+                usable for lookups and promotes (spills are refused) and
+                close() may be called again.
+        """
+        if self._closed:
+            return
+        self._closing = True
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        rc = L.kvt_tier_close(self._h.ptr, ms)
+        if rc == L.KVT_ETIMEDOUT:
+            raise L.KvtierTimeoutError(
+                rc, f"SSDCacheTier.close: the spill writer did not finish within "
+                f"{timeout}s; the tier is still open and close() may be retried")
+        L.check(rc, "close")
+        self._closed = True
+        logger.info("[ssd_cache] SSDCacheTier closed")
+
+    async def aclose(self, timeout: float | None = None) -> None:
+        """close() without blocking the event loop (runs in a thread)."""
+        await asyncio.to_thread(self.close, timeout)
+
+    def __enter__(self) -> "SSDCacheTier":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "SSDCacheTier":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()

@@ -1,0 +1,396 @@
+"""``kvtier.Tier``: a Pythonic interface to libkvtier beside the drop-in
+``kvtier.ssd_cache`` module.
+
+Where the drop-in module mirrors the reference (booleans and ``None`` for
+every failure), ``Tier`` raises exceptions that say what happened
+(``QueueFull``, ``BudgetRefused``, ``KvtierCorrupt``, ...), returns small
+dataclasses, and exposes kvtier's extras: synchronous promote, prefix
+promote, garbage collection, verification, per-entry description, iteration
+over entries and Prometheus metrics.
+
+    with kvtier.Tier("/var/cache/kv", storage_mode="native") as tier:
+        tier.spill(tokens, layers)                 # raises QueueFull when full
+        entry = tier.promote(tokens)               # Entry | None (miss)
+        entry.layers[0]["keys"]                    # numpy, shares C memory
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+from . import _lib as L
+from ._convert import EntryHandle, build_layers, layer_to_dict, tokens_arg
+from .ssd_cache import _DURABILITIES, _IO_BACKENDS, _STORAGE_MODES, _TierHandle
+
+
+class QueueFull(L.KvtierError):
+    """The spill queue is full (by count or bytes): the entry was dropped."""
+
+
+class TooBig(L.KvtierError, ValueError):
+    """The entry is larger than the tier's capacity or queue byte bound."""
+
+
+class BudgetRefused(L.KvtierError):
+    """The reserve callback refused the entry's memory_bytes; nothing was read."""
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """Metadata of a stored entry (no tensor data read)."""
+
+    token_hash: str
+    prefix_hash: str
+    num_tokens: int
+    memory_bytes: int
+    disk_bytes: int
+    created_at: float
+    accessed_at: float
+
+    @classmethod
+    def _from_c(cls, i: L.EntryInfo) -> "EntryInfo":
+        return cls(i.token_hash.decode(), i.prefix_hash.decode(), int(i.num_tokens),
+                   int(i.memory_bytes), int(i.disk_bytes), float(i.created_at),
+                   float(i.accessed_at))
+
+
+class Entry:
+    """A promoted entry: its tokens, metadata and layers (the reference's
+    layer dicts; numpy arrays sharing the entry's C memory)."""
+
+    def __init__(self, ptr: int, handle: Any) -> None:
+        owner = EntryHandle(ptr, handle)
+        n = ctypes.c_size_t()
+        tp = L.kvt_entry_tokens(ptr, ctypes.byref(n))
+        self.tokens: Tuple[int, ...] = tuple(tp[i] for i in range(n.value))
+        self.token_hash: str = L.kvt_entry_hash(ptr).decode()
+        self.memory_bytes: int = int(L.kvt_entry_memory_bytes(ptr))
+        self.reserved_bytes: int = int(L.kvt_entry_reserved_bytes(ptr))
+        self.disk_bytes: int = int(L.kvt_entry_disk_bytes(ptr))
+        self.storage_mode: str = ("compat" if L.kvt_entry_storage_mode(ptr) == L.STORAGE_COMPAT
+                                  else "native")
+        self.layers: List[dict] = [layer_to_dict(L.kvt_entry_layer(ptr, i).contents, owner)
+                                   for i in range(L.kvt_entry_num_layers(ptr))]
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __repr__(self) -> str:
+        return (f"<kvtier.Entry {self.token_hash[:12]}… {len(self.tokens)} tokens, "
+                f"{len(self.layers)} layers, {self.storage_mode}>")
+
+
+class _Budget:
+    def __init__(self, reserve: Optional[Callable[[int], bool]],
+                 release: Optional[Callable[[int], None]]) -> None:
+        self.exc: Optional[BaseException] = None
+        self.reserve = reserve
+        self.release = release
+        self.opts = L.PromoteOpts()
+        L.check(L.kvt_promote_opts_init(ctypes.byref(self.opts), L.KVT_PROMOTE_OPTS_VERSION))
+        if reserve is not None:
+            self.c_reserve = L.RESERVE_FN(self._reserve)
+            self.opts.reserve = self.c_reserve
+        if release is not None:
+            self.c_release = L.RELEASE_FN(self._release)
+            self.opts.release = self.c_release
+
+    def _reserve(self, _ctx: Any, n: int) -> int:
+        try:
+            return 1 if self.reserve(int(n)) else 0
+        except BaseException as e:
+            self.exc = e
+            return 0
+
+    def _release(self, _ctx: Any, n: int) -> None:
+        try:
+            self.release(int(n))
+        except BaseException:
+            pass
+
+
+class Tier:
+    """A kvtier cache directory.  See the module docstring.
+
+    Args mirror ``kvt_options`` (include/kvtier.h): cache_dir (None: the
+    default ``$XDG_CACHE_HOME/kvtier/<model_name>``), max_size_gb,
+    max_entries, spill_queue_size, spill_queue_bytes, retention_seconds
+    (None/0: never expire), storage_mode ("native"/"compat"), durability
+    ("fsync"/"none"), promote_threads, quarantine_max, io_backend, file_mode,
+    dir_mode, readonly, reconcile (at open), start_writer.
+    """
+
+    def __init__(self, cache_dir: Optional[str] = None, *, model_name: Optional[str] = None,
+                 max_size_gb: float = 10.0, max_entries: int = 10000,
+                 spill_queue_size: int = 64, spill_queue_bytes: int = 0,
+                 retention_seconds: Optional[int] = None, storage_mode: str = "native",
+                 durability: str = "fsync", promote_threads: int = 2,
+                 quarantine_max: int = 16, io_backend: str = "auto",
+                 file_mode: int = 0o600, dir_mode: int = 0o700, readonly: bool = False,
+                 reconcile: bool = True, start_writer: bool = True) -> None:
+        o = L.Options()
+        L.check(L.kvt_options_init(ctypes.byref(o), L.KVT_OPTIONS_VERSION))
+        keep = []
+        if cache_dir is not None:
+            keep.append(L.fs_path(cache_dir))
+            o.cache_dir = keep[-1]
+        if model_name is not None:
+            keep.append(model_name.encode())
+            o.model_name = keep[-1]
+        try:
+            o.storage_mode = _STORAGE_MODES[storage_mode]
+            o.durability = _DURABILITIES[durability]
+            o.io_backend = _IO_BACKENDS[io_backend]
+        except KeyError as e:
+            raise ValueError(f"unknown option value {e.args[0]!r}") from None
+        o.max_size_gb = float(max_size_gb)
+        o.max_entries = int(max_entries)
+        o.spill_queue_size = int(spill_queue_size)
+        o.spill_queue_bytes = int(spill_queue_bytes)
+        o.retention_seconds = int(retention_seconds or 0)
+        o.promote_threads = int(promote_threads)
+        o.quarantine_max = int(quarantine_max)
+        o.file_mode = int(file_mode)
+        o.dir_mode = int(dir_mode)
+        o.flags = ((L.OPEN_READONLY if readonly else 0)
+                   | (0 if reconcile else L.OPEN_NO_RECONCILE))
+        L.check(L.kvt_options_validate(ctypes.byref(o)), "options")
+        p = ctypes.c_void_p()
+        L.check(L.kvt_tier_open(ctypes.byref(p), ctypes.byref(o)), "open")
+        self._h = _TierHandle(p.value)
+        self.storage_mode = storage_mode
+        if start_writer and not readonly:
+            L.check(L.kvt_tier_start_writer(self._h.ptr), "start_writer")
+
+    # -- properties ---------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        """The cache directory in use (absolute)."""
+        return L.kvt_tier_dir(self._h.ptr).decode()
+
+    def __repr__(self) -> str:
+        return f"<kvtier.Tier {self.path!r} {self.storage_mode}>"
+
+    # -- spill --------------------------------------------------------------
+
+    def spill(self, tokens: Sequence[int], layers: Sequence[Any],
+              memory_bytes: Optional[int] = None) -> None:
+        """Enqueues a spill (layers copied before return).  memory_bytes
+        defaults to the layers' tensor bytes.  Raises QueueFull, TooBig,
+        ValueError (bad layer), KvtierClosed."""
+        tok, n = tokens_arg(tokens)
+        arr, nl, keep = build_layers(layers)
+        if memory_bytes is None:
+            memory_bytes = sum(int(getattr(x, "nbytes", 0)) for x in keep
+                               if hasattr(x, "dtype"))
+        rc = L.kvt_tier_spill(self._h.ptr, tok, n, arr, nl, int(memory_bytes))
+        del keep
+        if rc == L.KVT_EFULL:
+            raise QueueFull(rc, L.last_error() or "spill queue full")
+        if rc == L.KVT_ETOOBIG:
+            raise TooBig(rc, L.last_error() or "entry too big")
+        L.check(rc, "spill")
+
+    def flush(self, timeout: Optional[float] = None) -> None:
+        """Waits until every spill enqueued so far is written (or failed)."""
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        L.check(L.kvt_tier_flush(self._h.ptr, ms), "flush")
+
+    # -- lookups ------------------------------------------------------------
+
+    def _lookup(self, fn: Callable, tokens: Sequence[int]) -> Optional[EntryInfo]:
+        tok, n = tokens_arg(tokens)
+        info = L.EntryInfo()
+        rc = fn(ctypes.byref(info), self._h.ptr, tok, n)
+        if rc == L.KVT_ENOTFOUND:
+            return None
+        L.check(rc, "lookup")
+        return EntryInfo._from_c(info)
+
+    def lookup(self, tokens: Sequence[int]) -> Optional[EntryInfo]:
+        """The entry stored for exactly these tokens, or None."""
+        return self._lookup(L.kvt_tier_lookup, tokens)
+
+    def lookup_prefix(self, tokens: Sequence[int]) -> Optional[EntryInfo]:
+        """The longest stored entry whose tokens are a prefix of tokens."""
+        return self._lookup(L.kvt_tier_lookup_prefix, tokens)
+
+    def __contains__(self, tokens: Sequence[int]) -> bool:
+        return self.lookup(tokens) is not None
+
+    # -- promote ------------------------------------------------------------
+
+    def _finish(self, rc: int, budget: _Budget, e: ctypes.c_void_p) -> Optional[Entry]:
+        if budget.exc is not None:
+            raise budget.exc
+        if rc == L.KVT_ENOTFOUND:
+            return None
+        if rc == L.KVT_EBUDGET:
+            raise BudgetRefused(rc, L.last_error() or "budget refused")
+        L.check(rc, "promote")
+        return Entry(e.value, self._h)
+
+    def promote(self, tokens: Sequence[int], *,
+                reserve: Optional[Callable[[int], bool]] = None,
+                release: Optional[Callable[[int], None]] = None,
+                prefix: bool = False, touch: bool = True) -> Optional[Entry]:
+        """Reads an entry synchronously: None on a miss; BudgetRefused when
+        reserve(memory_bytes) says no (nothing read); KvtierCorrupt /
+        OSError when the data is bad (budget released, entry quarantined).
+        prefix=True promotes the longest stored prefix of tokens."""
+        budget = _Budget(reserve, release)
+        budget.opts.flags = ((L.PROMOTE_PREFIX if prefix else 0)
+                             | (0 if touch else L.PROMOTE_NO_TOUCH))
+        tok, n = tokens_arg(tokens)
+        e = ctypes.c_void_p()
+        rc = L.kvt_tier_promote(ctypes.byref(e), self._h.ptr, tok, n,
+                                ctypes.byref(budget.opts))
+        return self._finish(rc, budget, e)
+
+    async def promote_async(self, tokens: Sequence[int], *,
+                            reserve: Optional[Callable[[int], bool]] = None,
+                            release: Optional[Callable[[int], None]] = None,
+                            prefix: bool = False, touch: bool = True) -> Optional[Entry]:
+        """promote() without blocking the event loop.  Cancelling stops the
+        read, waits for it and releases the reservation."""
+        budget = _Budget(reserve, release)
+        budget.opts.flags = ((L.PROMOTE_PREFIX if prefix else 0)
+                             | (0 if touch else L.PROMOTE_NO_TOUCH))
+        tok, n = tokens_arg(tokens)
+        p = ctypes.c_void_p()
+        rc = L.kvt_tier_promote_async(ctypes.byref(p), self._h.ptr, tok, n,
+                                      ctypes.byref(budget.opts))
+        if rc != 0:
+            return self._finish(rc, budget, ctypes.c_void_p())
+        promise = p.value
+        loop = asyncio.get_running_loop()
+        fd = L.kvt_promise_fd(promise)
+        try:
+            fut = loop.create_future()
+            loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+            try:
+                await fut
+            finally:
+                loop.remove_reader(fd)
+        except BaseException:
+            L.kvt_promise_cancel(promise)
+            L.kvt_promise_free(promise)
+            raise
+        e = ctypes.c_void_p()
+        rc = L.kvt_promise_result(ctypes.byref(e), promise)
+        try:
+            return self._finish(rc, budget, e)
+        finally:
+            L.kvt_promise_free(promise)
+
+    # -- maintenance --------------------------------------------------------
+
+    def touch(self, tokens: Sequence[int]) -> bool:
+        """Marks an entry recently used; False if absent."""
+        tok, n = tokens_arg(tokens)
+        rc = L.kvt_tier_touch(self._h.ptr, tok, n)
+        if rc == L.KVT_ENOTFOUND:
+            return False
+        L.check(rc, "touch")
+        return True
+
+    def remove(self, tokens: Sequence[int]) -> bool:
+        """Removes an entry (files and row); False if absent."""
+        tok, n = tokens_arg(tokens)
+        rc = L.kvt_tier_remove(self._h.ptr, tok, n)
+        if rc == L.KVT_ENOTFOUND:
+            return False
+        L.check(rc, "remove")
+        return True
+
+    def reconcile(self) -> int:
+        """Drops rows without files and files without rows; returns the count."""
+        return int(L.check(L.kvt_tier_reconcile(self._h.ptr), "reconcile"))
+
+    def gc(self, *, max_bytes: int = 0, max_entries: int = 0,
+           older_than: Optional[float] = None, dry_run: bool = False) -> Tuple[int, int]:
+        """Applies capacity/retention now (0/None: the configured limits).
+        Returns (entries removed, bytes removed)."""
+        o = L.GcOpts(1, int(max_bytes), int(max_entries),
+                     -1 if older_than is None else int(older_than), int(bool(dry_run)))
+        r, b = ctypes.c_uint64(), ctypes.c_uint64()
+        L.check(L.kvt_tier_gc(self._h.ptr, ctypes.byref(o), ctypes.byref(r), ctypes.byref(b)),
+                "gc")
+        return int(r.value), int(b.value)
+
+    def entries(self) -> List[EntryInfo]:
+        """Every stored entry, most recently used first."""
+        out: List[EntryInfo] = []
+
+        def visit(_ctx: Any, info: Any) -> int:
+            out.append(EntryInfo._from_c(info.contents))
+            return 0
+
+        cb = L.ENTRY_VISIT_FN(visit)
+        L.check(L.kvt_tier_foreach(self._h.ptr, cb, None), "entries")
+        return out
+
+    def __len__(self) -> int:
+        return int(self._h.stats().entries)
+
+    def describe(self, token_hash: str) -> dict:
+        """The entry's manifest and tensor layout (no tensor data read)."""
+        p = ctypes.c_void_p()
+        L.check(L.kvt_tier_describe(ctypes.byref(p), self._h.ptr, token_hash.encode()),
+                "describe")
+        try:
+            return json.loads(ctypes.string_at(p.value).decode())
+        finally:
+            L.kvt_free(p.value)
+
+    def verify(self, token_hash: str, repair: bool = False) -> None:
+        """Reads and checks an entry completely; raises KvtierCorrupt (with
+        repair=True the entry is then quarantined) or KvtierNotFound."""
+        L.check(L.kvt_tier_verify(self._h.ptr, token_hash.encode(), int(bool(repair))),
+                "verify")
+
+    # -- stats --------------------------------------------------------------
+
+    def stats(self) -> dict:
+        """The reference's stats keys (same rounding) plus kvtier's counters."""
+        return json.loads(self._render(L.kvt_stats_to_json))
+
+    def prometheus(self) -> str:
+        """Prometheus text exposition of the stats (kvtier_* metrics)."""
+        return self._render(L.kvt_stats_to_prometheus)
+
+    def _render(self, fn: Callable) -> str:
+        s = self._h.stats()
+        need = ctypes.c_size_t()
+        rc = fn(None, 0, ctypes.byref(need), ctypes.byref(s))
+        if rc not in (0, L.KVT_ERANGE):
+            L.check(rc, "stats")
+        buf = ctypes.create_string_buffer(need.value)
+        L.check(fn(buf, need.value, ctypes.byref(need), ctypes.byref(s)), "stats")
+        return buf.value.decode()
+
+    # -- closing ------------------------------------------------------------
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Drains queued spills and closes; TimeoutError leaves the tier open
+        (retry close)."""
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        L.check(L.kvt_tier_close(self._h.ptr, ms), "close")
+
+    async def aclose(self, timeout: Optional[float] = None) -> None:
+        """close() in a thread."""
+        await asyncio.to_thread(self.close, timeout)
+
+    def __enter__(self) -> "Tier":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+__all__ = ["Tier", "Entry", "EntryInfo", "QueueFull", "TooBig", "BudgetRefused"]

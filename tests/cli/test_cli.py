@@ -1,0 +1,676 @@
+#!/usr/bin/python3
+"""CLI tests: run the `kvtier` binary against prepared cache directories and
+check exit codes, --json output and the effect on the directory.
+
+Directories: good (written by `kvtier bench --keep` with several presets,
+dtypes and both storage modes), corrupted (a byte flipped in a layer file,
+an entry directory removed, orphan and stale tmp directories), written by the
+reference (tests/reference/make_ref_cache.py, when present), empty, missing,
+not a directory, not a cache.
+
+Usage: test_cli.py --kvtier PATH --src SRCDIR GROUP
+GROUP: help, errors, empty, good, corrupt, gc, reference, bench.
+Exit 0 pass, 1 fail, 77 skipped.  Data is generated (seeded), never
+downloaded; nothing here asserts timings.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+KVTIER = None
+SRC = None
+FAILURES = []
+COMMANDS = ["ls", "stats", "show", "verify", "gc", "bench"]
+
+
+def check(cond, what):
+    if not cond:
+        FAILURES.append(what)
+        print("FAIL:", what, file=sys.stderr)
+    return cond
+
+
+def run(*args, timeout=300, env=None):
+    p = subprocess.run([KVTIER, *args], capture_output=True, text=True,
+                       timeout=timeout, env=env)
+    return p.returncode, p.stdout, p.stderr
+
+
+def run_json(*args, expect=0):
+    rc, out, err = run(*args, "--json")
+    check(rc == expect, f"{' '.join(args)} --json: exit {rc}, expected "
+                        f"{expect}; stderr: {err.strip()[:400]}")
+    try:
+        return json.loads(out)
+    except ValueError:
+        check(False, f"{' '.join(args)} --json: stdout is not JSON: "
+                     f"{out[:200]!r}")
+        return {}
+
+
+def tmpdir(tag):
+    d = tempfile.mkdtemp(prefix=f"kvtier-cli-{tag}-")
+    return d
+
+
+def tree_state(d):
+    """Names, sizes, mtimes of every file below d, plus index.db's digest:
+    what a read-only command must leave exactly as it was."""
+    state = {}
+    for root, _dirs, files in os.walk(d):
+        for f in files:
+            if f.startswith("index.db-"):  # SQLite's shm/wal side files
+                continue
+            p = os.path.join(root, f)
+            st = os.lstat(p)
+            state[os.path.relpath(p, d)] = (st.st_size, st.st_mtime_ns)
+    idx = os.path.join(d, "index.db")
+    if os.path.exists(idx):
+        with open(idx, "rb") as fh:
+            state["index.db#sha"] = hashlib.sha256(fh.read()).hexdigest()
+    return state
+
+
+def run_with_tty_stderr(*args):
+    """Runs kvtier with stderr on a pseudo-terminal; returns what it wrote
+    there."""
+    import pty
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.Popen([KVTIER, *args], stdout=subprocess.DEVNULL,
+                             stderr=slave)
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                b = os.read(master, 4096)
+            except OSError:  # EIO once the child closed the pty
+                break
+            if not b:
+                break
+            chunks.append(b)
+        p.wait(timeout=120)
+    finally:
+        os.close(master)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def make_good(d, small=False):
+    """A cache written by kvtier itself: 4 presets/modes, 2 entries each."""
+    runs = [
+        ["--preset", "llama3-8b", "--seed", "1"],
+        ["--preset", "hybrid", "--seed", "2", "--dtype", "bf16"],
+        ["--preset", "quantized", "--seed", "3"],
+        ["--preset", "llama3-8b", "--seed", "4", "--storage", "compat",
+         "--dtype", "bf16", "--durability", "none"],
+    ]
+    if small:
+        runs = runs[:1]
+    for extra in runs:
+        rc, out, err = run("bench", d, "--quick", "--no-disk", "--keep",
+                           "--no-progress", "--entries", "2", "--tokens",
+                           "16", *extra)
+        if not check(rc == 0, f"bench {extra} to prepare {d}: exit {rc}: "
+                              f"{err.strip()[:400]}"):
+            raise SystemExit(1)
+
+
+def entries(d):
+    return run_json("ls", d).get("entries", [])
+
+
+# ---- groups --------------------------------------------------------------
+
+
+def t_help():
+    rc, out, err = run("--help")
+    check(rc == 0, "--help exits 0")
+    for c in COMMANDS:
+        check(c in out, f"--help mentions {c}")
+    check("Exit codes" in out, "--help documents exit codes")
+    for c in COMMANDS:
+        rc, out, _ = run(c, "--help")
+        check(rc == 0, f"{c} --help exits 0")
+        check(out.startswith(f"usage: kvtier {c}"), f"{c} --help usage line")
+        check("--json" in out, f"{c} --help mentions --json")
+    rc, out, _ = run("help", "gc")
+    check(rc == 0 and "--dry-run" in out, "help gc")
+    rc, out, _ = run("--version")
+    check(rc == 0 and out.startswith("kvtier "), "--version")
+    rc, _, err = run()
+    check(rc == 2 and "usage" in err, "no arguments: usage, exit 2")
+    rc, _, err = run("frobnicate")
+    check(rc == 2 and "unknown command" in err, "unknown command: exit 2")
+    rc, _, err = run("ls", "/tmp", "--bogus")
+    check(rc == 2 and "unknown option" in err, "unknown option: exit 2")
+    rc, _, _ = run("ls")
+    check(rc == 2, "ls without DIR: exit 2")
+    rc, _, _ = run("ls", "a", "b")
+    check(rc == 2, "ls with two DIRs: exit 2")
+    rc, _, _ = run("show", "/tmp")
+    check(rc == 2, "show without HASH: exit 2")
+    rc, _, _ = run("gc", "/tmp")
+    check(rc == 2, "gc without limits: exit 2")
+    for bad in (["--max-size", "10Q"], ["--max-size", "-1"],
+                ["--max-entries", "0"], ["--older-than", "7x"],
+                ["--older-than", "0"]):
+        rc, _, _ = run("gc", "/tmp", *bad)
+        check(rc == 2, f"gc {bad}: exit 2")
+    for bad in (["--preset", "gpt5"], ["--dtype", "f8"],
+                ["--storage", "zip"], ["--durability", "maybe"],
+                ["--entries", "0"], ["--tokens", "x"]):
+        rc, _, _ = run("bench", *bad)
+        check(rc == 2, f"bench {bad}: exit 2")
+    rc, out, _ = run("ls", "--sort", "colour", "/tmp", "--json")
+    check(rc == 2, "ls --sort colour: exit 2")
+
+
+def t_errors():
+    base = tmpdir("errors")
+    try:
+        missing = os.path.join(base, "missing")
+        afile = os.path.join(base, "file")
+        with open(afile, "w") as fh:
+            fh.write("not a cache\n")
+        notcache = os.path.join(base, "notcache")
+        os.mkdir(notcache)
+        with open(os.path.join(notcache, "README"), "w") as fh:
+            fh.write("hello\n")
+        cases = [(missing, "no such directory"), (afile, "not a directory"),
+                 (notcache, "not a kvtier cache")]
+        for path, msg in cases:
+            for cmd in (["ls"], ["stats"], ["show", None, "abcd1234"],
+                        ["verify"], ["verify", None, "--repair"],
+                        ["gc", None, "--max-entries", "1"],
+                        ["stats", None, "--prometheus"]):
+                args = [cmd[0], path] + [a for a in cmd[2:]]
+                rc, out, err = run(*args)
+                check(rc == 3, f"{args}: exit {rc}, expected 3")
+                check(msg in err, f"{args}: stderr names the problem "
+                                  f"({msg!r}): {err.strip()!r}")
+                check("Traceback" not in err and "Sanitizer" not in err,
+                      f"{args}: no crash")
+            d = run_json("ls", path, expect=3)
+            check(d.get("error", {}).get("exit_code") == 3,
+                  f"ls {path} --json: error object with exit_code 3")
+            check(msg in d.get("error", {}).get("message", ""),
+                  f"ls {path} --json: error message")
+        # data/ without an index; a garbage index.db; an unsafe mode.
+        noindex = os.path.join(base, "noindex")
+        os.makedirs(os.path.join(noindex, "data"))
+        rc, _, err = run("ls", noindex)
+        check(rc == 3 and "no index.db" in err, f"data/ without index: {err}")
+        garbage = os.path.join(base, "garbage")
+        os.makedirs(os.path.join(garbage, "data"), mode=0o700)
+        os.chmod(garbage, 0o700)
+        with open(os.path.join(garbage, "index.db"), "wb") as fh:
+            fh.write(b"this is not an SQLite database" * 100)
+        for cmd in (["ls"], ["stats"], ["verify"]):
+            rc, _, err = run(cmd[0], garbage)
+            check(rc == 3 and "cannot open cache" in err,
+                  f"{cmd[0]} garbage index.db: exit {rc}: {err.strip()}")
+            check("Sanitizer" not in err, "garbage index.db: no crash")
+        unsafe = os.path.join(base, "unsafe")
+        make_good(unsafe, small=True)
+        os.chmod(unsafe, 0o777)
+        rc, _, err = run("ls", unsafe)
+        check(rc == 3 and "cannot open cache" in err,
+              f"group/world-writable cache refused: exit {rc}: {err}")
+        check(not os.path.exists(missing), "nothing created for a missing dir")
+        check(os.listdir(notcache) == ["README"], "not-a-cache dir untouched")
+        # Unreadable directory (meaningless as root, who reads anything).
+        if os.geteuid() != 0:
+            locked = os.path.join(base, "locked")
+            os.mkdir(locked, 0o000)
+            rc, _, err = run("ls", locked)
+            check(rc == 3 and "cannot" in err, "unreadable dir: exit 3")
+            os.chmod(locked, 0o700)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def t_empty():
+    d = tmpdir("empty")
+    try:
+        j = run_json("ls", d)
+        check(j.get("total") == 0 and j.get("entries") == [], "empty: ls")
+        rc, out, _ = run("ls", d)
+        check(rc == 0 and "no entries" in out, "empty: human ls")
+        j = run_json("stats", d)
+        check(j.get("entries") == 0 and j.get("disk_bytes") == 0,
+              "empty: stats")
+        rc, out, _ = run("stats", d, "--prometheus")
+        check(rc == 0 and "kvtier_" in out, "empty: prometheus")
+        j = run_json("verify", d)
+        check(j.get("checked") == 0 and j.get("clean") is True,
+              "empty: verify")
+        run_json("verify", d, "--repair")
+        j = run_json("gc", d, "--max-entries", "1")
+        check(j.get("removed_count") == 0, "empty: gc")
+        rc, _, _ = run("show", d, "abcdef12")
+        check(rc == 5, f"empty: show exit {rc}, expected 5")
+        check(os.listdir(d) == [], "empty: nothing created in the directory")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def t_good():
+    d = tmpdir("good")
+    try:
+        make_good(d)
+        before = tree_state(d)
+        j = run_json("ls", d)
+        es = j.get("entries", [])
+        check(j.get("total") == 8 and len(es) == 8, f"ls: 8 entries, got "
+                                                    f"{j.get('total')}")
+        keys = ["token_hash", "prefix_hash", "num_tokens", "disk_bytes",
+                "memory_bytes", "created_at", "accessed_at", "storage_mode",
+                "num_layers", "layer_kinds", "dtypes"]
+        for e in es:
+            for k in keys:
+                check(k in e, f"ls entry has {k}")
+            check(e.get("num_tokens") == 16, "ls: tokens")
+            check(e.get("num_layers") == 32, "ls: 32 layers")
+            check(e.get("disk_bytes", 0) > 0, "ls: disk bytes")
+            check("error" not in e, f"ls: entry readable: {e.get('error')}")
+        kinds = set()
+        for e in es:
+            kinds |= set(e.get("layer_kinds", {}))
+        check({"kv", "arrays", "quant"} <= kinds, f"ls: kinds {kinds}")
+        modes = {e.get("storage_mode") for e in es}
+        check(modes == {"native", "compat"}, f"ls: modes {modes}")
+        dts = set()
+        for e in es:
+            dts |= set(e.get("dtypes", []))
+        check({"F16", "BF16", "U32", "F32"} <= dts, f"ls: dtypes {dts}")
+        # sort and limit
+        j = run_json("ls", d, "--sort", "size", "--limit", "3")
+        sizes = [e["disk_bytes"] for e in j.get("entries", [])]
+        check(j.get("count") == 3 and len(sizes) == 3, "ls --limit 3")
+        check(sizes == sorted(sizes, reverse=True), "ls --sort size")
+        j = run_json("ls", d, "--sort", "hash", "--reverse")
+        hs = [e["token_hash"] for e in j.get("entries", [])]
+        check(hs == sorted(hs, reverse=True), "ls --sort hash --reverse")
+        rc, out, _ = run("ls", d)
+        lines = out.strip().splitlines()
+        check(rc == 0 and lines[0].split()[:4] ==
+              ["HASH", "TOKENS", "LAYERS", "KINDS"], "ls table header")
+        check(len(lines) == 10 and "8 of 8 entries" in lines[-1],
+              "ls table: header + 8 rows + total line")
+        rc, out, _ = run("ls", d, "--full", "--no-describe")
+        check(rc == 0 and es[0]["token_hash"] in out, "ls --full")
+        # stats
+        j = run_json("stats", d)
+        check(j.get("entries") == 8, "stats: entries")
+        check(j.get("disk_bytes") == sum(e["disk_bytes"] for e in es),
+              "stats: disk bytes = sum of entries")
+        check(j.get("memory_bytes") == sum(e["memory_bytes"] for e in es),
+              "stats: memory bytes")
+        check(j.get("total_tokens") == 8 * 16, "stats: tokens")
+        lbk = j.get("layers_by_kind", {})
+        check(lbk.get("quant") == 64 and lbk.get("arrays") == 48,
+              f"stats: layers by kind {lbk}")
+        check(j.get("storage_modes", {}).get("compat") == 2,
+              "stats: storage modes")
+        check(j.get("oldest_created_at", 0) > 0, "stats: oldest")
+        check("capacity" in j and "counters" in j, "stats: capacity/counters")
+        j = run_json("stats", d, "--max-size", "1G", "--max-entries", "16")
+        check(abs(j["capacity"]["entries_used_fraction"] - 0.5) < 1e-9,
+              "stats: capacity fraction")
+        rc, out, _ = run("stats", d, "--prometheus")
+        check(rc == 0 and "kvtier_" in out and "# TYPE" in out,
+              "stats --prometheus")
+        rc, out, _ = run("stats", d)
+        check(rc == 0 and "entries" in out and "quant" in out, "stats table")
+        # show
+        for e in es:
+            h = e["token_hash"]
+            j = run_json("show", d, h)
+            desc = j.get("describe", {})
+            layers = desc.get("layers", [])
+            check(len(layers) == 32, f"show {h[:8]}: 32 layers")
+            check(j.get("entry", {}).get("token_hash") == h, "show: hash")
+        h = es[0]["token_hash"]
+        rc, out, _ = run("show", d, h[:10])
+        check(rc == 0 and h in out and "SHAPE" in out, "show by prefix")
+        absent = "0" * 64
+        while any(e["token_hash"].startswith(absent[:8]) for e in es):
+            absent = absent.replace("0", "1")
+        rc, _, err = run("show", d, absent)
+        check(rc == 5 and "no entry" in err, f"show absent: exit {rc}")
+        rc, _, _ = run("show", d, "xyz")
+        check(rc == 2, "show bad hash: exit 2")
+        # verify
+        j = run_json("verify", d)
+        check(j.get("checked") == 8 and j.get("ok") == 8 and
+              j.get("clean") is True and j.get("problems") == [],
+              f"verify good: {j}")
+        rc, out, _ = run("verify", d)
+        check(rc == 0 and "8 ok" in out, "verify human")
+        # progress bar: on stderr when it is a terminal, never otherwise
+        err_tty = run_with_tty_stderr("verify", d)
+        check("verifying" in err_tty and "[" in err_tty,
+              f"verify draws a progress bar on a terminal: {err_tty!r}")
+        rc, _, err = run("verify", d)
+        check("\r" not in err and "verifying" not in err,
+              "no progress bar when stderr is not a terminal")
+        err_tty = run_with_tty_stderr("verify", d, "--no-progress")
+        check("verifying" not in err_tty, "--no-progress")
+        # read-only commands changed nothing
+        after = tree_state(d)
+        check(before == after, "ls/stats/show/verify changed nothing: "
+              f"{set(before.items()) ^ set(after.items())}")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def flip_byte(path, where=None):
+    size = os.path.getsize(path)
+    pos = where if where is not None else size - 100
+    with open(path, "r+b") as fh:
+        fh.seek(pos)
+        b = fh.read(1)
+        fh.seek(pos)
+        fh.write(bytes([b[0] ^ 0xFF]))
+
+
+def t_corrupt():
+    d = tmpdir("corrupt")
+    try:
+        make_good(d)
+        es = entries(d)
+        bad = es[0]["token_hash"]
+        gone = es[1]["token_hash"]
+        flip_byte(os.path.join(d, "data", bad, "layer_3.safetensors"))
+        j = run_json("verify", d, expect=1)
+        probs = {p["entry"]: p for p in j.get("problems", [])}
+        check(bad in probs and probs[bad]["problem"] == "corrupt",
+              f"verify names the corrupt entry: {probs}")
+        check(j.get("ok") == 7 and j.get("clean") is False, "verify counts")
+        rc, out, _ = run("verify", d)
+        check(rc == 1 and bad in out and "corrupt" in out,
+              "verify human names the entry")
+        check(os.path.isdir(os.path.join(d, "data", bad)),
+              "plain verify does not quarantine")
+        # ls and stats still work with a corrupt entry present
+        rc, _, _ = run("ls", d)
+        check(rc == 0, "ls with a corrupt entry")
+        # more damage: a missing entry dir, an orphan dir, a stale tmp dir
+        shutil.rmtree(os.path.join(d, "data", gone))
+        orphan = "ab" * 32
+        shutil.copytree(os.path.join(d, "data", es[2]["token_hash"]),
+                        os.path.join(d, "data", orphan))
+        os.mkdir(os.path.join(d, "data", es[3]["token_hash"] + ".tmp"))
+        j = run_json("verify", d, expect=1)
+        kinds = {p["entry"][:64]: p["problem"] for p in j.get("problems", [])}
+        check(kinds.get(bad) == "corrupt", "verify: corrupt")
+        check(kinds.get(gone) == "missing", f"verify: missing {kinds}")
+        check(kinds.get(orphan) == "orphan", f"verify: orphan {kinds}")
+        check("stale-tmp" in kinds.values(), f"verify: stale tmp {kinds}")
+        # repair
+        j = run_json("verify", d, "--repair", expect=1)
+        acts = {p["entry"][:64]: p["action"] for p in j.get("problems", [])}
+        check(acts.get(bad) == "quarantined", f"repair quarantines: {acts}")
+        check(os.path.isdir(os.path.join(d, "quarantine", bad)) or
+              any(n.startswith(bad) for n in
+                  os.listdir(os.path.join(d, "quarantine"))),
+              "quarantine/<hash> exists")
+        check(not os.path.exists(os.path.join(d, "data", bad)),
+              "corrupt entry left data/")
+        check(not os.path.exists(os.path.join(d, "data", orphan)),
+              "orphan removed")
+        check(not any(n.endswith(".tmp")
+                      for n in os.listdir(os.path.join(d, "data"))),
+              "stale tmp removed")
+        # second verify is clean
+        j = run_json("verify", d)
+        check(j.get("clean") is True and j.get("checked") == 6,
+              f"second verify clean: {j}")
+        rc, _, _ = run("verify", d)
+        check(rc == 0, "second verify exits 0")
+        hs = {e["token_hash"] for e in entries(d)}
+        check(bad not in hs and gone not in hs and len(hs) == 6,
+              "ls after repair")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def t_gc():
+    d = tmpdir("gc")
+    try:
+        rc, _, err = run("bench", d, "--quick", "--no-disk", "--keep",
+                         "--no-progress", "--entries", "6", "--tokens", "16")
+        check(rc == 0, f"prepare gc dir: {err.strip()[:300]}")
+        es = entries(d)
+        check(len(es) == 6, "gc: 6 entries")
+        state = tree_state(d)
+        j = run_json("gc", d, "--max-entries", "2", "--dry-run")
+        check(j.get("dry_run") is True, "dry run flag")
+        check(j.get("removed_count") == 4 and len(j.get("removed", [])) == 4,
+              f"dry run reports 4: {j}")
+        check(len(entries(d)) == 6, "dry run removed nothing")
+        check(tree_state(d) == state, "dry run changed no file")
+        # The least recently used go first.
+        lru = sorted(es, key=lambda e: e["accessed_at"])
+        want = {e["token_hash"] for e in lru[:4]}
+        check({r["token_hash"] for r in j["removed"]} == want,
+              "dry run picks the LRU entries")
+        j = run_json("gc", d, "--max-entries", "2")
+        reported = {r["token_hash"] for r in j.get("removed", [])}
+        left = {e["token_hash"] for e in entries(d)}
+        check(len(left) == 2, f"gc leaves 2: {len(left)}")
+        check(reported == {e["token_hash"] for e in es} - left,
+              "gc removes exactly what it reports")
+        for h in reported:
+            check(not os.path.exists(os.path.join(d, "data", h)),
+                  "removed entry's files are gone")
+        # size limit
+        sizes = sorted(e["disk_bytes"] for e in entries(d))
+        j = run_json("gc", d, "--max-size", str(sizes[0]))
+        check(j.get("removed_count") == 1 and j.get("remaining") == 1,
+              f"gc --max-size: {j}")
+        # age
+        j = run_json("gc", d, "--older-than", "1h")
+        check(j.get("removed_count") == 0, "gc --older-than 1h: nothing")
+        time.sleep(2.1)
+        j = run_json("gc", d, "--older-than", "1s", "--dry-run")
+        check(j.get("removed_count") == 1 and
+              j["removed"][0]["reason"] == "expired", f"age dry run: {j}")
+        check(len(entries(d)) == 1, "age dry run removed nothing")
+        j = run_json("gc", d, "--older-than", "1s")
+        check(j.get("removed_count") == 1 and len(entries(d)) == 0,
+              f"gc --older-than: {j}")
+        rc, out, _ = run("gc", d, "--max-entries", "5")
+        check(rc == 0 and "removed 0 entries" in out, "gc human output")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def t_reference():
+    maker = os.path.join(SRC, "tests", "reference", "make_ref_cache.py")
+    if not os.path.exists(maker):
+        print("skip: tests/reference/make_ref_cache.py not in this tree")
+        sys.exit(77)
+    d = tmpdir("ref")
+    shutil.rmtree(d)
+    try:
+        p = subprocess.run(["/usr/bin/python3", maker, d, "--seed", "5",
+                            "--entries", "4", "--layers", "4", "--kinds",
+                            "kv,rotating,arrays,quantized", "--bf16"],
+                           capture_output=True, text=True, timeout=300)
+        if not check(p.returncode == 0, f"make_ref_cache.py: {p.stderr}"):
+            return
+        summary = json.loads(p.stdout)
+        want = {e["token_hash"] for e in summary["entries"]}
+        before = tree_state(d)
+        j = run_json("ls", d)
+        es = j.get("entries", [])
+        check({e["token_hash"] for e in es} == want, "ls lists the "
+                                                     "reference's entries")
+        for e in es:
+            check("error" not in e, f"ls: readable: {e.get('error')}")
+            check(e.get("num_layers") == 4, "ls: 4 layers")
+            check(e.get("storage_mode") not in ("?", None, "native"),
+                  f"ls: reference mode {e.get('storage_mode')}")
+        for e in es:
+            j = run_json("show", d, e["token_hash"])
+            check(len(j.get("describe", {}).get("layers", [])) == 4,
+                  "show reference entry")
+        j = run_json("stats", d)
+        check(j.get("entries") == 4, "stats reference")
+        j = run_json("verify", d)
+        check(j.get("clean") is True and j.get("ok") == 4,
+              f"verify reference: {j}")
+        j = run_json("gc", d, "--max-entries", "1", "--dry-run")
+        check(j.get("removed_count") == 3, "gc dry run on reference dir")
+        check(tree_state(d) == before, "reference dir unchanged by "
+                                       "inspection")
+        # Maintenance works on it too.
+        j = run_json("verify", d, "--repair")
+        check(j.get("clean") is True, "verify --repair on a reference dir")
+        j = run_json("gc", d, "--max-entries", "2")
+        left = {e["token_hash"] for e in entries(d)}
+        check(j.get("removed_count") == 2 and len(left) == 2 and
+              {r["token_hash"] for r in j.get("removed", [])} == want - left,
+              f"gc on a reference dir: {j}")
+        # The reference can still read what is left (its own reader).
+        reader = os.path.join(SRC, "tests", "reference", "read_ref_cache.py")
+        if os.path.exists(reader):
+            p = subprocess.run(["/usr/bin/python3", reader, d],
+                               capture_output=True, text=True, timeout=300)
+            check(p.returncode == 0, f"reference reads the dir after gc: "
+                                     f"{p.stderr.strip()[:300]}")
+            # A compat-mode directory written by `kvtier bench` is one the
+            # reference reads.
+            c = os.path.join(d, "compat")
+            rc, _, err = run("bench", c, "--quick", "--no-disk", "--keep",
+                             "--no-progress", "--entries", "2", "--tokens",
+                             "16", "--preset", "hybrid", "--dtype", "bf16",
+                             "--storage", "compat")
+            check(rc == 0, f"bench compat: {err.strip()[:300]}")
+            p = subprocess.run(["/usr/bin/python3", reader, c],
+                               capture_output=True, text=True, timeout=300)
+            check(p.returncode == 0, f"reference reads bench's compat dir: "
+                                     f"{p.stderr.strip()[:300]}")
+            try:
+                got = json.loads(p.stdout)
+            except ValueError:
+                got = {}
+            check(len(got.get("entries", [])) == 2 and not got.get("errors"),
+                  f"reference read both entries: {got.get('errors')}")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def t_bench():
+    j = run_json("bench", "--quick", "--no-disk", "--no-progress",
+                 "--entries", "2", "--tokens", "32")
+    for k in ("workload", "spill", "spill_producer", "promote_warm",
+              "promote_cold", "lookup_exact", "lookup_prefix", "disk_bytes",
+              "memory_bytes", "verified"):
+        check(k in j, f"bench --json has {k}")
+    wl = j.get("workload", {})
+    check(wl.get("entries") == 2 and wl.get("tokens") == 32, "bench workload")
+    check(wl.get("entry_memory_bytes") == 32 * 2 * 8 * 32 * 128 * 2,
+          "bench: llama3-8b entry size")
+    promotes = 2 + j.get("promote_warm", {}).get("count", 0) + \
+        j.get("promote_cold", {}).get("count", 0)
+    check(j.get("verified", {}).get("mismatched_tensors") == 0 and
+          j["verified"].get("exact_tensors") == 64 * promotes,
+          f"bench verified every promoted tensor: {j.get('verified')}")
+    check(j.get("promote_cold", {}).get("count") == 4, "bench cold count")
+    check(j.get("lookup_prefix", {}).get("count", 0) > 0, "bench lookups")
+    check(j.get("disk") is None, "--no-disk: no disk figures")
+    check(not os.path.exists(wl.get("dir", "/nonexistent")),
+          "bench removed its temporary directory")
+    # Disk measurement (fio when installed, else the builtin loop), tiny.
+    j = run_json("bench", "--quick", "--no-progress", "--entries", "1",
+                 "--tokens", "16", "--disk-size", "8M")
+    disk = j.get("disk") or {}
+    check(disk.get("write_direct_bps", 0) > 0 and
+          disk.get("read_direct_bps", 0) > 0 and
+          disk.get("read_buffered_bps", 0) > 0, f"disk figures: {disk}")
+    check("ratio" in j.get("spill", {}) and "ratio" in
+          j.get("promote_cold", {}), "ratios present")
+    # Without fio on PATH: the built-in O_DIRECT loop, and the report says so.
+    env = dict(os.environ, PATH="/nonexistent")
+    rc, out, err = run("bench", "--quick", "--no-progress", "--entries", "1",
+                       "--tokens", "16", "--disk-size", "8M", "--json",
+                       env=env)
+    check(rc == 0, f"bench without fio: {err.strip()[:300]}")
+    try:
+        disk = json.loads(out).get("disk") or {}
+    except ValueError:
+        disk = {}
+    check(disk.get("tool") == "builtin" and "fio" in disk.get("note", "")
+          and disk.get("write_direct_bps", 0) > 0, f"builtin disk: {disk}")
+    # Explicit directory: created, kept with --keep, removed without.
+    base = tmpdir("bench")
+    try:
+        kept = os.path.join(base, "kept")
+        rc, out, err = run("bench", kept, "--quick", "--no-disk", "--keep",
+                           "--no-progress", "--entries", "2", "--tokens", "8",
+                           "--preset", "hybrid")
+        check(rc == 0 and "promote cold" in out and "spill" in out,
+              f"bench human output: {err.strip()[:300]}")
+        check(len(entries(kept)) == 2, "--keep keeps the entries")
+        gone = os.path.join(base, "gone")
+        rc, _, _ = run("bench", gone, "--quick", "--no-disk", "--no-progress",
+                       "--entries", "1", "--tokens", "8")
+        check(rc == 0 and not os.path.exists(gone),
+              "a directory bench created is removed without --keep")
+        # An existing cache: bench adds and then removes only its own.
+        rc, _, _ = run("bench", kept, "--quick", "--no-disk", "--no-progress",
+                       "--entries", "2", "--tokens", "8", "--seed", "9")
+        check(rc == 0 and len(entries(kept)) == 2,
+              "bench in an existing cache leaves the user's entries alone")
+        # A non-empty directory that is not a cache is refused, untouched.
+        own = os.path.join(base, "own")
+        os.mkdir(own)
+        with open(os.path.join(own, "notes.txt"), "w") as fh:
+            fh.write("mine\n")
+        rc, _, err = run("bench", own, "--quick", "--no-disk", "--entries",
+                         "1", "--tokens", "8")
+        check(rc == 3 and "not a kvtier cache" in err and
+              os.listdir(own) == ["notes.txt"], "bench refuses a user dir")
+        for preset in ("quantized",):
+            for storage in ("native", "compat"):
+                j = run_json("bench", "--quick", "--no-disk", "--no-progress",
+                             "--entries", "1", "--tokens", "64", "--preset",
+                             preset, "--storage", storage)
+                check(j.get("verified", {}).get("mismatched_tensors") == 0,
+                      f"bench {preset} {storage} verified")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+GROUPS = {"help": t_help, "errors": t_errors, "empty": t_empty,
+          "good": t_good, "corrupt": t_corrupt, "gc": t_gc,
+          "reference": t_reference, "bench": t_bench}
+
+
+def main():
+    global KVTIER, SRC
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvtier", required=True)
+    ap.add_argument("--src", required=True)
+    ap.add_argument("group", choices=sorted(GROUPS))
+    a = ap.parse_args()
+    KVTIER, SRC = a.kvtier, a.src
+    GROUPS[a.group]()
+    if FAILURES:
+        print(f"{len(FAILURES)} check(s) failed", file=sys.stderr)
+        return 1
+    print(f"cli.{a.group}: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

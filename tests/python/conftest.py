@@ -1,0 +1,81 @@
+"""Shared pytest fixtures for the kvtier Python binding tests.
+
+Puts the package (bindings/python) and the transcribed reference
+(tests/reference) on sys.path when PYTHONPATH does not (ctest sets both and
+KVTIER_LIBRARY; run by hand the build tree's library is found).  Provides
+cache-directory fixtures, seeded layer factories (the duck-typed layer classes
+of tests/reference/make_ref_cache.py) and small helpers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import numpy as np
+import pytest
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+for _p in (os.path.join(_ROOT, "bindings", "python"), os.path.join(_ROOT, "tests", "reference")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import mlx_standin  # noqa: E402
+from make_ref_cache import (  # noqa: E402,F401  (re-exported to the tests)
+    ArraysLayer, KVLayer, QuantizedLayer, RotatingLayer)
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+    d = tmp_path / "cache"
+    return str(d)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def kv_layer(rng, n_tokens, dtype=np.float16, heads=2, dim=16):
+    shape = (1, heads, n_tokens, dim)
+    if dtype == "bf16":
+        return KVLayer(mlx_standin.BF16Array(rng.standard_normal(shape)),
+                       mlx_standin.BF16Array(rng.standard_normal(shape)), n_tokens)
+    return KVLayer(rng.standard_normal(shape).astype(dtype),
+                   rng.standard_normal(shape).astype(dtype), n_tokens)
+
+
+def make_tier(cache_dir, **kw):
+    from kvtier.ssd_cache import SSDCacheConfig, SSDCacheTier
+
+    kw.setdefault("durability", "none")
+    return SSDCacheTier(SSDCacheConfig(cache_dir=cache_dir, **kw))
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+class Budget:
+    """A RAM budget recording every reserve/release call."""
+
+    def __init__(self, allow=True):
+        self.allow = allow
+        self.reserved = 0
+        self.calls = []
+
+    def reserve(self, n):
+        self.calls.append(("reserve", n))
+        if not self.allow:
+            return False
+        self.reserved += n
+        return True
+
+    def release(self, n):
+        self.calls.append(("release", n))
+        self.reserved -= n
+
+
+__all__ = ["ArraysLayer", "KVLayer", "QuantizedLayer", "RotatingLayer", "Budget",
+           "kv_layer", "make_tier", "run"]

@@ -1,0 +1,91 @@
+"""kvtier.Tier, the Pythonic interface: exceptions instead of False/None,
+sync/async/prefix promote, maintenance calls and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import numpy as np
+import pytest
+
+import kvtier
+from conftest import Budget, kv_layer
+
+
+@pytest.fixture
+def tier(cache_dir):
+    t = kvtier.Tier(cache_dir, durability="none")
+    yield t
+    t.close()
+
+
+def test_spill_promote_entry_object(tier, rng):
+    toks = tuple(range(12))
+    layer = kv_layer(rng, 12, np.float32)
+    tier.spill(toks, [layer])
+    tier.flush(30)
+    info = tier.lookup(toks)
+    assert info.num_tokens == 12 and info.memory_bytes == layer.keys.nbytes * 2
+    assert toks in tier and (1, 2) not in tier and len(tier) == 1
+    e = tier.promote(toks)
+    assert e.tokens == toks and e.token_hash == info.token_hash and len(e) == 1
+    assert np.array_equal(e.layers[0]["keys"], layer.keys)
+    assert e.storage_mode == "native" and e.disk_bytes > 0
+    assert tier.promote((9, 9)) is None
+    assert tier.promote(toks + (5,), prefix=True).tokens == toks
+    assert tier.stats()["ssd_hits"] == 2
+
+
+def test_budget_refused_and_reserved_bytes(tier, rng):
+    tier.spill((1, 2), [kv_layer(rng, 2)], 500)
+    tier.flush(30)
+    with pytest.raises(kvtier.BudgetRefused):
+        tier.promote((1, 2), reserve=lambda n: False, release=lambda n: None)
+    with pytest.raises(ValueError):  # a reservation must be releasable
+        tier.promote((1, 2), reserve=lambda n: True)
+    b = Budget()
+    e = tier.promote((1, 2), reserve=b.reserve, release=b.release)
+    assert e.reserved_bytes == 500 and b.reserved == 500
+
+
+def test_promote_async(tier, rng):
+    layer = kv_layer(rng, 5)
+    tier.spill((5,) * 5, [layer])
+    tier.flush(30)
+    e = asyncio.run(tier.promote_async((5,) * 5))
+    assert np.array_equal(e.layers[0]["values"], layer.values)
+
+
+def test_queue_full_raises(cache_dir, rng):
+    t = kvtier.Tier(cache_dir, spill_queue_size=1, start_writer=False, durability="none")
+    try:
+        t.spill((1,), [kv_layer(rng, 1)])
+        with pytest.raises(kvtier.QueueFull):
+            t.spill((2,), [kv_layer(rng, 1)])
+    finally:
+        t.close()
+
+
+def test_maintenance(tier, rng, cache_dir):
+    for i in range(4):
+        tier.spill((i, i), [kv_layer(rng, 2)])
+    tier.flush(30)
+    ents = tier.entries()
+    assert len(ents) == 4 and all(isinstance(x, kvtier.EntryInfo) for x in ents)
+    h = tier.lookup((1, 1)).token_hash
+    d = tier.describe(h)
+    assert isinstance(d, dict) and "layers" in str(d)
+    tier.verify(h)
+    path = os.path.join(cache_dir, "data", h, "layer_0.safetensors")
+    with open(path, "r+b") as f:
+        f.seek(-4, os.SEEK_END)
+        f.write(b"\x7f\x7f\x7f\x7f")
+    with pytest.raises(kvtier.KvtierCorrupt):
+        tier.verify(h)
+    assert tier.touch((2, 2)) and not tier.touch((8, 8))
+    assert tier.remove((3, 3)) and not tier.remove((3, 3))
+    removed, nbytes = tier.gc(max_entries=1)
+    assert removed >= 1 and len(tier) == 1
+    assert "kvtier_" in tier.prometheus()
+    assert tier.path == os.path.abspath(cache_dir)

@@ -1,0 +1,177 @@
+/*
+ * cli.h - shared plumbing of the kvtier command-line tool: exit codes, the
+ * option parser every command uses, size/duration/time formatting, aligned
+ * tables, the terminal progress bar, JSON output through cJSON, and opening a
+ * cache directory with clear diagnostics. The tool uses only the public API
+ * (include/kvtier.h) plus POSIX; nothing here reaches into the library's
+ * internals, so it works on any directory the library (or the reference
+ * Python implementation) wrote.
+ */
+#ifndef KVT_CLI_H
+#define KVT_CLI_H
+
+#include "kvtier.h"
+
+#include <cjson/cJSON.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Exit codes (documented in docs/CLI.md and `kvtier --help`). */
+enum {
+  CLI_OK = 0,           /* success; verify: everything is good               */
+  CLI_PROBLEMS = 1,     /* verify found problems (repaired with --repair)     */
+  CLI_USAGE = 2,        /* bad command line                                   */
+  CLI_NOOPEN = 3,       /* directory missing, unreadable or not a cache       */
+  CLI_FAILED = 4,       /* the operation failed (I/O, database, repair)       */
+  CLI_NOTFOUND = 5,     /* show: no such entry                                */
+  CLI_INTERRUPTED = 130 /* bench: SIGINT/SIGTERM (cleaned up first)        */
+};
+
+/* ---- option parsing --------------------------------------------------- */
+
+typedef struct cli_flag {
+  const char *name;  /* long name without "--" */
+  int takes_value;   /* 1: "--name VALUE" or "--name=VALUE" */
+  const char *value; /* set by the parser (points into argv) */
+  int set;           /* how many times seen */
+} cli_flag;
+
+/* Parses argv[0..argc) (the words after the command name). Positionals go to
+ * pos (at most maxpos). "--help"/"-h" sets *help. Returns 0 or CLI_USAGE after
+ * printing "kvtier CMD: ..." to stderr. */
+int cli_parse(const char *cmd, int argc, char **argv, cli_flag *flags,
+              size_t nflags, const char **pos, size_t maxpos, size_t *npos,
+              int *help);
+cli_flag *cli_flag_get(cli_flag *flags, size_t nflags, const char *name);
+
+/* Parsers of user values; return 0 or -1 (caller reports usage). */
+int cli_parse_size(const char *s, uint64_t *out);    /* 10G, 512M, 4096 */
+int cli_parse_duration(const char *s, int64_t *out); /* 7d, 12h, 1h30m, 45 */
+int cli_parse_u64(const char *s, uint64_t *out);
+
+/* ---- formatting ------------------------------------------------------- */
+
+/* Human bytes, binary units: "1.50 GiB". buf >= 32. */
+const char *cli_fmt_bytes(char *buf, size_t cap, uint64_t n);
+/* Rate in decimal GB/s or MB/s: "1.62 GB/s". */
+const char *cli_fmt_rate(char *buf, size_t cap, double bytes_per_s);
+/* Local time "2026-11-29 08:41:07", "-" for 0. */
+const char *cli_fmt_time(char *buf, size_t cap, double unix_s);
+/* UTC ISO-8601 "2026-11-29T08:41:07Z". */
+const char *cli_fmt_iso(char *buf, size_t cap, double unix_s);
+/* Seconds as "3d 4h", "12m 5s", "850 ms". */
+const char *cli_fmt_age(char *buf, size_t cap, double seconds);
+double cli_now(void);  /* wall clock, Unix seconds */
+double cli_mono(void); /* monotonic seconds */
+
+/* ---- tables ----------------------------------------------------------- */
+
+typedef struct cli_table {
+  size_t ncols;
+  const char **heads;
+  const char *align; /* per column 'l' or 'r' */
+  char **cells;      /* rows * ncols, malloc'ed strings */
+  size_t rows, cap;
+} cli_table;
+
+void cli_table_init(cli_table *t, size_t ncols, const char **heads,
+                    const char *align);
+/* Adds one row of ncols printf-free strings (copied). */
+void cli_table_add(cli_table *t, const char **cells);
+void cli_table_print(const cli_table *t, FILE *f);
+void cli_table_free(cli_table *t);
+
+/* ---- progress bar (stderr, only when it is a terminal) ---------------- */
+
+typedef struct cli_progress {
+  int enabled;
+  const char *label;
+  uint64_t total;
+  double last;
+} cli_progress;
+
+void cli_progress_start(cli_progress *p, const char *label, uint64_t total,
+                        int allowed);
+void cli_progress_update(cli_progress *p, uint64_t done);
+void cli_progress_end(cli_progress *p);
+
+/* ---- JSON ------------------------------------------------------------- */
+
+/* Prints the object formatted to stdout with a newline and deletes it. */
+void cli_json_print(cJSON *obj);
+/* Prints {"error": {"exit_code": code, "message": msg}} when json, and
+ * "kvtier CMD: msg" on stderr always. Returns code. */
+int cli_fail(int json, const char *cmd, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* cJSON number helpers tolerant of absent fields. */
+double cli_jnum(const cJSON *o, const char *key, double dflt);
+const char *cli_jstr(const cJSON *o, const char *key);
+
+/* ---- opening a cache directory ---------------------------------------- */
+
+typedef struct cli_cache {
+  kvt_tier *tier; /* NULL when the directory is an empty directory */
+  int empty;      /* exists, contains nothing at all: an empty cache */
+  char dir[4096];
+} cli_cache;
+
+/* Checks dir (exists, is a directory, readable, looks like a cache: holds
+ * index.db or data/, or is empty) and opens it with flags (KVT_OPEN_*).
+ * On failure prints a clear message and returns CLI_NOOPEN (or CLI_FAILED when
+ * the directory exists and is a cache but the library could not open it for
+ * another reason such as KVT_EBUSY). */
+int cli_cache_open(cli_cache *c, const char *dir, unsigned flags, int json,
+                   const char *cmd, int verbose);
+void cli_cache_close(cli_cache *c);
+
+/* Every entry's info, in kvt_tier_foreach order (most recently used first). */
+typedef struct cli_entries {
+  kvt_entry_info *v;
+  size_t n, cap;
+} cli_entries;
+int cli_entries_load(cli_entries *out, kvt_tier *t);
+void cli_entries_free(cli_entries *e);
+
+/* ---- describe summary ------------------------------------------------- */
+
+/* Summary of kvt_tier_describe's JSON for ls/stats, tolerant of layout. */
+typedef struct cli_desc {
+  int ok;
+  char storage[16]; /* "native", "compat" or "?" */
+  uint32_t layers;
+  uint32_t kind_count[5]; /* by kvt_layer_kind (index 1..4) */
+  char kinds[64];         /* "kv:32" / "kv:8,arrays:24" */
+  char dtypes[64];        /* "F16" / "F16,F32" */
+  char error[256];        /* when !ok */
+} cli_desc;
+
+/* Parses describe output into d. Returns 0 or -1 (d->error set). */
+int cli_desc_parse(cli_desc *d, const char *json);
+/* Runs kvt_tier_describe and parses. */
+void cli_desc_entry(cli_desc *d, kvt_tier *t, const char *hash);
+/* Layer kind from a describe/manifest layer object: 1..4 or 0 if unknown. */
+int cli_layer_kind(const cJSON *layer);
+const char *cli_kind_name(int kind); /* "kv", "rotating", "arrays", "quant" */
+
+/* ---- misc ------------------------------------------------------------- */
+
+int cli_isatty_err(void);
+/* rm -rf without following symlinks. Returns 0 or -1. */
+int cli_rmtree(const char *path);
+int cli_is_hex64(const char *s);
+/* qsort/bsearch that accept an empty (NULL) array. */
+void cli_qsort(void *base, size_t n, size_t size,
+               int (*cmp)(const void *, const void *));
+void *cli_bsearch(const void *key, const void *base, size_t n, size_t size,
+                  int (*cmp)(const void *, const void *));
+
+/* Commands. argv excludes the command word. */
+int cmd_ls(int argc, char **argv);
+int cmd_stats(int argc, char **argv);
+int cmd_show(int argc, char **argv);
+int cmd_verify(int argc, char **argv);
+int cmd_gc(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+#endif

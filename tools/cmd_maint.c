@@ -1,0 +1,521 @@
+/*
+ * cmd_maint.c - the checking and maintenance commands of the kvtier tool:
+ * `verify` (every entry read and verified through kvt_tier_verify, plus the
+ * index compared with data/: rows without files, entry directories without
+ * rows, stale *.tmp directories, stray names) with an optional `--repair`
+ * that quarantines bad entries and reconciles; and `gc` (kvt_tier_gc with
+ * the limits the user gives, reporting exactly which entries went).
+ *
+ * Plain verify opens read-only and changes nothing. --repair and gc open for
+ * writing with KVT_OPEN_NO_RECONCILE so that nothing is changed before the
+ * tool has looked, and with limits no cache reaches so that only what the
+ * user asked for is applied.
+ */
+#define _GNU_SOURCE
+#include "cli.h"
+
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* ---- verify ------------------------------------------------------------- */
+
+static const char *VERIFY_HELP =
+    "usage: kvtier verify DIR [--repair] [--json] [--no-progress]\n"
+    "\n"
+    "Checks every entry of a cache directory: reads and verifies each one\n"
+    "completely (manifest, safetensors headers, xxh3 checksums where the\n"
+    "manifest records them, tokens.bin against the hash, path safety), and\n"
+    "compares the index with data/ (rows whose files are missing, entry\n"
+    "directories without a row, stale *.tmp directories, unexpected names).\n"
+    "Without --repair the directory is opened read-only and nothing changes.\n"
+    "A progress bar is drawn on stderr when it is a terminal.\n"
+    "\n"
+    "  --repair       quarantine corrupt entries (to quarantine/<hash>, row\n"
+    "                 dropped) and reconcile the index with the files\n"
+    "  --json         JSON output: {dir, checked, ok, problems: [...],\n"
+    "                 repaired, reconciled, clean}\n"
+    "  --no-progress  never draw the progress bar\n"
+    "\n"
+    "Exit: 0 everything good; 1 problems found (with --repair: and repaired);\n"
+    "3 cannot open; 4 a check or repair failed to run.\n";
+
+typedef struct problem {
+  char hash[80];
+  const char *kind; /* corrupt, missing, io-error, orphan, stale-tmp, stray */
+  char detail[512];
+  const char *action;
+} problem;
+
+typedef struct problems {
+  problem *v;
+  size_t n, cap;
+} problems;
+
+static problem *add_problem(problems *ps, const char *hash, const char *kind,
+                            const char *detail) {
+  if (ps->n == ps->cap) {
+    size_t nc = ps->cap ? ps->cap * 2 : 16;
+    problem *nv = realloc(ps->v, nc * sizeof *nv);
+    if (!nv)
+      return NULL;
+    ps->v = nv;
+    ps->cap = nc;
+  }
+  problem *p = &ps->v[ps->n++];
+  memset(p, 0, sizeof *p);
+  snprintf(p->hash, sizeof p->hash, "%s", hash);
+  p->kind = kind;
+  snprintf(p->detail, sizeof p->detail, "%s", detail ? detail : "");
+  p->action = "-";
+  return p;
+}
+
+static int cmp_hash(const void *a, const void *b) {
+  return strcmp(((const kvt_entry_info *)a)->token_hash,
+                ((const kvt_entry_info *)b)->token_hash);
+}
+
+int cmd_verify(int argc, char **argv) {
+  cli_flag f[] = {
+      {"json", 0}, {"repair", 0}, {"no-progress", 0}, {"verbose", 0}};
+  const size_t nf = sizeof f / sizeof f[0];
+  const char *pos[1];
+  size_t np = 0;
+  int help = 0;
+  int rc = cli_parse("verify", argc, argv, f, nf, pos, 1, &np, &help);
+  if (rc)
+    return rc;
+  if (help) {
+    fputs(VERIFY_HELP, stdout);
+    return CLI_OK;
+  }
+  int json = cli_flag_get(f, nf, "json")->set;
+  int repair = cli_flag_get(f, nf, "repair")->set;
+  if (np != 1) {
+    fprintf(stderr, "kvtier verify: missing DIR\n%s", VERIFY_HELP);
+    return CLI_USAGE;
+  }
+  unsigned flags = KVT_OPEN_NO_RECONCILE | (repair ? 0 : KVT_OPEN_READONLY);
+  cli_cache c;
+  rc = cli_cache_open(&c, pos[0], flags, json, "verify",
+                      cli_flag_get(f, nf, "verbose")->set);
+  if (rc)
+    return rc;
+  cli_entries es;
+  if (cli_entries_load(&es, c.tier) != 0) {
+    cli_entries_free(&es);
+    cli_cache_close(&c);
+    return cli_fail(json, "verify", CLI_FAILED, "cannot list entries: %s",
+                    kvt_last_error());
+  }
+  cli_qsort(es.v, es.n, sizeof *es.v, cmp_hash);
+
+  problems ps = {0};
+  size_t ok = 0, failed_checks = 0, repaired = 0;
+  cli_progress pg;
+  cli_progress_start(&pg, repair ? "repairing" : "verifying", es.n,
+                     !cli_flag_get(f, nf, "no-progress")->set);
+  for (size_t i = 0; i < es.n; i++) {
+    const char *h = es.v[i].token_hash;
+    int r = kvt_tier_verify(c.tier, h, repair);
+    cli_progress_update(&pg, i + 1);
+    if (r == 0) {
+      ok++;
+      continue;
+    }
+    const char *kind = r == KVT_ECORRUPT    ? "corrupt"
+                       : r == KVT_ENOTFOUND ? "missing"
+                       : r == KVT_EPERM     ? "unsafe"
+                       : r == KVT_EIO       ? "io-error"
+                                            : "error";
+    problem *p = add_problem(&ps, h, kind, kvt_last_error());
+    if (!p)
+      continue;
+    if (repair && (r == KVT_ECORRUPT || r == KVT_EPERM)) {
+      p->action = "quarantined";
+      repaired++;
+    } else if (repair && r == KVT_ENOTFOUND) {
+      p->action = "row dropped"; /* by the reconcile below */
+    } else if (r != KVT_ECORRUPT && r != KVT_ENOTFOUND && r != KVT_EPERM &&
+               r != KVT_EIO) {
+      failed_checks++;
+    }
+  }
+  cli_progress_end(&pg);
+
+  /* data/ against the index: names that should not be there. */
+  char data[4200];
+  snprintf(data, sizeof data, "%s/data", c.dir);
+  DIR *d = c.empty ? NULL : opendir(data);
+  size_t orphans_before = ps.n;
+  if (d) {
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+      const char *n = de->d_name;
+      if (strcmp(n, ".") == 0 || strcmp(n, "..") == 0)
+        continue;
+      size_t l = strlen(n);
+      if (l > 4 && strcmp(n + l - 4, ".tmp") == 0) {
+        add_problem(&ps, n, "stale-tmp",
+                    "unfinished write left behind (removed by reconcile)");
+        continue;
+      }
+      if (!cli_is_hex64(n)) {
+        add_problem(&ps, n, "stray", "unexpected name in data/ (left alone)");
+        continue;
+      }
+      kvt_entry_info key;
+      memset(&key, 0, sizeof key);
+      memcpy(key.token_hash, n, 65);
+      if (!cli_bsearch(&key, es.v, es.n, sizeof *es.v, cmp_hash))
+        add_problem(&ps, n, "orphan", "entry directory without an index row");
+    }
+    closedir(d);
+  } else if (!c.empty && c.tier) {
+    struct stat st;
+    if (stat(data, &st) != 0 && es.n > 0)
+      add_problem(&ps, "data/", "missing", "data/ directory is missing");
+  }
+
+  int64_t reconciled = 0;
+  int reconcile_failed = 0;
+  if (repair && c.tier) {
+    reconciled = kvt_tier_reconcile(c.tier);
+    if (reconciled < 0) {
+      reconcile_failed = 1;
+      fprintf(stderr, "kvtier verify: reconcile failed: %s\n",
+              kvt_last_error());
+      reconciled = 0;
+    } else {
+      for (size_t i = orphans_before; i < ps.n; i++)
+        if (strcmp(ps.v[i].kind, "stray") != 0)
+          ps.v[i].action = "removed";
+      for (size_t i = 0; i < orphans_before; i++)
+        if (strcmp(ps.v[i].kind, "missing") == 0)
+          repaired++;
+      for (size_t i = orphans_before; i < ps.n; i++)
+        if (strcmp(ps.v[i].kind, "stray") != 0)
+          repaired++;
+    }
+  }
+  /* Stray names are reported but are not the cache's business to delete;
+   * they do not make the cache bad. */
+  size_t real = 0;
+  for (size_t i = 0; i < ps.n; i++)
+    if (strcmp(ps.v[i].kind, "stray") != 0)
+      real++;
+  int code = CLI_OK;
+  if (real)
+    code = CLI_PROBLEMS;
+  if (failed_checks || reconcile_failed || (repair && repaired < real))
+    code = CLI_FAILED;
+
+  if (json) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "dir", c.dir);
+    cJSON_AddBoolToObject(o, "repair", repair);
+    cJSON_AddNumberToObject(o, "checked", (double)es.n);
+    cJSON_AddNumberToObject(o, "ok", (double)ok);
+    cJSON *arr = cJSON_AddArrayToObject(o, "problems");
+    for (size_t i = 0; i < ps.n; i++) {
+      cJSON *p = cJSON_CreateObject();
+      cJSON_AddStringToObject(p, "entry", ps.v[i].hash);
+      cJSON_AddStringToObject(p, "problem", ps.v[i].kind);
+      cJSON_AddStringToObject(p, "detail", ps.v[i].detail);
+      cJSON_AddStringToObject(p, "action", ps.v[i].action);
+      cJSON_AddItemToArray(arr, p);
+    }
+    cJSON_AddNumberToObject(o, "repaired", (double)repaired);
+    cJSON_AddNumberToObject(o, "reconciled", (double)reconciled);
+    cJSON_AddBoolToObject(o, "clean", real == 0);
+    cJSON_AddNumberToObject(o, "exit_code", code);
+    cli_json_print(o);
+  } else {
+    if (ps.n) {
+      static const char *heads[] = {"ENTRY", "PROBLEM", "ACTION", "DETAIL"};
+      cli_table t;
+      cli_table_init(&t, 4, heads, "llll");
+      for (size_t i = 0; i < ps.n; i++) {
+        const char *row[4] = {ps.v[i].hash, ps.v[i].kind, ps.v[i].action,
+                              ps.v[i].detail};
+        cli_table_add(&t, row);
+      }
+      cli_table_print(&t, stdout);
+      printf("\n");
+      cli_table_free(&t);
+    }
+    printf("checked %zu entries in %s: %zu ok, %zu problem%s", es.n, c.dir, ok,
+           real, real == 1 ? "" : "s");
+    if (repair)
+      printf(", %zu repaired, %lld cleaned by reconcile", repaired,
+             (long long)reconciled);
+    printf("\n");
+    if (real && !repair)
+      printf("run `kvtier verify %s --repair` to quarantine bad entries and "
+             "reconcile\n",
+             c.dir);
+  }
+  free(ps.v);
+  cli_entries_free(&es);
+  cli_cache_close(&c);
+  return code;
+}
+
+/* ---- gc ----------------------------------------------------------------- */
+
+static const char *GC_HELP =
+    "usage: kvtier gc DIR [--max-size SIZE] [--max-entries N]\n"
+    "                     [--older-than DURATION] [--dry-run] [--json]\n"
+    "\n"
+    "Applies limits and retention now (kvt_tier_gc) and reports which\n"
+    "entries were removed. At least one limit is required; a limit not given\n"
+    "is not applied.\n"
+    "\n"
+    "  --max-size SIZE          evict least recently used entries until the\n"
+    "                           bytes on disk are <= SIZE (10G, 512M, 1.5T,\n"
+    "                           4096; K/M/G/T are powers of 1024)\n"
+    "  --max-entries N          ... until at most N entries remain\n"
+    "  --older-than DURATION    remove entries written more than DURATION ago\n"
+    "                           (7d, 12h, 30m, 45s, 1h30m; plain = seconds)\n"
+    "  --dry-run                report what would be removed, remove nothing\n"
+    "  --json                   JSON output: {dir, dry_run, removed_count,\n"
+    "                           removed_bytes, removed: [...], remaining}\n"
+    "\n"
+    "Expired entries go first, then least recently used ones.\n";
+
+typedef struct gc_pick {
+  kvt_entry_info info;
+  const char *reason; /* "expired" or "capacity" */
+} gc_pick;
+
+static int cmp_lru(const void *pa, const void *pb) {
+  const kvt_entry_info *a = pa, *b = pb;
+  if (a->accessed_at != b->accessed_at)
+    return a->accessed_at < b->accessed_at ? -1 : 1;
+  return strcmp(a->token_hash, b->token_hash);
+}
+
+int cmd_gc(int argc, char **argv) {
+  cli_flag f[] = {{"json", 0},       {"max-size", 1}, {"max-entries", 1},
+                  {"older-than", 1}, {"dry-run", 0},  {"verbose", 0}};
+  const size_t nf = sizeof f / sizeof f[0];
+  const char *pos[1];
+  size_t np = 0;
+  int help = 0;
+  int rc = cli_parse("gc", argc, argv, f, nf, pos, 1, &np, &help);
+  if (rc)
+    return rc;
+  if (help) {
+    fputs(GC_HELP, stdout);
+    return CLI_OK;
+  }
+  int json = cli_flag_get(f, nf, "json")->set;
+  int dry = cli_flag_get(f, nf, "dry-run")->set;
+  if (np != 1) {
+    fprintf(stderr, "kvtier gc: missing DIR\n%s", GC_HELP);
+    return CLI_USAGE;
+  }
+  kvt_gc_opts go = KVT_GC_OPTS_INIT;
+  const char *v;
+  int any = 0;
+  uint64_t max_bytes = UINT64_MAX, max_entries = UINT64_MAX;
+  int64_t older = -1;
+  if ((v = cli_flag_get(f, nf, "max-size")->value)) {
+    if (cli_parse_size(v, &max_bytes) != 0 || max_bytes == 0)
+      return cli_fail(json, "gc", CLI_USAGE,
+                      "--max-size needs a size > 0 like 10G or 512M, got '%s'",
+                      v);
+    go.max_bytes = max_bytes;
+    any = 1;
+  }
+  if ((v = cli_flag_get(f, nf, "max-entries")->value)) {
+    if (cli_parse_u64(v, &max_entries) != 0 || max_entries == 0 ||
+        max_entries > (uint64_t)INT64_MAX / 8)
+      return cli_fail(json, "gc", CLI_USAGE,
+                      "--max-entries needs a number >= 1, got '%s'", v);
+    go.max_entries = (int64_t)max_entries;
+    any = 1;
+  }
+  if ((v = cli_flag_get(f, nf, "older-than")->value)) {
+    if (cli_parse_duration(v, &older) != 0 || older <= 0)
+      return cli_fail(json, "gc", CLI_USAGE,
+                      "--older-than needs a duration > 0 like 7d, 12h, 30m "
+                      "or 45s, got '%s'",
+                      v);
+    go.older_than_seconds = older;
+    any = 1;
+  }
+  if (!any)
+    return cli_fail(json, "gc", CLI_USAGE,
+                    "give at least one of --max-size, --max-entries, "
+                    "--older-than");
+  go.dry_run = dry;
+
+  cli_cache c;
+  /* A dry run changes nothing: read-only when the library allows gc there,
+   * else read-write without reconcile (see below). */
+  unsigned flags = KVT_OPEN_NO_RECONCILE | (dry ? KVT_OPEN_READONLY : 0);
+  int verbose = cli_flag_get(f, nf, "verbose")->set;
+  rc = cli_cache_open(&c, pos[0], flags, json, "gc", verbose);
+  if (rc)
+    return rc;
+  cli_entries before;
+  if (cli_entries_load(&before, c.tier) != 0) {
+    cli_entries_free(&before);
+    cli_cache_close(&c);
+    return cli_fail(json, "gc", CLI_FAILED, "cannot list entries: %s",
+                    kvt_last_error());
+  }
+  double now = cli_now();
+  uint64_t removed = 0, removed_bytes = 0;
+  if (c.tier) {
+    rc = kvt_tier_gc(c.tier, &go, &removed, &removed_bytes);
+    if (rc != 0 && dry && (rc == KVT_EINVAL || rc == KVT_EUNSUPPORTED)) {
+      /* This build does not run gc on a read-only tier; a dry run is still
+       * harmless on a writable one. */
+      cli_cache_close(&c);
+      rc = cli_cache_open(&c, pos[0], KVT_OPEN_NO_RECONCILE, json, "gc",
+                          verbose);
+      if (rc) {
+        cli_entries_free(&before);
+        return rc;
+      }
+      rc = kvt_tier_gc(c.tier, &go, &removed, &removed_bytes);
+    }
+    if (rc != 0) {
+      char msg[1024];
+      snprintf(msg, sizeof msg, "%s", kvt_last_error());
+      cli_entries_free(&before);
+      cli_cache_close(&c);
+      return cli_fail(json, "gc", CLI_FAILED, "gc failed: %s (%s)", msg,
+                      kvt_strerror(rc));
+    }
+  }
+  /* Which entries: after a real run, exactly those no longer listed; for a
+   * dry run, the same policy simulated over the listing (expired first,
+   * then least recently used until within the limits). */
+  gc_pick *picks = calloc(before.n ? before.n : 1, sizeof *picks);
+  size_t npick = 0;
+  size_t remaining = before.n;
+  if (!dry) {
+    cli_entries after;
+    if (cli_entries_load(&after, c.tier) != 0) {
+      cli_entries_free(&after);
+      free(picks);
+      cli_entries_free(&before);
+      cli_cache_close(&c);
+      return cli_fail(json, "gc", CLI_FAILED, "cannot list entries: %s",
+                      kvt_last_error());
+    }
+    cli_qsort(after.v, after.n, sizeof *after.v, cmp_hash);
+    for (size_t i = 0; i < before.n; i++)
+      if (!cli_bsearch(&before.v[i], after.v, after.n, sizeof *after.v,
+                       cmp_hash)) {
+        picks[npick].info = before.v[i];
+        picks[npick].reason =
+            older > 0 && before.v[i].created_at < now - (double)older
+                ? "expired"
+                : "capacity";
+        npick++;
+      }
+    remaining = after.n;
+    cli_entries_free(&after);
+  } else {
+    cli_qsort(before.v, before.n, sizeof *before.v, cmp_lru);
+    uint64_t count = before.n, bytes = 0;
+    for (size_t i = 0; i < before.n; i++)
+      bytes += before.v[i].disk_bytes;
+    char *gone = calloc(before.n ? before.n : 1, 1);
+    for (size_t i = 0; gone && older > 0 && i < before.n; i++)
+      if (before.v[i].created_at < now - (double)older) {
+        gone[i] = 1;
+        count--;
+        bytes -= before.v[i].disk_bytes;
+        picks[npick].info = before.v[i];
+        picks[npick++].reason = "expired";
+      }
+    for (size_t i = 0; gone && i < before.n; i++) {
+      if (count <= max_entries && bytes <= max_bytes)
+        break;
+      if (gone[i])
+        continue;
+      gone[i] = 1;
+      count--;
+      bytes -= before.v[i].disk_bytes;
+      picks[npick].info = before.v[i];
+      picks[npick++].reason = "capacity";
+    }
+    free(gone);
+    remaining = (size_t)count;
+    if (!c.tier)
+      removed = 0;
+    if (c.tier && removed != npick)
+      fprintf(stderr,
+              "kvtier gc: note: the library counts %llu entries to remove, "
+              "the listing below %zu\n",
+              (unsigned long long)removed, npick);
+  }
+  if (!c.tier || !dry) {
+    /* Counts from the listing when the library gave none. */
+    if (!removed && npick) {
+      removed = npick;
+      for (size_t i = 0; i < npick; i++)
+        removed_bytes += picks[i].info.disk_bytes;
+    }
+  }
+  if (json) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "dir", c.dir);
+    cJSON_AddBoolToObject(o, "dry_run", dry);
+    cJSON_AddNumberToObject(o, "removed_count", (double)removed);
+    cJSON_AddNumberToObject(o, "removed_bytes", (double)removed_bytes);
+    cJSON *arr = cJSON_AddArrayToObject(o, "removed");
+    for (size_t i = 0; i < npick; i++) {
+      cJSON *p = cJSON_CreateObject();
+      cJSON_AddStringToObject(p, "token_hash", picks[i].info.token_hash);
+      cJSON_AddNumberToObject(p, "num_tokens",
+                              (double)picks[i].info.num_tokens);
+      cJSON_AddNumberToObject(p, "disk_bytes",
+                              (double)picks[i].info.disk_bytes);
+      cJSON_AddNumberToObject(p, "created_at", picks[i].info.created_at);
+      cJSON_AddNumberToObject(p, "accessed_at", picks[i].info.accessed_at);
+      cJSON_AddStringToObject(p, "reason", picks[i].reason);
+      cJSON_AddItemToArray(arr, p);
+    }
+    cJSON_AddNumberToObject(o, "remaining", (double)remaining);
+    cli_json_print(o);
+  } else {
+    if (npick) {
+      static const char *heads[] = {"HASH",    "TOKENS",   "DISK",
+                                    "CREATED", "ACCESSED", "REASON"};
+      cli_table t;
+      cli_table_init(&t, 6, heads, "lrrlll");
+      for (size_t i = 0; i < npick; i++) {
+        char tok[32], disk[32], cr[32], ac[32];
+        snprintf(tok, sizeof tok, "%llu",
+                 (unsigned long long)picks[i].info.num_tokens);
+        const char *row[6] = {
+            picks[i].info.token_hash,
+            tok,
+            cli_fmt_bytes(disk, sizeof disk, picks[i].info.disk_bytes),
+            cli_fmt_time(cr, sizeof cr, picks[i].info.created_at),
+            cli_fmt_time(ac, sizeof ac, picks[i].info.accessed_at),
+            picks[i].reason};
+        cli_table_add(&t, row);
+      }
+      cli_table_print(&t, stdout);
+      printf("\n");
+      cli_table_free(&t);
+    }
+    char b[32];
+    printf("%s %llu entries (%s); %zu remain\n",
+           dry ? "would remove" : "removed", (unsigned long long)removed,
+           cli_fmt_bytes(b, sizeof b, removed_bytes), remaining);
+  }
+  free(picks);
+  cli_entries_free(&before);
+  cli_cache_close(&c);
+  return CLI_OK;
+}
