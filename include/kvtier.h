@@ -597,6 +597,25 @@ KVT_API int kvt_tier_describe(char **json, kvt_tier *t, const char *token_hash);
  *  entry is quarantined and its row dropped), KVT_ENOTFOUND, KVT_EIO. */
 KVT_API int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair);
 
+/** Tools (the CLI's ls/stats/verify --remote): visits every entry of the
+ *  tier's remote store under its remote_prefix, with info read from each
+ *  entry's remote manifest (disk_bytes = bytes stored, accessed_at =
+ *  created_at), in no particular order, until fn returns nonzero. A SCAN of
+ *  every master plus one read per entry: never used on the serving path.
+ *  Returns 0, KVT_EINVAL (no remote tier configured), KVT_EUNSUPPORTED (built
+ *  without hiredis), KVT_EIO / KVT_ETIMEDOUT (server), KVT_ENOMEM, KVT_ECLOSED.
+ *  Thread-safe; fn must not call back into the tier. */
+KVT_API int kvt_tier_remote_foreach(kvt_tier *t, kvt_entry_visit_fn fn,
+                                    void *ctx);
+
+/** Downloads and verifies one entry of the remote store completely (chunk
+ *  checksums, then every file as kvt_tier_verify does). An incomplete or
+ *  damaged entry is removed from the store (as every remote reader does).
+ *  Returns 0 (good), KVT_ECORRUPT, KVT_ENOTFOUND, KVT_EINVAL (no remote tier,
+ *  or token_hash not 64 hex digits), KVT_EIO / KVT_ETIMEDOUT, KVT_ENOMEM.
+ *  Thread-safe. */
+KVT_API int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash);
+
 /** The cache directory actually in use (absolute). Owned by the tier. */
 KVT_API const char *kvt_tier_dir(const kvt_tier *t);
 

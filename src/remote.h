@@ -55,6 +55,9 @@ int kvti_redis_find(kvti_backend *b, kvti_remote_meta *out,
  * remote entry and returns KVT_ENOTFOUND / KVT_ECORRUPT. */
 int kvti_redis_fetch(kvti_backend *b, kvti_remote_meta *out, const char *hash,
                      const char *dest_data_dir);
+/* The remote manifest of entry hash: 0 and *out, KVT_ENOTFOUND, KVT_ECORRUPT
+ * (a damaged manifest), or a connection error. */
+int kvti_redis_stat(kvti_backend *b, kvti_remote_meta *out, const char *hash);
 /* Makes a unique empty staging directory below stage_root (malloc'ed path). */
 int kvti_redis_stage_dir(kvti_backend *b, char **out);
 #endif

@@ -14,6 +14,7 @@
  */
 #include "remote.h"
 #include "error.h"
+#include "hash.h"
 #include "index.h"
 #include "io.h"
 #include "tier.h"
@@ -582,3 +583,114 @@ void kvti_remote_gauges(kvt_tier *t, kvt_stats *s) {
 }
 
 #endif /* KVT_HAVE_REDIS */
+
+/* ------------------------------------------------------------------------ */
+/* Tools: kvt_tier_remote_foreach / kvt_tier_remote_verify                  */
+/* ------------------------------------------------------------------------ */
+
+#if KVT_HAVE_REDIS
+typedef struct name_vec {
+  char (*v)[KVT_HASH_HEX_LEN + 1];
+  size_t n, cap;
+  int oom;
+} name_vec;
+
+static int collect_hash(void *ctx, const char *name, int kind) {
+  name_vec *l = ctx;
+  if (kind != KVTI_BK_ENTRY)
+    return 0;
+  if (l->n == l->cap) {
+    size_t nc = l->cap ? l->cap * 2 : 256;
+    void *p = kvti_realloc(l->v, nc * sizeof *l->v);
+    if (!p) {
+      l->oom = 1;
+      return 1;
+    }
+    l->v = p;
+    l->cap = nc;
+  }
+  snprintf(l->v[l->n++], KVT_HASH_HEX_LEN + 1, "%s", name);
+  return 0;
+}
+#endif
+
+int kvt_tier_remote_foreach(kvt_tier *t, kvt_entry_visit_fn fn, void *ctx) {
+  if (!t || !fn)
+    return KVT_ERR(KVT_EINVAL, "remote_foreach: NULL argument");
+#if !KVT_HAVE_REDIS
+  (void)ctx;
+  return KVT_ERR(KVT_EUNSUPPORTED, "no remote tier in this build");
+#else
+  if (!t->remote)
+    return KVT_ERR(KVT_EINVAL, "the tier has no remote store configured");
+  int rc = kvti_tier_enter(t);
+  if (rc != 0)
+    return rc;
+  name_vec l = {0};
+  kvti_backend *be = t->remote->be;
+  rc = be->ops->list(be, collect_hash, &l);
+  if (rc == 0 && l.oom)
+    rc = KVT_ERR_NOMEM();
+  for (size_t i = 0; rc == 0 && i < l.n; i++) {
+    kvti_remote_meta m;
+    int g = kvti_redis_stat(be, &m, l.v[i]);
+    if (g == KVT_ENOTFOUND || g == KVT_ECORRUPT) {
+      kvt_clear_error(); /* gone since the scan, or damaged: not an entry */
+      continue;
+    }
+    if ((rc = g) != 0)
+      break;
+    kvt_entry_info info;
+    memset(&info, 0, sizeof info);
+    memcpy(info.token_hash, m.hash, sizeof info.token_hash);
+    info.num_tokens = m.num_tokens;
+    info.memory_bytes = m.memory_bytes;
+    info.disk_bytes = m.total_bytes;
+    info.created_at = info.accessed_at = m.created_at;
+    if (fn(ctx, &info))
+      break;
+  }
+  kvti_free(l.v);
+  kvti_tier_leave(t);
+  return rc;
+#endif
+}
+
+int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash) {
+  if (!t || !token_hash)
+    return KVT_ERR(KVT_EINVAL, "remote_verify: NULL argument");
+  if (!kvti_is_hash_name(token_hash))
+    return KVT_ERR(KVT_EINVAL, "token_hash must be 64 lowercase hex digits");
+#if !KVT_HAVE_REDIS
+  return KVT_ERR(KVT_EUNSUPPORTED, "no remote tier in this build");
+#else
+  if (!t->remote)
+    return KVT_ERR(KVT_EINVAL, "the tier has no remote store configured");
+  int rc = kvti_tier_enter(t);
+  if (rc != 0)
+    return rc;
+  kvti_backend *be = t->remote->be;
+  char *stage = NULL;
+  rc = kvti_redis_stage_dir(be, &stage);
+  if (rc == 0) {
+    rc = kvti_redis_fetch(be, NULL, token_hash, stage);
+    if (rc == 0) {
+      kvti_read_opts ro;
+      memset(&ro, 0, sizeof ro);
+      ro.verify_only = 1;
+      rc = kvti_entry_read(NULL, stage, token_hash, &ro);
+      if (rc == KVT_ENOTFOUND || rc == KVT_ECORRUPT) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", kvt_last_error());
+        be->ops->remove(be, token_hash);
+        rc = KVT_ERR(KVT_ECORRUPT, "remote entry %.16s: %s (removed)",
+                     token_hash, msg);
+      }
+    }
+    kvti_rmtree(stage);
+    kvti_free(stage);
+  }
+  kvti_tier_leave(t);
+  return rc;
+#endif
+}

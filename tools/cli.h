@@ -166,6 +166,11 @@ void cli_qsort(void *base, size_t n, size_t size,
 void *cli_bsearch(const void *key, const void *base, size_t n, size_t size,
                   int (*cmp)(const void *, const void *));
 
+/* ls / stats / verify of a remote store (cmd_remote.c): --remote URL
+ * [--remote-prefix P] instead of DIR. prom: stats --prometheus. */
+int cli_remote(const char *cmd, const char *url, const char *prefix, int json,
+               int prom, int verbose);
+
 /* Commands. argv excludes the command word. */
 int cmd_ls(int argc, char **argv);
 int cmd_stats(int argc, char **argv);

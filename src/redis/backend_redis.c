@@ -963,6 +963,18 @@ int kvti_redis_find(kvti_backend *b, kvti_remote_meta *out,
 /* The rest of the seam                                                     */
 /* ------------------------------------------------------------------------ */
 
+int kvti_redis_stat(kvti_backend *b, kvti_remote_meta *out, const char *hash) {
+  if (!kvti_is_hash_name(hash))
+    return KVT_ERR(KVT_EINVAL, "invalid entry name");
+  rmanifest m;
+  int rc = rman_get(R(b), &m, hash);
+  if (rc == 0) {
+    *out = m.meta;
+    rman_free(&m);
+  }
+  return rc;
+}
+
 static int rb_remove(kvti_backend *b, const char *hash) {
   return remove_entry(R(b), hash, NULL);
 }

@@ -318,6 +318,11 @@ _KVT_STAT_FIELDS = ("spill_drops", "spill_rejects", "write_failures", "evictions
                     "expirations", "quarantined", "reconciled",
                     "promotions_cancelled", "entries", "disk_bytes",
                     "memory_bytes", "queue_depth", "queue_bytes")
+# The shared remote tier's (all 0 without one); local_hits is derived.
+_REMOTE_STAT_FIELDS = ("remote_hits", "remote_misses", "remote_read_bytes",
+                       "remote_spill_count", "remote_spill_bytes",
+                       "remote_spill_drops", "remote_errors",
+                       "remote_queue_depth", "remote_available")
 
 
 class _CounterValue(int):
@@ -908,6 +913,10 @@ class SSDCacheTier:
         d = SSDCacheStats(**{f: getattr(s, f) for f in _REF_STAT_FIELDS}).to_dict()
         for f in _KVT_STAT_FIELDS:
             d[f] = int(getattr(s, f))
+        d["local_hits"] = max(0, int(s.ssd_hits) - int(s.remote_hits))
+        for f in _REMOTE_STAT_FIELDS:
+            d[f] = int(getattr(s, f))
+        d["remote_latency_sum_s"] = round(float(s.remote_latency_sum), 4)
         return d
 
     def start_writer(self) -> None:
