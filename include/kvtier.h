@@ -234,6 +234,8 @@ typedef enum kvt_io_backend {
 /** Called by the writer thread after each spill finished (status 0: the entry
  *  is published, durably when durability is FSYNC; negative: it was not
  *  written and no trace of it remains). token_hash is valid during the call.
+ *  In KVT_REMOTE_ONLY mode it reports the upload instead, from the remote
+ *  upload thread (KVT_EFULL when the upload queue was full).
  *  Must not block for long and must not close the tier. */
 typedef void (*kvt_spill_done_fn)(void *ctx, const char *token_hash,
                                   int status);
@@ -410,7 +412,8 @@ KVT_API int kvt_tier_spill(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
 /** Zero-copy spill: as kvt_tier_spill, but the tensor data is not copied.
  *  The caller hands the buffers over and must not modify or free them until
  *  release(release_ctx) is called (exactly once, from the writer thread or,
- *  on any failure return, from the calling thread before return). The
+ *  on any failure return, from the calling thread before return; with a
+ *  remote tier, from the remote upload thread once the upload is done). The
  *  kvt_layer/kvt_tensor descriptor arrays themselves are still copied. */
 KVT_API int kvt_tier_spill_nocopy(kvt_tier *t, const int32_t *tokens,
                                   size_t n_tokens, const kvt_layer *layers,
@@ -419,7 +422,8 @@ KVT_API int kvt_tier_spill_nocopy(kvt_tier *t, const int32_t *tokens,
                                   void *release_ctx);
 
 /** Blocks until every spill enqueued before the call has been written (or
- *  failed), or timeout_ms passes (< 0: forever). Returns 0, KVT_ETIMEDOUT,
+ *  failed) - with a remote tier, uploaded (or failed/dropped) too - or
+ *  timeout_ms passes (< 0: forever). Returns 0, KVT_ETIMEDOUT,
  *  KVT_EINVAL (writer not started while the queue is non-empty). */
 KVT_API int kvt_tier_flush(kvt_tier *t, int64_t timeout_ms);
 
@@ -494,7 +498,11 @@ KVT_API int kvt_promote_opts_init(kvt_promote_opts *opts, unsigned int version);
  *  every file; on I/O error or corruption release the reservation, count a
  *  promotion failure, quarantine a corrupt entry (KVT_EIO / KVT_ECORRUPT);
  *  on success count the hit, latency and bytes, touch the entry and return
- *  it in *out with the reservation handed to the caller.
+ *  it in *out with the reservation handed to the caller. With a remote tier
+ *  (kvt_options.remote_mode), a local miss - or a local prefix shorter than
+ *  a remote one - is looked up and read remotely (bounded by
+ *  remote_timeout_ms per command; an unusable or unreachable remote is a
+ *  miss, counted in remote_misses/remote_errors, never an error or data).
  *  opts may be NULL (no budget). Thread-safe; many at once. */
 KVT_API int kvt_tier_promote(kvt_entry **out, kvt_tier *t,
                              const int32_t *tokens, size_t n_tokens,
