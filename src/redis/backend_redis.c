@@ -143,13 +143,15 @@ typedef struct rmanifest {
   uint64_t chunk_bytes, total, n_chunks;
   rfile *files;
   size_t n_files;
-  uint64_t *sums;     /* n_chunks */
-  int32_t pset_first; /* unused */
+  uint64_t *sums; /* n_chunks */
+  char *raw;      /* the manifest text as stored (for compare-and-delete) */
+  size_t raw_len;
 } rmanifest;
 
 static void rman_free(rmanifest *m) {
   kvti_free(m->files);
   kvti_free(m->sums);
+  kvti_free(m->raw);
   memset(m, 0, sizeof *m);
 }
 
@@ -249,8 +251,10 @@ out:
   return rc;
 }
 
-/* GET of the manifest. 0 and *m, KVT_ENOTFOUND, KVT_ECORRUPT, I/O errors. */
-static int rman_get(redis_backend *rb, rmanifest *m, const char *hash) {
+/* GET of the manifest's text: 0 and *raw (kvti_malloc'ed, NUL-terminated),
+ * KVT_ENOTFOUND, KVT_ECORRUPT (not a string), I/O errors. */
+static int rman_get_raw(redis_backend *rb, const char *hash, char **raw,
+                        size_t *len) {
   rkey k;
   key_manifest(&k, rb, hash);
   kvr_cmd c;
@@ -260,16 +264,40 @@ static int rman_get(redis_backend *rb, rmanifest *m, const char *hash) {
   if (rc != 0)
     return rc;
   if ((rc = reply_err(r, "GET manifest")) == 0) {
-    if (r->type == REDIS_REPLY_NIL)
+    if (r->type == REDIS_REPLY_NIL) {
       rc = KVT_ERR(KVT_ENOTFOUND, "no remote entry %.16s", hash);
-    else if (r->type != REDIS_REPLY_STRING)
+    } else if (r->type != REDIS_REPLY_STRING) {
       rc = KVT_ERR(KVT_ECORRUPT, "remote manifest of %.16s is not a string",
                    hash);
-    else
-      rc = rman_parse(m, r->str, r->len, hash, 512ull << 20);
+    } else if (!(*raw = kvti_malloc(r->len + 1))) {
+      rc = KVT_ERR_NOMEM();
+    } else {
+      memcpy(*raw, r->str, r->len);
+      (*raw)[r->len] = '\0';
+      *len = r->len;
+    }
   }
   freeReplyObject(r);
   return rc;
+}
+
+/* GET and parse of the manifest. 0 and *m, KVT_ENOTFOUND, KVT_ECORRUPT, I/O
+ * errors. */
+static int rman_get(redis_backend *rb, rmanifest *m, const char *hash) {
+  char *raw = NULL;
+  size_t len = 0;
+  memset(m, 0, sizeof *m);
+  int rc = rman_get_raw(rb, hash, &raw, &len);
+  if (rc != 0)
+    return rc;
+  rc = rman_parse(m, raw, len, hash, 512ull << 20);
+  if (rc != 0) {
+    kvti_free(raw);
+    return rc;
+  }
+  m->raw = raw;
+  m->raw_len = len;
+  return 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -323,35 +351,71 @@ static int zrem(redis_backend *rb, const rkey *pset, const char *hash) {
   return rc;
 }
 
-/* Deletes every key of an entry: the manifest first (readers stop finding it),
- * then the chunks of its generation. Best effort for what is already gone. */
-static int remove_entry(redis_backend *rb, const char *hash,
-                        const rmanifest *known) {
-  rmanifest m;
-  const rmanifest *mp = known;
-  int have = 0;
-  if (!mp) {
-    int rc = rman_get(rb, &m, hash);
-    if (rc == 0) {
-      have = 1;
-      mp = &m;
-    } else if (rc != KVT_ENOTFOUND && rc != KVT_ECORRUPT) {
-      return rc;
-    }
-  }
+/* Deletes the manifest only if it is still exactly raw (atomically, one key):
+ * a reader cleaning up a damaged version must never delete a newer version a
+ * writer has just committed. */
+static int manifest_cad(redis_backend *rb, const char *hash, const char *raw,
+                        size_t len) {
+  static const char script[] =
+      "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+      "return redis.call('DEL', KEYS[1]) else return 0 end";
   rkey k;
   key_manifest(&k, rb, hash);
   kvr_cmd c;
-  cmd2(&c, "UNLINK", k.s, k.n);
+  c.argc = 5;
+  c.argv[0] = "EVAL";
+  c.len[0] = 4;
+  c.argv[1] = script;
+  c.len[1] = sizeof script - 1;
+  c.argv[2] = "1";
+  c.len[2] = 1;
+  c.argv[3] = k.s;
+  c.len[3] = k.n;
+  c.argv[4] = raw;
+  c.len[4] = len;
   redisReply *r = NULL;
   int rc = kvr_exec(rb->cl, k.s, k.n, &c, 1, &r);
   if (rc == 0) {
+    rc = reply_err(r, "EVAL (manifest compare-and-delete)");
     freeReplyObject(r);
-    if (mp)
-      rc = del_chunks(rb, hash, mp->gen, mp->n_chunks);
   }
-  if (have)
-    rman_free(&m);
+  return rc;
+}
+
+/* Deletes every key of one version of an entry: its manifest first (only if
+ * it is still that version: readers stop finding it), then the chunks of its
+ * generation. known: the version a reader found damaged; NULL: whatever
+ * version is stored now (removal, quarantine). */
+static int remove_entry(redis_backend *rb, const char *hash,
+                        const rmanifest *known) {
+  rmanifest m;
+  memset(&m, 0, sizeof m);
+  const rmanifest *mp = known;
+  char *raw = NULL;
+  size_t len = 0;
+  int rc = 0;
+  if (!mp) {
+    rc = rman_get_raw(rb, hash, &raw, &len);
+    if (rc == KVT_ENOTFOUND) {
+      kvt_clear_error();
+      return 0;
+    }
+    if (rc != 0)
+      return rc;
+    if (rman_parse(&m, raw, len, hash, 512ull << 20) == 0)
+      mp = &m; /* else a damaged manifest: delete it, no chunks known */
+    kvt_clear_error();
+  } else {
+    raw = mp->raw;
+    len = mp->raw_len;
+  }
+  if (raw)
+    rc = manifest_cad(rb, hash, raw, len);
+  if (rc == 0 && mp)
+    rc = del_chunks(rb, hash, mp->gen, mp->n_chunks);
+  if (!known)
+    kvti_free(raw);
+  rman_free(&m);
   return rc;
 }
 
@@ -508,7 +572,7 @@ static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
   /* Chunks, pipelined in batches of about RB_BATCH_BYTES. */
   char ttl[32];
   snprintf(ttl, sizeof ttl, "%" PRId64, rb->ttl_ms);
-  uint64_t per = RB_BATCH_BYTES / cb ? RB_BATCH_BYTES / cb : 1;
+  uint64_t per = RB_BATCH_BYTES / cb ? RB_BATCH_BYTES / cb : 1; /* <= 16384 */
   for (uint64_t base = 0; base < nchunks && rc == 0; base += per) {
     uint64_t m = nchunks - base < per ? nchunks - base : per;
     rkey *keys = kvti_malloc(m * sizeof *keys);
@@ -852,16 +916,43 @@ static int rb_get(kvti_backend *b, kvt_entry **out, const char *hash,
 /* Lookups                                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* Candidates of one prefix set, longest first, with lengths in [lo, hi]. */
+/* Candidates of one prefix set, longest first, with lengths in [lo, hi], read
+ * in pages: many siblings may share the first 16 tokens (the reference's SQL
+ * prefilter scans them too). Each distinct length is hashed once. */
+#define RB_PAGE 256
+#define RB_MAX_PAGES 64
+static int find_page(redis_backend *rb, kvti_remote_meta *out, const rkey *ps,
+                     const int32_t *tokens, uint64_t lo, uint64_t hi,
+                     unsigned page, int *more, uint64_t *last_len,
+                     char *last_hash);
+
 static int find_in_set(redis_backend *rb, kvti_remote_meta *out, const rkey *ps,
                        const int32_t *tokens, uint64_t lo, uint64_t hi) {
   if (lo > hi)
     return KVT_ENOTFOUND;
-  char shi[32], slo[32];
+  uint64_t last_len = 0;
+  char last_hash[KVT_HASH_HEX_LEN + 1] = "";
+  for (unsigned page = 0; page < RB_MAX_PAGES; page++) {
+    int more = 0;
+    int rc = find_page(rb, out, ps, tokens, lo, hi, page, &more, &last_len,
+                       last_hash);
+    if (rc != KVT_ENOTFOUND || !more)
+      return rc;
+  }
+  return KVT_ENOTFOUND;
+}
+
+static int find_page(redis_backend *rb, kvti_remote_meta *out, const rkey *ps,
+                     const int32_t *tokens, uint64_t lo, uint64_t hi,
+                     unsigned page, int *more, uint64_t *last_len,
+                     char *last_hash) {
+  char shi[32], slo[32], off[32], cnt[16];
   snprintf(shi, sizeof shi, "%" PRIu64, hi);
   snprintf(slo, sizeof slo, "%" PRIu64, lo);
+  snprintf(off, sizeof off, "%u", page * RB_PAGE);
+  snprintf(cnt, sizeof cnt, "%u", RB_PAGE);
   const char *argv[] = {"ZREVRANGEBYSCORE", ps->s,   shi, slo,
-                        "WITHSCORES",       "LIMIT", "0", "64"};
+                        "WITHSCORES",       "LIMIT", off, cnt};
   kvr_cmd c;
   kvr_cmd_set(&c, 8, argv);
   c.len[1] = ps->n;
@@ -875,6 +966,7 @@ static int find_in_set(redis_backend *rb, kvti_remote_meta *out, const rkey *ps,
     return rc ? rc
               : KVT_ERR(KVT_EIO, "redis: unexpected ZREVRANGEBYSCORE reply");
   }
+  *more = r->elements == 2 * RB_PAGE;
   rc = KVT_ENOTFOUND;
   for (size_t i = 0; i + 1 < r->elements; i += 2) {
     const redisReply *mem = r->element[i], *sc = r->element[i + 1];
@@ -887,8 +979,12 @@ static int find_in_set(redis_backend *rb, kvti_remote_meta *out, const rkey *ps,
     uint64_t len = strtoull(sc->str, NULL, 10);
     if (len < lo || len > hi || !kvti_is_hash_name(hash))
       continue;
-    char qh[KVT_HASH_HEX_LEN + 1];
-    if (kvt_token_hash(qh, tokens, (size_t)len) != 0 || strcmp(qh, hash) != 0)
+    if (len != *last_len) {
+      if (kvt_token_hash(last_hash, tokens, (size_t)len) != 0)
+        continue;
+      *last_len = len;
+    }
+    if (strcmp(last_hash, hash) != 0)
       continue; /* another sequence with the same first 16 tokens */
     rmanifest m;
     int g = rman_get(rb, &m, hash);

@@ -473,6 +473,43 @@ static void test_standalone(void) {
   t_free(&x);
 }
 
+/* Longest prefix among many siblings sharing the first 16 tokens: the match
+ * sorts after 300 longer non-matching candidates (read in pages). */
+static void test_prefix_paging(void) {
+  int port = pick_port();
+  REQUIRE(port > 0);
+  start_server(port, kvt_test_tmpdir("redis-p"), NULL);
+  char url[128];
+  snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+  kvt_options o = ropts("rt-p", url, "pg:", KVT_REMOTE_ONLY);
+  o.spill_queue_size = 512;
+  o.remote_queue_size = 512;
+  kvt_tier *a = t_open(&o);
+  kvt_tier_start_writer(a);
+  t_entry base = t_make(77, 20, 1, 1, 4);
+  CHECK(t_spill(a, &base) == 0);
+  for (int i = 0; i < 300; i++) {
+    t_entry sib = t_make(5000 + (uint64_t)i, 40, 1, 1, 4);
+    t_set_prefix(&sib, &base);
+    CHECK(t_spill(a, &sib) == 0);
+    t_free(&sib);
+  }
+  CHECK(kvt_tier_flush(a, 30000) == 0);
+  CHECK_EQ_INT(stats_of(a).remote_spill_count, 301);
+  int32_t q[50];
+  memcpy(q, base.tokens, 20 * sizeof *q);
+  for (int i = 20; i < 50; i++)
+    q[i] = 90000 + i;
+  kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
+  po.flags = KVT_PROMOTE_PREFIX;
+  kvt_entry *got = NULL;
+  CHECK(kvt_tier_promote(&got, a, q, 50, &po) == 0);
+  CHECK(got && t_same(got, &base));
+  kvt_entry_free(got);
+  t_free(&base);
+  kvt_tier_free(a);
+}
+
 /* Eviction under maxmemory with allkeys-lru: some entries lose keys; every
  * promote is then bit-identical or a miss. */
 static void test_eviction(void) {
@@ -838,6 +875,7 @@ int main(int argc, char **argv) {
   signal(SIGABRT, on_signal);
   RUN(test_options);
   RUN(test_standalone);
+  RUN(test_prefix_paging);
   RUN(test_eviction);
   RUN(test_cluster);
   kill_all();
