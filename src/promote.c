@@ -38,6 +38,15 @@
 
 enum { P_QUEUED = 0, P_RUNNING = 1, P_DONE = 2 };
 
+/* Which tier a promote reads (remote.h): the remote store after a local miss,
+ * or after a local prefix hit shorter than a remote one - then that local
+ * entry is the fallback should the remote read fail. */
+typedef struct rsel {
+  int remote;
+  int has_fb;
+  kvt_entry_info fb;
+} rsel;
+
 struct kvt_promise {
   kvt_tier *t;
   pthread_mutex_t mu;
@@ -59,7 +68,7 @@ struct kvt_promise {
   kvt_promote_opts opts;
   uint64_t reserved;
   double t0;
-  int remote;        /* found in the remote tier (remote.h) */
+  rsel rs;           /* remote tier selection (remote.h) */
   kvt_promise *next; /* pool queue */
 };
 
@@ -140,23 +149,28 @@ static void account_hit(kvt_tier *t, kvt_entry *e, const kvt_entry_info *info,
 
 /* Lookup + reserve on the calling thread. On success *info, *reserved, and
  * *remote = 1 when the entry is to be read from the remote tier: after a local
- * miss, or a local prefix hit shorter than a remote one. */
+ * miss, or a local prefix hit shorter than a remote one (kept as the
+ * fallback; the reservation then covers the larger of the two). */
 static int begin(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
-                 int *remote, const int32_t *tokens, size_t n,
+                 rsel *rs, const int32_t *tokens, size_t n,
                  const kvt_promote_opts *o) {
   uint32_t flags = o ? o->flags : 0;
   double cutoff = kvti_tier_cutoff(t);
   int prefix = (flags & KVT_PROMOTE_PREFIX) != 0;
   int rc = prefix ? kvti_index_find_prefix(info, t->idx, tokens, n, cutoff)
                   : kvti_index_find(info, t->idx, tokens, n, cutoff);
-  *remote = 0;
+  memset(rs, 0, sizeof *rs);
   if (kvti_remote_enabled(t) &&
       (rc == KVT_ENOTFOUND || (rc == 0 && prefix && info->num_tokens < n))) {
     kvt_entry_info ri;
     uint64_t min_len = rc == 0 ? info->num_tokens + 1 : 1;
     if (kvti_remote_lookup(t, &ri, tokens, n, prefix, min_len) == 0) {
+      if (rc == 0) {
+        rs->has_fb = 1;
+        rs->fb = *info;
+      }
       *info = ri;
-      *remote = 1;
+      rs->remote = 1;
       rc = 0;
     }
   }
@@ -167,19 +181,41 @@ static int begin(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
   if (rc != 0)
     return rc;
   *reserved = 0;
+  uint64_t want = info->memory_bytes;
+  if (rs->has_fb && rs->fb.memory_bytes > want)
+    want = rs->fb.memory_bytes;
   if (o && o->reserve) {
-    if (!o->reserve(o->budget_ctx, info->memory_bytes)) {
+    if (!o->reserve(o->budget_ctx, want)) {
       KVTI_STAT_ADD(&t->stats, promotion_failures, 1);
       kvti_log(t, KVT_LOG_WARN,
                "kvtier: promotion denied: cannot reserve %llu bytes RAM budget",
-               (unsigned long long)info->memory_bytes);
+               (unsigned long long)want);
       return KVT_ERR(KVT_EBUDGET,
                      "reserve(%llu) refused by the caller's budget",
-                     (unsigned long long)info->memory_bytes);
+                     (unsigned long long)want);
     }
-    *reserved = info->memory_bytes;
+    *reserved = want;
   }
   return 0;
+}
+
+/* read_entry for the selected tier; a failed remote read falls back to the
+ * local prefix (info then describes what was read) or is a miss. */
+static int read_selected(kvt_entry **out, kvt_tier *t, kvt_entry_info *info,
+                         const rsel *rs, const int32_t *tokens,
+                         const kvt_promote_opts *o, atomic_int *cancel) {
+  int rc = read_entry(out, t, info, tokens, (size_t)info->num_tokens, o, cancel,
+                      rs->remote);
+  if (rs->remote && rc == KVT_ENOTFOUND) {
+    if (rs->has_fb) {
+      *info = rs->fb;
+      rc = read_entry(out, t, info, tokens, (size_t)info->num_tokens, o, cancel,
+                      0);
+    } else {
+      KVTI_STAT_ADD(&t->stats, ssd_misses, 1);
+    }
+  }
+  return rc;
 }
 
 static int check_args(const void *out, kvt_tier *t, const int32_t *tokens,
@@ -205,13 +241,12 @@ int kvt_tier_promote(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
     return rc;
   kvt_entry_info info;
   uint64_t reserved = 0;
-  int remote = 0;
-  rc = begin(t, &info, &reserved, &remote, tokens, n_tokens, opts);
+  rsel rs;
+  rc = begin(t, &info, &reserved, &rs, tokens, n_tokens, opts);
   if (rc == 0) {
     double t0 = kvti_now_mono();
     kvt_entry *e = NULL;
-    rc = read_entry(&e, t, &info, tokens, (size_t)info.num_tokens, opts, NULL,
-                    remote);
+    rc = read_selected(&e, t, &info, &rs, tokens, opts, NULL);
     if (rc == 0) {
       e->reserved_bytes = reserved;
       account_hit(t, e, &info, t0, opts ? opts->flags : 0);
@@ -282,8 +317,8 @@ static void run_job(kvt_promise *p) {
     rc = KVT_ERR(KVT_ECANCELED, "promote cancelled before it started");
     KVTI_STAT_ADD(&t->stats, promotions_cancelled, 1);
   } else {
-    rc = read_entry(&e, t, &p->info, p->tokens, p->n_tokens, &p->opts,
-                    &p->cancel, p->remote);
+    rc =
+        read_selected(&e, t, &p->info, &p->rs, p->tokens, &p->opts, &p->cancel);
   }
   pthread_mutex_lock(&p->mu);
   if (rc == 0 && atomic_load(&p->cancel)) {
@@ -425,7 +460,7 @@ int kvt_tier_promote_async(kvt_promise **out, kvt_tier *t,
     p->opts = *opts;
   else
     kvt_promote_opts_init(&p->opts, KVT_PROMOTE_OPTS_VERSION);
-  rc = begin(t, &p->info, &p->reserved, &p->remote, tokens, n_tokens, opts);
+  rc = begin(t, &p->info, &p->reserved, &p->rs, tokens, n_tokens, opts);
   if (rc != 0) {
     promise_destroy(p);
     kvti_tier_leave(t);

@@ -520,10 +520,8 @@ int kvti_remote_read(kvt_tier *t, kvt_entry **out, const kvt_entry_info *info,
                      const kvti_read_opts *ro) {
   struct kvti_remote *r = RM(t);
   const char *hash = info->token_hash;
-  if (!remote_ok(r)) {
-    KVTI_STAT_ADD(&t->stats, ssd_misses, 1);
+  if (!remote_ok(r))
     return KVT_ERR(KVT_ENOTFOUND, "remote store unavailable (backing off)");
-  }
   char *stage = NULL;
   int rc = kvti_redis_stage_dir(r->be, &stage);
   if (rc != 0) {
@@ -564,7 +562,6 @@ int kvti_remote_read(kvt_tier *t, kvt_entry **out, const kvt_entry_info *info,
     if (rc != KVT_ENOTFOUND)
       remote_failed(t, rc, "read");
     KVTI_STAT_ADD(&t->stats, remote_misses, 1);
-    KVTI_STAT_ADD(&t->stats, ssd_misses, 1);
     rc = KVT_ERR(KVT_ENOTFOUND, "remote entry %.16s unusable: %s", hash, msg);
   }
   kvti_rmtree(stage);

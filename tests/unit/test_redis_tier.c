@@ -506,6 +506,42 @@ static void test_prefix_paging(void) {
   CHECK(kvt_tier_promote(&got, a, q, 50, &po) == 0);
   CHECK(got && t_same(got, &base));
   kvt_entry_free(got);
+  got = NULL;
+  /* A local prefix and a longer remote one that turns out unreadable: the
+   * promote falls back to the local prefix. */
+  kvt_options ol = ropts("rt-pl", url, "pg:", KVT_REMOTE_LOCAL_AND_REMOTE);
+  kvt_tier *l = t_open(&ol);
+  kvt_tier_start_writer(l);
+  CHECK(t_spill(l, &base) == 0);
+  CHECK(kvt_tier_flush(l, 10000) == 0);
+  t_entry sib0 = t_make(5000, 40, 1, 1, 4);
+  t_set_prefix(&sib0, &base);
+  int32_t q2[45];
+  memcpy(q2, sib0.tokens, 40 * sizeof *q2);
+  for (int i = 40; i < 45; i++)
+    q2[i] = 91000 + i;
+  char *ck = a_chunk_key(port, "pg:", entry_hash(&sib0));
+  if (!ck[0]) { /* a one-chunk entry: drop its only chunk */
+    free(ck);
+    ck = sh_out("redis-cli -h 127.0.0.1 -p %d --scan --pattern 'pg:{%s}:*:0'",
+                port, entry_hash(&sib0));
+    char *nl = strchr(ck, '\n');
+    if (nl)
+      *nl = '\0';
+  }
+  CHECK(ck[0] != '\0');
+  free(sh_out("redis-cli -h 127.0.0.1 -p %d DEL '%s'", port, ck));
+  free(ck);
+  uint64_t miss0 = stats_of(l).ssd_misses;
+  CHECK(kvt_tier_promote(&got, l, q2, 45, &po) == 0);
+  CHECK(got && t_same(got, &base));
+  kvt_entry_free(got);
+  kvt_stats ls = stats_of(l);
+  CHECK(ls.remote_misses >= 1);
+  CHECK_EQ_INT(ls.ssd_misses, miss0);
+  CHECK_EQ_INT(ls.remote_hits, 0);
+  t_free(&sib0);
+  kvt_tier_free(l);
   t_free(&base);
   kvt_tier_free(a);
 }
