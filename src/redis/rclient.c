@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <time.h>
 
 #define KVR_MAX_NODES 64
@@ -467,6 +468,144 @@ static void pipe_restore(pipe_guard *g) {
   pthread_sigmask(SIG_SETMASK, &g->old, NULL);
 }
 
+/* Sends a pipeline straight to the socket with writev: hiredis 0.14 would copy
+ * every argument twice (formatting, then appending to its output buffer) and
+ * memmove the rest of that buffer after each partial write, which for
+ * multi-MiB chunk values costs more than the transfer. Small pieces (RESP
+ * headers, keys) are gathered into one text buffer; large values are sent
+ * from the caller's memory. The context's own output buffer stays empty, so
+ * replies are then read with redisGetReply as usual. Blocking socket with
+ * SO_SNDTIMEO (redisSetTimeout): a stalled server times out. */
+typedef struct seg {
+  const char *p; /* NULL: text at off */
+  size_t off, len;
+} seg;
+
+typedef struct wbuf {
+  char *text;
+  size_t tlen, tcap;
+  seg *segs;
+  size_t n, cap;
+  int oom;
+} wbuf;
+
+static void wb_seg(wbuf *w, const char *p, size_t off, size_t len) {
+  if (w->oom || len == 0)
+    return;
+  if (!p && w->n > 0 && !w->segs[w->n - 1].p &&
+      w->segs[w->n - 1].off + w->segs[w->n - 1].len == off) {
+    w->segs[w->n - 1].len += len;
+    return;
+  }
+  if (w->n == w->cap) {
+    size_t nc = w->cap ? w->cap * 2 : 64;
+    seg *ns = kvti_realloc(w->segs, nc * sizeof *ns);
+    if (!ns) {
+      w->oom = 1;
+      return;
+    }
+    w->segs = ns;
+    w->cap = nc;
+  }
+  w->segs[w->n].p = p;
+  w->segs[w->n].off = off;
+  w->segs[w->n].len = len;
+  w->n++;
+}
+
+static void wb_text(wbuf *w, const void *p, size_t len) {
+  if (w->oom)
+    return;
+  if (w->tlen + len > w->tcap) {
+    size_t nc = (w->tcap ? w->tcap * 2 : 4096) + len;
+    char *nt = kvti_realloc(w->text, nc);
+    if (!nt) {
+      w->oom = 1;
+      return;
+    }
+    w->text = nt;
+    w->tcap = nc;
+  }
+  memcpy(w->text + w->tlen, p, len);
+  wb_seg(w, NULL, w->tlen, len);
+  w->tlen += len;
+}
+
+static void wb_cmd(wbuf *w, int argc, const char *const *argv,
+                   const size_t *len) {
+  char h[32];
+  int k = snprintf(h, sizeof h, "*%d\r\n", argc);
+  wb_text(w, h, (size_t)k);
+  for (int i = 0; i < argc; i++) {
+    k = snprintf(h, sizeof h, "$%zu\r\n", len[i]);
+    wb_text(w, h, (size_t)k);
+    if (len[i] >= 4096)
+      wb_seg(w, argv[i], 0, len[i]); /* sent from the caller's memory */
+    else
+      wb_text(w, argv[i], len[i]);
+    wb_text(w, "\r\n", 2);
+  }
+}
+
+static int send_direct(redisContext *ctx, const kvr_node *nd,
+                       const kvr_cmd *cmds, const size_t *idx, size_t m,
+                       int asking) {
+  static const char *askv[] = {"ASKING"};
+  static const size_t askl[] = {6};
+  wbuf w;
+  memset(&w, 0, sizeof w);
+  for (size_t k = 0; k < m; k++) {
+    const kvr_cmd *cm = &cmds[idx[k]];
+    if (asking)
+      wb_cmd(&w, 1, askv, askl);
+    wb_cmd(&w, cm->argc, cm->argv, cm->len);
+  }
+  int rc = 0;
+  struct iovec iov[64];
+  size_t si = 0, done = 0; /* segment index, bytes of it already sent */
+  while (!w.oom && si < w.n) {
+    int niov = 0;
+    for (size_t j = si; j < w.n && niov < 64; j++, niov++) {
+      const seg *g = &w.segs[j];
+      const char *base = g->p ? g->p : w.text + g->off;
+      size_t skip = j == si ? done : 0;
+      iov[niov].iov_base = (void *)(base + skip);
+      iov[niov].iov_len = g->len - skip;
+    }
+    ssize_t wr = writev(ctx->fd, iov, niov);
+    if (wr < 0) {
+      if (errno == EINTR)
+        continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK)
+        rc = KVT_ERR(KVT_ETIMEDOUT, "redis %s:%d: send timed out",
+                     nd->addr.host, nd->addr.port);
+      else
+        rc = KVT_ERR_OS(errno, "redis %s:%d: send", nd->addr.host,
+                        nd->addr.port);
+      if (rc != KVT_ETIMEDOUT)
+        rc = KVT_EIO;
+      break;
+    }
+    size_t left = (size_t)wr;
+    while (left > 0 && si < w.n) {
+      size_t rem = w.segs[si].len - done;
+      if (left >= rem) {
+        left -= rem;
+        si++;
+        done = 0;
+      } else {
+        done += left;
+        left = 0;
+      }
+    }
+  }
+  if (w.oom)
+    rc = KVT_ERR_NOMEM();
+  kvti_free(w.text);
+  kvti_free(w.segs);
+  return rc;
+}
+
 /* Sends cmds[idx[0..m)] to node (each preceded by ASKING when asking) and
  * reads the replies into replies[idx[k]]. 0 or a connection error (then no
  * reply is kept). */
@@ -480,18 +619,11 @@ static int run_on(kvr_client *c, int node, const kvr_cmd *cmds,
   int rc = conn_take(&ctx, c, nd);
   if (rc != 0)
     return rc;
-  static const char *askv[] = {"ASKING"};
-  static const size_t askl[] = {6};
-  for (size_t k = 0; k < m; k++) {
-    const kvr_cmd *cm = &cmds[idx[k]];
-    if (asking)
-      redisAppendCommandArgv(ctx, 1, askv, askl);
-    if (redisAppendCommandArgv(ctx, cm->argc, (const char **)cm->argv,
-                               cm->len) != REDIS_OK) {
-      rc = ctx_error(ctx, nd, "append");
-      redisFree(ctx);
-      return rc;
-    }
+  rc = send_direct(ctx, nd, cmds, idx, m, asking);
+  if (rc != 0) {
+    redisFree(ctx);
+    node_drop_idle(nd);
+    return rc;
   }
   size_t got = 0;
   for (size_t k = 0; k < m; k++) {
