@@ -5,7 +5,8 @@
  * and GET throughput with large values (one client, as kvtier's one upload
  * thread / one promoting thread), then kvtier's remote spill (spill ->
  * upload -> flush) and remote promote (fetch, verify, build the entry) of the
- * same bytes, and prints value / limit / ratio lines. Usage:
+ * same bytes, and prints value / limit / ratio lines (best of 3 runs on each
+ * side: the machine may be shared). Usage:
  *   bench_redis [entry_MiB=8] [entries=8] [chunk_MiB=16]
  * Exit 77 when redis-server / redis-benchmark are missing or kvtier was built
  * without hiredis.
