@@ -448,6 +448,13 @@ static void test_standalone(void) {
   kvt_tier_free(d);
   CHECK_EQ_INT(promote_check(c, &e1), 1);
 
+  /* FLUSHALL: every remote entry is gone; promotes are clean misses, the
+   * local tier still serves its own entries. */
+  free(sh_out("redis-cli -h 127.0.0.1 -p %d FLUSHALL", port));
+  CHECK_EQ_INT(promote_check(c, &e1), 0);
+  CHECK(kvt_tier_promote(&got, c, x.tokens, x.n_tokens - 1, NULL) ==
+        KVT_ENOTFOUND);
+  CHECK_EQ_INT(promote_check(a, &e1), 1); /* a spilled it: local */
   /* The server dies: clear errors, no stall, local tier keeps working. */
   kill_server(srv);
   t_entry n1 = mk(31);
