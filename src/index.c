@@ -906,6 +906,19 @@ fail:
   return rc;
 }
 
+int kvti_index_set_durable(kvt_index *idx, int durable) {
+  if (!idx)
+    return KVT_ERR(KVT_EINVAL, "index is NULL");
+  if (idx->readonly)
+    return 0;
+  pthread_mutex_lock(&idx->db_mu);
+  int rc = exec_sql(
+      idx, durable ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL",
+      "synchronous");
+  pthread_mutex_unlock(&idx->db_mu);
+  return rc;
+}
+
 uint64_t kvti_index_skipped(kvt_index *idx) {
   if (!idx)
     return 0;

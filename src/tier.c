@@ -611,6 +611,12 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *opts) {
   }
   if ((rc = kvti_index_open(&t->idx, t->dir, t->data_dir, t->readonly)) != 0)
     goto fail;
+  /* FSYNC durability covers the row too: the WAL is synced at each commit, so
+   * an acknowledged entry cannot lose its row (and then its files, to
+   * reconcile) in a power loss. */
+  if (!t->readonly && opts->durability == KVT_DURABILITY_FSYNC &&
+      (rc = kvti_index_set_durable(t->idx, 1)) != 0)
+    goto fail;
   if ((rc = kvti_remote_open(t)) != 0)
     goto fail;
   if (!t->readonly && !(opts->flags & KVT_OPEN_NO_RECONCILE)) {
