@@ -56,6 +56,10 @@ cli_flag *cli_flag_get(cli_flag *flags, size_t nflags, const char *name);
 int cli_begin(const char *cmd, const char *help, const char *missing, int argc,
               char **argv, cli_flag *flags, size_t nflags, const char **pos,
               size_t minpos, size_t maxpos);
+/* For commands whose DIR is optional in cli_begin (minpos 0) because another
+ * flag (--remote) can stand in for it: CLI_RUN when dir is set, else prints
+ * "missing DIR" with the help and returns CLI_USAGE. */
+int cli_need_dir(const char *cmd, const char *help, const char *dir);
 
 /* One accepted word of an option whose value is one of a few names. */
 typedef struct cli_choice {
@@ -199,6 +203,11 @@ void cli_qsort(void *base, size_t n, size_t size,
                int (*cmp)(const void *, const void *));
 void *cli_bsearch(const void *key, const void *base, size_t n, size_t size,
                   int (*cmp)(const void *, const void *));
+
+/* ls / stats / verify of a remote store (cmd_remote.c): --remote URL
+ * [--remote-prefix P] instead of DIR. prom: stats --prometheus. */
+int cli_remote(const char *cmd, const char *url, const char *prefix, int json,
+               int prom, int verbose);
 
 /* Commands. argv excludes the command word. */
 int cmd_ls(int argc, char **argv);

@@ -115,6 +115,13 @@ int cli_begin(const char *cmd, const char *help, const char *missing, int argc,
   return CLI_RUN;
 }
 
+int cli_need_dir(const char *cmd, const char *help, const char *dir) {
+  if (dir)
+    return CLI_RUN;
+  fprintf(stderr, "kvtier %s: missing DIR\n%s", cmd, help);
+  return CLI_USAGE;
+}
+
 int cli_flag_choice(cli_flag *flags, size_t nflags, const char *name,
                     const cli_choice *choices, size_t nchoices,
                     const char *expected, int json, const char *cmd, int *out) {

@@ -55,7 +55,8 @@ static void add_desc_json(cJSON *o, const cli_desc *d) {
 /* ---- ls ----------------------------------------------------------------- */
 
 static const char *LS_HELP =
-    "usage: kvtier ls DIR [--sort KEY] [--reverse] [--limit N] [--full]\n"
+    "usage: kvtier ls DIR|--remote URL [--sort KEY] [--reverse] [--limit N] "
+    "[--full]\n"
     "                     [--no-describe] [--json]\n"
     "\n"
     "Lists the entries of a cache directory (opened read-only).\n"
@@ -69,6 +70,10 @@ static const char *LS_HELP =
     "  --no-describe   skip reading manifests (no layers/kinds/dtypes/mode);\n"
     "                  fast on very large caches\n"
     "  --json          JSON output: {dir, total, count, entries: [...]}\n"
+    "  --remote URL    inspect a shared remote store (redis://host:port, "
+    "comma-\n"
+    "                  separated seeds for a cluster) instead of DIR\n"
+    "  --remote-prefix P   its key prefix (default kvt:)\n"
     "\n"
     "Columns: HASH, TOKENS, LAYERS, KINDS (kv, rotating, arrays, quant with\n"
     "layer counts), DTYPES, DISK (bytes on disk), MEMORY (RAM size recorded\n"
@@ -108,15 +113,23 @@ static int cmp_entries(const void *pa, const void *pb) {
 }
 
 int cmd_ls(int argc, char **argv) {
-  cli_flag f[] = {{"json", 0}, {"sort", 1},        {"reverse", 0}, {"limit", 1},
-                  {"full", 0}, {"no-describe", 0}, {"verbose", 0}};
+  cli_flag f[] = {{"json", 0},    {"sort", 1},   {"reverse", 0},
+                  {"limit", 1},   {"full", 0},   {"no-describe", 0},
+                  {"verbose", 0}, {"remote", 1}, {"remote-prefix", 1}};
   const size_t nf = sizeof f / sizeof f[0];
-  const char *pos[1];
+  const char *pos[1] = {NULL};
+  /* DIR is optional here: --remote URL lists a remote store instead. */
   int rc =
-      cli_begin("ls", LS_HELP, "missing DIR", argc, argv, f, nf, pos, 1, 1);
+      cli_begin("ls", LS_HELP, "missing DIR", argc, argv, f, nf, pos, 0, 1);
   if (rc != CLI_RUN)
     return rc;
   int json = cli_flag_get(f, nf, "json")->set;
+  if (cli_flag_get(f, nf, "remote")->value)
+    return cli_remote("ls", cli_flag_get(f, nf, "remote")->value,
+                      cli_flag_get(f, nf, "remote-prefix")->value, json, 0,
+                      cli_flag_get(f, nf, "verbose")->set);
+  if ((rc = cli_need_dir("ls", LS_HELP, pos[0])) != CLI_RUN)
+    return rc;
   static const char *keys[] = {"accessed", "created", "size",
                                "memory",   "tokens",  "hash"};
   sort_key = 0;
@@ -227,7 +240,8 @@ int cmd_ls(int argc, char **argv) {
 /* ---- stats -------------------------------------------------------------- */
 
 static const char *STATS_HELP =
-    "usage: kvtier stats DIR [--json | --prometheus] [--max-size SIZE]\n"
+    "usage: kvtier stats DIR|--remote URL [--json | --prometheus] [--max-size "
+    "SIZE]\n"
     "                        [--max-entries N] [--no-describe]\n"
     "\n"
     "Totals and the capacity picture of a cache directory (read-only):\n"
@@ -241,7 +255,11 @@ static const char *STATS_HELP =
     "  --prometheus    Prometheus text exposition (kvt_stats_to_prometheus)\n"
     "  --json          JSON output\n"
     "  --max-size SIZE, --max-entries N   limits to compare against\n"
-    "  --no-describe   skip reading manifests (no per-kind/dtype counts)\n";
+    "  --no-describe   skip reading manifests (no per-kind/dtype counts)\n"
+    "  --remote URL    inspect a shared remote store (redis://host:port, "
+    "comma-\n"
+    "                  separated seeds for a cluster) instead of DIR\n"
+    "  --remote-prefix P   its key prefix (default kvt:)\n";
 
 static uint64_t count_dir(const char *dir, const char *sub) {
   char p[4200];
@@ -259,16 +277,23 @@ static uint64_t count_dir(const char *dir, const char *sub) {
 }
 
 int cmd_stats(int argc, char **argv) {
-  cli_flag f[] = {{"json", 0},        {"prometheus", 0},  {"max-size", 1},
-                  {"max-entries", 1}, {"no-describe", 0}, {"verbose", 0}};
+  cli_flag f[] = {{"json", 0},        {"prometheus", 0},   {"max-size", 1},
+                  {"max-entries", 1}, {"no-describe", 0},  {"verbose", 0},
+                  {"remote", 1},      {"remote-prefix", 1}};
   const size_t nf = sizeof f / sizeof f[0];
-  const char *pos[1];
+  const char *pos[1] = {NULL};
   int rc = cli_begin("stats", STATS_HELP, "missing DIR", argc, argv, f, nf, pos,
-                     1, 1);
+                     0, 1);
   if (rc != CLI_RUN)
     return rc;
   int json = cli_flag_get(f, nf, "json")->set;
   int prom = cli_flag_get(f, nf, "prometheus")->set;
+  if (cli_flag_get(f, nf, "remote")->value && !(json && prom))
+    return cli_remote("stats", cli_flag_get(f, nf, "remote")->value,
+                      cli_flag_get(f, nf, "remote-prefix")->value, json, prom,
+                      cli_flag_get(f, nf, "verbose")->set);
+  if ((rc = cli_need_dir("stats", STATS_HELP, pos[0])) != CLI_RUN)
+    return rc;
   if (json && prom)
     return cli_fail(0, "stats", CLI_USAGE,
                     "--json and --prometheus are exclusive");

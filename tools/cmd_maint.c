@@ -22,7 +22,8 @@
 /* ---- verify ------------------------------------------------------------- */
 
 static const char *VERIFY_HELP =
-    "usage: kvtier verify DIR [--repair] [--json] [--no-progress]\n"
+    "usage: kvtier verify DIR|--remote URL [--repair] [--json] "
+    "[--no-progress]\n"
     "\n"
     "Checks every entry of a cache directory: reads and verifies each one\n"
     "completely (manifest, safetensors headers, xxh3 checksums where the\n"
@@ -37,6 +38,11 @@ static const char *VERIFY_HELP =
     "  --json         JSON output: {dir, checked, ok, problems: [...],\n"
     "                 repaired, reconciled, clean}\n"
     "  --no-progress  never draw the progress bar\n"
+    "  --remote URL    inspect a shared remote store (redis://host:port, "
+    "comma-\n"
+    "                  separated seeds for a cluster) instead of DIR\n"
+    "  --remote-prefix P   its key prefix (default kvt:)\n"
+    "                 (damaged or incomplete remote entries are removed)\n"
     "\n"
     "Exit: 0 everything good; 1 problems found (with --repair: and repaired);\n"
     "3 cannot open; 4 a check or repair failed to run.\n";
@@ -78,16 +84,22 @@ static int cmp_hash(const void *a, const void *b) {
 }
 
 int cmd_verify(int argc, char **argv) {
-  cli_flag f[] = {
-      {"json", 0}, {"repair", 0}, {"no-progress", 0}, {"verbose", 0}};
+  cli_flag f[] = {{"json", 0},    {"repair", 0}, {"no-progress", 0},
+                  {"verbose", 0}, {"remote", 1}, {"remote-prefix", 1}};
   const size_t nf = sizeof f / sizeof f[0];
-  const char *pos[1];
+  const char *pos[1] = {NULL};
   int rc = cli_begin("verify", VERIFY_HELP, "missing DIR", argc, argv, f, nf,
-                     pos, 1, 1);
+                     pos, 0, 1);
   if (rc != CLI_RUN)
     return rc;
   int json = cli_flag_get(f, nf, "json")->set;
   int repair = cli_flag_get(f, nf, "repair")->set;
+  if (cli_flag_get(f, nf, "remote")->value)
+    return cli_remote("verify", cli_flag_get(f, nf, "remote")->value,
+                      cli_flag_get(f, nf, "remote-prefix")->value, json, 0,
+                      cli_flag_get(f, nf, "verbose")->set);
+  if ((rc = cli_need_dir("verify", VERIFY_HELP, pos[0])) != CLI_RUN)
+    return rc;
   unsigned flags = KVT_OPEN_NO_RECONCILE | (repair ? 0 : KVT_OPEN_READONLY);
   cli_cache c;
   cli_entries es;
