@@ -234,6 +234,8 @@ typedef enum kvt_io_backend {
 /** Called by the writer thread after each spill finished (status 0: the entry
  *  is published, durably when durability is FSYNC; negative: it was not
  *  written and no trace of it remains). token_hash is valid during the call.
+ *  In KVT_REMOTE_ONLY mode it reports the upload instead, from the remote
+ *  upload thread (KVT_EFULL when the upload queue was full).
  *  Must not block for long and must not close the tier. */
 typedef void (*kvt_spill_done_fn)(void *ctx, const char *token_hash,
                                   int status);
@@ -274,12 +276,50 @@ typedef struct kvt_options {
   int32_t log_level;         /* minimum level passed to log_fn. WARN */
   kvt_spill_done_fn spill_done_fn; /* NULL = none */
   void *spill_done_ctx;
+  /* ---- Shared remote tier (Redis / Valkey); see docs/REMOTE.md. ---- */
+  /** Remote store: "redis://[:password@]host:port", several comma-separated
+   *  "host:port" seed nodes for a Redis Cluster. NULL = none. Validated
+   *  without connecting: an unreachable server never fails open. Builds
+   *  without hiredis refuse a URL with KVT_EUNSUPPORTED at open. */
+  const char *remote_url;
+  /** kvt_remote_mode; KVT_REMOTE_LOCAL (the default) ignores the remote and
+   *  needs remote_url NULL; the other modes need a remote_url. */
+  int32_t remote_mode;
+  /** Key prefix so several models or deployments share one store. NULL =
+   *  "kvt:". No '{' or '}'; at most 128 bytes. */
+  const char *remote_prefix;
+  /** Bound on each connect and command, in ms (1..600000). 1000 */
+  uint32_t remote_timeout_ms;
+  /** Uploads waiting for the remote thread (>= 1); one that does not fit is
+   *  dropped and counted in remote_spill_drops. Bytes are bounded by
+   *  spill_queue_bytes as for the spill queue. 64 */
+  uint32_t remote_queue_size;
+  /** Entries are stored as values of at most this many bytes (the server's
+   *  limit is 512 MiB). 4 KiB .. 512 MiB. 16 MiB */
+  uint64_t remote_chunk_bytes;
+  uint32_t remote_flags; /* KVT_REMOTE_* flags. 0 */
 } kvt_options;
+
+/** Where entries live (kvt_options.remote_mode). */
+typedef enum kvt_remote_mode {
+  KVT_REMOTE_LOCAL = 0,        /* local SSD only (the reference)            */
+  /** Spills go to the local SSD and, asynchronously, to the remote store; a
+   *  promote that misses locally looks in the remote store and on a hit
+   *  promotes from it, keeping a local copy (unless KVT_REMOTE_NO_LOCAL_COPY). */
+  KVT_REMOTE_LOCAL_AND_REMOTE = 1,
+  /** Spills go only to the remote store (the local directory holds the lock,
+   *  an empty index and staging files); promotes read only from it. */
+  KVT_REMOTE_ONLY = 2
+} kvt_remote_mode;
+
+/** kvt_options.remote_flags: do not keep a local copy of remote hits. */
+#define KVT_REMOTE_NO_LOCAL_COPY 0x1u
 
 #define KVT_OPTIONS_INIT                                                       \
   {KVT_OPTIONS_VERSION, NULL, NULL, 10.0, 10000, 0600, 0700, 64, 0, 0,         \
    KVT_STORAGE_NATIVE, KVT_DURABILITY_FSYNC, KVT_IO_AUTO, 2, 16, 0, NULL,       \
-   NULL, KVT_LOG_WARN, NULL, NULL}
+   NULL, KVT_LOG_WARN, NULL, NULL, NULL, KVT_REMOTE_LOCAL, NULL, 1000, 64,     \
+   16u << 20, 0}
 
 /** Fills opts with the defaults of KVT_OPTIONS_INIT. Returns 0, or KVT_EINVAL
  *  for a NULL opts or a version this library does not know. */
@@ -372,7 +412,8 @@ KVT_API int kvt_tier_spill(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
 /** Zero-copy spill: as kvt_tier_spill, but the tensor data is not copied.
  *  The caller hands the buffers over and must not modify or free them until
  *  release(release_ctx) is called (exactly once, from the writer thread or,
- *  on any failure return, from the calling thread before return). The
+ *  on any failure return, from the calling thread before return; with a
+ *  remote tier, from the remote upload thread once the upload is done). The
  *  kvt_layer/kvt_tensor descriptor arrays themselves are still copied. */
 KVT_API int kvt_tier_spill_nocopy(kvt_tier *t, const int32_t *tokens,
                                   size_t n_tokens, const kvt_layer *layers,
@@ -381,7 +422,8 @@ KVT_API int kvt_tier_spill_nocopy(kvt_tier *t, const int32_t *tokens,
                                   void *release_ctx);
 
 /** Blocks until every spill enqueued before the call has been written (or
- *  failed), or timeout_ms passes (< 0: forever). Returns 0, KVT_ETIMEDOUT,
+ *  failed) - with a remote tier, uploaded (or failed/dropped) too - or
+ *  timeout_ms passes (< 0: forever). Returns 0, KVT_ETIMEDOUT,
  *  KVT_EINVAL (writer not started while the queue is non-empty). */
 KVT_API int kvt_tier_flush(kvt_tier *t, int64_t timeout_ms);
 
@@ -456,7 +498,11 @@ KVT_API int kvt_promote_opts_init(kvt_promote_opts *opts, unsigned int version);
  *  every file; on I/O error or corruption release the reservation, count a
  *  promotion failure, quarantine a corrupt entry (KVT_EIO / KVT_ECORRUPT);
  *  on success count the hit, latency and bytes, touch the entry and return
- *  it in *out with the reservation handed to the caller.
+ *  it in *out with the reservation handed to the caller. With a remote tier
+ *  (kvt_options.remote_mode), a local miss - or a local prefix shorter than
+ *  a remote one - is looked up and read remotely (bounded by
+ *  remote_timeout_ms per command; an unusable or unreachable remote is a
+ *  miss, counted in remote_misses/remote_errors, never an error or data).
  *  opts may be NULL (no budget). Thread-safe; many at once. */
 KVT_API int kvt_tier_promote(kvt_entry **out, kvt_tier *t,
                              const int32_t *tokens, size_t n_tokens,
@@ -591,6 +637,25 @@ KVT_API int kvt_tier_describe(char **json, kvt_tier *t, const char *token_hash);
  *  entry is quarantined and its row dropped), KVT_ENOTFOUND, KVT_EIO. */
 KVT_API int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair);
 
+/** Tools (the CLI's ls/stats/verify --remote): visits every entry of the
+ *  tier's remote store under its remote_prefix, with info read from each
+ *  entry's remote manifest (disk_bytes = bytes stored, accessed_at =
+ *  created_at), in no particular order, until fn returns nonzero. A SCAN of
+ *  every master plus one read per entry: never used on the serving path.
+ *  Returns 0, KVT_EINVAL (no remote tier configured), KVT_EUNSUPPORTED (built
+ *  without hiredis), KVT_EIO / KVT_ETIMEDOUT (server), KVT_ENOMEM, KVT_ECLOSED.
+ *  Thread-safe; fn must not call back into the tier. */
+KVT_API int kvt_tier_remote_foreach(kvt_tier *t, kvt_entry_visit_fn fn,
+                                    void *ctx);
+
+/** Downloads and verifies one entry of the remote store completely (chunk
+ *  checksums, then every file as kvt_tier_verify does). An incomplete or
+ *  damaged entry is removed from the store (as every remote reader does).
+ *  Returns 0 (good), KVT_ECORRUPT, KVT_ENOTFOUND, KVT_EINVAL (no remote tier,
+ *  or token_hash not 64 hex digits), KVT_EIO / KVT_ETIMEDOUT, KVT_ENOMEM.
+ *  Thread-safe. */
+KVT_API int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash);
+
 /** The cache directory actually in use (absolute). Owned by the tier. */
 KVT_API const char *kvt_tier_dir(const kvt_tier *t);
 
@@ -621,6 +686,21 @@ typedef struct kvt_stats {
   uint64_t memory_bytes;      /* now: sum of memory_bytes */
   uint64_t queue_depth;       /* now */
   uint64_t queue_bytes;       /* now */
+  /* The remote tier (all 0 without one). ssd_hits/ssd_misses/reload_* count
+   * every promote whichever tier served it; local hits = ssd_hits -
+   * remote_hits. */
+  uint64_t remote_hits;        /* promotes served from the remote store */
+  uint64_t remote_misses;      /* remote lookups that found nothing usable */
+  uint64_t remote_read_bytes;  /* entry bytes fetched from the remote */
+  double remote_latency_sum;   /* seconds spent in remote fetches (hits) */
+  uint64_t remote_spill_count; /* entries uploaded */
+  uint64_t remote_spill_bytes; /* bytes uploaded */
+  uint64_t remote_spill_drops; /* uploads dropped: queue full or remote down */
+  uint64_t remote_errors;      /* failed remote operations (connection,
+                                  timeout, server error, damaged data) */
+  uint64_t remote_queue_depth; /* now: uploads waiting */
+  uint64_t remote_available;   /* now: 1 when the remote is configured and
+                                  not in back-off after a failure */
 } kvt_stats;
 
 /** Snapshot of the counters. Returns 0, KVT_EINVAL. Thread-safe. */

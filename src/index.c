@@ -906,6 +906,19 @@ fail:
   return rc;
 }
 
+int kvti_index_set_durable(kvt_index *idx, int durable) {
+  if (!idx)
+    return KVT_ERR(KVT_EINVAL, "index is NULL");
+  if (idx->readonly)
+    return 0;
+  pthread_mutex_lock(&idx->db_mu);
+  int rc = exec_sql(
+      idx, durable ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL",
+      "synchronous");
+  pthread_mutex_unlock(&idx->db_mu);
+  return rc;
+}
+
 uint64_t kvti_index_skipped(kvt_index *idx) {
   if (!idx)
     return 0;
@@ -923,6 +936,12 @@ static int check_tokens(const int32_t *tokens, size_t n) {
   if (n > MAX_TOKENS)
     return KVT_ERR(KVT_EINVAL, "index: too many tokens (%zu)", n);
   return 0;
+}
+
+/* check_tokens, then the sequence's key (SHA-256 of its int32 bytes). */
+static int tokens_sha(uint8_t sha[32], const int32_t *tokens, size_t n) {
+  int rc = check_tokens(tokens, n);
+  return rc ? rc : sha256_bin(sha, tokens, n * sizeof(int32_t));
 }
 
 /* INSERT OR REPLACE as the reference; with_meta writes kvtier_meta too,
@@ -1249,14 +1268,10 @@ static int visible(const mirror_ent *e, double created_before) {
   return !(created_before > 0 && e->created_at < created_before);
 }
 
-int kvti_index_find(kvt_entry_info *out, kvt_index *idx, const int32_t *tokens,
-                    size_t n, double created_before) {
-  if (!out || !idx)
-    return KVT_ERR(KVT_EINVAL, "kvti_index_find: NULL argument");
-  int rc = check_tokens(tokens, n);
-  uint8_t sha[32];
-  if (rc || (rc = sha256_bin(sha, tokens, n * sizeof(int32_t))) != 0)
-    return rc;
+/* The entry with key sha (if visible at created_before; 0: any) into out,
+ * under the read lock. */
+static inline int find_info(kvt_entry_info *out, kvt_index *idx,
+                            const uint8_t sha[32], double created_before) {
   pthread_rwlock_rdlock(&idx->rw);
   uint32_t id;
   int found =
@@ -1267,18 +1282,21 @@ int kvti_index_find(kvt_entry_info *out, kvt_index *idx, const int32_t *tokens,
   return found ? 0 : KVT_ERR(KVT_ENOTFOUND, "index: no such entry");
 }
 
+int kvti_index_find(kvt_entry_info *out, kvt_index *idx, const int32_t *tokens,
+                    size_t n, double created_before) {
+  if (!out || !idx)
+    return KVT_ERR(KVT_EINVAL, "kvti_index_find: NULL argument");
+  uint8_t sha[32];
+  int rc = tokens_sha(sha, tokens, n);
+  return rc ? rc : find_info(out, idx, sha, created_before);
+}
+
 int kvti_index_find_hash(kvt_entry_info *out, kvt_index *idx,
                          const char *hash) {
   uint8_t sha[32];
   if (!out || !idx || unhex_of(sha, hash) != 0)
     return KVT_ERR(KVT_EINVAL, "kvti_index_find_hash: bad argument");
-  pthread_rwlock_rdlock(&idx->rw);
-  uint32_t id;
-  int found = mirror_find(idx, sha, &id);
-  if (found)
-    fill_info(out, &idx->ents[id]);
-  pthread_rwlock_unlock(&idx->rw);
-  return found ? 0 : KVT_ERR(KVT_ENOTFOUND, "index: no such entry");
+  return find_info(out, idx, sha, 0);
 }
 
 /* Calls fn(ctx, id) for each stored non-empty sequence that is a prefix of
@@ -1571,9 +1589,9 @@ int kvt_index_lookup_exact(kvt_index_row *out, kvt_index *idx,
                            const int32_t *tokens, size_t n) {
   if (!out || !idx)
     return KVT_ERR(KVT_EINVAL, "kvt_index_lookup_exact: NULL argument");
-  int rc = check_tokens(tokens, n);
   uint8_t sha[32];
-  if (rc || (rc = sha256_bin(sha, tokens, n * sizeof(int32_t))) != 0)
+  int rc = tokens_sha(sha, tokens, n);
+  if (rc)
     return rc;
   pthread_rwlock_rdlock(&idx->rw);
   uint32_t id;
@@ -1589,24 +1607,39 @@ typedef struct collect_ctx {
   size_t n, cap;
 } collect_ctx;
 
-static int collect_fn(void *ctx, kvt_index *idx, uint32_t id) {
-  collect_ctx *c = ctx;
+/* Room for one more row at c->rows[c->n] (the capacity doubles, starting at
+ * first_cap); NULL when out of memory. */
+static kvt_index_row *collect_slot(collect_ctx *c, size_t first_cap) {
   if (c->n == c->cap) {
-    size_t nc = c->cap ? c->cap * 2 : 8;
+    size_t nc = c->cap ? c->cap * 2 : first_cap;
     kvt_index_row *r = kvti_realloc(c->rows, nc * sizeof *r);
     if (!r)
-      return KVT_ERR_NOMEM();
+      return NULL;
     c->rows = r;
     c->cap = nc;
   }
-  row_from_ent(&c->rows[c->n++], &idx->ents[id]);
+  return &c->rows[c->n];
+}
+
+static int collect_fn(void *ctx, kvt_index *idx, uint32_t id) {
+  collect_ctx *c = ctx;
+  kvt_index_row *r = collect_slot(c, 8);
+  if (!r)
+    return KVT_ERR_NOMEM();
+  row_from_ent(r, &idx->ents[id]);
+  c->n++;
   return 0;
 }
 
-static void rows_release(kvt_index_row *rows, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    kvti_free((void *)rows[i].tokens);
-  kvti_free(rows);
+/* Hands the collected rows to out, or (rc != 0) releases them with their
+ * tokens. Returns rc. */
+static int collect_finish(kvt_index_rows *out, collect_ctx *c, int rc) {
+  kvt_index_rows rows = {c->rows, c->n};
+  if (rc)
+    kvt_index_rows_free(&rows);
+  else
+    *out = rows;
+  return rc;
 }
 
 int kvt_index_lookup_prefix(kvt_index_rows *out, kvt_index *idx,
@@ -1632,23 +1665,16 @@ int kvt_index_lookup_prefix(kvt_index_rows *out, kvt_index *idx,
     c.rows[i].tokens = t;
     c.rows[i].n_tokens = nt;
   }
-  if (rc) {
-    rows_release(c.rows, c.n);
-    return rc;
-  }
-  out->rows = c.rows;
-  out->count = c.n;
-  return 0;
+  return collect_finish(out, &c, rc);
 }
 
 int kvt_index_delete(kvt_index *idx, const int32_t *tokens, size_t n) {
   if (!idx)
     return KVT_ERR(KVT_EINVAL, "kvt_index_delete: NULL index");
-  int rc = check_tokens(tokens, n);
   uint8_t sha[32];
-  if (rc || (rc = sha256_bin(sha, tokens, n * sizeof(int32_t))) != 0)
-    return rc;
-  rc = remove_sha(idx, sha);
+  int rc = tokens_sha(sha, tokens, n);
+  if (rc == 0)
+    rc = remove_sha(idx, sha);
   return rc == KVT_ENOTFOUND ? 0 : rc; /* the reference's DELETE is silent */
 }
 
@@ -1676,17 +1702,11 @@ static int sql_rows(kvt_index_rows *out, kvt_index *idx, const char *sql,
              num_ok(s, 5) && num_ok(s, 6);
     if (!ok)
       continue;
-    if (c.n == c.cap) {
-      size_t nc = c.cap ? c.cap * 2 : 16;
-      kvt_index_row *r = kvti_realloc(c.rows, nc * sizeof *r);
-      if (!r) {
-        rc = KVT_ERR_NOMEM();
-        goto out;
-      }
-      c.rows = r;
-      c.cap = nc;
+    kvt_index_row *r = collect_slot(&c, 16);
+    if (!r) {
+      rc = KVT_ERR_NOMEM();
+      goto out;
     }
-    kvt_index_row *r = &c.rows[c.n];
     memset(r, 0, sizeof *r);
     memcpy(r->token_hash, th, 65);
     memcpy(r->file_path, th, 65);
@@ -1711,13 +1731,7 @@ static int sql_rows(kvt_index_rows *out, kvt_index *idx, const char *sql,
 out:
   sqlite3_finalize(s);
   pthread_mutex_unlock(&idx->db_mu);
-  if (rc) {
-    rows_release(c.rows, c.n);
-    return rc;
-  }
-  out->rows = c.rows;
-  out->count = c.n;
-  return 0;
+  return collect_finish(out, &c, rc);
 }
 
 int kvt_index_lru(kvt_index_rows *out, kvt_index *idx, size_t limit) {
@@ -1757,10 +1771,9 @@ int kvt_index_count(uint64_t *out, kvt_index *idx) {
 int kvt_index_touch(kvt_index *idx, const int32_t *tokens, size_t n) {
   if (!idx)
     return KVT_ERR(KVT_EINVAL, "kvt_index_touch: NULL index");
-  int rc = check_tokens(tokens, n);
   uint8_t sha[32];
-  if (rc || (rc = sha256_bin(sha, tokens, n * sizeof(int32_t))) != 0)
-    return rc;
-  rc = touch_sha(idx, sha);
+  int rc = tokens_sha(sha, tokens, n);
+  if (rc == 0)
+    rc = touch_sha(idx, sha);
   return rc == KVT_ENOTFOUND ? 0 : rc; /* the reference's UPDATE is silent */
 }

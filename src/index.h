@@ -92,6 +92,15 @@ int kvti_index_foreach(kvt_index *idx, kvt_entry_visit_fn fn, void *ctx);
 int kvti_index_tokens(int32_t **tokens, size_t *n, kvt_index *idx,
                       const char *hash);
 
+/* Makes every commit durable before it returns (durable != 0: PRAGMA
+ * synchronous=FULL, which in WAL mode fsyncs the WAL at each commit) or
+ * restores the reference's synchronous=NORMAL (a power loss may roll back the
+ * last commits; never corrupts). The tier sets FULL when its durability is
+ * FSYNC, so an entry acknowledged as written cannot lose its row to a power
+ * loss (reconcile would then delete its durable files as an orphan). No-op on
+ * a read-only index. Returns 0 or an error code. */
+int kvti_index_set_durable(kvt_index *idx, int durable);
+
 /* Rows of index.db that failed validation at open (hostile or damaged:
  * file_path not the token_hash, blob length != num_tokens*4, bad numbers) and
  * are not served; each set the last-error message when skipped. */

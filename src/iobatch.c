@@ -150,6 +150,7 @@ struct kvti_iobatch {
   size_t chunk;
   unsigned threads;
   int broken; /* the ring is in an unknown state: never reuse */
+  pid_t pid;  /* creator: a ring is not shared across fork (see kvti_iobatch_get) */
   struct kvti_iobatch *cache_next;
   failure f; /* first failure since the last wait_all (push mode) */
 #if KVT_HAVE_URING
@@ -478,6 +479,7 @@ int kvti_iobatch_create(kvti_iobatch **out, const kvti_iob_cfg *cfg) {
   if (!b)
     return KVT_ERR_NOMEM();
   b->requested = cfg->backend;
+  b->pid = getpid();
   b->depth = cfg->depth ? cfg->depth : 8;
   if (b->depth > MAX_DEPTH)
     b->depth = MAX_DEPTH;
@@ -787,15 +789,24 @@ static unsigned cache_n[3];
 int kvti_iobatch_get(kvti_iobatch **out, int backend) {
   backend = auto_backend(backend);
   if (backend >= 0 && backend < 3) {
-    pthread_mutex_lock(&cache_mu);
-    kvti_iobatch *b = cache[backend];
-    if (b) {
-      cache[backend] = b->cache_next;
-      cache_n[backend]--;
-    }
-    pthread_mutex_unlock(&cache_mu);
-    if (b) {
+    pid_t me = getpid();
+    for (;;) {
+      pthread_mutex_lock(&cache_mu);
+      kvti_iobatch *b = cache[backend];
+      if (b) {
+        cache[backend] = b->cache_next;
+        cache_n[backend]--;
+      }
+      pthread_mutex_unlock(&cache_mu);
+      if (!b)
+        break;
       b->cache_next = NULL;
+      if (b->pid != me) {
+        /* Inherited through fork: the ring's memory is shared with the parent, so using it
+         * would corrupt both. Drop this process's mapping and descriptor only. */
+        kvti_iobatch_free(b);
+        continue;
+      }
       *out = b;
       return 0;
     }
@@ -808,7 +819,7 @@ int kvti_iobatch_get(kvti_iobatch **out, int backend) {
 void kvti_iobatch_put(kvti_iobatch *b) {
   if (!b)
     return;
-  if (!b->broken && b->requested >= 0 && b->requested < 3) {
+  if (!b->broken && b->pid == getpid() && b->requested >= 0 && b->requested < 3) {
 #if KVT_HAVE_URING
     kvti_iobatch_unregister(b);
 #endif

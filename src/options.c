@@ -6,6 +6,7 @@
 #include "options.h"
 #include "error.h"
 #include "io.h"
+#include "remote.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -36,6 +37,41 @@ int kvt_promote_opts_init(kvt_promote_opts *opts, unsigned int version) {
 
 static int valid_model_name(const char *m) {
   return m[0] && !strchr(m, '/') && strcmp(m, ".") && strcmp(m, "..");
+}
+
+/* The remote-tier fields (see kvt_options). */
+static int validate_remote(const kvt_options *o) {
+  if (o->remote_mode < KVT_REMOTE_LOCAL || o->remote_mode > KVT_REMOTE_ONLY)
+    return KVT_ERR(KVT_EINVAL, "remote_mode must be KVT_REMOTE_LOCAL, "
+                               "KVT_REMOTE_LOCAL_AND_REMOTE or KVT_REMOTE_ONLY, "
+                               "got %d",
+                   o->remote_mode);
+  if (o->remote_mode != KVT_REMOTE_LOCAL && !o->remote_url)
+    return KVT_ERR(KVT_EINVAL, "remote_mode needs a remote_url");
+  if (o->remote_url && o->remote_mode == KVT_REMOTE_LOCAL)
+    return KVT_ERR(KVT_EINVAL, "remote_url is set but remote_mode is "
+                               "KVT_REMOTE_LOCAL; choose "
+                               "KVT_REMOTE_LOCAL_AND_REMOTE or KVT_REMOTE_ONLY");
+  if (o->remote_url && kvti_remote_check_url(o->remote_url) != 0)
+    return KVT_EINVAL;
+  if (o->remote_prefix &&
+      (strlen(o->remote_prefix) > 128 || strpbrk(o->remote_prefix, "{}")))
+    return KVT_ERR(KVT_EINVAL, "remote_prefix must be at most 128 bytes "
+                               "without '{' or '}'");
+  if (o->remote_timeout_ms < 1 || o->remote_timeout_ms > 600000)
+    return KVT_ERR(KVT_EINVAL, "remote_timeout_ms must be in 1..600000, got %u",
+                   o->remote_timeout_ms);
+  if (o->remote_queue_size < 1)
+    return KVT_ERR(KVT_EINVAL, "remote_queue_size must be >= 1, got %u",
+                   o->remote_queue_size);
+  if (o->remote_chunk_bytes < 4096 || o->remote_chunk_bytes > (512ull << 20))
+    return KVT_ERR(KVT_EINVAL, "remote_chunk_bytes must be in 4 KiB..512 MiB, "
+                               "got %llu",
+                   (unsigned long long)o->remote_chunk_bytes);
+  if (o->remote_flags & ~KVT_REMOTE_NO_LOCAL_COPY)
+    return KVT_ERR(KVT_EINVAL, "remote_flags has unknown bits 0x%x",
+                   o->remote_flags);
+  return 0;
 }
 
 int kvt_options_validate(const kvt_options *o) {
@@ -94,6 +130,9 @@ int kvt_options_validate(const kvt_options *o) {
     return KVT_ERR(KVT_EINVAL, "flags has unknown bits 0x%x", o->flags);
   if (o->cache_dir && !o->cache_dir[0])
     return KVT_ERR(KVT_EINVAL, "cache_dir must not be empty (NULL = default)");
+  int rrc = validate_remote(o);
+  if (rrc != 0)
+    return rrc;
   if (!o->cache_dir && o->model_name && !valid_model_name(o->model_name))
     return KVT_ERR(KVT_EINVAL, "model_name must be a single path component, got "
                                "'%s'",

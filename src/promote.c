@@ -26,6 +26,7 @@
 #include "hash.h"
 #include "index.h"
 #include "io.h"
+#include "remote.h"
 #include "tier.h"
 
 #include <errno.h>
@@ -36,6 +37,15 @@
 #include <unistd.h>
 
 enum { P_QUEUED = 0, P_RUNNING = 1, P_DONE = 2 };
+
+/* Which tier a promote reads (remote.h): the remote store after a local miss,
+ * or after a local prefix hit shorter than a remote one - then that local
+ * entry is the fallback should the remote read fail. */
+typedef struct rsel {
+  int remote;
+  int has_fb;
+  kvt_entry_info fb;
+} rsel;
 
 struct kvt_promise {
   kvt_tier *t;
@@ -58,6 +68,7 @@ struct kvt_promise {
   kvt_promote_opts opts;
   uint64_t reserved;
   double t0;
+  rsel rs;           /* remote tier selection (remote.h) */
   kvt_promise *next; /* pool queue */
 };
 
@@ -69,10 +80,10 @@ struct kvt_promise {
  * caller does, so a cancelled async result is never counted as a hit). On
  * corruption the entry is quarantined. Runs on the caller's thread (sync) or a
  * worker (async). */
-static int read_entry_keep(kvt_entry **out, kvt_tier *t,
-                           const kvt_entry_info *info, const int32_t *tokens,
-                           size_t n, const kvt_promote_opts *o,
-                           atomic_int *cancel, uint64_t keep) {
+static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
+                      const int32_t *tokens, size_t n,
+                      const kvt_promote_opts *o, atomic_int *cancel, int remote,
+                      uint64_t keep) {
   const char *hash = info->token_hash;
   kvti_read_opts ro;
   memset(&ro, 0, sizeof ro);
@@ -80,7 +91,7 @@ static int read_entry_keep(kvt_entry **out, kvt_tier *t,
   ro.n_tokens = n;
   ro.cancel = cancel;
   ro.io_backend = t->opts.io_backend;
-  ro.keep_tokens = keep;
+  ro.keep_tokens = keep; /* trimmed promote (local entries only: see begin) */
   if (o) {
     ro.alloc = o->alloc;
     ro.free_buf = o->free_buf;
@@ -88,6 +99,8 @@ static int read_entry_keep(kvt_entry **out, kvt_tier *t,
     ro.on_layer = o->on_layer;
     ro.layer_ctx = o->layer_ctx;
   }
+  if (remote) /* does its own accounting (remote.h) */
+    return kvti_remote_read(t, out, info, &ro);
   kvt_entry_info cur;
   int row_seen = 0;
   double cutoff = kvti_tier_cutoff(t);
@@ -121,12 +134,6 @@ static int read_entry_keep(kvt_entry **out, kvt_tier *t,
   return rc;
 }
 
-static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
-                      const int32_t *tokens, size_t n,
-                      const kvt_promote_opts *o, atomic_int *cancel) {
-  return read_entry_keep(out, t, info, tokens, n, o, cancel, 0);
-}
-
 /* Success accounting: hit, latency since t0, bytes read, touch. */
 static void account_hit(kvt_tier *t, kvt_entry *e, const kvt_entry_info *info,
                         double t0, uint32_t flags) {
@@ -142,15 +149,34 @@ static void account_hit(kvt_tier *t, kvt_entry *e, const kvt_entry_info *info,
            (unsigned long long)e->disk_bytes, dt * 1000);
 }
 
-/* Lookup + reserve on the calling thread. On success *info, *reserved. */
-static int begin_keep(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
-                      const int32_t *tokens, size_t n,
-                      const kvt_promote_opts *o, uint64_t keep) {
+/* Lookup + reserve on the calling thread. On success *info, *reserved, and
+ * *remote = 1 when the entry is to be read from the remote tier: after a local
+ * miss, or a local prefix hit shorter than a remote one (kept as the
+ * fallback; the reservation then covers the larger of the two). */
+static int begin(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
+                 rsel *rs, const int32_t *tokens, size_t n,
+                 const kvt_promote_opts *o, uint64_t keep) {
   uint32_t flags = o ? o->flags : 0;
   double cutoff = kvti_tier_cutoff(t);
-  int rc = (flags & KVT_PROMOTE_PREFIX)
-               ? kvti_index_find_prefix(info, t->idx, tokens, n, cutoff)
-               : kvti_index_find(info, t->idx, tokens, n, cutoff);
+  int prefix = (flags & KVT_PROMOTE_PREFIX) != 0;
+  int rc = prefix ? kvti_index_find_prefix(info, t->idx, tokens, n, cutoff)
+                  : kvti_index_find(info, t->idx, tokens, n, cutoff);
+  memset(rs, 0, sizeof *rs);
+  /* A trimmed promote (keep > 0) reads local entries only. */
+  if (!keep && kvti_remote_enabled(t) &&
+      (rc == KVT_ENOTFOUND || (rc == 0 && prefix && info->num_tokens < n))) {
+    kvt_entry_info ri;
+    uint64_t min_len = rc == 0 ? info->num_tokens + 1 : 1;
+    if (kvti_remote_lookup(t, &ri, tokens, n, prefix, min_len) == 0) {
+      if (rc == 0) {
+        rs->has_fb = 1;
+        rs->fb = *info;
+      }
+      *info = ri;
+      rs->remote = 1;
+      rc = 0;
+    }
+  }
   if (rc == KVT_ENOTFOUND) {
     KVTI_STAT_ADD(&t->stats, ssd_misses, 1);
     return KVT_ERR(KVT_ENOTFOUND, "no stored entry for these %zu tokens", n);
@@ -158,28 +184,45 @@ static int begin_keep(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
   if (rc != 0)
     return rc;
   *reserved = 0;
-  if (keep &&
-      keep < info->num_tokens) /* a trimmed promote needs its share only */
+  if (keep && keep < info->num_tokens) /* a trimmed promote needs its share only */
     info->memory_bytes = (uint64_t)((double)info->memory_bytes * (double)keep /
                                     (double)info->num_tokens);
+  uint64_t want = info->memory_bytes;
+  if (rs->has_fb && rs->fb.memory_bytes > want)
+    want = rs->fb.memory_bytes;
   if (o && o->reserve) {
-    if (!o->reserve(o->budget_ctx, info->memory_bytes)) {
+    if (!o->reserve(o->budget_ctx, want)) {
       KVTI_STAT_ADD(&t->stats, promotion_failures, 1);
       kvti_log(t, KVT_LOG_WARN,
                "kvtier: promotion denied: cannot reserve %llu bytes RAM budget",
-               (unsigned long long)info->memory_bytes);
+               (unsigned long long)want);
       return KVT_ERR(KVT_EBUDGET,
                      "reserve(%llu) refused by the caller's budget",
-                     (unsigned long long)info->memory_bytes);
+                     (unsigned long long)want);
     }
-    *reserved = info->memory_bytes;
+    *reserved = want;
   }
   return 0;
 }
 
-static int begin(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
-                 const int32_t *tokens, size_t n, const kvt_promote_opts *o) {
-  return begin_keep(t, info, reserved, tokens, n, o, 0);
+/* read_entry for the selected tier; a failed remote read falls back to the
+ * local prefix (info then describes what was read) or is a miss. */
+static int read_selected(kvt_entry **out, kvt_tier *t, kvt_entry_info *info,
+                         const rsel *rs, const int32_t *tokens,
+                         const kvt_promote_opts *o, atomic_int *cancel,
+                         uint64_t keep) {
+  int rc = read_entry(out, t, info, tokens, (size_t)info->num_tokens, o, cancel,
+                      rs->remote, keep);
+  if (rs->remote && rc == KVT_ENOTFOUND) {
+    if (rs->has_fb) {
+      *info = rs->fb;
+      rc = read_entry(out, t, info, tokens, (size_t)info->num_tokens, o, cancel,
+                      0, keep);
+    } else {
+      KVTI_STAT_ADD(&t->stats, ssd_misses, 1);
+    }
+  }
+  return rc;
 }
 
 static int check_args(const void *out, kvt_tier *t, const int32_t *tokens,
@@ -206,12 +249,12 @@ static int promote_sync(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
     return rc;
   kvt_entry_info info;
   uint64_t reserved = 0;
-  rc = begin_keep(t, &info, &reserved, tokens, n_tokens, opts, keep);
+  rsel rs;
+  rc = begin(t, &info, &reserved, &rs, tokens, n_tokens, opts, keep);
   if (rc == 0) {
     double t0 = kvti_now_mono();
     kvt_entry *e = NULL;
-    rc = read_entry_keep(&e, t, &info, tokens, (size_t)info.num_tokens, opts,
-                         NULL, keep);
+    rc = read_selected(&e, t, &info, &rs, tokens, opts, NULL, keep);
     if (rc == 0) {
       e->reserved_bytes = reserved;
       account_hit(t, e, &info, t0, opts ? opts->flags : 0);
@@ -311,8 +354,8 @@ static void run_job(kvt_promise *p) {
     rc = KVT_ERR(KVT_ECANCELED, "promote cancelled before it started");
     KVTI_STAT_ADD(&t->stats, promotions_cancelled, 1);
   } else {
-    rc = read_entry(&e, t, &p->info, p->tokens, p->n_tokens, &p->opts,
-                    &p->cancel);
+    rc =
+        read_selected(&e, t, &p->info, &p->rs, p->tokens, &p->opts, &p->cancel, 0);
   }
   pthread_mutex_lock(&p->mu);
   if (rc == 0 && atomic_load(&p->cancel)) {
@@ -454,7 +497,7 @@ int kvt_tier_promote_async(kvt_promise **out, kvt_tier *t,
     p->opts = *opts;
   else
     kvt_promote_opts_init(&p->opts, KVT_PROMOTE_OPTS_VERSION);
-  rc = begin(t, &p->info, &p->reserved, tokens, n_tokens, opts);
+  rc = begin(t, &p->info, &p->reserved, &p->rs, tokens, n_tokens, opts, 0);
   if (rc != 0) {
     promise_destroy(p);
     kvti_tier_leave(t);

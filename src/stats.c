@@ -12,6 +12,7 @@
 #include "error.h"
 #include "index.h"
 #include "io.h"
+#include "remote.h"
 #include "tier.h"
 
 #include <cjson/cJSON.h>
@@ -71,6 +72,14 @@ static const struct {
     {"quarantined", offsetof(kvt_stats, quarantined)},
     {"reconciled", offsetof(kvt_stats, reconciled)},
     {"promotions_cancelled", offsetof(kvt_stats, promotions_cancelled)},
+    /* The remote tier's. */
+    {"remote_hits", offsetof(kvt_stats, remote_hits)},
+    {"remote_misses", offsetof(kvt_stats, remote_misses)},
+    {"remote_read_bytes", offsetof(kvt_stats, remote_read_bytes)},
+    {"remote_spill_count", offsetof(kvt_stats, remote_spill_count)},
+    {"remote_spill_bytes", offsetof(kvt_stats, remote_spill_bytes)},
+    {"remote_spill_drops", offsetof(kvt_stats, remote_spill_drops)},
+    {"remote_errors", offsetof(kvt_stats, remote_errors)},
 };
 
 int kvti_stats_add_named(kvti_stats *st, const char *name, int64_t delta) {
@@ -122,6 +131,7 @@ int kvt_tier_stats(kvt_stats *out, kvt_tier *t) {
   s.queue_depth = t->w.depth;
   s.queue_bytes = t->w.bytes;
   pthread_mutex_unlock(&t->w.mu);
+  kvti_remote_gauges(t, &s);
   *out = s;
   return 0;
 }
@@ -246,6 +256,25 @@ int kvt_stats_to_json(char *buf, size_t cap, size_t *needed,
   bad |= add_u64(o, "memory_bytes", s->memory_bytes);
   bad |= add_u64(o, "queue_depth", s->queue_depth);
   bad |= add_u64(o, "queue_bytes", s->queue_bytes);
+  /* Per tier: local and remote. */
+  uint64_t local_hits =
+      s->ssd_hits > s->remote_hits ? s->ssd_hits - s->remote_hits : 0;
+  bad |= add_u64(o, "local_hits", local_hits);
+  bad |= add_u64(o, "remote_hits", s->remote_hits);
+  bad |= add_u64(o, "remote_misses", s->remote_misses);
+  bad |= add_u64(o, "remote_read_bytes", s->remote_read_bytes);
+  bad |= add_f(o, "remote_latency_sum_s", py_round(s->remote_latency_sum, 4));
+  bad |= add_f(o, "avg_remote_latency_ms",
+               py_round(s->remote_hits > 0 ? s->remote_latency_sum /
+                                                 (double)s->remote_hits * 1000
+                                           : 0.0,
+                        2));
+  bad |= add_u64(o, "remote_spill_count", s->remote_spill_count);
+  bad |= add_u64(o, "remote_spill_bytes", s->remote_spill_bytes);
+  bad |= add_u64(o, "remote_spill_drops", s->remote_spill_drops);
+  bad |= add_u64(o, "remote_errors", s->remote_errors);
+  bad |= add_u64(o, "remote_queue_depth", s->remote_queue_depth);
+  bad |= add_u64(o, "remote_available", s->remote_available);
   char *txt = bad ? NULL : cJSON_PrintUnformatted(o);
   cJSON_Delete(o);
   if (!txt)
@@ -358,6 +387,30 @@ int kvt_stats_to_prometheus(char *buf, size_t cap, size_t *needed,
            s->queue_depth);
   prom_u64(&b, "queue_bytes", G, "Bytes held by queued spills.",
            s->queue_bytes);
+  prom_u64(&b, "local_hits_total", C, "Promotes served from the local SSD.",
+           s->ssd_hits > s->remote_hits ? s->ssd_hits - s->remote_hits : 0);
+  prom_u64(&b, "remote_hits_total", C, "Promotes served from the remote store.",
+           s->remote_hits);
+  prom_u64(&b, "remote_misses_total", C,
+           "Remote lookups that found nothing usable.", s->remote_misses);
+  prom_u64(&b, "remote_read_bytes_total", C, "Bytes fetched from the remote.",
+           s->remote_read_bytes);
+  prom_f(&b, "remote_latency_seconds_total", C,
+         "Sum of remote fetch latencies in seconds.", s->remote_latency_sum);
+  prom_u64(&b, "remote_spill_count_total", C, "Entries uploaded to the remote.",
+           s->remote_spill_count);
+  prom_u64(&b, "remote_spill_bytes_total", C, "Bytes uploaded to the remote.",
+           s->remote_spill_bytes);
+  prom_u64(&b, "remote_spill_drops_total", C,
+           "Uploads dropped: queue full or remote unavailable.",
+           s->remote_spill_drops);
+  prom_u64(&b, "remote_errors_total", C, "Failed remote operations.",
+           s->remote_errors);
+  prom_u64(&b, "remote_queue_depth", G, "Uploads waiting.",
+           s->remote_queue_depth);
+  prom_u64(&b, "remote_available", G,
+           "1 when the remote is configured and not backing off.",
+           s->remote_available);
   if (b.oom) {
     kvti_free(b.p);
     return KVT_ERR_NOMEM();

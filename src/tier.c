@@ -15,6 +15,7 @@
 #include "index.h"
 #include "io.h"
 #include "options.h"
+#include "remote.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -482,6 +483,7 @@ static int secure_dir(const char *dir, mode_t mode, int create,
 static void tier_destroy(kvt_tier *t) {
   if (!t)
     return;
+  kvti_remote_free(t);
   kvti_pool_destroy(t);
   kvti_writer_destroy(t);
   if (t->idx)
@@ -620,6 +622,14 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *opts) {
   }
   if ((rc = kvti_index_open(&t->idx, t->dir, t->data_dir, t->readonly)) != 0)
     goto fail;
+  /* FSYNC durability covers the row too: the WAL is synced at each commit, so
+   * an acknowledged entry cannot lose its row (and then its files, to
+   * reconcile) in a power loss. */
+  if (!t->readonly && opts->durability == KVT_DURABILITY_FSYNC &&
+      (rc = kvti_index_set_durable(t->idx, 1)) != 0)
+    goto fail;
+  if ((rc = kvti_remote_open(t)) != 0)
+    goto fail;
   if (!t->readonly && !(opts->flags & KVT_OPEN_NO_RECONCILE)) {
     int64_t n = reconcile_locked(t);
     if (n < 0) {
@@ -673,8 +683,19 @@ static int tier_close(kvt_tier *t, int64_t timeout_ms, int drop) {
       return r;
     }
   }
-  /* 3. Join the writer (free drops what has not started). */
+  /* 3. Join the writer (free drops what has not started), then let the remote
+   * uploads finish within the same timeout (they are best effort: what is
+   * left after it is dropped). */
   kvti_writer_stop(t, drop);
+  if (!drop) {
+    struct timespec rts;
+    int rhas;
+    kvti_deadline(&rts, &rhas, timeout_ms);
+    if (kvti_remote_drain(t, &rts, rhas) != 0)
+      kvti_log(t, KVT_LOG_WARN, "kvtier: close: %s; dropped",
+               kvt_last_error());
+  }
+  kvti_remote_stop(t, 1);
   /* 4. Refuse new calls and wait for those in flight, including async promotes.
    */
   atomic_store(&t->state, KVTI_TEARDOWN);

@@ -17,6 +17,7 @@
 #include "error.h"
 #include "index.h"
 #include "io.h"
+#include "remote.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -49,6 +50,8 @@ void kvti_writer_destroy(kvt_tier *t) {
 
 /* Writes one spill. Runs on the writer thread, with nothing locked on entry. */
 static void write_one(kvt_tier *t, kvti_snapshot *s) {
+  if (!kvti_remote_spills_local(t))
+    return; /* remote only: the upload thread writes it and reports it */
   char hash[KVT_HASH_HEX_LEN + 1];
   memcpy(hash, kvti_snapshot_hash(s), sizeof hash);
   size_t n = 0;
@@ -183,8 +186,10 @@ static void *writer_main(void *arg) {
     pthread_mutex_unlock(&w->mu);
 
     write_one(t, it->snap);
-    kvti_snapshot_free(
-        it->snap); /* runs a no-copy spill's release on this thread */
+    /* The remote upload queue may take the snapshot (and free it later). */
+    if (!kvti_remote_take(t, it->snap))
+      kvti_snapshot_free(
+          it->snap); /* runs a no-copy spill's release on this thread */
     kvti_free(it);
 
     pthread_mutex_lock(&w->mu);
@@ -481,6 +486,8 @@ int kvt_tier_flush(kvt_tier *t, int64_t timeout_ms) {
     }
   }
   pthread_mutex_unlock(&w->mu);
+  if (rc == 0)
+    rc = kvti_remote_drain(t, &ts, has); /* uploads of those spills too */
   kvti_tier_leave(t);
   return rc;
 }

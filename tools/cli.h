@@ -45,6 +45,36 @@ int cli_parse(const char *cmd, int argc, char **argv, cli_flag *flags,
               int *help);
 cli_flag *cli_flag_get(cli_flag *flags, size_t nflags, const char *name);
 
+/* Returned by cli_begin when the command should go on (not an exit code). */
+#define CLI_RUN (-1)
+
+/* The start every command shares: cli_parse (maxpos positionals into pos),
+ * then "--help" prints help to stdout (exit CLI_OK), and fewer than minpos
+ * positionals print "kvtier CMD: MISSING" and the help to stderr (exit
+ * CLI_USAGE; missing may be NULL when minpos is 0). Returns CLI_RUN when the
+ * command should go on, else the exit code to return. */
+int cli_begin(const char *cmd, const char *help, const char *missing, int argc,
+              char **argv, cli_flag *flags, size_t nflags, const char **pos,
+              size_t minpos, size_t maxpos);
+/* For commands whose DIR is optional in cli_begin (minpos 0) because another
+ * flag (--remote) can stand in for it: CLI_RUN when dir is set, else prints
+ * "missing DIR" with the help and returns CLI_USAGE. */
+int cli_need_dir(const char *cmd, const char *help, const char *dir);
+
+/* One accepted word of an option whose value is one of a few names. */
+typedef struct cli_choice {
+  const char *name;
+  int value;
+} cli_choice;
+
+/* Option --NAME whose value must be one of choices: returns 0 when it is
+ * absent (*out untouched) or names a choice (*out set to its value); else
+ * reports "--NAME must be EXPECTED, got 'VALUE'" (cli_fail) and returns
+ * CLI_USAGE. */
+int cli_flag_choice(cli_flag *flags, size_t nflags, const char *name,
+                    const cli_choice *choices, size_t nchoices,
+                    const char *expected, int json, const char *cmd, int *out);
+
 /* Parsers of user values; return 0 or -1 (caller reports usage). */
 int cli_parse_size(const char *s, uint64_t *out);    /* 10G, 512M, 4096 */
 int cli_parse_duration(const char *s, int64_t *out); /* 7d, 12h, 1h30m, 45 */
@@ -132,6 +162,14 @@ typedef struct cli_entries {
 } cli_entries;
 int cli_entries_load(cli_entries *out, kvt_tier *t);
 void cli_entries_free(cli_entries *e);
+/* cli_entries_load for a command: returns 0, or on failure frees out, closes
+ * c and returns cli_fail(json, cmd, CLI_FAILED, "cannot list entries: ..."). */
+int cli_entries_load_or_fail(cli_entries *out, cli_cache *c, int json,
+                             const char *cmd);
+/* cli_cache_open, then cli_entries_load_or_fail. Returns 0 (c open, es
+ * loaded) or the exit code (nothing left to close or free). */
+int cli_cache_open_list(cli_cache *c, cli_entries *es, const char *dir,
+                        unsigned flags, int json, const char *cmd, int verbose);
 
 /* ---- describe summary ------------------------------------------------- */
 
@@ -165,6 +203,11 @@ void cli_qsort(void *base, size_t n, size_t size,
                int (*cmp)(const void *, const void *));
 void *cli_bsearch(const void *key, const void *base, size_t n, size_t size,
                   int (*cmp)(const void *, const void *));
+
+/* ls / stats / verify of a remote store (cmd_remote.c): --remote URL
+ * [--remote-prefix P] instead of DIR. prom: stats --prometheus. */
+int cli_remote(const char *cmd, const char *url, const char *prefix, int json,
+               int prom, int verbose);
 
 /* Commands. argv excludes the command word. */
 int cmd_ls(int argc, char **argv);

@@ -95,6 +95,48 @@ int cli_parse(const char *cmd, int argc, char **argv, cli_flag *flags,
   return 0;
 }
 
+int cli_begin(const char *cmd, const char *help, const char *missing, int argc,
+              char **argv, cli_flag *flags, size_t nflags, const char **pos,
+              size_t minpos, size_t maxpos) {
+  size_t np = 0;
+  int want_help = 0;
+  int rc =
+      cli_parse(cmd, argc, argv, flags, nflags, pos, maxpos, &np, &want_help);
+  if (rc)
+    return rc;
+  if (want_help) {
+    fputs(help, stdout);
+    return CLI_OK;
+  }
+  if (np < minpos) {
+    fprintf(stderr, "kvtier %s: %s\n%s", cmd, missing, help);
+    return CLI_USAGE;
+  }
+  return CLI_RUN;
+}
+
+int cli_need_dir(const char *cmd, const char *help, const char *dir) {
+  if (dir)
+    return CLI_RUN;
+  fprintf(stderr, "kvtier %s: missing DIR\n%s", cmd, help);
+  return CLI_USAGE;
+}
+
+int cli_flag_choice(cli_flag *flags, size_t nflags, const char *name,
+                    const cli_choice *choices, size_t nchoices,
+                    const char *expected, int json, const char *cmd, int *out) {
+  const char *v = cli_flag_get(flags, nflags, name)->value;
+  if (!v)
+    return 0;
+  for (size_t i = 0; i < nchoices; i++)
+    if (strcmp(v, choices[i].name) == 0) {
+      *out = choices[i].value;
+      return 0;
+    }
+  return cli_fail(json, cmd, CLI_USAGE, "--%s must be %s, got '%s'", name,
+                  expected, v);
+}
+
 int cli_parse_u64(const char *s, uint64_t *out) {
   if (!s || !*s || !isdigit((unsigned char)*s))
     return -1;
@@ -529,6 +571,25 @@ int cli_entries_load(cli_entries *out, kvt_tier *t) {
 void cli_entries_free(cli_entries *e) {
   free(e->v);
   memset(e, 0, sizeof *e);
+}
+
+int cli_entries_load_or_fail(cli_entries *out, cli_cache *c, int json,
+                             const char *cmd) {
+  if (cli_entries_load(out, c->tier) == 0)
+    return 0;
+  cli_entries_free(out);
+  cli_cache_close(c);
+  return cli_fail(json, cmd, CLI_FAILED, "cannot list entries: %s",
+                  kvt_last_error());
+}
+
+int cli_cache_open_list(cli_cache *c, cli_entries *es, const char *dir,
+                        unsigned flags, int json, const char *cmd,
+                        int verbose) {
+  int rc = cli_cache_open(c, dir, flags, json, cmd, verbose);
+  if (rc)
+    return rc;
+  return cli_entries_load_or_fail(es, c, json, cmd);
 }
 
 /* ---- describe summary ------------------------------------------------- */

@@ -440,14 +440,20 @@ static int looks_like_cache(const char *dir) {
   return n == 0 || cache;
 }
 
+/* Ends the run with exit code CODE and a printf-style message: the progress
+ * bar (if any) is erased, then everything is cleaned up at `out`. */
+#define END_RUN(CODE, ...)                                                     \
+  do {                                                                         \
+    code = (CODE);                                                             \
+    snprintf(fail, sizeof fail, __VA_ARGS__);                                  \
+    cli_progress_end(&pg);                                                     \
+    goto out;                                                                  \
+  } while (0)
+
 #define CHECK_INTERRUPT()                                                      \
   do {                                                                         \
-    if (interrupted) {                                                         \
-      code = CLI_INTERRUPTED;                                                  \
-      snprintf(fail, sizeof fail, "interrupted; cleaned up");                  \
-      cli_progress_end(&pg);                                                   \
-      goto out;                                                                \
-    }                                                                          \
+    if (interrupted)                                                           \
+      END_RUN(CLI_INTERRUPTED, "interrupted; cleaned up");                     \
   } while (0)
 
 typedef struct phase {
@@ -476,6 +482,47 @@ static cJSON *phase_json(const phase *p, double limit, const char *limit_name,
   return o;
 }
 
+/* One row of the text report: NAME, VALUE, the phase's p50 and p99 (in ms,
+ * or in us when !ms; "-" without a phase) and the comparison VS. */
+static void report_row(cli_table *tb, const char *name, const char *value,
+                       const phase *p, int ms, const char *vs) {
+  char p50[48] = "-", p99[48] = "-";
+  if (p && ms) {
+    snprintf(p50, sizeof p50, "%.2f ms", p->p50 * 1e3);
+    snprintf(p99, sizeof p99, "%.2f ms", p->p99 * 1e3);
+  } else if (p) {
+    snprintf(p50, sizeof p50, "%.1f us", p->p50 * 1e6);
+    snprintf(p99, sizeof p99, "%.1f us", p->p99 * 1e6);
+  }
+  const char *row[5] = {name, value, p50, p99, vs};
+  cli_table_add(tb, row);
+}
+
+/* p50/p99 of p from its n latencies in lat (sorted in place). */
+static void phase_percentiles(phase *p, double *lat, size_t n) {
+  p->p50 = pct(lat, n, 0.5);
+  p->p99 = pct(lat, n, 0.99);
+}
+
+/* One timed promote of entry e, counted in p (latency into lat[p->count]);
+ * the data is verified and freed outside the timed region. Returns 0 or the
+ * library's error code. */
+static int timed_promote(phase *p, double *lat, verify_count *vc, kvt_tier *t,
+                         workload *w, const bench_cfg *c, int e) {
+  kvt_entry *ent = NULL;
+  double t0 = cli_mono();
+  int rc = kvt_tier_promote(&ent, t, w->tokens[e], (size_t)c->tokens, NULL);
+  double dt = cli_mono() - t0;
+  if (rc != 0)
+    return rc;
+  lat[p->count++] = dt;
+  p->seconds += dt;
+  p->bytes += kvt_entry_disk_bytes(ent);
+  verify_entry(vc, w, e, ent);
+  kvt_entry_free(ent);
+  return 0;
+}
+
 int cmd_bench(int argc, char **argv) {
   cli_flag f[] = {{"json", 0},        {"preset", 1},    {"entries", 1},
                   {"tokens", 1},      {"dtype", 1},     {"storage", 1},
@@ -484,15 +531,9 @@ int cmd_bench(int argc, char **argv) {
                   {"no-progress", 0}, {"cold", 1},      {"verbose", 0}};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1] = {NULL};
-  size_t np = 0;
-  int help = 0;
-  int rc = cli_parse("bench", argc, argv, f, nf, pos, 1, &np, &help);
-  if (rc)
+  int rc = cli_begin("bench", BENCH_HELP, NULL, argc, argv, f, nf, pos, 0, 1);
+  if (rc != CLI_RUN)
     return rc;
-  if (help) {
-    fputs(BENCH_HELP, stdout);
-    return CLI_OK;
-  }
   bench_cfg c;
   memset(&c, 0, sizeof c);
   c.json = cli_flag_get(f, nf, "json")->set;
@@ -529,35 +570,25 @@ int cmd_bench(int argc, char **argv) {
                       "--tokens needs 1..1000000, got '%s'", v);
     c.tokens = (int)u;
   }
-  if ((v = cli_flag_get(f, nf, "dtype")->value)) {
-    if (strcmp(v, "f16") == 0 || strcmp(v, "fp16") == 0)
-      c.dtype = KVT_DTYPE_F16;
-    else if (strcmp(v, "bf16") == 0)
-      c.dtype = KVT_DTYPE_BF16;
-    else if (strcmp(v, "f32") == 0 || strcmp(v, "fp32") == 0)
-      c.dtype = KVT_DTYPE_F32;
-    else
-      return cli_fail(json, "bench", CLI_USAGE,
-                      "--dtype must be f16, bf16 or f32, got '%s'", v);
-  }
-  if ((v = cli_flag_get(f, nf, "storage")->value)) {
-    if (strcmp(v, "native") == 0)
-      c.storage = KVT_STORAGE_NATIVE;
-    else if (strcmp(v, "compat") == 0)
-      c.storage = KVT_STORAGE_COMPAT;
-    else
-      return cli_fail(json, "bench", CLI_USAGE,
-                      "--storage must be native or compat, got '%s'", v);
-  }
-  if ((v = cli_flag_get(f, nf, "durability")->value)) {
-    if (strcmp(v, "fsync") == 0)
-      c.durability = KVT_DURABILITY_FSYNC;
-    else if (strcmp(v, "none") == 0)
-      c.durability = KVT_DURABILITY_NONE;
-    else
-      return cli_fail(json, "bench", CLI_USAGE,
-                      "--durability must be fsync or none, got '%s'", v);
-  }
+  static const cli_choice dtypes[] = {{"f16", KVT_DTYPE_F16},
+                                      {"fp16", KVT_DTYPE_F16},
+                                      {"bf16", KVT_DTYPE_BF16},
+                                      {"f32", KVT_DTYPE_F32},
+                                      {"fp32", KVT_DTYPE_F32}};
+  static const cli_choice storages[] = {{"native", KVT_STORAGE_NATIVE},
+                                        {"compat", KVT_STORAGE_COMPAT}};
+  static const cli_choice durabilities[] = {{"fsync", KVT_DURABILITY_FSYNC},
+                                            {"none", KVT_DURABILITY_NONE}};
+  static const cli_choice colds[] = {{"fadvise", 0}, {"drop-caches", 1}};
+  int dtype = (int)c.dtype;
+  if ((rc = cli_flag_choice(f, nf, "dtype", dtypes, 5, "f16, bf16 or f32", json,
+                            "bench", &dtype)) ||
+      (rc = cli_flag_choice(f, nf, "storage", storages, 2, "native or compat",
+                            json, "bench", &c.storage)) ||
+      (rc = cli_flag_choice(f, nf, "durability", durabilities, 2,
+                            "fsync or none", json, "bench", &c.durability)))
+    return rc;
+  c.dtype = (kvt_dtype)dtype;
   if ((v = cli_flag_get(f, nf, "seed")->value)) {
     if (cli_parse_u64(v, &c.seed) != 0)
       return cli_fail(json, "bench", CLI_USAGE, "--seed needs a number");
@@ -567,16 +598,11 @@ int cmd_bench(int argc, char **argv) {
       return cli_fail(json, "bench", CLI_USAGE,
                       "--disk-size needs a size >= 1M like 512M, got '%s'", v);
   }
-  if ((v = cli_flag_get(f, nf, "cold")->value)) {
-    if (strcmp(v, "drop-caches") == 0)
-      c.drop_caches = 1;
-    else if (strcmp(v, "fadvise") != 0)
-      return cli_fail(json, "bench", CLI_USAGE,
-                      "--cold must be fadvise or drop-caches, got '%s'", v);
-    if (c.drop_caches && geteuid() != 0)
-      return cli_fail(json, "bench", CLI_USAGE,
-                      "--cold drop-caches needs root");
-  }
+  if ((rc = cli_flag_choice(f, nf, "cold", colds, 2, "fadvise or drop-caches",
+                            json, "bench", &c.drop_caches)) != 0)
+    return rc;
+  if (c.drop_caches && geteuid() != 0)
+    return cli_fail(json, "bench", CLI_USAGE, "--cold drop-caches needs root");
 
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
@@ -685,21 +711,15 @@ int cmd_bench(int argc, char **argv) {
     rc = kvt_tier_start_writer(t);
   if (rc == 0 && (!enq_t || !trk.done_t))
     rc = KVT_ENOMEM;
-  if (rc != 0) {
-    code = CLI_FAILED;
-    snprintf(fail, sizeof fail, "cannot open %s: %s (%s)", dir,
-             kvt_last_error(), kvt_strerror(rc));
-    goto out;
-  }
+  if (rc != 0)
+    END_RUN(CLI_FAILED, "cannot open %s: %s (%s)", dir, kvt_last_error(),
+            kvt_strerror(rc));
 
   /* ---- 3. spill ---- */
   const uint64_t inflight = 3;
   lat = calloc((size_t)c.entries * 64 + 20000, sizeof *lat);
-  if (!lat) {
-    code = CLI_FAILED;
-    snprintf(fail, sizeof fail, "out of memory");
-    goto out;
-  }
+  if (!lat)
+    END_RUN(CLI_FAILED, "out of memory");
   phase producer = {0};
   cli_progress_start(&pg, "spill", (uint64_t)c.entries, c.progress);
   double s0 = cli_mono();
@@ -726,13 +746,9 @@ int cmd_bench(int argc, char **argv) {
       producer.bytes += w.entry_bytes;
       break;
     }
-    if (rc != 0) {
-      cli_progress_end(&pg);
-      code = CLI_FAILED;
-      snprintf(fail, sizeof fail, "spill of entry %d failed: %s (%s)", e,
-               kvt_last_error(), kvt_strerror(rc));
-      goto out;
-    }
+    if (rc != 0)
+      END_RUN(CLI_FAILED, "spill of entry %d failed: %s (%s)", e,
+              kvt_last_error(), kvt_strerror(rc));
     pthread_mutex_lock(&trk.mu);
     uint64_t d = trk.done;
     pthread_mutex_unlock(&trk.mu);
@@ -742,15 +758,11 @@ int cmd_bench(int argc, char **argv) {
   wait_done_at_least(&trk, (uint64_t)c.entries);
   double spill_secs = cli_mono() - s0;
   cli_progress_end(&pg);
-  producer.p50 = pct(lat, producer.count, 0.50);
-  producer.p99 = pct(lat, producer.count, 0.99);
-  if (rc != 0 || trk.failed) {
-    code = CLI_FAILED;
-    snprintf(fail, sizeof fail, "%llu of %d spills failed: %s",
-             (unsigned long long)trk.failed, c.entries,
-             trk.failed ? trk.err : kvt_last_error());
-    goto out;
-  }
+  phase_percentiles(&producer, lat, producer.count);
+  if (rc != 0 || trk.failed)
+    END_RUN(CLI_FAILED, "%llu of %d spills failed: %s",
+            (unsigned long long)trk.failed, c.entries,
+            trk.failed ? trk.err : kvt_last_error());
   kvt_stats st;
   kvt_tier_stats(&st, t);
   /* Writer-side time: the single FIFO writer starts entry i when it has been
@@ -767,58 +779,35 @@ int cmd_bench(int argc, char **argv) {
   }
   spill.count = spill_e2e.count = (uint64_t)c.entries;
   spill.bytes = spill_e2e.bytes = st.spill_bytes;
-  spill.p50 = pct(lat, (size_t)c.entries, 0.5);
-  spill.p99 = pct(lat, (size_t)c.entries, 0.99);
+  phase_percentiles(&spill, lat, (size_t)c.entries);
   spill_e2e.seconds = spill_secs;
 
   /* ---- 4. lookups ---- */
   size_t nlook = c.quick ? 2000 : 10000;
-  phase lk_exact = {0}, lk_prefix = {0};
-  cli_progress_start(&pg, "lookup", 2 * nlook, c.progress);
-  for (size_t i = 0; i < nlook; i++) {
-    if (i % 256 == 0)
-      CHECK_INTERRUPT();
-    int e = (int)(i % (size_t)c.entries);
-    kvt_entry_info info;
-    double t0 = cli_mono();
-    rc = kvt_tier_lookup(&info, t, w.tokens[e], (size_t)c.tokens);
-    lat[i] = cli_mono() - t0;
-    if (rc != 0 || strcmp(info.token_hash, w.hashes[e]) != 0) {
-      code = CLI_FAILED;
-      snprintf(fail, sizeof fail, "exact lookup of entry %d failed: %s", e,
-               rc ? kvt_last_error() : "wrong entry returned");
-      cli_progress_end(&pg);
-      goto out;
+  /* Pass 0 times exact lookups, pass 1 prefix lookups (a longer query). */
+  phase lookup[2] = {{0}, {0}};
+  static const char *lk_name[2] = {"exact", "prefix"};
+  for (int pass = 0; pass < 2; pass++) {
+    for (size_t i = 0; i < nlook; i++) {
+      if (i % 256 == 0)
+        CHECK_INTERRUPT();
+      int e = (int)(i % (size_t)c.entries);
+      kvt_entry_info info;
+      double t0 = cli_mono();
+      rc = pass == 0 ? kvt_tier_lookup(&info, t, w.tokens[e], (size_t)c.tokens)
+                     : kvt_tier_lookup_prefix(&info, t, w.queries[e],
+                                              (size_t)c.tokens + 16);
+      lat[i] = cli_mono() - t0;
+      if (rc != 0 || strcmp(info.token_hash, w.hashes[e]) != 0)
+        END_RUN(CLI_FAILED, "%s lookup of entry %d failed: %s", lk_name[pass],
+                e, rc ? kvt_last_error() : "wrong entry returned");
+      lookup[pass].seconds += lat[i];
+      if (i % 256 == 0)
+        cli_progress_update(&pg, pass * nlook + i);
     }
-    lk_exact.seconds += lat[i];
-    if (i % 256 == 0)
-      cli_progress_update(&pg, i);
+    lookup[pass].count = nlook;
+    phase_percentiles(&lookup[pass], lat, nlook);
   }
-  lk_exact.count = nlook;
-  lk_exact.p50 = pct(lat, nlook, 0.5);
-  lk_exact.p99 = pct(lat, nlook, 0.99);
-  for (size_t i = 0; i < nlook; i++) {
-    if (i % 256 == 0)
-      CHECK_INTERRUPT();
-    int e = (int)(i % (size_t)c.entries);
-    kvt_entry_info info;
-    double t0 = cli_mono();
-    rc = kvt_tier_lookup_prefix(&info, t, w.queries[e], (size_t)c.tokens + 16);
-    lat[i] = cli_mono() - t0;
-    if (rc != 0 || strcmp(info.token_hash, w.hashes[e]) != 0) {
-      code = CLI_FAILED;
-      snprintf(fail, sizeof fail, "prefix lookup of entry %d failed: %s", e,
-               rc ? kvt_last_error() : "wrong entry returned");
-      cli_progress_end(&pg);
-      goto out;
-    }
-    lk_prefix.seconds += lat[i];
-    if (i % 256 == 0)
-      cli_progress_update(&pg, nlook + i);
-  }
-  lk_prefix.count = nlook;
-  lk_prefix.p50 = pct(lat, nlook, 0.5);
-  lk_prefix.p99 = pct(lat, nlook, 0.99);
   cli_progress_end(&pg);
 
   /* ---- 5. promote: a verifying warm-up pass, then warm and cold runs ---- */
@@ -834,13 +823,9 @@ int cmd_bench(int argc, char **argv) {
     CHECK_INTERRUPT();
     kvt_entry *ent = NULL;
     rc = kvt_tier_promote(&ent, t, w.tokens[e], (size_t)c.tokens, NULL);
-    if (rc != 0) {
-      code = CLI_FAILED;
-      snprintf(fail, sizeof fail, "promote of entry %d failed: %s (%s)", e,
-               kvt_last_error(), kvt_strerror(rc));
-      cli_progress_end(&pg);
-      goto out;
-    }
+    if (rc != 0)
+      END_RUN(CLI_FAILED, "promote of entry %d failed: %s (%s)", e,
+              kvt_last_error(), kvt_strerror(rc));
     verify_entry(&vc, &w, e, ent);
     kvt_entry_free(ent);
     cli_progress_update(&pg, ++done_ops);
@@ -849,64 +834,30 @@ int cmd_bench(int argc, char **argv) {
   for (int r = 0; r < warm_rounds; r++)
     for (int e = 0; e < c.entries; e++) {
       CHECK_INTERRUPT();
-      kvt_entry *ent = NULL;
-      double t0 = cli_mono();
-      rc = kvt_tier_promote(&ent, t, w.tokens[e], (size_t)c.tokens, NULL);
-      double dt = cli_mono() - t0;
-      if (rc != 0) {
-        code = CLI_FAILED;
-        snprintf(fail, sizeof fail, "warm promote of entry %d failed: %s", e,
-                 kvt_last_error());
-        cli_progress_end(&pg);
-        goto out;
-      }
-      lat[warm.count++] = dt;
-      warm.seconds += dt;
-      warm.bytes += kvt_entry_disk_bytes(ent);
-      verify_entry(&vc, &w, e, ent); /* outside the timed region */
-      kvt_entry_free(ent);
+      if ((rc = timed_promote(&warm, lat, &vc, t, &w, &c, e)) != 0)
+        END_RUN(CLI_FAILED, "warm promote of entry %d failed: %s", e,
+                kvt_last_error());
       cli_progress_update(&pg, ++done_ops);
     }
-  warm.p50 = pct(lat, warm.count, 0.5);
-  warm.p99 = pct(lat, warm.count, 0.99);
+  phase_percentiles(&warm, lat, warm.count);
   double resident_sum = 0;
   int resident_n = 0;
   for (int r = 0; r < cold_rounds; r++)
     for (int e = 0; e < c.entries; e++) {
       CHECK_INTERRUPT();
-      if (c.drop_caches) {
-        if (drop_all_caches() != 0) {
-          code = CLI_FAILED;
-          snprintf(fail, sizeof fail, "cannot write /proc/sys/vm/drop_caches");
-          cli_progress_end(&pg);
-          goto out;
-        }
-      }
+      if (c.drop_caches && drop_all_caches() != 0)
+        END_RUN(CLI_FAILED, "cannot write /proc/sys/vm/drop_caches");
       double res = evict_entry(dir, w.hashes[e]);
       if (res >= 0) {
         resident_sum += res;
         resident_n++;
       }
-      kvt_entry *ent = NULL;
-      double t0 = cli_mono();
-      rc = kvt_tier_promote(&ent, t, w.tokens[e], (size_t)c.tokens, NULL);
-      double dt = cli_mono() - t0;
-      if (rc != 0) {
-        code = CLI_FAILED;
-        snprintf(fail, sizeof fail, "cold promote of entry %d failed: %s", e,
-                 kvt_last_error());
-        cli_progress_end(&pg);
-        goto out;
-      }
-      lat[cold.count++] = dt;
-      cold.seconds += dt;
-      cold.bytes += kvt_entry_disk_bytes(ent);
-      verify_entry(&vc, &w, e, ent);
-      kvt_entry_free(ent);
+      if ((rc = timed_promote(&cold, lat, &vc, t, &w, &c, e)) != 0)
+        END_RUN(CLI_FAILED, "cold promote of entry %d failed: %s", e,
+                kvt_last_error());
       cli_progress_update(&pg, ++done_ops);
     }
-  cold.p50 = pct(lat, cold.count, 0.5);
-  cold.p99 = pct(lat, cold.count, 0.99);
+  phase_percentiles(&cold, lat, cold.count);
   cli_progress_end(&pg);
   kvt_tier_stats(&st, t);
   free(lat);
@@ -994,9 +945,9 @@ int cmd_bench(int argc, char **argv) {
       cJSON_AddNumberToObject(cj, "resident_fraction_after_eviction", resident);
       cJSON_AddItemToObject(jo, "promote_cold", cj);
       cJSON_AddItemToObject(jo, "lookup_exact",
-                            phase_json(&lk_exact, 0, NULL, 0));
+                            phase_json(&lookup[0], 0, NULL, 0));
       cJSON_AddItemToObject(jo, "lookup_prefix",
-                            phase_json(&lk_prefix, 0, NULL, 0));
+                            phase_json(&lookup[1], 0, NULL, 0));
       cJSON_AddNumberToObject(jo, "disk_bytes", (double)st.disk_bytes);
       cJSON_AddNumberToObject(jo, "memory_bytes", (double)mem_total);
       cJSON_AddNumberToObject(jo, "disk_to_memory",
@@ -1048,50 +999,29 @@ int cmd_bench(int argc, char **argv) {
                                     "VS HARDWARE"};
       cli_table tb;
       cli_table_init(&tb, 5, heads, "lrrrl");
-      char v1[48], v2[48], v3[48], v4[96];
+      char v1[48], v4[96];
 #define RATIO(x, lim, name)                                                    \
   (ratios ? (snprintf(v4, sizeof v4, "%.2f x %s", (x) / (lim), name), v4) : "-")
-      snprintf(v2, sizeof v2, "%.2f ms", spill.p50 * 1e3);
-      snprintf(v3, sizeof v3, "%.2f ms", spill.p99 * 1e3);
-      const char *row1[5] = {
-          c.durability == KVT_DURABILITY_FSYNC ? "spill (durable, writer)"
-                                               : "spill (no fsync, writer)",
-          cli_fmt_rate(v1, sizeof v1, bps_spill), v2, v3,
-          RATIO(bps_spill, disk.write_direct, "disk write O_DIRECT")};
-      cli_table_add(&tb, row1);
-      snprintf(v2, sizeof v2, "-");
-      snprintf(v3, sizeof v3, "-");
-      const char *row1b[5] = {
-          "  end to end (spill .. flush)", cli_fmt_rate(v1, sizeof v1, bps_e2e),
-          v2, v3, RATIO(bps_e2e, disk.write_direct, "disk write O_DIRECT")};
-      cli_table_add(&tb, row1b);
-      snprintf(v2, sizeof v2, "%.2f ms", producer.p50 * 1e3);
-      snprintf(v3, sizeof v3, "%.2f ms", producer.p99 * 1e3);
-      const char *row2[5] = {"  producer (caller thread)",
-                             cli_fmt_rate(v1, sizeof v1, bps_prod), v2, v3,
-                             "copy of the layers on spill"};
-      cli_table_add(&tb, row2);
-      snprintf(v2, sizeof v2, "%.2f ms", warm.p50 * 1e3);
-      snprintf(v3, sizeof v3, "%.2f ms", warm.p99 * 1e3);
-      const char *row3[5] = {
-          "promote warm", cli_fmt_rate(v1, sizeof v1, bps_warm), v2, v3,
-          RATIO(bps_warm, disk.read_buffered, "cached read")};
-      cli_table_add(&tb, row3);
-      snprintf(v2, sizeof v2, "%.2f ms", cold.p50 * 1e3);
-      snprintf(v3, sizeof v3, "%.2f ms", cold.p99 * 1e3);
-      const char *row4[5] = {
-          "promote cold", cli_fmt_rate(v1, sizeof v1, bps_cold), v2, v3,
-          RATIO(bps_cold, disk.read_direct, "disk read O_DIRECT")};
-      cli_table_add(&tb, row4);
+      report_row(&tb,
+                 c.durability == KVT_DURABILITY_FSYNC
+                     ? "spill (durable, writer)"
+                     : "spill (no fsync, writer)",
+                 cli_fmt_rate(v1, sizeof v1, bps_spill), &spill, 1,
+                 RATIO(bps_spill, disk.write_direct, "disk write O_DIRECT"));
+      report_row(&tb, "  end to end (spill .. flush)",
+                 cli_fmt_rate(v1, sizeof v1, bps_e2e), NULL, 1,
+                 RATIO(bps_e2e, disk.write_direct, "disk write O_DIRECT"));
+      report_row(&tb, "  producer (caller thread)",
+                 cli_fmt_rate(v1, sizeof v1, bps_prod), &producer, 1,
+                 "copy of the layers on spill");
+      report_row(&tb, "promote warm", cli_fmt_rate(v1, sizeof v1, bps_warm),
+                 &warm, 1, RATIO(bps_warm, disk.read_buffered, "cached read"));
+      report_row(&tb, "promote cold", cli_fmt_rate(v1, sizeof v1, bps_cold),
+                 &cold, 1,
+                 RATIO(bps_cold, disk.read_direct, "disk read O_DIRECT"));
       snprintf(v1, sizeof v1, "%zu", nlook);
-      snprintf(v2, sizeof v2, "%.1f us", lk_exact.p50 * 1e6);
-      snprintf(v3, sizeof v3, "%.1f us", lk_exact.p99 * 1e6);
-      const char *row5[5] = {"lookup exact", v1, v2, v3, "-"};
-      cli_table_add(&tb, row5);
-      snprintf(v2, sizeof v2, "%.1f us", lk_prefix.p50 * 1e6);
-      snprintf(v3, sizeof v3, "%.1f us", lk_prefix.p99 * 1e6);
-      const char *row6[5] = {"lookup prefix", v1, v2, v3, "-"};
-      cli_table_add(&tb, row6);
+      report_row(&tb, "lookup exact", v1, &lookup[0], 0, "-");
+      report_row(&tb, "lookup prefix", v1, &lookup[1], 0, "-");
 #undef RATIO
       cli_table_print(&tb, stdout);
       cli_table_free(&tb);

@@ -55,7 +55,8 @@ static void add_desc_json(cJSON *o, const cli_desc *d) {
 /* ---- ls ----------------------------------------------------------------- */
 
 static const char *LS_HELP =
-    "usage: kvtier ls DIR [--sort KEY] [--reverse] [--limit N] [--full]\n"
+    "usage: kvtier ls DIR|--remote URL [--sort KEY] [--reverse] [--limit N] "
+    "[--full]\n"
     "                     [--no-describe] [--json]\n"
     "\n"
     "Lists the entries of a cache directory (opened read-only).\n"
@@ -69,6 +70,10 @@ static const char *LS_HELP =
     "  --no-describe   skip reading manifests (no layers/kinds/dtypes/mode);\n"
     "                  fast on very large caches\n"
     "  --json          JSON output: {dir, total, count, entries: [...]}\n"
+    "  --remote URL    inspect a shared remote store (redis://host:port, "
+    "comma-\n"
+    "                  separated seeds for a cluster) instead of DIR\n"
+    "  --remote-prefix P   its key prefix (default kvt:)\n"
     "\n"
     "Columns: HASH, TOKENS, LAYERS, KINDS (kv, rotating, arrays, quant with\n"
     "layer counts), DTYPES, DISK (bytes on disk), MEMORY (RAM size recorded\n"
@@ -108,24 +113,23 @@ static int cmp_entries(const void *pa, const void *pb) {
 }
 
 int cmd_ls(int argc, char **argv) {
-  cli_flag f[] = {{"json", 0}, {"sort", 1},        {"reverse", 0}, {"limit", 1},
-                  {"full", 0}, {"no-describe", 0}, {"verbose", 0}};
+  cli_flag f[] = {{"json", 0},    {"sort", 1},   {"reverse", 0},
+                  {"limit", 1},   {"full", 0},   {"no-describe", 0},
+                  {"verbose", 0}, {"remote", 1}, {"remote-prefix", 1}};
   const size_t nf = sizeof f / sizeof f[0];
-  const char *pos[1];
-  size_t np = 0;
-  int help = 0;
-  int rc = cli_parse("ls", argc, argv, f, nf, pos, 1, &np, &help);
-  if (rc)
+  const char *pos[1] = {NULL};
+  /* DIR is optional here: --remote URL lists a remote store instead. */
+  int rc =
+      cli_begin("ls", LS_HELP, "missing DIR", argc, argv, f, nf, pos, 0, 1);
+  if (rc != CLI_RUN)
     return rc;
-  if (help) {
-    fputs(LS_HELP, stdout);
-    return CLI_OK;
-  }
   int json = cli_flag_get(f, nf, "json")->set;
-  if (np != 1) {
-    fprintf(stderr, "kvtier ls: missing DIR\n%s", LS_HELP);
-    return CLI_USAGE;
-  }
+  if (cli_flag_get(f, nf, "remote")->value)
+    return cli_remote("ls", cli_flag_get(f, nf, "remote")->value,
+                      cli_flag_get(f, nf, "remote-prefix")->value, json, 0,
+                      cli_flag_get(f, nf, "verbose")->set);
+  if ((rc = cli_need_dir("ls", LS_HELP, pos[0])) != CLI_RUN)
+    return rc;
   static const char *keys[] = {"accessed", "created", "size",
                                "memory",   "tokens",  "hash"};
   sort_key = 0;
@@ -153,18 +157,11 @@ int cmd_ls(int argc, char **argv) {
   int describe = !cli_flag_get(f, nf, "no-describe")->set;
 
   cli_cache c;
-  rc = cli_cache_open(&c, pos[0], RO_FLAGS, json, "ls",
-                      cli_flag_get(f, nf, "verbose")->set);
+  cli_entries es;
+  rc = cli_cache_open_list(&c, &es, pos[0], RO_FLAGS, json, "ls",
+                           cli_flag_get(f, nf, "verbose")->set);
   if (rc)
     return rc;
-  cli_entries es;
-  rc = cli_entries_load(&es, c.tier);
-  if (rc != 0) {
-    cli_entries_free(&es);
-    cli_cache_close(&c);
-    return cli_fail(json, "ls", CLI_FAILED, "cannot list entries: %s",
-                    kvt_last_error());
-  }
   cli_qsort(es.v, es.n, sizeof *es.v, cmp_entries);
   size_t shown = es.n < limit ? es.n : (size_t)limit;
 
@@ -243,7 +240,8 @@ int cmd_ls(int argc, char **argv) {
 /* ---- stats -------------------------------------------------------------- */
 
 static const char *STATS_HELP =
-    "usage: kvtier stats DIR [--json | --prometheus] [--max-size SIZE]\n"
+    "usage: kvtier stats DIR|--remote URL [--json | --prometheus] [--max-size "
+    "SIZE]\n"
     "                        [--max-entries N] [--no-describe]\n"
     "\n"
     "Totals and the capacity picture of a cache directory (read-only):\n"
@@ -257,7 +255,11 @@ static const char *STATS_HELP =
     "  --prometheus    Prometheus text exposition (kvt_stats_to_prometheus)\n"
     "  --json          JSON output\n"
     "  --max-size SIZE, --max-entries N   limits to compare against\n"
-    "  --no-describe   skip reading manifests (no per-kind/dtype counts)\n";
+    "  --no-describe   skip reading manifests (no per-kind/dtype counts)\n"
+    "  --remote URL    inspect a shared remote store (redis://host:port, "
+    "comma-\n"
+    "                  separated seeds for a cluster) instead of DIR\n"
+    "  --remote-prefix P   its key prefix (default kvt:)\n";
 
 static uint64_t count_dir(const char *dir, const char *sub) {
   char p[4200];
@@ -275,25 +277,23 @@ static uint64_t count_dir(const char *dir, const char *sub) {
 }
 
 int cmd_stats(int argc, char **argv) {
-  cli_flag f[] = {{"json", 0},        {"prometheus", 0},  {"max-size", 1},
-                  {"max-entries", 1}, {"no-describe", 0}, {"verbose", 0}};
+  cli_flag f[] = {{"json", 0},        {"prometheus", 0},   {"max-size", 1},
+                  {"max-entries", 1}, {"no-describe", 0},  {"verbose", 0},
+                  {"remote", 1},      {"remote-prefix", 1}};
   const size_t nf = sizeof f / sizeof f[0];
-  const char *pos[1];
-  size_t np = 0;
-  int help = 0;
-  int rc = cli_parse("stats", argc, argv, f, nf, pos, 1, &np, &help);
-  if (rc)
+  const char *pos[1] = {NULL};
+  int rc = cli_begin("stats", STATS_HELP, "missing DIR", argc, argv, f, nf, pos,
+                     0, 1);
+  if (rc != CLI_RUN)
     return rc;
-  if (help) {
-    fputs(STATS_HELP, stdout);
-    return CLI_OK;
-  }
   int json = cli_flag_get(f, nf, "json")->set;
   int prom = cli_flag_get(f, nf, "prometheus")->set;
-  if (np != 1) {
-    fprintf(stderr, "kvtier stats: missing DIR\n%s", STATS_HELP);
-    return CLI_USAGE;
-  }
+  if (cli_flag_get(f, nf, "remote")->value && !(json && prom))
+    return cli_remote("stats", cli_flag_get(f, nf, "remote")->value,
+                      cli_flag_get(f, nf, "remote-prefix")->value, json, prom,
+                      cli_flag_get(f, nf, "verbose")->set);
+  if ((rc = cli_need_dir("stats", STATS_HELP, pos[0])) != CLI_RUN)
+    return rc;
   if (json && prom)
     return cli_fail(0, "stats", CLI_USAGE,
                     "--json and --prometheus are exclusive");
@@ -343,12 +343,8 @@ int cmd_stats(int argc, char **argv) {
   }
 
   cli_entries es;
-  if (cli_entries_load(&es, c.tier) != 0) {
-    cli_entries_free(&es);
-    cli_cache_close(&c);
-    return cli_fail(json, "stats", CLI_FAILED, "cannot list entries: %s",
-                    kvt_last_error());
-  }
+  if ((rc = cli_entries_load_or_fail(&es, &c, json, "stats")) != 0)
+    return rc;
   double oldest = 0, newest = 0, lru = 0;
   uint64_t tokens = 0, disk = 0, mem = 0;
   uint64_t layers_by_kind[5] = {0}, entries_by_kind[5] = {0};
@@ -635,20 +631,11 @@ int cmd_show(int argc, char **argv) {
   cli_flag f[] = {{"json", 0}, {"verbose", 0}};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[2];
-  size_t np = 0;
-  int help = 0;
-  int rc = cli_parse("show", argc, argv, f, nf, pos, 2, &np, &help);
-  if (rc)
+  int rc = cli_begin("show", SHOW_HELP, "needs DIR and HASH", argc, argv, f, nf,
+                     pos, 2, 2);
+  if (rc != CLI_RUN)
     return rc;
-  if (help) {
-    fputs(SHOW_HELP, stdout);
-    return CLI_OK;
-  }
   int json = cli_flag_get(f, nf, "json")->set;
-  if (np != 2) {
-    fprintf(stderr, "kvtier show: needs DIR and HASH\n%s", SHOW_HELP);
-    return CLI_USAGE;
-  }
   const char *want = pos[1];
   size_t wl = strlen(want);
   if (wl < 4 || wl > 64 || strspn(want, "0123456789abcdefABCDEF") != wl)
@@ -659,17 +646,11 @@ int cmd_show(int argc, char **argv) {
     lw[i] = (char)((want[i] >= 'A' && want[i] <= 'F') ? want[i] + 32 : want[i]);
 
   cli_cache c;
-  rc = cli_cache_open(&c, pos[0], RO_FLAGS, json, "show",
-                      cli_flag_get(f, nf, "verbose")->set);
+  cli_entries es;
+  rc = cli_cache_open_list(&c, &es, pos[0], RO_FLAGS, json, "show",
+                           cli_flag_get(f, nf, "verbose")->set);
   if (rc)
     return rc;
-  cli_entries es;
-  if (cli_entries_load(&es, c.tier) != 0) {
-    cli_entries_free(&es);
-    cli_cache_close(&c);
-    return cli_fail(json, "show", CLI_FAILED, "cannot list entries: %s",
-                    kvt_last_error());
-  }
   const kvt_entry_info *hit = NULL;
   size_t matches = 0;
   for (size_t i = 0; i < es.n; i++)

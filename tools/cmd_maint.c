@@ -22,7 +22,8 @@
 /* ---- verify ------------------------------------------------------------- */
 
 static const char *VERIFY_HELP =
-    "usage: kvtier verify DIR [--repair] [--json] [--no-progress]\n"
+    "usage: kvtier verify DIR|--remote URL [--repair] [--json] "
+    "[--no-progress]\n"
     "\n"
     "Checks every entry of a cache directory: reads and verifies each one\n"
     "completely (manifest, safetensors headers, xxh3 checksums where the\n"
@@ -37,6 +38,11 @@ static const char *VERIFY_HELP =
     "  --json         JSON output: {dir, checked, ok, problems: [...],\n"
     "                 repaired, reconciled, clean}\n"
     "  --no-progress  never draw the progress bar\n"
+    "  --remote URL    inspect a shared remote store (redis://host:port, "
+    "comma-\n"
+    "                  separated seeds for a cluster) instead of DIR\n"
+    "  --remote-prefix P   its key prefix (default kvt:)\n"
+    "                 (damaged or incomplete remote entries are removed)\n"
     "\n"
     "Exit: 0 everything good; 1 problems found (with --repair: and repaired);\n"
     "3 cannot open; 4 a check or repair failed to run.\n";
@@ -78,38 +84,29 @@ static int cmp_hash(const void *a, const void *b) {
 }
 
 int cmd_verify(int argc, char **argv) {
-  cli_flag f[] = {
-      {"json", 0}, {"repair", 0}, {"no-progress", 0}, {"verbose", 0}};
+  cli_flag f[] = {{"json", 0},    {"repair", 0}, {"no-progress", 0},
+                  {"verbose", 0}, {"remote", 1}, {"remote-prefix", 1}};
   const size_t nf = sizeof f / sizeof f[0];
-  const char *pos[1];
-  size_t np = 0;
-  int help = 0;
-  int rc = cli_parse("verify", argc, argv, f, nf, pos, 1, &np, &help);
-  if (rc)
+  const char *pos[1] = {NULL};
+  int rc = cli_begin("verify", VERIFY_HELP, "missing DIR", argc, argv, f, nf,
+                     pos, 0, 1);
+  if (rc != CLI_RUN)
     return rc;
-  if (help) {
-    fputs(VERIFY_HELP, stdout);
-    return CLI_OK;
-  }
   int json = cli_flag_get(f, nf, "json")->set;
   int repair = cli_flag_get(f, nf, "repair")->set;
-  if (np != 1) {
-    fprintf(stderr, "kvtier verify: missing DIR\n%s", VERIFY_HELP);
-    return CLI_USAGE;
-  }
+  if (cli_flag_get(f, nf, "remote")->value)
+    return cli_remote("verify", cli_flag_get(f, nf, "remote")->value,
+                      cli_flag_get(f, nf, "remote-prefix")->value, json, 0,
+                      cli_flag_get(f, nf, "verbose")->set);
+  if ((rc = cli_need_dir("verify", VERIFY_HELP, pos[0])) != CLI_RUN)
+    return rc;
   unsigned flags = KVT_OPEN_NO_RECONCILE | (repair ? 0 : KVT_OPEN_READONLY);
   cli_cache c;
-  rc = cli_cache_open(&c, pos[0], flags, json, "verify",
-                      cli_flag_get(f, nf, "verbose")->set);
+  cli_entries es;
+  rc = cli_cache_open_list(&c, &es, pos[0], flags, json, "verify",
+                           cli_flag_get(f, nf, "verbose")->set);
   if (rc)
     return rc;
-  cli_entries es;
-  if (cli_entries_load(&es, c.tier) != 0) {
-    cli_entries_free(&es);
-    cli_cache_close(&c);
-    return cli_fail(json, "verify", CLI_FAILED, "cannot list entries: %s",
-                    kvt_last_error());
-  }
   cli_qsort(es.v, es.n, sizeof *es.v, cmp_hash);
 
   problems ps = {0};
@@ -302,21 +299,12 @@ int cmd_gc(int argc, char **argv) {
                   {"older-than", 1}, {"dry-run", 0},  {"verbose", 0}};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1];
-  size_t np = 0;
-  int help = 0;
-  int rc = cli_parse("gc", argc, argv, f, nf, pos, 1, &np, &help);
-  if (rc)
+  int rc =
+      cli_begin("gc", GC_HELP, "missing DIR", argc, argv, f, nf, pos, 1, 1);
+  if (rc != CLI_RUN)
     return rc;
-  if (help) {
-    fputs(GC_HELP, stdout);
-    return CLI_OK;
-  }
   int json = cli_flag_get(f, nf, "json")->set;
   int dry = cli_flag_get(f, nf, "dry-run")->set;
-  if (np != 1) {
-    fprintf(stderr, "kvtier gc: missing DIR\n%s", GC_HELP);
-    return CLI_USAGE;
-  }
   kvt_gc_opts go = KVT_GC_OPTS_INIT;
   const char *v;
   int any = 0;
@@ -358,16 +346,10 @@ int cmd_gc(int argc, char **argv) {
    * else read-write without reconcile (see below). */
   unsigned flags = KVT_OPEN_NO_RECONCILE | (dry ? KVT_OPEN_READONLY : 0);
   int verbose = cli_flag_get(f, nf, "verbose")->set;
-  rc = cli_cache_open(&c, pos[0], flags, json, "gc", verbose);
+  cli_entries before;
+  rc = cli_cache_open_list(&c, &before, pos[0], flags, json, "gc", verbose);
   if (rc)
     return rc;
-  cli_entries before;
-  if (cli_entries_load(&before, c.tier) != 0) {
-    cli_entries_free(&before);
-    cli_cache_close(&c);
-    return cli_fail(json, "gc", CLI_FAILED, "cannot list entries: %s",
-                    kvt_last_error());
-  }
   double now = cli_now();
   uint64_t removed = 0, removed_bytes = 0;
   if (c.tier) {
@@ -401,13 +383,10 @@ int cmd_gc(int argc, char **argv) {
   size_t remaining = before.n;
   if (!dry) {
     cli_entries after;
-    if (cli_entries_load(&after, c.tier) != 0) {
-      cli_entries_free(&after);
+    if ((rc = cli_entries_load_or_fail(&after, &c, json, "gc")) != 0) {
       free(picks);
       cli_entries_free(&before);
-      cli_cache_close(&c);
-      return cli_fail(json, "gc", CLI_FAILED, "cannot list entries: %s",
-                      kvt_last_error());
+      return rc;
     }
     cli_qsort(after.v, after.n, sizeof *after.v, cmp_hash);
     for (size_t i = 0; i < before.n; i++)

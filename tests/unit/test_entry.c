@@ -302,6 +302,19 @@ static int read_status(const char *dir, const char *h) {
   return rc;
 }
 
+/* Moves path to aside and puts a symlink to it in its place: reading the
+ * entry must be refused as corruption. Then restores path, after which the
+ * entry reads again. */
+static void check_symlink_refused(const char *dir, const char *h,
+                                  const char *path, const char *aside) {
+  REQUIRE(rename(path, aside) == 0);
+  REQUIRE(symlink(aside, path) == 0);
+  CHECK_EQ_INT(read_status(dir, h), KVT_ECORRUPT);
+  unlink(path);
+  REQUIRE(rename(aside, path) == 0);
+  CHECK_EQ_INT(read_status(dir, h), 0);
+}
+
 static void corrupt_all_files(int mode) {
   char *dir = kvt_test_tmpdir("entry-corrupt");
   char h[65];
@@ -512,8 +525,9 @@ static void test_failed_writes(void) {
 
 /* Header exactly as safetensors' save_file writes it: compact JSON, keys in
  * order, padded with spaces so that 8 + len is a multiple of 8. */
-static size_t st_file(char *out, const char *json, const void *data,
+static size_t st_file(char *out, size_t cap, const char *json, const void *data,
                       size_t dlen) {
+  REQUIRE(16 + strlen(json) + dlen <= cap);
   size_t n = strlen(json), pad = (8 - n % 8) % 8;
   uint64_t hl = n + pad;
   for (int i = 0; i < 8; i++)
@@ -524,6 +538,42 @@ static size_t st_file(char *out, const char *json, const void *data,
   return 8 + hl + dlen;
 }
 
+/* Headers of reference-layout layer files 0-2 (KVCache F32 [1,1,2,2], KVCache
+ * F16 [1,1,1,2], ArraysCache F32 [3] + I32 [3]) used by the tests below. */
+static const char *const REF_HDR[3] = {
+    "{\"layer_0_keys\":{\"dtype\":\"F32\",\"shape\":[1,1,2,2],"
+    "\"data_offsets\":[0,16]},\"layer_0_values\":{\"dtype\":\"F32\","
+    "\"shape\":[1,1,2,2],\"data_offsets\":[16,32]}}",
+    "{\"layer_1_keys\":{\"dtype\":\"F16\",\"shape\":[1,1,1,2],"
+    "\"data_offsets\":[0,4]},\"layer_1_values\":{\"dtype\":\"F16\","
+    "\"shape\":[1,1,1,2],\"data_offsets\":[4,8]}}",
+    "{\"layer_2_state_0\":{\"dtype\":\"F32\",\"shape\":[3],"
+    "\"data_offsets\":[0,12]},\"layer_2_state_1\":{\"dtype\":\"I32\","
+    "\"shape\":[3],\"data_offsets\":[12,24]}}"};
+
+/* CHECKs that ed/name holds exactly the file st_file makes of json and data. */
+static void check_st(const char *ed, const char *name, const char *json,
+                     const void *data, size_t dlen) {
+  char want[4096];
+  size_t wn = st_file(want, sizeof want, json, data, dlen);
+  char *p = t_join(ed, name);
+  size_t len = 0;
+  char *got = t_read_all(p, &len);
+  CHECK(got && len == wn && memcmp(got, want, len) == 0);
+  free(got);
+  free(p);
+}
+
+/* Writes ed/name as a safetensors file (st_file) with this header and data. */
+static void put_st(const char *ed, const char *name, const char *json,
+                   const void *data, size_t dlen) {
+  char buf[4096];
+  size_t n = st_file(buf, sizeof buf, json, data, dlen);
+  char *p = t_join(ed, name);
+  t_write_all(p, buf, n);
+  free(p);
+}
+
 static void test_reference_layout(void) {
   char *dir = kvt_test_tmpdir("entry-reference");
   int32_t tok[6] = {101, 2023, -1, 0, 7, 65536};
@@ -531,29 +581,14 @@ static void test_reference_layout(void) {
   kvt_token_hash(h, tok, 6);
   char *ed = t_join(dir, h);
   REQUIRE(mkdir(ed, 0700) == 0);
-  char buf[4096];
   /* layer 0: KVCache whose bf16 keys/values were upcast to float32 (shape
    * [1,1,2,2]) */
   float kv0[8] = {1.0f, -2.0f, 0.5f, 3.25f, -0.125f, 8.0f, 0.0f, -1.5f};
-  size_t n = st_file(buf,
-                     "{\"layer_0_keys\":{\"dtype\":\"F32\",\"shape\":[1,1,2,2],"
-                     "\"data_offsets\":[0,16]},\"layer_0_values\":{\"dtype\":"
-                     "\"F32\",\"shape\":[1,1,2,2],\"data_offsets\":[16,32]}}",
-                     kv0, sizeof kv0);
-  char *p = t_join(ed, "layer_0.safetensors");
-  t_write_all(p, buf, n);
-  free(p);
+  put_st(ed, "layer_0.safetensors", REF_HDR[0], kv0, sizeof kv0);
   /* layer 1: RotatingKVCache written as "KVCache" with the rotating attributes,
    * F16 */
   uint16_t kv1[4] = {0x3c00, 0x4000, 0xbc00, 0x0000};
-  n = st_file(buf,
-              "{\"layer_1_keys\":{\"dtype\":\"F16\",\"shape\":[1,1,1,2],"
-              "\"data_offsets\":[0,4]},\"layer_1_values\":{\"dtype\":\"F16\","
-              "\"shape\":[1,1,1,2],\"data_offsets\":[4,8]}}",
-              kv1, sizeof kv1);
-  p = t_join(ed, "layer_1.safetensors");
-  t_write_all(p, buf, n);
-  free(p);
+  put_st(ed, "layer_1.safetensors", REF_HDR[1], kv1, sizeof kv1);
   /* layer 2: ArraysCache, state_0 f32 upcast from bf16, state_1 int32. Data
    * order = dtype (F32 > I32) then name. */
   char d2[24];
@@ -561,23 +596,13 @@ static void test_reference_layout(void) {
   int32_t s1[3] = {1, -2, 3};
   memcpy(d2, s0, 12);
   memcpy(d2 + 12, s1, 12);
-  n = st_file(buf,
-              "{\"layer_2_state_0\":{\"dtype\":\"F32\",\"shape\":[3],"
-              "\"data_offsets\":[0,12]},\"layer_2_state_1\":{\"dtype\":\"I32\","
-              "\"shape\":[3],\"data_offsets\":[12,24]}}",
-              d2, sizeof d2);
-  p = t_join(ed, "layer_2.safetensors");
-  t_write_all(p, buf, n);
-  free(p);
+  put_st(ed, "layer_2.safetensors", REF_HDR[2], d2, sizeof d2);
   /* layer 3: MambaCache with a single state (mlx-lm's old class name) */
   float s3[2] = {4.0f, 5.0f};
-  n = st_file(buf,
-              "{\"layer_3_state_0\":{\"dtype\":\"F32\",\"shape\":[2],"
-              "\"data_offsets\":[0,8]}}",
-              s3, sizeof s3);
-  p = t_join(ed, "layer_3.safetensors");
-  t_write_all(p, buf, n);
-  free(p);
+  put_st(ed, "layer_3.safetensors",
+         "{\"layer_3_state_0\":{\"dtype\":\"F32\",\"shape\":[2],"
+         "\"data_offsets\":[0,8]}}",
+         s3, sizeof s3);
   const char *manifest =
       "{\"num_layers\": 4, \"layers\": [{\"layer_type\": \"KVCache\", "
       "\"layer_idx\": 0, \"offset\": 2, \"keys_original_dtype\": "
@@ -588,12 +613,10 @@ static void test_reference_layout(void) {
       "\"state_original_dtypes\": [\"bfloat16\", null]}, {\"layer_type\": "
       "\"MambaCache\", \"layer_idx\": 3, \"num_arrays\": 1}], "
       "\"memory_bytes\": 4096, \"num_tokens\": 6}";
-  p = t_join(ed, "manifest.json");
-  t_write_all(p, manifest, strlen(manifest));
-  char *mp = p;
-  p = t_join(ed, "tokens.bin");
-  t_write_all(p, tok, sizeof tok);
-  char *tp = p;
+  char *mp = t_join(ed, "manifest.json");
+  t_write_all(mp, manifest, strlen(manifest));
+  char *tp = t_join(ed, "tokens.bin");
+  t_write_all(tp, tok, sizeof tok);
 
   kvt_entry *e = NULL;
   kvti_read_opts ro = {0};
@@ -753,44 +776,12 @@ static void test_compat_bytes_match_reference(void) {
   REQUIRE(kvti_entry_write(NULL, dir, s, &o) == 0);
   kvti_snapshot_free(s);
   char *ed = t_join(dir, h);
-  char want[4096];
-  size_t wn[3];
-  char *wants[3];
-  wn[0] = st_file(want,
-                  "{\"layer_0_keys\":{\"dtype\":\"F32\",\"shape\":[1,1,2,2],"
-                  "\"data_offsets\":[0,16]},\"layer_0_values\":{\"dtype\":"
-                  "\"F32\",\"shape\":[1,1,2,2],\"data_offsets\":[16,32]}}",
-                  kv0, sizeof kv0);
-  wants[0] = malloc(wn[0]);
-  memcpy(wants[0], want, wn[0]);
-  wn[1] = st_file(want,
-                  "{\"layer_1_keys\":{\"dtype\":\"F16\",\"shape\":[1,1,1,2],"
-                  "\"data_offsets\":[0,4]},\"layer_1_values\":{\"dtype\":"
-                  "\"F16\",\"shape\":[1,1,1,2],\"data_offsets\":[4,8]}}",
-                  kv1, sizeof kv1);
-  wants[1] = malloc(wn[1]);
-  memcpy(wants[1], want, wn[1]);
+  check_st(ed, "layer_0.safetensors", REF_HDR[0], kv0, sizeof kv0);
+  check_st(ed, "layer_1.safetensors", REF_HDR[1], kv1, sizeof kv1);
   char d2[24];
   memcpy(d2, s0, 12);
   memcpy(d2 + 12, s1, 12);
-  wn[2] = st_file(want,
-                  "{\"layer_2_state_0\":{\"dtype\":\"F32\",\"shape\":[3],"
-                  "\"data_offsets\":[0,12]},\"layer_2_state_1\":{\"dtype\":"
-                  "\"I32\",\"shape\":[3],\"data_offsets\":[12,24]}}",
-                  d2, sizeof d2);
-  wants[2] = malloc(wn[2]);
-  memcpy(wants[2], want, wn[2]);
-  for (int i = 0; i < 3; i++) {
-    char name[40];
-    snprintf(name, sizeof name, "layer_%d.safetensors", i);
-    char *p = t_join(ed, name);
-    size_t len = 0;
-    char *got = t_read_all(p, &len);
-    CHECK(got && len == wn[i] && memcmp(got, wants[i], len) == 0);
-    free(got);
-    free(p);
-    free(wants[i]);
-  }
+  check_st(ed, "layer_2.safetensors", REF_HDR[2], d2, sizeof d2);
   const char *manifest =
       "{\"num_layers\": 3, \"layers\": [{\"layer_type\": \"KVCache\", "
       "\"layer_idx\": 0, \"offset\": 2, \"keys_original_dtype\": "
@@ -904,25 +895,11 @@ static void test_callbacks_and_cancel(void) {
   /* symlinks inside or as the entry are refused as corruption */
   {
     char *lp = t_join(ed, "layer_1.safetensors"), *lk = t_join(ed, "elsewhere");
-    REQUIRE(rename(lp, lk) == 0);
-    REQUIRE(symlink(lk, lp) == 0);
-    CHECK_EQ_INT(read_status(dir, h), KVT_ECORRUPT);
-    unlink(lp);
-    REQUIRE(rename(lk, lp) == 0);
+    check_symlink_refused(dir, h, lp, lk);
     char *mp = t_join(ed, "manifest.json");
-    REQUIRE(rename(mp, lk) == 0);
-    REQUIRE(symlink(lk, mp) == 0);
-    CHECK_EQ_INT(read_status(dir, h), KVT_ECORRUPT);
-    unlink(mp);
-    REQUIRE(rename(lk, mp) == 0);
-    CHECK_EQ_INT(read_status(dir, h), 0);
+    check_symlink_refused(dir, h, mp, lk);
     char *moved = t_join(dir, "moved");
-    REQUIRE(rename(ed, moved) == 0);
-    REQUIRE(symlink(moved, ed) == 0);
-    CHECK_EQ_INT(read_status(dir, h), KVT_ECORRUPT);
-    unlink(ed);
-    REQUIRE(rename(moved, ed) == 0);
-    CHECK_EQ_INT(read_status(dir, h), 0);
+    check_symlink_refused(dir, h, ed, moved);
     free(moved);
     free(mp);
     free(lp);

@@ -53,31 +53,39 @@ static void test_json_reference_keys(void) {
   }
 }
 
+/* CHECKs the derived values kvt_stats_to_json renders for s, each exactly as
+ * Python's to_dict prints it and followed by a comma. */
+static void check_derived(const kvt_stats *s, const char *hit_rate,
+                          const char *latency_sum_s, const char *avg_ms) {
+  static const char *names[3] = {"ssd_hit_rate", "reload_latency_sum_s",
+                                 "avg_reload_latency_ms"};
+  const char *want[3] = {hit_rate, latency_sum_s, avg_ms};
+  char buf[4096];
+  CHECK_EQ_INT(kvt_stats_to_json(buf, sizeof buf, NULL, s), 0);
+  for (int i = 0; i < 3; i++) {
+    char k[96];
+    snprintf(k, sizeof k, "\"%s\":%s,", names[i], want[i]);
+    if (!strstr(buf, k))
+      fprintf(stderr, "missing %s in %s\n", k, buf);
+    CHECK(strstr(buf, k) != NULL);
+  }
+}
+
 static void test_json_zero_and_rounding(void) {
   kvt_stats s;
   memset(&s, 0, sizeof s);
-  char buf[4096];
-  CHECK_EQ_INT(kvt_stats_to_json(buf, sizeof buf, NULL, &s), 0);
   /* Python's to_dict on zeros gives floats 0.0 for the derived values. */
-  CHECK(strstr(buf, "\"ssd_hit_rate\":0.0,") != NULL);
-  CHECK(strstr(buf, "\"reload_latency_sum_s\":0.0,") != NULL);
-  CHECK(strstr(buf, "\"avg_reload_latency_ms\":0.0,") != NULL);
+  check_derived(&s, "0.0", "0.0", "0.0");
   /* 1 hit of 2 s: hit_rate 1.0, avg 2000.0 ms. */
   s.ssd_hits = 1;
   s.reload_latency_sum = 2.0;
-  CHECK_EQ_INT(kvt_stats_to_json(buf, sizeof buf, NULL, &s), 0);
-  CHECK(strstr(buf, "\"ssd_hit_rate\":1.0,") != NULL);
-  CHECK(strstr(buf, "\"reload_latency_sum_s\":2.0,") != NULL);
-  CHECK(strstr(buf, "\"avg_reload_latency_ms\":2000.0,") != NULL);
+  check_derived(&s, "1.0", "2.0", "2000.0");
   /* round(1/3, 4) = 0.3333; round(0.00005, 4) = 0.0001 (0.00005 is above the
    * tie in binary) */
   s.ssd_hits = 1;
   s.ssd_misses = 2;
   s.reload_latency_sum = 0.00005;
-  CHECK_EQ_INT(kvt_stats_to_json(buf, sizeof buf, NULL, &s), 0);
-  CHECK(strstr(buf, "\"ssd_hit_rate\":0.3333,") != NULL);
-  CHECK(strstr(buf, "\"reload_latency_sum_s\":0.0001,") != NULL);
-  CHECK(strstr(buf, "\"avg_reload_latency_ms\":0.05,") != NULL);
+  check_derived(&s, "0.3333", "0.0001", "0.05");
 }
 
 static void test_size_then_copy(void) {

@@ -79,6 +79,10 @@ IO_URING = 2
 OPEN_READONLY = 0x1
 OPEN_NO_RECONCILE = 0x2
 OPEN_SKIP_OWNER_CHECK = 0x4
+REMOTE_LOCAL = 0
+REMOTE_LOCAL_AND_REMOTE = 1
+REMOTE_ONLY = 2
+REMOTE_NO_LOCAL_COPY = 0x1
 
 PROMOTE_PREFIX = 0x1
 PROMOTE_NO_TOUCH = 0x2
@@ -152,6 +156,14 @@ class Options(ctypes.Structure):
         ("log_level", ctypes.c_int32),
         ("spill_done_fn", SPILL_DONE_FN),
         ("spill_done_ctx", ctypes.c_void_p),
+        # The shared remote tier (Redis / Valkey).
+        ("remote_url", ctypes.c_char_p),
+        ("remote_mode", ctypes.c_int32),
+        ("remote_prefix", ctypes.c_char_p),
+        ("remote_timeout_ms", ctypes.c_uint32),
+        ("remote_queue_size", ctypes.c_uint32),
+        ("remote_chunk_bytes", ctypes.c_uint64),
+        ("remote_flags", ctypes.c_uint32),
     ]
 
 
@@ -219,6 +231,16 @@ class Stats(ctypes.Structure):
         ("memory_bytes", ctypes.c_uint64),
         ("queue_depth", ctypes.c_uint64),
         ("queue_bytes", ctypes.c_uint64),
+        ("remote_hits", ctypes.c_uint64),
+        ("remote_misses", ctypes.c_uint64),
+        ("remote_read_bytes", ctypes.c_uint64),
+        ("remote_latency_sum", ctypes.c_double),
+        ("remote_spill_count", ctypes.c_uint64),
+        ("remote_spill_bytes", ctypes.c_uint64),
+        ("remote_spill_drops", ctypes.c_uint64),
+        ("remote_errors", ctypes.c_uint64),
+        ("remote_queue_depth", ctypes.c_uint64),
+        ("remote_available", ctypes.c_uint64),
     ]
 
 

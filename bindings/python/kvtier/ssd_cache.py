@@ -101,6 +101,8 @@ SERIALIZER_SUPPORT_MATRIX = {
 _STORAGE_MODES = {"native": L.STORAGE_NATIVE, "compat": L.STORAGE_COMPAT}
 _DURABILITIES = {"fsync": L.DURABILITY_FSYNC, "none": L.DURABILITY_NONE}
 _IO_BACKENDS = {"auto": L.IO_AUTO, "portable": L.IO_PORTABLE, "uring": L.IO_URING}
+_REMOTE_MODES = {"local": L.REMOTE_LOCAL, "local+remote": L.REMOTE_LOCAL_AND_REMOTE,
+                 "remote": L.REMOTE_ONLY}
 
 
 # --------------------------------------------------------------------------
@@ -133,6 +135,17 @@ class SSDCacheConfig:
         io_backend: "auto", "portable" or "uring".
         model_name: names the default directory when cache_dir is None
             (only used by kvtier.Tier; SSDCacheTier requires cache_dir).
+        remote_url: shared remote tier, "redis://[:password@]host:port"
+            (several comma-separated host:port seeds for a Redis Cluster);
+            None (default) = local only.
+        remote_mode: "local" (default), "local+remote" (spills also go to
+            the remote store asynchronously; local misses are looked up
+            there) or "remote" (remote store only). Needs remote_url.
+        remote_prefix: key prefix to share one store between models or
+            deployments (None = "kvt:").
+        remote_timeout_ms: bound on each remote connect/command.
+        remote_keep_local: keep a local copy of entries promoted from the
+            remote store ("local+remote" only).
     """
 
     cache_dir: str | None = None
@@ -149,6 +162,11 @@ class SSDCacheConfig:
     quarantine_max: int = 16
     io_backend: str = "auto"
     model_name: str | None = None
+    remote_url: str | None = None
+    remote_mode: str = "local"
+    remote_prefix: str | None = None
+    remote_timeout_ms: int = 1000
+    remote_keep_local: bool = True
 
     def __post_init__(self) -> None:
         if self.max_size_gb <= 0:
@@ -183,6 +201,20 @@ class SSDCacheConfig:
             )
         if self.quarantine_max < 0:
             raise ValueError(f"quarantine_max must be >= 0, got {self.quarantine_max}")
+        if self.remote_mode not in _REMOTE_MODES:
+            raise ValueError(
+                "remote_mode must be 'local', 'local+remote' or 'remote', "
+                f"got {self.remote_mode!r}"
+            )
+        if (self.remote_mode == "local") != (self.remote_url is None):
+            raise ValueError(
+                "remote_url and remote_mode go together: set remote_mode to "
+                "'local+remote' or 'remote' with a remote_url, or neither"
+            )
+        if self.remote_timeout_ms < 1:
+            raise ValueError(
+                f"remote_timeout_ms must be >= 1, got {self.remote_timeout_ms}"
+            )
         if self.retention_seconds is not None and self.retention_seconds < 0:
             raise ValueError(
                 f"retention_seconds must be >= 0 or None, got {self.retention_seconds}"
@@ -220,6 +252,18 @@ class SSDCacheConfig:
         o.io_backend = _IO_BACKENDS[self.io_backend]
         o.promote_threads = int(self.promote_threads)
         o.quarantine_max = int(self.quarantine_max)
+        if self.remote_url is not None:
+            b = self.remote_url.encode("utf-8")
+            keep.append(b)
+            o.remote_url = b
+        o.remote_mode = _REMOTE_MODES[self.remote_mode]
+        if self.remote_prefix is not None:
+            b = self.remote_prefix.encode("utf-8")
+            keep.append(b)
+            o.remote_prefix = b
+        o.remote_timeout_ms = int(self.remote_timeout_ms)
+        if not self.remote_keep_local:
+            o.remote_flags |= L.REMOTE_NO_LOCAL_COPY
         return o, keep
 
 
@@ -274,6 +318,11 @@ _KVT_STAT_FIELDS = ("spill_drops", "spill_rejects", "write_failures", "evictions
                     "expirations", "quarantined", "reconciled",
                     "promotions_cancelled", "entries", "disk_bytes",
                     "memory_bytes", "queue_depth", "queue_bytes")
+# The shared remote tier's (all 0 without one); local_hits is derived.
+_REMOTE_STAT_FIELDS = ("remote_hits", "remote_misses", "remote_read_bytes",
+                       "remote_spill_count", "remote_spill_bytes",
+                       "remote_spill_drops", "remote_errors",
+                       "remote_queue_depth", "remote_available")
 
 
 class _CounterValue(int):
@@ -864,6 +913,10 @@ class SSDCacheTier:
         d = SSDCacheStats(**{f: getattr(s, f) for f in _REF_STAT_FIELDS}).to_dict()
         for f in _KVT_STAT_FIELDS:
             d[f] = int(getattr(s, f))
+        d["local_hits"] = max(0, int(s.ssd_hits) - int(s.remote_hits))
+        for f in _REMOTE_STAT_FIELDS:
+            d[f] = int(getattr(s, f))
+        d["remote_latency_sum_s"] = round(float(s.remote_latency_sum), 4)
         return d
 
     def start_writer(self) -> None:

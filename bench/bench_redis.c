@@ -1,0 +1,264 @@
+/*
+ * bench_redis.c - throughput of the shared remote tier against what the same
+ * Redis server does on its own, in one run: starts a private redis-server on
+ * a free loopback port (killed at exit), measures redis-benchmark's own SET
+ * and GET throughput with large values (one client, as kvtier's one upload
+ * thread / one promoting thread), then kvtier's remote spill (spill ->
+ * upload -> flush) and remote promote (fetch, verify, build the entry) of the
+ * same bytes, and prints value / limit / ratio lines (best of 3 runs on each
+ * side: the machine may be shared). Usage:
+ *   bench_redis [entry_MiB=8] [entries=8] [chunk_MiB=16]
+ * Exit 77 when redis-server / redis-benchmark are missing or kvtier was built
+ * without hiredis.
+ */
+#include "kvtier.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static pid_t g_srv = -1;
+static char g_dir[256];
+
+static void cleanup(void) {
+  if (g_srv > 0) {
+    kill(g_srv, SIGKILL);
+    waitpid(g_srv, NULL, 0);
+    g_srv = -1;
+  }
+  if (g_dir[0]) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0)
+      fprintf(stderr, "could not remove %s\n", g_dir);
+    g_dir[0] = '\0';
+  }
+}
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(0x7f000001);
+  socklen_t l = sizeof a;
+  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+      getsockname(fd, (struct sockaddr *)&a, &l) != 0)
+    return -1;
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+/* Requests per second of one redis-benchmark test (CSV output). */
+static double rb_rps(int port, const char *test, size_t value, int n) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd,
+           "redis-benchmark -h 127.0.0.1 -p %d -t %s -d %zu -n %d -c 1 --csv "
+           "2>/dev/null",
+           port, test, value, n);
+  FILE *f = popen(cmd, "r");
+  if (!f)
+    return 0;
+  char line[512];
+  double rps = 0;
+  while (fgets(line, sizeof line, f)) {
+    /* "test","rps",...  e.g. "SET","68.49",... */
+    char *p = strchr(line, ',');
+    if (line[0] == '"' && p && p[1] == '"' && strncmp(line + 1, "test", 4))
+      rps = atof(p + 2);
+  }
+  pclose(f);
+  return rps;
+}
+
+int main(int argc, char **argv) {
+  size_t entry_mib = argc > 1 ? (size_t)atoi(argv[1]) : 8;
+  int entries = argc > 2 ? atoi(argv[2]) : 8;
+  size_t chunk_mib = argc > 3 ? (size_t)atoi(argv[3]) : 16;
+  if (entry_mib < 1 || entries < 1 || chunk_mib < 1 || chunk_mib > 512)
+    return 2;
+  if (system("command -v redis-server >/dev/null && command -v "
+             "redis-benchmark >/dev/null") != 0) {
+    fprintf(stderr, "skip: redis-server / redis-benchmark not installed\n");
+    return 77;
+  }
+  snprintf(g_dir, sizeof g_dir, "/tmp/kvt-bench-redis-XXXXXX");
+  if (!mkdtemp(g_dir))
+    return 1;
+  atexit(cleanup);
+  int port = free_port();
+  char ps[16];
+  snprintf(ps, sizeof ps, "%d", port);
+  g_srv = fork();
+  if (g_srv == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (!freopen("/dev/null", "w", stdout))
+      _exit(127);
+    execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1",
+           "--save", "", "--appendonly", "no", "--dir", g_dir,
+           "--proto-max-bulk-len", "1gb", (char *)NULL);
+    _exit(127);
+  }
+  char ping[256];
+  snprintf(ping, sizeof ping, "redis-cli -p %d PING 2>/dev/null | grep -q PONG",
+           port);
+  for (int i = 0; i < 200 && system(ping) != 0; i++)
+    usleep(25000);
+
+  /* The limit: redis-benchmark's own large-value SET/GET, one client. */
+  size_t vbytes = chunk_mib << 20;
+  if (vbytes > entry_mib << 20)
+    vbytes = entry_mib << 20;
+  int n = (int)((entry_mib * (size_t)entries << 20) / vbytes);
+  if (n < 32)
+    n = 32;
+  /* Best of 3 on both sides: the machine may be shared. */
+  double set_rps = 0, get_rps = 0;
+  for (int rep = 0; rep < 3; rep++) {
+    double s1 = rb_rps(port, "set", vbytes, n);
+    double g1 = rb_rps(port, "get", vbytes, n);
+    set_rps = s1 > set_rps ? s1 : set_rps;
+    get_rps = g1 > get_rps ? g1 : get_rps;
+  }
+  double set_mbs = set_rps * (double)vbytes / 1e6;
+  double get_mbs = get_rps * (double)vbytes / 1e6;
+  char flush[128];
+  snprintf(flush, sizeof flush, "redis-cli -p %d FLUSHALL >/dev/null", port);
+  if (system(flush) != 0)
+    fprintf(stderr, "FLUSHALL failed\n");
+
+  /* kvtier: entries of 4 layers, keys/values F16 [1, 8, T, 128]. */
+  char url[64];
+  snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+  uint64_t tensor = (entry_mib << 20) / 8;
+  int T = (int)(tensor / (8 * 128 * 2));
+  kvt_layer layers[4];
+  kvt_tensor tens[4][2];
+  unsigned seed = 1;
+  for (int l = 0; l < 4; l++) {
+    kvt_layer_init(&layers[l], KVT_LAYER_KV);
+    layers[l].tensors = tens[l];
+    layers[l].num_tensors = 2;
+    layers[l].offset = T;
+    for (int k = 0; k < 2; k++) {
+      kvt_tensor *t = &tens[l][k];
+      memset(t, 0, sizeof *t);
+      t->dtype = KVT_DTYPE_F16;
+      t->ndim = 4;
+      t->shape[0] = 1;
+      t->shape[1] = 8;
+      t->shape[2] = T;
+      t->shape[3] = 128;
+      t->nbytes = (uint64_t)8 * T * 128 * 2;
+      t->data = malloc(t->nbytes);
+      unsigned char *b = t->data;
+      for (uint64_t i = 0; i < t->nbytes; i++)
+        b[i] = (unsigned char)((seed = seed * 1103515245u + 12345u) >> 16);
+    }
+  }
+  uint64_t ebytes = 8 * tens[0][0].nbytes;
+  char dirA[300], dirB[300];
+  snprintf(dirA, sizeof dirA, "%s/a", g_dir);
+  snprintf(dirB, sizeof dirB, "%s/b", g_dir);
+  kvt_options o;
+  kvt_options_init(&o, KVT_OPTIONS_VERSION);
+  o.cache_dir = dirA;
+  o.durability = KVT_DURABILITY_NONE;
+  o.remote_url = url;
+  o.remote_mode = KVT_REMOTE_ONLY;
+  o.remote_chunk_bytes = chunk_mib << 20;
+  o.remote_timeout_ms = 30000;
+  o.spill_queue_size = 2;
+  o.remote_queue_size = 2;
+  kvt_tier *a = NULL;
+  int rc = kvt_tier_open(&a, &o);
+  if (rc == KVT_EUNSUPPORTED) {
+    fprintf(stderr, "skip: %s\n", kvt_last_error());
+    return 77;
+  }
+  if (rc != 0) {
+    fprintf(stderr, "open: %s\n", kvt_last_error());
+    return 1;
+  }
+  kvt_tier_start_writer(a);
+  int32_t *tok = malloc(sizeof(int32_t) * 64);
+  double spill_s = 1e30, t0;
+  for (int rep = 0; rep < 3; rep++) { /* each rep replaces the entries */
+    t0 = now();
+    for (int e = 0; e < entries; e++) {
+      for (int i = 0; i < 64; i++)
+        tok[i] = e * 1000 + i;
+      /* Bounded queues: wait for room instead of dropping. */
+      while ((rc = kvt_tier_spill(a, tok, 64, layers, 4, ebytes)) == KVT_EFULL)
+        usleep(1000);
+      if (rc != 0) {
+        fprintf(stderr, "spill: %s\n", kvt_last_error());
+        return 1;
+      }
+      kvt_tier_flush(a, -1);
+    }
+    kvt_tier_flush(a, -1);
+    if (now() - t0 < spill_s)
+      spill_s = now() - t0;
+  }
+  kvt_stats s;
+  kvt_tier_stats(&s, a);
+  kvt_tier_free(a);
+
+  o.cache_dir = dirB;
+  o.remote_flags = KVT_REMOTE_NO_LOCAL_COPY;
+  kvt_tier *b = NULL;
+  if (kvt_tier_open(&b, &o) != 0)
+    return 1;
+  double prom_s = 1e30;
+  int hits = 0;
+  for (int rep = 0; rep < 3; rep++) {
+    t0 = now();
+    hits = 0;
+    for (int e = 0; e < entries; e++) {
+      for (int i = 0; i < 64; i++)
+        tok[i] = e * 1000 + i;
+      kvt_entry *got = NULL;
+      if (kvt_tier_promote(&got, b, tok, 64, NULL) == 0)
+        hits++;
+      kvt_entry_free(got);
+    }
+    if (now() - t0 < prom_s)
+      prom_s = now() - t0;
+  }
+  kvt_tier_free(b);
+
+  double total = (double)s.remote_spill_bytes / 3; /* 3 reps */
+  double spill_mbs = total / spill_s / 1e6;
+  double prom_mbs = total / prom_s / 1e6 * hits / entries;
+  printf("bench_redis: %d entries of %.1f MiB (%.1f MB stored), chunks of %zu "
+         "MiB, one server on loopback\n",
+         entries, (double)ebytes / 1048576.0, total / 1e6, chunk_mib);
+  printf("redis-benchmark SET %zu-byte values, 1 client: %.1f MB/s\n", vbytes,
+         set_mbs);
+  printf("redis-benchmark GET %zu-byte values, 1 client: %.1f MB/s\n", vbytes,
+         get_mbs);
+  printf("remote_spill_MBps value %.1f limit %.1f ratio %.2f\n", spill_mbs,
+         set_mbs, set_mbs > 0 ? spill_mbs / set_mbs : 0);
+  printf("remote_promote_MBps value %.1f limit %.1f ratio %.2f (%d/%d hits)\n",
+         prom_mbs, get_mbs, get_mbs > 0 ? prom_mbs / get_mbs : 0, hits,
+         entries);
+  for (int l = 0; l < 4; l++)
+    for (int k = 0; k < 2; k++)
+      free(tens[l][k].data);
+  free(tok);
+  return hits == entries ? 0 : 1;
+}

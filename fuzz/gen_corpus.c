@@ -1,0 +1,124 @@
+/*
+ * gen_corpus.c - writes the seed corpus of every fuzz target from real kvtier
+ * output: the fixed entry of fuzz_common.h in both storage modes, its layer
+ * files (safetensors seeds), its manifests (manifest seeds), its tokens.bin
+ * under each control byte (tokens seeds) and whole entries packed in
+ * fuzz_entry's container format (entry seeds), plus a few small hand-made edge
+ * cases. Run by fuzz/gen_corpus.sh; the output is committed under fuzz/corpus/.
+ * Usage: fuzz_gen_corpus <corpus root>.
+ */
+#include "fuzz_common.h"
+
+static char g_out[1024];
+
+static void seed(const char *target, const char *name, const void *d,
+                 size_t n) {
+  char p[2048];
+  snprintf(p, sizeof p, "%s/%s", g_out, target);
+  mkdir(p, 0755);
+  snprintf(p, sizeof p, "%s/%s/%s", g_out, target, name);
+  fz_write(p, d, n);
+}
+
+/* fuzz_entry container: records of [id][len u16 LE][bytes]; id 0 manifest.json,
+ * 1 manifest.sum, 2 tokens.bin, 3+k layer_k.safetensors; 0x80 on the first id:
+ * fix the sum. */
+static size_t pack(unsigned char *out, const char *dir, int fix, int drop_sum) {
+  size_t o = 0;
+  for (int id = 0; id < 3 + 8; id++) {
+    char name[64], p[2048];
+    if (id == 0)
+      snprintf(name, sizeof name, "manifest.json");
+    else if (id == 1)
+      snprintf(name, sizeof name, "manifest.sum");
+    else if (id == 2)
+      snprintf(name, sizeof name, "tokens.bin");
+    else
+      snprintf(name, sizeof name, "layer_%d.safetensors", id - 3);
+    if (id == 1 && drop_sum)
+      continue;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    size_t n = 0;
+    char *b = fz_read(p, &n);
+    if (!b)
+      continue;
+    if (n > 65535)
+      abort();
+    unsigned char flag = fix && o == 0 ? 0x80 : 0;
+    out[o++] = (unsigned char)(id | flag);
+    out[o++] = (unsigned char)(n & 0xff);
+    out[o++] = (unsigned char)(n >> 8);
+    memcpy(out + o, b, n);
+    o += n;
+    free(b);
+  }
+  return o;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: %s <corpus root>\n", argv[0]);
+    return 2;
+  }
+  snprintf(g_out, sizeof g_out, "%s", argv[1]);
+  mkdir(g_out, 0755);
+  static const char *mname[2] = {"native", "compat"};
+  for (int mode = 0; mode < 2; mode++) {
+    char data[1024], dir[1200], p[1400], name[128];
+    snprintf(data, sizeof data, "%s/%s", fz_dir(), mname[mode]);
+    mkdir(data, 0700);
+    char hash[65];
+    if (fz_make_entry(data, mode, hash) != 0) {
+      fprintf(stderr, "entry write failed: %s\n", kvt_last_error());
+      return 1;
+    }
+    snprintf(dir, sizeof dir, "%s/%s", data, hash);
+    for (int l = 0; l < 4; l++) {
+      snprintf(p, sizeof p, "%s/layer_%d.safetensors", dir, l);
+      size_t n = 0;
+      char *b = fz_read(p, &n);
+      snprintf(name, sizeof name, "%s_layer_%d", mname[mode], l);
+      seed("safetensors", name, b, n);
+      free(b);
+    }
+    size_t n = 0;
+    snprintf(p, sizeof p, "%s/manifest.json", dir);
+    char *m = fz_read(p, &n);
+    snprintf(name, sizeof name, "%s_manifest", mname[mode]);
+    seed("manifest", name, m, n);
+    free(m);
+    snprintf(p, sizeof p, "%s/tokens.bin", dir);
+    char *t = fz_read(p, &n);
+    for (int c = 0; c < 4; c++) {
+      unsigned char *b = malloc(n + 1);
+      b[0] = (unsigned char)c;
+      memcpy(b + 1, t, n);
+      snprintf(name, sizeof name, "%s_ctl%d", mname[mode], c);
+      if (mode == 0)
+        seed("tokens", name, b, n + 1);
+      free(b);
+    }
+    free(t);
+    unsigned char *pk = malloc(1 << 20);
+    for (int v = 0; v < 3; v++) {
+      size_t pn = pack(pk, dir, v == 1, v == 2);
+      snprintf(name, sizeof name, "%s_entry_%s", mname[mode],
+               v == 0   ? "exact"
+               : v == 1 ? "fixsum"
+                        : "nosum");
+      seed("entry", name, pk, pn);
+    }
+    free(pk);
+  }
+  /* Hand-made edge cases. */
+  static const char empty_st[] = "\x02\x00\x00\x00\x00\x00\x00\x00{}";
+  seed("safetensors", "empty_header", empty_st, sizeof empty_st - 1);
+  static const char meta_st[] = "\x28\x00\x00\x00\x00\x00\x00\x00{\"__metadata_"
+                                "_\":{\"format\":\"pt\"}}      ";
+  seed("safetensors", "metadata_only", meta_st, sizeof meta_st - 1);
+  static const char ref_manifest[] = "{\"num_layers\": 0, \"layers\": [], "
+                                     "\"memory_bytes\": 0, \"num_tokens\": 9}";
+  seed("manifest", "reference_empty", ref_manifest, sizeof ref_manifest - 1);
+  printf("corpus written to %s\n", g_out);
+  return 0;
+}

@@ -1,0 +1,71 @@
+/*
+ * rclient.h - a small Redis / Valkey client over hiredis 0.14 (which has no
+ * cluster support) for the remote tier: seed nodes from a URL, standalone or
+ * Redis Cluster detected at first contact, routing by hash slot (CRC16 of the
+ * key's hash tag) from CLUSTER SLOTS, MOVED (update the slot, refresh the map)
+ * and ASK (ASKING + command on the importing node) followed per command, a
+ * pool of idle connections per node, and connect/command timeouts on every
+ * socket. Every batch passed to kvr_exec must route to ONE slot (the remote
+ * tier keeps all keys of an entry under one hash tag), so a batch is one
+ * pipeline to one node. Thread-safe: any number of threads may call kvr_exec
+ * at once (each takes its own connection).
+ */
+#ifndef KVT_RCLIENT_H
+#define KVT_RCLIENT_H
+
+#include <hiredis/hiredis.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvr_client kvr_client;
+
+/* One command: up to 8 arguments (binary-safe). */
+#define KVR_MAX_ARGS 8
+typedef struct kvr_cmd {
+  int argc;
+  const char *argv[KVR_MAX_ARGS];
+  size_t len[KVR_MAX_ARGS];
+} kvr_cmd;
+
+/* Parsed URL: redis://[:password@]host:port[,host:port...]. */
+typedef struct kvr_addr {
+  char host[256];
+  int port;
+} kvr_addr;
+
+/* Validates url without connecting. Returns 0 or KVT_EINVAL (message names the
+ * problem). n_out/addrs/password may be NULL. */
+int kvr_parse_url(const char *url, kvr_addr *addrs, int max_addrs, int *n_out,
+                  char *password, size_t pw_cap);
+
+/* Creates a client (no connection is made yet: the first command connects and
+ * detects cluster mode). timeout_ms bounds connects and every command. */
+int kvr_client_new(kvr_client **out, const char *url, uint32_t timeout_ms);
+void kvr_client_free(kvr_client *c);
+
+/* Hash slot of a key (CRC16-CCITT of the hash tag, mod 16384). */
+unsigned kvr_key_slot(const char *key, size_t len);
+
+/* Runs n commands, all routed by key (whose slot they must share), as one
+ * pipeline, following redirections. On 0 every replies[i] is set (a Redis
+ * error reply is returned as a reply of type REDIS_REPLY_ERROR); the caller
+ * frees them with freeReplyObject. On failure (KVT_EIO: connection lost or
+ * refused; KVT_ETIMEDOUT; KVT_ENOMEM) no reply is returned. */
+int kvr_exec(kvr_client *c, const char *key, size_t klen, const kvr_cmd *cmds,
+             size_t n, redisReply **replies);
+
+/* Calls fn(ctx, reply) with the reply of cmd run on every master once (SCAN
+ * loops, INFO). Returns 0 or the first failure. */
+typedef int (*kvr_node_fn)(void *ctx, kvr_client *c, int node);
+int kvr_foreach_master(kvr_client *c, kvr_node_fn fn, void *ctx);
+/* Runs one command on a given node (no redirection). */
+int kvr_exec_node(kvr_client *c, int node, const kvr_cmd *cmd,
+                  redisReply **reply);
+
+/* 1 when the server is a cluster (after the first successful contact). */
+int kvr_is_cluster(kvr_client *c);
+
+/* Convenience: fills a command from NUL-terminated strings. */
+void kvr_cmd_set(kvr_cmd *cmd, int argc, const char *const *argv);
+
+#endif

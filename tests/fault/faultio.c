@@ -1,0 +1,217 @@
+/*
+ * faultio.c - implementation of the fault-injecting I/O table (see faultio.h).
+ * Every wrapper bumps its operation's counter, asks should_fail() whether this
+ * call is the armed one, and otherwise forwards to kvti_io_default. Short
+ * transfers forward a shortened request, so the bytes that were transferred are
+ * real.
+ */
+#include "faultio.h"
+#include "io.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stddef.h>
+
+static kvti_io_ops g_ops;
+static atomic_uint_fast64_t g_count[FIO_NOPS];
+static atomic_int g_op = -1;
+static atomic_uint_fast64_t g_nth;
+static atomic_int g_kind, g_err, g_sticky;
+static atomic_uint_fast64_t g_fired, g_total;
+
+static const char *const g_names[FIO_NOPS] = {
+    "open",  "close",   "pread",   "pwrite",   "fsync",           "ftruncate",
+    "fstat", "lstat",   "rename",  "mkdir",    "rmdir",           "unlink",
+    "chmod", "opendir", "readdir", "closedir", "rename_exchange", "alloc"};
+
+const char *fio_op_name(fio_op op) {
+  return op >= 0 && op < FIO_NOPS ? g_names[op] : "?";
+}
+
+/* Returns the fault kind + 1 for a call that must fail (errno set for errno
+ * faults), else 0. */
+static int should_fail(fio_op op) {
+  uint64_t k = atomic_fetch_add(&g_count[op], 1) + 1;
+  if (atomic_load(&g_op) != (int)op)
+    return 0;
+  uint64_t nth = atomic_load(&g_nth);
+  if (k == nth || (k > nth && atomic_load(&g_sticky))) {
+    atomic_fetch_add(&g_fired, 1);
+    atomic_fetch_add(&g_total, 1);
+    int kind = atomic_load(&g_kind);
+    if (kind == FIO_FAIL_ERRNO)
+      errno = atomic_load(&g_err);
+    return kind + 1;
+  }
+  return 0;
+}
+#define FAIL_ERRNO(op) (should_fail(op) == FIO_FAIL_ERRNO + 1)
+
+static int w_open(const char *p, int f, mode_t m) {
+  return FAIL_ERRNO(FIO_OPEN) ? -1 : kvti_io_default.open(p, f, m);
+}
+static int w_close(int fd) {
+  if (FAIL_ERRNO(FIO_CLOSE)) {
+    /* A failed close still releases the descriptor on Linux: do that, or the fd
+     * leaks. */
+    int e = errno;
+    kvti_io_default.close(fd);
+    errno = e;
+    return -1;
+  }
+  return kvti_io_default.close(fd);
+}
+static ssize_t w_pread(int fd, void *b, size_t n, off_t o) {
+  int f = should_fail(FIO_PREAD);
+  if (f == FIO_FAIL_ERRNO + 1)
+    return -1;
+  if (f == FIO_FAIL_SHORT + 1 && n > 1)
+    n /= 2;
+  return kvti_io_default.pread(fd, b, n, o);
+}
+static ssize_t w_pwrite(int fd, const void *b, size_t n, off_t o) {
+  int f = should_fail(FIO_PWRITE);
+  if (f == FIO_FAIL_ERRNO + 1)
+    return -1;
+  if (f == FIO_FAIL_SHORT + 1 && n > 1)
+    n /= 2;
+  return kvti_io_default.pwrite(fd, b, n, o);
+}
+static int w_fsync(int fd) {
+  return FAIL_ERRNO(FIO_FSYNC) ? -1 : kvti_io_default.fsync(fd);
+}
+static int w_ftruncate(int fd, off_t l) {
+  return FAIL_ERRNO(FIO_FTRUNCATE) ? -1 : kvti_io_default.ftruncate(fd, l);
+}
+static int w_fstat(int fd, struct stat *st) {
+  return FAIL_ERRNO(FIO_FSTAT) ? -1 : kvti_io_default.fstat(fd, st);
+}
+static int w_lstat(const char *p, struct stat *st) {
+  return FAIL_ERRNO(FIO_LSTAT) ? -1 : kvti_io_default.lstat(p, st);
+}
+static int w_rename(const char *a, const char *b) {
+  return FAIL_ERRNO(FIO_RENAME) ? -1 : kvti_io_default.rename(a, b);
+}
+static int w_mkdir(const char *p, mode_t m) {
+  return FAIL_ERRNO(FIO_MKDIR) ? -1 : kvti_io_default.mkdir(p, m);
+}
+static int w_rmdir(const char *p) {
+  return FAIL_ERRNO(FIO_RMDIR) ? -1 : kvti_io_default.rmdir(p);
+}
+static int w_unlink(const char *p) {
+  return FAIL_ERRNO(FIO_UNLINK) ? -1 : kvti_io_default.unlink(p);
+}
+static int w_chmod(const char *p, mode_t m) {
+  return FAIL_ERRNO(FIO_CHMOD) ? -1 : kvti_io_default.chmod(p, m);
+}
+static DIR *w_opendir(const char *p) {
+  return FAIL_ERRNO(FIO_OPENDIR) ? NULL : kvti_io_default.opendir(p);
+}
+static struct dirent *w_readdir(DIR *d) {
+  return FAIL_ERRNO(FIO_READDIR) ? NULL : kvti_io_default.readdir(d);
+}
+static int w_closedir(DIR *d) {
+  if (FAIL_ERRNO(FIO_CLOSEDIR)) {
+    int e = errno;
+    kvti_io_default.closedir(d);
+    errno = e;
+    return -1;
+  }
+  return kvti_io_default.closedir(d);
+}
+static atomic_int g_noexch;
+void fio_set_no_exchange(int on) {
+  atomic_store(&g_noexch, on);
+}
+
+static int w_rename_exchange(const char *a, const char *b) {
+  if (atomic_load(&g_noexch)) {
+    errno = ENOTSUP;
+    return -1;
+  }
+  if (FAIL_ERRNO(FIO_RENAME_EXCHANGE))
+    return -1;
+  if (!kvti_io_default.rename_exchange) {
+    errno = ENOTSUP;
+    return -1;
+  }
+  return kvti_io_default.rename_exchange(a, b);
+}
+static void *w_malloc(size_t n) {
+  return FAIL_ERRNO(FIO_ALLOC) ? NULL : kvti_io_default.malloc(n);
+}
+static void *w_calloc(size_t n, size_t s) {
+  return FAIL_ERRNO(FIO_ALLOC) ? NULL : kvti_io_default.calloc(n, s);
+}
+static void *w_realloc(void *p, size_t n) {
+  return FAIL_ERRNO(FIO_ALLOC) ? NULL : kvti_io_default.realloc(p, n);
+}
+static void w_free(void *p) {
+  kvti_io_default.free(p);
+}
+
+void fio_reset(void) {
+  for (int i = 0; i < FIO_NOPS; i++)
+    atomic_store(&g_count[i], 0);
+  atomic_store(&g_op, -1);
+  atomic_store(&g_fired, 0);
+}
+
+void fio_install(void) {
+  /* Start from the real table so hooks this harness does not wrap keep working.
+   */
+  g_ops = kvti_io_default;
+  g_ops.open = w_open;
+  g_ops.close = w_close;
+  g_ops.pread = w_pread;
+  g_ops.pwrite = w_pwrite;
+  g_ops.fsync = w_fsync;
+  g_ops.ftruncate = w_ftruncate;
+  g_ops.fstat = w_fstat;
+  g_ops.lstat = w_lstat;
+  g_ops.rename = w_rename;
+  g_ops.mkdir = w_mkdir;
+  g_ops.rmdir = w_rmdir;
+  g_ops.unlink = w_unlink;
+  g_ops.chmod = w_chmod;
+  g_ops.opendir = w_opendir;
+  g_ops.readdir = w_readdir;
+  g_ops.closedir = w_closedir;
+  g_ops.malloc = w_malloc;
+  g_ops.calloc = w_calloc;
+  g_ops.realloc = w_realloc;
+  g_ops.free = w_free;
+  g_ops.rename_exchange = w_rename_exchange;
+  fio_reset();
+  kvti_io_set(&g_ops);
+}
+
+void fio_remove(void) {
+  fio_reset();
+  kvti_io_set(NULL);
+}
+
+void fio_arm(fio_op op, uint64_t nth, fio_kind kind, int err, int sticky) {
+  atomic_store(&g_op, -1);
+  for (int i = 0; i < FIO_NOPS; i++)
+    atomic_store(&g_count[i], 0);
+  atomic_store(&g_fired, 0);
+  atomic_store(&g_nth, nth);
+  atomic_store(&g_kind, (int)kind);
+  atomic_store(&g_err, err);
+  atomic_store(&g_sticky, sticky);
+  atomic_store(&g_op, (int)op);
+}
+
+void fio_disarm(void) {
+  atomic_store(&g_op, -1);
+}
+uint64_t fio_fired(void) {
+  return atomic_load(&g_fired);
+}
+uint64_t fio_count(fio_op op) {
+  return atomic_load(&g_count[op]);
+}
+uint64_t fio_total_injected(void) {
+  return atomic_load(&g_total);
+}

@@ -1,0 +1,68 @@
+/*
+ * faultio.h - the reusable fault-injection harness for the reliability tests.
+ * It installs an I/O table (src/io.h) that forwards every call to the real one
+ * while counting calls per operation, and can make the Nth call of a chosen
+ * operation (or every call from the Nth on) fail with a chosen errno (ENOSPC,
+ * EIO, EINTR...), transfer only part of the bytes (short read/write), or fail
+ * an allocation of the seam's malloc/calloc/realloc. Tests loop N = 1, 2,
+ * ... until the armed fault no longer fires, which covers every call site of
+ * that operation (the SQLite/curl "fail each site in turn" method). Thread-safe
+ * (atomic counters), so the tier's writer and promote threads can run under it.
+ */
+#ifndef KVT_FAULTIO_H
+#define KVT_FAULTIO_H
+
+#include <stdint.h>
+
+typedef enum fio_op {
+  FIO_OPEN,
+  FIO_CLOSE,
+  FIO_PREAD,
+  FIO_PWRITE,
+  FIO_FSYNC,
+  FIO_FTRUNCATE,
+  FIO_FSTAT,
+  FIO_LSTAT,
+  FIO_RENAME,
+  FIO_MKDIR,
+  FIO_RMDIR,
+  FIO_UNLINK,
+  FIO_CHMOD,
+  FIO_OPENDIR,
+  FIO_READDIR,
+  FIO_CLOSEDIR,
+  FIO_RENAME_EXCHANGE,
+  FIO_ALLOC, /* malloc, calloc and realloc of the seam together */
+  FIO_NOPS
+} fio_op;
+
+typedef enum fio_kind {
+  FIO_FAIL_ERRNO = 0, /* return -1 (NULL) with the armed errno */
+  FIO_FAIL_SHORT =
+      1 /* pread/pwrite: transfer at most half (>= 1 byte) and return it */
+} fio_kind;
+
+/* Installs the counting table (nothing armed, counters zero). Call before
+ * opening anything that must run under it; fio_remove restores the default
+ * table. */
+void fio_install(void);
+void fio_remove(void);
+/* Zeroes the counters and disarms. */
+void fio_reset(void);
+/* Arms: the nth call (1-based, counted from now) of op fails as kind/err.
+ * sticky: every call after the nth fails too (a full disk, a dead device).
+ * Counters restart at zero. */
+void fio_arm(fio_op op, uint64_t nth, fio_kind kind, int err, int sticky);
+void fio_disarm(void);
+/* Number of calls that were failed since fio_arm. */
+uint64_t fio_fired(void);
+/* Calls of op since install/reset/arm. */
+uint64_t fio_count(fio_op op);
+/* Total faults injected since the process started (for the report). */
+uint64_t fio_total_injected(void);
+const char *fio_op_name(fio_op op);
+/* While set, rename_exchange fails with ENOTSUP (not counted as a fault),
+ * forcing the portable two-rename publish path. */
+void fio_set_no_exchange(int on);
+
+#endif

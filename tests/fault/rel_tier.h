@@ -1,0 +1,146 @@
+/*
+ * rel_tier.h - helpers shared by the reliability tests that run the whole tier:
+ * spill outcome recording through spill_done_fn (thread-safe), opening a tier
+ * on a given directory, and the post-mortem consistency check every test ends
+ * with - after a clean reopen (which purges temporaries and reconciles), data/
+ * holds no *.tmp, every index row's entry reads back and verifies, and every
+ * entry directory has a row.
+ */
+#ifndef KVT_REL_TIER_H
+#define KVT_REL_TIER_H
+
+#include "../unit/tier_testlib.h"
+#include "rel_common.h"
+#include "hash.h"
+
+#include <dirent.h>
+#include <pthread.h>
+
+#define REL_MAX_DONE 4096
+
+typedef struct rel_done {
+  pthread_mutex_t mu;
+  int n;
+  char hash[REL_MAX_DONE][KVT_HASH_HEX_LEN + 1];
+  int status[REL_MAX_DONE];
+} rel_done;
+
+static inline void rel_done_fn(void *ctx, const char *hash, int status) {
+  rel_done *d = ctx;
+  pthread_mutex_lock(&d->mu);
+  if (d->n < REL_MAX_DONE) {
+    memcpy(d->hash[d->n], hash, KVT_HASH_HEX_LEN + 1);
+    d->status[d->n] = status;
+    d->n++;
+  }
+  pthread_mutex_unlock(&d->mu);
+}
+
+/* Status of the last spill of hash reported, or 1 when none was reported. */
+static inline int rel_done_status(rel_done *d, const char *hash) {
+  int st = 1;
+  pthread_mutex_lock(&d->mu);
+  for (int i = 0; i < d->n; i++)
+    if (!strcmp(d->hash[i], hash))
+      st = d->status[i];
+  pthread_mutex_unlock(&d->mu);
+  return st;
+}
+
+static inline kvt_options rel_opts(const char *dir, int durability) {
+  kvt_options o;
+  kvt_options_init(&o, KVT_OPTIONS_VERSION);
+  o.cache_dir = dir;
+  o.durability = durability;
+  o.quarantine_max = 4;
+  return o;
+}
+
+static inline char *rel_path(const char *dir, const char *a, const char *b) {
+  size_t n = strlen(dir) + (a ? strlen(a) : 0) + (b ? strlen(b) : 0) + 4;
+  char *p = malloc(n);
+  snprintf(p, n, "%s%s%s%s%s", dir, a ? "/" : "", a ? a : "", b ? "/" : "",
+           b ? b : "");
+  return p;
+}
+
+typedef struct rel_hashes {
+  int n;
+  char h[REL_MAX_DONE][KVT_HASH_HEX_LEN + 1];
+} rel_hashes;
+
+static inline int rel_collect(void *ctx, const kvt_entry_info *info) {
+  rel_hashes *l = ctx;
+  if (l->n < REL_MAX_DONE)
+    memcpy(l->h[l->n++], info->token_hash, KVT_HASH_HEX_LEN + 1);
+  return 0;
+}
+
+/* Names in data/: 64-hex entry directories and *.tmp leftovers. */
+static inline void rel_scan_data(const char *dir, int *entries, int *tmps,
+                                 int *other) {
+  char *d = rel_path(dir, "data", NULL);
+  *entries = *tmps = *other = 0;
+  DIR *dd = opendir(d);
+  struct dirent *de;
+  while (dd && (de = readdir(dd))) {
+    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+      continue;
+    size_t l = strlen(de->d_name);
+    if (kvti_is_hash_name(de->d_name))
+      (*entries)++;
+    else if (l > 4 && !strcmp(de->d_name + l - 4, ".tmp"))
+      (*tmps)++;
+    else
+      (*other)++;
+  }
+  if (dd)
+    closedir(dd);
+  free(d);
+}
+
+/* Reopens dir (purge of temporaries and reconcile on), checks the invariants -
+ * no *.tmp left in data/, every row's entry verifies, every entry directory has
+ * a row - and closes. Returns the number of rows, or -1 when the reopen failed.
+ * Problems count in kvt_test_failures. known_corrupt (may be NULL): an entry
+ * the test damaged on purpose, which must then fail to verify (it is only
+ * quarantined once something reads it). */
+static inline int rel_check_dir(const char *dir, const char *known_corrupt) {
+  kvt_options o = rel_opts(dir, KVT_DURABILITY_NONE);
+  kvt_tier *t = NULL;
+  int rc = kvt_tier_open(&t, &o);
+  if (rc != 0) {
+    fprintf(stderr, "  reopen of %s failed: %d (%s)\n", dir, rc,
+            kvt_last_error());
+    CHECK_EQ_INT(rc, 0);
+    return -1;
+  }
+  rel_hashes *l = calloc(1, sizeof *l);
+  CHECK_EQ_INT(kvt_tier_foreach(t, rel_collect, l), 0);
+  for (int i = 0; i < l->n; i++) {
+    rc = kvt_tier_verify(t, l->h[i], 0);
+    if (known_corrupt && !strcmp(l->h[i], known_corrupt)) {
+      CHECK_EQ_INT(rc, KVT_ECORRUPT);
+      continue;
+    }
+    if (rc != 0)
+      fprintf(stderr, "  row %.16s does not verify after reopen: %d (%s)\n",
+              l->h[i], rc, kvt_last_error());
+    CHECK_EQ_INT(rc, 0);
+  }
+  int entries, tmps, other;
+  rel_scan_data(dir, &entries, &tmps, &other);
+  if (tmps || entries != l->n)
+    fprintf(stderr,
+            "  after reopen: %d rows, %d entry dirs, %d tmp, %d other\n", l->n,
+            entries, tmps, other);
+  CHECK_EQ_INT(tmps, 0);
+  CHECK_EQ_INT(entries, l->n);
+  int n = l->n;
+  free(l);
+  CHECK_EQ_INT(kvt_tier_close(t, -1), 0);
+  kvt_tier_free(t);
+  return n;
+}
+
+#endif

@@ -1,0 +1,305 @@
+/*
+ * test_crash_kill_tier.c - real process crashes. Each trial forks a child that
+ * opens the shared cache directory (durability FSYNC; the open purges and
+ * reconciles what the previous crash left), starts the writer and spills a
+ * seeded sequence of entries - new keys and new versions of existing keys
+ * (replacements), with promotes in between - while spill_done_fn reports every
+ * outcome (status + hash) through a pipe. The parent SIGKILLs the child at a
+ * seeded random moment, then reopens the directory itself and checks: no
+ * temporaries remain after reconcile, every indexed entry reads back and
+ * verifies, every directory has a row, every entry the child was told was
+ * written is still there, and each entry holds exactly one version that was
+ * spilled for its key (the last acknowledged one or one spilled after it).
+ * KVT_CRASH_TRIALS (default 500) and KVT_CRASH_SECONDS (default 45, wall time)
+ * bound the run; KVT_CRASH_SEED changes the seed.
+ */
+#include "rel_tier.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#define N_KEYS 24
+#define N_SPILLS 24 /* per trial */
+#define MAX_VERSIONS 4096
+
+static char g_dir[4096];
+
+/* Key k's tokens are fixed; version v's tensor data comes from seed k * 100000
+ * + v. */
+static t_entry make_version(int k, int v) {
+  t_entry e =
+      t_make((uint64_t)k * 100000u + (uint64_t)v, 20 + (size_t)k, 2, 4, 8);
+  kvt_rng r = {(uint64_t)k + 1};
+  for (size_t i = 0; i < e.n_tokens; i++)
+    e.tokens[i] = (int32_t)(kvt_rng_next(&r) % 50000);
+  return e;
+}
+
+typedef struct plan {
+  int key[N_SPILLS], ver[N_SPILLS];
+} plan;
+
+static int g_next_ver[N_KEYS];
+
+static void make_plan(plan *p, kvt_rng *r) {
+  for (int j = 0; j < N_SPILLS; j++) {
+    p->key[j] = (int)(kvt_rng_next(r) % N_KEYS);
+    p->ver[j] = ++g_next_ver[p->key[j]];
+  }
+}
+
+typedef struct ack {
+  int32_t status;
+  char hash[KVT_HASH_HEX_LEN + 1];
+  char pad[3];
+} ack;
+
+static int g_pipe = -1;
+
+static void child_done(void *ctx, const char *hash, int status) {
+  (void)ctx;
+  ack a;
+  memset(&a, 0, sizeof a);
+  a.status = status;
+  memcpy(a.hash, hash, KVT_HASH_HEX_LEN + 1);
+  if (write(g_pipe, &a, sizeof a) != (ssize_t)sizeof a)
+    _exit(3);
+}
+
+static int g_durability = KVT_DURABILITY_FSYNC;
+
+static void child(const plan *p) {
+  kvt_options o = rel_opts(g_dir, g_durability);
+  o.spill_done_fn = child_done;
+  kvt_tier *t = NULL;
+  if (kvt_tier_open(&t, &o) != 0) {
+    fprintf(stderr, "child: open failed: %s\n", kvt_last_error());
+    _exit(2);
+  }
+  if (kvt_tier_start_writer(t) != 0)
+    _exit(2);
+  for (int j = 0; j < N_SPILLS; j++) {
+    t_entry e = make_version(p->key[j], p->ver[j]);
+    int rc = t_spill(t, &e);
+    if (rc != 0)
+      _exit(4);
+    t_free(&e);
+    t_entry q = make_version(p->key[(j * 7) % N_SPILLS], 0);
+    kvt_entry *got = NULL;
+    kvt_tier_promote(&got, t, q.tokens, q.n_tokens, NULL);
+    kvt_entry_free(got);
+    t_free(&q);
+  }
+  kvt_tier_flush(t, -1);
+  ack end;
+  memset(&end, 0, sizeof end);
+  end.status = 999;
+  if (write(g_pipe, &end, sizeof end) < 0)
+    _exit(3);
+  for (;;)
+    pause();
+}
+
+/* What the parent knows per key: versions that may legitimately be stored. */
+typedef struct keystate {
+  int n;
+  int ver[64];
+  int must_exist; /* a version was acknowledged (or found after the last check)
+                   */
+} keystate;
+static keystate g_ks[N_KEYS];
+
+static void ks_add(keystate *k, int v) {
+  if (k->n < 64)
+    k->ver[k->n++] = v;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Runs one trial; delay_us < 0 lets the child finish (calibration). Returns the
+ * child's run time until its end marker (or the kill). */
+static double trial(const plan *p, long delay_us, int *acked_out,
+                    int *killed_mid) {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  double t0 = now_s();
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    close(fds[0]);
+    g_pipe = fds[1];
+    child(p);
+    _exit(0);
+  }
+  close(fds[1]);
+  int ended = 0;
+  if (delay_us >= 0) {
+    struct timespec ts = {delay_us / 1000000, (delay_us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+  } else {
+    /* Calibration: wait for the end marker. */
+    ack a;
+    for (;;) {
+      ssize_t r = read(fds[0], &a, sizeof a);
+      REQUIRE(r == (ssize_t)sizeof a);
+      if (a.status == 999)
+        break;
+    }
+    ended = 1;
+  }
+  double dt = now_s() - t0;
+  kill(pid, SIGKILL);
+  int wst = 0;
+  REQUIRE(waitpid(pid, &wst, 0) == pid);
+  if (!(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL)) {
+    fprintf(stderr, "child exited on its own: status %d\n",
+            WIFEXITED(wst) ? WEXITSTATUS(wst) : -1);
+    CHECK(0);
+  }
+  /* Outcomes in spill order (one writer, FIFO). */
+  int acked = 0;
+  ack a;
+  int j = 0;
+  if (!ended) {
+    while (read(fds[0], &a, sizeof a) == (ssize_t)sizeof a) {
+      if (a.status == 999) {
+        ended = 1;
+        break;
+      }
+      REQUIRE(j < N_SPILLS);
+      t_entry e = make_version(p->key[j], p->ver[j]);
+      char h[65];
+      kvt_token_hash(h, e.tokens, e.n_tokens);
+      t_free(&e);
+      CHECK(strcmp(h, a.hash) == 0);
+      CHECK_EQ_INT(a.status, 0);
+      if (a.status == 0) {
+        keystate *k = &g_ks[p->key[j]];
+        k->n = 0; /* acknowledged: this version or a later one */
+        ks_add(k, p->ver[j]);
+        k->must_exist = 1;
+        acked++;
+      }
+      j++;
+    }
+  } else {
+    for (j = 0; j < N_SPILLS; j++) {
+      keystate *k = &g_ks[p->key[j]];
+      k->n = 0;
+      ks_add(k, p->ver[j]);
+      k->must_exist = 1;
+      acked++;
+    }
+  }
+  close(fds[0]);
+  /* Spills not acknowledged may have been published or not: any later version
+   * is possible. */
+  for (int x = j; x < N_SPILLS; x++)
+    ks_add(&g_ks[p->key[x]], p->ver[x]);
+  *acked_out = acked;
+  *killed_mid = !ended;
+  return dt;
+}
+
+typedef struct totals {
+  long trials, killed_mid, acked, checked, lost, wrong;
+} totals;
+
+/* Reopens and checks every key against what may be stored; then pins what was
+ * found. */
+static void check_state(totals *tot) {
+  rel_check_dir(g_dir, NULL);
+  kvt_options o = rel_opts(g_dir, KVT_DURABILITY_NONE);
+  kvt_tier *t = t_open(&o);
+  for (int k = 0; k < N_KEYS; k++) {
+    keystate *ks = &g_ks[k];
+    t_entry probe = make_version(k, 0);
+    kvt_entry *got = NULL;
+    int rc = kvt_tier_promote(&got, t, probe.tokens, probe.n_tokens, NULL);
+    t_free(&probe);
+    if (rc != 0) {
+      if (ks->must_exist) {
+        tot->lost++;
+        fprintf(stderr, "  key %d: acknowledged entry lost (%d: %s)\n", k, rc,
+                kvt_last_error());
+      }
+      CHECK(!ks->must_exist);
+      CHECK_EQ_INT(rc, KVT_ENOTFOUND);
+      ks->n = 0;
+      continue;
+    }
+    tot->checked++;
+    int found = -1;
+    for (int i = 0; i < ks->n && found < 0; i++) {
+      t_entry e = make_version(k, ks->ver[i]);
+      if (t_same(got, &e))
+        found = ks->ver[i];
+      t_free(&e);
+    }
+    kvt_entry_free(got);
+    if (found < 0) {
+      tot->wrong++;
+      fprintf(stderr, "  key %d: stored version is none of the %d possible\n",
+              k, ks->n);
+    }
+    CHECK(found >= 0);
+    ks->n = 0;
+    if (found >= 0)
+      ks_add(ks, found);
+    ks->must_exist = 1;
+  }
+  CHECK_EQ_INT(kvt_tier_close(t, -1), 0);
+  kvt_tier_free(t);
+}
+
+static void test_crash_kill(void) {
+  long max_trials = r_env_long("KVT_CRASH_TRIALS", 500);
+  double budget = (double)r_env_long("KVT_CRASH_SECONDS", 45);
+  kvt_rng rng = {(uint64_t)r_env_long("KVT_CRASH_SEED", 2026)};
+  totals tot = {0};
+  plan p;
+  int acked, mid;
+  make_plan(&p, &rng);
+  double full = trial(&p, -1, &acked, &mid);
+  check_state(&tot);
+  long span_us = (long)(full * 1.3e6) + 1000;
+  fprintf(stderr, "calibration: a full child run takes %.1f ms\n", full * 1000);
+  double t0 = now_s();
+  for (long i = 0; i < max_trials && now_s() - t0 < budget; i++) {
+    make_plan(&p, &rng);
+    /* A process crash loses nothing the kernel has: both durability modes must
+     * keep every acknowledged entry. Odd trials run without fsync. */
+    g_durability = (i & 1) ? KVT_DURABILITY_NONE : KVT_DURABILITY_FSYNC;
+    long delay = (long)(kvt_rng_next(&rng) % (uint64_t)span_us);
+    trial(&p, delay, &acked, &mid);
+    tot.trials++;
+    tot.killed_mid += mid;
+    tot.acked += acked;
+    int before = kvt_test_failures;
+    check_state(&tot);
+    if (kvt_test_failures != before) {
+      fprintf(stderr, "  (trial %ld, kill after %ld us)\n", i, delay);
+      if (kvt_test_failures - before > 20)
+        break;
+    }
+  }
+  fprintf(stderr,
+          "crash: %ld SIGKILL trials (%ld mid-run) in %.1f s, %ld acknowledged "
+          "spills, "
+          "%ld key checks: %ld lost, %ld wrong version\n",
+          tot.trials, tot.killed_mid, now_s() - t0, tot.acked, tot.checked,
+          tot.lost, tot.wrong);
+  CHECK(tot.trials >= 10);
+}
+
+int main(void) {
+  r_use_fast_tmp();
+  snprintf(g_dir, sizeof g_dir, "%s/cache", kvt_test_tmpdir("crash-kill"));
+  RUN(test_crash_kill);
+  return kvt_test_done();
+}

@@ -1,0 +1,125 @@
+"""The shared remote tier through the Python binding and the CLI: a private
+redis-server on a free loopback port (killed at the end), two SSDCacheTier
+instances on different directories as two machines (remote_url /
+remote_mode), what one spills the other promotes with equal arrays, the
+per-tier stats, option validation, and `kvtier ls|stats|verify --remote`.
+Skipped when redis-server is not installed or libkvtier has no Redis support.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from conftest import Budget, kv_layer, make_tier, run
+from kvtier import ssd_cache as kv
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
+                                reason="redis-server not installed")
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    port = _free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.1).close()
+                break
+            except OSError:
+                time.sleep(0.025)
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _tier(path, url, mode, **kw):
+    try:
+        return make_tier(path, remote_url=url, remote_mode=mode,
+                         remote_prefix="py:", **kw)
+    except Exception as e:  # KvtierUnsupported in builds without hiredis
+        if "no Redis support" in str(e):
+            pytest.skip("libkvtier built without hiredis")
+        raise
+
+
+def test_config_validation():
+    with pytest.raises(ValueError):
+        kv.SSDCacheConfig(cache_dir="/tmp/x", remote_mode="remote")
+    with pytest.raises(ValueError):
+        kv.SSDCacheConfig(cache_dir="/tmp/x", remote_url="redis://h:1")
+    with pytest.raises(ValueError):
+        kv.SSDCacheConfig(cache_dir="/tmp/x", remote_url="redis://h:1",
+                          remote_mode="both")
+    c = kv.SSDCacheConfig(cache_dir="/tmp/x", remote_url="redis://h:1",
+                          remote_mode="local+remote")
+    assert c.remote_keep_local is True
+
+
+def test_two_nodes_share(tmp_path, redis_url, rng):
+    a = _tier(str(tmp_path / "a"), redis_url, "local+remote")
+    b = _tier(str(tmp_path / "b"), redis_url, "local+remote")
+    a.start_writer()
+    toks = tuple(range(7, 47))
+    layers = [kv_layer(rng, 40), kv_layer(rng, 40, np.float32)]
+    assert a.enqueue_spill(toks, layers, 4242) is True
+    a.flush(timeout=30)
+    assert a.get_stats()["remote_spill_count"] == 1
+    assert b.lookup_ssd(toks) is None  # lookups are local
+    bud = Budget()
+    got = run(b.async_promote(toks, bud.reserve, bud.release))
+    assert got is not None and bud.reserved == 4242
+    assert np.array_equal(got[0]["keys"], layers[0].keys)
+    assert np.array_equal(got[1]["values"], layers[1].values)
+    st = b.get_stats()
+    assert st["remote_hits"] == 1 and st["ssd_hits"] == 1
+    assert st["local_hits"] == 0 and st["remote_available"] == 1
+    # kept a local copy
+    assert b.lookup_ssd(toks)["num_tokens"] == 40
+    # miss everywhere
+    assert run(b.async_promote((1, 2, 3), bud.reserve, bud.release)) is None
+    assert b.get_stats()["remote_misses"] >= 1
+    a.close()
+    b.close()
+
+    cli = os.path.join(os.path.dirname(os.environ["KVTIER_LIBRARY"]), "tools",
+                       "kvtier")
+    if os.path.exists(cli):
+        p = subprocess.run([cli, "ls", "--remote", redis_url, "--remote-prefix",
+                            "py:", "--json"], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        ls = json.loads(p.stdout)
+        assert [e["token_hash"] for e in ls["entries"]] == [kv._tokens_hash(toks)]
+        assert ls["entries"][0]["num_tokens"] == 40
+        p = subprocess.run([cli, "stats", "--remote", redis_url,
+                            "--remote-prefix", "py:", "--json"],
+                           capture_output=True, text=True)
+        assert p.returncode == 0 and json.loads(p.stdout)["entries"] == 1
+        p = subprocess.run([cli, "verify", "--remote", redis_url,
+                            "--remote-prefix", "py:", "--json"],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        assert json.loads(p.stdout)["bad"] == 0
+        p = subprocess.run([cli, "ls", "--remote", "redis://127.0.0.1:1"],
+                           capture_output=True, text=True)
+        assert p.returncode == 3 and "redis://127.0.0.1:1" in p.stderr

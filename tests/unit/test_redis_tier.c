@@ -1,0 +1,926 @@
+/*
+ * test_redis_tier.c - the shared remote tier against real Debian redis-server
+ * processes started by this test on loopback (127.0.0.1, random free high
+ * ports, temporary directories): one standalone server, one under maxmemory
+ * with allkeys-lru, and a 3-master Redis Cluster made with redis-cli --cluster
+ * create. A second kvtier process (this binary re-executed with --child) acts
+ * as a second machine: what one spills, the other promotes bit-identical, in
+ * both directions. Then the store misbehaves: a chunk key is deleted, one is
+ * damaged, keys are evicted, a slot is migrated mid-run (MIGRATING/IMPORTING +
+ * MIGRATE: ASK then MOVED), a cluster node is killed, the standalone server is
+ * killed - never wrong data, clear errors, and the local tier keeps working.
+ * Every server is in one process group killed at exit (atexit, and
+ * PR_SET_PDEATHSIG should the test itself die). Exit 77 when redis-server or
+ * redis-cli is missing or kvtier was built without hiredis.
+ */
+#include "tier_testlib.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+
+/* ------------------------------------------------------------------------ */
+/* Servers                                                                  */
+/* ------------------------------------------------------------------------ */
+
+static pid_t g_pgid = 0; /* the group: a sleeping leader and every server */
+static pid_t g_leader = 0;
+static pid_t g_pids[16];
+static int g_ports[16];
+static int g_n;
+
+static void kill_all(void) {
+  if (g_pgid > 0) {
+    kill(-g_pgid, SIGKILL);
+    for (int i = 0; i < g_n; i++)
+      if (g_pids[i] > 0)
+        waitpid(g_pids[i], NULL, 0);
+    waitpid(g_leader, NULL, 0);
+    g_pgid = 0;
+  }
+}
+
+static void on_signal(int sig) {
+  if (g_pgid > 0)
+    kill(-g_pgid, SIGKILL);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+static int port_free(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0)
+    return 0;
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)port);
+  a.sin_addr.s_addr = htonl(0x7f000001);
+  int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+  close(fd);
+  return ok;
+}
+
+/* A random free port p with p + 10000 (the cluster bus) free too. */
+static int pick_port(void) {
+  static kvt_rng r = {0};
+  if (!r.s)
+    r.s = (uint64_t)getpid() * 7919 + (uint64_t)time(NULL);
+  for (int i = 0; i < 1000; i++) {
+    int p = 20000 + (int)(kvt_rng_next(&r) % 30000);
+    int used = 0;
+    for (int j = 0; j < g_n; j++)
+      used |=
+          g_ports[j] == p || g_ports[j] + 10000 == p || g_ports[j] == p + 10000;
+    if (!used && port_free(p) && port_free(p + 10000))
+      return p;
+  }
+  return -1;
+}
+
+static char *sh_out(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *sh_out(const char *fmt, ...) {
+  char cmd[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  FILE *f = popen(cmd, "r");
+  if (!f)
+    return strdup("");
+  size_t cap = 4096, n = 0;
+  char *b = malloc(cap);
+  size_t k;
+  while ((k = fread(b + n, 1, cap - n - 1, f)) > 0) {
+    n += k;
+    if (cap - n < 2) {
+      cap *= 2;
+      b = realloc(b, cap);
+    }
+  }
+  b[n] = '\0';
+  pclose(f);
+  return b;
+}
+
+static int cli_ok(int port, const char *args, const char *want) {
+  char *o = sh_out("redis-cli -h 127.0.0.1 -p %d %s 2>&1", port, args);
+  int ok = strstr(o, want) != NULL;
+  free(o);
+  return ok;
+}
+
+static void msleep(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* Starts redis-server on port (extra: more arguments, space separated, no
+ * quoting). Returns its index. */
+/* A process that only leads the servers' process group (a group must keep a
+ * member for others to join it, whichever server dies first). */
+static void start_leader(void) {
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    for (;;)
+      pause();
+  }
+  setpgid(pid, pid);
+  g_leader = g_pgid = pid;
+}
+
+static int start_server(int port, const char *dir, const char *extra) {
+  char portbuf[16];
+  snprintf(portbuf, sizeof portbuf, "%d", port);
+  const char *argv[64];
+  int a = 0;
+  argv[a++] = "redis-server";
+  argv[a++] = "--port";
+  argv[a++] = portbuf;
+  argv[a++] = "--bind";
+  argv[a++] = "127.0.0.1";
+  argv[a++] = "--save";
+  argv[a++] = "";
+  argv[a++] = "--appendonly";
+  argv[a++] = "no";
+  argv[a++] = "--dir";
+  argv[a++] = dir;
+  argv[a++] = "--logfile";
+  argv[a++] = "redis.log";
+  char *ex = strdup(extra ? extra : "");
+  for (char *tok = strtok(ex, " "); tok && a < 62; tok = strtok(NULL, " "))
+    argv[a++] = tok;
+  argv[a] = NULL;
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    setpgid(0, g_pgid);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int fd = open("/dev/null", O_RDWR);
+    dup2(fd, 0);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execvp("redis-server", (char *const *)argv);
+    _exit(127);
+  }
+  free(ex);
+  setpgid(pid, g_pgid);
+  g_pids[g_n] = pid;
+  g_ports[g_n] = port;
+  int idx = g_n++;
+  for (int i = 0; i < 200; i++) {
+    if (cli_ok(port, "PING", "PONG"))
+      return idx;
+    msleep(25);
+  }
+  fprintf(stderr, "redis-server on port %d did not start\n", port);
+  exit(1);
+}
+
+static void kill_server(int idx) {
+  kill(g_pids[idx], SIGKILL);
+  waitpid(g_pids[idx], NULL, 0);
+  g_pids[idx] = -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Entries                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* 2 layers x 2 tensors x 4 KiB: with 4 KiB chunks, ~5 chunks per entry. */
+static t_entry mk(uint64_t seed) {
+  return t_make(seed, 40 + seed % 7, 2, 16, 32);
+}
+
+static kvt_options ropts(const char *tag, const char *url, const char *prefix,
+                         int mode) {
+  kvt_options o = t_opts(tag);
+  o.remote_url = url;
+  o.remote_mode = mode;
+  o.remote_prefix = prefix;
+  o.remote_chunk_bytes = 4096;
+  o.remote_timeout_ms = 1000;
+  return o;
+}
+
+static kvt_stats stats_of(kvt_tier *t) {
+  kvt_stats s;
+  memset(&s, 0, sizeof s);
+  kvt_tier_stats(&s, t);
+  return s;
+}
+
+/* Promotes e; 1 = bit-identical hit, 0 = miss (KVT_ENOTFOUND), -1 = anything
+ * else (wrong data, another error). */
+static int promote_check(kvt_tier *t, const t_entry *e) {
+  kvt_entry *got = NULL;
+  int rc = kvt_tier_promote(&got, t, e->tokens, e->n_tokens, NULL);
+  if (rc == KVT_ENOTFOUND)
+    return 0;
+  if (rc != 0) {
+    fprintf(stderr, "promote: %s: %s\n", kvt_strerror(rc), kvt_last_error());
+    return -1;
+  }
+  int same = t_same(got, e);
+  kvt_entry_free(got);
+  if (!same)
+    fprintf(stderr, "promote returned WRONG DATA\n");
+  return same ? 1 : -1;
+}
+
+/* The second node: --child URL PREFIX DIR SEED... promotes each seed's entry
+ * (must be bit-identical), then spills seed 999 and flushes. */
+static int child_main(int argc, char **argv) {
+  kvt_options o;
+  kvt_options_init(&o, KVT_OPTIONS_VERSION);
+  o.cache_dir = argv[4];
+  o.durability = KVT_DURABILITY_NONE;
+  o.remote_url = argv[2];
+  o.remote_prefix = argv[3];
+  o.remote_mode = KVT_REMOTE_LOCAL_AND_REMOTE;
+  o.remote_chunk_bytes = 4096;
+  kvt_tier *t = t_open(&o);
+  int bad = 0;
+  for (int i = 5; i < argc; i++) {
+    t_entry e = mk(strtoull(argv[i], NULL, 10));
+    if (promote_check(t, &e) != 1) {
+      fprintf(stderr, "child: entry seed %s not promoted identical\n", argv[i]);
+      bad++;
+    }
+    t_free(&e);
+  }
+  kvt_stats s = stats_of(t);
+  if (s.remote_hits != (uint64_t)(argc - 5)) {
+    fprintf(stderr, "child: remote_hits %llu\n",
+            (unsigned long long)s.remote_hits);
+    bad++;
+  }
+  t_entry x = mk(999);
+  kvt_tier_start_writer(t);
+  if (t_spill(t, &x) != 0 || kvt_tier_flush(t, 10000) != 0)
+    bad++;
+  if (stats_of(t).remote_spill_count != 1)
+    bad++;
+  t_free(&x);
+  kvt_tier_free(t);
+  return bad ? 1 : 0;
+}
+
+static const char *g_self;
+
+static int run_child(const char *url, const char *prefix, const char *dir,
+                     const uint64_t *seeds, int n) {
+  char sb[32][24];
+  const char *argv[40];
+  int a = 0;
+  argv[a++] = g_self;
+  argv[a++] = "--child";
+  argv[a++] = url;
+  argv[a++] = prefix;
+  argv[a++] = dir;
+  for (int i = 0; i < n && i < 32; i++) {
+    snprintf(sb[i], sizeof sb[i], "%llu", (unsigned long long)seeds[i]);
+    argv[a++] = sb[i];
+  }
+  argv[a] = NULL;
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    execv(g_self, (char *const *)argv);
+    _exit(127);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static char *entry_hash(const t_entry *e) {
+  static char h[KVT_HASH_HEX_LEN + 1];
+  kvt_token_hash(h, e->tokens, e->n_tokens);
+  return h;
+}
+
+/* Number of keys of an entry on a server (SCAN by pattern). */
+static int count_keys(int port, const char *prefix, const char *hash) {
+  char *o = sh_out("redis-cli -h 127.0.0.1 -p %d --scan --pattern '%s{%s}*'",
+                   port, prefix, hash);
+  int n = 0;
+  for (char *p = o; *p; p++)
+    n += *p == '\n';
+  free(o);
+  return n;
+}
+
+/* Name of one chunk key (not the manifest) of an entry. */
+static char *a_chunk_key(int port, const char *prefix, const char *hash) {
+  char *o = sh_out("redis-cli -h 127.0.0.1 -p %d --scan --pattern '%s{%s}:*:1'",
+                   port, prefix, hash);
+  char *nl = strchr(o, '\n');
+  if (nl)
+    *nl = '\0';
+  return o;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Standalone                                                               */
+/* ------------------------------------------------------------------------ */
+
+static void test_standalone(void) {
+  int port = pick_port();
+  REQUIRE(port > 0);
+  char *dir = kvt_test_tmpdir("redis-a");
+  int srv = start_server(port, dir, NULL);
+  char url[128];
+  snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+  const char *P = "t1:";
+
+  kvt_options o = ropts("rt-a", url, P, KVT_REMOTE_LOCAL_AND_REMOTE);
+  kvt_tier *a = t_open(&o);
+  REQUIRE(kvt_tier_start_writer(a) == 0);
+  uint64_t seeds[] = {1, 2, 3, 4, 5};
+  for (int i = 0; i < 5; i++) {
+    t_entry e = mk(seeds[i]);
+    CHECK(t_spill(a, &e) == 0);
+    t_free(&e);
+  }
+  CHECK(kvt_tier_flush(a, 10000) == 0);
+  kvt_stats s = stats_of(a);
+  CHECK_EQ_INT(s.spill_count, 5);
+  CHECK_EQ_INT(s.remote_spill_count, 5);
+  CHECK(s.remote_spill_bytes > 5 * 16384);
+  CHECK_EQ_INT(s.remote_available, 1);
+
+  /* The second node promotes all of them, then spills one back. */
+  char *bdir = kvt_test_tmpdir("rt-b");
+  CHECK_EQ_INT(run_child(url, P, bdir, seeds, 5), 0);
+  t_entry x = mk(999);
+  CHECK_EQ_INT(promote_check(a, &x), 1);
+  s = stats_of(a);
+  CHECK_EQ_INT(s.remote_hits, 1);
+  CHECK_EQ_INT(s.ssd_hits, 1);
+  /* ... and kept a local copy: the next promote is local. */
+  CHECK_EQ_INT(promote_check(a, &x), 1);
+  CHECK_EQ_INT(stats_of(a).remote_hits, 1);
+  CHECK_EQ_INT(stats_of(a).ssd_hits, 2);
+  kvt_entry_info li;
+  CHECK(kvt_tier_lookup(&li, a, x.tokens, x.n_tokens) == 0);
+
+  /* Remote only, longest prefix: a query extending entry 3. */
+  kvt_options oc = ropts("rt-c", url, P, KVT_REMOTE_ONLY);
+  kvt_tier *c = t_open(&oc);
+  t_entry e3 = mk(3);
+  t_entry q = mk(77);
+  size_t qn = e3.n_tokens + 9;
+  int32_t *qt = calloc(qn, sizeof *qt);
+  memcpy(qt, e3.tokens, e3.n_tokens * 4);
+  for (size_t i = e3.n_tokens; i < qn; i++)
+    qt[i] = (int32_t)i;
+  kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
+  po.flags = KVT_PROMOTE_PREFIX;
+  kvt_entry *got = NULL;
+  CHECK(kvt_tier_promote(&got, c, qt, qn, &po) == 0);
+  CHECK(got && t_same(got, &e3));
+  kvt_entry_free(got);
+  got = NULL;
+  /* A short prefix of an entry is not an entry. */
+  CHECK(kvt_tier_promote(&got, c, e3.tokens, e3.n_tokens - 1, &po) ==
+        KVT_ENOTFOUND);
+  /* Remote-only spill: nothing local, readable by others. */
+  kvt_tier_start_writer(c);
+  CHECK(t_spill(c, &q) == 0);
+  CHECK(kvt_tier_flush(c, 10000) == 0);
+  CHECK(kvt_tier_lookup(&li, c, q.tokens, q.n_tokens) == KVT_ENOTFOUND);
+  CHECK_EQ_INT(promote_check(a, &q), 1);
+  free(qt);
+  t_free(&q);
+  t_free(&e3);
+
+  /* Stats renderings carry the per-tier counters. */
+  char buf[8192];
+  size_t need = 0;
+  s = stats_of(a);
+  CHECK(kvt_stats_to_json(buf, sizeof buf, &need, &s) == 0);
+  CHECK(strstr(buf, "\"remote_hits\":2") != NULL);
+  CHECK(strstr(buf, "\"local_hits\":1") != NULL);
+  CHECK(kvt_stats_to_prometheus(buf, sizeof buf, &need, &s) == 0);
+  CHECK(strstr(buf, "kvtier_remote_hits_total 2") != NULL);
+
+  /* A deleted chunk: a miss, and what is left of the entry is cleaned. */
+  t_entry e2 = mk(2);
+  char h2[KVT_HASH_HEX_LEN + 1];
+  snprintf(h2, sizeof h2, "%s", entry_hash(&e2));
+  char *ck = a_chunk_key(port, P, h2);
+  CHECK(ck[0] != '\0');
+  free(sh_out("redis-cli -h 127.0.0.1 -p %d DEL '%s'", port, ck));
+  free(ck);
+  CHECK_EQ_INT(promote_check(c, &e2), 0);
+  CHECK(strstr(kvt_last_error(), "gone") != NULL);
+  CHECK_EQ_INT(count_keys(port, P, h2), 0);
+  /* A damaged chunk: a miss (never the data), cleaned, counted. */
+  t_entry e4 = mk(4);
+  char h4[KVT_HASH_HEX_LEN + 1];
+  snprintf(h4, sizeof h4, "%s", entry_hash(&e4));
+  ck = a_chunk_key(port, P, h4);
+  free(sh_out("redis-cli -h 127.0.0.1 -p %d SETRANGE '%s' 100 XXXX", port, ck));
+  free(ck);
+  uint64_t err0 = stats_of(c).remote_errors;
+  CHECK_EQ_INT(promote_check(c, &e4), 0);
+  CHECK(strstr(kvt_last_error(), "damaged") != NULL);
+  CHECK(stats_of(c).remote_errors > err0);
+  CHECK_EQ_INT(count_keys(port, P, h4), 0);
+  /* A deleted manifest: a plain miss. */
+  t_entry e5 = mk(5);
+  free(sh_out("redis-cli -h 127.0.0.1 -p %d DEL '%s{%s}:m'", port, P,
+              entry_hash(&e5)));
+  CHECK_EQ_INT(promote_check(c, &e5), 0);
+  /* Another prefix is another store. */
+  kvt_options od = ropts("rt-d", url, "other:", KVT_REMOTE_ONLY);
+  kvt_tier *d = t_open(&od);
+  t_entry e1 = mk(1);
+  CHECK_EQ_INT(promote_check(d, &e1), 0);
+  kvt_tier_free(d);
+  CHECK_EQ_INT(promote_check(c, &e1), 1);
+
+  /* FLUSHALL: every remote entry is gone; promotes are clean misses, the
+   * local tier still serves its own entries. */
+  free(sh_out("redis-cli -h 127.0.0.1 -p %d FLUSHALL", port));
+  CHECK_EQ_INT(promote_check(c, &e1), 0);
+  CHECK(kvt_tier_promote(&got, c, x.tokens, x.n_tokens - 1, NULL) ==
+        KVT_ENOTFOUND);
+  CHECK_EQ_INT(promote_check(a, &e1), 1); /* a spilled it: local */
+  /* The server dies: clear errors, no stall, local tier keeps working. */
+  kill_server(srv);
+  t_entry n1 = mk(31);
+  CHECK(t_spill(a, &n1) == 0);
+  CHECK(kvt_tier_flush(a, 10000) == 0);
+  CHECK_EQ_INT(promote_check(a, &n1), 1); /* local */
+  CHECK_EQ_INT(promote_check(a, &e2), 1); /* local copy from the spill */
+  t_entry gone = mk(32);
+  CHECK_EQ_INT(promote_check(a, &gone), 0);
+  s = stats_of(a);
+  CHECK(s.remote_errors >= 1);
+  CHECK_EQ_INT(s.remote_available, 0);
+  CHECK_EQ_INT(promote_check(c, &e1), 0); /* remote only: a miss */
+  CHECK(kvt_tier_close(a, 10000) == 0);
+  kvt_tier_free(a);
+  kvt_tier_free(c);
+  t_free(&n1);
+  t_free(&gone);
+  t_free(&e1);
+  t_free(&e2);
+  t_free(&e4);
+  t_free(&e5);
+  t_free(&x);
+}
+
+/* Longest prefix among many siblings sharing the first 16 tokens: the match
+ * sorts after 300 longer non-matching candidates (read in pages). */
+static void test_prefix_paging(void) {
+  int port = pick_port();
+  REQUIRE(port > 0);
+  start_server(port, kvt_test_tmpdir("redis-p"), NULL);
+  char url[128];
+  snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+  kvt_options o = ropts("rt-p", url, "pg:", KVT_REMOTE_ONLY);
+  o.spill_queue_size = 512;
+  o.remote_queue_size = 512;
+  kvt_tier *a = t_open(&o);
+  kvt_tier_start_writer(a);
+  t_entry base = t_make(77, 20, 1, 1, 4);
+  CHECK(t_spill(a, &base) == 0);
+  for (int i = 0; i < 300; i++) {
+    t_entry sib = t_make(5000 + (uint64_t)i, 40, 1, 1, 4);
+    t_set_prefix(&sib, &base);
+    CHECK(t_spill(a, &sib) == 0);
+    t_free(&sib);
+  }
+  CHECK(kvt_tier_flush(a, 30000) == 0);
+  CHECK_EQ_INT(stats_of(a).remote_spill_count, 301);
+  int32_t q[50];
+  memcpy(q, base.tokens, 20 * sizeof *q);
+  for (int i = 20; i < 50; i++)
+    q[i] = 90000 + i;
+  kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
+  po.flags = KVT_PROMOTE_PREFIX;
+  kvt_entry *got = NULL;
+  CHECK(kvt_tier_promote(&got, a, q, 50, &po) == 0);
+  CHECK(got && t_same(got, &base));
+  kvt_entry_free(got);
+  got = NULL;
+  /* A local prefix and a longer remote one that turns out unreadable: the
+   * promote falls back to the local prefix. */
+  kvt_options ol = ropts("rt-pl", url, "pg:", KVT_REMOTE_LOCAL_AND_REMOTE);
+  kvt_tier *l = t_open(&ol);
+  kvt_tier_start_writer(l);
+  CHECK(t_spill(l, &base) == 0);
+  CHECK(kvt_tier_flush(l, 10000) == 0);
+  t_entry sib0 = t_make(5000, 40, 1, 1, 4);
+  t_set_prefix(&sib0, &base);
+  int32_t q2[45];
+  memcpy(q2, sib0.tokens, 40 * sizeof *q2);
+  for (int i = 40; i < 45; i++)
+    q2[i] = 91000 + i;
+  char *ck = a_chunk_key(port, "pg:", entry_hash(&sib0));
+  if (!ck[0]) { /* a one-chunk entry: drop its only chunk */
+    free(ck);
+    ck = sh_out("redis-cli -h 127.0.0.1 -p %d --scan --pattern 'pg:{%s}:*:0'",
+                port, entry_hash(&sib0));
+    char *nl = strchr(ck, '\n');
+    if (nl)
+      *nl = '\0';
+  }
+  CHECK(ck[0] != '\0');
+  free(sh_out("redis-cli -h 127.0.0.1 -p %d DEL '%s'", port, ck));
+  free(ck);
+  uint64_t miss0 = stats_of(l).ssd_misses;
+  CHECK(kvt_tier_promote(&got, l, q2, 45, &po) == 0);
+  CHECK(got && t_same(got, &base));
+  kvt_entry_free(got);
+  kvt_stats ls = stats_of(l);
+  CHECK(ls.remote_misses >= 1);
+  CHECK_EQ_INT(ls.ssd_misses, miss0);
+  CHECK_EQ_INT(ls.remote_hits, 0);
+  t_free(&sib0);
+  kvt_tier_free(l);
+  t_free(&base);
+  kvt_tier_free(a);
+}
+
+/* Eviction under maxmemory with allkeys-lru: some entries lose keys; every
+ * promote is then bit-identical or a miss. */
+static void test_eviction(void) {
+  int port = pick_port();
+  REQUIRE(port > 0);
+  char *dir = kvt_test_tmpdir("redis-e");
+  start_server(port, dir, "--maxmemory 3mb --maxmemory-policy allkeys-lru");
+  char url[128];
+  snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+  kvt_options o = ropts("rt-e", url, "ev:", KVT_REMOTE_ONLY);
+  o.spill_queue_size = 256;
+  o.remote_queue_size = 256;
+  kvt_tier *a = t_open(&o);
+  kvt_tier_start_writer(a);
+  int n = 200; /* ~3.5 MB of values: over maxmemory */
+  for (int i = 0; i < n; i++) {
+    t_entry e = mk(1000 + (uint64_t)i);
+    CHECK(t_spill(a, &e) == 0);
+    t_free(&e);
+    if (i % 20 == 19)
+      kvt_tier_flush(a, 10000);
+  }
+  CHECK(kvt_tier_flush(a, 10000) == 0);
+  kvt_options ob = ropts("rt-e2", url, "ev:", KVT_REMOTE_ONLY);
+  kvt_tier *b = t_open(&ob);
+  int hits = 0, misses = 0, bad = 0;
+  for (int i = 0; i < n; i++) {
+    t_entry e = mk(1000 + (uint64_t)i);
+    int r = promote_check(b, &e);
+    hits += r == 1;
+    misses += r == 0;
+    bad += r < 0;
+    t_free(&e);
+  }
+  fprintf(stderr, "eviction: %d hits, %d misses\n", hits, misses);
+  CHECK_EQ_INT(bad, 0);
+  CHECK(hits > 0);
+  CHECK(misses > 0);
+  kvt_tier_free(a);
+  kvt_tier_free(b);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Cluster                                                                  */
+/* ------------------------------------------------------------------------ */
+
+static uint16_t crc16(const char *b, size_t n) {
+  uint16_t c = 0;
+  for (size_t i = 0; i < n; i++) {
+    c ^= (uint16_t)((uint8_t)b[i] << 8);
+    for (int k = 0; k < 8; k++)
+      c = (c & 0x8000) ? (uint16_t)((c << 1) ^ 0x1021) : (uint16_t)(c << 1);
+  }
+  return c;
+}
+
+static int slot_of_hash(const char *hash) {
+  return crc16(hash, strlen(hash)) & 16383; /* the hash tag is {hash} */
+}
+
+typedef struct cnode {
+  char id[64];
+  int port;
+  int lo[8], hi[8], nr;
+} cnode;
+
+/* Masters and their slot ranges from CLUSTER NODES. */
+static int cluster_nodes(int port, cnode *out, int max) {
+  char *o = sh_out("redis-cli -h 127.0.0.1 -p %d CLUSTER NODES", port);
+  int n = 0;
+  for (char *line = strtok(o, "\n"); line && n < max;
+       line = strtok(NULL, "\n")) {
+    char id[64], addr[128], flags[128];
+    int off = 0;
+    if (sscanf(line, "%63s %127s %127s %*s %*s %*s %*s %*s%n", id, addr, flags,
+               &off) < 3 ||
+        !strstr(flags, "master") || strstr(flags, "fail"))
+      continue;
+    cnode *c = &out[n++];
+    memset(c, 0, sizeof *c);
+    snprintf(c->id, sizeof c->id, "%s", id);
+    char *colon = strchr(addr, ':');
+    c->port = colon ? atoi(colon + 1) : 0;
+    char *p = line + off;
+    while (*p && c->nr < 8) {
+      while (*p == ' ')
+        p++;
+      if (!*p)
+        break;
+      if (*p == '[') {
+        p = strchr(p, ']');
+        if (!p)
+          break;
+        p++;
+        continue;
+      }
+      int lo = 0, hi = 0, k = 0;
+      if (sscanf(p, "%d-%d%n", &lo, &hi, &k) == 2) {
+        c->lo[c->nr] = lo;
+        c->hi[c->nr++] = hi;
+      } else if (sscanf(p, "%d%n", &lo, &k) == 1) {
+        c->lo[c->nr] = c->hi[c->nr] = lo;
+        c->nr++;
+      } else {
+        break;
+      }
+      p += k;
+    }
+  }
+  free(o);
+  return n;
+}
+
+static int owner_port(const cnode *ns, int n, int slot) {
+  for (int i = 0; i < n; i++)
+    for (int r = 0; r < ns[i].nr; r++)
+      if (slot >= ns[i].lo[r] && slot <= ns[i].hi[r])
+        return ns[i].port;
+  return -1;
+}
+
+static const cnode *node_by_port(const cnode *ns, int n, int port) {
+  for (int i = 0; i < n; i++)
+    if (ns[i].port == port)
+      return &ns[i];
+  return NULL;
+}
+
+static void test_cluster(void) {
+  int ports[3], idx[3];
+  char *dirs[3];
+  char hosts[256] = "";
+  for (int i = 0; i < 3; i++) {
+    ports[i] = pick_port();
+    REQUIRE(ports[i] > 0);
+    g_ports[g_n] = ports[i]; /* reserve before the next pick */
+    char tag[16];
+    snprintf(tag, sizeof tag, "redis-c%d", i);
+    dirs[i] = kvt_test_tmpdir(tag);
+    idx[i] = start_server(ports[i], dirs[i],
+                          "--cluster-enabled yes --cluster-config-file "
+                          "nodes.conf --cluster-node-timeout 1500 "
+                          "--cluster-require-full-coverage no");
+    size_t l = strlen(hosts);
+    snprintf(hosts + l, sizeof hosts - l, "127.0.0.1:%d ", ports[i]);
+  }
+  char *o = sh_out("redis-cli --cluster create %s --cluster-replicas 0 "
+                   "--cluster-yes 2>&1",
+                   hosts);
+  int created = strstr(o, "All 16384 slots covered") != NULL;
+  if (!created)
+    fprintf(stderr, "%s\n", o);
+  free(o);
+  REQUIRE(created);
+  for (int i = 0; i < 200; i++) {
+    int ok = 1;
+    for (int k = 0; k < 3; k++)
+      ok &= cli_ok(ports[k], "CLUSTER INFO", "cluster_state:ok");
+    if (ok)
+      break;
+    msleep(50);
+  }
+  char url[256];
+  /* Two seeds are enough: the rest is learned from CLUSTER SLOTS. */
+  snprintf(url, sizeof url, "redis://127.0.0.1:%d,127.0.0.1:%d", ports[0],
+           ports[1]);
+  const char *P = "c:";
+  kvt_options oa = ropts("rt-ca", url, P, KVT_REMOTE_LOCAL_AND_REMOTE);
+  kvt_tier *a = t_open(&oa);
+  kvt_tier_start_writer(a);
+  enum { N = 12 };
+  uint64_t seeds[N];
+  for (int i = 0; i < N; i++) {
+    seeds[i] = 500 + (uint64_t)i;
+    t_entry e = mk(seeds[i]);
+    CHECK(t_spill(a, &e) == 0);
+    t_free(&e);
+  }
+  CHECK(kvt_tier_flush(a, 20000) == 0);
+  CHECK_EQ_INT(stats_of(a).remote_spill_count, N);
+  /* Spread over the masters. */
+  cnode ns[8];
+  int nn = cluster_nodes(ports[0], ns, 8);
+  CHECK_EQ_INT(nn, 3);
+  int per[3] = {0, 0, 0};
+  for (int i = 0; i < N; i++) {
+    t_entry e = mk(seeds[i]);
+    int op = owner_port(ns, nn, slot_of_hash(entry_hash(&e)));
+    for (int k = 0; k < 3; k++)
+      per[k] += op == ports[k];
+    t_free(&e);
+  }
+  CHECK(per[0] > 0 && per[1] > 0 && per[2] > 0);
+  char *bdir = kvt_test_tmpdir("rt-cb");
+  CHECK_EQ_INT(run_child(url, P, bdir, seeds, N), 0);
+
+  /* Slot migration mid-run: entry 0's slot moves to another master. */
+  kvt_options oc = ropts("rt-cc", url, P, KVT_REMOTE_ONLY);
+  kvt_tier *c = t_open(&oc);
+  t_entry m0 = mk(seeds[0]);
+  CHECK_EQ_INT(promote_check(c, &m0), 1); /* c's map is now warm */
+  char h0[KVT_HASH_HEX_LEN + 1];
+  snprintf(h0, sizeof h0, "%s", entry_hash(&m0));
+  int slot = slot_of_hash(h0);
+  int src = owner_port(ns, nn, slot);
+  int dst = src == ports[0] ? ports[1] : ports[0];
+  const cnode *S = node_by_port(ns, nn, src), *D = node_by_port(ns, nn, dst);
+  REQUIRE(S && D);
+  int nkeys = count_keys(src, P, h0);
+  CHECK(nkeys >= 3); /* manifest + chunks */
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "CLUSTER SETSLOT %d IMPORTING %s", slot, S->id);
+  CHECK(cli_ok(dst, cmd, "OK"));
+  snprintf(cmd, sizeof cmd, "CLUSTER SETSLOT %d MIGRATING %s", slot, D->id);
+  CHECK(cli_ok(src, cmd, "OK"));
+  /* Move about half of the entry's keys: reads now need ASK. */
+  char *keys = sh_out("redis-cli -h 127.0.0.1 -p %d CLUSTER GETKEYSINSLOT %d "
+                      "100",
+                      src, slot);
+  int nk = 0, moved = 0;
+  for (char *k = strtok(keys, "\n"); k; k = strtok(NULL, "\n")) {
+    if (nk++ % 2)
+      continue;
+    char *r = sh_out("redis-cli -h 127.0.0.1 -p %d MIGRATE 127.0.0.1 %d '%s' "
+                     "0 5000",
+                     src, dst, k);
+    moved += strstr(r, "OK") != NULL;
+    free(r);
+  }
+  free(keys);
+  CHECK(moved > 0);
+  CHECK_EQ_INT(promote_check(c, &m0), 1); /* ASK followed */
+  /* Finish: the rest of the keys, then the slot belongs to dst. */
+  keys = sh_out("redis-cli -h 127.0.0.1 -p %d CLUSTER GETKEYSINSLOT %d 100",
+                src, slot);
+  for (char *k = strtok(keys, "\n"); k; k = strtok(NULL, "\n"))
+    free(sh_out("redis-cli -h 127.0.0.1 -p %d MIGRATE 127.0.0.1 %d '%s' 0 "
+                "5000",
+                src, dst, k));
+  free(keys);
+  snprintf(cmd, sizeof cmd, "CLUSTER SETSLOT %d NODE %s", slot, D->id);
+  for (int k = 0; k < 3; k++)
+    CHECK(cli_ok(ports[k], cmd, "OK"));
+  CHECK_EQ_INT(count_keys(dst, P, h0), nkeys);
+  CHECK_EQ_INT(count_keys(src, P, h0), 0);
+  CHECK_EQ_INT(promote_check(c, &m0), 1); /* MOVED followed */
+  /* A new spill to the moved slot lands on its new owner. */
+  kvt_tier_start_writer(c);
+  CHECK(kvt_tier_remove(a, m0.tokens, m0.n_tokens) == 0);
+  CHECK(t_spill(c, &m0) == 0); /* replace: new generation */
+  CHECK(kvt_tier_flush(c, 10000) == 0);
+  CHECK_EQ_INT(count_keys(dst, P, h0), nkeys); /* old generation gone */
+  CHECK_EQ_INT(promote_check(a, &m0), 1);
+
+  /* Kill a master that owns some entries (not a seed-only node). */
+  int victim = 2;
+  kill_server(idx[victim]);
+  int hits = 0, misses = 0, bad = 0, on_victim = 0;
+  kvt_options od = ropts("rt-cd", url, P, KVT_REMOTE_ONLY);
+  kvt_tier *d = t_open(&od);
+  for (int i = 0; i < N; i++) {
+    t_entry e = mk(seeds[i]);
+    int r = promote_check(d, &e);
+    hits += r == 1;
+    misses += r == 0;
+    bad += r < 0;
+    on_victim += i != 0 && owner_port(ns, nn, slot_of_hash(entry_hash(&e))) ==
+                               ports[victim];
+    t_free(&e);
+  }
+  fprintf(stderr, "cluster with a dead master: %d hits, %d misses\n", hits,
+          misses);
+  CHECK_EQ_INT(bad, 0);
+  CHECK(misses >= on_victim && on_victim > 0);
+  CHECK(stats_of(d).remote_errors >= 1);
+  /* Once the back-off expires, entries on live masters are served again. */
+  int live_hit = 0;
+  for (int attempt = 0; attempt < 40 && !live_hit; attempt++) {
+    msleep(250);
+    for (int i = 0; i < N && !live_hit; i++) {
+      t_entry e = mk(seeds[i]);
+      if (owner_port(ns, nn, slot_of_hash(entry_hash(&e))) != ports[victim] &&
+          i != 0)
+        live_hit = promote_check(d, &e) == 1;
+      t_free(&e);
+    }
+  }
+  CHECK(live_hit);
+  /* The local tier of a local+remote node keeps working. */
+  t_entry l = mk(4242);
+  CHECK(t_spill(a, &l) == 0);
+  CHECK(kvt_tier_flush(a, 10000) == 0);
+  CHECK_EQ_INT(promote_check(a, &l), 1);
+  t_free(&l);
+  t_free(&m0);
+  kvt_tier_free(a);
+  kvt_tier_free(c);
+  kvt_tier_free(d);
+}
+
+/* Options: validation without connecting, and an unreachable server does not
+ * fail open nor stall promotes. */
+static void test_options(void) {
+  kvt_options o = t_opts("rt-opt");
+  CHECK(kvt_options_validate(&o) == 0);
+  o.remote_mode = KVT_REMOTE_ONLY;
+  CHECK(kvt_options_validate(&o) == KVT_EINVAL); /* no URL */
+  o.remote_url = "http://x";
+  CHECK(kvt_options_validate(&o) == KVT_EINVAL);
+  o.remote_url = "redis://127.0.0.1:99999";
+  CHECK(kvt_options_validate(&o) == KVT_EINVAL);
+  o.remote_url = "redis://:pw@127.0.0.1:1,127.0.0.1:2";
+  CHECK(kvt_options_validate(&o) == 0);
+  o.remote_prefix = "a{b";
+  CHECK(kvt_options_validate(&o) == KVT_EINVAL);
+  o.remote_prefix = NULL;
+  o.remote_mode = KVT_REMOTE_LOCAL;
+  CHECK(kvt_options_validate(&o) == KVT_EINVAL); /* URL but local mode */
+  /* Nothing listens on the port picked: open works, promotes miss. */
+  int port = pick_port();
+  char url[64];
+  snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+  kvt_options r = ropts("rt-dead", url, NULL, KVT_REMOTE_LOCAL_AND_REMOTE);
+  kvt_tier *t = t_open(&r);
+  t_entry e = mk(9);
+  CHECK_EQ_INT(promote_check(t, &e), 0);
+  CHECK(kvt_tier_start_writer(t) == 0);
+  CHECK(t_spill(t, &e) == 0);
+  CHECK(kvt_tier_flush(t, 10000) == 0);
+  CHECK_EQ_INT(promote_check(t, &e), 1);
+  kvt_stats s = stats_of(t);
+  CHECK(s.remote_errors >= 1);
+  CHECK_EQ_INT(s.remote_spill_count, 0);
+  t_free(&e);
+  kvt_tier_free(t);
+}
+
+int main(int argc, char **argv) {
+  if (argc >= 5 && !strcmp(argv[1], "--child"))
+    return child_main(argc, argv);
+  g_self = argv[0];
+  if (system("command -v redis-server >/dev/null 2>&1 && command -v "
+             "redis-cli >/dev/null 2>&1") != 0) {
+    fprintf(stderr, "skip: redis-server / redis-cli not installed\n");
+    return 77;
+  }
+  {
+    kvt_options o = t_opts("rt-probe");
+    o.remote_url = "redis://127.0.0.1:1";
+    o.remote_mode = KVT_REMOTE_ONLY;
+    kvt_tier *t = NULL;
+    int rc = kvt_tier_open(&t, &o);
+    kvt_tier_free(t);
+    if (rc == KVT_EUNSUPPORTED) {
+      fprintf(stderr, "skip: kvtier built without hiredis\n");
+      return 77;
+    }
+  }
+  start_leader();
+  atexit(kill_all);
+  signal(SIGINT, on_signal);
+  signal(SIGTERM, on_signal);
+  signal(SIGABRT, on_signal);
+  RUN(test_options);
+  RUN(test_standalone);
+  RUN(test_prefix_paging);
+  RUN(test_eviction);
+  RUN(test_cluster);
+  kill_all();
+  return kvt_test_done();
+}
