@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char *dir;
@@ -582,6 +583,50 @@ static void test_push(void) {
   kvti_io_set(NULL);
 }
 
+/* A process forked after engines were cached must not use them (the ring's
+ * memory would be shared with the parent): the child gets fresh engines, and
+ * both sides keep working. */
+static void test_fork(void) {
+  kvti_iobatch_cache_drain();
+  kvti_iobatch *b = NULL;
+  REQUIRE(kvti_iobatch_get(&b, KVT_IO_AUTO) == 0);
+  kvti_iobatch *parent_engine = b;
+  kvti_iobatch_put(b);
+  fpair f = open_pair("fork.bin", 1);
+  char *buf = kvti_aligned_alloc(4096, 1 << 20);
+  REQUIRE(buf);
+  memset(buf, 'p', 1 << 20);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    kvti_iobatch *c = NULL;
+    /* (the new engine may well reuse the freed copy's address: not checked) */
+    int bad = kvti_iobatch_get(&c, KVT_IO_AUTO) != 0;
+    memset(buf, 'c', 1 << 20);
+    kvti_iob_req w = {f.fd, f.dfd, 1, buf, 1 << 20, 1 << 20, 0, 0, 0};
+    bad |= kvti_iobatch_run(c, &w, 1, 0, NULL) != 0;
+    kvti_iobatch_put(c);
+    _exit(bad ? 1 : 0);
+  }
+  kvti_iob_req w = {f.fd, f.dfd, 1, buf, 1 << 20, 0, 0, 0, 0};
+  REQUIRE(kvti_iobatch_get(&b, KVT_IO_AUTO) == 0);
+  CHECK(b == parent_engine); /* the parent keeps its own */
+  CHECK_EQ_INT(kvti_iobatch_run(b, &w, 1, 0, NULL), 0);
+  kvti_iobatch_put(b);
+  int st = 0;
+  REQUIRE(waitpid(pid, &st, 0) == pid);
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  char *rd = kvti_aligned_alloc(4096, 2 << 20);
+  REQUIRE(rd);
+  CHECK(pread(f.fd, rd, 2 << 20, 0) == (ssize_t)(2 << 20));
+  CHECK(rd[0] == 'p' && rd[(1 << 20) - 1] == 'p');
+  CHECK(rd[1 << 20] == 'c' && rd[(2 << 20) - 1] == 'c');
+  kvti_free(rd);
+  kvti_free(buf);
+  close_pair(f);
+  kvti_iobatch_cache_drain();
+}
+
 static void test_helpers(void) {
   fpair f = open_pair("adv.bin", 1);
   CHECK_EQ_INT(kvti_iob_preallocate(f.fd, 1 << 20), 0);
@@ -609,6 +654,7 @@ int main(void) {
   RUN(test_backend_selection);
   RUN(test_submit_failure);
   RUN(test_push);
+  RUN(test_fork);
   RUN(test_helpers);
   kvti_iobatch_cache_drain();
   int rc = kvt_test_done();
