@@ -459,15 +459,24 @@ typedef void (*kvt_release_fn)(void *ctx, uint64_t nbytes);
 /** Caller-supplied tensor buffers: return a buffer of at least desc->nbytes
  *  bytes (desc has dtype and shape filled) for tensor `tensor` of layer
  *  `layer`, or NULL to fail the promote with KVT_ENOMEM. free_fn, when set,
- *  is called for each such buffer by kvt_entry_free (or on failure). Called
- *  on a worker thread for async promotes. */
+ *  is called for each such buffer by kvt_entry_free (or on failure). The
+ *  descriptions are the size query: every layer's buffers are requested
+ *  before any of its bytes are read, so the data lands straight in them (a
+ *  4096-aligned buffer lets cold reads bypass a copy). Layers are read by up
+ *  to two threads at once (the promoting thread or an async worker, plus a
+ *  kvtier reader thread), but alloc and free_fn are never called
+ *  concurrently for one promote; they may be called from either thread. */
 typedef void *(*kvt_alloc_fn)(void *ctx, uint32_t layer, uint32_t tensor,
                               const kvt_tensor *desc);
 typedef void (*kvt_free_fn)(void *ctx, void *buf);
 
 /** Per-layer completion for layer-streamed promote: called once per layer,
- *  in order, as soon as that layer's data is verified and in place. Called
- *  on the reading thread. The layer belongs to the entry being built. */
+ *  in layer order, as soon as that layer and every earlier one are verified
+ *  and in place (layers are read in parallel; a layer that finishes early is
+ *  reported when its predecessors are). Never called concurrently; called
+ *  from one of the threads reading the entry (the promoting thread or a
+ *  kvtier reader thread). After a cancel no further layer is reported. The
+ *  layer belongs to the entry being built. */
 typedef void (*kvt_layer_ready_fn)(void *ctx, uint32_t layer_idx,
                                    const kvt_layer *layer);
 
