@@ -461,8 +461,8 @@ typedef void (*kvt_release_fn)(void *ctx, uint64_t nbytes);
  *  `layer`, or NULL to fail the promote with KVT_ENOMEM. free_fn, when set,
  *  is called for each such buffer by kvt_entry_free (or on failure). The
  *  descriptions are the size query: every layer's buffers are requested
- *  before any of its bytes are read, so the data lands straight in them (a
- *  4096-aligned buffer lets cold reads bypass a copy). Layers are read by up
+ *  before any of its bytes are read, and the data lands straight in them.
+ *  Layers are read by up
  *  to two threads at once (the promoting thread or an async worker, plus a
  *  kvtier reader thread), but alloc and free_fn are never called
  *  concurrently for one promote; they may be called from either thread. */
