@@ -462,10 +462,10 @@ typedef void (*kvt_release_fn)(void *ctx, uint64_t nbytes);
  *  is called for each such buffer by kvt_entry_free (or on failure). The
  *  descriptions are the size query: every layer's buffers are requested
  *  before any of its bytes are read, and the data lands straight in them.
- *  Layers are read by up
- *  to two threads at once (the promoting thread or an async worker, plus a
- *  kvtier reader thread), but alloc and free_fn are never called
- *  concurrently for one promote; they may be called from either thread. */
+ *  Layers are read by up to two threads at once (the promoting thread or an
+ *  async worker, plus a kvtier reader thread), but alloc and free_fn are
+ *  never called concurrently for one promote; they may be called from either
+ *  thread. */
 typedef void *(*kvt_alloc_fn)(void *ctx, uint32_t layer, uint32_t tensor,
                               const kvt_tensor *desc);
 typedef void (*kvt_free_fn)(void *ctx, void *buf);
