@@ -203,8 +203,9 @@ int main(int argc, char **argv) {
     unlink(ourf);
   }
   double v[NMEAS];
-  /* Medians of the rounds for values and limits; the ratio is the median of the per-round
-   * ratios (each pairs kvtier's figure with fio's from the same round). */
+  /* Medians of the rounds for values and limits; the ratio is the median of the
+   * per-round ratios (each pairs kvtier's figure with fio's from the same
+   * round). */
   for (int k = 0; k < NMEAS; k++) {
     double tmp[MAXRUNS];
     memcpy(tmp, m[k], sizeof tmp);
@@ -215,7 +216,8 @@ int main(int argc, char **argv) {
   snprintf(dr, sizeof dr, "fio read O_DIRECT bs=1M qd=%d", depth);
   snprintf(db, sizeof db, "fio read buffered warm bs=1M psync");
   if (use_fio)
-    printf("# fio (median): write %.3f GB/s, O_DIRECT read %.3f GB/s, warm buffered "
+    printf("# fio (median): write %.3f GB/s, O_DIRECT read %.3f GB/s, warm "
+           "buffered "
            "read %.3f GB/s\n",
            v[FIO_W], v[FIO_RD], v[FIO_RB]);
   struct {
@@ -239,8 +241,9 @@ int main(int argc, char **argv) {
     double q[MAXRUNS];
     for (int r = 0; r < runs; r++)
       q[r] = m[lines[i].lim][r] > 0 ? m[lines[i].k][r] / m[lines[i].lim][r] : 0;
-    bu_report_ratio(lines[i].name, v[lines[i].k], v[lines[i].lim], bu_median(q, runs), "GB/s",
-                    lines[i].desc, lines[i].want, 1);
+    bu_report_ratio(lines[i].name, v[lines[i].k], v[lines[i].lim],
+                    bu_median(q, runs), "GB/s", lines[i].desc, lines[i].want,
+                    1);
   }
   kvti_free(buf);
   kvti_iobatch_free(ub);

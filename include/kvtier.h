@@ -56,24 +56,24 @@ KVT_API int kvt_version_number(void);
 
 typedef enum kvt_error {
   KVT_OK = 0,
-  KVT_EINVAL = -1,       /* invalid argument or option (message names it)   */
-  KVT_ENOMEM = -2,       /* allocation failed                                */
-  KVT_EIO = -3,          /* OS I/O error; kvt_last_errno() has the errno      */
-  KVT_ENOTFOUND = -4,    /* no such entry                                    */
-  KVT_ECORRUPT = -5,     /* stored data failed validation (never served)     */
-  KVT_EFULL = -6,        /* spill queue full: the entry was dropped          */
-  KVT_ECLOSED = -7,      /* the tier is closed                               */
-  KVT_ETIMEDOUT = -8,    /* a wait ran out; the operation may be retried     */
-  KVT_ECANCELED = -9,    /* the operation was cancelled                      */
-  KVT_EBUDGET = -10,     /* the caller's reserve callback refused the bytes  */
-  KVT_ETOOBIG = -11,     /* entry larger than the configured capacity/queue  */
-  KVT_EPERM = -12,       /* unsafe ownership/permissions or symlink          */
-  KVT_EBUSY = -13,       /* resource in use (e.g. another writer process)    */
+  KVT_EINVAL = -1,    /* invalid argument or option (message names it)   */
+  KVT_ENOMEM = -2,    /* allocation failed                                */
+  KVT_EIO = -3,       /* OS I/O error; kvt_last_errno() has the errno      */
+  KVT_ENOTFOUND = -4, /* no such entry                                    */
+  KVT_ECORRUPT = -5,  /* stored data failed validation (never served)     */
+  KVT_EFULL = -6,     /* spill queue full: the entry was dropped          */
+  KVT_ECLOSED = -7,   /* the tier is closed                               */
+  KVT_ETIMEDOUT = -8, /* a wait ran out; the operation may be retried     */
+  KVT_ECANCELED = -9, /* the operation was cancelled                      */
+  KVT_EBUDGET = -10,  /* the caller's reserve callback refused the bytes  */
+  KVT_ETOOBIG = -11,  /* entry larger than the configured capacity/queue  */
+  KVT_EPERM = -12,    /* unsafe ownership/permissions or symlink          */
+  KVT_EBUSY = -13,    /* resource in use (e.g. another writer process)    */
   KVT_EUNSUPPORTED = -14, /* feature not available in this build/format      */
-  KVT_ENOSPC = -15,      /* the disk is full                                 */
-  KVT_EDB = -16,         /* SQLite error; the message carries SQLite's text  */
-  KVT_EAGAIN = -17,      /* not ready yet (non-blocking query)               */
-  KVT_ERANGE = -18       /* a caller-supplied buffer is too small            */
+  KVT_ENOSPC = -15,       /* the disk is full                                 */
+  KVT_EDB = -16,          /* SQLite error; the message carries SQLite's text  */
+  KVT_EAGAIN = -17,       /* not ready yet (non-blocking query)               */
+  KVT_ERANGE = -18        /* a caller-supplied buffer is too small            */
 } kvt_error;
 
 /** Static, never-NULL description of an error code ("invalid argument"). */
@@ -138,20 +138,20 @@ KVT_API kvt_dtype kvt_dtype_from_name(const char *name);
 /** A dense, C-contiguous tensor. In a spill the data is the caller's and is
  *  only read; in a promoted entry it is owned by the entry. */
 typedef struct kvt_tensor {
-  int32_t dtype;                 /* kvt_dtype */
-  uint32_t ndim;                 /* 0..KVT_MAX_DIMS (0 = scalar) */
-  int64_t shape[KVT_MAX_DIMS];   /* each >= 0 */
-  void *data;                    /* nbytes bytes; may be NULL iff nbytes==0 */
-  uint64_t nbytes;               /* must equal prod(shape) * dtype size */
+  int32_t dtype;               /* kvt_dtype */
+  uint32_t ndim;               /* 0..KVT_MAX_DIMS (0 = scalar) */
+  int64_t shape[KVT_MAX_DIMS]; /* each >= 0 */
+  void *data;                  /* nbytes bytes; may be NULL iff nbytes==0 */
+  uint64_t nbytes;             /* must equal prod(shape) * dtype size */
 } kvt_tensor;
 
 typedef enum kvt_layer_kind {
-  KVT_LAYER_KV = 1,           /* tensors: [keys, values]                       */
-  KVT_LAYER_ROTATING_KV = 2,  /* as KV, plus max_size, keep, step, idx         */
-  KVT_LAYER_ARRAYS = 3,       /* tensors: state[0..n) (ArraysCache/MambaCache)  */
-  KVT_LAYER_QUANTIZED_KV = 4  /* tensors: [k_packed, k_scales, k_biases,
-                                  v_packed, v_scales, v_biases]; bits,
-                                  group_size                                   */
+  KVT_LAYER_KV = 1,          /* tensors: [keys, values]                       */
+  KVT_LAYER_ROTATING_KV = 2, /* as KV, plus max_size, keep, step, idx         */
+  KVT_LAYER_ARRAYS = 3, /* tensors: state[0..n) (ArraysCache/MambaCache)  */
+  KVT_LAYER_QUANTIZED_KV = 4 /* tensors: [k_packed, k_scales, k_biases,
+                                 v_packed, v_scales, v_biases]; bits,
+                                 group_size                                   */
 } kvt_layer_kind;
 
 /** Sentinel for "attribute absent" in the integer fields of kvt_layer. */
@@ -162,10 +162,10 @@ typedef enum kvt_layer_kind {
  *  kvt_tier_spill returns (or, with kvt_tier_spill_nocopy, until the release
  *  callback runs). In a promoted entry everything is owned by the entry. */
 typedef struct kvt_layer {
-  int32_t kind;          /* kvt_layer_kind */
-  uint32_t num_tensors;  /* KV/rotating: 2, quantized: 6, arrays: >= 0 */
+  int32_t kind;         /* kvt_layer_kind */
+  uint32_t num_tensors; /* KV/rotating: 2, quantized: 6, arrays: >= 0 */
   kvt_tensor *tensors;
-  int64_t offset;        /* KV kinds: tokens held; KVT_ABSENT for arrays */
+  int64_t offset; /* KV kinds: tokens held; KVT_ABSENT for arrays */
   /* Rotating KV attributes (KVT_ABSENT when not present). */
   int64_t max_size, keep, step, idx;
   /* Quantized KV attributes. */
@@ -190,8 +190,8 @@ KVT_API void kvt_layer_init(kvt_layer *layer, kvt_layer_kind kind);
 /** out = lowercase hex SHA-256 of the native-endian int32 token blob, NUL
  *  terminated (65 bytes), bit-identical to the reference's _tokens_hash.
  *  n may be 0. Returns 0, KVT_EINVAL (NULL out, or NULL tokens with n > 0). */
-KVT_API int kvt_token_hash(char out[KVT_HASH_HEX_LEN + 1], const int32_t *tokens,
-                           size_t n);
+KVT_API int kvt_token_hash(char out[KVT_HASH_HEX_LEN + 1],
+                           const int32_t *tokens, size_t n);
 /** Same over the first min(n, 16) tokens (the reference's _prefix_hash). */
 KVT_API int kvt_prefix_hash(char out[KVT_HASH_HEX_LEN + 1],
                             const int32_t *tokens, size_t n);
@@ -227,8 +227,8 @@ typedef enum kvt_io_backend {
 } kvt_io_backend;
 
 /** Flags for kvt_options.flags. */
-#define KVT_OPEN_READONLY 0x1u      /* inspect only: no writer, no changes   */
-#define KVT_OPEN_NO_RECONCILE 0x2u  /* skip reconcile at open               */
+#define KVT_OPEN_READONLY 0x1u     /* inspect only: no writer, no changes   */
+#define KVT_OPEN_NO_RECONCILE 0x2u /* skip reconcile at open               */
 #define KVT_OPEN_SKIP_OWNER_CHECK 0x4u /* allow a dir not owned by the user */
 
 /** Called by the writer thread after each spill finished (status 0: the entry
@@ -244,7 +244,7 @@ typedef void (*kvt_spill_done_fn)(void *ctx, const char *token_hash,
 
 /** Tier options; mirrors the reference's SSDCacheConfig plus kvtier's own. */
 typedef struct kvt_options {
-  unsigned int version;      /* KVT_OPTIONS_VERSION */
+  unsigned int version; /* KVT_OPTIONS_VERSION */
   /** Cache directory. NULL: $XDG_CACHE_HOME (else ~/.cache) +
    *  "/kvtier/<model_name>". */
   const char *cache_dir;
@@ -263,17 +263,17 @@ typedef struct kvt_options {
   /** Entries older than this many seconds since they were WRITTEN expire;
    *  0 = never (the reference's None). >= 0. */
   int64_t retention_seconds;
-  int32_t storage_mode;      /* kvt_storage_mode; KVT_STORAGE_NATIVE */
-  int32_t durability;        /* kvt_durability; KVT_DURABILITY_FSYNC */
-  int32_t io_backend;        /* kvt_io_backend; KVT_IO_AUTO */
-  uint32_t promote_threads;  /* workers for async promote, >= 1. 2 */
+  int32_t storage_mode;     /* kvt_storage_mode; KVT_STORAGE_NATIVE */
+  int32_t durability;       /* kvt_durability; KVT_DURABILITY_FSYNC */
+  int32_t io_backend;       /* kvt_io_backend; KVT_IO_AUTO */
+  uint32_t promote_threads; /* workers for async promote, >= 1. 2 */
   /** Max entries kept in quarantine/ (oldest removed first); 0 = keep none
    *  (corrupt entries are deleted). 16 */
   uint32_t quarantine_max;
-  uint32_t flags;            /* KVT_OPEN_* */
-  kvt_log_fn log_fn;         /* NULL = no logging */
+  uint32_t flags;    /* KVT_OPEN_* */
+  kvt_log_fn log_fn; /* NULL = no logging */
   void *log_ctx;
-  int32_t log_level;         /* minimum level passed to log_fn. WARN */
+  int32_t log_level;               /* minimum level passed to log_fn. WARN */
   kvt_spill_done_fn spill_done_fn; /* NULL = none */
   void *spill_done_ctx;
   /* ---- Shared remote tier (Redis / Valkey); see docs/REMOTE.md. ---- */
@@ -302,10 +302,11 @@ typedef struct kvt_options {
 
 /** Where entries live (kvt_options.remote_mode). */
 typedef enum kvt_remote_mode {
-  KVT_REMOTE_LOCAL = 0,        /* local SSD only (the reference)            */
+  KVT_REMOTE_LOCAL = 0, /* local SSD only (the reference)            */
   /** Spills go to the local SSD and, asynchronously, to the remote store; a
    *  promote that misses locally looks in the remote store and on a hit
-   *  promotes from it, keeping a local copy (unless KVT_REMOTE_NO_LOCAL_COPY). */
+   *  promotes from it, keeping a local copy (unless KVT_REMOTE_NO_LOCAL_COPY).
+   */
   KVT_REMOTE_LOCAL_AND_REMOTE = 1,
   /** Spills go only to the remote store (the local directory holds the lock,
    *  an empty index and staging files); promotes read only from it. */
@@ -316,10 +317,12 @@ typedef enum kvt_remote_mode {
 #define KVT_REMOTE_NO_LOCAL_COPY 0x1u
 
 #define KVT_OPTIONS_INIT                                                       \
-  {KVT_OPTIONS_VERSION, NULL, NULL, 10.0, 10000, 0600, 0700, 64, 0, 0,         \
-   KVT_STORAGE_NATIVE, KVT_DURABILITY_FSYNC, KVT_IO_AUTO, 2, 16, 0, NULL,       \
-   NULL, KVT_LOG_WARN, NULL, NULL, NULL, KVT_REMOTE_LOCAL, NULL, 1000, 64,     \
-   16u << 20, 0}
+  {                                                                            \
+    KVT_OPTIONS_VERSION, NULL, NULL, 10.0, 10000, 0600, 0700, 64, 0, 0,        \
+        KVT_STORAGE_NATIVE, KVT_DURABILITY_FSYNC, KVT_IO_AUTO, 2, 16, 0, NULL, \
+        NULL, KVT_LOG_WARN, NULL, NULL, NULL, KVT_REMOTE_LOCAL, NULL, 1000,    \
+        64, 16u << 20, 0                                                       \
+  }
 
 /** Fills opts with the defaults of KVT_OPTIONS_INIT. Returns 0, or KVT_EINVAL
  *  for a NULL opts or a version this library does not know. */
@@ -432,10 +435,10 @@ typedef struct kvt_entry_info {
   char token_hash[KVT_HASH_HEX_LEN + 1];
   char prefix_hash[KVT_HASH_HEX_LEN + 1];
   uint64_t num_tokens;
-  uint64_t memory_bytes;  /* RAM estimate given at spill */
-  uint64_t disk_bytes;    /* bytes of the entry's files on disk */
-  double created_at;      /* Unix seconds */
-  double accessed_at;     /* Unix seconds */
+  uint64_t memory_bytes; /* RAM estimate given at spill */
+  uint64_t disk_bytes;   /* bytes of the entry's files on disk */
+  double created_at;     /* Unix seconds */
+  double accessed_at;    /* Unix seconds */
 } kvt_entry_info;
 
 /** Exact lookup. Returns 0 and *out, KVT_ENOTFOUND (absent or expired),
@@ -485,12 +488,12 @@ typedef void (*kvt_layer_ready_fn)(void *ctx, uint32_t layer_idx,
 
 #define KVT_PROMOTE_OPTS_VERSION 1
 typedef struct kvt_promote_opts {
-  unsigned int version;  /* KVT_PROMOTE_OPTS_VERSION */
-  uint32_t flags;        /* KVT_PROMOTE_* */
+  unsigned int version;   /* KVT_PROMOTE_OPTS_VERSION */
+  uint32_t flags;         /* KVT_PROMOTE_* */
   kvt_reserve_fn reserve; /* NULL: nothing reserved */
   kvt_release_fn release;
   void *budget_ctx;
-  kvt_alloc_fn alloc;     /* NULL: kvtier allocates (pooled) */
+  kvt_alloc_fn alloc; /* NULL: kvtier allocates (pooled) */
   kvt_free_fn free_buf;
   void *alloc_ctx;
   kvt_layer_ready_fn on_layer; /* NULL: none */
@@ -498,7 +501,10 @@ typedef struct kvt_promote_opts {
 } kvt_promote_opts;
 
 #define KVT_PROMOTE_OPTS_INIT                                                  \
-  {KVT_PROMOTE_OPTS_VERSION, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}
+  {                                                                            \
+    KVT_PROMOTE_OPTS_VERSION, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL,     \
+        NULL                                                                   \
+  }
 KVT_API int kvt_promote_opts_init(kvt_promote_opts *opts, unsigned int version);
 
 /** Synchronous promote, in the reference's order: lookup (a miss counts
@@ -597,8 +603,7 @@ KVT_API int kvt_tier_read_entry(kvt_entry **out, kvt_tier *t,
 /** Marks an entry recently used (accessed_at = now). Returns 0 or
  *  KVT_ENOTFOUND. Touches may be grouped and written to SQLite lazily; they
  *  are visible to kvt_tier_lookup at once. */
-KVT_API int kvt_tier_touch(kvt_tier *t, const int32_t *tokens,
-                           size_t n_tokens);
+KVT_API int kvt_tier_touch(kvt_tier *t, const int32_t *tokens, size_t n_tokens);
 
 /** Removes an entry (files and row). Returns 0, KVT_ENOTFOUND. */
 KVT_API int kvt_tier_remove(kvt_tier *t, const int32_t *tokens,
@@ -619,13 +624,14 @@ typedef struct kvt_gc_opts {
   int64_t older_than_seconds;
   int dry_run;
 } kvt_gc_opts;
-#define KVT_GC_OPTS_INIT {1, 0, 0, -1, 0}
+#define KVT_GC_OPTS_INIT                                                       \
+  { 1, 0, 0, -1, 0 }
 
 /** Applies capacity and retention now (as the writer does after each spill
  *  and the retention sweep does periodically). Counts in *removed and
  *  *removed_bytes (may be NULL). Returns 0 or a negative code. */
-KVT_API int kvt_tier_gc(kvt_tier *t, const kvt_gc_opts *opts,
-                        uint64_t *removed, uint64_t *removed_bytes);
+KVT_API int kvt_tier_gc(kvt_tier *t, const kvt_gc_opts *opts, uint64_t *removed,
+                        uint64_t *removed_bytes);
 
 /** Calls fn for each stored entry, most recently used first, until fn
  *  returns nonzero. Must not call other kvt_tier functions from fn.
@@ -675,26 +681,26 @@ KVT_API const char *kvt_tier_dir(const kvt_tier *t);
 typedef struct kvt_stats {
   /* The reference's counters. */
   uint64_t spill_count;
-  uint64_t spill_bytes;       /* bytes written to disk */
+  uint64_t spill_bytes; /* bytes written to disk */
   uint64_t ssd_hits;
   uint64_t ssd_misses;
-  double reload_latency_sum;  /* seconds */
+  double reload_latency_sum; /* seconds */
   uint64_t reload_bytes;
   uint64_t promotion_failures;
   /* kvtier's. */
-  uint64_t spill_drops;       /* queue full */
-  uint64_t spill_rejects;     /* too big / invalid */
+  uint64_t spill_drops;   /* queue full */
+  uint64_t spill_rejects; /* too big / invalid */
   uint64_t write_failures;
   uint64_t evictions;
   uint64_t expirations;
   uint64_t quarantined;
   uint64_t reconciled;
   uint64_t promotions_cancelled;
-  uint64_t entries;           /* now */
-  uint64_t disk_bytes;        /* now: bytes of entries on disk */
-  uint64_t memory_bytes;      /* now: sum of memory_bytes */
-  uint64_t queue_depth;       /* now */
-  uint64_t queue_bytes;       /* now */
+  uint64_t entries;      /* now */
+  uint64_t disk_bytes;   /* now: bytes of entries on disk */
+  uint64_t memory_bytes; /* now: sum of memory_bytes */
+  uint64_t queue_depth;  /* now */
+  uint64_t queue_bytes;  /* now */
   /* The remote tier (all 0 without one). ssd_hits/ssd_misses/reload_* count
    * every promote whichever tier served it; local hits = ssd_hits -
    * remote_hits. */
@@ -718,8 +724,7 @@ KVT_API int kvt_tier_stats(kvt_stats *out, kvt_tier *t);
 /** Adds delta to a counter by its reference name ("ssd_hits",
  *  "promotion_failures", ...), for engines that count on their own. Returns
  *  0, KVT_EINVAL (unknown name or a result below 0). */
-KVT_API int kvt_tier_stats_add(kvt_tier *t, const char *counter,
-                               int64_t delta);
+KVT_API int kvt_tier_stats_add(kvt_tier *t, const char *counter, int64_t delta);
 
 /** Renders stats as JSON: the reference's to_dict keys (same rounding) plus
  *  kvtier's. Size-then-copy: writes at most cap bytes including the NUL and
@@ -810,8 +815,8 @@ KVT_API int kvt_index_all(kvt_index_rows *out, kvt_index *idx);
  *  on its own (the tier publishes whole entry directories atomically).
  *  Returns 0, KVT_EINVAL, KVT_EIO/KVT_ENOSPC, KVT_ENOMEM. */
 KVT_API int kvt_layer_save(char **meta_json, const char *path,
-                           const kvt_layer *layer, uint32_t layer_idx,
-                           int mode, uint32_t file_mode);
+                           const kvt_layer *layer, uint32_t layer_idx, int mode,
+                           uint32_t file_mode);
 
 /** Reads one layer file given its manifest metadata JSON. The result is
  *  owned by a single-layer kvt_entry (*out; kvt_entry_layer(*out, 0)).

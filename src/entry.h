@@ -1,13 +1,14 @@
 /*
- * entry.h - one cache entry on disk: the producer-side snapshot of an engine's layers, the
- * atomic+durable publication of data/<hash>/ (layer_<i>.safetensors, manifest.json, tokens.bin)
- * and the verified read back into a kvt_entry. Both storage modes (native, compat) and every
- * layer kind are handled here; the exact byte format is specified in docs/FORMAT.md.
+ * entry.h - one cache entry on disk: the producer-side snapshot of an engine's
+ * layers, the atomic+durable publication of data/<hash>/
+ * (layer_<i>.safetensors, manifest.json, tokens.bin) and the verified read back
+ * into a kvt_entry. Both storage modes (native, compat) and every layer kind
+ * are handled here; the exact byte format is specified in docs/FORMAT.md.
  *
- * Invariants: a reader never returns data that failed validation (structure, sizes, xxh3
- * checksums when the manifest has them, tokens.bin against the expected hash); a failed write
- * leaves no data/<hash>.tmp and no change to an existing data/<hash>; paths are built only from
- * validated 64-hex entry names.
+ * Invariants: a reader never returns data that failed validation (structure,
+ * sizes, xxh3 checksums when the manifest has them, tokens.bin against the
+ * expected hash); a failed write leaves no data/<hash>.tmp and no change to an
+ * existing data/<hash>; paths are built only from validated 64-hex entry names.
  */
 #ifndef KVT_ENTRY_H
 #define KVT_ENTRY_H
@@ -24,12 +25,13 @@ struct kvt_entry {
   int32_t *tokens;
   size_t n_tokens;
   uint32_t num_layers;
-  kvt_layer *layers;    /* tensors/orig_dtypes arrays owned by the entry */
+  kvt_layer *layers; /* tensors/orig_dtypes arrays owned by the entry */
   uint64_t memory_bytes;
   uint64_t reserved_bytes; /* set by the tier after a budgeted promote */
   uint64_t disk_bytes;     /* bytes read from disk */
   int storage_mode;
-  /* Tensor buffers from a caller's alloc callback are returned through free_buf. */
+  /* Tensor buffers from a caller's alloc callback are returned through
+   * free_buf. */
   kvt_free_fn free_buf;
   void *alloc_ctx;
 };
@@ -37,54 +39,58 @@ struct kvt_entry {
 /* Immutable producer-side copy of a spill, handed to the writer thread. */
 typedef struct kvti_snapshot kvti_snapshot;
 
-/* Validates the layers (kinds, tensor counts, dtypes, shapes vs nbytes, quantized bits and
- * group_size) and copies them. With copy == 0 the tensor data is referenced, not copied, and
- * release(release_ctx) runs when the snapshot is freed (also on failure here). Returns 0,
- * KVT_EINVAL (message names the layer and the problem), KVT_ENOMEM. */
-int kvti_snapshot_create(kvti_snapshot **out, const int32_t *tokens, size_t n_tokens,
-                         const kvt_layer *layers, uint32_t n_layers,
-                         uint64_t memory_bytes, int copy, void (*release)(void *),
-                         void *release_ctx);
+/* Validates the layers (kinds, tensor counts, dtypes, shapes vs nbytes,
+ * quantized bits and group_size) and copies them. With copy == 0 the tensor
+ * data is referenced, not copied, and release(release_ctx) runs when the
+ * snapshot is freed (also on failure here). Returns 0, KVT_EINVAL (message
+ * names the layer and the problem), KVT_ENOMEM. */
+int kvti_snapshot_create(kvti_snapshot **out, const int32_t *tokens,
+                         size_t n_tokens, const kvt_layer *layers,
+                         uint32_t n_layers, uint64_t memory_bytes, int copy,
+                         void (*release)(void *), void *release_ctx);
 void kvti_snapshot_free(kvti_snapshot *s); /* accepts NULL */
 const char *kvti_snapshot_hash(const kvti_snapshot *s);
 const int32_t *kvti_snapshot_tokens(const kvti_snapshot *s, size_t *n);
 uint64_t kvti_snapshot_memory_bytes(const kvti_snapshot *s);
 /* Heap bytes the snapshot holds (0 data bytes for a no-copy snapshot). */
 uint64_t kvti_snapshot_held_bytes(const kvti_snapshot *s);
-/* Exact bytes the entry will take on disk in mode (file sizes, before block rounding). */
+/* Exact bytes the entry will take on disk in mode (file sizes, before block
+ * rounding). */
 uint64_t kvti_snapshot_disk_bytes(const kvti_snapshot *s, int mode);
 
 typedef struct kvti_write_opts {
-  int storage_mode;   /* kvt_storage_mode */
-  int do_fsync;       /* durability == FSYNC */
+  int storage_mode; /* kvt_storage_mode */
+  int do_fsync;     /* durability == FSYNC */
   uint32_t file_mode;
   uint32_t dir_mode;
   int io_backend; /* kvt_io_backend for the layer files (0 = AUTO) */
 } kvti_write_opts;
 
-/* Writes data_dir/<hash>.tmp/ (removing a stale one first), fsyncs each file and the tmp dir
- * when do_fsync, publishes it as data_dir/<hash> by rename - an existing entry is swapped out
- * atomically with kvti_rename_exchange (tmp then holds the old version), or where that is
- * unsupported first renamed aside to <hash>.old.tmp - fsyncs data_dir, and removes the old
- * version. At every moment one complete version is in place. *disk_bytes receives the sum of the file sizes written. On
- * failure nothing new remains visible and an existing entry is unchanged.
- * Returns 0, KVT_EIO, KVT_ENOSPC, KVT_ENOMEM, KVT_EPERM. */
+/* Writes data_dir/<hash>.tmp/ (removing a stale one first), fsyncs each file
+ * and the tmp dir when do_fsync, publishes it as data_dir/<hash> by rename - an
+ * existing entry is swapped out atomically with kvti_rename_exchange (tmp then
+ * holds the old version), or where that is unsupported first renamed aside to
+ * <hash>.old.tmp - fsyncs data_dir, and removes the old version. At every
+ * moment one complete version is in place. *disk_bytes receives the sum of the
+ * file sizes written. On failure nothing new remains visible and an existing
+ * entry is unchanged. Returns 0, KVT_EIO, KVT_ENOSPC, KVT_ENOMEM, KVT_EPERM. */
 int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
                      const kvti_snapshot *s, const kvti_write_opts *o);
 
 typedef struct kvti_read_opts {
-  /* Expected tokens: tokens.bin must match (when present) and hash to the entry name. NULL:
-   * the tokens come from tokens.bin, which then must exist and hash to the name. */
+  /* Expected tokens: tokens.bin must match (when present) and hash to the entry
+   * name. NULL: the tokens come from tokens.bin, which then must exist and hash
+   * to the name. */
   const int32_t *tokens;
   size_t n_tokens;
-  atomic_int *cancel;          /* checked between layers/chunks; NULL = never */
-  kvt_alloc_fn alloc;          /* NULL: kvtier allocates */
+  atomic_int *cancel; /* checked between layers/chunks; NULL = never */
+  kvt_alloc_fn alloc; /* NULL: kvtier allocates */
   kvt_free_fn free_buf;
   void *alloc_ctx;
   kvt_layer_ready_fn on_layer; /* NULL: none */
   void *layer_ctx;
-  int verify_only;             /* read and verify everything, keep no data */
-  int io_backend;              /* kvt_io_backend of the reads (0 = AUTO) */
+  int verify_only; /* read and verify everything, keep no data */
+  int io_backend;  /* kvt_io_backend of the reads (0 = AUTO) */
   /* > 0 (and < the entry's tokens): a trimmed read of the first keep_tokens
    * tokens (see kvti_layer_read_opts.keep_tokens); the entry then holds
    * tokens[0, keep_tokens), is named by their hash, and its memory_bytes is
@@ -92,40 +98,45 @@ typedef struct kvti_read_opts {
   uint64_t keep_tokens;
 } kvti_read_opts;
 
-/* Reads and fully validates data_dir/<hash>. Returns 0 and *out; KVT_ENOTFOUND (no such entry
- * directory or manifest, or it was removed during the read), KVT_ECORRUPT (anything malformed or
- * a checksum mismatch; message says which file and why), KVT_EIO, KVT_ENOMEM, KVT_ECANCELED,
- * KVT_EAGAIN (the entry was replaced by a new version during the read after on_layer had
- * already reported layers of the old one: not corruption, retry). A replacement seen before any
- * on_layer call is retried internally. Never returns partial or mixed data. With verify_only,
- * *out (out may be NULL) is set to NULL on success. */
+/* Reads and fully validates data_dir/<hash>. Returns 0 and *out; KVT_ENOTFOUND
+ * (no such entry directory or manifest, or it was removed during the read),
+ * KVT_ECORRUPT (anything malformed or a checksum mismatch; message says which
+ * file and why), KVT_EIO, KVT_ENOMEM, KVT_ECANCELED, KVT_EAGAIN (the entry was
+ * replaced by a new version during the read after on_layer had already reported
+ * layers of the old one: not corruption, retry). A replacement seen before any
+ * on_layer call is retried internally. Never returns partial or mixed data.
+ * With verify_only, *out (out may be NULL) is set to NULL on success. */
 int kvti_entry_read(kvt_entry **out, const char *data_dir, const char *hash,
                     const kvti_read_opts *o);
 
-/* Layer-by-layer reading, for callers that read layers in parallel or stream them: open
- * validates the manifest and tokens.bin (as kvti_entry_read); read_layer reads and verifies one
- * layer into the entry being built and may be called concurrently from several threads for
- * DISTINCT layers (any order); finish hands the entry over once every layer is read. Returns as
- * kvti_entry_read, except that nothing is retried: KVT_EAGAIN from finish (or KVT_ECORRUPT /
- * KVT_ENOTFOUND from a layer while the directory was being replaced) means "read again".
- * The reader must be freed in every case (it frees whatever was read, through free_buf). */
+/* Layer-by-layer reading, for callers that read layers in parallel or stream
+ * them: open validates the manifest and tokens.bin (as kvti_entry_read);
+ * read_layer reads and verifies one layer into the entry being built and may be
+ * called concurrently from several threads for DISTINCT layers (any order);
+ * finish hands the entry over once every layer is read. Returns as
+ * kvti_entry_read, except that nothing is retried: KVT_EAGAIN from finish (or
+ * KVT_ECORRUPT / KVT_ENOTFOUND from a layer while the directory was being
+ * replaced) means "read again". The reader must be freed in every case (it
+ * frees whatever was read, through free_buf). */
 typedef struct kvti_entry_reader kvti_entry_reader;
 int kvti_entry_reader_open(kvti_entry_reader **out, const char *data_dir,
                            const char *hash, const kvti_read_opts *o);
 uint32_t kvti_entry_reader_num_layers(const kvti_entry_reader *r);
-/* *layer (may be NULL) receives the verified layer, owned by the entry being built. */
+/* *layer (may be NULL) receives the verified layer, owned by the entry being
+ * built. */
 int kvti_entry_reader_read_layer(kvti_entry_reader *r, uint32_t i,
                                  const kvt_layer **layer);
 int kvti_entry_reader_finish(kvt_entry **out, kvti_entry_reader *r);
 void kvti_entry_reader_free(kvti_entry_reader *r); /* accepts NULL */
 
-/* Validates manifest.json text on its own, exactly as the reader does (JSON types, counts, layer
- * objects, the kvtier key and its checksums list); for fuzzing and tools. Returns 0,
- * KVT_ECORRUPT, KVT_EUNSUPPORTED (a kvtier format this build does not know), KVT_ENOMEM,
- * KVT_EINVAL. */
+/* Validates manifest.json text on its own, exactly as the reader does (JSON
+ * types, counts, layer objects, the kvtier key and its checksums list); for
+ * fuzzing and tools. Returns 0, KVT_ECORRUPT, KVT_EUNSUPPORTED (a kvtier format
+ * this build does not know), KVT_ENOMEM, KVT_EINVAL. */
 int kvti_manifest_validate(const char *text, size_t len);
 
-/* Describes data_dir/<hash> as JSON (see kvt_tier_describe) without reading tensor data. */
+/* Describes data_dir/<hash> as JSON (see kvt_tier_describe) without reading
+ * tensor data. */
 int kvti_entry_describe(char **json, const char *data_dir, const char *hash);
 
 /* Allocates an empty entry (all zero) or NULL with the error set. */

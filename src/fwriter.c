@@ -23,9 +23,10 @@
 
 #define NSTAGE 8
 #define STAGE ((size_t)1 << 20)
-/* Copy+hash granularity: a piece stays in L1/L2 between its copy and its hash. */
+/* Copy+hash granularity: a piece stays in L1/L2 between its copy and its hash.
+ */
 #define PIECE ((size_t)64 << 10)
-#define MAX_OPEN 64  /* files kept open before a checkpoint */
+#define MAX_OPEN 64 /* files kept open before a checkpoint */
 
 struct kvti_fwriter {
   kvti_wgroup *g;

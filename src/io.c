@@ -1,7 +1,8 @@
 /*
- * io.c - the default (libc) implementation of the I/O seam and the robust helpers built on it:
- * EINTR retry, short-transfer loops, symlink-refusing opens, directory fsync and a tree removal
- * that never follows links. All kvtier file access funnels through here (see io.h).
+ * io.c - the default (libc) implementation of the I/O seam and the robust
+ * helpers built on it: EINTR retry, short-transfer loops, symlink-refusing
+ * opens, directory fsync and a tree removal that never follows links. All
+ * kvtier file access funnels through here (see io.h).
  */
 #include "io.h"
 #include "error.h"
@@ -17,19 +18,31 @@
 #include <liburing.h>
 #endif
 
-static int d_open(const char *p, int f, mode_t m) { return open(p, f, m); }
-static int d_mkdir(const char *p, mode_t m) { return mkdir(p, m); }
-static int d_chmod(const char *p, mode_t m) { return chmod(p, m); }
+static int d_open(const char *p, int f, mode_t m) {
+  return open(p, f, m);
+}
+static int d_mkdir(const char *p, mode_t m) {
+  return mkdir(p, m);
+}
+static int d_chmod(const char *p, mode_t m) {
+  return chmod(p, m);
+}
 static void *d_aligned_alloc(size_t align, size_t n) {
   void *p = NULL;
   return posix_memalign(&p, align, n ? n : 1) == 0 ? p : NULL;
 }
+/* posix_fallocate/posix_fadvise are absent on macOS: the hooks stay NULL
+ * there, which callers treat as "not available" (no preallocation, no cache
+ * drop), never as an error. */
+#if defined(POSIX_FADV_DONTNEED) && !defined(__APPLE__)
+#define KVTI_HAVE_POSIX_FADVISE 1
 static int d_fallocate(int fd, off_t off, off_t len) {
   return posix_fallocate(fd, off, len);
 }
 static int d_fadvise(int fd, off_t off, off_t len, int advice) {
   return posix_fadvise(fd, off, len, advice);
 }
+#endif
 #if KVT_HAVE_URING
 static int d_uring_setup(unsigned entries, void *ring, unsigned flags) {
   return io_uring_queue_init(entries, (struct io_uring *)ring, flags);
@@ -51,10 +64,12 @@ static int d_uring_result(int is_write, int fd, uint64_t off, size_t len,
 #include <stdio.h>
 #endif
 
-/* renameat2(RENAME_EXCHANGE) through syscall(): older glibc lacks the wrapper. */
+/* renameat2(RENAME_EXCHANGE) through syscall(): older glibc lacks the wrapper.
+ */
 static int d_rename_exchange(const char *a, const char *b) {
 #if defined(__linux__) && defined(SYS_renameat2)
-  return (int)syscall(SYS_renameat2, AT_FDCWD, a, AT_FDCWD, b, 2u /* RENAME_EXCHANGE */);
+  return (int)syscall(SYS_renameat2, AT_FDCWD, a, AT_FDCWD, b,
+                      2u /* RENAME_EXCHANGE */);
 #elif defined(__APPLE__) && defined(RENAME_SWAP)
   return renamex_np(a, b, RENAME_SWAP);
 #else
@@ -88,8 +103,10 @@ const kvti_io_ops kvti_io_default = {
     .free = free,
     .rename_exchange = d_rename_exchange,
     .aligned_alloc = d_aligned_alloc,
+#ifdef KVTI_HAVE_POSIX_FADVISE
     .fallocate = d_fallocate,
     .fadvise = d_fadvise,
+#endif
 #if KVT_HAVE_URING
     .uring_setup = d_uring_setup,
     .uring_submit = d_uring_submit,
@@ -114,11 +131,15 @@ void *kvti_aligned_alloc(size_t align, size_t n) {
   return p;
 }
 
-void *kvti_malloc(size_t n) { return kvti_io->malloc(n ? n : 1); }
+void *kvti_malloc(size_t n) {
+  return kvti_io->malloc(n ? n : 1);
+}
 void *kvti_calloc(size_t n, size_t size) {
   return kvti_io->calloc(n ? n : 1, size ? size : 1);
 }
-void *kvti_realloc(void *p, size_t n) { return kvti_io->realloc(p, n ? n : 1); }
+void *kvti_realloc(void *p, size_t n) {
+  return kvti_io->realloc(p, n ? n : 1);
+}
 void kvti_free(void *p) {
   if (p)
     kvti_io->free(p);
@@ -150,7 +171,8 @@ int kvti_close(int fd) {
   return 0;
 }
 
-int kvti_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path) {
+int kvti_pread_all(int fd, void *buf, size_t n, uint64_t off,
+                   const char *path) {
   char *p = buf;
   while (n > 0) {
     ssize_t r = kvti_io->pread(fd, p, n, (off_t)off);
@@ -160,8 +182,8 @@ int kvti_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path) 
       return KVT_ERR_OS(errno, "read %s", path);
     }
     if (r == 0)
-      return KVT_ERR(KVT_ECORRUPT, "read %s: file truncated (%zu bytes missing)",
-                     path, n);
+      return KVT_ERR(KVT_ECORRUPT,
+                     "read %s: file truncated (%zu bytes missing)", path, n);
     p += r;
     n -= (size_t)r;
     off += (uint64_t)r;
@@ -359,7 +381,9 @@ static int rmtree_rec(const char *path, int depth) {
   return rc;
 }
 
-int kvti_rmtree(const char *path) { return rmtree_rec(path, 0); }
+int kvti_rmtree(const char *path) {
+  return rmtree_rec(path, 0);
+}
 
 int kvti_dir_bytes(uint64_t *out, const char *dir, int apparent) {
   DIR *d = kvti_io->opendir(dir);

@@ -1,12 +1,14 @@
 /*
- * io.h - the I/O seam. Every file-system call and every heap allocation kvtier makes goes through
- * the function table `kvti_io` (modelled on SQLite's VFS and test_vfs.c), so tests can replace
- * any call to inject faults (ENOSPC, EIO, EINTR, short reads/writes, fsync and rename failures,
- * allocation failure) or to simulate a crash that drops unsynced writes. Production code calls
- * only the kvti_* helpers below or kvti_io->fn directly, never the libc functions.
+ * io.h - the I/O seam. Every file-system call and every heap allocation kvtier
+ * makes goes through the function table `kvti_io` (modelled on SQLite's VFS and
+ * test_vfs.c), so tests can replace any call to inject faults (ENOSPC, EIO,
+ * EINTR, short reads/writes, fsync and rename failures, allocation failure) or
+ * to simulate a crash that drops unsynced writes. Production code calls only
+ * the kvti_* helpers below or kvti_io->fn directly, never the libc functions.
  *
- * Safety invariants: paths are opened with O_NOFOLLOW|O_CLOEXEC; directory walks use lstat and
- * never follow symlinks; the helpers retry EINTR and loop over short reads/writes.
+ * Safety invariants: paths are opened with O_NOFOLLOW|O_CLOEXEC; directory
+ * walks use lstat and never follow symlinks; the helpers retry EINTR and loop
+ * over short reads/writes.
  */
 #ifndef KVT_IO_H
 #define KVT_IO_H
@@ -38,9 +40,9 @@ typedef struct kvti_io_ops {
   void *(*calloc)(size_t n, size_t size);
   void *(*realloc)(void *p, size_t n);
   void (*free)(void *p);
-  /* Atomically swaps two paths (Linux renameat2(RENAME_EXCHANGE), macOS renamex_np(RENAME_SWAP)).
-   * -1 with errno ENOTSUP/ENOSYS/EINVAL where unsupported. May be NULL in a test table
-   * (treated as unsupported). */
+  /* Atomically swaps two paths (Linux renameat2(RENAME_EXCHANGE), macOS
+   * renamex_np(RENAME_SWAP)). -1 with errno ENOTSUP/ENOSYS/EINVAL where
+   * unsupported. May be NULL in a test table (treated as unsupported). */
   int (*rename_exchange)(const char *a, const char *b);
   /* --- Added for the batched I/O engine (iobatch.c, issue 7); all optional: a
    * NULL hook means "not available" (uring_*: io_uring unusable;
@@ -64,8 +66,8 @@ typedef struct kvti_io_ops {
   int (*uring_result)(int is_write, int fd, uint64_t off, size_t len, int res);
 } kvti_io_ops;
 
-/* The table in force. Tests swap it with kvti_io_set (not thread-safe: set before opening tiers
- * and restore after closing them). */
+/* The table in force. Tests swap it with kvti_io_set (not thread-safe: set
+ * before opening tiers and restore after closing them). */
 extern const kvti_io_ops *kvti_io;
 /* The real libc table. */
 extern const kvti_io_ops kvti_io_default;
@@ -84,22 +86,25 @@ void *kvti_realloc(void *p, size_t n);
 void kvti_free(void *p);
 char *kvti_strdup(const char *s);
 
-/* Opens with O_NOFOLLOW|O_CLOEXEC added, retrying EINTR. Returns fd or sets the error and
- * returns a negative kvt code. `what` names the file in messages. */
+/* Opens with O_NOFOLLOW|O_CLOEXEC added, retrying EINTR. Returns fd or sets the
+ * error and returns a negative kvt code. `what` names the file in messages. */
 int kvti_open(const char *path, int flags, mode_t mode);
-int kvti_close(int fd); /* retries nothing (close must not be retried); returns 0 or code */
-/* Full read/write at off, looping over short transfers and EINTR. A read that reaches EOF
- * before n bytes returns KVT_ECORRUPT ("truncated"). Return 0 or a negative kvt code. */
+int kvti_close(int fd); /* retries nothing (close must not be retried); returns
+                           0 or code */
+/* Full read/write at off, looping over short transfers and EINTR. A read that
+ * reaches EOF before n bytes returns KVT_ECORRUPT ("truncated"). Return 0 or a
+ * negative kvt code. */
 int kvti_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path);
 int kvti_pwrite_all(int fd, const void *buf, size_t n, uint64_t off,
                     const char *path);
 int kvti_fsync(int fd, const char *path);
 /* fsync of a directory (opens it read-only). */
 int kvti_fsync_dir(const char *path);
-/* Reads a whole regular file (refusing > max bytes or a non-regular file) into a malloc'ed
- * buffer with a NUL appended (not counted in *len). */
+/* Reads a whole regular file (refusing > max bytes or a non-regular file) into
+ * a malloc'ed buffer with a NUL appended (not counted in *len). */
 int kvti_read_file(char **out, size_t *len, const char *path, size_t max);
-/* Writes a whole file (O_CREAT|O_TRUNC|O_WRONLY with mode), optionally fsyncing it. */
+/* Writes a whole file (O_CREAT|O_TRUNC|O_WRONLY with mode), optionally fsyncing
+ * it. */
 int kvti_write_file(const char *path, const void *data, size_t len, mode_t mode,
                     int do_fsync);
 /* mkdir that accepts an existing directory (not a symlink) and applies mode. */
@@ -107,16 +112,17 @@ int kvti_mkdir(const char *path, mode_t mode);
 /* Removes a file tree without following symlinks. Missing path is success. */
 int kvti_rmtree(const char *path);
 int kvti_rename(const char *from, const char *to);
-/* Atomic swap of a and b through kvti_io->rename_exchange. Returns 0, KVT_EUNSUPPORTED (no
- * support on this OS/file system: error not set), KVT_ENOTFOUND (one side missing), or another
- * code with the error set. */
+/* Atomic swap of a and b through kvti_io->rename_exchange. Returns 0,
+ * KVT_EUNSUPPORTED (no support on this OS/file system: error not set),
+ * KVT_ENOTFOUND (one side missing), or another code with the error set. */
 int kvti_rename_exchange(const char *a, const char *b);
 int kvti_unlink(const char *path);
 /* lstat; returns 0, KVT_ENOTFOUND, or another code. */
 int kvti_lstat(const char *path, struct stat *st);
 /* Joins a and b with '/' into a malloc'ed string (NULL on OOM, error set). */
 char *kvti_path_join(const char *a, const char *b);
-/* Sum of st_blocks*512 (allocated bytes) or st_size (apparent) of regular files directly in dir. */
+/* Sum of st_blocks*512 (allocated bytes) or st_size (apparent) of regular files
+ * directly in dir. */
 int kvti_dir_bytes(uint64_t *out, const char *dir, int apparent);
 
 #endif

@@ -150,7 +150,8 @@ struct kvti_iobatch {
   size_t chunk;
   unsigned threads;
   int broken; /* the ring is in an unknown state: never reuse */
-  pid_t pid;  /* creator: a ring is not shared across fork (see kvti_iobatch_get) */
+  pid_t pid; /* creator: a ring is not shared across fork (see kvti_iobatch_get)
+              */
   struct kvti_iobatch *cache_next;
   failure f; /* first failure since the last wait_all (push mode) */
 #if KVT_HAVE_URING
@@ -802,8 +803,9 @@ int kvti_iobatch_get(kvti_iobatch **out, int backend) {
         break;
       b->cache_next = NULL;
       if (b->pid != me) {
-        /* Inherited through fork: the ring's memory is shared with the parent, so using it
-         * would corrupt both. Drop this process's mapping and descriptor only. */
+        /* Inherited through fork: the ring's memory is shared with the parent,
+         * so using it would corrupt both. Drop this process's mapping and
+         * descriptor only. */
         kvti_iobatch_free(b);
         continue;
       }
@@ -819,7 +821,8 @@ int kvti_iobatch_get(kvti_iobatch **out, int backend) {
 void kvti_iobatch_put(kvti_iobatch *b) {
   if (!b)
     return;
-  if (!b->broken && b->pid == getpid() && b->requested >= 0 && b->requested < 3) {
+  if (!b->broken && b->pid == getpid() && b->requested >= 0 &&
+      b->requested < 3) {
 #if KVT_HAVE_URING
     kvti_iobatch_unregister(b);
 #endif

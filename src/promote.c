@@ -184,7 +184,8 @@ static int begin(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
   if (rc != 0)
     return rc;
   *reserved = 0;
-  if (keep && keep < info->num_tokens) /* a trimmed promote needs its share only */
+  if (keep &&
+      keep < info->num_tokens) /* a trimmed promote needs its share only */
     info->memory_bytes = (uint64_t)((double)info->memory_bytes * (double)keep /
                                     (double)info->num_tokens);
   uint64_t want = info->memory_bytes;
@@ -354,8 +355,8 @@ static void run_job(kvt_promise *p) {
     rc = KVT_ERR(KVT_ECANCELED, "promote cancelled before it started");
     KVTI_STAT_ADD(&t->stats, promotions_cancelled, 1);
   } else {
-    rc =
-        read_selected(&e, t, &p->info, &p->rs, p->tokens, &p->opts, &p->cancel, 0);
+    rc = read_selected(&e, t, &p->info, &p->rs, p->tokens, &p->opts, &p->cancel,
+                       0);
   }
   pthread_mutex_lock(&p->mu);
   if (rc == 0 && atomic_load(&p->cancel)) {

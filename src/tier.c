@@ -692,8 +692,7 @@ static int tier_close(kvt_tier *t, int64_t timeout_ms, int drop) {
     int rhas;
     kvti_deadline(&rts, &rhas, timeout_ms);
     if (kvti_remote_drain(t, &rts, rhas) != 0)
-      kvti_log(t, KVT_LOG_WARN, "kvtier: close: %s; dropped",
-               kvt_last_error());
+      kvti_log(t, KVT_LOG_WARN, "kvtier: close: %s; dropped", kvt_last_error());
   }
   kvti_remote_stop(t, 1);
   /* 4. Refuse new calls and wait for those in flight, including async promotes.

@@ -82,7 +82,7 @@ struct kvt_tier {
   pthread_cond_t life_cv;
   atomic_int state;
   atomic_uint_fast64_t active;
-  pthread_mutex_t close_mu; /* serialises close/free */
+  pthread_mutex_t close_mu;   /* serialises close/free */
   struct kvti_remote *remote; /* shared remote tier (remote.h), NULL: none */
 };
 
