@@ -105,12 +105,26 @@ static int key_pset(rkey *k, const redis_backend *rb, const int32_t *tokens,
   return 0;
 }
 
+/* Appends an argument of len bytes to c (every command here has fewer than
+ * KVR_MAX_ARGS). */
+static void cmd_arg(kvr_cmd *c, const char *a, size_t len) {
+  c->argv[c->argc] = a;
+  c->len[c->argc++] = len;
+}
+
+/* Starts c as the command a with the argument b of bl bytes. */
 static void cmd2(kvr_cmd *c, const char *a, const char *b, size_t bl) {
-  c->argc = 2;
-  c->argv[0] = a;
-  c->len[0] = strlen(a);
-  c->argv[1] = b;
-  c->len[1] = bl;
+  c->argc = 0;
+  cmd_arg(c, a, strlen(a));
+  cmd_arg(c, b, bl);
+}
+
+/* Appends "PX ttl" to a SET when entries expire (ttl: rb->ttl_ms printed). */
+static void cmd_px(kvr_cmd *c, const redis_backend *rb, const char *ttl) {
+  if (rb->ttl_ms > 0) {
+    cmd_arg(c, "PX", 2);
+    cmd_arg(c, ttl, strlen(ttl));
+  }
 }
 
 static int reply_err(const redisReply *r, const char *what) {
@@ -366,13 +380,8 @@ static int del_chunks(redis_backend *rb, const char *hash, const char *gen,
  * lookups anyway). */
 static int zrem(redis_backend *rb, const rkey *pset, const char *hash) {
   kvr_cmd c;
-  c.argc = 3;
-  c.argv[0] = "ZREM";
-  c.len[0] = 4;
-  c.argv[1] = pset->s;
-  c.len[1] = pset->n;
-  c.argv[2] = hash;
-  c.len[2] = KVT_HASH_HEX_LEN;
+  cmd2(&c, "ZREM", pset->s, pset->n);
+  cmd_arg(&c, hash, KVT_HASH_HEX_LEN);
   redisReply *r = NULL;
   int rc = kvr_exec(rb->cl, pset->s, pset->n, &c, 1, &r);
   if (rc == 0)
@@ -391,17 +400,10 @@ static int manifest_cad(redis_backend *rb, const char *hash, const char *raw,
   rkey k;
   key_manifest(&k, rb, hash);
   kvr_cmd c;
-  c.argc = 5;
-  c.argv[0] = "EVAL";
-  c.len[0] = 4;
-  c.argv[1] = script;
-  c.len[1] = sizeof script - 1;
-  c.argv[2] = "1";
-  c.len[2] = 1;
-  c.argv[3] = k.s;
-  c.len[3] = k.n;
-  c.argv[4] = raw;
-  c.len[4] = len;
+  cmd2(&c, "EVAL", script, sizeof script - 1);
+  cmd_arg(&c, "1", 1);
+  cmd_arg(&c, k.s, k.n);
+  cmd_arg(&c, raw, len);
   redisReply *r = NULL;
   int rc = kvr_exec(rb->cl, k.s, k.n, &c, 1, &r);
   if (rc == 0) {
@@ -612,16 +614,8 @@ static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
       uint64_t len = total - ci * cb < cb ? total - ci * cb : cb;
       kvr_cmd *c = &bt.cmds[i];
       cmd2(c, "SET", bt.keys[i].s, bt.keys[i].n);
-      c->argc = 3;
-      c->argv[2] = blob + ci * cb;
-      c->len[2] = (size_t)len;
-      if (rb->ttl_ms > 0) {
-        c->argc = 5;
-        c->argv[3] = "PX";
-        c->len[3] = 2;
-        c->argv[4] = ttl;
-        c->len[4] = strlen(ttl);
-      }
+      cmd_arg(c, blob + ci * cb, (size_t)len);
+      cmd_px(c, rb, ttl);
     }
     rc = batch_exec(rb, &bt);
     for (uint64_t i = 0; rc == 0 && i < bt.n; i++)
@@ -676,20 +670,9 @@ static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
     rkey mk;
     key_manifest(&mk, rb, hash);
     kvr_cmd c;
-    c.argc = 3;
-    c.argv[0] = "SET";
-    c.len[0] = 3;
-    c.argv[1] = mk.s;
-    c.len[1] = mk.n;
-    c.argv[2] = mtxt;
-    c.len[2] = strlen(mtxt);
-    if (rb->ttl_ms > 0) {
-      c.argc = 5;
-      c.argv[3] = "PX";
-      c.len[3] = 2;
-      c.argv[4] = ttl;
-      c.len[4] = strlen(ttl);
-    }
+    cmd2(&c, "SET", mk.s, mk.n);
+    cmd_arg(&c, mtxt, strlen(mtxt));
+    cmd_px(&c, rb, ttl);
     redisReply *r = NULL;
     rc = kvr_exec(rb->cl, mk.s, mk.n, &c, 1, &r);
     if (rc == 0) {
@@ -711,25 +694,14 @@ static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
       char score[32];
       snprintf(score, sizeof score, "%zu", n);
       kvr_cmd c[2];
-      c[0].argc = 4;
-      c[0].argv[0] = "ZADD";
-      c[0].len[0] = 4;
-      c[0].argv[1] = ps.s;
-      c[0].len[1] = ps.n;
-      c[0].argv[2] = score;
-      c[0].len[2] = strlen(score);
-      c[0].argv[3] = hash;
-      c[0].len[3] = KVT_HASH_HEX_LEN;
+      cmd2(&c[0], "ZADD", ps.s, ps.n);
+      cmd_arg(&c[0], score, strlen(score));
+      cmd_arg(&c[0], hash, KVT_HASH_HEX_LEN);
       size_t nc = 1;
       if (rb->ttl_ms > 0) {
         /* The set lives as long as its newest member can. */
-        c[1].argc = 3;
-        c[1].argv[0] = "PEXPIRE";
-        c[1].len[0] = 7;
-        c[1].argv[1] = ps.s;
-        c[1].len[1] = ps.n;
-        c[1].argv[2] = ttl;
-        c[1].len[2] = strlen(ttl);
+        cmd2(&c[1], "PEXPIRE", ps.s, ps.n);
+        cmd_arg(&c[1], ttl, strlen(ttl));
         nc = 2;
       }
       redisReply *r[2] = {NULL, NULL};
