@@ -195,7 +195,7 @@ static int fx_outside_ok(const fixture *f) {
   int ok = canary_ok(f->canary_up) && canary_ok(f->canary_side);
   for (int i = 0; i < 5; i++) {
     char *p = rel_path(f->outside_entry, files[i], NULL);
-    ok &= r_exists(p);
+    ok &= kvt_test_exists(p);
     free(p);
   }
   return ok;
@@ -287,7 +287,7 @@ static void test_symlinks_inside(void) {
               what[k]);
     CHECK(fx_outside_ok(&f));
     /* The outside directory holds nothing new (nothing was moved into it). */
-    CHECK_EQ_INT(r_count(f.outside, NULL), 1);
+    CHECK_EQ_INT(kvt_test_count_dir(f.outside, NULL), 1);
     free(ed);
     fx_free(&f);
   }
