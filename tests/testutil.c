@@ -68,6 +68,25 @@ void kvt_test_rmtree(const char *path) {
   }
 }
 
+char *kvt_test_read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
+  if (!b || fread(b, 1, (size_t)n, f) != (size_t)n) {
+    free(b);
+    fclose(f);
+    return NULL;
+  }
+  b[n] = 0;
+  fclose(f);
+  *len = (size_t)n;
+  return b;
+}
+
 int kvt_test_exists(const char *path) {
   struct stat st;
   return lstat(path, &st) == 0;

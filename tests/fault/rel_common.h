@@ -153,7 +153,7 @@ static inline void r_copy_tree(const char *from, const char *to) {
     closedir(d);
   } else {
     size_t n = 0;
-    char *buf = t_read_all(from, &n);
+    char *buf = kvt_test_read_file(from, &n);
     REQUIRE(buf);
     REQUIRE(t_write_all(to, buf, n) == 0);
     free(buf);
@@ -175,7 +175,7 @@ static const char *const r_kind_names[R_NKINDS] = {"flip", "truncate", "zero",
 static inline int r_damage(const char *path, kvt_rng *rng, int kind,
                            char **orig, size_t *orig_len, int *kind_out) {
   size_t n = 0;
-  char *b = t_read_all(path, &n);
+  char *b = kvt_test_read_file(path, &n);
   if (!b)
     return -1;
   if (kind < 0)

@@ -25,7 +25,7 @@ static void canary_make(const char *path) {
 }
 static int canary_ok(const char *path) {
   size_t n = 0;
-  char *b = t_read_all(path, &n);
+  char *b = kvt_test_read_file(path, &n);
   int ok = b && n == 11 && !memcmp(b, "canary-data", 11);
   free(b);
   return ok;
