@@ -332,13 +332,22 @@ static char *a_chunk_key(int port, const char *prefix, const char *hash) {
 /* Standalone                                                               */
 /* ------------------------------------------------------------------------ */
 
+/* Starts a standalone server (extra: as start_server) in a fresh directory
+ * named by tag; url receives its redis:// URL, *port its port. Returns the
+ * server's index for kill_server. */
+static int start_standalone(const char *tag, const char *extra, char url[128],
+                            int *port) {
+  *port = pick_port();
+  REQUIRE(*port > 0);
+  int srv = start_server(*port, kvt_test_tmpdir(tag), extra);
+  snprintf(url, 128, "redis://127.0.0.1:%d", *port);
+  return srv;
+}
+
 static void test_standalone(void) {
-  int port = pick_port();
-  REQUIRE(port > 0);
-  char *dir = kvt_test_tmpdir("redis-a");
-  int srv = start_server(port, dir, NULL);
+  int port;
   char url[128];
-  snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+  int srv = start_standalone("redis-a", NULL, url, &port);
   const char *P = "t1:";
 
   kvt_options o = ropts("rt-a", url, P, KVT_REMOTE_LOCAL_AND_REMOTE);
@@ -491,12 +500,9 @@ static long pttl(int port, const char *key) {
 /* With retention, every key an upload writes (chunks, manifest, prefix set)
  * expires with it; without, none does. */
 static void test_retention_ttl(void) {
-  int port = pick_port();
-  REQUIRE(port > 0);
-  char *dir = kvt_test_tmpdir("redis-ttl");
-  int srv = start_server(port, dir, NULL);
+  int port;
   char url[128];
-  snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+  int srv = start_standalone("redis-ttl", NULL, url, &port);
   for (int ret = 0; ret < 2; ret++) {
     const char *P = ret ? "ttl:" : "nottl:";
     kvt_options o =
@@ -540,11 +546,9 @@ static void test_retention_ttl(void) {
 /* Longest prefix among many siblings sharing the first 16 tokens: the match
  * sorts after 300 longer non-matching candidates (read in pages). */
 static void test_prefix_paging(void) {
-  int port = pick_port();
-  REQUIRE(port > 0);
-  start_server(port, kvt_test_tmpdir("redis-p"), NULL);
+  int port;
   char url[128];
-  snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+  start_standalone("redis-p", NULL, url, &port);
   kvt_options o = ropts("rt-p", url, "pg:", KVT_REMOTE_ONLY);
   o.spill_queue_size = 512;
   o.remote_queue_size = 512;
@@ -613,12 +617,10 @@ static void test_prefix_paging(void) {
 /* Eviction under maxmemory with allkeys-lru: some entries lose keys; every
  * promote is then bit-identical or a miss. */
 static void test_eviction(void) {
-  int port = pick_port();
-  REQUIRE(port > 0);
-  char *dir = kvt_test_tmpdir("redis-e");
-  start_server(port, dir, "--maxmemory 3mb --maxmemory-policy allkeys-lru");
+  int port;
   char url[128];
-  snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+  start_standalone("redis-e", "--maxmemory 3mb --maxmemory-policy allkeys-lru",
+                   url, &port);
   kvt_options o = ropts("rt-e", url, "ev:", KVT_REMOTE_ONLY);
   o.spill_queue_size = 256;
   o.remote_queue_size = 256;
