@@ -248,7 +248,7 @@ int main(int argc, char **argv) {
   kvti_free(buf);
   kvti_iobatch_free(ub);
   kvti_iobatch_free(pb);
-  bu_rmtree(dir);
+  kvt_test_rmtree(dir);
   free(dir);
   return 0;
 }

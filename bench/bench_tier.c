@@ -206,7 +206,7 @@ static void bench_entry_level(entry_res *res, const char *dir,
                               const workload *w, int runs, int backend) {
   char data[4096];
   snprintf(data, sizeof data, "%s/entry-data", dir);
-  bu_rmtree(data);
+  kvt_test_rmtree(data);
   mkdir(data, 0700);
   double wbw[16], cbw[16], hbw[16], snap[16], mc[16], nc[16];
   char *dst = NULL;
@@ -296,7 +296,7 @@ static void bench_entry_level(entry_res *res, const char *dir,
   res->memcpy_s = median_of(mc, runs);
   res->nocopy_s = median_of(nc, runs);
   free(dst);
-  bu_rmtree(data);
+  kvt_test_rmtree(data);
 }
 
 /* ------------------------------------------------------------ tier level */
@@ -376,7 +376,7 @@ static void bench_tier_level(tier_res *res, const char *dir, workload *w,
     abort();
   memset(ar.base, 0, ar.cap);
   for (int r = 0; r < runs; r++) {
-    bu_rmtree(cache);
+    kvt_test_rmtree(cache);
     kvt_tier *t =
         open_tier(cache, (uint64_t)(n_entries + 1) * w->bytes * 2, 64);
     /* Warm the pools once (steady state: the library's buffers are reused). */
@@ -506,7 +506,7 @@ static void bench_tier_level(tier_res *res, const char *dir, workload *w,
   res->memcpy_s = bu_median(mc, runs);
   free(dst);
   free(ar.base);
-  bu_rmtree(cache);
+  kvt_test_rmtree(cache);
 }
 
 /* Spill storm: many spills as fast as possible into a queue bounded to
@@ -516,7 +516,7 @@ static void bench_storm(double *growth, const char *dir, workload *w,
                         uint64_t queue_bytes, int spills) {
   char cache[4096];
   snprintf(cache, sizeof cache, "%s/storm", dir);
-  bu_rmtree(cache);
+  kvt_test_rmtree(cache);
   kvti_bufpool_trim(kvti_bufpool_default());
   kvt_tier *t = open_tier(cache, queue_bytes, 1024);
   uint64_t base = bu_rss();
@@ -542,7 +542,7 @@ static void bench_storm(double *growth, const char *dir, workload *w,
          (double)queue_bytes / (1 << 20));
   kvt_tier_close(t, -1);
   kvt_tier_free(t);
-  bu_rmtree(cache);
+  kvt_test_rmtree(cache);
 }
 
 /* ------------------------------------------------------------ main */
@@ -669,7 +669,7 @@ int main(int argc, char **argv) {
       free_workload(&w);
     }
   }
-  bu_rmtree(dir);
+  kvt_test_rmtree(dir);
   free(dir);
   return 0;
 }

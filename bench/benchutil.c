@@ -4,6 +4,7 @@
  */
 #define _GNU_SOURCE 1
 #include "benchutil.h"
+#include "testutil.h" /* checks kvt_test_rmtree's declaration */
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -162,29 +163,6 @@ char *bu_mkdtemp(const char *base) {
     return NULL;
   }
   return p;
-}
-
-void bu_rmtree(const char *path) {
-  struct stat st;
-  if (lstat(path, &st) != 0)
-    return;
-  if (S_ISDIR(st.st_mode)) {
-    DIR *d = opendir(path);
-    if (d) {
-      struct dirent *de;
-      while ((de = readdir(d))) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-          continue;
-        char c[4096];
-        snprintf(c, sizeof c, "%s/%s", path, de->d_name);
-        bu_rmtree(c);
-      }
-      closedir(d);
-    }
-    rmdir(path);
-  } else {
-    unlink(path);
-  }
 }
 
 int bu_report_ratio(const char *name, double value, double limit, double ratio,

@@ -44,7 +44,10 @@ void bu_reset_peak_rss(void);
 /* Creates <base>/kvt-bench-XXXXXX (base NULL: $KVT_BENCH_DIR, else /var/tmp).
  */
 char *bu_mkdtemp(const char *base);
-void bu_rmtree(const char *path);
+/* rm -rf without following symlinks: the tests' helper (tests/testutil.c is
+ * linked into kvt_benchutil; its header is not included here because its
+ * CHECK macros are for tests). */
+void kvt_test_rmtree(const char *path);
 
 /* Prints one target line. higher_better: ratio = value/limit (target: ratio >=
  * want), else ratio = value/limit (target: ratio <= want). want <= 0:

@@ -14,6 +14,7 @@
 #include "entry.h"
 #include "hash.h"
 #include "kvtier.h"
+#include "testutil.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -90,25 +91,6 @@ static inline void fz_write(const char *path, const void *d, size_t n) {
     n -= (size_t)w;
   }
   close(fd);
-}
-
-static inline char *fz_read(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return NULL;
-  fseek(f, 0, SEEK_END);
-  long l = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc((size_t)l + 1);
-  if (fread(b, 1, (size_t)l, f) != (size_t)l) {
-    free(b);
-    fclose(f);
-    return NULL;
-  }
-  fclose(f);
-  b[l] = 0;
-  *n = (size_t)l;
-  return b;
 }
 
 /* The manifest.sum kvtier writes for a manifest text ("xxh3:<16 hex>\n", 22

@@ -44,7 +44,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (fz_make_entry(g_data, KVT_STORAGE_NATIVE, g_hash) != 0)
       abort();
     snprintf(p, sizeof p, "%s/%s/manifest.json", g_data, g_hash);
-    g_manifest = fz_read(p, &g_mlen);
+    g_manifest = kvt_test_read_file(p, &g_mlen);
     if (!g_manifest)
       abort();
   }

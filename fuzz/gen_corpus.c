@@ -39,7 +39,7 @@ static size_t pack(unsigned char *out, const char *dir, int fix, int drop_sum) {
       continue;
     snprintf(p, sizeof p, "%s/%s", dir, name);
     size_t n = 0;
-    char *b = fz_read(p, &n);
+    char *b = kvt_test_read_file(p, &n);
     if (!b)
       continue;
     if (n > 65535)
@@ -76,19 +76,19 @@ int main(int argc, char **argv) {
     for (int l = 0; l < 4; l++) {
       snprintf(p, sizeof p, "%s/layer_%d.safetensors", dir, l);
       size_t n = 0;
-      char *b = fz_read(p, &n);
+      char *b = kvt_test_read_file(p, &n);
       snprintf(name, sizeof name, "%s_layer_%d", mname[mode], l);
       seed("safetensors", name, b, n);
       free(b);
     }
     size_t n = 0;
     snprintf(p, sizeof p, "%s/manifest.json", dir);
-    char *m = fz_read(p, &n);
+    char *m = kvt_test_read_file(p, &n);
     snprintf(name, sizeof name, "%s_manifest", mname[mode]);
     seed("manifest", name, m, n);
     free(m);
     snprintf(p, sizeof p, "%s/tokens.bin", dir);
-    char *t = fz_read(p, &n);
+    char *t = kvt_test_read_file(p, &n);
     for (int c = 0; c < 4; c++) {
       unsigned char *b = malloc(n + 1);
       b[0] = (unsigned char)c;

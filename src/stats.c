@@ -51,36 +51,107 @@ void kvti_stats_copy(kvt_stats *out, kvti_stats *st) {
   pthread_mutex_unlock(&st->mu);
 }
 
-/* The counters kvt_tier_stats_add accepts: the reference's names and kvtier's.
- * Gauges (entries, bytes, queue) are measured, not counted, and cannot be
- * adjusted. */
-static const struct {
-  const char *name;
+/* Derived values of the renderings. */
+static double hit_rate(const kvt_stats *s) {
+  uint64_t total = s->ssd_hits + s->ssd_misses;
+  return total > 0 ? (double)s->ssd_hits / (double)total : 0.0;
+}
+static double reload_latency_sum(const kvt_stats *s) {
+  return s->reload_latency_sum;
+}
+static double avg_reload_ms(const kvt_stats *s) {
+  return s->ssd_hits > 0 ? s->reload_latency_sum / (double)s->ssd_hits * 1000
+                         : 0.0;
+}
+static uint64_t local_hits(const kvt_stats *s) {
+  return s->ssd_hits > s->remote_hits ? s->ssd_hits - s->remote_hits : 0;
+}
+static double remote_latency_sum(const kvt_stats *s) {
+  return s->remote_latency_sum;
+}
+static double avg_remote_ms(const kvt_stats *s) {
+  return s->remote_hits > 0
+             ? s->remote_latency_sum / (double)s->remote_hits * 1000
+             : 0.0;
+}
+
+/* Every value of a kvt_stats, in the order both renderings print them. A
+ * value is a uint64_t field (off), or computed by getu (integer) or getf
+ * (float, rounded to nd decimals in JSON as the reference's to_dict rounds;
+ * Prometheus prints it unrounded). key is the JSON key, prom the Prometheus
+ * name after "kvtier_" (NULL: not exported there). The counters that
+ * kvt_tier_stats_add accepts are the counter fields (off, counter): gauges
+ * (entries, bytes, queue) are measured, not counted, and derived values
+ * cannot be adjusted. */
+typedef struct metric {
+  const char *key, *prom;
+  int counter; /* else gauge */
+  const char *help;
   size_t off;
-} counters[] = {
-    {"spill_count", offsetof(kvt_stats, spill_count)},
-    {"spill_bytes", offsetof(kvt_stats, spill_bytes)},
-    {"ssd_hits", offsetof(kvt_stats, ssd_hits)},
-    {"ssd_misses", offsetof(kvt_stats, ssd_misses)},
-    {"reload_bytes", offsetof(kvt_stats, reload_bytes)},
-    {"promotion_failures", offsetof(kvt_stats, promotion_failures)},
-    {"spill_drops", offsetof(kvt_stats, spill_drops)},
-    {"spill_rejects", offsetof(kvt_stats, spill_rejects)},
-    {"write_failures", offsetof(kvt_stats, write_failures)},
-    {"evictions", offsetof(kvt_stats, evictions)},
-    {"expirations", offsetof(kvt_stats, expirations)},
-    {"quarantined", offsetof(kvt_stats, quarantined)},
-    {"reconciled", offsetof(kvt_stats, reconciled)},
-    {"promotions_cancelled", offsetof(kvt_stats, promotions_cancelled)},
-    /* The remote tier's. */
-    {"remote_hits", offsetof(kvt_stats, remote_hits)},
-    {"remote_misses", offsetof(kvt_stats, remote_misses)},
-    {"remote_read_bytes", offsetof(kvt_stats, remote_read_bytes)},
-    {"remote_spill_count", offsetof(kvt_stats, remote_spill_count)},
-    {"remote_spill_bytes", offsetof(kvt_stats, remote_spill_bytes)},
-    {"remote_spill_drops", offsetof(kvt_stats, remote_spill_drops)},
-    {"remote_errors", offsetof(kvt_stats, remote_errors)},
+  uint64_t (*getu)(const kvt_stats *);
+  double (*getf)(const kvt_stats *);
+  int nd;
+} metric;
+
+#define FIELD(f, prom, counter, help)                                          \
+  { #f, prom, counter, help, offsetof(kvt_stats, f), NULL, NULL, 0 }
+#define CNT(f, help) FIELD(f, #f "_total", 1, help)
+#define GAUGE(f, help) FIELD(f, #f, 0, help)
+#define FLOAT(key, prom, counter, help, fn, nd)                                \
+  { key, prom, counter, help, 0, NULL, fn, nd }
+
+static const metric metrics[] = {
+    /* The reference's to_dict, same keys, order and rounding. */
+    CNT(spill_count, "Entries spilled to SSD."),
+    CNT(spill_bytes, "Bytes written to SSD."),
+    CNT(ssd_hits, "Successful promotes from SSD."),
+    CNT(ssd_misses, "Promotes that found no entry."),
+    FLOAT("ssd_hit_rate", "ssd_hit_rate", 0,
+          "ssd_hits / (ssd_hits + ssd_misses).", hit_rate, 4),
+    FLOAT("reload_latency_sum_s", "reload_latency_seconds_total", 1,
+          "Sum of promote latencies in seconds.", reload_latency_sum, 4),
+    FLOAT("avg_reload_latency_ms", "avg_reload_latency_ms", 0,
+          "Mean promote latency in ms.", avg_reload_ms, 2),
+    CNT(reload_bytes, "Bytes read from SSD by promotes."),
+    CNT(promotion_failures,
+        "Promotes refused by the budget or failed to read."),
+    /* kvtier's. */
+    CNT(spill_drops, "Spills dropped: queue full."),
+    CNT(spill_rejects, "Spills refused: too big or invalid."),
+    CNT(write_failures, "Spills that failed to write."),
+    CNT(evictions, "Entries evicted for capacity (LRU)."),
+    CNT(expirations, "Entries removed by retention."),
+    CNT(quarantined, "Corrupt entries quarantined."),
+    CNT(reconciled, "Rows or directories cleaned by reconcile."),
+    CNT(promotions_cancelled, "Async promotes cancelled."),
+    GAUGE(entries, "Entries stored."),
+    GAUGE(disk_bytes, "Bytes of stored entries on disk."),
+    GAUGE(memory_bytes, "Sum of stored entries' RAM estimates."),
+    GAUGE(queue_depth, "Spills waiting in the queue."),
+    GAUGE(queue_bytes, "Bytes held by queued spills."),
+    /* Per tier: local and remote. */
+    {"local_hits", "local_hits_total", 1, "Promotes served from the local SSD.",
+     0, local_hits, NULL, 0},
+    CNT(remote_hits, "Promotes served from the remote store."),
+    CNT(remote_misses, "Remote lookups that found nothing usable."),
+    CNT(remote_read_bytes, "Bytes fetched from the remote."),
+    FLOAT("remote_latency_sum_s", "remote_latency_seconds_total", 1,
+          "Sum of remote fetch latencies in seconds.", remote_latency_sum, 4),
+    FLOAT("avg_remote_latency_ms", NULL, 0, NULL, avg_remote_ms, 2),
+    CNT(remote_spill_count, "Entries uploaded to the remote."),
+    CNT(remote_spill_bytes, "Bytes uploaded to the remote."),
+    CNT(remote_spill_drops,
+        "Uploads dropped: queue full or remote unavailable."),
+    CNT(remote_errors, "Failed remote operations."),
+    GAUGE(remote_queue_depth, "Uploads waiting."),
+    GAUGE(remote_available,
+          "1 when the remote is configured and not backing off."),
 };
+#define NMETRICS (sizeof metrics / sizeof metrics[0])
+
+static uint64_t metric_u64(const metric *m, const kvt_stats *s) {
+  return m->getu ? m->getu(s) : *(const uint64_t *)((const char *)s + m->off);
+}
 
 int kvti_stats_add_named(kvti_stats *st, const char *name, int64_t delta) {
   if (!name)
@@ -97,12 +168,13 @@ int kvti_stats_add_named(kvti_stats *st, const char *name, int64_t delta) {
     pthread_mutex_unlock(&st->mu);
     return rc;
   }
-  for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++) {
-    if (strcmp(name, counters[i].name) != 0)
+  for (size_t i = 0; i < NMETRICS; i++) {
+    const metric *m = &metrics[i];
+    if (!m->counter || m->getu || m->getf || strcmp(name, m->key) != 0)
       continue;
     int rc = 0;
     pthread_mutex_lock(&st->mu);
-    uint64_t *f = (uint64_t *)((char *)&st->s + counters[i].off);
+    uint64_t *f = (uint64_t *)((char *)&st->s + m->off);
     if (delta < 0 && (uint64_t)(-(delta + 1)) + 1 > *f)
       rc = KVT_ERR(KVT_EINVAL, "counter %s would drop below 0 (%llu%+lld)",
                    name, (unsigned long long)*f, (long long)delta);
@@ -215,66 +287,19 @@ static int copy_out(char *buf, size_t cap, size_t *needed, const char *s) {
   return 0;
 }
 
-static void derived(const kvt_stats *s, double *hit_rate, double *avg_ms) {
-  uint64_t total = s->ssd_hits + s->ssd_misses;
-  *hit_rate = total > 0 ? (double)s->ssd_hits / (double)total : 0.0;
-  *avg_ms = s->ssd_hits > 0 ? s->reload_latency_sum / (double)s->ssd_hits * 1000
-                            : 0.0;
-}
-
 int kvt_stats_to_json(char *buf, size_t cap, size_t *needed,
                       const kvt_stats *s) {
   if (!s)
     return KVT_ERR(KVT_EINVAL, "stats is NULL");
-  double hit_rate, avg_ms;
-  derived(s, &hit_rate, &avg_ms);
   cJSON *o = cJSON_CreateObject();
   if (!o)
     return KVT_ERR_NOMEM();
   int bad = 0;
-  /* The reference's to_dict, same keys, order and rounding. */
-  bad |= add_u64(o, "spill_count", s->spill_count);
-  bad |= add_u64(o, "spill_bytes", s->spill_bytes);
-  bad |= add_u64(o, "ssd_hits", s->ssd_hits);
-  bad |= add_u64(o, "ssd_misses", s->ssd_misses);
-  bad |= add_f(o, "ssd_hit_rate", py_round(hit_rate, 4));
-  bad |= add_f(o, "reload_latency_sum_s", py_round(s->reload_latency_sum, 4));
-  bad |= add_f(o, "avg_reload_latency_ms", py_round(avg_ms, 2));
-  bad |= add_u64(o, "reload_bytes", s->reload_bytes);
-  bad |= add_u64(o, "promotion_failures", s->promotion_failures);
-  /* kvtier's. */
-  bad |= add_u64(o, "spill_drops", s->spill_drops);
-  bad |= add_u64(o, "spill_rejects", s->spill_rejects);
-  bad |= add_u64(o, "write_failures", s->write_failures);
-  bad |= add_u64(o, "evictions", s->evictions);
-  bad |= add_u64(o, "expirations", s->expirations);
-  bad |= add_u64(o, "quarantined", s->quarantined);
-  bad |= add_u64(o, "reconciled", s->reconciled);
-  bad |= add_u64(o, "promotions_cancelled", s->promotions_cancelled);
-  bad |= add_u64(o, "entries", s->entries);
-  bad |= add_u64(o, "disk_bytes", s->disk_bytes);
-  bad |= add_u64(o, "memory_bytes", s->memory_bytes);
-  bad |= add_u64(o, "queue_depth", s->queue_depth);
-  bad |= add_u64(o, "queue_bytes", s->queue_bytes);
-  /* Per tier: local and remote. */
-  uint64_t local_hits =
-      s->ssd_hits > s->remote_hits ? s->ssd_hits - s->remote_hits : 0;
-  bad |= add_u64(o, "local_hits", local_hits);
-  bad |= add_u64(o, "remote_hits", s->remote_hits);
-  bad |= add_u64(o, "remote_misses", s->remote_misses);
-  bad |= add_u64(o, "remote_read_bytes", s->remote_read_bytes);
-  bad |= add_f(o, "remote_latency_sum_s", py_round(s->remote_latency_sum, 4));
-  bad |= add_f(o, "avg_remote_latency_ms",
-               py_round(s->remote_hits > 0 ? s->remote_latency_sum /
-                                                 (double)s->remote_hits * 1000
-                                           : 0.0,
-                        2));
-  bad |= add_u64(o, "remote_spill_count", s->remote_spill_count);
-  bad |= add_u64(o, "remote_spill_bytes", s->remote_spill_bytes);
-  bad |= add_u64(o, "remote_spill_drops", s->remote_spill_drops);
-  bad |= add_u64(o, "remote_errors", s->remote_errors);
-  bad |= add_u64(o, "remote_queue_depth", s->remote_queue_depth);
-  bad |= add_u64(o, "remote_available", s->remote_available);
+  for (size_t i = 0; i < NMETRICS; i++) {
+    const metric *m = &metrics[i];
+    bad |= m->getf ? add_f(o, m->key, py_round(m->getf(s), m->nd))
+                   : add_u64(o, m->key, metric_u64(m, s));
+  }
   char *txt = bad ? NULL : cJSON_PrintUnformatted(o);
   cJSON_Delete(o);
   if (!txt)
@@ -323,94 +348,24 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
   }
 }
 
-static void prom_u64(sbuf *b, const char *name, const char *type,
-                     const char *help, uint64_t v) {
-  sb_printf(b, "# HELP kvtier_%s %s\n# TYPE kvtier_%s %s\nkvtier_%s %llu\n",
-            name, help, name, type, name, (unsigned long long)v);
-}
-
-static void prom_f(sbuf *b, const char *name, const char *type,
-                   const char *help, double v) {
-  char f[64];
-  snprintf(f, sizeof f, "%.17g", v);
-  sb_printf(b, "# HELP kvtier_%s %s\n# TYPE kvtier_%s %s\nkvtier_%s %s\n", name,
-            help, name, type, name, f);
-}
-
 int kvt_stats_to_prometheus(char *buf, size_t cap, size_t *needed,
                             const kvt_stats *s) {
   if (!s)
     return KVT_ERR(KVT_EINVAL, "stats is NULL");
-  double hit_rate, avg_ms;
-  derived(s, &hit_rate, &avg_ms);
   sbuf b = {0};
-  const char *C = "counter", *G = "gauge";
-  prom_u64(&b, "spill_count_total", C, "Entries spilled to SSD.",
-           s->spill_count);
-  prom_u64(&b, "spill_bytes_total", C, "Bytes written to SSD.", s->spill_bytes);
-  prom_u64(&b, "ssd_hits_total", C, "Successful promotes from SSD.",
-           s->ssd_hits);
-  prom_u64(&b, "ssd_misses_total", C, "Promotes that found no entry.",
-           s->ssd_misses);
-  prom_f(&b, "ssd_hit_rate", G, "ssd_hits / (ssd_hits + ssd_misses).",
-         hit_rate);
-  prom_f(&b, "reload_latency_seconds_total", C,
-         "Sum of promote latencies in seconds.", s->reload_latency_sum);
-  prom_f(&b, "avg_reload_latency_ms", G, "Mean promote latency in ms.", avg_ms);
-  prom_u64(&b, "reload_bytes_total", C, "Bytes read from SSD by promotes.",
-           s->reload_bytes);
-  prom_u64(&b, "promotion_failures_total", C,
-           "Promotes refused by the budget or failed to read.",
-           s->promotion_failures);
-  prom_u64(&b, "spill_drops_total", C, "Spills dropped: queue full.",
-           s->spill_drops);
-  prom_u64(&b, "spill_rejects_total", C, "Spills refused: too big or invalid.",
-           s->spill_rejects);
-  prom_u64(&b, "write_failures_total", C, "Spills that failed to write.",
-           s->write_failures);
-  prom_u64(&b, "evictions_total", C, "Entries evicted for capacity (LRU).",
-           s->evictions);
-  prom_u64(&b, "expirations_total", C, "Entries removed by retention.",
-           s->expirations);
-  prom_u64(&b, "quarantined_total", C, "Corrupt entries quarantined.",
-           s->quarantined);
-  prom_u64(&b, "reconciled_total", C,
-           "Rows or directories cleaned by reconcile.", s->reconciled);
-  prom_u64(&b, "promotions_cancelled_total", C, "Async promotes cancelled.",
-           s->promotions_cancelled);
-  prom_u64(&b, "entries", G, "Entries stored.", s->entries);
-  prom_u64(&b, "disk_bytes", G, "Bytes of stored entries on disk.",
-           s->disk_bytes);
-  prom_u64(&b, "memory_bytes", G, "Sum of stored entries' RAM estimates.",
-           s->memory_bytes);
-  prom_u64(&b, "queue_depth", G, "Spills waiting in the queue.",
-           s->queue_depth);
-  prom_u64(&b, "queue_bytes", G, "Bytes held by queued spills.",
-           s->queue_bytes);
-  prom_u64(&b, "local_hits_total", C, "Promotes served from the local SSD.",
-           s->ssd_hits > s->remote_hits ? s->ssd_hits - s->remote_hits : 0);
-  prom_u64(&b, "remote_hits_total", C, "Promotes served from the remote store.",
-           s->remote_hits);
-  prom_u64(&b, "remote_misses_total", C,
-           "Remote lookups that found nothing usable.", s->remote_misses);
-  prom_u64(&b, "remote_read_bytes_total", C, "Bytes fetched from the remote.",
-           s->remote_read_bytes);
-  prom_f(&b, "remote_latency_seconds_total", C,
-         "Sum of remote fetch latencies in seconds.", s->remote_latency_sum);
-  prom_u64(&b, "remote_spill_count_total", C, "Entries uploaded to the remote.",
-           s->remote_spill_count);
-  prom_u64(&b, "remote_spill_bytes_total", C, "Bytes uploaded to the remote.",
-           s->remote_spill_bytes);
-  prom_u64(&b, "remote_spill_drops_total", C,
-           "Uploads dropped: queue full or remote unavailable.",
-           s->remote_spill_drops);
-  prom_u64(&b, "remote_errors_total", C, "Failed remote operations.",
-           s->remote_errors);
-  prom_u64(&b, "remote_queue_depth", G, "Uploads waiting.",
-           s->remote_queue_depth);
-  prom_u64(&b, "remote_available", G,
-           "1 when the remote is configured and not backing off.",
-           s->remote_available);
+  for (size_t i = 0; i < NMETRICS; i++) {
+    const metric *m = &metrics[i];
+    if (!m->prom)
+      continue;
+    char v[64];
+    if (m->getf)
+      snprintf(v, sizeof v, "%.17g", m->getf(s));
+    else
+      snprintf(v, sizeof v, "%llu", (unsigned long long)metric_u64(m, s));
+    sb_printf(&b, "# HELP kvtier_%s %s\n# TYPE kvtier_%s %s\nkvtier_%s %s\n",
+              m->prom, m->help, m->prom, m->counter ? "counter" : "gauge",
+              m->prom, v);
+  }
   if (b.oom) {
     kvti_free(b.p);
     return KVT_ERR_NOMEM();

@@ -129,6 +129,23 @@ static void sweep(kvt_tier *t) {
   pthread_mutex_unlock(&t->mut_mu);
 }
 
+/* Drops a spill taken off the queue, unwritten (the tier is closing): counts
+ * it done and runs its release callback with KVT_ECLOSED. Called and returns
+ * with w->mu held; the callback runs without it. */
+static void drop_item(kvt_tier *t, kvti_spill_item *it) {
+  kvti_writer *w = &t->w;
+  w->depth--;
+  w->bytes -= it->cost;
+  w->done_seq++;
+  pthread_mutex_unlock(&w->mu);
+  if (t->opts.spill_done_fn)
+    t->opts.spill_done_fn(t->opts.spill_done_ctx, kvti_snapshot_hash(it->snap),
+                          KVT_ECLOSED);
+  kvti_snapshot_free(it->snap);
+  kvti_free(it);
+  pthread_mutex_lock(&w->mu);
+}
+
 static void *writer_main(void *arg) {
   kvt_tier *t = arg;
   kvti_writer *w = &t->w;
@@ -142,16 +159,7 @@ static void *writer_main(void *arg) {
       while (w->head) {
         kvti_spill_item *it = w->head;
         w->head = it->next;
-        w->depth--;
-        w->bytes -= it->cost;
-        w->done_seq++;
-        pthread_mutex_unlock(&w->mu);
-        if (t->opts.spill_done_fn)
-          t->opts.spill_done_fn(t->opts.spill_done_ctx,
-                                kvti_snapshot_hash(it->snap), KVT_ECLOSED);
-        kvti_snapshot_free(it->snap);
-        kvti_free(it);
-        pthread_mutex_lock(&w->mu);
+        drop_item(t, it);
       }
       w->tail = NULL;
       pthread_cond_broadcast(&w->cv_done);
@@ -277,16 +285,7 @@ void kvti_writer_stop(kvt_tier *t, int drop) {
   w->head = w->tail = NULL;
   while (it) {
     kvti_spill_item *next = it->next;
-    w->depth--;
-    w->bytes -= it->cost;
-    w->done_seq++;
-    pthread_mutex_unlock(&w->mu);
-    if (t->opts.spill_done_fn)
-      t->opts.spill_done_fn(t->opts.spill_done_ctx,
-                            kvti_snapshot_hash(it->snap), KVT_ECLOSED);
-    kvti_snapshot_free(it->snap);
-    kvti_free(it);
-    pthread_mutex_lock(&w->mu);
+    drop_item(t, it);
     it = next;
   }
   pthread_cond_broadcast(&w->cv_done);

@@ -68,6 +68,48 @@ void kvt_test_rmtree(const char *path) {
   }
 }
 
+char *kvt_test_read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
+  if (!b || fread(b, 1, (size_t)n, f) != (size_t)n) {
+    free(b);
+    fclose(f);
+    return NULL;
+  }
+  b[n] = 0;
+  fclose(f);
+  *len = (size_t)n;
+  return b;
+}
+
+int kvt_test_exists(const char *path) {
+  struct stat st;
+  return lstat(path, &st) == 0;
+}
+
+int kvt_test_count_dir(const char *dir, const char *suffix) {
+  DIR *d = opendir(dir);
+  if (!d)
+    return -1;
+  int n = 0;
+  struct dirent *de;
+  size_t b = suffix ? strlen(suffix) : 0;
+  while ((de = readdir(d))) {
+    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+      continue;
+    size_t a = strlen(de->d_name);
+    if (!suffix || (a >= b && strcmp(de->d_name + a - b, suffix) == 0))
+      n++;
+  }
+  closedir(d);
+  return n;
+}
+
 static void cleanup(void) {
   const char *keep = getenv("KVT_KEEP_TMP");
   for (int i = 0; i < n_tmp; i++) {

@@ -71,5 +71,13 @@ void kvt_rng_fill(kvt_rng *r, void *buf, size_t n);
 char *kvt_test_tmpdir(const char *tag);
 /* rm -rf without following symlinks. */
 void kvt_test_rmtree(const char *path);
+/* The whole file, malloc'ed and NUL-terminated (*len: its size without the
+ * NUL), or NULL when it cannot be read. */
+char *kvt_test_read_file(const char *path, size_t *len);
+/* 1 when path exists (lstat: a dangling symlink counts), else 0. */
+int kvt_test_exists(const char *path);
+/* Number of names in dir (without . and ..) ending in suffix (NULL: all), -1
+ * when dir cannot be read. */
+int kvt_test_count_dir(const char *dir, const char *suffix);
 
 #endif

@@ -105,12 +105,26 @@ static int key_pset(rkey *k, const redis_backend *rb, const int32_t *tokens,
   return 0;
 }
 
+/* Appends an argument of len bytes to c (every command here has fewer than
+ * KVR_MAX_ARGS). */
+static void cmd_arg(kvr_cmd *c, const char *a, size_t len) {
+  c->argv[c->argc] = a;
+  c->len[c->argc++] = len;
+}
+
+/* Starts c as the command a with the argument b of bl bytes. */
 static void cmd2(kvr_cmd *c, const char *a, const char *b, size_t bl) {
-  c->argc = 2;
-  c->argv[0] = a;
-  c->len[0] = strlen(a);
-  c->argv[1] = b;
-  c->len[1] = bl;
+  c->argc = 0;
+  cmd_arg(c, a, strlen(a));
+  cmd_arg(c, b, bl);
+}
+
+/* Appends "PX ttl" to a SET when entries expire (ttl: rb->ttl_ms printed). */
+static void cmd_px(kvr_cmd *c, const redis_backend *rb, const char *ttl) {
+  if (rb->ttl_ms > 0) {
+    cmd_arg(c, "PX", 2);
+    cmd_arg(c, ttl, strlen(ttl));
+  }
 }
 
 static int reply_err(const redisReply *r, const char *what) {
@@ -126,6 +140,45 @@ static void free_replies(redisReply **r, size_t n) {
   for (size_t i = 0; i < n; i++)
     if (r[i])
       freeReplyObject(r[i]);
+}
+
+/* One pipelined batch of commands on chunks [base, base + n) of a generation:
+ * their keys (all in the entry's slot, so one kvr_exec), the commands the
+ * caller fills in, and the replies. */
+typedef struct chunk_batch {
+  rkey *keys;
+  kvr_cmd *cmds;
+  redisReply **rep;
+  uint64_t n;
+} chunk_batch;
+
+static void batch_close(chunk_batch *b) {
+  if (b->rep)
+    free_replies(b->rep, b->n);
+  kvti_free(b->keys);
+  kvti_free(b->cmds);
+  kvti_free(b->rep);
+}
+
+/* Allocates a batch of n (>= 1) and fills its keys; on 0 the caller fills
+ * cmds and calls batch_exec, then batch_close. */
+static int batch_open(chunk_batch *b, const redis_backend *rb, const char *hash,
+                      const char *gen, uint64_t base, uint64_t n) {
+  b->n = n;
+  b->keys = kvti_malloc(n * sizeof *b->keys);
+  b->cmds = kvti_malloc(n * sizeof *b->cmds);
+  b->rep = kvti_calloc(n, sizeof *b->rep);
+  if (!b->keys || !b->cmds || !b->rep) {
+    batch_close(b);
+    return KVT_ERR_NOMEM();
+  }
+  for (uint64_t i = 0; i < n; i++)
+    key_chunk(&b->keys[i], rb, hash, gen, base + i);
+  return 0;
+}
+
+static int batch_exec(redis_backend *rb, chunk_batch *b) {
+  return kvr_exec(rb->cl, b->keys[0].s, b->keys[0].n, b->cmds, b->n, b->rep);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -309,24 +362,14 @@ static int del_chunks(redis_backend *rb, const char *hash, const char *gen,
                       uint64_t n) {
   int rc = 0;
   for (uint64_t base = 0; base < n && rc == 0; base += 256) {
-    uint64_t m = n - base < 256 ? n - base : 256;
-    rkey *keys = kvti_malloc(m * sizeof *keys);
-    kvr_cmd *cmds = kvti_malloc(m * sizeof *cmds);
-    redisReply **rep = kvti_calloc(m, sizeof *rep);
-    if (!keys || !cmds || !rep) {
-      rc = KVT_ERR_NOMEM();
-    } else {
-      for (uint64_t i = 0; i < m; i++) {
-        key_chunk(&keys[i], rb, hash, gen, base + i);
-        cmd2(&cmds[i], "UNLINK", keys[i].s, keys[i].n);
-      }
-      rc = kvr_exec(rb->cl, keys[0].s, keys[0].n, cmds, m, rep);
-      if (rc == 0)
-        free_replies(rep, m);
-    }
-    kvti_free(keys);
-    kvti_free(cmds);
-    kvti_free(rep);
+    chunk_batch bt;
+    if ((rc = batch_open(&bt, rb, hash, gen, base,
+                         n - base < 256 ? n - base : 256)) != 0)
+      break;
+    for (uint64_t i = 0; i < bt.n; i++)
+      cmd2(&bt.cmds[i], "UNLINK", bt.keys[i].s, bt.keys[i].n);
+    rc = batch_exec(rb, &bt);
+    batch_close(&bt);
   }
   return rc;
 }
@@ -337,13 +380,8 @@ static int del_chunks(redis_backend *rb, const char *hash, const char *gen,
  * lookups anyway). */
 static int zrem(redis_backend *rb, const rkey *pset, const char *hash) {
   kvr_cmd c;
-  c.argc = 3;
-  c.argv[0] = "ZREM";
-  c.len[0] = 4;
-  c.argv[1] = pset->s;
-  c.len[1] = pset->n;
-  c.argv[2] = hash;
-  c.len[2] = KVT_HASH_HEX_LEN;
+  cmd2(&c, "ZREM", pset->s, pset->n);
+  cmd_arg(&c, hash, KVT_HASH_HEX_LEN);
   redisReply *r = NULL;
   int rc = kvr_exec(rb->cl, pset->s, pset->n, &c, 1, &r);
   if (rc == 0)
@@ -362,17 +400,10 @@ static int manifest_cad(redis_backend *rb, const char *hash, const char *raw,
   rkey k;
   key_manifest(&k, rb, hash);
   kvr_cmd c;
-  c.argc = 5;
-  c.argv[0] = "EVAL";
-  c.len[0] = 4;
-  c.argv[1] = script;
-  c.len[1] = sizeof script - 1;
-  c.argv[2] = "1";
-  c.len[2] = 1;
-  c.argv[3] = k.s;
-  c.len[3] = k.n;
-  c.argv[4] = raw;
-  c.len[4] = len;
+  cmd2(&c, "EVAL", script, sizeof script - 1);
+  cmd_arg(&c, "1", 1);
+  cmd_arg(&c, k.s, k.n);
+  cmd_arg(&c, raw, len);
   redisReply *r = NULL;
   int rc = kvr_exec(rb->cl, k.s, k.n, &c, 1, &r);
   if (rc == 0) {
@@ -574,41 +605,22 @@ static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
   snprintf(ttl, sizeof ttl, "%" PRId64, rb->ttl_ms);
   uint64_t per = RB_BATCH_BYTES / cb ? RB_BATCH_BYTES / cb : 1; /* <= 16384 */
   for (uint64_t base = 0; base < nchunks && rc == 0; base += per) {
-    uint64_t m = nchunks - base < per ? nchunks - base : per;
-    rkey *keys = kvti_malloc(m * sizeof *keys);
-    kvr_cmd *cmds = kvti_malloc(m * sizeof *cmds);
-    redisReply **rep = kvti_calloc(m, sizeof *rep);
-    if (!keys || !cmds || !rep) {
-      rc = KVT_ERR_NOMEM();
-    } else {
-      for (uint64_t i = 0; i < m; i++) {
-        uint64_t ci = base + i;
-        uint64_t len = total - ci * cb < cb ? total - ci * cb : cb;
-        key_chunk(&keys[i], rb, hash, gen, ci);
-        kvr_cmd *c = &cmds[i];
-        c->argc = 3;
-        c->argv[0] = "SET";
-        c->len[0] = 3;
-        c->argv[1] = keys[i].s;
-        c->len[1] = keys[i].n;
-        c->argv[2] = blob + ci * cb;
-        c->len[2] = (size_t)len;
-        if (rb->ttl_ms > 0) {
-          c->argc = 5;
-          c->argv[3] = "PX";
-          c->len[3] = 2;
-          c->argv[4] = ttl;
-          c->len[4] = strlen(ttl);
-        }
-      }
-      rc = kvr_exec(rb->cl, keys[0].s, keys[0].n, cmds, m, rep);
-      for (uint64_t i = 0; rc == 0 && i < m; i++)
-        rc = reply_err(rep[i], "SET chunk");
-      free_replies(rep, m);
+    chunk_batch bt;
+    if ((rc = batch_open(&bt, rb, hash, gen, base,
+                         nchunks - base < per ? nchunks - base : per)) != 0)
+      break;
+    for (uint64_t i = 0; i < bt.n; i++) {
+      uint64_t ci = base + i;
+      uint64_t len = total - ci * cb < cb ? total - ci * cb : cb;
+      kvr_cmd *c = &bt.cmds[i];
+      cmd2(c, "SET", bt.keys[i].s, bt.keys[i].n);
+      cmd_arg(c, blob + ci * cb, (size_t)len);
+      cmd_px(c, rb, ttl);
     }
-    kvti_free(keys);
-    kvti_free(cmds);
-    kvti_free(rep);
+    rc = batch_exec(rb, &bt);
+    for (uint64_t i = 0; rc == 0 && i < bt.n; i++)
+      rc = reply_err(bt.rep[i], "SET chunk");
+    batch_close(&bt);
   }
   if (rc != 0) {
     del_chunks(rb, hash, gen, nchunks); /* leave no trace of this put */
@@ -658,20 +670,9 @@ static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
     rkey mk;
     key_manifest(&mk, rb, hash);
     kvr_cmd c;
-    c.argc = 3;
-    c.argv[0] = "SET";
-    c.len[0] = 3;
-    c.argv[1] = mk.s;
-    c.len[1] = mk.n;
-    c.argv[2] = mtxt;
-    c.len[2] = strlen(mtxt);
-    if (rb->ttl_ms > 0) {
-      c.argc = 5;
-      c.argv[3] = "PX";
-      c.len[3] = 2;
-      c.argv[4] = ttl;
-      c.len[4] = strlen(ttl);
-    }
+    cmd2(&c, "SET", mk.s, mk.n);
+    cmd_arg(&c, mtxt, strlen(mtxt));
+    cmd_px(&c, rb, ttl);
     redisReply *r = NULL;
     rc = kvr_exec(rb->cl, mk.s, mk.n, &c, 1, &r);
     if (rc == 0) {
@@ -693,25 +694,14 @@ static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
       char score[32];
       snprintf(score, sizeof score, "%zu", n);
       kvr_cmd c[2];
-      c[0].argc = 4;
-      c[0].argv[0] = "ZADD";
-      c[0].len[0] = 4;
-      c[0].argv[1] = ps.s;
-      c[0].len[1] = ps.n;
-      c[0].argv[2] = score;
-      c[0].len[2] = strlen(score);
-      c[0].argv[3] = hash;
-      c[0].len[3] = KVT_HASH_HEX_LEN;
+      cmd2(&c[0], "ZADD", ps.s, ps.n);
+      cmd_arg(&c[0], score, strlen(score));
+      cmd_arg(&c[0], hash, KVT_HASH_HEX_LEN);
       size_t nc = 1;
       if (rb->ttl_ms > 0) {
         /* The set lives as long as its newest member can. */
-        c[1].argc = 3;
-        c[1].argv[0] = "PEXPIRE";
-        c[1].len[0] = 7;
-        c[1].argv[1] = ps.s;
-        c[1].len[1] = ps.n;
-        c[1].argv[2] = ttl;
-        c[1].len[2] = strlen(ttl);
+        cmd2(&c[1], "PEXPIRE", ps.s, ps.n);
+        cmd_arg(&c[1], ttl, strlen(ttl));
         nc = 2;
       }
       redisReply *r[2] = {NULL, NULL};
@@ -830,49 +820,40 @@ int kvti_redis_fetch(kvti_backend *b, kvti_remote_meta *out, const char *hash,
   uint64_t per =
       RB_BATCH_BYTES / m.chunk_bytes ? RB_BATCH_BYTES / m.chunk_bytes : 1;
   for (uint64_t base = 0; base < m.n_chunks && rc == 0; base += per) {
-    uint64_t cnt = m.n_chunks - base < per ? m.n_chunks - base : per;
-    rkey *keys = kvti_malloc(cnt * sizeof *keys);
-    kvr_cmd *cmds = kvti_malloc(cnt * sizeof *cmds);
-    redisReply **rep = kvti_calloc(cnt, sizeof *rep);
-    if (!keys || !cmds || !rep) {
-      rc = KVT_ERR_NOMEM();
-    } else {
-      for (uint64_t i = 0; i < cnt; i++) {
-        key_chunk(&keys[i], rb, hash, m.gen, base + i);
-        cmd2(&cmds[i], "GET", keys[i].s, keys[i].n);
+    chunk_batch bt;
+    if ((rc = batch_open(&bt, rb, hash, m.gen, base,
+                         m.n_chunks - base < per ? m.n_chunks - base : per)) !=
+        0)
+      break;
+    for (uint64_t i = 0; i < bt.n; i++)
+      cmd2(&bt.cmds[i], "GET", bt.keys[i].s, bt.keys[i].n);
+    rc = batch_exec(rb, &bt);
+    for (uint64_t i = 0; rc == 0 && i < bt.n; i++) {
+      uint64_t ci = base + i;
+      uint64_t want = m.total - ci * m.chunk_bytes < m.chunk_bytes
+                          ? m.total - ci * m.chunk_bytes
+                          : m.chunk_bytes;
+      redisReply *r = bt.rep[i];
+      if ((rc = reply_err(r, "GET chunk")) != 0)
+        break;
+      if (r->type == REDIS_REPLY_NIL) {
+        gone = 1;
+        rc = KVT_ERR(KVT_ENOTFOUND,
+                     "remote entry %.16s is incomplete: chunk %" PRIu64
+                     " of %" PRIu64 " is gone (evicted or deleted)",
+                     hash, ci, m.n_chunks);
+      } else if (r->type != REDIS_REPLY_STRING || (uint64_t)r->len != want ||
+                 kvti_xxh3(r->str, r->len) != m.sums[ci]) {
+        gone = 1;
+        rc = KVT_ERR(KVT_ECORRUPT,
+                     "remote entry %.16s: chunk %" PRIu64
+                     " is damaged (size or xxh3 mismatch)",
+                     hash, ci);
+      } else {
+        rc = scatter(&m, fds, dir, ci * m.chunk_bytes, r->str, want);
       }
-      rc = kvr_exec(rb->cl, keys[0].s, keys[0].n, cmds, cnt, rep);
-      for (uint64_t i = 0; rc == 0 && i < cnt; i++) {
-        uint64_t ci = base + i;
-        uint64_t want = m.total - ci * m.chunk_bytes < m.chunk_bytes
-                            ? m.total - ci * m.chunk_bytes
-                            : m.chunk_bytes;
-        redisReply *r = rep[i];
-        if ((rc = reply_err(r, "GET chunk")) != 0)
-          break;
-        if (r->type == REDIS_REPLY_NIL) {
-          gone = 1;
-          rc = KVT_ERR(KVT_ENOTFOUND,
-                       "remote entry %.16s is incomplete: chunk %" PRIu64
-                       " of %" PRIu64 " is gone (evicted or deleted)",
-                       hash, ci, m.n_chunks);
-        } else if (r->type != REDIS_REPLY_STRING || (uint64_t)r->len != want ||
-                   kvti_xxh3(r->str, r->len) != m.sums[ci]) {
-          gone = 1;
-          rc = KVT_ERR(KVT_ECORRUPT,
-                       "remote entry %.16s: chunk %" PRIu64
-                       " is damaged (size or xxh3 mismatch)",
-                       hash, ci);
-        } else {
-          rc = scatter(&m, fds, dir, ci * m.chunk_bytes, r->str, want);
-        }
-      }
-      if (rep)
-        free_replies(rep, cnt);
     }
-    kvti_free(keys);
-    kvti_free(cmds);
-    kvti_free(rep);
+    batch_close(&bt);
   }
   if (rc == 0 && out)
     *out = m.meta;

@@ -110,37 +110,10 @@ static inline int r_read(const char *data_dir, const r_entry *e, int *same) {
   return rc;
 }
 
-static inline int r_has_suffix(const char *s, const char *suf) {
-  size_t a = strlen(s), b = strlen(suf);
-  return a >= b && strcmp(s + a - b, suf) == 0;
-}
-
-/* Number of names in dir ending in suffix (NULL: all), -1 when unreadable. */
-static inline int r_count(const char *dir, const char *suffix) {
-  DIR *d = opendir(dir);
-  if (!d)
-    return -1;
-  int n = 0;
-  struct dirent *de;
-  while ((de = readdir(d))) {
-    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-      continue;
-    if (!suffix || r_has_suffix(de->d_name, suffix))
-      n++;
-  }
-  closedir(d);
-  return n;
-}
-
-static inline int r_exists(const char *path) {
-  struct stat st;
-  return lstat(path, &st) == 0;
-}
-
 static inline int r_entry_exists(const char *data_dir, const char *hash) {
   char p[4200];
   snprintf(p, sizeof p, "%s/%s", data_dir, hash);
-  return r_exists(p);
+  return kvt_test_exists(p);
 }
 
 /* mkdir -p of one fresh directory (removed first). */
@@ -180,7 +153,7 @@ static inline void r_copy_tree(const char *from, const char *to) {
     closedir(d);
   } else {
     size_t n = 0;
-    char *buf = t_read_all(from, &n);
+    char *buf = kvt_test_read_file(from, &n);
     REQUIRE(buf);
     REQUIRE(t_write_all(to, buf, n) == 0);
     free(buf);
@@ -202,7 +175,7 @@ static const char *const r_kind_names[R_NKINDS] = {"flip", "truncate", "zero",
 static inline int r_damage(const char *path, kvt_rng *rng, int kind,
                            char **orig, size_t *orig_len, int *kind_out) {
   size_t n = 0;
-  char *b = t_read_all(path, &n);
+  char *b = kvt_test_read_file(path, &n);
   if (!b)
     return -1;
   if (kind < 0)

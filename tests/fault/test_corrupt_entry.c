@@ -152,7 +152,7 @@ static void test_index_campaign(void) {
   kvt_index_close(idx);
   snprintf(db, sizeof db, "%s/index.db", pristine);
   size_t dblen = 0;
-  char *dbbytes = t_read_all(db, &dblen);
+  char *dbbytes = kvt_test_read_file(db, &dblen);
   REQUIRE(dbbytes && dblen > 0);
   kvt_rng rng = {777};
   uint64_t refused = 0, opened = 0, rows_seen = 0, rows_lost = 0, unchanged = 0,

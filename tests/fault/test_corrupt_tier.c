@@ -88,7 +88,7 @@ static void test_tier_campaign(void) {
     int gone = kvt_tier_lookup(&info, t, g_e[i].tokens, g_e[i].n_tokens) ==
                KVT_ENOTFOUND;
     char *d = t_entry_path(t, g_e[i].tokens, g_e[i].n_tokens, NULL);
-    int dir_gone = !t_exists(d);
+    int dir_gone = !kvt_test_exists(d);
     free(d);
     int ok = rc == KVT_ECORRUPT && gone && dir_gone;
     if (how <= 1)
@@ -114,7 +114,7 @@ static void test_tier_campaign(void) {
   CHECK_EQ_INT(s1.quarantined - s0.quarantined, detected);
   CHECK(s1.promotion_failures - s0.promotion_failures >= expect_pf);
   char *q = rel_path(dir, "quarantine", NULL);
-  CHECK(r_count(q, NULL) <= 3); /* bounded */
+  CHECK(kvt_test_count_dir(q, NULL) <= 3); /* bounded */
   free(q);
   /* Everything still reads back exactly. */
   for (int i = 0; i < N_ENT; i++) {
@@ -159,7 +159,7 @@ static void test_index_damage(void) {
   REQUIRE(kvt_tier_close(t, -1) == 0);
   kvt_tier_free(t);
   char *snap_wal = rel_path(snap, "index.db-wal", NULL);
-  int have_wal = r_exists(snap_wal);
+  int have_wal = kvt_test_exists(snap_wal);
   free(snap_wal);
   uint64_t wal_trials = 0;
   kvt_rng rng = {5151};

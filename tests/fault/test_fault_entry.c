@@ -58,13 +58,14 @@ static int write_once(const fault *f, uint64_t nth, const r_entry *old,
   fio_install();
   fio_set_no_exchange(no_exch);
   REQUIRE(r_write(g_data, old, KVT_STORAGE_NATIVE, 1) == 0);
-  int fds0 = r_count("/proc/self/fd", NULL);
+  int fds0 = kvt_test_count_dir("/proc/self/fd", NULL);
   fio_arm(f->op, nth, f->kind, f->err, f->sticky);
   kvt_clear_error();
   int rc = r_write(g_data, neu, KVT_STORAGE_NATIVE, 1);
   uint64_t fired = fio_fired();
   fio_disarm();
-  CHECK_EQ_INT(r_count("/proc/self/fd", NULL), fds0); /* no descriptor leaked */
+  CHECK_EQ_INT(kvt_test_count_dir("/proc/self/fd", NULL),
+               fds0); /* no descriptor leaked */
   g_runs++;
   int transparent = f->kind == FIO_FAIL_SHORT || f->err == EINTR;
   if (fired && transparent) {
@@ -111,7 +112,7 @@ static int write_once(const fault *f, uint64_t nth, const r_entry *old,
     CHECK_EQ_INT(rr, 0);
     CHECK(same);
   }
-  int leftovers = r_count(g_data, ".tmp");
+  int leftovers = kvt_test_count_dir(g_data, ".tmp");
   /* A write that succeeded may leave the previous version in <hash>.tmp when
    * removing it failed (reported success: the new version is published); the
    * tier's reconcile removes it. */
@@ -130,7 +131,7 @@ static int write_once(const fault *f, uint64_t nth, const r_entry *old,
   CHECK(same);
   char tmp[4200];
   snprintf(tmp, sizeof tmp, "%s/%s.tmp", g_data, neu->hash);
-  CHECK(!r_exists(tmp));
+  CHECK(!kvt_test_exists(tmp));
   fio_set_no_exchange(0);
   fio_remove();
   return fired != 0;
@@ -138,7 +139,7 @@ static int write_once(const fault *f, uint64_t nth, const r_entry *old,
 
 static uint64_t read_once(const fault *f, uint64_t nth, const r_entry *e) {
   char name[96];
-  int fds0 = r_count("/proc/self/fd", NULL);
+  int fds0 = kvt_test_count_dir("/proc/self/fd", NULL);
   fio_install();
   fio_arm(f->op, nth, f->kind, f->err, f->sticky);
   kvt_clear_error();
@@ -146,7 +147,7 @@ static uint64_t read_once(const fault *f, uint64_t nth, const r_entry *e) {
   int rc = r_read(g_data, e, &same);
   uint64_t fired = fio_fired();
   fio_remove();
-  CHECK_EQ_INT(r_count("/proc/self/fd", NULL), fds0);
+  CHECK_EQ_INT(kvt_test_count_dir("/proc/self/fd", NULL), fds0);
   g_runs++;
   CHECK(rc != -1000); /* never data together with an error */
   int transparent = f->kind == FIO_FAIL_SHORT || f->err == EINTR;
@@ -272,7 +273,7 @@ static void test_compat_alloc_faults(void) {
     } else {
       CHECK_EQ_INT(r_read(g_data, &a, NULL), 0);
     }
-    CHECK_EQ_INT(r_count(g_data, ".tmp"), 0);
+    CHECK_EQ_INT(kvt_test_count_dir(g_data, ".tmp"), 0);
     if (!fired)
       break;
   }

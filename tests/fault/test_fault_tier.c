@@ -86,7 +86,7 @@ static int transparent(const fault *f) {
 /* Open descriptors of this process (a fault path that leaks an fd shows up
  * here). */
 static int open_fds(void) {
-  return r_count("/proc/self/fd", NULL);
+  return kvt_test_count_dir("/proc/self/fd", NULL);
 }
 
 static void on_release(void *ctx) {
@@ -340,7 +340,7 @@ static void test_baseline(void) {
   CHECK_EQ_INT(kvt_tier_lookup(&info, t, E6.tokens, E6.n_tokens),
                KVT_ENOTFOUND);
   char *q = rel_path(g_dir, "quarantine", NULL);
-  CHECK_EQ_INT(r_count(q, NULL), 1);
+  CHECK_EQ_INT(kvt_test_count_dir(q, NULL), 1);
   free(q);
   kvt_tier_free(t);
   CHECK_EQ_INT(g_last_quarantined, 1);

@@ -25,7 +25,7 @@ static void canary_make(const char *path) {
 }
 static int canary_ok(const char *path) {
   size_t n = 0;
-  char *b = t_read_all(path, &n);
+  char *b = kvt_test_read_file(path, &n);
   int ok = b && n == 11 && !memcmp(b, "canary-data", 11);
   free(b);
   return ok;
@@ -195,7 +195,7 @@ static int fx_outside_ok(const fixture *f) {
   int ok = canary_ok(f->canary_up) && canary_ok(f->canary_side);
   for (int i = 0; i < 5; i++) {
     char *p = rel_path(f->outside_entry, files[i], NULL);
-    ok &= r_exists(p);
+    ok &= kvt_test_exists(p);
     free(p);
   }
   return ok;
@@ -287,7 +287,7 @@ static void test_symlinks_inside(void) {
               what[k]);
     CHECK(fx_outside_ok(&f));
     /* The outside directory holds nothing new (nothing was moved into it). */
-    CHECK_EQ_INT(r_count(f.outside, NULL), 1);
+    CHECK_EQ_INT(kvt_test_count_dir(f.outside, NULL), 1);
     free(ed);
     fx_free(&f);
   }

@@ -260,25 +260,6 @@ static inline float t_dequant_elem(const kvt_layer *l, int kv, int64_t row,
   return f;
 }
 
-static inline char *t_read_all(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc((size_t)n + 1);
-  if (fread(b, 1, (size_t)n, f) != (size_t)n) {
-    free(b);
-    fclose(f);
-    return NULL;
-  }
-  b[n] = 0;
-  fclose(f);
-  *len = (size_t)n;
-  return b;
-}
-
 static inline int t_write_all(const char *path, const void *d, size_t n) {
   FILE *f = fopen(path, "wb");
   if (!f)

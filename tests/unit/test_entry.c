@@ -230,7 +230,7 @@ static void test_compat_roundtrip(void) {
     /* the manifest uses only the reference's layer types */
     char *ed = t_join(dir, h), *mp = t_join(ed, "manifest.json");
     size_t len;
-    char *m = t_read_all(mp, &len);
+    char *m = kvt_test_read_file(mp, &len);
     REQUIRE(m);
     CHECK(strstr(m, "QuantizedKVCache") == NULL);
     CHECK(strncmp(m, "{\"num_layers\": ", 15) == 0);
@@ -329,7 +329,7 @@ static void corrupt_all_files(int mode) {
   for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
     char *p = t_join(ed, files[f]);
     size_t len = 0;
-    char *orig = t_read_all(p, &len);
+    char *orig = kvt_test_read_file(p, &len);
     REQUIRE(orig && len > 0);
     char *buf = malloc(len + 1);
     /* every flipped byte (two different flips) */
@@ -558,7 +558,7 @@ static void check_st(const char *ed, const char *name, const char *json,
   size_t wn = st_file(want, sizeof want, json, data, dlen);
   char *p = t_join(ed, name);
   size_t len = 0;
-  char *got = t_read_all(p, &len);
+  char *got = kvt_test_read_file(p, &len);
   CHECK(got && len == wn && memcmp(got, want, len) == 0);
   free(got);
   free(p);
@@ -793,7 +793,7 @@ static void test_compat_bytes_match_reference(void) {
       "\"memory_bytes\": 4096, \"num_tokens\": 3";
   char *mp = t_join(ed, "manifest.json");
   size_t ml = 0;
-  char *m = t_read_all(mp, &ml);
+  char *m = kvt_test_read_file(mp, &ml);
   REQUIRE(m);
   size_t pl = strlen(manifest);
   /* identical up to kvtier's extra key */
@@ -801,7 +801,7 @@ static void test_compat_bytes_match_reference(void) {
         strncmp(m + pl, ", \"kvtier\": {", 13) == 0);
   char *tp = t_join(ed, "tokens.bin");
   size_t tl = 0;
-  char *tb = t_read_all(tp, &tl);
+  char *tb = kvt_test_read_file(tp, &tl);
   CHECK(tb && tl == sizeof tok && memcmp(tb, tok, tl) == 0);
   free(tb);
   free(tp);
@@ -863,7 +863,7 @@ static void test_callbacks_and_cancel(void) {
    */
   char *ed = t_join(dir, h), *p = t_join(ed, "layer_3.safetensors");
   size_t len = 0;
-  char *orig = t_read_all(p, &len);
+  char *orig = kvt_test_read_file(p, &len);
   REQUIRE(orig && len > 0);
   orig[len - 1] ^= 1;
   t_write_all(p, orig, len);

@@ -332,13 +332,22 @@ static char *a_chunk_key(int port, const char *prefix, const char *hash) {
 /* Standalone                                                               */
 /* ------------------------------------------------------------------------ */
 
+/* Starts a standalone server (extra: as start_server) in a fresh directory
+ * named by tag; url receives its redis:// URL, *port its port. Returns the
+ * server's index for kill_server. */
+static int start_standalone(const char *tag, const char *extra, char url[128],
+                            int *port) {
+  *port = pick_port();
+  REQUIRE(*port > 0);
+  int srv = start_server(*port, kvt_test_tmpdir(tag), extra);
+  snprintf(url, 128, "redis://127.0.0.1:%d", *port);
+  return srv;
+}
+
 static void test_standalone(void) {
-  int port = pick_port();
-  REQUIRE(port > 0);
-  char *dir = kvt_test_tmpdir("redis-a");
-  int srv = start_server(port, dir, NULL);
+  int port;
   char url[128];
-  snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+  int srv = start_standalone("redis-a", NULL, url, &port);
   const char *P = "t1:";
 
   kvt_options o = ropts("rt-a", url, P, KVT_REMOTE_LOCAL_AND_REMOTE);
@@ -480,14 +489,66 @@ static void test_standalone(void) {
   t_free(&x);
 }
 
+/* PTTL of a key in ms (-1: no expiry, -2: no key). */
+static long pttl(int port, const char *key) {
+  char *o = sh_out("redis-cli -h 127.0.0.1 -p %d PTTL '%s'", port, key);
+  long v = strtol(o, NULL, 10);
+  free(o);
+  return v;
+}
+
+/* With retention, every key an upload writes (chunks, manifest, prefix set)
+ * expires with it; without, none does. */
+static void test_retention_ttl(void) {
+  int port;
+  char url[128];
+  int srv = start_standalone("redis-ttl", NULL, url, &port);
+  for (int ret = 0; ret < 2; ret++) {
+    const char *P = ret ? "ttl:" : "nottl:";
+    kvt_options o =
+        ropts(ret ? "rt-ttl" : "rt-nottl", url, P, KVT_REMOTE_LOCAL_AND_REMOTE);
+    o.retention_seconds = ret ? 3600 : 0;
+    kvt_tier *t = t_open(&o);
+    REQUIRE(kvt_tier_start_writer(t) == 0);
+    t_entry e = mk(41);
+    CHECK(t_spill(t, &e) == 0);
+    CHECK(kvt_tier_flush(t, 10000) == 0);
+    CHECK_EQ_INT(stats_of(t).remote_spill_count, 1);
+    char key[256];
+    snprintf(key, sizeof key, "%s{%s}:m", P, entry_hash(&e));
+    long m = pttl(port, key);
+    char *ck = a_chunk_key(port, P, entry_hash(&e));
+    long c = pttl(port, ck);
+    free(ck);
+    char *zs = sh_out("redis-cli -h 127.0.0.1 -p %d --scan --pattern '%s{z:*'",
+                      port, P);
+    char *nl = strchr(zs, '\n');
+    if (nl)
+      *nl = '\0';
+    long z = pttl(port, zs);
+    free(zs);
+    if (ret) {
+      CHECK(m > 0 && m <= 3600000);
+      CHECK(c > 0 && c <= 3600000);
+      CHECK(z > 0 && z <= 3600000);
+    } else {
+      CHECK_EQ_INT(m, -1);
+      CHECK_EQ_INT(c, -1);
+      CHECK_EQ_INT(z, -1);
+    }
+    CHECK(kvt_tier_close(t, 10000) == 0);
+    kvt_tier_free(t);
+    t_free(&e);
+  }
+  kill_server(srv);
+}
+
 /* Longest prefix among many siblings sharing the first 16 tokens: the match
  * sorts after 300 longer non-matching candidates (read in pages). */
 static void test_prefix_paging(void) {
-  int port = pick_port();
-  REQUIRE(port > 0);
-  start_server(port, kvt_test_tmpdir("redis-p"), NULL);
+  int port;
   char url[128];
-  snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+  start_standalone("redis-p", NULL, url, &port);
   kvt_options o = ropts("rt-p", url, "pg:", KVT_REMOTE_ONLY);
   o.spill_queue_size = 512;
   o.remote_queue_size = 512;
@@ -556,12 +617,10 @@ static void test_prefix_paging(void) {
 /* Eviction under maxmemory with allkeys-lru: some entries lose keys; every
  * promote is then bit-identical or a miss. */
 static void test_eviction(void) {
-  int port = pick_port();
-  REQUIRE(port > 0);
-  char *dir = kvt_test_tmpdir("redis-e");
-  start_server(port, dir, "--maxmemory 3mb --maxmemory-policy allkeys-lru");
+  int port;
   char url[128];
-  snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+  start_standalone("redis-e", "--maxmemory 3mb --maxmemory-policy allkeys-lru",
+                   url, &port);
   kvt_options o = ropts("rt-e", url, "ev:", KVT_REMOTE_ONLY);
   o.spill_queue_size = 256;
   o.remote_queue_size = 256;
@@ -918,6 +977,7 @@ int main(int argc, char **argv) {
   signal(SIGABRT, on_signal);
   RUN(test_options);
   RUN(test_standalone);
+  RUN(test_retention_ttl);
   RUN(test_prefix_paging);
   RUN(test_eviction);
   RUN(test_cluster);

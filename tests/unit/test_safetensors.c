@@ -65,7 +65,7 @@ static void test_roundtrip_all_dtypes(void) {
   REQUIRE(kvti_st_write(&size, &xx, fd, p, items, n, meta, 2) == 0);
   CHECK_EQ_INT(size, kvti_st_file_size(items, n, meta, 2));
   size_t len;
-  char *all = t_read_all(p, &len);
+  char *all = kvt_test_read_file(p, &len);
   CHECK_EQ_INT(len, size);
   CHECK(kvti_xxh3(all, len) == xx);
   kvti_st_header hd;
@@ -162,7 +162,7 @@ static void test_truncation_and_flips(void) {
   REQUIRE(kvti_st_write(NULL, NULL, fd, p, items, 2, NULL, 0) == 0);
   close(fd);
   size_t len;
-  char *orig = t_read_all(p, &len);
+  char *orig = kvt_test_read_file(p, &len);
   kvti_st_header hd;
   for (size_t n = 0; n < len; n++)
     CHECK_EQ_INT(parse_file_bytes(&hd, orig, n), KVT_ECORRUPT);

@@ -339,7 +339,7 @@ static void test_entry_ops(void) {
   CHECK_EQ_INT(kvt_tier_remove(t, a.tokens, a.n_tokens), KVT_ENOTFOUND);
   CHECK_EQ_INT(kvt_tier_touch(t, a.tokens, a.n_tokens), KVT_ENOTFOUND);
   char *dir = t_entry_path(t, a.tokens, a.n_tokens, NULL);
-  CHECK(!t_exists(dir));
+  CHECK(!kvt_test_exists(dir));
   free(dir);
   n = 0;
   CHECK_EQ_INT(kvt_tier_foreach(t, count_visit, &n), 0);

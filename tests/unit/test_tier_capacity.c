@@ -40,7 +40,7 @@ static void test_capacity_by_count(void) {
     CHECK(stored(t, &e[i]));
   /* Evicted entries' files are gone too. */
   char *d = t_entry_path(t, e[0].tokens, e[0].n_tokens, NULL);
-  CHECK(!t_exists(d));
+  CHECK(!kvt_test_exists(d));
   free(d);
   kvt_tier_free(t);
   for (int i = 0; i < 6; i++)
@@ -208,7 +208,7 @@ static void test_retention(void) {
   CHECK_EQ_INT(s.expirations, 1);
   CHECK_EQ_INT(s.entries, 1);
   char *d = t_entry_path(t, a.tokens, 8, NULL);
-  CHECK(!t_exists(d));
+  CHECK(!kvt_test_exists(d));
   free(d);
   /* Re-spilling a (replace) starts its life again. */
   CHECK_EQ_INT(t_spill(t, &a), 0);

@@ -41,7 +41,7 @@ static void spill_corrupt_promote(kvt_tier *t, t_entry *e) {
   CHECK(got == NULL);
   CHECK(!stored(t, e));
   char *d = t_entry_path(t, e->tokens, e->n_tokens, NULL);
-  CHECK(!t_exists(d));
+  CHECK(!kvt_test_exists(d));
   free(d);
 }
 
@@ -58,23 +58,23 @@ static void test_quarantine(void) {
   snprintf(qh, sizeof qh, "%s/%s", q, h);
 
   spill_corrupt_promote(t, &e);
-  CHECK(t_exists(qh));
+  CHECK(kvt_test_exists(qh));
   char man[4400];
   snprintf(man, sizeof man, "%s/manifest.json", qh);
-  CHECK(t_exists(man)); /* moved whole, kept for inspection */
-  CHECK_EQ_INT(t_count_dir(q, NULL), 1);
+  CHECK(kvt_test_exists(man)); /* moved whole, kept for inspection */
+  CHECK_EQ_INT(kvt_test_count_dir(q, NULL), 1);
   /* The same tokens again: a name clash in quarantine/ must not lose the move.
    */
   usleep(5000);
   spill_corrupt_promote(t, &e);
-  CHECK_EQ_INT(t_count_dir(q, NULL), 2);
-  CHECK(t_exists(qh));
+  CHECK_EQ_INT(kvt_test_count_dir(q, NULL), 2);
+  CHECK(kvt_test_exists(qh));
   /* A third: the bound (2) drops the oldest, which is the unsuffixed first one.
    */
   usleep(5000);
   spill_corrupt_promote(t, &e);
-  CHECK_EQ_INT(t_count_dir(q, NULL), 2);
-  CHECK(!t_exists(qh));
+  CHECK_EQ_INT(kvt_test_count_dir(q, NULL), 2);
+  CHECK(!kvt_test_exists(qh));
   kvt_stats s;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.quarantined, 3);
@@ -101,7 +101,7 @@ static void test_quarantine(void) {
   REQUIRE(kvt_tier_start_writer(t) == 0);
   spill_corrupt_promote(t, &e);
   q = qdir(t);
-  CHECK(t_count_dir(q, NULL) <= 0);
+  CHECK(kvt_test_count_dir(q, NULL) <= 0);
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.quarantined, 1);
   kvt_tier_free(t);
@@ -125,10 +125,10 @@ static void on_done(void *ctx, const char *hash, int status) {
 static void no_trace(kvt_tier *t, const t_entry *e) {
   CHECK(!stored(t, e));
   char *d = t_entry_path(t, e->tokens, e->n_tokens, NULL);
-  CHECK(!t_exists(d));
+  CHECK(!kvt_test_exists(d));
   free(d);
   char *dd = ddir(t);
-  CHECK_EQ_INT(t_count_dir(dd, ".tmp"), 0);
+  CHECK_EQ_INT(kvt_test_count_dir(dd, ".tmp"), 0);
   free(dd);
 }
 
@@ -187,8 +187,8 @@ static void test_writer_failures(void) {
   }
   atomic_store(&t_fault_state.fail_pwrite_at, 0);
   char *dd = ddir(t);
-  CHECK_EQ_INT(t_count_dir(dd, ".tmp"), 0);
-  CHECK_EQ_INT(t_count_dir(dd, NULL), 1);
+  CHECK_EQ_INT(kvt_test_count_dir(dd, ".tmp"), 0);
+  CHECK_EQ_INT(kvt_test_count_dir(dd, NULL), 1);
   free(dd);
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.write_failures, 5);
@@ -304,9 +304,9 @@ static void test_reconcile(void) {
   CHECK(!stored(t, &e[0]));
   CHECK(!stored(t, &e[1]));
   CHECK(stored(t, &e[2]) && stored(t, &e[3]));
-  CHECK(t_exists(other)); /* not ours: left alone */
-  CHECK_EQ_INT(t_count_dir(dd, ".tmp"), 0);
-  CHECK_EQ_INT(t_count_dir(dd, NULL), 3); /* e2, e3, README */
+  CHECK(kvt_test_exists(other)); /* not ours: left alone */
+  CHECK_EQ_INT(kvt_test_count_dir(dd, ".tmp"), 0);
+  CHECK_EQ_INT(kvt_test_count_dir(dd, NULL), 3); /* e2, e3, README */
   kvt_stats s;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.reconciled, 5);
@@ -325,7 +325,7 @@ static void test_reconcile(void) {
   o.flags = KVT_OPEN_NO_RECONCILE;
   unlink(other);
   t = t_open(&o);
-  CHECK_EQ_INT(t_count_dir(dd, ".tmp"), 0);
+  CHECK_EQ_INT(kvt_test_count_dir(dd, ".tmp"), 0);
   kvt_tier_free(t);
   /* Remove e3's directory: without reconcile the row stays, with it it goes. */
   char d3p[4400];

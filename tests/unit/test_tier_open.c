@@ -23,7 +23,7 @@
 #endif
 
 static int count_fds(void) {
-  return t_count_dir("/proc/self/fd", NULL);
+  return kvt_test_count_dir("/proc/self/fd", NULL);
 }
 
 static void test_symlink_refused(void) {
@@ -130,7 +130,7 @@ static void test_readonly_missing_dir(void) {
   o.flags = KVT_OPEN_READONLY;
   kvt_tier *t = NULL;
   CHECK(kvt_tier_open(&t, &o) < 0);
-  CHECK(!t_exists(p)); /* read-only never creates */
+  CHECK(!kvt_test_exists(p)); /* read-only never creates */
 }
 
 /* ---- A directory exactly as the reference writes it ---------------------- */

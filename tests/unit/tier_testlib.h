@@ -226,34 +226,6 @@ static inline int t_flip(const char *path, long off) {
   return rc;
 }
 
-static inline int t_exists(const char *path) {
-  struct stat st;
-  return lstat(path, &st) == 0;
-}
-
-/* Number of names in a directory (without . and ..), -1 if it cannot be read.
- */
-#include <dirent.h>
-static inline int t_count_dir(const char *dir, const char *suffix) {
-  DIR *d = opendir(dir);
-  if (!d)
-    return -1;
-  int n = 0;
-  struct dirent *de;
-  while ((de = readdir(d))) {
-    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-      continue;
-    if (suffix) {
-      size_t a = strlen(de->d_name), b = strlen(suffix);
-      if (a < b || strcmp(de->d_name + a - b, suffix) != 0)
-        continue;
-    }
-    n++;
-  }
-  closedir(d);
-  return n;
-}
-
 /* ------------------------------------------------------------------------ */
 /* Fault-injecting I/O table                                                */
 /* ------------------------------------------------------------------------ */
