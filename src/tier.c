@@ -314,25 +314,41 @@ static int collect_name(void *ctx, const char *name, int kind) {
   return 0; /* anything else is not ours: leave it */
 }
 
+/* Lists the backend's names into *a (entries and temporaries). Returns 0 or a
+ * negative code; *a must be freed with name_acc_free either way. */
+static int list_names(kvt_tier *t, name_acc *a) {
+  memset(a, 0, sizeof *a);
+  int rc = t->be->ops->list(t->be, collect_name, a);
+  if (rc == 0 && (a->entries.oom || a->tmps.oom))
+    rc = KVT_ERR_NOMEM();
+  return rc;
+}
+
+static void name_acc_free(name_acc *a) {
+  strv_free(&a->entries);
+  strv_free(&a->tmps);
+}
+
+/* Purges every temporary in tmps; returns how many were removed. */
+static int64_t purge_names(kvt_tier *t, const strv *tmps, const char *why) {
+  int64_t n = 0;
+  for (size_t i = 0; i < tmps->n; i++) {
+    if (t->be->ops->purge(t->be, tmps->v[i]) == 0) {
+      n++;
+      kvti_log(t, KVT_LOG_INFO, "kvtier: %s data/%s", why, tmps->v[i]);
+    }
+  }
+  return n;
+}
+
 /* Removes stale *.tmp in data/. Caller holds mut_mu (or no writer exists yet),
  * so no write is in progress and every tmp is stale. Returns the count or a
  * negative code. */
 static int64_t purge_tmps(kvt_tier *t) {
   name_acc a;
-  memset(&a, 0, sizeof a);
-  int rc = t->be->ops->list(t->be, collect_name, &a);
-  if (rc == 0 && (a.entries.oom || a.tmps.oom))
-    rc = KVT_ERR_NOMEM();
-  int64_t n = 0;
-  for (size_t i = 0; rc == 0 && i < a.tmps.n; i++) {
-    if (t->be->ops->purge(t->be, a.tmps.v[i]) == 0) {
-      n++;
-      kvti_log(t, KVT_LOG_INFO, "kvtier: removed stale temporary data/%s",
-               a.tmps.v[i]);
-    }
-  }
-  strv_free(&a.entries);
-  strv_free(&a.tmps);
+  int rc = list_names(t, &a);
+  int64_t n = rc == 0 ? purge_names(t, &a.tmps, "removed stale temporary") : 0;
+  name_acc_free(&a);
   return rc < 0 ? rc : n;
 }
 
@@ -360,10 +376,7 @@ static int64_t reconcile_locked(kvt_tier *t) {
     return rc;
   /* Phase 2: data directories with no row, and stale temporaries. */
   name_acc a;
-  memset(&a, 0, sizeof a);
-  rc = t->be->ops->list(t->be, collect_name, &a);
-  if (rc == 0 && (a.entries.oom || a.tmps.oom))
-    rc = KVT_ERR_NOMEM();
+  rc = list_names(t, &a);
   for (size_t i = 0; rc == 0 && i < a.entries.n; i++) {
     const char *h = a.entries.v[i];
     kvt_entry_info info;
@@ -376,15 +389,9 @@ static int64_t reconcile_locked(kvt_tier *t) {
     }
     kvti_stripe_unlock(&t->stripes, h);
   }
-  for (size_t i = 0; rc == 0 && i < a.tmps.n; i++) {
-    if (t->be->ops->purge(t->be, a.tmps.v[i]) == 0) {
-      cleaned++;
-      kvti_log(t, KVT_LOG_INFO, "kvtier: reconcile: removed stale data/%s",
-               a.tmps.v[i]);
-    }
-  }
-  strv_free(&a.entries);
-  strv_free(&a.tmps);
+  if (rc == 0)
+    cleaned += purge_names(t, &a.tmps, "reconcile: removed stale");
+  name_acc_free(&a);
   if (rc != 0)
     return rc;
   if (cleaned > 0) {

@@ -161,6 +161,9 @@ typedef struct cli_entries {
   size_t n, cap;
 } cli_entries;
 int cli_entries_load(cli_entries *out, kvt_tier *t);
+/* A kvt_entry_visit_fn appending each info to the cli_entries at ctx (nonzero
+ * stops the walk when memory runs out). */
+int cli_entries_collect(void *ctx, const kvt_entry_info *info);
 void cli_entries_free(cli_entries *e);
 /* cli_entries_load for a command: returns 0, or on failure frees out, closes
  * c and returns cli_fail(json, cmd, CLI_FAILED, "cannot list entries: ..."). */

@@ -547,7 +547,7 @@ void cli_cache_close(cli_cache *c) {
   c->tier = NULL;
 }
 
-static int collect(void *ctx, const kvt_entry_info *info) {
+int cli_entries_collect(void *ctx, const kvt_entry_info *info) {
   cli_entries *e = ctx;
   if (e->n == e->cap) {
     size_t nc = e->cap ? e->cap * 2 : 64;
@@ -565,7 +565,7 @@ int cli_entries_load(cli_entries *out, kvt_tier *t) {
   memset(out, 0, sizeof *out);
   if (!t)
     return 0;
-  return kvt_tier_foreach(t, collect, out);
+  return kvt_tier_foreach(t, cli_entries_collect, out);
 }
 
 void cli_entries_free(cli_entries *e) {

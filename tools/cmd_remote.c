@@ -24,25 +24,6 @@ static int rm_one(const char *p, const struct stat *st, int type,
   return 0;
 }
 
-typedef struct rvec {
-  kvt_entry_info *v;
-  size_t n, cap;
-} rvec;
-
-static int rcollect(void *ctx, const kvt_entry_info *info) {
-  rvec *e = ctx;
-  if (e->n == e->cap) {
-    size_t nc = e->cap ? e->cap * 2 : 64;
-    kvt_entry_info *nv = realloc(e->v, nc * sizeof *nv);
-    if (!nv)
-      return 1;
-    e->v = nv;
-    e->cap = nc;
-  }
-  e->v[e->n++] = *info;
-  return 0;
-}
-
 static int by_created(const void *a, const void *b) {
   double x = ((const kvt_entry_info *)a)->created_at,
          y = ((const kvt_entry_info *)b)->created_at;
@@ -68,13 +49,13 @@ int cli_remote(const char *cmd, const char *url, const char *prefix, int json,
   kvt_tier *t = NULL;
   int code = CLI_OK;
   int rc = kvt_tier_open(&t, &o);
-  rvec es = {0};
+  cli_entries es = {0};
   if (rc != 0) {
     code = cli_fail(json, cmd, rc == KVT_EINVAL ? CLI_USAGE : CLI_NOOPEN,
                     "%s: %s (%s)", url, kvt_last_error(), kvt_strerror(rc));
     goto out;
   }
-  rc = kvt_tier_remote_foreach(t, rcollect, &es);
+  rc = kvt_tier_remote_foreach(t, cli_entries_collect, &es);
   if (rc != 0) {
     code = cli_fail(json, cmd, CLI_NOOPEN, "%s: cannot list the store: %s", url,
                     kvt_last_error());
@@ -189,7 +170,7 @@ int cli_remote(const char *cmd, const char *url, const char *prefix, int json,
     code = bad ? CLI_PROBLEMS : CLI_OK;
   }
 out:
-  free(es.v);
+  cli_entries_free(&es);
   kvt_tier_free(t);
   nftw(tmp, rm_one, 16, FTW_DEPTH | FTW_PHYS);
   return code;
