@@ -53,6 +53,17 @@ typedef struct workload {
   uint64_t bytes; /* tensor bytes */
 } workload;
 
+/* Seconds to memcpy every tensor of w into dst (the producer-cost baseline). */
+static double timed_memcpy(char *dst, const workload *w) {
+  double t0 = bu_now();
+  for (uint32_t i = 0; i < w->n_layers; i++)
+    for (uint32_t j = 0; j < w->layers[i].num_tensors; j++) {
+      memcpy(dst, w->layers[i].tensors[j].data, w->layers[i].tensors[j].nbytes);
+      dst += w->layers[i].tensors[j].nbytes;
+    }
+  return bu_now() - t0;
+}
+
 static void fill(void *p, uint64_t n, uint64_t seed) {
   uint64_t *q = p;
   uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
@@ -221,16 +232,9 @@ static void bench_entry_level(entry_res *res, const char *dir,
   }
   for (int r = 0; r < runs; r++) {
     /* Producer: snapshot copy vs memcpy of the same bytes. */
-    double t0 = bu_now();
-    char *p = dst;
-    for (uint32_t i = 0; i < w->n_layers; i++)
-      for (uint32_t j = 0; j < w->layers[i].num_tensors; j++) {
-        memcpy(p, w->layers[i].tensors[j].data, w->layers[i].tensors[j].nbytes);
-        p += w->layers[i].tensors[j].nbytes;
-      }
-    mc[r] = bu_now() - t0;
+    mc[r] = timed_memcpy(dst, w);
     kvti_snapshot *s = NULL;
-    t0 = bu_now();
+    double t0 = bu_now();
     if (kvti_snapshot_create(&s, w->tokens, w->n_tokens, w->layers, w->n_layers,
                              w->bytes, 1, NULL, NULL) != 0) {
       fprintf(stderr, "snapshot: %s\n", kvt_last_error());
@@ -384,16 +388,9 @@ static void bench_tier_level(tier_res *res, const char *dir, workload *w,
     kvt_tier_spill(t, w->tokens, w->n_tokens, w->layers, w->n_layers, w->bytes);
     kvt_tier_flush(t, -1);
     /* Producer cost, writer idle: copy-mode spill vs memcpy, and zero-copy. */
-    double t0 = bu_now();
-    char *p = dst;
-    for (uint32_t i = 0; i < w->n_layers; i++)
-      for (uint32_t j = 0; j < w->layers[i].num_tensors; j++) {
-        memcpy(p, w->layers[i].tensors[j].data, w->layers[i].tensors[j].nbytes);
-        p += w->layers[i].tensors[j].nbytes;
-      }
-    mc[r] = bu_now() - t0;
+    mc[r] = timed_memcpy(dst, w);
     salt_tokens(w, -2);
-    t0 = bu_now();
+    double t0 = bu_now();
     int rc = kvt_tier_spill(t, w->tokens, w->n_tokens, w->layers, w->n_layers,
                             w->bytes);
     sp[r] = bu_now() - t0;
