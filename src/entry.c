@@ -28,7 +28,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#define KVTI_FORMAT 1
+/* Written format: 2 = per-block checksums of layer files (docs/FORMAT.md
+ * section 6). Format 1 (whole-file checksums) is still read. */
+#define KVTI_FORMAT 2
 #define MANIFEST_MAX ((size_t)64 << 20)
 #define SUM_LEN 22 /* "xxh3:" + 16 hex + "\n" */
 
@@ -235,9 +237,12 @@ uint64_t kvti_snapshot_held_bytes(const kvti_snapshot *s) {
 /* ---- manifest ----------------------------------------------------------- */
 
 /* Python json.dump(manifest) with default separators, plus kvtier's key. sums:
- * n_layers layer checksums then the tokens.bin checksum. */
+ * n_layers layer checksums then the tokens.bin checksum; blk[i] / nblk[i]: the
+ * block list of layer i (blk NULL or blk[i] NULL: zeros of that length, for
+ * size computations). */
 static char *build_manifest(const kvti_snapshot *s, char **metas,
-                            const uint64_t *sums, int mode) {
+                            const uint64_t *sums, int mode,
+                            const uint64_t *const *blk, const size_t *nblk) {
   kvti_sb b = {0};
   kvti_sb_printf(&b, "{\"num_layers\": %u, \"layers\": [", s->n_layers);
   for (uint32_t i = 0; i < s->n_layers; i++) {
@@ -247,9 +252,11 @@ static char *build_manifest(const kvti_snapshot *s, char **metas,
   }
   kvti_sb_printf(&b,
                  "], \"memory_bytes\": %llu, \"num_tokens\": %zu, \"kvtier\": "
-                 "{\"format\": %d, \"storage_mode\": \"%s\", \"checksums\": {",
+                 "{\"format\": %d, \"storage_mode\": \"%s\", \"block_size\": "
+                 "%llu, \"checksums\": {",
                  (unsigned long long)s->memory_bytes, s->n_tokens, KVTI_FORMAT,
-                 mode == KVT_STORAGE_COMPAT ? "compat" : "native");
+                 mode == KVT_STORAGE_COMPAT ? "compat" : "native",
+                 (unsigned long long)KVTI_BLK_DEFAULT);
   char x[24];
   for (uint32_t i = 0; i < s->n_layers; i++) {
     kvti_xxh3_format(x, sums[i]);
@@ -257,7 +264,21 @@ static char *build_manifest(const kvti_snapshot *s, char **metas,
                    x);
   }
   kvti_xxh3_format(x, sums[s->n_layers]);
-  kvti_sb_printf(&b, "%s\"tokens.bin\": \"%s\"}}}", s->n_layers ? ", " : "", x);
+  kvti_sb_printf(&b, "%s\"tokens.bin\": \"%s\"}, \"blocks\": {",
+                 s->n_layers ? ", " : "", x);
+  static const uint64_t zeros[64];
+  char hex[64 * 16 + 1];
+  for (uint32_t i = 0; i < s->n_layers; i++) {
+    kvti_sb_printf(&b, "%s\"layer_%u.safetensors\": \"", i ? ", " : "", i);
+    const uint64_t *l = blk ? blk[i] : NULL;
+    for (size_t k = 0; k < nblk[i]; k += 64) {
+      size_t n = nblk[i] - k < 64 ? nblk[i] - k : 64;
+      kvti_blklist_format(hex, l ? l + k : zeros, n);
+      kvti_sb_putn(&b, hex, 16 * n);
+    }
+    kvti_sb_puts(&b, "\"");
+  }
+  kvti_sb_puts(&b, "}}}");
   return kvti_sb_take(&b);
 }
 
@@ -265,8 +286,9 @@ uint64_t kvti_snapshot_disk_bytes(const kvti_snapshot *s, int mode) {
   uint64_t total = (uint64_t)s->n_tokens * 4u + SUM_LEN;
   char **metas = kvti_calloc(s->n_layers ? s->n_layers : 1, sizeof(char *));
   uint64_t *sums = kvti_calloc(s->n_layers + 1u, sizeof(uint64_t));
+  size_t *nblk = kvti_calloc(s->n_layers ? s->n_layers : 1, sizeof(size_t));
   uint64_t ret = 0;
-  if (!metas || !sums)
+  if (!metas || !sums || !nblk)
     goto out;
   for (uint32_t i = 0; i < s->n_layers; i++) {
     kvti_layer_out p;
@@ -279,8 +301,9 @@ uint64_t kvti_snapshot_disk_bytes(const kvti_snapshot *s, int mode) {
     if (!fs)
       goto out;
     total += fs;
+    nblk[i] = (size_t)kvti_blk_count(fs, KVTI_BLK_DEFAULT);
   }
-  char *m = build_manifest(s, metas, sums, mode);
+  char *m = build_manifest(s, metas, sums, mode, NULL, nblk);
   if (m) {
     ret = total + strlen(m);
     kvti_free(m);
@@ -290,6 +313,7 @@ out:
     kvti_free(metas[i]);
   kvti_free(metas);
   kvti_free(sums);
+  kvti_free(nblk);
   return ret;
 }
 
@@ -340,9 +364,15 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
   char *old = suffixed(data_dir, s->hash, ".old.tmp");
   char **metas = kvti_calloc(s->n_layers ? s->n_layers : 1, sizeof(char *));
   uint64_t *sums = kvti_calloc(s->n_layers + 1u, sizeof(uint64_t));
+  /* Per-block hashes of each layer file (format 2), kept for the manifest. */
+  kvti_blkhash **bh =
+      kvti_calloc(s->n_layers ? s->n_layers : 1, sizeof(kvti_blkhash *));
+  const uint64_t **blk =
+      kvti_calloc(s->n_layers ? s->n_layers : 1, sizeof(uint64_t *));
+  size_t *nblk = kvti_calloc(s->n_layers ? s->n_layers : 1, sizeof(size_t));
   char *manifest = NULL;
   kvti_wgroup *g = NULL;
-  if (!tmp || !live || !old || !metas || !sums) {
+  if (!tmp || !live || !old || !metas || !sums || !bh || !blk || !nblk) {
     rc = KVT_ERR_NOMEM();
     goto out;
   }
@@ -374,9 +404,14 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
     snprintf(name, sizeof name, "layer_%u.safetensors", i);
     char *lp = kvti_path_join(tmp, name);
     uint64_t sz = 0;
-    rc = lp ? kvti_layer_write_file(&sz, &sums[i], lp, &p, o->file_mode,
-                                    o->do_fsync, 0, o->io_backend, g)
+    rc = lp ? kvti_blkhash_new(&bh[i], KVTI_BLK_DEFAULT,
+                               kvti_layer_out_file_size(&p))
             : KVT_ENOMEM;
+    if (rc == 0)
+      rc = kvti_layer_write_file(&sz, &sums[i], lp, &p, o->file_mode,
+                                 o->do_fsync, 0, o->io_backend, g, bh[i]);
+    if (rc == 0)
+      blk[i] = kvti_blkhash_list(bh[i], &nblk[i]);
     kvti_free(lp);
     metas[i] = p.meta_json;
     p.meta_json = NULL;
@@ -390,7 +425,7 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
   if (rc)
     goto out;
   total += s->n_tokens * sizeof(int32_t);
-  manifest = build_manifest(s, metas, sums, mode);
+  manifest = build_manifest(s, metas, sums, mode, blk, nblk);
   if (!manifest) {
     rc = KVT_ENOMEM;
     goto out;
@@ -481,6 +516,11 @@ out:
     kvti_free(metas[i]);
   kvti_free(metas);
   kvti_free(sums);
+  for (uint32_t i = 0; bh && i < s->n_layers; i++)
+    kvti_blkhash_free(bh[i]);
+  kvti_free(bh);
+  kvti_free(blk);
+  kvti_free(nblk);
   kvti_free(manifest);
   kvti_free(tmp);
   kvti_free(live);
@@ -501,6 +541,11 @@ typedef struct manifest {
   int has_sums; /* kvtier-written */
   int mode;
   uint64_t *sums; /* num_layers + 1 (tokens.bin last) */
+  /* Format 2: per-block hashes of layer i are blk_all[blk_off[i] ..
+   * blk_off[i + 1]); block_size 0 for format 1 and reference entries. */
+  uint64_t block_size;
+  uint64_t *blk_all;
+  size_t *blk_off; /* num_layers + 1 */
   kvti_layer_meta *metas;
   uint64_t bytes; /* manifest + sum */
 } manifest;
@@ -509,6 +554,8 @@ static void manifest_free(manifest *m) {
   cJSON_Delete(m->root);
   kvti_free(m->dir);
   kvti_free(m->sums);
+  kvti_free(m->blk_all);
+  kvti_free(m->blk_off);
   for (uint32_t i = 0; m->metas && i < m->num_layers; i++)
     kvti_layer_meta_free(&m->metas[i]);
   kvti_free(m->metas);
@@ -535,6 +582,72 @@ static int count_key(const cJSON *o, const char *key) {
     if (c->string && strcmp(c->string, key) == 0)
       n++;
   return n;
+}
+
+/* Format 2: kvtier.block_size (a power of two in [4 KiB, 64 MiB]) and
+ * kvtier.blocks, one string of 16 hex digits per block for exactly the layer
+ * files, each list hashing to the file's entry in checksums (m->sums must be
+ * parsed). Whether a list has the right length for its file is checked when the
+ * file is opened (kvti_layer_read_file). */
+static int parse_blocks(manifest *m, const cJSON *kv, const char *where) {
+  uint64_t bs;
+  int rc = json_uint(&bs, kv, "block_size", KVTI_BLK_MAX, where);
+  if (rc)
+    return rc;
+  if (!kvti_blk_size_ok(bs))
+    return BAD("%s: kvtier block_size %llu is not a power of two in [%llu, "
+               "%llu]",
+               where, (unsigned long long)bs, (unsigned long long)KVTI_BLK_MIN,
+               (unsigned long long)KVTI_BLK_MAX);
+  const cJSON *bl = cJSON_GetObjectItemCaseSensitive(kv, "blocks");
+  if (count_key(kv, "blocks") != 1 || !cJSON_IsObject(bl) ||
+      cJSON_GetArraySize(bl) != (int)m->num_layers)
+    return BAD("%s: kvtier blocks must list every layer file", where);
+  m->blk_off = kvti_calloc(m->num_layers + 1u, sizeof(size_t));
+  if (!m->blk_off)
+    return KVT_ERR_NOMEM();
+  const cJSON **val =
+      kvti_calloc(m->num_layers ? m->num_layers : 1, sizeof(cJSON *));
+  if (!val)
+    return KVT_ERR_NOMEM();
+  size_t total = 0;
+  for (uint32_t i = 0; i < m->num_layers; i++) {
+    char name[40];
+    snprintf(name, sizeof name, "layer_%u.safetensors", i);
+    val[i] = cJSON_GetObjectItemCaseSensitive(bl, name);
+    size_t len = cJSON_IsString(val[i]) ? strlen(val[i]->valuestring) : 1;
+    if (count_key(bl, name) != 1 || len % 16 != 0) {
+      rc = BAD("%s: block list of %s missing or malformed", where, name);
+      goto out;
+    }
+    m->blk_off[i] = total;
+    total += len / 16;
+  }
+  m->blk_off[m->num_layers] = total;
+  m->blk_all = kvti_malloc((total ? total : 1) * sizeof(uint64_t));
+  if (!m->blk_all) {
+    rc = KVT_ERR_NOMEM();
+    goto out;
+  }
+  for (uint32_t i = 0; i < m->num_layers; i++) {
+    uint64_t *l = m->blk_all + m->blk_off[i];
+    size_t n = m->blk_off[i + 1] - m->blk_off[i];
+    if (kvti_blklist_parse(l, val[i]->valuestring, 16 * n) != 0) {
+      rc = BAD("%s: block list of layer_%u.safetensors is not lowercase hex",
+               where, i);
+      goto out;
+    }
+    if (kvti_blklist_digest(l, n) != m->sums[i]) {
+      rc = BAD("%s: block list of layer_%u.safetensors does not match its "
+               "checksum",
+               where, i);
+      goto out;
+    }
+  }
+  m->block_size = bs;
+out:
+  kvti_free(val);
+  return rc;
 }
 
 /* Parses and validates manifest text into m (dir and bytes are the caller's).
@@ -596,7 +709,7 @@ static int parse_manifest(manifest *m, const char *text, size_t tlen,
       rc = BAD("%s: malformed kvtier manifest key", where);
       goto out;
     }
-    if (fmt != KVTI_FORMAT) {
+    if (fmt != 1 && fmt != 2) {
       rc = KVT_ERR(KVT_EUNSUPPORTED, "%s: kvtier format %llu not supported",
                    where, (unsigned long long)fmt);
       goto out;
@@ -629,6 +742,8 @@ static int parse_manifest(manifest *m, const char *text, size_t tlen,
         goto out;
       }
     }
+    if (fmt == 2 && (rc = parse_blocks(m, kv, where)) != 0)
+      goto out;
     m->has_sums = 1;
   }
   uint32_t i = 0;
@@ -935,15 +1050,19 @@ int kvti_entry_reader_read_layer(kvti_entry_reader *r, uint32_t i,
   char *lp = kvti_path_join(r->m.dir, name);
   if (!lp)
     return KVT_ENOMEM;
-  kvti_layer_read_opts lo = {r->o.alloc ? reader_alloc : NULL,
-                             r->o.alloc ? reader_free : NULL,
-                             r,
-                             i,
-                             r->o.cancel,
-                             r->o.verify_only,
-                             r->m.has_sums ? &r->m.sums[i] : NULL,
-                             r->o.io_backend,
-                             r->o.keep_tokens};
+  kvti_layer_read_opts lo = {
+      r->o.alloc ? reader_alloc : NULL,
+      r->o.alloc ? reader_free : NULL,
+      r,
+      i,
+      r->o.cancel,
+      r->o.verify_only,
+      r->m.has_sums ? &r->m.sums[i] : NULL,
+      r->o.io_backend,
+      r->o.keep_tokens,
+      r->m.block_size,
+      r->m.block_size ? r->m.blk_all + r->m.blk_off[i] : NULL,
+      r->m.block_size ? r->m.blk_off[i + 1] - r->m.blk_off[i] : 0};
   int rc = kvti_layer_read_file(&r->e->layers[i], &r->layer_bytes[i], lp,
                                 &r->m.metas[i], &lo);
   kvti_free(lp);

@@ -32,9 +32,10 @@ struct kvti_fwriter {
   kvti_wgroup *g;
   char *path;
   int fd, dfd;
-  kvti_xxh3_state *h;
-  size_t fill;  /* bytes of this file in the current stage */
-  uint64_t off; /* file offset of the current stage's first byte */
+  kvti_blkhash *h; /* the bytes' hasher (NULL: none) */
+  int own_h;       /* h is the writer's whole-file hash, not the caller's */
+  size_t fill;     /* bytes of this file in the current stage */
+  uint64_t off;    /* file offset of the current stage's first byte */
   uint64_t prealloc;
   int closed;
   int own_group; /* made by kvti_fwriter_open */
@@ -84,8 +85,8 @@ static void file_free(kvti_fwriter *w, int remove) {
     kvti_io->close(w->fd);
   if (remove && w->path)
     kvti_io->unlink(w->path);
-  if (w->h)
-    kvti_xxh3_free(w->h);
+  if (w->own_h)
+    kvti_blkhash_free(w->h);
   kvti_free(w->path);
   kvti_free(w);
 }
@@ -186,9 +187,15 @@ int kvti_wgroup_file(kvti_fwriter **out, kvti_wgroup *g, const char *path,
     kvti_free(w);
     return KVT_ENOMEM;
   }
-  if (o->hash && !(w->h = kvti_xxh3_new())) {
-    file_free(w, 0);
-    return KVT_ERR_NOMEM();
+  if (o->blocks) {
+    w->h = o->blocks;
+  } else if (o->hash) {
+    if ((rc = kvti_blkhash_new(&w->h, 0, 0)) != 0) {
+      w->h = NULL;
+      file_free(w, 0);
+      return rc;
+    }
+    w->own_h = 1;
   }
   int flags = O_WRONLY | O_CREAT | (o->excl ? O_EXCL : O_TRUNC);
   mode_t mode = o->file_mode ? (mode_t)o->file_mode : 0600;
@@ -258,8 +265,11 @@ int kvti_fwriter_append(kvti_fwriter *w, const void *data, size_t len) {
       n = PIECE;
     char *dst = g->stage[g->k] + w->fill;
     memcpy(dst, p, n);
-    if (w->h)
-      kvti_xxh3_update(w->h, dst, n);
+    if (w->h) {
+      int rc = kvti_blkhash_update(w->h, dst, n);
+      if (rc)
+        return g->err = rc;
+    }
     w->fill += n;
     p += n;
     len -= n;
@@ -289,8 +299,14 @@ int kvti_fwriter_close(kvti_fwriter *w, uint64_t *size, uint64_t *xxh3) {
   g->cur = NULL;
   if (size)
     *size = total;
-  if (xxh3)
-    *xxh3 = w->h ? kvti_xxh3_digest(w->h) : 0;
+  if (xxh3) {
+    *xxh3 = 0;
+    if (w->own_h) {
+      int rc = kvti_blkhash_final(w->h, xxh3);
+      if (rc)
+        return g->err = rc;
+    }
+  }
   return 0;
 }
 

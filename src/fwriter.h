@@ -25,6 +25,7 @@
 #define KVT_FWRITER_H
 
 #include "bufpool.h"
+#include "hash.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -40,9 +41,13 @@ typedef struct kvti_fwriter_opts {
   uint32_t file_mode; /* 0 = 0600; applied with chmod (umask-independent) */
   int excl;           /* 1: O_EXCL (fail if the file exists), else O_TRUNC */
   kvti_bufpool *pool; /* staging buffers; NULL = the default pool */
+  /* Non-NULL: every byte is fed (once, while hot) to this caller-owned block
+   * hasher instead of the whole-file hash (`hash` is then ignored and close
+   * reports no checksum: the caller finalizes the hasher after close). */
+  kvti_blkhash *blocks;
 } kvti_fwriter_opts;
 #define KVTI_FWRITER_OPTS_INIT                                                 \
-  { 0, 0, 1, 0, 0600, 0, NULL }
+  { 0, 0, 1, 0, 0600, 0, NULL, NULL }
 
 /* Group: backend/pool as above; do_fsync: files are fsynced at finish (and at
  * the internal checkpoints that bound the number of open files). Returns 0,

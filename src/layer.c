@@ -11,6 +11,7 @@
  * order.
  */
 #include "layer.h"
+#include "bufpool.h"
 #include "fwriter.h"
 #include "iobatch.h"
 #include "dtype.h"
@@ -530,7 +531,7 @@ uint64_t kvti_layer_out_file_size(const kvti_layer_out *p) {
 int kvti_layer_write_file(uint64_t *size, uint64_t *xxh3, const char *path,
                           const kvti_layer_out *p, uint32_t file_mode,
                           int do_fsync, int truncate, int io_backend,
-                          kvti_wgroup *group) {
+                          kvti_wgroup *group, kvti_blkhash *blocks) {
   /* Through the staged writer (fwriter.h): the header and the tensors are
    * copied into aligned pooled buffers, hashed while hot, and written with
    * O_DIRECT, several writes in flight. In a group the writes complete (and are
@@ -554,6 +555,7 @@ int kvti_layer_write_file(uint64_t *size, uint64_t *xxh3, const char *path,
   kvti_fwriter_opts fo = KVTI_FWRITER_OPTS_INIT;
   fo.backend = io_backend;
   fo.hash = xxh3 != NULL;
+  fo.blocks = blocks;
   fo.size_hint = total;
   fo.file_mode = file_mode;
   fo.excl = !truncate;
@@ -577,6 +579,8 @@ int kvti_layer_write_file(uint64_t *size, uint64_t *xxh3, const char *path,
   } else {
     rc = kvti_fwriter_finish(w, size, xxh3, do_fsync);
   }
+  if (rc == 0 && blocks) /* every byte was fed: close the last block */
+    rc = kvti_blkhash_final(blocks, xxh3);
 out:
   kvti_free(hdr);
   kvti_free(order);
@@ -849,8 +853,7 @@ static void copy_kept(char *dst, const char *piece, uint64_t pos, uint64_t len,
  * landed - while the next ones are still being read, and while it is still warm
  * in cache. */
 static int read_range_hashed(kvti_iobatch *b, int fd, char *dst, uint64_t off,
-                             uint64_t len, kvti_xxh3_state *h,
-                             const char *path) {
+                             uint64_t len, kvti_blkhash *h, const char *path) {
   kvti_iob_req win[RWINDOW];
   uint64_t n = (len + RPIECE - 1) / RPIECE, pushed = 0;
   int rc = 0;
@@ -866,12 +869,245 @@ static int read_range_hashed(kvti_iobatch *b, int fd, char *dst, uint64_t off,
     }
     if (rc == 0)
       rc = kvti_iobatch_wait_req(b, &win[k % RWINDOW]);
-    if (rc == 0 && h)
-      kvti_xxh3_update(h, dst + k * RPIECE, win[k % RWINDOW].len);
+    if (rc == 0 && h) /* format 2: fails at the first bad block */
+      rc = kvti_blkhash_update(h, dst + k * RPIECE, win[k % RWINDOW].len);
   }
   int rc2 =
       kvti_iobatch_wait_all(b); /* nothing may land in dst after we return */
   return rc ? rc : rc2;
+}
+
+/* ---- format 2: trimmed reads of verified blocks ------------------------- */
+
+/* A trimmed read of a file with per-block checksums reads only the blocks that
+ * cover the header and each head's kept rows, into a scratch window of at most
+ * TWIN_BYTES (one block when blocks are larger), verifies every block, and only
+ * then copies the kept bytes out: no byte reaches the caller from a block that
+ * did not match. A block needed by two neighbouring ranges is read once (both
+ * are in the same window); blocks of the header are kept and reused. */
+#define TWIN_BYTES ((uint64_t)8 << 20)
+#define TPIECES 4096 /* pieces (range x block) copied per window */
+
+typedef struct trim_seg {
+  uint64_t s, e; /* file range [s, e) of one head's kept rows */
+  char *dst;     /* where they go (NULL: verify only) */
+} trim_seg;
+
+/* Walk over the pieces of the ranges: a piece is the part of range si from pos
+ * to the range's end or the end of pos's block, whichever comes first. */
+typedef struct trim_cur {
+  size_t si;
+  uint64_t pos;
+} trim_cur;
+
+static uint64_t piece_end(const trim_seg *g, uint64_t pos, uint64_t bs) {
+  uint64_t be = (pos / bs + 1) * bs;
+  return be < g->e ? be : g->e;
+}
+
+static void piece_next(trim_cur *c, const trim_seg *g, size_t n, uint64_t bs) {
+  uint64_t pe = piece_end(&g[c->si], c->pos, bs);
+  c->pos = pe;
+  if (pe == g[c->si].e && ++c->si < n)
+    c->pos = g[c->si].s;
+}
+
+static int check_block(const char *p, uint64_t k, uint64_t file_size,
+                       const kvti_layer_read_opts *o, const char *path) {
+  uint64_t bs = o->block_size;
+  uint64_t len = file_size - k * bs < bs ? file_size - k * bs : bs;
+  if (kvti_xxh3(p, (size_t)len) != o->blocks[k])
+    return BAD("%s: checksum mismatch in block %llu", path,
+               (unsigned long long)k);
+  return 0;
+}
+
+/* Reads and verifies the blocks covering the safetensors header [0, 8 + N),
+ * then parses it from memory: nothing of the header, not even N, is used
+ * before the block holding it matched. *hbuf receives the verified blocks
+ * (*hlen bytes from offset 0; tensor rows in them are copied from there). */
+static int read_header_blocks(kvti_st_header *hd, char **hbuf, uint64_t *hlen,
+                              int fd, uint64_t size,
+                              const kvti_layer_read_opts *o, const char *path) {
+  uint64_t bs = o->block_size, n = 0;
+  if (size < 8)
+    return BAD("%s: too short for a safetensors file (%llu bytes)", path,
+               (unsigned long long)size);
+  uint64_t l0 = size < bs ? size : bs;
+  char *buf = kvti_malloc((size_t)l0);
+  if (!buf)
+    return KVT_ERR_NOMEM();
+  int rc = kvti_pread_all(fd, buf, (size_t)l0, 0, path);
+  if (rc == 0)
+    rc = check_block(buf, 0, size, o, path);
+  if (rc == 0)
+    rc = kvti_st_header_len(&n, (const unsigned char *)buf, size, path);
+  uint64_t len = l0;
+  if (rc == 0) {
+    uint64_t nb = kvti_blk_count(8 + n, bs);
+    len = nb * bs < size ? nb * bs : size;
+  }
+  if (rc == 0 && len > l0) {
+    char *b2 = kvti_realloc(buf, (size_t)len);
+    if (!b2) {
+      rc = KVT_ERR_NOMEM();
+    } else {
+      buf = b2;
+      rc = kvti_pread_all(fd, buf + l0, (size_t)(len - l0), l0, path);
+      for (uint64_t k = 1; rc == 0 && k * bs < len; k++)
+        rc = check_block(buf + k * bs, k, size, o, path);
+    }
+  }
+  if (rc == 0)
+    rc = kvti_st_parse(hd, buf + 8, (size_t)n, size, path);
+  if (rc) {
+    kvti_free(buf);
+    return rc;
+  }
+  *hbuf = buf;
+  *hlen = len;
+  return 0;
+}
+
+/* Reads the kept rows of every tensor (ranges of tbytes (tb, kb) per tensor,
+ * slot order) of a format-2 file through its verified blocks. *nread
+ * accumulates the bytes read. */
+static int read_trim_blocks(kvt_layer *l, const kvti_st_header *hd,
+                            const kvti_st_tensor **slot, const uint64_t *tbytes,
+                            const char *hbuf, uint64_t hlen, int fd,
+                            uint64_t size, kvti_iobatch **eng,
+                            const kvti_layer_read_opts *o, const char *path,
+                            uint64_t *nread) {
+  uint64_t bs = o->block_size;
+  uint64_t hblk = kvti_blk_count(hlen, bs); /* blocks held in hbuf */
+  size_t nseg = 0;
+  trim_seg *seg = NULL;
+  uint64_t *win = NULL;
+  kvti_iob_req *rq = NULL;
+  char *scratch = NULL;
+  size_t scap = 0;
+  kvti_bufpool *pool = kvti_bufpool_default();
+  int rc = 0;
+  for (size_t i = 0; i < hd->n; i++) {
+    uint32_t j = 0;
+    while (slot[j] != &hd->tensors[i])
+      j++;
+    uint64_t tb = tbytes[2 * j], kb = tbytes[2 * j + 1];
+    if (tb && kb)
+      nseg += (size_t)(hd->tensors[i].nbytes / tb);
+  }
+  if (nseg == 0)
+    return 0;
+  seg = kvti_malloc(nseg * sizeof *seg);
+  if (!seg)
+    return KVT_ERR_NOMEM();
+  size_t ns = 0;
+  for (size_t i = 0; i < hd->n; i++) { /* file order: ascending ranges */
+    const kvti_st_tensor *ht = &hd->tensors[i];
+    uint32_t j = 0;
+    while (slot[j] != ht)
+      j++;
+    uint64_t tb = tbytes[2 * j], kb = tbytes[2 * j + 1];
+    if (!tb || !kb)
+      continue;
+    char *dst = l->tensors[j].data;
+    for (uint64_t b = 0; b < ht->nbytes / tb; b++)
+      seg[ns++] = (trim_seg){ht->offset + b * tb, ht->offset + b * tb + kb,
+                             dst ? dst + b * kb : NULL};
+  }
+  /* Distinct blocks to read (outside the header's), to size the window. */
+  uint64_t need = 0, last = UINT64_MAX;
+  for (trim_cur c = {0, seg[0].s}; c.si < nseg; piece_next(&c, seg, nseg, bs)) {
+    uint64_t k = c.pos / bs;
+    if (k >= hblk && k != last)
+      need++;
+    last = k;
+  }
+  size_t wcap = bs >= TWIN_BYTES ? 1 : (size_t)(TWIN_BYTES / bs);
+  if (need < wcap)
+    wcap = (size_t)need;
+  if (wcap) {
+    win = kvti_malloc(wcap * sizeof *win);
+    rq = kvti_calloc(wcap, sizeof *rq);
+    scratch = pool ? kvti_bufpool_get(pool, (size_t)(wcap * bs), &scap) : NULL;
+    if (!win || !rq || !scratch) {
+      rc = KVT_ERR_NOMEM();
+      goto out;
+    }
+  }
+  trim_cur c = {0, seg[0].s};
+  while (c.si < nseg) {
+    if (o->cancel && atomic_load(o->cancel)) {
+      rc = KVT_ERR(KVT_ECANCELED, "read of %s cancelled", path);
+      goto out;
+    }
+    /* Collect pieces while their blocks fit in the window. */
+    trim_cur c0 = c;
+    size_t nwin = 0, npc = 0;
+    while (c.si < nseg && npc < TPIECES) {
+      uint64_t k = c.pos / bs;
+      if (k >= hblk && (nwin == 0 || win[nwin - 1] != k)) {
+        if (nwin == wcap)
+          break;
+        win[nwin++] = k;
+      }
+      piece_next(&c, seg, nseg, bs);
+      npc++;
+    }
+    /* One request per run of consecutive blocks, all in flight together. */
+    size_t nr = 0;
+    for (size_t w = 0; w < nwin;) {
+      size_t w1 = w + 1;
+      while (w1 < nwin && win[w1] == win[w1 - 1] + 1)
+        w1++;
+      uint64_t off = win[w] * bs, end = (win[w1 - 1] + 1) * bs;
+      if (end > size)
+        end = size;
+      rq[nr++] = (kvti_iob_req){
+          fd, -1, 0, scratch + w * bs, end - off, off, 0, 0, 0, 0, 0, 0, NULL};
+      *nread += end - off;
+      w = w1;
+    }
+    if (nr > 0) {
+      if (!*eng && (rc = kvti_iobatch_get(eng, o->io_backend)) != 0) {
+        *eng = NULL;
+        goto out;
+      }
+      if ((rc = kvti_iobatch_run(*eng, rq, nr, 0, path)) != 0)
+        goto out;
+    }
+    for (size_t w = 0; w < nwin; w++)
+      if ((rc = check_block(scratch + w * bs, win[w], size, o, path)) != 0)
+        goto out;
+    /* Every block of the window matched: copy the pieces out. */
+    size_t w = 0;
+    for (size_t p = 0; p < npc; p++) {
+      const trim_seg *g = &seg[c0.si];
+      uint64_t k = c0.pos / bs, pe = piece_end(g, c0.pos, bs);
+      const char *src;
+      if (k < hblk) {
+        src = hbuf + c0.pos;
+      } else {
+        while (win[w] != k)
+          w++;
+        src = scratch + w * bs + (c0.pos - k * bs);
+      }
+      if (g->dst)
+        memcpy(g->dst + (c0.pos - g->s), src, (size_t)(pe - c0.pos));
+      piece_next(&c0, seg, nseg, bs);
+    }
+  }
+out:
+  if (scratch)
+    kvti_bufpool_put(pool, scratch, scap);
+  kvti_free(rq);
+  kvti_free(win);
+  kvti_free(seg);
+  return rc;
+}
+
+static int feed_blk(void *ctx, const void *data, size_t len) {
+  return kvti_blkhash_update(ctx, data, len);
 }
 
 int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
@@ -882,7 +1118,9 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
   l.num_tensors = 0;
   kvti_st_header hd = {0};
   const kvti_st_tensor **slot = NULL;
-  kvti_xxh3_state *h = NULL;
+  kvti_blkhash *h = NULL; /* whole-file hash (format 1) or block verifier */
+  char *hbuf = NULL;      /* format 2, trimmed: the header's verified blocks */
+  uint64_t hlen = 0, nread = 0;
   char *scratch = NULL;
   kvti_iobatch *eng = NULL;
   uint64_t *tbytes = NULL; /* trimmed read: per tensor (tb, kb) */
@@ -903,11 +1141,39 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
     rc = BAD("%s is not a regular file", path);
     goto out;
   }
-  if (o->expect_xxh3 && !(h = kvti_xxh3_new())) {
-    rc = KVT_ERR_NOMEM();
-    goto out;
+  uint64_t size = (uint64_t)st.st_size;
+  uint64_t bs = o->block_size;
+  /* Format 2 with a trim: only verified blocks are read (read_trim_blocks). */
+  int blk_trim = bs && o->keep_tokens;
+  if (bs) {
+    if (!kvti_blk_size_ok(bs) || !o->blocks ||
+        kvti_blk_count(size, bs) != o->n_blocks) {
+      rc =
+          BAD("%s: %llu bytes, but its block list has %zu blocks of %llu", path,
+              (unsigned long long)size, o->n_blocks, (unsigned long long)bs);
+      goto out;
+    }
+    if (!blk_trim) {
+      if ((rc = kvti_blkhash_new(&h, bs, 0)) != 0) {
+        h = NULL;
+        goto out;
+      }
+      kvti_blkhash_expect(h, o->blocks, o->n_blocks, path);
+    }
+  } else if (o->expect_xxh3) {
+    if ((rc = kvti_blkhash_new(&h, 0, 0)) != 0) {
+      h = NULL;
+      goto out;
+    }
+    kvti_blkhash_expect(h, o->expect_xxh3, 1, path);
   }
-  rc = kvti_st_read_header(&hd, fd, (uint64_t)st.st_size, path, h);
+  if (blk_trim) {
+    rc = read_header_blocks(&hd, &hbuf, &hlen, fd, size, o, path);
+    nread = hlen;
+  } else {
+    rc = kvti_st_read_header_fn(&hd, fd, size, path, h ? feed_blk : NULL, h);
+    nread = hd.data_start;
+  }
   if (rc)
     goto out;
   slot = kvti_calloc(m->num_tensors ? m->num_tensors : 1, sizeof *slot);
@@ -998,6 +1264,13 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
       }
     }
   }
+  if (blk_trim) {
+    rc = read_trim_blocks(&l, &hd, slot, tbytes, hbuf, hlen, fd, size, &eng, o,
+                          path, &nread);
+    if (rc)
+      goto out;
+    goto done;
+  }
   if (o->verify_only || (keep && h)) {
     scratch = kvti_malloc(RCHUNK);
     if (!scratch) {
@@ -1033,6 +1306,7 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
                              0,  0,  0, NULL};
         if ((rc = kvti_iobatch_run(eng, rq, nr, 0, path)) != 0)
           goto out;
+        nread += nr * kb;
       }
       continue;
     }
@@ -1057,12 +1331,14 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
       left -= c;
     }
   }
-  if (h && kvti_xxh3_digest(h) != *o->expect_xxh3) {
-    rc = BAD("%s: checksum mismatch", path);
+  /* The whole-file hash, or the block count and the last partial block. */
+  if (h && (rc = kvti_blkhash_final(h, NULL)) != 0)
     goto out;
-  }
+  if (!keep || h)
+    nread = size;
+done:
   if (file_bytes)
-    *file_bytes = (uint64_t)st.st_size;
+    *file_bytes = nread;
   if (o->verify_only)
     kvti_layer_release(&l, 0, NULL, NULL);
   *out = l;
@@ -1073,8 +1349,8 @@ out:
   kvti_free(scratch);
   kvti_free(tbytes);
   kvti_free(slot);
-  if (h)
-    kvti_xxh3_free(h);
+  kvti_blkhash_free(h);
+  kvti_free(hbuf);
   kvti_st_header_free(&hd);
   if (rc)
     kvti_layer_release(&l, o->alloc != NULL, o->free_buf, o->alloc_ctx);
@@ -1100,7 +1376,7 @@ int kvt_layer_save(char **meta_json, const char *path, const kvt_layer *layer,
   if (rc)
     return rc;
   rc = kvti_layer_write_file(NULL, NULL, path, &p, file_mode, 0, 1, KVT_IO_AUTO,
-                             NULL);
+                             NULL, NULL);
   if (rc == 0) {
     *meta_json = p.meta_json;
     p.meta_json = NULL;

@@ -54,17 +54,19 @@ uint64_t kvti_layer_out_file_size(const kvti_layer_out *p);
 
 /* Writes a planned layer as a safetensors file at path (O_CREAT|O_EXCL unless
  * truncate), with file_mode, fsync when do_fsync. size and xxh3 as
- * kvti_st_write (same bytes). io_backend (kvt_io_backend) picks the I/O engine
- * of the staged O_DIRECT writer (fwriter.h). With a group (non-NULL) the file
- * joins it: do_fsync/io_backend are the group's, and the writes complete, are
- * fsynced and (on failure) removed by kvti_wgroup_finish/abort. Alone, on
- * failure the file is removed.
+ * kvti_st_write (same bytes). With blocks (non-NULL, a fresh compute-mode
+ * kvti_blkhash) the bytes are hashed per block into it instead (each byte once)
+ * and *xxh3 receives the digest of the block list (entry format 2). io_backend
+ * (kvt_io_backend) picks the I/O engine of the staged O_DIRECT writer
+ * (fwriter.h). With a group (non-NULL) the file joins it: do_fsync/io_backend
+ * are the group's, and the writes complete, are fsynced and (on failure)
+ * removed by kvti_wgroup_finish/abort. Alone, on failure the file is removed.
  */
 struct kvti_wgroup;
 int kvti_layer_write_file(uint64_t *size, uint64_t *xxh3, const char *path,
                           const kvti_layer_out *p, uint32_t file_mode,
                           int do_fsync, int truncate, int io_backend,
-                          struct kvti_wgroup *group);
+                          struct kvti_wgroup *group, kvti_blkhash *blocks);
 
 /* Parsed manifest object of a layer. */
 typedef struct kvti_layer_meta {
@@ -101,20 +103,31 @@ typedef struct kvti_layer_read_opts {
   uint32_t layer_no; /* passed to alloc */
   atomic_int *cancel;
   int verify_only; /* read + verify, keep no data (out gets no buffers) */
-  const uint64_t *expect_xxh3; /* NULL: no checksum */
-  int io_backend;              /* kvt_io_backend of the reads (0 = AUTO) */
+  /* Format 1: the whole-file XXH3-64; NULL: no checksum (reference entries).
+   * Ignored when block_size > 0. */
+  const uint64_t *expect_xxh3;
+  int io_backend; /* kvt_io_backend of the reads (0 = AUTO) */
   /* > 0: keep only token positions [0, keep_tokens) of a KV or quantized KV
    * layer (axis -2 of every tensor; offset becomes keep_tokens); other kinds
    * fail with KVT_EUNSUPPORTED, a layer holding fewer tokens with KVT_EINVAL.
-   * With a checksum the whole file is still read (the checksum covers it) but
-   * only the kept rows are copied out; without one only the kept rows are read.
-   * 0: the whole layer. */
+   * With per-block checksums (block_size > 0) only the blocks covering the
+   * header and each head's kept rows are read, and each is verified before any
+   * of its bytes is used; with a whole-file checksum the whole file is still
+   * read (the checksum covers it) but only the kept rows are copied out;
+   * without a checksum only the kept rows are read. 0: the whole layer. */
   uint64_t keep_tokens;
+  /* Format 2: block size (a power of two) and the n_blocks expected per-block
+   * XXH3-64s; n_blocks must be the file's block count (else KVT_ECORRUPT). 0:
+   * format 1 or no checksum. */
+  uint64_t block_size;
+  const uint64_t *blocks;
+  size_t n_blocks;
 } kvti_layer_read_opts;
 
 /* Reads the layer file at path described by m into out (tensors and orig_dtypes
  * allocated with kvti_malloc, data via alloc), verifying the header against m
- * and the checksum over the whole file. *file_bytes receives the file size. On
+ * and the checksums (whole file, or every block as it lands). *file_bytes
+ * receives the file size, or for a trimmed read the bytes actually read. On
  * failure nothing is kept (caller buffers go back through free_buf). Returns 0,
  * KVT_ECORRUPT, KVT_EIO, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ECANCELED.
  */

@@ -442,8 +442,21 @@ out:
   return rc;
 }
 
-int kvti_st_read_header(kvti_st_header *out, int fd, uint64_t file_size,
-                        const char *path, kvti_xxh3_state *h) {
+int kvti_st_header_len(uint64_t *out, const unsigned char lenb[8],
+                       uint64_t file_size, const char *path) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; i--)
+    n = (n << 8) | lenb[i];
+  if (file_size < 8 || n > KVTI_ST_MAX_HEADER || n > file_size - 8 || n < 2)
+    return BAD("%s: safetensors header length %llu out of range (file has "
+               "%llu bytes)",
+               path, (unsigned long long)n, (unsigned long long)file_size);
+  *out = n;
+  return 0;
+}
+
+int kvti_st_read_header_fn(kvti_st_header *out, int fd, uint64_t file_size,
+                           const char *path, kvti_st_feed_fn feed, void *ctx) {
   memset(out, 0, sizeof *out);
   unsigned char lenb[8];
   if (file_size < 8)
@@ -453,26 +466,32 @@ int kvti_st_read_header(kvti_st_header *out, int fd, uint64_t file_size,
   if (rc)
     return rc;
   uint64_t n = 0;
-  for (int i = 7; i >= 0; i--)
-    n = (n << 8) | lenb[i];
-  if (n > KVTI_ST_MAX_HEADER || n > file_size - 8 || n < 2)
-    return BAD("%s: safetensors header length %llu out of range (file has "
-               "%llu bytes)",
-               path, (unsigned long long)n, (unsigned long long)file_size);
+  if ((rc = kvti_st_header_len(&n, lenb, file_size, path)) != 0)
+    return rc;
   char *buf = kvti_malloc((size_t)n + 1);
   if (!buf)
     return KVT_ERR_NOMEM();
   rc = kvti_pread_all(fd, buf, (size_t)n, 8, path);
   if (rc == 0) {
     buf[n] = '\0';
-    if (h) {
-      kvti_xxh3_update(h, lenb, 8);
-      kvti_xxh3_update(h, buf, (size_t)n);
-    }
-    rc = kvti_st_parse(out, buf, (size_t)n, file_size, path);
+    if (feed && (rc = feed(ctx, lenb, 8)) == 0)
+      rc = feed(ctx, buf, (size_t)n);
+    if (rc == 0)
+      rc = kvti_st_parse(out, buf, (size_t)n, file_size, path);
   }
   kvti_free(buf);
   return rc;
+}
+
+static int feed_xxh3(void *ctx, const void *data, size_t len) {
+  kvti_xxh3_update(ctx, data, len);
+  return 0;
+}
+
+int kvti_st_read_header(kvti_st_header *out, int fd, uint64_t file_size,
+                        const char *path, kvti_xxh3_state *h) {
+  return kvti_st_read_header_fn(out, fd, file_size, path, h ? feed_xxh3 : NULL,
+                                h);
 }
 
 /* ---- writing ------------------------------------------------------------ */

@@ -57,6 +57,21 @@ int kvti_st_parse(kvti_st_header *out, const char *json, size_t len,
 int kvti_st_read_header(kvti_st_header *out, int fd, uint64_t file_size,
                         const char *path, kvti_xxh3_state *h);
 
+/* As kvti_st_read_header, but the 8 + N header bytes are passed to feed(ctx,
+ * bytes, len) (in file order) before they are parsed; a nonzero return from
+ * feed (e.g. a block checksum mismatch) aborts with that code. feed may be
+ * NULL. */
+typedef int (*kvti_st_feed_fn)(void *ctx, const void *data, size_t len);
+int kvti_st_read_header_fn(kvti_st_header *out, int fd, uint64_t file_size,
+                           const char *path, kvti_st_feed_fn feed, void *ctx);
+
+/* The header length N from a file's first 8 bytes, checked as the readers do
+ * (2 <= N <= KVTI_ST_MAX_HEADER, 8 + N <= file_size). For callers that read
+ * and verify the header bytes themselves before kvti_st_parse. Returns 0 or
+ * KVT_ECORRUPT. */
+int kvti_st_header_len(uint64_t *n, const unsigned char first8[8],
+                       uint64_t file_size, const char *path);
+
 void kvti_st_header_free(kvti_st_header *hd); /* accepts NULL / zeroed */
 /* Tensor by name or NULL. */
 const kvti_st_tensor *kvti_st_find(const kvti_st_header *hd, const char *name);
