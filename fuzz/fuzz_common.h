@@ -190,9 +190,9 @@ static inline int fz_make_entry(const char *data_dir, int mode, char hash[65]) {
 }
 
 /* Reads data_dir/<hash> every way the library does (full read taking the tokens
- * from tokens.bin, read against the expected tokens, verify-only, describe) and
- * checks that a success is self-consistent. Aborts (a finding) if data comes
- * back with an error. */
+ * from tokens.bin, read against the expected tokens, verify-only, trimmed to
+ * half the tokens, describe) and checks that a success is self-consistent.
+ * Aborts (a finding) if data comes back with an error. */
 static long fz_reads, fz_reads_ok;
 static inline void fz_stats(void) {
   fprintf(stderr, "entry reads: %ld, accepted: %ld\n", fz_reads, fz_reads_ok);
@@ -237,6 +237,17 @@ static inline void fz_read_all_ways(const char *data_dir, const char *hash,
     kvt_entry_free(e);
     o.verify_only = 1;
     kvti_entry_read(NULL, data_dir, hash, &o);
+    /* A trimmed read (format 2: verified blocks only). */
+    o.verify_only = 0;
+    o.keep_tokens = n_exp / 2;
+    if (o.keep_tokens) {
+      e = NULL;
+      rc = kvti_entry_read(&e, data_dir, hash, &o);
+      if (rc != 0 && e)
+        abort();
+      kvt_entry_free(e);
+      e = NULL;
+    }
   }
   char *json = NULL;
   if (kvti_entry_describe(&json, data_dir, hash) == 0 && !json)

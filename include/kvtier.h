@@ -536,11 +536,18 @@ KVT_API int kvt_tier_promote(kvt_entry **out, kvt_tier *t,
  *  kvt_entry_memory_bytes() is the stored memory_bytes scaled by
  *  n_keep / n_tokens - the amount passed to opts->reserve before any read.
  *  opts->alloc receives the trimmed tensor descriptions; on_layer sees the
- *  trimmed layers. Integrity is not relaxed: kvtier entries carry whole-file
- *  checksums, so their layer files are still read (and hashed) completely,
- *  but only the kept rows are copied into the entry - the saving is memory
- *  and copies, not disk reads; entries without checksums (written by the
- *  reference) are read for the kept rows only. Stats and touch as
+ *  trimmed layers. Disk reads: kvtier entries (format 2, docs/FORMAT.md
+ *  section 6) carry an XXH3-64 per 64 KiB block of every layer file, so only
+ *  the blocks covering the safetensors header and each head's kept rows are
+ *  read (at most 2 extra blocks, 128 KiB, per head range), and every block is
+ *  verified before any byte of it is copied into the entry: a damaged block
+ *  the trim needs fails it with KVT_ECORRUPT and no data, while damage in
+ *  blocks it does not read goes unnoticed until a full promote or
+ *  kvt_tier_verify. Format-1 entries (whole-file checksums, written by older
+ *  versions) still have their layer files read and hashed completely, only
+ *  the kept rows being copied; entries without checksums (written by the
+ *  reference) are read for the header and the kept rows only.
+ *  kvt_entry_disk_bytes() counts the bytes actually read. Stats and touch as
  *  kvt_tier_promote (the stored entry is touched).
  *  Returns as kvt_tier_promote, plus KVT_EINVAL (n_keep 0 or > n_tokens, a
  *  layer holding fewer than n_keep tokens, KVT_PROMOTE_PREFIX in

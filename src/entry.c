@@ -7,8 +7,9 @@
  * version through renameat2(RENAME_EXCHANGE) so that a complete entry is always
  * in place. Reading validates everything before handing out any data: manifest
  * checksum and structure, token file against the entry name, each layer file's
- * header against the manifest, and each file's XXH3 while its tensors are pread
- * straight into their final buffers.
+ * header against the manifest, and each file's XXH3s (per 64 KiB block in
+ * format 2, whole-file in format 1) while its tensors are pread straight into
+ * their final buffers.
  */
 #include "entry.h"
 #include "dtype.h"

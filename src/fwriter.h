@@ -1,8 +1,9 @@
 /*
  * fwriter.h - a staged, pipelined writer for the files of an entry. Bytes
  * appended from anywhere (a safetensors header, then each tensor) are copied
- * into 4096-aligned pooled staging buffers and hashed (XXH3-64) while they are
- * hot in cache; each full staging buffer is written at an aligned file offset
+ * into 4096-aligned pooled staging buffers and hashed (XXH3-64 of the whole
+ * file, or per block through a caller's kvti_blkhash) while they are hot in
+ * cache; each full staging buffer is written at an aligned file offset
  * through O_DIRECT with several writes in flight (iobatch push/wait) while the
  * caller fills the next one. Only a file's final partial block goes through the
  * page cache. Files are preallocated to their expected size so direct writes do

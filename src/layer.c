@@ -8,7 +8,9 @@
  * as "KVCache"). Reading accepts every layer_type the reference accepts plus
  * QuantizedKVCache, checks the file's tensors against the manifest, and preads
  * each tensor straight into its final buffer while hashing the file in offset
- * order.
+ * order (whole-file hash, or per-block hashes each checked as its block
+ * completes); a trimmed read of a file with per-block hashes reads and verifies
+ * only the blocks covering the header and the kept rows.
  */
 #include "layer.h"
 #include "bufpool.h"
