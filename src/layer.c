@@ -1169,6 +1169,12 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
     }
     kvti_blkhash_expect(h, o->expect_xxh3, 1, path);
   }
+  if (o->keep_tokens && (bs || !o->expect_xxh3) && kvti_io->fadvise) {
+    /* A trimmed read touches scattered ranges: without this the kernel's
+     * readahead (8 MiB on the target VMs) pulls the skipped rows from disk too.
+     * Advice on our own open file only; a refusal changes nothing. */
+    kvti_io->fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+  }
   if (blk_trim) {
     rc = read_header_blocks(&hd, &hbuf, &hlen, fd, size, o, path);
     nread = hlen;
