@@ -130,7 +130,9 @@ int kvti_entry_reader_finish(kvt_entry **out, kvti_entry_reader *r);
 void kvti_entry_reader_free(kvti_entry_reader *r); /* accepts NULL */
 
 /* Validates manifest.json text on its own, exactly as the reader does (JSON
- * types, counts, layer objects, the kvtier key and its checksums list); for
+ * types, counts, layer objects, the kvtier key, its checksums list and, in
+ * format 2, block_size and the per-block lists - whose lengths against the file
+ * sizes are checked only when the files are read); for
  * fuzzing and tools. Returns 0, KVT_ECORRUPT, KVT_EUNSUPPORTED (a kvtier format
  * this build does not know), KVT_ENOMEM, KVT_EINVAL. */
 int kvti_manifest_validate(const char *text, size_t len);
