@@ -444,6 +444,8 @@ static void bench_tier_level(tier_res *res, const char *dir, workload *w,
       kvt_entry_free(e);
     }
     cbw[r] = (double)bytes / (bu_now() - t0);
+    if (getenv("KVT_BENCH_VERBOSE"))
+      fprintf(stderr, "tier cold pass: %.2f GB/s\n", cbw[r] / 1e9);
     /* Warm promotes (pages cached by the cold pass), two passes: the faster
      * counts. */
     hbw[r] = 0;
@@ -550,6 +552,7 @@ int main(int argc, char **argv) {
   size_t toks[8] = {1024, 4096};
   int ntoks = 2;
   int n_entries = 3, storm = 1;
+  const char *model_filter = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--dir") && i + 1 < argc)
       base = argv[++i];
@@ -569,6 +572,8 @@ int main(int argc, char **argv) {
       n_entries = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--no-storm"))
       storm = 0;
+    else if (!strcmp(argv[i], "--model") && i + 1 < argc)
+      model_filter = argv[++i];
     else if (!strcmp(argv[i], "--quick")) {
       runs = 1;
       toks[0] = 512;
@@ -577,7 +582,7 @@ int main(int argc, char **argv) {
       fprintf(stderr,
               "usage: %s [--dir DIR] [--tokens N,N..] [--entries N] [--runs N] "
               "[--depth N] "
-              "[--no-fio] [--no-storm] [--quick]\n",
+              "[--no-fio] [--no-storm] [--quick] [--model SUBSTRING]\n",
               argv[0]);
       return 2;
     }
@@ -602,6 +607,8 @@ int main(int argc, char **argv) {
       if (mi == 2 && ti > 0)
         continue; /* hybrid: one size (its arrays layers do not grow with
                      tokens) */
+      if (model_filter && !strstr(models[mi].name, model_filter))
+        continue;
       workload w;
       make_workload(&w, &models[mi], toks[ti], mi * 1000 + ti);
       /* Rounds: each measures the limits (fio, memcpy) right before kvtier's

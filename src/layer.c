@@ -850,29 +850,49 @@ static void copy_kept(char *dst, const char *piece, uint64_t pos, uint64_t len,
   }
 }
 
-/* Reads len bytes at off into dst through the batched I/O engine, keeping
- * RWINDOW pieces in flight and hashing each piece (in order) as soon as it has
- * landed - while the next ones are still being read, and while it is still warm
- * in cache. */
-static int read_range_hashed(kvti_iobatch *b, int fd, char *dst, uint64_t off,
-                             uint64_t len, kvti_blkhash *h, const char *path) {
+/* One contiguous run of file bytes and where they go. */
+typedef struct rseg {
+  char *dst;
+  uint64_t off, len;
+} rseg;
+
+/* Reads the segments (in file order) through the batched I/O engine as one
+ * pipeline - pieces of every segment keep flowing, so the window does not
+ * drain at each tensor boundary - keeping RWINDOW pieces of RPIECE bytes in
+ * flight and hashing each piece (in order) as soon as it has landed, while the
+ * next ones are still being read and while it is still warm in cache. */
+static int read_segs_hashed(kvti_iobatch *b, int fd, const rseg *sg, size_t ns,
+                            kvti_blkhash *h, const atomic_int *cancel,
+                            const char *path) {
   kvti_iob_req win[RWINDOW];
-  uint64_t n = (len + RPIECE - 1) / RPIECE, pushed = 0;
+  const uint64_t piece = RPIECE;
+  size_t si = 0;
+  uint64_t sp = 0, pushed = 0, done = 0;
   int rc = 0;
-  for (uint64_t k = 0; k < n && rc == 0; k++) {
-    while (rc == 0 && pushed < n && pushed < k + RWINDOW) {
-      uint64_t po = pushed * RPIECE;
-      uint64_t pl = len - po < RPIECE ? len - po : RPIECE;
+  for (;;) {
+    while (rc == 0 && pushed < done + RWINDOW && si < ns) {
+      if (sp == sg[si].len) {
+        si++, sp = 0;
+        continue;
+      }
+      uint64_t pl = sg[si].len - sp < piece ? sg[si].len - sp : piece;
       kvti_iob_req *r = &win[pushed % RWINDOW];
-      *r = (kvti_iob_req){fd, -1, 0, dst + po, pl, off + po, 0,
-                          0,  0,  0, 0,        0,  NULL};
+      *r = (kvti_iob_req){
+          fd, -1, 0,   sg[si].dst + sp, pl, sg[si].off + sp, 0, 0, 0, 0,
+          0,  0,  NULL};
       rc = kvti_iobatch_push(b, r, 0, path);
       pushed++;
+      sp += pl;
     }
-    if (rc == 0)
-      rc = kvti_iobatch_wait_req(b, &win[k % RWINDOW]);
+    if (rc != 0 || done == pushed)
+      break;
+    kvti_iob_req *r = &win[done % RWINDOW];
+    rc = kvti_iobatch_wait_req(b, r);
     if (rc == 0 && h) /* format 2: fails at the first bad block */
-      rc = kvti_blkhash_update(h, dst + k * RPIECE, win[k % RWINDOW].len);
+      rc = kvti_blkhash_update(h, r->buf, (size_t)r->len);
+    done++;
+    if (rc == 0 && cancel && atomic_load(cancel))
+      rc = KVT_ERR(KVT_ECANCELED, "read of %s cancelled", path);
   }
   int rc2 =
       kvti_iobatch_wait_all(b); /* nothing may land in dst after we return */
@@ -1112,6 +1132,12 @@ static int feed_blk(void *ctx, const void *data, size_t len) {
   return kvti_blkhash_update(ctx, data, len);
 }
 
+static int read_range_hashed(kvti_iobatch *b, int fd, char *dst, uint64_t off,
+                             uint64_t len, kvti_blkhash *h, const char *path) {
+  rseg one = {dst, off, len};
+  return read_segs_hashed(b, fd, &one, 1, h, NULL, path);
+}
+
 int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
                          const kvti_layer_meta *m,
                          const kvti_layer_read_opts *o) {
@@ -1286,7 +1312,34 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
       goto out;
     }
   }
-  for (size_t i = 0; i < hd.n; i++) {
+  if (!o->verify_only && !keep) {
+    /* The common case, a full read into the final buffers: every tensor of
+     * the file as one pipeline (tensors tile the data in offset order). */
+    rseg *sg = kvti_calloc(hd.n ? hd.n : 1, sizeof *sg);
+    size_t ns = 0;
+    if (!sg) {
+      rc = KVT_ERR_NOMEM();
+      goto out;
+    }
+    for (size_t i = 0; i < hd.n; i++) {
+      uint32_t j = 0;
+      while (slot[j] != &hd.tensors[i])
+        j++;
+      if (hd.tensors[i].nbytes)
+        sg[ns++] = (rseg){l.tensors[j].data, hd.tensors[i].offset,
+                          hd.tensors[i].nbytes};
+    }
+    if (o->cancel && atomic_load(o->cancel))
+      rc = KVT_ERR(KVT_ECANCELED, "read of %s cancelled", path);
+    else if (ns > 0 && (rc = kvti_iobatch_get(&eng, o->io_backend)) != 0)
+      eng = NULL;
+    else if (ns > 0)
+      rc = read_segs_hashed(eng, fd, sg, ns, h, o->cancel, path);
+    kvti_free(sg);
+    if (rc)
+      goto out;
+  }
+  for (size_t i = 0; (o->verify_only || keep) && i < hd.n; i++) {
     const kvti_st_tensor *ht = &hd.tensors[i];
     uint32_t j = 0;
     while (slot[j] != ht)

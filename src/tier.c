@@ -521,6 +521,28 @@ static char *absolute_dir(const char *dir) {
   return kvti_path_join(cwd, dir);
 }
 
+/* SQLite creates a new database (and then its -wal and -shm, which copy the
+ * database's mode) with 0644 minus the umask. Creating an empty index.db first
+ * with file_mode - an empty file is a valid empty database - gives the index
+ * the same permissions as the entry files. An existing index.db is left as it
+ * is (it may be shared with the reference on purpose). */
+static int precreate_db(const char *dir, uint32_t file_mode) {
+  char *p = kvti_path_join(dir, "index.db");
+  if (!p)
+    return KVT_ENOMEM;
+  int fd = kvti_open(p, O_RDWR | O_CREAT | O_EXCL, (mode_t)file_mode);
+  int rc = 0;
+  if (fd >= 0) {
+    if (kvti_io->chmod(p, (mode_t)file_mode) != 0)
+      rc = KVT_ERR_OS(errno, "chmod %s", p);
+    kvti_io->close(fd);
+  } else if (kvt_last_errno() != EEXIST) {
+    rc = fd;
+  }
+  kvti_free(p);
+  return rc;
+}
+
 int kvt_tier_open(kvt_tier **out, const kvt_options *opts) {
   if (!out)
     return KVT_ERR(KVT_EINVAL, "kvt_tier_open: out is NULL");
@@ -627,6 +649,8 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *opts) {
       goto fail;
     }
   }
+  if (!t->readonly && (rc = precreate_db(t->dir, opts->file_mode)) != 0)
+    goto fail;
   if ((rc = kvti_index_open(&t->idx, t->dir, t->data_dir, t->readonly)) != 0)
     goto fail;
   /* FSYNC durability covers the row too: the WAL is synced at each commit, so

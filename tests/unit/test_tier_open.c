@@ -90,6 +90,43 @@ static void test_permissions(void) {
   }
 }
 
+/* index.db (and the -wal/-shm SQLite derives from it) gets file_mode whatever
+ * the umask, like the entry files; an existing index.db keeps its mode. */
+static void test_index_mode(void) {
+  kvt_options o = t_opts("dbmode");
+  o.file_mode = 0600;
+  mode_t old = umask(022);
+  kvt_tier *t = NULL;
+  REQUIRE(kvt_tier_open(&t, &o) == 0);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  t_entry e = t_make(3, 8, 2, 4, 8);
+  CHECK_EQ_INT(t_spill(t, &e), 0);
+  CHECK_EQ_INT(kvt_tier_flush(t, -1), 0);
+  const char *names[3] = {"index.db", "index.db-wal", "index.db-shm"};
+  for (int i = 0; i < 3; i++) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", o.cache_dir, names[i]);
+    struct stat st;
+    if (stat(p, &st) != 0) {
+      CHECK(i > 0); /* index.db must exist; the others while open in WAL */
+      continue;
+    }
+    CHECK_EQ_INT(st.st_mode & 0777, 0600);
+  }
+  CHECK_EQ_INT(kvt_tier_close(t, -1), 0);
+  kvt_tier_free(t);
+  /* A database created by someone else keeps the mode they gave it. */
+  char db[4200];
+  snprintf(db, sizeof db, "%s/index.db", o.cache_dir);
+  CHECK_EQ_INT(chmod(db, 0640), 0);
+  REQUIRE(kvt_tier_open(&t, &o) == 0);
+  struct stat st;
+  CHECK(stat(db, &st) == 0 && (st.st_mode & 0777) == 0640);
+  kvt_tier_free(t);
+  umask(old);
+  t_free(&e);
+}
+
 static void test_second_writer(void) {
   kvt_options o = t_opts("busy");
   kvt_tier *a = t_open(&o);
@@ -303,6 +340,7 @@ static void test_reference_directory(void) {
 int main(void) {
   RUN(test_symlink_refused);
   RUN(test_permissions);
+  RUN(test_index_mode);
   RUN(test_second_writer);
   RUN(test_readonly_missing_dir);
   RUN(test_reference_directory);
