@@ -11,7 +11,8 @@
  * blocks it does not need lets it succeed while the full promote and
  * kvt_tier_verify still catch it; malformed block lists and block sizes are
  * KVT_ECORRUPT; format-1 entries (whole-file checksums) and reference entries
- * (no kvtier key) are still read, trimmed and full.
+ * (no kvtier key) are still read, trimmed and full; other block sizes (4 KiB
+ * to 64 MiB) are read; quantized layers trim all six tensors.
  */
 #include "testutil.h"
 #include "tier_testlib.h"
@@ -769,6 +770,139 @@ static void test_blkhash(void) {
   free(d);
 }
 
+/* Readers accept any power-of-two block size in [4 KiB, 64 MiB]: the entry's
+ * lists are recomputed here for 4 KiB and 1 MiB blocks (and the manifest
+ * resealed); full and trimmed reads return exactly the stored data, and a 4 KiB
+ * trim reads less than a 64 KiB one. */
+static void rewrite_blocks(const char *dir, uint32_t n_layers, uint64_t bs) {
+  cJSON *m = load_manifest(dir);
+  cJSON *kv = kvtier_key(m);
+  cJSON_ReplaceItemInObjectCaseSensitive(kv, "block_size",
+                                         cJSON_CreateNumber((double)bs));
+  for (uint32_t i = 0; i < n_layers; i++) {
+    char name[40];
+    snprintf(name, sizeof name, "layer_%u.safetensors", i);
+    char *lp = file_in(dir, name);
+    size_t n = 0;
+    char *d = kvt_test_read_file(lp, &n);
+    REQUIRE(d);
+    size_t nb = (n + bs - 1) / bs;
+    char *hex = malloc(16 * nb + 1);
+    for (size_t k = 0; k < nb; k++) {
+      size_t bl = n - k * bs < bs ? n - k * bs : (size_t)bs;
+      snprintf(hex + 16 * k, 17, "%016llx",
+               (unsigned long long)kvti_xxh3(d + k * bs, bl));
+    }
+    hex[16 * nb] = 0;
+    set_blocks_fixed(m, i, hex);
+    free(hex);
+    free(d);
+    free(lp);
+  }
+  store_manifest(dir, m, 1);
+  cJSON_Delete(m);
+}
+
+static void test_other_block_sizes(void) {
+  count_install();
+  kvt_options o = t_opts("blk-sizes");
+  kvt_tier *t = t_open(&o);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  enum { T = 1024, D = 64, KEEP = 100, L = 2 };
+  t_entry e = t_make(61, T, L, T, D);
+  REQUIRE(t_spill(t, &e) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  char *dir = t_entry_path(t, e.tokens, e.n_tokens, NULL);
+  kvt_entry *got = NULL;
+  uint64_t r0 = rd_now();
+  REQUIRE(kvt_tier_promote_trim(&got, t, e.tokens, e.n_tokens, KEEP, NULL) ==
+          0);
+  uint64_t rd64k = rd_now() - r0;
+  kvt_entry_free(got);
+  static const uint64_t sizes[] = {4096, 1u << 20, 64u << 20};
+  for (int k = 0; k < 3; k++) {
+    rewrite_blocks(dir, L, sizes[k]);
+    got = NULL;
+    r0 = rd_now();
+    REQUIRE(kvt_tier_promote_trim(&got, t, e.tokens, e.n_tokens, KEEP, NULL) ==
+            0);
+    uint64_t rd = rd_now() - r0;
+    CHECK(entry_rows_match(got, &e, KEEP));
+    kvt_entry_free(got);
+    if (sizes[k] == 4096)
+      CHECK(rd < rd64k);
+    got = NULL;
+    REQUIRE(kvt_tier_promote(&got, t, e.tokens, e.n_tokens, NULL) == 0);
+    CHECK(t_same(got, &e));
+    kvt_entry_free(got);
+  }
+  free(dir);
+  kvt_tier_free(t);
+  kvti_io_set(NULL);
+  t_free(&e);
+}
+
+/* Quantized KV layers trim all six tensors (packed rows of 64 bytes, scales
+ * and biases of 4 bytes: several heads' ranges share a block) through the
+ * verified blocks, reading less than the whole file. */
+static void test_quantized_blocks(void) {
+  count_install();
+  kvt_options o = t_opts("blk-quant");
+  kvt_tier *t = t_open(&o);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  enum { H = 2, T = 2048, D = 128, GS = 64, BITS = 4, KEEP = 500 };
+  kvt_rng r = {9};
+  int32_t *tokens = malloc(T * sizeof(int32_t));
+  for (int i = 0; i < T; i++)
+    tokens[i] = 3000 + i;
+  kvt_layer q;
+  kvt_layer_init(&q, KVT_LAYER_QUANTIZED_KV);
+  q.num_tensors = 6;
+  q.bits = BITS;
+  q.group_size = GS;
+  q.offset = T;
+  kvt_tensor qt[6];
+  memset(qt, 0, sizeof qt);
+  for (int k = 0; k < 6; k++) {
+    int packed = k % 3 == 0;
+    qt[k].dtype = packed ? KVT_DTYPE_U32 : KVT_DTYPE_F16;
+    qt[k].ndim = 4;
+    qt[k].shape[0] = 1;
+    qt[k].shape[1] = H;
+    qt[k].shape[2] = T;
+    qt[k].shape[3] = packed ? D * BITS / 32 : D / GS;
+    qt[k].nbytes =
+        (uint64_t)H * T * (uint64_t)qt[k].shape[3] * (packed ? 4 : 2);
+    qt[k].data = malloc(qt[k].nbytes);
+    kvt_rng_fill(&r, qt[k].data, qt[k].nbytes);
+    if (!packed)
+      for (uint64_t i = 0; i < qt[k].nbytes / 2; i++)
+        ((uint16_t *)qt[k].data)[i] &= 0xbfff;
+  }
+  q.tensors = qt;
+  REQUIRE(kvt_tier_spill(t, tokens, T, &q, 1, 1000) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  char *lp = t_entry_path(t, tokens, T, "layer_0.safetensors");
+  uint64_t fsz = file_size(lp);
+  free(lp);
+  kvt_entry *got = NULL;
+  uint64_t r0 = rd_now();
+  REQUIRE(kvt_tier_promote_trim(&got, t, tokens, T, KEEP, NULL) == 0);
+  uint64_t rd = rd_now() - r0;
+  const kvt_layer *l = kvt_entry_layer(got, 0);
+  CHECK_EQ_INT(l->kind, KVT_LAYER_QUANTIZED_KV);
+  CHECK_EQ_INT(l->offset, KEEP);
+  for (int k = 0; k < 6; k++)
+    CHECK(rows_match(&l->tensors[k], &qt[k], KEEP));
+  CHECK(rd < fsz * 3 / 4);
+  kvt_entry_free(got);
+  kvt_tier_free(t);
+  kvti_io_set(NULL);
+  for (int k = 0; k < 6; k++)
+    free(qt[k].data);
+  free(tokens);
+}
+
 int main(void) {
   RUN(test_blkhash);
   RUN(test_manifest_blocks);
@@ -776,5 +910,7 @@ int main(void) {
   RUN(test_trim_corruption);
   RUN(test_malformed_blocks);
   RUN(test_format1_and_reference);
+  RUN(test_other_block_sizes);
+  RUN(test_quantized_blocks);
   return kvt_test_done();
 }
