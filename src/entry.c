@@ -595,6 +595,8 @@ static int parse_blocks(manifest *m, const cJSON *kv, const char *where) {
   int rc = json_uint(&bs, kv, "block_size", KVTI_BLK_MAX, where);
   if (rc)
     return rc;
+  if (count_key(kv, "block_size") != 1)
+    return BAD("%s: duplicate kvtier block_size", where);
   if (!kvti_blk_size_ok(bs))
     return BAD("%s: kvtier block_size %llu is not a power of two in [%llu, "
                "%llu]",
