@@ -55,8 +55,8 @@ static const char *BENCH_HELP =
     "                      [1,8192,16] F32)\n"
     "                    quantized: llama3-8b shape, 4-bit quantized KV with\n"
     "                      group_size 64 (packed U32 + scales + biases)\n"
-    "  --entries N       entries to spill (default 8; --quick 6)\n"
-    "  --tokens N        tokens per entry (default 2048; --quick 256)\n"
+    "  --entries N       entries to spill (default 8; --quick 4)\n"
+    "  --tokens N        tokens per entry (default 2048; --quick 1024)\n"
     "  --dtype D         f16 (default), bf16 or f32\n"
     "  --storage M       native (default, lossless) or compat (what the\n"
     "                    reference writes and reads)\n"
@@ -542,8 +542,8 @@ int cmd_bench(int argc, char **argv) {
   c.no_disk = cli_flag_get(f, nf, "no-disk")->set;
   c.progress = !cli_flag_get(f, nf, "no-progress")->set;
   c.preset = "llama3-8b";
-  c.entries = c.quick ? 6 : 8;
-  c.tokens = c.quick ? 256 : 2048;
+  c.entries = c.quick ? 4 : 8;
+  c.tokens = c.quick ? 1024 : 2048; /* issue 7: entries of 1-8k tokens */
   c.dtype = KVT_DTYPE_F16;
   c.storage = KVT_STORAGE_NATIVE;
   c.durability = KVT_DURABILITY_FSYNC;
