@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import kvtier
-from conftest import Budget, kv_layer
+from conftest import ArraysLayer, Budget, kv_layer
 
 
 @pytest.fixture
@@ -35,6 +35,32 @@ def test_spill_promote_entry_object(tier, rng):
     assert tier.promote((9, 9)) is None
     assert tier.promote(toks + (5,), prefix=True).tokens == toks
     assert tier.stats()["ssd_hits"] == 2
+
+
+def test_promote_keep_trims_to_a_prefix(tier, rng):
+    toks = tuple(range(100, 140))
+    layer = kv_layer(rng, 40, np.float16)
+    tier.spill(toks, [layer, kv_layer(rng, 40, np.float16)], 4000)
+    tier.flush(30)
+    b = Budget()
+    e = tier.promote(toks, keep=10, reserve=b.reserve, release=b.release)
+    assert e.tokens == toks[:10] and len(e) == 2
+    assert b.reserved == 1000 and e.reserved_bytes == 1000  # 4000 * 10 / 40
+    assert e.layers[0]["keys"].shape[-2] == 10
+    assert np.array_equal(e.layers[0]["keys"], layer.keys[..., :10, :])
+    assert np.array_equal(e.layers[0]["values"], layer.values[..., :10, :])
+    # keep == len(tokens) is a plain promote; the stored entry is unchanged
+    assert tier.promote(toks, keep=40).tokens == toks
+    assert tier.promote(toks[:-1], keep=5) is None  # no entry for exactly these
+    with pytest.raises(ValueError):
+        tier.promote(toks, keep=41)
+    with pytest.raises(ValueError):
+        tier.promote(toks, keep=5, prefix=True)
+    arr = ArraysLayer([rng.standard_normal((1, 4)).astype(np.float32)])
+    tier.spill((7, 7, 7), [arr])
+    tier.flush(30)
+    with pytest.raises(NotImplementedError):
+        tier.promote((7, 7, 7), keep=1)
 
 
 def test_budget_refused_and_reserved_bytes(tier, rng):

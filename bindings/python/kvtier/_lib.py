@@ -502,6 +502,11 @@ kvt_tier_lookup_prefix = _proto("kvt_tier_lookup_prefix", c_int,
                                 [P(EntryInfo), c_void_p, PI32, c_size_t])
 kvt_tier_promote = _proto("kvt_tier_promote", c_int,
                           [P(c_void_p), c_void_p, PI32, c_size_t, P(PromoteOpts)])
+kvt_tier_promote_trim = _proto("kvt_tier_promote_trim", c_int,
+                               [P(c_void_p), c_void_p, PI32, c_size_t, c_size_t,
+                                P(PromoteOpts)])
+kvt_common_prefix = _proto("kvt_common_prefix", c_size_t,
+                           [PI32, c_size_t, PI32, c_size_t])
 kvt_tier_promote_async = _proto("kvt_tier_promote_async", c_int,
                                 [P(c_void_p), c_void_p, PI32, c_size_t,
                                  P(PromoteOpts)])

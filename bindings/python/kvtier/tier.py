@@ -238,18 +238,32 @@ class Tier:
     def promote(self, tokens: Sequence[int], *,
                 reserve: Optional[Callable[[int], bool]] = None,
                 release: Optional[Callable[[int], None]] = None,
-                prefix: bool = False, touch: bool = True) -> Optional[Entry]:
+                prefix: bool = False, touch: bool = True,
+                keep: Optional[int] = None) -> Optional[Entry]:
         """Reads an entry synchronously: None on a miss; BudgetRefused when
         reserve(memory_bytes) says no (nothing read); KvtierCorrupt /
         OSError when the data is bad (budget released, entry quarantined).
-        prefix=True promotes the longest stored prefix of tokens."""
+        prefix=True promotes the longest stored prefix of tokens.
+        keep=n promotes only the first n tokens of the entry stored for
+        exactly `tokens` (kvt_tier_promote_trim: KV and quantized KV layers;
+        only the blocks holding those rows are read). reserve then sees the
+        stored memory_bytes scaled by n / len(tokens). ValueError for n out
+        of range (or with prefix=True), KvtierUnsupported (a
+        NotImplementedError) for a layer that cannot be trimmed (arrays,
+        rotating KV)."""
         budget = _Budget(reserve, release)
         budget.opts.flags = ((L.PROMOTE_PREFIX if prefix else 0)
                              | (0 if touch else L.PROMOTE_NO_TOUCH))
         tok, n = tokens_arg(tokens)
         e = ctypes.c_void_p()
-        rc = L.kvt_tier_promote(ctypes.byref(e), self._h.ptr, tok, n,
-                                ctypes.byref(budget.opts))
+        if keep is None:
+            rc = L.kvt_tier_promote(ctypes.byref(e), self._h.ptr, tok, n,
+                                    ctypes.byref(budget.opts))
+        else:
+            if prefix:
+                raise ValueError("keep= and prefix=True cannot be combined")
+            rc = L.kvt_tier_promote_trim(ctypes.byref(e), self._h.ptr, tok, n,
+                                         int(keep), ctypes.byref(budget.opts))
         return self._finish(rc, budget, e)
 
     async def promote_async(self, tokens: Sequence[int], *,
