@@ -667,7 +667,17 @@ static void section_conc(const char *dir, int quick) {
     uint64_t cb = 0, hb = 0;
     bu_drop_cache_tree(data);
     double tc = run_threads(t, &w, nt, n, 0, 0, &cb, NULL);
-    double th = run_threads(t, &w, nt, n, 0, 0, &hb, NULL);
+    /* Warm: best of two passes (the first pass right after a cold one runs
+     * measurably slower here, as in section 1). */
+    double th = 0;
+    for (int pass = 0; pass < 2; pass++) {
+      uint64_t b = 0;
+      double d = run_threads(t, &w, nt, n, 0, 0, &b, NULL);
+      if (th == 0 || d < th) {
+        th = d;
+        hb = b;
+      }
+    }
     fprintf(out, "| sync promote | %d | %.2f | %.2f | %.2f | %.2f |\n", nt,
             cb / tc / 1e9, ratio(cb / tc, L.rd), hb / th / 1e9,
             ratio(hb / th, L.rb));
@@ -685,7 +695,15 @@ static void section_conc(const char *dir, int quick) {
     uint64_t cb = 0, hb = 0;
     bu_drop_cache_tree(data);
     double tc = run_async(t, &w, n, infl[i], &cb);
-    double th = run_async(t, &w, n, infl[i], &hb);
+    double th = 0;
+    for (int pass = 0; pass < 2; pass++) {
+      uint64_t b = 0;
+      double d = run_async(t, &w, n, infl[i], &b);
+      if (th == 0 || d < th) {
+        th = d;
+        hb = b;
+      }
+    }
     close_tier(t);
     fprintf(out,
             "| async promote (promote_threads %d) | %d | %.2f | %.2f | %.2f "
