@@ -834,6 +834,35 @@ KVT_API int kvt_layer_load(kvt_entry **out, const char *path,
 /** Frees memory kvtier allocated and handed over (JSON strings). */
 KVT_API void kvt_free(void *p);
 
+/* ---- kvtier's buffer pool -------------------------------------------------
+ * kvtier's own large buffers - the snapshot of a copy-mode spill, promoted
+ * tensors when kvt_promote_opts.alloc is NULL, the writer's staging - come
+ * from one process-wide pool of 4096-aligned buffers: a buffer kvtier is done
+ * with (kvt_entry_free, a written spill) stays mapped and is reused, because
+ * faulting fresh memory in runs at 1.5-2 GB/s on common VMs while a copy into
+ * resident memory runs at ~10 GB/s. At most `idle cap` bytes stay idle;
+ * beyond that the oldest are returned to the system. Default cap: 2 GiB but at
+ * most 1/8 of physical memory, or KVT_BUFPOOL_MB (MiB) from the environment at
+ * first use. Buffers handed out are not counted against the cap. All three
+ * calls are thread-safe and may be called at any time, with or without a tier
+ * open. */
+
+/** Sets the idle cap in bytes (0: keep nothing idle - every buffer is freed
+ *  when kvtier is done with it), freeing idle buffers beyond it now. An engine
+ *  serving 8k-token Llama-3-8B entries (1 GiB each) wants a cap above 1.2 GiB
+ *  for warm promotes at copy speed; one short of RAM wants it low. Returns 0
+ *  or KVT_ENOMEM (the pool could not be created). */
+KVT_API int kvt_buffers_set_idle_cap(uint64_t bytes);
+
+/** Frees every idle buffer now (e.g. when the engine is about to need the
+ *  memory). Buffers in use are not affected; the cap is unchanged. */
+KVT_API void kvt_buffers_trim(void);
+
+/** The pool's idle bytes, bytes handed out (in use) and idle cap; any pointer
+ *  may be NULL. Returns 0 or KVT_ENOMEM (the pool could not be created). */
+KVT_API int kvt_buffers_stats(uint64_t *idle_bytes, uint64_t *out_bytes,
+                              uint64_t *idle_cap);
+
 #ifdef __cplusplus
 }
 #endif

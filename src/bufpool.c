@@ -145,13 +145,23 @@ void kvti_bufpool_set_limit(kvti_bufpool *p, uint64_t limit) {
   pthread_mutex_unlock(&p->mu);
 }
 
+void kvti_bufpool_set_cap(kvti_bufpool *p, uint64_t max_cached) {
+  pthread_mutex_lock(&p->mu);
+  p->max_cached = max_cached;
+  node *victims = evict_locked(p, max_cached, 0);
+  pthread_mutex_unlock(&p->mu);
+  free_list(victims);
+}
+
 static pthread_once_t default_once = PTHREAD_ONCE_INIT;
 static kvti_bufpool *default_pool;
 
 static void default_init(void) {
-  /* Idle cap: 1 GiB (one 8k-token Llama-3-8B entry) but at most 1/8 of physical
-   * memory. */
-  uint64_t cap = (uint64_t)1 << 30;
+  /* Idle cap: 2 GiB (one 8k-token Llama-3-8B fp16 entry is 1 GiB of tensors
+   * plus up to 12.5% of size-class slack; at a 1 GiB cap its promotes were
+   * refaulted at 0.5-0.7 of fio's cached read, bench_scale) but at most 1/8 of
+   * physical memory. */
+  uint64_t cap = (uint64_t)2 << 30;
   long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
   if (pages > 0 && psz > 0 && (uint64_t)pages * (uint64_t)psz / 8 < cap)
     cap = (uint64_t)pages * (uint64_t)psz / 8;
@@ -284,4 +294,39 @@ void kvti_bufpool_get_stats(kvti_bufpool *p, kvti_bufpool_stats *out) {
   pthread_mutex_lock(&p->mu);
   *out = p->st;
   pthread_mutex_unlock(&p->mu);
+}
+
+/* ---- public API --------------------------------------------------------- */
+
+int kvt_buffers_set_idle_cap(uint64_t bytes) {
+  kvti_bufpool *p = kvti_bufpool_default();
+  if (!p)
+    return KVT_ERR_NOMEM();
+  kvti_bufpool_set_cap(p, bytes);
+  return 0;
+}
+
+void kvt_buffers_trim(void) {
+  kvti_bufpool *p = kvti_bufpool_default();
+  if (p)
+    kvti_bufpool_trim(p);
+}
+
+int kvt_buffers_stats(uint64_t *idle_bytes, uint64_t *out_bytes,
+                      uint64_t *idle_cap) {
+  kvti_bufpool *p = kvti_bufpool_default();
+  if (!p)
+    return KVT_ERR_NOMEM();
+  kvti_bufpool_stats st;
+  kvti_bufpool_get_stats(p, &st);
+  if (idle_bytes)
+    *idle_bytes = st.idle_bytes;
+  if (out_bytes)
+    *out_bytes = st.out_bytes;
+  if (idle_cap) {
+    pthread_mutex_lock(&p->mu);
+    *idle_cap = p->max_cached;
+    pthread_mutex_unlock(&p->mu);
+  }
+  return 0;
 }

@@ -57,9 +57,14 @@ void kvti_bufpool_retain(kvti_bufpool *p);
  * buffers to stay under it (they still succeed above it). */
 void kvti_bufpool_set_limit(kvti_bufpool *p, uint64_t limit);
 
-/* The process-wide pool used when no other is given (idle cap 256 MiB, or the
- * value of the environment variable KVT_BUFPOOL_MB read at first use). Never
- * released. */
+/* Changes the idle cap (0: keep nothing idle), freeing idle buffers beyond it
+ * now. */
+void kvti_bufpool_set_cap(kvti_bufpool *p, uint64_t max_cached);
+
+/* The process-wide pool used when no other is given (idle cap 2 GiB but at most
+ * 1/8 of physical memory, or the value of the environment variable
+ * KVT_BUFPOOL_MB read at first use; kvt_buffers_set_idle_cap changes it).
+ * Never released. */
 kvti_bufpool *kvti_bufpool_default(void);
 
 /* Capacity a request of n bytes is rounded up to (>= n, multiple of 4096, > 0).

@@ -115,3 +115,23 @@ def test_maintenance(tier, rng, cache_dir):
     assert removed >= 1 and len(tier) == 1
     assert "kvtier_" in tier.prometheus()
     assert tier.path == os.path.abspath(cache_dir)
+
+
+def test_buffers_pool_controls(tier, rng):
+    before = kvtier.buffers()
+    assert set(before) == {"idle_bytes", "out_bytes", "idle_cap"}
+    try:
+        assert kvtier.buffers(idle_cap=256 << 20)["idle_cap"] == 256 << 20
+        toks = tuple(range(2048))
+        tier.spill(toks, [kv_layer(rng, 2048, np.float16, heads=8, dim=128)])
+        tier.flush(30)
+        e = tier.promote(toks)
+        del e  # the entry's tensors go back to the pool
+        import gc
+        gc.collect()
+        assert kvtier.buffers()["idle_bytes"] >= 2 * 8 * 2048 * 128 * 2
+        assert kvtier.buffers(trim=True)["idle_bytes"] == 0
+        with pytest.raises(ValueError):
+            kvtier.buffers(idle_cap=-1)
+    finally:
+        kvtier.buffers(idle_cap=before["idle_cap"])

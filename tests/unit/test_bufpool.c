@@ -8,6 +8,7 @@
  */
 #include "testutil.h"
 #include "bufpool.h"
+#include "dtype.h"
 #include "error.h"
 #include "io.h"
 
@@ -185,6 +186,45 @@ static void test_lifetime(void) {
   kvti_bufpool_put(p, b, 20000); /* the last one destroys the pool */
 }
 
+/* kvt_buffers_*: the public face of the default pool. */
+static void test_public_api(void) {
+  uint64_t idle = 1, out = 1, cap = 0, cap0 = 0;
+  CHECK_EQ_INT(kvt_buffers_stats(NULL, NULL, &cap0), 0);
+  CHECK(cap0 > 0); /* the default keeps something idle */
+  CHECK_EQ_INT(kvt_buffers_stats(NULL, NULL, NULL), 0);
+  kvt_buffers_trim();
+  CHECK_EQ_INT(kvt_buffers_set_idle_cap(64u << 20), 0);
+  CHECK_EQ_INT(kvt_buffers_stats(&idle, &out, &cap), 0);
+  CHECK_EQ_INT(cap, 64u << 20);
+  CHECK_EQ_INT(idle, 0);
+  uint64_t out0 = out;
+  void *a = kvti_buf_alloc(8u << 20), *b = kvti_buf_alloc(8u << 20);
+  REQUIRE(a && b);
+  CHECK_EQ_INT(kvt_buffers_stats(&idle, &out, NULL), 0);
+  CHECK(out >= out0 + (16u << 20));
+  kvti_buf_free(a);
+  kvti_buf_free(b);
+  CHECK_EQ_INT(kvt_buffers_stats(&idle, &out, NULL), 0);
+  CHECK(idle >= 16u << 20); /* kept for reuse */
+  CHECK_EQ_INT(out, out0);
+  /* a lower cap frees the excess at once */
+  CHECK_EQ_INT(kvt_buffers_set_idle_cap(9u << 20), 0);
+  CHECK_EQ_INT(kvt_buffers_stats(&idle, NULL, NULL), 0);
+  CHECK(idle <= 9u << 20 && idle > 0);
+  kvt_buffers_trim();
+  CHECK_EQ_INT(kvt_buffers_stats(&idle, NULL, &cap), 0);
+  CHECK_EQ_INT(idle, 0);
+  CHECK_EQ_INT(cap, 9u << 20); /* trim keeps the cap */
+  /* cap 0: nothing stays idle */
+  CHECK_EQ_INT(kvt_buffers_set_idle_cap(0), 0);
+  a = kvti_buf_alloc(4u << 20);
+  REQUIRE(a);
+  kvti_buf_free(a);
+  CHECK_EQ_INT(kvt_buffers_stats(&idle, NULL, NULL), 0);
+  CHECK_EQ_INT(idle, 0);
+  CHECK_EQ_INT(kvt_buffers_set_idle_cap(cap0), 0);
+}
+
 static void test_default_pool(void) {
   kvti_bufpool *d = kvti_bufpool_default();
   REQUIRE(d);
@@ -206,5 +246,6 @@ int main(void) {
   RUN(test_create_failure);
   RUN(test_lifetime);
   RUN(test_default_pool);
+  RUN(test_public_api);
   return kvt_test_done();
 }

@@ -505,6 +505,12 @@ kvt_tier_promote = _proto("kvt_tier_promote", c_int,
 kvt_tier_promote_trim = _proto("kvt_tier_promote_trim", c_int,
                                [P(c_void_p), c_void_p, PI32, c_size_t, c_size_t,
                                 P(PromoteOpts)])
+kvt_buffers_set_idle_cap = _proto("kvt_buffers_set_idle_cap", c_int,
+                                  [ctypes.c_uint64])
+kvt_buffers_trim = _proto("kvt_buffers_trim", None, [])
+kvt_buffers_stats = _proto("kvt_buffers_stats", c_int,
+                           [P(ctypes.c_uint64), P(ctypes.c_uint64),
+                            P(ctypes.c_uint64)])
 kvt_common_prefix = _proto("kvt_common_prefix", c_size_t,
                            [PI32, c_size_t, PI32, c_size_t])
 kvt_tier_promote_async = _proto("kvt_tier_promote_async", c_int,
