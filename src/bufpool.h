@@ -47,8 +47,10 @@ typedef struct kvti_bufpool_stats {
 /* Creates a pool keeping at most max_cached idle bytes (0: keep none - every
  * put frees). Returns 0 and *out, or KVT_ENOMEM. */
 int kvti_bufpool_create(kvti_bufpool **out, uint64_t max_cached);
-/* Drops the creator's reference (accepts NULL). Idle buffers are freed now; the
- * pool itself when the last outstanding buffer comes back. */
+/* Drops a reference (the creator's or one taken with kvti_bufpool_retain;
+ * accepts NULL). When it was the last one, idle buffers are freed now and the
+ * pool itself when the last outstanding buffer comes back; otherwise nothing
+ * else changes. */
 void kvti_bufpool_release(kvti_bufpool *p);
 /* Adds a reference (for an object that will call kvti_bufpool_release later).
  */

@@ -186,6 +186,32 @@ static void test_lifetime(void) {
   kvti_bufpool_put(p, b, 20000); /* the last one destroys the pool */
 }
 
+/* Regression: releasing a retained reference (what every write group does when
+ * an entry is written) must not empty the pool - only the last release frees
+ * idle buffers. Before the fix every written entry dropped the pool's idle
+ * buffers and the next spill's copy paid page faults on half its pages. */
+static void test_retain_release_keeps_idle(void) {
+  kvti_bufpool *p = NULL;
+  CHECK_EQ_INT(kvti_bufpool_create(&p, 8u << 20), 0);
+  void *a = kvti_bufpool_get(p, 1u << 20, NULL);
+  REQUIRE(a);
+  kvti_bufpool_put(p, a, 1u << 20);
+  kvti_bufpool_stats st;
+  kvti_bufpool_get_stats(p, &st);
+  CHECK_EQ_INT(st.idle_bytes, 1u << 20);
+  for (int i = 0; i < 3; i++) { /* three write groups come and go */
+    kvti_bufpool_retain(p);
+    kvti_bufpool_release(p);
+  }
+  kvti_bufpool_get_stats(p, &st);
+  CHECK_EQ_INT(st.idle_bytes, 1u << 20);
+  CHECK_EQ_INT(st.frees, 0);
+  void *b = kvti_bufpool_get(p, 1u << 20, NULL);
+  CHECK(b == a); /* reused, not refaulted */
+  kvti_bufpool_put(p, b, 1u << 20);
+  kvti_bufpool_release(p); /* the creator's, the last: frees and destroys */
+}
+
 /* kvt_buffers_*: the public face of the default pool. */
 static void test_public_api(void) {
   uint64_t idle = 1, out = 1, cap = 0, cap0 = 0;
@@ -245,6 +271,7 @@ int main(void) {
   RUN(test_alloc_failures);
   RUN(test_create_failure);
   RUN(test_lifetime);
+  RUN(test_retain_release_keeps_idle);
   RUN(test_default_pool);
   RUN(test_public_api);
   return kvt_test_done();
