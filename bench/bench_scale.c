@@ -333,8 +333,9 @@ static void section_size(const char *dir, const size_t *toks, int ntoks,
       cb += promote_one(t, w.tokens, T);
     }
     double tc = bu_now() - t0;
-    /* Warm: the cold pass left the pages cached; best of two passes (the
-     * first pass right after a cold one runs measurably slower here). */
+    /* Warm: the page cache made hot first (cold promotes read with O_DIRECT
+     * and leave nothing cached); best of two passes. */
+    bu_warm_cache_tree(data);
     double th = 0;
     uint64_t hb = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -678,8 +679,9 @@ static void section_conc(const char *dir, int quick) {
     uint64_t cb = 0, hb = 0;
     bu_drop_cache_tree(data);
     double tc = run_threads(t, &w, nt, n, 0, 0, &cb, NULL, NULL);
-    /* Warm: best of two passes (the first pass right after a cold one runs
-     * measurably slower here, as in section 1). */
+    /* Warm: page cache made hot first, as in section 1; best of two passes.
+     */
+    bu_warm_cache_tree(data);
     double th = 0;
     for (int pass = 0; pass < 2; pass++) {
       uint64_t b = 0;
@@ -706,6 +708,7 @@ static void section_conc(const char *dir, int quick) {
     uint64_t cb = 0, hb = 0;
     bu_drop_cache_tree(data);
     double tc = run_async(t, &w, n, infl[i], &cb);
+    bu_warm_cache_tree(data);
     double th = 0;
     for (int pass = 0; pass < 2; pass++) {
       uint64_t b = 0;

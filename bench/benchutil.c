@@ -91,7 +91,19 @@ int bu_drop_cache(const char *path) {
   return rc == 0 ? 0 : -1;
 }
 
-static void drop_rec(const char *dir, int depth) {
+/* Reads a whole file into a scratch buffer: its pages end up in the page
+ * cache. */
+static void warm_file(const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return;
+  static char buf[1 << 20];
+  while (read(fd, buf, sizeof buf) > 0) {
+  }
+  close(fd);
+}
+
+static void drop_rec(const char *dir, int depth, int warm) {
   DIR *d = opendir(dir);
   if (!d)
     return;
@@ -104,17 +116,25 @@ static void drop_rec(const char *dir, int depth) {
     struct stat st;
     if (lstat(p, &st) != 0)
       continue;
-    if (S_ISREG(st.st_mode))
-      bu_drop_cache(p);
-    else if (S_ISDIR(st.st_mode) && depth < 3)
-      drop_rec(p, depth + 1);
+    if (S_ISREG(st.st_mode)) {
+      if (warm)
+        warm_file(p);
+      else
+        bu_drop_cache(p);
+    } else if (S_ISDIR(st.st_mode) && depth < 3) {
+      drop_rec(p, depth + 1, warm);
+    }
   }
   closedir(d);
 }
 
 int bu_drop_cache_tree(const char *dir) {
-  drop_rec(dir, 0);
+  drop_rec(dir, 0, 0);
   return 0;
+}
+
+void bu_warm_cache_tree(const char *dir) {
+  drop_rec(dir, 0, 1);
 }
 
 static uint64_t status_kb(const char *key) {

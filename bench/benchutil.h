@@ -36,6 +36,10 @@ int bu_drop_cache(const char *path);
 /* Same for every regular file below dir (one level of subdirectories, as in
  * data/<hash>/). */
 int bu_drop_cache_tree(const char *dir);
+/* The reverse: reads every regular file below dir, so its pages are cached
+ * (kvtier reads cold files with O_DIRECT, which caches nothing: a warm-promote
+ * measurement has to put the pages there first). */
+void bu_warm_cache_tree(const char *dir);
 
 uint64_t bu_rss(void);      /* VmRSS, bytes */
 uint64_t bu_peak_rss(void); /* VmHWM, bytes */

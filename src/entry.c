@@ -1065,7 +1065,8 @@ int kvti_entry_reader_read_layer(kvti_entry_reader *r, uint32_t i,
       r->o.keep_tokens,
       r->m.block_size,
       r->m.block_size ? r->m.blk_all + r->m.blk_off[i] : NULL,
-      r->m.block_size ? r->m.blk_off[i + 1] - r->m.blk_off[i] : 0};
+      r->m.block_size ? r->m.blk_off[i + 1] - r->m.blk_off[i] : 0,
+      r->o.page_cache};
   int rc = kvti_layer_read_file(&r->e->layers[i], &r->layer_bytes[i], lp,
                                 &r->m.metas[i], &lo);
   kvti_free(lp);

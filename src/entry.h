@@ -96,6 +96,7 @@ typedef struct kvti_read_opts {
    * tokens[0, keep_tokens), is named by their hash, and its memory_bytes is
    * scaled by keep_tokens / num_tokens. 0: everything. */
   uint64_t keep_tokens;
+  int page_cache; /* 1: never O_DIRECT (kvti_layer_read_opts.page_cache) */
 } kvti_read_opts;
 
 /* Reads and fully validates data_dir/<hash>. Returns 0 and *out; KVT_ENOTFOUND

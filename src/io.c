@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #if KVT_HAVE_URING
 #include <liburing.h>
@@ -80,6 +81,62 @@ static int d_rename_exchange(const char *a, const char *b) {
 #endif
 }
 
+/* Residency: cachestat(2) (Linux 6.5+, no mapping needed) when the kernel has
+ * it, else mmap + mincore (every POSIX system; maps without touching pages). */
+#ifndef KVTI_SYS_CACHESTAT
+#define KVTI_SYS_CACHESTAT 451 /* same number on every Linux architecture */
+#endif
+static int d_resident(int fd, uint64_t len, uint64_t *bytes) {
+  long pg = sysconf(_SC_PAGESIZE);
+  if (pg <= 0)
+    pg = 4096;
+  *bytes = 0;
+  if (len == 0)
+    return 0;
+#if defined(__linux__)
+  static int no_cachestat; /* benign race: every thread learns the same */
+  if (!__atomic_load_n(&no_cachestat, __ATOMIC_RELAXED)) {
+    struct {
+      uint64_t off, len;
+    } range = {0, len};
+    struct {
+      uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted,
+          nr_recently_evicted;
+    } cs;
+    memset(&cs, 0, sizeof cs);
+    if (syscall(KVTI_SYS_CACHESTAT, fd, &range, &cs, 0) == 0) {
+      *bytes = cs.nr_cache * (uint64_t)pg;
+      return 0;
+    }
+    if (errno != ENOSYS)
+      return errno;
+    __atomic_store_n(&no_cachestat, 1, __ATOMIC_RELAXED);
+  }
+#endif
+  if (len > (uint64_t)SIZE_MAX / 2)
+    return EFBIG;
+  void *m = mmap(NULL, (size_t)len, PROT_READ, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED)
+    return errno;
+  size_t np = (size_t)((len + (uint64_t)pg - 1) / (uint64_t)pg);
+  /* mincore's vector is unsigned char on Linux, char on macOS: 1 byte/page. */
+  unsigned char vec_small[1024];
+  unsigned char *vec = np <= sizeof vec_small ? vec_small : malloc(np);
+  int e = 0;
+  if (!vec)
+    e = ENOMEM;
+  else if (mincore(m, (size_t)len, (void *)vec) != 0)
+    e = errno;
+  else
+    for (size_t i = 0; i < np; i++)
+      if (vec[i] & 1)
+        *bytes += (uint64_t)pg;
+  if (vec != vec_small)
+    free(vec);
+  munmap(m, (size_t)len);
+  return e;
+}
+
 const kvti_io_ops kvti_io_default = {
     .open = d_open,
     .close = close,
@@ -112,6 +169,7 @@ const kvti_io_ops kvti_io_default = {
     .uring_submit = d_uring_submit,
     .uring_result = d_uring_result,
 #endif
+    .resident = d_resident,
 };
 
 const kvti_io_ops *kvti_io = &kvti_io_default;

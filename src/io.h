@@ -64,6 +64,13 @@ typedef struct kvti_io_ops {
   int (*uring_setup)(unsigned entries, void *ring, unsigned flags);
   int (*uring_submit)(void *ring, unsigned wait_nr);
   int (*uring_result)(int is_write, int fd, uint64_t off, size_t len, int res);
+  /* Page-cache residency of the first len bytes of an open file: *bytes
+   * receives how many of them are cached (a page-granular count, so it may
+   * exceed len by less than a page). 0 or an errno value (ENOSYS: unknown).
+   * The reader uses it to choose O_DIRECT for cold files and the page cache for
+   * warm ones. Default: cachestat(2) on Linux >= 6.5, else mmap + mincore. NULL:
+   * unknown (the reader then keeps to the page cache). */
+  int (*resident)(int fd, uint64_t len, uint64_t *bytes);
 } kvti_io_ops;
 
 /* The table in force. Tests swap it with kvti_io_set (not thread-safe: set

@@ -38,7 +38,17 @@ typedef struct kvti_layer_out {
   kvt_tensor *tensors; /* data points into the caller's layer or into owned[] */
   void **owned;        /* converted buffers (kvti_buf_alloc), or NULL entries */
   char *meta_json;     /* the layer's manifest object, json.dumps style */
+  /* Data alignment of the file: 0 = the safetensors package's 8 (compat mode
+   * stays byte-identical to the reference); KVTI_DATA_ALIGN in native mode. */
+  uint32_t data_align;
 } kvti_layer_out;
+
+/* Native-mode layer files pad their header so tensor data starts at a
+ * multiple of this: reads of aligned tensors can then use O_DIRECT. */
+#define KVTI_DATA_ALIGN 4096u
+/* ... when the file holds at least this many bytes of tensors (smaller files
+ * are read through the page cache anyway). */
+#define KVTI_DATA_ALIGN_MIN ((uint64_t)1 << 20)
 
 /* Plans layer idx for mode. entry_has_quant: some layer of the entry is
  * quantized (the reference then casts every bf16 KV layer to F16). With
@@ -122,6 +132,9 @@ typedef struct kvti_layer_read_opts {
   uint64_t block_size;
   const uint64_t *blocks;
   size_t n_blocks;
+  /* 1: read through the page cache even when the file is cold (never
+   * O_DIRECT), leaving the pages cached for a next read. */
+  int page_cache;
 } kvti_layer_read_opts;
 
 /* Reads the layer file at path described by m into out (tensors and orig_dtypes

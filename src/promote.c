@@ -93,6 +93,7 @@ static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
   ro.io_backend = t->opts.io_backend;
   ro.keep_tokens = keep; /* trimmed promote (local entries only: see begin) */
   if (o) {
+    ro.page_cache = (o->flags & KVT_PROMOTE_PAGE_CACHE) != 0;
     ro.alloc = o->alloc;
     ro.free_buf = o->free_buf;
     ro.alloc_ctx = o->alloc_ctx;
@@ -235,7 +236,8 @@ static int check_args(const void *out, kvt_tier *t, const int32_t *tokens,
   if (o && o->version != KVT_PROMOTE_OPTS_VERSION)
     return KVT_ERR(KVT_EINVAL, "kvt_promote_opts version must be %u, got %u",
                    KVT_PROMOTE_OPTS_VERSION, o->version);
-  if (o && o->flags & ~(KVT_PROMOTE_PREFIX | KVT_PROMOTE_NO_TOUCH))
+  if (o && o->flags & ~(KVT_PROMOTE_PREFIX | KVT_PROMOTE_NO_TOUCH |
+                        KVT_PROMOTE_PAGE_CACHE))
     return KVT_ERR(KVT_EINVAL, "promote flags has unknown bits 0x%x", o->flags);
   if (o && o->reserve && !o->release)
     return KVT_ERR(KVT_EINVAL, "promote: reserve given without release");

@@ -662,6 +662,24 @@ out:
   return rc;
 }
 
+int kvti_st_pad_header(char **hdr, size_t *hdr_len, size_t align) {
+  if (align < 8 || (align & (align - 1)) != 0 || *hdr_len < 8)
+    return KVT_ERR(KVT_EINVAL, "bad header alignment %zu", align);
+  size_t want = (*hdr_len + align - 1) & ~(align - 1);
+  if (want == *hdr_len)
+    return 0;
+  char *p = kvti_realloc(*hdr, want);
+  if (!p)
+    return KVT_ERR_NOMEM();
+  memset(p + *hdr_len, ' ', want - *hdr_len);
+  uint64_t hl = want - 8;
+  for (int i = 0; i < 8; i++)
+    p[i] = (char)((hl >> (8 * i)) & 0xffu);
+  *hdr = p;
+  *hdr_len = want;
+  return 0;
+}
+
 uint64_t kvti_st_file_size(const kvti_st_item *items, size_t n,
                            const char *const *meta, size_t n_meta) {
   size_t *order = kvti_calloc(n ? n : 1, sizeof *order);

@@ -91,6 +91,14 @@ int kvti_st_build_header(char **hdr, size_t *hdr_len, size_t *order,
                          const kvti_st_item *items, size_t n,
                          const char *const *meta, size_t n_meta);
 
+/* Re-pads a header built by kvti_st_build_header with spaces so that the data
+ * starts at a multiple of align (a power of two >= 8; the safetensors format
+ * allows any amount of trailing header whitespace). kvtier's native mode uses
+ * 4096 so tensor data sits at block-aligned file offsets and can be read with
+ * O_DIRECT straight into aligned buffers. Returns 0, KVT_EINVAL, KVT_ENOMEM
+ * (the header is unchanged on failure). */
+int kvti_st_pad_header(char **hdr, size_t *hdr_len, size_t align);
+
 /* Writes a complete safetensors file to fd at offset 0 (header then data,
  * pwrite through the I/O seam), hashing every byte as it is written. *size and
  * *xxh3 receive the file size and the XXH3-64 of the whole file (either may be
