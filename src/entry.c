@@ -1214,6 +1214,30 @@ static void *rd_worker(void *arg) {
   }
 }
 
+/* Starts reading the head of every layer file (its safetensors header) into
+ * the page cache at once, asynchronously (fadvise WILLNEED). Each layer read
+ * begins with a small synchronous header read; on a busy disk it waits behind
+ * the other reader thread's megabytes in flight (measured: 5.9 ms on average,
+ * up to 18 ms, per 16 MiB layer file, time in which that thread had nothing in
+ * flight). Prefetched together, the headers are in memory by the time each
+ * thread reaches them. Best effort: nothing here can fail the read. */
+#define HEADER_PREFETCH ((off_t)64 << 10)
+static void prefetch_headers(const kvti_entry_reader *r) {
+  if (!kvti_io->fadvise)
+    return;
+  for (uint32_t i = 0; i < r->m.num_layers; i++) {
+    char name[40];
+    snprintf(name, sizeof name, "layer_%u.safetensors", i);
+    char *lp = kvti_path_join(r->m.dir, name);
+    int fd = lp ? kvti_io->open(lp, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0) : -1;
+    if (fd >= 0) {
+      kvti_io->fadvise(fd, 0, HEADER_PREFETCH, POSIX_FADV_WILLNEED);
+      kvti_io->close(fd);
+    }
+    kvti_free(lp);
+  }
+}
+
 static int read_layers(kvti_entry_reader *r, const kvti_read_opts *o,
                        const char *hash, int *reported) {
   rd_job j;
@@ -1226,6 +1250,8 @@ static int read_layers(kvti_entry_reader *r, const kvti_read_opts *o,
     return KVT_ERR_NOMEM();
   pthread_mutex_init(&j.mu, NULL);
   unsigned nthreads = r->m.num_layers >= 4 ? read_threads() : 1;
+  if (nthreads > 1 && !o->verify_only)
+    prefetch_headers(r);
   pthread_t th[MAX_READ_THREADS];
   unsigned started = 0;
   for (unsigned t = 1; t < nthreads; t++)
