@@ -99,75 +99,7 @@ static double pct(double *v, size_t n, double q) {
 
 /* ------------------------------------------------------------ workload */
 
-typedef struct workload {
-  int32_t *tokens;
-  size_t n_tokens;
-  kvt_layer *layers;
-  uint32_t n_layers;
-  uint64_t bytes; /* tensor bytes */
-} workload;
-
-static void fill(void *p, uint64_t n, uint64_t seed) {
-  uint64_t *q = p;
-  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (uint64_t i = 0; i < n / 8; i++) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    q[i] = x;
-  }
-}
-
-/* n_layers KV layers of F16 keys/values [1, heads, T, dim], seeded data
- * (touched: an engine's KV cache is resident). */
-static void make_workload(workload *w, uint32_t n_layers, int64_t heads,
-                          size_t n_tokens, int64_t dim) {
-  memset(w, 0, sizeof *w);
-  w->n_tokens = n_tokens;
-  w->tokens = malloc(n_tokens * sizeof(int32_t));
-  w->layers = calloc(n_layers, sizeof(kvt_layer));
-  if (!w->tokens || !w->layers)
-    abort();
-  for (size_t i = 0; i < n_tokens; i++)
-    w->tokens[i] = (int32_t)((i * 2654435761u + 7u) % 128000u);
-  w->n_layers = n_layers;
-  for (uint32_t i = 0; i < n_layers; i++) {
-    kvt_layer *l = &w->layers[i];
-    kvt_layer_init(l, KVT_LAYER_KV);
-    l->num_tensors = 2;
-    l->tensors = calloc(2, sizeof(kvt_tensor));
-    if (!l->tensors)
-      abort();
-    l->offset = (int64_t)n_tokens;
-    for (uint32_t j = 0; j < 2; j++) {
-      kvt_tensor *t = &l->tensors[j];
-      t->dtype = KVT_DTYPE_F16;
-      t->ndim = 4;
-      t->shape[0] = 1;
-      t->shape[1] = heads;
-      t->shape[2] = (int64_t)n_tokens;
-      t->shape[3] = dim;
-      t->nbytes = 2u * (uint64_t)heads * n_tokens * (uint64_t)dim;
-      void *p = NULL;
-      if (posix_memalign(&p, 4096, t->nbytes))
-        abort();
-      fill(p, t->nbytes, i * 2 + j + 1);
-      t->data = p;
-      w->bytes += t->nbytes;
-    }
-  }
-}
-
-static void free_workload(workload *w) {
-  for (uint32_t i = 0; i < w->n_layers; i++) {
-    for (uint32_t j = 0; j < w->layers[i].num_tensors; j++)
-      free(w->layers[i].tensors[j].data);
-    free(w->layers[i].tensors);
-  }
-  free(w->layers);
-  free(w->tokens);
-  memset(w, 0, sizeof *w);
-}
+typedef bu_workload workload;
 
 /* Entry k's tokens: the workload's, with the first token made unique. */
 static void salt(int32_t *tok, int k) {
@@ -311,7 +243,7 @@ static void section_size(const char *dir, const size_t *toks, int ntoks,
   for (int ti = 0; ti < ntoks && ti < 16; ti++) {
     size_t T = toks[ti];
     workload w;
-    make_workload(&w, 32, 8, T, 128);
+    bu_workload_make(&w, 32, 0, KVT_DTYPE_F16, 8, T, 128, 7);
     int n = T >= 4096 ? 2 : T >= 1024 ? 4 : 8;
     if (quick)
       n = T >= 1024 ? 2 : 4;
@@ -373,7 +305,7 @@ static void section_size(const char *dir, const size_t *toks, int ntoks,
     }
     mib[nf++] = m;
     fflush(out);
-    free_workload(&w);
+    bu_workload_free(&w);
   }
   if (nf >= 2) {
     fprintf(out, "\nFit ms/entry = fixed + per-MiB x MiB over the sizes "
@@ -409,7 +341,7 @@ static void section_count(const char *dir, const size_t *counts, int ncounts,
    * tensors, 3 files): 10,000 of them take ~0.7 GiB of disk. */
   const size_t T = 64;
   workload w;
-  make_workload(&w, 2, 1, T, 128);
+  bu_workload_make(&w, 2, 0, KVT_DTYPE_F16, 1, T, 128, 7);
   fprintf(out,
           "\n## 2. Entry count: entries of %zu tokens, 2 KV layers [1,1,%zu,"
           "128] F16 (%.0f KiB); filled with durability NONE, measured with "
@@ -522,7 +454,7 @@ static void section_count(const char *dir, const size_t *counts, int ncounts,
   }
   free(lat);
   free(longer);
-  free_workload(&w);
+  bu_workload_free(&w);
   kvt_test_rmtree(cache);
   sync(); /* no writeback of the NONE fill left to disturb the next section */
 }
@@ -648,7 +580,7 @@ static void section_conc(const char *dir, int quick) {
   const size_t T = 1024;
   const int n = quick ? 4 : 8; /* distinct entries */
   workload w;
-  make_workload(&w, 32, 8, T, 128);
+  bu_workload_make(&w, 32, 0, KVT_DTYPE_F16, 8, T, 128, 7);
   limits L;
   measure_limits(&L, dir, quick ? (256ull << 20) : (512ull << 20));
   char cache[4096], data[4200];
@@ -769,7 +701,7 @@ static void section_conc(const char *dir, int quick) {
     fflush(out);
   }
   kvt_test_rmtree(cache);
-  free_workload(&w);
+  bu_workload_free(&w);
 }
 
 /* ------------------------------------------------------------ main */

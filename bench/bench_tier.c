@@ -46,13 +46,7 @@ typedef struct model {
   kvt_dtype dtype;
 } model;
 
-typedef struct workload {
-  int32_t *tokens;
-  size_t n_tokens;
-  kvt_layer *layers;
-  uint32_t n_layers;
-  uint64_t bytes; /* tensor bytes */
-} workload;
+typedef bu_workload workload;
 
 /* Seconds to memcpy every tensor of w into dst (the producer-cost baseline). */
 static double timed_memcpy(char *dst, const workload *w) {
@@ -63,78 +57,6 @@ static double timed_memcpy(char *dst, const workload *w) {
       dst += w->layers[i].tensors[j].nbytes;
     }
   return bu_now() - t0;
-}
-
-static void fill(void *p, uint64_t n, uint64_t seed) {
-  uint64_t *q = p;
-  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (uint64_t i = 0; i < n / 8; i++) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    q[i] = x;
-  }
-}
-
-static void tensor(kvt_tensor *t, kvt_dtype dt, uint32_t ndim,
-                   const int64_t *shape, uint64_t seed) {
-  memset(t, 0, sizeof *t);
-  t->dtype = dt;
-  t->ndim = ndim;
-  uint64_t n = kvt_dtype_size(dt);
-  for (uint32_t i = 0; i < ndim; i++) {
-    t->shape[i] = shape[i];
-    n *= (uint64_t)shape[i];
-  }
-  t->nbytes = n;
-  void *p = NULL;
-  if (posix_memalign(&p, 4096, n ? n : 1) != 0)
-    abort();
-  fill(p, n, seed); /* touched: the caller's KV cache is resident */
-  t->data = p;
-}
-
-static void make_workload(workload *w, const model *m, size_t n_tokens,
-                          int32_t salt) {
-  memset(w, 0, sizeof *w);
-  w->n_tokens = n_tokens;
-  w->tokens = malloc(n_tokens * sizeof(int32_t));
-  for (size_t i = 0; i < n_tokens; i++)
-    w->tokens[i] = (int32_t)((i * 2654435761u + (uint32_t)salt) % 128000u);
-  w->n_layers = m->n_layers;
-  w->layers = calloc(m->n_layers, sizeof(kvt_layer));
-  for (uint32_t i = 0; i < m->n_layers; i++) {
-    kvt_layer *l = &w->layers[i];
-    if (!m->hybrid || i % 4 == 3) {
-      kvt_layer_init(l, KVT_LAYER_KV);
-      l->num_tensors = 2;
-      l->tensors = calloc(2, sizeof(kvt_tensor));
-      int64_t sh[4] = {1, 8, (int64_t)n_tokens, 128};
-      tensor(&l->tensors[0], m->dtype, 4, sh, i * 2 + 1);
-      tensor(&l->tensors[1], m->dtype, 4, sh, i * 2 + 2);
-      l->offset = (int64_t)n_tokens;
-    } else {
-      kvt_layer_init(l, KVT_LAYER_ARRAYS);
-      l->num_tensors = 2;
-      l->tensors = calloc(2, sizeof(kvt_tensor));
-      int64_t conv[3] = {1, 3, 8192};
-      int64_t ssm[4] = {1, 64, 128, 128};
-      tensor(&l->tensors[0], m->dtype, 3, conv, i * 2 + 1);
-      tensor(&l->tensors[1], KVT_DTYPE_F32, 4, ssm, i * 2 + 2);
-    }
-    for (uint32_t j = 0; j < l->num_tensors; j++)
-      w->bytes += l->tensors[j].nbytes;
-  }
-}
-
-static void free_workload(workload *w) {
-  for (uint32_t i = 0; i < w->n_layers; i++) {
-    for (uint32_t j = 0; j < w->layers[i].num_tensors; j++)
-      free(w->layers[i].tensors[j].data);
-    free(w->layers[i].tensors);
-  }
-  free(w->layers);
-  free(w->tokens);
 }
 
 /* ------------------------------------------------------------ limits */
@@ -642,7 +564,8 @@ int main(int argc, char **argv) {
       if (model_filter && !strstr(models[mi].name, model_filter))
         continue;
       workload w;
-      make_workload(&w, &models[mi], toks[ti], mi * 1000 + ti);
+      bu_workload_make(&w, models[mi].n_layers, models[mi].hybrid,
+                       models[mi].dtype, 8, toks[ti], 128, mi * 1000 + ti);
       /* Rounds: each measures the limits (fio, memcpy) right before kvtier's
        * figures, so a ratio pairs measurements taken close together; the report
        * gives the medians of the values, of the limits and of the per-round
@@ -702,7 +625,7 @@ int main(int argc, char **argv) {
                   (double)qb / (1 << 20), "MiB",
                   "spill_queue_bytes (target: + small constant)", 1.25, 0);
       }
-      free_workload(&w);
+      bu_workload_free(&w);
     }
   }
   kvt_test_rmtree(dir);

@@ -251,3 +251,81 @@ double bu_max(const double *v, int n) {
       m = v[i];
   return m;
 }
+
+/* ---- workloads ---------------------------------------------------------- */
+
+static void fill(void *p, uint64_t n, uint64_t seed) {
+  uint64_t *q = p;
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (uint64_t i = 0; i < n / 8; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    q[i] = x;
+  }
+}
+
+static void tensor(kvt_tensor *t, kvt_dtype dt, uint32_t ndim,
+                   const int64_t *shape, uint64_t seed) {
+  memset(t, 0, sizeof *t);
+  t->dtype = dt;
+  t->ndim = ndim;
+  uint64_t n = kvt_dtype_size(dt);
+  for (uint32_t i = 0; i < ndim; i++) {
+    t->shape[i] = shape[i];
+    n *= (uint64_t)shape[i];
+  }
+  t->nbytes = n;
+  void *p = NULL;
+  if (posix_memalign(&p, 4096, n ? n : 1) != 0)
+    abort();
+  fill(p, n, seed); /* touched: the caller's KV cache is resident */
+  t->data = p;
+}
+
+void bu_workload_make(bu_workload *w, uint32_t n_layers, int hybrid,
+                      kvt_dtype dt, int64_t heads, size_t n_tokens, int64_t dim,
+                      int32_t salt) {
+  memset(w, 0, sizeof *w);
+  w->n_tokens = n_tokens;
+  w->tokens = malloc((n_tokens ? n_tokens : 1) * sizeof(int32_t));
+  w->layers = calloc(n_layers ? n_layers : 1, sizeof(kvt_layer));
+  if (!w->tokens || !w->layers)
+    abort();
+  for (size_t i = 0; i < n_tokens; i++)
+    w->tokens[i] = (int32_t)((i * 2654435761u + (uint32_t)salt) % 128000u);
+  w->n_layers = n_layers;
+  for (uint32_t i = 0; i < n_layers; i++) {
+    kvt_layer *l = &w->layers[i];
+    int kv = !hybrid || i % 4 == 3;
+    kvt_layer_init(l, kv ? KVT_LAYER_KV : KVT_LAYER_ARRAYS);
+    l->num_tensors = 2;
+    l->tensors = calloc(2, sizeof(kvt_tensor));
+    if (!l->tensors)
+      abort();
+    if (kv) {
+      int64_t sh[4] = {1, heads, (int64_t)n_tokens, dim};
+      tensor(&l->tensors[0], dt, 4, sh, i * 2 + 1);
+      tensor(&l->tensors[1], dt, 4, sh, i * 2 + 2);
+      l->offset = (int64_t)n_tokens;
+    } else {
+      int64_t conv[3] = {1, 3, 8192};
+      int64_t ssm[4] = {1, 64, 128, 128};
+      tensor(&l->tensors[0], dt, 3, conv, i * 2 + 1);
+      tensor(&l->tensors[1], KVT_DTYPE_F32, 4, ssm, i * 2 + 2);
+    }
+    for (uint32_t j = 0; j < l->num_tensors; j++)
+      w->bytes += l->tensors[j].nbytes;
+  }
+}
+
+void bu_workload_free(bu_workload *w) {
+  for (uint32_t i = 0; i < w->n_layers; i++) {
+    for (uint32_t j = 0; j < w->layers[i].num_tensors; j++)
+      free(w->layers[i].tensors[j].data);
+    free(w->layers[i].tensors);
+  }
+  free(w->layers);
+  free(w->tokens);
+  memset(w, 0, sizeof *w);
+}

@@ -8,10 +8,30 @@
 #ifndef KVT_BENCHUTIL_H
 #define KVT_BENCHUTIL_H
 
+#include "kvtier.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
 double bu_now(void);
+
+/* A seeded, resident workload of the issue-7 shape: n_layers layers, KV keys
+ * and values [1, heads, n_tokens, dim] of dtype dt; with hybrid, every 4th
+ * layer is KV and the others arrays (a conv state [1, 3, 8192] of dt and an SSM
+ * state [1, 64, 128, 128] F32). Tensor data is xorshift-filled (touched, as an
+ * engine's KV cache is resident); token i is (i * 2654435761 + salt) % 128000.
+ * Aborts on OOM. */
+typedef struct bu_workload {
+  int32_t *tokens;
+  size_t n_tokens;
+  kvt_layer *layers;
+  uint32_t n_layers;
+  uint64_t bytes; /* tensor bytes */
+} bu_workload;
+void bu_workload_make(bu_workload *w, uint32_t n_layers, int hybrid,
+                      kvt_dtype dt, int64_t heads, size_t n_tokens, int64_t dim,
+                      int32_t salt);
+void bu_workload_free(bu_workload *w);
 
 typedef struct bu_fio_job {
   const char *file;

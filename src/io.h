@@ -68,8 +68,8 @@ typedef struct kvti_io_ops {
    * receives how many of them are cached (a page-granular count, so it may
    * exceed len by less than a page). 0 or an errno value (ENOSYS: unknown).
    * The reader uses it to choose O_DIRECT for cold files and the page cache for
-   * warm ones. Default: cachestat(2) on Linux >= 6.5, else mmap + mincore. NULL:
-   * unknown (the reader then keeps to the page cache). */
+   * warm ones. Default: cachestat(2) on Linux >= 6.5, else mmap + mincore.
+   * NULL: unknown (the reader then keeps to the page cache). */
   int (*resident)(int fd, uint64_t len, uint64_t *bytes);
 } kvti_io_ops;
 
