@@ -108,7 +108,9 @@ static int d_resident(int fd, uint64_t len, uint64_t *bytes) {
       *bytes = cs.nr_cache * (uint64_t)pg;
       return 0;
     }
-    if (errno != ENOSYS)
+    /* ENOSYS: kernel before 6.5; EPERM: a seccomp filter (container
+     * runtimes refuse syscalls they do not know with EPERM). */
+    if (errno != ENOSYS && errno != EPERM)
       return errno;
     __atomic_store_n(&no_cachestat, 1, __ATOMIC_RELAXED);
   }
