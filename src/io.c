@@ -81,40 +81,15 @@ static int d_rename_exchange(const char *a, const char *b) {
 #endif
 }
 
-/* Residency: cachestat(2) (Linux 6.5+, no mapping needed) when the kernel has
- * it, else mmap + mincore (every POSIX system; maps without touching pages). */
-#ifndef KVTI_SYS_CACHESTAT
-#define KVTI_SYS_CACHESTAT 451 /* same number on every Linux architecture */
-#endif
-static int d_resident(int fd, uint64_t len, uint64_t *bytes) {
+/* The portable residency probe: maps the file (no page is touched) and asks
+ * mincore which pages are in memory. */
+int kvti_resident_mincore(int fd, uint64_t len, uint64_t *bytes) {
   long pg = sysconf(_SC_PAGESIZE);
   if (pg <= 0)
     pg = 4096;
   *bytes = 0;
   if (len == 0)
     return 0;
-#if defined(__linux__)
-  static int no_cachestat; /* benign race: every thread learns the same */
-  if (!__atomic_load_n(&no_cachestat, __ATOMIC_RELAXED)) {
-    struct {
-      uint64_t off, len;
-    } range = {0, len};
-    struct {
-      uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted,
-          nr_recently_evicted;
-    } cs;
-    memset(&cs, 0, sizeof cs);
-    if (syscall(KVTI_SYS_CACHESTAT, fd, &range, &cs, 0) == 0) {
-      *bytes = cs.nr_cache * (uint64_t)pg;
-      return 0;
-    }
-    /* ENOSYS: kernel before 6.5; EPERM: a seccomp filter (container
-     * runtimes refuse syscalls they do not know with EPERM). */
-    if (errno != ENOSYS && errno != EPERM)
-      return errno;
-    __atomic_store_n(&no_cachestat, 1, __ATOMIC_RELAXED);
-  }
-#endif
   if (len > (uint64_t)SIZE_MAX / 2)
     return EFBIG;
   void *m = mmap(NULL, (size_t)len, PROT_READ, MAP_SHARED, fd, 0);
@@ -137,6 +112,43 @@ static int d_resident(int fd, uint64_t len, uint64_t *bytes) {
     free(vec);
   munmap(m, (size_t)len);
   return e;
+}
+
+/* Residency: cachestat(2) (Linux 6.5+, no mapping needed) when the kernel has
+ * it, else mmap + mincore (every POSIX system; maps without touching pages). */
+#ifndef KVTI_SYS_CACHESTAT
+#define KVTI_SYS_CACHESTAT 451 /* same number on every Linux architecture */
+#endif
+static int d_resident(int fd, uint64_t len, uint64_t *bytes) {
+  *bytes = 0;
+  if (len == 0)
+    return 0;
+#if defined(__linux__)
+  long pg = sysconf(_SC_PAGESIZE);
+  if (pg <= 0)
+    pg = 4096;
+  static int no_cachestat; /* benign race: every thread learns the same */
+  if (!__atomic_load_n(&no_cachestat, __ATOMIC_RELAXED)) {
+    struct {
+      uint64_t off, len;
+    } range = {0, len};
+    struct {
+      uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted,
+          nr_recently_evicted;
+    } cs;
+    memset(&cs, 0, sizeof cs);
+    if (syscall(KVTI_SYS_CACHESTAT, fd, &range, &cs, 0) == 0) {
+      *bytes = cs.nr_cache * (uint64_t)pg;
+      return 0;
+    }
+    /* ENOSYS: kernel before 6.5; EPERM: a seccomp filter (container
+     * runtimes refuse syscalls they do not know with EPERM). */
+    if (errno != ENOSYS && errno != EPERM)
+      return errno;
+    __atomic_store_n(&no_cachestat, 1, __ATOMIC_RELAXED);
+  }
+#endif
+  return kvti_resident_mincore(fd, len, bytes);
 }
 
 const kvti_io_ops kvti_io_default = {

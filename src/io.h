@@ -73,6 +73,11 @@ typedef struct kvti_io_ops {
   int (*resident)(int fd, uint64_t len, uint64_t *bytes);
 } kvti_io_ops;
 
+/* The residency probe the default `resident` hook falls back to where
+ * cachestat(2) is missing or refused: mmap + mincore. Same contract as the
+ * hook. Exposed so tests can check it on kernels that have cachestat. */
+int kvti_resident_mincore(int fd, uint64_t len, uint64_t *bytes);
+
 /* The table in force. Tests swap it with kvti_io_set (not thread-safe: set
  * before opening tiers and restore after closing them). */
 extern const kvti_io_ops *kvti_io;
