@@ -16,6 +16,7 @@
  */
 #include "testutil.h"
 #include "tier_testlib.h"
+#include "fmt_testlib.h"
 #include "entry.h"
 #include "hash.h"
 #include "io.h"
@@ -61,21 +62,6 @@ static uint64_t rd_now(void) {
 /* ---- helpers --------------------------------------------------------------
  */
 
-static int rows_match(const kvt_tensor *trim, const kvt_tensor *full,
-                      int64_t keep) {
-  int64_t H = full->shape[1], T = full->shape[2];
-  size_t row = (size_t)(full->nbytes / (uint64_t)(H * T));
-  if (trim->ndim != 4 || trim->shape[2] != keep || trim->shape[1] != H ||
-      trim->nbytes != (uint64_t)(H * keep) * row)
-    return 0;
-  for (int64_t h = 0; h < H; h++)
-    if (memcmp((const char *)trim->data + (size_t)(h * keep) * row,
-               (const char *)full->data + (size_t)(h * T) * row,
-               (size_t)keep * row) != 0)
-      return 0;
-  return 1;
-}
-
 static int entry_rows_match(const kvt_entry *got, const t_entry *e,
                             int64_t keep) {
   if (!got || kvt_entry_num_layers(got) != e->n_layers)
@@ -85,7 +71,7 @@ static int entry_rows_match(const kvt_entry *got, const t_entry *e,
     if (ly->offset != keep)
       return 0;
     for (int k = 0; k < 2; k++)
-      if (!rows_match(&ly->tensors[k], &e->layers[l].tensors[k], keep))
+      if (!t_rows_match(&ly->tensors[k], &e->layers[l].tensors[k], keep))
         return 0;
   }
   return 1;
@@ -855,31 +841,9 @@ static void test_quantized_blocks(void) {
   int32_t *tokens = malloc(T * sizeof(int32_t));
   for (int i = 0; i < T; i++)
     tokens[i] = 3000 + i;
-  kvt_layer q;
-  kvt_layer_init(&q, KVT_LAYER_QUANTIZED_KV);
-  q.num_tensors = 6;
-  q.bits = BITS;
-  q.group_size = GS;
-  q.offset = T;
-  kvt_tensor qt[6];
-  memset(qt, 0, sizeof qt);
-  for (int k = 0; k < 6; k++) {
-    int packed = k % 3 == 0;
-    qt[k].dtype = packed ? KVT_DTYPE_U32 : KVT_DTYPE_F16;
-    qt[k].ndim = 4;
-    qt[k].shape[0] = 1;
-    qt[k].shape[1] = H;
-    qt[k].shape[2] = T;
-    qt[k].shape[3] = packed ? D * BITS / 32 : D / GS;
-    qt[k].nbytes =
-        (uint64_t)H * T * (uint64_t)qt[k].shape[3] * (packed ? 4 : 2);
-    qt[k].data = malloc(qt[k].nbytes);
-    kvt_rng_fill(&r, qt[k].data, qt[k].nbytes);
-    if (!packed)
-      for (uint64_t i = 0; i < qt[k].nbytes / 2; i++)
-        ((uint16_t *)qt[k].data)[i] &= 0xbfff;
-  }
-  q.tensors = qt;
+  /* Packed U32 keys/values with F16 scales and biases, [1, H, T, .]. */
+  kvt_layer q = t_quant(&r, BITS, GS, KVT_DTYPE_F16, 1, H, T, D, T);
+  const kvt_tensor *qt = q.tensors;
   REQUIRE(kvt_tier_spill(t, tokens, T, &q, 1, 1000) == 0);
   REQUIRE(kvt_tier_flush(t, -1) == 0);
   char *lp = t_entry_path(t, tokens, T, "layer_0.safetensors");
@@ -893,13 +857,12 @@ static void test_quantized_blocks(void) {
   CHECK_EQ_INT(l->kind, KVT_LAYER_QUANTIZED_KV);
   CHECK_EQ_INT(l->offset, KEEP);
   for (int k = 0; k < 6; k++)
-    CHECK(rows_match(&l->tensors[k], &qt[k], KEEP));
+    CHECK(t_rows_match(&l->tensors[k], &qt[k], KEEP));
   CHECK(rd < fsz * 3 / 4);
   kvt_entry_free(got);
   kvt_tier_free(t);
   kvti_io_set(NULL);
-  for (int k = 0; k < 6; k++)
-    free(qt[k].data);
+  t_layer_free(&q);
   free(tokens);
 }
 

@@ -10,28 +10,10 @@
  */
 #include "testutil.h"
 #include "tier_testlib.h"
+#include "fmt_testlib.h"
 #include "layer.h"
 
 #include <cjson/cJSON.h>
-
-/* Rows [0, keep) of every head of a [1, H, T, D] tensor equal the trimmed [1,
- * H, keep, D]. */
-static int rows_match(const kvt_tensor *trim, const kvt_tensor *full,
-                      int64_t keep) {
-  int64_t H = full->shape[1], T = full->shape[2];
-  size_t row =
-      (size_t)(full->nbytes / (uint64_t)(H * T)); /* bytes of one token row */
-  if (trim->ndim != 4 || trim->shape[2] != keep || trim->shape[1] != H ||
-      trim->shape[3] != full->shape[3] ||
-      trim->nbytes != (uint64_t)(H * keep) * row)
-    return 0;
-  for (int64_t h = 0; h < H; h++)
-    if (memcmp((const char *)trim->data + (size_t)(h * keep) * row,
-               (const char *)full->data + (size_t)(h * T) * row,
-               (size_t)keep * row) != 0)
-      return 0;
-  return 1;
-}
 
 static int layers_seen, layers_in_order;
 static void on_layer(void *ctx, uint32_t i, const kvt_layer *l) {
@@ -80,7 +62,7 @@ static void test_kv_trim(void) {
     const kvt_layer *ly = kvt_entry_layer(got, l);
     CHECK_EQ_INT(ly->offset, keep);
     for (int k = 0; k < 2; k++)
-      CHECK(rows_match(&ly->tensors[k], &e.layers[l].tensors[k], keep));
+      CHECK(t_rows_match(&ly->tensors[k], &e.layers[l].tensors[k], keep));
   }
   size_t n = 0;
   const int32_t *tok = kvt_entry_tokens(got, &n);
@@ -106,8 +88,8 @@ static void test_kv_trim(void) {
   REQUIRE(kvt_tier_promote_trim(&got, t, e.tokens, e.n_tokens, 5, &pc) == 0);
   CHECK_EQ_INT(cb.allocs, 6);
   CHECK_EQ_INT(cb.bytes, 6 * 2 * 5 * 8 * 4);
-  CHECK(rows_match(&kvt_entry_layer(got, 2)->tensors[1],
-                   &e.layers[2].tensors[1], 5));
+  CHECK(t_rows_match(&kvt_entry_layer(got, 2)->tensors[1],
+                     &e.layers[2].tensors[1], 5));
   kvt_entry_free(got);
   /* n_keep == n_tokens is a plain promote; bad values are refused. */
   got = NULL;
@@ -152,31 +134,9 @@ static void test_quantized_and_arrays(void) {
   int32_t tokens[T];
   for (int i = 0; i < T; i++)
     tokens[i] = 1000 + i;
-  kvt_layer q;
-  kvt_layer_init(&q, KVT_LAYER_QUANTIZED_KV);
-  q.num_tensors = 6;
-  q.bits = BITS;
-  q.group_size = GS;
-  q.offset = T;
-  kvt_tensor qt[6];
-  memset(qt, 0, sizeof qt);
-  for (int k = 0; k < 6; k++) {
-    int packed = k % 3 == 0;
-    qt[k].dtype = packed ? KVT_DTYPE_U32 : KVT_DTYPE_F16;
-    qt[k].ndim = 4;
-    qt[k].shape[0] = 1;
-    qt[k].shape[1] = H;
-    qt[k].shape[2] = T;
-    qt[k].shape[3] = packed ? D * BITS / 32 : D / GS;
-    qt[k].nbytes =
-        (uint64_t)H * T * (uint64_t)qt[k].shape[3] * (packed ? 4 : 2);
-    qt[k].data = malloc(qt[k].nbytes);
-    kvt_rng_fill(&r, qt[k].data, qt[k].nbytes);
-    if (!packed) /* keep the F16 values finite: clear the exponent's top bit */
-      for (uint64_t i = 0; i < qt[k].nbytes / 2; i++)
-        ((uint16_t *)qt[k].data)[i] &= 0xbfff;
-  }
-  q.tensors = qt;
+  /* Packed U32 keys/values with F16 scales and biases, [1, H, T, .]. */
+  kvt_layer q = t_quant(&r, BITS, GS, KVT_DTYPE_F16, 1, H, T, D, T);
+  const kvt_tensor *qt = q.tensors;
   REQUIRE(kvt_tier_spill(t, tokens, T, &q, 1, 1000) == 0);
   REQUIRE(kvt_tier_flush(t, -1) == 0);
   kvt_entry *got = NULL;
@@ -188,7 +148,7 @@ static void test_quantized_and_arrays(void) {
     CHECK_EQ_INT(l->offset, 7);
     CHECK_EQ_INT(l->bits, BITS);
     for (int k = 0; k < 6; k++)
-      CHECK(rows_match(&l->tensors[k], &qt[k], 7));
+      CHECK(t_rows_match(&l->tensors[k], &qt[k], 7));
     kvt_entry_free(got);
   }
   /* Arrays layers cannot be trimmed. */
@@ -212,8 +172,7 @@ static void test_quantized_and_arrays(void) {
   CHECK(got == NULL);
   kvt_tier_free(t);
   free(at.data);
-  for (int k = 0; k < 6; k++)
-    free(qt[k].data);
+  t_layer_free(&q);
 }
 
 /* A layer file read without a checksum (what entries written by the reference
@@ -243,7 +202,7 @@ static void test_layer_range_read(void) {
   REQUIRE(kvti_layer_read_file(&l, &fb, path, &m, &lo) == 0);
   CHECK_EQ_INT(l.offset, 10);
   for (int k = 0; k < 2; k++)
-    CHECK(rows_match(&l.tensors[k], &e.layers[0].tensors[k], 10));
+    CHECK(t_rows_match(&l.tensors[k], &e.layers[0].tensors[k], 10));
   kvti_layer_release(&l, 0, NULL, NULL);
   /* More tokens than stored: refused. */
   lo.keep_tokens = 31;

@@ -313,4 +313,22 @@ static inline void t_stall_wait_blocked(void) {
   pthread_mutex_unlock(&f->mu);
 }
 
+/* Rows [0, keep) of every head of a [1, H, T, D] tensor equal the trimmed
+ * [1, H, keep, D] (what a trimmed promote must return). */
+static inline int t_rows_match(const kvt_tensor *trim, const kvt_tensor *full,
+                               int64_t keep) {
+  int64_t H = full->shape[1], T = full->shape[2];
+  size_t row = (size_t)(full->nbytes / (uint64_t)(H * T)); /* one token row */
+  if (trim->ndim != 4 || trim->shape[2] != keep || trim->shape[1] != H ||
+      trim->shape[3] != full->shape[3] ||
+      trim->nbytes != (uint64_t)(H * keep) * row)
+    return 0;
+  for (int64_t h = 0; h < H; h++)
+    if (memcmp((const char *)trim->data + (size_t)(h * keep) * row,
+               (const char *)full->data + (size_t)(h * T) * row,
+               (size_t)keep * row) != 0)
+      return 0;
+  return 1;
+}
+
 #endif
