@@ -139,8 +139,32 @@ static int write_once(const fault *f, uint64_t nth, const r_entry *old,
   return fired != 0;
 }
 
-static uint64_t read_once(const fault *f, uint64_t nth, const r_entry *e) {
+/* What a read under fault `f` (at its nth call site) must show: never data
+ * with an error; a short transfer or EINTR absorbed; a success bit-exact; a
+ * failure with an allowed code and never KVT_ECORRUPT (the data is fine). */
+static void judge_read(const char *what, const fault *f, uint64_t nth, int rc,
+                       uint64_t fired, int same) {
   char name[96];
+  g_runs++;
+  CHECK(rc != -1000); /* never data together with an error */
+  if (fired && (f->kind == FIO_FAIL_SHORT || f->err == EINTR)) {
+    g_absorbed++;
+    CHECK_EQ_INT(rc, 0);
+  }
+  if (rc == 0) {
+    CHECK(same);
+  } else {
+    g_read_fail++;
+    if (rc == KVT_ECORRUPT || !code_ok(rc))
+      fprintf(stderr, "  %s %s #%llu: code %d (%s)\n", what,
+              fault_name(f, name, sizeof name), (unsigned long long)nth, rc,
+              kvt_last_error());
+    CHECK(rc != KVT_ECORRUPT);
+    CHECK(code_ok(rc));
+  }
+}
+
+static uint64_t read_once(const fault *f, uint64_t nth, const r_entry *e) {
   int fds0 = kvt_test_count_dir("/proc/self/fd", NULL);
   fio_install();
   fio_arm(f->op, nth, f->kind, f->err, f->sticky);
@@ -150,24 +174,7 @@ static uint64_t read_once(const fault *f, uint64_t nth, const r_entry *e) {
   uint64_t fired = fio_fired();
   fio_remove();
   CHECK_EQ_INT(kvt_test_count_dir("/proc/self/fd", NULL), fds0);
-  g_runs++;
-  CHECK(rc != -1000); /* never data together with an error */
-  int transparent = f->kind == FIO_FAIL_SHORT || f->err == EINTR;
-  if (fired && transparent) {
-    g_absorbed++;
-    CHECK_EQ_INT(rc, 0);
-  }
-  if (rc == 0) {
-    CHECK(same);
-  } else {
-    g_read_fail++;
-    if (rc == KVT_ECORRUPT || !code_ok(rc))
-      fprintf(stderr, "  read %s #%llu: code %d (%s)\n",
-              fault_name(f, name, sizeof name), (unsigned long long)nth, rc,
-              kvt_last_error());
-    CHECK(rc != KVT_ECORRUPT);
-    CHECK(code_ok(rc));
-  }
+  judge_read("read", f, nth, rc, fired, same);
   /* still good without the fault */
   CHECK_EQ_INT(r_read(g_data, e, &same), 0);
   CHECK(same);
@@ -360,31 +367,14 @@ static void test_trim_read_faults(void) {
     trim_backend = i < N_FAULTS ? KVT_IO_PORTABLE : KVT_IO_URING;
     uint64_t n = 1;
     for (; n < MAX_SITES; n++) {
-      char name[96];
       int fds0 = kvt_test_count_dir("/proc/self/fd", NULL);
       fio_install();
       fio_arm(f->op, n, f->kind, f->err, f->sticky);
       int rc = trim_read(&a, &same);
       uint64_t fired = fio_fired();
       fio_remove();
-      g_runs++;
       CHECK_EQ_INT(kvt_test_count_dir("/proc/self/fd", NULL), fds0);
-      CHECK(rc != -1000);
-      if (fired && (f->kind == FIO_FAIL_SHORT || f->err == EINTR)) {
-        g_absorbed++;
-        CHECK_EQ_INT(rc, 0);
-      }
-      if (rc == 0) {
-        CHECK(same);
-      } else {
-        g_read_fail++;
-        if (rc == KVT_ECORRUPT || !code_ok(rc))
-          fprintf(stderr, "  trimmed read %s #%llu: code %d (%s)\n",
-                  fault_name(f, name, sizeof name), (unsigned long long)n, rc,
-                  kvt_last_error());
-        CHECK(rc != KVT_ECORRUPT);
-        CHECK(code_ok(rc));
-      }
+      judge_read("trimmed read", f, n, rc, fired, same);
       if (!fired)
         break;
     }
