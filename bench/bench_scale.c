@@ -706,15 +706,6 @@ static void section_conc(const char *dir, int quick) {
 
 /* ------------------------------------------------------------ main */
 
-static int parse_list(size_t *v, int cap, char *s) {
-  int n = 0;
-  char *save = NULL;
-  for (char *x = strtok_r(s, ",", &save); x && n < cap;
-       x = strtok_r(NULL, ",", &save))
-    v[n++] = (size_t)strtoull(x, NULL, 10);
-  return n;
-}
-
 int main(int argc, char **argv) {
   const char *base = NULL;
   int quick = 0, json = 0;
@@ -735,9 +726,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--sections") && i + 1 < argc)
       sections = argv[++i];
     else if (!strcmp(argv[i], "--tokens") && i + 1 < argc)
-      ntoks = parse_list(toks, 16, argv[++i]);
+      ntoks = bu_parse_list(toks, 16, argv[++i]);
     else if (!strcmp(argv[i], "--counts") && i + 1 < argc)
-      ncounts = parse_list(counts, 16, argv[++i]);
+      ncounts = bu_parse_list(counts, 16, argv[++i]);
     else {
       fprintf(stderr,
               "usage: %s [--dir DIR] [--quick] [--sections size,count,conc] "

@@ -510,13 +510,9 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--dir") && i + 1 < argc)
       base = argv[++i];
-    else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) {
-      ntoks = 0;
-      char *s = argv[++i], *save = NULL;
-      for (char *t = strtok_r(s, ",", &save); t && ntoks < 8;
-           t = strtok_r(NULL, ",", &save))
-        toks[ntoks++] = (size_t)strtoull(t, NULL, 10);
-    } else if (!strcmp(argv[i], "--runs") && i + 1 < argc)
+    else if (!strcmp(argv[i], "--tokens") && i + 1 < argc)
+      ntoks = bu_parse_list(toks, 8, argv[++i]);
+    else if (!strcmp(argv[i], "--runs") && i + 1 < argc)
       runs = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--depth") && i + 1 < argc)
       depth = atoi(argv[++i]);

@@ -329,3 +329,12 @@ void bu_workload_free(bu_workload *w) {
   free(w->tokens);
   memset(w, 0, sizeof *w);
 }
+
+int bu_parse_list(size_t *v, int cap, char *s) {
+  int n = 0;
+  char *save = NULL;
+  for (char *x = strtok_r(s, ",", &save); x && n < cap;
+       x = strtok_r(NULL, ",", &save))
+    v[n++] = (size_t)strtoull(x, NULL, 10);
+  return n;
+}

@@ -15,6 +15,9 @@
 
 double bu_now(void);
 
+/* Parses "N,N,..." (modifies s) into up to cap values; returns how many. */
+int bu_parse_list(size_t *v, int cap, char *s);
+
 /* A seeded, resident workload of the issue-7 shape: n_layers layers, KV keys
  * and values [1, heads, n_tokens, dim] of dtype dt; with hybrid, every 4th
  * layer is KV and the others arrays (a conv state [1, 3, 8192] of dt and an SSM
