@@ -512,11 +512,16 @@ static kvti_st_item *items_of(const kvti_layer_out *p) {
  * files holding at least KVTI_DATA_ALIGN_MIN bytes of tensors (what the reader
  * may read with O_DIRECT); small files keep the 8-byte padding so the
  * alignment never costs more than 0.4% of a file. */
-static uint64_t layer_align(const kvti_layer_out *p) {
+static uint64_t layer_data_bytes(const kvti_layer_out *p) {
   uint64_t data = 0;
   for (uint32_t j = 0; j < p->n; j++)
     data += p->tensors[j].nbytes;
-  return p->data_align && data >= KVTI_DATA_ALIGN_MIN ? p->data_align : 0;
+  return data;
+}
+static uint64_t layer_align(const kvti_layer_out *p) {
+  return p->data_align && layer_data_bytes(p) >= KVTI_DATA_ALIGN_MIN
+             ? p->data_align
+             : 0;
 }
 
 uint64_t kvti_layer_out_file_size(const kvti_layer_out *p) {
@@ -537,9 +542,7 @@ uint64_t kvti_layer_out_file_size(const kvti_layer_out *p) {
     uint64_t a = layer_align(p);
     if (sz && a) {
       /* the data part is sz minus the 8-aligned header: re-align the header */
-      uint64_t data = 0;
-      for (uint32_t j = 0; j < p->n; j++)
-        data += p->tensors[j].nbytes;
+      uint64_t data = layer_data_bytes(p);
       sz = ((sz - data + a - 1) & ~(a - 1)) + data;
     }
     kvti_free(tmp);
@@ -569,13 +572,12 @@ int kvti_layer_write_file(uint64_t *size, uint64_t *xxh3, const char *path,
     goto out;
   }
   rc = kvti_st_build_header(&hdr, &hl, order, it, p->n, NULL, 0);
-  if (rc == 0 && layer_align(p))
-    rc = kvti_st_pad_header(&hdr, &hl, (size_t)layer_align(p));
+  uint64_t align = layer_align(p);
+  if (rc == 0 && align)
+    rc = kvti_st_pad_header(&hdr, &hl, (size_t)align);
   if (rc)
     goto out;
-  uint64_t total = hl;
-  for (uint32_t j = 0; j < p->n; j++)
-    total += it[j].t->nbytes;
+  uint64_t total = hl + layer_data_bytes(p);
   kvti_fwriter_opts fo = KVTI_FWRITER_OPTS_INIT;
   fo.backend = io_backend;
   fo.hash = xxh3 != NULL;
