@@ -12,7 +12,7 @@
  * [open_n=100000] [open_tokens=128]. Prints p50/p99 in microseconds. No
  * assertions.
  */
-#include "index.h"
+#include "index/index.h"
 #include "kvtier.h"
 #include "benchutil.h"
 

@@ -12,9 +12,9 @@
  */
 #define _GNU_SOURCE 1
 #include "benchutil.h"
-#include "bufpool.h"
-#include "io.h"
-#include "iobatch.h"
+#include "base/bufpool.h"
+#include "base/io.h"
+#include "engine/iobatch.h"
 #include "kvtier.h"
 
 #include <fcntl.h>

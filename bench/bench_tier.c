@@ -15,7 +15,7 @@
  *  - peak RSS during a spill storm vs the configured queue bytes.
  *
  * Two levels: "entry" lines drive the entry writer/reader directly
- * (src/entry.h); "tier" lines go through the public API (kvt_tier_*), including
+ * (src/format/entry.h); "tier" lines go through the public API (kvt_tier_*), including
  * the queue, the writer thread and the index.
  *
  * Usage: bench_tier [--dir DIR] [--tokens 1024,4096] [--entries N] [--runs N]
@@ -24,10 +24,10 @@
  */
 #define _GNU_SOURCE 1
 #include "benchutil.h"
-#include "bufpool.h"
-#include "entry.h"
-#include "io.h"
-#include "iobatch.h"
+#include "base/bufpool.h"
+#include "format/entry.h"
+#include "base/io.h"
+#include "engine/iobatch.h"
 #include "kvtier.h"
 
 #include <pthread.h>

@@ -11,8 +11,8 @@
 #ifndef KVT_FUZZ_COMMON_H
 #define KVT_FUZZ_COMMON_H
 
-#include "entry.h"
-#include "hash.h"
+#include "format/entry.h"
+#include "base/hash.h"
 #include "kvtier.h"
 #include "testutil.h"
 

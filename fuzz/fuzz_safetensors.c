@@ -10,7 +10,7 @@
  * - or the target aborts (a finding).
  */
 #include "fuzz_common.h"
-#include "safetensors.h"
+#include "format/safetensors.h"
 
 static void check(const kvti_st_header *h, uint64_t file_size) {
   if (h->n > KVTI_ST_MAX_TENSORS || h->data_start < 8 ||

@@ -6,7 +6,7 @@
  * real.
  */
 #include "faultio.h"
-#include "io.h"
+#include "base/io.h"
 
 #include <errno.h>
 #include <stdatomic.h>

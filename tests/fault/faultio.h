@@ -1,6 +1,6 @@
 /*
  * faultio.h - the reusable fault-injection harness for the reliability tests.
- * It installs an I/O table (src/io.h) that forwards every call to the real one
+ * It installs an I/O table (src/base/io.h) that forwards every call to the real one
  * while counting calls per operation, and can make the Nth call of a chosen
  * operation (or every call from the Nth on) fail with a chosen errno (ENOSPC,
  * EIO, EINTR...), transfer only part of the bytes (short read/write), or fail

@@ -9,8 +9,8 @@
 #define KVT_REL_COMMON_H
 
 #include "../unit/fmt_testlib.h"
-#include "entry.h"
-#include "io.h"
+#include "format/entry.h"
+#include "base/io.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -11,7 +11,7 @@
 
 #include "../unit/tier_testlib.h"
 #include "rel_common.h"
-#include "hash.h"
+#include "base/hash.h"
 
 #include <dirent.h>
 #include <pthread.h>

@@ -12,7 +12,7 @@
  * point a lookup at another entry's data. Trial counts: KVT_CORRUPT_TRIALS
  * (default 5000) and KVT_CORRUPT_INDEX_TRIALS (default 1000).
  */
-#include "hash.h"
+#include "base/hash.h"
 #include "rel_common.h"
 
 static char g_data[4096];

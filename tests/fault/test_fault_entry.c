@@ -16,7 +16,7 @@
  */
 #include "faultio.h"
 #include "rel_common.h"
-#include "iobatch.h"
+#include "engine/iobatch.h"
 
 static char g_data[4096];
 static uint64_t g_runs, g_write_fail, g_read_fail, g_absorbed;

@@ -6,9 +6,9 @@
  * reference's messages.
  */
 #include "testutil.h"
-#include "error.h"
-#include "hash.h"
-#include "options.h"
+#include "base/error.h"
+#include "base/hash.h"
+#include "tier/options.h"
 
 #include <pthread.h>
 #include <string.h>

@@ -7,10 +7,10 @@
  * pool).
  */
 #include "testutil.h"
-#include "bufpool.h"
-#include "dtype.h"
-#include "error.h"
-#include "io.h"
+#include "base/bufpool.h"
+#include "format/dtype.h"
+#include "base/error.h"
+#include "base/io.h"
 
 #include <stdint.h>
 #include <string.h>

@@ -7,9 +7,9 @@
  * io_uring when available - on private files, verifying the bytes.
  */
 #include "testutil.h"
-#include "bufpool.h"
-#include "io.h"
-#include "iobatch.h"
+#include "base/bufpool.h"
+#include "base/io.h"
+#include "engine/iobatch.h"
 
 #include <fcntl.h>
 #include <pthread.h>

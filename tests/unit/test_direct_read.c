@@ -10,10 +10,10 @@
  * default residency hook (cachestat or mincore) is checked against reality.
  */
 #define _GNU_SOURCE 1 /* O_DIRECT */
-#include "entry.h"
+#include "format/entry.h"
 #include "fmt_testlib.h"
-#include "io.h"
-#include "iobatch.h"
+#include "base/io.h"
+#include "engine/iobatch.h"
 #include "kvtier.h"
 #include "testutil.h"
 

@@ -9,10 +9,10 @@
  * as the Python reference writes it.
  */
 #include "fmt_testlib.h"
-#include "dtype.h"
-#include "entry.h"
-#include "hash.h"
-#include "io.h"
+#include "format/dtype.h"
+#include "format/entry.h"
+#include "base/hash.h"
+#include "base/io.h"
 
 #include <ctype.h>
 #include <dirent.h>

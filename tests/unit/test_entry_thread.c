@@ -6,7 +6,7 @@
  * misuse (finishing early, reading a layer twice) is refused.
  */
 #include "fmt_testlib.h"
-#include "entry.h"
+#include "format/entry.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -7,11 +7,11 @@
  * file; write failures injected through the io seam removing the file; abort.
  */
 #include "testutil.h"
-#include "error.h"
-#include "fwriter.h"
-#include "hash.h"
-#include "io.h"
-#include "iobatch.h"
+#include "base/error.h"
+#include "engine/fwriter.h"
+#include "base/hash.h"
+#include "base/io.h"
+#include "engine/iobatch.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -11,11 +11,11 @@
  * Python's sqlite3 over a kvtier-written index.db.
  */
 #include "testutil.h"
-#include "error.h"
-#include "hash.h"
-#include "hashmap.h"
-#include "index.h"
-#include "io.h"
+#include "base/error.h"
+#include "base/hash.h"
+#include "base/hashmap.h"
+#include "index/index.h"
+#include "base/io.h"
 
 #include <math.h>
 #include <sqlite3.h>

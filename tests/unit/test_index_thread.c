@@ -7,7 +7,7 @@
  * are never removed are always found.
  */
 #include "testutil.h"
-#include "index.h"
+#include "index/index.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

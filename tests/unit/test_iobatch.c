@@ -10,10 +10,10 @@
  * program exits 77 only if nothing could run.
  */
 #include "testutil.h"
-#include "bufpool.h"
-#include "error.h"
-#include "io.h"
-#include "iobatch.h"
+#include "base/bufpool.h"
+#include "base/error.h"
+#include "base/io.h"
+#include "engine/iobatch.h"
 
 #include <errno.h>
 #include <fcntl.h>

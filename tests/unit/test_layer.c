@@ -9,8 +9,8 @@
  * metadata and files.
  */
 #include "fmt_testlib.h"
-#include "dtype.h"
-#include "layer.h"
+#include "format/dtype.h"
+#include "format/layer.h"
 
 static char *g_dir;
 

@@ -17,9 +17,9 @@
 #include "testutil.h"
 #include "tier_testlib.h"
 #include "fmt_testlib.h"
-#include "entry.h"
-#include "hash.h"
-#include "io.h"
+#include "format/entry.h"
+#include "base/hash.h"
+#include "base/io.h"
 
 #include <cjson/cJSON.h>
 #include <stdatomic.h>

@@ -11,7 +11,7 @@
 #include "testutil.h"
 #include "tier_testlib.h"
 #include "fmt_testlib.h"
-#include "layer.h"
+#include "format/layer.h"
 
 #include <cjson/cJSON.h>
 

@@ -9,9 +9,9 @@
  * never crash.
  */
 #include "fmt_testlib.h"
-#include "dtype.h"
-#include "io.h"
-#include "safetensors.h"
+#include "format/dtype.h"
+#include "base/io.h"
+#include "format/safetensors.h"
 
 static char *g_dir;
 

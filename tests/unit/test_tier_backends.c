@@ -7,7 +7,7 @@
  * io seam), while AUTO then falls back to the portable backend and still works.
  */
 #include "testutil.h"
-#include "iobatch.h"
+#include "engine/iobatch.h"
 #include "tier_testlib.h"
 
 static int ordered, seen;

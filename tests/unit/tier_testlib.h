@@ -10,7 +10,7 @@
 #define KVT_TIER_TESTLIB_H
 
 #include "testutil.h"
-#include "io.h"
+#include "base/io.h"
 #include "kvtier.h"
 
 #include <errno.h>

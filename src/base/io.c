@@ -1,0 +1,484 @@
+/*
+ * io.c - the default (libc) implementation of the I/O seam and the robust
+ * helpers built on it: EINTR retry, short-transfer loops, symlink-refusing
+ * opens, directory fsync and a tree removal that never follows links. All
+ * kvtier file access funnels through here (see io.h).
+ */
+#include "base/io.h"
+#include "base/error.h"
+#include "kvtier.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#if KVT_HAVE_URING
+#include <liburing.h>
+#endif
+
+static int d_open(const char *p, int f, mode_t m) {
+  return open(p, f, m);
+}
+static int d_mkdir(const char *p, mode_t m) {
+  return mkdir(p, m);
+}
+static int d_chmod(const char *p, mode_t m) {
+  return chmod(p, m);
+}
+static void *d_aligned_alloc(size_t align, size_t n) {
+  void *p = NULL;
+  return posix_memalign(&p, align, n ? n : 1) == 0 ? p : NULL;
+}
+/* posix_fallocate/posix_fadvise are absent on macOS: the hooks stay NULL
+ * there, which callers treat as "not available" (no preallocation, no cache
+ * drop), never as an error. */
+#if defined(POSIX_FADV_DONTNEED) && !defined(__APPLE__)
+#define KVTI_HAVE_POSIX_FADVISE 1
+static int d_fallocate(int fd, off_t off, off_t len) {
+  return posix_fallocate(fd, off, len);
+}
+static int d_fadvise(int fd, off_t off, off_t len, int advice) {
+  return posix_fadvise(fd, off, len, advice);
+}
+#endif
+#if KVT_HAVE_URING
+static int d_uring_setup(unsigned entries, void *ring, unsigned flags) {
+  return io_uring_queue_init(entries, (struct io_uring *)ring, flags);
+}
+static int d_uring_submit(void *ring, unsigned wait_nr) {
+  return io_uring_submit_and_wait((struct io_uring *)ring, wait_nr);
+}
+static int d_uring_result(int is_write, int fd, uint64_t off, size_t len,
+                          int res) {
+  (void)is_write, (void)fd, (void)off, (void)len;
+  return res;
+}
+#endif
+
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
+#if defined(__APPLE__)
+#include <stdio.h>
+#endif
+
+/* renameat2(RENAME_EXCHANGE) through syscall(): older glibc lacks the wrapper.
+ */
+static int d_rename_exchange(const char *a, const char *b) {
+#if defined(__linux__) && defined(SYS_renameat2)
+  return (int)syscall(SYS_renameat2, AT_FDCWD, a, AT_FDCWD, b,
+                      2u /* RENAME_EXCHANGE */);
+#elif defined(__APPLE__) && defined(RENAME_SWAP)
+  return renamex_np(a, b, RENAME_SWAP);
+#else
+  (void)a;
+  (void)b;
+  errno = ENOTSUP;
+  return -1;
+#endif
+}
+
+/* The portable residency probe: maps the file (no page is touched) and asks
+ * mincore which pages are in memory. */
+int kvti_resident_mincore(int fd, uint64_t len, uint64_t *bytes) {
+  long pg = sysconf(_SC_PAGESIZE);
+  if (pg <= 0)
+    pg = 4096;
+  *bytes = 0;
+  if (len == 0)
+    return 0;
+  if (len > (uint64_t)SIZE_MAX / 2)
+    return EFBIG;
+  void *m = mmap(NULL, (size_t)len, PROT_READ, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED)
+    return errno;
+  size_t np = (size_t)((len + (uint64_t)pg - 1) / (uint64_t)pg);
+  /* mincore's vector is unsigned char on Linux, char on macOS: 1 byte/page. */
+  unsigned char vec_small[1024];
+  unsigned char *vec = np <= sizeof vec_small ? vec_small : malloc(np);
+  int e = 0;
+  if (!vec)
+    e = ENOMEM;
+  else if (mincore(m, (size_t)len, (void *)vec) != 0)
+    e = errno;
+  else
+    for (size_t i = 0; i < np; i++)
+      if (vec[i] & 1)
+        *bytes += (uint64_t)pg;
+  if (vec != vec_small)
+    free(vec);
+  munmap(m, (size_t)len);
+  return e;
+}
+
+/* Residency: cachestat(2) (Linux 6.5+, no mapping needed) when the kernel has
+ * it, else mmap + mincore (every POSIX system; maps without touching pages). */
+#ifndef KVTI_SYS_CACHESTAT
+#define KVTI_SYS_CACHESTAT 451 /* same number on every Linux architecture */
+#endif
+static int d_resident(int fd, uint64_t len, uint64_t *bytes) {
+  *bytes = 0;
+  if (len == 0)
+    return 0;
+#if defined(__linux__)
+  long pg = sysconf(_SC_PAGESIZE);
+  if (pg <= 0)
+    pg = 4096;
+  static int no_cachestat; /* benign race: every thread learns the same */
+  if (!__atomic_load_n(&no_cachestat, __ATOMIC_RELAXED)) {
+    struct {
+      uint64_t off, len;
+    } range = {0, len};
+    struct {
+      uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted,
+          nr_recently_evicted;
+    } cs;
+    memset(&cs, 0, sizeof cs);
+    if (syscall(KVTI_SYS_CACHESTAT, fd, &range, &cs, 0) == 0) {
+      *bytes = cs.nr_cache * (uint64_t)pg;
+      return 0;
+    }
+    /* ENOSYS: kernel before 6.5; EPERM: a seccomp filter (container
+     * runtimes refuse syscalls they do not know with EPERM). */
+    if (errno != ENOSYS && errno != EPERM)
+      return errno;
+    __atomic_store_n(&no_cachestat, 1, __ATOMIC_RELAXED);
+  }
+#endif
+  return kvti_resident_mincore(fd, len, bytes);
+}
+
+const kvti_io_ops kvti_io_default = {
+    .open = d_open,
+    .close = close,
+    .pread = pread,
+    .pwrite = pwrite,
+    .fsync = fsync,
+    .ftruncate = ftruncate,
+    .fstat = fstat,
+    .lstat = lstat,
+    .rename = rename,
+    .mkdir = d_mkdir,
+    .rmdir = rmdir,
+    .unlink = unlink,
+    .chmod = d_chmod,
+    .opendir = opendir,
+    .readdir = readdir,
+    .closedir = closedir,
+    .malloc = malloc,
+    .calloc = calloc,
+    .realloc = realloc,
+    .free = free,
+    .rename_exchange = d_rename_exchange,
+    .aligned_alloc = d_aligned_alloc,
+#ifdef KVTI_HAVE_POSIX_FADVISE
+    .fallocate = d_fallocate,
+    .fadvise = d_fadvise,
+#endif
+#if KVT_HAVE_URING
+    .uring_setup = d_uring_setup,
+    .uring_submit = d_uring_submit,
+    .uring_result = d_uring_result,
+#endif
+    .resident = d_resident,
+};
+
+const kvti_io_ops *kvti_io = &kvti_io_default;
+
+const kvti_io_ops *kvti_io_set(const kvti_io_ops *ops) {
+  const kvti_io_ops *old = kvti_io;
+  kvti_io = ops ? ops : &kvti_io_default;
+  return old;
+}
+
+void *kvti_aligned_alloc(size_t align, size_t n) {
+  void *(*fn)(size_t, size_t) =
+      kvti_io->aligned_alloc ? kvti_io->aligned_alloc : d_aligned_alloc;
+  void *p = fn(align, n ? n : 1);
+  if (!p)
+    KVT_ERR_NOMEM();
+  return p;
+}
+
+void *kvti_malloc(size_t n) {
+  return kvti_io->malloc(n ? n : 1);
+}
+void *kvti_calloc(size_t n, size_t size) {
+  return kvti_io->calloc(n ? n : 1, size ? size : 1);
+}
+void *kvti_realloc(void *p, size_t n) {
+  return kvti_io->realloc(p, n ? n : 1);
+}
+void kvti_free(void *p) {
+  if (p)
+    kvti_io->free(p);
+}
+char *kvti_strdup(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *d = kvti_malloc(n);
+  if (!d) {
+    KVT_ERR_NOMEM();
+    return NULL;
+  }
+  memcpy(d, s, n);
+  return d;
+}
+
+int kvti_open(const char *path, int flags, mode_t mode) {
+  int fd;
+  do {
+    fd = kvti_io->open(path, flags | O_NOFOLLOW | O_CLOEXEC, mode);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0)
+    return KVT_ERR_OS(errno, "open %s", path);
+  return fd;
+}
+
+int kvti_close(int fd) {
+  if (kvti_io->close(fd) != 0 && errno != EINTR)
+    return KVT_ERR_OS(errno, "close");
+  return 0;
+}
+
+int kvti_pread_all(int fd, void *buf, size_t n, uint64_t off,
+                   const char *path) {
+  char *p = buf;
+  while (n > 0) {
+    ssize_t r = kvti_io->pread(fd, p, n, (off_t)off);
+    if (r < 0) {
+      if (errno == EINTR)
+        continue;
+      return KVT_ERR_OS(errno, "read %s", path);
+    }
+    if (r == 0)
+      return KVT_ERR(KVT_ECORRUPT,
+                     "read %s: file truncated (%zu bytes missing)", path, n);
+    p += r;
+    n -= (size_t)r;
+    off += (uint64_t)r;
+  }
+  return 0;
+}
+
+int kvti_pwrite_all(int fd, const void *buf, size_t n, uint64_t off,
+                    const char *path) {
+  const char *p = buf;
+  while (n > 0) {
+    ssize_t r = kvti_io->pwrite(fd, p, n, (off_t)off);
+    if (r < 0) {
+      if (errno == EINTR)
+        continue;
+      return KVT_ERR_OS(errno, "write %s", path);
+    }
+    if (r == 0)
+      return KVT_ERR_OS(EIO, "write %s: no progress", path);
+    p += r;
+    n -= (size_t)r;
+    off += (uint64_t)r;
+  }
+  return 0;
+}
+
+int kvti_fsync(int fd, const char *path) {
+  int r;
+  do {
+    r = kvti_io->fsync(fd);
+  } while (r != 0 && errno == EINTR);
+  if (r != 0)
+    return KVT_ERR_OS(errno, "fsync %s", path);
+  return 0;
+}
+
+int kvti_fsync_dir(const char *path) {
+  int fd = kvti_open(path, O_RDONLY | O_DIRECTORY, 0);
+  if (fd < 0)
+    return fd;
+  int rc = kvti_fsync(fd, path);
+  kvti_io->close(fd);
+  return rc;
+}
+
+int kvti_read_file(char **out, size_t *len, const char *path, size_t max) {
+  int fd = kvti_open(path, O_RDONLY, 0);
+  if (fd < 0)
+    return fd;
+  struct stat st;
+  int rc = 0;
+  char *buf = NULL;
+  if (kvti_io->fstat(fd, &st) != 0) {
+    rc = KVT_ERR_OS(errno, "stat %s", path);
+    goto out;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    rc = KVT_ERR(KVT_ECORRUPT, "%s is not a regular file", path);
+    goto out;
+  }
+  if ((uint64_t)st.st_size > max) {
+    rc = KVT_ERR(KVT_ECORRUPT, "%s is too large (%lld bytes, limit %zu)", path,
+                 (long long)st.st_size, max);
+    goto out;
+  }
+  buf = kvti_malloc((size_t)st.st_size + 1);
+  if (!buf) {
+    rc = KVT_ERR_NOMEM();
+    goto out;
+  }
+  rc = kvti_pread_all(fd, buf, (size_t)st.st_size, 0, path);
+  if (rc == 0) {
+    buf[st.st_size] = '\0';
+    *out = buf;
+    *len = (size_t)st.st_size;
+    buf = NULL;
+  }
+out:
+  kvti_free(buf);
+  kvti_io->close(fd);
+  return rc;
+}
+
+int kvti_write_file(const char *path, const void *data, size_t len, mode_t mode,
+                    int do_fsync) {
+  int fd = kvti_open(path, O_WRONLY | O_CREAT | O_TRUNC, mode);
+  if (fd < 0)
+    return fd;
+  int rc = kvti_pwrite_all(fd, data, len, 0, path);
+  if (rc == 0 && do_fsync)
+    rc = kvti_fsync(fd, path);
+  if (kvti_io->close(fd) != 0 && rc == 0 && errno != EINTR)
+    rc = KVT_ERR_OS(errno, "close %s", path);
+  if (rc != 0)
+    kvti_io->unlink(path);
+  return rc;
+}
+
+int kvti_mkdir(const char *path, mode_t mode) {
+  if (kvti_io->mkdir(path, mode) == 0)
+    return 0;
+  int e = errno;
+  if (e == EEXIST) {
+    struct stat st;
+    if (kvti_io->lstat(path, &st) != 0)
+      return KVT_ERR_OS(errno, "stat %s", path);
+    if (S_ISLNK(st.st_mode))
+      return KVT_ERR(KVT_EPERM, "%s is a symlink; refusing to use it", path);
+    if (!S_ISDIR(st.st_mode))
+      return KVT_ERR(KVT_EIO, "%s exists and is not a directory", path);
+    return 0;
+  }
+  return KVT_ERR_OS(e, "mkdir %s", path);
+}
+
+int kvti_rename(const char *from, const char *to) {
+  if (kvti_io->rename(from, to) != 0)
+    return KVT_ERR_OS(errno, "rename %s -> %s", from, to);
+  return 0;
+}
+
+int kvti_rename_exchange(const char *a, const char *b) {
+  if (!kvti_io->rename_exchange)
+    return KVT_EUNSUPPORTED;
+  if (kvti_io->rename_exchange(a, b) == 0)
+    return 0;
+  int e = errno;
+  if (e == ENOSYS || e == EINVAL || e == ENOTSUP || e == EOPNOTSUPP)
+    return KVT_EUNSUPPORTED;
+  if (e == ENOENT)
+    return KVT_ENOTFOUND;
+  return KVT_ERR_OS(e, "rename-exchange %s <-> %s", a, b);
+}
+
+int kvti_unlink(const char *path) {
+  if (kvti_io->unlink(path) != 0 && errno != ENOENT)
+    return KVT_ERR_OS(errno, "unlink %s", path);
+  return 0;
+}
+
+int kvti_lstat(const char *path, struct stat *st) {
+  if (kvti_io->lstat(path, st) != 0) {
+    if (errno == ENOENT)
+      return KVT_ERR(KVT_ENOTFOUND, "%s does not exist", path);
+    return KVT_ERR_OS(errno, "stat %s", path);
+  }
+  return 0;
+}
+
+char *kvti_path_join(const char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b);
+  char *p = kvti_malloc(la + lb + 2);
+  if (!p) {
+    KVT_ERR_NOMEM();
+    return NULL;
+  }
+  memcpy(p, a, la);
+  size_t o = la;
+  if (la == 0 || a[la - 1] != '/')
+    p[o++] = '/';
+  memcpy(p + o, b, lb + 1);
+  return p;
+}
+
+/* Depth is bounded so a hostile deep tree cannot exhaust the stack. */
+static int rmtree_rec(const char *path, int depth) {
+  struct stat st;
+  if (kvti_io->lstat(path, &st) != 0)
+    return errno == ENOENT ? 0 : KVT_ERR_OS(errno, "stat %s", path);
+  if (!S_ISDIR(st.st_mode))
+    return kvti_unlink(path);
+  if (depth > 16)
+    return KVT_ERR(KVT_EIO, "%s: directory tree too deep to remove", path);
+  DIR *d = kvti_io->opendir(path);
+  if (!d)
+    return KVT_ERR_OS(errno, "opendir %s", path);
+  int rc = 0;
+  struct dirent *de;
+  while ((de = kvti_io->readdir(d)) != NULL) {
+    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+      continue;
+    char *child = kvti_path_join(path, de->d_name);
+    if (!child) {
+      rc = KVT_ENOMEM;
+      break;
+    }
+    int r = rmtree_rec(child, depth + 1);
+    kvti_free(child);
+    if (r != 0 && rc == 0)
+      rc = r;
+  }
+  kvti_io->closedir(d);
+  if (rc == 0 && kvti_io->rmdir(path) != 0 && errno != ENOENT)
+    rc = KVT_ERR_OS(errno, "rmdir %s", path);
+  return rc;
+}
+
+int kvti_rmtree(const char *path) {
+  return rmtree_rec(path, 0);
+}
+
+int kvti_dir_bytes(uint64_t *out, const char *dir, int apparent) {
+  DIR *d = kvti_io->opendir(dir);
+  if (!d)
+    return KVT_ERR_OS(errno, "opendir %s", dir);
+  uint64_t total = 0;
+  int rc = 0;
+  struct dirent *de;
+  while ((de = kvti_io->readdir(d)) != NULL) {
+    if (de->d_name[0] == '.')
+      continue;
+    char *p = kvti_path_join(dir, de->d_name);
+    if (!p) {
+      rc = KVT_ENOMEM;
+      break;
+    }
+    struct stat st;
+    if (kvti_io->lstat(p, &st) == 0 && S_ISREG(st.st_mode))
+      total += apparent ? (uint64_t)st.st_size : (uint64_t)st.st_blocks * 512u;
+    kvti_free(p);
+  }
+  kvti_io->closedir(d);
+  if (rc == 0)
+    *out = total;
+  return rc;
+}

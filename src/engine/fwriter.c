@@ -1,0 +1,354 @@
+/*
+ * fwriter.c - the staged group writer (see fwriter.h). A group owns one I/O
+ * engine and a ring of NSTAGE staging buffers of STAGE bytes shared by its
+ * files: the current file's bytes are copied (in cache-sized pieces, each
+ * hashed right after its copy) into the current buffer; a full buffer - or a
+ * file's last partial one at close - is pushed as one write at the file's
+ * offset and the ring advances, waiting only for the next buffer's previous
+ * write. Files stay open until finish (or a checkpoint every MAX_OPEN files),
+ * which waits for all writes, trims preallocations and fsyncs them all at once.
+ * Staging buffers come from a bufpool, so steady state allocates nothing.
+ */
+#include "engine/fwriter.h"
+#include "base/error.h"
+#include "base/hash.h"
+#include "base/io.h"
+#include "engine/iobatch.h"
+#include "kvtier.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+
+#define NSTAGE 8
+#define STAGE ((size_t)1 << 20)
+/* Copy+hash granularity: a piece stays in L1/L2 between its copy and its hash.
+ */
+#define PIECE ((size_t)64 << 10)
+#define MAX_OPEN 64 /* files kept open before a checkpoint */
+
+struct kvti_fwriter {
+  kvti_wgroup *g;
+  char *path;
+  int fd, dfd;
+  kvti_blkhash *h; /* the bytes' hasher (NULL: none) */
+  int own_h;       /* h is the writer's whole-file hash, not the caller's */
+  size_t fill;     /* bytes of this file in the current stage */
+  uint64_t off;    /* file offset of the current stage's first byte */
+  uint64_t prealloc;
+  int closed;
+  int own_group; /* made by kvti_fwriter_open */
+  struct kvti_fwriter *next;
+};
+
+struct kvti_wgroup {
+  kvti_iobatch *b;
+  kvti_bufpool *pool;
+  int do_fsync;
+  char *stage[NSTAGE];
+  kvti_iob_req req[NSTAGE];
+  int busy[NSTAGE];
+  unsigned k;
+  kvti_fwriter *files; /* every file not yet checkpointed, newest first */
+  unsigned nfiles;
+  kvti_fwriter *cur; /* the file being appended to */
+  int err;
+};
+
+int kvti_wgroup_open(kvti_wgroup **out, int backend, kvti_bufpool *pool,
+                     int do_fsync) {
+  kvti_wgroup *g = kvti_calloc(1, sizeof *g);
+  if (!g)
+    return KVT_ERR_NOMEM();
+  g->pool = pool ? pool : kvti_bufpool_default();
+  if (!g->pool) {
+    kvti_free(g);
+    return KVT_ERR_NOMEM();
+  }
+  kvti_bufpool_retain(g->pool);
+  g->do_fsync = do_fsync;
+  int rc = kvti_iobatch_get(&g->b, backend);
+  if (rc) {
+    kvti_bufpool_release(g->pool);
+    kvti_free(g);
+    return rc;
+  }
+  *out = g;
+  return 0;
+}
+
+static void file_free(kvti_fwriter *w, int remove) {
+  if (w->dfd >= 0)
+    kvti_io->close(w->dfd);
+  if (w->fd >= 0)
+    kvti_io->close(w->fd);
+  if (remove && w->path)
+    kvti_io->unlink(w->path);
+  if (w->own_h)
+    kvti_blkhash_free(w->h);
+  kvti_free(w->path);
+  kvti_free(w);
+}
+
+/* Waits for every write, then trims, fsyncs and closes the group's files; on
+ * failure (or remove) removes them. Returns 0 or the error. */
+static int settle(kvti_wgroup *g, int remove) {
+  int rc = kvti_iobatch_wait_all(
+      g->b); /* no write may touch a buffer or fd after this */
+  memset(g->busy, 0, sizeof g->busy);
+  if (g->err && !rc)
+    rc = g->err;
+  if (remove)
+    rc = rc ? rc : KVT_ECANCELED;
+  for (kvti_fwriter *w = g->files; rc == 0 && w; w = w->next)
+    if (w->prealloc > w->off && kvti_io->ftruncate(w->fd, (off_t)w->off) != 0)
+      rc = KVT_ERR_OS(errno, "truncate %s", w->path);
+  if (rc == 0 && g->do_fsync && g->nfiles > 0) {
+    int fds[MAX_OPEN + 1];
+    const char *paths[MAX_OPEN + 1];
+    size_t n = 0;
+    for (kvti_fwriter *w = g->files; w && n <= MAX_OPEN; w = w->next) {
+      fds[n] = w->fd;
+      paths[n++] = w->path;
+    }
+    rc = kvti_iobatch_fsync_many(g->b, fds, n, paths);
+  }
+  for (kvti_fwriter *w = g->files; rc == 0 && w; w = w->next) {
+    if (w->dfd >= 0) {
+      kvti_io->close(w->dfd);
+      w->dfd = -1;
+    }
+    int fd = w->fd;
+    w->fd = -1;
+    if (kvti_io->close(fd) != 0 && errno != EINTR)
+      rc = KVT_ERR_OS(errno, "close %s", w->path);
+  }
+  kvti_fwriter *w = g->files;
+  while (w) {
+    kvti_fwriter *next = w->next;
+    file_free(w, rc != 0);
+    w = next;
+  }
+  g->files = NULL;
+  g->nfiles = 0;
+  if (rc && !g->err)
+    g->err = rc;
+  return rc == KVT_ECANCELED && remove ? 0 : rc;
+}
+
+static void group_free(kvti_wgroup *g) {
+  kvti_iobatch_put(g->b);
+  for (int i = 0; i < NSTAGE; i++)
+    kvti_bufpool_put(g->pool, g->stage[i], STAGE);
+  kvti_bufpool_release(g->pool);
+  kvti_free(g);
+}
+
+int kvti_wgroup_finish(kvti_wgroup *g) {
+  if (g->cur && !g->err)
+    kvti_fwriter_close(g->cur, NULL, NULL);
+  int rc = settle(g, g->err != 0);
+  if (g->err && !rc)
+    rc = g->err;
+  group_free(g);
+  return rc;
+}
+
+void kvti_wgroup_abort(kvti_wgroup *g) {
+  if (!g)
+    return;
+  settle(g, 1);
+  group_free(g);
+}
+
+int kvti_wgroup_file(kvti_fwriter **out, kvti_wgroup *g, const char *path,
+                     const kvti_fwriter_opts *o) {
+  kvti_fwriter_opts def = KVTI_FWRITER_OPTS_INIT;
+  if (!o)
+    o = &def;
+  if (g->err)
+    return g->err;
+  if (g->cur)
+    return KVT_ERR(KVT_EINVAL, "fwriter: %s still open in the group",
+                   g->cur->path);
+  if (g->nfiles >= MAX_OPEN) {
+    int rc = settle(g, 0); /* checkpoint: bounds open descriptors */
+    if (rc)
+      return rc;
+  }
+  kvti_fwriter *w = kvti_calloc(1, sizeof *w);
+  if (!w)
+    return KVT_ERR_NOMEM();
+  w->g = g;
+  w->fd = w->dfd = -1;
+  int rc = 0;
+  if (!(w->path = kvti_strdup(path))) {
+    kvti_free(w);
+    return KVT_ENOMEM;
+  }
+  if (o->blocks) {
+    w->h = o->blocks;
+  } else if (o->hash) {
+    if ((rc = kvti_blkhash_new(&w->h, 0, 0)) != 0) {
+      w->h = NULL;
+      file_free(w, 0);
+      return rc;
+    }
+    w->own_h = 1;
+  }
+  int flags = O_WRONLY | O_CREAT | (o->excl ? O_EXCL : O_TRUNC);
+  mode_t mode = o->file_mode ? (mode_t)o->file_mode : 0600;
+  w->fd = kvti_open(path, flags, mode);
+  if (w->fd < 0) {
+    rc = w->fd;
+    w->fd = -1;
+    file_free(w, 0); /* not ours to remove (e.g. O_EXCL on an existing file) */
+    return rc;
+  }
+  /* Registered at once: from here on a failure removes it with the group's
+   * files. */
+  w->next = g->files;
+  g->files = w;
+  g->nfiles++;
+  if (kvti_io->chmod(path, mode) != 0)
+    return g->err = KVT_ERR_OS(errno, "chmod %s", path);
+  if (!o->no_direct)
+    w->dfd = kvti_iob_open_direct(path, O_WRONLY, 0);
+  if (o->size_hint >= STAGE && w->dfd >= 0) {
+    rc = kvti_iob_preallocate(w->fd, o->size_hint);
+    if (rc)
+      return g->err = rc;
+    w->prealloc = o->size_hint;
+  }
+  g->cur = w;
+  *out = w;
+  return 0;
+}
+
+/* Pushes len bytes of the current stage as w's data at w->off and makes the
+ * next stage current, waiting for its previous write. */
+static int flush_stage(kvti_fwriter *w, size_t len) {
+  kvti_wgroup *g = w->g;
+  unsigned k = g->k;
+  g->req[k] = (kvti_iob_req){w->fd, w->dfd, 1, g->stage[k], len, w->off, 0,
+                             0,     0,      0, 0,           0,   NULL};
+  g->busy[k] = 1;
+  int rc = kvti_iobatch_push(g->b, &g->req[k], 0, w->path);
+  w->off += len;
+  w->fill = 0;
+  g->k = (k + 1) % NSTAGE;
+  if (rc == 0 && g->busy[g->k]) {
+    g->busy[g->k] = 0;
+    rc = kvti_iobatch_wait_req(g->b, &g->req[g->k]);
+  }
+  return rc;
+}
+
+int kvti_fwriter_append(kvti_fwriter *w, const void *data, size_t len) {
+  kvti_wgroup *g = w->g;
+  if (g->err)
+    return g->err;
+  if (w->closed || g->cur != w)
+    return KVT_ERR(KVT_EINVAL, "fwriter: %s is closed", w->path);
+  const char *p = data;
+  while (len > 0) {
+    if (!g->stage[g->k]) {
+      g->stage[g->k] = kvti_bufpool_get(g->pool, STAGE, NULL);
+      if (!g->stage[g->k])
+        return g->err = KVT_ENOMEM;
+    }
+    size_t n = STAGE - w->fill;
+    if (n > len)
+      n = len;
+    if (n > PIECE)
+      n = PIECE;
+    char *dst = g->stage[g->k] + w->fill;
+    memcpy(dst, p, n);
+    if (w->h) {
+      int rc = kvti_blkhash_update(w->h, dst, n);
+      if (rc)
+        return g->err = rc;
+    }
+    w->fill += n;
+    p += n;
+    len -= n;
+    if (w->fill == STAGE) {
+      int rc = flush_stage(w, STAGE);
+      if (rc)
+        return g->err = rc;
+    }
+  }
+  return 0;
+}
+
+int kvti_fwriter_close(kvti_fwriter *w, uint64_t *size, uint64_t *xxh3) {
+  kvti_wgroup *g = w->g;
+  if (g->err)
+    return g->err;
+  if (w->closed)
+    return KVT_ERR(KVT_EINVAL, "fwriter: %s closed twice", w->path);
+  uint64_t total = w->off + w->fill;
+  if (w->fill > 0) {
+    int rc = flush_stage(w, w->fill);
+    if (rc)
+      return g->err = rc;
+  }
+  w->off = total;
+  w->closed = 1;
+  g->cur = NULL;
+  if (size)
+    *size = total;
+  if (xxh3) {
+    *xxh3 = 0;
+    if (w->own_h) {
+      int rc = kvti_blkhash_final(w->h, xxh3);
+      if (rc)
+        return g->err = rc;
+    }
+  }
+  return 0;
+}
+
+int kvti_fwriter_open(kvti_fwriter **out, const char *path,
+                      const kvti_fwriter_opts *o) {
+  kvti_fwriter_opts def = KVTI_FWRITER_OPTS_INIT;
+  if (!o)
+    o = &def;
+  kvti_wgroup *g = NULL;
+  int rc = kvti_wgroup_open(&g, o->backend, o->pool, 0);
+  if (rc)
+    return rc;
+  kvti_fwriter *w = NULL;
+  rc = kvti_wgroup_file(&w, g, path, o);
+  if (rc) {
+    kvti_wgroup_abort(g);
+    return rc;
+  }
+  w->own_group = 1;
+  *out = w;
+  return 0;
+}
+
+int kvti_fwriter_finish(kvti_fwriter *w, uint64_t *size, uint64_t *xxh3,
+                        int do_fsync) {
+  kvti_wgroup *g = w->g;
+  uint64_t sz = 0, h = 0;
+  int rc = w->closed ? 0 : kvti_fwriter_close(w, &sz, &h);
+  g->do_fsync = do_fsync;
+  int rc2 = kvti_wgroup_finish(g); /* frees w */
+  if (rc == 0)
+    rc = rc2;
+  if (rc == 0) {
+    if (size)
+      *size = sz;
+    if (xxh3)
+      *xxh3 = h;
+  }
+  return rc;
+}
+
+void kvti_fwriter_abort(kvti_fwriter *w) {
+  if (w)
+    kvti_wgroup_abort(w->g);
+}

@@ -1,0 +1,86 @@
+/*
+ * fwriter.h - a staged, pipelined writer for the files of an entry. Bytes
+ * appended from anywhere (a safetensors header, then each tensor) are copied
+ * into 4096-aligned pooled staging buffers and hashed (XXH3-64 of the whole
+ * file, or per block through a caller's kvti_blkhash) while they are hot in
+ * cache; each full staging buffer is written at an aligned file offset
+ * through O_DIRECT with several writes in flight (iobatch push/wait) while the
+ * caller fills the next one. Only a file's final partial block goes through the
+ * page cache. Files are preallocated to their expected size so direct writes do
+ * not extend them (ext4 serialises extending direct writes).
+ *
+ * Files are written in a group (one entry = one group): closing a file does not
+ * wait for its writes, so the pipeline stays full across the 32+ layer files of
+ * an entry, and the group's finish waits once, then fsyncs every file at once
+ * (io_uring fsyncs in parallel, which the journal commits together) - per-file
+ * write-then-fsync costs ~3 ms per file on the target VMs, more than writing a
+ * 4 MiB layer. Buffered write + fsync reaches ~30-40% of the disk's speed
+ * there; this path reaches the O_DIRECT speed.
+ *
+ * A group (and its files) is used by one thread. One file of a group is
+ * appended to at a time (open the next after closing the previous). On any
+ * failure the group is failed: every later call returns the error and
+ * finish/abort remove every file the group created.
+ */
+#ifndef KVT_FWRITER_H
+#define KVT_FWRITER_H
+
+#include "base/bufpool.h"
+#include "base/hash.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvti_wgroup kvti_wgroup;
+typedef struct kvti_fwriter kvti_fwriter;
+
+typedef struct kvti_fwriter_opts {
+  int backend;        /* kvt_io_backend of the engine (KVT_IO_AUTO) */
+  int no_direct;      /* 1: never O_DIRECT (page cache only) */
+  int hash;           /* 1: compute the XXH3-64 of every byte written */
+  uint64_t size_hint; /* expected final size (preallocated); 0 = unknown */
+  uint32_t file_mode; /* 0 = 0600; applied with chmod (umask-independent) */
+  int excl;           /* 1: O_EXCL (fail if the file exists), else O_TRUNC */
+  kvti_bufpool *pool; /* staging buffers; NULL = the default pool */
+  /* Non-NULL: every byte is fed (once, while hot) to this caller-owned block
+   * hasher instead of the whole-file hash (`hash` is then ignored and close
+   * reports no checksum: the caller finalizes the hasher after close). */
+  kvti_blkhash *blocks;
+} kvti_fwriter_opts;
+#define KVTI_FWRITER_OPTS_INIT                                                 \
+  { 0, 0, 1, 0, 0600, 0, NULL, NULL }
+
+/* Group: backend/pool as above; do_fsync: files are fsynced at finish (and at
+ * the internal checkpoints that bound the number of open files). Returns 0,
+ * KVT_ENOMEM, KVT_EUNSUPPORTED. */
+int kvti_wgroup_open(kvti_wgroup **out, int backend, kvti_bufpool *pool,
+                     int do_fsync);
+/* Starts a file in the group (o->backend/pool are ignored: the group's). */
+int kvti_wgroup_file(kvti_fwriter **out, kvti_wgroup *g, const char *path,
+                     const kvti_fwriter_opts *o);
+/* Ends the current file: its last bytes are queued, *size / *xxh3 (may be NULL)
+ * receive its size and checksum now; the writes complete by kvti_wgroup_finish.
+ */
+int kvti_fwriter_close(kvti_fwriter *w, uint64_t *size, uint64_t *xxh3);
+/* Waits for every write, trims preallocation beyond each file's size, fsyncs
+ * every file (when the group was opened with do_fsync), closes them and frees
+ * the group. On failure every file of the group is removed. Returns 0 or the
+ * first error. */
+int kvti_wgroup_finish(kvti_wgroup *g);
+/* Waits for writes in flight, closes and removes every file, frees. Accepts
+ * NULL. */
+void kvti_wgroup_abort(kvti_wgroup *g);
+
+/* Single-file convenience (a private group of one). */
+int kvti_fwriter_open(kvti_fwriter **out, const char *path,
+                      const kvti_fwriter_opts *o);
+/* Appends len bytes (copied before return). Returns 0 or the error. */
+int kvti_fwriter_append(kvti_fwriter *w, const void *data, size_t len);
+/* For a writer from kvti_fwriter_open: close + finish of its group (fsync when
+ * do_fsync). */
+int kvti_fwriter_finish(kvti_fwriter *w, uint64_t *size, uint64_t *xxh3,
+                        int do_fsync);
+/* For a writer from kvti_fwriter_open: abort of its group. Accepts NULL. */
+void kvti_fwriter_abort(kvti_fwriter *w);
+
+#endif

@@ -1,0 +1,166 @@
+/*
+ * layer.h - per-layer serialisation: which tensors each layer kind stores and
+ * under which names (layer_<i>_keys/_values, layer_<i>_state_<j>, and kvtier's
+ * native quantized layer_<i>_{keys,values}{,_scales,_biases}), the compat-mode
+ * transformations that reproduce exactly what the reference writes (bf16 -> F32
+ * upcast with hints, MLX affine dequantization, trim to offset, bf16 -> F16
+ * cast), the manifest object of a layer (emitted the way Python's json.dumps
+ * writes it) and its parser, and the verified read of one layer file straight
+ * into the final tensor buffers.
+ */
+#ifndef KVT_LAYER_H
+#define KVT_LAYER_H
+
+#include "kvtier.h"
+#include "format/safetensors.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define KVTI_NAME_MAX 64
+#define KVTI_MAX_ARRAYS 65536u
+#define KVTI_MAX_LAYERS 1000000u
+
+/* Checks one caller layer (kind, tensor count, dtypes, shape vs nbytes,
+ * quantized geometry, attributes). need_data: data must be non-NULL when nbytes
+ * > 0. Returns 0 or KVT_EINVAL with a message naming layer idx. */
+int kvti_layer_validate(const kvt_layer *l, uint32_t idx, int need_data);
+
+/* True when the layer's stored form needs MLX dequantization in compat mode. */
+static inline int kvti_layer_is_quantized(const kvt_layer *l) {
+  return l->kind == KVT_LAYER_QUANTIZED_KV;
+}
+
+/* What one layer file contains once the storage mode is applied. */
+typedef struct kvti_layer_out {
+  uint32_t n;
+  char (*names)[KVTI_NAME_MAX];
+  kvt_tensor *tensors; /* data points into the caller's layer or into owned[] */
+  void **owned;        /* converted buffers (kvti_buf_alloc), or NULL entries */
+  char *meta_json;     /* the layer's manifest object, json.dumps style */
+  /* Data alignment of the file: 0 = the safetensors package's 8 (compat mode
+   * stays byte-identical to the reference); KVTI_DATA_ALIGN in native mode. */
+  uint32_t data_align;
+} kvti_layer_out;
+
+/* Native-mode layer files pad their header so tensor data starts at a
+ * multiple of this: reads of aligned tensors can then use O_DIRECT. */
+#define KVTI_DATA_ALIGN 4096u
+/* ... when the file holds at least this many bytes of tensors (smaller files
+ * are read through the page cache anyway). */
+#define KVTI_DATA_ALIGN_MIN ((uint64_t)1 << 20)
+
+/* Plans layer idx for mode. entry_has_quant: some layer of the entry is
+ * quantized (the reference then casts every bf16 KV layer to F16). With
+ * materialize == 0 no data is converted (descriptors, names and metadata only:
+ * enough to compute sizes). The layer must be valid. Returns 0, KVT_ENOMEM,
+ * KVT_EUNSUPPORTED (compat dequantization of unsupported bits). */
+int kvti_layer_plan(kvti_layer_out *p, const kvt_layer *l, uint32_t idx,
+                    int mode, int entry_has_quant, int materialize);
+void kvti_layer_out_free(kvti_layer_out *p);
+
+/* Bytes the layer file will have (0 with the error set on failure). */
+uint64_t kvti_layer_out_file_size(const kvti_layer_out *p);
+
+/* Writes a planned layer as a safetensors file at path (O_CREAT|O_EXCL unless
+ * truncate), with file_mode, fsync when do_fsync. size and xxh3 as
+ * kvti_st_write (same bytes). With blocks (non-NULL, a fresh compute-mode
+ * kvti_blkhash) the bytes are hashed per block into it instead (each byte once)
+ * and *xxh3 receives the digest of the block list (entry format 2). io_backend
+ * (kvt_io_backend) picks the I/O engine of the staged O_DIRECT writer
+ * (fwriter.h). With a group (non-NULL) the file joins it: do_fsync/io_backend
+ * are the group's, and the writes complete, are fsynced and (on failure)
+ * removed by kvti_wgroup_finish/abort. Alone, on failure the file is removed.
+ */
+struct kvti_wgroup;
+int kvti_layer_write_file(uint64_t *size, uint64_t *xxh3, const char *path,
+                          const kvti_layer_out *p, uint32_t file_mode,
+                          int do_fsync, int truncate, int io_backend,
+                          struct kvti_wgroup *group, kvti_blkhash *blocks);
+
+/* Parsed manifest object of a layer. */
+typedef struct kvti_layer_meta {
+  int32_t kind;
+  uint32_t layer_idx;
+  int64_t offset, max_size, keep, step, idx;
+  int32_t bits, group_size;
+  uint32_t num_tensors;
+  int32_t *orig_dtypes; /* num_tensors entries or NULL (kvti_malloc) */
+} kvti_layer_meta;
+
+/* Parses one layer object (a cJSON *, passed as void * to keep cJSON out of
+ * this header). expect_idx >= 0: layer_idx must equal it. Returns 0,
+ * KVT_ECORRUPT, KVT_ENOMEM. */
+int kvti_layer_meta_parse(kvti_layer_meta *m, const void *cjson_obj,
+                          int64_t expect_idx, const char *what);
+void kvti_layer_meta_free(kvti_layer_meta *m);
+/* File name of tensor j of the layer ("layer_3_keys_scales"). */
+void kvti_layer_tensor_name(char out[KVTI_NAME_MAX], const kvti_layer_meta *m,
+                            uint32_t j);
+
+/* Checks that a parsed safetensors header holds exactly the tensors the
+ * metadata calls for, with consistent dtypes/shapes; slot[j] receives the
+ * header tensor of layer tensor j (array of m->num_tensors). Returns 0 or
+ * KVT_ECORRUPT. */
+int kvti_layer_check_header(const kvti_st_tensor **slot,
+                            const kvti_st_header *hd, const kvti_layer_meta *m,
+                            const char *path);
+
+typedef struct kvti_layer_read_opts {
+  kvt_alloc_fn alloc; /* NULL: kvti_buf_alloc */
+  kvt_free_fn free_buf;
+  void *alloc_ctx;
+  uint32_t layer_no; /* passed to alloc */
+  atomic_int *cancel;
+  int verify_only; /* read + verify, keep no data (out gets no buffers) */
+  /* Format 1: the whole-file XXH3-64; NULL: no checksum (reference entries).
+   * Ignored when block_size > 0. */
+  const uint64_t *expect_xxh3;
+  int io_backend; /* kvt_io_backend of the reads (0 = AUTO) */
+  /* > 0: keep only token positions [0, keep_tokens) of a KV or quantized KV
+   * layer (axis -2 of every tensor; offset becomes keep_tokens); other kinds
+   * fail with KVT_EUNSUPPORTED, a layer holding fewer tokens with KVT_EINVAL.
+   * With per-block checksums (block_size > 0) only the blocks covering the
+   * header and each head's kept rows are read, and each is verified before any
+   * of its bytes is used; with a whole-file checksum the whole file is still
+   * read (the checksum covers it) but only the kept rows are copied out;
+   * without a checksum only the kept rows are read. 0: the whole layer. */
+  uint64_t keep_tokens;
+  /* Format 2: block size (a power of two) and the n_blocks expected per-block
+   * XXH3-64s; n_blocks must be the file's block count (else KVT_ECORRUPT). 0:
+   * format 1 or no checksum. */
+  uint64_t block_size;
+  const uint64_t *blocks;
+  size_t n_blocks;
+  /* 1: read through the page cache even when the file is cold (never
+   * O_DIRECT), leaving the pages cached for a next read. */
+  int page_cache;
+} kvti_layer_read_opts;
+
+/* Reads the layer file at path described by m into out (tensors and orig_dtypes
+ * allocated with kvti_malloc, data via alloc), verifying the header against m
+ * and the checksums (whole file, or every block as it lands). *file_bytes
+ * receives the file size, or for a trimmed read the bytes actually read. On
+ * failure nothing is kept (caller buffers go back through free_buf). Returns 0,
+ * KVT_ECORRUPT, KVT_EIO, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ECANCELED.
+ */
+int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
+                         const kvti_layer_meta *m,
+                         const kvti_layer_read_opts *o);
+
+/* Frees a layer read by kvti_layer_read_file (tensor buffers via free_buf when
+ * alloc was a caller's: pass caller_alloc = 1; free_buf NULL then means the
+ * caller keeps them). */
+void kvti_layer_release(kvt_layer *l, int caller_alloc, kvt_free_fn free_buf,
+                        void *ctx);
+
+/* MLX affine dequantization of one quantized tensor into out (n = rows*D
+ * elements of out_dtype), keeping only the first keep_rows of every block of T
+ * rows along axis -2 (keep_rows = T: all). q_round: the intermediate dtype the
+ * result is rounded to first (the scales dtype). Exposed for tests. Returns 0
+ * or KVT_EUNSUPPORTED. */
+int kvti_dequantize(void *out, kvt_dtype out_dtype, const kvt_tensor *packed,
+                    const kvt_tensor *scales, const kvt_tensor *biases,
+                    int bits, int group_size, int64_t keep_rows);
+
+#endif

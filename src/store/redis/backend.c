@@ -1,0 +1,1184 @@
+/*
+ * backend_redis.c - the Redis / Valkey implementation of the storage-backend
+ * seam (backend.h). An entry is stored as the very files the local backend
+ * writes (entry.c's layer safetensors, manifest.json with its xxh3 checksums,
+ * tokens.bin), concatenated in a fixed order and cut into chunks of at most
+ * chunk_bytes, each a string value:
+ *   <P>{<hash>}:<gen>:<k>   chunk k of generation gen (16 hex, random per put)
+ *   <P>{<hash>}:m           the remote manifest (JSON: gen, file names and
+ *                           sizes, per-chunk xxh3, num_tokens, memory_bytes,
+ *                           created_at), written LAST: it is the commit marker
+ *   <P>{z:<prefix_hash>}    sorted set of entries of >= 16 tokens sharing the
+ *                           reference's prefix_hash (SHA-256 of the first 16
+ *                           tokens); member = token hash, score = length
+ *   <P>{s:<first token>}    the same for entries shorter than 16 tokens
+ * The hash tag {<hash>} keeps every key of an entry on one cluster slot, so the
+ * chunks and the manifest move together in a migration and an entry's batch is
+ * one pipeline to one node. A put writes the chunks of a new generation, then
+ * the manifest (readers switch atomically), then deletes the old generation. A
+ * get reads the manifest, then the chunks of its generation, checks each
+ * chunk's size and xxh3, writes the files into a local staging directory and
+ * lets entry.c's reader verify them as it verifies a local entry. The server
+ * may evict any key at any time: a missing chunk (or a damaged one) makes the
+ * entry a miss and deletes what is left of it. Longest-prefix lookups read one
+ * or two sorted sets (never a keyspace scan) and confirm each candidate by
+ * hashing the query's prefix of that length; stale members are removed as
+ * found. Keys expire after retention_seconds when set.
+ */
+#include "store/backend.h"
+#include "base/error.h"
+#include "base/hash.h"
+#include "base/io.h"
+#include "store/redis/rclient.h"
+#include "store/redis.h"
+
+#include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define RB_MAX_FILES 4096
+#define RB_BATCH_BYTES (64ull << 20) /* bytes of chunks per pipeline */
+#define RB_PREFIX_BLOCK 16           /* tokens of the reference's prefix_hash */
+
+typedef struct redis_backend {
+  kvti_backend base;
+  kvr_client *cl;
+  char *prefix;
+  uint64_t chunk_bytes;
+  int64_t ttl_ms;
+  char *stage_root;
+  uint32_t file_mode, dir_mode;
+  atomic_uint_fast64_t stage_seq;
+} redis_backend;
+
+static redis_backend *R(kvti_backend *b) {
+  return (redis_backend *)b;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Keys                                                                     */
+/* ------------------------------------------------------------------------ */
+
+typedef struct rkey {
+  char s[512];
+  size_t n;
+} rkey;
+
+static void key_fmt(rkey *k, const redis_backend *rb, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#include <stdarg.h>
+static void key_fmt(rkey *k, const redis_backend *rb, const char *fmt, ...) {
+  int a = snprintf(k->s, sizeof k->s, "%s", rb->prefix);
+  va_list ap;
+  va_start(ap, fmt);
+  int b = vsnprintf(k->s + a, sizeof k->s - (size_t)a, fmt, ap);
+  va_end(ap);
+  k->n = (size_t)a + (size_t)b;
+}
+
+static void key_manifest(rkey *k, const redis_backend *rb, const char *hash) {
+  key_fmt(k, rb, "{%s}:m", hash);
+}
+static void key_chunk(rkey *k, const redis_backend *rb, const char *hash,
+                      const char *gen, uint64_t i) {
+  key_fmt(k, rb, "{%s}:%s:%" PRIu64, hash, gen, i);
+}
+/* The prefix set an entry of these tokens belongs to. */
+static int key_pset(rkey *k, const redis_backend *rb, const int32_t *tokens,
+                    size_t n) {
+  if (n >= RB_PREFIX_BLOCK) {
+    char ph[KVT_HASH_HEX_LEN + 1];
+    int rc = kvt_token_hash(ph, tokens, RB_PREFIX_BLOCK);
+    if (rc != 0)
+      return rc;
+    key_fmt(k, rb, "{z:%s}", ph);
+  } else {
+    key_fmt(k, rb, "{s:%" PRId32 "}", n ? tokens[0] : 0);
+  }
+  return 0;
+}
+
+/* Appends an argument of len bytes to c (every command here has fewer than
+ * KVR_MAX_ARGS). */
+static void cmd_arg(kvr_cmd *c, const char *a, size_t len) {
+  c->argv[c->argc] = a;
+  c->len[c->argc++] = len;
+}
+
+/* Starts c as the command a with the argument b of bl bytes. */
+static void cmd2(kvr_cmd *c, const char *a, const char *b, size_t bl) {
+  c->argc = 0;
+  cmd_arg(c, a, strlen(a));
+  cmd_arg(c, b, bl);
+}
+
+/* Appends "PX ttl" to a SET when entries expire (ttl: rb->ttl_ms printed). */
+static void cmd_px(kvr_cmd *c, const redis_backend *rb, const char *ttl) {
+  if (rb->ttl_ms > 0) {
+    cmd_arg(c, "PX", 2);
+    cmd_arg(c, ttl, strlen(ttl));
+  }
+}
+
+static int reply_err(const redisReply *r, const char *what) {
+  if (r && r->type == REDIS_REPLY_ERROR) {
+    if (strstr(r->str, "OOM"))
+      return KVT_ERR(KVT_ENOSPC, "redis %s: %s", what, r->str);
+    return KVT_ERR(KVT_EIO, "redis %s: %s", what, r->str);
+  }
+  return 0;
+}
+
+static void free_replies(redisReply **r, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (r[i])
+      freeReplyObject(r[i]);
+}
+
+/* One pipelined batch of commands on chunks [base, base + n) of a generation:
+ * their keys (all in the entry's slot, so one kvr_exec), the commands the
+ * caller fills in, and the replies. */
+typedef struct chunk_batch {
+  rkey *keys;
+  kvr_cmd *cmds;
+  redisReply **rep;
+  uint64_t n;
+} chunk_batch;
+
+static void batch_close(chunk_batch *b) {
+  if (b->rep)
+    free_replies(b->rep, b->n);
+  kvti_free(b->keys);
+  kvti_free(b->cmds);
+  kvti_free(b->rep);
+}
+
+/* Allocates a batch of n (>= 1) and fills its keys; on 0 the caller fills
+ * cmds and calls batch_exec, then batch_close. */
+static int batch_open(chunk_batch *b, const redis_backend *rb, const char *hash,
+                      const char *gen, uint64_t base, uint64_t n) {
+  b->n = n;
+  b->keys = kvti_malloc(n * sizeof *b->keys);
+  b->cmds = kvti_malloc(n * sizeof *b->cmds);
+  b->rep = kvti_calloc(n, sizeof *b->rep);
+  if (!b->keys || !b->cmds || !b->rep) {
+    batch_close(b);
+    return KVT_ERR_NOMEM();
+  }
+  for (uint64_t i = 0; i < n; i++)
+    key_chunk(&b->keys[i], rb, hash, gen, base + i);
+  return 0;
+}
+
+static int batch_exec(redis_backend *rb, chunk_batch *b) {
+  return kvr_exec(rb->cl, b->keys[0].s, b->keys[0].n, b->cmds, b->n, b->rep);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The remote manifest                                                      */
+/* ------------------------------------------------------------------------ */
+
+typedef struct rfile {
+  char name[128];
+  uint64_t size;
+} rfile;
+
+typedef struct rmanifest {
+  char gen[17];
+  kvti_remote_meta meta;
+  uint64_t chunk_bytes, total, n_chunks;
+  rfile *files;
+  size_t n_files;
+  uint64_t *sums; /* n_chunks */
+  char *raw;      /* the manifest text as stored (for compare-and-delete) */
+  size_t raw_len;
+} rmanifest;
+
+static void rman_free(rmanifest *m) {
+  kvti_free(m->files);
+  kvti_free(m->sums);
+  kvti_free(m->raw);
+  memset(m, 0, sizeof *m);
+}
+
+static int safe_file_name(const char *s) {
+  if (!s[0] || s[0] == '.' || strlen(s) >= 128)
+    return 0;
+  for (const char *p = s; *p; p++)
+    if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+          (*p >= '0' && *p <= '9') || *p == '_' || *p == '.' || *p == '-'))
+      return 0;
+  return 1;
+}
+
+static int num_u64(const cJSON *o, const char *k, uint64_t *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9.0e15)
+    return -1;
+  *out = (uint64_t)v->valuedouble;
+  return 0;
+}
+
+/* Parses and validates a remote manifest for entry hash. */
+static int rman_parse(rmanifest *m, const char *txt, size_t len,
+                      const char *hash, uint64_t chunk_limit) {
+  memset(m, 0, sizeof *m);
+  cJSON *o = cJSON_ParseWithLength(txt, len);
+  if (!o)
+    return KVT_ERR(KVT_ECORRUPT, "remote manifest of %.16s is not JSON", hash);
+  int rc = KVT_ERR(KVT_ECORRUPT, "remote manifest of %.16s is malformed", hash);
+  const cJSON *ver = cJSON_GetObjectItemCaseSensitive(o, "kvtier_remote");
+  const cJSON *gen = cJSON_GetObjectItemCaseSensitive(o, "gen");
+  const cJSON *files = cJSON_GetObjectItemCaseSensitive(o, "files");
+  const cJSON *sums = cJSON_GetObjectItemCaseSensitive(o, "chunks");
+  const cJSON *hs = cJSON_GetObjectItemCaseSensitive(o, "hash");
+  const cJSON *ca = cJSON_GetObjectItemCaseSensitive(o, "created_at");
+  uint64_t sm = 0;
+  if (!cJSON_IsNumber(ver) || ver->valueint != 1 || !cJSON_IsString(gen) ||
+      strlen(gen->valuestring) != 16 || !cJSON_IsArray(files) ||
+      !cJSON_IsArray(sums) || !cJSON_IsString(hs) ||
+      strcmp(hs->valuestring, hash) != 0 || !cJSON_IsNumber(ca) ||
+      num_u64(o, "num_tokens", &m->meta.num_tokens) ||
+      num_u64(o, "memory_bytes", &m->meta.memory_bytes) ||
+      num_u64(o, "storage_mode", &sm) ||
+      num_u64(o, "chunk_bytes", &m->chunk_bytes) ||
+      num_u64(o, "total", &m->total))
+    goto out;
+  for (const char *g = gen->valuestring; *g; g++)
+    if (!((*g >= '0' && *g <= '9') || (*g >= 'a' && *g <= 'f')))
+      goto out;
+  if (m->chunk_bytes == 0 || m->chunk_bytes > chunk_limit)
+    goto out;
+  m->n_chunks = (m->total + m->chunk_bytes - 1) / m->chunk_bytes;
+  int nf = cJSON_GetArraySize(files);
+  if (nf < 1 || nf > RB_MAX_FILES ||
+      (uint64_t)cJSON_GetArraySize(sums) != m->n_chunks)
+    goto out;
+  memcpy(m->gen, gen->valuestring, 17);
+  snprintf(m->meta.hash, sizeof m->meta.hash, "%s", hash);
+  m->meta.created_at = ca->valuedouble;
+  m->meta.storage_mode = (int)sm;
+  m->meta.total_bytes = m->total;
+  m->files = kvti_calloc((size_t)nf, sizeof *m->files);
+  m->sums = kvti_calloc(m->n_chunks ? m->n_chunks : 1, sizeof *m->sums);
+  if (!m->files || !m->sums) {
+    rc = KVT_ERR_NOMEM();
+    goto out;
+  }
+  uint64_t sum = 0;
+  for (int i = 0; i < nf; i++) {
+    const cJSON *f = cJSON_GetArrayItem(files, i);
+    const cJSON *nm = cJSON_GetArrayItem(f, 0), *sz = cJSON_GetArrayItem(f, 1);
+    if (!cJSON_IsArray(f) || !cJSON_IsString(nm) || !cJSON_IsNumber(sz) ||
+        !safe_file_name(nm->valuestring) || sz->valuedouble < 0 ||
+        sz->valuedouble > 9.0e15)
+      goto out;
+    for (int j = 0; j < i; j++)
+      if (!strcmp(m->files[j].name, nm->valuestring))
+        goto out;
+    snprintf(m->files[i].name, sizeof m->files[i].name, "%s", nm->valuestring);
+    m->files[i].size = (uint64_t)sz->valuedouble;
+    sum += m->files[i].size;
+  }
+  m->n_files = (size_t)nf;
+  if (sum != m->total)
+    goto out;
+  for (uint64_t i = 0; i < m->n_chunks; i++) {
+    const cJSON *s = cJSON_GetArrayItem(sums, (int)i);
+    if (!cJSON_IsString(s) || kvti_xxh3_parse(&m->sums[i], s->valuestring))
+      goto out;
+  }
+  rc = 0;
+  kvt_clear_error();
+out:
+  cJSON_Delete(o);
+  if (rc != 0)
+    rman_free(m);
+  return rc;
+}
+
+/* GET of the manifest's text: 0 and *raw (kvti_malloc'ed, NUL-terminated),
+ * KVT_ENOTFOUND, KVT_ECORRUPT (not a string), I/O errors. */
+static int rman_get_raw(redis_backend *rb, const char *hash, char **raw,
+                        size_t *len) {
+  rkey k;
+  key_manifest(&k, rb, hash);
+  kvr_cmd c;
+  cmd2(&c, "GET", k.s, k.n);
+  redisReply *r = NULL;
+  int rc = kvr_exec(rb->cl, k.s, k.n, &c, 1, &r);
+  if (rc != 0)
+    return rc;
+  if ((rc = reply_err(r, "GET manifest")) == 0) {
+    if (r->type == REDIS_REPLY_NIL) {
+      rc = KVT_ERR(KVT_ENOTFOUND, "no remote entry %.16s", hash);
+    } else if (r->type != REDIS_REPLY_STRING) {
+      rc = KVT_ERR(KVT_ECORRUPT, "remote manifest of %.16s is not a string",
+                   hash);
+    } else if (!(*raw = kvti_malloc(r->len + 1))) {
+      rc = KVT_ERR_NOMEM();
+    } else {
+      memcpy(*raw, r->str, r->len);
+      (*raw)[r->len] = '\0';
+      *len = r->len;
+    }
+  }
+  freeReplyObject(r);
+  return rc;
+}
+
+/* GET and parse of the manifest. 0 and *m, KVT_ENOTFOUND, KVT_ECORRUPT, I/O
+ * errors. */
+static int rman_get(redis_backend *rb, rmanifest *m, const char *hash) {
+  char *raw = NULL;
+  size_t len = 0;
+  memset(m, 0, sizeof *m);
+  int rc = rman_get_raw(rb, hash, &raw, &len);
+  if (rc != 0)
+    return rc;
+  rc = rman_parse(m, raw, len, hash, 512ull << 20);
+  if (rc != 0) {
+    kvti_free(raw);
+    return rc;
+  }
+  m->raw = raw;
+  m->raw_len = len;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Deleting                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* Deletes chunks [0, n) of generation gen (pipelined, one slot). */
+static int del_chunks(redis_backend *rb, const char *hash, const char *gen,
+                      uint64_t n) {
+  int rc = 0;
+  for (uint64_t base = 0; base < n && rc == 0; base += 256) {
+    chunk_batch bt;
+    if ((rc = batch_open(&bt, rb, hash, gen, base,
+                         n - base < 256 ? n - base : 256)) != 0)
+      break;
+    for (uint64_t i = 0; i < bt.n; i++)
+      cmd2(&bt.cmds[i], "UNLINK", bt.keys[i].s, bt.keys[i].n);
+    rc = batch_exec(rb, &bt);
+    batch_close(&bt);
+  }
+  return rc;
+}
+
+/* Removes hash from the prefix set for its length (needs the first tokens,
+ * which only the entry's files know; callers with a manifest pass its
+ * pset key when known, else nothing is done: stale members are dropped by
+ * lookups anyway). */
+static int zrem(redis_backend *rb, const rkey *pset, const char *hash) {
+  kvr_cmd c;
+  cmd2(&c, "ZREM", pset->s, pset->n);
+  cmd_arg(&c, hash, KVT_HASH_HEX_LEN);
+  redisReply *r = NULL;
+  int rc = kvr_exec(rb->cl, pset->s, pset->n, &c, 1, &r);
+  if (rc == 0)
+    freeReplyObject(r);
+  return rc;
+}
+
+/* Deletes the manifest only if it is still exactly raw (atomically, one key):
+ * a reader cleaning up a damaged version must never delete a newer version a
+ * writer has just committed. */
+static int manifest_cad(redis_backend *rb, const char *hash, const char *raw,
+                        size_t len) {
+  static const char script[] =
+      "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+      "return redis.call('DEL', KEYS[1]) else return 0 end";
+  rkey k;
+  key_manifest(&k, rb, hash);
+  kvr_cmd c;
+  cmd2(&c, "EVAL", script, sizeof script - 1);
+  cmd_arg(&c, "1", 1);
+  cmd_arg(&c, k.s, k.n);
+  cmd_arg(&c, raw, len);
+  redisReply *r = NULL;
+  int rc = kvr_exec(rb->cl, k.s, k.n, &c, 1, &r);
+  if (rc == 0) {
+    rc = reply_err(r, "EVAL (manifest compare-and-delete)");
+    freeReplyObject(r);
+  }
+  return rc;
+}
+
+/* Deletes every key of one version of an entry: its manifest first (only if
+ * it is still that version: readers stop finding it), then the chunks of its
+ * generation. known: the version a reader found damaged; NULL: whatever
+ * version is stored now (removal, quarantine). */
+static int remove_entry(redis_backend *rb, const char *hash,
+                        const rmanifest *known) {
+  rmanifest m;
+  memset(&m, 0, sizeof m);
+  const rmanifest *mp = known;
+  char *raw = NULL;
+  size_t len = 0;
+  int rc = 0;
+  if (!mp) {
+    rc = rman_get_raw(rb, hash, &raw, &len);
+    if (rc == KVT_ENOTFOUND) {
+      kvt_clear_error();
+      return 0;
+    }
+    if (rc != 0)
+      return rc;
+    if (rman_parse(&m, raw, len, hash, 512ull << 20) == 0)
+      mp = &m; /* else a damaged manifest: delete it, no chunks known */
+    kvt_clear_error();
+  } else {
+    raw = mp->raw;
+    len = mp->raw_len;
+  }
+  if (raw)
+    rc = manifest_cad(rb, hash, raw, len);
+  if (rc == 0 && mp)
+    rc = del_chunks(rb, hash, mp->gen, mp->n_chunks);
+  if (!known)
+    kvti_free(raw);
+  rman_free(&m);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Staging                                                                  */
+/* ------------------------------------------------------------------------ */
+
+int kvti_redis_stage_dir(kvti_backend *b, char **out) {
+  redis_backend *rb = R(b);
+  char name[64];
+  snprintf(name, sizeof name, "%ld-%" PRIu64, (long)getpid(),
+           (uint64_t)atomic_fetch_add(&rb->stage_seq, 1));
+  char *p = kvti_path_join(rb->stage_root, name);
+  if (!p)
+    return KVT_ENOMEM;
+  kvti_rmtree(p);
+  int rc = kvti_mkdir(p, rb->dir_mode);
+  if (rc != 0) {
+    kvti_free(p);
+    return rc;
+  }
+  *out = p;
+  return 0;
+}
+
+static void random_gen(char gen[17]) {
+  static atomic_uint_fast64_t ctr;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t seed[3] = {(uint64_t)ts.tv_sec * 1000000000ull +
+                          (uint64_t)ts.tv_nsec,
+                      (uint64_t)getpid(), (uint64_t)atomic_fetch_add(&ctr, 1)};
+  snprintf(gen, 17, "%016" PRIx64, kvti_xxh3(seed, sizeof seed));
+}
+
+static int cmp_rfile(const void *a, const void *b) {
+  return strcmp(((const rfile *)a)->name, ((const rfile *)b)->name);
+}
+
+/* Lists the regular files of an entry directory (sorted by name). */
+static int list_files(rfile **out, size_t *n, const char *dir) {
+  DIR *d = kvti_io->opendir(dir);
+  if (!d)
+    return KVT_ERR_OS(errno, "opendir %s", dir);
+  rfile *v = NULL;
+  size_t cnt = 0, cap = 0;
+  int rc = 0;
+  struct dirent *de;
+  while ((de = kvti_io->readdir(d)) != NULL) {
+    if (de->d_name[0] == '.')
+      continue;
+    if (!safe_file_name(de->d_name) || cnt >= RB_MAX_FILES) {
+      rc = KVT_ERR(KVT_EINVAL, "entry file name '%s' cannot be stored remotely",
+                   de->d_name);
+      break;
+    }
+    if (cnt == cap) {
+      size_t nc = cap ? cap * 2 : 16;
+      rfile *p = kvti_realloc(v, nc * sizeof *p);
+      if (!p) {
+        rc = KVT_ERR_NOMEM();
+        break;
+      }
+      v = p;
+      cap = nc;
+    }
+    memcpy(v[cnt].name, de->d_name, strlen(de->d_name) + 1); /* < 128 */
+    char *path = kvti_path_join(dir, de->d_name);
+    struct stat st;
+    if (!path) {
+      rc = KVT_ENOMEM;
+      break;
+    }
+    rc = kvti_lstat(path, &st);
+    kvti_free(path);
+    if (rc != 0)
+      break;
+    v[cnt++].size = (uint64_t)st.st_size;
+  }
+  kvti_io->closedir(d);
+  if (rc != 0) {
+    kvti_free(v);
+    return rc;
+  }
+  qsort(v, cnt, sizeof *v, cmp_rfile);
+  *out = v;
+  *n = cnt;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* put                                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* Uploads the files of entry_dir as entry hash. */
+static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
+                      const char *entry_dir, const int32_t *tokens, size_t n,
+                      uint64_t memory_bytes, int storage_mode) {
+  rfile *files = NULL;
+  size_t nf = 0;
+  int rc = list_files(&files, &nf, entry_dir);
+  if (rc != 0)
+    return rc;
+  uint64_t total = 0;
+  for (size_t i = 0; i < nf; i++)
+    total += files[i].size;
+  uint64_t cb = rb->chunk_bytes;
+  uint64_t nchunks = (total + cb - 1) / cb;
+  /* The whole blob in memory, in file order (an entry is bounded by the tier's
+   * capacity and the spill queue). */
+  char *blob = kvti_malloc(total ? total : 1);
+  uint64_t *sums = kvti_calloc(nchunks ? nchunks : 1, sizeof *sums);
+  rmanifest old;
+  int have_old = 0;
+  char gen[17];
+  random_gen(gen);
+  cJSON *o = NULL;
+  char *mtxt = NULL;
+  if (!blob || !sums) {
+    rc = KVT_ERR_NOMEM();
+    goto out;
+  }
+  uint64_t off = 0;
+  for (size_t i = 0; i < nf && rc == 0; i++) {
+    char *path = kvti_path_join(entry_dir, files[i].name);
+    if (!path) {
+      rc = KVT_ENOMEM;
+      break;
+    }
+    int fd = kvti_open(path, O_RDONLY, 0);
+    if (fd < 0) {
+      rc = fd;
+    } else {
+      rc = kvti_pread_all(fd, blob + off, files[i].size, 0, path);
+      kvti_io->close(fd);
+    }
+    kvti_free(path);
+    off += files[i].size;
+  }
+  if (rc != 0)
+    goto out;
+  for (uint64_t i = 0; i < nchunks; i++) {
+    uint64_t len = total - i * cb < cb ? total - i * cb : cb;
+    sums[i] = kvti_xxh3(blob + i * cb, (size_t)len);
+  }
+  /* The generation being replaced, deleted after the commit. */
+  rc = rman_get(rb, &old, hash);
+  if (rc == 0)
+    have_old = 1;
+  else if (rc != KVT_ENOTFOUND && rc != KVT_ECORRUPT)
+    goto out;
+  rc = 0;
+  kvt_clear_error();
+  /* Chunks, pipelined in batches of about RB_BATCH_BYTES. */
+  char ttl[32];
+  snprintf(ttl, sizeof ttl, "%" PRId64, rb->ttl_ms);
+  uint64_t per = RB_BATCH_BYTES / cb ? RB_BATCH_BYTES / cb : 1; /* <= 16384 */
+  for (uint64_t base = 0; base < nchunks && rc == 0; base += per) {
+    chunk_batch bt;
+    if ((rc = batch_open(&bt, rb, hash, gen, base,
+                         nchunks - base < per ? nchunks - base : per)) != 0)
+      break;
+    for (uint64_t i = 0; i < bt.n; i++) {
+      uint64_t ci = base + i;
+      uint64_t len = total - ci * cb < cb ? total - ci * cb : cb;
+      kvr_cmd *c = &bt.cmds[i];
+      cmd2(c, "SET", bt.keys[i].s, bt.keys[i].n);
+      cmd_arg(c, blob + ci * cb, (size_t)len);
+      cmd_px(c, rb, ttl);
+    }
+    rc = batch_exec(rb, &bt);
+    for (uint64_t i = 0; rc == 0 && i < bt.n; i++)
+      rc = reply_err(bt.rep[i], "SET chunk");
+    batch_close(&bt);
+  }
+  if (rc != 0) {
+    del_chunks(rb, hash, gen, nchunks); /* leave no trace of this put */
+    goto out;
+  }
+  /* The manifest: the commit marker. */
+  o = cJSON_CreateObject();
+  cJSON *fa = cJSON_CreateArray(), *sa = cJSON_CreateArray();
+  char hsum[24];
+  if (!o || !fa || !sa) {
+    cJSON_Delete(fa);
+    cJSON_Delete(sa);
+    rc = KVT_ERR_NOMEM();
+    goto out;
+  }
+  cJSON_AddNumberToObject(o, "kvtier_remote", 1);
+  cJSON_AddStringToObject(o, "hash", hash);
+  cJSON_AddStringToObject(o, "gen", gen);
+  cJSON_AddNumberToObject(o, "num_tokens", (double)n);
+  cJSON_AddNumberToObject(o, "memory_bytes", (double)memory_bytes);
+  cJSON_AddNumberToObject(o, "storage_mode", storage_mode);
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  cJSON_AddNumberToObject(o, "created_at",
+                          (double)now.tv_sec + (double)now.tv_nsec / 1e9);
+  cJSON_AddNumberToObject(o, "chunk_bytes", (double)cb);
+  cJSON_AddNumberToObject(o, "total", (double)total);
+  for (size_t i = 0; i < nf; i++) {
+    cJSON *f = cJSON_CreateArray();
+    cJSON_AddItemToArray(f, cJSON_CreateString(files[i].name));
+    cJSON_AddItemToArray(f, cJSON_CreateNumber((double)files[i].size));
+    cJSON_AddItemToArray(fa, f);
+  }
+  for (uint64_t i = 0; i < nchunks; i++) {
+    kvti_xxh3_format(hsum, sums[i]);
+    cJSON_AddItemToArray(sa, cJSON_CreateString(hsum));
+  }
+  cJSON_AddItemToObject(o, "files", fa);
+  cJSON_AddItemToObject(o, "chunks", sa);
+  mtxt = cJSON_PrintUnformatted(o);
+  if (!mtxt) {
+    rc = KVT_ERR_NOMEM();
+    del_chunks(rb, hash, gen, nchunks);
+    goto out;
+  }
+  {
+    rkey mk;
+    key_manifest(&mk, rb, hash);
+    kvr_cmd c;
+    cmd2(&c, "SET", mk.s, mk.n);
+    cmd_arg(&c, mtxt, strlen(mtxt));
+    cmd_px(&c, rb, ttl);
+    redisReply *r = NULL;
+    rc = kvr_exec(rb->cl, mk.s, mk.n, &c, 1, &r);
+    if (rc == 0) {
+      rc = reply_err(r, "SET manifest");
+      freeReplyObject(r);
+    }
+    if (rc != 0) {
+      /* The manifest may or may not be in place (a timeout): if it is, the
+       * chunks must stay; a later get sees either a complete entry or a miss.
+       */
+      goto out;
+    }
+  }
+  /* Index it in its prefix set (best effort: a missing member only hides the
+   * entry from prefix lookups; exact lookups still find it). */
+  {
+    rkey ps;
+    if (key_pset(&ps, rb, tokens, n) == 0) {
+      char score[32];
+      snprintf(score, sizeof score, "%zu", n);
+      kvr_cmd c[2];
+      cmd2(&c[0], "ZADD", ps.s, ps.n);
+      cmd_arg(&c[0], score, strlen(score));
+      cmd_arg(&c[0], hash, KVT_HASH_HEX_LEN);
+      size_t nc = 1;
+      if (rb->ttl_ms > 0) {
+        /* The set lives as long as its newest member can. */
+        cmd2(&c[1], "PEXPIRE", ps.s, ps.n);
+        cmd_arg(&c[1], ttl, strlen(ttl));
+        nc = 2;
+      }
+      redisReply *r[2] = {NULL, NULL};
+      if (kvr_exec(rb->cl, ps.s, ps.n, c, nc, r) == 0)
+        free_replies(r, nc);
+      else
+        kvt_clear_error();
+    }
+  }
+  if (have_old && strcmp(old.gen, gen) != 0)
+    del_chunks(rb, hash, old.gen, old.n_chunks);
+  *total_out = total;
+out:
+  if (have_old)
+    rman_free(&old);
+  cJSON_Delete(o);
+  if (mtxt)
+    cJSON_free(mtxt);
+  kvti_free(files);
+  kvti_free(blob);
+  kvti_free(sums);
+  return rc;
+}
+
+static int rb_put(kvti_backend *b, uint64_t *disk_bytes, const kvti_snapshot *s,
+                  const kvti_write_opts *o) {
+  redis_backend *rb = R(b);
+  char *stage = NULL;
+  int rc = kvti_redis_stage_dir(b, &stage);
+  if (rc != 0)
+    return rc;
+  kvti_write_opts wo = *o;
+  wo.do_fsync = 0; /* a staging copy: never needs to survive a crash */
+  uint64_t disk = 0;
+  rc = kvti_entry_write(&disk, stage, s, &wo);
+  if (rc == 0) {
+    const char *hash = kvti_snapshot_hash(s);
+    char *dir = kvti_path_join(stage, hash);
+    size_t n = 0;
+    const int32_t *tokens = kvti_snapshot_tokens(s, &n);
+    if (!dir)
+      rc = KVT_ENOMEM;
+    else
+      rc = upload_dir(rb, disk_bytes, hash, dir, tokens, n,
+                      kvti_snapshot_memory_bytes(s), o->storage_mode);
+    kvti_free(dir);
+  }
+  kvti_rmtree(stage);
+  kvti_free(stage);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* fetch / get                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* Writes bytes [off, off+len) of the entry's concatenated files into the open
+ * files (fds[i] for files[i]). */
+static int scatter(const rmanifest *m, const int *fds, const char *dir,
+                   uint64_t off, const char *data, uint64_t len) {
+  uint64_t fstart = 0;
+  for (size_t i = 0; i < m->n_files && len > 0; i++) {
+    uint64_t fend = fstart + m->files[i].size;
+    if (off < fend) {
+      uint64_t in = off - fstart;
+      uint64_t take = fend - off < len ? fend - off : len;
+      int rc = kvti_pwrite_all(fds[i], data, (size_t)take, in, dir);
+      if (rc != 0)
+        return rc;
+      off += take;
+      data += take;
+      len -= take;
+    }
+    fstart = fend;
+  }
+  return 0;
+}
+
+int kvti_redis_fetch(kvti_backend *b, kvti_remote_meta *out, const char *hash,
+                     const char *dest_data_dir) {
+  redis_backend *rb = R(b);
+  if (!kvti_is_hash_name(hash))
+    return KVT_ERR(KVT_EINVAL, "invalid entry name");
+  rmanifest m;
+  int rc = rman_get(rb, &m, hash);
+  if (rc == KVT_ECORRUPT) {
+    remove_entry(rb, hash, NULL);
+    return rc;
+  }
+  if (rc != 0)
+    return rc;
+  char *dir = kvti_path_join(dest_data_dir, hash);
+  int *fds = kvti_malloc(m.n_files * sizeof *fds);
+  size_t opened = 0;
+  int gone = 0; /* a chunk missing or damaged: clean up the remote entry */
+  if (!dir || !fds) {
+    rc = KVT_ERR_NOMEM();
+    goto out;
+  }
+  if ((rc = kvti_mkdir(dir, rb->dir_mode)) != 0)
+    goto out;
+  for (; opened < m.n_files; opened++) {
+    char *p = kvti_path_join(dir, m.files[opened].name);
+    if (!p) {
+      rc = KVT_ENOMEM;
+      goto out;
+    }
+    int fd = kvti_open(p, O_WRONLY | O_CREAT | O_TRUNC, rb->file_mode);
+    kvti_free(p);
+    if (fd < 0) {
+      rc = fd;
+      goto out;
+    }
+    fds[opened] = fd;
+  }
+  uint64_t per =
+      RB_BATCH_BYTES / m.chunk_bytes ? RB_BATCH_BYTES / m.chunk_bytes : 1;
+  for (uint64_t base = 0; base < m.n_chunks && rc == 0; base += per) {
+    chunk_batch bt;
+    if ((rc = batch_open(&bt, rb, hash, m.gen, base,
+                         m.n_chunks - base < per ? m.n_chunks - base : per)) !=
+        0)
+      break;
+    for (uint64_t i = 0; i < bt.n; i++)
+      cmd2(&bt.cmds[i], "GET", bt.keys[i].s, bt.keys[i].n);
+    rc = batch_exec(rb, &bt);
+    for (uint64_t i = 0; rc == 0 && i < bt.n; i++) {
+      uint64_t ci = base + i;
+      uint64_t want = m.total - ci * m.chunk_bytes < m.chunk_bytes
+                          ? m.total - ci * m.chunk_bytes
+                          : m.chunk_bytes;
+      redisReply *r = bt.rep[i];
+      if ((rc = reply_err(r, "GET chunk")) != 0)
+        break;
+      if (r->type == REDIS_REPLY_NIL) {
+        gone = 1;
+        rc = KVT_ERR(KVT_ENOTFOUND,
+                     "remote entry %.16s is incomplete: chunk %" PRIu64
+                     " of %" PRIu64 " is gone (evicted or deleted)",
+                     hash, ci, m.n_chunks);
+      } else if (r->type != REDIS_REPLY_STRING || (uint64_t)r->len != want ||
+                 kvti_xxh3(r->str, r->len) != m.sums[ci]) {
+        gone = 1;
+        rc = KVT_ERR(KVT_ECORRUPT,
+                     "remote entry %.16s: chunk %" PRIu64
+                     " is damaged (size or xxh3 mismatch)",
+                     hash, ci);
+      } else {
+        rc = scatter(&m, fds, dir, ci * m.chunk_bytes, r->str, want);
+      }
+    }
+    batch_close(&bt);
+  }
+  if (rc == 0 && out)
+    *out = m.meta;
+out:
+  for (size_t i = 0; i < opened; i++)
+    kvti_io->close(fds[i]);
+  kvti_free(fds);
+  kvti_free(dir);
+  if (gone) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", kvt_last_error());
+    remove_entry(rb, hash, &m);
+    KVT_ERR(rc, "%s", msg);
+  }
+  rman_free(&m);
+  return rc;
+}
+
+static int rb_get(kvti_backend *b, kvt_entry **out, const char *hash,
+                  const kvti_read_opts *o) {
+  char *stage = NULL;
+  int rc = kvti_redis_stage_dir(b, &stage);
+  if (rc != 0)
+    return rc;
+  rc = kvti_redis_fetch(b, NULL, hash, stage);
+  if (rc == 0) {
+    rc = kvti_entry_read(out, stage, hash, o);
+    if (rc == KVT_ECORRUPT || rc == KVT_ENOTFOUND) {
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", kvt_last_error());
+      remove_entry(R(b), hash, NULL);
+      KVT_ERR(rc, "remote entry: %s", msg);
+    }
+  }
+  kvti_rmtree(stage);
+  kvti_free(stage);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Lookups                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Candidates of one prefix set, longest first, with lengths in [lo, hi], read
+ * in pages: many siblings may share the first 16 tokens (the reference's SQL
+ * prefilter scans them too). Each distinct length is hashed once. */
+#define RB_PAGE 256
+#define RB_MAX_PAGES 64
+static int find_page(redis_backend *rb, kvti_remote_meta *out, const rkey *ps,
+                     const int32_t *tokens, uint64_t lo, uint64_t hi,
+                     unsigned page, int *more, uint64_t *last_len,
+                     char *last_hash);
+
+static int find_in_set(redis_backend *rb, kvti_remote_meta *out, const rkey *ps,
+                       const int32_t *tokens, uint64_t lo, uint64_t hi) {
+  if (lo > hi)
+    return KVT_ENOTFOUND;
+  uint64_t last_len = 0;
+  char last_hash[KVT_HASH_HEX_LEN + 1] = "";
+  for (unsigned page = 0; page < RB_MAX_PAGES; page++) {
+    int more = 0;
+    int rc = find_page(rb, out, ps, tokens, lo, hi, page, &more, &last_len,
+                       last_hash);
+    if (rc != KVT_ENOTFOUND || !more)
+      return rc;
+  }
+  return KVT_ENOTFOUND;
+}
+
+static int find_page(redis_backend *rb, kvti_remote_meta *out, const rkey *ps,
+                     const int32_t *tokens, uint64_t lo, uint64_t hi,
+                     unsigned page, int *more, uint64_t *last_len,
+                     char *last_hash) {
+  char shi[32], slo[32], off[32], cnt[16];
+  snprintf(shi, sizeof shi, "%" PRIu64, hi);
+  snprintf(slo, sizeof slo, "%" PRIu64, lo);
+  snprintf(off, sizeof off, "%u", page * RB_PAGE);
+  snprintf(cnt, sizeof cnt, "%u", RB_PAGE);
+  const char *argv[] = {"ZREVRANGEBYSCORE", ps->s,   shi, slo,
+                        "WITHSCORES",       "LIMIT", off, cnt};
+  kvr_cmd c;
+  kvr_cmd_set(&c, 8, argv);
+  c.len[1] = ps->n;
+  redisReply *r = NULL;
+  int rc = kvr_exec(rb->cl, ps->s, ps->n, &c, 1, &r);
+  if (rc != 0)
+    return rc;
+  if ((rc = reply_err(r, "ZREVRANGEBYSCORE")) != 0 ||
+      r->type != REDIS_REPLY_ARRAY) {
+    freeReplyObject(r);
+    return rc ? rc
+              : KVT_ERR(KVT_EIO, "redis: unexpected ZREVRANGEBYSCORE reply");
+  }
+  *more = r->elements == 2 * RB_PAGE;
+  rc = KVT_ENOTFOUND;
+  for (size_t i = 0; i + 1 < r->elements; i += 2) {
+    const redisReply *mem = r->element[i], *sc = r->element[i + 1];
+    if (mem->type != REDIS_REPLY_STRING || sc->type != REDIS_REPLY_STRING ||
+        mem->len != KVT_HASH_HEX_LEN)
+      continue;
+    char hash[KVT_HASH_HEX_LEN + 1];
+    memcpy(hash, mem->str, KVT_HASH_HEX_LEN);
+    hash[KVT_HASH_HEX_LEN] = '\0';
+    uint64_t len = strtoull(sc->str, NULL, 10);
+    if (len < lo || len > hi || !kvti_is_hash_name(hash))
+      continue;
+    if (len != *last_len) {
+      if (kvt_token_hash(last_hash, tokens, (size_t)len) != 0)
+        continue;
+      *last_len = len;
+    }
+    if (strcmp(last_hash, hash) != 0)
+      continue; /* another sequence with the same first 16 tokens */
+    rmanifest m;
+    int g = rman_get(rb, &m, hash);
+    if (g == 0) {
+      *out = m.meta;
+      rman_free(&m);
+      rc = 0;
+      break;
+    }
+    if (g == KVT_ENOTFOUND || g == KVT_ECORRUPT) {
+      if (g == KVT_ECORRUPT)
+        remove_entry(rb, hash, NULL);
+      zrem(rb, ps, hash); /* stale member: the entry expired or was evicted */
+      continue;
+    }
+    rc = g;
+    break;
+  }
+  freeReplyObject(r);
+  if (rc == KVT_ENOTFOUND)
+    kvt_clear_error();
+  return rc;
+}
+
+int kvti_redis_find(kvti_backend *b, kvti_remote_meta *out,
+                    const int32_t *tokens, size_t n, int prefix,
+                    uint64_t min_len) {
+  redis_backend *rb = R(b);
+  if (min_len < 1)
+    min_len = 1;
+  if (!prefix || n == 0) {
+    if (n < min_len)
+      return KVT_ERR(KVT_ENOTFOUND, "no remote entry");
+    char hash[KVT_HASH_HEX_LEN + 1];
+    int rc = kvt_token_hash(hash, tokens, n);
+    if (rc != 0)
+      return rc;
+    rmanifest m;
+    rc = rman_get(rb, &m, hash);
+    if (rc == 0) {
+      *out = m.meta;
+      rman_free(&m);
+    } else if (rc == KVT_ECORRUPT) {
+      remove_entry(rb, hash, NULL);
+      rc = KVT_ERR(KVT_ENOTFOUND, "remote manifest of %.16s was damaged", hash);
+    }
+    return rc;
+  }
+  rkey ps;
+  int rc = KVT_ENOTFOUND;
+  if (n >= RB_PREFIX_BLOCK) {
+    if ((rc = key_pset(&ps, rb, tokens, n)) != 0)
+      return rc;
+    rc = find_in_set(rb, out, &ps, tokens,
+                     min_len > RB_PREFIX_BLOCK ? min_len : RB_PREFIX_BLOCK, n);
+  }
+  if (rc == KVT_ENOTFOUND && min_len < RB_PREFIX_BLOCK) {
+    size_t hi = n < RB_PREFIX_BLOCK ? n : RB_PREFIX_BLOCK - 1;
+    if ((rc = key_pset(&ps, rb, tokens, 1)) != 0)
+      return rc;
+    rc = find_in_set(rb, out, &ps, tokens, min_len, hi);
+  }
+  if (rc == KVT_ENOTFOUND)
+    return KVT_ERR(KVT_ENOTFOUND,
+                   "no remote entry is a prefix of these %zu "
+                   "tokens",
+                   n);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The rest of the seam                                                     */
+/* ------------------------------------------------------------------------ */
+
+int kvti_redis_stat(kvti_backend *b, kvti_remote_meta *out, const char *hash) {
+  if (!kvti_is_hash_name(hash))
+    return KVT_ERR(KVT_EINVAL, "invalid entry name");
+  rmanifest m;
+  int rc = rman_get(R(b), &m, hash);
+  if (rc == 0) {
+    *out = m.meta;
+    rman_free(&m);
+  }
+  return rc;
+}
+
+static int rb_remove(kvti_backend *b, const char *hash) {
+  return remove_entry(R(b), hash, NULL);
+}
+
+static int rb_exists(kvti_backend *b, const char *hash) {
+  rmanifest m;
+  int rc = rman_get(R(b), &m, hash);
+  if (rc == 0) {
+    rman_free(&m);
+    return 1;
+  }
+  if (rc == KVT_ENOTFOUND || rc == KVT_ECORRUPT) {
+    kvt_clear_error();
+    return 0;
+  }
+  return rc;
+}
+
+static int rb_describe(kvti_backend *b, char **json, const char *hash) {
+  char *stage = NULL;
+  int rc = kvti_redis_stage_dir(b, &stage);
+  if (rc != 0)
+    return rc;
+  rc = kvti_redis_fetch(b, NULL, hash, stage);
+  if (rc == 0)
+    rc = kvti_entry_describe(json, stage, hash);
+  kvti_rmtree(stage);
+  kvti_free(stage);
+  return rc;
+}
+
+typedef struct scan_ctx {
+  redis_backend *rb;
+  kvti_backend_list_fn fn;
+  void *ctx;
+  int stop;
+} scan_ctx;
+
+/* SCAN one master for manifest keys (<P>{<hash>}:m). Tools only (ls). */
+static int scan_node(void *vctx, kvr_client *c, int node) {
+  scan_ctx *s = vctx;
+  char cursor[32] = "0";
+  char match[600];
+  snprintf(match, sizeof match, "%s{*}:m", s->rb->prefix);
+  size_t plen = strlen(s->rb->prefix);
+  do {
+    const char *argv[] = {"SCAN", cursor, "MATCH", match, "COUNT", "1000"};
+    kvr_cmd cmd;
+    kvr_cmd_set(&cmd, 6, argv);
+    redisReply *r = NULL;
+    int rc = kvr_exec_node(c, node, &cmd, &r);
+    if (rc != 0)
+      return rc;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+        r->element[0]->type != REDIS_REPLY_STRING ||
+        r->element[1]->type != REDIS_REPLY_ARRAY) {
+      rc = reply_err(r, "SCAN");
+      freeReplyObject(r);
+      return rc ? rc : KVT_ERR(KVT_EIO, "redis: unexpected SCAN reply");
+    }
+    snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
+    const redisReply *keys = r->element[1];
+    for (size_t i = 0; i < keys->elements && !s->stop; i++) {
+      const redisReply *k = keys->element[i];
+      if (k->type != REDIS_REPLY_STRING ||
+          k->len != plen + 1 + KVT_HASH_HEX_LEN + 3)
+        continue;
+      char hash[KVT_HASH_HEX_LEN + 1];
+      memcpy(hash, k->str + plen + 1, KVT_HASH_HEX_LEN);
+      hash[KVT_HASH_HEX_LEN] = '\0';
+      if (kvti_is_hash_name(hash) && s->fn(s->ctx, hash, KVTI_BK_ENTRY))
+        s->stop = 1;
+    }
+    freeReplyObject(r);
+  } while (strcmp(cursor, "0") != 0 && !s->stop);
+  return 0;
+}
+
+static int rb_list(kvti_backend *b, kvti_backend_list_fn fn, void *ctx) {
+  scan_ctx s = {R(b), fn, ctx, 0};
+  return kvr_foreach_master(R(b)->cl, scan_node, &s);
+}
+
+static int rb_purge(kvti_backend *b, const char *name) {
+  (void)b;
+  (void)name;
+  return 0; /* nothing temporary lives on the server */
+}
+
+static int rb_quarantine(kvti_backend *b, const char *hash, uint32_t keep_max) {
+  (void)keep_max; /* a shared store keeps no quarantine: corrupt = deleted */
+  return remove_entry(R(b), hash, NULL);
+}
+
+static void rb_destroy(kvti_backend *b) {
+  redis_backend *rb = R(b);
+  if (!rb)
+    return;
+  kvr_client_free(rb->cl);
+  kvti_free(rb->prefix);
+  kvti_free(rb->stage_root);
+  kvti_free(rb);
+}
+
+static const kvti_backend_ops redis_ops = {
+    "redis",     rb_put,  rb_get,   rb_remove,     rb_exists, rb_exists,
+    rb_describe, rb_list, rb_purge, rb_quarantine, rb_destroy};
+
+int kvti_backend_redis_new(kvti_backend **out, const kvti_redis_cfg *cfg) {
+  redis_backend *rb = kvti_calloc(1, sizeof *rb);
+  if (!rb)
+    return KVT_ERR_NOMEM();
+  rb->base.ops = &redis_ops;
+  rb->chunk_bytes = cfg->chunk_bytes;
+  rb->ttl_ms = cfg->ttl_ms;
+  rb->file_mode = cfg->file_mode;
+  rb->dir_mode = cfg->dir_mode;
+  atomic_init(&rb->stage_seq, 0);
+  rb->prefix = kvti_strdup(cfg->prefix ? cfg->prefix : "kvt:");
+  rb->stage_root = kvti_strdup(cfg->stage_root);
+  int rc = (!rb->prefix || !rb->stage_root) ? KVT_ENOMEM : 0;
+  if (rc == 0)
+    rc = kvr_client_new(&rb->cl, cfg->url, cfg->timeout_ms);
+  if (rc != 0) {
+    rb_destroy(&rb->base);
+    return rc;
+  }
+  *out = &rb->base;
+  return 0;
+}

@@ -1,0 +1,792 @@
+/*
+ * rclient.c - the cluster-aware Redis client of the remote tier (see
+ * rclient.h). The slot map (16384 entries, node indexes) and the node table
+ * live under one mutex; nodes are never freed before the client, so a node
+ * pointer taken under the lock stays valid. A batch goes to the slot's owner as
+ * one pipeline; replies MOVED/ASK/TRYAGAIN/CLUSTERDOWN are not returned but
+ * followed: MOVED updates the slot and marks the map for a refresh from
+ * CLUSTER SLOTS, ASK resends just those commands to the importing node, each
+ * preceded by ASKING. A connection that failed is dropped (never reused); the
+ * next command reconnects. Bounded: at most KVR_MAX_ROUNDS redirections per
+ * batch.
+ */
+#include "store/redis/rclient.h"
+#include "base/error.h"
+#include "base/io.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+
+#define KVR_MAX_NODES 64
+#define KVR_MAX_IDLE 8
+#define KVR_MAX_ROUNDS 8
+#define KVR_SLOTS 16384
+
+typedef struct kvr_node {
+  kvr_addr addr;
+  pthread_mutex_t mu;
+  redisContext *idle[KVR_MAX_IDLE];
+  int n_idle;
+} kvr_node;
+
+struct kvr_client {
+  pthread_mutex_t mu; /* nodes, n_nodes, slots, mode, need_refresh */
+  kvr_node *nodes[KVR_MAX_NODES];
+  int n_nodes;
+  int16_t slots[KVR_SLOTS]; /* node index, -1 unknown */
+  int mode;                 /* 0 unknown, 1 standalone, 2 cluster */
+  int need_refresh;
+  int refresh_soon; /* a MOVED was followed: refresh before the next batch */
+  char password[256];
+  struct timeval tv;
+};
+
+/* ------------------------------------------------------------------------ */
+/* URL, slots                                                               */
+/* ------------------------------------------------------------------------ */
+
+int kvr_parse_url(const char *url, kvr_addr *addrs, int max_addrs, int *n_out,
+                  char *password, size_t pw_cap) {
+  if (!url || strncmp(url, "redis://", 8) != 0)
+    return KVT_ERR(KVT_EINVAL, "remote_url must start with redis:// (got '%s')",
+                   url ? url : "(null)");
+  const char *p = url + 8;
+  const char *at = strchr(p, '@');
+  if (password && pw_cap)
+    password[0] = '\0';
+  if (at) {
+    const char *pw = p;
+    if (*pw == ':')
+      pw++;
+    else {
+      /* user:password@ - Redis 6 ACL users are not supported: only the
+       * default user. */
+      const char *colon = memchr(p, ':', (size_t)(at - p));
+      if (!colon)
+        return KVT_ERR(KVT_EINVAL,
+                       "remote_url: credentials must be "
+                       ":password@ (got '%.*s@')",
+                       (int)(at - p), p);
+      pw = colon + 1;
+    }
+    size_t n = (size_t)(at - pw);
+    if (password) {
+      if (n >= pw_cap)
+        return KVT_ERR(KVT_EINVAL, "remote_url: password too long");
+      memcpy(password, pw, n);
+      password[n] = '\0';
+    }
+    p = at + 1;
+  }
+  int count = 0;
+  while (*p) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    /* strip a trailing "/db" path: only db 0 exists in a cluster */
+    const char *slash = memchr(p, '/', len);
+    if (slash)
+      len = (size_t)(slash - p);
+    const char *colon = NULL;
+    for (size_t i = 0; i < len; i++)
+      if (p[i] == ':')
+        colon = p + i;
+    size_t hlen = colon ? (size_t)(colon - p) : len;
+    if (hlen == 0 || hlen >= sizeof addrs[0].host)
+      return KVT_ERR(KVT_EINVAL, "remote_url: bad host in '%s'", url);
+    long port = 6379;
+    if (colon) {
+      char *e = NULL;
+      port = strtol(colon + 1, &e, 10);
+      if (e != p + len || port < 1 || port > 65535)
+        return KVT_ERR(KVT_EINVAL, "remote_url: bad port in '%s'", url);
+    }
+    if (count >= max_addrs && addrs)
+      return KVT_ERR(KVT_EINVAL, "remote_url: more than %d seed nodes",
+                     max_addrs);
+    if (addrs) {
+      memcpy(addrs[count].host, p, hlen);
+      addrs[count].host[hlen] = '\0';
+      addrs[count].port = (int)port;
+    }
+    count++;
+    if (!end)
+      break;
+    p = end + 1;
+    if (slash && slash < end)
+      continue;
+  }
+  if (count == 0)
+    return KVT_ERR(KVT_EINVAL, "remote_url: no host in '%s'", url);
+  if (n_out)
+    *n_out = count;
+  return 0;
+}
+
+static uint16_t crc16(const char *buf, size_t len) {
+  /* CRC16-CCITT (XMODEM), polynomial 0x1021, as Redis Cluster specifies. */
+  uint16_t crc = 0;
+  for (size_t i = 0; i < len; i++) {
+    crc ^= (uint16_t)((uint8_t)buf[i] << 8);
+    for (int b = 0; b < 8; b++)
+      crc = (crc & 0x8000) ? (uint16_t)((crc << 1) ^ 0x1021)
+                           : (uint16_t)(crc << 1);
+  }
+  return crc;
+}
+
+unsigned kvr_key_slot(const char *key, size_t len) {
+  size_t s, e;
+  for (s = 0; s < len; s++)
+    if (key[s] == '{')
+      break;
+  if (s < len) {
+    for (e = s + 1; e < len; e++)
+      if (key[e] == '}')
+        break;
+    if (e < len && e != s + 1)
+      return crc16(key + s + 1, e - s - 1) & (KVR_SLOTS - 1);
+  }
+  return crc16(key, len) & (KVR_SLOTS - 1);
+}
+
+void kvr_cmd_set(kvr_cmd *cmd, int argc, const char *const *argv) {
+  cmd->argc = argc;
+  for (int i = 0; i < argc; i++) {
+    cmd->argv[i] = argv[i];
+    cmd->len[i] = strlen(argv[i]);
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Nodes and connections                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Index of host:port, adding it. Caller holds c->mu. -1 when the table is full.
+ */
+static int node_index_locked(kvr_client *c, const char *host, int port) {
+  for (int i = 0; i < c->n_nodes; i++)
+    if (c->nodes[i]->addr.port == port && !strcmp(c->nodes[i]->addr.host, host))
+      return i;
+  if (c->n_nodes >= KVR_MAX_NODES)
+    return -1;
+  kvr_node *n = kvti_calloc(1, sizeof *n);
+  if (!n)
+    return -1;
+  snprintf(n->addr.host, sizeof n->addr.host, "%s", host);
+  n->addr.port = port;
+  pthread_mutex_init(&n->mu, NULL);
+  c->nodes[c->n_nodes] = n;
+  return c->n_nodes++;
+}
+
+static kvr_node *node_at(kvr_client *c, int i) {
+  pthread_mutex_lock(&c->mu);
+  kvr_node *n = (i >= 0 && i < c->n_nodes) ? c->nodes[i] : NULL;
+  pthread_mutex_unlock(&c->mu);
+  return n;
+}
+
+static int ctx_error(const redisContext *ctx, const kvr_node *n,
+                     const char *what) {
+  int e = ctx ? ctx->err : REDIS_ERR_OOM;
+  const char *s = ctx ? ctx->errstr : "out of memory";
+  if (e == REDIS_ERR_IO &&
+      (errno == EAGAIN || errno == EWOULDBLOCK || strstr(s, "timed out") ||
+       strstr(s, "Resource temporarily")))
+    return KVT_ERR(KVT_ETIMEDOUT, "redis %s:%d: %s timed out", n->addr.host,
+                   n->addr.port, what);
+  if (e == REDIS_ERR_OOM)
+    return KVT_ERR_NOMEM();
+  return KVT_ERR(KVT_EIO, "redis %s:%d: %s: %s", n->addr.host, n->addr.port,
+                 what, s[0] ? s : "connection lost");
+}
+
+static int conn_take(redisContext **out, kvr_client *c, kvr_node *n) {
+  pthread_mutex_lock(&n->mu);
+  redisContext *ctx = n->n_idle > 0 ? n->idle[--n->n_idle] : NULL;
+  pthread_mutex_unlock(&n->mu);
+  if (ctx) {
+    *out = ctx;
+    return 0;
+  }
+  ctx = redisConnectWithTimeout(n->addr.host, n->addr.port, c->tv);
+  if (!ctx || ctx->err) {
+    int rc = ctx_error(ctx, n, "connect");
+    if (ctx)
+      redisFree(ctx);
+    return rc;
+  }
+  redisSetTimeout(ctx, c->tv);
+  redisEnableKeepAlive(ctx);
+  if (c->password[0]) {
+    redisReply *r = redisCommand(ctx, "AUTH %s", c->password);
+    if (!r || r->type == REDIS_REPLY_ERROR) {
+      int rc = r ? KVT_ERR(KVT_EPERM, "redis %s:%d: AUTH refused: %s",
+                           n->addr.host, n->addr.port, r->str)
+                 : ctx_error(ctx, n, "AUTH");
+      if (r)
+        freeReplyObject(r);
+      redisFree(ctx);
+      return rc;
+    }
+    freeReplyObject(r);
+  }
+  *out = ctx;
+  return 0;
+}
+
+static void conn_give(kvr_node *n, redisContext *ctx) {
+  if (ctx->err) {
+    redisFree(ctx);
+    return;
+  }
+  pthread_mutex_lock(&n->mu);
+  if (n->n_idle < KVR_MAX_IDLE) {
+    n->idle[n->n_idle++] = ctx;
+    ctx = NULL;
+  }
+  pthread_mutex_unlock(&n->mu);
+  if (ctx)
+    redisFree(ctx);
+}
+
+/* Drops every idle connection of n (after a failure: they are likely dead). */
+static void node_drop_idle(kvr_node *n) {
+  pthread_mutex_lock(&n->mu);
+  while (n->n_idle > 0)
+    redisFree(n->idle[--n->n_idle]);
+  pthread_mutex_unlock(&n->mu);
+}
+
+int kvr_client_new(kvr_client **out, const char *url, uint32_t timeout_ms) {
+  kvr_addr seeds[16];
+  int n = 0;
+  char pw[256];
+  int rc = kvr_parse_url(url, seeds, 16, &n, pw, sizeof pw);
+  if (rc != 0)
+    return rc;
+  kvr_client *c = kvti_calloc(1, sizeof *c);
+  if (!c)
+    return KVT_ERR_NOMEM();
+  pthread_mutex_init(&c->mu, NULL);
+  snprintf(c->password, sizeof c->password, "%s", pw);
+  c->tv.tv_sec = timeout_ms / 1000;
+  c->tv.tv_usec = (timeout_ms % 1000) * 1000;
+  for (int i = 0; i < KVR_SLOTS; i++)
+    c->slots[i] = -1;
+  for (int i = 0; i < n; i++) {
+    if (node_index_locked(c, seeds[i].host, seeds[i].port) < 0) {
+      kvr_client_free(c);
+      return KVT_ERR_NOMEM();
+    }
+  }
+  c->need_refresh = 1;
+  *out = c;
+  return 0;
+}
+
+void kvr_client_free(kvr_client *c) {
+  if (!c)
+    return;
+  for (int i = 0; i < c->n_nodes; i++) {
+    node_drop_idle(c->nodes[i]);
+    pthread_mutex_destroy(&c->nodes[i]->mu);
+    kvti_free(c->nodes[i]);
+  }
+  pthread_mutex_destroy(&c->mu);
+  kvti_free(c);
+}
+
+int kvr_is_cluster(kvr_client *c) {
+  pthread_mutex_lock(&c->mu);
+  int r = c->mode == 2;
+  pthread_mutex_unlock(&c->mu);
+  return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The slot map                                                             */
+/* ------------------------------------------------------------------------ */
+
+/* Applies a CLUSTER SLOTS reply; host_fallback for entries with an empty IP.
+ */
+static void apply_slots_locked(kvr_client *c, const redisReply *r,
+                               const char *host_fallback) {
+  for (int i = 0; i < KVR_SLOTS; i++)
+    c->slots[i] = -1;
+  for (size_t i = 0; i < r->elements; i++) {
+    const redisReply *e = r->element[i];
+    if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
+        e->element[0]->type != REDIS_REPLY_INTEGER ||
+        e->element[1]->type != REDIS_REPLY_INTEGER ||
+        e->element[2]->type != REDIS_REPLY_ARRAY || e->element[2]->elements < 2)
+      continue;
+    const redisReply *m = e->element[2];
+    if (m->element[0]->type != REDIS_REPLY_STRING ||
+        m->element[1]->type != REDIS_REPLY_INTEGER)
+      continue;
+    const char *host = m->element[0]->len ? m->element[0]->str : host_fallback;
+    int ni = node_index_locked(c, host, (int)m->element[1]->integer);
+    if (ni < 0)
+      continue;
+    long long lo = e->element[0]->integer, hi = e->element[1]->integer;
+    for (long long s = lo; s <= hi && s < KVR_SLOTS; s++)
+      if (s >= 0)
+        c->slots[s] = (int16_t)ni;
+  }
+}
+
+/* Contacts known nodes until one answers CLUSTER SLOTS (or says cluster support
+ * is disabled: standalone). Returns 0 or the last connection error. */
+static int refresh(kvr_client *c) {
+  pthread_mutex_lock(&c->mu);
+  int n = c->n_nodes;
+  pthread_mutex_unlock(&c->mu);
+  int rc = KVT_ERR(KVT_EIO, "redis: no node reachable");
+  for (int i = 0; i < n; i++) {
+    kvr_node *node = node_at(c, i);
+    redisContext *ctx = NULL;
+    if ((rc = conn_take(&ctx, c, node)) != 0)
+      continue;
+    redisReply *r = redisCommand(ctx, "CLUSTER SLOTS");
+    if (!r) {
+      rc = ctx_error(ctx, node, "CLUSTER SLOTS");
+      redisFree(ctx);
+      node_drop_idle(node);
+      continue;
+    }
+    pthread_mutex_lock(&c->mu);
+    if (r->type == REDIS_REPLY_ERROR &&
+        strstr(r->str, "cluster support disabled")) {
+      c->mode = 1;
+      for (int s = 0; s < KVR_SLOTS; s++)
+        c->slots[s] = (int16_t)i;
+      c->need_refresh = 0;
+      rc = 0;
+    } else if (r->type == REDIS_REPLY_ARRAY && r->elements > 0) {
+      c->mode = 2;
+      apply_slots_locked(c, r, node->addr.host);
+      c->need_refresh = 0;
+      rc = 0;
+    } else {
+      rc = KVT_ERR(KVT_EIO, "redis %s:%d: unexpected CLUSTER SLOTS reply",
+                   node->addr.host, node->addr.port);
+    }
+    pthread_mutex_unlock(&c->mu);
+    freeReplyObject(r);
+    conn_give(node, ctx);
+    if (rc == 0)
+      return 0;
+  }
+  return rc;
+}
+
+/* The node owning slot, refreshing the map first when needed. */
+static int owner(kvr_client *c, unsigned slot, int *node) {
+  pthread_mutex_lock(&c->mu);
+  int need = c->need_refresh || c->slots[slot] < 0;
+  pthread_mutex_unlock(&c->mu);
+  if (need) {
+    int rc = refresh(c);
+    if (rc != 0)
+      return rc;
+  }
+  pthread_mutex_lock(&c->mu);
+  *node = c->slots[slot];
+  pthread_mutex_unlock(&c->mu);
+  if (*node < 0)
+    return KVT_ERR(KVT_EIO,
+                   "redis cluster: slot %u is not served by any node "
+                   "(cluster down?)",
+                   slot);
+  return 0;
+}
+
+/* Parses "MOVED <slot> <host>:<port>" / "ASK ..." into a node index. */
+static int redirect_target(kvr_client *c, const char *err, int *node) {
+  const char *sp = strchr(err, ' ');
+  sp = sp ? strchr(sp + 1, ' ') : NULL;
+  if (!sp)
+    return -1;
+  const char *hp = sp + 1;
+  const char *colon = strrchr(hp, ':');
+  if (!colon || colon == hp || (size_t)(colon - hp) >= sizeof(kvr_addr){0}.host)
+    return -1;
+  char host[256];
+  memcpy(host, hp, (size_t)(colon - hp));
+  host[colon - hp] = '\0';
+  int port = atoi(colon + 1);
+  pthread_mutex_lock(&c->mu);
+  *node = node_index_locked(c, host, port);
+  pthread_mutex_unlock(&c->mu);
+  return *node < 0 ? -1 : 0;
+}
+
+static int is_err(const redisReply *r, const char *prefix) {
+  return r->type == REDIS_REPLY_ERROR &&
+         !strncmp(r->str, prefix, strlen(prefix));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Execution                                                                */
+/* ------------------------------------------------------------------------ */
+
+/* hiredis writes with write(2): a server that closed the connection raises
+ * SIGPIPE, which would kill a process that did not ignore it. Every public
+ * entry point blocks SIGPIPE on the calling thread while it talks to Redis
+ * (SIGPIPE from a socket write is sent to the writing thread) and discards one
+ * it caused, so the library needs no process-wide signal setting. */
+typedef struct pipe_guard {
+  sigset_t old;
+  int was_blocked;
+} pipe_guard;
+
+static void pipe_block(pipe_guard *g) {
+  sigset_t s;
+  sigemptyset(&s);
+  sigaddset(&s, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &s, &g->old);
+  g->was_blocked = sigismember(&g->old, SIGPIPE);
+}
+
+static void pipe_restore(pipe_guard *g) {
+  if (!g->was_blocked) {
+    sigset_t pend, s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGPIPE);
+    if (sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE)) {
+      struct timespec zero = {0, 0};
+      sigtimedwait(&s, NULL, &zero);
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
+/* Sends a pipeline straight to the socket with writev: hiredis 0.14 would copy
+ * every argument twice (formatting, then appending to its output buffer) and
+ * memmove the rest of that buffer after each partial write, which for
+ * multi-MiB chunk values costs more than the transfer. Small pieces (RESP
+ * headers, keys) are gathered into one text buffer; large values are sent
+ * from the caller's memory. The context's own output buffer stays empty, so
+ * replies are then read with redisGetReply as usual. Blocking socket with
+ * SO_SNDTIMEO (redisSetTimeout): a stalled server times out. */
+typedef struct seg {
+  const char *p; /* NULL: text at off */
+  size_t off, len;
+} seg;
+
+typedef struct wbuf {
+  char *text;
+  size_t tlen, tcap;
+  seg *segs;
+  size_t n, cap;
+  int oom;
+} wbuf;
+
+static void wb_seg(wbuf *w, const char *p, size_t off, size_t len) {
+  if (w->oom || len == 0)
+    return;
+  if (!p && w->n > 0 && !w->segs[w->n - 1].p &&
+      w->segs[w->n - 1].off + w->segs[w->n - 1].len == off) {
+    w->segs[w->n - 1].len += len;
+    return;
+  }
+  if (w->n == w->cap) {
+    size_t nc = w->cap ? w->cap * 2 : 64;
+    seg *ns = kvti_realloc(w->segs, nc * sizeof *ns);
+    if (!ns) {
+      w->oom = 1;
+      return;
+    }
+    w->segs = ns;
+    w->cap = nc;
+  }
+  w->segs[w->n].p = p;
+  w->segs[w->n].off = off;
+  w->segs[w->n].len = len;
+  w->n++;
+}
+
+static void wb_text(wbuf *w, const void *p, size_t len) {
+  if (w->oom)
+    return;
+  if (w->tlen + len > w->tcap) {
+    size_t nc = (w->tcap ? w->tcap * 2 : 4096) + len;
+    char *nt = kvti_realloc(w->text, nc);
+    if (!nt) {
+      w->oom = 1;
+      return;
+    }
+    w->text = nt;
+    w->tcap = nc;
+  }
+  memcpy(w->text + w->tlen, p, len);
+  wb_seg(w, NULL, w->tlen, len);
+  w->tlen += len;
+}
+
+static void wb_cmd(wbuf *w, int argc, const char *const *argv,
+                   const size_t *len) {
+  char h[32];
+  int k = snprintf(h, sizeof h, "*%d\r\n", argc);
+  wb_text(w, h, (size_t)k);
+  for (int i = 0; i < argc; i++) {
+    k = snprintf(h, sizeof h, "$%zu\r\n", len[i]);
+    wb_text(w, h, (size_t)k);
+    if (len[i] >= 4096)
+      wb_seg(w, argv[i], 0, len[i]); /* sent from the caller's memory */
+    else
+      wb_text(w, argv[i], len[i]);
+    wb_text(w, "\r\n", 2);
+  }
+}
+
+static int send_direct(redisContext *ctx, const kvr_node *nd,
+                       const kvr_cmd *cmds, const size_t *idx, size_t m,
+                       int asking) {
+  static const char *askv[] = {"ASKING"};
+  static const size_t askl[] = {6};
+  wbuf w;
+  memset(&w, 0, sizeof w);
+  for (size_t k = 0; k < m; k++) {
+    const kvr_cmd *cm = &cmds[idx[k]];
+    if (asking)
+      wb_cmd(&w, 1, askv, askl);
+    wb_cmd(&w, cm->argc, cm->argv, cm->len);
+  }
+  int rc = 0;
+  struct iovec iov[64];
+  size_t si = 0, done = 0; /* segment index, bytes of it already sent */
+  while (!w.oom && si < w.n) {
+    int niov = 0;
+    for (size_t j = si; j < w.n && niov < 64; j++, niov++) {
+      const seg *g = &w.segs[j];
+      const char *base = g->p ? g->p : w.text + g->off;
+      size_t skip = j == si ? done : 0;
+      iov[niov].iov_base = (void *)(base + skip);
+      iov[niov].iov_len = g->len - skip;
+    }
+    ssize_t wr = writev(ctx->fd, iov, niov);
+    if (wr < 0) {
+      if (errno == EINTR)
+        continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK)
+        rc = KVT_ERR(KVT_ETIMEDOUT, "redis %s:%d: send timed out",
+                     nd->addr.host, nd->addr.port);
+      else
+        rc = KVT_ERR_OS(errno, "redis %s:%d: send", nd->addr.host,
+                        nd->addr.port);
+      if (rc != KVT_ETIMEDOUT)
+        rc = KVT_EIO;
+      break;
+    }
+    size_t left = (size_t)wr;
+    while (left > 0 && si < w.n) {
+      size_t rem = w.segs[si].len - done;
+      if (left >= rem) {
+        left -= rem;
+        si++;
+        done = 0;
+      } else {
+        done += left;
+        left = 0;
+      }
+    }
+  }
+  if (w.oom)
+    rc = KVT_ERR_NOMEM();
+  kvti_free(w.text);
+  kvti_free(w.segs);
+  return rc;
+}
+
+/* Sends cmds[idx[0..m)] to node (each preceded by ASKING when asking) and
+ * reads the replies into replies[idx[k]]. 0 or a connection error (then no
+ * reply is kept). */
+static int run_on(kvr_client *c, int node, const kvr_cmd *cmds,
+                  const size_t *idx, size_t m, int asking,
+                  redisReply **replies) {
+  kvr_node *nd = node_at(c, node);
+  if (!nd)
+    return KVT_ERR(KVT_EIO, "redis: unknown node %d", node);
+  redisContext *ctx = NULL;
+  int rc = conn_take(&ctx, c, nd);
+  if (rc != 0)
+    return rc;
+  rc = send_direct(ctx, nd, cmds, idx, m, asking);
+  if (rc != 0) {
+    redisFree(ctx);
+    node_drop_idle(nd);
+    return rc;
+  }
+  size_t got = 0;
+  for (size_t k = 0; k < m; k++) {
+    void *r = NULL;
+    if (asking) {
+      if (redisGetReply(ctx, &r) != REDIS_OK)
+        goto io_fail;
+      freeReplyObject(r);
+      r = NULL;
+    }
+    if (redisGetReply(ctx, &r) != REDIS_OK)
+      goto io_fail;
+    replies[idx[k]] = r;
+    got++;
+  }
+  conn_give(nd, ctx);
+  return 0;
+io_fail:
+  rc = ctx_error(ctx, nd, "command");
+  for (size_t k = 0; k < got; k++) {
+    freeReplyObject(replies[idx[k]]);
+    replies[idx[k]] = NULL;
+  }
+  redisFree(ctx);
+  node_drop_idle(nd);
+  pthread_mutex_lock(&c->mu);
+  c->need_refresh = 1;
+  pthread_mutex_unlock(&c->mu);
+  return rc;
+}
+
+static int exec_batch(kvr_client *c, const char *key, size_t klen,
+                      const kvr_cmd *cmds, size_t n, redisReply **replies);
+
+int kvr_exec(kvr_client *c, const char *key, size_t klen, const kvr_cmd *cmds,
+             size_t n, redisReply **replies) {
+  pipe_guard g;
+  pipe_block(&g);
+  int rc = exec_batch(c, key, klen, cmds, n, replies);
+  pipe_restore(&g);
+  return rc;
+}
+
+static int exec_batch(kvr_client *c, const char *key, size_t klen,
+                      const kvr_cmd *cmds, size_t n, redisReply **replies) {
+  if (n == 0)
+    return 0;
+  unsigned slot = kvr_key_slot(key, klen);
+  pthread_mutex_lock(&c->mu);
+  int soon = c->refresh_soon;
+  c->refresh_soon = 0;
+  pthread_mutex_unlock(&c->mu);
+  if (soon && refresh(c) != 0)
+    kvt_clear_error(); /* the batch below reports what matters */
+  size_t *pend = kvti_malloc(n * sizeof *pend);
+  size_t *next = kvti_malloc(n * sizeof *next);
+  if (!pend || !next) {
+    kvti_free(pend);
+    kvti_free(next);
+    return KVT_ERR_NOMEM();
+  }
+  for (size_t i = 0; i < n; i++) {
+    pend[i] = i;
+    replies[i] = NULL;
+  }
+  size_t np = n;
+  int node = -1, asking = 0, rc = 0, conn_retries = 0;
+  for (int round = 0; np > 0; round++) {
+    if (round >= KVR_MAX_ROUNDS) {
+      rc = KVT_ERR(KVT_EIO, "redis: slot %u still redirected after %d rounds",
+                   slot, KVR_MAX_ROUNDS);
+      break;
+    }
+    if (!asking && (rc = owner(c, slot, &node)) != 0)
+      break;
+    rc = run_on(c, node, cmds, pend, np, asking, replies);
+    if (rc != 0) {
+      /* One retry after a refresh: the node may have been replaced. */
+      if (conn_retries++ == 0 && (rc = refresh(c)) == 0) {
+        asking = 0;
+        continue;
+      }
+      break;
+    }
+    size_t nn = 0;
+    int ask_node = -1, moved = 0, again = 0;
+    for (size_t k = 0; k < np; k++) {
+      redisReply *r = replies[pend[k]];
+      int t = -1;
+      if (is_err(r, "MOVED ") && redirect_target(c, r->str, &t) == 0) {
+        pthread_mutex_lock(&c->mu);
+        c->slots[slot] = (int16_t)t;
+        c->refresh_soon = 1; /* other slots may have moved too */
+        pthread_mutex_unlock(&c->mu);
+        moved = 1;
+      } else if (is_err(r, "ASK ") && redirect_target(c, r->str, &t) == 0) {
+        ask_node = t;
+      } else if (is_err(r, "TRYAGAIN") || is_err(r, "CLUSTERDOWN")) {
+        again = 1;
+      } else {
+        continue; /* a final reply */
+      }
+      freeReplyObject(r);
+      replies[pend[k]] = NULL;
+      next[nn++] = pend[k];
+    }
+    memcpy(pend, next, nn * sizeof *pend);
+    np = nn;
+    if (np == 0)
+      break;
+    if (ask_node >= 0 && !moved) {
+      node = ask_node;
+      asking = 1;
+    } else {
+      asking = 0; /* a MOVED target is now the slot's owner in the map */
+      if (again) {
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+      }
+    }
+  }
+  if (rc != 0) {
+    for (size_t i = 0; i < n; i++) {
+      if (replies[i])
+        freeReplyObject(replies[i]);
+      replies[i] = NULL;
+    }
+  }
+  kvti_free(pend);
+  kvti_free(next);
+  return rc;
+}
+
+int kvr_exec_node(kvr_client *c, int node, const kvr_cmd *cmd,
+                  redisReply **reply) {
+  size_t idx = 0;
+  *reply = NULL;
+  pipe_guard g;
+  pipe_block(&g);
+  int rc = run_on(c, node, cmd, &idx, 1, 0, reply);
+  pipe_restore(&g);
+  return rc;
+}
+
+int kvr_foreach_master(kvr_client *c, kvr_node_fn fn, void *ctx) {
+  pipe_guard g;
+  pipe_block(&g);
+  int rc = refresh(c);
+  pipe_restore(&g);
+  if (rc != 0)
+    return rc;
+  /* The distinct owners in the slot map are the masters. */
+  char seen[KVR_MAX_NODES] = {0};
+  pthread_mutex_lock(&c->mu);
+  for (int s = 0; s < KVR_SLOTS; s++)
+    if (c->slots[s] >= 0)
+      seen[c->slots[s]] = 1;
+  pthread_mutex_unlock(&c->mu);
+  for (int i = 0; i < KVR_MAX_NODES; i++) {
+    if (!seen[i])
+      continue;
+    if ((rc = fn(ctx, c, i)) != 0)
+      return rc;
+  }
+  return 0;
+}

@@ -1,0 +1,195 @@
+/*
+ * options.c - kvt_options defaults, validation (the reference's
+ * SSDCacheConfig.__post_init__ checks, with the same messages, plus kvtier's
+ * own fields) and resolution of the default cache directory ($XDG_CACHE_HOME or
+ * ~/.cache, then kvtier/<model name>).
+ */
+#include "tier/options.h"
+#include "base/error.h"
+#include "base/io.h"
+#include "tier/remote.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int kvt_options_init(kvt_options *opts, unsigned int version) {
+  if (!opts)
+    return KVT_ERR(KVT_EINVAL, "kvt_options_init: opts is NULL");
+  if (version != KVT_OPTIONS_VERSION)
+    return KVT_ERR(KVT_EINVAL,
+                   "kvt_options_init: unknown version %u (this "
+                   "library knows %u)",
+                   version, KVT_OPTIONS_VERSION);
+  kvt_options d = KVT_OPTIONS_INIT;
+  *opts = d;
+  return 0;
+}
+
+size_t kvt_options_size(void) {
+  return sizeof(kvt_options);
+}
+
+int kvt_promote_opts_init(kvt_promote_opts *opts, unsigned int version) {
+  if (!opts || version != KVT_PROMOTE_OPTS_VERSION)
+    return KVT_ERR(KVT_EINVAL,
+                   "kvt_promote_opts_init: NULL or unknown version");
+  kvt_promote_opts d = KVT_PROMOTE_OPTS_INIT;
+  *opts = d;
+  return 0;
+}
+
+static int valid_model_name(const char *m) {
+  return m[0] && !strchr(m, '/') && strcmp(m, ".") && strcmp(m, "..");
+}
+
+/* The remote-tier fields (see kvt_options). */
+static int validate_remote(const kvt_options *o) {
+  if (o->remote_mode < KVT_REMOTE_LOCAL || o->remote_mode > KVT_REMOTE_ONLY)
+    return KVT_ERR(KVT_EINVAL,
+                   "remote_mode must be KVT_REMOTE_LOCAL, "
+                   "KVT_REMOTE_LOCAL_AND_REMOTE or KVT_REMOTE_ONLY, "
+                   "got %d",
+                   o->remote_mode);
+  if (o->remote_mode != KVT_REMOTE_LOCAL && !o->remote_url)
+    return KVT_ERR(KVT_EINVAL, "remote_mode needs a remote_url");
+  if (o->remote_url && o->remote_mode == KVT_REMOTE_LOCAL)
+    return KVT_ERR(KVT_EINVAL,
+                   "remote_url is set but remote_mode is "
+                   "KVT_REMOTE_LOCAL; choose "
+                   "KVT_REMOTE_LOCAL_AND_REMOTE or KVT_REMOTE_ONLY");
+  if (o->remote_url && kvti_remote_check_url(o->remote_url) != 0)
+    return KVT_EINVAL;
+  if (o->remote_prefix &&
+      (strlen(o->remote_prefix) > 128 || strpbrk(o->remote_prefix, "{}")))
+    return KVT_ERR(KVT_EINVAL, "remote_prefix must be at most 128 bytes "
+                               "without '{' or '}'");
+  if (o->remote_timeout_ms < 1 || o->remote_timeout_ms > 600000)
+    return KVT_ERR(KVT_EINVAL, "remote_timeout_ms must be in 1..600000, got %u",
+                   o->remote_timeout_ms);
+  if (o->remote_queue_size < 1)
+    return KVT_ERR(KVT_EINVAL, "remote_queue_size must be >= 1, got %u",
+                   o->remote_queue_size);
+  if (o->remote_chunk_bytes < 4096 || o->remote_chunk_bytes > (512ull << 20))
+    return KVT_ERR(KVT_EINVAL,
+                   "remote_chunk_bytes must be in 4 KiB..512 MiB, "
+                   "got %llu",
+                   (unsigned long long)o->remote_chunk_bytes);
+  if (o->remote_flags & ~KVT_REMOTE_NO_LOCAL_COPY)
+    return KVT_ERR(KVT_EINVAL, "remote_flags has unknown bits 0x%x",
+                   o->remote_flags);
+  return 0;
+}
+
+int kvt_options_validate(const kvt_options *o) {
+  if (!o)
+    return KVT_ERR(KVT_EINVAL, "options is NULL");
+  if (o->version != KVT_OPTIONS_VERSION)
+    return KVT_ERR(KVT_EINVAL, "options version must be %u, got %u",
+                   KVT_OPTIONS_VERSION, o->version);
+  /* Same wording as the reference's ValueErrors. */
+  if (!(o->max_size_gb > 0) || !isfinite(o->max_size_gb))
+    return KVT_ERR(KVT_EINVAL, "max_size_gb must be > 0, got %g",
+                   o->max_size_gb);
+  if (o->max_size_gb * 1073741824.0 > 9.0e18)
+    return KVT_ERR(KVT_EINVAL, "max_size_gb is too large, got %g",
+                   o->max_size_gb);
+  if (o->max_entries < 1)
+    return KVT_ERR(KVT_EINVAL, "max_entries must be >= 1, got %lld",
+                   (long long)o->max_entries);
+  if (o->spill_queue_size < 1)
+    return KVT_ERR(KVT_EINVAL, "spill_queue_size must be >= 1, got %u",
+                   o->spill_queue_size);
+  if (o->retention_seconds < 0)
+    return KVT_ERR(KVT_EINVAL,
+                   "retention_seconds must be >= 0 (0 = no expiry), "
+                   "got %lld",
+                   (long long)o->retention_seconds);
+  if (o->file_mode > 07777)
+    return KVT_ERR(KVT_EINVAL,
+                   "file_mode must be a permission mode <= 07777, "
+                   "got %o",
+                   o->file_mode);
+  if (o->dir_mode > 07777 || (o->dir_mode & 0700) != 0700)
+    return KVT_ERR(KVT_EINVAL,
+                   "dir_mode must be <= 07777 and include 0700 "
+                   "(owner rwx), got %o",
+                   o->dir_mode);
+  if ((o->file_mode & 0600) != 0600)
+    return KVT_ERR(KVT_EINVAL, "file_mode must include 0600 (owner rw), got %o",
+                   o->file_mode);
+  if (o->storage_mode != KVT_STORAGE_NATIVE &&
+      o->storage_mode != KVT_STORAGE_COMPAT)
+    return KVT_ERR(KVT_EINVAL,
+                   "storage_mode must be KVT_STORAGE_NATIVE or "
+                   "KVT_STORAGE_COMPAT, got %d",
+                   o->storage_mode);
+  if (o->durability != KVT_DURABILITY_FSYNC &&
+      o->durability != KVT_DURABILITY_NONE)
+    return KVT_ERR(KVT_EINVAL,
+                   "durability must be KVT_DURABILITY_FSYNC or "
+                   "KVT_DURABILITY_NONE, got %d",
+                   o->durability);
+  if (o->io_backend < KVT_IO_AUTO || o->io_backend > KVT_IO_URING)
+    return KVT_ERR(KVT_EINVAL,
+                   "io_backend must be AUTO, PORTABLE or URING, got %d",
+                   o->io_backend);
+  if (o->promote_threads < 1 || o->promote_threads > 256)
+    return KVT_ERR(KVT_EINVAL, "promote_threads must be in 1..256, got %u",
+                   o->promote_threads);
+  if (o->log_level < KVT_LOG_DEBUG || o->log_level > KVT_LOG_NONE)
+    return KVT_ERR(KVT_EINVAL, "log_level must be in 0..4, got %d",
+                   o->log_level);
+  if (o->flags &
+      ~(KVT_OPEN_READONLY | KVT_OPEN_NO_RECONCILE | KVT_OPEN_SKIP_OWNER_CHECK))
+    return KVT_ERR(KVT_EINVAL, "flags has unknown bits 0x%x", o->flags);
+  if (o->cache_dir && !o->cache_dir[0])
+    return KVT_ERR(KVT_EINVAL, "cache_dir must not be empty (NULL = default)");
+  int rrc = validate_remote(o);
+  if (rrc != 0)
+    return rrc;
+  if (!o->cache_dir && o->model_name && !valid_model_name(o->model_name))
+    return KVT_ERR(KVT_EINVAL,
+                   "model_name must be a single path component, got "
+                   "'%s'",
+                   o->model_name);
+  return 0;
+}
+
+uint64_t kvti_options_max_bytes(const kvt_options *o) {
+  /* int(max_size_gb * _BYTES_PER_GB), as the reference's max_size_bytes. */
+  return (uint64_t)(o->max_size_gb * 1073741824.0);
+}
+
+int kvti_options_resolve_dir(char **out, const kvt_options *o) {
+  if (o->cache_dir) {
+    *out = kvti_strdup(o->cache_dir);
+    return *out ? 0 : KVT_ENOMEM;
+  }
+  const char *model = o->model_name ? o->model_name : "default";
+  const char *xdg = getenv("XDG_CACHE_HOME");
+  const char *home = getenv("HOME");
+  char *base;
+  if (xdg && xdg[0] == '/') {
+    base = kvti_strdup(xdg);
+  } else if (home && home[0] == '/') {
+    base = kvti_path_join(home, ".cache");
+  } else {
+    return KVT_ERR(KVT_EINVAL,
+                   "cache_dir is NULL and neither XDG_CACHE_HOME nor "
+                   "HOME is an absolute path");
+  }
+  if (!base)
+    return KVT_ENOMEM;
+  size_t n = strlen(base) + strlen(model) + 16;
+  char *p = kvti_malloc(n);
+  if (!p) {
+    kvti_free(base);
+    return KVT_ERR_NOMEM();
+  }
+  snprintf(p, n, "%s/kvtier/%s", base, model);
+  kvti_free(base);
+  *out = p;
+  return 0;
+}

@@ -1,0 +1,693 @@
+/*
+ * tier_remote.c - the tier's side of the shared remote tier (see remote.h and
+ * docs/REMOTE.md): option checks, the upload queue (bounded by
+ * remote_queue_size entries and spill_queue_bytes bytes) drained by one remote
+ * thread so a slow or dead server never blocks the writer or a caller, the
+ * back-off that turns a failing server into "local only" for a while (each
+ * real failure counted in remote_errors; while backed off, uploads are dropped
+ * and remote lookups are misses, both at no cost), remote lookups and reads for
+ * promotes, and adoption of a fetched entry as a local copy. Remote reads run
+ * on the promoting thread (the caller's for kvt_tier_promote, a worker's for
+ * async promotes) and are bounded by remote_timeout_ms per command. Built
+ * without hiredis, only the option checks remain and a remote_url is refused
+ * with KVT_EUNSUPPORTED.
+ */
+#include "tier/remote.h"
+#include "base/error.h"
+#include "base/hash.h"
+#include "index/index.h"
+#include "base/io.h"
+#include "tier/tier.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if KVT_HAVE_REDIS
+#include "store/redis/rclient.h"
+#endif
+
+int kvti_remote_check_url(const char *url) {
+#if KVT_HAVE_REDIS
+  return kvr_parse_url(url, NULL, 16, NULL, NULL, 0);
+#else
+  if (!url || strncmp(url, "redis://", 8) != 0 || !url[8])
+    return KVT_ERR(KVT_EINVAL,
+                   "remote_url must be redis://host:port (got "
+                   "'%s')",
+                   url ? url : "(null)");
+  return 0;
+#endif
+}
+
+#if !KVT_HAVE_REDIS
+
+int kvti_remote_open(kvt_tier *t) {
+  if (!t->opts.remote_url || t->opts.remote_mode == KVT_REMOTE_LOCAL)
+    return 0;
+  return KVT_ERR(KVT_EUNSUPPORTED,
+                 "remote_url %s: this build of kvtier has no Redis support "
+                 "(rebuild with hiredis, Debian's libhiredis-dev)",
+                 t->opts.remote_url);
+}
+int kvti_remote_spills_local(const kvt_tier *t) {
+  (void)t;
+  return 1;
+}
+int kvti_remote_take(kvt_tier *t, struct kvti_snapshot *s) {
+  (void)t;
+  (void)s;
+  return 0;
+}
+int kvti_remote_drain(kvt_tier *t, const struct timespec *ts, int has) {
+  (void)t;
+  (void)ts;
+  (void)has;
+  return 0;
+}
+void kvti_remote_stop(kvt_tier *t, int drop) {
+  (void)t;
+  (void)drop;
+}
+void kvti_remote_free(kvt_tier *t) {
+  (void)t;
+}
+int kvti_remote_enabled(const kvt_tier *t) {
+  (void)t;
+  return 0;
+}
+int kvti_remote_lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
+                       size_t n, int prefix, uint64_t min_len) {
+  (void)t;
+  (void)info;
+  (void)tokens;
+  (void)n;
+  (void)prefix;
+  (void)min_len;
+  return KVT_ENOTFOUND;
+}
+int kvti_remote_read(kvt_tier *t, kvt_entry **out, const kvt_entry_info *info,
+                     const kvti_read_opts *ro) {
+  (void)t;
+  (void)out;
+  (void)info;
+  (void)ro;
+  return KVT_ERR(KVT_EUNSUPPORTED, "no remote tier in this build");
+}
+void kvti_remote_gauges(kvt_tier *t, kvt_stats *s) {
+  (void)t;
+  (void)s;
+}
+
+#else /* KVT_HAVE_REDIS */
+
+typedef struct up_item {
+  struct up_item *next;
+  kvti_snapshot *snap;
+  uint64_t cost;
+} up_item;
+
+struct kvti_remote {
+  kvti_backend *be;
+  int mode;
+  int keep_local;
+  char *stage_root;
+  int stage_is_tmp; /* stage_root is a private mkdtemp (read-only tier) */
+  /* Upload queue. */
+  pthread_mutex_t mu;
+  pthread_cond_t cv_work, cv_done;
+  up_item *head, *tail;
+  uint64_t depth, bytes, enq, done;
+  int stop, drop, started;
+  pthread_t thread;
+  /* Health: back-off after failures. */
+  pthread_mutex_t hmu;
+  double down_until; /* monotonic seconds */
+  double backoff;
+};
+
+static struct kvti_remote *RM(const kvt_tier *t) {
+  return t->remote;
+}
+
+/* ---- health ---- */
+
+static int remote_ok(struct kvti_remote *r) {
+  pthread_mutex_lock(&r->hmu);
+  int ok = kvti_now_mono() >= r->down_until;
+  pthread_mutex_unlock(&r->hmu);
+  return ok;
+}
+
+static void remote_success(struct kvti_remote *r) {
+  pthread_mutex_lock(&r->hmu);
+  r->backoff = 0;
+  pthread_mutex_unlock(&r->hmu);
+}
+
+/* Counts a failed remote operation; connection-level failures (KVT_EIO,
+ * KVT_ETIMEDOUT, KVT_EPERM from AUTH) also back off: for 0.25 s doubling up
+ * to 5 s the remote is skipped, so callers do not each wait for a timeout. */
+static void remote_failed(kvt_tier *t, int rc, const char *what) {
+  struct kvti_remote *r = RM(t);
+  KVTI_STAT_ADD(&t->stats, remote_errors, 1);
+  if (rc == KVT_EIO || rc == KVT_ETIMEDOUT || rc == KVT_EPERM) {
+    pthread_mutex_lock(&r->hmu);
+    r->backoff = r->backoff > 0 ? r->backoff * 2 : 0.25;
+    if (r->backoff > 5)
+      r->backoff = 5;
+    r->down_until = kvti_now_mono() + r->backoff;
+    double b = r->backoff;
+    pthread_mutex_unlock(&r->hmu);
+    kvti_log(t, KVT_LOG_WARN,
+             "kvtier: remote %s failed (%s); local only for %.2fs", what,
+             kvt_last_error(), b);
+  } else {
+    kvti_log(t, KVT_LOG_WARN, "kvtier: remote %s failed: %s", what,
+             kvt_last_error());
+  }
+}
+
+/* ---- uploads ---- */
+
+static void spill_done(kvt_tier *t, kvti_snapshot *s, int rc) {
+  if (RM(t)->mode == KVT_REMOTE_ONLY && t->opts.spill_done_fn)
+    t->opts.spill_done_fn(t->opts.spill_done_ctx, kvti_snapshot_hash(s), rc);
+}
+
+static void upload_one(kvt_tier *t, kvti_snapshot *s) {
+  struct kvti_remote *r = RM(t);
+  int rc;
+  if (!remote_ok(r)) {
+    KVTI_STAT_ADD(&t->stats, remote_spill_drops, 1);
+    rc = KVT_ERR(KVT_EIO,
+                 "remote store unavailable (backing off); upload of "
+                 "%.16s dropped",
+                 kvti_snapshot_hash(s));
+  } else {
+    kvti_write_opts wo = {t->opts.storage_mode, 0, t->opts.file_mode,
+                          t->opts.dir_mode};
+    uint64_t bytes = 0;
+    rc = r->be->ops->put(r->be, &bytes, s, &wo);
+    if (rc == 0) {
+      remote_success(r);
+      KVTI_STAT_ADD(&t->stats, remote_spill_count, 1);
+      KVTI_STAT_ADD(&t->stats, remote_spill_bytes, bytes);
+      if (r->mode == KVT_REMOTE_ONLY) {
+        KVTI_STAT_ADD(&t->stats, spill_count, 1);
+        KVTI_STAT_ADD(&t->stats, spill_bytes, bytes);
+      }
+    } else {
+      remote_failed(t, rc, "upload");
+      if (r->mode == KVT_REMOTE_ONLY)
+        KVTI_STAT_ADD(&t->stats, write_failures, 1);
+    }
+  }
+  spill_done(t, s, rc);
+}
+
+static void *upload_main(void *arg) {
+  kvt_tier *t = arg;
+  struct kvti_remote *r = RM(t);
+  pthread_mutex_lock(&r->mu);
+  for (;;) {
+    while (!r->head && !r->stop)
+      pthread_cond_wait(&r->cv_work, &r->mu);
+    if (!r->head)
+      break;
+    up_item *it = r->head;
+    r->head = it->next;
+    if (!r->head)
+      r->tail = NULL;
+    r->depth--;
+    r->bytes -= it->cost;
+    int drop = r->drop;
+    pthread_mutex_unlock(&r->mu);
+    if (drop) {
+      KVTI_STAT_ADD(&t->stats, remote_spill_drops, 1);
+      spill_done(t, it->snap,
+                 KVT_ERR(KVT_ECLOSED, "tier closed before the upload"));
+    } else {
+      upload_one(t, it->snap);
+    }
+    kvti_snapshot_free(it->snap);
+    kvti_free(it);
+    pthread_mutex_lock(&r->mu);
+    r->done++;
+    pthread_cond_broadcast(&r->cv_done);
+  }
+  pthread_cond_broadcast(&r->cv_done);
+  pthread_mutex_unlock(&r->mu);
+  return NULL;
+}
+
+int kvti_remote_spills_local(const kvt_tier *t) {
+  return !RM(t) || RM(t)->mode != KVT_REMOTE_ONLY;
+}
+
+int kvti_remote_take(kvt_tier *t, kvti_snapshot *s) {
+  struct kvti_remote *r = RM(t);
+  if (!r)
+    return 0;
+  uint64_t cost = kvti_snapshot_held_bytes(s);
+  uint64_t qb = t->opts.spill_queue_bytes;
+  up_item *it = kvti_calloc(1, sizeof *it);
+  int rc = 0;
+  pthread_mutex_lock(&r->mu);
+  if (!it) {
+    rc = KVT_ERR_NOMEM();
+  } else if (r->stop) {
+    rc = KVT_ERR(KVT_ECLOSED, "the tier is closing; upload refused");
+  } else if (r->depth >= t->opts.remote_queue_size ||
+             (qb && r->bytes + cost > qb)) {
+    rc = KVT_ERR(KVT_EFULL,
+                 "remote upload queue full (%llu entries, %llu bytes); "
+                 "upload of %.16s dropped",
+                 (unsigned long long)r->depth, (unsigned long long)r->bytes,
+                 kvti_snapshot_hash(s));
+  } else {
+    if (!r->started) {
+      int e = pthread_create(&r->thread, NULL, upload_main, t);
+      if (e != 0)
+        rc = KVT_ERR_OS(e, "creating the remote upload thread");
+      else
+        r->started = 1;
+    }
+    if (rc == 0) {
+      it->snap = s;
+      it->cost = cost;
+      if (r->tail)
+        r->tail->next = it;
+      else
+        r->head = it;
+      r->tail = it;
+      r->depth++;
+      r->bytes += cost;
+      r->enq++;
+      pthread_cond_signal(&r->cv_work);
+    }
+  }
+  pthread_mutex_unlock(&r->mu);
+  if (rc == 0)
+    return 1;
+  kvti_free(it);
+  KVTI_STAT_ADD(&t->stats, remote_spill_drops, 1);
+  if (r->mode == KVT_REMOTE_ONLY)
+    KVTI_STAT_ADD(&t->stats, spill_drops, 1);
+  kvti_log(t, KVT_LOG_WARN, "kvtier: %s", kvt_last_error());
+  spill_done(t, s, rc);
+  return 0;
+}
+
+int kvti_remote_drain(kvt_tier *t, const struct timespec *ts, int has) {
+  struct kvti_remote *r = RM(t);
+  if (!r)
+    return 0;
+  int rc = 0;
+  pthread_mutex_lock(&r->mu);
+  uint64_t target = r->enq;
+  while (r->done < target && r->started) {
+    if (kvti_cond_wait_until(&r->cv_done, &r->mu, ts, has) == ETIMEDOUT &&
+        r->done < target) {
+      rc = KVT_ERR(KVT_ETIMEDOUT, "%llu remote uploads still pending",
+                   (unsigned long long)(target - r->done));
+      break;
+    }
+  }
+  pthread_mutex_unlock(&r->mu);
+  return rc;
+}
+
+void kvti_remote_stop(kvt_tier *t, int drop) {
+  struct kvti_remote *r = RM(t);
+  if (!r)
+    return;
+  pthread_mutex_lock(&r->mu);
+  r->stop = 1;
+  if (drop)
+    r->drop = 1;
+  int started = r->started;
+  pthread_cond_broadcast(&r->cv_work);
+  pthread_mutex_unlock(&r->mu);
+  if (started) {
+    pthread_join(r->thread, NULL);
+    pthread_mutex_lock(&r->mu);
+    r->started = 0;
+    pthread_mutex_unlock(&r->mu);
+  }
+  /* Never started: release what is queued. */
+  pthread_mutex_lock(&r->mu);
+  up_item *it = r->head;
+  r->head = r->tail = NULL;
+  r->depth = r->bytes = 0;
+  pthread_mutex_unlock(&r->mu);
+  while (it) {
+    up_item *next = it->next;
+    spill_done(t, it->snap, KVT_ECLOSED);
+    kvti_snapshot_free(it->snap);
+    kvti_free(it);
+    it = next;
+  }
+}
+
+void kvti_remote_free(kvt_tier *t) {
+  struct kvti_remote *r = RM(t);
+  if (!r)
+    return;
+  kvti_remote_stop(t, 1);
+  if (r->be)
+    r->be->ops->destroy(r->be);
+  if (r->stage_root) {
+    kvti_rmtree(r->stage_root);
+    kvti_free(r->stage_root);
+  }
+  pthread_mutex_destroy(&r->mu);
+  pthread_cond_destroy(&r->cv_work);
+  pthread_cond_destroy(&r->cv_done);
+  pthread_mutex_destroy(&r->hmu);
+  kvti_free(r);
+  t->remote = NULL;
+}
+
+/* ---- open ---- */
+
+int kvti_remote_open(kvt_tier *t) {
+  const kvt_options *o = &t->opts;
+  if (!o->remote_url || o->remote_mode == KVT_REMOTE_LOCAL)
+    return 0;
+  struct kvti_remote *r = kvti_calloc(1, sizeof *r);
+  if (!r)
+    return KVT_ERR_NOMEM();
+  pthread_mutex_init(&r->mu, NULL);
+  pthread_mutex_init(&r->hmu, NULL);
+  kvti_cond_init(&r->cv_work);
+  kvti_cond_init(&r->cv_done);
+  r->mode = o->remote_mode;
+  r->keep_local = r->mode == KVT_REMOTE_LOCAL_AND_REMOTE && !t->readonly &&
+                  !(o->remote_flags & KVT_REMOTE_NO_LOCAL_COPY);
+  t->remote = r;
+  int rc = 0;
+  if (!t->readonly) {
+    /* Staging next to data/ (same file system: a fetched entry is adopted as
+     * a local copy by rename). The one writer process owns it. */
+    r->stage_root = kvti_path_join(t->dir, "remote.tmp");
+    if (!r->stage_root)
+      rc = KVT_ENOMEM;
+    else {
+      kvti_rmtree(r->stage_root);
+      rc = kvti_mkdir(r->stage_root, o->dir_mode);
+    }
+  } else {
+    const char *tmp = getenv("TMPDIR");
+    char tmpl[4096];
+    snprintf(tmpl, sizeof tmpl, "%s/kvtier-remote-XXXXXX",
+             tmp && tmp[0] == '/' ? tmp : "/tmp");
+    if (!mkdtemp(tmpl))
+      rc = KVT_ERR_OS(errno, "mkdtemp %s", tmpl);
+    else if (!(r->stage_root = kvti_strdup(tmpl)))
+      rc = KVT_ENOMEM;
+    r->stage_is_tmp = 1;
+  }
+  if (rc == 0) {
+    kvti_redis_cfg cfg = {o->remote_url,
+                          o->remote_prefix,
+                          o->remote_timeout_ms,
+                          o->remote_chunk_bytes,
+                          o->retention_seconds > 0 ? o->retention_seconds * 1000
+                                                   : 0,
+                          r->stage_root,
+                          o->file_mode,
+                          o->dir_mode};
+    rc = kvti_backend_redis_new(&r->be, &cfg);
+  }
+  if (rc != 0) {
+    kvti_remote_free(t);
+    return rc;
+  }
+  kvti_log(t, KVT_LOG_INFO, "kvtier: remote tier %s (%s)", o->remote_url,
+           r->mode == KVT_REMOTE_ONLY ? "remote only" : "local+remote");
+  return 0;
+}
+
+/* ---- promotes ---- */
+
+int kvti_remote_enabled(const kvt_tier *t) {
+  return RM(t) != NULL;
+}
+
+int kvti_remote_lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
+                       size_t n, int prefix, uint64_t min_len) {
+  struct kvti_remote *r = RM(t);
+  if (!r)
+    return KVT_ENOTFOUND;
+  if (!remote_ok(r)) {
+    KVTI_STAT_ADD(&t->stats, remote_misses, 1);
+    return KVT_ERR(KVT_ENOTFOUND, "remote store unavailable (backing off)");
+  }
+  kvti_remote_meta m;
+  int rc = kvti_redis_find(r->be, &m, tokens, n, prefix, min_len);
+  if (rc == 0) {
+    remote_success(r);
+    double cutoff = kvti_tier_cutoff(t);
+    if (cutoff > 0 && m.created_at < cutoff)
+      rc = KVT_ERR(KVT_ENOTFOUND, "remote entry %.16s expired", m.hash);
+  } else if (rc != KVT_ENOTFOUND) {
+    remote_failed(t, rc, "lookup");
+  }
+  if (rc != 0) {
+    KVTI_STAT_ADD(&t->stats, remote_misses, 1);
+    return rc == KVT_ENOTFOUND
+               ? rc
+               : KVT_ERR(KVT_ENOTFOUND, "remote lookup failed: %s",
+                         kvt_last_error());
+  }
+  memset(info, 0, sizeof *info);
+  memcpy(info->token_hash, m.hash, sizeof info->token_hash);
+  kvt_prefix_hash(info->prefix_hash, tokens, (size_t)m.num_tokens);
+  info->num_tokens = m.num_tokens;
+  info->memory_bytes = m.memory_bytes;
+  info->disk_bytes = m.total_bytes;
+  info->created_at = m.created_at;
+  info->accessed_at = m.created_at;
+  return 0;
+}
+
+/* Moves a verified fetched entry (stage/<hash>) into data/ and indexes it, as
+ * the writer publishes a spill; skipped when the entry exists locally. */
+static void adopt(kvt_tier *t, const char *stage, const kvt_entry *e,
+                  uint64_t bytes) {
+  const char *hash = e->hash;
+  char *from = kvti_path_join(stage, hash);
+  char *to = kvti_path_join(t->data_dir, hash);
+  if (!from || !to) {
+    kvti_free(from);
+    kvti_free(to);
+    kvt_clear_error();
+    return;
+  }
+  pthread_mutex_lock(&t->mut_mu);
+  if (atomic_load(&t->state) == KVTI_OPEN) {
+    kvt_entry_info cur;
+    kvti_stripe_wrlock(&t->stripes, hash);
+    int rc = 0;
+    if (kvti_index_find_hash(&cur, t->idx, hash) != 0 &&
+        t->be->ops->present(t->be, hash) == 0) {
+      rc = kvti_rename(from, to);
+      if (rc == 0) {
+        rc = kvti_index_put(t->idx, e->tokens, e->n_tokens, hash,
+                            e->memory_bytes, bytes, e->storage_mode);
+        if (rc != 0)
+          t->be->ops->remove(t->be, hash);
+      }
+    }
+    kvti_stripe_unlock(&t->stripes, hash);
+    if (rc == 0)
+      kvti_tier_enforce_locked(t, t->opts.max_entries, t->max_bytes,
+                               kvti_tier_cutoff(t), NULL, NULL);
+    else
+      kvti_log(t, KVT_LOG_WARN, "kvtier: keeping a local copy of %.16s: %s",
+               hash, kvt_last_error());
+  }
+  pthread_mutex_unlock(&t->mut_mu);
+  kvti_free(from);
+  kvti_free(to);
+  kvt_clear_error();
+}
+
+int kvti_remote_read(kvt_tier *t, kvt_entry **out, const kvt_entry_info *info,
+                     const kvti_read_opts *ro) {
+  struct kvti_remote *r = RM(t);
+  const char *hash = info->token_hash;
+  if (!remote_ok(r))
+    return KVT_ERR(KVT_ENOTFOUND, "remote store unavailable (backing off)");
+  char *stage = NULL;
+  int rc = kvti_redis_stage_dir(r->be, &stage);
+  if (rc != 0) {
+    KVTI_STAT_ADD(&t->stats, promotion_failures, 1);
+    return rc;
+  }
+  double t0 = kvti_now_mono();
+  kvti_remote_meta m;
+  rc = kvti_redis_fetch(r->be, &m, hash, stage);
+  if (rc == 0) {
+    rc = kvti_entry_read(out, stage, hash, ro);
+    if (rc == KVT_ECORRUPT || rc == KVT_ENOTFOUND) {
+      /* Chunks verified but the files do not: the writer's data was bad. */
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", kvt_last_error());
+      r->be->ops->remove(r->be, hash);
+      KVT_ERR(KVT_ECORRUPT, "remote entry %.16s: %s", hash, msg);
+      rc = KVT_ECORRUPT;
+    }
+  }
+  if (rc == 0) {
+    remote_success(r);
+    double dt = kvti_now_mono() - t0;
+    pthread_mutex_lock(&t->stats.mu);
+    t->stats.s.remote_hits++;
+    t->stats.s.remote_read_bytes += m.total_bytes;
+    t->stats.s.remote_latency_sum += dt > 0 ? dt : 0;
+    pthread_mutex_unlock(&t->stats.mu);
+    if (r->keep_local && !ro->verify_only && *out)
+      adopt(t, stage, *out, m.total_bytes);
+  } else if (rc == KVT_ECANCELED) {
+    KVTI_STAT_ADD(&t->stats, promotions_cancelled, 1);
+  } else {
+    /* A vanished, damaged or unreachable remote entry is a miss, never data:
+     * the caller carries on as with a local miss. */
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", kvt_last_error());
+    if (rc != KVT_ENOTFOUND)
+      remote_failed(t, rc, "read");
+    KVTI_STAT_ADD(&t->stats, remote_misses, 1);
+    rc = KVT_ERR(KVT_ENOTFOUND, "remote entry %.16s unusable: %s", hash, msg);
+  }
+  kvti_rmtree(stage);
+  kvti_free(stage);
+  return rc;
+}
+
+void kvti_remote_gauges(kvt_tier *t, kvt_stats *s) {
+  struct kvti_remote *r = RM(t);
+  if (!r)
+    return;
+  pthread_mutex_lock(&r->mu);
+  s->remote_queue_depth = r->depth;
+  pthread_mutex_unlock(&r->mu);
+  s->remote_available = (uint64_t)remote_ok(r);
+}
+
+#endif /* KVT_HAVE_REDIS */
+
+/* ------------------------------------------------------------------------ */
+/* Tools: kvt_tier_remote_foreach / kvt_tier_remote_verify                  */
+/* ------------------------------------------------------------------------ */
+
+#if KVT_HAVE_REDIS
+typedef struct name_vec {
+  char (*v)[KVT_HASH_HEX_LEN + 1];
+  size_t n, cap;
+  int oom;
+} name_vec;
+
+static int collect_hash(void *ctx, const char *name, int kind) {
+  name_vec *l = ctx;
+  if (kind != KVTI_BK_ENTRY)
+    return 0;
+  if (l->n == l->cap) {
+    size_t nc = l->cap ? l->cap * 2 : 256;
+    void *p = kvti_realloc(l->v, nc * sizeof *l->v);
+    if (!p) {
+      l->oom = 1;
+      return 1;
+    }
+    l->v = p;
+    l->cap = nc;
+  }
+  snprintf(l->v[l->n++], KVT_HASH_HEX_LEN + 1, "%s", name);
+  return 0;
+}
+#endif
+
+int kvt_tier_remote_foreach(kvt_tier *t, kvt_entry_visit_fn fn, void *ctx) {
+  if (!t || !fn)
+    return KVT_ERR(KVT_EINVAL, "remote_foreach: NULL argument");
+#if !KVT_HAVE_REDIS
+  (void)ctx;
+  return KVT_ERR(KVT_EUNSUPPORTED, "no remote tier in this build");
+#else
+  if (!t->remote)
+    return KVT_ERR(KVT_EINVAL, "the tier has no remote store configured");
+  int rc = kvti_tier_enter(t);
+  if (rc != 0)
+    return rc;
+  name_vec l = {0};
+  kvti_backend *be = t->remote->be;
+  rc = be->ops->list(be, collect_hash, &l);
+  if (rc == 0 && l.oom)
+    rc = KVT_ERR_NOMEM();
+  for (size_t i = 0; rc == 0 && i < l.n; i++) {
+    kvti_remote_meta m;
+    int g = kvti_redis_stat(be, &m, l.v[i]);
+    if (g == KVT_ENOTFOUND || g == KVT_ECORRUPT) {
+      kvt_clear_error(); /* gone since the scan, or damaged: not an entry */
+      continue;
+    }
+    if ((rc = g) != 0)
+      break;
+    kvt_entry_info info;
+    memset(&info, 0, sizeof info);
+    memcpy(info.token_hash, m.hash, sizeof info.token_hash);
+    info.num_tokens = m.num_tokens;
+    info.memory_bytes = m.memory_bytes;
+    info.disk_bytes = m.total_bytes;
+    info.created_at = info.accessed_at = m.created_at;
+    if (fn(ctx, &info))
+      break;
+  }
+  kvti_free(l.v);
+  kvti_tier_leave(t);
+  return rc;
+#endif
+}
+
+int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash) {
+  if (!t || !token_hash)
+    return KVT_ERR(KVT_EINVAL, "remote_verify: NULL argument");
+  if (!kvti_is_hash_name(token_hash))
+    return KVT_ERR(KVT_EINVAL, "token_hash must be 64 lowercase hex digits");
+#if !KVT_HAVE_REDIS
+  return KVT_ERR(KVT_EUNSUPPORTED, "no remote tier in this build");
+#else
+  if (!t->remote)
+    return KVT_ERR(KVT_EINVAL, "the tier has no remote store configured");
+  int rc = kvti_tier_enter(t);
+  if (rc != 0)
+    return rc;
+  kvti_backend *be = t->remote->be;
+  char *stage = NULL;
+  rc = kvti_redis_stage_dir(be, &stage);
+  if (rc == 0) {
+    rc = kvti_redis_fetch(be, NULL, token_hash, stage);
+    if (rc == 0) {
+      kvti_read_opts ro;
+      memset(&ro, 0, sizeof ro);
+      ro.verify_only = 1;
+      rc = kvti_entry_read(NULL, stage, token_hash, &ro);
+      if (rc == KVT_ENOTFOUND || rc == KVT_ECORRUPT) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", kvt_last_error());
+        be->ops->remove(be, token_hash);
+        rc = KVT_ERR(KVT_ECORRUPT, "remote entry %.16s: %s (removed)",
+                     token_hash, msg);
+      }
+    }
+    kvti_rmtree(stage);
+    kvti_free(stage);
+  }
+  kvti_tier_leave(t);
+  return rc;
+#endif
+}

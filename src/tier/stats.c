@@ -1,0 +1,376 @@
+/*
+ * stats.c - the tier's counters (see stats.h), kvt_tier_stats /
+ * kvt_tier_stats_add, and two renderings of a kvt_stats: JSON with exactly the
+ * reference's SSDCacheStats.to_dict keys and rounding (ssd_hit_rate to 4
+ * places, reload_latency_sum_s to 4, avg_reload_latency_ms to 2; Python's
+ * round() is correctly rounded, as printf's %.Nf is) plus kvtier's counters and
+ * gauges, and the Prometheus text exposition format (HELP/TYPE lines, kvtier_*
+ * names, counters end in _total). Integers are printed exactly (never through a
+ * double); floats like Python's repr.
+ */
+#include "tier/stats.h"
+#include "base/error.h"
+#include "index/index.h"
+#include "base/io.h"
+#include "tier/remote.h"
+#include "tier/tier.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void kvti_stats_init(kvti_stats *st) {
+  pthread_mutex_init(&st->mu, NULL);
+  memset(&st->s, 0, sizeof st->s);
+}
+
+void kvti_stats_destroy(kvti_stats *st) {
+  pthread_mutex_destroy(&st->mu);
+}
+
+void kvti_stats_add_at(kvti_stats *st, size_t offset, uint64_t v) {
+  pthread_mutex_lock(&st->mu);
+  uint64_t *f = (uint64_t *)((char *)&st->s + offset);
+  *f += v;
+  pthread_mutex_unlock(&st->mu);
+}
+
+void kvti_stats_hit(kvti_stats *st, double latency_s, uint64_t bytes) {
+  pthread_mutex_lock(&st->mu);
+  st->s.ssd_hits++;
+  st->s.reload_latency_sum += latency_s;
+  st->s.reload_bytes += bytes;
+  pthread_mutex_unlock(&st->mu);
+}
+
+void kvti_stats_copy(kvt_stats *out, kvti_stats *st) {
+  pthread_mutex_lock(&st->mu);
+  *out = st->s;
+  pthread_mutex_unlock(&st->mu);
+}
+
+/* Derived values of the renderings. */
+static double hit_rate(const kvt_stats *s) {
+  uint64_t total = s->ssd_hits + s->ssd_misses;
+  return total > 0 ? (double)s->ssd_hits / (double)total : 0.0;
+}
+static double reload_latency_sum(const kvt_stats *s) {
+  return s->reload_latency_sum;
+}
+static double avg_reload_ms(const kvt_stats *s) {
+  return s->ssd_hits > 0 ? s->reload_latency_sum / (double)s->ssd_hits * 1000
+                         : 0.0;
+}
+static uint64_t local_hits(const kvt_stats *s) {
+  return s->ssd_hits > s->remote_hits ? s->ssd_hits - s->remote_hits : 0;
+}
+static double remote_latency_sum(const kvt_stats *s) {
+  return s->remote_latency_sum;
+}
+static double avg_remote_ms(const kvt_stats *s) {
+  return s->remote_hits > 0
+             ? s->remote_latency_sum / (double)s->remote_hits * 1000
+             : 0.0;
+}
+
+/* Every value of a kvt_stats, in the order both renderings print them. A
+ * value is a uint64_t field (off), or computed by getu (integer) or getf
+ * (float, rounded to nd decimals in JSON as the reference's to_dict rounds;
+ * Prometheus prints it unrounded). key is the JSON key, prom the Prometheus
+ * name after "kvtier_" (NULL: not exported there). The counters that
+ * kvt_tier_stats_add accepts are the counter fields (off, counter): gauges
+ * (entries, bytes, queue) are measured, not counted, and derived values
+ * cannot be adjusted. */
+typedef struct metric {
+  const char *key, *prom;
+  int counter; /* else gauge */
+  const char *help;
+  size_t off;
+  uint64_t (*getu)(const kvt_stats *);
+  double (*getf)(const kvt_stats *);
+  int nd;
+} metric;
+
+#define FIELD(f, prom, counter, help)                                          \
+  { #f, prom, counter, help, offsetof(kvt_stats, f), NULL, NULL, 0 }
+#define CNT(f, help) FIELD(f, #f "_total", 1, help)
+#define GAUGE(f, help) FIELD(f, #f, 0, help)
+#define FLOAT(key, prom, counter, help, fn, nd)                                \
+  { key, prom, counter, help, 0, NULL, fn, nd }
+
+static const metric metrics[] = {
+    /* The reference's to_dict, same keys, order and rounding. */
+    CNT(spill_count, "Entries spilled to SSD."),
+    CNT(spill_bytes, "Bytes written to SSD."),
+    CNT(ssd_hits, "Successful promotes from SSD."),
+    CNT(ssd_misses, "Promotes that found no entry."),
+    FLOAT("ssd_hit_rate", "ssd_hit_rate", 0,
+          "ssd_hits / (ssd_hits + ssd_misses).", hit_rate, 4),
+    FLOAT("reload_latency_sum_s", "reload_latency_seconds_total", 1,
+          "Sum of promote latencies in seconds.", reload_latency_sum, 4),
+    FLOAT("avg_reload_latency_ms", "avg_reload_latency_ms", 0,
+          "Mean promote latency in ms.", avg_reload_ms, 2),
+    CNT(reload_bytes, "Bytes read from SSD by promotes."),
+    CNT(promotion_failures,
+        "Promotes refused by the budget or failed to read."),
+    /* kvtier's. */
+    CNT(spill_drops, "Spills dropped: queue full."),
+    CNT(spill_rejects, "Spills refused: too big or invalid."),
+    CNT(write_failures, "Spills that failed to write."),
+    CNT(evictions, "Entries evicted for capacity (LRU)."),
+    CNT(expirations, "Entries removed by retention."),
+    CNT(quarantined, "Corrupt entries quarantined."),
+    CNT(reconciled, "Rows or directories cleaned by reconcile."),
+    CNT(promotions_cancelled, "Async promotes cancelled."),
+    GAUGE(entries, "Entries stored."),
+    GAUGE(disk_bytes, "Bytes of stored entries on disk."),
+    GAUGE(memory_bytes, "Sum of stored entries' RAM estimates."),
+    GAUGE(queue_depth, "Spills waiting in the queue."),
+    GAUGE(queue_bytes, "Bytes held by queued spills."),
+    /* Per tier: local and remote. */
+    {"local_hits", "local_hits_total", 1, "Promotes served from the local SSD.",
+     0, local_hits, NULL, 0},
+    CNT(remote_hits, "Promotes served from the remote store."),
+    CNT(remote_misses, "Remote lookups that found nothing usable."),
+    CNT(remote_read_bytes, "Bytes fetched from the remote."),
+    FLOAT("remote_latency_sum_s", "remote_latency_seconds_total", 1,
+          "Sum of remote fetch latencies in seconds.", remote_latency_sum, 4),
+    FLOAT("avg_remote_latency_ms", NULL, 0, NULL, avg_remote_ms, 2),
+    CNT(remote_spill_count, "Entries uploaded to the remote."),
+    CNT(remote_spill_bytes, "Bytes uploaded to the remote."),
+    CNT(remote_spill_drops,
+        "Uploads dropped: queue full or remote unavailable."),
+    CNT(remote_errors, "Failed remote operations."),
+    GAUGE(remote_queue_depth, "Uploads waiting."),
+    GAUGE(remote_available,
+          "1 when the remote is configured and not backing off."),
+};
+#define NMETRICS (sizeof metrics / sizeof metrics[0])
+
+static uint64_t metric_u64(const metric *m, const kvt_stats *s) {
+  return m->getu ? m->getu(s) : *(const uint64_t *)((const char *)s + m->off);
+}
+
+int kvti_stats_add_named(kvti_stats *st, const char *name, int64_t delta) {
+  if (!name)
+    return KVT_ERR(KVT_EINVAL, "counter name is NULL");
+  if (!strcmp(name, "reload_latency_sum")) {
+    /* Seconds, as the reference's field. */
+    int rc = 0;
+    pthread_mutex_lock(&st->mu);
+    double v = st->s.reload_latency_sum + (double)delta;
+    if (v < 0)
+      rc = KVT_ERR(KVT_EINVAL, "reload_latency_sum would drop below 0");
+    else
+      st->s.reload_latency_sum = v;
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+  }
+  for (size_t i = 0; i < NMETRICS; i++) {
+    const metric *m = &metrics[i];
+    if (!m->counter || m->getu || m->getf || strcmp(name, m->key) != 0)
+      continue;
+    int rc = 0;
+    pthread_mutex_lock(&st->mu);
+    uint64_t *f = (uint64_t *)((char *)&st->s + m->off);
+    if (delta < 0 && (uint64_t)(-(delta + 1)) + 1 > *f)
+      rc = KVT_ERR(KVT_EINVAL, "counter %s would drop below 0 (%llu%+lld)",
+                   name, (unsigned long long)*f, (long long)delta);
+    else
+      *f += (uint64_t)delta; /* two's complement: adds or subtracts */
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+  }
+  return KVT_ERR(KVT_EINVAL, "unknown counter '%s'", name);
+}
+
+int kvt_tier_stats(kvt_stats *out, kvt_tier *t) {
+  if (!out || !t)
+    return KVT_ERR(KVT_EINVAL, "kvt_tier_stats: NULL argument");
+  kvt_stats s;
+  kvti_stats_copy(&s, &t->stats);
+  /* Gauges: from the index while it is open (after close the last counters
+   * remain). */
+  if (kvti_tier_enter(t) == 0) {
+    kvti_index_totals(t->idx, &s.entries, &s.disk_bytes, &s.memory_bytes);
+    kvti_tier_leave(t);
+  } else {
+    kvt_clear_error();
+  }
+  pthread_mutex_lock(&t->w.mu);
+  s.queue_depth = t->w.depth;
+  s.queue_bytes = t->w.bytes;
+  pthread_mutex_unlock(&t->w.mu);
+  kvti_remote_gauges(t, &s);
+  *out = s;
+  return 0;
+}
+
+int kvt_tier_stats_add(kvt_tier *t, const char *counter, int64_t delta) {
+  if (!t)
+    return KVT_ERR(KVT_EINVAL, "tier is NULL");
+  return kvti_stats_add_named(&t->stats, counter, delta);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Renderings                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* Python's round(x, nd): correctly rounded to nd decimals (printf rounds the
+ * exact binary value the same way), read back as the nearest double. */
+static double py_round(double x, int nd) {
+  char b[64];
+  snprintf(b, sizeof b, "%.*f", nd, x);
+  return strtod(b, NULL);
+}
+
+/* Python's repr of a float: shortest digits that read back exactly, always with
+ * a '.' or an exponent ("0.0", "0.1235", "1e+20" -> Python writes "1e+20" too).
+ */
+static void py_float(char *b, size_t cap, double x) {
+  if (!isfinite(x)) {
+    snprintf(b, cap, "null");
+    return;
+  }
+  if (x == 0) {
+    snprintf(b, cap, signbit(x) ? "-0.0" : "0.0");
+    return;
+  }
+  int prec = 1;
+  char e[64];
+  for (; prec <= 17; prec++) {
+    snprintf(e, sizeof e, "%.*e", prec - 1, x);
+    if (strtod(e, NULL) == x)
+      break;
+  }
+  int exp10 = atoi(strchr(e, 'e') + 1);
+  if (exp10 >= -4 && exp10 < 16) {
+    int decimals = prec - 1 - exp10;
+    if (decimals < 1)
+      decimals = 1;
+    snprintf(b, cap, "%.*f", decimals, x);
+  } else {
+    snprintf(b, cap, "%s", e);
+  }
+}
+
+static int add_raw(cJSON *o, const char *k, const char *raw) {
+  cJSON *v = cJSON_CreateRaw(raw);
+  if (!v)
+    return -1;
+  cJSON_AddItemToObject(o, k, v);
+  return 0;
+}
+
+static int add_u64(cJSON *o, const char *k, uint64_t v) {
+  char b[32];
+  snprintf(b, sizeof b, "%llu", (unsigned long long)v);
+  return add_raw(o, k, b);
+}
+
+static int add_f(cJSON *o, const char *k, double v) {
+  char b[64];
+  py_float(b, sizeof b, v);
+  return add_raw(o, k, b);
+}
+
+static int copy_out(char *buf, size_t cap, size_t *needed, const char *s) {
+  size_t n = strlen(s) + 1;
+  if (needed)
+    *needed = n;
+  if (!buf || cap < n)
+    return KVT_ERR(KVT_ERANGE, "buffer of %zu bytes is too small (%zu needed)",
+                   cap, n);
+  memcpy(buf, s, n);
+  return 0;
+}
+
+int kvt_stats_to_json(char *buf, size_t cap, size_t *needed,
+                      const kvt_stats *s) {
+  if (!s)
+    return KVT_ERR(KVT_EINVAL, "stats is NULL");
+  cJSON *o = cJSON_CreateObject();
+  if (!o)
+    return KVT_ERR_NOMEM();
+  int bad = 0;
+  for (size_t i = 0; i < NMETRICS; i++) {
+    const metric *m = &metrics[i];
+    bad |= m->getf ? add_f(o, m->key, py_round(m->getf(s), m->nd))
+                   : add_u64(o, m->key, metric_u64(m, s));
+  }
+  char *txt = bad ? NULL : cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  if (!txt)
+    return KVT_ERR_NOMEM();
+  int rc = copy_out(buf, cap, needed, txt);
+  cJSON_free(txt);
+  return rc;
+}
+
+/* A growing text buffer for the Prometheus rendering. */
+typedef struct sbuf {
+  char *p;
+  size_t n, cap;
+  int oom;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#include <stdarg.h>
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+  if (b->oom)
+    return;
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int w =
+        vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
+    va_end(ap);
+    if (w < 0) {
+      b->oom = 1;
+      return;
+    }
+    if (b->p && b->n + (size_t)w < b->cap) {
+      b->n += (size_t)w;
+      return;
+    }
+    size_t nc = (b->cap ? b->cap * 2 : 2048) + (size_t)w;
+    char *np = kvti_realloc(b->p, nc);
+    if (!np) {
+      b->oom = 1;
+      return;
+    }
+    b->p = np;
+    b->cap = nc;
+  }
+}
+
+int kvt_stats_to_prometheus(char *buf, size_t cap, size_t *needed,
+                            const kvt_stats *s) {
+  if (!s)
+    return KVT_ERR(KVT_EINVAL, "stats is NULL");
+  sbuf b = {0};
+  for (size_t i = 0; i < NMETRICS; i++) {
+    const metric *m = &metrics[i];
+    if (!m->prom)
+      continue;
+    char v[64];
+    if (m->getf)
+      snprintf(v, sizeof v, "%.17g", m->getf(s));
+    else
+      snprintf(v, sizeof v, "%llu", (unsigned long long)metric_u64(m, s));
+    sb_printf(&b, "# HELP kvtier_%s %s\n# TYPE kvtier_%s %s\nkvtier_%s %s\n",
+              m->prom, m->help, m->prom, m->counter ? "counter" : "gauge",
+              m->prom, v);
+  }
+  if (b.oom) {
+    kvti_free(b.p);
+    return KVT_ERR_NOMEM();
+  }
+  int rc = copy_out(buf, cap, needed, b.p ? b.p : "");
+  kvti_free(b.p);
+  return rc;
+}
