@@ -28,19 +28,32 @@ Differences a caller can observe, all deliberate:
   already casts back from.  A quantized layer stored natively comes back with
   ``keys``/``values`` as ``(packed, scales, biases)`` tuples plus ``bits`` and
   ``group_size``.
-- ``close(timeout=None)`` drains the queued spills (the reference drops them)
-  and raises ``TimeoutError`` when the writer does not finish in time; the
-  tier then stays usable for lookups and promotes and ``close`` can be
-  retried.  ``aclose()`` does the same without blocking the event loop.
-  ``enqueue_spill`` after ``close`` returns False.
+- ``close()`` is the reference's (newer) close: a stop sentinel queued
+  behind the accepted spills and the writer joined, within one deadline of
+  ``_WRITER_JOIN_TIMEOUT_S``; ``TimeoutError`` when the sentinel cannot be
+  queued (nothing changed) or the writer does not stop (writer and index stay
+  open, a later ``close()`` finishes).  Unlike the reference it starts a
+  writer that was never started, so queued spills are written, not dropped.
+  ``close(timeout=s)`` / ``aclose(timeout=s)`` are kvtier's bounded drain.
+  ``enqueue_spill`` once closing returns False.
+- ``_write_entry`` is called by the C writer only while it is replaced on the
+  instance (or by a subclass), with an opaque ``layer_snapshots`` to pass on
+  to the original; ``_spill_queue`` is a read-only view of the C queue;
+  ``tier._index`` is an ``SSDIndex`` bound to the tier (no second
+  connection; no ``insert_entry``/``get_lru``/``all_entries``).
+- ``SSDIndex.insert_entry`` takes a ``str`` file_path without NUL characters
+  and integers in [0, 2**63) (the reference binds any SQLite value).
 - ``retention_seconds`` is enforced (the reference only stores it).
 - ``get_stats()`` returns the reference's keys with the same rounding, plus
   kvtier's counters (``spill_drops``, ``evictions``, ...).
 
+The full table, with the reasons: bindings/python/README.md.
+
 The scheduler-internal attributes vllm-mlx uses work unchanged:
 ``tier._stats.ssd_hits += 1`` / ``tier._stats.promotion_failures += 1`` (the
 increments reach the C counters and show in ``get_stats()``),
-``tier._read_entry(tokens, file_path)`` and ``tier._index.touch(tokens)``.
+``tier._read_entry(tokens, file_path)``, ``tier._index.touch(tokens)``,
+``tier._spill_queue.qsize()``.
 """
 
 from __future__ import annotations
@@ -50,8 +63,8 @@ import asyncio
 import ctypes
 import hashlib
 import json
-import logging
 import inspect
+import logging
 import os
 import queue
 import sqlite3
@@ -1192,7 +1205,9 @@ class SSDCacheTier:
         replaced = (not isinstance(static, _ReplaceableWriteEntry) or
                     self.__dict__.get("_write_entry_replacement") is not None)
         fn = self._c_write_hook if replaced else L.WRITE_HOOK_FN()
-        L.check(L.kvt_tier_set_write_hook(self._h.ptr, fn, None), "write hook")
+        rc = L.kvt_tier_set_write_hook(self._h.ptr, fn, None)
+        if rc != L.KVT_ECLOSED:  # closing meanwhile: no writer to hook
+            L.check(rc, "write hook")
 
     def lookup_ssd(self, tokens: tuple[int, ...]) -> dict | None:
         """Synchronous check whether tokens exist in SSD tier.
