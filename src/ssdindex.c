@@ -53,12 +53,13 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static int check_tokens(const int32_t *tokens, size_t n) {
-  if (!tokens && n > 0)
-    return KVT_ERR(KVT_EINVAL, "index: NULL tokens");
+/* The row key of a token sequence (kvt_token_hash refuses NULL tokens),
+ * within the blob length SQLite stores. */
+static int row_key(char th[KVT_HASH_HEX_LEN + 1], const int32_t *tokens,
+                   size_t n) {
   if (n > MAX_TOKENS)
     return KVT_ERR(KVT_EINVAL, "index: too many tokens (%zu)", n);
-  return 0;
+  return kvt_token_hash(th, tokens, n);
 }
 
 /* Prepares sql on the locked connection; on failure returns the mapped code
@@ -69,12 +70,17 @@ static int prep(kvt_index *idx, sqlite3 *db, const char *sql,
   return rc == SQLITE_OK ? 0 : kvti_index_sql_err(idx, rc, "prepare");
 }
 
-/* Runs one statement that returns no rows and finalizes it. */
-static int run(kvt_index *idx, sqlite3_stmt *s, const char *what) {
+/* Steps a statement that returns no rows. */
+static int step_one(kvt_index *idx, sqlite3_stmt *s, const char *what) {
   int rc = sqlite3_step(s);
-  int out = rc == SQLITE_DONE || rc == SQLITE_ROW
-                ? 0
-                : kvti_index_sql_err(idx, rc, what);
+  return rc == SQLITE_DONE || rc == SQLITE_ROW
+             ? 0
+             : kvti_index_sql_err(idx, rc, what);
+}
+
+/* step_one, then finalizes. */
+static int run(kvt_index *idx, sqlite3_stmt *s, const char *what) {
+  int out = step_one(idx, s, what);
   sqlite3_finalize(s);
   return out;
 }
@@ -164,8 +170,8 @@ static int list_add(row_list *l, sqlite3_stmt *s) {
 }
 
 /* Steps s to the end, collecting rows (keep: NULL or a filter on the row just
- * read, which drops it when it returns 0); finalizes s. Hands the list to out
- * on success, frees it on failure. */
+ * read, which drops it when it returns 0). Hands the list to out on success,
+ * frees it on failure. */
 static int collect(kvt_index_rows *out, kvt_index *idx, sqlite3_stmt *s,
                    int (*keep)(const kvt_index_row *, const void *),
                    const void *kctx) {
@@ -181,7 +187,6 @@ static int collect(kvt_index_rows *out, kvt_index *idx, sqlite3_stmt *s,
   }
   if (!rc && src != SQLITE_DONE)
     rc = kvti_index_sql_err(idx, src, "select");
-  sqlite3_finalize(s);
   kvt_index_rows rows = {l.rows, l.n};
   if (rc)
     kvt_index_rows_free(&rows);
@@ -204,15 +209,12 @@ int kvt_index_insert(kvt_index *idx, const int32_t *tokens, size_t n,
                      uint64_t num_tokens) {
   if (!idx || !file_path)
     return KVT_ERR(KVT_EINVAL, "kvt_index_insert: NULL argument");
-  int rc = check_tokens(tokens, n);
-  if (rc)
-    return rc;
   if (memory_bytes > INT64_MAX || num_tokens > INT64_MAX)
     return KVT_ERR(KVT_EINVAL,
                    "kvt_index_insert: memory_bytes/num_tokens above INT64_MAX");
   char th[KVT_HASH_HEX_LEN + 1], ph[KVT_HASH_HEX_LEN + 1];
-  if ((rc = kvt_token_hash(th, tokens, n)) != 0 ||
-      (rc = kvt_prefix_hash(ph, tokens, n)) != 0)
+  int rc = row_key(th, tokens, n);
+  if (rc || (rc = kvt_prefix_hash(ph, tokens, n)) != 0)
     return rc;
   double now = now_s();
   sqlite3 *db = kvti_index_sql_begin(idx);
@@ -237,53 +239,64 @@ int kvt_index_insert(kvt_index *idx, const int32_t *tokens, size_t n,
   return rc;
 }
 
-/* COLS ... WHERE token_hash = <the tokens' hash>, prepared and bound. */
-static int by_hash(sqlite3_stmt **s, kvt_index *idx, sqlite3 *db,
-                   const char th[65]) {
-  int rc = prep(idx, db, COLS "WHERE token_hash = ? AND" VALID, s);
-  if (!rc)
-    sqlite3_bind_text(*s, 1, th, 64, SQLITE_TRANSIENT);
-  return rc;
-}
+/* What a keyed call does with its statement (the row key bound last). */
+typedef int (*keyed_fn)(kvt_index *idx, sqlite3 *db, sqlite3_stmt *s,
+                        const char *th, void *ctx);
 
-int kvt_index_lookup_exact(kvt_index_row *out, kvt_index *idx,
-                           const int32_t *tokens, size_t n) {
-  if (!out || !idx)
-    return KVT_ERR(KVT_EINVAL, "kvt_index_lookup_exact: NULL argument");
+/* Hashes the tokens to their row key; then, with the connection locked,
+ * prepares sql, binds the key to its last parameter and hands the statement
+ * to fn, which steps it; finalizes. */
+static int keyed(kvt_index *idx, const int32_t *tokens, size_t n,
+                 const char *sql, keyed_fn fn, void *ctx) {
   char th[KVT_HASH_HEX_LEN + 1];
-  int rc = check_tokens(tokens, n);
-  if (rc || (rc = kvt_token_hash(th, tokens, n)) != 0)
+  int rc = row_key(th, tokens, n);
+  if (rc)
     return rc;
   sqlite3 *db = kvti_index_sql_begin(idx);
   sqlite3_stmt *s = NULL;
-  if ((rc = by_hash(&s, idx, db, th)) == 0) {
-    int src = sqlite3_step(s);
-    if (src == SQLITE_ROW)
-      rc = read_row(out, s, 0);
-    else if (src == SQLITE_DONE)
-      rc = KVT_ERR(KVT_ENOTFOUND, "index: no such entry");
-    else
-      rc = kvti_index_sql_err(idx, src, "lookup");
+  if ((rc = prep(idx, db, sql, &s)) == 0) {
+    sqlite3_bind_text(s, sqlite3_bind_parameter_count(s), th, 64,
+                      SQLITE_STATIC);
+    rc = fn(idx, db, s, th, ctx);
     sqlite3_finalize(s);
   }
   kvti_index_sql_end(idx);
   return rc;
 }
 
+#define BY_KEY COLS "WHERE token_hash = ? AND" VALID
+
+static int exact_fn(kvt_index *idx, sqlite3 *db, sqlite3_stmt *s,
+                    const char *th, void *out) {
+  (void)db;
+  (void)th;
+  int src = sqlite3_step(s);
+  if (src == SQLITE_ROW)
+    return read_row(out, s, 0);
+  if (src == SQLITE_DONE)
+    return KVT_ERR(KVT_ENOTFOUND, "index: no such entry");
+  return kvti_index_sql_err(idx, src, "lookup");
+}
+
+int kvt_index_lookup_exact(kvt_index_row *out, kvt_index *idx,
+                           const int32_t *tokens, size_t n) {
+  if (!out || !idx)
+    return KVT_ERR(KVT_EINVAL, "kvt_index_lookup_exact: NULL argument");
+  return keyed(idx, tokens, n, BY_KEY, exact_fn, out);
+}
+
+static int get_fn(kvt_index *idx, sqlite3 *db, sqlite3_stmt *s, const char *th,
+                  void *out) {
+  (void)db;
+  (void)th;
+  return collect(out, idx, s, NULL, NULL);
+}
+
 int kvt_index_get(kvt_index_rows *out, kvt_index *idx, const int32_t *tokens,
                   size_t n) {
   if (!out || !idx)
     return KVT_ERR(KVT_EINVAL, "kvt_index_get: NULL argument");
-  char th[KVT_HASH_HEX_LEN + 1];
-  int rc = check_tokens(tokens, n);
-  if (rc || (rc = kvt_token_hash(th, tokens, n)) != 0)
-    return rc;
-  sqlite3 *db = kvti_index_sql_begin(idx);
-  sqlite3_stmt *s = NULL;
-  if ((rc = by_hash(&s, idx, db, th)) == 0)
-    rc = collect(out, idx, s, NULL, NULL);
-  kvti_index_sql_end(idx);
-  return rc;
+  return keyed(idx, tokens, n, BY_KEY, get_fn, out);
 }
 
 typedef struct query {
@@ -304,13 +317,13 @@ int kvt_index_lookup_prefix(kvt_index_rows *out, kvt_index *idx,
                             const int32_t *tokens, size_t n) {
   if (!out || !idx)
     return KVT_ERR(KVT_EINVAL, "kvt_index_lookup_prefix: NULL argument");
-  int rc = check_tokens(tokens, n);
-  if (rc)
-    return rc;
   out->rows = NULL;
   out->count = 0;
+  if (n > MAX_TOKENS)
+    return KVT_ERR(KVT_EINVAL, "index: too many tokens (%zu)", n);
   if (n == 0)
     return 0; /* the reference: no prefix hashes, no query */
+  int rc;
   /* The hashes of the query's first 1..m tokens, m = min(n, 16); the 16
    * placeholders repeat the last one when m < 16 (IN ignores duplicates). */
   size_t m = n < PREFIX_TOKENS ? n : PREFIX_TOKENS;
@@ -332,31 +345,28 @@ int kvt_index_lookup_prefix(kvt_index_rows *out, kvt_index *idx,
                         SQLITE_STATIC);
     query q = {tokens, n};
     rc = collect(out, idx, s, is_prefix, &q);
+    sqlite3_finalize(s);
   }
   kvti_index_sql_end(idx);
   return rc;
 }
 
+static int delete_fn(kvt_index *idx, sqlite3 *db, sqlite3_stmt *s,
+                     const char *th, void *ctx) {
+  (void)ctx;
+  int rc = exec(idx, db, "BEGIN IMMEDIATE");
+  if (!rc)
+    rc = step_one(idx, s, "delete");
+  if (!rc)
+    rc = drop_meta(idx, db, th);
+  return finish_tx(idx, db, rc);
+}
+
 int kvt_index_delete(kvt_index *idx, const int32_t *tokens, size_t n) {
   if (!idx)
     return KVT_ERR(KVT_EINVAL, "kvt_index_delete: NULL index");
-  char th[KVT_HASH_HEX_LEN + 1];
-  int rc = check_tokens(tokens, n);
-  if (rc || (rc = kvt_token_hash(th, tokens, n)) != 0)
-    return rc;
-  sqlite3 *db = kvti_index_sql_begin(idx);
-  sqlite3_stmt *s = NULL;
-  rc = exec(idx, db, "BEGIN IMMEDIATE");
-  if (!rc &&
-      !(rc = prep(idx, db, "DELETE FROM entries WHERE token_hash = ?", &s))) {
-    sqlite3_bind_text(s, 1, th, 64, SQLITE_STATIC);
-    rc = run(idx, s, "delete");
-  }
-  if (!rc)
-    rc = drop_meta(idx, db, th);
-  rc = finish_tx(idx, db, rc);
-  kvti_index_sql_end(idx);
-  return rc;
+  return keyed(idx, tokens, n, "DELETE FROM entries WHERE token_hash = ?",
+               delete_fn, NULL);
 }
 
 static int ordered(kvt_index_rows *out, kvt_index *idx, const char *sql,
@@ -370,6 +380,7 @@ static int ordered(kvt_index_rows *out, kvt_index *idx, const char *sql,
     if (limit >= 0)
       sqlite3_bind_int64(s, 1, limit);
     rc = collect(out, idx, s, NULL, NULL);
+    sqlite3_finalize(s);
   }
   kvti_index_sql_end(idx);
   return rc;
@@ -414,22 +425,19 @@ int kvt_index_count(uint64_t *out, kvt_index *idx) {
   return scalar(out, idx, "SELECT COUNT(*) FROM entries WHERE" VALID);
 }
 
+static int touch_fn(kvt_index *idx, sqlite3 *db, sqlite3_stmt *s,
+                    const char *th, void *ctx) {
+  (void)db;
+  (void)th;
+  (void)ctx;
+  sqlite3_bind_double(s, 1, now_s());
+  return step_one(idx, s, "touch");
+}
+
 int kvt_index_touch(kvt_index *idx, const int32_t *tokens, size_t n) {
   if (!idx)
     return KVT_ERR(KVT_EINVAL, "kvt_index_touch: NULL index");
-  char th[KVT_HASH_HEX_LEN + 1];
-  int rc = check_tokens(tokens, n);
-  if (rc || (rc = kvt_token_hash(th, tokens, n)) != 0)
-    return rc;
-  sqlite3 *db = kvti_index_sql_begin(idx);
-  sqlite3_stmt *s = NULL;
-  if (!(rc = prep(idx, db,
-                  "UPDATE entries SET accessed_at = ? WHERE token_hash = ?",
-                  &s))) {
-    sqlite3_bind_double(s, 1, now_s());
-    sqlite3_bind_text(s, 2, th, 64, SQLITE_STATIC);
-    rc = run(idx, s, "touch");
-  }
-  kvti_index_sql_end(idx);
-  return rc;
+  return keyed(idx, tokens, n,
+               "UPDATE entries SET accessed_at = ? WHERE token_hash = ?",
+               touch_fn, NULL);
 }
