@@ -835,9 +835,10 @@ KVT_API void kvt_index_rows_free(kvt_index_rows *rows);
 /** The whole stored file_path of a row (any length, NUL-terminated; owned
  *  like its tokens): for a row of a kvt_index_rows list it stays valid until
  *  the list is freed; for a row filled by kvt_index_lookup_exact (tokens NULL)
- *  it is row->file_path. NULL for a NULL row. Added in 0.1 without changing
- *  the row struct (the ABI of kvt_index_row and kvt_index_rows is unchanged):
- *  a list row's path is kept after its tokens, in the same allocation. */
+ *  it is row->file_path. NULL for a NULL row. An accessor rather than a
+ *  longer field, so kvt_index_row and kvt_index_rows keep their layout (ABI):
+ *  a list row's path is kept after its tokens, in the same allocation, and
+ *  freed with them. */
 KVT_API const char *kvt_index_row_file_path(const kvt_index_row *row);
 
 /** Opens cache_dir/index.db (creating it, WAL, synchronous=NORMAL, schema
@@ -869,8 +870,9 @@ KVT_API int kvt_index_get(kvt_index_rows *out, kvt_index *idx,
  *  of the query's first 1..min(n, 16) tokens and num_tokens <= n, in
  *  num_tokens descending order, kept when their stored tokens equal the
  *  query's first num_tokens tokens (tokens filled). Candidates are bounded by
- *  the prefix hash: rows sharing fewer leading tokens with the query are
- *  never read. An empty list (count 0) when none or n == 0. */
+ *  the prefix hash (its index): a row that does not begin with one of those
+ *  1..16-token prefixes of the query is never read. An empty list (count 0)
+ *  when none or n == 0. */
 KVT_API int kvt_index_lookup_prefix(kvt_index_rows *out, kvt_index *idx,
                                     const int32_t *tokens, size_t n);
 /** Deletes the row (absent: 0, as the reference). */
