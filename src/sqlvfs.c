@@ -341,8 +341,8 @@ static int v_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f,
     int ro = (oflags & SQLITE_OPEN_READONLY) != 0;
     int fd;
     do {
-      fd = kvti_io->open(name, (ro ? O_RDONLY : O_RDWR) | O_NOFOLLOW | O_CLOEXEC,
-                         0);
+      fd = kvti_io->open(name,
+                         (ro ? O_RDONLY : O_RDWR) | O_NOFOLLOW | O_CLOEXEC, 0);
     } while (fd < 0 && errno == EINTR);
     struct stat st;
     if (fd >= 0 && kvti_io->fstat(fd, &st) == 0 &&

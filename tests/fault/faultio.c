@@ -69,7 +69,8 @@ static int should_fail_t(fio_op op, int target) {
 }
 #define should_fail(op) should_fail_t(op, 0)
 #define FAIL_ERRNO(op) (should_fail(op) == FIO_FAIL_ERRNO + 1)
-#define FAIL_FD(op, fd) (should_fail_t(op, fd_is_target(fd)) == FIO_FAIL_ERRNO + 1)
+#define FAIL_FD(op, fd)                                                        \
+  (should_fail_t(op, fd_is_target(fd)) == FIO_FAIL_ERRNO + 1)
 #define FAIL_PATH(op, p)                                                       \
   (should_fail_t(op, path_is_target(p)) == FIO_FAIL_ERRNO + 1)
 
