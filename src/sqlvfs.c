@@ -205,6 +205,18 @@ static int v_truncate(sqlite3_file *f, sqlite3_int64 size) {
   return r == 0 ? SQLITE_OK : SQLITE_IOERR_TRUNCATE;
 }
 
+/* The directory part of a file name ("." for a bare name, "/" for one at the
+ * root) into out (at least strlen(name) + 2 bytes). */
+static void dir_of(char *out, const char *name) {
+  const char *slash = strrchr(name, '/');
+  size_t dl = slash ? (size_t)(slash - name) : 0;
+  if (dl)
+    memcpy(out, name, dl);
+  else
+    out[dl++] = slash ? '/' : '.';
+  out[dl] = '\0';
+}
+
 /* fsync of a directory through the table; 0 or -1. */
 static int fsync_dir(const char *dir) {
   int fd;
@@ -357,9 +369,7 @@ static int v_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f,
     }
     if ((flags & SQLITE_OPEN_CREATE) &&
         (flags & (SQLITE_OPEN_WAL | SQLITE_OPEN_MAIN_JOURNAL))) {
-      const char *slash = strrchr(name, '/');
-      size_t dl = slash ? (size_t)(slash - name) : 0;
-      v->dir = kvti_malloc(dl + 2);
+      v->dir = kvti_malloc(strlen(name) + 2);
       if (!v->dir) {
         ref_put(v->ref, v->fd);
         v->fd = -1;
@@ -367,11 +377,7 @@ static int v_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f,
         v->base.pMethods = NULL;
         return SQLITE_NOMEM;
       }
-      if (dl)
-        memcpy(v->dir, name, dl);
-      else
-        v->dir[dl++] = slash ? '/' : '.';
-      v->dir[dl] = '\0';
+      dir_of(v->dir, name);
       v->dirsync = 1;
     }
   }
@@ -387,15 +393,9 @@ static int v_delete(sqlite3_vfs *vfs, const char *name, int sync_dir) {
     return errno == ENOENT ? SQLITE_IOERR_DELETE_NOENT : SQLITE_IOERR_DELETE;
   if (sync_dir) {
     char dir[4096];
-    const char *slash = strrchr(name, '/');
-    size_t dl = slash ? (size_t)(slash - name) : 0;
-    if (dl >= sizeof dir)
+    if (strlen(name) + 2 > sizeof dir)
       return SQLITE_IOERR_DIR_FSYNC;
-    if (dl)
-      memcpy(dir, name, dl);
-    else
-      dir[dl++] = slash ? '/' : '.';
-    dir[dl] = '\0';
+    dir_of(dir, name);
     if (fsync_dir(dir) != 0)
       return SQLITE_IOERR_DIR_FSYNC;
   }
