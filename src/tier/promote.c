@@ -53,10 +53,8 @@ struct kvt_promise {
   pthread_cond_t cv;
   int state;
   atomic_int cancel;
-  int cancelled; /* the result was discarded because of a cancel */
-  int rc;
-  char msg[512];
-  int os_errno;
+  int cancelled;        /* the result was discarded because of a cancel */
+  kvti_error_state err; /* the failure (rc != 0), carried to the caller */
   kvt_entry *entry;
   int collected; /* result taken (or cancelled): nothing left to hand over */
   int released;  /* the reservation was released */
@@ -263,14 +261,10 @@ static int promote_sync(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
       account_hit(t, e, &info, t0, opts ? opts->flags : 0);
       *out = e;
     } else if (reserved) {
-      int os = kvt_last_errno();
-      char msg[512];
-      snprintf(msg, sizeof msg, "%s", kvt_last_error());
+      kvti_error_state es;
+      kvti_error_state_capture(&es, rc);
       opts->release(opts->budget_ctx, reserved);
-      if (os)
-        kvti_error_os(os, __FILE__, __LINE__, "%s", msg);
-      else
-        kvti_error_set(rc, __FILE__, __LINE__, "%s", msg);
+      kvti_error_state_restore(&es);
     }
   }
   kvti_tier_leave(t);
@@ -371,12 +365,9 @@ static void run_job(kvt_promise *p) {
     e->reserved_bytes = p->reserved;
     account_hit(t, e, &p->info, p->t0, p->opts.flags);
   }
-  p->rc = rc;
   p->entry = e;
-  if (rc != 0) {
-    snprintf(p->msg, sizeof p->msg, "%s", kvt_last_error());
-    p->os_errno = kvt_last_errno();
-  }
+  if (rc != 0)
+    kvti_error_state_capture(&p->err, rc);
   p->state = P_DONE;
   signal_fd(p);
   pthread_cond_broadcast(&p->cv);
@@ -616,12 +607,10 @@ int kvt_promise_result(kvt_entry **out, kvt_promise *p) {
     return KVT_ERR(KVT_EAGAIN, "promote not complete yet");
   }
   p->collected = 1;
-  int rc = p->rc;
   kvt_entry *e = p->entry;
   p->entry = NULL;
-  char msg[512];
-  memcpy(msg, p->msg, sizeof msg);
-  int os = p->os_errno;
+  kvti_error_state err = p->err;
+  int rc = err.code;
   if (rc == 0)
     p->released = 1; /* handed over with the entry */
   pthread_mutex_unlock(&p->mu);
@@ -629,12 +618,8 @@ int kvt_promise_result(kvt_entry **out, kvt_promise *p) {
     *out = e;
     return 0;
   }
-  release_once(p);
-  if (os)
-    kvti_error_os(os, __FILE__, __LINE__, "%s", msg);
-  else
-    kvti_error_set(rc, __FILE__, __LINE__, "%s", msg);
-  return rc;
+  release_once(p); /* runs the caller's release: may overwrite the error */
+  return kvti_error_state_restore(&err);
 }
 
 int kvt_promise_cancel(kvt_promise *p) {

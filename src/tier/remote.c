@@ -1,6 +1,6 @@
 /*
- * tier_remote.c - the tier's side of the shared remote tier (see remote.h and
- * docs/REMOTE.md): option checks, the upload queue (bounded by
+ * remote.c - the tier's side of the shared remote tier (see remote.h and
+ * docs/REMOTE.md): the upload queue (bounded by
  * remote_queue_size entries and spill_queue_bytes bytes) drained by one remote
  * thread so a slow or dead server never blocks the writer or a caller, the
  * back-off that turns a failing server into "local only" for a while (each
@@ -9,8 +9,8 @@
  * promotes, and adoption of a fetched entry as a local copy. Remote reads run
  * on the promoting thread (the caller's for kvt_tier_promote, a worker's for
  * async promotes) and are bounded by remote_timeout_ms per command. Built
- * without hiredis, only the option checks remain and a remote_url is refused
- * with KVT_EUNSUPPORTED.
+ * without hiredis, a remote_url is refused with KVT_EUNSUPPORTED (the URL
+ * itself is checked by store/redis_url.c in every build).
  */
 #include "tier/remote.h"
 #include "base/error.h"
@@ -28,19 +28,6 @@
 #if KVT_HAVE_REDIS
 #include "store/redis/rclient.h"
 #endif
-
-int kvti_remote_check_url(const char *url) {
-#if KVT_HAVE_REDIS
-  return kvr_parse_url(url, NULL, 16, NULL, NULL, 0);
-#else
-  if (!url || strncmp(url, "redis://", 8) != 0 || !url[8])
-    return KVT_ERR(KVT_EINVAL,
-                   "remote_url must be redis://host:port (got "
-                   "'%s')",
-                   url ? url : "(null)");
-  return 0;
-#endif
-}
 
 #if !KVT_HAVE_REDIS
 
@@ -535,11 +522,10 @@ int kvti_remote_read(kvt_tier *t, kvt_entry **out, const kvt_entry_info *info,
     rc = kvti_entry_read(out, stage, hash, ro);
     if (rc == KVT_ECORRUPT || rc == KVT_ENOTFOUND) {
       /* Chunks verified but the files do not: the writer's data was bad. */
-      char msg[512];
-      snprintf(msg, sizeof msg, "%s", kvt_last_error());
+      kvti_error_state es;
+      kvti_error_state_capture(&es, rc);
       r->be->ops->remove(r->be, hash);
-      KVT_ERR(KVT_ECORRUPT, "remote entry %.16s: %s", hash, msg);
-      rc = KVT_ECORRUPT;
+      rc = KVT_ERR(KVT_ECORRUPT, "remote entry %.16s: %s", hash, es.msg);
     }
   }
   if (rc == 0) {
@@ -557,12 +543,13 @@ int kvti_remote_read(kvt_tier *t, kvt_entry **out, const kvt_entry_info *info,
   } else {
     /* A vanished, damaged or unreachable remote entry is a miss, never data:
      * the caller carries on as with a local miss. */
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", kvt_last_error());
+    kvti_error_state es;
+    kvti_error_state_capture(&es, rc);
     if (rc != KVT_ENOTFOUND)
       remote_failed(t, rc, "read");
     KVTI_STAT_ADD(&t->stats, remote_misses, 1);
-    rc = KVT_ERR(KVT_ENOTFOUND, "remote entry %.16s unusable: %s", hash, msg);
+    rc =
+        KVT_ERR(KVT_ENOTFOUND, "remote entry %.16s unusable: %s", hash, es.msg);
   }
   kvti_rmtree(stage);
   kvti_free(stage);
@@ -677,11 +664,11 @@ int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash) {
       ro.verify_only = 1;
       rc = kvti_entry_read(NULL, stage, token_hash, &ro);
       if (rc == KVT_ENOTFOUND || rc == KVT_ECORRUPT) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", kvt_last_error());
+        kvti_error_state es;
+        kvti_error_state_capture(&es, rc);
         be->ops->remove(be, token_hash);
         rc = KVT_ERR(KVT_ECORRUPT, "remote entry %.16s: %s (removed)",
-                     token_hash, msg);
+                     token_hash, es.msg);
       }
     }
     kvti_rmtree(stage);

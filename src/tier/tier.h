@@ -1,7 +1,10 @@
 /*
- * tier.h - the internal state of a kvt_tier shared by tier.c (lifecycle,
- * lookup, maintenance), writer.c (spill queue + writer thread) and promote.c
- * (promote, worker pool, promises).
+ * tier.h - the internal state of a kvt_tier shared by the tier files: tier.c
+ * (open/close/free, enter/leave, log), maint.c (removal, capacity, retention,
+ * quarantine), reconcile.c, ops.c (lookups and entry operations, stats entry
+ * points), writer.c (spill queue + writer thread), promote.c (promote, worker
+ * pool, promises) and remote.c (the remote glue). stats.h and options.h sit
+ * below it and know nothing of a kvt_tier.
  *
  * Threads and locks (full story in docs/DESIGN.md):
  *  - life_mu/life_cv: lifecycle state and the count of operations in flight.
@@ -23,6 +26,7 @@
 
 #include "store/backend.h"
 #include "kvtier.h"
+#include "base/clock.h"
 #include "base/lock.h"
 #include "tier/stats.h"
 
@@ -93,20 +97,9 @@ void kvti_tier_leave(kvt_tier *t);
 void kvti_log(kvt_tier *t, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Clocks: wall (Unix seconds, as the index stores) and monotonic seconds. */
-double kvti_now_wall(void);
-double kvti_now_mono(void);
 /* created_before for lookups: now - retention_seconds, or 0 when entries never
  * expire. */
 double kvti_tier_cutoff(const kvt_tier *t);
-
-/* Condition variables on CLOCK_MONOTONIC and absolute deadlines from a timeout
- * in ms
- * (< 0: none -> *has = 0). wait_until returns 0 or ETIMEDOUT. */
-int kvti_cond_init(pthread_cond_t *cv);
-void kvti_deadline(struct timespec *ts, int *has, int64_t timeout_ms);
-int kvti_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu,
-                         const struct timespec *ts, int has);
 
 /* Why an entry is removed (which counter rises). */
 enum { KVTI_RM_EVICT = 1, KVTI_RM_EXPIRE = 2, KVTI_RM_USER = 3 };
@@ -125,6 +118,13 @@ void kvti_tier_quarantine(kvt_tier *t, const char *hash, double created_at);
 /* Drops the row of an entry whose files vanished (same version check as
  * quarantine). */
 void kvti_tier_drop_missing(kvt_tier *t, const char *hash, double created_at);
+
+/* reconcile.c. Removes stale temporaries (caller holds mut_mu, or no writer
+ * exists yet); returns the count or a negative code. */
+int64_t kvti_tier_purge_tmps(kvt_tier *t);
+/* The reference's reconcile plus stale temporaries; caller holds mut_mu.
+ * Returns the number of repairs or a negative code. */
+int64_t kvti_tier_reconcile_locked(kvt_tier *t);
 
 /* writer.c */
 int kvti_writer_init(kvt_tier *t);

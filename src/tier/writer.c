@@ -79,15 +79,15 @@ static void write_one(kvt_tier *t, kvti_snapshot *s) {
       /* Published files without a row would be an entry nobody can see and
        * capacity does not count: remove them (and any row of a replaced
        * version) so no trace remains. */
-      char msg[1024];
-      snprintf(msg, sizeof msg, "%s", kvt_last_error());
+      kvti_error_state es;
+      kvti_error_state_capture(&es, rc);
       if (!replacing)
         kvti_stripe_wrlock(&t->stripes, hash);
       kvti_index_remove_hash(t->idx, hash);
       t->be->ops->remove(t->be, hash);
       if (!replacing)
         kvti_stripe_unlock(&t->stripes, hash);
-      KVT_ERR(rc, "%s", msg);
+      kvti_error_state_restore(&es);
     }
   }
   if (replacing)
