@@ -272,10 +272,7 @@ int kvt_tier_stats(kvt_stats *out, kvt_tier *t) {
   } else {
     kvt_clear_error();
   }
-  pthread_mutex_lock(&t->w.mu);
-  s.queue_depth = t->w.depth;
-  s.queue_bytes = t->w.bytes;
-  pthread_mutex_unlock(&t->w.mu);
+  kvti_workq_gauges(&t->w, &s.queue_depth, &s.queue_bytes);
   kvti_remote_gauges(t, &s);
   *out = s;
   return 0;

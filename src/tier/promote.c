@@ -48,6 +48,7 @@ typedef struct rsel {
 } rsel;
 
 struct kvt_promise {
+  kvti_workq_item link; /* first: the pool's queue hands back this pointer */
   kvt_tier *t;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -66,8 +67,7 @@ struct kvt_promise {
   kvt_promote_opts opts;
   uint64_t reserved;
   double t0;
-  rsel rs;           /* remote tier selection (remote.h) */
-  kvt_promise *next; /* pool queue */
+  rsel rs; /* remote tier selection (remote.h) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -376,79 +376,28 @@ static void run_job(kvt_promise *p) {
   kvti_tier_leave(t);
 }
 
-static void *worker_main(void *arg) {
-  kvt_tier *t = arg;
-  kvti_pool *pl = &t->pool;
-  pthread_mutex_lock(&pl->mu);
-  for (;;) {
-    while (!pl->head && !pl->stop)
-      pthread_cond_wait(&pl->cv, &pl->mu);
-    if (!pl->head)
-      break;
-    kvt_promise *p = pl->head;
-    pl->head = p->next;
-    if (!pl->head)
-      pl->tail = NULL;
-    pthread_mutex_unlock(&pl->mu);
-    run_job(p);
-    pthread_mutex_lock(&pl->mu);
-  }
-  pthread_mutex_unlock(&pl->mu);
-  return NULL;
+static void pool_run(void *ctx, kvti_workq_item *it) {
+  (void)ctx;
+  run_job((kvt_promise *)it);
 }
 
 int kvti_pool_init(kvt_tier *t) {
-  kvti_pool *pl = &t->pool;
-  pthread_mutex_init(&pl->mu, NULL);
-  pthread_cond_init(&pl->cv, NULL);
-  return 0;
-}
-
-/* Starts the workers on first use. Caller holds pl->mu. */
-static int pool_start_locked(kvt_tier *t) {
-  kvti_pool *pl = &t->pool;
-  if (pl->n_threads > 0)
-    return 0;
-  uint32_t n = t->opts.promote_threads;
-  pl->threads = kvti_calloc(n, sizeof *pl->threads);
-  if (!pl->threads)
-    return KVT_ERR_NOMEM();
-  for (uint32_t i = 0; i < n; i++) {
-    int e = pthread_create(&pl->threads[i], NULL, worker_main, t);
-    if (e != 0) {
-      if (pl->n_threads > 0)
-        break; /* fewer workers still work */
-      kvti_free(pl->threads);
-      pl->threads = NULL;
-      return KVT_ERR_OS(e, "creating promote worker threads");
-    }
-    pl->n_threads++;
-  }
-  return 0;
+  kvti_workq_cfg c;
+  memset(&c, 0, sizeof c);
+  c.threads = t->opts.promote_threads;
+  c.start_on_push = 1; /* no threads until the first async promote */
+  c.run = pool_run;    /* never dropped: close waits for every promote */
+  c.ctx = t;
+  c.name = "promote worker";
+  return kvti_workq_init(&t->pool, &c);
 }
 
 void kvti_pool_stop(kvt_tier *t) {
-  kvti_pool *pl = &t->pool;
-  pthread_mutex_lock(&pl->mu);
-  pl->stop = 1;
-  pthread_cond_broadcast(&pl->cv);
-  uint32_t n = pl->n_threads;
-  pthread_mutex_unlock(&pl->mu);
-  for (uint32_t i = 0; i < n; i++)
-    pthread_join(pl->threads[i], NULL);
-  pthread_mutex_lock(&pl->mu);
-  pl->n_threads = 0;
-  kvti_free(pl->threads);
-  pl->threads = NULL;
-  pthread_mutex_unlock(&pl->mu);
+  kvti_workq_stop(&t->pool, 0);
 }
 
 void kvti_pool_destroy(kvt_tier *t) {
-  kvti_pool *pl = &t->pool;
-  if (pl->n_threads > 0)
-    kvti_pool_stop(t);
-  pthread_mutex_destroy(&pl->mu);
-  pthread_cond_destroy(&pl->cv);
+  kvti_workq_destroy(&t->pool);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -505,18 +454,9 @@ int kvt_tier_promote_async(kvt_promise **out, kvt_tier *t,
     if (p->n_tokens)
       memcpy(p->tokens, tokens, p->n_tokens * sizeof(int32_t));
     p->t0 = kvti_now_mono();
-    kvti_pool *pl = &t->pool;
-    pthread_mutex_lock(&pl->mu);
-    rc = pool_start_locked(t);
-    if (rc == 0) {
-      if (pl->tail)
-        pl->tail->next = p;
-      else
-        pl->head = p;
-      pl->tail = p;
-      pthread_cond_signal(&pl->cv);
-    }
-    pthread_mutex_unlock(&pl->mu);
+    rc = kvti_workq_push(&t->pool, &p->link, 0);
+    if (rc == KVT_ECLOSED)
+      KVT_ERR(KVT_ECLOSED, "the tier is closing; promote refused");
   }
   if (rc != 0) {
     if (p->reserved)

@@ -341,10 +341,10 @@ static int tier_close(kvt_tier *t, int64_t timeout_ms, int drop) {
     return 0;
   }
   /* 1. Stop accepting spills. */
-  pthread_mutex_lock(&t->w.mu);
-  t->w.accepting = 0;
-  int need_start = !t->w.started && t->w.depth > 0 && !drop;
-  pthread_mutex_unlock(&t->w.mu);
+  kvti_workq_close(&t->w);
+  uint64_t depth = 0;
+  kvti_workq_gauges(&t->w, &depth, NULL);
+  int need_start = !drop && depth > 0 && !kvti_workq_started(&t->w);
   /* 2. Drain: queued spills are written (starting the writer if nobody did). */
   if (need_start) {
     int r = kvt_tier_start_writer(t);

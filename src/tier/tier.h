@@ -16,10 +16,10 @@
  * order: mut_mu -> stripe -> index internals. Readers never take mut_mu.
  *  - stripes: per-hash rwlocks; readers shared, mutators exclusive (see
  * lock.h).
- *  - writer.mu: the spill queue; pool.mu: the promote job queue; each promise
- * has its own mu. Callbacks into the caller (log_fn, spill_done_fn, budget) are
- * never made with mut_mu or a stripe held, except log_fn, which must not call
- * back into the tier.
+ *  - w.mu: the spill queue; pool.mu: the promote job queue (both
+ * base/workq.h); each promise has its own mu. Callbacks into the caller
+ * (log_fn, spill_done_fn, budget) are never made with mut_mu or a stripe held,
+ * except log_fn, which must not call back into the tier.
  */
 #ifndef KVT_TIER_H
 #define KVT_TIER_H
@@ -28,6 +28,7 @@
 #include "kvtier.h"
 #include "base/clock.h"
 #include "base/lock.h"
+#include "base/workq.h"
 #include "tier/stats.h"
 
 #include <pthread.h>
@@ -35,36 +36,12 @@
 #include <stdint.h>
 #include <time.h>
 
+/* A spill queued for the writer (writer.c); link.cost is the bytes charged
+ * against spill_queue_bytes. */
 typedef struct kvti_spill_item {
-  struct kvti_spill_item *next;
+  kvti_workq_item link; /* first: the queue hands back this pointer */
   kvti_snapshot *snap;
-  uint64_t cost; /* bytes charged against spill_queue_bytes */
 } kvti_spill_item;
-
-typedef struct kvti_writer {
-  pthread_mutex_t mu;
-  pthread_cond_t cv_work; /* items queued, or stop/drop requested */
-  pthread_cond_t cv_done; /* done_seq advanced, or the thread exited */
-  kvti_spill_item *head, *tail;
-  uint64_t depth, bytes;
-  uint64_t enq_seq; /* spills ever enqueued */
-  uint64_t
-      done_seq;  /* spills finished (written, failed or dropped), FIFO order */
-  int accepting; /* spills are accepted */
-  int started;   /* thread created (and not yet joined) */
-  int stop;      /* exit once the queue is empty */
-  int drop;      /* discard queued spills (kvt_tier_free) */
-  pthread_t thread;
-} kvti_writer;
-
-typedef struct kvti_pool {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  kvt_promise *head, *tail;
-  pthread_t *threads;
-  uint32_t n_threads; /* started */
-  int stop;
-} kvti_pool;
 
 enum { KVTI_OPEN = 0, KVTI_TEARDOWN = 1, KVTI_CLOSED = 2 };
 
@@ -80,8 +57,8 @@ struct kvt_tier {
   kvti_stripes stripes;
   pthread_mutex_t mut_mu;
   kvti_stats stats;
-  kvti_writer w;
-  kvti_pool pool;
+  kvti_workq w;            /* spill queue + the writer thread (writer.c) */
+  kvti_workq pool;         /* promote jobs + the worker pool (promote.c) */
   pthread_mutex_t life_mu; /* only for sleeping until active == 0 */
   pthread_cond_t life_cv;
   atomic_int state;
