@@ -763,7 +763,7 @@ int cmd_bench(int argc, char **argv) {
     END_RUN(CLI_FAILED, "%llu of %d spills failed: %s",
             (unsigned long long)trk.failed, c.entries,
             trk.failed ? trk.err : kvt_last_error());
-  kvt_stats st;
+  kvt_stats st = KVT_STATS_INIT;
   kvt_tier_stats(&st, t);
   /* Writer-side time: the single FIFO writer starts entry i when it has been
    * enqueued and entry i-1 is done; summing those busy spans leaves out the

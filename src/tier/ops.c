@@ -240,6 +240,7 @@ int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair) {
   memset(&ro, 0, sizeof ro);
   ro.verify_only = 1;
   ro.io_backend = t->opts.io_backend;
+  ro.read_threads = t->opts.read_threads;
   kvt_entry_info info;
   double created = -1;
   kvti_stripe_rdlock(&t->stripes, token_hash);
@@ -262,6 +263,13 @@ int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair) {
 int kvt_tier_stats(kvt_stats *out, kvt_tier *t) {
   if (!out || !t)
     return KVT_ERR(KVT_EINVAL, "kvt_tier_stats: NULL argument");
+  /* The caller's version says how much of *out exists. Only version 1 so
+   * far; a later one copies the prefix an older caller has. */
+  if (out->version != KVT_STATS_VERSION)
+    return KVT_ERR(KVT_EINVAL,
+                   "kvt_stats version must be %u, got %u (initialise it "
+                   "with KVT_STATS_INIT or kvt_stats_init)",
+                   KVT_STATS_VERSION, out->version);
   kvt_stats s;
   kvti_stats_copy(&s, &t->stats);
   /* Gauges: from the index while it is open (after close the last counters
@@ -274,6 +282,7 @@ int kvt_tier_stats(kvt_stats *out, kvt_tier *t) {
   }
   kvti_workq_gauges(&t->w, &s.queue_depth, &s.queue_bytes);
   kvti_remote_gauges(t, &s);
+  s.version = out->version;
   *out = s;
   return 0;
 }

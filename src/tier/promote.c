@@ -89,6 +89,7 @@ static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
   ro.n_tokens = n;
   ro.cancel = cancel;
   ro.io_backend = t->opts.io_backend;
+  ro.read_threads = t->opts.read_threads;
   ro.keep_tokens = keep; /* trimmed promote (local entries only: see begin) */
   if (o) {
     ro.page_cache = (o->flags & KVT_PROMOTE_PAGE_CACHE) != 0;
@@ -313,6 +314,7 @@ int kvt_tier_read_entry(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
   ro.tokens = tokens;
   ro.n_tokens = n_tokens;
   ro.io_backend = t->opts.io_backend;
+  ro.read_threads = t->opts.read_threads;
   kvt_entry_info cur;
   double created = -1;
   kvti_stripe_rdlock(&t->stripes, file_path);

@@ -594,6 +594,7 @@ int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash) {
       kvti_read_opts ro;
       memset(&ro, 0, sizeof ro);
       ro.verify_only = 1;
+      ro.read_threads = t->opts.read_threads;
       rc = kvti_entry_read(NULL, stage, token_hash, &ro);
       if (rc == KVT_ENOTFOUND || rc == KVT_ECORRUPT) {
         kvti_error_state es;

@@ -193,12 +193,17 @@ static int precreate_db(const char *dir, uint32_t file_mode) {
   return rc;
 }
 
-int kvt_tier_open(kvt_tier **out, const kvt_options *opts) {
+int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
   if (!out)
     return KVT_ERR(KVT_EINVAL, "kvt_tier_open: out is NULL");
-  int rc = kvt_options_validate(opts);
+  int rc = kvt_options_validate(user_opts);
   if (rc != 0)
     return rc;
+  /* From here on a current-version copy (a caller built against an older
+   * header has fewer fields: the rest are defaults). */
+  kvt_options cur;
+  kvti_options_upgrade(&cur, user_opts);
+  const kvt_options *opts = &cur;
 #if !KVT_HAVE_URING
   if (opts->io_backend == KVT_IO_URING)
     return KVT_ERR(KVT_EUNSUPPORTED, "io_backend KVT_IO_URING: this build has "
