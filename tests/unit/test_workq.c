@@ -36,7 +36,17 @@ typedef struct rec {
   atomic_int ticks;
 } rec;
 
+static job jobs[MAXN];
+
+static void reset_jobs(void) {
+  memset(jobs, 0, sizeof jobs);
+  for (int i = 0; i < MAXN; i++)
+    jobs[i].id = i;
+}
+
+/* Fresh records and jobs; run blocks items with id >= gate. */
 static void rec_init(rec *r, int gate) {
+  reset_jobs();
   memset(r, 0, sizeof *r);
   pthread_mutex_init(&r->mu, NULL);
   pthread_cond_init(&r->cv, NULL);
@@ -112,14 +122,6 @@ static kvti_workq_cfg cfg_for(rec *r, uint32_t threads, uint64_t max_items,
   return c;
 }
 
-static job jobs[MAXN];
-
-static void reset_jobs(void) {
-  memset(jobs, 0, sizeof jobs);
-  for (int i = 0; i < MAXN; i++)
-    jobs[i].id = i;
-}
-
 static uint64_t wait_all(kvti_workq *q) {
   uint64_t pending = 99;
   CHECK_EQ_INT(kvti_workq_wait(q, NULL, 0, &pending), 0);
@@ -129,7 +131,6 @@ static uint64_t wait_all(kvti_workq *q) {
 static void test_fifo(void) {
   rec r;
   rec_init(&r, MAXN);
-  reset_jobs();
   kvti_workq q;
   kvti_workq_cfg c = cfg_for(&r, 1, 0, 0);
   REQUIRE(kvti_workq_init(&q, &c) == 0);
@@ -167,7 +168,6 @@ static void test_fifo(void) {
 static void test_bounds(void) {
   rec r;
   rec_init(&r, MAXN);
-  reset_jobs();
   kvti_workq q;
   kvti_workq_cfg c = cfg_for(&r, 1, 3, 0);
   REQUIRE(kvti_workq_init(&q, &c) == 0);
@@ -226,7 +226,6 @@ static void *waiter_main(void *arg) {
 static void test_wait_semantics(void) {
   rec r;
   rec_init(&r, 0); /* everything blocks */
-  reset_jobs();
   kvti_workq q;
   kvti_workq_cfg c = cfg_for(&r, 1, 0, 0);
   REQUIRE(kvti_workq_init(&q, &c) == 0);
@@ -291,7 +290,6 @@ static void test_stop_drop(void) {
   for (int drop = 0; drop <= 1; drop++) {
     rec r;
     rec_init(&r, 0); /* item 0 blocks in run */
-    reset_jobs();
     kvti_workq q;
     kvti_workq_cfg c = cfg_for(&r, 1, 0, 0);
     c.start_on_push = 1;
@@ -337,7 +335,6 @@ static void test_stop_drop(void) {
 static void test_many_workers(void) {
   rec r;
   rec_init(&r, MAXN);
-  reset_jobs();
   kvti_workq q;
   kvti_workq_cfg c = cfg_for(&r, 4, 0, 0);
   c.start_on_push = 1;
@@ -357,7 +354,6 @@ static void test_many_workers(void) {
 static void test_tick(void) {
   rec r;
   rec_init(&r, MAXN);
-  reset_jobs();
   kvti_workq q;
   kvti_workq_cfg c = cfg_for(&r, 1, 0, 0);
   c.tick = tick_fn;
