@@ -9,6 +9,7 @@
  * mid-delete leaves only a *.tmp that the next open removes.
  */
 #include "backend.h"
+#include "entry.h"
 #include "error.h"
 #include "hash.h"
 #include "io.h"
@@ -259,6 +260,11 @@ static int lb_list(kvti_backend *b, kvti_backend_list_fn fn, void *ctx) {
 static int lb_purge(kvti_backend *b, const char *name) {
   if (!safe_name(name))
     return KVT_ERR(KVT_EINVAL, "invalid name to purge");
+  /* The previous version of an interrupted portable replace is restored,
+   * never deleted (see kvti_entry_recover). */
+  int rc = kvti_entry_recover(L(b)->data_dir, name);
+  if (rc != 0)
+    return rc < 0 ? rc : 0;
   return remove_tree(L(b), name);
 }
 

@@ -326,6 +326,36 @@ static char *suffixed(const char *dir, const char *hash, const char *suf) {
   return kvti_path_join(dir, name);
 }
 
+int kvti_entry_recover(const char *data_dir, const char *tmp_name) {
+  static const char suf[] = ".old.tmp";
+  if (!data_dir || !tmp_name ||
+      strlen(tmp_name) != KVT_HASH_HEX_LEN + sizeof suf - 1 ||
+      strcmp(tmp_name + KVT_HASH_HEX_LEN, suf) != 0)
+    return 0;
+  char hash[KVT_HASH_HEX_LEN + 1];
+  memcpy(hash, tmp_name, KVT_HASH_HEX_LEN);
+  hash[KVT_HASH_HEX_LEN] = '\0';
+  if (!kvti_is_hash_name(hash))
+    return 0;
+  char *live = suffixed(data_dir, hash, "");
+  char *old = suffixed(data_dir, hash, suf);
+  int rc = 0;
+  struct stat st;
+  if (!live || !old) {
+    rc = KVT_ENOMEM;
+  } else if (kvti_io->lstat(live, &st) == 0 || errno != ENOENT) {
+    rc = 0; /* the new version is in place (or unknown): old is stale */
+  } else if (kvti_io->lstat(old, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    rc = 0;
+  } else if ((rc = kvti_rename(old, live)) == 0 &&
+             (rc = kvti_fsync_dir(data_dir)) == 0) {
+    rc = 1;
+  }
+  kvti_free(live);
+  kvti_free(old);
+  return rc;
+}
+
 /* Writes one small file (tokens, manifest, sum) in the entry's write group (its
  * fsync and, on failure, its removal happen with the group's) and returns its
  * xxh3. */

@@ -74,6 +74,13 @@ typedef struct kvti_write_opts {
  * moment one complete version is in place. *disk_bytes receives the sum of the
  * file sizes written. On failure nothing new remains visible and an existing
  * entry is unchanged. Returns 0, KVT_EIO, KVT_ENOSPC, KVT_ENOMEM, KVT_EPERM. */
+/* Crash recovery of the portable replace (no atomic exchange): a crash between
+ * its two renames leaves the complete previous version - acknowledged - at
+ * data/<hash>.old.tmp and nothing at data/<hash>. Given a temporary's name,
+ * puts such a version back (rename, then fsync of data_dir) when data/<hash>
+ * is absent. Returns 1 (restored), 0 (not such a case: the temporary is
+ * stale) or a negative code. Call only with no write in progress (open). */
+int kvti_entry_recover(const char *data_dir, const char *tmp_name);
 int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
                      const kvti_snapshot *s, const kvti_write_opts *o);
 

@@ -356,7 +356,26 @@ static int64_t purge_tmps(kvt_tier *t) {
 static int64_t reconcile_locked(kvt_tier *t) {
   int64_t cleaned = 0;
   strv rows = {0};
-  int rc = kvti_index_foreach(t->idx, collect_row, &rows);
+  /* Phase 0: <hash>.old.tmp first - the backend's purge puts back the
+   * previous version of an interrupted portable replace (no atomic exchange),
+   * which phase 1 would otherwise judge missing and drop the row of. */
+  name_acc a0;
+  int rc = list_names(t, &a0);
+  strv olds = {0};
+  for (size_t i = 0; rc == 0 && i < a0.tmps.n; i++) {
+    size_t n = strlen(a0.tmps.v[i]);
+    if (n > 8 && strcmp(a0.tmps.v[i] + n - 8, ".old.tmp") == 0)
+      strv_push(&olds, a0.tmps.v[i]);
+  }
+  if (rc == 0 && olds.oom)
+    rc = KVT_ERR_NOMEM();
+  if (rc == 0)
+    cleaned += purge_names(t, &olds, "reconcile: resolved interrupted replace");
+  strv_free(&olds);
+  name_acc_free(&a0);
+  if (rc != 0)
+    return rc;
+  rc = kvti_index_foreach(t->idx, collect_row, &rows);
   if (rc == 0 && rows.oom)
     rc = KVT_ERR_NOMEM();
   /* Phase 1: rows whose directory or manifest is missing. */
