@@ -241,6 +241,11 @@ class Stats(ctypes.Structure):
         ("remote_errors", ctypes.c_uint64),
         ("remote_queue_depth", ctypes.c_uint64),
         ("remote_available", ctypes.c_uint64),
+        ("tokens_requested", ctypes.c_uint64),
+        ("tokens_served", ctypes.c_uint64),
+        ("promote_latency_hist", ctypes.c_uint64 * 15),  # KVT_STATS_LATENCY_BUCKETS
+        ("spill_latency_hist", ctypes.c_uint64 * 15),
+        ("spill_latency_sum", ctypes.c_double),
     ]
 
 
