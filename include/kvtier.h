@@ -371,9 +371,11 @@ KVT_API void kvt_entry_free(kvt_entry *e);
 typedef struct kvt_tier kvt_tier;
 
 /** Opens (creating when missing) a cache directory: cache_dir/ and data/
- *  with dir_mode, index.db (WAL), removes stale *.tmp dirs, and reconciles
- *  unless KVT_OPEN_NO_RECONCILE. Does NOT start the writer (see
- *  kvt_tier_start_writer), as in the reference.
+ *  with dir_mode, index.db (WAL), removes stale *.tmp dirs (putting back the
+ *  previous version of a replace a crash interrupted), and reconciles
+ *  unless KVT_OPEN_NO_RECONCILE. A writable open also publishes the tier's
+ *  counters in cache_dir/stats.bin until close (kvt_stats_read_live). Does
+ *  NOT start the writer (see kvt_tier_start_writer), as in the reference.
  *  Returns 0 and *out; or KVT_EINVAL (bad options), KVT_EPERM (directory not
  *  owned by the user, writable by group/others, or a symlink), KVT_EBUSY
  *  (another process holds the directory for writing), KVT_EIO/KVT_ENOSPC,
