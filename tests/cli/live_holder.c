@@ -4,53 +4,24 @@
  * DIR/stats.bin), prints "ready PID", then obeys one command per stdin line,
  * answering "ok" when done: "spill N" stores N more seeded entries of 32
  * tokens (and waits until they are written), "hit" promotes the first entry,
- * "miss" promotes tokens never stored, "quit" closes the tier and exits 0.
- * End of input closes too. Only the public API is used.
+ * "miss" promotes tokens never stored, "quit" closes the tier and exits 0;
+ * end of input closes too. Entries are tests/public_entry.h's; only the
+ * public API is used.
  */
-#include <kvtier.h>
+#include "public_entry.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-enum { T = 32, D = 16 };
-
-static void make_tokens(int32_t *tok, int seed) {
-  for (int i = 0; i < T; i++)
-    tok[i] = seed * 1000 + i;
-}
-
-static int spill_one(kvt_tier *t, int seed) {
-  static uint16_t k[2 * T * D], v[2 * T * D];
-  for (int i = 0; i < 2 * T * D; i++)
-    k[i] = (uint16_t)(0x3c00 + (i + seed) % 256), v[i] = (uint16_t)i;
-  kvt_tensor ts[2];
-  memset(ts, 0, sizeof ts);
-  uint16_t *data[2] = {k, v};
-  for (int i = 0; i < 2; i++) {
-    ts[i].dtype = KVT_DTYPE_F16;
-    ts[i].ndim = 4;
-    ts[i].shape[0] = 1, ts[i].shape[1] = 2, ts[i].shape[2] = T;
-    ts[i].shape[3] = D;
-    ts[i].data = data[i];
-    ts[i].nbytes = sizeof k;
-  }
-  kvt_layer l;
-  kvt_layer_init(&l, KVT_LAYER_KV);
-  l.num_tensors = 2;
-  l.tensors = ts;
-  l.offset = T;
-  int32_t tok[T];
-  make_tokens(tok, seed);
-  return kvt_tier_spill(t, tok, T, &l, 1, 2 * sizeof k);
-}
-
 static int promote(kvt_tier *t, int seed) {
-  int32_t tok[T];
-  make_tokens(tok, seed);
+  int32_t tok[PE_T];
+  pe_tokens(tok, seed);
   kvt_entry *e = NULL;
-  int rc = kvt_tier_promote(&e, t, tok, T, NULL);
+  int rc = kvt_tier_promote(&e, t, tok, PE_T, NULL);
+  if (rc == 0 && !pe_same(e, seed))
+    rc = KVT_ECORRUPT;
   kvt_entry_free(e);
   return rc;
 }
@@ -77,7 +48,7 @@ int main(int argc, char **argv) {
     int n = 0;
     if (sscanf(line, "spill %d", &n) == 1 && n > 0 && n < 1000) {
       for (int i = 0; i < n && rc == 0; i++)
-        rc = spill_one(t, next++);
+        rc = pe_spill(t, next++);
       if (rc == 0)
         rc = kvt_tier_flush(t, -1);
     } else if (strncmp(line, "hit", 3) == 0) {

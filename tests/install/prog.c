@@ -1,10 +1,11 @@
 /*
  * prog.c - the consumer program of the install test: uses only the installed
  * <kvtier.h>. Opens a tier in argv[1], checks that the header it was compiled
- * with matches the library it runs with, spills one small entry, promotes it
- * back and compares the bytes, then prints the library version.
+ * with matches the library it runs with, spills one small entry
+ * (tests/public_entry.h), promotes it back and compares the bytes, then prints
+ * the library version.
  */
-#include <kvtier.h>
+#include "public_entry.h" /* only <kvtier.h> */
 
 #include <stdio.h>
 #include <string.h>
@@ -29,38 +30,18 @@ int main(int argc, char **argv) {
     return 1;
   }
   kvt_tier_start_writer(t);
-  static float k[64], v[64];
-  for (int i = 0; i < 64; i++)
-    k[i] = (float)i, v[i] = (float)-i;
-  kvt_tensor ts[2];
-  memset(ts, 0, sizeof ts);
-  float *data[2] = {k, v};
-  for (int i = 0; i < 2; i++) {
-    ts[i].dtype = KVT_DTYPE_F32;
-    ts[i].ndim = 4;
-    ts[i].shape[0] = 1, ts[i].shape[1] = 1, ts[i].shape[2] = 8;
-    ts[i].shape[3] = 8;
-    ts[i].data = data[i];
-    ts[i].nbytes = sizeof k;
-  }
-  kvt_layer l;
-  kvt_layer_init(&l, KVT_LAYER_KV);
-  l.num_tensors = 2;
-  l.tensors = ts;
-  l.offset = 8;
-  int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
-  if ((rc = kvt_tier_spill(t, tok, 8, &l, 1, 2 * sizeof k)) != 0 ||
-      (rc = kvt_tier_flush(t, -1)) != 0) {
+  if ((rc = pe_spill(t, 7)) != 0 || (rc = kvt_tier_flush(t, -1)) != 0) {
     fprintf(stderr, "spill: %s\n", kvt_last_error());
     return 1;
   }
+  int32_t tok[PE_T];
+  pe_tokens(tok, 7);
   kvt_entry *e = NULL;
-  if ((rc = kvt_tier_promote(&e, t, tok, 8, NULL)) != 0) {
+  if ((rc = kvt_tier_promote(&e, t, tok, PE_T, NULL)) != 0) {
     fprintf(stderr, "promote: %s\n", kvt_last_error());
     return 1;
   }
-  int same = kvt_entry_num_layers(e) == 1 &&
-             memcmp(kvt_entry_layer(e, 0)->tensors[1].data, v, sizeof v) == 0;
+  int same = pe_same(e, 7);
   kvt_entry_free(e);
   rc = kvt_tier_close(t, 10000);
   kvt_tier_free(t);

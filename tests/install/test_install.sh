@@ -45,7 +45,7 @@ run() { # name binary: runs it on its own cache directory, expects "kvtier X ok"
 
 echo "== pkg-config (shared)"
 # shellcheck disable=SC2046
-"$CC" -o "$T/prog_pc" "$SRC/tests/install/prog.c" $(pkg-config --cflags --libs kvtier) \
+"$CC" -o "$T/prog_pc" "$SRC/tests/install/prog.c" -I"$SRC/tests" $(pkg-config --cflags --libs kvtier) \
   -Wl,-rpath,"$LIBDIR"
 ldd "$T/prog_pc" | grep -q "$LIBDIR/libkvtier.so" || fail "prog_pc does not load $LIBDIR/libkvtier.so"
 run pkg-config "$T/prog_pc"
@@ -53,7 +53,7 @@ run pkg-config "$T/prog_pc"
 echo "== pkg-config --static"
 # libkvtier.a by path (both archives share a directory), every other library as listed.
 # shellcheck disable=SC2046
-"$CC" -o "$T/prog_static" "$SRC/tests/install/prog.c" $(pkg-config --cflags kvtier) \
+"$CC" -o "$T/prog_static" "$SRC/tests/install/prog.c" -I"$SRC/tests" $(pkg-config --cflags kvtier) \
   $(echo "$static_libs" | sed "s|-lkvtier\b|$LIBDIR/libkvtier.a|")
 if readelf -d "$T/prog_static" | grep NEEDED | grep -q libkvtier; then
   fail "prog_static needs libkvtier.so"
@@ -70,6 +70,8 @@ add_executable(prog_cmake $SRC/tests/install/prog.c)
 target_link_libraries(prog_cmake PRIVATE kvtier::kvtier)
 add_executable(prog_cmake_static $SRC/tests/install/prog.c)
 target_link_libraries(prog_cmake_static PRIVATE kvtier::kvtier_static)
+# tests/public_entry.h only (it includes nothing but <kvtier.h>).
+include_directories($SRC/tests)
 EOC
 "$CMAKE" -S "$T/consumer" -B "$T/consumer/build" -DCMAKE_C_COMPILER="$CC" \
   -DCMAKE_PREFIX_PATH="$P" -DCMAKE_BUILD_TYPE=Release >"$T/consumer.log" 2>&1 ||
