@@ -79,7 +79,8 @@ int kvti_statsfile_open(kvti_statsfile **out, const char *dir, mode_t mode,
   char *p = stats_path(dir);
   if (!p)
     return KVT_ENOMEM;
-  int fd = kvti_open(p, O_RDWR | O_CREAT, mode);
+  /* O_NONBLOCK: a FIFO planted in the directory must not block the open. */
+  int fd = kvti_open(p, O_RDWR | O_CREAT | O_NONBLOCK, mode);
   if (fd < 0) {
     kvti_free(p);
     return fd;
@@ -187,7 +188,7 @@ int kvt_stats_read_live(kvt_stats *out, kvt_stats_live *live,
   char *p = stats_path(cache_dir);
   if (!p)
     return KVT_ENOMEM;
-  int fd = kvti_open(p, O_RDONLY, 0);
+  int fd = kvti_open(p, O_RDONLY | O_NONBLOCK, 0); /* never waits on a FIFO */
   if (fd < 0) {
     int rc =
         fd == KVT_ENOTFOUND

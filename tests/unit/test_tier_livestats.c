@@ -16,6 +16,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -202,12 +203,26 @@ static void test_damaged(void) {
   page[8] = 99; /* unknown version */
   put_file(stats_path(dir), page, sizeof page);
   CHECK_EQ_INT(kvt_stats_read_live(&s, NULL, dir), KVT_ECORRUPT);
-  /* A writer takes a damaged file over. */
+  /* A FIFO or a symlink in its place: refused at once, never waited on. */
+  unlink(stats_path(dir));
+  REQUIRE(mkfifo(stats_path(dir), 0600) == 0);
+  CHECK_EQ_INT(kvt_stats_read_live(&s, NULL, dir), KVT_ECORRUPT);
+  unlink(stats_path(dir));
+  REQUIRE(symlink("/etc/passwd", stats_path(dir)) == 0);
+  CHECK(kvt_stats_read_live(&s, NULL, dir) != 0);
+  /* ... and the writer neither follows it nor fails to open: no live view. */
   kvt_options o;
   kvt_options_init(&o, KVT_OPTIONS_VERSION);
   o.cache_dir = dir;
   o.durability = KVT_DURABILITY_NONE;
   kvt_tier *t = t_open(&o);
+  CHECK(kvt_stats_read_live(&s, NULL, dir) != 0);
+  kvt_tier_close(t, -1);
+  kvt_tier_free(t);
+  unlink(stats_path(dir));
+  put_file(stats_path(dir), page, sizeof page);
+  /* A writer takes a damaged file over. */
+  t = t_open(&o);
   kvt_stats_live lv;
   CHECK_EQ_INT(kvt_stats_read_live(&s, &lv, dir), 0);
   CHECK_EQ_INT(lv.alive, 1);
