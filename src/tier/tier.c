@@ -775,6 +775,27 @@ int kvt_tier_close(kvt_tier *t, int64_t timeout_ms) {
   return tier_close(t, timeout_ms, 0);
 }
 
+int kvt_tier_close_queued(kvt_tier *t, int64_t timeout_ms) {
+  if (!t)
+    return KVT_ERR(KVT_EINVAL, "tier is NULL");
+  struct timespec ts = {0};
+  int has;
+  kvti_deadline(&ts, &has, timeout_ms);
+  int rc = kvti_writer_queue_marker(t, &ts, has);
+  if (rc != 0)
+    return rc;
+  int64_t left = -1; /* the rest of the same deadline */
+  if (has) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    left = (int64_t)(ts.tv_sec - now.tv_sec) * 1000 +
+           (ts.tv_nsec - now.tv_nsec) / 1000000;
+    if (left < 0)
+      left = 0;
+  }
+  return tier_close(t, left, 0);
+}
+
 void kvt_tier_free(kvt_tier *t) {
   if (!t)
     return;
