@@ -19,6 +19,7 @@
 #include "base/hash.h"
 #include "base/hashmap.h"
 #include "base/io.h"
+#include "base/sqlvfs.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -543,7 +544,13 @@ int kvti_index_open(kvt_index **out, const char *cache_dir,
   int flags = (readonly ? SQLITE_OPEN_READONLY
                         : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) |
               SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW;
-  int src = sqlite3_open_v2(idx->db_path, &idx->db, flags, NULL);
+  /* Through kvtier's VFS: index.db's file I/O goes through the I/O seam. */
+  const char *vfs = kvti_sqlvfs_name();
+  if (!vfs) {
+    rc = KVT_EDB;
+    goto fail;
+  }
+  int src = sqlite3_open_v2(idx->db_path, &idx->db, flags, vfs);
   if (src != SQLITE_OK) {
     rc = kvti_idx_db_err(idx, src, idx->db_path);
     goto fail;

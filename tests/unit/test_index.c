@@ -1066,7 +1066,8 @@ static void test_alloc_failures(void) {
  * index.db. */
 static void test_python_reads(void) {
   if (access("/usr/bin/python3", X_OK) != 0 || !getenv("KVT_TEST_SRC")) {
-    fprintf(stderr, "skip python check\n");
+    kvt_test_skip("python", "the reference's queries through Python's sqlite3: "
+                            "no /usr/bin/python3 or KVT_TEST_SRC");
     return;
   }
   char *dir = kvt_test_tmpdir("idx-py");
