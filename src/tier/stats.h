@@ -30,6 +30,9 @@ void kvti_stats_add_at(kvti_stats *st, size_t offset, uint64_t v);
 void kvti_stats_hit(kvti_stats *st, double latency_s, uint64_t bytes);
 /* Copies the counters (gauges are left as stored: zero). */
 void kvti_stats_copy(kvt_stats *out, kvti_stats *st);
+/* Bytes of kvt_stats as version declared it (kvtier.h), 0 if unknown
+ * (options.c, next to kvt_stats_init). */
+size_t kvti_stats_size(unsigned int version);
 /* Adds delta to a counter by name (see kvt_tier_stats_add). */
 int kvti_stats_add_named(kvti_stats *st, const char *name, int64_t delta);
 

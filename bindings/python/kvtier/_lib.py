@@ -87,9 +87,9 @@ REMOTE_NO_LOCAL_COPY = 0x1
 PROMOTE_PREFIX = 0x1
 PROMOTE_NO_TOUCH = 0x2
 
-KVT_OPTIONS_VERSION = 2
+KVT_OPTIONS_VERSION = 3
 KVT_PROMOTE_OPTS_VERSION = 1
-KVT_STATS_VERSION = 1
+KVT_STATS_VERSION = 2
 
 # --------------------------------------------------------------------------
 # Structs
@@ -170,6 +170,8 @@ class Options(ctypes.Structure):
         ("remote_flags", ctypes.c_uint32),
         # Version 2.
         ("read_threads", ctypes.c_uint32),
+        # Version 3.
+        ("host_cache_bytes", ctypes.c_uint64),
     ]
 
 
@@ -249,6 +251,17 @@ class Stats(ctypes.Structure):
         ("remote_errors", ctypes.c_uint64),
         ("remote_queue_depth", ctypes.c_uint64),
         ("remote_available", ctypes.c_uint64),
+        ("host_cache_bytes_used", ctypes.c_uint64),
+        ("host_cache_bytes_bound", ctypes.c_uint64),
+        ("host_cache_entries", ctypes.c_uint64),
+        ("host_cache_hits", ctypes.c_uint64),
+        ("host_cache_misses", ctypes.c_uint64),
+        ("host_cache_evictions", ctypes.c_uint64),
+        ("host_cache_verify_failures", ctypes.c_uint64),
+        ("promotes_from_ram", ctypes.c_uint64),
+        ("promote_ram_bytes", ctypes.c_uint64),
+        ("promotes_from_disk", ctypes.c_uint64),
+        ("promote_disk_bytes", ctypes.c_uint64),
     ]
 
     def __init__(self, *args: Any, **kw: Any) -> None:
@@ -525,6 +538,12 @@ kvt_tier_promote_trim = _proto("kvt_tier_promote_trim", c_int,
 kvt_buffers_set_idle_cap = _proto("kvt_buffers_set_idle_cap", c_int,
                                   [ctypes.c_uint64])
 kvt_buffers_trim = _proto("kvt_buffers_trim", None, [])
+HOST_CACHE_AUTO = (1 << 64) - 1  # KVT_HOST_CACHE_AUTO
+kvt_tier_set_host_cache_bytes = _proto("kvt_tier_set_host_cache_bytes", c_int,
+                                       [c_void_p, ctypes.c_uint64])
+kvt_tier_trim = _proto("kvt_tier_trim", c_int,
+                       [c_void_p, ctypes.c_uint64,
+                        ctypes.POINTER(ctypes.c_uint64)])
 kvt_buffers_stats = _proto("kvt_buffers_stats", c_int,
                            [P(ctypes.c_uint64), P(ctypes.c_uint64),
                             P(ctypes.c_uint64)])
