@@ -544,6 +544,21 @@ kvt_tier_set_host_cache_bytes = _proto("kvt_tier_set_host_cache_bytes", c_int,
 kvt_tier_trim = _proto("kvt_tier_trim", c_int,
                        [c_void_p, ctypes.c_uint64,
                         ctypes.POINTER(ctypes.c_uint64)])
+
+
+def set_host_cache_bytes(tier_ptr: int, nbytes: Optional[int]) -> None:
+    """kvt_tier_set_host_cache_bytes (None: the derived default)."""
+    v = HOST_CACHE_AUTO if nbytes is None else int(nbytes)
+    if v < 0:
+        raise ValueError(f"host_cache_bytes must be >= 0 or None, got {v}")
+    check(kvt_tier_set_host_cache_bytes(tier_ptr, v), "set_host_cache_bytes")
+
+
+def trim(tier_ptr: int, target_bytes: int) -> int:
+    """kvt_tier_trim; returns the host-cache bytes freed."""
+    freed = ctypes.c_uint64()
+    check(kvt_tier_trim(tier_ptr, int(target_bytes), ctypes.byref(freed)), "trim")
+    return int(freed.value)
 kvt_buffers_stats = _proto("kvt_buffers_stats", c_int,
                            [P(ctypes.c_uint64), P(ctypes.c_uint64),
                             P(ctypes.c_uint64)])

@@ -385,19 +385,12 @@ class Tier:
     def set_host_cache_bytes(self, nbytes: Optional[int]) -> None:
         """Changes the host RAM tier's bound (None: the derived default, 0:
         off); entries beyond it are freed before this returns."""
-        v = L.HOST_CACHE_AUTO if nbytes is None else int(nbytes)
-        if v < 0:
-            raise ValueError(f"host_cache_bytes must be >= 0 or None, got {v}")
-        L.check(L.kvt_tier_set_host_cache_bytes(self._h.ptr, v),
-                "set_host_cache_bytes")
+        L.set_host_cache_bytes(self._h.ptr, nbytes)
 
     def trim(self, target_bytes: int = 0) -> int:
         """Memory pressure: frees host-cache entries down to target_bytes,
         then the buffer pool's idle buffers; returns the cache bytes freed."""
-        freed = ctypes.c_uint64()
-        L.check(L.kvt_tier_trim(self._h.ptr, int(target_bytes),
-                                ctypes.byref(freed)), "trim")
-        return int(freed.value)
+        return L.trim(self._h.ptr, target_bytes)
 
     def prometheus(self) -> str:
         """Prometheus text exposition of the stats (kvtier_* metrics)."""
