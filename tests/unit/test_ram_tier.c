@@ -404,6 +404,20 @@ static void test_caller_buffers_and_nocopy(void) {
   t_free(&z);
 }
 
+/* n async promotes of e, each result checked and freed. */
+static void async_rounds(kvt_tier *t, const t_entry *e, int n) {
+  for (int i = 0; i < n; i++) {
+    kvt_promise *p = NULL;
+    REQUIRE(kvt_tier_promote_async(&p, t, e->tokens, e->n_tokens, NULL) == 0);
+    REQUIRE(kvt_promise_wait(p, -1) == 0);
+    kvt_entry *got = NULL;
+    REQUIRE(kvt_promise_result(&got, p) == 0);
+    CHECK(t_same(got, e));
+    kvt_entry_free(got);
+    kvt_promise_free(p);
+  }
+}
+
 static void test_async_and_disabled(void) {
   kvt_options o;
   kvt_tier *t = open_with("ram8", 0, &o);
@@ -413,32 +427,14 @@ static void test_async_and_disabled(void) {
   kvt_stats s = stats_of(t);
   CHECK_EQ_INT(s.host_cache_entries, 0);
   CHECK_EQ_INT(s.host_cache_bytes_bound, 0);
-  for (int i = 0; i < 2; i++) {
-    kvt_promise *p = NULL;
-    REQUIRE(kvt_tier_promote_async(&p, t, e.tokens, e.n_tokens, NULL) == 0);
-    REQUIRE(kvt_promise_wait(p, -1) == 0);
-    kvt_entry *got = NULL;
-    REQUIRE(kvt_promise_result(&got, p) == 0);
-    CHECK(t_same(got, &e));
-    kvt_entry_free(got);
-    kvt_promise_free(p);
-  }
+  async_rounds(t, &e, 2);
   s = stats_of(t);
   CHECK_EQ_INT(s.promotes_from_disk, 2);
   CHECK_EQ_INT(s.promotes_from_ram, 0);
   CHECK_EQ_INT(s.host_cache_hits + s.host_cache_misses, 0);
   /* On: async promotes are served from RAM after the first. */
   REQUIRE(kvt_tier_set_host_cache_bytes(t, (uint64_t)64 << 20) == 0);
-  for (int i = 0; i < 3; i++) {
-    kvt_promise *p = NULL;
-    REQUIRE(kvt_tier_promote_async(&p, t, e.tokens, e.n_tokens, NULL) == 0);
-    kvt_entry *got = NULL;
-    REQUIRE(kvt_promise_wait(p, -1) == 0);
-    REQUIRE(kvt_promise_result(&got, p) == 0);
-    CHECK(t_same(got, &e));
-    kvt_entry_free(got);
-    kvt_promise_free(p);
-  }
+  async_rounds(t, &e, 3);
   s = stats_of(t);
   CHECK_EQ_INT(s.promotes_from_disk, 3);
   CHECK_EQ_INT(s.promotes_from_ram, 2);
