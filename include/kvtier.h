@@ -250,8 +250,9 @@ typedef void (*kvt_spill_done_fn)(void *ctx, const char *token_hash,
  *  there is one, their _init() function (any language: the way for C++
  *  before C++20 and for bindings). */
 
-/** kvt_options versions: 1 (up to remote_flags), 2 (+ read_threads). */
-#define KVT_OPTIONS_VERSION 2
+/** kvt_options versions: 1 (up to remote_flags), 2 (+ read_threads), 3 (+
+ *  host_cache_bytes). */
+#define KVT_OPTIONS_VERSION 3
 
 /** Tier options; mirrors the reference's SSDCacheConfig plus kvtier's own. */
 typedef struct kvt_options {
@@ -315,7 +316,27 @@ typedef struct kvt_options {
    *  the KVT_READ_THREADS environment variable (1..8, read once per process)
    *  when set, else 2. A value > 0 wins over the environment. 0 */
   uint32_t read_threads;
+  /* ---- version 3 ---- */
+  /** Bytes of recently spilled and recently promoted entries kept in this
+   *  process's RAM so that promoting them again runs at memory speed (the
+   *  layer files are written and cold-read with O_DIRECT, so the page cache
+   *  does not keep them). Filled from copy-mode spills once written (native
+   *  storage mode; zero-copy spills are not cached at spill time) and from
+   *  promoted entries when they are freed (kvt_entry_free); emptied of an
+   *  entry when it is replaced, evicted, removed, quarantined or expires. A
+   *  hit is verified against the entry's manifest block checksums before it
+   *  is served, like a disk read. The bytes count against the buffer pool's
+   *  idle cap (one budget: the pool keeps idle only what the caches leave of
+   *  it). 0 disables the cache. KVT_HOST_CACHE_AUTO (the default): 1/8 of the
+   *  memory the process may use - the smallest of physical RAM, the cgroup v2
+   *  limit (/sys/fs/cgroup/memory.max) and the cgroup v1 limit
+   *  (/sys/fs/cgroup/memory/memory.limit_in_bytes) - read at open.
+   *  kvt_tier_set_host_cache_bytes changes it at run time. */
+  uint64_t host_cache_bytes;
 } kvt_options;
+
+/** kvt_options.host_cache_bytes: derive the bound from the machine. */
+#define KVT_HOST_CACHE_AUTO UINT64_MAX
 
 /** Where entries live (kvt_options.remote_mode). */
 typedef enum kvt_remote_mode {
@@ -345,7 +366,8 @@ typedef enum kvt_remote_mode {
     .io_backend = KVT_IO_AUTO, .promote_threads = 2, .quarantine_max = 16,     \
     .log_level = KVT_LOG_WARN, .remote_mode = KVT_REMOTE_LOCAL,                \
     .remote_timeout_ms = 1000, .remote_queue_size = 64,                        \
-    .remote_chunk_bytes = 16u << 20, .read_threads = 0                         \
+    .remote_chunk_bytes = 16u << 20, .read_threads = 0,                        \
+    .host_cache_bytes = KVT_HOST_CACHE_AUTO                                    \
   }
 
 /** Fills opts with the defaults of KVT_OPTIONS_INIT for the given version
@@ -380,7 +402,9 @@ KVT_API uint64_t kvt_entry_memory_bytes(const kvt_entry *e);
  *  callback was given). The reservation now belongs to the caller: kvtier
  *  never releases it after a successful promote. */
 KVT_API uint64_t kvt_entry_reserved_bytes(const kvt_entry *e);
-/** Bytes read from disk to build this entry. */
+/** Bytes read from disk to build this entry; for an entry served from the
+ *  host RAM cache (kvt_options.host_cache_bytes), the bytes of its files
+ *  (nothing was read). */
 KVT_API uint64_t kvt_entry_disk_bytes(const kvt_entry *e);
 /** Token hash (64 hex chars). Owned by the entry. */
 KVT_API const char *kvt_entry_hash(const kvt_entry *e);
@@ -388,7 +412,12 @@ KVT_API const char *kvt_entry_hash(const kvt_entry *e);
 KVT_API int kvt_entry_storage_mode(const kvt_entry *e);
 /** Frees the entry and its tensors (via the caller's free callback for
  *  buffers the caller allocated). Accepts NULL. Not thread-safe against
- *  readers of the same entry. */
+ *  readers of the same entry. With the host RAM tier on, kvtier-allocated
+ *  buffers of a promoted entry go back into its tier's cache instead (also
+ *  after the tier is freed: then they are simply freed), so that the next
+ *  promote of the entry is served from memory - which is why a promoted entry
+ *  must stay unmodified (a modified one fails the next check and is read from
+ *  disk again). */
 KVT_API void kvt_entry_free(kvt_entry *e);
 
 /* ------------------------------------------------------------------------ */
@@ -766,8 +795,10 @@ KVT_API const char *kvt_tier_dir(const kvt_tier *t);
         5.0, 10.0                                                              \
   }
 
-/** kvt_stats versions: 1. */
-#define KVT_STATS_VERSION 1
+/** kvt_stats versions: 1 (up to remote_available), 2 (+ token counters,
+ *  latency histograms, the host RAM tier's host_cache_* and promotes_from_*
+ *  fields). */
+#define KVT_STATS_VERSION 2
 
 /** Counters and gauges of a tier (output of kvt_tier_stats). The caller sets
  *  version (KVT_STATS_INIT or kvt_stats_init) before the call.
@@ -814,6 +845,7 @@ typedef struct kvt_stats {
   uint64_t remote_queue_depth; /* now: uploads waiting */
   uint64_t remote_available;   /* now: 1 when the remote is configured and
                                   not in back-off after a failure */
+  /* ---- version 2 ---- */
   /* Tokens: requested = tokens asked for by promote calls (n_keep of a
    * trimmed one), hit or miss; served = tokens of the entries promotes
    * returned from the local SSD (remote hits are not counted here). */
@@ -827,6 +859,21 @@ typedef struct kvt_stats {
   uint64_t promote_latency_hist[KVT_STATS_LATENCY_BUCKETS];
   uint64_t spill_latency_hist[KVT_STATS_LATENCY_BUCKETS];
   double spill_latency_sum; /* seconds */
+  /* The host RAM tier (kvt_options.host_cache_bytes). Every successful local
+   * promote is served either from RAM or from disk: promotes_from_ram +
+   * promotes_from_disk = ssd_hits - remote_hits. */
+  uint64_t host_cache_bytes_used;  /* now: bytes of entries held in RAM */
+  uint64_t host_cache_bytes_bound; /* now: the bound (0: disabled) */
+  uint64_t host_cache_entries;     /* now: entries held in RAM */
+  uint64_t host_cache_hits;        /* promotes that found the entry in RAM */
+  uint64_t host_cache_misses;   /* local promotes that did not (cache on) */
+  uint64_t host_cache_evictions; /* entries dropped for room or by a trim */
+  uint64_t host_cache_verify_failures; /* RAM copies that failed the check
+                                          (dropped; read from disk instead) */
+  uint64_t promotes_from_ram;  /* promotes served from the host cache */
+  uint64_t promote_ram_bytes;  /* their entry bytes (files' size) */
+  uint64_t promotes_from_disk; /* local promotes read from the SSD */
+  uint64_t promote_disk_bytes; /* bytes read by them */
 } kvt_stats;
 
 /** A kvt_stats ready for kvt_tier_stats (C99 designated initialiser). */
@@ -1015,9 +1062,11 @@ KVT_API void kvt_free(void *p);
  * resident memory runs at ~10 GB/s. At most `idle cap` bytes stay idle;
  * beyond that the oldest are returned to the system. Default cap: 2 GiB but at
  * most 1/8 of physical memory, or KVT_BUFPOOL_MB (MiB) from the environment at
- * first use. Buffers handed out are not counted against the cap. All three
- * calls are thread-safe and may be called at any time, with or without a tier
- * open. */
+ * first use. Buffers handed out are not counted against the cap. The host RAM
+ * caches of open tiers (kvt_options.host_cache_bytes) share this budget: the
+ * bytes they hold are charged against the cap, and the pool keeps idle only
+ * what is left. All three calls are thread-safe and may be called at any
+ * time, with or without a tier open. */
 
 /** Sets the idle cap in bytes (0: keep nothing idle - every buffer is freed
  *  when kvtier is done with it), freeing idle buffers beyond it now. An engine
@@ -1027,13 +1076,34 @@ KVT_API void kvt_free(void *p);
 KVT_API int kvt_buffers_set_idle_cap(uint64_t bytes);
 
 /** Frees every idle buffer now (e.g. when the engine is about to need the
- *  memory). Buffers in use are not affected; the cap is unchanged. */
+ *  memory). Buffers in use are not affected; the cap is unchanged. Host-cache
+ *  entries are not idle buffers: kvt_tier_trim frees those. */
 KVT_API void kvt_buffers_trim(void);
 
 /** The pool's idle bytes, bytes handed out (in use) and idle cap; any pointer
  *  may be NULL. Returns 0 or KVT_ENOMEM (the pool could not be created). */
 KVT_API int kvt_buffers_stats(uint64_t *idle_bytes, uint64_t *out_bytes,
                               uint64_t *idle_cap);
+
+/* ---- the host RAM tier ----------------------------------------------------
+ * Each tier keeps up to kvt_options.host_cache_bytes of entries in RAM (see
+ * there). Its memory is given back on demand: */
+
+/** Sets the tier's host cache bound in bytes (0: disable and empty it);
+ *  entries beyond the new bound (least recently used first) are freed
+ *  before the call returns, so it is the way to shrink the cache under
+ *  memory pressure. KVT_HOST_CACHE_AUTO re-derives the default. Returns 0,
+ *  KVT_EINVAL (NULL tier), KVT_ECLOSED. Thread-safe. */
+KVT_API int kvt_tier_set_host_cache_bytes(kvt_tier *t, uint64_t bytes);
+
+/** Memory pressure: frees host-cache entries (least recently used first)
+ *  until at most target_bytes remain (the bound is unchanged, so the cache
+ *  refills later), then frees the buffer pool's idle buffers
+ *  (kvt_buffers_trim) and asks the C library to return free heap pages to
+ *  the system (malloc_trim where it exists). Done before the call returns.
+ *  *freed (may be NULL) receives the host-cache bytes released. Returns 0,
+ *  KVT_EINVAL, KVT_ECLOSED. Thread-safe. */
+KVT_API int kvt_tier_trim(kvt_tier *t, uint64_t target_bytes, uint64_t *freed);
 
 #ifdef __cplusplus
 }

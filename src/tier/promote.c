@@ -27,6 +27,7 @@
 #include "index/index.h"
 #include "base/io.h"
 #include "tier/remote.h"
+#include "tier/ramtier.h"
 #include "tier/tier.h"
 
 #include <errno.h>
@@ -110,7 +111,12 @@ static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
     rc = KVT_ENOTFOUND;
   if (rc == 0) {
     row_seen = 1;
-    rc = t->be->ops->get(t->be, out, hash, &ro);
+    rc = kvti_ram_promote(out, t, hash, &ro); /* the host RAM tier first */
+    if (rc == KVT_ENOTFOUND) {
+      rc = t->be->ops->get(t->be, out, hash, &ro);
+      if (rc == 0)
+        kvti_ram_after_disk(t, *out, &ro);
+    }
   } else if (rc == KVT_ENOTFOUND) {
     KVT_ERR(KVT_ENOTFOUND,
             "entry %.16s was evicted or expired before it was read", hash);
@@ -141,6 +147,7 @@ static void account_hit(kvt_tier *t, kvt_entry *e, const kvt_entry_info *info,
   if (dt < 0)
     dt = 0;
   kvti_stats_hit(&t->stats, dt, e->disk_bytes, e->n_tokens);
+  kvti_ram_account(t, e);
   if (!(flags & KVT_PROMOTE_NO_TOUCH) && !t->readonly)
     kvti_index_touch_hash(t->idx, info->token_hash);
   kvti_log(t, KVT_LOG_INFO,

@@ -207,8 +207,32 @@ static const metric metrics[] = {
     GAUGE(remote_queue_depth, "Uploads waiting."),
     GAUGE(remote_available,
           "1 when the remote is configured and not backing off."),
+    /* The host RAM tier. */
+    GAUGE(host_cache_bytes_used,
+          "Bytes of entries held in the host RAM cache."),
+    GAUGE(host_cache_bytes_bound, "Bound of the host RAM cache (0: off)."),
+    GAUGE(host_cache_entries, "Entries held in the host RAM cache."),
+    CNT(host_cache_hits,
+        "Promotes that found the entry in the host RAM cache."),
+    CNT(host_cache_misses, "Local promotes that did not find it there."),
+    CNT(host_cache_evictions,
+        "Entries dropped from the host RAM cache for room or by a trim."),
+    CNT(host_cache_verify_failures,
+        "Host RAM copies that failed the checksum check (disk read instead)."),
+    CNT(promotes_from_ram, "Promotes served from the host RAM cache."),
+    CNT(promote_ram_bytes, "Entry bytes of promotes served from RAM."),
+    CNT(promotes_from_disk, "Local promotes read from the SSD."),
+    CNT(promote_disk_bytes, "Bytes read from the SSD by local promotes."),
 };
 #define NMETRICS (sizeof metrics / sizeof metrics[0])
+
+/* Whether m exists in s's version (a version-1 caller's struct ends before
+ * the host RAM tier's fields; an unset version renders everything, as
+ * before versions existed). */
+static int metric_present(const metric *m, const kvt_stats *s) {
+  size_t have = kvti_stats_size(s->version);
+  return m->getf || m->getu || !have || m->off + sizeof(uint64_t) <= have;
+}
 
 static uint64_t metric_u64(const metric *m, const kvt_stats *s) {
   return m->getu ? m->getu(s) : *(const uint64_t *)((const char *)s + m->off);
@@ -332,6 +356,8 @@ int kvt_stats_to_json(char *buf, size_t cap, size_t *needed,
   int bad = 0;
   for (size_t i = 0; i < NMETRICS; i++) {
     const metric *m = &metrics[i];
+    if (!metric_present(m, s))
+      continue;
     bad |= m->getf ? add_f(o, m->key, py_round(m->getf(s), m->nd))
                    : add_u64(o, m->key, metric_u64(m, s));
   }
@@ -410,7 +436,7 @@ int kvt_stats_to_prometheus(char *buf, size_t cap, size_t *needed,
   sbuf b = {0};
   for (size_t i = 0; i < NMETRICS; i++) {
     const metric *m = &metrics[i];
-    if (!m->prom)
+    if (!m->prom || !metric_present(m, s))
       continue;
     char v[64];
     if (m->getf)
@@ -421,13 +447,17 @@ int kvt_stats_to_prometheus(char *buf, size_t cap, size_t *needed,
               m->prom, m->help, m->prom, m->counter ? "counter" : "gauge",
               m->prom, v);
   }
-  prom_hist(&b, "promote_latency_seconds",
-            "Latency of successful promotes (local or remote).",
-            s->promote_latency_hist, s->reload_latency_sum);
-  prom_hist(&b, "spill_latency_seconds",
-            "Time the writer took to store an entry locally (files, fsyncs, "
-            "publication, index row).",
-            s->spill_latency_hist, s->spill_latency_sum);
+  size_t have = kvti_stats_size(s->version);
+  if (!have ||
+      have >= offsetof(kvt_stats, spill_latency_sum) + sizeof(double)) {
+    prom_hist(&b, "promote_latency_seconds",
+              "Latency of successful promotes (local or remote).",
+              s->promote_latency_hist, s->reload_latency_sum);
+    prom_hist(&b, "spill_latency_seconds",
+              "Time the writer took to store an entry locally (files, fsyncs, "
+              "publication, index row).",
+              s->spill_latency_hist, s->spill_latency_sum);
+  }
   if (b.oom) {
     kvti_free(b.p);
     return KVT_ERR_NOMEM();

@@ -44,6 +44,9 @@ void kvti_stats_detach(kvti_stats *st);
 void kvti_stats_set_gauges(kvti_stats *st, const kvt_stats *g);
 /* Copies the counters (gauges are left as stored: zero). */
 void kvti_stats_copy(kvt_stats *out, kvti_stats *st);
+/* Bytes of kvt_stats as version declared it (kvtier.h), 0 if unknown
+ * (options.c, next to kvt_stats_init). */
+size_t kvti_stats_size(unsigned int version);
 /* Adds delta to a counter by name (see kvt_tier_stats_add). */
 int kvti_stats_add_named(kvti_stats *st, const char *name, int64_t delta);
 

@@ -7,6 +7,7 @@
  * Maintenance lives in maint.c, reconcile in reconcile.c, lookups and entry
  * operations in ops.c, spilling in writer.c, promoting in promote.c.
  */
+#include "tier/ramtier.h"
 #include "tier/tier.h"
 #include "format/entry_restore.h"
 #include "base/error.h"
@@ -142,6 +143,7 @@ static void tier_destroy(kvt_tier *t) {
   if (!t)
     return;
   kvti_remote_free(t);
+  kvti_ram_free(t);
   kvti_pool_destroy(t);
   kvti_writer_destroy(t);
   if (t->idx)
@@ -257,6 +259,8 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
   if ((rc = kvti_writer_init(t)) != 0)
     goto fail;
   if ((rc = kvti_pool_init(t)) != 0)
+    goto fail;
+  if ((rc = kvti_ram_open(t)) != 0)
     goto fail;
 
   char *resolved = NULL;
@@ -429,6 +433,7 @@ static int tier_close(kvt_tier *t, int64_t timeout_ms, int drop) {
   }
   pthread_mutex_unlock(&t->life_mu);
   kvti_pool_stop(t);
+  kvti_ram_close(t); /* the host RAM cache's memory goes now */
   /* 5. Flush batched touches, close the index, release the directory lock. */
   if (t->idx) {
     if (!t->readonly)

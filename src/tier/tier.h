@@ -84,6 +84,7 @@ struct kvt_tier {
   atomic_uint_fast64_t active;
   pthread_mutex_t close_mu;   /* serialises close/free */
   struct kvti_remote *remote; /* shared remote tier (remote.h), NULL: none */
+  struct kvti_hcache *hc;     /* host RAM cache (ramtier.h) */
 };
 
 /* Lifecycle guards: enter returns 0 or KVT_ECLOSED (message set). */

@@ -14,6 +14,7 @@
  * dropped, in the same FIFO order), so "everything enqueued before me is
  * done" is done_seq >= my enq_seq (flush, close).
  */
+#include "tier/ramtier.h"
 #include "tier/tier.h"
 #include "base/error.h"
 #include "index/index.h"
@@ -48,8 +49,10 @@ int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify) {
   kvt_entry_info old;
   int replacing = kvti_index_find_hash(&old, t->idx, hash) == 0 ||
                   t->be->ops->present(t->be, hash) != 0;
-  if (replacing)
+  if (replacing) {
     kvti_stripe_wrlock(&t->stripes, hash);
+    kvti_ram_invalidate(t, hash); /* the RAM copy is the old version */
+  }
   int rc = t->be->ops->put(t->be, &disk, s, &wo);
   if (rc == 0) {
     rc = kvti_index_put(t->idx, tokens, n, hash, kvti_snapshot_memory_bytes(s),
@@ -73,6 +76,7 @@ int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify) {
     kvti_stripe_unlock(&t->stripes, hash);
   if (rc == 0) {
     kvti_stats_spilled(&t->stats, disk, kvti_now_mono() - t0);
+    kvti_ram_spilled(t, s, disk); /* before capacity enforcement may evict */
     kvti_log(t, KVT_LOG_DEBUG,
              "kvtier: spilled %.16s: %zu tokens, %llu bytes on disk", hash, n,
              (unsigned long long)disk);

@@ -39,12 +39,21 @@ static void test_options_versions(void) {
   CHECK(m.remote_chunk_bytes == c.remote_chunk_bytes &&
         m.remote_timeout_ms == c.remote_timeout_ms &&
         m.quarantine_max == c.quarantine_max && m.read_threads == 0);
-  for (unsigned v = 0; v < 4; v += 3) { /* 0 and 3 are unknown */
+  /* 0 and the next version are unknown. */
+  for (unsigned v = 0; v <= KVT_OPTIONS_VERSION + 1;
+       v += KVT_OPTIONS_VERSION + 1) {
     CHECK_EQ_INT(kvt_options_init(&c, v), KVT_EINVAL);
     kvt_options bad = KVT_OPTIONS_INIT;
     bad.version = v;
     CHECK_EQ_INT(kvt_options_validate(&bad), KVT_EINVAL);
   }
+  /* Version 2 ends before host_cache_bytes (version 3): not written by init,
+   * and the derived default at open. */
+  memset(buf, CANARY, sizeof buf);
+  CHECK_EQ_INT(kvt_options_init(o, 2), 0);
+  CHECK(buf[offsetof(kvt_options, host_cache_bytes)] == CANARY);
+  CHECK_EQ_INT(kvt_options_validate(o), 0);
+  CHECK(c.host_cache_bytes == KVT_HOST_CACHE_AUTO);
   kvt_options r = KVT_OPTIONS_INIT;
   r.read_threads = 9;
   CHECK_EQ_INT(kvt_options_validate(&r), KVT_EINVAL);

@@ -87,9 +87,9 @@ REMOTE_NO_LOCAL_COPY = 0x1
 PROMOTE_PREFIX = 0x1
 PROMOTE_NO_TOUCH = 0x2
 
-KVT_OPTIONS_VERSION = 2
+KVT_OPTIONS_VERSION = 3
 KVT_PROMOTE_OPTS_VERSION = 1
-KVT_STATS_VERSION = 1
+KVT_STATS_VERSION = 2
 
 # --------------------------------------------------------------------------
 # Structs
@@ -170,6 +170,8 @@ class Options(ctypes.Structure):
         ("remote_flags", ctypes.c_uint32),
         # Version 2.
         ("read_threads", ctypes.c_uint32),
+        # Version 3.
+        ("host_cache_bytes", ctypes.c_uint64),
     ]
 
 
@@ -214,7 +216,7 @@ class PromoteOpts(ctypes.Structure):
 
 
 class Stats(ctypes.Structure):
-    """struct kvt_stats (KVT_STATS_VERSION 1); a new one is ready for
+    """struct kvt_stats (KVT_STATS_VERSION 2); a new one is ready for
     kvt_tier_stats (its version is set)."""
 
     _fields_ = [
@@ -255,6 +257,17 @@ class Stats(ctypes.Structure):
         ("promote_latency_hist", ctypes.c_uint64 * 15),  # KVT_STATS_LATENCY_BUCKETS
         ("spill_latency_hist", ctypes.c_uint64 * 15),
         ("spill_latency_sum", ctypes.c_double),
+        ("host_cache_bytes_used", ctypes.c_uint64),
+        ("host_cache_bytes_bound", ctypes.c_uint64),
+        ("host_cache_entries", ctypes.c_uint64),
+        ("host_cache_hits", ctypes.c_uint64),
+        ("host_cache_misses", ctypes.c_uint64),
+        ("host_cache_evictions", ctypes.c_uint64),
+        ("host_cache_verify_failures", ctypes.c_uint64),
+        ("promotes_from_ram", ctypes.c_uint64),
+        ("promote_ram_bytes", ctypes.c_uint64),
+        ("promotes_from_disk", ctypes.c_uint64),
+        ("promote_disk_bytes", ctypes.c_uint64),
     ]
 
     def __init__(self, *args: Any, **kw: Any) -> None:
@@ -573,6 +586,27 @@ kvt_tier_promote_trim = _proto("kvt_tier_promote_trim", c_int,
 kvt_buffers_set_idle_cap = _proto("kvt_buffers_set_idle_cap", c_int,
                                   [ctypes.c_uint64])
 kvt_buffers_trim = _proto("kvt_buffers_trim", None, [])
+HOST_CACHE_AUTO = (1 << 64) - 1  # KVT_HOST_CACHE_AUTO
+kvt_tier_set_host_cache_bytes = _proto("kvt_tier_set_host_cache_bytes", c_int,
+                                       [c_void_p, ctypes.c_uint64])
+kvt_tier_trim = _proto("kvt_tier_trim", c_int,
+                       [c_void_p, ctypes.c_uint64,
+                        ctypes.POINTER(ctypes.c_uint64)])
+
+
+def set_host_cache_bytes(tier_ptr: int, nbytes: Optional[int]) -> None:
+    """kvt_tier_set_host_cache_bytes (None: the derived default)."""
+    v = HOST_CACHE_AUTO if nbytes is None else int(nbytes)
+    if v < 0:
+        raise ValueError(f"host_cache_bytes must be >= 0 or None, got {v}")
+    check(kvt_tier_set_host_cache_bytes(tier_ptr, v), "set_host_cache_bytes")
+
+
+def trim(tier_ptr: int, target_bytes: int) -> int:
+    """kvt_tier_trim; returns the host-cache bytes freed."""
+    freed = ctypes.c_uint64()
+    check(kvt_tier_trim(tier_ptr, int(target_bytes), ctypes.byref(freed)), "trim")
+    return int(freed.value)
 kvt_buffers_stats = _proto("kvt_buffers_stats", c_int,
                            [P(ctypes.c_uint64), P(ctypes.c_uint64),
                             P(ctypes.c_uint64)])

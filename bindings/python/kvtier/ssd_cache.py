@@ -162,6 +162,10 @@ class SSDCacheConfig:
         remote_timeout_ms: bound on each remote connect/command.
         remote_keep_local: keep a local copy of entries promoted from the
             remote store ("local+remote" only).
+        host_cache_bytes: bytes of recently spilled/promoted entries kept in
+            RAM so promoting them again runs at memory speed (the host RAM
+            tier); None (default) = 1/8 of the memory the process may use
+            (RAM and cgroup limit), 0 = disabled.
     """
 
     cache_dir: str | None = None
@@ -183,6 +187,7 @@ class SSDCacheConfig:
     remote_prefix: str | None = None
     remote_timeout_ms: int = 1000
     remote_keep_local: bool = True
+    host_cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_size_gb <= 0:
@@ -230,6 +235,10 @@ class SSDCacheConfig:
         if self.remote_timeout_ms < 1:
             raise ValueError(
                 f"remote_timeout_ms must be >= 1, got {self.remote_timeout_ms}"
+            )
+        if self.host_cache_bytes is not None and self.host_cache_bytes < 0:
+            raise ValueError(
+                f"host_cache_bytes must be >= 0 or None, got {self.host_cache_bytes}"
             )
         if self.retention_seconds is not None and self.retention_seconds < 0:
             raise ValueError(
@@ -280,6 +289,8 @@ class SSDCacheConfig:
         o.remote_timeout_ms = int(self.remote_timeout_ms)
         if not self.remote_keep_local:
             o.remote_flags |= L.REMOTE_NO_LOCAL_COPY
+        if self.host_cache_bytes is not None:
+            o.host_cache_bytes = int(self.host_cache_bytes)
         return o, keep
 
 
@@ -339,6 +350,13 @@ _REMOTE_STAT_FIELDS = ("remote_hits", "remote_misses", "remote_read_bytes",
                        "remote_spill_count", "remote_spill_bytes",
                        "remote_spill_drops", "remote_errors",
                        "remote_queue_depth", "remote_available")
+# The host RAM tier's (kvt_options.host_cache_bytes).
+_HOST_CACHE_STAT_FIELDS = ("host_cache_bytes_used", "host_cache_bytes_bound",
+                           "host_cache_entries", "host_cache_hits",
+                           "host_cache_misses", "host_cache_evictions",
+                           "host_cache_verify_failures", "promotes_from_ram",
+                           "promote_ram_bytes", "promotes_from_disk",
+                           "promote_disk_bytes")
 
 
 class _CounterValue(int):
@@ -1111,6 +1129,8 @@ class SSDCacheTier:
         for f in _REMOTE_STAT_FIELDS:
             d[f] = int(getattr(s, f))
         d["remote_latency_sum_s"] = round(float(s.remote_latency_sum), 4)
+        for f in _HOST_CACHE_STAT_FIELDS:
+            d[f] = int(getattr(s, f))
         return d
 
     def start_writer(self) -> None:
@@ -1375,6 +1395,18 @@ class SSDCacheTier:
         ms = -1 if timeout is None else max(0, int(timeout * 1000))
         rc = L.kvt_tier_flush(self._h.ptr, ms)
         L.check(rc, "flush")
+
+    def set_host_cache_bytes(self, nbytes: int | None) -> None:
+        """kvtier extension: changes the host RAM tier's bound (None: the
+        derived default, 0: off); entries beyond it are freed before this
+        returns."""
+        L.set_host_cache_bytes(self._h.ptr, nbytes)
+
+    def trim(self, target_bytes: int = 0) -> int:
+        """kvtier extension, for memory pressure: frees host-cache entries
+        down to target_bytes and the buffer pool's idle buffers; returns the
+        cache bytes freed."""
+        return L.trim(self._h.ptr, target_bytes)
 
     def reconcile(self) -> int:
         """Reconcile index with files on disk.
