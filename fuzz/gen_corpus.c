@@ -153,7 +153,7 @@ int main(int argc, char **argv) {
     if (kvti_chunk_ns_encode(&ns, &nsl, "fuzz-model", "salt") != 0 ||
         kvti_chunk_seed(parent, ns, nsl, 0) != 0)
       abort();
-    kvti_chunk_src src = {ns, nsl, parent, 1, tok, 16, 16, ls, ids, 2};
+    kvti_chunk_src src = {ns, nsl, parent, 1, tok, 16, 16, ls, ids, 2, 2};
     char cp[1100], ct[1100];
     snprintf(cp, sizeof cp, "%s/seed.kvc", fz_dir());
     snprintf(ct, sizeof ct, "%s/seed.kvc.tmp", fz_dir());

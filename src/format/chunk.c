@@ -182,9 +182,14 @@ static int make_plan(plan *p, const kvti_chunk_src *s) {
       !s->layer_ids)
     return KVT_ERR(KVT_EINVAL, "chunk: invalid source");
   memset(p, 0, sizeof *p);
+  if (s->spill_layers < s->n_layers || s->spill_layers > KVTI_MAX_LAYERS)
+    return KVT_ERR(KVT_EINVAL, "chunk: spill_layers %u < %u chunked layers",
+                   s->spill_layers, s->n_layers);
+  p->layout_bytes = 4;
   for (uint32_t i = 0; i < s->n_layers; i++) {
     const kvt_layer *l = &s->layers[s->layer_ids[i]];
-    if (i && s->layer_ids[i] <= s->layer_ids[i - 1])
+    if ((i && s->layer_ids[i] <= s->layer_ids[i - 1]) ||
+        s->layer_ids[i] >= s->spill_layers)
       return KVT_ERR(KVT_EINVAL, "chunk: layer ids must increase");
     if (!kvti_chunk_layer_ok(l, s->row0 + s->n))
       return KVT_ERR(KVT_EINVAL,
@@ -223,6 +228,8 @@ uint64_t kvti_chunk_mem_bytes(const kvti_chunk_src *src) {
  * non-NULL also gathers the rows into the data section. */
 static void put_desc(uint8_t *d, uint8_t *data, const kvti_chunk_src *s) {
   uint64_t off = 0;
+  put32(d, s->spill_layers);
+  d += 4;
   for (uint32_t i = 0; i < s->n_layers; i++) {
     const kvt_layer *l = &s->layers[s->layer_ids[i]];
     put32(d, (uint32_t)l->kind);
@@ -502,6 +509,16 @@ int kvti_chunk_parse(kvti_chunk_hdr *h, const uint8_t *buf, size_t len,
   /* The descriptor. */
   const uint8_t *d = h->layout, *end = h->layout + h->layout_bytes;
   uint64_t off = 0, used_t = 0;
+  if (h->layout_bytes < 4) {
+    rc = BAD("%s: layout descriptor truncated", what);
+    goto fail;
+  }
+  h->spill_layers = get32(d);
+  d += 4;
+  if (h->spill_layers < h->n_layers || h->spill_layers > KVTI_MAX_LAYERS) {
+    rc = BAD("%s: spill layer count %u out of range", what, h->spill_layers);
+    goto fail;
+  }
   for (uint32_t i = 0; i < h->n_layers; i++) {
     kvti_chunk_layer *L = &h->layers[i];
     if (end - d < 20) {
@@ -518,7 +535,7 @@ int kvti_chunk_parse(kvti_chunk_hdr *h, const uint8_t *buf, size_t len,
          L->kind != KVT_LAYER_QUANTIZED_KV) ||
         L->num_tensors != layer_tensors(L->kind) ||
         (i && L->layer_idx <= h->layers[i - 1].layer_idx) ||
-        L->layer_idx >= KVTI_MAX_LAYERS ||
+        L->layer_idx >= h->spill_layers ||
         (L->kind != KVT_LAYER_QUANTIZED_KV && (L->bits || L->group_size)) ||
         (L->kind == KVT_LAYER_QUANTIZED_KV &&
          (L->bits <= 0 || L->group_size <= 0 || L->group_size > 65536))) {

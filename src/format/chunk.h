@@ -88,6 +88,7 @@ typedef struct kvti_chunk_hdr {
   uint8_t key[32], parent[32];
   uint64_t index; /* chunk i covers token positions [i*C, i*C + n) */
   uint32_t n_tokens, n_layers, ns_len, layout_bytes;
+  uint32_t spill_layers; /* layers of the spill (n_layers of them chunked) */
   uint64_t data_bytes;
   uint8_t *ns;          /* ns_len bytes */
   int32_t *tokens;      /* n_tokens */
@@ -130,6 +131,10 @@ typedef struct kvti_chunk_src {
   const kvt_layer *layers;
   const uint32_t *layer_ids;
   uint32_t n_layers;
+  /* Layers of the whole spill (>= n_layers): part of the layout, so a chain
+   * knows whether it holds every layer (a pure-KV chain, servable at any
+   * chunk boundary) or needs the entry's other layers. */
+  uint32_t spill_layers;
 } kvti_chunk_src;
 
 /* True when layer l can be cut into chunks of rows [0, rows): KV and quantized

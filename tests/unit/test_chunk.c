@@ -109,7 +109,8 @@ static kvti_chunk_src src_of(const spill *s, const uint8_t *parent,
                       .row0 = index * n,
                       .layers = s->l,
                       .layer_ids = s->ids,
-                      .n_layers = 3};
+                      .n_layers = 3,
+                      .spill_layers = 4};
   return c;
 }
 

@@ -1,0 +1,98 @@
+/*
+ * chunks.h - the chunk store of the chunked native store: chunk files under
+ * <cache_dir>/chunks/<kk>/<key>.kvc (format/chunk.h) and their chain table in
+ * the index (index/chain.h), kept consistent. A spill becomes a chain of full
+ * chunks of which only the missing ones are written; a lookup returns the
+ * longest stored chain over a prompt; reads open a chunk file, check its key,
+ * layout and tokens against what the chain promises and verify every block;
+ * removal takes a chunk and everything below it, rows first, then files.
+ *
+ * Invariants: files are made durable before their rows are inserted, parents
+ * before children, so after any crash every indexed chunk has its file and
+ * every ancestor (a crash can leave only unindexed files, which gc removes);
+ * a chunk is never rewritten. Open lists nothing under chunks/. The tier
+ * serialises puts and removals (its mut_mu); lookups and reads may run
+ * concurrently from any thread (reads of shared chunks take no common lock).
+ */
+#ifndef KVT_STORE_CHUNKS_H
+#define KVT_STORE_CHUNKS_H
+
+#include "format/chunk.h"
+#include "index/chain.h"
+#include "index/index.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvti_chunkstore kvti_chunkstore;
+
+typedef struct kvti_chunkstore_opts {
+  uint32_t file_mode, dir_mode;
+  int do_fsync; /* durability FSYNC: files, then their directory */
+} kvti_chunkstore_opts;
+
+/* Opens the store over cache_dir and an open index (which must outlive the
+ * store). chunks/ is created lazily by the first put. Returns 0, KVT_EINVAL,
+ * KVT_ENOMEM, KVT_EDB. */
+int kvti_chunkstore_open(kvti_chunkstore **out, const char *cache_dir,
+                         kvt_index *idx, const kvti_chunkstore_opts *o);
+/* Frees the store (flushes chain touches). NULL is a no-op. */
+void kvti_chunkstore_close(kvti_chunkstore *cs);
+kvti_chains *kvti_chunkstore_chains(kvti_chunkstore *cs);
+
+/* Path of a chunk file: <cache_dir>/chunks/<kk>/<hex>.kvc into out (cap
+ * bytes). Returns 0 or KVT_ERANGE. */
+int kvti_chunkstore_path(const kvti_chunkstore *cs, const uint8_t key[32],
+                         char *out, size_t cap);
+
+/* A spill to store as chunks: the full chunks of tokens[0, n) (n / C of
+ * them, C = chunk_tokens) over layers layer_ids (trimmable, validated). */
+typedef struct kvti_chunkstore_spill {
+  const uint8_t *ns;
+  size_t ns_len;
+  const int32_t *tokens;
+  size_t n;
+  uint32_t chunk_tokens;
+  const kvt_layer *layers;
+  const uint32_t *layer_ids;
+  uint32_t n_layers;
+  uint32_t spill_layers; /* layers of the whole spill (kvti_chunk_src) */
+} kvti_chunkstore_spill;
+
+typedef struct kvti_chunkstore_result {
+  size_t chunks;          /* full chunks of the spill (its chain length) */
+  size_t written;         /* of which newly written */
+  uint64_t bytes_written; /* file bytes written */
+  uint64_t layout_hash;
+  uint8_t last_key[32]; /* key of the last chunk (valid when chunks > 0) */
+} kvti_chunkstore_result;
+
+/* Stores the spill's chain: only missing chunks are written (durably), then
+ * indexed in one transaction. A failure leaves every chunk already indexed as
+ * it was and no row without its file. Returns 0, KVT_EINVAL (a layer cannot
+ * be cut, bad chunk_tokens), KVT_ENOSPC, KVT_EIO, KVT_EDB, KVT_ENOMEM. */
+int kvti_chunkstore_put(kvti_chunkstore *cs, const kvti_chunkstore_spill *sp,
+                        kvti_chunkstore_result *res);
+
+/* Longest stored chain over tokens (kvti_chains_lookup). */
+int kvti_chunkstore_lookup(kvti_chunkstore *cs, const uint8_t *ns,
+                           size_t ns_len, const int32_t *tokens, size_t n,
+                           uint32_t chunk_tokens, kvti_chain_rec *out,
+                           size_t max, size_t *m);
+
+/* Opens chunk rec for reading: the file's key and layout must be the
+ * record's and its tokens must equal tokens (the prompt's rows for this
+ * chunk; NULL: not compared). *fd and *h stay valid until the caller closes
+ * and frees them; the file may be unlinked meanwhile. Returns 0,
+ * KVT_ENOTFOUND (file missing: evicted), KVT_ECORRUPT, KVT_EIO, KVT_ENOMEM. */
+int kvti_chunkstore_open_chunk(kvti_chunkstore *cs, const kvti_chain_rec *rec,
+                               const int32_t *tokens, int *fd,
+                               kvti_chunk_hdr *h);
+
+/* Removes key and every chunk below it (rows first, then files). *n (may be
+ * NULL) receives how many; *bytes (may be NULL) their disk bytes. Returns 0,
+ * KVT_ENOTFOUND, KVT_EDB, KVT_ENOMEM. */
+int kvti_chunkstore_remove(kvti_chunkstore *cs, const uint8_t key[32],
+                           size_t *n, uint64_t *bytes);
+
+#endif
