@@ -21,6 +21,7 @@
 #include "index/chain.h"
 #include "index/index.h"
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -94,5 +95,50 @@ int kvti_chunkstore_open_chunk(kvti_chunkstore *cs, const kvti_chain_rec *rec,
  * KVT_ENOTFOUND, KVT_EDB, KVT_ENOMEM. */
 int kvti_chunkstore_remove(kvti_chunkstore *cs, const uint8_t key[32],
                            size_t *n, uint64_t *bytes);
+
+/* ---- assembling a prefix from chunks (chunks_read.c) ---- */
+
+typedef struct kvti_chunk_read_opts {
+  kvt_alloc_fn alloc; /* NULL: kvtier allocates (kvti_buf_alloc) */
+  kvt_free_fn free_buf;
+  void *alloc_ctx;
+  atomic_int *cancel; /* checked between chunks; NULL = never */
+  /* Rows of the destination tensors (>= m * C): rows [m*C, total_rows) are
+   * left for the caller (the entry's tail). 0 = m * C. */
+  uint64_t total_rows;
+} kvti_chunk_read_opts;
+
+/* The assembled layers of a chain: layers[k] is spill layer layer_idx[k]
+ * (kind KV, rotating KV or quantized KV; offset = total_rows; bits and
+ * group_size set; rotating attributes absent: the entry has them). */
+typedef struct kvti_chunk_prefix {
+  kvt_layer *layers;
+  uint32_t *layer_idx;
+  uint32_t n_layers, spill_layers;
+  uint64_t bytes_read; /* file bytes read */
+  int caller_alloc;
+} kvti_chunk_prefix;
+
+/* Reads chunks recs[0, m) (a chain from kvti_chunkstore_lookup over tokens)
+ * into freshly allocated full tensors, verifying every chunk (key, layout,
+ * tokens against tokens[i*C, (i+1)*C), every block) before its rows are
+ * copied. All buffers are allocated (alloc) before the first read. Chunk
+ * files are opened one at a time and read through their descriptor, so an
+ * eviction may unlink them meanwhile. Returns 0, KVT_ENOTFOUND (a chunk file
+ * vanished: evicted), KVT_ECORRUPT (the message names the chunk; *bad_index
+ * (may be NULL) receives its position), KVT_EIO, KVT_ENOMEM, KVT_ECANCELED,
+ * KVT_EINVAL. On failure nothing is returned (buffers freed through
+ * free_buf). */
+int kvti_chunkstore_read_prefix(kvti_chunkstore *cs, const kvti_chain_rec *recs,
+                                size_t m, const int32_t *tokens,
+                                const kvti_chunk_read_opts *o,
+                                kvti_chunk_prefix *out, size_t *bad_index);
+/* Frees what read_prefix returned (buffers through free_buf when the caller
+ * allocated them). Accepts a zeroed prefix. */
+void kvti_chunk_prefix_free(kvti_chunk_prefix *p,
+                            const kvti_chunk_read_opts *o);
+/* Bytes a read of m chunks of chain recs allocates: the sum of the chunks'
+ * tensor bytes (mem_bytes), i.e. exactly what promote reserves. */
+uint64_t kvti_chunk_prefix_bytes(const kvti_chain_rec *recs, size_t m);
 
 #endif

@@ -345,6 +345,137 @@ static void test_remove_lru(void) {
   free(dir);
 }
 
+/* Caller allocator: counts live buffers. */
+static int g_live;
+static void *t_alloc(void *ctx, uint32_t layer, uint32_t tensor,
+                     const kvt_tensor *d) {
+  (void)ctx;
+  (void)layer;
+  (void)tensor;
+  g_live++;
+  return malloc(d->nbytes ? d->nbytes : 1);
+}
+static void t_free(void *ctx, void *buf) {
+  (void)ctx;
+  g_live--;
+  free(buf);
+}
+
+/* Rows [0, rows) of every tensor of the prefix equal the spill's. */
+static int prefix_eq(const kvti_chunk_prefix *p, const spill *s,
+                     uint64_t rows) {
+  for (uint32_t i = 0; i < p->n_layers; i++) {
+    const kvt_layer *a = &p->layers[i], *b = &s->l[p->layer_idx[i]];
+    if (a->kind != b->kind || a->num_tensors != b->num_tensors)
+      return 0;
+    for (uint32_t j = 0; j < a->num_tensors; j++) {
+      const kvt_tensor *x = &a->tensors[j], *y = &b->tensors[j];
+      uint64_t outer = 1, row = kvt_dtype_size((kvt_dtype)y->dtype);
+      for (uint32_t d = 0; d + 2 < y->ndim; d++)
+        outer *= (uint64_t)y->shape[d];
+      row *= (uint64_t)y->shape[y->ndim - 1];
+      uint64_t TX = (uint64_t)x->shape[x->ndim - 2];
+      uint64_t TY = (uint64_t)y->shape[y->ndim - 2];
+      for (uint64_t o = 0; o < outer; o++)
+        if (memcmp((const uint8_t *)x->data + o * TX * row,
+                   (const uint8_t *)y->data + o * TY * row, rows * row))
+          return 0;
+    }
+  }
+  return 1;
+}
+
+static void test_read_prefix(void) {
+  char *dir = t_join(g_dir, "d");
+  mkdir(dir, 0700);
+  store st;
+  sopen(&st, dir, 0);
+  kvt_rng r = {4};
+  spill s;
+  make(&s, &r, KVT_DTYPE_BF16, NTOK);
+  uint8_t *ns;
+  size_t nsl;
+  REQUIRE(kvti_chunk_ns_encode(&ns, &nsl, "m", NULL) == 0);
+  kvti_chunkstore_spill sp = sp_of(&s, ns, nsl, 150);
+  kvti_chunkstore_result res;
+  REQUIRE(kvti_chunkstore_put(st.cs, &sp, &res) == 0);
+  kvti_chain_rec out[16];
+  size_t m, bad = 99;
+  REQUIRE(kvti_chunkstore_lookup(st.cs, ns, nsl, g_tok, 150, C, out, 16, &m) ==
+          0);
+  CHECK_EQ_INT(m, 9);
+  kvti_chunk_read_opts o = {t_alloc, t_free, NULL, NULL, 0};
+  kvti_chunk_prefix p;
+  g_live = 0;
+  REQUIRE(kvti_chunkstore_read_prefix(st.cs, out, 5, g_tok, &o, &p, &bad) == 0);
+  CHECK_EQ_INT(p.n_layers, 2);
+  CHECK_EQ_INT(p.layers[0].offset, 80);
+  CHECK_EQ_INT(p.layers[0].tensors[0].shape[2], 80);
+  CHECK_EQ_INT(p.layers[1].bits, 4);
+  CHECK(prefix_eq(&p, &s, 80));
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < p.n_layers; i++)
+    for (uint32_t j = 0; j < p.layers[i].num_tensors; j++)
+      sum += p.layers[i].tensors[j].nbytes;
+  CHECK_EQ_INT(sum, kvti_chunk_prefix_bytes(out, 5)); /* what is reserved */
+  CHECK_EQ_INT(g_live, 8);
+  kvti_chunk_prefix_free(&p, &o);
+  CHECK_EQ_INT(g_live, 0);
+  /* Room for a tail: rows beyond the chain are the caller's. */
+  o.total_rows = 150;
+  REQUIRE(kvti_chunkstore_read_prefix(st.cs, out, 9, g_tok, &o, &p, &bad) == 0);
+  CHECK_EQ_INT(p.layers[0].tensors[1].shape[2], 150);
+  CHECK(prefix_eq(&p, &s, 144));
+  kvti_chunk_prefix_free(&p, &o);
+  o.total_rows = 0;
+  /* The prompt's tokens differ in chunk 3: refused, nothing handed out. */
+  int32_t q[150];
+  memcpy(q, g_tok, sizeof q);
+  q[50] ^= 1;
+  CHECK(kvti_chunkstore_read_prefix(st.cs, out, 5, q, &o, &p, &bad) ==
+        KVT_ECORRUPT);
+  CHECK_EQ_INT(bad, 3);
+  CHECK_EQ_INT(g_live, 0);
+  /* A flipped data byte in chunk 2. */
+  char path[4096];
+  REQUIRE(kvti_chunkstore_path(st.cs, out[2].key, path, sizeof path) == 0);
+  size_t n;
+  char *b = kvt_test_read_file(path, &n);
+  REQUIRE(b);
+  b[n - 5] ^= 0x10;
+  t_write_all(path, b, n);
+  CHECK(kvti_chunkstore_read_prefix(st.cs, out, 5, g_tok, &o, &p, &bad) ==
+        KVT_ECORRUPT);
+  CHECK_EQ_INT(bad, 2);
+  CHECK_EQ_INT(g_live, 0);
+  /* Two chunks are still fine. */
+  CHECK(kvti_chunkstore_read_prefix(st.cs, out, 2, g_tok, &o, &p, &bad) == 0);
+  kvti_chunk_prefix_free(&p, &o);
+  /* A vanished file (evicted under the reader) is a miss, not corruption. */
+  b[n - 5] ^= 0x10;
+  t_write_all(path, b, n);
+  free(b);
+  REQUIRE(kvti_chunkstore_path(st.cs, out[4].key, path, sizeof path) == 0);
+  unlink(path);
+  CHECK(kvti_chunkstore_read_prefix(st.cs, out, 5, g_tok, &o, &p, &bad) ==
+        KVT_ENOTFOUND);
+  CHECK_EQ_INT(g_live, 0);
+  /* Not a chain. */
+  kvti_chain_rec two[2] = {out[0], out[2]};
+  CHECK(kvti_chunkstore_read_prefix(st.cs, two, 2, g_tok, &o, &p, &bad) ==
+        KVT_EINVAL);
+  /* Cancelled. */
+  atomic_int cancel = 1;
+  o.cancel = &cancel;
+  CHECK(kvti_chunkstore_read_prefix(st.cs, out, 2, g_tok, &o, &p, &bad) ==
+        KVT_ECANCELED);
+  CHECK_EQ_INT(g_live, 0);
+  sclose(&st);
+  kvti_free(ns);
+  unmake(&s);
+  free(dir);
+}
+
 int main(void) {
   g_dir = kvt_test_tmpdir("chunkstore");
   kvt_rng r = {99};
@@ -353,5 +484,6 @@ int main(void) {
   RUN(test_put_dedup_lookup);
   RUN(test_offsets_limit);
   RUN(test_remove_lru);
+  RUN(test_read_prefix);
   return kvt_test_done();
 }
