@@ -40,8 +40,8 @@ struct kvti_chains {
 };
 
 static const char CHUNKS_SQL[] =
-    "CREATE TABLE IF NOT EXISTS kvtier_chunks (chunk_key TEXT PRIMARY KEY, "
-    "parent_key TEXT NOT NULL, chunk_index INTEGER NOT NULL, num_tokens "
+    "CREATE TABLE IF NOT EXISTS kvtier_chunks (chunk_key BLOB PRIMARY KEY, "
+    "parent_key BLOB NOT NULL, chunk_index INTEGER NOT NULL, num_tokens "
     "INTEGER NOT NULL, layout_hash INTEGER NOT NULL, ck_lo INTEGER NOT NULL, "
     "ck_hi INTEGER NOT NULL, disk_bytes INTEGER NOT NULL, memory_bytes "
     "INTEGER NOT NULL, created_at REAL NOT NULL, accessed_at REAL NOT NULL, "
@@ -56,7 +56,7 @@ static const char UPD_SQL[] =
 static const char LOAD_SQL[] =
     "SELECT chunk_key, parent_key, chunk_index, num_tokens, layout_hash, "
     "ck_lo, ck_hi, disk_bytes, memory_bytes, created_at, accessed_at, pure "
-    "FROM kvtier_chunks ORDER BY chunk_index";
+    "FROM kvtier_chunks";
 
 static uint64_t key64(const uint8_t k[32]) {
   uint64_t v;
@@ -134,10 +134,12 @@ static void del_node(kvti_chains *c, uint32_t id1) {
 
 /* ---- SQL ---- */
 
+/* Keys are stored as 32-byte blobs (half the size of hex, no parsing at
+ * open). buf is unused (kept so callers own no lifetime question). */
 static int bind_key(sqlite3_stmt *s, int col, const uint8_t k[32],
                     char buf[65]) {
-  kvti_idx_hex(buf, k);
-  return sqlite3_bind_text(s, col, buf, 64, SQLITE_STATIC);
+  (void)buf;
+  return sqlite3_bind_blob(s, col, k, 32, SQLITE_STATIC);
 }
 
 static int run(kvti_chains *c, sqlite3_stmt *s, const char *what) {
@@ -229,29 +231,57 @@ static int row_u64(sqlite3_stmt *s, int col, uint64_t *out) {
   return 0;
 }
 
-/* Loads the table. Orphans (parent not loaded) are collected in *orph. */
+static int push_orph(uint8_t (**orph)[32], size_t *norph, size_t *cap,
+                     const uint8_t key[32]) {
+  if (*norph == *cap) {
+    size_t nc = *cap ? *cap * 2 : 16;
+    void *np = kvti_realloc(*orph, nc * 32);
+    if (!np)
+      return KVT_ERR_NOMEM();
+    *orph = np;
+    *cap = nc;
+  }
+  memcpy((*orph)[(*norph)++], key, 32);
+  return 0;
+}
+
+/* Loads the table: rows in storage order (no sort), then parents resolved by
+ * key, then reachability from a chain's first chunk. Unreachable rows (parent
+ * missing, wrong index or layout) are collected in *orph and left out. */
 static int load(kvti_chains *c, uint8_t (**orph)[32], size_t *norph) {
   sqlite3_stmt *s = NULL;
-  int rc = sqlite3_prepare_v2(c->idx->db, LOAD_SQL, -1, &s, NULL);
+  int rc = sqlite3_prepare_v2(c->idx->db, "SELECT COUNT(*) FROM kvtier_chunks",
+                              -1, &s, NULL);
   if (rc != SQLITE_OK)
+    return kvti_idx_db_err(c->idx, rc, "count kvtier_chunks");
+  uint64_t total =
+      sqlite3_step(s) == SQLITE_ROW ? (uint64_t)sqlite3_column_int64(s, 0) : 0;
+  sqlite3_finalize(s);
+  int ret = reserve_nodes(c, (size_t)(total < UINT32_MAX ? total : 0));
+  if (ret)
+    return ret;
+  if ((rc = sqlite3_prepare_v2(c->idx->db, LOAD_SQL, -1, &s, NULL)) !=
+      SQLITE_OK)
     return kvti_idx_db_err(c->idx, rc, "load kvtier_chunks");
   size_t cap = 0;
-  int ret = 0;
   while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
     kvti_chain_rec r;
     memset(&r, 0, sizeof r);
-    const char *k = (const char *)sqlite3_column_text(s, 0);
-    const char *p = (const char *)sqlite3_column_text(s, 1);
     uint64_t idxv, nt, ck_lo, ck_hi, lay, disk, mem, pure;
-    if (kvti_idx_unhex(r.key, k) || kvti_idx_unhex(r.parent, p) ||
-        row_u64(s, 2, &idxv) || row_u64(s, 3, &nt) || row_u64(s, 4, &lay) ||
-        row_u64(s, 5, &ck_lo) || row_u64(s, 6, &ck_hi) ||
-        row_u64(s, 7, &disk) || row_u64(s, 8, &mem) || row_u64(s, 11, &pure) ||
-        pure > 1 || nt == 0 || nt > KVTI_CHUNK_MAX_TOKENS || disk > INT64_MAX ||
-        mem > INT64_MAX || !kvti_idx_num_ok(s, 9) || !kvti_idx_num_ok(s, 10)) {
+    if (sqlite3_column_type(s, 0) != SQLITE_BLOB ||
+        sqlite3_column_bytes(s, 0) != 32 ||
+        sqlite3_column_type(s, 1) != SQLITE_BLOB ||
+        sqlite3_column_bytes(s, 1) != 32 || row_u64(s, 2, &idxv) ||
+        row_u64(s, 3, &nt) || row_u64(s, 4, &lay) || row_u64(s, 5, &ck_lo) ||
+        row_u64(s, 6, &ck_hi) || row_u64(s, 7, &disk) || row_u64(s, 8, &mem) ||
+        row_u64(s, 11, &pure) || pure > 1 || nt == 0 ||
+        nt > KVTI_CHUNK_MAX_TOKENS || disk > INT64_MAX || mem > INT64_MAX ||
+        !kvti_idx_num_ok(s, 9) || !kvti_idx_num_ok(s, 10)) {
       c->idx->skipped++;
       continue; /* a damaged row: never served (files are checked anyway) */
     }
+    memcpy(r.key, sqlite3_column_blob(s, 0), 32);
+    memcpy(r.parent, sqlite3_column_blob(s, 1), 32);
     r.index = idxv;
     r.n_tokens = (uint32_t)nt;
     r.layout_hash = lay;
@@ -261,34 +291,66 @@ static int load(kvti_chains *c, uint8_t (**orph)[32], size_t *norph) {
     r.mem_bytes = mem;
     r.created_at = sqlite3_column_double(s, 9);
     r.accessed_at = sqlite3_column_double(s, 10);
-    uint32_t parent = 0;
-    if (r.index > 0) {
-      parent = find_key(c, r.parent);
-      if (!parent || c->nodes[parent - 1].r.index != r.index - 1 ||
-          c->nodes[parent - 1].r.layout_hash != r.layout_hash) {
-        if (*norph == cap) {
-          size_t nc = cap ? cap * 2 : 16;
-          void *np = kvti_realloc(*orph, nc * 32);
-          if (!np) {
-            ret = KVT_ERR_NOMEM();
-            break;
-          }
-          *orph = np;
-          cap = nc;
-        }
-        memcpy((*orph)[(*norph)++], r.key, 32);
-        continue;
-      }
-    }
-    if (find_key(c, r.key))
-      continue;
+    /* Keys are the table's primary key: no duplicates to check for. */
     if ((ret = reserve_nodes(c, 1)) != 0)
       break;
-    add_node(c, &r, parent);
+    add_node(c, &r, 0);
   }
   if (ret == 0 && rc != SQLITE_DONE)
     ret = kvti_idx_db_err(c->idx, rc, "load kvtier_chunks");
   sqlite3_finalize(s);
+  if (ret)
+    return ret;
+  /* Parents. */
+  for (uint32_t i = 0; i < c->n; i++) {
+    node *x = &c->nodes[i];
+    if (!x->live || x->r.index == 0)
+      continue;
+    uint32_t p = find_key(c, x->r.parent);
+    if (p && c->nodes[p - 1].r.index == x->r.index - 1 &&
+        c->nodes[p - 1].r.layout_hash == x->r.layout_hash) {
+      x->parent = p;
+      c->nodes[p - 1].children++;
+    }
+  }
+  /* Reachability (state in dirty: 0 unknown, 1 reachable, 2 not; reset after):
+   * each node's path up is walked once thanks to the memo. */
+  uint32_t *path = kvti_malloc(((size_t)c->n + 1) * sizeof *path);
+  if (!path)
+    return KVT_ERR_NOMEM();
+  for (uint32_t i = 0; i < c->n; i++) {
+    size_t np = 0;
+    uint32_t id = i + 1;
+    uint8_t st = 0;
+    while (c->nodes[id - 1].live && !(st = c->nodes[id - 1].dirty)) {
+      path[np++] = id;
+      const node *x = &c->nodes[id - 1];
+      if (x->r.index == 0) {
+        st = 1;
+        break;
+      }
+      if (!x->parent) {
+        st = 2;
+        break;
+      }
+      id = x->parent;
+    }
+    while (np)
+      c->nodes[path[--np] - 1].dirty = st ? st : 2;
+  }
+  kvti_free(path);
+  for (uint32_t i = 0; i < c->n && ret == 0; i++) {
+    node *x = &c->nodes[i];
+    if (x->live && x->dirty == 2 &&
+        (ret = push_orph(orph, norph, &cap, x->r.key)) == 0)
+      x->dirty = 3; /* to delete below */
+  }
+  /* Children before parents does not matter: all of them go. */
+  for (uint32_t i = 0; i < c->n && ret == 0; i++)
+    if (c->nodes[i].live && c->nodes[i].dirty == 3)
+      del_node(c, i + 1);
+  for (uint32_t i = 0; i < c->n; i++)
+    c->nodes[i].dirty = 0;
   return ret;
 }
 
