@@ -135,8 +135,10 @@ int kvti_chunk_layer_ok(const kvt_layer *l, uint64_t rows) {
     return 0;
   if (l->num_tensors != layer_tensors(l->kind))
     return 0;
-  /* Token i is row i: only rows below offset are valid KV. */
-  if (l->offset == KVT_ABSENT || l->offset < 0 || (uint64_t)l->offset < rows)
+  /* Token i is row i: only rows below offset are valid KV (a quantized layer
+   * without an offset holds every row, as compat mode reads it). */
+  if (l->offset == KVT_ABSENT ? l->kind != KVT_LAYER_QUANTIZED_KV
+                              : l->offset < 0 || (uint64_t)l->offset < rows)
     return 0;
   if (l->kind == KVT_LAYER_ROTATING_KV) {
     /* Wrapped rotating caches hold rows out of token order: not cuttable. */

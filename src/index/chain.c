@@ -36,7 +36,12 @@ struct kvti_chains {
   uint32_t *dirty;
   size_t ndirty, capdirty;
   sqlite3_stmt *ins, *del, *upd;
+  sqlite3_stmt *e_put, *e_del;
   kvti_chains_totals tot;
+  /* Entries over chains (few: one per entry end). */
+  kvti_chained_entry *ents;
+  size_t n_ents, cap_ents;
+  kvti_hm byent; /* hash[0..8) -> index in ents */
 };
 
 static const char CHUNKS_SQL[] =
@@ -53,6 +58,18 @@ static const char INS_SQL[] =
 static const char DEL_SQL[] = "DELETE FROM kvtier_chunks WHERE chunk_key = ?";
 static const char UPD_SQL[] =
     "UPDATE kvtier_chunks SET accessed_at = ? WHERE chunk_key = ?";
+static const char ENT_SQL[] =
+    "CREATE TABLE IF NOT EXISTS kvtier_chained_entries (token_hash BLOB "
+    "PRIMARY KEY, chunks INTEGER NOT NULL, chunk_tokens INTEGER NOT NULL, "
+    "last_key BLOB NOT NULL, layout_hash INTEGER NOT NULL)";
+static const char EPUT_SQL[] =
+    "INSERT OR REPLACE INTO kvtier_chained_entries (token_hash, chunks, "
+    "chunk_tokens, last_key, layout_hash) VALUES (?,?,?,?,?)";
+static const char EDEL_SQL[] =
+    "DELETE FROM kvtier_chained_entries WHERE token_hash = ?";
+static const char ELOAD_SQL[] = "SELECT token_hash, chunks, chunk_tokens, "
+                                "last_key, layout_hash FROM "
+                                "kvtier_chained_entries";
 static const char LOAD_SQL[] =
     "SELECT chunk_key, parent_key, chunk_index, num_tokens, layout_hash, "
     "ck_lo, ck_hi, disk_bytes, memory_bytes, created_at, accessed_at, pure "
@@ -354,6 +371,142 @@ static int load(kvti_chains *c, uint8_t (**orph)[32], size_t *norph) {
   return ret;
 }
 
+static int ent_add(kvti_chains *c, const kvti_chained_entry *e) {
+  uint64_t k;
+  memcpy(&k, e->hash, 8);
+  size_t pos = 0;
+  kvti_hm_slot *sl;
+  while ((sl = kvti_hm_next(&c->byent, kvti_hm_key(k), &pos)))
+    if (!memcmp(c->ents[sl->val].hash, e->hash, 32)) {
+      c->ents[sl->val] = *e;
+      return 0;
+    }
+  if (c->n_ents == c->cap_ents) {
+    size_t nc = c->cap_ents ? c->cap_ents * 2 : 64;
+    kvti_chained_entry *ne = kvti_realloc(c->ents, nc * sizeof *ne);
+    if (!ne)
+      return KVT_ERR_NOMEM();
+    c->ents = ne;
+    c->cap_ents = nc;
+  }
+  if (kvti_hm_add(&c->byent, kvti_hm_key(k), c->n_ents))
+    return KVT_ERR_NOMEM();
+  c->ents[c->n_ents++] = *e;
+  return 0;
+}
+
+static void ent_del(kvti_chains *c, const uint8_t hash[32]) {
+  uint64_t k;
+  memcpy(&k, hash, 8);
+  size_t pos = 0;
+  kvti_hm_slot *sl;
+  while ((sl = kvti_hm_next(&c->byent, kvti_hm_key(k), &pos))) {
+    size_t i = sl->val;
+    if (memcmp(c->ents[i].hash, hash, 32))
+      continue;
+    kvti_hm_remove_slot(&c->byent, sl);
+    size_t last = --c->n_ents;
+    if (i != last) {
+      /* Move the last record into the hole and repoint its map slot. */
+      uint64_t lk;
+      memcpy(&lk, c->ents[last].hash, 8);
+      size_t p2 = 0;
+      kvti_hm_slot *s2;
+      while ((s2 = kvti_hm_next(&c->byent, kvti_hm_key(lk), &p2)))
+        if (s2->val == last) {
+          s2->val = i;
+          break;
+        }
+      c->ents[i] = c->ents[last];
+    }
+    return;
+  }
+}
+
+static int load_entries(kvti_chains *c) {
+  sqlite3_stmt *s = NULL;
+  int rc = sqlite3_prepare_v2(c->idx->db, ELOAD_SQL, -1, &s, NULL);
+  if (rc != SQLITE_OK) /* a read-only index of an older build: none */
+    return 0;
+  int ret = 0;
+  while (ret == 0 && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+    kvti_chained_entry e;
+    uint64_t ch, ct, lay;
+    if (sqlite3_column_type(s, 0) != SQLITE_BLOB ||
+        sqlite3_column_bytes(s, 0) != 32 ||
+        sqlite3_column_type(s, 3) != SQLITE_BLOB ||
+        sqlite3_column_bytes(s, 3) != 32 || row_u64(s, 1, &ch) ||
+        row_u64(s, 2, &ct) || row_u64(s, 4, &lay) || ch == 0 ||
+        ct < KVTI_CHUNK_TOKENS_MIN || ct > KVTI_CHUNK_TOKENS_MAX) {
+      c->idx->skipped++;
+      continue;
+    }
+    memcpy(e.hash, sqlite3_column_blob(s, 0), 32);
+    memcpy(e.last_key, sqlite3_column_blob(s, 3), 32);
+    e.chunks = ch;
+    e.chunk_tokens = (uint32_t)ct;
+    e.layout_hash = lay;
+    ret = ent_add(c, &e);
+  }
+  if (ret == 0 && rc != SQLITE_DONE && rc != SQLITE_ROW)
+    ret = kvti_idx_db_err(c->idx, rc, "load kvtier_chained_entries");
+  sqlite3_finalize(s);
+  return ret;
+}
+
+int kvti_chains_entry_put(kvti_chains *c, const kvti_chained_entry *e) {
+  if (c->idx->readonly || !c->e_put)
+    return KVT_ERR(KVT_EPERM, "chain table: opened read-only");
+  pthread_mutex_lock(&c->idx->db_mu);
+  sqlite3_stmt *s = c->e_put;
+  sqlite3_bind_blob(s, 1, e->hash, 32, SQLITE_STATIC);
+  sqlite3_bind_int64(s, 2, (sqlite3_int64)e->chunks);
+  sqlite3_bind_int64(s, 3, e->chunk_tokens);
+  sqlite3_bind_blob(s, 4, e->last_key, 32, SQLITE_STATIC);
+  sqlite3_bind_int64(s, 5, (sqlite3_int64)e->layout_hash);
+  int rc = run(c, s, "insert kvtier_chained_entries");
+  if (rc == 0) {
+    pthread_rwlock_wrlock(&c->rw);
+    rc = ent_add(c, e);
+    pthread_rwlock_unlock(&c->rw);
+  }
+  pthread_mutex_unlock(&c->idx->db_mu);
+  return rc;
+}
+
+int kvti_chains_entry_get(kvti_chains *c, const uint8_t hash[32],
+                          kvti_chained_entry *out) {
+  uint64_t k;
+  memcpy(&k, hash, 8);
+  pthread_rwlock_rdlock(&c->rw);
+  size_t pos = 0;
+  kvti_hm_slot *sl;
+  int found = 0;
+  while (!found && (sl = kvti_hm_next(&c->byent, kvti_hm_key(k), &pos)))
+    if (!memcmp(c->ents[sl->val].hash, hash, 32)) {
+      found = 1;
+      if (out)
+        *out = c->ents[sl->val];
+    }
+  pthread_rwlock_unlock(&c->rw);
+  return found;
+}
+
+int kvti_chains_entry_del(kvti_chains *c, const uint8_t hash[32]) {
+  if (c->idx->readonly || !c->e_del)
+    return KVT_ERR(KVT_EPERM, "chain table: opened read-only");
+  pthread_mutex_lock(&c->idx->db_mu);
+  sqlite3_bind_blob(c->e_del, 1, hash, 32, SQLITE_STATIC);
+  int rc = run(c, c->e_del, "delete kvtier_chained_entries");
+  if (rc == 0) {
+    pthread_rwlock_wrlock(&c->rw);
+    ent_del(c, hash);
+    pthread_rwlock_unlock(&c->rw);
+  }
+  pthread_mutex_unlock(&c->idx->db_mu);
+  return rc;
+}
+
 void kvti_chains_close(kvti_chains *c) {
   if (!c)
     return;
@@ -365,6 +518,10 @@ void kvti_chains_close(kvti_chains *c) {
   sqlite3_finalize(c->ins);
   sqlite3_finalize(c->del);
   sqlite3_finalize(c->upd);
+  sqlite3_finalize(c->e_put);
+  sqlite3_finalize(c->e_del);
+  kvti_hm_free(&c->byent);
+  kvti_free(c->ents);
   kvti_hm_free(&c->bykey);
   kvti_hm_free(&c->byck);
   kvti_free(c->nodes);
@@ -387,16 +544,19 @@ int kvti_chains_open(kvti_chains **out, kvt_index *idx) {
   int present = 0, rc;
   c->idx = idx;
   pthread_mutex_lock(&idx->db_mu);
-  if (!idx->readonly)
+  if (!idx->readonly) {
     rc = kvti_idx_exec(idx, CHUNKS_SQL, "create kvtier_chunks");
-  else
+    if (rc == 0)
+      rc = kvti_idx_exec(idx, ENT_SQL, "create kvtier_chained_entries");
+  } else {
     rc = 0;
+  }
   if (rc == 0)
     rc = table_present(c, &present);
   if (rc == 0 && present && !idx->readonly) {
-    const char *sql[3] = {INS_SQL, DEL_SQL, UPD_SQL};
-    sqlite3_stmt **st[3] = {&c->ins, &c->del, &c->upd};
-    for (int i = 0; rc == 0 && i < 3; i++) {
+    const char *sql[5] = {INS_SQL, DEL_SQL, UPD_SQL, EPUT_SQL, EDEL_SQL};
+    sqlite3_stmt **st[5] = {&c->ins, &c->del, &c->upd, &c->e_put, &c->e_del};
+    for (int i = 0; rc == 0 && i < 5; i++) {
       int src = sqlite3_prepare_v2(idx->db, sql[i], -1, st[i], NULL);
       if (src != SQLITE_OK)
         rc = kvti_idx_db_err(idx, src, "prepare (chains)");
@@ -404,6 +564,8 @@ int kvti_chains_open(kvti_chains **out, kvt_index *idx) {
   }
   if (rc == 0 && present)
     rc = load(c, &orph, &norph);
+  if (rc == 0 && present)
+    rc = load_entries(c);
   /* Unreachable rows: their chunks can never be served; drop the rows (the
    * files become orphans that gc removes). */
   if (rc == 0 && norph && !idx->readonly && (rc = begin(c)) == 0) {

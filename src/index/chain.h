@@ -84,6 +84,26 @@ int kvti_chains_remove_tree(kvti_chains *c, const uint8_t key[32],
  * order, leaf first. 1 and *rec, or 0 when empty. */
 int kvti_chains_lru_leaf(kvti_chains *c, kvti_chain_rec *rec);
 
+/* ---- entries stored over chains ----
+ * An entry of the chunked native store keeps only its tail (and non-trimmable
+ * layers) in data/<hash>/; this record says which chain holds the rest. It is
+ * written before the entry is published and removed after the entry's files,
+ * so a tail is never read as if it were a whole entry. */
+typedef struct kvti_chained_entry {
+  uint8_t hash[32]; /* SHA-256 of the entry's tokens */
+  uint64_t chunks;  /* full chunks in the chain */
+  uint32_t chunk_tokens;
+  uint8_t last_key[32]; /* key of chunk chunks - 1 */
+  uint64_t layout_hash;
+} kvti_chained_entry;
+/* INSERT OR REPLACE (one transaction). 0, KVT_EPERM, KVT_EDB, KVT_ENOMEM. */
+int kvti_chains_entry_put(kvti_chains *c, const kvti_chained_entry *e);
+/* 1 and *out (may be NULL) when hash has a record, else 0. */
+int kvti_chains_entry_get(kvti_chains *c, const uint8_t hash[32],
+                          kvti_chained_entry *out);
+/* Removes the record (missing is success). 0, KVT_EPERM, KVT_EDB. */
+int kvti_chains_entry_del(kvti_chains *c, const uint8_t hash[32]);
+
 typedef struct kvti_chains_totals {
   uint64_t chunks, disk_bytes, mem_bytes, leaves;
 } kvti_chains_totals;

@@ -100,9 +100,10 @@ static uint64_t valid_rows(const kvti_chunkstore_spill *sp) {
   uint64_t rows = sp->n;
   for (uint32_t i = 0; i < sp->n_layers; i++) {
     const kvt_layer *l = &sp->layers[sp->layer_ids[i]];
-    if (l->offset == KVT_ABSENT || l->offset < 0)
+    if (l->offset == KVT_ABSENT ? l->kind != KVT_LAYER_QUANTIZED_KV
+                                : l->offset < 0)
       return 0;
-    if ((uint64_t)l->offset < rows)
+    if (l->offset != KVT_ABSENT && (uint64_t)l->offset < rows)
       rows = (uint64_t)l->offset;
     for (uint32_t j = 0; j < l->num_tensors; j++) {
       const kvt_tensor *t = &l->tensors[j];

@@ -141,4 +141,49 @@ void kvti_chunk_prefix_free(kvti_chunk_prefix *p,
  * tensor bytes (mem_bytes), i.e. exactly what promote reserves. */
 uint64_t kvti_chunk_prefix_bytes(const kvti_chain_rec *recs, size_t m);
 
+/* ---- entries over chains (chunks_entry.c) ---- */
+
+/* How a spill is cut: layers ids[0, n_ids) give their rows [0, rows) (=
+ * chunks * C) to the chain; the tail snapshot holds everything else. Chunked
+ * layers are the cuttable ones (kvti_chunk_layer_ok) whose tensors all have
+ * the token extent T of the first of them, so a promote allocates every
+ * chunked tensor with T rows at once; rows = the largest multiple of C valid
+ * (below offset) in all of them and within the spill's tokens. */
+typedef struct kvti_chunk_split {
+  uint32_t *ids;
+  uint32_t n_ids;
+  uint64_t rows, T;
+  size_t chunks;
+  /* The tail layers for kvti_snapshot_create: a chunked layer keeps its kind
+   * and attributes (offset included) with tensors of rows [rows, T), copied;
+   * other layers are shallow copies of the caller's. */
+  kvt_layer *tail;
+  uint32_t n_layers;
+} kvti_chunk_split;
+
+/* Cuts layers (validated) of a spill of n_tokens. chunks == 0 means nothing
+ * to chunk (the tail is then the whole spill). Returns 0, KVT_ENOMEM. */
+int kvti_chunk_split_make(kvti_chunk_split *sp, const kvt_layer *layers,
+                          uint32_t n_layers, size_t n_tokens, uint32_t C);
+void kvti_chunk_split_free(kvti_chunk_split *sp); /* accepts a zeroed sp */
+
+/* Completes a tail entry read back (with the same alloc/free_buf as the
+ * prefix) with its chain's prefix, read with total_rows = the tail layers' T
+ * + rows: each chunked layer gets the tail rows copied in after the chain's
+ * and the tail layer's attributes (offset, rotating attributes), and replaces
+ * the tail layer in e. The prefix is consumed (its layers move into e) on
+ * success and on failure (then freed). Returns 0 or KVT_ECORRUPT (the tail
+ * and the chain disagree: kinds, dtypes, shapes, rows). */
+struct kvt_entry;
+int kvti_chunk_join(struct kvt_entry *e, kvti_chunk_prefix *p, uint64_t rows,
+                    const kvti_chunk_read_opts *o);
+
+/* A new entry made of a pure chain's prefix alone (every layer chunked):
+ * tokens = tokens[0, rows), named by their hash, memory_bytes = the bytes
+ * allocated. The prefix is consumed. Returns 0, KVT_ECORRUPT (not pure),
+ * KVT_ENOMEM. */
+int kvti_chunk_prefix_entry(struct kvt_entry **out, kvti_chunk_prefix *p,
+                            const int32_t *tokens, uint64_t rows,
+                            const kvti_chunk_read_opts *o);
+
 #endif
