@@ -61,14 +61,15 @@ static const char UPD_SQL[] =
 static const char ENT_SQL[] =
     "CREATE TABLE IF NOT EXISTS kvtier_chained_entries (token_hash BLOB "
     "PRIMARY KEY, chunks INTEGER NOT NULL, chunk_tokens INTEGER NOT NULL, "
-    "last_key BLOB NOT NULL, layout_hash INTEGER NOT NULL)";
+    "last_key BLOB NOT NULL, layout_hash INTEGER NOT NULL, total_rows "
+    "INTEGER NOT NULL)";
 static const char EPUT_SQL[] =
     "INSERT OR REPLACE INTO kvtier_chained_entries (token_hash, chunks, "
-    "chunk_tokens, last_key, layout_hash) VALUES (?,?,?,?,?)";
+    "chunk_tokens, last_key, layout_hash, total_rows) VALUES (?,?,?,?,?,?)";
 static const char EDEL_SQL[] =
     "DELETE FROM kvtier_chained_entries WHERE token_hash = ?";
 static const char ELOAD_SQL[] = "SELECT token_hash, chunks, chunk_tokens, "
-                                "last_key, layout_hash FROM "
+                                "last_key, layout_hash, total_rows FROM "
                                 "kvtier_chained_entries";
 static const char LOAD_SQL[] =
     "SELECT chunk_key, parent_key, chunk_index, num_tokens, layout_hash, "
@@ -431,13 +432,14 @@ static int load_entries(kvti_chains *c) {
   int ret = 0;
   while (ret == 0 && (rc = sqlite3_step(s)) == SQLITE_ROW) {
     kvti_chained_entry e;
-    uint64_t ch, ct, lay;
+    uint64_t ch, ct, lay, tr;
     if (sqlite3_column_type(s, 0) != SQLITE_BLOB ||
         sqlite3_column_bytes(s, 0) != 32 ||
         sqlite3_column_type(s, 3) != SQLITE_BLOB ||
         sqlite3_column_bytes(s, 3) != 32 || row_u64(s, 1, &ch) ||
-        row_u64(s, 2, &ct) || row_u64(s, 4, &lay) || ch == 0 ||
-        ct < KVTI_CHUNK_TOKENS_MIN || ct > KVTI_CHUNK_TOKENS_MAX) {
+        row_u64(s, 2, &ct) || row_u64(s, 4, &lay) || row_u64(s, 5, &tr) ||
+        ch == 0 || tr < ch * ct || ct < KVTI_CHUNK_TOKENS_MIN ||
+        ct > KVTI_CHUNK_TOKENS_MAX) {
       c->idx->skipped++;
       continue;
     }
@@ -446,6 +448,7 @@ static int load_entries(kvti_chains *c) {
     e.chunks = ch;
     e.chunk_tokens = (uint32_t)ct;
     e.layout_hash = lay;
+    e.total_rows = tr;
     ret = ent_add(c, &e);
   }
   if (ret == 0 && rc != SQLITE_DONE && rc != SQLITE_ROW)
@@ -464,6 +467,7 @@ int kvti_chains_entry_put(kvti_chains *c, const kvti_chained_entry *e) {
   sqlite3_bind_int64(s, 3, e->chunk_tokens);
   sqlite3_bind_blob(s, 4, e->last_key, 32, SQLITE_STATIC);
   sqlite3_bind_int64(s, 5, (sqlite3_int64)e->layout_hash);
+  sqlite3_bind_int64(s, 6, (sqlite3_int64)e->total_rows);
   int rc = run(c, s, "insert kvtier_chained_entries");
   if (rc == 0) {
     pthread_rwlock_wrlock(&c->rw);

@@ -95,6 +95,7 @@ typedef struct kvti_chained_entry {
   uint32_t chunk_tokens;
   uint8_t last_key[32]; /* key of chunk chunks - 1 */
   uint64_t layout_hash;
+  uint64_t total_rows; /* token extent T of the chunked tensors */
 } kvti_chained_entry;
 /* INSERT OR REPLACE (one transaction). 0, KVT_EPERM, KVT_EDB, KVT_ENOMEM. */
 int kvti_chains_entry_put(kvti_chains *c, const kvti_chained_entry *e);
