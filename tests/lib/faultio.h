@@ -1,13 +1,17 @@
 /*
  * faultio.h - the reusable fault-injection harness for the reliability tests.
- * It installs an I/O table (src/base/io.h) that forwards every call to the real one
- * while counting calls per operation, and can make the Nth call of a chosen
+ * It installs an I/O table (src/base/io.h) that forwards every call to the real
+ * one while counting calls per operation, and can make the Nth call of a chosen
  * operation (or every call from the Nth on) fail with a chosen errno (ENOSPC,
  * EIO, EINTR...), transfer only part of the bytes (short read/write), or fail
  * an allocation of the seam's malloc/calloc/realloc. Tests loop N = 1, 2,
  * ... until the armed fault no longer fires, which covers every call site of
- * that operation (the SQLite/curl "fail each site in turn" method). Thread-safe
- * (atomic counters), so the tier's writer and promote threads can run under it.
+ * that operation (the SQLite/curl "fail each site in turn" method). It also
+ * counts the bytes reads return (pread and io_uring completions) and can hold
+ * every pwrite in a stall, so a test can catch the writer mid-entry.
+ * Thread-safe (atomic counters), so the tier's writer and promote threads can
+ * run under it. The one I/O-table harness of the test library (tests/lib), used
+ * by unit and reliability tests alike.
  */
 #ifndef KVT_FAULTIO_H
 #define KVT_FAULTIO_H
@@ -58,11 +62,28 @@ void fio_disarm(void);
 uint64_t fio_fired(void);
 /* Calls of op since install/reset/arm. */
 uint64_t fio_count(fio_op op);
+/* Restricts armed faults to calls about files whose path contains substr
+ * (NULL or "": no restriction): path calls by their path (rename: its source),
+ * descriptor calls by the path the descriptor was opened with; allocations
+ * and directory reads are never targets. The nth of fio_arm then counts only
+ * target calls. Set it before opening the files it should see (descriptors are
+ * classified when opened). E.g. "index.db" aims at the index's database and
+ * WAL, which SQLite reaches through kvtier's VFS (src/sqlvfs.c). */
+void fio_target(const char *substr);
+/* Calls of op about target files since install/reset/arm. */
+uint64_t fio_count_target(fio_op op);
 /* Total faults injected since the process started (for the report). */
 uint64_t fio_total_injected(void);
 const char *fio_op_name(fio_op op);
 /* While set, rename_exchange fails with ENOTSUP (not counted as a fault),
  * forcing the portable two-rename publish path. */
 void fio_set_no_exchange(int on);
+/* Bytes returned by reads (pread and io_uring read completions) since install
+ * (not reset by fio_reset/fio_arm: callers take differences). */
+uint64_t fio_bytes_read(void);
+/* While on, every pwrite blocks before it runs; off releases them. */
+void fio_stall_set(int on);
+/* Waits until a pwrite is blocked in the stall. */
+void fio_stall_wait_blocked(void);
 
 #endif
