@@ -182,10 +182,62 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
   if (unhex(h, hash) != 0 ||
       !kvti_chains_entry_get(kvti_chunkstore_chains(c->cs), h, &ce))
     return be->ops->get(be, out, hash, o);
-  if (o->keep_tokens || o->verify_only)
-    return KVT_ERR(KVT_EUNSUPPORTED,
-                   "trimmed or verify-only reads of chained entries are not "
-                   "implemented yet");
+  if (o->verify_only) {
+    /* Everything read and verified into kvtier's own buffers, then freed. */
+    kvti_read_opts v = *o;
+    v.verify_only = 0;
+    v.alloc = NULL;
+    v.free_buf = NULL;
+    v.on_layer = NULL;
+    kvt_entry *tmp = NULL;
+    int vrc = kvti_chunked_get(c, be, &tmp, hash, &v, bad_chunk, chunk_bad);
+    kvt_entry_free(tmp);
+    if (out)
+      *out = NULL;
+    return vrc;
+  }
+  if (o->keep_tokens) {
+    /* Trimmed: served from the chain alone when the kept tokens lie within
+     * it and the chain holds every layer (a trim needs every layer
+     * trimmable anyway). */
+    uint64_t rows = ce.chunks * ce.chunk_tokens;
+    if (o->keep_tokens > rows || !o->tokens || o->n_tokens < o->keep_tokens)
+      return KVT_ERR(KVT_EUNSUPPORTED,
+                     "trimmed read of a chained entry beyond its chain (%llu "
+                     "> %llu tokens) is not supported",
+                     (unsigned long long)o->keep_tokens,
+                     (unsigned long long)rows);
+    size_t k =
+        (size_t)((o->keep_tokens + ce.chunk_tokens - 1) / ce.chunk_tokens);
+    kvti_chain_rec *r = kvti_malloc(k * sizeof *r);
+    size_t m = 0;
+    int trc = r ? kvti_chunkstore_lookup(c->cs, c->ns, c->ns_len, o->tokens,
+                                         (size_t)(k * ce.chunk_tokens),
+                                         ce.chunk_tokens, r, k, &m)
+                : KVT_ERR_NOMEM();
+    if (trc == 0 && (m != k || r[0].layout_hash != ce.layout_hash))
+      trc = KVT_ERR(KVT_ENOTFOUND, "chain incomplete (evicted)");
+    if (trc == 0 && !r[0].pure)
+      trc = KVT_ERR(KVT_EUNSUPPORTED,
+                    "trimmed read: the chain does not hold every layer");
+    kvti_chunk_read_opts ro = {o->alloc, o->free_buf, o->alloc_ctx, o->cancel,
+                               o->keep_tokens};
+    kvti_chunk_prefix p;
+    size_t bad = 0;
+    if (trc == 0) {
+      trc = kvti_chunkstore_read_prefix(c->cs, r, m, o->tokens, &ro, &p, &bad);
+      note_bad(r, bad, trc, bad_chunk, chunk_bad);
+    }
+    kvt_entry *e = NULL;
+    if (trc == 0)
+      trc = kvti_chunk_prefix_entry(&e, &p, o->tokens, o->keep_tokens, &ro);
+    kvti_free(r);
+    if (trc)
+      return trc;
+    fire(e, o);
+    *out = e;
+    return 0;
+  }
   kvti_read_opts o2 = *o;
   o2.on_layer = NULL;
   kvt_entry *e = NULL;

@@ -103,8 +103,10 @@ typedef struct kvti_chunk_read_opts {
   kvt_free_fn free_buf;
   void *alloc_ctx;
   atomic_int *cancel; /* checked between chunks; NULL = never */
-  /* Rows of the destination tensors (>= m * C): rows [m*C, total_rows) are
-   * left for the caller (the entry's tail). 0 = m * C. */
+  /* Rows of the destination tensors: > m * C leaves rows [m*C, total_rows)
+   * for the caller (the entry's tail); in ((m-1)*C, m*C) keeps only the first
+   * total_rows (a trimmed read; the whole last chunk is still verified).
+   * 0 = m * C. */
   uint64_t total_rows;
 } kvti_chunk_read_opts;
 

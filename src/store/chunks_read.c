@@ -87,7 +87,8 @@ static int make_layers(kvti_chunk_prefix *p, const kvti_chunk_hdr *h,
   return 0;
 }
 
-/* Copies chunk i's rows (data, verified) into the destination. */
+/* Copies chunk i's rows (data, verified) into the destination, clipped to
+ * the destination's rows (a trimmed read keeps only the first of them). */
 static void place(kvti_chunk_prefix *p, const kvti_chunk_hdr *h,
                   const uint8_t *data, uint64_t row0) {
   for (uint32_t i = 0; i < h->n_layers; i++) {
@@ -100,9 +101,10 @@ static void place(kvti_chunk_prefix *p, const kvti_chunk_hdr *h,
         outer *= (uint64_t)ct->shape[d];
       row *= (uint64_t)ct->shape[ct->ndim - 1];
       uint64_t T = (uint64_t)t->shape[t->ndim - 2], n = h->n_tokens;
-      for (uint64_t o = 0; o < outer && row; o++)
+      uint64_t k = row0 >= T ? 0 : (T - row0 < n ? T - row0 : n);
+      for (uint64_t o = 0; o < outer && row && k; o++)
         memcpy((uint8_t *)t->data + (o * T + row0) * row,
-               data + ct->off + o * n * row, n * row);
+               data + ct->off + o * n * row, k * row);
     }
   }
 }
@@ -116,8 +118,9 @@ int kvti_chunkstore_read_prefix(kvti_chunkstore *cs, const kvti_chain_rec *recs,
   memset(out, 0, sizeof *out);
   uint32_t C = recs[0].n_tokens;
   uint64_t rows = (uint64_t)m * C;
-  if (o->total_rows && o->total_rows < rows)
-    return KVT_ERR(KVT_EINVAL, "chunked prefix: total_rows below the chain");
+  if (o->total_rows && o->total_rows <= rows - C)
+    return KVT_ERR(KVT_EINVAL, "chunked prefix: total_rows leaves a chunk "
+                               "unused");
   if (o->total_rows)
     rows = o->total_rows;
   for (size_t i = 0; i < m; i++)

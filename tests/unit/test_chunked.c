@@ -135,6 +135,32 @@ static void test_conversations(void) {
     kvt_entry_free(e);
     CHECK_EQ_INT(g_live, 0);
   }
+  /* Trimmed read (keep 40 of 104 tokens): from the chain alone. */
+  {
+    char h0[65];
+    kvt_token_hash(h0, tok[0], 104);
+    kvti_read_opts to = {0};
+    to.tokens = tok[0];
+    to.n_tokens = 104;
+    to.keep_tokens = 40;
+    kvt_entry *te = NULL;
+    REQUIRE(kvti_chunked_get(v.ck, v.be, &te, h0, &to, NULL, NULL) == 0);
+    CHECK_EQ_INT(te->n_tokens, 40);
+    CHECK_EQ_INT(te->layers[1].offset, 40);
+    CHECK_EQ_INT(te->layers[1].tensors[3].shape[2], 40);
+    const kvt_tensor *x = &te->layers[0].tensors[1], *y = &l[0][0].tensors[1];
+    CHECK(memcmp((uint8_t *)x->data + 40 * 16, (uint8_t *)y->data + 128 * 16,
+                 40 * 16) == 0);
+    kvt_entry_free(te);
+    to.keep_tokens = 100; /* beyond the chain's 96 tokens */
+    CHECK(kvti_chunked_get(v.ck, v.be, &te, h0, &to, NULL, NULL) ==
+          KVT_EUNSUPPORTED);
+    to.keep_tokens = 0;
+    to.verify_only = 1;
+    te = (kvt_entry *)1;
+    CHECK(kvti_chunked_get(v.ck, v.be, &te, h0, &to, NULL, NULL) == 0);
+    CHECK(te == NULL);
+  }
   /* A new prompt: the system prompt's first 50 tokens + others: 3 chunks. */
   int32_t q[80];
   memcpy(q, tok[0], 50 * 4);
