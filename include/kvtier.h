@@ -240,7 +240,18 @@ typedef enum kvt_io_backend {
 typedef void (*kvt_spill_done_fn)(void *ctx, const char *token_hash,
                                   int status);
 
-#define KVT_OPTIONS_VERSION 1
+/** Versioned public structs (kvt_options, kvt_stats, kvt_promote_opts,
+ *  kvt_gc_opts): the first field is the version of the header the caller was
+ *  built with. Fields are only ever appended, and each append raises the
+ *  struct's version, so the library knows how much of the caller's struct
+ *  exists: fields newer than the caller's version take their defaults (input
+ *  structs) or are not written (output structs). Fill them with their _INIT
+ *  macro (C99 designated initialisers, naming each default once) or, where
+ *  there is one, their _init() function (any language: the way for C++
+ *  before C++20 and for bindings). */
+
+/** kvt_options versions: 1 (up to remote_flags), 2 (+ read_threads). */
+#define KVT_OPTIONS_VERSION 2
 
 /** Tier options; mirrors the reference's SSDCacheConfig plus kvtier's own. */
 typedef struct kvt_options {
@@ -298,6 +309,12 @@ typedef struct kvt_options {
    *  limit is 512 MiB). 4 KiB .. 512 MiB. 16 MiB */
   uint64_t remote_chunk_bytes;
   uint32_t remote_flags; /* KVT_REMOTE_* flags. 0 */
+  /* ---- version 2 ---- */
+  /** Threads reading the layers of one entry in a promote (the caller's plus
+   *  helpers; entries of fewer than 4 layers use one), 0..8. 0 = the default:
+   *  the KVT_READ_THREADS environment variable (1..8, read once per process)
+   *  when set, else 2. A value > 0 wins over the environment. 0 */
+  uint32_t read_threads;
 } kvt_options;
 
 /** Where entries live (kvt_options.remote_mode). */
@@ -316,19 +333,29 @@ typedef enum kvt_remote_mode {
 /** kvt_options.remote_flags: do not keep a local copy of remote hits. */
 #define KVT_REMOTE_NO_LOCAL_COPY 0x1u
 
+/** The defaults, by field name: a new option is added here and in the struct
+ *  only. C99 designated initialisers; from C++ use kvt_options_init(). Fields
+ *  not named are 0/NULL. */
 #define KVT_OPTIONS_INIT                                                       \
   {                                                                            \
-    KVT_OPTIONS_VERSION, NULL, NULL, 10.0, 10000, 0600, 0700, 64, 0, 0,        \
-        KVT_STORAGE_NATIVE, KVT_DURABILITY_FSYNC, KVT_IO_AUTO, 2, 16, 0, NULL, \
-        NULL, KVT_LOG_WARN, NULL, NULL, NULL, KVT_REMOTE_LOCAL, NULL, 1000,    \
-        64, 16u << 20, 0                                                       \
+    .version = KVT_OPTIONS_VERSION, .max_size_gb = 10.0, .max_entries = 10000, \
+    .file_mode = 0600, .dir_mode = 0700, .spill_queue_size = 64,               \
+    .spill_queue_bytes = 0, .retention_seconds = 0,                            \
+    .storage_mode = KVT_STORAGE_NATIVE, .durability = KVT_DURABILITY_FSYNC,    \
+    .io_backend = KVT_IO_AUTO, .promote_threads = 2, .quarantine_max = 16,     \
+    .log_level = KVT_LOG_WARN, .remote_mode = KVT_REMOTE_LOCAL,                \
+    .remote_timeout_ms = 1000, .remote_queue_size = 64,                        \
+    .remote_chunk_bytes = 16u << 20, .read_threads = 0                         \
   }
 
-/** Fills opts with the defaults of KVT_OPTIONS_INIT. Returns 0, or KVT_EINVAL
- *  for a NULL opts or a version this library does not know. */
+/** Fills opts with the defaults of KVT_OPTIONS_INIT for the given version
+ *  (the caller's KVT_OPTIONS_VERSION: only that version's fields are
+ *  written). Returns 0, or KVT_EINVAL for a NULL opts or a version this
+ *  library does not know. */
 KVT_API int kvt_options_init(kvt_options *opts, unsigned int version);
 /** Checks every field as the reference's SSDCacheConfig.__post_init__ does
- *  and more. Returns 0, or KVT_EINVAL with a message naming the field, e.g.
+ *  and more (fields newer than opts->version count as their defaults).
+ *  Returns 0, or KVT_EINVAL with a message naming the field, e.g.
  *  "max_size_gb must be > 0, got -1". */
 KVT_API int kvt_options_validate(const kvt_options *opts);
 /** sizeof(kvt_options), for bindings that mirror the struct. */
@@ -545,10 +572,7 @@ typedef struct kvt_promote_opts {
 } kvt_promote_opts;
 
 #define KVT_PROMOTE_OPTS_INIT                                                  \
-  {                                                                            \
-    KVT_PROMOTE_OPTS_VERSION, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL,     \
-        NULL                                                                   \
-  }
+  { .version = KVT_PROMOTE_OPTS_VERSION }
 KVT_API int kvt_promote_opts_init(kvt_promote_opts *opts, unsigned int version);
 
 /** Synchronous promote, in the reference's order: lookup (a miss counts
@@ -676,7 +700,7 @@ typedef struct kvt_gc_opts {
   int dry_run;
 } kvt_gc_opts;
 #define KVT_GC_OPTS_INIT                                                       \
-  { 1, 0, 0, -1, 0 }
+  { .version = 1, .older_than_seconds = -1 }
 
 /** Applies capacity and retention now (as the writer does after each spill
  *  and the retention sweep does periodically). Counts in *removed and
@@ -729,7 +753,13 @@ KVT_API const char *kvt_tier_dir(const kvt_tier *t);
 /* Stats                                                                    */
 /* ------------------------------------------------------------------------ */
 
+/** kvt_stats versions: 1. */
+#define KVT_STATS_VERSION 1
+
+/** Counters and gauges of a tier (output of kvt_tier_stats). The caller sets
+ *  version (KVT_STATS_INIT or kvt_stats_init) before the call. */
 typedef struct kvt_stats {
+  unsigned int version; /* KVT_STATS_VERSION; set by the caller */
   /* The reference's counters. */
   uint64_t spill_count;
   uint64_t spill_bytes; /* bytes written to disk */
@@ -769,7 +799,20 @@ typedef struct kvt_stats {
                                   not in back-off after a failure */
 } kvt_stats;
 
-/** Snapshot of the counters. Returns 0, KVT_EINVAL. Thread-safe. */
+/** A kvt_stats ready for kvt_tier_stats (C99 designated initialiser). */
+#define KVT_STATS_INIT                                                         \
+  { .version = KVT_STATS_VERSION }
+
+/** Zeroes s and sets its version. Returns 0, or KVT_EINVAL for a NULL s or a
+ *  version this library does not know. */
+KVT_API int kvt_stats_init(kvt_stats *s, unsigned int version);
+/** sizeof(kvt_stats), for bindings that mirror the struct. */
+KVT_API size_t kvt_stats_size(void);
+
+/** Snapshot of the counters into out, whose version the caller has set (the
+ *  fields of that version are written; version is left as it is). Returns 0,
+ *  KVT_EINVAL (NULL argument, or an unknown out->version: initialise it with
+ *  KVT_STATS_INIT or kvt_stats_init). Thread-safe. */
 KVT_API int kvt_tier_stats(kvt_stats *out, kvt_tier *t);
 
 /** Adds delta to a counter by its reference name ("ssd_hits",

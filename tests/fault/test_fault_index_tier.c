@@ -174,7 +174,7 @@ static void spill_with_index_failing(const t_entry *e, const t_entry *e_old,
   CHECK(!kvt_test_exists(path));
   CHECK_EQ_INT(kvt_test_count_dir(data, ".tmp"), 0);
   fio_disarm();
-  kvt_stats st;
+  kvt_stats st = KVT_STATS_INIT;
   CHECK_EQ_INT(kvt_tier_stats(&st, t), 0);
   CHECK_EQ_INT(st.write_failures, 1);
   kvt_entry_info info;

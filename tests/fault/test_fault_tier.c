@@ -147,8 +147,7 @@ static int run_once(const fault *f, uint64_t nth) {
   kvt_tier *t = NULL;
   int rc_open = kvt_tier_open(&t, &o), rc_p2 = 1, rc_p4 = 1, same2 = 0,
       same4 = 0;
-  kvt_stats st;
-  memset(&st, 0, sizeof st);
+  kvt_stats st = KVT_STATS_INIT;
   if (rc_open == 0) {
     kvt_tier_start_writer(t);
     int s3 = t_spill(t, &E3), s1 = t_spill(t, &E1v);

@@ -202,7 +202,7 @@ static void test_reader_during_writes(void) {
       kvt_tier_flush(t, -1);
   }
   CHECK_EQ_INT(wait_code(reader), 0);
-  kvt_stats st;
+  kvt_stats st = KVT_STATS_INIT;
   kvt_tier_stats(&st, t);
   fprintf(
       stderr,

@@ -211,8 +211,7 @@ static kvt_options ropts(const char *tag, const char *url, const char *prefix,
 }
 
 static kvt_stats stats_of(kvt_tier *t) {
-  kvt_stats s;
-  memset(&s, 0, sizeof s);
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   return s;
 }

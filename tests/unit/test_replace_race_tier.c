@@ -130,7 +130,7 @@ static void race_once(int reference, uint64_t seed) {
   CHECK_EQ_INT(atomic_load(&r->bad_layers), 0);
   CHECK_EQ_INT(atomic_load(&r->reported), 6);
   kvt_entry_free(r->got);
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   CHECK_EQ_INT(kvt_tier_stats(&s, t), 0);
   CHECK_EQ_INT(s.promotion_failures, 0);
   CHECK_EQ_INT(s.quarantined, 0);

@@ -32,7 +32,7 @@ static void test_capacity_by_count(void) {
     CHECK_EQ_INT(kvt_tier_flush(t, -1), 0); /* distinct accessed_at order */
     usleep(2000);
   }
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.entries, 3);
   CHECK_EQ_INT(s.evictions, 3);
@@ -109,7 +109,7 @@ static void test_capacity_by_disk_bytes(void) {
     CHECK_EQ_INT(kvt_tier_flush(t, -1), 0);
     usleep(2000);
   }
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.entries, 3);
   CHECK_EQ_INT(s.evictions, 3);
@@ -144,7 +144,7 @@ static void test_gc(void) {
   CHECK_EQ_INT(kvt_tier_gc(t, &g, &n, &nb), 0);
   CHECK_EQ_INT(n, 3);
   CHECK_EQ_INT(nb, bytes[0] + bytes[1] + bytes[2]);
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.entries, 5); /* dry run removed nothing */
   g.dry_run = 0;
@@ -183,7 +183,7 @@ static void test_capacity_boundary(void) {
     CHECK_EQ_INT(kvt_tier_flush(t, -1), 0);
     usleep(2000);
   }
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   CHECK_EQ_INT(kvt_tier_stats(&s, t), 0);
   CHECK_EQ_INT(s.entries, 3);
   const uint64_t total = s.disk_bytes; /* exactly what capacity counts */
@@ -243,7 +243,7 @@ static void test_retention(void) {
   /* The writer's periodic sweep (every 0.25 s for a 1 s retention) removes it
    * and counts it, without any call (gc's expiry path is covered in test_gc).
    */
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   for (int i = 0; i < 40; i++) {
     kvt_tier_stats(&s, t);
     if (s.expirations >= 1)

@@ -301,7 +301,7 @@ static void test_reference_directory(void) {
   kvt_options o = t_opts("refopt");
   o.cache_dir = cache;
   kvt_tier *t = t_open(&o);
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.entries, 3);
   CHECK_EQ_INT(s.reconciled, 0); /* nothing of the reference's was removed */

@@ -96,7 +96,7 @@ static int found(kvt_tier *t, const t_entry *e) {
 }
 
 static uint64_t depth(kvt_tier *t) {
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   REQUIRE(kvt_tier_stats(&s, t) == 0);
   return s.queue_depth;
 }
@@ -136,7 +136,7 @@ static void test_hook_modes(void) {
   h.mode = M_NOTHING;
   REQUIRE(t_spill(t, &e[4]) == 0);
   REQUIRE(kvt_tier_flush(t, 20000) == 0);
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   REQUIRE(kvt_tier_stats(&s, t) == 0);
   CHECK(s.write_failures == 1 && s.spill_count == 3);
   CHECK(!found(t, &e[3]) && !found(t, &e[4]));

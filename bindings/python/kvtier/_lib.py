@@ -87,8 +87,9 @@ REMOTE_NO_LOCAL_COPY = 0x1
 PROMOTE_PREFIX = 0x1
 PROMOTE_NO_TOUCH = 0x2
 
-KVT_OPTIONS_VERSION = 1
+KVT_OPTIONS_VERSION = 2
 KVT_PROMOTE_OPTS_VERSION = 1
+KVT_STATS_VERSION = 1
 
 # --------------------------------------------------------------------------
 # Structs
@@ -135,7 +136,7 @@ class Layer(ctypes.Structure):
 
 
 class Options(ctypes.Structure):
-    """struct kvt_options (KVT_OPTIONS_VERSION 1)."""
+    """struct kvt_options (KVT_OPTIONS_VERSION 2)."""
 
     _fields_ = [
         ("version", ctypes.c_uint),
@@ -167,6 +168,8 @@ class Options(ctypes.Structure):
         ("remote_queue_size", ctypes.c_uint32),
         ("remote_chunk_bytes", ctypes.c_uint64),
         ("remote_flags", ctypes.c_uint32),
+        # Version 2.
+        ("read_threads", ctypes.c_uint32),
     ]
 
 
@@ -211,9 +214,11 @@ class PromoteOpts(ctypes.Structure):
 
 
 class Stats(ctypes.Structure):
-    """struct kvt_stats."""
+    """struct kvt_stats (KVT_STATS_VERSION 1); a new one is ready for
+    kvt_tier_stats (its version is set)."""
 
     _fields_ = [
+        ("version", ctypes.c_uint),
         ("spill_count", ctypes.c_uint64),
         ("spill_bytes", ctypes.c_uint64),
         ("ssd_hits", ctypes.c_uint64),
@@ -245,6 +250,10 @@ class Stats(ctypes.Structure):
         ("remote_queue_depth", ctypes.c_uint64),
         ("remote_available", ctypes.c_uint64),
     ]
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        kw.setdefault("version", KVT_STATS_VERSION)
+        super().__init__(*args, **kw)
 
 
 class IndexRow(ctypes.Structure):
@@ -477,6 +486,7 @@ kvt_layer_init = _proto("kvt_layer_init", None, [P(Layer), c_int])
 kvt_options_init = _proto("kvt_options_init", c_int, [P(Options), ctypes.c_uint])
 kvt_options_validate = _proto("kvt_options_validate", c_int, [P(Options)])
 kvt_options_size = _proto("kvt_options_size", c_size_t, [])
+kvt_stats_size = _proto("kvt_stats_size", c_size_t, [])
 kvt_promote_opts_init = _proto("kvt_promote_opts_init", c_int,
                                [P(PromoteOpts), ctypes.c_uint])
 
@@ -575,14 +585,17 @@ kvt_layer_save = _proto("kvt_layer_save", c_int,
                         [P(c_void_p), c_char_p, P(Layer), c_uint32, c_int, c_uint32])
 kvt_layer_load = _proto("kvt_layer_load", c_int, [P(c_void_p), c_char_p, c_char_p])
 
-# The struct mirror must match the library's layout exactly.
-if "kvt_options_size" not in missing:
-    _c_size = kvt_options_size()
-    if ctypes.sizeof(Options) != _c_size:
-        raise ImportError(
-            f"kvtier: ctypes Options mirror is {ctypes.sizeof(Options)} bytes but "
-            f"{library_path} reports sizeof(kvt_options) = {_c_size}; the binding "
-            "and the library disagree on include/kvtier.h")
+# The struct mirrors must match the library's layout exactly.
+for _struct, _cname, _size_fn in ((Options, "kvt_options", "kvt_options_size"),
+                                  (Stats, "kvt_stats", "kvt_stats_size")):
+    if _size_fn not in missing:
+        _c_size = globals()[_size_fn]()
+        if ctypes.sizeof(_struct) != _c_size:
+            raise ImportError(
+                f"kvtier: ctypes {_struct.__name__} mirror is "
+                f"{ctypes.sizeof(_struct)} bytes but {library_path} reports "
+                f"sizeof({_cname}) = {_c_size}; the binding and the library "
+                "disagree on include/kvtier.h")
 
 
 def last_error() -> str:

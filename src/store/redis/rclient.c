@@ -48,85 +48,8 @@ struct kvr_client {
 };
 
 /* ------------------------------------------------------------------------ */
-/* URL, slots                                                               */
+/* Slots                                                                    */
 /* ------------------------------------------------------------------------ */
-
-int kvr_parse_url(const char *url, kvr_addr *addrs, int max_addrs, int *n_out,
-                  char *password, size_t pw_cap) {
-  if (!url || strncmp(url, "redis://", 8) != 0)
-    return KVT_ERR(KVT_EINVAL, "remote_url must start with redis:// (got '%s')",
-                   url ? url : "(null)");
-  const char *p = url + 8;
-  const char *at = strchr(p, '@');
-  if (password && pw_cap)
-    password[0] = '\0';
-  if (at) {
-    const char *pw = p;
-    if (*pw == ':')
-      pw++;
-    else {
-      /* user:password@ - Redis 6 ACL users are not supported: only the
-       * default user. */
-      const char *colon = memchr(p, ':', (size_t)(at - p));
-      if (!colon)
-        return KVT_ERR(KVT_EINVAL,
-                       "remote_url: credentials must be "
-                       ":password@ (got '%.*s@')",
-                       (int)(at - p), p);
-      pw = colon + 1;
-    }
-    size_t n = (size_t)(at - pw);
-    if (password) {
-      if (n >= pw_cap)
-        return KVT_ERR(KVT_EINVAL, "remote_url: password too long");
-      memcpy(password, pw, n);
-      password[n] = '\0';
-    }
-    p = at + 1;
-  }
-  int count = 0;
-  while (*p) {
-    const char *end = strchr(p, ',');
-    size_t len = end ? (size_t)(end - p) : strlen(p);
-    /* strip a trailing "/db" path: only db 0 exists in a cluster */
-    const char *slash = memchr(p, '/', len);
-    if (slash)
-      len = (size_t)(slash - p);
-    const char *colon = NULL;
-    for (size_t i = 0; i < len; i++)
-      if (p[i] == ':')
-        colon = p + i;
-    size_t hlen = colon ? (size_t)(colon - p) : len;
-    if (hlen == 0 || hlen >= sizeof addrs[0].host)
-      return KVT_ERR(KVT_EINVAL, "remote_url: bad host in '%s'", url);
-    long port = 6379;
-    if (colon) {
-      char *e = NULL;
-      port = strtol(colon + 1, &e, 10);
-      if (e != p + len || port < 1 || port > 65535)
-        return KVT_ERR(KVT_EINVAL, "remote_url: bad port in '%s'", url);
-    }
-    if (count >= max_addrs && addrs)
-      return KVT_ERR(KVT_EINVAL, "remote_url: more than %d seed nodes",
-                     max_addrs);
-    if (addrs) {
-      memcpy(addrs[count].host, p, hlen);
-      addrs[count].host[hlen] = '\0';
-      addrs[count].port = (int)port;
-    }
-    count++;
-    if (!end)
-      break;
-    p = end + 1;
-    if (slash && slash < end)
-      continue;
-  }
-  if (count == 0)
-    return KVT_ERR(KVT_EINVAL, "remote_url: no host in '%s'", url);
-  if (n_out)
-    *n_out = count;
-  return 0;
-}
 
 static uint16_t crc16(const char *buf, size_t len) {
   /* CRC16-CCITT (XMODEM), polynomial 0x1021, as Redis Cluster specifies. */
@@ -265,10 +188,11 @@ static void node_drop_idle(kvr_node *n) {
 }
 
 int kvr_client_new(kvr_client **out, const char *url, uint32_t timeout_ms) {
-  kvr_addr seeds[16];
+  kvr_addr seeds[KVTI_REDIS_MAX_SEEDS];
   int n = 0;
   char pw[256];
-  int rc = kvr_parse_url(url, seeds, 16, &n, pw, sizeof pw);
+  int rc =
+      kvti_redis_parse_url(url, seeds, KVTI_REDIS_MAX_SEEDS, &n, pw, sizeof pw);
   if (rc != 0)
     return rc;
   kvr_client *c = kvti_calloc(1, sizeof *c);

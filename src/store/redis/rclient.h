@@ -13,6 +13,8 @@
 #ifndef KVT_RCLIENT_H
 #define KVT_RCLIENT_H
 
+#include "store/redis_url.h"
+
 #include <hiredis/hiredis.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -27,16 +29,8 @@ typedef struct kvr_cmd {
   size_t len[KVR_MAX_ARGS];
 } kvr_cmd;
 
-/* Parsed URL: redis://[:password@]host:port[,host:port...]. */
-typedef struct kvr_addr {
-  char host[256];
-  int port;
-} kvr_addr;
-
-/* Validates url without connecting. Returns 0 or KVT_EINVAL (message names the
- * problem). n_out/addrs/password may be NULL. */
-int kvr_parse_url(const char *url, kvr_addr *addrs, int max_addrs, int *n_out,
-                  char *password, size_t pw_cap);
+/* A seed node (the URL grammar is store/redis_url.h). */
+typedef kvti_redis_addr kvr_addr;
 
 /* Creates a client (no connection is made yet: the first command connects and
  * detects cluster mode). timeout_ms bounds connects and every command. */
