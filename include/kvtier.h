@@ -250,8 +250,9 @@ typedef void (*kvt_spill_done_fn)(void *ctx, const char *token_hash,
  *  there is one, their _init() function (any language: the way for C++
  *  before C++20 and for bindings). */
 
-/** kvt_options versions: 1 (up to remote_flags), 2 (+ read_threads). */
-#define KVT_OPTIONS_VERSION 2
+/** kvt_options versions: 1 (up to remote_flags), 2 (+ read_threads), 3 (+
+ *  chunk_tokens, model_id). */
+#define KVT_OPTIONS_VERSION 3
 
 /** Tier options; mirrors the reference's SSDCacheConfig plus kvtier's own. */
 typedef struct kvt_options {
@@ -315,6 +316,20 @@ typedef struct kvt_options {
    *  the KVT_READ_THREADS environment variable (1..8, read once per process)
    *  when set, else 2. A value > 0 wins over the environment. 0 */
   uint32_t read_threads;
+  /* ---- version 3: the chunked native store (docs/FORMAT.md section 9) ----
+   */
+  /** 0 = off (every spill is one entry, as the reference). Else a power of
+   *  two in 16..4096: native-mode spills keep their KV (and quantized KV,
+   *  and rotating KV that has not wrapped) in chunks of this many tokens
+   *  under chunks/, stored once however many entries share them; prefix
+   *  lookups of pure-KV models then also find chunk-aligned prefixes no
+   *  spill ended at. Needs storage_mode NATIVE and remote_mode LOCAL.
+   *  Experimental: 0 by default. */
+  uint32_t chunk_tokens;
+  /** Namespace of the chunks (with chunk_tokens): spills of two model_ids
+   *  never share or see each other's chunks. NULL = model_name (or ""). At
+   *  most 4000 bytes. */
+  const char *model_id;
 } kvt_options;
 
 /** Where entries live (kvt_options.remote_mode). */

@@ -156,9 +156,8 @@ int kvti_chunk_layer_ok(const kvt_layer *l, uint64_t rows) {
   return 1;
 }
 
-/* Geometry of one chunk tensor cut from source tensor t: outer = prod of the
- * dims before the token axis, row = bytes of one token row. */
-static void tensor_geom(const kvt_tensor *t, uint64_t *outer, uint64_t *row) {
+void kvti_chunk_tensor_geom(const kvt_tensor *t, uint64_t *outer,
+                            uint64_t *row) {
   uint64_t o = 1, r = kvt_dtype_size((kvt_dtype)t->dtype);
   for (uint32_t d = 0; d + 2 < t->ndim; d++)
     o *= (uint64_t)t->shape[d];
@@ -196,7 +195,7 @@ static int make_plan(plan *p, const kvti_chunk_src *s) {
     p->layout_bytes += desc_layer_bytes(l);
     for (uint32_t j = 0; j < l->num_tensors; j++) {
       uint64_t outer, row;
-      tensor_geom(&l->tensors[j], &outer, &row);
+      kvti_chunk_tensor_geom(&l->tensors[j], &outer, &row);
       p->data_bytes += outer * row * s->n;
     }
   }
@@ -239,7 +238,7 @@ static void put_desc(uint8_t *d, uint8_t *data, const kvti_chunk_src *s) {
     for (uint32_t j = 0; j < l->num_tensors; j++) {
       const kvt_tensor *t = &l->tensors[j];
       uint64_t outer, row;
-      tensor_geom(t, &outer, &row);
+      kvti_chunk_tensor_geom(t, &outer, &row);
       uint64_t nb = outer * row * s->n;
       put32(d, (uint32_t)t->dtype);
       put32(d + 4, t->ndim);

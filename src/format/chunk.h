@@ -138,6 +138,11 @@ typedef struct kvti_chunk_src {
   uint32_t spill_layers;
 } kvti_chunk_src;
 
+/* Token-axis geometry of a tensor (axis -2 = tokens): *outer = product of the
+ * dimensions before it (batch x heads), *row = bytes of one token row. */
+void kvti_chunk_tensor_geom(const kvt_tensor *t, uint64_t *outer,
+                            uint64_t *row);
+
 /* True when layer l can be cut into chunks of rows [0, rows): KV and quantized
  * KV (and rotating KV not wrapped: offset <= max_size, idx == offset) whose
  * tensors hold >= rows positions on axis -2 and whose offset >= rows. */

@@ -496,6 +496,34 @@ int kvti_chains_entry_get(kvti_chains *c, const uint8_t hash[32],
   return found;
 }
 
+int kvti_chains_entries_ending(kvti_chains *c, const kvti_chain_rec *keys,
+                               size_t nkeys, uint8_t (**out)[32], size_t *n) {
+  *out = NULL;
+  *n = 0;
+  pthread_rwlock_rdlock(&c->rw);
+  size_t cap = 0;
+  int rc = 0;
+  for (size_t i = 0; rc == 0 && i < c->n_ents; i++)
+    for (size_t k = 0; k < nkeys; k++) {
+      if (memcmp(c->ents[i].last_key, keys[k].key, 32))
+        continue;
+      if (*n == cap) {
+        size_t nc = cap ? cap * 2 : 8;
+        void *p = kvti_realloc(*out, nc * 32);
+        if (!p) {
+          rc = KVT_ERR_NOMEM();
+          break;
+        }
+        *out = p;
+        cap = nc;
+      }
+      memcpy((*out)[(*n)++], c->ents[i].hash, 32);
+      break;
+    }
+  pthread_rwlock_unlock(&c->rw);
+  return rc;
+}
+
 int kvti_chains_entry_del(kvti_chains *c, const uint8_t hash[32]) {
   if (c->idx->readonly || !c->e_del)
     return KVT_ERR(KVT_EPERM, "chain table: opened read-only");

@@ -102,6 +102,10 @@ int kvti_chains_entry_put(kvti_chains *c, const kvti_chained_entry *e);
 /* 1 and *out (may be NULL) when hash has a record, else 0. */
 int kvti_chains_entry_get(kvti_chains *c, const uint8_t hash[32],
                           kvti_chained_entry *out);
+/* Hashes of the entries whose chain ends at one of keys[0, nkeys) (they lose
+ * their chain when those chunks go). *out: kvti_malloc'ed, *n entries. */
+int kvti_chains_entries_ending(kvti_chains *c, const kvti_chain_rec *keys,
+                               size_t nkeys, uint8_t (**out)[32], size_t *n);
 /* Removes the record (missing is success). 0, KVT_EPERM, KVT_EDB. */
 int kvti_chains_entry_del(kvti_chains *c, const uint8_t hash[32]);
 

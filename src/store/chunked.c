@@ -22,18 +22,6 @@ struct kvti_chunked {
   uint32_t C;
 };
 
-static int unhex(uint8_t out[32], const char *h) {
-  if (!kvti_is_hash_name(h))
-    return -1;
-  for (int i = 0; i < 32; i++) {
-    int a = h[2 * i], b = h[2 * i + 1];
-    a = a <= '9' ? a - '0' : a - 'a' + 10;
-    b = b <= '9' ? b - '0' : b - 'a' + 10;
-    out[i] = (uint8_t)(a << 4 | b);
-  }
-  return 0;
-}
-
 int kvti_chunked_open(kvti_chunked **out, const char *cache_dir, kvt_index *idx,
                       uint32_t chunk_tokens, const char *model_id,
                       const kvti_chunkstore_opts *o) {
@@ -83,13 +71,13 @@ uint64_t kvti_chunked_disk_bytes(kvti_chunked *c) {
 
 int kvti_chunked_is_chained(kvti_chunked *c, const char *hash) {
   uint8_t h[32];
-  return unhex(h, hash) == 0 &&
+  return kvti_unhex32(h, hash) == 0 &&
          kvti_chains_entry_get(kvti_chunkstore_chains(c->cs), h, NULL);
 }
 
 void kvti_chunked_forget(kvti_chunked *c, const char *hash) {
   uint8_t h[32];
-  if (unhex(h, hash) == 0)
+  if (kvti_unhex32(h, hash) == 0)
     kvti_chains_entry_del(kvti_chunkstore_chains(c->cs), h);
 }
 
@@ -103,7 +91,7 @@ int kvti_chunked_put(kvti_chunked *c, kvti_backend *be,
   const int32_t *tokens = kvti_snapshot_tokens(s, &n);
   const char *hash = kvti_snapshot_hash(s);
   uint8_t h[32];
-  if (unhex(h, hash) != 0)
+  if (kvti_unhex32(h, hash) != 0)
     return KVT_ERR(KVT_EINVAL, "chunked put: bad hash");
   kvti_chains *ch = kvti_chunkstore_chains(c->cs);
   kvti_chunk_split sp;
@@ -149,6 +137,9 @@ int kvti_chunked_put(kvti_chunked *c, kvti_backend *be,
                               kvti_snapshot_memory_bytes(s), 0, NULL, NULL);
   if (rc == 0)
     rc = be->ops->put(be, &res->entry_bytes, tail, wo);
+  /* The chain is as recent as its newest entry: reused chunks too. */
+  if (rc == 0)
+    kvti_chains_touch(ch, cr.last_key);
   kvti_snapshot_free(tail);
   kvti_chunk_split_free(&sp);
   return rc;
@@ -179,7 +170,7 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
     *chunk_bad = 0;
   uint8_t h[32];
   kvti_chained_entry ce;
-  if (unhex(h, hash) != 0 ||
+  if (kvti_unhex32(h, hash) != 0 ||
       !kvti_chains_entry_get(kvti_chunkstore_chains(c->cs), h, &ce))
     return be->ops->get(be, out, hash, o);
   if (o->verify_only) {

@@ -10,6 +10,7 @@
 #include "store/chunks.h"
 
 #include "base/error.h"
+#include "base/hash.h"
 #include "base/io.h"
 
 #include <stdio.h>
@@ -60,13 +61,8 @@ kvti_chains *kvti_chunkstore_chains(kvti_chunkstore *cs) {
 
 int kvti_chunkstore_path(const kvti_chunkstore *cs, const uint8_t key[32],
                          char *out, size_t cap) {
-  static const char hx[] = "0123456789abcdef";
   char h[65];
-  for (int i = 0; i < 32; i++) {
-    h[2 * i] = hx[key[i] >> 4];
-    h[2 * i + 1] = hx[key[i] & 15];
-  }
-  h[64] = 0;
+  kvti_hex32(h, key);
   int n = snprintf(out, cap, "%s/%.2s/%s.kvc", cs->dir, h, h);
   if (n < 0 || (size_t)n >= cap)
     return KVT_ERR(KVT_ERANGE, "chunk path too long");

@@ -104,10 +104,8 @@ int kvti_chunk_split_make(kvti_chunk_split *sp, const kvt_layer *layers,
       const kvt_tensor *s = &l->tensors[j];
       kvt_tensor *d = &t->tensors[j];
       *d = *s;
-      uint64_t outer = 1, row = kvt_dtype_size((kvt_dtype)s->dtype);
-      for (uint32_t x = 0; x + 2 < s->ndim; x++)
-        outer *= (uint64_t)s->shape[x];
-      row *= (uint64_t)s->shape[s->ndim - 1];
+      uint64_t outer, row;
+      kvti_chunk_tensor_geom(s, &outer, &row);
       uint64_t keep = sp->T - sp->rows;
       d->shape[d->ndim - 2] = (int64_t)keep;
       d->nbytes = outer * keep * row;
@@ -172,10 +170,8 @@ int kvti_chunk_join(struct kvt_entry *e, kvti_chunk_prefix *p, uint64_t rows,
     for (uint32_t j = 0; j < tl->num_tensors; j++) {
       const kvt_tensor *tt = &tl->tensors[j];
       kvt_tensor *pt = &pl->tensors[j];
-      uint64_t outer = 1, row = kvt_dtype_size((kvt_dtype)tt->dtype);
-      for (uint32_t x = 0; x + 2 < tt->ndim; x++)
-        outer *= (uint64_t)tt->shape[x];
-      row *= (uint64_t)tt->shape[tt->ndim - 1];
+      uint64_t outer, row;
+      kvti_chunk_tensor_geom(tt, &outer, &row);
       uint64_t keep = tensor_T(tt), T = rows + keep;
       for (uint64_t q = 0; q < outer && keep && row; q++)
         memcpy((uint8_t *)pt->data + (q * T + rows) * row,

@@ -96,10 +96,9 @@ static void place(kvti_chunk_prefix *p, const kvti_chunk_hdr *h,
     for (uint32_t j = 0; j < L->num_tensors; j++) {
       const kvti_chunk_tensor *ct = &L->tensors[j];
       kvt_tensor *t = &p->layers[i].tensors[j];
-      uint64_t outer = 1, row = kvt_dtype_size((kvt_dtype)ct->dtype);
-      for (uint32_t d = 0; d + 2 < ct->ndim; d++)
-        outer *= (uint64_t)ct->shape[d];
-      row *= (uint64_t)ct->shape[ct->ndim - 1];
+      /* The destination has the chunk's geometry but for the token axis. */
+      uint64_t outer, row;
+      kvti_chunk_tensor_geom(t, &outer, &row);
       uint64_t T = (uint64_t)t->shape[t->ndim - 2], n = h->n_tokens;
       uint64_t k = row0 >= T ? 0 : (T - row0 < n ? T - row0 : n);
       for (uint64_t o = 0; o < outer && row && k; o++)

@@ -84,6 +84,8 @@ struct kvt_tier {
   atomic_uint_fast64_t active;
   pthread_mutex_t close_mu;   /* serialises close/free */
   struct kvti_remote *remote; /* shared remote tier (remote.h), NULL: none */
+  /* The chunked native store (chunks.h), NULL when chunk_tokens is 0. */
+  struct kvti_chunked *chunked;
 };
 
 /* Lifecycle guards: enter returns 0 or KVT_ECLOSED (message set). */

@@ -15,6 +15,7 @@
  * done" is done_seq >= my enq_seq (flush, close).
  */
 #include "tier/tier.h"
+#include "tier/chunks.h"
 #include "base/error.h"
 #include "index/index.h"
 #include "base/io.h"
@@ -49,7 +50,7 @@ int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify) {
                   t->be->ops->present(t->be, hash) != 0;
   if (replacing)
     kvti_stripe_wrlock(&t->stripes, hash);
-  int rc = t->be->ops->put(t->be, &disk, s, &wo);
+  int rc = kvti_tier_chunks_put(t, &disk, s, &wo); /* be->put unless chunked */
   if (rc == 0) {
     rc = kvti_index_put(t->idx, tokens, n, hash, kvti_snapshot_memory_bytes(s),
                         disk, t->opts.storage_mode);

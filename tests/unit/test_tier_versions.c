@@ -39,7 +39,9 @@ static void test_options_versions(void) {
   CHECK(m.remote_chunk_bytes == c.remote_chunk_bytes &&
         m.remote_timeout_ms == c.remote_timeout_ms &&
         m.quarantine_max == c.quarantine_max && m.read_threads == 0);
-  for (unsigned v = 0; v < 4; v += 3) { /* 0 and 3 are unknown */
+  /* 0 and the next version are unknown. */
+  for (unsigned v = 0; v <= KVT_OPTIONS_VERSION + 1;
+       v += KVT_OPTIONS_VERSION + 1) {
     CHECK_EQ_INT(kvt_options_init(&c, v), KVT_EINVAL);
     kvt_options bad = KVT_OPTIONS_INIT;
     bad.version = v;

@@ -87,7 +87,7 @@ REMOTE_NO_LOCAL_COPY = 0x1
 PROMOTE_PREFIX = 0x1
 PROMOTE_NO_TOUCH = 0x2
 
-KVT_OPTIONS_VERSION = 2
+KVT_OPTIONS_VERSION = 3
 KVT_PROMOTE_OPTS_VERSION = 1
 KVT_STATS_VERSION = 1
 
@@ -136,7 +136,7 @@ class Layer(ctypes.Structure):
 
 
 class Options(ctypes.Structure):
-    """struct kvt_options (KVT_OPTIONS_VERSION 2)."""
+    """struct kvt_options (KVT_OPTIONS_VERSION 3)."""
 
     _fields_ = [
         ("version", ctypes.c_uint),
@@ -170,6 +170,9 @@ class Options(ctypes.Structure):
         ("remote_flags", ctypes.c_uint32),
         # Version 2.
         ("read_threads", ctypes.c_uint32),
+        # Version 3: the chunked native store.
+        ("chunk_tokens", ctypes.c_uint32),
+        ("model_id", ctypes.c_char_p),
     ]
 
 
