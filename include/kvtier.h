@@ -793,7 +793,7 @@ typedef struct kvt_stats {
   uint64_t reconciled;
   uint64_t promotions_cancelled;
   uint64_t entries;      /* now */
-  uint64_t disk_bytes;   /* now: bytes of entries on disk */
+  uint64_t disk_bytes;   /* now: bytes of entries (and chunks) on disk */
   uint64_t memory_bytes; /* now: sum of memory_bytes */
   uint64_t queue_depth;  /* now */
   uint64_t queue_bytes;  /* now */

@@ -295,6 +295,7 @@ int kvt_tier_stats(kvt_stats *out, kvt_tier *t) {
    * remain). */
   if (kvti_tier_enter(t) == 0) {
     kvti_index_totals(t->idx, &s.entries, &s.disk_bytes, &s.memory_bytes);
+    s.disk_bytes += kvti_tier_chunks_bytes(t); /* chunk files, each once */
     kvti_tier_leave(t);
   } else {
     kvt_clear_error();

@@ -91,6 +91,26 @@ static int entry_matches(const kvt_entry *e, const int32_t *tok, int n, int T) {
   return 1;
 }
 
+static uint64_t chunk_file_bytes(const char *dir) {
+  char p[4096];
+  uint64_t total = 0;
+  for (int a = 0; a < 256; a++) {
+    snprintf(p, sizeof p, "%s/chunks/%02x", dir, a);
+    DIR *d = opendir(p);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+      char f[4400];
+      struct stat st;
+      snprintf(f, sizeof f, "%s/%s", p, de->d_name);
+      if (strstr(de->d_name, ".kvc") && stat(f, &st) == 0)
+        total += (uint64_t)st.st_size;
+    }
+    if (d)
+      closedir(d);
+  }
+  return total;
+}
+
 static int count_chunks(const char *dir) {
   char p[4096];
   int total = 0;
@@ -131,6 +151,9 @@ static void test_tier(void) {
   spill(t, b, 100, 128);
   REQUIRE(kvt_tier_flush(t, 30000) == 0);
   CHECK_EQ_INT(count_chunks(dir), 6 + 2); /* 4 shared chunks once */
+  kvt_stats st0 = KVT_STATS_INIT;
+  REQUIRE(kvt_tier_stats(&st0, t) == 0);
+  CHECK(st0.disk_bytes > chunk_file_bytes(dir)); /* chunks once + tails */
   kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
   po.reserve = reserve;
   po.release = release;
