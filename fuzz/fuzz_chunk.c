@@ -1,6 +1,6 @@
 /*
  * fuzz_chunk.c - libFuzzer target for chunk files (src/format/chunk.c,
- * docs/FORMAT.md section 9). Input: one control byte, then the bytes of a
+ * docs/FORMAT.md section 10). Input: one control byte, then the bytes of a
  * chunk file. Control bit 0 set: the input's key (bytes 24..56) and header
  * checksum are recomputed from the fields it declares (when they are in
  * range), so mutations reach the descriptor, block-list and data checks behind

@@ -316,7 +316,7 @@ typedef struct kvt_options {
    *  the KVT_READ_THREADS environment variable (1..8, read once per process)
    *  when set, else 2. A value > 0 wins over the environment. 0 */
   uint32_t read_threads;
-  /* ---- version 3: the chunked native store (docs/FORMAT.md section 9) ----
+  /* ---- version 3: the chunked native store (docs/FORMAT.md section 10) ----
    */
   /** 0 = off (every spill is one entry, as the reference). Else a power of
    *  two in 16..4096: native-mode spills keep their KV (and quantized KV,
@@ -413,9 +413,11 @@ KVT_API void kvt_entry_free(kvt_entry *e);
 typedef struct kvt_tier kvt_tier;
 
 /** Opens (creating when missing) a cache directory: cache_dir/ and data/
- *  with dir_mode, index.db (WAL), removes stale *.tmp dirs, and reconciles
- *  unless KVT_OPEN_NO_RECONCILE. Does NOT start the writer (see
- *  kvt_tier_start_writer), as in the reference.
+ *  with dir_mode, index.db (WAL), removes stale *.tmp dirs (putting back the
+ *  previous version of a replace a crash interrupted), and reconciles
+ *  unless KVT_OPEN_NO_RECONCILE. A writable open also publishes the tier's
+ *  counters in cache_dir/stats.bin until close (kvt_stats_read_live). Does
+ *  NOT start the writer (see kvt_tier_start_writer), as in the reference.
  *  Returns 0 and *out; or KVT_EINVAL (bad options), KVT_EPERM (directory not
  *  owned by the user, writable by group/others, or a symlink), KVT_EBUSY
  *  (another process holds the directory for writing), KVT_EIO/KVT_ENOSPC,
@@ -768,13 +770,28 @@ KVT_API const char *kvt_tier_dir(const kvt_tier *t);
 /* Stats                                                                    */
 /* ------------------------------------------------------------------------ */
 
+/* Latency histograms of kvt_stats: KVT_STATS_LATENCY_BUCKETS per-bucket
+ * counts; bucket i (i < 14) counts operations that took more than bound i-1
+ * and at most bound i seconds of KVT_STATS_LATENCY_BOUNDS_INIT, the last
+ * bucket those above 10 s. */
+#define KVT_STATS_LATENCY_BUCKETS 15
+#define KVT_STATS_LATENCY_BOUNDS_INIT                                          \
+  {                                                                            \
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, \
+        5.0, 10.0                                                              \
+  }
+
 /** kvt_stats versions: 1. */
 #define KVT_STATS_VERSION 1
 
 /** Counters and gauges of a tier (output of kvt_tier_stats). The caller sets
- *  version (KVT_STATS_INIT or kvt_stats_init) before the call. */
+ *  version (KVT_STATS_INIT or kvt_stats_init) before the call.
+ *  Every field after the version word is 8 bytes (uint64_t or double) and the
+ *  struct has no padding: the live stats file (docs/FORMAT.md, "stats.bin")
+ *  stores it word by word in this order. New fields are only ever appended. */
 typedef struct kvt_stats {
   unsigned int version; /* KVT_STATS_VERSION; set by the caller */
+  unsigned int reserved; /* 0; keeps the 8-byte words below aligned */
   /* The reference's counters. */
   uint64_t spill_count;
   uint64_t spill_bytes; /* bytes written to disk */
@@ -812,6 +829,19 @@ typedef struct kvt_stats {
   uint64_t remote_queue_depth; /* now: uploads waiting */
   uint64_t remote_available;   /* now: 1 when the remote is configured and
                                   not in back-off after a failure */
+  /* Tokens: requested = tokens asked for by promote calls (n_keep of a
+   * trimmed one), hit or miss; served = tokens of the entries promotes
+   * returned from the local SSD (remote hits are not counted here). */
+  uint64_t tokens_requested;
+  uint64_t tokens_served;
+  /* Latency histograms (see KVT_STATS_LATENCY_BUCKETS). promote: every
+   * successful promote, local or remote (sum: reload_latency_sum, count:
+   * ssd_hits); spill: every entry the writer stored locally - files, fsyncs,
+   * publication and index row (sum: spill_latency_sum, count: spill_count of
+   * local writes). */
+  uint64_t promote_latency_hist[KVT_STATS_LATENCY_BUCKETS];
+  uint64_t spill_latency_hist[KVT_STATS_LATENCY_BUCKETS];
+  double spill_latency_sum; /* seconds */
 } kvt_stats;
 
 /** A kvt_stats ready for kvt_tier_stats (C99 designated initialiser). */
@@ -834,6 +864,30 @@ KVT_API int kvt_tier_stats(kvt_stats *out, kvt_tier *t);
  *  "promotion_failures", ...), for engines that count on their own. Returns
  *  0, KVT_EINVAL (unknown name or a result below 0). */
 KVT_API int kvt_tier_stats_add(kvt_tier *t, const char *counter, int64_t delta);
+
+/** The live counters of the process that has cache_dir open for writing.
+ *  A writable tier publishes its counters (and its entry and queue gauges,
+ *  refreshed after each spill and at each kvt_tier_stats call) to
+ *  <cache_dir>/stats.bin, a small memory-mapped file (docs/FORMAT.md); this
+ *  reads a consistent snapshot of it from any process, without opening the
+ *  tier or taking any lock the writer uses. */
+typedef struct kvt_stats_live {
+  int64_t pid;       /* the process that published the file */
+  int alive;         /* 1: it still has the directory open (its tier is open
+                        and the process is running) */
+  double started_at; /* unix seconds: when that tier opened */
+  double updated_at; /* unix seconds: its last update */
+} kvt_stats_live;
+
+/** Reads <cache_dir>/stats.bin into *out and *live (either may be NULL).
+ *  Returns 0 (read; live->alive says whether the publisher is still there -
+ *  otherwise these are its last figures), KVT_ENOTFOUND (no stats file: no
+ *  writer has opened the directory with this version), KVT_ECORRUPT (not a
+ *  kvtier stats file, or an unknown layout version), KVT_EIO, KVT_EINVAL.
+ *  Fields the file's writer did not know (an older kvtier) read as 0.
+ *  Thread-safe; never writes. */
+KVT_API int kvt_stats_read_live(kvt_stats *out, kvt_stats_live *live,
+                                const char *cache_dir);
 
 /** Renders stats as JSON: the reference's to_dict keys (same rounding) plus
  *  kvtier's. Size-then-copy: writes at most cap bytes including the NUL and

@@ -1,5 +1,5 @@
 /*
- * chunk.c - chunk files (chunk.h, docs/FORMAT.md section 9): the key chains,
+ * chunk.c - chunk files (chunk.h, docs/FORMAT.md section 10): the key chains,
  * the byte layout (a fixed 128-byte part, namespace, tokens, layout
  * descriptor, block list and header checksum, then the layer-major,
  * head-contiguous data section), its strict parser, the durable writer and the

@@ -56,7 +56,7 @@ int kvti_chunk_key(uint8_t out[32], const uint8_t parent[32],
 
 /* The lookup chain (not stored in files): ck_{-1} = XXH3-128 of the
  * namespace encoding, ck_i = XXH3-128 of the tokens seeded by ck_{i-1} and
- * n (docs/FORMAT.md section 9). It does not
+ * n (docs/FORMAT.md section 10). It does not
  * depend on the layout (a lookup does not know it): chains of different
  * layouts share ck values and the index tells them apart. Collisions only cost
  * a miss: tokens are compared against the chunk file before anything is

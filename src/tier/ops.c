@@ -279,6 +279,28 @@ int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair) {
 /* Stats                                                                    */
 /* ------------------------------------------------------------------------ */
 
+/* Counters plus freshly measured gauges. */
+static void snapshot(kvt_stats *s, kvt_tier *t) {
+  kvti_stats_copy(s, &t->stats);
+  /* Gauges: from the index while it is open (after close the last counters
+   * remain). */
+  if (kvti_tier_enter(t) == 0) {
+    kvti_index_totals(t->idx, &s->entries, &s->disk_bytes, &s->memory_bytes);
+    s->disk_bytes += kvti_tier_chunks_bytes(t); /* chunk files, each once */
+    kvti_tier_leave(t);
+  } else {
+    kvt_clear_error();
+  }
+  kvti_workq_gauges(&t->w, &s->queue_depth, &s->queue_bytes);
+  kvti_remote_gauges(t, s);
+}
+
+void kvti_stats_refresh_gauges(kvt_tier *t) {
+  kvt_stats s;
+  snapshot(&s, t);
+  kvti_stats_set_gauges(&t->stats, &s);
+}
+
 int kvt_tier_stats(kvt_stats *out, kvt_tier *t) {
   if (!out || !t)
     return KVT_ERR(KVT_EINVAL, "kvt_tier_stats: NULL argument");
@@ -290,18 +312,8 @@ int kvt_tier_stats(kvt_stats *out, kvt_tier *t) {
                    "with KVT_STATS_INIT or kvt_stats_init)",
                    KVT_STATS_VERSION, out->version);
   kvt_stats s;
-  kvti_stats_copy(&s, &t->stats);
-  /* Gauges: from the index while it is open (after close the last counters
-   * remain). */
-  if (kvti_tier_enter(t) == 0) {
-    kvti_index_totals(t->idx, &s.entries, &s.disk_bytes, &s.memory_bytes);
-    s.disk_bytes += kvti_tier_chunks_bytes(t); /* chunk files, each once */
-    kvti_tier_leave(t);
-  } else {
-    kvt_clear_error();
-  }
-  kvti_workq_gauges(&t->w, &s.queue_depth, &s.queue_bytes);
-  kvti_remote_gauges(t, &s);
+  snapshot(&s, t);
+  kvti_stats_set_gauges(&t->stats, &s); /* the live file shows what we saw */
   s.version = out->version;
   *out = s;
   return 0;

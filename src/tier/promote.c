@@ -145,7 +145,7 @@ static void account_hit(kvt_tier *t, kvt_entry *e, const kvt_entry_info *info,
   double dt = kvti_now_mono() - t0;
   if (dt < 0)
     dt = 0;
-  kvti_stats_hit(&t->stats, dt, e->disk_bytes);
+  kvti_stats_hit(&t->stats, dt, e->disk_bytes, e->n_tokens);
   if (!(flags & KVT_PROMOTE_NO_TOUCH) && !t->readonly)
     kvti_index_touch_hash(t->idx, info->token_hash);
   kvti_log(t, KVT_LOG_INFO,
@@ -164,6 +164,7 @@ static int begin(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
   uint32_t flags = o ? o->flags : 0;
   double cutoff = kvti_tier_cutoff(t);
   int prefix = (flags & KVT_PROMOTE_PREFIX) != 0;
+  KVTI_STAT_ADD(&t->stats, tokens_requested, keep ? keep : n);
   int rc = prefix ? kvti_index_find_prefix(info, t->idx, tokens, n, cutoff)
                   : kvti_index_find(info, t->idx, tokens, n, cutoff);
   if (prefix) /* chunk-aligned prefixes of pure-KV chains (chunks.h) */

@@ -150,6 +150,7 @@ static void tier_destroy(kvt_tier *t) {
     kvt_index_close(t->idx);
   if (t->be)
     t->be->ops->destroy(t->be);
+  kvti_stats_detach(&t->stats);
   if (t->lock_fd >= 0)
     kvti_io->close(t->lock_fd); /* releases the flock */
   kvti_stripes_destroy(&t->stripes);
@@ -308,6 +309,13 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
         rc = KVT_ERR_OS(e, "lock %s/kvtier.lock", t->dir);
       goto fail;
     }
+    /* The live stats file (statsfile.h): the lock holder owns it. Without
+     * it the tier works; only `kvtier stats` from outside sees nothing. */
+    if (kvti_stats_attach(&t->stats, t->dir, opts->file_mode) != 0) {
+      kvti_log(t, KVT_LOG_WARN, "kvtier: no live stats file: %s",
+               kvt_last_error());
+      kvt_clear_error();
+    }
   }
 
   if ((rc = kvti_backend_local_new(&t->be, t->dir, opts->dir_mode)) != 0)
@@ -433,6 +441,7 @@ static int tier_close(kvt_tier *t, int64_t timeout_ms, int drop) {
     kvt_index_close(t->idx);
     t->idx = NULL;
   }
+  kvti_stats_detach(&t->stats); /* before another writer may take over */
   if (t->lock_fd >= 0) {
     kvti_io->close(t->lock_fd);
     t->lock_fd = -1;

@@ -124,6 +124,10 @@ int64_t kvti_tier_purge_tmps(kvt_tier *t);
  * Returns the number of repairs or a negative code. */
 int64_t kvti_tier_reconcile_locked(kvt_tier *t);
 
+/* ops.c: measures the gauges (index totals, spill queue, remote) and
+ * publishes them to the live stats file. Call with no tier lock held. */
+void kvti_stats_refresh_gauges(kvt_tier *t);
+
 /* writer.c */
 int kvti_writer_init(kvt_tier *t);
 void kvti_writer_destroy(kvt_tier *t);

@@ -1,5 +1,5 @@
 /*
- * test_chunk.c - chunk files (src/format/chunk.c, docs/FORMAT.md section 9):
+ * test_chunk.c - chunk files (src/format/chunk.c, docs/FORMAT.md section 10):
  * the key chain (length prefix, namespace and salt seeds, parent dependence),
  * round trips of KV, rotating (not wrapped) and quantized layers with rows cut
  * from the middle of the spill compared byte for byte against the source,

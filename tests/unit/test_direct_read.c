@@ -41,7 +41,7 @@ static int g_direct_reads;
 #endif
 static int c_open(const char *p, int f, mode_t m) {
   int fd = kvti_io_default.open(p, f, m);
-  if (fd >= 0 && O_DIRECT && (f & O_DIRECT)) {
+  if (fd >= 0 && (f & O_DIRECT) != 0) {
     g_direct_opens++;
     g_direct_fd = fd;
   }

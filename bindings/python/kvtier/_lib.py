@@ -1,8 +1,8 @@
 """Loading libkvtier and describing its C API to ctypes.
 
 This module finds the shared library (``KVTIER_LIBRARY``, then the build tree
-of the source checkout this package lives in, then the system's library
-path), mirrors the public structs of ``include/kvtier.h`` as ctypes
+of the source checkout this package lives in, then the installation prefix
+this package was pip-installed into, then the system's library path), mirrors the public structs of ``include/kvtier.h`` as ctypes
 Structures (checked against ``kvt_options_size()`` at import so a layout
 drift fails loudly instead of corrupting memory), declares the prototype of
 every function the binding calls, and maps ``KVT_E*`` codes to Python
@@ -222,6 +222,7 @@ class Stats(ctypes.Structure):
 
     _fields_ = [
         ("version", ctypes.c_uint),
+        ("reserved", ctypes.c_uint),
         ("spill_count", ctypes.c_uint64),
         ("spill_bytes", ctypes.c_uint64),
         ("ssd_hits", ctypes.c_uint64),
@@ -252,6 +253,11 @@ class Stats(ctypes.Structure):
         ("remote_errors", ctypes.c_uint64),
         ("remote_queue_depth", ctypes.c_uint64),
         ("remote_available", ctypes.c_uint64),
+        ("tokens_requested", ctypes.c_uint64),
+        ("tokens_served", ctypes.c_uint64),
+        ("promote_latency_hist", ctypes.c_uint64 * 15),  # KVT_STATS_LATENCY_BUCKETS
+        ("spill_latency_hist", ctypes.c_uint64 * 15),
+        ("spill_latency_sum", ctypes.c_double),
     ]
 
     def __init__(self, *args: Any, **kw: Any) -> None:
@@ -398,6 +404,40 @@ def _build_tree_candidates() -> List[str]:
         d = parent
 
 
+def _prefix_candidates() -> List[str]:
+    """libkvtier in the installation prefix this package was installed into.
+
+    A package installed with ``pip install --prefix P`` sits in
+    ``P/lib/pythonX.Y/site-packages/kvtier`` (Debian's pip adds ``local/``:
+    ``P/local/lib/pythonX.Y/dist-packages/kvtier``), and ``cmake --install
+    --prefix P`` puts the library in ``P/lib``, ``P/lib64`` or
+    ``P/lib/<multiarch>``.  The prefix is the directory above the last
+    ``lib*/python*`` pair of this file's path (and its parent when it is a
+    ``local/`` directory)."""
+    import sysconfig
+
+    parts = os.path.dirname(os.path.abspath(__file__)).split(os.sep)
+    prefixes: List[str] = []
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i].startswith("lib") and parts[i + 1].startswith("python"):
+            prefix = os.sep.join(parts[:i]) or os.sep
+            prefixes.append(prefix)
+            if os.path.basename(prefix) == "local":
+                prefixes.append(os.path.dirname(prefix))
+            break
+    libdirs = ["lib", "lib64"]
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    if multiarch:
+        libdirs.append(os.path.join("lib", multiarch))
+    out: List[str] = []
+    for prefix in prefixes:
+        for libdir in libdirs:
+            for name in ("libkvtier.so.0", "libkvtier.so", "libkvtier.0.dylib",
+                         "libkvtier.dylib"):
+                out.append(os.path.join(prefix, libdir, name))
+    return out
+
+
 def _load() -> tuple[ctypes.CDLL, str]:
     tried: List[str] = []
     env = os.environ.get("KVTIER_LIBRARY")
@@ -420,6 +460,14 @@ def _load() -> tuple[ctypes.CDLL, str]:
             return ctypes.CDLL(cand), cand
         except OSError as e:
             tried.append(f"build tree {cand}: {e}")
+    for cand in _prefix_candidates():
+        if not os.path.exists(cand):
+            continue
+        try:
+            return ctypes.CDLL(cand), cand
+        except OSError as e:
+            tried.append(f"install prefix {cand}: {e}")
+    tried.append("install prefix of this package: no libkvtier")
     found = ctypes.util.find_library("kvtier")
     names = [found] if found else []
     tried.append(f"ctypes.util.find_library('kvtier'): {found or 'nothing'}")

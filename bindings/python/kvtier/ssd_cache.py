@@ -166,7 +166,7 @@ class SSDCacheConfig:
             power of two in 16..4096: native-mode spills are stored as chains
             of chunks of this many tokens, each stored once, and prefix
             lookups find chunk-aligned prefixes of pure-KV models even where
-            no spill ended (docs/FORMAT.md section 9). Experimental.
+            no spill ended (docs/FORMAT.md section 10). Experimental.
         model_id: namespace of the chunks; None = the cache directory's name
             (the reference's per-model directory), so two models never share
             chunks.
