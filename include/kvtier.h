@@ -251,7 +251,7 @@ typedef void (*kvt_spill_done_fn)(void *ctx, const char *token_hash,
  *  before C++20 and for bindings). */
 
 /** kvt_options versions: 1 (up to remote_flags), 2 (+ read_threads), 3 (+
- *  host_cache_bytes). */
+ *  host_cache_bytes, chunk_tokens, model_id). */
 #define KVT_OPTIONS_VERSION 3
 
 /** Tier options; mirrors the reference's SSDCacheConfig plus kvtier's own. */
@@ -333,6 +333,19 @@ typedef struct kvt_options {
    *  (/sys/fs/cgroup/memory/memory.limit_in_bytes) - read at open.
    *  kvt_tier_set_host_cache_bytes changes it at run time. */
   uint64_t host_cache_bytes;
+  /* The chunked native store (docs/FORMAT.md section 10). */
+  /** 0 = off (every spill is one entry, as the reference). Else a power of
+   *  two in 16..4096: native-mode spills keep their KV (and quantized KV,
+   *  and rotating KV that has not wrapped) in chunks of this many tokens
+   *  under chunks/, stored once however many entries share them; prefix
+   *  lookups of pure-KV models then also find chunk-aligned prefixes no
+   *  spill ended at. Needs storage_mode NATIVE and remote_mode LOCAL.
+   *  Experimental: 0 by default. */
+  uint32_t chunk_tokens;
+  /** Namespace of the chunks (with chunk_tokens): spills of two model_ids
+   *  never share or see each other's chunks. NULL = model_name (or ""). At
+   *  most 4000 bytes. */
+  const char *model_id;
 } kvt_options;
 
 /** kvt_options.host_cache_bytes: derive the bound from the machine. */
@@ -826,7 +839,7 @@ typedef struct kvt_stats {
   uint64_t reconciled;
   uint64_t promotions_cancelled;
   uint64_t entries;      /* now */
-  uint64_t disk_bytes;   /* now: bytes of entries on disk */
+  uint64_t disk_bytes;   /* now: bytes of entries (and chunks) on disk */
   uint64_t memory_bytes; /* now: sum of memory_bytes */
   uint64_t queue_depth;  /* now */
   uint64_t queue_bytes;  /* now */

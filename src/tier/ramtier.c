@@ -27,6 +27,11 @@ static uint64_t bound_of(uint64_t opt) {
 }
 
 int kvti_ram_open(kvt_tier *t) {
+  /* The cache holds whole entries verified against their own manifest; a
+   * chunked entry's layers live in chunk files its manifest does not describe,
+   * so with chunk_tokens the host cache stays off (docs/DESIGN.md). */
+  if (t->opts.chunk_tokens != 0)
+    return 0;
   return kvti_hc_create(&t->hc, bound_of(t->opts.host_cache_bytes),
                         kvti_bufpool_default());
 }

@@ -9,6 +9,7 @@
  */
 #include "tier/ramtier.h"
 #include "tier/tier.h"
+#include "tier/chunks.h"
 #include "format/entry_restore.h"
 #include "base/error.h"
 #include "base/io.h"
@@ -146,6 +147,7 @@ static void tier_destroy(kvt_tier *t) {
   kvti_ram_free(t);
   kvti_pool_destroy(t);
   kvti_writer_destroy(t);
+  kvti_tier_chunks_close(t); /* before the index it shares */
   if (t->idx)
     kvt_index_close(t->idx);
   if (t->be)
@@ -355,6 +357,8 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
   if (!t->readonly && opts->durability == KVT_DURABILITY_FSYNC &&
       (rc = kvti_index_set_durable(t->idx, 1)) != 0)
     goto fail;
+  if ((rc = kvti_tier_chunks_open(t)) != 0) /* chunk_tokens (chunks.h) */
+    goto fail;
   if ((rc = kvti_remote_open(t)) != 0)
     goto fail;
   if (!t->readonly && !(opts->flags & KVT_OPEN_NO_RECONCILE)) {
@@ -435,6 +439,7 @@ static int tier_close(kvt_tier *t, int64_t timeout_ms, int drop) {
   kvti_pool_stop(t);
   kvti_ram_close(t); /* the host RAM cache's memory goes now */
   /* 5. Flush batched touches, close the index, release the directory lock. */
+  kvti_tier_chunks_close(t); /* before the index it shares */
   if (t->idx) {
     if (!t->readonly)
       kvti_index_flush(t->idx);

@@ -85,6 +85,8 @@ struct kvt_tier {
   pthread_mutex_t close_mu;   /* serialises close/free */
   struct kvti_remote *remote; /* shared remote tier (remote.h), NULL: none */
   struct kvti_hcache *hc;     /* host RAM cache (ramtier.h) */
+  /* The chunked native store (chunks.h), NULL when chunk_tokens is 0. */
+  struct kvti_chunked *chunked;
 };
 
 /* Lifecycle guards: enter returns 0 or KVT_ECLOSED (message set). */

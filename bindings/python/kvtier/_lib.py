@@ -136,7 +136,7 @@ class Layer(ctypes.Structure):
 
 
 class Options(ctypes.Structure):
-    """struct kvt_options (KVT_OPTIONS_VERSION 2)."""
+    """struct kvt_options (KVT_OPTIONS_VERSION 3)."""
 
     _fields_ = [
         ("version", ctypes.c_uint),
@@ -172,6 +172,9 @@ class Options(ctypes.Structure):
         ("read_threads", ctypes.c_uint32),
         # Version 3.
         ("host_cache_bytes", ctypes.c_uint64),
+        # (version 3) the chunked native store.
+        ("chunk_tokens", ctypes.c_uint32),
+        ("model_id", ctypes.c_char_p),
     ]
 
 
