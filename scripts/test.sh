@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds kvtier and runs every test: the plain build (unit, integration, CLI and Python tests),
-# the same suite under ASan+UBSan, the threaded tests under TSan, and the fuzz corpus replay plus
-# a short bounded fuzzing run per target (clang/libFuzzer). Installs missing Debian packages
-# first. Exit status is non-zero if anything fails; the last line is
+# the same suite under ASan+UBSan, the threaded tests under TSan, the unit tests of a build
+# without hiredis, and the fuzz corpus replay plus a short bounded fuzzing run per target
+# (clang/libFuzzer). Installs missing Debian packages first. Exit status is non-zero if anything
+# fails; the last line is
 #   kvtier: N passed, M failed, K skipped
 # where a pytest file counts as its test functions, every other ctest test as one, and every
 # skip - a whole test (exit 77), a part of one (a "SKIP(<tag>): ..." line, tests/testutil.h) or a
@@ -57,6 +58,13 @@ if [ "${KVT_TEST_QUICK:-0}" != 1 ]; then
   echo "== TSan (threaded tests)"
   build build-tsan -DKVT_SANITIZE=thread
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest build-tsan -L threads
+
+  # Without hiredis (-DKVT_WITH_REDIS=OFF): the null remote of src/store/registry.c must refuse a
+  # remote_url (unit.test_store_local asserts it) and every other unit test must pass unchanged.
+  # The redis tests are left out: in this build they can only skip.
+  echo "== without hiredis"
+  build build-noredis -DKVT_WITH_REDIS=OFF
+  run_ctest build-noredis -R '^unit[.]' -E redis
 
   if [ -x fuzz/run.sh ]; then
     echo "== fuzzing"
