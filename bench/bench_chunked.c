@@ -18,7 +18,7 @@
 #include "base/io.h"
 #include "format/entry.h"
 #include "index/index.h"
-#include "store/backend.h"
+#include "store/local.h"
 #include "store/chunked.h"
 
 #include <stdio.h>
@@ -46,11 +46,10 @@ static int env_open(env *v, const char *base, const char *tag, uint32_t C,
   snprintf(p, sizeof p, "%s/%s", base, tag);
   mkdir(p, 0700);
   v->dir = strdup(p);
-  snprintf(p, sizeof p, "%s/data", v->dir);
-  mkdir(p, 0700);
   kvti_chunkstore_opts o = {0600, 0700, fsync_};
-  if (kvti_index_open(&v->idx, v->dir, NULL, 0) ||
-      kvti_backend_local_new(&v->be, v->dir, 0700) ||
+  kvti_local_cfg lc = {v->dir, 0700, 0600, 0, 0};
+  if (kvti_backend_local_open(&v->be, &lc) ||
+      kvti_index_open(&v->idx, v->dir, NULL, 0) ||
       kvti_chunked_open(&v->ck, v->dir, v->idx, C, "bench", &o)) {
     fprintf(stderr, "open: %s\n", kvt_last_error());
     return -1;

@@ -776,8 +776,10 @@ KVT_API int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair);
  *  entry's remote manifest (disk_bytes = bytes stored, accessed_at =
  *  created_at), in no particular order, until fn returns nonzero. A SCAN of
  *  every master plus one read per entry: never used on the serving path.
- *  Returns 0, KVT_EINVAL (no remote tier configured), KVT_EUNSUPPORTED (built
- *  without hiredis), KVT_EIO / KVT_ETIMEDOUT (server), KVT_ENOMEM, KVT_ECLOSED.
+ *  Returns 0, KVT_EINVAL (no remote tier configured: always so in a build
+ *  without hiredis, whose kvt_tier_open refuses a remote_url with
+ *  KVT_EUNSUPPORTED), KVT_EIO / KVT_ETIMEDOUT (server), KVT_ENOMEM,
+ *  KVT_ECLOSED.
  *  Thread-safe; fn must not call back into the tier. */
 KVT_API int kvt_tier_remote_foreach(kvt_tier *t, kvt_entry_visit_fn fn,
                                     void *ctx);

@@ -7,7 +7,7 @@
 #include "tier/options.h"
 #include "base/error.h"
 #include "base/io.h"
-#include "store/redis_url.h"
+#include "store/backend.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -117,7 +117,7 @@ static int validate_remote(const kvt_options *o) {
                    "remote_url is set but remote_mode is "
                    "KVT_REMOTE_LOCAL; choose "
                    "KVT_REMOTE_LOCAL_AND_REMOTE or KVT_REMOTE_ONLY");
-  if (o->remote_url && kvti_redis_check_url(o->remote_url) != 0)
+  if (o->remote_url && kvti_backend_remote_check_url(o->remote_url) != 0)
     return KVT_EINVAL;
   if (o->remote_prefix &&
       (strlen(o->remote_prefix) > 128 || strpbrk(o->remote_prefix, "{}")))

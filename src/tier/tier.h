@@ -66,12 +66,10 @@ enum { KVTI_OPEN = 0, KVTI_TEARDOWN = 1, KVTI_CLOSED = 2 };
 struct kvt_tier {
   kvt_options opts; /* copy; opts.cache_dir points at dir */
   char *dir;        /* absolute cache directory */
-  char *data_dir;
   uint64_t max_bytes;
   int readonly;
-  int lock_fd; /* flock'ed kvtier.lock, -1 for read-only */
   kvt_index *idx;
-  kvti_backend *be;
+  kvti_backend *be; /* the local store (store/local.h): the layout is its */
   kvti_stripes stripes;
   pthread_mutex_t mut_mu;
   kvti_stats stats;

@@ -13,7 +13,7 @@
 #include "base/io.h"
 #include "format/entry.h"
 #include "index/index.h"
-#include "store/backend.h"
+#include "store/local.h"
 #include "store/chunked.h"
 
 #define C 16
@@ -33,8 +33,9 @@ static void env_open(env *v, const char *tag) {
   char *d = t_join(v->dir, "data");
   mkdir(d, 0700);
   free(d);
+  kvti_local_cfg lc = {v->dir, 0700, 0600, 0, 0};
+  REQUIRE(kvti_backend_local_open(&v->be, &lc) == 0);
   REQUIRE(kvti_index_open(&v->idx, v->dir, NULL, 0) == 0);
-  REQUIRE(kvti_backend_local_new(&v->be, v->dir, 0700) == 0);
   kvti_chunkstore_opts o = {0600, 0700, 0};
   REQUIRE(kvti_chunked_open(&v->ck, v->dir, v->idx, C, "model", &o) == 0);
 }

@@ -1,9 +1,9 @@
 /*
- * backend_redis.c - the Redis / Valkey implementation of the storage-backend
- * seam (backend.h). An entry is stored as the very files the local backend
- * writes (entry.c's layer safetensors, manifest.json with its xxh3 checksums,
- * tokens.bin), concatenated in a fixed order and cut into chunks of at most
- * chunk_bytes, each a string value:
+ * backend.c - the Redis / Valkey implementation of the storage-backend seam
+ * (backend.h), find/stat/stage/fetch included. An entry is stored as the very
+ * files the local backend writes (entry.c's layer safetensors, manifest.json
+ * with its xxh3 checksums, tokens.bin), concatenated in a fixed order and cut
+ * into chunks of at most chunk_bytes, each a string value:
  *   <P>{<hash>}:<gen>:<k>   chunk k of generation gen (16 hex, random per put)
  *   <P>{<hash>}:m           the remote manifest (JSON: gen, file names and
  *                           sizes, per-chunk xxh3, num_tokens, memory_bytes,
@@ -193,7 +193,7 @@ typedef struct rfile {
 
 typedef struct rmanifest {
   char gen[17];
-  kvti_remote_meta meta;
+  kvti_backend_meta meta;
   uint64_t chunk_bytes, total, n_chunks;
   rfile *files;
   size_t n_files;
@@ -455,7 +455,7 @@ static int remove_entry(redis_backend *rb, const char *hash,
 /* Staging                                                                  */
 /* ------------------------------------------------------------------------ */
 
-int kvti_redis_stage_dir(kvti_backend *b, char **out) {
+static int rb_stage(kvti_backend *b, char **out) {
   redis_backend *rb = R(b);
   char name[64];
   snprintf(name, sizeof name, "%ld-%" PRIu64, (long)getpid(),
@@ -728,7 +728,7 @@ static int rb_put(kvti_backend *b, uint64_t *disk_bytes, const kvti_snapshot *s,
                   const kvti_write_opts *o) {
   redis_backend *rb = R(b);
   char *stage = NULL;
-  int rc = kvti_redis_stage_dir(b, &stage);
+  int rc = rb_stage(b, &stage);
   if (rc != 0)
     return rc;
   kvti_write_opts wo = *o;
@@ -778,8 +778,8 @@ static int scatter(const rmanifest *m, const int *fds, const char *dir,
   return 0;
 }
 
-int kvti_redis_fetch(kvti_backend *b, kvti_remote_meta *out, const char *hash,
-                     const char *dest_data_dir) {
+static int rb_fetch(kvti_backend *b, kvti_backend_meta *out, const char *hash,
+                    const char *dest_data_dir) {
   redis_backend *rb = R(b);
   if (!kvti_is_hash_name(hash))
     return KVT_ERR(KVT_EINVAL, "invalid entry name");
@@ -873,10 +873,10 @@ out:
 static int rb_get(kvti_backend *b, kvt_entry **out, const char *hash,
                   const kvti_read_opts *o) {
   char *stage = NULL;
-  int rc = kvti_redis_stage_dir(b, &stage);
+  int rc = rb_stage(b, &stage);
   if (rc != 0)
     return rc;
-  rc = kvti_redis_fetch(b, NULL, hash, stage);
+  rc = rb_fetch(b, NULL, hash, stage);
   if (rc == 0) {
     rc = kvti_entry_read(out, stage, hash, o);
     if (rc == KVT_ECORRUPT || rc == KVT_ENOTFOUND) {
@@ -900,13 +900,14 @@ static int rb_get(kvti_backend *b, kvt_entry **out, const char *hash,
  * prefilter scans them too). Each distinct length is hashed once. */
 #define RB_PAGE 256
 #define RB_MAX_PAGES 64
-static int find_page(redis_backend *rb, kvti_remote_meta *out, const rkey *ps,
+static int find_page(redis_backend *rb, kvti_backend_meta *out, const rkey *ps,
                      const int32_t *tokens, uint64_t lo, uint64_t hi,
                      unsigned page, int *more, uint64_t *last_len,
                      char *last_hash);
 
-static int find_in_set(redis_backend *rb, kvti_remote_meta *out, const rkey *ps,
-                       const int32_t *tokens, uint64_t lo, uint64_t hi) {
+static int find_in_set(redis_backend *rb, kvti_backend_meta *out,
+                       const rkey *ps, const int32_t *tokens, uint64_t lo,
+                       uint64_t hi) {
   if (lo > hi)
     return KVT_ENOTFOUND;
   uint64_t last_len = 0;
@@ -921,7 +922,7 @@ static int find_in_set(redis_backend *rb, kvti_remote_meta *out, const rkey *ps,
   return KVT_ENOTFOUND;
 }
 
-static int find_page(redis_backend *rb, kvti_remote_meta *out, const rkey *ps,
+static int find_page(redis_backend *rb, kvti_backend_meta *out, const rkey *ps,
                      const int32_t *tokens, uint64_t lo, uint64_t hi,
                      unsigned page, int *more, uint64_t *last_len,
                      char *last_hash) {
@@ -988,9 +989,9 @@ static int find_page(redis_backend *rb, kvti_remote_meta *out, const rkey *ps,
   return rc;
 }
 
-int kvti_redis_find(kvti_backend *b, kvti_remote_meta *out,
-                    const int32_t *tokens, size_t n, int prefix,
-                    uint64_t min_len) {
+static int rb_find(kvti_backend *b, kvti_backend_meta *out,
+                   const int32_t *tokens, size_t n, int prefix,
+                   uint64_t min_len) {
   redis_backend *rb = R(b);
   if (min_len < 1)
     min_len = 1;
@@ -1038,7 +1039,7 @@ int kvti_redis_find(kvti_backend *b, kvti_remote_meta *out,
 /* The rest of the seam                                                     */
 /* ------------------------------------------------------------------------ */
 
-int kvti_redis_stat(kvti_backend *b, kvti_remote_meta *out, const char *hash) {
+static int rb_stat(kvti_backend *b, kvti_backend_meta *out, const char *hash) {
   if (!kvti_is_hash_name(hash))
     return KVT_ERR(KVT_EINVAL, "invalid entry name");
   rmanifest m;
@@ -1070,10 +1071,10 @@ static int rb_exists(kvti_backend *b, const char *hash) {
 
 static int rb_describe(kvti_backend *b, char **json, const char *hash) {
   char *stage = NULL;
-  int rc = kvti_redis_stage_dir(b, &stage);
+  int rc = rb_stage(b, &stage);
   if (rc != 0)
     return rc;
-  rc = kvti_redis_fetch(b, NULL, hash, stage);
+  rc = rb_fetch(b, NULL, hash, stage);
   if (rc == 0)
     rc = kvti_entry_describe(json, stage, hash);
   kvti_rmtree(stage);
@@ -1155,10 +1156,24 @@ static void rb_destroy(kvti_backend *b) {
 }
 
 static const kvti_backend_ops redis_ops = {
-    "redis",     rb_put,  rb_get,   rb_remove,     rb_exists, rb_exists,
-    rb_describe, rb_list, rb_purge, rb_quarantine, rb_destroy};
+    .name = "redis",
+    .put = rb_put,
+    .get = rb_get,
+    .remove = rb_remove,
+    .exists = rb_exists,
+    .present = rb_exists,
+    .describe = rb_describe,
+    .list = rb_list,
+    .purge = rb_purge,
+    .quarantine = rb_quarantine,
+    .find = rb_find,
+    .stat = rb_stat,
+    .stage = rb_stage,
+    .fetch = rb_fetch,
+    .destroy = rb_destroy,
+};
 
-int kvti_backend_redis_new(kvti_backend **out, const kvti_redis_cfg *cfg) {
+int kvti_backend_redis_new(kvti_backend **out, const kvti_remote_cfg *cfg) {
   redis_backend *rb = kvti_calloc(1, sizeof *rb);
   if (!rb)
     return KVT_ERR_NOMEM();
