@@ -328,7 +328,7 @@ static double evict_entry(const char *dir, const char *hash) {
       continue;
     char p[4500];
     snprintf(p, sizeof p, "%s/%s", d, de->d_name);
-    int fd = open(p, O_RDONLY | O_NOFOLLOW);
+    int fd = open(p, O_RDONLY | O_NOFOLLOW | O_NONBLOCK); /* never a FIFO */
     if (fd < 0)
       continue;
     struct stat st;
