@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "index/index.h"
 #include "base/io.h"
+#include "format/layer.h"
 #include "tier/remote.h"
 
 #include <errno.h>
@@ -292,12 +293,30 @@ void kvti_writer_stop(kvt_tier *t, int drop) {
   pthread_mutex_unlock(&w->mu);
 }
 
+/* The most tensors a layer of this kind can have (0: unknown kind). */
+static uint32_t kind_max_tensors(int kind) {
+  switch (kind) {
+  case KVT_LAYER_KV:
+  case KVT_LAYER_ROTATING_KV:
+    return 2;
+  case KVT_LAYER_QUANTIZED_KV:
+    return 6;
+  case KVT_LAYER_ARRAYS:
+    return KVTI_MAX_ARRAYS;
+  default:
+    return 0;
+  }
+}
+
 /* Sum of the tensor bytes the caller passed (cheap, before any copy). Malformed
- * layers are left to kvti_snapshot_create to report. */
+ * layers are left to kvti_snapshot_create to report - and not read here: a
+ * num_tensors its kind cannot have may exceed the caller's array, so such a
+ * layer's tensors are never touched before the refusal. */
 static uint64_t layers_bytes(const kvt_layer *layers, uint32_t n_layers) {
   uint64_t sum = 0;
   for (uint32_t i = 0; layers && i < n_layers; i++) {
-    if (!layers[i].tensors)
+    if (!layers[i].tensors ||
+        layers[i].num_tensors > kind_max_tensors(layers[i].kind))
       continue;
     for (uint32_t j = 0; j < layers[i].num_tensors; j++) {
       uint64_t b = layers[i].tensors[j].nbytes;
