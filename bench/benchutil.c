@@ -1,21 +1,28 @@
 /*
  * benchutil.c - implementation of the bench helpers (see benchutil.h).
- * Benchmarks are not library code: they call libc and popen directly.
+ * Benchmarks are not library code: they call libc, posix_spawn and popen
+ * directly. Only the public API (kvtier.h) is used, so `kvtier bench` can link
+ * this file against the shared library.
  */
 #define _GNU_SOURCE 1
 #include "benchutil.h"
-#include "testutil.h" /* checks kvt_test_rmtree's declaration */
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+extern char **environ;
 
 double bu_now(void) {
   struct timespec ts;
@@ -23,72 +30,211 @@ double bu_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Runs argv (stderr to /dev/null) and returns its stdout, malloc'ed and
+ * NUL-terminated, or NULL; *status receives the wait status. */
+static char *run_capture(char *const argv[], int *status) {
+  int pfd[2];
+  if (pipe(pfd) != 0)
+    return NULL;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, pfd[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&fa, pfd[0]);
+  posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, "/dev/null", O_WRONLY,
+                                   0);
+  pid_t pid;
+  int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(pfd[1]);
+  if (rc != 0) {
+    close(pfd[0]);
+    return NULL;
+  }
+  size_t cap = 65536, len = 0;
+  char *buf = malloc(cap);
+  for (;;) {
+    if (buf && len + 4096 > cap) {
+      char *nb = realloc(buf, cap * 2);
+      if (!nb) {
+        free(buf);
+        buf = NULL;
+      } else {
+        buf = nb;
+        cap *= 2;
+      }
+    }
+    char sink[4096]; /* out of memory: drain the pipe so the child ends */
+    ssize_t n = buf ? read(pfd[0], buf + len, cap - len - 1)
+                    : read(pfd[0], sink, sizeof sink);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      break;
+    if (buf)
+      len += (size_t)n;
+  }
+  close(pfd[0]);
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  *status = st;
+  if (buf)
+    buf[len] = 0;
+  return buf;
+}
+
+int bu_fio_version(char *buf, size_t cap) {
+  char *argv[] = {"fio", "--version", NULL};
+  int st = 0;
+  char *out = run_capture(argv, &st);
+  if (!out)
+    return -1;
+  int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0 && strncmp(out, "fio", 3) == 0;
+  if (ok && buf && cap) {
+    out[strcspn(out, "\r\n")] = 0;
+    snprintf(buf, cap, "%s", out);
+  }
+  free(out);
+  return ok ? 0 : -1;
+}
+
 int bu_have_fio(void) {
-  return system("fio --version >/dev/null 2>&1") == 0;
+  return bu_fio_version(NULL, 0) == 0;
+}
+
+/* The job's bandwidth side of fio's JSON output: bytes/s, or -1. */
+static double fio_bw(const char *out, const char *rw) {
+  const char *js = strchr(out, '{'); /* fio may print notes first */
+  cJSON *root = js ? cJSON_Parse(js) : NULL;
+  cJSON *job = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "jobs"), 0);
+  cJSON *err = cJSON_GetObjectItem(job, "error");
+  double bw = -1;
+  if (job && (!cJSON_IsNumber(err) || err->valuedouble == 0)) {
+    cJSON *side =
+        cJSON_GetObjectItem(job, strstr(rw, "write") ? "write" : "read");
+    cJSON *b = cJSON_GetObjectItem(side, "bw_bytes");
+    cJSON *kib = cJSON_GetObjectItem(side, "bw"); /* older fio: KiB/s */
+    if (cJSON_IsNumber(b) && b->valuedouble > 0)
+      bw = b->valuedouble;
+    else if (cJSON_IsNumber(kib) && kib->valuedouble > 0)
+      bw = kib->valuedouble * 1024.0;
+  }
+  cJSON_Delete(root);
+  return bw;
 }
 
 int bu_fio(double *bw, const bu_fio_job *j) {
-  char cmd[2048];
-  snprintf(
-      cmd, sizeof cmd,
-      "fio --name=kvtbench --filename='%s' --rw=%s --bs=%zu --size=%llu "
-      "--direct=%d "
-      "--ioengine=%s --iodepth=%d --end_fsync=%d --invalidate=%d --numjobs=1 "
-      "--output-format=json 2>/dev/null",
-      j->file, j->rw, j->bs, (unsigned long long)j->size, j->direct, j->engine,
-      j->depth, j->end_fsync, j->invalidate);
-  FILE *f = popen(cmd, "r");
-  if (!f) {
-    fprintf(stderr, "fio: cannot run\n");
-    return -1;
-  }
-  size_t cap = 1 << 16, len = 0;
-  char *out = malloc(cap);
-  size_t got;
-  while (out && (got = fread(out + len, 1, cap - len - 1, f)) > 0) {
-    len += got;
-    if (cap - len < 4096) {
-      char *n2 = realloc(out, cap *= 2);
-      if (!n2) {
-        free(out);
-        out = NULL;
-      }
-      out = n2;
-    }
-  }
-  int st = pclose(f);
-  if (!out)
-    return -1;
-  out[len] = '\0';
-  char *js = strchr(out, '{');
-  cJSON *root = js ? cJSON_Parse(js) : NULL;
-  int rc = -1;
-  if (root) {
-    cJSON *jobs = cJSON_GetObjectItem(root, "jobs");
-    cJSON *job = cJSON_GetArrayItem(jobs, 0);
-    cJSON *side =
-        cJSON_GetObjectItem(job, strstr(j->rw, "write") ? "write" : "read");
-    cJSON *b = cJSON_GetObjectItem(side, "bw_bytes");
-    if (cJSON_IsNumber(b) && b->valuedouble > 0) {
-      *bw = b->valuedouble;
-      rc = 0;
-    }
-    cJSON_Delete(root);
-  }
-  if (rc != 0)
-    fprintf(stderr, "fio failed (status %d): %s\n", st, cmd);
+  char a_file[4200], a_rw[64], a_bs[64], a_size[64], a_direct[32], a_engine[64],
+      a_depth[32], a_fsync[32], a_inval[32];
+  snprintf(a_file, sizeof a_file, "--filename=%s", j->file);
+  snprintf(a_rw, sizeof a_rw, "--rw=%s", j->rw);
+  snprintf(a_bs, sizeof a_bs, "--bs=%zu", j->bs);
+  snprintf(a_size, sizeof a_size, "--size=%llu", (unsigned long long)j->size);
+  snprintf(a_direct, sizeof a_direct, "--direct=%d", j->direct);
+  snprintf(a_engine, sizeof a_engine, "--ioengine=%s", j->engine);
+  snprintf(a_depth, sizeof a_depth, "--iodepth=%d", j->depth);
+  snprintf(a_fsync, sizeof a_fsync, "--end_fsync=%d", j->end_fsync);
+  snprintf(a_inval, sizeof a_inval, "--invalidate=%d", j->invalidate);
+  char *argv[] = {"fio",
+                  "--name=kvtbench",
+                  a_file,
+                  a_rw,
+                  a_bs,
+                  a_size,
+                  a_direct,
+                  a_engine,
+                  a_depth,
+                  a_fsync,
+                  a_inval,
+                  "--numjobs=1",
+                  "--output-format=json",
+                  NULL};
+  int st = 0;
+  char *out = run_capture(argv, &st);
+  double v =
+      out && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? fio_bw(out, j->rw) : -1;
   free(out);
-  return rc;
+  if (v > 0) {
+    *bw = v;
+    return 0;
+  }
+  if (!j->quiet)
+    fprintf(stderr, "fio failed (status %d): fio %s %s %s %s %s %s\n", st,
+            a_file, a_rw, a_bs, a_size, a_direct, a_engine);
+  return -1;
+}
+
+/* fdatasync (dirty pages cannot be dropped) + fadvise(DONTNEED) of fd. */
+static int drop_fd(int fd) {
+  fdatasync(fd);
+  return posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0 ? 0 : -1;
 }
 
 int bu_drop_cache(const char *path) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     return -1;
-  fdatasync(fd);
-  int rc = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  int rc = drop_fd(fd);
   close(fd);
-  return rc == 0 ? 0 : -1;
+  return rc;
+}
+
+/* Adds fd's cached and total pages (size bytes) to *resident / *pages. */
+static void count_resident(int fd, size_t size, uint64_t *resident,
+                           uint64_t *pages) {
+  if (size == 0)
+    return;
+  size_t psz = (size_t)sysconf(_SC_PAGESIZE);
+  void *m = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED)
+    return;
+  size_t np = (size + psz - 1) / psz;
+  unsigned char *vec = malloc(np);
+  if (vec && mincore(m, size, vec) == 0) {
+    for (size_t i = 0; i < np; i++)
+      *resident += vec[i] & 1;
+    *pages += np;
+  }
+  free(vec);
+  munmap(m, size);
+}
+
+int bu_evict_dir(const char *dir, double *resident) {
+  DIR *dp = opendir(dir);
+  if (!dp)
+    return -1;
+  uint64_t pages = 0, res = 0;
+  struct dirent *de;
+  while ((de = readdir(dp)) != NULL) {
+    if (de->d_name[0] == '.')
+      continue;
+    char p[4500];
+    snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+    int fd = open(p, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+      continue;
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+      drop_fd(fd);
+      count_resident(fd, (size_t)st.st_size, &res, &pages);
+    }
+    close(fd);
+  }
+  fsync(dirfd(dp));
+  closedir(dp);
+  if (resident)
+    *resident = pages ? (double)res / (double)pages : 0;
+  return 0;
+}
+
+int bu_drop_all_caches(void) {
+  sync();
+  int fd = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -1;
+  int ok = write(fd, "1\n", 2) == 2;
+  close(fd);
+  return ok ? 0 : -1;
 }
 
 /* Reads a whole file into a scratch buffer: its pages end up in the page
@@ -265,8 +411,8 @@ static void fill(void *p, uint64_t n, uint64_t seed) {
   }
 }
 
-static void tensor(kvt_tensor *t, kvt_dtype dt, uint32_t ndim,
-                   const int64_t *shape, uint64_t seed) {
+static void set_tensor(kvt_tensor *t, kvt_dtype dt, uint32_t ndim,
+                       const int64_t *shape) {
   memset(t, 0, sizeof *t);
   t->dtype = dt;
   t->ndim = ndim;
@@ -276,56 +422,103 @@ static void tensor(kvt_tensor *t, kvt_dtype dt, uint32_t ndim,
     n *= (uint64_t)shape[i];
   }
   t->nbytes = n;
-  void *p = NULL;
-  if (posix_memalign(&p, 4096, n ? n : 1) != 0)
-    abort();
-  fill(p, n, seed); /* touched: the caller's KV cache is resident */
-  t->data = p;
+}
+
+int bu_layout_make(bu_layout *l, const bu_layout_spec *s) {
+  memset(l, 0, sizeof *l);
+  const int64_t H = s->heads, T = s->n_tokens, D = s->dim;
+  l->n_layers = s->n_layers;
+  l->layers = calloc(s->n_layers ? s->n_layers : 1, sizeof *l->layers);
+  l->tensors =
+      calloc((size_t)(s->n_layers ? s->n_layers : 1) * 6, sizeof *l->tensors);
+  if (!l->layers || !l->tensors) {
+    bu_layout_free(l);
+    return -1;
+  }
+  uint32_t ti = 0;
+  for (uint32_t i = 0; i < s->n_layers; i++) {
+    kvt_layer *L = &l->layers[i];
+    kvt_tensor *t = &l->tensors[ti];
+    if (s->model == BU_MODEL_QUANTIZED) {
+      kvt_layer_init(L, KVT_LAYER_QUANTIZED_KV);
+      L->bits = s->bits;
+      L->group_size = s->group_size;
+      int64_t packed[4] = {1, H, T, D * s->bits / 32};
+      int64_t groups[4] = {1, H, T, D / s->group_size};
+      for (int kv = 0; kv < 2; kv++) {
+        set_tensor(&t[kv * 3 + 0], KVT_DTYPE_U32, 4, packed);
+        set_tensor(&t[kv * 3 + 1], s->dtype, 4, groups);
+        set_tensor(&t[kv * 3 + 2], s->dtype, 4, groups);
+      }
+      L->num_tensors = 6;
+      L->offset = T;
+    } else if (s->model == BU_MODEL_HYBRID && i % 4 != 3) {
+      kvt_layer_init(L, KVT_LAYER_ARRAYS);
+      int64_t conv[3] = {1, 3, 8192};
+      set_tensor(&t[0], s->dtype, 3, conv);
+      set_tensor(&t[1], KVT_DTYPE_F32, s->ssm_ndim, s->ssm_shape);
+      L->num_tensors = 2;
+    } else {
+      kvt_layer_init(L, KVT_LAYER_KV);
+      int64_t shape[4] = {1, H, T, D};
+      set_tensor(&t[0], s->dtype, 4, shape);
+      set_tensor(&t[1], s->dtype, 4, shape);
+      L->num_tensors = 2;
+      L->offset = T;
+    }
+    L->tensors = t;
+    ti += L->num_tensors;
+    l->kinds[L->kind]++;
+  }
+  l->n_tensors = ti;
+  for (uint32_t i = 0; i < ti; i++)
+    l->bytes += l->tensors[i].nbytes;
+  return 0;
+}
+
+void bu_layout_free(bu_layout *l) {
+  free(l->layers);
+  free(l->tensors);
+  memset(l, 0, sizeof *l);
 }
 
 void bu_workload_make(bu_workload *w, uint32_t n_layers, int hybrid,
                       kvt_dtype dt, int64_t heads, size_t n_tokens, int64_t dim,
                       int32_t salt) {
   memset(w, 0, sizeof *w);
+  bu_layout_spec s = {.n_layers = n_layers,
+                      .model = hybrid ? BU_MODEL_HYBRID : BU_MODEL_KV,
+                      .dtype = dt,
+                      .heads = heads,
+                      .n_tokens = (int64_t)n_tokens,
+                      .dim = dim,
+                      .ssm_ndim = 4,
+                      .ssm_shape = {1, 64, 128, 128}};
   w->n_tokens = n_tokens;
   w->tokens = malloc((n_tokens ? n_tokens : 1) * sizeof(int32_t));
-  w->layers = calloc(n_layers ? n_layers : 1, sizeof(kvt_layer));
-  if (!w->tokens || !w->layers)
+  if (!w->tokens || bu_layout_make(&w->layout, &s) != 0)
     abort();
   for (size_t i = 0; i < n_tokens; i++)
     w->tokens[i] = (int32_t)((i * 2654435761u + (uint32_t)salt) % 128000u);
+  w->layers = w->layout.layers;
   w->n_layers = n_layers;
-  for (uint32_t i = 0; i < n_layers; i++) {
-    kvt_layer *l = &w->layers[i];
-    int kv = !hybrid || i % 4 == 3;
-    kvt_layer_init(l, kv ? KVT_LAYER_KV : KVT_LAYER_ARRAYS);
-    l->num_tensors = 2;
-    l->tensors = calloc(2, sizeof(kvt_tensor));
-    if (!l->tensors)
-      abort();
-    if (kv) {
-      int64_t sh[4] = {1, heads, (int64_t)n_tokens, dim};
-      tensor(&l->tensors[0], dt, 4, sh, i * 2 + 1);
-      tensor(&l->tensors[1], dt, 4, sh, i * 2 + 2);
-      l->offset = (int64_t)n_tokens;
-    } else {
-      int64_t conv[3] = {1, 3, 8192};
-      int64_t ssm[4] = {1, 64, 128, 128};
-      tensor(&l->tensors[0], dt, 3, conv, i * 2 + 1);
-      tensor(&l->tensors[1], KVT_DTYPE_F32, 4, ssm, i * 2 + 2);
+  w->bytes = w->layout.bytes;
+  /* Tensor j of layer i is seeded i * 2 + 1 + j. */
+  for (uint32_t i = 0; i < n_layers; i++)
+    for (uint32_t j = 0; j < w->layers[i].num_tensors; j++) {
+      kvt_tensor *t = &w->layers[i].tensors[j];
+      void *p = NULL;
+      if (posix_memalign(&p, 4096, t->nbytes ? t->nbytes : 1) != 0)
+        abort();
+      fill(p, t->nbytes, i * 2 + 1 + j); /* touched: resident like a KV cache */
+      t->data = p;
     }
-    for (uint32_t j = 0; j < l->num_tensors; j++)
-      w->bytes += l->tensors[j].nbytes;
-  }
 }
 
 void bu_workload_free(bu_workload *w) {
-  for (uint32_t i = 0; i < w->n_layers; i++) {
-    for (uint32_t j = 0; j < w->layers[i].num_tensors; j++)
-      free(w->layers[i].tensors[j].data);
-    free(w->layers[i].tensors);
-  }
-  free(w->layers);
+  for (uint32_t i = 0; i < w->layout.n_tensors; i++)
+    free(w->layout.tensors[i].data);
+  bu_layout_free(&w->layout);
   free(w->tokens);
   memset(w, 0, sizeof *w);
 }

@@ -1,9 +1,14 @@
 /*
- * benchutil.h - helpers shared by the bench programs: wall-clock timing,
- * running fio with JSON output and reading its bandwidth with cJSON, dropping a
- * file from the page cache, peak/current RSS from /proc, a scratch directory on
- * the disk under test, and the one report-line format every target uses ("name
- * value  limit  ratio  target  verdict").
+ * benchutil.h - helpers shared by the bench programs and `kvtier bench`
+ * (tools/cmd_bench.c, tools/disk.c): wall-clock timing, the model-shaped layer
+ * layouts and seeded workloads, running fio with JSON output and reading its
+ * bandwidth, evicting files from the page cache (and measuring what stayed
+ * resident), peak/current RSS from /proc, a scratch directory on the disk
+ * under test, and the one report-line format every bench target uses ("name
+ * value  limit  ratio  target  verdict"). Built as the static library
+ * kvt_benchutil, which uses only the public API (include/kvtier.h): the
+ * command-line tool links it against the shared library, exactly as an outside
+ * program would, and the bench programs against the static one.
  */
 #ifndef KVT_BENCHUTIL_H
 #define KVT_BENCHUTIL_H
@@ -18,6 +23,42 @@ double bu_now(void);
 /* Parses "N,N,..." (modifies s) into up to cap values; returns how many. */
 int bu_parse_list(size_t *v, int cap, char *s);
 
+/* The layer layout of a model-shaped entry: descriptors only (dtype, shape,
+ * nbytes; data NULL), every tensor in one array the layers point into. */
+typedef enum bu_model {
+  BU_MODEL_KV,       /* every layer KV: keys, values [1, heads, tokens, dim] */
+  BU_MODEL_HYBRID,   /* every 4th layer KV, the others Mamba arrays: a conv
+                        state [1, 3, 8192] of dtype and an SSM state (ssm) F32 */
+  BU_MODEL_QUANTIZED /* every layer quantized KV: per side packed U32
+                        [1, heads, tokens, dim * bits / 32] + scales and
+                        biases [1, heads, tokens, dim / group_size] of dtype */
+} bu_model;
+
+typedef struct bu_layout_spec {
+  uint32_t n_layers;
+  bu_model model;
+  kvt_dtype dtype;
+  int64_t heads, n_tokens, dim;
+  uint32_t ssm_ndim; /* BU_MODEL_HYBRID: the SSM state's shape */
+  int64_t ssm_shape[4];
+  int bits, group_size; /* BU_MODEL_QUANTIZED */
+} bu_layout_spec;
+
+typedef struct bu_layout {
+  kvt_layer *layers;
+  uint32_t n_layers;
+  kvt_tensor *tensors; /* n_tensors, in layer order */
+  uint32_t n_tensors;
+  uint64_t bytes;    /* sum of the tensors' nbytes */
+  uint32_t kinds[5]; /* layers per kvt_layer_kind */
+} bu_layout;
+
+/* Builds the descriptors of s into l. Returns 0, or -1 when out of memory
+ * (l then holds nothing to free). */
+int bu_layout_make(bu_layout *l, const bu_layout_spec *s);
+/* Frees the descriptors (not the tensors' data). */
+void bu_layout_free(bu_layout *l);
+
 /* A seeded, resident workload of the issue-7 shape: n_layers layers, KV keys
  * and values [1, heads, n_tokens, dim] of dtype dt; with hybrid, every 4th
  * layer is KV and the others arrays (a conv state [1, 3, 8192] of dt and an SSM
@@ -29,7 +70,8 @@ typedef struct bu_workload {
   size_t n_tokens;
   kvt_layer *layers;
   uint32_t n_layers;
-  uint64_t bytes; /* tensor bytes */
+  uint64_t bytes;   /* tensor bytes */
+  bu_layout layout; /* owns layers and their tensors */
 } bu_workload;
 void bu_workload_make(bu_workload *w, uint32_t n_layers, int hybrid,
                       kvt_dtype dt, int64_t heads, size_t n_tokens, int64_t dim,
@@ -46,11 +88,15 @@ typedef struct bu_fio_job {
   const char *engine; /* "io_uring", "psync", ... */
   int end_fsync;
   int invalidate; /* 1: fio drops the file's cache before the job */
+  int quiet;      /* 1: no message on failure (the caller has a fallback) */
 } bu_fio_job;
 
-/* Runs fio; *bw receives bytes/s. Returns 0, or -1 when fio is missing or its
- * output cannot be parsed (a message is printed). */
+/* Runs fio (spawned with an argument vector, no shell; its stderr discarded);
+ * *bw receives bytes/s. Returns 0, or -1 when fio is missing, fails or its
+ * output cannot be parsed (a message is printed unless job->quiet). */
 int bu_fio(double *bw, const bu_fio_job *job);
+/* fio's version line ("fio-3.33") into buf: 0, or -1 when fio cannot run. */
+int bu_fio_version(char *buf, size_t cap);
 /* Whether fio is on PATH. */
 int bu_have_fio(void);
 
@@ -59,6 +105,14 @@ int bu_drop_cache(const char *path);
 /* Same for every regular file below dir (one level of subdirectories, as in
  * data/<hash>/). */
 int bu_drop_cache_tree(const char *dir);
+/* Drops every regular file directly in dir (not following links) from the
+ * page cache and fsyncs dir; *resident (may be NULL) receives the fraction of
+ * their pages still cached afterwards (mincore; 0 for no pages). Returns 0, or
+ * -1 when dir cannot be opened. */
+int bu_evict_dir(const char *dir, double *resident);
+/* sync, then drops the whole page cache through /proc/sys/vm/drop_caches
+ * (root only): 0 or -1. */
+int bu_drop_all_caches(void);
 /* The reverse: reads every regular file below dir, so its pages are cached
  * (kvtier reads cold files with O_DIRECT, which caches nothing: a warm-promote
  * measurement has to put the pages there first). */
@@ -71,9 +125,9 @@ void bu_reset_peak_rss(void);
 /* Creates <base>/kvt-bench-XXXXXX (base NULL: $KVT_BENCH_DIR, else /var/tmp).
  */
 char *bu_mkdtemp(const char *base);
-/* rm -rf without following symlinks: the tests' helper (tests/testutil.c is
- * linked into kvt_benchutil; its header is not included here because its
- * CHECK macros are for tests). */
+/* rm -rf without following symlinks: the tests' helper (tests/testutil.c,
+ * linked into the bench programs, not into kvt_benchutil; its header is not
+ * included here because its CHECK macros are for tests). */
 void kvt_test_rmtree(const char *path);
 
 /* Prints one target line. higher_better: ratio = value/limit (target: ratio >=

@@ -13,8 +13,15 @@
  * Memory stays bounded: all entries' tensors point into one shared random
  * pool (each entry at a different offset), at most a few spills are in
  * flight, and each promoted entry is freed before the next promote.
+ *
+ * The layer layouts, the page-cache eviction and the fio runner are bench/'s
+ * (benchutil.h, linked as kvt_benchutil over the public API), so the CLI and
+ * the bench programs measure the same shapes the same way. cmd_bench runs the
+ * steps below in order over one bench_run: parse, directory, workload, disk,
+ * open, spill, lookups, promotes, report, clean-up.
  */
 #define _GNU_SOURCE
+#include "benchutil.h"
 #include "cli.h"
 #include "disk.h"
 
@@ -24,9 +31,9 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -86,17 +93,12 @@ typedef struct bench_cfg {
 } bench_cfg;
 
 typedef struct workload {
-  uint32_t n_layers;
-  kvt_layer *layers;   /* per entry, re-pointed into the pool */
-  kvt_tensor *tensors; /* all tensors of one entry, layers point in here */
-  uint32_t n_tensors;
-  uint64_t entry_bytes; /* RAM size of one entry's layers = memory_bytes */
+  bu_layout lay; /* one entry's layers; tensors re-pointed per entry */
   unsigned char *pool;
   uint64_t pool_bytes;
   int32_t **tokens;  /* per entry */
   int32_t **queries; /* per entry: tokens + 16 more, for prefix lookups */
   char (*hashes)[KVT_HASH_HEX_LEN + 1];
-  uint32_t kinds[5];
 } workload;
 
 static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
@@ -106,70 +108,24 @@ static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
   return z ^ (z >> 31);
 }
 
-static void set_tensor(kvt_tensor *t, kvt_dtype dt, uint32_t ndim,
-                       const int64_t *shape) {
-  memset(t, 0, sizeof *t);
-  t->dtype = dt;
-  t->ndim = ndim;
-  uint64_t n = 1;
-  for (uint32_t i = 0; i < ndim; i++) {
-    t->shape[i] = shape[i];
-    n *= (uint64_t)shape[i];
-  }
-  t->nbytes = n * kvt_dtype_size(dt);
-}
-
-/* Builds one entry's layer descriptors (data pointers set per entry). */
+/* Builds one entry's layer descriptors (data pointers set per entry): 32
+ * layers of 8 heads x 128, shaped by the preset (see BENCH_HELP). */
 static int build_layout(workload *w, const bench_cfg *c) {
-  const int64_t T = c->tokens, H = 8, D = 128;
-  int hybrid = strcmp(c->preset, "hybrid") == 0;
-  int quant = strcmp(c->preset, "quantized") == 0;
-  w->n_layers = 32;
-  w->layers = calloc(w->n_layers, sizeof *w->layers);
-  w->tensors = calloc((size_t)w->n_layers * 6, sizeof *w->tensors);
-  if (!w->layers || !w->tensors)
-    return -1;
-  uint32_t ti = 0;
-  for (uint32_t l = 0; l < w->n_layers; l++) {
-    kvt_layer *L = &w->layers[l];
-    kvt_tensor *t = &w->tensors[ti];
-    if (quant) {
-      kvt_layer_init(L, KVT_LAYER_QUANTIZED_KV);
-      L->bits = 4;
-      L->group_size = 64;
-      int64_t packed[4] = {1, H, T, D * 4 / 32};
-      int64_t groups[4] = {1, H, T, D / 64};
-      for (int kv = 0; kv < 2; kv++) {
-        set_tensor(&t[kv * 3 + 0], KVT_DTYPE_U32, 4, packed);
-        set_tensor(&t[kv * 3 + 1], c->dtype, 4, groups);
-        set_tensor(&t[kv * 3 + 2], c->dtype, 4, groups);
-      }
-      L->num_tensors = 6;
-      L->offset = T;
-    } else if (hybrid && l % 4 != 3) {
-      kvt_layer_init(L, KVT_LAYER_ARRAYS);
-      int64_t conv[3] = {1, 3, 8192};
-      int64_t ssm[3] = {1, 8192, 16};
-      set_tensor(&t[0], c->dtype, 3, conv);
-      set_tensor(&t[1], KVT_DTYPE_F32, 3, ssm);
-      L->num_tensors = 2;
-    } else {
-      kvt_layer_init(L, KVT_LAYER_KV);
-      int64_t shape[4] = {1, H, T, D};
-      set_tensor(&t[0], c->dtype, 4, shape);
-      set_tensor(&t[1], c->dtype, 4, shape);
-      L->num_tensors = 2;
-      L->offset = T;
-    }
-    L->tensors = t;
-    ti += L->num_tensors;
-    w->kinds[L->kind]++;
-  }
-  w->n_tensors = ti;
-  w->entry_bytes = 0;
-  for (uint32_t i = 0; i < ti; i++)
-    w->entry_bytes += w->tensors[i].nbytes;
-  return 0;
+  bu_layout_spec s = {.n_layers = 32,
+                      .model = BU_MODEL_KV,
+                      .dtype = c->dtype,
+                      .heads = 8,
+                      .n_tokens = c->tokens,
+                      .dim = 128,
+                      .ssm_ndim = 3,
+                      .ssm_shape = {1, 8192, 16},
+                      .bits = 4,
+                      .group_size = 64};
+  if (strcmp(c->preset, "hybrid") == 0)
+    s.model = BU_MODEL_HYBRID;
+  else if (strcmp(c->preset, "quantized") == 0)
+    s.model = BU_MODEL_QUANTIZED;
+  return bu_layout_make(&w->lay, &s);
 }
 
 /* Offset of entry e's data in the pool: entries differ in content. */
@@ -179,9 +135,9 @@ static uint64_t entry_base(int e) {
 
 static void point_entry(workload *w, int e) {
   unsigned char *p = w->pool + entry_base(e);
-  for (uint32_t i = 0; i < w->n_tensors; i++) {
-    w->tensors[i].data = p;
-    p += (w->tensors[i].nbytes + 63) / 64 * 64;
+  for (uint32_t i = 0; i < w->lay.n_tensors; i++) {
+    w->lay.tensors[i].data = p;
+    p += (w->lay.tensors[i].nbytes + 63) / 64 * 64;
   }
 }
 
@@ -190,8 +146,8 @@ static int build_workload(workload *w, const bench_cfg *c) {
   if (build_layout(w, c) != 0)
     return -1;
   uint64_t span = 0;
-  for (uint32_t i = 0; i < w->n_tensors; i++)
-    span += (w->tensors[i].nbytes + 63) / 64 * 64;
+  for (uint32_t i = 0; i < w->lay.n_tensors; i++)
+    span += (w->lay.tensors[i].nbytes + 63) / 64 * 64;
   w->pool_bytes = span + 256 * 4096;
   w->pool = malloc(w->pool_bytes);
   w->tokens = calloc((size_t)c->entries, sizeof *w->tokens);
@@ -246,8 +202,7 @@ static void free_workload(workload *w, int entries) {
   free(w->queries);
   free(w->hashes);
   free(w->pool);
-  free(w->layers);
-  free(w->tensors);
+  bu_layout_free(&w->lay);
 }
 
 /* ---- statistics ---- */
@@ -317,54 +272,8 @@ static void log_warn(void *ctx, int level, const char *msg) {
 static double evict_entry(const char *dir, const char *hash) {
   char d[4200];
   snprintf(d, sizeof d, "%s/data/%s", dir, hash);
-  DIR *dp = opendir(d);
-  if (!dp)
-    return -1;
-  uint64_t pages = 0, resident = 0;
-  long psz = sysconf(_SC_PAGESIZE);
-  struct dirent *de;
-  while ((de = readdir(dp)) != NULL) {
-    if (de->d_name[0] == '.')
-      continue;
-    char p[4500];
-    snprintf(p, sizeof p, "%s/%s", d, de->d_name);
-    int fd = open(p, O_RDONLY | O_NOFOLLOW | O_NONBLOCK); /* never a FIFO */
-    if (fd < 0)
-      continue;
-    struct stat st;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-      fdatasync(fd); /* dirty pages cannot be dropped */
-      posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-      if (st.st_size > 0) {
-        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-        if (m != MAP_FAILED) {
-          size_t np = ((size_t)st.st_size + (size_t)psz - 1) / (size_t)psz;
-          unsigned char *vec = malloc(np);
-          if (vec && mincore(m, (size_t)st.st_size, vec) == 0) {
-            for (size_t i = 0; i < np; i++)
-              resident += vec[i] & 1;
-            pages += np;
-          }
-          free(vec);
-          munmap(m, (size_t)st.st_size);
-        }
-      }
-    }
-    close(fd);
-  }
-  fsync(dirfd(dp));
-  closedir(dp);
-  return pages ? (double)resident / (double)pages : 0;
-}
-
-static int drop_all_caches(void) {
-  sync();
-  int fd = open("/proc/sys/vm/drop_caches", O_WRONLY);
-  if (fd < 0)
-    return -1;
-  int ok = write(fd, "1\n", 2) == 2;
-  close(fd);
-  return ok ? 0 : -1;
+  double resident = 0;
+  return bu_evict_dir(d, &resident) == 0 ? resident : -1;
 }
 
 /* ---- verification of promoted data ---- */
@@ -378,15 +287,16 @@ static void verify_entry(verify_count *vc, workload *w, int e,
                          const kvt_entry *ent) {
   point_entry(w, e);
   uint32_t nl = kvt_entry_num_layers(ent);
-  if (nl != w->n_layers) {
+  if (nl != w->lay.n_layers) {
     vc->mismatched++;
     snprintf(vc->first_bad, sizeof vc->first_bad,
-             "entry %d: %u layers promoted, %u spilled", e, nl, w->n_layers);
+             "entry %d: %u layers promoted, %u spilled", e, nl,
+             w->lay.n_layers);
     return;
   }
   for (uint32_t l = 0; l < nl; l++) {
     const kvt_layer *got = kvt_entry_layer(ent, l);
-    const kvt_layer *want = &w->layers[l];
+    const kvt_layer *want = &w->lay.layers[l];
     if (!got || got->num_tensors != want->num_tensors) {
       vc->skipped += want->num_tensors; /* compat dequantized the layer */
       continue;
@@ -439,23 +349,6 @@ static int looks_like_cache(const char *dir) {
   closedir(d);
   return n == 0 || cache;
 }
-
-/* Ends the run with exit code CODE and a printf-style message: the progress
- * bar (if any) is erased, then everything is cleaned up at `out`. */
-#define END_RUN(CODE, ...)                                                     \
-  do {                                                                         \
-    code = (CODE);                                                             \
-    snprintf(fail, sizeof fail, __VA_ARGS__);                                  \
-    cli_progress_end(&pg);                                                     \
-    goto out;                                                                  \
-  } while (0)
-
-#define CHECK_INTERRUPT()                                                      \
-  do {                                                                         \
-    if (interrupted)                                                           \
-      END_RUN(CLI_INTERRUPTED, "interrupted; cleaned up");                     \
-  } while (0)
-
 typedef struct phase {
   uint64_t count, bytes;
   double seconds; /* sum of per-operation times */
@@ -523,52 +416,93 @@ static int timed_promote(phase *p, double *lat, verify_count *vc, kvt_tier *t,
   return 0;
 }
 
-int cmd_bench(int argc, char **argv) {
-  cli_flag f[] = {{"json", 0},        {"preset", 1},    {"entries", 1},
-                  {"tokens", 1},      {"dtype", 1},     {"storage", 1},
-                  {"durability", 1},  {"quick", 0},     {"keep", 0},
-                  {"seed", 1},        {"disk-size", 1}, {"no-disk", 0},
-                  {"no-progress", 0}, {"cold", 1},      {"verbose", 0}};
-  const size_t nf = sizeof f / sizeof f[0];
-  const char *pos[1] = {NULL};
-  int rc = cli_begin("bench", BENCH_HELP, NULL, argc, argv, f, nf, pos, 0, 1);
-  if (rc != CLI_RUN)
-    return rc;
+/* ---- the run, step by step ---- */
+
+/* Everything one `kvtier bench` run holds; each step below reads and fills
+ * it. A step returns 0 to go on, or -1 after end_run recorded why the run
+ * stops (code and fail), and the clean-up in finish() undoes what the steps
+ * did, whichever step stopped. */
+typedef struct bench_run {
   bench_cfg c;
-  memset(&c, 0, sizeof c);
-  c.json = cli_flag_get(f, nf, "json")->set;
-  c.quick = cli_flag_get(f, nf, "quick")->set;
-  c.keep = cli_flag_get(f, nf, "keep")->set;
-  c.no_disk = cli_flag_get(f, nf, "no-disk")->set;
-  c.progress = !cli_flag_get(f, nf, "no-progress")->set;
-  c.preset = "llama3-8b";
-  c.entries = c.quick ? 4 : 8;
-  c.tokens = c.quick ? 1024 : 2048; /* issue 7: entries of 1-8k tokens */
-  c.dtype = KVT_DTYPE_F16;
-  c.storage = KVT_STORAGE_NATIVE;
-  c.durability = KVT_DURABILITY_FSYNC;
-  c.seed = 1;
-  c.disk_size = c.quick ? (256ull << 20) : (1ull << 30);
+  int verbose;
+  char dir[4096];
+  int remove_dir; /* the bench created dir: remove it at the end (no --keep) */
+  char fsname[32];
+  workload w;
+  spill_track trk;
+  double *lat;   /* per-operation latencies of the current phase */
+  double *enq_t; /* when spill i was enqueued */
+  cli_progress pg;
+  disk_result disk;
+  kvt_tier *t;
+  kvt_stats st;
+  phase producer, spill, spill_e2e, lookup[2], warm, cold;
+  size_t nlook;
+  verify_count vc;
+  double resident_sum; /* page-cache residency after each cold eviction */
+  int resident_n;
+  int code, reported;
+  char fail[8192];
+} bench_run;
+
+/* Ends the run with exit code CODE and a printf-style message: the progress
+ * bar (if any) is erased; finish() then cleans up. Returns -1. */
+static int end_run(bench_run *r, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int end_run(bench_run *r, int code, const char *fmt, ...) {
+  r->code = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->fail, sizeof r->fail, fmt, ap);
+  va_end(ap);
+  cli_progress_end(&r->pg);
+  return -1;
+}
+
+#define CHECK_INTERRUPT(r)                                                     \
+  do {                                                                         \
+    if (interrupted)                                                           \
+      return end_run((r), CLI_INTERRUPTED, "interrupted; cleaned up");         \
+  } while (0)
+
+/* Step 0: the flags into c (defaults first). Returns 0, or the exit code of
+ * a usage error (reported). */
+static int parse_cfg(bench_cfg *c, cli_flag *f, size_t nf) {
+  int rc;
+  memset(c, 0, sizeof *c);
+  c->json = cli_flag_get(f, nf, "json")->set;
+  c->quick = cli_flag_get(f, nf, "quick")->set;
+  c->keep = cli_flag_get(f, nf, "keep")->set;
+  c->no_disk = cli_flag_get(f, nf, "no-disk")->set;
+  c->progress = !cli_flag_get(f, nf, "no-progress")->set;
+  c->preset = "llama3-8b";
+  c->entries = c->quick ? 4 : 8;
+  c->tokens = c->quick ? 1024 : 2048; /* issue 7: entries of 1-8k tokens */
+  c->dtype = KVT_DTYPE_F16;
+  c->storage = KVT_STORAGE_NATIVE;
+  c->durability = KVT_DURABILITY_FSYNC;
+  c->seed = 1;
+  c->disk_size = c->quick ? (256ull << 20) : (1ull << 30);
   const char *v;
-  int json = c.json;
+  int json = c->json;
   if ((v = cli_flag_get(f, nf, "preset")->value)) {
     if (strcmp(v, "llama3-8b") && strcmp(v, "hybrid") && strcmp(v, "quantized"))
       return cli_fail(json, "bench", CLI_USAGE,
                       "unknown preset '%s' (llama3-8b, hybrid, quantized)", v);
-    c.preset = v;
+    c->preset = v;
   }
   uint64_t u;
   if ((v = cli_flag_get(f, nf, "entries")->value)) {
     if (cli_parse_u64(v, &u) != 0 || u < 1 || u > 100000)
       return cli_fail(json, "bench", CLI_USAGE,
                       "--entries needs 1..100000, got '%s'", v);
-    c.entries = (int)u;
+    c->entries = (int)u;
   }
   if ((v = cli_flag_get(f, nf, "tokens")->value)) {
     if (cli_parse_u64(v, &u) != 0 || u < 1 || u > 1000000)
       return cli_fail(json, "bench", CLI_USAGE,
                       "--tokens needs 1..1000000, got '%s'", v);
-    c.tokens = (int)u;
+    c->tokens = (int)u;
   }
   static const cli_choice dtypes[] = {{"f16", KVT_DTYPE_F16},
                                       {"fp16", KVT_DTYPE_F16},
@@ -580,49 +514,50 @@ int cmd_bench(int argc, char **argv) {
   static const cli_choice durabilities[] = {{"fsync", KVT_DURABILITY_FSYNC},
                                             {"none", KVT_DURABILITY_NONE}};
   static const cli_choice colds[] = {{"fadvise", 0}, {"drop-caches", 1}};
-  int dtype = (int)c.dtype;
+  int dtype = (int)c->dtype;
   if ((rc = cli_flag_choice(f, nf, "dtype", dtypes, 5, "f16, bf16 or f32", json,
                             "bench", &dtype)) ||
       (rc = cli_flag_choice(f, nf, "storage", storages, 2, "native or compat",
-                            json, "bench", &c.storage)) ||
+                            json, "bench", &c->storage)) ||
       (rc = cli_flag_choice(f, nf, "durability", durabilities, 2,
-                            "fsync or none", json, "bench", &c.durability)))
+                            "fsync or none", json, "bench", &c->durability)))
     return rc;
-  c.dtype = (kvt_dtype)dtype;
+  c->dtype = (kvt_dtype)dtype;
   if ((v = cli_flag_get(f, nf, "seed")->value)) {
-    if (cli_parse_u64(v, &c.seed) != 0)
+    if (cli_parse_u64(v, &c->seed) != 0)
       return cli_fail(json, "bench", CLI_USAGE, "--seed needs a number");
   }
   if ((v = cli_flag_get(f, nf, "disk-size")->value)) {
-    if (cli_parse_size(v, &c.disk_size) != 0 || c.disk_size < (1u << 20))
+    if (cli_parse_size(v, &c->disk_size) != 0 || c->disk_size < (1u << 20))
       return cli_fail(json, "bench", CLI_USAGE,
                       "--disk-size needs a size >= 1M like 512M, got '%s'", v);
   }
   if ((rc = cli_flag_choice(f, nf, "cold", colds, 2, "fadvise or drop-caches",
-                            json, "bench", &c.drop_caches)) != 0)
+                            json, "bench", &c->drop_caches)) != 0)
     return rc;
-  if (c.drop_caches && geteuid() != 0)
+  if (c->drop_caches && geteuid() != 0)
     return cli_fail(json, "bench", CLI_USAGE, "--cold drop-caches needs root");
 
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
+  return 0;
+}
 
-  /* ---- the directory ---- */
-  char dir[4096];
-  int remove_dir = 0, created = 0;
-  if (pos[0]) {
-    snprintf(dir, sizeof dir, "%s", pos[0]);
+/* Step 1: the cache directory - the one given (created if missing; an
+ * existing one must be empty or a kvtier cache) or a fresh one under $TMPDIR
+ * (else /var/tmp) - and its filesystem's name. Returns 0 or the exit code
+ * (reported). */
+static int prepare_dir(bench_run *r, const char *given) {
+  const bench_cfg *c = &r->c;
+  int json = c->json;
+  char *dir = r->dir;
+  const size_t dir_cap = sizeof r->dir;
+  if (given) {
+    snprintf(dir, dir_cap, "%s", given);
     struct stat st;
     if (stat(dir, &st) != 0) {
       if (errno != ENOENT || mkdir(dir, 0700) != 0)
         return cli_fail(json, "bench", CLI_NOOPEN, "%s: cannot create: %s", dir,
                         strerror(errno));
-      created = 1;
-      remove_dir = !c.keep;
+      r->remove_dir = !c->keep;
     } else if (!S_ISDIR(st.st_mode)) {
       return cli_fail(json, "bench", CLI_NOOPEN, "%s: not a directory", dir);
     } else if (!looks_like_cache(dir)) {
@@ -636,20 +571,19 @@ int cmd_bench(int argc, char **argv) {
     const char *base = getenv("TMPDIR");
     if (!base || !*base)
       base = "/var/tmp";
-    snprintf(dir, sizeof dir, "%s/kvtier-bench-XXXXXX", base);
+    snprintf(dir, dir_cap, "%s/kvtier-bench-XXXXXX", base);
     if (!mkdtemp(dir))
       return cli_fail(json, "bench", CLI_NOOPEN,
                       "cannot create a temporary directory under %s: %s", base,
                       strerror(errno));
-    created = 1;
-    remove_dir = !c.keep;
+    r->remove_dir = !c->keep;
   }
-  char fsname[32] = "?";
+  snprintf(r->fsname, sizeof r->fsname, "?");
   struct statfs sfs;
   int is_tmpfs = 0;
   if (statfs(dir, &sfs) == 0) {
     is_tmpfs = sfs.f_type == 0x01021994; /* TMPFS_MAGIC */
-    snprintf(fsname, sizeof fsname, "%s",
+    snprintf(r->fsname, sizeof r->fsname, "%s",
              is_tmpfs                         ? "tmpfs"
              : sfs.f_type == 0xEF53           ? "ext4"
              : sfs.f_type == 0x58465342       ? "xfs"
@@ -662,416 +596,510 @@ int cmd_bench(int argc, char **argv) {
             "kvtier bench: warning: %s is on tmpfs (RAM), not a disk: the "
             "figures say nothing about an SSD. Give a DIR on the SSD.\n",
             dir);
+  return 0;
+}
 
-  workload w;
-  int code = CLI_OK, reported = 0;
-  char fail[8192] = "";
-  double *lat = NULL, *enq_t = NULL;
-  cli_progress pg = {0};
-  if (build_workload(&w, &c) != 0) {
-    free_workload(&w, c.entries);
-    if (remove_dir)
-      cli_rmtree(dir);
-    return cli_fail(json, "bench", CLI_FAILED,
+/* Step 2: the workload and the spill bookkeeping. Returns 0 or the exit code
+ * (reported; nothing left to clean up but the directory, removed here). */
+static int prepare_workload(bench_run *r) {
+  const bench_cfg *c = &r->c;
+  if (build_workload(&r->w, c) != 0) {
+    free_workload(&r->w, c->entries);
+    memset(&r->w, 0, sizeof r->w);
+    if (r->remove_dir)
+      cli_rmtree(r->dir);
+    return cli_fail(c->json, "bench", CLI_FAILED,
                     "out of memory building the "
                     "workload");
   }
+  spill_track *trk = &r->trk;
+  pthread_mutex_init(&trk->mu, NULL);
+  pthread_cond_init(&trk->cv, NULL);
+  r->enq_t = calloc((size_t)c->entries, sizeof *r->enq_t);
+  trk->done_t = calloc((size_t)c->entries, sizeof *trk->done_t);
+  trk->cap = trk->done_t ? (uint64_t)c->entries : 0;
+  return 0;
+}
 
-  spill_track trk;
-  memset(&trk, 0, sizeof trk);
-  pthread_mutex_init(&trk.mu, NULL);
-  pthread_cond_init(&trk.cv, NULL);
-  enq_t = calloc((size_t)c.entries, sizeof *enq_t);
-  trk.done_t = calloc((size_t)c.entries, sizeof *trk.done_t);
-  trk.cap = trk.done_t ? (uint64_t)c.entries : 0;
+/* Step 3: the disk's own limits (skipped with --no-disk). */
+static int measure_disk(bench_run *r) {
+  if (!r->c.no_disk)
+    disk_measure(&r->disk, r->dir, r->c.disk_size, r->c.progress);
+  CHECK_INTERRUPT(r);
+  return 0;
+}
 
-  /* ---- 1. the disk's own limits ---- */
-  disk_result disk;
-  memset(&disk, 0, sizeof disk);
-  if (!c.no_disk)
-    disk_measure(&disk, dir, c.disk_size, c.progress);
-  kvt_tier *t = NULL;
-  CHECK_INTERRUPT();
-
-  /* ---- 2. open the tier ---- */
+/* Step 4: the tier on dir, evicting nothing, with its writer started. */
+static int open_tier(bench_run *r) {
+  const bench_cfg *c = &r->c;
   kvt_options o;
   kvt_options_init(&o, KVT_OPTIONS_VERSION);
-  o.cache_dir = dir;
+  o.cache_dir = r->dir;
   o.max_size_gb = 1e6; /* never evict anything, ours or a user's */
   o.max_entries = INT64_MAX / 4;
-  o.storage_mode = c.storage;
-  o.durability = c.durability;
+  o.storage_mode = c->storage;
+  o.durability = c->durability;
   o.log_fn = log_warn;
-  o.log_level =
-      cli_flag_get(f, nf, "verbose")->set ? KVT_LOG_INFO : KVT_LOG_WARN;
+  o.log_level = r->verbose ? KVT_LOG_INFO : KVT_LOG_WARN;
   o.spill_done_fn = on_spill_done;
-  o.spill_done_ctx = &trk;
-  rc = kvt_tier_open(&t, &o);
+  o.spill_done_ctx = &r->trk;
+  int rc = kvt_tier_open(&r->t, &o);
   if (rc == 0)
-    rc = kvt_tier_start_writer(t);
-  if (rc == 0 && (!enq_t || !trk.done_t))
+    rc = kvt_tier_start_writer(r->t);
+  if (rc == 0 && (!r->enq_t || !r->trk.done_t))
     rc = KVT_ENOMEM;
   if (rc != 0)
-    END_RUN(CLI_FAILED, "cannot open %s: %s (%s)", dir, kvt_last_error(),
-            kvt_strerror(rc));
+    return end_run(r, CLI_FAILED, "cannot open %s: %s (%s)", r->dir,
+                   kvt_last_error(), kvt_strerror(rc));
+  return 0;
+}
 
-  /* ---- 3. spill ---- */
+/* Step 5: spill every entry (at most a few in flight), timing the caller's
+ * side (producer), the writer's busy time (spill) and spill .. flush
+ * (spill_e2e). */
+static int run_spills(bench_run *r) {
+  const bench_cfg *c = &r->c;
+  workload *w = &r->w;
+  spill_track *trk = &r->trk;
+  kvt_tier *t = r->t;
   const uint64_t inflight = 3;
-  lat = calloc((size_t)c.entries * 64 + 20000, sizeof *lat);
-  if (!lat)
-    END_RUN(CLI_FAILED, "out of memory");
-  phase producer = {0};
-  cli_progress_start(&pg, "spill", (uint64_t)c.entries, c.progress);
+  r->lat = calloc((size_t)c->entries * 64 + 20000, sizeof *r->lat);
+  if (!r->lat)
+    return end_run(r, CLI_FAILED, "out of memory");
+  double *lat = r->lat;
+  phase *producer = &r->producer;
+  cli_progress_start(&r->pg, "spill", (uint64_t)c->entries, c->progress);
   double s0 = cli_mono();
-  for (int e = 0; e < c.entries; e++) {
-    CHECK_INTERRUPT();
+  int rc = 0;
+  for (int e = 0; e < c->entries; e++) {
+    CHECK_INTERRUPT(r);
     if ((uint64_t)e >= inflight)
-      wait_done_at_least(&trk, (uint64_t)e - inflight + 1);
-    point_entry(&w, e);
+      wait_done_at_least(trk, (uint64_t)e - inflight + 1);
+    point_entry(w, e);
     for (;;) {
       double t0 = cli_mono();
-      rc = kvt_tier_spill(t, w.tokens[e], (size_t)c.tokens, w.layers,
-                          w.n_layers, w.entry_bytes);
+      rc = kvt_tier_spill(t, w->tokens[e], (size_t)c->tokens, w->lay.layers,
+                          w->lay.n_layers, w->lay.bytes);
       double dt = cli_mono() - t0;
       if (rc == KVT_EFULL) { /* the queue is full: wait for the writer */
-        pthread_mutex_lock(&trk.mu);
-        uint64_t d = trk.done;
-        pthread_mutex_unlock(&trk.mu);
-        wait_done_at_least(&trk, d + 1);
+        pthread_mutex_lock(&trk->mu);
+        uint64_t d = trk->done;
+        pthread_mutex_unlock(&trk->mu);
+        wait_done_at_least(trk, d + 1);
         continue;
       }
-      enq_t[e] = t0 + dt;
-      lat[producer.count++] = dt;
-      producer.seconds += dt;
-      producer.bytes += w.entry_bytes;
+      r->enq_t[e] = t0 + dt;
+      lat[producer->count++] = dt;
+      producer->seconds += dt;
+      producer->bytes += w->lay.bytes;
       break;
     }
     if (rc != 0)
-      END_RUN(CLI_FAILED, "spill of entry %d failed: %s (%s)", e,
-              kvt_last_error(), kvt_strerror(rc));
-    pthread_mutex_lock(&trk.mu);
-    uint64_t d = trk.done;
-    pthread_mutex_unlock(&trk.mu);
-    cli_progress_update(&pg, d);
+      return end_run(r, CLI_FAILED, "spill of entry %d failed: %s (%s)", e,
+                     kvt_last_error(), kvt_strerror(rc));
+    pthread_mutex_lock(&trk->mu);
+    uint64_t d = trk->done;
+    pthread_mutex_unlock(&trk->mu);
+    cli_progress_update(&r->pg, d);
   }
   rc = kvt_tier_flush(t, -1);
-  wait_done_at_least(&trk, (uint64_t)c.entries);
+  wait_done_at_least(trk, (uint64_t)c->entries);
   double spill_secs = cli_mono() - s0;
-  cli_progress_end(&pg);
-  phase_percentiles(&producer, lat, producer.count);
-  if (rc != 0 || trk.failed)
-    END_RUN(CLI_FAILED, "%llu of %d spills failed: %s",
-            (unsigned long long)trk.failed, c.entries,
-            trk.failed ? trk.err : kvt_last_error());
-  kvt_stats st;
-  kvt_tier_stats(&st, t);
+  cli_progress_end(&r->pg);
+  phase_percentiles(producer, lat, producer->count);
+  if (rc != 0 || trk->failed)
+    return end_run(r, CLI_FAILED, "%llu of %d spills failed: %s",
+                   (unsigned long long)trk->failed, c->entries,
+                   trk->failed ? trk->err : kvt_last_error());
+  kvt_tier_stats(&r->st, t);
   /* Writer-side time: the single FIFO writer starts entry i when it has been
    * enqueued and entry i-1 is done; summing those busy spans leaves out the
    * time the writer sat waiting for the producer. */
-  phase spill = {0}, spill_e2e = {0};
-  for (int e = 0; e < c.entries; e++) {
-    double start = enq_t[e];
-    if (e > 0 && trk.done_t[e - 1] > start)
-      start = trk.done_t[e - 1];
-    double busy = trk.done_t[e] - start;
+  phase *spill = &r->spill, *spill_e2e = &r->spill_e2e;
+  for (int e = 0; e < c->entries; e++) {
+    double start = r->enq_t[e];
+    if (e > 0 && trk->done_t[e - 1] > start)
+      start = trk->done_t[e - 1];
+    double busy = trk->done_t[e] - start;
     lat[e] = busy > 0 ? busy : 0;
-    spill.seconds += lat[e];
+    spill->seconds += lat[e];
   }
-  spill.count = spill_e2e.count = (uint64_t)c.entries;
-  spill.bytes = spill_e2e.bytes = st.spill_bytes;
-  phase_percentiles(&spill, lat, (size_t)c.entries);
-  spill_e2e.seconds = spill_secs;
+  spill->count = spill_e2e->count = (uint64_t)c->entries;
+  spill->bytes = spill_e2e->bytes = r->st.spill_bytes;
+  phase_percentiles(spill, lat, (size_t)c->entries);
+  spill_e2e->seconds = spill_secs;
+  return 0;
+}
 
-  /* ---- 4. lookups ---- */
-  size_t nlook = c.quick ? 2000 : 10000;
-  /* Pass 0 times exact lookups, pass 1 prefix lookups (a longer query). */
-  phase lookup[2] = {{0}, {0}};
+/* Step 6: exact lookups (pass 0), then prefix lookups with a longer query
+ * (pass 1), each checked to return the right entry. */
+static int run_lookups(bench_run *r) {
+  const bench_cfg *c = &r->c;
+  workload *w = &r->w;
+  double *lat = r->lat;
+  size_t nlook = r->nlook = c->quick ? 2000 : 10000;
   static const char *lk_name[2] = {"exact", "prefix"};
   for (int pass = 0; pass < 2; pass++) {
+    phase *p = &r->lookup[pass];
     for (size_t i = 0; i < nlook; i++) {
       if (i % 256 == 0)
-        CHECK_INTERRUPT();
-      int e = (int)(i % (size_t)c.entries);
+        CHECK_INTERRUPT(r);
+      int e = (int)(i % (size_t)c->entries);
       kvt_entry_info info;
       double t0 = cli_mono();
-      rc = pass == 0 ? kvt_tier_lookup(&info, t, w.tokens[e], (size_t)c.tokens)
-                     : kvt_tier_lookup_prefix(&info, t, w.queries[e],
-                                              (size_t)c.tokens + 16);
+      int rc = pass == 0 ? kvt_tier_lookup(&info, r->t, w->tokens[e],
+                                           (size_t)c->tokens)
+                         : kvt_tier_lookup_prefix(&info, r->t, w->queries[e],
+                                                  (size_t)c->tokens + 16);
       lat[i] = cli_mono() - t0;
-      if (rc != 0 || strcmp(info.token_hash, w.hashes[e]) != 0)
-        END_RUN(CLI_FAILED, "%s lookup of entry %d failed: %s", lk_name[pass],
-                e, rc ? kvt_last_error() : "wrong entry returned");
-      lookup[pass].seconds += lat[i];
+      if (rc != 0 || strcmp(info.token_hash, w->hashes[e]) != 0)
+        return end_run(r, CLI_FAILED, "%s lookup of entry %d failed: %s",
+                       lk_name[pass], e,
+                       rc ? kvt_last_error() : "wrong entry returned");
+      p->seconds += lat[i];
       if (i % 256 == 0)
-        cli_progress_update(&pg, pass * nlook + i);
+        cli_progress_update(&r->pg, pass * nlook + i);
     }
-    lookup[pass].count = nlook;
-    phase_percentiles(&lookup[pass], lat, nlook);
+    p->count = nlook;
+    phase_percentiles(p, lat, nlook);
   }
-  cli_progress_end(&pg);
+  cli_progress_end(&r->pg);
+  return 0;
+}
 
-  /* ---- 5. promote: a verifying warm-up pass, then warm and cold runs ---- */
-  verify_count vc = {0};
-  int warm_rounds = c.entries >= 20 ? 2 : (20 + c.entries - 1) / c.entries;
+/* Step 7: promotes - a verifying warm-up pass through the page cache, then
+ * timed warm rounds and cold rounds (each entry evicted first). Every promoted
+ * tensor is compared with what was spilled; a mismatch fails the run after
+ * the report. */
+static int run_promotes(bench_run *r) {
+  const bench_cfg *c = &r->c;
+  workload *w = &r->w;
+  double *lat = r->lat;
+  int rc;
+  int warm_rounds = c->entries >= 20 ? 2 : (20 + c->entries - 1) / c->entries;
   if (warm_rounds > 5)
     warm_rounds = 5;
-  int cold_rounds = c.entries >= 10 ? 1 : 2;
-  uint64_t total_ops = (uint64_t)c.entries * (1 + warm_rounds + cold_rounds);
+  int cold_rounds = c->entries >= 10 ? 1 : 2;
+  uint64_t total_ops = (uint64_t)c->entries * (1 + warm_rounds + cold_rounds);
   uint64_t done_ops = 0;
-  cli_progress_start(&pg, "promote", total_ops, c.progress);
+  cli_progress_start(&r->pg, "promote", total_ops, c->progress);
   /* The warm-up pass reads through the page cache (KVT_PROMOTE_PAGE_CACHE):
    * a cold promote otherwise bypasses it with O_DIRECT, and the warm runs
    * measure promotes of cached entries. */
   kvt_promote_opts warmup = KVT_PROMOTE_OPTS_INIT;
   warmup.flags = KVT_PROMOTE_PAGE_CACHE;
-  for (int e = 0; e < c.entries; e++) {
-    CHECK_INTERRUPT();
+  for (int e = 0; e < c->entries; e++) {
+    CHECK_INTERRUPT(r);
     kvt_entry *ent = NULL;
-    rc = kvt_tier_promote(&ent, t, w.tokens[e], (size_t)c.tokens, &warmup);
+    rc = kvt_tier_promote(&ent, r->t, w->tokens[e], (size_t)c->tokens, &warmup);
     if (rc != 0)
-      END_RUN(CLI_FAILED, "promote of entry %d failed: %s (%s)", e,
-              kvt_last_error(), kvt_strerror(rc));
-    verify_entry(&vc, &w, e, ent);
+      return end_run(r, CLI_FAILED, "promote of entry %d failed: %s (%s)", e,
+                     kvt_last_error(), kvt_strerror(rc));
+    verify_entry(&r->vc, w, e, ent);
     kvt_entry_free(ent);
-    cli_progress_update(&pg, ++done_ops);
+    cli_progress_update(&r->pg, ++done_ops);
   }
-  phase warm = {0}, cold = {0};
-  for (int r = 0; r < warm_rounds; r++)
-    for (int e = 0; e < c.entries; e++) {
-      CHECK_INTERRUPT();
-      if ((rc = timed_promote(&warm, lat, &vc, t, &w, &c, e)) != 0)
-        END_RUN(CLI_FAILED, "warm promote of entry %d failed: %s", e,
-                kvt_last_error());
-      cli_progress_update(&pg, ++done_ops);
+  for (int k = 0; k < warm_rounds; k++)
+    for (int e = 0; e < c->entries; e++) {
+      CHECK_INTERRUPT(r);
+      if ((rc = timed_promote(&r->warm, lat, &r->vc, r->t, w, c, e)) != 0)
+        return end_run(r, CLI_FAILED, "warm promote of entry %d failed: %s", e,
+                       kvt_last_error());
+      cli_progress_update(&r->pg, ++done_ops);
     }
-  phase_percentiles(&warm, lat, warm.count);
-  double resident_sum = 0;
-  int resident_n = 0;
-  for (int r = 0; r < cold_rounds; r++)
-    for (int e = 0; e < c.entries; e++) {
-      CHECK_INTERRUPT();
-      if (c.drop_caches && drop_all_caches() != 0)
-        END_RUN(CLI_FAILED, "cannot write /proc/sys/vm/drop_caches");
-      double res = evict_entry(dir, w.hashes[e]);
+  phase_percentiles(&r->warm, lat, r->warm.count);
+  for (int k = 0; k < cold_rounds; k++)
+    for (int e = 0; e < c->entries; e++) {
+      CHECK_INTERRUPT(r);
+      if (c->drop_caches && bu_drop_all_caches() != 0)
+        return end_run(r, CLI_FAILED, "cannot write /proc/sys/vm/drop_caches");
+      double res = evict_entry(r->dir, w->hashes[e]);
       if (res >= 0) {
-        resident_sum += res;
-        resident_n++;
+        r->resident_sum += res;
+        r->resident_n++;
       }
-      if ((rc = timed_promote(&cold, lat, &vc, t, &w, &c, e)) != 0)
-        END_RUN(CLI_FAILED, "cold promote of entry %d failed: %s", e,
-                kvt_last_error());
-      cli_progress_update(&pg, ++done_ops);
+      if ((rc = timed_promote(&r->cold, lat, &r->vc, r->t, w, c, e)) != 0)
+        return end_run(r, CLI_FAILED, "cold promote of entry %d failed: %s", e,
+                       kvt_last_error());
+      cli_progress_update(&r->pg, ++done_ops);
     }
-  phase_percentiles(&cold, lat, cold.count);
-  cli_progress_end(&pg);
-  kvt_tier_stats(&st, t);
-  free(lat);
-  lat = NULL;
-  if (vc.mismatched) {
-    code = CLI_FAILED;
-    snprintf(fail, sizeof fail,
+  phase_percentiles(&r->cold, lat, r->cold.count);
+  cli_progress_end(&r->pg);
+  kvt_tier_stats(&r->st, r->t);
+  free(r->lat);
+  r->lat = NULL;
+  if (r->vc.mismatched) {
+    r->code = CLI_FAILED;
+    snprintf(r->fail, sizeof r->fail,
              "%llu promoted tensors differ from what was "
              "spilled; first: %s",
-             (unsigned long long)vc.mismatched, vc.first_bad);
+             (unsigned long long)r->vc.mismatched, r->vc.first_bad);
   }
+  return 0;
+}
 
-  /* ---- 6. report ---- */
-  reported = 1;
-  {
-    double bps_spill = spill.seconds > 0 ? spill.bytes / spill.seconds : 0;
-    double bps_e2e =
-        spill_e2e.seconds > 0 ? spill_e2e.bytes / spill_e2e.seconds : 0;
-    double bps_warm = warm.seconds > 0 ? warm.bytes / warm.seconds : 0;
-    double bps_cold = cold.seconds > 0 ? cold.bytes / cold.seconds : 0;
-    double bps_prod =
-        producer.seconds > 0 ? producer.bytes / producer.seconds : 0;
-    uint64_t mem_total = w.entry_bytes * (uint64_t)c.entries;
-    double resident = resident_n ? resident_sum / resident_n : 0;
-    int ratios = disk.ok;
-    const char *dur = c.durability == KVT_DURABILITY_FSYNC ? "fsync" : "none";
-    const char *cold_method =
-        c.drop_caches ? "drop_caches" : "fsync + fadvise(DONTNEED)";
-    if (json) {
-      cJSON *jo = cJSON_CreateObject();
-      cJSON_AddStringToObject(jo, "version", kvt_version());
-      cJSON *wl = cJSON_AddObjectToObject(jo, "workload");
-      cJSON_AddStringToObject(wl, "preset", c.preset);
-      cJSON_AddNumberToObject(wl, "entries", c.entries);
-      cJSON_AddNumberToObject(wl, "tokens", c.tokens);
-      cJSON_AddNumberToObject(wl, "layers", w.n_layers);
-      cJSON *lk = cJSON_AddObjectToObject(wl, "layer_kinds");
-      for (int k = 1; k <= 4; k++)
-        if (w.kinds[k])
-          cJSON_AddNumberToObject(lk, cli_kind_name(k), w.kinds[k]);
-      cJSON_AddStringToObject(wl, "dtype", kvt_dtype_name(c.dtype));
-      cJSON_AddStringToObject(wl, "storage", c.storage ? "compat" : "native");
-      cJSON_AddStringToObject(wl, "durability", dur);
-      cJSON_AddNumberToObject(wl, "seed", (double)c.seed);
-      cJSON_AddNumberToObject(wl, "entry_memory_bytes", (double)w.entry_bytes);
-      cJSON_AddNumberToObject(wl, "total_memory_bytes", (double)mem_total);
-      cJSON_AddStringToObject(wl, "dir", dir);
-      cJSON_AddStringToObject(wl, "filesystem", fsname);
-      if (disk.ok) {
-        cJSON *dj = cJSON_AddObjectToObject(jo, "disk");
-        cJSON_AddStringToObject(dj, "tool", disk.tool);
-        cJSON_AddStringToObject(dj, "engine", disk.engine);
-        cJSON_AddNumberToObject(dj, "iodepth", disk.iodepth);
-        cJSON_AddNumberToObject(dj, "size_bytes", (double)disk.size);
-        cJSON_AddNumberToObject(dj, "block_bytes", disk.block);
-        cJSON_AddNumberToObject(dj, "write_direct_bps", disk.write_direct);
-        cJSON_AddNumberToObject(dj, "read_direct_bps", disk.read_direct);
-        cJSON_AddNumberToObject(dj, "read_buffered_bps", disk.read_buffered);
-        if (disk.note[0])
-          cJSON_AddStringToObject(dj, "note", disk.note);
-      } else {
-        cJSON_AddNullToObject(jo, "disk");
-        if (disk.note[0])
-          cJSON_AddStringToObject(jo, "disk_note", disk.note);
-      }
-      cJSON *sp = phase_json(&spill, ratios ? disk.write_direct : 0,
-                             "disk write O_DIRECT", 1);
-      cJSON_AddBoolToObject(sp, "durable",
-                            c.durability == KVT_DURABILITY_FSYNC);
-      cJSON_AddStringToObject(sp, "measured", "writer busy time");
-      cJSON_AddItemToObject(jo, "spill", sp);
-      cJSON *se = phase_json(&spill_e2e, ratios ? disk.write_direct : 0,
-                             "disk write O_DIRECT", 1);
-      cJSON_DeleteItemFromObject(se, "p50_ms");
-      cJSON_DeleteItemFromObject(se, "p99_ms");
-      cJSON_AddItemToObject(jo, "spill_end_to_end", se);
-      cJSON *pj = phase_json(&producer, 0, NULL, 1);
-      cJSON_AddItemToObject(jo, "spill_producer", pj);
-      cJSON_AddItemToObject(
-          jo, "promote_warm",
-          phase_json(&warm, ratios ? disk.read_buffered : 0, "cached read", 1));
-      cJSON *cj = phase_json(&cold, ratios ? disk.read_direct : 0,
-                             "disk read O_DIRECT", 1);
-      cJSON_AddStringToObject(cj, "eviction", cold_method);
-      cJSON_AddNumberToObject(cj, "resident_fraction_after_eviction", resident);
-      cJSON_AddItemToObject(jo, "promote_cold", cj);
-      cJSON_AddItemToObject(jo, "lookup_exact",
-                            phase_json(&lookup[0], 0, NULL, 0));
-      cJSON_AddItemToObject(jo, "lookup_prefix",
-                            phase_json(&lookup[1], 0, NULL, 0));
-      cJSON_AddNumberToObject(jo, "disk_bytes", (double)st.disk_bytes);
-      cJSON_AddNumberToObject(jo, "memory_bytes", (double)mem_total);
-      cJSON_AddNumberToObject(jo, "disk_to_memory",
-                              mem_total ? (double)st.disk_bytes / mem_total
-                                        : 0);
-      cJSON *vj = cJSON_AddObjectToObject(jo, "verified");
-      cJSON_AddNumberToObject(vj, "exact_tensors", (double)vc.exact);
-      cJSON_AddNumberToObject(vj, "converted_tensors", (double)vc.skipped);
-      cJSON_AddNumberToObject(vj, "mismatched_tensors", (double)vc.mismatched);
-      cJSON_AddBoolToObject(jo, "kept", c.keep);
-      cli_json_print(jo);
-    } else {
-      char a[32], b[32], r1[32];
-      printf("kvtier bench %s: preset %s, %u layers (", kvt_version(), c.preset,
-             w.n_layers);
-      int first = 1;
-      for (int k = 1; k <= 4; k++)
-        if (w.kinds[k]) {
-          printf("%s%s %u", first ? "" : ", ", cli_kind_name(k), w.kinds[k]);
-          first = 0;
-        }
-      printf("), %s\n", kvt_dtype_name(c.dtype));
-      printf("  %d entries x %d tokens, %s each in memory, %s total; seed "
-             "%llu\n",
-             c.entries, c.tokens, cli_fmt_bytes(a, sizeof a, w.entry_bytes),
-             cli_fmt_bytes(b, sizeof b, mem_total), (unsigned long long)c.seed);
-      printf("  dir %s (%s), storage %s, durability %s\n\n", dir, fsname,
-             c.storage ? "compat" : "native", dur);
-      if (disk.ok) {
-        printf("disk (%s, %s, %s per job, 1 MiB blocks, iodepth %d)\n",
-               disk.tool, disk.engine, cli_fmt_bytes(a, sizeof a, disk.size),
-               disk.iodepth);
-        printf("  sequential write O_DIRECT   %12s\n",
-               cli_fmt_rate(r1, sizeof r1, disk.write_direct));
-        printf("  sequential read  O_DIRECT   %12s\n",
-               cli_fmt_rate(r1, sizeof r1, disk.read_direct));
-        printf(
-            "  sequential read  cached     %12s   (buffered, page cache hot)\n",
-            cli_fmt_rate(r1, sizeof r1, disk.read_buffered));
-        if (disk.note[0])
-          printf("  note: %s\n", disk.note);
-      } else if (c.no_disk) {
-        printf("disk: not measured (--no-disk): no ratios\n");
-      } else {
-        printf("disk: not measured (%s): no ratios\n", disk.note);
-      }
-      printf("\n");
-      static const char *heads[] = {"MEASURE", "VALUE", "p50", "p99",
-                                    "VS HARDWARE"};
-      cli_table tb;
-      cli_table_init(&tb, 5, heads, "lrrrl");
-      char v1[48], v4[96];
+/* The figures both reports print, derived from the run. */
+typedef struct bench_figs {
+  double bps_spill, bps_e2e, bps_warm, bps_cold, bps_prod;
+  uint64_t mem_total;
+  double resident; /* mean fraction resident after a cold eviction */
+  int ratios;      /* the disk was measured: print ratios */
+  const char *dur, *cold_method;
+} bench_figs;
+
+static void bench_figures(bench_figs *g, const bench_run *r) {
+  const bench_cfg *c = &r->c;
+  g->bps_spill = r->spill.seconds > 0 ? r->spill.bytes / r->spill.seconds : 0;
+  g->bps_e2e =
+      r->spill_e2e.seconds > 0 ? r->spill_e2e.bytes / r->spill_e2e.seconds : 0;
+  g->bps_warm = r->warm.seconds > 0 ? r->warm.bytes / r->warm.seconds : 0;
+  g->bps_cold = r->cold.seconds > 0 ? r->cold.bytes / r->cold.seconds : 0;
+  g->bps_prod =
+      r->producer.seconds > 0 ? r->producer.bytes / r->producer.seconds : 0;
+  g->mem_total = r->w.lay.bytes * (uint64_t)c->entries;
+  g->resident = r->resident_n ? r->resident_sum / r->resident_n : 0;
+  g->ratios = r->disk.ok;
+  g->dur = c->durability == KVT_DURABILITY_FSYNC ? "fsync" : "none";
+  g->cold_method = c->drop_caches ? "drop_caches" : "fsync + fadvise(DONTNEED)";
+}
+
+/* Step 8a: the report as one JSON document on stdout. */
+static void report_json(const bench_run *r, const bench_figs *g) {
+  cJSON *jo = cJSON_CreateObject();
+  cJSON_AddStringToObject(jo, "version", kvt_version());
+  cJSON *wl = cJSON_AddObjectToObject(jo, "workload");
+  cJSON_AddStringToObject(wl, "preset", r->c.preset);
+  cJSON_AddNumberToObject(wl, "entries", r->c.entries);
+  cJSON_AddNumberToObject(wl, "tokens", r->c.tokens);
+  cJSON_AddNumberToObject(wl, "layers", r->w.lay.n_layers);
+  cJSON *lk = cJSON_AddObjectToObject(wl, "layer_kinds");
+  for (int k = 1; k <= 4; k++)
+    if (r->w.lay.kinds[k])
+      cJSON_AddNumberToObject(lk, cli_kind_name(k), r->w.lay.kinds[k]);
+  cJSON_AddStringToObject(wl, "dtype", kvt_dtype_name(r->c.dtype));
+  cJSON_AddStringToObject(wl, "storage", r->c.storage ? "compat" : "native");
+  cJSON_AddStringToObject(wl, "durability", g->dur);
+  cJSON_AddNumberToObject(wl, "seed", (double)r->c.seed);
+  cJSON_AddNumberToObject(wl, "entry_memory_bytes", (double)r->w.lay.bytes);
+  cJSON_AddNumberToObject(wl, "total_memory_bytes", (double)g->mem_total);
+  cJSON_AddStringToObject(wl, "dir", r->dir);
+  cJSON_AddStringToObject(wl, "filesystem", r->fsname);
+  if (r->disk.ok) {
+    cJSON *dj = cJSON_AddObjectToObject(jo, "disk");
+    cJSON_AddStringToObject(dj, "tool", r->disk.tool);
+    cJSON_AddStringToObject(dj, "engine", r->disk.engine);
+    cJSON_AddNumberToObject(dj, "iodepth", r->disk.iodepth);
+    cJSON_AddNumberToObject(dj, "size_bytes", (double)r->disk.size);
+    cJSON_AddNumberToObject(dj, "block_bytes", r->disk.block);
+    cJSON_AddNumberToObject(dj, "write_direct_bps", r->disk.write_direct);
+    cJSON_AddNumberToObject(dj, "read_direct_bps", r->disk.read_direct);
+    cJSON_AddNumberToObject(dj, "read_buffered_bps", r->disk.read_buffered);
+    if (r->disk.note[0])
+      cJSON_AddStringToObject(dj, "note", r->disk.note);
+  } else {
+    cJSON_AddNullToObject(jo, "disk");
+    if (r->disk.note[0])
+      cJSON_AddStringToObject(jo, "disk_note", r->disk.note);
+  }
+  cJSON *sp = phase_json(&r->spill, g->ratios ? r->disk.write_direct : 0,
+                         "disk write O_DIRECT", 1);
+  cJSON_AddBoolToObject(sp, "durable", r->c.durability == KVT_DURABILITY_FSYNC);
+  cJSON_AddStringToObject(sp, "measured", "writer busy time");
+  cJSON_AddItemToObject(jo, "spill", sp);
+  cJSON *se = phase_json(&r->spill_e2e, g->ratios ? r->disk.write_direct : 0,
+                         "disk write O_DIRECT", 1);
+  cJSON_DeleteItemFromObject(se, "p50_ms");
+  cJSON_DeleteItemFromObject(se, "p99_ms");
+  cJSON_AddItemToObject(jo, "spill_end_to_end", se);
+  cJSON *pj = phase_json(&r->producer, 0, NULL, 1);
+  cJSON_AddItemToObject(jo, "spill_producer", pj);
+  cJSON_AddItemToObject(jo, "promote_warm",
+                        phase_json(&r->warm,
+                                   g->ratios ? r->disk.read_buffered : 0,
+                                   "cached read", 1));
+  cJSON *cj = phase_json(&r->cold, g->ratios ? r->disk.read_direct : 0,
+                         "disk read O_DIRECT", 1);
+  cJSON_AddStringToObject(cj, "eviction", g->cold_method);
+  cJSON_AddNumberToObject(cj, "resident_fraction_after_eviction", g->resident);
+  cJSON_AddItemToObject(jo, "promote_cold", cj);
+  cJSON_AddItemToObject(jo, "lookup_exact",
+                        phase_json(&r->lookup[0], 0, NULL, 0));
+  cJSON_AddItemToObject(jo, "lookup_prefix",
+                        phase_json(&r->lookup[1], 0, NULL, 0));
+  cJSON_AddNumberToObject(jo, "disk_bytes", (double)r->st.disk_bytes);
+  cJSON_AddNumberToObject(jo, "memory_bytes", (double)g->mem_total);
+  cJSON_AddNumberToObject(jo, "disk_to_memory",
+                          g->mem_total ? (double)r->st.disk_bytes / g->mem_total
+                                       : 0);
+  cJSON *vj = cJSON_AddObjectToObject(jo, "verified");
+  cJSON_AddNumberToObject(vj, "exact_tensors", (double)r->vc.exact);
+  cJSON_AddNumberToObject(vj, "converted_tensors", (double)r->vc.skipped);
+  cJSON_AddNumberToObject(vj, "mismatched_tensors", (double)r->vc.mismatched);
+  cJSON_AddBoolToObject(jo, "kept", r->c.keep);
+  cli_json_print(jo);
+}
+
+/* Step 8b: the report as text: workload, disk limits, the table of measures
+ * against the hardware, and the size/cold/verification summary. */
+static void report_text(const bench_run *r, const bench_figs *g) {
+  char a[32], b[32], r1[32];
+  printf("kvtier bench %s: preset %s, %u layers (", kvt_version(), r->c.preset,
+         r->w.lay.n_layers);
+  int first = 1;
+  for (int k = 1; k <= 4; k++)
+    if (r->w.lay.kinds[k]) {
+      printf("%s%s %u", first ? "" : ", ", cli_kind_name(k), r->w.lay.kinds[k]);
+      first = 0;
+    }
+  printf("), %s\n", kvt_dtype_name(r->c.dtype));
+  printf("  %d entries x %d tokens, %s each in memory, %s total; seed "
+         "%llu\n",
+         r->c.entries, r->c.tokens, cli_fmt_bytes(a, sizeof a, r->w.lay.bytes),
+         cli_fmt_bytes(b, sizeof b, g->mem_total),
+         (unsigned long long)r->c.seed);
+  printf("  dir %s (%s), storage %s, durability %s\n\n", r->dir, r->fsname,
+         r->c.storage ? "compat" : "native", g->dur);
+  if (r->disk.ok) {
+    printf("disk (%s, %s, %s per job, 1 MiB blocks, iodepth %d)\n",
+           r->disk.tool, r->disk.engine,
+           cli_fmt_bytes(a, sizeof a, r->disk.size), r->disk.iodepth);
+    printf("  sequential write O_DIRECT   %12s\n",
+           cli_fmt_rate(r1, sizeof r1, r->disk.write_direct));
+    printf("  sequential read  O_DIRECT   %12s\n",
+           cli_fmt_rate(r1, sizeof r1, r->disk.read_direct));
+    printf("  sequential read  cached     %12s   (buffered, page cache hot)\n",
+           cli_fmt_rate(r1, sizeof r1, r->disk.read_buffered));
+    if (r->disk.note[0])
+      printf("  note: %s\n", r->disk.note);
+  } else if (r->c.no_disk) {
+    printf("disk: not measured (--no-disk): no ratios\n");
+  } else {
+    printf("disk: not measured (%s): no ratios\n", r->disk.note);
+  }
+  printf("\n");
+  static const char *heads[] = {"MEASURE", "VALUE", "p50", "p99",
+                                "VS HARDWARE"};
+  cli_table tb;
+  cli_table_init(&tb, 5, heads, "lrrrl");
+  char v1[48], v4[96];
 #define RATIO(x, lim, name)                                                    \
-  (ratios ? (snprintf(v4, sizeof v4, "%.2f x %s", (x) / (lim), name), v4) : "-")
-      report_row(&tb,
-                 c.durability == KVT_DURABILITY_FSYNC
-                     ? "spill (durable, writer)"
-                     : "spill (no fsync, writer)",
-                 cli_fmt_rate(v1, sizeof v1, bps_spill), &spill, 1,
-                 RATIO(bps_spill, disk.write_direct, "disk write O_DIRECT"));
-      report_row(&tb, "  end to end (spill .. flush)",
-                 cli_fmt_rate(v1, sizeof v1, bps_e2e), NULL, 1,
-                 RATIO(bps_e2e, disk.write_direct, "disk write O_DIRECT"));
-      report_row(&tb, "  producer (caller thread)",
-                 cli_fmt_rate(v1, sizeof v1, bps_prod), &producer, 1,
-                 "copy of the layers on spill");
-      report_row(&tb, "promote warm", cli_fmt_rate(v1, sizeof v1, bps_warm),
-                 &warm, 1, RATIO(bps_warm, disk.read_buffered, "cached read"));
-      report_row(&tb, "promote cold", cli_fmt_rate(v1, sizeof v1, bps_cold),
-                 &cold, 1,
-                 RATIO(bps_cold, disk.read_direct, "disk read O_DIRECT"));
-      snprintf(v1, sizeof v1, "%zu", nlook);
-      report_row(&tb, "lookup exact", v1, &lookup[0], 0, "-");
-      report_row(&tb, "lookup prefix", v1, &lookup[1], 0, "-");
+  (g->ratios ? (snprintf(v4, sizeof v4, "%.2f x %s", (x) / (lim), name), v4)   \
+             : "-")
+  report_row(&tb,
+             r->c.durability == KVT_DURABILITY_FSYNC
+                 ? "spill (durable, writer)"
+                 : "spill (no fsync, writer)",
+             cli_fmt_rate(v1, sizeof v1, g->bps_spill), &r->spill, 1,
+             RATIO(g->bps_spill, r->disk.write_direct, "disk write O_DIRECT"));
+  report_row(&tb, "  end to end (spill .. flush)",
+             cli_fmt_rate(v1, sizeof v1, g->bps_e2e), NULL, 1,
+             RATIO(g->bps_e2e, r->disk.write_direct, "disk write O_DIRECT"));
+  report_row(&tb, "  producer (caller thread)",
+             cli_fmt_rate(v1, sizeof v1, g->bps_prod), &r->producer, 1,
+             "copy of the layers on spill");
+  report_row(&tb, "promote warm", cli_fmt_rate(v1, sizeof v1, g->bps_warm),
+             &r->warm, 1,
+             RATIO(g->bps_warm, r->disk.read_buffered, "cached read"));
+  report_row(&tb, "promote cold", cli_fmt_rate(v1, sizeof v1, g->bps_cold),
+             &r->cold, 1,
+             RATIO(g->bps_cold, r->disk.read_direct, "disk read O_DIRECT"));
+  snprintf(v1, sizeof v1, "%zu", r->nlook);
+  report_row(&tb, "lookup exact", v1, &r->lookup[0], 0, "-");
+  report_row(&tb, "lookup prefix", v1, &r->lookup[1], 0, "-");
 #undef RATIO
-      cli_table_print(&tb, stdout);
-      cli_table_free(&tb);
-      printf("\n");
-      printf("bytes on disk   %s for %s in memory (%.3f x)\n",
-             cli_fmt_bytes(a, sizeof a, st.disk_bytes),
-             cli_fmt_bytes(b, sizeof b, mem_total),
-             mem_total ? (double)st.disk_bytes / mem_total : 0.0);
-      printf("cold reload     %d tokens in %.1f ms p50 (%.1f us/token); "
-             "page cache after eviction: %.1f%% resident (%s)\n",
-             c.tokens, cold.p50 * 1e3, cold.p50 * 1e6 / c.tokens,
-             resident * 100, cold_method);
-      printf("promotes        %llu warm, %llu cold; every promoted tensor "
-             "compared: %llu exact, %llu converted by the storage mode, "
-             "%llu wrong\n",
-             (unsigned long long)warm.count, (unsigned long long)cold.count,
-             (unsigned long long)vc.exact, (unsigned long long)vc.skipped,
-             (unsigned long long)vc.mismatched);
-      if (c.keep)
-        printf("kept            %s\n", dir);
-    }
-  }
+  cli_table_print(&tb, stdout);
+  cli_table_free(&tb);
+  printf("\n");
+  printf("bytes on disk   %s for %s in memory (%.3f x)\n",
+         cli_fmt_bytes(a, sizeof a, r->st.disk_bytes),
+         cli_fmt_bytes(b, sizeof b, g->mem_total),
+         g->mem_total ? (double)r->st.disk_bytes / g->mem_total : 0.0);
+  printf("cold reload     %d tokens in %.1f ms p50 (%.1f us/token); "
+         "page cache after eviction: %.1f%% resident (%s)\n",
+         r->c.tokens, r->cold.p50 * 1e3, r->cold.p50 * 1e6 / r->c.tokens,
+         g->resident * 100, g->cold_method);
+  printf("promotes        %llu warm, %llu cold; every promoted tensor "
+         "compared: %llu exact, %llu converted by the storage mode, "
+         "%llu wrong\n",
+         (unsigned long long)r->warm.count, (unsigned long long)r->cold.count,
+         (unsigned long long)r->vc.exact, (unsigned long long)r->vc.skipped,
+         (unsigned long long)r->vc.mismatched);
+  if (r->c.keep)
+    printf("kept            %s\n", r->dir);
+}
 
-out:
-  free(lat);
-  free(enq_t);
-  free(trk.done_t);
-  if (t) {
-    if (!c.keep && !remove_dir) {
+/* Step 9: takes back what the run added (its entries in an existing cache,
+ * or the directory it created), frees everything and returns the exit code
+ * (the failure reported unless the JSON report was already printed). */
+static int finish(bench_run *r) {
+  const bench_cfg *c = &r->c;
+  free(r->lat);
+  free(r->enq_t);
+  free(r->trk.done_t);
+  if (r->t) {
+    if (!c->keep && !r->remove_dir) {
       /* An existing directory: take back only what the bench added. */
-      for (int e = 0; e < c.entries; e++)
-        kvt_tier_remove(t, w.tokens[e], (size_t)c.tokens);
+      for (int e = 0; e < c->entries; e++)
+        kvt_tier_remove(r->t, r->w.tokens[e], (size_t)c->tokens);
     }
-    kvt_tier_close(t, -1);
-    kvt_tier_free(t);
+    kvt_tier_close(r->t, -1);
+    kvt_tier_free(r->t);
   }
-  pthread_mutex_destroy(&trk.mu);
-  pthread_cond_destroy(&trk.cv);
-  free_workload(&w, c.entries);
-  if (remove_dir && cli_rmtree(dir) != 0)
-    fprintf(stderr, "kvtier bench: could not remove %s: %s\n", dir,
+  pthread_mutex_destroy(&r->trk.mu);
+  pthread_cond_destroy(&r->trk.cv);
+  free_workload(&r->w, c->entries);
+  if (r->remove_dir && cli_rmtree(r->dir) != 0)
+    fprintf(stderr, "kvtier bench: could not remove %s: %s\n", r->dir,
             strerror(errno));
-  (void)created;
-  if (code != CLI_OK)
-    return cli_fail(json && !reported, "bench", code, "%s",
-                    fail[0] ? fail : "failed");
+  if (r->code != CLI_OK)
+    return cli_fail(c->json && !r->reported, "bench", r->code, "%s",
+                    r->fail[0] ? r->fail : "failed");
   return CLI_OK;
+}
+
+int cmd_bench(int argc, char **argv) {
+  cli_flag f[] = {{"json", 0},        {"preset", 1},    {"entries", 1},
+                  {"tokens", 1},      {"dtype", 1},     {"storage", 1},
+                  {"durability", 1},  {"quick", 0},     {"keep", 0},
+                  {"seed", 1},        {"disk-size", 1}, {"no-disk", 0},
+                  {"no-progress", 0}, {"cold", 1},      {"verbose", 0}};
+  const size_t nf = sizeof f / sizeof f[0];
+  const char *pos[1] = {NULL};
+  int rc = cli_begin("bench", BENCH_HELP, NULL, argc, argv, f, nf, pos, 0, 1);
+  if (rc != CLI_RUN)
+    return rc;
+  bench_run *r = calloc(1, sizeof *r);
+  if (!r)
+    return cli_fail(cli_flag_get(f, nf, "json")->set, "bench", CLI_FAILED,
+                    "out of memory");
+  if ((rc = parse_cfg(&r->c, f, nf)) != 0) {
+    free(r);
+    return rc;
+  }
+  r->verbose = cli_flag_get(f, nf, "verbose")->set;
+
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+
+  if ((rc = prepare_dir(r, pos[0])) != 0 || (rc = prepare_workload(r)) != 0) {
+    free(r);
+    return rc;
+  }
+  if (measure_disk(r) == 0 && open_tier(r) == 0 && run_spills(r) == 0 &&
+      run_lookups(r) == 0 && run_promotes(r) == 0) {
+    bench_figs g;
+    bench_figures(&g, r);
+    r->reported = 1;
+    if (r->c.json)
+      report_json(r, &g);
+    else
+      report_text(r, &g);
+  }
+  rc = finish(r);
+  free(r);
+  return rc;
 }

@@ -4,144 +4,40 @@
  * allows: sequential write with O_DIRECT, sequential read with O_DIRECT, and
  * buffered sequential read with the page cache hot, all with 1 MiB blocks
  * (the same jobs as bench/'s programs). It
- * runs fio when installed (--output-format=json, parsed with cJSON) and
- * otherwise its own pwrite/pread loop (queue depth 1), and says which one it
- * used. The scratch file is always removed.
+ * runs fio when installed (bench/'s runner, benchutil.h: --output-format=json
+ * parsed with cJSON) and otherwise its own pwrite/pread loop (queue depth 1),
+ * and says which one it used. The scratch file is always removed.
  */
 #define _GNU_SOURCE
 #include "disk.h"
+#include "benchutil.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
-
-extern char **environ;
 
 #define BLOCK (1u << 20)
 
-/* Runs argv, returns its stdout (malloc'ed, NUL-terminated) or NULL. */
-static char *run_capture(char *const argv[], int *status) {
-  int pfd[2];
-  if (pipe(pfd) != 0)
-    return NULL;
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, pfd[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&fa, pfd[0]);
-  posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, "/dev/null", O_WRONLY,
-                                   0);
-  pid_t pid;
-  int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  close(pfd[1]);
-  if (rc != 0) {
-    close(pfd[0]);
-    return NULL;
-  }
-  size_t cap = 65536, len = 0;
-  char *buf = malloc(cap);
-  for (;;) {
-    if (buf && len + 4096 > cap) {
-      char *nb = realloc(buf, cap * 2);
-      if (!nb) {
-        free(buf);
-        buf = NULL;
-      } else {
-        buf = nb;
-        cap *= 2;
-      }
-    }
-    char sink[4096];
-    ssize_t n = buf ? read(pfd[0], buf + len, cap - len - 1)
-                    : read(pfd[0], sink, sizeof sink);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      break;
-    if (buf)
-      len += (size_t)n;
-  }
-  close(pfd[0]);
-  int st = 0;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  *status = st;
-  if (buf)
-    buf[len] = 0;
-  return buf;
-}
-
-/* One fio job; returns bytes/s or a negative value on failure. */
+/* One fio job with 1 MiB blocks (bench/'s runner); returns bytes/s or a
+ * negative value on failure. */
 static double fio_job(const char *path, const char *rw, int direct,
                       const char *engine, int iodepth, uint64_t size,
                       int invalidate) {
-  char a_name[64], a_file[4200], a_rw[64], a_size[64], a_direct[32],
-      a_engine[64], a_depth[32], a_inval[32];
-  snprintf(a_name, sizeof a_name, "--name=kvtier-%s%s", rw,
-           direct ? "-direct" : "-buffered");
-  snprintf(a_file, sizeof a_file, "--filename=%s", path);
-  snprintf(a_rw, sizeof a_rw, "--rw=%s", rw);
-  snprintf(a_size, sizeof a_size, "--size=%llu", (unsigned long long)size);
-  snprintf(a_direct, sizeof a_direct, "--direct=%d", direct);
-  snprintf(a_engine, sizeof a_engine, "--ioengine=%s", engine);
-  snprintf(a_depth, sizeof a_depth, "--iodepth=%d", iodepth);
-  snprintf(a_inval, sizeof a_inval, "--invalidate=%d", invalidate);
-  char *argv[] = {"fio",
-                  a_name,
-                  a_file,
-                  a_rw,
-                  "--bs=1M",
-                  a_size,
-                  a_direct,
-                  a_engine,
-                  a_depth,
-                  a_inval,
-                  strcmp(rw, "write") == 0 ? "--end_fsync=1" : "--thread",
-                  "--output-format=json",
-                  NULL};
-  int st = 0;
-  char *out = run_capture(argv, &st);
-  if (!out)
-    return -1;
+  bu_fio_job j = {.file = path,
+                  .rw = rw,
+                  .direct = direct,
+                  .bs = BLOCK,
+                  .size = size,
+                  .depth = iodepth,
+                  .engine = engine,
+                  .end_fsync = strcmp(rw, "write") == 0,
+                  .invalidate = invalidate,
+                  .quiet = 1}; /* a failure falls back to the own loop */
   double bps = -1;
-  /* fio may print notes before the JSON document. */
-  const char *j = strchr(out, '{');
-  cJSON *root =
-      j && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? cJSON_Parse(j) : NULL;
-  const cJSON *jobs = cJSON_GetObjectItemCaseSensitive(root, "jobs");
-  const cJSON *job = cJSON_GetArrayItem(jobs, 0);
-  if (job && cli_jnum(job, "error", 0) == 0) {
-    const cJSON *side = cJSON_GetObjectItemCaseSensitive(
-        job, strcmp(rw, "write") == 0 ? "write" : "read");
-    double v = cli_jnum(side, "bw_bytes", -1);
-    if (v < 0) /* older fio: bw in KiB/s */
-      v = cli_jnum(side, "bw", -1) * 1024.0;
-    if (v > 0)
-      bps = v;
-  }
-  cJSON_Delete(root);
-  free(out);
-  return bps;
-}
-
-static int fio_version(char *buf, size_t cap) {
-  char *argv[] = {"fio", "--version", NULL};
-  int st = 0;
-  char *out = run_capture(argv, &st);
-  if (!out)
-    return -1;
-  int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0 && strncmp(out, "fio", 3) == 0;
-  if (ok) {
-    out[strcspn(out, "\r\n")] = 0;
-    snprintf(buf, cap, "%s", out);
-  }
-  free(out);
-  return ok ? 0 : -1;
+  return bu_fio(&bps, &j) == 0 ? bps : -1;
 }
 
 /* ---- the built-in fallback --------------------------------------------- */
@@ -169,19 +65,10 @@ static double own_write(const char *path, uint64_t size, int direct,
   return t > 0 ? (double)size / t : -1;
 }
 
-static void drop_file_cache(const char *path) {
-  int fd = open(path, O_RDONLY);
-  if (fd >= 0) {
-    fdatasync(fd);
-    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    close(fd);
-  }
-}
-
 static double own_read(const char *path, uint64_t size, int direct, void *buf,
                        int cold) {
   if (cold)
-    drop_file_cache(path);
+    bu_drop_cache(path);
   int fd = open(path, O_RDONLY | (direct ? O_DIRECT : 0));
   if (fd < 0)
     return -1;
@@ -210,7 +97,7 @@ int disk_measure(disk_result *r, const char *dir, uint64_t size, int progress) {
   cli_progress pg;
   cli_progress_start(&pg, "disk", 3, progress);
   char ver[128];
-  if (fio_version(ver, sizeof ver) == 0) {
+  if (bu_fio_version(ver, sizeof ver) == 0) {
     /* As bench/ does: io_uring (else libaio, else psync) at queue depth 8
      * for O_DIRECT; the buffered read is measured with the page cache hot
      * (a first pass warms it), the limit a warm promote is held against. */

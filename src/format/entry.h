@@ -9,6 +9,11 @@
  * sizes, xxh3 checksums when the manifest has them, tokens.bin against the
  * expected hash); a failed write leaves no data/<hash>.tmp and no change to an
  * existing data/<hash>; paths are built only from validated 64-hex entry names.
+ *
+ * Implemented by entry.c (the kvt_entry object), snapshot.c, manifest.c,
+ * entry_write.c, entry_read.c (the layer-by-layer reader), entry_par.c
+ * (kvti_entry_read) and describe.c, on top of layer.h (one layer file); the
+ * names inside an entry directory come from layout.h.
  */
 #ifndef KVT_ENTRY_H
 #define KVT_ENTRY_H

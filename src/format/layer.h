@@ -1,23 +1,24 @@
 /*
- * layer.h - per-layer serialisation: which tensors each layer kind stores and
- * under which names (layer_<i>_keys/_values, layer_<i>_state_<j>, and kvtier's
- * native quantized layer_<i>_{keys,values}{,_scales,_biases}), the compat-mode
+ * layer.h - one layer <-> one safetensors file plus its manifest object: which
+ * tensors each layer kind stores (names in layout.h), the compat-mode
  * transformations that reproduce exactly what the reference writes (bf16 -> F32
  * upcast with hints, MLX affine dequantization, trim to offset, bf16 -> F16
  * cast), the manifest object of a layer (emitted the way Python's json.dumps
  * writes it) and its parser, and the verified read of one layer file straight
- * into the final tensor buffers.
+ * into the final tensor buffers. Implemented by layer_check.c (validation),
+ * layer_dequant.c, layer_plan.c, layer_write.c, layer_meta.c, layer_read.c and
+ * layer_blocks.c. Knows nothing of entries (entry.h builds on it).
  */
 #ifndef KVT_LAYER_H
 #define KVT_LAYER_H
 
 #include "kvtier.h"
+#include "format/layout.h"
 #include "format/safetensors.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
 
-#define KVTI_NAME_MAX 64
 #define KVTI_MAX_ARRAYS 65536u
 #define KVTI_MAX_LAYERS 1000000u
 
@@ -94,9 +95,6 @@ typedef struct kvti_layer_meta {
 int kvti_layer_meta_parse(kvti_layer_meta *m, const void *cjson_obj,
                           int64_t expect_idx, const char *what);
 void kvti_layer_meta_free(kvti_layer_meta *m);
-/* File name of tensor j of the layer ("layer_3_keys_scales"). */
-void kvti_layer_tensor_name(char out[KVTI_NAME_MAX], const kvti_layer_meta *m,
-                            uint32_t j);
 
 /* Checks that a parsed safetensors header holds exactly the tensors the
  * metadata calls for, with consistent dtypes/shapes; slot[j] receives the

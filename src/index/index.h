@@ -9,11 +9,13 @@
  * indexes, untouched; kvtier adds `kvtier_meta(token_hash TEXT PRIMARY KEY,
  * disk_bytes INTEGER NOT NULL, storage_mode INTEGER NOT NULL)` which the
  * reference ignores. A row in entries without a kvtier_meta row (the reference
- * wrote it) has its disk bytes measured from the files at open.
+ * wrote it) has its disk bytes measured at open by the caller's callback.
  *
  * Threads: every function is safe to call from any thread; one mutex serialises
  * SQLite, the mirror has its own read-write lock so lookups do not wait for
- * writes to SQLite.
+ * writes to SQLite. *
+ * Implemented in src/index/: db.c (SQLite), write.c, touch.c, mirror.c
+ * (lookups) and ssdindex.c (the public kvt_index_* API), sharing internal.h.
  */
 #ifndef KVT_INDEX_H
 #define KVT_INDEX_H
@@ -23,12 +25,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Opens cache_dir/index.db. data_dir (may be NULL) is used to measure disk
- * bytes of rows that lack kvtier_meta. readonly: open SQLITE_OPEN_READONLY, no
- * schema changes (a legacy DB is then served with prefix hashes computed in
- * memory). Loads the mirror. */
+/* Measures the bytes stored for the entry named hash (64 hex), for a row that
+ * lacks kvtier_meta (the reference wrote it). The index knows nothing of where
+ * or how entries are stored: the caller (the tier, over its storage backend)
+ * supplies this. Returns 1 with *bytes set (recorded in kvtier_meta unless
+ * read-only), 0 when it cannot be measured (the row is served with 0 disk
+ * bytes and measured again at the next open), or a negative KVT_E* code,
+ * which fails the open. Called on the opening thread, during
+ * kvti_index_open only. */
+typedef struct kvti_index_measure {
+  int (*fn)(void *ctx, const char *hash, uint64_t *bytes);
+  void *ctx;
+} kvti_index_measure;
+
+/* Opens cache_dir/index.db. measure (may be NULL; copied) gives the disk bytes
+ * of rows that lack kvtier_meta; without it they get 0. readonly: open
+ * SQLITE_OPEN_READONLY, no schema changes (a legacy DB is then served with
+ * prefix hashes computed in memory). Loads the mirror. */
 int kvti_index_open(kvt_index **out, const char *cache_dir,
-                    const char *data_dir, int readonly);
+                    const kvti_index_measure *measure, int readonly);
 
 /* Inserts or replaces (both tables, one transaction). created_at/accessed_at =
  * now. hash may be NULL (computed); if given it must be the tokens' hash, else

@@ -543,6 +543,19 @@ static int precreate_db(const char *dir, uint32_t file_mode) {
   return rc;
 }
 
+/* The index's measuring callback (kvti_index_measure): the apparent bytes of
+ * data/<hash>/ for a row the reference wrote. 1 measured, 0 not measurable,
+ * KVT_ENOMEM. The directory layout is the local store's; this stays here, next
+ * to the data_dir the tier creates, until the backend interface measures. */
+static int measure_entry(void *ctx, const char *hash, uint64_t *bytes) {
+  char *dir = kvti_path_join(((const kvt_tier *)ctx)->data_dir, hash);
+  if (!dir)
+    return KVT_ENOMEM;
+  int measured = kvti_dir_bytes(bytes, dir, 1) == 0;
+  kvti_free(dir);
+  return measured;
+}
+
 int kvt_tier_open(kvt_tier **out, const kvt_options *opts) {
   if (!out)
     return KVT_ERR(KVT_EINVAL, "kvt_tier_open: out is NULL");
@@ -651,7 +664,8 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *opts) {
   }
   if (!t->readonly && (rc = precreate_db(t->dir, opts->file_mode)) != 0)
     goto fail;
-  if ((rc = kvti_index_open(&t->idx, t->dir, t->data_dir, t->readonly)) != 0)
+  kvti_index_measure measure = {measure_entry, t};
+  if ((rc = kvti_index_open(&t->idx, t->dir, &measure, t->readonly)) != 0)
     goto fail;
   /* FSYNC durability covers the row too: the WAL is synced at each commit, so
    * an acknowledged entry cannot lose its row (and then its files, to

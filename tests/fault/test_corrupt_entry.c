@@ -31,7 +31,7 @@ static void list_files(const char *dir, char names[][64], int max) {
 
 static void test_entry_campaign(void) {
   long trials = r_env_long("KVT_CORRUPT_TRIALS", 5000);
-  r_entry e[2] = {r_make(41, 50, 1), r_make(42, 23, 1)};
+  t_entry e[2] = {r_make(41, 50, 1), r_make(42, 23, 1)};
   int modes[2] = {KVT_STORAGE_NATIVE, KVT_STORAGE_COMPAT};
   r_fresh_dir(g_data);
   for (int i = 0; i < 2; i++)
@@ -120,7 +120,7 @@ static void test_entry_campaign(void) {
             (unsigned long long)by_file[k][0],
             (unsigned long long)by_file[k][1]);
   for (int i = 0; i < 2; i++)
-    r_free(&e[i]);
+    t_free(&e[i]);
 }
 
 /* ---- index.db ---------------------------------------------------------- */

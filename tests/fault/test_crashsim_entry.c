@@ -329,7 +329,7 @@ typedef struct sim_stats {
 /* Writes `neu` over the state (old present when replace), records, then checks
  * every crash point with `fates` fates each. strict: FSYNC expectations.
  * Returns violations. */
-static uint64_t campaign(const r_entry *old, const r_entry *neu, int replace,
+static uint64_t campaign(const t_entry *old, const t_entry *neu, int replace,
                          int do_fsync, int strict, int fates, uint64_t seed,
                          sim_stats *st, int quiet) {
   kvt_test_rmtree(g_base);
@@ -392,8 +392,8 @@ static uint64_t campaign(const r_entry *old, const r_entry *neu, int replace,
 static int g_fates;
 
 static void test_fsync_order(void) {
-  r_entry a = r_make(11, 24, 1), b = r_make(12, 17, 1);
-  r_entry a2 = r_make_variant(&a, 13);
+  t_entry a = r_make(11, 24, 1), b = r_make(12, 17, 1);
+  t_entry a2 = r_make_variant(&a, 13);
   sim_stats st = {0};
   for (int exch = 1; exch >= 0; exch--) {
     g_exch_ok = exch;
@@ -424,16 +424,16 @@ static void test_fsync_order(void) {
           (unsigned long long)st.old_seen, (unsigned long long)st.absent,
           (unsigned long long)st.corrupt_detected,
           (unsigned long long)st.violations);
-  r_free(&a);
-  r_free(&b);
-  r_free(&a2);
+  t_free(&a);
+  t_free(&b);
+  t_free(&a2);
 }
 
 /* Durability NONE: torn states are allowed but must be detected, never served.
  */
 static void test_no_fsync_detected(void) {
-  r_entry a = r_make(21, 24, 1), b = r_make(22, 17, 1);
-  r_entry a2 = r_make_variant(&a, 23);
+  t_entry a = r_make(21, 24, 1), b = r_make(22, 17, 1);
+  t_entry a2 = r_make_variant(&a, 23);
   sim_stats st = {0};
   CHECK_EQ_INT(campaign(NULL, &b, 0, 0, 0, g_fates, 300, &st, 0), 0);
   CHECK_EQ_INT(campaign(&a, &a2, 1, 0, 0, g_fates, 301, &st, 0), 0);
@@ -446,15 +446,15 @@ static void test_no_fsync_detected(void) {
       (unsigned long long)st.corrupt_detected,
       (unsigned long long)st.violations);
   CHECK(st.corrupt_detected > 0); /* torn states did occur and were caught */
-  r_free(&a);
-  r_free(&b);
-  r_free(&a2);
+  t_free(&a);
+  t_free(&b);
+  t_free(&a2);
 }
 
 /* The simulator must catch a wrong order: file fsyncs skipped but FSYNC
  * guarantees claimed. */
 static void test_simulator_catches_bad_order(void) {
-  r_entry b = r_make(31, 17, 1);
+  t_entry b = r_make(31, 17, 1);
   sim_stats st = {0};
   g_fsync_files = 0;
   uint64_t v = campaign(NULL, &b, 0, 1, 1, g_fates, 400, &st, 1);
@@ -463,7 +463,7 @@ static void test_simulator_catches_bad_order(void) {
           "bad order: %llu of %llu crash states violate the guarantees\n",
           (unsigned long long)v, (unsigned long long)st.states);
   CHECK(v > 0);
-  r_free(&b);
+  t_free(&b);
 }
 
 int main(void) {

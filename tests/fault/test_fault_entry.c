@@ -53,8 +53,8 @@ static const char *fault_name(const fault *f, char *buf, size_t n) {
 /* One write under fault f at call nth. replace: the entry written has the same
  * tokens as `old` (already stored). Returns 0 when the fault did not fire (all
  * sites covered). */
-static int write_once(const fault *f, uint64_t nth, const r_entry *old,
-                      const r_entry *neu, int replace, int no_exch) {
+static int write_once(const fault *f, uint64_t nth, const t_entry *old,
+                      const t_entry *neu, int replace, int no_exch) {
   char name[96];
   r_fresh_dir(g_data);
   fio_install();
@@ -164,7 +164,7 @@ static void judge_read(const char *what, const fault *f, uint64_t nth, int rc,
   }
 }
 
-static uint64_t read_once(const fault *f, uint64_t nth, const r_entry *e) {
+static uint64_t read_once(const fault *f, uint64_t nth, const t_entry *e) {
   int fds0 = kvt_test_count_dir("/proc/self/fd", NULL);
   fio_install();
   fio_arm(f->op, nth, f->kind, f->err, f->sticky);
@@ -219,8 +219,8 @@ static const fault g_faults[] = {
 #define MAX_SITES 5000
 
 static void test_write_faults(void) {
-  r_entry a = r_make(1, 40, 1), b = r_make(2, 33, 1);
-  r_entry a2 = r_make_variant(&a, 3);
+  t_entry a = r_make(1, 40, 1), b = r_make(2, 33, 1);
+  t_entry a2 = r_make_variant(&a, 3);
   uint64_t sites = 0;
   for (int no_exch = 0; no_exch < 2; no_exch++)
     for (int replace = 0; replace < 2; replace++)
@@ -242,13 +242,13 @@ static void test_write_faults(void) {
       }
   fprintf(stderr, "write: %llu call sites failed in turn\n",
           (unsigned long long)sites);
-  r_free(&a);
-  r_free(&b);
-  r_free(&a2);
+  t_free(&a);
+  t_free(&b);
+  t_free(&a2);
 }
 
 static void test_read_faults(void) {
-  r_entry a = r_make(5, 64, 1);
+  t_entry a = r_make(5, 64, 1);
   r_fresh_dir(g_data);
   REQUIRE(r_write(g_data, &a, KVT_STORAGE_NATIVE, 0) == 0);
   uint64_t sites = 0;
@@ -260,13 +260,13 @@ static void test_read_faults(void) {
   }
   fprintf(stderr, "read: %llu call sites failed in turn\n",
           (unsigned long long)sites);
-  r_free(&a);
+  t_free(&a);
 }
 
 /* Compat mode converts (bf16 upcast, dequantization): its extra allocations
  * fail in turn. */
 static void test_compat_alloc_faults(void) {
-  r_entry a = r_make(7, 20, 1);
+  t_entry a = r_make(7, 20, 1);
   uint64_t n = 1;
   for (; n < MAX_SITES; n++) {
     r_fresh_dir(g_data);
@@ -288,7 +288,7 @@ static void test_compat_alloc_faults(void) {
   }
   fprintf(stderr, "compat write: %llu allocation sites\n",
           (unsigned long long)n - 1);
-  r_free(&a);
+  t_free(&a);
 }
 
 /* A trimmed read of a format-2 entry (only the verified blocks covering the
@@ -299,7 +299,7 @@ static void test_compat_alloc_faults(void) {
  * per tensor); both I/O backends. */
 enum { TR_T = 512, TR_D = 64, TR_KEEP = 100 };
 
-static int trim_same(const kvt_entry *got, const r_entry *e) {
+static int trim_same(const kvt_entry *got, const t_entry *e) {
   if (!got || kvt_entry_num_layers(got) != e->n_layers)
     return 0;
   for (uint32_t i = 0; i < e->n_layers; i++) {
@@ -323,7 +323,7 @@ static int trim_same(const kvt_entry *got, const r_entry *e) {
 
 static int trim_backend; /* kvt_io_backend of the trimmed reads */
 
-static int trim_read(const r_entry *e, int *same) {
+static int trim_read(const t_entry *e, int *same) {
   kvt_entry *got = NULL;
   kvti_read_opts o;
   memset(&o, 0, sizeof o);
@@ -340,16 +340,10 @@ static int trim_read(const r_entry *e, int *same) {
 }
 
 static void test_trim_read_faults(void) {
-  r_entry a;
-  memset(&a, 0, sizeof a);
   kvt_rng r = {11};
-  a.n_tokens = TR_T;
-  a.tokens = malloc(TR_T * sizeof(int32_t));
-  for (int i = 0; i < TR_T; i++)
-    a.tokens[i] = (int32_t)(kvt_rng_next(&r) % 60000);
+  t_entry a = t_entry_alloc(&r, TR_T, 2);
   for (int i = 0; i < 2; i++)
     a.layers[a.n_layers++] = t_kv(&r, KVT_DTYPE_F16, 1, 2, TR_T, TR_D, TR_T);
-  kvt_token_hash(a.hash, a.tokens, a.n_tokens);
   r_fresh_dir(g_data);
   REQUIRE(r_write(g_data, &a, KVT_STORAGE_NATIVE, 0) == 0);
   int same = 0;
@@ -384,7 +378,7 @@ static void test_trim_read_faults(void) {
   CHECK(same);
   fprintf(stderr, "trimmed read: %llu call sites failed in turn\n",
           (unsigned long long)sites);
-  r_free(&a);
+  t_free(&a);
 }
 
 int main(void) {

@@ -6,7 +6,8 @@
  * oldest-created, foreach, tokens, batched touches), the exact schema,
  * migration of a legacy database lacking prefix_hash, hostile rows never
  * served, a database created by the reference's SQL text, disk bytes measured
- * for reference-written rows, stale kvtier_meta rows, reopen persistence, and
+ * for reference-written rows (and the measuring callback's contract), stale
+ * kvtier_meta rows, reopen persistence, and
  * (when /usr/bin/python3 is present) the reference's own SQL queries run by
  * Python's sqlite3 over a kvtier-written index.db.
  */
@@ -32,6 +33,17 @@ static void seq(int32_t *t, size_t n, int32_t base) {
 
 static void hash_of(char h[65], const int32_t *t, size_t n) {
   REQUIRE(kvt_token_hash(h, t, n) == 0);
+}
+
+/* The index's measuring callback over a data directory (ctx): what the tier
+ * supplies, the apparent bytes of data/<hash>/. */
+static int measure_dir(void *ctx, const char *hash, uint64_t *bytes) {
+  char *dir = kvti_path_join(ctx, hash);
+  if (!dir)
+    return KVT_ENOMEM;
+  int measured = kvti_dir_bytes(bytes, dir, 1) == 0;
+  kvti_free(dir);
+  return measured;
 }
 
 static void sleep_ms(int ms) {
@@ -390,7 +402,8 @@ static void test_internal(void) {
   char data[4096];
   snprintf(data, sizeof data, "%s/data", dir);
   kvt_index *idx = NULL;
-  REQUIRE(kvti_index_open(&idx, dir, data, 0) == 0);
+  kvti_index_measure measure = {measure_dir, data};
+  REQUIRE(kvti_index_open(&idx, dir, &measure, 0) == 0);
   int32_t t[100];
   seq(t, 100, 1);
   char h[3][65];
@@ -742,7 +755,8 @@ static void test_reference_db_and_hostile(void) {
   sqlite3_close(db);
 
   kvt_index *idx = NULL;
-  REQUIRE(kvti_index_open(&idx, dir, data, 0) == 0);
+  kvti_index_measure measure = {measure_dir, data};
+  REQUIRE(kvti_index_open(&idx, dir, &measure, 0) == 0);
   CHECK_EQ_INT(kvti_index_skipped(idx), 5);
   kvt_entry_info info;
   CHECK(kvti_index_find(&info, idx, t, 64, 0) == 0);
@@ -779,6 +793,80 @@ static void test_reference_db_and_hostile(void) {
   CHECK_EQ_INT(raw_count(db, sql), 256 + 17);
   CHECK_EQ_INT(raw_count(db, "SELECT COUNT(*) FROM kvtier_meta"), 1);
   sqlite3_close(db);
+}
+
+/* The measuring callback given at open, for rows without kvtier_meta: it is
+ * asked for exactly those rows by their hash; 1 records its bytes (read-write)
+ * so it is not asked again, 0 serves the row with 0 bytes and asks again at
+ * the next open, a negative code fails the open; a read-only open uses the
+ * bytes without recording them. */
+typedef struct measure_ctx {
+  int ret;
+  uint64_t bytes;
+  int calls;
+  char last[65];
+} measure_ctx;
+
+static int measure_fake(void *ctx, const char *hash, uint64_t *bytes) {
+  measure_ctx *m = ctx;
+  m->calls++;
+  snprintf(m->last, sizeof m->last, "%s", hash);
+  if (m->ret == 1)
+    *bytes = m->bytes;
+  return m->ret;
+}
+
+static void test_measure_callback(void) {
+  char *dir = kvt_test_tmpdir("idx-measure");
+  int32_t t[40], u[41];
+  seq(t, 40, 5);
+  seq(u, 41, 600);
+  char h[65], hu[65];
+  hash_of(h, t, 40);
+  hash_of(hu, u, 41);
+  kvt_index *idx = NULL;
+  REQUIRE(kvti_index_open(&idx, dir, NULL, 0) == 0);
+  /* t as the reference writes it (no kvtier_meta), u with kvtier_meta. */
+  REQUIRE(kvt_index_insert(idx, t, 40, h, 7, 40) == 0);
+  REQUIRE(kvti_index_put(idx, u, 41, hu, 8, 99, KVT_STORAGE_NATIVE) == 0);
+  kvt_index_close(idx);
+
+  measure_ctx m = {0, 0, 0, ""};
+  kvti_index_measure meas = {measure_fake, &m};
+  kvt_entry_info info;
+  /* Not measurable: served with 0 bytes, asked again next time. */
+  REQUIRE(kvti_index_open(&idx, dir, &meas, 0) == 0);
+  CHECK_EQ_INT(m.calls, 1);
+  CHECK(strcmp(m.last, h) == 0);
+  CHECK(kvti_index_find(&info, idx, t, 40, 0) == 0 && info.disk_bytes == 0);
+  CHECK(kvti_index_find(&info, idx, u, 41, 0) == 0 && info.disk_bytes == 99);
+  kvt_index_close(idx);
+  /* A failing callback fails the open with its code. */
+  m.ret = KVT_ENOMEM;
+  idx = NULL;
+  CHECK(kvti_index_open(&idx, dir, &meas, 0) == KVT_ENOMEM);
+  CHECK(idx == NULL);
+  CHECK_EQ_INT(m.calls, 2);
+  /* Read-only: the measured bytes are served but not recorded. */
+  m.ret = 1;
+  m.bytes = 4242;
+  REQUIRE(kvti_index_open(&idx, dir, &meas, 1) == 0);
+  CHECK_EQ_INT(m.calls, 3);
+  CHECK(kvti_index_find(&info, idx, t, 40, 0) == 0 && info.disk_bytes == 4242);
+  kvt_index_close(idx);
+  /* Read-write: recorded in kvtier_meta, never asked again. */
+  REQUIRE(kvti_index_open(&idx, dir, &meas, 0) == 0);
+  CHECK_EQ_INT(m.calls, 4);
+  CHECK(kvti_index_find(&info, idx, t, 40, 0) == 0 && info.disk_bytes == 4242);
+  kvt_index_close(idx);
+  m.bytes = 1;
+  REQUIRE(kvti_index_open(&idx, dir, &meas, 0) == 0);
+  CHECK_EQ_INT(m.calls, 4);
+  CHECK(kvti_index_find(&info, idx, t, 40, 0) == 0 && info.disk_bytes == 4242);
+  uint64_t ne, nd;
+  kvti_index_totals(idx, &ne, &nd, NULL);
+  CHECK(ne == 2 && nd == 4242 + 99);
+  kvt_index_close(idx);
 }
 
 /* A database whose entries table is not the reference's fails to open with
@@ -977,6 +1065,7 @@ int main(void) {
   RUN(test_shared_prefix);
   RUN(test_migration);
   RUN(test_reference_db_and_hostile);
+  RUN(test_measure_callback);
   RUN(test_bad_schema);
   RUN(test_alloc_failures);
   RUN(test_python_reads);

@@ -26,37 +26,9 @@
 
 #define BS 65536u
 
-/* ---- counting io table ----------------------------------------------------
- */
-
-static atomic_ullong rd_bytes;
-static kvti_io_ops count_ops;
-
-static ssize_t count_pread(int fd, void *buf, size_t n, off_t off) {
-  ssize_t r = kvti_io_default.pread(fd, buf, n, off);
-  if (r > 0)
-    atomic_fetch_add(&rd_bytes, (unsigned long long)r);
-  return r;
-}
-
-static int count_uring_result(int is_write, int fd, uint64_t off, size_t len,
-                              int res) {
-  res = kvti_io_default.uring_result(is_write, fd, off, len, res);
-  if (!is_write && res > 0)
-    atomic_fetch_add(&rd_bytes, (unsigned long long)res);
-  return res;
-}
-
-static void count_install(void) {
-  count_ops = kvti_io_default;
-  count_ops.pread = count_pread;
-  if (kvti_io_default.uring_result)
-    count_ops.uring_result = count_uring_result;
-  kvti_io_set(&count_ops);
-}
-
+/* Bytes read, counted by the test library's I/O harness (faultio.h). */
 static uint64_t rd_now(void) {
-  return (uint64_t)atomic_load(&rd_bytes);
+  return fio_bytes_read();
 }
 
 /* ---- helpers --------------------------------------------------------------
@@ -286,7 +258,7 @@ static void test_manifest_blocks(void) {
  * of the layer bytes; a full promote reads every byte; both return exactly the
  * stored data. */
 static void test_trim_reads_less(void) {
-  count_install();
+  fio_install();
   kvt_options o = t_opts("blk-bytes");
   kvt_tier *t = t_open(&o);
   REQUIRE(kvt_tier_start_writer(t) == 0);
@@ -341,7 +313,7 @@ static void test_trim_reads_less(void) {
     kvt_entry_free(got);
   }
   kvt_tier_free(t);
-  kvti_io_set(NULL);
+  fio_remove();
   t_free(&e);
 }
 
@@ -594,7 +566,7 @@ static void test_malformed_blocks(void) {
  * and reference entries (no kvtier key, no manifest.sum) read as before, full
  * and trimmed; a format-1 trim still reads (and checks) whole files. */
 static void test_format1_and_reference(void) {
-  count_install();
+  fio_install();
   kvt_options o = t_opts("blk-compat");
   kvt_tier *t = t_open(&o);
   REQUIRE(kvt_tier_start_writer(t) == 0);
@@ -680,7 +652,7 @@ static void test_format1_and_reference(void) {
   for (int i = 0; i < 3; i++)
     t_free(&e[i]);
   kvt_tier_free(t);
-  kvti_io_set(NULL);
+  fio_remove();
 }
 
 /* The block hasher itself: any split of the stream gives the same list as
@@ -790,7 +762,7 @@ static void rewrite_blocks(const char *dir, uint32_t n_layers, uint64_t bs) {
 }
 
 static void test_other_block_sizes(void) {
-  count_install();
+  fio_install();
   kvt_options o = t_opts("blk-sizes");
   kvt_tier *t = t_open(&o);
   REQUIRE(kvt_tier_start_writer(t) == 0);
@@ -824,7 +796,7 @@ static void test_other_block_sizes(void) {
   }
   free(dir);
   kvt_tier_free(t);
-  kvti_io_set(NULL);
+  fio_remove();
   t_free(&e);
 }
 
@@ -832,7 +804,7 @@ static void test_other_block_sizes(void) {
  * and biases of 4 bytes: several heads' ranges share a block) through the
  * verified blocks, reading less than the whole file. */
 static void test_quantized_blocks(void) {
-  count_install();
+  fio_install();
   kvt_options o = t_opts("blk-quant");
   kvt_tier *t = t_open(&o);
   REQUIRE(kvt_tier_start_writer(t) == 0);
@@ -861,7 +833,7 @@ static void test_quantized_blocks(void) {
   CHECK(rd < fsz * 3 / 4);
   kvt_entry_free(got);
   kvt_tier_free(t);
-  kvti_io_set(NULL);
+  fio_remove();
   t_layer_free(&q);
   free(tokens);
 }

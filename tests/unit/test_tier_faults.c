@@ -133,7 +133,7 @@ static void no_trace(kvt_tier *t, const t_entry *e) {
 }
 
 static void test_writer_failures(void) {
-  t_faults_install();
+  fio_install();
   status_rec r = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
   kvt_options o = t_opts("wfail");
   o.spill_done_fn = on_done;
@@ -142,9 +142,7 @@ static void test_writer_failures(void) {
   REQUIRE(kvt_tier_start_writer(t) == 0);
   t_entry a = t_make(10, 16, 3, 8, 8), b = t_make(11, 16, 3, 8, 8);
   /* ENOSPC on the 2nd pwrite of the entry (mid layer files). */
-  atomic_store(&t_fault_state.fail_errno, ENOSPC);
-  atomic_store(&t_fault_state.fail_pwrite_at,
-               atomic_load(&t_fault_state.pwrites) + 2);
+  fio_arm(FIO_PWRITE, 2, FIO_FAIL_ERRNO, ENOSPC, 0);
   CHECK_EQ_INT(t_spill(t, &a), 0);
   CHECK_EQ_INT(kvt_tier_flush(t, -1), 0);
   no_trace(t, &a);
@@ -155,15 +153,13 @@ static void test_writer_failures(void) {
   CHECK_EQ_INT(s.entries, 0);
   CHECK_EQ_INT(r.last, KVT_ENOSPC);
   /* The writer keeps going. */
-  atomic_store(&t_fault_state.fail_pwrite_at, 0);
+  fio_disarm();
   CHECK_EQ_INT(t_spill(t, &b), 0);
   CHECK_EQ_INT(kvt_tier_flush(t, -1), 0);
   CHECK(stored(t, &b));
   CHECK_EQ_INT(r.last, 0);
   /* EIO on the publishing rename. */
-  atomic_store(&t_fault_state.fail_errno, EIO);
-  atomic_store(&t_fault_state.fail_rename_at,
-               atomic_load(&t_fault_state.renames) + 1);
+  fio_arm(FIO_RENAME, 1, FIO_FAIL_ERRNO, EIO, 0);
   CHECK_EQ_INT(t_spill(t, &a), 0);
   CHECK_EQ_INT(kvt_tier_flush(t, -1), 0);
   no_trace(t, &a);
@@ -174,10 +170,7 @@ static void test_writer_failures(void) {
   t_entry b2 = t_make(12, 16, 2, 8, 8);
   memcpy(b2.tokens, b.tokens, 16 * 4);
   for (int at = 1; at <= 3; at++) {
-    atomic_store(&t_fault_state.fail_rename_at, 0);
-    atomic_store(&t_fault_state.fail_errno, ENOSPC);
-    atomic_store(&t_fault_state.fail_pwrite_at,
-                 atomic_load(&t_fault_state.pwrites) + at);
+    fio_arm(FIO_PWRITE, (uint64_t)at, FIO_FAIL_ERRNO, ENOSPC, 0);
     CHECK_EQ_INT(t_spill(t, &b2), 0);
     CHECK_EQ_INT(kvt_tier_flush(t, -1), 0);
     kvt_entry *got = NULL;
@@ -185,7 +178,7 @@ static void test_writer_failures(void) {
     CHECK(got && t_same(got, &b));
     kvt_entry_free(got);
   }
-  atomic_store(&t_fault_state.fail_pwrite_at, 0);
+  fio_disarm();
   char *dd = ddir(t);
   CHECK_EQ_INT(kvt_test_count_dir(dd, ".tmp"), 0);
   CHECK_EQ_INT(kvt_test_count_dir(dd, NULL), 1);
@@ -194,7 +187,7 @@ static void test_writer_failures(void) {
   CHECK_EQ_INT(s.write_failures, 5);
   CHECK_EQ_INT(s.entries, 1);
   kvt_tier_free(t);
-  t_faults_remove();
+  fio_remove();
   t_free(&a);
   t_free(&b);
   t_free(&b2);
@@ -224,16 +217,16 @@ static void test_drain_on_close(void) {
 }
 
 static void test_close_timeout(void) {
-  t_faults_install();
+  fio_install();
   kvt_options o = t_opts("ctimeout");
   kvt_tier *t = t_open(&o);
   REQUIRE(kvt_tier_start_writer(t) == 0);
   t_entry a = t_make(200, 16, 1, 4, 4), b = t_make(201, 16, 1, 4, 4);
   CHECK_EQ_INT(t_spill(t, &a), 0);
   CHECK_EQ_INT(kvt_tier_flush(t, -1), 0);
-  t_stall_set(1);
+  fio_stall_set(1);
   CHECK_EQ_INT(t_spill(t, &b), 0);
-  t_stall_wait_blocked();
+  fio_stall_wait_blocked();
   CHECK_EQ_INT(kvt_tier_flush(t, 50), KVT_ETIMEDOUT);
   CHECK_EQ_INT(kvt_tier_close(t, 100), KVT_ETIMEDOUT);
   CHECK(strstr(kvt_last_error(), "pending") != NULL);
@@ -244,14 +237,14 @@ static void test_close_timeout(void) {
   kvt_entry_free(got);
   CHECK_EQ_INT(t_spill(t, &a), KVT_ECLOSED);
   CHECK_EQ_INT(kvt_tier_close(t, 0), KVT_ETIMEDOUT); /* retry, still stuck */
-  t_stall_set(0);
+  fio_stall_set(0);
   CHECK_EQ_INT(kvt_tier_close(t, -1), 0);
   CHECK_EQ_INT(kvt_tier_close(t, -1), 0);
   kvt_stats s;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.spill_count, 2);
   kvt_tier_free(t);
-  t_faults_remove();
+  fio_remove();
   t_free(&a);
   t_free(&b);
 }

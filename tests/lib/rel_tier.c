@@ -1,31 +1,9 @@
 /*
- * rel_tier.h - helpers shared by the reliability tests that run the whole tier:
- * spill outcome recording through spill_done_fn (thread-safe), opening a tier
- * on a given directory, and the post-mortem consistency check every test ends
- * with - after a clean reopen (which purges temporaries and reconciles), data/
- * holds no *.tmp, every index row's entry reads back and verifies, and every
- * entry directory has a row.
+ * rel_tier.c - the whole-tier reliability helpers declared in rel_tier.h.
  */
-#ifndef KVT_REL_TIER_H
-#define KVT_REL_TIER_H
+#include "rel_tier.h"
 
-#include "../unit/tier_testlib.h"
-#include "rel_common.h"
-#include "base/hash.h"
-
-#include <dirent.h>
-#include <pthread.h>
-
-#define REL_MAX_DONE 4096
-
-typedef struct rel_done {
-  pthread_mutex_t mu;
-  int n;
-  char hash[REL_MAX_DONE][KVT_HASH_HEX_LEN + 1];
-  int status[REL_MAX_DONE];
-} rel_done;
-
-static inline void rel_done_fn(void *ctx, const char *hash, int status) {
+void rel_done_fn(void *ctx, const char *hash, int status) {
   rel_done *d = ctx;
   pthread_mutex_lock(&d->mu);
   if (d->n < REL_MAX_DONE) {
@@ -36,8 +14,7 @@ static inline void rel_done_fn(void *ctx, const char *hash, int status) {
   pthread_mutex_unlock(&d->mu);
 }
 
-/* Status of the last spill of hash reported, or 1 when none was reported. */
-static inline int rel_done_status(rel_done *d, const char *hash) {
+int rel_done_status(rel_done *d, const char *hash) {
   int st = 1;
   pthread_mutex_lock(&d->mu);
   for (int i = 0; i < d->n; i++)
@@ -47,7 +24,7 @@ static inline int rel_done_status(rel_done *d, const char *hash) {
   return st;
 }
 
-static inline kvt_options rel_opts(const char *dir, int durability) {
+kvt_options rel_opts(const char *dir, int durability) {
   kvt_options o;
   kvt_options_init(&o, KVT_OPTIONS_VERSION);
   o.cache_dir = dir;
@@ -56,7 +33,7 @@ static inline kvt_options rel_opts(const char *dir, int durability) {
   return o;
 }
 
-static inline char *rel_path(const char *dir, const char *a, const char *b) {
+char *rel_path(const char *dir, const char *a, const char *b) {
   size_t n = strlen(dir) + (a ? strlen(a) : 0) + (b ? strlen(b) : 0) + 4;
   char *p = malloc(n);
   snprintf(p, n, "%s%s%s%s%s", dir, a ? "/" : "", a ? a : "", b ? "/" : "",
@@ -64,21 +41,14 @@ static inline char *rel_path(const char *dir, const char *a, const char *b) {
   return p;
 }
 
-typedef struct rel_hashes {
-  int n;
-  char h[REL_MAX_DONE][KVT_HASH_HEX_LEN + 1];
-} rel_hashes;
-
-static inline int rel_collect(void *ctx, const kvt_entry_info *info) {
+int rel_collect(void *ctx, const kvt_entry_info *info) {
   rel_hashes *l = ctx;
   if (l->n < REL_MAX_DONE)
     memcpy(l->h[l->n++], info->token_hash, KVT_HASH_HEX_LEN + 1);
   return 0;
 }
 
-/* Names in data/: 64-hex entry directories and *.tmp leftovers. */
-static inline void rel_scan_data(const char *dir, int *entries, int *tmps,
-                                 int *other) {
+void rel_scan_data(const char *dir, int *entries, int *tmps, int *other) {
   char *d = rel_path(dir, "data", NULL);
   *entries = *tmps = *other = 0;
   DIR *dd = opendir(d);
@@ -99,13 +69,7 @@ static inline void rel_scan_data(const char *dir, int *entries, int *tmps,
   free(d);
 }
 
-/* Reopens dir (purge of temporaries and reconcile on), checks the invariants -
- * no *.tmp left in data/, every row's entry verifies, every entry directory has
- * a row - and closes. Returns the number of rows, or -1 when the reopen failed.
- * Problems count in kvt_test_failures. known_corrupt (may be NULL): an entry
- * the test damaged on purpose, which must then fail to verify (it is only
- * quarantined once something reads it). */
-static inline int rel_check_dir(const char *dir, const char *known_corrupt) {
+int rel_check_dir(const char *dir, const char *known_corrupt) {
   kvt_options o = rel_opts(dir, KVT_DURABILITY_NONE);
   kvt_tier *t = NULL;
   int rc = kvt_tier_open(&t, &o);
@@ -142,5 +106,3 @@ static inline int rel_check_dir(const char *dir, const char *known_corrupt) {
   kvt_tier_free(t);
   return n;
 }
-
-#endif

@@ -1,13 +1,17 @@
 /*
  * faultio.h - the reusable fault-injection harness for the reliability tests.
- * It installs an I/O table (src/base/io.h) that forwards every call to the real one
- * while counting calls per operation, and can make the Nth call of a chosen
+ * It installs an I/O table (src/base/io.h) that forwards every call to the real
+ * one while counting calls per operation, and can make the Nth call of a chosen
  * operation (or every call from the Nth on) fail with a chosen errno (ENOSPC,
  * EIO, EINTR...), transfer only part of the bytes (short read/write), or fail
  * an allocation of the seam's malloc/calloc/realloc. Tests loop N = 1, 2,
  * ... until the armed fault no longer fires, which covers every call site of
- * that operation (the SQLite/curl "fail each site in turn" method). Thread-safe
- * (atomic counters), so the tier's writer and promote threads can run under it.
+ * that operation (the SQLite/curl "fail each site in turn" method). It also
+ * counts the bytes reads return (pread and io_uring completions) and can hold
+ * every pwrite in a stall, so a test can catch the writer mid-entry.
+ * Thread-safe (atomic counters), so the tier's writer and promote threads can
+ * run under it. The one I/O-table harness of the test library (tests/lib), used
+ * by unit and reliability tests alike.
  */
 #ifndef KVT_FAULTIO_H
 #define KVT_FAULTIO_H
@@ -64,5 +68,12 @@ const char *fio_op_name(fio_op op);
 /* While set, rename_exchange fails with ENOTSUP (not counted as a fault),
  * forcing the portable two-rename publish path. */
 void fio_set_no_exchange(int on);
+/* Bytes returned by reads (pread and io_uring read completions) since install
+ * (not reset by fio_reset/fio_arm: callers take differences). */
+uint64_t fio_bytes_read(void);
+/* While on, every pwrite blocks before it runs; off releases them. */
+void fio_stall_set(int on);
+/* Waits until a pwrite is blocked in the stall. */
+void fio_stall_wait_blocked(void);
 
 #endif

@@ -3,12 +3,14 @@
  * Every wrapper bumps its operation's counter, asks should_fail() whether this
  * call is the armed one, and otherwise forwards to kvti_io_default. Short
  * transfers forward a shortened request, so the bytes that were transferred are
- * real.
+ * real. The io_uring completion filter is wrapped only to count read bytes
+ * (faults are injected at the pread/pwrite hooks, which io_uring bypasses).
  */
 #include "faultio.h"
 #include "base/io.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 
@@ -18,6 +20,11 @@ static atomic_int g_op = -1;
 static atomic_uint_fast64_t g_nth;
 static atomic_int g_kind, g_err, g_sticky;
 static atomic_uint_fast64_t g_fired, g_total;
+static atomic_uint_fast64_t g_read_bytes;
+/* The pwrite stall: g_stall holds writers, g_stalled says one is held. */
+static atomic_int g_stall, g_stalled;
+static pthread_mutex_t g_stall_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_stall_cv = PTHREAD_COND_INITIALIZER;
 
 static const char *const g_names[FIO_NOPS] = {
     "open",  "close",   "pread",   "pwrite",   "fsync",           "ftruncate",
@@ -67,9 +74,31 @@ static ssize_t w_pread(int fd, void *b, size_t n, off_t o) {
     return -1;
   if (f == FIO_FAIL_SHORT + 1 && n > 1)
     n /= 2;
-  return kvti_io_default.pread(fd, b, n, o);
+  ssize_t r = kvti_io_default.pread(fd, b, n, o);
+  if (r > 0)
+    atomic_fetch_add(&g_read_bytes, (uint64_t)r);
+  return r;
+}
+static int w_uring_result(int is_write, int fd, uint64_t off, size_t len,
+                          int res) {
+  res = kvti_io_default.uring_result(is_write, fd, off, len, res);
+  if (!is_write && res > 0)
+    atomic_fetch_add(&g_read_bytes, (uint64_t)res);
+  return res;
+}
+static void stall_if_set(void) {
+  if (!atomic_load(&g_stall))
+    return;
+  pthread_mutex_lock(&g_stall_mu);
+  atomic_store(&g_stalled, 1);
+  pthread_cond_broadcast(&g_stall_cv);
+  while (atomic_load(&g_stall))
+    pthread_cond_wait(&g_stall_cv, &g_stall_mu);
+  atomic_store(&g_stalled, 0);
+  pthread_mutex_unlock(&g_stall_mu);
 }
 static ssize_t w_pwrite(int fd, const void *b, size_t n, off_t o) {
+  stall_if_set();
   int f = should_fail(FIO_PWRITE);
   if (f == FIO_FAIL_ERRNO + 1)
     return -1;
@@ -182,6 +211,9 @@ void fio_install(void) {
   g_ops.realloc = w_realloc;
   g_ops.free = w_free;
   g_ops.rename_exchange = w_rename_exchange;
+  if (kvti_io_default.uring_result)
+    g_ops.uring_result = w_uring_result;
+  atomic_store(&g_stall, 0);
   fio_reset();
   kvti_io_set(&g_ops);
 }
@@ -214,4 +246,21 @@ uint64_t fio_count(fio_op op) {
 }
 uint64_t fio_total_injected(void) {
   return atomic_load(&g_total);
+}
+uint64_t fio_bytes_read(void) {
+  return atomic_load(&g_read_bytes);
+}
+
+void fio_stall_set(int on) {
+  pthread_mutex_lock(&g_stall_mu);
+  atomic_store(&g_stall, on);
+  pthread_cond_broadcast(&g_stall_cv);
+  pthread_mutex_unlock(&g_stall_mu);
+}
+
+void fio_stall_wait_blocked(void) {
+  pthread_mutex_lock(&g_stall_mu);
+  while (!atomic_load(&g_stalled))
+    pthread_cond_wait(&g_stall_cv, &g_stall_mu);
+  pthread_mutex_unlock(&g_stall_mu);
 }

@@ -1,40 +1,24 @@
 /*
- * fmt_testlib.h - helpers shared by the format tests (safetensors, layer,
- * entry): seeded random tensors and layers of every kind and dtype, bitwise
- * comparison, an independent reference implementation of MLX affine
- * dequantization and of the bf16/f16 conversions, and small file utilities
- * (read/write whole files, flip a byte). Header-only so each test stays
- * standalone.
+ * fmt_testlib.c - the format-level test helpers declared in fmt_testlib.h:
+ * seeded tensor/layer generators, bit-exact comparison and the independent
+ * float and dequantization references the format tests check the library
+ * against.
  */
-#ifndef KVT_FMT_TESTLIB_H
-#define KVT_FMT_TESTLIB_H
+#include "fmt_testlib.h"
 
-#include "testutil.h"
-#include "kvtier.h"
-
-#include <fcntl.h>
-#include <math.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-static const kvt_dtype ALL_DTYPES[] = {
+const kvt_dtype ALL_DTYPES[N_ALL_DTYPES] = {
     KVT_DTYPE_BOOL, KVT_DTYPE_U8,   KVT_DTYPE_I8,  KVT_DTYPE_I16, KVT_DTYPE_U16,
     KVT_DTYPE_F16,  KVT_DTYPE_BF16, KVT_DTYPE_I32, KVT_DTYPE_U32, KVT_DTYPE_F32,
     KVT_DTYPE_I64,  KVT_DTYPE_U64,  KVT_DTYPE_F64};
-#define N_ALL_DTYPES (sizeof ALL_DTYPES / sizeof ALL_DTYPES[0])
 
-/* Independent float helpers (straightforward, not the library's). */
-static inline float t_bf16_to_f32(uint16_t h) {
+float t_bf16_to_f32(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;
   float f;
   memcpy(&f, &u, 4);
   return f;
 }
-static inline uint16_t t_f32_to_bf16(float f) {
+
+uint16_t t_f32_to_bf16(float f) {
   /* round to nearest even through double arithmetic on the dropped bits */
   uint32_t u;
   memcpy(&u, &f, 4);
@@ -45,7 +29,8 @@ static inline uint16_t t_f32_to_bf16(float f) {
     hi++;
   return (uint16_t)hi;
 }
-static inline float t_f16_to_f32(uint16_t h) {
+
+float t_f16_to_f32(uint16_t h) {
   int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
   double v;
   if (e == 0)
@@ -56,8 +41,8 @@ static inline float t_f16_to_f32(uint16_t h) {
     v = ldexp(1024 + m, e - 25);
   return (float)(s ? -v : v);
 }
-/* f32 -> f16 by searching the nearest representable value (ties to even). */
-static inline uint16_t t_f32_to_f16(float f) {
+
+uint16_t t_f32_to_f16(float f) {
   if (isnan(f))
     return 0x7e00;
   uint16_t sign = signbit(f) ? 0x8000 : 0;
@@ -83,7 +68,7 @@ static inline uint16_t t_f32_to_f16(float f) {
   return sign | best;
 }
 
-static inline float t_load(const void *buf, kvt_dtype dt, size_t i) {
+float t_load(const void *buf, kvt_dtype dt, size_t i) {
   uint16_t h;
   float f;
   switch (dt) {
@@ -101,10 +86,7 @@ static inline float t_load(const void *buf, kvt_dtype dt, size_t i) {
   }
 }
 
-/* Random tensor; float dtypes get values in [-4, 4) on a 1/256 grid (exact in
- * every float type), others random bytes (BOOL: 0/1). */
-static inline kvt_tensor t_tensor(kvt_rng *r, kvt_dtype dt, uint32_t ndim,
-                                  ...) {
+kvt_tensor t_tensor(kvt_rng *r, kvt_dtype dt, uint32_t ndim, ...) {
   kvt_tensor t;
   memset(&t, 0, sizeof t);
   t.dtype = dt;
@@ -150,7 +132,7 @@ static inline kvt_tensor t_tensor(kvt_rng *r, kvt_dtype dt, uint32_t ndim,
   return t;
 }
 
-static inline void t_layer_free(kvt_layer *l) {
+void t_layer_free(kvt_layer *l) {
   for (uint32_t j = 0; j < l->num_tensors; j++)
     free(l->tensors[j].data);
   free(l->tensors);
@@ -158,8 +140,8 @@ static inline void t_layer_free(kvt_layer *l) {
   memset(l, 0, sizeof *l);
 }
 
-static inline kvt_layer t_kv(kvt_rng *r, kvt_dtype dt, int B, int H, int T,
-                             int D, int64_t offset) {
+kvt_layer t_kv(kvt_rng *r, kvt_dtype dt, int B, int H, int T, int D,
+               int64_t offset) {
   kvt_layer l;
   kvt_layer_init(&l, KVT_LAYER_KV);
   l.tensors = calloc(2, sizeof(kvt_tensor));
@@ -169,7 +151,7 @@ static inline kvt_layer t_kv(kvt_rng *r, kvt_dtype dt, int B, int H, int T,
   return l;
 }
 
-static inline kvt_layer t_rotating(kvt_rng *r, kvt_dtype dt) {
+kvt_layer t_rotating(kvt_rng *r, kvt_dtype dt) {
   kvt_layer l = t_kv(r, dt, 1, 2, 8, 4, 11);
   l.kind = KVT_LAYER_ROTATING_KV;
   l.max_size = 8;
@@ -179,7 +161,7 @@ static inline kvt_layer t_rotating(kvt_rng *r, kvt_dtype dt) {
   return l;
 }
 
-static inline kvt_layer t_arrays(kvt_rng *r, uint32_t n, const kvt_dtype *dts) {
+kvt_layer t_arrays(kvt_rng *r, uint32_t n, const kvt_dtype *dts) {
   kvt_layer l;
   kvt_layer_init(&l, KVT_LAYER_ARRAYS);
   l.num_tensors = n;
@@ -189,9 +171,8 @@ static inline kvt_layer t_arrays(kvt_rng *r, uint32_t n, const kvt_dtype *dts) {
   return l;
 }
 
-/* Quantized KV: [B,H,T,D] elements, packed along D. */
-static inline kvt_layer t_quant(kvt_rng *r, int bits, int gs, kvt_dtype sdt,
-                                int B, int H, int T, int D, int64_t offset) {
+kvt_layer t_quant(kvt_rng *r, int bits, int gs, kvt_dtype sdt, int B, int H,
+                  int T, int D, int64_t offset) {
   kvt_layer l;
   kvt_layer_init(&l, KVT_LAYER_QUANTIZED_KV);
   l.tensors = calloc(6, sizeof(kvt_tensor));
@@ -206,7 +187,7 @@ static inline kvt_layer t_quant(kvt_rng *r, int bits, int gs, kvt_dtype sdt,
   return l;
 }
 
-static inline int t_tensor_eq(const kvt_tensor *a, const kvt_tensor *b) {
+int t_tensor_eq(const kvt_tensor *a, const kvt_tensor *b) {
   if (a->dtype != b->dtype || a->ndim != b->ndim || a->nbytes != b->nbytes)
     return 0;
   for (uint32_t d = 0; d < a->ndim; d++)
@@ -215,7 +196,7 @@ static inline int t_tensor_eq(const kvt_tensor *a, const kvt_tensor *b) {
   return a->nbytes == 0 || memcmp(a->data, b->data, a->nbytes) == 0;
 }
 
-static inline int t_layer_eq(const kvt_layer *a, const kvt_layer *b) {
+int t_layer_eq(const kvt_layer *a, const kvt_layer *b) {
   if (a->kind != b->kind || a->num_tensors != b->num_tensors ||
       a->offset != b->offset || a->max_size != b->max_size ||
       a->keep != b->keep || a->step != b->step || a->idx != b->idx)
@@ -234,10 +215,7 @@ static inline int t_layer_eq(const kvt_layer *a, const kvt_layer *b) {
   return 1;
 }
 
-/* Straightforward MLX affine dequantization of element i of row `row` (byte
- * view of the packed words, little-endian host). */
-static inline float t_dequant_elem(const kvt_layer *l, int kv, int64_t row,
-                                   int64_t i) {
+float t_dequant_elem(const kvt_layer *l, int kv, int64_t row, int64_t i) {
   const kvt_tensor *q = &l->tensors[3 * kv], *s = &l->tensors[3 * kv + 1],
                    *b = &l->tensors[3 * kv + 2];
   int64_t W = q->shape[q->ndim - 1];
@@ -260,7 +238,7 @@ static inline float t_dequant_elem(const kvt_layer *l, int kv, int64_t row,
   return f;
 }
 
-static inline int t_write_all(const char *path, const void *d, size_t n) {
+int t_write_all(const char *path, const void *d, size_t n) {
   FILE *f = fopen(path, "wb");
   if (!f)
     return -1;
@@ -269,10 +247,8 @@ static inline int t_write_all(const char *path, const void *d, size_t n) {
   return ok ? 0 : -1;
 }
 
-static inline char *t_join(const char *a, const char *b) {
+char *t_join(const char *a, const char *b) {
   char *p = malloc(strlen(a) + strlen(b) + 2);
   sprintf(p, "%s/%s", a, b);
   return p;
 }
-
-#endif

@@ -1,0 +1,185 @@
+/*
+ * internal.h - what the files of src/index share and nobody else sees: the
+ * struct kvt_index (SQLite handle and statements, the in-memory mirror, the
+ * pending touches), the mirror record, the prepared-statement table and the
+ * kvti_idx_* helpers each file lends the others. db.c owns SQLite (schema,
+ * open/migrate, load, close), write.c the puts and removes, touch.c the touch
+ * batching, mirror.c the mirror (block trie, heaps, lookups) and ssdindex.c the
+ * public kvt_index_* API. The design (trie keys, memory per entry, lock order)
+ * is described in mirror.c and db.c; index.h is the interface the tier uses.
+ *
+ * Locks: db_mu serialises SQLite; rw protects the mirror; pend_mu the pending
+ * touches. Order is always db_mu -> rw -> pend_mu. Each helper below states
+ * which lock its caller must hold.
+ */
+#ifndef KVT_INDEX_INTERNAL_H
+#define KVT_INDEX_INTERNAL_H
+
+#include "base/hashmap.h"
+#include "index/index.h"
+
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define BLK 16 /* tokens per trie block (== the reference's prefix filter) */
+#define HB0 0x6b7674696572ull /* hb_0, "kvtier" */
+#define TOUCH_BATCH 256
+#define TOUCH_MAX_AGE 1.0 /* seconds a touch may wait before being written */
+#define BUSY_TIMEOUT_MS 5000
+#define MAX_TOKENS                                                             \
+  ((uint64_t)1 << 28) /* 1 GiB blob: SQLite's default length limit */
+
+/* Prepared statements (SQL text in db.c). */
+enum {
+  ST_INSERT, /* the reference's INSERT OR REPLACE */
+  ST_META_PUT,
+  ST_META_DEL,
+  ST_DELETE,
+  ST_TOUCH,
+  ST_TOKENS,
+  ST_BEGIN,
+  ST_COMMIT,
+  ST_ROLLBACK,
+  ST_COUNT
+};
+
+typedef struct mirror_ent {
+  uint8_t sha[32];  /* SHA-256 of the tokens: the key */
+  uint8_t psha[32]; /* SHA-256 of the first min(n,16) tokens (prefix_hash) */
+  uint64_t hb;      /* node key: chained hash of the full blocks */
+  uint64_t hf;      /* sequence key (hb + tail) */
+  uint64_t num_tokens;
+  uint64_t memory_bytes;
+  uint64_t disk_bytes;
+  double created_at;
+  double accessed_at;
+  uint32_t heap_pos[2]; /* positions in the LRU / created heaps; heap_pos[0] =
+                           next free */
+  int32_t storage_mode;
+  uint32_t live;
+} mirror_ent;
+_Static_assert(sizeof(mirror_ent) == 136,
+               "per-entry memory stated in mirror.c's file comment");
+
+enum { H_LRU = 0, H_CREATED = 1 };
+
+typedef struct touch_rec {
+  uint8_t sha[32];
+  double t;
+} touch_rec;
+
+struct kvt_index {
+  sqlite3 *db;
+  sqlite3_stmt *st[ST_COUNT];
+  pthread_mutex_t db_mu;
+  int readonly;
+  kvti_index_measure measure; /* fn NULL: rows lacking kvtier_meta get 0 */
+  char *db_path;
+
+  pthread_rwlock_t rw;
+  mirror_ent *ents;
+  uint32_t n_ents, cap_ents; /* slots used (live or free) / allocated */
+  uint32_t free_head;        /* 1-based id of a free slot, 0 = none */
+  uint32_t *heap[2];
+  uint32_t heap_n, heap_cap;
+  kvti_hm exact; /* sha[0..8) -> id */
+  kvti_hm seq;   /* hf -> id */
+  kvti_hm nodes; /* hb -> count | tailmask << 32 */
+  uint64_t n_live, sum_disk, sum_mem;
+  uint64_t skipped;
+
+  pthread_mutex_t pend_mu;
+  touch_rec *pend;
+  size_t pend_n, pend_cap;
+  double pend_first;
+};
+
+/* ---- mirror.c: keys and hashes ---- */
+
+/* Wall-clock seconds (created_at / accessed_at, as the reference's time()). */
+double kvti_idx_now(void);
+/* SHA-256 of len bytes. Returns 0 or KVT_ENOMEM. */
+int kvti_idx_sha256(uint8_t out[32], const void *data, size_t len);
+/* Lowercase hex of a 32-byte key, NUL-terminated. */
+void kvti_idx_hex(char out[65], const uint8_t b[32]);
+/* Parses 64 lowercase hex digits; -1 for anything else (NULL included). */
+int kvti_idx_unhex(uint8_t out[32], const char *s);
+/* KVT_EINVAL for NULL tokens with n > 0 or more than MAX_TOKENS. */
+int kvti_idx_check_tokens(const int32_t *tokens, size_t n);
+/* kvti_idx_check_tokens, then the sequence's key (SHA-256 of its int32
+ * bytes). */
+int kvti_idx_tokens_sha(uint8_t sha[32], const int32_t *tokens, size_t n);
+/* Builds the mirror record of a token sequence (hashes computed here, outside
+ * any lock). full_sha = 0 leaves e->sha for the caller (rows loaded from SQLite
+ * carry their key). */
+int kvti_idx_make_ent(mirror_ent *e, const int32_t *tokens, size_t n,
+                      int full_sha);
+
+/* ---- mirror.c: maintenance (callers hold rw for writing) ---- */
+
+/* Restores heap h around position pos after its key changed. */
+void kvti_idx_heap_fix(kvt_index *idx, int h, uint32_t pos);
+/* 1 and *id when a live entry has key sha, else 0 (rw held, read suffices). */
+int kvti_idx_mirror_find(const kvt_index *idx, const uint8_t sha[32],
+                         uint32_t *id);
+/* Room for one more entry everywhere, so kvti_idx_mirror_add cannot fail.
+ * Returns 0 or KVT_ENOMEM. */
+int kvti_idx_mirror_reserve(kvt_index *idx);
+/* Inserts a new entry (not present). kvti_idx_mirror_reserve must have
+ * succeeded. */
+void kvti_idx_mirror_add(kvt_index *idx, const mirror_ent *src);
+void kvti_idx_mirror_del(kvt_index *idx, uint32_t id);
+
+/* Calls fn(ctx, idx, id) for each stored non-empty sequence that is a prefix
+ * of tokens, longest first, until fn returns nonzero. Caller holds rw (read).
+ * Returns 0 or a negative code. */
+typedef int (*kvti_idx_prefix_fn)(void *ctx, kvt_index *idx, uint32_t id);
+int kvti_idx_prefix_walk(kvt_index *idx, const int32_t *tokens, size_t n,
+                         double created_before, kvti_idx_prefix_fn fn,
+                         void *ctx);
+
+/* ---- db.c: SQLite ---- */
+
+/* Sets the error message for SQLite result rc during what; returns the
+ * KVT_E* code (KVT_ENOSPC, KVT_EIO, KVT_ENOMEM or KVT_EDB). */
+int kvti_idx_db_err(kvt_index *idx, int rc, const char *what);
+/* Runs SQL text (sqlite3_exec); 0 or a code as kvti_idx_db_err. */
+int kvti_idx_exec(kvt_index *idx, const char *sql, const char *what);
+/* Runs prepared statement `which` (no rows wanted), then resets it. */
+int kvti_idx_step(kvt_index *idx, int which, const char *what);
+/* Rolls back the open transaction, if any. */
+void kvti_idx_rollback(kvt_index *idx);
+/* Validates a row of entries (columns: token_hash, tokens_blob, num_tokens,
+ * file_path at the given indexes) read from SQLite; th receives the hash.
+ * Returns 1 when valid, 0 (counted in *skipped unless NULL, error message set)
+ * for a hostile or damaged row. */
+int kvti_idx_row_valid(uint64_t *skipped, sqlite3_stmt *s, int col_th,
+                       int col_blob, int col_n, int col_fp, char th[65]);
+/* 1 when column col is a non-negative integer or finite real. */
+int kvti_idx_num_ok(sqlite3_stmt *s, int col);
+/* Frees everything (no flush; kvt_index_close flushes first). NULL is a
+ * no-op. */
+void kvti_idx_destroy(kvt_index *idx);
+
+/* ---- write.c ---- */
+
+/* count puts in one SQLite transaction (all or none), then the mirror.
+ * with_meta = 0 writes a reference-style row (no kvtier_meta). */
+int kvti_idx_put_common(kvt_index *idx, const kvti_index_put_args *a,
+                        size_t count, int with_meta);
+/* Removes key sha from both tables and the mirror; KVT_ENOTFOUND if absent. */
+int kvti_idx_remove_sha(kvt_index *idx, const uint8_t sha[32]);
+
+/* ---- touch.c ---- */
+
+/* accessed_at = now for key sha (mirror at once, SQLite batched). */
+int kvti_idx_touch_sha(kvt_index *idx, const uint8_t sha[32]);
+/* Writes the pending touches in one transaction. Caller holds db_mu. */
+int kvti_idx_flush_locked(kvt_index *idx);
+/* True when the pending touches are due (a full batch, or the oldest waited
+ * TOUCH_MAX_AGE). */
+int kvti_idx_touches_due(kvt_index *idx, double t);
+
+#endif

@@ -1,0 +1,69 @@
+/*
+ * tier_testlib.h - helpers shared by the tier tests (test_tier*.c,
+ * test_promote*.c, the tier reliability tests): spilling a test entry
+ * (entry_testlib.h), opening a tier on a fresh temporary directory, counting
+ * budget callbacks, stored-entry paths, flipping bytes in a stored file and
+ * comparing trimmed rows. Fault injection (failing or stalling the Nth call)
+ * is faultio.h, included here for the tests that use it. Part of the test
+ * library (tests/lib); definitions in tier_testlib.c.
+ */
+#ifndef KVT_TIER_TESTLIB_H
+#define KVT_TIER_TESTLIB_H
+
+#include "entry_testlib.h"
+#include "base/io.h"
+#include "faultio.h"
+#include "testutil.h"
+#include "kvtier.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* kvt_tier_spill of e (its memory_bytes as the RAM size). */
+int t_spill(kvt_tier *t, const t_entry *e);
+
+/* Default options on a fresh temporary directory. */
+kvt_options t_opts(const char *tag);
+
+/* kvt_tier_open, REQUIRE'd to succeed. */
+kvt_tier *t_open(const kvt_options *o);
+
+/* Budget bookkeeping: counts calls and bytes; refuses when limit would be
+ * exceeded. */
+typedef struct t_budget {
+  pthread_mutex_t mu;
+  uint64_t limit, used;
+  int reserves, releases, refusals;
+  pthread_t owner; /* callbacks must run on this thread when check_thread */
+  int check_thread, wrong_thread;
+} t_budget;
+
+/* Zeroed bookkeeping with the given limit. */
+void t_budget_init(t_budget *b, uint64_t limit);
+
+/* The kvt_promote_opts budget callbacks over a t_budget (ctx). */
+int t_reserve(void *ctx, uint64_t n);
+
+void t_release(void *ctx, uint64_t n);
+/* Default promote options, with b's callbacks when b is not NULL. */
+kvt_promote_opts t_popts(t_budget *b);
+
+/* Path of a stored entry's directory / a file in it (malloc'ed). */
+char *t_entry_path(kvt_tier *t, const int32_t *tokens, size_t n,
+                   const char *file);
+
+/* Flips one byte at offset off (from the end when off < 0) of path. */
+int t_flip(const char *path, long off);
+
+/* Rows [0, keep) of every head of a [1, H, T, D] tensor equal the trimmed
+ * [1, H, keep, D] (what a trimmed promote must return). */
+int t_rows_match(const kvt_tensor *trim, const kvt_tensor *full, int64_t keep);
+
+#endif
