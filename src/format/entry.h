@@ -81,6 +81,12 @@ typedef struct kvti_write_opts {
  * entry is unchanged. Returns 0, KVT_EIO, KVT_ENOSPC, KVT_ENOMEM, KVT_EPERM. */
 int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
                      const kvti_snapshot *s, const kvti_write_opts *o);
+/* The first half of kvti_entry_write: writes the complete entry at
+ * data_dir/<hash>.tmp/ (durable when do_fsync) and publishes nothing; the
+ * caller publishes it with format/publish.h (which can be undone until
+ * committed). On failure no tmp remains. Same codes. */
+int kvti_entry_stage(uint64_t *disk_bytes, const char *data_dir,
+                     const kvti_snapshot *s, const kvti_write_opts *o);
 
 typedef struct kvti_read_opts {
   /* Expected tokens: tokens.bin must match (when present) and hash to the entry

@@ -53,7 +53,7 @@ int kvt_index_insert(kvt_index *idx, const int32_t *tokens, size_t n,
                    "kvt_index_insert: file_path must be the token hash");
   kvti_index_put_args a = {tokens,       n, file_path,
                            memory_bytes, 0, KVT_STORAGE_COMPAT};
-  return kvti_idx_put_common(idx, &a, 1, 0);
+  return kvti_idx_put_common(idx, &a, 1, 0, 1);
 }
 
 static void row_from_ent(kvt_index_row *r, const mirror_ent *e) {

@@ -36,6 +36,9 @@ enum {
  * list). */
 typedef int (*kvti_backend_list_fn)(void *ctx, const char *name, int kind);
 
+/* One put in progress, split in steps (see the ops below); backend-owned. */
+typedef struct kvti_put_txn kvti_put_txn;
+
 typedef struct kvti_backend_ops {
   const char *name; /* "local" */
   /* Publishes snapshot s under its hash, replacing an existing entry
@@ -66,6 +69,24 @@ typedef struct kvti_backend_ops {
   int (*quarantine)(kvti_backend *b, const char *hash, uint32_t keep_max);
   /* Frees the backend. */
   void (*destroy)(kvti_backend *b);
+  /* Last, so positional initialisers of older backends stay valid. The
+   * same put in steps, so that the tier can order a replacement's
+   * publication and its index commit safely (the commit may fail after the
+   * publish: busy, EIO, ENOSPC). stage writes the new version where no
+   * reader sees it (on failure nothing remains and *txn is NULL); publish
+   * makes it the live version atomically while keeping the previous one;
+   * then exactly one of commit (drops the previous version) or rollback
+   * (puts the previous version back, or removes the new entry when there was
+   * none; also valid after a failed publish) ends the txn and frees it. The
+   * previous version is readable again as soon as rollback returns 0; a
+   * failed rollback leaves the new complete version live. The local backend
+   * has them (the writer requires them); a backend only ever written through
+   * put (the Redis one: uploads) leaves them NULL. */
+  int (*stage)(kvti_backend *b, kvti_put_txn **txn, uint64_t *disk_bytes,
+               const kvti_snapshot *s, const kvti_write_opts *o);
+  int (*publish)(kvti_backend *b, kvti_put_txn *txn);
+  void (*commit)(kvti_backend *b, kvti_put_txn *txn);
+  int (*rollback)(kvti_backend *b, kvti_put_txn *txn);
 } kvti_backend_ops;
 
 struct kvti_backend {

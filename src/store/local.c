@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "format/publish.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -48,6 +49,55 @@ static int safe_name(const char *name) {
 static int lb_put(kvti_backend *b, uint64_t *disk_bytes, const kvti_snapshot *s,
                   const kvti_write_opts *o) {
   return kvti_entry_write(disk_bytes, L(b)->data_dir, s, o);
+}
+
+struct kvti_put_txn {
+  kvti_publish pub;
+};
+
+static int lb_stage(kvti_backend *b, kvti_put_txn **txn, uint64_t *disk_bytes,
+                    const kvti_snapshot *s, const kvti_write_opts *o) {
+  *txn = NULL;
+  kvti_put_txn *x = kvti_calloc(1, sizeof *x);
+  if (!x)
+    return KVT_ERR_NOMEM();
+  int rc = kvti_publish_init(&x->pub, L(b)->data_dir, kvti_snapshot_hash(s),
+                             o->do_fsync);
+  if (rc == 0)
+    rc = kvti_entry_stage(disk_bytes, L(b)->data_dir, s, o);
+  if (rc != 0) {
+    kvti_publish_free(&x->pub);
+    kvti_free(x);
+    return rc == KVT_ENOTFOUND ? KVT_EIO : rc;
+  }
+  *txn = x;
+  return 0;
+}
+
+static int lb_publish(kvti_backend *b, kvti_put_txn *x) {
+  (void)b;
+  int rc = kvti_publish_do(&x->pub);
+  return rc == KVT_ENOTFOUND ? KVT_EIO : rc;
+}
+
+static void lb_commit(kvti_backend *b, kvti_put_txn *x) {
+  (void)b;
+  kvti_publish_commit(&x->pub);
+  kvti_publish_free(&x->pub);
+  kvti_free(x);
+}
+
+static int lb_rollback(kvti_backend *b, kvti_put_txn *x) {
+  (void)b;
+  if (!x)
+    return 0;
+  int was = x->pub.state;
+  int rc = kvti_publish_rollback(&x->pub);
+  if (was == KVTI_PUB_NONE)
+    kvti_rmtree(x->pub.tmp); /* staged, never published */
+  kvti_publish_free(&x->pub);
+  kvti_free(x);
+  return rc;
 }
 
 static int lb_get(kvti_backend *b, kvt_entry **out, const char *hash,
@@ -362,6 +412,10 @@ static void lb_destroy(kvti_backend *b) {
 static const kvti_backend_ops local_ops = {
     .name = "local",
     .put = lb_put,
+    .stage = lb_stage,
+    .publish = lb_publish,
+    .commit = lb_commit,
+    .rollback = lb_rollback,
     .get = lb_get,
     .remove = lb_remove,
     .exists = lb_exists,
