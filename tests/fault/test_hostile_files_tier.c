@@ -187,7 +187,7 @@ static void test_fifo_planted(void) {
     snprintf(name, sizeof name, "fifo%zu", k);
     fprintf(stderr, "  FIFO as %s\n", files[k]);
     fixture f;
-    fx_init(&f, name, 2);
+    fx_init(&f, name, 4); /* >= 4 layers: headers are prefetched */
     plant_fifo(&f, files[k]);
     exercise_readonly(&f);
     exercise_writer(&f);
