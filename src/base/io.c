@@ -555,3 +555,17 @@ int kvti_dir_bytes(uint64_t *out, const char *dir, int apparent) {
     *out = total;
   return rc;
 }
+
+/* A file whose allocated size is less than 1/KVTI_SPARSE_FACTOR of its
+ * length (and which is larger than KVTI_SPARSE_MIN) is refused as sparse:
+ * kvtier and the reference write every byte, so a file that is mostly holes
+ * was planted, and its length is no licence to allocate. (A compressing file
+ * system could shrink real data too, but not eightfold.) */
+#define KVTI_SPARSE_FACTOR 8
+#define KVTI_SPARSE_MIN ((uint64_t)1 << 20)
+
+int kvti_file_sparse(const struct stat *st) {
+  uint64_t size = (uint64_t)st->st_size;
+  uint64_t alloc = (uint64_t)st->st_blocks * 512u;
+  return size > KVTI_SPARSE_MIN && alloc * KVTI_SPARSE_FACTOR < size;
+}

@@ -151,4 +151,10 @@ char *kvti_path_join(const char *a, const char *b);
  * directly in dir. */
 int kvti_dir_bytes(uint64_t *out, const char *dir, int apparent);
 
+/* 1 when the regular file st describes is mostly holes: larger than 1 MiB
+ * with under an eighth of it allocated. kvtier and the reference write every
+ * byte of an entry's files, so such a file was planted; readers refuse it
+ * (KVT_ECORRUPT) before allocating by its length. */
+int kvti_file_sparse(const struct stat *st);
+
 #endif
