@@ -394,6 +394,40 @@ KVT_API int kvt_tier_start_writer(kvt_tier *t);
  *  running promotes. Any thread; not concurrently with kvt_tier_free. */
 KVT_API int kvt_tier_close(kvt_tier *t, int64_t timeout_ms);
 
+/** close as the reference's (newer) SSDCacheTier.close, within one deadline
+ *  of timeout_ms (< 0: none): first queues a stop marker behind the accepted
+ *  spills - it takes a queue slot, as the reference's None sentinel, and from
+ *  then on spills are refused - then drains and joins the writer as
+ *  kvt_tier_close. Returns 0; KVT_EFULL when the queue stayed full until the
+ *  deadline, so the marker could not be queued (nothing changed: spills are
+ *  still accepted, nothing was joined); KVT_ETIMEDOUT when the writer did not
+ *  finish the spills before the marker in time (the writer and the index
+ *  stay open; call again, the marker stays queued). Without a started writer
+ *  and with an empty queue there is nothing to stop: as kvt_tier_close. */
+KVT_API int kvt_tier_close_queued(kvt_tier *t, int64_t timeout_ms);
+
+/** A language binding's per-tier override of the writer's write step (the
+ *  Python drop-in's SSDCacheTier._write_entry replaced on an instance). While
+ *  set, the writer thread calls fn for each spill it takes off the queue, in
+ *  FIFO order, with nothing locked (no tier mutex: promotes, lookups and
+ *  quarantine run meanwhile), instead of writing it. spill_id names the spill
+ *  for kvt_tier_write_pending, which fn may call (on any thread, while fn has
+ *  not returned) to run the C write; tokens are valid until fn returns. fn
+ *  returns 0 or a KVT_E* code (then counted in write_failures and logged);
+ *  spill_done_fn then gets that code, the write's result, or KVT_ECANCELED
+ *  when fn wrote nothing. fn NULL restores the C write at full speed (no
+ *  call out); a change applies from the next spill taken. Returns 0,
+ *  KVT_EINVAL, KVT_ECLOSED. */
+typedef int (*kvt_write_hook_fn)(void *ctx, uint64_t spill_id,
+                                 const int32_t *tokens, size_t n_tokens,
+                                 uint64_t memory_bytes);
+KVT_API int kvt_tier_set_write_hook(kvt_tier *t, kvt_write_hook_fn fn,
+                                    void *ctx);
+/** Writes spill spill_id now, as the writer does without a hook (entry files,
+ *  row, stats, capacity), from inside that spill's hook call. Returns the
+ *  write's result, or KVT_EINVAL when spill_id is not in the hook. */
+KVT_API int kvt_tier_write_pending(kvt_tier *t, uint64_t spill_id);
+
 /** Closes if needed (dropping spills not yet started, waiting for the one in
  *  progress and for promotes), and frees the tier. Accepts NULL. After it,
  *  the pointer is invalid; no other call may be in flight on this tier. */
@@ -759,12 +793,26 @@ KVT_API int kvt_stats_to_prometheus(char *buf, size_t cap, size_t *needed,
 /* ------------------------------------------------------------------------ */
 
 /** The SQLite index of a cache directory, usable without a tier (the
- *  reference exposes SSDIndex publicly). Thread-safe: one mutex serialises
+ *  reference exposes SSDIndex publicly). Every call is the reference's own SQL
+ *  statement on the same schema, so it stores and returns rows exactly as the
+ *  reference's SSDIndex does: any file_path string and any num_tokens (the
+ *  reference's SSDIndex is a general table; only its tier writes file_path =
+ *  token hash). A tier never takes a path from the index: it ignores rows
+ *  whose file_path is not the row's own 64-hex token hash (or whose num_tokens
+ *  is not the length of its tokens), and names entry files by the hash only.
+ *  Rows whose numbers or blob the row struct cannot hold (num_tokens or
+ *  memory_bytes not a non-negative integer, tokens_blob not a blob of whole
+ *  int32s, token_hash not 64 characters, file_path not text) are left out of
+ *  every answer, counts and sums included. Thread-safe: one mutex serialises
  *  every call, as in the reference. */
 typedef struct kvt_index kvt_index;
 
-/** A row of the entries table. tokens points into memory owned by the list
- *  it came from. */
+/** A row of the entries table. file_path holds the stored path when it is
+ *  shorter than KVT_HASH_HEX_LEN + 8 bytes (every path a tier writes), else
+ *  ""; kvt_index_row_file_path gives the whole path of a row in a
+ *  kvt_index_rows list, whatever its length. tokens points into memory owned
+ *  by the list it came from (num_tokens is the stored column, n_tokens the
+ *  length of the stored tokens; the reference lets them differ). */
 typedef struct kvt_index_row {
   char token_hash[KVT_HASH_HEX_LEN + 1];
   char file_path[KVT_HASH_HEX_LEN + 8];
@@ -784,39 +832,56 @@ typedef struct kvt_index_rows {
 
 KVT_API void kvt_index_rows_free(kvt_index_rows *rows);
 
+/** The whole stored file_path of a row (any length, NUL-terminated; owned
+ *  like its tokens): for a row of a kvt_index_rows list it stays valid until
+ *  the list is freed; for a row filled by kvt_index_lookup_exact (tokens NULL)
+ *  it is row->file_path. NULL for a NULL row. An accessor rather than a
+ *  longer field, so kvt_index_row and kvt_index_rows keep their layout (ABI):
+ *  a list row's path is kept after its tokens, in the same allocation, and
+ *  freed with them. */
+KVT_API const char *kvt_index_row_file_path(const kvt_index_row *row);
+
 /** Opens cache_dir/index.db (creating it, WAL, synchronous=NORMAL, schema
- *  and migration of a legacy table lacking prefix_hash). Returns 0, KVT_EDB,
- *  KVT_EIO, KVT_ENOMEM, KVT_EINVAL. */
+ *  and migration of a legacy table lacking prefix_hash, whose rows get their
+ *  prefix_hash backfilled). Returns 0, KVT_EDB, KVT_EIO, KVT_ENOMEM,
+ *  KVT_EINVAL. */
 KVT_API int kvt_index_open(kvt_index **out, const char *cache_dir);
 KVT_API void kvt_index_close(kvt_index *idx); /* accepts NULL */
-/** INSERT OR REPLACE with created_at = accessed_at = now, rows written
- *  exactly as the reference writes them. file_path must be the tokens' hash
- *  (64 lowercase hex, as the reference's tier writes it) and num_tokens must
- *  equal n, else KVT_EINVAL. Returns 0, KVT_EINVAL, KVT_EDB, KVT_ENOSPC,
- *  KVT_EIO, KVT_ENOMEM. */
+/** INSERT OR REPLACE with created_at = accessed_at = now and prefix_hash =
+ *  the hash of the first min(n, 16) tokens, as the reference's insert_entry:
+ *  file_path is any NUL-terminated string, stored as given (a tier ignores
+ *  the row unless it is the tokens' hash and num_tokens == n). memory_bytes
+ *  and num_tokens must be at most INT64_MAX, n at most 2^28. Returns 0,
+ *  KVT_EINVAL, KVT_EDB, KVT_ENOSPC, KVT_EIO, KVT_ENOMEM. */
 KVT_API int kvt_index_insert(kvt_index *idx, const int32_t *tokens, size_t n,
                              const char *file_path, uint64_t memory_bytes,
                              uint64_t num_tokens);
-/** 0 and *out (tokens not filled), or KVT_ENOTFOUND. Answered from the
- *  in-memory mirror (no SQL); rows of index.db that failed validation at open
- *  (file_path not the hash, wrong blob length, ...) are never returned. */
+/** The row of exactly these tokens: 0 and *out (tokens NULL), KVT_ENOTFOUND,
+ *  or KVT_ERANGE when its file_path does not fit out->file_path (use
+ *  kvt_index_get). */
 KVT_API int kvt_index_lookup_exact(kvt_index_row *out, kvt_index *idx,
                                    const int32_t *tokens, size_t n);
-/** All stored non-empty sequences that are prefixes of tokens (possibly all
- *  of it), longest first; tokens filled. An empty list (count 0) when none.
- *  Cost independent of how many entries share a prefix. */
+/** The row of exactly these tokens as a list of 0 or 1 rows (tokens filled,
+ *  any file_path length through kvt_index_row_file_path). Returns 0 (count 0
+ *  when absent) or an error code. */
+KVT_API int kvt_index_get(kvt_index_rows *out, kvt_index *idx,
+                          const int32_t *tokens, size_t n);
+/** The reference's lookup_prefix: rows whose prefix_hash is the hash of one
+ *  of the query's first 1..min(n, 16) tokens and num_tokens <= n, in
+ *  num_tokens descending order, kept when their stored tokens equal the
+ *  query's first num_tokens tokens (tokens filled). Candidates are bounded by
+ *  the prefix hash (its index): a row that does not begin with one of those
+ *  1..16-token prefixes of the query is never read. An empty list (count 0)
+ *  when none or n == 0. */
 KVT_API int kvt_index_lookup_prefix(kvt_index_rows *out, kvt_index *idx,
                                     const int32_t *tokens, size_t n);
 /** Deletes the row (absent: 0, as the reference). */
 KVT_API int kvt_index_delete(kvt_index *idx, const int32_t *tokens, size_t n);
-/** Least recently used first, at most limit rows (tokens filled). Pending
- *  touches are written first; invalid rows are left out. */
+/** Least recently accessed first, at most limit rows (tokens filled). */
 KVT_API int kvt_index_lru(kvt_index_rows *out, kvt_index *idx, size_t limit);
 KVT_API int kvt_index_total_bytes(uint64_t *out, kvt_index *idx);
 KVT_API int kvt_index_count(uint64_t *out, kvt_index *idx);
-/** accessed_at = now (absent: 0). Visible to lookups at once; written to
- *  SQLite in batches (at the latest within ~1 s of later activity, by lru/all,
- *  or at close). */
+/** accessed_at = now (absent: 0), written at once as the reference's touch. */
 KVT_API int kvt_index_touch(kvt_index *idx, const int32_t *tokens, size_t n);
 /** Every row, most recently accessed first (tokens filled). */
 KVT_API int kvt_index_all(kvt_index_rows *out, kvt_index *idx);

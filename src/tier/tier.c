@@ -10,6 +10,7 @@
  */
 #include "tier/tier.h"
 #include "engine/iobatch.h"
+#include "format/entry_restore.h"
 #include "base/error.h"
 #include "base/hash.h"
 #include "index/index.h"
@@ -654,6 +655,20 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *opts) {
 
   if ((rc = kvti_backend_local_new(&t->be, t->dir, opts->dir_mode)) != 0)
     goto fail;
+  /* Before any purge of temporaries: a crash inside the portable replace can
+   * leave an entry's only complete copy at <hash>.old.tmp. */
+  if (!t->readonly) {
+    uint64_t back = 0;
+    rc = kvti_entry_restore_aside(
+        t->data_dir, opts->durability == KVT_DURABILITY_FSYNC, &back);
+    if (rc != 0)
+      goto fail;
+    if (back > 0)
+      kvti_log(t, KVT_LOG_WARN,
+               "kvtier: restored %llu entries left aside by an interrupted "
+               "replace",
+               (unsigned long long)back);
+  }
   if (!t->readonly && (opts->flags & KVT_OPEN_NO_RECONCILE)) {
     /* (reconcile below removes them too, in the same directory walk) */
     int64_t n = purge_tmps(t);
@@ -773,6 +788,27 @@ int kvt_tier_close(kvt_tier *t, int64_t timeout_ms) {
   if (!t)
     return KVT_ERR(KVT_EINVAL, "tier is NULL");
   return tier_close(t, timeout_ms, 0);
+}
+
+int kvt_tier_close_queued(kvt_tier *t, int64_t timeout_ms) {
+  if (!t)
+    return KVT_ERR(KVT_EINVAL, "tier is NULL");
+  struct timespec ts = {0};
+  int has;
+  kvti_deadline(&ts, &has, timeout_ms);
+  int rc = kvti_writer_queue_marker(t, &ts, has);
+  if (rc != 0)
+    return rc;
+  int64_t left = -1; /* the rest of the same deadline */
+  if (has) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    left = (int64_t)(ts.tv_sec - now.tv_sec) * 1000 +
+           (ts.tv_nsec - now.tv_nsec) / 1000000;
+    if (left < 0)
+      left = 0;
+  }
+  return tier_close(t, left, 0);
 }
 
 void kvt_tier_free(kvt_tier *t) {

@@ -51,6 +51,14 @@ typedef struct kvti_writer {
   int stop;      /* exit once the queue is empty */
   int drop;      /* discard queued spills (kvt_tier_free) */
   pthread_t thread;
+  /* writer_hook.c: a binding's write hook and close's stop marker. */
+  kvt_write_hook_fn hook; /* NULL: the C write, no call out */
+  void *hook_ctx;
+  uint64_t hook_id; /* spill the hook runs for (its done_seq + 1), 0 */
+  kvti_snapshot *hook_snap;
+  int hook_busy; /* kvt_tier_write_pending calls in progress */
+  int hook_rc;   /* result of the last such write of hook_id */
+  int marker;    /* the stop marker was queued (kvt_tier_close_queued) */
 } kvti_writer;
 
 typedef struct kvti_pool {
@@ -134,6 +142,18 @@ void kvti_writer_destroy(kvt_tier *t);
 int kvti_writer_drain(kvt_tier *t, int64_t timeout_ms);
 /* Stops (dropping queued spills when drop) and joins the writer thread. */
 void kvti_writer_stop(kvt_tier *t, int drop);
+/* Writes one spill (notify: run spill_done_fn); returns its result. */
+int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify);
+
+/* writer_hook.c */
+/* Hands spill id (snapshot s) to the write hook fn, on the writer thread with
+ * nothing locked, then reports it (stats, log, spill_done_fn). */
+void kvti_writer_hooked(kvt_tier *t, kvti_snapshot *s, kvt_write_hook_fn fn,
+                        void *ctx, uint64_t id);
+/* Close's first step: queues the stop marker behind the accepted spills once
+ * a queue slot is free (before the deadline: else KVT_EFULL, nothing changed)
+ * and stops accepting spills. No-op without a writer to stop. */
+int kvti_writer_queue_marker(kvt_tier *t, const struct timespec *ts, int has);
 
 /* promote.c */
 int kvti_pool_init(kvt_tier *t);

@@ -110,13 +110,14 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
   return rc;
 }
 
-/* Writes one spill. Runs on the writer thread, with nothing locked on entry.
- * A busy index is waited for without mut_mu (so removals, quarantines and
- * reconciles are not held up by another process's lock) and the write is
- * retried, within WRITER_BUSY_BUDGET_S. */
-static void write_one(kvt_tier *t, kvti_snapshot *s) {
+/* Writes one spill (notify: then runs spill_done_fn). Runs on the writer
+ * thread - or a write hook's caller, writer_hook.c - with nothing locked on
+ * entry. A busy index is waited for without mut_mu (so removals, quarantines
+ * and reconciles are not held up by another process's lock) and the write is
+ * retried, within WRITER_BUSY_BUDGET_S. Returns the write's result. */
+int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify) {
   if (!kvti_remote_spills_local(t))
-    return; /* remote only: the upload thread writes it and reports it */
+    return 0; /* remote only: the upload thread writes it and reports it */
   char hash[KVT_HASH_HEX_LEN + 1];
   memcpy(hash, kvti_snapshot_hash(s), sizeof hash);
   size_t n = 0;
@@ -157,8 +158,9 @@ static void write_one(kvt_tier *t, kvti_snapshot *s) {
              kvt_last_error());
   }
   pthread_mutex_unlock(&t->mut_mu);
-  if (t->opts.spill_done_fn)
+  if (notify && t->opts.spill_done_fn)
     t->opts.spill_done_fn(t->opts.spill_done_ctx, hash, rc);
+  return rc;
 }
 
 /* Seconds between retention sweeps: a quarter of the retention, within [0.05 s,
@@ -186,6 +188,10 @@ static void drop_item(kvt_tier *t, kvti_spill_item *it) {
   kvti_writer *w = &t->w;
   w->depth--;
   w->bytes -= it->cost;
+  if (!it->snap) { /* the stop marker (writer_hook.c): not a spill */
+    kvti_free(it);
+    return;
+  }
   w->done_seq++;
   pthread_mutex_unlock(&w->mu);
   if (t->opts.spill_done_fn)
@@ -241,9 +247,21 @@ static void *writer_main(void *arg) {
       w->tail = NULL;
     w->depth--;
     w->bytes -= it->cost;
+    pthread_cond_broadcast(&w->cv_done); /* a slot is free (close's marker) */
+    if (!it->snap) { /* the stop marker: every spill before it is done */
+      kvti_free(it);
+      w->stop = 1;
+      continue;
+    }
+    kvt_write_hook_fn hook = w->hook;
+    void *hook_ctx = w->hook_ctx;
+    uint64_t id = w->done_seq + 1;
     pthread_mutex_unlock(&w->mu);
 
-    write_one(t, it->snap);
+    if (hook)
+      kvti_writer_hooked(t, it->snap, hook, hook_ctx, id);
+    else
+      kvti_writer_write(t, it->snap, 1);
     /* The remote upload queue may take the snapshot (and free it later). */
     if (!kvti_remote_take(t, it->snap))
       kvti_snapshot_free(

@@ -955,8 +955,7 @@ int main(int argc, char **argv) {
   g_self = argv[0];
   if (system("command -v redis-server >/dev/null 2>&1 && command -v "
              "redis-cli >/dev/null 2>&1") != 0) {
-    fprintf(stderr, "skip: redis-server / redis-cli not installed\n");
-    return 77;
+    return kvt_test_skip_all("redis", "redis-server / redis-cli not installed");
   }
   {
     kvt_options o = t_opts("rt-probe");
@@ -966,8 +965,7 @@ int main(int argc, char **argv) {
     int rc = kvt_tier_open(&t, &o);
     kvt_tier_free(t);
     if (rc == KVT_EUNSUPPORTED) {
-      fprintf(stderr, "skip: kvtier built without hiredis\n");
-      return 77;
+      return kvt_test_skip_all("hiredis", "kvtier built without hiredis");
     }
   }
   start_leader();

@@ -4,7 +4,9 @@
  * touches and promotes, kvt_tier_gc (dry run and real, with explicit limits),
  * retention since written (expired entries are never returned, the writer's
  * periodic sweep and gc remove them and count expirations), and a replace
- * resetting the written time.
+ * resetting the written time. The boundary itself: a tier holding exactly
+ * its limit (in bytes or in entries) is within it - nothing is evicted - and
+ * one byte or one entry over it evicts exactly one.
  */
 #include "tier_testlib.h"
 
@@ -171,6 +173,49 @@ static void test_gc(void) {
     t_free(&e[i]);
 }
 
+static void test_capacity_boundary(void) {
+  kvt_options o = t_opts("boundary");
+  kvt_tier *t = open_started(&o);
+  t_entry e[3];
+  for (int i = 0; i < 3; i++) {
+    e[i] = t_make(50 + i, 8, 1, 2, 2);
+    CHECK_EQ_INT(t_spill(t, &e[i]), 0);
+    CHECK_EQ_INT(kvt_tier_flush(t, -1), 0);
+    usleep(2000);
+  }
+  kvt_stats s;
+  CHECK_EQ_INT(kvt_tier_stats(&s, t), 0);
+  CHECK_EQ_INT(s.entries, 3);
+  const uint64_t total = s.disk_bytes; /* exactly what capacity counts */
+  CHECK(total > 0);
+  /* Real (not dry-run) gc: the writer's own enforcement. */
+  kvt_gc_opts g = KVT_GC_OPTS_INIT;
+  uint64_t n = 99;
+  g.max_bytes = total; /* exactly full: within the limit */
+  CHECK_EQ_INT(kvt_tier_gc(t, &g, &n, NULL), 0);
+  CHECK_EQ_INT(n, 0);
+  g.max_bytes = 0;
+  g.max_entries = 3;
+  CHECK_EQ_INT(kvt_tier_gc(t, &g, &n, NULL), 0);
+  CHECK_EQ_INT(n, 0);
+  CHECK_EQ_INT(kvt_tier_stats(&s, t), 0);
+  CHECK_EQ_INT(s.entries, 3);
+  CHECK_EQ_INT(s.evictions, 0);
+  g.max_entries = 0;
+  g.max_bytes = total - 1; /* one byte over: the LRU entry goes */
+  CHECK_EQ_INT(kvt_tier_gc(t, &g, &n, NULL), 0);
+  CHECK_EQ_INT(n, 1);
+  CHECK(!stored(t, &e[0]) && stored(t, &e[1]) && stored(t, &e[2]));
+  g.max_bytes = 0;
+  g.max_entries = 1; /* one entry over */
+  CHECK_EQ_INT(kvt_tier_gc(t, &g, &n, NULL), 0);
+  CHECK_EQ_INT(n, 1);
+  CHECK(!stored(t, &e[1]) && stored(t, &e[2]));
+  kvt_tier_free(t);
+  for (int i = 0; i < 3; i++)
+    t_free(&e[i]);
+}
+
 static void test_retention(void) {
   kvt_options o = t_opts("retention");
   o.retention_seconds = 1;
@@ -225,6 +270,7 @@ int main(void) {
   RUN(test_lru_respects_touch);
   RUN(test_capacity_by_disk_bytes);
   RUN(test_gc);
+  RUN(test_capacity_boundary);
   RUN(test_retention);
   return kvt_test_done();
 }

@@ -99,6 +99,9 @@ SPILL_DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.
 RESERVE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)
 RELEASE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64)
 RELEASE_CTX_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+WRITE_HOOK_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64,
+                                 ctypes.POINTER(ctypes.c_int32), ctypes.c_size_t,
+                                 ctypes.c_uint64)
 
 
 class Tensor(ctypes.Structure):
@@ -492,6 +495,10 @@ kvt_entry_free = _proto("kvt_entry_free", None, [c_void_p])
 kvt_tier_open = _proto("kvt_tier_open", c_int, [P(c_void_p), P(Options)])
 kvt_tier_start_writer = _proto("kvt_tier_start_writer", c_int, [c_void_p])
 kvt_tier_close = _proto("kvt_tier_close", c_int, [c_void_p, c_int64])
+kvt_tier_close_queued = _proto("kvt_tier_close_queued", c_int, [c_void_p, c_int64])
+kvt_tier_set_write_hook = _proto("kvt_tier_set_write_hook", c_int,
+                                 [c_void_p, WRITE_HOOK_FN, c_void_p])
+kvt_tier_write_pending = _proto("kvt_tier_write_pending", c_int, [c_void_p, c_uint64])
 kvt_tier_free = _proto("kvt_tier_free", None, [c_void_p])
 kvt_tier_spill = _proto("kvt_tier_spill", c_int,
                         [c_void_p, PI32, c_size_t, P(Layer), c_uint32, c_uint64])
@@ -550,6 +557,9 @@ kvt_index_insert = _proto("kvt_index_insert", c_int,
                           [c_void_p, PI32, c_size_t, c_char_p, c_uint64, c_uint64])
 kvt_index_lookup_exact = _proto("kvt_index_lookup_exact", c_int,
                                 [P(IndexRow), c_void_p, PI32, c_size_t])
+kvt_index_get = _proto("kvt_index_get", c_int,
+                       [P(IndexRows), c_void_p, PI32, c_size_t])
+kvt_index_row_file_path = _proto("kvt_index_row_file_path", c_char_p, [P(IndexRow)])
 kvt_index_lookup_prefix = _proto("kvt_index_lookup_prefix", c_int,
                                  [P(IndexRows), c_void_p, PI32, c_size_t])
 kvt_index_delete = _proto("kvt_index_delete", c_int, [c_void_p, PI32, c_size_t])
