@@ -230,6 +230,10 @@ typedef enum kvt_io_backend {
 #define KVT_OPEN_READONLY 0x1u     /* inspect only: no writer, no changes   */
 #define KVT_OPEN_NO_RECONCILE 0x2u /* skip reconcile at open               */
 #define KVT_OPEN_SKIP_OWNER_CHECK 0x4u /* allow a dir not owned by the user */
+/* Rebuild the index from the entry directories: index.db is set aside as
+ * index.db.reindexed-<time> and every valid entry adopted (`kvtier
+ * reindex`). Writable opens only. */
+#define KVT_OPEN_REINDEX 0x8u
 
 /** Called by the writer thread after each spill finished (status 0: the entry
  *  is published, durably when durability is FSYNC; negative: it was not

@@ -121,6 +121,24 @@ typedef struct kvti_read_opts {
 int kvti_entry_read(kvt_entry **out, const char *data_dir, const char *hash,
                     const kvti_read_opts *o);
 
+/* What an index row needs of a stored entry, read from its files alone (the
+ * index is rebuilt from these when it is lost): the manifest is loaded and
+ * validated, tokens.bin checked against the manifest and the entry name
+ * (bounded and streamed as every read), the layer files' presence and sizes
+ * taken; layer data is not read (a full check is kvt_tier_verify's). tokens
+ * is kvti_malloc'ed (the caller frees it). Returns 0, KVT_ECORRUPT (invalid:
+ * quarantine it), KVT_ENOTFOUND, KVT_EIO, KVT_ENOMEM. */
+typedef struct kvti_entry_probe_info {
+  int32_t *tokens;
+  size_t n_tokens;
+  uint64_t memory_bytes;
+  uint64_t disk_bytes;
+  int storage_mode;
+  double mtime; /* the entry directory's, wall-clock seconds */
+} kvti_entry_probe_info;
+int kvti_entry_probe(kvti_entry_probe_info *out, const char *data_dir,
+                     const char *hash);
+
 /* Layer-by-layer reading, for callers that read layers in parallel or stream
  * them: open validates the manifest and tokens.bin (as kvti_entry_read);
  * read_layer reads and verifies one layer into the entry being built and may be

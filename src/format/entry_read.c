@@ -330,3 +330,46 @@ int kvti_entry_reader_finish(kvt_entry **out, kvti_entry_reader *r) {
   }
   return 0;
 }
+
+int kvti_entry_probe(kvti_entry_probe_info *out, const char *data_dir,
+                     const char *hash) {
+  memset(out, 0, sizeof *out);
+  kvti_manifest m;
+  int rc = kvti_manifest_load(&m, data_dir, hash, NULL);
+  if (rc)
+    return rc;
+  uint64_t tb = 0;
+  int32_t *tok = NULL;
+  rc = load_tokens(&tok, &tb, &m, hash, NULL);
+  uint64_t disk = m.bytes + tb;
+  for (uint32_t i = 0; rc == 0 && i < m.num_layers; i++) {
+    char name[KVTI_LAYER_FILE_MAX];
+    kvti_layer_file_name(name, i);
+    char *lp = kvti_path_join(m.dir, name);
+    struct stat st;
+    if (!lp)
+      rc = KVT_ENOMEM;
+    else if (kvti_io->lstat(lp, &st) != 0)
+      rc = errno == ENOENT ? BAD("%s: layer file missing", lp)
+                           : KVT_ERR_OS(errno, "stat %s", lp);
+    else if (!S_ISREG(st.st_mode))
+      rc = BAD("%s is not a regular file", lp);
+    else
+      disk += (uint64_t)st.st_size;
+    kvti_free(lp);
+  }
+  struct stat dst;
+  if (rc == 0 && kvti_io->lstat(m.dir, &dst) == 0)
+    out->mtime = (double)dst.st_mtim.tv_sec + dst.st_mtim.tv_nsec / 1e9;
+  if (rc == 0) {
+    out->tokens = tok;
+    out->n_tokens = (size_t)m.num_tokens;
+    out->memory_bytes = m.memory_bytes;
+    out->storage_mode = m.mode;
+    out->disk_bytes = disk;
+    tok = NULL;
+  }
+  kvti_free(tok);
+  kvti_manifest_free(&m);
+  return rc;
+}

@@ -87,6 +87,10 @@ typedef struct kvti_backend_ops {
   int (*publish)(kvti_backend *b, kvti_put_txn *txn);
   void (*commit)(kvti_backend *b, kvti_put_txn *txn);
   int (*rollback)(kvti_backend *b, kvti_put_txn *txn);
+  /* What the index needs of a stored entry, from the entry alone
+   * (kvti_entry_probe: the index is rebuilt from these). KVT_ECORRUPT: the
+   * entry is invalid. NULL where entries cannot be listed and adopted. */
+  int (*probe)(kvti_backend *b, const char *hash, kvti_entry_probe_info *out);
 } kvti_backend_ops;
 
 struct kvti_backend {

@@ -100,6 +100,13 @@ static int lb_rollback(kvti_backend *b, kvti_put_txn *x) {
   return rc;
 }
 
+static int lb_probe(kvti_backend *b, const char *hash,
+                    kvti_entry_probe_info *out) {
+  if (!kvti_is_hash_name(hash))
+    return KVT_ERR(KVT_EINVAL, "invalid entry name");
+  return kvti_entry_probe(out, L(b)->data_dir, hash);
+}
+
 static int lb_get(kvti_backend *b, kvt_entry **out, const char *hash,
                   const kvti_read_opts *o) {
   if (!kvti_is_hash_name(hash))
@@ -416,6 +423,7 @@ static const kvti_backend_ops local_ops = {
     .publish = lb_publish,
     .commit = lb_commit,
     .rollback = lb_rollback,
+    .probe = lb_probe,
     .get = lb_get,
     .remove = lb_remove,
     .exists = lb_exists,

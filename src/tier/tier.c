@@ -375,20 +375,18 @@ static int64_t reconcile_locked(kvt_tier *t) {
   strv_free(&rows);
   if (rc != 0)
     return rc;
-  /* Phase 2: data directories with no row, and stale temporaries. */
+  /* Phase 2: data directories with no row - adopted when valid, quarantined
+   * when not, never deleted for lack of a row (recover.c) - and stale
+   * temporaries. */
   name_acc a;
   rc = list_names(t, &a);
-  for (size_t i = 0; rc == 0 && i < a.entries.n; i++) {
-    const char *h = a.entries.v[i];
-    kvt_entry_info info;
-    kvti_stripe_wrlock(&t->stripes, h);
-    if (kvti_index_find_hash(&info, t->idx, h) == KVT_ENOTFOUND &&
-        t->be->ops->remove(t->be, h) == 0) {
-      cleaned++;
-      kvti_log(t, KVT_LOG_INFO,
-               "kvtier: reconcile: removed data/%s (no index row)", h);
-    }
-    kvti_stripe_unlock(&t->stripes, h);
+  if (rc == 0) {
+    int64_t q = 0;
+    int64_t n = kvti_tier_adopt_locked(t, a.entries.v, a.entries.n, &q);
+    if (n < 0)
+      rc = (int)n;
+    else
+      cleaned += n + q;
   }
   if (rc == 0)
     cleaned += purge_names(t, &a.tmps, "reconcile: removed stale");
@@ -527,7 +525,7 @@ static char *absolute_dir(const char *dir) {
  * with file_mode - an empty file is a valid empty database - gives the index
  * the same permissions as the entry files. An existing index.db is left as it
  * is (it may be shared with the reference on purpose). */
-static int precreate_db(const char *dir, uint32_t file_mode) {
+int kvti_tier_precreate_db(const char *dir, uint32_t file_mode) {
   char *p = kvti_path_join(dir, "index.db");
   if (!p)
     return KVT_ENOMEM;
@@ -677,10 +675,9 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *opts) {
       goto fail;
     }
   }
-  if (!t->readonly && (rc = precreate_db(t->dir, opts->file_mode)) != 0)
-    goto fail;
   kvti_index_measure measure = {measure_entry, t};
-  if ((rc = kvti_index_open(&t->idx, t->dir, &measure, t->readonly)) != 0)
+  int rebuilt = 0;
+  if ((rc = kvti_tier_open_index(t, &measure, opts->file_mode, &rebuilt)) != 0)
     goto fail;
   /* FSYNC durability covers the row too: the WAL is synced at each commit, so
    * an acknowledged entry cannot lose its row (and then its files, to
@@ -690,7 +687,8 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *opts) {
     goto fail;
   if ((rc = kvti_remote_open(t)) != 0)
     goto fail;
-  if (!t->readonly && !(opts->flags & KVT_OPEN_NO_RECONCILE)) {
+  /* A new index is filled by reconcile's adoption, asked for or not. */
+  if (!t->readonly && (!(opts->flags & KVT_OPEN_NO_RECONCILE) || rebuilt)) {
     int64_t n = reconcile_locked(t);
     if (n < 0) {
       rc = (int)n;
