@@ -324,6 +324,15 @@ int kvt_tier_read_entry(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
   kvti_stripe_rdlock(&t->stripes, file_path);
   if (kvti_index_find_hash(&cur, t->idx, file_path) == 0)
     created = cur.created_at;
+  /* Past retention_seconds an entry is gone whether or not a sweep has run
+   * yet (lookups and promotes apply the same cutoff). */
+  double cutoff = kvti_tier_cutoff(t);
+  if (created >= 0 && cutoff > 0 && created < cutoff) {
+    kvti_stripe_unlock(&t->stripes, file_path);
+    kvti_tier_leave(t);
+    return KVT_ERR(KVT_ENOTFOUND, "entry %.16s expired (retention_seconds)",
+                   file_path);
+  }
   rc = t->be->ops->get(t->be, out, file_path, &ro);
   kvti_stripe_unlock(&t->stripes, file_path);
   if (rc == KVT_ECORRUPT)

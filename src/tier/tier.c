@@ -517,6 +517,8 @@ static void tier_destroy(kvt_tier *t) {
     t->be->ops->destroy(t->be);
   if (t->lock_fd >= 0)
     kvti_io->close(t->lock_fd); /* releases the flock */
+  if (t->dir_lock_fd >= 0)
+    kvti_io->close(t->dir_lock_fd);
   kvti_stripes_destroy(&t->stripes);
   kvti_stats_destroy(&t->stats);
   pthread_mutex_destroy(&t->mut_mu);
@@ -600,6 +602,7 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *opts) {
   if (!t)
     return KVT_ERR_NOMEM();
   t->lock_fd = -1;
+  t->dir_lock_fd = -1;
   t->opts = *opts;
   t->readonly = (opts->flags & KVT_OPEN_READONLY) != 0;
   t->max_bytes = kvti_options_max_bytes(opts);
@@ -666,6 +669,25 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *opts) {
                      t->dir);
       else
         rc = KVT_ERR_OS(e, "lock %s/kvtier.lock", t->dir);
+      goto fail;
+    }
+    /* The lock file is a name anyone can delete, after which a second writer
+     * would lock a new file of the same name: the directory itself is locked
+     * too (flock works on a directory's descriptor), and it cannot be
+     * replaced while open. kvtier.lock stays for tools that look for it. */
+    rc = kvti_open(t->dir, O_RDONLY | O_DIRECTORY, 0);
+    if (rc < 0)
+      goto fail;
+    t->dir_lock_fd = rc;
+    rc = 0;
+    if (flock(t->dir_lock_fd, LOCK_EX | LOCK_NB) != 0) {
+      int e = errno;
+      rc = e == EWOULDBLOCK
+               ? KVT_ERR(KVT_EBUSY,
+                         "%s is in use by another writer (the directory is "
+                         "locked); open with KVT_OPEN_READONLY to read it",
+                         t->dir)
+               : KVT_ERR_OS(e, "lock %s", t->dir);
       goto fail;
     }
   }
@@ -794,6 +816,10 @@ static int tier_close(kvt_tier *t, int64_t timeout_ms, int drop) {
   if (t->lock_fd >= 0) {
     kvti_io->close(t->lock_fd);
     t->lock_fd = -1;
+  }
+  if (t->dir_lock_fd >= 0) {
+    kvti_io->close(t->dir_lock_fd);
+    t->dir_lock_fd = -1;
   }
   atomic_store(&t->state, KVTI_CLOSED);
   kvti_log(t, KVT_LOG_INFO, "kvtier: closed %s", t->dir);

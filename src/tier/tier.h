@@ -79,7 +79,8 @@ struct kvt_tier {
   char *data_dir;
   uint64_t max_bytes;
   int readonly;
-  int lock_fd; /* flock'ed kvtier.lock, -1 for read-only */
+  int lock_fd;     /* flock'ed kvtier.lock, -1 for read-only */
+  int dir_lock_fd; /* the flock'ed cache directory, -1 for read-only */
   kvt_index *idx;
   kvti_backend *be;
   kvti_stripes stripes;
