@@ -31,20 +31,14 @@ static void on_alarm(int sig) {
   _exit(1);
 }
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* Runs expr as step name; a hang fires the watchdog, a slow return fails. */
 #define STEP(name, expr)                                                       \
   do {                                                                         \
     g_step = (name);                                                           \
     alarm(20);                                                                 \
-    double t0_ = now_ms();                                                     \
+    double t0_ = rel_now_ms();                                                 \
     expr;                                                                      \
-    double dt_ = now_ms() - t0_;                                               \
+    double dt_ = rel_now_ms() - t0_;                                           \
     alarm(0);                                                                  \
     if (dt_ >= 1000)                                                           \
       fprintf(stderr, "  %s took %.0f ms\n", (name), dt_);                     \
@@ -66,13 +60,8 @@ static void fx_init(fixture *f, const char *name, uint32_t layers) {
   f->c = t_make(33, 18, layers, 4, 4);
   kvt_token_hash(f->ha, f->a.tokens, f->a.n_tokens);
   kvt_token_hash(f->hb, f->b.tokens, f->b.n_tokens);
-  kvt_options o = rel_opts(f->dir, KVT_DURABILITY_NONE);
-  kvt_tier *t = t_open(&o);
-  REQUIRE(kvt_tier_start_writer(t) == 0);
-  REQUIRE(t_spill(t, &f->a) == 0 && t_spill(t, &f->b) == 0);
-  REQUIRE(kvt_tier_flush(t, -1) == 0);
-  kvt_tier_close(t, -1);
-  kvt_tier_free(t);
+  t_entry *es[2] = {&f->a, &f->b};
+  rel_spill_all(f->dir, es, 2);
 }
 
 static void fx_free(fixture *f) {

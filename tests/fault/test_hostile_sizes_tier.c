@@ -38,13 +38,8 @@ static void fx_init(fixture *f, const char *name) {
   f->b = t_make(62, 17, 2, 4, 4);
   kvt_token_hash(f->ha, f->a.tokens, f->a.n_tokens);
   f->edir = rel_path(f->dir, "data", f->ha);
-  kvt_options o = rel_opts(f->dir, KVT_DURABILITY_NONE);
-  kvt_tier *t = t_open(&o);
-  REQUIRE(kvt_tier_start_writer(t) == 0);
-  REQUIRE(t_spill(t, &f->a) == 0 && t_spill(t, &f->b) == 0);
-  REQUIRE(kvt_tier_flush(t, -1) == 0);
-  kvt_tier_close(t, -1);
-  kvt_tier_free(t);
+  t_entry *es[2] = {&f->a, &f->b};
+  rel_spill_all(f->dir, es, 2);
 }
 
 static void fx_free(fixture *f) {

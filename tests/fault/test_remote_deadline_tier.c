@@ -38,17 +38,6 @@ typedef struct conn_arg {
   int fd;
 } conn_arg;
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
 /* Length of the first complete RESP command in buf (an array of bulk
  * strings), 0 when more bytes are needed, -1 when it is not RESP. first
  * receives the first argument (truncated to 31 bytes). */
@@ -96,7 +85,7 @@ static int send_reply(dribbler *d, int fd, const char *s, int slow) {
     if (atomic_load(&d->stop) || send(fd, s + k, 1, MSG_NOSIGNAL) != 1)
       return -1;
     for (int w = 0; w < 10 && !atomic_load(&d->stop); w++)
-      sleep_ms(50);
+      rel_sleep_ms(50);
   }
   return 0;
 }
@@ -192,14 +181,7 @@ static void dribbler_stop(dribbler *d) {
   atomic_store(&d->stop, 1);
   pthread_join(d->th, NULL);
   close(d->lfd);
-  sleep_ms(700); /* connection threads notice the flag within 50 ms */
-}
-
-static kvt_stats stats_of(kvt_tier *t) {
-  kvt_stats s;
-  memset(&s, 0, sizeof s);
-  kvt_tier_stats(&s, t);
-  return s;
+  rel_sleep_ms(700); /* connection threads notice the flag within 50 ms */
 }
 
 static void run_case(int fast_slots) {
@@ -216,32 +198,32 @@ static void run_case(int fast_slots) {
   t_entry e = t_make(41, 16, 2, 4, 4);
 
   kvt_entry *got = NULL;
-  double t0 = now_ms();
+  double t0 = rel_now_ms();
   int rc = kvt_tier_promote(&got, t, e.tokens, e.n_tokens, NULL);
-  double dt = now_ms() - t0;
+  double dt = rel_now_ms() - t0;
   fprintf(stderr, "  promote against the dribbling peer: %d after %.0f ms\n",
           rc, dt);
   CHECK_EQ_INT(rc, KVT_ENOTFOUND);
   CHECK(got == NULL);
   CHECK(dt < 2 * TIMEOUT_MS);
-  kvt_stats s = stats_of(t);
+  kvt_stats s = rel_stats(t);
   CHECK(s.remote_errors >= 1);
   if (fast_slots)
     CHECK(atomic_load(&d.commands) >= 1); /* the batch itself timed out */
   /* Backed off: the next promote does not wait for the peer at all. */
-  t0 = now_ms();
+  t0 = rel_now_ms();
   rc = kvt_tier_promote(&got, t, e.tokens, e.n_tokens, NULL);
-  dt = now_ms() - t0;
+  dt = rel_now_ms() - t0;
   CHECK_EQ_INT(rc, KVT_ENOTFOUND);
   CHECK(dt < TIMEOUT_MS / 2);
   /* Once the back-off has passed (0.25 s after the first failure), a spill
    * (local copy plus an upload the peer stalls), then close: bounded too. */
-  sleep_ms(400);
+  rel_sleep_ms(400);
   int seen = atomic_load(&d.seen);
   CHECK_EQ_INT(t_spill(t, &e), 0);
-  t0 = now_ms();
+  t0 = rel_now_ms();
   rc = kvt_tier_close(t, -1);
-  dt = now_ms() - t0;
+  dt = rel_now_ms() - t0;
   fprintf(stderr, "  close with an upload to the dribbling peer: %.0f ms\n",
           dt);
   CHECK_EQ_INT(rc, 0);

@@ -22,17 +22,6 @@
 
 static char g_root[4096];
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
 /* Same tokens as e, other tensor values. */
 static t_entry variant(const t_entry *e, uint64_t seed) {
   t_entry v = t_make(seed, e->n_tokens, e->n_layers, 4, 4);
@@ -90,13 +79,6 @@ static int served_as(kvt_tier *t, const t_entry *e) {
   return same;
 }
 
-static kvt_stats stats_of(kvt_tier *t) {
-  kvt_stats s;
-  memset(&s, 0, sizeof s);
-  kvt_tier_stats(&s, t);
-  return s;
-}
-
 static void run(const char *name, int hold_ms) {
   char *dir = rel_path(g_root, name, NULL);
   rel_done *done = calloc(1, sizeof *done);
@@ -117,12 +99,12 @@ static void run(const char *name, int hold_ms) {
   int reports = done->n; /* v1's report is in already */
   pthread_mutex_unlock(&done->mu);
   pid_t lk = lock_index(dir);
-  double t0 = now_ms();
+  double t0 = rel_now_ms();
   REQUIRE(t_spill(t, &v2) == 0);
-  sleep_ms(300); /* the writer is in its busy wait now */
-  double r0 = now_ms();
+  rel_sleep_ms(300); /* the writer is in its busy wait now */
+  double r0 = rel_now_ms();
   CHECK(kvt_tier_reconcile(t) >= 0);
-  double rdt = now_ms() - r0;
+  double rdt = rel_now_ms() - r0;
   if (rdt >= 1000)
     fprintf(stderr, "  reconcile waited %.0f ms for the writer\n", rdt);
   CHECK(rdt < 1000);
@@ -131,14 +113,14 @@ static void run(const char *name, int hold_ms) {
     pthread_mutex_lock(&done->mu);
     int n = done->n;
     pthread_mutex_unlock(&done->mu);
-    if (n > reports || now_ms() - t0 >= hold_ms)
+    if (n > reports || rel_now_ms() - t0 >= hold_ms)
       break;
-    sleep_ms(50);
+    rel_sleep_ms(50);
   }
   unlock_index(lk);
   CHECK_EQ_INT(kvt_tier_flush(t, 30000), 0);
   int st = rel_done_status(done, h);
-  kvt_stats s = stats_of(t);
+  kvt_stats s = rel_stats(t);
   if (hold_ms > 5000) {
     /* Held past the busy budget: the replacement failed, the old version
      * stays. */
@@ -155,7 +137,7 @@ static void run(const char *name, int hold_ms) {
   /* And after a reopen (reconcile): the same version, the row intact. */
   t = t_open(&o);
   CHECK(served_as(t, hold_ms > 5000 ? &v1 : &v2));
-  CHECK_EQ_INT(stats_of(t).entries, 1);
+  CHECK_EQ_INT(rel_stats(t).entries, 1);
   kvt_tier_close(t, -1);
   kvt_tier_free(t);
   CHECK_EQ_INT(rel_check_dir(dir, NULL), 1);
