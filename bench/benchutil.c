@@ -210,7 +210,7 @@ int bu_evict_dir(const char *dir, double *resident) {
       continue;
     char p[4500];
     snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-    int fd = open(p, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = open(p, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
       continue;
     struct stat st;

@@ -7,7 +7,11 @@
  * (checksum mismatch path); 2 - a reference-style manifest without checksums
  * (only the length and the hash protect it); 3 - as 0 and the entry directory
  * renamed to the hash of the fuzzed tokens, so a consistent tokens.bin is
- * accepted. Each variant is read every way.
+ * accepted. Each variant is read every way. Bit 2 of the control byte makes
+ * the manifest claim a token count taken from the first four bytes instead
+ * of len/4 (up to 2^31-1, whatever the file's length): the count must be
+ * refused against the caller's and the file's before anything is allocated
+ * for it (run.sh's -malloc_limit_mb catches an allocation that is not).
  */
 #include "fuzz_common.h"
 
@@ -56,7 +60,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   snprintf(dir, sizeof dir, "%s/%s", g_data, g_hash);
   put(dir, "tokens.bin", tok, n);
   char num[32], sum[32], x[24];
-  snprintf(num, sizeof num, "%zu", n / 4);
+  uint64_t claimed = n / 4;
+  if ((data[0] & 4) && n >= 4) {
+    uint32_t c;
+    memcpy(&c, tok, 4);
+    claimed = c & 0x7fffffffu;
+  }
+  snprintf(num, sizeof num, "%llu", (unsigned long long)claimed);
   kvti_xxh3_format(x, kvti_xxh3(tok, n));
   char *m1 = patch(g_manifest, "\"num_tokens\": ", num, ",}");
   char *m2 = patch(m1, "\"tokens.bin\": \"", x, "\"");

@@ -29,7 +29,7 @@ for t in $targets; do
   if ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
      build-fuzz/fuzz/fuzz_"$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
-       -malloc_limit_mb=1024 -max_len=65536 -print_final_stats=1 \
+       -malloc_limit_mb=128 -max_len=65536 -print_final_stats=1 \
        -artifact_prefix="$art" "$work" >"$log" 2>&1; then
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     echo "fuzz_$t: ${execs:-?} executions in ${secs}s, no findings" | tee -a "$summary"

@@ -230,6 +230,10 @@ typedef enum kvt_io_backend {
 #define KVT_OPEN_READONLY 0x1u     /* inspect only: no writer, no changes   */
 #define KVT_OPEN_NO_RECONCILE 0x2u /* skip reconcile at open               */
 #define KVT_OPEN_SKIP_OWNER_CHECK 0x4u /* allow a dir not owned by the user */
+/* Rebuild the index from the entry directories: index.db is set aside as
+ * index.db.reindexed-<time> and every valid entry adopted (`kvtier
+ * reindex`). Writable opens only. */
+#define KVT_OPEN_REINDEX 0x8u
 
 /** Called by the writer thread after each spill finished (status 0: the entry
  *  is published, durably when durability is FSYNC; negative: it was not
@@ -729,9 +733,11 @@ KVT_API int kvt_tier_remove(kvt_tier *t, const int32_t *tokens,
                             size_t n_tokens);
 
 /** Reconciles the index with the files: drops rows whose entry directory or
- *  manifest is missing, removes data directories with no row and stale *.tmp
- *  directories. Returns the number cleaned (>= 0) or a negative code. Safe
- *  on a directory written by the reference. */
+ *  manifest is missing; a data directory with no row is adopted (its row
+ *  rebuilt from its manifest and tokens) when valid and quarantined when not
+ *  - never deleted for lack of a row -; stale *.tmp directories are removed.
+ *  Returns the number cleaned (>= 0) or a negative code. Safe on a directory
+ *  written by the reference. */
 KVT_API int64_t kvt_tier_reconcile(kvt_tier *t);
 
 /** Limits for kvt_tier_gc; a field of 0 (or < 0 for older_than) means "use

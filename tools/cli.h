@@ -247,6 +247,7 @@ int cmd_stats(int argc, char **argv);
 int cmd_show(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
 int cmd_gc(int argc, char **argv);
+int cmd_reindex(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 
 #endif

@@ -186,9 +186,13 @@ int cmd_verify(int argc, char **argv) {
               kvt_last_error());
       reconciled = 0;
     } else {
+      /* Orphans are adopted when valid and quarantined when not (never
+       * deleted for lack of a row); stale temporaries are removed. */
       for (size_t i = orphans_before; i < ps.n; i++)
         if (strcmp(ps.v[i].kind, "stray") != 0)
-          ps.v[i].action = "removed";
+          ps.v[i].action = strcmp(ps.v[i].kind, "orphan") == 0
+                               ? "adopted or quarantined"
+                               : "removed";
       for (size_t i = 0; i < orphans_before; i++)
         if (strcmp(ps.v[i].kind, "missing") == 0)
           repaired++;
@@ -495,6 +499,53 @@ int cmd_gc(int argc, char **argv) {
   }
   free(picks);
   cli_entries_free(&before);
+  cli_cache_close(&c);
+  return CLI_OK;
+}
+
+/* ---- reindex ------------------------------------------------------------ */
+
+static const char REINDEX_HELP[] =
+    "usage: kvtier reindex DIR [--json] [--verbose]\n"
+    "\n"
+    "Rebuilds DIR's index from its entry directories: index.db is set aside\n"
+    "as index.db.reindexed-<time> (kept, never deleted), every valid entry is\n"
+    "adopted (its row rebuilt from its manifest and tokens, created_at from\n"
+    "the directory's time) and every invalid one quarantined. Nothing is\n"
+    "deleted. Opening a cache does the same by itself when index.db is\n"
+    "missing or damaged; reindex forces it (e.g. after restoring data/ from a\n"
+    "backup). Needs the directory writable and no other writer.\n"
+    "\n"
+    "  --json      JSON output: {dir, entries, quarantined}\n"
+    "  --verbose   log what is adopted and quarantined to stderr\n";
+
+int cmd_reindex(int argc, char **argv) {
+  cli_flag f[] = {{"json", 0}, {"verbose", 0}};
+  const size_t nf = sizeof f / sizeof f[0];
+  const char *pos[1];
+  int rc = cli_begin("reindex", REINDEX_HELP, "missing DIR", argc, argv, f, nf,
+                     pos, 1, 1);
+  if (rc != CLI_RUN)
+    return rc;
+  int json = cli_flag_get(f, nf, "json")->set;
+  int verbose = cli_flag_get(f, nf, "verbose")->set;
+  cli_cache c;
+  rc = cli_cache_open(&c, pos[0], KVT_OPEN_REINDEX, json, "reindex", verbose);
+  if (rc != 0)
+    return rc;
+  kvt_stats s = KVT_STATS_INIT;
+  if (c.tier)
+    kvt_tier_stats(&s, c.tier);
+  if (json) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "dir", c.dir);
+    cJSON_AddNumberToObject(o, "entries", (double)s.entries);
+    cJSON_AddNumberToObject(o, "quarantined", (double)s.quarantined);
+    cli_json_print(o);
+  } else {
+    printf("reindexed %s: %llu entries, %llu quarantined\n", c.dir,
+           (unsigned long long)s.entries, (unsigned long long)s.quarantined);
+  }
   cli_cache_close(&c);
   return CLI_OK;
 }

@@ -1,8 +1,8 @@
 /*
  * kvtier.c - entry point of the `kvtier` command-line tool: global options
  * (--help, --version) and dispatch to the commands (ls, stats, show, verify,
- * gc, bench). Each command parses its own options and prints its own --help;
- * exit codes are shared and listed in the global help and docs/CLI.md.
+ * gc, reindex, bench). Each command parses its own options and prints its own
+ * --help; exit codes are shared and listed in the global help and docs/CLI.md.
  */
 #include "cli.h"
 
@@ -23,6 +23,7 @@ static const char *USAGE =
     "  show DIR HASH     one entry: manifest, layers, tensors and shapes\n"
     "  verify DIR        check every entry and the index; --repair fixes\n"
     "  gc DIR            apply size/count/age limits now; --dry-run\n"
+    "  reindex DIR       rebuild the index from the entry directories\n"
     "  bench [DIR]       spill and promote a synthetic workload, compare to "
     "disk\n"
     "\n"
@@ -48,8 +49,10 @@ static const char *USAGE =
 static const struct {
   const char *name;
   int (*fn)(int, char **);
-} CMDS[] = {{"ls", cmd_ls},         {"stats", cmd_stats}, {"show", cmd_show},
-            {"verify", cmd_verify}, {"gc", cmd_gc},       {"bench", cmd_bench}};
+} CMDS[] = {{"ls", cmd_ls},      {"stats", cmd_stats},
+            {"show", cmd_show},  {"verify", cmd_verify},
+            {"gc", cmd_gc},      {"reindex", cmd_reindex},
+            {"bench", cmd_bench}};
 
 static int run(const char *cmd, int argc, char **argv) {
   for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++)

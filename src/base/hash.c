@@ -17,18 +17,60 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-int kvti_sha256_hex(char out[65], const void *data, size_t len) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int mdlen = 0;
-  if (!EVP_Digest(data, len, md, &mdlen, EVP_sha256(), NULL) || mdlen != 32)
-    return KVT_ERR(KVT_ENOMEM, "SHA-256 computation failed");
+static void hex32(char out[65], const unsigned char *md) {
   static const char hx[] = "0123456789abcdef";
   for (unsigned i = 0; i < 32; i++) {
     out[2 * i] = hx[md[i] >> 4];
     out[2 * i + 1] = hx[md[i] & 15];
   }
   out[64] = '\0';
+}
+
+int kvti_sha256_hex(char out[65], const void *data, size_t len) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int mdlen = 0;
+  if (!EVP_Digest(data, len, md, &mdlen, EVP_sha256(), NULL) || mdlen != 32)
+    return KVT_ERR(KVT_ENOMEM, "SHA-256 computation failed");
+  hex32(out, md);
   return 0;
+}
+
+struct kvti_sha256_state {
+  EVP_MD_CTX *ctx;
+};
+
+kvti_sha256_state *kvti_sha256_new(void) {
+  kvti_sha256_state *s = kvti_calloc(1, sizeof *s);
+  if (!s)
+    return NULL;
+  s->ctx = EVP_MD_CTX_new();
+  if (!s->ctx || !EVP_DigestInit_ex(s->ctx, EVP_sha256(), NULL)) {
+    kvti_sha256_free(s);
+    return NULL;
+  }
+  return s;
+}
+
+int kvti_sha256_update(kvti_sha256_state *s, const void *data, size_t len) {
+  return EVP_DigestUpdate(s->ctx, data, len)
+             ? 0
+             : KVT_ERR(KVT_ENOMEM, "SHA-256 computation failed");
+}
+
+int kvti_sha256_final_hex(kvti_sha256_state *s, char out[65]) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int mdlen = 0;
+  if (!EVP_DigestFinal_ex(s->ctx, md, &mdlen) || mdlen != 32)
+    return KVT_ERR(KVT_ENOMEM, "SHA-256 computation failed");
+  hex32(out, md);
+  return 0;
+}
+
+void kvti_sha256_free(kvti_sha256_state *s) {
+  if (!s)
+    return;
+  EVP_MD_CTX_free(s->ctx);
+  kvti_free(s);
 }
 
 int kvt_token_hash(char out[KVT_HASH_HEX_LEN + 1], const int32_t *tokens,

@@ -15,6 +15,13 @@
 /* Lowercase hex SHA-256 of len bytes into out (65 bytes with NUL). Returns 0 or
  * KVT_ENOMEM. */
 int kvti_sha256_hex(char out[65], const void *data, size_t len);
+/* Streaming SHA-256 (a file hashed in pieces, never held whole). new: NULL
+ * on OOM; update/final: 0 or KVT_ENOMEM. */
+typedef struct kvti_sha256_state kvti_sha256_state;
+kvti_sha256_state *kvti_sha256_new(void);
+int kvti_sha256_update(kvti_sha256_state *s, const void *data, size_t len);
+int kvti_sha256_final_hex(kvti_sha256_state *s, char out[65]);
+void kvti_sha256_free(kvti_sha256_state *s); /* accepts NULL */
 
 /* XXH3-64 of a buffer. */
 uint64_t kvti_xxh3(const void *data, size_t len);

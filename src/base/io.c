@@ -254,14 +254,87 @@ char *kvti_strdup(const char *s) {
   return d;
 }
 
-int kvti_open(const char *path, int flags, mode_t mode) {
+/* The open under kvti_open and kvti_open_quiet. Every file under the cache
+ * directory may have been planted by someone else, so nothing may wait on it:
+ * O_NONBLOCK makes the open of a FIFO or a device return at once instead of
+ * waiting for a writer (the open itself would otherwise block forever), and
+ * fstat refuses anything but a regular file (a directory with O_DIRECTORY)
+ * before the caller reads a byte. On the regular file the flag is cleared
+ * again: read(2) ignores it there, but io_uring honours it (a buffered read
+ * that would block completes with -EAGAIN instead of being queued). fcntl is
+ * called directly: it changes no file-system state, so the seam (whose tests
+ * inject faults into state changes and reads) needs no hook for it.
+ * Returns the fd; -1 with errno set (open, fstat or fcntl failed); or -2 when
+ * the path is of the wrong type (*mode_out receives its st_mode). */
+static int open_typed(const char *path, int flags, mode_t mode,
+                      mode_t *mode_out) {
   int fd;
   do {
-    fd = kvti_io->open(path, flags | O_NOFOLLOW | O_CLOEXEC, mode);
+    fd = kvti_io->open(path, flags | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, mode);
   } while (fd < 0 && errno == EINTR);
+  if (fd < 0)
+    return -1;
+  struct stat st;
+  if (kvti_io->fstat(fd, &st) != 0) {
+    int e = errno;
+    kvti_io->close(fd);
+    errno = e;
+    return -1;
+  }
+  int want_dir = (flags & O_DIRECTORY) != 0;
+  if (want_dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)) {
+    kvti_io->close(fd);
+    *mode_out = st.st_mode;
+    return -2;
+  }
+  if (!(flags & O_NONBLOCK)) {
+    int fl = fcntl(fd, F_GETFL);
+    if (fl == -1 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == -1) {
+      int e = errno;
+      kvti_io->close(fd);
+      errno = e;
+      return -1;
+    }
+  }
+  return fd;
+}
+
+const char *kvti_file_type_name(mode_t m) {
+  if (S_ISREG(m))
+    return "regular file";
+  if (S_ISDIR(m))
+    return "directory";
+  if (S_ISFIFO(m))
+    return "FIFO";
+  if (S_ISSOCK(m))
+    return "socket";
+  if (S_ISCHR(m))
+    return "character device";
+  if (S_ISBLK(m))
+    return "block device";
+  if (S_ISLNK(m))
+    return "symlink";
+  return "special file";
+}
+
+int kvti_open(const char *path, int flags, mode_t mode) {
+  mode_t m = 0;
+  int fd = open_typed(path, flags, mode, &m);
+  if (fd == -2)
+    return KVT_ERR(KVT_ECORRUPT, "%s is a %s, not a %s", path,
+                   kvti_file_type_name(m),
+                   (flags & O_DIRECTORY) ? "directory" : "regular file");
   if (fd < 0)
     return KVT_ERR_OS(errno, "open %s", path);
   return fd;
+}
+
+int kvti_open_quiet(const char *path, int flags, mode_t mode) {
+  mode_t m = 0;
+  int fd = open_typed(path, flags, mode, &m);
+  if (fd == -2)
+    errno = (flags & O_DIRECTORY) ? ENOTDIR : EINVAL;
+  return fd < 0 ? -1 : fd;
 }
 
 int kvti_close(int fd) {
@@ -508,4 +581,18 @@ int kvti_dir_bytes(uint64_t *out, const char *dir, int apparent) {
   if (rc == 0)
     *out = total;
   return rc;
+}
+
+/* A file whose allocated size is less than 1/KVTI_SPARSE_FACTOR of its
+ * length (and which is larger than KVTI_SPARSE_MIN) is refused as sparse:
+ * kvtier and the reference write every byte, so a file that is mostly holes
+ * was planted, and its length is no licence to allocate. (A compressing file
+ * system could shrink real data too, but not eightfold.) */
+#define KVTI_SPARSE_FACTOR 8
+#define KVTI_SPARSE_MIN ((uint64_t)1 << 20)
+
+int kvti_file_sparse(const struct stat *st) {
+  uint64_t size = (uint64_t)st->st_size;
+  uint64_t alloc = (uint64_t)st->st_blocks * 512u;
+  return size > KVTI_SPARSE_MIN && alloc * KVTI_SPARSE_FACTOR < size;
 }

@@ -6,9 +6,11 @@
  * to simulate a crash that drops unsynced writes. Production code calls only
  * the kvti_* helpers below or kvti_io->fn directly, never the libc functions.
  *
- * Safety invariants: paths are opened with O_NOFOLLOW|O_CLOEXEC; directory
- * walks use lstat and never follow symlinks; the helpers retry EINTR and loop
- * over short reads/writes.
+ * Safety invariants: paths are opened with O_NOFOLLOW|O_CLOEXEC, non-blocking,
+ * and type-checked (fstat) before any read, so no FIFO, socket or device
+ * planted in the cache can make a caller wait; directory walks use lstat and
+ * never follow symlinks; the helpers retry EINTR and loop over short
+ * reads/writes.
  */
 #ifndef KVT_IO_H
 #define KVT_IO_H
@@ -98,9 +100,21 @@ void *kvti_realloc(void *p, size_t n);
 void kvti_free(void *p);
 char *kvti_strdup(const char *s);
 
-/* Opens with O_NOFOLLOW|O_CLOEXEC added, retrying EINTR. Returns fd or sets the
- * error and returns a negative kvt code. `what` names the file in messages. */
+/* Opens with O_NOFOLLOW|O_CLOEXEC added, retrying EINTR, and never waits on
+ * the file: the open is non-blocking (a FIFO or device under the cache
+ * directory cannot stall it) and the file's type is checked with fstat before
+ * the fd is returned: a regular file, or a directory when O_DIRECTORY is
+ * given; anything else (FIFO, socket, device) is KVT_ECORRUPT. The returned fd
+ * is in blocking mode unless the caller asked for O_NONBLOCK. Returns fd or
+ * sets the error and returns a negative kvt code (a symlink: KVT_EPERM with
+ * errno ELOOP). */
 int kvti_open(const char *path, int flags, mode_t mode);
+/* The same open and check without touching the error state (best-effort
+ * callers: prefetch, the second O_DIRECT descriptor): fd, or -1 with errno set
+ * (EINVAL / ENOTDIR: the path is of the wrong type). */
+int kvti_open_quiet(const char *path, int flags, mode_t mode);
+/* "FIFO", "socket", ... for messages about a file of the wrong type. */
+const char *kvti_file_type_name(mode_t m);
 int kvti_close(int fd); /* retries nothing (close must not be retried); returns
                            0 or code */
 /* Full read/write at off, looping over short transfers and EINTR. A read that
@@ -136,5 +150,11 @@ char *kvti_path_join(const char *a, const char *b);
 /* Sum of st_blocks*512 (allocated bytes) or st_size (apparent) of regular files
  * directly in dir. */
 int kvti_dir_bytes(uint64_t *out, const char *dir, int apparent);
+
+/* 1 when the regular file st describes is mostly holes: larger than 1 MiB
+ * with under an eighth of it allocated. kvtier and the reference write every
+ * byte of an entry's files, so such a file was planted; readers refuse it
+ * (KVT_ECORRUPT) before allocating by its length. */
+int kvti_file_sparse(const struct stat *st);
 
 #endif

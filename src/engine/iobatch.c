@@ -748,12 +748,9 @@ int kvti_iobatch_fsync_many(kvti_iobatch *b, const int *fds, size_t n,
 
 int kvti_iob_open_direct(const char *path, int flags, unsigned mode) {
 #if defined(O_DIRECT) && !KVT_PORTABLE
-  int fd;
-  do {
-    fd = kvti_io->open(path, flags | O_DIRECT | O_NOFOLLOW | O_CLOEXEC,
-                       (mode_t)mode);
-  } while (fd < 0 && errno == EINTR);
-  return fd < 0 ? -1 : fd;
+  /* Non-blocking and type-checked like every open (the path may have been
+   * replaced by a FIFO since the buffered descriptor was opened). */
+  return kvti_open_quiet(path, flags | O_DIRECT, (mode_t)mode);
 #else
   (void)path, (void)flags, (void)mode;
   return -1;

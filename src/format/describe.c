@@ -77,6 +77,8 @@ int kvti_entry_describe(char **json, const char *data_dir, const char *hash) {
         rc = KVT_ERR_OS(errno, "stat %s", lp);
       else if (!S_ISREG(st.st_mode))
         rc = BAD("%s is not a regular file", lp);
+      else if (kvti_file_sparse(&st))
+        rc = BAD("%s is sparse", lp);
       else
         rc = kvti_st_read_header(&hd, fd, (uint64_t)st.st_size, lp, NULL);
       kvti_io->close(fd);

@@ -100,6 +100,12 @@ typedef struct kvti_write_opts {
  * entry is unchanged. Returns 0, KVT_EIO, KVT_ENOSPC, KVT_ENOMEM, KVT_EPERM. */
 int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
                      const kvti_snapshot *s, const kvti_write_opts *o);
+/* The first half of kvti_entry_write: writes the complete entry at
+ * data_dir/<hash>.tmp/ (durable when do_fsync) and publishes nothing; the
+ * caller publishes it with format/publish.h (which can be undone until
+ * committed). On failure no tmp remains. Same codes. */
+int kvti_entry_stage(uint64_t *disk_bytes, const char *data_dir,
+                     const kvti_snapshot *s, const kvti_write_opts *o);
 
 typedef struct kvti_read_opts {
   /* Expected tokens: tokens.bin must match (when present) and hash to the entry
@@ -134,6 +140,24 @@ typedef struct kvti_read_opts {
  * With verify_only, *out (out may be NULL) is set to NULL on success. */
 int kvti_entry_read(kvt_entry **out, const char *data_dir, const char *hash,
                     const kvti_read_opts *o);
+
+/* What an index row needs of a stored entry, read from its files alone (the
+ * index is rebuilt from these when it is lost): the manifest is loaded and
+ * validated, tokens.bin checked against the manifest and the entry name
+ * (bounded and streamed as every read), the layer files' presence and sizes
+ * taken; layer data is not read (a full check is kvt_tier_verify's). tokens
+ * is kvti_malloc'ed (the caller frees it). Returns 0, KVT_ECORRUPT (invalid:
+ * quarantine it), KVT_ENOTFOUND, KVT_EIO, KVT_ENOMEM. */
+typedef struct kvti_entry_probe_info {
+  int32_t *tokens;
+  size_t n_tokens;
+  uint64_t memory_bytes;
+  uint64_t disk_bytes;
+  int storage_mode;
+  double mtime; /* the entry directory's, wall-clock seconds */
+} kvti_entry_probe_info;
+int kvti_entry_probe(kvti_entry_probe_info *out, const char *data_dir,
+                     const char *hash);
 
 /* Layer-by-layer reading, for callers that read layers in parallel or stream
  * them: open validates the manifest and tokens.bin (as kvti_entry_read);

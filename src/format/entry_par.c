@@ -119,7 +119,7 @@ static void prefetch_headers(const kvti_entry_reader *r) {
     char name[KVTI_LAYER_FILE_MAX];
     kvti_layer_file_name(name, i);
     char *lp = kvti_path_join(r->m.dir, name);
-    int fd = lp ? kvti_io->open(lp, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0) : -1;
+    int fd = lp ? kvti_open_quiet(lp, O_RDONLY, 0) : -1;
     if (fd >= 0) {
       kvti_io->fadvise(fd, 0, HEADER_PREFETCH, POSIX_FADV_WILLNEED);
       kvti_io->close(fd);

@@ -8,11 +8,15 @@
  */
 #include "format/entry_int.h"
 #include "base/error.h"
+#include "base/hash.h"
 #include "base/io.h"
 #include "format/layer.h"
 #include "format/layout.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define BAD(...) KVT_ERR(KVT_ECORRUPT, __VA_ARGS__)
 
@@ -22,75 +26,132 @@ static void noop_free(void *ctx, void *buf) {
 }
 
 /* Reads tokens.bin (when present) and checks it against the manifest, the
- * expected tokens and the entry name. *tokens receives a kvti_malloc'ed copy.
- */
+ * expected tokens and the entry name. *tokens (when tokens is not NULL)
+ * receives a kvti_malloc'ed copy. Bounded whatever the files claim: the
+ * manifest's token count is compared with the caller's first, the file's
+ * length with the count, a sparse file is refused, and the file is read in
+ * pieces (checksum, comparison and hash streaming) - it is held whole only
+ * when the caller wants the tokens and did not pass them. */
+#define TOKENS_CHUNK ((size_t)1 << 20)
 static int load_tokens(int32_t **tokens, uint64_t *bytes,
                        const kvti_manifest *m, const char *hash,
                        const kvti_read_opts *o) {
+  size_t n = (size_t)m->num_tokens;
+  if (o && o->tokens && o->n_tokens != n)
+    return BAD("%s: entry holds %zu tokens, %zu expected", m->dir, n,
+               o->n_tokens);
   char *tp = kvti_path_join(m->dir, KVTI_TOKENS_FILE);
   if (!tp)
     return KVT_ENOMEM;
   char *buf = NULL;
-  size_t len = 0;
-  int rc = kvti_read_file(&buf, &len, tp, (size_t)m->num_tokens * 4u);
+  kvti_xxh3_state *xs = NULL;
+  kvti_sha256_state *ss = NULL;
   int32_t *tok = NULL;
-  size_t n = (size_t)m->num_tokens;
-  if (rc == KVT_EPERM && kvt_last_errno() == ELOOP)
+  int fd = kvti_open(tp, O_RDONLY, 0), rc = 0, have_file = fd >= 0;
+  if (fd == KVT_EPERM && kvt_last_errno() == ELOOP) {
     rc = BAD("%s: tokens.bin is a symlink", m->dir);
-  if (rc == KVT_ECORRUPT) {
+    goto out;
+  }
+  if (fd == KVT_ECORRUPT) {
     rc = BAD("%s: tokens.bin is not a regular file of num_tokens * 4 bytes",
              m->dir);
     goto out;
   }
-  if (rc == KVT_ENOTFOUND) {
+  if (fd == KVT_ENOTFOUND) {
     if (m->has_sums || !o || !o->tokens) {
       rc = BAD("%s: tokens.bin missing", m->dir);
       goto out;
     }
-  } else if (rc) {
+  } else if (fd < 0) {
+    rc = fd;
     goto out;
-  } else {
-    *bytes = len;
-    if (len != n * 4u) {
-      rc = BAD("%s: tokens.bin has %zu bytes, num_tokens is %zu", m->dir, len,
-               n);
+  }
+  int want_copy = tokens && !(o && o->tokens);
+  if (have_file) {
+    struct stat st;
+    if (kvti_io->fstat(fd, &st) != 0) {
+      rc = KVT_ERR_OS(errno, "stat %s", tp);
       goto out;
     }
-    if (m->has_sums && kvti_xxh3(buf, len) != m->sums[m->num_layers]) {
+    uint64_t len = (uint64_t)st.st_size;
+    if (len != (uint64_t)n * 4u) {
+      rc = BAD("%s: tokens.bin has %llu bytes, num_tokens is %zu", m->dir,
+               (unsigned long long)len, n);
+      goto out;
+    }
+    if (kvti_file_sparse(&st)) {
+      rc =
+          BAD("%s: tokens.bin is sparse (%llu bytes, %llu allocated)", m->dir,
+              (unsigned long long)len, (unsigned long long)st.st_blocks * 512u);
+      goto out;
+    }
+    *bytes = len;
+    size_t cap =
+        want_copy ? (size_t)len : (len < TOKENS_CHUNK ? len : TOKENS_CHUNK);
+    buf = kvti_malloc(cap ? cap : 1);
+    if (!buf) {
+      rc = KVT_ERR_NOMEM();
+      goto out;
+    }
+    if (m->has_sums && !(xs = kvti_xxh3_new())) {
+      rc = KVT_ERR_NOMEM();
+      goto out;
+    }
+    if (!(o && o->tokens) && !(ss = kvti_sha256_new())) {
+      rc = KVT_ERR_NOMEM();
+      goto out;
+    }
+    for (uint64_t off = 0; off < len;) {
+      size_t k = (size_t)(len - off < TOKENS_CHUNK ? len - off : TOKENS_CHUNK);
+      char *dst = want_copy ? buf + off : buf;
+      if ((rc = kvti_pread_all(fd, dst, k, off, tp)) != 0)
+        goto out;
+      if (xs)
+        kvti_xxh3_update(xs, dst, k);
+      if (ss && (rc = kvti_sha256_update(ss, dst, k)) != 0)
+        goto out;
+      if (o && o->tokens && memcmp(dst, (const char *)o->tokens + off, k)) {
+        rc = BAD("%s: tokens.bin differs from the expected tokens", m->dir);
+        goto out;
+      }
+      off += k;
+    }
+    if (xs && kvti_xxh3_digest(xs) != m->sums[m->num_layers]) {
       rc = BAD("%s: tokens.bin checksum mismatch", m->dir);
       goto out;
     }
   }
-  rc = 0;
-  const void *src = buf;
-  if (o && o->tokens) {
-    if (o->n_tokens != n) {
-      rc = BAD("%s: entry holds %zu tokens, %zu expected", m->dir, n,
-               o->n_tokens);
-      goto out;
-    }
-    if (buf && n && memcmp(buf, o->tokens, n * 4u) != 0) {
-      rc = BAD("%s: tokens.bin differs from the expected tokens", m->dir);
-      goto out;
-    }
-    src = o->tokens;
-  }
   char h[KVT_HASH_HEX_LEN + 1];
-  if ((rc = kvt_token_hash(h, src, n)) != 0)
+  if (ss)
+    rc = kvti_sha256_final_hex(ss, h);
+  else
+    rc = kvt_token_hash(h, o->tokens, n);
+  if (rc)
     goto out;
   if (strcmp(h, hash) != 0) {
     rc = BAD("%s: tokens do not hash to the entry name", m->dir);
     goto out;
   }
-  tok = kvti_malloc(n * 4u);
-  if (!tok) {
-    rc = KVT_ERR_NOMEM();
-    goto out;
+  if (tokens) {
+    if (want_copy) {
+      tok = (int32_t *)buf;
+      buf = NULL;
+    } else {
+      tok = kvti_malloc(n ? n * 4u : 1);
+      if (!tok) {
+        rc = KVT_ERR_NOMEM();
+        goto out;
+      }
+      if (n)
+        memcpy(tok, o->tokens, n * 4u);
+    }
+    *tokens = tok;
   }
-  if (n)
-    memcpy(tok, src, n * 4u);
-  *tokens = tok;
 out:
+  if (fd >= 0)
+    kvti_io->close(fd);
+  kvti_xxh3_free(xs);
+  kvti_sha256_free(ss);
   kvti_free(buf);
   kvti_free(tp);
   return rc;
@@ -152,13 +213,15 @@ int kvti_entry_reader_open_id(kvti_entry_reader **out, const char *data_dir,
   memcpy(e->hash, hash, KVT_HASH_HEX_LEN + 1);
   e->memory_bytes = r->m.memory_bytes;
   e->storage_mode = r->m.mode;
-  e->n_tokens = (size_t)r->m.num_tokens;
+  /* A verification returns no entry: its tokens are checked, never copied. */
+  e->n_tokens = r->o.verify_only ? 0 : (size_t)r->m.num_tokens;
   if (r->o.alloc) {
     e->free_buf = r->o.free_buf ? r->o.free_buf : noop_free;
     e->alloc_ctx = r->o.alloc_ctx;
   }
   uint64_t tb = 0;
-  rc = load_tokens(&e->tokens, &tb, &r->m, hash, &r->o);
+  rc = load_tokens(r->o.verify_only ? NULL : &e->tokens, &tb, &r->m, hash,
+                   &r->o);
   if (rc)
     goto fail;
   r->base_bytes = r->m.bytes + tb;
@@ -266,4 +329,47 @@ int kvti_entry_reader_finish(kvt_entry **out, kvti_entry_reader *r) {
     r->e = NULL;
   }
   return 0;
+}
+
+int kvti_entry_probe(kvti_entry_probe_info *out, const char *data_dir,
+                     const char *hash) {
+  memset(out, 0, sizeof *out);
+  kvti_manifest m;
+  int rc = kvti_manifest_load(&m, data_dir, hash, NULL);
+  if (rc)
+    return rc;
+  uint64_t tb = 0;
+  int32_t *tok = NULL;
+  rc = load_tokens(&tok, &tb, &m, hash, NULL);
+  uint64_t disk = m.bytes + tb;
+  for (uint32_t i = 0; rc == 0 && i < m.num_layers; i++) {
+    char name[KVTI_LAYER_FILE_MAX];
+    kvti_layer_file_name(name, i);
+    char *lp = kvti_path_join(m.dir, name);
+    struct stat st;
+    if (!lp)
+      rc = KVT_ENOMEM;
+    else if (kvti_io->lstat(lp, &st) != 0)
+      rc = errno == ENOENT ? BAD("%s: layer file missing", lp)
+                           : KVT_ERR_OS(errno, "stat %s", lp);
+    else if (!S_ISREG(st.st_mode))
+      rc = BAD("%s is not a regular file", lp);
+    else
+      disk += (uint64_t)st.st_size;
+    kvti_free(lp);
+  }
+  struct stat dst;
+  if (rc == 0 && kvti_io->lstat(m.dir, &dst) == 0)
+    out->mtime = (double)dst.st_mtim.tv_sec + dst.st_mtim.tv_nsec / 1e9;
+  if (rc == 0) {
+    out->tokens = tok;
+    out->n_tokens = (size_t)m.num_tokens;
+    out->memory_bytes = m.memory_bytes;
+    out->storage_mode = m.mode;
+    out->disk_bytes = disk;
+    tok = NULL;
+  }
+  kvti_free(tok);
+  kvti_manifest_free(&m);
+  return rc;
 }

@@ -1,10 +1,11 @@
 /*
  * entry_write.c - the atomic and durable publication of one entry: builds
  * data/<hash>.tmp/ (one safetensors file per layer, tokens.bin, manifest.json,
- * manifest.sum) through one write group, fsyncs, and publishes it with an
- * atomic rename - swapping it with an existing version through
- * renameat2(RENAME_EXCHANGE) where available - so that one complete version is
- * in place at every moment and a failure leaves no trace.
+ * manifest.sum) through one write group and fsyncs it (kvti_entry_stage);
+ * kvti_entry_write then publishes it (format/publish.c: an atomic rename,
+ * swapping it with an existing version through renameat2(RENAME_EXCHANGE)
+ * where available) so that one complete version is in place at every moment
+ * and a failure leaves no trace.
  */
 #include "format/entry_int.h"
 #include "base/error.h"
@@ -13,6 +14,7 @@
 #include "engine/fwriter.h"
 #include "format/layer.h"
 #include "format/layout.h"
+#include "format/publish.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -48,18 +50,16 @@ static int write_small(uint64_t *xxh, kvti_wgroup *g, const char *dir,
   return rc;
 }
 
-int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
+int kvti_entry_stage(uint64_t *disk_bytes, const char *data_dir,
                      const kvti_snapshot *s, const kvti_write_opts *o) {
   if (!data_dir || !s || !o || !kvti_is_hash_name(s->hash))
     return KVT_ERR(KVT_EINVAL, "entry write: bad argument");
   int mode = o->storage_mode;
   if (mode != KVT_STORAGE_NATIVE && mode != KVT_STORAGE_COMPAT)
     return KVT_ERR(KVT_EINVAL, "entry write: bad storage mode %d", mode);
-  int rc = 0, published = 0, exchanged = 0, tmp_made = 0, moved_aside = 0;
+  int rc = 0, tmp_made = 0;
   uint64_t total = 0;
   char *tmp = suffixed(data_dir, s->hash, ".tmp");
-  char *live = suffixed(data_dir, s->hash, "");
-  char *old = suffixed(data_dir, s->hash, ".old.tmp");
   char **metas = kvti_calloc(s->n_layers ? s->n_layers : 1, sizeof(char *));
   uint64_t *sums = kvti_calloc(s->n_layers + 1u, sizeof(uint64_t));
   /* Per-block hashes of each layer file (format 2), kept for the manifest. */
@@ -70,7 +70,7 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
   size_t *nblk = kvti_calloc(s->n_layers ? s->n_layers : 1, sizeof(size_t));
   char *manifest = NULL;
   kvti_wgroup *g = NULL;
-  if (!tmp || !live || !old || !metas || !sums || !bh || !blk || !nblk) {
+  if (!tmp || !metas || !sums || !bh || !blk || !nblk) {
     rc = KVT_ERR_NOMEM();
     goto out;
   }
@@ -148,60 +148,12 @@ int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
   if (o->do_fsync && (rc = kvti_fsync_dir(tmp)) != 0)
     goto out;
 
-  /* Publish. Preferred: atomic exchange with a live version (tmp then holds the
-   * old one). */
-  rc = kvti_rename_exchange(tmp, live);
-  if (rc == 0) {
-    exchanged = 1;
-  } else if (rc == KVT_ENOTFOUND) {
-    rc = kvti_rename(tmp, live);
-  } else if (rc == KVT_EUNSUPPORTED) {
-    struct stat st;
-    rc = 0;
-    if (kvti_io->lstat(live, &st) == 0) {
-      /* Portable fallback: old version aside, new into place. A crash between
-       * the two renames leaves the old version complete at <hash>.old.tmp. */
-      if ((rc = kvti_rmtree(old)) == 0 && (rc = kvti_rename(live, old)) == 0) {
-        moved_aside = 1;
-        rc = kvti_rename(tmp, live);
-        if (rc && kvti_io->rename(old, live) == 0)
-          moved_aside = 0;
-      }
-    } else {
-      rc = kvti_rename(tmp, live);
-    }
-  }
-  if (rc)
-    goto out;
-  published = 1;
-  if (o->do_fsync && (rc = kvti_fsync_dir(data_dir)) != 0) {
-    /* Not durable: undo, putting the old version (if any) back. */
-    if (exchanged) {
-      if (kvti_io->rename_exchange && kvti_io->rename_exchange(tmp, live) == 0)
-        published = 0;
-    } else if (kvti_io->rename(live, tmp) == 0) {
-      published = 0;
-      if (moved_aside && kvti_io->rename(old, live) == 0)
-        moved_aside = 0;
-    }
-    if (published) {
-      /* could not undo: the new complete version stays; report success */
-      rc = 0;
-    } else {
-      goto out;
-    }
-  }
-  /* Remove the previous version (now at tmp after an exchange, or at old). */
-  if (exchanged)
-    kvti_rmtree(tmp);
-  else if (moved_aside)
-    kvti_rmtree(old);
   if (disk_bytes)
     *disk_bytes = total;
   rc = 0;
 out:
   kvti_wgroup_abort(g);
-  if (rc && tmp_made && !published) {
+  if (rc && tmp_made) {
     int keep = rc;
     kvti_rmtree(tmp);
     rc = keep;
@@ -221,7 +173,32 @@ out:
   kvti_free(nblk);
   kvti_free(manifest);
   kvti_free(tmp);
-  kvti_free(live);
-  kvti_free(old);
+  return rc;
+}
+
+int kvti_entry_write(uint64_t *disk_bytes, const char *data_dir,
+                     const kvti_snapshot *s, const kvti_write_opts *o) {
+  if (!data_dir || !s || !o || !kvti_is_hash_name(s->hash))
+    return KVT_ERR(KVT_EINVAL, "entry write: bad argument");
+  kvti_publish p;
+  int rc = kvti_publish_init(&p, data_dir, s->hash, o->do_fsync);
+  if (rc)
+    return rc;
+  uint64_t total = 0;
+  rc = kvti_entry_stage(&total, data_dir, s, o);
+  if (rc == 0) {
+    rc = kvti_publish_do(&p);
+    if (rc == 0)
+      kvti_publish_commit(&p); /* the previous version, if any, deleted */
+    else
+      kvti_rmtree(p.tmp); /* nothing published: no trace of the new one */
+  }
+  kvti_publish_free(&p);
+  /* A vanished data/ (or file) is an I/O failure of the write, not "no such
+   * entry"; kvt_last_errno() still says ENOENT. */
+  if (rc == KVT_ENOTFOUND)
+    rc = KVT_EIO;
+  if (rc == 0 && disk_bytes)
+    *disk_bytes = total;
   return rc;
 }

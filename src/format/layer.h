@@ -20,7 +20,9 @@
 #include <stdint.h>
 
 #define KVTI_MAX_ARRAYS 65536u
-#define KVTI_MAX_LAYERS 1000000u
+/* Layers per entry: far above any model (hundreds), low enough that a planted
+ * manifest cannot make the parser build millions of objects. */
+#define KVTI_MAX_LAYERS 16384u
 
 /* Checks one caller layer (kind, tensor count, dtypes, shape vs nbytes,
  * quantized geometry, attributes). need_data: data must be non-NULL when nbytes

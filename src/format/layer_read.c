@@ -184,6 +184,14 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
     rc = BAD("%s is not a regular file", path);
     goto out;
   }
+  /* The header's tensor sizes are bounded by st_size when it is parsed; a
+   * sparse file must not make that length a licence to allocate. */
+  if (kvti_file_sparse(&st)) {
+    rc = BAD("%s is sparse (%llu bytes, %llu allocated)", path,
+             (unsigned long long)st.st_size,
+             (unsigned long long)st.st_blocks * 512u);
+    goto out;
+  }
   uint64_t size = (uint64_t)st.st_size;
   uint64_t bs = o->block_size;
   /* Format 2 with a trim: only verified blocks are read

@@ -175,9 +175,19 @@ out:
 /* Parses and validates manifest text into m (dir and bytes are the caller's).
  * have_sum: a manifest.sum was present (and matched): the kvtier key is then
  * required, else forbidden. */
+/* JSON values a manifest may hold: a layer's metadata is a few dozen values,
+ * block lists are single strings, so this is far above any real manifest of
+ * KVTI_MAX_LAYERS layers; it bounds what the parser allocates (about 64 bytes
+ * a value) before it runs, whatever the file holds. */
+#define MANIFEST_MAX_VALUES ((size_t)1 << 20)
+
 static int parse_manifest(kvti_manifest *m, const char *text, size_t tlen,
                           int have_sum, const char *hash, const char *where) {
   int rc = 0;
+  size_t nv = kvti_json_count_values(text, tlen);
+  if (nv > MANIFEST_MAX_VALUES)
+    return BAD("%s: manifest.json holds about %zu JSON values (limit %zu)",
+               where, nv, MANIFEST_MAX_VALUES);
   m->root = cJSON_ParseWithLength(text, tlen);
   if (!m->root) {
     rc = BAD("%s: manifest.json is not valid JSON", where);

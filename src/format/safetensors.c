@@ -307,6 +307,31 @@ static int parse_tensor(kvti_st_tensor *t, const cJSON *o, uint64_t *begin,
   return 0;
 }
 
+/* Number of JSON values in text, counted without parsing: every value but the
+ * first follows a ',' ':' '[' outside strings (a bound, not an exact count). */
+size_t kvti_json_count_values(const char *text, size_t len) {
+  size_t n = 1;
+  int in_str = 0;
+  for (size_t i = 0; i < len; i++) {
+    char c = text[i];
+    if (in_str) {
+      if (c == '\\')
+        i++;
+      else if (c == '"')
+        in_str = 0;
+    } else if (c == '"') {
+      in_str = 1;
+    } else if (c == ',' || c == ':' || c == '[') {
+      n++;
+    }
+  }
+  return n;
+}
+
+/* JSON values a header may hold: KVTI_ST_MAX_TENSORS tensors of a dozen
+ * values each, with room to spare; bounds the parser's allocations. */
+#define ST_MAX_VALUES ((size_t)2 << 20)
+
 int kvti_st_parse(kvti_st_header *out, const char *json, size_t len,
                   uint64_t file_size, const char *what) {
   memset(out, 0, sizeof *out);
@@ -314,6 +339,10 @@ int kvti_st_parse(kvti_st_header *out, const char *json, size_t len,
     return BAD("%s: safetensors header is not a JSON object", what);
   if (len > KVTI_ST_MAX_HEADER || 8u + (uint64_t)len > file_size)
     return BAD("%s: safetensors header length %zu out of range", what, len);
+  size_t nv = kvti_json_count_values(json, len);
+  if (nv > ST_MAX_VALUES)
+    return BAD("%s: safetensors header holds about %zu JSON values (limit %zu)",
+               what, nv, ST_MAX_VALUES);
   const char *end = NULL;
   cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
   if (!root)

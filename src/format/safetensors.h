@@ -130,4 +130,9 @@ void kvti_sb_json_str(kvti_sb *b, const char *s);
 char *kvti_sb_take(kvti_sb *b);
 void kvti_sb_free(kvti_sb *b);
 
+/* An upper bound on the number of JSON values in text (every value but the
+ * first follows a ',' ':' or '[' outside strings), counted without parsing:
+ * callers refuse a document before cJSON allocates for it. */
+size_t kvti_json_count_values(const char *text, size_t len);
+
 #endif

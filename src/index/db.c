@@ -86,14 +86,35 @@ static const char *const STMT_SQL[ST_COUNT] = {
     [ST_ROLLBACK] = "ROLLBACK",
 };
 
+int kvti_idx_code(int rc) {
+  switch (rc & 0xff) {
+  case SQLITE_FULL:
+    return KVT_ENOSPC;
+  case SQLITE_IOERR:
+    return KVT_EIO;
+  case SQLITE_NOMEM:
+    return KVT_ENOMEM;
+  case SQLITE_BUSY:
+  case SQLITE_LOCKED:
+    return KVT_EBUSY;
+  default:
+    return KVT_EDB;
+  }
+}
+
+/* The last SQLite result code an index error reported on this thread. */
+static _Thread_local int tl_last_rc;
+
+int kvti_index_error_is_damage(void) {
+  int p = tl_last_rc & 0xff;
+  return p == SQLITE_NOTADB || p == SQLITE_CORRUPT;
+}
+
 int kvti_idx_db_err(kvt_index *idx, int rc, const char *what) {
-  int prim = rc & 0xff;
+  tl_last_rc = rc;
   const char *msg =
       idx && idx->db ? sqlite3_errmsg(idx->db) : sqlite3_errstr(rc);
-  int code = prim == SQLITE_FULL    ? KVT_ENOSPC
-             : prim == SQLITE_IOERR ? KVT_EIO
-             : prim == SQLITE_NOMEM ? KVT_ENOMEM
-                                    : KVT_EDB;
+  int code = kvti_idx_code(rc);
   return KVT_ERR(code, "index.db: %s: %s (SQLite %d)", what, msg, rc);
 }
 
@@ -101,11 +122,8 @@ int kvti_idx_exec(kvt_index *idx, const char *sql, const char *what) {
   char *em = NULL;
   int rc = sqlite3_exec(idx->db, sql, NULL, NULL, &em);
   if (rc != SQLITE_OK) {
-    int prim = rc & 0xff;
-    int code = prim == SQLITE_FULL    ? KVT_ENOSPC
-               : prim == SQLITE_IOERR ? KVT_EIO
-               : prim == SQLITE_NOMEM ? KVT_ENOMEM
-                                      : KVT_EDB;
+    tl_last_rc = rc;
+    int code = kvti_idx_code(rc);
     KVT_ERR(code, "index.db: %s: %s (SQLite %d)", what,
             em ? em : sqlite3_errmsg(idx->db), rc);
     sqlite3_free(em);
@@ -520,6 +538,34 @@ void kvti_idx_destroy(kvt_index *idx) {
   kvti_free(idx);
 }
 
+/* A read-only open of an index.db whose tables do not exist yet (an empty
+ * file: the writer that created it has not created the schema yet) would
+ * fail every statement with "no such table". Such an index is empty: it is
+ * served from an empty in-memory database with the schema instead. */
+static int readonly_schema(kvt_index *idx) {
+  sqlite3_stmt *s = NULL;
+  int rc = sqlite3_prepare_v2(idx->db,
+                              "SELECT count(*) FROM sqlite_master WHERE "
+                              "type = 'table' AND name = 'entries'",
+                              -1, &s, NULL);
+  if (rc != SQLITE_OK)
+    return kvti_idx_db_err(idx, rc, "schema");
+  rc = sqlite3_step(s);
+  int have = rc == SQLITE_ROW && sqlite3_column_int(s, 0) > 0;
+  sqlite3_finalize(s);
+  if (rc != SQLITE_ROW)
+    return kvti_idx_db_err(idx, rc, "schema");
+  if (have)
+    return 0;
+  sqlite3_close(idx->db);
+  idx->db = NULL;
+  rc = sqlite3_open_v2(":memory:", &idx->db,
+                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
+  if (rc != SQLITE_OK)
+    return kvti_idx_db_err(idx, rc, "in-memory index");
+  return create_tables(idx);
+}
+
 int kvti_index_open(kvt_index **out, const char *cache_dir,
                     const kvti_index_measure *measure, int mode) {
   int readonly = (mode & KVTI_INDEX_READONLY) != 0;
@@ -544,6 +590,7 @@ int kvti_index_open(kvt_index **out, const char *cache_dir,
   int flags = (readonly ? SQLITE_OPEN_READONLY
                         : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) |
               SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW;
+  tl_last_rc = 0;
   /* Through kvtier's VFS: index.db's file I/O goes through the I/O seam. */
   const char *vfs = kvti_sqlvfs_name();
   if (!vfs) {
@@ -557,6 +604,8 @@ int kvti_index_open(kvt_index **out, const char *cache_dir,
   }
   sqlite3_busy_timeout(idx->db, BUSY_TIMEOUT_MS);
   sqlite3_extended_result_codes(idx->db, 1);
+  if (readonly && (rc = readonly_schema(idx)) != 0)
+    goto fail;
   if (!readonly) {
     if ((rc = kvti_idx_exec(idx, "PRAGMA journal_mode=WAL", "journal_mode")) !=
             0 ||

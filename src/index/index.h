@@ -44,7 +44,9 @@ typedef struct kvti_index_measure {
 /* Opens cache_dir/index.db. measure (may be NULL; copied) gives the disk bytes
  * of rows that lack kvtier_meta; without it they get 0. mode (bits):
  * KVTI_INDEX_READONLY opens SQLITE_OPEN_READONLY, no schema changes (a legacy
- * DB is then served with prefix hashes computed in memory);
+ * DB is then served with prefix hashes computed in memory; one whose tables
+ * do not exist yet - a writer is creating them - is served as an empty
+ * index);
  * KVTI_INDEX_SQL_ONLY does not load the mirror (the public SSDIndex API, which
  * answers from SQL; the kvti_ lookups then find nothing). Otherwise loads the
  * mirror. */
@@ -82,6 +84,9 @@ typedef struct kvti_index_put_args {
   uint64_t memory_bytes;
   uint64_t disk_bytes;
   int storage_mode;
+  /* > 0: created_at = accessed_at = this (an entry adopted from its files
+   * keeps its age); 0: now. */
+  double created_at;
 } kvti_index_put_args;
 int kvti_index_put_many(kvt_index *idx, const kvti_index_put_args *puts,
                         size_t count);
@@ -97,6 +102,28 @@ int kvti_index_find_hash(kvt_entry_info *out, kvt_index *idx, const char *hash);
 
 /* Removes by hash (both tables and the mirror). KVT_ENOTFOUND if absent. */
 int kvti_index_remove_hash(kvt_index *idx, const char *hash);
+/* Removes an entry from the mirror only (lookups, totals, LRU), leaving its
+ * SQLite row: for a removal whose SQL commit failed (a full disk), after the
+ * files were deleted - the next open's reconcile drops the row whose files
+ * are gone. KVT_ENOTFOUND if absent. */
+int kvti_index_forget_hash(kvt_index *idx, const char *hash);
+
+/* kvti_index_put without waiting for another connection's write lock:
+ * KVT_EBUSY at once where kvti_index_put would wait up to its busy timeout
+ * (5 s). The writer commits this way while it holds the tier's mutation lock,
+ * and waits for the lock with kvti_index_wait_writable without it. */
+int kvti_index_put_nowait(kvt_index *idx, const int32_t *tokens, size_t n,
+                          const char *hash, uint64_t memory_bytes,
+                          uint64_t disk_bytes, int storage_mode);
+/* Waits up to timeout_ms until index.db's write lock can be taken (then
+ * releases it at once). 0, KVT_EBUSY (still held by another connection), or
+ * another code. */
+int kvti_index_wait_writable(kvt_index *idx, int64_t timeout_ms);
+
+/* 1 when the last index error on this thread was SQLite reporting a damaged
+ * file (SQLITE_NOTADB, SQLITE_CORRUPT): the tier then sets index.db aside and
+ * rebuilds it from the entry directories. */
+int kvti_index_error_is_damage(void);
 
 /* accessed_at = now in the mirror at once; written to SQLite in batches (at the
  * latest by kvti_index_flush or close). KVT_ENOTFOUND if absent. */

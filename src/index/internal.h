@@ -142,8 +142,12 @@ int kvti_idx_prefix_walk(kvt_index *idx, const int32_t *tokens, size_t n,
 
 /* ---- db.c: SQLite ---- */
 
+/* The KVT_E* code of SQLite result rc: KVT_ENOSPC (FULL), KVT_EIO (IOERR),
+ * KVT_ENOMEM, KVT_EBUSY (BUSY, LOCKED: another connection holds the lock),
+ * else KVT_EDB (a damaged file included: kvt_index_open's contract). */
+int kvti_idx_code(int rc);
 /* Sets the error message for SQLite result rc during what; returns the
- * KVT_E* code (KVT_ENOSPC, KVT_EIO, KVT_ENOMEM or KVT_EDB). */
+ * KVT_E* code (kvti_idx_code). */
 int kvti_idx_db_err(kvt_index *idx, int rc, const char *what);
 /* Runs SQL text (sqlite3_exec); 0 or a code as kvti_idx_db_err. */
 int kvti_idx_exec(kvt_index *idx, const char *sql, const char *what);
@@ -166,9 +170,10 @@ void kvti_idx_destroy(kvt_index *idx);
 /* ---- write.c ---- */
 
 /* count puts in one SQLite transaction (all or none), then the mirror.
- * with_meta = 0 writes a reference-style row (no kvtier_meta). */
+ * with_meta = 0 writes a reference-style row (no kvtier_meta). wait = 0:
+ * another connection's write lock is not waited for (KVT_EBUSY at once). */
 int kvti_idx_put_common(kvt_index *idx, const kvti_index_put_args *a,
-                        size_t count, int with_meta);
+                        size_t count, int with_meta, int wait);
 /* Removes key sha from both tables and the mirror; KVT_ENOTFOUND if absent. */
 int kvti_idx_remove_sha(kvt_index *idx, const uint8_t sha[32]);
 

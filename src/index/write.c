@@ -15,6 +15,7 @@
 #include <sqlite3.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- writes ---- */
 
@@ -98,7 +99,7 @@ static int put_mirror(kvt_index *idx, const mirror_ent *e) {
 
 /* count puts in one SQLite transaction (all or none), then the mirror. */
 int kvti_idx_put_common(kvt_index *idx, const kvti_index_put_args *a,
-                        size_t count, int with_meta) {
+                        size_t count, int with_meta, int wait) {
   if (idx->readonly)
     return KVT_ERR(KVT_EPERM, "index: opened read-only");
   if (count == 0)
@@ -112,16 +113,21 @@ int kvti_idx_put_common(kvt_index *idx, const kvti_index_put_args *a,
   double now = kvti_idx_now();
   for (size_t i = 0; !rc && i < count; i++) {
     rc = put_prepare(&e[i], &a[i]);
-    e[i].created_at = e[i].accessed_at = now;
+    e[i].created_at = e[i].accessed_at =
+        a[i].created_at > 0 ? a[i].created_at : now;
   }
   if (rc)
     goto out;
   pthread_mutex_lock(&idx->db_mu);
+  if (!wait)
+    sqlite3_busy_timeout(idx->db, 0);
   rc = kvti_idx_step(idx, ST_BEGIN, "begin");
   for (size_t i = 0; !rc && i < count; i++)
     rc = put_sql(idx, &e[i], &a[i], with_meta);
   if (!rc)
     rc = kvti_idx_step(idx, ST_COMMIT, "commit");
+  if (!wait)
+    sqlite3_busy_timeout(idx->db, BUSY_TIMEOUT_MS);
   if (rc) {
     kvti_idx_rollback(idx);
     pthread_mutex_unlock(&idx->db_mu);
@@ -153,14 +159,52 @@ int kvti_index_put(kvt_index *idx, const int32_t *tokens, size_t n,
     return KVT_ERR(KVT_EINVAL, "kvti_index_put: NULL index");
   kvti_index_put_args a = {tokens,       n,          hash,
                            memory_bytes, disk_bytes, storage_mode};
-  return kvti_idx_put_common(idx, &a, 1, 1);
+  return kvti_idx_put_common(idx, &a, 1, 1, 1);
+}
+
+int kvti_index_put_nowait(kvt_index *idx, const int32_t *tokens, size_t n,
+                          const char *hash, uint64_t memory_bytes,
+                          uint64_t disk_bytes, int storage_mode) {
+  if (!idx)
+    return KVT_ERR(KVT_EINVAL, "kvti_index_put: NULL index");
+  kvti_index_put_args a = {tokens,       n,          hash,
+                           memory_bytes, disk_bytes, storage_mode};
+  return kvti_idx_put_common(idx, &a, 1, 1, 0);
+}
+
+/* Polls rather than relying on SQLite's busy handler, which a WAL-mode BEGIN
+ * IMMEDIATE does not always invoke. */
+int kvti_index_wait_writable(kvt_index *idx, int64_t timeout_ms) {
+  if (!idx)
+    return KVT_ERR(KVT_EINVAL, "kvti_index_wait_writable: NULL index");
+  if (idx->readonly)
+    return KVT_ERR(KVT_EPERM, "index: opened read-only");
+  struct timespec t0, now;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    pthread_mutex_lock(&idx->db_mu);
+    sqlite3_busy_timeout(idx->db, 0);
+    int rc = kvti_idx_step(idx, ST_BEGIN, "begin");
+    kvti_idx_rollback(idx);
+    sqlite3_busy_timeout(idx->db, BUSY_TIMEOUT_MS);
+    pthread_mutex_unlock(&idx->db_mu);
+    if (rc != KVT_EBUSY)
+      return rc;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    int64_t el = (int64_t)(now.tv_sec - t0.tv_sec) * 1000 +
+                 (now.tv_nsec - t0.tv_nsec) / 1000000;
+    if (el >= timeout_ms)
+      return rc;
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
 }
 
 int kvti_index_put_many(kvt_index *idx, const kvti_index_put_args *puts,
                         size_t count) {
   if (!idx || (!puts && count))
     return KVT_ERR(KVT_EINVAL, "kvti_index_put_many: NULL argument");
-  return kvti_idx_put_common(idx, puts, count, 1);
+  return kvti_idx_put_common(idx, puts, count, 1, 1);
 }
 
 int kvti_idx_remove_sha(kvt_index *idx, const uint8_t sha[32]) {
@@ -197,6 +241,19 @@ int kvti_idx_remove_sha(kvt_index *idx, const uint8_t sha[32]) {
   if (!found && !changed)
     return KVT_ERR(KVT_ENOTFOUND, "index: no entry %s", th);
   return 0;
+}
+
+int kvti_index_forget_hash(kvt_index *idx, const char *hash) {
+  uint8_t sha[32];
+  if (!idx || kvti_idx_unhex(sha, hash) != 0)
+    return KVT_ERR(KVT_EINVAL, "kvti_index_forget_hash: bad argument");
+  pthread_rwlock_wrlock(&idx->rw);
+  uint32_t id;
+  int found = kvti_idx_mirror_find(idx, sha, &id);
+  if (found)
+    kvti_idx_mirror_del(idx, id);
+  pthread_rwlock_unlock(&idx->rw);
+  return found ? 0 : KVT_ERR(KVT_ENOTFOUND, "index: no entry %.64s", hash);
 }
 
 int kvti_index_remove_hash(kvt_index *idx, const char *hash) {

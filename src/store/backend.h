@@ -51,6 +51,9 @@ typedef struct kvti_backend_meta {
   int storage_mode;
 } kvti_backend_meta;
 
+/* One put in progress, split in steps (see the ops below); backend-owned. */
+typedef struct kvti_put_txn kvti_put_txn;
+
 typedef struct kvti_backend_ops {
   const char *name; /* "local", "redis" */
   /* Publishes snapshot s under its hash, replacing an existing entry
@@ -111,6 +114,28 @@ typedef struct kvti_backend_ops {
 
   /* Frees the backend. */
   void (*destroy)(kvti_backend *b);
+  /* The same put in steps, so that the tier can order a replacement's
+   * publication and its index commit safely (the commit may fail after the
+   * publish: busy, EIO, ENOSPC). put_stage writes the new version where no
+   * reader sees it (on failure nothing remains and *txn is NULL); put_publish
+   * makes it the live version atomically while keeping the previous one;
+   * then exactly one of put_commit (drops the previous version) or
+   * put_rollback
+   * (puts the previous version back, or removes the new entry when there was
+   * none; also valid after a failed publish) ends the txn and frees it. The
+   * previous version is readable again as soon as rollback returns 0; a
+   * failed rollback leaves the new complete version live. The local backend
+   * has them (the writer requires them); a backend only ever written through
+   * put (the Redis one: uploads) leaves them NULL. */
+  int (*put_stage)(kvti_backend *b, kvti_put_txn **txn, uint64_t *disk_bytes,
+                   const kvti_snapshot *s, const kvti_write_opts *o);
+  int (*put_publish)(kvti_backend *b, kvti_put_txn *txn);
+  void (*put_commit)(kvti_backend *b, kvti_put_txn *txn);
+  int (*put_rollback)(kvti_backend *b, kvti_put_txn *txn);
+  /* What the index needs of a stored entry, from the entry alone
+   * (kvti_entry_probe: the index is rebuilt from these). KVT_ECORRUPT: the
+   * entry is invalid. NULL where entries cannot be listed and adopted. */
+  int (*probe)(kvti_backend *b, const char *hash, kvti_entry_probe_info *out);
 } kvti_backend_ops;
 
 struct kvti_backend {

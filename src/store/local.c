@@ -19,6 +19,7 @@
 #include "base/io.h"
 #include "format/entry_restore.h"
 #include "index/index.h"
+#include "format/publish.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -43,7 +44,8 @@ typedef struct local_backend {
   char *stage_root; /* NULL until kvti_backend_local_stage_root */
   uint32_t dir_mode, file_mode;
   int readonly;
-  int lock_fd; /* flock'ed kvtier.lock, -1: none */
+  int lock_fd;     /* flock'ed kvtier.lock, -1: none */
+  int dir_lock_fd; /* the flock'ed cache directory, -1: none */
 } local_backend;
 
 static local_backend *L(kvti_backend *b) {
@@ -67,6 +69,62 @@ static int safe_name(const char *name) {
 static int lb_put(kvti_backend *b, uint64_t *disk_bytes, const kvti_snapshot *s,
                   const kvti_write_opts *o) {
   return kvti_entry_write(disk_bytes, L(b)->data_dir, s, o);
+}
+
+struct kvti_put_txn {
+  kvti_publish pub;
+};
+
+static int lb_stage(kvti_backend *b, kvti_put_txn **txn, uint64_t *disk_bytes,
+                    const kvti_snapshot *s, const kvti_write_opts *o) {
+  *txn = NULL;
+  kvti_put_txn *x = kvti_calloc(1, sizeof *x);
+  if (!x)
+    return KVT_ERR_NOMEM();
+  int rc = kvti_publish_init(&x->pub, L(b)->data_dir, kvti_snapshot_hash(s),
+                             o->do_fsync);
+  if (rc == 0)
+    rc = kvti_entry_stage(disk_bytes, L(b)->data_dir, s, o);
+  if (rc != 0) {
+    kvti_publish_free(&x->pub);
+    kvti_free(x);
+    return rc == KVT_ENOTFOUND ? KVT_EIO : rc;
+  }
+  *txn = x;
+  return 0;
+}
+
+static int lb_publish(kvti_backend *b, kvti_put_txn *x) {
+  (void)b;
+  int rc = kvti_publish_do(&x->pub);
+  return rc == KVT_ENOTFOUND ? KVT_EIO : rc;
+}
+
+static void lb_commit(kvti_backend *b, kvti_put_txn *x) {
+  (void)b;
+  kvti_publish_commit(&x->pub);
+  kvti_publish_free(&x->pub);
+  kvti_free(x);
+}
+
+static int lb_rollback(kvti_backend *b, kvti_put_txn *x) {
+  (void)b;
+  if (!x)
+    return 0;
+  int was = x->pub.state;
+  int rc = kvti_publish_rollback(&x->pub);
+  if (was == KVTI_PUB_NONE)
+    kvti_rmtree(x->pub.tmp); /* staged, never published */
+  kvti_publish_free(&x->pub);
+  kvti_free(x);
+  return rc;
+}
+
+static int lb_probe(kvti_backend *b, const char *hash,
+                    kvti_entry_probe_info *out) {
+  if (!kvti_is_hash_name(hash))
+    return KVT_ERR(KVT_EINVAL, "invalid entry name");
+  return kvti_entry_probe(out, L(b)->data_dir, hash);
 }
 
 static int lb_get(kvti_backend *b, kvt_entry **out, const char *hash,
@@ -410,6 +468,11 @@ static void lb_destroy(kvti_backend *b) {
 static const kvti_backend_ops local_ops = {
     .name = "local",
     .put = lb_put,
+    .put_stage = lb_stage,
+    .put_publish = lb_publish,
+    .put_commit = lb_commit,
+    .put_rollback = lb_rollback,
+    .probe = lb_probe,
     .get = lb_get,
     .remove = lb_remove,
     .exists = lb_exists,
@@ -501,16 +564,34 @@ static int take_lock(local_backend *lb) {
   if (fd < 0)
     return fd;
   lb->lock_fd = fd;
-  if (flock(fd, LOCK_EX | LOCK_NB) == 0)
-    return 0;
-  int e = errno;
-  if (e == EWOULDBLOCK)
-    return KVT_ERR(KVT_EBUSY,
-                   "%s is in use by another writer (kvtier.lock is held); "
-                   "one writer process per cache directory is supported, "
-                   "open with KVT_OPEN_READONLY to read it",
-                   lb->cache_dir);
-  return KVT_ERR_OS(e, "lock %s/kvtier.lock", lb->cache_dir);
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    if (e == EWOULDBLOCK)
+      return KVT_ERR(KVT_EBUSY,
+                     "%s is in use by another writer (kvtier.lock is held); "
+                     "one writer process per cache directory is supported, "
+                     "open with KVT_OPEN_READONLY to read it",
+                     lb->cache_dir);
+    return KVT_ERR_OS(e, "lock %s/kvtier.lock", lb->cache_dir);
+  }
+  /* The lock file is a name anyone can delete, after which a second writer
+   * would lock a new file of the same name: the directory itself is locked
+   * too (flock works on a directory's descriptor), and it cannot be replaced
+   * while open. kvtier.lock stays for tools that look for it. */
+  fd = kvti_open(lb->cache_dir, O_RDONLY | O_DIRECTORY, 0);
+  if (fd < 0)
+    return fd;
+  lb->dir_lock_fd = fd;
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    return e == EWOULDBLOCK
+               ? KVT_ERR(KVT_EBUSY,
+                         "%s is in use by another writer (the directory is "
+                         "locked); open with KVT_OPEN_READONLY to read it",
+                         lb->cache_dir)
+               : KVT_ERR_OS(e, "lock %s", lb->cache_dir);
+  }
+  return 0;
 }
 
 int kvti_backend_local_open(kvti_backend **out, const kvti_local_cfg *cfg) {
@@ -522,6 +603,7 @@ int kvti_backend_local_open(kvti_backend **out, const kvti_local_cfg *cfg) {
   lb->file_mode = cfg->file_mode;
   lb->readonly = cfg->readonly;
   lb->lock_fd = -1;
+  lb->dir_lock_fd = -1;
   lb->cache_dir = kvti_strdup(cfg->dir);
   lb->data_dir =
       lb->cache_dir ? kvti_path_join(cfg->dir, LOCAL_DATA_DIR) : NULL;
@@ -549,6 +631,10 @@ void kvti_backend_local_unlock(kvti_backend *b) {
   if (lb->lock_fd >= 0) {
     kvti_io->close(lb->lock_fd); /* releases the flock */
     lb->lock_fd = -1;
+  }
+  if (lb->dir_lock_fd >= 0) {
+    kvti_io->close(lb->dir_lock_fd);
+    lb->dir_lock_fd = -1;
   }
 }
 

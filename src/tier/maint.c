@@ -22,7 +22,25 @@ int kvti_tier_remove_locked(kvt_tier *t, const char *hash, int why) {
   int rc = kvti_index_find_hash(&info, t->idx, hash);
   if (rc == 0)
     rc = kvti_index_remove_hash(t->idx, hash); /* row first: no new lookup */
-  if (rc == 0) {
+  if (rc == KVT_ENOSPC || rc == KVT_EIO) {
+    /* A full disk: the commit of the removal needs space the cache can only
+     * get by deleting files. The entry leaves the in-memory index (nothing
+     * serves or counts it), its files go, then the row is retried; should
+     * that still fail, the next open's reconcile drops the row whose files
+     * are gone. Removal, eviction and gc never wedge on ENOSPC. */
+    int cause = rc;
+    kvti_index_forget_hash(t->idx, hash);
+    kvti_ram_invalidate(t, hash);
+    int r = t->be->ops->remove(t->be, hash);
+    kvti_tier_chunks_forget(t, hash); /* after the files: chunks.h */
+    if (kvti_index_remove_hash(t->idx, hash) != 0)
+      kvti_log(t, KVT_LOG_WARN,
+               "kvtier: index row of %.16s not removed (%s); files %s, the "
+               "row goes at the next open",
+               hash, kvt_strerror(cause), r == 0 ? "deleted" : "not deleted");
+    kvt_clear_error();
+    rc = 0;
+  } else if (rc == 0) {
     kvti_ram_invalidate(t, hash);
     int r = t->be->ops->remove(t->be, hash);
     kvti_tier_chunks_forget(t, hash); /* after the files: chunks.h */
@@ -108,8 +126,10 @@ void kvti_tier_quarantine(kvt_tier *t, const char *hash, double created_at) {
   kvti_stripe_wrlock(&t->stripes, hash);
   int stored = 0;
   if (same_version(t, hash, created_at, &stored)) {
-    if (stored)
-      kvti_index_remove_hash(t->idx, hash); /* row first: no new lookup */
+    /* Row first: no new lookup. A row that cannot be removed now (a full
+     * disk) at least leaves the in-memory index; reconcile drops it. */
+    if (stored && kvti_index_remove_hash(t->idx, hash) != 0)
+      kvti_index_forget_hash(t->idx, hash);
     kvti_ram_invalidate(t, hash);
     int r = t->be->ops->quarantine(t->be, hash, t->opts.quarantine_max);
     kvti_tier_chunks_forget(t, hash);
@@ -136,7 +156,8 @@ void kvti_tier_drop_missing(kvt_tier *t, const char *hash, double created_at) {
   int stored = 0;
   if (created_at >= 0 && same_version(t, hash, created_at, &stored) &&
       t->be->ops->exists(t->be, hash) == 0) {
-    kvti_index_remove_hash(t->idx, hash);
+    if (kvti_index_remove_hash(t->idx, hash) != 0)
+      kvti_index_forget_hash(t->idx, hash); /* reconcile drops the row */
     kvti_ram_invalidate(t, hash);
     t->be->ops->remove(t->be, hash);
     kvti_tier_chunks_forget(t, hash);

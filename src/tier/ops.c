@@ -261,13 +261,23 @@ int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair) {
   ro.read_threads = t->opts.read_threads;
   kvt_entry_info info;
   double created = -1;
+  int32_t *row_tokens = NULL;
+  size_t row_n = 0;
   kvti_stripe_rdlock(&t->stripes, token_hash);
-  if (kvti_index_find_hash(&info, t->idx, token_hash) == 0)
+  if (kvti_index_find_hash(&info, t->idx, token_hash) == 0) {
     created = info.created_at;
+    /* The row's tokens are what the files must hold: compared first (the
+     * count before anything is read), never taken from the files. */
+    if (kvti_index_tokens(&row_tokens, &row_n, t->idx, token_hash) == 0) {
+      ro.tokens = row_tokens;
+      ro.n_tokens = row_n;
+    }
+  }
   kvt_entry *e = NULL;
   rc = kvti_tier_chunks_get(t, &e, token_hash, &ro); /* tail + chain */
   kvti_stripe_unlock(&t->stripes, token_hash);
   kvt_entry_free(e);
+  kvti_free(row_tokens);
   if (rc == KVT_ECORRUPT && repair) {
     kvti_tier_chunks_after_read(t); /* a damaged chunk and its chains */
     kvti_tier_quarantine(t, token_hash, created);

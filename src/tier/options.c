@@ -203,8 +203,8 @@ int kvt_options_validate(const kvt_options *opts) {
   if (o->log_level < KVT_LOG_DEBUG || o->log_level > KVT_LOG_NONE)
     return KVT_ERR(KVT_EINVAL, "log_level must be in 0..4, got %d",
                    o->log_level);
-  if (o->flags &
-      ~(KVT_OPEN_READONLY | KVT_OPEN_NO_RECONCILE | KVT_OPEN_SKIP_OWNER_CHECK))
+  if (o->flags & ~(KVT_OPEN_READONLY | KVT_OPEN_NO_RECONCILE |
+                   KVT_OPEN_SKIP_OWNER_CHECK | KVT_OPEN_REINDEX))
     return KVT_ERR(KVT_EINVAL, "flags has unknown bits 0x%x", o->flags);
   if (o->cache_dir && !o->cache_dir[0])
     return KVT_ERR(KVT_EINVAL, "cache_dir must not be empty (NULL = default)");

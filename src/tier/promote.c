@@ -336,6 +336,15 @@ int kvt_tier_read_entry(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
   int has_row = kvti_index_find_hash(&cur, t->idx, file_path) == 0;
   if (has_row)
     created = cur.created_at;
+  /* Past retention_seconds an entry is gone whether or not a sweep has run
+   * yet (lookups and promotes apply the same cutoff). */
+  double cutoff = kvti_tier_cutoff(t);
+  if (created >= 0 && cutoff > 0 && created < cutoff) {
+    kvti_stripe_unlock(&t->stripes, file_path);
+    kvti_tier_leave(t);
+    return KVT_ERR(KVT_ENOTFOUND, "entry %.16s expired (retention_seconds)",
+                   file_path);
+  }
   rc = kvti_tier_chunks_get(t, out, file_path, &ro);
   if (rc == KVT_ENOTFOUND && !has_row && t->chunked)
     rc = kvti_tier_chunks_get_prefix(t, out, file_path, &ro);

@@ -127,20 +127,18 @@ int64_t kvti_tier_reconcile_locked(kvt_tier *t) {
   strv_free(&rows);
   if (rc != 0)
     return rc;
-  /* Phase 2: data directories with no row, and stale temporaries. */
+  /* Phase 2: data directories with no row - adopted when valid, quarantined
+   * when not, never deleted for lack of a row (recover.c) - and stale
+   * temporaries. */
   name_acc a;
   rc = list_names(t, &a);
-  for (size_t i = 0; rc == 0 && i < a.entries.n; i++) {
-    const char *h = a.entries.v[i];
-    kvt_entry_info info;
-    kvti_stripe_wrlock(&t->stripes, h);
-    if (kvti_index_find_hash(&info, t->idx, h) == KVT_ENOTFOUND &&
-        t->be->ops->remove(t->be, h) == 0) {
-      cleaned++;
-      kvti_log(t, KVT_LOG_INFO,
-               "kvtier: reconcile: removed data/%s (no index row)", h);
-    }
-    kvti_stripe_unlock(&t->stripes, h);
+  if (rc == 0) {
+    int64_t q = 0;
+    int64_t n = kvti_tier_adopt_locked(t, a.entries.v, a.entries.n, &q);
+    if (n < 0)
+      rc = (int)n;
+    else
+      cleaned += n + q;
   }
   if (rc == 0)
     cleaned += purge_names(t, &a.tmps, "reconcile: removed stale");

@@ -213,10 +213,9 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
       goto fail;
     }
   }
-  if (!t->readonly && (rc = kvti_backend_local_prepare_index(t->be)) != 0)
-    goto fail;
   kvti_index_measure measure = {measure_entry, t->be};
-  if ((rc = kvti_index_open(&t->idx, t->dir, &measure, t->readonly)) != 0)
+  int rebuilt = 0;
+  if ((rc = kvti_tier_open_index(t, &measure, &rebuilt)) != 0) /* recover.c */
     goto fail;
   /* FSYNC durability covers the row too: the WAL is synced at each commit, so
    * an acknowledged entry cannot lose its row (and then its files, to
@@ -228,7 +227,8 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
     goto fail;
   if ((rc = kvti_remote_open(t)) != 0)
     goto fail;
-  if (!t->readonly && !(opts->flags & KVT_OPEN_NO_RECONCILE)) {
+  /* A new index is filled by reconcile's adoption, asked for or not. */
+  if (!t->readonly && (!(opts->flags & KVT_OPEN_NO_RECONCILE) || rebuilt)) {
     int64_t n = kvti_tier_reconcile_locked(t);
     if (n < 0) {
       rc = (int)n;

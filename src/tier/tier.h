@@ -24,6 +24,7 @@
 #ifndef KVT_TIER_H
 #define KVT_TIER_H
 
+#include "index/index.h"
 #include "store/backend.h"
 #include "kvtier.h"
 #include "base/clock.h"
@@ -156,5 +157,18 @@ int kvti_pool_init(kvt_tier *t);
  * promotes). */
 void kvti_pool_stop(kvt_tier *t);
 void kvti_pool_destroy(kvt_tier *t);
+
+/* ---- recover.c: the index rebuilt from the entries ---- */
+
+/* Opens t->idx; a hostile or damaged index.db (or KVT_OPEN_REINDEX) is set
+ * aside and a fresh one opened (*rebuilt = 1: reconcile must fill it). */
+int kvti_tier_open_index(kvt_tier *t, const kvti_index_measure *measure,
+                         int *rebuilt);
+/* Reconcile's rule for names[0..n) without a row (caller holds mut_mu):
+ * valid entries adopted (rows built from their files, in batches), invalid
+ * ones quarantined (*quarantined), unreadable ones left. Returns the number
+ * adopted or a negative code. */
+int64_t kvti_tier_adopt_locked(kvt_tier *t, char *const *names, size_t n,
+                               int64_t *quarantined);
 
 #endif

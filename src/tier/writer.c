@@ -6,8 +6,9 @@
  * KVT_ETOOBIG), and one writer thread drains the queue in FIFO order: backend
  * put (atomic, durable per the durability option), index row, stats, capacity
  * enforcement, the spill_done callback, and a periodic retention sweep. A
- * failed write leaves no entry and no row, is counted in write_failures, and
- * the writer carries on with the next spill.
+ * failed write leaves no entry and no row - and a failed replacement the
+ * previous version and its row, exactly as they were - is counted in
+ * write_failures, and the writer carries on with the next spill.
  *
  * The queue and the thread are a kvti_workq (base/workq.h) with one worker:
  * enq_seq counts spills accepted, done_seq spills finished (written, failed or
@@ -20,6 +21,7 @@
 #include "base/error.h"
 #include "index/index.h"
 #include "base/io.h"
+#include "format/layer.h"
 #include "tier/remote.h"
 
 #include <errno.h>
@@ -29,52 +31,133 @@
 /* Writes one spill (notify: then runs spill_done_fn). Runs on the writer
  * thread - or a write hook's caller, writer_hook.c - with nothing locked on
  * entry. Returns the write's result. */
+/* How long the writer keeps retrying a spill whose index commit finds
+ * index.db locked by another connection (SQLite's own busy timeout, which it
+ * no longer waits for while holding mut_mu). */
+#define WRITER_BUSY_BUDGET_S 5.0
+
+/* One attempt at a spill, with mut_mu held. Order: stage the new version
+ * (nobody sees it), publish it keeping the previous version, commit the index
+ * row without waiting for another connection's lock, then drop the previous
+ * version - or, when the commit failed, roll the publish back: the previous
+ * version and its row are served exactly as before (the row never changed:
+ * a failed index put changes neither SQLite nor the mirror). *busy is set
+ * when the commit found index.db locked (worth a retry). A chunked tier
+ * (chunks.h) still writes in one put: its chunks are immutable and never
+ * replaced, and a failed row removes only the new entry. */
+static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
+                        const kvti_write_opts *wo, uint64_t *disk, int *busy) {
+  size_t n = 0;
+  const int32_t *tokens = kvti_snapshot_tokens(s, &n);
+  const kvti_backend_ops *ops = t->be->ops;
+  *busy = 0;
+  /* Readers must be excluded only when something is already stored under this
+   * hash (a replace: a reader could otherwise mix files of two versions). A new
+   * entry appears atomically by rename and its row only after that, and nobody
+   * else can create either while we hold mut_mu, so readers of other entries in
+   * the stripe need not wait for this write. Staging needs no lock at all: the
+   * staged version is invisible. */
+  kvt_entry_info old;
+  int replacing = kvti_index_find_hash(&old, t->idx, hash) == 0 ||
+                  ops->present(t->be, hash) != 0;
+  if (t->chunked || !ops->put_stage) {
+    if (replacing) {
+      kvti_stripe_wrlock(&t->stripes, hash);
+      kvti_ram_invalidate(t, hash); /* the RAM copy is the old version */
+    }
+    int rc = kvti_tier_chunks_put(t, disk, s, wo); /* be->put unless chunked */
+    if (rc == 0) {
+      rc =
+          kvti_index_put(t->idx, tokens, n, hash, kvti_snapshot_memory_bytes(s),
+                         *disk, t->opts.storage_mode);
+      if (rc != 0) {
+        /* Published files without a row would be an entry nobody can see
+         * and capacity does not count: remove them (and any row of a
+         * replaced version) so no trace remains. */
+        kvti_error_state es;
+        kvti_error_state_capture(&es, rc);
+        if (!replacing)
+          kvti_stripe_wrlock(&t->stripes, hash);
+        kvti_index_remove_hash(t->idx, hash);
+        ops->remove(t->be, hash);
+        if (!replacing)
+          kvti_stripe_unlock(&t->stripes, hash);
+        kvti_error_state_restore(&es);
+      }
+    }
+    if (replacing)
+      kvti_stripe_unlock(&t->stripes, hash);
+    return rc;
+  }
+  kvti_put_txn *x = NULL;
+  int rc = ops->put_stage(t->be, &x, disk, s, wo);
+  if (rc != 0)
+    return rc;
+  if (replacing)
+    kvti_stripe_wrlock(&t->stripes, hash);
+  rc = ops->put_publish(t->be, x);
+  if (rc == 0)
+    rc = kvti_index_put_nowait(t->idx, tokens, n, hash,
+                               kvti_snapshot_memory_bytes(s), *disk,
+                               t->opts.storage_mode);
+  if (rc == 0) {
+    ops->put_commit(t->be, x);
+    if (replacing)
+      kvti_ram_invalidate(t, hash); /* the RAM copy is the old version */
+  } else {
+    kvti_error_state es;
+    kvti_error_state_capture(&es, rc);
+    if (!replacing)
+      kvti_stripe_wrlock(&t->stripes, hash);
+    if (ops->put_rollback(t->be, x) != 0)
+      kvti_log(t, KVT_LOG_WARN,
+               "kvtier: undoing the publish of %.16s failed (%s); the new "
+               "version stays in place",
+               hash, kvt_last_error());
+    if (!replacing)
+      kvti_stripe_unlock(&t->stripes, hash);
+    *busy = rc == KVT_EBUSY;
+    kvti_error_state_restore(&es);
+  }
+  if (replacing)
+    kvti_stripe_unlock(&t->stripes, hash);
+  return rc;
+}
+
+/* Writes one spill (notify: then runs spill_done_fn). Runs on the writer
+ * thread - or a write hook's caller, writer_hook.c - with nothing locked on
+ * entry. A busy index is waited for without mut_mu (so removals, quarantines
+ * and reconciles are not held up by another process's lock) and the write is
+ * retried, within WRITER_BUSY_BUDGET_S. Returns the write's result. */
 int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify) {
   if (!kvti_remote_spills_local(t))
     return 0; /* remote only: the upload thread writes it and reports it */
   char hash[KVT_HASH_HEX_LEN + 1];
   memcpy(hash, kvti_snapshot_hash(s), sizeof hash);
   size_t n = 0;
-  const int32_t *tokens = kvti_snapshot_tokens(s, &n);
+  kvti_snapshot_tokens(s, &n);
   kvti_write_opts wo = {
       t->opts.storage_mode, t->opts.durability == KVT_DURABILITY_FSYNC,
       t->opts.file_mode, t->opts.dir_mode, t->opts.io_backend};
   uint64_t disk = 0;
   double t0 = kvti_now_mono();
+  double deadline = t0 + WRITER_BUSY_BUDGET_S;
+  int rc;
   pthread_mutex_lock(&t->mut_mu);
-  /* Readers must be excluded only when something is already stored under this
-   * hash (a replace: a reader could otherwise mix files of two versions). A new
-   * entry appears atomically by rename and its row only after that, and nobody
-   * else can create either while we hold mut_mu, so readers of other entries in
-   * the stripe need not wait for this write. */
-  kvt_entry_info old;
-  int replacing = kvti_index_find_hash(&old, t->idx, hash) == 0 ||
-                  t->be->ops->present(t->be, hash) != 0;
-  if (replacing) {
-    kvti_stripe_wrlock(&t->stripes, hash);
-    kvti_ram_invalidate(t, hash); /* the RAM copy is the old version */
-  }
-  int rc = kvti_tier_chunks_put(t, &disk, s, &wo); /* be->put unless chunked */
-  if (rc == 0) {
-    rc = kvti_index_put(t->idx, tokens, n, hash, kvti_snapshot_memory_bytes(s),
-                        disk, t->opts.storage_mode);
-    if (rc != 0) {
-      /* Published files without a row would be an entry nobody can see and
-       * capacity does not count: remove them (and any row of a replaced
-       * version) so no trace remains. */
-      kvti_error_state es;
-      kvti_error_state_capture(&es, rc);
-      if (!replacing)
-        kvti_stripe_wrlock(&t->stripes, hash);
-      kvti_index_remove_hash(t->idx, hash);
-      t->be->ops->remove(t->be, hash);
-      if (!replacing)
-        kvti_stripe_unlock(&t->stripes, hash);
-      kvti_error_state_restore(&es);
+  for (;;) {
+    int busy = 0;
+    rc = write_locked(t, s, hash, &wo, &disk, &busy);
+    double left = deadline - kvti_now_mono();
+    if (!busy || left <= 0)
+      break;
+    pthread_mutex_unlock(&t->mut_mu);
+    int w = kvti_index_wait_writable(t->idx, (int64_t)(left * 1000) + 1);
+    pthread_mutex_lock(&t->mut_mu);
+    if (w != 0) {
+      rc = w;
+      break;
     }
   }
-  if (replacing)
-    kvti_stripe_unlock(&t->stripes, hash);
   if (rc == 0) {
     kvti_stats_spilled(&t->stats, disk, kvti_now_mono() - t0);
     kvti_ram_spilled(t, s, disk); /* before capacity enforcement may evict */
@@ -206,12 +289,30 @@ void kvti_writer_stop(kvt_tier *t, int drop) {
   kvti_workq_stop(&t->w, drop);
 }
 
+/* The most tensors a layer of this kind can have (0: unknown kind). */
+static uint32_t kind_max_tensors(int kind) {
+  switch (kind) {
+  case KVT_LAYER_KV:
+  case KVT_LAYER_ROTATING_KV:
+    return 2;
+  case KVT_LAYER_QUANTIZED_KV:
+    return 6;
+  case KVT_LAYER_ARRAYS:
+    return KVTI_MAX_ARRAYS;
+  default:
+    return 0;
+  }
+}
+
 /* Sum of the tensor bytes the caller passed (cheap, before any copy). Malformed
- * layers are left to kvti_snapshot_create to report. */
+ * layers are left to kvti_snapshot_create to report - and not read here: a
+ * num_tensors its kind cannot have may exceed the caller's array, so such a
+ * layer's tensors are never touched before the refusal. */
 static uint64_t layers_bytes(const kvt_layer *layers, uint32_t n_layers) {
   uint64_t sum = 0;
   for (uint32_t i = 0; layers && i < n_layers; i++) {
-    if (!layers[i].tensors)
+    if (!layers[i].tensors ||
+        layers[i].num_tensors > kind_max_tensors(layers[i].kind))
       continue;
     for (uint32_t j = 0; j < layers[i].num_tensors; j++) {
       uint64_t b = layers[i].tensors[j].nbytes;

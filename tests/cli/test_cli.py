@@ -30,7 +30,7 @@ KVTIER = None
 HOLDER = None
 SRC = None
 FAILURES = []
-COMMANDS = ["ls", "stats", "show", "verify", "gc", "bench"]
+COMMANDS = ["ls", "stats", "show", "verify", "gc", "reindex", "bench"]
 
 
 def check(cond, what):
@@ -778,9 +778,45 @@ def t_live():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def data_names(d):
+    return sorted(n for n in os.listdir(os.path.join(d, "data"))
+                  if len(n) == 64)
+
+
+def t_reindex():
+    """The index is never the only copy: without index.db, verify --repair
+    deletes no valid entry (they are adopted), and reindex rebuilds every
+    row from the entry directories, keeping the old index aside."""
+    d = tmpdir("reindex")
+    make_good(d)
+    before = data_names(d)
+    hashes = sorted(e["token_hash"] for e in entries(d))
+    check(len(before) == 8 and hashes == before, "8 entries to start with")
+    for suffix in ("", "-wal", "-shm"):
+        p = os.path.join(d, "index.db" + suffix)
+        if os.path.exists(p):
+            os.remove(p)
+    rc, out, err = run("verify", d, "--repair")
+    check(rc in (0, 1), f"verify --repair without an index: exit {rc}: {err}")
+    check(data_names(d) == before, "verify --repair deleted no valid entry")
+    check(sorted(e["token_hash"] for e in entries(d)) == before,
+          "every entry has its row again")
+    j = run_json("reindex", d)
+    check(j.get("entries") == 8 and j.get("quarantined") == 0,
+          f"reindex --json: {j}")
+    aside = [n for n in os.listdir(d) if n.startswith("index.db.reindexed-")]
+    check(len(aside) >= 1, "the previous index kept aside")
+    check(data_names(d) == before, "reindex deleted nothing")
+    rc, out, err = run("verify", d)
+    check(rc == 0, f"verify after reindex: exit {rc}: {err}")
+    rc, out, err = run("reindex")
+    check(rc == 2, "reindex without DIR is a usage error")
+
+
 GROUPS = {"help": t_help, "errors": t_errors, "empty": t_empty,
           "good": t_good, "corrupt": t_corrupt, "gc": t_gc,
-          "reference": t_reference, "bench": t_bench, "live": t_live}
+          "reference": t_reference, "bench": t_bench, "live": t_live,
+          "reindex": t_reindex}
 
 
 def main():

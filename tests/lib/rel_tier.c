@@ -3,6 +3,8 @@
  */
 #include "rel_tier.h"
 
+#include <time.h>
+
 void rel_done_fn(void *ctx, const char *hash, int status) {
   rel_done *d = ctx;
   pthread_mutex_lock(&d->mu);
@@ -106,4 +108,32 @@ int rel_check_dir(const char *dir, const char *known_corrupt) {
   CHECK_EQ_INT(kvt_tier_close(t, -1), 0);
   kvt_tier_free(t);
   return n;
+}
+
+double rel_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+void rel_sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+kvt_stats rel_stats(kvt_tier *t) {
+  kvt_stats s = KVT_STATS_INIT;
+  kvt_tier_stats(&s, t);
+  return s;
+}
+
+void rel_spill_all(const char *dir, t_entry *const *es, int n) {
+  kvt_options o = rel_opts(dir, KVT_DURABILITY_NONE);
+  kvt_tier *t = t_open(&o);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  for (int i = 0; i < n; i++)
+    REQUIRE(t_spill(t, es[i]) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  kvt_tier_close(t, -1);
+  kvt_tier_free(t);
 }

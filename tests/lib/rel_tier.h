@@ -57,4 +57,15 @@ void rel_scan_data(const char *dir, int *entries, int *tmps, int *other);
  * quarantined once something reads it). */
 int rel_check_dir(const char *dir, const char *known_corrupt);
 
+/* Monotonic milliseconds, and a sleep of ms milliseconds (timing tests). */
+double rel_now_ms(void);
+void rel_sleep_ms(int ms);
+
+/* The tier's stats (zeroed first). */
+kvt_stats rel_stats(kvt_tier *t);
+
+/* Opens a tier on dir, spills the n entries, flushes and closes: a cache
+ * holding exactly them. */
+void rel_spill_all(const char *dir, t_entry *const *es, int n);
+
 #endif

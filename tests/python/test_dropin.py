@@ -93,8 +93,11 @@ def test_hostile_file_paths_touch_nothing_outside(tmp_path, rng):
     t = make_tier(cache)
     try:
         t.start_writer()
-        # Not its own rows: ignored by every operation; b is served.
-        for toks in (a, c, d, c + (5,)):
+        # Not its own rows: ignored by every operation; b is served. a's own,
+        # genuine directory lost its row to the hostile one: reconcile at open
+        # adopted it again from its files (never a path from the row).
+        assert t.lookup_ssd(a)["file_path"] == kv._tokens_hash(a)
+        for toks in (c, d, c + (5,)):
             assert t.lookup_ssd(toks) is None
             assert t.lookup_ssd_prefix(toks + (99,)) is None
             bud = Budget()

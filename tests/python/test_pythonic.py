@@ -54,6 +54,11 @@ def test_promote_keep_trims_to_a_prefix(tier, rng):
     assert tier.promote(toks[:-1], keep=5) is None  # no entry for exactly these
     with pytest.raises(ValueError):
         tier.promote(toks, keep=41)
+    # out of range however large: never taken modulo 2**64 (2**64 + 5 once
+    # promoted 5 tokens)
+    for bad in (2**64 + 5, 2**64, -1, -(2**64) + 5):
+        with pytest.raises(ValueError):
+            tier.promote(toks, keep=bad)
     with pytest.raises(ValueError):
         tier.promote(toks, keep=5, prefix=True)
     arr = ArraysLayer([rng.standard_normal((1, 4)).astype(np.float32)])
@@ -68,8 +73,15 @@ def test_budget_refused_and_reserved_bytes(tier, rng):
     tier.flush(30)
     with pytest.raises(kvtier.BudgetRefused):
         tier.promote((1, 2), reserve=lambda n: False, release=lambda n: None)
-    with pytest.raises(ValueError):  # a reservation must be releasable
-        tier.promote((1, 2), reserve=lambda n: True)
+    # reserve and release are each optional: a reserve alone is an admission
+    # check (nothing is handed back), not an error
+    asked = []
+    e = tier.promote((1, 2), reserve=lambda n: asked.append(n) or True)
+    assert e is not None and asked == [500] and e.reserved_bytes == 500
+    asked.clear()
+    with pytest.raises(kvtier.BudgetRefused):
+        tier.promote((1, 2), reserve=lambda n: asked.append(n) and False)
+    assert asked == [500]
     b = Budget()
     e = tier.promote((1, 2), reserve=b.reserve, release=b.release)
     assert e.reserved_bytes == 500 and b.reserved == 500

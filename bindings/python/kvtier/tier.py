@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import json
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -95,7 +96,10 @@ class _Budget:
         if reserve is not None:
             self.c_reserve = L.RESERVE_FN(self._reserve)
             self.opts.reserve = self.c_reserve
-        if release is not None:
+        # Both callbacks are optional here; the C API wants a release with
+        # every reserve (the budget must be given back on failure), so a
+        # reserve alone gets one that does nothing.
+        if release is not None or reserve is not None:
             self.c_release = L.RELEASE_FN(self._release)
             self.opts.release = self.c_release
 
@@ -107,6 +111,8 @@ class _Budget:
             return 0
 
     def _release(self, _ctx: Any, n: int) -> None:
+        if self.release is None:
+            return
         try:
             self.release(int(n))
         except BaseException:
@@ -255,8 +261,11 @@ class Tier:
         keep=n promotes only the first n tokens of the entry stored for
         exactly `tokens` (kvt_tier_promote_trim: KV and quantized KV layers;
         only the blocks holding those rows are read). reserve then sees the
-        stored memory_bytes scaled by n / len(tokens). ValueError for n out
-        of range (or with prefix=True), KvtierUnsupported (a
+        stored memory_bytes scaled by n / len(tokens). reserve and release
+        are each optional: without release nothing is handed back when the
+        promote fails after reserving (reserve is then an admission check).
+        ValueError for n outside [0, len(tokens)] (or with prefix=True),
+        KvtierUnsupported (a
         NotImplementedError) for a layer that cannot be trimmed (arrays,
         rotating KV)."""
         budget = _Budget(reserve, release)
@@ -270,8 +279,14 @@ class Tier:
         else:
             if prefix:
                 raise ValueError("keep= and prefix=True cannot be combined")
+            k = operator.index(keep)
+            # Checked here: ctypes would pass keep modulo 2**64 (2**64 + 5
+            # promoting 5 tokens).
+            if k < 0 or k > n:
+                raise ValueError(f"keep={k} is not in [0, {n}] "
+                                 f"(the number of tokens)")
             rc = L.kvt_tier_promote_trim(ctypes.byref(e), self._h.ptr, tok, n,
-                                         int(keep), ctypes.byref(budget.opts))
+                                         k, ctypes.byref(budget.opts))
         return self._finish(rc, budget, e)
 
     async def promote_async(self, tokens: Sequence[int], *,

@@ -9,12 +9,23 @@
  * preceded by ASKING. A connection that failed is dropped (never reused); the
  * next command reconnects. Bounded: at most KVR_MAX_ROUNDS redirections per
  * batch.
+ *
+ * Deadlines: every public call (one batch, one node command, one slot-map
+ * refresh) gets one deadline, timeout_ms from its start, that covers all of
+ * it - connects, AUTH, CLUSTER SLOTS, sends, every reply byte, redirections and
+ * the retry after a failure. The socket timeouts hiredis offers bound each
+ * read(2) alone, so a server dribbling a reply a byte at a time stayed inside
+ * them indefinitely; here every read and write first polls the socket for the
+ * time left, and running out is KVT_ETIMEDOUT (which the remote tier counts as
+ * a failure and backs off on).
  */
 #include "store/redis/rclient.h"
 #include "base/error.h"
 #include "base/io.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -45,6 +56,7 @@ struct kvr_client {
   int refresh_soon; /* a MOVED was followed: refresh before the next batch */
   char password[256];
   struct timeval tv;
+  uint32_t timeout_ms; /* the whole of one call (see the deadlines above) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -83,6 +95,50 @@ void kvr_cmd_set(kvr_cmd *cmd, int argc, const char *const *argv) {
   for (int i = 0; i < argc; i++) {
     cmd->argv[i] = argv[i];
     cmd->len[i] = strlen(argv[i]);
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Deadlines                                                                */
+/* ------------------------------------------------------------------------ */
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t deadline_of(const kvr_client *c) {
+  return mono_ms() + (int64_t)c->timeout_ms;
+}
+
+/* Milliseconds left before dl, at least 0. */
+static int64_t ms_left(int64_t dl) {
+  int64_t l = dl - mono_ms();
+  return l > 0 ? l : 0;
+}
+
+static int timed_out(const kvr_addr *a, const char *what) {
+  return KVT_ERR(KVT_ETIMEDOUT, "redis %s:%d: %s timed out", a->host, a->port,
+                 what);
+}
+
+/* Waits until fd is ready for ev (POLLIN / POLLOUT) or dl passes. 0,
+ * KVT_ETIMEDOUT or KVT_EIO. */
+static int wait_fd(int fd, short ev, int64_t dl, const kvr_addr *a,
+                   const char *what) {
+  for (;;) {
+    int64_t left = ms_left(dl);
+    if (left == 0)
+      return timed_out(a, what);
+    struct pollfd p = {fd, ev, 0};
+    int r = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left);
+    if (r > 0)
+      return 0; /* ready, or an error/hang-up the next read reports */
+    if (r == 0)
+      return timed_out(a, what);
+    if (errno != EINTR)
+      return KVT_ERR_OS(errno, "redis %s:%d: poll", a->host, a->port);
   }
 }
 
@@ -130,7 +186,47 @@ static int ctx_error(const redisContext *ctx, const kvr_node *n,
                  what, s[0] ? s : "connection lost");
 }
 
-static int conn_take(redisContext **out, kvr_client *c, kvr_node *n) {
+/* Reads one reply before dl: what redisGetReply does on a blocking context,
+ * but every read(2) waits only for the time left. 0 and *out, or a code (the
+ * context must then be dropped). */
+static int reply_by(redisContext *ctx, const kvr_node *n, int64_t dl,
+                    void **out) {
+  *out = NULL;
+  for (;;) {
+    if (redisGetReplyFromReader(ctx, out) != REDIS_OK)
+      return ctx_error(ctx, n, "reply");
+    if (*out)
+      return 0;
+    int rc = wait_fd(ctx->fd, POLLIN, dl, &n->addr, "reply");
+    if (rc != 0)
+      return rc;
+    if (redisBufferRead(ctx) != REDIS_OK)
+      return ctx_error(ctx, n, "reply");
+  }
+}
+
+/* Formats a command into the context's output buffer, sends it and reads its
+ * reply, all before dl. 0 and *out (possibly an error reply), or a code. */
+static int command_by(redisContext *ctx, const kvr_node *n, int64_t dl,
+                      redisReply **out, int argc, const char **argv) {
+  *out = NULL;
+  if (redisAppendCommandArgv(ctx, argc, argv, NULL) != REDIS_OK)
+    return ctx_error(ctx, n, argv[0]);
+  for (int done = 0; !done;) {
+    int rc = wait_fd(ctx->fd, POLLOUT, dl, &n->addr, argv[0]);
+    if (rc != 0)
+      return rc;
+    if (redisBufferWrite(ctx, &done) != REDIS_OK)
+      return ctx_error(ctx, n, argv[0]);
+  }
+  void *r = NULL;
+  int rc = reply_by(ctx, n, dl, &r);
+  *out = r;
+  return rc;
+}
+
+static int conn_take(redisContext **out, kvr_client *c, kvr_node *n,
+                     int64_t dl) {
   pthread_mutex_lock(&n->mu);
   redisContext *ctx = n->n_idle > 0 ? n->idle[--n->n_idle] : NULL;
   pthread_mutex_unlock(&n->mu);
@@ -138,27 +234,35 @@ static int conn_take(redisContext **out, kvr_client *c, kvr_node *n) {
     *out = ctx;
     return 0;
   }
-  ctx = redisConnectWithTimeout(n->addr.host, n->addr.port, c->tv);
+  int64_t left = ms_left(dl);
+  if (left == 0)
+    return timed_out(&n->addr, "connect");
+  struct timeval tv = {(time_t)(left / 1000),
+                       (suseconds_t)(left % 1000) * 1000};
+  ctx = redisConnectWithTimeout(n->addr.host, n->addr.port, tv);
   if (!ctx || ctx->err) {
     int rc = ctx_error(ctx, n, "connect");
     if (ctx)
       redisFree(ctx);
     return rc;
   }
+  /* A per-read bound as well (reads are polled against the deadline first;
+   * this also covers the connection's later uses from the idle pool). */
   redisSetTimeout(ctx, c->tv);
   redisEnableKeepAlive(ctx);
   if (c->password[0]) {
-    redisReply *r = redisCommand(ctx, "AUTH %s", c->password);
-    if (!r || r->type == REDIS_REPLY_ERROR) {
-      int rc = r ? KVT_ERR(KVT_EPERM, "redis %s:%d: AUTH refused: %s",
-                           n->addr.host, n->addr.port, r->str)
-                 : ctx_error(ctx, n, "AUTH");
-      if (r)
-        freeReplyObject(r);
+    const char *argv[2] = {"AUTH", c->password};
+    redisReply *r = NULL;
+    int rc = command_by(ctx, n, dl, &r, 2, argv);
+    if (rc == 0 && r->type == REDIS_REPLY_ERROR)
+      rc = KVT_ERR(KVT_EPERM, "redis %s:%d: AUTH refused: %s", n->addr.host,
+                   n->addr.port, r->str);
+    if (r)
+      freeReplyObject(r);
+    if (rc != 0) {
       redisFree(ctx);
       return rc;
     }
-    freeReplyObject(r);
   }
   *out = ctx;
   return 0;
@@ -202,6 +306,7 @@ int kvr_client_new(kvr_client **out, const char *url, uint32_t timeout_ms) {
   snprintf(c->password, sizeof c->password, "%s", pw);
   c->tv.tv_sec = timeout_ms / 1000;
   c->tv.tv_usec = (timeout_ms % 1000) * 1000;
+  c->timeout_ms = timeout_ms;
   for (int i = 0; i < KVR_SLOTS; i++)
     c->slots[i] = -1;
   for (int i = 0; i < n; i++) {
@@ -267,8 +372,9 @@ static void apply_slots_locked(kvr_client *c, const redisReply *r,
 }
 
 /* Contacts known nodes until one answers CLUSTER SLOTS (or says cluster support
- * is disabled: standalone). Returns 0 or the last connection error. */
-static int refresh(kvr_client *c) {
+ * is disabled: standalone), all before dl. Returns 0 or the last connection
+ * error. */
+static int refresh(kvr_client *c, int64_t dl) {
   pthread_mutex_lock(&c->mu);
   int n = c->n_nodes;
   pthread_mutex_unlock(&c->mu);
@@ -276,13 +382,20 @@ static int refresh(kvr_client *c) {
   for (int i = 0; i < n; i++) {
     kvr_node *node = node_at(c, i);
     redisContext *ctx = NULL;
-    if ((rc = conn_take(&ctx, c, node)) != 0)
+    if ((rc = conn_take(&ctx, c, node, dl)) != 0) {
+      if (rc == KVT_ETIMEDOUT)
+        break; /* no time left for the next node either */
       continue;
-    redisReply *r = redisCommand(ctx, "CLUSTER SLOTS");
-    if (!r) {
-      rc = ctx_error(ctx, node, "CLUSTER SLOTS");
+    }
+    static const char *argv[2] = {"CLUSTER", "SLOTS"};
+    redisReply *r = NULL;
+    if ((rc = command_by(ctx, node, dl, &r, 2, argv)) != 0) {
+      if (r)
+        freeReplyObject(r);
       redisFree(ctx);
       node_drop_idle(node);
+      if (rc == KVT_ETIMEDOUT)
+        break;
       continue;
     }
     pthread_mutex_lock(&c->mu);
@@ -312,12 +425,12 @@ static int refresh(kvr_client *c) {
 }
 
 /* The node owning slot, refreshing the map first when needed. */
-static int owner(kvr_client *c, unsigned slot, int *node) {
+static int owner(kvr_client *c, unsigned slot, int *node, int64_t dl) {
   pthread_mutex_lock(&c->mu);
   int need = c->need_refresh || c->slots[slot] < 0;
   pthread_mutex_unlock(&c->mu);
   if (need) {
-    int rc = refresh(c);
+    int rc = refresh(c, dl);
     if (rc != 0)
       return rc;
   }
@@ -473,7 +586,7 @@ static void wb_cmd(wbuf *w, int argc, const char *const *argv,
 
 static int send_direct(redisContext *ctx, const kvr_node *nd,
                        const kvr_cmd *cmds, const size_t *idx, size_t m,
-                       int asking) {
+                       int asking, int64_t dl) {
   static const char *askv[] = {"ASKING"};
   static const size_t askl[] = {6};
   wbuf w;
@@ -496,6 +609,8 @@ static int send_direct(redisContext *ctx, const kvr_node *nd,
       iov[niov].iov_base = (void *)(base + skip);
       iov[niov].iov_len = g->len - skip;
     }
+    if ((rc = wait_fd(ctx->fd, POLLOUT, dl, &nd->addr, "send")) != 0)
+      break;
     ssize_t wr = writev(ctx->fd, iov, niov);
     if (wr < 0) {
       if (errno == EINTR)
@@ -534,16 +649,16 @@ static int send_direct(redisContext *ctx, const kvr_node *nd,
  * reads the replies into replies[idx[k]]. 0 or a connection error (then no
  * reply is kept). */
 static int run_on(kvr_client *c, int node, const kvr_cmd *cmds,
-                  const size_t *idx, size_t m, int asking,
-                  redisReply **replies) {
+                  const size_t *idx, size_t m, int asking, redisReply **replies,
+                  int64_t dl) {
   kvr_node *nd = node_at(c, node);
   if (!nd)
     return KVT_ERR(KVT_EIO, "redis: unknown node %d", node);
   redisContext *ctx = NULL;
-  int rc = conn_take(&ctx, c, nd);
+  int rc = conn_take(&ctx, c, nd, dl);
   if (rc != 0)
     return rc;
-  rc = send_direct(ctx, nd, cmds, idx, m, asking);
+  rc = send_direct(ctx, nd, cmds, idx, m, asking, dl);
   if (rc != 0) {
     redisFree(ctx);
     node_drop_idle(nd);
@@ -553,12 +668,12 @@ static int run_on(kvr_client *c, int node, const kvr_cmd *cmds,
   for (size_t k = 0; k < m; k++) {
     void *r = NULL;
     if (asking) {
-      if (redisGetReply(ctx, &r) != REDIS_OK)
+      if ((rc = reply_by(ctx, nd, dl, &r)) != 0)
         goto io_fail;
       freeReplyObject(r);
       r = NULL;
     }
-    if (redisGetReply(ctx, &r) != REDIS_OK)
+    if ((rc = reply_by(ctx, nd, dl, &r)) != 0)
       goto io_fail;
     replies[idx[k]] = r;
     got++;
@@ -566,7 +681,6 @@ static int run_on(kvr_client *c, int node, const kvr_cmd *cmds,
   conn_give(nd, ctx);
   return 0;
 io_fail:
-  rc = ctx_error(ctx, nd, "command");
   for (size_t k = 0; k < got; k++) {
     freeReplyObject(replies[idx[k]]);
     replies[idx[k]] = NULL;
@@ -580,19 +694,21 @@ io_fail:
 }
 
 static int exec_batch(kvr_client *c, const char *key, size_t klen,
-                      const kvr_cmd *cmds, size_t n, redisReply **replies);
+                      const kvr_cmd *cmds, size_t n, redisReply **replies,
+                      int64_t dl);
 
 int kvr_exec(kvr_client *c, const char *key, size_t klen, const kvr_cmd *cmds,
              size_t n, redisReply **replies) {
   pipe_guard g;
   pipe_block(&g);
-  int rc = exec_batch(c, key, klen, cmds, n, replies);
+  int rc = exec_batch(c, key, klen, cmds, n, replies, deadline_of(c));
   pipe_restore(&g);
   return rc;
 }
 
 static int exec_batch(kvr_client *c, const char *key, size_t klen,
-                      const kvr_cmd *cmds, size_t n, redisReply **replies) {
+                      const kvr_cmd *cmds, size_t n, redisReply **replies,
+                      int64_t dl) {
   if (n == 0)
     return 0;
   unsigned slot = kvr_key_slot(key, klen);
@@ -600,7 +716,7 @@ static int exec_batch(kvr_client *c, const char *key, size_t klen,
   int soon = c->refresh_soon;
   c->refresh_soon = 0;
   pthread_mutex_unlock(&c->mu);
-  if (soon && refresh(c) != 0)
+  if (soon && refresh(c, dl) != 0)
     kvt_clear_error(); /* the batch below reports what matters */
   size_t *pend = kvti_malloc(n * sizeof *pend);
   size_t *next = kvti_malloc(n * sizeof *next);
@@ -621,12 +737,14 @@ static int exec_batch(kvr_client *c, const char *key, size_t klen,
                    slot, KVR_MAX_ROUNDS);
       break;
     }
-    if (!asking && (rc = owner(c, slot, &node)) != 0)
+    if (!asking && (rc = owner(c, slot, &node, dl)) != 0)
       break;
-    rc = run_on(c, node, cmds, pend, np, asking, replies);
+    rc = run_on(c, node, cmds, pend, np, asking, replies, dl);
     if (rc != 0) {
-      /* One retry after a refresh: the node may have been replaced. */
-      if (conn_retries++ == 0 && (rc = refresh(c)) == 0) {
+      /* One retry after a refresh: the node may have been replaced. Within
+       * the same deadline: a timeout leaves no time for it. */
+      if (rc != KVT_ETIMEDOUT && conn_retries++ == 0 &&
+          (rc = refresh(c, dl)) == 0) {
         asking = 0;
         continue;
       }
@@ -664,6 +782,13 @@ static int exec_batch(kvr_client *c, const char *key, size_t klen,
     } else {
       asking = 0; /* a MOVED target is now the slot's owner in the map */
       if (again) {
+        if (ms_left(dl) <= 20) {
+          rc = KVT_ERR(KVT_ETIMEDOUT,
+                       "redis: slot %u still unavailable (TRYAGAIN / "
+                       "CLUSTERDOWN) at the deadline",
+                       slot);
+          break;
+        }
         struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
       }
@@ -687,7 +812,7 @@ int kvr_exec_node(kvr_client *c, int node, const kvr_cmd *cmd,
   *reply = NULL;
   pipe_guard g;
   pipe_block(&g);
-  int rc = run_on(c, node, cmd, &idx, 1, 0, reply);
+  int rc = run_on(c, node, cmd, &idx, 1, 0, reply, deadline_of(c));
   pipe_restore(&g);
   return rc;
 }
@@ -695,7 +820,7 @@ int kvr_exec_node(kvr_client *c, int node, const kvr_cmd *cmd,
 int kvr_foreach_master(kvr_client *c, kvr_node_fn fn, void *ctx) {
   pipe_guard g;
   pipe_block(&g);
-  int rc = refresh(c);
+  int rc = refresh(c, deadline_of(c));
   pipe_restore(&g);
   if (rc != 0)
     return rc;
