@@ -21,9 +21,7 @@
  * open, spill, lookups, promotes, report, clean-up.
  */
 #define _GNU_SOURCE
-#include "benchutil.h"
-#include "cli.h"
-#include "disk.h"
+#include "cmd_bench.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -82,24 +80,6 @@ static const char *BENCH_HELP =
     "Throughputs are decimal (1 GB/s = 1e9 bytes/s) over bytes on disk.\n";
 
 /* ---- the workload ---- */
-
-typedef struct bench_cfg {
-  const char *preset;
-  int entries, tokens;
-  kvt_dtype dtype;
-  int storage, durability;
-  int quick, keep, json, progress, no_disk, drop_caches;
-  uint64_t seed, disk_size;
-} bench_cfg;
-
-typedef struct workload {
-  bu_layout lay; /* one entry's layers; tensors re-pointed per entry */
-  unsigned char *pool;
-  uint64_t pool_bytes;
-  int32_t **tokens;  /* per entry */
-  int32_t **queries; /* per entry: tokens + 16 more, for prefix lookups */
-  char (*hashes)[KVT_HASH_HEX_LEN + 1];
-} workload;
 
 static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
   uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
@@ -227,15 +207,6 @@ static double pct(double *v, size_t n, double q) {
 
 /* ---- spill completion tracking ---- */
 
-typedef struct spill_track {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  uint64_t done, failed;
-  double *done_t; /* completion time of the i-th spill (FIFO writer) */
-  uint64_t cap;
-  char err[512];
-} spill_track;
-
 static void on_spill_done(void *ctx, const char *hash, int status) {
   spill_track *s = ctx;
   double now = cli_mono();
@@ -277,11 +248,6 @@ static double evict_entry(const char *dir, const char *hash) {
 }
 
 /* ---- verification of promoted data ---- */
-
-typedef struct verify_count {
-  uint64_t exact, skipped, mismatched;
-  char first_bad[256];
-} verify_count;
 
 static void verify_entry(verify_count *vc, workload *w, int e,
                          const kvt_entry *ent) {
@@ -349,48 +315,6 @@ static int looks_like_cache(const char *dir) {
   closedir(d);
   return n == 0 || cache;
 }
-typedef struct phase {
-  uint64_t count, bytes;
-  double seconds; /* sum of per-operation times */
-  double p50, p99;
-} phase;
-
-static cJSON *phase_json(const phase *p, double limit, const char *limit_name,
-                         int ms) {
-  cJSON *o = cJSON_CreateObject();
-  cJSON_AddNumberToObject(o, "count", (double)p->count);
-  cJSON_AddNumberToObject(o, "bytes", (double)p->bytes);
-  cJSON_AddNumberToObject(o, "seconds", p->seconds);
-  double bps = p->seconds > 0 ? (double)p->bytes / p->seconds : 0;
-  if (p->bytes)
-    cJSON_AddNumberToObject(o, "bytes_per_second", bps);
-  cJSON_AddNumberToObject(o, ms ? "p50_ms" : "p50_us",
-                          ms ? p->p50 * 1e3 : p->p50 * 1e6);
-  cJSON_AddNumberToObject(o, ms ? "p99_ms" : "p99_us",
-                          ms ? p->p99 * 1e3 : p->p99 * 1e6);
-  if (limit > 0 && p->bytes) {
-    cJSON_AddNumberToObject(o, "ratio", bps / limit);
-    cJSON_AddStringToObject(o, "ratio_of", limit_name);
-  }
-  return o;
-}
-
-/* One row of the text report: NAME, VALUE, the phase's p50 and p99 (in ms,
- * or in us when !ms; "-" without a phase) and the comparison VS. */
-static void report_row(cli_table *tb, const char *name, const char *value,
-                       const phase *p, int ms, const char *vs) {
-  char p50[48] = "-", p99[48] = "-";
-  if (p && ms) {
-    snprintf(p50, sizeof p50, "%.2f ms", p->p50 * 1e3);
-    snprintf(p99, sizeof p99, "%.2f ms", p->p99 * 1e3);
-  } else if (p) {
-    snprintf(p50, sizeof p50, "%.1f us", p->p50 * 1e6);
-    snprintf(p99, sizeof p99, "%.1f us", p->p99 * 1e6);
-  }
-  const char *row[5] = {name, value, p50, p99, vs};
-  cli_table_add(tb, row);
-}
-
 /* p50/p99 of p from its n latencies in lat (sorted in place). */
 static void phase_percentiles(phase *p, double *lat, size_t n) {
   p->p50 = pct(lat, n, 0.5);
@@ -417,33 +341,6 @@ static int timed_promote(phase *p, double *lat, verify_count *vc, kvt_tier *t,
 }
 
 /* ---- the run, step by step ---- */
-
-/* Everything one `kvtier bench` run holds; each step below reads and fills
- * it. A step returns 0 to go on, or -1 after end_run recorded why the run
- * stops (code and fail), and the clean-up in finish() undoes what the steps
- * did, whichever step stopped. */
-typedef struct bench_run {
-  bench_cfg c;
-  int verbose;
-  char dir[4096];
-  int remove_dir; /* the bench created dir: remove it at the end (no --keep) */
-  char fsname[32];
-  workload w;
-  spill_track trk;
-  double *lat;   /* per-operation latencies of the current phase */
-  double *enq_t; /* when spill i was enqueued */
-  cli_progress pg;
-  disk_result disk;
-  kvt_tier *t;
-  kvt_stats st;
-  phase producer, spill, spill_e2e, lookup[2], warm, cold;
-  size_t nlook;
-  verify_count vc;
-  double resident_sum; /* page-cache residency after each cold eviction */
-  int resident_n;
-  int code, reported;
-  char fail[8192];
-} bench_run;
 
 /* Ends the run with exit code CODE and a printf-style message: the progress
  * bar (if any) is erased; finish() then cleans up. Returns -1. */
@@ -842,196 +739,6 @@ static int run_promotes(bench_run *r) {
   return 0;
 }
 
-/* The figures both reports print, derived from the run. */
-typedef struct bench_figs {
-  double bps_spill, bps_e2e, bps_warm, bps_cold, bps_prod;
-  uint64_t mem_total;
-  double resident; /* mean fraction resident after a cold eviction */
-  int ratios;      /* the disk was measured: print ratios */
-  const char *dur, *cold_method;
-} bench_figs;
-
-static void bench_figures(bench_figs *g, const bench_run *r) {
-  const bench_cfg *c = &r->c;
-  g->bps_spill = r->spill.seconds > 0 ? r->spill.bytes / r->spill.seconds : 0;
-  g->bps_e2e =
-      r->spill_e2e.seconds > 0 ? r->spill_e2e.bytes / r->spill_e2e.seconds : 0;
-  g->bps_warm = r->warm.seconds > 0 ? r->warm.bytes / r->warm.seconds : 0;
-  g->bps_cold = r->cold.seconds > 0 ? r->cold.bytes / r->cold.seconds : 0;
-  g->bps_prod =
-      r->producer.seconds > 0 ? r->producer.bytes / r->producer.seconds : 0;
-  g->mem_total = r->w.lay.bytes * (uint64_t)c->entries;
-  g->resident = r->resident_n ? r->resident_sum / r->resident_n : 0;
-  g->ratios = r->disk.ok;
-  g->dur = c->durability == KVT_DURABILITY_FSYNC ? "fsync" : "none";
-  g->cold_method = c->drop_caches ? "drop_caches" : "fsync + fadvise(DONTNEED)";
-}
-
-/* Step 8a: the report as one JSON document on stdout. */
-static void report_json(const bench_run *r, const bench_figs *g) {
-  cJSON *jo = cJSON_CreateObject();
-  cJSON_AddStringToObject(jo, "version", kvt_version());
-  cJSON *wl = cJSON_AddObjectToObject(jo, "workload");
-  cJSON_AddStringToObject(wl, "preset", r->c.preset);
-  cJSON_AddNumberToObject(wl, "entries", r->c.entries);
-  cJSON_AddNumberToObject(wl, "tokens", r->c.tokens);
-  cJSON_AddNumberToObject(wl, "layers", r->w.lay.n_layers);
-  cJSON *lk = cJSON_AddObjectToObject(wl, "layer_kinds");
-  for (int k = 1; k <= 4; k++)
-    if (r->w.lay.kinds[k])
-      cJSON_AddNumberToObject(lk, cli_kind_name(k), r->w.lay.kinds[k]);
-  cJSON_AddStringToObject(wl, "dtype", kvt_dtype_name(r->c.dtype));
-  cJSON_AddStringToObject(wl, "storage", r->c.storage ? "compat" : "native");
-  cJSON_AddStringToObject(wl, "durability", g->dur);
-  cJSON_AddNumberToObject(wl, "seed", (double)r->c.seed);
-  cJSON_AddNumberToObject(wl, "entry_memory_bytes", (double)r->w.lay.bytes);
-  cJSON_AddNumberToObject(wl, "total_memory_bytes", (double)g->mem_total);
-  cJSON_AddStringToObject(wl, "dir", r->dir);
-  cJSON_AddStringToObject(wl, "filesystem", r->fsname);
-  if (r->disk.ok) {
-    cJSON *dj = cJSON_AddObjectToObject(jo, "disk");
-    cJSON_AddStringToObject(dj, "tool", r->disk.tool);
-    cJSON_AddStringToObject(dj, "engine", r->disk.engine);
-    cJSON_AddNumberToObject(dj, "iodepth", r->disk.iodepth);
-    cJSON_AddNumberToObject(dj, "size_bytes", (double)r->disk.size);
-    cJSON_AddNumberToObject(dj, "block_bytes", r->disk.block);
-    cJSON_AddNumberToObject(dj, "write_direct_bps", r->disk.write_direct);
-    cJSON_AddNumberToObject(dj, "read_direct_bps", r->disk.read_direct);
-    cJSON_AddNumberToObject(dj, "read_buffered_bps", r->disk.read_buffered);
-    if (r->disk.note[0])
-      cJSON_AddStringToObject(dj, "note", r->disk.note);
-  } else {
-    cJSON_AddNullToObject(jo, "disk");
-    if (r->disk.note[0])
-      cJSON_AddStringToObject(jo, "disk_note", r->disk.note);
-  }
-  cJSON *sp = phase_json(&r->spill, g->ratios ? r->disk.write_direct : 0,
-                         "disk write O_DIRECT", 1);
-  cJSON_AddBoolToObject(sp, "durable", r->c.durability == KVT_DURABILITY_FSYNC);
-  cJSON_AddStringToObject(sp, "measured", "writer busy time");
-  cJSON_AddItemToObject(jo, "spill", sp);
-  cJSON *se = phase_json(&r->spill_e2e, g->ratios ? r->disk.write_direct : 0,
-                         "disk write O_DIRECT", 1);
-  cJSON_DeleteItemFromObject(se, "p50_ms");
-  cJSON_DeleteItemFromObject(se, "p99_ms");
-  cJSON_AddItemToObject(jo, "spill_end_to_end", se);
-  cJSON *pj = phase_json(&r->producer, 0, NULL, 1);
-  cJSON_AddItemToObject(jo, "spill_producer", pj);
-  cJSON_AddItemToObject(jo, "promote_warm",
-                        phase_json(&r->warm,
-                                   g->ratios ? r->disk.read_buffered : 0,
-                                   "cached read", 1));
-  cJSON *cj = phase_json(&r->cold, g->ratios ? r->disk.read_direct : 0,
-                         "disk read O_DIRECT", 1);
-  cJSON_AddStringToObject(cj, "eviction", g->cold_method);
-  cJSON_AddNumberToObject(cj, "resident_fraction_after_eviction", g->resident);
-  cJSON_AddItemToObject(jo, "promote_cold", cj);
-  cJSON_AddItemToObject(jo, "lookup_exact",
-                        phase_json(&r->lookup[0], 0, NULL, 0));
-  cJSON_AddItemToObject(jo, "lookup_prefix",
-                        phase_json(&r->lookup[1], 0, NULL, 0));
-  cJSON_AddNumberToObject(jo, "disk_bytes", (double)r->st.disk_bytes);
-  cJSON_AddNumberToObject(jo, "memory_bytes", (double)g->mem_total);
-  cJSON_AddNumberToObject(jo, "disk_to_memory",
-                          g->mem_total ? (double)r->st.disk_bytes / g->mem_total
-                                       : 0);
-  cJSON *vj = cJSON_AddObjectToObject(jo, "verified");
-  cJSON_AddNumberToObject(vj, "exact_tensors", (double)r->vc.exact);
-  cJSON_AddNumberToObject(vj, "converted_tensors", (double)r->vc.skipped);
-  cJSON_AddNumberToObject(vj, "mismatched_tensors", (double)r->vc.mismatched);
-  cJSON_AddBoolToObject(jo, "kept", r->c.keep);
-  cli_json_print(jo);
-}
-
-/* Step 8b: the report as text: workload, disk limits, the table of measures
- * against the hardware, and the size/cold/verification summary. */
-static void report_text(const bench_run *r, const bench_figs *g) {
-  char a[32], b[32], r1[32];
-  printf("kvtier bench %s: preset %s, %u layers (", kvt_version(), r->c.preset,
-         r->w.lay.n_layers);
-  int first = 1;
-  for (int k = 1; k <= 4; k++)
-    if (r->w.lay.kinds[k]) {
-      printf("%s%s %u", first ? "" : ", ", cli_kind_name(k), r->w.lay.kinds[k]);
-      first = 0;
-    }
-  printf("), %s\n", kvt_dtype_name(r->c.dtype));
-  printf("  %d entries x %d tokens, %s each in memory, %s total; seed "
-         "%llu\n",
-         r->c.entries, r->c.tokens, cli_fmt_bytes(a, sizeof a, r->w.lay.bytes),
-         cli_fmt_bytes(b, sizeof b, g->mem_total),
-         (unsigned long long)r->c.seed);
-  printf("  dir %s (%s), storage %s, durability %s\n\n", r->dir, r->fsname,
-         r->c.storage ? "compat" : "native", g->dur);
-  if (r->disk.ok) {
-    printf("disk (%s, %s, %s per job, 1 MiB blocks, iodepth %d)\n",
-           r->disk.tool, r->disk.engine,
-           cli_fmt_bytes(a, sizeof a, r->disk.size), r->disk.iodepth);
-    printf("  sequential write O_DIRECT   %12s\n",
-           cli_fmt_rate(r1, sizeof r1, r->disk.write_direct));
-    printf("  sequential read  O_DIRECT   %12s\n",
-           cli_fmt_rate(r1, sizeof r1, r->disk.read_direct));
-    printf("  sequential read  cached     %12s   (buffered, page cache hot)\n",
-           cli_fmt_rate(r1, sizeof r1, r->disk.read_buffered));
-    if (r->disk.note[0])
-      printf("  note: %s\n", r->disk.note);
-  } else if (r->c.no_disk) {
-    printf("disk: not measured (--no-disk): no ratios\n");
-  } else {
-    printf("disk: not measured (%s): no ratios\n", r->disk.note);
-  }
-  printf("\n");
-  static const char *heads[] = {"MEASURE", "VALUE", "p50", "p99",
-                                "VS HARDWARE"};
-  cli_table tb;
-  cli_table_init(&tb, 5, heads, "lrrrl");
-  char v1[48], v4[96];
-#define RATIO(x, lim, name)                                                    \
-  (g->ratios ? (snprintf(v4, sizeof v4, "%.2f x %s", (x) / (lim), name), v4)   \
-             : "-")
-  report_row(&tb,
-             r->c.durability == KVT_DURABILITY_FSYNC
-                 ? "spill (durable, writer)"
-                 : "spill (no fsync, writer)",
-             cli_fmt_rate(v1, sizeof v1, g->bps_spill), &r->spill, 1,
-             RATIO(g->bps_spill, r->disk.write_direct, "disk write O_DIRECT"));
-  report_row(&tb, "  end to end (spill .. flush)",
-             cli_fmt_rate(v1, sizeof v1, g->bps_e2e), NULL, 1,
-             RATIO(g->bps_e2e, r->disk.write_direct, "disk write O_DIRECT"));
-  report_row(&tb, "  producer (caller thread)",
-             cli_fmt_rate(v1, sizeof v1, g->bps_prod), &r->producer, 1,
-             "copy of the layers on spill");
-  report_row(&tb, "promote warm", cli_fmt_rate(v1, sizeof v1, g->bps_warm),
-             &r->warm, 1,
-             RATIO(g->bps_warm, r->disk.read_buffered, "cached read"));
-  report_row(&tb, "promote cold", cli_fmt_rate(v1, sizeof v1, g->bps_cold),
-             &r->cold, 1,
-             RATIO(g->bps_cold, r->disk.read_direct, "disk read O_DIRECT"));
-  snprintf(v1, sizeof v1, "%zu", r->nlook);
-  report_row(&tb, "lookup exact", v1, &r->lookup[0], 0, "-");
-  report_row(&tb, "lookup prefix", v1, &r->lookup[1], 0, "-");
-#undef RATIO
-  cli_table_print(&tb, stdout);
-  cli_table_free(&tb);
-  printf("\n");
-  printf("bytes on disk   %s for %s in memory (%.3f x)\n",
-         cli_fmt_bytes(a, sizeof a, r->st.disk_bytes),
-         cli_fmt_bytes(b, sizeof b, g->mem_total),
-         g->mem_total ? (double)r->st.disk_bytes / g->mem_total : 0.0);
-  printf("cold reload     %d tokens in %.1f ms p50 (%.1f us/token); "
-         "page cache after eviction: %.1f%% resident (%s)\n",
-         r->c.tokens, r->cold.p50 * 1e3, r->cold.p50 * 1e6 / r->c.tokens,
-         g->resident * 100, g->cold_method);
-  printf("promotes        %llu warm, %llu cold; every promoted tensor "
-         "compared: %llu exact, %llu converted by the storage mode, "
-         "%llu wrong\n",
-         (unsigned long long)r->warm.count, (unsigned long long)r->cold.count,
-         (unsigned long long)r->vc.exact, (unsigned long long)r->vc.skipped,
-         (unsigned long long)r->vc.mismatched);
-  if (r->c.keep)
-    printf("kept            %s\n", r->dir);
-}
-
 /* Step 9: takes back what the run added (its entries in an existing cache,
  * or the directory it created), frees everything and returns the exit code
  * (the failure reported unless the JSON report was already printed). */
@@ -1099,9 +806,9 @@ int cmd_bench(int argc, char **argv) {
     bench_figures(&g, r);
     r->reported = 1;
     if (r->c.json)
-      report_json(r, &g);
+      bench_report_json(r, &g);
     else
-      report_text(r, &g);
+      bench_report_text(r, &g);
   }
   rc = finish(r);
   free(r);

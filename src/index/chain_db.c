@@ -1,14 +1,13 @@
 /*
- * chain.c - the chain table (chain.h): SQL of table kvtier_chunks, the
- * in-memory forest (nodes with parent links and child counts, two multimaps:
- * SHA-256 key -> node and lookup chain value -> node), lookups, touches
- * batched to SQLite, subtree removal and the LRU leaf. It shares the index's
- * SQLite connection and db_mu (so its transactions never interleave with the
- * index's own) and has its own read-write lock for the mirror. Memory: about
- * 150 bytes per chunk plus the two maps (23-46 bytes per pair each).
+ * chain_db.c - the SQL half of the chain table (chain.h): tables
+ * kvtier_chunks and kvtier_chained_entries in index.db, open and load (rows
+ * checked, parents resolved, unreachable rows dropped), inserts of chains,
+ * subtree removal, chained-entry records and the batched write of touches.
+ * It shares the index's SQLite connection and db_mu (so its transactions
+ * never interleave with the index's own); the mirror (chain_mirror.c) is
+ * changed only after a commit succeeded, under the table's own rwlock.
  */
-#include "index/chain.h"
-#include "index/internal.h"
+#include "index/chain_int.h"
 
 #include "base/error.h"
 #include "base/io.h"
@@ -16,33 +15,6 @@
 #include <pthread.h>
 #include <sqlite3.h>
 #include <string.h>
-
-typedef struct node {
-  kvti_chain_rec r;
-  uint32_t parent;   /* 1-based id of the parent node, 0 = root (chunk 0) */
-  uint32_t children; /* live nodes whose parent is this one */
-  uint8_t live, dirty;
-} node;
-
-struct kvti_chains {
-  kvt_index *idx;
-  pthread_rwlock_t rw;
-  node *nodes;
-  uint32_t n, cap;
-  uint32_t *freel;
-  uint32_t nfree;
-  kvti_hm bykey; /* key[0..8) -> id */
-  kvti_hm byck;  /* ck.lo -> id */
-  uint32_t *dirty;
-  size_t ndirty, capdirty;
-  sqlite3_stmt *ins, *del, *upd;
-  sqlite3_stmt *e_put, *e_del;
-  kvti_chains_totals tot;
-  /* Entries over chains (few: one per entry end). */
-  kvti_chained_entry *ents;
-  size_t n_ents, cap_ents;
-  kvti_hm byent; /* hash[0..8) -> index in ents */
-};
 
 static const char CHUNKS_SQL[] =
     "CREATE TABLE IF NOT EXISTS kvtier_chunks (chunk_key BLOB PRIMARY KEY, "
@@ -75,80 +47,6 @@ static const char LOAD_SQL[] =
     "SELECT chunk_key, parent_key, chunk_index, num_tokens, layout_hash, "
     "ck_lo, ck_hi, disk_bytes, memory_bytes, created_at, accessed_at, pure "
     "FROM kvtier_chunks";
-
-static uint64_t key64(const uint8_t k[32]) {
-  uint64_t v;
-  memcpy(&v, k, 8);
-  return kvti_hm_key(v);
-}
-
-/* ---- mirror (rw held for writing unless stated) ---- */
-
-/* 1-based id of the node with key, 0 if none (rw held, read suffices). */
-static uint32_t find_key(const kvti_chains *c, const uint8_t key[32]) {
-  size_t pos = 0;
-  kvti_hm_slot *s;
-  while ((s = kvti_hm_next(&c->bykey, key64(key), &pos)))
-    if (c->nodes[s->val].live && !memcmp(c->nodes[s->val].r.key, key, 32))
-      return (uint32_t)s->val + 1;
-  return 0;
-}
-
-static int reserve_nodes(kvti_chains *c, size_t more) {
-  if (kvti_hm_reserve(&c->bykey, c->tot.chunks + more) ||
-      kvti_hm_reserve(&c->byck, c->tot.chunks + more))
-    return KVT_ERR_NOMEM();
-  if (c->nfree >= more || c->n + more - c->nfree <= c->cap)
-    return 0;
-  size_t cap = c->cap ? c->cap : 64;
-  while (cap < c->n + more)
-    cap *= 2;
-  if (cap > UINT32_MAX - 1)
-    return KVT_ERR(KVT_ENOMEM, "chain table: too many chunks");
-  node *nn = kvti_realloc(c->nodes, cap * sizeof *nn);
-  if (!nn)
-    return KVT_ERR_NOMEM();
-  c->nodes = nn;
-  uint32_t *nf = kvti_realloc(c->freel, cap * sizeof *nf);
-  if (!nf)
-    return KVT_ERR_NOMEM();
-  c->freel = nf;
-  c->cap = (uint32_t)cap;
-  return 0;
-}
-
-/* Adds r under parent (1-based, 0 = root); reserve_nodes must have
- * succeeded. Returns the 1-based id. */
-static uint32_t add_node(kvti_chains *c, const kvti_chain_rec *r,
-                         uint32_t parent) {
-  uint32_t id = c->nfree ? c->freel[--c->nfree] : c->n++;
-  node *x = &c->nodes[id];
-  memset(x, 0, sizeof *x);
-  x->r = *r;
-  x->parent = parent;
-  x->live = 1;
-  kvti_hm_add(&c->bykey, key64(r->key), id); /* cannot fail: reserved */
-  kvti_hm_add(&c->byck, kvti_hm_key(r->ck.lo), id);
-  if (parent)
-    c->nodes[parent - 1].children++;
-  c->tot.chunks++;
-  c->tot.disk_bytes += r->disk_bytes;
-  c->tot.mem_bytes += r->mem_bytes;
-  return id + 1;
-}
-
-static void del_node(kvti_chains *c, uint32_t id1) {
-  node *x = &c->nodes[id1 - 1];
-  kvti_hm_remove(&c->bykey, key64(x->r.key), id1 - 1);
-  kvti_hm_remove(&c->byck, kvti_hm_key(x->r.ck.lo), id1 - 1);
-  if (x->parent)
-    c->nodes[x->parent - 1].children--;
-  c->tot.chunks--;
-  c->tot.disk_bytes -= x->r.disk_bytes;
-  c->tot.mem_bytes -= x->r.mem_bytes;
-  x->live = 0;
-  c->freel[c->nfree++] = id1 - 1;
-}
 
 /* ---- SQL ---- */
 
@@ -275,7 +173,8 @@ static int load(kvti_chains *c, uint8_t (**orph)[32], size_t *norph) {
   uint64_t total =
       sqlite3_step(s) == SQLITE_ROW ? (uint64_t)sqlite3_column_int64(s, 0) : 0;
   sqlite3_finalize(s);
-  int ret = reserve_nodes(c, (size_t)(total < UINT32_MAX ? total : 0));
+  int ret =
+      kvti_chain_reserve_nodes(c, (size_t)(total < UINT32_MAX ? total : 0));
   if (ret)
     return ret;
   if ((rc = sqlite3_prepare_v2(c->idx->db, LOAD_SQL, -1, &s, NULL)) !=
@@ -310,9 +209,9 @@ static int load(kvti_chains *c, uint8_t (**orph)[32], size_t *norph) {
     r.created_at = sqlite3_column_double(s, 9);
     r.accessed_at = sqlite3_column_double(s, 10);
     /* Keys are the table's primary key: no duplicates to check for. */
-    if ((ret = reserve_nodes(c, 1)) != 0)
+    if ((ret = kvti_chain_reserve_nodes(c, 1)) != 0)
       break;
-    add_node(c, &r, 0);
+    kvti_chain_add_node(c, &r, 0);
   }
   if (ret == 0 && rc != SQLITE_DONE)
     ret = kvti_idx_db_err(c->idx, rc, "load kvtier_chunks");
@@ -324,7 +223,7 @@ static int load(kvti_chains *c, uint8_t (**orph)[32], size_t *norph) {
     node *x = &c->nodes[i];
     if (!x->live || x->r.index == 0)
       continue;
-    uint32_t p = find_key(c, x->r.parent);
+    uint32_t p = kvti_chain_find_key(c, x->r.parent);
     if (p && c->nodes[p - 1].r.index == x->r.index - 1 &&
         c->nodes[p - 1].r.layout_hash == x->r.layout_hash) {
       x->parent = p;
@@ -366,62 +265,10 @@ static int load(kvti_chains *c, uint8_t (**orph)[32], size_t *norph) {
   /* Children before parents does not matter: all of them go. */
   for (uint32_t i = 0; i < c->n && ret == 0; i++)
     if (c->nodes[i].live && c->nodes[i].dirty == 3)
-      del_node(c, i + 1);
+      kvti_chain_del_node(c, i + 1);
   for (uint32_t i = 0; i < c->n; i++)
     c->nodes[i].dirty = 0;
   return ret;
-}
-
-static int ent_add(kvti_chains *c, const kvti_chained_entry *e) {
-  uint64_t k;
-  memcpy(&k, e->hash, 8);
-  size_t pos = 0;
-  kvti_hm_slot *sl;
-  while ((sl = kvti_hm_next(&c->byent, kvti_hm_key(k), &pos)))
-    if (!memcmp(c->ents[sl->val].hash, e->hash, 32)) {
-      c->ents[sl->val] = *e;
-      return 0;
-    }
-  if (c->n_ents == c->cap_ents) {
-    size_t nc = c->cap_ents ? c->cap_ents * 2 : 64;
-    kvti_chained_entry *ne = kvti_realloc(c->ents, nc * sizeof *ne);
-    if (!ne)
-      return KVT_ERR_NOMEM();
-    c->ents = ne;
-    c->cap_ents = nc;
-  }
-  if (kvti_hm_add(&c->byent, kvti_hm_key(k), c->n_ents))
-    return KVT_ERR_NOMEM();
-  c->ents[c->n_ents++] = *e;
-  return 0;
-}
-
-static void ent_del(kvti_chains *c, const uint8_t hash[32]) {
-  uint64_t k;
-  memcpy(&k, hash, 8);
-  size_t pos = 0;
-  kvti_hm_slot *sl;
-  while ((sl = kvti_hm_next(&c->byent, kvti_hm_key(k), &pos))) {
-    size_t i = sl->val;
-    if (memcmp(c->ents[i].hash, hash, 32))
-      continue;
-    kvti_hm_remove_slot(&c->byent, sl);
-    size_t last = --c->n_ents;
-    if (i != last) {
-      /* Move the last record into the hole and repoint its map slot. */
-      uint64_t lk;
-      memcpy(&lk, c->ents[last].hash, 8);
-      size_t p2 = 0;
-      kvti_hm_slot *s2;
-      while ((s2 = kvti_hm_next(&c->byent, kvti_hm_key(lk), &p2)))
-        if (s2->val == last) {
-          s2->val = i;
-          break;
-        }
-      c->ents[i] = c->ents[last];
-    }
-    return;
-  }
 }
 
 static int load_entries(kvti_chains *c) {
@@ -449,7 +296,7 @@ static int load_entries(kvti_chains *c) {
     e.chunk_tokens = (uint32_t)ct;
     e.layout_hash = lay;
     e.total_rows = tr;
-    ret = ent_add(c, &e);
+    ret = kvti_chain_ent_add(c, &e);
   }
   if (ret == 0 && rc != SQLITE_DONE && rc != SQLITE_ROW)
     ret = kvti_idx_db_err(c->idx, rc, "load kvtier_chained_entries");
@@ -471,56 +318,10 @@ int kvti_chains_entry_put(kvti_chains *c, const kvti_chained_entry *e) {
   int rc = run(c, s, "insert kvtier_chained_entries");
   if (rc == 0) {
     pthread_rwlock_wrlock(&c->rw);
-    rc = ent_add(c, e);
+    rc = kvti_chain_ent_add(c, e);
     pthread_rwlock_unlock(&c->rw);
   }
   pthread_mutex_unlock(&c->idx->db_mu);
-  return rc;
-}
-
-int kvti_chains_entry_get(kvti_chains *c, const uint8_t hash[32],
-                          kvti_chained_entry *out) {
-  uint64_t k;
-  memcpy(&k, hash, 8);
-  pthread_rwlock_rdlock(&c->rw);
-  size_t pos = 0;
-  kvti_hm_slot *sl;
-  int found = 0;
-  while (!found && (sl = kvti_hm_next(&c->byent, kvti_hm_key(k), &pos)))
-    if (!memcmp(c->ents[sl->val].hash, hash, 32)) {
-      found = 1;
-      if (out)
-        *out = c->ents[sl->val];
-    }
-  pthread_rwlock_unlock(&c->rw);
-  return found;
-}
-
-int kvti_chains_entries_ending(kvti_chains *c, const kvti_chain_rec *keys,
-                               size_t nkeys, uint8_t (**out)[32], size_t *n) {
-  *out = NULL;
-  *n = 0;
-  pthread_rwlock_rdlock(&c->rw);
-  size_t cap = 0;
-  int rc = 0;
-  for (size_t i = 0; rc == 0 && i < c->n_ents; i++)
-    for (size_t k = 0; k < nkeys; k++) {
-      if (memcmp(c->ents[i].last_key, keys[k].key, 32))
-        continue;
-      if (*n == cap) {
-        size_t nc = cap ? cap * 2 : 8;
-        void *p = kvti_realloc(*out, nc * 32);
-        if (!p) {
-          rc = KVT_ERR_NOMEM();
-          break;
-        }
-        *out = p;
-        cap = nc;
-      }
-      memcpy((*out)[(*n)++], c->ents[i].hash, 32);
-      break;
-    }
-  pthread_rwlock_unlock(&c->rw);
   return rc;
 }
 
@@ -532,7 +333,7 @@ int kvti_chains_entry_del(kvti_chains *c, const uint8_t hash[32]) {
   int rc = run(c, c->e_del, "delete kvtier_chained_entries");
   if (rc == 0) {
     pthread_rwlock_wrlock(&c->rw);
-    ent_del(c, hash);
+    kvti_chain_ent_del(c, hash);
     pthread_rwlock_unlock(&c->rw);
   }
   pthread_mutex_unlock(&c->idx->db_mu);
@@ -619,16 +420,6 @@ int kvti_chains_open(kvti_chains **out, kvt_index *idx) {
   return 0;
 }
 
-int kvti_chains_find(kvti_chains *c, const uint8_t key[32],
-                     kvti_chain_rec *rec) {
-  pthread_rwlock_rdlock(&c->rw);
-  uint32_t id = find_key(c, key);
-  if (id && rec)
-    *rec = c->nodes[id - 1].r;
-  pthread_rwlock_unlock(&c->rw);
-  return id != 0;
-}
-
 int kvti_chains_put(kvti_chains *c, const kvti_chain_rec *recs, size_t n) {
   if (c->idx->readonly || !c->ins)
     return KVT_ERR(KVT_EPERM, "chain table: opened read-only");
@@ -647,7 +438,7 @@ int kvti_chains_put(kvti_chains *c, const kvti_chain_rec *recs, size_t n) {
       rc = KVT_ERR(KVT_EINVAL, "chain table: bad record");
     if (rc || r->index == 0)
       continue;
-    uint32_t p = find_key(c, r->parent);
+    uint32_t p = kvti_chain_find_key(c, r->parent);
     int ok = p && c->nodes[p - 1].r.index == r->index - 1;
     for (size_t j = 0; !ok && j < i; j++)
       ok = !memcmp(recs[j].key, r->parent, 32) && recs[j].index == r->index - 1;
@@ -679,7 +470,7 @@ int kvti_chains_put(kvti_chains *c, const kvti_chain_rec *recs, size_t n) {
   }
   if (rc == 0) {
     pthread_rwlock_wrlock(&c->rw);
-    rc = reserve_nodes(c, n);
+    rc = kvti_chain_reserve_nodes(c, n);
     pthread_rwlock_unlock(&c->rw);
   }
   if (rc == 0)
@@ -689,116 +480,16 @@ int kvti_chains_put(kvti_chains *c, const kvti_chain_rec *recs, size_t n) {
   if (rc == 0) {
     pthread_rwlock_wrlock(&c->rw);
     for (size_t i = 0; i < n; i++) {
-      if (find_key(c, recs[i].key))
+      if (kvti_chain_find_key(c, recs[i].key))
         continue;
-      uint32_t p = recs[i].index ? find_key(c, recs[i].parent) : 0;
+      uint32_t p = recs[i].index ? kvti_chain_find_key(c, recs[i].parent) : 0;
       kvti_chain_rec r = recs[i];
       r.created_at = r.accessed_at = now;
-      add_node(c, &r, p);
+      kvti_chain_add_node(c, &r, p);
     }
     pthread_rwlock_unlock(&c->rw);
   }
   pthread_mutex_unlock(&c->idx->db_mu);
-  return rc;
-}
-
-/* Child of parent (1-based, 0 = root) at level i with lookup value ck and
- * layout (0 = any); the most recently used when several. rw held (read). */
-static uint32_t find_child(const kvti_chains *c, uint32_t parent, uint64_t i,
-                           kvti_ck ck, uint32_t C, uint64_t layout) {
-  size_t pos = 0;
-  kvti_hm_slot *s;
-  uint32_t best = 0;
-  while ((s = kvti_hm_next(&c->byck, kvti_hm_key(ck.lo), &pos))) {
-    const node *x = &c->nodes[s->val];
-    if (!x->live || x->parent != parent || x->r.ck.lo != ck.lo ||
-        x->r.ck.hi != ck.hi || x->r.index != i || x->r.n_tokens != C ||
-        (layout && x->r.layout_hash != layout))
-      continue;
-    if (!best || x->r.accessed_at > c->nodes[best - 1].r.accessed_at)
-      best = (uint32_t)s->val + 1;
-  }
-  return best;
-}
-
-int kvti_chains_lookup(kvti_chains *c, const uint8_t *ns, size_t ns_len,
-                       const int32_t *tokens, size_t n, uint32_t chunk_tokens,
-                       kvti_chain_rec *out, size_t max, size_t *m) {
-  if (!m || (!tokens && n) || (!ns && ns_len) || chunk_tokens == 0 ||
-      (!out && max))
-    return KVT_ERR(KVT_EINVAL, "kvti_chains_lookup: bad argument");
-  *m = 0;
-  size_t levels = n / chunk_tokens;
-  if (levels > max)
-    levels = max;
-  if (levels == 0)
-    return 0;
-  kvti_ck ck = kvti_ck_next(kvti_ck_seed(ns, ns_len), tokens, chunk_tokens);
-  pthread_rwlock_rdlock(&c->rw);
-  if (c->tot.chunks == 0) {
-    pthread_rwlock_unlock(&c->rw);
-    return 0;
-  }
-  /* Every chain starting at a level-0 candidate (one per layout) is walked;
-   * the longest wins. */
-  size_t pos = 0, best_len = 0;
-  kvti_hm_slot *s;
-  while ((s = kvti_hm_next(&c->byck, kvti_hm_key(ck.lo), &pos))) {
-    const node *x = &c->nodes[s->val];
-    if (!x->live || x->parent || x->r.index || x->r.ck.lo != ck.lo ||
-        x->r.ck.hi != ck.hi || x->r.n_tokens != chunk_tokens)
-      continue;
-    uint32_t cur = (uint32_t)s->val + 1;
-    size_t len = 1;
-    kvti_ck cki = ck;
-    /* Walk first, copy only a winner (out holds the best so far). */
-    while (len < levels) {
-      kvti_ck nx = kvti_ck_next(cki, tokens + len * chunk_tokens, chunk_tokens);
-      uint32_t ch = find_child(c, cur, len, nx, chunk_tokens, x->r.layout_hash);
-      if (!ch)
-        break;
-      cur = ch;
-      cki = nx;
-      len++;
-    }
-    if (len > best_len ||
-        (len == best_len &&
-         c->nodes[cur - 1].r.accessed_at > out[best_len - 1].accessed_at)) {
-      best_len = len;
-      /* Fill out[] from the leaf up along the parent links. */
-      uint32_t id = cur;
-      for (size_t k = len; k-- > 0; id = c->nodes[id - 1].parent)
-        out[k] = c->nodes[id - 1].r;
-    }
-  }
-  pthread_rwlock_unlock(&c->rw);
-  *m = best_len;
-  return 0;
-}
-
-int kvti_chains_touch(kvti_chains *c, const uint8_t key[32]) {
-  double now = kvti_idx_now();
-  pthread_rwlock_wrlock(&c->rw);
-  uint32_t id = find_key(c, key);
-  int rc = id ? 0 : KVT_ENOTFOUND;
-  for (; id; id = c->nodes[id - 1].parent) {
-    node *x = &c->nodes[id - 1];
-    if (x->r.accessed_at < now)
-      x->r.accessed_at = now;
-    if (x->dirty)
-      continue;
-    if (c->ndirty == c->capdirty) {
-      size_t nc = c->capdirty ? c->capdirty * 2 : 64;
-      uint32_t *nd = kvti_realloc(c->dirty, nc * sizeof *nd);
-      if (!nd)
-        continue; /* the touch stays in memory only */
-      c->dirty = nd;
-      c->capdirty = nc;
-    }
-    x->dirty = 1;
-    c->dirty[c->ndirty++] = id - 1;
-  }
-  pthread_rwlock_unlock(&c->rw);
   return rc;
 }
 
@@ -810,7 +501,7 @@ int kvti_chains_remove_tree(kvti_chains *c, const uint8_t key[32],
   *nrem = 0;
   pthread_mutex_lock(&c->idx->db_mu);
   pthread_rwlock_rdlock(&c->rw);
-  uint32_t root = find_key(c, key);
+  uint32_t root = kvti_chain_find_key(c, key);
   uint32_t *set = NULL;
   size_t ns = 0;
   int rc = root ? 0 : KVT_ENOTFOUND;
@@ -870,7 +561,7 @@ int kvti_chains_remove_tree(kvti_chains *c, const uint8_t key[32],
   if (rc == 0) {
     pthread_rwlock_wrlock(&c->rw);
     for (size_t i = ns; i-- > 0;)
-      del_node(c, set[i]);
+      kvti_chain_del_node(c, set[i]);
     pthread_rwlock_unlock(&c->rw);
     *removed = out;
     *nrem = ns;
@@ -879,39 +570,5 @@ int kvti_chains_remove_tree(kvti_chains *c, const uint8_t key[32],
   }
   pthread_mutex_unlock(&c->idx->db_mu);
   kvti_free(set);
-  return rc;
-}
-
-int kvti_chains_lru_leaf(kvti_chains *c, kvti_chain_rec *rec) {
-  pthread_rwlock_rdlock(&c->rw);
-  uint32_t best = 0;
-  for (uint32_t i = 0; i < c->n; i++) {
-    const node *x = &c->nodes[i];
-    if (x->live && !x->children &&
-        (!best || x->r.accessed_at < c->nodes[best - 1].r.accessed_at))
-      best = i + 1;
-  }
-  if (best)
-    *rec = c->nodes[best - 1].r;
-  pthread_rwlock_unlock(&c->rw);
-  return best != 0;
-}
-
-void kvti_chains_totals_get(kvti_chains *c, kvti_chains_totals *t) {
-  pthread_rwlock_rdlock(&c->rw);
-  *t = c->tot;
-  t->leaves = 0;
-  for (uint32_t i = 0; i < c->n; i++)
-    t->leaves += c->nodes[i].live && !c->nodes[i].children;
-  pthread_rwlock_unlock(&c->rw);
-}
-
-int kvti_chains_foreach(kvti_chains *c, kvti_chains_fn fn, void *ctx) {
-  pthread_rwlock_rdlock(&c->rw);
-  int rc = 0;
-  for (uint32_t i = 0; rc == 0 && i < c->n; i++)
-    if (c->nodes[i].live)
-      rc = fn(ctx, &c->nodes[i].r);
-  pthread_rwlock_unlock(&c->rw);
   return rc;
 }
