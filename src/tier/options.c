@@ -141,7 +141,7 @@ static int validate_remote(const kvt_options *o) {
 }
 
 int kvt_options_validate(const kvt_options *opts) {
-  kvt_options cur;
+  kvt_options cur = KVT_OPTIONS_INIT; /* set by upgrade; init for -O3 */
   int rc = kvti_options_upgrade(&cur, opts);
   if (rc != 0)
     return rc;

@@ -124,7 +124,7 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
     return rc;
   /* From here on a current-version copy (a caller built against an older
    * header has fewer fields: the rest are defaults). */
-  kvt_options cur;
+  kvt_options cur = KVT_OPTIONS_INIT; /* set by upgrade */
   kvti_options_upgrade(&cur, user_opts);
   const kvt_options *opts = &cur;
 #if !KVT_HAVE_URING

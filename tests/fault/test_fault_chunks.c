@@ -91,7 +91,8 @@ static int count_suffix(const char *dir, const char *suffix) {
   char cd[4096];
   int total = 0;
   for (int a = 0; a < 256; a++) {
-    snprintf(cd, sizeof cd, "%s/chunks/%02x", dir, a);
+    REQUIRE((size_t)snprintf(cd, sizeof cd, "%s/chunks/%02x", dir, a) <
+            sizeof cd);
     int k = kvt_test_count_dir(cd, suffix);
     total += k > 0 ? k : 0;
   }
