@@ -277,9 +277,12 @@ typedef struct kvt_options {
   kvt_spill_done_fn spill_done_fn; /* NULL = none */
   void *spill_done_ctx;
   /* ---- Shared remote tier (Redis / Valkey); see docs/REMOTE.md. ---- */
-  /** Remote store: "redis://[:password@]host:port", several comma-separated
-   *  "host:port" seed nodes for a Redis Cluster. NULL = none. Validated
-   *  without connecting: an unreachable server never fails open. Builds
+  /** Remote store: "redis://[[user]:password@]host:port" (user: a Redis 6
+   *  ACL user; none = the default user), "rediss://..." for TLS, several
+   *  comma-separated "host:port" seed nodes for a Redis Cluster. NULL =
+   *  none. Validated without connecting. kvt_tier_open contacts the store
+   *  once: refused credentials or certificates fail it (KVT_EPERM); an
+   *  unreachable server never does (a warning, then back-off). Builds
    *  without hiredis refuse a URL with KVT_EUNSUPPORTED at open. */
   const char *remote_url;
   /** kvt_remote_mode; KVT_REMOTE_LOCAL (the default) ignores the remote and
@@ -298,6 +301,18 @@ typedef struct kvt_options {
    *  limit is 512 MiB). 4 KiB .. 512 MiB. 16 MiB */
   uint64_t remote_chunk_bytes;
   uint32_t remote_flags; /* KVT_REMOTE_* flags. 0 */
+  /** Deadline of a remote lookup's round trip in ms (1..600000), separate
+   *  from remote_timeout_ms: kvt_tier_lookup* and a promote's remote lookup
+   *  answer a miss from a local mirror of the remote keys without I/O; a
+   *  hit (or a lookup while the mirror is not in sync) costs one call
+   *  bounded by this. 250 */
+  uint32_t remote_lookup_timeout_ms;
+  /** TLS (rediss:// URLs only): PEM file of the CA(s) to trust (NULL = the
+   *  system's trust store), and an optional client certificate chain and
+   *  its key (both or neither). Loaded at open: a bad file is KVT_EINVAL. */
+  const char *remote_tls_ca_file;
+  const char *remote_tls_cert_file;
+  const char *remote_tls_key_file;
 } kvt_options;
 
 /** Where entries live (kvt_options.remote_mode). */
@@ -321,7 +336,7 @@ typedef enum kvt_remote_mode {
     KVT_OPTIONS_VERSION, NULL, NULL, 10.0, 10000, 0600, 0700, 64, 0, 0,        \
         KVT_STORAGE_NATIVE, KVT_DURABILITY_FSYNC, KVT_IO_AUTO, 2, 16, 0, NULL, \
         NULL, KVT_LOG_WARN, NULL, NULL, NULL, KVT_REMOTE_LOCAL, NULL, 1000,    \
-        64, 16u << 20, 0                                                       \
+        64, 16u << 20, 0, 250, NULL, NULL, NULL                                \
   }
 
 /** Fills opts with the defaults of KVT_OPTIONS_INIT. Returns 0, or KVT_EINVAL

@@ -32,6 +32,11 @@ typedef struct kvti_redis_cfg {
   int64_t ttl_ms;         /* 0 = keys do not expire */
   const char *stage_root; /* local directory for staging entry files */
   uint32_t file_mode, dir_mode;
+  uint32_t lookup_timeout_ms; /* lookups' own deadline (0 = timeout_ms) */
+  const char *tls_ca_file;    /* rediss:// only; NULL = system store */
+  const char *tls_cert_file;  /* client certificate (with tls_key_file) */
+  const char *tls_key_file;
+  int mirror; /* keep a local mirror of the remote keys for lookups */
 } kvti_redis_cfg;
 
 /* Validates a remote URL without connecting (always compiled). */
@@ -47,6 +52,19 @@ int kvti_backend_redis_new(kvti_backend **out, const kvti_redis_cfg *cfg);
 int kvti_redis_find(kvti_backend *b, kvti_remote_meta *out,
                     const int32_t *tokens, size_t n, int prefix,
                     uint64_t min_len);
+/* The cheap lookup for kvt_tier_lookup* (same answers as kvti_redis_find):
+ * while the key mirror is in sync, a miss costs no I/O and a hit one GET of
+ * its manifest (lookup deadline), which confirms what a following promote
+ * will find; otherwise one bounded round trip, whose misses are cached for a
+ * second. Returns 0 and *out, KVT_ENOTFOUND, or a connection error. */
+int kvti_redis_lookup(kvti_backend *b, kvti_remote_meta *out,
+                      const int32_t *tokens, size_t n, int prefix,
+                      uint64_t min_len);
+/* 1 while the lookup mirror is in sync (*entries: entries mirrored). */
+int kvti_redis_mirror_state(kvti_backend *b, size_t *entries);
+/* Contacts the store now: 0, KVT_EPERM (credentials / certificate refused),
+ * KVT_EIO / KVT_ETIMEDOUT (unreachable). */
+int kvti_redis_probe(kvti_backend *b);
 /* Downloads entry hash into dest_data_dir/<hash>/ (files verified against the
  * remote manifest's chunk checksums). A missing or damaged part cleans up the
  * remote entry and returns KVT_ENOTFOUND / KVT_ECORRUPT. */

@@ -31,11 +31,12 @@
 
 int kvti_remote_check_url(const char *url) {
 #if KVT_HAVE_REDIS
-  return kvr_parse_url(url, NULL, 16, NULL, NULL, 0);
+  return kvr_parse_url(url, NULL, 16, NULL, NULL);
 #else
-  if (!url || strncmp(url, "redis://", 8) != 0 || !url[8])
+  if (!url || !((!strncmp(url, "redis://", 8) && url[8]) ||
+                (!strncmp(url, "rediss://", 9) && url[9])))
     return KVT_ERR(KVT_EINVAL,
-                   "remote_url must be redis://host:port (got "
+                   "remote_url must be redis[s]://host:port (got "
                    "'%s')",
                    url ? url : "(null)");
   return 0;
@@ -87,6 +88,10 @@ int kvti_remote_lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
   (void)prefix;
   (void)min_len;
   return KVT_ENOTFOUND;
+}
+int kvti_remote_peek(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
+                     size_t n, int prefix, uint64_t min_len) {
+  return kvti_remote_lookup(t, info, tokens, n, prefix, min_len);
 }
 int kvti_remote_read(kvt_tier *t, kvt_entry **out, const kvt_entry_info *info,
                      const kvti_read_opts *ro) {
@@ -419,12 +424,29 @@ int kvti_remote_open(kvt_tier *t) {
                                                    : 0,
                           r->stage_root,
                           o->file_mode,
-                          o->dir_mode};
+                          o->dir_mode,
+                          o->remote_lookup_timeout_ms,
+                          o->remote_tls_ca_file,
+                          o->remote_tls_cert_file,
+                          o->remote_tls_key_file,
+                          1};
     rc = kvti_backend_redis_new(&r->be, &cfg);
   }
+  if (rc == 0) {
+    /* One contact now: refused credentials or certificates are a
+     * configuration error the caller must see at open; an unreachable
+     * server is not (warned, then the usual back-off). */
+    int p = kvti_redis_probe(r->be);
+    if (p == KVT_EPERM)
+      rc = p;
+    else if (p != 0)
+      remote_failed(t, p, "connect");
+  }
   if (rc != 0) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", kvt_last_error());
     kvti_remote_free(t);
-    return rc;
+    return KVT_ERR(rc, "%s", msg);
   }
   kvti_log(t, KVT_LOG_INFO, "kvtier: remote tier %s (%s)", o->remote_url,
            r->mode == KVT_REMOTE_ONLY ? "remote only" : "local+remote");
@@ -437,17 +459,20 @@ int kvti_remote_enabled(const kvt_tier *t) {
   return RM(t) != NULL;
 }
 
-int kvti_remote_lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
-                       size_t n, int prefix, uint64_t min_len) {
+/* The remote lookup of promotes (count: misses counted) and of
+ * kvt_tier_lookup* (not counted, as local lookups are not). */
+static int lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
+                  size_t n, int prefix, uint64_t min_len, int count) {
   struct kvti_remote *r = RM(t);
   if (!r)
     return KVT_ENOTFOUND;
   if (!remote_ok(r)) {
-    KVTI_STAT_ADD(&t->stats, remote_misses, 1);
+    if (count)
+      KVTI_STAT_ADD(&t->stats, remote_misses, 1);
     return KVT_ERR(KVT_ENOTFOUND, "remote store unavailable (backing off)");
   }
   kvti_remote_meta m;
-  int rc = kvti_redis_find(r->be, &m, tokens, n, prefix, min_len);
+  int rc = kvti_redis_lookup(r->be, &m, tokens, n, prefix, min_len);
   if (rc == 0) {
     remote_success(r);
     double cutoff = kvti_tier_cutoff(t);
@@ -457,7 +482,8 @@ int kvti_remote_lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
     remote_failed(t, rc, "lookup");
   }
   if (rc != 0) {
-    KVTI_STAT_ADD(&t->stats, remote_misses, 1);
+    if (count)
+      KVTI_STAT_ADD(&t->stats, remote_misses, 1);
     return rc == KVT_ENOTFOUND
                ? rc
                : KVT_ERR(KVT_ENOTFOUND, "remote lookup failed: %s",
@@ -472,6 +498,16 @@ int kvti_remote_lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
   info->created_at = m.created_at;
   info->accessed_at = m.created_at;
   return 0;
+}
+
+int kvti_remote_lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
+                       size_t n, int prefix, uint64_t min_len) {
+  return lookup(t, info, tokens, n, prefix, min_len, 1);
+}
+
+int kvti_remote_peek(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
+                     size_t n, int prefix, uint64_t min_len) {
+  return lookup(t, info, tokens, n, prefix, min_len, 0);
 }
 
 /* Moves a verified fetched entry (stage/<hash>) into data/ and indexes it, as

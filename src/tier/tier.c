@@ -806,6 +806,19 @@ static int lookup_common(kvt_entry_info *out, kvt_tier *t,
   double cutoff = kvti_tier_cutoff(t);
   rc = prefix ? kvti_index_find_prefix(out, t->idx, tokens, n, cutoff)
               : kvti_index_find(out, t->idx, tokens, n, cutoff);
+  /* The remote store, as a promote would consult it (promote.c's begin): on a
+   * local miss, or for a longer remote prefix than the local one. */
+  if (kvti_remote_enabled(t) &&
+      (rc == KVT_ENOTFOUND || (rc == 0 && prefix && out->num_tokens < n))) {
+    kvt_entry_info ri;
+    uint64_t min_len = rc == 0 ? out->num_tokens + 1 : 1;
+    if (kvti_remote_peek(t, &ri, tokens, n, prefix, min_len) == 0) {
+      *out = ri;
+      rc = 0;
+    } else if (rc == 0) {
+      kvt_clear_error();
+    }
+  }
   kvti_tier_leave(t);
   return rc;
 }

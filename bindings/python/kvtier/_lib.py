@@ -164,6 +164,10 @@ class Options(ctypes.Structure):
         ("remote_queue_size", ctypes.c_uint32),
         ("remote_chunk_bytes", ctypes.c_uint64),
         ("remote_flags", ctypes.c_uint32),
+        ("remote_lookup_timeout_ms", ctypes.c_uint32),
+        ("remote_tls_ca_file", ctypes.c_char_p),
+        ("remote_tls_cert_file", ctypes.c_char_p),
+        ("remote_tls_key_file", ctypes.c_char_p),
     ]
 
 

@@ -1,6 +1,6 @@
 /*
  * rclient.c - the cluster-aware Redis client of the remote tier (see
- * rclient.h). The slot map (16384 entries, node indexes) and the node table
+ * rclient.h); connections (plain TCP or TLS) are transport.c's. The slot map (16384 entries, node indexes) and the node table
  * live under one mutex; nodes are never freed before the client, so a node
  * pointer taken under the lock stays valid. A batch goes to the slot's owner as
  * one pipeline; replies MOVED/ASK/TRYAGAIN/CLUSTERDOWN are not returned but
@@ -12,6 +12,7 @@
  */
 #include "store/redis/rclient.h"
 #include "base/error.h"
+#include "store/redis/transport.h"
 #include "base/io.h"
 
 #include <errno.h>
@@ -31,7 +32,7 @@
 typedef struct kvr_node {
   kvr_addr addr;
   pthread_mutex_t mu;
-  redisContext *idle[KVR_MAX_IDLE];
+  kvr_conn *idle[KVR_MAX_IDLE];
   int n_idle;
 } kvr_node;
 
@@ -43,8 +44,10 @@ struct kvr_client {
   int mode;                 /* 0 unknown, 1 standalone, 2 cluster */
   int need_refresh;
   int refresh_soon; /* a MOVED was followed: refresh before the next batch */
+  char user[256];
   char password[256];
-  struct timeval tv;
+  uint32_t timeout_ms;
+  kvr_tls *tls; /* NULL: plain TCP (redis://) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -52,35 +55,44 @@ struct kvr_client {
 /* ------------------------------------------------------------------------ */
 
 int kvr_parse_url(const char *url, kvr_addr *addrs, int max_addrs, int *n_out,
-                  char *password, size_t pw_cap) {
-  if (!url || strncmp(url, "redis://", 8) != 0)
-    return KVT_ERR(KVT_EINVAL, "remote_url must start with redis:// (got '%s')",
+                  kvr_cred *cred) {
+  int tls = 0;
+  const char *p = NULL;
+  if (url && !strncmp(url, "redis://", 8))
+    p = url + 8;
+  else if (url && !strncmp(url, "rediss://", 9)) {
+    p = url + 9;
+    tls = 1;
+  } else
+    return KVT_ERR(KVT_EINVAL,
+                   "remote_url must start with redis:// or rediss:// (got "
+                   "'%s')",
                    url ? url : "(null)");
-  const char *p = url + 8;
-  const char *at = strchr(p, '@');
-  if (password && pw_cap)
-    password[0] = '\0';
+  if (cred)
+    memset(cred, 0, sizeof *cred);
+  if (cred)
+    cred->tls = tls;
+  /* [user]:password@ or user:password@ (a Redis 6 ACL user; no user = the
+   * default user). The LAST '@' ends the credentials: a password may hold
+   * '@'. */
+  const char *at = strrchr(p, '@');
   if (at) {
-    const char *pw = p;
-    if (*pw == ':')
-      pw++;
-    else {
-      /* user:password@ - Redis 6 ACL users are not supported: only the
-       * default user. */
-      const char *colon = memchr(p, ':', (size_t)(at - p));
-      if (!colon)
-        return KVT_ERR(KVT_EINVAL,
-                       "remote_url: credentials must be "
-                       ":password@ (got '%.*s@')",
-                       (int)(at - p), p);
-      pw = colon + 1;
-    }
-    size_t n = (size_t)(at - pw);
-    if (password) {
-      if (n >= pw_cap)
-        return KVT_ERR(KVT_EINVAL, "remote_url: password too long");
-      memcpy(password, pw, n);
-      password[n] = '\0';
+    const char *colon = memchr(p, ':', (size_t)(at - p));
+    if (!colon)
+      return KVT_ERR(KVT_EINVAL,
+                     "remote_url: credentials must be [user]:password@ (got "
+                     "'%.*s@')",
+                     (int)(at - p), p);
+    size_t ul = (size_t)(colon - p), pl = (size_t)(at - colon - 1);
+    if (ul >= sizeof cred->user || pl >= sizeof cred->password)
+      return KVT_ERR(KVT_EINVAL, "remote_url: user or password too long");
+    if (pl == 0)
+      return KVT_ERR(KVT_EINVAL, "remote_url: empty password");
+    if (cred) {
+      memcpy(cred->user, p, ul);
+      cred->user[ul] = '\0';
+      memcpy(cred->password, colon + 1, pl);
+      cred->password[pl] = '\0';
     }
     p = at + 1;
   }
@@ -192,92 +204,96 @@ static kvr_node *node_at(kvr_client *c, int i) {
   return n;
 }
 
-static int ctx_error(const redisContext *ctx, const kvr_node *n,
-                     const char *what) {
-  int e = ctx ? ctx->err : REDIS_ERR_OOM;
-  const char *s = ctx ? ctx->errstr : "out of memory";
-  if (e == REDIS_ERR_IO &&
-      (errno == EAGAIN || errno == EWOULDBLOCK || strstr(s, "timed out") ||
-       strstr(s, "Resource temporarily")))
-    return KVT_ERR(KVT_ETIMEDOUT, "redis %s:%d: %s timed out", n->addr.host,
-                   n->addr.port, what);
-  if (e == REDIS_ERR_OOM)
-    return KVT_ERR_NOMEM();
-  return KVT_ERR(KVT_EIO, "redis %s:%d: %s: %s", n->addr.host, n->addr.port,
-                 what, s[0] ? s : "connection lost");
+/* A reply that refuses the client's credentials or rights. */
+static int auth_refused(const redisReply *r) {
+  return r && r->type == REDIS_REPLY_ERROR &&
+         (!strncmp(r->str, "WRONGPASS", 9) || !strncmp(r->str, "NOAUTH", 6) ||
+          !strncmp(r->str, "NOPERM", 6) ||
+          strstr(r->str, "invalid password") != NULL);
 }
 
-static int conn_take(redisContext **out, kvr_client *c, kvr_node *n) {
+static int conn_take(kvr_conn **out, kvr_client *c, kvr_node *n) {
   pthread_mutex_lock(&n->mu);
-  redisContext *ctx = n->n_idle > 0 ? n->idle[--n->n_idle] : NULL;
+  kvr_conn *cn = n->n_idle > 0 ? n->idle[--n->n_idle] : NULL;
   pthread_mutex_unlock(&n->mu);
-  if (ctx) {
-    *out = ctx;
+  if (cn) {
+    *out = cn;
     return 0;
   }
-  ctx = redisConnectWithTimeout(n->addr.host, n->addr.port, c->tv);
-  if (!ctx || ctx->err) {
-    int rc = ctx_error(ctx, n, "connect");
-    if (ctx)
-      redisFree(ctx);
+  int rc = kvr_conn_open(&cn, n->addr.host, n->addr.port, c->tls,
+                         c->timeout_ms);
+  if (rc != 0)
     return rc;
-  }
-  redisSetTimeout(ctx, c->tv);
-  redisEnableKeepAlive(ctx);
   if (c->password[0]) {
-    redisReply *r = redisCommand(ctx, "AUTH %s", c->password);
-    if (!r || r->type == REDIS_REPLY_ERROR) {
-      int rc = r ? KVT_ERR(KVT_EPERM, "redis %s:%d: AUTH refused: %s",
-                           n->addr.host, n->addr.port, r->str)
-                 : ctx_error(ctx, n, "AUTH");
-      if (r)
-        freeReplyObject(r);
-      redisFree(ctx);
+    const char *argv[3] = {"AUTH", c->user, c->password};
+    size_t len[3] = {4, strlen(c->user), strlen(c->password)};
+    redisReply *r = NULL;
+    /* no user: AUTH <password> (the default user, Redis < 6 too) */
+    rc = c->user[0] ? kvr_conn_call(cn, &r, 3, argv, len, c->timeout_ms)
+                    : kvr_conn_call(cn, &r, 2, (const char *const[]){argv[0],
+                                                                    argv[2]},
+                                    (const size_t[]){len[0], len[2]},
+                                    c->timeout_ms);
+    if (rc == 0 && r->type == REDIS_REPLY_ERROR)
+      rc = KVT_ERR(KVT_EPERM, "redis %s:%d: AUTH%s%s refused: %s",
+                   n->addr.host, n->addr.port, c->user[0] ? " as " : "",
+                   c->user, r->str);
+    if (r)
+      freeReplyObject(r);
+    if (rc != 0) {
+      kvr_conn_close(cn);
       return rc;
     }
-    freeReplyObject(r);
   }
-  *out = ctx;
+  *out = cn;
   return 0;
 }
 
-static void conn_give(kvr_node *n, redisContext *ctx) {
-  if (ctx->err) {
-    redisFree(ctx);
+static void conn_give(kvr_node *n, kvr_conn *cn) {
+  if (kvr_conn_broken(cn)) {
+    kvr_conn_close(cn);
     return;
   }
   pthread_mutex_lock(&n->mu);
   if (n->n_idle < KVR_MAX_IDLE) {
-    n->idle[n->n_idle++] = ctx;
-    ctx = NULL;
+    n->idle[n->n_idle++] = cn;
+    cn = NULL;
   }
   pthread_mutex_unlock(&n->mu);
-  if (ctx)
-    redisFree(ctx);
+  if (cn)
+    kvr_conn_close(cn);
 }
 
 /* Drops every idle connection of n (after a failure: they are likely dead). */
 static void node_drop_idle(kvr_node *n) {
   pthread_mutex_lock(&n->mu);
   while (n->n_idle > 0)
-    redisFree(n->idle[--n->n_idle]);
+    kvr_conn_close(n->idle[--n->n_idle]);
   pthread_mutex_unlock(&n->mu);
 }
 
-int kvr_client_new(kvr_client **out, const char *url, uint32_t timeout_ms) {
+int kvr_client_new(kvr_client **out, const char *url, uint32_t timeout_ms,
+                   const kvr_tls_opts *tls) {
   kvr_addr seeds[16];
   int n = 0;
-  char pw[256];
-  int rc = kvr_parse_url(url, seeds, 16, &n, pw, sizeof pw);
+  kvr_cred cred;
+  int rc = kvr_parse_url(url, seeds, 16, &n, &cred);
   if (rc != 0)
     return rc;
+  if (!cred.tls && tls && (tls->ca_file || tls->cert_file || tls->key_file))
+    return KVT_ERR(KVT_EINVAL, "remote TLS files are set but remote_url is "
+                               "not rediss://");
   kvr_client *c = kvti_calloc(1, sizeof *c);
   if (!c)
     return KVT_ERR_NOMEM();
   pthread_mutex_init(&c->mu, NULL);
-  snprintf(c->password, sizeof c->password, "%s", pw);
-  c->tv.tv_sec = timeout_ms / 1000;
-  c->tv.tv_usec = (timeout_ms % 1000) * 1000;
+  snprintf(c->user, sizeof c->user, "%s", cred.user);
+  snprintf(c->password, sizeof c->password, "%s", cred.password);
+  c->timeout_ms = timeout_ms ? timeout_ms : 1;
+  if (cred.tls && (rc = kvr_tls_new(&c->tls, tls)) != 0) {
+    kvr_client_free(c);
+    return rc;
+  }
   for (int i = 0; i < KVR_SLOTS; i++)
     c->slots[i] = -1;
   for (int i = 0; i < n; i++) {
@@ -299,6 +315,7 @@ void kvr_client_free(kvr_client *c) {
     pthread_mutex_destroy(&c->nodes[i]->mu);
     kvti_free(c->nodes[i]);
   }
+  kvr_tls_free(c->tls);
   pthread_mutex_destroy(&c->mu);
   kvti_free(c);
 }
@@ -349,16 +366,34 @@ static int refresh(kvr_client *c) {
   int n = c->n_nodes;
   pthread_mutex_unlock(&c->mu);
   int rc = KVT_ERR(KVT_EIO, "redis: no node reachable");
+  int perm = 0;
+  char perm_msg[512] = "";
   for (int i = 0; i < n; i++) {
     kvr_node *node = node_at(c, i);
-    redisContext *ctx = NULL;
-    if ((rc = conn_take(&ctx, c, node)) != 0)
+    kvr_conn *ctx = NULL;
+    if ((rc = conn_take(&ctx, c, node)) != 0) {
+      if (rc == KVT_EPERM) { /* credentials or certificate refused */
+        perm = rc;
+        snprintf(perm_msg, sizeof perm_msg, "%s", kvt_last_error());
+      }
       continue;
-    redisReply *r = redisCommand(ctx, "CLUSTER SLOTS");
-    if (!r) {
-      rc = ctx_error(ctx, node, "CLUSTER SLOTS");
-      redisFree(ctx);
+    }
+    static const char *const argv[2] = {"CLUSTER", "SLOTS"};
+    static const size_t len[2] = {7, 5};
+    redisReply *r = NULL;
+    if ((rc = kvr_conn_call(ctx, &r, 2, argv, len, c->timeout_ms)) != 0) {
+      kvr_conn_close(ctx);
       node_drop_idle(node);
+      continue;
+    }
+    if (auth_refused(r)) {
+      perm = rc = KVT_ERR(KVT_EPERM, "redis %s:%d: %s%s", node->addr.host,
+                          node->addr.port, r->str,
+                          c->password[0] ? ""
+                                         : " (remote_url has no credentials)");
+      snprintf(perm_msg, sizeof perm_msg, "%s", kvt_last_error());
+      freeReplyObject(r);
+      conn_give(node, ctx);
       continue;
     }
     pthread_mutex_lock(&c->mu);
@@ -384,6 +419,8 @@ static int refresh(kvr_client *c) {
     if (rc == 0)
       return 0;
   }
+  if (perm) /* an auth/TLS refusal says more than an unreachable seed */
+    return KVT_ERR(KVT_EPERM, "%s", perm_msg);
   return rc;
 }
 
@@ -473,9 +510,9 @@ static void pipe_restore(pipe_guard *g) {
  * memmove the rest of that buffer after each partial write, which for
  * multi-MiB chunk values costs more than the transfer. Small pieces (RESP
  * headers, keys) are gathered into one text buffer; large values are sent
- * from the caller's memory. The context's own output buffer stays empty, so
- * replies are then read with redisGetReply as usual. Blocking socket with
- * SO_SNDTIMEO (redisSetTimeout): a stalled server times out. */
+ * from the caller's memory, through the connection's transport (writev on
+ * plain TCP, TLS records otherwise; transport.c), each wait bounded by the
+ * client's timeout: a stalled server times out. */
 typedef struct seg {
   const char *p; /* NULL: text at off */
   size_t off, len;
@@ -547,9 +584,8 @@ static void wb_cmd(wbuf *w, int argc, const char *const *argv,
   }
 }
 
-static int send_direct(redisContext *ctx, const kvr_node *nd,
-                       const kvr_cmd *cmds, const size_t *idx, size_t m,
-                       int asking) {
+static int send_direct(kvr_conn *ctx, uint32_t timeout_ms, const kvr_cmd *cmds,
+                       const size_t *idx, size_t m, int asking) {
   static const char *askv[] = {"ASKING"};
   static const size_t askl[] = {6};
   wbuf w;
@@ -561,46 +597,18 @@ static int send_direct(redisContext *ctx, const kvr_node *nd,
     wb_cmd(&w, cm->argc, cm->argv, cm->len);
   }
   int rc = 0;
-  struct iovec iov[64];
-  size_t si = 0, done = 0; /* segment index, bytes of it already sent */
-  while (!w.oom && si < w.n) {
-    int niov = 0;
-    for (size_t j = si; j < w.n && niov < 64; j++, niov++) {
-      const seg *g = &w.segs[j];
-      const char *base = g->p ? g->p : w.text + g->off;
-      size_t skip = j == si ? done : 0;
-      iov[niov].iov_base = (void *)(base + skip);
-      iov[niov].iov_len = g->len - skip;
-    }
-    ssize_t wr = writev(ctx->fd, iov, niov);
-    if (wr < 0) {
-      if (errno == EINTR)
-        continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK)
-        rc = KVT_ERR(KVT_ETIMEDOUT, "redis %s:%d: send timed out",
-                     nd->addr.host, nd->addr.port);
-      else
-        rc = KVT_ERR_OS(errno, "redis %s:%d: send", nd->addr.host,
-                        nd->addr.port);
-      if (rc != KVT_ETIMEDOUT)
-        rc = KVT_EIO;
-      break;
-    }
-    size_t left = (size_t)wr;
-    while (left > 0 && si < w.n) {
-      size_t rem = w.segs[si].len - done;
-      if (left >= rem) {
-        left -= rem;
-        si++;
-        done = 0;
-      } else {
-        done += left;
-        left = 0;
-      }
-    }
-  }
-  if (w.oom)
+  struct iovec *iov = w.oom ? NULL : kvti_malloc((w.n ? w.n : 1) * sizeof *iov);
+  if (!iov) {
     rc = KVT_ERR_NOMEM();
+  } else {
+    for (size_t j = 0; j < w.n; j++) {
+      const seg *g = &w.segs[j];
+      iov[j].iov_base = (void *)(g->p ? g->p : w.text + g->off);
+      iov[j].iov_len = g->len;
+    }
+    rc = kvr_conn_writev(ctx, iov, (int)w.n, timeout_ms);
+  }
+  kvti_free(iov);
   kvti_free(w.text);
   kvti_free(w.segs);
   return rc;
@@ -615,26 +623,26 @@ static int run_on(kvr_client *c, int node, const kvr_cmd *cmds,
   kvr_node *nd = node_at(c, node);
   if (!nd)
     return KVT_ERR(KVT_EIO, "redis: unknown node %d", node);
-  redisContext *ctx = NULL;
+  kvr_conn *ctx = NULL;
   int rc = conn_take(&ctx, c, nd);
   if (rc != 0)
     return rc;
-  rc = send_direct(ctx, nd, cmds, idx, m, asking);
+  rc = send_direct(ctx, c->timeout_ms, cmds, idx, m, asking);
   if (rc != 0) {
-    redisFree(ctx);
+    kvr_conn_close(ctx);
     node_drop_idle(nd);
     return rc;
   }
   size_t got = 0;
   for (size_t k = 0; k < m; k++) {
-    void *r = NULL;
+    redisReply *r = NULL;
     if (asking) {
-      if (redisGetReply(ctx, &r) != REDIS_OK)
+      if ((rc = kvr_conn_reply(ctx, &r, c->timeout_ms, 0)) != 0)
         goto io_fail;
       freeReplyObject(r);
       r = NULL;
     }
-    if (redisGetReply(ctx, &r) != REDIS_OK)
+    if ((rc = kvr_conn_reply(ctx, &r, c->timeout_ms, 0)) != 0)
       goto io_fail;
     replies[idx[k]] = r;
     got++;
@@ -642,12 +650,11 @@ static int run_on(kvr_client *c, int node, const kvr_cmd *cmds,
   conn_give(nd, ctx);
   return 0;
 io_fail:
-  rc = ctx_error(ctx, nd, "command");
   for (size_t k = 0; k < got; k++) {
     freeReplyObject(replies[idx[k]]);
     replies[idx[k]] = NULL;
   }
-  redisFree(ctx);
+  kvr_conn_close(ctx);
   node_drop_idle(nd);
   pthread_mutex_lock(&c->mu);
   c->need_refresh = 1;
@@ -754,6 +761,33 @@ static int exec_batch(kvr_client *c, const char *key, size_t klen,
   }
   kvti_free(pend);
   kvti_free(next);
+  return rc;
+}
+
+int kvr_client_probe(kvr_client *c) {
+  pipe_guard g;
+  pipe_block(&g);
+  int rc = refresh(c);
+  pipe_restore(&g);
+  return rc;
+}
+
+int kvr_client_dedicated(kvr_client *c, kvr_conn **out) {
+  pthread_mutex_lock(&c->mu);
+  int n = c->n_nodes;
+  int first = c->n_nodes > 0 ? c->slots[0] : -1;
+  pthread_mutex_unlock(&c->mu);
+  int rc = KVT_ERR(KVT_EIO, "redis: no node known");
+  /* The owner of slot 0 first (a live master once the map is known), then
+   * every known node in turn. */
+  for (int k = -1; k < n; k++) {
+    int i = k < 0 ? first : k;
+    if (i < 0 || (k >= 0 && i == first))
+      continue;
+    kvr_node *nd = node_at(c, i);
+    if (nd && (rc = conn_take(out, c, nd)) == 0)
+      return 0;
+  }
   return rc;
 }
 

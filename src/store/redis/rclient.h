@@ -1,6 +1,6 @@
 /*
- * rclient.h - a small Redis / Valkey client over hiredis 0.14 (which has no
- * cluster support) for the remote tier: seed nodes from a URL, standalone or
+ * rclient.h - a small Redis / Valkey client (hiredis 0.14's RESP reader, our
+ * own plain/TLS transport: transport.h) for the remote tier: ACL users, seed nodes from a URL, standalone or
  * Redis Cluster detected at first contact, routing by hash slot (CRC16 of the
  * key's hash tag) from CLUSTER SLOTS, MOVED (update the slot, refresh the map)
  * and ASK (ASKING + command on the importing node) followed per command, a
@@ -12,6 +12,8 @@
  */
 #ifndef KVT_RCLIENT_H
 #define KVT_RCLIENT_H
+
+#include "store/redis/transport.h"
 
 #include <hiredis/hiredis.h>
 #include <stddef.h>
@@ -27,20 +29,36 @@ typedef struct kvr_cmd {
   size_t len[KVR_MAX_ARGS];
 } kvr_cmd;
 
-/* Parsed URL: redis://[:password@]host:port[,host:port...]. */
+/* Parsed URL: redis[s]://[[user]:password@]host:port[,host:port...]. */
 typedef struct kvr_addr {
   char host[256];
   int port;
 } kvr_addr;
 
+/* Credentials and scheme of a URL: user "" = the default user (AUTH
+ * <password>), password "" = no AUTH; tls = 1 for rediss://. */
+typedef struct kvr_cred {
+  char user[256];
+  char password[256];
+  int tls;
+} kvr_cred;
+
 /* Validates url without connecting. Returns 0 or KVT_EINVAL (message names the
- * problem). n_out/addrs/password may be NULL. */
+ * problem). n_out/addrs/cred may be NULL. */
 int kvr_parse_url(const char *url, kvr_addr *addrs, int max_addrs, int *n_out,
-                  char *password, size_t pw_cap);
+                  kvr_cred *cred);
 
 /* Creates a client (no connection is made yet: the first command connects and
- * detects cluster mode). timeout_ms bounds connects and every command. */
-int kvr_client_new(kvr_client **out, const char *url, uint32_t timeout_ms);
+ * detects cluster mode). timeout_ms bounds connects and each wait of every
+ * command. tls: CA / client certificate files for rediss:// (may be NULL;
+ * setting files for a redis:// URL is KVT_EINVAL). Certificate files are
+ * loaded here: a bad one is KVT_EINVAL now, not at the first command. */
+int kvr_client_new(kvr_client **out, const char *url, uint32_t timeout_ms,
+                   const kvr_tls_opts *tls);
+/* Contacts the store now (the slot map; AUTH and the TLS handshake on the
+ * way). Returns 0, KVT_EPERM (credentials or certificates refused: a
+ * configuration error), KVT_EIO / KVT_ETIMEDOUT (unreachable: transient). */
+int kvr_client_probe(kvr_client *c);
 void kvr_client_free(kvr_client *c);
 
 /* Hash slot of a key (CRC16-CCITT of the hash tag, mod 16384). */
@@ -61,6 +79,10 @@ int kvr_foreach_master(kvr_client *c, kvr_node_fn fn, void *ctx);
 /* Runs one command on a given node (no redirection). */
 int kvr_exec_node(kvr_client *c, int node, const kvr_cmd *cmd,
                   redisReply **reply);
+
+/* A connection of its own (not pooled; the caller closes it) to a reachable
+ * node, authenticated: for a pub/sub subscriber. */
+int kvr_client_dedicated(kvr_client *c, kvr_conn **out);
 
 /* 1 when the server is a cluster (after the first successful contact). */
 int kvr_is_cluster(kvr_client *c);
