@@ -85,7 +85,8 @@ def test_two_nodes_share(tmp_path, redis_url, rng):
     assert a.enqueue_spill(toks, layers, 4242) is True
     a.flush(timeout=30)
     assert a.get_stats()["remote_spill_count"] == 1
-    assert b.lookup_ssd(toks) is None  # lookups are local
+    # lookups see the remote entry (issue 16): what the promote below finds
+    assert b.lookup_ssd(toks)["num_tokens"] == 40
     bud = Budget()
     got = run(b.async_promote(toks, bud.reserve, bud.release))
     assert got is not None and bud.reserved == 4242

@@ -607,6 +607,38 @@ def check(rc: int, what: str = "") -> int:
     return rc
 
 
+REMOTE_MODES = {"local": REMOTE_LOCAL, "local+remote": REMOTE_LOCAL_AND_REMOTE,
+                "remote": REMOTE_ONLY}
+
+
+def set_remote_options(o: Any, keep: list, url: Any = None, mode: str = "local",
+                       prefix: Any = None, timeout_ms: int = 1000,
+                       lookup_timeout_ms: int = 250, keep_local: bool = True,
+                       tls_ca_file: Any = None, tls_cert_file: Any = None,
+                       tls_key_file: Any = None) -> None:
+    """Fills the remote-tier fields of a kvt_options (shared by
+    SSDCacheConfig and kvtier.Tier); the byte strings go to keep, which must
+    outlive kvt_tier_open.  Validation is kvt_options_validate's."""
+    if mode not in REMOTE_MODES:
+        raise ValueError("remote_mode must be 'local', 'local+remote' or 'remote', "
+                         f"got {mode!r}")
+    o.remote_mode = REMOTE_MODES[mode]
+    for field, val in (("remote_url", url), ("remote_prefix", prefix)):
+        if val is not None:
+            keep.append(str(val).encode("utf-8"))
+            setattr(o, field, keep[-1])
+    for field, val in (("remote_tls_ca_file", tls_ca_file),
+                       ("remote_tls_cert_file", tls_cert_file),
+                       ("remote_tls_key_file", tls_key_file)):
+        if val is not None:
+            keep.append(fs_path(val))
+            setattr(o, field, keep[-1])
+    o.remote_timeout_ms = int(timeout_ms)
+    o.remote_lookup_timeout_ms = int(lookup_timeout_ms)
+    if not keep_local:
+        o.remote_flags |= REMOTE_NO_LOCAL_COPY
+
+
 def fs_path(p: Any) -> bytes:
     """os.PathLike / str / bytes -> bytes for a const char* argument."""
     return os.fsencode(os.fspath(p))

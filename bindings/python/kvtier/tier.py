@@ -121,7 +121,13 @@ class Tier:
     max_entries, spill_queue_size, spill_queue_bytes, retention_seconds
     (None/0: never expire), storage_mode ("native"/"compat"), durability
     ("fsync"/"none"), promote_threads, quarantine_max, io_backend, file_mode,
-    dir_mode, readonly, reconcile (at open), start_writer.
+    dir_mode, readonly, reconcile (at open), start_writer; the shared remote
+    tier (docs/REMOTE.md): remote_url ("redis[s]://[[user]:password@]host:port",
+    comma-separated seeds for a cluster), remote_mode ("local+remote" when a
+    URL is given, or "remote"), remote_prefix, remote_timeout_ms,
+    remote_lookup_timeout_ms, remote_keep_local, remote_tls_ca_file,
+    remote_tls_cert_file, remote_tls_key_file.  Lookups, promotes and
+    read_entry then see the remote entries.
     """
 
     def __init__(self, cache_dir: Optional[str] = None, *, model_name: Optional[str] = None,
@@ -131,7 +137,13 @@ class Tier:
                  durability: str = "fsync", promote_threads: int = 2,
                  quarantine_max: int = 16, io_backend: str = "auto",
                  file_mode: int = 0o600, dir_mode: int = 0o700, readonly: bool = False,
-                 reconcile: bool = True, start_writer: bool = True) -> None:
+                 reconcile: bool = True, start_writer: bool = True,
+                 remote_url: Optional[str] = None, remote_mode: Optional[str] = None,
+                 remote_prefix: Optional[str] = None, remote_timeout_ms: int = 1000,
+                 remote_lookup_timeout_ms: int = 250, remote_keep_local: bool = True,
+                 remote_tls_ca_file: Optional[str] = None,
+                 remote_tls_cert_file: Optional[str] = None,
+                 remote_tls_key_file: Optional[str] = None) -> None:
         o = L.Options()
         L.check(L.kvt_options_init(ctypes.byref(o), L.KVT_OPTIONS_VERSION))
         keep = []
@@ -158,6 +170,12 @@ class Tier:
         o.dir_mode = int(dir_mode)
         o.flags = ((L.OPEN_READONLY if readonly else 0)
                    | (0 if reconcile else L.OPEN_NO_RECONCILE))
+        if remote_mode is None:
+            remote_mode = "local" if remote_url is None else "local+remote"
+        L.set_remote_options(o, keep, remote_url, remote_mode, remote_prefix,
+                             remote_timeout_ms, remote_lookup_timeout_ms,
+                             remote_keep_local, remote_tls_ca_file,
+                             remote_tls_cert_file, remote_tls_key_file)
         L.check(L.kvt_options_validate(ctypes.byref(o)), "options")
         p = ctypes.c_void_p()
         L.check(L.kvt_tier_open(ctypes.byref(p), ctypes.byref(o)), "open")

@@ -382,6 +382,10 @@ static int refresh(kvr_client *c) {
     static const size_t len[2] = {7, 5};
     redisReply *r = NULL;
     if ((rc = kvr_conn_call(ctx, &r, 2, argv, len, c->timeout_ms)) != 0) {
+      if (rc == KVT_EPERM) {
+        perm = rc;
+        snprintf(perm_msg, sizeof perm_msg, "%s", kvt_last_error());
+      }
       kvr_conn_close(ctx);
       node_drop_idle(node);
       continue;

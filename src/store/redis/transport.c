@@ -48,6 +48,8 @@ struct kvr_conn {
   SSL *ssl;
   redisReader *rd;
   int broken;
+  int tls_alert; /* the TLS layer failed (an alert: e.g. a refused client
+                    certificate, which TLS 1.3 reports after the handshake) */
   char peer[300];
   char *buf; /* KVR_RBUF */
 };
@@ -110,6 +112,10 @@ static ssize_t tls_retry(kvr_conn *c, int r, short *want) {
     return 0;
   case SSL_ERROR_ZERO_RETURN:
     errno = ECONNRESET;
+    return -1;
+  case SSL_ERROR_SSL:
+    c->tls_alert = 1;
+    errno = EPROTO;
     return -1;
   default:
     if (errno == 0)
@@ -233,6 +239,9 @@ static int fail(kvr_conn *c, int rc, const char *what) {
     return KVT_ERR(KVT_ETIMEDOUT, "redis %s: %s timed out", c->peer, what);
   if (rc == KVT_ENOMEM)
     return KVT_ERR_NOMEM();
+  if (c->tls_alert)
+    return KVT_ERR(KVT_EPERM, "redis %s: %s: TLS refused: %s", c->peer, what,
+                   ssl_reason());
   int e = errno;
   return KVT_ERR(KVT_EIO, "redis %s: %s: %s", c->peer, what,
                  c->ssl && ERR_peek_last_error() ? ssl_reason()
@@ -301,6 +310,34 @@ static int tcp_connect(kvr_conn *c, const char *host, int port,
   return rc;
 }
 
+/* TLS 1.3 ends the client's handshake before the server has checked the
+ * client's certificate: a refusal arrives as an alert afterwards, where it
+ * would race with the first command (whose write may fail first, hiding it).
+ * So wait briefly for what the server sends right after the handshake - its
+ * session tickets, or that alert - and read it now: a refused certificate is
+ * then a clear KVT_EPERM at connect. Bounded (100 ms at most): a server that
+ * sends nothing costs that once per new connection. */
+static int tls13_settle(kvr_conn *c, uint32_t timeout_ms) {
+  if (SSL_version(c->ssl) != TLS1_3_VERSION)
+    return 0;
+  uint32_t wait = timeout_ms < 100 ? timeout_ms : 100;
+  if (wait_fd(c, POLLIN, wait) != 0)
+    return 0;
+  char b[1];
+  ERR_clear_error();
+  int r = SSL_peek(c->ssl, b, 1);
+  if (r > 0)
+    return 0;
+  int e = SSL_get_error(c->ssl, r);
+  if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
+    return 0;
+  if (e == SSL_ERROR_SSL)
+    return KVT_ERR(KVT_EPERM, "redis %s: TLS refused by the server: %s",
+                   c->peer, ssl_reason());
+  return KVT_ERR(KVT_EIO, "redis %s: TLS: connection closed by the server",
+                 c->peer);
+}
+
 static int tls_handshake(kvr_conn *c, kvr_tls *tls, const char *host,
                          uint32_t timeout_ms) {
   ERR_clear_error();
@@ -323,7 +360,7 @@ static int tls_handshake(kvr_conn *c, kvr_tls *tls, const char *host,
     errno = 0;
     int r = SSL_connect(c->ssl);
     if (r == 1)
-      return 0;
+      return tls13_settle(c, timeout_ms);
     int e = SSL_get_error(c->ssl, r);
     short want = e == SSL_ERROR_WANT_READ    ? POLLIN
                  : e == SSL_ERROR_WANT_WRITE ? POLLOUT
