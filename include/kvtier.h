@@ -703,6 +703,21 @@ KVT_API int kvt_tier_remote_foreach(kvt_tier *t, kvt_entry_visit_fn fn,
  *  Thread-safe. */
 KVT_API int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash);
 
+/** Tools (the CLI's show --remote): kvt_tier_describe for an entry of the
+ *  remote store (its files are fetched to a staging directory, checked
+ *  against the chunk checksums, described, and deleted). Returns as
+ *  kvt_tier_describe, plus KVT_EINVAL (no remote tier), KVT_EUNSUPPORTED,
+ *  KVT_ETIMEDOUT. Thread-safe. */
+KVT_API int kvt_tier_remote_describe(char **json, kvt_tier *t,
+                                     const char *token_hash);
+
+/** Tools (the CLI's gc --remote): deletes one entry of the remote store (its
+ *  manifest first, then its chunks) and tells the other nodes' lookup
+ *  mirrors. A missing entry is success. Returns 0, KVT_EINVAL (no remote
+ *  tier, read-only tier, bad hash), KVT_EUNSUPPORTED, KVT_EIO /
+ *  KVT_ETIMEDOUT. Thread-safe. */
+KVT_API int kvt_tier_remote_remove(kvt_tier *t, const char *token_hash);
+
 /** The cache directory actually in use (absolute). Owned by the tier. */
 KVT_API const char *kvt_tier_dir(const kvt_tier *t);
 

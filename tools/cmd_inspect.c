@@ -70,10 +70,7 @@ static const char *LS_HELP =
     "  --no-describe   skip reading manifests (no layers/kinds/dtypes/mode);\n"
     "                  fast on very large caches\n"
     "  --json          JSON output: {dir, total, count, entries: [...]}\n"
-    "  --remote URL    inspect a shared remote store (redis://host:port, "
-    "comma-\n"
-    "                  separated seeds for a cluster) instead of DIR\n"
-    "  --remote-prefix P   its key prefix (default kvt:)\n"
+    CLI_REMOTE_HELP
     "\n"
     "Columns: HASH, TOKENS, LAYERS, KINDS (kv, rotating, arrays, quant with\n"
     "layer counts), DTYPES, DISK (bytes on disk), MEMORY (RAM size recorded\n"
@@ -115,7 +112,7 @@ static int cmp_entries(const void *pa, const void *pb) {
 int cmd_ls(int argc, char **argv) {
   cli_flag f[] = {{"json", 0},    {"sort", 1},   {"reverse", 0},
                   {"limit", 1},   {"full", 0},   {"no-describe", 0},
-                  {"verbose", 0}, {"remote", 1}, {"remote-prefix", 1}};
+                  {"verbose", 0}, CLI_REMOTE_FLAGS};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1] = {NULL};
   /* DIR is optional here: --remote URL lists a remote store instead. */
@@ -124,9 +121,9 @@ int cmd_ls(int argc, char **argv) {
   if (rc != CLI_RUN)
     return rc;
   int json = cli_flag_get(f, nf, "json")->set;
-  if (cli_flag_get(f, nf, "remote")->value)
-    return cli_remote("ls", cli_flag_get(f, nf, "remote")->value,
-                      cli_flag_get(f, nf, "remote-prefix")->value, json, 0,
+  cli_remote_args ra;
+  if (cli_remote_args_get(&ra, f, nf))
+    return cli_remote("ls", &ra, json, 0,
                       cli_flag_get(f, nf, "verbose")->set);
   if ((rc = cli_need_dir("ls", LS_HELP, pos[0])) != CLI_RUN)
     return rc;
@@ -256,10 +253,7 @@ static const char *STATS_HELP =
     "  --json          JSON output\n"
     "  --max-size SIZE, --max-entries N   limits to compare against\n"
     "  --no-describe   skip reading manifests (no per-kind/dtype counts)\n"
-    "  --remote URL    inspect a shared remote store (redis://host:port, "
-    "comma-\n"
-    "                  separated seeds for a cluster) instead of DIR\n"
-    "  --remote-prefix P   its key prefix (default kvt:)\n";
+CLI_REMOTE_HELP;
 
 static uint64_t count_dir(const char *dir, const char *sub) {
   char p[4200];
@@ -279,7 +273,7 @@ static uint64_t count_dir(const char *dir, const char *sub) {
 int cmd_stats(int argc, char **argv) {
   cli_flag f[] = {{"json", 0},        {"prometheus", 0},   {"max-size", 1},
                   {"max-entries", 1}, {"no-describe", 0},  {"verbose", 0},
-                  {"remote", 1},      {"remote-prefix", 1}};
+                  CLI_REMOTE_FLAGS};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1] = {NULL};
   int rc = cli_begin("stats", STATS_HELP, "missing DIR", argc, argv, f, nf, pos,
@@ -288,9 +282,9 @@ int cmd_stats(int argc, char **argv) {
     return rc;
   int json = cli_flag_get(f, nf, "json")->set;
   int prom = cli_flag_get(f, nf, "prometheus")->set;
-  if (cli_flag_get(f, nf, "remote")->value && !(json && prom))
-    return cli_remote("stats", cli_flag_get(f, nf, "remote")->value,
-                      cli_flag_get(f, nf, "remote-prefix")->value, json, prom,
+  cli_remote_args ra;
+  if (cli_remote_args_get(&ra, f, nf) && !(json && prom))
+    return cli_remote("stats", &ra, json, prom,
                       cli_flag_get(f, nf, "verbose")->set);
   if ((rc = cli_need_dir("stats", STATS_HELP, pos[0])) != CLI_RUN)
     return rc;
@@ -536,6 +530,7 @@ int cmd_stats(int argc, char **argv) {
 
 static const char *SHOW_HELP =
     "usage: kvtier show DIR HASH [--json]\n"
+    "       kvtier show --remote URL [--remote-prefix P] HASH [--json]\n"
     "\n"
     "One entry in detail (read-only): token count, sizes, times, storage\n"
     "mode, the manifest, and for each layer its kind, attributes and tensors\n"
@@ -544,7 +539,8 @@ static const char *SHOW_HELP =
     "unique prefix of it (at least 4 digits).\n"
     "\n"
     "  --json   the kvt_tier_describe document plus the index fields:\n"
-    "           {dir, entry: {...}, describe: {...}}\n";
+    "           {dir, entry: {...}, describe: {...}} (--remote: {remote,\n"
+    "           prefix, entry, describe})\n" CLI_REMOTE_HELP;
 
 /* Byte length of a tensor object in a describe document. */
 static double tensor_bytes(const cJSON *tv) {
@@ -628,14 +624,23 @@ static void print_manifest(const cJSON *obj, const char *prefix) {
 }
 
 int cmd_show(int argc, char **argv) {
-  cli_flag f[] = {{"json", 0}, {"verbose", 0}};
+  cli_flag f[] = {{"json", 0}, {"verbose", 0}, CLI_REMOTE_FLAGS};
   const size_t nf = sizeof f / sizeof f[0];
-  const char *pos[2];
+  const char *pos[2] = {NULL, NULL};
   int rc = cli_begin("show", SHOW_HELP, "needs DIR and HASH", argc, argv, f, nf,
-                     pos, 2, 2);
+                     pos, 1, 2);
   if (rc != CLI_RUN)
     return rc;
   int json = cli_flag_get(f, nf, "json")->set;
+  cli_remote_args ra;
+  if (cli_remote_args_get(&ra, f, nf)) {
+    if (pos[1])
+      return cli_fail(json, "show", CLI_USAGE,
+                      "give HASH only with --remote (no DIR)");
+    return cli_remote_show(&ra, pos[0], json);
+  }
+  if (!pos[1])
+    return cli_fail(json, "show", CLI_USAGE, "needs DIR and HASH");
   const char *want = pos[1];
   size_t wl = strlen(want);
   if (wl < 4 || wl > 64 || strspn(want, "0123456789abcdefABCDEF") != wl)
@@ -682,22 +687,30 @@ int cmd_show(int argc, char **argv) {
     return cli_fail(json, "show", CLI_FAILED, "entry %s: %s (%s)",
                     info.token_hash, msg, kvt_strerror(rc));
   }
-  cJSON *doc = cJSON_Parse(djson);
+  rc = cli_show_print("dir", c.dir, NULL, &info, djson, json);
   kvt_free(djson);
-  if (!doc) {
-    cli_cache_close(&c);
+  cli_cache_close(&c);
+  return rc;
+}
+
+int cli_show_print(const char *where_key, const char *where,
+                   const char *prefix, const kvt_entry_info *ip,
+                   const char *djson, int json) {
+  kvt_entry_info info = *ip;
+  cJSON *doc = cJSON_Parse(djson);
+  if (!doc)
     return cli_fail(json, "show", CLI_FAILED,
                     "entry %s: describe returned invalid JSON",
                     info.token_hash);
-  }
   if (json) {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "dir", c.dir);
+    cJSON_AddStringToObject(o, where_key, where);
+    if (prefix)
+      cJSON_AddStringToObject(o, "prefix", prefix);
     cJSON *e = cJSON_AddObjectToObject(o, "entry");
     add_info_json(e, &info);
     cJSON_AddItemToObject(o, "describe", doc);
     cli_json_print(o);
-    cli_cache_close(&c);
     return CLI_OK;
   }
   char a[32], b[32], t1[32], t2[32];
@@ -784,6 +797,5 @@ int cmd_show(int argc, char **argv) {
     print_manifest(man, "");
   }
   cJSON_Delete(doc);
-  cli_cache_close(&c);
   return CLI_OK;
 }

@@ -727,3 +727,45 @@ int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash) {
   return rc;
 #endif
 }
+
+int kvt_tier_remote_describe(char **json, kvt_tier *t, const char *token_hash) {
+  if (!json || !t || !token_hash)
+    return KVT_ERR(KVT_EINVAL, "remote_describe: NULL argument");
+  if (!kvti_is_hash_name(token_hash))
+    return KVT_ERR(KVT_EINVAL, "token_hash must be 64 lowercase hex digits");
+#if !KVT_HAVE_REDIS
+  return KVT_ERR(KVT_EUNSUPPORTED, "no remote tier in this build");
+#else
+  if (!t->remote)
+    return KVT_ERR(KVT_EINVAL, "the tier has no remote store configured");
+  int rc = kvti_tier_enter(t);
+  if (rc != 0)
+    return rc;
+  kvti_backend *be = t->remote->be;
+  rc = be->ops->describe(be, json, token_hash);
+  kvti_tier_leave(t);
+  return rc;
+#endif
+}
+
+int kvt_tier_remote_remove(kvt_tier *t, const char *token_hash) {
+  if (!t || !token_hash)
+    return KVT_ERR(KVT_EINVAL, "remote_remove: NULL argument");
+  if (!kvti_is_hash_name(token_hash))
+    return KVT_ERR(KVT_EINVAL, "token_hash must be 64 lowercase hex digits");
+#if !KVT_HAVE_REDIS
+  return KVT_ERR(KVT_EUNSUPPORTED, "no remote tier in this build");
+#else
+  if (!t->remote)
+    return KVT_ERR(KVT_EINVAL, "the tier has no remote store configured");
+  if (t->readonly)
+    return KVT_ERR(KVT_EINVAL, "remote_remove needs a writable tier");
+  int rc = kvti_tier_enter(t);
+  if (rc != 0)
+    return rc;
+  kvti_backend *be = t->remote->be;
+  rc = be->ops->remove(be, token_hash);
+  kvti_tier_leave(t);
+  return rc;
+#endif
+}

@@ -121,6 +121,32 @@ def test_two_nodes_share(tmp_path, redis_url, rng):
                            capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
         assert json.loads(p.stdout)["bad"] == 0
+        h = kv._tokens_hash(toks)
+        p = subprocess.run([cli, "show", "--remote", redis_url, "--remote-prefix",
+                            "py:", h[:10], "--json"], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        sh = json.loads(p.stdout)
+        assert sh["entry"]["token_hash"] == h and sh["entry"]["num_tokens"] == 40
+        assert len(sh["describe"]["layers"]) == 2
+        p = subprocess.run([cli, "show", "--remote", redis_url, "--remote-prefix",
+                            "py:", "abcd"], capture_output=True, text=True)
+        assert p.returncode != 0 and "no entry abcd" in p.stderr
+        gc = [cli, "gc", "--remote", redis_url, "--remote-prefix", "py:",
+              "--max-entries", "1", "--json"]
+        p = subprocess.run(gc, capture_output=True, text=True)
+        assert p.returncode == 0 and json.loads(p.stdout)["removed_count"] == 0
+        time.sleep(1.1)
+        p = subprocess.run(gc[:-3] + ["--older-than", "1s", "--dry-run", "--json"],
+                           capture_output=True, text=True)
+        out = json.loads(p.stdout)
+        assert p.returncode == 0 and out["dry_run"] and out["removed_count"] == 1
+        p = subprocess.run(gc[:-3] + ["--older-than", "1s", "--json"],
+                           capture_output=True, text=True)
+        out = json.loads(p.stdout)
+        assert out["removed"][0]["token_hash"] == h and out["remaining"] == 0
+        p = subprocess.run([cli, "ls", "--remote", redis_url, "--remote-prefix",
+                            "py:", "--json"], capture_output=True, text=True)
+        assert json.loads(p.stdout)["entries"] == []
         p = subprocess.run([cli, "ls", "--remote", "redis://127.0.0.1:1"],
                            capture_output=True, text=True)
         assert p.returncode == 3 and "redis://127.0.0.1:1" in p.stderr
