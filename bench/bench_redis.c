@@ -289,9 +289,9 @@ int main(int argc, char **argv) {
       kvt_entry_info info;
       t0 = now();
       for (int i = 0; i < reps; i++) {
-        int r = L[k].prefix ? kvt_tier_lookup_prefix(&info, L[k].t, L[k].q,
-                                                     L[k].n)
-                            : kvt_tier_lookup(&info, L[k].t, L[k].q, L[k].n);
+        int r = L[k].prefix
+                    ? kvt_tier_lookup_prefix(&info, L[k].t, L[k].q, L[k].n)
+                    : kvt_tier_lookup(&info, L[k].t, L[k].q, L[k].n);
         if ((r == 0) != L[k].want)
           lookups_ok = 0;
       }

@@ -212,10 +212,12 @@ void *cli_bsearch(const void *key, const void *base, size_t n, size_t size,
  * for ls, stats, verify, show and gc. CLI_REMOTE_FLAGS go into a command's
  * flag table, CLI_REMOTE_HELP into its help text. */
 #define CLI_REMOTE_FLAGS                                                       \
-  {"remote", 1}, {"remote-prefix", 1}, {"remote-ca", 1}, {"remote-cert", 1},   \
-      {"remote-key", 1}
+  {"remote", 1}, {"remote-prefix", 1}, {"remote-ca", 1}, {"remote-cert", 1}, { \
+    "remote-key", 1                                                            \
+  }
 #define CLI_REMOTE_HELP                                                        \
-  "  --remote URL    a shared remote store instead of DIR: redis://host:port,\n" \
+  "  --remote URL    a shared remote store instead of DIR: "                   \
+  "redis://host:port,\n"                                                       \
   "                  rediss:// (TLS), [user]:password@ (ACL user), comma-\n"   \
   "                  separated seeds for a cluster\n"                          \
   "  --remote-prefix P   its key prefix (default kvt:)\n"                      \
@@ -239,9 +241,8 @@ int cli_remote_gc(const cli_remote_args *ra, uint64_t max_bytes,
 /* show's output for one entry (info + its kvt_tier_describe document):
  * where_key/where name the store ("dir" or "remote"), prefix the remote key
  * prefix (NULL for a directory). Returns a CLI exit code. */
-int cli_show_print(const char *where_key, const char *where,
-                   const char *prefix, const kvt_entry_info *info,
-                   const char *djson, int json);
+int cli_show_print(const char *where_key, const char *where, const char *prefix,
+                   const kvt_entry_info *info, const char *djson, int json);
 
 /* Commands. argv excludes the command word. */
 int cmd_ls(int argc, char **argv);

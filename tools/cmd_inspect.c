@@ -69,9 +69,8 @@ static const char *LS_HELP =
     "  --full          print full 64-digit hashes (the table shows 16)\n"
     "  --no-describe   skip reading manifests (no layers/kinds/dtypes/mode);\n"
     "                  fast on very large caches\n"
-    "  --json          JSON output: {dir, total, count, entries: [...]}\n"
-    CLI_REMOTE_HELP
-    "\n"
+    "  --json          JSON output: {dir, total, count, entries: "
+    "[...]}\n" CLI_REMOTE_HELP "\n"
     "Columns: HASH, TOKENS, LAYERS, KINDS (kv, rotating, arrays, quant with\n"
     "layer counts), DTYPES, DISK (bytes on disk), MEMORY (RAM size recorded\n"
     "at spill), CREATED, ACCESSED (local time), MODE (native, compat, or\n"
@@ -110,8 +109,8 @@ static int cmp_entries(const void *pa, const void *pb) {
 }
 
 int cmd_ls(int argc, char **argv) {
-  cli_flag f[] = {{"json", 0},    {"sort", 1},   {"reverse", 0},
-                  {"limit", 1},   {"full", 0},   {"no-describe", 0},
+  cli_flag f[] = {{"json", 0},    {"sort", 1},     {"reverse", 0},
+                  {"limit", 1},   {"full", 0},     {"no-describe", 0},
                   {"verbose", 0}, CLI_REMOTE_FLAGS};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1] = {NULL};
@@ -123,8 +122,7 @@ int cmd_ls(int argc, char **argv) {
   int json = cli_flag_get(f, nf, "json")->set;
   cli_remote_args ra;
   if (cli_remote_args_get(&ra, f, nf))
-    return cli_remote("ls", &ra, json, 0,
-                      cli_flag_get(f, nf, "verbose")->set);
+    return cli_remote("ls", &ra, json, 0, cli_flag_get(f, nf, "verbose")->set);
   if ((rc = cli_need_dir("ls", LS_HELP, pos[0])) != CLI_RUN)
     return rc;
   static const char *keys[] = {"accessed", "created", "size",
@@ -252,8 +250,8 @@ static const char *STATS_HELP =
     "  --prometheus    Prometheus text exposition (kvt_stats_to_prometheus)\n"
     "  --json          JSON output\n"
     "  --max-size SIZE, --max-entries N   limits to compare against\n"
-    "  --no-describe   skip reading manifests (no per-kind/dtype counts)\n"
-CLI_REMOTE_HELP;
+    "  --no-describe   skip reading manifests (no per-kind/dtype "
+    "counts)\n" CLI_REMOTE_HELP;
 
 static uint64_t count_dir(const char *dir, const char *sub) {
   char p[4200];
@@ -271,8 +269,8 @@ static uint64_t count_dir(const char *dir, const char *sub) {
 }
 
 int cmd_stats(int argc, char **argv) {
-  cli_flag f[] = {{"json", 0},        {"prometheus", 0},   {"max-size", 1},
-                  {"max-entries", 1}, {"no-describe", 0},  {"verbose", 0},
+  cli_flag f[] = {{"json", 0},        {"prometheus", 0},  {"max-size", 1},
+                  {"max-entries", 1}, {"no-describe", 0}, {"verbose", 0},
                   CLI_REMOTE_FLAGS};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1] = {NULL};
@@ -693,9 +691,8 @@ int cmd_show(int argc, char **argv) {
   return rc;
 }
 
-int cli_show_print(const char *where_key, const char *where,
-                   const char *prefix, const kvt_entry_info *ip,
-                   const char *djson, int json) {
+int cli_show_print(const char *where_key, const char *where, const char *prefix,
+                   const kvt_entry_info *ip, const char *djson, int json) {
   kvt_entry_info info = *ip;
   cJSON *doc = cJSON_Parse(djson);
   if (!doc)

@@ -37,8 +37,7 @@ static const char *VERIFY_HELP =
     "                 dropped) and reconcile the index with the files\n"
     "  --json         JSON output: {dir, checked, ok, problems: [...],\n"
     "                 repaired, reconciled, clean}\n"
-    "  --no-progress  never draw the progress bar\n"
-    CLI_REMOTE_HELP
+    "  --no-progress  never draw the progress bar\n" CLI_REMOTE_HELP
     "                 (damaged or incomplete remote entries are removed)\n"
     "\n"
     "Exit: 0 everything good; 1 problems found (with --repair: and repaired);\n"
@@ -81,8 +80,11 @@ static int cmp_hash(const void *a, const void *b) {
 }
 
 int cmd_verify(int argc, char **argv) {
-  cli_flag f[] = {{"json", 0},    {"repair", 0}, {"no-progress", 0},
-                  {"verbose", 0}, CLI_REMOTE_FLAGS};
+  cli_flag f[] = {{"json", 0},
+                  {"repair", 0},
+                  {"no-progress", 0},
+                  {"verbose", 0},
+                  CLI_REMOTE_FLAGS};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1] = {NULL};
   int rc = cli_begin("verify", VERIFY_HELP, "missing DIR", argc, argv, f, nf,
@@ -276,9 +278,7 @@ static const char *GC_HELP =
     "  --dry-run                report what would be removed, remove nothing\n"
     "  --json                   JSON output: {dir, dry_run, removed_count,\n"
     "                           removed_bytes, removed: [...], remaining}\n"
-    "\n"
-    CLI_REMOTE_HELP
-    "\n"
+    "\n" CLI_REMOTE_HELP "\n"
     "Expired entries go first, then least recently used ones (in a remote\n"
     "store, which keeps no access times: the oldest written). A remote gc\n"
     "deletes from the shared store: every node sees the entries gone.\n";

@@ -251,13 +251,13 @@ int cli_remote_show(const cli_remote_args *ra, const char *want, int json) {
   char *djson = NULL;
   int rc = kvt_tier_remote_describe(&djson, st.t, hit->token_hash);
   if (rc != 0)
-    code = cli_fail(json, "show",
-                    rc == KVT_ENOTFOUND ? CLI_NOTFOUND : CLI_FAILED,
-                    "entry %s: %s (%s)", hit->token_hash, kvt_last_error(),
-                    kvt_strerror(rc));
+    code =
+        cli_fail(json, "show", rc == KVT_ENOTFOUND ? CLI_NOTFOUND : CLI_FAILED,
+                 "entry %s: %s (%s)", hit->token_hash, kvt_last_error(),
+                 kvt_strerror(rc));
   else
-    code = cli_show_print("remote", ra->url, ra->prefix ? ra->prefix : "kvt:",
-                          hit, djson, json);
+    code = cli_show_print("remote", ra->url,
+                          ra->prefix ? ra->prefix : "kvt:", hit, djson, json);
   kvt_free(djson);
   rstore_close(&st);
   return code;
@@ -302,9 +302,9 @@ int cli_remote_gc(const cli_remote_args *ra, uint64_t max_bytes,
     if (!dry) {
       int rc = kvt_tier_remote_remove(st.t, st.es.v[k].token_hash);
       if (rc != 0) {
-        code = cli_fail(json, "gc", CLI_FAILED, "removing %.16s: %s (%s)",
-                        st.es.v[k].token_hash, kvt_last_error(),
-                        kvt_strerror(rc));
+        code =
+            cli_fail(json, "gc", CLI_FAILED, "removing %.16s: %s (%s)",
+                     st.es.v[k].token_hash, kvt_last_error(), kvt_strerror(rc));
         break;
       }
     }

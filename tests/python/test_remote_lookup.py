@@ -215,9 +215,10 @@ def test_tls(tmp_path):
 
 def test_acl_user(tmp_path):
     p, port = rs.start(str(tmp_path / "srv"), "--user", "default", "off",
-                       "--user", "alice", "on", ">s3cret", "~*", "&*", "+@all")
+                       "--user", "alice", "on", ">s3:cr@t", "~*", "&*", "+@all")
     try:
-        url = f"redis://alice:s3cret@127.0.0.1:{port}"
+        # a password with ':' and '@': the last '@' ends the credentials
+        url = f"redis://alice:s3:cr@t@127.0.0.1:{port}"
         run_node_a(url, str(tmp_path / "a"))
         b = open_b(str(tmp_path / "b"), url)
         check_ssd_flow(b)

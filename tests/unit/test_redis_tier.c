@@ -931,6 +931,39 @@ static void test_options(void) {
   o.remote_prefix = "a{b";
   CHECK(kvt_options_validate(&o) == KVT_EINVAL);
   o.remote_prefix = NULL;
+  /* ACL users, TLS URLs, a password holding '@' or ':' (the last '@' ends
+   * the credentials; served by a real server in test_remote_lookup.py). */
+  o.remote_url = "redis://alice:p@ss:w0rd@127.0.0.1:1";
+  CHECK(kvt_options_validate(&o) == 0);
+  o.remote_url = "rediss://:pw@h:7,h2:8";
+  CHECK(kvt_options_validate(&o) == 0);
+  o.remote_url = "redis://alice@127.0.0.1:1"; /* no ':' before '@' */
+  CHECK(kvt_options_validate(&o) == KVT_EINVAL);
+  o.remote_url = "redis://alice:@127.0.0.1:1"; /* empty password */
+  CHECK(kvt_options_validate(&o) == KVT_EINVAL);
+  o.remote_url = "rediss://127.0.0.1:1";
+  CHECK(kvt_options_validate(&o) == 0);
+  o.remote_tls_ca_file = "/nonexistent/ca.pem"; /* checked at open */
+  CHECK(kvt_options_validate(&o) == 0);
+  o.remote_tls_cert_file = "/x.pem"; /* a certificate needs its key */
+  CHECK(kvt_options_validate(&o) == KVT_EINVAL);
+  o.remote_tls_cert_file = NULL;
+  o.remote_url = "redis://127.0.0.1:1"; /* TLS files need rediss:// */
+  CHECK(kvt_options_validate(&o) == KVT_EINVAL);
+  o.remote_tls_ca_file = NULL;
+  o.remote_lookup_timeout_ms = 0;
+  CHECK(kvt_options_validate(&o) == KVT_EINVAL);
+  o.remote_lookup_timeout_ms = 250;
+  {
+    /* A CA file that cannot be loaded fails the open clearly. */
+    kvt_options b = ropts("rt-badca", "rediss://127.0.0.1:1", NULL,
+                          KVT_REMOTE_LOCAL_AND_REMOTE);
+    b.remote_tls_ca_file = "/nonexistent/ca.pem";
+    kvt_tier *bt = NULL;
+    CHECK(kvt_tier_open(&bt, &b) == KVT_EINVAL);
+    CHECK(strstr(kvt_last_error(), "/nonexistent/ca.pem") != NULL);
+    CHECK(bt == NULL);
+  }
   o.remote_mode = KVT_REMOTE_LOCAL;
   CHECK(kvt_options_validate(&o) == KVT_EINVAL); /* URL but local mode */
   /* Nothing listens on the port picked: open works, promotes miss. */

@@ -964,17 +964,17 @@ static int find_page(redis_backend *rb, kvr_client *cl, kvti_remote_meta *out,
                      uint64_t hi, unsigned page, int *more, uint64_t *last_len,
                      char *last_hash);
 
-static int find_in_set(redis_backend *rb, kvr_client *cl,
-                       kvti_remote_meta *out, const rkey *ps,
-                       const int32_t *tokens, uint64_t lo, uint64_t hi) {
+static int find_in_set(redis_backend *rb, kvr_client *cl, kvti_remote_meta *out,
+                       const rkey *ps, const int32_t *tokens, uint64_t lo,
+                       uint64_t hi) {
   if (lo > hi)
     return KVT_ENOTFOUND;
   uint64_t last_len = 0;
   char last_hash[KVT_HASH_HEX_LEN + 1] = "";
   for (unsigned page = 0; page < RB_MAX_PAGES; page++) {
     int more = 0;
-    int rc = find_page(rb, cl, out, ps, tokens, lo, hi, page, &more,
-                       &last_len, last_hash);
+    int rc = find_page(rb, cl, out, ps, tokens, lo, hi, page, &more, &last_len,
+                       last_hash);
     if (rc != KVT_ENOTFOUND || !more)
       return rc;
   }
@@ -1200,9 +1200,9 @@ static int mirror_find(redis_backend *rb, kvti_remote_meta *out,
   }
   int rc = KVT_ENOTFOUND;
   if (n >= RB_PREFIX_BLOCK)
-    rc = mirror_in_set(rb, out, tokens, n,
-                       min_len > RB_PREFIX_BLOCK ? min_len : RB_PREFIX_BLOCK,
-                       n);
+    rc =
+        mirror_in_set(rb, out, tokens, n,
+                      min_len > RB_PREFIX_BLOCK ? min_len : RB_PREFIX_BLOCK, n);
   if (rc == KVT_ENOTFOUND && min_len < RB_PREFIX_BLOCK)
     rc = mirror_in_set(rb, out, tokens, 1, min_len,
                        n < RB_PREFIX_BLOCK ? n : RB_PREFIX_BLOCK - 1);

@@ -43,7 +43,7 @@ typedef struct mrec {
 /* The mirrored content: swapped whole by a resync. */
 typedef struct mtab {
   mrec *r;
-  size_t n, cap; /* slots used (incl. free ones), allocated */
+  size_t n, cap;      /* slots used (incl. free ones), allocated */
   uint64_t free_head; /* index + 1, 0 = none */
   size_t live;
   kvti_hm by_hash, by_set;
@@ -235,9 +235,9 @@ size_t kvr_mirror_channel(char *buf, size_t cap, const char *prefix) {
 
 size_t kvr_mirror_event(char *buf, size_t cap, const char *hash,
                         const char *set_id, uint64_t len) {
-  int n = set_id ? snprintf(buf, cap, "kvt1 + e %s %s %" PRIu64, hash, set_id,
-                            len)
-                 : snprintf(buf, cap, "kvt1 - e %s", hash);
+  int n = set_id
+              ? snprintf(buf, cap, "kvt1 + e %s %s %" PRIu64, hash, set_id, len)
+              : snprintf(buf, cap, "kvt1 - e %s", hash);
   return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
 }
 
@@ -325,8 +325,8 @@ static int scan_master(void *vctx, kvr_client *c, int node) {
   do {
     if (atomic_load(&rs->m->stop))
       return KVT_ERR(KVT_ECANCELED, "mirror stopped");
-    const char *argv[] = {"SCAN", cursor, "MATCH", rs->pattern, "COUNT",
-                          "1000"};
+    const char *argv[] = {"SCAN",      cursor,  "MATCH",
+                          rs->pattern, "COUNT", "1000"};
     kvr_cmd cmd;
     kvr_cmd_set(&cmd, 6, argv);
     redisReply *r = NULL;

@@ -1,14 +1,14 @@
 /*
  * rclient.c - the cluster-aware Redis client of the remote tier (see
- * rclient.h); connections (plain TCP or TLS) are transport.c's. The slot map (16384 entries, node indexes) and the node table
- * live under one mutex; nodes are never freed before the client, so a node
- * pointer taken under the lock stays valid. A batch goes to the slot's owner as
- * one pipeline; replies MOVED/ASK/TRYAGAIN/CLUSTERDOWN are not returned but
- * followed: MOVED updates the slot and marks the map for a refresh from
- * CLUSTER SLOTS, ASK resends just those commands to the importing node, each
- * preceded by ASKING. A connection that failed is dropped (never reused); the
- * next command reconnects. Bounded: at most KVR_MAX_ROUNDS redirections per
- * batch.
+ * rclient.h); connections (plain TCP or TLS) are transport.c's. The slot map
+ * (16384 entries, node indexes) and the node table live under one mutex; nodes
+ * are never freed before the client, so a node pointer taken under the lock
+ * stays valid. A batch goes to the slot's owner as one pipeline; replies
+ * MOVED/ASK/TRYAGAIN/CLUSTERDOWN are not returned but followed: MOVED updates
+ * the slot and marks the map for a refresh from CLUSTER SLOTS, ASK resends just
+ * those commands to the importing node, each preceded by ASKING. A connection
+ * that failed is dropped (never reused); the next command reconnects. Bounded:
+ * at most KVR_MAX_ROUNDS redirections per batch.
  */
 #include "store/redis/rclient.h"
 #include "base/error.h"
@@ -220,8 +220,8 @@ static int conn_take(kvr_conn **out, kvr_client *c, kvr_node *n) {
     *out = cn;
     return 0;
   }
-  int rc = kvr_conn_open(&cn, n->addr.host, n->addr.port, c->tls,
-                         c->timeout_ms);
+  int rc =
+      kvr_conn_open(&cn, n->addr.host, n->addr.port, c->tls, c->timeout_ms);
   if (rc != 0)
     return rc;
   if (c->password[0]) {
@@ -229,15 +229,13 @@ static int conn_take(kvr_conn **out, kvr_client *c, kvr_node *n) {
     size_t len[3] = {4, strlen(c->user), strlen(c->password)};
     redisReply *r = NULL;
     /* no user: AUTH <password> (the default user, Redis < 6 too) */
-    rc = c->user[0] ? kvr_conn_call(cn, &r, 3, argv, len, c->timeout_ms)
-                    : kvr_conn_call(cn, &r, 2, (const char *const[]){argv[0],
-                                                                    argv[2]},
-                                    (const size_t[]){len[0], len[2]},
-                                    c->timeout_ms);
+    rc = c->user[0]
+             ? kvr_conn_call(cn, &r, 3, argv, len, c->timeout_ms)
+             : kvr_conn_call(cn, &r, 2, (const char *const[]){argv[0], argv[2]},
+                             (const size_t[]){len[0], len[2]}, c->timeout_ms);
     if (rc == 0 && r->type == REDIS_REPLY_ERROR)
-      rc = KVT_ERR(KVT_EPERM, "redis %s:%d: AUTH%s%s refused: %s",
-                   n->addr.host, n->addr.port, c->user[0] ? " as " : "",
-                   c->user, r->str);
+      rc = KVT_ERR(KVT_EPERM, "redis %s:%d: AUTH%s%s refused: %s", n->addr.host,
+                   n->addr.port, c->user[0] ? " as " : "", c->user, r->str);
     if (r)
       freeReplyObject(r);
     if (rc != 0) {
@@ -391,10 +389,9 @@ static int refresh(kvr_client *c) {
       continue;
     }
     if (auth_refused(r)) {
-      perm = rc = KVT_ERR(KVT_EPERM, "redis %s:%d: %s%s", node->addr.host,
-                          node->addr.port, r->str,
-                          c->password[0] ? ""
-                                         : " (remote_url has no credentials)");
+      perm = rc = KVT_ERR(
+          KVT_EPERM, "redis %s:%d: %s%s", node->addr.host, node->addr.port,
+          r->str, c->password[0] ? "" : " (remote_url has no credentials)");
       snprintf(perm_msg, sizeof perm_msg, "%s", kvt_last_error());
       freeReplyObject(r);
       conn_give(node, ctx);

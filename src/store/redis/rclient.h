@@ -1,14 +1,14 @@
 /*
  * rclient.h - a small Redis / Valkey client (hiredis 0.14's RESP reader, our
- * own plain/TLS transport: transport.h) for the remote tier: ACL users, seed nodes from a URL, standalone or
- * Redis Cluster detected at first contact, routing by hash slot (CRC16 of the
- * key's hash tag) from CLUSTER SLOTS, MOVED (update the slot, refresh the map)
- * and ASK (ASKING + command on the importing node) followed per command, a
- * pool of idle connections per node, and connect/command timeouts on every
- * socket. Every batch passed to kvr_exec must route to ONE slot (the remote
- * tier keeps all keys of an entry under one hash tag), so a batch is one
- * pipeline to one node. Thread-safe: any number of threads may call kvr_exec
- * at once (each takes its own connection).
+ * own plain/TLS transport: transport.h) for the remote tier: ACL users, seed
+ * nodes from a URL, standalone or Redis Cluster detected at first contact,
+ * routing by hash slot (CRC16 of the key's hash tag) from CLUSTER SLOTS, MOVED
+ * (update the slot, refresh the map) and ASK (ASKING + command on the importing
+ * node) followed per command, a pool of idle connections per node, and
+ * connect/command timeouts on every socket. Every batch passed to kvr_exec must
+ * route to ONE slot (the remote tier keeps all keys of an entry under one hash
+ * tag), so a batch is one pipeline to one node. Thread-safe: any number of
+ * threads may call kvr_exec at once (each takes its own connection).
  */
 #ifndef KVT_RCLIENT_H
 #define KVT_RCLIENT_H

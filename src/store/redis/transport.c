@@ -380,8 +380,8 @@ static int tls_handshake(kvr_conn *c, kvr_tls *tls, const char *host,
                      "redis %s: TLS: the server's certificate was refused: %s",
                      c->peer, X509_verify_cert_error_string(vr));
     if (e == SSL_ERROR_SSL)
-      return KVT_ERR(KVT_EPERM, "redis %s: TLS handshake refused: %s",
-                     c->peer, ssl_reason());
+      return KVT_ERR(KVT_EPERM, "redis %s: TLS handshake refused: %s", c->peer,
+                     ssl_reason());
     return KVT_ERR(KVT_EIO, "redis %s: TLS handshake: %s", c->peer,
                    errno ? strerror(errno) : "connection closed by the server");
   }
