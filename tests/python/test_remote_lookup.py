@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -173,6 +174,40 @@ def test_lookup_sees_later_spill_and_removal(tmp_path):
             time.sleep(0.05)
         assert b.lookup_ssd(toks)["memory_bytes"] == 11
         a.close()
+        b.close()
+    finally:
+        rs.stop([p])
+
+
+def test_miss_costs_no_round_trip(tmp_path):
+    """With the mirror in sync a miss never touches the network: against a
+    hung server (SIGSTOP) misses still answer at once, while a hit - which
+    needs its manifest - waits for remote_lookup_timeout_ms and then is a
+    miss (never an exception)."""
+    p, port = rs.start(str(tmp_path / "srv"))
+    url = f"redis://127.0.0.1:{port}"
+    try:
+        run_node_a(url, str(tmp_path / "a"))
+        b = open_b(str(tmp_path / "b"), url, remote_lookup_timeout_ms=1000)
+        toks = entries()[0][0]
+        assert b.lookup_ssd(toks) is not None
+        time.sleep(0.5)  # the mirror has subscribed and resynced by now
+        os.kill(p.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            for i in range(200):
+                assert b.lookup_ssd(tuple(range(i, i + 30))) is None
+                assert b.lookup_ssd_prefix(tuple(range(i, i + 30))) is None
+            assert time.monotonic() - t0 < 1.0
+            t0 = time.monotonic()
+            assert b.lookup_ssd(toks) is None  # the GET timed out: a miss
+            # each wait is bounded by the lookup timeout; the client retries
+            # a failed batch once after a refresh (per-command total time is
+            # issue 18's), so at most two waits
+            assert 0.9 < time.monotonic() - t0 < 3.0
+            assert b.get_stats()["remote_errors"] >= 1
+        finally:
+            os.kill(p.pid, signal.SIGCONT)
         b.close()
     finally:
         rs.stop([p])

@@ -405,14 +405,30 @@ static void session(kvr_mirror *m, kvr_conn *cn, uint32_t *backoff) {
   }
   atomic_store(&m->synced, 1);
   *backoff = 0;
-  while (!atomic_load(&m->stop)) {
+  /* A dead server usually shows as a hang-up; one that vanished without a
+   * word (a partition) is caught by a PING after 5 s of silence, unanswered
+   * for another 5 s. */
+  int ping_pending = 0;
+  static const char *const pingv[1] = {"PING"};
+  static const size_t pingl[1] = {4};
+  char *ping = NULL;
+  int ping_len = redisFormatCommandArgv(&ping, 1, (const char **)pingv, pingl);
+  while (!atomic_load(&m->stop) && ping_len > 0) {
     int w = kvr_conn_wait_input(cn, m->wake[0], 5000);
     if (w == 2 || atomic_load(&m->stop))
       break;
-    if (w == 0)
-      continue; /* idle: a failed server shows as a hang-up or reset */
+    if (w == 0) {
+      if (ping_pending)
+        break;
+      struct iovec v = {ping, (size_t)ping_len};
+      if (kvr_conn_writev(cn, &v, 1, 2000) != 0)
+        break;
+      ping_pending = 1;
+      continue;
+    }
     if (kvr_conn_reply(cn, &r, 2000, 0) != 0)
       break;
+    ping_pending = 0; /* anything received shows the server alive */
     if (r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
         r->element[0]->type == REDIS_REPLY_STRING &&
         !strcmp(r->element[0]->str, "message") &&
@@ -420,6 +436,7 @@ static void session(kvr_mirror *m, kvr_conn *cn, uint32_t *backoff) {
       apply_event(m, r->element[2]->str, r->element[2]->len);
     freeReplyObject(r);
   }
+  free(ping); /* hiredis allocates with malloc */
   atomic_store(&m->synced, 0);
   kvt_clear_error();
 }
