@@ -238,6 +238,13 @@ int cli_remote_show(const cli_remote_args *ra, const char *hash, int json);
 int cli_remote_gc(const cli_remote_args *ra, uint64_t max_bytes,
                   uint64_t max_entries, int64_t older_than, int dry, int json);
 
+/* show's HASH argument: 4..64 hex digits (CLI_RUN), else reported
+ * (CLI_USAGE). */
+int cli_hash_arg(const char *want, int json);
+/* The one entry of es whose hash starts with want (any case): CLI_RUN and
+ * *hit, else reported (ambiguous: CLI_USAGE; none in where: CLI_NOTFOUND). */
+int cli_find_hash(const cli_entries *es, const char *want, const char *where,
+                  int json, const kvt_entry_info **hit);
 /* show's output for one entry (info + its kvt_tier_describe document):
  * where_key/where name the store ("dir" or "remote"), prefix the remote key
  * prefix (NULL for a directory). Returns a CLI exit code. */

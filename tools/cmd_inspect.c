@@ -621,6 +621,36 @@ static void print_manifest(const cJSON *obj, const char *prefix) {
   }
 }
 
+int cli_hash_arg(const char *want, int json) {
+  size_t wl = strlen(want);
+  if (wl < 4 || wl > 64 || strspn(want, "0123456789abcdefABCDEF") != wl)
+    return cli_fail(json, "show", CLI_USAGE,
+                    "HASH must be 4 to 64 hex digits, got '%s'", want);
+  return CLI_RUN;
+}
+
+int cli_find_hash(const cli_entries *es, const char *want, const char *where,
+                  int json, const kvt_entry_info **hit) {
+  size_t wl = strlen(want);
+  char lw[65];
+  for (size_t i = 0; i <= wl && i < sizeof lw; i++)
+    lw[i] = (char)((want[i] >= 'A' && want[i] <= 'F') ? want[i] + 32 : want[i]);
+  size_t matches = 0;
+  for (size_t i = 0; i < es->n; i++)
+    if (strncmp(es->v[i].token_hash, lw, wl) == 0) {
+      *hit = &es->v[i];
+      matches++;
+    }
+  if (matches > 1)
+    return cli_fail(json, "show", CLI_USAGE,
+                    "hash prefix '%s' matches %zu entries; give more digits",
+                    want, matches);
+  if (matches == 0)
+    return cli_fail(json, "show", CLI_NOTFOUND, "no entry %s in %s", want,
+                    where);
+  return CLI_RUN;
+}
+
 int cmd_show(int argc, char **argv) {
   cli_flag f[] = {{"json", 0}, {"verbose", 0}, CLI_REMOTE_FLAGS};
   const size_t nf = sizeof f / sizeof f[0];
@@ -640,14 +670,8 @@ int cmd_show(int argc, char **argv) {
   if (!pos[1])
     return cli_fail(json, "show", CLI_USAGE, "needs DIR and HASH");
   const char *want = pos[1];
-  size_t wl = strlen(want);
-  if (wl < 4 || wl > 64 || strspn(want, "0123456789abcdefABCDEF") != wl)
-    return cli_fail(json, "show", CLI_USAGE,
-                    "HASH must be 4 to 64 hex digits, got '%s'", want);
-  char lw[65];
-  for (size_t i = 0; i <= wl; i++)
-    lw[i] = (char)((want[i] >= 'A' && want[i] <= 'F') ? want[i] + 32 : want[i]);
-
+  if ((rc = cli_hash_arg(want, json)) != CLI_RUN)
+    return rc;
   cli_cache c;
   cli_entries es;
   rc = cli_cache_open_list(&c, &es, pos[0], RO_FLAGS, json, "show",
@@ -655,21 +679,10 @@ int cmd_show(int argc, char **argv) {
   if (rc)
     return rc;
   const kvt_entry_info *hit = NULL;
-  size_t matches = 0;
-  for (size_t i = 0; i < es.n; i++)
-    if (strncmp(es.v[i].token_hash, lw, wl) == 0) {
-      hit = &es.v[i];
-      matches++;
-    }
-  if (matches != 1) {
+  if ((rc = cli_find_hash(&es, want, c.dir, json, &hit)) != CLI_RUN) {
     cli_entries_free(&es);
     cli_cache_close(&c);
-    if (matches > 1)
-      return cli_fail(json, "show", CLI_USAGE,
-                      "hash prefix '%s' matches %zu entries; give more digits",
-                      want, matches);
-    return cli_fail(json, "show", CLI_NOTFOUND, "no entry %s in %s", want,
-                    c.dir);
+    return rc;
   }
   kvt_entry_info info = *hit;
   cli_entries_free(&es);

@@ -220,31 +220,14 @@ out:
 }
 
 int cli_remote_show(const cli_remote_args *ra, const char *want, int json) {
-  size_t wl = strlen(want);
-  if (wl < 4 || wl > 64 || strspn(want, "0123456789abcdefABCDEF") != wl)
-    return cli_fail(json, "show", CLI_USAGE,
-                    "HASH must be 4 to 64 hex digits, got '%s'", want);
-  char lw[65];
-  for (size_t i = 0; i <= wl; i++)
-    lw[i] = (char)((want[i] >= 'A' && want[i] <= 'F') ? want[i] + 32 : want[i]);
+  int code = cli_hash_arg(want, json);
+  if (code != CLI_RUN)
+    return code;
   rstore st;
-  int code = rstore_open(&st, ra, json, "show");
-  if (code != CLI_OK)
+  if ((code = rstore_open(&st, ra, json, "show")) != CLI_OK)
     return code;
   const kvt_entry_info *hit = NULL;
-  size_t matches = 0;
-  for (size_t i = 0; i < st.es.n; i++)
-    if (strncmp(st.es.v[i].token_hash, lw, wl) == 0) {
-      hit = &st.es.v[i];
-      matches++;
-    }
-  if (matches != 1) {
-    code = matches > 1 ? cli_fail(json, "show", CLI_USAGE,
-                                  "hash prefix '%s' matches %zu entries; give "
-                                  "more digits",
-                                  want, matches)
-                       : cli_fail(json, "show", CLI_NOTFOUND,
-                                  "no entry %s in %s", want, ra->url);
+  if ((code = cli_find_hash(&st.es, want, ra->url, json, &hit)) != CLI_RUN) {
     rstore_close(&st);
     return code;
   }

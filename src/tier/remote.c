@@ -689,20 +689,33 @@ int kvt_tier_remote_foreach(kvt_tier *t, kvt_entry_visit_fn fn, void *ctx) {
 #endif
 }
 
-int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash) {
+/* The checks every per-entry tool call starts with; on 0 the caller holds
+ * the tier (kvti_tier_leave) and *be is the remote backend. */
+static int tool_enter(kvt_tier *t, const char *token_hash, const char *what,
+                      kvti_backend **be) {
   if (!t || !token_hash)
-    return KVT_ERR(KVT_EINVAL, "remote_verify: NULL argument");
+    return KVT_ERR(KVT_EINVAL, "%s: NULL argument", what);
   if (!kvti_is_hash_name(token_hash))
     return KVT_ERR(KVT_EINVAL, "token_hash must be 64 lowercase hex digits");
 #if !KVT_HAVE_REDIS
+  (void)be;
   return KVT_ERR(KVT_EUNSUPPORTED, "no remote tier in this build");
 #else
   if (!t->remote)
     return KVT_ERR(KVT_EINVAL, "the tier has no remote store configured");
   int rc = kvti_tier_enter(t);
+  if (rc == 0)
+    *be = t->remote->be;
+  return rc;
+#endif
+}
+
+int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash) {
+  kvti_backend *be = NULL;
+  int rc = tool_enter(t, token_hash, "remote_verify", &be);
   if (rc != 0)
     return rc;
-  kvti_backend *be = t->remote->be;
+#if KVT_HAVE_REDIS
   char *stage = NULL;
   rc = kvti_redis_stage_dir(be, &stage);
   if (rc == 0) {
@@ -725,47 +738,33 @@ int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash) {
   }
   kvti_tier_leave(t);
   return rc;
+#else
+  (void)be; /* not reached: tool_enter refuses without hiredis */
+  kvti_tier_leave(t);
+  return KVT_ERR(KVT_EUNSUPPORTED, "no remote tier in this build");
 #endif
 }
 
 int kvt_tier_remote_describe(char **json, kvt_tier *t, const char *token_hash) {
-  if (!json || !t || !token_hash)
+  if (!json)
     return KVT_ERR(KVT_EINVAL, "remote_describe: NULL argument");
-  if (!kvti_is_hash_name(token_hash))
-    return KVT_ERR(KVT_EINVAL, "token_hash must be 64 lowercase hex digits");
-#if !KVT_HAVE_REDIS
-  return KVT_ERR(KVT_EUNSUPPORTED, "no remote tier in this build");
-#else
-  if (!t->remote)
-    return KVT_ERR(KVT_EINVAL, "the tier has no remote store configured");
-  int rc = kvti_tier_enter(t);
+  kvti_backend *be = NULL;
+  int rc = tool_enter(t, token_hash, "remote_describe", &be);
   if (rc != 0)
     return rc;
-  kvti_backend *be = t->remote->be;
   rc = be->ops->describe(be, json, token_hash);
   kvti_tier_leave(t);
   return rc;
-#endif
 }
 
 int kvt_tier_remote_remove(kvt_tier *t, const char *token_hash) {
-  if (!t || !token_hash)
-    return KVT_ERR(KVT_EINVAL, "remote_remove: NULL argument");
-  if (!kvti_is_hash_name(token_hash))
-    return KVT_ERR(KVT_EINVAL, "token_hash must be 64 lowercase hex digits");
-#if !KVT_HAVE_REDIS
-  return KVT_ERR(KVT_EUNSUPPORTED, "no remote tier in this build");
-#else
-  if (!t->remote)
-    return KVT_ERR(KVT_EINVAL, "the tier has no remote store configured");
-  if (t->readonly)
+  if (t && t->readonly)
     return KVT_ERR(KVT_EINVAL, "remote_remove needs a writable tier");
-  int rc = kvti_tier_enter(t);
+  kvti_backend *be = NULL;
+  int rc = tool_enter(t, token_hash, "remote_remove", &be);
   if (rc != 0)
     return rc;
-  kvti_backend *be = t->remote->be;
   rc = be->ops->remove(be, token_hash);
   kvti_tier_leave(t);
   return rc;
-#endif
 }

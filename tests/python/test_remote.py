@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 
 import numpy as np
 import pytest
 
+import redis_servers as rs
 from conftest import Budget, kv_layer, make_tier, run
 from kvtier import ssd_cache as kv
 
@@ -25,32 +25,13 @@ pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
                                 reason="redis-server not installed")
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 @pytest.fixture
 def redis_url(tmp_path):
-    port = _free_port()
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, port = rs.start(str(tmp_path / "srv"))
     try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.1).close()
-                break
-            except OSError:
-                time.sleep(0.025)
         yield f"redis://127.0.0.1:{port}"
     finally:
-        proc.kill()
-        proc.wait()
+        rs.stop([proc])
 
 
 def _tier(path, url, mode, **kw):

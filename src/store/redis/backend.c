@@ -1296,44 +1296,26 @@ typedef struct scan_ctx {
   int stop;
 } scan_ctx;
 
-/* SCAN one master for manifest keys (<P>{<hash>}:m). Tools only (ls). */
+/* One manifest key (<P>{<hash>}:m) found by SCAN. */
+static int scan_key(void *vctx, const char *key, size_t len) {
+  scan_ctx *s = vctx;
+  size_t plen = strlen(s->rb->prefix);
+  if (len != plen + 1 + KVT_HASH_HEX_LEN + 3)
+    return 0;
+  char hash[KVT_HASH_HEX_LEN + 1];
+  memcpy(hash, key + plen + 1, KVT_HASH_HEX_LEN);
+  hash[KVT_HASH_HEX_LEN] = '\0';
+  if (kvti_is_hash_name(hash) && s->fn(s->ctx, hash, KVTI_BK_ENTRY))
+    s->stop = 1;
+  return s->stop;
+}
+
+/* SCAN one master for manifest keys. Tools only (ls). */
 static int scan_node(void *vctx, kvr_client *c, int node) {
   scan_ctx *s = vctx;
-  char cursor[32] = "0";
   char match[600];
   snprintf(match, sizeof match, "%s{*}:m", s->rb->prefix);
-  size_t plen = strlen(s->rb->prefix);
-  do {
-    const char *argv[] = {"SCAN", cursor, "MATCH", match, "COUNT", "1000"};
-    kvr_cmd cmd;
-    kvr_cmd_set(&cmd, 6, argv);
-    redisReply *r = NULL;
-    int rc = kvr_exec_node(c, node, &cmd, &r);
-    if (rc != 0)
-      return rc;
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-        r->element[0]->type != REDIS_REPLY_STRING ||
-        r->element[1]->type != REDIS_REPLY_ARRAY) {
-      rc = reply_err(r, "SCAN");
-      freeReplyObject(r);
-      return rc ? rc : KVT_ERR(KVT_EIO, "redis: unexpected SCAN reply");
-    }
-    snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
-    const redisReply *keys = r->element[1];
-    for (size_t i = 0; i < keys->elements && !s->stop; i++) {
-      const redisReply *k = keys->element[i];
-      if (k->type != REDIS_REPLY_STRING ||
-          k->len != plen + 1 + KVT_HASH_HEX_LEN + 3)
-        continue;
-      char hash[KVT_HASH_HEX_LEN + 1];
-      memcpy(hash, k->str + plen + 1, KVT_HASH_HEX_LEN);
-      hash[KVT_HASH_HEX_LEN] = '\0';
-      if (kvti_is_hash_name(hash) && s->fn(s->ctx, hash, KVTI_BK_ENTRY))
-        s->stop = 1;
-    }
-    freeReplyObject(r);
-  } while (strcmp(cursor, "0") != 0 && !s->stop);
-  return 0;
+  return s->stop ? 0 : kvr_scan(c, node, match, scan_key, s);
 }
 
 static int rb_list(kvti_backend *b, kvti_backend_list_fn fn, void *ctx) {

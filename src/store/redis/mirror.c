@@ -319,36 +319,16 @@ static int load_set(resync *rs, const char *key, size_t klen) {
   return rc;
 }
 
+static int scan_key(void *vctx, const char *key, size_t len) {
+  resync *rs = vctx;
+  if (atomic_load(&rs->m->stop))
+    return KVT_ERR(KVT_ECANCELED, "mirror stopped");
+  return load_set(rs, key, len);
+}
+
 static int scan_master(void *vctx, kvr_client *c, int node) {
   resync *rs = vctx;
-  char cursor[32] = "0";
-  do {
-    if (atomic_load(&rs->m->stop))
-      return KVT_ERR(KVT_ECANCELED, "mirror stopped");
-    const char *argv[] = {"SCAN",      cursor,  "MATCH",
-                          rs->pattern, "COUNT", "1000"};
-    kvr_cmd cmd;
-    kvr_cmd_set(&cmd, 6, argv);
-    redisReply *r = NULL;
-    int rc = kvr_exec_node(c, node, &cmd, &r);
-    if (rc != 0)
-      return rc;
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-        r->element[0]->type != REDIS_REPLY_STRING ||
-        r->element[1]->type != REDIS_REPLY_ARRAY) {
-      freeReplyObject(r);
-      return KVT_ERR(KVT_EIO, "redis: unexpected SCAN reply (mirror resync)");
-    }
-    snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
-    const redisReply *keys = r->element[1];
-    for (size_t i = 0; rc == 0 && i < keys->elements; i++)
-      if (keys->element[i]->type == REDIS_REPLY_STRING)
-        rc = load_set(rs, keys->element[i]->str, keys->element[i]->len);
-    freeReplyObject(r);
-    if (rc != 0)
-      return rc;
-  } while (strcmp(cursor, "0") != 0);
-  return 0;
+  return kvr_scan(c, node, rs->pattern, scan_key, rs);
 }
 
 /* Rebuilds the table from the store; on success it replaces the old one. */

@@ -765,6 +765,38 @@ static int exec_batch(kvr_client *c, const char *key, size_t klen,
   return rc;
 }
 
+int kvr_scan(kvr_client *c, int node, const char *pattern, kvr_key_fn fn,
+             void *ctx) {
+  char cursor[32] = "0";
+  do {
+    const char *argv[] = {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"};
+    kvr_cmd cmd;
+    kvr_cmd_set(&cmd, 6, argv);
+    redisReply *r = NULL;
+    int rc = kvr_exec_node(c, node, &cmd, &r);
+    if (rc != 0)
+      return rc;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+        r->element[0]->type != REDIS_REPLY_STRING ||
+        r->element[1]->type != REDIS_REPLY_ARRAY) {
+      rc = r->type == REDIS_REPLY_ERROR
+               ? KVT_ERR(KVT_EIO, "redis SCAN: %s", r->str)
+               : KVT_ERR(KVT_EIO, "redis: unexpected SCAN reply");
+      freeReplyObject(r);
+      return rc;
+    }
+    snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
+    const redisReply *keys = r->element[1];
+    for (size_t i = 0; rc == 0 && i < keys->elements; i++)
+      if (keys->element[i]->type == REDIS_REPLY_STRING)
+        rc = fn(ctx, keys->element[i]->str, keys->element[i]->len);
+    freeReplyObject(r);
+    if (rc != 0)
+      return rc < 0 ? rc : 0;
+  } while (strcmp(cursor, "0") != 0);
+  return 0;
+}
+
 int kvr_client_probe(kvr_client *c) {
   pipe_guard g;
   pipe_block(&g);

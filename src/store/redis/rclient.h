@@ -76,6 +76,12 @@ int kvr_exec(kvr_client *c, const char *key, size_t klen, const kvr_cmd *cmds,
  * loops, INFO). Returns 0 or the first failure. */
 typedef int (*kvr_node_fn)(void *ctx, kvr_client *c, int node);
 int kvr_foreach_master(kvr_client *c, kvr_node_fn fn, void *ctx);
+/* SCAN of one node for the keys matching pattern (tools and the mirror's
+ * resync, never the serving path): fn(ctx, key, len) per key returns 0 to
+ * go on, > 0 to stop (then 0 is returned) or a negative code (returned). */
+typedef int (*kvr_key_fn)(void *ctx, const char *key, size_t len);
+int kvr_scan(kvr_client *c, int node, const char *pattern, kvr_key_fn fn,
+             void *ctx);
 /* Runs one command on a given node (no redirection). */
 int kvr_exec_node(kvr_client *c, int node, const kvr_cmd *cmd,
                   redisReply **reply);
