@@ -226,10 +226,10 @@ static void bench_tier_open(const char *dir, size_t n, size_t ntok) {
     exit(1);
   }
   double el = now() - a;
-  kvt_stats st;
+  kvt_stats st = KVT_STATS_INIT;
   kvt_tier_stats(&st, tier);
   printf("tier open with reconcile, %zu entries (%zu rows without files, %zu "
-         "directories without a row): %.3f s, limit 2 s, ratio %.2f %s; %llu "
+         "directories without a row): %.3f s, target 2 s, ratio %.2f %s; %llu "
          "entries after, %llu reconciled (tree built in %.1f s)\n",
          n, missing, orphans, el, el / 2.0, el <= 2.0 ? "PASS" : "MISS",
          (unsigned long long)st.entries, (unsigned long long)st.reconciled,

@@ -216,7 +216,7 @@ int main(int argc, char **argv) {
     if (now() - t0 < spill_s)
       spill_s = now() - t0;
   }
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, a);
   kvt_tier_free(a);
 

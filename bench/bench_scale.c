@@ -198,7 +198,7 @@ static double timed_drain(kvt_tier *t, workload *w, int first, int n,
                        w->bytes),
         "kvt_tier_spill");
   }
-  kvt_stats s0, s1;
+  kvt_stats s0 = KVT_STATS_INIT, s1 = KVT_STATS_INIT;
   API(kvt_tier_stats(&s0, t), "kvt_tier_stats");
   double t0 = bu_now();
   API(kvt_tier_start_writer(t), "kvt_tier_start_writer");
@@ -365,7 +365,7 @@ static void section_count(const char *dir, const size_t *counts, int ncounts,
     int target = (int)counts[ci];
     /* Fill (durability NONE, writer running) up to target stored entries. */
     kvt_tier *t = open_tier(cache, KVT_DURABILITY_NONE, 0, 1024, 2, 1);
-    kvt_stats st;
+    kvt_stats st = KVT_STATS_INIT;
     API(kvt_tier_stats(&st, t), "kvt_tier_stats");
     int have = (int)st.entries, add = target - have;
     double t0 = bu_now();
@@ -681,7 +681,7 @@ static void section_conc(const char *dir, int quick) {
     double start = 0;
     run_threads(t, &w, nt, n, 1, 1000, &pb, &start, NULL);
     API(kvt_tier_flush(t, -1), "kvt_tier_flush");
-    kvt_stats s0, s1;
+    kvt_stats s0 = KVT_STATS_INIT, s1 = KVT_STATS_INIT;
     API(kvt_tier_stats(&s0, t), "kvt_tier_stats");
     long faults = 0;
     double tp = run_threads(t, &w, nt, n, 1, 0, &pb, &start, &faults);

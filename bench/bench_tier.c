@@ -342,7 +342,7 @@ static void bench_tier_level(tier_res *res, const char *dir, workload *w,
         exit(1);
       }
     }
-    kvt_stats st0, st1;
+    kvt_stats st0 = KVT_STATS_INIT, st1 = KVT_STATS_INIT;
     kvt_tier_stats(&st0, t);
     t0 = bu_now();
     kvt_tier_start_writer(t);

@@ -116,7 +116,7 @@ int main(int argc, char **argv) {
 
   char json[2048];
   size_t need;
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   if (kvt_stats_to_json(json, sizeof json, &need, &s) == 0)
     printf("%s\n", json);

@@ -240,7 +240,19 @@ typedef enum kvt_io_backend {
 typedef void (*kvt_spill_done_fn)(void *ctx, const char *token_hash,
                                   int status);
 
-#define KVT_OPTIONS_VERSION 1
+/** Versioned public structs (kvt_options, kvt_stats, kvt_promote_opts,
+ *  kvt_gc_opts): the first field is the version of the header the caller was
+ *  built with. Fields are only ever appended, and each append raises the
+ *  struct's version, so the library knows how much of the caller's struct
+ *  exists: fields newer than the caller's version take their defaults (input
+ *  structs) or are not written (output structs). Fill them with their _INIT
+ *  macro (C99 designated initialisers, naming each default once) or, where
+ *  there is one, their _init() function (any language: the way for C++
+ *  before C++20 and for bindings). */
+
+/** kvt_options versions: 1 (up to remote_flags), 2 (+ read_threads), 3 (+
+ *  remote_lookup_timeout_ms, remote_tls_*). */
+#define KVT_OPTIONS_VERSION 3
 
 /** Tier options; mirrors the reference's SSDCacheConfig plus kvtier's own. */
 typedef struct kvt_options {
@@ -301,6 +313,13 @@ typedef struct kvt_options {
    *  limit is 512 MiB). 4 KiB .. 512 MiB. 16 MiB */
   uint64_t remote_chunk_bytes;
   uint32_t remote_flags; /* KVT_REMOTE_* flags. 0 */
+  /* ---- version 2 ---- */
+  /** Threads reading the layers of one entry in a promote (the caller's plus
+   *  helpers; entries of fewer than 4 layers use one), 0..8. 0 = the default:
+   *  the KVT_READ_THREADS environment variable (1..8, read once per process)
+   *  when set, else 2. A value > 0 wins over the environment. 0 */
+  uint32_t read_threads;
+  /* ---- version 3 ---- */
   /** Deadline of a remote lookup's round trip in ms (1..600000), separate
    *  from remote_timeout_ms: kvt_tier_lookup* and a promote's remote lookup
    *  answer a miss from a local mirror of the remote keys without I/O; a
@@ -331,19 +350,30 @@ typedef enum kvt_remote_mode {
 /** kvt_options.remote_flags: do not keep a local copy of remote hits. */
 #define KVT_REMOTE_NO_LOCAL_COPY 0x1u
 
+/** The defaults, by field name: a new option is added here and in the struct
+ *  only. C99 designated initialisers; from C++ use kvt_options_init(). Fields
+ *  not named are 0/NULL. */
 #define KVT_OPTIONS_INIT                                                       \
   {                                                                            \
-    KVT_OPTIONS_VERSION, NULL, NULL, 10.0, 10000, 0600, 0700, 64, 0, 0,        \
-        KVT_STORAGE_NATIVE, KVT_DURABILITY_FSYNC, KVT_IO_AUTO, 2, 16, 0, NULL, \
-        NULL, KVT_LOG_WARN, NULL, NULL, NULL, KVT_REMOTE_LOCAL, NULL, 1000,    \
-        64, 16u << 20, 0, 250, NULL, NULL, NULL                                \
+    .version = KVT_OPTIONS_VERSION, .max_size_gb = 10.0, .max_entries = 10000, \
+    .file_mode = 0600, .dir_mode = 0700, .spill_queue_size = 64,               \
+    .spill_queue_bytes = 0, .retention_seconds = 0,                            \
+    .storage_mode = KVT_STORAGE_NATIVE, .durability = KVT_DURABILITY_FSYNC,    \
+    .io_backend = KVT_IO_AUTO, .promote_threads = 2, .quarantine_max = 16,     \
+    .log_level = KVT_LOG_WARN, .remote_mode = KVT_REMOTE_LOCAL,                \
+    .remote_timeout_ms = 1000, .remote_queue_size = 64,                        \
+    .remote_chunk_bytes = 16u << 20, .read_threads = 0,                        \
+    .remote_lookup_timeout_ms = 250                                            \
   }
 
-/** Fills opts with the defaults of KVT_OPTIONS_INIT. Returns 0, or KVT_EINVAL
- *  for a NULL opts or a version this library does not know. */
+/** Fills opts with the defaults of KVT_OPTIONS_INIT for the given version
+ *  (the caller's KVT_OPTIONS_VERSION: only that version's fields are
+ *  written). Returns 0, or KVT_EINVAL for a NULL opts or a version this
+ *  library does not know. */
 KVT_API int kvt_options_init(kvt_options *opts, unsigned int version);
 /** Checks every field as the reference's SSDCacheConfig.__post_init__ does
- *  and more. Returns 0, or KVT_EINVAL with a message naming the field, e.g.
+ *  and more (fields newer than opts->version count as their defaults).
+ *  Returns 0, or KVT_EINVAL with a message naming the field, e.g.
  *  "max_size_gb must be > 0, got -1". */
 KVT_API int kvt_options_validate(const kvt_options *opts);
 /** sizeof(kvt_options), for bindings that mirror the struct. */
@@ -408,6 +438,40 @@ KVT_API int kvt_tier_start_writer(kvt_tier *t);
  *  again. A second close after success returns 0 and does nothing. Waits for
  *  running promotes. Any thread; not concurrently with kvt_tier_free. */
 KVT_API int kvt_tier_close(kvt_tier *t, int64_t timeout_ms);
+
+/** close as the reference's (newer) SSDCacheTier.close, within one deadline
+ *  of timeout_ms (< 0: none): first queues a stop marker behind the accepted
+ *  spills - it takes a queue slot, as the reference's None sentinel, and from
+ *  then on spills are refused - then drains and joins the writer as
+ *  kvt_tier_close. Returns 0; KVT_EFULL when the queue stayed full until the
+ *  deadline, so the marker could not be queued (nothing changed: spills are
+ *  still accepted, nothing was joined); KVT_ETIMEDOUT when the writer did not
+ *  finish the spills before the marker in time (the writer and the index
+ *  stay open; call again, the marker stays queued). Without a started writer
+ *  and with an empty queue there is nothing to stop: as kvt_tier_close. */
+KVT_API int kvt_tier_close_queued(kvt_tier *t, int64_t timeout_ms);
+
+/** A language binding's per-tier override of the writer's write step (the
+ *  Python drop-in's SSDCacheTier._write_entry replaced on an instance). While
+ *  set, the writer thread calls fn for each spill it takes off the queue, in
+ *  FIFO order, with nothing locked (no tier mutex: promotes, lookups and
+ *  quarantine run meanwhile), instead of writing it. spill_id names the spill
+ *  for kvt_tier_write_pending, which fn may call (on any thread, while fn has
+ *  not returned) to run the C write; tokens are valid until fn returns. fn
+ *  returns 0 or a KVT_E* code (then counted in write_failures and logged);
+ *  spill_done_fn then gets that code, the write's result, or KVT_ECANCELED
+ *  when fn wrote nothing. fn NULL restores the C write at full speed (no
+ *  call out); a change applies from the next spill taken. Returns 0,
+ *  KVT_EINVAL, KVT_ECLOSED. */
+typedef int (*kvt_write_hook_fn)(void *ctx, uint64_t spill_id,
+                                 const int32_t *tokens, size_t n_tokens,
+                                 uint64_t memory_bytes);
+KVT_API int kvt_tier_set_write_hook(kvt_tier *t, kvt_write_hook_fn fn,
+                                    void *ctx);
+/** Writes spill spill_id now, as the writer does without a hook (entry files,
+ *  row, stats, capacity), from inside that spill's hook call. Returns the
+ *  write's result, or KVT_EINVAL when spill_id is not in the hook. */
+KVT_API int kvt_tier_write_pending(kvt_tier *t, uint64_t spill_id);
 
 /** Closes if needed (dropping spills not yet started, waiting for the one in
  *  progress and for promotes), and frees the tier. Accepts NULL. After it,
@@ -526,10 +590,7 @@ typedef struct kvt_promote_opts {
 } kvt_promote_opts;
 
 #define KVT_PROMOTE_OPTS_INIT                                                  \
-  {                                                                            \
-    KVT_PROMOTE_OPTS_VERSION, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL,     \
-        NULL                                                                   \
-  }
+  { .version = KVT_PROMOTE_OPTS_VERSION }
 KVT_API int kvt_promote_opts_init(kvt_promote_opts *opts, unsigned int version);
 
 /** Synchronous promote, in the reference's order: lookup (a miss counts
@@ -657,7 +718,7 @@ typedef struct kvt_gc_opts {
   int dry_run;
 } kvt_gc_opts;
 #define KVT_GC_OPTS_INIT                                                       \
-  { 1, 0, 0, -1, 0 }
+  { .version = 1, .older_than_seconds = -1 }
 
 /** Applies capacity and retention now (as the writer does after each spill
  *  and the retention sweep does periodically). Counts in *removed and
@@ -725,7 +786,13 @@ KVT_API const char *kvt_tier_dir(const kvt_tier *t);
 /* Stats                                                                    */
 /* ------------------------------------------------------------------------ */
 
+/** kvt_stats versions: 1. */
+#define KVT_STATS_VERSION 1
+
+/** Counters and gauges of a tier (output of kvt_tier_stats). The caller sets
+ *  version (KVT_STATS_INIT or kvt_stats_init) before the call. */
 typedef struct kvt_stats {
+  unsigned int version; /* KVT_STATS_VERSION; set by the caller */
   /* The reference's counters. */
   uint64_t spill_count;
   uint64_t spill_bytes; /* bytes written to disk */
@@ -765,7 +832,20 @@ typedef struct kvt_stats {
                                   not in back-off after a failure */
 } kvt_stats;
 
-/** Snapshot of the counters. Returns 0, KVT_EINVAL. Thread-safe. */
+/** A kvt_stats ready for kvt_tier_stats (C99 designated initialiser). */
+#define KVT_STATS_INIT                                                         \
+  { .version = KVT_STATS_VERSION }
+
+/** Zeroes s and sets its version. Returns 0, or KVT_EINVAL for a NULL s or a
+ *  version this library does not know. */
+KVT_API int kvt_stats_init(kvt_stats *s, unsigned int version);
+/** sizeof(kvt_stats), for bindings that mirror the struct. */
+KVT_API size_t kvt_stats_size(void);
+
+/** Snapshot of the counters into out, whose version the caller has set (the
+ *  fields of that version are written; version is left as it is). Returns 0,
+ *  KVT_EINVAL (NULL argument, or an unknown out->version: initialise it with
+ *  KVT_STATS_INIT or kvt_stats_init). Thread-safe. */
 KVT_API int kvt_tier_stats(kvt_stats *out, kvt_tier *t);
 
 /** Adds delta to a counter by its reference name ("ssd_hits",
@@ -789,12 +869,26 @@ KVT_API int kvt_stats_to_prometheus(char *buf, size_t cap, size_t *needed,
 /* ------------------------------------------------------------------------ */
 
 /** The SQLite index of a cache directory, usable without a tier (the
- *  reference exposes SSDIndex publicly). Thread-safe: one mutex serialises
+ *  reference exposes SSDIndex publicly). Every call is the reference's own SQL
+ *  statement on the same schema, so it stores and returns rows exactly as the
+ *  reference's SSDIndex does: any file_path string and any num_tokens (the
+ *  reference's SSDIndex is a general table; only its tier writes file_path =
+ *  token hash). A tier never takes a path from the index: it ignores rows
+ *  whose file_path is not the row's own 64-hex token hash (or whose num_tokens
+ *  is not the length of its tokens), and names entry files by the hash only.
+ *  Rows whose numbers or blob the row struct cannot hold (num_tokens or
+ *  memory_bytes not a non-negative integer, tokens_blob not a blob of whole
+ *  int32s, token_hash not 64 characters, file_path not text) are left out of
+ *  every answer, counts and sums included. Thread-safe: one mutex serialises
  *  every call, as in the reference. */
 typedef struct kvt_index kvt_index;
 
-/** A row of the entries table. tokens points into memory owned by the list
- *  it came from. */
+/** A row of the entries table. file_path holds the stored path when it is
+ *  shorter than KVT_HASH_HEX_LEN + 8 bytes (every path a tier writes), else
+ *  ""; kvt_index_row_file_path gives the whole path of a row in a
+ *  kvt_index_rows list, whatever its length. tokens points into memory owned
+ *  by the list it came from (num_tokens is the stored column, n_tokens the
+ *  length of the stored tokens; the reference lets them differ). */
 typedef struct kvt_index_row {
   char token_hash[KVT_HASH_HEX_LEN + 1];
   char file_path[KVT_HASH_HEX_LEN + 8];
@@ -814,39 +908,56 @@ typedef struct kvt_index_rows {
 
 KVT_API void kvt_index_rows_free(kvt_index_rows *rows);
 
+/** The whole stored file_path of a row (any length, NUL-terminated; owned
+ *  like its tokens): for a row of a kvt_index_rows list it stays valid until
+ *  the list is freed; for a row filled by kvt_index_lookup_exact (tokens NULL)
+ *  it is row->file_path. NULL for a NULL row. An accessor rather than a
+ *  longer field, so kvt_index_row and kvt_index_rows keep their layout (ABI):
+ *  a list row's path is kept after its tokens, in the same allocation, and
+ *  freed with them. */
+KVT_API const char *kvt_index_row_file_path(const kvt_index_row *row);
+
 /** Opens cache_dir/index.db (creating it, WAL, synchronous=NORMAL, schema
- *  and migration of a legacy table lacking prefix_hash). Returns 0, KVT_EDB,
- *  KVT_EIO, KVT_ENOMEM, KVT_EINVAL. */
+ *  and migration of a legacy table lacking prefix_hash, whose rows get their
+ *  prefix_hash backfilled). Returns 0, KVT_EDB, KVT_EIO, KVT_ENOMEM,
+ *  KVT_EINVAL. */
 KVT_API int kvt_index_open(kvt_index **out, const char *cache_dir);
 KVT_API void kvt_index_close(kvt_index *idx); /* accepts NULL */
-/** INSERT OR REPLACE with created_at = accessed_at = now, rows written
- *  exactly as the reference writes them. file_path must be the tokens' hash
- *  (64 lowercase hex, as the reference's tier writes it) and num_tokens must
- *  equal n, else KVT_EINVAL. Returns 0, KVT_EINVAL, KVT_EDB, KVT_ENOSPC,
- *  KVT_EIO, KVT_ENOMEM. */
+/** INSERT OR REPLACE with created_at = accessed_at = now and prefix_hash =
+ *  the hash of the first min(n, 16) tokens, as the reference's insert_entry:
+ *  file_path is any NUL-terminated string, stored as given (a tier ignores
+ *  the row unless it is the tokens' hash and num_tokens == n). memory_bytes
+ *  and num_tokens must be at most INT64_MAX, n at most 2^28. Returns 0,
+ *  KVT_EINVAL, KVT_EDB, KVT_ENOSPC, KVT_EIO, KVT_ENOMEM. */
 KVT_API int kvt_index_insert(kvt_index *idx, const int32_t *tokens, size_t n,
                              const char *file_path, uint64_t memory_bytes,
                              uint64_t num_tokens);
-/** 0 and *out (tokens not filled), or KVT_ENOTFOUND. Answered from the
- *  in-memory mirror (no SQL); rows of index.db that failed validation at open
- *  (file_path not the hash, wrong blob length, ...) are never returned. */
+/** The row of exactly these tokens: 0 and *out (tokens NULL), KVT_ENOTFOUND,
+ *  or KVT_ERANGE when its file_path does not fit out->file_path (use
+ *  kvt_index_get). */
 KVT_API int kvt_index_lookup_exact(kvt_index_row *out, kvt_index *idx,
                                    const int32_t *tokens, size_t n);
-/** All stored non-empty sequences that are prefixes of tokens (possibly all
- *  of it), longest first; tokens filled. An empty list (count 0) when none.
- *  Cost independent of how many entries share a prefix. */
+/** The row of exactly these tokens as a list of 0 or 1 rows (tokens filled,
+ *  any file_path length through kvt_index_row_file_path). Returns 0 (count 0
+ *  when absent) or an error code. */
+KVT_API int kvt_index_get(kvt_index_rows *out, kvt_index *idx,
+                          const int32_t *tokens, size_t n);
+/** The reference's lookup_prefix: rows whose prefix_hash is the hash of one
+ *  of the query's first 1..min(n, 16) tokens and num_tokens <= n, in
+ *  num_tokens descending order, kept when their stored tokens equal the
+ *  query's first num_tokens tokens (tokens filled). Candidates are bounded by
+ *  the prefix hash (its index): a row that does not begin with one of those
+ *  1..16-token prefixes of the query is never read. An empty list (count 0)
+ *  when none or n == 0. */
 KVT_API int kvt_index_lookup_prefix(kvt_index_rows *out, kvt_index *idx,
                                     const int32_t *tokens, size_t n);
 /** Deletes the row (absent: 0, as the reference). */
 KVT_API int kvt_index_delete(kvt_index *idx, const int32_t *tokens, size_t n);
-/** Least recently used first, at most limit rows (tokens filled). Pending
- *  touches are written first; invalid rows are left out. */
+/** Least recently accessed first, at most limit rows (tokens filled). */
 KVT_API int kvt_index_lru(kvt_index_rows *out, kvt_index *idx, size_t limit);
 KVT_API int kvt_index_total_bytes(uint64_t *out, kvt_index *idx);
 KVT_API int kvt_index_count(uint64_t *out, kvt_index *idx);
-/** accessed_at = now (absent: 0). Visible to lookups at once; written to
- *  SQLite in batches (at the latest within ~1 s of later activity, by lru/all,
- *  or at close). */
+/** accessed_at = now (absent: 0), written at once as the reference's touch. */
 KVT_API int kvt_index_touch(kvt_index *idx, const int32_t *tokens, size_t n);
 /** Every row, most recently accessed first (tokens filled). */
 KVT_API int kvt_index_all(kvt_index_rows *out, kvt_index *idx);

@@ -5,13 +5,40 @@
 #include "testutil.h"
 
 #include <dirent.h>
+#include <stdarg.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 int kvt_test_failures;
 
+static int kvt_test_skips;
+
+static void skip_line(const char *tag, const char *fmt, va_list ap) {
+  fprintf(stderr, "SKIP(%s): ", tag && *tag ? tag : "untagged");
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+}
+
+void kvt_test_skip(const char *tag, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  skip_line(tag, fmt, ap);
+  va_end(ap);
+  kvt_test_skips++;
+}
+
+int kvt_test_skip_all(const char *tag, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  skip_line(tag, fmt, ap);
+  va_end(ap);
+  return 77;
+}
+
 int kvt_test_done(void) {
+  if (kvt_test_skips)
+    fprintf(stderr, "%d part(s) skipped (SKIP lines above)\n", kvt_test_skips);
   if (kvt_test_failures) {
     fprintf(stderr, "%d check(s) failed\n", kvt_test_failures);
     return 1;

@@ -58,6 +58,28 @@ extern int kvt_test_failures;
 /* Prints the summary line and returns the exit code for main. */
 int kvt_test_done(void);
 
+/* Skips, reported so scripts/test.sh counts them (never as passes). Every skip
+ * names a reason tag - a short lowercase word saying what was missing - and
+ * prints one line "SKIP(<tag>): <what>" on stderr:
+ *   kvt_test_skip: a PART of this test did not run (the rest still runs and
+ *     can fail); each call is one skip in the closing count;
+ *   kvt_test_skip_all: the whole test cannot run; returns 77 (ctest's
+ *     SKIP_RETURN_CODE) for main to return.
+ * Tags in use: redis, hiredis, python (Debian's /usr/bin/python3 with numpy
+ * and pytest), ref-tree (a file of this tree missing), clang - things CI
+ * installs, so KVT_TEST_STRICT=1 (set by .ci/run) turns their skips into
+ * failures - and uring (io_uring refused, e.g. by a seccomp filter), odirect
+ * (a file system without O_DIRECT), env (a host facility such as /proc),
+ * which are reported but never fail. An untagged skip is treated as strict. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+void kvt_test_skip(const char *tag, const char *fmt, ...);
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+int kvt_test_skip_all(const char *tag, const char *fmt, ...);
+
 /* splitmix64 PRNG; deterministic for a seed. */
 typedef struct kvt_rng {
   uint64_t s;

@@ -711,6 +711,7 @@ static int run_spills(bench_run *r) {
     return end_run(r, CLI_FAILED, "%llu of %d spills failed: %s",
                    (unsigned long long)trk->failed, c->entries,
                    trk->failed ? trk->err : kvt_last_error());
+  kvt_stats_init(&r->st, KVT_STATS_VERSION);
   kvt_tier_stats(&r->st, t);
   /* Writer-side time: the single FIFO writer starts entry i when it has been
    * enqueued and entry i-1 is done; summing those busy spans leaves out the

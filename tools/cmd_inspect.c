@@ -311,8 +311,7 @@ int cmd_stats(int argc, char **argv) {
                       cli_flag_get(f, nf, "verbose")->set);
   if (rc)
     return rc;
-  kvt_stats s;
-  memset(&s, 0, sizeof s);
+  kvt_stats s = KVT_STATS_INIT;
   if (c.tier && (rc = kvt_tier_stats(&s, c.tier)) != 0) {
     cli_cache_close(&c);
     return cli_fail(json, "stats", CLI_FAILED, "cannot read stats: %s",

@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define KVT_MSG_MAX 1024
+#define KVT_MSG_MAX KVTI_ERROR_MSG_MAX
 
 static _Thread_local char tl_msg[KVT_MSG_MAX];
 static _Thread_local int tl_errno;
@@ -141,4 +141,17 @@ int kvti_error_restore(int code, int os_errno, const char *msg) {
   snprintf(tl_msg, sizeof tl_msg, "%s", msg ? msg : "");
   tl_errno = os_errno;
   return code;
+}
+
+int kvti_error_state_capture(kvti_error_state *st, int code) {
+  st->code = code;
+  st->os_errno = tl_errno;
+  memcpy(st->msg, tl_msg, sizeof st->msg);
+  return code;
+}
+
+int kvti_error_state_restore(const kvti_error_state *st) {
+  memcpy(tl_msg, st->msg, sizeof tl_msg);
+  tl_errno = st->os_errno;
+  return st->code;
 }

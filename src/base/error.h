@@ -29,6 +29,23 @@ int kvti_errno_to_code(int os_errno);
  * worker thread over to the thread that reports it). Returns code. */
 int kvti_error_restore(int code, int os_errno, const char *msg);
 
+/* Error capture (libgit2's git_error_state): a copy of this thread's last
+ * error, taken before best-effort cleanup that may overwrite it (removing the
+ * files of a failed write, releasing a reservation, quarantining) and put back
+ * afterwards, or carried from a worker thread to the caller's. The message is
+ * kept verbatim (no second file:line or strerror suffix on restore). */
+#define KVTI_ERROR_MSG_MAX 1024
+typedef struct kvti_error_state {
+  int code;     /* the kvt_error the failure returned */
+  int os_errno; /* kvt_last_errno() at capture */
+  char msg[KVTI_ERROR_MSG_MAX];
+} kvti_error_state;
+
+/* Saves code with this thread's message and errno into *st; returns code. */
+int kvti_error_state_capture(kvti_error_state *st, int code);
+/* Makes *st this thread's last error again; returns st->code. */
+int kvti_error_state_restore(const kvti_error_state *st);
+
 #define KVT_ERR(code, ...)                                                     \
   kvti_error_set((code), __FILE__, __LINE__, __VA_ARGS__)
 #define KVT_ERR_OS(os_errno, ...)                                              \

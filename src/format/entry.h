@@ -102,6 +102,7 @@ typedef struct kvti_read_opts {
    * scaled by keep_tokens / num_tokens. 0: everything. */
   uint64_t keep_tokens;
   int page_cache; /* 1: never O_DIRECT (kvti_layer_read_opts.page_cache) */
+  unsigned read_threads; /* threads per entry read, 1..8; 0: the default */
 } kvti_read_opts;
 
 /* Reads and fully validates data_dir/<hash>. Returns 0 and *out; KVT_ENOTFOUND

@@ -139,7 +139,11 @@ static int read_layers(kvti_entry_reader *r, const kvti_read_opts *o,
   if (!j.done)
     return KVT_ERR_NOMEM();
   pthread_mutex_init(&j.mu, NULL);
-  unsigned nthreads = r->m.num_layers >= 4 ? read_threads() : 1;
+  unsigned nthreads =
+      r->m.num_layers < 4 ? 1
+      : o->read_threads >= 1 && o->read_threads <= MAX_READ_THREADS
+          ? o->read_threads
+          : read_threads();
   if (nthreads > 1 && !o->verify_only)
     prefetch_headers(r);
   pthread_t th[MAX_READ_THREADS];

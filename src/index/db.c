@@ -19,6 +19,7 @@
 #include "base/hash.h"
 #include "base/hashmap.h"
 #include "base/io.h"
+#include "base/sqlvfs.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -520,7 +521,8 @@ void kvti_idx_destroy(kvt_index *idx) {
 }
 
 int kvti_index_open(kvt_index **out, const char *cache_dir,
-                    const kvti_index_measure *measure, int readonly) {
+                    const kvti_index_measure *measure, int mode) {
+  int readonly = (mode & KVTI_INDEX_READONLY) != 0;
   if (!out || !cache_dir || !*cache_dir)
     return KVT_ERR(KVT_EINVAL, "kvti_index_open: NULL argument");
   *out = NULL;
@@ -542,7 +544,13 @@ int kvti_index_open(kvt_index **out, const char *cache_dir,
   int flags = (readonly ? SQLITE_OPEN_READONLY
                         : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) |
               SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW;
-  int src = sqlite3_open_v2(idx->db_path, &idx->db, flags, NULL);
+  /* Through kvtier's VFS: index.db's file I/O goes through the I/O seam. */
+  const char *vfs = kvti_sqlvfs_name();
+  if (!vfs) {
+    rc = KVT_EDB;
+    goto fail;
+  }
+  int src = sqlite3_open_v2(idx->db_path, &idx->db, flags, vfs);
   if (src != SQLITE_OK) {
     rc = kvti_idx_db_err(idx, src, idx->db_path);
     goto fail;
@@ -557,7 +565,8 @@ int kvti_index_open(kvt_index **out, const char *cache_dir,
         (rc = create_tables(idx)) != 0)
       goto fail;
   }
-  if ((rc = prepare_all(idx)) != 0 || (rc = load_mirror(idx)) != 0)
+  if ((rc = prepare_all(idx)) != 0 ||
+      (!(mode & KVTI_INDEX_SQL_ONLY) && (rc = load_mirror(idx)) != 0))
     goto fail;
   *out = idx;
   return 0;
@@ -625,4 +634,19 @@ int kvti_index_tokens(int32_t **tokens, size_t *n, kvt_index *idx,
   sqlite3_clear_bindings(s);
   pthread_mutex_unlock(&idx->db_mu);
   return ret;
+}
+
+/* ---- raw SQL access for the public SSDIndex API (ssdindex.c) ---- */
+
+sqlite3 *kvti_index_sql_begin(kvt_index *idx) {
+  pthread_mutex_lock(&idx->db_mu);
+  return idx->db;
+}
+
+void kvti_index_sql_end(kvt_index *idx) {
+  pthread_mutex_unlock(&idx->db_mu);
+}
+
+int kvti_index_sql_err(kvt_index *idx, int rc, const char *what) {
+  return kvti_idx_db_err(idx, rc, what);
 }

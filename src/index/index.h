@@ -2,8 +2,8 @@
  * index.h - the SQLite index (the reference's schema, byte for byte, so either
  * program opens the other's index.db) plus kvtier's side table and an in-memory
  * mirror that answers exact and longest-prefix lookups without SQL. The public
- * kvt_index_* functions (the reference's SSDIndex) are implemented on top of
- * the same object.
+ * kvt_index_* functions (the reference's SSDIndex, ssdindex.c) open the same
+ * object without the mirror (KVTI_INDEX_SQL_ONLY) and run the reference's SQL.
  *
  * Schema: the reference's `schema_version` and `entries` tables with its three
  * indexes, untouched; kvtier adds `kvtier_meta(token_hash TEXT PRIMARY KEY,
@@ -39,11 +39,24 @@ typedef struct kvti_index_measure {
 } kvti_index_measure;
 
 /* Opens cache_dir/index.db. measure (may be NULL; copied) gives the disk bytes
- * of rows that lack kvtier_meta; without it they get 0. readonly: open
- * SQLITE_OPEN_READONLY, no schema changes (a legacy DB is then served with
- * prefix hashes computed in memory). Loads the mirror. */
+ * of rows that lack kvtier_meta; without it they get 0. mode (bits):
+ * KVTI_INDEX_READONLY opens SQLITE_OPEN_READONLY, no schema changes (a legacy
+ * DB is then served with prefix hashes computed in memory);
+ * KVTI_INDEX_SQL_ONLY does not load the mirror (the public SSDIndex API, which
+ * answers from SQL; the kvti_ lookups then find nothing). Otherwise loads the
+ * mirror. */
+#define KVTI_INDEX_READONLY 0x1
+#define KVTI_INDEX_SQL_ONLY 0x2
 int kvti_index_open(kvt_index **out, const char *cache_dir,
-                    const kvti_index_measure *measure, int readonly);
+                    const kvti_index_measure *measure, int mode);
+
+/* The SQLite connection for the public SSDIndex API (ssdindex.c), with the
+ * index's SQL mutex held until kvti_index_sql_end; sql_err maps an SQLite
+ * code to KVT_EDB/KVT_ENOSPC/KVT_EIO/KVT_ENOMEM with the message set. */
+struct sqlite3;
+struct sqlite3 *kvti_index_sql_begin(kvt_index *idx);
+void kvti_index_sql_end(kvt_index *idx);
+int kvti_index_sql_err(kvt_index *idx, int rc, const char *what);
 
 /* Inserts or replaces (both tables, one transaction). created_at/accessed_at =
  * now. hash may be NULL (computed); if given it must be the tokens' hash, else

@@ -1,20 +1,449 @@
 /*
- * ssdindex.c - the public kvt_index_* API (the reference's SSDIndex, in
- * include/kvtier.h) over the same kvt_index object the tier uses: inserts as
- * reference-style rows (no kvtier_meta), exact and prefix lookups from the
- * mirror, delete and touch silent when absent as the reference's SQL is, and
- * the LRU / all-rows listings read from SQLite after flushing touches.
+ * ssdindex.c - the public kvt_index_* API: the reference's SSDIndex, call for
+ * call. Each function runs the reference's own SQL statement (same text for
+ * the insert, the same candidate query for lookup_prefix, the same ORDER BY
+ * for lru/all) on the connection of an index opened with KVTI_INDEX_SQL_ONLY,
+ * so rows are stored and returned exactly as the reference stores them: any
+ * file_path string, any num_tokens. Safety does not rest on this table: a
+ * tier loads only rows whose file_path is their own token hash (index/db.c's
+ * row_valid) and never opens a path read from the index. The only additions
+ * to the reference's statements: a validity filter (rows whose numbers or
+ * blob kvt_index_row cannot hold are left out of every answer), and inserts
+ * and deletes also drop the row's kvtier_meta record, so a tier re-measures
+ * the entry's files. A list row's whole file_path lives after its tokens in
+ * one allocation (kvt_index_row_file_path), which kvt_index_rows_free
+ * releases with the tokens.
  */
 #include "index/internal.h"
 
 #include "base/error.h"
-#include "base/hash.h"
 #include "base/io.h"
+#include "kvtier.h"
 
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#define PREFIX_TOKENS 16 /* the reference's _PREFIX_FILTER_TOKENS */
+#define SQL_MAX_TOKENS ((size_t)1 << 28) /* 1 GiB blob: SQLite's length limit  \
+                                          */
+
+/* Rows kvt_index_row can represent; every query adds it. */
+#define VALID                                                                  \
+  " typeof(token_hash) = 'text' AND length(token_hash) = 64"                   \
+  " AND typeof(tokens_blob) = 'blob' AND length(tokens_blob) % 4 = 0"          \
+  " AND typeof(num_tokens) = 'integer' AND num_tokens >= 0"                    \
+  " AND typeof(memory_bytes) = 'integer' AND memory_bytes >= 0"                \
+  " AND typeof(file_path) = 'text' "
+
+#define COLS                                                                   \
+  "SELECT token_hash, tokens_blob, num_tokens, file_path, memory_bytes, "      \
+  "created_at, accessed_at FROM entries "
+
+/* The reference's insert_entry statement, verbatim. */
+static const char INSERT_SQL[] =
+    "\n                INSERT OR REPLACE INTO entries\n"
+    "                    (token_hash, tokens_blob, prefix_hash, num_tokens, "
+    "file_path,\n                     memory_bytes, created_at, accessed_at)\n"
+    "                VALUES (?, ?, ?, ?, ?, ?, ?, ?)\n                ";
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The row key of a token sequence (kvt_token_hash refuses NULL tokens),
+ * within the blob length SQLite stores. */
+static int row_key(char th[KVT_HASH_HEX_LEN + 1], const int32_t *tokens,
+                   size_t n) {
+  if (n > SQL_MAX_TOKENS)
+    return KVT_ERR(KVT_EINVAL, "index: too many tokens (%zu)", n);
+  return kvt_token_hash(th, tokens, n);
+}
+
+/* Prepares sql on the locked connection; on failure returns the mapped code
+ * (the caller unlocks). */
+static int prep(kvt_index *idx, sqlite3 *db, const char *sql,
+                sqlite3_stmt **s) {
+  int rc = sqlite3_prepare_v2(db, sql, -1, s, NULL);
+  return rc == SQLITE_OK ? 0 : kvti_index_sql_err(idx, rc, "prepare");
+}
+
+/* Steps a statement that returns no rows. */
+static int step_one(kvt_index *idx, sqlite3_stmt *s, const char *what) {
+  int rc = sqlite3_step(s);
+  return rc == SQLITE_DONE || rc == SQLITE_ROW
+             ? 0
+             : kvti_index_sql_err(idx, rc, what);
+}
+
+/* step_one, then finalizes. */
+static int run(kvt_index *idx, sqlite3_stmt *s, const char *what) {
+  int out = step_one(idx, s, what);
+  sqlite3_finalize(s);
+  return out;
+}
+
+static int exec(kvt_index *idx, sqlite3 *db, const char *sql) {
+  sqlite3_stmt *s = NULL;
+  int rc = prep(idx, db, sql, &s);
+  return rc ? rc : run(idx, s, sql);
+}
+
+/* One statement binding only a token_hash, in a transaction with the same
+ * statement on kvtier_meta (insert/delete keep the side table in step). */
+static int drop_meta(kvt_index *idx, sqlite3 *db, const char *th) {
+  sqlite3_stmt *s = NULL;
+  int rc = prep(idx, db, "DELETE FROM kvtier_meta WHERE token_hash = ?", &s);
+  if (rc)
+    return rc;
+  sqlite3_bind_text(s, 1, th, 64, SQLITE_STATIC);
+  return run(idx, s, "delete kvtier_meta");
+}
+
+static int finish_tx(kvt_index *idx, sqlite3 *db, int rc) {
+  if (rc == 0)
+    rc = exec(idx, db, "COMMIT");
+  if (rc != 0 && !sqlite3_get_autocommit(db))
+    sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+  return rc;
+}
+
+/* ---- reading rows ---- */
+
+typedef struct row_list {
+  kvt_index_row *rows;
+  size_t n, cap;
+} row_list;
+
+/* Fills r from the COLS columns of s; with_tokens: tokens and the whole path
+ * in one allocation (list rows), else tokens NULL and KVT_ERANGE when the path
+ * does not fit r->file_path. */
+static int read_row(kvt_index_row *r, sqlite3_stmt *s, int with_tokens) {
+  memset(r, 0, sizeof *r);
+  memcpy(r->token_hash, sqlite3_column_text(s, 0), 64);
+  r->num_tokens = (uint64_t)sqlite3_column_int64(s, 2);
+  r->memory_bytes = (uint64_t)sqlite3_column_int64(s, 4);
+  r->created_at = sqlite3_column_double(s, 5);
+  r->accessed_at = sqlite3_column_double(s, 6);
+  const unsigned char *fp = sqlite3_column_text(s, 3);
+  size_t fl = (size_t)sqlite3_column_bytes(s, 3);
+  if (!fp)
+    return KVT_ERR_NOMEM();
+  if (fl < sizeof r->file_path)
+    memcpy(r->file_path, fp, fl + 1);
+  if (!with_tokens) {
+    if (fl >= sizeof r->file_path)
+      return KVT_ERR(KVT_ERANGE,
+                     "index: file_path of %zu bytes does not fit "
+                     "kvt_index_row.file_path; use kvt_index_get",
+                     fl);
+    return 0;
+  }
+  size_t bl = (size_t)sqlite3_column_bytes(s, 1);
+  char *block = kvti_malloc(bl + fl + 1);
+  if (!block)
+    return KVT_ERR_NOMEM();
+  if (bl)
+    memcpy(block, sqlite3_column_blob(s, 1), bl);
+  memcpy(block + bl, fp, fl);
+  block[bl + fl] = '\0';
+  r->tokens = (const int32_t *)(void *)block;
+  r->n_tokens = bl / 4;
+  return 0;
+}
+
+static int list_add(row_list *l, sqlite3_stmt *s) {
+  if (l->n == l->cap) {
+    size_t nc = l->cap ? l->cap * 2 : 8;
+    kvt_index_row *r = kvti_realloc(l->rows, nc * sizeof *r);
+    if (!r)
+      return KVT_ERR_NOMEM();
+    l->rows = r;
+    l->cap = nc;
+  }
+  int rc = read_row(&l->rows[l->n], s, 1);
+  if (rc == 0)
+    l->n++;
+  return rc;
+}
+
+/* Steps s to the end, collecting rows (keep: NULL or a filter on the row just
+ * read, which drops it when it returns 0). Hands the list to out on success,
+ * frees it on failure. */
+static int collect(kvt_index_rows *out, kvt_index *idx, sqlite3_stmt *s,
+                   int (*keep)(const kvt_index_row *, const void *),
+                   const void *kctx) {
+  row_list l = {0};
+  int rc = 0, src;
+  while ((src = sqlite3_step(s)) == SQLITE_ROW) {
+    if ((rc = list_add(&l, s)) != 0)
+      break;
+    if (keep && !keep(&l.rows[l.n - 1], kctx)) {
+      kvti_free((void *)l.rows[l.n - 1].tokens);
+      l.n--;
+    }
+  }
+  if (!rc && src != SQLITE_DONE)
+    rc = kvti_index_sql_err(idx, src, "select");
+  kvt_index_rows rows = {l.rows, l.n};
+  if (rc)
+    kvt_index_rows_free(&rows);
+  else
+    *out = rows;
+  return rc;
+}
+
+const char *kvt_index_row_file_path(const kvt_index_row *row) {
+  if (!row)
+    return NULL;
+  return row->tokens ? (const char *)(row->tokens + row->n_tokens)
+                     : row->file_path;
+}
+
+/* ---- the SSDIndex methods ---- */
+
+int kvt_index_insert(kvt_index *idx, const int32_t *tokens, size_t n,
+                     const char *file_path, uint64_t memory_bytes,
+                     uint64_t num_tokens) {
+  if (!idx || !file_path)
+    return KVT_ERR(KVT_EINVAL, "kvt_index_insert: NULL argument");
+  if (memory_bytes > INT64_MAX || num_tokens > INT64_MAX)
+    return KVT_ERR(KVT_EINVAL,
+                   "kvt_index_insert: memory_bytes/num_tokens above INT64_MAX");
+  char th[KVT_HASH_HEX_LEN + 1], ph[KVT_HASH_HEX_LEN + 1];
+  int rc = row_key(th, tokens, n);
+  if (rc || (rc = kvt_prefix_hash(ph, tokens, n)) != 0)
+    return rc;
+  double now = now_s();
+  sqlite3 *db = kvti_index_sql_begin(idx);
+  sqlite3_stmt *s = NULL;
+  rc = exec(idx, db, "BEGIN IMMEDIATE");
+  if (!rc && !(rc = prep(idx, db, INSERT_SQL, &s))) {
+    sqlite3_bind_text(s, 1, th, 64, SQLITE_STATIC);
+    sqlite3_bind_blob(s, 2, n ? (const void *)tokens : "", (int)(n * 4),
+                      SQLITE_STATIC);
+    sqlite3_bind_text(s, 3, ph, 64, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 4, (sqlite3_int64)num_tokens);
+    sqlite3_bind_text(s, 5, file_path, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 6, (sqlite3_int64)memory_bytes);
+    sqlite3_bind_double(s, 7, now);
+    sqlite3_bind_double(s, 8, now);
+    rc = run(idx, s, "insert");
+  }
+  if (!rc)
+    rc = drop_meta(idx, db, th);
+  rc = finish_tx(idx, db, rc);
+  kvti_index_sql_end(idx);
+  return rc;
+}
+
+/* What a keyed call does with its statement (the row key bound last). */
+typedef int (*keyed_fn)(kvt_index *idx, sqlite3 *db, sqlite3_stmt *s,
+                        const char *th, void *ctx);
+
+/* Hashes the tokens to their row key; then, with the connection locked,
+ * prepares sql, binds the key to its last parameter and hands the statement
+ * to fn, which steps it; finalizes. */
+static int keyed(kvt_index *idx, const int32_t *tokens, size_t n,
+                 const char *sql, keyed_fn fn, void *ctx) {
+  char th[KVT_HASH_HEX_LEN + 1];
+  int rc = row_key(th, tokens, n);
+  if (rc)
+    return rc;
+  sqlite3 *db = kvti_index_sql_begin(idx);
+  sqlite3_stmt *s = NULL;
+  if ((rc = prep(idx, db, sql, &s)) == 0) {
+    sqlite3_bind_text(s, sqlite3_bind_parameter_count(s), th, 64,
+                      SQLITE_STATIC);
+    rc = fn(idx, db, s, th, ctx);
+    sqlite3_finalize(s);
+  }
+  kvti_index_sql_end(idx);
+  return rc;
+}
+
+#define BY_KEY COLS "WHERE token_hash = ? AND" VALID
+
+static int exact_fn(kvt_index *idx, sqlite3 *db, sqlite3_stmt *s,
+                    const char *th, void *out) {
+  (void)db;
+  (void)th;
+  int src = sqlite3_step(s);
+  if (src == SQLITE_ROW)
+    return read_row(out, s, 0);
+  if (src == SQLITE_DONE)
+    return KVT_ERR(KVT_ENOTFOUND, "index: no such entry");
+  return kvti_index_sql_err(idx, src, "lookup");
+}
+
+int kvt_index_lookup_exact(kvt_index_row *out, kvt_index *idx,
+                           const int32_t *tokens, size_t n) {
+  if (!out || !idx)
+    return KVT_ERR(KVT_EINVAL, "kvt_index_lookup_exact: NULL argument");
+  return keyed(idx, tokens, n, BY_KEY, exact_fn, out);
+}
+
+static int get_fn(kvt_index *idx, sqlite3 *db, sqlite3_stmt *s, const char *th,
+                  void *out) {
+  (void)db;
+  (void)th;
+  return collect(out, idx, s, NULL, NULL);
+}
+
+int kvt_index_get(kvt_index_rows *out, kvt_index *idx, const int32_t *tokens,
+                  size_t n) {
+  if (!out || !idx)
+    return KVT_ERR(KVT_EINVAL, "kvt_index_get: NULL argument");
+  return keyed(idx, tokens, n, BY_KEY, get_fn, out);
+}
+
+typedef struct query {
+  const int32_t *tokens;
+  size_t n;
+} query;
+
+/* The reference's comparison: the stored blob equals the query's first
+ * num_tokens tokens (so its length is num_tokens too). */
+static int is_prefix(const kvt_index_row *r, const void *ctx) {
+  const query *q = ctx;
+  return r->num_tokens <= q->n && r->n_tokens == r->num_tokens &&
+         (r->n_tokens == 0 ||
+          memcmp(r->tokens, q->tokens, r->n_tokens * sizeof(int32_t)) == 0);
+}
+
+int kvt_index_lookup_prefix(kvt_index_rows *out, kvt_index *idx,
+                            const int32_t *tokens, size_t n) {
+  if (!out || !idx)
+    return KVT_ERR(KVT_EINVAL, "kvt_index_lookup_prefix: NULL argument");
+  out->rows = NULL;
+  out->count = 0;
+  if (n > SQL_MAX_TOKENS)
+    return KVT_ERR(KVT_EINVAL, "index: too many tokens (%zu)", n);
+  if (n == 0)
+    return 0; /* the reference: no prefix hashes, no query */
+  int rc;
+  /* The hashes of the query's first 1..m tokens, m = min(n, 16); the 16
+   * placeholders repeat the last one when m < 16 (IN ignores duplicates). */
+  size_t m = n < PREFIX_TOKENS ? n : PREFIX_TOKENS;
+  char ph[PREFIX_TOKENS][KVT_HASH_HEX_LEN + 1];
+  for (size_t k = 0; k < m; k++)
+    if ((rc = kvt_token_hash(ph[k], tokens, k + 1)) != 0)
+      return rc;
+  sqlite3 *db = kvti_index_sql_begin(idx);
+  sqlite3_stmt *s = NULL;
+  rc = prep(idx, db,
+            COLS "WHERE num_tokens <= ? AND prefix_hash IN "
+                 "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) AND" VALID
+                 "ORDER BY num_tokens DESC",
+            &s);
+  if (!rc) {
+    sqlite3_bind_int64(s, 1, (sqlite3_int64)n);
+    for (size_t k = 0; k < PREFIX_TOKENS; k++)
+      sqlite3_bind_text(s, (int)k + 2, ph[k < m ? k : m - 1], 64,
+                        SQLITE_STATIC);
+    query q = {tokens, n};
+    rc = collect(out, idx, s, is_prefix, &q);
+    sqlite3_finalize(s);
+  }
+  kvti_index_sql_end(idx);
+  return rc;
+}
+
+static int delete_fn(kvt_index *idx, sqlite3 *db, sqlite3_stmt *s,
+                     const char *th, void *ctx) {
+  (void)ctx;
+  int rc = exec(idx, db, "BEGIN IMMEDIATE");
+  if (!rc)
+    rc = step_one(idx, s, "delete");
+  if (!rc)
+    rc = drop_meta(idx, db, th);
+  return finish_tx(idx, db, rc);
+}
+
+int kvt_index_delete(kvt_index *idx, const int32_t *tokens, size_t n) {
+  if (!idx)
+    return KVT_ERR(KVT_EINVAL, "kvt_index_delete: NULL index");
+  return keyed(idx, tokens, n, "DELETE FROM entries WHERE token_hash = ?",
+               delete_fn, NULL);
+}
+
+static int ordered(kvt_index_rows *out, kvt_index *idx, const char *sql,
+                   int64_t limit) {
+  if (!out || !idx)
+    return KVT_ERR(KVT_EINVAL, "kvt_index_lru/all: NULL argument");
+  sqlite3 *db = kvti_index_sql_begin(idx);
+  sqlite3_stmt *s = NULL;
+  int rc = prep(idx, db, sql, &s);
+  if (!rc) {
+    if (limit >= 0)
+      sqlite3_bind_int64(s, 1, limit);
+    rc = collect(out, idx, s, NULL, NULL);
+    sqlite3_finalize(s);
+  }
+  kvti_index_sql_end(idx);
+  return rc;
+}
+
+int kvt_index_lru(kvt_index_rows *out, kvt_index *idx, size_t limit) {
+  return ordered(out, idx,
+                 COLS "WHERE" VALID "ORDER BY accessed_at ASC LIMIT ?",
+                 limit > INT64_MAX ? INT64_MAX : (int64_t)limit);
+}
+
+int kvt_index_all(kvt_index_rows *out, kvt_index *idx) {
+  return ordered(out, idx, COLS "WHERE" VALID "ORDER BY accessed_at DESC", -1);
+}
+
+/* One integer from a single-row aggregate. */
+static int scalar(uint64_t *out, kvt_index *idx, const char *sql) {
+  if (!out || !idx)
+    return KVT_ERR(KVT_EINVAL, "kvt_index_count/total_bytes: NULL argument");
+  sqlite3 *db = kvti_index_sql_begin(idx);
+  sqlite3_stmt *s = NULL;
+  int rc = prep(idx, db, sql, &s);
+  if (!rc) {
+    int src = sqlite3_step(s);
+    if (src == SQLITE_ROW)
+      *out = (uint64_t)sqlite3_column_int64(s, 0);
+    else
+      rc = kvti_index_sql_err(idx, src, "aggregate");
+    sqlite3_finalize(s);
+  }
+  kvti_index_sql_end(idx);
+  return rc;
+}
+
+int kvt_index_total_bytes(uint64_t *out, kvt_index *idx) {
+  return scalar(
+      out, idx,
+      "SELECT COALESCE(SUM(memory_bytes), 0) FROM entries WHERE" VALID);
+}
+
+int kvt_index_count(uint64_t *out, kvt_index *idx) {
+  return scalar(out, idx, "SELECT COUNT(*) FROM entries WHERE" VALID);
+}
+
+static int touch_fn(kvt_index *idx, sqlite3 *db, sqlite3_stmt *s,
+                    const char *th, void *ctx) {
+  (void)db;
+  (void)th;
+  (void)ctx;
+  sqlite3_bind_double(s, 1, now_s());
+  return step_one(idx, s, "touch");
+}
+
+int kvt_index_touch(kvt_index *idx, const int32_t *tokens, size_t n) {
+  if (!idx)
+    return KVT_ERR(KVT_EINVAL, "kvt_index_touch: NULL index");
+  return keyed(idx, tokens, n,
+               "UPDATE entries SET accessed_at = ? WHERE token_hash = ?",
+               touch_fn, NULL);
+}
 
 void kvt_index_rows_free(kvt_index_rows *rows) {
   if (!rows)
@@ -27,7 +456,7 @@ void kvt_index_rows_free(kvt_index_rows *rows) {
 }
 
 int kvt_index_open(kvt_index **out, const char *cache_dir) {
-  return kvti_index_open(out, cache_dir, NULL, 0);
+  return kvti_index_open(out, cache_dir, NULL, KVTI_INDEX_SQL_ONLY);
 }
 
 void kvt_index_close(kvt_index *idx) {
@@ -35,227 +464,4 @@ void kvt_index_close(kvt_index *idx) {
     return;
   kvti_index_flush(idx);
   kvti_idx_destroy(idx);
-}
-
-int kvt_index_insert(kvt_index *idx, const int32_t *tokens, size_t n,
-                     const char *file_path, uint64_t memory_bytes,
-                     uint64_t num_tokens) {
-  if (!idx || !file_path)
-    return KVT_ERR(KVT_EINVAL, "kvt_index_insert: NULL argument");
-  /* kvtier only ever stores entries under their own hash: any other file_path
-   * would be an arbitrary path handed to readers of the index. */
-  if (num_tokens != n)
-    return KVT_ERR(KVT_EINVAL,
-                   "kvt_index_insert: num_tokens %llu != %zu tokens",
-                   (unsigned long long)num_tokens, n);
-  if (!kvti_is_hash_name(file_path))
-    return KVT_ERR(KVT_EINVAL,
-                   "kvt_index_insert: file_path must be the token hash");
-  kvti_index_put_args a = {tokens,       n, file_path,
-                           memory_bytes, 0, KVT_STORAGE_COMPAT};
-  return kvti_idx_put_common(idx, &a, 1, 0);
-}
-
-static void row_from_ent(kvt_index_row *r, const mirror_ent *e) {
-  memset(r, 0, sizeof *r);
-  kvti_idx_hex(r->token_hash, e->sha);
-  memcpy(r->file_path, r->token_hash, 65);
-  r->num_tokens = e->num_tokens;
-  r->memory_bytes = e->memory_bytes;
-  r->created_at = e->created_at;
-  r->accessed_at = e->accessed_at;
-}
-
-int kvt_index_lookup_exact(kvt_index_row *out, kvt_index *idx,
-                           const int32_t *tokens, size_t n) {
-  if (!out || !idx)
-    return KVT_ERR(KVT_EINVAL, "kvt_index_lookup_exact: NULL argument");
-  uint8_t sha[32];
-  int rc = kvti_idx_tokens_sha(sha, tokens, n);
-  if (rc)
-    return rc;
-  pthread_rwlock_rdlock(&idx->rw);
-  uint32_t id;
-  int found = kvti_idx_mirror_find(idx, sha, &id);
-  if (found)
-    row_from_ent(out, &idx->ents[id]);
-  pthread_rwlock_unlock(&idx->rw);
-  return found ? 0 : KVT_ERR(KVT_ENOTFOUND, "index: no such entry");
-}
-
-typedef struct collect_ctx {
-  kvt_index_row *rows;
-  size_t n, cap;
-} collect_ctx;
-
-/* Room for one more row at c->rows[c->n] (the capacity doubles, starting at
- * first_cap); NULL when out of memory. */
-static kvt_index_row *collect_slot(collect_ctx *c, size_t first_cap) {
-  if (c->n == c->cap) {
-    size_t nc = c->cap ? c->cap * 2 : first_cap;
-    kvt_index_row *r = kvti_realloc(c->rows, nc * sizeof *r);
-    if (!r)
-      return NULL;
-    c->rows = r;
-    c->cap = nc;
-  }
-  return &c->rows[c->n];
-}
-
-static int collect_fn(void *ctx, kvt_index *idx, uint32_t id) {
-  collect_ctx *c = ctx;
-  kvt_index_row *r = collect_slot(c, 8);
-  if (!r)
-    return KVT_ERR_NOMEM();
-  row_from_ent(r, &idx->ents[id]);
-  c->n++;
-  return 0;
-}
-
-/* Hands the collected rows to out, or (rc != 0) releases them with their
- * tokens. Returns rc. */
-static int collect_finish(kvt_index_rows *out, collect_ctx *c, int rc) {
-  kvt_index_rows rows = {c->rows, c->n};
-  if (rc)
-    kvt_index_rows_free(&rows);
-  else
-    *out = rows;
-  return rc;
-}
-
-int kvt_index_lookup_prefix(kvt_index_rows *out, kvt_index *idx,
-                            const int32_t *tokens, size_t n) {
-  if (!out || !idx)
-    return KVT_ERR(KVT_EINVAL, "kvt_index_lookup_prefix: NULL argument");
-  int rc = kvti_idx_check_tokens(tokens, n);
-  if (rc)
-    return rc;
-  collect_ctx c = {0};
-  pthread_rwlock_rdlock(&idx->rw);
-  rc = kvti_idx_prefix_walk(idx, tokens, n, 0, collect_fn, &c);
-  pthread_rwlock_unlock(&idx->rw);
-  /* The matched rows' tokens are the query's prefixes: copy them. */
-  for (size_t i = 0; !rc && i < c.n; i++) {
-    size_t nt = (size_t)c.rows[i].num_tokens;
-    int32_t *t = kvti_malloc(nt * sizeof(int32_t));
-    if (!t) {
-      rc = KVT_ERR_NOMEM();
-      break;
-    }
-    memcpy(t, tokens, nt * sizeof(int32_t));
-    c.rows[i].tokens = t;
-    c.rows[i].n_tokens = nt;
-  }
-  return collect_finish(out, &c, rc);
-}
-
-int kvt_index_delete(kvt_index *idx, const int32_t *tokens, size_t n) {
-  if (!idx)
-    return KVT_ERR(KVT_EINVAL, "kvt_index_delete: NULL index");
-  uint8_t sha[32];
-  int rc = kvti_idx_tokens_sha(sha, tokens, n);
-  if (rc == 0)
-    rc = kvti_idx_remove_sha(idx, sha);
-  return rc == KVT_ENOTFOUND ? 0 : rc; /* the reference's DELETE is silent */
-}
-
-/* Rows from SQLite in accessed_at order (after flushing touches), validated as
- * at open. */
-static int sql_rows(kvt_index_rows *out, kvt_index *idx, const char *sql,
-                    int64_t limit) {
-  int rc = kvti_index_flush(idx);
-  if (rc)
-    return rc;
-  collect_ctx c = {0};
-  pthread_mutex_lock(&idx->db_mu);
-  sqlite3_stmt *s = NULL;
-  int src = sqlite3_prepare_v2(idx->db, sql, -1, &s, NULL);
-  if (src != SQLITE_OK) {
-    rc = kvti_idx_db_err(idx, src, "select");
-    goto out;
-  }
-  if (limit >= 0)
-    sqlite3_bind_int64(s, 1, limit);
-  while ((src = sqlite3_step(s)) == SQLITE_ROW) {
-    char th[65];
-    /* Invalid rows were counted at open; here they are only left out. */
-    int ok = kvti_idx_row_valid(NULL, s, 0, 1, 2, 3, th) &&
-             kvti_idx_num_ok(s, 4) && kvti_idx_num_ok(s, 5) &&
-             kvti_idx_num_ok(s, 6);
-    if (!ok)
-      continue;
-    kvt_index_row *r = collect_slot(&c, 16);
-    if (!r) {
-      rc = KVT_ERR_NOMEM();
-      goto out;
-    }
-    memset(r, 0, sizeof *r);
-    memcpy(r->token_hash, th, 65);
-    memcpy(r->file_path, th, 65);
-    r->num_tokens = (uint64_t)sqlite3_column_int64(s, 2);
-    r->memory_bytes = (uint64_t)sqlite3_column_int64(s, 4);
-    r->created_at = sqlite3_column_double(s, 5);
-    r->accessed_at = sqlite3_column_double(s, 6);
-    size_t bl = (size_t)sqlite3_column_bytes(s, 1);
-    int32_t *t = kvti_malloc(bl ? bl : 1);
-    if (!t) {
-      rc = KVT_ERR_NOMEM();
-      goto out;
-    }
-    if (bl)
-      memcpy(t, sqlite3_column_blob(s, 1), bl);
-    r->tokens = t;
-    r->n_tokens = bl / 4;
-    c.n++;
-  }
-  if (src != SQLITE_DONE)
-    rc = kvti_idx_db_err(idx, src, "select");
-out:
-  sqlite3_finalize(s);
-  pthread_mutex_unlock(&idx->db_mu);
-  return collect_finish(out, &c, rc);
-}
-
-int kvt_index_lru(kvt_index_rows *out, kvt_index *idx, size_t limit) {
-  if (!out || !idx)
-    return KVT_ERR(KVT_EINVAL, "kvt_index_lru: NULL argument");
-  return sql_rows(
-      out, idx,
-      "SELECT token_hash, tokens_blob, num_tokens, file_path, memory_bytes, "
-      "created_at, accessed_at FROM entries ORDER BY accessed_at ASC LIMIT ?",
-      limit > INT64_MAX ? INT64_MAX : (int64_t)limit);
-}
-
-int kvt_index_all(kvt_index_rows *out, kvt_index *idx) {
-  if (!out || !idx)
-    return KVT_ERR(KVT_EINVAL, "kvt_index_all: NULL argument");
-  return sql_rows(
-      out, idx,
-      "SELECT token_hash, tokens_blob, num_tokens, file_path, memory_bytes, "
-      "created_at, accessed_at FROM entries ORDER BY accessed_at DESC",
-      -1);
-}
-
-int kvt_index_total_bytes(uint64_t *out, kvt_index *idx) {
-  if (!out || !idx)
-    return KVT_ERR(KVT_EINVAL, "kvt_index_total_bytes: NULL argument");
-  kvti_index_totals(idx, NULL, NULL, out);
-  return 0;
-}
-
-int kvt_index_count(uint64_t *out, kvt_index *idx) {
-  if (!out || !idx)
-    return KVT_ERR(KVT_EINVAL, "kvt_index_count: NULL argument");
-  kvti_index_totals(idx, out, NULL, NULL);
-  return 0;
-}
-
-int kvt_index_touch(kvt_index *idx, const int32_t *tokens, size_t n) {
-  if (!idx)
-    return KVT_ERR(KVT_EINVAL, "kvt_index_touch: NULL index");
-  uint8_t sha[32];
-  int rc = kvti_idx_tokens_sha(sha, tokens, n);
-  if (rc == 0)
-    rc = kvti_idx_touch_sha(idx, sha);
-  return rc == KVT_ENOTFOUND ? 0 : rc; /* the reference's UPDATE is silent */
 }

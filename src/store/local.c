@@ -9,6 +9,7 @@
  * mid-delete leaves only a *.tmp that the next open removes.
  */
 #include "store/backend.h"
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
@@ -319,7 +320,7 @@ static int lb_quarantine(kvti_backend *b, const char *hash, uint32_t keep_max) {
           snprintf(dst, n, "%s/%s", lb->quarantine_dir, hash);
         else
           snprintf(dst, n, "%s/%s.%lld-%u", lb->quarantine_dir, hash,
-                   (long long)time(NULL), attempt);
+                   (long long)kvti_now_wall(), attempt);
         struct stat dst_st;
         if (kvti_io->lstat(dst, &dst_st) == 0)
           continue; /* taken (rename would replace an empty dir) */
@@ -338,10 +339,10 @@ static int lb_quarantine(kvti_backend *b, const char *hash, uint32_t keep_max) {
   if (rc != 0) {
     /* The entry is corrupt: if it cannot be kept for inspection it must still
      * leave data/. */
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", kvt_last_error());
+    kvti_error_state es;
+    kvti_error_state_capture(&es, rc);
     remove_tree(lb, hash);
-    KVT_ERR(rc, "%s (entry deleted instead)", msg);
+    KVT_ERR(rc, "%s (entry deleted instead)", es.msg);
   } else {
     quarantine_bound(lb, keep_max);
   }

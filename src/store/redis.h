@@ -39,9 +39,6 @@ typedef struct kvti_redis_cfg {
   int mirror; /* keep a local mirror of the remote keys for lookups */
 } kvti_redis_cfg;
 
-/* Validates a remote URL without connecting (always compiled). */
-int kvti_remote_check_url(const char *url);
-
 #if KVT_HAVE_REDIS
 /* The Redis backend (vtable of backend.h; put/get stage files in stage_root).
  * No connection is made here. Returns 0, KVT_EINVAL (URL), KVT_ENOMEM. */

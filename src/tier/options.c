@@ -7,28 +7,74 @@
 #include "tier/options.h"
 #include "base/error.h"
 #include "base/io.h"
-#include "tier/remote.h"
+#include "store/redis_url.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* Bytes of kvt_options as each version declared it (fields are only ever
+ * appended; see kvtier.h), 0 for an unknown version. A new version adds one
+ * case here. */
+static size_t options_size(unsigned int version) {
+  switch (version) {
+  case 1:
+    return offsetof(kvt_options, read_threads);
+  case 2:
+    return offsetof(kvt_options, remote_lookup_timeout_ms);
+  case 3:
+    return sizeof(kvt_options);
+  default:
+    return 0;
+  }
+}
+
 int kvt_options_init(kvt_options *opts, unsigned int version) {
   if (!opts)
     return KVT_ERR(KVT_EINVAL, "kvt_options_init: opts is NULL");
-  if (version != KVT_OPTIONS_VERSION)
+  size_t n = options_size(version);
+  if (n == 0)
     return KVT_ERR(KVT_EINVAL,
                    "kvt_options_init: unknown version %u (this "
-                   "library knows %u)",
+                   "library knows 1..%u)",
                    version, KVT_OPTIONS_VERSION);
   kvt_options d = KVT_OPTIONS_INIT;
-  *opts = d;
+  d.version = version;
+  memcpy(opts, &d, n); /* only what a caller of that version has */
+  return 0;
+}
+
+int kvti_options_upgrade(kvt_options *out, const kvt_options *in) {
+  if (!in)
+    return KVT_ERR(KVT_EINVAL, "options is NULL");
+  size_t n = options_size(in->version);
+  if (n == 0)
+    return KVT_ERR(KVT_EINVAL, "options version must be 1..%u, got %u",
+                   KVT_OPTIONS_VERSION, in->version);
+  kvt_options d = KVT_OPTIONS_INIT;
+  memcpy(&d, in, n);
+  d.version = KVT_OPTIONS_VERSION;
+  *out = d;
   return 0;
 }
 
 size_t kvt_options_size(void) {
   return sizeof(kvt_options);
+}
+
+int kvt_stats_init(kvt_stats *s, unsigned int version) {
+  if (!s || version != KVT_STATS_VERSION)
+    return KVT_ERR(KVT_EINVAL, "kvt_stats_init: NULL or unknown version %u",
+                   version);
+  memset(s, 0, sizeof *s);
+  s->version = version;
+  return 0;
+}
+
+size_t kvt_stats_size(void) {
+  return sizeof(kvt_stats);
 }
 
 int kvt_promote_opts_init(kvt_promote_opts *opts, unsigned int version) {
@@ -59,7 +105,7 @@ static int validate_remote(const kvt_options *o) {
                    "remote_url is set but remote_mode is "
                    "KVT_REMOTE_LOCAL; choose "
                    "KVT_REMOTE_LOCAL_AND_REMOTE or KVT_REMOTE_ONLY");
-  if (o->remote_url && kvti_remote_check_url(o->remote_url) != 0)
+  if (o->remote_url && kvti_redis_check_url(o->remote_url) != 0)
     return KVT_EINVAL;
   if (o->remote_prefix &&
       (strlen(o->remote_prefix) > 128 || strpbrk(o->remote_prefix, "{}")))
@@ -94,12 +140,12 @@ static int validate_remote(const kvt_options *o) {
   return 0;
 }
 
-int kvt_options_validate(const kvt_options *o) {
-  if (!o)
-    return KVT_ERR(KVT_EINVAL, "options is NULL");
-  if (o->version != KVT_OPTIONS_VERSION)
-    return KVT_ERR(KVT_EINVAL, "options version must be %u, got %u",
-                   KVT_OPTIONS_VERSION, o->version);
+int kvt_options_validate(const kvt_options *opts) {
+  kvt_options cur;
+  int rc = kvti_options_upgrade(&cur, opts);
+  if (rc != 0)
+    return rc;
+  const kvt_options *o = &cur;
   /* Same wording as the reference's ValueErrors. */
   if (!(o->max_size_gb > 0) || !isfinite(o->max_size_gb))
     return KVT_ERR(KVT_EINVAL, "max_size_gb must be > 0, got %g",
@@ -150,6 +196,10 @@ int kvt_options_validate(const kvt_options *o) {
   if (o->promote_threads < 1 || o->promote_threads > 256)
     return KVT_ERR(KVT_EINVAL, "promote_threads must be in 1..256, got %u",
                    o->promote_threads);
+  if (o->read_threads > KVTI_MAX_READ_THREADS)
+    return KVT_ERR(KVT_EINVAL,
+                   "read_threads must be in 0..%u (0 = default), got %u",
+                   KVTI_MAX_READ_THREADS, o->read_threads);
   if (o->log_level < KVT_LOG_DEBUG || o->log_level > KVT_LOG_NONE)
     return KVT_ERR(KVT_EINVAL, "log_level must be in 0..4, got %d",
                    o->log_level);

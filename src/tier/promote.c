@@ -48,15 +48,14 @@ typedef struct rsel {
 } rsel;
 
 struct kvt_promise {
+  kvti_workq_item link; /* first: the pool's queue hands back this pointer */
   kvt_tier *t;
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int state;
   atomic_int cancel;
-  int cancelled; /* the result was discarded because of a cancel */
-  int rc;
-  char msg[512];
-  int os_errno;
+  int cancelled;        /* the result was discarded because of a cancel */
+  kvti_error_state err; /* the failure (rc != 0), carried to the caller */
   kvt_entry *entry;
   int collected; /* result taken (or cancelled): nothing left to hand over */
   int released;  /* the reservation was released */
@@ -68,8 +67,7 @@ struct kvt_promise {
   kvt_promote_opts opts;
   uint64_t reserved;
   double t0;
-  rsel rs;           /* remote tier selection (remote.h) */
-  kvt_promise *next; /* pool queue */
+  rsel rs; /* remote tier selection (remote.h) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -91,6 +89,7 @@ static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
   ro.n_tokens = n;
   ro.cancel = cancel;
   ro.io_backend = t->opts.io_backend;
+  ro.read_threads = t->opts.read_threads;
   ro.keep_tokens = keep; /* trimmed promote (local entries only: see begin) */
   if (o) {
     ro.page_cache = (o->flags & KVT_PROMOTE_PAGE_CACHE) != 0;
@@ -263,14 +262,10 @@ static int promote_sync(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
       account_hit(t, e, &info, t0, opts ? opts->flags : 0);
       *out = e;
     } else if (reserved) {
-      int os = kvt_last_errno();
-      char msg[512];
-      snprintf(msg, sizeof msg, "%s", kvt_last_error());
+      kvti_error_state es;
+      kvti_error_state_capture(&es, rc);
       opts->release(opts->budget_ctx, reserved);
-      if (os)
-        kvti_error_os(os, __FILE__, __LINE__, "%s", msg);
-      else
-        kvti_error_set(rc, __FILE__, __LINE__, "%s", msg);
+      kvti_error_state_restore(&es);
     }
   }
   kvti_tier_leave(t);
@@ -319,6 +314,7 @@ int kvt_tier_read_entry(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
   ro.tokens = tokens;
   ro.n_tokens = n_tokens;
   ro.io_backend = t->opts.io_backend;
+  ro.read_threads = t->opts.read_threads;
   kvt_entry_info cur;
   double created = -1;
   kvti_stripe_rdlock(&t->stripes, file_path);
@@ -379,12 +375,9 @@ static void run_job(kvt_promise *p) {
     e->reserved_bytes = p->reserved;
     account_hit(t, e, &p->info, p->t0, p->opts.flags);
   }
-  p->rc = rc;
   p->entry = e;
-  if (rc != 0) {
-    snprintf(p->msg, sizeof p->msg, "%s", kvt_last_error());
-    p->os_errno = kvt_last_errno();
-  }
+  if (rc != 0)
+    kvti_error_state_capture(&p->err, rc);
   p->state = P_DONE;
   signal_fd(p);
   pthread_cond_broadcast(&p->cv);
@@ -393,79 +386,28 @@ static void run_job(kvt_promise *p) {
   kvti_tier_leave(t);
 }
 
-static void *worker_main(void *arg) {
-  kvt_tier *t = arg;
-  kvti_pool *pl = &t->pool;
-  pthread_mutex_lock(&pl->mu);
-  for (;;) {
-    while (!pl->head && !pl->stop)
-      pthread_cond_wait(&pl->cv, &pl->mu);
-    if (!pl->head)
-      break;
-    kvt_promise *p = pl->head;
-    pl->head = p->next;
-    if (!pl->head)
-      pl->tail = NULL;
-    pthread_mutex_unlock(&pl->mu);
-    run_job(p);
-    pthread_mutex_lock(&pl->mu);
-  }
-  pthread_mutex_unlock(&pl->mu);
-  return NULL;
+static void pool_run(void *ctx, kvti_workq_item *it) {
+  (void)ctx;
+  run_job((kvt_promise *)it);
 }
 
 int kvti_pool_init(kvt_tier *t) {
-  kvti_pool *pl = &t->pool;
-  pthread_mutex_init(&pl->mu, NULL);
-  pthread_cond_init(&pl->cv, NULL);
-  return 0;
-}
-
-/* Starts the workers on first use. Caller holds pl->mu. */
-static int pool_start_locked(kvt_tier *t) {
-  kvti_pool *pl = &t->pool;
-  if (pl->n_threads > 0)
-    return 0;
-  uint32_t n = t->opts.promote_threads;
-  pl->threads = kvti_calloc(n, sizeof *pl->threads);
-  if (!pl->threads)
-    return KVT_ERR_NOMEM();
-  for (uint32_t i = 0; i < n; i++) {
-    int e = pthread_create(&pl->threads[i], NULL, worker_main, t);
-    if (e != 0) {
-      if (pl->n_threads > 0)
-        break; /* fewer workers still work */
-      kvti_free(pl->threads);
-      pl->threads = NULL;
-      return KVT_ERR_OS(e, "creating promote worker threads");
-    }
-    pl->n_threads++;
-  }
-  return 0;
+  kvti_workq_cfg c;
+  memset(&c, 0, sizeof c);
+  c.threads = t->opts.promote_threads;
+  c.start_on_push = 1; /* no threads until the first async promote */
+  c.run = pool_run;    /* never dropped: close waits for every promote */
+  c.ctx = t;
+  c.name = "promote worker";
+  return kvti_workq_init(&t->pool, &c);
 }
 
 void kvti_pool_stop(kvt_tier *t) {
-  kvti_pool *pl = &t->pool;
-  pthread_mutex_lock(&pl->mu);
-  pl->stop = 1;
-  pthread_cond_broadcast(&pl->cv);
-  uint32_t n = pl->n_threads;
-  pthread_mutex_unlock(&pl->mu);
-  for (uint32_t i = 0; i < n; i++)
-    pthread_join(pl->threads[i], NULL);
-  pthread_mutex_lock(&pl->mu);
-  pl->n_threads = 0;
-  kvti_free(pl->threads);
-  pl->threads = NULL;
-  pthread_mutex_unlock(&pl->mu);
+  kvti_workq_stop(&t->pool, 0);
 }
 
 void kvti_pool_destroy(kvt_tier *t) {
-  kvti_pool *pl = &t->pool;
-  if (pl->n_threads > 0)
-    kvti_pool_stop(t);
-  pthread_mutex_destroy(&pl->mu);
-  pthread_cond_destroy(&pl->cv);
+  kvti_workq_destroy(&t->pool);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -522,18 +464,9 @@ int kvt_tier_promote_async(kvt_promise **out, kvt_tier *t,
     if (p->n_tokens)
       memcpy(p->tokens, tokens, p->n_tokens * sizeof(int32_t));
     p->t0 = kvti_now_mono();
-    kvti_pool *pl = &t->pool;
-    pthread_mutex_lock(&pl->mu);
-    rc = pool_start_locked(t);
-    if (rc == 0) {
-      if (pl->tail)
-        pl->tail->next = p;
-      else
-        pl->head = p;
-      pl->tail = p;
-      pthread_cond_signal(&pl->cv);
-    }
-    pthread_mutex_unlock(&pl->mu);
+    rc = kvti_workq_push(&t->pool, &p->link, 0);
+    if (rc == KVT_ECLOSED)
+      KVT_ERR(KVT_ECLOSED, "the tier is closing; promote refused");
   }
   if (rc != 0) {
     if (p->reserved)
@@ -624,12 +557,10 @@ int kvt_promise_result(kvt_entry **out, kvt_promise *p) {
     return KVT_ERR(KVT_EAGAIN, "promote not complete yet");
   }
   p->collected = 1;
-  int rc = p->rc;
   kvt_entry *e = p->entry;
   p->entry = NULL;
-  char msg[512];
-  memcpy(msg, p->msg, sizeof msg);
-  int os = p->os_errno;
+  kvti_error_state err = p->err;
+  int rc = err.code;
   if (rc == 0)
     p->released = 1; /* handed over with the entry */
   pthread_mutex_unlock(&p->mu);
@@ -637,12 +568,8 @@ int kvt_promise_result(kvt_entry **out, kvt_promise *p) {
     *out = e;
     return 0;
   }
-  release_once(p);
-  if (os)
-    kvti_error_os(os, __FILE__, __LINE__, "%s", msg);
-  else
-    kvti_error_set(rc, __FILE__, __LINE__, "%s", msg);
-  return rc;
+  release_once(p); /* runs the caller's release: may overwrite the error */
+  return kvti_error_state_restore(&err);
 }
 
 int kvt_promise_cancel(kvt_promise *p) {

@@ -1,6 +1,6 @@
 /*
- * tier_remote.c - the tier's side of the shared remote tier (see remote.h and
- * docs/REMOTE.md): option checks, the upload queue (bounded by
+ * remote.c - the tier's side of the shared remote tier (see remote.h and
+ * docs/REMOTE.md): the upload queue (bounded by
  * remote_queue_size entries and spill_queue_bytes bytes) drained by one remote
  * thread so a slow or dead server never blocks the writer or a caller, the
  * back-off that turns a failing server into "local only" for a while (each
@@ -9,8 +9,8 @@
  * promotes, and adoption of a fetched entry as a local copy. Remote reads run
  * on the promoting thread (the caller's for kvt_tier_promote, a worker's for
  * async promotes) and are bounded by remote_timeout_ms per command. Built
- * without hiredis, only the option checks remain and a remote_url is refused
- * with KVT_EUNSUPPORTED.
+ * without hiredis, a remote_url is refused with KVT_EUNSUPPORTED (the URL
+ * itself is checked by store/redis_url.c in every build).
  */
 #include "tier/remote.h"
 #include "base/error.h"
@@ -28,20 +28,6 @@
 #if KVT_HAVE_REDIS
 #include "store/redis/rclient.h"
 #endif
-
-int kvti_remote_check_url(const char *url) {
-#if KVT_HAVE_REDIS
-  return kvr_parse_url(url, NULL, 16, NULL, NULL);
-#else
-  if (!url || !((!strncmp(url, "redis://", 8) && url[8]) ||
-                (!strncmp(url, "rediss://", 9) && url[9])))
-    return KVT_ERR(KVT_EINVAL,
-                   "remote_url must be redis[s]://host:port (got "
-                   "'%s')",
-                   url ? url : "(null)");
-  return 0;
-#endif
-}
 
 #if !KVT_HAVE_REDIS
 
@@ -108,10 +94,11 @@ void kvti_remote_gauges(kvt_tier *t, kvt_stats *s) {
 
 #else /* KVT_HAVE_REDIS */
 
+/* An upload queued for the remote thread; link.cost is the snapshot's held
+ * bytes, charged against spill_queue_bytes. */
 typedef struct up_item {
-  struct up_item *next;
+  kvti_workq_item link; /* first: the queue hands back this pointer */
   kvti_snapshot *snap;
-  uint64_t cost;
 } up_item;
 
 struct kvti_remote {
@@ -120,13 +107,7 @@ struct kvti_remote {
   int keep_local;
   char *stage_root;
   int stage_is_tmp; /* stage_root is a private mkdtemp (read-only tier) */
-  /* Upload queue. */
-  pthread_mutex_t mu;
-  pthread_cond_t cv_work, cv_done;
-  up_item *head, *tail;
-  uint64_t depth, bytes, enq, done;
-  int stop, drop, started;
-  pthread_t thread;
+  kvti_workq q;     /* the upload queue and its thread (base/workq.h) */
   /* Health: back-off after failures. */
   pthread_mutex_t hmu;
   double down_until; /* monotonic seconds */
@@ -213,39 +194,23 @@ static void upload_one(kvt_tier *t, kvti_snapshot *s) {
   spill_done(t, s, rc);
 }
 
-static void *upload_main(void *arg) {
-  kvt_tier *t = arg;
-  struct kvti_remote *r = RM(t);
-  pthread_mutex_lock(&r->mu);
-  for (;;) {
-    while (!r->head && !r->stop)
-      pthread_cond_wait(&r->cv_work, &r->mu);
-    if (!r->head)
-      break;
-    up_item *it = r->head;
-    r->head = it->next;
-    if (!r->head)
-      r->tail = NULL;
-    r->depth--;
-    r->bytes -= it->cost;
-    int drop = r->drop;
-    pthread_mutex_unlock(&r->mu);
-    if (drop) {
-      KVTI_STAT_ADD(&t->stats, remote_spill_drops, 1);
-      spill_done(t, it->snap,
-                 KVT_ERR(KVT_ECLOSED, "tier closed before the upload"));
-    } else {
-      upload_one(t, it->snap);
-    }
-    kvti_snapshot_free(it->snap);
-    kvti_free(it);
-    pthread_mutex_lock(&r->mu);
-    r->done++;
-    pthread_cond_broadcast(&r->cv_done);
-  }
-  pthread_cond_broadcast(&r->cv_done);
-  pthread_mutex_unlock(&r->mu);
-  return NULL;
+static void upload_run(void *ctx, kvti_workq_item *qi) {
+  kvt_tier *t = ctx;
+  up_item *it = (up_item *)qi;
+  upload_one(t, it->snap);
+  kvti_snapshot_free(it->snap);
+  kvti_free(it);
+}
+
+/* An upload dropped because the tier is being freed. */
+static void upload_drop(void *ctx, kvti_workq_item *qi) {
+  kvt_tier *t = ctx;
+  up_item *it = (up_item *)qi;
+  KVTI_STAT_ADD(&t->stats, remote_spill_drops, 1);
+  spill_done(t, it->snap,
+             KVT_ERR(KVT_ECLOSED, "tier closed before the upload"));
+  kvti_snapshot_free(it->snap);
+  kvti_free(it);
 }
 
 int kvti_remote_spills_local(const kvt_tier *t) {
@@ -257,44 +222,25 @@ int kvti_remote_take(kvt_tier *t, kvti_snapshot *s) {
   if (!r)
     return 0;
   uint64_t cost = kvti_snapshot_held_bytes(s);
-  uint64_t qb = t->opts.spill_queue_bytes;
   up_item *it = kvti_calloc(1, sizeof *it);
-  int rc = 0;
-  pthread_mutex_lock(&r->mu);
+  int rc;
   if (!it) {
     rc = KVT_ERR_NOMEM();
-  } else if (r->stop) {
-    rc = KVT_ERR(KVT_ECLOSED, "the tier is closing; upload refused");
-  } else if (r->depth >= t->opts.remote_queue_size ||
-             (qb && r->bytes + cost > qb)) {
-    rc = KVT_ERR(KVT_EFULL,
-                 "remote upload queue full (%llu entries, %llu bytes); "
-                 "upload of %.16s dropped",
-                 (unsigned long long)r->depth, (unsigned long long)r->bytes,
-                 kvti_snapshot_hash(s));
   } else {
-    if (!r->started) {
-      int e = pthread_create(&r->thread, NULL, upload_main, t);
-      if (e != 0)
-        rc = KVT_ERR_OS(e, "creating the remote upload thread");
-      else
-        r->started = 1;
-    }
-    if (rc == 0) {
-      it->snap = s;
-      it->cost = cost;
-      if (r->tail)
-        r->tail->next = it;
-      else
-        r->head = it;
-      r->tail = it;
-      r->depth++;
-      r->bytes += cost;
-      r->enq++;
-      pthread_cond_signal(&r->cv_work);
+    it->snap = s;
+    rc = kvti_workq_push(&r->q, &it->link, cost);
+    if (rc == KVT_ECLOSED) {
+      KVT_ERR(KVT_ECLOSED, "the tier is closing; upload refused");
+    } else if (rc == KVT_EFULL) {
+      uint64_t depth = 0, bytes = 0;
+      kvti_workq_gauges(&r->q, &depth, &bytes);
+      KVT_ERR(KVT_EFULL,
+              "remote upload queue full (%llu entries, %llu bytes); "
+              "upload of %.16s dropped",
+              (unsigned long long)depth, (unsigned long long)bytes,
+              kvti_snapshot_hash(s));
     }
   }
-  pthread_mutex_unlock(&r->mu);
   if (rc == 0)
     return 1;
   kvti_free(it);
@@ -310,51 +256,18 @@ int kvti_remote_drain(kvt_tier *t, const struct timespec *ts, int has) {
   struct kvti_remote *r = RM(t);
   if (!r)
     return 0;
-  int rc = 0;
-  pthread_mutex_lock(&r->mu);
-  uint64_t target = r->enq;
-  while (r->done < target && r->started) {
-    if (kvti_cond_wait_until(&r->cv_done, &r->mu, ts, has) == ETIMEDOUT &&
-        r->done < target) {
-      rc = KVT_ERR(KVT_ETIMEDOUT, "%llu remote uploads still pending",
-                   (unsigned long long)(target - r->done));
-      break;
-    }
-  }
-  pthread_mutex_unlock(&r->mu);
-  return rc;
+  uint64_t pending = 0;
+  if (kvti_workq_wait(&r->q, ts, has, &pending) == KVT_ETIMEDOUT)
+    return KVT_ERR(KVT_ETIMEDOUT, "%llu remote uploads still pending",
+                   (unsigned long long)pending);
+  return 0;
 }
 
 void kvti_remote_stop(kvt_tier *t, int drop) {
   struct kvti_remote *r = RM(t);
   if (!r)
     return;
-  pthread_mutex_lock(&r->mu);
-  r->stop = 1;
-  if (drop)
-    r->drop = 1;
-  int started = r->started;
-  pthread_cond_broadcast(&r->cv_work);
-  pthread_mutex_unlock(&r->mu);
-  if (started) {
-    pthread_join(r->thread, NULL);
-    pthread_mutex_lock(&r->mu);
-    r->started = 0;
-    pthread_mutex_unlock(&r->mu);
-  }
-  /* Never started: release what is queued. */
-  pthread_mutex_lock(&r->mu);
-  up_item *it = r->head;
-  r->head = r->tail = NULL;
-  r->depth = r->bytes = 0;
-  pthread_mutex_unlock(&r->mu);
-  while (it) {
-    up_item *next = it->next;
-    spill_done(t, it->snap, KVT_ECLOSED);
-    kvti_snapshot_free(it->snap);
-    kvti_free(it);
-    it = next;
-  }
+  kvti_workq_stop(&r->q, drop);
 }
 
 void kvti_remote_free(kvt_tier *t) {
@@ -368,9 +281,7 @@ void kvti_remote_free(kvt_tier *t) {
     kvti_rmtree(r->stage_root);
     kvti_free(r->stage_root);
   }
-  pthread_mutex_destroy(&r->mu);
-  pthread_cond_destroy(&r->cv_work);
-  pthread_cond_destroy(&r->cv_done);
+  kvti_workq_destroy(&r->q);
   pthread_mutex_destroy(&r->hmu);
   kvti_free(r);
   t->remote = NULL;
@@ -385,16 +296,25 @@ int kvti_remote_open(kvt_tier *t) {
   struct kvti_remote *r = kvti_calloc(1, sizeof *r);
   if (!r)
     return KVT_ERR_NOMEM();
-  pthread_mutex_init(&r->mu, NULL);
   pthread_mutex_init(&r->hmu, NULL);
-  kvti_cond_init(&r->cv_work);
-  kvti_cond_init(&r->cv_done);
+  kvti_workq_cfg qc;
+  memset(&qc, 0, sizeof qc);
+  qc.threads = 1;
+  qc.max_items = o->remote_queue_size;
+  qc.max_bytes = o->spill_queue_bytes;
+  qc.start_on_push = 1;
+  qc.run = upload_run;
+  qc.drop = upload_drop;
+  qc.ctx = t;
+  qc.name = "remote upload";
+  int rc = kvti_workq_init(&r->q, &qc);
   r->mode = o->remote_mode;
   r->keep_local = r->mode == KVT_REMOTE_LOCAL_AND_REMOTE && !t->readonly &&
                   !(o->remote_flags & KVT_REMOTE_NO_LOCAL_COPY);
   t->remote = r;
-  int rc = 0;
-  if (!t->readonly) {
+  if (rc != 0) {
+    /* the queue could not be made: freed below */
+  } else if (!t->readonly) {
     /* Staging next to data/ (same file system: a fetched entry is adopted as
      * a local copy by rename). The one writer process owns it. */
     r->stage_root = kvti_path_join(t->dir, "remote.tmp");
@@ -571,11 +491,10 @@ int kvti_remote_read(kvt_tier *t, kvt_entry **out, const kvt_entry_info *info,
     rc = kvti_entry_read(out, stage, hash, ro);
     if (rc == KVT_ECORRUPT || rc == KVT_ENOTFOUND) {
       /* Chunks verified but the files do not: the writer's data was bad. */
-      char msg[512];
-      snprintf(msg, sizeof msg, "%s", kvt_last_error());
+      kvti_error_state es;
+      kvti_error_state_capture(&es, rc);
       r->be->ops->remove(r->be, hash);
-      KVT_ERR(KVT_ECORRUPT, "remote entry %.16s: %s", hash, msg);
-      rc = KVT_ECORRUPT;
+      rc = KVT_ERR(KVT_ECORRUPT, "remote entry %.16s: %s", hash, es.msg);
     }
   }
   if (rc == 0) {
@@ -593,12 +512,13 @@ int kvti_remote_read(kvt_tier *t, kvt_entry **out, const kvt_entry_info *info,
   } else {
     /* A vanished, damaged or unreachable remote entry is a miss, never data:
      * the caller carries on as with a local miss. */
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", kvt_last_error());
+    kvti_error_state es;
+    kvti_error_state_capture(&es, rc);
     if (rc != KVT_ENOTFOUND)
       remote_failed(t, rc, "read");
     KVTI_STAT_ADD(&t->stats, remote_misses, 1);
-    rc = KVT_ERR(KVT_ENOTFOUND, "remote entry %.16s unusable: %s", hash, msg);
+    rc =
+        KVT_ERR(KVT_ENOTFOUND, "remote entry %.16s unusable: %s", hash, es.msg);
   }
   kvti_rmtree(stage);
   kvti_free(stage);
@@ -609,9 +529,7 @@ void kvti_remote_gauges(kvt_tier *t, kvt_stats *s) {
   struct kvti_remote *r = RM(t);
   if (!r)
     return;
-  pthread_mutex_lock(&r->mu);
-  s->remote_queue_depth = r->depth;
-  pthread_mutex_unlock(&r->mu);
+  kvti_workq_gauges(&r->q, &s->remote_queue_depth, NULL);
   s->remote_available = (uint64_t)remote_ok(r);
 }
 
@@ -724,13 +642,14 @@ int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash) {
       kvti_read_opts ro;
       memset(&ro, 0, sizeof ro);
       ro.verify_only = 1;
+      ro.read_threads = t->opts.read_threads;
       rc = kvti_entry_read(NULL, stage, token_hash, &ro);
       if (rc == KVT_ENOTFOUND || rc == KVT_ECORRUPT) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", kvt_last_error());
+        kvti_error_state es;
+        kvti_error_state_capture(&es, rc);
         be->ops->remove(be, token_hash);
         rc = KVT_ERR(KVT_ECORRUPT, "remote entry %.16s: %s (removed)",
-                     token_hash, msg);
+                     token_hash, es.msg);
       }
     }
     kvti_rmtree(stage);

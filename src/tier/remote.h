@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <time.h>
 
-/* ---- hooks used by tier.c / writer.c / promote.c / stats.c ---- */
+/* ---- hooks used by tier.c / writer.c / promote.c / ops.c ---- */
 struct kvt_tier;
 struct kvti_snapshot;
 /* Opens the remote side of t when t->opts.remote_url is set (no connection is

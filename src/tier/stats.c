@@ -1,19 +1,16 @@
 /*
- * stats.c - the tier's counters (see stats.h), kvt_tier_stats /
- * kvt_tier_stats_add, and two renderings of a kvt_stats: JSON with exactly the
- * reference's SSDCacheStats.to_dict keys and rounding (ssd_hit_rate to 4
- * places, reload_latency_sum_s to 4, avg_reload_latency_ms to 2; Python's
- * round() is correctly rounded, as printf's %.Nf is) plus kvtier's counters and
- * gauges, and the Prometheus text exposition format (HELP/TYPE lines, kvtier_*
- * names, counters end in _total). Integers are printed exactly (never through a
- * double); floats like Python's repr.
+ * stats.c - the tier's counters (see stats.h; the kvt_tier_stats entry points
+ * that add the gauges are in ops.c), and two renderings of a kvt_stats: JSON
+ * with exactly the reference's SSDCacheStats.to_dict keys and rounding
+ * (ssd_hit_rate to 4 places, reload_latency_sum_s to 4, avg_reload_latency_ms
+ * to 2; Python's round() is correctly rounded, as printf's %.Nf is) plus
+ * kvtier's counters and gauges, and the Prometheus text exposition format
+ * (HELP/TYPE lines, kvtier_* names, counters end in _total). Integers are
+ * printed exactly (never through a double); floats like Python's repr.
  */
 #include "tier/stats.h"
 #include "base/error.h"
-#include "index/index.h"
 #include "base/io.h"
-#include "tier/remote.h"
-#include "tier/tier.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -184,34 +181,6 @@ int kvti_stats_add_named(kvti_stats *st, const char *name, int64_t delta) {
     return rc;
   }
   return KVT_ERR(KVT_EINVAL, "unknown counter '%s'", name);
-}
-
-int kvt_tier_stats(kvt_stats *out, kvt_tier *t) {
-  if (!out || !t)
-    return KVT_ERR(KVT_EINVAL, "kvt_tier_stats: NULL argument");
-  kvt_stats s;
-  kvti_stats_copy(&s, &t->stats);
-  /* Gauges: from the index while it is open (after close the last counters
-   * remain). */
-  if (kvti_tier_enter(t) == 0) {
-    kvti_index_totals(t->idx, &s.entries, &s.disk_bytes, &s.memory_bytes);
-    kvti_tier_leave(t);
-  } else {
-    kvt_clear_error();
-  }
-  pthread_mutex_lock(&t->w.mu);
-  s.queue_depth = t->w.depth;
-  s.queue_bytes = t->w.bytes;
-  pthread_mutex_unlock(&t->w.mu);
-  kvti_remote_gauges(t, &s);
-  *out = s;
-  return 0;
-}
-
-int kvt_tier_stats_add(kvt_tier *t, const char *counter, int64_t delta) {
-  if (!t)
-    return KVT_ERR(KVT_EINVAL, "tier is NULL");
-  return kvti_stats_add_named(&t->stats, counter, delta);
 }
 
 /* ------------------------------------------------------------------------ */

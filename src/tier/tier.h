@@ -1,7 +1,10 @@
 /*
- * tier.h - the internal state of a kvt_tier shared by tier.c (lifecycle,
- * lookup, maintenance), writer.c (spill queue + writer thread) and promote.c
- * (promote, worker pool, promises).
+ * tier.h - the internal state of a kvt_tier shared by the tier files: tier.c
+ * (open/close/free, enter/leave, log), maint.c (removal, capacity, retention,
+ * quarantine), reconcile.c, ops.c (lookups and entry operations, stats entry
+ * points), writer.c (spill queue + writer thread), promote.c (promote, worker
+ * pool, promises) and remote.c (the remote glue). stats.h and options.h sit
+ * below it and know nothing of a kvt_tier.
  *
  * Threads and locks (full story in docs/DESIGN.md):
  *  - life_mu/life_cv: lifecycle state and the count of operations in flight.
@@ -13,17 +16,19 @@
  * order: mut_mu -> stripe -> index internals. Readers never take mut_mu.
  *  - stripes: per-hash rwlocks; readers shared, mutators exclusive (see
  * lock.h).
- *  - writer.mu: the spill queue; pool.mu: the promote job queue; each promise
- * has its own mu. Callbacks into the caller (log_fn, spill_done_fn, budget) are
- * never made with mut_mu or a stripe held, except log_fn, which must not call
- * back into the tier.
+ *  - w.mu: the spill queue; pool.mu: the promote job queue (both
+ * base/workq.h); each promise has its own mu. Callbacks into the caller
+ * (log_fn, spill_done_fn, budget) are never made with mut_mu or a stripe held,
+ * except log_fn, which must not call back into the tier.
  */
 #ifndef KVT_TIER_H
 #define KVT_TIER_H
 
 #include "store/backend.h"
 #include "kvtier.h"
+#include "base/clock.h"
 #include "base/lock.h"
+#include "base/workq.h"
 #include "tier/stats.h"
 
 #include <pthread.h>
@@ -31,36 +36,30 @@
 #include <stdint.h>
 #include <time.h>
 
+/* A spill queued for the writer (writer.c); link.cost is the bytes charged
+ * against spill_queue_bytes. */
 typedef struct kvti_spill_item {
-  struct kvti_spill_item *next;
+  kvti_workq_item link; /* first: the queue hands back this pointer */
   kvti_snapshot *snap;
-  uint64_t cost; /* bytes charged against spill_queue_bytes */
 } kvti_spill_item;
 
-typedef struct kvti_writer {
+/* writer_hook.c: a binding's write hook and close's stop marker. Its own
+ * mutex is a leaf (never held while taking another lock). Invariants: id names
+ * the one spill in the hook (0: none) and snap its snapshot, which stays alive
+ * until the hook returned and no kvt_tier_write_pending call runs (busy 0). */
+typedef struct kvti_writer_hook {
   pthread_mutex_t mu;
-  pthread_cond_t cv_work; /* items queued, or stop/drop requested */
-  pthread_cond_t cv_done; /* done_seq advanced, or the thread exited */
-  kvti_spill_item *head, *tail;
-  uint64_t depth, bytes;
-  uint64_t enq_seq; /* spills ever enqueued */
-  uint64_t
-      done_seq;  /* spills finished (written, failed or dropped), FIFO order */
-  int accepting; /* spills are accepted */
-  int started;   /* thread created (and not yet joined) */
-  int stop;      /* exit once the queue is empty */
-  int drop;      /* discard queued spills (kvt_tier_free) */
-  pthread_t thread;
-} kvti_writer;
-
-typedef struct kvti_pool {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  kvt_promise *head, *tail;
-  pthread_t *threads;
-  uint32_t n_threads; /* started */
-  int stop;
-} kvti_pool;
+  pthread_cond_t cv;    /* busy dropped */
+  kvt_write_hook_fn fn; /* NULL: the C write, no call out */
+  void *ctx;
+  uint64_t next_id; /* ids handed out so far (writer thread only) */
+  uint64_t id;      /* spill the hook runs for, 0 */
+  kvti_snapshot *snap;
+  int busy;   /* kvt_tier_write_pending calls in progress */
+  int rc;     /* result of the last such write of id */
+  int marker; /* the stop marker was queued */
+  int inited;
+} kvti_writer_hook;
 
 enum { KVTI_OPEN = 0, KVTI_TEARDOWN = 1, KVTI_CLOSED = 2 };
 
@@ -76,8 +75,9 @@ struct kvt_tier {
   kvti_stripes stripes;
   pthread_mutex_t mut_mu;
   kvti_stats stats;
-  kvti_writer w;
-  kvti_pool pool;
+  kvti_workq w;            /* spill queue + the writer thread (writer.c) */
+  kvti_writer_hook hook;   /* writer_hook.c */
+  kvti_workq pool;         /* promote jobs + the worker pool (promote.c) */
   pthread_mutex_t life_mu; /* only for sleeping until active == 0 */
   pthread_cond_t life_cv;
   atomic_int state;
@@ -93,20 +93,9 @@ void kvti_tier_leave(kvt_tier *t);
 void kvti_log(kvt_tier *t, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Clocks: wall (Unix seconds, as the index stores) and monotonic seconds. */
-double kvti_now_wall(void);
-double kvti_now_mono(void);
 /* created_before for lookups: now - retention_seconds, or 0 when entries never
  * expire. */
 double kvti_tier_cutoff(const kvt_tier *t);
-
-/* Condition variables on CLOCK_MONOTONIC and absolute deadlines from a timeout
- * in ms
- * (< 0: none -> *has = 0). wait_until returns 0 or ETIMEDOUT. */
-int kvti_cond_init(pthread_cond_t *cv);
-void kvti_deadline(struct timespec *ts, int *has, int64_t timeout_ms);
-int kvti_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu,
-                         const struct timespec *ts, int has);
 
 /* Why an entry is removed (which counter rises). */
 enum { KVTI_RM_EVICT = 1, KVTI_RM_EXPIRE = 2, KVTI_RM_USER = 3 };
@@ -126,6 +115,13 @@ void kvti_tier_quarantine(kvt_tier *t, const char *hash, double created_at);
  * quarantine). */
 void kvti_tier_drop_missing(kvt_tier *t, const char *hash, double created_at);
 
+/* reconcile.c. Removes stale temporaries (caller holds mut_mu, or no writer
+ * exists yet); returns the count or a negative code. */
+int64_t kvti_tier_purge_tmps(kvt_tier *t);
+/* The reference's reconcile plus stale temporaries; caller holds mut_mu.
+ * Returns the number of repairs or a negative code. */
+int64_t kvti_tier_reconcile_locked(kvt_tier *t);
+
 /* writer.c */
 int kvti_writer_init(kvt_tier *t);
 void kvti_writer_destroy(kvt_tier *t);
@@ -134,6 +130,20 @@ void kvti_writer_destroy(kvt_tier *t);
 int kvti_writer_drain(kvt_tier *t, int64_t timeout_ms);
 /* Stops (dropping queued spills when drop) and joins the writer thread. */
 void kvti_writer_stop(kvt_tier *t, int drop);
+/* Writes one spill (notify: run spill_done_fn); returns its result. */
+int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify);
+
+/* writer_hook.c */
+int kvti_writer_hook_init(kvt_tier *t);
+void kvti_writer_hook_destroy(kvt_tier *t);
+/* The writer thread's write of one spill: kvti_writer_write, or, with a hook
+ * set, the hook with nothing locked, then the report (stats, log,
+ * spill_done_fn). */
+void kvti_writer_run_hooked(kvt_tier *t, kvti_snapshot *s);
+/* Close's first step: queues the stop marker behind the accepted spills once
+ * a queue slot is free (before the deadline: else KVT_EFULL, nothing changed)
+ * and stops accepting spills. No-op without a writer to stop. */
+int kvti_writer_queue_marker(kvt_tier *t, const struct timespec *ts, int has);
 
 /* promote.c */
 int kvti_pool_init(kvt_tier *t);

@@ -9,9 +9,10 @@
  * failed write leaves no entry and no row, is counted in write_failures, and
  * the writer carries on with the next spill.
  *
- * Sequence numbers: enq_seq counts spills accepted, done_seq spills finished
- * (in the same FIFO order), so "everything enqueued before me is done" is
- * done_seq >= my enq_seq (flush, close).
+ * The queue and the thread are a kvti_workq (base/workq.h) with one worker:
+ * enq_seq counts spills accepted, done_seq spills finished (written, failed or
+ * dropped, in the same FIFO order), so "everything enqueued before me is
+ * done" is done_seq >= my enq_seq (flush, close).
  */
 #include "tier/tier.h"
 #include "base/error.h"
@@ -23,35 +24,12 @@
 #include <stdio.h>
 #include <string.h>
 
-int kvti_writer_init(kvt_tier *t) {
-  kvti_writer *w = &t->w;
-  pthread_mutex_init(&w->mu, NULL);
-  int rc = kvti_cond_init(&w->cv_work);
-  if (rc == 0)
-    rc = kvti_cond_init(&w->cv_done);
-  w->accepting = 1;
-  return rc;
-}
-
-void kvti_writer_destroy(kvt_tier *t) {
-  kvti_writer *w = &t->w;
-  kvti_spill_item *it = w->head;
-  while (it) {
-    kvti_spill_item *next = it->next;
-    kvti_snapshot_free(it->snap);
-    kvti_free(it);
-    it = next;
-  }
-  w->head = w->tail = NULL;
-  pthread_mutex_destroy(&w->mu);
-  pthread_cond_destroy(&w->cv_work);
-  pthread_cond_destroy(&w->cv_done);
-}
-
-/* Writes one spill. Runs on the writer thread, with nothing locked on entry. */
-static void write_one(kvt_tier *t, kvti_snapshot *s) {
+/* Writes one spill (notify: then runs spill_done_fn). Runs on the writer
+ * thread - or a write hook's caller, writer_hook.c - with nothing locked on
+ * entry. Returns the write's result. */
+int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify) {
   if (!kvti_remote_spills_local(t))
-    return; /* remote only: the upload thread writes it and reports it */
+    return 0; /* remote only: the upload thread writes it and reports it */
   char hash[KVT_HASH_HEX_LEN + 1];
   memcpy(hash, kvti_snapshot_hash(s), sizeof hash);
   size_t n = 0;
@@ -79,15 +57,15 @@ static void write_one(kvt_tier *t, kvti_snapshot *s) {
       /* Published files without a row would be an entry nobody can see and
        * capacity does not count: remove them (and any row of a replaced
        * version) so no trace remains. */
-      char msg[1024];
-      snprintf(msg, sizeof msg, "%s", kvt_last_error());
+      kvti_error_state es;
+      kvti_error_state_capture(&es, rc);
       if (!replacing)
         kvti_stripe_wrlock(&t->stripes, hash);
       kvti_index_remove_hash(t->idx, hash);
       t->be->ops->remove(t->be, hash);
       if (!replacing)
         kvti_stripe_unlock(&t->stripes, hash);
-      KVT_ERR(rc, "%s", msg);
+      kvti_error_state_restore(&es);
     }
   }
   if (replacing)
@@ -107,8 +85,9 @@ static void write_one(kvt_tier *t, kvti_snapshot *s) {
              kvt_last_error());
   }
   pthread_mutex_unlock(&t->mut_mu);
-  if (t->opts.spill_done_fn)
+  if (notify && t->opts.spill_done_fn)
     t->opts.spill_done_fn(t->opts.spill_done_ctx, hash, rc);
+  return rc;
 }
 
 /* Seconds between retention sweeps: a quarter of the retention, within [0.05 s,
@@ -122,97 +101,69 @@ static double sweep_interval(const kvt_tier *t) {
   return iv;
 }
 
-static void sweep(kvt_tier *t) {
+static void sweep(void *ctx) {
+  kvt_tier *t = ctx;
   pthread_mutex_lock(&t->mut_mu);
   kvti_tier_enforce_locked(t, t->opts.max_entries, t->max_bytes,
                            kvti_tier_cutoff(t), NULL, NULL);
   pthread_mutex_unlock(&t->mut_mu);
 }
 
-/* Drops a spill taken off the queue, unwritten (the tier is closing): counts
- * it done and runs its release callback with KVT_ECLOSED. Called and returns
- * with w->mu held; the callback runs without it. */
-static void drop_item(kvt_tier *t, kvti_spill_item *it) {
-  kvti_writer *w = &t->w;
-  w->depth--;
-  w->bytes -= it->cost;
-  w->done_seq++;
-  pthread_mutex_unlock(&w->mu);
+/* The writer thread's work on one spill taken off the queue. */
+static void run_spill(void *ctx, kvti_workq_item *qi) {
+  kvt_tier *t = ctx;
+  kvti_spill_item *it = (kvti_spill_item *)qi;
+  if (!it->snap) { /* close's stop marker: every spill before it is done */
+    kvti_free(it);
+    return;
+  }
+  kvti_writer_run_hooked(t, it->snap);
+  /* The remote upload queue may take the snapshot (and free it later). */
+  if (!kvti_remote_take(t, it->snap))
+    kvti_snapshot_free(
+        it->snap); /* runs a no-copy spill's release on this thread */
+  kvti_free(it);
+}
+
+/* A spill dropped unwritten (the tier is closing): its release callback runs
+ * with KVT_ECLOSED. */
+static void drop_spill(void *ctx, kvti_workq_item *qi) {
+  kvt_tier *t = ctx;
+  kvti_spill_item *it = (kvti_spill_item *)qi;
+  if (!it->snap) { /* close's stop marker: not a spill */
+    kvti_free(it);
+    return;
+  }
   if (t->opts.spill_done_fn)
     t->opts.spill_done_fn(t->opts.spill_done_ctx, kvti_snapshot_hash(it->snap),
                           KVT_ECLOSED);
   kvti_snapshot_free(it->snap);
   kvti_free(it);
-  pthread_mutex_lock(&w->mu);
 }
 
-static void *writer_main(void *arg) {
-  kvt_tier *t = arg;
-  kvti_writer *w = &t->w;
-  int retention = t->opts.retention_seconds > 0;
-  double next_sweep = kvti_now_mono() + sweep_interval(t);
-  pthread_mutex_lock(&w->mu);
-  for (;;) {
-    if (w->drop) {
-      /* kvt_tier_free: spills not yet started are dropped (their release
-       * callbacks run). */
-      while (w->head) {
-        kvti_spill_item *it = w->head;
-        w->head = it->next;
-        drop_item(t, it);
-      }
-      w->tail = NULL;
-      pthread_cond_broadcast(&w->cv_done);
-    }
-    if (!w->head) {
-      if (w->stop)
-        break;
-      if (retention) {
-        double now = kvti_now_mono();
-        if (now >= next_sweep) {
-          pthread_mutex_unlock(&w->mu);
-          sweep(t);
-          pthread_mutex_lock(&w->mu);
-          next_sweep = kvti_now_mono() + sweep_interval(t);
-          continue;
-        }
-        struct timespec ts;
-        int has;
-        kvti_deadline(&ts, &has, (int64_t)((next_sweep - now) * 1000) + 1);
-        kvti_cond_wait_until(&w->cv_work, &w->mu, &ts, has);
-      } else {
-        pthread_cond_wait(&w->cv_work, &w->mu);
-      }
-      continue;
-    }
-    kvti_spill_item *it = w->head;
-    w->head = it->next;
-    if (!w->head)
-      w->tail = NULL;
-    w->depth--;
-    w->bytes -= it->cost;
-    pthread_mutex_unlock(&w->mu);
-
-    write_one(t, it->snap);
-    /* The remote upload queue may take the snapshot (and free it later). */
-    if (!kvti_remote_take(t, it->snap))
-      kvti_snapshot_free(
-          it->snap); /* runs a no-copy spill's release on this thread */
-    kvti_free(it);
-
-    pthread_mutex_lock(&w->mu);
-    w->done_seq++;
-    pthread_cond_broadcast(&w->cv_done);
-    if (retention && kvti_now_mono() >= next_sweep) {
-      pthread_mutex_unlock(&w->mu);
-      sweep(t);
-      pthread_mutex_lock(&w->mu);
-      next_sweep = kvti_now_mono() + sweep_interval(t);
-    }
+int kvti_writer_init(kvt_tier *t) {
+  int rc = kvti_writer_hook_init(t);
+  if (rc != 0)
+    return rc;
+  kvti_workq_cfg c;
+  memset(&c, 0, sizeof c);
+  c.threads = 1; /* one writer: FIFO order, done_seq in enqueue order */
+  c.max_items = t->opts.spill_queue_size;
+  c.max_bytes = t->opts.spill_queue_bytes;
+  c.run = run_spill;
+  c.drop = drop_spill;
+  if (t->opts.retention_seconds > 0) { /* the periodic retention sweep */
+    c.tick = sweep;
+    c.tick_interval = sweep_interval(t);
   }
-  pthread_cond_broadcast(&w->cv_done);
-  pthread_mutex_unlock(&w->mu);
-  return NULL;
+  c.ctx = t;
+  c.name = "writer";
+  return kvti_workq_init(&t->w, &c);
+}
+
+void kvti_writer_destroy(kvt_tier *t) {
+  kvti_workq_destroy(&t->w);
+  kvti_writer_hook_destroy(t);
 }
 
 int kvt_tier_start_writer(kvt_tier *t) {
@@ -225,16 +176,7 @@ int kvt_tier_start_writer(kvt_tier *t) {
     kvti_tier_leave(t);
     return KVT_ERR(KVT_EINVAL, "cannot start the writer of a read-only tier");
   }
-  kvti_writer *w = &t->w;
-  pthread_mutex_lock(&w->mu);
-  if (!w->started && !w->stop) {
-    int e = pthread_create(&w->thread, NULL, writer_main, t);
-    if (e != 0)
-      rc = KVT_ERR_OS(e, "creating the writer thread");
-    else
-      w->started = 1;
-  }
-  pthread_mutex_unlock(&w->mu);
+  rc = kvti_workq_start(&t->w);
   if (rc == 0)
     kvti_log(t, KVT_LOG_INFO, "kvtier: writer thread started");
   kvti_tier_leave(t);
@@ -242,54 +184,20 @@ int kvt_tier_start_writer(kvt_tier *t) {
 }
 
 int kvti_writer_drain(kvt_tier *t, int64_t timeout_ms) {
-  kvti_writer *w = &t->w;
   struct timespec ts;
   int has;
   kvti_deadline(&ts, &has, timeout_ms);
-  int rc = 0;
-  pthread_mutex_lock(&w->mu);
-  while (w->done_seq < w->enq_seq && w->started) {
-    if (kvti_cond_wait_until(&w->cv_done, &w->mu, &ts, has) == ETIMEDOUT &&
-        w->done_seq < w->enq_seq) {
-      rc = KVT_ERR(KVT_ETIMEDOUT,
+  uint64_t pending = 0;
+  if (kvti_workq_wait(&t->w, &ts, has, &pending) == KVT_ETIMEDOUT)
+    return KVT_ERR(KVT_ETIMEDOUT,
                    "spill queue not drained within %lld ms (%llu spills "
                    "pending)",
-                   (long long)timeout_ms,
-                   (unsigned long long)(w->enq_seq - w->done_seq));
-      break;
-    }
-  }
-  pthread_mutex_unlock(&w->mu);
-  return rc;
+                   (long long)timeout_ms, (unsigned long long)pending);
+  return 0;
 }
 
 void kvti_writer_stop(kvt_tier *t, int drop) {
-  kvti_writer *w = &t->w;
-  pthread_mutex_lock(&w->mu);
-  w->accepting = 0;
-  w->stop = 1;
-  if (drop)
-    w->drop = 1;
-  int started = w->started;
-  pthread_cond_broadcast(&w->cv_work);
-  pthread_mutex_unlock(&w->mu);
-  if (started) {
-    pthread_join(w->thread, NULL);
-    pthread_mutex_lock(&w->mu);
-    w->started = 0;
-    pthread_mutex_unlock(&w->mu);
-  }
-  /* Never started (or dropped): whatever is still queued is released here. */
-  pthread_mutex_lock(&w->mu);
-  kvti_spill_item *it = w->head;
-  w->head = w->tail = NULL;
-  while (it) {
-    kvti_spill_item *next = it->next;
-    drop_item(t, it);
-    it = next;
-  }
-  pthread_cond_broadcast(&w->cv_done);
-  pthread_mutex_unlock(&w->mu);
+  kvti_workq_stop(&t->w, drop);
 }
 
 /* Sum of the tensor bytes the caller passed (cheap, before any copy). Malformed
@@ -305,14 +213,6 @@ static uint64_t layers_bytes(const kvt_layer *layers, uint32_t n_layers) {
     }
   }
   return sum;
-}
-
-static int queue_fits(const kvt_tier *t, uint64_t cost) {
-  const kvti_writer *w = &t->w;
-  if (w->depth >= t->opts.spill_queue_size)
-    return 0;
-  uint64_t qb = t->opts.spill_queue_bytes;
-  return qb == 0 || (w->bytes + cost >= w->bytes && w->bytes + cost <= qb);
 }
 
 static int spill_common(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
@@ -350,16 +250,13 @@ static int spill_common(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
     kvti_tier_leave(t);
     goto early_fail;
   }
-  kvti_writer *w = &t->w;
-  pthread_mutex_lock(&w->mu);
-  int accepting = w->accepting, fits = queue_fits(t, raw);
-  pthread_mutex_unlock(&w->mu);
-  if (!accepting) {
+  int chk = kvti_workq_check(&t->w, raw);
+  if (chk == KVT_ECLOSED) {
     rc = KVT_ERR(KVT_ECLOSED, "the tier is closing; spill refused");
     kvti_tier_leave(t);
     goto early_fail;
   }
-  if (!fits) {
+  if (chk == KVT_EFULL) {
     KVTI_STAT_ADD(&t->stats, spill_drops, 1);
     rc = KVT_ERR(KVT_EFULL,
                  "spill queue full (%u entries, %llu bytes max); "
@@ -401,28 +298,16 @@ static int spill_common(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
     goto fail;
   }
   it->snap = s;
-  it->cost = cost;
-  pthread_mutex_lock(&w->mu);
-  if (!w->accepting) {
-    rc = KVT_ERR(KVT_ECLOSED, "the tier is closing; spill refused");
-  } else if (!queue_fits(t, cost)) {
+  rc = kvti_workq_push(&t->w, &it->link, cost);
+  if (rc == KVT_ECLOSED) {
+    KVT_ERR(KVT_ECLOSED, "the tier is closing; spill refused");
+  } else if (rc == KVT_EFULL) {
     KVTI_STAT_ADD(&t->stats, spill_drops, 1);
-    rc = KVT_ERR(KVT_EFULL,
-                 "spill queue full (%u entries, %llu bytes max); "
-                 "entry dropped",
-                 t->opts.spill_queue_size, (unsigned long long)qb);
-  } else {
-    if (w->tail)
-      w->tail->next = it;
-    else
-      w->head = it;
-    w->tail = it;
-    w->depth++;
-    w->bytes += cost;
-    w->enq_seq++;
-    pthread_cond_signal(&w->cv_work);
+    KVT_ERR(KVT_EFULL,
+            "spill queue full (%u entries, %llu bytes max); "
+            "entry dropped",
+            t->opts.spill_queue_size, (unsigned long long)qb);
   }
-  pthread_mutex_unlock(&w->mu);
   if (rc != 0) {
     kvti_free(it);
     goto fail;
@@ -460,31 +345,21 @@ int kvt_tier_flush(kvt_tier *t, int64_t timeout_ms) {
   int rc = kvti_tier_enter(t);
   if (rc != 0)
     return rc;
-  kvti_writer *w = &t->w;
   struct timespec ts;
   int has;
   kvti_deadline(&ts, &has, timeout_ms);
-  pthread_mutex_lock(&w->mu);
-  uint64_t target = w->enq_seq;
-  while (w->done_seq < target) {
-    if (!w->started) {
-      rc = KVT_ERR(KVT_EINVAL,
-                   "flush: %llu spills queued but the writer is "
-                   "not started (kvt_tier_start_writer)",
-                   (unsigned long long)(target - w->done_seq));
-      break;
-    }
-    if (kvti_cond_wait_until(&w->cv_done, &w->mu, &ts, has) == ETIMEDOUT &&
-        w->done_seq < target) {
-      rc = KVT_ERR(KVT_ETIMEDOUT,
-                   "flush: %llu spills still pending after "
-                   "%lld ms",
-                   (unsigned long long)(target - w->done_seq),
-                   (long long)timeout_ms);
-      break;
-    }
-  }
-  pthread_mutex_unlock(&w->mu);
+  uint64_t pending = 0;
+  rc = kvti_workq_wait(&t->w, &ts, has, &pending);
+  if (rc == KVT_ETIMEDOUT)
+    rc = KVT_ERR(KVT_ETIMEDOUT,
+                 "flush: %llu spills still pending after "
+                 "%lld ms",
+                 (unsigned long long)pending, (long long)timeout_ms);
+  else if (pending > 0)
+    rc = KVT_ERR(KVT_EINVAL,
+                 "flush: %llu spills queued but the writer is "
+                 "not started (kvt_tier_start_writer)",
+                 (unsigned long long)pending);
   if (rc == 0)
     rc = kvti_remote_drain(t, &ts, has); /* uploads of those spills too */
   kvti_tier_leave(t);

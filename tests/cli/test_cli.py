@@ -496,7 +496,7 @@ def t_gc():
 def t_reference():
     maker = os.path.join(SRC, "tests", "reference", "make_ref_cache.py")
     if not os.path.exists(maker):
-        print("skip: tests/reference/make_ref_cache.py not in this tree")
+        print("SKIP(ref-tree): tests/reference/make_ref_cache.py not in this tree")
         sys.exit(77)
     d = tmpdir("ref")
     shutil.rmtree(d)

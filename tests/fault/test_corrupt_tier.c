@@ -57,7 +57,7 @@ static void test_tier_campaign(void) {
   REQUIRE(kvt_tier_flush(t, -1) == 0);
   kvt_rng rng = {9090};
   uint64_t damaged = 0, detected = 0, noop = 0, by_how[4][2] = {{0}};
-  kvt_stats s0;
+  kvt_stats s0 = KVT_STATS_INIT;
   kvt_tier_stats(&s0, t);
   uint64_t expect_pf = 0;
   for (long tr = 0; tr < trials; tr++) {
@@ -109,7 +109,7 @@ static void test_tier_campaign(void) {
     REQUIRE(t_spill(t, &g_e[i]) == 0);
     REQUIRE(kvt_tier_flush(t, -1) == 0);
   }
-  kvt_stats s1;
+  kvt_stats s1 = KVT_STATS_INIT;
   kvt_tier_stats(&s1, t);
   CHECK_EQ_INT(s1.quarantined - s0.quarantined, detected);
   CHECK(s1.promotion_failures - s0.promotion_failures >= expect_pf);

@@ -147,8 +147,7 @@ static int run_once(const fault *f, uint64_t nth) {
   kvt_tier *t = NULL;
   int rc_open = kvt_tier_open(&t, &o), rc_p2 = 1, rc_p4 = 1, same2 = 0,
       same4 = 0;
-  kvt_stats st;
-  memset(&st, 0, sizeof st);
+  kvt_stats st = KVT_STATS_INIT;
   if (rc_open == 0) {
     kvt_tier_start_writer(t);
     int s3 = t_spill(t, &E3), s1 = t_spill(t, &E1v);
@@ -178,8 +177,16 @@ static int run_once(const fault *f, uint64_t nth) {
       int r1 = promote_same(t, &E1, &s_old);
       if (r1 == 0 && !s_old)
         CHECK_EQ_INT(promote_same(t, &E1v, &s_new), 0);
-      CHECK_EQ_INT(r1, 0);
-      CHECK(s_old || s_new);
+      char h1v[65];
+      hash_of(h1v, &E1v);
+      if (r1 == KVT_ENOTFOUND && rel_done_status(&done, h1v) < 0) {
+        /* The replace failed after its files were published (the index row
+         * could not be written: index.db's I/O goes through the seam too):
+         * the writer removed both versions (see the check after reopen). */
+      } else {
+        CHECK_EQ_INT(r1, 0);
+        CHECK(s_old || s_new);
+      }
       g_served_during_write_faults++;
     }
     rc_p4 = promote_same(t, &E4, &same4);

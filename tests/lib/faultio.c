@@ -13,6 +13,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <string.h>
 
 static kvti_io_ops g_ops;
 static atomic_uint_fast64_t g_count[FIO_NOPS];
@@ -35,11 +37,31 @@ const char *fio_op_name(fio_op op) {
   return op >= 0 && op < FIO_NOPS ? g_names[op] : "?";
 }
 
+/* The target filter (fio_target): while set, an armed fault fires only on
+ * calls about files whose path contains g_target - path calls by their path,
+ * descriptor calls by the path the descriptor was opened with. */
+#define FIO_MAX_FD 65536
+static char g_target[512];
+static atomic_int g_has_target;
+static atomic_uchar g_fd_target[FIO_MAX_FD];
+static atomic_uint_fast64_t g_tcount[FIO_NOPS];
+
+static int path_is_target(const char *p) {
+  return atomic_load(&g_has_target) && p && strstr(p, g_target) != NULL;
+}
+static int fd_is_target(int fd) {
+  return fd >= 0 && fd < FIO_MAX_FD && atomic_load(&g_fd_target[fd]);
+}
+
 /* Returns the fault kind + 1 for a call that must fail (errno set for errno
- * faults), else 0. */
-static int should_fail(fio_op op) {
+ * faults), else 0. target: the call is about a target file. */
+static int should_fail_t(fio_op op, int target) {
   uint64_t k = atomic_fetch_add(&g_count[op], 1) + 1;
+  if (target)
+    k = atomic_fetch_add(&g_tcount[op], 1) + 1;
   if (atomic_load(&g_op) != (int)op)
+    return 0;
+  if (atomic_load(&g_has_target) && !target)
     return 0;
   uint64_t nth = atomic_load(&g_nth);
   if (k == nth || (k > nth && atomic_load(&g_sticky))) {
@@ -52,13 +74,26 @@ static int should_fail(fio_op op) {
   }
   return 0;
 }
+#define should_fail(op) should_fail_t(op, 0)
 #define FAIL_ERRNO(op) (should_fail(op) == FIO_FAIL_ERRNO + 1)
+#define FAIL_FD(op, fd)                                                        \
+  (should_fail_t(op, fd_is_target(fd)) == FIO_FAIL_ERRNO + 1)
+#define FAIL_PATH(op, p)                                                       \
+  (should_fail_t(op, path_is_target(p)) == FIO_FAIL_ERRNO + 1)
 
 static int w_open(const char *p, int f, mode_t m) {
-  return FAIL_ERRNO(FIO_OPEN) ? -1 : kvti_io_default.open(p, f, m);
+  if (FAIL_PATH(FIO_OPEN, p))
+    return -1;
+  int fd = kvti_io_default.open(p, f, m);
+  if (fd >= 0 && fd < FIO_MAX_FD)
+    atomic_store(&g_fd_target[fd], (unsigned char)path_is_target(p));
+  return fd;
 }
 static int w_close(int fd) {
-  if (FAIL_ERRNO(FIO_CLOSE)) {
+  int target = fd_is_target(fd);
+  if (fd >= 0 && fd < FIO_MAX_FD)
+    atomic_store(&g_fd_target[fd], 0);
+  if (should_fail_t(FIO_CLOSE, target) == FIO_FAIL_ERRNO + 1) {
     /* A failed close still releases the descriptor on Linux: do that, or the fd
      * leaks. */
     int e = errno;
@@ -69,7 +104,7 @@ static int w_close(int fd) {
   return kvti_io_default.close(fd);
 }
 static ssize_t w_pread(int fd, void *b, size_t n, off_t o) {
-  int f = should_fail(FIO_PREAD);
+  int f = should_fail_t(FIO_PREAD, fd_is_target(fd));
   if (f == FIO_FAIL_ERRNO + 1)
     return -1;
   if (f == FIO_FAIL_SHORT + 1 && n > 1)
@@ -99,7 +134,7 @@ static void stall_if_set(void) {
 }
 static ssize_t w_pwrite(int fd, const void *b, size_t n, off_t o) {
   stall_if_set();
-  int f = should_fail(FIO_PWRITE);
+  int f = should_fail_t(FIO_PWRITE, fd_is_target(fd));
   if (f == FIO_FAIL_ERRNO + 1)
     return -1;
   if (f == FIO_FAIL_SHORT + 1 && n > 1)
@@ -107,34 +142,34 @@ static ssize_t w_pwrite(int fd, const void *b, size_t n, off_t o) {
   return kvti_io_default.pwrite(fd, b, n, o);
 }
 static int w_fsync(int fd) {
-  return FAIL_ERRNO(FIO_FSYNC) ? -1 : kvti_io_default.fsync(fd);
+  return FAIL_FD(FIO_FSYNC, fd) ? -1 : kvti_io_default.fsync(fd);
 }
 static int w_ftruncate(int fd, off_t l) {
-  return FAIL_ERRNO(FIO_FTRUNCATE) ? -1 : kvti_io_default.ftruncate(fd, l);
+  return FAIL_FD(FIO_FTRUNCATE, fd) ? -1 : kvti_io_default.ftruncate(fd, l);
 }
 static int w_fstat(int fd, struct stat *st) {
-  return FAIL_ERRNO(FIO_FSTAT) ? -1 : kvti_io_default.fstat(fd, st);
+  return FAIL_FD(FIO_FSTAT, fd) ? -1 : kvti_io_default.fstat(fd, st);
 }
 static int w_lstat(const char *p, struct stat *st) {
-  return FAIL_ERRNO(FIO_LSTAT) ? -1 : kvti_io_default.lstat(p, st);
+  return FAIL_PATH(FIO_LSTAT, p) ? -1 : kvti_io_default.lstat(p, st);
 }
 static int w_rename(const char *a, const char *b) {
-  return FAIL_ERRNO(FIO_RENAME) ? -1 : kvti_io_default.rename(a, b);
+  return FAIL_PATH(FIO_RENAME, a) ? -1 : kvti_io_default.rename(a, b);
 }
 static int w_mkdir(const char *p, mode_t m) {
-  return FAIL_ERRNO(FIO_MKDIR) ? -1 : kvti_io_default.mkdir(p, m);
+  return FAIL_PATH(FIO_MKDIR, p) ? -1 : kvti_io_default.mkdir(p, m);
 }
 static int w_rmdir(const char *p) {
-  return FAIL_ERRNO(FIO_RMDIR) ? -1 : kvti_io_default.rmdir(p);
+  return FAIL_PATH(FIO_RMDIR, p) ? -1 : kvti_io_default.rmdir(p);
 }
 static int w_unlink(const char *p) {
-  return FAIL_ERRNO(FIO_UNLINK) ? -1 : kvti_io_default.unlink(p);
+  return FAIL_PATH(FIO_UNLINK, p) ? -1 : kvti_io_default.unlink(p);
 }
 static int w_chmod(const char *p, mode_t m) {
-  return FAIL_ERRNO(FIO_CHMOD) ? -1 : kvti_io_default.chmod(p, m);
+  return FAIL_PATH(FIO_CHMOD, p) ? -1 : kvti_io_default.chmod(p, m);
 }
 static DIR *w_opendir(const char *p) {
-  return FAIL_ERRNO(FIO_OPENDIR) ? NULL : kvti_io_default.opendir(p);
+  return FAIL_PATH(FIO_OPENDIR, p) ? NULL : kvti_io_default.opendir(p);
 }
 static struct dirent *w_readdir(DIR *d) {
   return FAIL_ERRNO(FIO_READDIR) ? NULL : kvti_io_default.readdir(d);
@@ -158,7 +193,7 @@ static int w_rename_exchange(const char *a, const char *b) {
     errno = ENOTSUP;
     return -1;
   }
-  if (FAIL_ERRNO(FIO_RENAME_EXCHANGE))
+  if (FAIL_PATH(FIO_RENAME_EXCHANGE, a))
     return -1;
   if (!kvti_io_default.rename_exchange) {
     errno = ENOTSUP;
@@ -180,8 +215,10 @@ static void w_free(void *p) {
 }
 
 void fio_reset(void) {
-  for (int i = 0; i < FIO_NOPS; i++)
+  for (int i = 0; i < FIO_NOPS; i++) {
     atomic_store(&g_count[i], 0);
+    atomic_store(&g_tcount[i], 0);
+  }
   atomic_store(&g_op, -1);
   atomic_store(&g_fired, 0);
 }
@@ -225,8 +262,10 @@ void fio_remove(void) {
 
 void fio_arm(fio_op op, uint64_t nth, fio_kind kind, int err, int sticky) {
   atomic_store(&g_op, -1);
-  for (int i = 0; i < FIO_NOPS; i++)
+  for (int i = 0; i < FIO_NOPS; i++) {
     atomic_store(&g_count[i], 0);
+    atomic_store(&g_tcount[i], 0);
+  }
   atomic_store(&g_fired, 0);
   atomic_store(&g_nth, nth);
   atomic_store(&g_kind, (int)kind);
@@ -243,6 +282,16 @@ uint64_t fio_fired(void) {
 }
 uint64_t fio_count(fio_op op) {
   return atomic_load(&g_count[op]);
+}
+uint64_t fio_count_target(fio_op op) {
+  return atomic_load(&g_tcount[op]);
+}
+void fio_target(const char *substr) {
+  atomic_store(&g_has_target, 0);
+  if (substr && *substr) {
+    snprintf(g_target, sizeof g_target, "%s", substr);
+    atomic_store(&g_has_target, 1);
+  }
 }
 uint64_t fio_total_injected(void) {
   return atomic_load(&g_total);

@@ -62,6 +62,16 @@ void fio_disarm(void);
 uint64_t fio_fired(void);
 /* Calls of op since install/reset/arm. */
 uint64_t fio_count(fio_op op);
+/* Restricts armed faults to calls about files whose path contains substr
+ * (NULL or "": no restriction): path calls by their path (rename: its source),
+ * descriptor calls by the path the descriptor was opened with; allocations
+ * and directory reads are never targets. The nth of fio_arm then counts only
+ * target calls. Set it before opening the files it should see (descriptors are
+ * classified when opened). E.g. "index.db" aims at the index's database and
+ * WAL, which SQLite reaches through kvtier's VFS (src/sqlvfs.c). */
+void fio_target(const char *substr);
+/* Calls of op about target files since install/reset/arm. */
+uint64_t fio_count_target(fio_op op);
 /* Total faults injected since the process started (for the report). */
 uint64_t fio_total_injected(void);
 const char *fio_op_name(fio_op op);

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sys
 
 import numpy as np
@@ -79,3 +80,18 @@ class Budget:
 
 __all__ = ["ArraysLayer", "KVLayer", "QuantizedLayer", "RotatingLayer", "Budget",
            "kv_layer", "make_tier", "run"]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line per skipped test, in the form scripts/test.sh counts (see
+    tests/testutil.h): ``SKIP(<tag>): <test>: <reason>``, the tag being the
+    skip reason's ``<tag>:`` prefix (e.g. ``redis: redis-server not
+    installed``); a reason without one is reported as ``untagged``."""
+    for rep in terminalreporter.stats.get("skipped", []):
+        lr = rep.longrepr
+        reason = lr[2] if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+        if reason.startswith("Skipped: "):
+            reason = reason[len("Skipped: "):]
+        m = re.match(r"([a-z0-9-]+): (.*)", reason, re.S)
+        tag, text = (m.group(1), m.group(2)) if m else ("untagged", reason)
+        terminalreporter.write_line(f"SKIP({tag}): {rep.nodeid}: {text}")

@@ -93,6 +93,14 @@ def test_stats_dataclass_matches():
                       "promotion_failures": 1}]:
         assert kv.SSDCacheStats(**vals).to_dict() == ref.SSDCacheStats(**vals).to_dict()
         assert list(kv.SSDCacheStats(**vals).to_dict()) == list(ref.SSDCacheStats(**vals).to_dict())
+    # Inputs where rounding to 3 and to 4 decimals differ (7/9 -> 0.7778, not
+    # 0.778; 0.123456 s -> 0.1235; 0.123456/7 s -> 17.64 ms, not 17.6), each
+    # checked against the value itself, not only against the reference.
+    vals = {"ssd_hits": 7, "ssd_misses": 2, "reload_latency_sum": 0.123456}
+    for d in (kv.SSDCacheStats(**vals).to_dict(), ref.SSDCacheStats(**vals).to_dict()):
+        assert d["ssd_hit_rate"] == 0.7778
+        assert d["reload_latency_sum_s"] == 0.1235
+        assert d["avg_reload_latency_ms"] == 17.64
 
 
 def test_method_signatures_match():

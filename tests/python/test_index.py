@@ -137,14 +137,25 @@ def test_legacy_table_without_prefix_hash_is_migrated(tmp_path):
     assert "prefix_hash" in cols and ph == kv._prefix_hash(toks)
 
 
-def test_insert_refuses_a_file_path_that_is_not_the_hash(tmp_path):
-    # kvtier's documented restriction: rows are written as the reference's
-    # tier writes them (file_path = token hash), never a path elsewhere.
-    _, ki = _pair(tmp_path)
+def test_any_file_path_and_num_tokens_stored_as_the_reference(tmp_path):
+    # The reference's SSDIndex is a general table: whatever file_path and
+    # num_tokens are inserted come back (a tier ignores such rows).
+    ri, ki = _pair(tmp_path)
+    rows = [((1, 2), "../../elsewhere", 1, 2), ((1, 2, 3), "x" * 500, 2, 3),
+            ((4,), "entrée ☃.safetensors", 3, 1), ((5, 6), "", 4, 7),
+            (tuple(range(20)), "/abs/path", 5, 20)]
+    for r in rows:
+        _both(ri, ki, "insert_entry", *r)
+    for t, *_ in rows:
+        _both(ri, ki, "lookup_exact", t)
+    _both(ri, ki, "lookup_prefix", tuple(range(25)))
+    _both(ri, ki, "lookup_prefix", (5, 6, 7))  # num_tokens 7 != 2: no match
+    _both(ri, ki, "lookup_prefix", (1, 2, 3, 4))
+    _both(ri, ki, "all_entries")
+    _both(ri, ki, "get_total_bytes")
     with pytest.raises(ValueError):
-        ki.insert_entry((1, 2), "../../elsewhere", 1, 2)
-    with pytest.raises(ValueError):
-        ki.insert_entry((1, 2), kv._tokens_hash((1, 2)), 1, 3)
+        ki.insert_entry((1,), "nul\0inside", 1, 1)
+    ri.close()
     ki.close()
 
 

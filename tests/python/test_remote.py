@@ -22,7 +22,7 @@ from conftest import Budget, kv_layer, make_tier, run
 from kvtier import ssd_cache as kv
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
-                                reason="redis-server not installed")
+                                reason="redis: redis-server not installed")
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def _tier(path, url, mode, **kw):
                          remote_prefix="py:", **kw)
     except Exception as e:  # KvtierUnsupported in builds without hiredis
         if "no Redis support" in str(e):
-            pytest.skip("libkvtier built without hiredis")
+            pytest.skip("hiredis: libkvtier built without hiredis")
         raise
 
 

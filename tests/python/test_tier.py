@@ -304,12 +304,13 @@ def test_close_drains_and_rejects_later_spills(cache_dir, rng):
     t = make_tier(cache_dir)
     assert t._writer_thread is None
     t.start_writer()
-    assert t._writer_thread.is_alive()
+    writer = t._writer_thread
+    assert writer.is_alive()
     for i in range(8):
         assert t.enqueue_spill((7, i), [kv_layer(rng, 2)], 5)
     t.close()
     t.close()  # idempotent
-    assert not t._writer_thread.is_alive()
+    assert not writer.is_alive() and t._writer_thread is None  # as the reference
     assert t.enqueue_spill((9, 9), [kv_layer(rng, 2)], 5) is False
     t2 = make_tier(cache_dir)
     try:

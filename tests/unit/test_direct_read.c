@@ -235,8 +235,8 @@ static void test_direct_faults(void) {
   fixture_make(&f, "direct-faults", KVT_STORAGE_NATIVE);
   char *p0 = layer_path(f.dir, f.h, 0);
   if (!direct_supported(p0)) {
-    fprintf(stderr,
-            "  (no O_DIRECT on this file system: fault part skipped)\n");
+    kvt_test_skip("odirect", "O_DIRECT fault cases: not supported by this file "
+                             "system");
     free(p0);
     fixture_free(&f);
     return;

@@ -1129,7 +1129,8 @@ static void test_replaced_while_read(void) {
  * otherwise). */
 static void test_python_json(void) {
   if (access("/usr/bin/python3", X_OK) != 0) {
-    fprintf(stderr, "skip: no /usr/bin/python3\n");
+    kvt_test_skip("python", "Python json re-serialisation check: no "
+                            "/usr/bin/python3");
     return;
   }
   char *dir = kvt_test_tmpdir("entry-python");

@@ -37,7 +37,7 @@ static void test_budget_refusal(void) {
   CHECK_EQ_INT(kvt_tier_promote_async(&p, t, e.tokens, e.n_tokens, &po),
                KVT_EBUDGET);
   CHECK(p == NULL);
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.promotion_failures, 2);
   CHECK_EQ_INT(s.ssd_hits, 0);
@@ -85,7 +85,7 @@ static void test_release_on_failure(void) {
   CHECK_EQ_INT(b.releases, 1);
   CHECK_EQ_INT(b.used, 0);
   CHECK_EQ_INT(b.wrong_thread, 0);
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.promotion_failures, 1);
   CHECK_EQ_INT(s.quarantined, 1);
@@ -158,7 +158,7 @@ static void test_async_roundtrip(void) {
   kvt_entry_free(got);
   kvt_promise_free(p);
   CHECK_EQ_INT(b.wrong_thread, 0);
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.ssd_hits, 3);
   CHECK_EQ_INT(s.ssd_misses, 1);
@@ -242,7 +242,7 @@ static void test_cancel(void) {
   CHECK_EQ_INT(kvt_promise_result(&got, p), KVT_EINVAL);
   kvt_promise_free(p);
   CHECK_EQ_INT(b.releases, 1); /* exactly once */
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.promotions_cancelled, 1);
   CHECK_EQ_INT(s.ssd_hits, 0);
@@ -360,7 +360,7 @@ static void test_race_with_removal(void) {
   CHECK_EQ_INT(bud.reserves, 2);
   CHECK_EQ_INT(bud.releases, 2);
   CHECK_EQ_INT(bud.used, 0);
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.ssd_misses, 1);
   CHECK_EQ_INT(s.promotion_failures, 0);

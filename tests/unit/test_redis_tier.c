@@ -211,8 +211,7 @@ static kvt_options ropts(const char *tag, const char *url, const char *prefix,
 }
 
 static kvt_stats stats_of(kvt_tier *t) {
-  kvt_stats s;
-  memset(&s, 0, sizeof s);
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   return s;
 }
@@ -991,8 +990,7 @@ int main(int argc, char **argv) {
   g_self = argv[0];
   if (system("command -v redis-server >/dev/null 2>&1 && command -v "
              "redis-cli >/dev/null 2>&1") != 0) {
-    fprintf(stderr, "skip: redis-server / redis-cli not installed\n");
-    return 77;
+    return kvt_test_skip_all("redis", "redis-server / redis-cli not installed");
   }
   {
     kvt_options o = t_opts("rt-probe");
@@ -1002,8 +1000,7 @@ int main(int argc, char **argv) {
     int rc = kvt_tier_open(&t, &o);
     kvt_tier_free(t);
     if (rc == KVT_EUNSUPPORTED) {
-      fprintf(stderr, "skip: kvtier built without hiredis\n");
-      return 77;
+      return kvt_test_skip_all("hiredis", "kvtier built without hiredis");
     }
   }
   start_leader();

@@ -83,13 +83,16 @@ static void test_backends(void) {
     kvti_iobatch_free(b);
     round_trip(KVT_IO_URING, "be-uring");
   } else {
-    fprintf(stderr, "io_uring unavailable here: URING round trip skipped\n");
+    kvt_test_skip("uring", "URING round trip: io_uring unavailable (%s)",
+                  kvt_last_error());
   }
 }
 
 static void test_uring_refused(void) {
-  if (!kvti_iobatch_uring_built())
+  if (!kvti_iobatch_uring_built()) {
+    kvt_test_skip("uring", "refused-ring fallback: built without liburing");
     return;
+  }
   kvti_io_ops ops = kvti_io_default;
   ops.uring_setup = fail_setup;
   kvti_io_set(&ops);

@@ -41,7 +41,7 @@ static void test_lifecycle(void) {
   CHECK_EQ_INT(kvt_tier_start_writer(t), KVT_ECLOSED);
   CHECK_EQ_INT(kvt_tier_flush(t, 0), KVT_ECLOSED);
   CHECK_EQ_INT(kvt_tier_reconcile(t), KVT_ECLOSED);
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   CHECK_EQ_INT(kvt_tier_stats(&s, t), 0); /* counters stay readable */
   kvt_tier_free(t);
   kvt_tier_free(NULL);
@@ -107,7 +107,7 @@ static void test_roundtrip(void) {
                KVT_ENOTFOUND);
   CHECK(got == NULL);
 
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   CHECK_EQ_INT(kvt_tier_stats(&s, t), 0);
   CHECK_EQ_INT(s.spill_count, 1);
   CHECK_EQ_INT(s.spill_bytes, info.disk_bytes);
@@ -175,7 +175,7 @@ static void test_queue_bounds(void) {
   CHECK_EQ_INT(t_spill(t, &e[1]), 0);
   CHECK_EQ_INT(t_spill(t, &e[2]), 0);
   CHECK_EQ_INT(t_spill(t, &e[3]), KVT_EFULL);
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.spill_drops, 1);
   CHECK_EQ_INT(s.queue_depth, 3);
@@ -235,7 +235,7 @@ static void test_too_big_for_capacity(void) {
   t_entry ok = t_make(6, 16, 1, 4, 4);
   CHECK_EQ_INT(t_spill(t, &ok), 0);
   CHECK_EQ_INT(kvt_tier_flush(t, -1), 0);
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.spill_rejects, 1);
   CHECK_EQ_INT(s.spill_count, 1);
@@ -253,7 +253,7 @@ static void test_invalid_spill(void) {
   CHECK_EQ_INT(t_spill(t, &e), KVT_EINVAL);
   e.layers[0].tensors[0].nbytes -= 4;
   CHECK_EQ_INT(kvt_tier_spill(t, NULL, 3, e.layers, 1, 0), KVT_EINVAL);
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.queue_depth, 0);
   CHECK(s.spill_rejects >= 1);
@@ -457,7 +457,7 @@ static void test_stats_add(void) {
   CHECK_EQ_INT(kvt_tier_stats_add(t, "nope", 1), KVT_EINVAL);
   CHECK_EQ_INT(kvt_tier_stats_add(t, "entries", 1), KVT_EINVAL);
   CHECK_EQ_INT(kvt_tier_stats_add(t, "reload_latency_sum", 2), 0);
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.ssd_hits, 3);
   CHECK(fabs(s.reload_latency_sum - 2.0) < 1e-9);

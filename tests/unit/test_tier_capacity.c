@@ -4,7 +4,9 @@
  * touches and promotes, kvt_tier_gc (dry run and real, with explicit limits),
  * retention since written (expired entries are never returned, the writer's
  * periodic sweep and gc remove them and count expirations), and a replace
- * resetting the written time.
+ * resetting the written time. The boundary itself: a tier holding exactly
+ * its limit (in bytes or in entries) is within it - nothing is evicted - and
+ * one byte or one entry over it evicts exactly one.
  */
 #include "tier_testlib.h"
 
@@ -30,7 +32,7 @@ static void test_capacity_by_count(void) {
     CHECK_EQ_INT(kvt_tier_flush(t, -1), 0); /* distinct accessed_at order */
     usleep(2000);
   }
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.entries, 3);
   CHECK_EQ_INT(s.evictions, 3);
@@ -107,7 +109,7 @@ static void test_capacity_by_disk_bytes(void) {
     CHECK_EQ_INT(kvt_tier_flush(t, -1), 0);
     usleep(2000);
   }
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.entries, 3);
   CHECK_EQ_INT(s.evictions, 3);
@@ -142,7 +144,7 @@ static void test_gc(void) {
   CHECK_EQ_INT(kvt_tier_gc(t, &g, &n, &nb), 0);
   CHECK_EQ_INT(n, 3);
   CHECK_EQ_INT(nb, bytes[0] + bytes[1] + bytes[2]);
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.entries, 5); /* dry run removed nothing */
   g.dry_run = 0;
@@ -168,6 +170,49 @@ static void test_gc(void) {
   CHECK_EQ_INT(kvt_tier_gc(t, &g, NULL, NULL), KVT_EINVAL);
   kvt_tier_free(t);
   for (int i = 0; i < 5; i++)
+    t_free(&e[i]);
+}
+
+static void test_capacity_boundary(void) {
+  kvt_options o = t_opts("boundary");
+  kvt_tier *t = open_started(&o);
+  t_entry e[3];
+  for (int i = 0; i < 3; i++) {
+    e[i] = t_make(50 + i, 8, 1, 2, 2);
+    CHECK_EQ_INT(t_spill(t, &e[i]), 0);
+    CHECK_EQ_INT(kvt_tier_flush(t, -1), 0);
+    usleep(2000);
+  }
+  kvt_stats s = KVT_STATS_INIT;
+  CHECK_EQ_INT(kvt_tier_stats(&s, t), 0);
+  CHECK_EQ_INT(s.entries, 3);
+  const uint64_t total = s.disk_bytes; /* exactly what capacity counts */
+  CHECK(total > 0);
+  /* Real (not dry-run) gc: the writer's own enforcement. */
+  kvt_gc_opts g = KVT_GC_OPTS_INIT;
+  uint64_t n = 99;
+  g.max_bytes = total; /* exactly full: within the limit */
+  CHECK_EQ_INT(kvt_tier_gc(t, &g, &n, NULL), 0);
+  CHECK_EQ_INT(n, 0);
+  g.max_bytes = 0;
+  g.max_entries = 3;
+  CHECK_EQ_INT(kvt_tier_gc(t, &g, &n, NULL), 0);
+  CHECK_EQ_INT(n, 0);
+  CHECK_EQ_INT(kvt_tier_stats(&s, t), 0);
+  CHECK_EQ_INT(s.entries, 3);
+  CHECK_EQ_INT(s.evictions, 0);
+  g.max_entries = 0;
+  g.max_bytes = total - 1; /* one byte over: the LRU entry goes */
+  CHECK_EQ_INT(kvt_tier_gc(t, &g, &n, NULL), 0);
+  CHECK_EQ_INT(n, 1);
+  CHECK(!stored(t, &e[0]) && stored(t, &e[1]) && stored(t, &e[2]));
+  g.max_bytes = 0;
+  g.max_entries = 1; /* one entry over */
+  CHECK_EQ_INT(kvt_tier_gc(t, &g, &n, NULL), 0);
+  CHECK_EQ_INT(n, 1);
+  CHECK(!stored(t, &e[1]) && stored(t, &e[2]));
+  kvt_tier_free(t);
+  for (int i = 0; i < 3; i++)
     t_free(&e[i]);
 }
 
@@ -198,7 +243,7 @@ static void test_retention(void) {
   /* The writer's periodic sweep (every 0.25 s for a 1 s retention) removes it
    * and counts it, without any call (gc's expiry path is covered in test_gc).
    */
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   for (int i = 0; i < 40; i++) {
     kvt_tier_stats(&s, t);
     if (s.expirations >= 1)
@@ -225,6 +270,7 @@ int main(void) {
   RUN(test_lru_respects_touch);
   RUN(test_capacity_by_disk_bytes);
   RUN(test_gc);
+  RUN(test_capacity_boundary);
   RUN(test_retention);
   return kvt_test_done();
 }

@@ -75,7 +75,7 @@ static void test_quarantine(void) {
   spill_corrupt_promote(t, &e);
   CHECK_EQ_INT(kvt_test_count_dir(q, NULL), 2);
   CHECK(!kvt_test_exists(qh));
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.quarantined, 3);
   CHECK_EQ_INT(s.promotion_failures, 3);
@@ -146,7 +146,7 @@ static void test_writer_failures(void) {
   CHECK_EQ_INT(t_spill(t, &a), 0);
   CHECK_EQ_INT(kvt_tier_flush(t, -1), 0);
   no_trace(t, &a);
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.write_failures, 1);
   CHECK_EQ_INT(s.spill_count, 0);
@@ -203,7 +203,7 @@ static void test_drain_on_close(void) {
     CHECK_EQ_INT(t_spill(t, &e[i]), 0);
   }
   CHECK_EQ_INT(kvt_tier_close(t, -1), 0);
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.spill_count, 10);
   CHECK_EQ_INT(s.queue_depth, 0);
@@ -240,7 +240,7 @@ static void test_close_timeout(void) {
   fio_stall_set(0);
   CHECK_EQ_INT(kvt_tier_close(t, -1), 0);
   CHECK_EQ_INT(kvt_tier_close(t, -1), 0);
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.spill_count, 2);
   kvt_tier_free(t);
@@ -300,7 +300,7 @@ static void test_reconcile(void) {
   CHECK(kvt_test_exists(other)); /* not ours: left alone */
   CHECK_EQ_INT(kvt_test_count_dir(dd, ".tmp"), 0);
   CHECK_EQ_INT(kvt_test_count_dir(dd, NULL), 3); /* e2, e3, README */
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, t);
   CHECK_EQ_INT(s.reconciled, 5);
   CHECK_EQ_INT(s.entries, 2);

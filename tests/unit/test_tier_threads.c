@@ -130,7 +130,7 @@ static void test_many_threads(void) {
   CHECK(atomic_load(&hits) > 0);
   CHECK_EQ_INT(budget.used, 0);
   CHECK_EQ_INT(budget.reserves, budget.releases);
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, tier);
   CHECK(s.entries <= 5);
   CHECK_EQ_INT(s.quarantined, 0);
@@ -175,7 +175,7 @@ static void test_bytes_concurrent(void) {
   for (int i = 0; i < 3; i++)
     pthread_join(th[i], NULL);
   CHECK_EQ_INT(kvt_tier_flush(tier, -1), 0);
-  kvt_stats s;
+  kvt_stats s = KVT_STATS_INIT;
   kvt_tier_stats(&s, tier);
   CHECK(s.disk_bytes <= 20000);
   CHECK(s.entries > 0);

@@ -87,8 +87,9 @@ REMOTE_NO_LOCAL_COPY = 0x1
 PROMOTE_PREFIX = 0x1
 PROMOTE_NO_TOUCH = 0x2
 
-KVT_OPTIONS_VERSION = 1
+KVT_OPTIONS_VERSION = 3
 KVT_PROMOTE_OPTS_VERSION = 1
+KVT_STATS_VERSION = 1
 
 # --------------------------------------------------------------------------
 # Structs
@@ -99,6 +100,9 @@ SPILL_DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.
 RESERVE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)
 RELEASE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64)
 RELEASE_CTX_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+WRITE_HOOK_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64,
+                                 ctypes.POINTER(ctypes.c_int32), ctypes.c_size_t,
+                                 ctypes.c_uint64)
 
 
 class Tensor(ctypes.Structure):
@@ -132,7 +136,7 @@ class Layer(ctypes.Structure):
 
 
 class Options(ctypes.Structure):
-    """struct kvt_options (KVT_OPTIONS_VERSION 1)."""
+    """struct kvt_options (KVT_OPTIONS_VERSION 3)."""
 
     _fields_ = [
         ("version", ctypes.c_uint),
@@ -164,6 +168,9 @@ class Options(ctypes.Structure):
         ("remote_queue_size", ctypes.c_uint32),
         ("remote_chunk_bytes", ctypes.c_uint64),
         ("remote_flags", ctypes.c_uint32),
+        # Version 2.
+        ("read_threads", ctypes.c_uint32),
+        # Version 3.
         ("remote_lookup_timeout_ms", ctypes.c_uint32),
         ("remote_tls_ca_file", ctypes.c_char_p),
         ("remote_tls_cert_file", ctypes.c_char_p),
@@ -212,9 +219,11 @@ class PromoteOpts(ctypes.Structure):
 
 
 class Stats(ctypes.Structure):
-    """struct kvt_stats."""
+    """struct kvt_stats (KVT_STATS_VERSION 1); a new one is ready for
+    kvt_tier_stats (its version is set)."""
 
     _fields_ = [
+        ("version", ctypes.c_uint),
         ("spill_count", ctypes.c_uint64),
         ("spill_bytes", ctypes.c_uint64),
         ("ssd_hits", ctypes.c_uint64),
@@ -246,6 +255,10 @@ class Stats(ctypes.Structure):
         ("remote_queue_depth", ctypes.c_uint64),
         ("remote_available", ctypes.c_uint64),
     ]
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        kw.setdefault("version", KVT_STATS_VERSION)
+        super().__init__(*args, **kw)
 
 
 class IndexRow(ctypes.Structure):
@@ -478,6 +491,7 @@ kvt_layer_init = _proto("kvt_layer_init", None, [P(Layer), c_int])
 kvt_options_init = _proto("kvt_options_init", c_int, [P(Options), ctypes.c_uint])
 kvt_options_validate = _proto("kvt_options_validate", c_int, [P(Options)])
 kvt_options_size = _proto("kvt_options_size", c_size_t, [])
+kvt_stats_size = _proto("kvt_stats_size", c_size_t, [])
 kvt_promote_opts_init = _proto("kvt_promote_opts_init", c_int,
                                [P(PromoteOpts), ctypes.c_uint])
 
@@ -496,6 +510,10 @@ kvt_entry_free = _proto("kvt_entry_free", None, [c_void_p])
 kvt_tier_open = _proto("kvt_tier_open", c_int, [P(c_void_p), P(Options)])
 kvt_tier_start_writer = _proto("kvt_tier_start_writer", c_int, [c_void_p])
 kvt_tier_close = _proto("kvt_tier_close", c_int, [c_void_p, c_int64])
+kvt_tier_close_queued = _proto("kvt_tier_close_queued", c_int, [c_void_p, c_int64])
+kvt_tier_set_write_hook = _proto("kvt_tier_set_write_hook", c_int,
+                                 [c_void_p, WRITE_HOOK_FN, c_void_p])
+kvt_tier_write_pending = _proto("kvt_tier_write_pending", c_int, [c_void_p, c_uint64])
 kvt_tier_free = _proto("kvt_tier_free", None, [c_void_p])
 kvt_tier_spill = _proto("kvt_tier_spill", c_int,
                         [c_void_p, PI32, c_size_t, P(Layer), c_uint32, c_uint64])
@@ -554,6 +572,9 @@ kvt_index_insert = _proto("kvt_index_insert", c_int,
                           [c_void_p, PI32, c_size_t, c_char_p, c_uint64, c_uint64])
 kvt_index_lookup_exact = _proto("kvt_index_lookup_exact", c_int,
                                 [P(IndexRow), c_void_p, PI32, c_size_t])
+kvt_index_get = _proto("kvt_index_get", c_int,
+                       [P(IndexRows), c_void_p, PI32, c_size_t])
+kvt_index_row_file_path = _proto("kvt_index_row_file_path", c_char_p, [P(IndexRow)])
 kvt_index_lookup_prefix = _proto("kvt_index_lookup_prefix", c_int,
                                  [P(IndexRows), c_void_p, PI32, c_size_t])
 kvt_index_delete = _proto("kvt_index_delete", c_int, [c_void_p, PI32, c_size_t])
@@ -569,14 +590,17 @@ kvt_layer_save = _proto("kvt_layer_save", c_int,
                         [P(c_void_p), c_char_p, P(Layer), c_uint32, c_int, c_uint32])
 kvt_layer_load = _proto("kvt_layer_load", c_int, [P(c_void_p), c_char_p, c_char_p])
 
-# The struct mirror must match the library's layout exactly.
-if "kvt_options_size" not in missing:
-    _c_size = kvt_options_size()
-    if ctypes.sizeof(Options) != _c_size:
-        raise ImportError(
-            f"kvtier: ctypes Options mirror is {ctypes.sizeof(Options)} bytes but "
-            f"{library_path} reports sizeof(kvt_options) = {_c_size}; the binding "
-            "and the library disagree on include/kvtier.h")
+# The struct mirrors must match the library's layout exactly.
+for _struct, _cname, _size_fn in ((Options, "kvt_options", "kvt_options_size"),
+                                  (Stats, "kvt_stats", "kvt_stats_size")):
+    if _size_fn not in missing:
+        _c_size = globals()[_size_fn]()
+        if ctypes.sizeof(_struct) != _c_size:
+            raise ImportError(
+                f"kvtier: ctypes {_struct.__name__} mirror is "
+                f"{ctypes.sizeof(_struct)} bytes but {library_path} reports "
+                f"sizeof({_cname}) = {_c_size}; the binding and the library "
+                "disagree on include/kvtier.h")
 
 
 def last_error() -> str:

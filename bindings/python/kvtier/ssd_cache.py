@@ -28,19 +28,32 @@ Differences a caller can observe, all deliberate:
   already casts back from.  A quantized layer stored natively comes back with
   ``keys``/``values`` as ``(packed, scales, biases)`` tuples plus ``bits`` and
   ``group_size``.
-- ``close(timeout=None)`` drains the queued spills (the reference drops them)
-  and raises ``TimeoutError`` when the writer does not finish in time; the
-  tier then stays usable for lookups and promotes and ``close`` can be
-  retried.  ``aclose()`` does the same without blocking the event loop.
-  ``enqueue_spill`` after ``close`` returns False.
+- ``close()`` is the reference's (newer) close: a stop sentinel queued
+  behind the accepted spills and the writer joined, within one deadline of
+  ``_WRITER_JOIN_TIMEOUT_S``; ``TimeoutError`` when the sentinel cannot be
+  queued (nothing changed) or the writer does not stop (writer and index stay
+  open, a later ``close()`` finishes).  Unlike the reference it starts a
+  writer that was never started, so queued spills are written, not dropped.
+  ``close(timeout=s)`` / ``aclose(timeout=s)`` are kvtier's bounded drain.
+  ``enqueue_spill`` once closing returns False.
+- ``_write_entry`` is called by the C writer only while it is replaced on the
+  instance (or by a subclass), with an opaque ``layer_snapshots`` to pass on
+  to the original; ``_spill_queue`` is a read-only view of the C queue;
+  ``tier._index`` is an ``SSDIndex`` bound to the tier (no second
+  connection; no ``insert_entry``/``get_lru``/``all_entries``).
+- ``SSDIndex.insert_entry`` takes a ``str`` file_path without NUL characters
+  and integers in [0, 2**63) (the reference binds any SQLite value).
 - ``retention_seconds`` is enforced (the reference only stores it).
 - ``get_stats()`` returns the reference's keys with the same rounding, plus
   kvtier's counters (``spill_drops``, ``evictions``, ...).
 
+The full table, with the reasons: bindings/python/README.md.
+
 The scheduler-internal attributes vllm-mlx uses work unchanged:
 ``tier._stats.ssd_hits += 1`` / ``tier._stats.promotion_failures += 1`` (the
 increments reach the C counters and show in ``get_stats()``),
-``tier._read_entry(tokens, file_path)`` and ``tier._index.touch(tokens)``.
+``tier._read_entry(tokens, file_path)``, ``tier._index.touch(tokens)``,
+``tier._spill_queue.qsize()``.
 """
 
 from __future__ import annotations
@@ -50,10 +63,13 @@ import asyncio
 import ctypes
 import hashlib
 import json
+import inspect
 import logging
 import os
+import queue
 import sqlite3
 import threading
+import types
 import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -353,15 +369,28 @@ class _CounterValue(int):
         return int(self) - other
 
 
+def _free_tier(ptr: int, keep: list) -> None:
+    # keep (C callbacks the tier may still call, such as its write hook) stays
+    # referenced by the finalizer until the writer thread is joined here.
+    L.kvt_tier_free(ptr)
+    keep.clear()
+
+
 class _TierHandle:
     """Owns the kvt_tier*; freed (kvt_tier_free) when the SSDCacheTier and
-    every promoted entry that references it are gone."""
+    every promoted entry that references it are gone (or at once by free(),
+    when the tier's __init__ fails).  ``keep`` holds the C callbacks handed
+    to the tier until it is freed."""
 
-    __slots__ = ("ptr", "_fin", "__weakref__")
+    __slots__ = ("ptr", "keep", "_fin", "__weakref__")
 
     def __init__(self, ptr: int) -> None:
         self.ptr = ptr
-        self._fin = weakref.finalize(self, L.kvt_tier_free, ptr)
+        self.keep: list = []
+        self._fin = weakref.finalize(self, _free_tier, ptr, self.keep)
+
+    def free(self) -> None:
+        self._fin()
 
     def stats(self) -> L.Stats:
         s = L.Stats()
@@ -443,12 +472,14 @@ def _prefix_hash(tokens: tuple[int, ...]) -> str:
 
 
 def _row_dict(row: L.IndexRow, keys: tuple) -> dict:
+    """A row of a kvt_index_rows list as the reference's dict (``file_path``
+    whole, whatever its length, through kvt_index_row_file_path)."""
     d: dict = {}
     for k in keys:
         if k == "token_hash":
             d[k] = row.token_hash.decode()
         elif k == "file_path":
-            d[k] = row.file_path.decode()
+            d[k] = L.kvt_index_row_file_path(ctypes.byref(row)).decode("utf-8", "replace")
         elif k == "tokens_blob":
             n = int(row.n_tokens)
             d[k] = ctypes.string_at(row.tokens, n * 4) if n else b""
@@ -459,14 +490,29 @@ def _row_dict(row: L.IndexRow, keys: tuple) -> dict:
 
 _LRU_KEYS = ("token_hash", "tokens_blob", "file_path", "memory_bytes", "num_tokens")
 _PREFIX_KEYS = ("token_hash", "file_path", "memory_bytes", "num_tokens")
+_EXACT_KEYS = ("file_path", "memory_bytes", "num_tokens")
+
+
+# Set by SSDCacheTier.__init__ around its ``SSDIndex(cache_dir)`` call (made
+# through the module-level name, as the reference's, so a patched or
+# subclassed SSDIndex is what the tier gets): the index constructed then is
+# the tier's own, not a second connection to index.db.
+_TIER_OPENING = threading.local()
 
 
 class SSDIndex:
     """SQLite-backed index for SSD cache entries (libkvtier's kvt_index_*).
 
     Same schema as the reference (index.db opened by either program), same
-    methods and return values.  Thread safety: every call is serialised, as
-    in the reference.
+    methods and return values: rows are stored and returned as given (any
+    ``file_path``, any ``num_tokens``), by the reference's own SQL.  Thread
+    safety: every call is serialised, as in the reference.
+
+    The instance a tier makes for itself (``tier._index``) is bound to the
+    tier instead of opening index.db a second time: lookups, touch, delete
+    and the counts go through the tier (its in-memory index), and
+    insert_entry/get_lru/all_entries are not available there (the C writer
+    writes the tier's rows).
     """
 
     _SCHEMA_VERSION = 1
@@ -474,11 +520,23 @@ class SSDIndex:
     def __init__(self, cache_dir: str) -> None:
         self._cache_dir = cache_dir
         self._db_lock = threading.Lock()
+        self._ptr: Optional[int] = None
+        tier = getattr(_TIER_OPENING, "tier", None)
+        if tier is not None:
+            _TIER_OPENING.tier = None  # one index per tier
+            self._via: Optional[_TierIndex] = _TierIndex(tier)
+            return
+        self._via = None
         p = ctypes.c_void_p()
         L.check(L.kvt_index_open(ctypes.byref(p), L.fs_path(cache_dir)),
                 f"open index in {cache_dir}")
-        self._ptr: Optional[int] = p.value
+        self._ptr = p.value
         self._fin = weakref.finalize(self, L.kvt_index_close, p.value)
+
+    def _tier_only(self, what: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"SSDIndex.{what} on a tier's own index: the tier's rows are "
+            "written by its C writer; open SSDIndex(cache_dir) for the table")
 
     def _p(self) -> int:
         if self._ptr is None:
@@ -500,33 +558,43 @@ class SSDIndex:
         memory_bytes: int,
         num_tokens: int,
     ) -> None:
-        """Insert or replace a cache entry in the index."""
+        """Insert or replace a cache entry in the index.
+
+        As the reference, ``file_path`` is stored as given (any str) and so
+        is ``num_tokens``; a tier only ever serves rows whose file_path is
+        their own token hash."""
+        if self._via is not None:
+            raise self._tier_only("insert_entry")
         tok, n = tokens_arg(tokens_key)
+        if file_path is None:  # what sqlite3 says for the NOT NULL column
+            raise sqlite3.IntegrityError("NOT NULL constraint failed: entries.file_path")
+        fp = str(file_path)
+        if "\0" in fp:
+            raise ValueError("file_path must not contain NUL characters")
+        mb, nt = int(memory_bytes), int(num_tokens)
+        if not (0 <= mb < 2 ** 63 and 0 <= nt < 2 ** 63):
+            raise ValueError("memory_bytes and num_tokens must be in [0, 2**63)")
         with self._db_lock:
-            L.check(L.kvt_index_insert(self._p(), tok, n, file_path.encode(),
-                                       int(memory_bytes), int(num_tokens)),
+            L.check(L.kvt_index_insert(self._p(), tok, n, fp.encode("utf-8"), mb, nt),
                     "insert_entry")
 
     def lookup_exact(self, tokens_key: tuple[int, ...]) -> dict | None:
         """Look up an exact token sequence. Returns dict or None."""
+        if self._via is not None:
+            return self._via.lookup_exact(tokens_key)
         tok, n = tokens_arg(tokens_key)
-        row = L.IndexRow()
         with self._db_lock:
-            rc = L.kvt_index_lookup_exact(ctypes.byref(row), self._p(), tok, n)
-        if rc == L.KVT_ENOTFOUND:
-            return None
-        L.check(rc, "lookup_exact")
-        return {
-            "file_path": row.file_path.decode(),
-            "memory_bytes": int(row.memory_bytes),
-            "num_tokens": int(row.num_tokens),
-        }
+            rows = self._rows(L.kvt_index_get, self._p(), tok, n, keys=_EXACT_KEYS)
+        return rows[0] if rows else None
 
     def lookup_prefix(self, query_tokens: tuple[int, ...]) -> list[dict]:
         """Find entries whose token sequence is a prefix of query_tokens.
 
         Returns list of dicts sorted by num_tokens descending (longest prefix first).
+        On a tier's own index: the longest stored prefix only (0 or 1 dicts).
         """
+        if self._via is not None:
+            return self._via.lookup_prefix(query_tokens)
         tok, n = tokens_arg(query_tokens)
         if n == 0:
             return []
@@ -535,7 +603,9 @@ class SSDIndex:
                               keys=_PREFIX_KEYS)
 
     def delete_entry(self, tokens_key: tuple[int, ...]) -> None:
-        """Delete an entry by token sequence."""
+        """Delete an entry by token sequence (a tier's own: files and row)."""
+        if self._via is not None:
+            return self._via.delete_entry(tokens_key)
         tok, n = tokens_arg(tokens_key)
         with self._db_lock:
             rc = L.kvt_index_delete(self._p(), tok, n)
@@ -544,6 +614,8 @@ class SSDIndex:
 
     def get_lru(self, limit: int = 10) -> list[dict]:
         """Get the least recently used entries, ordered oldest first."""
+        if self._via is not None:
+            raise self._tier_only("get_lru")
         # SQLite's LIMIT with a negative value means "no limit".
         lim = int(limit) if limit >= 0 else (1 << 62)
         with self._db_lock:
@@ -551,6 +623,8 @@ class SSDIndex:
 
     def get_total_bytes(self) -> int:
         """Get total memory_bytes across all entries."""
+        if self._via is not None:
+            return self._via.get_total_bytes()
         v = ctypes.c_uint64()
         with self._db_lock:
             L.check(L.kvt_index_total_bytes(ctypes.byref(v), self._p()))
@@ -558,6 +632,8 @@ class SSDIndex:
 
     def get_entry_count(self) -> int:
         """Get number of entries in the index."""
+        if self._via is not None:
+            return self._via.get_entry_count()
         v = ctypes.c_uint64()
         with self._db_lock:
             L.check(L.kvt_index_count(ctypes.byref(v), self._p()))
@@ -565,6 +641,8 @@ class SSDIndex:
 
     def touch(self, tokens_key: tuple[int, ...]) -> None:
         """Update accessed_at timestamp for an entry (marks as recently used)."""
+        if self._via is not None:
+            return self._via.touch(tokens_key)
         tok, n = tokens_arg(tokens_key)
         with self._db_lock:
             rc = L.kvt_index_touch(self._p(), tok, n)
@@ -573,11 +651,14 @@ class SSDIndex:
 
     def all_entries(self) -> list[dict]:
         """Return all entries (for startup reconciliation)."""
+        if self._via is not None:
+            raise self._tier_only("all_entries")
         with self._db_lock:
             return self._rows(L.kvt_index_all, self._p(), keys=_LRU_KEYS)
 
     def close(self) -> None:
-        """Close the SQLite connection."""
+        """Close the SQLite connection (a tier's own index: nothing; the
+        tier closes it)."""
         with self._db_lock:
             if self._ptr is not None:
                 self._ptr = None
@@ -585,9 +666,9 @@ class SSDIndex:
 
 
 class _TierIndex:
-    """``tier._index``: the tier's own index, for the calls vllm-mlx makes
-    past the public API (``touch``), plus read-only helpers.  Goes through
-    the tier (kvt_tier_*), so it sees the tier's in-memory state."""
+    """What ``tier._index`` (an SSDIndex bound to its tier) does: the calls
+    vllm-mlx makes past the public API (``touch``) and read-only helpers,
+    through the tier (kvt_tier_*), so it sees the tier's in-memory state."""
 
     def __init__(self, tier: "SSDCacheTier") -> None:
         self._tier = weakref.proxy(tier)
@@ -620,9 +701,6 @@ class _TierIndex:
 
     def get_total_bytes(self) -> int:
         return int(self._tier._h.stats().memory_bytes)
-
-    def close(self) -> None:
-        """No-op: the tier owns its index (closed by SSDCacheTier.close)."""
 
 
 # --------------------------------------------------------------------------
@@ -837,6 +915,98 @@ class _WriterInfo:
         return f"<kvtier writer {'alive' if self.is_alive() else 'stopped'}>"
 
 
+class _SpillQueue:
+    """``tier._spill_queue``: the reference's ``queue.Queue`` as far as
+    watching it goes - ``qsize()``, ``empty()``, ``full()`` and ``maxsize`` -
+    over the C queue's live counters (the spills waiting, not the one being
+    written; close's stop marker counts while queued, as the reference's
+    None sentinel).  Spills go in through enqueue_spill only."""
+
+    def __init__(self, handle: _TierHandle, maxsize: int) -> None:
+        self._h = handle
+        self.maxsize = maxsize
+
+    def qsize(self) -> int:
+        return int(self._h.stats().queue_depth)
+
+    def empty(self) -> bool:
+        return self.qsize() == 0
+
+    def full(self) -> bool:
+        return 0 < self.maxsize <= self.qsize()
+
+    def __repr__(self) -> str:
+        return f"<kvtier spill queue {self.qsize()}/{self.maxsize}>"
+
+
+class _PendingSpill:
+    """The ``layer_snapshots`` a replaced ``_write_entry`` receives: the C
+    snapshot of the spill the writer is handing over (kvtier's snapshots
+    live in C, not as numpy dicts).  Opaque: pass it on to the original
+    ``_write_entry`` to write the spill; valid until the replacement
+    returns."""
+
+    __slots__ = ("spill_id",)
+
+    def __init__(self, spill_id: int) -> None:
+        self.spill_id = spill_id
+
+    def __repr__(self) -> str:
+        return f"<kvtier pending spill {self.spill_id}>"
+
+
+def _write_hook(ref: "weakref.ref[SSDCacheTier]") -> Callable:
+    """The C writer's hook for one tier (installed only while its
+    _write_entry is replaced): calls the tier's _write_entry on the writer
+    thread, with no tier lock held, and maps an exception to a KVT_E* code
+    (logged, as the reference's writer loop logs and carries on)."""
+
+    def hook(_ctx: Any, spill_id: int, tokens: Any, n: int, memory_bytes: int) -> int:
+        tier = ref()
+        if tier is None:
+            return L.KVT_ECLOSED
+        tier._hook_calls += 1
+        toks = tuple(tokens[:n]) if n else ()
+        try:
+            tier._write_entry(toks, _PendingSpill(spill_id), int(memory_bytes))
+            return 0
+        except BaseException as e:  # noqa: BLE001 - the writer must carry on
+            logger.exception(f"[ssd_cache] failed to write entry ({n} tokens)")
+            code = getattr(e, "code", None)
+            return code if isinstance(code, int) and code < 0 else L.KVT_EIO
+
+    return hook
+
+
+class _ReplaceableWriteEntry:
+    """``SSDCacheTier._write_entry``: reading it on an instance gives the
+    replacement set on that instance, else the bound method; setting or
+    deleting it on an instance (``monkeypatch.setattr(tier, "_write_entry",
+    f)`` and its undo) installs or removes the C writer's hook for that tier,
+    so the C writer calls out to Python only while a replacement is set."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self.fn
+        ov = obj.__dict__.get("_write_entry_replacement")
+        return ov if ov is not None else types.MethodType(self.fn, obj)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        default = (isinstance(value, types.MethodType) and value.__func__ is self.fn
+                   and value.__self__ is obj)
+        obj.__dict__["_write_entry_replacement"] = None if default else value
+        obj._sync_write_hook()
+
+    def __delete__(self, obj: Any) -> None:
+        obj.__dict__["_write_entry_replacement"] = None
+        obj._sync_write_hook()
+
+
 class SSDCacheTier:
     """Cold-tier disk cache for KV cache entries, backed by libkvtier.
 
@@ -877,6 +1047,7 @@ class SSDCacheTier:
         self._closed = True
         self._closing = False
         self._writer_thread: Any = None
+        self._hook_calls = 0  # calls of the write hook (replaced _write_entry)
 
         if config.cache_dir is None:
             raise ValueError("SSDCacheConfig.cache_dir must be set")
@@ -894,10 +1065,33 @@ class SSDCacheTier:
         del keep
         L.check(rc, f"open {self._cache_dir}")
         self._h = _TierHandle(p.value)
-        self._stats = _TierStats(self._h)
-        self._index = _TierIndex(self)
-        self._lock = threading.Lock()
-        self._closed = False
+        self._c_write_hook = L.WRITE_HOOK_FN(_write_hook(weakref.ref(self)))
+        self._h.keep.append(self._c_write_hook)
+        # The reference's setup steps, through the same module-level names
+        # (tests patch SSDIndex and queue.Queue to make one fail): on failure
+        # the index is closed and the original error re-raised.
+        try:
+            _TIER_OPENING.tier = self  # SSDIndex(...) binds to this tier
+            try:
+                self._index = SSDIndex(self._cache_dir)
+            finally:
+                _TIER_OPENING.tier = None
+            self._stats = _TierStats(self._h)
+            self._lock = threading.Lock()
+            q = queue.Queue(maxsize=config.spill_queue_size)
+            self._spill_queue = _SpillQueue(self._h, q.maxsize)
+            self._closed = False
+        except Exception:
+            index = getattr(self, "_index", None)
+            if index is not None:
+                try:
+                    index.close()
+                except Exception:
+                    logger.exception(
+                        "ssd_cache: failed to close index during init cleanup"
+                    )
+            self._h.free()  # the C tier (its index connection, the lock file)
+            raise
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("closing" if self._closing else "open")
@@ -926,6 +1120,7 @@ class SSDCacheTier:
         """Start the background spill writer thread (idempotent)."""
         if self._writer_thread is not None:
             return
+        self._sync_write_hook()
         L.check(L.kvt_tier_start_writer(self._h.ptr), "start_writer")
         self._writer_thread = _WriterInfo(self)
         logger.info("[ssd_cache] writer thread started")
@@ -973,6 +1168,49 @@ class SSDCacheTier:
             logger.warning(f"[ssd_cache] spill refused ({len(tokens)} tokens): "
                            f"{L.last_error() or L.strerror(rc)}")
         return False
+
+    def _write_entry(
+        self,
+        tokens_key: tuple[int, ...],
+        layer_snapshots: Any,
+        memory_bytes: int,
+    ) -> None:
+        """Atomically persist one entry (writer thread), as the reference's.
+
+        kvtier's C writer writes spills itself and calls this only while it
+        is replaced on the instance (``tier._write_entry = f``, or
+        monkeypatch): it then hands each spill to the replacement on the
+        writer thread, with no tier lock held (a blocked replacement stalls
+        neither promotes nor quarantine), and the replacement may call this
+        original with the arguments it got to write the spill.
+        ``layer_snapshots`` is then a _PendingSpill (the C snapshot), not the
+        reference's list of (serializer, snapshot) pairs.
+
+        Raises:
+            TypeError: layer_snapshots is not what the writer handed over.
+            ValueError: that spill is no longer in the replacement's hands.
+            OSError and the other kvtier errors: the write failed.
+        """
+        if not isinstance(layer_snapshots, _PendingSpill):
+            raise TypeError("layer_snapshots must be the value the writer passed to "
+                            "_write_entry (kvtier's snapshots live in C)")
+        L.check(L.kvt_tier_write_pending(self._h.ptr, layer_snapshots.spill_id),
+                "_write_entry")
+
+    _write_entry = _ReplaceableWriteEntry(_write_entry)  # type: ignore[assignment]
+
+    def _sync_write_hook(self) -> None:
+        """Installs the C writer's hook while _write_entry is replaced (on
+        the instance, by a subclass, or on the class), removes it otherwise."""
+        if "_h" not in self.__dict__ or self._closed:
+            return
+        static = inspect.getattr_static(type(self), "_write_entry")
+        replaced = (not isinstance(static, _ReplaceableWriteEntry) or
+                    self.__dict__.get("_write_entry_replacement") is not None)
+        fn = self._c_write_hook if replaced else L.WRITE_HOOK_FN()
+        rc = L.kvt_tier_set_write_hook(self._h.ptr, fn, None)
+        if rc != L.KVT_ECLOSED:  # closing meanwhile: no writer to hook
+            L.check(rc, "write hook")
 
     def lookup_ssd(self, tokens: tuple[int, ...]) -> dict | None:
         """Synchronous check whether tokens exist in SSD tier.
@@ -1151,34 +1389,73 @@ class SSDCacheTier:
         """
         return int(L.check(L.kvt_tier_reconcile(self._h.ptr), "reconcile"))
 
+    _WRITER_JOIN_TIMEOUT_S = 5.0
+
     def close(self, timeout: float | None = None) -> None:
         """Close the SSD cache tier and release resources.
 
-        Stops accepting spills, waits for the writer to drain the queued
-        ones (up to ``timeout`` seconds; None waits as long as it takes) and
-        closes the index.  Idempotent.
+        As the reference's: queues a stop sentinel behind the accepted spills
+        (FIFO: they are written first; spills are refused from then on) and
+        joins the writer, both within one deadline of
+        ``_WRITER_JOIN_TIMEOUT_S`` seconds (a class attribute; set it on an
+        instance to change one tier's), then closes the index.  A writer that
+        was never started is started to write the queued spills (the
+        reference would drop them).  A second close after success does
+        nothing.
+
+        kvtier extension: ``close(timeout=s)`` waits up to s seconds for the
+        queued spills instead (None: the reference's close above), without a
+        sentinel.
 
         Raises:
-            TimeoutError: the writer did not finish in time.  The tier stays
-                usable for lookups and promotes (spills are refused) and
-                close() may be called again.
+            TimeoutError: the sentinel could not be queued in time (the queue
+                stayed full; nothing was joined or closed, spills are still
+                accepted), or "... writer thread did not stop ..." (the
+                writer and the index stay open, lookups and promotes work,
+                spills are refused; a later close() finishes the job).
         """
         if self._closed:
             return
-        self._closing = True
-        ms = -1 if timeout is None else max(0, int(timeout * 1000))
-        rc = L.kvt_tier_close(self._h.ptr, ms)
-        if rc == L.KVT_ETIMEDOUT:
-            raise L.KvtierTimeoutError(
-                rc, f"SSDCacheTier.close: the spill writer did not finish within "
-                f"{timeout}s; the tier is still open and close() may be retried")
-        L.check(rc, "close")
+        if timeout is None:
+            t = self._WRITER_JOIN_TIMEOUT_S
+            ms = -1 if t is None else max(0, int(float(t) * 1000))
+            self._closing = True
+            rc = L.kvt_tier_close_queued(self._h.ptr, ms)
+            if rc == L.KVT_EFULL:
+                self._closing = False
+                raise L.KvtierTimeoutError(
+                    L.KVT_ETIMEDOUT, f"SSDCacheTier.close: could not queue the writer's "
+                    f"stop sentinel within {t}s (the spill queue stayed full); nothing "
+                    "was closed and close() may be retried")
+            if rc == L.KVT_ETIMEDOUT:
+                raise L.KvtierTimeoutError(
+                    rc, f"SSDCacheTier.close: the writer thread did not stop within "
+                    f"{t}s ({self._spill_queue.qsize()} queued); the writer and the "
+                    "index stay open and close() may be called again")
+            L.check(rc, "close")
+        else:
+            self._closing = True
+            ms = max(0, int(timeout * 1000))
+            rc = L.kvt_tier_close(self._h.ptr, ms)
+            if rc == L.KVT_ETIMEDOUT:
+                raise L.KvtierTimeoutError(
+                    rc, f"SSDCacheTier.close: the spill writer did not finish within "
+                    f"{timeout}s; the tier is still open and close() may be retried")
+            L.check(rc, "close")
         self._closed = True
+        if self._writer_thread is not None:
+            self._writer_thread = None
+        self._index.close()
         logger.info("[ssd_cache] SSDCacheTier closed")
 
     async def aclose(self, timeout: float | None = None) -> None:
-        """close() without blocking the event loop (runs in a thread)."""
-        await asyncio.to_thread(self.close, timeout)
+        """``await asyncio.to_thread(self.close)``, as the reference's: the
+        event loop stays responsive and the instance's close (replaced or
+        not) is what runs.  ``timeout`` (kvtier extension) is passed on."""
+        if timeout is None:
+            await asyncio.to_thread(self.close)
+        else:
+            await asyncio.to_thread(self.close, timeout)
 
     def __enter__(self) -> "SSDCacheTier":
         return self

@@ -26,6 +26,7 @@
  * found. Keys expire after retention_seconds when set.
  */
 #include "store/backend.h"
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
@@ -689,10 +690,7 @@ static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
   cJSON_AddNumberToObject(o, "num_tokens", (double)n);
   cJSON_AddNumberToObject(o, "memory_bytes", (double)memory_bytes);
   cJSON_AddNumberToObject(o, "storage_mode", storage_mode);
-  struct timespec now;
-  clock_gettime(CLOCK_REALTIME, &now);
-  cJSON_AddNumberToObject(o, "created_at",
-                          (double)now.tv_sec + (double)now.tv_nsec / 1e9);
+  cJSON_AddNumberToObject(o, "created_at", kvti_now_wall());
   cJSON_AddNumberToObject(o, "chunk_bytes", (double)cb);
   cJSON_AddNumberToObject(o, "total", (double)total);
   for (size_t i = 0; i < nf; i++) {
@@ -920,10 +918,10 @@ out:
   kvti_free(fds);
   kvti_free(dir);
   if (gone) {
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", kvt_last_error());
+    kvti_error_state es;
+    kvti_error_state_capture(&es, rc);
     remove_entry(rb, hash, &m);
-    KVT_ERR(rc, "%s", msg);
+    kvti_error_state_restore(&es);
   }
   rman_free(&m);
   return rc;
@@ -939,10 +937,10 @@ static int rb_get(kvti_backend *b, kvt_entry **out, const char *hash,
   if (rc == 0) {
     rc = kvti_entry_read(out, stage, hash, o);
     if (rc == KVT_ECORRUPT || rc == KVT_ENOTFOUND) {
-      char msg[512];
-      snprintf(msg, sizeof msg, "%s", kvt_last_error());
+      kvti_error_state es;
+      kvti_error_state_capture(&es, rc);
       remove_entry(R(b), hash, NULL);
-      KVT_ERR(rc, "remote entry: %s", msg);
+      KVT_ERR(rc, "remote entry: %s", es.msg);
     }
   }
   kvti_rmtree(stage);

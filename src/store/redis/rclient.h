@@ -14,6 +14,7 @@
 #define KVT_RCLIENT_H
 
 #include "store/redis/transport.h"
+#include "store/redis_url.h"
 
 #include <hiredis/hiredis.h>
 #include <stddef.h>
@@ -29,24 +30,8 @@ typedef struct kvr_cmd {
   size_t len[KVR_MAX_ARGS];
 } kvr_cmd;
 
-/* Parsed URL: redis[s]://[[user]:password@]host:port[,host:port...]. */
-typedef struct kvr_addr {
-  char host[256];
-  int port;
-} kvr_addr;
-
-/* Credentials and scheme of a URL: user "" = the default user (AUTH
- * <password>), password "" = no AUTH; tls = 1 for rediss://. */
-typedef struct kvr_cred {
-  char user[256];
-  char password[256];
-  int tls;
-} kvr_cred;
-
-/* Validates url without connecting. Returns 0 or KVT_EINVAL (message names the
- * problem). n_out/addrs/cred may be NULL. */
-int kvr_parse_url(const char *url, kvr_addr *addrs, int max_addrs, int *n_out,
-                  kvr_cred *cred);
+/* A seed node (the URL grammar is store/redis_url.h). */
+typedef kvti_redis_addr kvr_addr;
 
 /* Creates a client (no connection is made yet: the first command connects and
  * detects cluster mode). timeout_ms bounds connects and each wait of every

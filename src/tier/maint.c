@@ -1,0 +1,135 @@
+/*
+ * maint.c - changes the tier makes to stored entries on its own: removal (row
+ * first, then files, under the entry's exclusive stripe), capacity by LRU over
+ * bytes on disk and entry count, retention since written, quarantine of a
+ * corrupt entry and dropping the row of an entry whose files vanished (both
+ * only if the index still holds the version the reader saw). Every function
+ * here runs with mut_mu held (or takes it) - see tier.h.
+ */
+#include "tier/tier.h"
+#include "base/error.h"
+#include "index/index.h"
+
+/* ------------------------------------------------------------------------ */
+/* Removal, capacity, retention, quarantine                                 */
+/* ------------------------------------------------------------------------ */
+
+int kvti_tier_remove_locked(kvt_tier *t, const char *hash, int why) {
+  kvt_entry_info info;
+  kvti_stripe_wrlock(&t->stripes, hash);
+  int rc = kvti_index_find_hash(&info, t->idx, hash);
+  if (rc == 0)
+    rc = kvti_index_remove_hash(t->idx, hash); /* row first: no new lookup */
+  if (rc == 0) {
+    int r = t->be->ops->remove(t->be, hash);
+    if (r != 0)
+      kvti_log(t, KVT_LOG_WARN,
+               "kvtier: removing files of %.16s failed (%s); reconcile will "
+               "clean them",
+               hash, kvt_last_error());
+  }
+  kvti_stripe_unlock(&t->stripes, hash);
+  if (rc == 0) {
+    if (why == KVTI_RM_EVICT)
+      KVTI_STAT_ADD(&t->stats, evictions, 1);
+    else if (why == KVTI_RM_EXPIRE)
+      KVTI_STAT_ADD(&t->stats, expirations, 1);
+    kvti_log(t, KVT_LOG_DEBUG, "kvtier: %s %.16s (%llu tokens, %llu bytes)",
+             why == KVTI_RM_EVICT    ? "evicted"
+             : why == KVTI_RM_EXPIRE ? "expired"
+                                     : "removed",
+             hash, (unsigned long long)info.num_tokens,
+             (unsigned long long)info.disk_bytes);
+  }
+  return rc;
+}
+
+void kvti_tier_enforce_locked(kvt_tier *t, int64_t max_entries,
+                              uint64_t max_bytes, double cutoff,
+                              uint64_t *removed, uint64_t *removed_bytes) {
+  kvt_entry_info v;
+  /* Retention first: expired entries go before any live one is evicted. */
+  if (cutoff > 0) {
+    while (kvti_index_oldest_before(&v, t->idx, cutoff) == 0) {
+      if (kvti_tier_remove_locked(t, v.token_hash, KVTI_RM_EXPIRE) != 0)
+        break;
+      if (removed)
+        (*removed)++;
+      if (removed_bytes)
+        *removed_bytes += v.disk_bytes;
+    }
+  }
+  for (;;) {
+    uint64_t n = 0, bytes = 0;
+    kvti_index_totals(t->idx, &n, &bytes, NULL);
+    if (n <= (uint64_t)max_entries && bytes <= max_bytes)
+      break;
+    if (kvti_index_lru_victim(&v, t->idx) != 0)
+      break;
+    if (kvti_tier_remove_locked(t, v.token_hash, KVTI_RM_EVICT) != 0)
+      break; /* never spin on an entry that cannot be removed */
+    if (removed)
+      (*removed)++;
+    if (removed_bytes)
+      *removed_bytes += v.disk_bytes;
+  }
+}
+
+/* Caller holds mut_mu and the stripe exclusively. True when the index still
+ * holds the version a reader saw: created_at >= 0 is the row's created_at at
+ * read time (a replacement written since has another and is left alone);
+ * created_at < 0 means the reader saw no row, and it must still have none. */
+static int same_version(kvt_tier *t, const char *hash, double created_at,
+                        int *stored) {
+  kvt_entry_info cur;
+  *stored = kvti_index_find_hash(&cur, t->idx, hash) == 0;
+  if (created_at < 0)
+    return !*stored;
+  return *stored && cur.created_at == created_at;
+}
+
+void kvti_tier_quarantine(kvt_tier *t, const char *hash, double created_at) {
+  if (t->readonly)
+    return;
+  kvti_error_state es;
+  kvti_error_state_capture(&es, KVT_ECORRUPT);
+  pthread_mutex_lock(&t->mut_mu);
+  kvti_stripe_wrlock(&t->stripes, hash);
+  int stored = 0;
+  if (same_version(t, hash, created_at, &stored)) {
+    if (stored)
+      kvti_index_remove_hash(t->idx, hash); /* row first: no new lookup */
+    int r = t->be->ops->quarantine(t->be, hash, t->opts.quarantine_max);
+    KVTI_STAT_ADD(&t->stats, quarantined, 1);
+    if (r != 0)
+      kvti_log(t, KVT_LOG_WARN, "kvtier: quarantine of %.16s: %s", hash,
+               kvt_last_error());
+    else
+      kvti_log(t, KVT_LOG_WARN, "kvtier: quarantined corrupt entry %s (%s)",
+               hash, es.msg);
+  }
+  kvti_stripe_unlock(&t->stripes, hash);
+  pthread_mutex_unlock(&t->mut_mu);
+  kvti_error_state_restore(&es);
+}
+
+void kvti_tier_drop_missing(kvt_tier *t, const char *hash, double created_at) {
+  if (t->readonly)
+    return;
+  kvti_error_state es;
+  kvti_error_state_capture(&es, KVT_ENOTFOUND);
+  pthread_mutex_lock(&t->mut_mu);
+  kvti_stripe_wrlock(&t->stripes, hash);
+  int stored = 0;
+  if (created_at >= 0 && same_version(t, hash, created_at, &stored) &&
+      t->be->ops->exists(t->be, hash) == 0) {
+    kvti_index_remove_hash(t->idx, hash);
+    t->be->ops->remove(t->be, hash);
+    KVTI_STAT_ADD(&t->stats, reconciled, 1);
+    kvti_log(t, KVT_LOG_WARN, "kvtier: entry %.16s had no files; row dropped",
+             hash);
+  }
+  kvti_stripe_unlock(&t->stripes, hash);
+  pthread_mutex_unlock(&t->mut_mu);
+  kvti_error_state_restore(&es);
+}

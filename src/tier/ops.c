@@ -1,0 +1,310 @@
+/*
+ * ops.c - the public calls on stored entries: lookups (exact and prefix, with
+ * retention applied), touch, remove, gc (and its dry run), foreach, describe,
+ * verify, and kvt_tier_stats / kvt_tier_stats_add (the counters of stats.c
+ * plus gauges measured from the index, the spill queue and the remote tier).
+ * Each enters and leaves the tier; mutations take mut_mu.
+ */
+#include "tier/tier.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/hash.h"
+#include "base/io.h"
+#include "index/index.h"
+#include "tier/remote.h"
+
+#include <string.h>
+
+/* ------------------------------------------------------------------------ */
+/* Lookups and entry operations                                             */
+/* ------------------------------------------------------------------------ */
+
+static int check_tokens(const int32_t *tokens, size_t n) {
+  if (!tokens && n > 0)
+    return KVT_ERR(KVT_EINVAL, "tokens is NULL with n_tokens > 0");
+  return 0;
+}
+
+/* remote: also consult the remote store, as a promote would (promote.c's
+ * begin): on a local miss, or for a longer remote prefix than the local one.
+ */
+static int lookup_common(kvt_entry_info *out, kvt_tier *t,
+                         const int32_t *tokens, size_t n, int prefix,
+                         int remote) {
+  if (!out || !t)
+    return KVT_ERR(KVT_EINVAL, "lookup: NULL argument");
+  int rc = check_tokens(tokens, n);
+  if (rc != 0 || (rc = kvti_tier_enter(t)) != 0)
+    return rc;
+  double cutoff = kvti_tier_cutoff(t);
+  rc = prefix ? kvti_index_find_prefix(out, t->idx, tokens, n, cutoff)
+              : kvti_index_find(out, t->idx, tokens, n, cutoff);
+  if (remote && kvti_remote_enabled(t) &&
+      (rc == KVT_ENOTFOUND || (rc == 0 && prefix && out->num_tokens < n))) {
+    kvt_entry_info ri;
+    uint64_t min_len = rc == 0 ? out->num_tokens + 1 : 1;
+    if (kvti_remote_peek(t, &ri, tokens, n, prefix, min_len) == 0) {
+      *out = ri;
+      rc = 0;
+    } else if (rc == 0) {
+      kvt_clear_error();
+    }
+  }
+  kvti_tier_leave(t);
+  return rc;
+}
+
+int kvt_tier_lookup(kvt_entry_info *out, kvt_tier *t, const int32_t *tokens,
+                    size_t n_tokens) {
+  return lookup_common(out, t, tokens, n_tokens, 0, 1);
+}
+
+int kvt_tier_lookup_prefix(kvt_entry_info *out, kvt_tier *t,
+                           const int32_t *tokens, size_t n_tokens) {
+  return lookup_common(out, t, tokens, n_tokens, 1, 1);
+}
+
+int kvt_tier_touch(kvt_tier *t, const int32_t *tokens, size_t n_tokens) {
+  kvt_entry_info info;
+  /* local entries only: the remote store keeps no access times */
+  int rc = lookup_common(&info, t, tokens, n_tokens, 0, 0);
+  if (rc != 0)
+    return rc;
+  if ((rc = kvti_tier_enter(t)) != 0)
+    return rc;
+  if (t->readonly)
+    rc = KVT_ERR(KVT_EINVAL, "touch needs a writable tier (opened read-only)");
+  else
+    rc = kvti_index_touch_hash(t->idx, info.token_hash);
+  kvti_tier_leave(t);
+  return rc;
+}
+
+int kvt_tier_remove(kvt_tier *t, const int32_t *tokens, size_t n_tokens) {
+  if (!t)
+    return KVT_ERR(KVT_EINVAL, "tier is NULL");
+  int rc = check_tokens(tokens, n_tokens);
+  if (rc != 0 || (rc = kvti_tier_enter(t)) != 0)
+    return rc;
+  if (t->readonly) {
+    rc = KVT_ERR(KVT_EINVAL, "remove needs a writable tier (opened read-only)");
+  } else {
+    char hash[KVT_HASH_HEX_LEN + 1];
+    rc = kvt_token_hash(hash, tokens, n_tokens);
+    if (rc == 0) {
+      pthread_mutex_lock(&t->mut_mu);
+      rc = kvti_tier_remove_locked(t, hash, KVTI_RM_USER);
+      pthread_mutex_unlock(&t->mut_mu);
+      if (rc == KVT_ENOTFOUND)
+        KVT_ERR(KVT_ENOTFOUND, "no entry for these tokens");
+    }
+  }
+  kvti_tier_leave(t);
+  return rc;
+}
+
+typedef struct info_vec {
+  kvt_entry_info *v;
+  size_t n, cap;
+  int oom;
+} info_vec;
+
+static int collect_info(void *ctx, const kvt_entry_info *info) {
+  info_vec *l = ctx;
+  if (l->n == l->cap) {
+    size_t nc = l->cap ? l->cap * 2 : 64;
+    kvt_entry_info *p = kvti_realloc(l->v, nc * sizeof *p);
+    if (!p) {
+      l->oom = 1;
+      return 1;
+    }
+    l->v = p;
+    l->cap = nc;
+  }
+  l->v[l->n++] = *info;
+  return 0;
+}
+
+/* Dry-run gc: what kvti_tier_enforce_locked would remove, computed on a
+ * snapshot of the rows (most recently used first): expired entries, then the
+ * least recently used of the rest. */
+static int gc_plan(kvt_tier *t, int64_t max_entries, uint64_t max_bytes,
+                   double cutoff, uint64_t *n, uint64_t *bytes) {
+  info_vec all = {0};
+  int rc = kvti_index_foreach(t->idx, collect_info, &all);
+  if (rc == 0 && all.oom)
+    rc = KVT_ERR_NOMEM();
+  if (rc == 0) {
+    uint64_t count = all.n, total = 0;
+    for (size_t i = 0; i < all.n; i++)
+      total += all.v[i].disk_bytes;
+    char *gone = kvti_calloc(all.n ? all.n : 1, 1);
+    if (!gone) {
+      rc = KVT_ERR_NOMEM();
+    } else {
+      for (size_t i = 0; cutoff > 0 && i < all.n; i++) {
+        if (all.v[i].created_at < cutoff) {
+          gone[i] = 1;
+          count--;
+          total -= all.v[i].disk_bytes;
+          (*n)++;
+          *bytes += all.v[i].disk_bytes;
+        }
+      }
+      for (size_t i = all.n; i-- > 0;) {
+        if (count <= (uint64_t)max_entries && total <= max_bytes)
+          break;
+        if (gone[i])
+          continue;
+        count--;
+        total -= all.v[i].disk_bytes;
+        (*n)++;
+        *bytes += all.v[i].disk_bytes;
+      }
+      kvti_free(gone);
+    }
+  }
+  kvti_free(all.v);
+  return rc;
+}
+
+int kvt_tier_gc(kvt_tier *t, const kvt_gc_opts *o, uint64_t *removed,
+                uint64_t *removed_bytes) {
+  if (!t)
+    return KVT_ERR(KVT_EINVAL, "tier is NULL");
+  if (o && o->version != 1)
+    return KVT_ERR(KVT_EINVAL, "kvt_gc_opts version must be 1, got %u",
+                   o->version);
+  int rc = kvti_tier_enter(t);
+  if (rc != 0)
+    return rc;
+  uint64_t max_bytes = (o && o->max_bytes) ? o->max_bytes : t->max_bytes;
+  int64_t max_entries =
+      (o && o->max_entries > 0) ? o->max_entries : t->opts.max_entries;
+  double cutoff = kvti_tier_cutoff(t);
+  if (o && o->older_than_seconds >= 0)
+    cutoff = kvti_now_wall() - (double)o->older_than_seconds;
+  uint64_t n = 0, bytes = 0;
+  if (o && o->dry_run) {
+    rc = gc_plan(t, max_entries, max_bytes, cutoff, &n, &bytes);
+  } else if (t->readonly) {
+    rc = KVT_ERR(KVT_EINVAL, "gc needs a writable tier (opened read-only)");
+  } else {
+    pthread_mutex_lock(&t->mut_mu);
+    kvti_tier_enforce_locked(t, max_entries, max_bytes, cutoff, &n, &bytes);
+    pthread_mutex_unlock(&t->mut_mu);
+  }
+  if (rc == 0) {
+    if (removed)
+      *removed = n;
+    if (removed_bytes)
+      *removed_bytes = bytes;
+  }
+  kvti_tier_leave(t);
+  return rc;
+}
+
+typedef struct visit_ctx {
+  kvt_entry_visit_fn fn;
+  void *ctx;
+  double cutoff;
+} visit_ctx;
+
+static int visit_live(void *ctx, const kvt_entry_info *info) {
+  visit_ctx *v = ctx;
+  if (v->cutoff > 0 && info->created_at < v->cutoff)
+    return 0; /* expired: as good as gone */
+  return v->fn(v->ctx, info);
+}
+
+int kvt_tier_foreach(kvt_tier *t, kvt_entry_visit_fn fn, void *ctx) {
+  if (!t || !fn)
+    return KVT_ERR(KVT_EINVAL, "foreach: NULL argument");
+  int rc = kvti_tier_enter(t);
+  if (rc != 0)
+    return rc;
+  visit_ctx v = {fn, ctx, kvti_tier_cutoff(t)};
+  rc = kvti_index_foreach(t->idx, visit_live, &v);
+  kvti_tier_leave(t);
+  return rc;
+}
+
+int kvt_tier_describe(char **json, kvt_tier *t, const char *token_hash) {
+  if (!json || !t || !token_hash)
+    return KVT_ERR(KVT_EINVAL, "describe: NULL argument");
+  if (!kvti_is_hash_name(token_hash))
+    return KVT_ERR(KVT_EINVAL, "token_hash must be 64 lowercase hex digits");
+  int rc = kvti_tier_enter(t);
+  if (rc != 0)
+    return rc;
+  kvti_stripe_rdlock(&t->stripes, token_hash);
+  rc = t->be->ops->describe(t->be, json, token_hash);
+  kvti_stripe_unlock(&t->stripes, token_hash);
+  kvti_tier_leave(t);
+  return rc;
+}
+
+int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair) {
+  if (!t || !token_hash)
+    return KVT_ERR(KVT_EINVAL, "verify: NULL argument");
+  if (!kvti_is_hash_name(token_hash))
+    return KVT_ERR(KVT_EINVAL, "token_hash must be 64 lowercase hex digits");
+  int rc = kvti_tier_enter(t);
+  if (rc != 0)
+    return rc;
+  kvti_read_opts ro;
+  memset(&ro, 0, sizeof ro);
+  ro.verify_only = 1;
+  ro.io_backend = t->opts.io_backend;
+  ro.read_threads = t->opts.read_threads;
+  kvt_entry_info info;
+  double created = -1;
+  kvti_stripe_rdlock(&t->stripes, token_hash);
+  if (kvti_index_find_hash(&info, t->idx, token_hash) == 0)
+    created = info.created_at;
+  kvt_entry *e = NULL;
+  rc = t->be->ops->get(t->be, &e, token_hash, &ro);
+  kvti_stripe_unlock(&t->stripes, token_hash);
+  kvt_entry_free(e);
+  if (rc == KVT_ECORRUPT && repair)
+    kvti_tier_quarantine(t, token_hash, created);
+  kvti_tier_leave(t);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Stats                                                                    */
+/* ------------------------------------------------------------------------ */
+
+int kvt_tier_stats(kvt_stats *out, kvt_tier *t) {
+  if (!out || !t)
+    return KVT_ERR(KVT_EINVAL, "kvt_tier_stats: NULL argument");
+  /* The caller's version says how much of *out exists. Only version 1 so
+   * far; a later one copies the prefix an older caller has. */
+  if (out->version != KVT_STATS_VERSION)
+    return KVT_ERR(KVT_EINVAL,
+                   "kvt_stats version must be %u, got %u (initialise it "
+                   "with KVT_STATS_INIT or kvt_stats_init)",
+                   KVT_STATS_VERSION, out->version);
+  kvt_stats s;
+  kvti_stats_copy(&s, &t->stats);
+  /* Gauges: from the index while it is open (after close the last counters
+   * remain). */
+  if (kvti_tier_enter(t) == 0) {
+    kvti_index_totals(t->idx, &s.entries, &s.disk_bytes, &s.memory_bytes);
+    kvti_tier_leave(t);
+  } else {
+    kvt_clear_error();
+  }
+  kvti_workq_gauges(&t->w, &s.queue_depth, &s.queue_bytes);
+  kvti_remote_gauges(t, &s);
+  s.version = out->version;
+  *out = s;
+  return 0;
+}
+
+int kvt_tier_stats_add(kvt_tier *t, const char *counter, int64_t delta) {
+  if (!t)
+    return KVT_ERR(KVT_EINVAL, "tier is NULL");
+  return kvti_stats_add_named(&t->stats, counter, delta);
+}
