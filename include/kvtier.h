@@ -522,12 +522,18 @@ typedef struct kvt_entry_info {
 
 /** Exact lookup. Returns 0 and *out, KVT_ENOTFOUND (absent or expired),
  *  KVT_EINVAL, KVT_ECLOSED, KVT_EDB. Does not count hits or misses (as in
- *  the reference). Thread-safe. */
+ *  the reference). With a remote tier (kvt_options.remote_mode) a local miss
+ *  is looked up in the remote store and *out describes what a following
+ *  promote will find there: a remote miss costs no I/O (a local mirror of
+ *  the remote keys answers it), a remote hit one call bounded by
+ *  remote_lookup_timeout_ms; an unreachable store is a miss, never an
+ *  error. Thread-safe. */
 KVT_API int kvt_tier_lookup(kvt_entry_info *out, kvt_tier *t,
                             const int32_t *tokens, size_t n_tokens);
 
-/** Longest stored sequence that is a prefix of tokens (possibly all of it).
- *  Returns as kvt_tier_lookup. Thread-safe. */
+/** Longest stored sequence that is a prefix of tokens (possibly all of it);
+ *  with a remote tier, a remote entry longer than the local match wins (as
+ *  in a promote). Returns as kvt_tier_lookup. Thread-safe. */
 KVT_API int kvt_tier_lookup_prefix(kvt_entry_info *out, kvt_tier *t,
                                    const int32_t *tokens, size_t n_tokens);
 
@@ -687,7 +693,10 @@ KVT_API void kvt_promise_free(kvt_promise *p);
 /** Reads an entry by its relative path in data/ (the index's file_path), as
  *  the reference's _read_entry(tokens, file_path): no budget, no stats, no
  *  touch. A corrupt entry is quarantined. file_path must be a 64-hex entry
- *  name (anything else: KVT_EINVAL, never a path outside the cache).
+ *  name (anything else: KVT_EINVAL, never a path outside the cache). With a
+ *  remote tier, an entry not stored locally (one a lookup found remotely) is
+ *  read from the remote store, verified, and kept as a local copy unless
+ *  KVT_REMOTE_NO_LOCAL_COPY (counted in remote_hits / remote_read_bytes).
  *  Returns 0 and *out, KVT_ENOTFOUND, KVT_ECORRUPT, KVT_EIO. */
 KVT_API int kvt_tier_read_entry(kvt_entry **out, kvt_tier *t,
                                 const int32_t *tokens, size_t n_tokens,
