@@ -154,6 +154,32 @@ def test_check_ssd_cluster(tmp_path):
         rs.stop(procs)
 
 
+def test_pythonic_tier_reaches_remote(tmp_path):
+    """kvtier.Tier takes the remote options and its lookups/promotes see A's
+    entries as SSDCacheTier's do."""
+    import kvtier
+    p, port = rs.start(str(tmp_path / "srv"))
+    url = f"redis://127.0.0.1:{port}"
+    try:
+        run_node_a(url, str(tmp_path / "a"))
+        t = kvtier.Tier(str(tmp_path / "t"), remote_url=url, remote_prefix=PREFIX,
+                        remote_keep_local=False, durability="none")
+        for toks, layers, mem in entries():
+            info = t.lookup(toks)
+            assert info is not None and info.num_tokens == len(toks)
+            assert info.memory_bytes == mem
+            pre = t.lookup_prefix(toks + (61000, 61001))
+            assert pre is not None and pre.token_hash == info.token_hash
+            e = t.promote(toks + (61000,), prefix=True)
+            assert e is not None and same(e.layers, layers)
+        assert t.stats()["remote_hits"] == N
+        t.close()
+        with pytest.raises(ValueError):
+            kvtier.Tier(str(tmp_path / "t2"), remote_url=url, remote_mode="both")
+    finally:
+        rs.stop([p])
+
+
 def test_lookup_sees_later_spill_and_removal(tmp_path):
     """B's mirror follows A's spills (pub/sub) without a resync; a removal
     on A is seen by B's next lookup."""
@@ -174,6 +200,16 @@ def test_lookup_sees_later_spill_and_removal(tmp_path):
             time.sleep(0.05)
         assert b.lookup_ssd(toks)["memory_bytes"] == 11
         a.close()
+        # removed from the store (kvtier gc --remote): B's next lookup misses
+        cli = os.path.join(os.path.dirname(os.environ["KVTIER_LIBRARY"]), "tools",
+                           "kvtier")
+        if os.path.exists(cli):
+            time.sleep(1.1)
+            r = subprocess.run([cli, "gc", "--remote", url, "--remote-prefix", PREFIX,
+                                "--older-than", "1s"], capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            assert b.lookup_ssd(toks) is None
+            assert b.lookup_ssd_prefix(toks + (1, 2)) is None
         b.close()
     finally:
         rs.stop([p])
