@@ -160,6 +160,9 @@ static kvt_tier *open_tier(const char *cache, int durability,
                            uint32_t promote_threads, int writer) {
   kvt_options o;
   kvt_options_init(&o, KVT_OPTIONS_VERSION);
+  /* The disk path's figures (cold, page cache, pooled buffers): the host RAM
+   * tier is measured by bench/bench_ram_tier.py. */
+  o.host_cache_bytes = 0;
   o.cache_dir = cache;
   o.max_size_gb = 64;
   o.max_entries = 1000000;

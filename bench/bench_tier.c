@@ -238,6 +238,9 @@ static kvt_tier *open_tier2(const char *cache, uint64_t queue_bytes,
                             uint32_t queue_n, int writer) {
   kvt_options o;
   kvt_options_init(&o, KVT_OPTIONS_VERSION);
+  /* The disk path's figures (cold, page cache, pooled buffers): the host RAM
+   * tier is measured by bench/bench_ram_tier.py. */
+  o.host_cache_bytes = 0;
   o.cache_dir = cache;
   o.max_size_gb = 64;
   o.max_entries = 100000;

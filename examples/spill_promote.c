@@ -3,10 +3,13 @@
  * directory, start the writer, spill one two-layer fp16 KV entry, wait until it
  * is durable, look it up by a longer query (longest prefix), promote it with a
  * RAM budget, check the bytes, and close. Only the public header is used.
- * Usage: spill_promote [DIR] (default: a fresh directory under /tmp).
+ * Usage: spill_promote [DIR] (default: a fresh directory under $TMPDIR or
+ * /tmp, removed again at the end).
  */
+#define _XOPEN_SOURCE 700 /* nftw */
 #include <kvtier.h>
 
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,16 +32,27 @@ static void release(void *ctx, uint64_t n) {
   ((budget *)ctx)->free_bytes += n;
 }
 
+/* nftw callback of the cleanup: removes one file or (emptied) directory. */
+static int rm_one(const char *path, const struct stat *st, int flag,
+                  struct FTW *ftw) {
+  (void)st, (void)flag, (void)ftw;
+  return remove(path);
+}
+
 static int fail(const char *what, int rc) {
   fprintf(stderr, "%s: %s (%s)\n", what, kvt_strerror(rc), kvt_last_error());
   return 1;
 }
 
 int main(int argc, char **argv) {
-  char tmpl[] = "/tmp/kvtier-example-XXXXXX";
+  char tmpl[4096];
+  const char *base = getenv("TMPDIR");
+  snprintf(tmpl, sizeof tmpl, "%s/kvtier-example-XXXXXX",
+           base && *base ? base : "/tmp");
   const char *dir = argc > 1 ? argv[1] : mkdtemp(tmpl);
   if (!dir)
     return 1;
+  int own_dir = argc <= 1; /* ours to remove at the end */
 
   kvt_options o;
   kvt_options_init(&o, KVT_OPTIONS_VERSION);
@@ -123,5 +137,7 @@ int main(int argc, char **argv) {
   rc = kvt_tier_close(t, 10000);
   kvt_tier_free(t);
   free(buf);
+  if (own_dir && nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS) != 0)
+    perror("remove the example's directory");
   return same && rc == 0 ? 0 : 1;
 }

@@ -12,7 +12,7 @@ targets=${KVT_FUZZ_TARGETS:-"safetensors manifest tokens entry"}
 jobs=${KVT_FUZZ_JOBS:-2}
 command -v clang >/dev/null || { echo "fuzz/run.sh: clang not found" >&2; exit 1; }
 
-CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_BUILD_FUZZ=ON \
+CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_BUILD_FUZZ=ON -DKVT_WERROR=ON \
   -DKVT_SANITIZE=address,undefined -DKVT_WITH_URING=OFF \
   -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link" >/dev/null
 cmake --build build-fuzz -j "$jobs" --target $(for t in $targets; do printf 'fuzz_%s ' "$t"; done)

@@ -251,8 +251,8 @@ typedef void (*kvt_spill_done_fn)(void *ctx, const char *token_hash,
  *  before C++20 and for bindings). */
 
 /** kvt_options versions: 1 (up to remote_flags), 2 (+ read_threads), 3 (+
- *  remote_lookup_timeout_ms, remote_tls_*). */
-#define KVT_OPTIONS_VERSION 3
+ *  host_cache_bytes), 4 (+ remote_lookup_timeout_ms, remote_tls_*). */
+#define KVT_OPTIONS_VERSION 4
 
 /** Tier options; mirrors the reference's SSDCacheConfig plus kvtier's own. */
 typedef struct kvt_options {
@@ -320,6 +320,23 @@ typedef struct kvt_options {
    *  when set, else 2. A value > 0 wins over the environment. 0 */
   uint32_t read_threads;
   /* ---- version 3 ---- */
+  /** Bytes of recently spilled and recently promoted entries kept in this
+   *  process's RAM so that promoting them again runs at memory speed (the
+   *  layer files are written and cold-read with O_DIRECT, so the page cache
+   *  does not keep them). Filled from copy-mode spills once written (native
+   *  storage mode; zero-copy spills are not cached at spill time) and from
+   *  promoted entries when they are freed (kvt_entry_free); emptied of an
+   *  entry when it is replaced, evicted, removed, quarantined or expires. A
+   *  hit is verified against the entry's manifest block checksums before it
+   *  is served, like a disk read. The bytes count against the buffer pool's
+   *  idle cap (one budget: the pool keeps idle only what the caches leave of
+   *  it). 0 disables the cache. KVT_HOST_CACHE_AUTO (the default): 1/8 of the
+   *  memory the process may use - the smallest of physical RAM, the cgroup v2
+   *  limit (/sys/fs/cgroup/memory.max) and the cgroup v1 limit
+   *  (/sys/fs/cgroup/memory/memory.limit_in_bytes) - read at open.
+   *  kvt_tier_set_host_cache_bytes changes it at run time. */
+  uint64_t host_cache_bytes;
+  /* ---- version 4 ---- */
   /** Deadline of a remote lookup's round trip in ms (1..600000), separate
    *  from remote_timeout_ms: kvt_tier_lookup* and a promote's remote lookup
    *  answer a miss from a local mirror of the remote keys without I/O; a
@@ -333,6 +350,9 @@ typedef struct kvt_options {
   const char *remote_tls_cert_file;
   const char *remote_tls_key_file;
 } kvt_options;
+
+/** kvt_options.host_cache_bytes: derive the bound from the machine. */
+#define KVT_HOST_CACHE_AUTO UINT64_MAX
 
 /** Where entries live (kvt_options.remote_mode). */
 typedef enum kvt_remote_mode {
@@ -363,7 +383,7 @@ typedef enum kvt_remote_mode {
     .log_level = KVT_LOG_WARN, .remote_mode = KVT_REMOTE_LOCAL,                \
     .remote_timeout_ms = 1000, .remote_queue_size = 64,                        \
     .remote_chunk_bytes = 16u << 20, .read_threads = 0,                        \
-    .remote_lookup_timeout_ms = 250                                            \
+    .host_cache_bytes = KVT_HOST_CACHE_AUTO, .remote_lookup_timeout_ms = 250   \
   }
 
 /** Fills opts with the defaults of KVT_OPTIONS_INIT for the given version
@@ -398,7 +418,9 @@ KVT_API uint64_t kvt_entry_memory_bytes(const kvt_entry *e);
  *  callback was given). The reservation now belongs to the caller: kvtier
  *  never releases it after a successful promote. */
 KVT_API uint64_t kvt_entry_reserved_bytes(const kvt_entry *e);
-/** Bytes read from disk to build this entry. */
+/** Bytes read from disk to build this entry; for an entry served from the
+ *  host RAM cache (kvt_options.host_cache_bytes), the bytes of its files
+ *  (nothing was read). */
 KVT_API uint64_t kvt_entry_disk_bytes(const kvt_entry *e);
 /** Token hash (64 hex chars). Owned by the entry. */
 KVT_API const char *kvt_entry_hash(const kvt_entry *e);
@@ -406,7 +428,12 @@ KVT_API const char *kvt_entry_hash(const kvt_entry *e);
 KVT_API int kvt_entry_storage_mode(const kvt_entry *e);
 /** Frees the entry and its tensors (via the caller's free callback for
  *  buffers the caller allocated). Accepts NULL. Not thread-safe against
- *  readers of the same entry. */
+ *  readers of the same entry. With the host RAM tier on, kvtier-allocated
+ *  buffers of a promoted entry go back into its tier's cache instead (also
+ *  after the tier is freed: then they are simply freed), so that the next
+ *  promote of the entry is served from memory - which is why a promoted entry
+ *  must stay unmodified (a modified one fails the next check and is read from
+ *  disk again). */
 KVT_API void kvt_entry_free(kvt_entry *e);
 
 /* ------------------------------------------------------------------------ */
@@ -416,9 +443,11 @@ KVT_API void kvt_entry_free(kvt_entry *e);
 typedef struct kvt_tier kvt_tier;
 
 /** Opens (creating when missing) a cache directory: cache_dir/ and data/
- *  with dir_mode, index.db (WAL), removes stale *.tmp dirs, and reconciles
- *  unless KVT_OPEN_NO_RECONCILE. Does NOT start the writer (see
- *  kvt_tier_start_writer), as in the reference.
+ *  with dir_mode, index.db (WAL), removes stale *.tmp dirs (putting back the
+ *  previous version of a replace a crash interrupted), and reconciles
+ *  unless KVT_OPEN_NO_RECONCILE. A writable open also publishes the tier's
+ *  counters in cache_dir/stats.bin until close (kvt_stats_read_live). Does
+ *  NOT start the writer (see kvt_tier_start_writer), as in the reference.
  *  Returns 0 and *out; or KVT_EINVAL (bad options), KVT_EPERM (directory not
  *  owned by the user, writable by group/others, or a symlink), KVT_EBUSY
  *  (another process holds the directory for writing), KVT_EIO/KVT_ENOSPC,
@@ -795,13 +824,30 @@ KVT_API const char *kvt_tier_dir(const kvt_tier *t);
 /* Stats                                                                    */
 /* ------------------------------------------------------------------------ */
 
-/** kvt_stats versions: 1. */
-#define KVT_STATS_VERSION 1
+/* Latency histograms of kvt_stats: KVT_STATS_LATENCY_BUCKETS per-bucket
+ * counts; bucket i (i < 14) counts operations that took more than bound i-1
+ * and at most bound i seconds of KVT_STATS_LATENCY_BOUNDS_INIT, the last
+ * bucket those above 10 s. */
+#define KVT_STATS_LATENCY_BUCKETS 15
+#define KVT_STATS_LATENCY_BOUNDS_INIT                                          \
+  {                                                                            \
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, \
+        5.0, 10.0                                                              \
+  }
+
+/** kvt_stats versions: 1 (up to remote_available), 2 (+ token counters,
+ *  latency histograms, the host RAM tier's host_cache_* and promotes_from_*
+ *  fields). */
+#define KVT_STATS_VERSION 2
 
 /** Counters and gauges of a tier (output of kvt_tier_stats). The caller sets
- *  version (KVT_STATS_INIT or kvt_stats_init) before the call. */
+ *  version (KVT_STATS_INIT or kvt_stats_init) before the call.
+ *  Every field after the version word is 8 bytes (uint64_t or double) and the
+ *  struct has no padding: the live stats file (docs/FORMAT.md, "stats.bin")
+ *  stores it word by word in this order. New fields are only ever appended. */
 typedef struct kvt_stats {
-  unsigned int version; /* KVT_STATS_VERSION; set by the caller */
+  unsigned int version;  /* KVT_STATS_VERSION; set by the caller */
+  unsigned int reserved; /* 0; keeps the 8-byte words below aligned */
   /* The reference's counters. */
   uint64_t spill_count;
   uint64_t spill_bytes; /* bytes written to disk */
@@ -839,6 +885,35 @@ typedef struct kvt_stats {
   uint64_t remote_queue_depth; /* now: uploads waiting */
   uint64_t remote_available;   /* now: 1 when the remote is configured and
                                   not in back-off after a failure */
+  /* ---- version 2 ---- */
+  /* Tokens: requested = tokens asked for by promote calls (n_keep of a
+   * trimmed one), hit or miss; served = tokens of the entries promotes
+   * returned from the local SSD (remote hits are not counted here). */
+  uint64_t tokens_requested;
+  uint64_t tokens_served;
+  /* Latency histograms (see KVT_STATS_LATENCY_BUCKETS). promote: every
+   * successful promote, local or remote (sum: reload_latency_sum, count:
+   * ssd_hits); spill: every entry the writer stored locally - files, fsyncs,
+   * publication and index row (sum: spill_latency_sum, count: spill_count of
+   * local writes). */
+  uint64_t promote_latency_hist[KVT_STATS_LATENCY_BUCKETS];
+  uint64_t spill_latency_hist[KVT_STATS_LATENCY_BUCKETS];
+  double spill_latency_sum; /* seconds */
+  /* The host RAM tier (kvt_options.host_cache_bytes). Every successful local
+   * promote is served either from RAM or from disk: promotes_from_ram +
+   * promotes_from_disk = ssd_hits - remote_hits. */
+  uint64_t host_cache_bytes_used;  /* now: bytes of entries held in RAM */
+  uint64_t host_cache_bytes_bound; /* now: the bound (0: disabled) */
+  uint64_t host_cache_entries;     /* now: entries held in RAM */
+  uint64_t host_cache_hits;        /* promotes that found the entry in RAM */
+  uint64_t host_cache_misses;      /* local promotes that did not (cache on) */
+  uint64_t host_cache_evictions;   /* entries dropped for room or by a trim */
+  uint64_t host_cache_verify_failures; /* RAM copies that failed the check
+                                          (dropped; read from disk instead) */
+  uint64_t promotes_from_ram;          /* promotes served from the host cache */
+  uint64_t promote_ram_bytes;          /* their entry bytes (files' size) */
+  uint64_t promotes_from_disk;         /* local promotes read from the SSD */
+  uint64_t promote_disk_bytes;         /* bytes read by them */
 } kvt_stats;
 
 /** A kvt_stats ready for kvt_tier_stats (C99 designated initialiser). */
@@ -861,6 +936,30 @@ KVT_API int kvt_tier_stats(kvt_stats *out, kvt_tier *t);
  *  "promotion_failures", ...), for engines that count on their own. Returns
  *  0, KVT_EINVAL (unknown name or a result below 0). */
 KVT_API int kvt_tier_stats_add(kvt_tier *t, const char *counter, int64_t delta);
+
+/** The live counters of the process that has cache_dir open for writing.
+ *  A writable tier publishes its counters (and its entry and queue gauges,
+ *  refreshed after each spill and at each kvt_tier_stats call) to
+ *  <cache_dir>/stats.bin, a small memory-mapped file (docs/FORMAT.md); this
+ *  reads a consistent snapshot of it from any process, without opening the
+ *  tier or taking any lock the writer uses. */
+typedef struct kvt_stats_live {
+  int64_t pid;       /* the process that published the file */
+  int alive;         /* 1: it still has the directory open (its tier is open
+                        and the process is running) */
+  double started_at; /* unix seconds: when that tier opened */
+  double updated_at; /* unix seconds: its last update */
+} kvt_stats_live;
+
+/** Reads <cache_dir>/stats.bin into *out and *live (either may be NULL).
+ *  Returns 0 (read; live->alive says whether the publisher is still there -
+ *  otherwise these are its last figures), KVT_ENOTFOUND (no stats file: no
+ *  writer has opened the directory with this version), KVT_ECORRUPT (not a
+ *  kvtier stats file, or an unknown layout version), KVT_EIO, KVT_EINVAL.
+ *  Fields the file's writer did not know (an older kvtier) read as 0.
+ *  Thread-safe; never writes. */
+KVT_API int kvt_stats_read_live(kvt_stats *out, kvt_stats_live *live,
+                                const char *cache_dir);
 
 /** Renders stats as JSON: the reference's to_dict keys (same rounding) plus
  *  kvtier's. Size-then-copy: writes at most cap bytes including the NUL and
@@ -1003,9 +1102,11 @@ KVT_API void kvt_free(void *p);
  * resident memory runs at ~10 GB/s. At most `idle cap` bytes stay idle;
  * beyond that the oldest are returned to the system. Default cap: 2 GiB but at
  * most 1/8 of physical memory, or KVT_BUFPOOL_MB (MiB) from the environment at
- * first use. Buffers handed out are not counted against the cap. All three
- * calls are thread-safe and may be called at any time, with or without a tier
- * open. */
+ * first use. Buffers handed out are not counted against the cap. The host RAM
+ * caches of open tiers (kvt_options.host_cache_bytes) share this budget: the
+ * bytes they hold are charged against the cap, and the pool keeps idle only
+ * what is left. All three calls are thread-safe and may be called at any
+ * time, with or without a tier open. */
 
 /** Sets the idle cap in bytes (0: keep nothing idle - every buffer is freed
  *  when kvtier is done with it), freeing idle buffers beyond it now. An engine
@@ -1015,13 +1116,34 @@ KVT_API void kvt_free(void *p);
 KVT_API int kvt_buffers_set_idle_cap(uint64_t bytes);
 
 /** Frees every idle buffer now (e.g. when the engine is about to need the
- *  memory). Buffers in use are not affected; the cap is unchanged. */
+ *  memory). Buffers in use are not affected; the cap is unchanged. Host-cache
+ *  entries are not idle buffers: kvt_tier_trim frees those. */
 KVT_API void kvt_buffers_trim(void);
 
 /** The pool's idle bytes, bytes handed out (in use) and idle cap; any pointer
  *  may be NULL. Returns 0 or KVT_ENOMEM (the pool could not be created). */
 KVT_API int kvt_buffers_stats(uint64_t *idle_bytes, uint64_t *out_bytes,
                               uint64_t *idle_cap);
+
+/* ---- the host RAM tier ----------------------------------------------------
+ * Each tier keeps up to kvt_options.host_cache_bytes of entries in RAM (see
+ * there). Its memory is given back on demand: */
+
+/** Sets the tier's host cache bound in bytes (0: disable and empty it);
+ *  entries beyond the new bound (least recently used first) are freed
+ *  before the call returns, so it is the way to shrink the cache under
+ *  memory pressure. KVT_HOST_CACHE_AUTO re-derives the default. Returns 0,
+ *  KVT_EINVAL (NULL tier), KVT_ECLOSED. Thread-safe. */
+KVT_API int kvt_tier_set_host_cache_bytes(kvt_tier *t, uint64_t bytes);
+
+/** Memory pressure: frees host-cache entries (least recently used first)
+ *  until at most target_bytes remain (the bound is unchanged, so the cache
+ *  refills later), then frees the buffer pool's idle buffers
+ *  (kvt_buffers_trim) and asks the C library to return free heap pages to
+ *  the system (malloc_trim where it exists). Done before the call returns.
+ *  *freed (may be NULL) receives the host-cache bytes released. Returns 0,
+ *  KVT_EINVAL, KVT_ECLOSED. Thread-safe. */
+KVT_API int kvt_tier_trim(kvt_tier *t, uint64_t target_bytes, uint64_t *freed);
 
 #ifdef __cplusplus
 }

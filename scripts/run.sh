@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_WERROR=ON >/dev/null
 cmake --build build -j "$(nproc)"
 echo "== kvtier bench --quick $*" >&2
 exec ./build/tools/kvtier bench --quick "$@"

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds kvtier and runs every test: the plain build (unit, integration, CLI and Python tests),
-# the same suite under ASan+UBSan, the threaded tests under TSan, and the fuzz corpus replay plus
-# a short bounded fuzzing run per target (clang/libFuzzer). Installs missing Debian packages
-# first. Exit status is non-zero if anything fails; the last line is
+# the same suite under ASan+UBSan, the threaded tests under TSan, a gcc Release build, the suite
+# built with clang, the suite of the portable build (-DKVT_PORTABLE=ON), and the fuzz corpus
+# replay plus a short bounded fuzzing run per target (clang/libFuzzer). Warnings are errors
+# (-DKVT_WERROR=ON) in every build here. Installs missing Debian packages first. Exit status is
+# non-zero if anything fails; the last line is
 #   kvtier: N passed, M failed, K skipped
 # where a pytest file counts as its test functions, every other ctest test as one, and every
 # skip - a whole test (exit 77), a part of one (a "SKIP(<tag>): ..." line, tests/testutil.h) or a
@@ -23,7 +25,7 @@ status=0
 
 build() { # dir, extra cmake args...
   local dir=$1; shift
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_WERROR=ON "$@" >/dev/null
   cmake --build "$dir" -j "$jobs"
 }
 
@@ -57,6 +59,22 @@ if [ "${KVT_TEST_QUICK:-0}" != 1 ]; then
   echo "== TSan (threaded tests)"
   build build-tsan -DKVT_SANITIZE=thread
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest build-tsan -L threads
+
+  # Packagers' configurations (issue 17): an optimised gcc Release build (its inliner finds
+  # warnings RelWithDebInfo does not) and the library + tests built with clang, both with
+  # -Werror; the clang build's suite runs too.
+  echo "== Release (gcc), build only"
+  build build-release -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=gcc
+
+  echo "== clang build"
+  build build-clang -DCMAKE_C_COMPILER=clang
+  run_ctest build-clang
+
+  # Portable configuration (issue 17): no io_uring, no O_DIRECT, no Linux-only calls - the
+  # code paths macOS users run - with the whole suite.
+  echo "== portable build (-DKVT_PORTABLE=ON)"
+  build build-portable -DKVT_PORTABLE=ON
+  run_ctest build-portable
 
   if [ -x fuzz/run.sh ]; then
     echo "== fuzzing"

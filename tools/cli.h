@@ -126,6 +126,35 @@ void cli_progress_start(cli_progress *p, const char *label, uint64_t total,
 void cli_progress_update(cli_progress *p, uint64_t done);
 void cli_progress_end(cli_progress *p);
 
+/* ---- live counters (cmd_live.c) ---------------------------------------- */
+
+/* DIR/stats.bin as kvt_stats_read_live returned it. */
+typedef struct cli_live {
+  int rc; /* 0, KVT_ENOTFOUND (no file) or another code (err says why) */
+  kvt_stats s;
+  kvt_stats_live lv;
+  char err[256];
+} cli_live;
+
+void cli_live_read(cli_live *l, const char *dir);
+/* 1 when the publisher still has the directory open. */
+int cli_live_alive(const cli_live *l);
+/* One phrase on where the counters come from ("live from pid N ..." or
+ * "none: ..."). */
+const char *cli_live_describe(const cli_live *l, char *buf, size_t cap);
+/* Adds "live": {status, alive, description, pid, ..., histograms} to o. */
+void cli_live_json(cJSON *o, const cli_live *l);
+/* The "counters" block of the text output. */
+void cli_live_print(const cli_live *l, FILE *f);
+/* kvtier_live gauge and a comment naming the publisher (Prometheus text). */
+void cli_live_prom(const cli_live *l, FILE *f);
+/* When live: s takes the publisher's counters and gauges, keeping the
+ * directory totals (entries, disk_bytes, memory_bytes) measured in s. */
+void cli_live_merge(kvt_stats *s, const cli_live *l);
+/* `kvtier stats DIR --watch SECONDS [--count N]`: N ticks (0: forever). */
+int cli_live_watch(const char *dir, double interval, uint64_t count, int json,
+                   int prom);
+
 /* ---- JSON ------------------------------------------------------------- */
 
 /* Prints the object formatted to stdout with a newline and deletes it. */

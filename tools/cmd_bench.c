@@ -634,6 +634,9 @@ static int open_tier(bench_run *r) {
   const bench_cfg *c = &r->c;
   kvt_options o;
   kvt_options_init(&o, KVT_OPTIONS_VERSION);
+  /* The disk path's figures (cold, page cache, pooled buffers): the host RAM
+   * tier is measured by bench/bench_ram_tier.py. */
+  o.host_cache_bytes = 0;
   o.cache_dir = r->dir;
   o.max_size_gb = 1e6; /* never evict anything, ours or a user's */
   o.max_entries = INT64_MAX / 4;

@@ -238,15 +238,22 @@ static const char *STATS_HELP =
     "usage: kvtier stats DIR|--remote URL [--json | --prometheus] [--max-size "
     "SIZE]\n"
     "                        [--max-entries N] [--no-describe]\n"
+    "       kvtier stats DIR --watch SECONDS [--count N] [--json | "
+    "--prometheus]\n"
     "\n"
     "Totals and the capacity picture of a cache directory (read-only):\n"
     "entries, bytes on disk, memory bytes, tokens, oldest/newest entry, least\n"
     "recent access, layers and entries per layer kind, storage modes, dtypes,\n"
     "entries in quarantine/, free space on the filesystem, and the use of the\n"
     "limits (--max-size/--max-entries; default: the library defaults 10G and\n"
-    "10000). The counters of a freshly opened tier (spills, hits, ...) are\n"
-    "zero: they live in the serving process, which exports them itself.\n"
+    "10000). The counters (spills, hits, tokens, latency histograms, queue)\n"
+    "are the live ones of the process that has DIR open for writing, which\n"
+    "publishes them in DIR/stats.bin; when no process has it open the output\n"
+    "says so (and the counters are zero).\n"
     "\n"
+    "  --watch SECONDS  print the live counters every SECONDS (one line, JSON\n"
+    "                  object or exposition per tick) until interrupted\n"
+    "  --count N       with --watch: stop after N ticks\n"
     "  --prometheus    Prometheus text exposition (kvt_stats_to_prometheus)\n"
     "  --json          JSON output\n"
     "  --max-size SIZE, --max-entries N   limits to compare against\n"
@@ -271,7 +278,7 @@ static uint64_t count_dir(const char *dir, const char *sub) {
 int cmd_stats(int argc, char **argv) {
   cli_flag f[] = {{"json", 0},        {"prometheus", 0},  {"max-size", 1},
                   {"max-entries", 1}, {"no-describe", 0}, {"verbose", 0},
-                  CLI_REMOTE_FLAGS};
+                  {"watch", 1},       {"count", 1},       CLI_REMOTE_FLAGS};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1] = {NULL};
   int rc = cli_begin("stats", STATS_HELP, "missing DIR", argc, argv, f, nf, pos,
@@ -281,7 +288,11 @@ int cmd_stats(int argc, char **argv) {
   int json = cli_flag_get(f, nf, "json")->set;
   int prom = cli_flag_get(f, nf, "prometheus")->set;
   cli_remote_args ra;
-  if (cli_remote_args_get(&ra, f, nf) && !(json && prom))
+  int remote = cli_remote_args_get(&ra, f, nf);
+  if (cli_flag_get(f, nf, "watch")->value && remote)
+    return cli_fail(json, "stats", CLI_USAGE,
+                    "--watch reads the live counters of a DIR, not --remote");
+  if (remote && !(json && prom))
     return cli_remote("stats", &ra, json, prom,
                       cli_flag_get(f, nf, "verbose")->set);
   if ((rc = cli_need_dir("stats", STATS_HELP, pos[0])) != CLI_RUN)
@@ -289,6 +300,22 @@ int cmd_stats(int argc, char **argv) {
   if (json && prom)
     return cli_fail(0, "stats", CLI_USAGE,
                     "--json and --prometheus are exclusive");
+  const char *wv = cli_flag_get(f, nf, "watch")->value;
+  const char *cv = cli_flag_get(f, nf, "count")->value;
+  if (cv && !wv)
+    return cli_fail(json, "stats", CLI_USAGE, "--count needs --watch");
+  if (wv) {
+    char *end = NULL;
+    double iv = strtod(wv, &end);
+    uint64_t count = 0;
+    if (end == wv || *end || !(iv >= 0.01 && iv <= 86400))
+      return cli_fail(json, "stats", CLI_USAGE,
+                      "--watch needs SECONDS in [0.01, 86400], got '%s'", wv);
+    if (cv && (cli_parse_u64(cv, &count) != 0 || count == 0))
+      return cli_fail(json, "stats", CLI_USAGE,
+                      "--count needs a number >= 1, got '%s'", cv);
+    return cli_live_watch(pos[0], iv, count, json, prom);
+  }
   uint64_t max_bytes = (uint64_t)10 << 30, max_entries = 10000;
   int given = 0;
   const char *v;
@@ -317,6 +344,9 @@ int cmd_stats(int argc, char **argv) {
     return cli_fail(json, "stats", CLI_FAILED, "cannot read stats: %s",
                     kvt_last_error());
   }
+  cli_live live; /* the counters of the process that has the directory open */
+  cli_live_read(&live, c.dir);
+  cli_live_merge(&s, &live);
   if (prom) {
     size_t need = 0;
     kvt_stats_to_prometheus(NULL, 0, &need, &s);
@@ -329,6 +359,7 @@ int cmd_stats(int argc, char **argv) {
     }
     fputs(buf, stdout);
     free(buf);
+    cli_live_prom(&live, stdout);
     cli_cache_close(&c);
     return CLI_OK;
   }
@@ -467,6 +498,7 @@ int cmd_stats(int argc, char **argv) {
         cJSON_AddItemToObject(o, "counters", sj);
     }
     free(buf);
+    cli_live_json(o, &live);
     cli_json_print(o);
   } else {
     char a[32], b[32], t1[32], t2[32];
@@ -517,6 +549,7 @@ int cmd_stats(int argc, char **argv) {
     if (have_vfs)
       printf("filesystem %s free of %s\n", cli_fmt_bytes(a, sizeof a, fs_free),
              cli_fmt_bytes(b, sizeof b, fs_total));
+    cli_live_print(&live, stdout);
   }
   cli_entries_free(&es);
   cli_cache_close(&c);

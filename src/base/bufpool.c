@@ -29,8 +29,9 @@ struct kvti_bufpool {
   pthread_mutex_t mu;
   uint64_t max_cached;
   uint64_t limit;
-  int refs;      /* creator + retains */
-  uint64_t nout; /* outstanding buffers */
+  uint64_t charged; /* kvti_bufpool_charge: idle bytes held by caches */
+  int refs;         /* creator + retains */
+  uint64_t nout;    /* outstanding buffers */
   node *cls[NCLASSES];
   node *oldest, *newest;
   kvti_bufpool_stats st;
@@ -70,6 +71,12 @@ int kvti_bufpool_create(kvti_bufpool **out, uint64_t max_cached) {
   p->refs = 1;
   *out = p;
   return 0;
+}
+
+/* The idle bytes the pool itself may keep: its cap less what caches charged.
+ * Caller holds mu. */
+static uint64_t own_cap(const kvti_bufpool *p) {
+  return p->max_cached > p->charged ? p->max_cached - p->charged : 0;
 }
 
 static void destroy(kvti_bufpool *p) {
@@ -154,7 +161,19 @@ void kvti_bufpool_set_limit(kvti_bufpool *p, uint64_t limit) {
 void kvti_bufpool_set_cap(kvti_bufpool *p, uint64_t max_cached) {
   pthread_mutex_lock(&p->mu);
   p->max_cached = max_cached;
-  node *victims = evict_locked(p, max_cached, 0);
+  node *victims = evict_locked(p, own_cap(p), 0);
+  pthread_mutex_unlock(&p->mu);
+  free_list(victims);
+}
+
+void kvti_bufpool_charge(kvti_bufpool *p, int64_t delta) {
+  pthread_mutex_lock(&p->mu);
+  if (delta < 0)
+    p->charged -= (uint64_t)-delta > p->charged ? p->charged : (uint64_t)-delta;
+  else
+    p->charged += (uint64_t)delta;
+  p->st.charged = p->charged;
+  node *victims = delta > 0 ? evict_locked(p, own_cap(p), 0) : NULL;
   pthread_mutex_unlock(&p->mu);
   free_list(victims);
 }
@@ -252,7 +271,7 @@ void kvti_bufpool_put(kvti_bufpool *p, void *buf, size_t n) {
   pthread_mutex_lock(&p->mu);
   p->nout--;
   p->st.out_bytes -= cap;
-  uint64_t keep = p->refs > 0 ? p->max_cached : 0;
+  uint64_t keep = p->refs > 0 ? own_cap(p) : 0;
   if (p->limit) {
     uint64_t room = p->limit > p->st.out_bytes ? p->limit - p->st.out_bytes : 0;
     if (room < keep)

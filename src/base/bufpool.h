@@ -42,6 +42,7 @@ typedef struct kvti_bufpool_stats {
   uint64_t out_bytes;  /* capacity bytes handed out now */
   uint64_t idle_bytes; /* capacity bytes idle in the pool now */
   uint64_t peak_bytes; /* max of out_bytes + idle_bytes seen */
+  uint64_t charged;    /* bytes charged by kvti_bufpool_charge now */
 } kvti_bufpool_stats;
 
 /* Creates a pool keeping at most max_cached idle bytes (0: keep none - every
@@ -62,6 +63,14 @@ void kvti_bufpool_set_limit(kvti_bufpool *p, uint64_t limit);
 /* Changes the idle cap (0: keep nothing idle), freeing idle buffers beyond it
  * now. */
 void kvti_bufpool_set_cap(kvti_bufpool *p, uint64_t max_cached);
+
+/* One budget for idle memory: bytes that other holders of this pool's buffers
+ * keep idle on purpose (the host RAM caches, tier/hostcache.h) are charged
+ * here (delta > 0) and uncharged (delta < 0) as they change, and the pool
+ * keeps at most max_cached - charged idle bytes itself (never below 0),
+ * freeing idle buffers beyond that now. So cached + pool-idle bytes stay
+ * within max(max_cached, what the caches hold under their own bounds). */
+void kvti_bufpool_charge(kvti_bufpool *p, int64_t delta);
 
 /* The process-wide pool used when no other is given (idle cap 2 GiB but at most
  * 1/8 of physical memory, or the value of the environment variable

@@ -4,6 +4,11 @@
  * opens, directory fsync and a tree removal that never follows links. All
  * kvtier file access funnels through here (see io.h).
  */
+#if defined(__APPLE__)
+/* renamex_np/RENAME_SWAP and F_FULLFSYNC are Darwin extensions, hidden by
+ * _POSIX_C_SOURCE unless asked for. */
+#define _DARWIN_C_SOURCE 1
+#endif
 #include "base/io.h"
 #include "base/error.h"
 #include "kvtier.h"
@@ -35,7 +40,7 @@ static void *d_aligned_alloc(size_t align, size_t n) {
 /* posix_fallocate/posix_fadvise are absent on macOS: the hooks stay NULL
  * there, which callers treat as "not available" (no preallocation, no cache
  * drop), never as an error. */
-#if defined(POSIX_FADV_DONTNEED) && !defined(__APPLE__)
+#if defined(POSIX_FADV_DONTNEED) && !defined(__APPLE__) && !KVT_PORTABLE
 #define KVTI_HAVE_POSIX_FADVISE 1
 static int d_fallocate(int fd, off_t off, off_t len) {
   return posix_fallocate(fd, off, len);
@@ -58,17 +63,34 @@ static int d_uring_result(int is_write, int fd, uint64_t off, size_t len,
 }
 #endif
 
-#if defined(__linux__)
+/* KVTI_LINUX: the Linux-only calls (renameat2, cachestat); never in the
+ * portable build, which takes the paths other systems take. */
+#if defined(__linux__) && !KVT_PORTABLE
+#define KVTI_LINUX 1
 #include <sys/syscall.h>
 #endif
 #if defined(__APPLE__)
 #include <stdio.h>
 #endif
 
+/* fsync. On macOS fsync(2) hands the data to the drive but does not make the
+ * drive write its cache to stable storage; only fcntl(F_FULLFSYNC) does
+ * (Apple's fsync(2) manual). Where a file system refuses F_FULLFSYNC (some
+ * network and FUSE ones) plain fsync is the best available. */
+static int d_fsync(int fd) {
+#if defined(__APPLE__) && defined(F_FULLFSYNC)
+  if (fcntl(fd, F_FULLFSYNC) == 0)
+    return 0;
+  if (errno == EINTR)
+    return -1; /* kvti_fsync retries */
+#endif
+  return fsync(fd);
+}
+
 /* renameat2(RENAME_EXCHANGE) through syscall(): older glibc lacks the wrapper.
  */
 static int d_rename_exchange(const char *a, const char *b) {
-#if defined(__linux__) && defined(SYS_renameat2)
+#if defined(KVTI_LINUX) && defined(SYS_renameat2)
   return (int)syscall(SYS_renameat2, AT_FDCWD, a, AT_FDCWD, b,
                       2u /* RENAME_EXCHANGE */);
 #elif defined(__APPLE__) && defined(RENAME_SWAP)
@@ -114,6 +136,7 @@ int kvti_resident_mincore(int fd, uint64_t len, uint64_t *bytes) {
   return e;
 }
 
+#if !KVT_PORTABLE
 /* Residency: cachestat(2) (Linux 6.5+, no mapping needed) when the kernel has
  * it, else mmap + mincore (every POSIX system; maps without touching pages). */
 #ifndef KVTI_SYS_CACHESTAT
@@ -123,7 +146,7 @@ static int d_resident(int fd, uint64_t len, uint64_t *bytes) {
   *bytes = 0;
   if (len == 0)
     return 0;
-#if defined(__linux__)
+#if defined(KVTI_LINUX)
   long pg = sysconf(_SC_PAGESIZE);
   if (pg <= 0)
     pg = 4096;
@@ -150,13 +173,14 @@ static int d_resident(int fd, uint64_t len, uint64_t *bytes) {
 #endif
   return kvti_resident_mincore(fd, len, bytes);
 }
+#endif
 
 const kvti_io_ops kvti_io_default = {
     .open = d_open,
     .close = close,
     .pread = pread,
     .pwrite = pwrite,
-    .fsync = fsync,
+    .fsync = d_fsync,
     .ftruncate = ftruncate,
     .fstat = fstat,
     .lstat = lstat,
@@ -183,7 +207,10 @@ const kvti_io_ops kvti_io_default = {
     .uring_submit = d_uring_submit,
     .uring_result = d_uring_result,
 #endif
+#if !KVT_PORTABLE
+    /* The portable build never reads with O_DIRECT, so it never asks. */
     .resident = d_resident,
+#endif
 };
 
 const kvti_io_ops *kvti_io = &kvti_io_default;

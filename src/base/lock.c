@@ -3,7 +3,7 @@
  * default rwlock prefers readers; we ask for writer preference so eviction and
  * replacement make progress under a steady load of promotes.
  */
-#ifndef _GNU_SOURCE
+#if !defined(_GNU_SOURCE) && !KVT_PORTABLE
 #define _GNU_SOURCE 1 /* pthread_rwlockattr_setkind_np */
 #endif
 #include "base/lock.h"
@@ -28,7 +28,7 @@ int kvti_stripes_init(kvti_stripes *s) {
   memset(s, 0, sizeof *s);
   if (pthread_rwlockattr_init(&attr) != 0)
     return KVT_ERR(KVT_ENOMEM, "pthread_rwlockattr_init failed");
-#if defined(__GLIBC__)
+#if defined(__GLIBC__) && defined(_GNU_SOURCE)
   pthread_rwlockattr_setkind_np(&attr,
                                 PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
 #endif

@@ -14,7 +14,9 @@
  * Invariant: kvti_iobatch_run never returns while a request it issued may still
  * touch a caller's buffer (the ring is drained; portable workers are joined).
  */
+#if !KVT_PORTABLE
 #define _GNU_SOURCE 1 /* O_DIRECT */
+#endif
 #include "engine/iobatch.h"
 #include "base/error.h"
 #include "base/io.h"
@@ -745,7 +747,7 @@ int kvti_iobatch_fsync_many(kvti_iobatch *b, const int *fds, size_t n,
 }
 
 int kvti_iob_open_direct(const char *path, int flags, unsigned mode) {
-#ifdef O_DIRECT
+#if defined(O_DIRECT) && !KVT_PORTABLE
   int fd;
   do {
     fd = kvti_io->open(path, flags | O_DIRECT | O_NOFOLLOW | O_CLOEXEC,

@@ -23,6 +23,8 @@ kvt_entry *kvti_entry_new(void) {
 void kvt_entry_free(kvt_entry *e) {
   if (!e)
     return;
+  if (e->recycle && e->recycle(e))
+    return; /* taken back by the host RAM cache */
   for (uint32_t i = 0; e->layers && i < e->num_layers; i++)
     kvti_layer_release(&e->layers[i], e->free_buf != NULL, e->free_buf,
                        e->alloc_ctx);

@@ -39,7 +39,17 @@ struct kvt_entry {
    * free_buf. */
   kvt_free_fn free_buf;
   void *alloc_ctx;
+  /* The host RAM tier (tier/hostcache.h). recycle, when set, is offered the
+   * entry by kvt_entry_free first; it returns 1 when it took everything
+   * (layers into the cache, the rest freed). from: where the data came from
+   * (KVTI_FROM_*), for the promote counters. */
+  int (*recycle)(kvt_entry *e);
+  void *recycle_ctx;
+  uint64_t recycle_id;
+  int from;
 };
+
+enum { KVTI_FROM_OTHER = 0, KVTI_FROM_DISK = 1, KVTI_FROM_RAM = 2 };
 
 /* Immutable producer-side copy of a spill, handed to the writer thread. */
 typedef struct kvti_snapshot kvti_snapshot;
@@ -55,6 +65,12 @@ int kvti_snapshot_create(kvti_snapshot **out, const int32_t *tokens,
                          void (*release)(void *), void *release_ctx);
 void kvti_snapshot_free(kvti_snapshot *s); /* accepts NULL */
 const char *kvti_snapshot_hash(const kvti_snapshot *s);
+/* Moves a copy-mode snapshot's layers (kvti_buf_alloc'ed data, kvti_malloc'ed
+ * arrays: a read's layout) to the caller, leaving the snapshot without layers
+ * (its tokens stay). Returns 1, or 0 for a zero-copy snapshot (its data is
+ * the caller's) or one already taken. */
+int kvti_snapshot_take_layers(kvti_snapshot *s, kvt_layer **layers,
+                              uint32_t *n_layers);
 const int32_t *kvti_snapshot_tokens(const kvti_snapshot *s, size_t *n);
 uint64_t kvti_snapshot_memory_bytes(const kvti_snapshot *s);
 /* Heap bytes the snapshot holds (0 data bytes for a no-copy snapshot). */
@@ -150,5 +166,20 @@ int kvti_entry_describe(char **json, const char *data_dir, const char *hash);
 
 /* Allocates an empty entry (all zero) or NULL with the error set. */
 kvt_entry *kvti_entry_new(void);
+
+/* Checks that layers (n_layers cached layers, e.g. a host RAM copy) hold
+ * exactly what data_dir/<hash> holds, as kvti_entry_read would return it,
+ * reading only the small files and each layer file's header: manifest and
+ * manifest.sum, tokens.bin against o->tokens (required), then per layer
+ * kvti_layer_verify_mem (header against the manifest and the cached tensors,
+ * every block checksum over the cached bytes; attributes set from the
+ * manifest). Layers are checked in parallel (KVT_READ_THREADS). Only tokens,
+ * n_tokens and cancel of o are used. Returns 0; KVT_ENOTFOUND, KVT_ECORRUPT,
+ * KVT_EIO, KVT_ENOMEM, KVT_ECANCELED as a read; KVT_EAGAIN (replaced during the
+ * check); KVT_EUNSUPPORTED (no kvtier checksums). Any nonzero return means:
+ * do not serve the copy. */
+int kvti_entry_verify_mem(const char *data_dir, const char *hash,
+                          kvt_layer *layers, uint32_t n_layers,
+                          const kvti_read_opts *o);
 
 #endif

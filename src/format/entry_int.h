@@ -47,6 +47,11 @@ int kvti_entry_reader_open_id(kvti_entry_reader **out, const char *data_dir,
                               const char *hash, const kvti_read_opts *o,
                               kvti_dir_id *id);
 
+/* Threads per entry read (2, or KVT_READ_THREADS from the environment, 1..8,
+ * read once); at most KVTI_MAX_READ_THREADS. */
+#define KVTI_MAX_READ_THREADS 8
+unsigned kvti_entry_read_threads(void);
+
 /* 0: the entry directory dir is the one identified by id; 1: replaced; 2:
  * gone. */
 int kvti_entry_dir_state(const char *dir, const kvti_dir_id *id);

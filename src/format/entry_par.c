@@ -23,12 +23,12 @@
  * order for the completed prefix, from whichever reading thread completed it,
  * never concurrently; after a cancel no further layer is reported. */
 #define READ_THREADS 2
-#define MAX_READ_THREADS 8
+#define MAX_READ_THREADS KVTI_MAX_READ_THREADS
 
 /* Threads per entry read: READ_THREADS, or KVT_READ_THREADS from the
  * environment (1..8; read once) for tuning on machines with more cores or
  * slower disks. */
-static unsigned read_threads(void) {
+unsigned kvti_entry_read_threads(void) {
   static int cached = 0; /* benign race: every thread computes the same value */
   int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
   if (v == 0) {
@@ -143,7 +143,7 @@ static int read_layers(kvti_entry_reader *r, const kvti_read_opts *o,
       r->m.num_layers < 4 ? 1
       : o->read_threads >= 1 && o->read_threads <= MAX_READ_THREADS
           ? o->read_threads
-          : read_threads();
+          : kvti_entry_read_threads();
   if (nthreads > 1 && !o->verify_only)
     prefetch_headers(r);
   pthread_t th[MAX_READ_THREADS];

@@ -161,4 +161,19 @@ int kvti_dequantize(void *out, kvt_dtype out_dtype, const kvt_tensor *packed,
                     const kvt_tensor *scales, const kvt_tensor *biases,
                     int bits, int group_size, int64_t keep_rows);
 
+/* Checks that the in-memory layer l (a cached copy: tensors with data) holds
+ * exactly what the layer file at path holds, as kvti_layer_read_file would
+ * read it, without reading the tensor data: the file's header is read and
+ * checked against m and against l's tensors (dtype, shape, size), and the
+ * checksums (o->block_size/blocks/n_blocks, or o->expect_xxh3) are verified
+ * over the header bytes followed by l's tensor bytes in file order. On
+ * success l's attributes (kind, offset, rotating and quantized fields,
+ * orig_dtypes) are set from m. Only the checksum fields and cancel of o are
+ * used. Returns 0, KVT_ECORRUPT (mismatch; l's data unchanged), KVT_EIO,
+ * KVT_ENOMEM, KVT_ECANCELED, KVT_EUNSUPPORTED (no checksums: reference
+ * entries). */
+int kvti_layer_verify_mem(kvt_layer *l, const char *path,
+                          const kvti_layer_meta *m,
+                          const kvti_layer_read_opts *o);
+
 #endif

@@ -393,7 +393,7 @@ int kvti_st_parse(kvti_st_header *out, const char *json, size_t len,
       goto out;
     }
     out->n++;
-    uint64_t b, e;
+    uint64_t b = 0, e = 0; /* set by parse_tensor on success */
     rc = parse_tensor(t, c, &b, &e, what);
     if (rc)
       goto out;

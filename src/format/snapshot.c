@@ -180,3 +180,15 @@ out:
   kvti_free(nblk);
   return ret;
 }
+
+int kvti_snapshot_take_layers(kvti_snapshot *s, kvt_layer **layers,
+                              uint32_t *n_layers) {
+  if (!s || !s->copy || !s->layers)
+    return 0;
+  *layers = s->layers;
+  *n_layers = s->n_layers;
+  s->layers = NULL;
+  s->n_layers = 0;
+  s->held = s->n_tokens * sizeof(int32_t);
+  return 1;
+}

@@ -584,6 +584,19 @@ int kvti_index_set_durable(kvt_index *idx, int durable) {
   int rc = kvti_idx_exec(
       idx, durable ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL",
       "synchronous");
+  /* On macOS SQLite's syncs are plain fsync(2), which does not flush the
+   * drive's cache, unless fullfsync (and, in WAL mode, checkpoint_fullfsync)
+   * make them F_FULLFSYNC. Elsewhere SQLite accepts and ignores both, so the
+   * same statements run (and are tested) on every platform. */
+  if (rc == 0)
+    rc = kvti_idx_exec(idx,
+                       durable ? "PRAGMA fullfsync=ON" : "PRAGMA fullfsync=OFF",
+                       "fullfsync");
+  if (rc == 0)
+    rc = kvti_idx_exec(idx,
+                       durable ? "PRAGMA checkpoint_fullfsync=ON"
+                               : "PRAGMA checkpoint_fullfsync=OFF",
+                       "checkpoint_fullfsync");
   pthread_mutex_unlock(&idx->db_mu);
   return rc;
 }

@@ -6,6 +6,7 @@
  * only if the index still holds the version the reader saw). Every function
  * here runs with mut_mu held (or takes it) - see tier.h.
  */
+#include "tier/ramtier.h"
 #include "tier/tier.h"
 #include "base/error.h"
 #include "index/index.h"
@@ -21,6 +22,7 @@ int kvti_tier_remove_locked(kvt_tier *t, const char *hash, int why) {
   if (rc == 0)
     rc = kvti_index_remove_hash(t->idx, hash); /* row first: no new lookup */
   if (rc == 0) {
+    kvti_ram_invalidate(t, hash);
     int r = t->be->ops->remove(t->be, hash);
     if (r != 0)
       kvti_log(t, KVT_LOG_WARN,
@@ -99,6 +101,7 @@ void kvti_tier_quarantine(kvt_tier *t, const char *hash, double created_at) {
   if (same_version(t, hash, created_at, &stored)) {
     if (stored)
       kvti_index_remove_hash(t->idx, hash); /* row first: no new lookup */
+    kvti_ram_invalidate(t, hash);
     int r = t->be->ops->quarantine(t->be, hash, t->opts.quarantine_max);
     KVTI_STAT_ADD(&t->stats, quarantined, 1);
     if (r != 0)
@@ -124,6 +127,7 @@ void kvti_tier_drop_missing(kvt_tier *t, const char *hash, double created_at) {
   if (created_at >= 0 && same_version(t, hash, created_at, &stored) &&
       t->be->ops->exists(t->be, hash) == 0) {
     kvti_index_remove_hash(t->idx, hash);
+    kvti_ram_invalidate(t, hash);
     t->be->ops->remove(t->be, hash);
     KVTI_STAT_ADD(&t->stats, reconciled, 1);
     kvti_log(t, KVT_LOG_WARN, "kvtier: entry %.16s had no files; row dropped",

@@ -11,6 +11,7 @@
 #include "base/hash.h"
 #include "base/io.h"
 #include "index/index.h"
+#include "tier/ramtier.h"
 #include "tier/remote.h"
 
 #include <string.h>
@@ -276,30 +277,44 @@ int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair) {
 /* Stats                                                                    */
 /* ------------------------------------------------------------------------ */
 
-int kvt_tier_stats(kvt_stats *out, kvt_tier *t) {
-  if (!out || !t)
-    return KVT_ERR(KVT_EINVAL, "kvt_tier_stats: NULL argument");
-  /* The caller's version says how much of *out exists. Only version 1 so
-   * far; a later one copies the prefix an older caller has. */
-  if (out->version != KVT_STATS_VERSION)
-    return KVT_ERR(KVT_EINVAL,
-                   "kvt_stats version must be %u, got %u (initialise it "
-                   "with KVT_STATS_INIT or kvt_stats_init)",
-                   KVT_STATS_VERSION, out->version);
-  kvt_stats s;
-  kvti_stats_copy(&s, &t->stats);
+/* Counters plus freshly measured gauges. */
+static void snapshot(kvt_stats *s, kvt_tier *t) {
+  kvti_stats_copy(s, &t->stats);
   /* Gauges: from the index while it is open (after close the last counters
    * remain). */
   if (kvti_tier_enter(t) == 0) {
-    kvti_index_totals(t->idx, &s.entries, &s.disk_bytes, &s.memory_bytes);
+    kvti_index_totals(t->idx, &s->entries, &s->disk_bytes, &s->memory_bytes);
     kvti_tier_leave(t);
   } else {
     kvt_clear_error();
   }
-  kvti_workq_gauges(&t->w, &s.queue_depth, &s.queue_bytes);
-  kvti_remote_gauges(t, &s);
+  kvti_workq_gauges(&t->w, &s->queue_depth, &s->queue_bytes);
+  kvti_remote_gauges(t, s);
+  kvti_ram_gauges(t, s);
+}
+
+void kvti_stats_refresh_gauges(kvt_tier *t) {
+  kvt_stats s;
+  snapshot(&s, t);
+  kvti_stats_set_gauges(&t->stats, &s);
+}
+
+int kvt_tier_stats(kvt_stats *out, kvt_tier *t) {
+  if (!out || !t)
+    return KVT_ERR(KVT_EINVAL, "kvt_tier_stats: NULL argument");
+  /* The caller's version says how much of *out exists: an older caller gets
+   * the prefix it has. */
+  size_t n = kvti_stats_size(out->version);
+  if (n == 0)
+    return KVT_ERR(KVT_EINVAL,
+                   "kvt_stats version must be 1..%u, got %u (initialise it "
+                   "with KVT_STATS_INIT or kvt_stats_init)",
+                   KVT_STATS_VERSION, out->version);
+  kvt_stats s;
+  snapshot(&s, t);
+  kvti_stats_set_gauges(&t->stats, &s); /* the live file shows what we saw */
   s.version = out->version;
-  *out = s;
+  memcpy(out, &s, n);
   return 0;
 }
 

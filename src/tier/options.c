@@ -23,8 +23,10 @@ static size_t options_size(unsigned int version) {
   case 1:
     return offsetof(kvt_options, read_threads);
   case 2:
-    return offsetof(kvt_options, remote_lookup_timeout_ms);
+    return offsetof(kvt_options, host_cache_bytes);
   case 3:
+    return offsetof(kvt_options, remote_lookup_timeout_ms);
+  case 4:
     return sizeof(kvt_options);
   default:
     return 0;
@@ -64,11 +66,23 @@ size_t kvt_options_size(void) {
   return sizeof(kvt_options);
 }
 
+size_t kvti_stats_size(unsigned int version) {
+  switch (version) {
+  case 1:
+    return offsetof(kvt_stats, tokens_requested);
+  case 2:
+    return sizeof(kvt_stats);
+  default:
+    return 0;
+  }
+}
+
 int kvt_stats_init(kvt_stats *s, unsigned int version) {
-  if (!s || version != KVT_STATS_VERSION)
+  size_t n = kvti_stats_size(version);
+  if (!s || n == 0)
     return KVT_ERR(KVT_EINVAL, "kvt_stats_init: NULL or unknown version %u",
                    version);
-  memset(s, 0, sizeof *s);
+  memset(s, 0, n);
   s->version = version;
   return 0;
 }

@@ -27,6 +27,7 @@
 #include "index/index.h"
 #include "base/io.h"
 #include "tier/remote.h"
+#include "tier/ramtier.h"
 #include "tier/tier.h"
 
 #include <errno.h>
@@ -110,7 +111,12 @@ static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
     rc = KVT_ENOTFOUND;
   if (rc == 0) {
     row_seen = 1;
-    rc = t->be->ops->get(t->be, out, hash, &ro);
+    rc = kvti_ram_promote(out, t, hash, &ro); /* the host RAM tier first */
+    if (rc == KVT_ENOTFOUND) {
+      rc = t->be->ops->get(t->be, out, hash, &ro);
+      if (rc == 0)
+        kvti_ram_after_disk(t, *out, &ro);
+    }
   } else if (rc == KVT_ENOTFOUND) {
     KVT_ERR(KVT_ENOTFOUND,
             "entry %.16s was evicted or expired before it was read", hash);
@@ -140,7 +146,8 @@ static void account_hit(kvt_tier *t, kvt_entry *e, const kvt_entry_info *info,
   double dt = kvti_now_mono() - t0;
   if (dt < 0)
     dt = 0;
-  kvti_stats_hit(&t->stats, dt, e->disk_bytes);
+  kvti_stats_hit(&t->stats, dt, e->disk_bytes, e->n_tokens);
+  kvti_ram_account(t, e);
   if (!(flags & KVT_PROMOTE_NO_TOUCH) && !t->readonly)
     kvti_index_touch_hash(t->idx, info->token_hash);
   kvti_log(t, KVT_LOG_INFO,
@@ -159,6 +166,7 @@ static int begin(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
   uint32_t flags = o ? o->flags : 0;
   double cutoff = kvti_tier_cutoff(t);
   int prefix = (flags & KVT_PROMOTE_PREFIX) != 0;
+  KVTI_STAT_ADD(&t->stats, tokens_requested, keep ? keep : n);
   int rc = prefix ? kvti_index_find_prefix(info, t->idx, tokens, n, cutoff)
                   : kvti_index_find(info, t->idx, tokens, n, cutoff);
   memset(rs, 0, sizeof *rs);

@@ -21,24 +21,86 @@
 void kvti_stats_init(kvti_stats *st) {
   pthread_mutex_init(&st->mu, NULL);
   memset(&st->s, 0, sizeof st->s);
+  st->pub = NULL;
 }
 
 void kvti_stats_destroy(kvti_stats *st) {
+  kvti_stats_detach(st);
   pthread_mutex_destroy(&st->mu);
+}
+
+int kvti_stats_attach(kvti_stats *st, const char *dir, mode_t mode) {
+  pthread_mutex_lock(&st->mu);
+  int rc = st->pub ? 0 : kvti_statsfile_open(&st->pub, dir, mode, &st->s);
+  pthread_mutex_unlock(&st->mu);
+  return rc;
+}
+
+void kvti_stats_detach(kvti_stats *st) {
+  pthread_mutex_lock(&st->mu);
+  kvti_statsfile_close(st->pub, &st->s);
+  st->pub = NULL;
+  pthread_mutex_unlock(&st->mu);
+}
+
+/* Ends every update: the live file gets the new figures (st->mu held). */
+static void publish(kvti_stats *st) {
+  if (st->pub)
+    kvti_statsfile_publish(st->pub, &st->s);
 }
 
 void kvti_stats_add_at(kvti_stats *st, size_t offset, uint64_t v) {
   pthread_mutex_lock(&st->mu);
   uint64_t *f = (uint64_t *)((char *)&st->s + offset);
   *f += v;
+  publish(st);
   pthread_mutex_unlock(&st->mu);
 }
 
-void kvti_stats_hit(kvti_stats *st, double latency_s, uint64_t bytes) {
+static const double latency_bounds[KVT_STATS_LATENCY_BUCKETS - 1] =
+    KVT_STATS_LATENCY_BOUNDS_INIT;
+
+static void hist_add(uint64_t *h, double latency_s) {
+  size_t i = 0;
+  while (i < KVT_STATS_LATENCY_BUCKETS - 1 && latency_s > latency_bounds[i])
+    i++;
+  h[i]++;
+}
+
+void kvti_stats_hit(kvti_stats *st, double latency_s, uint64_t bytes,
+                    uint64_t tokens) {
   pthread_mutex_lock(&st->mu);
   st->s.ssd_hits++;
   st->s.reload_latency_sum += latency_s;
   st->s.reload_bytes += bytes;
+  st->s.tokens_served += tokens;
+  hist_add(st->s.promote_latency_hist, latency_s);
+  publish(st);
+  pthread_mutex_unlock(&st->mu);
+}
+
+void kvti_stats_spilled(kvti_stats *st, uint64_t bytes, double latency_s) {
+  if (latency_s < 0)
+    latency_s = 0;
+  pthread_mutex_lock(&st->mu);
+  st->s.spill_count++;
+  st->s.spill_bytes += bytes;
+  st->s.spill_latency_sum += latency_s;
+  hist_add(st->s.spill_latency_hist, latency_s);
+  publish(st);
+  pthread_mutex_unlock(&st->mu);
+}
+
+void kvti_stats_set_gauges(kvti_stats *st, const kvt_stats *g) {
+  pthread_mutex_lock(&st->mu);
+  st->s.entries = g->entries;
+  st->s.disk_bytes = g->disk_bytes;
+  st->s.memory_bytes = g->memory_bytes;
+  st->s.queue_depth = g->queue_depth;
+  st->s.queue_bytes = g->queue_bytes;
+  st->s.remote_queue_depth = g->remote_queue_depth;
+  st->s.remote_available = g->remote_available;
+  publish(st);
   pthread_mutex_unlock(&st->mu);
 }
 
@@ -121,6 +183,8 @@ static const metric metrics[] = {
     CNT(quarantined, "Corrupt entries quarantined."),
     CNT(reconciled, "Rows or directories cleaned by reconcile."),
     CNT(promotions_cancelled, "Async promotes cancelled."),
+    CNT(tokens_requested, "Tokens asked for by promotes (hit or miss)."),
+    CNT(tokens_served, "Tokens of the entries promotes returned."),
     GAUGE(entries, "Entries stored."),
     GAUGE(disk_bytes, "Bytes of stored entries on disk."),
     GAUGE(memory_bytes, "Sum of stored entries' RAM estimates."),
@@ -143,8 +207,32 @@ static const metric metrics[] = {
     GAUGE(remote_queue_depth, "Uploads waiting."),
     GAUGE(remote_available,
           "1 when the remote is configured and not backing off."),
+    /* The host RAM tier. */
+    GAUGE(host_cache_bytes_used,
+          "Bytes of entries held in the host RAM cache."),
+    GAUGE(host_cache_bytes_bound, "Bound of the host RAM cache (0: off)."),
+    GAUGE(host_cache_entries, "Entries held in the host RAM cache."),
+    CNT(host_cache_hits,
+        "Promotes that found the entry in the host RAM cache."),
+    CNT(host_cache_misses, "Local promotes that did not find it there."),
+    CNT(host_cache_evictions,
+        "Entries dropped from the host RAM cache for room or by a trim."),
+    CNT(host_cache_verify_failures,
+        "Host RAM copies that failed the checksum check (disk read instead)."),
+    CNT(promotes_from_ram, "Promotes served from the host RAM cache."),
+    CNT(promote_ram_bytes, "Entry bytes of promotes served from RAM."),
+    CNT(promotes_from_disk, "Local promotes read from the SSD."),
+    CNT(promote_disk_bytes, "Bytes read from the SSD by local promotes."),
 };
 #define NMETRICS (sizeof metrics / sizeof metrics[0])
+
+/* Whether m exists in s's version (a version-1 caller's struct ends before
+ * the host RAM tier's fields; an unset version renders everything, as
+ * before versions existed). */
+static int metric_present(const metric *m, const kvt_stats *s) {
+  size_t have = kvti_stats_size(s->version);
+  return m->getf || m->getu || !have || m->off + sizeof(uint64_t) <= have;
+}
 
 static uint64_t metric_u64(const metric *m, const kvt_stats *s) {
   return m->getu ? m->getu(s) : *(const uint64_t *)((const char *)s + m->off);
@@ -162,6 +250,7 @@ int kvti_stats_add_named(kvti_stats *st, const char *name, int64_t delta) {
       rc = KVT_ERR(KVT_EINVAL, "reload_latency_sum would drop below 0");
     else
       st->s.reload_latency_sum = v;
+    publish(st);
     pthread_mutex_unlock(&st->mu);
     return rc;
   }
@@ -177,6 +266,7 @@ int kvti_stats_add_named(kvti_stats *st, const char *name, int64_t delta) {
                    name, (unsigned long long)*f, (long long)delta);
     else
       *f += (uint64_t)delta; /* two's complement: adds or subtracts */
+    publish(st);
     pthread_mutex_unlock(&st->mu);
     return rc;
   }
@@ -266,6 +356,8 @@ int kvt_stats_to_json(char *buf, size_t cap, size_t *needed,
   int bad = 0;
   for (size_t i = 0; i < NMETRICS; i++) {
     const metric *m = &metrics[i];
+    if (!metric_present(m, s))
+      continue;
     bad |= m->getf ? add_f(o, m->key, py_round(m->getf(s), m->nd))
                    : add_u64(o, m->key, metric_u64(m, s));
   }
@@ -317,6 +409,26 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
   }
 }
 
+/* A Prometheus histogram from per-bucket counts: cumulative _bucket lines,
+ * then _sum and _count. */
+static void prom_hist(sbuf *b, const char *name, const char *help,
+                      const uint64_t *h, double sum) {
+  sb_printf(b, "# HELP kvtier_%s %s\n# TYPE kvtier_%s histogram\n", name, help,
+            name);
+  uint64_t cum = 0;
+  for (size_t i = 0; i < KVT_STATS_LATENCY_BUCKETS; i++) {
+    cum += h[i];
+    if (i < KVT_STATS_LATENCY_BUCKETS - 1)
+      sb_printf(b, "kvtier_%s_bucket{le=\"%g\"} %llu\n", name,
+                latency_bounds[i], (unsigned long long)cum);
+    else
+      sb_printf(b, "kvtier_%s_bucket{le=\"+Inf\"} %llu\n", name,
+                (unsigned long long)cum);
+  }
+  sb_printf(b, "kvtier_%s_sum %.17g\nkvtier_%s_count %llu\n", name, sum, name,
+            (unsigned long long)cum);
+}
+
 int kvt_stats_to_prometheus(char *buf, size_t cap, size_t *needed,
                             const kvt_stats *s) {
   if (!s)
@@ -324,7 +436,7 @@ int kvt_stats_to_prometheus(char *buf, size_t cap, size_t *needed,
   sbuf b = {0};
   for (size_t i = 0; i < NMETRICS; i++) {
     const metric *m = &metrics[i];
-    if (!m->prom)
+    if (!m->prom || !metric_present(m, s))
       continue;
     char v[64];
     if (m->getf)
@@ -334,6 +446,17 @@ int kvt_stats_to_prometheus(char *buf, size_t cap, size_t *needed,
     sb_printf(&b, "# HELP kvtier_%s %s\n# TYPE kvtier_%s %s\nkvtier_%s %s\n",
               m->prom, m->help, m->prom, m->counter ? "counter" : "gauge",
               m->prom, v);
+  }
+  size_t have = kvti_stats_size(s->version);
+  if (!have ||
+      have >= offsetof(kvt_stats, spill_latency_sum) + sizeof(double)) {
+    prom_hist(&b, "promote_latency_seconds",
+              "Latency of successful promotes (local or remote).",
+              s->promote_latency_hist, s->reload_latency_sum);
+    prom_hist(&b, "spill_latency_seconds",
+              "Time the writer took to store an entry locally (files, fsyncs, "
+              "publication, index row).",
+              s->spill_latency_hist, s->spill_latency_sum);
   }
   if (b.oom) {
     kvti_free(b.p);

@@ -7,6 +7,7 @@
  * Maintenance lives in maint.c, reconcile in reconcile.c, lookups and entry
  * operations in ops.c, spilling in writer.c, promoting in promote.c.
  */
+#include "tier/ramtier.h"
 #include "tier/tier.h"
 #include "format/entry_restore.h"
 #include "base/error.h"
@@ -142,12 +143,14 @@ static void tier_destroy(kvt_tier *t) {
   if (!t)
     return;
   kvti_remote_free(t);
+  kvti_ram_free(t);
   kvti_pool_destroy(t);
   kvti_writer_destroy(t);
   if (t->idx)
     kvt_index_close(t->idx);
   if (t->be)
     t->be->ops->destroy(t->be);
+  kvti_stats_detach(&t->stats);
   if (t->lock_fd >= 0)
     kvti_io->close(t->lock_fd); /* releases the flock */
   kvti_stripes_destroy(&t->stripes);
@@ -257,6 +260,8 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
     goto fail;
   if ((rc = kvti_pool_init(t)) != 0)
     goto fail;
+  if ((rc = kvti_ram_open(t)) != 0)
+    goto fail;
 
   char *resolved = NULL;
   if ((rc = kvti_options_resolve_dir(&resolved, opts)) != 0)
@@ -305,6 +310,13 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
       else
         rc = KVT_ERR_OS(e, "lock %s/kvtier.lock", t->dir);
       goto fail;
+    }
+    /* The live stats file (statsfile.h): the lock holder owns it. Without
+     * it the tier works; only `kvtier stats` from outside sees nothing. */
+    if (kvti_stats_attach(&t->stats, t->dir, opts->file_mode) != 0) {
+      kvti_log(t, KVT_LOG_WARN, "kvtier: no live stats file: %s",
+               kvt_last_error());
+      kvt_clear_error();
     }
   }
 
@@ -421,6 +433,7 @@ static int tier_close(kvt_tier *t, int64_t timeout_ms, int drop) {
   }
   pthread_mutex_unlock(&t->life_mu);
   kvti_pool_stop(t);
+  kvti_ram_close(t); /* the host RAM cache's memory goes now */
   /* 5. Flush batched touches, close the index, release the directory lock. */
   if (t->idx) {
     if (!t->readonly)
@@ -428,6 +441,7 @@ static int tier_close(kvt_tier *t, int64_t timeout_ms, int drop) {
     kvt_index_close(t->idx);
     t->idx = NULL;
   }
+  kvti_stats_detach(&t->stats); /* before another writer may take over */
   if (t->lock_fd >= 0) {
     kvti_io->close(t->lock_fd);
     t->lock_fd = -1;

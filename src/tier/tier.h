@@ -84,6 +84,7 @@ struct kvt_tier {
   atomic_uint_fast64_t active;
   pthread_mutex_t close_mu;   /* serialises close/free */
   struct kvti_remote *remote; /* shared remote tier (remote.h), NULL: none */
+  struct kvti_hcache *hc;     /* host RAM cache (ramtier.h) */
 };
 
 /* Lifecycle guards: enter returns 0 or KVT_ECLOSED (message set). */
@@ -121,6 +122,10 @@ int64_t kvti_tier_purge_tmps(kvt_tier *t);
 /* The reference's reconcile plus stale temporaries; caller holds mut_mu.
  * Returns the number of repairs or a negative code. */
 int64_t kvti_tier_reconcile_locked(kvt_tier *t);
+
+/* ops.c: measures the gauges (index totals, spill queue, remote) and
+ * publishes them to the live stats file. Call with no tier lock held. */
+void kvti_stats_refresh_gauges(kvt_tier *t);
 
 /* writer.c */
 int kvti_writer_init(kvt_tier *t);

@@ -14,6 +14,7 @@
  * dropped, in the same FIFO order), so "everything enqueued before me is
  * done" is done_seq >= my enq_seq (flush, close).
  */
+#include "tier/ramtier.h"
 #include "tier/tier.h"
 #include "base/error.h"
 #include "index/index.h"
@@ -38,6 +39,7 @@ int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify) {
       t->opts.storage_mode, t->opts.durability == KVT_DURABILITY_FSYNC,
       t->opts.file_mode, t->opts.dir_mode, t->opts.io_backend};
   uint64_t disk = 0;
+  double t0 = kvti_now_mono();
   pthread_mutex_lock(&t->mut_mu);
   /* Readers must be excluded only when something is already stored under this
    * hash (a replace: a reader could otherwise mix files of two versions). A new
@@ -47,8 +49,10 @@ int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify) {
   kvt_entry_info old;
   int replacing = kvti_index_find_hash(&old, t->idx, hash) == 0 ||
                   t->be->ops->present(t->be, hash) != 0;
-  if (replacing)
+  if (replacing) {
     kvti_stripe_wrlock(&t->stripes, hash);
+    kvti_ram_invalidate(t, hash); /* the RAM copy is the old version */
+  }
   int rc = t->be->ops->put(t->be, &disk, s, &wo);
   if (rc == 0) {
     rc = kvti_index_put(t->idx, tokens, n, hash, kvti_snapshot_memory_bytes(s),
@@ -71,8 +75,8 @@ int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify) {
   if (replacing)
     kvti_stripe_unlock(&t->stripes, hash);
   if (rc == 0) {
-    KVTI_STAT_ADD(&t->stats, spill_count, 1);
-    KVTI_STAT_ADD(&t->stats, spill_bytes, disk);
+    kvti_stats_spilled(&t->stats, disk, kvti_now_mono() - t0);
+    kvti_ram_spilled(t, s, disk); /* before capacity enforcement may evict */
     kvti_log(t, KVT_LOG_DEBUG,
              "kvtier: spilled %.16s: %zu tokens, %llu bytes on disk", hash, n,
              (unsigned long long)disk);
@@ -85,6 +89,7 @@ int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify) {
              kvt_last_error());
   }
   pthread_mutex_unlock(&t->mut_mu);
+  kvti_stats_refresh_gauges(t); /* entries, bytes, queue: for the live file */
   if (notify && t->opts.spill_done_fn)
     t->opts.spill_done_fn(t->opts.spill_done_ctx, hash, rc);
   return rc;

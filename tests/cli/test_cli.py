@@ -8,8 +8,10 @@ an entry directory removed, orphan and stale tmp directories), written by the
 reference (tests/reference/make_ref_cache.py, when present), empty, missing,
 not a directory, not a cache.
 
-Usage: test_cli.py --kvtier PATH --src SRCDIR GROUP
-GROUP: help, errors, empty, good, corrupt, gc, reference, bench.
+Usage: test_cli.py --kvtier PATH [--holder PATH] --src SRCDIR GROUP
+GROUP: help, errors, empty, good, corrupt, gc, reference, bench, live
+(live: `kvtier stats` reading the live counters of a running process,
+tests/cli/live_holder.c, given by --holder).
 Exit 0 pass, 1 fail, 77 skipped.  Data is generated (seeded), never
 downloaded; nothing here asserts timings.
 """
@@ -25,6 +27,7 @@ import tempfile
 import time
 
 KVTIER = None
+HOLDER = None
 SRC = None
 FAILURES = []
 COMMANDS = ["ls", "stats", "show", "verify", "gc", "bench"]
@@ -651,19 +654,144 @@ def t_bench():
         shutil.rmtree(base, ignore_errors=True)
 
 
+class Holder:
+    """A live_holder process with DIR open: send() one command, wait for
+    its "ok"."""
+
+    def __init__(self, d):
+        self.p = subprocess.Popen([HOLDER, d], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        first = self.p.stdout.readline().split()
+        if len(first) != 2 or first[0] != "ready":
+            raise RuntimeError(f"live_holder did not start: {first}")
+        self.pid = int(first[1])
+
+    def send(self, cmd):
+        self.p.stdin.write(cmd + "\n")
+        self.p.stdin.flush()
+        ans = self.p.stdout.readline().strip()
+        check(ans == "ok", f"live_holder {cmd!r}: answered {ans!r}")
+
+    def quit(self):
+        self.p.stdin.write("quit\n")
+        self.p.stdin.flush()
+        return self.p.wait(timeout=60)
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.wait(timeout=60)
+
+
+def live_counters(d):
+    j = run_json("stats", d, "--no-describe")
+    return j.get("live", {}), j.get("counters", {})
+
+
+def t_live():
+    if not HOLDER:
+        print("SKIP: no --holder")
+        sys.exit(77)
+    d = tmpdir("live")
+    h = None
+    try:
+        # Before any writer: no stats file, said so, counters zero.
+        live, c = live_counters(d)
+        check(live.get("status") == "no_stats_file" and live.get("alive") is False,
+              f"live: before a writer: {live}")
+        check(c.get("spill_count") == 0, "live: zero counters before a writer")
+
+        h = Holder(d)
+        h.send("spill 3")
+        h.send("hit")
+        h.send("miss")
+        live, c = live_counters(d)
+        check(live.get("alive") is True and live.get("pid") == h.pid,
+              f"live: alive with the holder's pid {h.pid}: {live}")
+        check(c.get("spill_count") == 3 and c.get("ssd_hits") == 1 and
+              c.get("ssd_misses") == 1, f"live: counters after 3/1/1: {c}")
+        check(c.get("tokens_requested") == 64 and c.get("tokens_served") == 32,
+              f"live: token counters: {c}")
+        check(sum(live.get("promote_latency_hist", [])) == 1 and
+              sum(live.get("spill_latency_hist", [])) == 3,
+              f"live: histograms: {live}")
+
+        # The counters move while the holder runs.
+        h.send("spill 2")
+        h.send("hit")
+        h.send("hit")
+        live, c = live_counters(d)
+        check(c.get("spill_count") == 5 and c.get("ssd_hits") == 3 and
+              c.get("tokens_served") == 96, f"live: counters moved: {c}")
+        rc, out, err = run("stats", d, "--prometheus")
+        check(rc == 0 and "\nkvtier_spill_count_total 5\n" in out and
+              "\nkvtier_live 1\n" in out and
+              "\nkvtier_promote_latency_seconds_count 3\n" in out and
+              "\nkvtier_spill_latency_seconds_count 5\n" in out and
+              "\nkvtier_tokens_requested_total 128\n" in out and
+              "\nkvtier_entries 5\n" in out,
+              f"live: prometheus: {out[-1500:]} {err}")
+        rc, out, _ = run("stats", d)
+        check(rc == 0 and f"live from pid {h.pid}" in out and
+              "5 (" in out, f"live: text output: {out}")
+
+        # --watch: one JSON line per tick, following the holder.
+        rc, out, err = run("stats", d, "--watch", "0.05", "--count", "3",
+                           "--json")
+        lines = [json.loads(x) for x in out.splitlines() if x.strip()]
+        check(rc == 0 and len(lines) == 3 and
+              all(x["live"]["alive"] and x["counters"]["spill_count"] == 5
+                  for x in lines), f"live: --watch --json: {out[:600]} {err}")
+        rc, out, _ = run("stats", d, "--watch", "0.05", "--count", "2")
+        check(rc == 0 and len(out.splitlines()) == 2 and
+              out.count(f"pid {h.pid}") == 2, f"live: --watch text: {out}")
+        rc, out, _ = run("stats", d, "--watch", "0.05", "--count", "1",
+                         "--prometheus")
+        check(rc == 0 and "kvtier_live 1" in out, "live: --watch --prometheus")
+        for bad in (["--watch", "0"], ["--watch", "x"], ["--count", "2"],
+                    ["--watch", "1", "--count", "0"]):
+            rc, _, err = run("stats", d, *bad)
+            check(rc == 2, f"live: stats {bad}: exit {rc}, expected 2 ({err})")
+
+        # Closed: the file stays, "not running", counters back to zero.
+        check(h.quit() == 0, "live: holder closed cleanly")
+        h = None
+        live, c = live_counters(d)
+        check(live.get("status") == "not_running" and live.get("alive") is False,
+              f"live: after close: {live}")
+        check(c.get("spill_count") == 0, "live: no live counters after close")
+        rc, out, _ = run("stats", d, "--watch", "0.05", "--count", "1")
+        check(rc == 0 and "no process has the directory open" in out,
+              f"live: --watch after close: {out}")
+
+        # Killed: state still "open" in the file, but the pid is gone.
+        h = Holder(d)
+        h.send("spill 1")
+        check(live_counters(d)[0].get("alive") is True, "live: second holder")
+        h.kill()
+        h = None
+        live, _ = live_counters(d)
+        check(live.get("status") == "not_running", f"live: after SIGKILL: {live}")
+    finally:
+        if h:
+            h.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 GROUPS = {"help": t_help, "errors": t_errors, "empty": t_empty,
           "good": t_good, "corrupt": t_corrupt, "gc": t_gc,
-          "reference": t_reference, "bench": t_bench}
+          "reference": t_reference, "bench": t_bench, "live": t_live}
 
 
 def main():
-    global KVTIER, SRC
+    global KVTIER, SRC, HOLDER
     ap = argparse.ArgumentParser()
     ap.add_argument("--kvtier", required=True)
+    ap.add_argument("--holder")
     ap.add_argument("--src", required=True)
     ap.add_argument("group", choices=sorted(GROUPS))
     a = ap.parse_args()
-    KVTIER, SRC = a.kvtier, a.src
+    KVTIER, SRC, HOLDER = a.kvtier, a.src, a.holder
     GROUPS[a.group]()
     if FAILURES:
         print(f"{len(FAILURES)} check(s) failed", file=sys.stderr)

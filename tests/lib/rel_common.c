@@ -66,8 +66,10 @@ void r_copy_tree(const char *from, const char *to) {
       if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
         continue;
       char a[4200], b[4200];
-      snprintf(a, sizeof a, "%s/%s", from, de->d_name);
-      snprintf(b, sizeof b, "%s/%s", to, de->d_name);
+      REQUIRE((size_t)snprintf(a, sizeof a, "%s/%s", from, de->d_name) <
+              sizeof a);
+      REQUIRE((size_t)snprintf(b, sizeof b, "%s/%s", to, de->d_name) <
+              sizeof b);
       r_copy_tree(a, b);
     }
     closedir(d);

@@ -30,6 +30,7 @@ kvt_options rel_opts(const char *dir, int durability) {
   o.cache_dir = dir;
   o.durability = durability;
   o.quarantine_max = 4;
+  o.host_cache_bytes = 0; /* the disk path is under test, not the RAM tier */
   return o;
 }
 

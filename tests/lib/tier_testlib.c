@@ -13,6 +13,10 @@ kvt_options t_opts(const char *tag) {
   kvt_options_init(&o, KVT_OPTIONS_VERSION);
   o.cache_dir = kvt_test_tmpdir(tag);
   o.durability = KVT_DURABILITY_NONE; /* tests do not need fsync */
+  /* These tests are about the disk path (reads, corruption, faults): the host
+   * RAM tier would serve a fresh spill from memory. test_ram_tier turns it
+   * on. */
+  o.host_cache_bytes = 0;
   return o;
 }
 

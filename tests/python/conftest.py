@@ -51,6 +51,9 @@ def make_tier(cache_dir, **kw):
     from kvtier.ssd_cache import SSDCacheConfig, SSDCacheTier
 
     kw.setdefault("durability", "none")
+    # The disk path is what most tests look at (corruption, faults): the host
+    # RAM tier would serve fresh spills from memory. test_ram_tier turns it on.
+    kw.setdefault("host_cache_bytes", 0)
     return SSDCacheTier(SSDCacheConfig(cache_dir=cache_dir, **kw))
 
 

@@ -631,7 +631,10 @@ static void test_helpers(void) {
   fpair f = open_pair("adv.bin", 1);
   CHECK_EQ_INT(kvti_iob_preallocate(f.fd, 1 << 20), 0);
   struct stat st;
-  CHECK(fstat(f.fd, &st) == 0 && st.st_size == 1 << 20);
+  /* The portable build has no posix_fallocate hook: preallocation is a
+   * successful no-op there. */
+  off_t want = kvti_io_default.fallocate ? 1 << 20 : 0;
+  CHECK(fstat(f.fd, &st) == 0 && st.st_size == want);
   CHECK_EQ_INT(kvti_iob_drop_cache(f.fd), 0);
   CHECK_EQ_INT(kvti_iob_preallocate(f.fd, 0), 0);
   close_pair(f);

@@ -415,7 +415,7 @@ static void test_standalone(void) {
   t_free(&e3);
 
   /* Stats renderings carry the per-tier counters. */
-  char buf[8192];
+  char buf[32768];
   size_t need = 0;
   s = stats_of(a);
   CHECK(kvt_stats_to_json(buf, sizeof buf, &need, &s) == 0);

@@ -125,18 +125,53 @@ static void test_prometheus(void) {
   CHECK(strstr(buf, "\nkvtier_entries 7\n") != NULL);
   CHECK(strstr(buf, "\nkvtier_ssd_hit_rate 0.75\n") != NULL);
   CHECK(strstr(buf, "\nkvtier_reload_latency_seconds_total 1.5\n") != NULL);
-  /* Every sample line has a TYPE line before it and the kvtier_ prefix. */
-  int samples = 0, types = 0;
+  CHECK(strstr(buf, "\nkvtier_tokens_requested_total 0\n") != NULL);
+  CHECK(strstr(buf, "# TYPE kvtier_tokens_served_total counter\n") != NULL);
+  /* Every sample line has a TYPE line before it and the kvtier_ prefix; a
+   * histogram has 15 _bucket lines, _sum and _count under one TYPE. */
+  int samples = 0, types = 0, hists = 0;
   for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
-    if (!strncmp(line, "# TYPE ", 7))
+    if (!strncmp(line, "# TYPE ", 7)) {
       types++;
-    else if (line[0] != '#') {
+      hists += strstr(line, " histogram") != NULL;
+    } else if (line[0] != '#') {
       samples++;
       CHECK(!strncmp(line, "kvtier_", 7));
     }
   }
   CHECK(samples > 15);
-  CHECK_EQ_INT(samples, types);
+  CHECK_EQ_INT(hists, 2);
+  CHECK_EQ_INT(samples, types + hists * (KVT_STATS_LATENCY_BUCKETS + 1));
+}
+
+/* Histograms: per-bucket counts in kvt_stats, cumulative in the text. */
+static void test_prometheus_histograms(void) {
+  kvt_stats s;
+  memset(&s, 0, sizeof s);
+  s.promote_latency_hist[0] = 2;  /* <= 0.5 ms */
+  s.promote_latency_hist[3] = 1;  /* (2.5 ms, 5 ms] */
+  s.promote_latency_hist[14] = 4; /* > 10 s */
+  s.reload_latency_sum = 41.25;
+  s.spill_latency_hist[10] = 5; /* (0.5 s, 1 s] */
+  s.spill_latency_sum = 4.5;
+  char buf[16384];
+  CHECK_EQ_INT(kvt_stats_to_prometheus(buf, sizeof buf, NULL, &s), 0);
+  CHECK(strstr(buf, "# TYPE kvtier_promote_latency_seconds histogram\n"));
+  CHECK(strstr(buf, "\nkvtier_promote_latency_seconds_bucket{le=\"0.0005\"} "
+                    "2\n"));
+  CHECK(strstr(buf,
+               "\nkvtier_promote_latency_seconds_bucket{le=\"0.0025\"} 2\n"));
+  CHECK(
+      strstr(buf, "\nkvtier_promote_latency_seconds_bucket{le=\"0.005\"} 3\n"));
+  CHECK(strstr(buf, "\nkvtier_promote_latency_seconds_bucket{le=\"10\"} 3\n"));
+  CHECK(
+      strstr(buf, "\nkvtier_promote_latency_seconds_bucket{le=\"+Inf\"} 7\n"));
+  CHECK(strstr(buf, "\nkvtier_promote_latency_seconds_sum 41.25\n"));
+  CHECK(strstr(buf, "\nkvtier_promote_latency_seconds_count 7\n"));
+  CHECK(strstr(buf, "\nkvtier_spill_latency_seconds_bucket{le=\"0.5\"} 0\n"));
+  CHECK(strstr(buf, "\nkvtier_spill_latency_seconds_bucket{le=\"1\"} 5\n"));
+  CHECK(strstr(buf, "\nkvtier_spill_latency_seconds_sum 4.5\n"));
+  CHECK(strstr(buf, "\nkvtier_spill_latency_seconds_count 5\n"));
 }
 
 int main(void) {
@@ -144,5 +179,6 @@ int main(void) {
   RUN(test_json_zero_and_rounding);
   RUN(test_size_then_copy);
   RUN(test_prometheus);
+  RUN(test_prometheus_histograms);
   return kvt_test_done();
 }

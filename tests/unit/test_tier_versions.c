@@ -39,9 +39,9 @@ static void test_options_versions(void) {
   CHECK(m.remote_chunk_bytes == c.remote_chunk_bytes &&
         m.remote_timeout_ms == c.remote_timeout_ms &&
         m.quarantine_max == c.quarantine_max && m.read_threads == 0);
-  /* A version-2 caller's struct ends before the version-3 remote fields. */
+  /* A version-3 caller's struct ends before the version-4 remote fields. */
   memset(buf, CANARY, sizeof buf);
-  CHECK_EQ_INT(kvt_options_init(o, 2), 0);
+  CHECK_EQ_INT(kvt_options_init(o, 3), 0);
   untouched = 1;
   for (size_t i = offsetof(kvt_options, remote_lookup_timeout_ms);
        i < sizeof buf; i++)
@@ -57,6 +57,13 @@ static void test_options_versions(void) {
     bad.version = v;
     CHECK_EQ_INT(kvt_options_validate(&bad), KVT_EINVAL);
   }
+  /* Version 2 ends before host_cache_bytes (version 3): not written by init,
+   * and the derived default at open. */
+  memset(buf, CANARY, sizeof buf);
+  CHECK_EQ_INT(kvt_options_init(o, 2), 0);
+  CHECK(buf[offsetof(kvt_options, host_cache_bytes)] == CANARY);
+  CHECK_EQ_INT(kvt_options_validate(o), 0);
+  CHECK(c.host_cache_bytes == KVT_HOST_CACHE_AUTO);
   kvt_options r = KVT_OPTIONS_INIT;
   r.read_threads = 9;
   CHECK_EQ_INT(kvt_options_validate(&r), KVT_EINVAL);

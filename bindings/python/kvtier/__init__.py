@@ -7,7 +7,9 @@ for vllm-mlx's ``vllm_mlx.ssd_cache`` is :mod:`kvtier.ssd_cache`::
 
 The shared library is found through ``KVTIER_LIBRARY`` (a path), else the
 ``build/`` directory of the source checkout this package sits in, else the
-system's library path; ``kvtier.library_path`` says which was loaded.
+prefix this package was installed into (``pip install --prefix P`` next to
+``cmake --install build --prefix P``), else the system's library path;
+``kvtier.library_path`` says which was loaded.
 
 A more Pythonic interface, raising exceptions instead of returning
 False/None and exposing kvtier's extras (sync and prefix promote, gc,
@@ -28,6 +30,8 @@ from ._lib import (
 
 from .tier import BudgetRefused, Entry, EntryInfo, QueueFull, Tier, TooBig
 
+# The release of the package; pyproject.toml reads it, the install test checks it
+# against the loaded library's kvt_version().
 __version__ = "0.1.0"
 
 

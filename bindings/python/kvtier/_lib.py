@@ -1,8 +1,8 @@
 """Loading libkvtier and describing its C API to ctypes.
 
 This module finds the shared library (``KVTIER_LIBRARY``, then the build tree
-of the source checkout this package lives in, then the system's library
-path), mirrors the public structs of ``include/kvtier.h`` as ctypes
+of the source checkout this package lives in, then the installation prefix
+this package was pip-installed into, then the system's library path), mirrors the public structs of ``include/kvtier.h`` as ctypes
 Structures (checked against ``kvt_options_size()`` at import so a layout
 drift fails loudly instead of corrupting memory), declares the prototype of
 every function the binding calls, and maps ``KVT_E*`` codes to Python
@@ -87,9 +87,9 @@ REMOTE_NO_LOCAL_COPY = 0x1
 PROMOTE_PREFIX = 0x1
 PROMOTE_NO_TOUCH = 0x2
 
-KVT_OPTIONS_VERSION = 3
+KVT_OPTIONS_VERSION = 4
 KVT_PROMOTE_OPTS_VERSION = 1
-KVT_STATS_VERSION = 1
+KVT_STATS_VERSION = 2
 
 # --------------------------------------------------------------------------
 # Structs
@@ -136,7 +136,7 @@ class Layer(ctypes.Structure):
 
 
 class Options(ctypes.Structure):
-    """struct kvt_options (KVT_OPTIONS_VERSION 3)."""
+    """struct kvt_options (KVT_OPTIONS_VERSION 4)."""
 
     _fields_ = [
         ("version", ctypes.c_uint),
@@ -171,6 +171,8 @@ class Options(ctypes.Structure):
         # Version 2.
         ("read_threads", ctypes.c_uint32),
         # Version 3.
+        ("host_cache_bytes", ctypes.c_uint64),
+        # Version 4.
         ("remote_lookup_timeout_ms", ctypes.c_uint32),
         ("remote_tls_ca_file", ctypes.c_char_p),
         ("remote_tls_cert_file", ctypes.c_char_p),
@@ -219,11 +221,12 @@ class PromoteOpts(ctypes.Structure):
 
 
 class Stats(ctypes.Structure):
-    """struct kvt_stats (KVT_STATS_VERSION 1); a new one is ready for
+    """struct kvt_stats (KVT_STATS_VERSION 2); a new one is ready for
     kvt_tier_stats (its version is set)."""
 
     _fields_ = [
         ("version", ctypes.c_uint),
+        ("reserved", ctypes.c_uint),
         ("spill_count", ctypes.c_uint64),
         ("spill_bytes", ctypes.c_uint64),
         ("ssd_hits", ctypes.c_uint64),
@@ -254,6 +257,22 @@ class Stats(ctypes.Structure):
         ("remote_errors", ctypes.c_uint64),
         ("remote_queue_depth", ctypes.c_uint64),
         ("remote_available", ctypes.c_uint64),
+        ("tokens_requested", ctypes.c_uint64),
+        ("tokens_served", ctypes.c_uint64),
+        ("promote_latency_hist", ctypes.c_uint64 * 15),  # KVT_STATS_LATENCY_BUCKETS
+        ("spill_latency_hist", ctypes.c_uint64 * 15),
+        ("spill_latency_sum", ctypes.c_double),
+        ("host_cache_bytes_used", ctypes.c_uint64),
+        ("host_cache_bytes_bound", ctypes.c_uint64),
+        ("host_cache_entries", ctypes.c_uint64),
+        ("host_cache_hits", ctypes.c_uint64),
+        ("host_cache_misses", ctypes.c_uint64),
+        ("host_cache_evictions", ctypes.c_uint64),
+        ("host_cache_verify_failures", ctypes.c_uint64),
+        ("promotes_from_ram", ctypes.c_uint64),
+        ("promote_ram_bytes", ctypes.c_uint64),
+        ("promotes_from_disk", ctypes.c_uint64),
+        ("promote_disk_bytes", ctypes.c_uint64),
     ]
 
     def __init__(self, *args: Any, **kw: Any) -> None:
@@ -400,6 +419,40 @@ def _build_tree_candidates() -> List[str]:
         d = parent
 
 
+def _prefix_candidates() -> List[str]:
+    """libkvtier in the installation prefix this package was installed into.
+
+    A package installed with ``pip install --prefix P`` sits in
+    ``P/lib/pythonX.Y/site-packages/kvtier`` (Debian's pip adds ``local/``:
+    ``P/local/lib/pythonX.Y/dist-packages/kvtier``), and ``cmake --install
+    --prefix P`` puts the library in ``P/lib``, ``P/lib64`` or
+    ``P/lib/<multiarch>``.  The prefix is the directory above the last
+    ``lib*/python*`` pair of this file's path (and its parent when it is a
+    ``local/`` directory)."""
+    import sysconfig
+
+    parts = os.path.dirname(os.path.abspath(__file__)).split(os.sep)
+    prefixes: List[str] = []
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i].startswith("lib") and parts[i + 1].startswith("python"):
+            prefix = os.sep.join(parts[:i]) or os.sep
+            prefixes.append(prefix)
+            if os.path.basename(prefix) == "local":
+                prefixes.append(os.path.dirname(prefix))
+            break
+    libdirs = ["lib", "lib64"]
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    if multiarch:
+        libdirs.append(os.path.join("lib", multiarch))
+    out: List[str] = []
+    for prefix in prefixes:
+        for libdir in libdirs:
+            for name in ("libkvtier.so.0", "libkvtier.so", "libkvtier.0.dylib",
+                         "libkvtier.dylib"):
+                out.append(os.path.join(prefix, libdir, name))
+    return out
+
+
 def _load() -> tuple[ctypes.CDLL, str]:
     tried: List[str] = []
     env = os.environ.get("KVTIER_LIBRARY")
@@ -422,6 +475,14 @@ def _load() -> tuple[ctypes.CDLL, str]:
             return ctypes.CDLL(cand), cand
         except OSError as e:
             tried.append(f"build tree {cand}: {e}")
+    for cand in _prefix_candidates():
+        if not os.path.exists(cand):
+            continue
+        try:
+            return ctypes.CDLL(cand), cand
+        except OSError as e:
+            tried.append(f"install prefix {cand}: {e}")
+    tried.append("install prefix of this package: no libkvtier")
     found = ctypes.util.find_library("kvtier")
     names = [found] if found else []
     tried.append(f"ctypes.util.find_library('kvtier'): {found or 'nothing'}")
@@ -530,6 +591,27 @@ kvt_tier_promote_trim = _proto("kvt_tier_promote_trim", c_int,
 kvt_buffers_set_idle_cap = _proto("kvt_buffers_set_idle_cap", c_int,
                                   [ctypes.c_uint64])
 kvt_buffers_trim = _proto("kvt_buffers_trim", None, [])
+HOST_CACHE_AUTO = (1 << 64) - 1  # KVT_HOST_CACHE_AUTO
+kvt_tier_set_host_cache_bytes = _proto("kvt_tier_set_host_cache_bytes", c_int,
+                                       [c_void_p, ctypes.c_uint64])
+kvt_tier_trim = _proto("kvt_tier_trim", c_int,
+                       [c_void_p, ctypes.c_uint64,
+                        ctypes.POINTER(ctypes.c_uint64)])
+
+
+def set_host_cache_bytes(tier_ptr: int, nbytes: Optional[int]) -> None:
+    """kvt_tier_set_host_cache_bytes (None: the derived default)."""
+    v = HOST_CACHE_AUTO if nbytes is None else int(nbytes)
+    if v < 0:
+        raise ValueError(f"host_cache_bytes must be >= 0 or None, got {v}")
+    check(kvt_tier_set_host_cache_bytes(tier_ptr, v), "set_host_cache_bytes")
+
+
+def trim(tier_ptr: int, target_bytes: int) -> int:
+    """kvt_tier_trim; returns the host-cache bytes freed."""
+    freed = ctypes.c_uint64()
+    check(kvt_tier_trim(tier_ptr, int(target_bytes), ctypes.byref(freed)), "trim")
+    return int(freed.value)
 kvt_buffers_stats = _proto("kvt_buffers_stats", c_int,
                            [P(ctypes.c_uint64), P(ctypes.c_uint64),
                             P(ctypes.c_uint64)])

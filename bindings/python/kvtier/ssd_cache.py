@@ -168,6 +168,10 @@ class SSDCacheConfig:
         remote_tls_ca_file, remote_tls_cert_file, remote_tls_key_file: TLS
             trust store (None = the system's) and client certificate/key
             for rediss:// URLs.
+        host_cache_bytes: bytes of recently spilled/promoted entries kept in
+            RAM so promoting them again runs at memory speed (the host RAM
+            tier); None (default) = 1/8 of the memory the process may use
+            (RAM and cgroup limit), 0 = disabled.
     """
 
     cache_dir: str | None = None
@@ -193,6 +197,7 @@ class SSDCacheConfig:
     remote_tls_ca_file: str | None = None
     remote_tls_cert_file: str | None = None
     remote_tls_key_file: str | None = None
+    host_cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_size_gb <= 0:
@@ -241,6 +246,10 @@ class SSDCacheConfig:
             raise ValueError(
                 f"remote_timeout_ms must be >= 1, got {self.remote_timeout_ms}"
             )
+        if self.host_cache_bytes is not None and self.host_cache_bytes < 0:
+            raise ValueError(
+                f"host_cache_bytes must be >= 0 or None, got {self.host_cache_bytes}"
+            )
         if self.retention_seconds is not None and self.retention_seconds < 0:
             raise ValueError(
                 f"retention_seconds must be >= 0 or None, got {self.retention_seconds}"
@@ -283,6 +292,8 @@ class SSDCacheConfig:
                              self.remote_lookup_timeout_ms, self.remote_keep_local,
                              self.remote_tls_ca_file, self.remote_tls_cert_file,
                              self.remote_tls_key_file)
+        if self.host_cache_bytes is not None:
+            o.host_cache_bytes = int(self.host_cache_bytes)
         return o, keep
 
 
@@ -342,6 +353,13 @@ _REMOTE_STAT_FIELDS = ("remote_hits", "remote_misses", "remote_read_bytes",
                        "remote_spill_count", "remote_spill_bytes",
                        "remote_spill_drops", "remote_errors",
                        "remote_queue_depth", "remote_available")
+# The host RAM tier's (kvt_options.host_cache_bytes).
+_HOST_CACHE_STAT_FIELDS = ("host_cache_bytes_used", "host_cache_bytes_bound",
+                           "host_cache_entries", "host_cache_hits",
+                           "host_cache_misses", "host_cache_evictions",
+                           "host_cache_verify_failures", "promotes_from_ram",
+                           "promote_ram_bytes", "promotes_from_disk",
+                           "promote_disk_bytes")
 
 
 class _CounterValue(int):
@@ -1114,6 +1132,8 @@ class SSDCacheTier:
         for f in _REMOTE_STAT_FIELDS:
             d[f] = int(getattr(s, f))
         d["remote_latency_sum_s"] = round(float(s.remote_latency_sum), 4)
+        for f in _HOST_CACHE_STAT_FIELDS:
+            d[f] = int(getattr(s, f))
         return d
 
     def start_writer(self) -> None:
@@ -1378,6 +1398,18 @@ class SSDCacheTier:
         ms = -1 if timeout is None else max(0, int(timeout * 1000))
         rc = L.kvt_tier_flush(self._h.ptr, ms)
         L.check(rc, "flush")
+
+    def set_host_cache_bytes(self, nbytes: int | None) -> None:
+        """kvtier extension: changes the host RAM tier's bound (None: the
+        derived default, 0: off); entries beyond it are freed before this
+        returns."""
+        L.set_host_cache_bytes(self._h.ptr, nbytes)
+
+    def trim(self, target_bytes: int = 0) -> int:
+        """kvtier extension, for memory pressure: frees host-cache entries
+        down to target_bytes and the buffer pool's idle buffers; returns the
+        cache bytes freed."""
+        return L.trim(self._h.ptr, target_bytes)
 
     def reconcile(self) -> int:
         """Reconcile index with files on disk.

@@ -121,7 +121,9 @@ class Tier:
     max_entries, spill_queue_size, spill_queue_bytes, retention_seconds
     (None/0: never expire), storage_mode ("native"/"compat"), durability
     ("fsync"/"none"), promote_threads, quarantine_max, io_backend, file_mode,
-    dir_mode, readonly, reconcile (at open), start_writer; the shared remote
+    dir_mode, readonly, reconcile (at open), start_writer, host_cache_bytes
+    (the host RAM tier's bound: None = derived from RAM and the cgroup limit,
+    0 = off; see set_host_cache_bytes and trim); the shared remote
     tier (docs/REMOTE.md): remote_url ("redis[s]://[[user]:password@]host:port",
     comma-separated seeds for a cluster), remote_mode ("local+remote" when a
     URL is given, or "remote"), remote_prefix, remote_timeout_ms,
@@ -138,6 +140,7 @@ class Tier:
                  quarantine_max: int = 16, io_backend: str = "auto",
                  file_mode: int = 0o600, dir_mode: int = 0o700, readonly: bool = False,
                  reconcile: bool = True, start_writer: bool = True,
+                 host_cache_bytes: Optional[int] = None,
                  remote_url: Optional[str] = None, remote_mode: Optional[str] = None,
                  remote_prefix: Optional[str] = None, remote_timeout_ms: int = 1000,
                  remote_lookup_timeout_ms: int = 250, remote_keep_local: bool = True,
@@ -168,6 +171,11 @@ class Tier:
         o.quarantine_max = int(quarantine_max)
         o.file_mode = int(file_mode)
         o.dir_mode = int(dir_mode)
+        if host_cache_bytes is not None:
+            if host_cache_bytes < 0:
+                raise ValueError(f"host_cache_bytes must be >= 0 or None, "
+                                 f"got {host_cache_bytes}")
+            o.host_cache_bytes = int(host_cache_bytes)
         o.flags = ((L.OPEN_READONLY if readonly else 0)
                    | (0 if reconcile else L.OPEN_NO_RECONCILE))
         if remote_mode is None:
@@ -391,6 +399,16 @@ class Tier:
     def stats(self) -> dict:
         """The reference's stats keys (same rounding) plus kvtier's counters."""
         return json.loads(self._render(L.kvt_stats_to_json))
+
+    def set_host_cache_bytes(self, nbytes: Optional[int]) -> None:
+        """Changes the host RAM tier's bound (None: the derived default, 0:
+        off); entries beyond it are freed before this returns."""
+        L.set_host_cache_bytes(self._h.ptr, nbytes)
+
+    def trim(self, target_bytes: int = 0) -> int:
+        """Memory pressure: frees host-cache entries down to target_bytes,
+        then the buffer pool's idle buffers; returns the cache bytes freed."""
+        return L.trim(self._h.ptr, target_bytes)
 
     def prometheus(self) -> str:
         """Prometheus text exposition of the stats (kvtier_* metrics)."""

@@ -1,0 +1,489 @@
+/*
+ * hostcache.c - the host RAM cache's records (see hostcache.h): a hash map from
+ * the entry name's first 64 bits to records (the full name confirms), a
+ * resident LRU list and a lent list, both oldest first. Under the mutex only
+ * links and counters change; items dropped by an operation are collected and
+ * freed after unlocking, once the pool charge no longer counts them (so their
+ * buffers can stay idle in the pool within its cap).
+ */
+#include "tier/hostcache.h"
+#include "base/error.h"
+#include "base/hashmap.h"
+#include "base/io.h"
+#include "format/dtype.h"
+#include "format/layer.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { RESIDENT = 1, LENT = 2 };
+
+typedef struct rec {
+  char hash[KVT_HASH_HEX_LEN + 1];
+  uint64_t key;
+  int state;
+  kvti_hc_item it; /* valid while RESIDENT */
+  uint64_t lend_id;
+  struct rec *prev, *next; /* in the resident LRU or the lent list */
+  struct rec *gnext;       /* garbage list (records to free after unlock) */
+} rec;
+
+typedef struct list {
+  rec *old, *young;
+} list;
+
+struct kvti_hcache {
+  pthread_mutex_t mu;
+  int refs;
+  int closed;
+  uint64_t bound;
+  kvti_bufpool *pool;
+  kvti_hm map;
+  list lru, lent;
+  uint64_t next_id;
+  kvti_hc_stats st;
+};
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static uint64_t key_of(const char *hash) {
+  uint64_t k = 0;
+  for (int i = 0; i < 16 && hash[i]; i++) {
+    char ch = hash[i];
+    unsigned v = ch >= 'a' ? (unsigned)(ch - 'a' + 10) : (unsigned)(ch - '0');
+    k = k << 4 | (v & 15u);
+  }
+  return kvti_hm_key(k);
+}
+
+static void list_unlink(list *l, rec *r) {
+  if (r->prev)
+    r->prev->next = r->next;
+  else
+    l->old = r->next;
+  if (r->next)
+    r->next->prev = r->prev;
+  else
+    l->young = r->prev;
+  r->prev = r->next = NULL;
+}
+
+static void list_push(list *l, rec *r) {
+  r->next = NULL;
+  r->prev = l->young;
+  if (l->young)
+    l->young->next = r;
+  else
+    l->old = r;
+  l->young = r;
+}
+
+static rec *find(kvti_hcache *c, const char *hash, kvti_hm_slot **slot) {
+  size_t pos = 0;
+  kvti_hm_slot *s;
+  uint64_t k = key_of(hash);
+  while ((s = kvti_hm_next(&c->map, k, &pos)) != NULL) {
+    rec *r = (rec *)(uintptr_t)s->val;
+    if (strcmp(r->hash, hash) == 0) {
+      if (slot)
+        *slot = s;
+      return r;
+    }
+  }
+  return NULL;
+}
+
+/* Removes r from the map and its list, adjusting the gauges; *charge receives
+ * the bytes to uncharge. r goes onto *garbage. Caller holds mu. */
+static void drop(kvti_hcache *c, rec *r, rec **garbage, int64_t *charge) {
+  kvti_hm_remove(&c->map, r->key, (uint64_t)(uintptr_t)r);
+  if (r->state == RESIDENT) {
+    list_unlink(&c->lru, r);
+    c->st.used -= r->it.bytes;
+    c->st.resident--;
+    *charge -= (int64_t)r->it.bytes;
+  } else {
+    list_unlink(&c->lent, r);
+    c->st.lent--;
+  }
+  r->gnext = *garbage;
+  *garbage = r;
+}
+
+/* Evicts resident records, oldest first, until used <= target (sparing keep).
+ * Caller holds mu. */
+static void evict_to(kvti_hcache *c, uint64_t target, const rec *keep,
+                     rec **garbage, int64_t *charge) {
+  rec *r = c->lru.old;
+  while (r && c->st.used > target) {
+    rec *next = r->next;
+    if (r != keep) {
+      drop(c, r, garbage, charge);
+      c->st.evictions++;
+    }
+    r = next;
+  }
+}
+
+/* After unlocking: uncharge/charge the pool, then free what was dropped (the
+ * buffers go back to the pool, which keeps them idle within its cap). */
+static void settle(kvti_hcache *c, rec *garbage, int64_t charge) {
+  if (charge && c->pool)
+    kvti_bufpool_charge(c->pool, charge);
+  while (garbage) {
+    rec *next = garbage->gnext;
+    if (garbage->state == RESIDENT)
+      kvti_hc_item_free(&garbage->it);
+    kvti_free(garbage);
+    garbage = next;
+  }
+}
+
+uint64_t kvti_hc_layers_bytes(const kvt_layer *layers, uint32_t n) {
+  uint64_t b = (uint64_t)n * sizeof(kvt_layer);
+  for (uint32_t i = 0; layers && i < n; i++) {
+    const kvt_layer *l = &layers[i];
+    b += (uint64_t)l->num_tensors * (sizeof(kvt_tensor) + sizeof(int32_t));
+    for (uint32_t j = 0; l->tensors && j < l->num_tensors; j++) {
+      uint64_t nb = l->tensors[j].nbytes;
+      /* kvti_buf_alloc: pooled blocks (one header page + a size class) from
+       * 64 KiB, small ones malloc'ed with 80 bytes of overhead. */
+      b += nb >= ((uint64_t)64 << 10)
+               ? (uint64_t)kvti_bufpool_class((size_t)nb + KVTI_BUF_ALIGN)
+               : nb + 80;
+    }
+  }
+  return b;
+}
+
+void kvti_hc_item_free(kvti_hc_item *it) {
+  if (!it || !it->layers)
+    return;
+  for (uint32_t i = 0; i < it->n_layers; i++)
+    kvti_layer_release(&it->layers[i], 0, NULL, NULL);
+  kvti_free(it->layers);
+  it->layers = NULL;
+  it->n_layers = 0;
+}
+
+/* ---- lifetime ----------------------------------------------------------- */
+
+int kvti_hc_create(kvti_hcache **out, uint64_t bound, kvti_bufpool *pool) {
+  kvti_hcache *c = kvti_calloc(1, sizeof *c);
+  if (!c)
+    return KVT_ERR_NOMEM();
+  if (pthread_mutex_init(&c->mu, NULL) != 0) {
+    kvti_free(c);
+    return KVT_ERR_NOMEM();
+  }
+  c->refs = 1;
+  c->bound = bound;
+  c->st.bound = bound;
+  c->pool = pool;
+  if (pool)
+    kvti_bufpool_retain(pool);
+  *out = c;
+  return 0;
+}
+
+void kvti_hc_retain(kvti_hcache *c) {
+  pthread_mutex_lock(&c->mu);
+  c->refs++;
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* Drops every record. Caller holds mu. */
+static void drop_all(kvti_hcache *c, rec **garbage, int64_t *charge) {
+  while (c->lru.old)
+    drop(c, c->lru.old, garbage, charge);
+  while (c->lent.old)
+    drop(c, c->lent.old, garbage, charge);
+}
+
+void kvti_hc_close(kvti_hcache *c) {
+  if (!c)
+    return;
+  rec *g = NULL;
+  int64_t charge = 0;
+  pthread_mutex_lock(&c->mu);
+  c->closed = 1;
+  drop_all(c, &g, &charge);
+  pthread_mutex_unlock(&c->mu);
+  settle(c, g, charge);
+}
+
+void kvti_hc_release(kvti_hcache *c) {
+  if (!c)
+    return;
+  rec *g = NULL;
+  int64_t charge = 0;
+  pthread_mutex_lock(&c->mu);
+  int last = --c->refs == 0;
+  if (last)
+    drop_all(c, &g, &charge);
+  pthread_mutex_unlock(&c->mu);
+  if (!last)
+    return;
+  settle(c, g, charge);
+  kvti_hm_free(&c->map);
+  kvti_bufpool_release(c->pool);
+  pthread_mutex_destroy(&c->mu);
+  kvti_free(c);
+}
+
+/* ---- bound -------------------------------------------------------------- */
+
+void kvti_hc_set_bound(kvti_hcache *c, uint64_t bound) {
+  rec *g = NULL;
+  int64_t charge = 0;
+  pthread_mutex_lock(&c->mu);
+  c->bound = bound;
+  c->st.bound = bound;
+  evict_to(c, bound, NULL, &g, &charge);
+  pthread_mutex_unlock(&c->mu);
+  settle(c, g, charge);
+}
+
+uint64_t kvti_hc_trim(kvti_hcache *c, uint64_t target) {
+  rec *g = NULL;
+  int64_t charge = 0;
+  pthread_mutex_lock(&c->mu);
+  evict_to(c, target, NULL, &g, &charge);
+  pthread_mutex_unlock(&c->mu);
+  settle(c, g, charge);
+  return (uint64_t)-charge;
+}
+
+void kvti_hc_get_stats(kvti_hcache *c, kvti_hc_stats *out) {
+  pthread_mutex_lock(&c->mu);
+  *out = c->st;
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* ---- records ------------------------------------------------------------ */
+
+/* Makes r resident with *it, charging it and evicting others for room. Caller
+ * holds mu; r is in the map and in no list. */
+static void admit(kvti_hcache *c, rec *r, kvti_hc_item *it, rec **g,
+                  int64_t *charge) {
+  r->state = RESIDENT;
+  r->it = *it;
+  r->lend_id = 0;
+  list_push(&c->lru, r);
+  c->st.used += it->bytes;
+  c->st.resident++;
+  *charge += (int64_t)it->bytes;
+  evict_to(c, c->bound, r, g, charge);
+}
+
+int kvti_hc_put(kvti_hcache *c, const char *hash, kvti_hc_item *it) {
+  it->bytes = kvti_hc_layers_bytes(it->layers, it->n_layers);
+  rec *fresh = kvti_calloc(1, sizeof *fresh);
+  rec *g = NULL;
+  int64_t charge = 0;
+  int kept = 0;
+  pthread_mutex_lock(&c->mu);
+  rec *r = find(c, hash, NULL);
+  if (r) /* the new version replaces whatever was there (a lent old version
+            is then never re-admitted) */
+    drop(c, r, &g, &charge);
+  if (!fresh || c->closed || it->bytes > c->bound ||
+      kvti_hm_add(&c->map, key_of(hash), (uint64_t)(uintptr_t)fresh) != 0) {
+    c->st.rejects++;
+  } else {
+    snprintf(fresh->hash, sizeof fresh->hash, "%s", hash);
+    fresh->key = key_of(hash);
+    admit(c, fresh, it, &g, &charge);
+    c->st.inserts++;
+    kept = 1;
+    fresh = NULL;
+  }
+  pthread_mutex_unlock(&c->mu);
+  settle(c, g, charge);
+  kvti_free(fresh);
+  if (!kept)
+    kvti_hc_item_free(it);
+  return kept;
+}
+
+/* Registers r (already in the map, in no list) as lent with a fresh id,
+ * forgetting the oldest lent records beyond KVTI_HC_MAX_LENT. Caller holds
+ * mu. */
+static uint64_t lend_locked(kvti_hcache *c, rec *r, rec **g, int64_t *charge) {
+  r->state = LENT;
+  r->lend_id = ++c->next_id;
+  memset(&r->it, 0, sizeof r->it);
+  list_push(&c->lent, r);
+  c->st.lent++;
+  while (c->st.lent > KVTI_HC_MAX_LENT && c->lent.old != r)
+    drop(c, c->lent.old, g, charge);
+  return r->lend_id;
+}
+
+int kvti_hc_take(kvti_hcache *c, const char *hash, kvti_hc_item *out,
+                 uint64_t *lend_id) {
+  rec *g = NULL;
+  int64_t charge = 0;
+  int hit = 0;
+  pthread_mutex_lock(&c->mu);
+  if (c->bound > 0 && !c->closed) {
+    rec *r = find(c, hash, NULL);
+    if (r && r->state == RESIDENT) {
+      *out = r->it;
+      list_unlink(&c->lru, r);
+      c->st.used -= r->it.bytes;
+      c->st.resident--;
+      charge -= (int64_t)r->it.bytes;
+      *lend_id = lend_locked(c, r, &g, &charge);
+      c->st.hits++;
+      hit = 1;
+    } else {
+      c->st.misses++;
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  settle(c, g, charge);
+  return hit;
+}
+
+void kvti_hc_forget(kvti_hcache *c, const char *hash, uint64_t lend_id,
+                    int verify_failed) {
+  rec *g = NULL;
+  int64_t charge = 0;
+  pthread_mutex_lock(&c->mu);
+  rec *r = find(c, hash, NULL);
+  if (r && r->state == LENT && r->lend_id == lend_id)
+    drop(c, r, &g, &charge);
+  if (verify_failed) {
+    c->st.verify_failures++;
+    if (c->st.hits)
+      c->st.hits--;
+    c->st.misses++;
+  }
+  pthread_mutex_unlock(&c->mu);
+  settle(c, g, charge);
+}
+
+int kvti_hc_lend(kvti_hcache *c, const char *hash, uint64_t *lend_id) {
+  rec *fresh = kvti_calloc(1, sizeof *fresh);
+  rec *g = NULL;
+  int64_t charge = 0;
+  int ok = 0;
+  pthread_mutex_lock(&c->mu);
+  if (c->bound > 0 && !c->closed) {
+    rec *r = find(c, hash, NULL);
+    if (r && r->state == LENT) {
+      /* Promoted again while the earlier copy is out: the latest copy is the
+       * one re-admitted. */
+      list_unlink(&c->lent, r);
+      c->st.lent--;
+      *lend_id = lend_locked(c, r, &g, &charge);
+      ok = 1;
+    } else if (!r && fresh &&
+               kvti_hm_add(&c->map, key_of(hash), (uint64_t)(uintptr_t)fresh) ==
+                   0) {
+      snprintf(fresh->hash, sizeof fresh->hash, "%s", hash);
+      fresh->key = key_of(hash);
+      *lend_id = lend_locked(c, fresh, &g, &charge);
+      fresh = NULL;
+      ok = 1;
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  settle(c, g, charge);
+  kvti_free(fresh);
+  return ok;
+}
+
+int kvti_hc_give_back(kvti_hcache *c, const char *hash, uint64_t lend_id,
+                      kvti_hc_item *it) {
+  it->bytes = kvti_hc_layers_bytes(it->layers, it->n_layers);
+  rec *g = NULL;
+  int64_t charge = 0;
+  int kept = 0;
+  pthread_mutex_lock(&c->mu);
+  rec *r = find(c, hash, NULL);
+  if (r && r->state == LENT && r->lend_id == lend_id) {
+    list_unlink(&c->lent, r);
+    c->st.lent--;
+    if (!c->closed && it->bytes <= c->bound) {
+      admit(c, r, it, &g, &charge);
+      c->st.returns++;
+      kept = 1;
+    } else {
+      /* Not coming back: the record goes (it is in no list now). */
+      kvti_hm_remove(&c->map, r->key, (uint64_t)(uintptr_t)r);
+      r->state = LENT;
+      r->gnext = g;
+      g = r;
+      c->st.rejects++;
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  settle(c, g, charge);
+  if (!kept)
+    kvti_hc_item_free(it);
+  return kept;
+}
+
+void kvti_hc_invalidate(kvti_hcache *c, const char *hash) {
+  rec *g = NULL;
+  int64_t charge = 0;
+  pthread_mutex_lock(&c->mu);
+  rec *r = find(c, hash, NULL);
+  if (r) {
+    drop(c, r, &g, &charge);
+    c->st.invalidations++;
+  }
+  pthread_mutex_unlock(&c->mu);
+  settle(c, g, charge);
+}
+
+/* ---- default bound ------------------------------------------------------ */
+
+/* A cgroup limit file's value in bytes, or UINT64_MAX (absent, "max",
+ * unparsable; cgroup v1 reports "no limit" as a huge page-rounded number). */
+static uint64_t read_limit(const char *path) {
+  if (!path)
+    return UINT64_MAX;
+  FILE *f = fopen(path, "r"); /* a /sys file, not cache data: no io seam */
+  if (!f)
+    return UINT64_MAX;
+  char buf[64] = {0};
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  char *end;
+  unsigned long long v = strtoull(buf, &end, 10);
+  if (end == buf || (*end && *end != '\n'))
+    return UINT64_MAX;
+  if (v >= (1ull << 62))
+    return UINT64_MAX;
+  return (uint64_t)v;
+}
+
+uint64_t kvti_hc_memory_limit(const char *v2, const char *v1, uint64_t phys) {
+  uint64_t m = phys ? phys : UINT64_MAX;
+  uint64_t a = read_limit(v2), b = read_limit(v1);
+  if (a < m)
+    m = a;
+  if (b < m)
+    m = b;
+  return m == UINT64_MAX ? 0 : m;
+}
+
+uint64_t kvti_hc_default_bytes(void) {
+  long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+  uint64_t phys =
+      pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : UINT64_MAX;
+  uint64_t m =
+      kvti_hc_memory_limit("/sys/fs/cgroup/memory.max",
+                           "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                           phys == UINT64_MAX ? 0 : phys);
+  if (m == 0) /* nothing known: a conservative 1 GiB */
+    return (uint64_t)1 << 30;
+  return m / 8;
+}

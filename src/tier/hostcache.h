@@ -1,0 +1,136 @@
+/*
+ * hostcache.h - host RAM as a tier (issue 15): an in-process cache of whole
+ * entries (their verified layers, tensor buffers included) between the engine
+ * and the SSD, so an entry spilled or promoted a moment ago comes back at
+ * memory speed although kvtier's own writes and cold reads bypass the page
+ * cache (O_DIRECT). It is filled from two sources without copying: the
+ * writer's copy-mode snapshots once they are on disk (native mode), and the
+ * buffers of promoted entries when the caller frees them (kvt_entry_free).
+ * Zero-copy spills are not cached at spill time (the caller kept the memory;
+ * caching it would cost a copy on the writer thread); their first promote
+ * fills the cache when it is freed.
+ *
+ * Records and their states. A RESIDENT record owns its layers and counts
+ * against the byte bound; an LRU list (oldest first) decides what goes when a
+ * put, a return or a lowered bound needs room. A promote that hits TAKES the
+ * layers (they become the kvt_entry handed to the caller, no copy) and leaves
+ * a LENT record with a fresh lend id; freeing that entry GIVES the layers BACK,
+ * which re-admits them only while the record still carries that id. Every
+ * invalidation (replace, evict, remove, quarantine, retention) deletes the
+ * record, so a stale version can never come back. Entries promoted from disk
+ * are registered as LENT (kvti_hc_lend) so their buffers are admitted when
+ * freed. The bytes of lent entries belong to the caller (its RAM budget) and
+ * are not counted here.
+ *
+ * A hit is served only after the caller verified the layers against the
+ * entry's files (manifest block checksums, as a disk read does: see
+ * kvti_entry_verify_mem); this module stores and bounds, it does not judge.
+ *
+ * Budget: bytes held here are charged to the buffer pool given at creation
+ * (kvti_bufpool_charge), whose own idle buffers then shrink by as much, so
+ * cache + idle pool buffers share one budget; evicted buffers go back to that
+ * pool (and are freed beyond its cap).
+ *
+ * Threads: every function is thread-safe (one mutex; buffers are freed outside
+ * it). Lifetime: reference counted like the buffer pool - every lent entry
+ * holds a reference, so an entry freed after its tier closed still finds a
+ * (closed) cache that simply frees it.
+ */
+#ifndef KVT_HOSTCACHE_H
+#define KVT_HOSTCACHE_H
+
+#include "base/bufpool.h"
+#include "kvtier.h"
+
+#include <stdint.h>
+
+typedef struct kvti_hcache kvti_hcache;
+
+/* What a record holds: layers as a read builds them (tensor data from
+ * kvti_buf_alloc, tensors/orig_dtypes arrays from kvti_malloc), and what the
+ * rebuilt kvt_entry reports. */
+typedef struct kvti_hc_item {
+  kvt_layer *layers;
+  uint32_t n_layers;
+  uint64_t bytes; /* footprint (kvti_hc_layers_bytes), set by the cache */
+  uint64_t memory_bytes;
+  uint64_t disk_bytes; /* bytes of the entry's files */
+  int storage_mode;
+} kvti_hc_item;
+
+typedef struct kvti_hc_stats {
+  uint64_t bound;           /* bytes, now */
+  uint64_t used;            /* bytes of resident records, now */
+  uint64_t resident;        /* resident records, now */
+  uint64_t lent;            /* lent records, now */
+  uint64_t hits;            /* takes that found a resident record */
+  uint64_t misses;          /* takes that did not (cache enabled) */
+  uint64_t inserts;         /* records made resident by a put */
+  uint64_t returns;         /* give-backs re-admitted */
+  uint64_t evictions;       /* resident records dropped for room or a trim */
+  uint64_t invalidations;   /* records deleted by kvti_hc_invalidate */
+  uint64_t verify_failures; /* takes undone by kvti_hc_forget(.., 1) */
+  uint64_t rejects;         /* puts/give-backs refused (too big, disabled) */
+} kvti_hc_stats;
+
+/* Bound on lent records (each is ~100 bytes): beyond it the oldest are
+ * forgotten (their entries are then freed normally). */
+#define KVTI_HC_MAX_LENT 4096u
+
+/* Creates a cache bounded by bound bytes (0: disabled - nothing is kept),
+ * charging pool (may be NULL). Returns 0 or KVT_ENOMEM. */
+int kvti_hc_create(kvti_hcache **out, uint64_t bound, kvti_bufpool *pool);
+void kvti_hc_retain(kvti_hcache *c);
+/* Drops a reference (accepts NULL); the last one frees everything. */
+void kvti_hc_release(kvti_hcache *c);
+/* Drops every record and refuses everything from now on (the tier closes);
+ * lent entries given back later are freed. */
+void kvti_hc_close(kvti_hcache *c);
+
+/* Sets the bound and evicts down to it before returning. */
+void kvti_hc_set_bound(kvti_hcache *c, uint64_t bound);
+/* Evicts (LRU) until at most target bytes are used; the bound is unchanged.
+ * Returns the bytes released. */
+uint64_t kvti_hc_trim(kvti_hcache *c, uint64_t target);
+void kvti_hc_get_stats(kvti_hcache *c, kvti_hc_stats *out);
+
+/* Footprint of layers as the cache counts it: the buffer-pool capacity of each
+ * tensor buffer (size class plus its header page) plus the arrays. */
+uint64_t kvti_hc_layers_bytes(const kvt_layer *layers, uint32_t n);
+/* Frees an item's layers (tensor buffers through kvti_buf_free). */
+void kvti_hc_item_free(kvti_hc_item *it);
+
+/* Makes it (ownership always passes) the resident version of hash, replacing
+ * any record. Returns 1 when kept, 0 when freed (disabled, closed, larger
+ * than the bound, no memory). */
+int kvti_hc_put(kvti_hcache *c, const char *hash, kvti_hc_item *it);
+/* On a resident record: moves its item to *out, marks it lent and returns 1
+ * with *lend_id. Otherwise 0 (counted as a miss while enabled). */
+int kvti_hc_take(kvti_hcache *c, const char *hash, kvti_hc_item *out,
+                 uint64_t *lend_id);
+/* Undoes a take whose item the caller could not use: the record is deleted
+ * (the caller frees the item). verify_failed: count it as a verification
+ * failure and a miss instead of a hit. */
+void kvti_hc_forget(kvti_hcache *c, const char *hash, uint64_t lend_id,
+                    int verify_failed);
+/* Registers an entry read from disk as lent so its buffers are admitted when
+ * freed. Returns 1 and *lend_id, or 0 (disabled, closed, a resident version
+ * exists, no memory). */
+int kvti_hc_lend(kvti_hcache *c, const char *hash, uint64_t *lend_id);
+/* Returns a lent item (ownership passes): re-admitted as resident (1) when the
+ * record still carries lend_id and it fits the bound, else freed (0). */
+int kvti_hc_give_back(kvti_hcache *c, const char *hash, uint64_t lend_id,
+                      kvti_hc_item *it);
+/* Deletes hash's record, whatever its state. */
+void kvti_hc_invalidate(kvti_hcache *c, const char *hash);
+
+/* The default bound (kvt_options.host_cache_bytes = KVT_HOST_CACHE_AUTO): 1/8
+ * of the memory this process may use, i.e. the smallest of physical RAM, the
+ * cgroup v2 limit (/sys/fs/cgroup/memory.max) and the cgroup v1 limit
+ * (/sys/fs/cgroup/memory/memory.limit_in_bytes). */
+uint64_t kvti_hc_default_bytes(void);
+/* The smallest of phys and the limits in the files at v2 and v1 (either may be
+ * NULL or missing; "max" or an unparsable/huge value means no limit). */
+uint64_t kvti_hc_memory_limit(const char *v2, const char *v1, uint64_t phys);
+
+#endif
