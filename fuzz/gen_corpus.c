@@ -8,6 +8,8 @@
  * Usage: fuzz_gen_corpus <corpus root>.
  */
 #include "fuzz_common.h"
+#include "base/io.h"
+#include "format/chunk.h"
 
 static char g_out[1024];
 
@@ -109,6 +111,65 @@ int main(int argc, char **argv) {
       seed("entry", name, pk, pn);
     }
     free(pk);
+  }
+  /* Chunk files (fuzz_chunk): a KV F16 layer and a 4-bit quantized layer cut
+   * at rows [16, 32), as the chunk writer stores them; control byte 0 = as
+   * is, 1 = key and header checksum recomputed after mutation. */
+  {
+    static uint8_t kbuf[2][1 * 2 * 32 * 8 * 2], qbuf[6][2 * 32 * 16 * 4];
+    for (size_t i = 0; i < sizeof kbuf; i++)
+      ((uint8_t *)kbuf)[i] = (uint8_t)(i * 31 + 7);
+    for (size_t i = 0; i < sizeof qbuf; i++)
+      ((uint8_t *)qbuf)[i] = (uint8_t)(i * 17 + 3);
+    kvt_tensor kt[2], qt[6];
+    for (int j = 0; j < 2; j++)
+      kt[j] = (kvt_tensor){
+          KVT_DTYPE_F16, 4, {1, 2, 32, 8}, kbuf[j], sizeof kbuf[j]};
+    for (int j = 0; j < 6; j++) {
+      int packed = j % 3 == 0;
+      qt[j] = (kvt_tensor){packed ? KVT_DTYPE_U32 : KVT_DTYPE_F16,
+                           4,
+                           {1, 2, 32, packed ? 8 : 2},
+                           qbuf[j],
+                           packed ? 2 * 32 * 8 * 4 : 2 * 32 * 2 * 2};
+    }
+    kvt_layer ls[2];
+    kvt_layer_init(&ls[0], KVT_LAYER_KV);
+    ls[0].num_tensors = 2;
+    ls[0].tensors = kt;
+    ls[0].offset = 32;
+    kvt_layer_init(&ls[1], KVT_LAYER_QUANTIZED_KV);
+    ls[1].num_tensors = 6;
+    ls[1].tensors = qt;
+    ls[1].offset = 32;
+    ls[1].bits = 4;
+    ls[1].group_size = 32;
+    uint32_t ids[2] = {0, 1};
+    int32_t tok[16];
+    for (int i = 0; i < 16; i++)
+      tok[i] = 1000 + i;
+    uint8_t *ns, parent[32];
+    size_t nsl;
+    if (kvti_chunk_ns_encode(&ns, &nsl, "fuzz-model", "salt") != 0 ||
+        kvti_chunk_seed(parent, ns, nsl, 0) != 0)
+      abort();
+    kvti_chunk_src src = {ns, nsl, parent, 1, tok, 16, 16, ls, ids, 2, 2};
+    char cp[1100], ct[1100];
+    snprintf(cp, sizeof cp, "%s/seed.kvc", fz_dir());
+    snprintf(ct, sizeof ct, "%s/seed.kvc.tmp", fz_dir());
+    if (kvti_chunk_write(cp, ct, &src, 0600, 0, NULL) != 0)
+      abort();
+    size_t cn;
+    char *cb = kvt_test_read_file(cp, &cn);
+    unsigned char *cs = malloc(cn + 1);
+    for (int v = 0; v < 2; v++) {
+      cs[0] = (unsigned char)v;
+      memcpy(cs + 1, cb, cn);
+      seed("chunk", v ? "kv_quant_fixsum" : "kv_quant_exact", cs, cn + 1);
+    }
+    free(cs);
+    free(cb);
+    kvti_free(ns);
   }
   /* Hand-made edge cases. */
   static const char empty_st[] = "\x02\x00\x00\x00\x00\x00\x00\x00{}";

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${KVT_FUZZ_SECONDS:-30}
-targets=${KVT_FUZZ_TARGETS:-"safetensors manifest tokens entry"}
+targets=${KVT_FUZZ_TARGETS:-"safetensors manifest tokens entry chunk"}
 jobs=${KVT_FUZZ_JOBS:-2}
 command -v clang >/dev/null || { echo "fuzz/run.sh: clang not found" >&2; exit 1; }
 

@@ -251,7 +251,8 @@ typedef void (*kvt_spill_done_fn)(void *ctx, const char *token_hash,
  *  before C++20 and for bindings). */
 
 /** kvt_options versions: 1 (up to remote_flags), 2 (+ read_threads), 3 (+
- *  host_cache_bytes), 4 (+ remote_lookup_timeout_ms, remote_tls_*). */
+ *  host_cache_bytes, chunk_tokens, model_id), 4 (+ remote_lookup_timeout_ms,
+ *  remote_tls_*). */
 #define KVT_OPTIONS_VERSION 4
 
 /** Tier options; mirrors the reference's SSDCacheConfig plus kvtier's own. */
@@ -336,6 +337,19 @@ typedef struct kvt_options {
    *  (/sys/fs/cgroup/memory/memory.limit_in_bytes) - read at open.
    *  kvt_tier_set_host_cache_bytes changes it at run time. */
   uint64_t host_cache_bytes;
+  /* The chunked native store (docs/FORMAT.md section 10). */
+  /** 0 = off (every spill is one entry, as the reference). Else a power of
+   *  two in 16..4096: native-mode spills keep their KV (and quantized KV,
+   *  and rotating KV that has not wrapped) in chunks of this many tokens
+   *  under chunks/, stored once however many entries share them; prefix
+   *  lookups of pure-KV models then also find chunk-aligned prefixes no
+   *  spill ended at. Needs storage_mode NATIVE and remote_mode LOCAL.
+   *  Experimental: 0 by default. */
+  uint32_t chunk_tokens;
+  /** Namespace of the chunks (with chunk_tokens): spills of two model_ids
+   *  never share or see each other's chunks. NULL = model_name (or ""). At
+   *  most 4000 bytes. */
+  const char *model_id;
   /* ---- version 4 ---- */
   /** Deadline of a remote lookup's round trip in ms (1..600000), separate
    *  from remote_timeout_ms: kvt_tier_lookup* and a promote's remote lookup
@@ -788,8 +802,10 @@ KVT_API int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair);
  *  entry's remote manifest (disk_bytes = bytes stored, accessed_at =
  *  created_at), in no particular order, until fn returns nonzero. A SCAN of
  *  every master plus one read per entry: never used on the serving path.
- *  Returns 0, KVT_EINVAL (no remote tier configured), KVT_EUNSUPPORTED (built
- *  without hiredis), KVT_EIO / KVT_ETIMEDOUT (server), KVT_ENOMEM, KVT_ECLOSED.
+ *  Returns 0, KVT_EINVAL (no remote tier configured: always so in a build
+ *  without hiredis, whose kvt_tier_open refuses a remote_url with
+ *  KVT_EUNSUPPORTED), KVT_EIO / KVT_ETIMEDOUT (server), KVT_ENOMEM,
+ *  KVT_ECLOSED.
  *  Thread-safe; fn must not call back into the tier. */
 KVT_API int kvt_tier_remote_foreach(kvt_tier *t, kvt_entry_visit_fn fn,
                                     void *ctx);
@@ -866,7 +882,7 @@ typedef struct kvt_stats {
   uint64_t reconciled;
   uint64_t promotions_cancelled;
   uint64_t entries;      /* now */
-  uint64_t disk_bytes;   /* now: bytes of entries on disk */
+  uint64_t disk_bytes;   /* now: bytes of entries (and chunks) on disk */
   uint64_t memory_bytes; /* now: sum of memory_bytes */
   uint64_t queue_depth;  /* now */
   uint64_t queue_bytes;  /* now */

@@ -343,3 +343,24 @@ int kvti_is_hash_name(const char *s) {
   }
   return i == 64;
 }
+
+void kvti_hex32(char out[65], const uint8_t in[32]) {
+  static const char hx[] = "0123456789abcdef";
+  for (int i = 0; i < 32; i++) {
+    out[2 * i] = hx[in[i] >> 4];
+    out[2 * i + 1] = hx[in[i] & 15];
+  }
+  out[64] = '\0';
+}
+
+int kvti_unhex32(uint8_t out[32], const char *s) {
+  if (!kvti_is_hash_name(s))
+    return -1;
+  for (int i = 0; i < 32; i++) {
+    int a = s[2 * i], b = s[2 * i + 1];
+    a = a <= '9' ? a - '0' : a - 'a' + 10;
+    b = b <= '9' ? b - '0' : b - 'a' + 10;
+    out[i] = (uint8_t)(a << 4 | b);
+  }
+  return 0;
+}

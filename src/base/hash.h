@@ -83,5 +83,9 @@ int kvti_xxh3_parse(uint64_t *out, const char *s);
 
 /* True when s is exactly 64 lowercase hex digits (a valid entry name). */
 int kvti_is_hash_name(const char *s);
+/* A 32-byte key as 64 lowercase hex digits + NUL, and back (0, or -1 for
+ * anything but a valid entry name). */
+void kvti_hex32(char out[65], const uint8_t in[32]);
+int kvti_unhex32(uint8_t out[32], const char *s);
 
 #endif

@@ -73,6 +73,9 @@ int kvti_snapshot_take_layers(kvti_snapshot *s, kvt_layer **layers,
                               uint32_t *n_layers);
 const int32_t *kvti_snapshot_tokens(const kvti_snapshot *s, size_t *n);
 uint64_t kvti_snapshot_memory_bytes(const kvti_snapshot *s);
+/* The snapshot's validated layers (owned by it; read-only). For the chunked
+ * store, which cuts them into chain rows and a tail. */
+const kvt_layer *kvti_snapshot_layers(const kvti_snapshot *s, uint32_t *n);
 /* Heap bytes the snapshot holds (0 data bytes for a no-copy snapshot). */
 uint64_t kvti_snapshot_held_bytes(const kvti_snapshot *s);
 /* Exact bytes the entry will take on disk in mode (file sizes, before block

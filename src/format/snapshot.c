@@ -139,6 +139,11 @@ const int32_t *kvti_snapshot_tokens(const kvti_snapshot *s, size_t *n) {
     *n = s->n_tokens;
   return s->tokens;
 }
+const kvt_layer *kvti_snapshot_layers(const kvti_snapshot *s, uint32_t *n) {
+  if (n)
+    *n = s->n_layers;
+  return s->layers;
+}
 uint64_t kvti_snapshot_memory_bytes(const kvti_snapshot *s) {
   return s->memory_bytes;
 }

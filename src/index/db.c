@@ -534,7 +534,7 @@ int kvti_index_open(kvt_index **out, const char *cache_dir,
   pthread_rwlock_init(&idx->rw, NULL);
   idx->readonly = readonly != 0;
   int rc = 0;
-  idx->db_path = kvti_path_join(cache_dir, "index.db");
+  idx->db_path = kvti_path_join(cache_dir, KVTI_INDEX_DB_FILE);
   if (measure)
     idx->measure = *measure;
   if (!idx->db_path) {

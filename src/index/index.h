@@ -38,6 +38,9 @@ typedef struct kvti_index_measure {
   void *ctx;
 } kvti_index_measure;
 
+/* The database's name inside a cache directory (the reference's). */
+#define KVTI_INDEX_DB_FILE "index.db"
+
 /* Opens cache_dir/index.db. measure (may be NULL; copied) gives the disk bytes
  * of rows that lack kvtier_meta; without it they get 0. mode (bits):
  * KVTI_INDEX_READONLY opens SQLITE_OPEN_READONLY, no schema changes (a legacy

@@ -1,19 +1,23 @@
 /*
  * backend.h - the storage-backend seam of the tier. The tier logic (queue,
- * locks, index, capacity, retention, budget, stats) talks to entry storage only
- * through this vtable, so a shared remote tier (e.g. Redis or an object store)
- * can be added later as another implementation without touching tier.c,
- * writer.c or promote.c. backend_local.c implements it over a local cache
- * directory in the reference's layout (data/<hash>/..., quarantine/<hash>).
+ * locks, index, capacity, retention, budget, stats, the remote upload queue
+ * and back-off) talks to entry storage only through this vtable and the
+ * constructors below: the local backend (store/local.h, which alone knows the
+ * cache directory's layout) and the remote constructor table
+ * (kvti_backend_remote_new, store/registry.c), so adding a remote store
+ * (another key-value server, an object store) touches no tier file.
+ * store/local.c implements it over a local cache directory in the reference's
+ * layout; store/redis/ over Redis / Valkey.
  *
  * Contract for every implementation: entries are named by their 64-hex token
  * hash; put publishes an entry atomically (readers see the old complete entry
  * or the new complete one, never a mix) and on failure leaves no trace of the
  * new one; get never returns data that failed verification. The tier serialises
- * all mutating calls (put, remove, quarantine, purge) and excludes readers of
- * the same entry with its striped locks, so a backend needs no locking of its
- * own beyond what concurrent gets of different entries require. All functions
- * return 0 or a negative KVT_E* code with the thread's error message set.
+ * all mutating calls (put, remove, quarantine, purge, adopt) and excludes
+ * readers of the same entry with its striped locks, so a backend needs no
+ * locking of its own beyond what concurrent gets of different entries require.
+ * All functions return 0 or a negative KVT_E* code with the thread's error
+ * message set.
  */
 #ifndef KVT_BACKEND_H
 #define KVT_BACKEND_H
@@ -36,8 +40,19 @@ enum {
  * list). */
 typedef int (*kvti_backend_list_fn)(void *ctx, const char *name, int kind);
 
+/* What a store that answers lookups itself (find, stat, fetch) knows of an
+ * entry without reading it: its remote manifest, for the Redis backend. */
+typedef struct kvti_backend_meta {
+  char hash[KVT_HASH_HEX_LEN + 1];
+  uint64_t num_tokens;
+  uint64_t memory_bytes;
+  uint64_t total_bytes; /* bytes of the entry's files */
+  double created_at;
+  int storage_mode;
+} kvti_backend_meta;
+
 typedef struct kvti_backend_ops {
-  const char *name; /* "local" */
+  const char *name; /* "local", "redis" */
   /* Publishes snapshot s under its hash, replacing an existing entry
    * atomically. *disk_bytes = bytes stored. */
   int (*put)(kvti_backend *b, uint64_t *disk_bytes, const kvti_snapshot *s,
@@ -64,6 +79,40 @@ typedef struct kvti_backend_ops {
    * keep_max, oldest dropped first; keep_max 0 deletes it). A missing entry is
    * success. */
   int (*quarantine)(kvti_backend *b, const char *hash, uint32_t keep_max);
+
+  /* ---- optional: NULL when the store does not offer it ---- */
+
+  /* Lookup by tokens, for a store without the tier's index in front of it (a
+   * remote one): exact (prefix 0) or the longest stored prefix of tokens among
+   * entries of at least min_len tokens. 0 and *out, KVT_ENOTFOUND, or a
+   * connection error. The local backend has none: the index answers. */
+  int (*find)(kvti_backend *b, kvti_backend_meta *out, const int32_t *tokens,
+              size_t n, int prefix, uint64_t min_len);
+  /* The stored metadata of entry hash: 0 and *out, KVT_ENOTFOUND,
+   * KVT_ECORRUPT (damaged metadata), or a connection error. */
+  int (*stat)(kvti_backend *b, kvti_backend_meta *out, const char *hash);
+  /* Makes a unique empty staging directory (malloc'ed path via kvti_malloc;
+   * the caller removes it with kvti_rmtree) for fetch. */
+  int (*stage)(kvti_backend *b, char **dir);
+  /* Copies entry hash into stage_dir/<hash>/ (files checked against the
+   * store's own checksums; the caller then verifies them with the entry
+   * reader). out (may be NULL) receives the metadata. A missing or damaged
+   * part cleans up the stored entry and returns KVT_ENOTFOUND /
+   * KVT_ECORRUPT. */
+  int (*fetch)(kvti_backend *b, kvti_backend_meta *out, const char *hash,
+               const char *stage_dir);
+  /* Takes stage_dir/<hash>/ (a verified entry, e.g. fetched from another
+   * store into a staging directory this backend handed out) in as entry hash,
+   * by rename: nothing is copied. Fails when an entry is stored under hash. */
+  int (*adopt)(kvti_backend *b, const char *stage_dir, const char *hash);
+  /* Bytes stored for entry hash (the index's measuring callback): 1 with
+   * *bytes set, 0 when it cannot be measured, or KVT_ENOMEM. */
+  int (*measure)(kvti_backend *b, const char *hash, uint64_t *bytes);
+
+  /* Contacts the store now: 0, KVT_EPERM (credentials / certificates
+   * refused: a configuration error), KVT_EIO / KVT_ETIMEDOUT (unreachable). */
+  int (*probe)(kvti_backend *b);
+
   /* Frees the backend. */
   void (*destroy)(kvti_backend *b);
 } kvti_backend_ops;
@@ -72,12 +121,32 @@ struct kvti_backend {
   const kvti_backend_ops *ops;
 };
 
-/* The local-directory backend over cache_dir (data/ and quarantine/ below it).
- * data/ must exist. dir_mode is used for quarantine/. Returns 0, KVT_ENOMEM. */
-int kvti_backend_local_new(kvti_backend **out, const char *cache_dir,
-                           uint32_t dir_mode);
-/* The local backend's data directory (for the index's disk-byte measurement).
- */
-const char *kvti_backend_local_data_dir(const kvti_backend *b);
+/* ---- the remote constructor table (store/registry.c) ---- */
+
+/* Configuration of a remote store; the URL's scheme picks the backend. */
+typedef struct kvti_remote_cfg {
+  const char *url;
+  const char *prefix; /* key prefix (the backend's default when NULL) */
+  uint32_t timeout_ms;
+  uint64_t chunk_bytes;
+  int64_t ttl_ms;         /* 0 = stored entries do not expire */
+  const char *stage_root; /* local directory for staging entry files (the
+                             local backend's, kvti_backend_local_stage_root) */
+  uint32_t file_mode, dir_mode;
+  uint32_t lookup_timeout_ms; /* find's own deadline (0 = timeout_ms) */
+  const char *tls_ca_file;    /* rediss:// only; NULL = system store */
+  const char *tls_cert_file;  /* client certificate (with tls_key_file) */
+  const char *tls_key_file;
+  int mirror; /* keep a local mirror of the remote keys for find */
+} kvti_remote_cfg;
+
+/* Validates a remote URL (its scheme names a known backend, the rest parses)
+ * without connecting, the same in every build. 0 or KVT_EINVAL. */
+int kvti_backend_remote_check_url(const char *url);
+/* Makes the remote backend cfg->url names. No connection is made here. The
+ * backend offers find, stat, stage and fetch. Returns 0, KVT_EINVAL (URL),
+ * KVT_EUNSUPPORTED (a backend this build does not include: the message says
+ * how to get it), KVT_ENOMEM. */
+int kvti_backend_remote_new(kvti_backend **out, const kvti_remote_cfg *cfg);
 
 #endif

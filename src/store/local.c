@@ -1,31 +1,49 @@
 /*
- * backend_local.c - the local-directory storage backend (see backend.h):
- * entries live in cache_dir/data/<hash>/ exactly as the reference lays them
- * out, written and read by entry.c; corrupt entries move to
+ * local.c - the local-directory storage backend (see backend.h and local.h),
+ * the one owner of the cache directory's layout: cache_dir and data/ (created
+ * and checked at open), kvtier.lock, index.db's creation, quarantine/ and the
+ * remote staging root remote.tmp/. Entries live in cache_dir/data/<hash>/
+ * exactly as the reference lays them out, written and read by format/entry*.c;
+ * a verified entry fetched from a remote store into the staging root is
+ * adopted into data/ by rename (same file system). Corrupt entries move to
  * cache_dir/quarantine/<hash> (a unique suffix on a name clash so a move is
  * never lost), and quarantine/ is bounded by removing the oldest moves (by
  * ctime, which the rename sets). Removal renames the entry to <hash>.rm.tmp
  * before deleting the tree so an entry disappears atomically; a crash
  * mid-delete leaves only a *.tmp that the next open removes.
  */
-#include "store/backend.h"
+#include "store/local.h"
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "format/entry_restore.h"
+#include "index/index.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <time.h>
+#include <unistd.h>
+
+/* The layout's names below cache_dir (index.db's is the index's). */
+#define LOCAL_DATA_DIR "data"
+#define LOCAL_QUARANTINE_DIR "quarantine"
+#define LOCAL_LOCK_FILE "kvtier.lock"
+#define LOCAL_STAGE_DIR "remote.tmp"
 
 typedef struct local_backend {
   kvti_backend base; /* first: the tier holds a kvti_backend* */
   char *cache_dir;
   char *data_dir;
   char *quarantine_dir;
-  uint32_t dir_mode;
+  char *stage_root; /* NULL until kvti_backend_local_stage_root */
+  uint32_t dir_mode, file_mode;
+  int readonly;
+  int lock_fd; /* flock'ed kvtier.lock, -1: none */
 } local_backend;
 
 static local_backend *L(kvti_backend *b) {
@@ -350,10 +368,39 @@ static int lb_quarantine(kvti_backend *b, const char *hash, uint32_t keep_max) {
   return rc;
 }
 
+/* ---- the remote path: adopting a staged entry, measuring ---- */
+
+static int lb_adopt(kvti_backend *b, const char *stage_dir, const char *hash) {
+  if (!kvti_is_hash_name(hash))
+    return KVT_ERR(KVT_EINVAL, "invalid entry name");
+  char *from = kvti_path_join(stage_dir, hash);
+  char *to = entry_path(L(b), hash);
+  int rc = from && to ? kvti_rename(from, to) : KVT_ERR_NOMEM();
+  kvti_free(from);
+  kvti_free(to);
+  return rc;
+}
+
+/* The apparent bytes of data/<hash>/ (a row the reference wrote has no
+ * kvtier_meta). */
+static int lb_measure(kvti_backend *b, const char *hash, uint64_t *bytes) {
+  char *dir = entry_path(L(b), hash);
+  if (!dir)
+    return KVT_ENOMEM;
+  int measured = kvti_dir_bytes(bytes, dir, 1) == 0;
+  kvti_free(dir);
+  return measured;
+}
+
 static void lb_destroy(kvti_backend *b) {
   local_backend *lb = L(b);
   if (!lb)
     return;
+  kvti_backend_local_unlock(b);
+  if (lb->stage_root) {
+    kvti_rmtree(lb->stage_root);
+    kvti_free(lb->stage_root);
+  }
   kvti_free(lb->cache_dir);
   kvti_free(lb->data_dir);
   kvti_free(lb->quarantine_dir);
@@ -371,28 +418,208 @@ static const kvti_backend_ops local_ops = {
     .list = lb_list,
     .purge = lb_purge,
     .quarantine = lb_quarantine,
+    .adopt = lb_adopt,
+    .measure = lb_measure,
     .destroy = lb_destroy,
 };
 
-int kvti_backend_local_new(kvti_backend **out, const char *cache_dir,
-                           uint32_t dir_mode) {
+/* ------------------------------------------------------------------------ */
+/* The layout: open, lock, index.db, staging                               */
+/* ------------------------------------------------------------------------ */
+
+/* Creates path and missing parents (parents with mode too). Existing components
+ * are fine. */
+static int mkdir_p(const char *path, mode_t mode) {
+  char *p = kvti_strdup(path);
+  if (!p)
+    return KVT_ENOMEM;
+  int rc = 0;
+  for (char *s = p + 1; *s && rc == 0; s++) {
+    if (*s != '/')
+      continue;
+    *s = '\0';
+    struct stat st;
+    if (kvti_io->lstat(p, &st) != 0)
+      rc = kvti_mkdir(p, mode);
+    *s = '/';
+  }
+  kvti_free(p);
+  return rc;
+}
+
+/* Creates dir (chmod'ing a newly created one to exactly mode, whatever the
+ * umask) and refuses a symlink, a non-directory, a directory owned by someone
+ * else or writable by group/others beyond what mode grants (unless skip_owner).
+ */
+static int secure_dir(const char *dir, mode_t mode, int create,
+                      int skip_owner) {
+  struct stat st;
+  if (kvti_io->lstat(dir, &st) != 0) {
+    if (errno != ENOENT || !create)
+      return KVT_ERR_OS(errno, "cache directory %s", dir);
+    int rc = mkdir_p(dir, mode);
+    if (rc == 0)
+      rc = kvti_mkdir(dir, mode);
+    if (rc != 0)
+      return rc;
+    if (kvti_io->chmod(dir, mode) != 0)
+      return KVT_ERR_OS(errno, "chmod %s", dir);
+    if (kvti_io->lstat(dir, &st) != 0)
+      return KVT_ERR_OS(errno, "stat %s", dir);
+  }
+  if (S_ISLNK(st.st_mode))
+    return KVT_ERR(KVT_EPERM,
+                   "%s is a symlink; refusing to use it as a cache directory "
+                   "(point cache_dir at the real directory)",
+                   dir);
+  if (!S_ISDIR(st.st_mode))
+    return KVT_ERR(KVT_EIO, "%s exists and is not a directory", dir);
+  if (skip_owner)
+    return 0;
+  if (st.st_uid != geteuid())
+    return KVT_ERR(KVT_EPERM,
+                   "%s is owned by uid %u, not by the current user (uid %u); "
+                   "refusing it (KVT_OPEN_SKIP_OWNER_CHECK overrides)",
+                   dir, (unsigned)st.st_uid, (unsigned)geteuid());
+  if ((st.st_mode & 022) & ~mode)
+    return KVT_ERR(KVT_EPERM,
+                   "%s is writable by group or others (mode %03o); refusing it "
+                   "(chmod go-w, or KVT_OPEN_SKIP_OWNER_CHECK)",
+                   dir, (unsigned)(st.st_mode & 0777));
+  return 0;
+}
+
+/* One writer process per directory: an advisory flock on kvtier.lock, held
+ * until unlock. flock (not fcntl) so a second tier in the same process is
+ * refused as well. */
+static int take_lock(local_backend *lb) {
+  char *lp = kvti_path_join(lb->cache_dir, LOCAL_LOCK_FILE);
+  if (!lp)
+    return KVT_ENOMEM;
+  int fd = kvti_open(lp, O_RDWR | O_CREAT, lb->file_mode);
+  kvti_free(lp);
+  if (fd < 0)
+    return fd;
+  lb->lock_fd = fd;
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+    return 0;
+  int e = errno;
+  if (e == EWOULDBLOCK)
+    return KVT_ERR(KVT_EBUSY,
+                   "%s is in use by another writer (kvtier.lock is held); "
+                   "one writer process per cache directory is supported, "
+                   "open with KVT_OPEN_READONLY to read it",
+                   lb->cache_dir);
+  return KVT_ERR_OS(e, "lock %s/kvtier.lock", lb->cache_dir);
+}
+
+int kvti_backend_local_open(kvti_backend **out, const kvti_local_cfg *cfg) {
   local_backend *lb = kvti_calloc(1, sizeof *lb);
   if (!lb)
     return KVT_ERR_NOMEM();
   lb->base.ops = &local_ops;
-  lb->dir_mode = dir_mode;
-  lb->cache_dir = kvti_strdup(cache_dir);
-  lb->data_dir = lb->cache_dir ? kvti_path_join(cache_dir, "data") : NULL;
+  lb->dir_mode = cfg->dir_mode;
+  lb->file_mode = cfg->file_mode;
+  lb->readonly = cfg->readonly;
+  lb->lock_fd = -1;
+  lb->cache_dir = kvti_strdup(cfg->dir);
+  lb->data_dir =
+      lb->cache_dir ? kvti_path_join(cfg->dir, LOCAL_DATA_DIR) : NULL;
   lb->quarantine_dir =
-      lb->data_dir ? kvti_path_join(cache_dir, "quarantine") : NULL;
-  if (!lb->quarantine_dir) {
+      lb->data_dir ? kvti_path_join(cfg->dir, LOCAL_QUARANTINE_DIR) : NULL;
+  int rc = lb->quarantine_dir ? 0 : KVT_ENOMEM;
+  if (rc == 0)
+    rc = secure_dir(lb->cache_dir, cfg->dir_mode, !cfg->readonly,
+                    cfg->skip_owner);
+  if (rc == 0)
+    rc = secure_dir(lb->data_dir, cfg->dir_mode, !cfg->readonly,
+                    cfg->skip_owner);
+  if (rc == 0 && !cfg->readonly)
+    rc = take_lock(lb);
+  if (rc != 0) {
     lb_destroy(&lb->base);
-    return KVT_ENOMEM;
+    return rc;
   }
   *out = &lb->base;
   return 0;
 }
 
-const char *kvti_backend_local_data_dir(const kvti_backend *b) {
-  return ((const local_backend *)b)->data_dir;
+void kvti_backend_local_unlock(kvti_backend *b) {
+  local_backend *lb = L(b);
+  if (lb->lock_fd >= 0) {
+    kvti_io->close(lb->lock_fd); /* releases the flock */
+    lb->lock_fd = -1;
+  }
+}
+
+int kvti_backend_local_recover(kvti_backend *b, int do_fsync,
+                               uint64_t *restored) {
+  return kvti_entry_restore_aside(L(b)->data_dir, do_fsync, restored);
+}
+
+/* SQLite creates a new database (and then its -wal and -shm, which copy the
+ * database's mode) with 0644 minus the umask. Creating an empty index.db first
+ * with file_mode - an empty file is a valid empty database - gives the index
+ * the same permissions as the entry files. An existing index.db is left as it
+ * is (it may be shared with the reference on purpose). */
+int kvti_backend_local_prepare_index(kvti_backend *b) {
+  local_backend *lb = L(b);
+  char *p = kvti_path_join(lb->cache_dir, KVTI_INDEX_DB_FILE);
+  if (!p)
+    return KVT_ENOMEM;
+  mode_t mode = (mode_t)lb->file_mode;
+  int fd = kvti_open(p, O_RDWR | O_CREAT | O_EXCL, mode);
+  int rc = 0;
+  if (fd >= 0) {
+    if (kvti_io->chmod(p, mode) != 0)
+      rc = KVT_ERR_OS(errno, "chmod %s", p);
+    kvti_io->close(fd);
+  } else if (kvt_last_errno() != EEXIST) {
+    rc = fd;
+  }
+  kvti_free(p);
+  return rc;
+}
+
+int kvti_backend_local_stage_root(kvti_backend *b, const char **root) {
+  local_backend *lb = L(b);
+  if (lb->stage_root) {
+    *root = lb->stage_root;
+    return 0;
+  }
+  int rc = 0;
+  if (!lb->readonly) {
+    /* Next to data/ (same file system: a fetched entry is adopted by rename).
+     * The one writer process owns it, so a leftover is stale. */
+    char *p = kvti_path_join(lb->cache_dir, LOCAL_STAGE_DIR);
+    if (!p)
+      return KVT_ENOMEM;
+    kvti_rmtree(p);
+    if ((rc = kvti_mkdir(p, lb->dir_mode)) != 0) {
+      kvti_free(p);
+      return rc;
+    }
+    lb->stage_root = p;
+  } else {
+    /* A reader may not write the cache directory: a private one elsewhere
+     * (nothing is adopted by a read-only tier). */
+    const char *tmp = getenv("TMPDIR");
+    char tmpl[4096];
+    snprintf(tmpl, sizeof tmpl, "%s/kvtier-remote-XXXXXX",
+             tmp && tmp[0] == '/' ? tmp : "/tmp");
+    if (!mkdtemp(tmpl))
+      return KVT_ERR_OS(errno, "mkdtemp %s", tmpl);
+    if (!(lb->stage_root = kvti_strdup(tmpl))) {
+      kvti_rmtree(tmpl);
+      return KVT_ENOMEM;
+    }
+  }
+  *root = lb->stage_root;
+  return 0;
+}
+
+int kvti_backend_local_verify_mem(kvti_backend *b, const char *hash,
+                                  kvt_layer *layers, uint32_t n_layers,
+                                  const kvti_read_opts *o) {
+  return kvti_entry_verify_mem(L(b)->data_dir, hash, layers, n_layers, o);
 }

@@ -8,6 +8,7 @@
  */
 #include "tier/ramtier.h"
 #include "tier/tier.h"
+#include "tier/chunks.h"
 #include "base/error.h"
 #include "index/index.h"
 
@@ -24,6 +25,7 @@ int kvti_tier_remove_locked(kvt_tier *t, const char *hash, int why) {
   if (rc == 0) {
     kvti_ram_invalidate(t, hash);
     int r = t->be->ops->remove(t->be, hash);
+    kvti_tier_chunks_forget(t, hash); /* after the files: chunks.h */
     if (r != 0)
       kvti_log(t, KVT_LOG_WARN,
                "kvtier: removing files of %.16s failed (%s); reconcile will "
@@ -64,9 +66,16 @@ void kvti_tier_enforce_locked(kvt_tier *t, int64_t max_entries,
   for (;;) {
     uint64_t n = 0, bytes = 0;
     kvti_index_totals(t->idx, &n, &bytes, NULL);
+    bytes += kvti_tier_chunks_bytes(t); /* each chunk counted once */
     if (n <= (uint64_t)max_entries && bytes <= max_bytes)
       break;
-    if (kvti_index_lru_victim(&v, t->idx) != 0)
+    int have = kvti_index_lru_victim(&v, t->idx) == 0;
+    /* Over bytes: a leaf chunk older than the LRU entry goes first (chunks.h;
+     * the entries over it go with it). */
+    if (bytes > max_bytes &&
+        kvti_tier_chunks_evict_older(t, have ? v.accessed_at : -1.0))
+      continue;
+    if (!have)
       break;
     if (kvti_tier_remove_locked(t, v.token_hash, KVTI_RM_EVICT) != 0)
       break; /* never spin on an entry that cannot be removed */
@@ -103,6 +112,7 @@ void kvti_tier_quarantine(kvt_tier *t, const char *hash, double created_at) {
       kvti_index_remove_hash(t->idx, hash); /* row first: no new lookup */
     kvti_ram_invalidate(t, hash);
     int r = t->be->ops->quarantine(t->be, hash, t->opts.quarantine_max);
+    kvti_tier_chunks_forget(t, hash);
     KVTI_STAT_ADD(&t->stats, quarantined, 1);
     if (r != 0)
       kvti_log(t, KVT_LOG_WARN, "kvtier: quarantine of %.16s: %s", hash,
@@ -129,6 +139,7 @@ void kvti_tier_drop_missing(kvt_tier *t, const char *hash, double created_at) {
     kvti_index_remove_hash(t->idx, hash);
     kvti_ram_invalidate(t, hash);
     t->be->ops->remove(t->be, hash);
+    kvti_tier_chunks_forget(t, hash);
     KVTI_STAT_ADD(&t->stats, reconciled, 1);
     kvti_log(t, KVT_LOG_WARN, "kvtier: entry %.16s had no files; row dropped",
              hash);

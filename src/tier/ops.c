@@ -6,6 +6,7 @@
  * Each enters and leaves the tier; mutations take mut_mu.
  */
 #include "tier/tier.h"
+#include "tier/chunks.h"
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/hash.h"
@@ -40,6 +41,8 @@ static int lookup_common(kvt_entry_info *out, kvt_tier *t,
   double cutoff = kvti_tier_cutoff(t);
   rc = prefix ? kvti_index_find_prefix(out, t->idx, tokens, n, cutoff)
               : kvti_index_find(out, t->idx, tokens, n, cutoff);
+  if (prefix) /* chunk-aligned prefixes of pure-KV chains (chunks.h) */
+    rc = kvti_tier_chunks_prefix(t, out, rc, tokens, n);
   if (remote && kvti_remote_enabled(t) &&
       (rc == KVT_ENOTFOUND || (rc == 0 && prefix && out->num_tokens < n))) {
     kvt_entry_info ri;
@@ -69,14 +72,28 @@ int kvt_tier_touch(kvt_tier *t, const int32_t *tokens, size_t n_tokens) {
   kvt_entry_info info;
   /* local entries only: the remote store keeps no access times */
   int rc = lookup_common(&info, t, tokens, n_tokens, 0, 0);
-  if (rc != 0)
+  if (rc != 0 && rc != KVT_ENOTFOUND)
     return rc;
+  int found = rc == 0;
   if ((rc = kvti_tier_enter(t)) != 0)
     return rc;
   if (t->readonly)
     rc = KVT_ERR(KVT_EINVAL, "touch needs a writable tier (opened read-only)");
-  else
+  else if (found)
     rc = kvti_index_touch_hash(t->idx, info.token_hash);
+  else if (!t->chunked)
+    rc = KVT_ERR(KVT_ENOTFOUND, "no stored entry for these %zu tokens",
+                 n_tokens);
+  /* The chain under the tokens is refreshed too (a chunk is as recent as its
+   * newest use): the scheduler's only touch is of prompt[:matched]. */
+  if (rc == 0 || (!found && t->chunked && !t->readonly)) {
+    int crc = kvti_tier_chunks_touch(t, tokens, n_tokens);
+    if (!found)
+      rc = crc == 0 ? 0
+                    : KVT_ERR(KVT_ENOTFOUND,
+                              "no stored entry or chain for these %zu tokens",
+                              n_tokens);
+  }
   kvti_tier_leave(t);
   return rc;
 }
@@ -264,11 +281,13 @@ int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair) {
   if (kvti_index_find_hash(&info, t->idx, token_hash) == 0)
     created = info.created_at;
   kvt_entry *e = NULL;
-  rc = t->be->ops->get(t->be, &e, token_hash, &ro);
+  rc = kvti_tier_chunks_get(t, &e, token_hash, &ro); /* tail + chain */
   kvti_stripe_unlock(&t->stripes, token_hash);
   kvt_entry_free(e);
-  if (rc == KVT_ECORRUPT && repair)
+  if (rc == KVT_ECORRUPT && repair) {
+    kvti_tier_chunks_after_read(t); /* a damaged chunk and its chains */
     kvti_tier_quarantine(t, token_hash, created);
+  }
   kvti_tier_leave(t);
   return rc;
 }
@@ -284,6 +303,7 @@ static void snapshot(kvt_stats *s, kvt_tier *t) {
    * remain). */
   if (kvti_tier_enter(t) == 0) {
     kvti_index_totals(t->idx, &s->entries, &s->disk_bytes, &s->memory_bytes);
+    s->disk_bytes += kvti_tier_chunks_bytes(t); /* chunk files, each once */
     kvti_tier_leave(t);
   } else {
     kvt_clear_error();

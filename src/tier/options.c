@@ -7,7 +7,7 @@
 #include "tier/options.h"
 #include "base/error.h"
 #include "base/io.h"
-#include "store/redis_url.h"
+#include "store/backend.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -119,7 +119,7 @@ static int validate_remote(const kvt_options *o) {
                    "remote_url is set but remote_mode is "
                    "KVT_REMOTE_LOCAL; choose "
                    "KVT_REMOTE_LOCAL_AND_REMOTE or KVT_REMOTE_ONLY");
-  if (o->remote_url && kvti_redis_check_url(o->remote_url) != 0)
+  if (o->remote_url && kvti_backend_remote_check_url(o->remote_url) != 0)
     return KVT_EINVAL;
   if (o->remote_prefix &&
       (strlen(o->remote_prefix) > 128 || strpbrk(o->remote_prefix, "{}")))
@@ -222,6 +222,19 @@ int kvt_options_validate(const kvt_options *opts) {
     return KVT_ERR(KVT_EINVAL, "flags has unknown bits 0x%x", o->flags);
   if (o->cache_dir && !o->cache_dir[0])
     return KVT_ERR(KVT_EINVAL, "cache_dir must not be empty (NULL = default)");
+  if (o->chunk_tokens && (o->chunk_tokens < 16 || o->chunk_tokens > 4096 ||
+                          (o->chunk_tokens & (o->chunk_tokens - 1))))
+    return KVT_ERR(KVT_EINVAL,
+                   "chunk_tokens must be 0 or a power of two in 16..4096, "
+                   "got %u",
+                   o->chunk_tokens);
+  if (o->chunk_tokens && o->storage_mode != KVT_STORAGE_NATIVE)
+    return KVT_ERR(KVT_EINVAL, "chunk_tokens needs storage_mode NATIVE");
+  if (o->chunk_tokens && o->remote_mode != KVT_REMOTE_LOCAL)
+    return KVT_ERR(KVT_EINVAL,
+                   "chunk_tokens is not supported with a remote tier yet");
+  if (o->model_id && strlen(o->model_id) > 4000)
+    return KVT_ERR(KVT_EINVAL, "model_id must be at most 4000 bytes");
   int rrc = validate_remote(o);
   if (rrc != 0)
     return rrc;

@@ -29,6 +29,7 @@
 #include "tier/remote.h"
 #include "tier/ramtier.h"
 #include "tier/tier.h"
+#include "tier/chunks.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -113,10 +114,13 @@ static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
     row_seen = 1;
     rc = kvti_ram_promote(out, t, hash, &ro); /* the host RAM tier first */
     if (rc == KVT_ENOTFOUND) {
-      rc = t->be->ops->get(t->be, out, hash, &ro);
+      rc = kvti_tier_chunks_get(t, out, hash, &ro); /* be->get unless chunked */
       if (rc == 0)
         kvti_ram_after_disk(t, *out, &ro);
     }
+  } else if (rc == KVT_ENOTFOUND && t->chunked &&
+             (rc = kvti_tier_chunks_get_prefix(t, out, hash, &ro)) == 0) {
+    row_seen = 1; /* a chunk-aligned prefix no spill ended at */
   } else if (rc == KVT_ENOTFOUND) {
     KVT_ERR(KVT_ENOTFOUND,
             "entry %.16s was evicted or expired before it was read", hash);
@@ -124,6 +128,7 @@ static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
   kvti_stripe_unlock(&t->stripes, hash);
   if (rc == 0)
     return 0;
+  kvti_tier_chunks_after_read(t);
   if (rc == KVT_ECANCELED) {
     KVTI_STAT_ADD(&t->stats, promotions_cancelled, 1);
   } else if (rc == KVT_ENOTFOUND && !row_seen) {
@@ -169,6 +174,8 @@ static int begin(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
   KVTI_STAT_ADD(&t->stats, tokens_requested, keep ? keep : n);
   int rc = prefix ? kvti_index_find_prefix(info, t->idx, tokens, n, cutoff)
                   : kvti_index_find(info, t->idx, tokens, n, cutoff);
+  if (prefix) /* chunk-aligned prefixes of pure-KV chains (chunks.h) */
+    rc = kvti_tier_chunks_prefix(t, info, rc, tokens, n);
   memset(rs, 0, sizeof *rs);
   /* A trimmed promote (keep > 0) reads local entries only. */
   if (!keep && kvti_remote_enabled(t) &&
@@ -326,10 +333,15 @@ int kvt_tier_read_entry(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
   kvt_entry_info cur;
   double created = -1;
   kvti_stripe_rdlock(&t->stripes, file_path);
-  if (kvti_index_find_hash(&cur, t->idx, file_path) == 0)
+  int has_row = kvti_index_find_hash(&cur, t->idx, file_path) == 0;
+  if (has_row)
     created = cur.created_at;
-  rc = t->be->ops->get(t->be, out, file_path, &ro);
+  rc = kvti_tier_chunks_get(t, out, file_path, &ro);
+  if (rc == KVT_ENOTFOUND && !has_row && t->chunked)
+    rc = kvti_tier_chunks_get_prefix(t, out, file_path, &ro);
   kvti_stripe_unlock(&t->stripes, file_path);
+  if (rc != 0)
+    kvti_tier_chunks_after_read(t);
   if (rc == KVT_ECORRUPT)
     kvti_tier_quarantine(t, file_path, created);
   if (rc == KVT_ENOTFOUND && created < 0 && kvti_remote_enabled(t)) {

@@ -14,6 +14,7 @@
 #include "format/layer.h"
 #include "tier/hostcache.h"
 #include "tier/remote.h"
+#include "store/local.h"
 #include "tier/tier.h"
 
 #include <stdlib.h>
@@ -27,6 +28,11 @@ static uint64_t bound_of(uint64_t opt) {
 }
 
 int kvti_ram_open(kvt_tier *t) {
+  /* The cache holds whole entries verified against their own manifest; a
+   * chunked entry's layers live in chunk files its manifest does not describe,
+   * so with chunk_tokens the host cache stays off (docs/DESIGN.md). */
+  if (t->opts.chunk_tokens != 0)
+    return 0;
   return kvti_hc_create(&t->hc, bound_of(t->opts.host_cache_bytes),
                         kvti_bufpool_default());
 }
@@ -123,7 +129,8 @@ int kvti_ram_promote(kvt_entry **out, kvt_tier *t, const char *hash,
    * layer file's header against the cached tensors, every block checksum
    * over the cached bytes - so a stale, altered or damaged copy is never
    * served; it is dropped and the disk read that follows decides. */
-  int rc = kvti_entry_verify_mem(t->data_dir, hash, it.layers, it.n_layers, ro);
+  int rc =
+      kvti_backend_local_verify_mem(t->be, hash, it.layers, it.n_layers, ro);
   if (rc != 0) {
     kvti_log(t, KVT_LOG_INFO,
              "kvtier: RAM copy of %.16s not served (%s); reading the disk",

@@ -8,15 +8,19 @@
  * and remote lookups are misses, both at no cost), remote lookups and reads for
  * promotes, and adoption of a fetched entry as a local copy. Remote reads run
  * on the promoting thread (the caller's for kvt_tier_promote, a worker's for
- * async promotes) and are bounded by remote_timeout_ms per command. Built
- * without hiredis, a remote_url is refused with KVT_EUNSUPPORTED (the URL
- * itself is checked by store/redis_url.c in every build).
+ * async promotes) and are bounded by remote_timeout_ms per command. The store
+ * is reached only through the backend vtable (find, stage, fetch, put, list,
+ * stat, remove) and made by the constructor table (kvti_backend_remote_new),
+ * which names the store and, in a build without it, refuses the URL with
+ * KVT_EUNSUPPORTED; staging and adoption are the local backend's. No code here
+ * depends on how the tier was built.
  */
 #include "tier/remote.h"
 #include "base/error.h"
 #include "base/hash.h"
 #include "index/index.h"
 #include "base/io.h"
+#include "store/local.h"
 #include "tier/tier.h"
 
 #include <errno.h>
@@ -24,75 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#if KVT_HAVE_REDIS
-#include "store/redis/rclient.h"
-#endif
-
-#if !KVT_HAVE_REDIS
-
-int kvti_remote_open(kvt_tier *t) {
-  if (!t->opts.remote_url || t->opts.remote_mode == KVT_REMOTE_LOCAL)
-    return 0;
-  return KVT_ERR(KVT_EUNSUPPORTED,
-                 "remote_url %s: this build of kvtier has no Redis support "
-                 "(rebuild with hiredis, Debian's libhiredis-dev)",
-                 t->opts.remote_url);
-}
-int kvti_remote_spills_local(const kvt_tier *t) {
-  (void)t;
-  return 1;
-}
-int kvti_remote_take(kvt_tier *t, struct kvti_snapshot *s) {
-  (void)t;
-  (void)s;
-  return 0;
-}
-int kvti_remote_drain(kvt_tier *t, const struct timespec *ts, int has) {
-  (void)t;
-  (void)ts;
-  (void)has;
-  return 0;
-}
-void kvti_remote_stop(kvt_tier *t, int drop) {
-  (void)t;
-  (void)drop;
-}
-void kvti_remote_free(kvt_tier *t) {
-  (void)t;
-}
-int kvti_remote_enabled(const kvt_tier *t) {
-  (void)t;
-  return 0;
-}
-int kvti_remote_lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
-                       size_t n, int prefix, uint64_t min_len) {
-  (void)t;
-  (void)info;
-  (void)tokens;
-  (void)n;
-  (void)prefix;
-  (void)min_len;
-  return KVT_ENOTFOUND;
-}
-int kvti_remote_peek(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
-                     size_t n, int prefix, uint64_t min_len) {
-  return kvti_remote_lookup(t, info, tokens, n, prefix, min_len);
-}
-int kvti_remote_read(kvt_tier *t, kvt_entry **out, const kvt_entry_info *info,
-                     const kvti_read_opts *ro) {
-  (void)t;
-  (void)out;
-  (void)info;
-  (void)ro;
-  return KVT_ERR(KVT_EUNSUPPORTED, "no remote tier in this build");
-}
-void kvti_remote_gauges(kvt_tier *t, kvt_stats *s) {
-  (void)t;
-  (void)s;
-}
-
-#else /* KVT_HAVE_REDIS */
 
 /* An upload queued for the remote thread; link.cost is the snapshot's held
  * bytes, charged against spill_queue_bytes. */
@@ -105,9 +40,7 @@ struct kvti_remote {
   kvti_backend *be;
   int mode;
   int keep_local;
-  char *stage_root;
-  int stage_is_tmp; /* stage_root is a private mkdtemp (read-only tier) */
-  kvti_workq q;     /* the upload queue and its thread (base/workq.h) */
+  kvti_workq q; /* the upload queue and its thread (base/workq.h) */
   /* Health: back-off after failures. */
   pthread_mutex_t hmu;
   double down_until; /* monotonic seconds */
@@ -277,10 +210,6 @@ void kvti_remote_free(kvt_tier *t) {
   kvti_remote_stop(t, 1);
   if (r->be)
     r->be->ops->destroy(r->be);
-  if (r->stage_root) {
-    kvti_rmtree(r->stage_root);
-    kvti_free(r->stage_root);
-  }
   kvti_workq_destroy(&r->q);
   pthread_mutex_destroy(&r->hmu);
   kvti_free(r);
@@ -312,51 +241,39 @@ int kvti_remote_open(kvt_tier *t) {
   r->keep_local = r->mode == KVT_REMOTE_LOCAL_AND_REMOTE && !t->readonly &&
                   !(o->remote_flags & KVT_REMOTE_NO_LOCAL_COPY);
   t->remote = r;
-  if (rc != 0) {
-    /* the queue could not be made: freed below */
-  } else if (!t->readonly) {
-    /* Staging next to data/ (same file system: a fetched entry is adopted as
-     * a local copy by rename). The one writer process owns it. */
-    r->stage_root = kvti_path_join(t->dir, "remote.tmp");
-    if (!r->stage_root)
-      rc = KVT_ENOMEM;
-    else {
-      kvti_rmtree(r->stage_root);
-      rc = kvti_mkdir(r->stage_root, o->dir_mode);
-    }
-  } else {
-    const char *tmp = getenv("TMPDIR");
-    char tmpl[4096];
-    snprintf(tmpl, sizeof tmpl, "%s/kvtier-remote-XXXXXX",
-             tmp && tmp[0] == '/' ? tmp : "/tmp");
-    if (!mkdtemp(tmpl))
-      rc = KVT_ERR_OS(errno, "mkdtemp %s", tmpl);
-    else if (!(r->stage_root = kvti_strdup(tmpl)))
-      rc = KVT_ENOMEM;
-    r->stage_is_tmp = 1;
-  }
+  /* Staging below the local store (same file system: a fetched entry is
+   * adopted as a local copy by rename). */
+  const char *stage_root = NULL;
+  if (rc == 0)
+    rc = kvti_backend_local_stage_root(t->be, &stage_root);
   if (rc == 0) {
-    kvti_redis_cfg cfg = {o->remote_url,
-                          o->remote_prefix,
-                          o->remote_timeout_ms,
-                          o->remote_chunk_bytes,
-                          o->retention_seconds > 0 ? o->retention_seconds * 1000
-                                                   : 0,
-                          r->stage_root,
-                          o->file_mode,
-                          o->dir_mode,
-                          o->remote_lookup_timeout_ms,
-                          o->remote_tls_ca_file,
-                          o->remote_tls_cert_file,
-                          o->remote_tls_key_file,
-                          1};
-    rc = kvti_backend_redis_new(&r->be, &cfg);
+    kvti_remote_cfg cfg = {
+        o->remote_url,
+        o->remote_prefix,
+        o->remote_timeout_ms,
+        o->remote_chunk_bytes,
+        o->retention_seconds > 0 ? o->retention_seconds * 1000 : 0,
+        stage_root,
+        o->file_mode,
+        o->dir_mode,
+        o->remote_lookup_timeout_ms,
+        o->remote_tls_ca_file,
+        o->remote_tls_cert_file,
+        o->remote_tls_key_file,
+        1};
+    rc = kvti_backend_remote_new(&r->be, &cfg);
   }
-  if (rc == 0) {
+  if (rc == 0 && (!r->be->ops->find || !r->be->ops->stat ||
+                  !r->be->ops->stage || !r->be->ops->fetch))
+    rc = KVT_ERR(KVT_EUNSUPPORTED,
+                 "remote store %s cannot serve as a remote tier (no "
+                 "find/stat/stage/fetch)",
+                 r->be->ops->name);
+  if (rc == 0 && r->be->ops->probe) {
     /* One contact now: refused credentials or certificates are a
      * configuration error the caller must see at open; an unreachable
      * server is not (warned, then the usual back-off). */
-    int p = kvti_redis_probe(r->be);
+    int p = r->be->ops->probe(r->be);
     if (p == KVT_EPERM)
       rc = p;
     else if (p != 0)
@@ -391,8 +308,8 @@ static int lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
       KVTI_STAT_ADD(&t->stats, remote_misses, 1);
     return KVT_ERR(KVT_ENOTFOUND, "remote store unavailable (backing off)");
   }
-  kvti_remote_meta m;
-  int rc = kvti_redis_lookup(r->be, &m, tokens, n, prefix, min_len);
+  kvti_backend_meta m;
+  int rc = r->be->ops->find(r->be, &m, tokens, n, prefix, min_len);
   if (rc == 0) {
     remote_success(r);
     double cutoff = kvti_tier_cutoff(t);
@@ -430,19 +347,12 @@ int kvti_remote_peek(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
   return lookup(t, info, tokens, n, prefix, min_len, 0);
 }
 
-/* Moves a verified fetched entry (stage/<hash>) into data/ and indexes it, as
- * the writer publishes a spill; skipped when the entry exists locally. */
+/* Hands a verified fetched entry (stage/<hash>) to the local store (a rename
+ * into its layout) and indexes it, as the writer publishes a spill; skipped
+ * when the entry exists locally. */
 static void adopt(kvt_tier *t, const char *stage, const kvt_entry *e,
                   uint64_t bytes) {
   const char *hash = e->hash;
-  char *from = kvti_path_join(stage, hash);
-  char *to = kvti_path_join(t->data_dir, hash);
-  if (!from || !to) {
-    kvti_free(from);
-    kvti_free(to);
-    kvt_clear_error();
-    return;
-  }
   pthread_mutex_lock(&t->mut_mu);
   if (atomic_load(&t->state) == KVTI_OPEN) {
     kvt_entry_info cur;
@@ -450,7 +360,7 @@ static void adopt(kvt_tier *t, const char *stage, const kvt_entry *e,
     int rc = 0;
     if (kvti_index_find_hash(&cur, t->idx, hash) != 0 &&
         t->be->ops->present(t->be, hash) == 0) {
-      rc = kvti_rename(from, to);
+      rc = t->be->ops->adopt(t->be, stage, hash);
       if (rc == 0) {
         rc = kvti_index_put(t->idx, e->tokens, e->n_tokens, hash,
                             e->memory_bytes, bytes, e->storage_mode);
@@ -467,8 +377,6 @@ static void adopt(kvt_tier *t, const char *stage, const kvt_entry *e,
                hash, kvt_last_error());
   }
   pthread_mutex_unlock(&t->mut_mu);
-  kvti_free(from);
-  kvti_free(to);
   kvt_clear_error();
 }
 
@@ -479,14 +387,14 @@ int kvti_remote_read(kvt_tier *t, kvt_entry **out, const kvt_entry_info *info,
   if (!remote_ok(r))
     return KVT_ERR(KVT_ENOTFOUND, "remote store unavailable (backing off)");
   char *stage = NULL;
-  int rc = kvti_redis_stage_dir(r->be, &stage);
+  int rc = r->be->ops->stage(r->be, &stage);
   if (rc != 0) {
     KVTI_STAT_ADD(&t->stats, promotion_failures, 1);
     return rc;
   }
   double t0 = kvti_now_mono();
-  kvti_remote_meta m;
-  rc = kvti_redis_fetch(r->be, &m, hash, stage);
+  kvti_backend_meta m;
+  rc = r->be->ops->fetch(r->be, &m, hash, stage);
   if (rc == 0) {
     rc = kvti_entry_read(out, stage, hash, ro);
     if (rc == KVT_ECORRUPT || rc == KVT_ENOTFOUND) {
@@ -533,13 +441,10 @@ void kvti_remote_gauges(kvt_tier *t, kvt_stats *s) {
   s->remote_available = (uint64_t)remote_ok(r);
 }
 
-#endif /* KVT_HAVE_REDIS */
-
 /* ------------------------------------------------------------------------ */
 /* Tools: kvt_tier_remote_foreach / kvt_tier_remote_verify                  */
 /* ------------------------------------------------------------------------ */
 
-#if KVT_HAVE_REDIS
 typedef struct name_vec {
   char (*v)[KVT_HASH_HEX_LEN + 1];
   size_t n, cap;
@@ -563,15 +468,10 @@ static int collect_hash(void *ctx, const char *name, int kind) {
   snprintf(l->v[l->n++], KVT_HASH_HEX_LEN + 1, "%s", name);
   return 0;
 }
-#endif
 
 int kvt_tier_remote_foreach(kvt_tier *t, kvt_entry_visit_fn fn, void *ctx) {
   if (!t || !fn)
     return KVT_ERR(KVT_EINVAL, "remote_foreach: NULL argument");
-#if !KVT_HAVE_REDIS
-  (void)ctx;
-  return KVT_ERR(KVT_EUNSUPPORTED, "no remote tier in this build");
-#else
   if (!t->remote)
     return KVT_ERR(KVT_EINVAL, "the tier has no remote store configured");
   int rc = kvti_tier_enter(t);
@@ -583,8 +483,8 @@ int kvt_tier_remote_foreach(kvt_tier *t, kvt_entry_visit_fn fn, void *ctx) {
   if (rc == 0 && l.oom)
     rc = KVT_ERR_NOMEM();
   for (size_t i = 0; rc == 0 && i < l.n; i++) {
-    kvti_remote_meta m;
-    int g = kvti_redis_stat(be, &m, l.v[i]);
+    kvti_backend_meta m;
+    int g = be->ops->stat(be, &m, l.v[i]);
     if (g == KVT_ENOTFOUND || g == KVT_ECORRUPT) {
       kvt_clear_error(); /* gone since the scan, or damaged: not an entry */
       continue;
@@ -604,7 +504,6 @@ int kvt_tier_remote_foreach(kvt_tier *t, kvt_entry_visit_fn fn, void *ctx) {
   kvti_free(l.v);
   kvti_tier_leave(t);
   return rc;
-#endif
 }
 
 /* The checks every per-entry tool call starts with; on 0 the caller holds
@@ -615,17 +514,12 @@ static int tool_enter(kvt_tier *t, const char *token_hash, const char *what,
     return KVT_ERR(KVT_EINVAL, "%s: NULL argument", what);
   if (!kvti_is_hash_name(token_hash))
     return KVT_ERR(KVT_EINVAL, "token_hash must be 64 lowercase hex digits");
-#if !KVT_HAVE_REDIS
-  (void)be;
-  return KVT_ERR(KVT_EUNSUPPORTED, "no remote tier in this build");
-#else
   if (!t->remote)
     return KVT_ERR(KVT_EINVAL, "the tier has no remote store configured");
   int rc = kvti_tier_enter(t);
   if (rc == 0)
     *be = t->remote->be;
   return rc;
-#endif
 }
 
 int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash) {
@@ -633,11 +527,10 @@ int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash) {
   int rc = tool_enter(t, token_hash, "remote_verify", &be);
   if (rc != 0)
     return rc;
-#if KVT_HAVE_REDIS
   char *stage = NULL;
-  rc = kvti_redis_stage_dir(be, &stage);
+  rc = be->ops->stage(be, &stage);
   if (rc == 0) {
-    rc = kvti_redis_fetch(be, NULL, token_hash, stage);
+    rc = be->ops->fetch(be, NULL, token_hash, stage);
     if (rc == 0) {
       kvti_read_opts ro;
       memset(&ro, 0, sizeof ro);
@@ -657,11 +550,6 @@ int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash) {
   }
   kvti_tier_leave(t);
   return rc;
-#else
-  (void)be; /* not reached: tool_enter refuses without hiredis */
-  kvti_tier_leave(t);
-  return KVT_ERR(KVT_EUNSUPPORTED, "no remote tier in this build");
-#endif
 }
 
 int kvt_tier_remote_describe(char **json, kvt_tier *t, const char *token_hash) {

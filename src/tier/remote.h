@@ -2,15 +2,15 @@
  * remote.h - the shared remote tier: the glue between the tier and a remote
  * store (tier/remote.c: modes, the asynchronous upload queue and its thread,
  * the failure backoff that degrades to local-only, stats, staging, adopting a
- * fetched entry as a local copy). The store itself is store/redis.h. The tier
- * calls only the kvti_remote_* hooks below; each is a cheap no-op when no
+ * fetched entry as a local copy). The store itself is any remote backend of
+ * the constructor table (store/backend.h), reached through its vtable. The
+ * tier calls only the kvti_remote_* hooks below; each is a cheap no-op when no
  * remote is configured.
  */
 #ifndef KVT_REMOTE_H
 #define KVT_REMOTE_H
 
 #include "store/backend.h"
-#include "store/redis.h"
 #include "kvtier.h"
 
 #include <stdint.h>
@@ -21,7 +21,8 @@ struct kvt_tier;
 struct kvti_snapshot;
 /* Opens the remote side of t when t->opts.remote_url is set (no connection is
  * made: an unreachable server does not fail open). 0, KVT_EINVAL,
- * KVT_EUNSUPPORTED (built without hiredis), KVT_ENOMEM. */
+ * KVT_EUNSUPPORTED (a store this build does not include, e.g. Redis without
+ * hiredis), KVT_ENOMEM. */
 int kvti_remote_open(struct kvt_tier *t);
 /* 1 when the mode spills locally too (no remote, or local+remote). */
 int kvti_remote_spills_local(const struct kvt_tier *t);

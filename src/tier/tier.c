@@ -1,29 +1,28 @@
 /*
- * tier.c - the tier's lifecycle: open (option validation, directory creation
- * and the ownership/permission/symlink checks, the one-writer lock file, stale
- * tmp removal, index, reconcile), close/free (stop accepting, drain with a
- * timeout, join the writer, wait for promotes, close the index), and the small
- * helpers every tier file shares (enter/leave, log, retention cutoff).
+ * tier.c - the tier's lifecycle: open (option validation, the local store -
+ * which owns the directory layout, its checks and the one-writer lock - stale
+ * tmp removal, index, remote, reconcile), close/free (stop accepting, drain
+ * with a timeout, join the writer, wait for promotes, close the index), and the
+ * small helpers every tier file shares (enter/leave, log, retention cutoff).
  * Maintenance lives in maint.c, reconcile in reconcile.c, lookups and entry
  * operations in ops.c, spilling in writer.c, promoting in promote.c.
  */
 #include "tier/ramtier.h"
 #include "tier/tier.h"
-#include "format/entry_restore.h"
+#include "tier/chunks.h"
 #include "base/error.h"
 #include "base/io.h"
 #include "engine/iobatch.h"
 #include "index/index.h"
 #include "tier/options.h"
 #include "tier/remote.h"
+#include "store/local.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------------------ */
@@ -77,68 +76,6 @@ void kvti_tier_leave(kvt_tier *t) {
 /* Open                                                                     */
 /* ------------------------------------------------------------------------ */
 
-/* Creates path and missing parents (parents with mode too). Existing components
- * are fine. */
-static int mkdir_p(const char *path, mode_t mode) {
-  char *p = kvti_strdup(path);
-  if (!p)
-    return KVT_ENOMEM;
-  int rc = 0;
-  for (char *s = p + 1; *s && rc == 0; s++) {
-    if (*s != '/')
-      continue;
-    *s = '\0';
-    struct stat st;
-    if (kvti_io->lstat(p, &st) != 0)
-      rc = kvti_mkdir(p, mode);
-    *s = '/';
-  }
-  kvti_free(p);
-  return rc;
-}
-
-/* Creates dir (chmod'ing a newly created one to exactly mode, whatever the
- * umask) and refuses a symlink, a non-directory, a directory owned by someone
- * else or writable by group/others beyond what mode grants (unless skip_owner).
- */
-static int secure_dir(const char *dir, mode_t mode, int create,
-                      int skip_owner) {
-  struct stat st;
-  if (kvti_io->lstat(dir, &st) != 0) {
-    if (errno != ENOENT || !create)
-      return KVT_ERR_OS(errno, "cache directory %s", dir);
-    int rc = mkdir_p(dir, mode);
-    if (rc == 0)
-      rc = kvti_mkdir(dir, mode);
-    if (rc != 0)
-      return rc;
-    if (kvti_io->chmod(dir, mode) != 0)
-      return KVT_ERR_OS(errno, "chmod %s", dir);
-    if (kvti_io->lstat(dir, &st) != 0)
-      return KVT_ERR_OS(errno, "stat %s", dir);
-  }
-  if (S_ISLNK(st.st_mode))
-    return KVT_ERR(KVT_EPERM,
-                   "%s is a symlink; refusing to use it as a cache directory "
-                   "(point cache_dir at the real directory)",
-                   dir);
-  if (!S_ISDIR(st.st_mode))
-    return KVT_ERR(KVT_EIO, "%s exists and is not a directory", dir);
-  if (skip_owner)
-    return 0;
-  if (st.st_uid != geteuid())
-    return KVT_ERR(KVT_EPERM,
-                   "%s is owned by uid %u, not by the current user (uid %u); "
-                   "refusing it (KVT_OPEN_SKIP_OWNER_CHECK overrides)",
-                   dir, (unsigned)st.st_uid, (unsigned)geteuid());
-  if ((st.st_mode & 022) & ~mode)
-    return KVT_ERR(KVT_EPERM,
-                   "%s is writable by group or others (mode %03o); refusing it "
-                   "(chmod go-w, or KVT_OPEN_SKIP_OWNER_CHECK)",
-                   dir, (unsigned)(st.st_mode & 0777));
-  return 0;
-}
-
 static void tier_destroy(kvt_tier *t) {
   if (!t)
     return;
@@ -146,13 +83,12 @@ static void tier_destroy(kvt_tier *t) {
   kvti_ram_free(t);
   kvti_pool_destroy(t);
   kvti_writer_destroy(t);
+  kvti_tier_chunks_close(t); /* before the index it shares */
   if (t->idx)
     kvt_index_close(t->idx);
   if (t->be)
-    t->be->ops->destroy(t->be);
+    t->be->ops->destroy(t->be); /* releases kvtier.lock */
   kvti_stats_detach(&t->stats);
-  if (t->lock_fd >= 0)
-    kvti_io->close(t->lock_fd); /* releases the flock */
   kvti_stripes_destroy(&t->stripes);
   kvti_stats_destroy(&t->stats);
   pthread_mutex_destroy(&t->mut_mu);
@@ -160,7 +96,6 @@ static void tier_destroy(kvt_tier *t) {
   pthread_cond_destroy(&t->life_cv);
   pthread_mutex_destroy(&t->close_mu);
   kvti_free(t->dir);
-  kvti_free(t->data_dir);
   kvti_free(t);
 }
 
@@ -175,39 +110,10 @@ static char *absolute_dir(const char *dir) {
   return kvti_path_join(cwd, dir);
 }
 
-/* SQLite creates a new database (and then its -wal and -shm, which copy the
- * database's mode) with 0644 minus the umask. Creating an empty index.db first
- * with file_mode - an empty file is a valid empty database - gives the index
- * the same permissions as the entry files. An existing index.db is left as it
- * is (it may be shared with the reference on purpose). */
-static int precreate_db(const char *dir, uint32_t file_mode) {
-  char *p = kvti_path_join(dir, "index.db");
-  if (!p)
-    return KVT_ENOMEM;
-  int fd = kvti_open(p, O_RDWR | O_CREAT | O_EXCL, (mode_t)file_mode);
-  int rc = 0;
-  if (fd >= 0) {
-    if (kvti_io->chmod(p, (mode_t)file_mode) != 0)
-      rc = KVT_ERR_OS(errno, "chmod %s", p);
-    kvti_io->close(fd);
-  } else if (kvt_last_errno() != EEXIST) {
-    rc = fd;
-  }
-  kvti_free(p);
-  return rc;
-}
-
-/* The index's measuring callback (kvti_index_measure): the apparent bytes of
- * data/<hash>/ for a row the reference wrote. 1 measured, 0 not measurable,
- * KVT_ENOMEM. The directory layout is the local store's; this stays here, next
- * to the data_dir the tier creates, until the backend interface measures. */
+/* The index's measuring callback (kvti_index_measure) over the store. */
 static int measure_entry(void *ctx, const char *hash, uint64_t *bytes) {
-  char *dir = kvti_path_join(((const kvt_tier *)ctx)->data_dir, hash);
-  if (!dir)
-    return KVT_ENOMEM;
-  int measured = kvti_dir_bytes(bytes, dir, 1) == 0;
-  kvti_free(dir);
-  return measured;
+  kvti_backend *be = ctx;
+  return be->ops->measure(be, hash, bytes);
 }
 
 int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
@@ -240,7 +146,6 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
   kvt_tier *t = kvti_calloc(1, sizeof *t);
   if (!t)
     return KVT_ERR_NOMEM();
-  t->lock_fd = -1;
   t->opts = *opts;
   t->readonly = (opts->flags & KVT_OPEN_READONLY) != 0;
   t->max_bytes = kvti_options_max_bytes(opts);
@@ -273,61 +178,25 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
     goto fail;
   }
   t->opts.cache_dir = t->dir;
-  t->data_dir = kvti_path_join(t->dir, "data");
-  if (!t->data_dir) {
-    rc = KVT_ENOMEM;
+  kvti_local_cfg lc = {t->dir, opts->dir_mode, opts->file_mode, t->readonly,
+                       (opts->flags & KVT_OPEN_SKIP_OWNER_CHECK) != 0};
+  if ((rc = kvti_backend_local_open(&t->be, &lc)) != 0)
     goto fail;
+  /* The live stats file (statsfile.h): the lock holder owns it (the backend
+   * took kvtier.lock). Without it the tier works; only `kvtier stats` from
+   * outside sees nothing. */
+  if (!t->readonly &&
+      kvti_stats_attach(&t->stats, t->dir, opts->file_mode) != 0) {
+    kvti_log(t, KVT_LOG_WARN, "kvtier: no live stats file: %s",
+             kvt_last_error());
+    kvt_clear_error();
   }
-  int skip = (opts->flags & KVT_OPEN_SKIP_OWNER_CHECK) != 0;
-  if ((rc = secure_dir(t->dir, opts->dir_mode, !t->readonly, skip)) != 0)
-    goto fail;
-  if ((rc = secure_dir(t->data_dir, opts->dir_mode, !t->readonly, skip)) != 0)
-    goto fail;
-
-  if (!t->readonly) {
-    /* One writer process per directory: an advisory flock on kvtier.lock, held
-     * until close. flock (not fcntl) so a second tier in the same process is
-     * refused as well. */
-    char *lp = kvti_path_join(t->dir, "kvtier.lock");
-    if (!lp) {
-      rc = KVT_ENOMEM;
-      goto fail;
-    }
-    rc = kvti_open(lp, O_RDWR | O_CREAT, opts->file_mode);
-    kvti_free(lp);
-    if (rc < 0)
-      goto fail;
-    t->lock_fd = rc;
-    rc = 0;
-    if (flock(t->lock_fd, LOCK_EX | LOCK_NB) != 0) {
-      int e = errno;
-      if (e == EWOULDBLOCK)
-        rc = KVT_ERR(KVT_EBUSY,
-                     "%s is in use by another writer (kvtier.lock is held); "
-                     "one writer process per cache directory is supported, "
-                     "open with KVT_OPEN_READONLY to read it",
-                     t->dir);
-      else
-        rc = KVT_ERR_OS(e, "lock %s/kvtier.lock", t->dir);
-      goto fail;
-    }
-    /* The live stats file (statsfile.h): the lock holder owns it. Without
-     * it the tier works; only `kvtier stats` from outside sees nothing. */
-    if (kvti_stats_attach(&t->stats, t->dir, opts->file_mode) != 0) {
-      kvti_log(t, KVT_LOG_WARN, "kvtier: no live stats file: %s",
-               kvt_last_error());
-      kvt_clear_error();
-    }
-  }
-
-  if ((rc = kvti_backend_local_new(&t->be, t->dir, opts->dir_mode)) != 0)
-    goto fail;
   /* Before any purge of temporaries: a crash inside the portable replace can
    * leave an entry's only complete copy at <hash>.old.tmp. */
   if (!t->readonly) {
     uint64_t back = 0;
-    rc = kvti_entry_restore_aside(
-        t->data_dir, opts->durability == KVT_DURABILITY_FSYNC, &back);
+    rc = kvti_backend_local_recover(
+        t->be, opts->durability == KVT_DURABILITY_FSYNC, &back);
     if (rc != 0)
       goto fail;
     if (back > 0)
@@ -344,9 +213,9 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
       goto fail;
     }
   }
-  if (!t->readonly && (rc = precreate_db(t->dir, opts->file_mode)) != 0)
+  if (!t->readonly && (rc = kvti_backend_local_prepare_index(t->be)) != 0)
     goto fail;
-  kvti_index_measure measure = {measure_entry, t};
+  kvti_index_measure measure = {measure_entry, t->be};
   if ((rc = kvti_index_open(&t->idx, t->dir, &measure, t->readonly)) != 0)
     goto fail;
   /* FSYNC durability covers the row too: the WAL is synced at each commit, so
@@ -354,6 +223,8 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
    * reconcile) in a power loss. */
   if (!t->readonly && opts->durability == KVT_DURABILITY_FSYNC &&
       (rc = kvti_index_set_durable(t->idx, 1)) != 0)
+    goto fail;
+  if ((rc = kvti_tier_chunks_open(t)) != 0) /* chunk_tokens (chunks.h) */
     goto fail;
   if ((rc = kvti_remote_open(t)) != 0)
     goto fail;
@@ -435,6 +306,7 @@ static int tier_close(kvt_tier *t, int64_t timeout_ms, int drop) {
   kvti_pool_stop(t);
   kvti_ram_close(t); /* the host RAM cache's memory goes now */
   /* 5. Flush batched touches, close the index, release the directory lock. */
+  kvti_tier_chunks_close(t); /* before the index it shares */
   if (t->idx) {
     if (!t->readonly)
       kvti_index_flush(t->idx);
@@ -442,10 +314,7 @@ static int tier_close(kvt_tier *t, int64_t timeout_ms, int drop) {
     t->idx = NULL;
   }
   kvti_stats_detach(&t->stats); /* before another writer may take over */
-  if (t->lock_fd >= 0) {
-    kvti_io->close(t->lock_fd);
-    t->lock_fd = -1;
-  }
+  kvti_backend_local_unlock(t->be);
   atomic_store(&t->state, KVTI_CLOSED);
   kvti_log(t, KVT_LOG_INFO, "kvtier: closed %s", t->dir);
   pthread_mutex_unlock(&t->close_mu);

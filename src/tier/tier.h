@@ -66,12 +66,10 @@ enum { KVTI_OPEN = 0, KVTI_TEARDOWN = 1, KVTI_CLOSED = 2 };
 struct kvt_tier {
   kvt_options opts; /* copy; opts.cache_dir points at dir */
   char *dir;        /* absolute cache directory */
-  char *data_dir;
   uint64_t max_bytes;
   int readonly;
-  int lock_fd; /* flock'ed kvtier.lock, -1 for read-only */
   kvt_index *idx;
-  kvti_backend *be;
+  kvti_backend *be; /* the local store (store/local.h): the layout is its */
   kvti_stripes stripes;
   pthread_mutex_t mut_mu;
   kvti_stats stats;
@@ -85,6 +83,8 @@ struct kvt_tier {
   pthread_mutex_t close_mu;   /* serialises close/free */
   struct kvti_remote *remote; /* shared remote tier (remote.h), NULL: none */
   struct kvti_hcache *hc;     /* host RAM cache (ramtier.h) */
+  /* The chunked native store (chunks.h), NULL when chunk_tokens is 0. */
+  struct kvti_chunked *chunked;
 };
 
 /* Lifecycle guards: enter returns 0 or KVT_ECLOSED (message set). */

@@ -16,6 +16,7 @@
  */
 #include "tier/ramtier.h"
 #include "tier/tier.h"
+#include "tier/chunks.h"
 #include "base/error.h"
 #include "index/index.h"
 #include "base/io.h"
@@ -53,7 +54,7 @@ int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify) {
     kvti_stripe_wrlock(&t->stripes, hash);
     kvti_ram_invalidate(t, hash); /* the RAM copy is the old version */
   }
-  int rc = t->be->ops->put(t->be, &disk, s, &wo);
+  int rc = kvti_tier_chunks_put(t, &disk, s, &wo); /* be->put unless chunked */
   if (rc == 0) {
     rc = kvti_index_put(t->idx, tokens, n, hash, kvti_snapshot_memory_bytes(s),
                         disk, t->opts.storage_mode);

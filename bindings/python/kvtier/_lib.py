@@ -172,6 +172,9 @@ class Options(ctypes.Structure):
         ("read_threads", ctypes.c_uint32),
         # Version 3.
         ("host_cache_bytes", ctypes.c_uint64),
+        # (version 3) the chunked native store.
+        ("chunk_tokens", ctypes.c_uint32),
+        ("model_id", ctypes.c_char_p),
         # Version 4.
         ("remote_lookup_timeout_ms", ctypes.c_uint32),
         ("remote_tls_ca_file", ctypes.c_char_p),

@@ -172,6 +172,14 @@ class SSDCacheConfig:
             RAM so promoting them again runs at memory speed (the host RAM
             tier); None (default) = 1/8 of the memory the process may use
             (RAM and cgroup limit), 0 = disabled.
+        chunk_tokens: 0 (default: one entry per spill, as the reference) or a
+            power of two in 16..4096: native-mode spills are stored as chains
+            of chunks of this many tokens, each stored once, and prefix
+            lookups find chunk-aligned prefixes of pure-KV models even where
+            no spill ended (docs/FORMAT.md section 10). Experimental.
+        model_id: namespace of the chunks; None = the cache directory's name
+            (the reference's per-model directory), so two models never share
+            chunks.
     """
 
     cache_dir: str | None = None
@@ -198,6 +206,8 @@ class SSDCacheConfig:
     remote_tls_cert_file: str | None = None
     remote_tls_key_file: str | None = None
     host_cache_bytes: int | None = None
+    chunk_tokens: int = 0
+    model_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_size_gb <= 0:
@@ -294,6 +304,14 @@ class SSDCacheConfig:
                              self.remote_tls_key_file)
         if self.host_cache_bytes is not None:
             o.host_cache_bytes = int(self.host_cache_bytes)
+        o.chunk_tokens = int(self.chunk_tokens)
+        mid = self.model_id
+        if mid is None and self.chunk_tokens and self.cache_dir is not None:
+            mid = os.path.basename(os.path.normpath(str(self.cache_dir)))
+        if mid is not None:
+            b = mid.encode("utf-8")
+            keep.append(b)
+            o.model_id = b
         return o, keep
 
 

@@ -218,7 +218,7 @@ typedef struct rfile {
 
 typedef struct rmanifest {
   char gen[17];
-  kvti_remote_meta meta;
+  kvti_backend_meta meta;
   uint64_t chunk_bytes, total, n_chunks;
   rfile *files;
   size_t n_files;
@@ -502,7 +502,7 @@ static int remove_entry(redis_backend *rb, const char *hash,
 /* Staging                                                                  */
 /* ------------------------------------------------------------------------ */
 
-int kvti_redis_stage_dir(kvti_backend *b, char **out) {
+static int rb_stage(kvti_backend *b, char **out) {
   redis_backend *rb = R(b);
   char name[64];
   snprintf(name, sizeof name, "%ld-%" PRIu64, (long)getpid(),
@@ -785,7 +785,7 @@ static int rb_put(kvti_backend *b, uint64_t *disk_bytes, const kvti_snapshot *s,
                   const kvti_write_opts *o) {
   redis_backend *rb = R(b);
   char *stage = NULL;
-  int rc = kvti_redis_stage_dir(b, &stage);
+  int rc = rb_stage(b, &stage);
   if (rc != 0)
     return rc;
   kvti_write_opts wo = *o;
@@ -835,8 +835,8 @@ static int scatter(const rmanifest *m, const int *fds, const char *dir,
   return 0;
 }
 
-int kvti_redis_fetch(kvti_backend *b, kvti_remote_meta *out, const char *hash,
-                     const char *dest_data_dir) {
+static int rb_fetch(kvti_backend *b, kvti_backend_meta *out, const char *hash,
+                    const char *dest_data_dir) {
   redis_backend *rb = R(b);
   if (!kvti_is_hash_name(hash))
     return KVT_ERR(KVT_EINVAL, "invalid entry name");
@@ -930,10 +930,10 @@ out:
 static int rb_get(kvti_backend *b, kvt_entry **out, const char *hash,
                   const kvti_read_opts *o) {
   char *stage = NULL;
-  int rc = kvti_redis_stage_dir(b, &stage);
+  int rc = rb_stage(b, &stage);
   if (rc != 0)
     return rc;
-  rc = kvti_redis_fetch(b, NULL, hash, stage);
+  rc = rb_fetch(b, NULL, hash, stage);
   if (rc == 0) {
     rc = kvti_entry_read(out, stage, hash, o);
     if (rc == KVT_ECORRUPT || rc == KVT_ENOTFOUND) {
@@ -957,14 +957,14 @@ static int rb_get(kvti_backend *b, kvt_entry **out, const char *hash,
  * prefilter scans them too). Each distinct length is hashed once. */
 #define RB_PAGE 256
 #define RB_MAX_PAGES 64
-static int find_page(redis_backend *rb, kvr_client *cl, kvti_remote_meta *out,
+static int find_page(redis_backend *rb, kvr_client *cl, kvti_backend_meta *out,
                      const rkey *ps, const int32_t *tokens, uint64_t lo,
                      uint64_t hi, unsigned page, int *more, uint64_t *last_len,
                      char *last_hash);
 
-static int find_in_set(redis_backend *rb, kvr_client *cl, kvti_remote_meta *out,
-                       const rkey *ps, const int32_t *tokens, uint64_t lo,
-                       uint64_t hi) {
+static int find_in_set(redis_backend *rb, kvr_client *cl,
+                       kvti_backend_meta *out, const rkey *ps,
+                       const int32_t *tokens, uint64_t lo, uint64_t hi) {
   if (lo > hi)
     return KVT_ENOTFOUND;
   uint64_t last_len = 0;
@@ -979,7 +979,7 @@ static int find_in_set(redis_backend *rb, kvr_client *cl, kvti_remote_meta *out,
   return KVT_ENOTFOUND;
 }
 
-static int find_page(redis_backend *rb, kvr_client *cl, kvti_remote_meta *out,
+static int find_page(redis_backend *rb, kvr_client *cl, kvti_backend_meta *out,
                      const rkey *ps, const int32_t *tokens, uint64_t lo,
                      uint64_t hi, unsigned page, int *more, uint64_t *last_len,
                      char *last_hash) {
@@ -1047,7 +1047,7 @@ static int find_page(redis_backend *rb, kvr_client *cl, kvti_remote_meta *out,
 }
 
 /* The round-trip lookup on client cl (no mirror). */
-static int find_on(redis_backend *rb, kvr_client *cl, kvti_remote_meta *out,
+static int find_on(redis_backend *rb, kvr_client *cl, kvti_backend_meta *out,
                    const int32_t *tokens, size_t n, int prefix,
                    uint64_t min_len) {
   if (min_len < 1)
@@ -1092,12 +1092,6 @@ static int find_on(redis_backend *rb, kvr_client *cl, kvti_remote_meta *out,
   return rc;
 }
 
-int kvti_redis_find(kvti_backend *b, kvti_remote_meta *out,
-                    const int32_t *tokens, size_t n, int prefix,
-                    uint64_t min_len) {
-  return find_on(R(b), R(b)->cl, out, tokens, n, prefix, min_len);
-}
-
 /* ---- the cheap lookup: mirror first ---- */
 
 static double mono_now(void) {
@@ -1136,7 +1130,8 @@ static void neg_put(redis_backend *rb, uint64_t key) {
 /* Confirms a mirrored candidate with one GET of its manifest (lookup
  * deadline): 0 and *out, KVT_ENOTFOUND (gone: dropped from the mirror), or a
  * connection error. */
-static int confirm(redis_backend *rb, kvti_remote_meta *out, const char *hash) {
+static int confirm(redis_backend *rb, kvti_backend_meta *out,
+                   const char *hash) {
   rmanifest m;
   int rc = rman_get(rb, rb->lcl, &m, hash);
   if (rc == 0) {
@@ -1157,7 +1152,7 @@ static int confirm(redis_backend *rb, kvti_remote_meta *out, const char *hash) {
  * (locally), looked up in the mirror, then confirmed by its manifest (one
  * round trip). */
 #define RB_MIRROR_LENS 256
-static int mirror_in_set(redis_backend *rb, kvti_remote_meta *out,
+static int mirror_in_set(redis_backend *rb, kvti_backend_meta *out,
                          const int32_t *tokens, size_t set_len, uint64_t lo,
                          uint64_t hi) {
   if (lo > hi)
@@ -1182,7 +1177,7 @@ static int mirror_in_set(redis_backend *rb, kvti_remote_meta *out,
   return KVT_ENOTFOUND;
 }
 
-static int mirror_find(redis_backend *rb, kvti_remote_meta *out,
+static int mirror_find(redis_backend *rb, kvti_backend_meta *out,
                        const int32_t *tokens, size_t n, int prefix,
                        uint64_t min_len) {
   if (!prefix || n == 0) {
@@ -1207,9 +1202,9 @@ static int mirror_find(redis_backend *rb, kvti_remote_meta *out,
   return rc;
 }
 
-int kvti_redis_lookup(kvti_backend *b, kvti_remote_meta *out,
-                      const int32_t *tokens, size_t n, int prefix,
-                      uint64_t min_len) {
+static int rb_find(kvti_backend *b, kvti_backend_meta *out,
+                   const int32_t *tokens, size_t n, int prefix,
+                   uint64_t min_len) {
   redis_backend *rb = R(b);
   if (min_len < 1)
     min_len = 1;
@@ -1229,14 +1224,7 @@ int kvti_redis_lookup(kvti_backend *b, kvti_remote_meta *out,
   return rc;
 }
 
-int kvti_redis_mirror_state(kvti_backend *b, size_t *entries) {
-  redis_backend *rb = R(b);
-  if (entries)
-    *entries = rb->mirror ? kvr_mirror_count(rb->mirror) : 0;
-  return kvr_mirror_synced(rb->mirror);
-}
-
-int kvti_redis_probe(kvti_backend *b) {
+static int rb_probe(kvti_backend *b) {
   return kvr_client_probe(R(b)->cl);
 }
 
@@ -1244,7 +1232,7 @@ int kvti_redis_probe(kvti_backend *b) {
 /* The rest of the seam                                                     */
 /* ------------------------------------------------------------------------ */
 
-int kvti_redis_stat(kvti_backend *b, kvti_remote_meta *out, const char *hash) {
+static int rb_stat(kvti_backend *b, kvti_backend_meta *out, const char *hash) {
   if (!kvti_is_hash_name(hash))
     return KVT_ERR(KVT_EINVAL, "invalid entry name");
   rmanifest m;
@@ -1276,10 +1264,10 @@ static int rb_exists(kvti_backend *b, const char *hash) {
 
 static int rb_describe(kvti_backend *b, char **json, const char *hash) {
   char *stage = NULL;
-  int rc = kvti_redis_stage_dir(b, &stage);
+  int rc = rb_stage(b, &stage);
   if (rc != 0)
     return rc;
-  rc = kvti_redis_fetch(b, NULL, hash, stage);
+  rc = rb_fetch(b, NULL, hash, stage);
   if (rc == 0)
     rc = kvti_entry_describe(json, stage, hash);
   kvti_rmtree(stage);
@@ -1345,11 +1333,24 @@ static void rb_destroy(kvti_backend *b) {
   kvti_free(rb);
 }
 
-static const kvti_backend_ops redis_ops = {
-    "redis",     rb_put,  rb_get,   rb_remove,     rb_exists, rb_exists,
-    rb_describe, rb_list, rb_purge, rb_quarantine, rb_destroy};
+static const kvti_backend_ops redis_ops = {.name = "redis",
+                                           .put = rb_put,
+                                           .get = rb_get,
+                                           .remove = rb_remove,
+                                           .exists = rb_exists,
+                                           .present = rb_exists,
+                                           .describe = rb_describe,
+                                           .list = rb_list,
+                                           .purge = rb_purge,
+                                           .quarantine = rb_quarantine,
+                                           .find = rb_find,
+                                           .stat = rb_stat,
+                                           .stage = rb_stage,
+                                           .fetch = rb_fetch,
+                                           .probe = rb_probe,
+                                           .destroy = rb_destroy};
 
-int kvti_backend_redis_new(kvti_backend **out, const kvti_redis_cfg *cfg) {
+int kvti_backend_redis_new(kvti_backend **out, const kvti_remote_cfg *cfg) {
   redis_backend *rb = kvti_calloc(1, sizeof *rb);
   if (!rb)
     return KVT_ERR_NOMEM();

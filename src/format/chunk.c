@@ -1,0 +1,680 @@
+/*
+ * chunk.c - chunk files (chunk.h, docs/FORMAT.md section 10): the key chains,
+ * the byte layout (a fixed 128-byte part, namespace, tokens, layout
+ * descriptor, block list and header checksum, then the layer-major,
+ * head-contiguous data section), its strict parser, the durable writer and the
+ * verified data reader. The writer gathers the chunk's rows of every layer
+ * into one aligned buffer, hashes it per block once, and publishes it with one
+ * write + fsync + rename + directory fsync, so a crash leaves either no chunk
+ * or a complete one (at worst a stale <key>.tmp, removed when the chunk is
+ * written again or by gc).
+ */
+#include "format/chunk.h"
+#include "base/error.h"
+#include "base/hash.h"
+#include "base/io.h"
+#include "format/dtype.h"
+#include "format/layer.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+/* ---- little-endian helpers ---- */
+
+static void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--)
+    v = (v << 8) | p[i];
+  return v;
+}
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--)
+    v = (v << 8) | p[i];
+  return v;
+}
+static uint64_t up(uint64_t v, uint64_t a) {
+  return (v + a - 1) / a * a;
+}
+
+/* ---- keys ---- */
+
+int kvti_chunk_ns_encode(uint8_t **out, size_t *len, const char *model_id,
+                         const char *salt) {
+  size_t a = model_id ? strlen(model_id) : 0, b = salt ? strlen(salt) : 0;
+  if (a + b + 8 > KVTI_CHUNK_MAX_NS)
+    return KVT_ERR(KVT_EINVAL, "model_id + cache_salt longer than %u bytes",
+                   KVTI_CHUNK_MAX_NS - 8);
+  uint8_t *p = kvti_malloc(a + b + 8);
+  if (!p)
+    return KVT_ERR_NOMEM();
+  put32(p, (uint32_t)a);
+  if (a)
+    memcpy(p + 4, model_id, a);
+  put32(p + 4 + a, (uint32_t)b);
+  if (b)
+    memcpy(p + 8 + a, salt, b);
+  *out = p;
+  *len = a + b + 8;
+  return 0;
+}
+
+static int sha256_parts(uint8_t out[32], const void *a, size_t na,
+                        const void *b, size_t nb, const void *c, size_t nc) {
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  unsigned int mdlen = 0;
+  int ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) &&
+           EVP_DigestUpdate(ctx, a, na) &&
+           (!nb || EVP_DigestUpdate(ctx, b, nb)) &&
+           (!nc || EVP_DigestUpdate(ctx, c, nc)) &&
+           EVP_DigestFinal_ex(ctx, out, &mdlen) && mdlen == 32;
+  EVP_MD_CTX_free(ctx);
+  return ok ? 0 : KVT_ERR(KVT_ENOMEM, "SHA-256 computation failed");
+}
+
+int kvti_chunk_seed(uint8_t out[32], const uint8_t *ns, size_t ns_len,
+                    uint64_t layout_hash) {
+  uint8_t lh[8];
+  put64(lh, layout_hash);
+  return sha256_parts(out, ns, ns_len, lh, 8, NULL, 0);
+}
+
+int kvti_chunk_key(uint8_t out[32], const uint8_t parent[32],
+                   const int32_t *tokens, uint32_t n) {
+  uint8_t len[4];
+  put32(len, n);
+  /* Tokens are int32 in native order; every supported platform is
+   * little-endian (as tokens.bin, docs/FORMAT.md section 2). */
+  return sha256_parts(out, parent, 32, len, 4, tokens, (size_t)n * 4);
+}
+
+kvti_ck kvti_ck_seed(const uint8_t *ns, size_t ns_len) {
+  XXH128_hash_t h = XXH3_128bits(ns, ns_len);
+  return (kvti_ck){h.low64, h.high64};
+}
+
+kvti_ck kvti_ck_next(kvti_ck parent, const int32_t *tokens, uint32_t n) {
+  /* One-shot seeded hash (no streaming state: this runs once per chunk of
+   * every lookup). The seed folds the parent's value and the length. */
+  uint64_t seed = parent.lo ^ (parent.hi * 0x9e3779b97f4a7c15ull) ^ n;
+  XXH128_hash_t h = XXH3_128bits_withSeed(tokens, (size_t)n * 4, seed);
+  return (kvti_ck){h.low64, h.high64};
+}
+
+/* ---- layout descriptor ---- */
+
+static uint32_t layer_tensors(int32_t kind) {
+  return kind == KVT_LAYER_QUANTIZED_KV ? 6u : 2u;
+}
+
+/* Bytes one layer's descriptor takes for tensors of the given ndims. */
+static uint64_t desc_layer_bytes(const kvt_layer *l) {
+  uint64_t b = 20;
+  for (uint32_t j = 0; j < l->num_tensors; j++)
+    b += 8 + 8ull * l->tensors[j].ndim + 16;
+  return b;
+}
+
+int kvti_chunk_layer_ok(const kvt_layer *l, uint64_t rows) {
+  if (l->kind != KVT_LAYER_KV && l->kind != KVT_LAYER_ROTATING_KV &&
+      l->kind != KVT_LAYER_QUANTIZED_KV)
+    return 0;
+  if (l->num_tensors != layer_tensors(l->kind))
+    return 0;
+  /* Token i is row i: only rows below offset are valid KV (a quantized layer
+   * without an offset holds every row, as compat mode reads it). */
+  if (l->offset == KVT_ABSENT ? l->kind != KVT_LAYER_QUANTIZED_KV
+                              : l->offset < 0 || (uint64_t)l->offset < rows)
+    return 0;
+  if (l->kind == KVT_LAYER_ROTATING_KV) {
+    /* Wrapped rotating caches hold rows out of token order: not cuttable. */
+    if (l->max_size != KVT_ABSENT && l->offset > l->max_size)
+      return 0;
+    if (l->idx != KVT_ABSENT && l->idx != l->offset)
+      return 0;
+  }
+  for (uint32_t j = 0; j < l->num_tensors; j++) {
+    const kvt_tensor *t = &l->tensors[j];
+    if (t->ndim < 2 || t->shape[t->ndim - 2] < 0 ||
+        (uint64_t)t->shape[t->ndim - 2] < rows)
+      return 0;
+  }
+  return 1;
+}
+
+void kvti_chunk_tensor_geom(const kvt_tensor *t, uint64_t *outer,
+                            uint64_t *row) {
+  uint64_t o = 1, r = kvt_dtype_size((kvt_dtype)t->dtype);
+  for (uint32_t d = 0; d + 2 < t->ndim; d++)
+    o *= (uint64_t)t->shape[d];
+  r *= (uint64_t)t->shape[t->ndim - 1];
+  *outer = o;
+  *row = r;
+}
+
+typedef struct plan {
+  uint64_t layout_bytes, data_bytes, n_blocks, header_bytes, sum_pos;
+  uint32_t ns_pad;
+} plan;
+
+static int make_plan(plan *p, const kvti_chunk_src *s) {
+  if (!s || !s->parent || (!s->ns && s->ns_len) || !s->tokens || s->n == 0 ||
+      s->n > KVTI_CHUNK_MAX_TOKENS || s->ns_len > KVTI_CHUNK_MAX_NS ||
+      s->n_layers == 0 || s->n_layers > KVTI_CHUNK_MAX_LAYERS || !s->layers ||
+      !s->layer_ids)
+    return KVT_ERR(KVT_EINVAL, "chunk: invalid source");
+  memset(p, 0, sizeof *p);
+  if (s->spill_layers < s->n_layers || s->spill_layers > KVTI_MAX_LAYERS)
+    return KVT_ERR(KVT_EINVAL, "chunk: spill_layers %u < %u chunked layers",
+                   s->spill_layers, s->n_layers);
+  p->layout_bytes = 4;
+  for (uint32_t i = 0; i < s->n_layers; i++) {
+    const kvt_layer *l = &s->layers[s->layer_ids[i]];
+    if ((i && s->layer_ids[i] <= s->layer_ids[i - 1]) ||
+        s->layer_ids[i] >= s->spill_layers)
+      return KVT_ERR(KVT_EINVAL, "chunk: layer ids must increase");
+    if (!kvti_chunk_layer_ok(l, s->row0 + s->n))
+      return KVT_ERR(KVT_EINVAL,
+                     "chunk: layer %u cannot be cut at rows [%llu, %llu)",
+                     s->layer_ids[i], (unsigned long long)s->row0,
+                     (unsigned long long)(s->row0 + s->n));
+    p->layout_bytes += desc_layer_bytes(l);
+    for (uint32_t j = 0; j < l->num_tensors; j++) {
+      uint64_t outer, row;
+      kvti_chunk_tensor_geom(&l->tensors[j], &outer, &row);
+      p->data_bytes += outer * row * s->n;
+    }
+  }
+  p->n_blocks = kvti_blk_count(p->data_bytes, KVTI_BLK_DEFAULT);
+  p->ns_pad = (uint32_t)up(s->ns_len, 4);
+  p->sum_pos = KVTI_CHUNK_FIXED + p->ns_pad + 4ull * s->n + p->layout_bytes +
+               8 * p->n_blocks;
+  p->header_bytes =
+      up(p->sum_pos + 8, p->data_bytes >= KVTI_CHUNK_ALIGN_MIN ? 4096 : 64);
+  return 0;
+}
+
+uint64_t kvti_chunk_file_size(const kvti_chunk_src *src) {
+  plan p;
+  if (make_plan(&p, src) != 0)
+    return 0;
+  return p.header_bytes + p.data_bytes;
+}
+
+uint64_t kvti_chunk_mem_bytes(const kvti_chunk_src *src) {
+  plan p;
+  return make_plan(&p, src) == 0 ? p.data_bytes : 0;
+}
+
+/* Writes the layout descriptor of s at d (p->layout_bytes bytes); with data
+ * non-NULL also gathers the rows into the data section. */
+static void put_desc(uint8_t *d, uint8_t *data, const kvti_chunk_src *s) {
+  uint64_t off = 0;
+  put32(d, s->spill_layers);
+  d += 4;
+  for (uint32_t i = 0; i < s->n_layers; i++) {
+    const kvt_layer *l = &s->layers[s->layer_ids[i]];
+    put32(d, (uint32_t)l->kind);
+    put32(d + 4, s->layer_ids[i]);
+    put32(d + 8, l->kind == KVT_LAYER_QUANTIZED_KV ? (uint32_t)l->bits : 0);
+    put32(d + 12,
+          l->kind == KVT_LAYER_QUANTIZED_KV ? (uint32_t)l->group_size : 0);
+    put32(d + 16, l->num_tensors);
+    d += 20;
+    for (uint32_t j = 0; j < l->num_tensors; j++) {
+      const kvt_tensor *t = &l->tensors[j];
+      uint64_t outer, row;
+      kvti_chunk_tensor_geom(t, &outer, &row);
+      uint64_t nb = outer * row * s->n;
+      put32(d, (uint32_t)t->dtype);
+      put32(d + 4, t->ndim);
+      d += 8;
+      for (uint32_t k = 0; k < t->ndim; k++, d += 8)
+        put64(d, k == t->ndim - 2 ? s->n : (uint64_t)t->shape[k]);
+      put64(d, off);
+      put64(d + 8, nb);
+      d += 16;
+      /* Head-contiguous: for every outer index (batch x head) the chunk's n
+       * rows are one extent, so promote copies one extent per head. */
+      uint64_t T = (uint64_t)t->shape[t->ndim - 2];
+      const uint8_t *src = t->data;
+      for (uint64_t o = 0; data && o < outer && row; o++)
+        memcpy(data + off + o * row * s->n, src + (o * T + s->row0) * row,
+               row * s->n);
+      off += nb;
+    }
+  }
+}
+
+int kvti_chunk_layout_hash(uint64_t *out, const kvti_chunk_src *src) {
+  plan p;
+  int rc = make_plan(&p, src);
+  if (rc)
+    return rc;
+  uint8_t *d = kvti_malloc((size_t)p.layout_bytes);
+  if (!d)
+    return KVT_ERR_NOMEM();
+  put_desc(d, NULL, src);
+  *out = XXH3_64bits(d, (size_t)p.layout_bytes);
+  kvti_free(d);
+  return 0;
+}
+
+/* Fills buf (header_bytes + data_bytes, zeroed) with the whole file. */
+static int build(uint8_t *buf, const plan *p, const kvti_chunk_src *s,
+                 kvti_chunk_written *w) {
+  int rc = kvti_chunk_key(w->key, s->parent, s->tokens, s->n);
+  if (rc)
+    return rc;
+  uint8_t *data = buf + p->header_bytes;
+  uint8_t *lay = buf + KVTI_CHUNK_FIXED + p->ns_pad + 4ull * s->n;
+  put_desc(lay, data, s);
+  w->layout_hash = XXH3_64bits(lay, (size_t)p->layout_bytes);
+  w->mem_bytes = p->data_bytes;
+  w->size = p->header_bytes + p->data_bytes;
+  uint8_t *d = lay + p->layout_bytes;
+  kvti_blkhash *bh = NULL;
+  if ((rc = kvti_blkhash_new(&bh, KVTI_BLK_DEFAULT, p->data_bytes)) != 0)
+    return rc;
+  if ((rc = kvti_blkhash_update(bh, data, p->data_bytes)) == 0)
+    rc = kvti_blkhash_final(bh, NULL);
+  if (rc == 0) {
+    size_t nl;
+    const uint64_t *list = kvti_blkhash_list(bh, &nl);
+    if (nl != p->n_blocks)
+      rc = KVT_ERR(KVT_EIO, "chunk: block count mismatch");
+    for (size_t k = 0; rc == 0 && k < nl; k++, d += 8)
+      put64(d, list[k]);
+  }
+  kvti_blkhash_free(bh);
+  if (rc)
+    return rc;
+  memcpy(buf, KVTI_CHUNK_MAGIC, 8);
+  put32(buf + 8, KVTI_CHUNK_VERSION);
+  put32(buf + 12, (uint32_t)p->header_bytes);
+  put32(buf + 16, (uint32_t)KVTI_BLK_DEFAULT);
+  put32(buf + 20, 0);
+  memcpy(buf + 24, w->key, 32);
+  memcpy(buf + 56, s->parent, 32);
+  put64(buf + 88, s->index);
+  put32(buf + 96, s->n);
+  put32(buf + 100, s->n_layers);
+  put32(buf + 104, (uint32_t)s->ns_len);
+  put32(buf + 108, (uint32_t)p->layout_bytes);
+  put64(buf + 112, p->data_bytes);
+  put64(buf + 120, 0);
+  if (s->ns_len)
+    memcpy(buf + KVTI_CHUNK_FIXED, s->ns, s->ns_len);
+  uint8_t *tk = buf + KVTI_CHUNK_FIXED + p->ns_pad;
+  for (uint32_t i = 0; i < s->n; i++)
+    put32(tk + 4ull * i, (uint32_t)s->tokens[i]);
+  put64(buf + p->sum_pos, XXH3_64bits(buf, p->sum_pos));
+  return 0;
+}
+
+static char *dir_of(const char *path) {
+  const char *sl = strrchr(path, '/');
+  size_t n = sl ? (size_t)(sl - path) : 1;
+  char *d = kvti_malloc(n + 1);
+  if (!d)
+    return NULL;
+  memcpy(d, sl ? path : ".", n);
+  d[n] = '\0';
+  return d;
+}
+
+int kvti_chunk_write(const char *path, const char *tmp,
+                     const kvti_chunk_src *src, uint32_t file_mode,
+                     int do_fsync, kvti_chunk_written *out) {
+  plan p;
+  int rc = make_plan(&p, src);
+  if (rc)
+    return rc;
+  uint64_t total = p.header_bytes + p.data_bytes;
+  if (total > SIZE_MAX / 2)
+    return KVT_ERR(KVT_ETOOBIG, "chunk too large");
+  uint8_t *buf = kvti_aligned_alloc(4096, (size_t)up(total, 4096));
+  if (!buf)
+    return KVT_ERR_NOMEM();
+  memset(buf, 0, p.header_bytes);
+  kvti_chunk_written w;
+  rc = build(buf, &p, src, &w);
+  int fd = -1;
+  if (rc == 0) {
+    fd = kvti_open(tmp, O_WRONLY | O_CREAT | O_EXCL, file_mode);
+    if (fd < 0) {
+      /* A stale tmp left by a crash: remove it and try once more. */
+      kvti_unlink(tmp);
+      fd = kvti_open(tmp, O_WRONLY | O_CREAT | O_EXCL, file_mode);
+    }
+    if (fd < 0)
+      rc = fd;
+  }
+  if (rc == 0 && kvti_io->chmod && kvti_io->chmod(tmp, file_mode) != 0)
+    rc = KVT_ERR_OS(errno, "chmod %s", tmp);
+  if (rc == 0)
+    rc = kvti_pwrite_all(fd, buf, (size_t)total, 0, tmp);
+  if (rc == 0 && do_fsync)
+    rc = kvti_fsync(fd, tmp);
+  if (fd >= 0) {
+    int crc = kvti_close(fd);
+    if (rc == 0)
+      rc = crc;
+  }
+  if (rc == 0)
+    rc = kvti_rename(tmp, path);
+  if (rc == 0 && do_fsync) {
+    char *d = dir_of(path);
+    rc = d ? kvti_fsync_dir(d) : KVT_ERR_NOMEM();
+    kvti_free(d);
+    if (rc)
+      kvti_unlink(path); /* not durable: do not leave it to be indexed */
+  }
+  if (rc && fd >= 0)
+    kvti_unlink(tmp);
+  kvti_free(buf);
+  if (rc == 0 && out)
+    *out = w;
+  return rc;
+}
+
+/* ---- parsing ---- */
+
+#define BAD(...) KVT_ERR(KVT_ECORRUPT, __VA_ARGS__)
+
+uint32_t kvti_chunk_header_bytes(const uint8_t *buf, size_t len,
+                                 const char *what) {
+  if (len < KVTI_CHUNK_FIXED || memcmp(buf, KVTI_CHUNK_MAGIC, 8) != 0) {
+    BAD("%s: not a kvtier chunk (bad magic or truncated)", what);
+    return 0;
+  }
+  uint32_t hb = get32(buf + 12);
+  if (hb < KVTI_CHUNK_FIXED + 8 || hb > KVTI_CHUNK_MAX_HEADER || hb % 64) {
+    BAD("%s: header length %u out of range", what, hb);
+    return 0;
+  }
+  return hb;
+}
+
+void kvti_chunk_hdr_free(kvti_chunk_hdr *h) {
+  if (!h)
+    return;
+  kvti_free(h->mem_);
+  memset(h, 0, sizeof *h);
+}
+
+int kvti_chunk_parse(kvti_chunk_hdr *h, const uint8_t *buf, size_t len,
+                     uint64_t file_size, const char *what) {
+  memset(h, 0, sizeof *h);
+  uint32_t hb = kvti_chunk_header_bytes(buf, len, what);
+  if (!hb)
+    return KVT_ECORRUPT;
+  if (hb != len)
+    return BAD("%s: header length %u, %zu bytes given", what, hb, len);
+  h->version = get32(buf + 8);
+  if (h->version != KVTI_CHUNK_VERSION)
+    return KVT_ERR(KVT_EUNSUPPORTED, "%s: chunk version %u unsupported", what,
+                   h->version);
+  h->header_bytes = hb;
+  h->block_size = get32(buf + 16);
+  if (!kvti_blk_size_ok(h->block_size))
+    return BAD("%s: bad block size %u", what, h->block_size);
+  if (get32(buf + 20) != 0 || get64(buf + 120) != 0)
+    return BAD("%s: unknown flags", what);
+  memcpy(h->key, buf + 24, 32);
+  memcpy(h->parent, buf + 56, 32);
+  h->index = get64(buf + 88);
+  h->n_tokens = get32(buf + 96);
+  h->n_layers = get32(buf + 100);
+  h->ns_len = get32(buf + 104);
+  h->layout_bytes = get32(buf + 108);
+  h->data_bytes = get64(buf + 112);
+  if (h->n_tokens == 0 || h->n_tokens > KVTI_CHUNK_MAX_TOKENS ||
+      h->n_layers == 0 || h->n_layers > KVTI_CHUNK_MAX_LAYERS ||
+      h->ns_len > KVTI_CHUNK_MAX_NS || h->layout_bytes > hb ||
+      h->data_bytes > file_size)
+    return BAD("%s: header counts out of range", what);
+  if (file_size != (uint64_t)hb + h->data_bytes)
+    return BAD("%s: file size %llu != header %u + data %llu", what,
+               (unsigned long long)file_size, hb,
+               (unsigned long long)h->data_bytes);
+  h->n_blocks = kvti_blk_count(h->data_bytes, h->block_size);
+  uint64_t pos_tok = KVTI_CHUNK_FIXED + up(h->ns_len, 4);
+  uint64_t pos_lay = pos_tok + 4ull * h->n_tokens;
+  uint64_t pos_blk = pos_lay + h->layout_bytes;
+  uint64_t pos_sum = pos_blk + 8 * h->n_blocks;
+  if (pos_sum + 8 > hb)
+    return BAD("%s: header sections overflow its length", what);
+  if (get64(buf + pos_sum) != XXH3_64bits(buf, pos_sum))
+    return BAD("%s: header checksum mismatch", what);
+  for (uint64_t i = pos_sum + 8; i < hb; i++)
+    if (buf[i])
+      return BAD("%s: non-zero header padding", what);
+  for (uint64_t i = KVTI_CHUNK_FIXED + h->ns_len; i < pos_tok; i++)
+    if (buf[i])
+      return BAD("%s: non-zero namespace padding", what);
+  /* Tensors per layer are bounded by the descriptor's size (>= 40 bytes). */
+  uint64_t max_t = h->layout_bytes / 40 + 1;
+  size_t need = (size_t)h->ns_len + 1 + 4ull * h->n_tokens + h->layout_bytes +
+                8 * h->n_blocks + sizeof(kvti_chunk_layer) * h->n_layers +
+                sizeof(kvti_chunk_tensor) * max_t + 64;
+  uint8_t *m = kvti_calloc(1, need);
+  if (!m)
+    return KVT_ERR_NOMEM();
+  h->mem_ = m;
+  h->layers = (kvti_chunk_layer *)m;
+  m += sizeof(kvti_chunk_layer) * h->n_layers;
+  kvti_chunk_tensor *tpool = (kvti_chunk_tensor *)m;
+  m += sizeof(kvti_chunk_tensor) * max_t;
+  h->blocks = (uint64_t *)m;
+  m += 8 * h->n_blocks;
+  h->tokens = (int32_t *)m;
+  m += 4ull * h->n_tokens;
+  h->ns = m;
+  m += h->ns_len + 1;
+  h->layout = m;
+  memcpy(h->ns, buf + KVTI_CHUNK_FIXED, h->ns_len);
+  for (uint32_t i = 0; i < h->n_tokens; i++)
+    h->tokens[i] = (int32_t)get32(buf + pos_tok + 4ull * i);
+  memcpy(h->layout, buf + pos_lay, h->layout_bytes);
+  for (uint64_t k = 0; k < h->n_blocks; k++)
+    h->blocks[k] = get64(buf + pos_blk + 8 * k);
+  h->layout_hash = XXH3_64bits(buf + pos_lay, h->layout_bytes);
+  int rc = 0;
+  uint8_t key[32];
+  if ((rc = kvti_chunk_key(key, h->parent, h->tokens, h->n_tokens)) != 0)
+    goto fail;
+  if (memcmp(key, h->key, 32) != 0) {
+    rc = BAD("%s: key does not match parent + tokens", what);
+    goto fail;
+  }
+  /* The descriptor. */
+  const uint8_t *d = h->layout, *end = h->layout + h->layout_bytes;
+  uint64_t off = 0, used_t = 0;
+  if (h->layout_bytes < 4) {
+    rc = BAD("%s: layout descriptor truncated", what);
+    goto fail;
+  }
+  h->spill_layers = get32(d);
+  d += 4;
+  if (h->spill_layers < h->n_layers || h->spill_layers > KVTI_MAX_LAYERS) {
+    rc = BAD("%s: spill layer count %u out of range", what, h->spill_layers);
+    goto fail;
+  }
+  for (uint32_t i = 0; i < h->n_layers; i++) {
+    kvti_chunk_layer *L = &h->layers[i];
+    if (end - d < 20) {
+      rc = BAD("%s: layout descriptor truncated", what);
+      goto fail;
+    }
+    L->kind = (int32_t)get32(d);
+    L->layer_idx = get32(d + 4);
+    L->bits = (int32_t)get32(d + 8);
+    L->group_size = (int32_t)get32(d + 12);
+    L->num_tensors = get32(d + 16);
+    d += 20;
+    if ((L->kind != KVT_LAYER_KV && L->kind != KVT_LAYER_ROTATING_KV &&
+         L->kind != KVT_LAYER_QUANTIZED_KV) ||
+        L->num_tensors != layer_tensors(L->kind) ||
+        (i && L->layer_idx <= h->layers[i - 1].layer_idx) ||
+        L->layer_idx >= h->spill_layers ||
+        (L->kind != KVT_LAYER_QUANTIZED_KV && (L->bits || L->group_size)) ||
+        (L->kind == KVT_LAYER_QUANTIZED_KV &&
+         (L->bits <= 0 || L->group_size <= 0 || L->group_size > 65536))) {
+      rc = BAD("%s: layer %u: bad kind/attributes", what, i);
+      goto fail;
+    }
+    if (used_t + L->num_tensors > max_t) {
+      rc = BAD("%s: layout descriptor truncated", what);
+      goto fail;
+    }
+    L->tensors = tpool + used_t;
+    used_t += L->num_tensors;
+    kvt_tensor tv[6];
+    for (uint32_t j = 0; j < L->num_tensors; j++) {
+      kvti_chunk_tensor *t = &L->tensors[j];
+      if (end - d < 8) {
+        rc = BAD("%s: layout descriptor truncated", what);
+        goto fail;
+      }
+      t->dtype = (int32_t)get32(d);
+      t->ndim = get32(d + 4);
+      d += 8;
+      if (t->ndim < 2 || t->ndim > KVT_MAX_DIMS ||
+          (uint64_t)(end - d) < 8ull * t->ndim + 16 ||
+          kvt_dtype_size((kvt_dtype)t->dtype) == 0) {
+        rc = BAD("%s: layer %u tensor %u: bad dtype/ndim", what, i, j);
+        goto fail;
+      }
+      for (uint32_t k = 0; k < t->ndim; k++, d += 8) {
+        uint64_t v = get64(d);
+        if (v > ((uint64_t)1 << 40)) {
+          rc = BAD("%s: layer %u tensor %u: dimension too large", what, i, j);
+          goto fail;
+        }
+        t->shape[k] = (int64_t)v;
+      }
+      t->off = get64(d);
+      t->nbytes = get64(d + 8);
+      d += 16;
+      uint64_t nb;
+      if (t->shape[t->ndim - 2] != (int64_t)h->n_tokens ||
+          kvti_tensor_nbytes(&nb, (kvt_dtype)t->dtype, t->ndim, t->shape) ||
+          nb != t->nbytes || t->off != off || nb > h->data_bytes - off) {
+        rc = BAD("%s: layer %u tensor %u: shape/offset inconsistent", what, i,
+                 j);
+        goto fail;
+      }
+      off += nb;
+      tv[j] = (kvt_tensor){.dtype = t->dtype, .ndim = t->ndim, .nbytes = nb};
+      memcpy(tv[j].shape, t->shape, sizeof t->shape);
+    }
+    /* Same rules as a caller's layer (quantized geometry included). */
+    kvt_layer lv;
+    /* Rotating attributes live in the entry, not in the chunk: the tensors
+     * obey the plain KV rules. */
+    kvt_layer_init(&lv, L->kind == KVT_LAYER_QUANTIZED_KV
+                            ? KVT_LAYER_QUANTIZED_KV
+                            : KVT_LAYER_KV);
+    lv.num_tensors = L->num_tensors;
+    lv.tensors = tv;
+    lv.offset = h->n_tokens;
+    lv.bits = L->bits;
+    lv.group_size = L->group_size;
+    if (kvti_layer_validate(&lv, L->layer_idx, 0) != 0) {
+      char why[256];
+      snprintf(why, sizeof why, "%s", kvt_last_error());
+      rc = BAD("%s: chunk layer %u: %s", what, i, why);
+      goto fail;
+    }
+  }
+  if (d != end || off != h->data_bytes) {
+    rc = BAD("%s: layout descriptor does not tile the data section", what);
+    goto fail;
+  }
+  return 0;
+fail:
+  kvti_chunk_hdr_free(h);
+  return rc;
+}
+
+/* ---- reading ---- */
+
+int kvti_chunk_open(int *fdp, kvti_chunk_hdr *h, const char *path,
+                    const uint8_t expect_key[32], uint64_t expect_layout) {
+  memset(h, 0, sizeof *h);
+  int fd = kvti_open(path, O_RDONLY, 0);
+  if (fd < 0)
+    return fd;
+  struct stat st;
+  uint8_t fixed[KVTI_CHUNK_FIXED], *buf = NULL;
+  int rc = 0;
+  if (kvti_io->fstat(fd, &st) != 0)
+    rc = KVT_ERR_OS(errno, "fstat %s", path);
+  else if (!S_ISREG(st.st_mode))
+    rc = BAD("%s: not a regular file", path);
+  else if ((uint64_t)st.st_size < KVTI_CHUNK_FIXED)
+    rc = BAD("%s: truncated chunk", path);
+  if (rc == 0)
+    rc = kvti_pread_all(fd, fixed, sizeof fixed, 0, path);
+  uint32_t hb = 0;
+  if (rc == 0 && !(hb = kvti_chunk_header_bytes(fixed, sizeof fixed, path)))
+    rc = KVT_ECORRUPT;
+  if (rc == 0 && hb > (uint64_t)st.st_size)
+    rc = BAD("%s: truncated chunk header", path);
+  if (rc == 0 && !(buf = kvti_malloc(hb)))
+    rc = KVT_ERR_NOMEM();
+  if (rc == 0)
+    rc = kvti_pread_all(fd, buf, hb, 0, path);
+  if (rc == 0)
+    rc = kvti_chunk_parse(h, buf, hb, (uint64_t)st.st_size, path);
+  kvti_free(buf);
+  if (rc == 0 && expect_key && memcmp(expect_key, h->key, 32) != 0)
+    rc = BAD("%s: chunk key differs from its name", path);
+  if (rc == 0 && expect_layout && expect_layout != h->layout_hash)
+    rc = BAD("%s: chunk layout differs from the chain's", path);
+  if (rc) {
+    kvti_chunk_hdr_free(h);
+    kvti_close(fd);
+    return rc;
+  }
+  *fdp = fd;
+  return 0;
+}
+
+int kvti_chunk_read_data(int fd, const kvti_chunk_hdr *h, void *dst,
+                         const char *path) {
+  kvti_blkhash *bh = NULL;
+  int rc = kvti_blkhash_new(&bh, h->block_size, 0);
+  if (rc)
+    return rc;
+  kvti_blkhash_expect(bh, h->blocks, (size_t)h->n_blocks, path);
+  /* Pieces of 4 MiB: the first damaged block fails the read early. */
+  const uint64_t piece = (uint64_t)4 << 20;
+  for (uint64_t off = 0; rc == 0 && off < h->data_bytes; off += piece) {
+    size_t n =
+        (size_t)(h->data_bytes - off < piece ? h->data_bytes - off : piece);
+    rc = kvti_pread_all(fd, (uint8_t *)dst + off, n, h->header_bytes + off,
+                        path);
+    if (rc == 0)
+      rc = kvti_blkhash_update(bh, (uint8_t *)dst + off, n);
+  }
+  if (rc == 0)
+    rc = kvti_blkhash_final(bh, NULL);
+  kvti_blkhash_free(bh);
+  return rc;
+}

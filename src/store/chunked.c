@@ -1,0 +1,361 @@
+/*
+ * chunked.c - the chunked native store over a storage backend (chunked.h):
+ * spill = chain (chunks.c, only missing chunks written) + chained-entry record
+ * + tail entry (backend put); read = tail entry (backend get, no on_layer) +
+ * chain prefix (chunks_read.c) joined in the caller's buffers
+ * (chunks_entry.c), on_layer fired per layer once everything verified; prefix
+ * lookups and reads of pure chains; touches along a chain.
+ */
+#include "store/chunked.h"
+
+#include "base/error.h"
+#include "base/hash.h"
+#include "base/io.h"
+#include "format/layer.h"
+
+#include <string.h>
+
+struct kvti_chunked {
+  kvti_chunkstore *cs;
+  uint8_t *ns;
+  size_t ns_len;
+  uint32_t C;
+};
+
+int kvti_chunked_open(kvti_chunked **out, const char *cache_dir, kvt_index *idx,
+                      uint32_t chunk_tokens, const char *model_id,
+                      const kvti_chunkstore_opts *o) {
+  *out = NULL;
+  if (chunk_tokens < KVTI_CHUNK_TOKENS_MIN ||
+      chunk_tokens > KVTI_CHUNK_TOKENS_MAX ||
+      (chunk_tokens & (chunk_tokens - 1)))
+    return KVT_ERR(KVT_EINVAL,
+                   "chunk_tokens must be 0 or a power of two in [%u, %u], "
+                   "got %u",
+                   KVTI_CHUNK_TOKENS_MIN, KVTI_CHUNK_TOKENS_MAX, chunk_tokens);
+  kvti_chunked *c = kvti_calloc(1, sizeof *c);
+  if (!c)
+    return KVT_ERR_NOMEM();
+  c->C = chunk_tokens;
+  int rc = kvti_chunk_ns_encode(&c->ns, &c->ns_len, model_id, NULL);
+  if (rc == 0)
+    rc = kvti_chunkstore_open(&c->cs, cache_dir, idx, o);
+  if (rc) {
+    kvti_chunked_close(c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+}
+
+void kvti_chunked_close(kvti_chunked *c) {
+  if (!c)
+    return;
+  kvti_chunkstore_close(c->cs);
+  kvti_free(c->ns);
+  kvti_free(c);
+}
+
+kvti_chunkstore *kvti_chunked_store(kvti_chunked *c) {
+  return c->cs;
+}
+uint32_t kvti_chunked_chunk_tokens(const kvti_chunked *c) {
+  return c->C;
+}
+
+uint64_t kvti_chunked_disk_bytes(kvti_chunked *c) {
+  kvti_chains_totals t;
+  kvti_chains_totals_get(kvti_chunkstore_chains(c->cs), &t);
+  return t.disk_bytes;
+}
+
+int kvti_chunked_is_chained(kvti_chunked *c, const char *hash) {
+  uint8_t h[32];
+  return kvti_unhex32(h, hash) == 0 &&
+         kvti_chains_entry_get(kvti_chunkstore_chains(c->cs), h, NULL);
+}
+
+void kvti_chunked_forget(kvti_chunked *c, const char *hash) {
+  uint8_t h[32];
+  if (kvti_unhex32(h, hash) == 0)
+    kvti_chains_entry_del(kvti_chunkstore_chains(c->cs), h);
+}
+
+int kvti_chunked_put(kvti_chunked *c, kvti_backend *be,
+                     kvti_chunked_put_result *res, const kvti_snapshot *s,
+                     const kvti_write_opts *wo) {
+  memset(res, 0, sizeof *res);
+  uint32_t L;
+  const kvt_layer *layers = kvti_snapshot_layers(s, &L);
+  size_t n;
+  const int32_t *tokens = kvti_snapshot_tokens(s, &n);
+  const char *hash = kvti_snapshot_hash(s);
+  uint8_t h[32];
+  if (kvti_unhex32(h, hash) != 0)
+    return KVT_ERR(KVT_EINVAL, "chunked put: bad hash");
+  kvti_chains *ch = kvti_chunkstore_chains(c->cs);
+  kvti_chunk_split sp;
+  int rc = kvti_chunk_split_make(&sp, layers, L, n, c->C);
+  if (rc)
+    return rc;
+  if (sp.chunks == 0) {
+    /* Nothing to chunk: the entry is stored whole. A chained version it
+     * replaces loses its record only once the whole one is in place (a crash
+     * in between leaves record + whole entry, which fails verification:
+     * never a wrong state). */
+    rc = be->ops->put(be, &res->entry_bytes, s, wo);
+    if (rc == 0 && kvti_chains_entry_get(ch, h, NULL))
+      kvti_chains_entry_del(ch, h);
+    kvti_chunk_split_free(&sp);
+    return rc;
+  }
+  kvti_chunkstore_spill csp = {c->ns,           c->ns_len, tokens,
+                               (size_t)sp.rows, c->C,      layers,
+                               sp.ids,          sp.n_ids,  L};
+  kvti_chunkstore_result cr;
+  rc = kvti_chunkstore_put(c->cs, &csp, &cr);
+  res->chunk_bytes = cr.bytes_written;
+  res->written = cr.written;
+  if (rc == 0 && cr.chunks != sp.chunks)
+    rc = KVT_ERR(KVT_EIO, "chunked put: %zu of %zu chunks stored", cr.chunks,
+                 sp.chunks);
+  res->chunks = cr.chunks;
+  /* The record goes first: a tail must never be visible without it. */
+  if (rc == 0) {
+    kvti_chained_entry ce;
+    memcpy(ce.hash, h, 32);
+    ce.chunks = sp.chunks;
+    ce.chunk_tokens = c->C;
+    memcpy(ce.last_key, cr.last_key, 32);
+    ce.layout_hash = cr.layout_hash;
+    ce.total_rows = sp.T;
+    rc = kvti_chains_entry_put(ch, &ce);
+  }
+  kvti_snapshot *tail = NULL;
+  if (rc == 0)
+    rc = kvti_snapshot_create(&tail, tokens, n, sp.tail, L,
+                              kvti_snapshot_memory_bytes(s), 0, NULL, NULL);
+  if (rc == 0)
+    rc = be->ops->put(be, &res->entry_bytes, tail, wo);
+  /* The chain is as recent as its newest entry: reused chunks too. */
+  if (rc == 0)
+    kvti_chains_touch(ch, cr.last_key);
+  kvti_snapshot_free(tail);
+  kvti_chunk_split_free(&sp);
+  return rc;
+}
+
+/* Fires on_layer for every layer in order (the read is complete). */
+static void fire(const kvt_entry *e, const kvti_read_opts *o) {
+  if (!o->on_layer)
+    return;
+  for (uint32_t i = 0; i < e->num_layers; i++)
+    o->on_layer(o->layer_ctx, i, &e->layers[i]);
+}
+
+static void note_bad(const kvti_chain_rec *recs, size_t bad, int rc,
+                     uint8_t bad_chunk[32], int *chunk_bad) {
+  if (chunk_bad)
+    *chunk_bad = 0;
+  if (rc == KVT_ECORRUPT && chunk_bad && bad_chunk) {
+    memcpy(bad_chunk, recs[bad].key, 32);
+    *chunk_bad = 1;
+  }
+}
+
+int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
+                     const char *hash, const kvti_read_opts *o,
+                     uint8_t bad_chunk[32], int *chunk_bad) {
+  if (chunk_bad)
+    *chunk_bad = 0;
+  uint8_t h[32];
+  kvti_chained_entry ce;
+  if (kvti_unhex32(h, hash) != 0 ||
+      !kvti_chains_entry_get(kvti_chunkstore_chains(c->cs), h, &ce))
+    return be->ops->get(be, out, hash, o);
+  if (o->verify_only) {
+    /* Everything read and verified into kvtier's own buffers, then freed. */
+    kvti_read_opts v = *o;
+    v.verify_only = 0;
+    v.alloc = NULL;
+    v.free_buf = NULL;
+    v.on_layer = NULL;
+    kvt_entry *tmp = NULL;
+    int vrc = kvti_chunked_get(c, be, &tmp, hash, &v, bad_chunk, chunk_bad);
+    kvt_entry_free(tmp);
+    if (out)
+      *out = NULL;
+    return vrc;
+  }
+  if (o->keep_tokens) {
+    /* Trimmed: served from the chain alone when the kept tokens lie within
+     * it and the chain holds every layer (a trim needs every layer
+     * trimmable anyway). */
+    uint64_t rows = ce.chunks * ce.chunk_tokens;
+    if (o->keep_tokens > rows || !o->tokens || o->n_tokens < o->keep_tokens)
+      return KVT_ERR(KVT_EUNSUPPORTED,
+                     "trimmed read of a chained entry beyond its chain (%llu "
+                     "> %llu tokens) is not supported",
+                     (unsigned long long)o->keep_tokens,
+                     (unsigned long long)rows);
+    size_t k =
+        (size_t)((o->keep_tokens + ce.chunk_tokens - 1) / ce.chunk_tokens);
+    kvti_chain_rec *r = kvti_malloc(k * sizeof *r);
+    size_t m = 0;
+    int trc = r ? kvti_chunkstore_lookup(c->cs, c->ns, c->ns_len, o->tokens,
+                                         (size_t)(k * ce.chunk_tokens),
+                                         ce.chunk_tokens, r, k, &m)
+                : KVT_ERR_NOMEM();
+    if (trc == 0 && (m != k || r[0].layout_hash != ce.layout_hash))
+      trc = KVT_ERR(KVT_ENOTFOUND, "chain incomplete (evicted)");
+    if (trc == 0 && !r[0].pure)
+      trc = KVT_ERR(KVT_EUNSUPPORTED,
+                    "trimmed read: the chain does not hold every layer");
+    kvti_chunk_read_opts ro = {o->alloc, o->free_buf, o->alloc_ctx, o->cancel,
+                               o->keep_tokens};
+    kvti_chunk_prefix p;
+    size_t bad = 0;
+    if (trc == 0) {
+      trc = kvti_chunkstore_read_prefix(c->cs, r, m, o->tokens, &ro, &p, &bad);
+      note_bad(r, bad, trc, bad_chunk, chunk_bad);
+    }
+    kvt_entry *e = NULL;
+    if (trc == 0)
+      trc = kvti_chunk_prefix_entry(&e, &p, o->tokens, o->keep_tokens, &ro);
+    kvti_free(r);
+    if (trc)
+      return trc;
+    fire(e, o);
+    *out = e;
+    return 0;
+  }
+  kvti_read_opts o2 = *o;
+  o2.on_layer = NULL;
+  kvt_entry *e = NULL;
+  int rc = be->ops->get(be, &e, hash, &o2);
+  if (rc)
+    return rc;
+  kvti_chain_rec *recs = kvti_malloc((size_t)ce.chunks * sizeof *recs);
+  size_t m = 0;
+  if (!recs)
+    rc = KVT_ERR_NOMEM();
+  if (rc == 0)
+    rc = kvti_chunkstore_lookup(c->cs, c->ns, c->ns_len, e->tokens, e->n_tokens,
+                                ce.chunk_tokens, recs, (size_t)ce.chunks, &m);
+  if (rc == 0 && (m != ce.chunks || memcmp(recs[m - 1].key, ce.last_key, 32) ||
+                  recs[0].layout_hash != ce.layout_hash))
+    rc = KVT_ERR(KVT_ENOTFOUND,
+                 "chained entry %.16s: chain incomplete "
+                 "(evicted)",
+                 hash);
+  kvti_chunk_read_opts ro = {o->alloc, o->free_buf, o->alloc_ctx, o->cancel,
+                             ce.total_rows};
+  kvti_chunk_prefix p;
+  size_t bad = 0;
+  if (rc == 0) {
+    rc = kvti_chunkstore_read_prefix(c->cs, recs, m, e->tokens, &ro, &p, &bad);
+    note_bad(recs, bad, rc, bad_chunk, chunk_bad);
+  }
+  if (rc == 0) {
+    uint64_t read = p.bytes_read;
+    rc = kvti_chunk_join(e, &p, (uint64_t)m * ce.chunk_tokens, &ro);
+    e->disk_bytes += read;
+  }
+  kvti_free(recs);
+  if (rc) {
+    kvt_entry_free(e);
+    return rc;
+  }
+  fire(e, o);
+  *out = e;
+  return 0;
+}
+
+/* The longest chain; *m chunks, only when pure. */
+static int pure_chain(kvti_chunked *c, const int32_t *tokens, size_t n,
+                      kvti_chain_rec **recs, size_t *m) {
+  size_t max = n / c->C;
+  *recs = NULL;
+  *m = 0;
+  if (max == 0)
+    return 0;
+  kvti_chain_rec *r = kvti_malloc(max * sizeof *r);
+  if (!r)
+    return KVT_ERR_NOMEM();
+  int rc = kvti_chunkstore_lookup(c->cs, c->ns, c->ns_len, tokens, n, c->C, r,
+                                  max, m);
+  if (rc || *m == 0 || !r[0].pure) {
+    kvti_free(r);
+    *m = 0;
+    return rc;
+  }
+  *recs = r;
+  return 0;
+}
+
+int kvti_chunked_lookup_prefix(kvti_chunked *c, const int32_t *tokens, size_t n,
+                               uint64_t *m, uint64_t *mem, char hash[65]) {
+  kvti_chain_rec *r;
+  size_t k;
+  *m = 0;
+  *mem = 0;
+  int rc = pure_chain(c, tokens, n, &r, &k);
+  if (rc || k == 0)
+    return rc;
+  *m = (uint64_t)k * c->C;
+  *mem = kvti_chunk_prefix_bytes(r, k);
+  kvti_free(r);
+  return kvt_token_hash(hash, tokens, (size_t)*m);
+}
+
+int kvti_chunked_get_prefix(kvti_chunked *c, kvt_entry **out,
+                            const int32_t *tokens, uint64_t m,
+                            const kvti_read_opts *o, uint8_t bad_chunk[32],
+                            int *chunk_bad) {
+  if (chunk_bad)
+    *chunk_bad = 0;
+  if (m == 0 || m % c->C)
+    return KVT_ERR(KVT_EINVAL, "prefix of %llu tokens is not chunk aligned",
+                   (unsigned long long)m);
+  kvti_chain_rec *r;
+  size_t k;
+  int rc = pure_chain(c, tokens, (size_t)m, &r, &k);
+  if (rc)
+    return rc;
+  if ((uint64_t)k * c->C != m) {
+    kvti_free(r);
+    return KVT_ERR(KVT_ENOTFOUND, "no stored chain of %llu tokens",
+                   (unsigned long long)m);
+  }
+  kvti_chunk_read_opts ro = {o->alloc, o->free_buf, o->alloc_ctx, o->cancel, 0};
+  kvti_chunk_prefix p;
+  size_t bad = 0;
+  rc = kvti_chunkstore_read_prefix(c->cs, r, k, tokens, &ro, &p, &bad);
+  note_bad(r, bad, rc, bad_chunk, chunk_bad);
+  kvti_free(r);
+  kvt_entry *e = NULL;
+  if (rc == 0)
+    rc = kvti_chunk_prefix_entry(&e, &p, tokens, m, &ro);
+  if (rc)
+    return rc;
+  fire(e, o);
+  *out = e;
+  return 0;
+}
+
+int kvti_chunked_touch(kvti_chunked *c, const int32_t *tokens, size_t n) {
+  size_t max = n / c->C;
+  if (max == 0)
+    return KVT_ENOTFOUND;
+  kvti_chain_rec *r = kvti_malloc(max * sizeof *r);
+  if (!r)
+    return KVT_ERR_NOMEM();
+  size_t m = 0;
+  int rc = kvti_chunkstore_lookup(c->cs, c->ns, c->ns_len, tokens, n, c->C, r,
+                                  max, &m);
+  if (rc == 0)
+    rc = m ? kvti_chains_touch(kvti_chunkstore_chains(c->cs), r[m - 1].key)
+           : KVT_ENOTFOUND;
+  kvti_free(r);
+  return rc;
+}

@@ -1,0 +1,81 @@
+/*
+ * chunked.h - the chunked native store as the tier sees it: one object that
+ * turns a spill into its chain (only missing chunks written) plus a tail entry
+ * put through the storage backend, reads an entry back (tail + chain, joined,
+ * every byte verified), answers prefix lookups at chunk boundaries for pure-KV
+ * chains and reads such a prefix, touches chains, and removes what an entry
+ * or an eviction leaves unreachable. The tier keeps its own rules (locks,
+ * index rows, budget, stats) and calls these where it would call the backend.
+ *
+ * Invariants: the chained-entry record is committed before a tail entry is
+ * published and deleted only after its files are gone, so a tail is never
+ * read as a whole entry; a chained entry whose chain is no longer complete is
+ * reported missing (KVT_ENOTFOUND), never served short.
+ */
+#ifndef KVT_STORE_CHUNKED_H
+#define KVT_STORE_CHUNKED_H
+
+#include "format/entry.h"
+#include "store/backend.h"
+#include "store/chunks.h"
+
+#include <stdint.h>
+
+typedef struct kvti_chunked kvti_chunked;
+
+/* chunk_tokens: a power of two in [16, 4096]; model_id seeds the namespace
+ * (NULL = ""). Returns 0, KVT_EINVAL, KVT_ENOMEM, KVT_EDB. */
+int kvti_chunked_open(kvti_chunked **out, const char *cache_dir, kvt_index *idx,
+                      uint32_t chunk_tokens, const char *model_id,
+                      const kvti_chunkstore_opts *o);
+void kvti_chunked_close(kvti_chunked *c); /* NULL is a no-op */
+kvti_chunkstore *kvti_chunked_store(kvti_chunked *c);
+uint32_t kvti_chunked_chunk_tokens(const kvti_chunked *c);
+
+typedef struct kvti_chunked_put_result {
+  uint64_t entry_bytes;   /* bytes of the tail entry (the index row's) */
+  uint64_t chunk_bytes;   /* chunk file bytes newly written */
+  size_t chunks, written; /* chain length, newly written chunks */
+} kvti_chunked_put_result;
+
+/* Stores snapshot s: its chain, then (record first) its tail entry through
+ * be->put. A spill with nothing to chunk is put whole (no record). Returns
+ * as the backend's put, plus KVT_EDB. */
+int kvti_chunked_put(kvti_chunked *c, kvti_backend *be,
+                     kvti_chunked_put_result *res, const kvti_snapshot *s,
+                     const kvti_write_opts *wo);
+
+/* Reads entry hash (as be->get with o): a chained entry is read as its tail
+ * (on_layer not called for it) and completed with its chain; on_layer then
+ * runs for every layer in order. KVT_ENOTFOUND when the chain is incomplete
+ * (evicted), KVT_ECORRUPT when a chunk or the tail is damaged (*bad_chunk
+ * receives the damaged chunk's key, when it was a chunk; may be NULL). */
+int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
+                     const char *hash, const kvti_read_opts *o,
+                     uint8_t bad_chunk[32], int *chunk_bad);
+
+/* 1 when hash is a chained entry (its files alone are a tail). */
+int kvti_chunked_is_chained(kvti_chunked *c, const char *hash);
+/* After the entry's files are removed: drops its record. */
+void kvti_chunked_forget(kvti_chunked *c, const char *hash);
+
+/* Longest pure chain over tokens: *m tokens (a multiple of C; 0 = none),
+ * *mem = the bytes a promote of them allocates, *hash = hex SHA-256 of
+ * tokens[0, m). Returns 0 or KVT_EINVAL. */
+int kvti_chunked_lookup_prefix(kvti_chunked *c, const int32_t *tokens, size_t n,
+                               uint64_t *m, uint64_t *mem, char hash[65]);
+/* Reads tokens[0, m) from their pure chain (m from lookup_prefix) into a new
+ * entry, as kvti_chunked_get (alloc, cancel, on_layer of o). Returns 0,
+ * KVT_ENOTFOUND (chain shorter now), KVT_ECORRUPT (bad_chunk set), ... */
+int kvti_chunked_get_prefix(kvti_chunked *c, kvt_entry **out,
+                            const int32_t *tokens, uint64_t m,
+                            const kvti_read_opts *o, uint8_t bad_chunk[32],
+                            int *chunk_bad);
+/* Refreshes the chain under tokens[0, m) (leaf and every ancestor). 0 or
+ * KVT_ENOTFOUND. */
+int kvti_chunked_touch(kvti_chunked *c, const int32_t *tokens, size_t n);
+
+/* Bytes of all chunk files. */
+uint64_t kvti_chunked_disk_bytes(kvti_chunked *c);
+
+#endif

@@ -1,0 +1,191 @@
+/*
+ * chunks.h - the chunk store of the chunked native store: chunk files under
+ * <cache_dir>/chunks/<kk>/<key>.kvc (format/chunk.h) and their chain table in
+ * the index (index/chain.h), kept consistent. A spill becomes a chain of full
+ * chunks of which only the missing ones are written; a lookup returns the
+ * longest stored chain over a prompt; reads open a chunk file, check its key,
+ * layout and tokens against what the chain promises and verify every block;
+ * removal takes a chunk and everything below it, rows first, then files.
+ *
+ * Invariants: files are made durable before their rows are inserted, parents
+ * before children, so after any crash every indexed chunk has its file and
+ * every ancestor (a crash can leave only unindexed files, which gc removes);
+ * a chunk is never rewritten. Open lists nothing under chunks/. The tier
+ * serialises puts and removals (its mut_mu); lookups and reads may run
+ * concurrently from any thread (reads of shared chunks take no common lock).
+ */
+#ifndef KVT_STORE_CHUNKS_H
+#define KVT_STORE_CHUNKS_H
+
+#include "format/chunk.h"
+#include "index/chain.h"
+#include "index/index.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvti_chunkstore kvti_chunkstore;
+
+typedef struct kvti_chunkstore_opts {
+  uint32_t file_mode, dir_mode;
+  int do_fsync; /* durability FSYNC: files, then their directory */
+} kvti_chunkstore_opts;
+
+/* Opens the store over cache_dir and an open index (which must outlive the
+ * store). chunks/ is created lazily by the first put. Returns 0, KVT_EINVAL,
+ * KVT_ENOMEM, KVT_EDB. */
+int kvti_chunkstore_open(kvti_chunkstore **out, const char *cache_dir,
+                         kvt_index *idx, const kvti_chunkstore_opts *o);
+/* Frees the store (flushes chain touches). NULL is a no-op. */
+void kvti_chunkstore_close(kvti_chunkstore *cs);
+kvti_chains *kvti_chunkstore_chains(kvti_chunkstore *cs);
+
+/* Path of a chunk file: <cache_dir>/chunks/<kk>/<hex>.kvc into out (cap
+ * bytes). Returns 0 or KVT_ERANGE. */
+int kvti_chunkstore_path(const kvti_chunkstore *cs, const uint8_t key[32],
+                         char *out, size_t cap);
+
+/* A spill to store as chunks: the full chunks of tokens[0, n) (n / C of
+ * them, C = chunk_tokens) over layers layer_ids (trimmable, validated). */
+typedef struct kvti_chunkstore_spill {
+  const uint8_t *ns;
+  size_t ns_len;
+  const int32_t *tokens;
+  size_t n;
+  uint32_t chunk_tokens;
+  const kvt_layer *layers;
+  const uint32_t *layer_ids;
+  uint32_t n_layers;
+  uint32_t spill_layers; /* layers of the whole spill (kvti_chunk_src) */
+} kvti_chunkstore_spill;
+
+typedef struct kvti_chunkstore_result {
+  size_t chunks;          /* full chunks of the spill (its chain length) */
+  size_t written;         /* of which newly written */
+  uint64_t bytes_written; /* file bytes written */
+  uint64_t layout_hash;
+  uint8_t last_key[32]; /* key of the last chunk (valid when chunks > 0) */
+} kvti_chunkstore_result;
+
+/* Stores the spill's chain: only missing chunks are written (durably), then
+ * indexed in one transaction. A failure leaves every chunk already indexed as
+ * it was and no row without its file. Returns 0, KVT_EINVAL (a layer cannot
+ * be cut, bad chunk_tokens), KVT_ENOSPC, KVT_EIO, KVT_EDB, KVT_ENOMEM. */
+int kvti_chunkstore_put(kvti_chunkstore *cs, const kvti_chunkstore_spill *sp,
+                        kvti_chunkstore_result *res);
+
+/* Longest stored chain over tokens (kvti_chains_lookup). */
+int kvti_chunkstore_lookup(kvti_chunkstore *cs, const uint8_t *ns,
+                           size_t ns_len, const int32_t *tokens, size_t n,
+                           uint32_t chunk_tokens, kvti_chain_rec *out,
+                           size_t max, size_t *m);
+
+/* Opens chunk rec for reading: the file's key and layout must be the
+ * record's and its tokens must equal tokens (the prompt's rows for this
+ * chunk; NULL: not compared). *fd and *h stay valid until the caller closes
+ * and frees them; the file may be unlinked meanwhile. Returns 0,
+ * KVT_ENOTFOUND (file missing: evicted), KVT_ECORRUPT, KVT_EIO, KVT_ENOMEM. */
+int kvti_chunkstore_open_chunk(kvti_chunkstore *cs, const kvti_chain_rec *rec,
+                               const int32_t *tokens, int *fd,
+                               kvti_chunk_hdr *h);
+
+/* Removes key and every chunk below it (rows first, then files). *n (may be
+ * NULL) receives how many; *bytes (may be NULL) their disk bytes. Returns 0,
+ * KVT_ENOTFOUND, KVT_EDB, KVT_ENOMEM. */
+int kvti_chunkstore_remove(kvti_chunkstore *cs, const uint8_t key[32],
+                           size_t *n, uint64_t *bytes);
+
+/* ---- assembling a prefix from chunks (chunks_read.c) ---- */
+
+typedef struct kvti_chunk_read_opts {
+  kvt_alloc_fn alloc; /* NULL: kvtier allocates (kvti_buf_alloc) */
+  kvt_free_fn free_buf;
+  void *alloc_ctx;
+  atomic_int *cancel; /* checked between chunks; NULL = never */
+  /* Rows of the destination tensors: > m * C leaves rows [m*C, total_rows)
+   * for the caller (the entry's tail); in ((m-1)*C, m*C) keeps only the first
+   * total_rows (a trimmed read; the whole last chunk is still verified).
+   * 0 = m * C. */
+  uint64_t total_rows;
+} kvti_chunk_read_opts;
+
+/* The assembled layers of a chain: layers[k] is spill layer layer_idx[k]
+ * (kind KV, rotating KV or quantized KV; offset = total_rows; bits and
+ * group_size set; rotating attributes absent: the entry has them). */
+typedef struct kvti_chunk_prefix {
+  kvt_layer *layers;
+  uint32_t *layer_idx;
+  uint32_t n_layers, spill_layers;
+  uint64_t bytes_read; /* file bytes read */
+  int caller_alloc;
+} kvti_chunk_prefix;
+
+/* Reads chunks recs[0, m) (a chain from kvti_chunkstore_lookup over tokens)
+ * into freshly allocated full tensors, verifying every chunk (key, layout,
+ * tokens against tokens[i*C, (i+1)*C), every block) before its rows are
+ * copied. All buffers are allocated (alloc) before the first read. Chunk
+ * files are opened one at a time and read through their descriptor, so an
+ * eviction may unlink them meanwhile. Returns 0, KVT_ENOTFOUND (a chunk file
+ * vanished: evicted), KVT_ECORRUPT (the message names the chunk; *bad_index
+ * (may be NULL) receives its position), KVT_EIO, KVT_ENOMEM, KVT_ECANCELED,
+ * KVT_EINVAL. On failure nothing is returned (buffers freed through
+ * free_buf). */
+int kvti_chunkstore_read_prefix(kvti_chunkstore *cs, const kvti_chain_rec *recs,
+                                size_t m, const int32_t *tokens,
+                                const kvti_chunk_read_opts *o,
+                                kvti_chunk_prefix *out, size_t *bad_index);
+/* Frees what read_prefix returned (buffers through free_buf when the caller
+ * allocated them). Accepts a zeroed prefix. */
+void kvti_chunk_prefix_free(kvti_chunk_prefix *p,
+                            const kvti_chunk_read_opts *o);
+/* Bytes a read of m chunks of chain recs allocates: the sum of the chunks'
+ * tensor bytes (mem_bytes), i.e. exactly what promote reserves. */
+uint64_t kvti_chunk_prefix_bytes(const kvti_chain_rec *recs, size_t m);
+
+/* ---- entries over chains (chunks_entry.c) ---- */
+
+/* How a spill is cut: layers ids[0, n_ids) give their rows [0, rows) (=
+ * chunks * C) to the chain; the tail snapshot holds everything else. Chunked
+ * layers are the cuttable ones (kvti_chunk_layer_ok) whose tensors all have
+ * the token extent T of the first of them, so a promote allocates every
+ * chunked tensor with T rows at once; rows = the largest multiple of C valid
+ * (below offset) in all of them and within the spill's tokens. */
+typedef struct kvti_chunk_split {
+  uint32_t *ids;
+  uint32_t n_ids;
+  uint64_t rows, T;
+  size_t chunks;
+  /* The tail layers for kvti_snapshot_create: a chunked layer keeps its kind
+   * and attributes (offset included) with tensors of rows [rows, T), copied;
+   * other layers are shallow copies of the caller's. */
+  kvt_layer *tail;
+  uint32_t n_layers;
+} kvti_chunk_split;
+
+/* Cuts layers (validated) of a spill of n_tokens. chunks == 0 means nothing
+ * to chunk (the tail is then the whole spill). Returns 0, KVT_ENOMEM. */
+int kvti_chunk_split_make(kvti_chunk_split *sp, const kvt_layer *layers,
+                          uint32_t n_layers, size_t n_tokens, uint32_t C);
+void kvti_chunk_split_free(kvti_chunk_split *sp); /* accepts a zeroed sp */
+
+/* Completes a tail entry read back (with the same alloc/free_buf as the
+ * prefix) with its chain's prefix, read with total_rows = the tail layers' T
+ * + rows: each chunked layer gets the tail rows copied in after the chain's
+ * and the tail layer's attributes (offset, rotating attributes), and replaces
+ * the tail layer in e. The prefix is consumed (its layers move into e) on
+ * success and on failure (then freed). Returns 0 or KVT_ECORRUPT (the tail
+ * and the chain disagree: kinds, dtypes, shapes, rows). */
+struct kvt_entry;
+int kvti_chunk_join(struct kvt_entry *e, kvti_chunk_prefix *p, uint64_t rows,
+                    const kvti_chunk_read_opts *o);
+
+/* A new entry made of a pure chain's prefix alone (every layer chunked):
+ * tokens = tokens[0, rows), named by their hash, memory_bytes = the bytes
+ * allocated. The prefix is consumed. Returns 0, KVT_ECORRUPT (not pure),
+ * KVT_ENOMEM. */
+int kvti_chunk_prefix_entry(struct kvt_entry **out, kvti_chunk_prefix *p,
+                            const int32_t *tokens, uint64_t rows,
+                            const kvti_chunk_read_opts *o);
+
+#endif

@@ -1,0 +1,178 @@
+/*
+ * chunks.c - the tier's use of the chunked native store (chunks.h): opens it
+ * when chunk_tokens is set, routes the writer's put and the readers' get
+ * through it, answers chunk-aligned prefixes of pure-KV chains, touches
+ * chains, drops an entry's chain record with the entry, quarantines a damaged
+ * chunk (removing every chain and entry through it) and evicts leaf chunks
+ * for capacity. Locks: as the backend calls it replaces (mut_mu for changes,
+ * the entry's stripe around reads); chunk files are immutable, so reads of
+ * shared chunks take no common lock.
+ */
+#include "tier/chunks.h"
+
+#include "base/error.h"
+#include "base/hash.h"
+#include "base/io.h"
+#include "index/index.h"
+#include "store/chunked.h"
+
+#include <string.h>
+
+/* A damaged chunk seen by this thread's last read (quarantined by
+ * kvti_tier_chunks_after_read once no lock is held). */
+static _Thread_local uint8_t g_bad[32];
+static _Thread_local int g_has_bad;
+/* A chained entry whose chain was evicted under it (removed likewise). */
+static _Thread_local char g_lost[KVT_HASH_HEX_LEN + 1];
+
+int kvti_tier_chunks_open(kvt_tier *t) {
+  if (!t->opts.chunk_tokens)
+    return 0;
+  kvti_chunkstore_opts o = {t->opts.file_mode, t->opts.dir_mode,
+                            t->opts.durability == KVT_DURABILITY_FSYNC};
+  const char *id = t->opts.model_id ? t->opts.model_id : t->opts.model_name;
+  int rc = kvti_chunked_open(&t->chunked, t->dir, t->idx, t->opts.chunk_tokens,
+                             id, &o);
+  t->opts.model_id = NULL; /* the caller's string: encoded, not kept */
+  return rc;
+}
+
+void kvti_tier_chunks_close(kvt_tier *t) {
+  kvti_chunked_close(t->chunked);
+  t->chunked = NULL;
+}
+
+int kvti_tier_chunks_put(kvt_tier *t, uint64_t *disk, const kvti_snapshot *s,
+                         const kvti_write_opts *wo) {
+  if (!t->chunked)
+    return t->be->ops->put(t->be, disk, s, wo);
+  kvti_chunked_put_result r;
+  int rc = kvti_chunked_put(t->chunked, t->be, &r, s, wo);
+  *disk = r.entry_bytes;
+  if (r.chunk_bytes)
+    KVTI_STAT_ADD(&t->stats, spill_bytes, r.chunk_bytes);
+  return rc;
+}
+
+int kvti_tier_chunks_get(kvt_tier *t, kvt_entry **out, const char *hash,
+                         const kvti_read_opts *o) {
+  g_has_bad = 0;
+  g_lost[0] = 0;
+  if (!t->chunked)
+    return t->be->ops->get(t->be, out, hash, o);
+  int rc = kvti_chunked_get(t->chunked, t->be, out, hash, o, g_bad, &g_has_bad);
+  if (rc == KVT_ENOTFOUND && kvti_chunked_is_chained(t->chunked, hash))
+    memcpy(g_lost, hash, sizeof g_lost); /* its tail alone is useless */
+  return rc;
+}
+
+/* Removes chunk key and everything below it, and the entries whose chain
+ * ran through it. mut_mu held. */
+static void drop_chunk_locked(kvt_tier *t, const uint8_t key[32], int why) {
+  kvti_chunkstore *cs = kvti_chunked_store(t->chunked);
+  kvti_chains *ch = kvti_chunkstore_chains(cs);
+  kvti_chain_rec *rem = NULL;
+  size_t nrem = 0;
+  if (kvti_chains_remove_tree(ch, key, &rem, &nrem) != 0)
+    return;
+  char path[4096];
+  for (size_t i = 0; i < nrem; i++)
+    if (kvti_chunkstore_path(cs, rem[i].key, path, sizeof path) == 0)
+      kvti_unlink(path);
+  uint8_t(*hs)[32] = NULL;
+  size_t nh = 0;
+  if (kvti_chains_entries_ending(ch, rem, nrem, &hs, &nh) == 0)
+    for (size_t i = 0; i < nh; i++) {
+      char hex[65];
+      kvti_hex32(hex, hs[i]);
+      kvti_tier_remove_locked(t, hex, why); /* forgets the record too */
+    }
+  kvti_free(hs);
+  kvti_free(rem);
+}
+
+void kvti_tier_chunks_after_read(kvt_tier *t) {
+  if (t->chunked && g_lost[0] && !t->readonly) {
+    kvti_error_state es;
+    kvti_error_state_capture(&es, KVT_ENOTFOUND);
+    pthread_mutex_lock(&t->mut_mu);
+    kvti_tier_remove_locked(t, g_lost, KVTI_RM_EVICT);
+    pthread_mutex_unlock(&t->mut_mu);
+    kvti_error_state_restore(&es);
+  }
+  g_lost[0] = 0;
+  if (!t->chunked || !g_has_bad || t->readonly)
+    return;
+  g_has_bad = 0;
+  kvti_error_state es;
+  kvti_error_state_capture(&es, KVT_ECORRUPT);
+  pthread_mutex_lock(&t->mut_mu);
+  drop_chunk_locked(t, g_bad, KVTI_RM_USER);
+  KVTI_STAT_ADD(&t->stats, quarantined, 1);
+  pthread_mutex_unlock(&t->mut_mu);
+  kvti_log(t, KVT_LOG_WARN,
+           "kvtier: removed a corrupt chunk and every chain through it (%s)",
+           es.msg);
+  kvti_error_state_restore(&es);
+}
+
+int kvti_tier_chunks_prefix(kvt_tier *t, kvt_entry_info *info, int rc,
+                            const int32_t *tokens, size_t n) {
+  if (!t->chunked || (rc != 0 && rc != KVT_ENOTFOUND))
+    return rc;
+  uint64_t m = 0, mem = 0;
+  char h[65];
+  if (kvti_chunked_lookup_prefix(t->chunked, tokens, n, &m, &mem, h) != 0 ||
+      m == 0 || (rc == 0 && m <= info->num_tokens))
+    return rc;
+  memset(info, 0, sizeof *info);
+  memcpy(info->token_hash, h, sizeof info->token_hash);
+  info->num_tokens = m;
+  info->memory_bytes = mem;
+  info->created_at = info->accessed_at = kvti_now_wall();
+  return 0;
+}
+
+int kvti_tier_chunks_get_prefix(kvt_tier *t, kvt_entry **out, const char *hash,
+                                const kvti_read_opts *o) {
+  g_has_bad = 0;
+  if (!t->chunked || !o->tokens || o->n_tokens == 0)
+    return KVT_ERR(KVT_ENOTFOUND, "no entry %.16s", hash);
+  char h[65];
+  int rc = kvt_token_hash(h, o->tokens, o->n_tokens);
+  if (rc)
+    return rc;
+  if (strcmp(h, hash) != 0 ||
+      o->n_tokens % kvti_chunked_chunk_tokens(t->chunked))
+    return KVT_ERR(KVT_ENOTFOUND, "no entry %.16s", hash);
+  return kvti_chunked_get_prefix(t->chunked, out, o->tokens, o->n_tokens, o,
+                                 g_bad, &g_has_bad);
+}
+
+int kvti_tier_chunks_touch(kvt_tier *t, const int32_t *tokens, size_t n) {
+  if (!t->chunked)
+    return KVT_ENOTFOUND;
+  return kvti_chunked_touch(t->chunked, tokens, n);
+}
+
+void kvti_tier_chunks_forget(kvt_tier *t, const char *hash) {
+  if (t->chunked)
+    kvti_chunked_forget(t->chunked, hash);
+}
+
+uint64_t kvti_tier_chunks_bytes(kvt_tier *t) {
+  return t->chunked ? kvti_chunked_disk_bytes(t->chunked) : 0;
+}
+
+int kvti_tier_chunks_evict_older(kvt_tier *t, double accessed_at) {
+  if (!t->chunked)
+    return 0;
+  kvti_chain_rec leaf;
+  kvti_chains *ch = kvti_chunkstore_chains(kvti_chunked_store(t->chunked));
+  if (!kvti_chains_lru_leaf(ch, &leaf) ||
+      (accessed_at >= 0 && leaf.accessed_at > accessed_at))
+    return 0;
+  drop_chunk_locked(t, leaf.key, KVTI_RM_EVICT);
+  KVTI_STAT_ADD(&t->stats, evictions, 1);
+  return 1;
+}

@@ -1,0 +1,51 @@
+/*
+ * chunks.h - the tier's use of the chunked native store (store/chunked.h)
+ * when kvt_options.chunk_tokens is set: open/close with the tier, the put the
+ * writer makes instead of the backend's, the verified read promote and
+ * read_entry make instead of the backend's (with chunk quarantine), prefix
+ * lookups that chunk-aligned chains can answer, touches, forgetting an entry's
+ * record on removal, and chunk capacity. Every function is a no-op (or falls
+ * through to the backend) when chunking is off (t->chunked == NULL).
+ */
+#ifndef KVT_TIER_CHUNKS_H
+#define KVT_TIER_CHUNKS_H
+
+#include "tier/tier.h"
+
+int kvti_tier_chunks_open(kvt_tier *t);
+void kvti_tier_chunks_close(kvt_tier *t);
+
+/* As be->put (caller holds mut_mu). */
+int kvti_tier_chunks_put(kvt_tier *t, uint64_t *disk, const kvti_snapshot *s,
+                         const kvti_write_opts *wo);
+/* As be->get (caller holds the entry's stripe shared). A damaged chunk is
+ * removed with everything below it after the stripe is released (see
+ * kvti_tier_chunks_after_read). */
+int kvti_tier_chunks_get(kvt_tier *t, kvt_entry **out, const char *hash,
+                         const kvti_read_opts *o);
+/* With no lock held, after a read that failed: quarantines a chunk the read
+ * found damaged (removing every chain through it). */
+void kvti_tier_chunks_after_read(kvt_tier *t);
+
+/* Prefix lookups: when a pure chain is longer than what info holds (rc =
+ * the index's result), info becomes that prefix (num_tokens = m,
+ * memory_bytes = the exact promote allocation, token_hash = hash of
+ * tokens[0, m)) and 0 is returned; else rc. */
+int kvti_tier_chunks_prefix(kvt_tier *t, kvt_entry_info *info, int rc,
+                            const int32_t *tokens, size_t n);
+/* Reads tokens[0, n) from a pure chain when hash names that prefix and no
+ * entry row exists. KVT_ENOTFOUND otherwise. */
+int kvti_tier_chunks_get_prefix(kvt_tier *t, kvt_entry **out, const char *hash,
+                                const kvti_read_opts *o);
+/* Refreshes the chain under tokens. */
+int kvti_tier_chunks_touch(kvt_tier *t, const int32_t *tokens, size_t n);
+/* After an entry's files were removed (mut_mu held). */
+void kvti_tier_chunks_forget(kvt_tier *t, const char *hash);
+/* Bytes of chunk files (0 when off). */
+uint64_t kvti_tier_chunks_bytes(kvt_tier *t);
+/* Evicts the least recently used leaf chunk (and the entries over it) when
+ * it is older than accessed_at (< 0: any); 1 when something was removed.
+ * mut_mu held. */
+int kvti_tier_chunks_evict_older(kvt_tier *t, double accessed_at);
+
+#endif

@@ -1,0 +1,489 @@
+/*
+ * test_chunkstore.c - the chunk store and its chain table (src/store/chunks.c,
+ * src/index/chain.c): a spill becomes a chain of full chunks under
+ * chunks/<kk>/; spilling it again writes nothing; an extension writes only the
+ * new chunks; a prompt sharing a prefix finds the longest chunk-aligned chain
+ * even where no spill ended; namespaces, salts and layouts never share or see
+ * each other's chunks; rows and lookups survive a reopen (read-only too);
+ * offsets shorter than the tokens limit the chain (never misalign); a chunk's
+ * tokens are compared before it is read; removal takes the subtree (rows and
+ * files); LRU picks leaves and touches refresh the whole path; a row whose
+ * parent vanished is dropped at open.
+ */
+#include "fmt_testlib.h"
+#include "base/io.h"
+#include "index/chain.h"
+#include "index/index.h"
+#include "store/chunks.h"
+
+#include <sqlite3.h>
+#include <time.h>
+
+#define C 16
+#define NTOK 200
+
+static char *g_dir;
+static int32_t g_tok[NTOK];
+
+typedef struct spill {
+  kvt_layer l[2];
+  uint32_t ids[2];
+} spill;
+
+static void make(spill *s, kvt_rng *r, kvt_dtype dt, int T) {
+  s->l[0] = t_kv(r, dt, 1, 2, T, 8, T);
+  s->l[1] = t_quant(r, 4, 32, KVT_DTYPE_F16, 1, 2, T, 64, T);
+  s->ids[0] = 0;
+  s->ids[1] = 1;
+}
+static void unmake(spill *s) {
+  t_layer_free(&s->l[0]);
+  t_layer_free(&s->l[1]);
+}
+
+typedef struct store {
+  char *dir;
+  kvt_index *idx;
+  kvti_chunkstore *cs;
+} store;
+
+static void sopen(store *st, const char *dir, int ro) {
+  st->dir = (char *)dir;
+  REQUIRE(kvti_index_open(&st->idx, dir, NULL, ro) == 0);
+  kvti_chunkstore_opts o = {0600, 0700, 1};
+  REQUIRE(kvti_chunkstore_open(&st->cs, dir, st->idx, &o) == 0);
+}
+static void sclose(store *st) {
+  kvti_chunkstore_close(st->cs);
+  kvt_index_close(st->idx);
+}
+
+static kvti_chunkstore_spill sp_of(const spill *s, const uint8_t *ns,
+                                   size_t nsl, size_t n) {
+  kvti_chunkstore_spill sp = {ns, nsl, g_tok, n, C, s->l, s->ids, 2, 2};
+  return sp;
+}
+
+static int count_chunk_files(const char *dir) {
+  char *cd = t_join(dir, "chunks");
+  int total = 0;
+  for (int a = 0; a < 256; a++) {
+    char sub[64];
+    snprintf(sub, sizeof sub, "%02x", a);
+    char *p = t_join(cd, sub);
+    int k = kvt_test_count_dir(p, ".kvc");
+    total += k > 0 ? k : 0;
+    free(p);
+  }
+  free(cd);
+  return total;
+}
+
+static void test_put_dedup_lookup(void) {
+  char *dir = t_join(g_dir, "a");
+  mkdir(dir, 0700);
+  store st;
+  sopen(&st, dir, 0);
+  kvt_rng r = {1};
+  spill s;
+  make(&s, &r, KVT_DTYPE_F16, NTOK);
+  uint8_t *ns;
+  size_t nsl;
+  REQUIRE(kvti_chunk_ns_encode(&ns, &nsl, "model", NULL) == 0);
+  kvti_chunkstore_result res;
+  kvti_chunkstore_spill sp = sp_of(&s, ns, nsl, 100); /* 6 full chunks */
+  REQUIRE(kvti_chunkstore_put(st.cs, &sp, &res) == 0);
+  CHECK_EQ_INT(res.chunks, 6);
+  CHECK_EQ_INT(res.written, 6);
+  CHECK(res.bytes_written > 0);
+  CHECK_EQ_INT(count_chunk_files(dir), 6);
+  /* Again: nothing written. */
+  REQUIRE(kvti_chunkstore_put(st.cs, &sp, &res) == 0);
+  CHECK_EQ_INT(res.chunks, 6);
+  CHECK_EQ_INT(res.written, 0);
+  CHECK_EQ_INT(res.bytes_written, 0);
+  /* An extension to 190 tokens: chunks 6..10 only. */
+  sp.n = 190;
+  REQUIRE(kvti_chunkstore_put(st.cs, &sp, &res) == 0);
+  CHECK_EQ_INT(res.chunks, 11);
+  CHECK_EQ_INT(res.written, 5);
+  CHECK_EQ_INT(count_chunk_files(dir), 11);
+  kvti_chains_totals t;
+  kvti_chains_totals_get(kvti_chunkstore_chains(st.cs), &t);
+  CHECK_EQ_INT(t.chunks, 11);
+  CHECK_EQ_INT(t.leaves, 1);
+  /* A prompt = the first 70 tokens + something else: 4 chunks found, though
+   * no spill ended at 64. */
+  int32_t q[120];
+  memcpy(q, g_tok, 70 * 4);
+  for (int i = 70; i < 120; i++)
+    q[i] = -i;
+  kvti_chain_rec out[16];
+  size_t m;
+  CHECK(kvti_chunkstore_lookup(st.cs, ns, nsl, q, 120, C, out, 16, &m) == 0);
+  CHECK_EQ_INT(m, 4);
+  for (size_t i = 0; i < m; i++) {
+    CHECK_EQ_INT(out[i].index, i);
+    CHECK(out[i].pure); /* every layer of the spill is chunked */
+  }
+  CHECK(memcmp(out[1].parent, out[0].key, 32) == 0);
+  /* max bounds the answer; too few tokens: nothing. */
+  CHECK(kvti_chunkstore_lookup(st.cs, ns, nsl, q, 120, C, out, 2, &m) == 0);
+  CHECK_EQ_INT(m, 2);
+  CHECK(kvti_chunkstore_lookup(st.cs, ns, nsl, q, 15, C, out, 16, &m) == 0);
+  CHECK_EQ_INT(m, 0);
+  /* Another chunk size finds nothing. */
+  CHECK(kvti_chunkstore_lookup(st.cs, ns, nsl, q, 120, 32, out, 16, &m) == 0);
+  CHECK_EQ_INT(m, 0);
+  CHECK(kvti_chunkstore_lookup(st.cs, ns, nsl, q, 120, 17, out, 16, &m) ==
+        KVT_EINVAL);
+  /* Another salt sees nothing. */
+  uint8_t *ns2;
+  size_t nsl2;
+  REQUIRE(kvti_chunk_ns_encode(&ns2, &nsl2, "model", "tenant-b") == 0);
+  CHECK(kvti_chunkstore_lookup(st.cs, ns2, nsl2, q, 120, C, out, 16, &m) == 0);
+  CHECK_EQ_INT(m, 0);
+  /* Read chunk 2 back: header checks, tokens compared, data = rows 32..47. */
+  CHECK(kvti_chunkstore_lookup(st.cs, ns, nsl, g_tok, 190, C, out, 16, &m) ==
+        0);
+  CHECK_EQ_INT(m, 11);
+  int fd;
+  kvti_chunk_hdr h;
+  REQUIRE(kvti_chunkstore_open_chunk(st.cs, &out[2], g_tok + 32, &fd, &h) == 0);
+  uint8_t *data = malloc(h.data_bytes);
+  CHECK(kvti_chunk_read_data(fd, &h, data, "c2") == 0);
+  /* keys of layer 0: [1, 2, 16, 8] f16, head 1 starts at 16*8*2 bytes */
+  const uint8_t *src = s.l[0].tensors[0].data;
+  CHECK(memcmp(data, src + 32 * 16, 16 * 16) == 0);
+  CHECK(memcmp(data + 16 * 16, src + (NTOK + 32) * 16, 16 * 16) == 0);
+  free(data);
+  kvti_chunk_hdr_free(&h);
+  close(fd);
+  /* Tokens that differ from the chunk's (a lookup-hash collision) are never
+   * served. */
+  CHECK(kvti_chunkstore_open_chunk(st.cs, &out[2], g_tok + 33, &fd, &h) ==
+        KVT_ECORRUPT);
+  /* A 4-bit spill of the same tokens in bf16 is another chain. */
+  spill s2;
+  make(&s2, &r, KVT_DTYPE_BF16, NTOK);
+  kvti_chunkstore_spill sp2 = sp_of(&s2, ns, nsl, 40);
+  REQUIRE(kvti_chunkstore_put(st.cs, &sp2, &res) == 0);
+  CHECK_EQ_INT(res.written, 2);
+  CHECK(kvti_chunkstore_lookup(st.cs, ns, nsl, g_tok, 190, C, out, 16, &m) ==
+        0);
+  CHECK_EQ_INT(m, 11); /* the longest chain wins */
+  uint64_t lay_f16 = out[0].layout_hash;
+  CHECK(kvti_chunkstore_lookup(st.cs, ns, nsl, g_tok, 40, C, out, 16, &m) == 0);
+  CHECK_EQ_INT(m, 2);
+  /* Every chunk of a chain has the chain's layout. */
+  for (size_t i = 1; i < m; i++)
+    CHECK(out[i].layout_hash == out[0].layout_hash);
+  (void)lay_f16;
+  unmake(&s2);
+  sclose(&st);
+  /* Reopen: the chains are there (no listing of chunks/ needed); read-only
+   * too. */
+  sopen(&st, dir, 0);
+  CHECK(kvti_chunkstore_lookup(st.cs, ns, nsl, g_tok, 190, C, out, 16, &m) ==
+        0);
+  CHECK_EQ_INT(m, 11);
+  sclose(&st);
+  sopen(&st, dir, 1);
+  CHECK(kvti_chunkstore_lookup(st.cs, ns, nsl, q, 120, C, out, 16, &m) == 0);
+  CHECK_EQ_INT(m, 4);
+  CHECK(kvti_chunkstore_put(st.cs, &sp, &res) == KVT_EPERM);
+  sclose(&st);
+  kvti_free(ns);
+  kvti_free(ns2);
+  unmake(&s);
+  free(dir);
+}
+
+static void test_offsets_limit(void) {
+  char *dir = t_join(g_dir, "b");
+  mkdir(dir, 0700);
+  store st;
+  sopen(&st, dir, 0);
+  kvt_rng r = {2};
+  spill s;
+  make(&s, &r, KVT_DTYPE_F16, 64);
+  uint8_t *ns;
+  size_t nsl;
+  REQUIRE(kvti_chunk_ns_encode(&ns, &nsl, "m", NULL) == 0);
+  /* 100 tokens but the layers hold 64 rows: 4 chunks, rows stay aligned. */
+  kvti_chunkstore_spill sp = sp_of(&s, ns, nsl, 100);
+  kvti_chunkstore_result res;
+  REQUIRE(kvti_chunkstore_put(st.cs, &sp, &res) == 0);
+  CHECK_EQ_INT(res.chunks, 4);
+  /* One layer's offset is 40: only 2 chunks are valid everywhere. */
+  s.l[1].offset = 40;
+  sp.n = 64;
+  uint8_t *ns2;
+  size_t nsl2;
+  REQUIRE(kvti_chunk_ns_encode(&ns2, &nsl2, "m2", NULL) == 0);
+  sp.ns = ns2;
+  sp.ns_len = nsl2;
+  REQUIRE(kvti_chunkstore_put(st.cs, &sp, &res) == 0);
+  CHECK_EQ_INT(res.chunks, 2);
+  kvti_chain_rec o2[4];
+  size_t m2;
+  CHECK(kvti_chunkstore_lookup(st.cs, ns2, nsl2, g_tok, 64, C, o2, 4, &m2) ==
+        0);
+  CHECK_EQ_INT(m2, 2);
+  /* A spill with a third, unchunked layer (arrays state) is not pure, and is
+   * another chain. */
+  sp.spill_layers = 3;
+  REQUIRE(kvti_chunkstore_put(st.cs, &sp, &res) == 0);
+  CHECK_EQ_INT(res.written, 2);
+  CHECK(kvti_chunkstore_lookup(st.cs, ns2, nsl2, g_tok, 64, C, o2, 4, &m2) ==
+        0);
+  CHECK_EQ_INT(m2, 2);
+  CHECK(o2[0].layout_hash == res.layout_hash && !o2[0].pure);
+  /* Fewer tokens than a chunk: nothing. */
+  sp.n = 15;
+  REQUIRE(kvti_chunkstore_put(st.cs, &sp, &res) == 0);
+  CHECK_EQ_INT(res.chunks, 0);
+  sp.chunk_tokens = 24;
+  CHECK(kvti_chunkstore_put(st.cs, &sp, &res) == KVT_EINVAL);
+  sclose(&st);
+  kvti_free(ns);
+  kvti_free(ns2);
+  unmake(&s);
+  free(dir);
+}
+
+static void test_remove_lru(void) {
+  char *dir = t_join(g_dir, "c");
+  mkdir(dir, 0700);
+  store st;
+  sopen(&st, dir, 0);
+  kvt_rng r = {3};
+  spill s;
+  make(&s, &r, KVT_DTYPE_F16, NTOK);
+  uint8_t *ns;
+  size_t nsl;
+  REQUIRE(kvti_chunk_ns_encode(&ns, &nsl, "m", NULL) == 0);
+  /* Two branches: tokens A = g_tok[0..96), B = g_tok[0..48) + other. */
+  kvti_chunkstore_spill sp = sp_of(&s, ns, nsl, 96);
+  kvti_chunkstore_result res;
+  REQUIRE(kvti_chunkstore_put(st.cs, &sp, &res) == 0);
+  int32_t other[96];
+  memcpy(other, g_tok, 48 * 4);
+  for (int i = 48; i < 96; i++)
+    other[i] = 7000 + i;
+  sp.tokens = other;
+  REQUIRE(kvti_chunkstore_put(st.cs, &sp, &res) == 0);
+  CHECK_EQ_INT(res.written, 3);
+  kvti_chains *ch = kvti_chunkstore_chains(st.cs);
+  kvti_chains_totals t;
+  kvti_chains_totals_get(ch, &t);
+  CHECK_EQ_INT(t.chunks, 9);
+  CHECK_EQ_INT(t.leaves, 2);
+  /* Touch branch A's leaf: B's leaf becomes the LRU leaf, and A's shared
+   * ancestors are refreshed too. */
+  kvti_chain_rec out[8], leaf;
+  size_t m;
+  REQUIRE(kvti_chunkstore_lookup(st.cs, ns, nsl, g_tok, 96, C, out, 8, &m) ==
+          0);
+  CHECK_EQ_INT(m, 6);
+  struct timespec ts = {0, 20 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  CHECK(kvti_chains_touch(ch, out[5].key) == 0);
+  REQUIRE(kvti_chains_lru_leaf(ch, &leaf));
+  CHECK(leaf.index == 5 && memcmp(leaf.key, out[5].key, 32) != 0);
+  kvti_chain_rec a0;
+  CHECK(kvti_chains_find(ch, out[0].key, &a0));
+  CHECK(a0.accessed_at > leaf.accessed_at);
+  /* Removing chunk 3 of A takes 3, 4, 5 of A (rows and files) only. */
+  size_t nrem;
+  uint64_t brem;
+  CHECK(kvti_chunkstore_remove(st.cs, out[3].key, &nrem, &brem) == 0);
+  CHECK_EQ_INT(nrem, 3);
+  CHECK(brem > 0);
+  CHECK_EQ_INT(count_chunk_files(dir), 6);
+  CHECK(kvti_chunkstore_lookup(st.cs, ns, nsl, g_tok, 96, C, out, 8, &m) == 0);
+  CHECK_EQ_INT(m, 3);
+  CHECK(kvti_chunkstore_lookup(st.cs, ns, nsl, other, 96, C, out, 8, &m) == 0);
+  CHECK_EQ_INT(m, 6);
+  /* Removing the shared root takes everything. */
+  CHECK(kvti_chunkstore_remove(st.cs, out[0].key, &nrem, NULL) == 0);
+  CHECK_EQ_INT(nrem, 6);
+  CHECK_EQ_INT(count_chunk_files(dir), 0);
+  CHECK(kvti_chunkstore_remove(st.cs, out[0].key, &nrem, NULL) ==
+        KVT_ENOTFOUND);
+  CHECK(!kvti_chains_lru_leaf(ch, &leaf));
+  /* Re-spilling writes the chain again (its chunks were evicted). */
+  sp.tokens = g_tok;
+  REQUIRE(kvti_chunkstore_put(st.cs, &sp, &res) == 0);
+  CHECK_EQ_INT(res.written, 6);
+  sclose(&st);
+  /* A row whose parent vanished (e.g. deleted by hand) is unreachable: open
+   * drops it, so nothing reachable has a missing ancestor. */
+  char *db = t_join(dir, "index.db");
+  sqlite3 *raw;
+  REQUIRE(sqlite3_open(db, &raw) == SQLITE_OK);
+  REQUIRE(sqlite3_exec(raw, "DELETE FROM kvtier_chunks WHERE chunk_index = 2",
+                       NULL, NULL, NULL) == SQLITE_OK);
+  sqlite3_close(raw);
+  sopen(&st, dir, 0);
+  kvti_chains_totals_get(kvti_chunkstore_chains(st.cs), &t);
+  CHECK_EQ_INT(t.chunks, 2);
+  CHECK(kvti_chunkstore_lookup(st.cs, ns, nsl, g_tok, 96, C, out, 8, &m) == 0);
+  CHECK_EQ_INT(m, 2);
+  sclose(&st);
+  REQUIRE(sqlite3_open(db, &raw) == SQLITE_OK);
+  sqlite3_stmt *q;
+  REQUIRE(sqlite3_prepare_v2(raw, "SELECT COUNT(*) FROM kvtier_chunks", -1, &q,
+                             NULL) == SQLITE_OK);
+  REQUIRE(sqlite3_step(q) == SQLITE_ROW);
+  CHECK_EQ_INT(sqlite3_column_int(q, 0), 2);
+  sqlite3_finalize(q);
+  sqlite3_close(raw);
+  free(db);
+  kvti_free(ns);
+  unmake(&s);
+  free(dir);
+}
+
+/* Caller allocator: counts live buffers. */
+static int g_live;
+static void *t_alloc(void *ctx, uint32_t layer, uint32_t tensor,
+                     const kvt_tensor *d) {
+  (void)ctx;
+  (void)layer;
+  (void)tensor;
+  g_live++;
+  return malloc(d->nbytes ? d->nbytes : 1);
+}
+static void t_free(void *ctx, void *buf) {
+  (void)ctx;
+  g_live--;
+  free(buf);
+}
+
+/* Rows [0, rows) of every tensor of the prefix equal the spill's. */
+static int prefix_eq(const kvti_chunk_prefix *p, const spill *s,
+                     uint64_t rows) {
+  for (uint32_t i = 0; i < p->n_layers; i++) {
+    const kvt_layer *a = &p->layers[i], *b = &s->l[p->layer_idx[i]];
+    if (a->kind != b->kind || a->num_tensors != b->num_tensors)
+      return 0;
+    for (uint32_t j = 0; j < a->num_tensors; j++) {
+      const kvt_tensor *x = &a->tensors[j], *y = &b->tensors[j];
+      uint64_t outer = 1, row = kvt_dtype_size((kvt_dtype)y->dtype);
+      for (uint32_t d = 0; d + 2 < y->ndim; d++)
+        outer *= (uint64_t)y->shape[d];
+      row *= (uint64_t)y->shape[y->ndim - 1];
+      uint64_t TX = (uint64_t)x->shape[x->ndim - 2];
+      uint64_t TY = (uint64_t)y->shape[y->ndim - 2];
+      for (uint64_t o = 0; o < outer; o++)
+        if (memcmp((const uint8_t *)x->data + o * TX * row,
+                   (const uint8_t *)y->data + o * TY * row, rows * row))
+          return 0;
+    }
+  }
+  return 1;
+}
+
+static void test_read_prefix(void) {
+  char *dir = t_join(g_dir, "d");
+  mkdir(dir, 0700);
+  store st;
+  sopen(&st, dir, 0);
+  kvt_rng r = {4};
+  spill s;
+  make(&s, &r, KVT_DTYPE_BF16, NTOK);
+  uint8_t *ns;
+  size_t nsl;
+  REQUIRE(kvti_chunk_ns_encode(&ns, &nsl, "m", NULL) == 0);
+  kvti_chunkstore_spill sp = sp_of(&s, ns, nsl, 150);
+  kvti_chunkstore_result res;
+  REQUIRE(kvti_chunkstore_put(st.cs, &sp, &res) == 0);
+  kvti_chain_rec out[16];
+  size_t m, bad = 99;
+  REQUIRE(kvti_chunkstore_lookup(st.cs, ns, nsl, g_tok, 150, C, out, 16, &m) ==
+          0);
+  CHECK_EQ_INT(m, 9);
+  kvti_chunk_read_opts o = {t_alloc, t_free, NULL, NULL, 0};
+  kvti_chunk_prefix p;
+  g_live = 0;
+  REQUIRE(kvti_chunkstore_read_prefix(st.cs, out, 5, g_tok, &o, &p, &bad) == 0);
+  CHECK_EQ_INT(p.n_layers, 2);
+  CHECK_EQ_INT(p.layers[0].offset, 80);
+  CHECK_EQ_INT(p.layers[0].tensors[0].shape[2], 80);
+  CHECK_EQ_INT(p.layers[1].bits, 4);
+  CHECK(prefix_eq(&p, &s, 80));
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < p.n_layers; i++)
+    for (uint32_t j = 0; j < p.layers[i].num_tensors; j++)
+      sum += p.layers[i].tensors[j].nbytes;
+  CHECK_EQ_INT(sum, kvti_chunk_prefix_bytes(out, 5)); /* what is reserved */
+  CHECK_EQ_INT(g_live, 8);
+  kvti_chunk_prefix_free(&p, &o);
+  CHECK_EQ_INT(g_live, 0);
+  /* Room for a tail: rows beyond the chain are the caller's. */
+  o.total_rows = 150;
+  REQUIRE(kvti_chunkstore_read_prefix(st.cs, out, 9, g_tok, &o, &p, &bad) == 0);
+  CHECK_EQ_INT(p.layers[0].tensors[1].shape[2], 150);
+  CHECK(prefix_eq(&p, &s, 144));
+  kvti_chunk_prefix_free(&p, &o);
+  o.total_rows = 0;
+  /* The prompt's tokens differ in chunk 3: refused, nothing handed out. */
+  int32_t q[150];
+  memcpy(q, g_tok, sizeof q);
+  q[50] ^= 1;
+  CHECK(kvti_chunkstore_read_prefix(st.cs, out, 5, q, &o, &p, &bad) ==
+        KVT_ECORRUPT);
+  CHECK_EQ_INT(bad, 3);
+  CHECK_EQ_INT(g_live, 0);
+  /* A flipped data byte in chunk 2. */
+  char path[4096];
+  REQUIRE(kvti_chunkstore_path(st.cs, out[2].key, path, sizeof path) == 0);
+  size_t n;
+  char *b = kvt_test_read_file(path, &n);
+  REQUIRE(b);
+  b[n - 5] ^= 0x10;
+  t_write_all(path, b, n);
+  CHECK(kvti_chunkstore_read_prefix(st.cs, out, 5, g_tok, &o, &p, &bad) ==
+        KVT_ECORRUPT);
+  CHECK_EQ_INT(bad, 2);
+  CHECK_EQ_INT(g_live, 0);
+  /* Two chunks are still fine. */
+  CHECK(kvti_chunkstore_read_prefix(st.cs, out, 2, g_tok, &o, &p, &bad) == 0);
+  kvti_chunk_prefix_free(&p, &o);
+  /* A vanished file (evicted under the reader) is a miss, not corruption. */
+  b[n - 5] ^= 0x10;
+  t_write_all(path, b, n);
+  free(b);
+  REQUIRE(kvti_chunkstore_path(st.cs, out[4].key, path, sizeof path) == 0);
+  unlink(path);
+  CHECK(kvti_chunkstore_read_prefix(st.cs, out, 5, g_tok, &o, &p, &bad) ==
+        KVT_ENOTFOUND);
+  CHECK_EQ_INT(g_live, 0);
+  /* Not a chain. */
+  kvti_chain_rec two[2] = {out[0], out[2]};
+  CHECK(kvti_chunkstore_read_prefix(st.cs, two, 2, g_tok, &o, &p, &bad) ==
+        KVT_EINVAL);
+  /* Cancelled. */
+  atomic_int cancel = 1;
+  o.cancel = &cancel;
+  CHECK(kvti_chunkstore_read_prefix(st.cs, out, 2, g_tok, &o, &p, &bad) ==
+        KVT_ECANCELED);
+  CHECK_EQ_INT(g_live, 0);
+  sclose(&st);
+  kvti_free(ns);
+  unmake(&s);
+  free(dir);
+}
+
+int main(void) {
+  g_dir = kvt_test_tmpdir("chunkstore");
+  kvt_rng r = {99};
+  for (int i = 0; i < NTOK; i++)
+    g_tok[i] = (int32_t)(kvt_rng_next(&r) % 50000);
+  RUN(test_put_dedup_lookup);
+  RUN(test_offsets_limit);
+  RUN(test_remove_lru);
+  RUN(test_read_prefix);
+  return kvt_test_done();
+}

@@ -1,0 +1,305 @@
+/*
+ * test_tier_chunked.c - the tier in chunked native mode (chunk_tokens, public
+ * API only): option validation; conversations sharing a prompt; exact promote
+ * (sync and async) of chained entries bit for bit; a PREFIX promote of a
+ * prompt sharing a chunk-aligned part of the system prompt reserves exactly
+ * what it allocates and returns those tokens; trimmed promote; touch of a
+ * prefix with no entry; a damaged chunk is never served and takes the chains
+ * and entries through it; capacity evicts chunks and entries (no entry left
+ * without its chain); the chunks survive a reopen.
+ */
+#include "fmt_testlib.h"
+#include "kvtier.h"
+
+#include <dirent.h>
+
+#define C 16
+
+static char *g_dir;
+
+static kvt_tier *open_tier(const char *dir, double max_gb) {
+  kvt_options o = KVT_OPTIONS_INIT;
+  o.cache_dir = dir;
+  o.durability = KVT_DURABILITY_NONE;
+  o.chunk_tokens = C;
+  o.model_id = "test-model";
+  o.max_size_gb = max_gb;
+  kvt_tier *t;
+  REQUIRE(kvt_tier_open(&t, &o) == 0);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  return t;
+}
+
+/* KV depending on (token, position) only, so shared prefixes share KV. */
+static kvt_layer kv_of(const int32_t *tok, int n, int T, int layer) {
+  kvt_layer l;
+  kvt_layer_init(&l, KVT_LAYER_KV);
+  l.num_tensors = 2;
+  l.tensors = calloc(2, sizeof(kvt_tensor));
+  l.offset = n;
+  for (int k = 0; k < 2; k++) {
+    kvt_tensor *t = &l.tensors[k];
+    t->dtype = KVT_DTYPE_F16;
+    t->ndim = 4;
+    t->shape[0] = 1;
+    t->shape[1] = 2;
+    t->shape[2] = T;
+    t->shape[3] = 8;
+    t->nbytes = 2ull * T * 8 * 2;
+    uint16_t *d = malloc(t->nbytes);
+    for (int h = 0; h < 2; h++)
+      for (int p = 0; p < T; p++)
+        for (int i = 0; i < 8; i++)
+          d[(h * T + p) * 8 + i] =
+              (uint16_t)(p < n ? (tok[p] * 31 + p * 7 + i + h * 3 + layer * 5 +
+                                  k * 11) &
+                                     0x3fff
+                               : 0x7777);
+    t->data = d;
+  }
+  return l;
+}
+
+static int g_reserved;
+static int reserve(void *ctx, uint64_t n) {
+  (void)ctx;
+  g_reserved = (int)n;
+  return 1;
+}
+static void release(void *ctx, uint64_t n) {
+  (void)ctx;
+  (void)n;
+}
+
+static void spill(kvt_tier *t, const int32_t *tok, int n, int T) {
+  kvt_layer l[2] = {kv_of(tok, n, T, 0), kv_of(tok, n, T, 1)};
+  CHECK(kvt_tier_spill(t, tok, (size_t)n, l, 2, 1000) == 0);
+  for (int i = 0; i < 2; i++)
+    t_layer_free(&l[i]);
+}
+
+static int entry_matches(const kvt_entry *e, const int32_t *tok, int n, int T) {
+  if (kvt_entry_num_layers(e) != 2)
+    return 0;
+  for (int L = 0; L < 2; L++) {
+    kvt_layer ref = kv_of(tok, n, T, L);
+    int ok = t_layer_eq(kvt_entry_layer(e, (uint32_t)L), &ref);
+    t_layer_free(&ref);
+    if (!ok)
+      return 0;
+  }
+  return 1;
+}
+
+static uint64_t chunk_file_bytes(const char *dir) {
+  char p[4096];
+  uint64_t total = 0;
+  for (int a = 0; a < 256; a++) {
+    snprintf(p, sizeof p, "%s/chunks/%02x", dir, a);
+    DIR *d = opendir(p);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+      char f[4400];
+      struct stat st;
+      snprintf(f, sizeof f, "%s/%s", p, de->d_name);
+      if (strstr(de->d_name, ".kvc") && stat(f, &st) == 0)
+        total += (uint64_t)st.st_size;
+    }
+    if (d)
+      closedir(d);
+  }
+  return total;
+}
+
+static int count_chunks(const char *dir) {
+  char p[4096];
+  int total = 0;
+  for (int a = 0; a < 256; a++) {
+    snprintf(p, sizeof p, "%s/chunks/%02x", dir, a);
+    int k = kvt_test_count_dir(p, ".kvc");
+    total += k > 0 ? k : 0;
+  }
+  return total;
+}
+
+static void test_options(void) {
+  kvt_options o = KVT_OPTIONS_INIT;
+  o.cache_dir = g_dir;
+  o.chunk_tokens = 24;
+  CHECK(kvt_options_validate(&o) == KVT_EINVAL);
+  o.chunk_tokens = 8192;
+  CHECK(kvt_options_validate(&o) == KVT_EINVAL);
+  o.chunk_tokens = 64;
+  CHECK(kvt_options_validate(&o) == 0);
+  o.storage_mode = KVT_STORAGE_COMPAT;
+  CHECK(kvt_options_validate(&o) == KVT_EINVAL);
+}
+
+static void test_tier(void) {
+  char *dir = t_join(g_dir, "t");
+  kvt_tier *t = open_tier(dir, 10.0);
+  int32_t sys[64], a[100], b[100];
+  for (int i = 0; i < 64; i++)
+    sys[i] = 500 + i;
+  memcpy(a, sys, sizeof sys);
+  memcpy(b, sys, sizeof sys);
+  for (int i = 64; i < 100; i++) {
+    a[i] = 9000 + i;
+    b[i] = 7000 + i;
+  }
+  spill(t, a, 100, 128); /* 28 spare rows past offset */
+  spill(t, b, 100, 128);
+  REQUIRE(kvt_tier_flush(t, 30000) == 0);
+  CHECK_EQ_INT(count_chunks(dir), 6 + 2); /* 4 shared chunks once */
+  kvt_stats st0 = KVT_STATS_INIT;
+  REQUIRE(kvt_tier_stats(&st0, t) == 0);
+  CHECK(st0.disk_bytes > chunk_file_bytes(dir)); /* chunks once + tails */
+  kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
+  po.reserve = reserve;
+  po.release = release;
+  kvt_entry *e = NULL;
+  REQUIRE(kvt_tier_promote(&e, t, a, 100, &po) == 0);
+  CHECK(entry_matches(e, a, 100, 128));
+  kvt_entry_free(e);
+  kvt_promise *pr;
+  REQUIRE(kvt_tier_promote_async(&pr, t, b, 100, &po) == 0);
+  REQUIRE(kvt_promise_wait(pr, 30000) == 0);
+  REQUIRE(kvt_promise_result(&e, pr) == 0);
+  CHECK(entry_matches(e, b, 100, 128));
+  kvt_entry_free(e);
+  kvt_promise_free(pr);
+  /* A new prompt sharing 50 tokens: 48 served from the chain. */
+  int32_t q[80];
+  memcpy(q, sys, 50 * 4);
+  for (int i = 50; i < 80; i++)
+    q[i] = -i;
+  kvt_entry_info info;
+  REQUIRE(kvt_tier_lookup_prefix(&info, t, q, 80) == 0);
+  CHECK_EQ_INT(info.num_tokens, 48);
+  char h[65];
+  kvt_token_hash(h, q, 48);
+  CHECK(strcmp(h, info.token_hash) == 0);
+  po.flags = KVT_PROMOTE_PREFIX;
+  g_reserved = 0;
+  REQUIRE(kvt_tier_promote(&e, t, q, 80, &po) == 0);
+  CHECK_EQ_INT(g_reserved, info.memory_bytes);
+  uint64_t alloc = 0;
+  for (uint32_t L = 0; L < kvt_entry_num_layers(e); L++)
+    for (uint32_t j = 0; j < 2; j++)
+      alloc += kvt_entry_layer(e, L)->tensors[j].nbytes;
+  CHECK_EQ_INT(alloc, info.memory_bytes);
+  CHECK(entry_matches(e, q, 48, 48));
+  kvt_entry_free(e);
+  REQUIRE(kvt_tier_read_entry(&e, t, q, 48, h) == 0);
+  CHECK(entry_matches(e, q, 48, 48));
+  kvt_entry_free(e);
+  CHECK(kvt_tier_touch(t, q, 48) == 0);
+  int32_t none[20] = {0};
+  CHECK(kvt_tier_touch(t, none, 20) == KVT_ENOTFOUND);
+  /* Trimmed promote of a chained entry. */
+  po.flags = 0;
+  REQUIRE(kvt_tier_promote_trim(&e, t, a, 100, 40, &po) == 0);
+  CHECK_EQ_INT(kvt_entry_layer(e, 0)->tensors[0].shape[2], 40);
+  kvt_entry_free(e);
+  /* Reopen: the chains are still there. */
+  REQUIRE(kvt_tier_close(t, 30000) == 0);
+  kvt_tier_free(t);
+  t = open_tier(dir, 10.0);
+  REQUIRE(kvt_tier_lookup_prefix(&info, t, q, 80) == 0);
+  CHECK_EQ_INT(info.num_tokens, 48);
+  REQUIRE(kvt_tier_promote(&e, t, b, 100, &po) == 0);
+  CHECK(entry_matches(e, b, 100, 128));
+  kvt_entry_free(e);
+  /* Damage a shared chunk: never served; chains and entries through it go. */
+  char cd[4096];
+  int flipped = 0;
+  for (int x = 0; x < 256 && !flipped; x++) {
+    snprintf(cd, sizeof cd, "%s/chunks/%02x", dir, x);
+    DIR *d = opendir(cd);
+    struct dirent *de;
+    while (d && (de = readdir(d)) && !flipped) {
+      if (!strstr(de->d_name, ".kvc"))
+        continue;
+      char p[4400];
+      snprintf(p, sizeof p, "%s/%s", cd, de->d_name);
+      size_t n;
+      char *bytes = kvt_test_read_file(p, &n);
+      if (!bytes)
+        continue;
+      bytes[n - 3] ^= 0x20;
+      t_write_all(p, bytes, n);
+      free(bytes);
+      flipped = 1;
+    }
+    if (d)
+      closedir(d);
+  }
+  REQUIRE(flipped);
+  int bad = 0;
+  int32_t *who[2] = {a, b};
+  for (int k = 0; k < 2; k++) {
+    int rc = kvt_tier_promote(&e, t, who[k], 100, &po);
+    if (rc == 0) {
+      CHECK(entry_matches(e, who[k], 100, 128));
+      kvt_entry_free(e);
+    } else {
+      CHECK(rc == KVT_ECORRUPT || rc == KVT_ENOTFOUND);
+      bad++;
+    }
+  }
+  CHECK(bad >= 1);
+  kvt_stats st = KVT_STATS_INIT;
+  REQUIRE(kvt_tier_stats(&st, t) == 0);
+  CHECK(st.quarantined >= 1);
+  REQUIRE(kvt_tier_close(t, 30000) == 0);
+  kvt_tier_free(t);
+  free(dir);
+}
+
+static void test_capacity(void) {
+  char *dir = t_join(g_dir, "cap");
+  /* Room for about 3 conversations of 100 tokens (2 layers x 2 heads x 8 x
+   * 2 B x 2 = 128 B per token; 160 tokens of KV each with spare rows). */
+  kvt_tier *t = open_tier(dir, 80000.0 / (1024.0 * 1024.0 * 1024.0));
+  for (int c = 0; c < 12; c++) {
+    int32_t tok[100];
+    for (int i = 0; i < 100; i++)
+      tok[i] = c * 1000 + i;
+    spill(t, tok, 100, 100);
+    REQUIRE(kvt_tier_flush(t, 30000) == 0);
+  }
+  kvt_stats st = KVT_STATS_INIT;
+  REQUIRE(kvt_tier_stats(&st, t) == 0);
+  CHECK(st.evictions > 0);
+  /* Whatever is left reads back whole: no entry without its chain. */
+  int left = 0;
+  for (int c = 0; c < 12; c++) {
+    int32_t tok[100];
+    for (int i = 0; i < 100; i++)
+      tok[i] = c * 1000 + i;
+    kvt_entry_info info;
+    if (kvt_tier_lookup(&info, t, tok, 100) != 0)
+      continue;
+    kvt_entry *e;
+    kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
+    int rc = kvt_tier_promote(&e, t, tok, 100, &po);
+    CHECK(rc == 0 || rc == KVT_ENOTFOUND);
+    if (rc == 0) {
+      left++;
+      CHECK(entry_matches(e, tok, 100, 100));
+      kvt_entry_free(e);
+    }
+  }
+  CHECK(left >= 1 && left < 12);
+  REQUIRE(kvt_tier_close(t, 30000) == 0);
+  kvt_tier_free(t);
+  free(dir);
+}
+
+int main(void) {
+  g_dir = kvt_test_tmpdir("tierchunked");
+  RUN(test_options);
+  RUN(test_tier);
+  RUN(test_capacity);
+  return kvt_test_done();
+}
