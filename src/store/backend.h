@@ -113,8 +113,10 @@ typedef struct kvti_backend_ops {
   int (*measure)(kvti_backend *b, const char *hash, uint64_t *bytes);
 
   /* Contacts the store now: 0, KVT_EPERM (credentials / certificates
-   * refused: a configuration error), KVT_EIO / KVT_ETIMEDOUT (unreachable). */
-  int (*probe)(kvti_backend *b);
+   * refused: a configuration error), KVT_EIO / KVT_ETIMEDOUT (unreachable).
+   * NULL: nothing to contact (a local store). Not `probe`, which inspects one
+   * stored entry (below). */
+  int (*reach)(kvti_backend *b);
 
   /* Frees the backend. */
   void (*destroy)(kvti_backend *b);

@@ -269,11 +269,11 @@ int kvti_remote_open(kvt_tier *t) {
                  "remote store %s cannot serve as a remote tier (no "
                  "find/stat/stage/fetch)",
                  r->be->ops->name);
-  if (rc == 0 && r->be->ops->probe) {
+  if (rc == 0 && r->be->ops->reach) {
     /* One contact now: refused credentials or certificates are a
      * configuration error the caller must see at open; an unreachable
      * server is not (warned, then the usual back-off). */
-    int p = r->be->ops->probe(r->be);
+    int p = r->be->ops->reach(r->be);
     if (p == KVT_EPERM)
       rc = p;
     else if (p != 0)

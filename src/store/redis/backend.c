@@ -1224,7 +1224,7 @@ static int rb_find(kvti_backend *b, kvti_backend_meta *out,
   return rc;
 }
 
-static int rb_probe(kvti_backend *b) {
+static int rb_reach(kvti_backend *b) {
   return kvr_client_probe(R(b)->cl);
 }
 
@@ -1347,7 +1347,7 @@ static const kvti_backend_ops redis_ops = {.name = "redis",
                                            .stat = rb_stat,
                                            .stage = rb_stage,
                                            .fetch = rb_fetch,
-                                           .probe = rb_probe,
+                                           .reach = rb_reach,
                                            .destroy = rb_destroy};
 
 int kvti_backend_redis_new(kvti_backend **out, const kvti_remote_cfg *cfg) {

@@ -9,6 +9,15 @@
  * those commands to the importing node, each preceded by ASKING. A connection
  * that failed is dropped (never reused); the next command reconnects. Bounded:
  * at most KVR_MAX_ROUNDS redirections per batch.
+ *
+ * Deadlines: every public call (one batch, one node command, one slot-map
+ * refresh, one probe, one dedicated connection) gets one deadline, timeout_ms
+ * from its start, that covers all of it - connects, TLS handshakes, AUTH,
+ * CLUSTER SLOTS, sends, every reply byte, redirections and the retry after a
+ * failure. Each transport call is given only the time left (transport.c polls
+ * against it at every wait), so a server dribbling a reply a byte at a time
+ * cannot hold a call past timeout_ms; running out is KVT_ETIMEDOUT, which the
+ * remote tier counts as a failure and backs off on.
  */
 #include "store/redis/rclient.h"
 #include "base/error.h"
@@ -46,8 +55,8 @@ struct kvr_client {
   int refresh_soon; /* a MOVED was followed: refresh before the next batch */
   char user[256];
   char password[256];
-  uint32_t timeout_ms;
-  kvr_tls *tls; /* NULL: plain TCP (redis://) */
+  uint32_t timeout_ms; /* the whole of one call (see the deadlines above) */
+  kvr_tls *tls;        /* NULL: plain TCP (redis://) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -126,7 +135,9 @@ static int auth_refused(const redisReply *r) {
           strstr(r->str, "invalid password") != NULL);
 }
 
-static int conn_take(kvr_conn **out, kvr_client *c, kvr_node *n) {
+/* A connection to n (an idle one, or a new one: connect, handshake and AUTH
+ * before dl). */
+static int conn_take(kvr_conn **out, kvr_client *c, kvr_node *n, int64_t dl) {
   pthread_mutex_lock(&n->mu);
   kvr_conn *cn = n->n_idle > 0 ? n->idle[--n->n_idle] : NULL;
   pthread_mutex_unlock(&n->mu);
@@ -135,7 +146,7 @@ static int conn_take(kvr_conn **out, kvr_client *c, kvr_node *n) {
     return 0;
   }
   int rc =
-      kvr_conn_open(&cn, n->addr.host, n->addr.port, c->tls, c->timeout_ms);
+      kvr_conn_open(&cn, n->addr.host, n->addr.port, c->tls, kvr_ms_left(dl));
   if (rc != 0)
     return rc;
   if (c->password[0]) {
@@ -144,9 +155,9 @@ static int conn_take(kvr_conn **out, kvr_client *c, kvr_node *n) {
     redisReply *r = NULL;
     /* no user: AUTH <password> (the default user, Redis < 6 too) */
     rc = c->user[0]
-             ? kvr_conn_call(cn, &r, 3, argv, len, c->timeout_ms)
+             ? kvr_conn_call(cn, &r, 3, argv, len, kvr_ms_left(dl))
              : kvr_conn_call(cn, &r, 2, (const char *const[]){argv[0], argv[2]},
-                             (const size_t[]){len[0], len[2]}, c->timeout_ms);
+                             (const size_t[]){len[0], len[2]}, kvr_ms_left(dl));
     if (rc == 0 && r->type == REDIS_REPLY_ERROR)
       rc = KVT_ERR(KVT_EPERM, "redis %s:%d: AUTH%s%s refused: %s", n->addr.host,
                    n->addr.port, c->user[0] ? " as " : "", c->user, r->str);
@@ -272,8 +283,9 @@ static void apply_slots_locked(kvr_client *c, const redisReply *r,
 }
 
 /* Contacts known nodes until one answers CLUSTER SLOTS (or says cluster support
- * is disabled: standalone). Returns 0 or the last connection error. */
-static int refresh(kvr_client *c) {
+ * is disabled: standalone), all before dl. Returns 0 or the last connection
+ * error; KVT_ETIMEDOUT as soon as dl passes (no time for another node). */
+static int refresh(kvr_client *c, int64_t dl) {
   pthread_mutex_lock(&c->mu);
   int n = c->n_nodes;
   pthread_mutex_unlock(&c->mu);
@@ -283,23 +295,27 @@ static int refresh(kvr_client *c) {
   for (int i = 0; i < n; i++) {
     kvr_node *node = node_at(c, i);
     kvr_conn *ctx = NULL;
-    if ((rc = conn_take(&ctx, c, node)) != 0) {
+    if ((rc = conn_take(&ctx, c, node, dl)) != 0) {
       if (rc == KVT_EPERM) { /* credentials or certificate refused */
         perm = rc;
         snprintf(perm_msg, sizeof perm_msg, "%s", kvt_last_error());
       }
+      if (rc == KVT_ETIMEDOUT)
+        break;
       continue;
     }
     static const char *const argv[2] = {"CLUSTER", "SLOTS"};
     static const size_t len[2] = {7, 5};
     redisReply *r = NULL;
-    if ((rc = kvr_conn_call(ctx, &r, 2, argv, len, c->timeout_ms)) != 0) {
+    if ((rc = kvr_conn_call(ctx, &r, 2, argv, len, kvr_ms_left(dl))) != 0) {
       if (rc == KVT_EPERM) {
         perm = rc;
         snprintf(perm_msg, sizeof perm_msg, "%s", kvt_last_error());
       }
       kvr_conn_close(ctx);
       node_drop_idle(node);
+      if (rc == KVT_ETIMEDOUT)
+        break;
       continue;
     }
     if (auth_refused(r)) {
@@ -340,12 +356,12 @@ static int refresh(kvr_client *c) {
 }
 
 /* The node owning slot, refreshing the map first when needed. */
-static int owner(kvr_client *c, unsigned slot, int *node) {
+static int owner(kvr_client *c, unsigned slot, int *node, int64_t dl) {
   pthread_mutex_lock(&c->mu);
   int need = c->need_refresh || c->slots[slot] < 0;
   pthread_mutex_unlock(&c->mu);
   if (need) {
-    int rc = refresh(c);
+    int rc = refresh(c, dl);
     if (rc != 0)
       return rc;
   }
@@ -426,8 +442,8 @@ static void pipe_restore(pipe_guard *g) {
  * multi-MiB chunk values costs more than the transfer. Small pieces (RESP
  * headers, keys) are gathered into one text buffer; large values are sent
  * from the caller's memory, through the connection's transport (writev on
- * plain TCP, TLS records otherwise; transport.c), each wait bounded by the
- * client's timeout: a stalled server times out. */
+ * plain TCP, TLS records otherwise; transport.c), bounded by the time left of
+ * the call's deadline: a stalled server times out. */
 typedef struct seg {
   const char *p; /* NULL: text at off */
   size_t off, len;
@@ -499,7 +515,7 @@ static void wb_cmd(wbuf *w, int argc, const char *const *argv,
   }
 }
 
-static int send_direct(kvr_conn *ctx, uint32_t timeout_ms, const kvr_cmd *cmds,
+static int send_direct(kvr_conn *ctx, int64_t dl, const kvr_cmd *cmds,
                        const size_t *idx, size_t m, int asking) {
   static const char *askv[] = {"ASKING"};
   static const size_t askl[] = {6};
@@ -521,7 +537,7 @@ static int send_direct(kvr_conn *ctx, uint32_t timeout_ms, const kvr_cmd *cmds,
       iov[j].iov_base = (void *)(g->p ? g->p : w.text + g->off);
       iov[j].iov_len = g->len;
     }
-    rc = kvr_conn_writev(ctx, iov, (int)w.n, timeout_ms);
+    rc = kvr_conn_writev(ctx, iov, (int)w.n, kvr_ms_left(dl));
   }
   kvti_free(iov);
   kvti_free(w.text);
@@ -531,18 +547,18 @@ static int send_direct(kvr_conn *ctx, uint32_t timeout_ms, const kvr_cmd *cmds,
 
 /* Sends cmds[idx[0..m)] to node (each preceded by ASKING when asking) and
  * reads the replies into replies[idx[k]]. 0 or a connection error (then no
- * reply is kept). */
+ * reply is kept), all before dl. */
 static int run_on(kvr_client *c, int node, const kvr_cmd *cmds,
-                  const size_t *idx, size_t m, int asking,
-                  redisReply **replies) {
+                  const size_t *idx, size_t m, int asking, redisReply **replies,
+                  int64_t dl) {
   kvr_node *nd = node_at(c, node);
   if (!nd)
     return KVT_ERR(KVT_EIO, "redis: unknown node %d", node);
   kvr_conn *ctx = NULL;
-  int rc = conn_take(&ctx, c, nd);
+  int rc = conn_take(&ctx, c, nd, dl);
   if (rc != 0)
     return rc;
-  rc = send_direct(ctx, c->timeout_ms, cmds, idx, m, asking);
+  rc = send_direct(ctx, dl, cmds, idx, m, asking);
   if (rc != 0) {
     kvr_conn_close(ctx);
     node_drop_idle(nd);
@@ -552,12 +568,12 @@ static int run_on(kvr_client *c, int node, const kvr_cmd *cmds,
   for (size_t k = 0; k < m; k++) {
     redisReply *r = NULL;
     if (asking) {
-      if ((rc = kvr_conn_reply(ctx, &r, c->timeout_ms, 0)) != 0)
+      if ((rc = kvr_conn_reply(ctx, &r, kvr_ms_left(dl), 0)) != 0)
         goto io_fail;
       freeReplyObject(r);
       r = NULL;
     }
-    if ((rc = kvr_conn_reply(ctx, &r, c->timeout_ms, 0)) != 0)
+    if ((rc = kvr_conn_reply(ctx, &r, kvr_ms_left(dl), 0)) != 0)
       goto io_fail;
     replies[idx[k]] = r;
     got++;
@@ -578,19 +594,22 @@ io_fail:
 }
 
 static int exec_batch(kvr_client *c, const char *key, size_t klen,
-                      const kvr_cmd *cmds, size_t n, redisReply **replies);
+                      const kvr_cmd *cmds, size_t n, redisReply **replies,
+                      int64_t dl);
 
 int kvr_exec(kvr_client *c, const char *key, size_t klen, const kvr_cmd *cmds,
              size_t n, redisReply **replies) {
   pipe_guard g;
   pipe_block(&g);
-  int rc = exec_batch(c, key, klen, cmds, n, replies);
+  int rc =
+      exec_batch(c, key, klen, cmds, n, replies, kvr_deadline(c->timeout_ms));
   pipe_restore(&g);
   return rc;
 }
 
 static int exec_batch(kvr_client *c, const char *key, size_t klen,
-                      const kvr_cmd *cmds, size_t n, redisReply **replies) {
+                      const kvr_cmd *cmds, size_t n, redisReply **replies,
+                      int64_t dl) {
   if (n == 0)
     return 0;
   unsigned slot = kvr_key_slot(key, klen);
@@ -598,7 +617,7 @@ static int exec_batch(kvr_client *c, const char *key, size_t klen,
   int soon = c->refresh_soon;
   c->refresh_soon = 0;
   pthread_mutex_unlock(&c->mu);
-  if (soon && refresh(c) != 0)
+  if (soon && refresh(c, dl) != 0)
     kvt_clear_error(); /* the batch below reports what matters */
   size_t *pend = kvti_malloc(n * sizeof *pend);
   size_t *next = kvti_malloc(n * sizeof *next);
@@ -619,12 +638,14 @@ static int exec_batch(kvr_client *c, const char *key, size_t klen,
                    slot, KVR_MAX_ROUNDS);
       break;
     }
-    if (!asking && (rc = owner(c, slot, &node)) != 0)
+    if (!asking && (rc = owner(c, slot, &node, dl)) != 0)
       break;
-    rc = run_on(c, node, cmds, pend, np, asking, replies);
+    rc = run_on(c, node, cmds, pend, np, asking, replies, dl);
     if (rc != 0) {
-      /* One retry after a refresh: the node may have been replaced. */
-      if (conn_retries++ == 0 && (rc = refresh(c)) == 0) {
+      /* One retry after a refresh: the node may have been replaced. Within
+       * the same deadline: a timeout leaves no time for it. */
+      if (rc != KVT_ETIMEDOUT && conn_retries++ == 0 &&
+          (rc = refresh(c, dl)) == 0) {
         asking = 0;
         continue;
       }
@@ -662,6 +683,13 @@ static int exec_batch(kvr_client *c, const char *key, size_t klen,
     } else {
       asking = 0; /* a MOVED target is now the slot's owner in the map */
       if (again) {
+        if (kvr_ms_left(dl) <= 20) {
+          rc = KVT_ERR(KVT_ETIMEDOUT,
+                       "redis: slot %u still unavailable (TRYAGAIN / "
+                       "CLUSTERDOWN) at the deadline",
+                       slot);
+          break;
+        }
         struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
       }
@@ -714,7 +742,7 @@ int kvr_scan(kvr_client *c, int node, const char *pattern, kvr_key_fn fn,
 int kvr_client_probe(kvr_client *c) {
   pipe_guard g;
   pipe_block(&g);
-  int rc = refresh(c);
+  int rc = refresh(c, kvr_deadline(c->timeout_ms));
   pipe_restore(&g);
   return rc;
 }
@@ -725,6 +753,7 @@ int kvr_client_dedicated(kvr_client *c, kvr_conn **out) {
   int first = c->n_nodes > 0 ? c->slots[0] : -1;
   pthread_mutex_unlock(&c->mu);
   int rc = KVT_ERR(KVT_EIO, "redis: no node known");
+  int64_t dl = kvr_deadline(c->timeout_ms);
   /* The owner of slot 0 first (a live master once the map is known), then
    * every known node in turn. */
   for (int k = -1; k < n; k++) {
@@ -732,8 +761,10 @@ int kvr_client_dedicated(kvr_client *c, kvr_conn **out) {
     if (i < 0 || (k >= 0 && i == first))
       continue;
     kvr_node *nd = node_at(c, i);
-    if (nd && (rc = conn_take(out, c, nd)) == 0)
+    if (nd && (rc = conn_take(out, c, nd, dl)) == 0)
       return 0;
+    if (rc == KVT_ETIMEDOUT)
+      break;
   }
   return rc;
 }
@@ -744,7 +775,7 @@ int kvr_exec_node(kvr_client *c, int node, const kvr_cmd *cmd,
   *reply = NULL;
   pipe_guard g;
   pipe_block(&g);
-  int rc = run_on(c, node, cmd, &idx, 1, 0, reply);
+  int rc = run_on(c, node, cmd, &idx, 1, 0, reply, kvr_deadline(c->timeout_ms));
   pipe_restore(&g);
   return rc;
 }
@@ -752,7 +783,7 @@ int kvr_exec_node(kvr_client *c, int node, const kvr_cmd *cmd,
 int kvr_foreach_master(kvr_client *c, kvr_node_fn fn, void *ctx) {
   pipe_guard g;
   pipe_block(&g);
-  int rc = refresh(c);
+  int rc = refresh(c, kvr_deadline(c->timeout_ms));
   pipe_restore(&g);
   if (rc != 0)
     return rc;

@@ -219,11 +219,28 @@ void kvr_tls_free(kvr_tls *t) {
 /* Waiting                                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* Waits until fd is ready for ev. 0, KVT_ETIMEDOUT, KVT_EIO. */
-static int wait_fd(kvr_conn *c, short ev, uint32_t timeout_ms) {
+int64_t kvr_deadline(uint32_t timeout_ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + (int64_t)timeout_ms;
+}
+
+uint32_t kvr_ms_left(int64_t dl) {
+  int64_t l = dl - kvr_deadline(0);
+  return l <= 0 ? 0 : l > INT32_MAX ? (uint32_t)INT32_MAX : (uint32_t)l;
+}
+
+/* Waits until fd is ready for ev or the deadline dl (kvr_deadline) passes: the
+ * time left is recomputed at every wait, so a peer that sends (or accepts) a
+ * byte at a time cannot stretch one call past its timeout. 0, KVT_ETIMEDOUT,
+ * KVT_EIO. */
+static int wait_fd(kvr_conn *c, short ev, int64_t dl) {
   struct pollfd p = {c->fd, ev, 0};
   for (;;) {
-    int r = poll(&p, 1, (int)timeout_ms);
+    uint32_t left = kvr_ms_left(dl);
+    if (left == 0)
+      return KVT_ETIMEDOUT;
+    int r = poll(&p, 1, (int)left);
     if (r > 0)
       return 0; /* readable/writable or an error the next call reports */
     if (r == 0)
@@ -253,8 +270,7 @@ static int fail(kvr_conn *c, int rc, const char *what) {
 /* Connect                                                                  */
 /* ------------------------------------------------------------------------ */
 
-static int tcp_connect(kvr_conn *c, const char *host, int port,
-                       uint32_t timeout_ms) {
+static int tcp_connect(kvr_conn *c, const char *host, int port, int64_t dl) {
   char ps[16];
   snprintf(ps, sizeof ps, "%d", port);
   struct addrinfo hints, *res = NULL;
@@ -283,7 +299,7 @@ static int tcp_connect(kvr_conn *c, const char *host, int port,
     c->fd = fd;
     int r = connect(fd, a->ai_addr, a->ai_addrlen);
     if (r != 0 && errno == EINPROGRESS) {
-      int w = wait_fd(c, POLLOUT, timeout_ms);
+      int w = wait_fd(c, POLLOUT, dl);
       if (w == 0) {
         int err = 0;
         socklen_t el = sizeof err;
@@ -317,11 +333,11 @@ static int tcp_connect(kvr_conn *c, const char *host, int port,
  * session tickets, or that alert - and read it now: a refused certificate is
  * then a clear KVT_EPERM at connect. Bounded (100 ms at most): a server that
  * sends nothing costs that once per new connection. */
-static int tls13_settle(kvr_conn *c, uint32_t timeout_ms) {
+static int tls13_settle(kvr_conn *c, int64_t dl) {
   if (SSL_version(c->ssl) != TLS1_3_VERSION)
     return 0;
-  uint32_t wait = timeout_ms < 100 ? timeout_ms : 100;
-  if (wait_fd(c, POLLIN, wait) != 0)
+  int64_t soon = kvr_deadline(100);
+  if (wait_fd(c, POLLIN, soon < dl ? soon : dl) != 0)
     return 0;
   char b[1];
   ERR_clear_error();
@@ -339,7 +355,7 @@ static int tls13_settle(kvr_conn *c, uint32_t timeout_ms) {
 }
 
 static int tls_handshake(kvr_conn *c, kvr_tls *tls, const char *host,
-                         uint32_t timeout_ms) {
+                         int64_t dl) {
   ERR_clear_error();
   c->ssl = SSL_new(tls->ctx);
   if (!c->ssl || SSL_set_fd(c->ssl, c->fd) != 1)
@@ -360,13 +376,13 @@ static int tls_handshake(kvr_conn *c, kvr_tls *tls, const char *host,
     errno = 0;
     int r = SSL_connect(c->ssl);
     if (r == 1)
-      return tls13_settle(c, timeout_ms);
+      return tls13_settle(c, dl);
     int e = SSL_get_error(c->ssl, r);
     short want = e == SSL_ERROR_WANT_READ    ? POLLIN
                  : e == SSL_ERROR_WANT_WRITE ? POLLOUT
                                              : 0;
     if (want) {
-      int w = wait_fd(c, want, timeout_ms);
+      int w = wait_fd(c, want, dl);
       if (w == KVT_ETIMEDOUT)
         return KVT_ERR(KVT_ETIMEDOUT, "redis %s: TLS handshake timed out",
                        c->peer);
@@ -389,6 +405,7 @@ static int tls_handshake(kvr_conn *c, kvr_tls *tls, const char *host,
 
 int kvr_conn_open(kvr_conn **out, const char *host, int port, kvr_tls *tls,
                   uint32_t timeout_ms) {
+  int64_t dl = kvr_deadline(timeout_ms); /* connect and handshake together */
   kvr_conn *c = kvti_calloc(1, sizeof *c);
   if (!c)
     return KVT_ERR_NOMEM();
@@ -399,9 +416,9 @@ int kvr_conn_open(kvr_conn **out, const char *host, int port, kvr_tls *tls,
   c->buf = kvti_malloc(KVR_RBUF);
   int rc = (!c->rd || !c->buf) ? KVT_ERR_NOMEM() : 0;
   if (rc == 0)
-    rc = tcp_connect(c, host, port, timeout_ms);
+    rc = tcp_connect(c, host, port, dl);
   if (rc == 0 && tls)
-    rc = tls_handshake(c, tls, host, timeout_ms);
+    rc = tls_handshake(c, tls, host, dl);
   if (rc != 0) {
     kvr_conn_close(c);
     return rc;
@@ -438,8 +455,8 @@ const char *kvr_conn_peer(const kvr_conn *c) {
 /* I/O                                                                      */
 /* ------------------------------------------------------------------------ */
 
-int kvr_conn_writev(kvr_conn *c, const struct iovec *iov_in, int n,
-                    uint32_t timeout_ms) {
+static int writev_by(kvr_conn *c, const struct iovec *iov_in, int n,
+                     int64_t dl) {
   if (c->broken)
     return KVT_ERR(KVT_EIO, "redis %s: connection already failed", c->peer);
   struct iovec iov[64];
@@ -456,7 +473,7 @@ int kvr_conn_writev(kvr_conn *c, const struct iovec *iov_in, int n,
     if (w < 0)
       return fail(c, KVT_EIO, "send");
     if (w == 0) {
-      int rc = wait_fd(c, want, timeout_ms);
+      int rc = wait_fd(c, want, dl);
       if (rc != 0)
         return fail(c, rc, "send");
       continue;
@@ -479,8 +496,13 @@ int kvr_conn_writev(kvr_conn *c, const struct iovec *iov_in, int n,
   return 0;
 }
 
-int kvr_conn_reply(kvr_conn *c, redisReply **out, uint32_t timeout_ms,
-                   int keep_on_timeout) {
+int kvr_conn_writev(kvr_conn *c, const struct iovec *iov, int n,
+                    uint32_t timeout_ms) {
+  return writev_by(c, iov, n, kvr_deadline(timeout_ms));
+}
+
+static int reply_by(kvr_conn *c, redisReply **out, int64_t dl,
+                    int keep_on_timeout) {
   *out = NULL;
   if (c->broken)
     return KVT_ERR(KVT_EIO, "redis %s: connection already failed", c->peer);
@@ -501,7 +523,7 @@ int kvr_conn_reply(kvr_conn *c, redisReply **out, uint32_t timeout_ms,
     if (k < 0)
       return fail(c, KVT_EIO, "receive");
     if (k == 0) {
-      int rc = wait_fd(c, want, timeout_ms);
+      int rc = wait_fd(c, want, dl);
       if (rc == KVT_ETIMEDOUT && keep_on_timeout && !got_bytes &&
           c->rd->len == c->rd->pos)
         return KVT_ETIMEDOUT; /* idle: the connection stays usable */
@@ -517,29 +539,36 @@ int kvr_conn_reply(kvr_conn *c, redisReply **out, uint32_t timeout_ms,
   }
 }
 
+int kvr_conn_reply(kvr_conn *c, redisReply **out, uint32_t timeout_ms,
+                   int keep_on_timeout) {
+  return reply_by(c, out, kvr_deadline(timeout_ms), keep_on_timeout);
+}
+
 int kvr_conn_call(kvr_conn *c, redisReply **out, int argc,
                   const char *const *argv, const size_t *len,
                   uint32_t timeout_ms) {
+  int64_t dl = kvr_deadline(timeout_ms); /* the send and the reply together */
   char *cmd = NULL;
   int n = redisFormatCommandArgv(&cmd, argc, (const char **)argv, len);
   if (n < 0 || !cmd)
     return KVT_ERR_NOMEM();
   struct iovec v = {cmd, (size_t)n};
-  int rc = kvr_conn_writev(c, &v, 1, timeout_ms);
+  int rc = writev_by(c, &v, 1, dl);
   free(cmd); /* hiredis allocates with malloc */
   if (rc != 0)
     return rc;
-  return kvr_conn_reply(c, out, timeout_ms, 0);
+  return reply_by(c, out, dl, 0);
 }
 
 int kvr_conn_wait_input(kvr_conn *c, int wake_fd, uint32_t timeout_ms) {
   if (c->rd->len > c->rd->pos || (c->ssl && SSL_pending(c->ssl) > 0))
     return 1;
   struct pollfd p[2] = {{c->fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+  int64_t dl = kvr_deadline(timeout_ms);
   for (;;) {
-    int r = poll(p, wake_fd >= 0 ? 2 : 1, (int)timeout_ms);
+    int r = poll(p, wake_fd >= 0 ? 2 : 1, (int)kvr_ms_left(dl));
     if (r < 0 && errno == EINTR)
-      continue;
+      continue; /* resumes with the time left, not a fresh timeout */
     if (r <= 0)
       return 0;
     if (wake_fd >= 0 && p[1].revents)
