@@ -6,7 +6,9 @@
  * thread / one promoting thread), then kvtier's remote spill (spill ->
  * upload -> flush) and remote promote (fetch, verify, build the entry) of the
  * same bytes, and prints value / limit / ratio lines (best of 3 runs on each
- * side: the machine may be shared). Usage:
+ * side: the machine may be shared); then the lookup cost model: latency of
+ * kvt_tier_lookup / kvt_tier_lookup_prefix for a local hit, a remote hit and
+ * a remote miss (the mirror of the remote keys answers misses). Usage:
  *   bench_redis [entry_MiB=8] [entries=8] [chunk_MiB=16]
  * Exit 77 when redis-server / redis-benchmark are missing or kvtier was built
  * without hiredis.
@@ -239,6 +241,65 @@ int main(int argc, char **argv) {
     if (now() - t0 < prom_s)
       prom_s = now() - t0;
   }
+
+  /* Lookup latency (kvt_tier_lookup, as a scheduler calls it): a local hit
+   * (a local-only tier), then on b (nothing local) a remote hit - one GET of
+   * the manifest, bounded by remote_lookup_timeout_ms - and a remote miss,
+   * answered by the mirror of the remote keys without I/O; exact and
+   * longest-prefix. Mean of many calls, best of 3. */
+  kvt_options lo;
+  kvt_options_init(&lo, KVT_OPTIONS_VERSION);
+  char dirC[300];
+  snprintf(dirC, sizeof dirC, "%s/c", g_dir);
+  lo.cache_dir = dirC;
+  lo.durability = KVT_DURABILITY_NONE;
+  kvt_tier *c = NULL;
+  if (kvt_tier_open(&c, &lo) != 0)
+    return 1;
+  kvt_tier_start_writer(c);
+  for (int i = 0; i < 64; i++)
+    tok[i] = i; /* entry 0's tokens */
+  if (kvt_tier_spill(c, tok, 64, layers, 4, ebytes) != 0 ||
+      kvt_tier_flush(c, -1) != 0)
+    return 1;
+  usleep(300000); /* b's mirror: subscribed and resynced long before */
+  int32_t miss[64], longer[80];
+  for (int i = 0; i < 64; i++)
+    miss[i] = 7000000 + i;
+  for (int i = 0; i < 80; i++)
+    longer[i] = i < 64 ? i : 9000000 + i;
+  struct {
+    const char *name;
+    kvt_tier *t;
+    const int32_t *q;
+    size_t n;
+    int prefix, want;
+    double us;
+  } L[] = {{"local_hit", c, tok, 64, 0, 1, 0},
+           {"remote_hit", b, tok, 64, 0, 1, 0},
+           {"remote_miss", b, miss, 64, 0, 0, 0},
+           {"local_prefix_hit", c, longer, 80, 1, 1, 0},
+           {"remote_prefix_hit", b, longer, 80, 1, 1, 0},
+           {"remote_prefix_miss", b, miss, 64, 1, 0, 0}};
+  int lookups_ok = 1;
+  for (size_t k = 0; k < sizeof L / sizeof L[0]; k++) {
+    int reps = L[k].t == b && L[k].want ? 500 : 5000;
+    L[k].us = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+      kvt_entry_info info;
+      t0 = now();
+      for (int i = 0; i < reps; i++) {
+        int r = L[k].prefix
+                    ? kvt_tier_lookup_prefix(&info, L[k].t, L[k].q, L[k].n)
+                    : kvt_tier_lookup(&info, L[k].t, L[k].q, L[k].n);
+        if ((r == 0) != L[k].want)
+          lookups_ok = 0;
+      }
+      double us = (now() - t0) / reps * 1e6;
+      L[k].us = us < L[k].us ? us : L[k].us;
+    }
+  }
+  kvt_tier_free(c);
   kvt_tier_free(b);
 
   double total = (double)s.remote_spill_bytes / 3; /* 3 reps */
@@ -256,9 +317,18 @@ int main(int argc, char **argv) {
   printf("remote_promote_MBps value %.1f limit %.1f ratio %.2f (%d/%d hits)\n",
          prom_mbs, get_mbs, get_mbs > 0 ? prom_mbs / get_mbs : 0, hits,
          entries);
+  printf("lookup latency (kvt_tier_lookup*, mean of many calls, best of 3; "
+         "ratio = / local_hit of the same kind):\n");
+  for (size_t k = 0; k < sizeof L / sizeof L[0]; k++) {
+    double base = L[k].prefix ? L[3].us : L[0].us;
+    printf("lookup_%s_us value %.2f ratio %.1f\n", L[k].name, L[k].us,
+           base > 0 ? L[k].us / base : 0);
+  }
+  if (!lookups_ok)
+    fprintf(stderr, "bench_redis: a lookup gave the wrong answer\n");
   for (int l = 0; l < 4; l++)
     for (int k = 0; k < 2; k++)
       free(tens[l][k].data);
   free(tok);
-  return hits == entries ? 0 : 1;
+  return hits == entries && lookups_ok ? 0 : 1;
 }

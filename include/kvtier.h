@@ -255,8 +255,9 @@ typedef void (*kvt_spill_done_fn)(void *ctx, const char *token_hash,
  *  before C++20 and for bindings). */
 
 /** kvt_options versions: 1 (up to remote_flags), 2 (+ read_threads), 3 (+
- *  host_cache_bytes, chunk_tokens, model_id). */
-#define KVT_OPTIONS_VERSION 3
+ *  host_cache_bytes, chunk_tokens, model_id), 4 (+ remote_lookup_timeout_ms,
+ *  remote_tls_*). */
+#define KVT_OPTIONS_VERSION 4
 
 /** Tier options; mirrors the reference's SSDCacheConfig plus kvtier's own. */
 typedef struct kvt_options {
@@ -293,9 +294,12 @@ typedef struct kvt_options {
   kvt_spill_done_fn spill_done_fn; /* NULL = none */
   void *spill_done_ctx;
   /* ---- Shared remote tier (Redis / Valkey); see docs/REMOTE.md. ---- */
-  /** Remote store: "redis://[:password@]host:port", several comma-separated
-   *  "host:port" seed nodes for a Redis Cluster. NULL = none. Validated
-   *  without connecting: an unreachable server never fails open. Builds
+  /** Remote store: "redis://[[user]:password@]host:port" (user: a Redis 6
+   *  ACL user; none = the default user), "rediss://..." for TLS, several
+   *  comma-separated "host:port" seed nodes for a Redis Cluster. NULL =
+   *  none. Validated without connecting. kvt_tier_open contacts the store
+   *  once: refused credentials or certificates fail it (KVT_EPERM); an
+   *  unreachable server never does (a warning, then back-off). Builds
    *  without hiredis refuse a URL with KVT_EUNSUPPORTED at open. */
   const char *remote_url;
   /** kvt_remote_mode; KVT_REMOTE_LOCAL (the default) ignores the remote and
@@ -350,6 +354,19 @@ typedef struct kvt_options {
    *  never share or see each other's chunks. NULL = model_name (or ""). At
    *  most 4000 bytes. */
   const char *model_id;
+  /* ---- version 4 ---- */
+  /** Deadline of a remote lookup's round trip in ms (1..600000), separate
+   *  from remote_timeout_ms: kvt_tier_lookup* and a promote's remote lookup
+   *  answer a miss from a local mirror of the remote keys without I/O; a
+   *  hit (or a lookup while the mirror is not in sync) costs one call
+   *  bounded by this. 250 */
+  uint32_t remote_lookup_timeout_ms;
+  /** TLS (rediss:// URLs only): PEM file of the CA(s) to trust (NULL = the
+   *  system's trust store), and an optional client certificate chain and
+   *  its key (both or neither). Loaded at open: a bad file is KVT_EINVAL. */
+  const char *remote_tls_ca_file;
+  const char *remote_tls_cert_file;
+  const char *remote_tls_key_file;
 } kvt_options;
 
 /** kvt_options.host_cache_bytes: derive the bound from the machine. */
@@ -384,7 +401,7 @@ typedef enum kvt_remote_mode {
     .log_level = KVT_LOG_WARN, .remote_mode = KVT_REMOTE_LOCAL,                \
     .remote_timeout_ms = 1000, .remote_queue_size = 64,                        \
     .remote_chunk_bytes = 16u << 20, .read_threads = 0,                        \
-    .host_cache_bytes = KVT_HOST_CACHE_AUTO                                    \
+    .host_cache_bytes = KVT_HOST_CACHE_AUTO, .remote_lookup_timeout_ms = 250   \
   }
 
 /** Fills opts with the defaults of KVT_OPTIONS_INIT for the given version
@@ -552,12 +569,18 @@ typedef struct kvt_entry_info {
 
 /** Exact lookup. Returns 0 and *out, KVT_ENOTFOUND (absent or expired),
  *  KVT_EINVAL, KVT_ECLOSED, KVT_EDB. Does not count hits or misses (as in
- *  the reference). Thread-safe. */
+ *  the reference). With a remote tier (kvt_options.remote_mode) a local miss
+ *  is looked up in the remote store and *out describes what a following
+ *  promote will find there: a remote miss costs no I/O (a local mirror of
+ *  the remote keys answers it), a remote hit one call bounded by
+ *  remote_lookup_timeout_ms; an unreachable store is a miss, never an
+ *  error. Thread-safe. */
 KVT_API int kvt_tier_lookup(kvt_entry_info *out, kvt_tier *t,
                             const int32_t *tokens, size_t n_tokens);
 
-/** Longest stored sequence that is a prefix of tokens (possibly all of it).
- *  Returns as kvt_tier_lookup. Thread-safe. */
+/** Longest stored sequence that is a prefix of tokens (possibly all of it);
+ *  with a remote tier, a remote entry longer than the local match wins (as
+ *  in a promote). Returns as kvt_tier_lookup. Thread-safe. */
 KVT_API int kvt_tier_lookup_prefix(kvt_entry_info *out, kvt_tier *t,
                                    const int32_t *tokens, size_t n_tokens);
 
@@ -717,7 +740,10 @@ KVT_API void kvt_promise_free(kvt_promise *p);
 /** Reads an entry by its relative path in data/ (the index's file_path), as
  *  the reference's _read_entry(tokens, file_path): no budget, no stats, no
  *  touch. A corrupt entry is quarantined. file_path must be a 64-hex entry
- *  name (anything else: KVT_EINVAL, never a path outside the cache).
+ *  name (anything else: KVT_EINVAL, never a path outside the cache). With a
+ *  remote tier, an entry not stored locally (one a lookup found remotely) is
+ *  read from the remote store, verified, and kept as a local copy unless
+ *  KVT_REMOTE_NO_LOCAL_COPY (counted in remote_hits / remote_read_bytes).
  *  Returns 0 and *out, KVT_ENOTFOUND, KVT_ECORRUPT, KVT_EIO. */
 KVT_API int kvt_tier_read_entry(kvt_entry **out, kvt_tier *t,
                                 const int32_t *tokens, size_t n_tokens,
@@ -798,6 +824,21 @@ KVT_API int kvt_tier_remote_foreach(kvt_tier *t, kvt_entry_visit_fn fn,
  *  Thread-safe. */
 KVT_API int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash);
 
+/** Tools (the CLI's show --remote): kvt_tier_describe for an entry of the
+ *  remote store (its files are fetched to a staging directory, checked
+ *  against the chunk checksums, described, and deleted). Returns as
+ *  kvt_tier_describe, plus KVT_EINVAL (no remote tier), KVT_EUNSUPPORTED,
+ *  KVT_ETIMEDOUT. Thread-safe. */
+KVT_API int kvt_tier_remote_describe(char **json, kvt_tier *t,
+                                     const char *token_hash);
+
+/** Tools (the CLI's gc --remote): deletes one entry of the remote store (its
+ *  manifest first, then its chunks) and tells the other nodes' lookup
+ *  mirrors. A missing entry is success. Returns 0, KVT_EINVAL (no remote
+ *  tier, read-only tier, bad hash), KVT_EUNSUPPORTED, KVT_EIO /
+ *  KVT_ETIMEDOUT. Thread-safe. */
+KVT_API int kvt_tier_remote_remove(kvt_tier *t, const char *token_hash);
+
 /** The cache directory actually in use (absolute). Owned by the tier. */
 KVT_API const char *kvt_tier_dir(const kvt_tier *t);
 
@@ -827,7 +868,7 @@ KVT_API const char *kvt_tier_dir(const kvt_tier *t);
  *  struct has no padding: the live stats file (docs/FORMAT.md, "stats.bin")
  *  stores it word by word in this order. New fields are only ever appended. */
 typedef struct kvt_stats {
-  unsigned int version; /* KVT_STATS_VERSION; set by the caller */
+  unsigned int version;  /* KVT_STATS_VERSION; set by the caller */
   unsigned int reserved; /* 0; keeps the 8-byte words below aligned */
   /* The reference's counters. */
   uint64_t spill_count;
@@ -887,14 +928,14 @@ typedef struct kvt_stats {
   uint64_t host_cache_bytes_bound; /* now: the bound (0: disabled) */
   uint64_t host_cache_entries;     /* now: entries held in RAM */
   uint64_t host_cache_hits;        /* promotes that found the entry in RAM */
-  uint64_t host_cache_misses;   /* local promotes that did not (cache on) */
-  uint64_t host_cache_evictions; /* entries dropped for room or by a trim */
+  uint64_t host_cache_misses;      /* local promotes that did not (cache on) */
+  uint64_t host_cache_evictions;   /* entries dropped for room or by a trim */
   uint64_t host_cache_verify_failures; /* RAM copies that failed the check
                                           (dropped; read from disk instead) */
-  uint64_t promotes_from_ram;  /* promotes served from the host cache */
-  uint64_t promote_ram_bytes;  /* their entry bytes (files' size) */
-  uint64_t promotes_from_disk; /* local promotes read from the SSD */
-  uint64_t promote_disk_bytes; /* bytes read by them */
+  uint64_t promotes_from_ram;          /* promotes served from the host cache */
+  uint64_t promote_ram_bytes;          /* their entry bytes (files' size) */
+  uint64_t promotes_from_disk;         /* local promotes read from the SSD */
+  uint64_t promote_disk_bytes;         /* bytes read by them */
 } kvt_stats;
 
 /** A kvt_stats ready for kvt_tier_stats (C99 designated initialiser). */

@@ -236,10 +236,49 @@ void cli_qsort(void *base, size_t n, size_t size,
 void *cli_bsearch(const void *key, const void *base, size_t n, size_t size,
                   int (*cmp)(const void *, const void *));
 
-/* ls / stats / verify of a remote store (cmd_remote.c): --remote URL
- * [--remote-prefix P] instead of DIR. prom: stats --prometheus. */
-int cli_remote(const char *cmd, const char *url, const char *prefix, int json,
-               int prom, int verbose);
+/* The shared remote store (cmd_remote.c): --remote URL [--remote-prefix P]
+ * [--remote-ca FILE] [--remote-cert FILE --remote-key FILE] instead of DIR,
+ * for ls, stats, verify, show and gc. CLI_REMOTE_FLAGS go into a command's
+ * flag table, CLI_REMOTE_HELP into its help text. */
+#define CLI_REMOTE_FLAGS                                                       \
+  {"remote", 1}, {"remote-prefix", 1}, {"remote-ca", 1}, {"remote-cert", 1}, { \
+    "remote-key", 1                                                            \
+  }
+#define CLI_REMOTE_HELP                                                        \
+  "  --remote URL    a shared remote store instead of DIR: "                   \
+  "redis://host:port,\n"                                                       \
+  "                  rediss:// (TLS), [user]:password@ (ACL user), comma-\n"   \
+  "                  separated seeds for a cluster\n"                          \
+  "  --remote-prefix P   its key prefix (default kvt:)\n"                      \
+  "  --remote-ca FILE    TLS: CA certificates to trust (default: system)\n"    \
+  "  --remote-cert FILE, --remote-key FILE   TLS client certificate and key\n"
+typedef struct cli_remote_args {
+  const char *url, *prefix, *ca, *cert, *key;
+} cli_remote_args;
+/* Reads the CLI_REMOTE_FLAGS; returns 1 when --remote was given. */
+int cli_remote_args_get(cli_remote_args *ra, cli_flag *flags, size_t nflags);
+/* ls / stats / verify. prom: stats --prometheus. */
+int cli_remote(const char *cmd, const cli_remote_args *ra, int json, int prom,
+               int verbose);
+/* show HASH (4..64 hex digits, a unique prefix). */
+int cli_remote_show(const cli_remote_args *ra, const char *hash, int json);
+/* gc: oldest entries first (the store keeps no access times): expired
+ * (older_than > 0) then beyond max_entries / max_bytes. */
+int cli_remote_gc(const cli_remote_args *ra, uint64_t max_bytes,
+                  uint64_t max_entries, int64_t older_than, int dry, int json);
+
+/* show's HASH argument: 4..64 hex digits (CLI_RUN), else reported
+ * (CLI_USAGE). */
+int cli_hash_arg(const char *want, int json);
+/* The one entry of es whose hash starts with want (any case): CLI_RUN and
+ * *hit, else reported (ambiguous: CLI_USAGE; none in where: CLI_NOTFOUND). */
+int cli_find_hash(const cli_entries *es, const char *want, const char *where,
+                  int json, const kvt_entry_info **hit);
+/* show's output for one entry (info + its kvt_tier_describe document):
+ * where_key/where name the store ("dir" or "remote"), prefix the remote key
+ * prefix (NULL for a directory). Returns a CLI exit code. */
+int cli_show_print(const char *where_key, const char *where, const char *prefix,
+                   const kvt_entry_info *info, const char *djson, int json);
 
 /* Commands. argv excludes the command word. */
 int cmd_ls(int argc, char **argv);

@@ -69,12 +69,8 @@ static const char *LS_HELP =
     "  --full          print full 64-digit hashes (the table shows 16)\n"
     "  --no-describe   skip reading manifests (no layers/kinds/dtypes/mode);\n"
     "                  fast on very large caches\n"
-    "  --json          JSON output: {dir, total, count, entries: [...]}\n"
-    "  --remote URL    inspect a shared remote store (redis://host:port, "
-    "comma-\n"
-    "                  separated seeds for a cluster) instead of DIR\n"
-    "  --remote-prefix P   its key prefix (default kvt:)\n"
-    "\n"
+    "  --json          JSON output: {dir, total, count, entries: "
+    "[...]}\n" CLI_REMOTE_HELP "\n"
     "Columns: HASH, TOKENS, LAYERS, KINDS (kv, rotating, arrays, quant with\n"
     "layer counts), DTYPES, DISK (bytes on disk), MEMORY (RAM size recorded\n"
     "at spill), CREATED, ACCESSED (local time), MODE (native, compat, or\n"
@@ -113,9 +109,9 @@ static int cmp_entries(const void *pa, const void *pb) {
 }
 
 int cmd_ls(int argc, char **argv) {
-  cli_flag f[] = {{"json", 0},    {"sort", 1},   {"reverse", 0},
-                  {"limit", 1},   {"full", 0},   {"no-describe", 0},
-                  {"verbose", 0}, {"remote", 1}, {"remote-prefix", 1}};
+  cli_flag f[] = {{"json", 0},    {"sort", 1},     {"reverse", 0},
+                  {"limit", 1},   {"full", 0},     {"no-describe", 0},
+                  {"verbose", 0}, CLI_REMOTE_FLAGS};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1] = {NULL};
   /* DIR is optional here: --remote URL lists a remote store instead. */
@@ -124,10 +120,9 @@ int cmd_ls(int argc, char **argv) {
   if (rc != CLI_RUN)
     return rc;
   int json = cli_flag_get(f, nf, "json")->set;
-  if (cli_flag_get(f, nf, "remote")->value)
-    return cli_remote("ls", cli_flag_get(f, nf, "remote")->value,
-                      cli_flag_get(f, nf, "remote-prefix")->value, json, 0,
-                      cli_flag_get(f, nf, "verbose")->set);
+  cli_remote_args ra;
+  if (cli_remote_args_get(&ra, f, nf))
+    return cli_remote("ls", &ra, json, 0, cli_flag_get(f, nf, "verbose")->set);
   if ((rc = cli_need_dir("ls", LS_HELP, pos[0])) != CLI_RUN)
     return rc;
   static const char *keys[] = {"accessed", "created", "size",
@@ -262,11 +257,8 @@ static const char *STATS_HELP =
     "  --prometheus    Prometheus text exposition (kvt_stats_to_prometheus)\n"
     "  --json          JSON output\n"
     "  --max-size SIZE, --max-entries N   limits to compare against\n"
-    "  --no-describe   skip reading manifests (no per-kind/dtype counts)\n"
-    "  --remote URL    inspect a shared remote store (redis://host:port, "
-    "comma-\n"
-    "                  separated seeds for a cluster) instead of DIR\n"
-    "  --remote-prefix P   its key prefix (default kvt:)\n";
+    "  --no-describe   skip reading manifests (no per-kind/dtype "
+    "counts)\n" CLI_REMOTE_HELP;
 
 static uint64_t count_dir(const char *dir, const char *sub) {
   char p[4200];
@@ -284,10 +276,9 @@ static uint64_t count_dir(const char *dir, const char *sub) {
 }
 
 int cmd_stats(int argc, char **argv) {
-  cli_flag f[] = {{"json", 0},        {"prometheus", 0},    {"max-size", 1},
-                  {"max-entries", 1}, {"no-describe", 0},   {"verbose", 0},
-                  {"remote", 1},      {"remote-prefix", 1}, {"watch", 1},
-                  {"count", 1}};
+  cli_flag f[] = {{"json", 0},        {"prometheus", 0},  {"max-size", 1},
+                  {"max-entries", 1}, {"no-describe", 0}, {"verbose", 0},
+                  {"watch", 1},       {"count", 1},       CLI_REMOTE_FLAGS};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1] = {NULL};
   int rc = cli_begin("stats", STATS_HELP, "missing DIR", argc, argv, f, nf, pos,
@@ -296,13 +287,13 @@ int cmd_stats(int argc, char **argv) {
     return rc;
   int json = cli_flag_get(f, nf, "json")->set;
   int prom = cli_flag_get(f, nf, "prometheus")->set;
-  if (cli_flag_get(f, nf, "watch")->value &&
-      cli_flag_get(f, nf, "remote")->value)
+  cli_remote_args ra;
+  int remote = cli_remote_args_get(&ra, f, nf);
+  if (cli_flag_get(f, nf, "watch")->value && remote)
     return cli_fail(json, "stats", CLI_USAGE,
                     "--watch reads the live counters of a DIR, not --remote");
-  if (cli_flag_get(f, nf, "remote")->value && !(json && prom))
-    return cli_remote("stats", cli_flag_get(f, nf, "remote")->value,
-                      cli_flag_get(f, nf, "remote-prefix")->value, json, prom,
+  if (remote && !(json && prom))
+    return cli_remote("stats", &ra, json, prom,
                       cli_flag_get(f, nf, "verbose")->set);
   if ((rc = cli_need_dir("stats", STATS_HELP, pos[0])) != CLI_RUN)
     return rc;
@@ -569,6 +560,7 @@ int cmd_stats(int argc, char **argv) {
 
 static const char *SHOW_HELP =
     "usage: kvtier show DIR HASH [--json]\n"
+    "       kvtier show --remote URL [--remote-prefix P] HASH [--json]\n"
     "\n"
     "One entry in detail (read-only): token count, sizes, times, storage\n"
     "mode, the manifest, and for each layer its kind, attributes and tensors\n"
@@ -577,7 +569,8 @@ static const char *SHOW_HELP =
     "unique prefix of it (at least 4 digits).\n"
     "\n"
     "  --json   the kvt_tier_describe document plus the index fields:\n"
-    "           {dir, entry: {...}, describe: {...}}\n";
+    "           {dir, entry: {...}, describe: {...}} (--remote: {remote,\n"
+    "           prefix, entry, describe})\n" CLI_REMOTE_HELP;
 
 /* Byte length of a tensor object in a describe document. */
 static double tensor_bytes(const cJSON *tv) {
@@ -660,24 +653,57 @@ static void print_manifest(const cJSON *obj, const char *prefix) {
   }
 }
 
-int cmd_show(int argc, char **argv) {
-  cli_flag f[] = {{"json", 0}, {"verbose", 0}};
-  const size_t nf = sizeof f / sizeof f[0];
-  const char *pos[2];
-  int rc = cli_begin("show", SHOW_HELP, "needs DIR and HASH", argc, argv, f, nf,
-                     pos, 2, 2);
-  if (rc != CLI_RUN)
-    return rc;
-  int json = cli_flag_get(f, nf, "json")->set;
-  const char *want = pos[1];
+int cli_hash_arg(const char *want, int json) {
   size_t wl = strlen(want);
   if (wl < 4 || wl > 64 || strspn(want, "0123456789abcdefABCDEF") != wl)
     return cli_fail(json, "show", CLI_USAGE,
                     "HASH must be 4 to 64 hex digits, got '%s'", want);
-  char lw[65];
-  for (size_t i = 0; i <= wl; i++)
-    lw[i] = (char)((want[i] >= 'A' && want[i] <= 'F') ? want[i] + 32 : want[i]);
+  return CLI_RUN;
+}
 
+int cli_find_hash(const cli_entries *es, const char *want, const char *where,
+                  int json, const kvt_entry_info **hit) {
+  size_t wl = strlen(want);
+  char lw[65];
+  for (size_t i = 0; i <= wl && i < sizeof lw; i++)
+    lw[i] = (char)((want[i] >= 'A' && want[i] <= 'F') ? want[i] + 32 : want[i]);
+  size_t matches = 0;
+  for (size_t i = 0; i < es->n; i++)
+    if (strncmp(es->v[i].token_hash, lw, wl) == 0) {
+      *hit = &es->v[i];
+      matches++;
+    }
+  if (matches > 1)
+    return cli_fail(json, "show", CLI_USAGE,
+                    "hash prefix '%s' matches %zu entries; give more digits",
+                    want, matches);
+  if (matches == 0)
+    return cli_fail(json, "show", CLI_NOTFOUND, "no entry %s in %s", want,
+                    where);
+  return CLI_RUN;
+}
+
+int cmd_show(int argc, char **argv) {
+  cli_flag f[] = {{"json", 0}, {"verbose", 0}, CLI_REMOTE_FLAGS};
+  const size_t nf = sizeof f / sizeof f[0];
+  const char *pos[2] = {NULL, NULL};
+  int rc = cli_begin("show", SHOW_HELP, "needs DIR and HASH", argc, argv, f, nf,
+                     pos, 1, 2);
+  if (rc != CLI_RUN)
+    return rc;
+  int json = cli_flag_get(f, nf, "json")->set;
+  cli_remote_args ra;
+  if (cli_remote_args_get(&ra, f, nf)) {
+    if (pos[1])
+      return cli_fail(json, "show", CLI_USAGE,
+                      "give HASH only with --remote (no DIR)");
+    return cli_remote_show(&ra, pos[0], json);
+  }
+  if (!pos[1])
+    return cli_fail(json, "show", CLI_USAGE, "needs DIR and HASH");
+  const char *want = pos[1];
+  if ((rc = cli_hash_arg(want, json)) != CLI_RUN)
+    return rc;
   cli_cache c;
   cli_entries es;
   rc = cli_cache_open_list(&c, &es, pos[0], RO_FLAGS, json, "show",
@@ -685,21 +711,10 @@ int cmd_show(int argc, char **argv) {
   if (rc)
     return rc;
   const kvt_entry_info *hit = NULL;
-  size_t matches = 0;
-  for (size_t i = 0; i < es.n; i++)
-    if (strncmp(es.v[i].token_hash, lw, wl) == 0) {
-      hit = &es.v[i];
-      matches++;
-    }
-  if (matches != 1) {
+  if ((rc = cli_find_hash(&es, want, c.dir, json, &hit)) != CLI_RUN) {
     cli_entries_free(&es);
     cli_cache_close(&c);
-    if (matches > 1)
-      return cli_fail(json, "show", CLI_USAGE,
-                      "hash prefix '%s' matches %zu entries; give more digits",
-                      want, matches);
-    return cli_fail(json, "show", CLI_NOTFOUND, "no entry %s in %s", want,
-                    c.dir);
+    return rc;
   }
   kvt_entry_info info = *hit;
   cli_entries_free(&es);
@@ -715,22 +730,29 @@ int cmd_show(int argc, char **argv) {
     return cli_fail(json, "show", CLI_FAILED, "entry %s: %s (%s)",
                     info.token_hash, msg, kvt_strerror(rc));
   }
-  cJSON *doc = cJSON_Parse(djson);
+  rc = cli_show_print("dir", c.dir, NULL, &info, djson, json);
   kvt_free(djson);
-  if (!doc) {
-    cli_cache_close(&c);
+  cli_cache_close(&c);
+  return rc;
+}
+
+int cli_show_print(const char *where_key, const char *where, const char *prefix,
+                   const kvt_entry_info *ip, const char *djson, int json) {
+  kvt_entry_info info = *ip;
+  cJSON *doc = cJSON_Parse(djson);
+  if (!doc)
     return cli_fail(json, "show", CLI_FAILED,
                     "entry %s: describe returned invalid JSON",
                     info.token_hash);
-  }
   if (json) {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "dir", c.dir);
+    cJSON_AddStringToObject(o, where_key, where);
+    if (prefix)
+      cJSON_AddStringToObject(o, "prefix", prefix);
     cJSON *e = cJSON_AddObjectToObject(o, "entry");
     add_info_json(e, &info);
     cJSON_AddItemToObject(o, "describe", doc);
     cli_json_print(o);
-    cli_cache_close(&c);
     return CLI_OK;
   }
   char a[32], b[32], t1[32], t2[32];
@@ -817,6 +839,5 @@ int cmd_show(int argc, char **argv) {
     print_manifest(man, "");
   }
   cJSON_Delete(doc);
-  cli_cache_close(&c);
   return CLI_OK;
 }

@@ -37,11 +37,7 @@ static const char *VERIFY_HELP =
     "                 dropped) and reconcile the index with the files\n"
     "  --json         JSON output: {dir, checked, ok, problems: [...],\n"
     "                 repaired, reconciled, clean}\n"
-    "  --no-progress  never draw the progress bar\n"
-    "  --remote URL    inspect a shared remote store (redis://host:port, "
-    "comma-\n"
-    "                  separated seeds for a cluster) instead of DIR\n"
-    "  --remote-prefix P   its key prefix (default kvt:)\n"
+    "  --no-progress  never draw the progress bar\n" CLI_REMOTE_HELP
     "                 (damaged or incomplete remote entries are removed)\n"
     "\n"
     "Exit: 0 everything good; 1 problems found (with --repair: and repaired);\n"
@@ -84,8 +80,11 @@ static int cmp_hash(const void *a, const void *b) {
 }
 
 int cmd_verify(int argc, char **argv) {
-  cli_flag f[] = {{"json", 0},    {"repair", 0}, {"no-progress", 0},
-                  {"verbose", 0}, {"remote", 1}, {"remote-prefix", 1}};
+  cli_flag f[] = {{"json", 0},
+                  {"repair", 0},
+                  {"no-progress", 0},
+                  {"verbose", 0},
+                  CLI_REMOTE_FLAGS};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1] = {NULL};
   int rc = cli_begin("verify", VERIFY_HELP, "missing DIR", argc, argv, f, nf,
@@ -94,9 +93,9 @@ int cmd_verify(int argc, char **argv) {
     return rc;
   int json = cli_flag_get(f, nf, "json")->set;
   int repair = cli_flag_get(f, nf, "repair")->set;
-  if (cli_flag_get(f, nf, "remote")->value)
-    return cli_remote("verify", cli_flag_get(f, nf, "remote")->value,
-                      cli_flag_get(f, nf, "remote-prefix")->value, json, 0,
+  cli_remote_args ra;
+  if (cli_remote_args_get(&ra, f, nf))
+    return cli_remote("verify", &ra, json, 0,
                       cli_flag_get(f, nf, "verbose")->set);
   if ((rc = cli_need_dir("verify", VERIFY_HELP, pos[0])) != CLI_RUN)
     return rc;
@@ -267,7 +266,7 @@ int cmd_verify(int argc, char **argv) {
 /* ---- gc ----------------------------------------------------------------- */
 
 static const char *GC_HELP =
-    "usage: kvtier gc DIR [--max-size SIZE] [--max-entries N]\n"
+    "usage: kvtier gc DIR|--remote URL [--max-size SIZE] [--max-entries N]\n"
     "                     [--older-than DURATION] [--dry-run] [--json]\n"
     "\n"
     "Applies limits and retention now (kvt_tier_gc) and reports which\n"
@@ -283,8 +282,10 @@ static const char *GC_HELP =
     "  --dry-run                report what would be removed, remove nothing\n"
     "  --json                   JSON output: {dir, dry_run, removed_count,\n"
     "                           removed_bytes, removed: [...], remaining}\n"
-    "\n"
-    "Expired entries go first, then least recently used ones.\n";
+    "\n" CLI_REMOTE_HELP "\n"
+    "Expired entries go first, then least recently used ones (in a remote\n"
+    "store, which keeps no access times: the oldest written). A remote gc\n"
+    "deletes from the shared store: every node sees the entries gone.\n";
 
 typedef struct gc_pick {
   kvt_entry_info info;
@@ -300,11 +301,12 @@ static int cmp_lru(const void *pa, const void *pb) {
 
 int cmd_gc(int argc, char **argv) {
   cli_flag f[] = {{"json", 0},       {"max-size", 1}, {"max-entries", 1},
-                  {"older-than", 1}, {"dry-run", 0},  {"verbose", 0}};
+                  {"older-than", 1}, {"dry-run", 0},  {"verbose", 0},
+                  CLI_REMOTE_FLAGS};
   const size_t nf = sizeof f / sizeof f[0];
-  const char *pos[1];
+  const char *pos[1] = {NULL};
   int rc =
-      cli_begin("gc", GC_HELP, "missing DIR", argc, argv, f, nf, pos, 1, 1);
+      cli_begin("gc", GC_HELP, "missing DIR", argc, argv, f, nf, pos, 0, 1);
   if (rc != CLI_RUN)
     return rc;
   int json = cli_flag_get(f, nf, "json")->set;
@@ -344,6 +346,11 @@ int cmd_gc(int argc, char **argv) {
                     "give at least one of --max-size, --max-entries, "
                     "--older-than");
   go.dry_run = dry;
+  cli_remote_args ra;
+  if (cli_remote_args_get(&ra, f, nf))
+    return cli_remote_gc(&ra, max_bytes, max_entries, older, dry, json);
+  if ((rc = cli_need_dir("gc", GC_HELP, pos[0])) != CLI_RUN)
+    return rc;
 
   cli_cache c;
   /* A dry run changes nothing: read-only when the library allows gc there,

@@ -1,11 +1,13 @@
 /*
- * cmd_remote.c - `kvtier ls|stats|verify --remote URL [--remote-prefix P]`:
- * the same three inspections on a shared remote store (Redis / Valkey) instead
- * of a cache directory. The store is opened through a throw-away tier in
- * remote-only mode on a private temporary directory (removed afterwards), and
- * read only through the public API (kvt_tier_remote_foreach /
- * kvt_tier_remote_verify). verify removes incomplete or damaged entries, as
- * every remote reader does.
+ * cmd_remote.c - the CLI on a shared remote store (Redis / Valkey) instead of
+ * a cache directory: `kvtier ls|stats|verify|show|gc --remote URL
+ * [--remote-prefix P] [--remote-ca F] [--remote-cert F --remote-key F]`. The
+ * store is opened through a throw-away tier in remote-only mode on a private
+ * temporary directory (removed afterwards), and reached only through the
+ * public API (kvt_tier_remote_foreach / _verify / _describe / _remove), with
+ * the same URL forms, TLS and ACL credentials as the library. verify removes
+ * incomplete or damaged entries, as every remote reader does; gc deletes from
+ * the shared store (oldest first: the store keeps no access times).
  */
 #define _XOPEN_SOURCE 700
 #include "cli.h"
@@ -30,38 +32,81 @@ static int by_created(const void *a, const void *b) {
   return x < y ? 1 : x > y ? -1 : 0;
 }
 
-int cli_remote(const char *cmd, const char *url, const char *prefix, int json,
-               int prom, int verbose) {
-  (void)verbose;
-  char tmp[] = "/tmp/kvtier-cli-remote-XXXXXX";
-  if (!mkdtemp(tmp))
+int cli_remote_args_get(cli_remote_args *ra, cli_flag *f, size_t nf) {
+  ra->url = cli_flag_get(f, nf, "remote")->value;
+  ra->prefix = cli_flag_get(f, nf, "remote-prefix")->value;
+  ra->ca = cli_flag_get(f, nf, "remote-ca")->value;
+  ra->cert = cli_flag_get(f, nf, "remote-cert")->value;
+  ra->key = cli_flag_get(f, nf, "remote-key")->value;
+  return ra->url != NULL;
+}
+
+/* An open remote-only tier on a private temporary directory, and every
+ * entry of its store (newest first). */
+typedef struct rstore {
+  char tmp[64];
+  kvt_tier *t;
+  cli_entries es;
+} rstore;
+
+static void rstore_close(rstore *r) {
+  cli_entries_free(&r->es);
+  kvt_tier_free(r->t);
+  r->t = NULL;
+  if (r->tmp[0])
+    nftw(r->tmp, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+  r->tmp[0] = '\0';
+}
+
+/* Returns CLI_OK or the exit code of a reported failure (r closed). */
+static int rstore_open(rstore *r, const cli_remote_args *ra, int json,
+                       const char *cmd) {
+  memset(r, 0, sizeof *r);
+  snprintf(r->tmp, sizeof r->tmp, "/tmp/kvtier-cli-remote-XXXXXX");
+  if (!mkdtemp(r->tmp)) {
+    r->tmp[0] = '\0';
     return cli_fail(json, cmd, CLI_FAILED,
-                    "mkdtemp: cannot create a "
-                    "temporary directory");
+                    "mkdtemp: cannot create a temporary directory");
+  }
   kvt_options o;
   kvt_options_init(&o, KVT_OPTIONS_VERSION);
-  o.cache_dir = tmp;
+  o.cache_dir = r->tmp;
   o.durability = KVT_DURABILITY_NONE;
-  o.remote_url = url;
+  o.remote_url = ra->url;
   o.remote_mode = KVT_REMOTE_ONLY;
-  o.remote_prefix = prefix;
+  o.remote_prefix = ra->prefix;
   o.remote_timeout_ms = 5000;
-  kvt_tier *t = NULL;
+  o.remote_lookup_timeout_ms = 5000;
+  o.remote_tls_ca_file = ra->ca;
+  o.remote_tls_cert_file = ra->cert;
+  o.remote_tls_key_file = ra->key;
+  int rc = kvt_tier_open(&r->t, &o);
   int code = CLI_OK;
-  int rc = kvt_tier_open(&t, &o);
-  cli_entries es = {0};
-  if (rc != 0) {
+  if (rc != 0)
     code = cli_fail(json, cmd, rc == KVT_EINVAL ? CLI_USAGE : CLI_NOOPEN,
-                    "%s: %s (%s)", url, kvt_last_error(), kvt_strerror(rc));
-    goto out;
+                    "%s: %s (%s)", ra->url, kvt_last_error(), kvt_strerror(rc));
+  else if ((rc = kvt_tier_remote_foreach(r->t, cli_entries_collect, &r->es)) !=
+           0)
+    code = cli_fail(json, cmd, CLI_NOOPEN, "%s: cannot list the store: %s",
+                    ra->url, kvt_last_error());
+  if (code != CLI_OK) {
+    rstore_close(r);
+    return code;
   }
-  rc = kvt_tier_remote_foreach(t, cli_entries_collect, &es);
-  if (rc != 0) {
-    code = cli_fail(json, cmd, CLI_NOOPEN, "%s: cannot list the store: %s", url,
-                    kvt_last_error());
-    goto out;
-  }
-  qsort(es.v, es.n, sizeof *es.v, by_created);
+  qsort(r->es.v, r->es.n, sizeof *r->es.v, by_created);
+  return CLI_OK;
+}
+
+int cli_remote(const char *cmd, const cli_remote_args *ra, int json, int prom,
+               int verbose) {
+  (void)verbose;
+  rstore st;
+  int code = rstore_open(&st, ra, json, cmd);
+  if (code != CLI_OK)
+    return code;
+  const char *url = ra->url, *prefix = ra->prefix;
+  kvt_tier *t = st.t;
+  cli_entries es = st.es;
   uint64_t stored = 0, memory = 0, tokens = 0;
   for (size_t i = 0; i < es.n; i++) {
     stored += es.v[i].disk_bytes;
@@ -170,8 +215,119 @@ int cli_remote(const char *cmd, const char *url, const char *prefix, int json,
     code = bad ? CLI_PROBLEMS : CLI_OK;
   }
 out:
-  cli_entries_free(&es);
-  kvt_tier_free(t);
-  nftw(tmp, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+  rstore_close(&st);
+  return code;
+}
+
+int cli_remote_show(const cli_remote_args *ra, const char *want, int json) {
+  int code = cli_hash_arg(want, json);
+  if (code != CLI_RUN)
+    return code;
+  rstore st;
+  if ((code = rstore_open(&st, ra, json, "show")) != CLI_OK)
+    return code;
+  const kvt_entry_info *hit = NULL;
+  if ((code = cli_find_hash(&st.es, want, ra->url, json, &hit)) != CLI_RUN) {
+    rstore_close(&st);
+    return code;
+  }
+  char *djson = NULL;
+  int rc = kvt_tier_remote_describe(&djson, st.t, hit->token_hash);
+  if (rc != 0)
+    code =
+        cli_fail(json, "show", rc == KVT_ENOTFOUND ? CLI_NOTFOUND : CLI_FAILED,
+                 "entry %s: %s (%s)", hit->token_hash, kvt_last_error(),
+                 kvt_strerror(rc));
+  else
+    code = cli_show_print("remote", ra->url,
+                          ra->prefix ? ra->prefix : "kvt:", hit, djson, json);
+  kvt_free(djson);
+  rstore_close(&st);
+  return code;
+}
+
+int cli_remote_gc(const cli_remote_args *ra, uint64_t max_bytes,
+                  uint64_t max_entries, int64_t older, int dry, int json) {
+  rstore st;
+  int code = rstore_open(&st, ra, json, "gc");
+  if (code != CLI_OK)
+    return code;
+  /* es is newest first: walk from the oldest. */
+  size_t n = st.es.n;
+  char *gone = calloc(n ? n : 1, 1);
+  const char **why = calloc(n ? n : 1, sizeof *why);
+  if (!gone || !why) {
+    free(gone);
+    free(why);
+    rstore_close(&st);
+    return cli_fail(json, "gc", CLI_FAILED, "out of memory");
+  }
+  double now = cli_now();
+  uint64_t count = n, bytes = 0;
+  for (size_t i = 0; i < n; i++)
+    bytes += st.es.v[i].disk_bytes;
+  for (size_t k = n; k-- > 0;) {
+    const kvt_entry_info *e = &st.es.v[k];
+    if (older > 0 && e->created_at < now - (double)older)
+      why[k] = "expired";
+    else if (count > max_entries || bytes > max_bytes)
+      why[k] = "capacity";
+    else
+      continue;
+    gone[k] = 1;
+    count--;
+    bytes -= e->disk_bytes;
+  }
+  uint64_t removed = 0, removed_bytes = 0;
+  for (size_t k = n; k-- > 0;) {
+    if (!gone[k])
+      continue;
+    if (!dry) {
+      int rc = kvt_tier_remote_remove(st.t, st.es.v[k].token_hash);
+      if (rc != 0) {
+        code =
+            cli_fail(json, "gc", CLI_FAILED, "removing %.16s: %s (%s)",
+                     st.es.v[k].token_hash, kvt_last_error(), kvt_strerror(rc));
+        break;
+      }
+    }
+    removed++;
+    removed_bytes += st.es.v[k].disk_bytes;
+  }
+  if (code == CLI_OK && json) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "remote", ra->url);
+    cJSON_AddStringToObject(o, "prefix", ra->prefix ? ra->prefix : "kvt:");
+    cJSON_AddBoolToObject(o, "dry_run", dry);
+    cJSON_AddNumberToObject(o, "removed_count", (double)removed);
+    cJSON_AddNumberToObject(o, "removed_bytes", (double)removed_bytes);
+    cJSON *arr = cJSON_AddArrayToObject(o, "removed");
+    for (size_t k = n; k-- > 0;) {
+      if (!gone[k])
+        continue;
+      cJSON *p = cJSON_CreateObject();
+      cJSON_AddStringToObject(p, "token_hash", st.es.v[k].token_hash);
+      cJSON_AddNumberToObject(p, "num_tokens", (double)st.es.v[k].num_tokens);
+      cJSON_AddNumberToObject(p, "disk_bytes", (double)st.es.v[k].disk_bytes);
+      cJSON_AddNumberToObject(p, "created_at", st.es.v[k].created_at);
+      cJSON_AddStringToObject(p, "reason", why[k]);
+      cJSON_AddItemToArray(arr, p);
+    }
+    cJSON_AddNumberToObject(o, "remaining", (double)(n - removed));
+    cli_json_print(o);
+  } else if (code == CLI_OK) {
+    char b[32];
+    for (size_t k = n; k-- > 0;)
+      if (gone[k])
+        printf("%.16s  %s  %s\n", st.es.v[k].token_hash, why[k],
+               cli_fmt_bytes(b, sizeof b, st.es.v[k].disk_bytes));
+    printf("%s %llu entries (%s) from %s; %llu remain\n",
+           dry ? "would remove" : "removed", (unsigned long long)removed,
+           cli_fmt_bytes(b, sizeof b, removed_bytes), ra->url,
+           (unsigned long long)(n - removed));
+  }
+  free(gone);
+  free(why);
+  rstore_close(&st);
   return code;
 }

@@ -112,6 +112,12 @@ typedef struct kvti_backend_ops {
    * *bytes set, 0 when it cannot be measured, or KVT_ENOMEM. */
   int (*measure)(kvti_backend *b, const char *hash, uint64_t *bytes);
 
+  /* Contacts the store now: 0, KVT_EPERM (credentials / certificates
+   * refused: a configuration error), KVT_EIO / KVT_ETIMEDOUT (unreachable).
+   * NULL: nothing to contact (a local store). Not `probe`, which inspects one
+   * stored entry (below). */
+  int (*reach)(kvti_backend *b);
+
   /* Frees the backend. */
   void (*destroy)(kvti_backend *b);
   /* The same put in steps, so that the tier can order a replacement's
@@ -154,6 +160,11 @@ typedef struct kvti_remote_cfg {
   const char *stage_root; /* local directory for staging entry files (the
                              local backend's, kvti_backend_local_stage_root) */
   uint32_t file_mode, dir_mode;
+  uint32_t lookup_timeout_ms; /* find's own deadline (0 = timeout_ms) */
+  const char *tls_ca_file;    /* rediss:// only; NULL = system store */
+  const char *tls_cert_file;  /* client certificate (with tls_key_file) */
+  const char *tls_key_file;
+  int mirror; /* keep a local mirror of the remote keys for find */
 } kvti_remote_cfg;
 
 /* Validates a remote URL (its scheme names a known backend, the rest parses)

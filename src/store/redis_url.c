@@ -1,5 +1,6 @@
 /*
- * redis_url.c - the remote URL grammar, redis://[:password@]host[:port][,...]
+ * redis_url.c - the remote URL grammar,
+ * redis[s]://[[user]:password@]host[:port][,...]
  * (see redis_url.h). Always compiled, with or without hiredis, so option
  * validation gives the same answer in every build and needs no tier code.
  */
@@ -10,35 +11,43 @@
 #include <string.h>
 
 int kvti_redis_parse_url(const char *url, kvti_redis_addr *addrs, int max_addrs,
-                         int *n_out, char *password, size_t pw_cap) {
-  if (!url || strncmp(url, "redis://", 8) != 0)
-    return KVT_ERR(KVT_EINVAL, "remote_url must start with redis:// (got '%s')",
+                         int *n_out, kvti_redis_cred *cred) {
+  int tls = 0;
+  const char *p = NULL;
+  if (url && !strncmp(url, "redis://", 8))
+    p = url + 8;
+  else if (url && !strncmp(url, "rediss://", 9)) {
+    p = url + 9;
+    tls = 1;
+  } else
+    return KVT_ERR(KVT_EINVAL,
+                   "remote_url must start with redis:// or rediss:// (got "
+                   "'%s')",
                    url ? url : "(null)");
-  const char *p = url + 8;
-  const char *at = strchr(p, '@');
-  if (password && pw_cap)
-    password[0] = '\0';
+  if (cred) {
+    memset(cred, 0, sizeof *cred);
+    cred->tls = tls;
+  }
+  /* [user]:password@ (user: a Redis 6 ACL user; none = the default user).
+   * The LAST '@' ends the credentials: a password may hold '@'. */
+  const char *at = strrchr(p, '@');
   if (at) {
-    const char *pw = p;
-    if (*pw == ':')
-      pw++;
-    else {
-      /* user:password@ - Redis 6 ACL users are not supported: only the
-       * default user. */
-      const char *colon = memchr(p, ':', (size_t)(at - p));
-      if (!colon)
-        return KVT_ERR(KVT_EINVAL,
-                       "remote_url: credentials must be "
-                       ":password@ (got '%.*s@')",
-                       (int)(at - p), p);
-      pw = colon + 1;
-    }
-    size_t n = (size_t)(at - pw);
-    if (password) {
-      if (n >= pw_cap)
-        return KVT_ERR(KVT_EINVAL, "remote_url: password too long");
-      memcpy(password, pw, n);
-      password[n] = '\0';
+    const char *colon = memchr(p, ':', (size_t)(at - p));
+    if (!colon)
+      return KVT_ERR(KVT_EINVAL,
+                     "remote_url: credentials must be [user]:password@ (got "
+                     "'%.*s@')",
+                     (int)(at - p), p);
+    size_t ul = (size_t)(colon - p), pl = (size_t)(at - colon - 1);
+    if (ul >= sizeof cred->user || pl >= sizeof cred->password)
+      return KVT_ERR(KVT_EINVAL, "remote_url: user or password too long");
+    if (pl == 0)
+      return KVT_ERR(KVT_EINVAL, "remote_url: empty password");
+    if (cred) {
+      memcpy(cred->user, p, ul);
+      cred->user[ul] = '\0';
+      memcpy(cred->password, colon + 1, pl);
+      cred->password[pl] = '\0';
     }
     p = at + 1;
   }
@@ -87,5 +96,5 @@ int kvti_redis_parse_url(const char *url, kvti_redis_addr *addrs, int max_addrs,
 }
 
 int kvti_redis_check_url(const char *url) {
-  return kvti_redis_parse_url(url, NULL, KVTI_REDIS_MAX_SEEDS, NULL, NULL, 0);
+  return kvti_redis_parse_url(url, NULL, KVTI_REDIS_MAX_SEEDS, NULL, NULL);
 }

@@ -18,12 +18,21 @@ typedef struct kvti_redis_addr {
   int port;
 } kvti_redis_addr;
 
-/* Parses redis://[:password@]host[:port][/db][,host[:port]...] (port 6379 by
- * default; only the default user's password). Fills up to max_addrs addrs and
- * *n_out, and password (pw_cap bytes); addrs, n_out and password may be NULL.
- * Returns 0 or KVT_EINVAL (message names the problem). No connection made. */
+/* Credentials and scheme of a URL: user "" = the default user (AUTH
+ * <password>), password "" = no AUTH; tls = 1 for rediss://. */
+typedef struct kvti_redis_cred {
+  char user[256];
+  char password[256];
+  int tls;
+} kvti_redis_cred;
+
+/* Parses redis[s]://[[user]:password@]host[:port][/db][,host[:port]...]
+ * (port 6379 by default; user = a Redis 6 ACL user; the last '@' ends the
+ * credentials). Fills up to max_addrs addrs and *n_out, and *cred; addrs,
+ * n_out and cred may be NULL. Returns 0 or KVT_EINVAL (message names the
+ * problem). No connection made. */
 int kvti_redis_parse_url(const char *url, kvti_redis_addr *addrs, int max_addrs,
-                         int *n_out, char *password, size_t pw_cap);
+                         int *n_out, kvti_redis_cred *cred);
 /* Validates url as above. 0 or KVT_EINVAL. */
 int kvti_redis_check_url(const char *url);
 

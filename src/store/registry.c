@@ -38,6 +38,7 @@ static int redis_unsupported(kvti_backend **out, const kvti_remote_cfg *cfg) {
 
 static const remote_kind kinds[] = {
     {"redis://", kvti_redis_check_url, KVTI_REDIS_NEW},
+    {"rediss://", kvti_redis_check_url, KVTI_REDIS_NEW}, /* TLS */
 };
 #define N_KINDS (sizeof kinds / sizeof kinds[0])
 

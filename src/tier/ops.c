@@ -27,8 +27,12 @@ static int check_tokens(const int32_t *tokens, size_t n) {
   return 0;
 }
 
+/* remote: also consult the remote store, as a promote would (promote.c's
+ * begin): on a local miss, or for a longer remote prefix than the local one.
+ */
 static int lookup_common(kvt_entry_info *out, kvt_tier *t,
-                         const int32_t *tokens, size_t n, int prefix) {
+                         const int32_t *tokens, size_t n, int prefix,
+                         int remote) {
   if (!out || !t)
     return KVT_ERR(KVT_EINVAL, "lookup: NULL argument");
   int rc = check_tokens(tokens, n);
@@ -39,23 +43,35 @@ static int lookup_common(kvt_entry_info *out, kvt_tier *t,
               : kvti_index_find(out, t->idx, tokens, n, cutoff);
   if (prefix) /* chunk-aligned prefixes of pure-KV chains (chunks.h) */
     rc = kvti_tier_chunks_prefix(t, out, rc, tokens, n);
+  if (remote && kvti_remote_enabled(t) &&
+      (rc == KVT_ENOTFOUND || (rc == 0 && prefix && out->num_tokens < n))) {
+    kvt_entry_info ri;
+    uint64_t min_len = rc == 0 ? out->num_tokens + 1 : 1;
+    if (kvti_remote_peek(t, &ri, tokens, n, prefix, min_len) == 0) {
+      *out = ri;
+      rc = 0;
+    } else if (rc == 0) {
+      kvt_clear_error();
+    }
+  }
   kvti_tier_leave(t);
   return rc;
 }
 
 int kvt_tier_lookup(kvt_entry_info *out, kvt_tier *t, const int32_t *tokens,
                     size_t n_tokens) {
-  return lookup_common(out, t, tokens, n_tokens, 0);
+  return lookup_common(out, t, tokens, n_tokens, 0, 1);
 }
 
 int kvt_tier_lookup_prefix(kvt_entry_info *out, kvt_tier *t,
                            const int32_t *tokens, size_t n_tokens) {
-  return lookup_common(out, t, tokens, n_tokens, 1);
+  return lookup_common(out, t, tokens, n_tokens, 1, 1);
 }
 
 int kvt_tier_touch(kvt_tier *t, const int32_t *tokens, size_t n_tokens) {
   kvt_entry_info info;
-  int rc = kvt_tier_lookup(&info, t, tokens, n_tokens);
+  /* local entries only: the remote store keeps no access times */
+  int rc = lookup_common(&info, t, tokens, n_tokens, 0, 0);
   if (rc != 0 && rc != KVT_ENOTFOUND)
     return rc;
   int found = rc == 0;

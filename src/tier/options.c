@@ -25,6 +25,8 @@ static size_t options_size(unsigned int version) {
   case 2:
     return offsetof(kvt_options, host_cache_bytes);
   case 3:
+    return offsetof(kvt_options, remote_lookup_timeout_ms);
+  case 4:
     return sizeof(kvt_options);
   default:
     return 0;
@@ -134,6 +136,18 @@ static int validate_remote(const kvt_options *o) {
                    "remote_chunk_bytes must be in 4 KiB..512 MiB, "
                    "got %llu",
                    (unsigned long long)o->remote_chunk_bytes);
+  if (o->remote_lookup_timeout_ms < 1 || o->remote_lookup_timeout_ms > 600000)
+    return KVT_ERR(KVT_EINVAL,
+                   "remote_lookup_timeout_ms must be in 1..600000, got %u",
+                   o->remote_lookup_timeout_ms);
+  int tls = o->remote_url && !strncmp(o->remote_url, "rediss://", 9);
+  if (!tls && (o->remote_tls_ca_file || o->remote_tls_cert_file ||
+               o->remote_tls_key_file))
+    return KVT_ERR(KVT_EINVAL, "remote_tls_* files need a rediss:// "
+                               "remote_url");
+  if (!o->remote_tls_cert_file != !o->remote_tls_key_file)
+    return KVT_ERR(KVT_EINVAL, "remote_tls_cert_file and remote_tls_key_file "
+                               "go together");
   if (o->remote_flags & ~KVT_REMOTE_NO_LOCAL_COPY)
     return KVT_ERR(KVT_EINVAL, "remote_flags has unknown bits 0x%x",
                    o->remote_flags);

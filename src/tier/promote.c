@@ -353,6 +353,14 @@ int kvt_tier_read_entry(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
     kvti_tier_chunks_after_read(t);
   if (rc == KVT_ECORRUPT)
     kvti_tier_quarantine(t, file_path, created);
+  if (rc == KVT_ENOTFOUND && created < 0 && kvti_remote_enabled(t)) {
+    /* Not stored here: the entry a remote lookup reported (the reference's
+     * check_ssd flow reads what lookup_ssd_prefix found). */
+    kvt_entry_info ri;
+    memset(&ri, 0, sizeof ri);
+    memcpy(ri.token_hash, file_path, sizeof ri.token_hash);
+    rc = kvti_remote_read(t, out, &ri, &ro);
+  }
   kvti_tier_leave(t);
   return rc;
 }

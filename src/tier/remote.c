@@ -255,7 +255,12 @@ int kvti_remote_open(kvt_tier *t) {
         o->retention_seconds > 0 ? o->retention_seconds * 1000 : 0,
         stage_root,
         o->file_mode,
-        o->dir_mode};
+        o->dir_mode,
+        o->remote_lookup_timeout_ms,
+        o->remote_tls_ca_file,
+        o->remote_tls_cert_file,
+        o->remote_tls_key_file,
+        1};
     rc = kvti_backend_remote_new(&r->be, &cfg);
   }
   if (rc == 0 && (!r->be->ops->find || !r->be->ops->stat ||
@@ -264,9 +269,21 @@ int kvti_remote_open(kvt_tier *t) {
                  "remote store %s cannot serve as a remote tier (no "
                  "find/stat/stage/fetch)",
                  r->be->ops->name);
+  if (rc == 0 && r->be->ops->reach) {
+    /* One contact now: refused credentials or certificates are a
+     * configuration error the caller must see at open; an unreachable
+     * server is not (warned, then the usual back-off). */
+    int p = r->be->ops->reach(r->be);
+    if (p == KVT_EPERM)
+      rc = p;
+    else if (p != 0)
+      remote_failed(t, p, "connect");
+  }
   if (rc != 0) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", kvt_last_error());
     kvti_remote_free(t);
-    return rc;
+    return KVT_ERR(rc, "%s", msg);
   }
   kvti_log(t, KVT_LOG_INFO, "kvtier: remote tier %s (%s)", o->remote_url,
            r->mode == KVT_REMOTE_ONLY ? "remote only" : "local+remote");
@@ -279,13 +296,16 @@ int kvti_remote_enabled(const kvt_tier *t) {
   return RM(t) != NULL;
 }
 
-int kvti_remote_lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
-                       size_t n, int prefix, uint64_t min_len) {
+/* The remote lookup of promotes (count: misses counted) and of
+ * kvt_tier_lookup* (not counted, as local lookups are not). */
+static int lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
+                  size_t n, int prefix, uint64_t min_len, int count) {
   struct kvti_remote *r = RM(t);
   if (!r)
     return KVT_ENOTFOUND;
   if (!remote_ok(r)) {
-    KVTI_STAT_ADD(&t->stats, remote_misses, 1);
+    if (count)
+      KVTI_STAT_ADD(&t->stats, remote_misses, 1);
     return KVT_ERR(KVT_ENOTFOUND, "remote store unavailable (backing off)");
   }
   kvti_backend_meta m;
@@ -299,7 +319,8 @@ int kvti_remote_lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
     remote_failed(t, rc, "lookup");
   }
   if (rc != 0) {
-    KVTI_STAT_ADD(&t->stats, remote_misses, 1);
+    if (count)
+      KVTI_STAT_ADD(&t->stats, remote_misses, 1);
     return rc == KVT_ENOTFOUND
                ? rc
                : KVT_ERR(KVT_ENOTFOUND, "remote lookup failed: %s",
@@ -314,6 +335,16 @@ int kvti_remote_lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
   info->created_at = m.created_at;
   info->accessed_at = m.created_at;
   return 0;
+}
+
+int kvti_remote_lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
+                       size_t n, int prefix, uint64_t min_len) {
+  return lookup(t, info, tokens, n, prefix, min_len, 1);
+}
+
+int kvti_remote_peek(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
+                     size_t n, int prefix, uint64_t min_len) {
+  return lookup(t, info, tokens, n, prefix, min_len, 0);
 }
 
 /* Hands a verified fetched entry (stage/<hash>) to the local store (a rename
@@ -475,17 +506,27 @@ int kvt_tier_remote_foreach(kvt_tier *t, kvt_entry_visit_fn fn, void *ctx) {
   return rc;
 }
 
-int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash) {
+/* The checks every per-entry tool call starts with; on 0 the caller holds
+ * the tier (kvti_tier_leave) and *be is the remote backend. */
+static int tool_enter(kvt_tier *t, const char *token_hash, const char *what,
+                      kvti_backend **be) {
   if (!t || !token_hash)
-    return KVT_ERR(KVT_EINVAL, "remote_verify: NULL argument");
+    return KVT_ERR(KVT_EINVAL, "%s: NULL argument", what);
   if (!kvti_is_hash_name(token_hash))
     return KVT_ERR(KVT_EINVAL, "token_hash must be 64 lowercase hex digits");
   if (!t->remote)
     return KVT_ERR(KVT_EINVAL, "the tier has no remote store configured");
   int rc = kvti_tier_enter(t);
+  if (rc == 0)
+    *be = t->remote->be;
+  return rc;
+}
+
+int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash) {
+  kvti_backend *be = NULL;
+  int rc = tool_enter(t, token_hash, "remote_verify", &be);
   if (rc != 0)
     return rc;
-  kvti_backend *be = t->remote->be;
   char *stage = NULL;
   rc = be->ops->stage(be, &stage);
   if (rc == 0) {
@@ -507,6 +548,30 @@ int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash) {
     kvti_rmtree(stage);
     kvti_free(stage);
   }
+  kvti_tier_leave(t);
+  return rc;
+}
+
+int kvt_tier_remote_describe(char **json, kvt_tier *t, const char *token_hash) {
+  if (!json)
+    return KVT_ERR(KVT_EINVAL, "remote_describe: NULL argument");
+  kvti_backend *be = NULL;
+  int rc = tool_enter(t, token_hash, "remote_describe", &be);
+  if (rc != 0)
+    return rc;
+  rc = be->ops->describe(be, json, token_hash);
+  kvti_tier_leave(t);
+  return rc;
+}
+
+int kvt_tier_remote_remove(kvt_tier *t, const char *token_hash) {
+  if (t && t->readonly)
+    return KVT_ERR(KVT_EINVAL, "remote_remove needs a writable tier");
+  kvti_backend *be = NULL;
+  int rc = tool_enter(t, token_hash, "remote_remove", &be);
+  if (rc != 0)
+    return rc;
+  rc = be->ops->remove(be, token_hash);
   kvti_tier_leave(t);
   return rc;
 }

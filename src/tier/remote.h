@@ -45,6 +45,13 @@ int kvti_remote_enabled(const struct kvt_tier *t);
 int kvti_remote_lookup(struct kvt_tier *t, kvt_entry_info *info,
                        const int32_t *tokens, size_t n, int prefix,
                        uint64_t min_len);
+/* The same for kvt_tier_lookup* (nothing counted): cheap - a miss is
+ * answered from the local mirror of the remote keys without I/O, a hit costs
+ * one call bounded by remote_lookup_timeout_ms; during back-off it is an
+ * immediate miss. */
+int kvti_remote_peek(struct kvt_tier *t, kvt_entry_info *info,
+                     const int32_t *tokens, size_t n, int prefix,
+                     uint64_t min_len);
 /* Reads a remote entry found by kvti_remote_lookup: fetch, verify with the
  * entry format's reader, count the remote hit bytes/latency, keep a local copy
  * when configured. Returns as kvti_entry_read (a vanished or damaged remote

@@ -35,6 +35,7 @@ if [ "$HAVE_URING" = 1 ]; then
 fi
 if [ "$HAVE_REDIS" = 1 ]; then
   echo "$static_libs" | grep -q -- -lhiredis || fail "--static lacks -lhiredis: $static_libs"
+  echo "$static_libs" | grep -q -- -lssl || fail "--static lacks -lssl: $static_libs"
 fi
 
 run() { # name binary: runs it on its own cache directory, expects "kvtier X ok"

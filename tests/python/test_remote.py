@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 
 import numpy as np
 import pytest
 
+import redis_servers as rs
 from conftest import Budget, kv_layer, make_tier, run
 from kvtier import ssd_cache as kv
 
@@ -25,32 +25,13 @@ pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
                                 reason="redis: redis-server not installed")
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 @pytest.fixture
 def redis_url(tmp_path):
-    port = _free_port()
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, port = rs.start(str(tmp_path / "srv"))
     try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.1).close()
-                break
-            except OSError:
-                time.sleep(0.025)
         yield f"redis://127.0.0.1:{port}"
     finally:
-        proc.kill()
-        proc.wait()
+        rs.stop([proc])
 
 
 def _tier(path, url, mode, **kw):
@@ -85,7 +66,8 @@ def test_two_nodes_share(tmp_path, redis_url, rng):
     assert a.enqueue_spill(toks, layers, 4242) is True
     a.flush(timeout=30)
     assert a.get_stats()["remote_spill_count"] == 1
-    assert b.lookup_ssd(toks) is None  # lookups are local
+    # lookups see the remote entry (issue 16): what the promote below finds
+    assert b.lookup_ssd(toks)["num_tokens"] == 40
     bud = Budget()
     got = run(b.async_promote(toks, bud.reserve, bud.release))
     assert got is not None and bud.reserved == 4242
@@ -120,6 +102,32 @@ def test_two_nodes_share(tmp_path, redis_url, rng):
                            capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
         assert json.loads(p.stdout)["bad"] == 0
+        h = kv._tokens_hash(toks)
+        p = subprocess.run([cli, "show", "--remote", redis_url, "--remote-prefix",
+                            "py:", h[:10], "--json"], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        sh = json.loads(p.stdout)
+        assert sh["entry"]["token_hash"] == h and sh["entry"]["num_tokens"] == 40
+        assert len(sh["describe"]["layers"]) == 2
+        p = subprocess.run([cli, "show", "--remote", redis_url, "--remote-prefix",
+                            "py:", "abcd"], capture_output=True, text=True)
+        assert p.returncode != 0 and "no entry abcd" in p.stderr
+        gc = [cli, "gc", "--remote", redis_url, "--remote-prefix", "py:",
+              "--max-entries", "1", "--json"]
+        p = subprocess.run(gc, capture_output=True, text=True)
+        assert p.returncode == 0 and json.loads(p.stdout)["removed_count"] == 0
+        time.sleep(1.1)
+        p = subprocess.run(gc[:-3] + ["--older-than", "1s", "--dry-run", "--json"],
+                           capture_output=True, text=True)
+        out = json.loads(p.stdout)
+        assert p.returncode == 0 and out["dry_run"] and out["removed_count"] == 1
+        p = subprocess.run(gc[:-3] + ["--older-than", "1s", "--json"],
+                           capture_output=True, text=True)
+        out = json.loads(p.stdout)
+        assert out["removed"][0]["token_hash"] == h and out["remaining"] == 0
+        p = subprocess.run([cli, "ls", "--remote", redis_url, "--remote-prefix",
+                            "py:", "--json"], capture_output=True, text=True)
+        assert json.loads(p.stdout)["entries"] == []
         p = subprocess.run([cli, "ls", "--remote", "redis://127.0.0.1:1"],
                            capture_output=True, text=True)
         assert p.returncode == 3 and "redis://127.0.0.1:1" in p.stderr

@@ -17,6 +17,7 @@
 
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -404,7 +405,10 @@ static void test_standalone(void) {
   kvt_tier_start_writer(c);
   CHECK(t_spill(c, &q) == 0);
   CHECK(kvt_tier_flush(c, 10000) == 0);
-  CHECK(kvt_tier_lookup(&li, c, q.tokens, q.n_tokens) == KVT_ENOTFOUND);
+  /* Lookups see remote entries (issue 16): what a promote will find. */
+  CHECK(kvt_tier_lookup(&li, c, q.tokens, q.n_tokens) == 0);
+  CHECK_EQ_INT(li.num_tokens, q.n_tokens);
+  CHECK(!strcmp(li.token_hash, entry_hash(&q)));
   CHECK_EQ_INT(promote_check(a, &q), 1);
   free(qt);
   t_free(&q);
@@ -498,6 +502,107 @@ static long pttl(int port, const char *key) {
 
 /* With retention, every key an upload writes (chunks, manifest, prefix set)
  * expires with it; without, none does. */
+/* Lookups from several threads of node B while node A spills: the mirror
+ * learns each entry from A's events (B's lookups find it within a few
+ * seconds without B promoting anything), exact and as a prefix, and
+ * kvt_tier_read_entry serves it bit-identical (the check_ssd flow). */
+typedef struct look_ctx {
+  kvt_tier *t;
+  atomic_int stop;
+  atomic_int bad;
+  atomic_long calls;
+} look_ctx;
+
+static void *look_main(void *arg) {
+  look_ctx *c = arg;
+  int32_t q[64];
+  uint64_t i = 0;
+  while (!atomic_load(&c->stop)) {
+    t_entry e = mk(300 + i % 12); /* 40..46 tokens */
+    char h[KVT_HASH_HEX_LEN + 1];
+    kvt_token_hash(h, e.tokens, e.n_tokens);
+    kvt_entry_info info;
+    int rc = kvt_tier_lookup(&info, c->t, e.tokens, e.n_tokens);
+    if ((rc == 0 &&
+         (info.num_tokens != e.n_tokens || strcmp(info.token_hash, h) != 0)) ||
+        (rc != 0 && rc != KVT_ENOTFOUND))
+      atomic_store(&c->bad, 1);
+    memcpy(q, e.tokens, e.n_tokens * sizeof *q);
+    q[e.n_tokens] = 777777;
+    rc = kvt_tier_lookup_prefix(&info, c->t, q, e.n_tokens + 1);
+    if ((rc == 0 &&
+         (info.num_tokens != e.n_tokens || strcmp(info.token_hash, h) != 0)) ||
+        (rc != 0 && rc != KVT_ENOTFOUND))
+      atomic_store(&c->bad, 1);
+    t_free(&e);
+    atomic_fetch_add(&c->calls, 1);
+    i++;
+  }
+  return NULL;
+}
+
+static void test_lookup_mirror(void) {
+  int port;
+  char url[128];
+  start_standalone("redis-lm", NULL, url, &port);
+  kvt_options oa = ropts("rt-lm-a", url, "lm:", KVT_REMOTE_LOCAL_AND_REMOTE);
+  kvt_options ob = ropts("rt-lm-b", url, "lm:", KVT_REMOTE_LOCAL_AND_REMOTE);
+  ob.remote_flags = KVT_REMOTE_NO_LOCAL_COPY;
+  kvt_tier *a = t_open(&oa), *b = t_open(&ob);
+  look_ctx lc = {.t = b};
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++)
+    REQUIRE(pthread_create(&th[i], NULL, look_main, &lc) == 0);
+  CHECK(kvt_tier_start_writer(a) == 0);
+  for (uint64_t s = 300; s < 312; s++) {
+    t_entry e = mk(s);
+    CHECK(t_spill(a, &e) == 0);
+    t_free(&e);
+  }
+  CHECK(kvt_tier_flush(a, 20000) == 0);
+  CHECK_EQ_INT(stats_of(a).remote_spill_count, 12);
+  int found = 0;
+  for (int tries = 0; tries < 100 && found < 12; tries++) {
+    found = 0;
+    for (uint64_t s = 300; s < 312; s++) {
+      t_entry e = mk(s);
+      kvt_entry_info info;
+      found += kvt_tier_lookup(&info, b, e.tokens, e.n_tokens) == 0;
+      t_free(&e);
+    }
+    if (found < 12)
+      msleep(50);
+  }
+  CHECK_EQ_INT(found, 12);
+  atomic_store(&lc.stop, 1);
+  for (int i = 0; i < 2; i++)
+    pthread_join(th[i], NULL);
+  CHECK(!atomic_load(&lc.bad));
+  CHECK(atomic_load(&lc.calls) > 0);
+  /* The check_ssd flow on one of them: prefix lookup, then read_entry. */
+  t_entry e = mk(305);
+  int32_t *q = malloc((e.n_tokens + 5) * sizeof *q);
+  memcpy(q, e.tokens, e.n_tokens * sizeof *q);
+  for (int i = 0; i < 5; i++)
+    q[e.n_tokens + i] = 888000 + i;
+  kvt_entry_info info;
+  CHECK(kvt_tier_lookup_prefix(&info, b, q, e.n_tokens + 5) == 0);
+  CHECK_EQ_INT(info.num_tokens, e.n_tokens);
+  kvt_entry *got = NULL;
+  CHECK(kvt_tier_read_entry(&got, b, q, (size_t)info.num_tokens,
+                            info.token_hash) == 0);
+  CHECK(got && t_same(got, &e));
+  kvt_entry_free(got);
+  /* Lookups count nothing; the read is a remote hit. */
+  kvt_stats sb = stats_of(b);
+  CHECK_EQ_INT(sb.remote_misses, 0);
+  CHECK_EQ_INT(sb.remote_hits, 1);
+  free(q);
+  t_free(&e);
+  kvt_tier_free(a);
+  kvt_tier_free(b);
+}
+
 static void test_retention_ttl(void) {
   int port;
   char url[128];
@@ -927,6 +1032,39 @@ static void test_options(void) {
   o.remote_prefix = "a{b";
   CHECK(kvt_options_validate(&o) == KVT_EINVAL);
   o.remote_prefix = NULL;
+  /* ACL users, TLS URLs, a password holding '@' or ':' (the last '@' ends
+   * the credentials; served by a real server in test_remote_lookup.py). */
+  o.remote_url = "redis://alice:p@ss:w0rd@127.0.0.1:1";
+  CHECK(kvt_options_validate(&o) == 0);
+  o.remote_url = "rediss://:pw@h:7,h2:8";
+  CHECK(kvt_options_validate(&o) == 0);
+  o.remote_url = "redis://alice@127.0.0.1:1"; /* no ':' before '@' */
+  CHECK(kvt_options_validate(&o) == KVT_EINVAL);
+  o.remote_url = "redis://alice:@127.0.0.1:1"; /* empty password */
+  CHECK(kvt_options_validate(&o) == KVT_EINVAL);
+  o.remote_url = "rediss://127.0.0.1:1";
+  CHECK(kvt_options_validate(&o) == 0);
+  o.remote_tls_ca_file = "/nonexistent/ca.pem"; /* checked at open */
+  CHECK(kvt_options_validate(&o) == 0);
+  o.remote_tls_cert_file = "/x.pem"; /* a certificate needs its key */
+  CHECK(kvt_options_validate(&o) == KVT_EINVAL);
+  o.remote_tls_cert_file = NULL;
+  o.remote_url = "redis://127.0.0.1:1"; /* TLS files need rediss:// */
+  CHECK(kvt_options_validate(&o) == KVT_EINVAL);
+  o.remote_tls_ca_file = NULL;
+  o.remote_lookup_timeout_ms = 0;
+  CHECK(kvt_options_validate(&o) == KVT_EINVAL);
+  o.remote_lookup_timeout_ms = 250;
+  {
+    /* A CA file that cannot be loaded fails the open clearly. */
+    kvt_options b = ropts("rt-badca", "rediss://127.0.0.1:1", NULL,
+                          KVT_REMOTE_LOCAL_AND_REMOTE);
+    b.remote_tls_ca_file = "/nonexistent/ca.pem";
+    kvt_tier *bt = NULL;
+    CHECK(kvt_tier_open(&bt, &b) == KVT_EINVAL);
+    CHECK(strstr(kvt_last_error(), "/nonexistent/ca.pem") != NULL);
+    CHECK(bt == NULL);
+  }
   o.remote_mode = KVT_REMOTE_LOCAL;
   CHECK(kvt_options_validate(&o) == KVT_EINVAL); /* URL but local mode */
   /* Nothing listens on the port picked: open works, promotes miss. */
@@ -974,6 +1112,7 @@ int main(int argc, char **argv) {
   signal(SIGABRT, on_signal);
   RUN(test_options);
   RUN(test_standalone);
+  RUN(test_lookup_mirror);
   RUN(test_retention_ttl);
   RUN(test_prefix_paging);
   RUN(test_eviction);

@@ -39,7 +39,17 @@ static void test_options_versions(void) {
   CHECK(m.remote_chunk_bytes == c.remote_chunk_bytes &&
         m.remote_timeout_ms == c.remote_timeout_ms &&
         m.quarantine_max == c.quarantine_max && m.read_threads == 0);
-  /* 0 and the next version are unknown. */
+  /* A version-3 caller's struct ends before the version-4 remote fields. */
+  memset(buf, CANARY, sizeof buf);
+  CHECK_EQ_INT(kvt_options_init(o, 3), 0);
+  untouched = 1;
+  for (size_t i = offsetof(kvt_options, remote_lookup_timeout_ms);
+       i < sizeof buf; i++)
+    untouched &= buf[i] == CANARY;
+  CHECK(untouched);
+  CHECK_EQ_INT(kvt_options_validate(o), 0); /* the garbage is not read */
+  CHECK_EQ_INT(c.remote_lookup_timeout_ms, 250);
+  /* 0 and the version after this library's are unknown */
   for (unsigned v = 0; v <= KVT_OPTIONS_VERSION + 1;
        v += KVT_OPTIONS_VERSION + 1) {
     CHECK_EQ_INT(kvt_options_init(&c, v), KVT_EINVAL);

@@ -87,7 +87,7 @@ REMOTE_NO_LOCAL_COPY = 0x1
 PROMOTE_PREFIX = 0x1
 PROMOTE_NO_TOUCH = 0x2
 
-KVT_OPTIONS_VERSION = 3
+KVT_OPTIONS_VERSION = 4
 KVT_PROMOTE_OPTS_VERSION = 1
 KVT_STATS_VERSION = 2
 
@@ -136,7 +136,7 @@ class Layer(ctypes.Structure):
 
 
 class Options(ctypes.Structure):
-    """struct kvt_options (KVT_OPTIONS_VERSION 3)."""
+    """struct kvt_options (KVT_OPTIONS_VERSION 4)."""
 
     _fields_ = [
         ("version", ctypes.c_uint),
@@ -175,6 +175,11 @@ class Options(ctypes.Structure):
         # (version 3) the chunked native store.
         ("chunk_tokens", ctypes.c_uint32),
         ("model_id", ctypes.c_char_p),
+        # Version 4.
+        ("remote_lookup_timeout_ms", ctypes.c_uint32),
+        ("remote_tls_ca_file", ctypes.c_char_p),
+        ("remote_tls_cert_file", ctypes.c_char_p),
+        ("remote_tls_key_file", ctypes.c_char_p),
     ]
 
 
@@ -709,6 +714,38 @@ def check(rc: int, what: str = "") -> int:
     if rc < 0:
         raise error(rc, what)
     return rc
+
+
+REMOTE_MODES = {"local": REMOTE_LOCAL, "local+remote": REMOTE_LOCAL_AND_REMOTE,
+                "remote": REMOTE_ONLY}
+
+
+def set_remote_options(o: Any, keep: list, url: Any = None, mode: str = "local",
+                       prefix: Any = None, timeout_ms: int = 1000,
+                       lookup_timeout_ms: int = 250, keep_local: bool = True,
+                       tls_ca_file: Any = None, tls_cert_file: Any = None,
+                       tls_key_file: Any = None) -> None:
+    """Fills the remote-tier fields of a kvt_options (shared by
+    SSDCacheConfig and kvtier.Tier); the byte strings go to keep, which must
+    outlive kvt_tier_open.  Validation is kvt_options_validate's."""
+    if mode not in REMOTE_MODES:
+        raise ValueError("remote_mode must be 'local', 'local+remote' or 'remote', "
+                         f"got {mode!r}")
+    o.remote_mode = REMOTE_MODES[mode]
+    for field, val in (("remote_url", url), ("remote_prefix", prefix)):
+        if val is not None:
+            keep.append(str(val).encode("utf-8"))
+            setattr(o, field, keep[-1])
+    for field, val in (("remote_tls_ca_file", tls_ca_file),
+                       ("remote_tls_cert_file", tls_cert_file),
+                       ("remote_tls_key_file", tls_key_file)):
+        if val is not None:
+            keep.append(fs_path(val))
+            setattr(o, field, keep[-1])
+    o.remote_timeout_ms = int(timeout_ms)
+    o.remote_lookup_timeout_ms = int(lookup_timeout_ms)
+    if not keep_local:
+        o.remote_flags |= REMOTE_NO_LOCAL_COPY
 
 
 def fs_path(p: Any) -> bytes:

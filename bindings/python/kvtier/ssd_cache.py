@@ -117,8 +117,6 @@ SERIALIZER_SUPPORT_MATRIX = {
 _STORAGE_MODES = {"native": L.STORAGE_NATIVE, "compat": L.STORAGE_COMPAT}
 _DURABILITIES = {"fsync": L.DURABILITY_FSYNC, "none": L.DURABILITY_NONE}
 _IO_BACKENDS = {"auto": L.IO_AUTO, "portable": L.IO_PORTABLE, "uring": L.IO_URING}
-_REMOTE_MODES = {"local": L.REMOTE_LOCAL, "local+remote": L.REMOTE_LOCAL_AND_REMOTE,
-                 "remote": L.REMOTE_ONLY}
 
 
 # --------------------------------------------------------------------------
@@ -151,9 +149,11 @@ class SSDCacheConfig:
         io_backend: "auto", "portable" or "uring".
         model_name: names the default directory when cache_dir is None
             (only used by kvtier.Tier; SSDCacheTier requires cache_dir).
-        remote_url: shared remote tier, "redis://[:password@]host:port"
-            (several comma-separated host:port seeds for a Redis Cluster);
-            None (default) = local only.
+        remote_url: shared remote tier, "redis://[[user]:password@]host:port"
+            (user: a Redis ACL user), "rediss://..." for TLS (several
+            comma-separated host:port seeds for a Redis Cluster); None
+            (default) = local only.  Refused credentials or certificates
+            fail the open; an unreachable server does not.
         remote_mode: "local" (default), "local+remote" (spills also go to
             the remote store asynchronously; local misses are looked up
             there) or "remote" (remote store only). Needs remote_url.
@@ -162,6 +162,12 @@ class SSDCacheConfig:
         remote_timeout_ms: bound on each remote connect/command.
         remote_keep_local: keep a local copy of entries promoted from the
             remote store ("local+remote" only).
+        remote_lookup_timeout_ms: deadline of a lookup's round trip
+            (lookup_ssd / lookup_ssd_prefix see remote entries; a miss is
+            answered from a local mirror of the remote keys without I/O).
+        remote_tls_ca_file, remote_tls_cert_file, remote_tls_key_file: TLS
+            trust store (None = the system's) and client certificate/key
+            for rediss:// URLs.
         host_cache_bytes: bytes of recently spilled/promoted entries kept in
             RAM so promoting them again runs at memory speed (the host RAM
             tier); None (default) = 1/8 of the memory the process may use
@@ -195,6 +201,10 @@ class SSDCacheConfig:
     remote_prefix: str | None = None
     remote_timeout_ms: int = 1000
     remote_keep_local: bool = True
+    remote_lookup_timeout_ms: int = 250
+    remote_tls_ca_file: str | None = None
+    remote_tls_cert_file: str | None = None
+    remote_tls_key_file: str | None = None
     host_cache_bytes: int | None = None
     chunk_tokens: int = 0
     model_id: str | None = None
@@ -232,7 +242,7 @@ class SSDCacheConfig:
             )
         if self.quarantine_max < 0:
             raise ValueError(f"quarantine_max must be >= 0, got {self.quarantine_max}")
-        if self.remote_mode not in _REMOTE_MODES:
+        if self.remote_mode not in L.REMOTE_MODES:
             raise ValueError(
                 "remote_mode must be 'local', 'local+remote' or 'remote', "
                 f"got {self.remote_mode!r}"
@@ -287,18 +297,11 @@ class SSDCacheConfig:
         o.io_backend = _IO_BACKENDS[self.io_backend]
         o.promote_threads = int(self.promote_threads)
         o.quarantine_max = int(self.quarantine_max)
-        if self.remote_url is not None:
-            b = self.remote_url.encode("utf-8")
-            keep.append(b)
-            o.remote_url = b
-        o.remote_mode = _REMOTE_MODES[self.remote_mode]
-        if self.remote_prefix is not None:
-            b = self.remote_prefix.encode("utf-8")
-            keep.append(b)
-            o.remote_prefix = b
-        o.remote_timeout_ms = int(self.remote_timeout_ms)
-        if not self.remote_keep_local:
-            o.remote_flags |= L.REMOTE_NO_LOCAL_COPY
+        L.set_remote_options(o, keep, self.remote_url, self.remote_mode,
+                             self.remote_prefix, self.remote_timeout_ms,
+                             self.remote_lookup_timeout_ms, self.remote_keep_local,
+                             self.remote_tls_ca_file, self.remote_tls_cert_file,
+                             self.remote_tls_key_file)
         if self.host_cache_bytes is not None:
             o.host_cache_bytes = int(self.host_cache_bytes)
         o.chunk_tokens = int(self.chunk_tokens)

@@ -129,7 +129,13 @@ class Tier:
     ("fsync"/"none"), promote_threads, quarantine_max, io_backend, file_mode,
     dir_mode, readonly, reconcile (at open), start_writer, host_cache_bytes
     (the host RAM tier's bound: None = derived from RAM and the cgroup limit,
-    0 = off; see set_host_cache_bytes and trim).
+    0 = off; see set_host_cache_bytes and trim); the shared remote
+    tier (docs/REMOTE.md): remote_url ("redis[s]://[[user]:password@]host:port",
+    comma-separated seeds for a cluster), remote_mode ("local+remote" when a
+    URL is given, or "remote"), remote_prefix, remote_timeout_ms,
+    remote_lookup_timeout_ms, remote_keep_local, remote_tls_ca_file,
+    remote_tls_cert_file, remote_tls_key_file.  Lookups, promotes and
+    read_entry then see the remote entries.
     """
 
     def __init__(self, cache_dir: Optional[str] = None, *, model_name: Optional[str] = None,
@@ -140,7 +146,13 @@ class Tier:
                  quarantine_max: int = 16, io_backend: str = "auto",
                  file_mode: int = 0o600, dir_mode: int = 0o700, readonly: bool = False,
                  reconcile: bool = True, start_writer: bool = True,
-                 host_cache_bytes: Optional[int] = None) -> None:
+                 host_cache_bytes: Optional[int] = None,
+                 remote_url: Optional[str] = None, remote_mode: Optional[str] = None,
+                 remote_prefix: Optional[str] = None, remote_timeout_ms: int = 1000,
+                 remote_lookup_timeout_ms: int = 250, remote_keep_local: bool = True,
+                 remote_tls_ca_file: Optional[str] = None,
+                 remote_tls_cert_file: Optional[str] = None,
+                 remote_tls_key_file: Optional[str] = None) -> None:
         o = L.Options()
         L.check(L.kvt_options_init(ctypes.byref(o), L.KVT_OPTIONS_VERSION))
         keep = []
@@ -172,6 +184,12 @@ class Tier:
             o.host_cache_bytes = int(host_cache_bytes)
         o.flags = ((L.OPEN_READONLY if readonly else 0)
                    | (0 if reconcile else L.OPEN_NO_RECONCILE))
+        if remote_mode is None:
+            remote_mode = "local" if remote_url is None else "local+remote"
+        L.set_remote_options(o, keep, remote_url, remote_mode, remote_prefix,
+                             remote_timeout_ms, remote_lookup_timeout_ms,
+                             remote_keep_local, remote_tls_ca_file,
+                             remote_tls_cert_file, remote_tls_key_file)
         L.check(L.kvt_options_validate(ctypes.byref(o)), "options")
         p = ctypes.c_void_p()
         L.check(L.kvt_tier_open(ctypes.byref(p), ctypes.byref(o)), "open")

@@ -1,9 +1,9 @@
 /*
- * backend.c - the Redis / Valkey implementation of the storage-backend seam
- * (backend.h), find/stat/stage/fetch included. An entry is stored as the very
- * files the local backend writes (entry.c's layer safetensors, manifest.json
- * with its xxh3 checksums, tokens.bin), concatenated in a fixed order and cut
- * into chunks of at most chunk_bytes, each a string value:
+ * backend_redis.c - the Redis / Valkey implementation of the storage-backend
+ * seam (backend.h). An entry is stored as the very files the local backend
+ * writes (entry.c's layer safetensors, manifest.json with its xxh3 checksums,
+ * tokens.bin), concatenated in a fixed order and cut into chunks of at most
+ * chunk_bytes, each a string value:
  *   <P>{<hash>}:<gen>:<k>   chunk k of generation gen (16 hex, random per put)
  *   <P>{<hash>}:m           the remote manifest (JSON: gen, file names and
  *                           sizes, per-chunk xxh3, num_tokens, memory_bytes,
@@ -30,8 +30,9 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
-#include "store/redis/rclient.h"
 #include "store/redis.h"
+#include "store/redis/mirror.h"
+#include "store/redis/rclient.h"
 
 #include <cjson/cJSON.h>
 #include <fcntl.h>
@@ -48,9 +49,23 @@
 #define RB_BATCH_BYTES (64ull << 20) /* bytes of chunks per pipeline */
 #define RB_PREFIX_BLOCK 16           /* tokens of the reference's prefix_hash */
 
+/* Short-lived negative cache of the lookup round trip (used while the mirror
+ * is not in sync): direct-mapped by the query's 64-bit key. */
+#define RB_NEG_SLOTS 512
+#define RB_NEG_TTL 1.0 /* seconds */
+typedef struct neg_slot {
+  uint64_t key;
+  uint64_t gen; /* the mirror's generation when cached */
+  double until; /* monotonic seconds */
+} neg_slot;
+
 typedef struct redis_backend {
   kvti_backend base;
-  kvr_client *cl;
+  kvr_client *cl;  /* data: remote_timeout_ms */
+  kvr_client *lcl; /* lookups: remote_lookup_timeout_ms */
+  kvr_mirror *mirror;
+  pthread_mutex_t neg_mu;
+  neg_slot neg[RB_NEG_SLOTS];
   char *prefix;
   uint64_t chunk_bytes;
   int64_t ttl_ms;
@@ -91,19 +106,29 @@ static void key_chunk(rkey *k, const redis_backend *rb, const char *hash,
                       const char *gen, uint64_t i) {
   key_fmt(k, rb, "{%s}:%s:%" PRIu64, hash, gen, i);
 }
-/* The prefix set an entry of these tokens belongs to. */
-static int key_pset(rkey *k, const redis_backend *rb, const int32_t *tokens,
-                    size_t n) {
+/* The id of the prefix set an entry of these tokens belongs to: "z:<sha256
+ * of the first 16 tokens>" or, shorter than 16, "s:<first token>". */
+static int pset_id(char id[80], const int32_t *tokens, size_t n) {
   if (n >= RB_PREFIX_BLOCK) {
     char ph[KVT_HASH_HEX_LEN + 1];
     int rc = kvt_token_hash(ph, tokens, RB_PREFIX_BLOCK);
     if (rc != 0)
       return rc;
-    key_fmt(k, rb, "{z:%s}", ph);
+    snprintf(id, 80, "z:%s", ph);
   } else {
-    key_fmt(k, rb, "{s:%" PRId32 "}", n ? tokens[0] : 0);
+    snprintf(id, 80, "s:%" PRId32, n ? tokens[0] : 0);
   }
   return 0;
+}
+
+/* The prefix set key <P>{<id>} an entry of these tokens belongs to. */
+static int key_pset(rkey *k, const redis_backend *rb, const int32_t *tokens,
+                    size_t n) {
+  char id[80];
+  int rc = pset_id(id, tokens, n);
+  if (rc == 0)
+    key_fmt(k, rb, "{%s}", id);
+  return rc;
 }
 
 /* Appends an argument of len bytes to c (every command here has fewer than
@@ -307,14 +332,14 @@ out:
 
 /* GET of the manifest's text: 0 and *raw (kvti_malloc'ed, NUL-terminated),
  * KVT_ENOTFOUND, KVT_ECORRUPT (not a string), I/O errors. */
-static int rman_get_raw(redis_backend *rb, const char *hash, char **raw,
-                        size_t *len) {
+static int rman_get_raw(redis_backend *rb, kvr_client *cl, const char *hash,
+                        char **raw, size_t *len) {
   rkey k;
   key_manifest(&k, rb, hash);
   kvr_cmd c;
   cmd2(&c, "GET", k.s, k.n);
   redisReply *r = NULL;
-  int rc = kvr_exec(rb->cl, k.s, k.n, &c, 1, &r);
+  int rc = kvr_exec(cl, k.s, k.n, &c, 1, &r);
   if (rc != 0)
     return rc;
   if ((rc = reply_err(r, "GET manifest")) == 0) {
@@ -337,11 +362,12 @@ static int rman_get_raw(redis_backend *rb, const char *hash, char **raw,
 
 /* GET and parse of the manifest. 0 and *m, KVT_ENOTFOUND, KVT_ECORRUPT, I/O
  * errors. */
-static int rman_get(redis_backend *rb, rmanifest *m, const char *hash) {
+static int rman_get(redis_backend *rb, kvr_client *cl, rmanifest *m,
+                    const char *hash) {
   char *raw = NULL;
   size_t len = 0;
   memset(m, 0, sizeof *m);
-  int rc = rman_get_raw(rb, hash, &raw, &len);
+  int rc = rman_get_raw(rb, cl, hash, &raw, &len);
   if (rc != 0)
     return rc;
   rc = rman_parse(m, raw, len, hash, 512ull << 20);
@@ -414,6 +440,25 @@ static int manifest_cad(redis_backend *rb, const char *hash, const char *raw,
   return rc;
 }
 
+/* Tells the lookup mirrors that hash is gone (best effort: a mirror that
+ * misses it finds the manifest gone at its next confirmation). */
+static void publish_removal(redis_backend *rb, const char *hash) {
+  char chan[400], ev[256];
+  size_t chl = kvr_mirror_channel(chan, sizeof chan, rb->prefix);
+  size_t evl = kvr_mirror_event(ev, sizeof ev, hash, NULL, 0);
+  kvr_cmd c;
+  cmd2(&c, "PUBLISH", chan, chl);
+  cmd_arg(&c, ev, evl);
+  redisReply *r = NULL;
+  rkey k;
+  key_manifest(&k, rb, hash);
+  if (kvr_exec(rb->cl, k.s, k.n, &c, 1, &r) == 0)
+    freeReplyObject(r);
+  else
+    kvt_clear_error();
+  kvr_mirror_del(rb->mirror, hash);
+}
+
 /* Deletes every key of one version of an entry: its manifest first (only if
  * it is still that version: readers stop finding it), then the chunks of its
  * generation. known: the version a reader found damaged; NULL: whatever
@@ -427,7 +472,7 @@ static int remove_entry(redis_backend *rb, const char *hash,
   size_t len = 0;
   int rc = 0;
   if (!mp) {
-    rc = rman_get_raw(rb, hash, &raw, &len);
+    rc = rman_get_raw(rb, rb->cl, hash, &raw, &len);
     if (rc == KVT_ENOTFOUND) {
       kvt_clear_error();
       return 0;
@@ -445,6 +490,8 @@ static int remove_entry(redis_backend *rb, const char *hash,
     rc = manifest_cad(rb, hash, raw, len);
   if (rc == 0 && mp)
     rc = del_chunks(rb, hash, mp->gen, mp->n_chunks);
+  if (rc == 0)
+    publish_removal(rb, hash);
   if (!known)
     kvti_free(raw);
   rman_free(&m);
@@ -594,7 +641,7 @@ static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
     sums[i] = kvti_xxh3(blob + i * cb, (size_t)len);
   }
   /* The generation being replaced, deleted after the commit. */
-  rc = rman_get(rb, &old, hash);
+  rc = rman_get(rb, rb->cl, &old, hash);
   if (rc == 0)
     have_old = 1;
   else if (rc != KVT_ENOTFOUND && rc != KVT_ECORRUPT)
@@ -688,25 +735,35 @@ static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
    * entry from prefix lookups; exact lookups still find it). */
   {
     rkey ps;
-    if (key_pset(&ps, rb, tokens, n) == 0) {
+    char id[80];
+    if (pset_id(id, tokens, n) == 0) {
+      key_fmt(&ps, rb, "{%s}", id);
       char score[32];
       snprintf(score, sizeof score, "%zu", n);
-      kvr_cmd c[2];
+      kvr_cmd c[3];
       cmd2(&c[0], "ZADD", ps.s, ps.n);
       cmd_arg(&c[0], score, strlen(score));
       cmd_arg(&c[0], hash, KVT_HASH_HEX_LEN);
       size_t nc = 1;
       if (rb->ttl_ms > 0) {
         /* The set lives as long as its newest member can. */
-        cmd2(&c[1], "PEXPIRE", ps.s, ps.n);
-        cmd_arg(&c[1], ttl, strlen(ttl));
-        nc = 2;
+        cmd2(&c[nc], "PEXPIRE", ps.s, ps.n);
+        cmd_arg(&c[nc++], ttl, strlen(ttl));
       }
-      redisReply *r[2] = {NULL, NULL};
+      /* Tell every node's lookup mirror (after the commit: a receiver that
+       * confirms the entry finds its manifest). PUBLISH reaches every
+       * subscriber of a cluster from any node. */
+      char chan[400], ev[256];
+      size_t chl = kvr_mirror_channel(chan, sizeof chan, rb->prefix);
+      size_t evl = kvr_mirror_event(ev, sizeof ev, hash, id, n);
+      cmd2(&c[nc], "PUBLISH", chan, chl);
+      cmd_arg(&c[nc++], ev, evl);
+      redisReply *r[3] = {NULL, NULL, NULL};
       if (kvr_exec(rb->cl, ps.s, ps.n, c, nc, r) == 0)
         free_replies(r, nc);
       else
         kvt_clear_error();
+      kvr_mirror_put(rb->mirror, hash, id, n);
     }
   }
   if (have_old && strcmp(old.gen, gen) != 0)
@@ -784,7 +841,7 @@ static int rb_fetch(kvti_backend *b, kvti_backend_meta *out, const char *hash,
   if (!kvti_is_hash_name(hash))
     return KVT_ERR(KVT_EINVAL, "invalid entry name");
   rmanifest m;
-  int rc = rman_get(rb, &m, hash);
+  int rc = rman_get(rb, rb->cl, &m, hash);
   if (rc == KVT_ECORRUPT) {
     remove_entry(rb, hash, NULL);
     return rc;
@@ -900,21 +957,21 @@ static int rb_get(kvti_backend *b, kvt_entry **out, const char *hash,
  * prefilter scans them too). Each distinct length is hashed once. */
 #define RB_PAGE 256
 #define RB_MAX_PAGES 64
-static int find_page(redis_backend *rb, kvti_backend_meta *out, const rkey *ps,
-                     const int32_t *tokens, uint64_t lo, uint64_t hi,
-                     unsigned page, int *more, uint64_t *last_len,
+static int find_page(redis_backend *rb, kvr_client *cl, kvti_backend_meta *out,
+                     const rkey *ps, const int32_t *tokens, uint64_t lo,
+                     uint64_t hi, unsigned page, int *more, uint64_t *last_len,
                      char *last_hash);
 
-static int find_in_set(redis_backend *rb, kvti_backend_meta *out,
-                       const rkey *ps, const int32_t *tokens, uint64_t lo,
-                       uint64_t hi) {
+static int find_in_set(redis_backend *rb, kvr_client *cl,
+                       kvti_backend_meta *out, const rkey *ps,
+                       const int32_t *tokens, uint64_t lo, uint64_t hi) {
   if (lo > hi)
     return KVT_ENOTFOUND;
   uint64_t last_len = 0;
   char last_hash[KVT_HASH_HEX_LEN + 1] = "";
   for (unsigned page = 0; page < RB_MAX_PAGES; page++) {
     int more = 0;
-    int rc = find_page(rb, out, ps, tokens, lo, hi, page, &more, &last_len,
+    int rc = find_page(rb, cl, out, ps, tokens, lo, hi, page, &more, &last_len,
                        last_hash);
     if (rc != KVT_ENOTFOUND || !more)
       return rc;
@@ -922,9 +979,9 @@ static int find_in_set(redis_backend *rb, kvti_backend_meta *out,
   return KVT_ENOTFOUND;
 }
 
-static int find_page(redis_backend *rb, kvti_backend_meta *out, const rkey *ps,
-                     const int32_t *tokens, uint64_t lo, uint64_t hi,
-                     unsigned page, int *more, uint64_t *last_len,
+static int find_page(redis_backend *rb, kvr_client *cl, kvti_backend_meta *out,
+                     const rkey *ps, const int32_t *tokens, uint64_t lo,
+                     uint64_t hi, unsigned page, int *more, uint64_t *last_len,
                      char *last_hash) {
   char shi[32], slo[32], off[32], cnt[16];
   snprintf(shi, sizeof shi, "%" PRIu64, hi);
@@ -937,7 +994,7 @@ static int find_page(redis_backend *rb, kvti_backend_meta *out, const rkey *ps,
   kvr_cmd_set(&c, 8, argv);
   c.len[1] = ps->n;
   redisReply *r = NULL;
-  int rc = kvr_exec(rb->cl, ps->s, ps->n, &c, 1, &r);
+  int rc = kvr_exec(cl, ps->s, ps->n, &c, 1, &r);
   if (rc != 0)
     return rc;
   if ((rc = reply_err(r, "ZREVRANGEBYSCORE")) != 0 ||
@@ -967,7 +1024,7 @@ static int find_page(redis_backend *rb, kvti_backend_meta *out, const rkey *ps,
     if (strcmp(last_hash, hash) != 0)
       continue; /* another sequence with the same first 16 tokens */
     rmanifest m;
-    int g = rman_get(rb, &m, hash);
+    int g = rman_get(rb, cl, &m, hash);
     if (g == 0) {
       *out = m.meta;
       rman_free(&m);
@@ -989,10 +1046,10 @@ static int find_page(redis_backend *rb, kvti_backend_meta *out, const rkey *ps,
   return rc;
 }
 
-static int rb_find(kvti_backend *b, kvti_backend_meta *out,
+/* The round-trip lookup on client cl (no mirror). */
+static int find_on(redis_backend *rb, kvr_client *cl, kvti_backend_meta *out,
                    const int32_t *tokens, size_t n, int prefix,
                    uint64_t min_len) {
-  redis_backend *rb = R(b);
   if (min_len < 1)
     min_len = 1;
   if (!prefix || n == 0) {
@@ -1003,7 +1060,7 @@ static int rb_find(kvti_backend *b, kvti_backend_meta *out,
     if (rc != 0)
       return rc;
     rmanifest m;
-    rc = rman_get(rb, &m, hash);
+    rc = rman_get(rb, cl, &m, hash);
     if (rc == 0) {
       *out = m.meta;
       rman_free(&m);
@@ -1018,14 +1075,14 @@ static int rb_find(kvti_backend *b, kvti_backend_meta *out,
   if (n >= RB_PREFIX_BLOCK) {
     if ((rc = key_pset(&ps, rb, tokens, n)) != 0)
       return rc;
-    rc = find_in_set(rb, out, &ps, tokens,
+    rc = find_in_set(rb, cl, out, &ps, tokens,
                      min_len > RB_PREFIX_BLOCK ? min_len : RB_PREFIX_BLOCK, n);
   }
   if (rc == KVT_ENOTFOUND && min_len < RB_PREFIX_BLOCK) {
     size_t hi = n < RB_PREFIX_BLOCK ? n : RB_PREFIX_BLOCK - 1;
     if ((rc = key_pset(&ps, rb, tokens, 1)) != 0)
       return rc;
-    rc = find_in_set(rb, out, &ps, tokens, min_len, hi);
+    rc = find_in_set(rb, cl, out, &ps, tokens, min_len, hi);
   }
   if (rc == KVT_ENOTFOUND)
     return KVT_ERR(KVT_ENOTFOUND,
@@ -1033,6 +1090,142 @@ static int rb_find(kvti_backend *b, kvti_backend_meta *out,
                    "tokens",
                    n);
   return rc;
+}
+
+/* ---- the cheap lookup: mirror first ---- */
+
+static double mono_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static uint64_t neg_key(const int32_t *tokens, size_t n, int prefix,
+                        uint64_t min_len) {
+  uint64_t h = n ? kvti_xxh3(tokens, n * sizeof *tokens) : 0;
+  h ^= (uint64_t)prefix * 0x9E3779B97F4A7C15ull;
+  h ^= (min_len + 1) * 0xC2B2AE3D27D4EB4Full;
+  return h | 1;
+}
+
+static int neg_hit(redis_backend *rb, uint64_t key) {
+  neg_slot *sl = &rb->neg[key % RB_NEG_SLOTS];
+  uint64_t gen = kvr_mirror_gen(rb->mirror);
+  pthread_mutex_lock(&rb->neg_mu);
+  int hit = sl->key == key && sl->gen == gen && mono_now() < sl->until;
+  pthread_mutex_unlock(&rb->neg_mu);
+  return hit;
+}
+
+static void neg_put(redis_backend *rb, uint64_t key) {
+  neg_slot *sl = &rb->neg[key % RB_NEG_SLOTS];
+  uint64_t gen = kvr_mirror_gen(rb->mirror);
+  pthread_mutex_lock(&rb->neg_mu);
+  sl->key = key;
+  sl->gen = gen;
+  sl->until = mono_now() + RB_NEG_TTL;
+  pthread_mutex_unlock(&rb->neg_mu);
+}
+
+/* Confirms a mirrored candidate with one GET of its manifest (lookup
+ * deadline): 0 and *out, KVT_ENOTFOUND (gone: dropped from the mirror), or a
+ * connection error. */
+static int confirm(redis_backend *rb, kvti_backend_meta *out,
+                   const char *hash) {
+  rmanifest m;
+  int rc = rman_get(rb, rb->lcl, &m, hash);
+  if (rc == 0) {
+    *out = m.meta;
+    rman_free(&m);
+    return 0;
+  }
+  if (rc == KVT_ENOTFOUND || rc == KVT_ECORRUPT) {
+    kvr_mirror_del(rb->mirror, hash); /* evicted, expired or damaged */
+    kvt_clear_error();
+    return KVT_ENOTFOUND;
+  }
+  return rc;
+}
+
+/* The longest entry of one prefix set that is a prefix of the query: the
+ * set's distinct lengths from the mirror, the query's prefix of each hashed
+ * (locally), looked up in the mirror, then confirmed by its manifest (one
+ * round trip). */
+#define RB_MIRROR_LENS 256
+static int mirror_in_set(redis_backend *rb, kvti_backend_meta *out,
+                         const int32_t *tokens, size_t set_len, uint64_t lo,
+                         uint64_t hi) {
+  if (lo > hi)
+    return KVT_ENOTFOUND;
+  char id[80];
+  int rc = pset_id(id, tokens, set_len);
+  if (rc != 0)
+    return rc;
+  uint64_t lens[RB_MIRROR_LENS];
+  size_t k = kvr_mirror_lengths(rb->mirror, id, lo, hi, lens, RB_MIRROR_LENS);
+  for (size_t i = 0; i < k; i++) {
+    char h[KVT_HASH_HEX_LEN + 1];
+    uint64_t len = 0;
+    if ((rc = kvt_token_hash(h, tokens, (size_t)lens[i])) != 0)
+      return rc;
+    if (!kvr_mirror_has(rb->mirror, h, &len) || len != lens[i])
+      continue; /* another sequence with the same first tokens */
+    rc = confirm(rb, out, h);
+    if (rc != KVT_ENOTFOUND)
+      return rc;
+  }
+  return KVT_ENOTFOUND;
+}
+
+static int mirror_find(redis_backend *rb, kvti_backend_meta *out,
+                       const int32_t *tokens, size_t n, int prefix,
+                       uint64_t min_len) {
+  if (!prefix || n == 0) {
+    char hash[KVT_HASH_HEX_LEN + 1];
+    if (n < min_len)
+      return KVT_ENOTFOUND;
+    int rc = kvt_token_hash(hash, tokens, n);
+    if (rc != 0)
+      return rc;
+    if (!kvr_mirror_has(rb->mirror, hash, NULL))
+      return KVT_ENOTFOUND;
+    return confirm(rb, out, hash);
+  }
+  int rc = KVT_ENOTFOUND;
+  if (n >= RB_PREFIX_BLOCK)
+    rc =
+        mirror_in_set(rb, out, tokens, n,
+                      min_len > RB_PREFIX_BLOCK ? min_len : RB_PREFIX_BLOCK, n);
+  if (rc == KVT_ENOTFOUND && min_len < RB_PREFIX_BLOCK)
+    rc = mirror_in_set(rb, out, tokens, 1, min_len,
+                       n < RB_PREFIX_BLOCK ? n : RB_PREFIX_BLOCK - 1);
+  return rc;
+}
+
+static int rb_find(kvti_backend *b, kvti_backend_meta *out,
+                   const int32_t *tokens, size_t n, int prefix,
+                   uint64_t min_len) {
+  redis_backend *rb = R(b);
+  if (min_len < 1)
+    min_len = 1;
+  int rc;
+  if (kvr_mirror_synced(rb->mirror)) {
+    rc = mirror_find(rb, out, tokens, n, prefix, min_len);
+  } else {
+    uint64_t key = neg_key(tokens, n, prefix, min_len);
+    if (neg_hit(rb, key))
+      return KVT_ERR(KVT_ENOTFOUND, "no remote entry (cached miss)");
+    rc = find_on(rb, rb->lcl, out, tokens, n, prefix, min_len);
+    if (rc == KVT_ENOTFOUND)
+      neg_put(rb, key);
+  }
+  if (rc == KVT_ENOTFOUND)
+    return KVT_ERR(KVT_ENOTFOUND, "no remote entry for these %zu tokens", n);
+  return rc;
+}
+
+static int rb_reach(kvti_backend *b) {
+  return kvr_client_probe(R(b)->cl);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1043,7 +1236,7 @@ static int rb_stat(kvti_backend *b, kvti_backend_meta *out, const char *hash) {
   if (!kvti_is_hash_name(hash))
     return KVT_ERR(KVT_EINVAL, "invalid entry name");
   rmanifest m;
-  int rc = rman_get(R(b), &m, hash);
+  int rc = rman_get(R(b), R(b)->cl, &m, hash);
   if (rc == 0) {
     *out = m.meta;
     rman_free(&m);
@@ -1057,7 +1250,7 @@ static int rb_remove(kvti_backend *b, const char *hash) {
 
 static int rb_exists(kvti_backend *b, const char *hash) {
   rmanifest m;
-  int rc = rman_get(R(b), &m, hash);
+  int rc = rman_get(R(b), R(b)->cl, &m, hash);
   if (rc == 0) {
     rman_free(&m);
     return 1;
@@ -1089,44 +1282,26 @@ typedef struct scan_ctx {
   int stop;
 } scan_ctx;
 
-/* SCAN one master for manifest keys (<P>{<hash>}:m). Tools only (ls). */
+/* One manifest key (<P>{<hash>}:m) found by SCAN. */
+static int scan_key(void *vctx, const char *key, size_t len) {
+  scan_ctx *s = vctx;
+  size_t plen = strlen(s->rb->prefix);
+  if (len != plen + 1 + KVT_HASH_HEX_LEN + 3)
+    return 0;
+  char hash[KVT_HASH_HEX_LEN + 1];
+  memcpy(hash, key + plen + 1, KVT_HASH_HEX_LEN);
+  hash[KVT_HASH_HEX_LEN] = '\0';
+  if (kvti_is_hash_name(hash) && s->fn(s->ctx, hash, KVTI_BK_ENTRY))
+    s->stop = 1;
+  return s->stop;
+}
+
+/* SCAN one master for manifest keys. Tools only (ls). */
 static int scan_node(void *vctx, kvr_client *c, int node) {
   scan_ctx *s = vctx;
-  char cursor[32] = "0";
   char match[600];
   snprintf(match, sizeof match, "%s{*}:m", s->rb->prefix);
-  size_t plen = strlen(s->rb->prefix);
-  do {
-    const char *argv[] = {"SCAN", cursor, "MATCH", match, "COUNT", "1000"};
-    kvr_cmd cmd;
-    kvr_cmd_set(&cmd, 6, argv);
-    redisReply *r = NULL;
-    int rc = kvr_exec_node(c, node, &cmd, &r);
-    if (rc != 0)
-      return rc;
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-        r->element[0]->type != REDIS_REPLY_STRING ||
-        r->element[1]->type != REDIS_REPLY_ARRAY) {
-      rc = reply_err(r, "SCAN");
-      freeReplyObject(r);
-      return rc ? rc : KVT_ERR(KVT_EIO, "redis: unexpected SCAN reply");
-    }
-    snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
-    const redisReply *keys = r->element[1];
-    for (size_t i = 0; i < keys->elements && !s->stop; i++) {
-      const redisReply *k = keys->element[i];
-      if (k->type != REDIS_REPLY_STRING ||
-          k->len != plen + 1 + KVT_HASH_HEX_LEN + 3)
-        continue;
-      char hash[KVT_HASH_HEX_LEN + 1];
-      memcpy(hash, k->str + plen + 1, KVT_HASH_HEX_LEN);
-      hash[KVT_HASH_HEX_LEN] = '\0';
-      if (kvti_is_hash_name(hash) && s->fn(s->ctx, hash, KVTI_BK_ENTRY))
-        s->stop = 1;
-    }
-    freeReplyObject(r);
-  } while (strcmp(cursor, "0") != 0 && !s->stop);
-  return 0;
+  return s->stop ? 0 : kvr_scan(c, node, match, scan_key, s);
 }
 
 static int rb_list(kvti_backend *b, kvti_backend_list_fn fn, void *ctx) {
@@ -1149,29 +1324,31 @@ static void rb_destroy(kvti_backend *b) {
   redis_backend *rb = R(b);
   if (!rb)
     return;
+  kvr_mirror_stop(rb->mirror); /* before the client it uses */
   kvr_client_free(rb->cl);
+  kvr_client_free(rb->lcl);
+  pthread_mutex_destroy(&rb->neg_mu);
   kvti_free(rb->prefix);
   kvti_free(rb->stage_root);
   kvti_free(rb);
 }
 
-static const kvti_backend_ops redis_ops = {
-    .name = "redis",
-    .put = rb_put,
-    .get = rb_get,
-    .remove = rb_remove,
-    .exists = rb_exists,
-    .present = rb_exists,
-    .describe = rb_describe,
-    .list = rb_list,
-    .purge = rb_purge,
-    .quarantine = rb_quarantine,
-    .find = rb_find,
-    .stat = rb_stat,
-    .stage = rb_stage,
-    .fetch = rb_fetch,
-    .destroy = rb_destroy,
-};
+static const kvti_backend_ops redis_ops = {.name = "redis",
+                                           .put = rb_put,
+                                           .get = rb_get,
+                                           .remove = rb_remove,
+                                           .exists = rb_exists,
+                                           .present = rb_exists,
+                                           .describe = rb_describe,
+                                           .list = rb_list,
+                                           .purge = rb_purge,
+                                           .quarantine = rb_quarantine,
+                                           .find = rb_find,
+                                           .stat = rb_stat,
+                                           .stage = rb_stage,
+                                           .fetch = rb_fetch,
+                                           .reach = rb_reach,
+                                           .destroy = rb_destroy};
 
 int kvti_backend_redis_new(kvti_backend **out, const kvti_remote_cfg *cfg) {
   redis_backend *rb = kvti_calloc(1, sizeof *rb);
@@ -1183,11 +1360,20 @@ int kvti_backend_redis_new(kvti_backend **out, const kvti_remote_cfg *cfg) {
   rb->file_mode = cfg->file_mode;
   rb->dir_mode = cfg->dir_mode;
   atomic_init(&rb->stage_seq, 0);
+  pthread_mutex_init(&rb->neg_mu, NULL);
   rb->prefix = kvti_strdup(cfg->prefix ? cfg->prefix : "kvt:");
   rb->stage_root = kvti_strdup(cfg->stage_root);
   int rc = (!rb->prefix || !rb->stage_root) ? KVT_ENOMEM : 0;
+  kvr_tls_opts tls = {cfg->tls_ca_file, cfg->tls_cert_file, cfg->tls_key_file};
   if (rc == 0)
-    rc = kvr_client_new(&rb->cl, cfg->url, cfg->timeout_ms);
+    rc = kvr_client_new(&rb->cl, cfg->url, cfg->timeout_ms, &tls);
+  if (rc == 0)
+    rc = kvr_client_new(&rb->lcl, cfg->url,
+                        cfg->lookup_timeout_ms ? cfg->lookup_timeout_ms
+                                               : cfg->timeout_ms,
+                        &tls);
+  if (rc == 0 && cfg->mirror)
+    rc = kvr_mirror_start(&rb->mirror, rb->cl, rb->prefix);
   if (rc != 0) {
     rb_destroy(&rb->base);
     return rc;

@@ -1,31 +1,30 @@
 /*
  * rclient.c - the cluster-aware Redis client of the remote tier (see
- * rclient.h). The slot map (16384 entries, node indexes) and the node table
- * live under one mutex; nodes are never freed before the client, so a node
- * pointer taken under the lock stays valid. A batch goes to the slot's owner as
- * one pipeline; replies MOVED/ASK/TRYAGAIN/CLUSTERDOWN are not returned but
- * followed: MOVED updates the slot and marks the map for a refresh from
- * CLUSTER SLOTS, ASK resends just those commands to the importing node, each
- * preceded by ASKING. A connection that failed is dropped (never reused); the
- * next command reconnects. Bounded: at most KVR_MAX_ROUNDS redirections per
- * batch.
+ * rclient.h); connections (plain TCP or TLS) are transport.c's. The slot map
+ * (16384 entries, node indexes) and the node table live under one mutex; nodes
+ * are never freed before the client, so a node pointer taken under the lock
+ * stays valid. A batch goes to the slot's owner as one pipeline; replies
+ * MOVED/ASK/TRYAGAIN/CLUSTERDOWN are not returned but followed: MOVED updates
+ * the slot and marks the map for a refresh from CLUSTER SLOTS, ASK resends just
+ * those commands to the importing node, each preceded by ASKING. A connection
+ * that failed is dropped (never reused); the next command reconnects. Bounded:
+ * at most KVR_MAX_ROUNDS redirections per batch.
  *
  * Deadlines: every public call (one batch, one node command, one slot-map
- * refresh) gets one deadline, timeout_ms from its start, that covers all of
- * it - connects, AUTH, CLUSTER SLOTS, sends, every reply byte, redirections and
- * the retry after a failure. The socket timeouts hiredis offers bound each
- * read(2) alone, so a server dribbling a reply a byte at a time stayed inside
- * them indefinitely; here every read and write first polls the socket for the
- * time left, and running out is KVT_ETIMEDOUT (which the remote tier counts as
- * a failure and backs off on).
+ * refresh, one probe, one dedicated connection) gets one deadline, timeout_ms
+ * from its start, that covers all of it - connects, TLS handshakes, AUTH,
+ * CLUSTER SLOTS, sends, every reply byte, redirections and the retry after a
+ * failure. Each transport call is given only the time left (transport.c polls
+ * against it at every wait), so a server dribbling a reply a byte at a time
+ * cannot hold a call past timeout_ms; running out is KVT_ETIMEDOUT, which the
+ * remote tier counts as a failure and backs off on.
  */
 #include "store/redis/rclient.h"
 #include "base/error.h"
+#include "store/redis/transport.h"
 #include "base/io.h"
 
 #include <errno.h>
-#include <limits.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -42,7 +41,7 @@
 typedef struct kvr_node {
   kvr_addr addr;
   pthread_mutex_t mu;
-  redisContext *idle[KVR_MAX_IDLE];
+  kvr_conn *idle[KVR_MAX_IDLE];
   int n_idle;
 } kvr_node;
 
@@ -54,9 +53,10 @@ struct kvr_client {
   int mode;                 /* 0 unknown, 1 standalone, 2 cluster */
   int need_refresh;
   int refresh_soon; /* a MOVED was followed: refresh before the next batch */
+  char user[256];
   char password[256];
-  struct timeval tv;
   uint32_t timeout_ms; /* the whole of one call (see the deadlines above) */
+  kvr_tls *tls;        /* NULL: plain TCP (redis://) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -99,50 +99,6 @@ void kvr_cmd_set(kvr_cmd *cmd, int argc, const char *const *argv) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* Deadlines                                                                */
-/* ------------------------------------------------------------------------ */
-
-static int64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int64_t deadline_of(const kvr_client *c) {
-  return mono_ms() + (int64_t)c->timeout_ms;
-}
-
-/* Milliseconds left before dl, at least 0. */
-static int64_t ms_left(int64_t dl) {
-  int64_t l = dl - mono_ms();
-  return l > 0 ? l : 0;
-}
-
-static int timed_out(const kvr_addr *a, const char *what) {
-  return KVT_ERR(KVT_ETIMEDOUT, "redis %s:%d: %s timed out", a->host, a->port,
-                 what);
-}
-
-/* Waits until fd is ready for ev (POLLIN / POLLOUT) or dl passes. 0,
- * KVT_ETIMEDOUT or KVT_EIO. */
-static int wait_fd(int fd, short ev, int64_t dl, const kvr_addr *a,
-                   const char *what) {
-  for (;;) {
-    int64_t left = ms_left(dl);
-    if (left == 0)
-      return timed_out(a, what);
-    struct pollfd p = {fd, ev, 0};
-    int r = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left);
-    if (r > 0)
-      return 0; /* ready, or an error/hang-up the next read reports */
-    if (r == 0)
-      return timed_out(a, what);
-    if (errno != EINTR)
-      return KVT_ERR_OS(errno, "redis %s:%d: poll", a->host, a->port);
-  }
-}
-
-/* ------------------------------------------------------------------------ */
 /* Nodes and connections                                                    */
 /* ------------------------------------------------------------------------ */
 
@@ -171,142 +127,96 @@ static kvr_node *node_at(kvr_client *c, int i) {
   return n;
 }
 
-static int ctx_error(const redisContext *ctx, const kvr_node *n,
-                     const char *what) {
-  int e = ctx ? ctx->err : REDIS_ERR_OOM;
-  const char *s = ctx ? ctx->errstr : "out of memory";
-  if (e == REDIS_ERR_IO &&
-      (errno == EAGAIN || errno == EWOULDBLOCK || strstr(s, "timed out") ||
-       strstr(s, "Resource temporarily")))
-    return KVT_ERR(KVT_ETIMEDOUT, "redis %s:%d: %s timed out", n->addr.host,
-                   n->addr.port, what);
-  if (e == REDIS_ERR_OOM)
-    return KVT_ERR_NOMEM();
-  return KVT_ERR(KVT_EIO, "redis %s:%d: %s: %s", n->addr.host, n->addr.port,
-                 what, s[0] ? s : "connection lost");
+/* A reply that refuses the client's credentials or rights. */
+static int auth_refused(const redisReply *r) {
+  return r && r->type == REDIS_REPLY_ERROR &&
+         (!strncmp(r->str, "WRONGPASS", 9) || !strncmp(r->str, "NOAUTH", 6) ||
+          !strncmp(r->str, "NOPERM", 6) ||
+          strstr(r->str, "invalid password") != NULL);
 }
 
-/* Reads one reply before dl: what redisGetReply does on a blocking context,
- * but every read(2) waits only for the time left. 0 and *out, or a code (the
- * context must then be dropped). */
-static int reply_by(redisContext *ctx, const kvr_node *n, int64_t dl,
-                    void **out) {
-  *out = NULL;
-  for (;;) {
-    if (redisGetReplyFromReader(ctx, out) != REDIS_OK)
-      return ctx_error(ctx, n, "reply");
-    if (*out)
-      return 0;
-    int rc = wait_fd(ctx->fd, POLLIN, dl, &n->addr, "reply");
-    if (rc != 0)
-      return rc;
-    if (redisBufferRead(ctx) != REDIS_OK)
-      return ctx_error(ctx, n, "reply");
-  }
-}
-
-/* Formats a command into the context's output buffer, sends it and reads its
- * reply, all before dl. 0 and *out (possibly an error reply), or a code. */
-static int command_by(redisContext *ctx, const kvr_node *n, int64_t dl,
-                      redisReply **out, int argc, const char **argv) {
-  *out = NULL;
-  if (redisAppendCommandArgv(ctx, argc, argv, NULL) != REDIS_OK)
-    return ctx_error(ctx, n, argv[0]);
-  for (int done = 0; !done;) {
-    int rc = wait_fd(ctx->fd, POLLOUT, dl, &n->addr, argv[0]);
-    if (rc != 0)
-      return rc;
-    if (redisBufferWrite(ctx, &done) != REDIS_OK)
-      return ctx_error(ctx, n, argv[0]);
-  }
-  void *r = NULL;
-  int rc = reply_by(ctx, n, dl, &r);
-  *out = r;
-  return rc;
-}
-
-static int conn_take(redisContext **out, kvr_client *c, kvr_node *n,
-                     int64_t dl) {
+/* A connection to n (an idle one, or a new one: connect, handshake and AUTH
+ * before dl). */
+static int conn_take(kvr_conn **out, kvr_client *c, kvr_node *n, int64_t dl) {
   pthread_mutex_lock(&n->mu);
-  redisContext *ctx = n->n_idle > 0 ? n->idle[--n->n_idle] : NULL;
+  kvr_conn *cn = n->n_idle > 0 ? n->idle[--n->n_idle] : NULL;
   pthread_mutex_unlock(&n->mu);
-  if (ctx) {
-    *out = ctx;
+  if (cn) {
+    *out = cn;
     return 0;
   }
-  int64_t left = ms_left(dl);
-  if (left == 0)
-    return timed_out(&n->addr, "connect");
-  struct timeval tv = {(time_t)(left / 1000),
-                       (suseconds_t)(left % 1000) * 1000};
-  ctx = redisConnectWithTimeout(n->addr.host, n->addr.port, tv);
-  if (!ctx || ctx->err) {
-    int rc = ctx_error(ctx, n, "connect");
-    if (ctx)
-      redisFree(ctx);
+  int rc =
+      kvr_conn_open(&cn, n->addr.host, n->addr.port, c->tls, kvr_ms_left(dl));
+  if (rc != 0)
     return rc;
-  }
-  /* A per-read bound as well (reads are polled against the deadline first;
-   * this also covers the connection's later uses from the idle pool). */
-  redisSetTimeout(ctx, c->tv);
-  redisEnableKeepAlive(ctx);
   if (c->password[0]) {
-    const char *argv[2] = {"AUTH", c->password};
+    const char *argv[3] = {"AUTH", c->user, c->password};
+    size_t len[3] = {4, strlen(c->user), strlen(c->password)};
     redisReply *r = NULL;
-    int rc = command_by(ctx, n, dl, &r, 2, argv);
+    /* no user: AUTH <password> (the default user, Redis < 6 too) */
+    rc = c->user[0]
+             ? kvr_conn_call(cn, &r, 3, argv, len, kvr_ms_left(dl))
+             : kvr_conn_call(cn, &r, 2, (const char *const[]){argv[0], argv[2]},
+                             (const size_t[]){len[0], len[2]}, kvr_ms_left(dl));
     if (rc == 0 && r->type == REDIS_REPLY_ERROR)
-      rc = KVT_ERR(KVT_EPERM, "redis %s:%d: AUTH refused: %s", n->addr.host,
-                   n->addr.port, r->str);
+      rc = KVT_ERR(KVT_EPERM, "redis %s:%d: AUTH%s%s refused: %s", n->addr.host,
+                   n->addr.port, c->user[0] ? " as " : "", c->user, r->str);
     if (r)
       freeReplyObject(r);
     if (rc != 0) {
-      redisFree(ctx);
+      kvr_conn_close(cn);
       return rc;
     }
   }
-  *out = ctx;
+  *out = cn;
   return 0;
 }
 
-static void conn_give(kvr_node *n, redisContext *ctx) {
-  if (ctx->err) {
-    redisFree(ctx);
+static void conn_give(kvr_node *n, kvr_conn *cn) {
+  if (kvr_conn_broken(cn)) {
+    kvr_conn_close(cn);
     return;
   }
   pthread_mutex_lock(&n->mu);
   if (n->n_idle < KVR_MAX_IDLE) {
-    n->idle[n->n_idle++] = ctx;
-    ctx = NULL;
+    n->idle[n->n_idle++] = cn;
+    cn = NULL;
   }
   pthread_mutex_unlock(&n->mu);
-  if (ctx)
-    redisFree(ctx);
+  if (cn)
+    kvr_conn_close(cn);
 }
 
 /* Drops every idle connection of n (after a failure: they are likely dead). */
 static void node_drop_idle(kvr_node *n) {
   pthread_mutex_lock(&n->mu);
   while (n->n_idle > 0)
-    redisFree(n->idle[--n->n_idle]);
+    kvr_conn_close(n->idle[--n->n_idle]);
   pthread_mutex_unlock(&n->mu);
 }
 
-int kvr_client_new(kvr_client **out, const char *url, uint32_t timeout_ms) {
+int kvr_client_new(kvr_client **out, const char *url, uint32_t timeout_ms,
+                   const kvr_tls_opts *tls) {
   kvr_addr seeds[KVTI_REDIS_MAX_SEEDS];
   int n = 0;
-  char pw[256];
-  int rc =
-      kvti_redis_parse_url(url, seeds, KVTI_REDIS_MAX_SEEDS, &n, pw, sizeof pw);
+  kvti_redis_cred cred;
+  int rc = kvti_redis_parse_url(url, seeds, KVTI_REDIS_MAX_SEEDS, &n, &cred);
   if (rc != 0)
     return rc;
+  if (!cred.tls && tls && (tls->ca_file || tls->cert_file || tls->key_file))
+    return KVT_ERR(KVT_EINVAL, "remote TLS files are set but remote_url is "
+                               "not rediss://");
   kvr_client *c = kvti_calloc(1, sizeof *c);
   if (!c)
     return KVT_ERR_NOMEM();
   pthread_mutex_init(&c->mu, NULL);
-  snprintf(c->password, sizeof c->password, "%s", pw);
-  c->tv.tv_sec = timeout_ms / 1000;
-  c->tv.tv_usec = (timeout_ms % 1000) * 1000;
-  c->timeout_ms = timeout_ms;
+  snprintf(c->user, sizeof c->user, "%s", cred.user);
+  snprintf(c->password, sizeof c->password, "%s", cred.password);
+  c->timeout_ms = timeout_ms ? timeout_ms : 1;
+  if (cred.tls && (rc = kvr_tls_new(&c->tls, tls)) != 0) {
+    kvr_client_free(c);
+    return rc;
+  }
   for (int i = 0; i < KVR_SLOTS; i++)
     c->slots[i] = -1;
   for (int i = 0; i < n; i++) {
@@ -328,6 +238,7 @@ void kvr_client_free(kvr_client *c) {
     pthread_mutex_destroy(&c->nodes[i]->mu);
     kvti_free(c->nodes[i]);
   }
+  kvr_tls_free(c->tls);
   pthread_mutex_destroy(&c->mu);
   kvti_free(c);
 }
@@ -373,29 +284,47 @@ static void apply_slots_locked(kvr_client *c, const redisReply *r,
 
 /* Contacts known nodes until one answers CLUSTER SLOTS (or says cluster support
  * is disabled: standalone), all before dl. Returns 0 or the last connection
- * error. */
+ * error; KVT_ETIMEDOUT as soon as dl passes (no time for another node). */
 static int refresh(kvr_client *c, int64_t dl) {
   pthread_mutex_lock(&c->mu);
   int n = c->n_nodes;
   pthread_mutex_unlock(&c->mu);
   int rc = KVT_ERR(KVT_EIO, "redis: no node reachable");
+  int perm = 0;
+  char perm_msg[512] = "";
   for (int i = 0; i < n; i++) {
     kvr_node *node = node_at(c, i);
-    redisContext *ctx = NULL;
+    kvr_conn *ctx = NULL;
     if ((rc = conn_take(&ctx, c, node, dl)) != 0) {
+      if (rc == KVT_EPERM) { /* credentials or certificate refused */
+        perm = rc;
+        snprintf(perm_msg, sizeof perm_msg, "%s", kvt_last_error());
+      }
       if (rc == KVT_ETIMEDOUT)
-        break; /* no time left for the next node either */
+        break;
       continue;
     }
-    static const char *argv[2] = {"CLUSTER", "SLOTS"};
+    static const char *const argv[2] = {"CLUSTER", "SLOTS"};
+    static const size_t len[2] = {7, 5};
     redisReply *r = NULL;
-    if ((rc = command_by(ctx, node, dl, &r, 2, argv)) != 0) {
-      if (r)
-        freeReplyObject(r);
-      redisFree(ctx);
+    if ((rc = kvr_conn_call(ctx, &r, 2, argv, len, kvr_ms_left(dl))) != 0) {
+      if (rc == KVT_EPERM) {
+        perm = rc;
+        snprintf(perm_msg, sizeof perm_msg, "%s", kvt_last_error());
+      }
+      kvr_conn_close(ctx);
       node_drop_idle(node);
       if (rc == KVT_ETIMEDOUT)
         break;
+      continue;
+    }
+    if (auth_refused(r)) {
+      perm = rc = KVT_ERR(
+          KVT_EPERM, "redis %s:%d: %s%s", node->addr.host, node->addr.port,
+          r->str, c->password[0] ? "" : " (remote_url has no credentials)");
+      snprintf(perm_msg, sizeof perm_msg, "%s", kvt_last_error());
+      freeReplyObject(r);
+      conn_give(node, ctx);
       continue;
     }
     pthread_mutex_lock(&c->mu);
@@ -421,6 +350,8 @@ static int refresh(kvr_client *c, int64_t dl) {
     if (rc == 0)
       return 0;
   }
+  if (perm) /* an auth/TLS refusal says more than an unreachable seed */
+    return KVT_ERR(KVT_EPERM, "%s", perm_msg);
   return rc;
 }
 
@@ -510,9 +441,9 @@ static void pipe_restore(pipe_guard *g) {
  * memmove the rest of that buffer after each partial write, which for
  * multi-MiB chunk values costs more than the transfer. Small pieces (RESP
  * headers, keys) are gathered into one text buffer; large values are sent
- * from the caller's memory. The context's own output buffer stays empty, so
- * replies are then read with redisGetReply as usual. Blocking socket with
- * SO_SNDTIMEO (redisSetTimeout): a stalled server times out. */
+ * from the caller's memory, through the connection's transport (writev on
+ * plain TCP, TLS records otherwise; transport.c), bounded by the time left of
+ * the call's deadline: a stalled server times out. */
 typedef struct seg {
   const char *p; /* NULL: text at off */
   size_t off, len;
@@ -584,9 +515,8 @@ static void wb_cmd(wbuf *w, int argc, const char *const *argv,
   }
 }
 
-static int send_direct(redisContext *ctx, const kvr_node *nd,
-                       const kvr_cmd *cmds, const size_t *idx, size_t m,
-                       int asking, int64_t dl) {
+static int send_direct(kvr_conn *ctx, int64_t dl, const kvr_cmd *cmds,
+                       const size_t *idx, size_t m, int asking) {
   static const char *askv[] = {"ASKING"};
   static const size_t askl[] = {6};
   wbuf w;
@@ -598,48 +528,18 @@ static int send_direct(redisContext *ctx, const kvr_node *nd,
     wb_cmd(&w, cm->argc, cm->argv, cm->len);
   }
   int rc = 0;
-  struct iovec iov[64];
-  size_t si = 0, done = 0; /* segment index, bytes of it already sent */
-  while (!w.oom && si < w.n) {
-    int niov = 0;
-    for (size_t j = si; j < w.n && niov < 64; j++, niov++) {
-      const seg *g = &w.segs[j];
-      const char *base = g->p ? g->p : w.text + g->off;
-      size_t skip = j == si ? done : 0;
-      iov[niov].iov_base = (void *)(base + skip);
-      iov[niov].iov_len = g->len - skip;
-    }
-    if ((rc = wait_fd(ctx->fd, POLLOUT, dl, &nd->addr, "send")) != 0)
-      break;
-    ssize_t wr = writev(ctx->fd, iov, niov);
-    if (wr < 0) {
-      if (errno == EINTR)
-        continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK)
-        rc = KVT_ERR(KVT_ETIMEDOUT, "redis %s:%d: send timed out",
-                     nd->addr.host, nd->addr.port);
-      else
-        rc = KVT_ERR_OS(errno, "redis %s:%d: send", nd->addr.host,
-                        nd->addr.port);
-      if (rc != KVT_ETIMEDOUT)
-        rc = KVT_EIO;
-      break;
-    }
-    size_t left = (size_t)wr;
-    while (left > 0 && si < w.n) {
-      size_t rem = w.segs[si].len - done;
-      if (left >= rem) {
-        left -= rem;
-        si++;
-        done = 0;
-      } else {
-        done += left;
-        left = 0;
-      }
-    }
-  }
-  if (w.oom)
+  struct iovec *iov = w.oom ? NULL : kvti_malloc((w.n ? w.n : 1) * sizeof *iov);
+  if (!iov) {
     rc = KVT_ERR_NOMEM();
+  } else {
+    for (size_t j = 0; j < w.n; j++) {
+      const seg *g = &w.segs[j];
+      iov[j].iov_base = (void *)(g->p ? g->p : w.text + g->off);
+      iov[j].iov_len = g->len;
+    }
+    rc = kvr_conn_writev(ctx, iov, (int)w.n, kvr_ms_left(dl));
+  }
+  kvti_free(iov);
   kvti_free(w.text);
   kvti_free(w.segs);
   return rc;
@@ -647,33 +547,33 @@ static int send_direct(redisContext *ctx, const kvr_node *nd,
 
 /* Sends cmds[idx[0..m)] to node (each preceded by ASKING when asking) and
  * reads the replies into replies[idx[k]]. 0 or a connection error (then no
- * reply is kept). */
+ * reply is kept), all before dl. */
 static int run_on(kvr_client *c, int node, const kvr_cmd *cmds,
                   const size_t *idx, size_t m, int asking, redisReply **replies,
                   int64_t dl) {
   kvr_node *nd = node_at(c, node);
   if (!nd)
     return KVT_ERR(KVT_EIO, "redis: unknown node %d", node);
-  redisContext *ctx = NULL;
+  kvr_conn *ctx = NULL;
   int rc = conn_take(&ctx, c, nd, dl);
   if (rc != 0)
     return rc;
-  rc = send_direct(ctx, nd, cmds, idx, m, asking, dl);
+  rc = send_direct(ctx, dl, cmds, idx, m, asking);
   if (rc != 0) {
-    redisFree(ctx);
+    kvr_conn_close(ctx);
     node_drop_idle(nd);
     return rc;
   }
   size_t got = 0;
   for (size_t k = 0; k < m; k++) {
-    void *r = NULL;
+    redisReply *r = NULL;
     if (asking) {
-      if ((rc = reply_by(ctx, nd, dl, &r)) != 0)
+      if ((rc = kvr_conn_reply(ctx, &r, kvr_ms_left(dl), 0)) != 0)
         goto io_fail;
       freeReplyObject(r);
       r = NULL;
     }
-    if ((rc = reply_by(ctx, nd, dl, &r)) != 0)
+    if ((rc = kvr_conn_reply(ctx, &r, kvr_ms_left(dl), 0)) != 0)
       goto io_fail;
     replies[idx[k]] = r;
     got++;
@@ -685,7 +585,7 @@ io_fail:
     freeReplyObject(replies[idx[k]]);
     replies[idx[k]] = NULL;
   }
-  redisFree(ctx);
+  kvr_conn_close(ctx);
   node_drop_idle(nd);
   pthread_mutex_lock(&c->mu);
   c->need_refresh = 1;
@@ -701,7 +601,8 @@ int kvr_exec(kvr_client *c, const char *key, size_t klen, const kvr_cmd *cmds,
              size_t n, redisReply **replies) {
   pipe_guard g;
   pipe_block(&g);
-  int rc = exec_batch(c, key, klen, cmds, n, replies, deadline_of(c));
+  int rc =
+      exec_batch(c, key, klen, cmds, n, replies, kvr_deadline(c->timeout_ms));
   pipe_restore(&g);
   return rc;
 }
@@ -782,7 +683,7 @@ static int exec_batch(kvr_client *c, const char *key, size_t klen,
     } else {
       asking = 0; /* a MOVED target is now the slot's owner in the map */
       if (again) {
-        if (ms_left(dl) <= 20) {
+        if (kvr_ms_left(dl) <= 20) {
           rc = KVT_ERR(KVT_ETIMEDOUT,
                        "redis: slot %u still unavailable (TRYAGAIN / "
                        "CLUSTERDOWN) at the deadline",
@@ -806,13 +707,75 @@ static int exec_batch(kvr_client *c, const char *key, size_t klen,
   return rc;
 }
 
+int kvr_scan(kvr_client *c, int node, const char *pattern, kvr_key_fn fn,
+             void *ctx) {
+  char cursor[32] = "0";
+  do {
+    const char *argv[] = {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"};
+    kvr_cmd cmd;
+    kvr_cmd_set(&cmd, 6, argv);
+    redisReply *r = NULL;
+    int rc = kvr_exec_node(c, node, &cmd, &r);
+    if (rc != 0)
+      return rc;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+        r->element[0]->type != REDIS_REPLY_STRING ||
+        r->element[1]->type != REDIS_REPLY_ARRAY) {
+      rc = r->type == REDIS_REPLY_ERROR
+               ? KVT_ERR(KVT_EIO, "redis SCAN: %s", r->str)
+               : KVT_ERR(KVT_EIO, "redis: unexpected SCAN reply");
+      freeReplyObject(r);
+      return rc;
+    }
+    snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
+    const redisReply *keys = r->element[1];
+    for (size_t i = 0; rc == 0 && i < keys->elements; i++)
+      if (keys->element[i]->type == REDIS_REPLY_STRING)
+        rc = fn(ctx, keys->element[i]->str, keys->element[i]->len);
+    freeReplyObject(r);
+    if (rc != 0)
+      return rc < 0 ? rc : 0;
+  } while (strcmp(cursor, "0") != 0);
+  return 0;
+}
+
+int kvr_client_probe(kvr_client *c) {
+  pipe_guard g;
+  pipe_block(&g);
+  int rc = refresh(c, kvr_deadline(c->timeout_ms));
+  pipe_restore(&g);
+  return rc;
+}
+
+int kvr_client_dedicated(kvr_client *c, kvr_conn **out) {
+  pthread_mutex_lock(&c->mu);
+  int n = c->n_nodes;
+  int first = c->n_nodes > 0 ? c->slots[0] : -1;
+  pthread_mutex_unlock(&c->mu);
+  int rc = KVT_ERR(KVT_EIO, "redis: no node known");
+  int64_t dl = kvr_deadline(c->timeout_ms);
+  /* The owner of slot 0 first (a live master once the map is known), then
+   * every known node in turn. */
+  for (int k = -1; k < n; k++) {
+    int i = k < 0 ? first : k;
+    if (i < 0 || (k >= 0 && i == first))
+      continue;
+    kvr_node *nd = node_at(c, i);
+    if (nd && (rc = conn_take(out, c, nd, dl)) == 0)
+      return 0;
+    if (rc == KVT_ETIMEDOUT)
+      break;
+  }
+  return rc;
+}
+
 int kvr_exec_node(kvr_client *c, int node, const kvr_cmd *cmd,
                   redisReply **reply) {
   size_t idx = 0;
   *reply = NULL;
   pipe_guard g;
   pipe_block(&g);
-  int rc = run_on(c, node, cmd, &idx, 1, 0, reply, deadline_of(c));
+  int rc = run_on(c, node, cmd, &idx, 1, 0, reply, kvr_deadline(c->timeout_ms));
   pipe_restore(&g);
   return rc;
 }
@@ -820,7 +783,7 @@ int kvr_exec_node(kvr_client *c, int node, const kvr_cmd *cmd,
 int kvr_foreach_master(kvr_client *c, kvr_node_fn fn, void *ctx) {
   pipe_guard g;
   pipe_block(&g);
-  int rc = refresh(c, deadline_of(c));
+  int rc = refresh(c, kvr_deadline(c->timeout_ms));
   pipe_restore(&g);
   if (rc != 0)
     return rc;
