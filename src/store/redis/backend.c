@@ -1,5 +1,5 @@
 /*
- * backend_redis.c - the Redis / Valkey implementation of the storage-backend
+ * backend.c - the Redis / Valkey implementation of the storage-backend
  * seam (backend.h). An entry is stored as the very files the local backend
  * writes (entry.c's layer safetensors, manifest.json with its xxh3 checksums,
  * tokens.bin), concatenated in a fixed order and cut into chunks of at most
@@ -24,6 +24,10 @@
  * or two sorted sets (never a keyspace scan) and confirm each candidate by
  * hashing the query's prefix of that length; stale members are removed as
  * found. Keys expire after retention_seconds when set.
+ *
+ * This file holds the keys, commands, remote manifest, deletion, staging, put
+ * and the vtable; the read path (fetch/get) is fetch.c, the lookups (find,
+ * reach) are find.c, and what they share is declared in internal.h.
  */
 #include "store/backend.h"
 #include "base/clock.h"
@@ -32,12 +36,14 @@
 #include "base/io.h"
 #include "store/redis.h"
 #include "store/redis/mirror.h"
+#include "store/redis/internal.h"
 #include "store/redis/rclient.h"
 
 #include <cjson/cJSON.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,52 +51,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#define RB_MAX_FILES 4096
-#define RB_BATCH_BYTES (64ull << 20) /* bytes of chunks per pipeline */
-#define RB_PREFIX_BLOCK 16           /* tokens of the reference's prefix_hash */
-
-/* Short-lived negative cache of the lookup round trip (used while the mirror
- * is not in sync): direct-mapped by the query's 64-bit key. */
-#define RB_NEG_SLOTS 512
-#define RB_NEG_TTL 1.0 /* seconds */
-typedef struct neg_slot {
-  uint64_t key;
-  uint64_t gen; /* the mirror's generation when cached */
-  double until; /* monotonic seconds */
-} neg_slot;
-
-typedef struct redis_backend {
-  kvti_backend base;
-  kvr_client *cl;  /* data: remote_timeout_ms */
-  kvr_client *lcl; /* lookups: remote_lookup_timeout_ms */
-  kvr_mirror *mirror;
-  pthread_mutex_t neg_mu;
-  neg_slot neg[RB_NEG_SLOTS];
-  char *prefix;
-  uint64_t chunk_bytes;
-  int64_t ttl_ms;
-  char *stage_root;
-  uint32_t file_mode, dir_mode;
-  atomic_uint_fast64_t stage_seq;
-} redis_backend;
-
-static redis_backend *R(kvti_backend *b) {
-  return (redis_backend *)b;
-}
-
 /* ------------------------------------------------------------------------ */
 /* Keys                                                                     */
 /* ------------------------------------------------------------------------ */
 
-typedef struct rkey {
-  char s[512];
-  size_t n;
-} rkey;
-
-static void key_fmt(rkey *k, const redis_backend *rb, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-#include <stdarg.h>
-static void key_fmt(rkey *k, const redis_backend *rb, const char *fmt, ...) {
+void kvti_rb_key_fmt(rkey *k, const redis_backend *rb, const char *fmt, ...) {
   int a = snprintf(k->s, sizeof k->s, "%s", rb->prefix);
   va_list ap;
   va_start(ap, fmt);
@@ -99,16 +64,16 @@ static void key_fmt(rkey *k, const redis_backend *rb, const char *fmt, ...) {
   k->n = (size_t)a + (size_t)b;
 }
 
-static void key_manifest(rkey *k, const redis_backend *rb, const char *hash) {
-  key_fmt(k, rb, "{%s}:m", hash);
+void kvti_rb_key_manifest(rkey *k, const redis_backend *rb, const char *hash) {
+  kvti_rb_key_fmt(k, rb, "{%s}:m", hash);
 }
-static void key_chunk(rkey *k, const redis_backend *rb, const char *hash,
-                      const char *gen, uint64_t i) {
-  key_fmt(k, rb, "{%s}:%s:%" PRIu64, hash, gen, i);
+void kvti_rb_key_chunk(rkey *k, const redis_backend *rb, const char *hash,
+                       const char *gen, uint64_t i) {
+  kvti_rb_key_fmt(k, rb, "{%s}:%s:%" PRIu64, hash, gen, i);
 }
 /* The id of the prefix set an entry of these tokens belongs to: "z:<sha256
  * of the first 16 tokens>" or, shorter than 16, "s:<first token>". */
-static int pset_id(char id[80], const int32_t *tokens, size_t n) {
+int kvti_rb_pset_id(char id[80], const int32_t *tokens, size_t n) {
   if (n >= RB_PREFIX_BLOCK) {
     char ph[KVT_HASH_HEX_LEN + 1];
     int rc = kvt_token_hash(ph, tokens, RB_PREFIX_BLOCK);
@@ -122,38 +87,38 @@ static int pset_id(char id[80], const int32_t *tokens, size_t n) {
 }
 
 /* The prefix set key <P>{<id>} an entry of these tokens belongs to. */
-static int key_pset(rkey *k, const redis_backend *rb, const int32_t *tokens,
-                    size_t n) {
+int kvti_rb_key_pset(rkey *k, const redis_backend *rb, const int32_t *tokens,
+                     size_t n) {
   char id[80];
-  int rc = pset_id(id, tokens, n);
+  int rc = kvti_rb_pset_id(id, tokens, n);
   if (rc == 0)
-    key_fmt(k, rb, "{%s}", id);
+    kvti_rb_key_fmt(k, rb, "{%s}", id);
   return rc;
 }
 
 /* Appends an argument of len bytes to c (every command here has fewer than
  * KVR_MAX_ARGS). */
-static void cmd_arg(kvr_cmd *c, const char *a, size_t len) {
+void kvti_rb_cmd_arg(kvr_cmd *c, const char *a, size_t len) {
   c->argv[c->argc] = a;
   c->len[c->argc++] = len;
 }
 
 /* Starts c as the command a with the argument b of bl bytes. */
-static void cmd2(kvr_cmd *c, const char *a, const char *b, size_t bl) {
+void kvti_rb_cmd2(kvr_cmd *c, const char *a, const char *b, size_t bl) {
   c->argc = 0;
-  cmd_arg(c, a, strlen(a));
-  cmd_arg(c, b, bl);
+  kvti_rb_cmd_arg(c, a, strlen(a));
+  kvti_rb_cmd_arg(c, b, bl);
 }
 
 /* Appends "PX ttl" to a SET when entries expire (ttl: rb->ttl_ms printed). */
-static void cmd_px(kvr_cmd *c, const redis_backend *rb, const char *ttl) {
+void kvti_rb_cmd_px(kvr_cmd *c, const redis_backend *rb, const char *ttl) {
   if (rb->ttl_ms > 0) {
-    cmd_arg(c, "PX", 2);
-    cmd_arg(c, ttl, strlen(ttl));
+    kvti_rb_cmd_arg(c, "PX", 2);
+    kvti_rb_cmd_arg(c, ttl, strlen(ttl));
   }
 }
 
-static int reply_err(const redisReply *r, const char *what) {
+int kvti_rb_reply_err(const redisReply *r, const char *what) {
   if (r && r->type == REDIS_REPLY_ERROR) {
     if (strstr(r->str, "OOM"))
       return KVT_ERR(KVT_ENOSPC, "redis %s: %s", what, r->str);
@@ -162,48 +127,39 @@ static int reply_err(const redisReply *r, const char *what) {
   return 0;
 }
 
-static void free_replies(redisReply **r, size_t n) {
+void kvti_rb_free_replies(redisReply **r, size_t n) {
   for (size_t i = 0; i < n; i++)
     if (r[i])
       freeReplyObject(r[i]);
 }
 
-/* One pipelined batch of commands on chunks [base, base + n) of a generation:
- * their keys (all in the entry's slot, so one kvr_exec), the commands the
- * caller fills in, and the replies. */
-typedef struct chunk_batch {
-  rkey *keys;
-  kvr_cmd *cmds;
-  redisReply **rep;
-  uint64_t n;
-} chunk_batch;
-
-static void batch_close(chunk_batch *b) {
+void kvti_rb_batch_close(chunk_batch *b) {
   if (b->rep)
-    free_replies(b->rep, b->n);
+    kvti_rb_free_replies(b->rep, b->n);
   kvti_free(b->keys);
   kvti_free(b->cmds);
   kvti_free(b->rep);
 }
 
 /* Allocates a batch of n (>= 1) and fills its keys; on 0 the caller fills
- * cmds and calls batch_exec, then batch_close. */
-static int batch_open(chunk_batch *b, const redis_backend *rb, const char *hash,
-                      const char *gen, uint64_t base, uint64_t n) {
+ * cmds and calls kvti_rb_batch_exec, then kvti_rb_batch_close. */
+int kvti_rb_batch_open(chunk_batch *b, const redis_backend *rb,
+                       const char *hash, const char *gen, uint64_t base,
+                       uint64_t n) {
   b->n = n;
   b->keys = kvti_malloc(n * sizeof *b->keys);
   b->cmds = kvti_malloc(n * sizeof *b->cmds);
   b->rep = kvti_calloc(n, sizeof *b->rep);
   if (!b->keys || !b->cmds || !b->rep) {
-    batch_close(b);
+    kvti_rb_batch_close(b);
     return KVT_ERR_NOMEM();
   }
   for (uint64_t i = 0; i < n; i++)
-    key_chunk(&b->keys[i], rb, hash, gen, base + i);
+    kvti_rb_key_chunk(&b->keys[i], rb, hash, gen, base + i);
   return 0;
 }
 
-static int batch_exec(redis_backend *rb, chunk_batch *b) {
+int kvti_rb_batch_exec(redis_backend *rb, chunk_batch *b) {
   return kvr_exec(rb->cl, b->keys[0].s, b->keys[0].n, b->cmds, b->n, b->rep);
 }
 
@@ -211,23 +167,7 @@ static int batch_exec(redis_backend *rb, chunk_batch *b) {
 /* The remote manifest                                                      */
 /* ------------------------------------------------------------------------ */
 
-typedef struct rfile {
-  char name[128];
-  uint64_t size;
-} rfile;
-
-typedef struct rmanifest {
-  char gen[17];
-  kvti_backend_meta meta;
-  uint64_t chunk_bytes, total, n_chunks;
-  rfile *files;
-  size_t n_files;
-  uint64_t *sums; /* n_chunks */
-  char *raw;      /* the manifest text as stored (for compare-and-delete) */
-  size_t raw_len;
-} rmanifest;
-
-static void rman_free(rmanifest *m) {
+void kvti_rb_rman_free(rmanifest *m) {
   kvti_free(m->files);
   kvti_free(m->sums);
   kvti_free(m->raw);
@@ -253,8 +193,8 @@ static int num_u64(const cJSON *o, const char *k, uint64_t *out) {
 }
 
 /* Parses and validates a remote manifest for entry hash. */
-static int rman_parse(rmanifest *m, const char *txt, size_t len,
-                      const char *hash, uint64_t chunk_limit) {
+int kvti_rb_rman_parse(rmanifest *m, const char *txt, size_t len,
+                       const char *hash, uint64_t chunk_limit) {
   memset(m, 0, sizeof *m);
   cJSON *o = cJSON_ParseWithLength(txt, len);
   if (!o)
@@ -326,23 +266,23 @@ static int rman_parse(rmanifest *m, const char *txt, size_t len,
 out:
   cJSON_Delete(o);
   if (rc != 0)
-    rman_free(m);
+    kvti_rb_rman_free(m);
   return rc;
 }
 
 /* GET of the manifest's text: 0 and *raw (kvti_malloc'ed, NUL-terminated),
  * KVT_ENOTFOUND, KVT_ECORRUPT (not a string), I/O errors. */
-static int rman_get_raw(redis_backend *rb, kvr_client *cl, const char *hash,
-                        char **raw, size_t *len) {
+int kvti_rb_rman_get_raw(redis_backend *rb, kvr_client *cl, const char *hash,
+                         char **raw, size_t *len) {
   rkey k;
-  key_manifest(&k, rb, hash);
+  kvti_rb_key_manifest(&k, rb, hash);
   kvr_cmd c;
-  cmd2(&c, "GET", k.s, k.n);
+  kvti_rb_cmd2(&c, "GET", k.s, k.n);
   redisReply *r = NULL;
   int rc = kvr_exec(cl, k.s, k.n, &c, 1, &r);
   if (rc != 0)
     return rc;
-  if ((rc = reply_err(r, "GET manifest")) == 0) {
+  if ((rc = kvti_rb_reply_err(r, "GET manifest")) == 0) {
     if (r->type == REDIS_REPLY_NIL) {
       rc = KVT_ERR(KVT_ENOTFOUND, "no remote entry %.16s", hash);
     } else if (r->type != REDIS_REPLY_STRING) {
@@ -362,15 +302,15 @@ static int rman_get_raw(redis_backend *rb, kvr_client *cl, const char *hash,
 
 /* GET and parse of the manifest. 0 and *m, KVT_ENOTFOUND, KVT_ECORRUPT, I/O
  * errors. */
-static int rman_get(redis_backend *rb, kvr_client *cl, rmanifest *m,
-                    const char *hash) {
+int kvti_rb_rman_get(redis_backend *rb, kvr_client *cl, rmanifest *m,
+                     const char *hash) {
   char *raw = NULL;
   size_t len = 0;
   memset(m, 0, sizeof *m);
-  int rc = rman_get_raw(rb, cl, hash, &raw, &len);
+  int rc = kvti_rb_rman_get_raw(rb, cl, hash, &raw, &len);
   if (rc != 0)
     return rc;
-  rc = rman_parse(m, raw, len, hash, 512ull << 20);
+  rc = kvti_rb_rman_parse(m, raw, len, hash, 512ull << 20);
   if (rc != 0) {
     kvti_free(raw);
     return rc;
@@ -390,13 +330,13 @@ static int del_chunks(redis_backend *rb, const char *hash, const char *gen,
   int rc = 0;
   for (uint64_t base = 0; base < n && rc == 0; base += 256) {
     chunk_batch bt;
-    if ((rc = batch_open(&bt, rb, hash, gen, base,
-                         n - base < 256 ? n - base : 256)) != 0)
+    if ((rc = kvti_rb_batch_open(&bt, rb, hash, gen, base,
+                                 n - base < 256 ? n - base : 256)) != 0)
       break;
     for (uint64_t i = 0; i < bt.n; i++)
-      cmd2(&bt.cmds[i], "UNLINK", bt.keys[i].s, bt.keys[i].n);
-    rc = batch_exec(rb, &bt);
-    batch_close(&bt);
+      kvti_rb_cmd2(&bt.cmds[i], "UNLINK", bt.keys[i].s, bt.keys[i].n);
+    rc = kvti_rb_batch_exec(rb, &bt);
+    kvti_rb_batch_close(&bt);
   }
   return rc;
 }
@@ -405,10 +345,10 @@ static int del_chunks(redis_backend *rb, const char *hash, const char *gen,
  * which only the entry's files know; callers with a manifest pass its
  * pset key when known, else nothing is done: stale members are dropped by
  * lookups anyway). */
-static int zrem(redis_backend *rb, const rkey *pset, const char *hash) {
+int kvti_rb_zrem(redis_backend *rb, const rkey *pset, const char *hash) {
   kvr_cmd c;
-  cmd2(&c, "ZREM", pset->s, pset->n);
-  cmd_arg(&c, hash, KVT_HASH_HEX_LEN);
+  kvti_rb_cmd2(&c, "ZREM", pset->s, pset->n);
+  kvti_rb_cmd_arg(&c, hash, KVT_HASH_HEX_LEN);
   redisReply *r = NULL;
   int rc = kvr_exec(rb->cl, pset->s, pset->n, &c, 1, &r);
   if (rc == 0)
@@ -425,16 +365,16 @@ static int manifest_cad(redis_backend *rb, const char *hash, const char *raw,
       "if redis.call('GET', KEYS[1]) == ARGV[1] then "
       "return redis.call('DEL', KEYS[1]) else return 0 end";
   rkey k;
-  key_manifest(&k, rb, hash);
+  kvti_rb_key_manifest(&k, rb, hash);
   kvr_cmd c;
-  cmd2(&c, "EVAL", script, sizeof script - 1);
-  cmd_arg(&c, "1", 1);
-  cmd_arg(&c, k.s, k.n);
-  cmd_arg(&c, raw, len);
+  kvti_rb_cmd2(&c, "EVAL", script, sizeof script - 1);
+  kvti_rb_cmd_arg(&c, "1", 1);
+  kvti_rb_cmd_arg(&c, k.s, k.n);
+  kvti_rb_cmd_arg(&c, raw, len);
   redisReply *r = NULL;
   int rc = kvr_exec(rb->cl, k.s, k.n, &c, 1, &r);
   if (rc == 0) {
-    rc = reply_err(r, "EVAL (manifest compare-and-delete)");
+    rc = kvti_rb_reply_err(r, "EVAL (manifest compare-and-delete)");
     freeReplyObject(r);
   }
   return rc;
@@ -447,11 +387,11 @@ static void publish_removal(redis_backend *rb, const char *hash) {
   size_t chl = kvr_mirror_channel(chan, sizeof chan, rb->prefix);
   size_t evl = kvr_mirror_event(ev, sizeof ev, hash, NULL, 0);
   kvr_cmd c;
-  cmd2(&c, "PUBLISH", chan, chl);
-  cmd_arg(&c, ev, evl);
+  kvti_rb_cmd2(&c, "PUBLISH", chan, chl);
+  kvti_rb_cmd_arg(&c, ev, evl);
   redisReply *r = NULL;
   rkey k;
-  key_manifest(&k, rb, hash);
+  kvti_rb_key_manifest(&k, rb, hash);
   if (kvr_exec(rb->cl, k.s, k.n, &c, 1, &r) == 0)
     freeReplyObject(r);
   else
@@ -463,8 +403,8 @@ static void publish_removal(redis_backend *rb, const char *hash) {
  * it is still that version: readers stop finding it), then the chunks of its
  * generation. known: the version a reader found damaged; NULL: whatever
  * version is stored now (removal, quarantine). */
-static int remove_entry(redis_backend *rb, const char *hash,
-                        const rmanifest *known) {
+int kvti_rb_remove_entry(redis_backend *rb, const char *hash,
+                         const rmanifest *known) {
   rmanifest m;
   memset(&m, 0, sizeof m);
   const rmanifest *mp = known;
@@ -472,14 +412,14 @@ static int remove_entry(redis_backend *rb, const char *hash,
   size_t len = 0;
   int rc = 0;
   if (!mp) {
-    rc = rman_get_raw(rb, rb->cl, hash, &raw, &len);
+    rc = kvti_rb_rman_get_raw(rb, rb->cl, hash, &raw, &len);
     if (rc == KVT_ENOTFOUND) {
       kvt_clear_error();
       return 0;
     }
     if (rc != 0)
       return rc;
-    if (rman_parse(&m, raw, len, hash, 512ull << 20) == 0)
+    if (kvti_rb_rman_parse(&m, raw, len, hash, 512ull << 20) == 0)
       mp = &m; /* else a damaged manifest: delete it, no chunks known */
     kvt_clear_error();
   } else {
@@ -494,7 +434,7 @@ static int remove_entry(redis_backend *rb, const char *hash,
     publish_removal(rb, hash);
   if (!known)
     kvti_free(raw);
-  rman_free(&m);
+  kvti_rb_rman_free(&m);
   return rc;
 }
 
@@ -502,8 +442,8 @@ static int remove_entry(redis_backend *rb, const char *hash,
 /* Staging                                                                  */
 /* ------------------------------------------------------------------------ */
 
-static int rb_stage(kvti_backend *b, char **out) {
-  redis_backend *rb = R(b);
+int kvti_rb_stage(kvti_backend *b, char **out) {
+  redis_backend *rb = kvti_rb(b);
   char name[64];
   snprintf(name, sizeof name, "%ld-%" PRIu64, (long)getpid(),
            (uint64_t)atomic_fetch_add(&rb->stage_seq, 1));
@@ -641,7 +581,7 @@ static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
     sums[i] = kvti_xxh3(blob + i * cb, (size_t)len);
   }
   /* The generation being replaced, deleted after the commit. */
-  rc = rman_get(rb, rb->cl, &old, hash);
+  rc = kvti_rb_rman_get(rb, rb->cl, &old, hash);
   if (rc == 0)
     have_old = 1;
   else if (rc != KVT_ENOTFOUND && rc != KVT_ECORRUPT)
@@ -654,21 +594,22 @@ static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
   uint64_t per = RB_BATCH_BYTES / cb ? RB_BATCH_BYTES / cb : 1; /* <= 16384 */
   for (uint64_t base = 0; base < nchunks && rc == 0; base += per) {
     chunk_batch bt;
-    if ((rc = batch_open(&bt, rb, hash, gen, base,
-                         nchunks - base < per ? nchunks - base : per)) != 0)
+    if ((rc = kvti_rb_batch_open(&bt, rb, hash, gen, base,
+                                 nchunks - base < per ? nchunks - base
+                                                      : per)) != 0)
       break;
     for (uint64_t i = 0; i < bt.n; i++) {
       uint64_t ci = base + i;
       uint64_t len = total - ci * cb < cb ? total - ci * cb : cb;
       kvr_cmd *c = &bt.cmds[i];
-      cmd2(c, "SET", bt.keys[i].s, bt.keys[i].n);
-      cmd_arg(c, blob + ci * cb, (size_t)len);
-      cmd_px(c, rb, ttl);
+      kvti_rb_cmd2(c, "SET", bt.keys[i].s, bt.keys[i].n);
+      kvti_rb_cmd_arg(c, blob + ci * cb, (size_t)len);
+      kvti_rb_cmd_px(c, rb, ttl);
     }
-    rc = batch_exec(rb, &bt);
+    rc = kvti_rb_batch_exec(rb, &bt);
     for (uint64_t i = 0; rc == 0 && i < bt.n; i++)
-      rc = reply_err(bt.rep[i], "SET chunk");
-    batch_close(&bt);
+      rc = kvti_rb_reply_err(bt.rep[i], "SET chunk");
+    kvti_rb_batch_close(&bt);
   }
   if (rc != 0) {
     del_chunks(rb, hash, gen, nchunks); /* leave no trace of this put */
@@ -713,15 +654,15 @@ static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
   }
   {
     rkey mk;
-    key_manifest(&mk, rb, hash);
+    kvti_rb_key_manifest(&mk, rb, hash);
     kvr_cmd c;
-    cmd2(&c, "SET", mk.s, mk.n);
-    cmd_arg(&c, mtxt, strlen(mtxt));
-    cmd_px(&c, rb, ttl);
+    kvti_rb_cmd2(&c, "SET", mk.s, mk.n);
+    kvti_rb_cmd_arg(&c, mtxt, strlen(mtxt));
+    kvti_rb_cmd_px(&c, rb, ttl);
     redisReply *r = NULL;
     rc = kvr_exec(rb->cl, mk.s, mk.n, &c, 1, &r);
     if (rc == 0) {
-      rc = reply_err(r, "SET manifest");
+      rc = kvti_rb_reply_err(r, "SET manifest");
       freeReplyObject(r);
     }
     if (rc != 0) {
@@ -736,19 +677,19 @@ static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
   {
     rkey ps;
     char id[80];
-    if (pset_id(id, tokens, n) == 0) {
-      key_fmt(&ps, rb, "{%s}", id);
+    if (kvti_rb_pset_id(id, tokens, n) == 0) {
+      kvti_rb_key_fmt(&ps, rb, "{%s}", id);
       char score[32];
       snprintf(score, sizeof score, "%zu", n);
       kvr_cmd c[3];
-      cmd2(&c[0], "ZADD", ps.s, ps.n);
-      cmd_arg(&c[0], score, strlen(score));
-      cmd_arg(&c[0], hash, KVT_HASH_HEX_LEN);
+      kvti_rb_cmd2(&c[0], "ZADD", ps.s, ps.n);
+      kvti_rb_cmd_arg(&c[0], score, strlen(score));
+      kvti_rb_cmd_arg(&c[0], hash, KVT_HASH_HEX_LEN);
       size_t nc = 1;
       if (rb->ttl_ms > 0) {
         /* The set lives as long as its newest member can. */
-        cmd2(&c[nc], "PEXPIRE", ps.s, ps.n);
-        cmd_arg(&c[nc++], ttl, strlen(ttl));
+        kvti_rb_cmd2(&c[nc], "PEXPIRE", ps.s, ps.n);
+        kvti_rb_cmd_arg(&c[nc++], ttl, strlen(ttl));
       }
       /* Tell every node's lookup mirror (after the commit: a receiver that
        * confirms the entry finds its manifest). PUBLISH reaches every
@@ -756,11 +697,11 @@ static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
       char chan[400], ev[256];
       size_t chl = kvr_mirror_channel(chan, sizeof chan, rb->prefix);
       size_t evl = kvr_mirror_event(ev, sizeof ev, hash, id, n);
-      cmd2(&c[nc], "PUBLISH", chan, chl);
-      cmd_arg(&c[nc++], ev, evl);
+      kvti_rb_cmd2(&c[nc], "PUBLISH", chan, chl);
+      kvti_rb_cmd_arg(&c[nc++], ev, evl);
       redisReply *r[3] = {NULL, NULL, NULL};
       if (kvr_exec(rb->cl, ps.s, ps.n, c, nc, r) == 0)
-        free_replies(r, nc);
+        kvti_rb_free_replies(r, nc);
       else
         kvt_clear_error();
       kvr_mirror_put(rb->mirror, hash, id, n);
@@ -771,7 +712,7 @@ static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
   *total_out = total;
 out:
   if (have_old)
-    rman_free(&old);
+    kvti_rb_rman_free(&old);
   cJSON_Delete(o);
   if (mtxt)
     cJSON_free(mtxt);
@@ -783,9 +724,9 @@ out:
 
 static int rb_put(kvti_backend *b, uint64_t *disk_bytes, const kvti_snapshot *s,
                   const kvti_write_opts *o) {
-  redis_backend *rb = R(b);
+  redis_backend *rb = kvti_rb(b);
   char *stage = NULL;
-  int rc = rb_stage(b, &stage);
+  int rc = kvti_rb_stage(b, &stage);
   if (rc != 0)
     return rc;
   kvti_write_opts wo = *o;
@@ -810,425 +751,6 @@ static int rb_put(kvti_backend *b, uint64_t *disk_bytes, const kvti_snapshot *s,
 }
 
 /* ------------------------------------------------------------------------ */
-/* fetch / get                                                              */
-/* ------------------------------------------------------------------------ */
-
-/* Writes bytes [off, off+len) of the entry's concatenated files into the open
- * files (fds[i] for files[i]). */
-static int scatter(const rmanifest *m, const int *fds, const char *dir,
-                   uint64_t off, const char *data, uint64_t len) {
-  uint64_t fstart = 0;
-  for (size_t i = 0; i < m->n_files && len > 0; i++) {
-    uint64_t fend = fstart + m->files[i].size;
-    if (off < fend) {
-      uint64_t in = off - fstart;
-      uint64_t take = fend - off < len ? fend - off : len;
-      int rc = kvti_pwrite_all(fds[i], data, (size_t)take, in, dir);
-      if (rc != 0)
-        return rc;
-      off += take;
-      data += take;
-      len -= take;
-    }
-    fstart = fend;
-  }
-  return 0;
-}
-
-static int rb_fetch(kvti_backend *b, kvti_backend_meta *out, const char *hash,
-                    const char *dest_data_dir) {
-  redis_backend *rb = R(b);
-  if (!kvti_is_hash_name(hash))
-    return KVT_ERR(KVT_EINVAL, "invalid entry name");
-  rmanifest m;
-  int rc = rman_get(rb, rb->cl, &m, hash);
-  if (rc == KVT_ECORRUPT) {
-    remove_entry(rb, hash, NULL);
-    return rc;
-  }
-  if (rc != 0)
-    return rc;
-  char *dir = kvti_path_join(dest_data_dir, hash);
-  int *fds = kvti_malloc(m.n_files * sizeof *fds);
-  size_t opened = 0;
-  int gone = 0; /* a chunk missing or damaged: clean up the remote entry */
-  if (!dir || !fds) {
-    rc = KVT_ERR_NOMEM();
-    goto out;
-  }
-  if ((rc = kvti_mkdir(dir, rb->dir_mode)) != 0)
-    goto out;
-  for (; opened < m.n_files; opened++) {
-    char *p = kvti_path_join(dir, m.files[opened].name);
-    if (!p) {
-      rc = KVT_ENOMEM;
-      goto out;
-    }
-    int fd = kvti_open(p, O_WRONLY | O_CREAT | O_TRUNC, rb->file_mode);
-    kvti_free(p);
-    if (fd < 0) {
-      rc = fd;
-      goto out;
-    }
-    fds[opened] = fd;
-  }
-  uint64_t per =
-      RB_BATCH_BYTES / m.chunk_bytes ? RB_BATCH_BYTES / m.chunk_bytes : 1;
-  for (uint64_t base = 0; base < m.n_chunks && rc == 0; base += per) {
-    chunk_batch bt;
-    if ((rc = batch_open(&bt, rb, hash, m.gen, base,
-                         m.n_chunks - base < per ? m.n_chunks - base : per)) !=
-        0)
-      break;
-    for (uint64_t i = 0; i < bt.n; i++)
-      cmd2(&bt.cmds[i], "GET", bt.keys[i].s, bt.keys[i].n);
-    rc = batch_exec(rb, &bt);
-    for (uint64_t i = 0; rc == 0 && i < bt.n; i++) {
-      uint64_t ci = base + i;
-      uint64_t want = m.total - ci * m.chunk_bytes < m.chunk_bytes
-                          ? m.total - ci * m.chunk_bytes
-                          : m.chunk_bytes;
-      redisReply *r = bt.rep[i];
-      if ((rc = reply_err(r, "GET chunk")) != 0)
-        break;
-      if (r->type == REDIS_REPLY_NIL) {
-        gone = 1;
-        rc = KVT_ERR(KVT_ENOTFOUND,
-                     "remote entry %.16s is incomplete: chunk %" PRIu64
-                     " of %" PRIu64 " is gone (evicted or deleted)",
-                     hash, ci, m.n_chunks);
-      } else if (r->type != REDIS_REPLY_STRING || (uint64_t)r->len != want ||
-                 kvti_xxh3(r->str, r->len) != m.sums[ci]) {
-        gone = 1;
-        rc = KVT_ERR(KVT_ECORRUPT,
-                     "remote entry %.16s: chunk %" PRIu64
-                     " is damaged (size or xxh3 mismatch)",
-                     hash, ci);
-      } else {
-        rc = scatter(&m, fds, dir, ci * m.chunk_bytes, r->str, want);
-      }
-    }
-    batch_close(&bt);
-  }
-  if (rc == 0 && out)
-    *out = m.meta;
-out:
-  for (size_t i = 0; i < opened; i++)
-    kvti_io->close(fds[i]);
-  kvti_free(fds);
-  kvti_free(dir);
-  if (gone) {
-    kvti_error_state es;
-    kvti_error_state_capture(&es, rc);
-    remove_entry(rb, hash, &m);
-    kvti_error_state_restore(&es);
-  }
-  rman_free(&m);
-  return rc;
-}
-
-static int rb_get(kvti_backend *b, kvt_entry **out, const char *hash,
-                  const kvti_read_opts *o) {
-  char *stage = NULL;
-  int rc = rb_stage(b, &stage);
-  if (rc != 0)
-    return rc;
-  rc = rb_fetch(b, NULL, hash, stage);
-  if (rc == 0) {
-    rc = kvti_entry_read(out, stage, hash, o);
-    if (rc == KVT_ECORRUPT || rc == KVT_ENOTFOUND) {
-      kvti_error_state es;
-      kvti_error_state_capture(&es, rc);
-      remove_entry(R(b), hash, NULL);
-      KVT_ERR(rc, "remote entry: %s", es.msg);
-    }
-  }
-  kvti_rmtree(stage);
-  kvti_free(stage);
-  return rc;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Lookups                                                                  */
-/* ------------------------------------------------------------------------ */
-
-/* Candidates of one prefix set, longest first, with lengths in [lo, hi], read
- * in pages: many siblings may share the first 16 tokens (the reference's SQL
- * prefilter scans them too). Each distinct length is hashed once. */
-#define RB_PAGE 256
-#define RB_MAX_PAGES 64
-static int find_page(redis_backend *rb, kvr_client *cl, kvti_backend_meta *out,
-                     const rkey *ps, const int32_t *tokens, uint64_t lo,
-                     uint64_t hi, unsigned page, int *more, uint64_t *last_len,
-                     char *last_hash);
-
-static int find_in_set(redis_backend *rb, kvr_client *cl,
-                       kvti_backend_meta *out, const rkey *ps,
-                       const int32_t *tokens, uint64_t lo, uint64_t hi) {
-  if (lo > hi)
-    return KVT_ENOTFOUND;
-  uint64_t last_len = 0;
-  char last_hash[KVT_HASH_HEX_LEN + 1] = "";
-  for (unsigned page = 0; page < RB_MAX_PAGES; page++) {
-    int more = 0;
-    int rc = find_page(rb, cl, out, ps, tokens, lo, hi, page, &more, &last_len,
-                       last_hash);
-    if (rc != KVT_ENOTFOUND || !more)
-      return rc;
-  }
-  return KVT_ENOTFOUND;
-}
-
-static int find_page(redis_backend *rb, kvr_client *cl, kvti_backend_meta *out,
-                     const rkey *ps, const int32_t *tokens, uint64_t lo,
-                     uint64_t hi, unsigned page, int *more, uint64_t *last_len,
-                     char *last_hash) {
-  char shi[32], slo[32], off[32], cnt[16];
-  snprintf(shi, sizeof shi, "%" PRIu64, hi);
-  snprintf(slo, sizeof slo, "%" PRIu64, lo);
-  snprintf(off, sizeof off, "%u", page * RB_PAGE);
-  snprintf(cnt, sizeof cnt, "%u", RB_PAGE);
-  const char *argv[] = {"ZREVRANGEBYSCORE", ps->s,   shi, slo,
-                        "WITHSCORES",       "LIMIT", off, cnt};
-  kvr_cmd c;
-  kvr_cmd_set(&c, 8, argv);
-  c.len[1] = ps->n;
-  redisReply *r = NULL;
-  int rc = kvr_exec(cl, ps->s, ps->n, &c, 1, &r);
-  if (rc != 0)
-    return rc;
-  if ((rc = reply_err(r, "ZREVRANGEBYSCORE")) != 0 ||
-      r->type != REDIS_REPLY_ARRAY) {
-    freeReplyObject(r);
-    return rc ? rc
-              : KVT_ERR(KVT_EIO, "redis: unexpected ZREVRANGEBYSCORE reply");
-  }
-  *more = r->elements == 2 * RB_PAGE;
-  rc = KVT_ENOTFOUND;
-  for (size_t i = 0; i + 1 < r->elements; i += 2) {
-    const redisReply *mem = r->element[i], *sc = r->element[i + 1];
-    if (mem->type != REDIS_REPLY_STRING || sc->type != REDIS_REPLY_STRING ||
-        mem->len != KVT_HASH_HEX_LEN)
-      continue;
-    char hash[KVT_HASH_HEX_LEN + 1];
-    memcpy(hash, mem->str, KVT_HASH_HEX_LEN);
-    hash[KVT_HASH_HEX_LEN] = '\0';
-    uint64_t len = strtoull(sc->str, NULL, 10);
-    if (len < lo || len > hi || !kvti_is_hash_name(hash))
-      continue;
-    if (len != *last_len) {
-      if (kvt_token_hash(last_hash, tokens, (size_t)len) != 0)
-        continue;
-      *last_len = len;
-    }
-    if (strcmp(last_hash, hash) != 0)
-      continue; /* another sequence with the same first 16 tokens */
-    rmanifest m;
-    int g = rman_get(rb, cl, &m, hash);
-    if (g == 0) {
-      *out = m.meta;
-      rman_free(&m);
-      rc = 0;
-      break;
-    }
-    if (g == KVT_ENOTFOUND || g == KVT_ECORRUPT) {
-      if (g == KVT_ECORRUPT)
-        remove_entry(rb, hash, NULL);
-      zrem(rb, ps, hash); /* stale member: the entry expired or was evicted */
-      continue;
-    }
-    rc = g;
-    break;
-  }
-  freeReplyObject(r);
-  if (rc == KVT_ENOTFOUND)
-    kvt_clear_error();
-  return rc;
-}
-
-/* The round-trip lookup on client cl (no mirror). */
-static int find_on(redis_backend *rb, kvr_client *cl, kvti_backend_meta *out,
-                   const int32_t *tokens, size_t n, int prefix,
-                   uint64_t min_len) {
-  if (min_len < 1)
-    min_len = 1;
-  if (!prefix || n == 0) {
-    if (n < min_len)
-      return KVT_ERR(KVT_ENOTFOUND, "no remote entry");
-    char hash[KVT_HASH_HEX_LEN + 1];
-    int rc = kvt_token_hash(hash, tokens, n);
-    if (rc != 0)
-      return rc;
-    rmanifest m;
-    rc = rman_get(rb, cl, &m, hash);
-    if (rc == 0) {
-      *out = m.meta;
-      rman_free(&m);
-    } else if (rc == KVT_ECORRUPT) {
-      remove_entry(rb, hash, NULL);
-      rc = KVT_ERR(KVT_ENOTFOUND, "remote manifest of %.16s was damaged", hash);
-    }
-    return rc;
-  }
-  rkey ps;
-  int rc = KVT_ENOTFOUND;
-  if (n >= RB_PREFIX_BLOCK) {
-    if ((rc = key_pset(&ps, rb, tokens, n)) != 0)
-      return rc;
-    rc = find_in_set(rb, cl, out, &ps, tokens,
-                     min_len > RB_PREFIX_BLOCK ? min_len : RB_PREFIX_BLOCK, n);
-  }
-  if (rc == KVT_ENOTFOUND && min_len < RB_PREFIX_BLOCK) {
-    size_t hi = n < RB_PREFIX_BLOCK ? n : RB_PREFIX_BLOCK - 1;
-    if ((rc = key_pset(&ps, rb, tokens, 1)) != 0)
-      return rc;
-    rc = find_in_set(rb, cl, out, &ps, tokens, min_len, hi);
-  }
-  if (rc == KVT_ENOTFOUND)
-    return KVT_ERR(KVT_ENOTFOUND,
-                   "no remote entry is a prefix of these %zu "
-                   "tokens",
-                   n);
-  return rc;
-}
-
-/* ---- the cheap lookup: mirror first ---- */
-
-static double mono_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static uint64_t neg_key(const int32_t *tokens, size_t n, int prefix,
-                        uint64_t min_len) {
-  uint64_t h = n ? kvti_xxh3(tokens, n * sizeof *tokens) : 0;
-  h ^= (uint64_t)prefix * 0x9E3779B97F4A7C15ull;
-  h ^= (min_len + 1) * 0xC2B2AE3D27D4EB4Full;
-  return h | 1;
-}
-
-static int neg_hit(redis_backend *rb, uint64_t key) {
-  neg_slot *sl = &rb->neg[key % RB_NEG_SLOTS];
-  uint64_t gen = kvr_mirror_gen(rb->mirror);
-  pthread_mutex_lock(&rb->neg_mu);
-  int hit = sl->key == key && sl->gen == gen && mono_now() < sl->until;
-  pthread_mutex_unlock(&rb->neg_mu);
-  return hit;
-}
-
-static void neg_put(redis_backend *rb, uint64_t key) {
-  neg_slot *sl = &rb->neg[key % RB_NEG_SLOTS];
-  uint64_t gen = kvr_mirror_gen(rb->mirror);
-  pthread_mutex_lock(&rb->neg_mu);
-  sl->key = key;
-  sl->gen = gen;
-  sl->until = mono_now() + RB_NEG_TTL;
-  pthread_mutex_unlock(&rb->neg_mu);
-}
-
-/* Confirms a mirrored candidate with one GET of its manifest (lookup
- * deadline): 0 and *out, KVT_ENOTFOUND (gone: dropped from the mirror), or a
- * connection error. */
-static int confirm(redis_backend *rb, kvti_backend_meta *out,
-                   const char *hash) {
-  rmanifest m;
-  int rc = rman_get(rb, rb->lcl, &m, hash);
-  if (rc == 0) {
-    *out = m.meta;
-    rman_free(&m);
-    return 0;
-  }
-  if (rc == KVT_ENOTFOUND || rc == KVT_ECORRUPT) {
-    kvr_mirror_del(rb->mirror, hash); /* evicted, expired or damaged */
-    kvt_clear_error();
-    return KVT_ENOTFOUND;
-  }
-  return rc;
-}
-
-/* The longest entry of one prefix set that is a prefix of the query: the
- * set's distinct lengths from the mirror, the query's prefix of each hashed
- * (locally), looked up in the mirror, then confirmed by its manifest (one
- * round trip). */
-#define RB_MIRROR_LENS 256
-static int mirror_in_set(redis_backend *rb, kvti_backend_meta *out,
-                         const int32_t *tokens, size_t set_len, uint64_t lo,
-                         uint64_t hi) {
-  if (lo > hi)
-    return KVT_ENOTFOUND;
-  char id[80];
-  int rc = pset_id(id, tokens, set_len);
-  if (rc != 0)
-    return rc;
-  uint64_t lens[RB_MIRROR_LENS];
-  size_t k = kvr_mirror_lengths(rb->mirror, id, lo, hi, lens, RB_MIRROR_LENS);
-  for (size_t i = 0; i < k; i++) {
-    char h[KVT_HASH_HEX_LEN + 1];
-    uint64_t len = 0;
-    if ((rc = kvt_token_hash(h, tokens, (size_t)lens[i])) != 0)
-      return rc;
-    if (!kvr_mirror_has(rb->mirror, h, &len) || len != lens[i])
-      continue; /* another sequence with the same first tokens */
-    rc = confirm(rb, out, h);
-    if (rc != KVT_ENOTFOUND)
-      return rc;
-  }
-  return KVT_ENOTFOUND;
-}
-
-static int mirror_find(redis_backend *rb, kvti_backend_meta *out,
-                       const int32_t *tokens, size_t n, int prefix,
-                       uint64_t min_len) {
-  if (!prefix || n == 0) {
-    char hash[KVT_HASH_HEX_LEN + 1];
-    if (n < min_len)
-      return KVT_ENOTFOUND;
-    int rc = kvt_token_hash(hash, tokens, n);
-    if (rc != 0)
-      return rc;
-    if (!kvr_mirror_has(rb->mirror, hash, NULL))
-      return KVT_ENOTFOUND;
-    return confirm(rb, out, hash);
-  }
-  int rc = KVT_ENOTFOUND;
-  if (n >= RB_PREFIX_BLOCK)
-    rc =
-        mirror_in_set(rb, out, tokens, n,
-                      min_len > RB_PREFIX_BLOCK ? min_len : RB_PREFIX_BLOCK, n);
-  if (rc == KVT_ENOTFOUND && min_len < RB_PREFIX_BLOCK)
-    rc = mirror_in_set(rb, out, tokens, 1, min_len,
-                       n < RB_PREFIX_BLOCK ? n : RB_PREFIX_BLOCK - 1);
-  return rc;
-}
-
-static int rb_find(kvti_backend *b, kvti_backend_meta *out,
-                   const int32_t *tokens, size_t n, int prefix,
-                   uint64_t min_len) {
-  redis_backend *rb = R(b);
-  if (min_len < 1)
-    min_len = 1;
-  int rc;
-  if (kvr_mirror_synced(rb->mirror)) {
-    rc = mirror_find(rb, out, tokens, n, prefix, min_len);
-  } else {
-    uint64_t key = neg_key(tokens, n, prefix, min_len);
-    if (neg_hit(rb, key))
-      return KVT_ERR(KVT_ENOTFOUND, "no remote entry (cached miss)");
-    rc = find_on(rb, rb->lcl, out, tokens, n, prefix, min_len);
-    if (rc == KVT_ENOTFOUND)
-      neg_put(rb, key);
-  }
-  if (rc == KVT_ENOTFOUND)
-    return KVT_ERR(KVT_ENOTFOUND, "no remote entry for these %zu tokens", n);
-  return rc;
-}
-
-static int rb_reach(kvti_backend *b) {
-  return kvr_client_probe(R(b)->cl);
-}
-
-/* ------------------------------------------------------------------------ */
 /* The rest of the seam                                                     */
 /* ------------------------------------------------------------------------ */
 
@@ -1236,23 +758,23 @@ static int rb_stat(kvti_backend *b, kvti_backend_meta *out, const char *hash) {
   if (!kvti_is_hash_name(hash))
     return KVT_ERR(KVT_EINVAL, "invalid entry name");
   rmanifest m;
-  int rc = rman_get(R(b), R(b)->cl, &m, hash);
+  int rc = kvti_rb_rman_get(kvti_rb(b), kvti_rb(b)->cl, &m, hash);
   if (rc == 0) {
     *out = m.meta;
-    rman_free(&m);
+    kvti_rb_rman_free(&m);
   }
   return rc;
 }
 
 static int rb_remove(kvti_backend *b, const char *hash) {
-  return remove_entry(R(b), hash, NULL);
+  return kvti_rb_remove_entry(kvti_rb(b), hash, NULL);
 }
 
 static int rb_exists(kvti_backend *b, const char *hash) {
   rmanifest m;
-  int rc = rman_get(R(b), R(b)->cl, &m, hash);
+  int rc = kvti_rb_rman_get(kvti_rb(b), kvti_rb(b)->cl, &m, hash);
   if (rc == 0) {
-    rman_free(&m);
+    kvti_rb_rman_free(&m);
     return 1;
   }
   if (rc == KVT_ENOTFOUND || rc == KVT_ECORRUPT) {
@@ -1264,10 +786,10 @@ static int rb_exists(kvti_backend *b, const char *hash) {
 
 static int rb_describe(kvti_backend *b, char **json, const char *hash) {
   char *stage = NULL;
-  int rc = rb_stage(b, &stage);
+  int rc = kvti_rb_stage(b, &stage);
   if (rc != 0)
     return rc;
-  rc = rb_fetch(b, NULL, hash, stage);
+  rc = kvti_rb_fetch(b, NULL, hash, stage);
   if (rc == 0)
     rc = kvti_entry_describe(json, stage, hash);
   kvti_rmtree(stage);
@@ -1305,8 +827,8 @@ static int scan_node(void *vctx, kvr_client *c, int node) {
 }
 
 static int rb_list(kvti_backend *b, kvti_backend_list_fn fn, void *ctx) {
-  scan_ctx s = {R(b), fn, ctx, 0};
-  return kvr_foreach_master(R(b)->cl, scan_node, &s);
+  scan_ctx s = {kvti_rb(b), fn, ctx, 0};
+  return kvr_foreach_master(kvti_rb(b)->cl, scan_node, &s);
 }
 
 static int rb_purge(kvti_backend *b, const char *name) {
@@ -1317,11 +839,11 @@ static int rb_purge(kvti_backend *b, const char *name) {
 
 static int rb_quarantine(kvti_backend *b, const char *hash, uint32_t keep_max) {
   (void)keep_max; /* a shared store keeps no quarantine: corrupt = deleted */
-  return remove_entry(R(b), hash, NULL);
+  return kvti_rb_remove_entry(kvti_rb(b), hash, NULL);
 }
 
 static void rb_destroy(kvti_backend *b) {
-  redis_backend *rb = R(b);
+  redis_backend *rb = kvti_rb(b);
   if (!rb)
     return;
   kvr_mirror_stop(rb->mirror); /* before the client it uses */
@@ -1335,7 +857,7 @@ static void rb_destroy(kvti_backend *b) {
 
 static const kvti_backend_ops redis_ops = {.name = "redis",
                                            .put = rb_put,
-                                           .get = rb_get,
+                                           .get = kvti_rb_get,
                                            .remove = rb_remove,
                                            .exists = rb_exists,
                                            .present = rb_exists,
@@ -1343,11 +865,11 @@ static const kvti_backend_ops redis_ops = {.name = "redis",
                                            .list = rb_list,
                                            .purge = rb_purge,
                                            .quarantine = rb_quarantine,
-                                           .find = rb_find,
+                                           .find = kvti_rb_find,
                                            .stat = rb_stat,
-                                           .stage = rb_stage,
-                                           .fetch = rb_fetch,
-                                           .reach = rb_reach,
+                                           .stage = kvti_rb_stage,
+                                           .fetch = kvti_rb_fetch,
+                                           .reach = kvti_rb_reach,
                                            .destroy = rb_destroy};
 
 int kvti_backend_redis_new(kvti_backend **out, const kvti_remote_cfg *cfg) {
