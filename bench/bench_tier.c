@@ -15,8 +15,8 @@
  *  - peak RSS during a spill storm vs the configured queue bytes.
  *
  * Two levels: "entry" lines drive the entry writer/reader directly
- * (src/format/entry.h); "tier" lines go through the public API (kvt_tier_*), including
- * the queue, the writer thread and the index.
+ * (src/format/entry.h); "tier" lines go through the public API (kvt_tier_*),
+ * including the queue, the writer thread and the index.
  *
  * Usage: bench_tier [--dir DIR] [--tokens 1024,4096] [--entries N] [--runs N]
  * [--depth N]

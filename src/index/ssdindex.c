@@ -28,8 +28,9 @@
 #include <time.h>
 
 #define PREFIX_TOKENS 16 /* the reference's _PREFIX_FILTER_TOKENS */
-#define SQL_MAX_TOKENS ((size_t)1 << 28) /* 1 GiB blob: SQLite's length limit  \
-                                          */
+#define SQL_MAX_TOKENS                                                         \
+  ((size_t)1 << 28) /* 1 GiB blob: SQLite's length limit                       \
+                     */
 
 /* Rows kvt_index_row can represent; every query adds it. */
 #define VALID                                                                  \

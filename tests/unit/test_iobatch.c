@@ -649,7 +649,8 @@ int main(void) {
   uring_ok = kvti_iobatch_create(&b, &cfg) == 0;
   kvti_iobatch_free(b);
   if (!uring_ok)
-    kvt_test_skip("uring", "io_uring unavailable (%s): its cases", kvt_last_error());
+    kvt_test_skip("uring", "io_uring unavailable (%s): its cases",
+                  kvt_last_error());
   RUN(test_round_trips);
   RUN(test_short_reads);
   RUN(test_injected_errors);
