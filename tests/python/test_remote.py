@@ -66,8 +66,15 @@ def test_two_nodes_share(tmp_path, redis_url, rng):
     assert a.enqueue_spill(toks, layers, 4242) is True
     a.flush(timeout=30)
     assert a.get_stats()["remote_spill_count"] == 1
-    # lookups see the remote entry (issue 16): what the promote below finds
-    assert b.lookup_ssd(toks)["num_tokens"] == 40
+    # lookups see the remote entry (issue 16): what the promote below finds.
+    # B learns of A's spill from the store's event channel, asynchronously:
+    # wait for it, bounded (the mirror is eventually consistent).
+    deadline = time.monotonic() + 10
+    hit = b.lookup_ssd(toks)
+    while hit is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+        hit = b.lookup_ssd(toks)
+    assert hit is not None and hit["num_tokens"] == 40
     bud = Budget()
     got = run(b.async_promote(toks, bud.reserve, bud.release))
     assert got is not None and bud.reserved == 4242
