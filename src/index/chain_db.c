@@ -9,6 +9,7 @@
  */
 #include "index/chain_int.h"
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/io.h"
 
@@ -447,7 +448,7 @@ int kvti_chains_put(kvti_chains *c, const kvti_chain_rec *recs, size_t n) {
                    (unsigned long long)r->index);
   }
   pthread_rwlock_unlock(&c->rw);
-  double now = kvti_idx_now();
+  double now = kvti_now_wall();
   if (rc == 0)
     rc = begin(c);
   for (size_t i = 0; rc == 0 && i < n; i++) {

@@ -98,8 +98,6 @@ struct kvt_index {
 
 /* ---- mirror.c: keys and hashes ---- */
 
-/* Wall-clock seconds (created_at / accessed_at, as the reference's time()). */
-double kvti_idx_now(void);
 /* SHA-256 of len bytes. Returns 0 or KVT_ENOMEM. */
 int kvti_idx_sha256(uint8_t out[32], const void *data, size_t len);
 /* Lowercase hex of a 32-byte key, NUL-terminated. */

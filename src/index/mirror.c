@@ -40,12 +40,6 @@
 
 /* ---- keys and hashes ---- */
 
-double kvti_idx_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 int kvti_idx_sha256(uint8_t out[32], const void *data, size_t len) {
   unsigned int mdlen = 0;
   if (!EVP_Digest(len ? data : (const void *)"", len, out, &mdlen, EVP_sha256(),

@@ -16,6 +16,7 @@
  */
 #include "index/internal.h"
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/io.h"
 #include "kvtier.h"
@@ -50,12 +51,6 @@ static const char INSERT_SQL[] =
     "                    (token_hash, tokens_blob, prefix_hash, num_tokens, "
     "file_path,\n                     memory_bytes, created_at, accessed_at)\n"
     "                VALUES (?, ?, ?, ?, ?, ?, ?, ?)\n                ";
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* The row key of a token sequence (kvt_token_hash refuses NULL tokens),
  * within the blob length SQLite stores. */
@@ -220,7 +215,7 @@ int kvt_index_insert(kvt_index *idx, const int32_t *tokens, size_t n,
   int rc = row_key(th, tokens, n);
   if (rc || (rc = kvt_prefix_hash(ph, tokens, n)) != 0)
     return rc;
-  double now = now_s();
+  double now = kvti_now_wall();
   sqlite3 *db = kvti_index_sql_begin(idx);
   sqlite3_stmt *s = NULL;
   rc = exec(idx, db, "BEGIN IMMEDIATE");
@@ -434,7 +429,7 @@ static int touch_fn(kvt_index *idx, sqlite3 *db, sqlite3_stmt *s,
   (void)db;
   (void)th;
   (void)ctx;
-  sqlite3_bind_double(s, 1, now_s());
+  sqlite3_bind_double(s, 1, kvti_now_wall());
   return step_one(idx, s, "touch");
 }
 

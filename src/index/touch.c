@@ -9,6 +9,7 @@
  */
 #include "index/internal.h"
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/io.h"
 
@@ -86,7 +87,7 @@ int kvti_idx_touches_due(kvt_index *idx, double t) {
 }
 
 int kvti_idx_touch_sha(kvt_index *idx, const uint8_t sha[32]) {
-  double t = kvti_idx_now();
+  double t = kvti_now_wall();
   pthread_rwlock_wrlock(&idx->rw);
   uint32_t id;
   if (!kvti_idx_mirror_find(idx, sha, &id)) {

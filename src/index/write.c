@@ -8,6 +8,7 @@
  */
 #include "index/internal.h"
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/io.h"
 
@@ -110,7 +111,7 @@ int kvti_idx_put_common(kvt_index *idx, const kvti_index_put_args *a,
       return KVT_ERR_NOMEM();
   }
   int rc = 0;
-  double now = kvti_idx_now();
+  double now = kvti_now_wall();
   for (size_t i = 0; !rc && i < count; i++) {
     rc = put_prepare(&e[i], &a[i]);
     e[i].created_at = e[i].accessed_at =

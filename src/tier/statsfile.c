@@ -9,6 +9,7 @@
  * reader side.
  */
 #include "tier/statsfile.h"
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/io.h"
 
@@ -63,12 +64,6 @@ static double bitsd(uint64_t u) {
   memcpy(&d, &u, 8);
   return d;
 }
-static double now_unix(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static char *stats_path(const char *dir) {
   return kvti_path_join(dir, KVTI_STATSFILE_NAME);
 }
@@ -112,7 +107,7 @@ int kvti_statsfile_open(kvti_statsfile **out, const char *dir, mode_t mode,
     return KVT_ERR_NOMEM();
   }
   f->map = m;
-  f->started = now_unix();
+  f->started = kvti_now_wall();
   /* Taking the file over: the sequence goes odd first, so a reader never
    * mixes the previous owner's words with ours; then the header. */
   au64 *seq = w64(f->map, OFF_SEQ);
@@ -153,7 +148,7 @@ void kvti_statsfile_publish(kvti_statsfile *f, const kvt_stats *s) {
   for (size_t i = 0; i < NSLOTS; i++)
     atomic_store_explicit(w64(f->map, KVTI_STATSFILE_HEADER + 8 * i), words[i],
                           memory_order_relaxed);
-  atomic_store_explicit(w64(f->map, OFF_UPDATED), dbits(now_unix()),
+  atomic_store_explicit(w64(f->map, OFF_UPDATED), dbits(kvti_now_wall()),
                         memory_order_relaxed);
   atomic_store_explicit(seq, q + 2u, memory_order_release);
 }
