@@ -165,7 +165,12 @@ typedef struct kvt_layer {
   int32_t kind;         /* kvt_layer_kind */
   uint32_t num_tensors; /* KV/rotating: 2, quantized: 6, arrays: >= 0 */
   kvt_tensor *tensors;
-  int64_t offset; /* KV kinds: tokens held; KVT_ABSENT for arrays */
+  /* KV kinds: tokens held. For KV and quantized KV, the valid rows on axis
+   * -2 of every tensor (token i is row i): at most shape[-2] (a spill with
+   * more is KVT_EINVAL; docs/FORMAT.md section 4, "offset"); quantized may
+   * be KVT_ABSENT (every row). Rotating KV: every token seen (unbounded).
+   * KVT_ABSENT for arrays. */
+  int64_t offset;
   /* Rotating KV attributes (KVT_ABSENT when not present). */
   int64_t max_size, keep, step, idx;
   /* Quantized KV attributes. */
@@ -689,7 +694,8 @@ KVT_API int kvt_tier_promote(kvt_entry **out, kvt_tier *t,
  *  kvt_entry_disk_bytes() counts the bytes actually read. Stats and touch as
  *  kvt_tier_promote (the stored entry is touched).
  *  Returns as kvt_tier_promote, plus KVT_EINVAL (n_keep 0 or > n_tokens, a
- *  layer holding fewer than n_keep tokens, KVT_PROMOTE_PREFIX in
+ *  layer holding fewer than n_keep tokens - rows or offset: rows past a
+ *  layer's offset are never served as tokens -, KVT_PROMOTE_PREFIX in
  *  opts->flags) and KVT_EUNSUPPORTED (a layer kind that cannot be trimmed:
  *  arrays or rotating KV). n_keep == n_tokens is exactly kvt_tier_promote.
  *  Thread-safe; many at once. */

@@ -128,6 +128,10 @@ typedef struct kvti_read_opts {
   uint64_t keep_tokens;
   int page_cache; /* 1: never O_DIRECT (kvti_layer_read_opts.page_cache) */
   unsigned read_threads; /* threads per entry read, 1..8; 0: the default */
+  /* A chained entry's tail (store/chunked.c): its KV layers' first
+   * chain_rows rows are in the chain, so their offset may exceed the tail's
+   * rows by that much (kvti_layer_read_opts.row_base). 0: a whole entry. */
+  uint64_t chain_rows;
 } kvti_read_opts;
 
 /* Reads and fully validates data_dir/<hash>. Returns 0 and *out; KVT_ENOTFOUND

@@ -274,7 +274,8 @@ int kvti_entry_reader_read_layer(kvti_entry_reader *r, uint32_t i,
       r->m.block_size,
       r->m.block_size ? r->m.blk_all + r->m.blk_off[i] : NULL,
       r->m.block_size ? r->m.blk_off[i + 1] - r->m.blk_off[i] : 0,
-      r->o.page_cache};
+      r->o.page_cache,
+      r->o.chain_rows};
   int rc = kvti_layer_read_file(&r->e->layers[i], &r->layer_bytes[i], lp,
                                 &r->m.metas[i], &lo);
   kvti_free(lp);

@@ -29,6 +29,22 @@
  * > 0. Returns 0 or KVT_EINVAL with a message naming layer idx. */
 int kvti_layer_validate(const kvt_layer *l, uint32_t idx, int need_data);
 
+/* Token i is KV row i (docs/FORMAT.md section 3, "offset"): a KV or quantized
+ * KV layer's offset (when present) counts the valid rows on axis -2 of every
+ * one of its tensors, so it may be below shape[-2] (an engine's preallocated
+ * room: rows past offset are never served as tokens) but never above
+ * row_base + shape[-2] (rows that do not exist; row_base = rows of the layer
+ * held elsewhere, a chained entry's chain) and, with n_tokens != UINT64_MAX,
+ * never above n_tokens. (Entries may hold more KV rows than tokens: a whole
+ * entry is returned as spilled, and chunks, prefixes and trims only ever use
+ * rows below min(offset, tokens).) Rotating KV is not checked: its offset
+ * counts every token ever seen and its rows are a window. Tensors of KV kinds
+ * need a token axis (ndim >= 2). Returns 0 or err (KVT_EINVAL for a caller's
+ * layer, KVT_ECORRUPT for a stored one) with a message naming `what` and the
+ * layer. */
+int kvti_layer_check_rows(const kvt_layer *l, uint32_t idx, uint64_t row_base,
+                          uint64_t n_tokens, int err, const char *what);
+
 /* True when the layer's stored form needs MLX dequantization in compat mode. */
 static inline int kvti_layer_is_quantized(const kvt_layer *l) {
   return l->kind == KVT_LAYER_QUANTIZED_KV;
@@ -135,6 +151,9 @@ typedef struct kvti_layer_read_opts {
   /* 1: read through the page cache even when the file is cold (never
    * O_DIRECT), leaving the pages cached for a next read. */
   int page_cache;
+  /* Rows of this layer held elsewhere (a chained entry's tail: its chain's
+   * rows), for the offset check (kvti_layer_check_rows). 0: none. */
+  uint64_t row_base;
 } kvti_layer_read_opts;
 
 /* Reads the layer file at path described by m into out (tensors and orig_dtypes

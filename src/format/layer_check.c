@@ -4,6 +4,8 @@
  * for quantized layers bits, group_size and the packed/scales/biases geometry.
  * The reader reuses it (kvti_layer_check_header) to check the quantized tensors
  * a file holds, so a layer read back satisfies the same rules as one written.
+ * kvti_layer_check_rows holds the one rule tying offset to the token axis, used
+ * by the spill path, kvt_layer_save and every layer read.
  */
 #include "format/layer_int.h"
 #include "base/error.h"
@@ -138,5 +140,37 @@ int kvti_layer_validate(const kvt_layer *l, uint32_t idx, int need_data) {
     if (rc)
       return rc;
   }
+  return 0;
+}
+
+int kvti_layer_check_rows(const kvt_layer *l, uint32_t idx, uint64_t row_base,
+                          uint64_t n_tokens, int err, const char *what) {
+  if (l->kind != KVT_LAYER_KV && l->kind != KVT_LAYER_QUANTIZED_KV)
+    return 0;
+  for (uint32_t j = 0; j < l->num_tensors; j++)
+    if (l->tensors[j].ndim < 2)
+      return KVT_ERR(err,
+                     "%s: layer %u tensor %u: a KV tensor needs a token axis "
+                     "(ndim >= 2, tokens on axis -2), got ndim %u",
+                     what, idx, j, l->tensors[j].ndim);
+  if (l->offset == KVT_ABSENT) /* quantized only: every row is valid */
+    return 0;
+  for (uint32_t j = 0; j < l->num_tensors; j++) {
+    const kvt_tensor *t = &l->tensors[j];
+    uint64_t rows = row_base + (uint64_t)t->shape[t->ndim - 2];
+    if ((uint64_t)l->offset > rows)
+      return KVT_ERR(err,
+                     "%s: layer %u: offset %lld is past the %llu token rows of "
+                     "tensor %u (shape[-2]): token i must be KV row i",
+                     what, idx, (long long)l->offset, (unsigned long long)rows,
+                     j);
+  }
+  if (n_tokens != UINT64_MAX && (uint64_t)l->offset > n_tokens)
+    return KVT_ERR(err,
+                   "%s: layer %u: offset %lld is past the entry's %llu "
+                   "tokens: its KV rows past them belong to no token of the "
+                   "key",
+                   what, idx, (long long)l->offset,
+                   (unsigned long long)n_tokens);
   return 0;
 }

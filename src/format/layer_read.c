@@ -268,9 +268,21 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
     t->nbytes = slot[j]->nbytes;
     t->data = NULL;
   }
+  /* Token i is row i: an offset past the rows would serve garbage. */
+  if ((rc = kvti_layer_check_rows(&l, m->layer_idx, o->row_base, UINT64_MAX,
+                                  KVT_ECORRUPT, path)) != 0)
+    goto out;
   /* Trimmed read: per tensor, tb = bytes of one head's token rows in the file,
    * kb = bytes of its kept rows. */
   uint64_t keep = o->keep_tokens;
+  if (keep && l.offset != KVT_ABSENT && (uint64_t)l.offset < keep &&
+      (m->kind == KVT_LAYER_KV || m->kind == KVT_LAYER_QUANTIZED_KV)) {
+    rc = KVT_ERR(KVT_EINVAL,
+                 "%s: layer holds KV of %lld tokens (offset), fewer than the "
+                 "%llu to keep: rows past offset are not KV of those tokens",
+                 path, (long long)l.offset, (unsigned long long)keep);
+    goto out;
+  }
   if (keep) {
     if (m->kind != KVT_LAYER_KV && m->kind != KVT_LAYER_QUANTIZED_KV) {
       rc = KVT_ERR(KVT_EUNSUPPORTED,

@@ -142,6 +142,9 @@ int kvt_layer_save(char **meta_json, const char *path, const kvt_layer *layer,
   if (layer_idx > KVTI_MAX_LAYERS)
     return KVT_ERR(KVT_EINVAL, "kvt_layer_save: layer_idx too large");
   int rc = kvti_layer_validate(layer, layer_idx, 1);
+  if (rc == 0)
+    rc = kvti_layer_check_rows(layer, layer_idx, 0, UINT64_MAX, KVT_EINVAL,
+                               "kvt_layer_save");
   if (rc)
     return rc;
   kvti_layer_out p;

@@ -231,6 +231,8 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
   }
   kvti_read_opts o2 = *o;
   o2.on_layer = NULL;
+  o2.chain_rows =
+      ce.chunks * ce.chunk_tokens; /* the tail's offsets count them */
   kvt_entry *e = NULL;
   int rc = be->ops->get(be, &e, hash, &o2);
   if (rc)

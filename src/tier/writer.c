@@ -376,6 +376,14 @@ static int spill_common(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
   kvti_snapshot *s = NULL;
   rc = kvti_snapshot_create(&s, tokens, n_tokens, layers, n_layers,
                             memory_bytes, copy, release, release_ctx);
+  /* Validated: now the rows rule (token i is KV row i; not in
+   * snapshot_create, which also builds a chained entry's tail). */
+  for (uint32_t i = 0; rc == 0 && i < n_layers; i++)
+    if ((rc = kvti_layer_check_rows(&layers[i], i, 0, UINT64_MAX, KVT_EINVAL,
+                                    "spill")) != 0) {
+      kvti_snapshot_free(s); /* runs release for a no-copy spill */
+      s = NULL;
+    }
   if (rc != 0) {
     /* snapshot_create ran release already. */
     if (rc == KVT_EINVAL)

@@ -69,6 +69,7 @@ static kvt_entry *roundtrip(env *v, const int32_t *tok, size_t n,
   kvti_read_opts ro = {0};
   ro.tokens = tok;
   ro.n_tokens = n;
+  ro.chain_rows = sp.rows; /* a tail: its offsets count the chain's rows */
   kvt_entry *e;
   REQUIRE(kvti_entry_read(&e, v->data, hash, &ro) == 0);
   if (sp.chunks) {
@@ -128,6 +129,7 @@ static void test_hybrid(void) {
   char hash[65];
   kvt_token_hash(hash, tok, 200);
   kvti_read_opts ro = {0};
+  ro.chain_rows = sp.rows;
   kvt_entry *e2;
   REQUIRE(kvti_entry_read(&e2, v.data, hash, &ro) == 0);
   CHECK_EQ_INT(kvti_chunk_join(e2, &p, sp.rows, &o), KVT_ECORRUPT);
