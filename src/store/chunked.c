@@ -62,6 +62,10 @@ kvti_chunkstore *kvti_chunked_store(kvti_chunked *c) {
 uint32_t kvti_chunked_chunk_tokens(const kvti_chunked *c) {
   return c->C;
 }
+const uint8_t *kvti_chunked_ns(const kvti_chunked *c, size_t *len) {
+  *len = c->ns_len;
+  return c->ns;
+}
 
 uint64_t kvti_chunked_disk_bytes(kvti_chunked *c) {
   kvti_chains_totals t;
@@ -190,14 +194,11 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
   if (o->keep_tokens) {
     /* Trimmed: served from the chain alone when the kept tokens lie within
      * it and the chain holds every layer (a trim needs every layer
-     * trimmable anyway). */
+     * trimmable anyway); else chain + tail (chunked_trim.c). */
     uint64_t rows = ce.chunks * ce.chunk_tokens;
     if (o->keep_tokens > rows || !o->tokens || o->n_tokens < o->keep_tokens)
-      return KVT_ERR(KVT_EUNSUPPORTED,
-                     "trimmed read of a chained entry beyond its chain (%llu "
-                     "> %llu tokens) is not supported",
-                     (unsigned long long)o->keep_tokens,
-                     (unsigned long long)rows);
+      return kvti_chunked_get_trim(c, be, out, hash, &ce, o, bad_chunk,
+                                   chunk_bad);
     size_t k =
         (size_t)((o->keep_tokens + ce.chunk_tokens - 1) / ce.chunk_tokens);
     kvti_chain_rec *r = kvti_malloc(k * sizeof *r);
@@ -208,9 +209,11 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
                 : KVT_ERR_NOMEM();
     if (trc == 0 && (m != k || r[0].layout_hash != ce.layout_hash))
       trc = KVT_ERR(KVT_ENOTFOUND, "chain incomplete (evicted)");
-    if (trc == 0 && !r[0].pure)
-      trc = KVT_ERR(KVT_EUNSUPPORTED,
-                    "trimmed read: the chain does not hold every layer");
+    if (trc == 0 && !r[0].pure) {
+      kvti_free(r);
+      return kvti_chunked_get_trim(c, be, out, hash, &ce, o, bad_chunk,
+                                   chunk_bad);
+    }
     kvti_chunk_read_opts ro = {o->alloc, o->free_buf, o->alloc_ctx, o->cancel,
                                o->keep_tokens};
     kvti_chunk_prefix p;

@@ -54,6 +54,20 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
                      const char *hash, const kvti_read_opts *o,
                      uint8_t bad_chunk[32], int *chunk_bad);
 
+/* The namespace the chain keys are seeded with (model_id), for the helpers
+ * in other files of the chunked store. */
+const uint8_t *kvti_chunked_ns(const kvti_chunked *c, size_t *len);
+
+/* A trimmed read (o->keep_tokens in [1, entry tokens]) of chained entry hash
+ * (record ce), for any kept length: chunks covering the kept tokens, plus the
+ * tail's first rows when keep reaches past the chain (chunked_trim.c).
+ * Returns as kvti_chunked_get, plus KVT_EUNSUPPORTED (a layer that cannot be
+ * cut on the token axis) and KVT_EINVAL (a layer holding fewer valid rows). */
+int kvti_chunked_get_trim(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
+                          const char *hash, const kvti_chained_entry *ce,
+                          const kvti_read_opts *o, uint8_t bad_chunk[32],
+                          int *chunk_bad);
+
 /* 1 when hash is a chained entry (its files alone are a tail). */
 int kvti_chunked_is_chained(kvti_chunked *c, const char *hash);
 /* After the entry's files are removed: drops its record. */

@@ -56,6 +56,25 @@ static void *t_alloc(void *ctx, uint32_t l, uint32_t j, const kvt_tensor *d) {
   g_live++;
   return malloc(d->nbytes ? d->nbytes : 1);
 }
+/* 1 when trim holds exactly the first keep rows (axis -2) of full. */
+static int first_rows_eq(const kvt_tensor *trim, const kvt_tensor *full,
+                         int keep) {
+  uint64_t outer = 1, T = (uint64_t)full->shape[full->ndim - 2];
+  for (uint32_t d = 0; d + 2 < full->ndim; d++)
+    outer *= (uint64_t)full->shape[d];
+  uint64_t row = full->nbytes / (outer * T);
+  if (trim->ndim != full->ndim || trim->dtype != full->dtype ||
+      trim->shape[trim->ndim - 2] != keep ||
+      trim->nbytes != outer * (uint64_t)keep * row)
+    return 0;
+  for (uint64_t q = 0; q < outer; q++)
+    if (memcmp((const uint8_t *)trim->data + q * (uint64_t)keep * row,
+               (const uint8_t *)full->data + q * T * row,
+               (size_t)keep * row) != 0)
+      return 0;
+  return 1;
+}
+
 static void t_free(void *ctx, void *b) {
   (void)ctx;
   g_live--;
@@ -153,9 +172,26 @@ static void test_conversations(void) {
     CHECK(memcmp((uint8_t *)x->data + 40 * 16, (uint8_t *)y->data + 128 * 16,
                  40 * 16) == 0);
     kvt_entry_free(te);
-    to.keep_tokens = 100; /* beyond the chain's 96 tokens */
-    CHECK(kvti_chunked_get(v.ck, v.be, &te, h0, &to, NULL, NULL) ==
-          KVT_EUNSUPPORTED);
+    /* Beyond the chain's 96 tokens: chain + the tail's first 4 rows. */
+    for (int keep = 96; keep <= 104; keep += 4) {
+      to.keep_tokens = (uint64_t)keep;
+      REQUIRE(kvti_chunked_get(v.ck, v.be, &te, h0, &to, NULL, NULL) == 0);
+      CHECK_EQ_INT(te->n_tokens, keep);
+      char hk[65];
+      kvt_token_hash(hk, tok[0], (size_t)keep);
+      CHECK(strcmp(te->hash, hk) == 0);
+      for (int L = 0; L < 2; L++) {
+        CHECK_EQ_INT(te->layers[L].offset, keep);
+        for (uint32_t j = 0; j < te->layers[L].num_tensors; j++)
+          CHECK(first_rows_eq(&te->layers[L].tensors[j], &l[0][L].tensors[j],
+                              keep));
+      }
+      kvt_entry_free(te);
+    }
+    to.keep_tokens = 105;
+    te = NULL;
+    CHECK(kvti_chunked_get(v.ck, v.be, &te, h0, &to, NULL, NULL) == KVT_EINVAL);
+    CHECK(te == NULL);
     to.keep_tokens = 0;
     to.verify_only = 1;
     te = (kvt_entry *)1;

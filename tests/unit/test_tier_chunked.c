@@ -201,6 +201,22 @@ static void test_tier(void) {
   REQUIRE(kvt_tier_promote_trim(&e, t, a, 100, 40, &po) == 0);
   CHECK_EQ_INT(kvt_entry_layer(e, 0)->tensors[0].shape[2], 40);
   kvt_entry_free(e);
+  /* Past the chain's 96 tokens: chain + tail rows, bit for bit, reserving
+   * the scaled memory_bytes; past the entry or its offset: refused. */
+  for (int keep = 97; keep <= 99; keep += 2) {
+    g_reserved = 0;
+    REQUIRE(kvt_tier_promote_trim(&e, t, a, 100, (size_t)keep, &po) == 0);
+    CHECK(entry_matches(e, a, keep, keep));
+    CHECK_EQ_INT(g_reserved, 1000 * keep / 100);
+    size_t ne;
+    kvt_entry_tokens(e, &ne);
+    CHECK_EQ_INT(ne, keep);
+    kvt_entry_free(e);
+  }
+  REQUIRE(kvt_tier_promote_trim(&e, t, a, 100, 100, &po) == 0); /* whole */
+  CHECK(entry_matches(e, a, 100, 128));
+  kvt_entry_free(e);
+  CHECK_EQ_INT(kvt_tier_promote_trim(&e, t, a, 100, 101, &po), KVT_EINVAL);
   /* Reopen: the chains are still there. */
   REQUIRE(kvt_tier_close(t, 30000) == 0);
   kvt_tier_free(t);

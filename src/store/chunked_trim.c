@@ -1,0 +1,233 @@
+/*
+ * chunked_trim.c - trimmed reads of a chained entry for any kept length
+ * (kvti_chunked_get_trim, chunked.h): the first keep tokens of an entry stored
+ * as chain + tail. The chain's chunks covering [0, keep) are read straight into
+ * destination tensors of keep rows (the caller's alloc, trimmed descriptions,
+ * every chunk verified); when keep reaches past the chain, the tail entry -
+ * small: rows past the last full chunk - is read whole into kvtier's own
+ * buffers and its first keep - chain rows rows are copied in after the
+ * chain's. Layers the chain does not hold (a trimmable layer of another token
+ * extent) are trimmed from the tail copy. Every layer must be KV or quantized
+ * KV and hold keep valid rows (offset), as for an entry stored whole: rotating
+ * KV and arrays cannot be cut on the token axis (KVT_EUNSUPPORTED).
+ */
+#include "store/chunked.h"
+
+#include "format/dtype.h"
+#include "base/error.h"
+#include "base/hash.h"
+#include "base/io.h"
+#include "format/layer.h"
+
+#include <string.h>
+
+/* An entry over caller buffers without a free_buf must not free them. */
+static void keep_buf(void *ctx, void *buf) {
+  (void)ctx;
+  (void)buf;
+}
+
+static uint64_t rows_of(const kvt_tensor *t) {
+  return (uint64_t)t->shape[t->ndim - 2];
+}
+
+static int trimmable(const kvt_layer *l, uint32_t li, uint64_t keep) {
+  if (l->kind != KVT_LAYER_KV && l->kind != KVT_LAYER_QUANTIZED_KV)
+    return KVT_ERR(KVT_EUNSUPPORTED,
+                   "trimmed read: layer %u cannot be cut on the token axis "
+                   "(only KV and quantized KV layers can)",
+                   li);
+  if (l->offset != KVT_ABSENT && (uint64_t)l->offset < keep)
+    return KVT_ERR(KVT_EINVAL,
+                   "trimmed read: layer %u holds KV of %lld tokens (offset), "
+                   "fewer than the %llu to keep",
+                   li, (long long)l->offset, (unsigned long long)keep);
+  return 0;
+}
+
+/* Copies rows [0, n) of src (src_T rows) into rows [at, at + n) of dst
+ * (dst_T rows), head by head. */
+static void copy_rows(kvt_tensor *dst, uint64_t dst_T, uint64_t at,
+                      const kvt_tensor *src, uint64_t src_T, uint64_t n) {
+  uint64_t outer, row;
+  kvti_chunk_tensor_geom(src, &outer, &row);
+  for (uint64_t q = 0; q < outer && n && row; q++)
+    memcpy((uint8_t *)dst->data + (q * dst_T + at) * row,
+           (const uint8_t *)src->data + q * src_T * row, n * row);
+}
+
+/* A layer of the tail not in the chain, cut to its first keep rows into new
+ * buffers (the caller's alloc when given). */
+static int cut_layer(kvt_layer *out, const kvt_layer *tl, uint32_t li,
+                     uint64_t keep, const kvti_read_opts *o) {
+  *out = *tl;
+  out->orig_dtypes = NULL;
+  out->tensors =
+      kvti_calloc(tl->num_tensors ? tl->num_tensors : 1, sizeof *out->tensors);
+  if (!out->tensors) {
+    out->num_tensors = 0;
+    return KVT_ERR_NOMEM();
+  }
+  for (uint32_t j = 0; j < tl->num_tensors; j++) {
+    const kvt_tensor *s = &tl->tensors[j];
+    kvt_tensor *d = &out->tensors[j];
+    *d = *s;
+    d->data = NULL;
+    if (rows_of(s) < keep) {
+      out->num_tensors = j;
+      return KVT_ERR(KVT_EINVAL,
+                     "trimmed read: layer %u tensor %u holds fewer than the "
+                     "%llu tokens to keep",
+                     li, j, (unsigned long long)keep);
+    }
+    uint64_t outer, row;
+    kvti_chunk_tensor_geom(s, &outer, &row);
+    d->shape[d->ndim - 2] = (int64_t)keep;
+    d->nbytes = outer * keep * row;
+    if (d->nbytes) {
+      d->data = o->alloc ? o->alloc(o->alloc_ctx, li, j, d)
+                         : kvti_buf_alloc((size_t)d->nbytes);
+      if (!d->data) {
+        out->num_tensors = j;
+        return KVT_ERR(KVT_ENOMEM, "trimmed read: cannot allocate %llu bytes",
+                       (unsigned long long)d->nbytes);
+      }
+    }
+    copy_rows(d, keep, 0, s, rows_of(s), keep);
+  }
+  out->offset = (int64_t)keep;
+  return 0;
+}
+
+int kvti_chunked_get_trim(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
+                          const char *hash, const kvti_chained_entry *ce,
+                          const kvti_read_opts *o, uint8_t bad_chunk[32],
+                          int *chunk_bad) {
+  uint64_t keep = o->keep_tokens, rows = ce->chunks * ce->chunk_tokens;
+  size_t ns_len;
+  const uint8_t *ns = kvti_chunked_ns(c, &ns_len);
+  kvti_chunkstore *cs = kvti_chunked_store(c);
+  /* The tail, whole, in kvtier's buffers: its tokens are the entry's. */
+  kvti_read_opts to = *o;
+  to.keep_tokens = 0;
+  to.alloc = NULL;
+  to.free_buf = NULL;
+  to.alloc_ctx = NULL;
+  to.on_layer = NULL;
+  to.verify_only = 0;
+  to.chain_rows = rows;
+  kvt_entry *tail = NULL;
+  int rc = be->ops->get(be, &tail, hash, &to);
+  if (rc)
+    return rc;
+  if (keep > tail->n_tokens) {
+    kvt_entry_free(tail);
+    return KVT_ERR(KVT_EINVAL, "trimmed read: %llu > the entry's %zu tokens",
+                   (unsigned long long)keep, tail->n_tokens);
+  }
+  /* The chain's chunks covering [0, keep). */
+  size_t k = keep >= rows
+                 ? (size_t)ce->chunks
+                 : (size_t)((keep + ce->chunk_tokens - 1) / ce->chunk_tokens);
+  kvti_chain_rec *recs = kvti_malloc((size_t)ce->chunks * sizeof *recs);
+  size_t m = 0;
+  rc = recs ? kvti_chunkstore_lookup(cs, ns, ns_len, tail->tokens,
+                                     tail->n_tokens, ce->chunk_tokens, recs,
+                                     (size_t)ce->chunks, &m)
+            : KVT_ERR_NOMEM();
+  if (rc == 0 &&
+      (m != ce->chunks || memcmp(recs[m - 1].key, ce->last_key, 32) ||
+       recs[0].layout_hash != ce->layout_hash))
+    rc = KVT_ERR(KVT_ENOTFOUND,
+                 "chained entry %.16s: chain incomplete "
+                 "(evicted)",
+                 hash);
+  kvti_chunk_read_opts ro = {o->alloc, o->free_buf, o->alloc_ctx, o->cancel,
+                             keep};
+  kvti_chunk_prefix p;
+  memset(&p, 0, sizeof p);
+  if (rc == 0) {
+    size_t bad = 0;
+    rc = kvti_chunkstore_read_prefix(cs, recs, k, tail->tokens, &ro, &p, &bad);
+    if (rc == KVT_ECORRUPT && chunk_bad && bad_chunk) {
+      memcpy(bad_chunk, recs[bad].key, 32);
+      *chunk_bad = 1;
+    }
+  }
+  kvti_free(recs);
+  /* The result: chained layers from p (tail rows appended), others cut. */
+  kvt_entry *e = NULL;
+  uint8_t *from_chain = NULL;
+  uint32_t L = tail->num_layers;
+  if (rc == 0) {
+    e = kvti_entry_new();
+    from_chain = kvti_calloc(L ? L : 1, 1);
+    if (!e || !from_chain ||
+        !(e->layers = kvti_calloc(L ? L : 1, sizeof *e->layers)) ||
+        !(e->tokens = kvti_malloc((size_t)(keep ? keep : 1) * 4)))
+      rc = KVT_ERR_NOMEM();
+  }
+  if (rc == 0) {
+    e->num_layers = L;
+    e->free_buf = o->alloc ? (o->free_buf ? o->free_buf : keep_buf) : NULL;
+    e->alloc_ctx = o->alloc ? o->alloc_ctx : NULL;
+    for (uint32_t li = 0; rc == 0 && li < L; li++)
+      rc = trimmable(&tail->layers[li], li, keep);
+  }
+  for (uint32_t q = 0; rc == 0 && q < p.n_layers; q++) {
+    uint32_t li = p.layer_idx[q];
+    if (li >= L || from_chain[li]) {
+      rc = KVT_ERR(KVT_ECORRUPT, "chained entry: chain layer %u invalid", li);
+      break;
+    }
+    kvt_layer *tl = &tail->layers[li], *pl = &p.layers[q];
+    if (tl->kind != pl->kind || tl->num_tensors != pl->num_tensors) {
+      rc = KVT_ERR(KVT_ECORRUPT, "chained entry: layer %u kind differs", li);
+      break;
+    }
+    uint64_t more = keep > rows ? keep - rows : 0;
+    for (uint32_t j = 0; rc == 0 && j < tl->num_tensors; j++) {
+      const kvt_tensor *tt = &tl->tensors[j];
+      if (tt->ndim != pl->tensors[j].ndim ||
+          tt->dtype != pl->tensors[j].dtype || rows_of(tt) < more)
+        rc = KVT_ERR(KVT_ECORRUPT,
+                     "chained entry: layer %u tensor %u: tail and chain "
+                     "disagree",
+                     li, j);
+      else
+        copy_rows(&pl->tensors[j], keep, rows, tt, rows_of(tt), more);
+    }
+    if (rc)
+      break;
+    pl->offset = (int64_t)keep;
+    pl->bits = tl->bits;
+    pl->group_size = tl->group_size;
+    e->layers[li] = *pl;
+    memset(pl, 0, sizeof *pl);
+    from_chain[li] = 1;
+  }
+  for (uint32_t li = 0; rc == 0 && li < L; li++)
+    if (!from_chain[li])
+      rc = cut_layer(&e->layers[li], &tail->layers[li], li, keep, o);
+  if (rc == 0) {
+    memcpy(e->tokens, tail->tokens, (size_t)keep * 4);
+    e->n_tokens = (size_t)keep;
+    rc = kvt_token_hash(e->hash, e->tokens, (size_t)keep);
+    e->storage_mode = tail->storage_mode;
+    e->memory_bytes = (uint64_t)((double)tail->memory_bytes * (double)keep /
+                                 (double)tail->n_tokens);
+    e->disk_bytes = tail->disk_bytes + p.bytes_read;
+  }
+  kvti_chunk_prefix_free(&p, &ro); /* what was not moved into e */
+  kvti_free(from_chain);
+  kvt_entry_free(tail);
+  if (rc) {
+    kvt_entry_free(e); /* caller buffers go back through free_buf */
+    return rc;
+  }
+  if (o->on_layer)
+    for (uint32_t i = 0; i < e->num_layers; i++)
+      o->on_layer(o->layer_ctx, i, &e->layers[i]);
+  *out = e;
+  return 0;
+}
