@@ -561,6 +561,25 @@ KVT_API int kvt_tier_spill_nocopy(kvt_tier *t, const int32_t *tokens,
                                   void (*release)(void *ctx),
                                   void *release_ctx);
 
+/** Spills the state of a prefix, for hybrid models: layers that cannot be
+ *  cut on the token axis (KVT_LAYER_ARRAYS - Mamba/SSM state -, rotating KV)
+ *  make a cached prefix usable only at lengths where their whole state was
+ *  stored, so such models get prefix hits (kvt_tier_lookup_prefix,
+ *  KVT_PROMOTE_PREFIX) only where an entry ends - never from KV chunks alone.
+ *  An engine that captured those layers' state at token n_keep (typically
+ *  at each multiple of chunk_tokens while prefilling) stores it with this
+ *  call as the entry of tokens[0, n_keep): `layers` are the model's layers
+ *  with the non-cuttable ones as of n_keep, while KV and quantized KV layers
+ *  may be the live ones holding more tokens - only their first n_keep rows
+ *  are stored (offset n_keep; a layer holding fewer valid rows is
+ *  KVT_EINVAL). In chunked mode those rows are the chunks a longer spill of
+ *  the same tokens shares, so only the state and the entry's record are
+ *  written. Otherwise exactly kvt_tier_spill (copy mode: everything is copied
+ *  before return; same return codes). Thread-safe. */
+KVT_API int kvt_tier_spill_prefix(kvt_tier *t, const int32_t *tokens,
+                                  size_t n_keep, const kvt_layer *layers,
+                                  uint32_t n_layers, uint64_t memory_bytes);
+
 /** Blocks until every spill enqueued before the call has been written (or
  *  failed) - with a remote tier, uploaded (or failed/dropped) too - or
  *  timeout_ms passes (< 0: forever). Returns 0, KVT_ETIMEDOUT,

@@ -147,3 +147,35 @@ def test_buffers_pool_controls(tier, rng):
             kvtier.buffers(idle_cap=-1)
     finally:
         kvtier.buffers(idle_cap=before["idle_cap"])
+
+
+def test_tier_chunk_options_and_hybrid_prefix_states(cache_dir, rng):
+    """kvtier.Tier takes chunk_tokens/model_id; a hybrid model (KV + state)
+    gets prefix hits only where spill_prefix stored the state of that length,
+    with exactly that state."""
+    with pytest.raises(ValueError):
+        kvtier.Tier(cache_dir, chunk_tokens=24)
+    t = kvtier.Tier(cache_dir, durability="none", chunk_tokens=16, model_id="hyb")
+    try:
+        toks = tuple(range(1000, 1100))
+        kv = kv_layer(rng, 100, np.float16)
+        states = {m: ArraysLayer([np.full((1, 4), m, np.float32)]) for m in (32, 64, 100)}
+        t.spill(toks, [kv, states[100]])
+        for m in (32, 64):
+            t.spill_prefix(toks, m, [kv, states[m]])
+        with pytest.raises(ValueError):
+            t.spill_prefix(toks, 0, [kv, states[32]])
+        t.flush(30)
+        for shared, want in ((100, 100), (80, 64), (50, 32), (20, None)):
+            q = toks[:shared] + tuple(-i for i in range(1, 20))
+            info = t.lookup_prefix(q)
+            if want is None:
+                assert info is None
+                continue
+            assert info.num_tokens == want
+            e = t.promote(q, prefix=True)
+            assert e.tokens == toks[:want]
+            assert np.array_equal(e.layers[1]["state"][0], states[want].state[0])
+            assert np.array_equal(e.layers[0]["keys"], kv.keys[:, :, :want, :])
+    finally:
+        t.close()

@@ -135,7 +135,10 @@ class Tier:
     URL is given, or "remote"), remote_prefix, remote_timeout_ms,
     remote_lookup_timeout_ms, remote_keep_local, remote_tls_ca_file,
     remote_tls_cert_file, remote_tls_key_file.  Lookups, promotes and
-    read_entry then see the remote entries.
+    read_entry then see the remote entries.  The chunked native store
+    (docs/DESIGN.md): chunk_tokens (None: the library's default, 256 in
+    native mode; 0: off; else a power of two in 16..4096) and model_id (the
+    chunks' namespace; None: model_name).
     """
 
     def __init__(self, cache_dir: Optional[str] = None, *, model_name: Optional[str] = None,
@@ -152,7 +155,9 @@ class Tier:
                  remote_lookup_timeout_ms: int = 250, remote_keep_local: bool = True,
                  remote_tls_ca_file: Optional[str] = None,
                  remote_tls_cert_file: Optional[str] = None,
-                 remote_tls_key_file: Optional[str] = None) -> None:
+                 remote_tls_key_file: Optional[str] = None,
+                 chunk_tokens: Optional[int] = None,
+                 model_id: Optional[str] = None) -> None:
         o = L.Options()
         L.check(L.kvt_options_init(ctypes.byref(o), L.KVT_OPTIONS_VERSION))
         keep = []
@@ -184,6 +189,15 @@ class Tier:
             o.host_cache_bytes = int(host_cache_bytes)
         o.flags = ((L.OPEN_READONLY if readonly else 0)
                    | (0 if reconcile else L.OPEN_NO_RECONCILE))
+        if chunk_tokens is not None:
+            if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) \
+                    or not 0 <= chunk_tokens < 2**32:
+                raise ValueError(f"chunk_tokens must be 0 or a power of two in "
+                                 f"16..4096, got {chunk_tokens!r}")
+            o.chunk_tokens = chunk_tokens
+        if model_id is not None:
+            keep.append(model_id.encode("utf-8"))
+            o.model_id = keep[-1]
         if remote_mode is None:
             remote_mode = "local" if remote_url is None else "local+remote"
         L.set_remote_options(o, keep, remote_url, remote_mode, remote_prefix,
@@ -227,6 +241,29 @@ class Tier:
         if rc == L.KVT_ETOOBIG:
             raise TooBig(rc, L.last_error() or "entry too big")
         L.check(rc, "spill")
+
+    def spill_prefix(self, tokens: Sequence[int], n_keep: int, layers: Sequence[Any],
+                     memory_bytes: Optional[int] = None) -> None:
+        """Hybrid models: stores the entry of tokens[:n_keep] from layers whose
+        arrays/rotating layers are the state as of n_keep and whose KV layers
+        may hold more tokens (their first n_keep rows are stored).  Such
+        models get prefix hits only where a state was stored
+        (kvt_tier_spill_prefix).  Raises as spill."""
+        n_keep = int(n_keep)
+        if not 0 < n_keep <= len(tokens):
+            raise ValueError(f"n_keep must be in 1..{len(tokens)}, got {n_keep}")
+        tok, _n = tokens_arg(tokens)
+        arr, nl, keep = build_layers(layers)
+        if memory_bytes is None:
+            memory_bytes = sum(int(getattr(x, "nbytes", 0)) for x in keep
+                               if hasattr(x, "dtype")) * n_keep // max(1, len(tokens))
+        rc = L.kvt_tier_spill_prefix(self._h.ptr, tok, n_keep, arr, nl, int(memory_bytes))
+        del keep
+        if rc == L.KVT_EFULL:
+            raise QueueFull(rc, L.last_error() or "spill queue full")
+        if rc == L.KVT_ETOOBIG:
+            raise TooBig(rc, L.last_error() or "entry too big")
+        L.check(rc, "spill_prefix")
 
     def flush(self, timeout: Optional[float] = None) -> None:
         """Waits until every spill enqueued so far is written (or failed)."""
