@@ -180,12 +180,12 @@ static void run_size(const char *base, uint32_t C) {
     tok[1024 + i] = 90000 + i;
   uint64_t m, mem;
   char h[65];
-  kvti_chunked_lookup_prefix(v.ck, tok, 1324, &m, &mem, h);
+  kvti_chunked_lookup_prefix(v.ck, NULL, tok, 1324, &m, &mem, h);
   int exact = 0;
   if (m) {
     kvti_read_opts o = {0};
     kvt_entry *e;
-    if (kvti_chunked_get_prefix(v.ck, &e, tok, m, &o, NULL, NULL) == 0) {
+    if (kvti_chunked_get_prefix(v.ck, NULL, &e, tok, m, &o, NULL, NULL) == 0) {
       conv ref;
       conv_make(&ref, tok, (size_t)m, LAYERS);
       exact = 1;

@@ -614,6 +614,70 @@ KVT_API int kvt_tier_lookup(kvt_entry_info *out, kvt_tier *t,
 KVT_API int kvt_tier_lookup_prefix(kvt_entry_info *out, kvt_tier *t,
                                    const int32_t *tokens, size_t n_tokens);
 
+/* ---- cache salts (per-request namespaces) ---------------------------------
+ * A cache_salt (vLLM's per-request `cache_salt`, SGLang's namespaces) keeps
+ * the entries of different tenants apart in one cache: an entry spilled with
+ * salt S is found, promoted, read, touched and removed only by calls with the
+ * same S, never by calls with another salt or none, and its chunks are never
+ * shared with - nor seen by - them (the chain is seeded by model_id and S).
+ * kvtier stores only SHA-256 digests of S: a salted entry is named
+ * SHA-256(D || tokens), D = SHA-256("kvtier cache_salt v1" NUL || S), and so
+ * are its index row (token_hash, file_path = that name; prefix_hash the same
+ * over the first 16 tokens: the reference's own lookups never see it) and
+ * its manifest (kvtier.cache_salt = hex D; docs/FORMAT.md). Calls without a
+ * salt are exactly the reference's. Salts are refused (KVT_EUNSUPPORTED) when
+ * a remote tier is configured. */
+
+/** Longest cache_salt, in bytes. */
+#define KVT_CACHE_SALT_MAX 4096
+
+/** kvt_call_opts versions: 1. */
+#define KVT_CALL_OPTS_VERSION 1
+/** Per-call options of the *_ex functions. NULL = none (the plain call). */
+typedef struct kvt_call_opts {
+  unsigned int version;   /* KVT_CALL_OPTS_VERSION */
+  const void *cache_salt; /* bytes (any); NULL or length 0: no salt */
+  size_t cache_salt_len;  /* <= KVT_CACHE_SALT_MAX */
+} kvt_call_opts;
+#define KVT_CALL_OPTS_INIT                                                     \
+  { .version = KVT_CALL_OPTS_VERSION }
+/** Fills o with the defaults for version. 0 or KVT_EINVAL. */
+KVT_API int kvt_call_opts_init(kvt_call_opts *o, unsigned int version);
+
+/** kvt_tier_spill, kvt_tier_spill_nocopy, kvt_tier_lookup,
+ *  kvt_tier_lookup_prefix, kvt_tier_read_entry, kvt_tier_touch and
+ *  kvt_tier_remove under co's cache_salt (co NULL: exactly the plain call).
+ *  Return as the plain calls, plus KVT_EINVAL (unknown co->version, a salt
+ *  longer than KVT_CACHE_SALT_MAX) and KVT_EUNSUPPORTED (a salt with a
+ *  remote tier). A lookup's token_hash is the salted name: pass it to
+ *  kvt_tier_read_entry_ex with the same salt (read_entry refuses a name that
+ *  is not SHA-256(D || tokens) of its own salt: KVT_EINVAL). Promotes take
+ *  the salt in kvt_promote_opts (version 2). Thread-safe. */
+KVT_API int kvt_tier_spill_ex(kvt_tier *t, const int32_t *tokens,
+                              size_t n_tokens, const kvt_layer *layers,
+                              uint32_t n_layers, uint64_t memory_bytes,
+                              const kvt_call_opts *co);
+KVT_API int kvt_tier_spill_nocopy_ex(kvt_tier *t, const int32_t *tokens,
+                                     size_t n_tokens, const kvt_layer *layers,
+                                     uint32_t n_layers, uint64_t memory_bytes,
+                                     void (*release)(void *ctx),
+                                     void *release_ctx,
+                                     const kvt_call_opts *co);
+KVT_API int kvt_tier_lookup_ex(kvt_entry_info *out, kvt_tier *t,
+                               const int32_t *tokens, size_t n_tokens,
+                               const kvt_call_opts *co);
+KVT_API int kvt_tier_lookup_prefix_ex(kvt_entry_info *out, kvt_tier *t,
+                                      const int32_t *tokens, size_t n_tokens,
+                                      const kvt_call_opts *co);
+KVT_API int kvt_tier_read_entry_ex(kvt_entry **out, kvt_tier *t,
+                                   const int32_t *tokens, size_t n_tokens,
+                                   const char *file_path,
+                                   const kvt_call_opts *co);
+KVT_API int kvt_tier_touch_ex(kvt_tier *t, const int32_t *tokens,
+                              size_t n_tokens, const kvt_call_opts *co);
+KVT_API int kvt_tier_remove_ex(kvt_tier *t, const int32_t *tokens,
+                               size_t n_tokens, const kvt_call_opts *co);
+
 /** Budget callbacks. reserve returns nonzero when nbytes were reserved.
  *  Both run on the thread that calls kvt_tier_promote, kvt_tier_promote_async
  *  (reserve), kvt_promise_result / kvt_promise_cancel / kvt_promise_free
@@ -658,7 +722,8 @@ typedef void (*kvt_layer_ready_fn)(void *ctx, uint32_t layer_idx,
  * to spare (the next promote then runs at memory-copy speed). */
 #define KVT_PROMOTE_PAGE_CACHE 0x4u
 
-#define KVT_PROMOTE_OPTS_VERSION 1
+/** kvt_promote_opts versions: 1, 2 (+ cache_salt, cache_salt_len). */
+#define KVT_PROMOTE_OPTS_VERSION 2
 typedef struct kvt_promote_opts {
   unsigned int version;   /* KVT_PROMOTE_OPTS_VERSION */
   uint32_t flags;         /* KVT_PROMOTE_* */
@@ -670,6 +735,11 @@ typedef struct kvt_promote_opts {
   void *alloc_ctx;
   kvt_layer_ready_fn on_layer; /* NULL: none */
   void *layer_ctx;
+  /* ---- version 2 ---- */
+  /** The request's cache_salt (see kvt_call_opts): only entries spilled with
+   *  the same salt are found and promoted. NULL / 0: none. */
+  const void *cache_salt;
+  size_t cache_salt_len;
 } kvt_promote_opts;
 
 #define KVT_PROMOTE_OPTS_INIT                                                  \

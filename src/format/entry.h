@@ -18,6 +18,7 @@
 #ifndef KVT_ENTRY_H
 #define KVT_ENTRY_H
 
+#include "base/salt.h"
 #include "kvtier.h"
 
 #include <stdatomic.h>
@@ -47,6 +48,7 @@ struct kvt_entry {
   void *recycle_ctx;
   uint64_t recycle_id;
   int from;
+  kvti_salt salt; /* the cache_salt it was stored under (has = 0: none) */
 };
 
 enum { KVTI_FROM_OTHER = 0, KVTI_FROM_DISK = 1, KVTI_FROM_RAM = 2 };
@@ -73,6 +75,11 @@ int kvti_snapshot_take_layers(kvti_snapshot *s, kvt_layer **layers,
                               uint32_t *n_layers);
 const int32_t *kvti_snapshot_tokens(const kvti_snapshot *s, size_t *n);
 uint64_t kvti_snapshot_memory_bytes(const kvti_snapshot *s);
+/* Keys the snapshot by cache_salt salt (base/salt.h): its hash becomes
+ * SHA-256(D || tokens) and its manifest records D. Returns 0 or KVT_ENOMEM. */
+int kvti_snapshot_set_salt(kvti_snapshot *s, const kvti_salt *salt);
+/* The snapshot's salt (has = 0: none). */
+const kvti_salt *kvti_snapshot_salt(const kvti_snapshot *s);
 /* The snapshot's validated layers (owned by it; read-only). For the chunked
  * store, which cuts them into chain rows and a tail. */
 const kvt_layer *kvti_snapshot_layers(const kvti_snapshot *s, uint32_t *n);
@@ -132,6 +139,9 @@ typedef struct kvti_read_opts {
    * chain_rows rows are in the chain, so their offset may exceed the tail's
    * rows by that much (kvti_layer_read_opts.row_base). 0: a whole entry. */
   uint64_t chain_rows;
+  /* The caller's cache_salt (has = 0: none): a trimmed read names its result
+   * SHA-256(D || kept tokens), and a chained read seeds its chain with it. */
+  kvti_salt salt;
 } kvti_read_opts;
 
 /* Reads and fully validates data_dir/<hash>. Returns 0 and *out; KVT_ENOTFOUND
@@ -158,7 +168,8 @@ typedef struct kvti_entry_probe_info {
   uint64_t memory_bytes;
   uint64_t disk_bytes;
   int storage_mode;
-  double mtime; /* the entry directory's, wall-clock seconds */
+  double mtime;   /* the entry directory's, wall-clock seconds */
+  kvti_salt salt; /* the cache_salt it is keyed by (its index row's too) */
 } kvti_entry_probe_info;
 int kvti_entry_probe(kvti_entry_probe_info *out, const char *data_dir,
                      const char *hash);

@@ -7,6 +7,7 @@
 #ifndef KVT_ENTRY_INT_H
 #define KVT_ENTRY_INT_H
 
+#include "base/salt.h"
 #include "format/entry.h"
 #include "format/manifest.h"
 
@@ -25,6 +26,7 @@ struct kvti_snapshot {
   void (*release)(void *);
   void *release_ctx;
   uint64_t held;
+  kvti_salt salt; /* the spill's cache_salt (hash is then the salted key) */
 };
 
 struct kvti_entry_reader {

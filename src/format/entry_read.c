@@ -101,6 +101,9 @@ static int load_tokens(int32_t **tokens, uint64_t *bytes,
       rc = KVT_ERR_NOMEM();
       goto out;
     }
+    /* A salted entry is named SHA-256(D || tokens) (base/salt.h). */
+    if (ss && m->salt.has && (rc = kvti_sha256_update(ss, m->salt.d, 32)) != 0)
+      goto out;
     for (uint64_t off = 0; off < len;) {
       size_t k = (size_t)(len - off < TOKENS_CHUNK ? len - off : TOKENS_CHUNK);
       char *dst = want_copy ? buf + off : buf;
@@ -125,7 +128,7 @@ static int load_tokens(int32_t **tokens, uint64_t *bytes,
   if (ss)
     rc = kvti_sha256_final_hex(ss, h);
   else
-    rc = kvt_token_hash(h, o->tokens, n);
+    rc = kvti_salt_hex(h, &m->salt, o->tokens, n);
   if (rc)
     goto out;
   if (strcmp(h, hash) != 0) {
@@ -213,6 +216,7 @@ int kvti_entry_reader_open_id(kvti_entry_reader **out, const char *data_dir,
   memcpy(e->hash, hash, KVT_HASH_HEX_LEN + 1);
   e->memory_bytes = r->m.memory_bytes;
   e->storage_mode = r->m.mode;
+  e->salt = r->m.salt;
   /* A verification returns no entry: its tokens are checked, never copied. */
   e->n_tokens = r->o.verify_only ? 0 : (size_t)r->m.num_tokens;
   if (r->o.alloc) {
@@ -315,7 +319,7 @@ int kvti_entry_reader_finish(kvt_entry **out, kvti_entry_reader *r) {
   if (keep && keep < r->e->n_tokens) {
     /* A trimmed read: the entry now holds (and is named by) the kept tokens. */
     kvt_entry *e = r->e;
-    int rc = kvt_token_hash(e->hash, e->tokens, (size_t)keep);
+    int rc = kvti_salt_hex(e->hash, &e->salt, e->tokens, (size_t)keep);
     if (rc)
       return rc;
     e->memory_bytes = (uint64_t)((double)e->memory_bytes * (double)keep /
@@ -368,6 +372,7 @@ int kvti_entry_probe(kvti_entry_probe_info *out, const char *data_dir,
     out->memory_bytes = m.memory_bytes;
     out->storage_mode = m.mode;
     out->disk_bytes = disk;
+    out->salt = m.salt;
     tok = NULL;
   }
   kvti_free(tok);

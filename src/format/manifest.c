@@ -39,11 +39,17 @@ char *kvti_manifest_build(const kvti_snapshot *s, char **metas,
   kvti_sb_printf(&b,
                  "], \"memory_bytes\": %llu, \"num_tokens\": %zu, \"kvtier\": "
                  "{\"format\": %d, \"storage_mode\": \"%s\", \"block_size\": "
-                 "%llu, \"checksums\": {",
+                 "%llu, ",
                  (unsigned long long)s->memory_bytes, s->n_tokens, KVTI_FORMAT,
                  mode == KVT_STORAGE_COMPAT ? "compat" : "native",
                  (unsigned long long)KVTI_BLK_DEFAULT);
   char x[24], name[KVTI_LAYER_FILE_MAX];
+  if (s->salt.has) { /* the entry's name is then SHA-256(D || tokens) */
+    char d[65];
+    kvti_hex32(d, s->salt.d);
+    kvti_sb_printf(&b, "\"cache_salt\": \"%s\", ", d);
+  }
+  kvti_sb_puts(&b, "\"checksums\": {");
   for (uint32_t i = 0; i < s->n_layers; i++) {
     kvti_xxh3_format(x, sums[i]);
     kvti_layer_file_name(name, i);
@@ -254,6 +260,16 @@ static int parse_manifest(kvti_manifest *m, const char *text, size_t tlen,
     else {
       rc = BAD("%s: bad kvtier storage_mode", where);
       goto out;
+    }
+    const cJSON *salt = cJSON_GetObjectItemCaseSensitive(kv, "cache_salt");
+    if (salt) {
+      if (!cJSON_IsString(salt) || count_key(kv, "cache_salt") != 1 ||
+          strlen(salt->valuestring) != 64 ||
+          kvti_unhex32(m->salt.d, salt->valuestring) != 0) {
+        rc = BAD("%s: bad kvtier cache_salt", where);
+        goto out;
+      }
+      m->salt.has = 1;
     }
     const cJSON *cs = cJSON_GetObjectItemCaseSensitive(kv, "checksums");
     if (!cJSON_IsObject(cs) ||

@@ -12,6 +12,8 @@
 #include "format/layer.h"
 
 #include <stddef.h>
+#include "base/salt.h"
+
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -37,6 +39,7 @@ typedef struct kvti_manifest {
   size_t *blk_off; /* num_layers + 1 */
   kvti_layer_meta *metas;
   uint64_t bytes; /* manifest + sum */
+  kvti_salt salt; /* kvtier.cache_salt: the entry is keyed by it */
 } kvti_manifest;
 
 /* Identity of an entry directory. kvti_manifest_load fills it (when given) as

@@ -147,6 +147,15 @@ const kvt_layer *kvti_snapshot_layers(const kvti_snapshot *s, uint32_t *n) {
 uint64_t kvti_snapshot_memory_bytes(const kvti_snapshot *s) {
   return s->memory_bytes;
 }
+int kvti_snapshot_set_salt(kvti_snapshot *s, const kvti_salt *salt) {
+  if (!salt || !salt->has)
+    return 0;
+  s->salt = *salt;
+  return kvti_salt_hex(s->hash, &s->salt, s->tokens, s->n_tokens);
+}
+const kvti_salt *kvti_snapshot_salt(const kvti_snapshot *s) {
+  return &s->salt;
+}
 uint64_t kvti_snapshot_held_bytes(const kvti_snapshot *s) {
   return s->held;
 }

@@ -20,6 +20,7 @@
 #ifndef KVT_INDEX_H
 #define KVT_INDEX_H
 
+#include "base/salt.h"
 #include "kvtier.h"
 
 #include <stddef.h>
@@ -87,6 +88,10 @@ typedef struct kvti_index_put_args {
   /* > 0: created_at = accessed_at = this (an entry adopted from its files
    * keeps its age); 0: now. */
   double created_at;
+  /* The entry's cache_salt (base/salt.h; NULL or has = 0: none): hash and
+   * prefix_hash are then the salted keys, so only lookups with the same
+   * salt find the row (kvti_index_find_salted). */
+  const kvti_salt *salt;
 } kvti_index_put_args;
 int kvti_index_put_many(kvt_index *idx, const kvti_index_put_args *puts,
                         size_t count);
@@ -99,6 +104,14 @@ int kvti_index_find_prefix(kvt_entry_info *out, kvt_index *idx,
                            const int32_t *tokens, size_t n,
                            double created_before);
 int kvti_index_find_hash(kvt_entry_info *out, kvt_index *idx, const char *hash);
+/* As kvti_index_find / find_prefix for the rows of cache_salt salt (NULL or
+ * has = 0: the unsalted rows, exactly kvti_index_find / find_prefix). */
+int kvti_index_find_salted(kvt_entry_info *out, kvt_index *idx,
+                           const int32_t *tokens, size_t n,
+                           double created_before, const kvti_salt *salt);
+int kvti_index_find_prefix_salted(kvt_entry_info *out, kvt_index *idx,
+                                  const int32_t *tokens, size_t n,
+                                  double created_before, const kvti_salt *salt);
 
 /* Removes by hash (both tables and the mirror). KVT_ENOTFOUND if absent. */
 int kvti_index_remove_hash(kvt_index *idx, const char *hash);
@@ -115,6 +128,9 @@ int kvti_index_forget_hash(kvt_index *idx, const char *hash);
 int kvti_index_put_nowait(kvt_index *idx, const int32_t *tokens, size_t n,
                           const char *hash, uint64_t memory_bytes,
                           uint64_t disk_bytes, int storage_mode);
+/* One put described by a (its salt included; created_at ignored): as
+ * kvti_index_put (wait = 1) or kvti_index_put_nowait (wait = 0). */
+int kvti_index_put_one(kvt_index *idx, const kvti_index_put_args *a, int wait);
 /* Waits up to timeout_ms until index.db's write lock can be taken (then
  * releases it at once). 0, KVT_EBUSY (still held by another connection), or
  * another code. */

@@ -136,7 +136,7 @@ void kvti_idx_mirror_del(kvt_index *idx, uint32_t id);
 typedef int (*kvti_idx_prefix_fn)(void *ctx, kvt_index *idx, uint32_t id);
 int kvti_idx_prefix_walk(kvt_index *idx, const int32_t *tokens, size_t n,
                          double created_before, kvti_idx_prefix_fn fn,
-                         void *ctx);
+                         void *ctx, const kvti_salt *salt);
 
 /* ---- db.c: SQLite ---- */
 

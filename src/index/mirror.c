@@ -315,10 +315,18 @@ static inline int find_info(kvt_entry_info *out, kvt_index *idx,
 
 int kvti_index_find(kvt_entry_info *out, kvt_index *idx, const int32_t *tokens,
                     size_t n, double created_before) {
+  return kvti_index_find_salted(out, idx, tokens, n, created_before, NULL);
+}
+
+int kvti_index_find_salted(kvt_entry_info *out, kvt_index *idx,
+                           const int32_t *tokens, size_t n,
+                           double created_before, const kvti_salt *salt) {
   if (!out || !idx)
     return KVT_ERR(KVT_EINVAL, "kvti_index_find: NULL argument");
   uint8_t sha[32];
-  int rc = kvti_idx_tokens_sha(sha, tokens, n);
+  int rc = kvti_idx_check_tokens(tokens, n);
+  if (rc == 0)
+    rc = kvti_salt_sha(sha, salt, tokens, n * sizeof(int32_t));
   return rc ? rc : find_info(out, idx, sha, created_before);
 }
 
@@ -337,7 +345,7 @@ typedef int (*kvti_idx_prefix_fn)(void *ctx, kvt_index *idx, uint32_t id);
 
 int kvti_idx_prefix_walk(kvt_index *idx, const int32_t *tokens, size_t n,
                          double created_before, kvti_idx_prefix_fn fn,
-                         void *ctx) {
+                         void *ctx, const kvti_salt *salt) {
   if (n == 0 || idx->n_live == 0)
     return 0;
   size_t kmax = n / BLK;
@@ -377,8 +385,10 @@ int kvti_idx_prefix_walk(kvt_index *idx, const int32_t *tokens, size_t n,
             !visible(e, created_before))
           continue;
         uint8_t sha[32];
-        if ((rc = kvti_idx_sha256(sha, tokens, (base + t) * sizeof(int32_t))) !=
-            0) {
+        /* The key under the query's salt: rows of another salt (or none)
+         * never match. */
+        if ((rc = kvti_salt_sha(sha, salt, tokens,
+                                (base + t) * sizeof(int32_t))) != 0) {
           stop = 1;
           break;
         }
@@ -408,6 +418,14 @@ static int first_fn(void *ctx, kvt_index *idx, uint32_t id) {
 int kvti_index_find_prefix(kvt_entry_info *out, kvt_index *idx,
                            const int32_t *tokens, size_t n,
                            double created_before) {
+  return kvti_index_find_prefix_salted(out, idx, tokens, n, created_before,
+                                       NULL);
+}
+
+int kvti_index_find_prefix_salted(kvt_entry_info *out, kvt_index *idx,
+                                  const int32_t *tokens, size_t n,
+                                  double created_before,
+                                  const kvti_salt *salt) {
   if (!out || !idx)
     return KVT_ERR(KVT_EINVAL, "kvti_index_find_prefix: NULL argument");
   int rc = kvti_idx_check_tokens(tokens, n);
@@ -416,7 +434,8 @@ int kvti_index_find_prefix(kvt_entry_info *out, kvt_index *idx,
   kvt_entry_info info;
   info.token_hash[0] = '\0';
   pthread_rwlock_rdlock(&idx->rw);
-  rc = kvti_idx_prefix_walk(idx, tokens, n, created_before, first_fn, &info);
+  rc = kvti_idx_prefix_walk(idx, tokens, n, created_before, first_fn, &info,
+                            salt);
   pthread_rwlock_unlock(&idx->rw);
   if (rc)
     return rc;

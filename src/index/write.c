@@ -33,6 +33,14 @@ static int put_prepare(mirror_ent *e, const kvti_index_put_args *a) {
     return KVT_ERR(KVT_EINVAL, "index: bad storage_mode %d", a->storage_mode);
   if ((rc = kvti_idx_make_ent(e, a->tokens, a->n, 1)) != 0)
     return rc;
+  if (a->salt && a->salt->has &&
+      ((rc = kvti_salt_sha(e->sha, a->salt, a->tokens, a->n * 4)) != 0 ||
+       (rc = kvti_salt_sha(e->psha, a->salt, a->tokens,
+                           (a->n < KVT_PREFIX_FILTER_TOKENS
+                                ? a->n
+                                : KVT_PREFIX_FILTER_TOKENS) *
+                               4)) != 0))
+    return rc;
   char th[65];
   kvti_idx_hex(th, e->sha);
   if (a->hash && strcmp(a->hash, th) != 0)
@@ -158,8 +166,8 @@ int kvti_index_put(kvt_index *idx, const int32_t *tokens, size_t n,
                    int storage_mode) {
   if (!idx)
     return KVT_ERR(KVT_EINVAL, "kvti_index_put: NULL index");
-  kvti_index_put_args a = {tokens,       n,          hash,
-                           memory_bytes, disk_bytes, storage_mode};
+  kvti_index_put_args a = {tokens,       n, hash, memory_bytes, disk_bytes,
+                           storage_mode, 0, NULL};
   return kvti_idx_put_common(idx, &a, 1, 1, 1);
 }
 
@@ -168,9 +176,15 @@ int kvti_index_put_nowait(kvt_index *idx, const int32_t *tokens, size_t n,
                           uint64_t disk_bytes, int storage_mode) {
   if (!idx)
     return KVT_ERR(KVT_EINVAL, "kvti_index_put: NULL index");
-  kvti_index_put_args a = {tokens,       n,          hash,
-                           memory_bytes, disk_bytes, storage_mode};
+  kvti_index_put_args a = {tokens,       n, hash, memory_bytes, disk_bytes,
+                           storage_mode, 0, NULL};
   return kvti_idx_put_common(idx, &a, 1, 1, 0);
+}
+
+int kvti_index_put_one(kvt_index *idx, const kvti_index_put_args *a, int wait) {
+  if (!idx || !a)
+    return KVT_ERR(KVT_EINVAL, "kvti_index_put: NULL argument");
+  return kvti_idx_put_common(idx, a, 1, 1, wait);
 }
 
 /* Polls rather than relying on SQLite's busy handler, which a WAL-mode BEGIN

@@ -17,10 +17,30 @@
 
 struct kvti_chunked {
   kvti_chunkstore *cs;
-  uint8_t *ns;
+  uint8_t *ns; /* the namespace of unsalted spills */
   size_t ns_len;
   uint32_t C;
+  char *model_id; /* for the namespaces of salted ones */
 };
+
+int kvti_chunked_ns_of(const kvti_chunked *c, const kvti_salt *s,
+                       kvti_chunk_ns *ns) {
+  ns->own = NULL;
+  ns->p = c->ns;
+  ns->len = c->ns_len;
+  if (!s || !s->has)
+    return 0;
+  char d[65];
+  kvti_hex32(d, s->d);
+  int rc = kvti_chunk_ns_encode(&ns->own, &ns->len, c->model_id, d);
+  ns->p = ns->own;
+  return rc;
+}
+
+void kvti_chunk_ns_free(kvti_chunk_ns *ns) {
+  kvti_free(ns->own);
+  ns->own = NULL;
+}
 
 int kvti_chunked_open(kvti_chunked **out, const char *cache_dir, kvt_index *idx,
                       uint32_t chunk_tokens, const char *model_id,
@@ -37,7 +57,10 @@ int kvti_chunked_open(kvti_chunked **out, const char *cache_dir, kvt_index *idx,
   if (!c)
     return KVT_ERR_NOMEM();
   c->C = chunk_tokens;
-  int rc = kvti_chunk_ns_encode(&c->ns, &c->ns_len, model_id, NULL);
+  c->model_id = kvti_strdup(model_id ? model_id : "");
+  int rc = c->model_id
+               ? kvti_chunk_ns_encode(&c->ns, &c->ns_len, model_id, NULL)
+               : KVT_ERR_NOMEM();
   if (rc == 0)
     rc = kvti_chunkstore_open(&c->cs, cache_dir, idx, o);
   if (rc) {
@@ -53,6 +76,7 @@ void kvti_chunked_close(kvti_chunked *c) {
     return;
   kvti_chunkstore_close(c->cs);
   kvti_free(c->ns);
+  kvti_free(c->model_id);
   kvti_free(c);
 }
 
@@ -61,10 +85,6 @@ kvti_chunkstore *kvti_chunked_store(kvti_chunked *c) {
 }
 uint32_t kvti_chunked_chunk_tokens(const kvti_chunked *c) {
   return c->C;
-}
-const uint8_t *kvti_chunked_ns(const kvti_chunked *c, size_t *len) {
-  *len = c->ns_len;
-  return c->ns;
 }
 
 uint64_t kvti_chunked_disk_bytes(kvti_chunked *c) {
@@ -106,11 +126,14 @@ int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
   }
   p->split = sp; /* the tail snapshot points into it */
   p->has_split = 1;
-  kvti_chunkstore_spill csp = {c->ns,           c->ns_len, tokens,
-                               (size_t)sp.rows, c->C,      layers,
-                               sp.ids,          sp.n_ids,  L};
+  kvti_chunk_ns ns;
+  if ((rc = kvti_chunked_ns_of(c, kvti_snapshot_salt(s), &ns)) != 0)
+    return rc;
+  kvti_chunkstore_spill csp = {
+      ns.p, ns.len, tokens, (size_t)sp.rows, c->C, layers, sp.ids, sp.n_ids, L};
   kvti_chunkstore_result cr;
   rc = kvti_chunkstore_put(c->cs, &csp, &cr);
+  kvti_chunk_ns_free(&ns);
   p->res.chunk_bytes = cr.bytes_written;
   p->res.written = cr.written;
   p->res.chunks = cr.chunks;
@@ -126,6 +149,8 @@ int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
     p->rec.total_rows = sp.T;
     rc = kvti_snapshot_create(&p->tail, tokens, n, sp.tail, L,
                               kvti_snapshot_memory_bytes(s), 0, NULL, NULL);
+    if (rc == 0) /* named like the spill it stands for */
+      rc = kvti_snapshot_set_salt(p->tail, kvti_snapshot_salt(s));
   }
   return rc;
 }
@@ -246,10 +271,14 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
         (size_t)((o->keep_tokens + ce.chunk_tokens - 1) / ce.chunk_tokens);
     kvti_chain_rec *r = kvti_malloc(k * sizeof *r);
     size_t m = 0;
-    int trc = r ? kvti_chunkstore_lookup(c->cs, c->ns, c->ns_len, o->tokens,
-                                         (size_t)(k * ce.chunk_tokens),
-                                         ce.chunk_tokens, r, k, &m)
-                : KVT_ERR_NOMEM();
+    kvti_chunk_ns ns;
+    int trc = kvti_chunked_ns_of(c, &o->salt, &ns);
+    if (trc == 0)
+      trc = r ? kvti_chunkstore_lookup(c->cs, ns.p, ns.len, o->tokens,
+                                       (size_t)(k * ce.chunk_tokens),
+                                       ce.chunk_tokens, r, k, &m)
+              : KVT_ERR_NOMEM();
+    kvti_chunk_ns_free(&ns);
     if (trc == 0 && (m != k || r[0].layout_hash != ce.layout_hash))
       trc = KVT_ERR(KVT_ENOTFOUND, "chain incomplete (evicted)");
     if (trc == 0 && !r[0].pure) {
@@ -268,6 +297,14 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
     kvt_entry *e = NULL;
     if (trc == 0)
       trc = kvti_chunk_prefix_entry(&e, &p, o->tokens, o->keep_tokens, &ro);
+    if (trc == 0 && o->salt.has) {
+      e->salt = o->salt;
+      trc = kvti_salt_hex(e->hash, &e->salt, e->tokens, e->n_tokens);
+      if (trc) {
+        kvt_entry_free(e);
+        e = NULL;
+      }
+    }
     kvti_free(r);
     if (trc)
       return trc;
@@ -287,9 +324,13 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
   size_t m = 0;
   if (!recs)
     rc = KVT_ERR_NOMEM();
+  kvti_chunk_ns ns = {0};
+  if (rc == 0) /* the namespace of the salt the entry is stored under */
+    rc = kvti_chunked_ns_of(c, &e->salt, &ns);
   if (rc == 0)
-    rc = kvti_chunkstore_lookup(c->cs, c->ns, c->ns_len, e->tokens, e->n_tokens,
+    rc = kvti_chunkstore_lookup(c->cs, ns.p, ns.len, e->tokens, e->n_tokens,
                                 ce.chunk_tokens, recs, (size_t)ce.chunks, &m);
+  kvti_chunk_ns_free(&ns);
   if (rc == 0 && (m != ce.chunks || memcmp(recs[m - 1].key, ce.last_key, 32) ||
                   recs[0].layout_hash != ce.layout_hash))
     rc = KVT_ERR(KVT_ENOTFOUND,
@@ -320,8 +361,9 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
 }
 
 /* The longest chain; *m chunks, only when pure. */
-static int pure_chain(kvti_chunked *c, const int32_t *tokens, size_t n,
-                      kvti_chain_rec **recs, size_t *m) {
+static int pure_chain(kvti_chunked *c, const kvti_salt *salt,
+                      const int32_t *tokens, size_t n, kvti_chain_rec **recs,
+                      size_t *m) {
   size_t max = n / c->C;
   *recs = NULL;
   *m = 0;
@@ -330,8 +372,12 @@ static int pure_chain(kvti_chunked *c, const int32_t *tokens, size_t n,
   kvti_chain_rec *r = kvti_malloc(max * sizeof *r);
   if (!r)
     return KVT_ERR_NOMEM();
-  int rc = kvti_chunkstore_lookup(c->cs, c->ns, c->ns_len, tokens, n, c->C, r,
-                                  max, m);
+  kvti_chunk_ns ns;
+  int rc = kvti_chunked_ns_of(c, salt, &ns);
+  if (rc == 0)
+    rc =
+        kvti_chunkstore_lookup(c->cs, ns.p, ns.len, tokens, n, c->C, r, max, m);
+  kvti_chunk_ns_free(&ns);
   if (rc || *m == 0 || !r[0].pure) {
     kvti_free(r);
     *m = 0;
@@ -341,23 +387,24 @@ static int pure_chain(kvti_chunked *c, const int32_t *tokens, size_t n,
   return 0;
 }
 
-int kvti_chunked_lookup_prefix(kvti_chunked *c, const int32_t *tokens, size_t n,
-                               uint64_t *m, uint64_t *mem, char hash[65]) {
+int kvti_chunked_lookup_prefix(kvti_chunked *c, const kvti_salt *salt,
+                               const int32_t *tokens, size_t n, uint64_t *m,
+                               uint64_t *mem, char hash[65]) {
   kvti_chain_rec *r;
   size_t k;
   *m = 0;
   *mem = 0;
-  int rc = pure_chain(c, tokens, n, &r, &k);
+  int rc = pure_chain(c, salt, tokens, n, &r, &k);
   if (rc || k == 0)
     return rc;
   *m = (uint64_t)k * c->C;
   *mem = kvti_chunk_prefix_bytes(r, k);
   kvti_free(r);
-  return kvt_token_hash(hash, tokens, (size_t)*m);
+  return kvti_salt_hex(hash, salt, tokens, (size_t)*m);
 }
 
-int kvti_chunked_get_prefix(kvti_chunked *c, kvt_entry **out,
-                            const int32_t *tokens, uint64_t m,
+int kvti_chunked_get_prefix(kvti_chunked *c, const kvti_salt *salt,
+                            kvt_entry **out, const int32_t *tokens, uint64_t m,
                             const kvti_read_opts *o, uint8_t bad_chunk[32],
                             int *chunk_bad) {
   if (chunk_bad)
@@ -367,7 +414,7 @@ int kvti_chunked_get_prefix(kvti_chunked *c, kvt_entry **out,
                    (unsigned long long)m);
   kvti_chain_rec *r;
   size_t k;
-  int rc = pure_chain(c, tokens, (size_t)m, &r, &k);
+  int rc = pure_chain(c, salt, tokens, (size_t)m, &r, &k);
   if (rc)
     return rc;
   if ((uint64_t)k * c->C != m) {
@@ -384,6 +431,11 @@ int kvti_chunked_get_prefix(kvti_chunked *c, kvt_entry **out,
   kvt_entry *e = NULL;
   if (rc == 0)
     rc = kvti_chunk_prefix_entry(&e, &p, tokens, m, &ro);
+  if (rc == 0 && salt && salt->has) {
+    e->salt = *salt;
+    if ((rc = kvti_salt_hex(e->hash, salt, tokens, (size_t)m)) != 0)
+      kvt_entry_free(e);
+  }
   if (rc)
     return rc;
   fire(e, o);
@@ -391,7 +443,8 @@ int kvti_chunked_get_prefix(kvti_chunked *c, kvt_entry **out,
   return 0;
 }
 
-int kvti_chunked_touch(kvti_chunked *c, const int32_t *tokens, size_t n) {
+int kvti_chunked_touch(kvti_chunked *c, const kvti_salt *salt,
+                       const int32_t *tokens, size_t n) {
   size_t max = n / c->C;
   if (max == 0)
     return KVT_ENOTFOUND;
@@ -399,8 +452,12 @@ int kvti_chunked_touch(kvti_chunked *c, const int32_t *tokens, size_t n) {
   if (!r)
     return KVT_ERR_NOMEM();
   size_t m = 0;
-  int rc = kvti_chunkstore_lookup(c->cs, c->ns, c->ns_len, tokens, n, c->C, r,
-                                  max, &m);
+  kvti_chunk_ns ns;
+  int rc = kvti_chunked_ns_of(c, salt, &ns);
+  if (rc == 0)
+    rc = kvti_chunkstore_lookup(c->cs, ns.p, ns.len, tokens, n, c->C, r, max,
+                                &m);
+  kvti_chunk_ns_free(&ns);
   if (rc == 0)
     rc = m ? kvti_chains_touch(kvti_chunkstore_chains(c->cs), r[m - 1].key)
            : KVT_ENOTFOUND;

@@ -85,9 +85,18 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
                      const char *hash, const kvti_read_opts *o,
                      uint8_t bad_chunk[32], int *chunk_bad);
 
-/* The namespace the chain keys are seeded with (model_id), for the helpers
- * in other files of the chunked store. */
-const uint8_t *kvti_chunked_ns(const kvti_chunked *c, size_t *len);
+/* The namespace chain keys are seeded with: model_id, plus the digest of
+ * cache_salt s when s->has (NULL: none), so two salts never share or see
+ * each other's chunks. ns->own (freed by kvti_chunk_ns_free) holds a salted
+ * encoding. Returns 0 or KVT_ENOMEM. */
+typedef struct kvti_chunk_ns {
+  const uint8_t *p;
+  size_t len;
+  uint8_t *own;
+} kvti_chunk_ns;
+int kvti_chunked_ns_of(const kvti_chunked *c, const kvti_salt *s,
+                       kvti_chunk_ns *ns);
+void kvti_chunk_ns_free(kvti_chunk_ns *ns);
 
 /* A trimmed read (o->keep_tokens in [1, entry tokens]) of chained entry hash
  * (record ce), for any kept length: chunks covering the kept tokens, plus the
@@ -107,18 +116,20 @@ void kvti_chunked_forget(kvti_chunked *c, const char *hash);
 /* Longest pure chain over tokens: *m tokens (a multiple of C; 0 = none),
  * *mem = the bytes a promote of them allocates, *hash = hex SHA-256 of
  * tokens[0, m). Returns 0 or KVT_EINVAL. */
-int kvti_chunked_lookup_prefix(kvti_chunked *c, const int32_t *tokens, size_t n,
-                               uint64_t *m, uint64_t *mem, char hash[65]);
+int kvti_chunked_lookup_prefix(kvti_chunked *c, const kvti_salt *salt,
+                               const int32_t *tokens, size_t n, uint64_t *m,
+                               uint64_t *mem, char hash[65]);
 /* Reads tokens[0, m) from their pure chain (m from lookup_prefix) into a new
  * entry, as kvti_chunked_get (alloc, cancel, on_layer of o). Returns 0,
  * KVT_ENOTFOUND (chain shorter now), KVT_ECORRUPT (bad_chunk set), ... */
-int kvti_chunked_get_prefix(kvti_chunked *c, kvt_entry **out,
-                            const int32_t *tokens, uint64_t m,
+int kvti_chunked_get_prefix(kvti_chunked *c, const kvti_salt *salt,
+                            kvt_entry **out, const int32_t *tokens, uint64_t m,
                             const kvti_read_opts *o, uint8_t bad_chunk[32],
                             int *chunk_bad);
 /* Refreshes the chain under tokens[0, m) (leaf and every ancestor). 0 or
  * KVT_ENOTFOUND. */
-int kvti_chunked_touch(kvti_chunked *c, const int32_t *tokens, size_t n);
+int kvti_chunked_touch(kvti_chunked *c, const kvti_salt *salt,
+                       const int32_t *tokens, size_t n);
 
 /* Bytes of all chunk files. */
 uint64_t kvti_chunked_disk_bytes(kvti_chunked *c);

@@ -104,8 +104,6 @@ int kvti_chunked_get_trim(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
                           const kvti_read_opts *o, uint8_t bad_chunk[32],
                           int *chunk_bad) {
   uint64_t keep = o->keep_tokens, rows = ce->chunks * ce->chunk_tokens;
-  size_t ns_len;
-  const uint8_t *ns = kvti_chunked_ns(c, &ns_len);
   kvti_chunkstore *cs = kvti_chunked_store(c);
   /* The tail, whole, in kvtier's buffers: its tokens are the entry's. */
   kvti_read_opts to = *o;
@@ -131,10 +129,12 @@ int kvti_chunked_get_trim(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
                  : (size_t)((keep + ce->chunk_tokens - 1) / ce->chunk_tokens);
   kvti_chain_rec *recs = kvti_malloc((size_t)ce->chunks * sizeof *recs);
   size_t m = 0;
-  rc = recs ? kvti_chunkstore_lookup(cs, ns, ns_len, tail->tokens,
-                                     tail->n_tokens, ce->chunk_tokens, recs,
-                                     (size_t)ce->chunks, &m)
-            : KVT_ERR_NOMEM();
+  kvti_chunk_ns ns = {0};
+  rc = recs ? kvti_chunked_ns_of(c, &tail->salt, &ns) : KVT_ERR_NOMEM();
+  if (rc == 0)
+    rc = kvti_chunkstore_lookup(cs, ns.p, ns.len, tail->tokens, tail->n_tokens,
+                                ce->chunk_tokens, recs, (size_t)ce->chunks, &m);
+  kvti_chunk_ns_free(&ns);
   if (rc == 0 &&
       (m != ce->chunks || memcmp(recs[m - 1].key, ce->last_key, 32) ||
        recs[0].layout_hash != ce->layout_hash))
@@ -212,7 +212,8 @@ int kvti_chunked_get_trim(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
   if (rc == 0) {
     memcpy(e->tokens, tail->tokens, (size_t)keep * 4);
     e->n_tokens = (size_t)keep;
-    rc = kvt_token_hash(e->hash, e->tokens, (size_t)keep);
+    e->salt = tail->salt;
+    rc = kvti_salt_hex(e->hash, &e->salt, e->tokens, (size_t)keep);
     e->storage_mode = tail->storage_mode;
     e->memory_bytes = (uint64_t)((double)tail->memory_bytes * (double)keep /
                                  (double)tail->n_tokens);

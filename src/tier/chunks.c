@@ -124,12 +124,14 @@ void kvti_tier_chunks_after_read(kvt_tier *t) {
 }
 
 int kvti_tier_chunks_prefix(kvt_tier *t, kvt_entry_info *info, int rc,
-                            const int32_t *tokens, size_t n) {
+                            const int32_t *tokens, size_t n,
+                            const kvti_salt *salt) {
   if (!t->chunked || (rc != 0 && rc != KVT_ENOTFOUND))
     return rc;
   uint64_t m = 0, mem = 0;
   char h[65];
-  if (kvti_chunked_lookup_prefix(t->chunked, tokens, n, &m, &mem, h) != 0 ||
+  if (kvti_chunked_lookup_prefix(t->chunked, salt, tokens, n, &m, &mem, h) !=
+          0 ||
       m == 0 || (rc == 0 && m <= info->num_tokens))
     return rc;
   memset(info, 0, sizeof *info);
@@ -146,20 +148,21 @@ int kvti_tier_chunks_get_prefix(kvt_tier *t, kvt_entry **out, const char *hash,
   if (!t->chunked || !o->tokens || o->n_tokens == 0)
     return KVT_ERR(KVT_ENOTFOUND, "no entry %.16s", hash);
   char h[65];
-  int rc = kvt_token_hash(h, o->tokens, o->n_tokens);
+  int rc = kvti_salt_hex(h, &o->salt, o->tokens, o->n_tokens);
   if (rc)
     return rc;
   if (strcmp(h, hash) != 0 ||
       o->n_tokens % kvti_chunked_chunk_tokens(t->chunked))
     return KVT_ERR(KVT_ENOTFOUND, "no entry %.16s", hash);
-  return kvti_chunked_get_prefix(t->chunked, out, o->tokens, o->n_tokens, o,
-                                 g_bad, &g_has_bad);
+  return kvti_chunked_get_prefix(t->chunked, &o->salt, out, o->tokens,
+                                 o->n_tokens, o, g_bad, &g_has_bad);
 }
 
-int kvti_tier_chunks_touch(kvt_tier *t, const int32_t *tokens, size_t n) {
+int kvti_tier_chunks_touch(kvt_tier *t, const int32_t *tokens, size_t n,
+                           const kvti_salt *salt) {
   if (!t->chunked)
     return KVT_ENOTFOUND;
-  return kvti_chunked_touch(t->chunked, tokens, n);
+  return kvti_chunked_touch(t->chunked, salt, tokens, n);
 }
 
 void kvti_tier_chunks_forget(kvt_tier *t, const char *hash) {

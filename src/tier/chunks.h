@@ -39,13 +39,15 @@ void kvti_tier_chunks_after_read(kvt_tier *t);
  * memory_bytes = the exact promote allocation, token_hash = hash of
  * tokens[0, m)) and 0 is returned; else rc. */
 int kvti_tier_chunks_prefix(kvt_tier *t, kvt_entry_info *info, int rc,
-                            const int32_t *tokens, size_t n);
+                            const int32_t *tokens, size_t n,
+                            const kvti_salt *salt);
 /* Reads tokens[0, n) from a pure chain when hash names that prefix and no
  * entry row exists. KVT_ENOTFOUND otherwise. */
 int kvti_tier_chunks_get_prefix(kvt_tier *t, kvt_entry **out, const char *hash,
                                 const kvti_read_opts *o);
 /* Refreshes the chain under tokens. */
-int kvti_tier_chunks_touch(kvt_tier *t, const int32_t *tokens, size_t n);
+int kvti_tier_chunks_touch(kvt_tier *t, const int32_t *tokens, size_t n,
+                           const kvti_salt *salt);
 /* After an entry's files were removed (mut_mu held). */
 void kvti_tier_chunks_forget(kvt_tier *t, const char *hash);
 /* Bytes of chunk files (0 when off). */

@@ -32,18 +32,19 @@ static int check_tokens(const int32_t *tokens, size_t n) {
  */
 static int lookup_common(kvt_entry_info *out, kvt_tier *t,
                          const int32_t *tokens, size_t n, int prefix,
-                         int remote) {
+                         int remote, const kvti_salt *salt) {
   if (!out || !t)
     return KVT_ERR(KVT_EINVAL, "lookup: NULL argument");
   int rc = check_tokens(tokens, n);
   if (rc != 0 || (rc = kvti_tier_enter(t)) != 0)
     return rc;
   double cutoff = kvti_tier_cutoff(t);
-  rc = prefix ? kvti_index_find_prefix(out, t->idx, tokens, n, cutoff)
-              : kvti_index_find(out, t->idx, tokens, n, cutoff);
+  rc = prefix
+           ? kvti_index_find_prefix_salted(out, t->idx, tokens, n, cutoff, salt)
+           : kvti_index_find_salted(out, t->idx, tokens, n, cutoff, salt);
   if (prefix) /* chunk-aligned prefixes of pure-KV chains (chunks.h) */
-    rc = kvti_tier_chunks_prefix(t, out, rc, tokens, n);
-  if (remote && kvti_remote_enabled(t) &&
+    rc = kvti_tier_chunks_prefix(t, out, rc, tokens, n, salt);
+  if (remote && kvti_remote_enabled(t) && !salt->has &&
       (rc == KVT_ENOTFOUND || (rc == 0 && prefix && out->num_tokens < n))) {
     kvt_entry_info ri;
     uint64_t min_len = rc == 0 ? out->num_tokens + 1 : 1;
@@ -58,20 +59,38 @@ static int lookup_common(kvt_entry_info *out, kvt_tier *t,
   return rc;
 }
 
+static const kvti_salt NO_SALT = {0};
+
 int kvt_tier_lookup(kvt_entry_info *out, kvt_tier *t, const int32_t *tokens,
                     size_t n_tokens) {
-  return lookup_common(out, t, tokens, n_tokens, 0, 1);
+  return lookup_common(out, t, tokens, n_tokens, 0, 1, &NO_SALT);
 }
 
 int kvt_tier_lookup_prefix(kvt_entry_info *out, kvt_tier *t,
                            const int32_t *tokens, size_t n_tokens) {
-  return lookup_common(out, t, tokens, n_tokens, 1, 1);
+  return lookup_common(out, t, tokens, n_tokens, 1, 1, &NO_SALT);
 }
 
-int kvt_tier_touch(kvt_tier *t, const int32_t *tokens, size_t n_tokens) {
+int kvt_tier_lookup_ex(kvt_entry_info *out, kvt_tier *t, const int32_t *tokens,
+                       size_t n_tokens, const kvt_call_opts *co) {
+  kvti_salt s;
+  int rc = kvti_call_salt(&s, t, co);
+  return rc ? rc : lookup_common(out, t, tokens, n_tokens, 0, 1, &s);
+}
+
+int kvt_tier_lookup_prefix_ex(kvt_entry_info *out, kvt_tier *t,
+                              const int32_t *tokens, size_t n_tokens,
+                              const kvt_call_opts *co) {
+  kvti_salt s;
+  int rc = kvti_call_salt(&s, t, co);
+  return rc ? rc : lookup_common(out, t, tokens, n_tokens, 1, 1, &s);
+}
+
+static int touch_common(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
+                        const kvti_salt *salt) {
   kvt_entry_info info;
   /* local entries only: the remote store keeps no access times */
-  int rc = lookup_common(&info, t, tokens, n_tokens, 0, 0);
+  int rc = lookup_common(&info, t, tokens, n_tokens, 0, 0, salt);
   if (rc != 0 && rc != KVT_ENOTFOUND)
     return rc;
   int found = rc == 0;
@@ -87,7 +106,7 @@ int kvt_tier_touch(kvt_tier *t, const int32_t *tokens, size_t n_tokens) {
   /* The chain under the tokens is refreshed too (a chunk is as recent as its
    * newest use): the scheduler's only touch is of prompt[:matched]. */
   if (rc == 0 || (!found && t->chunked && !t->readonly)) {
-    int crc = kvti_tier_chunks_touch(t, tokens, n_tokens);
+    int crc = kvti_tier_chunks_touch(t, tokens, n_tokens, salt);
     if (!found)
       rc = crc == 0 ? 0
                     : KVT_ERR(KVT_ENOTFOUND,
@@ -98,7 +117,19 @@ int kvt_tier_touch(kvt_tier *t, const int32_t *tokens, size_t n_tokens) {
   return rc;
 }
 
-int kvt_tier_remove(kvt_tier *t, const int32_t *tokens, size_t n_tokens) {
+int kvt_tier_touch(kvt_tier *t, const int32_t *tokens, size_t n_tokens) {
+  return touch_common(t, tokens, n_tokens, &NO_SALT);
+}
+
+int kvt_tier_touch_ex(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
+                      const kvt_call_opts *co) {
+  kvti_salt s;
+  int rc = kvti_call_salt(&s, t, co);
+  return rc ? rc : touch_common(t, tokens, n_tokens, &s);
+}
+
+static int remove_common(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
+                         const kvti_salt *salt) {
   if (!t)
     return KVT_ERR(KVT_EINVAL, "tier is NULL");
   int rc = check_tokens(tokens, n_tokens);
@@ -108,7 +139,7 @@ int kvt_tier_remove(kvt_tier *t, const int32_t *tokens, size_t n_tokens) {
     rc = KVT_ERR(KVT_EINVAL, "remove needs a writable tier (opened read-only)");
   } else {
     char hash[KVT_HASH_HEX_LEN + 1];
-    rc = kvt_token_hash(hash, tokens, n_tokens);
+    rc = kvti_salt_hex(hash, salt, tokens, n_tokens);
     if (rc == 0) {
       pthread_mutex_lock(&t->mut_mu);
       rc = kvti_tier_remove_locked(t, hash, KVTI_RM_USER);
@@ -119,6 +150,17 @@ int kvt_tier_remove(kvt_tier *t, const int32_t *tokens, size_t n_tokens) {
   }
   kvti_tier_leave(t);
   return rc;
+}
+
+int kvt_tier_remove(kvt_tier *t, const int32_t *tokens, size_t n_tokens) {
+  return remove_common(t, tokens, n_tokens, &NO_SALT);
+}
+
+int kvt_tier_remove_ex(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
+                       const kvt_call_opts *co) {
+  kvti_salt s;
+  int rc = kvti_call_salt(&s, t, co);
+  return rc ? rc : remove_common(t, tokens, n_tokens, &s);
 }
 
 typedef struct info_vec {

@@ -92,11 +92,14 @@ size_t kvt_stats_size(void) {
 }
 
 int kvt_promote_opts_init(kvt_promote_opts *opts, unsigned int version) {
-  if (!opts || version != KVT_PROMOTE_OPTS_VERSION)
+  if (!opts || version < 1 || version > KVT_PROMOTE_OPTS_VERSION)
     return KVT_ERR(KVT_EINVAL,
                    "kvt_promote_opts_init: NULL or unknown version");
   kvt_promote_opts d = KVT_PROMOTE_OPTS_INIT;
-  *opts = d;
+  /* Only the caller's version's fields exist. */
+  memcpy(opts, &d,
+         version == 1 ? offsetof(kvt_promote_opts, cache_salt) : sizeof d);
+  opts->version = version;
   return 0;
 }
 

@@ -94,6 +94,8 @@ static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
   ro.read_threads = t->opts.read_threads;
   ro.keep_tokens = keep; /* trimmed promote (local entries only: see begin) */
   if (o) {
+    /* Validated by check_args: the request's salt names what is read. */
+    kvti_salt_make(&ro.salt, o->cache_salt, o->cache_salt_len);
     ro.page_cache = (o->flags & KVT_PROMOTE_PAGE_CACHE) != 0;
     ro.alloc = o->alloc;
     ro.free_buf = o->free_buf;
@@ -172,13 +174,19 @@ static int begin(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
   double cutoff = kvti_tier_cutoff(t);
   int prefix = (flags & KVT_PROMOTE_PREFIX) != 0;
   KVTI_STAT_ADD(&t->stats, tokens_requested, keep ? keep : n);
-  int rc = prefix ? kvti_index_find_prefix(info, t->idx, tokens, n, cutoff)
-                  : kvti_index_find(info, t->idx, tokens, n, cutoff);
+  kvti_salt salt = {0};
+  if (o) /* validated by check_args */
+    kvti_salt_make(&salt, o->cache_salt, o->cache_salt_len);
+  int rc = prefix
+               ? kvti_index_find_prefix_salted(info, t->idx, tokens, n, cutoff,
+                                               &salt)
+               : kvti_index_find_salted(info, t->idx, tokens, n, cutoff, &salt);
   if (prefix) /* chunk-aligned prefixes of pure-KV chains (chunks.h) */
-    rc = kvti_tier_chunks_prefix(t, info, rc, tokens, n);
+    rc = kvti_tier_chunks_prefix(t, info, rc, tokens, n, &salt);
   memset(rs, 0, sizeof *rs);
-  /* A trimmed promote (keep > 0) reads local entries only. */
-  if (!keep && kvti_remote_enabled(t) &&
+  /* A trimmed promote (keep > 0) reads local entries only; so does a salted
+   * one (salts are refused with a remote tier). */
+  if (!keep && !salt.has && kvti_remote_enabled(t) &&
       (rc == KVT_ENOTFOUND || (rc == 0 && prefix && info->num_tokens < n))) {
     kvt_entry_info ri;
     uint64_t min_len = rc == 0 ? info->num_tokens + 1 : 1;
@@ -247,9 +255,15 @@ static int check_args(const void *out, kvt_tier *t, const int32_t *tokens,
     return KVT_ERR(KVT_EINVAL, "promote: NULL argument");
   if (!tokens && n > 0)
     return KVT_ERR(KVT_EINVAL, "tokens is NULL with n_tokens > 0");
-  if (o && o->version != KVT_PROMOTE_OPTS_VERSION)
-    return KVT_ERR(KVT_EINVAL, "kvt_promote_opts version must be %u, got %u",
+  if (o && (o->version < 1 || o->version > KVT_PROMOTE_OPTS_VERSION))
+    return KVT_ERR(KVT_EINVAL, "kvt_promote_opts version must be 1..%u, got %u",
                    KVT_PROMOTE_OPTS_VERSION, o->version);
+  if (o) {
+    kvti_salt s;
+    int rc = kvti_tier_salt(&s, t, o->cache_salt, o->cache_salt_len);
+    if (rc)
+      return rc;
+  }
   if (o && o->flags & ~(KVT_PROMOTE_PREFIX | KVT_PROMOTE_NO_TOUCH |
                         KVT_PROMOTE_PAGE_CACHE))
     return KVT_ERR(KVT_EINVAL, "promote flags has unknown bits 0x%x", o->flags);
@@ -258,9 +272,26 @@ static int check_args(const void *out, kvt_tier *t, const int32_t *tokens,
   return 0;
 }
 
+/* The caller's opts as this version's struct: fields past the caller's
+ * version take their defaults (a version-1 struct has no cache_salt: it is
+ * never read). NULL stays NULL. */
+static const kvt_promote_opts *norm_opts(kvt_promote_opts *lo,
+                                         const kvt_promote_opts *o) {
+  if (!o || o->version >= KVT_PROMOTE_OPTS_VERSION ||
+      o->version < 1) /* the current version, or refused by check_args */
+    return o;
+  kvt_promote_opts d = KVT_PROMOTE_OPTS_INIT;
+  memcpy(&d, o, offsetof(kvt_promote_opts, cache_salt));
+  d.version = KVT_PROMOTE_OPTS_VERSION;
+  *lo = d;
+  return lo;
+}
+
 static int promote_sync(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
-                        size_t n_tokens, const kvt_promote_opts *opts,
+                        size_t n_tokens, const kvt_promote_opts *opts_in,
                         uint64_t keep) {
+  kvt_promote_opts lo;
+  const kvt_promote_opts *opts = norm_opts(&lo, opts_in);
   int rc = check_args(out, t, tokens, n_tokens, opts);
   if (rc != 0 || (rc = kvti_tier_enter(t)) != 0)
     return rc;
@@ -317,15 +348,34 @@ size_t kvt_common_prefix(const int32_t *a, size_t na, const int32_t *b,
 
 int kvt_tier_read_entry(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
                         size_t n_tokens, const char *file_path) {
+  return kvt_tier_read_entry_ex(out, t, tokens, n_tokens, file_path, NULL);
+}
+
+int kvt_tier_read_entry_ex(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
+                           size_t n_tokens, const char *file_path,
+                           const kvt_call_opts *co) {
   if (!out || !t || !file_path || (!tokens && n_tokens > 0))
     return KVT_ERR(KVT_EINVAL, "read_entry: NULL argument");
   if (!kvti_is_hash_name(file_path))
     return KVT_ERR(KVT_EINVAL, "file_path must be a 64-hex entry name");
-  int rc = kvti_tier_enter(t);
+  kvti_salt salt;
+  int rc = kvti_call_salt(&salt, t, co);
+  char want[KVT_HASH_HEX_LEN + 1];
+  if (rc == 0)
+    rc = kvti_salt_hex(want, &salt, tokens, n_tokens);
   if (rc != 0)
+    return rc;
+  /* Only the name of these tokens under the caller's salt: a salted entry
+   * is never read by a call with another salt or none (nor the reverse). */
+  if (strcmp(want, file_path) != 0)
+    return KVT_ERR(KVT_ENOTFOUND,
+                   "no entry %.16s for these %zu tokens under this cache_salt",
+                   file_path, n_tokens);
+  if ((rc = kvti_tier_enter(t)) != 0)
     return rc;
   kvti_read_opts ro;
   memset(&ro, 0, sizeof ro);
+  ro.salt = salt;
   ro.tokens = tokens;
   ro.n_tokens = n_tokens;
   ro.io_backend = t->opts.io_backend;
@@ -456,7 +506,9 @@ static void promise_destroy(kvt_promise *p) {
 
 int kvt_tier_promote_async(kvt_promise **out, kvt_tier *t,
                            const int32_t *tokens, size_t n_tokens,
-                           const kvt_promote_opts *opts) {
+                           const kvt_promote_opts *opts_in) {
+  kvt_promote_opts lo;
+  const kvt_promote_opts *opts = norm_opts(&lo, opts_in);
   int rc = check_args(out, t, tokens, n_tokens, opts);
   if (rc != 0 || (rc = kvti_tier_enter(t)) != 0)
     return rc;

@@ -169,6 +169,7 @@ int64_t kvti_tier_adopt_locked(kvt_tier *t, char *const *names, size_t n,
       a->disk_bytes = p->disk_bytes;
       a->storage_mode = p->storage_mode;
       a->created_at = p->mtime;
+      a->salt = &p->salt; /* its row keyed as the files are */
       if (++b->n == ADOPT_BATCH)
         rc = adopt_flush(t, b, &adopted);
     } else if (r == KVT_ECORRUPT || r == KVT_EUNSUPPORTED ||

@@ -26,6 +26,7 @@
 
 #include "index/index.h"
 #include "store/backend.h"
+#include "base/salt.h"
 #include "kvtier.h"
 #include "base/clock.h"
 #include "base/lock.h"
@@ -90,6 +91,11 @@ struct kvt_tier {
 
 /* Lifecycle guards: enter returns 0 or KVT_ECLOSED (message set). */
 int kvti_tier_enter(kvt_tier *t);
+/* The salt of a call (salt.c): kvti_salt_make, refused (KVT_EUNSUPPORTED)
+ * with a remote tier; kvti_call_salt reads a kvt_call_opts (NULL: none). */
+int kvti_tier_salt(kvti_salt *out, const kvt_tier *t, const void *salt,
+                   size_t len);
+int kvti_call_salt(kvti_salt *out, const kvt_tier *t, const kvt_call_opts *co);
 void kvti_tier_leave(kvt_tier *t);
 
 void kvti_log(kvt_tier *t, int level, const char *fmt, ...)

@@ -67,9 +67,11 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
     }
     int rc = t->be->ops->put(t->be, disk, s, wo);
     if (rc == 0) {
-      rc =
-          kvti_index_put(t->idx, tokens, n, hash, kvti_snapshot_memory_bytes(s),
-                         *disk, t->opts.storage_mode);
+      kvti_index_put_args a = {tokens, n,
+                               hash,   kvti_snapshot_memory_bytes(s),
+                               *disk,  t->opts.storage_mode,
+                               0,      kvti_snapshot_salt(s)};
+      rc = kvti_index_put_one(t->idx, &a, 1);
       if (rc != 0) {
         /* Published files without a row would be an entry nobody can see
          * and capacity does not count: remove them (and any row of a
@@ -118,10 +120,13 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
     recorded = chunked;
     rc = ops->put_publish(t->be, x);
   }
-  if (rc == 0)
-    rc = kvti_index_put_nowait(t->idx, tokens, n, hash,
-                               kvti_snapshot_memory_bytes(s), *disk,
-                               t->opts.storage_mode);
+  if (rc == 0) {
+    kvti_index_put_args a = {tokens, n,
+                             hash,   kvti_snapshot_memory_bytes(s),
+                             *disk,  t->opts.storage_mode,
+                             0,      kvti_snapshot_salt(s)};
+    rc = kvti_index_put_one(t->idx, &a, 0);
+  }
   if (rc == 0) {
     ops->put_commit(t->be, x);
     if (chunked)
@@ -353,12 +358,16 @@ static uint64_t layers_bytes(const kvt_layer *layers, uint32_t n_layers) {
 static int spill_common(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
                         const kvt_layer *layers, uint32_t n_layers,
                         uint64_t memory_bytes, int copy,
-                        void (*release)(void *), void *release_ctx) {
+                        void (*release)(void *), void *release_ctx,
+                        const kvt_call_opts *co) {
   int rc;
+  kvti_salt salt;
   if (!t) {
     rc = KVT_ERR(KVT_EINVAL, "tier is NULL");
     goto early_fail;
   }
+  if ((rc = kvti_call_salt(&salt, t, co)) != 0)
+    goto early_fail;
   if (!tokens && n_tokens > 0) {
     rc = KVT_ERR(KVT_EINVAL, "tokens is NULL with n_tokens > 0");
     goto early_fail;
@@ -412,6 +421,10 @@ static int spill_common(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
       kvti_snapshot_free(s); /* runs release for a no-copy spill */
       s = NULL;
     }
+  if (rc == 0 && (rc = kvti_snapshot_set_salt(s, &salt)) != 0) {
+    kvti_snapshot_free(s);
+    s = NULL;
+  }
   if (rc != 0) {
     /* snapshot_create ran release already. */
     if (rc == KVT_EINVAL)
@@ -471,7 +484,23 @@ int kvt_tier_spill(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
                    const kvt_layer *layers, uint32_t n_layers,
                    uint64_t memory_bytes) {
   return spill_common(t, tokens, n_tokens, layers, n_layers, memory_bytes, 1,
-                      NULL, NULL);
+                      NULL, NULL, NULL);
+}
+
+int kvt_tier_spill_ex(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
+                      const kvt_layer *layers, uint32_t n_layers,
+                      uint64_t memory_bytes, const kvt_call_opts *co) {
+  return spill_common(t, tokens, n_tokens, layers, n_layers, memory_bytes, 1,
+                      NULL, NULL, co);
+}
+
+int kvt_tier_spill_nocopy_ex(kvt_tier *t, const int32_t *tokens,
+                             size_t n_tokens, const kvt_layer *layers,
+                             uint32_t n_layers, uint64_t memory_bytes,
+                             void (*release)(void *ctx), void *release_ctx,
+                             const kvt_call_opts *co) {
+  return spill_common(t, tokens, n_tokens, layers, n_layers, memory_bytes, 0,
+                      release, release_ctx, co);
 }
 
 int kvt_tier_spill_nocopy(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
@@ -479,7 +508,7 @@ int kvt_tier_spill_nocopy(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
                           uint64_t memory_bytes, void (*release)(void *ctx),
                           void *release_ctx) {
   return spill_common(t, tokens, n_tokens, layers, n_layers, memory_bytes, 0,
-                      release, release_ctx);
+                      release, release_ctx, NULL);
 }
 
 int kvt_tier_flush(kvt_tier *t, int64_t timeout_ms) {

@@ -205,7 +205,7 @@ static void test_conversations(void) {
     q[i] = -i;
   uint64_t m, mem;
   char h[65], want[65];
-  REQUIRE(kvti_chunked_lookup_prefix(v.ck, q, 80, &m, &mem, h) == 0);
+  REQUIRE(kvti_chunked_lookup_prefix(v.ck, NULL, q, 80, &m, &mem, h) == 0);
   CHECK_EQ_INT(m, 48);
   kvt_token_hash(want, q, 48);
   CHECK(strcmp(h, want) == 0);
@@ -215,7 +215,7 @@ static void test_conversations(void) {
   o.on_layer = on_layer;
   g_layers_seen = 0;
   kvt_entry *e;
-  REQUIRE(kvti_chunked_get_prefix(v.ck, &e, q, 48, &o, NULL, NULL) == 0);
+  REQUIRE(kvti_chunked_get_prefix(v.ck, NULL, &e, q, 48, &o, NULL, NULL) == 0);
   CHECK_EQ_INT(e->memory_bytes, mem); /* exactly what was allocated */
   CHECK_EQ_INT(e->n_tokens, 48);
   CHECK_EQ_INT(g_layers_seen, 2);
@@ -224,9 +224,9 @@ static void test_conversations(void) {
   CHECK(memcmp((uint8_t *)a->data + 48 * 16, (uint8_t *)b->data + 128 * 16,
                48 * 16) == 0);
   kvt_entry_free(e);
-  CHECK(kvti_chunked_get_prefix(v.ck, &e, q, 64, &o, NULL, NULL) ==
+  CHECK(kvti_chunked_get_prefix(v.ck, NULL, &e, q, 64, &o, NULL, NULL) ==
         KVT_ENOTFOUND);
-  CHECK(kvti_chunked_touch(v.ck, q, 80) == 0);
+  CHECK(kvti_chunked_touch(v.ck, NULL, q, 80) == 0);
   /* A damaged chunk: reported with its key; nothing returned. */
   kvti_chain_rec recs[8];
   size_t k;
@@ -287,7 +287,7 @@ static void test_hybrid(void) {
   uint64_t m, mem;
   char h[65];
   /* The arrays state exists only at 70 tokens: no prefix at 64. */
-  CHECK(kvti_chunked_lookup_prefix(v.ck, tok, 70, &m, &mem, h) == 0);
+  CHECK(kvti_chunked_lookup_prefix(v.ck, NULL, tok, 70, &m, &mem, h) == 0);
   CHECK_EQ_INT(m, 0);
   int rc;
   kvt_entry *e = get(&v, tok, 70, &rc);
