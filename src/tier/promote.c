@@ -69,7 +69,9 @@ struct kvt_promise {
   kvt_promote_opts opts;
   uint64_t reserved;
   double t0;
-  rsel rs; /* remote tier selection (remote.h) */
+  rsel rs;        /* remote tier selection (remote.h) */
+  kvti_salt salt; /* the request's (digested now: the caller's salt bytes
+                     need not outlive the call) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -83,7 +85,7 @@ struct kvt_promise {
 static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
                       const int32_t *tokens, size_t n,
                       const kvt_promote_opts *o, atomic_int *cancel, int remote,
-                      uint64_t keep) {
+                      uint64_t keep, const kvti_salt *salt) {
   const char *hash = info->token_hash;
   kvti_read_opts ro;
   memset(&ro, 0, sizeof ro);
@@ -93,9 +95,8 @@ static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
   ro.io_backend = t->opts.io_backend;
   ro.read_threads = t->opts.read_threads;
   ro.keep_tokens = keep; /* trimmed promote (local entries only: see begin) */
+  ro.salt = *salt;       /* the request's salt names what is read */
   if (o) {
-    /* Validated by check_args: the request's salt names what is read. */
-    kvti_salt_make(&ro.salt, o->cache_salt, o->cache_salt_len);
     ro.page_cache = (o->flags & KVT_PROMOTE_PAGE_CACHE) != 0;
     ro.alloc = o->alloc;
     ro.free_buf = o->free_buf;
@@ -234,14 +235,14 @@ static int begin(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
 static int read_selected(kvt_entry **out, kvt_tier *t, kvt_entry_info *info,
                          const rsel *rs, const int32_t *tokens,
                          const kvt_promote_opts *o, atomic_int *cancel,
-                         uint64_t keep) {
+                         uint64_t keep, const kvti_salt *salt) {
   int rc = read_entry(out, t, info, tokens, (size_t)info->num_tokens, o, cancel,
-                      rs->remote, keep);
+                      rs->remote, keep, salt);
   if (rs->remote && rc == KVT_ENOTFOUND) {
     if (rs->has_fb) {
       *info = rs->fb;
       rc = read_entry(out, t, info, tokens, (size_t)info->num_tokens, o, cancel,
-                      0, keep);
+                      0, keep, salt);
     } else {
       KVTI_STAT_ADD(&t->stats, ssd_misses, 1);
     }
@@ -302,7 +303,10 @@ static int promote_sync(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
   if (rc == 0) {
     double t0 = kvti_now_mono();
     kvt_entry *e = NULL;
-    rc = read_selected(&e, t, &info, &rs, tokens, opts, NULL, keep);
+    kvti_salt salt = {0};
+    if (opts) /* validated by check_args */
+      kvti_salt_make(&salt, opts->cache_salt, opts->cache_salt_len);
+    rc = read_selected(&e, t, &info, &rs, tokens, opts, NULL, keep, &salt);
     if (rc == 0) {
       e->reserved_bytes = reserved;
       account_hit(t, e, &info, t0, opts ? opts->flags : 0);
@@ -441,7 +445,7 @@ static void run_job(kvt_promise *p) {
     KVTI_STAT_ADD(&t->stats, promotions_cancelled, 1);
   } else {
     rc = read_selected(&e, t, &p->info, &p->rs, p->tokens, &p->opts, &p->cancel,
-                       0);
+                       0, &p->salt);
   }
   pthread_mutex_lock(&p->mu);
   if (rc == 0 && atomic_load(&p->cancel)) {
@@ -531,6 +535,9 @@ int kvt_tier_promote_async(kvt_promise **out, kvt_tier *t,
     p->opts = *opts;
   else
     kvt_promote_opts_init(&p->opts, KVT_PROMOTE_OPTS_VERSION);
+  kvti_salt_make(&p->salt, p->opts.cache_salt, p->opts.cache_salt_len);
+  p->opts.cache_salt = NULL; /* p->salt holds it */
+  p->opts.cache_salt_len = 0;
   rc = begin(t, &p->info, &p->reserved, &p->rs, tokens, n_tokens, opts, 0);
   if (rc != 0) {
     promise_destroy(p);

@@ -88,7 +88,9 @@ PROMOTE_PREFIX = 0x1
 PROMOTE_NO_TOUCH = 0x2
 
 KVT_OPTIONS_VERSION = 4
-KVT_PROMOTE_OPTS_VERSION = 1
+KVT_PROMOTE_OPTS_VERSION = 2
+KVT_CALL_OPTS_VERSION = 1
+KVT_CACHE_SALT_MAX = 4096
 KVT_STATS_VERSION = 2
 
 # --------------------------------------------------------------------------
@@ -220,7 +222,58 @@ class PromoteOpts(ctypes.Structure):
         ("alloc_ctx", ctypes.c_void_p),
         ("on_layer", LAYER_READY_FN),
         ("layer_ctx", ctypes.c_void_p),
+        # version 2
+        ("cache_salt", ctypes.c_void_p),
+        ("cache_salt_len", ctypes.c_size_t),
     ]
+
+
+class CallOpts(ctypes.Structure):
+    """struct kvt_call_opts."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("cache_salt", ctypes.c_void_p),
+        ("cache_salt_len", ctypes.c_size_t),
+    ]
+
+
+def salt_bytes(cache_salt):
+    """A cache_salt keyword (None, str or bytes-like) as bytes or None."""
+    if cache_salt is None:
+        return None
+    if isinstance(cache_salt, str):
+        b = cache_salt.encode("utf-8")
+    elif isinstance(cache_salt, (bytes, bytearray, memoryview)):
+        b = bytes(cache_salt)
+    else:
+        raise TypeError(f"cache_salt must be str or bytes, not {type(cache_salt).__name__}")
+    if len(b) > KVT_CACHE_SALT_MAX:
+        raise ValueError(f"cache_salt of {len(b)} bytes (at most {KVT_CACHE_SALT_MAX})")
+    return b or None
+
+
+def call_opts(cache_salt):
+    """(CallOpts pointer or None, keep-alive) for a cache_salt keyword."""
+    b = salt_bytes(cache_salt)
+    if b is None:
+        return None, None
+    buf = ctypes.create_string_buffer(b, len(b))
+    co = CallOpts(KVT_CALL_OPTS_VERSION, ctypes.cast(buf, ctypes.c_void_p), len(b))
+    return ctypes.byref(co), (co, buf)
+
+
+def set_promote_salt(opts, cache_salt):
+    """Sets a PromoteOpts' salt; returns the buffer to keep alive."""
+    b = salt_bytes(cache_salt)
+    if b is None:
+        opts.cache_salt = None
+        opts.cache_salt_len = 0
+        return None
+    buf = ctypes.create_string_buffer(b, len(b))
+    opts.cache_salt = ctypes.cast(buf, ctypes.c_void_p)
+    opts.cache_salt_len = len(b)
+    return buf
 
 
 class Stats(ctypes.Structure):
@@ -634,6 +687,19 @@ kvt_tier_read_entry = _proto("kvt_tier_read_entry", c_int,
                              [P(c_void_p), c_void_p, PI32, c_size_t, c_char_p])
 kvt_tier_touch = _proto("kvt_tier_touch", c_int, [c_void_p, PI32, c_size_t])
 kvt_tier_remove = _proto("kvt_tier_remove", c_int, [c_void_p, PI32, c_size_t])
+# cache_salt variants (kvt_call_opts; NULL = the plain call)
+kvt_tier_spill_ex = _proto("kvt_tier_spill_ex", c_int,
+                           [c_void_p, PI32, c_size_t, P(Layer), c_uint32, c_uint64,
+                            P(CallOpts)])
+kvt_tier_lookup_ex = _proto("kvt_tier_lookup_ex", c_int,
+                            [P(EntryInfo), c_void_p, PI32, c_size_t, P(CallOpts)])
+kvt_tier_lookup_prefix_ex = _proto("kvt_tier_lookup_prefix_ex", c_int,
+                                   [P(EntryInfo), c_void_p, PI32, c_size_t, P(CallOpts)])
+kvt_tier_read_entry_ex = _proto("kvt_tier_read_entry_ex", c_int,
+                                [P(c_void_p), c_void_p, PI32, c_size_t, c_char_p,
+                                 P(CallOpts)])
+kvt_tier_touch_ex = _proto("kvt_tier_touch_ex", c_int, [c_void_p, PI32, c_size_t, P(CallOpts)])
+kvt_tier_remove_ex = _proto("kvt_tier_remove_ex", c_int, [c_void_p, PI32, c_size_t, P(CallOpts)])
 kvt_tier_reconcile = _proto("kvt_tier_reconcile", c_int64, [c_void_p])
 kvt_tier_gc = _proto("kvt_tier_gc", c_int,
                      [c_void_p, P(GcOpts), P(c_uint64), P(c_uint64)])

@@ -676,10 +676,15 @@ class SSDIndex:
             L.check(L.kvt_index_count(ctypes.byref(v), self._p()))
         return int(v.value)
 
-    def touch(self, tokens_key: tuple[int, ...]) -> None:
-        """Update accessed_at timestamp for an entry (marks as recently used)."""
+    def touch(self, tokens_key: tuple[int, ...], *,
+              cache_salt: str | bytes | None = None) -> None:
+        """Update accessed_at timestamp for an entry (marks as recently used).
+        cache_salt (kvtier's): the tier's entry spilled under it (a
+        standalone SSDIndex has no salted rows)."""
         if self._via is not None:
-            return self._via.touch(tokens_key)
+            return self._via.touch(tokens_key, cache_salt=cache_salt)
+        if cache_salt is not None:
+            raise ValueError("cache_salt needs a tier's index (SSDCacheTier._index)")
         tok, n = tokens_arg(tokens_key)
         with self._db_lock:
             rc = L.kvt_index_touch(self._p(), tok, n)
@@ -710,10 +715,14 @@ class _TierIndex:
     def __init__(self, tier: "SSDCacheTier") -> None:
         self._tier = weakref.proxy(tier)
 
-    def touch(self, tokens_key: tuple[int, ...]) -> None:
-        """Update accessed_at timestamp for an entry (marks as recently used)."""
+    def touch(self, tokens_key: tuple[int, ...], *,
+              cache_salt: str | bytes | None = None) -> None:
+        """Update accessed_at timestamp for an entry (marks as recently used);
+        cache_salt: the entry spilled under it."""
         tok, n = tokens_arg(tokens_key)
-        rc = L.kvt_tier_touch(self._tier._h.ptr, tok, n)
+        co, keep = L.call_opts(cache_salt)
+        rc = L.kvt_tier_touch_ex(self._tier._h.ptr, tok, n, co)
+        del keep
         if rc != L.KVT_ENOTFOUND:
             L.check(rc, "touch")
 
@@ -1169,8 +1178,15 @@ class SSDCacheTier:
         tokens: tuple[int, ...],
         cache: list[Any],
         memory_bytes: int,
+        *,
+        cache_salt: str | bytes | None = None,
     ) -> bool:
         """Enqueue a cache entry for async spill to SSD.
+
+        cache_salt (kvtier's; str or bytes): a per-request namespace (vLLM's
+        ``cache_salt``): the entry is then found, promoted, read and touched
+        only by calls given the same cache_salt, and its chunks are never
+        shared with other salts (or none).
 
         The layers are copied before this returns; the caller may reuse them.
         Layers: ``.keys/.values/.offset`` (+ ``max_size, keep, step, _idx``),
@@ -1187,6 +1203,7 @@ class SSDCacheTier:
             tok, n = tokens_arg(tokens)
             if memory_bytes < 0:
                 raise ValueError(f"memory_bytes must be >= 0, got {memory_bytes}")
+            co, salt_keep = L.call_opts(cache_salt)
             layers, nl, keep = build_layers(cache)
         except Exception:
             logger.exception(
@@ -1194,8 +1211,8 @@ class SSDCacheTier:
                 f"({len(tokens)} tokens) — entry dropped"
             )
             return False
-        rc = L.kvt_tier_spill(self._h.ptr, tok, n, layers, nl, int(memory_bytes))
-        del keep
+        rc = L.kvt_tier_spill_ex(self._h.ptr, tok, n, layers, nl, int(memory_bytes), co)
+        del keep, salt_keep
         if rc == 0:
             return True
         if rc == L.KVT_EFULL:
@@ -1251,7 +1268,8 @@ class SSDCacheTier:
         if rc != L.KVT_ECLOSED:  # closing meanwhile: no writer to hook
             L.check(rc, "write hook")
 
-    def lookup_ssd(self, tokens: tuple[int, ...]) -> dict | None:
+    def lookup_ssd(self, tokens: tuple[int, ...], *,
+                   cache_salt: str | bytes | None = None) -> dict | None:
         """Synchronous check whether tokens exist in SSD tier.
 
         Fast: an in-memory index lookup, no disk I/O.
@@ -1261,8 +1279,10 @@ class SSDCacheTier:
             if found, None otherwise.
         """
         tok, n = tokens_arg(tokens)
+        co, keep = L.call_opts(cache_salt)
         info = L.EntryInfo()
-        rc = L.kvt_tier_lookup(ctypes.byref(info), self._h.ptr, tok, n)
+        rc = L.kvt_tier_lookup_ex(ctypes.byref(info), self._h.ptr, tok, n, co)
+        del keep
         if rc == L.KVT_ENOTFOUND:
             return None
         L.check(rc, "lookup_ssd")
@@ -1272,7 +1292,8 @@ class SSDCacheTier:
             "num_tokens": int(info.num_tokens),
         }
 
-    def lookup_ssd_prefix(self, tokens: tuple[int, ...]) -> dict | None:
+    def lookup_ssd_prefix(self, tokens: tuple[int, ...], *,
+                          cache_salt: str | bytes | None = None) -> dict | None:
         """Find the longest prefix match in the SSD tier.
 
         Returns the longest-prefix entry metadata (token_hash, file_path,
@@ -1281,8 +1302,10 @@ class SSDCacheTier:
         tok, n = tokens_arg(tokens)
         if n == 0:
             return None
+        co, keep = L.call_opts(cache_salt)
         info = L.EntryInfo()
-        rc = L.kvt_tier_lookup_prefix(ctypes.byref(info), self._h.ptr, tok, n)
+        rc = L.kvt_tier_lookup_prefix_ex(ctypes.byref(info), self._h.ptr, tok, n, co)
+        del keep
         if rc == L.KVT_ENOTFOUND:
             return None
         L.check(rc, "lookup_ssd_prefix")
@@ -1325,6 +1348,8 @@ class SSDCacheTier:
         tokens: tuple[int, ...],
         reserve_budget_fn: Callable[[int], bool],
         release_budget_fn: Callable[[int], None],
+        *,
+        cache_salt: str | bytes | None = None,
     ) -> list | None:
         """Promote an entry from SSD to RAM asynchronously.
 
@@ -1349,6 +1374,7 @@ class SSDCacheTier:
         """
         budget = _Budget(reserve_budget_fn, release_budget_fn)
         opts = budget.opts()
+        budget.salt = L.set_promote_salt(opts, cache_salt)  # kept with budget
         tok, n = tokens_arg(tokens)
         p = ctypes.c_void_p()
         rc = L.kvt_tier_promote_async(ctypes.byref(p), self._h.ptr, tok, n,
@@ -1390,7 +1416,8 @@ class SSDCacheTier:
             return None
         return entry_to_layers(e.value, self._h)
 
-    def _read_entry(self, tokens: tuple[int, ...], relative_path: str) -> list | None:
+    def _read_entry(self, tokens: tuple[int, ...], relative_path: str, *,
+                    cache_salt: str | bytes | None = None) -> list | None:
         """Read a cache entry from disk synchronously (no budget, no stats,
         no touch), as the reference's _read_entry.
 
@@ -1398,9 +1425,11 @@ class SSDCacheTier:
         missing or corrupt (a corrupt entry is quarantined).
         """
         tok, n = tokens_arg(tokens)
+        co, keep = L.call_opts(cache_salt)
         e = ctypes.c_void_p()
-        rc = L.kvt_tier_read_entry(ctypes.byref(e), self._h.ptr, tok, n,
-                                   str(relative_path).encode())
+        rc = L.kvt_tier_read_entry_ex(ctypes.byref(e), self._h.ptr, tok, n,
+                                      str(relative_path).encode(), co)
+        del keep
         if rc == L.KVT_ECLOSED:
             raise L.error(rc, "_read_entry")
         if rc != 0:

@@ -225,16 +225,20 @@ class Tier:
     # -- spill --------------------------------------------------------------
 
     def spill(self, tokens: Sequence[int], layers: Sequence[Any],
-              memory_bytes: Optional[int] = None) -> None:
+              memory_bytes: Optional[int] = None, *, cache_salt: Any = None) -> None:
         """Enqueues a spill (layers copied before return).  memory_bytes
-        defaults to the layers' tensor bytes.  Raises QueueFull, TooBig,
-        ValueError (bad layer), KvtierClosed."""
+        defaults to the layers' tensor bytes.  cache_salt (str or bytes):
+        the entry is then seen only by calls with the same cache_salt
+        (kvt_call_opts).  Raises QueueFull, TooBig, ValueError (bad layer),
+        KvtierClosed."""
         tok, n = tokens_arg(tokens)
+        co, salt_keep = L.call_opts(cache_salt)
         arr, nl, keep = build_layers(layers)
         if memory_bytes is None:
             memory_bytes = sum(int(getattr(x, "nbytes", 0)) for x in keep
                                if hasattr(x, "dtype"))
-        rc = L.kvt_tier_spill(self._h.ptr, tok, n, arr, nl, int(memory_bytes))
+        rc = L.kvt_tier_spill_ex(self._h.ptr, tok, n, arr, nl, int(memory_bytes), co)
+        del salt_keep
         del keep
         if rc == L.KVT_EFULL:
             raise QueueFull(rc, L.last_error() or "spill queue full")
@@ -272,22 +276,43 @@ class Tier:
 
     # -- lookups ------------------------------------------------------------
 
-    def _lookup(self, fn: Callable, tokens: Sequence[int]) -> Optional[EntryInfo]:
+    def _lookup(self, fn: Callable, tokens: Sequence[int],
+                cache_salt: Any = None) -> Optional[EntryInfo]:
         tok, n = tokens_arg(tokens)
+        co, keep = L.call_opts(cache_salt)
         info = L.EntryInfo()
-        rc = fn(ctypes.byref(info), self._h.ptr, tok, n)
+        rc = fn(ctypes.byref(info), self._h.ptr, tok, n, co)
+        del keep
         if rc == L.KVT_ENOTFOUND:
             return None
         L.check(rc, "lookup")
         return EntryInfo._from_c(info)
 
-    def lookup(self, tokens: Sequence[int]) -> Optional[EntryInfo]:
-        """The entry stored for exactly these tokens, or None."""
-        return self._lookup(L.kvt_tier_lookup, tokens)
+    def lookup(self, tokens: Sequence[int], *, cache_salt: Any = None) -> Optional[EntryInfo]:
+        """The entry stored for exactly these tokens (under cache_salt), or None."""
+        return self._lookup(L.kvt_tier_lookup_ex, tokens, cache_salt)
 
-    def lookup_prefix(self, tokens: Sequence[int]) -> Optional[EntryInfo]:
-        """The longest stored entry whose tokens are a prefix of tokens."""
-        return self._lookup(L.kvt_tier_lookup_prefix, tokens)
+    def lookup_prefix(self, tokens: Sequence[int], *,
+                      cache_salt: Any = None) -> Optional[EntryInfo]:
+        """The longest stored entry whose tokens are a prefix of tokens
+        (under cache_salt)."""
+        return self._lookup(L.kvt_tier_lookup_prefix_ex, tokens, cache_salt)
+
+    def read_entry(self, tokens: Sequence[int], token_hash: str, *,
+                   cache_salt: Any = None) -> Optional[Entry]:
+        """Reads the entry named token_hash (a lookup's) for exactly these
+        tokens, as the drop-in's _read_entry: no budget, stats or touch.
+        None when absent or named under another cache_salt."""
+        tok, n = tokens_arg(tokens)
+        co, keep = L.call_opts(cache_salt)
+        e = ctypes.c_void_p()
+        rc = L.kvt_tier_read_entry_ex(ctypes.byref(e), self._h.ptr, tok, n,
+                                      str(token_hash).encode(), co)
+        del keep
+        if rc == L.KVT_ENOTFOUND:
+            return None
+        L.check(rc, "read_entry")
+        return Entry(e.value, self._h)
 
     def __contains__(self, tokens: Sequence[int]) -> bool:
         return self.lookup(tokens) is not None
@@ -308,7 +333,7 @@ class Tier:
                 reserve: Optional[Callable[[int], bool]] = None,
                 release: Optional[Callable[[int], None]] = None,
                 prefix: bool = False, touch: bool = True,
-                keep: Optional[int] = None) -> Optional[Entry]:
+                keep: Optional[int] = None, cache_salt: Any = None) -> Optional[Entry]:
         """Reads an entry synchronously: None on a miss; BudgetRefused when
         reserve(memory_bytes) says no (nothing read); KvtierCorrupt /
         OSError when the data is bad (budget released, entry quarantined).
@@ -322,10 +347,11 @@ class Tier:
         ValueError for n outside [0, len(tokens)] (or with prefix=True),
         KvtierUnsupported (a
         NotImplementedError) for a layer that cannot be trimmed (arrays,
-        rotating KV)."""
+        rotating KV).  cache_salt: only entries spilled with it."""
         budget = _Budget(reserve, release)
         budget.opts.flags = ((L.PROMOTE_PREFIX if prefix else 0)
                              | (0 if touch else L.PROMOTE_NO_TOUCH))
+        budget.salt = L.set_promote_salt(budget.opts, cache_salt)
         tok, n = tokens_arg(tokens)
         e = ctypes.c_void_p()
         if keep is None:
@@ -347,12 +373,14 @@ class Tier:
     async def promote_async(self, tokens: Sequence[int], *,
                             reserve: Optional[Callable[[int], bool]] = None,
                             release: Optional[Callable[[int], None]] = None,
-                            prefix: bool = False, touch: bool = True) -> Optional[Entry]:
+                            prefix: bool = False, touch: bool = True,
+                            cache_salt: Any = None) -> Optional[Entry]:
         """promote() without blocking the event loop.  Cancelling stops the
         read, waits for it and releases the reservation."""
         budget = _Budget(reserve, release)
         budget.opts.flags = ((L.PROMOTE_PREFIX if prefix else 0)
                              | (0 if touch else L.PROMOTE_NO_TOUCH))
+        budget.salt = L.set_promote_salt(budget.opts, cache_salt)
         tok, n = tokens_arg(tokens)
         p = ctypes.c_void_p()
         rc = L.kvt_tier_promote_async(ctypes.byref(p), self._h.ptr, tok, n,
@@ -382,19 +410,23 @@ class Tier:
 
     # -- maintenance --------------------------------------------------------
 
-    def touch(self, tokens: Sequence[int]) -> bool:
+    def touch(self, tokens: Sequence[int], *, cache_salt: Any = None) -> bool:
         """Marks an entry recently used; False if absent."""
         tok, n = tokens_arg(tokens)
-        rc = L.kvt_tier_touch(self._h.ptr, tok, n)
+        co, keep = L.call_opts(cache_salt)
+        rc = L.kvt_tier_touch_ex(self._h.ptr, tok, n, co)
+        del keep
         if rc == L.KVT_ENOTFOUND:
             return False
         L.check(rc, "touch")
         return True
 
-    def remove(self, tokens: Sequence[int]) -> bool:
+    def remove(self, tokens: Sequence[int], *, cache_salt: Any = None) -> bool:
         """Removes an entry (files and row); False if absent."""
         tok, n = tokens_arg(tokens)
-        rc = L.kvt_tier_remove(self._h.ptr, tok, n)
+        co, keep = L.call_opts(cache_salt)
+        rc = L.kvt_tier_remove_ex(self._h.ptr, tok, n, co)
+        del keep
         if rc == L.KVT_ENOTFOUND:
             return False
         L.check(rc, "remove")
