@@ -27,6 +27,7 @@ struct kvti_snapshot {
   void *release_ctx;
   uint64_t held;
   kvti_salt salt; /* the spill's cache_salt (hash is then the salted key) */
+  kvti_chain_mark chain; /* a tail of the chunked store (present) */
 };
 
 struct kvti_entry_reader {

@@ -199,6 +199,15 @@ int kvti_entry_reader_open_id(kvti_entry_reader **out, const char *data_dir,
   r->o = o ? *o : none;
   pthread_mutex_init(&r->cb_mu, NULL);
   int rc = kvti_manifest_load(&r->m, data_dir, hash, id);
+  if (rc == 0 && r->m.chain.present && !r->o.tail_ok) {
+    /* Rows [0, chunks * C) are in chunk files: alone it is not the state of
+     * its tokens, so it is never served as an entry. */
+    rc = KVT_ERR(KVT_EUNSUPPORTED,
+                 "%.16s is the tail of a chained entry (chunked store): it "
+                 "is read with its chain (chunk_tokens), never alone",
+                 hash);
+    kvti_manifest_free(&r->m);
+  }
   if (rc) {
     pthread_mutex_destroy(&r->cb_mu);
     kvti_free(r);
@@ -266,20 +275,17 @@ int kvti_entry_reader_read_layer(kvti_entry_reader *r, uint32_t i,
   if (!lp)
     return KVT_ENOMEM;
   kvti_layer_read_opts lo = {
-      r->o.alloc ? reader_alloc : NULL,
-      r->o.alloc ? reader_free : NULL,
-      r,
-      i,
-      r->o.cancel,
-      r->o.verify_only,
-      r->m.has_sums ? &r->m.sums[i] : NULL,
-      r->o.io_backend,
-      r->o.keep_tokens,
-      r->m.block_size,
+      r->o.alloc ? reader_alloc : NULL, r->o.alloc ? reader_free : NULL, r, i,
+      r->o.cancel, r->o.verify_only, r->m.has_sums ? &r->m.sums[i] : NULL,
+      r->o.io_backend, r->o.keep_tokens, r->m.block_size,
       r->m.block_size ? r->m.blk_all + r->m.blk_off[i] : NULL,
       r->m.block_size ? r->m.blk_off[i + 1] - r->m.blk_off[i] : 0,
       r->o.page_cache,
-      r->o.chain_rows};
+      /* A tail's KV offsets count its chain's rows too. */
+      r->o.chain_rows
+          ? r->o.chain_rows
+          : (r->m.chain.present ? r->m.chain.chunks * r->m.chain.chunk_tokens
+                                : 0)};
   int rc = kvti_layer_read_file(&r->e->layers[i], &r->layer_bytes[i], lp,
                                 &r->m.metas[i], &lo);
   kvti_free(lp);
@@ -373,6 +379,7 @@ int kvti_entry_probe(kvti_entry_probe_info *out, const char *data_dir,
     out->storage_mode = m.mode;
     out->disk_bytes = disk;
     out->salt = m.salt;
+    out->chain = m.chain;
     tok = NULL;
   }
   kvti_free(tok);

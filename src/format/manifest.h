@@ -38,8 +38,9 @@ typedef struct kvti_manifest {
   uint64_t *blk_all;
   size_t *blk_off; /* num_layers + 1 */
   kvti_layer_meta *metas;
-  uint64_t bytes; /* manifest + sum */
-  kvti_salt salt; /* kvtier.cache_salt: the entry is keyed by it */
+  uint64_t bytes;        /* manifest + sum */
+  kvti_salt salt;        /* kvtier.cache_salt: the entry is keyed by it */
+  kvti_chain_mark chain; /* "kvtier"."chain": a chained entry's tail */
 } kvti_manifest;
 
 /* Identity of an entry directory. kvti_manifest_load fills it (when given) as

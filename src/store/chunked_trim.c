@@ -114,6 +114,7 @@ int kvti_chunked_get_trim(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
   to.on_layer = NULL;
   to.verify_only = 0;
   to.chain_rows = rows;
+  to.tail_ok = 1; /* completed with its chain below */
   kvt_entry *tail = NULL;
   int rc = be->ops->get(be, &tail, hash, &to);
   if (rc)
