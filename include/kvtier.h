@@ -579,6 +579,13 @@ KVT_API int kvt_tier_spill_nocopy(kvt_tier *t, const int32_t *tokens,
 KVT_API int kvt_tier_spill_prefix(kvt_tier *t, const int32_t *tokens,
                                   size_t n_keep, const kvt_layer *layers,
                                   uint32_t n_layers, uint64_t memory_bytes);
+struct kvt_call_opts;
+/** kvt_tier_spill_prefix under a cache_salt (see kvt_call_opts; NULL: the
+ *  plain call). */
+KVT_API int kvt_tier_spill_prefix_ex(kvt_tier *t, const int32_t *tokens,
+                                     size_t n_keep, const kvt_layer *layers,
+                                     uint32_t n_layers, uint64_t memory_bytes,
+                                     const struct kvt_call_opts *co);
 
 /** Blocks until every spill enqueued before the call has been written (or
  *  failed) - with a remote tier, uploaded (or failed/dropped) too - or

@@ -56,6 +56,13 @@ static void free_cut(kvt_layer *l) {
 int kvt_tier_spill_prefix(kvt_tier *t, const int32_t *tokens, size_t n_keep,
                           const kvt_layer *layers, uint32_t n_layers,
                           uint64_t memory_bytes) {
+  return kvt_tier_spill_prefix_ex(t, tokens, n_keep, layers, n_layers,
+                                  memory_bytes, NULL);
+}
+
+int kvt_tier_spill_prefix_ex(kvt_tier *t, const int32_t *tokens, size_t n_keep,
+                             const kvt_layer *layers, uint32_t n_layers,
+                             uint64_t memory_bytes, const kvt_call_opts *co) {
   if (!t || (!tokens && n_keep) || (!layers && n_layers))
     return KVT_ERR(KVT_EINVAL, "kvt_tier_spill_prefix: NULL argument");
   if (n_keep == 0)
@@ -90,7 +97,7 @@ int kvt_tier_spill_prefix(kvt_tier *t, const int32_t *tokens, size_t n_keep,
     rc = cut(&ls[i], l, n_keep);
   }
   if (rc == 0)
-    rc = kvt_tier_spill(t, tokens, n_keep, ls, n_layers, memory_bytes);
+    rc = kvt_tier_spill_ex(t, tokens, n_keep, ls, n_layers, memory_bytes, co);
   for (uint32_t i = 0; ls && own && i < n_layers; i++)
     if (own[i])
       free_cut(&ls[i]);

@@ -90,6 +90,10 @@ def test_namespace_and_salt_never_concatenate(tmp_path):
     assert np.array_equal(e.layers[0]["keys"], kv_for(toks, 1)[0].keys[:, :, :32, :])
     assert t.read_entry(toks, t.lookup(toks, cache_salt="b").token_hash) is None
     assert t.touch(toks, cache_salt="b") and not t.touch(toks)
+    t.spill_prefix(toks, 48, kv_for(toks, 1), cache_salt="b")
+    t.flush(WAIT)
+    assert t.lookup(toks[:48], cache_salt="b").num_tokens == 48
+    assert t.lookup(toks[:48]) is None
     t.close()
     u = kvtier.Tier(d, durability="none", chunk_tokens=16, model_id="lora-ab")
     try:

@@ -247,7 +247,7 @@ class Tier:
         L.check(rc, "spill")
 
     def spill_prefix(self, tokens: Sequence[int], n_keep: int, layers: Sequence[Any],
-                     memory_bytes: Optional[int] = None) -> None:
+                     memory_bytes: Optional[int] = None, *, cache_salt: Any = None) -> None:
         """Hybrid models: stores the entry of tokens[:n_keep] from layers whose
         arrays/rotating layers are the state as of n_keep and whose KV layers
         may hold more tokens (their first n_keep rows are stored).  Such
@@ -261,8 +261,10 @@ class Tier:
         if memory_bytes is None:
             memory_bytes = sum(int(getattr(x, "nbytes", 0)) for x in keep
                                if hasattr(x, "dtype")) * n_keep // max(1, len(tokens))
-        rc = L.kvt_tier_spill_prefix(self._h.ptr, tok, n_keep, arr, nl, int(memory_bytes))
-        del keep
+        co, salt_keep = L.call_opts(cache_salt)
+        rc = L.kvt_tier_spill_prefix_ex(self._h.ptr, tok, n_keep, arr, nl,
+                                        int(memory_bytes), co)
+        del keep, salt_keep
         if rc == L.KVT_EFULL:
             raise QueueFull(rc, L.last_error() or "spill queue full")
         if rc == L.KVT_ETOOBIG:
