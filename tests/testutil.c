@@ -165,3 +165,14 @@ char *kvt_test_tmpdir(const char *tag) {
     tmp_dirs[n_tmp++] = p;
   return p;
 }
+
+int kvt_test_count_chunks(const char *cache_dir) {
+  char p[4096];
+  int total = 0;
+  for (int a = 0; a < 256; a++) {
+    snprintf(p, sizeof p, "%s/chunks/%02x", cache_dir, a);
+    int k = kvt_test_count_dir(p, ".kvc");
+    total += k > 0 ? k : 0;
+  }
+  return total;
+}

@@ -111,17 +111,6 @@ static uint64_t chunk_file_bytes(const char *dir) {
   return total;
 }
 
-static int count_chunks(const char *dir) {
-  char p[4096];
-  int total = 0;
-  for (int a = 0; a < 256; a++) {
-    snprintf(p, sizeof p, "%s/chunks/%02x", dir, a);
-    int k = kvt_test_count_dir(p, ".kvc");
-    total += k > 0 ? k : 0;
-  }
-  return total;
-}
-
 static void test_options(void) {
   kvt_options o = KVT_OPTIONS_INIT;
   o.cache_dir = g_dir;
@@ -183,7 +172,7 @@ static void test_tier(void) {
   spill(t, a, 100, 128); /* 28 spare rows past offset */
   spill(t, b, 100, 128);
   REQUIRE(kvt_tier_flush(t, 30000) == 0);
-  CHECK_EQ_INT(count_chunks(dir), 6 + 2); /* 4 shared chunks once */
+  CHECK_EQ_INT(kvt_test_count_chunks(dir), 6 + 2); /* 4 shared chunks once */
   kvt_stats st0 = KVT_STATS_INIT;
   REQUIRE(kvt_tier_stats(&st0, t) == 0);
   CHECK(st0.disk_bytes > chunk_file_bytes(dir)); /* chunks once + tails */

@@ -69,17 +69,6 @@ static kvt_layer state_layer(const int32_t *tok, int m) {
   return l;
 }
 
-static int count_chunks(const char *dir) {
-  char p[4096];
-  int total = 0;
-  for (int a = 0; a < 256; a++) {
-    snprintf(p, sizeof p, "%s/chunks/%02x", dir, a);
-    int k = kvt_test_count_dir(p, ".kvc");
-    total += k > 0 ? k : 0;
-  }
-  return total;
-}
-
 /* The entry holds exactly the prefix of m tokens: KV rows and state. */
 static int is_prefix_state(const kvt_entry *e, int m) {
   size_t n;
@@ -118,7 +107,7 @@ static void test_hybrid(void) {
   kvt_layer l[2] = {kv_layer(g_p, N), state_layer(g_p, N)};
   REQUIRE(kvt_tier_spill(t, g_p, N, l, 2, 1000) == 0);
   REQUIRE(kvt_tier_flush(t, 30000) == 0);
-  int chunks = count_chunks(dir);
+  int chunks = kvt_test_count_chunks(dir);
   CHECK_EQ_INT(chunks, N / C);
   for (int m = 32; m <= 64; m += 32) {
     kvt_layer s = state_layer(g_p, m);
@@ -132,7 +121,7 @@ static void test_hybrid(void) {
   CHECK_EQ_INT(kvt_tier_spill_prefix(t, g_p, 32, b2, 2, 500), KVT_EINVAL);
   t_layer_free(&shortkv);
   REQUIRE(kvt_tier_flush(t, 30000) == 0);
-  CHECK_EQ_INT(count_chunks(dir), chunks); /* the chain is shared */
+  CHECK_EQ_INT(kvt_test_count_chunks(dir), chunks); /* the chain is shared */
   /* Every query: the longest stored state, never chunks alone. */
   struct {
     int shared, want;

@@ -45,17 +45,6 @@ static kvt_promote_opts popts(const char *s, uint32_t flags) {
   return po;
 }
 
-static int count_chunks(const char *dir) {
-  char p[4096];
-  int total = 0;
-  for (int a = 0; a < 256; a++) {
-    snprintf(p, sizeof p, "%s/chunks/%02x", dir, a);
-    int k = kvt_test_count_dir(p, ".kvc");
-    total += k > 0 ? k : 0;
-  }
-  return total;
-}
-
 static const char *SALT[3] = {"alice", "bob", NULL};
 
 static void run(const char *tag, uint32_t chunk) {
@@ -77,7 +66,7 @@ static void run(const char *tag, uint32_t chunk) {
   REQUIRE(kvt_tier_stats(&st, t) == 0);
   CHECK_EQ_INT(st.entries, 3);
   if (chunk)
-    CHECK_EQ_INT(count_chunks(dir), 3 * (72 / C)); /* nothing shared */
+    CHECK_EQ_INT(kvt_test_count_chunks(dir), 3 * (72 / C)); /* nothing shared */
   char name[3][65];
   for (int s = 0; s < 3; s++) {
     kvt_call_opts co = salt_of(SALT[s]);
@@ -176,10 +165,10 @@ static void run(const char *tag, uint32_t chunk) {
     CHECK_EQ_INT(kvt_tier_read_entry(&e, t, q, 48, info.token_hash),
                  KVT_ENOTFOUND);
     /* The same tokens again under the same salt: no chunk written. */
-    int before = count_chunks(dir);
+    int before = kvt_test_count_chunks(dir);
     REQUIRE(kvt_tier_spill_ex(t, a, 72, &l[0], 1, 100, &ca) == 0);
     REQUIRE(kvt_tier_flush(t, 30000) == 0);
-    CHECK_EQ_INT(count_chunks(dir), before);
+    CHECK_EQ_INT(kvt_test_count_chunks(dir), before);
     REQUIRE(kvt_tier_verify(t, name[0], 0) == 0);
   }
   /* Bad salts and versions. */
