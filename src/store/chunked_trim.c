@@ -120,9 +120,10 @@ int kvti_chunked_get_trim(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
   if (rc)
     return rc;
   if (keep > tail->n_tokens) {
+    size_t have = tail->n_tokens;
     kvt_entry_free(tail);
     return KVT_ERR(KVT_EINVAL, "trimmed read: %llu > the entry's %zu tokens",
-                   (unsigned long long)keep, tail->n_tokens);
+                   (unsigned long long)keep, have);
   }
   /* The chain's chunks covering [0, keep). */
   size_t k = keep >= rows
