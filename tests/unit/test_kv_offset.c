@@ -203,6 +203,16 @@ static void test_reference_entry(void) {
   free(cache);
 }
 
+static void *g_bufs[8];
+static int g_nbufs;
+static void *own_alloc(void *ctx, uint32_t layer, uint32_t tensor,
+                       const kvt_tensor *desc) {
+  (void)ctx;
+  (void)layer;
+  (void)tensor;
+  return g_nbufs < 8 ? (g_bufs[g_nbufs++] = malloc(desc->nbytes)) : NULL;
+}
+
 /* Chunked store: only rows below offset go into chunks, so a prefix lookup
  * never offers rows past it. */
 static void test_chunked_rows(void) {
@@ -233,6 +243,16 @@ static void test_chunked_rows(void) {
   CHECK(kvt_entry_layer(e, 0)->offset == 16 &&
         kvt_entry_layer(e, 0)->tensors[0].shape[2] == 16);
   kvt_entry_free(e);
+  /* The same prefix into the caller's buffers, without a free_buf: they
+   * stay the caller's (freed here, after the entry). */
+  g_nbufs = 0;
+  po.alloc = own_alloc;
+  REQUIRE(kvt_tier_promote(&e, t, q2, 60, &po) == 0);
+  CHECK_EQ_INT(g_nbufs, 2);
+  CHECK(kvt_entry_layer(e, 0)->tensors[0].data == g_bufs[0]);
+  kvt_entry_free(e);
+  for (int i = 0; i < g_nbufs; i++)
+    free(g_bufs[i]);
   t_layer_free(&l);
   kvt_tier_free(t);
 }
