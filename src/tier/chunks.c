@@ -116,6 +116,12 @@ void kvti_tier_chunks_after_read(kvt_tier *t) {
   kvti_error_state_restore(&es);
 }
 
+void kvti_tier_chunks_quarantine(kvt_tier *t, const uint8_t key[32]) {
+  memcpy(g_bad, key, 32);
+  g_has_bad = 1;
+  kvti_tier_chunks_after_read(t);
+}
+
 int kvti_tier_chunks_prefix(kvt_tier *t, kvt_entry_info *info, int rc,
                             const int32_t *tokens, size_t n) {
   if (!t->chunked || (rc != 0 && rc != KVT_ENOTFOUND))
