@@ -57,6 +57,7 @@ int kvti_rchunks_upload(kvt_tier *t, kvti_backend *be, const kvti_snapshot *s,
   kvti_chunkstore *cs = kvti_chunked_store(t->chunked);
   kvti_chunk_src src = {.ns = ns,
                         .ns_len = ns_len,
+                        .tokens = tokens,
                         .n = C,
                         .layers = layers,
                         .layer_ids = sp.ids,
@@ -273,6 +274,25 @@ int kvti_rchunks_lookup(kvt_tier *t, kvti_backend *be, kvt_entry_info *info,
   }
   kvti_free(r);
   return rc;
+}
+
+int kvti_rchunks_entry_ok(kvt_tier *t, const int32_t *tokens, size_t n,
+                          const kvti_chained_entry *ce) {
+  if (!t->chunked ||
+      ce->chunk_tokens != kvti_chunked_chunk_tokens(t->chunked) ||
+      ce->chunks == 0 || ce->chunks > n / ce->chunk_tokens)
+    return 0;
+  size_t ns_len;
+  const uint8_t *ns = kvti_chunked_ns(t->chunked, &ns_len);
+  uint8_t k[32], p[32];
+  if (kvti_chunk_seed(k, ns, ns_len, ce->layout_hash) != 0)
+    return 0;
+  for (uint64_t i = 0; i < ce->chunks; i++) {
+    memcpy(p, k, 32);
+    if (kvti_chunk_key(k, p, tokens + i * ce->chunk_tokens, ce->chunk_tokens))
+      return 0;
+  }
+  return memcmp(k, ce->last_key, 32) == 0;
 }
 
 /* ---- reads ---- */

@@ -27,6 +27,11 @@ int kvti_rchunks_upload(kvt_tier *t, kvti_backend *be, const kvti_snapshot *s,
  * error. */
 int kvti_rchunks_lookup(kvt_tier *t, kvti_backend *be, kvt_entry_info *info,
                         const int32_t *tokens, size_t n, uint64_t min_len);
+/* 1 when a chained remote entry over tokens[0, n) belongs to this tier's
+ * namespace and chunk size (its chain, keyed from this namespace's seed,
+ * ends at ce->last_key): another model's entries are not this tier's hits. */
+int kvti_rchunks_entry_ok(kvt_tier *t, const int32_t *tokens, size_t n,
+                          const kvti_chained_entry *ce);
 /* Reads the chained remote entry whose tail was fetched into stage (m its
  * metadata): the missing chunks are fetched, verified and adopted, then the
  * entry is assembled and verified as a local chained entry. *fetched = chunk

@@ -320,6 +320,11 @@ static int lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
     double cutoff = kvti_tier_cutoff(t);
     if (cutoff > 0 && m.created_at < cutoff)
       rc = KVT_ERR(KVT_ENOTFOUND, "remote entry %.16s expired", m.hash);
+    else if (m.chained && !kvti_rchunks_entry_ok(t, tokens, n, &m.chain))
+      rc = KVT_ERR(KVT_ENOTFOUND,
+                   "remote entry %.16s is chunked in another namespace or "
+                   "chunk size",
+                   m.hash);
   } else if (rc != KVT_ENOTFOUND) {
     remote_failed(t, rc, "lookup");
   }
