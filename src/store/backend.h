@@ -55,6 +55,7 @@ typedef struct kvti_backend_meta {
    * which chain says where to find. Never served without it. */
   int chained;
   kvti_chained_entry chain;
+  uint8_t chain_seed[32]; /* its chain's key_{-1}: namespace + layout */
 } kvti_backend_meta;
 
 /* One put in progress, split in steps (see the ops below); backend-owned. */
@@ -148,11 +149,12 @@ typedef struct kvti_backend_ops {
   int (*chunk_lookup)(kvti_backend *b, const uint8_t *ns, size_t ns_len,
                       const int32_t *tokens, size_t n, uint32_t chunk_tokens,
                       kvti_chain_rec *out, size_t max, size_t *m);
-  /* put of a chained entry's tail snapshot s: ce is stored with it (meta's
-   * chain) so that no reader serves the tail alone. */
+  /* put of a chained entry's tail snapshot s: ce and its chain's seed are
+   * stored with it (meta's chain, chain_seed) so that no reader serves the
+   * tail alone. */
   int (*put_chained)(kvti_backend *b, uint64_t *disk_bytes,
                      const kvti_snapshot *s, const kvti_write_opts *o,
-                     const kvti_chained_entry *ce);
+                     const kvti_chained_entry *ce, const uint8_t seed[32]);
 
   /* Frees the backend. */
   void (*destroy)(kvti_backend *b);

@@ -104,7 +104,7 @@ typedef struct kvti_chunk_expect {
   uint64_t index;
   uint32_t n_tokens;
   const int32_t *tokens; /* the prompt's n_tokens tokens of this chunk */
-  const uint8_t *ns;
+  const uint8_t *ns;     /* NULL: not compared (the key chain binds it) */
   size_t ns_len;
   uint64_t layout_hash; /* 0 = any (then the caller checks one per chain) */
   kvti_ck ck;           /* copied into the record */

@@ -46,7 +46,7 @@ int kvti_chunk_verify_bytes(const void *bytes, size_t len,
     rc = KVT_ERR(KVT_ECORRUPT, "%s: not the chunk the chain names", what);
   else if (x->layout_hash && h.layout_hash != x->layout_hash)
     rc = KVT_ERR(KVT_ECORRUPT, "%s: another KV layout", what);
-  else if (h.ns_len != x->ns_len || memcmp(h.ns, x->ns, x->ns_len))
+  else if (x->ns && (h.ns_len != x->ns_len || memcmp(h.ns, x->ns, x->ns_len)))
     rc = KVT_ERR(KVT_ECORRUPT, "%s: another namespace", what);
   else if (memcmp(h.tokens, x->tokens, (size_t)h.n_tokens * sizeof(int32_t)))
     rc = KVT_ERR(KVT_ECORRUPT, "%s: tokens differ from the prompt", what);

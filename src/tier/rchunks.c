@@ -152,7 +152,7 @@ int kvti_rchunks_upload(kvt_tier *t, kvti_backend *be, const kvti_snapshot *s,
     ce.total_rows = sp.T;
     uint64_t tb = 0;
     if (rc == 0)
-      rc = be->ops->put_chained(be, &tb, tail, wo, &ce);
+      rc = be->ops->put_chained(be, &tb, tail, wo, &ce, seed);
     sent += tb;
   }
   kvti_snapshot_free(tail);
@@ -276,23 +276,15 @@ int kvti_rchunks_lookup(kvt_tier *t, kvti_backend *be, kvt_entry_info *info,
   return rc;
 }
 
-int kvti_rchunks_entry_ok(kvt_tier *t, const int32_t *tokens, size_t n,
-                          const kvti_chained_entry *ce) {
-  if (!t->chunked ||
-      ce->chunk_tokens != kvti_chunked_chunk_tokens(t->chunked) ||
-      ce->chunks == 0 || ce->chunks > n / ce->chunk_tokens)
+int kvti_rchunks_entry_ok(kvt_tier *t, const kvti_backend_meta *m) {
+  const kvti_chained_entry *ce = &m->chain;
+  if (!t->chunked || ce->chunk_tokens != kvti_chunked_chunk_tokens(t->chunked))
     return 0;
   size_t ns_len;
   const uint8_t *ns = kvti_chunked_ns(t->chunked, &ns_len);
-  uint8_t k[32], p[32];
-  if (kvti_chunk_seed(k, ns, ns_len, ce->layout_hash) != 0)
-    return 0;
-  for (uint64_t i = 0; i < ce->chunks; i++) {
-    memcpy(p, k, 32);
-    if (kvti_chunk_key(k, p, tokens + i * ce->chunk_tokens, ce->chunk_tokens))
-      return 0;
-  }
-  return memcmp(k, ce->last_key, 32) == 0;
+  uint8_t seed[32];
+  return kvti_chunk_seed(seed, ns, ns_len, ce->layout_hash) == 0 &&
+         memcmp(seed, m->chain_seed, 32) == 0;
 }
 
 /* ---- reads ---- */
@@ -340,8 +332,7 @@ int kvti_rchunks_read_chained(kvt_tier *t, kvti_backend *be, kvt_entry **out,
                               const kvti_read_opts *ro, uint64_t *fetched) {
   *fetched = 0;
   const kvti_chained_entry *ce = &m->chain;
-  if (!usable(t, be) ||
-      ce->chunk_tokens != kvti_chunked_chunk_tokens(t->chunked))
+  if (!usable(t, be) || !kvti_rchunks_entry_ok(t, m))
     return KVT_ERR(KVT_ENOTFOUND,
                    "remote entry %.16s is chunked (%u tokens per chunk); this "
                    "tier cannot read it",
@@ -404,26 +395,21 @@ int kvti_rchunks_read_prefix(kvt_tier *t, kvti_backend *be, kvt_entry **out,
 }
 
 int kvti_rchunks_verify(kvt_tier *t, kvti_backend *be, const int32_t *tokens,
-                        size_t n, const kvti_chained_entry *ce) {
-  if (!usable(t, be) ||
-      ce->chunk_tokens != kvti_chunked_chunk_tokens(t->chunked))
-    return KVT_ERR(KVT_EUNSUPPORTED,
-                   "a chained remote entry (%u tokens per chunk) is verified "
-                   "by a tier opened with the same chunk_tokens",
-                   ce->chunk_tokens);
+                        size_t n, const kvti_backend_meta *m) {
+  (void)t;
+  const kvti_chained_entry *ce = &m->chain;
+  if (!be->ops->chunk_get)
+    return KVT_ERR(KVT_EUNSUPPORTED, "the remote store keeps no chunks");
   if (ce->chunks > n / ce->chunk_tokens)
     return KVT_ERR(KVT_ECORRUPT, "remote chain longer than its entry");
-  size_t ns_len = 0;
-  const uint8_t *ns = kvti_chunked_ns(t->chunked, &ns_len);
-  int rc = 0;
+  /* The chain from the seed the entry records: any tier verifies it, whatever
+   * its own model_id and chunk_tokens (the CLI's). */
   kvti_chunk_expect x;
   memset(&x, 0, sizeof x);
-  x.ns = ns;
-  x.ns_len = ns_len;
   x.n_tokens = ce->chunk_tokens;
   x.layout_hash = ce->layout_hash;
-  if (rc == 0)
-    rc = kvti_chunk_seed(x.parent, ns, ns_len, ce->layout_hash);
+  memcpy(x.parent, m->chain_seed, 32);
+  int rc = 0;
   for (uint64_t i = 0; rc == 0 && i < ce->chunks; i++) {
     x.tokens = tokens + i * ce->chunk_tokens;
     x.index = i;

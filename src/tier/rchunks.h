@@ -27,11 +27,10 @@ int kvti_rchunks_upload(kvt_tier *t, kvti_backend *be, const kvti_snapshot *s,
  * error. */
 int kvti_rchunks_lookup(kvt_tier *t, kvti_backend *be, kvt_entry_info *info,
                         const int32_t *tokens, size_t n, uint64_t min_len);
-/* 1 when a chained remote entry over tokens[0, n) belongs to this tier's
- * namespace and chunk size (its chain, keyed from this namespace's seed,
- * ends at ce->last_key): another model's entries are not this tier's hits. */
-int kvti_rchunks_entry_ok(kvt_tier *t, const int32_t *tokens, size_t n,
-                          const kvti_chained_entry *ce);
+/* 1 when the chained remote entry m belongs to this tier's namespace and
+ * chunk size (its chain's seed is this namespace's for its layout): another
+ * model's entries are not this tier's hits. */
+int kvti_rchunks_entry_ok(kvt_tier *t, const kvti_backend_meta *m);
 /* Reads the chained remote entry whose tail was fetched into stage (m its
  * metadata): the missing chunks are fetched, verified and adopted, then the
  * entry is assembled and verified as a local chained entry. *fetched = chunk
@@ -48,6 +47,6 @@ int kvti_rchunks_read_prefix(kvt_tier *t, kvti_backend *be, kvt_entry **out,
 /* Verifies the chain of a chained remote entry (tools: remote verify): every
  * chunk fetched and verified, nothing kept. */
 int kvti_rchunks_verify(kvt_tier *t, kvti_backend *be, const int32_t *tokens,
-                        size_t n, const kvti_chained_entry *ce);
+                        size_t n, const kvti_backend_meta *m);
 
 #endif

@@ -320,7 +320,7 @@ static int lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
     double cutoff = kvti_tier_cutoff(t);
     if (cutoff > 0 && m.created_at < cutoff)
       rc = KVT_ERR(KVT_ENOTFOUND, "remote entry %.16s expired", m.hash);
-    else if (m.chained && !kvti_rchunks_entry_ok(t, tokens, n, &m.chain))
+    else if (m.chained && !kvti_rchunks_entry_ok(t, &m))
       rc = KVT_ERR(KVT_ENOTFOUND,
                    "remote entry %.16s is chunked in another namespace or "
                    "chunk size",
@@ -606,7 +606,7 @@ int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash) {
       /* A chained entry: its tail, then every chunk of its chain, fetched
        * and verified (nothing kept). */
       if (rc == 0 && m.chained)
-        rc = kvti_rchunks_verify(t, be, tail->tokens, tail->n_tokens, &m.chain);
+        rc = kvti_rchunks_verify(t, be, tail->tokens, tail->n_tokens, &m);
       kvt_entry_free(tail);
       if (rc == KVT_ENOTFOUND || rc == KVT_ECORRUPT) {
         kvti_error_state es;

@@ -213,6 +213,7 @@ int kvti_rb_rman_parse(rmanifest *m, const char *txt, size_t len,
     const cJSON *ch = cJSON_GetObjectItemCaseSensitive(o, "chain");
     const cJSON *lk = cJSON_GetObjectItemCaseSensitive(ch, "last");
     const cJSON *ly = cJSON_GetObjectItemCaseSensitive(ch, "layout");
+    const cJSON *sd = cJSON_GetObjectItemCaseSensitive(ch, "seed");
     uint64_t ct = 0;
     kvti_chained_entry *ce = &m->meta.chain;
     if (!cJSON_IsObject(ch) || num_u64(ch, "chunks", &ce->chunks) ||
@@ -220,7 +221,9 @@ int kvti_rb_rman_parse(rmanifest *m, const char *txt, size_t len,
         num_u64(ch, "rows", &ce->total_rows) || !cJSON_IsString(lk) ||
         kvti_unhex32(ce->last_key, lk->valuestring) || !cJSON_IsString(ly) ||
         strlen(ly->valuestring) != 16 || kvti_unhex32(ce->hash, hash) ||
-        ce->chunks == 0 || ct < 16 || ct > 4096 || (ct & (ct - 1)))
+        ce->chunks == 0 || ct < 16 || ct > 4096 || (ct & (ct - 1)) ||
+        !cJSON_IsString(sd) ||
+        kvti_unhex32(m->meta.chain_seed, sd->valuestring))
       goto out;
     char *end = NULL;
     ce->layout_hash = strtoull(ly->valuestring, &end, 16);
@@ -556,7 +559,7 @@ static int list_files(rfile **out, size_t *n, const char *dir) {
 static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
                       const char *entry_dir, const int32_t *tokens, size_t n,
                       uint64_t memory_bytes, int storage_mode,
-                      const kvti_chained_entry *ce) {
+                      const kvti_chained_entry *ce, const uint8_t *seed) {
   rfile *files = NULL;
   size_t nf = 0;
   int rc = list_files(&files, &nf, entry_dir);
@@ -653,14 +656,16 @@ static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
   cJSON_AddStringToObject(o, "hash", hash);
   if (ce) {
     cJSON *ch = cJSON_AddObjectToObject(o, "chain");
-    char lk[65], ly[17];
+    char lk[65], ly[17], sd[65];
     kvti_hex32(lk, ce->last_key);
+    kvti_hex32(sd, seed);
     snprintf(ly, sizeof ly, "%016" PRIx64, ce->layout_hash);
     if (ch) {
       cJSON_AddNumberToObject(ch, "chunks", (double)ce->chunks);
       cJSON_AddNumberToObject(ch, "chunk_tokens", ce->chunk_tokens);
       cJSON_AddStringToObject(ch, "last", lk);
       cJSON_AddStringToObject(ch, "layout", ly);
+      cJSON_AddStringToObject(ch, "seed", sd);
       cJSON_AddNumberToObject(ch, "rows", (double)ce->total_rows);
     }
   }
@@ -761,7 +766,7 @@ out:
 
 static int put_common(kvti_backend *b, uint64_t *disk_bytes,
                       const kvti_snapshot *s, const kvti_write_opts *o,
-                      const kvti_chained_entry *ce) {
+                      const kvti_chained_entry *ce, const uint8_t *seed) {
   redis_backend *rb = kvti_rb(b);
   char *stage = NULL;
   int rc = kvti_rb_stage(b, &stage);
@@ -780,7 +785,7 @@ static int put_common(kvti_backend *b, uint64_t *disk_bytes,
       rc = KVT_ENOMEM;
     else
       rc = upload_dir(rb, disk_bytes, hash, dir, tokens, n,
-                      kvti_snapshot_memory_bytes(s), o->storage_mode, ce);
+                      kvti_snapshot_memory_bytes(s), o->storage_mode, ce, seed);
     kvti_free(dir);
   }
   kvti_rmtree(stage);
@@ -790,13 +795,14 @@ static int put_common(kvti_backend *b, uint64_t *disk_bytes,
 
 static int rb_put(kvti_backend *b, uint64_t *disk_bytes, const kvti_snapshot *s,
                   const kvti_write_opts *o) {
-  return put_common(b, disk_bytes, s, o, NULL);
+  return put_common(b, disk_bytes, s, o, NULL, NULL);
 }
 
 static int rb_put_chained(kvti_backend *b, uint64_t *disk_bytes,
                           const kvti_snapshot *s, const kvti_write_opts *o,
-                          const kvti_chained_entry *ce) {
-  return put_common(b, disk_bytes, s, o, ce);
+                          const kvti_chained_entry *ce,
+                          const uint8_t seed[32]) {
+  return put_common(b, disk_bytes, s, o, ce, seed);
 }
 
 /* ------------------------------------------------------------------------ */
