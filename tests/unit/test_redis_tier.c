@@ -871,6 +871,38 @@ static void test_chunks(void) {
   CHECK(count_chunk_files(od.cache_dir) == 0);
   kvt_tier_free(d);
 
+  /* remote-only: the spill's chunks are uploaded from the snapshot (none
+   * stored locally), the 6 shared ones not sent again; read back by B */
+  kvt_options oe = ropts("rt-ch-e", url, P, KVT_REMOTE_ONLY);
+  oe.chunk_tokens = 16;
+  oe.model_id = "m";
+  kvt_tier *ro = t_open(&oe);
+  REQUIRE(kvt_tier_start_writer(ro) == 0);
+  t_entry f = t_make(78, 130, 2, 130, 8);
+  memcpy(f.tokens, e.tokens, 96 * sizeof *f.tokens); /* e's 6 chunks */
+  kvt_token_hash(f.hash, f.tokens, f.n_tokens);
+  for (uint32_t l = 0; l < 2; l++) /* the same KV rows for them */
+    for (uint32_t k = 0; k < 2; k++)
+      for (size_t h = 0; h < 2; h++)
+        memcpy((float *)f.layers[l].tensors[k].data + h * 130 * 8,
+               (const float *)e.layers[l].tensors[k].data + h * 100 * 8,
+               96 * 8 * 4);
+  CHECK(t_spill(ro, &f) == 0);
+  CHECK(kvt_tier_flush(ro, 30000) == 0);
+  CHECK(stats_of(ro).remote_spill_count == 1);
+  CHECK(count_chunk_files(oe.cache_dir) == 0);
+  char *o2 =
+      sh_out("redis-cli -p %d --scan --pattern '%s{c:*' | wc -l", port, P);
+  CHECK(o2 && atoi(o2) == 8); /* 6 shared + 2 new */
+  free(o2);
+  tries = 0;
+  while (kvt_tier_lookup(&info, b, f.tokens, f.n_tokens) != 0 && tries++ < 200)
+    msleep(25);
+  CHECK(promote_check(b, &f) == 1);
+  CHECK(count_chunk_files(ob.cache_dir) == 8); /* fetched only the 2 new */
+  kvt_tier_free(ro);
+  t_free(&f);
+
   /* remote verify of a chained entry checks every chunk; a damaged chunk
    * is found (and deleted) */
   CHECK(kvt_tier_remote_verify(a, e.hash) == 0);
