@@ -19,8 +19,9 @@ Skipped without redis-server/redis-cli or Redis support in libkvtier.
 
 from __future__ import annotations
 
-import hashlib
 import array
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -294,6 +295,22 @@ def test_evicted_chunk_is_published_and_never_served(tmp_path):
         assert b.lookup_ssd_prefix(prompt)["num_tokens"] == 5 * C
         keys = subprocess.run(["redis-cli", "-p", str(port), "--scan", "--pattern",
                                PREFIX + "{c:*"], capture_output=True, text=True).stdout.split()
+        # the CLI on the shared store: ls / show / verify understand chained
+        # entries (verify checks every chunk of their chains)
+        cli = os.path.join(os.path.dirname(os.environ["KVTIER_LIBRARY"]), "tools", "kvtier")
+        rem = ["--remote", url, "--remote-prefix", PREFIX]
+        if os.path.exists(cli):
+            r = subprocess.run([cli, "ls", *rem, "--json"], capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            ls = json.loads(r.stdout)["entries"]
+            assert sorted(e["num_tokens"] for e in ls) == sorted(len(x) for x in tt)
+            r = subprocess.run([cli, "show", *rem, token_hash(tt[3])[:12]],
+                               capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            r = subprocess.run([cli, "verify", *rem, "--json"], capture_output=True,
+                               text=True)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert json.loads(r.stdout)["bad"] == 0
         # damage every chunk (a flipped byte in the data section): B must
         # refuse them all, delete them remotely and serve nothing
         for k in keys:
@@ -302,6 +319,12 @@ def test_evicted_chunk_is_published_and_never_served(tmp_path):
             n = int(v.split()[-1])
             subprocess.run(["redis-cli", "-p", str(port), "SETRANGE", k, str(n - 5), "X"],
                            capture_output=True, text=True, check=True)
+        if os.path.exists(cli):
+            # a damaged chunk makes every entry over it damaged (and removed)
+            r = subprocess.run([cli, "verify", *rem, "--json"], capture_output=True,
+                               text=True)
+            assert r.returncode == 1, r.stdout + r.stderr
+            assert json.loads(r.stdout)["bad"] == len(tt)
         got = b._read_entry(prompt[:5 * C], token_hash(prompt[:5 * C]))
         assert got is None
         assert not [f for f in files_under(str(tmp_path / "b")) if f.endswith(".kvc")]
