@@ -86,6 +86,28 @@ static double rb_rps(int port, const char *test, size_t value, int n) {
   return rps;
 }
 
+/* 4 KV layers of F16 [1, 8, T, 128], data allocated (not filled). */
+static void kv_layers(kvt_layer layers[4], kvt_tensor tens[4][2], int T) {
+  for (int l = 0; l < 4; l++) {
+    kvt_layer_init(&layers[l], KVT_LAYER_KV);
+    layers[l].tensors = tens[l];
+    layers[l].num_tensors = 2;
+    layers[l].offset = T;
+    for (int k = 0; k < 2; k++) {
+      kvt_tensor *t = &tens[l][k];
+      memset(t, 0, sizeof *t);
+      t->dtype = KVT_DTYPE_F16;
+      t->ndim = 4;
+      t->shape[0] = 1;
+      t->shape[1] = 8;
+      t->shape[2] = T;
+      t->shape[3] = 128;
+      t->nbytes = (uint64_t)8 * T * 128 * 2;
+      t->data = malloc(t->nbytes);
+    }
+  }
+}
+
 /* ---- chunks shared between nodes (docs/REMOTE.md "Chunks") ----
  * 8 conversations = one 1024-token system prompt + 256 own tokens, 4 layers
  * of F16 [1, 8, T, 128] (16 KiB per token), KV rows a function of (token,
@@ -128,21 +150,7 @@ static int chunk_bench(const char *url) {
   const int n = CB_SYS + CB_OWN;
   kvt_layer layers[CB_L];
   kvt_tensor tens[CB_L][2];
-  for (int l = 0; l < CB_L; l++) {
-    kvt_layer_init(&layers[l], KVT_LAYER_KV);
-    layers[l].tensors = tens[l];
-    layers[l].num_tensors = 2;
-    for (int k = 0; k < 2; k++) {
-      kvt_tensor *t = &tens[l][k];
-      memset(t, 0, sizeof *t);
-      t->dtype = KVT_DTYPE_F16;
-      t->ndim = 4;
-      t->shape[0] = 1;
-      t->shape[1] = 8;
-      t->shape[3] = 128;
-      t->data = malloc((size_t)8 * n * 128 * 2);
-    }
-  }
+  kv_layers(layers, tens, n);
   int32_t tok[CB_SYS + CB_OWN];
   uint64_t ebytes = (uint64_t)n * CB_L * 2 * 8 * 128 * 2;
   double spill_s[2] = {0, 0}, prom_s[2][2] = {{0, 0}, {0, 0}};
@@ -348,22 +356,10 @@ int main(int argc, char **argv) {
   kvt_layer layers[4];
   kvt_tensor tens[4][2];
   unsigned seed = 1;
+  kv_layers(layers, tens, T);
   for (int l = 0; l < 4; l++) {
-    kvt_layer_init(&layers[l], KVT_LAYER_KV);
-    layers[l].tensors = tens[l];
-    layers[l].num_tensors = 2;
-    layers[l].offset = T;
     for (int k = 0; k < 2; k++) {
       kvt_tensor *t = &tens[l][k];
-      memset(t, 0, sizeof *t);
-      t->dtype = KVT_DTYPE_F16;
-      t->ndim = 4;
-      t->shape[0] = 1;
-      t->shape[1] = 8;
-      t->shape[2] = T;
-      t->shape[3] = 128;
-      t->nbytes = (uint64_t)8 * T * 128 * 2;
-      t->data = malloc(t->nbytes);
       unsigned char *b = t->data;
       for (uint64_t i = 0; i < t->nbytes; i++)
         b[i] = (unsigned char)((seed = seed * 1103515245u + 12345u) >> 16);

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 import redis_servers as rs
-from conftest import KVLayer, make_tier
+from conftest import kv_positional, make_tier
 
 pytestmark = pytest.mark.skipif(not rs.have_redis(), reason="redis-server/redis-cli missing")
 
@@ -43,19 +43,7 @@ SYS = list(range(100, 100 + 4 * C))  # the shared system prompt: 4 chunks
 
 
 def kv_for(tokens):
-    """KV rows that depend only on (token, position), as a real model's
-    shared prefix does: both nodes compute the same rows."""
-    t = np.asarray(tokens, dtype=np.int64)
-    n = len(t)
-    seed = (t * 1000003 + np.arange(n) * 7919)[None, None, :, None]
-    h = np.arange(HEADS)[None, :, None, None]
-    d = np.arange(DIM)[None, None, None, :]
-    out = []
-    for layer in range(LAYERS):
-        x = (seed * 31 + h * 131 + d * 17 + layer * 1009) % 65521
-        out.append(KVLayer((x / 65521.0).astype(np.float16),
-                           (((x * 7) % 65521) / 65521.0).astype(np.float16), n))
-    return out
+    return kv_positional(tokens, LAYERS, HEADS, DIM)
 
 
 def mem_of(n):
@@ -96,13 +84,8 @@ def run_node_a(url: str, d: str) -> None:
 
 def open_node(d: str, url: str, **kw):
     kw.setdefault("model_id", MODEL)
-    try:
-        return make_tier(d, remote_url=url, remote_mode="local+remote",
-                         remote_prefix=PREFIX, chunk_tokens=C, **kw)
-    except Exception as e:
-        if "no Redis support" in str(e):
-            pytest.skip("libkvtier built without hiredis")
-        raise
+    return rs.tier_or_skip(make_tier, d, remote_url=url, remote_mode="local+remote",
+                           remote_prefix=PREFIX, chunk_tokens=C, **kw)
 
 
 def token_hash(toks):

@@ -69,13 +69,8 @@ def run_node_a(url: str, d: str, **kw) -> None:
 
 
 def open_b(d: str, url: str, **kw):
-    try:
-        return make_tier(d, remote_url=url, remote_mode="local+remote",
-                         remote_prefix=PREFIX, remote_keep_local=False, **kw)
-    except Exception as e:
-        if "no Redis support" in str(e):
-            pytest.skip("libkvtier built without hiredis")
-        raise
+    return rs.tier_or_skip(make_tier, d, remote_url=url, remote_mode="local+remote",
+                           remote_prefix=PREFIX, remote_keep_local=False, **kw)
 
 
 def same(got, layers) -> bool:

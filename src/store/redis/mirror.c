@@ -380,6 +380,15 @@ static void glob_escape(char *out, size_t cap, const char *s) {
   out[k] = '\0';
 }
 
+/* Runs argv (argv[1] = the key, klen bytes) on the key's node. */
+static int run_on_key(resync *rs, const char **argv, int argc, size_t klen,
+                      redisReply **r) {
+  kvr_cmd c;
+  kvr_cmd_set(&c, argc, argv);
+  c.len[1] = klen;
+  return kvr_exec(rs->m->cl, argv[1], klen, &c, 1, r);
+}
+
 /* ZRANGE of one prefix set key into the fresh table. */
 static int load_set(resync *rs, const char *key, size_t klen) {
   if (klen < rs->plen + 4 || klen - rs->plen - 2 >= MR_SET_MAX)
@@ -388,11 +397,8 @@ static int load_set(resync *rs, const char *key, size_t klen) {
   memcpy(set, key + rs->plen + 1, klen - rs->plen - 2); /* strip the braces */
   set[klen - rs->plen - 2] = '\0';
   const char *argv[] = {"ZRANGE", key, "0", "-1", "WITHSCORES"};
-  kvr_cmd c;
-  kvr_cmd_set(&c, 5, argv);
-  c.len[1] = klen;
   redisReply *r = NULL;
-  int rc = kvr_exec(rs->m->cl, key, klen, &c, 1, &r);
+  int rc = run_on_key(rs, argv, 5, klen, &r);
   if (rc != 0)
     return rc;
   if (r->type == REDIS_REPLY_ARRAY) {
@@ -433,11 +439,8 @@ static int load_chunk_shard(resync *rs, int sh) {
   char key[600];
   size_t klen = kvr_mirror_chunk_index_key(key, sizeof key, rs->m->prefix, sh);
   const char *argv[] = {"HGETALL", key};
-  kvr_cmd c;
-  kvr_cmd_set(&c, 2, argv);
-  c.len[1] = klen;
   redisReply *r = NULL;
-  int rc = kvr_exec(rs->m->cl, key, klen, &c, 1, &r);
+  int rc = run_on_key(rs, argv, 2, klen, &r);
   if (rc != 0)
     return rc;
   if (r->type == REDIS_REPLY_ARRAY) {
