@@ -157,9 +157,8 @@ static int chunk_bench(const char *url) {
   uint64_t sent[2] = {0, 0}, fetched[2] = {0, 0};
   int ok = 1;
   for (int mode = 0; mode < 2; mode++) { /* 0: chunked, 1: whole entries */
-    char dirA[300], dirB[300], pre[16];
+    char dirA[300], pre[16];
     snprintf(dirA, sizeof dirA, "%s/cha%d", g_dir, mode);
-    snprintf(dirB, sizeof dirB, "%s/chb%d", g_dir, mode);
     snprintf(pre, sizeof pre, "cb%d:", mode);
     kvt_options o;
     kvt_options_init(&o, KVT_OPTIONS_VERSION);
@@ -192,26 +191,35 @@ static int chunk_bench(const char *url) {
     kvt_tier_stats(&s, a);
     sent[mode] = s.remote_spill_bytes;
     kvt_tier_free(a);
-    o.cache_dir = dirB;
     o.remote_mode = KVT_REMOTE_LOCAL_AND_REMOTE;
     if (mode == 1)
       o.remote_flags = KVT_REMOTE_NO_LOCAL_COPY;
-    kvt_tier *b = NULL;
-    if (kvt_tier_open(&b, &o) != 0)
-      return 0;
-    usleep(300000); /* the mirror resynced */
-    for (int c = 0; c < CB_CONV; c++) {
-      cb_tokens(tok, c);
-      kvt_entry *got = NULL;
-      t0 = now();
-      ok &= kvt_tier_promote(&got, b, tok, n, NULL) == 0;
-      prom_s[mode][c ? 1 : 0] += now() - t0;
-      kvt_entry_free(got);
+    /* Best of 3 fresh nodes B (the machine may be shared). */
+    prom_s[mode][0] = prom_s[mode][1] = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+      char dirB[320];
+      snprintf(dirB, sizeof dirB, "%s/chb%d.%d", g_dir, mode, rep);
+      o.cache_dir = dirB;
+      kvt_tier *b = NULL;
+      if (kvt_tier_open(&b, &o) != 0)
+        return 0;
+      usleep(300000); /* the mirror resynced */
+      double ps[2] = {0, 0};
+      for (int c = 0; c < CB_CONV; c++) {
+        cb_tokens(tok, c);
+        kvt_entry *got = NULL;
+        t0 = now();
+        ok &= kvt_tier_promote(&got, b, tok, n, NULL) == 0;
+        ps[c ? 1 : 0] += now() - t0;
+        kvt_entry_free(got);
+      }
+      for (int k = 0; k < 2; k++)
+        prom_s[mode][k] = ps[k] < prom_s[mode][k] ? ps[k] : prom_s[mode][k];
+      kvt_stats sb = KVT_STATS_INIT;
+      kvt_tier_stats(&sb, b);
+      fetched[mode] = sb.remote_read_bytes;
+      kvt_tier_free(b);
     }
-    kvt_stats sb = KVT_STATS_INIT;
-    kvt_tier_stats(&sb, b);
-    fetched[mode] = sb.remote_read_bytes;
-    kvt_tier_free(b);
   }
   /* Prefix lookups of a new prompt (system prompt + 100 tokens) on a node
    * that holds none of it: the remote chain (mirror + EXISTS of the 4
@@ -275,6 +283,7 @@ static int chunk_bench(const char *url) {
   printf("remote_chunked_fetched_per_unique value %.3f whole %.3f ratio %.2f\n",
          fetched[0] / unique, fetched[1] / unique,
          fetched[1] ? (double)fetched[0] / (double)fetched[1] : 0);
+  printf("(promotes: best of 3 fresh nodes B)\n");
   printf("remote_chunked_promote_first_ms value %.2f whole %.2f ratio %.2f\n",
          prom_s[0][0] * 1e3, prom_s[1][0] * 1e3,
          prom_s[1][0] > 0 ? prom_s[0][0] / prom_s[1][0] : 0);
