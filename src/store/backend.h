@@ -129,9 +129,11 @@ typedef struct kvti_backend_ops {
    * Chunk files (format/chunk.h) stored by their chain key, content
    * addressed: the same key is the same tokens under the same namespace and
    * layout, so a chunk is stored once whoever spills it. */
-  /* 1 when chunk key is stored, 0 when not, or a connection error. lookup:
-   * on the lookup client (remote_lookup_timeout_ms). */
-  int (*chunk_has)(kvti_backend *b, const uint8_t key[32], int lookup);
+  /* present[i] = 1 when chunk keys[i] is stored, else 0 (one pipeline
+   * where the store allows it). 0 or a connection error. lookup: on the
+   * lookup client (remote_lookup_timeout_ms). */
+  int (*chunk_has)(kvti_backend *b, const uint8_t (*keys)[32], size_t n,
+                   int lookup, uint8_t *present);
   /* Stores the chunk file bytes under rec->key unless present and makes
    * rec known to every node's lookups. */
   int (*chunk_put)(kvti_backend *b, const kvti_chain_rec *rec,

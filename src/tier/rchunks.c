@@ -82,11 +82,9 @@ int kvti_rchunks_upload(kvt_tier *t, kvti_backend *be, const kvti_snapshot *s,
     ck = kvti_ck_next(ck, tk, C);
     if ((rc = kvti_chunk_key(key, parent, tk, C)) != 0)
       break;
-    int has = be->ops->chunk_has(be, key, 0);
-    if (has < 0) {
-      rc = has;
+    uint8_t has = 0;
+    if ((rc = be->ops->chunk_has(be, (const uint8_t(*)[32])key, 1, 0, &has)))
       break;
-    }
     if (!has) {
       src.parent = parent;
       src.index = i;
@@ -250,17 +248,27 @@ int kvti_rchunks_lookup(kvt_tier *t, kvti_backend *be, kvt_entry_info *info,
   /* Confirm what a promote would fetch (the server may have evicted it):
    * the chain stops at the first chunk neither here nor there. */
   kvti_chains *ch = kvti_chunkstore_chains(kvti_chunked_store(t->chunked));
-  for (size_t i = 0; rc == 0 && i < m; i++) {
-    if (kvti_chains_find(ch, r[i].key, NULL))
-      continue;
-    if ((uint64_t)m * C < min_len)
+  uint8_t(*keys)[32] = m ? kvti_malloc(m * sizeof *keys) : NULL;
+  size_t *at = m ? kvti_malloc(m * sizeof *at) : NULL;
+  uint8_t *present = m ? kvti_malloc(m) : NULL;
+  size_t nk = 0;
+  if (m && (!keys || !at || !present))
+    rc = KVT_ERR_NOMEM();
+  for (size_t i = 0; rc == 0 && i < m; i++)
+    if (!kvti_chains_find(ch, r[i].key, NULL)) {
+      memcpy(keys[nk], r[i].key, 32);
+      at[nk++] = i;
+    }
+  if (rc == 0 && nk)
+    rc = be->ops->chunk_has(be, (const uint8_t(*)[32])keys, nk, 1, present);
+  for (size_t j = 0; rc == 0 && j < nk; j++)
+    if (!present[j]) {
+      m = at[j];
       break;
-    int has = be->ops->chunk_has(be, r[i].key, 1);
-    if (has < 0)
-      rc = has;
-    else if (!has)
-      m = i;
-  }
+    }
+  kvti_free(keys);
+  kvti_free(at);
+  kvti_free(present);
   if (rc == 0 && (m == 0 || (uint64_t)m * C < min_len))
     rc = KVT_ERR(KVT_ENOTFOUND, "no remote chain");
   if (rc == 0) {
@@ -295,12 +303,15 @@ typedef struct stage_be {
   kvti_backend base;
   const char *dir;
   uint64_t rows, total_rows;
+  int tail_bad; /* the fetched tail (or its record) failed verification */
 } stage_be;
 
 static int stage_get(kvti_backend *b, kvt_entry **out, const char *hash,
                      const kvti_read_opts *o) {
   stage_be *sb = (stage_be *)b;
   int rc = kvti_entry_read(out, sb->dir, hash, o);
+  if (rc == KVT_ECORRUPT)
+    sb->tail_bad = 1;
   if (rc || !*out)
     return rc;
   /* The record came from the server: its token extent must be the chain's
@@ -315,6 +326,7 @@ static int stage_get(kvti_backend *b, kvt_entry **out, const char *hash,
         most = (uint64_t)tt->shape[tt->ndim - 2];
     }
   if (sb->total_rows < sb->rows || sb->total_rows > sb->rows + most) {
+    sb->tail_bad = 1;
     kvt_entry_free(*out);
     *out = NULL;
     return KVT_ERR(KVT_ECORRUPT,
@@ -350,13 +362,20 @@ int kvti_rchunks_read_chained(kvt_tier *t, kvti_backend *be, kvt_entry **out,
   if (rc)
     return rc;
   stage_be sb = {
-      {&stage_ops}, stage, ce->chunks * ce->chunk_tokens, ce->total_rows};
+      {&stage_ops}, stage, ce->chunks * ce->chunk_tokens, ce->total_rows, 0};
   uint8_t bad[32];
   int chunk_bad = 0;
   rc = kvti_chunked_get_record(t->chunked, &sb.base, out, m->hash, ce, ro, bad,
                                &chunk_bad);
-  if (rc && chunk_bad)
+  if (rc && chunk_bad) /* a local chunk: the local store's to quarantine */
     kvti_tier_chunks_quarantine(t, bad);
+  if (rc == KVT_ECORRUPT && sb.tail_bad) {
+    /* The remote tail is bad: delete it, as a damaged entry is. */
+    kvti_error_state es;
+    kvti_error_state_capture(&es, rc);
+    be->ops->remove(be, m->hash);
+    kvti_error_state_restore(&es);
+  }
   return rc;
 }
 

@@ -448,8 +448,6 @@ int kvti_remote_read(kvt_tier *t, kvt_entry **out, const kvt_entry_info *info,
     m.total_bytes = 0;
   } else if (rc == 0 && m.chained) {
     rc = kvti_rchunks_read_chained(t, r->be, out, stage, &m, ro, &chunk_bytes);
-    if (rc == KVT_ECORRUPT && chunk_bytes == 0)
-      r->be->ops->remove(r->be, hash); /* the tail or its record is bad */
   } else if (rc == 0) {
     rc = kvti_entry_read(out, stage, hash, ro);
     if (rc == KVT_ECORRUPT || rc == KVT_ENOTFOUND) {

@@ -81,22 +81,46 @@ static void announce(redis_backend *rb, const uint8_t key[32],
     kvr_mirror_chunk_del(rb->mirror, key);
 }
 
-int kvti_rb_chunk_has(kvti_backend *b, const uint8_t key[32], int lookup) {
+/* EXISTS of keys[0, n) as one pipeline (all keys on one node). */
+static int exists_batch(redis_backend *rb, kvr_client *cl,
+                        const uint8_t (*keys)[32], size_t n, uint8_t *present) {
+  rkey *k = kvti_malloc(n * sizeof *k);
+  kvr_cmd *c = kvti_malloc(n * sizeof *c);
+  redisReply **r = kvti_calloc(n, sizeof *r);
+  int rc = k && c && r ? 0 : KVT_ERR_NOMEM();
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    key_data(&k[i], rb, keys[i]);
+    kvti_rb_cmd2(&c[i], "EXISTS", k[i].s, k[i].n);
+  }
+  if (rc == 0)
+    rc = kvr_exec(cl, k[0].s, k[0].n, c, n, r);
+  for (size_t i = 0; rc == 0 && i < n; i++)
+    if ((rc = kvti_rb_reply_err(r[i], "EXISTS chunk")) == 0) {
+      present[i] = r[i]->type == REDIS_REPLY_INTEGER && r[i]->integer > 0;
+      if (!present[i])
+        kvr_mirror_chunk_del(rb->mirror, keys[i]); /* evicted or expired */
+    }
+  if (r)
+    kvti_rb_free_replies(r, n);
+  kvti_free(k);
+  kvti_free(c);
+  kvti_free(r);
+  return rc;
+}
+
+int kvti_rb_chunk_has(kvti_backend *b, const uint8_t (*keys)[32], size_t n,
+                      int lookup, uint8_t *present) {
   redis_backend *rb = kvti_rb(b);
-  rkey k;
-  key_data(&k, rb, key);
-  kvr_cmd c;
-  kvti_rb_cmd2(&c, "EXISTS", k.s, k.n);
-  redisReply *r = NULL;
-  int rc = kvr_exec(lookup ? rb->lcl : rb->cl, k.s, k.n, &c, 1, &r);
-  if (rc != 0)
-    return rc;
-  rc = kvti_rb_reply_err(r, "EXISTS chunk");
-  if (rc == 0)
-    rc = r->type == REDIS_REPLY_INTEGER && r->integer > 0;
-  freeReplyObject(r);
-  if (rc == 0)
-    kvr_mirror_chunk_del(rb->mirror, key); /* evicted or expired */
+  kvr_client *cl = lookup ? rb->lcl : rb->cl;
+  if (n == 0)
+    return 0;
+  /* A standalone server takes them in one round trip; a cluster's chunks
+   * live on many slots: one per key. */
+  if (kvr_is_standalone(cl))
+    return exists_batch(rb, cl, keys, n, present);
+  int rc = 0;
+  for (size_t i = 0; rc == 0 && i < n; i++)
+    rc = exists_batch(rb, cl, keys + i, 1, present + i);
   return rc;
 }
 

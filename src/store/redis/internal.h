@@ -156,7 +156,8 @@ int kvti_rb_reach(kvti_backend *b);
 
 /* ---- chunks of the chunked store (chunks.c; backend.h's chunk_* ops) ---- */
 
-int kvti_rb_chunk_has(kvti_backend *b, const uint8_t key[32], int lookup);
+int kvti_rb_chunk_has(kvti_backend *b, const uint8_t (*keys)[32], size_t n,
+                      int lookup, uint8_t *present);
 int kvti_rb_chunk_put(kvti_backend *b, const kvti_chain_rec *rec,
                       const void *bytes, size_t len);
 int kvti_rb_chunk_get(kvti_backend *b, const uint8_t key[32], void **bytes,
