@@ -92,20 +92,32 @@ def stop(procs) -> None:
         p.wait()
 
 
-def cluster(dirpath: str) -> tuple[list, str]:
-    """Three masters, no replicas; returns (processes, seed URL)."""
+def cluster(dirpath: str, certs: dict | None = None) -> tuple[list, str]:
+    """Three masters, no replicas; returns (processes, seed URL).  With certs
+    (make_certs): TLS only - clients, the cluster bus and the announced ports
+    (tls-cluster yes) - and a rediss:// URL."""
     procs, ports = [], []
+    tls, cli_tls = [], []
+    if certs:
+        tls = ["--tls-cert-file", certs["srv.crt"], "--tls-key-file", certs["srv.key"],
+               "--tls-ca-cert-file", certs["ca.crt"], "--tls-cluster", "yes",
+               "--tls-auth-clients", "no"]
+        cli_tls = ["--tls", "--cacert", certs["ca.crt"]]
     try:
         for i in range(3):
             port = free_port(bus=True)
             while port in ports:
                 port = free_port(bus=True)
-            p, _ = start(os.path.join(dirpath, f"n{i}"), "--cluster-enabled", "yes",
-                         "--cluster-config-file", "nodes.conf",
-                         "--cluster-node-timeout", "2000", port=port)
+            extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                     "--cluster-node-timeout", "2000"] + tls
+            if certs:
+                p, _ = start(os.path.join(dirpath, f"n{i}"), *extra, port=0,
+                             tls_port=port)
+            else:
+                p, _ = start(os.path.join(dirpath, f"n{i}"), *extra, port=port)
             procs.append(p)
             ports.append(port)
-        r = subprocess.run(["redis-cli", "--cluster", "create"]
+        r = subprocess.run(["redis-cli", *cli_tls, "--cluster", "create"]
                            + [f"127.0.0.1:{p}" for p in ports]
                            + ["--cluster-replicas", "0", "--cluster-yes"],
                            capture_output=True, text=True, timeout=60)
@@ -113,8 +125,8 @@ def cluster(dirpath: str) -> tuple[list, str]:
             raise RuntimeError(f"cluster create failed: {r.stdout}{r.stderr}")
         for _ in range(400):
             ok = all("cluster_state:ok" in subprocess.run(
-                ["redis-cli", "-p", str(p), "cluster", "info"], capture_output=True,
-                text=True).stdout for p in ports)
+                ["redis-cli", *cli_tls, "-p", str(p), "cluster", "info"],
+                capture_output=True, text=True).stdout for p in ports)
             if ok:
                 break
             time.sleep(0.05)
@@ -123,7 +135,8 @@ def cluster(dirpath: str) -> tuple[list, str]:
     except BaseException:
         stop(procs)
         raise
-    return procs, "redis://" + ",".join(f"127.0.0.1:{p}" for p in ports)
+    scheme = "rediss://" if certs else "redis://"
+    return procs, scheme + ",".join(f"127.0.0.1:{p}" for p in ports)
 
 
 def make_certs(d: str) -> dict:

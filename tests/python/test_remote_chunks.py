@@ -23,6 +23,7 @@ import array
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -61,10 +62,11 @@ def turns():
     return out
 
 
-def child_a(url: str, d: str) -> None:
+def child_a(url: str, d: str, extra: str = "{}") -> None:
     """Node A (a child process): spill every turn, flush, close."""
+    kw = eval(extra)  # test-owned literal dict of extra options (TLS files)
     a = make_tier(d, remote_url=url, remote_mode="local+remote", remote_prefix=PREFIX,
-                  chunk_tokens=C, model_id=MODEL)
+                  chunk_tokens=C, model_id=MODEL, **kw)
     a.start_writer()
     for toks in turns():
         assert a.enqueue_spill(toks, kv_for(toks), mem_of(len(toks)))
@@ -74,9 +76,9 @@ def child_a(url: str, d: str) -> None:
     a.close()
 
 
-def run_node_a(url: str, d: str) -> None:
+def run_node_a(url: str, d: str, **kw) -> None:
     code = ("import sys; sys.path.insert(0, %r); import test_remote_chunks as t; "
-            "t.child_a(%r, %r)" % (os.path.dirname(__file__), url, d))
+            "t.child_a(%r, %r, %r)" % (os.path.dirname(__file__), url, d, repr(kw)))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120, env=os.environ.copy())
     assert p.returncode == 0, p.stdout + p.stderr
@@ -110,10 +112,10 @@ def same(got, toks) -> bool:
         for g, r in zip(got, ref))
 
 
-def server_chunk_keys(procs_ports):
+def server_chunk_keys(procs_ports, cli_tls=()):
     n = 0
     for port in procs_ports:
-        r = subprocess.run(["redis-cli", "-p", str(port), "--scan", "--pattern",
+        r = subprocess.run(["redis-cli", *cli_tls, "-p", str(port), "--scan", "--pattern",
                             PREFIX + "{c:*"], capture_output=True, text=True, timeout=30)
         n += len([x for x in r.stdout.split() if x])
     return n
@@ -179,9 +181,10 @@ def serve(b, bdir, have, prompt, want_len, entry_end):
     return len(new_chunks)
 
 
-def two_nodes(tmp_path, url, procs, ports):
+def two_nodes(tmp_path, url, procs, ports, tls=None, cli_tls=()):
+    tls = tls or {}
     bdir = str(tmp_path / "b")
-    b = open_node(bdir, url)
+    b = open_node(bdir, url, **tls)
     b.start_writer()
     # B's own conversation on the system prompt, spilled first (locally and
     # uploaded: its system-prompt chunks are then already on the server)
@@ -190,7 +193,7 @@ def two_nodes(tmp_path, url, procs, ports):
     b.flush(timeout=30)
     have = Have()
     have.add(mine)
-    run_node_a(url, str(tmp_path / "a"))
+    run_node_a(url, str(tmp_path / "a"), **tls)
     # the system prompt is stored once on the server, whoever spilled it:
     # unique chunks = 4 (SYS) + A's chat beyond SYS + the second conversation
     tt = turns()
@@ -198,7 +201,7 @@ def two_nodes(tmp_path, url, procs, ports):
     for toks in list(tt) + [mine]:
         for i in range(1, len(toks) // C + 1):
             uniq.add(tuple(toks[:i * C]))
-    assert server_chunk_keys(ports) == len(uniq)
+    assert server_chunk_keys(ports, cli_tls) == len(uniq)
     wait_mirror(b, tt[3] + (1,), len(tt[3]))
     fetched = 0
     # an entry end of A's (turn 2), as a prefix of B's longer prompt
@@ -217,7 +220,7 @@ def two_nodes(tmp_path, url, procs, ports):
         assert same(b._read_entry(toks, info["file_path"]), toks)
     assert fetched > 0
     # another model on the same server sees none of it
-    other = open_node(str(tmp_path / "o"), url, model_id="another-model")
+    other = open_node(str(tmp_path / "o"), url, model_id="another-model", **tls)
     time.sleep(0.3)
     for toks in tt:
         assert other.lookup_ssd(toks) is None
@@ -258,6 +261,20 @@ def test_chunks_shared_cluster(tmp_path):
     ports = [int(x.rsplit(":", 1)[1]) for x in url[len("redis://"):].split(",")]
     try:
         two_nodes(tmp_path, url, procs, ports)
+    finally:
+        rs.stop(procs)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl CLI missing")
+def test_chunks_shared_tls_cluster(tmp_path):
+    """The same over TLS to a 3-master cluster (tls-cluster yes: the nodes
+    announce their TLS ports; certificates made here)."""
+    c = rs.make_certs(str(tmp_path / "certs"))
+    procs, url = rs.cluster(str(tmp_path / "cl"), certs=c)
+    ports = [int(x.rsplit(":", 1)[1]) for x in url[len("rediss://"):].split(",")]
+    try:
+        two_nodes(tmp_path, url, procs, ports, tls=dict(remote_tls_ca_file=c["ca.crt"]),
+                  cli_tls=("--tls", "--cacert", c["ca.crt"]))
     finally:
         rs.stop(procs)
 
