@@ -231,9 +231,8 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
                                  chunk_bad);
 }
 
-int kvti_chunked_get_record(kvti_chunked *c, kvti_backend *be,
-                            kvt_entry **out, const char *hash,
-                            const kvti_chained_entry *cep,
+int kvti_chunked_get_record(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
+                            const char *hash, const kvti_chained_entry *cep,
                             const kvti_read_opts *o, uint8_t bad_chunk[32],
                             int *chunk_bad) {
   if (chunk_bad)

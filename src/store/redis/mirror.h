@@ -69,8 +69,8 @@ void kvr_mirror_chunk_put(kvr_mirror *m, const kvti_chain_rec *rec);
 void kvr_mirror_chunk_del(kvr_mirror *m, const uint8_t key[32]);
 /* Longest mirrored chain over tokens (kvr_ctab_lookup); 0 while the mirror
  * is not in sync. */
-size_t kvr_mirror_chunk_lookup(kvr_mirror *m, const uint8_t *ns,
-                               size_t ns_len, const int32_t *tokens, size_t n,
+size_t kvr_mirror_chunk_lookup(kvr_mirror *m, const uint8_t *ns, size_t ns_len,
+                               const int32_t *tokens, size_t n,
                                uint32_t chunk_tokens, kvti_chain_rec *out,
                                size_t max);
 size_t kvr_mirror_chunk_count(kvr_mirror *m);
