@@ -14,6 +14,17 @@ import subprocess
 import time
 
 
+def run_node(module: str, func: str, *args) -> None:
+    """Runs module.func(*args) (literals only) in a child process - another
+    node with its own cache directory - and fails the test if it fails."""
+    import sys
+    code = ("import sys; sys.path.insert(0, %r); import %s as t; t.%s(*%r)"
+            % (os.path.dirname(os.path.abspath(__file__)), module, func, args))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, env=os.environ.copy())
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
 def tier_or_skip(make, *args, **kw):
     """make(*args, **kw) - a tier with a remote URL - or skip the test when
     libkvtier was built without Redis support."""

@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -77,11 +76,7 @@ def child_a(url: str, d: str, extra: str = "{}") -> None:
 
 
 def run_node_a(url: str, d: str, **kw) -> None:
-    code = ("import sys; sys.path.insert(0, %r); import test_remote_chunks as t; "
-            "t.child_a(%r, %r, %r)" % (os.path.dirname(__file__), url, d, repr(kw)))
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120, env=os.environ.copy())
-    assert p.returncode == 0, p.stdout + p.stderr
+    rs.run_node("test_remote_chunks", "child_a", url, d, repr(kw))
 
 
 def open_node(d: str, url: str, **kw):
