@@ -15,6 +15,7 @@
 #include "base/io.h"
 #include "index/index.h"
 #include "store/chunked.h"
+#include "tier/chunk_tools.h"
 
 #include <string.h>
 
@@ -51,6 +52,8 @@ int kvti_tier_chunks_put(kvt_tier *t, uint64_t *disk, const kvti_snapshot *s,
   *disk = r.entry_bytes;
   if (r.chunk_bytes)
     KVTI_STAT_ADD(&t->stats, spill_bytes, r.chunk_bytes);
+  if (rc == 0)
+    kvti_tier_chunks_sweep_lazy(t); /* orphans: one chunks/<kk> at a time */
   return rc;
 }
 
