@@ -868,9 +868,9 @@ typedef struct kvt_chunk_info {
   /** Entries whose chain runs through this chunk (how often it is shared);
    *  0 for a chunk only prefix lookups reach. */
   uint32_t entries;
-  int pure;             /* 1: the chain holds every layer (pure KV) */
-  uint64_t layout_hash; /* XXH3-64 of the KV layout descriptor */
-  uint64_t disk_bytes;  /* the file's size */
+  int pure;              /* 1: the chain holds every layer (pure KV) */
+  uint64_t layout_hash;  /* XXH3-64 of the KV layout descriptor */
+  uint64_t disk_bytes;   /* the file's size */
   uint64_t memory_bytes; /* its tensors' bytes (what a promote allocates) */
   double created_at, accessed_at; /* Unix seconds; accessed: newest use of
                                      the chunk or any descendant */
@@ -902,13 +902,13 @@ KVT_API int kvt_tier_entry_chain(kvt_chunk_info **out, size_t *n,
 #define KVT_CHUNK_TOTALS_VERSION 1
 /** Totals of the chunked store (kvt_tier_chunk_totals). */
 typedef struct kvt_chunk_totals {
-  unsigned int version;  /* KVT_CHUNK_TOTALS_VERSION; set by the caller */
-  uint32_t chunk_tokens; /* the tier's option (0: the store is off) */
-  uint64_t chunks;       /* stored chunks */
-  uint64_t disk_bytes;   /* bytes of chunk files (each counted once) */
-  uint64_t memory_bytes; /* their tensor bytes */
-  uint64_t leaves;       /* chunks no other chunk continues */
-  uint64_t shared;       /* chunks in the chains of two or more entries */
+  unsigned int version;     /* KVT_CHUNK_TOTALS_VERSION; set by the caller */
+  uint32_t chunk_tokens;    /* the tier's option (0: the store is off) */
+  uint64_t chunks;          /* stored chunks */
+  uint64_t disk_bytes;      /* bytes of chunk files (each counted once) */
+  uint64_t memory_bytes;    /* their tensor bytes */
+  uint64_t leaves;          /* chunks no other chunk continues */
+  uint64_t shared;          /* chunks in the chains of two or more entries */
   uint64_t chained_entries; /* entries stored over a chain */
   /** Bytes the chained entries' chains would take if each entry stored its
    *  own copy: the sum over chained entries of their chain's chunk bytes.
@@ -935,8 +935,8 @@ KVT_API int kvt_tier_chunk_totals(kvt_chunk_totals *out, kvt_tier *t);
  *  (may be NULL) receives that count. Returns 0 (good), KVT_ECORRUPT
  *  (message says what; repaired when repair), KVT_ENOTFOUND (not indexed),
  *  KVT_EIO, KVT_EINVAL, KVT_ECLOSED, KVT_ENOMEM. Thread-safe. */
-KVT_API int kvt_tier_chunk_verify(kvt_tier *t, const char *key_hex,
-                                  int repair, uint64_t *removed_entries);
+KVT_API int kvt_tier_chunk_verify(kvt_tier *t, const char *key_hex, int repair,
+                                  uint64_t *removed_entries);
 
 /** What kvt_tier_chunk_gc did (or would do) with one file under chunks/. */
 typedef enum kvt_chunk_gc_action {
@@ -955,8 +955,7 @@ typedef enum kvt_chunk_gc_action {
 typedef int (*kvt_chunk_gc_fn)(void *ctx, const char *path, int action,
                                uint64_t bytes, const char *detail);
 /** Progress: done of total subdirectories of chunks/ scanned. */
-typedef void (*kvt_chunk_progress_fn)(void *ctx, uint64_t done,
-                                      uint64_t total);
+typedef void (*kvt_chunk_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 
 typedef struct kvt_chunk_gc_result {
   uint64_t tmp_removed, adopted, removed, stray;

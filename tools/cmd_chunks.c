@@ -157,11 +157,11 @@ void cli_chain_show(kvt_tier *t, const char *hash, int json, cJSON *o) {
     return;
   }
   char a[32], b[32];
-  printf("\nchain       %zu chunks of %u tokens (tokens 0..%llu), %s on disk, "
+  printf("\nchain       %zu chunks of %u tokens (tokens 0-%llu), %s on disk, "
          "%s in memory; %zu shared with other entries%s\n",
-         n, C, (unsigned long long)(n * C), cli_fmt_bytes(a, sizeof a, bytes),
-         cli_fmt_bytes(b, sizeof b, mem), shared,
-         rc == 0 ? "" : " - INCOMPLETE (cannot be served)");
+         n, C, (unsigned long long)(n * C - 1),
+         cli_fmt_bytes(a, sizeof a, bytes), cli_fmt_bytes(b, sizeof b, mem),
+         shared, rc == 0 ? "" : " - INCOMPLETE (cannot be served)");
   if (rc != 0)
     printf("            %s\n", kvt_last_error());
   static const char *heads[] = {"INDEX",  "CHUNK",   "TOKENS",  "DISK",

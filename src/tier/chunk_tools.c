@@ -305,7 +305,12 @@ static uint64_t quarantine_chunk(kvt_tier *t, const uint8_t key[32]) {
   for (size_t i = 0; i < nh; i++) {
     char hex[65];
     kvti_hex32(hex, hs[i]);
-    kvti_tier_quarantine(t, hex, -1); /* takes mut_mu; forgets the record */
+    kvt_entry_info info;
+    /* The version stored now (created_at names it; -1 would mean "only
+     * without a row"). Takes mut_mu; forgets the chained record. */
+    double created =
+        kvti_index_find_hash(&info, t->idx, hex) == 0 ? info.created_at : -1;
+    kvti_tier_quarantine(t, hex, created);
   }
   char kh[65], qdir[4200], dst[4400], path[4096];
   kvti_hex32(kh, key);
