@@ -522,7 +522,7 @@ int cmd_gc(int argc, char **argv) {
   problems cps = {0};
   kvt_chunk_gc_result cg;
   memset(&cg, 0, sizeof cg);
-  if (c.tier && cli_clean_chunks(c.tier, dry, 0, problem_cb, &cps, &cg) != 0) {
+  if (c.tier && cli_clean_chunks(c.tier, dry, 1, problem_cb, &cps, &cg) != 0) {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", kvt_last_error());
     free(cps.v);
