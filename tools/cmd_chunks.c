@@ -242,6 +242,13 @@ void cli_chunk_stats(kvt_tier *t, uint64_t entry_bytes, int json, cJSON *o) {
 
 /* ---- verify: every chunk file ------------------------------------------- */
 
+static int cmp_chunk_index(const void *a, const void *b) {
+  const kvt_chunk_info *x = a, *y = b;
+  if (x->index != y->index)
+    return x->index < y->index ? -1 : 1;
+  return strcmp(x->key, y->key);
+}
+
 int cli_verify_chunks(kvt_tier *t, int repair, int progress, cli_problem_fn fn,
                       void *ctx, size_t *checked, size_t *ok, size_t *repaired,
                       size_t *failed) {
@@ -252,45 +259,41 @@ int cli_verify_chunks(kvt_tier *t, int repair, int progress, cli_problem_fn fn,
     return rc;
   /* Chain order (index ascending): a repair of a bad chunk takes the ones
    * below it, which are then gone rather than verified one by one. */
+  cli_qsort(m.v, m.n, sizeof *m.v, cmp_chunk_index);
   cli_progress pg;
   cli_progress_start(&pg, repair ? "chunks (repair)" : "chunks", m.n, progress);
-  for (uint64_t level = 0, left = m.n; left; level++) {
-    for (size_t i = 0; i < m.n; i++) {
-      if (m.v[i].index != level)
-        continue;
-      left--;
-      uint64_t ents = 0;
-      int r = kvt_tier_chunk_verify(t, m.v[i].key, repair, &ents);
-      cli_progress_update(&pg, m.n - left);
-      if (r == KVT_ENOTFOUND)
-        continue; /* removed with a bad ancestor (or evicted) meanwhile */
-      (*checked)++;
-      if (r == 0) {
-        (*ok)++;
-        continue;
-      }
-      const char *act = "-";
-      char detail[600];
-      snprintf(detail, sizeof detail, "%s", kvt_last_error());
-      if (repair && r == KVT_ECORRUPT) {
-        act = "quarantined";
-        size_t l = strlen(detail);
-        snprintf(detail + l, sizeof detail - l,
-                 " (with the chunks below it and %llu entries)",
-                 (unsigned long long)ents);
-        (*repaired)++;
-      } else if (r != KVT_ECORRUPT && r != KVT_EIO) {
-        (*failed)++;
-      }
-      char name[80];
-      snprintf(name, sizeof name, "chunks/%.2s/%.64s.kvc", m.v[i].key,
-               m.v[i].key);
-      fn(ctx, name,
-         r == KVT_ECORRUPT ? "chunk-corrupt"
-         : r == KVT_EIO    ? "io-error"
-                           : "error",
-         detail, act);
+  for (size_t i = 0; i < m.n; i++) {
+    uint64_t ents = 0;
+    int r = kvt_tier_chunk_verify(t, m.v[i].key, repair, &ents);
+    cli_progress_update(&pg, i + 1);
+    if (r == KVT_ENOTFOUND)
+      continue; /* removed with a bad ancestor (or evicted) meanwhile */
+    (*checked)++;
+    if (r == 0) {
+      (*ok)++;
+      continue;
     }
+    const char *act = "-";
+    char detail[600];
+    snprintf(detail, sizeof detail, "%s", kvt_last_error());
+    if (repair && r == KVT_ECORRUPT) {
+      act = "quarantined";
+      size_t l = strlen(detail);
+      snprintf(detail + l, sizeof detail - l,
+               " (with the chunks below it and %llu entries)",
+               (unsigned long long)ents);
+      (*repaired)++;
+    } else if (r != KVT_ECORRUPT && r != KVT_EIO) {
+      (*failed)++;
+    }
+    char name[80];
+    snprintf(name, sizeof name, "chunks/%.2s/%.64s.kvc", m.v[i].key,
+             m.v[i].key);
+    fn(ctx, name,
+       r == KVT_ECORRUPT ? "chunk-corrupt"
+       : r == KVT_EIO    ? "io-error"
+                         : "error",
+       detail, act);
   }
   cli_progress_end(&pg);
   cli_chunkmap_free(&m);
