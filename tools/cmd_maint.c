@@ -82,6 +82,34 @@ static void problem_cb(void *ctx, const char *name, const char *kind,
     p->action = action; /* static strings, or see chunk_actions */
 }
 
+/* The problems as a JSON array arr of o ({name_key, problem, detail,
+ * action}), and as a table (first column head). */
+static void problems_json(cJSON *o, const char *arr, const char *name_key,
+                          const problems *ps) {
+  cJSON *a = cJSON_AddArrayToObject(o, arr);
+  for (size_t i = 0; i < ps->n; i++) {
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddStringToObject(p, name_key, ps->v[i].hash);
+    cJSON_AddStringToObject(p, "problem", ps->v[i].kind);
+    cJSON_AddStringToObject(p, "detail", ps->v[i].detail);
+    cJSON_AddStringToObject(p, "action", ps->v[i].action);
+    cJSON_AddItemToArray(a, p);
+  }
+}
+
+static void problems_table(const problems *ps, const char *head) {
+  const char *heads[] = {head, "PROBLEM", "ACTION", "DETAIL"};
+  cli_table t;
+  cli_table_init(&t, 4, heads, "llll");
+  for (size_t i = 0; i < ps->n; i++) {
+    const char *row[4] = {ps->v[i].hash, ps->v[i].kind, ps->v[i].action,
+                          ps->v[i].detail};
+    cli_table_add(&t, row);
+  }
+  cli_table_print(&t, stdout);
+  cli_table_free(&t);
+}
+
 /* Names that are reported but are not the cache's business (no problem). */
 static int is_stray(const char *kind) {
   return strcmp(kind, "stray") == 0 || strcmp(kind, "chunk-stray") == 0;
@@ -276,15 +304,7 @@ int cmd_verify(int argc, char **argv) {
     cJSON_AddNumberToObject(o, "ok", (double)ok);
     cJSON_AddNumberToObject(o, "chunks_checked", (double)ck_checked);
     cJSON_AddNumberToObject(o, "chunks_ok", (double)ck_ok);
-    cJSON *arr = cJSON_AddArrayToObject(o, "problems");
-    for (size_t i = 0; i < ps.n; i++) {
-      cJSON *p = cJSON_CreateObject();
-      cJSON_AddStringToObject(p, "entry", ps.v[i].hash);
-      cJSON_AddStringToObject(p, "problem", ps.v[i].kind);
-      cJSON_AddStringToObject(p, "detail", ps.v[i].detail);
-      cJSON_AddStringToObject(p, "action", ps.v[i].action);
-      cJSON_AddItemToArray(arr, p);
-    }
+    problems_json(o, "problems", "entry", &ps);
     cJSON_AddNumberToObject(o, "repaired", (double)repaired);
     cJSON_AddNumberToObject(o, "reconciled", (double)reconciled);
     cJSON_AddBoolToObject(o, "clean", real == 0);
@@ -292,17 +312,8 @@ int cmd_verify(int argc, char **argv) {
     cli_json_print(o);
   } else {
     if (ps.n) {
-      static const char *heads[] = {"ENTRY", "PROBLEM", "ACTION", "DETAIL"};
-      cli_table t;
-      cli_table_init(&t, 4, heads, "llll");
-      for (size_t i = 0; i < ps.n; i++) {
-        const char *row[4] = {ps.v[i].hash, ps.v[i].kind, ps.v[i].action,
-                              ps.v[i].detail};
-        cli_table_add(&t, row);
-      }
-      cli_table_print(&t, stdout);
+      problems_table(&ps, "ENTRY");
       printf("\n");
-      cli_table_free(&t);
     }
     printf("checked %zu entries in %s: %zu ok, %zu problem%s", es.n, c.dir, ok,
            real, real == 1 ? "" : "s");
@@ -567,15 +578,7 @@ int cmd_gc(int argc, char **argv) {
     cJSON_AddNumberToObject(ck, "removed", (double)cg.removed);
     cJSON_AddNumberToObject(ck, "stray", (double)cg.stray);
     cJSON_AddNumberToObject(ck, "bytes_freed", (double)cg.bytes_freed);
-    cJSON *files = cJSON_AddArrayToObject(ck, "files");
-    for (size_t i = 0; i < cps.n; i++) {
-      cJSON *p = cJSON_CreateObject();
-      cJSON_AddStringToObject(p, "path", cps.v[i].hash);
-      cJSON_AddStringToObject(p, "problem", cps.v[i].kind);
-      cJSON_AddStringToObject(p, "action", cps.v[i].action);
-      cJSON_AddStringToObject(p, "detail", cps.v[i].detail);
-      cJSON_AddItemToArray(files, p);
-    }
+    problems_json(ck, "files", "path", &cps);
     cli_json_print(o);
   } else {
     if (npick) {
@@ -605,17 +608,8 @@ int cmd_gc(int argc, char **argv) {
            dry ? "would remove" : "removed", (unsigned long long)removed,
            cli_fmt_bytes(b, sizeof b, removed_bytes), remaining);
     if (cps.n) {
-      static const char *heads[] = {"FILE", "PROBLEM", "ACTION", "DETAIL"};
-      cli_table t;
-      cli_table_init(&t, 4, heads, "llll");
-      for (size_t i = 0; i < cps.n; i++) {
-        const char *row[4] = {cps.v[i].hash, cps.v[i].kind, cps.v[i].action,
-                              cps.v[i].detail};
-        cli_table_add(&t, row);
-      }
       printf("\n");
-      cli_table_print(&t, stdout);
-      cli_table_free(&t);
+      problems_table(&cps, "FILE");
     }
     if (c.tier)
       printf("chunks/ %s %llu stale tmp, %s %llu orphans, %s %llu "
