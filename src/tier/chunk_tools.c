@@ -232,17 +232,6 @@ int kvt_tier_chunk_totals(kvt_chunk_totals *out, kvt_tier *t) {
 
 /* ---- verification ---- */
 
-/* 1 when the header's chunk is pure (every layer of the spill, none
- * rotating): what the row records. */
-static int hdr_pure(const kvti_chunk_hdr *h) {
-  if (h->n_layers != h->spill_layers)
-    return 0;
-  for (uint32_t i = 0; i < h->n_layers; i++)
-    if (h->layers[i].kind == KVT_LAYER_ROTATING_KV)
-      return 0;
-  return 1;
-}
-
 /* Reads the data section of an open chunk, verifying every block. */
 static int read_all(int fd, const kvti_chunk_hdr *h, const char *path) {
   void *buf = kvti_malloc(h->data_bytes ? (size_t)h->data_bytes : 1);
@@ -253,25 +242,14 @@ static int read_all(int fd, const kvti_chunk_hdr *h, const char *path) {
   return rc;
 }
 
-/* The parent's lookup value for a chunk of header h: the namespace seed for
- * chunk 0 (whose parent must then be the seed of the file's namespace and
- * layout), else the indexed parent's (index - 1, same layout). 0, or
- * KVT_ENOTFOUND (parent not stored) / KVT_ECORRUPT (seed differs). */
+/* The lookup value of the parent of the chunk of header h: the indexed
+ * parent's (index - 1, same layout), or nothing for chunk 0 (whose seed
+ * kvti_chunk_rec_of checks). 0, or KVT_ENOTFOUND (parent not stored). */
 static int parent_ck(kvti_chains *ch, const kvti_chunk_hdr *h, kvti_ck *pck,
                      const char *path) {
-  if (h->index == 0) {
-    uint8_t seed[32];
-    int rc = kvti_chunk_seed(seed, h->ns, h->ns_len, h->layout_hash);
-    if (rc)
-      return rc;
-    if (memcmp(seed, h->parent, 32) != 0)
-      return KVT_ERR(KVT_ECORRUPT,
-                     "%s: chunk 0's parent is not the seed of its namespace "
-                     "and layout",
-                     path);
-    *pck = kvti_ck_seed(h->ns, h->ns_len);
+  pck->lo = pck->hi = 0;
+  if (h->index == 0)
     return 0;
-  }
   kvti_chain_rec p;
   if (!kvti_chains_find(ch, h->parent, &p) || p.index + 1 != h->index ||
       p.layout_hash != h->layout_hash)
@@ -384,16 +362,17 @@ int kvt_tier_chunk_verify(kvt_tier *t, const char *key_hex, int repair,
   if (rc == 0) {
     kvti_ck pck;
     int prc = parent_ck(chains_of(t), &h, &pck, path);
-    if (prc == 0) {
-      kvti_ck ck = kvti_ck_next(pck, h.tokens, h.n_tokens);
-      if (ck.lo != rec.ck.lo || ck.hi != rec.ck.hi)
+    kvti_chain_rec want;
+    if (prc == 0 &&
+        (prc = kvti_chunk_rec_of(&want, &h, &pck, rec.disk_bytes, path)) == 0) {
+      if (want.ck.lo != rec.ck.lo || want.ck.hi != rec.ck.hi)
         prc = KVT_ERR(KVT_ECORRUPT,
                       "%s: tokens differ from the row's lookup value", path);
+      else if (want.pure != rec.pure)
+        prc = KVT_ERR(KVT_ECORRUPT, "%s: layers differ from the row", path);
     } else if (prc == KVT_ENOTFOUND) {
       prc = 0; /* the parent went meanwhile (evicted): not this chunk's fault */
     }
-    if (prc == 0 && hdr_pure(&h) != rec.pure)
-      prc = KVT_ERR(KVT_ECORRUPT, "%s: layers differ from the row", path);
     rc = prc ? prc : read_all(fd, &h, path);
     kvti_close(fd);
     kvti_chunk_hdr_free(&h);
@@ -596,24 +575,20 @@ static int gc_orphans(gc_run *g) {
       /* nothing to do */
     } else if (prc == 0) {
       kvti_chain_rec r;
-      memset(&r, 0, sizeof r);
-      memcpy(r.key, o->key, 32);
-      memcpy(r.parent, h->parent, 32);
-      r.ck = kvti_ck_next(pck, h->tokens, h->n_tokens);
-      r.layout_hash = h->layout_hash;
-      r.index = h->index;
-      r.n_tokens = h->n_tokens;
-      r.pure = (uint8_t)hdr_pure(h);
-      r.disk_bytes = o->size;
-      for (uint32_t l = 0; l < h->n_layers; l++)
-        for (uint32_t j = 0; j < h->layers[l].num_tensors; j++)
-          r.mem_bytes += h->layers[l].tensors[j].nbytes;
-      int prc2 = g->dry ? 0 : kvti_chains_put(ch, &r, 1);
-      if (prc2 == 0)
+      int prc2 = kvti_chunk_rec_of(&r, h, &pck, o->size, o->rel);
+      if (prc2 == 0 && !g->dry)
+        prc2 = kvti_chains_put(ch, &r, 1);
+      if (prc2 == 0) {
         gc_report(g, o->rel, KVT_CHUNK_GC_ADOPTED, o->size,
                   "valid, parent stored");
-      else if (prc2 == KVT_EDB || prc2 == KVT_ENOMEM)
+      } else if (prc2 == KVT_ECORRUPT) { /* chunk 0 not under its seed */
+        gc_report(g, o->rel, KVT_CHUNK_GC_REMOVED, o->size, kvt_last_error());
+        gc_unlink(g, o->rel);
+        kvti_chunk_hdr_free(&o->h);
+        memset(&o->h, 0, sizeof o->h);
+      } else {
         rc = prc2;
+      }
     } else {
       if (prc == KVT_ENOMEM)
         rc = prc;

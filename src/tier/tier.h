@@ -88,6 +88,7 @@ struct kvt_tier {
   struct kvti_chunked *chunked;
   /* The writer's lazy sweep of chunks/ (chunk_tools.h), under mut_mu. */
   unsigned chunk_sweep_calls, chunk_sweep_next;
+  int chunks_rescanned; /* chain table rebuilt from the files (this open) */
 };
 
 /* Lifecycle guards: enter returns 0 or KVT_ECLOSED (message set). */
