@@ -284,15 +284,24 @@ int cli_show_print(const char *where_key, const char *where, const char *prefix,
 
 /* ---- the chunked native store (cmd_chunks.c) ---------------------------- */
 
-/* Every chunk (kvt_tier_chunk_foreach), sorted by key, and the totals. */
+/* Every chunk (kvt_tier_chunk_foreach) in 48 bytes - key, position,
+ * sharing - sorted by key (a million chunks: 48 MB), and the totals. */
+typedef struct cli_chunk_ref {
+  uint8_t key[32];
+  uint64_t index;
+  uint32_t entries; /* entries whose chain runs through it */
+} cli_chunk_ref;
 typedef struct cli_chunkmap {
-  kvt_chunk_info *v;
+  cli_chunk_ref *v;
   size_t n, cap;
   kvt_chunk_totals totals;
 } cli_chunkmap;
 /* Loads m (t NULL: empty). 0 or a KVT_E* code. */
 int cli_chunkmap_load(cli_chunkmap *m, kvt_tier *t);
-const kvt_chunk_info *cli_chunkmap_find(const cli_chunkmap *m, const char *key);
+/* The chunk of 64-hex key, or NULL. */
+const cli_chunk_ref *cli_chunkmap_find(const cli_chunkmap *m, const char *key);
+/* A chunk's key as 64 hex digits into out (65 bytes). */
+void cli_chunk_hex(char out[65], const cli_chunk_ref *c);
 void cli_chunkmap_free(cli_chunkmap *m);
 
 /* An entry's chain for ls: chained (stored over a chain), its chunks, how

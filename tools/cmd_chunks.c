@@ -16,23 +16,51 @@
 
 /* ---- all chunks, sorted by key ----------------------------------------- */
 
+static int unhex(uint8_t out[32], const char *s) {
+  for (int i = 0; i < 32; i++) {
+    unsigned v = 0;
+    for (int k = 0; k < 2; k++) {
+      char c = s[2 * i + k];
+      v <<= 4;
+      if (c >= '0' && c <= '9')
+        v |= (unsigned)(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        v |= (unsigned)(c - 'a' + 10);
+      else
+        return -1;
+    }
+    out[i] = (uint8_t)v;
+  }
+  return s[64] == 0 ? 0 : -1;
+}
+
+void cli_chunk_hex(char out[65], const cli_chunk_ref *c) {
+  for (int i = 0; i < 32; i++)
+    snprintf(out + 2 * i, 3, "%02x", c->key[i]);
+}
+
 static int collect_chunk(void *ctx, const kvt_chunk_info *info) {
   cli_chunkmap *m = ctx;
   if (m->n == m->cap) {
     size_t nc = m->cap ? m->cap * 2 : 256;
-    kvt_chunk_info *nv = realloc(m->v, nc * sizeof *nv);
+    cli_chunk_ref *nv = realloc(m->v, nc * sizeof *nv);
     if (!nv)
       return 1;
     m->v = nv;
     m->cap = nc;
   }
-  m->v[m->n++] = *info;
+  cli_chunk_ref *r = &m->v[m->n];
+  if (unhex(r->key, info->key) != 0)
+    return 0; /* not a key: cannot happen (the library's hex) */
+  r->index = info->index;
+  r->entries = info->entries;
+  m->n++;
   return 0;
 }
 
 static int cmp_chunk_key(const void *a, const void *b) {
-  return strcmp(((const kvt_chunk_info *)a)->key,
-                ((const kvt_chunk_info *)b)->key);
+  return memcmp(((const cli_chunk_ref *)a)->key,
+                ((const cli_chunk_ref *)b)->key, 32);
 }
 
 int cli_chunkmap_load(cli_chunkmap *m, kvt_tier *t) {
@@ -42,6 +70,8 @@ int cli_chunkmap_load(cli_chunkmap *m, kvt_tier *t) {
   kvt_chunk_totals tot = KVT_CHUNK_TOTALS_INIT;
   if (kvt_tier_chunk_totals(&tot, t) == 0)
     m->totals = tot;
+  if (tot.chunks == 0)
+    return 0;
   int rc = kvt_tier_chunk_foreach(t, collect_chunk, m);
   if (rc != 0 || (m->n < tot.chunks && m->n == m->cap)) {
     cli_chunkmap_free(m);
@@ -51,11 +81,10 @@ int cli_chunkmap_load(cli_chunkmap *m, kvt_tier *t) {
   return 0;
 }
 
-const kvt_chunk_info *cli_chunkmap_find(const cli_chunkmap *m,
-                                        const char *key) {
-  kvt_chunk_info k;
-  memset(&k, 0, sizeof k);
-  snprintf(k.key, sizeof k.key, "%s", key);
+const cli_chunk_ref *cli_chunkmap_find(const cli_chunkmap *m, const char *key) {
+  cli_chunk_ref k;
+  if (unhex(k.key, key) != 0)
+    return NULL;
   return cli_bsearch(&k, m->v, m->n, sizeof *m->v, cmp_chunk_key);
 }
 
@@ -86,7 +115,7 @@ void cli_chain_summary(cli_chain_sum *s, kvt_tier *t, const cli_chunkmap *m,
   s->chained = 1;
   s->chunks = n;
   for (size_t i = 0; i < n; i++) {
-    const kvt_chunk_info *c = cli_chunkmap_find(m, ch[i].key);
+    const cli_chunk_ref *c = cli_chunkmap_find(m, ch[i].key);
     s->bytes += ch[i].disk_bytes;
     if (c && c->entries >= 2)
       s->shared++;
@@ -243,10 +272,10 @@ void cli_chunk_stats(kvt_tier *t, uint64_t entry_bytes, int json, cJSON *o) {
 /* ---- verify: every chunk file ------------------------------------------- */
 
 static int cmp_chunk_index(const void *a, const void *b) {
-  const kvt_chunk_info *x = a, *y = b;
+  const cli_chunk_ref *x = a, *y = b;
   if (x->index != y->index)
     return x->index < y->index ? -1 : 1;
-  return strcmp(x->key, y->key);
+  return memcmp(x->key, y->key, 32);
 }
 
 int cli_verify_chunks(kvt_tier *t, int repair, int progress, cli_problem_fn fn,
@@ -264,7 +293,9 @@ int cli_verify_chunks(kvt_tier *t, int repair, int progress, cli_problem_fn fn,
   cli_progress_start(&pg, repair ? "chunks (repair)" : "chunks", m.n, progress);
   for (size_t i = 0; i < m.n; i++) {
     uint64_t ents = 0;
-    int r = kvt_tier_chunk_verify(t, m.v[i].key, repair, &ents);
+    char key[65];
+    cli_chunk_hex(key, &m.v[i]);
+    int r = kvt_tier_chunk_verify(t, key, repair, &ents);
     cli_progress_update(&pg, i + 1);
     if (r == KVT_ENOTFOUND)
       continue; /* removed with a bad ancestor (or evicted) meanwhile */
@@ -287,8 +318,7 @@ int cli_verify_chunks(kvt_tier *t, int repair, int progress, cli_problem_fn fn,
       (*failed)++;
     }
     char name[80];
-    snprintf(name, sizeof name, "chunks/%.2s/%.64s.kvc", m.v[i].key,
-             m.v[i].key);
+    snprintf(name, sizeof name, "chunks/%.2s/%.64s.kvc", key, key);
     fn(ctx, name,
        r == KVT_ECORRUPT ? "chunk-corrupt"
        : r == KVT_EIO    ? "io-error"

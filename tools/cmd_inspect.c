@@ -67,8 +67,9 @@ static const char *LS_HELP =
     "  --reverse       reverse the order\n"
     "  --limit N       show at most N entries\n"
     "  --full          print full 64-digit hashes (the table shows 16)\n"
-    "  --no-describe   skip reading manifests (no layers/kinds/dtypes/mode);\n"
-    "                  fast on very large caches\n"
+    "  --no-describe   skip reading manifests (no layers/kinds/dtypes/mode)\n"
+    "                  and chains (no CHAIN/SHARED); fast on very large "
+    "caches\n"
     "  --json          JSON output: {dir, total, count, entries: "
     "[...]}\n" CLI_REMOTE_HELP "\n"
     "Columns: HASH, TOKENS, LAYERS, KINDS (kv, rotating, arrays, quant with\n"
@@ -160,8 +161,8 @@ int cmd_ls(int argc, char **argv) {
   cli_qsort(es.v, es.n, sizeof *es.v, cmp_entries);
   size_t shown = es.n < limit ? es.n : (size_t)limit;
   /* Chains (chunked store): listed once, then each entry's chain walked. */
-  cli_chunkmap cm;
-  if (cli_chunkmap_load(&cm, c.tier) != 0)
+  cli_chunkmap cm; /* --no-describe: no chains either (fast, little RAM) */
+  if (!describe || cli_chunkmap_load(&cm, c.tier) != 0)
     memset(&cm, 0, sizeof cm);
   int chains = cm.totals.chunks > 0 || cm.totals.chained_entries > 0;
 
@@ -179,9 +180,11 @@ int cmd_ls(int argc, char **argv) {
         cli_desc_entry(&d, c.tier, es.v[i].token_hash);
         add_desc_json(e, &d);
       }
-      cli_chain_sum cs;
-      cli_chain_summary(&cs, c.tier, &cm, es.v[i].token_hash);
-      cli_chain_summary_json(e, &cs);
+      if (chains) {
+        cli_chain_sum cs;
+        cli_chain_summary(&cs, c.tier, &cm, es.v[i].token_hash);
+        cli_chain_summary_json(e, &cs);
+      }
       cJSON_AddItemToArray(arr, e);
     }
     cli_json_print(o);
