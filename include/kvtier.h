@@ -977,8 +977,9 @@ typedef struct kvt_chunk_gc_result {
  *  (each subdirectory is cleaned under the tier's mutation lock, which every
  *  chunk write holds). A running tier also cleans lazily: the writer sweeps
  *  one subdirectory of chunks/ after every 64 chunked spills (open never
- *  lists chunks/). dry_run: report only (adoption is then reported for
- *  orphans whose parent is indexed now). fn and progress may be NULL; *res
+ *  lists chunks/). dry_run: report only, the same decisions (an orphan
+ *  under an orphan that would be adopted counts as adoptable). fn and
+ *  progress may be NULL; *res
  *  may be NULL. Returns 0, KVT_EINVAL (read-only tier without dry_run),
  *  KVT_ECLOSED, KVT_EIO, KVT_EDB, KVT_ENOMEM, or fn's nonzero value. */
 KVT_API int kvt_tier_chunk_gc(kvt_tier *t, int dry_run, kvt_chunk_gc_fn fn,

@@ -322,6 +322,10 @@ void cli_chain_show(kvt_tier *t, const char *hash, int json, cJSON *o);
 /* stats: "chunks" and "dedup" lines, or objects in o (json). entry_bytes:
  * bytes of the entries' own files. */
 void cli_chunk_stats(kvt_tier *t, uint64_t entry_bytes, int json, cJSON *o);
+/* stats --prometheus: kvtier_chunks, kvtier_chunk_disk_bytes,
+ * kvtier_chunk_shared, kvtier_chained_entries (gauges; nothing when t is
+ * NULL). */
+void cli_chunk_prom(kvt_tier *t, FILE *f);
 /* (entry bytes + chain bytes counted per entry) / (entry bytes + chunk file
  * bytes): how much the sharing of chunks saves. */
 double cli_dedup_ratio(const kvt_chunk_totals *t, uint64_t entry_bytes);

@@ -269,6 +269,22 @@ void cli_chunk_stats(kvt_tier *t, uint64_t entry_bytes, int json, cJSON *o) {
          cli_fmt_bytes(c, sizeof c, disk));
 }
 
+void cli_chunk_prom(kvt_tier *t, FILE *f) {
+  kvt_chunk_totals tot = KVT_CHUNK_TOTALS_INIT;
+  if (!t || kvt_tier_chunk_totals(&tot, t) != 0)
+    return;
+  static const char *names[4][2] = {
+      {"kvtier_chunks", "chunk files of the chunked store"},
+      {"kvtier_chunk_disk_bytes", "bytes of chunk files (each once)"},
+      {"kvtier_chunk_shared", "chunks in the chains of 2+ entries"},
+      {"kvtier_chained_entries", "entries stored over a chain"}};
+  const uint64_t v[4] = {tot.chunks, tot.disk_bytes, tot.shared,
+                         tot.chained_entries};
+  for (int i = 0; i < 4; i++)
+    fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n%s %llu\n", names[i][0],
+            names[i][1], names[i][0], names[i][0], (unsigned long long)v[i]);
+}
+
 /* ---- verify: every chunk file ------------------------------------------- */
 
 static int cmp_chunk_index(const void *a, const void *b) {

@@ -388,6 +388,7 @@ int cmd_stats(int argc, char **argv) {
     fputs(buf, stdout);
     free(buf);
     cli_live_prom(&live, stdout);
+    cli_chunk_prom(c.tier, stdout);
     cli_cache_close(&c);
     return CLI_OK;
   }

@@ -550,6 +550,9 @@ def t_chunks():
         check(ratio > 1.5, f"stats: dedup ratio {ratio}")
         rc, out, _ = run("stats", d)
         check(rc == 0 and "dedup" in out, "stats: dedup line")
+        rc, out, _ = run("stats", d, "--prometheus")
+        check(rc == 0 and f"kvtier_chunks {nch}" in out and
+              "kvtier_chained_entries 4" in out, "stats --prometheus: chunks")
         v = run_json("verify", d)
         check(v.get("clean") and v.get("chunks_checked") == nch,
               f"verify clean: {v}")
