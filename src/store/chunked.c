@@ -12,6 +12,7 @@
 #include "base/hash.h"
 #include "base/io.h"
 #include "format/layer.h"
+#include "index/chain_walk.h"
 
 #include <string.h>
 
@@ -85,6 +86,10 @@ kvti_chunkstore *kvti_chunked_store(kvti_chunked *c) {
 }
 uint32_t kvti_chunked_chunk_tokens(const kvti_chunked *c) {
   return c->C;
+}
+const uint8_t *kvti_chunked_ns(const kvti_chunked *c, size_t *len) {
+  *len = c->ns_len;
+  return c->ns;
 }
 
 uint64_t kvti_chunked_disk_bytes(kvti_chunked *c) {
@@ -252,6 +257,17 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
   if (kvti_unhex32(h, hash) != 0 ||
       !kvti_chains_entry_get(kvti_chunkstore_chains(c->cs), h, &ce))
     return be->ops->get(be, out, hash, o);
+  return kvti_chunked_get_record(c, be, out, hash, &ce, o, bad_chunk,
+                                 chunk_bad);
+}
+
+int kvti_chunked_get_record(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
+                            const char *hash, const kvti_chained_entry *cep,
+                            const kvti_read_opts *o, uint8_t bad_chunk[32],
+                            int *chunk_bad) {
+  if (chunk_bad)
+    *chunk_bad = 0;
+  const kvti_chained_entry ce = *cep;
   if (o->verify_only) {
     /* Everything read and verified into kvtier's own buffers, then freed. */
     kvti_read_opts v = *o;
@@ -260,7 +276,8 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
     v.free_buf = NULL;
     v.on_layer = NULL;
     kvt_entry *tmp = NULL;
-    int vrc = kvti_chunked_get(c, be, &tmp, hash, &v, bad_chunk, chunk_bad);
+    int vrc = kvti_chunked_get_record(c, be, &tmp, hash, &ce, &v, bad_chunk,
+                                      chunk_bad);
     kvt_entry_free(tmp);
     if (out)
       *out = NULL;
@@ -332,15 +349,17 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
   size_t m = 0;
   if (!recs)
     rc = KVT_ERR_NOMEM();
-  kvti_chunk_ns ns = {0};
-  if (rc == 0) /* the namespace of the salt the entry is stored under */
-    rc = kvti_chunked_ns_of(c, &e->salt, &ns);
-  if (rc == 0)
-    rc = kvti_chunkstore_lookup(c->cs, ns.p, ns.len, e->tokens, e->n_tokens,
-                                ce.chunk_tokens, recs, (size_t)ce.chunks, &m);
-  kvti_chunk_ns_free(&ns);
-  if (rc == 0 && (m != ce.chunks || memcmp(recs[m - 1].key, ce.last_key, 32) ||
-                  recs[0].layout_hash != ce.layout_hash))
+  /* The record names the chain exactly (its last chunk): walked up by
+   * parent links, so the read needs neither this tier's namespace nor the
+   * spill's salt (a tool opening the directory knows neither). The chunk
+   * files' tokens are compared with the entry's below. */
+  if (rc == 0 &&
+      (rc = kvti_chains_path(kvti_chunkstore_chains(c->cs), ce.last_key,
+                             (size_t)ce.chunks, recs)) == 0)
+    m = (size_t)ce.chunks;
+  if (rc == 0 && (recs[0].layout_hash != ce.layout_hash ||
+                  recs[m - 1].n_tokens != ce.chunk_tokens ||
+                  (uint64_t)m * ce.chunk_tokens > e->n_tokens))
     rc = KVT_ERR(KVT_ENOTFOUND,
                  "chained entry %.16s: chain incomplete "
                  "(evicted)",

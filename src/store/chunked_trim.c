@@ -18,6 +18,7 @@
 #include "base/hash.h"
 #include "base/io.h"
 #include "format/layer.h"
+#include "index/chain_walk.h"
 
 #include <string.h>
 
@@ -131,15 +132,17 @@ int kvti_chunked_get_trim(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
                  : (size_t)((keep + ce->chunk_tokens - 1) / ce->chunk_tokens);
   kvti_chain_rec *recs = kvti_malloc((size_t)ce->chunks * sizeof *recs);
   size_t m = 0;
-  kvti_chunk_ns ns = {0};
-  rc = recs ? kvti_chunked_ns_of(c, &tail->salt, &ns) : KVT_ERR_NOMEM();
+  /* The record names the chain exactly: walked up by parent links from its
+   * last chunk (as the whole read, chunked.c); each chunk's tokens are
+   * compared with the entry's when it is read. */
+  rc = recs ? kvti_chains_path(kvti_chunkstore_chains(cs), ce->last_key,
+                               (size_t)ce->chunks, recs)
+            : KVT_ERR_NOMEM();
   if (rc == 0)
-    rc = kvti_chunkstore_lookup(cs, ns.p, ns.len, tail->tokens, tail->n_tokens,
-                                ce->chunk_tokens, recs, (size_t)ce->chunks, &m);
-  kvti_chunk_ns_free(&ns);
-  if (rc == 0 &&
-      (m != ce->chunks || memcmp(recs[m - 1].key, ce->last_key, 32) ||
-       recs[0].layout_hash != ce->layout_hash))
+    m = (size_t)ce->chunks;
+  if (rc == 0 && (recs[0].layout_hash != ce->layout_hash ||
+                  recs[m - 1].n_tokens != ce->chunk_tokens ||
+                  (uint64_t)m * ce->chunk_tokens > tail->n_tokens))
     rc = KVT_ERR(KVT_ENOTFOUND,
                  "chained entry %.16s: chain incomplete "
                  "(evicted)",
