@@ -47,6 +47,12 @@ void t_layer_free(kvt_layer *l);
 kvt_layer t_kv(kvt_rng *r, kvt_dtype dt, int B, int H, int T, int D,
                int64_t offset);
 
+/* KV layer whose rows depend on (token, position, layer) only - as the shared
+ * part of a real model's KV does, so shared prefixes share KV: F16 keys and
+ * values [1, 2, T, D], row p < n from tok[p] (rows past n: 0x7777, the
+ * engine's spare room), offset n. */
+kvt_layer t_kv_tokens(const int32_t *tok, int n, int T, int D, int layer);
+
 /* Rotating KV layer [1, 2, 8, 4] with fixed max_size/keep/step/idx. */
 kvt_layer t_rotating(kvt_rng *r, kvt_dtype dt);
 

@@ -20,29 +20,7 @@ static int32_t g_p[N + 40];
 
 /* KV row p depends on (token p, p): the same rows for every spill. */
 static kvt_layer kv_layer(const int32_t *tok, int n) {
-  kvt_layer l;
-  kvt_layer_init(&l, KVT_LAYER_KV);
-  l.num_tensors = 2;
-  l.tensors = calloc(2, sizeof(kvt_tensor));
-  l.offset = n;
-  for (int k = 0; k < 2; k++) {
-    kvt_tensor *t = &l.tensors[k];
-    t->dtype = KVT_DTYPE_F16;
-    t->ndim = 4;
-    t->shape[0] = 1;
-    t->shape[1] = 2;
-    t->shape[2] = n;
-    t->shape[3] = 4;
-    t->nbytes = 2ull * (uint64_t)n * 4 * 2;
-    uint16_t *d = malloc(t->nbytes);
-    for (int h = 0; h < 2; h++)
-      for (int p = 0; p < n; p++)
-        for (int i = 0; i < 4; i++)
-          d[(h * n + p) * 4 + i] =
-              (uint16_t)((tok[p] * 13 + p * 5 + i + h * 7 + k * 3) & 0x3fff);
-    t->data = d;
-  }
-  return l;
+  return t_kv_tokens(tok, n, n, 4, 0);
 }
 
 /* The recurrent state after tokens[0, m): depends on every one of them. */
