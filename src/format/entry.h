@@ -128,6 +128,9 @@ typedef struct kvti_read_opts {
   uint64_t keep_tokens;
   int page_cache; /* 1: never O_DIRECT (kvti_layer_read_opts.page_cache) */
   unsigned read_threads; /* threads per entry read, 1..8; 0: the default */
+  /* kvti_entry_verify_mem only: per layer, the first cached row the entry's
+   * file holds (kvti_layer_read_opts.mem_row0); NULL: all 0. */
+  const uint64_t *mem_row0;
 } kvti_read_opts;
 
 /* Reads and fully validates data_dir/<hash>. Returns 0 and *out; KVT_ENOTFOUND
@@ -201,10 +204,11 @@ kvt_entry *kvti_entry_new(void);
  * kvti_layer_verify_mem (header against the manifest and the cached tensors,
  * every block checksum over the cached bytes; attributes set from the
  * manifest). Layers are checked in parallel (KVT_READ_THREADS). Only tokens,
- * n_tokens and cancel of o are used. Returns 0; KVT_ENOTFOUND, KVT_ECORRUPT,
- * KVT_EIO, KVT_ENOMEM, KVT_ECANCELED as a read; KVT_EAGAIN (replaced during the
- * check); KVT_EUNSUPPORTED (no kvtier checksums). Any nonzero return means:
- * do not serve the copy. */
+ * n_tokens, cancel, read_threads and mem_row0 of o are used (mem_row0: a
+ * chained entry's tail, whose files hold only the rows past its chain). Returns
+ * 0; KVT_ENOTFOUND, KVT_ECORRUPT, KVT_EIO, KVT_ENOMEM, KVT_ECANCELED as a read;
+ * KVT_EAGAIN (replaced during the check); KVT_EUNSUPPORTED (no kvtier
+ * checksums). Any nonzero return means: do not serve the copy. */
 int kvti_entry_verify_mem(const char *data_dir, const char *hash,
                           kvt_layer *layers, uint32_t n_layers,
                           const kvti_read_opts *o);

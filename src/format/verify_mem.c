@@ -13,6 +13,7 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "format/chunk.h"
 #include "format/entry_int.h"
 #include "format/layer.h"
 #include "format/safetensors.h"
@@ -29,6 +30,20 @@
 static int feed_blk(void *ctx, const void *data, size_t len) {
   return kvti_blkhash_update(ctx, data, len);
 }
+/* Feeds rows [row0, T) of t (axis -2) to h: each head's rows are contiguous
+ * in the cached tensor and follow each other in the file. */
+static int feed_rows(kvti_blkhash *h, const kvt_tensor *t, uint64_t row0) {
+  if (!row0 || t->ndim < 2)
+    return kvti_blkhash_update(h, t->data, (size_t)t->nbytes);
+  uint64_t outer, row, T = (uint64_t)t->shape[t->ndim - 2];
+  kvti_chunk_tensor_geom(t, &outer, &row);
+  int rc = 0;
+  for (uint64_t q = 0; rc == 0 && q < outer && row && T > row0; q++)
+    rc = kvti_blkhash_update(h, (const uint8_t *)t->data + (q * T + row0) * row,
+                             (size_t)((T - row0) * row));
+  return rc;
+}
+
 int kvti_layer_verify_mem(kvt_layer *l, const char *path,
                           const kvti_layer_meta *m,
                           const kvti_layer_read_opts *o) {
@@ -78,9 +93,22 @@ int kvti_layer_verify_mem(kvt_layer *l, const char *path,
   }
   for (uint32_t j = 0; j < m->num_tensors; j++) {
     const kvt_tensor *t = &l->tensors[j];
-    if (t->dtype != (int32_t)slot[j]->dtype || t->ndim != slot[j]->ndim ||
-        memcmp(t->shape, slot[j]->shape, sizeof t->shape) != 0 ||
-        t->nbytes != slot[j]->nbytes || (t->nbytes && !t->data)) {
+    kvt_tensor view = *t; /* what the file holds of it: rows [row0, T) */
+    if (o->mem_row0 && t->ndim >= 2) {
+      uint64_t outer, row, T = (uint64_t)t->shape[t->ndim - 2];
+      kvti_chunk_tensor_geom(t, &outer, &row);
+      if (T < o->mem_row0) {
+        rc = BAD("%s: tensor %u of the cached copy has fewer rows than its "
+                 "chain",
+                 path, j);
+        goto out;
+      }
+      view.shape[t->ndim - 2] = (int64_t)(T - o->mem_row0);
+      view.nbytes = outer * (T - o->mem_row0) * row;
+    }
+    if (view.dtype != (int32_t)slot[j]->dtype || view.ndim != slot[j]->ndim ||
+        memcmp(view.shape, slot[j]->shape, sizeof view.shape) != 0 ||
+        view.nbytes != slot[j]->nbytes || (view.nbytes && !view.data)) {
       rc = BAD("%s: tensor %u of the cached copy does not match the file", path,
                j);
       goto out;
@@ -101,8 +129,7 @@ int kvti_layer_verify_mem(kvt_layer *l, const char *path,
       rc = KVT_ERR(KVT_ECANCELED, "verify of %s cancelled", path);
       goto out;
     }
-    if ((rc = kvti_blkhash_update(h, l->tensors[j].data,
-                                  (size_t)l->tensors[j].nbytes)) != 0)
+    if ((rc = feed_rows(h, &l->tensors[j], o->mem_row0)) != 0)
       goto out;
     pos += hd.tensors[k].nbytes;
   }
@@ -142,6 +169,7 @@ typedef struct vm_job {
   kvti_entry_reader *r;
   kvt_layer *layers;
   atomic_int *cancel;
+  const uint64_t *row0; /* kvti_read_opts.mem_row0 */
   uint32_t next, n;
   int rc, os_errno;
   char msg[512];
@@ -172,6 +200,7 @@ static void *vm_worker(void *arg) {
       lo.block_size = m->block_size;
       lo.blocks = m->block_size ? m->blk_all + m->blk_off[i] : NULL;
       lo.n_blocks = m->block_size ? m->blk_off[i + 1] - m->blk_off[i] : 0;
+      lo.mem_row0 = j->row0 ? j->row0[i] : 0;
       rc = kvti_layer_verify_mem(&j->layers[i], lp, &m->metas[i], &lo);
       kvti_free(lp);
     }
@@ -218,6 +247,7 @@ int kvti_entry_verify_mem(const char *data_dir, const char *hash,
   j.r = r;
   j.layers = layers;
   j.cancel = o->cancel;
+  j.row0 = o->mem_row0;
   j.n = n_layers;
   pthread_t th[KVTI_MAX_READ_THREADS];
   unsigned nt = o->read_threads >= 1 && o->read_threads <= KVTI_MAX_READ_THREADS
