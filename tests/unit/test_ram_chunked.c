@@ -14,8 +14,6 @@
  */
 #include "tier_testlib.h"
 
-#include <dirent.h>
-
 #define C 16
 #define D 8
 #define NL 2
@@ -79,25 +77,19 @@ static kvt_entry *read_entry(kvt_tier *t, const t_entry *e) {
 }
 
 /* Flips byte off (from the end when < 0) of every chunk file under dir.
- * Returns how many. */
+ * Returns how many were flipped. */
+typedef struct flip_ctx {
+  long off;
+  int flipped;
+} flip_ctx;
+static void flip_one(void *ctx, const char *path) {
+  flip_ctx *f = ctx;
+  f->flipped += t_flip(path, f->off) == 0;
+}
 static int flip_chunks(const char *dir, long off) {
-  char p[4096];
-  int n = 0;
-  for (int a = 0; a < 256; a++) {
-    snprintf(p, sizeof p, "%s/chunks/%02x", dir, a);
-    DIR *d = opendir(p);
-    struct dirent *de;
-    while (d && (de = readdir(d)) != NULL) {
-      if (!strstr(de->d_name, ".kvc"))
-        continue;
-      char f[4400];
-      snprintf(f, sizeof f, "%s/%s", p, de->d_name);
-      n += t_flip(f, off) == 0;
-    }
-    if (d)
-      closedir(d);
-  }
-  return n;
+  flip_ctx f = {off, 0};
+  t_each_chunk(dir, flip_one, &f);
+  return f.flipped;
 }
 
 static void *u_alloc(void *ctx, uint32_t layer, uint32_t tensor,
