@@ -1,5 +1,5 @@
 /*
- * test_ram_chunked.c - the host RAM tier over the chunked native store
+ * test_ram_tier_chunked.c - the host RAM tier over the chunked native store
  * (chunk_tokens set; public API only): a chained entry (chain + tail) spilled
  * in copy mode is promoted and read (kvt_tier_read_entry) from RAM, bit for
  * bit, also into caller buffers; a chunk-aligned prefix no spill ended at is
@@ -9,8 +9,9 @@
  * version; removing the entries leaves the prefixes (their chain is still
  * stored), evicting a leaf chunk drops exactly the prefixes through it; a
  * quarantined chunk drops every cached entry and prefix through it, lent ones
- * included; a damaged chunk header makes the RAM copy fail its check. No
- * timings are asserted.
+ * included; a damaged chunk header makes the RAM copy fail its check; reads
+ * of a cached prefix racing with evictions of its chain return it whole or
+ * nothing. No timings are asserted.
  */
 #include "tier_testlib.h"
 
@@ -335,9 +336,73 @@ static void test_quarantine(void) {
   kvt_tier_free(t);
 }
 
+/* Reads of a cached prefix racing with evictions of its chain and re-spills
+ * of the entry over it: every read returns the prefix bit for bit or
+ * KVT_ENOTFOUND, never anything else. */
+typedef struct racer {
+  kvt_tier *t;
+  const t_entry *p;
+  atomic_int stop;
+  int ok, missing, wrong, other;
+} racer;
+
+static void *race_reads(void *arg) {
+  racer *r = arg;
+  while (!atomic_load(&r->stop)) {
+    kvt_entry *got = NULL;
+    int rc = kvt_tier_read_entry(&got, r->t, r->p->tokens, r->p->n_tokens,
+                                 r->p->hash);
+    if (rc == 0) {
+      if (t_same(got, r->p))
+        r->ok++;
+      else
+        r->wrong++;
+      kvt_entry_free(got);
+    } else if (rc == KVT_ENOTFOUND) {
+      r->missing++;
+    } else {
+      r->other++;
+    }
+  }
+  return NULL;
+}
+
+static void test_eviction_race(void) {
+  char *dir = kvt_test_tmpdir("ramch5");
+  kvt_tier *t = open_dir(dir, (uint64_t)64 << 20);
+  t_entry a = mk(30, 40);
+  t_entry p2 = prefix_of(&a, 32);
+  REQUIRE(t_spill(t, &a) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  racer r = {t, &p2, 0, 0, 0, 0, 0};
+  pthread_t th;
+  REQUIRE(pthread_create(&th, NULL, race_reads, &r) == 0);
+  kvt_gc_opts g = KVT_GC_OPTS_INIT;
+  g.max_bytes = 1;
+  for (int i = 0; i < 40; i++) {
+    REQUIRE(kvt_tier_gc(t, &g, NULL, NULL) == 0); /* chain and entry gone */
+    REQUIRE(t_spill(t, &a) == 0);
+    REQUIRE(kvt_tier_flush(t, -1) == 0);
+    usleep(1000);
+  }
+  atomic_store(&r.stop, 1);
+  pthread_join(th, NULL);
+  CHECK_EQ_INT(r.wrong, 0);
+  CHECK_EQ_INT(r.other, 0);
+  CHECK(r.ok + r.missing > 0);
+  kvt_stats s = stats_of(t);
+  CHECK_EQ_INT(s.quarantined, 0);
+  fprintf(stderr, "  %d reads served, %d missing, %llu RAM hits\n", r.ok,
+          r.missing, (unsigned long long)s.host_cache_hits);
+  t_free(&a);
+  t_free(&p2);
+  kvt_tier_free(t);
+}
+
 int main(void) {
   RUN(test_entry);
   RUN(test_prefix_and_eviction);
   RUN(test_quarantine);
+  RUN(test_eviction_race);
   return kvt_test_done();
 }
