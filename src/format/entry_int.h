@@ -25,6 +25,7 @@ struct kvti_snapshot {
   void (*release)(void *);
   void *release_ctx;
   uint64_t held;
+  kvti_chain_mark chain; /* a tail of the chunked store (present) */
 };
 
 struct kvti_entry_reader {

@@ -226,6 +226,8 @@ int kvti_entry_verify_mem(const char *data_dir, const char *hash,
   ro.tokens = o->tokens;
   ro.n_tokens = o->n_tokens;
   ro.cancel = o->cancel;
+  ro.tail_ok =
+      o->tail_ok; /* a chained entry's tail (its rows past the chain) */
   ro.verify_only = 1;
   kvti_dir_id id = {0};
   kvti_entry_reader *r = NULL;

@@ -122,6 +122,13 @@ int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
     p->rec.total_rows = sp.T;
     rc = kvti_snapshot_create(&p->tail, tokens, n, sp.tail, L,
                               kvti_snapshot_memory_bytes(s), 0, NULL, NULL);
+    if (rc == 0) {
+      /* The tail says what it is in its own files (rebuild, readers). */
+      kvti_chain_mark mk = {1,   p->rec.chunks,      p->rec.chunk_tokens,
+                            {0}, p->rec.layout_hash, p->rec.total_rows};
+      memcpy(mk.last_key, p->rec.last_key, 32);
+      kvti_snapshot_set_chain(p->tail, &mk);
+    }
   }
   return rc;
 }
@@ -274,6 +281,7 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
   }
   kvti_read_opts o2 = *o;
   o2.on_layer = NULL;
+  o2.tail_ok = 1; /* completed with its chain below */
   kvt_entry *e = NULL;
   int rc = be->ops->get(be, &e, hash, &o2);
   if (rc)

@@ -137,6 +137,7 @@ static int verify(kvt_tier *t, const char *hash, kvti_hc_item *it,
     /* The tail's files hold the rows past the chain and every other layer. */
     kvti_read_opts vo = *ro;
     vo.mem_row0 = row0;
+    vo.tail_ok = 1; /* completed by the chain just checked */
     rc = kvti_backend_local_verify_mem(t->be, hash, it->layers, it->n_layers,
                                        &vo);
   } else if (rc == 0) {

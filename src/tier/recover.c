@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "base/io.h"
 #include "index/index.h"
+#include "tier/chunks.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -158,6 +159,22 @@ int64_t kvti_tier_adopt_locked(kvt_tier *t, char *const *names, size_t n,
       continue; /* indexed (or no longer listable): not ours to adopt */
     kvti_entry_probe_info *p = &b->p[b->n];
     int r = t->be->ops->probe(t->be, h, p);
+    if (r == 0 && p->chain.present) {
+      /* A tail of the chunked store: adopted only with its chain record. */
+      int a = kvti_tier_chunks_adopt(t, h, &p->chain);
+      if (a <= 0) {
+        kvti_free(p->tokens);
+        p->tokens = NULL;
+        if (a == 0) {
+          kvti_log(t, KVT_LOG_WARN,
+                   "kvtier: reconcile: data/%s is the tail of a chained "
+                   "entry and this tier does not use chunks; left in place",
+                   h);
+          continue;
+        }
+        r = a < 0 && a != KVT_ECORRUPT ? a : KVT_ECORRUPT;
+      }
+    }
     if (r == 0) {
       kvti_index_put_args *a = &b->a[b->n];
       memset(a, 0, sizeof *a);
