@@ -14,6 +14,8 @@
 #include "base/hash.h"
 #include "base/io.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 int kvti_chunkstore_chain_from(kvti_chunkstore *cs, const uint8_t last[32],
@@ -91,40 +93,113 @@ static int feed_chunk(kvti_blkhash *bh, const kvti_chunk_hdr *h,
   return 0;
 }
 
+/* Chunks are checked by up to `threads` threads at once (hashing is
+ * CPU-bound), each taking the next chunk; the first failure stops the rest. */
+typedef struct cv_job {
+  pthread_mutex_t mu;
+  kvti_chunkstore *cs;
+  const kvti_chain_rec *recs;
+  size_t m, next;
+  const int32_t *tokens;
+  const kvt_layer *layers;
+  uint32_t n_layers;
+  atomic_int *cancel;
+  uint64_t *row0;
+  int rc, os_errno;
+  char msg[512];
+} cv_job;
+
+static int check_chunk(cv_job *j, size_t i) {
+  uint32_t C = j->recs[0].n_tokens;
+  int fd = -1;
+  kvti_chunk_hdr h;
+  int rc = kvti_chunkstore_open_chunk(j->cs, &j->recs[i], j->tokens + i * C,
+                                      &fd, &h);
+  if (rc)
+    return rc;
+  kvti_close(fd); /* the header is all that is read */
+  kvti_blkhash *bh = NULL;
+  rc = kvti_blkhash_new(&bh, h.block_size, 0);
+  if (rc == 0) {
+    kvti_blkhash_expect(bh, h.blocks, (size_t)h.n_blocks, "cached chunk");
+    rc = feed_chunk(bh, &h, j->layers, j->n_layers, (uint64_t)i * C,
+                    i == j->m - 1 ? j->row0 : NULL);
+    if (rc == 0)
+      rc = kvti_blkhash_final(bh, NULL);
+  }
+  kvti_blkhash_free(bh);
+  kvti_chunk_hdr_free(&h);
+  return rc;
+}
+
+static void *cv_worker(void *arg) {
+  cv_job *j = arg;
+  for (;;) {
+    pthread_mutex_lock(&j->mu);
+    size_t i = j->next;
+    int stop = j->rc != 0 || i >= j->m;
+    if (!stop)
+      j->next++;
+    pthread_mutex_unlock(&j->mu);
+    if (stop)
+      return NULL;
+    int rc = j->cancel && atomic_load(j->cancel)
+                 ? KVT_ERR(KVT_ECANCELED, "verify cancelled")
+                 : check_chunk(j, i);
+    if (rc) {
+      pthread_mutex_lock(&j->mu);
+      if (j->rc == 0) {
+        j->rc = rc;
+        j->os_errno = kvt_last_errno();
+        snprintf(j->msg, sizeof j->msg, "%s", kvt_last_error());
+      }
+      pthread_mutex_unlock(&j->mu);
+    }
+  }
+}
+
 int kvti_chunkstore_verify_mem(kvti_chunkstore *cs, const kvti_chain_rec *recs,
                                size_t m, const int32_t *tokens,
                                const kvt_layer *layers, uint32_t n_layers,
-                               atomic_int *cancel, uint64_t *row0) {
+                               atomic_int *cancel, unsigned threads,
+                               uint64_t *row0) {
   if (!cs || !recs || m == 0 || !tokens || (n_layers && !layers))
     return KVT_ERR(KVT_EINVAL, "kvti_chunkstore_verify_mem: bad argument");
   if (row0)
     memset(row0, 0, n_layers * sizeof *row0);
   uint32_t C = recs[0].n_tokens;
-  int rc = 0;
-  for (size_t i = 0; rc == 0 && i < m; i++) {
+  for (size_t i = 0; i < m; i++)
     if (recs[i].index != i || recs[i].n_tokens != C ||
         recs[i].layout_hash != recs[0].layout_hash ||
         (i && memcmp(recs[i].parent, recs[i - 1].key, 32)))
       return KVT_ERR(KVT_EINVAL, "chunk verify: records are not a chain");
-    if (cancel && atomic_load(cancel))
-      return KVT_ERR(KVT_ECANCELED, "verify cancelled");
-    int fd = -1;
-    kvti_chunk_hdr h;
-    rc = kvti_chunkstore_open_chunk(cs, &recs[i], tokens + i * C, &fd, &h);
-    if (rc)
-      break;
-    kvti_close(fd); /* the header is all we read */
-    kvti_blkhash *bh = NULL;
-    rc = kvti_blkhash_new(&bh, h.block_size, 0);
-    if (rc == 0) {
-      kvti_blkhash_expect(bh, h.blocks, (size_t)h.n_blocks, "cached chunk");
-      rc = feed_chunk(bh, &h, layers, n_layers, (uint64_t)i * C,
-                      i == m - 1 ? row0 : NULL);
-      if (rc == 0)
-        rc = kvti_blkhash_final(bh, NULL);
-    }
-    kvti_blkhash_free(bh);
-    kvti_chunk_hdr_free(&h);
+  cv_job j;
+  memset(&j, 0, sizeof j);
+  pthread_mutex_init(&j.mu, NULL);
+  j.cs = cs;
+  j.recs = recs;
+  j.m = m;
+  j.tokens = tokens;
+  j.layers = layers;
+  j.n_layers = n_layers;
+  j.cancel = cancel;
+  j.row0 = row0;
+  unsigned nt = threads == 0 ? 2 : threads > 8 ? 8 : threads, started = 0;
+  if (nt > m)
+    nt = (unsigned)m;
+  pthread_t th[8];
+  for (unsigned k = 1; k < nt; k++)
+    if (pthread_create(&th[started], NULL, cv_worker, &j) == 0)
+      started++; /* fewer helpers still work */
+  cv_worker(&j);
+  for (unsigned k = 0; k < started; k++)
+    pthread_join(th[k], NULL);
+  pthread_mutex_destroy(&j.mu);
+  if (j.rc) {
+    if (j.os_errno)
+      kvti_error_os(j.os_errno, __FILE__, __LINE__, "%s", j.msg);
+    else
+      kvti_error_set(j.rc, __FILE__, __LINE__, "%s", j.msg);
   }
-  return rc;
+  return j.rc;
 }

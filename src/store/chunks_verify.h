@@ -29,10 +29,12 @@ int kvti_chunkstore_chain_from(kvti_chunkstore *cs, const uint8_t last[32],
  * others (the rows the entry's own files hold start there). Returns 0,
  * KVT_ENOTFOUND (a chunk file is gone), KVT_ECORRUPT (the copy is not the
  * chain's: layout, shapes or a block checksum differ; or a file is damaged),
- * KVT_EIO, KVT_ENOMEM, KVT_ECANCELED. */
+ * KVT_EIO, KVT_ENOMEM, KVT_ECANCELED. Chunks are checked on up to threads
+ * threads (1..8; 0: 2). */
 int kvti_chunkstore_verify_mem(kvti_chunkstore *cs, const kvti_chain_rec *recs,
                                size_t m, const int32_t *tokens,
                                const kvt_layer *layers, uint32_t n_layers,
-                               atomic_int *cancel, uint64_t *row0);
+                               atomic_int *cancel, unsigned threads,
+                               uint64_t *row0);
 
 #endif

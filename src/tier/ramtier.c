@@ -87,9 +87,8 @@ static int chain_of(kvt_tier *t, const char *hash, const int32_t *tokens,
   kvti_chunkstore *cs = kvti_chunked_store(t->chunked);
   int rc;
   if (prefix) {
-    char h[KVT_HASH_HEX_LEN + 1];
-    if (!tokens || kvt_token_hash(h, tokens, n) != 0 || strcmp(h, hash) != 0)
-      return KVT_ERR(KVT_ENOTFOUND, "not the prefix %.16s", hash);
+    /* The callers' hash is that of tokens[0, n) (ram_read checks it; a read
+     * names its entry so). */
     rc = kvti_chunked_prefix_chain(t->chunked, tokens, n, &out->recs, &out->m);
   } else {
     uint8_t hb[32];
@@ -129,9 +128,9 @@ static int verify(kvt_tier *t, const char *hash, kvti_hc_item *it,
                                          ro);
   uint64_t *row0 = kvti_calloc(it->n_layers ? it->n_layers : 1, sizeof *row0);
   uint64_t rows = (uint64_t)ch.m * ch.recs[0].n_tokens;
-  rc = row0 ? kvti_chunkstore_verify_mem(kvti_chunked_store(t->chunked),
-                                         ch.recs, ch.m, ro->tokens, it->layers,
-                                         it->n_layers, ro->cancel, row0)
+  rc = row0 ? kvti_chunkstore_verify_mem(
+                  kvti_chunked_store(t->chunked), ch.recs, ch.m, ro->tokens,
+                  it->layers, it->n_layers, ro->cancel, ro->read_threads, row0)
             : KVT_ERR_NOMEM();
   if (rc == 0 && !prefix) {
     /* The tail's files hold the rows past the chain and every other layer. */
