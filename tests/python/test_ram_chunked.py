@@ -6,7 +6,9 @@ chunk-aligned prefix no spill ended at is read from its chain the first time
 and from host RAM the second time, bit for bit; so is a chained entry (chain
 + tail) spilled a moment ago, through _read_entry and async_promote.
 Dropping the system prompt's chunks (a capacity gc) drops the cached prefix
-too.  No timings are asserted."""
+too; the bound and trim hold over chained entries; a hybrid model's chained
+entry (arrays state in the tail) comes back from RAM whole.  No timings are
+asserted."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from test_chunked_dropin import C, LAYERS, SYS, TOKB, WAIT, kv_for, spill
 
 def _same_bits(layers, tokens):
     assert layers is not None and len(layers) == LAYERS
-    for got, exp in zip(layers, kv_for(tokens)):
+    for got, exp in zip(layers, kv_for(tokens)[:LAYERS]):
         k, v = np.asarray(got["keys"]), np.asarray(got["values"])
         assert k.shape == exp.keys.shape and v.shape == exp.values.shape
         assert np.array_equal(k.view(np.uint16), exp.keys.view(np.uint16))
@@ -109,5 +111,33 @@ def test_bound_with_chunked_entries(cache_dir):
         assert s["host_cache_bytes_used"] <= one == s["host_cache_bytes_bound"]
         assert t.trim(0) > 0
         assert t.get_stats()["host_cache_bytes_used"] == 0
+    finally:
+        t.close()
+
+
+def test_hybrid_entry_second_read_from_ram(cache_dir):
+    """A chained entry of a hybrid model (KV layers chunked, an arrays layer
+    in the tail): the second read comes from RAM with the KV and the arrays
+    state exactly as spilled."""
+    t = make_tier(cache_dir, chunk_tokens=C, host_cache_bytes=256 << 20)
+    t.start_writer()
+    try:
+        full = tuple(SYS + [5, 6, 7])
+        spill(t, full, hybrid=True)
+        t.flush(timeout=WAIT)
+        info = t.lookup_ssd(full)
+        assert info is not None
+        for _ in range(2):
+            layers = t._read_entry(full, info["file_path"])
+            assert layers is not None and len(layers) == LAYERS + 1
+            _same_bits(layers[:LAYERS], full)
+            st = np.asarray(layers[-1]["state"][0])
+            assert st.shape == (1, 3, 8) and float(st.flat[0]) == float(len(full))
+            del layers, st  # the entry is freed: back into the RAM tier
+            gc.collect()
+        s = t.get_stats()
+        assert s["host_cache_hits"] == 2  # both reads: the spill was cached
+        assert s["host_cache_verify_failures"] == 0
+        assert s["host_cache_entries"] == 1
     finally:
         t.close()
