@@ -18,27 +18,6 @@
 #include <stdio.h>
 #include <string.h>
 
-int kvti_chunkstore_chain_from(kvti_chunkstore *cs, const uint8_t last[32],
-                               size_t m, kvti_chain_rec **recs) {
-  *recs = NULL;
-  if (m == 0)
-    return KVT_ERR(KVT_EINVAL, "empty chain");
-  kvti_chain_rec *r = kvti_malloc(m * sizeof *r);
-  if (!r)
-    return KVT_ERR_NOMEM();
-  kvti_chains *ch = kvti_chunkstore_chains(cs);
-  const uint8_t *k = last;
-  for (size_t i = m; i-- > 0;) {
-    if (!kvti_chains_find(ch, k, &r[i]) || r[i].index != i) {
-      kvti_free(r);
-      return KVT_ERR(KVT_ENOTFOUND, "chain incomplete (evicted)");
-    }
-    k = r[i].parent;
-  }
-  *recs = r;
-  return 0;
-}
-
 /* Feeds chunk h's rows (row0 = its first) of the cached layers to bh in the
  * chunk's data order, checking the geometry on the way. */
 static int feed_chunk(kvti_blkhash *bh, const kvti_chunk_hdr *h,

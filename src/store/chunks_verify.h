@@ -15,13 +15,6 @@
 
 #include <stdatomic.h>
 
-/* The chain recs[0, m) over tokens, from its tail: walks parent links from
- * last (m chunks, index m-1 down to 0) through the chain table, no
- * namespace needed (keys are bound to it). *recs is kvti_malloc'ed. Returns
- * 0, KVT_ENOTFOUND (a chunk is no longer indexed: evicted), KVT_ENOMEM. */
-int kvti_chunkstore_chain_from(kvti_chunkstore *cs, const uint8_t last[32],
-                               size_t m, kvti_chain_rec **recs);
-
 /* Verifies that layers[0, n_layers) (the cached entry: chunked tensors have
  * their full token extent on axis -2) hold, in rows [0, m*C) of every chunked
  * layer, exactly the data of chunks recs[0, m) over tokens. row0 (n_layers,

@@ -24,6 +24,7 @@
 #include "format/layer.h"
 #include "tier/hostcache.h"
 #include "tier/remote.h"
+#include "index/chain_walk.h"
 #include "store/chunked.h"
 #include "store/chunks_verify.h"
 #include "store/local.h"
@@ -98,8 +99,12 @@ static int chain_of(kvt_tier *t, const char *hash, const int32_t *tokens,
       return 0; /* stored whole */
     if (ce.chunks == 0 || (uint64_t)ce.chunks * ce.chunk_tokens > n)
       return KVT_ERR(KVT_ECORRUPT, "chained entry %.16s: bad record", hash);
-    rc = kvti_chunkstore_chain_from(cs, ce.last_key, (size_t)ce.chunks,
-                                    &out->recs);
+    /* The chain the record names, walked up from its last chunk (as the
+     * chunked read does: no namespace or salt needed). */
+    out->recs = kvti_malloc((size_t)ce.chunks * sizeof *out->recs);
+    rc = out->recs ? kvti_chains_path(kvti_chunkstore_chains(cs), ce.last_key,
+                                      (size_t)ce.chunks, out->recs)
+                   : KVT_ERR_NOMEM();
     out->m = (size_t)ce.chunks;
     if (rc == 0 && out->recs[0].layout_hash != ce.layout_hash)
       rc = KVT_ERR(KVT_ENOTFOUND, "chained entry %.16s: chain replaced", hash);

@@ -9,7 +9,8 @@
  * version; removing the entries leaves the prefixes (their chain is still
  * stored), evicting a leaf chunk drops exactly the prefixes through it; a
  * quarantined chunk drops every cached entry and prefix through it, lent ones
- * included; a damaged chunk header makes the RAM copy fail its check; reads
+ * included (also when kvt_tier_chunk_verify repairs); a damaged chunk header
+ * makes the RAM copy fail its check; reads
  * of a cached prefix racing with evictions of its chain return it whole or
  * nothing. No timings are asserted.
  */
@@ -91,6 +92,18 @@ static int flip_chunks(const char *dir, long off) {
   flip_ctx f = {off, 0};
   t_each_chunk(dir, flip_one, &f);
   return f.flipped;
+}
+
+/* The keys (64 hex) of a cache's chunk files. */
+typedef struct key_ctx {
+  char keys[4][65];
+  int n;
+} key_ctx;
+static void last_key(void *ctx, const char *path) {
+  key_ctx *k = ctx;
+  const char *b = strrchr(path, '/') + 1;
+  if (k->n < 4 && strlen(b) == 68)
+    snprintf(k->keys[k->n++], 65, "%.64s", b);
 }
 
 static void *u_alloc(void *ctx, uint32_t layer, uint32_t tensor,
@@ -329,6 +342,34 @@ static void test_quarantine(void) {
   CHECK_EQ_INT(s.promotes_from_ram, 0);
   CHECK(s.quarantined >= 1);
   CHECK_EQ_INT(s.host_cache_entries, 0);
+  kvt_tier_free(t);
+  /* The chunk tools' verify with repair (kvt_tier_chunk_verify) quarantining
+   * a damaged chunk: the cached entry and prefix through it go too. */
+  dir = kvt_test_tmpdir("ramch6");
+  t = open_dir(dir, (uint64_t)64 << 20);
+  REQUIRE(t_spill(t, &a) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  got = read_entry(t, &p1);
+  REQUIRE(got);
+  kvt_entry_free(got);
+  CHECK_EQ_INT(stats_of(t).host_cache_entries, 2);
+  CHECK_EQ_INT(flip_chunks(dir, -3), 2);
+  key_ctx kc;
+  memset(&kc, 0, sizeof kc);
+  t_each_chunk(dir, last_key, &kc);
+  REQUIRE(kc.n == 2);
+  int bad = 0;
+  for (int i = 0; i < 2; i++) {
+    uint64_t removed = 0;
+    int rc = kvt_tier_chunk_verify(t, kc.keys[i], 1, &removed);
+    CHECK(rc == KVT_ECORRUPT || rc == KVT_ENOTFOUND); /* 2nd: gone with 1st */
+    bad += rc == KVT_ECORRUPT;
+  }
+  CHECK(bad >= 1);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_entries, 0);
+  CHECK(promote(t, &a) == NULL);
+  CHECK(read_entry(t, &p1) == NULL);
   t_free(&a);
   t_free(&f);
   t_free(&q);
