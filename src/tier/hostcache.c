@@ -394,6 +394,14 @@ int kvti_hc_take(kvti_hcache *c, const char *hash, kvti_hc_item *out,
   return hit;
 }
 
+int kvti_hc_resident(kvti_hcache *c, const char *hash) {
+  pthread_mutex_lock(&c->mu);
+  rec *r = c->bound > 0 && !c->closed ? find(c, hash, NULL) : NULL;
+  int yes = r && r->state == RESIDENT;
+  pthread_mutex_unlock(&c->mu);
+  return yes;
+}
+
 void kvti_hc_forget(kvti_hcache *c, const char *hash, uint64_t lend_id,
                     int verify_failed) {
   rec *g = NULL;

@@ -116,6 +116,8 @@ int kvti_hc_put(kvti_hcache *c, const char *hash, kvti_hc_item *it);
  * with *lend_id. Otherwise 0 (counted as a miss while enabled). */
 int kvti_hc_take(kvti_hcache *c, const char *hash, kvti_hc_item *out,
                  uint64_t *lend_id);
+/* 1 when hash has a resident record now (a take would find it), else 0. */
+int kvti_hc_resident(kvti_hcache *c, const char *hash);
 /* Undoes a take whose item the caller could not use: the record is deleted
  * (the caller frees the item). verify_failed: count it as a verification
  * failure and a miss instead of a hit. */

@@ -237,9 +237,11 @@ static int ram_read(kvt_entry **out, kvt_tier *t, const char *hash,
   if (!t->hc || ro->keep_tokens || ro->verify_only || !ro->tokens)
     return KVT_ENOTFOUND;
   /* Names not matching the tokens (a read_entry caller's mistake) are left
-   * to the disk path: they must not cost the record its place. */
+   * to the disk path: they must not cost the record its place. Checked only
+   * when there is a record to serve, so a miss stays one map lookup. */
   char h[KVT_HASH_HEX_LEN + 1];
-  if (kvt_token_hash(h, ro->tokens, ro->n_tokens) != 0 || strcmp(h, hash)) {
+  if (kvti_hc_resident(t->hc, hash) &&
+      (kvt_token_hash(h, ro->tokens, ro->n_tokens) != 0 || strcmp(h, hash))) {
     kvt_clear_error();
     return KVT_ENOTFOUND;
   }
