@@ -13,13 +13,13 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "base/parfor.h"
 #include "format/chunk.h"
 #include "format/entry_int.h"
 #include "format/layer.h"
 #include "format/safetensors.h"
 
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -163,57 +163,36 @@ out:
 }
 
 /* Layers are checked by up to read_threads() threads at once (hashing is
- * CPU-bound, ~5 GB/s per core from memory), each taking the next layer. */
+ * CPU-bound, ~5 GB/s per core from memory), each taking the next layer
+ * (kvti_parfor). */
 typedef struct vm_job {
-  pthread_mutex_t mu;
   kvti_entry_reader *r;
   kvt_layer *layers;
   atomic_int *cancel;
   const uint64_t *row0; /* kvti_read_opts.mem_row0 */
-  uint32_t next, n;
-  int rc, os_errno;
-  char msg[512];
 } vm_job;
 
-static void *vm_worker(void *arg) {
-  vm_job *j = arg;
+static int vm_layer(void *ctx, size_t li) {
+  vm_job *j = ctx;
   const kvti_manifest *m = &j->r->m;
-  for (;;) {
-    pthread_mutex_lock(&j->mu);
-    uint32_t i = j->next;
-    int stop = j->rc != 0 || i >= j->n;
-    if (!stop)
-      j->next++;
-    pthread_mutex_unlock(&j->mu);
-    if (stop)
-      return NULL;
-    char name[40];
-    snprintf(name, sizeof name, "layer_%u.safetensors", i);
-    char *lp = kvti_path_join(m->dir, name);
-    int rc = KVT_ENOMEM;
-    if (lp) {
-      kvti_layer_read_opts lo;
-      memset(&lo, 0, sizeof lo);
-      lo.layer_no = i;
-      lo.cancel = j->cancel;
-      lo.expect_xxh3 = &m->sums[i];
-      lo.block_size = m->block_size;
-      lo.blocks = m->block_size ? m->blk_all + m->blk_off[i] : NULL;
-      lo.n_blocks = m->block_size ? m->blk_off[i + 1] - m->blk_off[i] : 0;
-      lo.mem_row0 = j->row0 ? j->row0[i] : 0;
-      rc = kvti_layer_verify_mem(&j->layers[i], lp, &m->metas[i], &lo);
-      kvti_free(lp);
-    }
-    if (rc) {
-      pthread_mutex_lock(&j->mu);
-      if (j->rc == 0) {
-        j->rc = rc;
-        j->os_errno = kvt_last_errno();
-        snprintf(j->msg, sizeof j->msg, "%s", kvt_last_error());
-      }
-      pthread_mutex_unlock(&j->mu);
-    }
-  }
+  uint32_t i = (uint32_t)li;
+  char name[40];
+  snprintf(name, sizeof name, "layer_%u.safetensors", i);
+  char *lp = kvti_path_join(m->dir, name);
+  if (!lp)
+    return KVT_ERR_NOMEM();
+  kvti_layer_read_opts lo;
+  memset(&lo, 0, sizeof lo);
+  lo.layer_no = i;
+  lo.cancel = j->cancel;
+  lo.expect_xxh3 = &m->sums[i];
+  lo.block_size = m->block_size;
+  lo.blocks = m->block_size ? m->blk_all + m->blk_off[i] : NULL;
+  lo.n_blocks = m->block_size ? m->blk_off[i + 1] - m->blk_off[i] : 0;
+  lo.mem_row0 = j->row0 ? j->row0[i] : 0;
+  int rc = kvti_layer_verify_mem(&j->layers[i], lp, &m->metas[i], &lo);
+  kvti_free(lp);
+  return rc;
 }
 
 int kvti_entry_verify_mem(const char *data_dir, const char *hash,
@@ -243,36 +222,12 @@ int kvti_entry_verify_mem(const char *data_dir, const char *hash,
              hash, n_layers, r->m.num_layers);
     goto out;
   }
-  vm_job j;
-  memset(&j, 0, sizeof j);
-  pthread_mutex_init(&j.mu, NULL);
-  j.r = r;
-  j.layers = layers;
-  j.cancel = o->cancel;
-  j.row0 = o->mem_row0;
-  j.n = n_layers;
-  pthread_t th[KVTI_MAX_READ_THREADS];
+  vm_job j = {r, layers, o->cancel, o->mem_row0};
   unsigned nt = o->read_threads >= 1 && o->read_threads <= KVTI_MAX_READ_THREADS
                     ? o->read_threads
-                    : kvti_entry_read_threads(),
-           started = 0;
-  if (nt > n_layers)
-    nt = n_layers ? n_layers : 1;
-  for (unsigned k = 1; k < nt; k++)
-    if (pthread_create(&th[started], NULL, vm_worker, &j) == 0)
-      started++; /* fewer helpers still work */
-  vm_worker(&j);
-  for (unsigned k = 0; k < started; k++)
-    pthread_join(th[k], NULL);
-  pthread_mutex_destroy(&j.mu);
-  rc = j.rc;
-  if (rc) {
-    if (j.os_errno)
-      kvti_error_os(j.os_errno, __FILE__, __LINE__, "%s", j.msg);
-    else
-      kvti_error_set(rc, __FILE__, __LINE__, "%s", j.msg);
+                    : kvti_entry_read_threads();
+  if ((rc = kvti_parfor(nt, n_layers, vm_layer, &j)) != 0)
     goto out;
-  }
   /* Replaced while we looked: not this version. */
   if (kvti_entry_dir_state(r->m.dir, &id) != 0)
     rc = KVT_ERR(KVT_EAGAIN, "entry %.16s was replaced during the check", hash);

@@ -13,9 +13,8 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "base/parfor.h"
 
-#include <pthread.h>
-#include <stdio.h>
 #include <string.h>
 
 /* Feeds chunk h's rows (row0 = its first) of the cached layers to bh in the
@@ -73,22 +72,22 @@ static int feed_chunk(kvti_blkhash *bh, const kvti_chunk_hdr *h,
 }
 
 /* Chunks are checked by up to `threads` threads at once (hashing is
- * CPU-bound), each taking the next chunk; the first failure stops the rest. */
+ * CPU-bound), each taking the next chunk (kvti_parfor). */
 typedef struct cv_job {
-  pthread_mutex_t mu;
   kvti_chunkstore *cs;
   const kvti_chain_rec *recs;
-  size_t m, next;
+  size_t m;
   const int32_t *tokens;
   const kvt_layer *layers;
   uint32_t n_layers;
   atomic_int *cancel;
   uint64_t *row0;
-  int rc, os_errno;
-  char msg[512];
 } cv_job;
 
-static int check_chunk(cv_job *j, size_t i) {
+static int check_chunk(void *ctx, size_t i) {
+  cv_job *j = ctx;
+  if (j->cancel && atomic_load(j->cancel))
+    return KVT_ERR(KVT_ECANCELED, "verify cancelled");
   uint32_t C = j->recs[0].n_tokens;
   int fd = -1;
   kvti_chunk_hdr h;
@@ -111,32 +110,6 @@ static int check_chunk(cv_job *j, size_t i) {
   return rc;
 }
 
-static void *cv_worker(void *arg) {
-  cv_job *j = arg;
-  for (;;) {
-    pthread_mutex_lock(&j->mu);
-    size_t i = j->next;
-    int stop = j->rc != 0 || i >= j->m;
-    if (!stop)
-      j->next++;
-    pthread_mutex_unlock(&j->mu);
-    if (stop)
-      return NULL;
-    int rc = j->cancel && atomic_load(j->cancel)
-                 ? KVT_ERR(KVT_ECANCELED, "verify cancelled")
-                 : check_chunk(j, i);
-    if (rc) {
-      pthread_mutex_lock(&j->mu);
-      if (j->rc == 0) {
-        j->rc = rc;
-        j->os_errno = kvt_last_errno();
-        snprintf(j->msg, sizeof j->msg, "%s", kvt_last_error());
-      }
-      pthread_mutex_unlock(&j->mu);
-    }
-  }
-}
-
 int kvti_chunkstore_verify_mem(kvti_chunkstore *cs, const kvti_chain_rec *recs,
                                size_t m, const int32_t *tokens,
                                const kvt_layer *layers, uint32_t n_layers,
@@ -152,33 +125,6 @@ int kvti_chunkstore_verify_mem(kvti_chunkstore *cs, const kvti_chain_rec *recs,
         recs[i].layout_hash != recs[0].layout_hash ||
         (i && memcmp(recs[i].parent, recs[i - 1].key, 32)))
       return KVT_ERR(KVT_EINVAL, "chunk verify: records are not a chain");
-  cv_job j;
-  memset(&j, 0, sizeof j);
-  pthread_mutex_init(&j.mu, NULL);
-  j.cs = cs;
-  j.recs = recs;
-  j.m = m;
-  j.tokens = tokens;
-  j.layers = layers;
-  j.n_layers = n_layers;
-  j.cancel = cancel;
-  j.row0 = row0;
-  unsigned nt = threads == 0 ? 2 : threads > 8 ? 8 : threads, started = 0;
-  if (nt > m)
-    nt = (unsigned)m;
-  pthread_t th[8];
-  for (unsigned k = 1; k < nt; k++)
-    if (pthread_create(&th[started], NULL, cv_worker, &j) == 0)
-      started++; /* fewer helpers still work */
-  cv_worker(&j);
-  for (unsigned k = 0; k < started; k++)
-    pthread_join(th[k], NULL);
-  pthread_mutex_destroy(&j.mu);
-  if (j.rc) {
-    if (j.os_errno)
-      kvti_error_os(j.os_errno, __FILE__, __LINE__, "%s", j.msg);
-    else
-      kvti_error_set(j.rc, __FILE__, __LINE__, "%s", j.msg);
-  }
-  return j.rc;
+  cv_job j = {cs, recs, m, tokens, layers, n_layers, cancel, row0};
+  return kvti_parfor(threads ? threads : 2, m, check_chunk, &j);
 }

@@ -23,7 +23,7 @@
  * KVT_ENOTFOUND (a chunk file is gone), KVT_ECORRUPT (the copy is not the
  * chain's: layout, shapes or a block checksum differ; or a file is damaged),
  * KVT_EIO, KVT_ENOMEM, KVT_ECANCELED. Chunks are checked on up to threads
- * threads (1..8; 0: 2). */
+ * threads (kvti_parfor; 0: 2). */
 int kvti_chunkstore_verify_mem(kvti_chunkstore *cs, const kvti_chain_rec *recs,
                                size_t m, const int32_t *tokens,
                                const kvt_layer *layers, uint32_t n_layers,
