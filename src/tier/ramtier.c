@@ -131,6 +131,13 @@ static int verify(kvt_tier *t, const char *hash, kvti_hc_item *it,
   if (!ch.recs) /* an entry stored whole */
     return kvti_backend_local_verify_mem(t->be, hash, it->layers, it->n_layers,
                                          ro);
+  if (!it->has_chain || memcmp(it->chain, ch.recs[ch.m - 1].key, 32) != 0) {
+    /* Not the chain these rows were cached from (another namespace's chain
+     * over the same tokens, or a chain rebuilt since): never served, even if
+     * the bytes matched. */
+    kvti_free(ch.recs);
+    return KVT_ERR(KVT_ENOTFOUND, "%.16s: cached from another chain", hash);
+  }
   uint64_t *row0 = kvti_calloc(it->n_layers ? it->n_layers : 1, sizeof *row0);
   uint64_t rows = (uint64_t)ch.m * ch.recs[0].n_tokens;
   rc = row0 ? kvti_chunkstore_verify_mem(
