@@ -63,6 +63,10 @@ kvti_chunkstore *kvti_chunked_store(kvti_chunked *c) {
 uint32_t kvti_chunked_chunk_tokens(const kvti_chunked *c) {
   return c->C;
 }
+const uint8_t *kvti_chunked_ns(const kvti_chunked *c, size_t *len) {
+  *len = c->ns_len;
+  return c->ns;
+}
 
 uint64_t kvti_chunked_disk_bytes(kvti_chunked *c) {
   kvti_chains_totals t;
@@ -224,6 +228,17 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
   if (kvti_unhex32(h, hash) != 0 ||
       !kvti_chains_entry_get(kvti_chunkstore_chains(c->cs), h, &ce))
     return be->ops->get(be, out, hash, o);
+  return kvti_chunked_get_record(c, be, out, hash, &ce, o, bad_chunk,
+                                 chunk_bad);
+}
+
+int kvti_chunked_get_record(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
+                            const char *hash, const kvti_chained_entry *cep,
+                            const kvti_read_opts *o, uint8_t bad_chunk[32],
+                            int *chunk_bad) {
+  if (chunk_bad)
+    *chunk_bad = 0;
+  const kvti_chained_entry ce = *cep;
   if (o->verify_only) {
     /* Everything read and verified into kvtier's own buffers, then freed. */
     kvti_read_opts v = *o;
@@ -232,7 +247,8 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
     v.free_buf = NULL;
     v.on_layer = NULL;
     kvt_entry *tmp = NULL;
-    int vrc = kvti_chunked_get(c, be, &tmp, hash, &v, bad_chunk, chunk_bad);
+    int vrc = kvti_chunked_get_record(c, be, &tmp, hash, &ce, &v, bad_chunk,
+                                      chunk_bad);
     kvt_entry_free(tmp);
     if (out)
       *out = NULL;
