@@ -130,9 +130,12 @@ async def promote_pass(tier, entries) -> float:
 
 
 def entry_files(cache_dir: str):
-    for root, _, files in os.walk(os.path.join(cache_dir, "data")):
-        for f in files:
-            yield os.path.join(root, f)
+    """The entries' files: data/ and (chunked native store, the default)
+    the chunk files under chunks/."""
+    for sub in ("data", "chunks"):
+        for root, _, files in os.walk(os.path.join(cache_dir, sub)):
+            for f in files:
+                yield os.path.join(root, f)
 
 
 def drop_cache(cache_dir: str) -> None:

@@ -336,9 +336,11 @@ typedef struct kvt_options {
    *  does not keep them). Filled from copy-mode spills once written (native
    *  storage mode; zero-copy spills are not cached at spill time) and from
    *  promoted entries when they are freed (kvt_entry_free); emptied of an
-   *  entry when it is replaced, evicted, removed, quarantined or expires. A
-   *  hit is verified against the entry's manifest block checksums before it
-   *  is served, like a disk read. The bytes count against the buffer pool's
+   *  entry when it is replaced, evicted, removed, quarantined or expires, or
+   *  (chunked tiers) when a chunk of its chain is evicted or quarantined. A
+   *  hit is verified against the entry's manifest block checksums (and the
+   *  chunk files' block checksums) before it is served, like a disk read.
+   *  kvt_tier_read_entry and chunk-aligned prefixes use it too. The bytes count against the buffer pool's
    *  idle cap (one budget: the pool keeps idle only what the caches leave of
    *  it). 0 disables the cache. KVT_HOST_CACHE_AUTO (the default): 1/8 of the
    *  memory the process may use - the smallest of physical RAM, the cgroup v2
@@ -852,7 +854,9 @@ KVT_API void kvt_promise_free(kvt_promise *p);
 
 /** Reads an entry by its relative path in data/ (the index's file_path), as
  *  the reference's _read_entry(tokens, file_path): no budget, no stats, no
- *  touch. A corrupt entry is quarantined. file_path must be a 64-hex entry
+ *  touch. A corrupt entry is quarantined. Served from the host RAM tier when
+ *  the entry (or chunk-aligned prefix) was just spilled or read and freed,
+ *  after the same checks (host_cache_hits counts it). file_path must be a 64-hex entry
  *  name (anything else: KVT_EINVAL, never a path outside the cache). With a
  *  remote tier, an entry not stored locally (one a lookup found remotely) is
  *  read from the remote store, verified, and kept as a local copy unless

@@ -162,6 +162,9 @@ typedef struct kvti_read_opts {
   /* 1: the caller completes a tail entry with its chain (store/chunked.c);
    * 0: a tail is refused (KVT_EUNSUPPORTED), never served as an entry. */
   int tail_ok;
+  /* kvti_entry_verify_mem only: per layer, the first cached row the entry's
+   * file holds (kvti_layer_read_opts.mem_row0); NULL: all 0. */
+  const uint64_t *mem_row0;
 } kvti_read_opts;
 
 /* Reads and fully validates data_dir/<hash>. Returns 0 and *out; KVT_ENOTFOUND
@@ -227,6 +230,11 @@ int kvti_manifest_validate(const char *text, size_t len);
  * tensor data. */
 int kvti_entry_describe(char **json, const char *data_dir, const char *hash);
 
+/* The free_buf of an entry built in caller buffers (kvti_read_opts.alloc)
+ * without a free_buf: those buffers stay the caller's, never freed by
+ * kvtier. */
+void kvti_keep_caller_buf(void *ctx, void *buf);
+
 /* Allocates an empty entry (all zero) or NULL with the error set. */
 kvt_entry *kvti_entry_new(void);
 
@@ -237,10 +245,12 @@ kvt_entry *kvti_entry_new(void);
  * kvti_layer_verify_mem (header against the manifest and the cached tensors,
  * every block checksum over the cached bytes; attributes set from the
  * manifest). Layers are checked in parallel (KVT_READ_THREADS). Only tokens,
- * n_tokens and cancel of o are used. Returns 0; KVT_ENOTFOUND, KVT_ECORRUPT,
- * KVT_EIO, KVT_ENOMEM, KVT_ECANCELED as a read; KVT_EAGAIN (replaced during the
- * check); KVT_EUNSUPPORTED (no kvtier checksums). Any nonzero return means:
- * do not serve the copy. */
+ * n_tokens, cancel, read_threads, tail_ok and mem_row0 of o are used
+ * (mem_row0 with tail_ok: a chained entry's tail, whose files hold only the
+ * rows past its chain). Returns
+ * 0; KVT_ENOTFOUND, KVT_ECORRUPT, KVT_EIO, KVT_ENOMEM, KVT_ECANCELED as a read;
+ * KVT_EAGAIN (replaced during the check); KVT_EUNSUPPORTED (no kvtier
+ * checksums). Any nonzero return means: do not serve the copy. */
 int kvti_entry_verify_mem(const char *data_dir, const char *hash,
                           kvt_layer *layers, uint32_t n_layers,
                           const kvti_read_opts *o);

@@ -20,11 +20,6 @@
 
 #define BAD(...) KVT_ERR(KVT_ECORRUPT, __VA_ARGS__)
 
-static void noop_free(void *ctx, void *buf) {
-  (void)ctx;
-  (void)buf;
-}
-
 /* Reads tokens.bin (when present) and checks it against the manifest, the
  * expected tokens and the entry name. *tokens (when tokens is not NULL)
  * receives a kvti_malloc'ed copy. Bounded whatever the files claim: the
@@ -229,7 +224,7 @@ int kvti_entry_reader_open_id(kvti_entry_reader **out, const char *data_dir,
   /* A verification returns no entry: its tokens are checked, never copied. */
   e->n_tokens = r->o.verify_only ? 0 : (size_t)r->m.num_tokens;
   if (r->o.alloc) {
-    e->free_buf = r->o.free_buf ? r->o.free_buf : noop_free;
+    e->free_buf = r->o.free_buf ? r->o.free_buf : kvti_keep_caller_buf;
     e->alloc_ctx = r->o.alloc_ctx;
   }
   uint64_t tb = 0;

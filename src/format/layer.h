@@ -154,6 +154,10 @@ typedef struct kvti_layer_read_opts {
   /* Rows of this layer held elsewhere (a chained entry's tail: its chain's
    * rows), for the offset check (kvti_layer_check_rows). 0: none. */
   uint64_t row_base;
+  /* kvti_layer_verify_mem only: the cached tensors hold rows [0, T) on axis
+   * -2 of which the file holds [mem_row0, T) (a chained entry's tail: the
+   * chain holds the rows before). 0: the file holds the whole tensors. */
+  uint64_t mem_row0;
 } kvti_layer_read_opts;
 
 /* Reads the layer file at path described by m into out (tensors and orig_dtypes

@@ -13,12 +13,13 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "base/parfor.h"
+#include "format/chunk.h"
 #include "format/entry_int.h"
 #include "format/layer.h"
 #include "format/safetensors.h"
 
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -29,6 +30,20 @@
 static int feed_blk(void *ctx, const void *data, size_t len) {
   return kvti_blkhash_update(ctx, data, len);
 }
+/* Feeds rows [row0, T) of t (axis -2) to h: each head's rows are contiguous
+ * in the cached tensor and follow each other in the file. */
+static int feed_rows(kvti_blkhash *h, const kvt_tensor *t, uint64_t row0) {
+  if (!row0 || t->ndim < 2)
+    return kvti_blkhash_update(h, t->data, (size_t)t->nbytes);
+  uint64_t outer, row, T = (uint64_t)t->shape[t->ndim - 2];
+  kvti_chunk_tensor_geom(t, &outer, &row);
+  int rc = 0;
+  for (uint64_t q = 0; rc == 0 && q < outer && row && T > row0; q++)
+    rc = kvti_blkhash_update(h, (const uint8_t *)t->data + (q * T + row0) * row,
+                             (size_t)((T - row0) * row));
+  return rc;
+}
+
 int kvti_layer_verify_mem(kvt_layer *l, const char *path,
                           const kvti_layer_meta *m,
                           const kvti_layer_read_opts *o) {
@@ -78,9 +93,22 @@ int kvti_layer_verify_mem(kvt_layer *l, const char *path,
   }
   for (uint32_t j = 0; j < m->num_tensors; j++) {
     const kvt_tensor *t = &l->tensors[j];
-    if (t->dtype != (int32_t)slot[j]->dtype || t->ndim != slot[j]->ndim ||
-        memcmp(t->shape, slot[j]->shape, sizeof t->shape) != 0 ||
-        t->nbytes != slot[j]->nbytes || (t->nbytes && !t->data)) {
+    kvt_tensor view = *t; /* what the file holds of it: rows [row0, T) */
+    if (o->mem_row0 && t->ndim >= 2) {
+      uint64_t outer, row, T = (uint64_t)t->shape[t->ndim - 2];
+      kvti_chunk_tensor_geom(t, &outer, &row);
+      if (T < o->mem_row0) {
+        rc = BAD("%s: tensor %u of the cached copy has fewer rows than its "
+                 "chain",
+                 path, j);
+        goto out;
+      }
+      view.shape[t->ndim - 2] = (int64_t)(T - o->mem_row0);
+      view.nbytes = outer * (T - o->mem_row0) * row;
+    }
+    if (view.dtype != (int32_t)slot[j]->dtype || view.ndim != slot[j]->ndim ||
+        memcmp(view.shape, slot[j]->shape, sizeof view.shape) != 0 ||
+        view.nbytes != slot[j]->nbytes || (view.nbytes && !view.data)) {
       rc = BAD("%s: tensor %u of the cached copy does not match the file", path,
                j);
       goto out;
@@ -101,8 +129,7 @@ int kvti_layer_verify_mem(kvt_layer *l, const char *path,
       rc = KVT_ERR(KVT_ECANCELED, "verify of %s cancelled", path);
       goto out;
     }
-    if ((rc = kvti_blkhash_update(h, l->tensors[j].data,
-                                  (size_t)l->tensors[j].nbytes)) != 0)
+    if ((rc = feed_rows(h, &l->tensors[j], o->mem_row0)) != 0)
       goto out;
     pos += hd.tensors[k].nbytes;
   }
@@ -136,55 +163,36 @@ out:
 }
 
 /* Layers are checked by up to read_threads() threads at once (hashing is
- * CPU-bound, ~5 GB/s per core from memory), each taking the next layer. */
+ * CPU-bound, ~5 GB/s per core from memory), each taking the next layer
+ * (kvti_parfor). */
 typedef struct vm_job {
-  pthread_mutex_t mu;
   kvti_entry_reader *r;
   kvt_layer *layers;
   atomic_int *cancel;
-  uint32_t next, n;
-  int rc, os_errno;
-  char msg[512];
+  const uint64_t *row0; /* kvti_read_opts.mem_row0 */
 } vm_job;
 
-static void *vm_worker(void *arg) {
-  vm_job *j = arg;
+static int vm_layer(void *ctx, size_t li) {
+  vm_job *j = ctx;
   const kvti_manifest *m = &j->r->m;
-  for (;;) {
-    pthread_mutex_lock(&j->mu);
-    uint32_t i = j->next;
-    int stop = j->rc != 0 || i >= j->n;
-    if (!stop)
-      j->next++;
-    pthread_mutex_unlock(&j->mu);
-    if (stop)
-      return NULL;
-    char name[40];
-    snprintf(name, sizeof name, "layer_%u.safetensors", i);
-    char *lp = kvti_path_join(m->dir, name);
-    int rc = KVT_ENOMEM;
-    if (lp) {
-      kvti_layer_read_opts lo;
-      memset(&lo, 0, sizeof lo);
-      lo.layer_no = i;
-      lo.cancel = j->cancel;
-      lo.expect_xxh3 = &m->sums[i];
-      lo.block_size = m->block_size;
-      lo.blocks = m->block_size ? m->blk_all + m->blk_off[i] : NULL;
-      lo.n_blocks = m->block_size ? m->blk_off[i + 1] - m->blk_off[i] : 0;
-      rc = kvti_layer_verify_mem(&j->layers[i], lp, &m->metas[i], &lo);
-      kvti_free(lp);
-    }
-    if (rc) {
-      pthread_mutex_lock(&j->mu);
-      if (j->rc == 0) {
-        j->rc = rc;
-        j->os_errno = kvt_last_errno();
-        snprintf(j->msg, sizeof j->msg, "%s", kvt_last_error());
-      }
-      pthread_mutex_unlock(&j->mu);
-    }
-  }
+  uint32_t i = (uint32_t)li;
+  char name[40];
+  snprintf(name, sizeof name, "layer_%u.safetensors", i);
+  char *lp = kvti_path_join(m->dir, name);
+  if (!lp)
+    return KVT_ERR_NOMEM();
+  kvti_layer_read_opts lo;
+  memset(&lo, 0, sizeof lo);
+  lo.layer_no = i;
+  lo.cancel = j->cancel;
+  lo.expect_xxh3 = &m->sums[i];
+  lo.block_size = m->block_size;
+  lo.blocks = m->block_size ? m->blk_all + m->blk_off[i] : NULL;
+  lo.n_blocks = m->block_size ? m->blk_off[i + 1] - m->blk_off[i] : 0;
+  lo.mem_row0 = j->row0 ? j->row0[i] : 0;
+  int rc = kvti_layer_verify_mem(&j->layers[i], lp, &m->metas[i], &lo);
+  kvti_free(lp);
+  return rc;
 }
 
 int kvti_entry_verify_mem(const char *data_dir, const char *hash,
@@ -197,6 +205,8 @@ int kvti_entry_verify_mem(const char *data_dir, const char *hash,
   ro.tokens = o->tokens;
   ro.n_tokens = o->n_tokens;
   ro.cancel = o->cancel;
+  ro.tail_ok =
+      o->tail_ok; /* a chained entry's tail (its rows past the chain) */
   ro.verify_only = 1;
   kvti_dir_id id = {0};
   kvti_entry_reader *r = NULL;
@@ -212,35 +222,12 @@ int kvti_entry_verify_mem(const char *data_dir, const char *hash,
              hash, n_layers, r->m.num_layers);
     goto out;
   }
-  vm_job j;
-  memset(&j, 0, sizeof j);
-  pthread_mutex_init(&j.mu, NULL);
-  j.r = r;
-  j.layers = layers;
-  j.cancel = o->cancel;
-  j.n = n_layers;
-  pthread_t th[KVTI_MAX_READ_THREADS];
+  vm_job j = {r, layers, o->cancel, o->mem_row0};
   unsigned nt = o->read_threads >= 1 && o->read_threads <= KVTI_MAX_READ_THREADS
                     ? o->read_threads
-                    : kvti_entry_read_threads(),
-           started = 0;
-  if (nt > n_layers)
-    nt = n_layers ? n_layers : 1;
-  for (unsigned k = 1; k < nt; k++)
-    if (pthread_create(&th[started], NULL, vm_worker, &j) == 0)
-      started++; /* fewer helpers still work */
-  vm_worker(&j);
-  for (unsigned k = 0; k < started; k++)
-    pthread_join(th[k], NULL);
-  pthread_mutex_destroy(&j.mu);
-  rc = j.rc;
-  if (rc) {
-    if (j.os_errno)
-      kvti_error_os(j.os_errno, __FILE__, __LINE__, "%s", j.msg);
-    else
-      kvti_error_set(rc, __FILE__, __LINE__, "%s", j.msg);
+                    : kvti_entry_read_threads();
+  if ((rc = kvti_parfor(nt, n_layers, vm_layer, &j)) != 0)
     goto out;
-  }
   /* Replaced while we looked: not this version. */
   if (kvti_entry_dir_state(r->m.dir, &id) != 0)
     rc = KVT_ERR(KVT_EAGAIN, "entry %.16s was replaced during the check", hash);

@@ -491,3 +491,22 @@ int kvti_chunked_touch(kvti_chunked *c, const kvti_salt *salt,
   kvti_free(r);
   return rc;
 }
+
+int kvti_chunked_prefix_chain(kvti_chunked *c, const kvti_salt *salt,
+                              const int32_t *tokens, uint64_t m,
+                              kvti_chain_rec **recs, size_t *k) {
+  *recs = NULL;
+  *k = 0;
+  if (m == 0 || m % c->C)
+    return KVT_ERR(KVT_ENOTFOUND, "prefix of %llu tokens is not chunk aligned",
+                   (unsigned long long)m);
+  int rc = pure_chain(c, salt, tokens, (size_t)m, recs, k);
+  if (rc == 0 && (uint64_t)*k * c->C != m) {
+    kvti_free(*recs);
+    *recs = NULL;
+    *k = 0;
+    rc = KVT_ERR(KVT_ENOTFOUND, "no stored chain of %llu tokens",
+                 (unsigned long long)m);
+  }
+  return rc;
+}

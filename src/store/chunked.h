@@ -142,6 +142,15 @@ int kvti_chunked_get_prefix(kvti_chunked *c, const kvti_salt *salt,
 int kvti_chunked_touch(kvti_chunked *c, const kvti_salt *salt,
                        const int32_t *tokens, size_t n);
 
+/* The pure chain a read of tokens[0, m) uses (as kvti_chunked_get_prefix
+ * resolves it, in this store's namespace and salt (NULL: none)): *recs
+ * (kvti_malloc'ed, *k = m / C chunks). For the host RAM tier, which verifies a
+ * cached prefix against it. Returns 0, KVT_ENOTFOUND (not aligned, no such
+ * chain), KVT_ENOMEM. */
+int kvti_chunked_prefix_chain(kvti_chunked *c, const kvti_salt *salt,
+                              const int32_t *tokens, uint64_t m,
+                              kvti_chain_rec **recs, size_t *k);
+
 /* Bytes of all chunk files. */
 uint64_t kvti_chunked_disk_bytes(kvti_chunked *c);
 

@@ -22,12 +22,6 @@
 
 #include <string.h>
 
-/* An entry over caller buffers without a free_buf must not free them. */
-static void keep_buf(void *ctx, void *buf) {
-  (void)ctx;
-  (void)buf;
-}
-
 static uint64_t rows_of(const kvt_tensor *t) {
   return (uint64_t)t->shape[t->ndim - 2];
 }
@@ -174,7 +168,8 @@ int kvti_chunked_get_trim(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
   }
   if (rc == 0) {
     e->num_layers = L;
-    e->free_buf = o->alloc ? (o->free_buf ? o->free_buf : keep_buf) : NULL;
+    e->free_buf =
+        o->alloc ? (o->free_buf ? o->free_buf : kvti_keep_caller_buf) : NULL;
     e->alloc_ctx = o->alloc ? o->alloc_ctx : NULL;
     for (uint32_t li = 0; rc == 0 && li < L; li++)
       rc = trimmable(&tail->layers[li], li, keep);

@@ -197,11 +197,6 @@ int kvti_chunk_join(struct kvt_entry *e, kvti_chunk_prefix *p, uint64_t rows,
   return 0;
 }
 
-static void keep_caller_buf(void *ctx, void *buf) {
-  (void)ctx;
-  (void)buf;
-}
-
 int kvti_chunk_prefix_entry(struct kvt_entry **out, kvti_chunk_prefix *p,
                             const int32_t *tokens, uint64_t rows,
                             const kvti_chunk_read_opts *o) {
@@ -232,8 +227,9 @@ int kvti_chunk_prefix_entry(struct kvt_entry **out, kvti_chunk_prefix *p,
   e->storage_mode = KVT_STORAGE_NATIVE;
   e->disk_bytes = p->bytes_read;
   /* Caller buffers without a free_buf stay the caller's (never freed here). */
-  e->free_buf =
-      p->caller_alloc ? (o->free_buf ? o->free_buf : keep_caller_buf) : NULL;
+  e->free_buf = p->caller_alloc
+                    ? (o->free_buf ? o->free_buf : kvti_keep_caller_buf)
+                    : NULL;
   e->alloc_ctx = p->caller_alloc ? o->alloc_ctx : NULL;
   for (uint32_t k = 0; k < p->n_layers; k++)
     for (uint32_t j = 0; j < p->layers[k].num_tensors; j++)

@@ -17,6 +17,7 @@
  * valid).
  */
 #include "tier/chunk_tools.h"
+#include "tier/ramtier.h"
 
 #include "base/error.h"
 #include "base/hash.h"
@@ -275,8 +276,10 @@ static uint64_t quarantine_chunk(kvt_tier *t, const uint8_t key[32]) {
   size_t nh = 0;
   pthread_mutex_lock(&t->mut_mu);
   int rc = kvti_chains_remove_tree(ch, key, &rem, &nrem);
-  if (rc == 0)
+  if (rc == 0) {
+    kvti_ram_invalidate_chunks(t, rem, nrem); /* RAM copies through them */
     kvti_chains_entries_ending(ch, rem, nrem, &hs, &nh);
+  }
   if (rc == 0)
     KVTI_STAT_ADD(&t->stats, quarantined, 1);
   pthread_mutex_unlock(&t->mut_mu);

@@ -16,6 +16,7 @@
 #include "index/index.h"
 #include "store/chunked.h"
 #include "tier/chunk_tools.h"
+#include "tier/ramtier.h"
 
 #include <string.h>
 
@@ -130,6 +131,7 @@ static void drop_chunk_locked(kvt_tier *t, const uint8_t key[32], int why) {
   size_t nrem = 0;
   if (kvti_chains_remove_tree(ch, key, &rem, &nrem) != 0)
     return;
+  kvti_ram_invalidate_chunks(t, rem, nrem); /* RAM copies through them */
   char path[4096];
   for (size_t i = 0; i < nrem; i++)
     if (kvti_chunkstore_path(cs, rem[i].key, path, sizeof path) == 0)

@@ -27,6 +27,11 @@ typedef struct rec {
   int state;
   kvti_hc_item it; /* valid while RESIDENT */
   uint64_t lend_id;
+  /* Chunked native store: the last chunk of the chain the cached rows come
+   * from (has_chain), indexed in by_chain so that removing a chunk drops
+   * every record through it (kvti_hc_invalidate_chains). */
+  int has_chain;
+  uint8_t chain[32];
   struct rec *prev, *next; /* in the resident LRU or the lent list */
   struct rec *gnext;       /* garbage list (records to free after unlock) */
 } rec;
@@ -42,6 +47,7 @@ struct kvti_hcache {
   uint64_t bound;
   kvti_bufpool *pool;
   kvti_hm map;
+  kvti_hm by_chain; /* chain[0..8) -> records with has_chain */
   list lru, lent;
   uint64_t next_id;
   kvti_hc_stats st;
@@ -57,6 +63,27 @@ static uint64_t key_of(const char *hash) {
     k = k << 4 | (v & 15u);
   }
   return kvti_hm_key(k);
+}
+
+static uint64_t chain_key(const uint8_t chain[32]) {
+  uint64_t k;
+  memcpy(&k, chain, sizeof k);
+  return kvti_hm_key(k);
+}
+
+/* Tags r with chain (NULL: none), replacing any tag. Returns 0 or KVT_ENOMEM
+ * (r then has no tag). Caller holds mu. */
+static int set_chain(kvti_hcache *c, rec *r, const uint8_t *chain) {
+  if (r->has_chain)
+    kvti_hm_remove(&c->by_chain, chain_key(r->chain), (uint64_t)(uintptr_t)r);
+  r->has_chain = 0;
+  if (!chain)
+    return 0;
+  if (kvti_hm_add(&c->by_chain, chain_key(chain), (uint64_t)(uintptr_t)r))
+    return KVT_ENOMEM;
+  memcpy(r->chain, chain, 32);
+  r->has_chain = 1;
+  return 0;
 }
 
 static void list_unlink(list *l, rec *r) {
@@ -100,6 +127,7 @@ static rec *find(kvti_hcache *c, const char *hash, kvti_hm_slot **slot) {
  * the bytes to uncharge. r goes onto *garbage. Caller holds mu. */
 static void drop(kvti_hcache *c, rec *r, rec **garbage, int64_t *charge) {
   kvti_hm_remove(&c->map, r->key, (uint64_t)(uintptr_t)r);
+  set_chain(c, r, NULL);
   if (r->state == RESIDENT) {
     list_unlink(&c->lru, r);
     c->st.used -= r->it.bytes;
@@ -229,6 +257,7 @@ void kvti_hc_release(kvti_hcache *c) {
     return;
   settle(c, g, charge);
   kvti_hm_free(&c->map);
+  kvti_hm_free(&c->by_chain);
   kvti_bufpool_release(c->pool);
   pthread_mutex_destroy(&c->mu);
   kvti_free(c);
@@ -293,6 +322,10 @@ int kvti_hc_put(kvti_hcache *c, const char *hash, kvti_hc_item *it) {
   if (!fresh || c->closed || it->bytes > c->bound ||
       kvti_hm_add(&c->map, key_of(hash), (uint64_t)(uintptr_t)fresh) != 0) {
     c->st.rejects++;
+  } else if (set_chain(c, fresh, it->has_chain ? it->chain : NULL) != 0) {
+    /* Untagged, a chunk's removal could not find it: not kept. */
+    kvti_hm_remove(&c->map, key_of(hash), (uint64_t)(uintptr_t)fresh);
+    c->st.rejects++;
   } else {
     snprintf(fresh->hash, sizeof fresh->hash, "%s", hash);
     fresh->key = key_of(hash);
@@ -307,6 +340,16 @@ int kvti_hc_put(kvti_hcache *c, const char *hash, kvti_hc_item *it) {
   if (!kept)
     kvti_hc_item_free(it);
   return kept;
+}
+
+/* Deletes r, which is in the map but in no list (no bytes charged). Caller
+ * holds mu. */
+static void drop_unlisted(kvti_hcache *c, rec *r, rec **g) {
+  kvti_hm_remove(&c->map, r->key, (uint64_t)(uintptr_t)r);
+  set_chain(c, r, NULL);
+  r->state = LENT;
+  r->gnext = *g;
+  *g = r;
 }
 
 /* Registers r (already in the map, in no list) as lent with a fresh id,
@@ -333,6 +376,8 @@ int kvti_hc_take(kvti_hcache *c, const char *hash, kvti_hc_item *out,
     rec *r = find(c, hash, NULL);
     if (r && r->state == RESIDENT) {
       *out = r->it;
+      out->has_chain = r->has_chain;
+      memcpy(out->chain, r->chain, sizeof out->chain);
       list_unlink(&c->lru, r);
       c->st.used -= r->it.bytes;
       c->st.resident--;
@@ -347,6 +392,14 @@ int kvti_hc_take(kvti_hcache *c, const char *hash, kvti_hc_item *out,
   pthread_mutex_unlock(&c->mu);
   settle(c, g, charge);
   return hit;
+}
+
+int kvti_hc_resident(kvti_hcache *c, const char *hash) {
+  pthread_mutex_lock(&c->mu);
+  rec *r = c->bound > 0 && !c->closed ? find(c, hash, NULL) : NULL;
+  int yes = r && r->state == RESIDENT;
+  pthread_mutex_unlock(&c->mu);
+  return yes;
 }
 
 void kvti_hc_forget(kvti_hcache *c, const char *hash, uint64_t lend_id,
@@ -368,6 +421,11 @@ void kvti_hc_forget(kvti_hcache *c, const char *hash, uint64_t lend_id,
 }
 
 int kvti_hc_lend(kvti_hcache *c, const char *hash, uint64_t *lend_id) {
+  return kvti_hc_lend_chain(c, hash, NULL, lend_id);
+}
+
+int kvti_hc_lend_chain(kvti_hcache *c, const char *hash, const uint8_t *chain,
+                       uint64_t *lend_id) {
   rec *fresh = kvti_calloc(1, sizeof *fresh);
   rec *g = NULL;
   int64_t charge = 0;
@@ -380,16 +438,24 @@ int kvti_hc_lend(kvti_hcache *c, const char *hash, uint64_t *lend_id) {
        * one re-admitted. */
       list_unlink(&c->lent, r);
       c->st.lent--;
-      *lend_id = lend_locked(c, r, &g, &charge);
-      ok = 1;
+      if (set_chain(c, r, chain) != 0) {
+        drop_unlisted(c, r, &g);
+      } else {
+        *lend_id = lend_locked(c, r, &g, &charge);
+        ok = 1;
+      }
     } else if (!r && fresh &&
                kvti_hm_add(&c->map, key_of(hash), (uint64_t)(uintptr_t)fresh) ==
                    0) {
       snprintf(fresh->hash, sizeof fresh->hash, "%s", hash);
       fresh->key = key_of(hash);
-      *lend_id = lend_locked(c, fresh, &g, &charge);
-      fresh = NULL;
-      ok = 1;
+      if (set_chain(c, fresh, chain) != 0) {
+        kvti_hm_remove(&c->map, fresh->key, (uint64_t)(uintptr_t)fresh);
+      } else {
+        *lend_id = lend_locked(c, fresh, &g, &charge);
+        fresh = NULL;
+        ok = 1;
+      }
     }
   }
   pthread_mutex_unlock(&c->mu);
@@ -414,11 +480,7 @@ int kvti_hc_give_back(kvti_hcache *c, const char *hash, uint64_t lend_id,
       c->st.returns++;
       kept = 1;
     } else {
-      /* Not coming back: the record goes (it is in no list now). */
-      kvti_hm_remove(&c->map, r->key, (uint64_t)(uintptr_t)r);
-      r->state = LENT;
-      r->gnext = g;
-      g = r;
+      drop_unlisted(c, r, &g); /* not coming back */
       c->st.rejects++;
     }
   }
@@ -440,6 +502,32 @@ void kvti_hc_invalidate(kvti_hcache *c, const char *hash) {
   }
   pthread_mutex_unlock(&c->mu);
   settle(c, g, charge);
+}
+
+size_t kvti_hc_invalidate_chains(kvti_hcache *c, const uint8_t *keys,
+                                 size_t stride, size_t n) {
+  rec *g = NULL;
+  int64_t charge = 0;
+  size_t dropped = 0;
+  pthread_mutex_lock(&c->mu);
+  for (size_t i = 0; c->by_chain.n && i < n; i++) {
+    const uint8_t *k = keys + i * stride;
+    size_t pos = 0;
+    kvti_hm_slot *s;
+    /* drop() edits the map: restart the scan after each removal. */
+    while ((s = kvti_hm_next(&c->by_chain, chain_key(k), &pos)) != NULL) {
+      rec *r = (rec *)(uintptr_t)s->val;
+      if (memcmp(r->chain, k, 32) != 0)
+        continue;
+      drop(c, r, &g, &charge);
+      c->st.invalidations++;
+      dropped++;
+      pos = 0;
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  settle(c, g, charge);
+  return dropped;
 }
 
 /* ---- default bound ------------------------------------------------------ */

@@ -17,7 +17,10 @@
  * a LENT record with a fresh lend id; freeing that entry GIVES the layers BACK,
  * which re-admits them only while the record still carries that id. Every
  * invalidation (replace, evict, remove, quarantine, retention) deletes the
- * record, so a stale version can never come back. Entries promoted from disk
+ * record, so a stale version can never come back; with the chunked native
+ * store a record is also tagged with the last chunk of the chain its rows came
+ * from, and removing any chunk of that chain (eviction, quarantine) deletes
+ * it (kvti_hc_invalidate_chains). Entries promoted from disk
  * are registered as LENT (kvti_hc_lend) so their buffers are admitted when
  * freed. The bytes of lent entries belong to the caller (its RAM budget) and
  * are not counted here.
@@ -56,6 +59,11 @@ typedef struct kvti_hc_item {
   uint64_t memory_bytes;
   uint64_t disk_bytes; /* bytes of the entry's files */
   int storage_mode;
+  /* Chunked native store: the key of the last chunk of the chain the rows
+   * came from (kvti_hc_put tags the record with it; kvti_hc_take reports the
+   * record's tag). */
+  int has_chain;
+  uint8_t chain[32];
 } kvti_hc_item;
 
 typedef struct kvti_hc_stats {
@@ -108,6 +116,8 @@ int kvti_hc_put(kvti_hcache *c, const char *hash, kvti_hc_item *it);
  * with *lend_id. Otherwise 0 (counted as a miss while enabled). */
 int kvti_hc_take(kvti_hcache *c, const char *hash, kvti_hc_item *out,
                  uint64_t *lend_id);
+/* 1 when hash has a resident record now (a take would find it), else 0. */
+int kvti_hc_resident(kvti_hcache *c, const char *hash);
 /* Undoes a take whose item the caller could not use: the record is deleted
  * (the caller frees the item). verify_failed: count it as a verification
  * failure and a miss instead of a hit. */
@@ -117,12 +127,22 @@ void kvti_hc_forget(kvti_hcache *c, const char *hash, uint64_t lend_id,
  * freed. Returns 1 and *lend_id, or 0 (disabled, closed, a resident version
  * exists, no memory). */
 int kvti_hc_lend(kvti_hcache *c, const char *hash, uint64_t *lend_id);
+/* The same for rows read from a chain: the record is tagged with chain (the
+ * last chunk's key; NULL: untagged) for kvti_hc_invalidate_chains. */
+int kvti_hc_lend_chain(kvti_hcache *c, const char *hash, const uint8_t *chain,
+                       uint64_t *lend_id);
 /* Returns a lent item (ownership passes): re-admitted as resident (1) when the
  * record still carries lend_id and it fits the bound, else freed (0). */
 int kvti_hc_give_back(kvti_hcache *c, const char *hash, uint64_t lend_id,
                       kvti_hc_item *it);
 /* Deletes hash's record, whatever its state. */
 void kvti_hc_invalidate(kvti_hcache *c, const char *hash);
+/* Deletes every record tagged with one of n chunk keys (32 bytes each, at
+ * keys + i * stride: an array of structs that start with the key works), in
+ * any state: the chunks are gone, so nothing cached through them stays.
+ * Returns how many records were deleted. */
+size_t kvti_hc_invalidate_chains(kvti_hcache *c, const uint8_t *keys,
+                                 size_t stride, size_t n);
 
 /* The default bound (kvt_options.host_cache_bytes = KVT_HOST_CACHE_AUTO): 1/8
  * of the memory this process may use, i.e. the smallest of physical RAM, the

@@ -78,6 +78,17 @@ struct kvt_promise {
 /* The read (shared by sync and async)                                      */
 /* ------------------------------------------------------------------------ */
 
+/* A chunk-aligned prefix no spill ended at: from the host RAM tier, else
+ * from its chain (then lent to the RAM tier). Stripe of hash held shared. */
+static int read_prefix(kvt_entry **out, kvt_tier *t, const char *hash,
+                       const kvti_read_opts *ro) {
+  int rc = kvti_ram_promote_prefix(out, t, hash, ro);
+  if (rc == KVT_ENOTFOUND &&
+      (rc = kvti_tier_chunks_get_prefix(t, out, hash, ro)) == 0)
+    kvti_ram_after_prefix(t, *out, ro);
+  return rc;
+}
+
 /* Reads the entry info describes, verifying it; counts failures (not hits: the
  * caller does, so a cancelled async result is never counted as a hit). On
  * corruption the entry is quarantined. Runs on the caller's thread (sync) or a
@@ -122,7 +133,7 @@ static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
         kvti_ram_after_disk(t, *out, &ro);
     }
   } else if (rc == KVT_ENOTFOUND && t->chunked &&
-             (rc = kvti_tier_chunks_get_prefix(t, out, hash, &ro)) == 0) {
+             (rc = read_prefix(out, t, hash, &ro)) == 0) {
     row_seen = 1; /* a chunk-aligned prefix no spill ended at */
   } else if (rc == KVT_ENOTFOUND) {
     KVT_ERR(KVT_ENOTFOUND,
@@ -399,9 +410,16 @@ int kvt_tier_read_entry_ex(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
     return KVT_ERR(KVT_ENOTFOUND, "entry %.16s expired (retention_seconds)",
                    file_path);
   }
-  rc = kvti_tier_chunks_get(t, out, file_path, &ro);
+  /* Served from the host RAM tier when just used (verified like the disk
+   * read below), and lent to it after a disk read, as a promote. */
+  rc = has_row ? kvti_ram_promote(out, t, file_path, &ro) : KVT_ENOTFOUND;
+  if (rc == KVT_ENOTFOUND) {
+    rc = kvti_tier_chunks_get(t, out, file_path, &ro);
+    if (rc == 0 && has_row)
+      kvti_ram_after_disk(t, *out, &ro);
+  }
   if (rc == KVT_ENOTFOUND && !has_row && t->chunked)
-    rc = kvti_tier_chunks_get_prefix(t, out, file_path, &ro);
+    rc = read_prefix(out, t, file_path, &ro);
   kvti_stripe_unlock(&t->stripes, file_path);
   if (rc != 0)
     kvti_tier_chunks_after_read(t);

@@ -5,17 +5,28 @@
  * copy them into the caller's buffers), registering entries read from disk so
  * their buffers come back when freed, admitting written copy-mode snapshots,
  * invalidation, the public bound/trim calls and the stats gauges. The hooks
- * in promote.c, writer.c and tier.c are one call each.
+ * in promote.c, writer.c, tier.c and chunks.c are one call each.
+ *
+ * With the chunked native store (chunk_tokens) a record holds the assembled
+ * entry - chain rows and tail joined, as a read returns it - or a pure chain's
+ * prefix (named by the hash of its tokens, as lookup_prefix reports it), and is
+ * tagged with the chain's last chunk. A hit is verified against the chunk
+ * files (store/chunks_verify.h: header, chain row, tokens, every block over
+ * the cached rows) and, for an entry, against its tail's files
+ * (kvti_entry_verify_mem over the rows past the chain): the same checks as
+ * the disk read it replaces.
  */
 #include "tier/ramtier.h"
 #include "base/error.h"
+#include "base/hash.h"
 #include "base/io.h"
 #include "format/entry.h"
 #include "format/layer.h"
 #include "tier/hostcache.h"
-#include "index/index.h"
-#include "store/chunked.h"
 #include "tier/remote.h"
+#include "index/chain_walk.h"
+#include "store/chunked.h"
+#include "store/chunks_verify.h"
 #include "store/local.h"
 #include "tier/tier.h"
 
@@ -27,18 +38,6 @@
 
 static uint64_t bound_of(uint64_t opt) {
   return opt == KVT_HOST_CACHE_AUTO ? kvti_hc_default_bytes() : opt;
-}
-
-/* The cache holds whole entries verified against their own manifest. A
- * chained entry's layers live mostly in chunk files its manifest does not
- * describe, and a chain prefix no spill ended at has no manifest at all: in a
- * chunked tier only whole (unchained) entries are cached (docs/DESIGN.md). */
-static int cacheable(kvt_tier *t, const char *hash) {
-  if (!t->chunked)
-    return 1;
-  kvt_entry_info info;
-  return !kvti_chunked_is_chained(t->chunked, hash) &&
-         kvti_index_find_hash(&info, t->idx, hash) == 0;
 }
 
 int kvti_ram_open(kvt_tier *t) {
@@ -60,6 +59,123 @@ void kvti_ram_free(kvt_tier *t) {
 void kvti_ram_invalidate(kvt_tier *t, const char *hash) {
   if (t->hc)
     kvti_hc_invalidate(t->hc, hash);
+}
+
+void kvti_ram_invalidate_chunks(kvt_tier *t, const kvti_chain_rec *recs,
+                                size_t n) {
+  if (t->hc && n)
+    kvti_hc_invalidate_chains(t->hc, recs[0].key, sizeof *recs, n);
+}
+
+/* ---- chains of the chunked native store --------------------------------- */
+
+/* The chain cached rows of hash come from: a chained entry's (its record's
+ * last chunk, walked back through the chain table) or, prefix = 1, the pure
+ * chain of tokens[0, n) in this tier's namespace (the one a disk read of the
+ * prefix would use). recs NULL and m 0 (and 0 returned) for an entry stored
+ * whole. */
+typedef struct ram_chain {
+  kvti_chain_rec *recs;
+  size_t m;
+  uint64_t bytes; /* chunk file bytes */
+} ram_chain;
+
+static int chain_of(kvt_tier *t, const char *hash, const int32_t *tokens,
+                    size_t n, int prefix, const kvti_salt *salt,
+                    ram_chain *out) {
+  memset(out, 0, sizeof *out);
+  if (!t->chunked)
+    return prefix ? KVT_ERR(KVT_ENOTFOUND, "no chunked store") : 0;
+  kvti_chunkstore *cs = kvti_chunked_store(t->chunked);
+  int rc;
+  if (prefix) {
+    /* The callers' hash is that of tokens[0, n) (ram_read checks it; a read
+     * names its entry so). */
+    rc = kvti_chunked_prefix_chain(t->chunked, salt, tokens, n, &out->recs,
+                                   &out->m);
+  } else {
+    uint8_t hb[32];
+    kvti_chained_entry ce;
+    if (kvti_unhex32(hb, hash) != 0 ||
+        !kvti_chains_entry_get(kvti_chunkstore_chains(cs), hb, &ce))
+      return 0; /* stored whole */
+    if (ce.chunks == 0 || (uint64_t)ce.chunks * ce.chunk_tokens > n)
+      return KVT_ERR(KVT_ECORRUPT, "chained entry %.16s: bad record", hash);
+    /* The chain the record names, walked up from its last chunk (as the
+     * chunked read does: no namespace or salt needed). */
+    out->recs = kvti_malloc((size_t)ce.chunks * sizeof *out->recs);
+    rc = out->recs ? kvti_chains_path(kvti_chunkstore_chains(cs), ce.last_key,
+                                      (size_t)ce.chunks, out->recs)
+                   : KVT_ERR_NOMEM();
+    out->m = (size_t)ce.chunks;
+    if (rc == 0 && out->recs[0].layout_hash != ce.layout_hash)
+      rc = KVT_ERR(KVT_ENOTFOUND, "chained entry %.16s: chain replaced", hash);
+  }
+  if (rc) {
+    kvti_free(out->recs);
+    memset(out, 0, sizeof *out);
+    return rc;
+  }
+  for (size_t i = 0; i < out->m; i++)
+    out->bytes += out->recs[i].disk_bytes;
+  return 0;
+}
+
+/* Checks a cached copy as the disk read it replaces would check the bytes it
+ * reads (see the file comment); sets the layers' attributes as that read
+ * does. */
+static int verify(kvt_tier *t, const char *hash, kvti_hc_item *it,
+                  const kvti_read_opts *ro, int prefix) {
+  ram_chain ch;
+  int rc = chain_of(t, hash, ro->tokens, ro->n_tokens, prefix, &ro->salt, &ch);
+  if (rc)
+    return rc;
+  if (!ch.recs) /* an entry stored whole */
+    return kvti_backend_local_verify_mem(t->be, hash, it->layers, it->n_layers,
+                                         ro);
+  if (!it->has_chain || memcmp(it->chain, ch.recs[ch.m - 1].key, 32) != 0) {
+    /* Not the chain these rows were cached from (another namespace's chain
+     * over the same tokens, or a chain rebuilt since): never served, even if
+     * the bytes matched. */
+    kvti_free(ch.recs);
+    return KVT_ERR(KVT_ENOTFOUND, "%.16s: cached from another chain", hash);
+  }
+  uint64_t *row0 = kvti_calloc(it->n_layers ? it->n_layers : 1, sizeof *row0);
+  uint64_t rows = (uint64_t)ch.m * ch.recs[0].n_tokens;
+  rc = row0 ? kvti_chunkstore_verify_mem(
+                  kvti_chunked_store(t->chunked), ch.recs, ch.m, ro->tokens,
+                  it->layers, it->n_layers, ro->cancel, ro->read_threads, row0)
+            : KVT_ERR_NOMEM();
+  if (rc == 0 && !prefix) {
+    /* The tail's files hold the rows past the chain and every other layer. */
+    kvti_read_opts vo = *ro;
+    vo.mem_row0 = row0;
+    vo.tail_ok = 1; /* completed by the chain just checked */
+    rc = kvti_backend_local_verify_mem(t->be, hash, it->layers, it->n_layers,
+                                       &vo);
+  } else if (rc == 0) {
+    /* A pure prefix: the chain is all of it; attributes as
+     * kvti_chunk_prefix_entry sets them. */
+    for (uint32_t i = 0; rc == 0 && i < it->n_layers; i++) {
+      kvt_layer *l = &it->layers[i];
+      if (row0[i] != rows || l->kind == KVT_LAYER_ROTATING_KV)
+        rc = KVT_ERR(KVT_ECORRUPT, "prefix %.16s: layer %u not in its chain",
+                     hash, i);
+      for (uint32_t j = 0; rc == 0 && j < l->num_tensors; j++)
+        if ((uint64_t)l->tensors[j].shape[l->tensors[j].ndim - 2] != rows)
+          rc = KVT_ERR(KVT_ECORRUPT, "prefix %.16s: layer %u has extra rows",
+                       hash, i);
+      if (rc)
+        break;
+      l->offset = (int64_t)rows;
+      l->max_size = l->keep = l->step = l->idx = KVT_ABSENT;
+      kvti_free(l->orig_dtypes);
+      l->orig_dtypes = NULL;
+    }
+  }
+  kvti_free(row0);
+  kvti_free(ch.recs);
+  return rc;
 }
 
 /* kvt_entry_free's hook for an entry whose buffers the cache may take back. */
@@ -87,7 +203,8 @@ static int copy_out(kvt_entry *e, const kvti_hc_item *it,
   e->layers = kvti_calloc(it->n_layers ? it->n_layers : 1, sizeof(kvt_layer));
   if (!e->layers)
     return KVT_ERR_NOMEM();
-  e->free_buf = ro->free_buf;
+  /* Caller buffers without a free_buf stay the caller's. */
+  e->free_buf = ro->free_buf ? ro->free_buf : kvti_keep_caller_buf;
   e->alloc_ctx = ro->alloc_ctx;
   for (uint32_t i = 0; i < it->n_layers; i++) {
     const kvt_layer *s = &it->layers[i];
@@ -125,10 +242,19 @@ static int copy_out(kvt_entry *e, const kvti_hc_item *it,
   return 0;
 }
 
-int kvti_ram_promote(kvt_entry **out, kvt_tier *t, const char *hash,
-                     const kvti_read_opts *ro) {
+static int ram_read(kvt_entry **out, kvt_tier *t, const char *hash,
+                    const kvti_read_opts *ro, int prefix) {
   if (!t->hc || ro->keep_tokens || ro->verify_only || !ro->tokens)
     return KVT_ENOTFOUND;
+  /* Names not matching the tokens (a read_entry caller's mistake) are left
+   * to the disk path: they must not cost the record its place. Checked only
+   * when there is a record to serve, so a miss stays one map lookup. */
+  char h[KVT_HASH_HEX_LEN + 1];
+  if (kvti_hc_resident(t->hc, hash) &&
+      (kvt_token_hash(h, ro->tokens, ro->n_tokens) != 0 || strcmp(h, hash))) {
+    kvt_clear_error();
+    return KVT_ENOTFOUND;
+  }
   kvti_hc_item it;
   uint64_t id = 0;
   if (!kvti_hc_take(t->hc, hash, &it, &id))
@@ -138,8 +264,7 @@ int kvti_ram_promote(kvt_entry **out, kvt_tier *t, const char *hash,
    * layer file's header against the cached tensors, every block checksum
    * over the cached bytes - so a stale, altered or damaged copy is never
    * served; it is dropped and the disk read that follows decides. */
-  int rc =
-      kvti_backend_local_verify_mem(t->be, hash, it.layers, it.n_layers, ro);
+  int rc = verify(t, hash, &it, ro, prefix);
   if (rc != 0) {
     kvti_log(t, KVT_LOG_INFO,
              "kvtier: RAM copy of %.16s not served (%s); reading the disk",
@@ -186,15 +311,54 @@ undo:
   return rc;
 }
 
-void kvti_ram_after_disk(kvt_tier *t, kvt_entry *e, const kvti_read_opts *ro) {
+int kvti_ram_promote(kvt_entry **out, kvt_tier *t, const char *hash,
+                     const kvti_read_opts *ro) {
+  return ram_read(out, t, hash, ro, 0);
+}
+
+int kvti_ram_promote_prefix(kvt_entry **out, kvt_tier *t, const char *hash,
+                            const kvti_read_opts *ro) {
+  return t->chunked ? ram_read(out, t, hash, ro, 1) : KVT_ENOTFOUND;
+}
+
+/* The chain tag of what a read of e returned; 0 when untagged (a whole
+ * entry, or its chain is gone). */
+static int tag_of(kvt_tier *t, const kvt_entry *e, int prefix,
+                  const kvti_salt *salt, uint8_t tag[32]) {
+  ram_chain ch;
+  if (!t->chunked ||
+      chain_of(t, e->hash, e->tokens, e->n_tokens, prefix, salt, &ch) != 0 ||
+      !ch.recs) {
+    kvt_clear_error();
+    return 0;
+  }
+  memcpy(tag, ch.recs[ch.m - 1].key, 32);
+  kvti_free(ch.recs);
+  return 1;
+}
+
+static void after_read(kvt_tier *t, kvt_entry *e, const kvti_read_opts *ro,
+                       int prefix) {
   uint64_t id;
   if (e)
     e->from = KVTI_FROM_DISK;
-  if (!t->hc || !e || ro->keep_tokens || ro->alloc || e->free_buf ||
-      e->recycle || !cacheable(t, e->hash))
+  if (!t->hc || !e || ro->keep_tokens || ro->alloc || e->free_buf || e->recycle)
     return;
-  if (kvti_hc_lend(t->hc, e->hash, &id))
+  uint8_t tag[32];
+  int tagged = tag_of(t, e, prefix, &ro->salt, tag);
+  if (prefix && !tagged)
+    return; /* its chain went meanwhile: nothing to keep */
+  if (kvti_hc_lend_chain(t->hc, e->hash, tagged ? tag : NULL, &id))
     hook(t, e, id);
+}
+
+void kvti_ram_after_disk(kvt_tier *t, kvt_entry *e, const kvti_read_opts *ro) {
+  after_read(t, e, ro, 0);
+}
+
+void kvti_ram_after_prefix(kvt_tier *t, kvt_entry *e,
+                           const kvti_read_opts *ro) {
+  after_read(t, e, ro, 1);
 }
 
 void kvti_ram_spilled(kvt_tier *t, kvti_snapshot *s, uint64_t disk_bytes) {
@@ -202,16 +366,32 @@ void kvti_ram_spilled(kvt_tier *t, kvti_snapshot *s, uint64_t disk_bytes) {
    * are (compat mode converts them); not when the remote upload queue still
    * needs the snapshot after this. */
   if (!t->hc || t->opts.storage_mode != KVT_STORAGE_NATIVE ||
-      kvti_remote_enabled(t) || !cacheable(t, kvti_snapshot_hash(s)))
+      kvti_remote_enabled(t))
     return;
   kvti_hc_item it;
   memset(&it, 0, sizeof it);
-  if (!kvti_snapshot_take_layers(s, &it.layers, &it.n_layers))
+  const char *hash = kvti_snapshot_hash(s);
+  size_t n = 0;
+  const int32_t *tokens = kvti_snapshot_tokens(s, &n);
+  ram_chain ch;
+  if (chain_of(t, hash, tokens, n, 0, NULL, &ch) != 0) {
+    kvt_clear_error();
+    kvti_hc_invalidate(t->hc, hash);
+    return; /* its chain is not whole (cannot happen after a put) */
+  }
+  if (ch.recs) {
+    it.has_chain = 1;
+    memcpy(it.chain, ch.recs[ch.m - 1].key, 32);
+    kvti_free(ch.recs);
+  }
+  if (!kvti_snapshot_take_layers(s, &it.layers, &it.n_layers)) {
+    kvti_hc_invalidate(t->hc, hash); /* e.g. a prefix record of these tokens */
     return; /* zero-copy spill: not cached (see hostcache.h) */
+  }
   it.memory_bytes = kvti_snapshot_memory_bytes(s);
-  it.disk_bytes = disk_bytes;
+  it.disk_bytes = disk_bytes + ch.bytes; /* tail + every chunk of its chain */
   it.storage_mode = KVT_STORAGE_NATIVE;
-  kvti_hc_put(t->hc, kvti_snapshot_hash(s), &it);
+  kvti_hc_put(t->hc, hash, &it);
 }
 
 void kvti_ram_gauges(kvt_tier *t, kvt_stats *s) {

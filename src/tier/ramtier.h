@@ -9,6 +9,7 @@
 #define KVT_RAMTIER_H
 
 #include "format/entry.h"
+#include "index/chain.h"
 #include "kvtier.h"
 
 struct kvt_tier;
@@ -23,16 +24,28 @@ void kvti_ram_close(struct kvt_tier *t);
 void kvti_ram_free(struct kvt_tier *t);
 /* The stored version of hash is going away or being replaced. */
 void kvti_ram_invalidate(struct kvt_tier *t, const char *hash);
+/* Chunks recs[0, n) were removed (evicted, quarantined): every cached entry or
+ * prefix whose chain ran through one of them is dropped. */
+void kvti_ram_invalidate_chunks(struct kvt_tier *t, const kvti_chain_rec *recs,
+                                size_t n);
 /* Promote hit path, called where the disk read would run (stripe held shared,
  * row re-checked): 0 with *out served from RAM (verified against the files),
  * or KVT_ENOTFOUND: not cached (or the copy failed the check) - read the
  * disk. Other codes: KVT_ENOMEM. */
 int kvti_ram_promote(kvt_entry **out, struct kvt_tier *t, const char *hash,
                      const kvti_read_opts *ro);
+/* The same for a chunk-aligned prefix no spill ended at (no index row; stripe
+ * of hash held shared): served only while hash = the hash of ro's tokens
+ * and their pure chain is stored (verified against its chunk files). */
+int kvti_ram_promote_prefix(kvt_entry **out, struct kvt_tier *t,
+                            const char *hash, const kvti_read_opts *ro);
 /* After a successful local disk read: registers e so its buffers are admitted
  * when the caller frees it. */
 void kvti_ram_after_disk(struct kvt_tier *t, kvt_entry *e,
                          const kvti_read_opts *ro);
+/* The same after a prefix read (kvti_tier_chunks_get_prefix). */
+void kvti_ram_after_prefix(struct kvt_tier *t, kvt_entry *e,
+                           const kvti_read_opts *ro);
 /* After the writer published s (disk_bytes on disk): admits its layers. */
 void kvti_ram_spilled(struct kvt_tier *t, kvti_snapshot *s,
                       uint64_t disk_bytes);

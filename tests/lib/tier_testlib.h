@@ -62,6 +62,11 @@ char *t_entry_path(kvt_tier *t, const int32_t *tokens, size_t n,
 /* Flips one byte at offset off (from the end when off < 0) of path. */
 int t_flip(const char *path, long off);
 
+/* Calls fn(ctx, path) for each chunk file (chunks/<kk>/<key>.kvc) of the
+ * cache directory dir (fn may be NULL). Returns how many there are. */
+int t_each_chunk(const char *dir, void (*fn)(void *ctx, const char *path),
+                 void *ctx);
+
 /* Rows [0, keep) of every head of a [1, H, T, D] tensor equal the trimmed
  * [1, H, keep, D] (what a trimmed promote must return). */
 int t_rows_match(const kvt_tensor *trim, const kvt_tensor *full, int64_t keep);

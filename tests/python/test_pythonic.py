@@ -129,7 +129,10 @@ def test_maintenance(tier, rng, cache_dir):
     assert tier.path == os.path.abspath(cache_dir)
 
 
-def test_buffers_pool_controls(tier, rng):
+def test_buffers_pool_controls(cache_dir, rng):
+    # The host RAM tier off: a promoted entry's tensors would go to it, not
+    # back to the pool, once freed.
+    tier = kvtier.Tier(cache_dir, durability="none", host_cache_bytes=0)
     before = kvtier.buffers()
     assert set(before) == {"idle_bytes", "out_bytes", "idle_cap"}
     try:
@@ -147,6 +150,7 @@ def test_buffers_pool_controls(tier, rng):
             kvtier.buffers(idle_cap=-1)
     finally:
         kvtier.buffers(idle_cap=before["idle_cap"])
+        tier.close()
 
 
 def test_tier_chunk_options_and_hybrid_prefix_states(cache_dir, rng):

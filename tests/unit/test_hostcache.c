@@ -4,7 +4,8 @@
  * cycles and their counters, the byte bound respected after every operation of
  * a seeded random workload (and charged to the buffer pool), a lowered bound
  * and a trim shrinking the cache before the call returns, invalidation of
- * resident and lent records (a stale lent copy never comes back), the lent
+ * resident and lent records (a stale lent copy never comes back), chain tags
+ * (a removed chunk drops the records through it), the lent
  * record cap, a closed cache, concurrent use, and the cgroup-limit parser of
  * the default bound on generated files.
  */
@@ -379,9 +380,64 @@ static void test_memory_limit(void) {
     CHECK(def <= (uint64_t)pages * (uint64_t)psz / 8);
 }
 
+/* Chain tags (chunked native store): removing a chunk drops every record
+ * tagged with it - resident (from a put) or lent (from a lend or a take),
+ * the tag surviving a take and a give-back - and nothing else. */
+static void test_chain_tags(void) {
+  kvti_hcache *c = NULL;
+  REQUIRE(kvti_hc_create(&c, (uint64_t)64 << 20, NULL) == 0);
+  char h[4][KVT_HASH_HEX_LEN + 1];
+  for (unsigned i = 0; i < 4; i++)
+    hash_of(h[i], 40 + i);
+  /* Two keys that share their first 8 bytes (one map slot key). */
+  uint8_t k1[32], k2[32];
+  memset(k1, 0x11, sizeof k1);
+  memcpy(k2, k1, sizeof k2);
+  k2[31] = 0x22;
+  kvti_hc_item a = make_item(4096, 1), b = make_item(4096, 2),
+               u = make_item(4096, 3), got;
+  a.has_chain = 1;
+  memcpy(a.chain, k1, 32);
+  b.has_chain = 1;
+  memcpy(b.chain, k2, 32);
+  REQUIRE(kvti_hc_put(c, h[0], &a) == 1); /* tagged k1 */
+  REQUIRE(kvti_hc_put(c, h[1], &b) == 1); /* tagged k2 */
+  REQUIRE(kvti_hc_put(c, h[2], &u) == 1); /* untagged */
+  uint64_t id = 0, lid = 0;
+  REQUIRE(kvti_hc_lend_chain(c, h[3], k1, &lid) == 1); /* lent, tagged k1 */
+  CHECK(kvti_hc_resident(c, h[0]) && !kvti_hc_resident(c, h[3]));
+  /* The tag survives a take and a give-back. */
+  REQUIRE(kvti_hc_take(c, h[0], &got, &id) == 1);
+  CHECK(got.has_chain && memcmp(got.chain, k1, 32) == 0);
+  REQUIRE(kvti_hc_give_back(c, h[0], id, &got) == 1);
+  /* Removing k1 (and an unrelated key): h0 and the lent h3 go, h1 (same map
+   * slot key, other chunk) and the untagged h2 stay. */
+  uint8_t keys[2][32];
+  memset(keys[0], 0x77, 32);
+  memcpy(keys[1], k1, 32);
+  CHECK_EQ_INT(kvti_hc_invalidate_chains(c, keys[0], 32, 2), 2);
+  CHECK(!kvti_hc_resident(c, h[0]));
+  CHECK(kvti_hc_resident(c, h[1]) && kvti_hc_resident(c, h[2]));
+  kvti_hc_item late = make_item(4096, 4);
+  CHECK_EQ_INT(kvti_hc_give_back(c, h[3], lid, &late), 0); /* not admitted */
+  kvti_hc_stats st;
+  kvti_hc_get_stats(c, &st);
+  CHECK_EQ_INT(st.resident, 2);
+  CHECK_EQ_INT(st.lent, 0);
+  CHECK_EQ_INT(st.invalidations, 2);
+  /* A lent record re-lent with another tag is found by the new one only. */
+  REQUIRE(kvti_hc_take(c, h[1], &got, &id) == 1);
+  REQUIRE(kvti_hc_lend_chain(c, h[1], k1, &lid) == 1);
+  CHECK_EQ_INT(kvti_hc_invalidate_chains(c, k2, 32, 1), 0);
+  CHECK_EQ_INT(kvti_hc_invalidate_chains(c, k1, 32, 1), 1);
+  CHECK_EQ_INT(kvti_hc_give_back(c, h[1], lid, &got), 0);
+  kvti_hc_release(c);
+}
+
 int main(void) {
   RUN(test_life_cycle);
   RUN(test_invalidate);
+  RUN(test_chain_tags);
   RUN(test_bound_respected);
   RUN(test_shrink);
   RUN(test_lent_cap_and_close);

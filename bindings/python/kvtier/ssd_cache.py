@@ -170,8 +170,9 @@ class SSDCacheConfig:
             for rediss:// URLs.
         host_cache_bytes: bytes of recently spilled/promoted entries kept in
             RAM so promoting them again runs at memory speed (the host RAM
-            tier); None (default) = 1/8 of the memory the process may use
-            (RAM and cgroup limit), 0 = disabled.
+            tier; chained entries and chunk-aligned prefixes too, and
+            _read_entry uses it); None (default) = 1/8 of the memory the
+            process may use (RAM and cgroup limit), 0 = disabled.
         chunk_tokens: 256 (default) or another power of two in 16..4096:
             native-mode spills are stored as chains of chunks of this many
             tokens, each stored once, and prefix lookups find chunk-aligned

@@ -1,0 +1,143 @@
+"""The host RAM tier over the chunked native store (chunk_tokens=256) through
+kvtier.ssd_cache, driven the way vllm-mlx's scheduler drives it: spill on
+eviction (enqueue_spill), lookup_ssd then lookup_ssd_prefix,
+_read_entry(prompt[:matched], file_path), _index.touch(prompt[:matched]).  A
+chunk-aligned prefix no spill ended at is read from its chain the first time
+and from host RAM the second time, bit for bit; so is a chained entry (chain
++ tail) spilled a moment ago, through _read_entry and async_promote.
+Dropping the system prompt's chunks (a capacity gc) drops the cached prefix
+too; the bound and trim hold over chained entries; a hybrid model's chained
+entry (arrays state in the tail) comes back from RAM whole.  No timings are
+asserted."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+
+import numpy as np
+
+from conftest import Budget, make_tier, run
+from kvtier import _lib as L
+from test_chunked_dropin import C, LAYERS, SYS, TOKB, WAIT, kv_for, spill
+
+
+def _same_bits(layers, tokens):
+    assert layers is not None and len(layers) == LAYERS
+    for got, exp in zip(layers, kv_for(tokens)[:LAYERS]):
+        k, v = np.asarray(got["keys"]), np.asarray(got["values"])
+        assert k.shape == exp.keys.shape and v.shape == exp.values.shape
+        assert np.array_equal(k.view(np.uint16), exp.keys.view(np.uint16))
+        assert np.array_equal(v.view(np.uint16), exp.values.view(np.uint16))
+        assert got["offset"] == len(tokens)
+
+
+def _read(t, tokens, file_path):
+    """One scheduler read: the layers are checked, then dropped (the entry is
+    freed, which hands its buffers back to the RAM tier)."""
+    layers = t._read_entry(tokens, file_path)
+    _same_bits(layers, tokens)
+    del layers
+    gc.collect()
+
+
+def test_prefix_and_entry_second_read_from_ram(cache_dir):
+    t = make_tier(cache_dir, chunk_tokens=C, host_cache_bytes=256 << 20)
+    t.start_writer()
+    try:
+        convs = [SYS + [20000 + c * 300 + i for i in range(300)] for c in range(2)]
+        for conv in convs:
+            spill(t, conv)
+        t.flush(timeout=WAIT)
+        s0 = t.get_stats()
+        assert s0["host_cache_entries"] == 2  # the copy-mode spills
+        # A new prompt: the system prompt + 300 new tokens.
+        prompt = tuple(SYS + [90000 + i for i in range(300)])
+        assert t.lookup_ssd(prompt) is None
+        hit = t.lookup_ssd_prefix(prompt)
+        assert hit is not None
+        m = hit["num_tokens"]
+        assert m == len(SYS) and m % C == 0
+        hits = []
+        for _ in range(2):
+            _read(t, prompt[:m], hit["file_path"])
+            t._index.touch(prompt[:m])  # the scheduler's only touch
+            hits.append(t.get_stats()["host_cache_hits"])
+        assert hits[0] == s0["host_cache_hits"]  # first read: the chain
+        assert hits[1] == hits[0] + 1  # second: host RAM
+        s = t.get_stats()
+        assert s["host_cache_entries"] == 3
+        assert s["host_cache_verify_failures"] == 0
+        assert 0 < s["host_cache_bytes_used"] <= s["host_cache_bytes_bound"]
+        # A chained entry (4 chunks + 44 tail rows) spilled a moment ago.
+        conv = tuple(convs[1])
+        info = t.lookup_ssd(conv)
+        assert info is not None
+        _read(t, conv, info["file_path"])
+        b = Budget()
+        got = run(t.async_promote(conv, b.reserve, b.release))
+        _same_bits(got, conv)
+        del got
+        gc.collect()
+        s = t.get_stats()
+        assert s["host_cache_hits"] == hits[1] + 2
+        assert s["promotes_from_ram"] == 1 and s["promotes_from_disk"] == 0
+        # Capacity: everything evicted, the cached prefix with its chain.
+        o = L.GcOpts(1, 1, 0, -1, 0)  # max_bytes=1: kvt_tier_gc
+        L.check(L.kvt_tier_gc(t._h.ptr, ctypes.byref(o), None, None), "gc")
+        s = t.get_stats()
+        assert s["host_cache_entries"] == 0
+        assert t.lookup_ssd_prefix(prompt) is None
+        assert t._read_entry(prompt[:m], hit["file_path"]) is None
+    finally:
+        t.close()
+
+
+def test_bound_with_chunked_entries(cache_dir):
+    """set_host_cache_bytes and trim shrink a cache of chained entries
+    before they return; bytes used never exceed the bound."""
+    t = make_tier(cache_dir, chunk_tokens=C, host_cache_bytes=256 << 20)
+    t.start_writer()
+    try:
+        for c in range(3):
+            spill(t, SYS + [40000 + c * 300 + i for i in range(100)])
+        t.flush(timeout=WAIT)
+        s = t.get_stats()
+        assert s["host_cache_entries"] == 3
+        one = (len(SYS) + 100) * TOKB * 5 // 4
+        t.set_host_cache_bytes(one)
+        s = t.get_stats()
+        assert s["host_cache_entries"] == 1
+        assert s["host_cache_bytes_used"] <= one == s["host_cache_bytes_bound"]
+        assert t.trim(0) > 0
+        assert t.get_stats()["host_cache_bytes_used"] == 0
+    finally:
+        t.close()
+
+
+def test_hybrid_entry_second_read_from_ram(cache_dir):
+    """A chained entry of a hybrid model (KV layers chunked, an arrays layer
+    in the tail): the second read comes from RAM with the KV and the arrays
+    state exactly as spilled."""
+    t = make_tier(cache_dir, chunk_tokens=C, host_cache_bytes=256 << 20)
+    t.start_writer()
+    try:
+        full = tuple(SYS + [5, 6, 7])
+        spill(t, full, hybrid=True)
+        t.flush(timeout=WAIT)
+        info = t.lookup_ssd(full)
+        assert info is not None
+        for _ in range(2):
+            layers = t._read_entry(full, info["file_path"])
+            assert layers is not None and len(layers) == LAYERS + 1
+            _same_bits(layers[:LAYERS], full)
+            st = np.asarray(layers[-1]["state"][0])
+            assert st.shape == (1, 3, 8) and float(st.flat[0]) == float(len(full))
+            del layers, st  # the entry is freed: back into the RAM tier
+            gc.collect()
+        s = t.get_stats()
+        assert s["host_cache_hits"] == 2  # both reads: the spill was cached
+        assert s["host_cache_verify_failures"] == 0
+        assert s["host_cache_entries"] == 1
+    finally:
+        t.close()

@@ -1,0 +1,449 @@
+/*
+ * test_ram_tier_chunked.c - the host RAM tier over the chunked native store
+ * (chunk_tokens set; public API only): a chained entry (chain + tail) spilled
+ * in copy mode is promoted and read (kvt_tier_read_entry) from RAM, bit for
+ * bit, also into caller buffers; a chunk-aligned prefix no spill ended at is
+ * read from its chain first and from RAM the second time (read_entry and a
+ * PREFIX promote); an altered RAM copy - in the chain's rows or in the tail's -
+ * fails the check and the disk is read; a replaced entry is served in its new
+ * version; removing the entries leaves the prefixes (their chain is still
+ * stored), evicting a leaf chunk drops exactly the prefixes through it; a
+ * quarantined chunk drops every cached entry and prefix through it, lent ones
+ * included (also when kvt_tier_chunk_verify repairs); a damaged chunk header
+ * makes the RAM copy fail its check; reads
+ * of a cached prefix racing with evictions of its chain return it whole or
+ * nothing. No timings are asserted.
+ */
+#include "tier_testlib.h"
+
+#define C 16
+#define D 8
+#define NL 2
+
+static kvt_stats stats_of(kvt_tier *t) {
+  kvt_stats s = KVT_STATS_INIT;
+  REQUIRE(kvt_tier_stats(&s, t) == 0);
+  return s;
+}
+
+static kvt_tier *open_dir(const char *dir, uint64_t host_bytes) {
+  kvt_options o;
+  kvt_options_init(&o, KVT_OPTIONS_VERSION);
+  o.cache_dir = dir;
+  o.durability = KVT_DURABILITY_NONE;
+  o.chunk_tokens = C;
+  o.model_id = "ram-chunked";
+  o.host_cache_bytes = host_bytes;
+  kvt_tier *t = t_open(&o);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  return t;
+}
+
+/* Copies token rows [0, p) (and the tokens) of base into e: the shared part
+ * of two prompts has the same KV, as in a real model. */
+static void share(t_entry *e, const t_entry *base, size_t p) {
+  memcpy(e->tokens, base->tokens, p * sizeof(int32_t));
+  kvt_token_hash(e->hash, e->tokens, e->n_tokens);
+  for (uint32_t l = 0; l < e->n_layers; l++)
+    for (int k = 0; k < 2; k++) {
+      kvt_tensor *d = &e->layers[l].tensors[k];
+      const kvt_tensor *s = &base->layers[l].tensors[k];
+      for (int h = 0; h < 2; h++)
+        memcpy((float *)d->data + (size_t)h * d->shape[2] * D,
+               (const float *)s->data + (size_t)h * s->shape[2] * D,
+               p * D * sizeof(float));
+    }
+}
+
+/* A 40-token entry: 2 chunks + 8 tail rows. */
+static t_entry mk(uint64_t seed, size_t n) {
+  return t_make(seed, n, NL, (int)n, D);
+}
+
+static int spill_nocopy(kvt_tier *t, const t_entry *e) {
+  return kvt_tier_spill_nocopy(t, e->tokens, e->n_tokens, e->layers,
+                               e->n_layers, e->memory_bytes, NULL, NULL);
+}
+
+static kvt_entry *promote(kvt_tier *t, const t_entry *e) {
+  kvt_entry *got = NULL;
+  return kvt_tier_promote(&got, t, e->tokens, e->n_tokens, NULL) == 0 ? got
+                                                                      : NULL;
+}
+
+static kvt_entry *read_entry(kvt_tier *t, const t_entry *e) {
+  kvt_entry *got = NULL;
+  return kvt_tier_read_entry(&got, t, e->tokens, e->n_tokens, e->hash) == 0
+             ? got
+             : NULL;
+}
+
+/* Flips byte off (from the end when < 0) of every chunk file under dir.
+ * Returns how many were flipped. */
+typedef struct flip_ctx {
+  long off;
+  int flipped;
+} flip_ctx;
+static void flip_one(void *ctx, const char *path) {
+  flip_ctx *f = ctx;
+  f->flipped += t_flip(path, f->off) == 0;
+}
+static int flip_chunks(const char *dir, long off) {
+  flip_ctx f = {off, 0};
+  t_each_chunk(dir, flip_one, &f);
+  return f.flipped;
+}
+
+/* The keys (64 hex) of a cache's chunk files. */
+typedef struct key_ctx {
+  char keys[4][65];
+  int n;
+} key_ctx;
+static void last_key(void *ctx, const char *path) {
+  key_ctx *k = ctx;
+  const char *b = strrchr(path, '/') + 1;
+  if (k->n < 4 && strlen(b) == 68)
+    snprintf(k->keys[k->n++], 65, "%.64s", b);
+}
+
+static void *u_alloc(void *ctx, uint32_t layer, uint32_t tensor,
+                     const kvt_tensor *d) {
+  (void)layer;
+  (void)tensor;
+  ++*(int *)ctx;
+  return malloc(d->nbytes ? d->nbytes : 1);
+}
+static void u_free(void *ctx, void *buf) {
+  (void)ctx;
+  free(buf);
+}
+
+static void test_entry(void) {
+  char *dir = kvt_test_tmpdir("ramch1");
+  kvt_tier *t = open_dir(dir, (uint64_t)64 << 20);
+  t_entry a = mk(1, 40);
+  REQUIRE(t_spill(t, &a) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  kvt_stats s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_entries, 1);
+  CHECK(s.disk_bytes > 0);
+  for (int i = 0; i < 2; i++) {
+    kvt_entry *got = promote(t, &a);
+    REQUIRE(got);
+    CHECK(t_same(got, &a));
+    /* The tail's files and the two chunk files. */
+    CHECK(kvt_entry_disk_bytes(got) > a.memory_bytes);
+    kvt_entry_free(got);
+  }
+  kvt_entry *got = read_entry(t, &a);
+  REQUIRE(got);
+  CHECK(t_same(got, &a));
+  kvt_entry_free(got);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.promotes_from_ram, 2);
+  CHECK_EQ_INT(s.promotes_from_disk, 0);
+  CHECK_EQ_INT(s.host_cache_hits, 3);
+  CHECK_EQ_INT(s.host_cache_verify_failures, 0);
+  /* Into caller buffers: copied, the record stays. */
+  int allocs = 0;
+  kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
+  po.alloc = u_alloc;
+  po.free_buf = u_free;
+  po.alloc_ctx = &allocs;
+  REQUIRE(kvt_tier_promote(&got, t, a.tokens, a.n_tokens, &po) == 0);
+  CHECK(t_same(got, &a));
+  CHECK_EQ_INT(allocs, 2 * NL);
+  kvt_entry_free(got);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.promotes_from_ram, 3);
+  CHECK_EQ_INT(s.host_cache_entries, 1);
+  /* An altered copy - a row the chain holds, then one the tail holds - fails
+   * the check: the disk is read (and its result cached again). */
+  const int rows[2] = {3, 37};
+  for (int k = 0; k < 2; k++) {
+    got = promote(t, &a);
+    REQUIRE(got);
+    const kvt_layer *l = kvt_entry_layer(got, 1);
+    ((float *)l->tensors[0].data)[(40 + rows[k]) * D + 2] += 1.0f; /* head 1 */
+    kvt_entry_free(got);
+    got = promote(t, &a);
+    REQUIRE(got);
+    CHECK(t_same(got, &a));
+    kvt_entry_free(got);
+    s = stats_of(t);
+    CHECK_EQ_INT(s.host_cache_verify_failures, (uint64_t)k + 1);
+    CHECK_EQ_INT(s.promotes_from_disk, (uint64_t)k + 1);
+  }
+  CHECK_EQ_INT(s.quarantined, 0);
+  CHECK_EQ_INT(s.promotion_failures, 0);
+  /* Replaced (same tokens and chain, another tail): the new version. */
+  t_entry a2 = mk(2, 40);
+  share(&a2, &a, 32);
+  memcpy(a2.tokens, a.tokens, 40 * sizeof(int32_t)); /* same tokens */
+  kvt_token_hash(a2.hash, a2.tokens, a2.n_tokens);
+  REQUIRE(strcmp(a2.hash, a.hash) == 0);
+  got = promote(t, &a); /* a copy of the old version is out meanwhile */
+  REQUIRE(got);
+  REQUIRE(t_spill(t, &a2) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  kvt_entry_free(got); /* not re-admitted */
+  got = promote(t, &a2);
+  REQUIRE(got);
+  CHECK(t_same(got, &a2));
+  kvt_entry_free(got);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.promotes_from_ram, 7);
+  CHECK_EQ_INT(s.host_cache_entries, 1);
+  /* Removed: gone from RAM too. */
+  REQUIRE(kvt_tier_remove(t, a.tokens, a.n_tokens) == 0);
+  CHECK_EQ_INT(stats_of(t).host_cache_entries, 0);
+  CHECK(promote(t, &a) == NULL);
+  t_free(&a);
+  t_free(&a2);
+  kvt_tier_free(t);
+}
+
+/* The expected prefix of base's first m tokens (rows [0, m), offset m). */
+static t_entry prefix_of(const t_entry *base, size_t m) {
+  t_entry p = mk(99, m);
+  share(&p, base, m);
+  return p;
+}
+
+static void test_prefix_and_eviction(void) {
+  char *dir = kvt_test_tmpdir("ramch2");
+  kvt_tier *t = open_dir(dir, (uint64_t)64 << 20);
+  t_entry a = mk(10, 40), b = mk(11, 40);
+  share(&b, &a, 32);
+  REQUIRE(t_spill(t, &a) == 0);
+  REQUIRE(spill_nocopy(t, &b) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  /* New prompts sharing 32 and 20 tokens: prefixes of 32 and 16 rows that
+   * no spill ended at. */
+  t_entry q2 = mk(12, 42), q1 = mk(13, 42);
+  share(&q2, &a, 32);
+  share(&q1, &a, 20);
+  t_entry p2 = prefix_of(&a, 32), p1 = prefix_of(&a, 16);
+  kvt_entry_info info;
+  REQUIRE(kvt_tier_lookup_prefix(&info, t, q2.tokens, q2.n_tokens) == 0);
+  CHECK_EQ_INT(info.num_tokens, 32);
+  CHECK(strcmp(info.token_hash, p2.hash) == 0);
+  REQUIRE(kvt_tier_lookup_prefix(&info, t, q1.tokens, q1.n_tokens) == 0);
+  CHECK_EQ_INT(info.num_tokens, 16);
+  CHECK(strcmp(info.token_hash, p1.hash) == 0);
+  kvt_stats s0 = stats_of(t);
+  const t_entry *ps[2] = {&p2, &p1};
+  for (int k = 0; k < 2; k++)
+    for (int i = 0; i < 2; i++) {
+      kvt_entry *got = read_entry(t, ps[k]);
+      REQUIRE(got);
+      CHECK(t_same(got, ps[k]));
+      kvt_entry_free(got);
+    }
+  kvt_stats s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_hits - s0.host_cache_hits, 2); /* second reads */
+  CHECK_EQ_INT(s.host_cache_entries, 3); /* a, p2, p1 (b: zero-copy) */
+  /* A PREFIX promote of the longer prompt: the cached 32-token prefix. */
+  kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
+  po.flags = KVT_PROMOTE_PREFIX;
+  kvt_entry *got = NULL;
+  REQUIRE(kvt_tier_promote(&got, t, q2.tokens, q2.n_tokens, &po) == 0);
+  CHECK(t_same(got, &p2));
+  kvt_entry_free(got);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.promotes_from_ram, 1);
+  CHECK_EQ_INT(s.promotes_from_disk, 0);
+  /* The same tokens under a wrong name are not served. */
+  got = NULL;
+  CHECK(kvt_tier_read_entry(&got, t, p2.tokens, p2.n_tokens, p1.hash) != 0);
+  /* The entries go; their chain stays, and so do the prefixes over it. */
+  REQUIRE(kvt_tier_remove(t, a.tokens, a.n_tokens) == 0);
+  REQUIRE(kvt_tier_remove(t, b.tokens, b.n_tokens) == 0);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.entries, 0);
+  CHECK_EQ_INT(s.host_cache_entries, 2);
+  got = read_entry(t, &p2);
+  REQUIRE(got);
+  CHECK(t_same(got, &p2));
+  kvt_entry_free(got);
+  CHECK_EQ_INT(stats_of(t).host_cache_hits, s.host_cache_hits + 1);
+  /* Evict one chunk (the chain's only leaf): the 32-token prefix through it
+   * leaves RAM, the 16-token one (through its parent only) stays. */
+  kvt_gc_opts g = KVT_GC_OPTS_INIT;
+  g.max_bytes = s.disk_bytes - 1;
+  uint64_t removed = 0;
+  REQUIRE(kvt_tier_gc(t, &g, &removed, NULL) == 0);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_entries, 1);
+  CHECK(s.disk_bytes < g.max_bytes);
+  CHECK(read_entry(t, &p2) == NULL);
+  REQUIRE(kvt_tier_lookup_prefix(&info, t, q2.tokens, q2.n_tokens) == 0);
+  CHECK_EQ_INT(info.num_tokens, 16);
+  uint64_t hits = stats_of(t).host_cache_hits;
+  got = read_entry(t, &p1);
+  REQUIRE(got);
+  CHECK(t_same(got, &p1));
+  kvt_entry_free(got);
+  CHECK_EQ_INT(stats_of(t).host_cache_hits, hits + 1);
+  /* Everything evicted: nothing left in RAM. */
+  g.max_bytes = 1;
+  REQUIRE(kvt_tier_gc(t, &g, &removed, NULL) == 0);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_entries, 0);
+  CHECK(read_entry(t, &p1) == NULL);
+  t_entry *all[] = {&a, &b, &q1, &q2, &p1, &p2};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+    t_free(all[i]);
+  kvt_tier_free(t);
+}
+
+static void test_quarantine(void) {
+  char *dir = kvt_test_tmpdir("ramch3");
+  kvt_tier *t = open_dir(dir, (uint64_t)64 << 20);
+  t_entry a = mk(20, 40), f = mk(21, 40), q = mk(22, 42);
+  share(&f, &a, 32);
+  share(&q, &a, 20);
+  t_entry p1 = prefix_of(&a, 16);
+  REQUIRE(t_spill(t, &a) == 0);
+  REQUIRE(spill_nocopy(t, &f) == 0); /* not cached */
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  kvt_entry *got = read_entry(t, &p1);
+  REQUIRE(got);
+  kvt_entry_free(got);
+  CHECK_EQ_INT(stats_of(t).host_cache_entries, 2);
+  /* Damage the data of every chunk: the RAM copies are intact (and would pass
+   * their check), but a disk read through the chain finds the damage. */
+  CHECK_EQ_INT(flip_chunks(dir, -3), 2);
+  kvt_entry *held = promote(t, &a); /* lent while the chunk is quarantined */
+  REQUIRE(held);
+  CHECK(t_same(held, &a));
+  CHECK(promote(t, &f) == NULL);
+  kvt_stats s = stats_of(t);
+  CHECK(s.quarantined >= 1);
+  CHECK_EQ_INT(s.host_cache_entries, 0);
+  kvt_entry_free(held); /* its record went: freed, not re-admitted */
+  s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_entries, 0);
+  CHECK_EQ_INT(s.entries, 0);
+  CHECK(promote(t, &a) == NULL);
+  CHECK(read_entry(t, &p1) == NULL);
+  kvt_tier_free(t);
+  /* A damaged chunk header: the RAM copy fails its check (never served), the
+   * disk read that follows quarantines the chunk. */
+  dir = kvt_test_tmpdir("ramch4");
+  t = open_dir(dir, (uint64_t)64 << 20);
+  REQUIRE(t_spill(t, &a) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  CHECK_EQ_INT(stats_of(t).host_cache_entries, 1);
+  CHECK_EQ_INT(flip_chunks(dir, 100), 2); /* in the fixed header part */
+  CHECK(promote(t, &a) == NULL);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_verify_failures, 1);
+  CHECK_EQ_INT(s.promotes_from_ram, 0);
+  CHECK(s.quarantined >= 1);
+  CHECK_EQ_INT(s.host_cache_entries, 0);
+  kvt_tier_free(t);
+  /* The chunk tools' verify with repair (kvt_tier_chunk_verify) quarantining
+   * a damaged chunk: the cached entry and prefix through it go too. */
+  dir = kvt_test_tmpdir("ramch6");
+  t = open_dir(dir, (uint64_t)64 << 20);
+  REQUIRE(t_spill(t, &a) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  got = read_entry(t, &p1);
+  REQUIRE(got);
+  kvt_entry_free(got);
+  CHECK_EQ_INT(stats_of(t).host_cache_entries, 2);
+  CHECK_EQ_INT(flip_chunks(dir, -3), 2);
+  key_ctx kc;
+  memset(&kc, 0, sizeof kc);
+  t_each_chunk(dir, last_key, &kc);
+  REQUIRE(kc.n == 2);
+  int bad = 0;
+  for (int i = 0; i < 2; i++) {
+    uint64_t removed = 0;
+    int rc = kvt_tier_chunk_verify(t, kc.keys[i], 1, &removed);
+    CHECK(rc == KVT_ECORRUPT || rc == KVT_ENOTFOUND); /* 2nd: gone with 1st */
+    bad += rc == KVT_ECORRUPT;
+  }
+  CHECK(bad >= 1);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_entries, 0);
+  CHECK(promote(t, &a) == NULL);
+  CHECK(read_entry(t, &p1) == NULL);
+  t_free(&a);
+  t_free(&f);
+  t_free(&q);
+  t_free(&p1);
+  kvt_tier_free(t);
+}
+
+/* Reads of a cached prefix racing with evictions of its chain and re-spills
+ * of the entry over it: every read returns the prefix bit for bit or
+ * KVT_ENOTFOUND, never anything else. */
+typedef struct racer {
+  kvt_tier *t;
+  const t_entry *p;
+  atomic_int stop;
+  int ok, missing, wrong, other;
+} racer;
+
+static void *race_reads(void *arg) {
+  racer *r = arg;
+  while (!atomic_load(&r->stop)) {
+    kvt_entry *got = NULL;
+    int rc = kvt_tier_read_entry(&got, r->t, r->p->tokens, r->p->n_tokens,
+                                 r->p->hash);
+    if (rc == 0) {
+      if (t_same(got, r->p))
+        r->ok++;
+      else
+        r->wrong++;
+      kvt_entry_free(got);
+    } else if (rc == KVT_ENOTFOUND) {
+      r->missing++;
+    } else {
+      r->other++;
+    }
+  }
+  return NULL;
+}
+
+static void test_eviction_race(void) {
+  char *dir = kvt_test_tmpdir("ramch5");
+  kvt_tier *t = open_dir(dir, (uint64_t)64 << 20);
+  t_entry a = mk(30, 40);
+  t_entry p2 = prefix_of(&a, 32);
+  REQUIRE(t_spill(t, &a) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  racer r = {t, &p2, 0, 0, 0, 0, 0};
+  pthread_t th;
+  REQUIRE(pthread_create(&th, NULL, race_reads, &r) == 0);
+  kvt_gc_opts g = KVT_GC_OPTS_INIT;
+  g.max_bytes = 1;
+  for (int i = 0; i < 40; i++) {
+    REQUIRE(kvt_tier_gc(t, &g, NULL, NULL) == 0); /* chain and entry gone */
+    REQUIRE(t_spill(t, &a) == 0);
+    REQUIRE(kvt_tier_flush(t, -1) == 0);
+    usleep(1000);
+  }
+  atomic_store(&r.stop, 1);
+  pthread_join(th, NULL);
+  CHECK_EQ_INT(r.wrong, 0);
+  CHECK_EQ_INT(r.other, 0);
+  CHECK(r.ok + r.missing > 0);
+  kvt_stats s = stats_of(t);
+  CHECK_EQ_INT(s.quarantined, 0);
+  fprintf(stderr, "  %d reads served, %d missing, %llu RAM hits\n", r.ok,
+          r.missing, (unsigned long long)s.host_cache_hits);
+  t_free(&a);
+  t_free(&p2);
+  kvt_tier_free(t);
+}
+
+int main(void) {
+  RUN(test_entry);
+  RUN(test_prefix_and_eviction);
+  RUN(test_quarantine);
+  RUN(test_eviction_race);
+  return kvt_test_done();
+}
