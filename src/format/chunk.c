@@ -3,16 +3,18 @@
  * the byte layout (a fixed 128-byte part, namespace, tokens, layout
  * descriptor, block list and header checksum, then the layer-major,
  * head-contiguous data section), its strict parser, the durable writer and the
- * verified data reader. The writer gathers the chunk's rows of every layer
- * into one aligned buffer, hashes it per block once, and publishes it with one
- * write + fsync + rename + directory fsync, so a crash leaves either no chunk
- * or a complete one (at worst a stale <key>.tmp, removed when the chunk is
- * written again or by gc).
+ * verified data reader. The writer hashes the chunk's rows of every layer
+ * per block straight from the caller's tensors, then streams header and rows
+ * through the staged O_DIRECT writer (engine/fwriter.h) into <key>.tmp, and
+ * publishes it with fsync + rename + directory fsync, so a crash leaves either
+ * no chunk or a complete one (at worst a stale <key>.tmp, removed when the
+ * chunk is written again or by gc).
  */
 #include "format/chunk.h"
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "engine/fwriter.h"
 #include "format/dtype.h"
 #include "format/layer.h"
 
@@ -222,7 +224,7 @@ uint64_t kvti_chunk_mem_bytes(const kvti_chunk_src *src) {
 
 /* Writes the layout descriptor of s at d (p->layout_bytes bytes); with data
  * non-NULL also gathers the rows into the data section. */
-static void put_desc(uint8_t *d, uint8_t *data, const kvti_chunk_src *s) {
+static void put_desc(uint8_t *d, const kvti_chunk_src *s) {
   uint64_t off = 0;
   put32(d, s->spill_layers);
   d += 4;
@@ -249,12 +251,8 @@ static void put_desc(uint8_t *d, uint8_t *data, const kvti_chunk_src *s) {
       put64(d + 8, nb);
       d += 16;
       /* Head-contiguous: for every outer index (batch x head) the chunk's n
-       * rows are one extent, so promote copies one extent per head. */
-      uint64_t T = (uint64_t)t->shape[t->ndim - 2];
-      const uint8_t *src = t->data;
-      for (uint64_t o = 0; data && o < outer && row; o++)
-        memcpy(data + off + o * row * s->n, src + (o * T + s->row0) * row,
-               row * s->n);
+       * rows are one extent (for_pieces), so promote copies one extent per
+       * head. */
       off += nb;
     }
   }
@@ -268,21 +266,54 @@ int kvti_chunk_layout_hash(uint64_t *out, const kvti_chunk_src *src) {
   uint8_t *d = kvti_malloc((size_t)p.layout_bytes);
   if (!d)
     return KVT_ERR_NOMEM();
-  put_desc(d, NULL, src);
+  put_desc(d, src);
   *out = XXH3_64bits(d, (size_t)p.layout_bytes);
   kvti_free(d);
   return 0;
 }
 
-/* Fills buf (header_bytes + data_bytes, zeroed) with the whole file. */
-static int build(uint8_t *buf, const plan *p, const kvti_chunk_src *s,
+/* Calls fn for every extent of the chunk's data section in file order:
+ * layer-major, then tensor order, then one extent of n rows per outer index
+ * (batch x head) - the rows [row0, row0 + n) of that head in the caller's
+ * tensor, contiguous there too. The data section is exactly these extents
+ * concatenated, so hashing and writing stream from the caller's tensors with
+ * no gathering copy. */
+typedef int (*piece_fn)(void *ctx, const void *p, size_t n);
+static int for_pieces(const kvti_chunk_src *s, piece_fn fn, void *ctx) {
+  for (uint32_t i = 0; i < s->n_layers; i++) {
+    const kvt_layer *l = &s->layers[s->layer_ids[i]];
+    for (uint32_t j = 0; j < l->num_tensors; j++) {
+      const kvt_tensor *t = &l->tensors[j];
+      uint64_t outer, row;
+      kvti_chunk_tensor_geom(t, &outer, &row);
+      uint64_t T = (uint64_t)t->shape[t->ndim - 2];
+      const uint8_t *src = t->data;
+      for (uint64_t o = 0; o < outer && row; o++) {
+        int rc = fn(ctx, src + (o * T + s->row0) * row, (size_t)(row * s->n));
+        if (rc)
+          return rc;
+      }
+    }
+  }
+  return 0;
+}
+
+static int piece_hash(void *ctx, const void *p, size_t n) {
+  return kvti_blkhash_update(ctx, p, n);
+}
+static int piece_write(void *ctx, const void *p, size_t n) {
+  return kvti_fwriter_append(ctx, p, n);
+}
+
+/* Fills hdr (header_bytes, zeroed) with the chunk's header; the block list is
+ * computed from the caller's tensors (one XXH3 pass, no copy). */
+static int build(uint8_t *hdr, const plan *p, const kvti_chunk_src *s,
                  kvti_chunk_written *w) {
   int rc = kvti_chunk_key(w->key, s->parent, s->tokens, s->n);
   if (rc)
     return rc;
-  uint8_t *data = buf + p->header_bytes;
-  uint8_t *lay = buf + KVTI_CHUNK_FIXED + p->ns_pad + 4ull * s->n;
-  put_desc(lay, data, s);
+  uint8_t *lay = hdr + KVTI_CHUNK_FIXED + p->ns_pad + 4ull * s->n;
+  put_desc(lay, s);
   w->layout_hash = XXH3_64bits(lay, (size_t)p->layout_bytes);
   w->mem_bytes = p->data_bytes;
   w->size = p->header_bytes + p->data_bytes;
@@ -290,7 +321,7 @@ static int build(uint8_t *buf, const plan *p, const kvti_chunk_src *s,
   kvti_blkhash *bh = NULL;
   if ((rc = kvti_blkhash_new(&bh, KVTI_BLK_DEFAULT, p->data_bytes)) != 0)
     return rc;
-  if ((rc = kvti_blkhash_update(bh, data, p->data_bytes)) == 0)
+  if ((rc = for_pieces(s, piece_hash, bh)) == 0)
     rc = kvti_blkhash_final(bh, NULL);
   if (rc == 0) {
     size_t nl;
@@ -303,26 +334,26 @@ static int build(uint8_t *buf, const plan *p, const kvti_chunk_src *s,
   kvti_blkhash_free(bh);
   if (rc)
     return rc;
-  memcpy(buf, KVTI_CHUNK_MAGIC, 8);
-  put32(buf + 8, KVTI_CHUNK_VERSION);
-  put32(buf + 12, (uint32_t)p->header_bytes);
-  put32(buf + 16, (uint32_t)KVTI_BLK_DEFAULT);
-  put32(buf + 20, 0);
-  memcpy(buf + 24, w->key, 32);
-  memcpy(buf + 56, s->parent, 32);
-  put64(buf + 88, s->index);
-  put32(buf + 96, s->n);
-  put32(buf + 100, s->n_layers);
-  put32(buf + 104, (uint32_t)s->ns_len);
-  put32(buf + 108, (uint32_t)p->layout_bytes);
-  put64(buf + 112, p->data_bytes);
-  put64(buf + 120, 0);
+  memcpy(hdr, KVTI_CHUNK_MAGIC, 8);
+  put32(hdr + 8, KVTI_CHUNK_VERSION);
+  put32(hdr + 12, (uint32_t)p->header_bytes);
+  put32(hdr + 16, (uint32_t)KVTI_BLK_DEFAULT);
+  put32(hdr + 20, 0);
+  memcpy(hdr + 24, w->key, 32);
+  memcpy(hdr + 56, s->parent, 32);
+  put64(hdr + 88, s->index);
+  put32(hdr + 96, s->n);
+  put32(hdr + 100, s->n_layers);
+  put32(hdr + 104, (uint32_t)s->ns_len);
+  put32(hdr + 108, (uint32_t)p->layout_bytes);
+  put64(hdr + 112, p->data_bytes);
+  put64(hdr + 120, 0);
   if (s->ns_len)
-    memcpy(buf + KVTI_CHUNK_FIXED, s->ns, s->ns_len);
-  uint8_t *tk = buf + KVTI_CHUNK_FIXED + p->ns_pad;
+    memcpy(hdr + KVTI_CHUNK_FIXED, s->ns, s->ns_len);
+  uint8_t *tk = hdr + KVTI_CHUNK_FIXED + p->ns_pad;
   for (uint32_t i = 0; i < s->n; i++)
     put32(tk + 4ull * i, (uint32_t)s->tokens[i]);
-  put64(buf + p->sum_pos, XXH3_64bits(buf, p->sum_pos));
+  put64(hdr + p->sum_pos, XXH3_64bits(hdr, p->sum_pos));
   return 0;
 }
 
@@ -347,36 +378,45 @@ int kvti_chunk_write(const char *path, const char *tmp,
   uint64_t total = p.header_bytes + p.data_bytes;
   if (total > SIZE_MAX / 2)
     return KVT_ERR(KVT_ETOOBIG, "chunk too large");
-  uint8_t *buf = kvti_aligned_alloc(4096, (size_t)up(total, 4096));
-  if (!buf)
+  uint8_t *hdr = kvti_calloc(1, (size_t)p.header_bytes);
+  if (!hdr)
     return KVT_ERR_NOMEM();
-  memset(buf, 0, p.header_bytes);
   kvti_chunk_written w;
-  rc = build(buf, &p, src, &w);
-  int fd = -1;
-  if (rc == 0) {
-    fd = kvti_open(tmp, O_WRONLY | O_CREAT | O_EXCL, file_mode);
-    if (fd < 0) {
-      /* A stale tmp left by a crash: remove it and try once more. */
-      kvti_unlink(tmp);
-      fd = kvti_open(tmp, O_WRONLY | O_CREAT | O_EXCL, file_mode);
-    }
-    if (fd < 0)
-      rc = fd;
+  rc = build(hdr, &p, src, &w);
+  /* The file goes through the staged writer (engine/fwriter.h): the tensors'
+   * rows are copied once into aligned staging buffers and written with large
+   * O_DIRECT writes, several in flight (the page cache where O_DIRECT is
+   * unavailable, and for the last partial block); the file is preallocated to
+   * its exact size. */
+  kvti_fwriter_opts fo = KVTI_FWRITER_OPTS_INIT;
+  fo.hash = 0;
+  fo.size_hint = total;
+  fo.file_mode = file_mode;
+  fo.excl = 1;
+  kvti_fwriter *fw = NULL;
+  if (rc == 0 && kvti_fwriter_open(&fw, tmp, &fo) != 0) {
+    /* A stale tmp left by a crash: remove it and try once more. */
+    kvti_unlink(tmp);
+    rc = kvti_fwriter_open(&fw, tmp, &fo);
   }
-  if (rc == 0 && kvti_io->chmod && kvti_io->chmod(tmp, file_mode) != 0)
-    rc = KVT_ERR_OS(errno, "chmod %s", tmp);
   if (rc == 0)
-    rc = kvti_pwrite_all(fd, buf, (size_t)total, 0, tmp);
-  if (rc == 0 && do_fsync)
-    rc = kvti_fsync(fd, tmp);
-  if (fd >= 0) {
-    int crc = kvti_close(fd);
+    rc = kvti_fwriter_append(fw, hdr, (size_t)p.header_bytes);
+  if (rc == 0)
+    rc = for_pieces(src, piece_write, fw);
+  if (fw) {
+    uint64_t size = 0;
     if (rc == 0)
-      rc = crc;
+      rc = kvti_fwriter_finish(fw, &size, NULL, do_fsync); /* frees fw */
+    else
+      kvti_fwriter_abort(fw); /* removes tmp */
+    if (rc == 0 && size != total)
+      rc = KVT_ERR(KVT_EIO, "%s: wrote %llu of %llu bytes", tmp,
+                   (unsigned long long)size, (unsigned long long)total);
+    fw = NULL;
   }
-  if (rc == 0)
-    rc = kvti_rename(tmp, path);
+  kvti_free(hdr);
+  if (rc == 0 && (rc = kvti_rename(tmp, path)) != 0)
+    kvti_unlink(tmp);
   if (rc == 0 && do_fsync) {
     char *d = dir_of(path);
     rc = d ? kvti_fsync_dir(d) : KVT_ERR_NOMEM();
@@ -384,9 +424,6 @@ int kvti_chunk_write(const char *path, const char *tmp,
     if (rc)
       kvti_unlink(path); /* not durable: do not leave it to be indexed */
   }
-  if (rc && fd >= 0)
-    kvti_unlink(tmp);
-  kvti_free(buf);
   if (rc == 0 && out)
     *out = w;
   return rc;
