@@ -7,6 +7,7 @@
  * lookups and reads of pure chains; touches along a chain.
  */
 #include "store/chunked.h"
+#include "store/chunked_rec.h"
 
 #include "base/error.h"
 #include "base/hash.h"
@@ -20,6 +21,7 @@ struct kvti_chunked {
   uint8_t *ns;
   size_t ns_len;
   uint32_t C;
+  char *data_dir; /* <cache_dir>/data: chain records (chunked_rec.h) */
 };
 
 int kvti_chunked_open(kvti_chunked **out, const char *cache_dir, kvt_index *idx,
@@ -40,6 +42,8 @@ int kvti_chunked_open(kvti_chunked **out, const char *cache_dir, kvt_index *idx,
   int rc = kvti_chunk_ns_encode(&c->ns, &c->ns_len, model_id, NULL);
   if (rc == 0)
     rc = kvti_chunkstore_open(&c->cs, cache_dir, idx, o);
+  if (rc == 0 && !(c->data_dir = kvti_path_join(cache_dir, "data")))
+    rc = KVT_ERR_NOMEM();
   if (rc) {
     kvti_chunked_close(c);
     return rc;
@@ -52,6 +56,7 @@ void kvti_chunked_close(kvti_chunked *c) {
   if (!c)
     return;
   kvti_chunkstore_close(c->cs);
+  kvti_free(c->data_dir);
   kvti_free(c->ns);
   kvti_free(c);
 }
@@ -132,10 +137,26 @@ int kvti_chunked_put(kvti_chunked *c, kvti_backend *be,
     rc = kvti_chains_entry_put(ch, &ce);
   }
   kvti_snapshot *tail = NULL;
-  if (rc == 0)
+  if (rc == 0 && kvti_chunked_rec_ok(&sp, layers, L)) {
+    /* Nothing left for a tail: the entry is one chain record
+     * (chunked_rec.h), not a directory of empty layer files. */
+    kvti_chainrec r = {.n_tokens = n,
+                       .memory_bytes = kvti_snapshot_memory_bytes(s),
+                       .chunks = sp.chunks,
+                       .layout_hash = cr.layout_hash,
+                       .total_rows = sp.T,
+                       .chunk_tokens = c->C,
+                       .num_layers = L,
+                       .ns = c->ns,
+                       .ns_len = c->ns_len,
+                       .tokens = tokens};
+    memcpy(r.hash, h, 32);
+    memcpy(r.last_key, cr.last_key, 32);
+    rc = kvti_chainrec_write(&res->entry_bytes, c->data_dir, &r, wo);
+  } else if (rc == 0)
     rc = kvti_snapshot_create(&tail, tokens, n, sp.tail, L,
                               kvti_snapshot_memory_bytes(s), 0, NULL, NULL);
-  if (rc == 0)
+  if (rc == 0 && tail)
     rc = be->ops->put(be, &res->entry_bytes, tail, wo);
   /* The chain is as recent as its newest entry: reused chunks too. */
   if (rc == 0)
@@ -170,8 +191,34 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
     *chunk_bad = 0;
   uint8_t h[32];
   kvti_chained_entry ce;
-  if (kvti_unhex32(h, hash) != 0 ||
-      !kvti_chains_entry_get(kvti_chunkstore_chains(c->cs), h, &ce))
+  if (kvti_unhex32(h, hash) != 0)
+    return be->ops->get(be, out, hash, o);
+  /* A chain record (chunked_rec.h) is the entry's own file: it is read even
+   * when the index lost the chained-entry row. */
+  kvti_chainrec rec;
+  int rrc = kvti_chainrec_read(&rec, c->data_dir, hash);
+  if (rrc != 0 && rrc != KVT_ENOTFOUND)
+    return rrc;
+  int has_ce = kvti_chains_entry_get(kvti_chunkstore_chains(c->cs), h, &ce);
+  if (rrc == 0) {
+    memcpy(ce.hash, h, 32);
+    ce.chunks = rec.chunks;
+    ce.chunk_tokens = rec.chunk_tokens;
+    memcpy(ce.last_key, rec.last_key, 32);
+    ce.layout_hash = rec.layout_hash;
+    ce.total_rows = rec.total_rows;
+    if (!o->verify_only && !o->keep_tokens) {
+      kvt_entry *e = NULL;
+      int rc = kvti_chunked_rec_get(c->cs, &e, &rec, o, bad_chunk, chunk_bad);
+      kvti_chainrec_free(&rec);
+      if (rc)
+        return rc;
+      fire(e, o);
+      *out = e;
+      return 0;
+    }
+    kvti_chainrec_free(&rec);
+  } else if (!has_ce)
     return be->ops->get(be, out, hash, o);
   if (o->verify_only) {
     /* Everything read and verified into kvtier's own buffers, then freed. */
@@ -358,4 +405,8 @@ int kvti_chunked_touch(kvti_chunked *c, const int32_t *tokens, size_t n) {
            : KVT_ENOTFOUND;
   kvti_free(r);
   return rc;
+}
+
+int kvti_chunked_reattach(kvti_chunked *c, const char *hash) {
+  return kvti_chunked_rec_reattach(c->cs, c->data_dir, hash);
 }

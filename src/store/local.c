@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "format/chainrec.h"
 #include "format/entry_restore.h"
 #include "index/index.h"
 #include "format/publish.h"
@@ -124,6 +125,10 @@ static int lb_probe(kvti_backend *b, const char *hash,
                     kvti_entry_probe_info *out) {
   if (!kvti_is_hash_name(hash))
     return KVT_ERR(KVT_EINVAL, "invalid entry name");
+  /* An entry of the chunked store that is its chain alone holds one chain
+   * record instead of a manifest (format/chainrec.h). */
+  if (kvti_chainrec_present(L(b)->data_dir, hash) == 1)
+    return kvti_chainrec_probe(out, L(b)->data_dir, hash);
   return kvti_entry_probe(out, L(b)->data_dir, hash);
 }
 
@@ -193,6 +198,8 @@ static int lb_exists(kvti_backend *b, const char *hash) {
     rc = 0;
   } else if (kvti_io->lstat(man, &st) != 0) {
     rc = errno == ENOENT ? 0 : KVT_ERR_OS(errno, "stat data/%s/manifest", hash);
+    if (rc == 0) /* or a chain record instead (format/chainrec.h) */
+      rc = kvti_chainrec_present(lb->data_dir, hash);
   } else if (!S_ISREG(st.st_mode)) {
     rc = 0;
   }

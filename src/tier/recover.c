@@ -13,6 +13,7 @@
  * not every open's.
  */
 #include "tier/tier.h"
+#include "store/chunked.h"
 #include "store/local.h"
 #include "base/error.h"
 #include "base/io.h"
@@ -158,6 +159,16 @@ int64_t kvti_tier_adopt_locked(kvt_tier *t, char *const *names, size_t n,
       continue; /* indexed (or no longer listable): not ours to adopt */
     kvti_entry_probe_info *p = &b->p[b->n];
     int r = t->be->ops->probe(t->be, h, p);
+    if (r == 0 && t->chunked) {
+      /* A chain record's chain goes back into the index with it; a record
+       * whose chain is gone is invalid (quarantined below). */
+      int ar = kvti_chunked_reattach(t->chunked, h);
+      if (ar < 0) {
+        kvti_free(p->tokens);
+        p->tokens = NULL;
+        r = ar == KVT_ENOTFOUND ? KVT_ECORRUPT : ar;
+      }
+    }
     if (r == 0) {
       kvti_index_put_args *a = &b->a[b->n];
       memset(a, 0, sizeof *a);

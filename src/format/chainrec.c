@@ -1,0 +1,330 @@
+/*
+ * chainrec.c - the chain record data/<hash>/chain.kvr (chainrec.h,
+ * docs/FORMAT.md section 10): its byte layout (a fixed 136-byte part, the
+ * namespace, the tokens, an XXH3-64 of everything before it), the strict
+ * parser, the durable publication through the entry publisher
+ * (format/publish.h: staged directory, exchange, fsyncs) and the probe
+ * reconcile adopts it with. One file and three fsyncs (file, staged
+ * directory, data/) replace the 35 files of a tail entry that holds no rows.
+ */
+#include "format/chainrec.h"
+
+#include "base/error.h"
+#include "base/hash.h"
+#include "base/io.h"
+#include "format/chunk.h"
+#include "format/layer.h"
+#include "format/publish.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--)
+    v = (v << 8) | p[i];
+  return v;
+}
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--)
+    v = (v << 8) | p[i];
+  return v;
+}
+static uint64_t pad4(uint64_t v) {
+  return (v + 3) / 4 * 4;
+}
+
+uint64_t kvti_chainrec_size(size_t ns_len, uint64_t n_tokens) {
+  return KVTI_CHAINREC_FIXED + pad4(ns_len) + 4 * n_tokens + 8;
+}
+
+#define BAD(...) KVT_ERR(KVT_ECORRUPT, __VA_ARGS__)
+
+static int is_pow2_chunk(uint32_t c) {
+  return c >= KVTI_CHUNK_TOKENS_MIN && c <= KVTI_CHUNK_TOKENS_MAX &&
+         (c & (c - 1)) == 0;
+}
+
+/* Encodes r into a kvti_malloc'ed buffer of exactly kvti_chainrec_size. */
+static int encode(uint8_t **out, size_t *len, const kvti_chainrec *r) {
+  if (r->n_tokens > KVTI_CHAINREC_MAX_TOKENS || r->ns_len > KVTI_CHUNK_MAX_NS ||
+      (!r->tokens && r->n_tokens) || (!r->ns && r->ns_len) ||
+      !is_pow2_chunk(r->chunk_tokens) || r->chunks == 0 ||
+      r->total_rows != r->chunks * r->chunk_tokens ||
+      r->total_rows > r->n_tokens || r->num_layers == 0 ||
+      r->num_layers > KVTI_MAX_LAYERS)
+    return KVT_ERR(KVT_EINVAL, "chain record: invalid fields");
+  size_t n = (size_t)kvti_chainrec_size(r->ns_len, r->n_tokens);
+  uint8_t *b = kvti_calloc(1, n);
+  if (!b)
+    return KVT_ERR_NOMEM();
+  memcpy(b, KVTI_CHAINREC_MAGIC, 8);
+  put32(b + 8, KVTI_CHAINREC_VERSION);
+  put32(b + 12, 0);
+  memcpy(b + 16, r->hash, 32);
+  memcpy(b + 48, r->last_key, 32);
+  put64(b + 80, r->n_tokens);
+  put64(b + 88, r->memory_bytes);
+  put64(b + 96, r->chunks);
+  put32(b + 104, r->chunk_tokens);
+  put32(b + 108, r->num_layers);
+  put64(b + 112, r->layout_hash);
+  put64(b + 120, r->total_rows);
+  put32(b + 128, (uint32_t)r->ns_len);
+  put32(b + 132, 0);
+  if (r->ns_len)
+    memcpy(b + KVTI_CHAINREC_FIXED, r->ns, r->ns_len);
+  uint8_t *tk = b + KVTI_CHAINREC_FIXED + pad4(r->ns_len);
+  for (uint64_t i = 0; i < r->n_tokens; i++)
+    put32(tk + 4 * i, (uint32_t)r->tokens[i]);
+  put64(b + n - 8, kvti_xxh3(b, n - 8));
+  *out = b;
+  *len = n;
+  return 0;
+}
+
+void kvti_chainrec_free(kvti_chainrec *r) {
+  if (!r)
+    return;
+  kvti_free(r->mem_);
+  memset(r, 0, sizeof *r);
+}
+
+int kvti_chainrec_parse(kvti_chainrec *r, const uint8_t *buf, size_t len,
+                        const char *expect_hash, const char *what) {
+  memset(r, 0, sizeof *r);
+  if (len < KVTI_CHAINREC_FIXED + 8 || memcmp(buf, KVTI_CHAINREC_MAGIC, 8))
+    return BAD("%s: not a chain record (bad magic or truncated)", what);
+  uint32_t ver = get32(buf + 8);
+  if (ver != KVTI_CHAINREC_VERSION)
+    return KVT_ERR(KVT_EUNSUPPORTED, "%s: chain record version %u unsupported",
+                   what, ver);
+  if (get32(buf + 12) != 0 || get32(buf + 132) != 0)
+    return BAD("%s: unknown flags", what);
+  memcpy(r->hash, buf + 16, 32);
+  memcpy(r->last_key, buf + 48, 32);
+  r->n_tokens = get64(buf + 80);
+  r->memory_bytes = get64(buf + 88);
+  r->chunks = get64(buf + 96);
+  r->chunk_tokens = get32(buf + 104);
+  r->num_layers = get32(buf + 108);
+  r->layout_hash = get64(buf + 112);
+  r->total_rows = get64(buf + 120);
+  r->ns_len = get32(buf + 128);
+  if (r->n_tokens > KVTI_CHAINREC_MAX_TOKENS || r->ns_len > KVTI_CHUNK_MAX_NS)
+    return BAD("%s: counts out of range", what);
+  if (len != kvti_chainrec_size(r->ns_len, r->n_tokens))
+    return BAD("%s: %zu bytes, the record announces %llu", what, len,
+               (unsigned long long)kvti_chainrec_size(r->ns_len, r->n_tokens));
+  if (get64(buf + len - 8) != kvti_xxh3(buf, len - 8))
+    return BAD("%s: checksum mismatch", what);
+  if (!is_pow2_chunk(r->chunk_tokens) || r->chunks == 0 ||
+      r->chunks > r->n_tokens || r->total_rows != r->chunks * r->chunk_tokens ||
+      r->total_rows > r->n_tokens || r->num_layers == 0 ||
+      r->num_layers > KVTI_MAX_LAYERS)
+    return BAD("%s: chain fields inconsistent", what);
+  size_t pos_tok = KVTI_CHAINREC_FIXED + (size_t)pad4(r->ns_len);
+  for (size_t i = KVTI_CHAINREC_FIXED + r->ns_len; i < pos_tok; i++)
+    if (buf[i])
+      return BAD("%s: non-zero padding", what);
+  uint8_t *m = kvti_malloc(r->ns_len + 4 * (size_t)r->n_tokens + 1);
+  if (!m)
+    return KVT_ERR_NOMEM();
+  int32_t *tok = (int32_t *)m; /* first: aligned */
+  for (uint64_t i = 0; i < r->n_tokens; i++)
+    tok[i] = (int32_t)get32(buf + pos_tok + 4 * i);
+  uint8_t *ns = m + 4 * (size_t)r->n_tokens;
+  if (r->ns_len)
+    memcpy(ns, buf + KVTI_CHAINREC_FIXED, r->ns_len);
+  r->mem_ = m;
+  r->tokens = tok;
+  r->ns = ns;
+  char hex[65], name[65];
+  int rc = kvt_token_hash(hex, tok, (size_t)r->n_tokens);
+  kvti_hex32(name, r->hash);
+  if (rc == 0 && strcmp(hex, name) != 0)
+    rc = BAD("%s: tokens do not hash to the record's name", what);
+  if (rc == 0 && expect_hash && strcmp(hex, expect_hash) != 0)
+    rc = BAD("%s: record of another entry (%.16s)", what, hex);
+  if (rc)
+    kvti_chainrec_free(r);
+  return rc;
+}
+
+static char *rec_path(const char *data_dir, const char *name) {
+  size_t n = strlen(data_dir) + strlen(name) + sizeof KVTI_CHAINREC_FILE + 3;
+  char *p = kvti_malloc(n);
+  if (p)
+    snprintf(p, n, "%s/%s/%s", data_dir, name, KVTI_CHAINREC_FILE);
+  return p;
+}
+
+int kvti_chainrec_write(uint64_t *disk, const char *data_dir,
+                        const kvti_chainrec *r, const kvti_write_opts *o) {
+  if (!disk || !data_dir || !r || !o)
+    return KVT_ERR(KVT_EINVAL, "chain record write: NULL argument");
+  *disk = 0;
+  char hash[65];
+  kvti_hex32(hash, r->hash);
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  int rc = encode(&buf, &len, r);
+  if (rc)
+    return rc;
+  kvti_publish p;
+  if ((rc = kvti_publish_init(&p, data_dir, hash, o->do_fsync)) != 0) {
+    kvti_free(buf);
+    return rc;
+  }
+  char *file = kvti_path_join(p.tmp, KVTI_CHAINREC_FILE);
+  int fd = -1, made = 0;
+  if (!file)
+    rc = KVT_ERR_NOMEM();
+  if (rc == 0)
+    rc = kvti_rmtree(p.tmp); /* a stale one from a crash */
+  if (rc == 0 && kvti_io->mkdir(p.tmp, (mode_t)o->dir_mode) != 0)
+    rc = KVT_ERR_OS(errno, "mkdir %s", p.tmp);
+  if (rc == 0) {
+    made = 1;
+    if (kvti_io->chmod(p.tmp, (mode_t)o->dir_mode) != 0)
+      rc = KVT_ERR_OS(errno, "chmod %s", p.tmp);
+  }
+  if (rc == 0 && (fd = kvti_open(file, O_WRONLY | O_CREAT | O_EXCL,
+                                 (mode_t)o->file_mode)) < 0)
+    rc = fd;
+  if (rc == 0 && kvti_io->chmod(file, (mode_t)o->file_mode) != 0)
+    rc = KVT_ERR_OS(errno, "chmod %s", file);
+  if (rc == 0)
+    rc = kvti_pwrite_all(fd, buf, len, 0, file);
+  if (rc == 0 && o->do_fsync)
+    rc = kvti_fsync(fd, file);
+  if (fd >= 0) {
+    int crc = kvti_close(fd);
+    if (rc == 0)
+      rc = crc;
+  }
+  if (rc == 0 && o->do_fsync)
+    rc = kvti_fsync_dir(p.tmp);
+  if (rc == 0)
+    rc = kvti_publish_do(&p); /* atomic exchange with an older version */
+  if (rc == 0)
+    kvti_publish_commit(&p);
+  else if (made)
+    kvti_rmtree(p.tmp); /* nothing published: no trace of the new one */
+  kvti_publish_free(&p);
+  kvti_free(file);
+  kvti_free(buf);
+  if (rc == KVT_ENOTFOUND)
+    rc = KVT_EIO; /* a vanished data/ is a failed write, not "no entry" */
+  if (rc == 0)
+    *disk = len;
+  return rc;
+}
+
+int kvti_chainrec_present(const char *data_dir, const char *hash) {
+  if (!kvti_is_hash_name(hash))
+    return KVT_ERR(KVT_EINVAL, "invalid entry name");
+  char *p = rec_path(data_dir, hash);
+  if (!p)
+    return KVT_ERR_NOMEM();
+  struct stat st;
+  int rc = 1;
+  if (kvti_io->lstat(p, &st) != 0)
+    rc = errno == ENOENT || errno == ENOTDIR ? 0
+                                             : KVT_ERR_OS(errno, "stat %s", p);
+  else if (!S_ISREG(st.st_mode))
+    rc = 0;
+  kvti_free(p);
+  return rc;
+}
+
+static int read_file(kvti_chainrec *r, const char *path, const char *hash,
+                     double *mtime) {
+  /* Quiet: "no record here" is the common answer for entries with files. */
+  int fd = kvti_open_quiet(path, O_RDONLY, 0);
+  if (fd < 0) {
+    int e = errno;
+    if (e == ENOENT || e == ENOTDIR)
+      return KVT_ENOTFOUND;
+    return e == EINVAL ? BAD("%s: not a regular file", path)
+                       : KVT_ERR_OS(e, "open %s", path);
+  }
+  struct stat st;
+  int rc = 0;
+  uint8_t *buf = NULL;
+  uint64_t max =
+      kvti_chainrec_size(KVTI_CHUNK_MAX_NS, KVTI_CHAINREC_MAX_TOKENS);
+  if (kvti_io->fstat(fd, &st) != 0)
+    rc = KVT_ERR_OS(errno, "fstat %s", path);
+  else if (!S_ISREG(st.st_mode))
+    rc = BAD("%s: not a regular file", path);
+  else if ((uint64_t)st.st_size > max)
+    rc = BAD("%s: %lld bytes, more than a record can hold", path,
+             (long long)st.st_size);
+  if (rc == 0 && !(buf = kvti_malloc((size_t)st.st_size + 1)))
+    rc = KVT_ERR_NOMEM();
+  if (rc == 0)
+    rc = kvti_pread_all(fd, buf, (size_t)st.st_size, 0, path);
+  if (rc == 0)
+    rc = kvti_chainrec_parse(r, buf, (size_t)st.st_size, hash, path);
+  if (rc == 0 && mtime)
+    *mtime = (double)st.st_mtim.tv_sec + st.st_mtim.tv_nsec / 1e9;
+  kvti_free(buf);
+  kvti_close(fd);
+  return rc;
+}
+
+int kvti_chainrec_read(kvti_chainrec *r, const char *data_dir,
+                       const char *hash) {
+  memset(r, 0, sizeof *r);
+  if (!kvti_is_hash_name(hash))
+    return KVT_ERR(KVT_EINVAL, "invalid entry name");
+  char *p = rec_path(data_dir, hash);
+  if (!p)
+    return KVT_ERR_NOMEM();
+  int rc = read_file(r, p, hash, NULL);
+  kvti_free(p);
+  return rc;
+}
+
+int kvti_chainrec_probe(kvti_entry_probe_info *out, const char *data_dir,
+                        const char *hash) {
+  memset(out, 0, sizeof *out);
+  if (!kvti_is_hash_name(hash))
+    return KVT_ERR(KVT_EINVAL, "invalid entry name");
+  char *p = rec_path(data_dir, hash);
+  if (!p)
+    return KVT_ERR_NOMEM();
+  kvti_chainrec r;
+  double mt = 0;
+  int rc = read_file(&r, p, hash, &mt);
+  kvti_free(p);
+  if (rc)
+    return rc;
+  out->tokens = kvti_malloc(4 * (size_t)(r.n_tokens ? r.n_tokens : 1));
+  if (!out->tokens) {
+    kvti_chainrec_free(&r);
+    return KVT_ERR_NOMEM();
+  }
+  memcpy(out->tokens, r.tokens, 4 * (size_t)r.n_tokens);
+  out->n_tokens = (size_t)r.n_tokens;
+  out->memory_bytes = r.memory_bytes;
+  out->disk_bytes = kvti_chainrec_size(r.ns_len, r.n_tokens);
+  out->storage_mode = KVT_STORAGE_NATIVE;
+  out->mtime = mt;
+  kvti_chainrec_free(&r);
+  return 0;
+}

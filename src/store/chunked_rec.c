@@ -1,0 +1,171 @@
+/*
+ * chunked_rec.c - entries that are their chain alone (chunked_rec.h): the
+ * eligibility rule, the read of such an entry from its chain (the pure-chain
+ * prefix read, then the record's tokens, name and memory estimate), and the
+ * re-attachment of a record's chain after an index rebuild, from the chunk
+ * files named by the keys the record's namespace, layout hash and tokens
+ * give.
+ */
+#include "store/chunked_rec.h"
+
+#include "base/error.h"
+#include "base/hash.h"
+#include "base/io.h"
+#include "format/layer.h"
+
+#include <string.h>
+#include <unistd.h>
+
+int kvti_chunked_rec_ok(const kvti_chunk_split *sp, const kvt_layer *layers,
+                        uint32_t n_layers) {
+  if (sp->chunks == 0 || sp->n_ids != n_layers || n_layers == 0 ||
+      sp->rows != sp->T)
+    return 0;
+  for (uint32_t i = 0; i < n_layers; i++) {
+    const kvt_layer *l = &layers[i];
+    if (sp->ids[i] != i ||
+        (l->kind != KVT_LAYER_KV && l->kind != KVT_LAYER_QUANTIZED_KV) ||
+        l->offset < 0 || (uint64_t)l->offset != sp->T || l->orig_dtypes ||
+        l->max_size != KVT_ABSENT || l->keep != KVT_ABSENT ||
+        l->step != KVT_ABSENT || l->idx != KVT_ABSENT)
+      return 0;
+    if (l->kind == KVT_LAYER_KV && (l->bits != 0 || l->group_size != 0))
+      return 0; /* what a chain's KV layer reads back with */
+  }
+  return 1;
+}
+
+int kvti_chunked_rec_get(kvti_chunkstore *cs, kvt_entry **out,
+                         const kvti_chainrec *r, const kvti_read_opts *o,
+                         uint8_t bad_chunk[32], int *chunk_bad) {
+  *out = NULL;
+  if (chunk_bad)
+    *chunk_bad = 0;
+  size_t k = (size_t)r->chunks, m = 0;
+  kvti_chain_rec *recs = kvti_malloc(k * sizeof *recs);
+  if (!recs)
+    return KVT_ERR_NOMEM();
+  int rc = kvti_chunkstore_lookup(cs, r->ns, r->ns_len, r->tokens,
+                                  (size_t)r->total_rows, r->chunk_tokens, recs,
+                                  k, &m);
+  char hex[65];
+  kvti_hex32(hex, r->hash);
+  if (rc == 0 && (m != k || memcmp(recs[m - 1].key, r->last_key, 32) ||
+                  recs[0].layout_hash != r->layout_hash || !recs[0].pure))
+    rc = KVT_ERR(KVT_ENOTFOUND,
+                 "chained entry %.16s: chain incomplete "
+                 "(evicted)",
+                 hex);
+  kvti_chunk_read_opts ro = {o->alloc, o->free_buf, o->alloc_ctx, o->cancel,
+                             r->total_rows};
+  kvti_chunk_prefix p;
+  size_t bad = 0;
+  if (rc == 0) {
+    rc = kvti_chunkstore_read_prefix(cs, recs, m, r->tokens, &ro, &p, &bad);
+    if (rc == KVT_ECORRUPT && chunk_bad && bad_chunk) {
+      memcpy(bad_chunk, recs[bad].key, 32);
+      *chunk_bad = 1;
+    }
+  }
+  kvt_entry *e = NULL;
+  if (rc == 0 && p.n_layers != r->num_layers) {
+    kvti_chunk_prefix_free(&p, &ro);
+    rc = KVT_ERR(KVT_ECORRUPT,
+                 "chained entry %.16s: %u layers in the chain, "
+                 "%u in the record",
+                 hex, p.n_layers, r->num_layers);
+  }
+  if (rc == 0)
+    rc = kvti_chunk_prefix_entry(&e, &p, r->tokens, r->total_rows, &ro);
+  kvti_free(recs);
+  if (rc)
+    return rc;
+  /* The entry's own tokens (the chain covers the first total_rows), name and
+   * memory estimate are the record's. */
+  if (r->n_tokens > r->total_rows) {
+    int32_t *t = kvti_realloc(e->tokens, 4 * (size_t)r->n_tokens);
+    if (!t) {
+      kvt_entry_free(e);
+      return KVT_ERR_NOMEM();
+    }
+    memcpy(t, r->tokens, 4 * (size_t)r->n_tokens);
+    e->tokens = t;
+    e->n_tokens = (size_t)r->n_tokens;
+  }
+  memcpy(e->hash, hex, sizeof hex);
+  e->memory_bytes = r->memory_bytes;
+  e->disk_bytes += kvti_chainrec_size(r->ns_len, r->n_tokens);
+  *out = e;
+  return 0;
+}
+
+int kvti_chunked_rec_reattach(kvti_chunkstore *cs, const char *data_dir,
+                              const char *hash) {
+  kvti_chainrec r;
+  int rc = kvti_chainrec_read(&r, data_dir, hash);
+  if (rc == KVT_ENOTFOUND)
+    return 0;
+  if (rc)
+    return rc;
+  kvti_chains *ch = kvti_chunkstore_chains(cs);
+  size_t m = (size_t)r.chunks, nnew = 0;
+  const uint32_t C = r.chunk_tokens;
+  kvti_chain_rec *recs = kvti_calloc(m, sizeof *recs);
+  uint8_t parent[32], key[32];
+  if (!recs)
+    rc = KVT_ERR_NOMEM();
+  if (rc == 0)
+    rc = kvti_chunk_seed(parent, r.ns, r.ns_len, r.layout_hash);
+  kvti_ck ck = kvti_ck_seed(r.ns, r.ns_len);
+  for (size_t i = 0; rc == 0 && i < m; i++) {
+    const int32_t *tk = r.tokens + i * C;
+    ck = kvti_ck_next(ck, tk, C);
+    if ((rc = kvti_chunk_key(key, parent, tk, C)) != 0)
+      break;
+    if (!kvti_chains_find(ch, key, NULL)) {
+      kvti_chain_rec *q = &recs[nnew];
+      memcpy(q->key, key, 32);
+      memcpy(q->parent, parent, 32);
+      q->layout_hash = r.layout_hash;
+      q->index = i;
+      q->n_tokens = C;
+      int fd = -1;
+      kvti_chunk_hdr h;
+      /* Opens by key, checks the header against the chain position and the
+       * record's tokens (kvti_chunkstore_open_chunk). */
+      if ((rc = kvti_chunkstore_open_chunk(cs, q, tk, &fd, &h)) != 0)
+        break;
+      int pure = h.n_layers == h.spill_layers;
+      for (uint32_t j = 0; pure && j < h.n_layers; j++)
+        pure = h.layers[j].kind != KVT_LAYER_ROTATING_KV;
+      q->ck = ck;
+      q->pure = (uint8_t)pure;
+      q->disk_bytes = h.header_bytes + h.data_bytes;
+      q->mem_bytes = h.data_bytes;
+      kvti_chunk_hdr_free(&h);
+      kvti_close(fd);
+      nnew++;
+    }
+    memcpy(parent, key, 32);
+  }
+  if (rc == 0 && memcmp(parent, r.last_key, 32) != 0)
+    rc = KVT_ERR(KVT_ECORRUPT,
+                 "chain record %.16s: its tokens do not lead "
+                 "to its last chunk",
+                 hash);
+  if (rc == 0)
+    rc = kvti_chains_put(ch, recs, nnew); /* parents before children */
+  if (rc == 0) {
+    kvti_chained_entry ce;
+    memcpy(ce.hash, r.hash, 32);
+    ce.chunks = r.chunks;
+    ce.chunk_tokens = C;
+    memcpy(ce.last_key, r.last_key, 32);
+    ce.layout_hash = r.layout_hash;
+    ce.total_rows = r.total_rows;
+    rc = kvti_chains_entry_put(ch, &ce);
+  }
+  kvti_free(recs);
+  kvti_chainrec_free(&r);
+  return rc ? rc : 1;
+}
