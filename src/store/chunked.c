@@ -258,8 +258,8 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
     if (trc == 0 && !r[0].pure)
       trc = KVT_ERR(KVT_EUNSUPPORTED,
                     "trimmed read: the chain does not hold every layer");
-    kvti_chunk_read_opts ro = {o->alloc, o->free_buf, o->alloc_ctx, o->cancel,
-                               o->keep_tokens};
+    kvti_chunk_read_opts ro = {o->alloc,  o->free_buf,    o->alloc_ctx,
+                               o->cancel, o->keep_tokens, o->page_cache};
     kvti_chunk_prefix p;
     size_t bad = 0;
     if (trc == 0) {
@@ -295,8 +295,8 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
                  "chained entry %.16s: chain incomplete "
                  "(evicted)",
                  hash);
-  kvti_chunk_read_opts ro = {o->alloc, o->free_buf, o->alloc_ctx, o->cancel,
-                             ce.total_rows};
+  kvti_chunk_read_opts ro = {o->alloc,  o->free_buf,   o->alloc_ctx,
+                             o->cancel, ce.total_rows, o->page_cache};
   kvti_chunk_prefix p;
   size_t bad = 0;
   if (rc == 0) {
@@ -374,7 +374,8 @@ int kvti_chunked_get_prefix(kvti_chunked *c, kvt_entry **out,
     return KVT_ERR(KVT_ENOTFOUND, "no stored chain of %llu tokens",
                    (unsigned long long)m);
   }
-  kvti_chunk_read_opts ro = {o->alloc, o->free_buf, o->alloc_ctx, o->cancel, 0};
+  kvti_chunk_read_opts ro = {o->alloc,  o->free_buf, o->alloc_ctx,
+                             o->cancel, 0,           o->page_cache};
   kvti_chunk_prefix p;
   size_t bad = 0;
   rc = kvti_chunkstore_read_prefix(c->cs, r, k, tokens, &ro, &p, &bad);

@@ -56,8 +56,8 @@ int kvti_chunked_rec_get(kvti_chunkstore *cs, kvt_entry **out,
                  "chained entry %.16s: chain incomplete "
                  "(evicted)",
                  hex);
-  kvti_chunk_read_opts ro = {o->alloc, o->free_buf, o->alloc_ctx, o->cancel,
-                             r->total_rows};
+  kvti_chunk_read_opts ro = {o->alloc,  o->free_buf,   o->alloc_ctx,
+                             o->cancel, r->total_rows, o->page_cache};
   kvti_chunk_prefix p;
   size_t bad = 0;
   if (rc == 0) {
