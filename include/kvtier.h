@@ -342,13 +342,16 @@ typedef struct kvt_options {
    *  kvt_tier_set_host_cache_bytes changes it at run time. */
   uint64_t host_cache_bytes;
   /* The chunked native store (docs/FORMAT.md section 10). */
-  /** 0 = off (every spill is one entry, as the reference). Else a power of
-   *  two in 16..4096: native-mode spills keep their KV (and quantized KV,
-   *  and rotating KV that has not wrapped) in chunks of this many tokens
-   *  under chunks/, stored once however many entries share them; prefix
-   *  lookups of pure-KV models then also find chunk-aligned prefixes no
-   *  spill ended at. Needs storage_mode NATIVE and remote_mode LOCAL.
-   *  Experimental: 0 by default. */
+  /** A power of two in 16..4096 (KVT_CHUNK_TOKENS_DEFAULT = 256, chosen by
+   *  bench/bench_chunked, docs/PERFORMANCE.md), or 0 = off (every spill is
+   *  one entry, as the reference). Native storage mode keeps the KV (and
+   *  quantized KV, and rotating KV that has not wrapped) of every spill in
+   *  chunks of this many tokens under chunks/, stored once however many
+   *  entries share them; prefix lookups of pure-KV models then also find
+   *  chunk-aligned prefixes no spill ended at. Spills shorter than one
+   *  chunk are plain entries. Ignored in storage_mode COMPAT (the directory
+   *  the reference reads stays one entry per spill) and, for now, with a
+   *  remote_mode other than LOCAL. */
   uint32_t chunk_tokens;
   /** Namespace of the chunks (with chunk_tokens): spills of two model_ids
    *  never share or see each other's chunks. NULL = model_name (or ""). At
@@ -371,6 +374,8 @@ typedef struct kvt_options {
 
 /** kvt_options.host_cache_bytes: derive the bound from the machine. */
 #define KVT_HOST_CACHE_AUTO UINT64_MAX
+/** The default chunk_tokens of KVT_OPTIONS_INIT. */
+#define KVT_CHUNK_TOKENS_DEFAULT 256u
 
 /** Where entries live (kvt_options.remote_mode). */
 typedef enum kvt_remote_mode {
@@ -401,7 +406,8 @@ typedef enum kvt_remote_mode {
     .log_level = KVT_LOG_WARN, .remote_mode = KVT_REMOTE_LOCAL,                \
     .remote_timeout_ms = 1000, .remote_queue_size = 64,                        \
     .remote_chunk_bytes = 16u << 20, .read_threads = 0,                        \
-    .host_cache_bytes = KVT_HOST_CACHE_AUTO, .remote_lookup_timeout_ms = 250   \
+    .host_cache_bytes = KVT_HOST_CACHE_AUTO,                                   \
+    .chunk_tokens = KVT_CHUNK_TOKENS_DEFAULT, .remote_lookup_timeout_ms = 250  \
   }
 
 /** Fills opts with the defaults of KVT_OPTIONS_INIT for the given version

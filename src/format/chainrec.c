@@ -2,9 +2,10 @@
  * chainrec.c - the chain record data/<hash>/chain.kvr (chainrec.h,
  * docs/FORMAT.md section 10): its byte layout (a fixed 136-byte part, the
  * namespace, the tokens, an XXH3-64 of everything before it), the strict
- * parser, the durable publication through the entry publisher
- * (format/publish.h: staged directory, exchange, fsyncs) and the probe
- * reconcile adopts it with. One file and three fsyncs (file, staged
+ * parser, its staging as an entry version (kvti_entry_stage writes it in
+ * place of layer files, manifest and tokens.bin when the snapshot carries a
+ * record; the entry publisher then exchanges it in) and the probe reconcile
+ * adopts it with. One file and three fsyncs (file, staged
  * directory, data/) replace the 35 files of a tail entry that holds no rows.
  */
 #include "format/chainrec.h"
@@ -13,8 +14,8 @@
 #include "base/hash.h"
 #include "base/io.h"
 #include "format/chunk.h"
+#include "format/entry_int.h"
 #include "format/layer.h"
-#include "format/publish.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -172,43 +173,37 @@ static char *rec_path(const char *data_dir, const char *name) {
   return p;
 }
 
-int kvti_chainrec_write(uint64_t *disk, const char *data_dir,
-                        const kvti_chainrec *r, const kvti_write_opts *o) {
-  if (!disk || !data_dir || !r || !o)
-    return KVT_ERR(KVT_EINVAL, "chain record write: NULL argument");
-  *disk = 0;
+int kvti_snapshot_set_chainrec(kvti_snapshot *s, const kvti_chainrec *r) {
+  if (!s || !r)
+    return KVT_ERR(KVT_EINVAL, "chain record: NULL argument");
   char hash[65];
   kvti_hex32(hash, r->hash);
+  if (strcmp(hash, s->hash) != 0)
+    return KVT_ERR(KVT_EINVAL, "chain record of another entry");
   uint8_t *buf = NULL;
   size_t len = 0;
   int rc = encode(&buf, &len, r);
   if (rc)
     return rc;
-  kvti_publish p;
-  if ((rc = kvti_publish_init(&p, data_dir, hash, o->do_fsync)) != 0) {
-    kvti_free(buf);
-    return rc;
-  }
-  char *file = kvti_path_join(p.tmp, KVTI_CHAINREC_FILE);
-  int fd = -1, made = 0;
+  kvti_free(s->chainrec);
+  s->chainrec = buf;
+  s->chainrec_len = len;
+  return 0;
+}
+
+int kvti_chainrec_stage(uint64_t *disk, const char *dir, const kvti_snapshot *s,
+                        const kvti_write_opts *o) {
+  char *file = kvti_path_join(dir, KVTI_CHAINREC_FILE);
   if (!file)
-    rc = KVT_ERR_NOMEM();
-  if (rc == 0)
-    rc = kvti_rmtree(p.tmp); /* a stale one from a crash */
-  if (rc == 0 && kvti_io->mkdir(p.tmp, (mode_t)o->dir_mode) != 0)
-    rc = KVT_ERR_OS(errno, "mkdir %s", p.tmp);
-  if (rc == 0) {
-    made = 1;
-    if (kvti_io->chmod(p.tmp, (mode_t)o->dir_mode) != 0)
-      rc = KVT_ERR_OS(errno, "chmod %s", p.tmp);
-  }
-  if (rc == 0 && (fd = kvti_open(file, O_WRONLY | O_CREAT | O_EXCL,
-                                 (mode_t)o->file_mode)) < 0)
+    return KVT_ERR_NOMEM();
+  int rc = 0,
+      fd = kvti_open(file, O_WRONLY | O_CREAT | O_EXCL, (mode_t)o->file_mode);
+  if (fd < 0)
     rc = fd;
   if (rc == 0 && kvti_io->chmod(file, (mode_t)o->file_mode) != 0)
     rc = KVT_ERR_OS(errno, "chmod %s", file);
   if (rc == 0)
-    rc = kvti_pwrite_all(fd, buf, len, 0, file);
+    rc = kvti_pwrite_all(fd, s->chainrec, s->chainrec_len, 0, file);
   if (rc == 0 && o->do_fsync)
     rc = kvti_fsync(fd, file);
   if (fd >= 0) {
@@ -217,20 +212,10 @@ int kvti_chainrec_write(uint64_t *disk, const char *data_dir,
       rc = crc;
   }
   if (rc == 0 && o->do_fsync)
-    rc = kvti_fsync_dir(p.tmp);
-  if (rc == 0)
-    rc = kvti_publish_do(&p); /* atomic exchange with an older version */
-  if (rc == 0)
-    kvti_publish_commit(&p);
-  else if (made)
-    kvti_rmtree(p.tmp); /* nothing published: no trace of the new one */
-  kvti_publish_free(&p);
+    rc = kvti_fsync_dir(dir);
   kvti_free(file);
-  kvti_free(buf);
-  if (rc == KVT_ENOTFOUND)
-    rc = KVT_EIO; /* a vanished data/ is a failed write, not "no entry" */
-  if (rc == 0)
-    *disk = len;
+  if (rc == 0 && disk)
+    *disk = s->chainrec_len;
   return rc;
 }
 

@@ -56,14 +56,17 @@ int kvti_chainrec_parse(kvti_chainrec *r, const uint8_t *buf, size_t len,
                         const char *expect_hash, const char *what);
 void kvti_chainrec_free(kvti_chainrec *r); /* accepts a zeroed r */
 
-/* Publishes r as the entry data_dir/<hex(r->hash)>: the record is written to
- * data_dir/<hash>.tmp/chain.kvr (file and directory fsynced when
- * o->do_fsync), which replaces any previous version atomically
- * (format/publish.h) before data_dir is fsynced. *disk receives the file's
- * bytes. On failure the previous version is untouched. Returns 0, KVT_EINVAL,
- * KVT_ENOMEM, KVT_ENOSPC, KVT_EIO. */
-int kvti_chainrec_write(uint64_t *disk, const char *data_dir,
-                        const kvti_chainrec *r, const kvti_write_opts *o);
+/* Makes snapshot s (a spill's tail, whose tokens hash to r->hash) stage as
+ * the chain record r instead of layer files: kvti_entry_stage then writes
+ * only data_dir/<hash>.tmp/chain.kvr (file and directory fsynced with
+ * do_fsync) and the usual publication (format/publish.h: atomic exchange
+ * with an older version, data_dir fsynced, rollback) applies. Returns 0,
+ * KVT_EINVAL, KVT_ENOMEM. */
+int kvti_snapshot_set_chainrec(kvti_snapshot *s, const kvti_chainrec *r);
+/* The staging step itself (kvti_entry_stage): creates dir/chain.kvr with
+ * s's record. *disk receives its bytes. 0, KVT_ENOSPC, KVT_EIO, ... */
+int kvti_chainrec_stage(uint64_t *disk, const char *dir, const kvti_snapshot *s,
+                        const kvti_write_opts *o);
 
 /* Reads and parses data_dir/<hash>/chain.kvr. Returns 0, KVT_ENOTFOUND (no
  * record: not such an entry), KVT_ECORRUPT, KVT_EIO, KVT_ENOMEM. */

@@ -25,6 +25,10 @@ struct kvti_snapshot {
   void (*release)(void *);
   void *release_ctx;
   uint64_t held;
+  /* Non-NULL: stage this chain record (format/chainrec.h) instead of the
+   * layers, manifest and tokens.bin. */
+  uint8_t *chainrec;
+  size_t chainrec_len;
 };
 
 struct kvti_entry_reader {

@@ -99,6 +99,10 @@ typedef struct kvti_chained_entry {
 } kvti_chained_entry;
 /* INSERT OR REPLACE (one transaction). 0, KVT_EPERM, KVT_EDB, KVT_ENOMEM. */
 int kvti_chains_entry_put(kvti_chains *c, const kvti_chained_entry *e);
+/* As kvti_chains_entry_put; wait = 0: KVT_EBUSY at once where it would wait
+ * for another connection's write lock (the writer holds mut_mu). */
+int kvti_chains_entry_put_ex(kvti_chains *c, const kvti_chained_entry *e,
+                             int wait);
 /* 1 and *out (may be NULL) when hash has a record, else 0. */
 int kvti_chains_entry_get(kvti_chains *c, const uint8_t hash[32],
                           kvti_chained_entry *out);

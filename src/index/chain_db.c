@@ -306,9 +306,16 @@ static int load_entries(kvti_chains *c) {
 }
 
 int kvti_chains_entry_put(kvti_chains *c, const kvti_chained_entry *e) {
+  return kvti_chains_entry_put_ex(c, e, 1);
+}
+
+int kvti_chains_entry_put_ex(kvti_chains *c, const kvti_chained_entry *e,
+                             int wait) {
   if (c->idx->readonly || !c->e_put)
     return KVT_ERR(KVT_EPERM, "chain table: opened read-only");
   pthread_mutex_lock(&c->idx->db_mu);
+  if (!wait)
+    sqlite3_busy_timeout(c->idx->db, 0);
   sqlite3_stmt *s = c->e_put;
   sqlite3_bind_blob(s, 1, e->hash, 32, SQLITE_STATIC);
   sqlite3_bind_int64(s, 2, (sqlite3_int64)e->chunks);
@@ -317,6 +324,8 @@ int kvti_chains_entry_put(kvti_chains *c, const kvti_chained_entry *e) {
   sqlite3_bind_int64(s, 5, (sqlite3_int64)e->layout_hash);
   sqlite3_bind_int64(s, 6, (sqlite3_int64)e->total_rows);
   int rc = run(c, s, "insert kvtier_chained_entries");
+  if (!wait)
+    sqlite3_busy_timeout(c->idx->db, BUSY_TIMEOUT_MS);
   if (rc == 0) {
     pthread_rwlock_wrlock(&c->rw);
     rc = kvti_chain_ent_add(c, e);

@@ -86,60 +86,51 @@ void kvti_chunked_forget(kvti_chunked *c, const char *hash) {
     kvti_chains_entry_del(kvti_chunkstore_chains(c->cs), h);
 }
 
-int kvti_chunked_put(kvti_chunked *c, kvti_backend *be,
-                     kvti_chunked_put_result *res, const kvti_snapshot *s,
-                     const kvti_write_opts *wo) {
-  memset(res, 0, sizeof *res);
+int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
+                         const kvti_snapshot *s) {
+  memset(p, 0, sizeof *p);
   uint32_t L;
   const kvt_layer *layers = kvti_snapshot_layers(s, &L);
   size_t n;
   const int32_t *tokens = kvti_snapshot_tokens(s, &n);
-  const char *hash = kvti_snapshot_hash(s);
-  uint8_t h[32];
-  if (kvti_unhex32(h, hash) != 0)
+  if (kvti_unhex32(p->rec.hash, kvti_snapshot_hash(s)) != 0)
     return KVT_ERR(KVT_EINVAL, "chunked put: bad hash");
   kvti_chains *ch = kvti_chunkstore_chains(c->cs);
+  p->had_old = kvti_chains_entry_get(ch, p->rec.hash, &p->old);
   kvti_chunk_split sp;
   int rc = kvti_chunk_split_make(&sp, layers, L, n, c->C);
   if (rc)
     return rc;
-  if (sp.chunks == 0) {
-    /* Nothing to chunk: the entry is stored whole. A chained version it
-     * replaces loses its record only once the whole one is in place (a crash
-     * in between leaves record + whole entry, which fails verification:
-     * never a wrong state). */
-    rc = be->ops->put(be, &res->entry_bytes, s, wo);
-    if (rc == 0 && kvti_chains_entry_get(ch, h, NULL))
-      kvti_chains_entry_del(ch, h);
+  if (sp.chunks == 0) { /* nothing to chunk: the entry is stored whole */
     kvti_chunk_split_free(&sp);
-    return rc;
+    return 0;
   }
+  p->split = sp; /* the tail snapshot points into it */
+  p->has_split = 1;
   kvti_chunkstore_spill csp = {c->ns,           c->ns_len, tokens,
                                (size_t)sp.rows, c->C,      layers,
                                sp.ids,          sp.n_ids,  L};
   kvti_chunkstore_result cr;
   rc = kvti_chunkstore_put(c->cs, &csp, &cr);
-  res->chunk_bytes = cr.bytes_written;
-  res->written = cr.written;
+  p->res.chunk_bytes = cr.bytes_written;
+  p->res.written = cr.written;
+  p->res.chunks = cr.chunks;
   if (rc == 0 && cr.chunks != sp.chunks)
     rc = KVT_ERR(KVT_EIO, "chunked put: %zu of %zu chunks stored", cr.chunks,
                  sp.chunks);
-  res->chunks = cr.chunks;
-  /* The record goes first: a tail must never be visible without it. */
   if (rc == 0) {
-    kvti_chained_entry ce;
-    memcpy(ce.hash, h, 32);
-    ce.chunks = sp.chunks;
-    ce.chunk_tokens = c->C;
-    memcpy(ce.last_key, cr.last_key, 32);
-    ce.layout_hash = cr.layout_hash;
-    ce.total_rows = sp.T;
-    rc = kvti_chains_entry_put(ch, &ce);
+    p->chained = 1;
+    p->rec.chunks = sp.chunks;
+    p->rec.chunk_tokens = c->C;
+    memcpy(p->rec.last_key, cr.last_key, 32);
+    p->rec.layout_hash = cr.layout_hash;
+    p->rec.total_rows = sp.T;
+    rc = kvti_snapshot_create(&p->tail, tokens, n, sp.tail, L,
+                              kvti_snapshot_memory_bytes(s), 0, NULL, NULL);
   }
-  kvti_snapshot *tail = NULL;
-  if (rc == 0 && kvti_chunked_rec_ok(&sp, layers, L)) {
-    /* Nothing left for a tail: the entry is one chain record
-     * (chunked_rec.h), not a directory of empty layer files. */
+  if (rc == 0 && p->chained && kvti_chunked_rec_ok(&sp, layers, L)) {
+    /* Nothing left for a tail: the entry is staged as one chain record
+     * (chunked_rec.h), not as a directory of empty layer files. */
     kvti_chainrec r = {.n_tokens = n,
                        .memory_bytes = kvti_snapshot_memory_bytes(s),
                        .chunks = sp.chunks,
@@ -150,19 +141,72 @@ int kvti_chunked_put(kvti_chunked *c, kvti_backend *be,
                        .ns = c->ns,
                        .ns_len = c->ns_len,
                        .tokens = tokens};
-    memcpy(r.hash, h, 32);
+    memcpy(r.hash, p->rec.hash, 32);
     memcpy(r.last_key, cr.last_key, 32);
-    rc = kvti_chainrec_write(&res->entry_bytes, c->data_dir, &r, wo);
-  } else if (rc == 0)
-    rc = kvti_snapshot_create(&tail, tokens, n, sp.tail, L,
-                              kvti_snapshot_memory_bytes(s), 0, NULL, NULL);
-  if (rc == 0 && tail)
-    rc = be->ops->put(be, &res->entry_bytes, tail, wo);
-  /* The chain is as recent as its newest entry: reused chunks too. */
+    rc = kvti_snapshot_set_chainrec(p->tail, &r);
+  }
+  return rc;
+}
+
+const kvti_snapshot *kvti_chunked_prep_snapshot(const kvti_chunked_prep *p,
+                                                const kvti_snapshot *s) {
+  return p->tail ? p->tail : s;
+}
+
+int kvti_chunked_prep_record(kvti_chunked *c, kvti_chunked_prep *p) {
+  if (!p->chained)
+    return 0;
+  /* Before the tail is published: a tail is never visible without it. */
+  return kvti_chains_entry_put_ex(kvti_chunkstore_chains(c->cs), &p->rec, 0);
+}
+
+void kvti_chunked_prep_commit(kvti_chunked *c, kvti_chunked_prep *p) {
+  kvti_chains *ch = kvti_chunkstore_chains(c->cs);
+  if (p->chained) /* the chain is as recent as its newest entry */
+    kvti_chains_touch(ch, p->rec.last_key);
+  else if (p->had_old)
+    /* A chained version replaced by a whole one loses its record only once
+     * the whole one is committed (a crash in between leaves record + whole
+     * entry, which fails verification: never a wrong state). */
+    kvti_chains_entry_del(ch, p->rec.hash);
+}
+
+void kvti_chunked_prep_undo(kvti_chunked *c, kvti_chunked_prep *p) {
+  if (!p->chained)
+    return; /* the record (if any) was never changed */
+  kvti_chains *ch = kvti_chunkstore_chains(c->cs);
+  /* The old version stays served: its record as it was. A failure here
+   * leaves the new record over the old tail, which fails verification (never
+   * a wrong state). */
+  if (p->had_old)
+    kvti_chains_entry_put(ch, &p->old);
+  else
+    kvti_chains_entry_del(ch, p->rec.hash);
+}
+
+void kvti_chunked_prep_free(kvti_chunked_prep *p) {
+  kvti_snapshot_free(p->tail);
+  p->tail = NULL;
+  if (p->has_split)
+    kvti_chunk_split_free(&p->split);
+  p->has_split = 0;
+}
+
+int kvti_chunked_put(kvti_chunked *c, kvti_backend *be,
+                     kvti_chunked_put_result *res, const kvti_snapshot *s,
+                     const kvti_write_opts *wo) {
+  kvti_chunked_prep p;
+  int rc = kvti_chunked_prepare(c, &p, s);
   if (rc == 0)
-    kvti_chains_touch(ch, cr.last_key);
-  kvti_snapshot_free(tail);
-  kvti_chunk_split_free(&sp);
+    rc = kvti_chunked_prep_record(c, &p);
+  if (rc == 0) {
+    rc = be->ops->put(be, &p.res.entry_bytes, kvti_chunked_prep_snapshot(&p, s),
+                      wo);
+    if (rc == 0)
+      kvti_chunked_prep_commit(c, &p);
+  }
+  *res = p.res;
+  kvti_chunked_prep_free(&p);
   return rc;
 }
 

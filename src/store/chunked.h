@@ -38,9 +38,40 @@ typedef struct kvti_chunked_put_result {
   size_t chunks, written; /* chain length, newly written chunks */
 } kvti_chunked_put_result;
 
-/* Stores snapshot s: its chain, then (record first) its tail entry through
- * be->put. A spill with nothing to chunk is put whole (no record). Returns
- * as the backend's put, plus KVT_EDB. */
+/* A spill being stored in steps, so the tier can stage, publish, commit or
+ * roll back its tail entry as any other entry's (a failed replacement keeps
+ * the acknowledged version, record included):
+ *   prepare   writes the missing chunks (durable, indexed; immutable, so a
+ *             later failure leaves only reusable prefixes) and builds the tail;
+ *   record    (before the tail is published) commits the chained-entry record
+ *             without waiting for another connection's lock (KVT_EBUSY);
+ *   commit    (after the index row) touches the chain, or drops the record of
+ *             a chained version replaced by a whole entry;
+ *   undo      (the publish or the row failed) restores the previous record.
+ * prep_snapshot is what to stage: the tail, or s itself when nothing was
+ * chunked. prep_free in every case after prepare. */
+typedef struct kvti_chunked_prep {
+  kvti_snapshot *tail; /* NULL: s is stored whole */
+  int chained;         /* rec is to be (was) written */
+  int had_old;         /* old: the record before this spill */
+  kvti_chained_entry rec, old;
+  kvti_chunked_put_result res;
+  kvti_chunk_split split; /* has_split: the tail's layers live here */
+  int has_split;
+} kvti_chunked_prep;
+int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
+                         const kvti_snapshot *s);
+const kvti_snapshot *kvti_chunked_prep_snapshot(const kvti_chunked_prep *p,
+                                                const kvti_snapshot *s);
+int kvti_chunked_prep_record(kvti_chunked *c, kvti_chunked_prep *p);
+void kvti_chunked_prep_commit(kvti_chunked *c, kvti_chunked_prep *p);
+void kvti_chunked_prep_undo(kvti_chunked *c, kvti_chunked_prep *p);
+void kvti_chunked_prep_free(kvti_chunked_prep *p);
+
+/* Stores snapshot s in one go (prepare, record, be->put, commit): its chain,
+ * then (record first) its tail entry through be->put. A spill with nothing to
+ * chunk is put whole (no record). Returns as the backend's put, plus KVT_EDB.
+ */
 int kvti_chunked_put(kvti_chunked *c, kvti_backend *be,
                      kvti_chunked_put_result *res, const kvti_snapshot *s,
                      const kvti_write_opts *wo);

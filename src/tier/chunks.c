@@ -25,8 +25,15 @@ static _Thread_local int g_has_bad;
 /* A chained entry whose chain was evicted under it (removed likewise). */
 static _Thread_local char g_lost[KVT_HASH_HEX_LEN + 1];
 
+int kvti_tier_chunks_wanted(const kvt_options *o) {
+  /* Compat mode writes what the reference reads: one entry per spill. The
+   * remote tier ships whole entries (chunks are not shared with it yet). */
+  return o->chunk_tokens != 0 && o->storage_mode == KVT_STORAGE_NATIVE &&
+         o->remote_mode == KVT_REMOTE_LOCAL;
+}
+
 int kvti_tier_chunks_open(kvt_tier *t) {
-  if (!t->opts.chunk_tokens)
+  if (!kvti_tier_chunks_wanted(&t->opts))
     return 0;
   kvti_chunkstore_opts o = {t->opts.file_mode, t->opts.dir_mode,
                             t->opts.durability == KVT_DURABILITY_FSYNC};
@@ -42,16 +49,16 @@ void kvti_tier_chunks_close(kvt_tier *t) {
   t->chunked = NULL;
 }
 
-int kvti_tier_chunks_put(kvt_tier *t, uint64_t *disk, const kvti_snapshot *s,
-                         const kvti_write_opts *wo) {
-  if (!t->chunked)
-    return t->be->ops->put(t->be, disk, s, wo);
-  kvti_chunked_put_result r;
-  int rc = kvti_chunked_put(t->chunked, t->be, &r, s, wo);
-  *disk = r.entry_bytes;
-  if (r.chunk_bytes)
-    KVTI_STAT_ADD(&t->stats, spill_bytes, r.chunk_bytes);
+int kvti_tier_chunks_prepare(kvt_tier *t, kvti_chunked_prep *p,
+                             const kvti_snapshot *s) {
+  int rc = kvti_chunked_prepare(t->chunked, p, s);
+  if (p->res.chunk_bytes)
+    KVTI_STAT_ADD(&t->stats, spill_bytes, p->res.chunk_bytes);
   return rc;
+}
+
+void kvti_tier_chunks_committed(kvt_tier *t, kvti_chunked_prep *p) {
+  kvti_chunked_prep_commit(t->chunked, p);
 }
 
 int kvti_tier_chunks_get(kvt_tier *t, kvt_entry **out, const char *hash,

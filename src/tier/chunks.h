@@ -10,14 +10,21 @@
 #ifndef KVT_TIER_CHUNKS_H
 #define KVT_TIER_CHUNKS_H
 
+#include "store/chunked.h"
 #include "tier/tier.h"
 
+/* 1 when these options store native spills in chunks (chunk_tokens set,
+ * native storage mode, no remote tier yet). */
+int kvti_tier_chunks_wanted(const kvt_options *o);
 int kvti_tier_chunks_open(kvt_tier *t);
 void kvti_tier_chunks_close(kvt_tier *t);
 
-/* As be->put (caller holds mut_mu). */
-int kvti_tier_chunks_put(kvt_tier *t, uint64_t *disk, const kvti_snapshot *s,
-                         const kvti_write_opts *wo);
+/* The writer's chunked steps (store/chunked.h, kvti_chunked_prep): prepare
+ * writes the missing chunks (counted in spill_bytes); committed runs after
+ * the index row. Caller holds mut_mu. */
+int kvti_tier_chunks_prepare(kvt_tier *t, kvti_chunked_prep *p,
+                             const kvti_snapshot *s);
+void kvti_tier_chunks_committed(kvt_tier *t, kvti_chunked_prep *p);
 /* As be->get (caller holds the entry's stripe shared). A damaged chunk is
  * removed with everything below it after the stripe is released (see
  * kvti_tier_chunks_after_read). */

@@ -228,11 +228,6 @@ int kvt_options_validate(const kvt_options *opts) {
                    "chunk_tokens must be 0 or a power of two in 16..4096, "
                    "got %u",
                    o->chunk_tokens);
-  if (o->chunk_tokens && o->storage_mode != KVT_STORAGE_NATIVE)
-    return KVT_ERR(KVT_EINVAL, "chunk_tokens needs storage_mode NATIVE");
-  if (o->chunk_tokens && o->remote_mode != KVT_REMOTE_LOCAL)
-    return KVT_ERR(KVT_EINVAL,
-                   "chunk_tokens is not supported with a remote tier yet");
   if (o->model_id && strlen(o->model_id) > 4000)
     return KVT_ERR(KVT_EINVAL, "model_id must be at most 4000 bytes");
   int rrc = validate_remote(o);

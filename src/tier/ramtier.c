@@ -13,6 +13,8 @@
 #include "format/entry.h"
 #include "format/layer.h"
 #include "tier/hostcache.h"
+#include "index/index.h"
+#include "store/chunked.h"
 #include "tier/remote.h"
 #include "store/local.h"
 #include "tier/tier.h"
@@ -27,12 +29,19 @@ static uint64_t bound_of(uint64_t opt) {
   return opt == KVT_HOST_CACHE_AUTO ? kvti_hc_default_bytes() : opt;
 }
 
+/* The cache holds whole entries verified against their own manifest. A
+ * chained entry's layers live mostly in chunk files its manifest does not
+ * describe, and a chain prefix no spill ended at has no manifest at all: in a
+ * chunked tier only whole (unchained) entries are cached (docs/DESIGN.md). */
+static int cacheable(kvt_tier *t, const char *hash) {
+  if (!t->chunked)
+    return 1;
+  kvt_entry_info info;
+  return !kvti_chunked_is_chained(t->chunked, hash) &&
+         kvti_index_find_hash(&info, t->idx, hash) == 0;
+}
+
 int kvti_ram_open(kvt_tier *t) {
-  /* The cache holds whole entries verified against their own manifest; a
-   * chunked entry's layers live in chunk files its manifest does not describe,
-   * so with chunk_tokens the host cache stays off (docs/DESIGN.md). */
-  if (t->opts.chunk_tokens != 0)
-    return 0;
   return kvti_hc_create(&t->hc, bound_of(t->opts.host_cache_bytes),
                         kvti_bufpool_default());
 }
@@ -181,7 +190,8 @@ void kvti_ram_after_disk(kvt_tier *t, kvt_entry *e, const kvti_read_opts *ro) {
   uint64_t id;
   if (e)
     e->from = KVTI_FROM_DISK;
-  if (!t->hc || !e || ro->keep_tokens || ro->alloc || e->free_buf || e->recycle)
+  if (!t->hc || !e || ro->keep_tokens || ro->alloc || e->free_buf ||
+      e->recycle || !cacheable(t, e->hash))
     return;
   if (kvti_hc_lend(t->hc, e->hash, &id))
     hook(t, e, id);
@@ -192,7 +202,7 @@ void kvti_ram_spilled(kvt_tier *t, kvti_snapshot *s, uint64_t disk_bytes) {
    * are (compat mode converts them); not when the remote upload queue still
    * needs the snapshot after this. */
   if (!t->hc || t->opts.storage_mode != KVT_STORAGE_NATIVE ||
-      kvti_remote_enabled(t))
+      kvti_remote_enabled(t) || !cacheable(t, kvti_snapshot_hash(s)))
     return;
   kvti_hc_item it;
   memset(&it, 0, sizeof it);

@@ -43,8 +43,8 @@
  * version and its row are served exactly as before (the row never changed:
  * a failed index put changes neither SQLite nor the mirror). *busy is set
  * when the commit found index.db locked (worth a retry). A chunked tier
- * (chunks.h) still writes in one put: its chunks are immutable and never
- * replaced, and a failed row removes only the new entry. */
+ * (chunks.h) takes the same steps for its tail entry and chained-entry
+ * record (its chunks are immutable and written first). */
 static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
                         const kvti_write_opts *wo, uint64_t *disk, int *busy) {
   size_t n = 0;
@@ -60,12 +60,12 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
   kvt_entry_info old;
   int replacing = kvti_index_find_hash(&old, t->idx, hash) == 0 ||
                   ops->present(t->be, hash) != 0;
-  if (t->chunked || !ops->put_stage) {
+  if (!ops->put_stage) {
     if (replacing) {
       kvti_stripe_wrlock(&t->stripes, hash);
       kvti_ram_invalidate(t, hash); /* the RAM copy is the old version */
     }
-    int rc = kvti_tier_chunks_put(t, disk, s, wo); /* be->put unless chunked */
+    int rc = t->be->ops->put(t->be, disk, s, wo);
     if (rc == 0) {
       rc =
           kvti_index_put(t->idx, tokens, n, hash, kvti_snapshot_memory_bytes(s),
@@ -89,19 +89,43 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
       kvti_stripe_unlock(&t->stripes, hash);
     return rc;
   }
+  /* A chunked tier (chunks.h) first writes the chunks the chain lacks - they
+   * are immutable and never replaced, so nothing of an old version changes -
+   * then stages its tail like any entry; the chained-entry record changes
+   * only under the stripe's write lock and is put back if the row fails. */
+  kvti_chunked_prep cp;
+  int chunked = t->chunked != NULL;
+  if (chunked) {
+    int prc = kvti_tier_chunks_prepare(t, &cp, s);
+    if (prc != 0) {
+      kvti_chunked_prep_free(&cp);
+      return prc;
+    }
+  }
+  const kvti_snapshot *ss = chunked ? kvti_chunked_prep_snapshot(&cp, s) : s;
   kvti_put_txn *x = NULL;
-  int rc = ops->put_stage(t->be, &x, disk, s, wo);
-  if (rc != 0)
+  int rc = ops->put_stage(t->be, &x, disk, ss, wo);
+  if (rc != 0) {
+    if (chunked)
+      kvti_chunked_prep_free(&cp);
     return rc;
+  }
   if (replacing)
     kvti_stripe_wrlock(&t->stripes, hash);
-  rc = ops->put_publish(t->be, x);
+  int recorded = 0;
+  rc = chunked ? kvti_chunked_prep_record(t->chunked, &cp) : 0;
+  if (rc == 0) {
+    recorded = chunked;
+    rc = ops->put_publish(t->be, x);
+  }
   if (rc == 0)
     rc = kvti_index_put_nowait(t->idx, tokens, n, hash,
                                kvti_snapshot_memory_bytes(s), *disk,
                                t->opts.storage_mode);
   if (rc == 0) {
     ops->put_commit(t->be, x);
+    if (chunked)
+      kvti_tier_chunks_committed(t, &cp);
     if (replacing)
       kvti_ram_invalidate(t, hash); /* the RAM copy is the old version */
   } else {
@@ -109,6 +133,8 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
     kvti_error_state_capture(&es, rc);
     if (!replacing)
       kvti_stripe_wrlock(&t->stripes, hash);
+    if (recorded)
+      kvti_chunked_prep_undo(t->chunked, &cp);
     if (ops->put_rollback(t->be, x) != 0)
       kvti_log(t, KVT_LOG_WARN,
                "kvtier: undoing the publish of %.16s failed (%s); the new "
@@ -121,6 +147,8 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
   }
   if (replacing)
     kvti_stripe_unlock(&t->stripes, hash);
+  if (chunked)
+    kvti_chunked_prep_free(&cp);
   return rc;
 }
 

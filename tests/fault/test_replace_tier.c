@@ -24,8 +24,26 @@ static char g_root[4096];
 
 /* Same tokens as e, other tensor values. */
 static t_entry variant(const t_entry *e, uint64_t seed) {
-  t_entry v = t_make(seed, e->n_tokens, e->n_layers, 4, 4);
+  t_entry v = t_make(seed, e->n_tokens, e->n_layers,
+                     (int)e->layers[0].tensors[0].shape[2], 4);
   memcpy(v.tokens, e->tokens, e->n_tokens * sizeof(int32_t));
+  return v;
+}
+
+/* Same tokens as e (T = n_tokens rows), other values in rows [keep, T): a
+ * re-spill of a chunked prefix whose chunk rows are the same KV (chunks are
+ * keyed by tokens, as the engine's KV of the same prefix is the same). */
+static t_entry variant_tail(const t_entry *e, uint64_t seed, size_t keep) {
+  t_entry v = variant(e, seed);
+  for (uint32_t l = 0; l < e->n_layers; l++)
+    for (uint32_t k = 0; k < 2; k++) {
+      const kvt_tensor *a = &e->layers[l].tensors[k];
+      kvt_tensor *b = &v.layers[l].tensors[k];
+      uint64_t T = (uint64_t)a->shape[2], D = (uint64_t)a->shape[3];
+      for (uint64_t h = 0; h < (uint64_t)a->shape[1]; h++)
+        memcpy((float *)b->data + h * T * D, (const float *)a->data + h * T * D,
+               keep * D * sizeof(float));
+    }
   return v;
 }
 
@@ -79,7 +97,9 @@ static int served_as(kvt_tier *t, const t_entry *e) {
   return same;
 }
 
-static void run(const char *name, int hold_ms) {
+/* n_tokens 20: a whole entry; 300 (= rows): a chained entry of the default
+ * chunk_tokens (256), its chain shared by both versions, its tail replaced. */
+static void run(const char *name, int hold_ms, size_t n_tokens) {
   char *dir = rel_path(g_root, name, NULL);
   rel_done *done = calloc(1, sizeof *done);
   pthread_mutex_init(&done->mu, NULL);
@@ -88,12 +108,18 @@ static void run(const char *name, int hold_ms) {
   o.spill_done_ctx = done;
   kvt_tier *t = t_open(&o);
   REQUIRE(kvt_tier_start_writer(t) == 0);
-  t_entry v1 = t_make(51, 20, 2, 4, 4);
-  t_entry v2 = variant(&v1, 52);
+  int chained = n_tokens >= 256;
+  t_entry v1 = t_make(51, n_tokens, 2, chained ? (int)n_tokens : 4, 4);
+  t_entry v2 = chained ? variant_tail(&v1, 52, 256) : variant(&v1, 52);
   char h[65];
   kvt_token_hash(h, v1.tokens, v1.n_tokens);
   REQUIRE(t_spill(t, &v1) == 0 && kvt_tier_flush(t, -1) == 0);
   REQUIRE(served_as(t, &v1));
+  if (chained) { /* the chunk store is in use: chunks/ holds the chain */
+    char *cd = rel_path(dir, "chunks", NULL);
+    CHECK(kvt_test_exists(cd));
+    free(cd);
+  }
 
   pthread_mutex_lock(&done->mu);
   int reports = done->n; /* v1's report is in already */
@@ -149,11 +175,19 @@ static void run(const char *name, int hold_ms) {
 }
 
 static void test_busy_past_timeout_keeps_old(void) {
-  run("busy-long", 7000);
+  run("busy-long", 7000, 20);
 }
 
 static void test_busy_briefly_replaces(void) {
-  run("busy-short", 1200);
+  run("busy-short", 1200, 20);
+}
+
+static void test_chained_busy_past_timeout_keeps_old(void) {
+  run("chained-long", 7000, 300);
+}
+
+static void test_chained_busy_briefly_replaces(void) {
+  run("chained-short", 1200, 300);
 }
 
 int main(int argc, char **argv) {
@@ -164,5 +198,7 @@ int main(int argc, char **argv) {
   snprintf(g_root, sizeof g_root, "%s", kvt_test_tmpdir("replace"));
   RUN(test_busy_past_timeout_keeps_old);
   RUN(test_busy_briefly_replaces);
+  RUN(test_chained_busy_past_timeout_keeps_old);
+  RUN(test_chained_busy_briefly_replaces);
   return kvt_test_done();
 }

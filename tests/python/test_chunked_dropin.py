@@ -17,6 +17,8 @@ import os
 
 import numpy as np
 
+import kvtier.ssd_cache
+
 from conftest import ArraysLayer, KVLayer, make_tier
 
 C = 256
@@ -132,18 +134,33 @@ def test_multi_turn_writes(cache_dir):
         t.close()
 
 
-def test_off_by_default_and_hybrid_never_served_a_wrong_state(tmp_path):
+def test_on_by_default_off_and_compat_as_the_reference_and_hybrid_never_wrong(tmp_path):
     prompt = tuple(SYS + [90000 + i for i in range(300)])
-    off = str(tmp_path / "off")
-    t = make_tier(off)
+    # Default options: chunked at 256 tokens, the shared prefix is served.
+    assert kvtier.ssd_cache.SSDCacheConfig().chunk_tokens == 256
+    on = str(tmp_path / "on")
+    t = make_tier(on)
     t.start_writer()
     try:
         spill(t, SYS + [5, 6, 7])
         t.flush(timeout=WAIT)
-        assert t.lookup_ssd_prefix(prompt) is None  # the reference: 0 tokens
-        assert not os.path.exists(os.path.join(off, "chunks"))
+        info = t.lookup_ssd_prefix(prompt)
+        assert info is not None and info["num_tokens"] == 1024
+        assert os.path.isdir(os.path.join(on, "chunks"))
     finally:
         t.close()
+    # chunk_tokens=0, and compat mode with the default: the reference's layout.
+    for name, kw in (("off", {"chunk_tokens": 0}), ("compat", {"storage_mode": "compat"})):
+        off = str(tmp_path / name)
+        t = make_tier(off, **kw)
+        t.start_writer()
+        try:
+            spill(t, SYS + [5, 6, 7])
+            t.flush(timeout=WAIT)
+            assert t.lookup_ssd_prefix(prompt) is None  # the reference: 0 tokens
+            assert not os.path.exists(os.path.join(off, "chunks"))
+        finally:
+            t.close()
     hyb = str(tmp_path / "hyb")
     t = make_tier(hyb, chunk_tokens=C)
     t.start_writer()

@@ -181,6 +181,8 @@ static uint64_t data_start(const char *path) {
  */
 static void test_manifest_blocks(void) {
   kvt_options o = t_opts("blk-fmt");
+  o.chunk_tokens =
+      0; /* format-2 entries whole (chunk tails are tested in test_chunk*) */
   kvt_tier *t = t_open(&o);
   REQUIRE(kvt_tier_start_writer(t) == 0);
   t_entry e = t_make(21, 300, 2, 300, 64); /* layer files ~307 KiB: 5 blocks */
@@ -260,6 +262,8 @@ static void test_manifest_blocks(void) {
 static void test_trim_reads_less(void) {
   fio_install();
   kvt_options o = t_opts("blk-bytes");
+  o.chunk_tokens =
+      0; /* format-2 entries whole (chunk tails are tested in test_chunk*) */
   kvt_tier *t = t_open(&o);
   REQUIRE(kvt_tier_start_writer(t) == 0);
   enum { T = 4096, D = 64, KEEP = T / 4, L = 2 };
@@ -322,6 +326,8 @@ static void test_trim_reads_less(void) {
  * -> the trim succeeds (documented), the full promote and verify catch it. */
 static void test_trim_corruption(void) {
   kvt_options o = t_opts("blk-corrupt");
+  o.chunk_tokens =
+      0; /* format-2 entries whole (chunk tails are tested in test_chunk*) */
   kvt_tier *t = t_open(&o);
   REQUIRE(kvt_tier_start_writer(t) == 0);
   enum { T = 1024, D = 64, KEEP = 256 };
@@ -413,6 +419,8 @@ static void expect_reads(const char *data_dir, const char *hash, int rc,
  * shows it. */
 static void test_malformed_blocks(void) {
   kvt_options o = t_opts("blk-bad");
+  o.chunk_tokens =
+      0; /* format-2 entries whole (chunk tails are tested in test_chunk*) */
   kvt_tier *t = t_open(&o);
   REQUIRE(kvt_tier_start_writer(t) == 0);
   t_entry e = t_make(41, 400, 2, 400, 64); /* ~410 KiB per layer: 7 blocks */
@@ -568,6 +576,8 @@ static void test_malformed_blocks(void) {
 static void test_format1_and_reference(void) {
   fio_install();
   kvt_options o = t_opts("blk-compat");
+  o.chunk_tokens =
+      0; /* format-2 entries whole (chunk tails are tested in test_chunk*) */
   kvt_tier *t = t_open(&o);
   REQUIRE(kvt_tier_start_writer(t) == 0);
   enum { T = 1024, D = 64, KEEP = 256, L = 2 };
@@ -764,6 +774,8 @@ static void rewrite_blocks(const char *dir, uint32_t n_layers, uint64_t bs) {
 static void test_other_block_sizes(void) {
   fio_install();
   kvt_options o = t_opts("blk-sizes");
+  o.chunk_tokens =
+      0; /* format-2 entries whole (chunk tails are tested in test_chunk*) */
   kvt_tier *t = t_open(&o);
   REQUIRE(kvt_tier_start_writer(t) == 0);
   enum { T = 1024, D = 64, KEEP = 100, L = 2 };
@@ -806,6 +818,8 @@ static void test_other_block_sizes(void) {
 static void test_quantized_blocks(void) {
   fio_install();
   kvt_options o = t_opts("blk-quant");
+  o.chunk_tokens =
+      0; /* format-2 entries whole (chunk tails are tested in test_chunk*) */
   kvt_tier *t = t_open(&o);
   REQUIRE(kvt_tier_start_writer(t) == 0);
   enum { H = 2, T = 2048, D = 128, GS = 64, BITS = 4, KEEP = 500 };

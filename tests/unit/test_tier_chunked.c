@@ -131,8 +131,41 @@ static void test_options(void) {
   CHECK(kvt_options_validate(&o) == KVT_EINVAL);
   o.chunk_tokens = 64;
   CHECK(kvt_options_validate(&o) == 0);
+  o.storage_mode =
+      KVT_STORAGE_COMPAT; /* ignored there: the reference's layout */
+  CHECK(kvt_options_validate(&o) == 0);
+  kvt_options d = KVT_OPTIONS_INIT;
+  CHECK_EQ_INT(d.chunk_tokens, KVT_CHUNK_TOKENS_DEFAULT);
+  CHECK_EQ_INT(KVT_CHUNK_TOKENS_DEFAULT, 256);
+  kvt_options v3;
+  REQUIRE(kvt_options_init(&v3, 3) == 0);
+  CHECK_EQ_INT(v3.chunk_tokens, 256);
+}
+
+/* A compat-mode tier with the default chunk_tokens writes what the reference
+ * reads: one entry per spill, no chunks/ directory. */
+static void test_compat_ignores_chunks(void) {
+  char *dir = t_join(g_dir, "compat");
+  kvt_options o = KVT_OPTIONS_INIT;
+  o.cache_dir = dir;
+  o.durability = KVT_DURABILITY_NONE;
   o.storage_mode = KVT_STORAGE_COMPAT;
-  CHECK(kvt_options_validate(&o) == KVT_EINVAL);
+  kvt_tier *t = NULL;
+  REQUIRE(kvt_tier_open(&t, &o) == 0);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  int32_t tok[600];
+  for (int i = 0; i < 600; i++)
+    tok[i] = 40 + i;
+  spill(t, tok, 600, 600);
+  REQUIRE(kvt_tier_flush(t, 30.0) == 0);
+  char *cd = t_join(dir, "chunks");
+  CHECK(!kvt_test_exists(cd));
+  kvt_entry *e = NULL;
+  CHECK(kvt_tier_promote(&e, t, tok, 600, NULL) == 0 && e);
+  kvt_entry_free(e);
+  kvt_tier_free(t);
+  free(cd);
+  free(dir);
 }
 
 static void test_tier(void) {
@@ -299,6 +332,7 @@ static void test_capacity(void) {
 int main(void) {
   g_dir = kvt_test_tmpdir("tierchunked");
   RUN(test_options);
+  RUN(test_compat_ignores_chunks);
   RUN(test_tier);
   RUN(test_capacity);
   return kvt_test_done();

@@ -172,11 +172,12 @@ class SSDCacheConfig:
             RAM so promoting them again runs at memory speed (the host RAM
             tier); None (default) = 1/8 of the memory the process may use
             (RAM and cgroup limit), 0 = disabled.
-        chunk_tokens: 0 (default: one entry per spill, as the reference) or a
-            power of two in 16..4096: native-mode spills are stored as chains
-            of chunks of this many tokens, each stored once, and prefix
-            lookups find chunk-aligned prefixes of pure-KV models even where
-            no spill ended (docs/FORMAT.md section 10). Experimental.
+        chunk_tokens: 256 (default) or another power of two in 16..4096:
+            native-mode spills are stored as chains of chunks of this many
+            tokens, each stored once, and prefix lookups find chunk-aligned
+            prefixes of pure-KV models even where no spill ended
+            (docs/FORMAT.md section 10); 0 = one entry per spill, as the
+            reference. Ignored in "compat" mode (the reference's layout).
         model_id: namespace of the chunks; None = the cache directory's name
             (the reference's per-model directory), so two models never share
             chunks.
@@ -206,7 +207,7 @@ class SSDCacheConfig:
     remote_tls_cert_file: str | None = None
     remote_tls_key_file: str | None = None
     host_cache_bytes: int | None = None
-    chunk_tokens: int = 0
+    chunk_tokens: int = 256
     model_id: str | None = None
 
     def __post_init__(self) -> None:
