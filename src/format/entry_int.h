@@ -29,6 +29,7 @@ struct kvti_snapshot {
    * layers, manifest and tokens.bin. */
   uint8_t *chainrec;
   size_t chainrec_len;
+  int chainrec_tail; /* KVTI_CHAINREC_TAIL: the record goes next to them */
 };
 
 struct kvti_entry_reader {

@@ -128,9 +128,12 @@ int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
     rc = kvti_snapshot_create(&p->tail, tokens, n, sp.tail, L,
                               kvti_snapshot_memory_bytes(s), 0, NULL, NULL);
   }
-  if (rc == 0 && p->chained && kvti_chunked_rec_ok(&sp, layers, L)) {
-    /* Nothing left for a tail: the entry is staged as one chain record
-     * (chunked_rec.h), not as a directory of empty layer files. */
+  if (rc == 0 && p->chained) {
+    /* The entry's directory says which chain it needs (chunked_rec.h): with
+     * nothing left for a tail it is one chain record instead of a directory
+     * of empty layer files; else the record goes next to the tail, so the
+     * directory is never read as a whole entry, whatever the index says. */
+    int alone = kvti_chunked_rec_ok(&sp, layers, L);
     kvti_chainrec r = {.n_tokens = n,
                        .memory_bytes = kvti_snapshot_memory_bytes(s),
                        .chunks = sp.chunks,
@@ -138,6 +141,7 @@ int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
                        .total_rows = sp.T,
                        .chunk_tokens = c->C,
                        .num_layers = L,
+                       .flags = alone ? 0 : KVTI_CHAINREC_TAIL,
                        .ns = c->ns,
                        .ns_len = c->ns_len,
                        .tokens = tokens};
@@ -251,7 +255,9 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
     memcpy(ce.last_key, rec.last_key, 32);
     ce.layout_hash = rec.layout_hash;
     ce.total_rows = rec.total_rows;
-    if (!o->verify_only && !o->keep_tokens) {
+    has_ce = 1; /* the directory's own record rules over the row */
+    if (!(rec.flags & KVTI_CHAINREC_TAIL) && !o->verify_only &&
+        !o->keep_tokens) {
       kvt_entry *e = NULL;
       int rc = kvti_chunked_rec_get(c->cs, &e, &rec, o, bad_chunk, chunk_bad);
       kvti_chainrec_free(&rec);

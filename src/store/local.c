@@ -127,9 +127,10 @@ static int lb_probe(kvti_backend *b, const char *hash,
     return KVT_ERR(KVT_EINVAL, "invalid entry name");
   /* An entry of the chunked store that is its chain alone holds one chain
    * record instead of a manifest (format/chainrec.h). */
-  if (kvti_chainrec_present(L(b)->data_dir, hash) == 1)
+  int rc = kvti_entry_probe(out, L(b)->data_dir, hash);
+  if (rc == KVT_ENOTFOUND && kvti_chainrec_present(L(b)->data_dir, hash) == 1)
     return kvti_chainrec_probe(out, L(b)->data_dir, hash);
-  return kvti_entry_probe(out, L(b)->data_dir, hash);
+  return rc;
 }
 
 static int lb_get(kvti_backend *b, kvt_entry **out, const char *hash,

@@ -151,8 +151,7 @@ static int check_chunk(void *ctx, const kvti_chain_rec *r) {
   return 0;
 }
 
-static uint64_t g_states, g_new, g_old, g_missing, g_old_detected;
-static int g_old_tail; /* the campaign replaces a tail entry */
+static uint64_t g_states, g_new, g_old, g_missing;
 
 /* The index as SQLite guarantees it with synchronous=FULL: a transaction is
  * durable once its WAL is synced. Its files are not replayed write by write
@@ -266,11 +265,6 @@ static int check_state(const char *dir, const spec *old, const spec *neu,
   if (rc == 0 && !is_new && !is_old) {
     fprintf(stderr, "  wrong data served\n");
     viol = 1;
-  } else if (rc == KVT_ECORRUPT && g_old_tail && old && !acked) {
-    /* Known limit (docs/RELIABILITY.md): a tail entry replaced by a new
-     * version of the same tokens is unreadable (detected, never served)
-     * between the new chained-entry row and the publish. */
-    g_old_detected++;
   } else if (rc != 0 && rc != KVT_ENOTFOUND && (strict || rc != KVT_ECORRUPT)) {
     fprintf(stderr, "  read %d (%s)\n", rc, kvt_last_error());
     viol = 1;
@@ -353,17 +347,13 @@ static void test_spills(void) {
    * tail over a record version (exchanged atomically). */
   spec old_tail = {NTOK, NTOK + 16, 4}, old_rec = {NTOK, NTOK, 5};
   spec new_tail = {NTOK, NTOK + 8, 6};
-  g_old_tail = 1;
   CHECK_EQ_INT(campaign(&old_tail, &rec, 3, g_fates, 13, 1, 0), 0);
-  g_old_tail = 0;
   CHECK_EQ_INT(campaign(&old_rec, &new_tail, 3, g_fates, 14, 1, 0), 0);
   fprintf(stderr,
           "chunk crash states: %llu checked, %llu new, %llu old, %llu missing "
-          "(chain or entry not yet durable), %llu old tail versions "
-          "detected unreadable (replaced, not yet published)\n",
+          "(chain or entry not yet durable)\n",
           (unsigned long long)g_states, (unsigned long long)g_new,
-          (unsigned long long)g_old, (unsigned long long)g_missing,
-          (unsigned long long)g_old_detected);
+          (unsigned long long)g_old, (unsigned long long)g_missing);
 }
 
 /* The simulator must catch a wrong order: file fsyncs skipped, success

@@ -3,11 +3,13 @@
  * alone (format/chainrec.h, store/chunked_rec.h): a pure-KV spill with no
  * tail rows is stored as one chain record (data/<hash>/chain.kvr and nothing
  * else), reads back bit for bit (exact, trimmed, read_entry), is replaced by
- * and replaces tail entries of the same tokens; every flipped byte or
+ * and replaces tail entries of the same tokens (which carry their record next
+ * to their files); every flipped byte or
  * truncation of a record is refused by the parser and a damaged record is
  * never served; after the index is rebuilt (KVT_OPEN_REINDEX) reconcile
- * adopts record entries and re-attaches their chains from the chunk files
- * (promotes bit-exact), and quarantines a record whose chain lost a chunk.
+ * adopts record and tail entries and re-attaches their chains from the chunk
+ * files (promotes bit-exact, a tail never read as a whole entry), and
+ * quarantines a record whose chain lost a chunk.
  */
 #include "fmt_testlib.h"
 #include "format/chainrec.h"
@@ -149,7 +151,7 @@ static void test_record_entry(void) {
   /* The same tokens with spare rows: a tail entry replaces the record... */
   spill(t, a, 64, 80);
   CHECK(entry_files(dir, a, 64, &rec) > 1);
-  CHECK(!rec);
+  CHECK(rec); /* a tail carries its record next to its files */
   REQUIRE(kvt_tier_promote(&e, t, a, 64, &po) == 0);
   CHECK(matches(e, a, 64, 80));
   kvt_entry_free(e);
@@ -165,7 +167,7 @@ static void test_record_entry(void) {
   toks(b, 64, 2);
   spill(t, b, 50, 64);
   CHECK(entry_files(dir, b, 50, &rec) > 1);
-  CHECK(!rec);
+  CHECK(rec);
   REQUIRE(kvt_tier_promote(&e, t, b, 50, &po) == 0);
   CHECK(matches(e, b, 50, 64));
   kvt_entry_free(e);
@@ -255,10 +257,20 @@ static void test_reindex(void) {
     toks(a[k], 64, 10 + k);
     spill(t, a[k], 64, 64);
   }
+  int32_t tb[64]; /* a tail entry: 48 rows in its chain, 16 in its files */
+  toks(tb, 64, 20);
+  spill(t, tb, 56, 64);
   close_tier(t);
   /* The index is rebuilt from the directories: records and chunk files. */
   t = open_tier(dir, KVT_OPEN_REINDEX);
   kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
+  {
+    /* The tail is adopted with its chain, never read as a whole entry. */
+    kvt_entry *e = NULL;
+    REQUIRE(kvt_tier_promote(&e, t, tb, 56, &po) == 0);
+    CHECK(matches(e, tb, 56, 64));
+    kvt_entry_free(e);
+  }
   for (int k = 0; k < 3; k++) {
     kvt_entry_info info;
     REQUIRE(kvt_tier_lookup(&info, t, a[k], 64) == 0);
