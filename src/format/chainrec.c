@@ -59,24 +59,14 @@ static int is_pow2_chunk(uint32_t c) {
          (c & (c - 1)) == 0;
 }
 
-/* The chain fields: a record alone covers exactly its chain's rows; next to
- * a tail entry, the tensors' extent (spare rows included). */
-static int fields_ok(const kvti_chainrec *r) {
-  uint64_t rows = r->chunks * r->chunk_tokens;
-  if (r->chunks == 0 || r->chunks > r->n_tokens || rows > r->n_tokens ||
-      r->num_layers == 0 || r->num_layers > KVTI_MAX_LAYERS ||
-      (r->flags & ~KVTI_CHAINREC_TAIL))
-    return 0;
-  return (r->flags & KVTI_CHAINREC_TAIL)
-             ? r->total_rows >= rows && r->total_rows <= ((uint64_t)1 << 40)
-             : r->total_rows == rows;
-}
-
 /* Encodes r into a kvti_malloc'ed buffer of exactly kvti_chainrec_size. */
 static int encode(uint8_t **out, size_t *len, const kvti_chainrec *r) {
   if (r->n_tokens > KVTI_CHAINREC_MAX_TOKENS || r->ns_len > KVTI_CHUNK_MAX_NS ||
       (!r->tokens && r->n_tokens) || (!r->ns && r->ns_len) ||
-      !is_pow2_chunk(r->chunk_tokens) || !fields_ok(r))
+      !is_pow2_chunk(r->chunk_tokens) || r->chunks == 0 ||
+      r->total_rows != r->chunks * r->chunk_tokens ||
+      r->total_rows > r->n_tokens || r->num_layers == 0 ||
+      r->num_layers > KVTI_MAX_LAYERS)
     return KVT_ERR(KVT_EINVAL, "chain record: invalid fields");
   size_t n = (size_t)kvti_chainrec_size(r->ns_len, r->n_tokens);
   uint8_t *b = kvti_calloc(1, n);
@@ -84,7 +74,7 @@ static int encode(uint8_t **out, size_t *len, const kvti_chainrec *r) {
     return KVT_ERR_NOMEM();
   memcpy(b, KVTI_CHAINREC_MAGIC, 8);
   put32(b + 8, KVTI_CHAINREC_VERSION);
-  put32(b + 12, r->flags);
+  put32(b + 12, 0);
   memcpy(b + 16, r->hash, 32);
   memcpy(b + 48, r->last_key, 32);
   put64(b + 80, r->n_tokens);
@@ -123,8 +113,7 @@ int kvti_chainrec_parse(kvti_chainrec *r, const uint8_t *buf, size_t len,
   if (ver != KVTI_CHAINREC_VERSION)
     return KVT_ERR(KVT_EUNSUPPORTED, "%s: chain record version %u unsupported",
                    what, ver);
-  r->flags = get32(buf + 12);
-  if ((r->flags & ~KVTI_CHAINREC_TAIL) || get32(buf + 132) != 0)
+  if (get32(buf + 12) != 0 || get32(buf + 132) != 0)
     return BAD("%s: unknown flags", what);
   memcpy(r->hash, buf + 16, 32);
   memcpy(r->last_key, buf + 48, 32);
@@ -143,7 +132,10 @@ int kvti_chainrec_parse(kvti_chainrec *r, const uint8_t *buf, size_t len,
                (unsigned long long)kvti_chainrec_size(r->ns_len, r->n_tokens));
   if (get64(buf + len - 8) != kvti_xxh3(buf, len - 8))
     return BAD("%s: checksum mismatch", what);
-  if (!is_pow2_chunk(r->chunk_tokens) || !fields_ok(r))
+  if (!is_pow2_chunk(r->chunk_tokens) || r->chunks == 0 ||
+      r->chunks > r->n_tokens || r->total_rows != r->chunks * r->chunk_tokens ||
+      r->total_rows > r->n_tokens || r->num_layers == 0 ||
+      r->num_layers > KVTI_MAX_LAYERS)
     return BAD("%s: chain fields inconsistent", what);
   size_t pos_tok = KVTI_CHAINREC_FIXED + (size_t)pad4(r->ns_len);
   for (size_t i = KVTI_CHAINREC_FIXED + r->ns_len; i < pos_tok; i++)
@@ -196,7 +188,6 @@ int kvti_snapshot_set_chainrec(kvti_snapshot *s, const kvti_chainrec *r) {
   kvti_free(s->chainrec);
   s->chainrec = buf;
   s->chainrec_len = len;
-  s->chainrec_tail = (r->flags & KVTI_CHAINREC_TAIL) != 0;
   return 0;
 }
 
@@ -319,6 +310,14 @@ int kvti_chainrec_probe(kvti_entry_probe_info *out, const char *data_dir,
   out->disk_bytes = kvti_chainrec_size(r.ns_len, r.n_tokens);
   out->storage_mode = KVT_STORAGE_NATIVE;
   out->mtime = mt;
+  /* Adopted like a tail: reconcile restores its chained-entry row from
+   * this (tier/chunks.c kvti_tier_chunks_adopt). */
+  out->chain.present = 1;
+  out->chain.chunks = r.chunks;
+  out->chain.chunk_tokens = r.chunk_tokens;
+  memcpy(out->chain.last_key, r.last_key, 32);
+  out->chain.layout_hash = r.layout_hash;
+  out->chain.total_rows = r.total_rows;
   kvti_chainrec_free(&r);
   return 0;
 }

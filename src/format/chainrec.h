@@ -28,10 +28,6 @@
 #define KVTI_CHAINREC_MAGIC "KVTCHREC"
 #define KVTI_CHAINREC_VERSION 1u
 #define KVTI_CHAINREC_FIXED 136u /* bytes before the namespace */
-/* flags: the directory also holds a tail entry (manifest, tokens.bin, layer
- * files with rows [chunks * chunk_tokens, total_rows)); the record then only
- * says which chain completes it. Without it the record is the whole entry. */
-#define KVTI_CHAINREC_TAIL 1u
 /* Reader bound on the token count (the file is read whole). */
 #define KVTI_CHAINREC_MAX_TOKENS ((uint64_t)1 << 24)
 
@@ -40,7 +36,6 @@ typedef struct kvti_chainrec {
   uint8_t last_key[32]; /* key of chunk chunks - 1 */
   uint64_t n_tokens, memory_bytes, chunks, layout_hash, total_rows;
   uint32_t chunk_tokens, num_layers;
-  uint32_t flags;    /* KVTI_CHAINREC_TAIL or 0 */
   const uint8_t *ns; /* namespace encoding (format/chunk.h) */
   size_t ns_len;
   const int32_t *tokens; /* n_tokens */
@@ -53,22 +48,19 @@ uint64_t kvti_chainrec_size(size_t ns_len, uint64_t n_tokens);
 /* Parses buf[0, len) (hostile input). expect_hash (may be NULL) is the hex
  * name the record was found under. Checks magic, version, zero flags and
  * padding, exact size, checksum, counts (chunk_tokens a power of two in
- * [16, 4096], chunks >= 1, chunks * chunk_tokens <= n_tokens, total_rows =
- * chunks * chunk_tokens (or, with KVTI_CHAINREC_TAIL, any extent from there
- * up to 2^40), layers in [1, KVTI_MAX_LAYERS]) and SHA-256(tokens) = hash = the
- * name. *r owns copies (kvti_chainrec_free). Returns 0, KVT_ECORRUPT,
+ * [16, 4096], chunks >= 1, total_rows = chunks * chunk_tokens <= n_tokens,
+ * layers in [1, KVTI_MAX_LAYERS]) and SHA-256(tokens) = hash = the name. *r
+ * owns copies (kvti_chainrec_free). Returns 0, KVT_ECORRUPT,
  * KVT_EUNSUPPORTED (another version), KVT_ENOMEM. */
 int kvti_chainrec_parse(kvti_chainrec *r, const uint8_t *buf, size_t len,
                         const char *expect_hash, const char *what);
 void kvti_chainrec_free(kvti_chainrec *r); /* accepts a zeroed r */
 
-/* Makes snapshot s (a spill's tail, whose tokens hash to r->hash) stage
- * with the chain record r: kvti_entry_stage then writes only
- * data_dir/<hash>.tmp/chain.kvr in place of layer files, manifest and
- * tokens.bin, or, with KVTI_CHAINREC_TAIL, chain.kvr next to them (every
- * file and the directory fsynced with do_fsync); the usual publication
- * (format/publish.h: atomic exchange with an older version, data_dir
- * fsynced, rollback) applies. Returns 0,
+/* Makes snapshot s (a spill's tail, whose tokens hash to r->hash) stage as
+ * the chain record r instead of layer files: kvti_entry_stage then writes
+ * only data_dir/<hash>.tmp/chain.kvr (file and directory fsynced with
+ * do_fsync) and the usual publication (format/publish.h: atomic exchange
+ * with an older version, data_dir fsynced, rollback) applies. Returns 0,
  * KVT_EINVAL, KVT_ENOMEM. */
 int kvti_snapshot_set_chainrec(kvti_snapshot *s, const kvti_chainrec *r);
 /* The staging step itself (kvti_entry_stage): creates dir/chain.kvr with
@@ -87,7 +79,8 @@ int kvti_chainrec_present(const char *data_dir, const char *hash);
 
 /* What reconcile's adoption needs from a record entry (as kvti_entry_probe):
  * tokens, memory_bytes, disk_bytes (the record's; its chunks are counted by
- * the chain table), storage mode native, the directory's mtime. Returns 0,
+ * the chain table), storage mode native, the directory's mtime, and its
+ * chain as out->chain (present), as a tail's manifest gives it. Returns 0,
  * KVT_ENOTFOUND, KVT_ECORRUPT, KVT_EIO, KVT_ENOMEM. */
 int kvti_chainrec_probe(kvti_entry_probe_info *out, const char *data_dir,
                         const char *hash);

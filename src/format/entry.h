@@ -54,6 +54,21 @@ enum { KVTI_FROM_OTHER = 0, KVTI_FROM_DISK = 1, KVTI_FROM_RAM = 2 };
 /* Immutable producer-side copy of a spill, handed to the writer thread. */
 typedef struct kvti_snapshot kvti_snapshot;
 
+/* What a tail entry of the chunked native store says of its chain
+ * (manifest.json "kvtier"."chain", docs/FORMAT.md section 10): the tail is
+ * not a complete entry, its rows [0, chunks * chunk_tokens) live in the chain
+ * ending at last_key. Kept in the entry's own files so that the chained-entry
+ * record can be rebuilt when index.db is lost, and so that no reader takes a
+ * tail for a whole entry. present = 0: a whole entry. */
+typedef struct kvti_chain_mark {
+  int present;
+  uint64_t chunks;
+  uint32_t chunk_tokens;
+  uint8_t last_key[32];
+  uint64_t layout_hash;
+  uint64_t total_rows;
+} kvti_chain_mark;
+
 /* Validates the layers (kinds, tensor counts, dtypes, shapes vs nbytes,
  * quantized bits and group_size) and copies them. With copy == 0 the tensor
  * data is referenced, not copied, and release(release_ctx) runs when the
@@ -64,6 +79,8 @@ int kvti_snapshot_create(kvti_snapshot **out, const int32_t *tokens,
                          uint32_t n_layers, uint64_t memory_bytes, int copy,
                          void (*release)(void *), void *release_ctx);
 void kvti_snapshot_free(kvti_snapshot *s); /* accepts NULL */
+/* Marks s as the tail of a chained entry: its manifest records m. */
+void kvti_snapshot_set_chain(kvti_snapshot *s, const kvti_chain_mark *m);
 const char *kvti_snapshot_hash(const kvti_snapshot *s);
 /* Moves a copy-mode snapshot's layers (kvti_buf_alloc'ed data, kvti_malloc'ed
  * arrays: a read's layout) to the caller, leaving the snapshot without layers
@@ -128,6 +145,9 @@ typedef struct kvti_read_opts {
   uint64_t keep_tokens;
   int page_cache; /* 1: never O_DIRECT (kvti_layer_read_opts.page_cache) */
   unsigned read_threads; /* threads per entry read, 1..8; 0: the default */
+  /* 1: the caller completes a tail entry with its chain (store/chunked.c);
+   * 0: a tail is refused (KVT_EUNSUPPORTED), never served as an entry. */
+  int tail_ok;
 } kvti_read_opts;
 
 /* Reads and fully validates data_dir/<hash>. Returns 0 and *out; KVT_ENOTFOUND
@@ -154,7 +174,8 @@ typedef struct kvti_entry_probe_info {
   uint64_t memory_bytes;
   uint64_t disk_bytes;
   int storage_mode;
-  double mtime; /* the entry directory's, wall-clock seconds */
+  double mtime;          /* the entry directory's, wall-clock seconds */
+  kvti_chain_mark chain; /* a tail of the chunked store: its chain */
 } kvti_entry_probe_info;
 int kvti_entry_probe(kvti_entry_probe_info *out, const char *data_dir,
                      const char *hash);

@@ -25,11 +25,11 @@ struct kvti_snapshot {
   void (*release)(void *);
   void *release_ctx;
   uint64_t held;
+  kvti_chain_mark chain; /* a tail of the chunked store (present) */
   /* Non-NULL: stage this chain record (format/chainrec.h) instead of the
-   * layers, manifest and tokens.bin. */
+   * layers, manifest and tokens.bin: the entry is its chain alone. */
   uint8_t *chainrec;
   size_t chainrec_len;
-  int chainrec_tail; /* KVTI_CHAINREC_TAIL: the record goes next to them */
 };
 
 struct kvti_entry_reader {

@@ -196,6 +196,15 @@ int kvti_entry_reader_open_id(kvti_entry_reader **out, const char *data_dir,
   r->o = o ? *o : none;
   pthread_mutex_init(&r->cb_mu, NULL);
   int rc = kvti_manifest_load(&r->m, data_dir, hash, id);
+  if (rc == 0 && r->m.chain.present && !r->o.tail_ok) {
+    /* Rows [0, chunks * C) are in chunk files: alone it is not the state of
+     * its tokens, so it is never served as an entry. */
+    rc = KVT_ERR(KVT_EUNSUPPORTED,
+                 "%.16s is the tail of a chained entry (chunked store): it "
+                 "is read with its chain (chunk_tokens), never alone",
+                 hash);
+    kvti_manifest_free(&r->m);
+  }
   if (rc) {
     pthread_mutex_destroy(&r->cb_mu);
     kvti_free(r);
@@ -367,6 +376,7 @@ int kvti_entry_probe(kvti_entry_probe_info *out, const char *data_dir,
     out->memory_bytes = m.memory_bytes;
     out->storage_mode = m.mode;
     out->disk_bytes = disk;
+    out->chain = m.chain;
     tok = NULL;
   }
   kvti_free(tok);

@@ -86,7 +86,7 @@ int kvti_entry_stage(uint64_t *disk_bytes, const char *data_dir,
     rc = KVT_ERR_OS(errno, "chmod %s", tmp);
     goto out;
   }
-  if (s->chainrec && !s->chainrec_tail) { /* the chain is the entry */
+  if (s->chainrec) { /* an entry of the chunked store: one record */
     if ((rc = kvti_chainrec_stage(disk_bytes, tmp, s, o)) != 0)
       goto out;
     rc = 0;
@@ -147,13 +147,6 @@ int kvti_entry_stage(uint64_t *disk_bytes, const char *data_dir,
   if (rc)
     goto out;
   total += KVTI_SUM_LEN;
-  if (s->chainrec) { /* a tail: which chain completes it (chainrec.h) */
-    rc = write_small(NULL, g, tmp, KVTI_CHAINREC_FILE, s->chainrec,
-                     s->chainrec_len, o);
-    if (rc)
-      goto out;
-    total += s->chainrec_len;
-  }
   rc = kvti_wgroup_finish(
       g); /* waits, fsyncs every file (durability FSYNC), closes */
   g = NULL;

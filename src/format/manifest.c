@@ -39,11 +39,23 @@ char *kvti_manifest_build(const kvti_snapshot *s, char **metas,
   kvti_sb_printf(&b,
                  "], \"memory_bytes\": %llu, \"num_tokens\": %zu, \"kvtier\": "
                  "{\"format\": %d, \"storage_mode\": \"%s\", \"block_size\": "
-                 "%llu, \"checksums\": {",
+                 "%llu, ",
                  (unsigned long long)s->memory_bytes, s->n_tokens, KVTI_FORMAT,
                  mode == KVT_STORAGE_COMPAT ? "compat" : "native",
                  (unsigned long long)KVTI_BLK_DEFAULT);
   char x[24], name[KVTI_LAYER_FILE_MAX];
+  if (s->chain.present) {
+    char key[65];
+    kvti_hex32(key, s->chain.last_key);
+    kvti_xxh3_format(x, s->chain.layout_hash);
+    kvti_sb_printf(&b,
+                   "\"chain\": {\"chunks\": %llu, \"chunk_tokens\": %u, "
+                   "\"last_key\": \"%s\", \"layout_hash\": \"%s\", "
+                   "\"total_rows\": %llu}, ",
+                   (unsigned long long)s->chain.chunks, s->chain.chunk_tokens,
+                   key, x, (unsigned long long)s->chain.total_rows);
+  }
+  kvti_sb_puts(&b, "\"checksums\": {");
   for (uint32_t i = 0; i < s->n_layers; i++) {
     kvti_xxh3_format(x, sums[i]);
     kvti_layer_file_name(name, i);
@@ -181,6 +193,36 @@ out:
  * a value) before it runs, whatever the file holds. */
 #define MANIFEST_MAX_VALUES ((size_t)1 << 20)
 
+/* "kvtier"."chain" (optional): the tail of a chained entry. Every field is
+ * checked; what it names (the chain) is checked by the chunked store. */
+static int parse_chain(kvti_chain_mark *c, const cJSON *kv, const char *where) {
+  memset(c, 0, sizeof *c);
+  if (count_key(kv, "chain") > 1)
+    return BAD("%s: duplicate kvtier key 'chain'", where);
+  const cJSON *j = cJSON_GetObjectItemCaseSensitive(kv, "chain");
+  if (!j)
+    return 0;
+  uint64_t ct = 0;
+  int rc;
+  if (!cJSON_IsObject(j))
+    return BAD("%s: kvtier chain is not an object", where);
+  if ((rc = json_uint(&c->chunks, j, "chunks", UINT32_MAX, where)) ||
+      (rc = json_uint(&ct, j, "chunk_tokens", 4096, where)) ||
+      (rc = json_uint(&c->total_rows, j, "total_rows", INT32_MAX, where)))
+    return rc;
+  const cJSON *k = cJSON_GetObjectItemCaseSensitive(j, "last_key");
+  const cJSON *l = cJSON_GetObjectItemCaseSensitive(j, "layout_hash");
+  if (c->chunks == 0 || ct < 16 || (ct & (ct - 1)) ||
+      c->total_rows < c->chunks * ct || !cJSON_IsString(k) ||
+      strlen(k->valuestring) != 64 ||
+      kvti_unhex32(c->last_key, k->valuestring) != 0 || !cJSON_IsString(l) ||
+      kvti_xxh3_parse(&c->layout_hash, l->valuestring) != 0)
+    return BAD("%s: malformed kvtier chain", where);
+  c->chunk_tokens = (uint32_t)ct;
+  c->present = 1;
+  return 0;
+}
+
 static int parse_manifest(kvti_manifest *m, const char *text, size_t tlen,
                           int have_sum, const char *hash, const char *where) {
   int rc = 0;
@@ -255,6 +297,8 @@ static int parse_manifest(kvti_manifest *m, const char *text, size_t tlen,
       rc = BAD("%s: bad kvtier storage_mode", where);
       goto out;
     }
+    if ((rc = parse_chain(&m->chain, kv, where)) != 0)
+      goto out;
     const cJSON *cs = cJSON_GetObjectItemCaseSensitive(kv, "checksums");
     if (!cJSON_IsObject(cs) ||
         cJSON_GetArraySize(cs) != (int)m->num_layers + 1) {

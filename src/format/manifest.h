@@ -36,7 +36,8 @@ typedef struct kvti_manifest {
   uint64_t *blk_all;
   size_t *blk_off; /* num_layers + 1 */
   kvti_layer_meta *metas;
-  uint64_t bytes; /* manifest + sum */
+  uint64_t bytes;        /* manifest + sum */
+  kvti_chain_mark chain; /* "kvtier"."chain": a chained entry's tail */
 } kvti_manifest;
 
 /* Identity of an entry directory. kvti_manifest_load fills it (when given) as

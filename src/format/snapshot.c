@@ -14,6 +14,11 @@
 
 #include <string.h>
 
+void kvti_snapshot_set_chain(kvti_snapshot *s, const kvti_chain_mark *m) {
+  s->chain = *m;
+  s->chain.present = 1;
+}
+
 void kvti_snapshot_free(kvti_snapshot *s) {
   if (!s)
     return;

@@ -127,13 +127,18 @@ int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
     p->rec.total_rows = sp.T;
     rc = kvti_snapshot_create(&p->tail, tokens, n, sp.tail, L,
                               kvti_snapshot_memory_bytes(s), 0, NULL, NULL);
+    if (rc == 0) {
+      /* The tail says what it is in its own files (rebuild, readers). */
+      kvti_chain_mark mk = {1,   p->rec.chunks,      p->rec.chunk_tokens,
+                            {0}, p->rec.layout_hash, p->rec.total_rows};
+      memcpy(mk.last_key, p->rec.last_key, 32);
+      kvti_snapshot_set_chain(p->tail, &mk);
+    }
   }
-  if (rc == 0 && p->chained) {
-    /* The entry's directory says which chain it needs (chunked_rec.h): with
-     * nothing left for a tail it is one chain record instead of a directory
-     * of empty layer files; else the record goes next to the tail, so the
-     * directory is never read as a whole entry, whatever the index says. */
-    int alone = kvti_chunked_rec_ok(&sp, layers, L);
+  if (rc == 0 && p->chained && kvti_chunked_rec_ok(&sp, layers, L)) {
+    /* Nothing left for a tail: the entry is staged as one chain record
+     * (chunked_rec.h), not as a directory of empty layer files; the record
+     * carries the chain as a tail's manifest mark does. */
     kvti_chainrec r = {.n_tokens = n,
                        .memory_bytes = kvti_snapshot_memory_bytes(s),
                        .chunks = sp.chunks,
@@ -141,7 +146,6 @@ int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
                        .total_rows = sp.T,
                        .chunk_tokens = c->C,
                        .num_layers = L,
-                       .flags = alone ? 0 : KVTI_CHAINREC_TAIL,
                        .ns = c->ns,
                        .ns_len = c->ns_len,
                        .tokens = tokens};
@@ -232,6 +236,58 @@ static void note_bad(const kvti_chain_rec *recs, size_t bad, int rc,
   }
 }
 
+/* A tail entry (be->get, tail_ok) completed with the chain ce names. */
+static int read_tail(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
+                     const char *hash, const kvti_chained_entry *cep,
+                     const kvti_read_opts *o, uint8_t bad_chunk[32],
+                     int *chunk_bad) {
+  kvti_chained_entry ce = *cep;
+  *out = NULL;
+  kvti_read_opts o2 = *o;
+  o2.on_layer = NULL;
+  o2.tail_ok = 1; /* completed with its chain below */
+  kvt_entry *e = NULL;
+  int rc = be->ops->get(be, &e, hash, &o2);
+  if (rc)
+    return rc;
+  if (ce.chunks == 0 || ce.chunks > e->n_tokens)
+    rc = KVT_ERR(KVT_ECORRUPT, "chained entry %.16s: bad chain length", hash);
+  kvti_chain_rec *recs =
+      rc ? NULL : kvti_malloc((size_t)ce.chunks * sizeof *recs);
+  size_t m = 0;
+  if (rc == 0 && !recs)
+    rc = KVT_ERR_NOMEM();
+  if (rc == 0)
+    rc = kvti_chunkstore_lookup(c->cs, c->ns, c->ns_len, e->tokens, e->n_tokens,
+                                ce.chunk_tokens, recs, (size_t)ce.chunks, &m);
+  if (rc == 0 && (m != ce.chunks || memcmp(recs[m - 1].key, ce.last_key, 32) ||
+                  recs[0].layout_hash != ce.layout_hash))
+    rc = KVT_ERR(KVT_ENOTFOUND,
+                 "chained entry %.16s: chain incomplete "
+                 "(evicted)",
+                 hash);
+  kvti_chunk_read_opts ro = {o->alloc,  o->free_buf,   o->alloc_ctx,
+                             o->cancel, ce.total_rows, o->page_cache};
+  kvti_chunk_prefix p;
+  size_t bad = 0;
+  if (rc == 0) {
+    rc = kvti_chunkstore_read_prefix(c->cs, recs, m, e->tokens, &ro, &p, &bad);
+    note_bad(recs, bad, rc, bad_chunk, chunk_bad);
+  }
+  if (rc == 0) {
+    uint64_t read = p.bytes_read;
+    rc = kvti_chunk_join(e, &p, (uint64_t)m * ce.chunk_tokens, &ro);
+    e->disk_bytes += read;
+  }
+  kvti_free(recs);
+  if (rc) {
+    kvt_entry_free(e);
+    return rc;
+  }
+  *out = e;
+  return 0;
+}
+
 int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
                      const char *hash, const kvti_read_opts *o,
                      uint8_t bad_chunk[32], int *chunk_bad) {
@@ -255,9 +311,8 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
     memcpy(ce.last_key, rec.last_key, 32);
     ce.layout_hash = rec.layout_hash;
     ce.total_rows = rec.total_rows;
-    has_ce = 1; /* the directory's own record rules over the row */
-    if (!(rec.flags & KVTI_CHAINREC_TAIL) && !o->verify_only &&
-        !o->keep_tokens) {
+    has_ce = 1; /* the entry's own record rules over the row */
+    if (!o->verify_only && !o->keep_tokens) {
       kvt_entry *e = NULL;
       int rc = kvti_chunked_rec_get(c->cs, &e, &rec, o, bad_chunk, chunk_bad);
       kvti_chainrec_free(&rec);
@@ -326,43 +381,33 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
     *out = e;
     return 0;
   }
-  kvti_read_opts o2 = *o;
-  o2.on_layer = NULL;
   kvt_entry *e = NULL;
-  int rc = be->ops->get(be, &e, hash, &o2);
+  int rc = read_tail(c, be, &e, hash, &ce, o, bad_chunk, chunk_bad);
+  if (rc != 0 && rc != KVT_ENOMEM && rc != KVT_ECANCELED &&
+      !(chunk_bad && *chunk_bad) && be->ops->probe) {
+    /* The tail's own manifest names its chain (kvtier.chain). It differs
+     * from the row when a crash (or a failed replacement) came between a new
+     * version's chained-entry row and its publication: the files are the
+     * acknowledged old version, read with the chain they name. */
+    kvti_entry_probe_info pi;
+    memset(&pi, 0, sizeof pi);
+    if (be->ops->probe(be, hash, &pi) == 0 && pi.chain.present &&
+        (pi.chain.chunks != ce.chunks ||
+         pi.chain.chunk_tokens != ce.chunk_tokens ||
+         memcmp(pi.chain.last_key, ce.last_key, 32) ||
+         pi.chain.layout_hash != ce.layout_hash ||
+         pi.chain.total_rows != ce.total_rows)) {
+      ce.chunks = pi.chain.chunks;
+      ce.chunk_tokens = pi.chain.chunk_tokens;
+      memcpy(ce.last_key, pi.chain.last_key, 32);
+      ce.layout_hash = pi.chain.layout_hash;
+      ce.total_rows = pi.chain.total_rows;
+      rc = read_tail(c, be, &e, hash, &ce, o, bad_chunk, chunk_bad);
+    }
+    kvti_free(pi.tokens);
+  }
   if (rc)
     return rc;
-  kvti_chain_rec *recs = kvti_malloc((size_t)ce.chunks * sizeof *recs);
-  size_t m = 0;
-  if (!recs)
-    rc = KVT_ERR_NOMEM();
-  if (rc == 0)
-    rc = kvti_chunkstore_lookup(c->cs, c->ns, c->ns_len, e->tokens, e->n_tokens,
-                                ce.chunk_tokens, recs, (size_t)ce.chunks, &m);
-  if (rc == 0 && (m != ce.chunks || memcmp(recs[m - 1].key, ce.last_key, 32) ||
-                  recs[0].layout_hash != ce.layout_hash))
-    rc = KVT_ERR(KVT_ENOTFOUND,
-                 "chained entry %.16s: chain incomplete "
-                 "(evicted)",
-                 hash);
-  kvti_chunk_read_opts ro = {o->alloc,  o->free_buf,   o->alloc_ctx,
-                             o->cancel, ce.total_rows, o->page_cache};
-  kvti_chunk_prefix p;
-  size_t bad = 0;
-  if (rc == 0) {
-    rc = kvti_chunkstore_read_prefix(c->cs, recs, m, e->tokens, &ro, &p, &bad);
-    note_bad(recs, bad, rc, bad_chunk, chunk_bad);
-  }
-  if (rc == 0) {
-    uint64_t read = p.bytes_read;
-    rc = kvti_chunk_join(e, &p, (uint64_t)m * ce.chunk_tokens, &ro);
-    e->disk_bytes += read;
-  }
-  kvti_free(recs);
-  if (rc) {
-    kvt_entry_free(e);
-    return rc;
-  }
   fire(e, o);
   *out = e;
   return 0;
@@ -456,8 +501,4 @@ int kvti_chunked_touch(kvti_chunked *c, const int32_t *tokens, size_t n) {
            : KVT_ENOTFOUND;
   kvti_free(r);
   return rc;
-}
-
-int kvti_chunked_reattach(kvti_chunked *c, const char *hash) {
-  return kvti_chunked_rec_reattach(c->cs, c->data_dir, hash);
 }

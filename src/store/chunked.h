@@ -106,12 +106,6 @@ int kvti_chunked_get_prefix(kvti_chunked *c, kvt_entry **out,
  * KVT_ENOTFOUND. */
 int kvti_chunked_touch(kvti_chunked *c, const int32_t *tokens, size_t n);
 
-/* After reconcile adopted data/<hash> with no index rows: a chain record's
- * chain and chained-entry row are indexed again (chunked_rec.h). 1, 0 (not a
- * record entry), KVT_ENOTFOUND (a chunk is missing), KVT_ECORRUPT, KVT_EDB,
- * KVT_ENOMEM. mut_mu held. */
-int kvti_chunked_reattach(kvti_chunked *c, const char *hash);
-
 /* Bytes of all chunk files. */
 uint64_t kvti_chunked_disk_bytes(kvti_chunked *c);
 

@@ -1,10 +1,7 @@
 /*
  * chunked_rec.c - entries that are their chain alone (chunked_rec.h): the
  * eligibility rule, the read of such an entry from its chain (the pure-chain
- * prefix read, then the record's tokens, name and memory estimate), and the
- * re-attachment of a record's chain after an index rebuild, from the chunk
- * files named by the keys the record's namespace, layout hash and tokens
- * give.
+ * prefix read, then the record's tokens, name and memory estimate).
  */
 #include "store/chunked_rec.h"
 
@@ -97,75 +94,4 @@ int kvti_chunked_rec_get(kvti_chunkstore *cs, kvt_entry **out,
   e->disk_bytes += kvti_chainrec_size(r->ns_len, r->n_tokens);
   *out = e;
   return 0;
-}
-
-int kvti_chunked_rec_reattach(kvti_chunkstore *cs, const char *data_dir,
-                              const char *hash) {
-  kvti_chainrec r;
-  int rc = kvti_chainrec_read(&r, data_dir, hash);
-  if (rc == KVT_ENOTFOUND)
-    return 0;
-  if (rc)
-    return rc;
-  kvti_chains *ch = kvti_chunkstore_chains(cs);
-  size_t m = (size_t)r.chunks, nnew = 0;
-  const uint32_t C = r.chunk_tokens;
-  kvti_chain_rec *recs = kvti_calloc(m, sizeof *recs);
-  uint8_t parent[32], key[32];
-  if (!recs)
-    rc = KVT_ERR_NOMEM();
-  if (rc == 0)
-    rc = kvti_chunk_seed(parent, r.ns, r.ns_len, r.layout_hash);
-  kvti_ck ck = kvti_ck_seed(r.ns, r.ns_len);
-  for (size_t i = 0; rc == 0 && i < m; i++) {
-    const int32_t *tk = r.tokens + i * C;
-    ck = kvti_ck_next(ck, tk, C);
-    if ((rc = kvti_chunk_key(key, parent, tk, C)) != 0)
-      break;
-    if (!kvti_chains_find(ch, key, NULL)) {
-      kvti_chain_rec *q = &recs[nnew];
-      memcpy(q->key, key, 32);
-      memcpy(q->parent, parent, 32);
-      q->layout_hash = r.layout_hash;
-      q->index = i;
-      q->n_tokens = C;
-      int fd = -1;
-      kvti_chunk_hdr h;
-      /* Opens by key, checks the header against the chain position and the
-       * record's tokens (kvti_chunkstore_open_chunk). */
-      if ((rc = kvti_chunkstore_open_chunk(cs, q, tk, &fd, &h)) != 0)
-        break;
-      int pure = h.n_layers == h.spill_layers;
-      for (uint32_t j = 0; pure && j < h.n_layers; j++)
-        pure = h.layers[j].kind != KVT_LAYER_ROTATING_KV;
-      q->ck = ck;
-      q->pure = (uint8_t)pure;
-      q->disk_bytes = h.header_bytes + h.data_bytes;
-      q->mem_bytes = h.data_bytes;
-      kvti_chunk_hdr_free(&h);
-      kvti_close(fd);
-      nnew++;
-    }
-    memcpy(parent, key, 32);
-  }
-  if (rc == 0 && memcmp(parent, r.last_key, 32) != 0)
-    rc = KVT_ERR(KVT_ECORRUPT,
-                 "chain record %.16s: its tokens do not lead "
-                 "to its last chunk",
-                 hash);
-  if (rc == 0)
-    rc = kvti_chains_put(ch, recs, nnew); /* parents before children */
-  if (rc == 0) {
-    kvti_chained_entry ce;
-    memcpy(ce.hash, r.hash, 32);
-    ce.chunks = r.chunks;
-    ce.chunk_tokens = C;
-    memcpy(ce.last_key, r.last_key, 32);
-    ce.layout_hash = r.layout_hash;
-    ce.total_rows = r.total_rows;
-    rc = kvti_chains_entry_put(ch, &ce);
-  }
-  kvti_free(recs);
-  kvti_chainrec_free(&r);
-  return rc ? rc : 1;
 }

@@ -3,11 +3,11 @@
  * alone (format/chainrec.h): when a spill's every layer is pure KV held whole
  * by its chain (no tail rows, nothing else to keep), the entry is stored as
  * one chain record instead of a tail entry of per-layer files. This module
- * decides when that applies, writes the record, reads such an entry back from
- * its chain (every chunk verified), and re-attaches a record's chain to the
- * index after the index was rebuilt (reconcile's adoption), opening each
- * chunk file by the key the record's tokens give - nothing under chunks/ is
- * listed.
+ * decides when that applies and reads such an entry back from its chain
+ * (every chunk verified); the record itself is format/chainrec.h. After an
+ * index loss reconcile adopts it like a tail (its probe gives the chain
+ * mark) and the chain table is rebuilt from the chunk files
+ * (store/chunks_rebuild.c).
  *
  * Invariants: a record is published only after its chunks are durable and
  * indexed and after the chained-entry row (as a tail entry); a record entry
@@ -34,15 +34,5 @@ int kvti_chunked_rec_ok(const kvti_chunk_split *sp, const kvt_layer *layers,
 int kvti_chunked_rec_get(kvti_chunkstore *cs, kvt_entry **out,
                          const kvti_chainrec *r, const kvti_read_opts *o,
                          uint8_t bad_chunk[32], int *chunk_bad);
-
-/* After data_dir/<hash> was adopted without index rows: when it is a chain
- * record, indexes the chunks of its chain that are missing from the chain
- * table (each file opened by its key and its header checked against the
- * record: key, parent, index, tokens, layout) and its chained-entry row.
- * Returns 1 (re-attached), 0 (not a record entry), KVT_ENOTFOUND (a chunk
- * file is missing: the entry cannot be served), KVT_ECORRUPT, KVT_EDB,
- * KVT_ENOMEM. Caller serialises with puts and removals (mut_mu). */
-int kvti_chunked_rec_reattach(kvti_chunkstore *cs, const char *data_dir,
-                              const char *hash);
 
 #endif

@@ -41,6 +41,14 @@ int kvti_chunkstore_open(kvti_chunkstore **out, const char *cache_dir,
 void kvti_chunkstore_close(kvti_chunkstore *cs);
 kvti_chains *kvti_chunkstore_chains(kvti_chunkstore *cs);
 
+/* Indexes every valid chunk file under cache_dir/chunks that the chain table
+ * lacks, parents first (chunks_rebuild.c): for an index rebuilt from the
+ * files (missing, damaged, reindex), never an ordinary open. Chunks whose
+ * chain is cut and invalid files are left out (*skipped; gc removes them).
+ * Returns 0, KVT_ENOMEM, KVT_EDB, KVT_EPERM. */
+int kvti_chunkstore_rebuild(kvti_chunkstore *cs, const char *cache_dir,
+                            size_t *indexed, size_t *skipped);
+
 /* Path of a chunk file: <cache_dir>/chunks/<kk>/<hex>.kvc into out (cap
  * bytes). Returns 0 or KVT_ERANGE. */
 int kvti_chunkstore_path(const kvti_chunkstore *cs, const uint8_t key[32],

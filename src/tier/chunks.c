@@ -44,6 +44,53 @@ int kvti_tier_chunks_open(kvt_tier *t) {
   return rc;
 }
 
+int kvti_tier_chunks_rebuild(kvt_tier *t) {
+  if (!t->chunked || t->readonly)
+    return 0;
+  t->chunks_rescanned = 1;
+  size_t n = 0, skipped = 0;
+  int rc = kvti_chunkstore_rebuild(kvti_chunked_store(t->chunked), t->dir, &n,
+                                   &skipped);
+  if (rc == 0 && (n || skipped))
+    kvti_log(t, KVT_LOG_WARN,
+             "kvtier: %s: chain table rebuilt from the chunk files: %zu "
+             "chunks indexed, %zu left out (cut chains or invalid files)",
+             t->dir, n, skipped);
+  return rc;
+}
+
+int kvti_tier_chunks_adopt(kvt_tier *t, const char *hash,
+                           const kvti_chain_mark *m) {
+  if (!t->chunked)
+    return 0;
+  kvti_chains *ch = kvti_chunkstore_chains(kvti_chunked_store(t->chunked));
+  kvti_chain_rec last;
+  /* A tail whose chain is not indexed: its chunks may be on disk unindexed
+   * (the index was rebuilt by a tier without chunks): rescan once. */
+  if (!kvti_chains_find(ch, m->last_key, NULL) && !t->chunks_rescanned) {
+    int rrc = kvti_tier_chunks_rebuild(t);
+    if (rrc != 0)
+      return rrc;
+  }
+  if (m->chunk_tokens != kvti_chunked_chunk_tokens(t->chunked) ||
+      !kvti_chains_find(ch, m->last_key, &last) ||
+      last.index + 1 != m->chunks || last.layout_hash != m->layout_hash)
+    return KVT_ERR(KVT_ECORRUPT,
+                   "data/%.16s is the tail of a chain that is not stored "
+                   "(or was written with another chunk_tokens)",
+                   hash);
+  kvti_chained_entry ce;
+  if (kvti_unhex32(ce.hash, hash) != 0)
+    return KVT_ERR(KVT_ECORRUPT, "bad entry name %.16s", hash);
+  ce.chunks = m->chunks;
+  ce.chunk_tokens = m->chunk_tokens;
+  memcpy(ce.last_key, m->last_key, 32);
+  ce.layout_hash = m->layout_hash;
+  ce.total_rows = m->total_rows;
+  int rc = kvti_chains_entry_put(ch, &ce);
+  return rc == 0 ? 1 : rc;
+}
+
 void kvti_tier_chunks_close(kvt_tier *t) {
   kvti_chunked_close(t->chunked);
   t->chunked = NULL;

@@ -18,6 +18,17 @@
 int kvti_tier_chunks_wanted(const kvt_options *o);
 int kvti_tier_chunks_open(kvt_tier *t);
 void kvti_tier_chunks_close(kvt_tier *t);
+/* After an index rebuild (or an open without index.db): the chain table is
+ * rebuilt from the chunk files before reconcile adopts the entries (whose
+ * tails then find their chains). A no-op without chunking or read-only. */
+int kvti_tier_chunks_rebuild(kvt_tier *t);
+/* Reconcile's adoption of a tail (probe found a chain mark, p->chain): puts
+ * its chained-entry record back when its chain is indexed and complete.
+ * Returns 1 (adopt the row), 0 (leave it: no chunked store to read it with),
+ * or KVT_ECORRUPT (its chain is gone or differs: quarantine it). mut_mu
+ * held. */
+int kvti_tier_chunks_adopt(kvt_tier *t, const char *hash,
+                           const kvti_chain_mark *m);
 
 /* The writer's chunked steps (store/chunked.h, kvti_chunked_prep): prepare
  * writes the missing chunks (counted in spill_bytes); committed runs after

@@ -13,11 +13,11 @@
  * not every open's.
  */
 #include "tier/tier.h"
-#include "store/chunked.h"
 #include "store/local.h"
 #include "base/error.h"
 #include "base/io.h"
 #include "index/index.h"
+#include "tier/chunks.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -159,14 +159,20 @@ int64_t kvti_tier_adopt_locked(kvt_tier *t, char *const *names, size_t n,
       continue; /* indexed (or no longer listable): not ours to adopt */
     kvti_entry_probe_info *p = &b->p[b->n];
     int r = t->be->ops->probe(t->be, h, p);
-    if (r == 0 && t->chunked) {
-      /* A chain record's chain goes back into the index with it; a record
-       * whose chain is gone is invalid (quarantined below). */
-      int ar = kvti_chunked_reattach(t->chunked, h);
-      if (ar < 0) {
+    if (r == 0 && p->chain.present) {
+      /* A tail of the chunked store: adopted only with its chain record. */
+      int a = kvti_tier_chunks_adopt(t, h, &p->chain);
+      if (a <= 0) {
         kvti_free(p->tokens);
         p->tokens = NULL;
-        r = ar == KVT_ENOTFOUND ? KVT_ECORRUPT : ar;
+        if (a == 0) {
+          kvti_log(t, KVT_LOG_WARN,
+                   "kvtier: reconcile: data/%s is the tail of a chained "
+                   "entry and this tier does not use chunks; left in place",
+                   h);
+          continue;
+        }
+        r = a < 0 && a != KVT_ECORRUPT ? a : KVT_ECORRUPT;
       }
     }
     if (r == 0) {

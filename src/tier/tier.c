@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------------------ */
@@ -114,6 +115,14 @@ static char *absolute_dir(const char *dir) {
 static int measure_entry(void *ctx, const char *hash, uint64_t *bytes) {
   kvti_backend *be = ctx;
   return be->ops->measure(be, hash, bytes);
+}
+
+/* 1 when dir/index.db exists (of any type: a hostile one is recover.c's). */
+static int index_present(const char *dir) {
+  char p[4200];
+  snprintf(p, sizeof p, "%s/index.db", dir);
+  struct stat st;
+  return kvti_io->lstat(p, &st) == 0;
 }
 
 int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
@@ -215,6 +224,9 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
   }
   kvti_index_measure measure = {measure_entry, t->be};
   int rebuilt = 0;
+  /* Without index.db (deleted, or a new directory) the chain table is
+   * rebuilt from the chunk files too (chunks_rebuild.c). */
+  int had_index = index_present(t->dir);
   if ((rc = kvti_tier_open_index(t, &measure, &rebuilt)) != 0) /* recover.c */
     goto fail;
   /* FSYNC durability covers the row too: the WAL is synced at each commit, so
@@ -224,6 +236,8 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
       (rc = kvti_index_set_durable(t->idx, 1)) != 0)
     goto fail;
   if ((rc = kvti_tier_chunks_open(t)) != 0) /* chunk_tokens (chunks.h) */
+    goto fail;
+  if ((rebuilt || !had_index) && (rc = kvti_tier_chunks_rebuild(t)) != 0)
     goto fail;
   if ((rc = kvti_remote_open(t)) != 0)
     goto fail;

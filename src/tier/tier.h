@@ -86,6 +86,7 @@ struct kvt_tier {
   struct kvti_hcache *hc;     /* host RAM cache (ramtier.h) */
   /* The chunked native store (chunks.h), NULL when chunk_tokens is 0. */
   struct kvti_chunked *chunked;
+  int chunks_rescanned; /* chain table rebuilt from the files (this open) */
 };
 
 /* Lifecycle guards: enter returns 0 or KVT_ECLOSED (message set). */

@@ -48,15 +48,6 @@ static void fx_free(fixture *f) {
   free(f->dir);
 }
 
-static void rm_index(const fixture *f) {
-  static const char *names[] = {"index.db", "index.db-wal", "index.db-shm"};
-  for (int i = 0; i < 3; i++) {
-    char *p = rel_path(f->dir, names[i], NULL);
-    unlink(p);
-    free(p);
-  }
-}
-
 /* Number of entries of f served bit-exact by t; skip: one index not
  * expected (-1: none). */
 static int served(kvt_tier *t, const fixture *f, int skip) {
@@ -125,7 +116,7 @@ static void close_tier(kvt_tier *t) {
 static void test_index_deleted(void) {
   fixture f;
   fx_init(&f, "deleted");
-  rm_index(&f);
+  rel_rm_index(f.dir);
   close_tier(open_and_check(&f, 0));
   /* The rebuilt index is a real one: a plain reopen serves everything. */
   close_tier(open_and_check(&f, 0));
@@ -136,7 +127,7 @@ static void test_index_deleted(void) {
 static void test_index_garbage(void) {
   fixture f;
   fx_init(&f, "garbage");
-  rm_index(&f);
+  rel_rm_index(f.dir);
   char *db = rel_path(f.dir, "index.db", NULL);
   char junk[8192];
   kvt_rng r = {7};
@@ -200,7 +191,7 @@ static void test_index_damaged_pages(void) {
 static void test_index_fifo(void) {
   fixture f;
   fx_init(&f, "fifo");
-  rm_index(&f);
+  rel_rm_index(f.dir);
   char *db = rel_path(f.dir, "index.db", NULL);
   REQUIRE(mkfifo(db, 0600) == 0);
   free(db);
@@ -215,7 +206,7 @@ static void test_index_fifo(void) {
 static void test_reconcile_adopts(void) {
   fixture f;
   fx_init(&f, "adopt");
-  rm_index(&f);
+  rel_rm_index(f.dir);
   /* Entry 2's tokens.bin damaged: it is invalid and must be quarantined. */
   char *ed = rel_path(f.dir, "data", f.h[2]);
   char *tp = rel_path(ed, "tokens.bin", NULL);

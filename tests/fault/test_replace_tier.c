@@ -35,15 +35,7 @@ static t_entry variant(const t_entry *e, uint64_t seed) {
  * keyed by tokens, as the engine's KV of the same prefix is the same). */
 static t_entry variant_tail(const t_entry *e, uint64_t seed, size_t keep) {
   t_entry v = variant(e, seed);
-  for (uint32_t l = 0; l < e->n_layers; l++)
-    for (uint32_t k = 0; k < 2; k++) {
-      const kvt_tensor *a = &e->layers[l].tensors[k];
-      kvt_tensor *b = &v.layers[l].tensors[k];
-      uint64_t T = (uint64_t)a->shape[2], D = (uint64_t)a->shape[3];
-      for (uint64_t h = 0; h < (uint64_t)a->shape[1]; h++)
-        memcpy((float *)b->data + h * T * D, (const float *)a->data + h * T * D,
-               keep * D * sizeof(float));
-    }
+  t_copy_rows(&v, e, keep);
   return v;
 }
 

@@ -106,3 +106,16 @@ int t_same(const kvt_entry *got, const t_entry *e) {
   }
   return 1;
 }
+
+void t_copy_rows(t_entry *dst, const t_entry *src, size_t rows) {
+  for (uint32_t l = 0; l < src->n_layers && l < dst->n_layers; l++)
+    for (uint32_t k = 0; k < 2; k++) {
+      const kvt_tensor *s = &src->layers[l].tensors[k];
+      kvt_tensor *d = &dst->layers[l].tensors[k];
+      uint64_t ts = (uint64_t)s->shape[2], td = (uint64_t)d->shape[2];
+      uint64_t D = (uint64_t)s->shape[3];
+      for (uint64_t h = 0; h < (uint64_t)s->shape[1]; h++)
+        memcpy((float *)d->data + h * td * D,
+               (const float *)s->data + h * ts * D, rows * D * sizeof(float));
+    }
+}

@@ -50,6 +50,11 @@ void t_set_prefix(t_entry *e, const t_entry *prefix);
 
 void t_free(t_entry *e);
 
+/* Copies token rows [0, rows) of every tensor of src into dst (entries made
+ * by t_make, tensors [1, heads, T, D] of F32; T may differ): the same KV for a
+ * shared prefix. */
+void t_copy_rows(t_entry *dst, const t_entry *src, size_t rows);
+
 /* True when got holds exactly e's tokens, memory size and layers (every tensor
  * bit for bit, the layer metadata too; see t_layer_eq). */
 int t_same(const kvt_entry *got, const t_entry *e);

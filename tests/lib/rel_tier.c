@@ -137,3 +137,12 @@ void rel_spill_all(const char *dir, t_entry *const *es, int n) {
   kvt_tier_close(t, -1);
   kvt_tier_free(t);
 }
+
+void rel_rm_index(const char *dir) {
+  static const char *names[] = {"index.db", "index.db-wal", "index.db-shm"};
+  for (int i = 0; i < 3; i++) {
+    char *p = rel_path(dir, names[i], NULL);
+    unlink(p);
+    free(p);
+  }
+}

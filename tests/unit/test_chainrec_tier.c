@@ -3,8 +3,7 @@
  * alone (format/chainrec.h, store/chunked_rec.h): a pure-KV spill with no
  * tail rows is stored as one chain record (data/<hash>/chain.kvr and nothing
  * else), reads back bit for bit (exact, trimmed, read_entry), is replaced by
- * and replaces tail entries of the same tokens (which carry their record next
- * to their files); every flipped byte or
+ * and replaces tail entries of the same tokens; every flipped byte or
  * truncation of a record is refused by the parser and a damaged record is
  * never served; after the index is rebuilt (KVT_OPEN_REINDEX) reconcile
  * adopts record and tail entries and re-attaches their chains from the chunk
@@ -151,7 +150,7 @@ static void test_record_entry(void) {
   /* The same tokens with spare rows: a tail entry replaces the record... */
   spill(t, a, 64, 80);
   CHECK(entry_files(dir, a, 64, &rec) > 1);
-  CHECK(rec); /* a tail carries its record next to its files */
+  CHECK(!rec);
   REQUIRE(kvt_tier_promote(&e, t, a, 64, &po) == 0);
   CHECK(matches(e, a, 64, 80));
   kvt_entry_free(e);
@@ -167,7 +166,7 @@ static void test_record_entry(void) {
   toks(b, 64, 2);
   spill(t, b, 50, 64);
   CHECK(entry_files(dir, b, 50, &rec) > 1);
-  CHECK(rec);
+  CHECK(!rec);
   REQUIRE(kvt_tier_promote(&e, t, b, 50, &po) == 0);
   CHECK(matches(e, b, 50, 64));
   kvt_entry_free(e);
