@@ -16,6 +16,7 @@
 #include "format/chunk.h"
 #include "format/entry_int.h"
 #include "format/layer.h"
+#include "format/le.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -24,26 +25,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--)
-    v = (v << 8) | p[i];
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--)
-    v = (v << 8) | p[i];
-  return v;
-}
 static uint64_t pad4(uint64_t v) {
   return (v + 3) / 4 * 4;
 }
@@ -73,25 +54,25 @@ static int encode(uint8_t **out, size_t *len, const kvti_chainrec *r) {
   if (!b)
     return KVT_ERR_NOMEM();
   memcpy(b, KVTI_CHAINREC_MAGIC, 8);
-  put32(b + 8, KVTI_CHAINREC_VERSION);
-  put32(b + 12, 0);
+  kvti_le_put32(b + 8, KVTI_CHAINREC_VERSION);
+  kvti_le_put32(b + 12, 0);
   memcpy(b + 16, r->hash, 32);
   memcpy(b + 48, r->last_key, 32);
-  put64(b + 80, r->n_tokens);
-  put64(b + 88, r->memory_bytes);
-  put64(b + 96, r->chunks);
-  put32(b + 104, r->chunk_tokens);
-  put32(b + 108, r->num_layers);
-  put64(b + 112, r->layout_hash);
-  put64(b + 120, r->total_rows);
-  put32(b + 128, (uint32_t)r->ns_len);
-  put32(b + 132, 0);
+  kvti_le_put64(b + 80, r->n_tokens);
+  kvti_le_put64(b + 88, r->memory_bytes);
+  kvti_le_put64(b + 96, r->chunks);
+  kvti_le_put32(b + 104, r->chunk_tokens);
+  kvti_le_put32(b + 108, r->num_layers);
+  kvti_le_put64(b + 112, r->layout_hash);
+  kvti_le_put64(b + 120, r->total_rows);
+  kvti_le_put32(b + 128, (uint32_t)r->ns_len);
+  kvti_le_put32(b + 132, 0);
   if (r->ns_len)
     memcpy(b + KVTI_CHAINREC_FIXED, r->ns, r->ns_len);
   uint8_t *tk = b + KVTI_CHAINREC_FIXED + pad4(r->ns_len);
   for (uint64_t i = 0; i < r->n_tokens; i++)
-    put32(tk + 4 * i, (uint32_t)r->tokens[i]);
-  put64(b + n - 8, kvti_xxh3(b, n - 8));
+    kvti_le_put32(tk + 4 * i, (uint32_t)r->tokens[i]);
+  kvti_le_put64(b + n - 8, kvti_xxh3(b, n - 8));
   *out = b;
   *len = n;
   return 0;
@@ -109,28 +90,28 @@ int kvti_chainrec_parse(kvti_chainrec *r, const uint8_t *buf, size_t len,
   memset(r, 0, sizeof *r);
   if (len < KVTI_CHAINREC_FIXED + 8 || memcmp(buf, KVTI_CHAINREC_MAGIC, 8))
     return BAD("%s: not a chain record (bad magic or truncated)", what);
-  uint32_t ver = get32(buf + 8);
+  uint32_t ver = kvti_le_get32(buf + 8);
   if (ver != KVTI_CHAINREC_VERSION)
     return KVT_ERR(KVT_EUNSUPPORTED, "%s: chain record version %u unsupported",
                    what, ver);
-  if (get32(buf + 12) != 0 || get32(buf + 132) != 0)
+  if (kvti_le_get32(buf + 12) != 0 || kvti_le_get32(buf + 132) != 0)
     return BAD("%s: unknown flags", what);
   memcpy(r->hash, buf + 16, 32);
   memcpy(r->last_key, buf + 48, 32);
-  r->n_tokens = get64(buf + 80);
-  r->memory_bytes = get64(buf + 88);
-  r->chunks = get64(buf + 96);
-  r->chunk_tokens = get32(buf + 104);
-  r->num_layers = get32(buf + 108);
-  r->layout_hash = get64(buf + 112);
-  r->total_rows = get64(buf + 120);
-  r->ns_len = get32(buf + 128);
+  r->n_tokens = kvti_le_get64(buf + 80);
+  r->memory_bytes = kvti_le_get64(buf + 88);
+  r->chunks = kvti_le_get64(buf + 96);
+  r->chunk_tokens = kvti_le_get32(buf + 104);
+  r->num_layers = kvti_le_get32(buf + 108);
+  r->layout_hash = kvti_le_get64(buf + 112);
+  r->total_rows = kvti_le_get64(buf + 120);
+  r->ns_len = kvti_le_get32(buf + 128);
   if (r->n_tokens > KVTI_CHAINREC_MAX_TOKENS || r->ns_len > KVTI_CHUNK_MAX_NS)
     return BAD("%s: counts out of range", what);
   if (len != kvti_chainrec_size(r->ns_len, r->n_tokens))
     return BAD("%s: %zu bytes, the record announces %llu", what, len,
                (unsigned long long)kvti_chainrec_size(r->ns_len, r->n_tokens));
-  if (get64(buf + len - 8) != kvti_xxh3(buf, len - 8))
+  if (kvti_le_get64(buf + len - 8) != kvti_xxh3(buf, len - 8))
     return BAD("%s: checksum mismatch", what);
   if (!is_pow2_chunk(r->chunk_tokens) || r->chunks == 0 ||
       r->chunks > r->n_tokens || r->total_rows != r->chunks * r->chunk_tokens ||
@@ -146,7 +127,7 @@ int kvti_chainrec_parse(kvti_chainrec *r, const uint8_t *buf, size_t len,
     return KVT_ERR_NOMEM();
   int32_t *tok = (int32_t *)m; /* first: aligned */
   for (uint64_t i = 0; i < r->n_tokens; i++)
-    tok[i] = (int32_t)get32(buf + pos_tok + 4 * i);
+    tok[i] = (int32_t)kvti_le_get32(buf + pos_tok + 4 * i);
   uint8_t *ns = m + 4 * (size_t)r->n_tokens;
   if (r->ns_len)
     memcpy(ns, buf + KVTI_CHAINREC_FIXED, r->ns_len);

@@ -17,6 +17,7 @@
 #include "engine/fwriter.h"
 #include "format/dtype.h"
 #include "format/layer.h"
+#include "format/le.h"
 
 #include <fcntl.h>
 #include <openssl/evp.h>
@@ -27,28 +28,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-/* ---- little-endian helpers ---- */
+/* ---- helpers ---- */
 
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--)
-    v = (v << 8) | p[i];
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--)
-    v = (v << 8) | p[i];
-  return v;
-}
 static uint64_t up(uint64_t v, uint64_t a) {
   return (v + a - 1) / a * a;
 }
@@ -64,10 +45,10 @@ int kvti_chunk_ns_encode(uint8_t **out, size_t *len, const char *model_id,
   uint8_t *p = kvti_malloc(a + b + 8);
   if (!p)
     return KVT_ERR_NOMEM();
-  put32(p, (uint32_t)a);
+  kvti_le_put32(p, (uint32_t)a);
   if (a)
     memcpy(p + 4, model_id, a);
-  put32(p + 4 + a, (uint32_t)b);
+  kvti_le_put32(p + 4 + a, (uint32_t)b);
   if (b)
     memcpy(p + 8 + a, salt, b);
   *out = p;
@@ -91,14 +72,14 @@ static int sha256_parts(uint8_t out[32], const void *a, size_t na,
 int kvti_chunk_seed(uint8_t out[32], const uint8_t *ns, size_t ns_len,
                     uint64_t layout_hash) {
   uint8_t lh[8];
-  put64(lh, layout_hash);
+  kvti_le_put64(lh, layout_hash);
   return sha256_parts(out, ns, ns_len, lh, 8, NULL, 0);
 }
 
 int kvti_chunk_key(uint8_t out[32], const uint8_t parent[32],
                    const int32_t *tokens, uint32_t n) {
   uint8_t len[4];
-  put32(len, n);
+  kvti_le_put32(len, n);
   /* Tokens are int32 in native order; every supported platform is
    * little-endian (as tokens.bin, docs/FORMAT.md section 2). */
   return sha256_parts(out, parent, 32, len, 4, tokens, (size_t)n * 4);
@@ -226,29 +207,31 @@ uint64_t kvti_chunk_mem_bytes(const kvti_chunk_src *src) {
  * non-NULL also gathers the rows into the data section. */
 static void put_desc(uint8_t *d, const kvti_chunk_src *s) {
   uint64_t off = 0;
-  put32(d, s->spill_layers);
+  kvti_le_put32(d, s->spill_layers);
   d += 4;
   for (uint32_t i = 0; i < s->n_layers; i++) {
     const kvt_layer *l = &s->layers[s->layer_ids[i]];
-    put32(d, (uint32_t)l->kind);
-    put32(d + 4, s->layer_ids[i]);
-    put32(d + 8, l->kind == KVT_LAYER_QUANTIZED_KV ? (uint32_t)l->bits : 0);
-    put32(d + 12,
-          l->kind == KVT_LAYER_QUANTIZED_KV ? (uint32_t)l->group_size : 0);
-    put32(d + 16, l->num_tensors);
+    kvti_le_put32(d, (uint32_t)l->kind);
+    kvti_le_put32(d + 4, s->layer_ids[i]);
+    kvti_le_put32(d + 8,
+                  l->kind == KVT_LAYER_QUANTIZED_KV ? (uint32_t)l->bits : 0);
+    kvti_le_put32(d + 12, l->kind == KVT_LAYER_QUANTIZED_KV
+                              ? (uint32_t)l->group_size
+                              : 0);
+    kvti_le_put32(d + 16, l->num_tensors);
     d += 20;
     for (uint32_t j = 0; j < l->num_tensors; j++) {
       const kvt_tensor *t = &l->tensors[j];
       uint64_t outer, row;
       kvti_chunk_tensor_geom(t, &outer, &row);
       uint64_t nb = outer * row * s->n;
-      put32(d, (uint32_t)t->dtype);
-      put32(d + 4, t->ndim);
+      kvti_le_put32(d, (uint32_t)t->dtype);
+      kvti_le_put32(d + 4, t->ndim);
       d += 8;
       for (uint32_t k = 0; k < t->ndim; k++, d += 8)
-        put64(d, k == t->ndim - 2 ? s->n : (uint64_t)t->shape[k]);
-      put64(d, off);
-      put64(d + 8, nb);
+        kvti_le_put64(d, k == t->ndim - 2 ? s->n : (uint64_t)t->shape[k]);
+      kvti_le_put64(d, off);
+      kvti_le_put64(d + 8, nb);
       d += 16;
       /* Head-contiguous: for every outer index (batch x head) the chunk's n
        * rows are one extent (for_pieces), so promote copies one extent per
@@ -329,31 +312,31 @@ static int build(uint8_t *hdr, const plan *p, const kvti_chunk_src *s,
     if (nl != p->n_blocks)
       rc = KVT_ERR(KVT_EIO, "chunk: block count mismatch");
     for (size_t k = 0; rc == 0 && k < nl; k++, d += 8)
-      put64(d, list[k]);
+      kvti_le_put64(d, list[k]);
   }
   kvti_blkhash_free(bh);
   if (rc)
     return rc;
   memcpy(hdr, KVTI_CHUNK_MAGIC, 8);
-  put32(hdr + 8, KVTI_CHUNK_VERSION);
-  put32(hdr + 12, (uint32_t)p->header_bytes);
-  put32(hdr + 16, (uint32_t)KVTI_BLK_DEFAULT);
-  put32(hdr + 20, 0);
+  kvti_le_put32(hdr + 8, KVTI_CHUNK_VERSION);
+  kvti_le_put32(hdr + 12, (uint32_t)p->header_bytes);
+  kvti_le_put32(hdr + 16, (uint32_t)KVTI_BLK_DEFAULT);
+  kvti_le_put32(hdr + 20, 0);
   memcpy(hdr + 24, w->key, 32);
   memcpy(hdr + 56, s->parent, 32);
-  put64(hdr + 88, s->index);
-  put32(hdr + 96, s->n);
-  put32(hdr + 100, s->n_layers);
-  put32(hdr + 104, (uint32_t)s->ns_len);
-  put32(hdr + 108, (uint32_t)p->layout_bytes);
-  put64(hdr + 112, p->data_bytes);
-  put64(hdr + 120, 0);
+  kvti_le_put64(hdr + 88, s->index);
+  kvti_le_put32(hdr + 96, s->n);
+  kvti_le_put32(hdr + 100, s->n_layers);
+  kvti_le_put32(hdr + 104, (uint32_t)s->ns_len);
+  kvti_le_put32(hdr + 108, (uint32_t)p->layout_bytes);
+  kvti_le_put64(hdr + 112, p->data_bytes);
+  kvti_le_put64(hdr + 120, 0);
   if (s->ns_len)
     memcpy(hdr + KVTI_CHUNK_FIXED, s->ns, s->ns_len);
   uint8_t *tk = hdr + KVTI_CHUNK_FIXED + p->ns_pad;
   for (uint32_t i = 0; i < s->n; i++)
-    put32(tk + 4ull * i, (uint32_t)s->tokens[i]);
-  put64(hdr + p->sum_pos, XXH3_64bits(hdr, p->sum_pos));
+    kvti_le_put32(tk + 4ull * i, (uint32_t)s->tokens[i]);
+  kvti_le_put64(hdr + p->sum_pos, XXH3_64bits(hdr, p->sum_pos));
   return 0;
 }
 
@@ -439,7 +422,7 @@ uint32_t kvti_chunk_header_bytes(const uint8_t *buf, size_t len,
     BAD("%s: not a kvtier chunk (bad magic or truncated)", what);
     return 0;
   }
-  uint32_t hb = get32(buf + 12);
+  uint32_t hb = kvti_le_get32(buf + 12);
   if (hb < KVTI_CHUNK_FIXED + 8 || hb > KVTI_CHUNK_MAX_HEADER || hb % 64) {
     BAD("%s: header length %u out of range", what, hb);
     return 0;
@@ -462,24 +445,24 @@ int kvti_chunk_parse(kvti_chunk_hdr *h, const uint8_t *buf, size_t len,
     return KVT_ECORRUPT;
   if (hb != len)
     return BAD("%s: header length %u, %zu bytes given", what, hb, len);
-  h->version = get32(buf + 8);
+  h->version = kvti_le_get32(buf + 8);
   if (h->version != KVTI_CHUNK_VERSION)
     return KVT_ERR(KVT_EUNSUPPORTED, "%s: chunk version %u unsupported", what,
                    h->version);
   h->header_bytes = hb;
-  h->block_size = get32(buf + 16);
+  h->block_size = kvti_le_get32(buf + 16);
   if (!kvti_blk_size_ok(h->block_size))
     return BAD("%s: bad block size %u", what, h->block_size);
-  if (get32(buf + 20) != 0 || get64(buf + 120) != 0)
+  if (kvti_le_get32(buf + 20) != 0 || kvti_le_get64(buf + 120) != 0)
     return BAD("%s: unknown flags", what);
   memcpy(h->key, buf + 24, 32);
   memcpy(h->parent, buf + 56, 32);
-  h->index = get64(buf + 88);
-  h->n_tokens = get32(buf + 96);
-  h->n_layers = get32(buf + 100);
-  h->ns_len = get32(buf + 104);
-  h->layout_bytes = get32(buf + 108);
-  h->data_bytes = get64(buf + 112);
+  h->index = kvti_le_get64(buf + 88);
+  h->n_tokens = kvti_le_get32(buf + 96);
+  h->n_layers = kvti_le_get32(buf + 100);
+  h->ns_len = kvti_le_get32(buf + 104);
+  h->layout_bytes = kvti_le_get32(buf + 108);
+  h->data_bytes = kvti_le_get64(buf + 112);
   if (h->n_tokens == 0 || h->n_tokens > KVTI_CHUNK_MAX_TOKENS ||
       h->n_layers == 0 || h->n_layers > KVTI_CHUNK_MAX_LAYERS ||
       h->ns_len > KVTI_CHUNK_MAX_NS || h->layout_bytes > hb ||
@@ -496,7 +479,7 @@ int kvti_chunk_parse(kvti_chunk_hdr *h, const uint8_t *buf, size_t len,
   uint64_t pos_sum = pos_blk + 8 * h->n_blocks;
   if (pos_sum + 8 > hb)
     return BAD("%s: header sections overflow its length", what);
-  if (get64(buf + pos_sum) != XXH3_64bits(buf, pos_sum))
+  if (kvti_le_get64(buf + pos_sum) != XXH3_64bits(buf, pos_sum))
     return BAD("%s: header checksum mismatch", what);
   for (uint64_t i = pos_sum + 8; i < hb; i++)
     if (buf[i])
@@ -526,10 +509,10 @@ int kvti_chunk_parse(kvti_chunk_hdr *h, const uint8_t *buf, size_t len,
   h->layout = m;
   memcpy(h->ns, buf + KVTI_CHUNK_FIXED, h->ns_len);
   for (uint32_t i = 0; i < h->n_tokens; i++)
-    h->tokens[i] = (int32_t)get32(buf + pos_tok + 4ull * i);
+    h->tokens[i] = (int32_t)kvti_le_get32(buf + pos_tok + 4ull * i);
   memcpy(h->layout, buf + pos_lay, h->layout_bytes);
   for (uint64_t k = 0; k < h->n_blocks; k++)
-    h->blocks[k] = get64(buf + pos_blk + 8 * k);
+    h->blocks[k] = kvti_le_get64(buf + pos_blk + 8 * k);
   h->layout_hash = XXH3_64bits(buf + pos_lay, h->layout_bytes);
   int rc = 0;
   uint8_t key[32];
@@ -546,7 +529,7 @@ int kvti_chunk_parse(kvti_chunk_hdr *h, const uint8_t *buf, size_t len,
     rc = BAD("%s: layout descriptor truncated", what);
     goto fail;
   }
-  h->spill_layers = get32(d);
+  h->spill_layers = kvti_le_get32(d);
   d += 4;
   if (h->spill_layers < h->n_layers || h->spill_layers > KVTI_MAX_LAYERS) {
     rc = BAD("%s: spill layer count %u out of range", what, h->spill_layers);
@@ -558,11 +541,11 @@ int kvti_chunk_parse(kvti_chunk_hdr *h, const uint8_t *buf, size_t len,
       rc = BAD("%s: layout descriptor truncated", what);
       goto fail;
     }
-    L->kind = (int32_t)get32(d);
-    L->layer_idx = get32(d + 4);
-    L->bits = (int32_t)get32(d + 8);
-    L->group_size = (int32_t)get32(d + 12);
-    L->num_tensors = get32(d + 16);
+    L->kind = (int32_t)kvti_le_get32(d);
+    L->layer_idx = kvti_le_get32(d + 4);
+    L->bits = (int32_t)kvti_le_get32(d + 8);
+    L->group_size = (int32_t)kvti_le_get32(d + 12);
+    L->num_tensors = kvti_le_get32(d + 16);
     d += 20;
     if ((L->kind != KVT_LAYER_KV && L->kind != KVT_LAYER_ROTATING_KV &&
          L->kind != KVT_LAYER_QUANTIZED_KV) ||
@@ -588,8 +571,8 @@ int kvti_chunk_parse(kvti_chunk_hdr *h, const uint8_t *buf, size_t len,
         rc = BAD("%s: layout descriptor truncated", what);
         goto fail;
       }
-      t->dtype = (int32_t)get32(d);
-      t->ndim = get32(d + 4);
+      t->dtype = (int32_t)kvti_le_get32(d);
+      t->ndim = kvti_le_get32(d + 4);
       d += 8;
       if (t->ndim < 2 || t->ndim > KVT_MAX_DIMS ||
           (uint64_t)(end - d) < 8ull * t->ndim + 16 ||
@@ -598,15 +581,15 @@ int kvti_chunk_parse(kvti_chunk_hdr *h, const uint8_t *buf, size_t len,
         goto fail;
       }
       for (uint32_t k = 0; k < t->ndim; k++, d += 8) {
-        uint64_t v = get64(d);
+        uint64_t v = kvti_le_get64(d);
         if (v > ((uint64_t)1 << 40)) {
           rc = BAD("%s: layer %u tensor %u: dimension too large", what, i, j);
           goto fail;
         }
         t->shape[k] = (int64_t)v;
       }
-      t->off = get64(d);
-      t->nbytes = get64(d + 8);
+      t->off = kvti_le_get64(d);
+      t->nbytes = kvti_le_get64(d + 8);
       d += 16;
       uint64_t nb;
       if (t->shape[t->ndim - 2] != (int64_t)h->n_tokens ||

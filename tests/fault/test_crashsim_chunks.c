@@ -58,36 +58,11 @@ static void sclose(store *s) {
   kvt_index_close(s->idx);
 }
 
-/* KV rows depending on (token, position, layer) only; T rows per tensor,
- * offset n. */
+/* The spill's two layers: T rows, offset n, spare rows marked by salt. */
 static void make_layers(kvt_layer *l, const int32_t *tok, int n, int T,
                         int salt) {
-  for (int L = 0; L < 2; L++) {
-    kvt_layer_init(&l[L], KVT_LAYER_KV);
-    l[L].num_tensors = 2;
-    l[L].offset = n;
-    l[L].tensors = calloc(2, sizeof(kvt_tensor));
-    for (int k = 0; k < 2; k++) {
-      kvt_tensor *t = &l[L].tensors[k];
-      t->dtype = KVT_DTYPE_F16;
-      t->ndim = 4;
-      t->shape[0] = 1;
-      t->shape[1] = 2;
-      t->shape[2] = T;
-      t->shape[3] = 8;
-      t->nbytes = 2ull * T * 8 * 2;
-      uint16_t *d = malloc(t->nbytes);
-      for (int h = 0; h < 2; h++)
-        for (int p = 0; p < T; p++)
-          for (int i = 0; i < 8; i++)
-            d[(h * T + p) * 8 + i] =
-                (uint16_t)(p < n ? (tok[p] * 31 + p * 7 + i + h * 3 + L * 5 +
-                                    k * 11) &
-                                       0x3fff
-                                 : 0x7000 + salt);
-      t->data = d;
-    }
-  }
+  for (int L = 0; L < 2; L++)
+    l[L] = t_kv_pattern(tok, n, T, L, (uint16_t)(0x7000 + salt));
 }
 
 typedef struct spec {

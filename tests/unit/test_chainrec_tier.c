@@ -38,34 +38,8 @@ static void close_tier(kvt_tier *t) {
   kvt_tier_free(t);
 }
 
-/* KV of (token, position, layer): shared prefixes share KV. */
 static kvt_layer kv_of(const int32_t *tok, int n, int T, int layer) {
-  kvt_layer l;
-  kvt_layer_init(&l, KVT_LAYER_KV);
-  l.num_tensors = 2;
-  l.tensors = calloc(2, sizeof(kvt_tensor));
-  l.offset = n;
-  for (int k = 0; k < 2; k++) {
-    kvt_tensor *t = &l.tensors[k];
-    t->dtype = KVT_DTYPE_F16;
-    t->ndim = 4;
-    t->shape[0] = 1;
-    t->shape[1] = 2;
-    t->shape[2] = T;
-    t->shape[3] = 8;
-    t->nbytes = 2ull * T * 8 * 2;
-    uint16_t *d = malloc(t->nbytes);
-    for (int h = 0; h < 2; h++)
-      for (int p = 0; p < T; p++)
-        for (int i = 0; i < 8; i++)
-          d[(h * T + p) * 8 + i] =
-              (uint16_t)(p < n ? (tok[p] * 31 + p * 7 + i + h * 3 + layer * 5 +
-                                  k * 11) &
-                                     0x3fff
-                               : 0x7777);
-    t->data = d;
-  }
-  return l;
+  return t_kv_pattern(tok, n, T, layer, 0x7777);
 }
 
 static void spill(kvt_tier *t, const int32_t *tok, int n, int T) {
