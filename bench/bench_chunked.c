@@ -12,9 +12,12 @@
  * of a 256-token Llama-3-8B-shaped entry (32 layers, 8 KV heads x 128, fp16)
  * through the chunked store vs fio O_DIRECT write of the same bytes, and (f)
  * the cold promote of that entry vs fio O_DIRECT read (also for a 1024-token
- * entry at C=256), median of rounds of paired ratios. Usage: bench_chunked [chunk sizes, default 16,32,64,128,256,512]
- * [rounds=3]. No assertions.
+ * entry at C=256), median of rounds of paired ratios; finally the chat
+ * workload with default options (bench/benchchat.h, the same as `kvtier
+ * bench --preset chat`). Usage: bench_chunked [chunk sizes, default
+ * 16,32,64,128,256,512] [rounds=3]. No assertions.
  */
+#include "benchchat.h"
 #include "benchutil.h"
 #include "base/io.h"
 #include "format/entry.h"
@@ -360,6 +363,22 @@ int main(int argc, char **argv) {
     }
   else
     printf("fio not found: spill vs fio O_DIRECT write skipped\n");
+  /* The chat workload through the public API with default options
+   * (bench/benchchat.h; also `kvtier bench --preset chat`). */
+  bu_chat_opts co = {.dir = base,
+                     .layers = 8,
+                     .turns = 20,
+                     .aligned_turns = 8,
+                     .convs = 16,
+                     .entries = 4,
+                     .rounds = rounds,
+                     .fio = 1,
+                     .seed = 1};
+  bu_chat_result cr;
+  if (bu_chat_run(&cr, &co) == 0)
+    bu_chat_print(&cr, stdout);
+  else
+    fprintf(stderr, "chat workload: %s\n", cr.error);
   kvt_test_rmtree(base);
   free(base);
   return 0;

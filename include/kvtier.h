@@ -849,6 +849,144 @@ KVT_API int kvt_tier_remote_remove(kvt_tier *t, const char *token_hash);
 KVT_API const char *kvt_tier_dir(const kvt_tier *t);
 
 /* ------------------------------------------------------------------------ */
+/* The chunked native store, for tools (the CLI's ls/show/verify/gc/stats)  */
+/* ------------------------------------------------------------------------ */
+
+/* A tier opened with kvt_options.chunk_tokens keeps the KV of its native
+ * spills in chunk files under cache_dir/chunks/<kk>/<key>.kvc (docs/FORMAT.md
+ * section 10), each stored once however many entries share it; an entry then
+ * holds only its tail in data/<hash>/ and names its chain. These calls show
+ * and maintain that store. They follow parent links, never lookup values, so
+ * they see every namespace and salt (a tool knows neither). On a tier opened
+ * with chunk_tokens 0 the store is not loaded: there are no chunks to list
+ * (kvtier's CLI therefore always opens with chunk_tokens set). None of them
+ * is meant for the serving path. */
+
+/** One stored chunk. */
+typedef struct kvt_chunk_info {
+  char key[KVT_HASH_HEX_LEN + 1]; /* SHA-256 chain key (the file's name) */
+  /** The parent's key; for chunk 0 the chain's seed (namespace + layout),
+   *  which is not a chunk. */
+  char parent[KVT_HASH_HEX_LEN + 1];
+  uint64_t index;      /* position in its chain */
+  uint32_t num_tokens; /* token positions [index * C, index * C + num_tokens) */
+  uint32_t children;   /* stored chunks whose parent this is */
+  /** Entries whose chain runs through this chunk (how often it is shared);
+   *  0 for a chunk only prefix lookups reach. */
+  uint32_t entries;
+  int pure;              /* 1: the chain holds every layer (pure KV) */
+  uint64_t layout_hash;  /* XXH3-64 of the KV layout descriptor */
+  uint64_t disk_bytes;   /* the file's size */
+  uint64_t memory_bytes; /* its tensors' bytes (what a promote allocates) */
+  double created_at, accessed_at; /* Unix seconds; accessed: newest use of
+                                     the chunk or any descendant */
+} kvt_chunk_info;
+
+/** Calls fn for every stored chunk (in no particular order) until fn returns
+ *  nonzero. fn must not call back into the tier. Returns 0, KVT_EINVAL,
+ *  KVT_ECLOSED, KVT_ENOMEM. Thread-safe. */
+typedef int (*kvt_chunk_visit_fn)(void *ctx, const kvt_chunk_info *info);
+KVT_API int kvt_tier_chunk_foreach(kvt_tier *t, kvt_chunk_visit_fn fn,
+                                   void *ctx);
+
+/** The chain of entry token_hash, chunk 0 first: *out (malloc'ed, free with
+ *  kvt_free; NULL when *n is 0) and *n chunks of *chunk_tokens tokens each
+ *  (chunk_tokens may be NULL; 0 for an entry stored whole, which has *n 0);
+ *  flags: KVT_CHAIN_* (0: everything filled).
+ *  Returns 0, KVT_ENOTFOUND (no such entry, or its chain is no longer
+ *  complete - the message names the missing chunk; such an entry cannot be
+ *  served), KVT_EINVAL (token_hash not 64 hex digits), KVT_ECLOSED,
+ *  KVT_ENOMEM. Thread-safe. */
+KVT_API int kvt_tier_entry_chain(kvt_chunk_info **out, size_t *n,
+                                 uint32_t *chunk_tokens, kvt_tier *t,
+                                 const char *token_hash, unsigned flags);
+/** kvt_tier_entry_chain flags: leave kvt_chunk_info.entries 0 (counting the
+ *  entries through each chunk walks every chained entry's chain; without it
+ *  the call costs only the chain's length - for listing many entries). */
+#define KVT_CHAIN_NO_SHARING 0x1u
+
+#define KVT_CHUNK_TOTALS_VERSION 1
+/** Totals of the chunked store (kvt_tier_chunk_totals). */
+typedef struct kvt_chunk_totals {
+  unsigned int version;     /* KVT_CHUNK_TOTALS_VERSION; set by the caller */
+  uint32_t chunk_tokens;    /* the tier's option (0: the store is off) */
+  uint64_t chunks;          /* stored chunks */
+  uint64_t disk_bytes;      /* bytes of chunk files (each counted once) */
+  uint64_t memory_bytes;    /* their tensor bytes */
+  uint64_t leaves;          /* chunks no other chunk continues */
+  uint64_t shared;          /* chunks in the chains of two or more entries */
+  uint64_t chained_entries; /* entries stored over a chain */
+  /** Bytes the chained entries' chains would take if each entry stored its
+   *  own copy: the sum over chained entries of their chain's chunk bytes.
+   *  (entry bytes + this) / (entry bytes + disk_bytes) is the dedup ratio. */
+  uint64_t chain_logical_bytes;
+} kvt_chunk_totals;
+#define KVT_CHUNK_TOTALS_INIT                                                  \
+  { .version = KVT_CHUNK_TOTALS_VERSION }
+
+/** Fills *out (whose version the caller set). Returns 0, KVT_EINVAL (NULL or
+ *  unknown version), KVT_ECLOSED, KVT_ENOMEM. Thread-safe. */
+KVT_API int kvt_tier_chunk_totals(kvt_chunk_totals *out, kvt_tier *t);
+
+/** Reads and verifies one chunk file completely: its header (magic,
+ *  version, checksum, key = SHA-256 of parent and tokens, the name), its
+ *  parent (the row's; for chunk 0 the seed of the file's namespace and
+ *  layout), index and token count against its row, its tokens against the
+ *  row's lookup chain value, and every XXH3 block checksum of its data.
+ *  key_hex: 64 hex digits. With repair and a bad chunk (a writable tier):
+ *  the chunk and every chunk below it leave the index and their files move
+ *  to cache_dir/quarantine/chunk-<key>/ (never deleted: the ones below may
+ *  be valid), and every entry whose chain ran through them is quarantined
+ *  like a corrupt entry (kvt_tier_verify with repair). *removed_entries
+ *  (may be NULL) receives that count. Returns 0 (good), KVT_ECORRUPT
+ *  (message says what; repaired when repair), KVT_ENOTFOUND (not indexed),
+ *  KVT_EIO, KVT_EINVAL, KVT_ECLOSED, KVT_ENOMEM. Thread-safe. */
+KVT_API int kvt_tier_chunk_verify(kvt_tier *t, const char *key_hex, int repair,
+                                  uint64_t *removed_entries);
+
+/** What kvt_tier_chunk_gc did (or would do) with one file under chunks/. */
+typedef enum kvt_chunk_gc_action {
+  KVT_CHUNK_GC_TMP = 1,     /* a stale *.tmp (an interrupted write): removed */
+  KVT_CHUNK_GC_ADOPTED = 2, /* an unindexed chunk file that is valid and
+                               whose parent is indexed (or is the seed):
+                               indexed again */
+  KVT_CHUNK_GC_REMOVED = 3, /* an unindexed chunk file that is damaged, or
+                               whose parent is not stored: removed (it can
+                               never be reached) */
+  KVT_CHUNK_GC_STRAY = 4    /* a name that is no chunk: left, reported */
+} kvt_chunk_gc_action;
+
+/** Called per file acted on: path relative to cache_dir ("chunks/ab/...").
+ *  detail says why (valid only during the call). Nonzero stops the gc. */
+typedef int (*kvt_chunk_gc_fn)(void *ctx, const char *path, int action,
+                               uint64_t bytes, const char *detail);
+/** Progress: done of total subdirectories of chunks/ scanned. */
+typedef void (*kvt_chunk_progress_fn)(void *ctx, uint64_t done, uint64_t total);
+
+typedef struct kvt_chunk_gc_result {
+  uint64_t tmp_removed, adopted, removed, stray;
+  uint64_t bytes_freed; /* of tmp and removed files */
+} kvt_chunk_gc_result;
+
+/** Cleans chunks/: stale *.tmp files and chunk files without a row
+ *  (orphans, left by a crash between a chunk's write and its row, or by a
+ *  removal that could not unlink). An orphan is adopted when it verifies
+ *  completely (kvt_tier_chunk_verify's checks) and its parent is indexed or
+ *  is adopted first (orphans are taken in chain order); otherwise it can
+ *  never be reached and is removed. Files being written are never touched
+ *  (each subdirectory is cleaned under the tier's mutation lock, which every
+ *  chunk write holds). A running tier also cleans lazily: the writer sweeps
+ *  one subdirectory of chunks/ after every 64 chunked spills (open never
+ *  lists chunks/). dry_run: report only, the same decisions (an orphan
+ *  under an orphan that would be adopted counts as adoptable). fn and
+ *  progress may be NULL; *res
+ *  may be NULL. Returns 0, KVT_EINVAL (read-only tier without dry_run),
+ *  KVT_ECLOSED, KVT_EIO, KVT_EDB, KVT_ENOMEM, or fn's nonzero value. */
+KVT_API int kvt_tier_chunk_gc(kvt_tier *t, int dry_run, kvt_chunk_gc_fn fn,
+                              kvt_chunk_progress_fn progress, void *ctx,
+                              kvt_chunk_gc_result *res);
+
+/* ------------------------------------------------------------------------ */
 /* Stats                                                                    */
 /* ------------------------------------------------------------------------ */
 

@@ -276,9 +276,74 @@ int cli_find_hash(const cli_entries *es, const char *want, const char *where,
                   int json, const kvt_entry_info **hit);
 /* show's output for one entry (info + its kvt_tier_describe document):
  * where_key/where name the store ("dir" or "remote"), prefix the remote key
- * prefix (NULL for a directory). Returns a CLI exit code. */
+ * prefix (NULL for a directory), chain_tier the tier whose chain of the
+ * entry to show too (NULL: none). Returns a CLI exit code. */
 int cli_show_print(const char *where_key, const char *where, const char *prefix,
-                   const kvt_entry_info *info, const char *djson, int json);
+                   const kvt_entry_info *info, const char *djson, int json,
+                   kvt_tier *chain_tier);
+
+/* ---- the chunked native store (cmd_chunks.c) ---------------------------- */
+
+/* Every chunk (kvt_tier_chunk_foreach) in 48 bytes - key, position,
+ * sharing - sorted by key (a million chunks: 48 MB), and the totals. */
+typedef struct cli_chunk_ref {
+  uint8_t key[32];
+  uint64_t index;
+  uint32_t entries; /* entries whose chain runs through it */
+} cli_chunk_ref;
+typedef struct cli_chunkmap {
+  cli_chunk_ref *v;
+  size_t n, cap;
+  kvt_chunk_totals totals;
+} cli_chunkmap;
+/* Loads m (t NULL: empty). 0 or a KVT_E* code. */
+int cli_chunkmap_load(cli_chunkmap *m, kvt_tier *t);
+/* The chunk of 64-hex key, or NULL. */
+const cli_chunk_ref *cli_chunkmap_find(const cli_chunkmap *m, const char *key);
+/* A chunk's key as 64 hex digits into out (65 bytes). */
+void cli_chunk_hex(char out[65], const cli_chunk_ref *c);
+void cli_chunkmap_free(cli_chunkmap *m);
+
+/* An entry's chain for ls: chained (stored over a chain), its chunks, how
+ * many of them other entries share too, chunk size, chunk bytes, and whether
+ * the chain is complete. */
+typedef struct cli_chain_sum {
+  int chained, complete;
+  size_t chunks, shared;
+  uint32_t chunk_tokens;
+  uint64_t bytes;
+} cli_chain_sum;
+void cli_chain_summary(cli_chain_sum *s, kvt_tier *t, const cli_chunkmap *m,
+                       const char *hash);
+/* chain_chunks, shared_chunks, chunk_tokens, chain_bytes, chain_complete. */
+void cli_chain_summary_json(cJSON *o, const cli_chain_sum *s);
+/* show: the entry's chain as a table on stdout, or "chain" in o (json). */
+void cli_chain_show(kvt_tier *t, const char *hash, int json, cJSON *o);
+/* stats: "chunks" and "dedup" lines, or objects in o (json). entry_bytes:
+ * bytes of the entries' own files. */
+void cli_chunk_stats(kvt_tier *t, uint64_t entry_bytes, int json, cJSON *o);
+/* stats --prometheus: kvtier_chunks, kvtier_chunk_disk_bytes,
+ * kvtier_chunk_shared, kvtier_chained_entries (gauges; nothing when t is
+ * NULL). */
+void cli_chunk_prom(kvt_tier *t, FILE *f);
+/* (entry bytes + chain bytes counted per entry) / (entry bytes + chunk file
+ * bytes): how much the sharing of chunks saves. */
+double cli_dedup_ratio(const kvt_chunk_totals *t, uint64_t entry_bytes);
+
+/* A problem found by verify/gc: name (entry hash or path), kind, detail,
+ * action taken. */
+typedef void (*cli_problem_fn)(void *ctx, const char *name, const char *kind,
+                               const char *detail, const char *action);
+/* verify's chunk pass: every chunk (chain order) through
+ * kvt_tier_chunk_verify. Counts into the out-parameters (failed: checks that
+ * could not run). 0 or a KVT_E* code (the listing failed). */
+int cli_verify_chunks(kvt_tier *t, int repair, int progress, cli_problem_fn fn,
+                      void *ctx, size_t *checked, size_t *ok, size_t *repaired,
+                      size_t *failed);
+/* kvt_tier_chunk_gc, each file reported through fn (kinds chunk-stale-tmp,
+ * chunk-orphan, chunk-stray). */
+int cli_clean_chunks(kvt_tier *t, int dry, int progress, cli_problem_fn fn,
+                     void *ctx, kvt_chunk_gc_result *res);
 
 /* Commands. argv excludes the command word. */
 int cmd_ls(int argc, char **argv);

@@ -528,6 +528,12 @@ int cli_cache_open(cli_cache *c, const char *dir, unsigned flags, int json,
   o.max_size_gb = 1e6;
   o.max_entries = INT64_MAX / 4;
   o.retention_seconds = 0;
+  /* The chunked store is loaded only with chunk_tokens set: always on here,
+   * so chained entries are read with their chains and chunks are listed
+   * whatever the serving process uses (tools read chains by parent links:
+   * neither the chunk size nor the namespace has to match). */
+  if (!o.chunk_tokens)
+    o.chunk_tokens = 256;
   int rc = kvt_tier_open(&c->tier, &o);
   if (rc != 0) {
     c->tier = NULL;

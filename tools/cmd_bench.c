@@ -41,7 +41,12 @@ static const char *BENCH_HELP =
     "                    [--dtype f16|bf16|f32] [--storage native|compat]\n"
     "                    [--durability fsync|none] [--quick] [--keep]\n"
     "                    [--seed N] [--disk-size SIZE] [--no-disk]\n"
-    "                    [--cold drop-caches] [--no-progress] [--json]\n"
+    "                    [--cold drop-caches] [--chunk-tokens N] "
+    "[--no-progress]\n"
+    "                    [--json]\n"
+    "       kvtier bench [DIR] --preset chat [--quick] [--rounds N] "
+    "[--entries N]\n"
+    "                    [--chunk-tokens N] [--seed N] [--no-disk] [--keep]\n"
     "\n"
     "Spills a synthetic workload of model-shaped entries into DIR, promotes\n"
     "it back warm and cold, times lookups, measures the disk's own limits\n"
@@ -60,6 +65,14 @@ static const char *BENCH_HELP =
     "                      [1,8192,16] F32)\n"
     "                    quantized: llama3-8b shape, 4-bit quantized KV with\n"
     "                      group_size 64 (packed U32 + scales + biases)\n"
+    "                    chat: the chunked store's chat workload: bytes\n"
+    "                      written per new token and disk/unique KV for an\n"
+    "                      aligned and an unaligned multi-turn chat (turns\n"
+    "                      of 50-300 tokens), tokens served to a prefix\n"
+    "                      query, durable spill of 256-token Llama-3-8B\n"
+    "                      entries vs fio O_DIRECT write and their cold\n"
+    "                      promote vs fio O_DIRECT read (median of --rounds,\n"
+    "                      default 3; --quick 1; --entries per round, 4)\n"
     "  --entries N       entries to spill (default 8; --quick 4)\n"
     "  --tokens N        tokens per entry (default 2048; --quick 1024)\n"
     "  --dtype D         f16 (default), bf16 or f32\n"
@@ -74,6 +87,8 @@ static const char *BENCH_HELP =
     "  --no-disk         skip the disk measurement (no ratios)\n"
     "  --cold drop-caches  make the cold run drop the whole page cache\n"
     "                    (root only) instead of evicting the entry files\n"
+    "  --chunk-tokens N  the chunked store: 0 (off) or a power of two\n"
+    "                    16..4096 (default: the library's; native only)\n"
     "  --no-progress     never draw progress bars\n"
     "  --json            JSON output\n"
     "\n"
@@ -379,13 +394,15 @@ static int parse_cfg(bench_cfg *c, cli_flag *f, size_t nf) {
   c->storage = KVT_STORAGE_NATIVE;
   c->durability = KVT_DURABILITY_FSYNC;
   c->seed = 1;
+  c->chunk_tokens = -1;
   c->disk_size = c->quick ? (256ull << 20) : (1ull << 30);
   const char *v;
   int json = c->json;
   if ((v = cli_flag_get(f, nf, "preset")->value)) {
     if (strcmp(v, "llama3-8b") && strcmp(v, "hybrid") && strcmp(v, "quantized"))
-      return cli_fail(json, "bench", CLI_USAGE,
-                      "unknown preset '%s' (llama3-8b, hybrid, quantized)", v);
+      return cli_fail(
+          json, "bench", CLI_USAGE,
+          "unknown preset '%s' (llama3-8b, hybrid, quantized, chat)", v);
     c->preset = v;
   }
   uint64_t u;
@@ -423,6 +440,18 @@ static int parse_cfg(bench_cfg *c, cli_flag *f, size_t nf) {
   if ((v = cli_flag_get(f, nf, "seed")->value)) {
     if (cli_parse_u64(v, &c->seed) != 0)
       return cli_fail(json, "bench", CLI_USAGE, "--seed needs a number");
+  }
+  if ((v = cli_flag_get(f, nf, "chunk-tokens")->value)) {
+    if (cli_parse_u64(v, &u) != 0 ||
+        (u != 0 && (u < 16 || u > 4096 || (u & (u - 1)))))
+      return cli_fail(json, "bench", CLI_USAGE,
+                      "--chunk-tokens needs 0 or a power of two in 16..4096, "
+                      "got '%s'",
+                      v);
+    if (u && c->storage != KVT_STORAGE_NATIVE)
+      return cli_fail(json, "bench", CLI_USAGE,
+                      "--chunk-tokens needs --storage native");
+    c->chunk_tokens = (int)u;
   }
   if ((v = cli_flag_get(f, nf, "disk-size")->value)) {
     if (cli_parse_size(v, &c->disk_size) != 0 || c->disk_size < (1u << 20))
@@ -539,6 +568,10 @@ static int open_tier(bench_run *r) {
   o.max_entries = INT64_MAX / 4;
   o.storage_mode = c->storage;
   o.durability = c->durability;
+  if (c->chunk_tokens >= 0)
+    o.chunk_tokens = (uint32_t)c->chunk_tokens;
+  else if (c->storage != KVT_STORAGE_NATIVE)
+    o.chunk_tokens = 0; /* chunks are native-mode only */
   o.log_fn = log_warn;
   o.log_level = r->verbose ? KVT_LOG_INFO : KVT_LOG_WARN;
   o.spill_done_fn = on_spill_done;
@@ -769,16 +802,23 @@ static int finish(bench_run *r) {
 }
 
 int cmd_bench(int argc, char **argv) {
-  cli_flag f[] = {{"json", 0},        {"preset", 1},    {"entries", 1},
-                  {"tokens", 1},      {"dtype", 1},     {"storage", 1},
-                  {"durability", 1},  {"quick", 0},     {"keep", 0},
-                  {"seed", 1},        {"disk-size", 1}, {"no-disk", 0},
-                  {"no-progress", 0}, {"cold", 1},      {"verbose", 0}};
+  cli_flag f[] = {{"json", 0},         {"preset", 1},    {"entries", 1},
+                  {"tokens", 1},       {"dtype", 1},     {"storage", 1},
+                  {"durability", 1},   {"quick", 0},     {"keep", 0},
+                  {"seed", 1},         {"disk-size", 1}, {"no-disk", 0},
+                  {"no-progress", 0},  {"cold", 1},      {"verbose", 0},
+                  {"chunk-tokens", 1}, {"rounds", 1}};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1] = {NULL};
   int rc = cli_begin("bench", BENCH_HELP, NULL, argc, argv, f, nf, pos, 0, 1);
   if (rc != CLI_RUN)
     return rc;
+  const char *pv = cli_flag_get(f, nf, "preset")->value;
+  if (pv && strcmp(pv, "chat") == 0) /* the chunked store's chat workload */
+    return cli_bench_chat(f, nf, pos[0]);
+  if (cli_flag_get(f, nf, "rounds")->set)
+    return cli_fail(cli_flag_get(f, nf, "json")->set, "bench", CLI_USAGE,
+                    "--rounds is for --preset chat");
   bench_run *r = calloc(1, sizeof *r);
   if (!r)
     return cli_fail(cli_flag_get(f, nf, "json")->set, "bench", CLI_FAILED,

@@ -21,6 +21,7 @@ typedef struct bench_cfg {
   kvt_dtype dtype;
   int storage, durability;
   int quick, keep, json, progress, no_disk, drop_caches;
+  int chunk_tokens; /* --chunk-tokens: -1 the library default, 0 off */
   uint64_t seed, disk_size;
 } bench_cfg;
 
@@ -95,5 +96,9 @@ void bench_figures(bench_figs *g, const bench_run *r);
 void bench_report_json(const bench_run *r, const bench_figs *g);
 /* Step 8b: the report as text on stdout. */
 void bench_report_text(const bench_run *r, const bench_figs *g);
+
+/* `kvtier bench --preset chat` (cmd_bench_chat.c): the flags of cmd_bench,
+ * the scratch DIR (NULL: a fresh one). Returns the exit code. */
+int cli_bench_chat(cli_flag *f, size_t nf, const char *dir);
 
 #endif

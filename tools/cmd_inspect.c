@@ -67,8 +67,9 @@ static const char *LS_HELP =
     "  --reverse       reverse the order\n"
     "  --limit N       show at most N entries\n"
     "  --full          print full 64-digit hashes (the table shows 16)\n"
-    "  --no-describe   skip reading manifests (no layers/kinds/dtypes/mode);\n"
-    "                  fast on very large caches\n"
+    "  --no-describe   skip reading manifests (no layers/kinds/dtypes/mode)\n"
+    "                  and chains (no CHAIN/SHARED); fast on very large "
+    "caches\n"
     "  --json          JSON output: {dir, total, count, entries: "
     "[...]}\n" CLI_REMOTE_HELP "\n"
     "Columns: HASH, TOKENS, LAYERS, KINDS (kv, rotating, arrays, quant with\n"
@@ -159,6 +160,11 @@ int cmd_ls(int argc, char **argv) {
     return rc;
   cli_qsort(es.v, es.n, sizeof *es.v, cmp_entries);
   size_t shown = es.n < limit ? es.n : (size_t)limit;
+  /* Chains (chunked store): listed once, then each entry's chain walked. */
+  cli_chunkmap cm; /* --no-describe: no chains either (fast, little RAM) */
+  if (!describe || cli_chunkmap_load(&cm, c.tier) != 0)
+    memset(&cm, 0, sizeof cm);
+  int chains = cm.totals.chunks > 0 || cm.totals.chained_entries > 0;
 
   if (json) {
     cJSON *o = cJSON_CreateObject();
@@ -174,15 +180,22 @@ int cmd_ls(int argc, char **argv) {
         cli_desc_entry(&d, c.tier, es.v[i].token_hash);
         add_desc_json(e, &d);
       }
+      if (chains) {
+        cli_chain_sum cs;
+        cli_chain_summary(&cs, c.tier, &cm, es.v[i].token_hash);
+        cli_chain_summary_json(e, &cs);
+      }
       cJSON_AddItemToArray(arr, e);
     }
     cli_json_print(o);
   } else {
     static const char *heads[] = {"HASH",     "TOKENS", "LAYERS", "KINDS",
                                   "DTYPES",   "DISK",   "MEMORY", "CREATED",
-                                  "ACCESSED", "MODE"};
+                                  "ACCESSED", "MODE",   "CHAIN",  "SHARED"};
     cli_table t;
-    cli_table_init(&t, 10, heads, "lrrllrrlll");
+    /* CHAIN (chunks under the entry) and SHARED (of them, chunks other
+     * entries' chains hold too) only for caches with chunks. */
+    cli_table_init(&t, chains ? 12 : 10, heads, "lrrllrrlllrr");
     for (size_t i = 0; i < shown; i++) {
       const kvt_entry_info *e = &es.v[i];
       cli_desc d;
@@ -196,7 +209,7 @@ int cmd_ls(int argc, char **argv) {
         snprintf(nl, sizeof nl, "%u", d.layers);
       else
         snprintf(nl, sizeof nl, "-");
-      const char *row[10] = {h,
+      const char *row[12] = {h,
                              tok,
                              nl,
                              !describe ? "-"
@@ -207,7 +220,21 @@ int cmd_ls(int argc, char **argv) {
                              cli_fmt_bytes(mem, sizeof mem, e->memory_bytes),
                              cli_fmt_time(cr, sizeof cr, e->created_at),
                              cli_fmt_time(ac, sizeof ac, e->accessed_at),
-                             describe && d.ok ? d.storage : "-"};
+                             describe && d.ok ? d.storage : "-",
+                             "-",
+                             "-"};
+      char chn[32], shr[32];
+      if (chains) {
+        cli_chain_sum cs;
+        cli_chain_summary(&cs, c.tier, &cm, e->token_hash);
+        if (cs.chained) {
+          snprintf(chn, sizeof chn, "%zu%s", cs.chunks,
+                   cs.complete ? "" : " (broken)");
+          snprintf(shr, sizeof shr, "%zu", cs.shared);
+          row[10] = chn;
+          row[11] = shr;
+        }
+      }
       cli_table_add(&t, row);
       if (describe && !d.ok)
         fprintf(stderr, "kvtier ls: %s: %s\n", e->token_hash, d.error);
@@ -227,6 +254,7 @@ int cmd_ls(int argc, char **argv) {
              cli_fmt_bytes(b, sizeof b, mem));
     }
   }
+  cli_chunkmap_free(&cm);
   cli_entries_free(&es);
   cli_cache_close(&c);
   return CLI_OK;
@@ -360,6 +388,7 @@ int cmd_stats(int argc, char **argv) {
     fputs(buf, stdout);
     free(buf);
     cli_live_prom(&live, stdout);
+    cli_chunk_prom(c.tier, stdout);
     cli_cache_close(&c);
     return CLI_OK;
   }
@@ -427,7 +456,8 @@ int cmd_stats(int argc, char **argv) {
     }
   }
   cli_progress_end(&pg);
-  if (c.tier) { /* the library's own totals are authoritative */
+  uint64_t entry_bytes = disk; /* the entries' own files (tails) */
+  if (c.tier) {                /* the library's own totals are authoritative */
     disk = s.disk_bytes ? s.disk_bytes : disk;
     mem = s.memory_bytes ? s.memory_bytes : mem;
   }
@@ -475,6 +505,7 @@ int cmd_stats(int argc, char **argv) {
         cJSON_AddItemToArray(dt, cJSON_CreateString(p));
       cJSON_AddNumberToObject(o, "unreadable_entries", (double)unreadable);
     }
+    cli_chunk_stats(c.tier, entry_bytes, 1, o);
     cJSON_AddNumberToObject(o, "quarantine_entries", (double)quarantined);
     cJSON *cap = cJSON_AddObjectToObject(o, "capacity");
     cJSON_AddNumberToObject(cap, "max_bytes", (double)max_bytes);
@@ -545,6 +576,7 @@ int cmd_stats(int argc, char **argv) {
       cli_table_free(&t);
       printf("\n");
     }
+    cli_chunk_stats(c.tier, entry_bytes, 0, NULL);
     printf("quarantine %llu entries\n", (unsigned long long)quarantined);
     if (have_vfs)
       printf("filesystem %s free of %s\n", cli_fmt_bytes(a, sizeof a, fs_free),
@@ -730,14 +762,15 @@ int cmd_show(int argc, char **argv) {
     return cli_fail(json, "show", CLI_FAILED, "entry %s: %s (%s)",
                     info.token_hash, msg, kvt_strerror(rc));
   }
-  rc = cli_show_print("dir", c.dir, NULL, &info, djson, json);
+  rc = cli_show_print("dir", c.dir, NULL, &info, djson, json, c.tier);
   kvt_free(djson);
   cli_cache_close(&c);
   return rc;
 }
 
 int cli_show_print(const char *where_key, const char *where, const char *prefix,
-                   const kvt_entry_info *ip, const char *djson, int json) {
+                   const kvt_entry_info *ip, const char *djson, int json,
+                   kvt_tier *chain_tier) {
   kvt_entry_info info = *ip;
   cJSON *doc = cJSON_Parse(djson);
   if (!doc)
@@ -752,6 +785,8 @@ int cli_show_print(const char *where_key, const char *where, const char *prefix,
     cJSON *e = cJSON_AddObjectToObject(o, "entry");
     add_info_json(e, &info);
     cJSON_AddItemToObject(o, "describe", doc);
+    if (chain_tier)
+      cli_chain_show(chain_tier, info.token_hash, 1, o);
     cli_json_print(o);
     return CLI_OK;
   }
@@ -830,6 +865,8 @@ int cli_show_print(const char *where_key, const char *where, const char *prefix,
   }
   cli_table_print(&t, stdout);
   cli_table_free(&t);
+  if (chain_tier) /* the chunks behind the entry's tail (chunked store) */
+    cli_chain_show(chain_tier, info.token_hash, 0, NULL);
   const cJSON *man = cJSON_GetObjectItemCaseSensitive(doc, "manifest");
   if (man) {
     /* The manifest's other keys, one level of nesting flattened; big

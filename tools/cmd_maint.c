@@ -74,6 +74,47 @@ static problem *add_problem(problems *ps, const char *hash, const char *kind,
   return p;
 }
 
+/* cli_problem_fn over a problems list. */
+static void problem_cb(void *ctx, const char *name, const char *kind,
+                       const char *detail, const char *action) {
+  problem *p = add_problem(ctx, name, kind, detail);
+  if (p)
+    p->action = action; /* static strings, or see chunk_actions */
+}
+
+/* The problems as a JSON array arr of o ({name_key, problem, detail,
+ * action}), and as a table (first column head). */
+static void problems_json(cJSON *o, const char *arr, const char *name_key,
+                          const problems *ps) {
+  cJSON *a = cJSON_AddArrayToObject(o, arr);
+  for (size_t i = 0; i < ps->n; i++) {
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddStringToObject(p, name_key, ps->v[i].hash);
+    cJSON_AddStringToObject(p, "problem", ps->v[i].kind);
+    cJSON_AddStringToObject(p, "detail", ps->v[i].detail);
+    cJSON_AddStringToObject(p, "action", ps->v[i].action);
+    cJSON_AddItemToArray(a, p);
+  }
+}
+
+static void problems_table(const problems *ps, const char *head) {
+  const char *heads[] = {head, "PROBLEM", "ACTION", "DETAIL"};
+  cli_table t;
+  cli_table_init(&t, 4, heads, "llll");
+  for (size_t i = 0; i < ps->n; i++) {
+    const char *row[4] = {ps->v[i].hash, ps->v[i].kind, ps->v[i].action,
+                          ps->v[i].detail};
+    cli_table_add(&t, row);
+  }
+  cli_table_print(&t, stdout);
+  cli_table_free(&t);
+}
+
+/* Names that are reported but are not the cache's business (no problem). */
+static int is_stray(const char *kind) {
+  return strcmp(kind, "stray") == 0 || strcmp(kind, "chunk-stray") == 0;
+}
+
 static int cmp_hash(const void *a, const void *b) {
   return strcmp(((const kvt_entry_info *)a)->token_hash,
                 ((const kvt_entry_info *)b)->token_hash);
@@ -106,13 +147,34 @@ int cmd_verify(int argc, char **argv) {
                            cli_flag_get(f, nf, "verbose")->set);
   if (rc)
     return rc;
-  cli_qsort(es.v, es.n, sizeof *es.v, cmp_hash);
-
   problems ps = {0};
   size_t ok = 0, failed_checks = 0, repaired = 0;
+  int progress = !cli_flag_get(f, nf, "no-progress")->set;
+  /* Chunks first (chunked store): a bad chunk and every chain through it
+   * are quarantined (entries included) before the entries are checked, so
+   * the entry pass never removes chunks itself. */
+  size_t ck_checked = 0, ck_ok = 0, ck_rep = 0, ck_failed = 0;
+  if (c.tier) {
+    int crc = cli_verify_chunks(c.tier, repair, progress, problem_cb, &ps,
+                                &ck_checked, &ck_ok, &ck_rep, &ck_failed);
+    if (crc != 0) {
+      fprintf(stderr, "kvtier verify: cannot list chunks: %s\n",
+              kvt_last_error());
+      failed_checks++;
+    }
+    repaired += ck_rep;
+    failed_checks += ck_failed;
+    if (ck_rep) { /* entries through bad chunks are gone: list again */
+      cli_entries_free(&es);
+      if ((rc = cli_entries_load_or_fail(&es, &c, json, "verify")) != 0) {
+        free(ps.v);
+        return rc;
+      }
+    }
+  }
+  cli_qsort(es.v, es.n, sizeof *es.v, cmp_hash);
   cli_progress pg;
-  cli_progress_start(&pg, repair ? "repairing" : "verifying", es.n,
-                     !cli_flag_get(f, nf, "no-progress")->set);
+  cli_progress_start(&pg, repair ? "repairing" : "verifying", es.n, progress);
   for (size_t i = 0; i < es.n; i++) {
     const char *h = es.v[i].token_hash;
     int r = kvt_tier_verify(c.tier, h, repair);
@@ -175,6 +237,18 @@ int cmd_verify(int argc, char **argv) {
       add_problem(&ps, "data/", "missing", "data/ directory is missing");
   }
 
+  /* chunks/ against the chain table: stale *.tmp files and orphans (a dry
+   * run of kvt_tier_chunk_gc; with --repair the real one, after reconcile
+   * below). */
+  size_t chunk_files_at = ps.n;
+  kvt_chunk_gc_result cg;
+  if (c.tier && !repair &&
+      cli_clean_chunks(c.tier, 1, progress, problem_cb, &ps, &cg) != 0) {
+    fprintf(stderr, "kvtier verify: cannot scan chunks/: %s\n",
+            kvt_last_error());
+    failed_checks++;
+  }
+
   int64_t reconciled = 0;
   int reconcile_failed = 0;
   if (repair && c.tier) {
@@ -199,12 +273,22 @@ int cmd_verify(int argc, char **argv) {
         if (strcmp(ps.v[i].kind, "stray") != 0)
           repaired++;
     }
+    /* chunks/: orphans adopted or removed, stale tmps removed. */
+    chunk_files_at = ps.n;
+    if (cli_clean_chunks(c.tier, 0, progress, problem_cb, &ps, &cg) != 0) {
+      fprintf(stderr, "kvtier verify: cleaning chunks/ failed: %s\n",
+              kvt_last_error());
+      reconcile_failed = 1;
+    }
+    for (size_t i = chunk_files_at; i < ps.n; i++)
+      if (!is_stray(ps.v[i].kind))
+        repaired++;
   }
   /* Stray names are reported but are not the cache's business to delete;
    * they do not make the cache bad. */
   size_t real = 0;
   for (size_t i = 0; i < ps.n; i++)
-    if (strcmp(ps.v[i].kind, "stray") != 0)
+    if (!is_stray(ps.v[i].kind))
       real++;
   int code = CLI_OK;
   if (real)
@@ -218,15 +302,9 @@ int cmd_verify(int argc, char **argv) {
     cJSON_AddBoolToObject(o, "repair", repair);
     cJSON_AddNumberToObject(o, "checked", (double)es.n);
     cJSON_AddNumberToObject(o, "ok", (double)ok);
-    cJSON *arr = cJSON_AddArrayToObject(o, "problems");
-    for (size_t i = 0; i < ps.n; i++) {
-      cJSON *p = cJSON_CreateObject();
-      cJSON_AddStringToObject(p, "entry", ps.v[i].hash);
-      cJSON_AddStringToObject(p, "problem", ps.v[i].kind);
-      cJSON_AddStringToObject(p, "detail", ps.v[i].detail);
-      cJSON_AddStringToObject(p, "action", ps.v[i].action);
-      cJSON_AddItemToArray(arr, p);
-    }
+    cJSON_AddNumberToObject(o, "chunks_checked", (double)ck_checked);
+    cJSON_AddNumberToObject(o, "chunks_ok", (double)ck_ok);
+    problems_json(o, "problems", "entry", &ps);
     cJSON_AddNumberToObject(o, "repaired", (double)repaired);
     cJSON_AddNumberToObject(o, "reconciled", (double)reconciled);
     cJSON_AddBoolToObject(o, "clean", real == 0);
@@ -234,17 +312,8 @@ int cmd_verify(int argc, char **argv) {
     cli_json_print(o);
   } else {
     if (ps.n) {
-      static const char *heads[] = {"ENTRY", "PROBLEM", "ACTION", "DETAIL"};
-      cli_table t;
-      cli_table_init(&t, 4, heads, "llll");
-      for (size_t i = 0; i < ps.n; i++) {
-        const char *row[4] = {ps.v[i].hash, ps.v[i].kind, ps.v[i].action,
-                              ps.v[i].detail};
-        cli_table_add(&t, row);
-      }
-      cli_table_print(&t, stdout);
+      problems_table(&ps, "ENTRY");
       printf("\n");
-      cli_table_free(&t);
     }
     printf("checked %zu entries in %s: %zu ok, %zu problem%s", es.n, c.dir, ok,
            real, real == 1 ? "" : "s");
@@ -252,6 +321,8 @@ int cmd_verify(int argc, char **argv) {
       printf(", %zu repaired, %lld cleaned by reconcile", repaired,
              (long long)reconciled);
     printf("\n");
+    if (ck_checked)
+      printf("checked %zu chunks: %zu ok\n", ck_checked, ck_ok);
     if (real && !repair)
       printf("run `kvtier verify %s --repair` to quarantine bad entries and "
              "reconcile\n",
@@ -267,11 +338,15 @@ int cmd_verify(int argc, char **argv) {
 
 static const char *GC_HELP =
     "usage: kvtier gc DIR|--remote URL [--max-size SIZE] [--max-entries N]\n"
-    "                     [--older-than DURATION] [--dry-run] [--json]\n"
+    "                     [--older-than DURATION] [--chunks] [--dry-run] "
+    "[--json]\n"
     "\n"
     "Applies limits and retention now (kvt_tier_gc) and reports which\n"
-    "entries were removed. At least one limit is required; a limit not given\n"
-    "is not applied.\n"
+    "entries were removed, then cleans chunks/ (the chunked store): stale\n"
+    "*.tmp files are removed, chunk files without an index row (orphans)\n"
+    "are adopted when valid and their parent is stored, else removed. At\n"
+    "least one limit (or --chunks) is required; a limit not given is not\n"
+    "applied.\n"
     "\n"
     "  --max-size SIZE          evict least recently used entries until the\n"
     "                           bytes on disk are <= SIZE (10G, 512M, 1.5T,\n"
@@ -279,6 +354,7 @@ static const char *GC_HELP =
     "  --max-entries N          ... until at most N entries remain\n"
     "  --older-than DURATION    remove entries written more than DURATION ago\n"
     "                           (7d, 12h, 30m, 45s, 1h30m; plain = seconds)\n"
+    "  --chunks                 only clean chunks/ (no limits needed)\n"
     "  --dry-run                report what would be removed, remove nothing\n"
     "  --json                   JSON output: {dir, dry_run, removed_count,\n"
     "                           removed_bytes, removed: [...], remaining}\n"
@@ -302,7 +378,7 @@ static int cmp_lru(const void *pa, const void *pb) {
 int cmd_gc(int argc, char **argv) {
   cli_flag f[] = {{"json", 0},       {"max-size", 1}, {"max-entries", 1},
                   {"older-than", 1}, {"dry-run", 0},  {"verbose", 0},
-                  CLI_REMOTE_FLAGS};
+                  {"chunks", 0},     CLI_REMOTE_FLAGS};
   const size_t nf = sizeof f / sizeof f[0];
   const char *pos[1] = {NULL};
   int rc =
@@ -341,14 +417,19 @@ int cmd_gc(int argc, char **argv) {
     go.older_than_seconds = older;
     any = 1;
   }
-  if (!any)
+  int chunks_only = !any && cli_flag_get(f, nf, "chunks")->set;
+  if (!any && !chunks_only)
     return cli_fail(json, "gc", CLI_USAGE,
                     "give at least one of --max-size, --max-entries, "
-                    "--older-than");
+                    "--older-than, --chunks");
   go.dry_run = dry;
   cli_remote_args ra;
-  if (cli_remote_args_get(&ra, f, nf))
+  if (cli_remote_args_get(&ra, f, nf)) {
+    if (chunks_only)
+      return cli_fail(json, "gc", CLI_USAGE,
+                      "--chunks cleans a DIR's chunks/, not --remote");
     return cli_remote_gc(&ra, max_bytes, max_entries, older, dry, json);
+  }
   if ((rc = cli_need_dir("gc", GC_HELP, pos[0])) != CLI_RUN)
     return rc;
 
@@ -363,7 +444,7 @@ int cmd_gc(int argc, char **argv) {
     return rc;
   double now = cli_now();
   uint64_t removed = 0, removed_bytes = 0;
-  if (c.tier) {
+  if (c.tier && !chunks_only) {
     rc = kvt_tier_gc(c.tier, &go, &removed, &removed_bytes);
     if (rc != 0 && dry && (rc == KVT_EINVAL || rc == KVT_EUNSUPPORTED)) {
       /* This build does not run gc on a read-only tier; a dry run is still
@@ -447,6 +528,22 @@ int cmd_gc(int argc, char **argv) {
               "the listing below %zu\n",
               (unsigned long long)removed, npick);
   }
+  /* chunks/: stale *.tmp files and orphans (kvt_tier_chunk_gc), after the
+   * limits (whose evictions may leave nothing for it, or unlink-failures). */
+  problems cps = {0};
+  kvt_chunk_gc_result cg;
+  memset(&cg, 0, sizeof cg);
+  if (c.tier && cli_clean_chunks(c.tier, dry, 1, problem_cb, &cps, &cg) != 0) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", kvt_last_error());
+    free(cps.v);
+    free(picks);
+    cli_entries_free(&before);
+    cli_cache_close(&c);
+    return cli_fail(json, "gc", CLI_FAILED, "cleaning chunks/ failed: %s", msg);
+  }
+  if (chunks_only)
+    npick = 0, removed = 0, removed_bytes = 0;
   if (!c.tier || !dry) {
     /* Counts from the listing when the library gave none. */
     if (!removed && npick) {
@@ -475,6 +572,13 @@ int cmd_gc(int argc, char **argv) {
       cJSON_AddItemToArray(arr, p);
     }
     cJSON_AddNumberToObject(o, "remaining", (double)remaining);
+    cJSON *ck = cJSON_AddObjectToObject(o, "chunks");
+    cJSON_AddNumberToObject(ck, "tmp_removed", (double)cg.tmp_removed);
+    cJSON_AddNumberToObject(ck, "adopted", (double)cg.adopted);
+    cJSON_AddNumberToObject(ck, "removed", (double)cg.removed);
+    cJSON_AddNumberToObject(ck, "stray", (double)cg.stray);
+    cJSON_AddNumberToObject(ck, "bytes_freed", (double)cg.bytes_freed);
+    problems_json(ck, "files", "path", &cps);
     cli_json_print(o);
   } else {
     if (npick) {
@@ -503,7 +607,20 @@ int cmd_gc(int argc, char **argv) {
     printf("%s %llu entries (%s); %zu remain\n",
            dry ? "would remove" : "removed", (unsigned long long)removed,
            cli_fmt_bytes(b, sizeof b, removed_bytes), remaining);
+    if (cps.n) {
+      printf("\n");
+      problems_table(&cps, "FILE");
+    }
+    if (c.tier)
+      printf("chunks/ %s %llu stale tmp, %s %llu orphans, %s %llu "
+             "unreachable or damaged (%s)\n",
+             dry ? "would remove" : "removed",
+             (unsigned long long)cg.tmp_removed,
+             dry ? "would adopt" : "adopted", (unsigned long long)cg.adopted,
+             dry ? "would remove" : "removed", (unsigned long long)cg.removed,
+             cli_fmt_bytes(b, sizeof b, cg.bytes_freed));
   }
+  free(cps.v);
   free(picks);
   cli_entries_free(&before);
   cli_cache_close(&c);

@@ -18,6 +18,7 @@
 #include "format/layer.h"
 #include "format/le.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -301,4 +302,50 @@ int kvti_chainrec_probe(kvti_entry_probe_info *out, const char *data_dir,
   out->chain.total_rows = r.total_rows;
   kvti_chainrec_free(&r);
   return 0;
+}
+
+int kvti_chainrec_describe(char **json, const char *data_dir,
+                           const char *hash) {
+  if (!json)
+    return KVT_ERR(KVT_EINVAL, "describe: NULL out");
+  *json = NULL;
+  kvti_chainrec r;
+  int rc = kvti_chainrec_read(&r, data_dir, hash);
+  if (rc)
+    return rc;
+  /* Shaped like kvti_entry_describe's document: the layers live in the
+   * chain's chunks (no layer files), the chain in "manifest"."kvtier"
+   * like a tail's mark. */
+  cJSON *d = cJSON_CreateObject();
+  cJSON *man = d ? cJSON_AddObjectToObject(d, "manifest") : NULL;
+  cJSON *kv = man ? cJSON_AddObjectToObject(man, "kvtier") : NULL;
+  cJSON *ch = kv ? cJSON_AddObjectToObject(kv, "chain") : NULL;
+  char key[65], lay[32];
+  kvti_hex32(key, r.last_key);
+  snprintf(lay, sizeof lay, "xxh3:%016llx", (unsigned long long)r.layout_hash);
+  if (ch && cJSON_AddStringToObject(d, "token_hash", hash) &&
+      cJSON_AddStringToObject(d, "storage_mode", "native") &&
+      cJSON_AddBoolToObject(d, "checksums", 1) &&
+      cJSON_AddNumberToObject(d, "num_layers", r.num_layers) &&
+      cJSON_AddNumberToObject(d, "num_tokens", (double)r.n_tokens) &&
+      cJSON_AddNumberToObject(d, "memory_bytes", (double)r.memory_bytes) &&
+      cJSON_AddArrayToObject(d, "layers") &&
+      cJSON_AddNumberToObject(
+          d, "disk_bytes", (double)kvti_chainrec_size(r.ns_len, r.n_tokens)) &&
+      cJSON_AddStringToObject(kv, "format", "chain-record") &&
+      cJSON_AddStringToObject(kv, "file", KVTI_CHAINREC_FILE) &&
+      cJSON_AddNumberToObject(ch, "chunks", (double)r.chunks) &&
+      cJSON_AddNumberToObject(ch, "chunk_tokens", r.chunk_tokens) &&
+      cJSON_AddStringToObject(ch, "last_key", key) &&
+      cJSON_AddStringToObject(ch, "layout_hash", lay) &&
+      cJSON_AddNumberToObject(ch, "total_rows", (double)r.total_rows)) {
+    char *s = cJSON_PrintUnformatted(d);
+    if (s) {
+      *json = kvti_strdup(s);
+      cJSON_free(s);
+    }
+  }
+  cJSON_Delete(d);
+  kvti_chainrec_free(&r);
+  return *json ? 0 : KVT_ERR_NOMEM();
 }

@@ -85,4 +85,10 @@ int kvti_chainrec_present(const char *data_dir, const char *hash);
 int kvti_chainrec_probe(kvti_entry_probe_info *out, const char *data_dir,
                         const char *hash);
 
+/* kvti_entry_describe's document for a record entry (token_hash,
+ * storage_mode, num_layers, num_tokens, memory_bytes, disk_bytes, no layer
+ * files; "manifest"."kvtier"."chain" = the record's chain). Returns 0,
+ * KVT_ENOTFOUND, KVT_ECORRUPT, KVT_EIO, KVT_ENOMEM. */
+int kvti_chainrec_describe(char **json, const char *data_dir, const char *hash);
+
 #endif

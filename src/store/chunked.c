@@ -13,6 +13,7 @@
 #include "base/hash.h"
 #include "base/io.h"
 #include "format/layer.h"
+#include "index/chain_walk.h"
 
 #include <string.h>
 
@@ -257,11 +258,17 @@ static int read_tail(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
   size_t m = 0;
   if (rc == 0 && !recs)
     rc = KVT_ERR_NOMEM();
-  if (rc == 0)
-    rc = kvti_chunkstore_lookup(c->cs, c->ns, c->ns_len, e->tokens, e->n_tokens,
-                                ce.chunk_tokens, recs, (size_t)ce.chunks, &m);
-  if (rc == 0 && (m != ce.chunks || memcmp(recs[m - 1].key, ce.last_key, 32) ||
-                  recs[0].layout_hash != ce.layout_hash))
+  /* The record names the chain exactly (its last chunk): walked up by
+   * parent links, so the read needs neither this tier's namespace nor the
+   * spill's salt (a tool opening the directory knows neither). The chunk
+   * files' tokens are compared with the entry's below. */
+  if (rc == 0 &&
+      (rc = kvti_chains_path(kvti_chunkstore_chains(c->cs), ce.last_key,
+                             (size_t)ce.chunks, recs)) == 0)
+    m = (size_t)ce.chunks;
+  if (rc == 0 && (recs[0].layout_hash != ce.layout_hash ||
+                  recs[m - 1].n_tokens != ce.chunk_tokens ||
+                  (uint64_t)m * ce.chunk_tokens > e->n_tokens))
     rc = KVT_ERR(KVT_ENOTFOUND,
                  "chained entry %.16s: chain incomplete "
                  "(evicted)",

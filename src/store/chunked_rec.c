@@ -9,6 +9,7 @@
 #include "base/hash.h"
 #include "base/io.h"
 #include "format/layer.h"
+#include "index/chain_walk.h"
 
 #include <string.h>
 #include <unistd.h>
@@ -42,13 +43,16 @@ int kvti_chunked_rec_get(kvti_chunkstore *cs, kvt_entry **out,
   kvti_chain_rec *recs = kvti_malloc(k * sizeof *recs);
   if (!recs)
     return KVT_ERR_NOMEM();
-  int rc = kvti_chunkstore_lookup(cs, r->ns, r->ns_len, r->tokens,
-                                  (size_t)r->total_rows, r->chunk_tokens, recs,
-                                  k, &m);
+  /* The chain is walked up from the record's last key by parent links (no
+   * namespace or salt needed); each chunk's tokens are compared with the
+   * record's when it is opened. */
+  int rc = kvti_chains_path(kvti_chunkstore_chains(cs), r->last_key, k, recs);
+  if (rc == 0)
+    m = k;
   char hex[65];
   kvti_hex32(hex, r->hash);
-  if (rc == 0 && (m != k || memcmp(recs[m - 1].key, r->last_key, 32) ||
-                  recs[0].layout_hash != r->layout_hash || !recs[0].pure))
+  if (rc == 0 && (recs[0].layout_hash != r->layout_hash || !recs[0].pure ||
+                  recs[m - 1].n_tokens != r->chunk_tokens))
     rc = KVT_ERR(KVT_ENOTFOUND,
                  "chained entry %.16s: chain incomplete "
                  "(evicted)",

@@ -129,6 +129,36 @@ static int scan(kvti_chunkstore *cs, const char *root, found_v *f,
   return rc;
 }
 
+int kvti_chunk_rec_of(kvti_chain_rec *r, const kvti_chunk_hdr *h,
+                      const kvti_ck *parent_ck, uint64_t file_size,
+                      const char *path) {
+  if (h->index == 0) {
+    uint8_t seed[32];
+    int rc = kvti_chunk_seed(seed, h->ns, h->ns_len, h->layout_hash);
+    if (rc)
+      return rc;
+    if (memcmp(seed, h->parent, 32) != 0)
+      return KVT_ERR(KVT_ECORRUPT,
+                     "%s: first chunk whose parent is not its chain's seed",
+                     path);
+  }
+  kvti_ck base = h->index == 0 ? kvti_ck_seed(h->ns, h->ns_len) : *parent_ck;
+  memset(r, 0, sizeof *r);
+  memcpy(r->key, h->key, 32);
+  memcpy(r->parent, h->parent, 32);
+  r->ck = kvti_ck_next(base, h->tokens, h->n_tokens);
+  r->layout_hash = h->layout_hash;
+  r->index = h->index;
+  r->n_tokens = h->n_tokens;
+  int pure = h->n_layers == h->spill_layers;
+  for (uint32_t i = 0; pure && i < h->n_layers; i++)
+    pure = h->layers[i].kind != KVT_LAYER_ROTATING_KV;
+  r->pure = (uint8_t)pure;
+  r->disk_bytes = file_size;
+  r->mem_bytes = h->data_bytes;
+  return 0;
+}
+
 /* Pass 2 for one chunk (its parent already placed): the full row. */
 static int make_rec(kvti_chunkstore *cs, found *e, const kvti_ck *parent_ck,
                     kvti_chain_rec *r) {
@@ -144,31 +174,10 @@ static int make_rec(kvti_chunkstore *cs, found *e, const kvti_ck *parent_ck,
   struct stat st;
   if (kvti_io->fstat(fd, &st) != 0)
     rc = KVT_ERR_OS(errno, "fstat %s", path);
-  if (rc == 0 && e->index == 0) {
-    uint8_t seed[32];
-    rc = kvti_chunk_seed(seed, h.ns, h.ns_len, h.layout_hash);
-    if (rc == 0 && memcmp(seed, h.parent, 32) != 0)
-      rc =
-          KVT_ERR(KVT_ECORRUPT,
-                  "%s: first chunk whose parent is not its chain's seed", path);
-  }
-  if (rc == 0) {
-    kvti_ck base = e->index == 0 ? kvti_ck_seed(h.ns, h.ns_len) : *parent_ck;
-    memset(r, 0, sizeof *r);
-    memcpy(r->key, h.key, 32);
-    memcpy(r->parent, h.parent, 32);
-    r->ck = kvti_ck_next(base, h.tokens, h.n_tokens);
-    r->layout_hash = h.layout_hash;
-    r->index = h.index;
-    r->n_tokens = h.n_tokens;
-    int pure = h.n_layers == h.spill_layers;
-    for (uint32_t i = 0; pure && i < h.n_layers; i++)
-      pure = h.layers[i].kind != KVT_LAYER_ROTATING_KV;
-    r->pure = (uint8_t)pure;
-    r->disk_bytes = (uint64_t)st.st_size;
-    r->mem_bytes = h.data_bytes;
+  if (rc == 0)
+    rc = kvti_chunk_rec_of(r, &h, parent_ck, (uint64_t)st.st_size, path);
+  if (rc == 0)
     e->ck = r->ck;
-  }
   kvti_chunk_hdr_free(&h);
   kvti_close(fd);
   return rc;

@@ -226,7 +226,10 @@ static int lb_present(kvti_backend *b, const char *hash) {
 static int lb_describe(kvti_backend *b, char **json, const char *hash) {
   if (!kvti_is_hash_name(hash))
     return KVT_ERR(KVT_EINVAL, "invalid entry name");
-  return kvti_entry_describe(json, L(b)->data_dir, hash);
+  int rc = kvti_entry_describe(json, L(b)->data_dir, hash);
+  if (rc == KVT_ENOTFOUND && kvti_chainrec_present(L(b)->data_dir, hash) == 1)
+    return kvti_chainrec_describe(json, L(b)->data_dir, hash);
+  return rc;
 }
 
 typedef struct name_list {

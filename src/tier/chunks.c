@@ -15,6 +15,7 @@
 #include "base/io.h"
 #include "index/index.h"
 #include "store/chunked.h"
+#include "tier/chunk_tools.h"
 
 #include <string.h>
 
@@ -106,6 +107,7 @@ int kvti_tier_chunks_prepare(kvt_tier *t, kvti_chunked_prep *p,
 
 void kvti_tier_chunks_committed(kvt_tier *t, kvti_chunked_prep *p) {
   kvti_chunked_prep_commit(t->chunked, p);
+  kvti_tier_chunks_sweep_lazy(t); /* orphans: one chunks/<kk> at a time */
 }
 
 int kvti_tier_chunks_get(kvt_tier *t, kvt_entry **out, const char *hash,

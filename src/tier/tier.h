@@ -86,6 +86,8 @@ struct kvt_tier {
   struct kvti_hcache *hc;     /* host RAM cache (ramtier.h) */
   /* The chunked native store (chunks.h), NULL when chunk_tokens is 0. */
   struct kvti_chunked *chunked;
+  /* The writer's lazy sweep of chunks/ (chunk_tools.h), under mut_mu. */
+  unsigned chunk_sweep_calls, chunk_sweep_next;
   int chunks_rescanned; /* chain table rebuilt from the files (this open) */
 };
 

@@ -9,7 +9,7 @@ reference (tests/reference/make_ref_cache.py, when present), empty, missing,
 not a directory, not a cache.
 
 Usage: test_cli.py --kvtier PATH [--holder PATH] --src SRCDIR GROUP
-GROUP: help, errors, empty, good, corrupt, gc, reference, bench, live
+GROUP: help, errors, empty, good, corrupt, gc, chunks, reference, bench, live
 (live: `kvtier stats` reading the live counters of a running process,
 tests/cli/live_holder.c, given by --holder).
 Exit 0 pass, 1 fail, 77 skipped.  Data is generated (seeded), never
@@ -496,6 +496,138 @@ def t_gc():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def t_chunks():
+    """The chunked store through the CLI: chains in ls/show, totals and the
+    dedup ratio in stats, every chunk file verified (a damaged one
+    quarantined with every chain through it, never deleted), and gc's
+    cleaning of chunks/ (stale tmp removed, a valid orphan adopted, a
+    damaged one removed)."""
+    import sqlite3
+    base = tmpdir("chunks")
+    try:
+        j = run_json("bench", base, "--preset", "chat", "--quick", "--keep",
+                     "--no-disk", "--no-progress")
+        check(j.get("preset") == "chat", f"bench chat json: {j}")
+        pq = j.get("prefix_query", {})
+        check(pq.get("served_tokens", 0) >= 768 and pq.get("bit_exact"),
+              f"chat: prefix served bit-exact: {pq}")
+        check(0 < j.get("unaligned", {}).get("written_per_unique", 9) <= 2.0,
+              f"chat: unaligned writes/unique: {j.get('unaligned')}")
+        d = os.path.join(base, "chat-prefix")
+        state = tree_state(d)
+        es = entries(d)
+        check(len(es) == 4, f"chat-prefix: 4 entries, got {len(es)}")
+        C = es[0].get("chunk_tokens", 0) if es else 0
+        check(C >= 16, f"ls: chunk_tokens {C}")
+        for e in es:
+            want = e["num_tokens"] // C if C else -1
+            check(e.get("chain_chunks") == want and e.get("chain_complete"),
+                  f"ls: chain of {want} chunks: {e}")
+            check(e.get("shared_chunks") == 1024 // C,
+                  f"ls: the system prompt's chunks are shared: {e}")
+        rc, out, _ = run("ls", d)
+        check(rc == 0 and "CHAIN" in out and "SHARED" in out, "ls table")
+        h = es[0]["token_hash"]
+        sj = run_json("show", d, h[:12])
+        ch = sj.get("chain") or {}
+        links = ch.get("links", [])
+        check(len(links) == es[0]["num_tokens"] // C and ch.get("complete"),
+              f"show: chain links {len(links)}")
+        check([k["index"] for k in links] == list(range(len(links))),
+              "show: links in chain order")
+        check(all(links[i]["parent"] == links[i - 1]["key"]
+                  for i in range(1, len(links))), "show: parent links")
+        check(links and links[0]["entries"] == 4 and links[-1]["entries"] == 1,
+              f"show: sharing {[k['entries'] for k in links]}")
+        rc, out, _ = run("show", d, h)
+        check(rc == 0 and "chain " in out and links and links[0]["key"] in out,
+              "show: chain table")
+        st = run_json("stats", d)
+        nch = 1024 // C + 4 * (256 // C)
+        check(st.get("chunks", {}).get("count") == nch,
+              f"stats: {nch} chunks: {st.get('chunks')}")
+        ratio = st.get("dedup", {}).get("ratio", 0)
+        check(ratio > 1.5, f"stats: dedup ratio {ratio}")
+        rc, out, _ = run("stats", d)
+        check(rc == 0 and "dedup" in out, "stats: dedup line")
+        rc, out, _ = run("stats", d, "--prometheus")
+        check(rc == 0 and f"kvtier_chunks {nch}" in out and
+              "kvtier_chained_entries 4" in out, "stats --prometheus: chunks")
+        v = run_json("verify", d)
+        check(v.get("clean") and v.get("chunks_checked") == nch,
+              f"verify clean: {v}")
+        check(tree_state(d) == state, "ls/show/stats/verify changed nothing")
+
+        # gc of chunks/: a stale tmp, a valid orphan (its row deleted, its
+        # parent indexed), a damaged orphan.
+        leaf = links[-1]["key"]
+        db = sqlite3.connect(os.path.join(d, "index.db"))
+        db.execute("DELETE FROM kvtier_chunks WHERE chunk_key = ?",
+                   (bytes.fromhex(leaf),))
+        db.commit()
+        db.close()
+        tmp = os.path.join(d, "chunks", leaf[:2], leaf + ".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(b"x" * 100)
+        junk = "ab" * 32
+        os.makedirs(os.path.join(d, "chunks", "ab"), exist_ok=True)
+        with open(os.path.join(d, "chunks", "ab", junk + ".kvc"), "wb") as fh:
+            fh.write(b"KVTCHUNK" + b"\0" * 200)
+        state = tree_state(d)
+        g = run_json("gc", d, "--chunks", "--dry-run")
+        gc_ = g.get("chunks", {})
+        check(gc_.get("tmp_removed") == 1 and gc_.get("adopted") == 1 and
+              gc_.get("removed") == 1, f"gc --chunks --dry-run: {gc_}")
+        check(tree_state(d) == state, "gc dry run changed nothing")
+        v = run_json("verify", d, expect=1)
+        kinds = {p["problem"] for p in v.get("problems", [])}
+        check({"chunk-orphan", "chunk-stale-tmp"} <= kinds,
+              f"verify reports chunks/ problems: {kinds}")
+        g = run_json("gc", d, "--chunks")
+        gc_ = g.get("chunks", {})
+        check(gc_.get("tmp_removed") == 1 and gc_.get("adopted") == 1 and
+              gc_.get("removed") == 1, f"gc --chunks: {gc_}")
+        check(not os.path.exists(tmp), "stale tmp removed")
+        check(not os.path.exists(os.path.join(d, "chunks", "ab",
+                                              junk + ".kvc")),
+              "damaged orphan removed")
+        check(os.path.exists(os.path.join(d, "chunks", leaf[:2],
+                                          leaf + ".kvc")),
+              "valid orphan kept (adopted)")
+        st = run_json("stats", d)
+        check(st.get("chunks", {}).get("count") == nch, "adopted: indexed")
+        v = run_json("verify", d)
+        check(v.get("clean") is True, f"clean after gc: {v.get('problems')}")
+
+        # A damaged shared chunk: verify finds it; --repair quarantines it
+        # with every chunk below it and every entry through it.
+        bad = links[len(links) - 2]["key"]  # the last shared chunk
+        p = os.path.join(d, "chunks", bad[:2], bad + ".kvc")
+        with open(p, "r+b") as fh:
+            fh.seek(-1, 2)
+            b = fh.read(1)
+            fh.seek(-1, 2)
+            fh.write(bytes([b[0] ^ 0x55]))
+        v = run_json("verify", d, expect=1)
+        probs = [x for x in v.get("problems", [])
+                 if x["problem"] == "chunk-corrupt"]
+        check(len(probs) == 1 and bad in probs[0]["entry"],
+              f"verify: the damaged chunk: {v.get('problems')}")
+        v = run_json("verify", d, "--repair", expect=1)
+        check(any(x["problem"] == "chunk-corrupt" and
+                  x["action"] == "quarantined" for x in v.get("problems", [])),
+              f"verify --repair quarantines: {v.get('problems')}")
+        qd = os.path.join(d, "quarantine", "chunk-" + bad)
+        kept = set(os.listdir(qd)) if os.path.isdir(qd) else set()
+        check(bad + ".kvc" in kept and len(kept) == 1 + 4,
+              f"quarantine keeps the chunk and the 4 below it: {kept}")
+        check(len(entries(d)) == 0, "every entry through it quarantined")
+        v = run_json("verify", d)
+        check(v.get("clean") is True, f"clean after repair: {v}")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def t_reference():
     maker = os.path.join(SRC, "tests", "reference", "make_ref_cache.py")
     if not os.path.exists(maker):
@@ -815,6 +947,7 @@ def t_reindex():
 
 GROUPS = {"help": t_help, "errors": t_errors, "empty": t_empty,
           "good": t_good, "corrupt": t_corrupt, "gc": t_gc,
+          "chunks": t_chunks,
           "reference": t_reference, "bench": t_bench, "live": t_live,
           "reindex": t_reindex}
 

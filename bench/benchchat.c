@@ -1,0 +1,493 @@
+/*
+ * benchchat.c - the chat workload of the chunked native store (see
+ * benchchat.h), through the public API only: each workload opens its own
+ * tier in a fresh directory under the scratch directory, spills as vllm-mlx's
+ * scheduler does (the whole prompt on every eviction, copy mode), and reads
+ * kvt_stats for what was written (spill_bytes: entry and chunk files) and
+ * what is on disk (disk_bytes: entries + chunks, each chunk once). The KV of
+ * a conversation is a deterministic "model": row t of every layer depends
+ * only on token t and its position, so shared prefixes have identical KV, as
+ * they do in an engine, and anything served can be checked bit for bit.
+ */
+#define _GNU_SOURCE 1
+#include "benchchat.h"
+
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define HEADS 8
+#define DIM 128
+
+/* rm -rf without following symlinks (kvt_benchutil carries no test
+ * helpers: `kvtier bench` links it too). */
+static int rm_one(const char *p, const struct stat *st, int flag,
+                  struct FTW *f) {
+  (void)st;
+  (void)f;
+  return flag == FTW_DP ? rmdir(p) : unlink(p);
+}
+static void rm_tree(const char *p) {
+  nftw(p, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static void say(const bu_chat_opts *o, const char *msg) {
+  if (o->step)
+    o->step(o->step_ctx, msg);
+}
+
+static void fill_row(uint16_t *row, uint32_t tensor, int h, int32_t tok,
+                     size_t pos) {
+  uint64_t x = (uint64_t)(uint32_t)tok * 0x9e3779b97f4a7c15ull ^
+               (uint64_t)pos << 20 ^ (uint64_t)tensor << 44 ^ (uint64_t)h << 56;
+  for (int i = 0; i < DIM; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    row[i] = (uint16_t)(0x3c00 | (x & 0x3ff)); /* f16 in [1, 2) */
+  }
+}
+
+/* The layers of tokens[0, n): fp16 KV [1, HEADS, n, DIM], offset n. */
+typedef struct conv {
+  kvt_layer *l;
+  kvt_tensor *t;
+  uint32_t layers;
+  uint64_t bytes;
+} conv;
+
+static int conv_make(conv *c, const int32_t *tok, size_t n, uint32_t layers) {
+  memset(c, 0, sizeof *c);
+  c->layers = layers;
+  c->l = calloc(layers, sizeof *c->l);
+  c->t = calloc((size_t)layers * 2, sizeof *c->t);
+  if (!c->l || !c->t)
+    return -1;
+  for (uint32_t L = 0; L < layers; L++) {
+    kvt_layer_init(&c->l[L], KVT_LAYER_KV);
+    c->l[L].num_tensors = 2;
+    c->l[L].tensors = &c->t[2 * L];
+    c->l[L].offset = (int64_t)n;
+    for (uint32_t k = 0; k < 2; k++) {
+      kvt_tensor *t = &c->t[2 * L + k];
+      t->dtype = KVT_DTYPE_F16;
+      t->ndim = 4;
+      t->shape[0] = 1;
+      t->shape[1] = HEADS;
+      t->shape[2] = (int64_t)n;
+      t->shape[3] = DIM;
+      t->nbytes = (uint64_t)HEADS * n * DIM * 2;
+      t->data = malloc(t->nbytes ? t->nbytes : 1);
+      if (!t->data)
+        return -1;
+      for (int h = 0; h < HEADS; h++)
+        for (size_t p = 0; p < n; p++)
+          fill_row((uint16_t *)t->data + ((size_t)h * n + p) * DIM, 2 * L + k,
+                   h, tok[p], p);
+      c->bytes += t->nbytes;
+    }
+  }
+  return 0;
+}
+
+static void conv_free(conv *c) {
+  for (uint32_t i = 0; c->t && i < c->layers * 2; i++)
+    free(c->t[i].data);
+  free(c->t);
+  free(c->l);
+  memset(c, 0, sizeof *c);
+}
+
+/* 1 when entry e holds exactly the KV of c (the same tokens). */
+static int same_kv(const kvt_entry *e, const conv *c) {
+  if (kvt_entry_num_layers(e) != c->layers)
+    return 0;
+  for (uint32_t L = 0; L < c->layers; L++) {
+    const kvt_layer *l = kvt_entry_layer(e, L);
+    if (!l || l->num_tensors != 2)
+      return 0;
+    for (uint32_t k = 0; k < 2; k++)
+      if (l->tensors[k].nbytes != c->l[L].tensors[k].nbytes ||
+          memcmp(l->tensors[k].data, c->l[L].tensors[k].data,
+                 (size_t)c->l[L].tensors[k].nbytes) != 0)
+        return 0;
+  }
+  return 1;
+}
+
+static kvt_tier *tier_open(bu_chat_result *r, const char *dir, uint32_t C,
+                           int durable) {
+  kvt_options o;
+  kvt_options_init(&o, KVT_OPTIONS_VERSION);
+  o.cache_dir = dir;
+  o.chunk_tokens = C;
+  o.durability = durable ? KVT_DURABILITY_FSYNC : KVT_DURABILITY_NONE;
+  o.max_size_gb = 1024;
+  o.max_entries = 1 << 20;
+  o.host_cache_bytes = 0; /* the disk path is what is measured */
+  kvt_tier *t = NULL;
+  if (kvt_tier_open(&t, &o) != 0 || kvt_tier_start_writer(t) != 0) {
+    snprintf(r->error, sizeof r->error, "open %s: %s", dir, kvt_last_error());
+    kvt_tier_free(t);
+    return NULL;
+  }
+  return t;
+}
+
+static char *subdir(const char *base, const char *tag) {
+  size_t n = strlen(base) + strlen(tag) + 2;
+  char *p = malloc(n);
+  if (p) {
+    snprintf(p, n, "%s/%s", base, tag);
+    rm_tree(p);
+    mkdir(p, 0700);
+  }
+  return p;
+}
+
+/* Spills tokens[0, n) (KV built for them) and waits until it is written. */
+static int spill(bu_chat_result *r, kvt_tier *t, const int32_t *tok, size_t n,
+                 uint32_t layers) {
+  conv c;
+  int rc = conv_make(&c, tok, n, layers) == 0 ? 0 : KVT_ENOMEM;
+  if (rc == 0)
+    rc = kvt_tier_spill(t, tok, n, c.l, layers, c.bytes);
+  if (rc == 0)
+    rc = kvt_tier_flush(t, -1);
+  conv_free(&c);
+  if (rc)
+    snprintf(r->error, sizeof r->error, "spill of %zu tokens: %s", n,
+             kvt_last_error());
+  return rc;
+}
+
+static void stats_of(kvt_tier *t, kvt_stats *s) {
+  kvt_stats_init(s, KVT_STATS_VERSION);
+  kvt_tier_stats(s, t);
+}
+
+/* A multi-turn chat: turn k adds lens[k] tokens and spills the whole
+ * conversation. */
+static int multi_turn(bu_chat_result *r, const bu_chat_opts *o, const char *tag,
+                      const size_t *lens, int turns, int32_t base,
+                      bu_chat_mt *mt) {
+  char *dir = subdir(o->dir, tag);
+  kvt_tier *t = dir ? tier_open(r, dir, r->chunk_tokens, 0) : NULL;
+  int rc = t ? 0 : -1;
+  size_t total = 0;
+  for (int k = 0; k < turns; k++)
+    total += lens[k];
+  int32_t *tok = malloc((total ? total : 1) * sizeof *tok);
+  if (!tok)
+    rc = -1;
+  for (size_t i = 0; tok && i < total; i++)
+    tok[i] = base + (int32_t)((i * 7919u) % 30000u);
+  size_t n = 0;
+  for (int k = 0; rc == 0 && k < turns; k++) {
+    n += lens[k];
+    rc = spill(r, t, tok, n, r->layers);
+  }
+  if (rc == 0) {
+    kvt_stats s;
+    stats_of(t, &s);
+    mt->turns = turns;
+    mt->tokens = n;
+    mt->written = s.spill_bytes;
+    mt->disk = s.disk_bytes;
+    mt->per_token = n ? (double)s.spill_bytes / (double)n : 0;
+    double unique = (double)n * (double)r->kv_per_token;
+    mt->written_per_unique = unique > 0 ? (double)s.spill_bytes / unique : 0;
+    mt->disk_per_unique = unique > 0 ? (double)s.disk_bytes / unique : 0;
+  }
+  free(tok);
+  kvt_tier_free(t);
+  if (dir && !o->keep)
+    rm_tree(dir);
+  free(dir);
+  return rc;
+}
+
+/* convs conversations over one 1024-token system prompt, then a new prompt =
+ * the system prompt + 300 tokens: lookup_prefix + read_entry (the drop-in's
+ * _read_entry(prompt[:m], file_path)), the served KV checked. */
+static int prefix_query(bu_chat_result *r, const bu_chat_opts *o) {
+  enum { SYS = 1024, OWN = 256, NEW = 300 };
+  char *dir = subdir(o->dir, "chat-prefix");
+  kvt_tier *t = dir ? tier_open(r, dir, r->chunk_tokens, 0) : NULL;
+  int rc = t ? 0 : -1;
+  int32_t tok[SYS + (OWN > NEW ? OWN : NEW)];
+  for (int i = 0; i < SYS; i++)
+    tok[i] = 100 + i;
+  for (int c = 0; rc == 0 && c < o->convs; c++) {
+    for (int i = 0; i < OWN; i++)
+      tok[SYS + i] = 20000 + c * 300 + i;
+    rc = spill(r, t, tok, SYS + OWN, r->layers);
+  }
+  if (rc == 0) {
+    kvt_stats s;
+    stats_of(t, &s);
+    r->shared_disk_per_unique =
+        (double)s.disk_bytes /
+        ((double)(SYS + o->convs * OWN) * (double)r->kv_per_token);
+  }
+  for (int i = 0; i < NEW; i++)
+    tok[SYS + i] = 90000 + i;
+  r->prefix_query_tokens = SYS + NEW;
+  r->prefix_exact = -1;
+  kvt_entry_info info;
+  if (rc == 0 && kvt_tier_lookup_prefix(&info, t, tok, SYS + NEW) == 0) {
+    kvt_entry *e = NULL;
+    r->prefix_served = info.num_tokens;
+    if (kvt_tier_read_entry(&e, t, tok, (size_t)info.num_tokens,
+                            info.token_hash) == 0) {
+      conv ref;
+      if (conv_make(&ref, tok, (size_t)info.num_tokens, r->layers) == 0)
+        r->prefix_exact = same_kv(e, &ref);
+      conv_free(&ref);
+      kvt_entry_free(e);
+    } else {
+      snprintf(r->error, sizeof r->error, "read of the %llu-token prefix: %s",
+               (unsigned long long)info.num_tokens, kvt_last_error());
+      rc = -1;
+    }
+  }
+  kvt_tier_free(t);
+  if (dir && !o->keep)
+    rm_tree(dir);
+  free(dir);
+  return rc;
+}
+
+/* fio with the first engine that works here (io_uring, libaio, psync). */
+static int fio_run(bu_chat_result *r, double *bw, const char *file,
+                   const char *rw, uint64_t size) {
+  static const char *engines[] = {"io_uring", "libaio", "psync"};
+  for (int i = 0; i < 3; i++) {
+    if (r->fio_engine[0] && strcmp(r->fio_engine, engines[i]) != 0)
+      continue;
+    bu_fio_job j = {
+        file, rw, 1, 1u << 20, size, 8, engines[i], !strcmp(rw, "write"), 1, 1};
+    if (bu_fio(bw, &j) == 0) {
+      snprintf(r->fio_engine, sizeof r->fio_engine, "%s", engines[i]);
+      char *job = !strcmp(rw, "write") ? r->fio_write_job : r->fio_read_job;
+      snprintf(job, 512,
+               "fio --name=kvtbench --filename=%s --rw=%s --bs=1M "
+               "--size=%llu --direct=1 --ioengine=%s --iodepth=8 "
+               "--end_fsync=%d --invalidate=1 --numjobs=1",
+               file, rw, (unsigned long long)size, engines[i],
+               !strcmp(rw, "write"));
+      return 0;
+    }
+  }
+  return -1;
+}
+
+/* Rounds of: fio O_DIRECT write of the entries' bytes, the durable spill of
+ * `entries` 256-token Llama-3-8B-shaped entries (writer throughput:
+ * spill_latency_sum), fio O_DIRECT read, then their cold promote (files
+ * fsynced and evicted from the page cache first). */
+static int spill_promote(bu_chat_result *r, const bu_chat_opts *o) {
+  enum { MAXR = 16 };
+  double sb[MAXR], fw[MAXR], sr[MAXR], pb[MAXR], frd[MAXR], pr[MAXR];
+  int rounds = o->rounds < 1 ? 1 : o->rounds > MAXR ? MAXR : o->rounds;
+  int ne = o->entries < 1 ? 1 : o->entries;
+  bu_workload *w = calloc((size_t)ne, sizeof *w);
+  if (!w)
+    return -1;
+  for (int i = 0; i < ne; i++)
+    bu_workload_make(&w[i], 32, 0, KVT_DTYPE_F16, 8, 256, 128,
+                     (int32_t)(o->seed * 1000 + (uint64_t)i * 7 + 1));
+  r->spill_entry_bytes = w[0].bytes;
+  uint64_t total = w[0].bytes * (uint64_t)ne;
+  r->have_fio = o->fio && bu_have_fio();
+  r->promote_exact = 1;
+  int rc = 0, k;
+  char fio_file[4200];
+  snprintf(fio_file, sizeof fio_file, "%s/fio.dat", o->dir);
+  for (k = 0; rc == 0 && k < rounds; k++) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "spill/promote round %d of %d", k + 1, rounds);
+    say(o, msg);
+    fw[k] = frd[k] = 0;
+    if (r->have_fio && fio_run(r, &fw[k], fio_file, "write", total) != 0)
+      r->have_fio = 0;
+    char tag[32];
+    snprintf(tag, sizeof tag, "chat-spill-%d", k);
+    char *dir = subdir(o->dir, tag);
+    kvt_tier *t = dir ? tier_open(r, dir, r->chunk_tokens, 1) : NULL;
+    if (!t) {
+      rc = -1;
+      free(dir);
+      break;
+    }
+    kvt_stats s0, s1;
+    stats_of(t, &s0);
+    for (int i = 0; rc == 0 && i < ne; i++) {
+      rc = kvt_tier_spill(t, w[i].tokens, w[i].n_tokens, w[i].layers,
+                          w[i].n_layers, w[i].bytes);
+      if (rc == 0)
+        rc = kvt_tier_flush(t, -1);
+      if (rc)
+        snprintf(r->error, sizeof r->error, "durable spill: %s",
+                 kvt_last_error());
+    }
+    stats_of(t, &s1);
+    double busy = s1.spill_latency_sum - s0.spill_latency_sum;
+    sb[k] = busy > 0 ? (double)total / busy : 0;
+    if (r->have_fio && fio_run(r, &frd[k], fio_file, "read", total) != 0)
+      r->have_fio = 0;
+    unlink(fio_file);
+    /* Cold: every file of the cache fsynced and dropped from the cache. */
+    char sub[4400];
+    snprintf(sub, sizeof sub, "%s/chunks", dir);
+    bu_drop_cache_tree(sub);
+    snprintf(sub, sizeof sub, "%s/data", dir);
+    bu_drop_cache_tree(sub);
+    double busy_p = 0;
+    for (int i = 0; rc == 0 && i < ne; i++) {
+      kvt_entry *e = NULL;
+      double t0 = bu_now();
+      rc = kvt_tier_promote(&e, t, w[i].tokens, w[i].n_tokens, NULL);
+      busy_p += bu_now() - t0;
+      if (rc) {
+        snprintf(r->error, sizeof r->error, "cold promote: %s",
+                 kvt_last_error());
+        break;
+      }
+      for (uint32_t L = 0; L < w[i].n_layers; L++) {
+        const kvt_layer *l = kvt_entry_layer(e, L);
+        for (uint32_t j = 0; l && j < l->num_tensors; j++)
+          if (l->tensors[j].nbytes != w[i].layers[L].tensors[j].nbytes ||
+              memcmp(l->tensors[j].data, w[i].layers[L].tensors[j].data,
+                     (size_t)l->tensors[j].nbytes))
+            r->promote_exact = 0;
+      }
+      kvt_entry_free(e);
+    }
+    pb[k] = busy_p > 0 ? (double)total / busy_p : 0;
+    sr[k] = fw[k] > 0 ? sb[k] / fw[k] : 0;
+    pr[k] = frd[k] > 0 ? pb[k] / frd[k] : 0;
+    kvt_tier_free(t);
+    rm_tree(dir);
+    free(dir);
+  }
+  r->spill_rounds = k;
+  if (rc == 0 && k > 0) {
+    r->spill_bps = bu_median(sb, k);
+    r->fio_write_bps = bu_median(fw, k);
+    r->spill_ratio = bu_median(sr, k);
+    r->promote_bps = bu_median(pb, k);
+    r->fio_read_bps = bu_median(frd, k);
+    r->promote_ratio = bu_median(pr, k);
+  }
+  for (int i = 0; i < ne; i++)
+    bu_workload_free(&w[i]);
+  free(w);
+  if (rc == 0 && !r->promote_exact) {
+    snprintf(r->error, sizeof r->error,
+             "a promoted entry differs from what was spilled");
+    rc = -1;
+  }
+  return rc;
+}
+
+int bu_chat_run(bu_chat_result *r, const bu_chat_opts *o) {
+  memset(r, 0, sizeof *r);
+  kvt_options d;
+  kvt_options_init(&d, KVT_OPTIONS_VERSION);
+  r->chunk_tokens = o->chunk_tokens  ? o->chunk_tokens
+                    : d.chunk_tokens ? d.chunk_tokens
+                                     : 256;
+  r->layers = o->layers ? o->layers : 8;
+  r->kv_per_token = (uint64_t)r->layers * 2 * HEADS * DIM * 2;
+  /* Aligned: every turn one chunk, so each spill ends on a boundary. */
+  int at = o->aligned_turns > 0 ? o->aligned_turns : 8;
+  int ut = o->turns > 0 ? o->turns : 20;
+  size_t *lens = calloc((size_t)(at > ut ? at : ut), sizeof *lens);
+  if (!lens) {
+    snprintf(r->error, sizeof r->error, "out of memory");
+    return -1;
+  }
+  for (int k = 0; k < at; k++)
+    lens[k] = r->chunk_tokens;
+  say(o, "aligned multi-turn chat");
+  int rc = multi_turn(r, o, "chat-aligned", lens, at, 30000, &r->aligned);
+  /* Unaligned: seeded turns of 50-300 tokens. */
+  uint64_t x = o->seed * 6364136223846793005ull + 1442695040888963407ull;
+  for (int k = 0; k < ut; k++) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    lens[k] = 50 + (size_t)((x >> 33) % 251);
+  }
+  if (rc == 0) {
+    say(o, "unaligned multi-turn chat");
+    rc = multi_turn(r, o, "chat-unaligned", lens, ut, 60000, &r->unaligned);
+  }
+  free(lens);
+  if (rc == 0) {
+    say(o, "shared system prompt and prefix query");
+    rc = prefix_query(r, o);
+  }
+  if (rc == 0 && r->prefix_exact == 0) {
+    snprintf(r->error, sizeof r->error,
+             "the served prefix differs from what was spilled");
+    rc = -1;
+  }
+  if (rc == 0 && o->entries > 0 && o->rounds > 0)
+    rc = spill_promote(r, o);
+  return rc ? -1 : 0;
+}
+
+static void mt_line(FILE *f, const char *name, const bu_chat_mt *m,
+                    uint64_t kvpt) {
+  fprintf(f,
+          "%-22s %3d turns, %5llu tokens: %8.0f B written per new token "
+          "(%.3f x its KV of %llu B), writes/unique %.3fx, disk/unique "
+          "%.3fx\n",
+          name, m->turns, (unsigned long long)m->tokens, m->per_token,
+          kvpt ? m->per_token / (double)kvpt : 0, (unsigned long long)kvpt,
+          m->written_per_unique, m->disk_per_unique);
+}
+
+void bu_chat_print(const bu_chat_result *r, FILE *f) {
+  fprintf(f,
+          "chat workload: chunk_tokens %u, %u-layer fp16 KV (8 heads x 128, "
+          "%llu B per token)\n",
+          r->chunk_tokens, r->layers, (unsigned long long)r->kv_per_token);
+  mt_line(f, "aligned multi-turn", &r->aligned, r->kv_per_token);
+  mt_line(f, "unaligned multi-turn", &r->unaligned, r->kv_per_token);
+  fprintf(f,
+          "prefix query           %llu of %llu tokens served (system prompt "
+          "1024 + 300 new)%s; shared-prompt disk/unique %.3fx\n",
+          (unsigned long long)r->prefix_served,
+          (unsigned long long)r->prefix_query_tokens,
+          r->prefix_exact > 0    ? ", bit-exact"
+          : r->prefix_exact == 0 ? ", MISMATCH"
+                                 : "",
+          r->shared_disk_per_unique);
+  if (!r->spill_rounds)
+    return;
+  fprintf(f, "256-token Llama-3-8B entries (%.2f MiB), median of %d rounds:\n",
+          (double)r->spill_entry_bytes / 1048576.0, r->spill_rounds);
+  if (r->have_fio) {
+    fprintf(f,
+            "  spill (durable, writer) %8.1f MiB/s  fio O_DIRECT write %8.1f "
+            "MiB/s  ratio %.2f (target 0.85)\n",
+            r->spill_bps / 1048576.0, r->fio_write_bps / 1048576.0,
+            r->spill_ratio);
+    fprintf(f,
+            "  promote (cold)          %8.1f MiB/s  fio O_DIRECT read  %8.1f "
+            "MiB/s  ratio %.2f (target 0.85)\n",
+            r->promote_bps / 1048576.0, r->fio_read_bps / 1048576.0,
+            r->promote_ratio);
+    fprintf(f, "  fio jobs: %s\n            %s\n", r->fio_write_job,
+            r->fio_read_job);
+  } else {
+    fprintf(f,
+            "  spill (durable, writer) %8.1f MiB/s, promote (cold) %8.1f "
+            "MiB/s (fio not run: no ratios)\n",
+            r->spill_bps / 1048576.0, r->promote_bps / 1048576.0);
+  }
+}

@@ -1,0 +1,73 @@
+/*
+ * benchchat.h - the chat workload of the chunked native store (issue 13),
+ * measured in one run through the public API only, shared by
+ * `kvtier bench --preset chat` (tools/cmd_bench_chat.c) and
+ * bench/bench_chunked: bytes written per new token and disk bytes / unique KV
+ * for an aligned multi-turn chat (every turn ends on a chunk boundary) and an
+ * unaligned one (seeded turns of 50-300 tokens); tokens served to a prefix
+ * query (a shared system prompt + new tokens, the KV checked bit for bit);
+ * a durable spill of 256-token Llama-3-8B-shaped entries against fio's
+ * O_DIRECT write and their cold promote against fio's O_DIRECT read, both
+ * limits measured right before in the same round (medians of per-round
+ * ratios). Part of kvt_benchutil.
+ */
+#ifndef KVT_BENCHCHAT_H
+#define KVT_BENCHCHAT_H
+
+#include "benchutil.h"
+
+#include <stdio.h>
+
+typedef struct bu_chat_opts {
+  const char *dir;       /* scratch directory (caches are made inside) */
+  uint32_t chunk_tokens; /* 0: the library default (256 when that is 0) */
+  uint32_t layers;       /* chat workloads: fp16 KV layers (8 heads x 128) */
+  int turns;             /* unaligned chat: turns of 50-300 tokens */
+  int aligned_turns;     /* aligned chat: turns of one chunk each */
+  int convs;             /* prefix workload: conversations sharing the prompt */
+  int entries;           /* 256-token Llama-3-8B entries per round */
+  int rounds;            /* spill/promote rounds (median) */
+  int fio;               /* 0: skip the disk limits */
+  uint64_t seed;
+  int keep;                                 /* keep the chat caches */
+  void (*step)(void *ctx, const char *msg); /* progress (may be NULL) */
+  void *step_ctx;
+} bu_chat_opts;
+
+typedef struct bu_chat_mt {
+  int turns;
+  uint64_t tokens;           /* of the final conversation */
+  uint64_t written;          /* bytes written by all spills */
+  uint64_t disk;             /* bytes on disk at the end */
+  double per_token;          /* written / tokens */
+  double written_per_unique; /* written / (tokens * KV bytes per token) */
+  double disk_per_unique;
+} bu_chat_mt;
+
+typedef struct bu_chat_result {
+  uint32_t chunk_tokens, layers;
+  uint64_t kv_per_token; /* bytes of KV per token (chat workloads) */
+  bu_chat_mt aligned, unaligned;
+  /* prefix query: convs x (system prompt 1024 + 256 own), then a new
+   * prompt = the system prompt + 300 tokens */
+  uint64_t prefix_query_tokens, prefix_served;
+  int prefix_exact; /* 1: served KV bit-exact, 0: differs, -1: none */
+  double shared_disk_per_unique;
+  /* spill / cold promote of 256-token Llama-3-8B entries vs fio */
+  int have_fio, spill_rounds;
+  uint64_t spill_entry_bytes;
+  double spill_bps, fio_write_bps, spill_ratio;
+  double promote_bps, fio_read_bps, promote_ratio;
+  int promote_exact;
+  char fio_engine[32];
+  char fio_write_job[512], fio_read_job[512];
+  char error[512]; /* when bu_chat_run failed */
+} bu_chat_result;
+
+/* Runs every workload. Returns 0, or -1 with r->error set (a spill, lookup
+ * or promote failed, or served data differed). */
+int bu_chat_run(bu_chat_result *r, const bu_chat_opts *o);
+/* The report, one line per figure. */
+void bu_chat_print(const bu_chat_result *r, FILE *f);
+
+#endif

@@ -1,0 +1,20 @@
+/*
+ * chunk_tools.h - the tools' side of the chunked native store inside the tier
+ * (chunk_tools.c implements kvt_tier_chunk_foreach, kvt_tier_entry_chain,
+ * kvt_tier_chunk_totals, kvt_tier_chunk_verify and kvt_tier_chunk_gc of
+ * include/kvtier.h) and the writer's lazy orphan sweep declared here.
+ */
+#ifndef KVT_TIER_CHUNK_TOOLS_H
+#define KVT_TIER_CHUNK_TOOLS_H
+
+#include "tier/tier.h"
+
+/* After a chunked spill (writer, mut_mu held): every KVTI_CHUNK_SWEEP_EVERY
+ * calls, cleans one subdirectory of chunks/ (round robin) as
+ * kvt_tier_chunk_gc does - stale *.tmp removed, orphans adopted or removed -
+ * so orphans left by a crash go without open ever listing chunks/. Errors are
+ * logged, never returned (the spill succeeded). */
+#define KVTI_CHUNK_SWEEP_EVERY 64u
+void kvti_tier_chunks_sweep_lazy(kvt_tier *t);
+
+#endif
