@@ -121,6 +121,11 @@ static void test_record_entry(void) {
   CHECK_EQ_INT(kvt_entry_layer(e, 0)->tensors[0].shape[2], 40);
   kvt_entry_free(e);
   CHECK(kvt_tier_verify(t, h, 0) == 0);
+  char *dj = NULL; /* describe (the CLI's show) of a record entry */
+  REQUIRE(kvt_tier_describe(&dj, t, h) == 0);
+  CHECK(strstr(dj, "\"chain-record\"") != NULL);
+  CHECK(strstr(dj, "\"num_tokens\":64") != NULL);
+  kvt_free(dj);
   /* The same tokens with spare rows: a tail entry replaces the record... */
   spill(t, a, 64, 80);
   CHECK(entry_files(dir, a, 64, &rec) > 1);
