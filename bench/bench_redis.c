@@ -86,6 +86,221 @@ static double rb_rps(int port, const char *test, size_t value, int n) {
   return rps;
 }
 
+/* 4 KV layers of F16 [1, 8, T, 128], data allocated (not filled). */
+static void kv_layers(kvt_layer layers[4], kvt_tensor tens[4][2], int T) {
+  for (int l = 0; l < 4; l++) {
+    kvt_layer_init(&layers[l], KVT_LAYER_KV);
+    layers[l].tensors = tens[l];
+    layers[l].num_tensors = 2;
+    layers[l].offset = T;
+    for (int k = 0; k < 2; k++) {
+      kvt_tensor *t = &tens[l][k];
+      memset(t, 0, sizeof *t);
+      t->dtype = KVT_DTYPE_F16;
+      t->ndim = 4;
+      t->shape[0] = 1;
+      t->shape[1] = 8;
+      t->shape[2] = T;
+      t->shape[3] = 128;
+      t->nbytes = (uint64_t)8 * T * 128 * 2;
+      t->data = malloc(t->nbytes);
+    }
+  }
+}
+
+/* ---- chunks shared between nodes (docs/REMOTE.md "Chunks") ----
+ * 8 conversations = one 1024-token system prompt + 256 own tokens, 4 layers
+ * of F16 [1, 8, T, 128] (16 KiB per token), KV rows a function of (token,
+ * position) as a real model's shared prefix is. Measured in one run on one
+ * server: node A's remote-only spill chunked (chunk_tokens 256) against
+ * whole entries (chunk_tokens 0): bytes sent and time; node B's promotes of
+ * them (chunked: the first fetches 5 chunks + its tail, the next ones only
+ * their own chunk + tail; whole: every entry whole); prefix lookups of the
+ * system prompt + 100 new tokens on a node that has none of it. */
+enum { CB_SYS = 1024, CB_OWN = 256, CB_CONV = 8, CB_L = 4 };
+
+static void cb_fill(kvt_layer *layers, const int32_t *tok, int n) {
+  for (int l = 0; l < CB_L; l++) {
+    layers[l].offset = n;
+    for (int k = 0; k < 2; k++) {
+      kvt_tensor *t = &layers[l].tensors[k];
+      t->shape[2] = n;
+      t->nbytes = (uint64_t)8 * n * 128 * 2;
+      uint16_t *d = t->data;
+      for (int h = 0; h < 8; h++)
+        for (int i = 0; i < n; i++)
+          for (int j = 0; j < 128; j++)
+            d[((size_t)h * n + i) * 128 + j] =
+                (uint16_t)((uint32_t)tok[i] * 2654435761u +
+                           (uint32_t)i * 40503u +
+                           (uint32_t)(h * 131 + j * 7 + l * 1009 + k * 17)) &
+                0x3bff;
+    }
+  }
+}
+
+static void cb_tokens(int32_t *tok, int conv) {
+  for (int i = 0; i < CB_SYS; i++)
+    tok[i] = 100 + i;
+  for (int i = 0; i < CB_OWN; i++)
+    tok[CB_SYS + i] = 20000 + conv * 1000 + i;
+}
+
+static int chunk_bench(const char *url) {
+  const int n = CB_SYS + CB_OWN;
+  kvt_layer layers[CB_L];
+  kvt_tensor tens[CB_L][2];
+  kv_layers(layers, tens, n);
+  int32_t tok[CB_SYS + CB_OWN];
+  uint64_t ebytes = (uint64_t)n * CB_L * 2 * 8 * 128 * 2;
+  double spill_s[2] = {0, 0}, prom_s[2][2] = {{0, 0}, {0, 0}};
+  uint64_t sent[2] = {0, 0}, fetched[2] = {0, 0};
+  int ok = 1;
+  for (int mode = 0; mode < 2; mode++) { /* 0: chunked, 1: whole entries */
+    char dirA[300], pre[16];
+    snprintf(dirA, sizeof dirA, "%s/cha%d", g_dir, mode);
+    snprintf(pre, sizeof pre, "cb%d:", mode);
+    kvt_options o;
+    kvt_options_init(&o, KVT_OPTIONS_VERSION);
+    o.cache_dir = dirA;
+    o.durability = KVT_DURABILITY_NONE;
+    o.remote_url = url;
+    o.remote_prefix = pre;
+    o.remote_mode = KVT_REMOTE_ONLY;
+    o.remote_timeout_ms = 30000;
+    o.chunk_tokens = mode == 0 ? 256 : 0;
+    o.model_id = "bench";
+    o.host_cache_bytes = 0;
+    kvt_tier *a = NULL;
+    if (kvt_tier_open(&a, &o) != 0)
+      return 0;
+    kvt_tier_start_writer(a);
+    double t0 = now();
+    for (int c = 0; c < CB_CONV; c++) {
+      cb_tokens(tok, c);
+      cb_fill(layers, tok, n);
+      int rc;
+      while ((rc = kvt_tier_spill(a, tok, n, layers, CB_L, ebytes)) ==
+             KVT_EFULL)
+        usleep(1000);
+      ok &= rc == 0;
+      ok &= kvt_tier_flush(a, -1) == 0; /* the layers are reused */
+    }
+    spill_s[mode] = now() - t0;
+    kvt_stats s = KVT_STATS_INIT;
+    kvt_tier_stats(&s, a);
+    sent[mode] = s.remote_spill_bytes;
+    kvt_tier_free(a);
+    o.remote_mode = KVT_REMOTE_LOCAL_AND_REMOTE;
+    if (mode == 1)
+      o.remote_flags = KVT_REMOTE_NO_LOCAL_COPY;
+    /* Best of 3 fresh nodes B (the machine may be shared). */
+    prom_s[mode][0] = prom_s[mode][1] = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+      char dirB[320];
+      snprintf(dirB, sizeof dirB, "%s/chb%d.%d", g_dir, mode, rep);
+      o.cache_dir = dirB;
+      kvt_tier *b = NULL;
+      if (kvt_tier_open(&b, &o) != 0)
+        return 0;
+      usleep(300000); /* the mirror resynced */
+      double ps[2] = {0, 0};
+      for (int c = 0; c < CB_CONV; c++) {
+        cb_tokens(tok, c);
+        kvt_entry *got = NULL;
+        t0 = now();
+        ok &= kvt_tier_promote(&got, b, tok, n, NULL) == 0;
+        ps[c ? 1 : 0] += now() - t0;
+        kvt_entry_free(got);
+      }
+      for (int k = 0; k < 2; k++)
+        prom_s[mode][k] = ps[k] < prom_s[mode][k] ? ps[k] : prom_s[mode][k];
+      kvt_stats sb = KVT_STATS_INIT;
+      kvt_tier_stats(&sb, b);
+      fetched[mode] = sb.remote_read_bytes;
+      kvt_tier_free(b);
+    }
+  }
+  /* Prefix lookups of a new prompt (system prompt + 100 tokens) on a node
+   * that holds none of it: the remote chain (mirror + EXISTS of the 4
+   * chunks) vs the same lookup once they are local. */
+  char dirD[300];
+  snprintf(dirD, sizeof dirD, "%s/chd", g_dir);
+  kvt_options o;
+  kvt_options_init(&o, KVT_OPTIONS_VERSION);
+  o.cache_dir = dirD;
+  o.durability = KVT_DURABILITY_NONE;
+  o.remote_url = url;
+  o.remote_prefix = "cb0:";
+  o.remote_mode = KVT_REMOTE_LOCAL_AND_REMOTE;
+  o.chunk_tokens = 256;
+  o.model_id = "bench";
+  kvt_tier *d = NULL;
+  if (kvt_tier_open(&d, &o) != 0)
+    return 0;
+  usleep(300000);
+  int32_t q[CB_SYS + 100], miss[CB_SYS + 100];
+  for (int i = 0; i < CB_SYS + 100; i++) {
+    q[i] = i < CB_SYS ? 100 + i : 900000 + i;
+    miss[i] = 7000000 + i;
+  }
+  double us[3];
+  for (int k = 0; k < 3; k++) {
+    const int32_t *qq = k == 1 ? miss : q;
+    if (k == 2) { /* make the chain local: one promote */
+      kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
+      po.flags = KVT_PROMOTE_PREFIX;
+      kvt_entry *got = NULL;
+      ok &= kvt_tier_promote(&got, d, q, CB_SYS + 100, &po) == 0;
+      kvt_entry_free(got);
+    }
+    us[k] = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+      kvt_entry_info info;
+      double t0 = now();
+      for (int i = 0; i < 500; i++) {
+        int r = kvt_tier_lookup_prefix(&info, d, qq, CB_SYS + 100);
+        ok &= (r == 0) == (k != 1) && (k == 1 || info.num_tokens == CB_SYS);
+      }
+      double u = (now() - t0) / 500 * 1e6;
+      us[k] = u < us[k] ? u : us[k];
+    }
+  }
+  kvt_tier_free(d);
+  for (int l = 0; l < CB_L; l++)
+    for (int k = 0; k < 2; k++)
+      free(tens[l][k].data);
+  double unique = (double)(CB_SYS + CB_CONV * CB_OWN) * CB_L * 2 * 8 * 128 * 2;
+  printf("chunks shared between nodes: %d conversations = %d-token system "
+         "prompt + %d own tokens, %.1f MiB each, chunk_tokens 256 vs whole "
+         "entries, same run:\n",
+         CB_CONV, CB_SYS, CB_OWN, (double)ebytes / 1048576.0);
+  printf("remote_chunked_sent_per_unique value %.3f whole %.3f ratio %.2f\n",
+         sent[0] / unique, sent[1] / unique,
+         sent[1] ? (double)sent[0] / (double)sent[1] : 0);
+  printf("remote_chunked_spill_s value %.3f whole %.3f ratio %.2f\n",
+         spill_s[0], spill_s[1], spill_s[1] > 0 ? spill_s[0] / spill_s[1] : 0);
+  printf("remote_chunked_fetched_per_unique value %.3f whole %.3f ratio %.2f\n",
+         fetched[0] / unique, fetched[1] / unique,
+         fetched[1] ? (double)fetched[0] / (double)fetched[1] : 0);
+  printf("(promotes: best of 3 fresh nodes B)\n");
+  printf("remote_chunked_promote_first_ms value %.2f whole %.2f ratio %.2f\n",
+         prom_s[0][0] * 1e3, prom_s[1][0] * 1e3,
+         prom_s[1][0] > 0 ? prom_s[0][0] / prom_s[1][0] : 0);
+  printf("remote_chunked_promote_next_ms value %.2f whole %.2f ratio %.2f "
+         "(mean of %d)\n",
+         prom_s[0][1] * 1e3 / (CB_CONV - 1), prom_s[1][1] * 1e3 / (CB_CONV - 1),
+         prom_s[1][1] > 0 ? prom_s[0][1] / prom_s[1][1] : 0, CB_CONV - 1);
+  printf("lookup_remote_chain_prefix_hit_us value %.2f ratio %.1f\n", us[0],
+         us[2] > 0 ? us[0] / us[2] : 0);
+  printf("lookup_remote_chain_prefix_miss_us value %.2f ratio %.1f\n", us[1],
+         us[2] > 0 ? us[1] / us[2] : 0);
+  printf("lookup_local_chain_prefix_hit_us value %.2f ratio 1.0\n", us[2]);
+  if (!ok)
+    fprintf(stderr, "bench_redis: a chunked spill, promote or lookup failed\n");
+  return ok;
+}
+
 int main(int argc, char **argv) {
   size_t entry_mib = argc > 1 ? (size_t)atoi(argv[1]) : 8;
   int entries = argc > 2 ? atoi(argv[2]) : 8;
@@ -150,22 +365,10 @@ int main(int argc, char **argv) {
   kvt_layer layers[4];
   kvt_tensor tens[4][2];
   unsigned seed = 1;
+  kv_layers(layers, tens, T);
   for (int l = 0; l < 4; l++) {
-    kvt_layer_init(&layers[l], KVT_LAYER_KV);
-    layers[l].tensors = tens[l];
-    layers[l].num_tensors = 2;
-    layers[l].offset = T;
     for (int k = 0; k < 2; k++) {
       kvt_tensor *t = &tens[l][k];
-      memset(t, 0, sizeof *t);
-      t->dtype = KVT_DTYPE_F16;
-      t->ndim = 4;
-      t->shape[0] = 1;
-      t->shape[1] = 8;
-      t->shape[2] = T;
-      t->shape[3] = 128;
-      t->nbytes = (uint64_t)8 * T * 128 * 2;
-      t->data = malloc(t->nbytes);
       unsigned char *b = t->data;
       for (uint64_t i = 0; i < t->nbytes; i++)
         b[i] = (unsigned char)((seed = seed * 1103515245u + 12345u) >> 16);
@@ -330,5 +533,6 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 2; k++)
       free(tens[l][k].data);
   free(tok);
-  return hits == entries && lookups_ok ? 0 : 1;
+  int chunks_ok = chunk_bench(url);
+  return hits == entries && lookups_ok && chunks_ok ? 0 : 1;
 }

@@ -350,8 +350,10 @@ typedef struct kvt_options {
    *  entries share them; prefix lookups of pure-KV models then also find
    *  chunk-aligned prefixes no spill ended at. Spills shorter than one
    *  chunk are plain entries. Ignored in storage_mode COMPAT (the directory
-   *  the reference reads stays one entry per spill) and, for now, with a
-   *  remote_mode other than LOCAL. */
+   *  the reference reads stays one entry per spill). With a remote tier the
+   *  chunks are the unit shared between nodes (docs/REMOTE.md "Chunks shared
+   *  between nodes"): nodes with the same model_id and chunk_tokens store a
+   *  shared prefix once and fetch only the chunks they lack. */
   uint32_t chunk_tokens;
   /** Namespace of the chunks (with chunk_tokens): spills of two model_ids
    *  never share or see each other's chunks. NULL = model_name (or ""). At
@@ -386,11 +388,14 @@ typedef enum kvt_remote_mode {
    */
   KVT_REMOTE_LOCAL_AND_REMOTE = 1,
   /** Spills go only to the remote store (the local directory holds the lock,
-   *  an empty index and staging files); promotes read only from it. */
+   *  an empty index and staging files; with chunk_tokens, also the chunks
+   *  fetched by promotes); promotes read only from it. */
   KVT_REMOTE_ONLY = 2
 } kvt_remote_mode;
 
-/** kvt_options.remote_flags: do not keep a local copy of remote hits. */
+/** kvt_options.remote_flags: do not keep a local copy of remote hits (with
+ *  chunk_tokens the fetched chunks are still kept: they are the local chunk
+ *  store's unit; only the entry's tail is not). */
 #define KVT_REMOTE_NO_LOCAL_COPY 0x1u
 
 /** The defaults, by field name: a new option is added here and in the struct

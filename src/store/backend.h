@@ -23,6 +23,7 @@
 #define KVT_BACKEND_H
 
 #include "format/entry.h"
+#include "index/chain.h"
 #include "kvtier.h"
 
 #include <stdint.h>
@@ -49,6 +50,12 @@ typedef struct kvti_backend_meta {
   uint64_t total_bytes; /* bytes of the entry's files */
   double created_at;
   int storage_mode;
+  /* A chunked entry's tail (the chunked native store shared between nodes:
+   * docs/REMOTE.md "Chunks"): its files hold only the rows past the chain,
+   * which chain says where to find. Never served without it. */
+  int chained;
+  kvti_chained_entry chain;
+  uint8_t chain_seed[32]; /* its chain's key_{-1}: namespace + layout */
 } kvti_backend_meta;
 
 /* One put in progress, split in steps (see the ops below); backend-owned. */
@@ -117,6 +124,39 @@ typedef struct kvti_backend_ops {
    * NULL: nothing to contact (a local store). Not `probe`, which inspects one
    * stored entry (below). */
   int (*reach)(kvti_backend *b);
+
+  /* ---- optional: chunks shared between nodes (docs/REMOTE.md "Chunks") ----
+   * Chunk files (format/chunk.h) stored by their chain key, content
+   * addressed: the same key is the same tokens under the same namespace and
+   * layout, so a chunk is stored once whoever spills it. */
+  /* present[i] = 1 when chunk keys[i] is stored, else 0 (one pipeline
+   * where the store allows it). 0 or a connection error. lookup: on the
+   * lookup client (remote_lookup_timeout_ms). */
+  int (*chunk_has)(kvti_backend *b, const uint8_t (*keys)[32], size_t n,
+                   int lookup, uint8_t *present);
+  /* Stores the chunk file bytes under rec->key unless present and makes
+   * rec known to every node's lookups. */
+  int (*chunk_put)(kvti_backend *b, const kvti_chain_rec *rec,
+                   const void *bytes, size_t len);
+  /* The chunk file's bytes (*bytes kvti_malloc'ed): 0, KVT_ENOTFOUND (gone:
+   * also forgotten by every node's lookups), or a connection error. Nothing
+   * is verified here: the caller parses and verifies the file. */
+  int (*chunk_get)(kvti_backend *b, const uint8_t key[32], void **bytes,
+                   size_t *len);
+  /* Deletes a chunk (found damaged) and tells every node. */
+  int (*chunk_remove)(kvti_backend *b, const uint8_t key[32]);
+  /* The longest chain over tokens[0, n) the store holds in namespace ns, as
+   * kvti_chains_lookup, answered without I/O from the store's lookup mirror
+   * (*m = 0 while it is not in sync). */
+  int (*chunk_lookup)(kvti_backend *b, const uint8_t *ns, size_t ns_len,
+                      const int32_t *tokens, size_t n, uint32_t chunk_tokens,
+                      kvti_chain_rec *out, size_t max, size_t *m);
+  /* put of a chained entry's tail snapshot s: ce and its chain's seed are
+   * stored with it (meta's chain, chain_seed) so that no reader serves the
+   * tail alone. */
+  int (*put_chained)(kvti_backend *b, uint64_t *disk_bytes,
+                     const kvti_snapshot *s, const kvti_write_opts *o,
+                     const kvti_chained_entry *ce, const uint8_t seed[32]);
 
   /* Frees the backend. */
   void (*destroy)(kvti_backend *b);

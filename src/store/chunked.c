@@ -68,6 +68,10 @@ kvti_chunkstore *kvti_chunked_store(kvti_chunked *c) {
 uint32_t kvti_chunked_chunk_tokens(const kvti_chunked *c) {
   return c->C;
 }
+const uint8_t *kvti_chunked_ns(const kvti_chunked *c, size_t *len) {
+  *len = c->ns_len;
+  return c->ns;
+}
 
 uint64_t kvti_chunked_disk_bytes(kvti_chunked *c) {
   kvti_chains_totals t;
@@ -319,19 +323,43 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
     ce.layout_hash = rec.layout_hash;
     ce.total_rows = rec.total_rows;
     has_ce = 1; /* the entry's own record rules over the row */
-    if (!o->verify_only && !o->keep_tokens) {
+    if (!o->keep_tokens) {
+      /* verify_only: everything read and verified into kvtier's own
+       * buffers, then freed. */
+      kvti_read_opts v = *o;
+      if (o->verify_only) {
+        v.verify_only = 0;
+        v.alloc = NULL;
+        v.free_buf = NULL;
+        v.on_layer = NULL;
+      }
       kvt_entry *e = NULL;
-      int rc = kvti_chunked_rec_get(c->cs, &e, &rec, o, bad_chunk, chunk_bad);
+      int rc = kvti_chunked_rec_get(c->cs, &e, &rec, &v, bad_chunk, chunk_bad);
       kvti_chainrec_free(&rec);
-      if (rc)
-        return rc;
-      fire(e, o);
-      *out = e;
-      return 0;
+      if (rc == 0 && o->verify_only) {
+        kvt_entry_free(e);
+        e = NULL;
+      }
+      if (out)
+        *out = e;
+      if (rc == 0 && e)
+        fire(e, o);
+      return rc;
     }
     kvti_chainrec_free(&rec);
   } else if (!has_ce)
     return be->ops->get(be, out, hash, o);
+  return kvti_chunked_get_record(c, be, out, hash, &ce, o, bad_chunk,
+                                 chunk_bad);
+}
+
+int kvti_chunked_get_record(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
+                            const char *hash, const kvti_chained_entry *cep,
+                            const kvti_read_opts *o, uint8_t bad_chunk[32],
+                            int *chunk_bad) {
+  if (chunk_bad)
+    *chunk_bad = 0;
+  kvti_chained_entry ce = *cep; /* may be corrected from the tail */
   if (o->verify_only) {
     /* Everything read and verified into kvtier's own buffers, then freed. */
     kvti_read_opts v = *o;
@@ -340,7 +368,8 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
     v.free_buf = NULL;
     v.on_layer = NULL;
     kvt_entry *tmp = NULL;
-    int vrc = kvti_chunked_get(c, be, &tmp, hash, &v, bad_chunk, chunk_bad);
+    int vrc = kvti_chunked_get_record(c, be, &tmp, hash, &ce, &v, bad_chunk,
+                                      chunk_bad);
     kvt_entry_free(tmp);
     if (out)
       *out = NULL;

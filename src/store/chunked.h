@@ -31,6 +31,9 @@ int kvti_chunked_open(kvti_chunked **out, const char *cache_dir, kvt_index *idx,
 void kvti_chunked_close(kvti_chunked *c); /* NULL is a no-op */
 kvti_chunkstore *kvti_chunked_store(kvti_chunked *c);
 uint32_t kvti_chunked_chunk_tokens(const kvti_chunked *c);
+/* The namespace encoding the chains are seeded with (kvti_chunk_ns_encode of
+ * model_id, no salt). */
+const uint8_t *kvti_chunked_ns(const kvti_chunked *c, size_t *len);
 
 typedef struct kvti_chunked_put_result {
   uint64_t entry_bytes;   /* bytes of the tail entry (the index row's) */
@@ -84,6 +87,14 @@ int kvti_chunked_put(kvti_chunked *c, kvti_backend *be,
 int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
                      const char *hash, const kvti_read_opts *o,
                      uint8_t bad_chunk[32], int *chunk_bad);
+
+/* kvti_chunked_get of a chained entry whose record ce is given rather than
+ * indexed (a tail fetched from the remote tier into a staging backend): the
+ * chain must be stored locally and match ce. */
+int kvti_chunked_get_record(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
+                            const char *hash, const kvti_chained_entry *ce,
+                            const kvti_read_opts *o, uint8_t bad_chunk[32],
+                            int *chunk_bad);
 
 /* 1 when hash is a chained entry (its files alone are a tail). */
 int kvti_chunked_is_chained(kvti_chunked *c, const char *hash);

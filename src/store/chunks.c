@@ -59,6 +59,11 @@ kvti_chains *kvti_chunkstore_chains(kvti_chunkstore *cs) {
   return cs->chains;
 }
 
+void kvti_chunkstore_get_opts(const kvti_chunkstore *cs,
+                              kvti_chunkstore_opts *o) {
+  *o = cs->o;
+}
+
 int kvti_chunkstore_path(const kvti_chunkstore *cs, const uint8_t key[32],
                          char *out, size_t cap) {
   char h[65];

@@ -112,6 +112,37 @@ int kvti_chunkstore_open_chunk(kvti_chunkstore *cs, const kvti_chain_rec *rec,
 int kvti_chunkstore_remove(kvti_chunkstore *cs, const uint8_t key[32],
                            size_t *n, uint64_t *bytes);
 
+/* ---- chunks from another node (chunks_adopt.c) ---- */
+
+/* What the chain expects of a chunk fetched by key. */
+typedef struct kvti_chunk_expect {
+  uint8_t key[32], parent[32];
+  uint64_t index;
+  uint32_t n_tokens;
+  const int32_t *tokens; /* the prompt's n_tokens tokens of this chunk */
+  const uint8_t *ns;     /* NULL: not compared (the key chain binds it) */
+  size_t ns_len;
+  uint64_t layout_hash; /* 0 = any (then the caller checks one per chain) */
+  kvti_ck ck;           /* copied into the record */
+} kvti_chunk_expect;
+
+/* Verifies a whole chunk file given as bytes: header (checksum, key against
+ * parent + tokens, descriptor, size), what x expects, every data block.
+ * *out (may be NULL) receives its chain record. 0, KVT_ECORRUPT, KVT_ENOMEM,
+ * KVT_EUNSUPPORTED (another format version). */
+int kvti_chunk_verify_bytes(const void *bytes, size_t len,
+                            const kvti_chunk_expect *x, kvti_chain_rec *out);
+/* Stores a verified chunk (rec from kvti_chunk_verify_bytes) as a spill
+ * stores one (durable, then indexed; its parent must be indexed unless it is
+ * chunk 0). Already indexed: 0, nothing written. The tier serialises it with
+ * puts and removals (mut_mu). 0, KVT_EINVAL (parent missing), KVT_ENOSPC,
+ * KVT_EIO, KVT_EDB, KVT_ENOMEM. */
+int kvti_chunkstore_adopt(kvti_chunkstore *cs, const void *bytes, size_t len,
+                          const kvti_chain_rec *rec);
+/* The options the store was opened with. */
+void kvti_chunkstore_get_opts(const kvti_chunkstore *cs,
+                              kvti_chunkstore_opts *o);
+
 /* ---- assembling a prefix from chunks (chunks_read.c) ---- */
 
 typedef struct kvti_chunk_read_opts {

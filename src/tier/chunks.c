@@ -28,9 +28,8 @@ static _Thread_local char g_lost[KVT_HASH_HEX_LEN + 1];
 
 int kvti_tier_chunks_wanted(const kvt_options *o) {
   /* Compat mode writes what the reference reads: one entry per spill. The
-   * remote tier ships whole entries (chunks are not shared with it yet). */
-  return o->chunk_tokens != 0 && o->storage_mode == KVT_STORAGE_NATIVE &&
-         o->remote_mode == KVT_REMOTE_LOCAL;
+   * remote tier shares the chunks (tier/rchunks.h). */
+  return o->chunk_tokens != 0 && o->storage_mode == KVT_STORAGE_NATIVE;
 }
 
 int kvti_tier_chunks_open(kvt_tier *t) {
@@ -170,6 +169,12 @@ void kvti_tier_chunks_after_read(kvt_tier *t) {
            "kvtier: removed a corrupt chunk and every chain through it (%s)",
            es.msg);
   kvti_error_state_restore(&es);
+}
+
+void kvti_tier_chunks_quarantine(kvt_tier *t, const uint8_t key[32]) {
+  memcpy(g_bad, key, 32);
+  g_has_bad = 1;
+  kvti_tier_chunks_after_read(t);
 }
 
 int kvti_tier_chunks_prefix(kvt_tier *t, kvt_entry_info *info, int rc,

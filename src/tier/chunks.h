@@ -44,6 +44,9 @@ int kvti_tier_chunks_get(kvt_tier *t, kvt_entry **out, const char *hash,
 /* With no lock held, after a read that failed: quarantines a chunk the read
  * found damaged (removing every chain through it). */
 void kvti_tier_chunks_after_read(kvt_tier *t);
+/* The same for a chunk a read outside kvti_tier_chunks_get found damaged
+ * (the remote tier's reads of chained entries). No lock held. */
+void kvti_tier_chunks_quarantine(kvt_tier *t, const uint8_t key[32]);
 
 /* Prefix lookups: when a pure chain is longer than what info holds (rc =
  * the index's result), info becomes that prefix (num_tokens = m,

@@ -21,6 +21,8 @@
 #include "index/index.h"
 #include "base/io.h"
 #include "store/local.h"
+#include "store/chunked.h"
+#include "tier/rchunks.h"
 #include "tier/tier.h"
 
 #include <errno.h>
@@ -109,7 +111,10 @@ static void upload_one(kvt_tier *t, kvti_snapshot *s) {
     kvti_write_opts wo = {t->opts.storage_mode, 0, t->opts.file_mode,
                           t->opts.dir_mode};
     uint64_t bytes = 0;
-    rc = r->be->ops->put(r->be, &bytes, s, &wo);
+    int chunked = 0; /* a chunked tier shares chunks (rchunks.h) */
+    rc = kvti_rchunks_upload(t, r->be, s, &wo, &bytes, &chunked);
+    if (!chunked && rc == 0)
+      rc = r->be->ops->put(r->be, &bytes, s, &wo);
     if (rc == 0) {
       remote_success(r);
       KVTI_STAT_ADD(&t->stats, remote_spill_count, 1);
@@ -315,8 +320,31 @@ static int lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
     double cutoff = kvti_tier_cutoff(t);
     if (cutoff > 0 && m.created_at < cutoff)
       rc = KVT_ERR(KVT_ENOTFOUND, "remote entry %.16s expired", m.hash);
+    else if (m.chained && !kvti_rchunks_entry_ok(t, &m))
+      rc = KVT_ERR(KVT_ENOTFOUND,
+                   "remote entry %.16s is chunked in another namespace or "
+                   "chunk size",
+                   m.hash);
   } else if (rc != KVT_ENOTFOUND) {
     remote_failed(t, rc, "lookup");
+  }
+  if (prefix && (rc == 0 || rc == KVT_ENOTFOUND) && t->chunked) {
+    /* A chain other nodes stored, longer than any remote entry: a
+     * chunk-aligned prefix no spill ended at (rchunks.h). */
+    kvt_entry_info ci;
+    uint64_t want =
+        rc == 0 && m.num_tokens >= min_len ? m.num_tokens + 1 : min_len;
+    int crc = kvti_rchunks_lookup(t, r->be, &ci, tokens, n, want);
+    if (crc == 0) {
+      remote_success(r);
+      *info = ci;
+      return 0;
+    }
+    if (crc != KVT_ENOTFOUND && crc != KVT_ENOMEM) {
+      remote_failed(t, crc, "chunk lookup");
+      if (rc != 0)
+        rc = crc;
+    }
   }
   if (rc != 0) {
     if (count)
@@ -351,7 +379,7 @@ int kvti_remote_peek(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
  * into its layout) and indexes it, as the writer publishes a spill; skipped
  * when the entry exists locally. */
 static void adopt(kvt_tier *t, const char *stage, const kvt_entry *e,
-                  uint64_t bytes) {
+                  uint64_t bytes, const kvti_backend_meta *m) {
   const char *hash = e->hash;
   pthread_mutex_lock(&t->mut_mu);
   if (atomic_load(&t->state) == KVTI_OPEN) {
@@ -360,13 +388,24 @@ static void adopt(kvt_tier *t, const char *stage, const kvt_entry *e,
     int rc = 0;
     if (kvti_index_find_hash(&cur, t->idx, hash) != 0 &&
         t->be->ops->present(t->be, hash) == 0) {
-      rc = t->be->ops->adopt(t->be, stage, hash);
+      /* A chained entry's tail: its record goes first (a tail is never
+       * visible without it), its chunks were adopted by the read. */
+      kvti_chains *ch =
+          m->chained ? kvti_chunkstore_chains(kvti_chunked_store(t->chunked))
+                     : NULL;
+      if (ch)
+        rc = kvti_chains_entry_put(ch, &m->chain);
+      if (rc == 0)
+        rc = t->be->ops->adopt(t->be, stage, hash);
       if (rc == 0) {
-        rc = kvti_index_put(t->idx, e->tokens, e->n_tokens, hash,
-                            e->memory_bytes, bytes, e->storage_mode);
+        rc = kvti_index_put(
+            t->idx, e->tokens, e->n_tokens, hash, e->memory_bytes,
+            m->chained ? m->total_bytes : bytes, e->storage_mode);
         if (rc != 0)
           t->be->ops->remove(t->be, hash);
       }
+      if (rc != 0 && ch)
+        kvti_chains_entry_del(ch, m->chain.hash);
     }
     kvti_stripe_unlock(&t->stripes, hash);
     if (rc == 0)
@@ -394,8 +433,22 @@ int kvti_remote_read(kvt_tier *t, kvt_entry **out, const kvt_entry_info *info,
   }
   double t0 = kvti_now_mono();
   kvti_backend_meta m;
+  memset(&m, 0, sizeof m);
+  uint64_t chunk_bytes = 0;
+  int via_chain = 0;
   rc = r->be->ops->fetch(r->be, &m, hash, stage);
-  if (rc == 0) {
+  if (rc == KVT_ENOTFOUND && t->chunked) {
+    /* No entry ends there: a chain other nodes stored (rchunks.h). */
+    kvti_error_state es;
+    kvti_error_state_capture(&es, rc);
+    rc = kvti_rchunks_read_prefix(t, r->be, out, hash, ro, &chunk_bytes);
+    if (rc == KVT_ENOTFOUND)
+      kvti_error_state_restore(&es);
+    via_chain = 1;
+    m.total_bytes = 0;
+  } else if (rc == 0 && m.chained) {
+    rc = kvti_rchunks_read_chained(t, r->be, out, stage, &m, ro, &chunk_bytes);
+  } else if (rc == 0) {
     rc = kvti_entry_read(out, stage, hash, ro);
     if (rc == KVT_ECORRUPT || rc == KVT_ENOTFOUND) {
       /* Chunks verified but the files do not: the writer's data was bad. */
@@ -410,11 +463,19 @@ int kvti_remote_read(kvt_tier *t, kvt_entry **out, const kvt_entry_info *info,
     double dt = kvti_now_mono() - t0;
     pthread_mutex_lock(&t->stats.mu);
     t->stats.s.remote_hits++;
-    t->stats.s.remote_read_bytes += m.total_bytes;
+    t->stats.s.remote_read_bytes += m.total_bytes + chunk_bytes;
     t->stats.s.remote_latency_sum += dt > 0 ? dt : 0;
     pthread_mutex_unlock(&t->stats.mu);
-    if (r->keep_local && !ro->verify_only && *out)
-      adopt(t, stage, *out, m.total_bytes);
+    if (r->keep_local && !ro->verify_only && *out && !via_chain)
+      adopt(t, stage, *out, m.total_bytes, &m);
+    else if (chunk_bytes && !t->readonly) {
+      /* Adopted chunks count against the capacity like spilled ones. */
+      pthread_mutex_lock(&t->mut_mu);
+      if (atomic_load(&t->state) == KVTI_OPEN)
+        kvti_tier_enforce_locked(t, t->opts.max_entries, t->max_bytes,
+                                 kvti_tier_cutoff(t), NULL, NULL);
+      pthread_mutex_unlock(&t->mut_mu);
+    }
   } else if (rc == KVT_ECANCELED) {
     KVTI_STAT_ADD(&t->stats, promotions_cancelled, 1);
   } else {
@@ -530,13 +591,21 @@ int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash) {
   char *stage = NULL;
   rc = be->ops->stage(be, &stage);
   if (rc == 0) {
-    rc = be->ops->fetch(be, NULL, token_hash, stage);
+    kvti_backend_meta m;
+    memset(&m, 0, sizeof m);
+    rc = be->ops->fetch(be, &m, token_hash, stage);
     if (rc == 0) {
       kvti_read_opts ro;
       memset(&ro, 0, sizeof ro);
-      ro.verify_only = 1;
+      ro.verify_only = !m.chained;
       ro.read_threads = t->opts.read_threads;
-      rc = kvti_entry_read(NULL, stage, token_hash, &ro);
+      kvt_entry *tail = NULL;
+      rc = kvti_entry_read(m.chained ? &tail : NULL, stage, token_hash, &ro);
+      /* A chained entry: its tail, then every chunk of its chain, fetched
+       * and verified (nothing kept). */
+      if (rc == 0 && m.chained)
+        rc = kvti_rchunks_verify(t, be, tail->tokens, tail->n_tokens, &m);
+      kvt_entry_free(tail);
       if (rc == KVT_ENOTFOUND || rc == KVT_ECORRUPT) {
         kvti_error_state es;
         kvti_error_state_capture(&es, rc);

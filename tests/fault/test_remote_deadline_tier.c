@@ -31,6 +31,10 @@ typedef struct dribbler {
   atomic_int commands; /* data commands seen */
   atomic_int seen;     /* every command seen */
   pthread_t th;
+  /* Connection threads, joined by dribbler_stop (so the next case's reuse
+   * of this struct happens after their last access). */
+  pthread_t conns[256];
+  int n_conns; /* accept thread only, until joined */
 } dribbler;
 
 typedef struct conn_arg {
@@ -149,9 +153,9 @@ static void *accept_main(void *arg) {
     conn_arg *ca = malloc(sizeof *ca);
     ca->d = d;
     ca->fd = fd;
-    pthread_t th;
-    if (pthread_create(&th, NULL, conn_main, ca) == 0)
-      pthread_detach(th);
+    if (d->n_conns < (int)(sizeof d->conns / sizeof d->conns[0]) &&
+        pthread_create(&d->conns[d->n_conns], NULL, conn_main, ca) == 0)
+      d->n_conns++;
     else {
       close(fd);
       free(ca);
@@ -181,7 +185,9 @@ static void dribbler_stop(dribbler *d) {
   atomic_store(&d->stop, 1);
   pthread_join(d->th, NULL);
   close(d->lfd);
-  rel_sleep_ms(700); /* connection threads notice the flag within 50 ms */
+  /* connection threads notice the flag within 50 ms */
+  for (int i = 0; i < d->n_conns; i++)
+    pthread_join(d->conns[i], NULL);
 }
 
 static void run_case(int fast_slots) {

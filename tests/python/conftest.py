@@ -38,6 +38,24 @@ def rng():
     return np.random.default_rng(1234)
 
 
+def kv_positional(tokens, layers, heads, dim):
+    """fp16 KV layers whose rows depend only on (token, position), as the
+    shared part of a real model's KV does: two processes (nodes) that see the
+    same prefix compute the same rows."""
+    t = np.asarray(tokens, dtype=np.int64)
+    n = len(t)
+    seed = (t * 1000003 + np.arange(n) * 7919)[None, None, :, None]
+    h = np.arange(heads)[None, :, None, None]
+    d = np.arange(dim)[None, None, None, :]
+    out = []
+    for layer in range(layers):
+        x = (seed * 31 + h * 131 + d * 17 + layer * 1009) % 65521
+        keys = (x / 65521.0).astype(np.float16)
+        values = (((x * 7) % 65521) / 65521.0).astype(np.float16)
+        out.append(KVLayer(keys, values, n))
+    return out
+
+
 def kv_layer(rng, n_tokens, dtype=np.float16, heads=2, dim=16):
     shape = (1, heads, n_tokens, dim)
     if dtype == "bf16":

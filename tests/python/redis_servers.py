@@ -14,6 +14,29 @@ import subprocess
 import time
 
 
+def run_node(module: str, func: str, *args) -> None:
+    """Runs module.func(*args) (literals only) in a child process - another
+    node with its own cache directory - and fails the test if it fails."""
+    import sys
+    code = ("import sys; sys.path.insert(0, %r); import %s as t; t.%s(*%r)"
+            % (os.path.dirname(os.path.abspath(__file__)), module, func, args))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, env=os.environ.copy())
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def tier_or_skip(make, *args, **kw):
+    """make(*args, **kw) - a tier with a remote URL - or skip the test when
+    libkvtier was built without Redis support."""
+    import pytest
+    try:
+        return make(*args, **kw)
+    except Exception as e:
+        if "no Redis support" in str(e):
+            pytest.skip("libkvtier built without hiredis")
+        raise
+
+
 def have_redis() -> bool:
     return shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None
 
@@ -80,20 +103,32 @@ def stop(procs) -> None:
         p.wait()
 
 
-def cluster(dirpath: str) -> tuple[list, str]:
-    """Three masters, no replicas; returns (processes, seed URL)."""
+def cluster(dirpath: str, certs: dict | None = None) -> tuple[list, str]:
+    """Three masters, no replicas; returns (processes, seed URL).  With certs
+    (make_certs): TLS only - clients, the cluster bus and the announced ports
+    (tls-cluster yes) - and a rediss:// URL."""
     procs, ports = [], []
+    tls, cli_tls = [], []
+    if certs:
+        tls = ["--tls-cert-file", certs["srv.crt"], "--tls-key-file", certs["srv.key"],
+               "--tls-ca-cert-file", certs["ca.crt"], "--tls-cluster", "yes",
+               "--tls-auth-clients", "no"]
+        cli_tls = ["--tls", "--cacert", certs["ca.crt"]]
     try:
         for i in range(3):
             port = free_port(bus=True)
             while port in ports:
                 port = free_port(bus=True)
-            p, _ = start(os.path.join(dirpath, f"n{i}"), "--cluster-enabled", "yes",
-                         "--cluster-config-file", "nodes.conf",
-                         "--cluster-node-timeout", "2000", port=port)
+            extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                     "--cluster-node-timeout", "2000"] + tls
+            if certs:
+                p, _ = start(os.path.join(dirpath, f"n{i}"), *extra, port=0,
+                             tls_port=port)
+            else:
+                p, _ = start(os.path.join(dirpath, f"n{i}"), *extra, port=port)
             procs.append(p)
             ports.append(port)
-        r = subprocess.run(["redis-cli", "--cluster", "create"]
+        r = subprocess.run(["redis-cli", *cli_tls, "--cluster", "create"]
                            + [f"127.0.0.1:{p}" for p in ports]
                            + ["--cluster-replicas", "0", "--cluster-yes"],
                            capture_output=True, text=True, timeout=60)
@@ -101,8 +136,8 @@ def cluster(dirpath: str) -> tuple[list, str]:
             raise RuntimeError(f"cluster create failed: {r.stdout}{r.stderr}")
         for _ in range(400):
             ok = all("cluster_state:ok" in subprocess.run(
-                ["redis-cli", "-p", str(p), "cluster", "info"], capture_output=True,
-                text=True).stdout for p in ports)
+                ["redis-cli", *cli_tls, "-p", str(p), "cluster", "info"],
+                capture_output=True, text=True).stdout for p in ports)
             if ok:
                 break
             time.sleep(0.05)
@@ -111,7 +146,8 @@ def cluster(dirpath: str) -> tuple[list, str]:
     except BaseException:
         stop(procs)
         raise
-    return procs, "redis://" + ",".join(f"127.0.0.1:{p}" for p in ports)
+    scheme = "rediss://" if certs else "redis://"
+    return procs, scheme + ",".join(f"127.0.0.1:{p}" for p in ports)
 
 
 def make_certs(d: str) -> dict:

@@ -19,7 +19,7 @@ import numpy as np
 
 import kvtier.ssd_cache
 
-from conftest import ArraysLayer, KVLayer, make_tier
+from conftest import ArraysLayer, kv_positional, make_tier
 
 C = 256
 LAYERS, HEADS, DIM = 8, 4, 32
@@ -28,17 +28,8 @@ WAIT = 60.0
 
 
 def kv_for(tokens, hybrid=False):
-    t = np.asarray(tokens, dtype=np.int64)
-    n = len(t)
-    seed = (t * 1000003 + np.arange(n) * 7919)[None, None, :, None]
-    h = np.arange(HEADS)[None, :, None, None]
-    d = np.arange(DIM)[None, None, None, :]
-    out = []
-    for layer in range(LAYERS):
-        x = (seed * 31 + h * 131 + d * 17 + layer * 1009) % 65521
-        keys = (x / 65521.0).astype(np.float16)
-        values = (((x * 7) % 65521) / 65521.0).astype(np.float16)
-        out.append(KVLayer(keys, values, n))
+    n = len(tokens)
+    out = kv_positional(tokens, LAYERS, HEADS, DIM)
     if hybrid:
         st = np.full((1, 3, 8), float(n), dtype=np.float32)
         out.append(ArraysLayer([st]))

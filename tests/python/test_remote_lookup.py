@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -61,21 +60,12 @@ def child_spill(url: str, d: str, extra: str) -> None:
 
 
 def run_node_a(url: str, d: str, **kw) -> None:
-    code = ("import sys; sys.path.insert(0, %r); import test_remote_lookup as t; "
-            "t.child_spill(%r, %r, %r)" % (os.path.dirname(__file__), url, d, repr(kw)))
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120, env=os.environ.copy())
-    assert p.returncode == 0, p.stdout + p.stderr
+    rs.run_node("test_remote_lookup", "child_spill", url, d, repr(kw))
 
 
 def open_b(d: str, url: str, **kw):
-    try:
-        return make_tier(d, remote_url=url, remote_mode="local+remote",
-                         remote_prefix=PREFIX, remote_keep_local=False, **kw)
-    except Exception as e:
-        if "no Redis support" in str(e):
-            pytest.skip("libkvtier built without hiredis")
-        raise
+    return rs.tier_or_skip(make_tier, d, remote_url=url, remote_mode="local+remote",
+                           remote_prefix=PREFIX, remote_keep_local=False, **kw)
 
 
 def same(got, layers) -> bool:

@@ -759,6 +759,168 @@ static void test_eviction(void) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* Chunks shared between nodes (docs/REMOTE.md "Chunks")                    */
+/* ------------------------------------------------------------------------ */
+
+/* Chunk files under dir/chunks (the chunk store's). */
+static int count_chunk_files(const char *dir) {
+  char *o = sh_out("find '%s/chunks' -name '*.kvc' 2>/dev/null | wc -l", dir);
+  int n = o ? atoi(o) : -1;
+  free(o);
+  return n;
+}
+
+/* Rows [0, m) of every tensor of got equal e's (tensors [1, 2, T, D]). */
+static int same_rows(const kvt_entry *got, const t_entry *e, size_t m) {
+  size_t n = 0;
+  if (!got || kvt_entry_num_layers(got) != e->n_layers ||
+      !kvt_entry_tokens(got, &n) || n != m)
+    return 0;
+  for (uint32_t l = 0; l < e->n_layers; l++) {
+    const kvt_layer *gl = kvt_entry_layer(got, l);
+    for (uint32_t k = 0; k < 2; k++) {
+      const kvt_tensor *a = &gl->tensors[k];
+      const kvt_tensor *b = &e->layers[l].tensors[k];
+      size_t D = (size_t)b->shape[3], T = (size_t)b->shape[2];
+      if (a->shape[2] != (int64_t)m || gl->offset != (int64_t)m)
+        return 0;
+      for (size_t h = 0; h < 2; h++)
+        if (memcmp((const float *)a->data + h * m * D,
+                   (const float *)b->data + h * T * D, m * D * 4))
+          return 0;
+    }
+  }
+  return 1;
+}
+
+static void test_chunks(void) {
+  int port;
+  char url[128];
+  int srv =
+      start_standalone("redis-ch", "--notify-keyspace-events Exe", url, &port);
+  const char *P = "ch:";
+  kvt_options o = ropts("rt-ch-a", url, P, KVT_REMOTE_LOCAL_AND_REMOTE);
+  o.chunk_tokens = 16;
+  o.model_id = "m";
+  kvt_tier *a = t_open(&o);
+  REQUIRE(kvt_tier_start_writer(a) == 0);
+  t_entry e = t_make(77, 100, 2, 100, 8); /* 6 chunks + a 4-token tail */
+  CHECK(t_spill(a, &e) == 0);
+  CHECK(kvt_tier_flush(a, 30000) == 0);
+  CHECK(stats_of(a).remote_spill_count == 1);
+  /* content addressed: 6 chunk keys, the tail's manifest */
+  char *o1 =
+      sh_out("redis-cli -p %d --scan --pattern '%s{c:*' | wc -l", port, P);
+  CHECK(o1 && atoi(o1) == 6);
+  free(o1);
+
+  /* B: exact promote of A's entry, fetching the 6 chunks it lacks */
+  kvt_options ob = ropts("rt-ch-b", url, P, KVT_REMOTE_LOCAL_AND_REMOTE);
+  ob.chunk_tokens = 16;
+  ob.model_id = "m";
+  kvt_tier *b = t_open(&ob);
+  kvt_entry_info info;
+  int tries = 0;
+  while (kvt_tier_lookup(&info, b, e.tokens, e.n_tokens) != 0 && tries++ < 200)
+    msleep(25);
+  CHECK(info.num_tokens == 100 && info.memory_bytes == e.memory_bytes);
+  CHECK(promote_check(b, &e) == 1);
+  kvt_stats sb = stats_of(b);
+  CHECK(sb.remote_hits == 1 && sb.remote_read_bytes > 0);
+  CHECK(count_chunk_files(ob.cache_dir) == 6);
+  CHECK(promote_check(b, &e) == 1); /* now local: nothing fetched */
+  CHECK(stats_of(b).remote_read_bytes == sb.remote_read_bytes);
+
+  /* C: a chunk-aligned prefix no spill ended at (70 tokens + its own) */
+  kvt_options oc = ropts("rt-ch-c", url, P, KVT_REMOTE_LOCAL_AND_REMOTE);
+  oc.chunk_tokens = 16;
+  oc.model_id = "m";
+  kvt_tier *c = t_open(&oc);
+  int32_t q[80];
+  memcpy(q, e.tokens, 70 * sizeof *q);
+  for (int i = 70; i < 80; i++)
+    q[i] = 60000 + i;
+  tries = 0;
+  while (kvt_tier_lookup_prefix(&info, c, q, 80) != 0 && tries++ < 200)
+    msleep(25);
+  CHECK(info.num_tokens == 64);
+  kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
+  po.flags = KVT_PROMOTE_PREFIX;
+  kvt_entry *got = NULL;
+  CHECK(kvt_tier_promote(&got, c, q, 80, &po) == 0);
+  CHECK(same_rows(got, &e, 64));
+  kvt_entry_free(got);
+  CHECK(count_chunk_files(oc.cache_dir) == 4);
+  /* read_entry of that prefix by its hash: local now */
+  char h64[65];
+  kvt_token_hash(h64, q, 64);
+  got = NULL;
+  CHECK(kvt_tier_read_entry(&got, c, q, 64, h64) == 0);
+  CHECK(same_rows(got, &e, 64));
+  kvt_entry_free(got);
+
+  /* another model_id on the same store sees none of it */
+  kvt_options od = ropts("rt-ch-d", url, P, KVT_REMOTE_LOCAL_AND_REMOTE);
+  od.chunk_tokens = 16;
+  od.model_id = "other";
+  kvt_tier *d = t_open(&od);
+  msleep(200);
+  CHECK(kvt_tier_lookup(&info, d, e.tokens, e.n_tokens) == KVT_ENOTFOUND);
+  CHECK(kvt_tier_lookup_prefix(&info, d, q, 80) == KVT_ENOTFOUND);
+  CHECK(promote_check(d, &e) == 0);
+  CHECK(count_chunk_files(od.cache_dir) == 0);
+  kvt_tier_free(d);
+
+  /* remote-only: the spill's chunks are uploaded from the snapshot (none
+   * stored locally), the 6 shared ones not sent again; read back by B */
+  kvt_options oe = ropts("rt-ch-e", url, P, KVT_REMOTE_ONLY);
+  oe.chunk_tokens = 16;
+  oe.model_id = "m";
+  kvt_tier *ro = t_open(&oe);
+  REQUIRE(kvt_tier_start_writer(ro) == 0);
+  t_entry f = t_make(78, 130, 2, 130, 8);
+  memcpy(f.tokens, e.tokens, 96 * sizeof *f.tokens); /* e's 6 chunks */
+  kvt_token_hash(f.hash, f.tokens, f.n_tokens);
+  for (uint32_t l = 0; l < 2; l++) /* the same KV rows for them */
+    for (uint32_t k = 0; k < 2; k++)
+      for (size_t h = 0; h < 2; h++)
+        memcpy((float *)f.layers[l].tensors[k].data + h * 130 * 8,
+               (const float *)e.layers[l].tensors[k].data + h * 100 * 8,
+               96 * 8 * 4);
+  CHECK(t_spill(ro, &f) == 0);
+  CHECK(kvt_tier_flush(ro, 30000) == 0);
+  CHECK(stats_of(ro).remote_spill_count == 1);
+  CHECK(count_chunk_files(oe.cache_dir) == 0);
+  char *o2 =
+      sh_out("redis-cli -p %d --scan --pattern '%s{c:*' | wc -l", port, P);
+  CHECK(o2 && atoi(o2) == 8); /* 6 shared + 2 new */
+  free(o2);
+  tries = 0;
+  while (kvt_tier_lookup(&info, b, f.tokens, f.n_tokens) != 0 && tries++ < 200)
+    msleep(25);
+  CHECK(promote_check(b, &f) == 1);
+  CHECK(count_chunk_files(ob.cache_dir) == 8); /* fetched only the 2 new */
+  kvt_tier_free(ro);
+  t_free(&f);
+
+  /* remote verify of a chained entry checks every chunk; damaged chunks
+   * are found (the entry is then removed, as every remote reader does) */
+  CHECK(kvt_tier_remote_verify(a, e.hash) == 0);
+  char *rr = sh_out("redis-cli -p %d --scan --pattern '%s{c:*' | while read k; "
+                    "do redis-cli -p %d SETRANGE \"$k\" 300 XXXX; done",
+                    port, P, port);
+  free(rr);
+  CHECK(kvt_tier_remote_verify(a, e.hash) == KVT_ECORRUPT);
+  CHECK(kvt_tier_remote_verify(a, e.hash) == KVT_ENOTFOUND); /* removed */
+  kvt_tier_free(c);
+  kvt_tier_free(b);
+  kvt_tier_free(a);
+  t_free(&e);
+  kill_server(srv);
+}
+
+/* ------------------------------------------------------------------------ */
+
 /* Cluster                                                                  */
 /* ------------------------------------------------------------------------ */
 
@@ -1116,6 +1278,7 @@ int main(int argc, char **argv) {
   RUN(test_retention_ttl);
   RUN(test_prefix_paging);
   RUN(test_eviction);
+  RUN(test_chunks);
   RUN(test_cluster);
   kill_all();
   return kvt_test_done();

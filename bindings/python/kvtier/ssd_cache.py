@@ -178,9 +178,12 @@ class SSDCacheConfig:
             prefixes of pure-KV models even where no spill ended
             (docs/FORMAT.md section 10); 0 = one entry per spill, as the
             reference. Ignored in "compat" mode (the reference's layout).
+            With remote_url, chunks are shared between nodes of the same
+            model_id (docs/REMOTE.md "Chunks shared between nodes").
         model_id: namespace of the chunks; None = the cache directory's name
             (the reference's per-model directory), so two models never share
-            chunks.
+            chunks; nodes sharing a remote store share chunks only under the
+            same model_id.
     """
 
     cache_dir: str | None = None

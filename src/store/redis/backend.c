@@ -207,9 +207,35 @@ int kvti_rb_rman_parse(rmanifest *m, const char *txt, size_t len,
   const cJSON *hs = cJSON_GetObjectItemCaseSensitive(o, "hash");
   const cJSON *ca = cJSON_GetObjectItemCaseSensitive(o, "created_at");
   uint64_t sm = 0;
-  if (!cJSON_IsNumber(ver) || ver->valueint != 1 || !cJSON_IsString(gen) ||
-      strlen(gen->valuestring) != 16 || !cJSON_IsArray(files) ||
-      !cJSON_IsArray(sums) || !cJSON_IsString(hs) ||
+  /* Version 2 = a chained entry's tail: its "chain" says where the rest is
+   * (a reader of version 1 only refuses it: never serves a tail alone). */
+  if (cJSON_IsNumber(ver) && ver->valueint == 2) {
+    const cJSON *ch = cJSON_GetObjectItemCaseSensitive(o, "chain");
+    const cJSON *lk = cJSON_GetObjectItemCaseSensitive(ch, "last");
+    const cJSON *ly = cJSON_GetObjectItemCaseSensitive(ch, "layout");
+    const cJSON *sd = cJSON_GetObjectItemCaseSensitive(ch, "seed");
+    uint64_t ct = 0;
+    kvti_chained_entry *ce = &m->meta.chain;
+    if (!cJSON_IsObject(ch) || num_u64(ch, "chunks", &ce->chunks) ||
+        num_u64(ch, "chunk_tokens", &ct) ||
+        num_u64(ch, "rows", &ce->total_rows) || !cJSON_IsString(lk) ||
+        kvti_unhex32(ce->last_key, lk->valuestring) || !cJSON_IsString(ly) ||
+        strlen(ly->valuestring) != 16 || kvti_unhex32(ce->hash, hash) ||
+        ce->chunks == 0 || ct < 16 || ct > 4096 || (ct & (ct - 1)) ||
+        !cJSON_IsString(sd) ||
+        kvti_unhex32(m->meta.chain_seed, sd->valuestring))
+      goto out;
+    char *end = NULL;
+    ce->layout_hash = strtoull(ly->valuestring, &end, 16);
+    if (!end || *end)
+      goto out;
+    ce->chunk_tokens = (uint32_t)ct;
+    m->meta.chained = 1;
+  } else if (!cJSON_IsNumber(ver) || ver->valueint != 1) {
+    goto out;
+  }
+  if (!cJSON_IsString(gen) || strlen(gen->valuestring) != 16 ||
+      !cJSON_IsArray(files) || !cJSON_IsArray(sums) || !cJSON_IsString(hs) ||
       strcmp(hs->valuestring, hash) != 0 || !cJSON_IsNumber(ca) ||
       num_u64(o, "num_tokens", &m->meta.num_tokens) ||
       num_u64(o, "memory_bytes", &m->meta.memory_bytes) ||
@@ -532,7 +558,8 @@ static int list_files(rfile **out, size_t *n, const char *dir) {
 /* Uploads the files of entry_dir as entry hash. */
 static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
                       const char *entry_dir, const int32_t *tokens, size_t n,
-                      uint64_t memory_bytes, int storage_mode) {
+                      uint64_t memory_bytes, int storage_mode,
+                      const kvti_chained_entry *ce, const uint8_t *seed) {
   rfile *files = NULL;
   size_t nf = 0;
   int rc = list_files(&files, &nf, entry_dir);
@@ -625,8 +652,23 @@ static int upload_dir(redis_backend *rb, uint64_t *total_out, const char *hash,
     rc = KVT_ERR_NOMEM();
     goto out;
   }
-  cJSON_AddNumberToObject(o, "kvtier_remote", 1);
+  cJSON_AddNumberToObject(o, "kvtier_remote", ce ? 2 : 1);
   cJSON_AddStringToObject(o, "hash", hash);
+  if (ce) {
+    cJSON *ch = cJSON_AddObjectToObject(o, "chain");
+    char lk[65], ly[17], sd[65];
+    kvti_hex32(lk, ce->last_key);
+    kvti_hex32(sd, seed);
+    snprintf(ly, sizeof ly, "%016" PRIx64, ce->layout_hash);
+    if (ch) {
+      cJSON_AddNumberToObject(ch, "chunks", (double)ce->chunks);
+      cJSON_AddNumberToObject(ch, "chunk_tokens", ce->chunk_tokens);
+      cJSON_AddStringToObject(ch, "last", lk);
+      cJSON_AddStringToObject(ch, "layout", ly);
+      cJSON_AddStringToObject(ch, "seed", sd);
+      cJSON_AddNumberToObject(ch, "rows", (double)ce->total_rows);
+    }
+  }
   cJSON_AddStringToObject(o, "gen", gen);
   cJSON_AddNumberToObject(o, "num_tokens", (double)n);
   cJSON_AddNumberToObject(o, "memory_bytes", (double)memory_bytes);
@@ -722,8 +764,9 @@ out:
   return rc;
 }
 
-static int rb_put(kvti_backend *b, uint64_t *disk_bytes, const kvti_snapshot *s,
-                  const kvti_write_opts *o) {
+static int put_common(kvti_backend *b, uint64_t *disk_bytes,
+                      const kvti_snapshot *s, const kvti_write_opts *o,
+                      const kvti_chained_entry *ce, const uint8_t *seed) {
   redis_backend *rb = kvti_rb(b);
   char *stage = NULL;
   int rc = kvti_rb_stage(b, &stage);
@@ -742,12 +785,24 @@ static int rb_put(kvti_backend *b, uint64_t *disk_bytes, const kvti_snapshot *s,
       rc = KVT_ENOMEM;
     else
       rc = upload_dir(rb, disk_bytes, hash, dir, tokens, n,
-                      kvti_snapshot_memory_bytes(s), o->storage_mode);
+                      kvti_snapshot_memory_bytes(s), o->storage_mode, ce, seed);
     kvti_free(dir);
   }
   kvti_rmtree(stage);
   kvti_free(stage);
   return rc;
+}
+
+static int rb_put(kvti_backend *b, uint64_t *disk_bytes, const kvti_snapshot *s,
+                  const kvti_write_opts *o) {
+  return put_common(b, disk_bytes, s, o, NULL, NULL);
+}
+
+static int rb_put_chained(kvti_backend *b, uint64_t *disk_bytes,
+                          const kvti_snapshot *s, const kvti_write_opts *o,
+                          const kvti_chained_entry *ce,
+                          const uint8_t seed[32]) {
+  return put_common(b, disk_bytes, s, o, ce, seed);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -870,6 +925,12 @@ static const kvti_backend_ops redis_ops = {.name = "redis",
                                            .stage = kvti_rb_stage,
                                            .fetch = kvti_rb_fetch,
                                            .reach = kvti_rb_reach,
+                                           .chunk_has = kvti_rb_chunk_has,
+                                           .chunk_put = kvti_rb_chunk_put,
+                                           .chunk_get = kvti_rb_chunk_get,
+                                           .chunk_remove = kvti_rb_chunk_remove,
+                                           .chunk_lookup = kvti_rb_chunk_lookup,
+                                           .put_chained = rb_put_chained,
                                            .destroy = rb_destroy};
 
 int kvti_backend_redis_new(kvti_backend **out, const kvti_remote_cfg *cfg) {

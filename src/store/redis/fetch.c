@@ -140,8 +140,14 @@ int kvti_rb_get(kvti_backend *b, kvt_entry **out, const char *hash,
   int rc = kvti_rb_stage(b, &stage);
   if (rc != 0)
     return rc;
-  rc = kvti_rb_fetch(b, NULL, hash, stage);
-  if (rc == 0) {
+  kvti_backend_meta meta;
+  rc = kvti_rb_fetch(b, &meta, hash, stage);
+  if (rc == 0 && meta.chained)
+    rc = KVT_ERR(KVT_EUNSUPPORTED,
+                 "remote entry %.16s is a chained entry's tail: it is read "
+                 "with its chunks by the tier (docs/REMOTE.md)",
+                 hash);
+  else if (rc == 0) {
     rc = kvti_entry_read(out, stage, hash, o);
     if (rc == KVT_ECORRUPT || rc == KVT_ENOTFOUND) {
       kvti_error_state es;

@@ -12,6 +12,7 @@
  * its poll at stop, so closing a tier never waits for a timeout.
  */
 #include "store/redis/mirror.h"
+#include "store/redis/cmirror.h"
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/hashmap.h"
@@ -52,8 +53,9 @@ typedef struct mtab {
 struct kvr_mirror {
   kvr_client *cl;
   char *prefix;
-  pthread_rwlock_t lk; /* tab */
+  pthread_rwlock_t lk; /* tab, ctab */
   mtab tab;
+  kvr_ctab ctab; /* chunks (cmirror.h) */
   atomic_int synced;
   atomic_uint_fast64_t gen;
   atomic_int stop;
@@ -241,14 +243,107 @@ size_t kvr_mirror_event(char *buf, size_t cap, const char *hash,
   return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
 }
 
+void kvr_mirror_chunk_put(kvr_mirror *m, const kvti_chain_rec *rec) {
+  if (!m)
+    return;
+  pthread_rwlock_wrlock(&m->lk);
+  if (kvr_ctab_put(&m->ctab, rec) != 0)
+    kvt_clear_error(); /* out of memory: a lookup then misses it, no more */
+  pthread_rwlock_unlock(&m->lk);
+}
+
+void kvr_mirror_chunk_del(kvr_mirror *m, const uint8_t key[32]) {
+  if (!m)
+    return;
+  pthread_rwlock_wrlock(&m->lk);
+  kvr_ctab_del(&m->ctab, key);
+  pthread_rwlock_unlock(&m->lk);
+}
+
+size_t kvr_mirror_chunk_lookup(kvr_mirror *m, const uint8_t *ns, size_t ns_len,
+                               const int32_t *tokens, size_t n,
+                               uint32_t chunk_tokens, kvti_chain_rec *out,
+                               size_t max) {
+  if (!m || !atomic_load(&m->synced))
+    return 0;
+  pthread_rwlock_rdlock(&m->lk);
+  size_t k =
+      kvr_ctab_lookup(&m->ctab, ns, ns_len, tokens, n, chunk_tokens, out, max);
+  pthread_rwlock_unlock(&m->lk);
+  return k;
+}
+
+size_t kvr_mirror_chunk_count(kvr_mirror *m) {
+  pthread_rwlock_rdlock(&m->lk);
+  size_t n = m->ctab.live;
+  pthread_rwlock_unlock(&m->lk);
+  return n;
+}
+
+size_t kvr_mirror_chunk_event(char *buf, size_t cap, const uint8_t key[32],
+                              const kvti_chain_rec *rec) {
+  char kh[65], rt[320];
+  kvti_hex32(kh, key);
+  int n;
+  if (rec) {
+    if (!kvr_crec_format(rt, sizeof rt, rec))
+      return 0;
+    n = snprintf(buf, cap, "kvt1 + c %s %s", kh, rt);
+  } else {
+    n = snprintf(buf, cap, "kvt1 - c %s", kh);
+  }
+  return n < 0 || (size_t)n >= cap ? 0 : (size_t)n;
+}
+
+size_t kvr_mirror_chunk_index_key(char *buf, size_t cap, const char *prefix,
+                                  int shard) {
+  int n = snprintf(buf, cap, "%s{ci:%x}", prefix, (unsigned)shard & 15u);
+  return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+}
+
+/* A key the server evicted or expired (keyspace notifications): a chunk
+ * (<P>{c:<key>}) or an entry's manifest (<P>{<hash>}:m) leaves the mirror. */
+static void apply_keyevent(kvr_mirror *m, const char *key, size_t len) {
+  size_t pl = strlen(m->prefix);
+  if (len < pl || memcmp(key, m->prefix, pl) != 0)
+    return;
+  key += pl;
+  len -= pl;
+  char hex[65];
+  uint8_t k[32];
+  if (len == 3 + 64 + 1 && !memcmp(key, "{c:", 3) && key[67] == '}') {
+    memcpy(hex, key + 3, 64);
+    hex[64] = '\0';
+    if (kvti_unhex32(k, hex) == 0)
+      kvr_mirror_chunk_del(m, k);
+  } else if (len == 1 + 64 + 3 && key[0] == '{' &&
+             !memcmp(key + 65, "}:m", 3)) {
+    memcpy(hex, key + 1, 64);
+    hex[64] = '\0';
+    if (kvti_is_hash_name(hex))
+      kvr_mirror_del(m, hex);
+  }
+}
+
 /* Applies one event message; anything malformed or of another kind is
  * ignored (a newer writer may publish kinds this reader does not know). */
 static void apply_event(kvr_mirror *m, const char *msg, size_t len) {
-  char b[256];
+  char b[512];
   if (len >= sizeof b)
     return;
   memcpy(b, msg, len);
   b[len] = '\0';
+  if (len >= 9 + 64 && !memcmp(b, "kvt1 ", 5) && !memcmp(b + 6, " c ", 3)) {
+    /* "kvt1 + c <key> <record>" / "kvt1 - c <key>" */
+    kvti_chain_rec rec;
+    const char *key = b + 9;
+    if (b[5] == '+' && len > 9 + 64 + 1 && key[64] == ' ' &&
+        kvr_crec_parse(&rec, key, 64, key + 65, len - 9 - 65) == 0)
+      kvr_mirror_chunk_put(m, &rec);
+    else if (b[5] == '-' && len == 9 + 64 && kvti_unhex32(rec.key, key) == 0)
+      kvr_mirror_chunk_del(m, rec.key);
+    return;
+  }
   char op[4], kind[8], hash[80], set[MR_SET_MAX + 8];
   unsigned long long n = 0;
   int got = sscanf(b, "kvt1 %3s %7s %79s %87s %llu", op, kind, hash, set, &n);
@@ -268,6 +363,7 @@ static void apply_event(kvr_mirror *m, const char *msg, size_t len) {
 typedef struct resync {
   kvr_mirror *m;
   mtab fresh;
+  kvr_ctab cfresh;
   char pattern[600];
   size_t plen;
   int rc;
@@ -284,6 +380,15 @@ static void glob_escape(char *out, size_t cap, const char *s) {
   out[k] = '\0';
 }
 
+/* Runs argv (argv[1] = the key, klen bytes) on the key's node. */
+static int run_on_key(resync *rs, const char **argv, int argc, size_t klen,
+                      redisReply **r) {
+  kvr_cmd c;
+  kvr_cmd_set(&c, argc, argv);
+  c.len[1] = klen;
+  return kvr_exec(rs->m->cl, argv[1], klen, &c, 1, r);
+}
+
 /* ZRANGE of one prefix set key into the fresh table. */
 static int load_set(resync *rs, const char *key, size_t klen) {
   if (klen < rs->plen + 4 || klen - rs->plen - 2 >= MR_SET_MAX)
@@ -292,11 +397,8 @@ static int load_set(resync *rs, const char *key, size_t klen) {
   memcpy(set, key + rs->plen + 1, klen - rs->plen - 2); /* strip the braces */
   set[klen - rs->plen - 2] = '\0';
   const char *argv[] = {"ZRANGE", key, "0", "-1", "WITHSCORES"};
-  kvr_cmd c;
-  kvr_cmd_set(&c, 5, argv);
-  c.len[1] = klen;
   redisReply *r = NULL;
-  int rc = kvr_exec(rs->m->cl, key, klen, &c, 1, &r);
+  int rc = run_on_key(rs, argv, 5, klen, &r);
   if (rc != 0)
     return rc;
   if (r->type == REDIS_REPLY_ARRAY) {
@@ -331,6 +433,29 @@ static int scan_master(void *vctx, kvr_client *c, int node) {
   return kvr_scan(c, node, rs->pattern, scan_key, rs);
 }
 
+/* HGETALL of chunk index shard sh (<P>{ci:<hex digit>}) into the fresh
+ * chunk table. */
+static int load_chunk_shard(resync *rs, int sh) {
+  char key[600];
+  size_t klen = kvr_mirror_chunk_index_key(key, sizeof key, rs->m->prefix, sh);
+  const char *argv[] = {"HGETALL", key};
+  redisReply *r = NULL;
+  int rc = run_on_key(rs, argv, 2, klen, &r);
+  if (rc != 0)
+    return rc;
+  if (r->type == REDIS_REPLY_ARRAY) {
+    for (size_t i = 0; rc == 0 && i + 1 < r->elements; i += 2) {
+      const redisReply *f = r->element[i], *v = r->element[i + 1];
+      kvti_chain_rec rec;
+      if (f->type == REDIS_REPLY_STRING && v->type == REDIS_REPLY_STRING &&
+          kvr_crec_parse(&rec, f->str, f->len, v->str, v->len) == 0)
+        rc = kvr_ctab_put(&rs->cfresh, &rec);
+    }
+  }
+  freeReplyObject(r);
+  return rc;
+}
+
 /* Rebuilds the table from the store; on success it replaces the old one. */
 static int resync_all(kvr_mirror *m) {
   resync rs;
@@ -341,15 +466,21 @@ static int resync_all(kvr_mirror *m) {
   snprintf(rs.pattern, sizeof rs.pattern, "%s{[zs]:*}", esc);
   rs.plen = strlen(m->prefix);
   int rc = kvr_foreach_master(m->cl, scan_master, &rs);
+  for (int sh = 0; rc == 0 && sh < 16; sh++)
+    rc = load_chunk_shard(&rs, sh);
   if (rc != 0) {
     tab_free(&rs.fresh);
+    kvr_ctab_free(&rs.cfresh);
     return rc;
   }
   pthread_rwlock_wrlock(&m->lk);
   mtab old = m->tab;
+  kvr_ctab cold = m->ctab;
   m->tab = rs.fresh;
+  m->ctab = rs.cfresh;
   pthread_rwlock_unlock(&m->lk);
   tab_free(&old);
+  kvr_ctab_free(&cold);
   atomic_fetch_add(&m->gen, 1);
   return 0;
 }
@@ -379,6 +510,19 @@ static void session(kvr_mirror *m, kvr_conn *cn, uint32_t *backoff) {
            r->element[0]->type == REDIS_REPLY_STRING &&
            !strcmp(r->element[0]->str, "subscribe");
   freeReplyObject(r);
+  /* Evictions and expirations, when the server publishes them
+   * (notify-keyspace-events with E and e/x): nothing arrives otherwise. */
+  static const char *const kev[2] = {"__keyevent@*__:evicted",
+                                     "__keyevent@*__:expired"};
+  for (int i = 0; ok && i < 2; i++) {
+    const char *pv[2] = {"PSUBSCRIBE", kev[i]};
+    size_t pl[2] = {10, strlen(kev[i])};
+    r = NULL;
+    if (kvr_conn_call(cn, &r, 2, pv, pl, 2000) != 0)
+      return;
+    ok = r->type == REDIS_REPLY_ARRAY;
+    freeReplyObject(r);
+  }
   if (!ok || resync_all(m) != 0) {
     kvt_clear_error();
     return;
@@ -414,6 +558,11 @@ static void session(kvr_mirror *m, kvr_conn *cn, uint32_t *backoff) {
         !strcmp(r->element[0]->str, "message") &&
         r->element[2]->type == REDIS_REPLY_STRING)
       apply_event(m, r->element[2]->str, r->element[2]->len);
+    else if (r->type == REDIS_REPLY_ARRAY && r->elements == 4 &&
+             r->element[0]->type == REDIS_REPLY_STRING &&
+             !strcmp(r->element[0]->str, "pmessage") &&
+             r->element[3]->type == REDIS_REPLY_STRING)
+      apply_keyevent(m, r->element[3]->str, r->element[3]->len);
     freeReplyObject(r);
   }
   free(ping); /* hiredis allocates with malloc */
@@ -489,6 +638,7 @@ void kvr_mirror_stop(kvr_mirror *m) {
     if (m->wake[i] >= 0)
       close(m->wake[i]);
   tab_free(&m->tab);
+  kvr_ctab_free(&m->ctab);
   pthread_rwlock_destroy(&m->lk);
   kvti_free(m->prefix);
   kvti_free(m);

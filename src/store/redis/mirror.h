@@ -14,15 +14,18 @@
  * confirmed by hashing the query's prefix, then by one GET of its manifest).
  *
  * Event grammar (one text message): "kvt1 + <kind> <name> <set> <len>" and
- * "kvt1 - <kind> <name>"; kind "e" = an entry. Other kinds are ignored, so a
- * later chunked store (issue 13) can publish "c" (chunk) events and extend the
- * mirror with a second record kind without breaking older readers.
+ * "kvt1 - <kind> <name>"; kind "e" = an entry; kind "c" = a chunk of the
+ * chunked store: "kvt1 + c <key hex> <record>" (cmirror.h's text form) and
+ * "kvt1 - c <key hex>". Other kinds are ignored (newer writers). With the
+ * server's keyspace notifications on (notify-keyspace-events with E and e or
+ * x), evicted and expired manifests and chunks leave the mirror too.
  * Thread-safe: lookups take a read lock; the thread and the backend's own puts
  * and removes take the write lock.
  */
 #ifndef KVT_REDIS_MIRROR_H
 #define KVT_REDIS_MIRROR_H
 
+#include "index/chain.h"
 #include "store/redis/rclient.h"
 
 #include <stddef.h>
@@ -60,5 +63,22 @@ size_t kvr_mirror_event(char *buf, size_t cap, const char *hash,
                         const char *set_id, uint64_t len);
 /* Entries mirrored now (tests, stats). */
 size_t kvr_mirror_count(kvr_mirror *m);
+
+/* ---- chunks (cmirror.h) ---- */
+void kvr_mirror_chunk_put(kvr_mirror *m, const kvti_chain_rec *rec);
+void kvr_mirror_chunk_del(kvr_mirror *m, const uint8_t key[32]);
+/* Longest mirrored chain over tokens (kvr_ctab_lookup); 0 while the mirror
+ * is not in sync. */
+size_t kvr_mirror_chunk_lookup(kvr_mirror *m, const uint8_t *ns, size_t ns_len,
+                               const int32_t *tokens, size_t n,
+                               uint32_t chunk_tokens, kvti_chain_rec *out,
+                               size_t max);
+size_t kvr_mirror_chunk_count(kvr_mirror *m);
+/* A chunk event: rec != NULL = stored, NULL = gone. Length or 0. */
+size_t kvr_mirror_chunk_event(char *buf, size_t cap, const uint8_t key[32],
+                              const kvti_chain_rec *rec);
+/* The chunk index shard key <P>{ci:<hex digit>} (shard 0..15). */
+size_t kvr_mirror_chunk_index_key(char *buf, size_t cap, const char *prefix,
+                                  int shard);
 
 #endif

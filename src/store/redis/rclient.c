@@ -250,6 +250,13 @@ int kvr_is_cluster(kvr_client *c) {
   return r;
 }
 
+int kvr_is_standalone(kvr_client *c) {
+  pthread_mutex_lock(&c->mu);
+  int r = c->mode == 1;
+  pthread_mutex_unlock(&c->mu);
+  return r;
+}
+
 /* ------------------------------------------------------------------------ */
 /* The slot map                                                             */
 /* ------------------------------------------------------------------------ */

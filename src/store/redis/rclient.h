@@ -77,6 +77,9 @@ int kvr_client_dedicated(kvr_client *c, kvr_conn **out);
 
 /* 1 when the server is a cluster (after the first successful contact). */
 int kvr_is_cluster(kvr_client *c);
+/* 1 when it is known to be a standalone server (after the first contact):
+ * then any keys may share one pipeline. */
+int kvr_is_standalone(kvr_client *c);
 
 /* Convenience: fills a command from NUL-terminated strings. */
 void kvr_cmd_set(kvr_cmd *cmd, int argc, const char *const *argv);
