@@ -10,10 +10,12 @@
  * new prompt = the system prompt + 300 new tokens: tokens served by a prefix
  * query (bit-exact check of the served KV included); then (e) a durable spill
  * of a 256-token Llama-3-8B-shaped entry (32 layers, 8 KV heads x 128, fp16)
- * through the chunked store vs fio O_DIRECT write of the same bytes, median of
- * rounds; finally the chat workload with default options (bench/benchchat.h,
- * the same as `kvtier bench --preset chat`). Usage: bench_chunked [chunk
- * sizes, default 16,32,64,128,256,512] [rounds=3]. No assertions.
+ * through the chunked store vs fio O_DIRECT write of the same bytes, and (f)
+ * the cold promote of that entry vs fio O_DIRECT read (also for a 1024-token
+ * entry at C=256), median of rounds of paired ratios; finally the chat
+ * workload with default options (bench/benchchat.h, the same as `kvtier
+ * bench --preset chat`). Usage: bench_chunked [chunk sizes, default
+ * 16,32,64,128,256,512] [rounds=3]. No assertions.
  */
 #include "benchchat.h"
 #include "benchutil.h"
@@ -233,50 +235,53 @@ static void run_size(const char *base, uint32_t C) {
          m ? (exact ? " bit-exact" : " MISMATCH") : "");
 }
 
-/* (e) durable spill of a 256-token Llama-3-8B-shaped entry vs fio. */
-static void run_spill(const char *base, uint32_t C, int rounds) {
+/* (e) durable spill of an ntok-token Llama-3-8B-shaped entry vs fio O_DIRECT
+ * write, then (f) its cold promote (chunk and entry files dropped from the
+ * page cache) vs fio O_DIRECT read of the same bytes, paired per round. */
+static void run_spill(const char *base, uint32_t C, int rounds, int ntok) {
   enum { L8B = 32 };
-  double ratios[16], bws[16], fios[16];
-  uint64_t bytes = 256ull * L8B * HEADS * DIM * 2 * 2;
-  for (int k = 0; k < rounds && k < 16; k++) {
+  double ratios[16], bws[16], fios[16], pr[16], pbw[16], pfio[16];
+  uint64_t bytes = (uint64_t)ntok * L8B * HEADS * DIM * 2 * 2;
+  int k;
+  for (k = 0; k < rounds && k < 16; k++) {
     char f[4096];
     snprintf(f, sizeof f, "%s/fio.dat", base);
     bu_fio_job job = {f, "write", 1, 1 << 20, bytes, 8, "io_uring", 1, 0};
-    double fbw = 0;
+    double fbw = 0, frbw = 0;
     if (bu_fio(&fbw, &job) != 0)
       fbw = 0;
+    bu_fio_job rj = {f, "read", 1, 1 << 20, bytes, 8, "io_uring", 0, 1};
+    if (bu_fio(&frbw, &rj) != 0)
+      frbw = 0;
     unlink(f);
     env v;
     if (env_open(&v, base, "e", C, 1))
       exit(1);
-    int32_t tok[256];
-    for (int i = 0; i < 256; i++)
-      tok[i] = 50000 + k * 1000 + i;
-    conv c;
-    /* conv_make supports LAYERS layers only: build 32 layers here. */
+    int32_t *tok = malloc((size_t)ntok * sizeof *tok);
+    for (int i = 0; i < ntok; i++)
+      tok[i] = 50000 + k * 10000 + i;
     kvt_layer *ls = calloc(L8B, sizeof *ls);
     kvt_tensor *ts = calloc(L8B * 2, sizeof *ts);
     for (int L = 0; L < L8B; L++) {
       kvt_layer_init(&ls[L], KVT_LAYER_KV);
       ls[L].num_tensors = 2;
       ls[L].tensors = &ts[2 * L];
-      ls[L].offset = 256;
+      ls[L].offset = ntok;
       for (int j = 0; j < 2; j++) {
         kvt_tensor *t = &ts[2 * L + j];
         t->dtype = KVT_DTYPE_F16;
         t->ndim = 4;
         t->shape[0] = 1;
         t->shape[1] = HEADS;
-        t->shape[2] = 256;
+        t->shape[2] = ntok;
         t->shape[3] = DIM;
-        t->nbytes = (uint64_t)HEADS * 256 * DIM * 2;
+        t->nbytes = (uint64_t)HEADS * ntok * DIM * 2;
         t->data = malloc(t->nbytes);
         memset(t->data, 0x3c + L + j, t->nbytes);
       }
     }
-    (void)c;
     kvti_snapshot *s;
-    kvti_snapshot_create(&s, tok, 256, ls, L8B, bytes, 0, NULL, NULL);
+    kvti_snapshot_create(&s, tok, (size_t)ntok, ls, L8B, bytes, 0, NULL, NULL);
     kvti_write_opts wo = {KVT_STORAGE_NATIVE, 1, 0600, 0700, 0};
     kvti_chunked_put_result res;
     double t0 = bu_now();
@@ -287,26 +292,52 @@ static void run_spill(const char *base, uint32_t C, int rounds) {
       free(ts[i].data);
     free(ts);
     free(ls);
+    /* Cold promote: every file of the store out of the page cache. */
+    char h[65], cdir[4200], ddir[4200];
+    kvt_token_hash(h, tok, (size_t)ntok);
+    snprintf(cdir, sizeof cdir, "%s/chunks", v.dir);
+    snprintf(ddir, sizeof ddir, "%s/data", v.dir);
+    bu_drop_cache_tree(cdir);
+    bu_drop_cache_tree(ddir);
+    kvt_entry *e = NULL;
+    kvti_read_opts ro = {0};
+    double t1 = bu_now();
+    int prc = rc ? rc : kvti_chunked_get(v.ck, v.be, &e, h, &ro, NULL, NULL);
+    double dp = bu_now() - t1;
+    kvt_entry_free(e);
+    free(tok);
     env_close(&v);
-    if (rc) {
-      fprintf(stderr, "spill: %s\n", kvt_last_error());
+    if (rc || prc) {
+      fprintf(stderr, "%s: %s\n", rc ? "spill" : "promote", kvt_last_error());
       return;
     }
     bws[k] = (double)bytes / dt;
     fios[k] = fbw;
     ratios[k] = fbw > 0 ? bws[k] / fbw : 0;
+    pbw[k] = (double)bytes / dp;
+    pfio[k] = frbw;
+    pr[k] = frbw > 0 ? pbw[k] / frbw : 0;
   }
+  rounds = k;
   double bw = bu_median(bws, rounds), fb = bu_median(fios, rounds);
   double ratio = bu_median(ratios, rounds);
-  char lim[128];
+  char lim[160];
   snprintf(lim, sizeof lim,
            "fio --rw=write --direct=1 --bs=1M --iodepth=8 --ioengine=io_uring "
            "--end_fsync=1 --size=%lluM",
            (unsigned long long)(bytes >> 20));
   char name[64];
-  snprintf(name, sizeof name, "spill_256tok_8B_C%u", C);
+  snprintf(name, sizeof name, "spill_%dtok_8B_C%u", ntok, C);
   bu_report_ratio(name, bw / 1048576.0, fb / 1048576.0, ratio, "MiB/s", lim,
                   0.85, 1);
+  snprintf(lim, sizeof lim,
+           "fio --rw=read --direct=1 --bs=1M --iodepth=8 --ioengine=io_uring "
+           "--invalidate=1 --size=%lluM",
+           (unsigned long long)(bytes >> 20));
+  snprintf(name, sizeof name, "cold_promote_%dtok_8B_C%u", ntok, C);
+  bu_report_ratio(name, bu_median(pbw, rounds) / 1048576.0,
+                  bu_median(pfio, rounds) / 1048576.0, bu_median(pr, rounds),
+                  "MiB/s", lim, 0.85, 1);
 }
 
 int main(int argc, char **argv) {
@@ -325,8 +356,11 @@ int main(int argc, char **argv) {
   for (int i = 0; i < ns; i++)
     run_size(base, (uint32_t)sizes[i]);
   if (bu_have_fio())
-    for (int i = 0; i < ns; i++)
-      run_spill(base, (uint32_t)sizes[i], rounds);
+    for (int i = 0; i < ns; i++) {
+      run_spill(base, (uint32_t)sizes[i], rounds, 256);
+      if (sizes[i] == 256)
+        run_spill(base, (uint32_t)sizes[i], rounds, 1024);
+    }
   else
     printf("fio not found: spill vs fio O_DIRECT write skipped\n");
   /* The chat workload through the public API with default options

@@ -3,18 +3,21 @@
  * the byte layout (a fixed 128-byte part, namespace, tokens, layout
  * descriptor, block list and header checksum, then the layer-major,
  * head-contiguous data section), its strict parser, the durable writer and the
- * verified data reader. The writer gathers the chunk's rows of every layer
- * into one aligned buffer, hashes it per block once, and publishes it with one
- * write + fsync + rename + directory fsync, so a crash leaves either no chunk
- * or a complete one (at worst a stale <key>.tmp, removed when the chunk is
- * written again or by gc).
+ * verified data reader. The writer hashes the chunk's rows of every layer
+ * per block straight from the caller's tensors, then streams header and rows
+ * through the staged O_DIRECT writer (engine/fwriter.h) into <key>.tmp, and
+ * publishes it with fsync + rename + directory fsync, so a crash leaves either
+ * no chunk or a complete one (at worst a stale <key>.tmp, removed when the
+ * chunk is written again or by gc).
  */
 #include "format/chunk.h"
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "engine/fwriter.h"
 #include "format/dtype.h"
 #include "format/layer.h"
+#include "format/le.h"
 
 #include <fcntl.h>
 #include <openssl/evp.h>
@@ -25,28 +28,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-/* ---- little-endian helpers ---- */
+/* ---- helpers ---- */
 
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--)
-    v = (v << 8) | p[i];
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--)
-    v = (v << 8) | p[i];
-  return v;
-}
 static uint64_t up(uint64_t v, uint64_t a) {
   return (v + a - 1) / a * a;
 }
@@ -62,10 +45,10 @@ int kvti_chunk_ns_encode(uint8_t **out, size_t *len, const char *model_id,
   uint8_t *p = kvti_malloc(a + b + 8);
   if (!p)
     return KVT_ERR_NOMEM();
-  put32(p, (uint32_t)a);
+  kvti_le_put32(p, (uint32_t)a);
   if (a)
     memcpy(p + 4, model_id, a);
-  put32(p + 4 + a, (uint32_t)b);
+  kvti_le_put32(p + 4 + a, (uint32_t)b);
   if (b)
     memcpy(p + 8 + a, salt, b);
   *out = p;
@@ -89,14 +72,14 @@ static int sha256_parts(uint8_t out[32], const void *a, size_t na,
 int kvti_chunk_seed(uint8_t out[32], const uint8_t *ns, size_t ns_len,
                     uint64_t layout_hash) {
   uint8_t lh[8];
-  put64(lh, layout_hash);
+  kvti_le_put64(lh, layout_hash);
   return sha256_parts(out, ns, ns_len, lh, 8, NULL, 0);
 }
 
 int kvti_chunk_key(uint8_t out[32], const uint8_t parent[32],
                    const int32_t *tokens, uint32_t n) {
   uint8_t len[4];
-  put32(len, n);
+  kvti_le_put32(len, n);
   /* Tokens are int32 in native order; every supported platform is
    * little-endian (as tokens.bin, docs/FORMAT.md section 2). */
   return sha256_parts(out, parent, 32, len, 4, tokens, (size_t)n * 4);
@@ -222,39 +205,37 @@ uint64_t kvti_chunk_mem_bytes(const kvti_chunk_src *src) {
 
 /* Writes the layout descriptor of s at d (p->layout_bytes bytes); with data
  * non-NULL also gathers the rows into the data section. */
-static void put_desc(uint8_t *d, uint8_t *data, const kvti_chunk_src *s) {
+static void put_desc(uint8_t *d, const kvti_chunk_src *s) {
   uint64_t off = 0;
-  put32(d, s->spill_layers);
+  kvti_le_put32(d, s->spill_layers);
   d += 4;
   for (uint32_t i = 0; i < s->n_layers; i++) {
     const kvt_layer *l = &s->layers[s->layer_ids[i]];
-    put32(d, (uint32_t)l->kind);
-    put32(d + 4, s->layer_ids[i]);
-    put32(d + 8, l->kind == KVT_LAYER_QUANTIZED_KV ? (uint32_t)l->bits : 0);
-    put32(d + 12,
-          l->kind == KVT_LAYER_QUANTIZED_KV ? (uint32_t)l->group_size : 0);
-    put32(d + 16, l->num_tensors);
+    kvti_le_put32(d, (uint32_t)l->kind);
+    kvti_le_put32(d + 4, s->layer_ids[i]);
+    kvti_le_put32(d + 8,
+                  l->kind == KVT_LAYER_QUANTIZED_KV ? (uint32_t)l->bits : 0);
+    kvti_le_put32(d + 12, l->kind == KVT_LAYER_QUANTIZED_KV
+                              ? (uint32_t)l->group_size
+                              : 0);
+    kvti_le_put32(d + 16, l->num_tensors);
     d += 20;
     for (uint32_t j = 0; j < l->num_tensors; j++) {
       const kvt_tensor *t = &l->tensors[j];
       uint64_t outer, row;
       kvti_chunk_tensor_geom(t, &outer, &row);
       uint64_t nb = outer * row * s->n;
-      put32(d, (uint32_t)t->dtype);
-      put32(d + 4, t->ndim);
+      kvti_le_put32(d, (uint32_t)t->dtype);
+      kvti_le_put32(d + 4, t->ndim);
       d += 8;
       for (uint32_t k = 0; k < t->ndim; k++, d += 8)
-        put64(d, k == t->ndim - 2 ? s->n : (uint64_t)t->shape[k]);
-      put64(d, off);
-      put64(d + 8, nb);
+        kvti_le_put64(d, k == t->ndim - 2 ? s->n : (uint64_t)t->shape[k]);
+      kvti_le_put64(d, off);
+      kvti_le_put64(d + 8, nb);
       d += 16;
       /* Head-contiguous: for every outer index (batch x head) the chunk's n
-       * rows are one extent, so promote copies one extent per head. */
-      uint64_t T = (uint64_t)t->shape[t->ndim - 2];
-      const uint8_t *src = t->data;
-      for (uint64_t o = 0; data && o < outer && row; o++)
-        memcpy(data + off + o * row * s->n, src + (o * T + s->row0) * row,
-               row * s->n);
+       * rows are one extent (for_pieces), so promote copies one extent per
+       * head. */
       off += nb;
     }
   }
@@ -268,21 +249,54 @@ int kvti_chunk_layout_hash(uint64_t *out, const kvti_chunk_src *src) {
   uint8_t *d = kvti_malloc((size_t)p.layout_bytes);
   if (!d)
     return KVT_ERR_NOMEM();
-  put_desc(d, NULL, src);
+  put_desc(d, src);
   *out = XXH3_64bits(d, (size_t)p.layout_bytes);
   kvti_free(d);
   return 0;
 }
 
-/* Fills buf (header_bytes + data_bytes, zeroed) with the whole file. */
-static int build(uint8_t *buf, const plan *p, const kvti_chunk_src *s,
+/* Calls fn for every extent of the chunk's data section in file order:
+ * layer-major, then tensor order, then one extent of n rows per outer index
+ * (batch x head) - the rows [row0, row0 + n) of that head in the caller's
+ * tensor, contiguous there too. The data section is exactly these extents
+ * concatenated, so hashing and writing stream from the caller's tensors with
+ * no gathering copy. */
+typedef int (*piece_fn)(void *ctx, const void *p, size_t n);
+static int for_pieces(const kvti_chunk_src *s, piece_fn fn, void *ctx) {
+  for (uint32_t i = 0; i < s->n_layers; i++) {
+    const kvt_layer *l = &s->layers[s->layer_ids[i]];
+    for (uint32_t j = 0; j < l->num_tensors; j++) {
+      const kvt_tensor *t = &l->tensors[j];
+      uint64_t outer, row;
+      kvti_chunk_tensor_geom(t, &outer, &row);
+      uint64_t T = (uint64_t)t->shape[t->ndim - 2];
+      const uint8_t *src = t->data;
+      for (uint64_t o = 0; o < outer && row; o++) {
+        int rc = fn(ctx, src + (o * T + s->row0) * row, (size_t)(row * s->n));
+        if (rc)
+          return rc;
+      }
+    }
+  }
+  return 0;
+}
+
+static int piece_hash(void *ctx, const void *p, size_t n) {
+  return kvti_blkhash_update(ctx, p, n);
+}
+static int piece_write(void *ctx, const void *p, size_t n) {
+  return kvti_fwriter_append(ctx, p, n);
+}
+
+/* Fills hdr (header_bytes, zeroed) with the chunk's header; the block list is
+ * computed from the caller's tensors (one XXH3 pass, no copy). */
+static int build(uint8_t *hdr, const plan *p, const kvti_chunk_src *s,
                  kvti_chunk_written *w) {
   int rc = kvti_chunk_key(w->key, s->parent, s->tokens, s->n);
   if (rc)
     return rc;
-  uint8_t *data = buf + p->header_bytes;
-  uint8_t *lay = buf + KVTI_CHUNK_FIXED + p->ns_pad + 4ull * s->n;
-  put_desc(lay, data, s);
+  uint8_t *lay = hdr + KVTI_CHUNK_FIXED + p->ns_pad + 4ull * s->n;
+  put_desc(lay, s);
   w->layout_hash = XXH3_64bits(lay, (size_t)p->layout_bytes);
   w->mem_bytes = p->data_bytes;
   w->size = p->header_bytes + p->data_bytes;
@@ -290,7 +304,7 @@ static int build(uint8_t *buf, const plan *p, const kvti_chunk_src *s,
   kvti_blkhash *bh = NULL;
   if ((rc = kvti_blkhash_new(&bh, KVTI_BLK_DEFAULT, p->data_bytes)) != 0)
     return rc;
-  if ((rc = kvti_blkhash_update(bh, data, p->data_bytes)) == 0)
+  if ((rc = for_pieces(s, piece_hash, bh)) == 0)
     rc = kvti_blkhash_final(bh, NULL);
   if (rc == 0) {
     size_t nl;
@@ -298,31 +312,31 @@ static int build(uint8_t *buf, const plan *p, const kvti_chunk_src *s,
     if (nl != p->n_blocks)
       rc = KVT_ERR(KVT_EIO, "chunk: block count mismatch");
     for (size_t k = 0; rc == 0 && k < nl; k++, d += 8)
-      put64(d, list[k]);
+      kvti_le_put64(d, list[k]);
   }
   kvti_blkhash_free(bh);
   if (rc)
     return rc;
-  memcpy(buf, KVTI_CHUNK_MAGIC, 8);
-  put32(buf + 8, KVTI_CHUNK_VERSION);
-  put32(buf + 12, (uint32_t)p->header_bytes);
-  put32(buf + 16, (uint32_t)KVTI_BLK_DEFAULT);
-  put32(buf + 20, 0);
-  memcpy(buf + 24, w->key, 32);
-  memcpy(buf + 56, s->parent, 32);
-  put64(buf + 88, s->index);
-  put32(buf + 96, s->n);
-  put32(buf + 100, s->n_layers);
-  put32(buf + 104, (uint32_t)s->ns_len);
-  put32(buf + 108, (uint32_t)p->layout_bytes);
-  put64(buf + 112, p->data_bytes);
-  put64(buf + 120, 0);
+  memcpy(hdr, KVTI_CHUNK_MAGIC, 8);
+  kvti_le_put32(hdr + 8, KVTI_CHUNK_VERSION);
+  kvti_le_put32(hdr + 12, (uint32_t)p->header_bytes);
+  kvti_le_put32(hdr + 16, (uint32_t)KVTI_BLK_DEFAULT);
+  kvti_le_put32(hdr + 20, 0);
+  memcpy(hdr + 24, w->key, 32);
+  memcpy(hdr + 56, s->parent, 32);
+  kvti_le_put64(hdr + 88, s->index);
+  kvti_le_put32(hdr + 96, s->n);
+  kvti_le_put32(hdr + 100, s->n_layers);
+  kvti_le_put32(hdr + 104, (uint32_t)s->ns_len);
+  kvti_le_put32(hdr + 108, (uint32_t)p->layout_bytes);
+  kvti_le_put64(hdr + 112, p->data_bytes);
+  kvti_le_put64(hdr + 120, 0);
   if (s->ns_len)
-    memcpy(buf + KVTI_CHUNK_FIXED, s->ns, s->ns_len);
-  uint8_t *tk = buf + KVTI_CHUNK_FIXED + p->ns_pad;
+    memcpy(hdr + KVTI_CHUNK_FIXED, s->ns, s->ns_len);
+  uint8_t *tk = hdr + KVTI_CHUNK_FIXED + p->ns_pad;
   for (uint32_t i = 0; i < s->n; i++)
-    put32(tk + 4ull * i, (uint32_t)s->tokens[i]);
-  put64(buf + p->sum_pos, XXH3_64bits(buf, p->sum_pos));
+    kvti_le_put32(tk + 4ull * i, (uint32_t)s->tokens[i]);
+  kvti_le_put64(hdr + p->sum_pos, XXH3_64bits(hdr, p->sum_pos));
   return 0;
 }
 
@@ -347,36 +361,45 @@ int kvti_chunk_write(const char *path, const char *tmp,
   uint64_t total = p.header_bytes + p.data_bytes;
   if (total > SIZE_MAX / 2)
     return KVT_ERR(KVT_ETOOBIG, "chunk too large");
-  uint8_t *buf = kvti_aligned_alloc(4096, (size_t)up(total, 4096));
-  if (!buf)
+  uint8_t *hdr = kvti_calloc(1, (size_t)p.header_bytes);
+  if (!hdr)
     return KVT_ERR_NOMEM();
-  memset(buf, 0, p.header_bytes);
   kvti_chunk_written w;
-  rc = build(buf, &p, src, &w);
-  int fd = -1;
-  if (rc == 0) {
-    fd = kvti_open(tmp, O_WRONLY | O_CREAT | O_EXCL, file_mode);
-    if (fd < 0) {
-      /* A stale tmp left by a crash: remove it and try once more. */
-      kvti_unlink(tmp);
-      fd = kvti_open(tmp, O_WRONLY | O_CREAT | O_EXCL, file_mode);
-    }
-    if (fd < 0)
-      rc = fd;
+  rc = build(hdr, &p, src, &w);
+  /* The file goes through the staged writer (engine/fwriter.h): the tensors'
+   * rows are copied once into aligned staging buffers and written with large
+   * O_DIRECT writes, several in flight (the page cache where O_DIRECT is
+   * unavailable, and for the last partial block); the file is preallocated to
+   * its exact size. */
+  kvti_fwriter_opts fo = KVTI_FWRITER_OPTS_INIT;
+  fo.hash = 0;
+  fo.size_hint = total;
+  fo.file_mode = file_mode;
+  fo.excl = 1;
+  kvti_fwriter *fw = NULL;
+  if (rc == 0 && kvti_fwriter_open(&fw, tmp, &fo) != 0) {
+    /* A stale tmp left by a crash: remove it and try once more. */
+    kvti_unlink(tmp);
+    rc = kvti_fwriter_open(&fw, tmp, &fo);
   }
-  if (rc == 0 && kvti_io->chmod && kvti_io->chmod(tmp, file_mode) != 0)
-    rc = KVT_ERR_OS(errno, "chmod %s", tmp);
   if (rc == 0)
-    rc = kvti_pwrite_all(fd, buf, (size_t)total, 0, tmp);
-  if (rc == 0 && do_fsync)
-    rc = kvti_fsync(fd, tmp);
-  if (fd >= 0) {
-    int crc = kvti_close(fd);
+    rc = kvti_fwriter_append(fw, hdr, (size_t)p.header_bytes);
+  if (rc == 0)
+    rc = for_pieces(src, piece_write, fw);
+  if (fw) {
+    uint64_t size = 0;
     if (rc == 0)
-      rc = crc;
+      rc = kvti_fwriter_finish(fw, &size, NULL, do_fsync); /* frees fw */
+    else
+      kvti_fwriter_abort(fw); /* removes tmp */
+    if (rc == 0 && size != total)
+      rc = KVT_ERR(KVT_EIO, "%s: wrote %llu of %llu bytes", tmp,
+                   (unsigned long long)size, (unsigned long long)total);
+    fw = NULL;
   }
-  if (rc == 0)
-    rc = kvti_rename(tmp, path);
+  kvti_free(hdr);
+  if (rc == 0 && (rc = kvti_rename(tmp, path)) != 0)
+    kvti_unlink(tmp);
   if (rc == 0 && do_fsync) {
     char *d = dir_of(path);
     rc = d ? kvti_fsync_dir(d) : KVT_ERR_NOMEM();
@@ -384,9 +407,6 @@ int kvti_chunk_write(const char *path, const char *tmp,
     if (rc)
       kvti_unlink(path); /* not durable: do not leave it to be indexed */
   }
-  if (rc && fd >= 0)
-    kvti_unlink(tmp);
-  kvti_free(buf);
   if (rc == 0 && out)
     *out = w;
   return rc;
@@ -402,7 +422,7 @@ uint32_t kvti_chunk_header_bytes(const uint8_t *buf, size_t len,
     BAD("%s: not a kvtier chunk (bad magic or truncated)", what);
     return 0;
   }
-  uint32_t hb = get32(buf + 12);
+  uint32_t hb = kvti_le_get32(buf + 12);
   if (hb < KVTI_CHUNK_FIXED + 8 || hb > KVTI_CHUNK_MAX_HEADER || hb % 64) {
     BAD("%s: header length %u out of range", what, hb);
     return 0;
@@ -425,24 +445,24 @@ int kvti_chunk_parse(kvti_chunk_hdr *h, const uint8_t *buf, size_t len,
     return KVT_ECORRUPT;
   if (hb != len)
     return BAD("%s: header length %u, %zu bytes given", what, hb, len);
-  h->version = get32(buf + 8);
+  h->version = kvti_le_get32(buf + 8);
   if (h->version != KVTI_CHUNK_VERSION)
     return KVT_ERR(KVT_EUNSUPPORTED, "%s: chunk version %u unsupported", what,
                    h->version);
   h->header_bytes = hb;
-  h->block_size = get32(buf + 16);
+  h->block_size = kvti_le_get32(buf + 16);
   if (!kvti_blk_size_ok(h->block_size))
     return BAD("%s: bad block size %u", what, h->block_size);
-  if (get32(buf + 20) != 0 || get64(buf + 120) != 0)
+  if (kvti_le_get32(buf + 20) != 0 || kvti_le_get64(buf + 120) != 0)
     return BAD("%s: unknown flags", what);
   memcpy(h->key, buf + 24, 32);
   memcpy(h->parent, buf + 56, 32);
-  h->index = get64(buf + 88);
-  h->n_tokens = get32(buf + 96);
-  h->n_layers = get32(buf + 100);
-  h->ns_len = get32(buf + 104);
-  h->layout_bytes = get32(buf + 108);
-  h->data_bytes = get64(buf + 112);
+  h->index = kvti_le_get64(buf + 88);
+  h->n_tokens = kvti_le_get32(buf + 96);
+  h->n_layers = kvti_le_get32(buf + 100);
+  h->ns_len = kvti_le_get32(buf + 104);
+  h->layout_bytes = kvti_le_get32(buf + 108);
+  h->data_bytes = kvti_le_get64(buf + 112);
   if (h->n_tokens == 0 || h->n_tokens > KVTI_CHUNK_MAX_TOKENS ||
       h->n_layers == 0 || h->n_layers > KVTI_CHUNK_MAX_LAYERS ||
       h->ns_len > KVTI_CHUNK_MAX_NS || h->layout_bytes > hb ||
@@ -459,7 +479,7 @@ int kvti_chunk_parse(kvti_chunk_hdr *h, const uint8_t *buf, size_t len,
   uint64_t pos_sum = pos_blk + 8 * h->n_blocks;
   if (pos_sum + 8 > hb)
     return BAD("%s: header sections overflow its length", what);
-  if (get64(buf + pos_sum) != XXH3_64bits(buf, pos_sum))
+  if (kvti_le_get64(buf + pos_sum) != XXH3_64bits(buf, pos_sum))
     return BAD("%s: header checksum mismatch", what);
   for (uint64_t i = pos_sum + 8; i < hb; i++)
     if (buf[i])
@@ -489,10 +509,10 @@ int kvti_chunk_parse(kvti_chunk_hdr *h, const uint8_t *buf, size_t len,
   h->layout = m;
   memcpy(h->ns, buf + KVTI_CHUNK_FIXED, h->ns_len);
   for (uint32_t i = 0; i < h->n_tokens; i++)
-    h->tokens[i] = (int32_t)get32(buf + pos_tok + 4ull * i);
+    h->tokens[i] = (int32_t)kvti_le_get32(buf + pos_tok + 4ull * i);
   memcpy(h->layout, buf + pos_lay, h->layout_bytes);
   for (uint64_t k = 0; k < h->n_blocks; k++)
-    h->blocks[k] = get64(buf + pos_blk + 8 * k);
+    h->blocks[k] = kvti_le_get64(buf + pos_blk + 8 * k);
   h->layout_hash = XXH3_64bits(buf + pos_lay, h->layout_bytes);
   int rc = 0;
   uint8_t key[32];
@@ -509,7 +529,7 @@ int kvti_chunk_parse(kvti_chunk_hdr *h, const uint8_t *buf, size_t len,
     rc = BAD("%s: layout descriptor truncated", what);
     goto fail;
   }
-  h->spill_layers = get32(d);
+  h->spill_layers = kvti_le_get32(d);
   d += 4;
   if (h->spill_layers < h->n_layers || h->spill_layers > KVTI_MAX_LAYERS) {
     rc = BAD("%s: spill layer count %u out of range", what, h->spill_layers);
@@ -521,11 +541,11 @@ int kvti_chunk_parse(kvti_chunk_hdr *h, const uint8_t *buf, size_t len,
       rc = BAD("%s: layout descriptor truncated", what);
       goto fail;
     }
-    L->kind = (int32_t)get32(d);
-    L->layer_idx = get32(d + 4);
-    L->bits = (int32_t)get32(d + 8);
-    L->group_size = (int32_t)get32(d + 12);
-    L->num_tensors = get32(d + 16);
+    L->kind = (int32_t)kvti_le_get32(d);
+    L->layer_idx = kvti_le_get32(d + 4);
+    L->bits = (int32_t)kvti_le_get32(d + 8);
+    L->group_size = (int32_t)kvti_le_get32(d + 12);
+    L->num_tensors = kvti_le_get32(d + 16);
     d += 20;
     if ((L->kind != KVT_LAYER_KV && L->kind != KVT_LAYER_ROTATING_KV &&
          L->kind != KVT_LAYER_QUANTIZED_KV) ||
@@ -551,8 +571,8 @@ int kvti_chunk_parse(kvti_chunk_hdr *h, const uint8_t *buf, size_t len,
         rc = BAD("%s: layout descriptor truncated", what);
         goto fail;
       }
-      t->dtype = (int32_t)get32(d);
-      t->ndim = get32(d + 4);
+      t->dtype = (int32_t)kvti_le_get32(d);
+      t->ndim = kvti_le_get32(d + 4);
       d += 8;
       if (t->ndim < 2 || t->ndim > KVT_MAX_DIMS ||
           (uint64_t)(end - d) < 8ull * t->ndim + 16 ||
@@ -561,15 +581,15 @@ int kvti_chunk_parse(kvti_chunk_hdr *h, const uint8_t *buf, size_t len,
         goto fail;
       }
       for (uint32_t k = 0; k < t->ndim; k++, d += 8) {
-        uint64_t v = get64(d);
+        uint64_t v = kvti_le_get64(d);
         if (v > ((uint64_t)1 << 40)) {
           rc = BAD("%s: layer %u tensor %u: dimension too large", what, i, j);
           goto fail;
         }
         t->shape[k] = (int64_t)v;
       }
-      t->off = get64(d);
-      t->nbytes = get64(d + 8);
+      t->off = kvti_le_get64(d);
+      t->nbytes = kvti_le_get64(d + 8);
       d += 16;
       uint64_t nb;
       if (t->shape[t->ndim - 2] != (int64_t)h->n_tokens ||

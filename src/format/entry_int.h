@@ -28,6 +28,10 @@ struct kvti_snapshot {
   uint64_t held;
   kvti_salt salt; /* the spill's cache_salt (hash is then the salted key) */
   kvti_chain_mark chain; /* a tail of the chunked store (present) */
+  /* Non-NULL: stage this chain record (format/chainrec.h) instead of the
+   * layers, manifest and tokens.bin: the entry is its chain alone. */
+  uint8_t *chainrec;
+  size_t chainrec_len;
 };
 
 struct kvti_entry_reader {

@@ -14,6 +14,7 @@
 #include "engine/fwriter.h"
 #include "format/layer.h"
 #include "format/layout.h"
+#include "format/chainrec.h"
 #include "format/publish.h"
 
 #include <stdio.h>
@@ -83,6 +84,12 @@ int kvti_entry_stage(uint64_t *disk_bytes, const char *data_dir,
   tmp_made = 1;
   if (kvti_io->chmod(tmp, (mode_t)o->dir_mode) != 0) {
     rc = KVT_ERR_OS(errno, "chmod %s", tmp);
+    goto out;
+  }
+  if (s->chainrec) { /* an entry of the chunked store: one record */
+    if ((rc = kvti_chainrec_stage(disk_bytes, tmp, s, o)) != 0)
+      goto out;
+    rc = 0;
     goto out;
   }
   /* Every file of the entry goes through one write group: the writes stay in

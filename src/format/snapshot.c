@@ -32,6 +32,7 @@ void kvti_snapshot_free(kvti_snapshot *s) {
   }
   kvti_free(s->layers);
   kvti_free(s->tokens);
+  kvti_free(s->chainrec);
   if (s->release)
     s->release(s->release_ctx);
   kvti_free(s);

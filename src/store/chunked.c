@@ -7,6 +7,7 @@
  * lookups and reads of pure chains; touches along a chain.
  */
 #include "store/chunked.h"
+#include "store/chunked_rec.h"
 
 #include "base/error.h"
 #include "base/hash.h"
@@ -22,6 +23,7 @@ struct kvti_chunked {
   size_t ns_len;
   uint32_t C;
   char *model_id; /* for the namespaces of salted ones */
+  char *data_dir; /* <cache_dir>/data: chain records (chunked_rec.h) */
 };
 
 int kvti_chunked_ns_of(const kvti_chunked *c, const kvti_salt *s,
@@ -64,6 +66,8 @@ int kvti_chunked_open(kvti_chunked **out, const char *cache_dir, kvt_index *idx,
                : KVT_ERR_NOMEM();
   if (rc == 0)
     rc = kvti_chunkstore_open(&c->cs, cache_dir, idx, o);
+  if (rc == 0 && !(c->data_dir = kvti_path_join(cache_dir, "data")))
+    rc = KVT_ERR_NOMEM();
   if (rc) {
     kvti_chunked_close(c);
     return rc;
@@ -76,6 +80,7 @@ void kvti_chunked_close(kvti_chunked *c) {
   if (!c)
     return;
   kvti_chunkstore_close(c->cs);
+  kvti_free(c->data_dir);
   kvti_free(c->ns);
   kvti_free(c->model_id);
   kvti_free(c);
@@ -164,6 +169,24 @@ int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
       kvti_snapshot_set_chain(p->tail, &mk);
     }
   }
+  if (rc == 0 && p->chained && kvti_chunked_rec_ok(&sp, layers, L)) {
+    /* Nothing left for a tail: the entry is staged as one chain record
+     * (chunked_rec.h), not as a directory of empty layer files; the record
+     * carries the chain as a tail's manifest mark does. */
+    kvti_chainrec r = {.n_tokens = n,
+                       .memory_bytes = kvti_snapshot_memory_bytes(s),
+                       .chunks = sp.chunks,
+                       .layout_hash = cr.layout_hash,
+                       .total_rows = sp.T,
+                       .chunk_tokens = c->C,
+                       .num_layers = L,
+                       .ns = c->ns,
+                       .ns_len = c->ns_len,
+                       .tokens = tokens};
+    memcpy(r.hash, p->rec.hash, 32);
+    memcpy(r.last_key, cr.last_key, 32);
+    rc = kvti_snapshot_set_chainrec(p->tail, &r);
+  }
   return rc;
 }
 
@@ -247,6 +270,66 @@ static void note_bad(const kvti_chain_rec *recs, size_t bad, int rc,
   }
 }
 
+/* A tail entry (be->get, tail_ok) completed with the chain ce names. */
+static int read_tail(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
+                     const char *hash, const kvti_chained_entry *cep,
+                     const kvti_read_opts *o, uint8_t bad_chunk[32],
+                     int *chunk_bad) {
+  kvti_chained_entry ce = *cep;
+  *out = NULL;
+  kvti_read_opts o2 = *o;
+  o2.on_layer = NULL;
+  o2.chain_rows =
+      ce.chunks * ce.chunk_tokens; /* the tail's offsets count them */
+  o2.tail_ok = 1;                  /* completed with its chain below */
+  kvt_entry *e = NULL;
+  int rc = be->ops->get(be, &e, hash, &o2);
+  if (rc)
+    return rc;
+  if (ce.chunks == 0 || ce.chunks > e->n_tokens)
+    rc = KVT_ERR(KVT_ECORRUPT, "chained entry %.16s: bad chain length", hash);
+  kvti_chain_rec *recs =
+      rc ? NULL : kvti_malloc((size_t)ce.chunks * sizeof *recs);
+  size_t m = 0;
+  if (rc == 0 && !recs)
+    rc = KVT_ERR_NOMEM();
+  /* The record names the chain exactly (its last chunk): walked up by
+   * parent links, so the read needs neither this tier's namespace nor the
+   * spill's salt (a tool opening the directory knows neither). The chunk
+   * files' tokens are compared with the entry's below. */
+  if (rc == 0 &&
+      (rc = kvti_chains_path(kvti_chunkstore_chains(c->cs), ce.last_key,
+                             (size_t)ce.chunks, recs)) == 0)
+    m = (size_t)ce.chunks;
+  if (rc == 0 && (recs[0].layout_hash != ce.layout_hash ||
+                  recs[m - 1].n_tokens != ce.chunk_tokens ||
+                  (uint64_t)m * ce.chunk_tokens > e->n_tokens))
+    rc = KVT_ERR(KVT_ENOTFOUND,
+                 "chained entry %.16s: chain incomplete "
+                 "(evicted)",
+                 hash);
+  kvti_chunk_read_opts ro = {o->alloc,  o->free_buf,   o->alloc_ctx,
+                             o->cancel, ce.total_rows, o->page_cache};
+  kvti_chunk_prefix p;
+  size_t bad = 0;
+  if (rc == 0) {
+    rc = kvti_chunkstore_read_prefix(c->cs, recs, m, e->tokens, &ro, &p, &bad);
+    note_bad(recs, bad, rc, bad_chunk, chunk_bad);
+  }
+  if (rc == 0) {
+    uint64_t read = p.bytes_read;
+    rc = kvti_chunk_join(e, &p, (uint64_t)m * ce.chunk_tokens, &ro);
+    e->disk_bytes += read;
+  }
+  kvti_free(recs);
+  if (rc) {
+    kvt_entry_free(e);
+    return rc;
+  }
+  *out = e;
+  return 0;
+}
+
 int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
                      const char *hash, const kvti_read_opts *o,
                      uint8_t bad_chunk[32], int *chunk_bad) {
@@ -254,8 +337,48 @@ int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
     *chunk_bad = 0;
   uint8_t h[32];
   kvti_chained_entry ce;
-  if (kvti_unhex32(h, hash) != 0 ||
-      !kvti_chains_entry_get(kvti_chunkstore_chains(c->cs), h, &ce))
+  if (kvti_unhex32(h, hash) != 0)
+    return be->ops->get(be, out, hash, o);
+  /* A chain record (chunked_rec.h) is the entry's own file: it is read even
+   * when the index lost the chained-entry row. */
+  kvti_chainrec rec;
+  int rrc = kvti_chainrec_read(&rec, c->data_dir, hash);
+  if (rrc != 0 && rrc != KVT_ENOTFOUND)
+    return rrc;
+  int has_ce = kvti_chains_entry_get(kvti_chunkstore_chains(c->cs), h, &ce);
+  if (rrc == 0) {
+    memcpy(ce.hash, h, 32);
+    ce.chunks = rec.chunks;
+    ce.chunk_tokens = rec.chunk_tokens;
+    memcpy(ce.last_key, rec.last_key, 32);
+    ce.layout_hash = rec.layout_hash;
+    ce.total_rows = rec.total_rows;
+    has_ce = 1; /* the entry's own record rules over the row */
+    if (!o->keep_tokens) {
+      /* verify_only: everything read and verified into kvtier's own
+       * buffers, then freed. */
+      kvti_read_opts v = *o;
+      if (o->verify_only) {
+        v.verify_only = 0;
+        v.alloc = NULL;
+        v.free_buf = NULL;
+        v.on_layer = NULL;
+      }
+      kvt_entry *e = NULL;
+      int rc = kvti_chunked_rec_get(c->cs, &e, &rec, &v, bad_chunk, chunk_bad);
+      kvti_chainrec_free(&rec);
+      if (rc == 0 && o->verify_only) {
+        kvt_entry_free(e);
+        e = NULL;
+      }
+      if (out)
+        *out = e;
+      if (rc == 0 && e)
+        fire(e, o);
+      return rc;
+    }
+    kvti_chainrec_free(&rec);
+  } else if (!has_ce)
     return be->ops->get(be, out, hash, o);
   return kvti_chunked_get_record(c, be, out, hash, &ce, o, bad_chunk,
                                  chunk_bad);
@@ -267,7 +390,7 @@ int kvti_chunked_get_record(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
                             int *chunk_bad) {
   if (chunk_bad)
     *chunk_bad = 0;
-  const kvti_chained_entry ce = *cep;
+  kvti_chained_entry ce = *cep; /* may be corrected from the tail */
   if (o->verify_only) {
     /* Everything read and verified into kvtier's own buffers, then freed. */
     kvti_read_opts v = *o;
@@ -310,8 +433,8 @@ int kvti_chunked_get_record(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
       return kvti_chunked_get_trim(c, be, out, hash, &ce, o, bad_chunk,
                                    chunk_bad);
     }
-    kvti_chunk_read_opts ro = {o->alloc, o->free_buf, o->alloc_ctx, o->cancel,
-                               o->keep_tokens};
+    kvti_chunk_read_opts ro = {o->alloc,  o->free_buf,    o->alloc_ctx,
+                               o->cancel, o->keep_tokens, o->page_cache};
     kvti_chunk_prefix p;
     size_t bad = 0;
     if (trc == 0) {
@@ -336,52 +459,33 @@ int kvti_chunked_get_record(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
     *out = e;
     return 0;
   }
-  kvti_read_opts o2 = *o;
-  o2.on_layer = NULL;
-  o2.chain_rows =
-      ce.chunks * ce.chunk_tokens; /* the tail's offsets count them */
-  o2.tail_ok = 1;                  /* completed with its chain below */
   kvt_entry *e = NULL;
-  int rc = be->ops->get(be, &e, hash, &o2);
+  int rc = read_tail(c, be, &e, hash, &ce, o, bad_chunk, chunk_bad);
+  if (rc != 0 && rc != KVT_ENOMEM && rc != KVT_ECANCELED &&
+      !(chunk_bad && *chunk_bad) && be->ops->probe) {
+    /* The tail's own manifest names its chain (kvtier.chain). It differs
+     * from the row when a crash (or a failed replacement) came between a new
+     * version's chained-entry row and its publication: the files are the
+     * acknowledged old version, read with the chain they name. */
+    kvti_entry_probe_info pi;
+    memset(&pi, 0, sizeof pi);
+    if (be->ops->probe(be, hash, &pi) == 0 && pi.chain.present &&
+        (pi.chain.chunks != ce.chunks ||
+         pi.chain.chunk_tokens != ce.chunk_tokens ||
+         memcmp(pi.chain.last_key, ce.last_key, 32) ||
+         pi.chain.layout_hash != ce.layout_hash ||
+         pi.chain.total_rows != ce.total_rows)) {
+      ce.chunks = pi.chain.chunks;
+      ce.chunk_tokens = pi.chain.chunk_tokens;
+      memcpy(ce.last_key, pi.chain.last_key, 32);
+      ce.layout_hash = pi.chain.layout_hash;
+      ce.total_rows = pi.chain.total_rows;
+      rc = read_tail(c, be, &e, hash, &ce, o, bad_chunk, chunk_bad);
+    }
+    kvti_free(pi.tokens);
+  }
   if (rc)
     return rc;
-  kvti_chain_rec *recs = kvti_malloc((size_t)ce.chunks * sizeof *recs);
-  size_t m = 0;
-  if (!recs)
-    rc = KVT_ERR_NOMEM();
-  /* The record names the chain exactly (its last chunk): walked up by
-   * parent links, so the read needs neither this tier's namespace nor the
-   * spill's salt (a tool opening the directory knows neither). The chunk
-   * files' tokens are compared with the entry's below. */
-  if (rc == 0 &&
-      (rc = kvti_chains_path(kvti_chunkstore_chains(c->cs), ce.last_key,
-                             (size_t)ce.chunks, recs)) == 0)
-    m = (size_t)ce.chunks;
-  if (rc == 0 && (recs[0].layout_hash != ce.layout_hash ||
-                  recs[m - 1].n_tokens != ce.chunk_tokens ||
-                  (uint64_t)m * ce.chunk_tokens > e->n_tokens))
-    rc = KVT_ERR(KVT_ENOTFOUND,
-                 "chained entry %.16s: chain incomplete "
-                 "(evicted)",
-                 hash);
-  kvti_chunk_read_opts ro = {o->alloc, o->free_buf, o->alloc_ctx, o->cancel,
-                             ce.total_rows};
-  kvti_chunk_prefix p;
-  size_t bad = 0;
-  if (rc == 0) {
-    rc = kvti_chunkstore_read_prefix(c->cs, recs, m, e->tokens, &ro, &p, &bad);
-    note_bad(recs, bad, rc, bad_chunk, chunk_bad);
-  }
-  if (rc == 0) {
-    uint64_t read = p.bytes_read;
-    rc = kvti_chunk_join(e, &p, (uint64_t)m * ce.chunk_tokens, &ro);
-    e->disk_bytes += read;
-  }
-  kvti_free(recs);
-  if (rc) {
-    kvt_entry_free(e);
-    return rc;
-  }
   fire(e, o);
   *out = e;
   return 0;
@@ -449,7 +553,8 @@ int kvti_chunked_get_prefix(kvti_chunked *c, const kvti_salt *salt,
     return KVT_ERR(KVT_ENOTFOUND, "no stored chain of %llu tokens",
                    (unsigned long long)m);
   }
-  kvti_chunk_read_opts ro = {o->alloc, o->free_buf, o->alloc_ctx, o->cancel, 0};
+  kvti_chunk_read_opts ro = {o->alloc,  o->free_buf, o->alloc_ctx,
+                             o->cancel, 0,           o->page_cache};
   kvti_chunk_prefix p;
   size_t bad = 0;
   rc = kvti_chunkstore_read_prefix(c->cs, r, k, tokens, &ro, &p, &bad);

@@ -155,6 +155,7 @@ typedef struct kvti_chunk_read_opts {
    * total_rows (a trimmed read; the whole last chunk is still verified).
    * 0 = m * C. */
   uint64_t total_rows;
+  int page_cache; /* 1: never O_DIRECT (KVT_PROMOTE_PAGE_CACHE) */
 } kvti_chunk_read_opts;
 
 /* The assembled layers of a chain: layers[k] is spill layer layer_idx[k]
@@ -171,13 +172,16 @@ typedef struct kvti_chunk_prefix {
 /* Reads chunks recs[0, m) (a chain from kvti_chunkstore_lookup over tokens)
  * into freshly allocated full tensors, verifying every chunk (key, layout,
  * tokens against tokens[i*C, (i+1)*C), every block) before its rows are
- * copied. All buffers are allocated (alloc) before the first read. Chunk
- * files are opened one at a time and read through their descriptor, so an
- * eviction may unlink them meanwhile. Returns 0, KVT_ENOTFOUND (a chunk file
- * vanished: evicted), KVT_ECORRUPT (the message names the chunk; *bad_index
- * (may be NULL) receives its position), KVT_EIO, KVT_ENOMEM, KVT_ECANCELED,
- * KVT_EINVAL. On failure nothing is returned (buffers freed through
- * free_buf). */
+ * copied. All buffers are allocated (alloc) before the first read. Every
+ * chunk file is opened (and its header checked) before any data is read
+ * (chains beyond 256 chunks: 256 at a time), so an eviction may unlink them
+ * meanwhile; cold chunks are read with O_DIRECT, the next chunk's read in
+ * flight while the current one is verified and placed. No lock is taken:
+ * concurrent reads of shared chunks proceed in parallel. Returns 0,
+ * KVT_ENOTFOUND (a chunk file vanished: evicted), KVT_ECORRUPT (the message
+ * names the chunk; *bad_index (may be NULL) receives its position), KVT_EIO,
+ * KVT_ENOMEM, KVT_ECANCELED, KVT_EINVAL. On failure nothing is returned
+ * (buffers freed through free_buf). */
 int kvti_chunkstore_read_prefix(kvti_chunkstore *cs, const kvti_chain_rec *recs,
                                 size_t m, const int32_t *tokens,
                                 const kvti_chunk_read_opts *o,

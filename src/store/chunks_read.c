@@ -11,12 +11,16 @@
  */
 #include "store/chunks.h"
 
+#include "base/bufpool.h"
 #include "base/error.h"
 #include "base/io.h"
+#include "engine/iobatch.h"
 #include "format/dtype.h"
 #include "format/layer.h"
 
+#include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 uint64_t kvti_chunk_prefix_bytes(const kvti_chain_rec *recs, size_t m) {
@@ -108,6 +112,151 @@ static void place(kvti_chunk_prefix *p, const kvti_chunk_hdr *h,
   }
 }
 
+/* Chunks opened ahead of their reads: an eviction that unlinks a chunk of
+ * the chain after this point does not affect the read. Chains longer than
+ * this are opened window by window (bounded descriptors). */
+#define OPEN_WINDOW 256
+/* Bytes per read request; pieces are verified in order as they complete. */
+#define PIECE ((uint64_t)4 << 20)
+
+/* One chunk opened for reading: descriptor, O_DIRECT descriptor (cold, or
+ * -1) and parsed header. */
+typedef struct opened {
+  int fd, dfd;
+  kvti_chunk_hdr h;
+} opened;
+
+/* A chunk's data section being read: straight into the destination
+ * tensors (one request per head extent, or per tensor when the extents are
+ * adjacent there), or into a scratch buffer when only part of the chunk is
+ * kept (a trimmed read's last chunk: every block is still verified). */
+typedef struct inflight {
+  opened *c;
+  uint8_t *scratch; /* NULL: direct to the destination */
+  kvti_iob_req *q;
+  size_t nq;
+} inflight;
+
+/* Cold chunks are read with O_DIRECT, like entry layer files
+ * (format/layer_read.c): the data section starts 4096-aligned when it holds
+ * >= 1 MiB, and buffered reads of uncached data cost 1-2 s of kernel CPU per
+ * GiB here. A chunk half cached or more, or of unknown residency, is read
+ * through the page cache, as is everything when O_DIRECT is unavailable
+ * (the portable build, file systems without it). */
+static int direct_if_cold(const opened *c, const char *path, int page_cache) {
+  uint64_t size = (uint64_t)c->h.header_bytes + c->h.data_bytes, cached = 0;
+  if (page_cache || c->h.data_bytes < KVTI_CHUNK_ALIGN_MIN ||
+      c->h.header_bytes % KVTI_IOB_ALIGN != 0 || !kvti_io->resident ||
+      kvti_io->resident(c->fd, size, &cached) != 0 || cached >= size / 2)
+    return -1;
+  struct stat st, ds;
+  int dfd = kvti_iob_open_direct(path, O_RDONLY, 0);
+  /* Same inode as the verified descriptor, or not used (the file may have
+   * been unlinked and its name reused meanwhile). */
+  if (dfd >= 0 &&
+      (kvti_io->fstat(c->fd, &st) != 0 || kvti_io->fstat(dfd, &ds) != 0 ||
+       ds.st_ino != st.st_ino || ds.st_dev != st.st_dev)) {
+    kvti_io->close(dfd);
+    dfd = -1;
+  }
+  return dfd;
+}
+
+static void close_opened(opened *c) {
+  if (c->fd >= 0)
+    kvti_close(c->fd);
+  if (c->dfd >= 0)
+    kvti_io->close(c->dfd);
+  kvti_chunk_hdr_free(&c->h);
+  c->fd = c->dfd = -1;
+}
+
+static int push(kvti_iobatch *b, inflight *f, void *buf, uint64_t len,
+                uint64_t off) {
+  kvti_iob_req *r = &f->q[f->nq++];
+  r->fd = f->c->fd;
+  r->dfd = f->c->dfd;
+  r->buf = buf;
+  r->len = len;
+  r->off = f->c->h.header_bytes + off;
+  return kvti_iobatch_push(b, r, 0, "chunk");
+}
+
+/* Issues the reads of chunk c (rows [row0, row0 + n) of p's tensors), in
+ * file order. */
+static int issue(kvti_iobatch *b, inflight *f, opened *c, kvti_chunk_prefix *p,
+                 uint64_t row0, uint8_t *scratch) {
+  const kvti_chunk_hdr *h = &c->h;
+  memset(f, 0, sizeof *f);
+  f->c = c;
+  uint64_t n = h->n_tokens, nreq = 0;
+  for (uint32_t i = 0; i < h->n_layers; i++)
+    for (uint32_t j = 0; j < h->layers[i].num_tensors; j++) {
+      uint64_t outer, row;
+      kvti_chunk_tensor_geom(&p->layers[i].tensors[j], &outer, &row);
+      nreq += outer;
+    }
+  uint64_t T = h->n_layers ? (uint64_t)p->layers[0]
+                                 .tensors[0]
+                                 .shape[p->layers[0].tensors[0].ndim - 2]
+                           : 0;
+  f->scratch = row0 + n > T ? scratch : NULL;
+  if (f->scratch)
+    nreq = (h->data_bytes + PIECE - 1) / PIECE;
+  if (!(f->q = kvti_calloc(nreq ? nreq : 1, sizeof *f->q)))
+    return KVT_ERR_NOMEM();
+  if (f->scratch) {
+    int rc = 0;
+    for (uint64_t off = 0; rc == 0 && off < h->data_bytes; off += PIECE) {
+      uint64_t k = h->data_bytes - off;
+      rc = push(b, f, f->scratch + off, k < PIECE ? k : PIECE, off);
+    }
+    return rc;
+  }
+  for (uint32_t i = 0; i < h->n_layers; i++) {
+    const kvti_chunk_layer *L = &h->layers[i];
+    for (uint32_t j = 0; j < L->num_tensors; j++) {
+      kvt_tensor *t = &p->layers[i].tensors[j];
+      uint64_t outer, row, off = L->tensors[j].off;
+      kvti_chunk_tensor_geom(t, &outer, &row);
+      if (!row || !outer)
+        continue;
+      if (T == n) { /* the chunk's tensor is the whole destination */
+        int rc = push(b, f, t->data, outer * n * row, off);
+        if (rc)
+          return rc;
+        continue;
+      }
+      for (uint64_t o = 0; o < outer; o++) {
+        int rc = push(b, f, (uint8_t *)t->data + (o * T + row0) * row, n * row,
+                      off + o * n * row);
+        if (rc)
+          return rc;
+      }
+    }
+  }
+  return 0;
+}
+
+/* Waits for f's reads in file order and verifies every block as it lands;
+ * a scratch read is then copied into place. */
+static int complete(kvti_iobatch *b, inflight *f, kvti_chunk_prefix *p,
+                    uint64_t row0) {
+  kvti_blkhash *bh = NULL;
+  int rc = kvti_blkhash_new(&bh, f->c->h.block_size, 0);
+  if (rc == 0)
+    kvti_blkhash_expect(bh, f->c->h.blocks, (size_t)f->c->h.n_blocks, "chunk");
+  for (size_t k = 0; rc == 0 && k < f->nq; k++)
+    if ((rc = kvti_iobatch_wait_req(b, &f->q[k])) == 0)
+      rc = kvti_blkhash_update(bh, f->q[k].buf, (size_t)f->q[k].len);
+  if (rc == 0)
+    rc = kvti_blkhash_final(bh, NULL);
+  kvti_blkhash_free(bh);
+  if (rc == 0 && f->scratch)
+    place(p, &f->c->h, f->scratch, row0);
+  return rc;
+}
+
 int kvti_chunkstore_read_prefix(kvti_chunkstore *cs, const kvti_chain_rec *recs,
                                 size_t m, const int32_t *tokens,
                                 const kvti_chunk_read_opts *o,
@@ -129,49 +278,97 @@ int kvti_chunkstore_read_prefix(kvti_chunkstore *cs, const kvti_chain_rec *recs,
       return KVT_ERR(KVT_EINVAL, "chunked prefix: records are not a chain");
   kvti_chunk_prefix p;
   memset(&p, 0, sizeof p);
+  size_t win = m < OPEN_WINDOW ? m : OPEN_WINDOW;
+  opened *oc = kvti_calloc(win, sizeof *oc);
+  kvti_iobatch *b = NULL;
   uint8_t *scratch = NULL;
-  size_t scap = 0;
-  int rc = 0;
-  for (size_t i = 0; rc == 0 && i < m; i++) {
-    if (o->cancel && atomic_load(o->cancel)) {
-      rc = KVT_ERR(KVT_ECANCELED, "promote cancelled");
-      break;
-    }
-    int fd = -1;
-    kvti_chunk_hdr h;
-    rc = kvti_chunkstore_open_chunk(cs, &recs[i], tokens + i * C, &fd, &h);
-    if (rc) {
-      if (bad_index)
-        *bad_index = i;
-      break;
-    }
-    /* Buffers first (chunk 0 describes every layer; the others have the
-     * same layout hash, so the same descriptor). */
-    if (i == 0)
-      rc = make_layers(&p, &h, rows, o);
-    else if (h.n_layers != p.n_layers)
-      rc = KVT_ERR(KVT_ECORRUPT, "chunk %zu: layer count differs", i);
-    if (rc == 0 && h.data_bytes > scap) {
-      kvti_free(scratch);
-      scap = (size_t)h.data_bytes;
-      if (!(scratch = kvti_aligned_alloc(4096, scap ? scap : 1))) {
-        scap = 0;
-        rc = KVT_ERR_NOMEM();
+  uint64_t scap = 1, have = 0; /* largest data section; bytes allocated */
+  inflight fl[2];
+  memset(fl, 0, sizeof fl);
+  kvti_bufpool *pool = kvti_bufpool_default();
+  /* A private engine, deeper than the shared one: reads of head extents
+   * (64 KiB for a Llama-3-8B chunk of 256 tokens) need more of them in
+   * flight to keep the disk busy than 1 MiB pieces do. */
+  kvti_iob_cfg cfg = KVTI_IOB_CFG_INIT;
+  cfg.depth = 128; /* 8 MiB of 64 KiB extents, as fio's 8 x 1 MiB */
+  int rc = oc && pool ? kvti_iobatch_create(&b, &cfg) : KVT_ERR_NOMEM();
+  if (rc)
+    b = NULL;
+  for (size_t w = 0; w < win; w++)
+    oc[w].fd = oc[w].dfd = -1;
+  size_t bad = 0;
+  for (size_t w0 = 0; rc == 0 && w0 < m; w0 += win) {
+    size_t wn = m - w0 < win ? m - w0 : win;
+    /* Open (and check against its row and the prompt) every chunk of the
+     * window before reading any data. */
+    for (size_t k = 0; rc == 0 && k < wn; k++) {
+      size_t i = w0 + k;
+      if ((rc = kvti_chunkstore_open_chunk(cs, &recs[i], tokens + i * C,
+                                           &oc[k].fd, &oc[k].h)) != 0) {
+        oc[k].fd = -1;
+        bad = i;
+        break;
       }
+      if (oc[k].h.n_layers != (i ? p.n_layers : oc[k].h.n_layers)) {
+        rc = KVT_ERR(KVT_ECORRUPT, "chunk %zu: layer count differs", i);
+        bad = i;
+        break;
+      }
+      if (oc[k].h.data_bytes > scap)
+        scap = oc[k].h.data_bytes;
+      /* Buffers first (chunk 0 describes every layer; the others have the
+       * same layout hash, so the same descriptor). */
+      if (i == 0 && (rc = make_layers(&p, &oc[k].h, rows, o)) != 0)
+        break;
+      char path[4096];
+      if (kvti_chunkstore_path(cs, recs[i].key, path, sizeof path) == 0)
+        oc[k].dfd = direct_if_cold(&oc[k], path, o->page_cache);
     }
-    if (rc == 0) {
-      rc = kvti_chunk_read_data(fd, &h, scratch, "chunk");
-      if (rc && bad_index)
-        *bad_index = i;
+    /* Scratch only for a chunk kept in part (a trimmed read's last one). */
+    if (rc == 0 && rows < (uint64_t)(w0 + wn) * C && scap > have) {
+      kvti_bufpool_put(pool, scratch, (size_t)have);
+      have = 0;
+      if (!(scratch = kvti_bufpool_get(pool, (size_t)scap, NULL)))
+        rc = KVT_ENOMEM;
+      else
+        have = scap;
     }
-    if (rc == 0) {
-      place(&p, &h, scratch, (uint64_t)i * C);
-      p.bytes_read += h.header_bytes + h.data_bytes;
+    /* The reads of chunk k+1 are issued before chunk k is verified. */
+    if (rc == 0)
+      rc = issue(b, &fl[0], &oc[0], &p, (uint64_t)w0 * C, scratch);
+    for (size_t k = 0; rc == 0 && k < wn; k++) {
+      size_t i = w0 + k;
+      inflight *cur = &fl[k % 2];
+      if (o->cancel && atomic_load(o->cancel)) {
+        rc = KVT_ERR(KVT_ECANCELED, "promote cancelled");
+        break;
+      }
+      if (k + 1 < wn && (rc = issue(b, &fl[(k + 1) % 2], &oc[k + 1], &p,
+                                    (uint64_t)(i + 1) * C, scratch)) != 0)
+        break;
+      if ((rc = complete(b, cur, &p, (uint64_t)i * C)) != 0) {
+        bad = i;
+        break;
+      }
+      p.bytes_read += oc[k].h.header_bytes + oc[k].h.data_bytes;
+      kvti_free(cur->q);
+      cur->q = NULL;
+      close_opened(&oc[k]);
     }
-    kvti_chunk_hdr_free(&h);
-    kvti_close(fd);
+    if (b && rc)
+      kvti_iobatch_wait_all(b); /* nothing in flight before buffers go */
+    for (int s = 0; s < 2; s++) {
+      kvti_free(fl[s].q);
+      fl[s].q = NULL;
+    }
+    for (size_t k = 0; k < wn; k++)
+      close_opened(&oc[k]);
   }
-  kvti_free(scratch);
+  if (rc && bad_index)
+    *bad_index = bad;
+  kvti_iobatch_free(b);
+  kvti_bufpool_put(pool, scratch, (size_t)have);
+  kvti_free(oc);
   if (rc) {
     kvti_chunk_prefix_free(&p, o);
     return rc;

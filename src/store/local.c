@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "format/chainrec.h"
 #include "format/entry_restore.h"
 #include "index/index.h"
 #include "format/publish.h"
@@ -124,7 +125,12 @@ static int lb_probe(kvti_backend *b, const char *hash,
                     kvti_entry_probe_info *out) {
   if (!kvti_is_hash_name(hash))
     return KVT_ERR(KVT_EINVAL, "invalid entry name");
-  return kvti_entry_probe(out, L(b)->data_dir, hash);
+  /* An entry of the chunked store that is its chain alone holds one chain
+   * record instead of a manifest (format/chainrec.h). */
+  int rc = kvti_entry_probe(out, L(b)->data_dir, hash);
+  if (rc == KVT_ENOTFOUND && kvti_chainrec_present(L(b)->data_dir, hash) == 1)
+    return kvti_chainrec_probe(out, L(b)->data_dir, hash);
+  return rc;
 }
 
 static int lb_get(kvti_backend *b, kvt_entry **out, const char *hash,
@@ -193,6 +199,8 @@ static int lb_exists(kvti_backend *b, const char *hash) {
     rc = 0;
   } else if (kvti_io->lstat(man, &st) != 0) {
     rc = errno == ENOENT ? 0 : KVT_ERR_OS(errno, "stat data/%s/manifest", hash);
+    if (rc == 0) /* or a chain record instead (format/chainrec.h) */
+      rc = kvti_chainrec_present(lb->data_dir, hash);
   } else if (!S_ISREG(st.st_mode)) {
     rc = 0;
   }
@@ -218,7 +226,10 @@ static int lb_present(kvti_backend *b, const char *hash) {
 static int lb_describe(kvti_backend *b, char **json, const char *hash) {
   if (!kvti_is_hash_name(hash))
     return KVT_ERR(KVT_EINVAL, "invalid entry name");
-  return kvti_entry_describe(json, L(b)->data_dir, hash);
+  int rc = kvti_entry_describe(json, L(b)->data_dir, hash);
+  if (rc == KVT_ENOTFOUND && kvti_chainrec_present(L(b)->data_dir, hash) == 1)
+    return kvti_chainrec_describe(json, L(b)->data_dir, hash);
+  return rc;
 }
 
 typedef struct name_list {

@@ -253,7 +253,10 @@ char *t_join(const char *a, const char *b) {
   return p;
 }
 
-kvt_layer t_kv_tokens(const int32_t *tok, int n, int T, int D, int layer) {
+/* Both KV builders below: rows p < n hold a pattern of (token, position,
+ * head, layer, key/value), rows past n the pad value. */
+static kvt_layer kv_rows(const int32_t *tok, int n, int T, int D, int layer,
+                         uint16_t pad) {
   kvt_layer l;
   kvt_layer_init(&l, KVT_LAYER_KV);
   l.num_tensors = 2;
@@ -273,11 +276,20 @@ kvt_layer t_kv_tokens(const int32_t *tok, int n, int T, int D, int layer) {
       for (int p = 0; p < T; p++)
         for (int i = 0; i < D; i++)
           d[(h * T + p) * D + i] =
-              (uint16_t)(p < n ? (tok[p] * 31 + p * 7 + i + h * 3 + layer * 5 +
+              p < n ? (uint16_t)((tok[p] * 31 + p * 7 + i + h * 3 + layer * 5 +
                                   k * 11) &
-                                     0x3fff
-                               : 0x7777);
+                                 0x3fff)
+                    : pad;
     t->data = d;
   }
   return l;
+}
+
+kvt_layer t_kv_tokens(const int32_t *tok, int n, int T, int D, int layer) {
+  return kv_rows(tok, n, T, D, layer, 0x7777);
+}
+
+kvt_layer t_kv_pattern(const int32_t *tok, int n, int T, int layer,
+                       uint16_t pad) {
+  return kv_rows(tok, n, T, 8, layer, pad);
 }

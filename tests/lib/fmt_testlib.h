@@ -42,6 +42,11 @@ kvt_tensor t_tensor(kvt_rng *r, kvt_dtype dt, uint32_t ndim, ...);
 
 /* Frees a layer built by the generators below (tensor data, orig_dtypes). */
 void t_layer_free(kvt_layer *l);
+/* A KV layer of the chunked-store tests: F16 [1, 2, T, 8] keys and values
+ * whose row p < n depends only on (tok[p], p, layer), so prompts sharing a
+ * prefix share its KV; rows from n on (spare room) hold pad. offset = n. */
+kvt_layer t_kv_pattern(const int32_t *tok, int n, int T, int layer,
+                       uint16_t pad);
 
 /* KV layer: keys and values [B, H, T, D] of dt. */
 kvt_layer t_kv(kvt_rng *r, kvt_dtype dt, int B, int H, int T, int D,

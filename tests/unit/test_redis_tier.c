@@ -409,6 +409,11 @@ static void test_standalone(void) {
   CHECK(kvt_tier_lookup(&li, c, q.tokens, q.n_tokens) == 0);
   CHECK_EQ_INT(li.num_tokens, q.n_tokens);
   CHECK(!strcmp(li.token_hash, entry_hash(&q)));
+  /* Node A learns of q through the pub/sub event (or its next resync): wait
+   * for its lookup to see it, bounded (10 s), before promoting there. */
+  for (int w = 0; w < 200 && kvt_tier_lookup(&li, a, q.tokens, q.n_tokens) != 0;
+       w++)
+    msleep(50);
   CHECK_EQ_INT(promote_check(a, &q), 1);
   free(qt);
   t_free(&q);
