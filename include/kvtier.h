@@ -340,11 +340,12 @@ typedef struct kvt_options {
    *  (chunked tiers) when a chunk of its chain is evicted or quarantined. A
    *  hit is verified against the entry's manifest block checksums (and the
    *  chunk files' block checksums) before it is served, like a disk read.
-   *  kvt_tier_read_entry and chunk-aligned prefixes use it too. The bytes count against the buffer pool's
-   *  idle cap (one budget: the pool keeps idle only what the caches leave of
-   *  it). 0 disables the cache. KVT_HOST_CACHE_AUTO (the default): 1/8 of the
-   *  memory the process may use - the smallest of physical RAM, the cgroup v2
-   *  limit (/sys/fs/cgroup/memory.max) and the cgroup v1 limit
+   *  kvt_tier_read_entry and chunk-aligned prefixes use it too. The bytes count
+   * against the buffer pool's idle cap (one budget: the pool keeps idle only
+   * what the caches leave of it). 0 disables the cache. KVT_HOST_CACHE_AUTO
+   * (the default): 1/8 of the memory the process may use - the smallest of
+   * physical RAM, the cgroup v2 limit (/sys/fs/cgroup/memory.max) and the
+   * cgroup v1 limit
    *  (/sys/fs/cgroup/memory/memory.limit_in_bytes) - read at open.
    *  kvt_tier_set_host_cache_bytes changes it at run time. */
   uint64_t host_cache_bytes;
@@ -856,11 +857,11 @@ KVT_API void kvt_promise_free(kvt_promise *p);
  *  the reference's _read_entry(tokens, file_path): no budget, no stats, no
  *  touch. A corrupt entry is quarantined. Served from the host RAM tier when
  *  the entry (or chunk-aligned prefix) was just spilled or read and freed,
- *  after the same checks (host_cache_hits counts it). file_path must be a 64-hex entry
- *  name (anything else: KVT_EINVAL, never a path outside the cache). With a
- *  remote tier, an entry not stored locally (one a lookup found remotely) is
- *  read from the remote store, verified, and kept as a local copy unless
- *  KVT_REMOTE_NO_LOCAL_COPY (counted in remote_hits / remote_read_bytes).
+ *  after the same checks (host_cache_hits counts it). file_path must be a
+ * 64-hex entry name (anything else: KVT_EINVAL, never a path outside the
+ * cache). With a remote tier, an entry not stored locally (one a lookup found
+ * remotely) is read from the remote store, verified, and kept as a local copy
+ * unless KVT_REMOTE_NO_LOCAL_COPY (counted in remote_hits / remote_read_bytes).
  *  Returns 0 and *out, KVT_ENOTFOUND, KVT_ECORRUPT, KVT_EIO. */
 KVT_API int kvt_tier_read_entry(kvt_entry **out, kvt_tier *t,
                                 const int32_t *tokens, size_t n_tokens,
@@ -919,6 +920,17 @@ KVT_API int kvt_tier_describe(char **json, kvt_tier *t, const char *token_hash);
  *  (good), KVT_ECORRUPT (message says what is wrong; with repair nonzero the
  *  entry is quarantined and its row dropped), KVT_ENOTFOUND, KVT_EIO. */
 KVT_API int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair);
+
+/** Checks index.db itself: SQLite's PRAGMA quick_check over the file (not
+ *  what the process has cached), as `kvtier verify` does. Returns 0 (ok),
+ *  KVT_ECORRUPT (damaged), KVT_EDB, KVT_EIO, KVT_EINVAL, KVT_ECLOSED. A
+ *  damaged index - found here, or by any statement SQLite reports
+ *  SQLITE_CORRUPT / SQLITE_NOTADB for after open - costs no entry: the tier
+ *  goes on serving from its in-memory index, and a writable tier sets
+ *  index.db aside as index.db.corrupt-<time> when it closes, so the next
+ *  open rebuilds it from the entry directories (and the chain table from the
+ *  chunk files). Thread-safe; takes the index's lock for the check. */
+KVT_API int kvt_tier_check_index(kvt_tier *t);
 
 /** Tools (the CLI's ls/stats/verify --remote): visits every entry of the
  *  tier's remote store under its remote_prefix, with info read from each

@@ -112,10 +112,49 @@ int kvti_index_error_is_damage(void) {
 
 int kvti_idx_db_err(kvt_index *idx, int rc, const char *what) {
   tl_last_rc = rc;
+  if (idx && ((rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB))
+    atomic_store(&idx->damaged, 1);
   const char *msg =
       idx && idx->db ? sqlite3_errmsg(idx->db) : sqlite3_errstr(rc);
   int code = kvti_idx_code(rc);
   return KVT_ERR(code, "index.db: %s: %s (SQLite %d)", what, msg, rc);
+}
+
+int kvti_index_damaged(kvt_index *idx) {
+  return idx && atomic_load(&idx->damaged);
+}
+
+/* One row of PRAGMA quick_check: "ok", or a description of damage. */
+static int qc_row(void *ctx, int n, char **v, char **names) {
+  (void)names;
+  char **first = ctx;
+  if (n > 0 && v[0] && !*first)
+    *first = sqlite3_mprintf("%s", v[0]);
+  return 0;
+}
+
+int kvti_index_quick_check(kvt_index *idx) {
+  if (!idx)
+    return KVT_ERR(KVT_EINVAL, "kvti_index_quick_check: NULL index");
+  pthread_mutex_lock(&idx->db_mu);
+  /* The check is of the file, not of pages this connection has cached. */
+  sqlite3_db_release_memory(idx->db);
+  char *first = NULL, *em = NULL;
+  int rc = sqlite3_exec(idx->db, "PRAGMA quick_check(1)", qc_row, &first, &em);
+  int ret = 0;
+  if (rc != SQLITE_OK) {
+    ret = kvti_idx_db_err(idx, rc, "quick_check");
+  } else if (!first || strcmp(first, "ok") != 0) {
+    atomic_store(&idx->damaged, 1);
+    tl_last_rc = SQLITE_CORRUPT;
+    ret = KVT_ERR(KVT_ECORRUPT, "%s is damaged (quick_check: %s)",
+                  idx->db_path ? idx->db_path : "index.db",
+                  first ? first : "no result");
+  }
+  sqlite3_free(first);
+  sqlite3_free(em);
+  pthread_mutex_unlock(&idx->db_mu);
+  return ret;
 }
 
 int kvti_idx_exec(kvt_index *idx, const char *sql, const char *what) {
@@ -123,6 +162,8 @@ int kvti_idx_exec(kvt_index *idx, const char *sql, const char *what) {
   int rc = sqlite3_exec(idx->db, sql, NULL, NULL, &em);
   if (rc != SQLITE_OK) {
     tl_last_rc = rc;
+    if ((rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB)
+      atomic_store(&idx->damaged, 1);
     int code = kvti_idx_code(rc);
     KVT_ERR(code, "index.db: %s: %s (SQLite %d)", what,
             em ? em : sqlite3_errmsg(idx->db), rc);

@@ -140,6 +140,13 @@ int kvti_index_wait_writable(kvt_index *idx, int64_t timeout_ms);
  * file (SQLITE_NOTADB, SQLITE_CORRUPT): the tier then sets index.db aside and
  * rebuilds it from the entry directories. */
 int kvti_index_error_is_damage(void);
+/* 1 once SQLite has reported this index's file damaged after open (any
+ * statement), or kvti_index_quick_check failed. */
+int kvti_index_damaged(kvt_index *idx);
+/* PRAGMA quick_check over the file (this connection's page cache dropped
+ * first, so the disk is what is checked). 0 (ok), KVT_ECORRUPT (damaged:
+ * kvti_index_damaged is then 1), KVT_EDB, KVT_EIO. */
+int kvti_index_quick_check(kvt_index *idx);
 
 /* accessed_at = now in the mirror at once; written to SQLite in batches (at the
  * latest by kvti_index_flush or close). KVT_ENOTFOUND if absent. */

@@ -19,6 +19,7 @@
 #include "index/index.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sqlite3.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -75,6 +76,10 @@ struct kvt_index {
   sqlite3_stmt *st[ST_COUNT];
   pthread_mutex_t db_mu;
   int readonly;
+  /* SQLite reported the file damaged (SQLITE_CORRUPT / SQLITE_NOTADB) after
+   * open, or quick_check failed: the tier sets index.db aside at close so
+   * the next open rebuilds it from the entry directories. */
+  atomic_int damaged;
   kvti_index_measure measure; /* fn NULL: rows lacking kvtier_meta get 0 */
   char *db_path;
 

@@ -304,6 +304,22 @@ int kvt_tier_describe(char **json, kvt_tier *t, const char *token_hash) {
   return rc;
 }
 
+int kvt_tier_check_index(kvt_tier *t) {
+  if (!t)
+    return KVT_ERR(KVT_EINVAL, "check_index: tier is NULL");
+  int rc = kvti_tier_enter(t);
+  if (rc != 0)
+    return rc;
+  rc = kvti_index_quick_check(t->idx);
+  if (rc == KVT_ECORRUPT)
+    kvti_log(t, KVT_LOG_WARN,
+             "kvtier: %s; it is set aside at close and rebuilt from the "
+             "entry directories at the next open",
+             kvt_last_error());
+  kvti_tier_leave(t);
+  return rc;
+}
+
 int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair) {
   if (!t || !token_hash)
     return KVT_ERR(KVT_EINVAL, "verify: NULL argument");

@@ -27,7 +27,7 @@
 /* Renames cache_dir/index.db (and its -wal) to index.db.<why>-<time>[-wal]
  * and deletes its -shm, so a fresh index starts clean (a WAL left next to a
  * new database would be replayed into it). */
-static int set_aside(kvt_tier *t, const char *why) {
+int kvti_tier_index_set_aside(kvt_tier *t, const char *why) {
   char stamp[32];
   time_t now = time(NULL);
   struct tm tm;
@@ -89,11 +89,11 @@ int kvti_tier_open_index(kvt_tier *t, const kvti_index_measure *measure,
   }
   int rc = 0;
   if (t->opts.flags & KVT_OPEN_REINDEX) {
-    if ((rc = set_aside(t, "reindexed")) != 0)
+    if ((rc = kvti_tier_index_set_aside(t, "reindexed")) != 0)
       return rc;
     *rebuilt = 1;
   } else if (index_files_hostile(t)) {
-    if ((rc = set_aside(t, "corrupt")) != 0)
+    if ((rc = kvti_tier_index_set_aside(t, "corrupt")) != 0)
       return rc;
     *rebuilt = 1;
   }
@@ -105,7 +105,7 @@ int kvti_tier_open_index(kvt_tier *t, const kvti_index_measure *measure,
              "kvtier: %s/index.db is damaged (%s); rebuilding it from the "
              "entry directories",
              t->dir, kvt_last_error());
-    if ((rc = set_aside(t, "corrupt")) != 0 ||
+    if ((rc = kvti_tier_index_set_aside(t, "corrupt")) != 0 ||
         (rc = kvti_backend_local_prepare_index(t->be)) != 0)
       return rc;
     *rebuilt = 1;

@@ -322,10 +322,23 @@ static int tier_close(kvt_tier *t, int64_t timeout_ms, int drop) {
   /* 5. Flush batched touches, close the index, release the directory lock. */
   kvti_tier_chunks_close(t); /* before the index it shares */
   if (t->idx) {
-    if (!t->readonly)
+    int damaged = kvti_index_damaged(t->idx);
+    if (!t->readonly && !damaged)
       kvti_index_flush(t->idx);
     kvt_index_close(t->idx);
     t->idx = NULL;
+    /* Damage SQLite reported after open (or quick_check found): the file is
+     * kept aside and the next open rebuilds it from the entry directories,
+     * while the directory lock is still ours. */
+    if (damaged && !t->readonly) {
+      if (kvti_tier_index_set_aside(t, "corrupt") == 0)
+        kvti_log(t, KVT_LOG_WARN,
+                 "kvtier: %s/index.db was found damaged while open: set aside "
+                 "as index.db.corrupt-<time>; the next open rebuilds it",
+                 t->dir);
+      else
+        kvt_clear_error();
+    }
   }
   kvti_stats_detach(&t->stats); /* before another writer may take over */
   kvti_backend_local_unlock(t->be);

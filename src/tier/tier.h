@@ -173,6 +173,10 @@ void kvti_pool_destroy(kvt_tier *t);
  * aside and a fresh one opened (*rebuilt = 1: reconcile must fill it). */
 int kvti_tier_open_index(kvt_tier *t, const kvti_index_measure *measure,
                          int *rebuilt);
+/* Renames t->dir/index.db (and its -wal) to index.db.<why>-<time>[-wal] and
+ * deletes its -shm, so a fresh index starts clean. The index must not be
+ * open. 0 or the error. */
+int kvti_tier_index_set_aside(kvt_tier *t, const char *why);
 /* Reconcile's rule for names[0..n) without a row (caller holds mut_mu):
  * valid entries adopted (rows built from their files, in batches), invalid
  * ones quarantined (*quarantined), unreadable ones left. Returns the number
