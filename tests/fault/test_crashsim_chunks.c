@@ -41,6 +41,11 @@ static int sopen(store *s, const char *dir) {
   kvti_local_cfg lc = {dir, 0700, 0600, 0, 0};
   kvti_chunkstore_opts o = {0600, 0700, 1};
   int rc = kvti_backend_local_open(&s->be, &lc);
+  /* As the tier's open does first: a version the portable replace left
+   * aside (<hash>.old.tmp, no atomic exchange) is put back in place. */
+  uint64_t back = 0;
+  if (rc == 0)
+    rc = kvti_backend_local_recover(s->be, 1, &back);
   if (rc == 0 && (rc = kvti_index_open(&s->idx, dir, NULL, 0)) != 0)
     s->idx = NULL;
   /* As a tier with durability FSYNC: commits are synced (WAL included). */
