@@ -163,6 +163,16 @@ static int build_workload(workload *w, const bench_cfg *c) {
    * the tokens, at most 512), then its own conversation, so prefix lookups
    * see many candidates sharing the first 16 tokens, as in serving. */
   int sys = c->tokens / 4 > 512 ? 512 : c->tokens / 4;
+  /* The chunked store keys KV by tokens: entries sharing a whole chunk of
+   * tokens share that chunk's KV, as a model's KV of a shared prefix is the
+   * same. This workload's KV is random per entry, so its shared prompt stays
+   * shorter than one chunk (sharing itself is measured by --preset chat,
+   * whose KV is a function of the tokens). */
+  int ct = c->chunk_tokens >= 0               ? c->chunk_tokens
+           : c->storage == KVT_STORAGE_NATIVE ? (int)KVT_CHUNK_TOKENS_DEFAULT
+                                              : 0;
+  if (ct > 0 && sys >= ct)
+    sys = ct - 1;
   uint64_t ts = c->seed * 7919 + 3;
   int32_t *sysp = malloc(sizeof(int32_t) * (size_t)(sys ? sys : 1));
   if (!sysp)

@@ -722,6 +722,17 @@ def t_bench():
           f"bench verified every promoted tensor: {j.get('verified')}")
     check(j.get("promote_cold", {}).get("count") == 4, "bench cold count")
     check(j.get("lookup_prefix", {}).get("count", 0) > 0, "bench lookups")
+    # The shared system prompt covers whole chunks (64 tokens, a quarter
+    # shared, chunk_tokens 16): the workload's KV is random per entry, so a
+    # prompt sharing a whole chunk of tokens would be served the first
+    # entry's chunk - it once was, and `./scripts/run.sh` (1024 tokens, the
+    # default 256) reported 1536 wrong tensors. Every promote stays exact.
+    jc = run_json("bench", "--quick", "--no-disk", "--no-progress",
+                  "--entries", "3", "--tokens", "64", "--chunk-tokens", "16",
+                  "--durability", "none")
+    vc = jc.get("verified", {})
+    check(vc.get("mismatched_tensors") == 0 and vc.get("exact_tensors", 0) > 0,
+          f"bench with chunks: every promoted tensor exact: {vc}")
     check(j.get("disk") is None, "--no-disk: no disk figures")
     check(not os.path.exists(wl.get("dir", "/nonexistent")),
           "bench removed its temporary directory")
