@@ -239,9 +239,9 @@ int cli_remote_show(const cli_remote_args *ra, const char *want, int json) {
                  "entry %s: %s (%s)", hit->token_hash, kvt_last_error(),
                  kvt_strerror(rc));
   else
-    code = cli_show_print("remote", ra->url,
-                          ra->prefix ? ra->prefix : "kvt:", hit, djson, json,
-                          NULL);
+    code =
+        cli_show_print("remote", ra->url, ra->prefix ? ra->prefix : "kvt:", hit,
+                       djson, json, NULL);
   kvt_free(djson);
   rstore_close(&st);
   return code;

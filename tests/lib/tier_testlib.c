@@ -2,6 +2,7 @@
  * tier_testlib.c - the tier test helpers declared in tier_testlib.h.
  */
 #include "tier_testlib.h"
+#include "fmt_testlib.h"
 
 #include <dirent.h>
 
@@ -143,4 +144,31 @@ int t_each_chunk(const char *dir, void (*fn)(void *ctx, const char *path),
       closedir(d);
   }
   return n;
+}
+
+int t_kv_spill(kvt_tier *t, const int32_t *tok, int n, int T, int layers,
+               uint64_t mem) {
+  kvt_layer l[8];
+  if (layers < 1 || layers > 8)
+    return KVT_EINVAL;
+  for (int i = 0; i < layers; i++)
+    l[i] = t_kv_tokens(tok, n, T, 8, i);
+  int rc = kvt_tier_spill(t, tok, (size_t)n, l, (uint32_t)layers, mem);
+  for (int i = 0; i < layers; i++)
+    t_layer_free(&l[i]);
+  return rc;
+}
+
+int t_kv_matches(const kvt_entry *e, const int32_t *tok, int n, int T,
+                 int layers) {
+  if (!e || kvt_entry_num_layers(e) != (uint32_t)layers)
+    return 0;
+  for (int L = 0; L < layers; L++) {
+    kvt_layer ref = t_kv_tokens(tok, n, T, 8, L);
+    int ok = t_layer_eq(kvt_entry_layer(e, (uint32_t)L), &ref);
+    t_layer_free(&ref);
+    if (!ok)
+      return 0;
+  }
+  return 1;
 }

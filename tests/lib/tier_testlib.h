@@ -67,6 +67,15 @@ int t_flip(const char *path, long off);
 int t_each_chunk(const char *dir, void (*fn)(void *ctx, const char *path),
                  void *ctx);
 
+/* The chunked tests' spill: `layers` KV layers t_kv_tokens(tok, n, T, 8, L)
+ * (KV a function of the tokens, so shared prefixes share their KV) spilled
+ * with memory_bytes mem. Returns kvt_tier_spill's code. */
+int t_kv_spill(kvt_tier *t, const int32_t *tok, int n, int T, int layers,
+               uint64_t mem);
+/* True when e holds exactly those `layers` layers (t_layer_eq each). */
+int t_kv_matches(const kvt_entry *e, const int32_t *tok, int n, int T,
+                 int layers);
+
 /* Rows [0, keep) of every head of a [1, H, T, D] tensor equal the trimmed
  * [1, H, keep, D] (what a trimmed promote must return). */
 int t_rows_match(const kvt_tensor *trim, const kvt_tensor *full, int64_t keep);

@@ -11,6 +11,7 @@
  * quarantines a record whose chain lost a chunk.
  */
 #include "fmt_testlib.h"
+#include "tier_testlib.h"
 #include "format/chainrec.h"
 #include "kvtier.h"
 
@@ -38,29 +39,13 @@ static void close_tier(kvt_tier *t) {
   kvt_tier_free(t);
 }
 
-static kvt_layer kv_of(const int32_t *tok, int n, int T, int layer) {
-  return t_kv_pattern(tok, n, T, layer, 0x7777);
-}
-
 static void spill(kvt_tier *t, const int32_t *tok, int n, int T) {
-  kvt_layer l[2] = {kv_of(tok, n, T, 0), kv_of(tok, n, T, 1)};
-  CHECK(kvt_tier_spill(t, tok, (size_t)n, l, 2, 4242) == 0);
-  for (int i = 0; i < 2; i++)
-    t_layer_free(&l[i]);
+  CHECK(t_kv_spill(t, tok, n, T, 2, 4242) == 0);
   REQUIRE(kvt_tier_flush(t, 30000) == 0);
 }
 
 static int matches(const kvt_entry *e, const int32_t *tok, int n, int T) {
-  if (kvt_entry_num_layers(e) != 2)
-    return 0;
-  for (int L = 0; L < 2; L++) {
-    kvt_layer ref = kv_of(tok, n, T, L);
-    int ok = t_layer_eq(kvt_entry_layer(e, (uint32_t)L), &ref);
-    t_layer_free(&ref);
-    if (!ok)
-      return 0;
-  }
-  return 1;
+  return t_kv_matches(e, tok, n, T, 2);
 }
 
 /* Files in data/<hash of tok>/; *rec = 1 when one of them is chain.kvr. */

@@ -33,30 +33,9 @@ static kvt_tier *open_tier(const char *dir, uint32_t chunk, const char *id,
   return t;
 }
 
+/* One KV layer of rows [0, n), a function of the tokens (t_kv_tokens). */
 static kvt_layer kv_of(const int32_t *tok, int n) {
-  kvt_layer l;
-  kvt_layer_init(&l, KVT_LAYER_KV);
-  l.num_tensors = 2;
-  l.tensors = calloc(2, sizeof(kvt_tensor));
-  l.offset = n;
-  for (int k = 0; k < 2; k++) {
-    kvt_tensor *t = &l.tensors[k];
-    t->dtype = KVT_DTYPE_F16;
-    t->ndim = 4;
-    t->shape[0] = 1;
-    t->shape[1] = 2;
-    t->shape[2] = n;
-    t->shape[3] = 8;
-    t->nbytes = 2ull * (uint64_t)n * 8 * 2;
-    uint16_t *d = malloc(t->nbytes);
-    for (int h = 0; h < 2; h++)
-      for (int p = 0; p < n; p++)
-        for (int i = 0; i < 8; i++)
-          d[(h * n + p) * 8 + i] =
-              (uint16_t)((tok[p] * 31 + p * 7 + i + h * 3 + k * 11) & 0x3fff);
-    t->data = d;
-  }
-  return l;
+  return t_kv_tokens(tok, n, n, 8, 0);
 }
 
 static void spill(kvt_tier *t, const int32_t *tok, int n) {

@@ -9,6 +9,7 @@
  * without its chain); the chunks survive a reopen.
  */
 #include "fmt_testlib.h"
+#include "tier_testlib.h"
 #include "kvtier.h"
 
 #include <dirent.h>
@@ -31,10 +32,6 @@ static kvt_tier *open_tier(const char *dir, double max_gb) {
 }
 
 /* KV depending on (token, position) only, so shared prefixes share KV. */
-static kvt_layer kv_of(const int32_t *tok, int n, int T, int layer) {
-  return t_kv_tokens(tok, n, T, 8, layer);
-}
-
 static int g_reserved;
 static int reserve(void *ctx, uint64_t n) {
   (void)ctx;
@@ -47,42 +44,22 @@ static void release(void *ctx, uint64_t n) {
 }
 
 static void spill(kvt_tier *t, const int32_t *tok, int n, int T) {
-  kvt_layer l[2] = {kv_of(tok, n, T, 0), kv_of(tok, n, T, 1)};
-  CHECK(kvt_tier_spill(t, tok, (size_t)n, l, 2, 1000) == 0);
-  for (int i = 0; i < 2; i++)
-    t_layer_free(&l[i]);
+  CHECK(t_kv_spill(t, tok, n, T, 2, 1000) == 0);
 }
 
 static int entry_matches(const kvt_entry *e, const int32_t *tok, int n, int T) {
-  if (kvt_entry_num_layers(e) != 2)
-    return 0;
-  for (int L = 0; L < 2; L++) {
-    kvt_layer ref = kv_of(tok, n, T, L);
-    int ok = t_layer_eq(kvt_entry_layer(e, (uint32_t)L), &ref);
-    t_layer_free(&ref);
-    if (!ok)
-      return 0;
-  }
-  return 1;
+  return t_kv_matches(e, tok, n, T, 2);
+}
+
+static void add_size(void *ctx, const char *path) {
+  struct stat st;
+  if (stat(path, &st) == 0)
+    *(uint64_t *)ctx += (uint64_t)st.st_size;
 }
 
 static uint64_t chunk_file_bytes(const char *dir) {
-  char p[4096];
   uint64_t total = 0;
-  for (int a = 0; a < 256; a++) {
-    snprintf(p, sizeof p, "%s/chunks/%02x", dir, a);
-    DIR *d = opendir(p);
-    struct dirent *de;
-    while (d && (de = readdir(d))) {
-      char f[4400];
-      struct stat st;
-      snprintf(f, sizeof f, "%s/%s", p, de->d_name);
-      if (strstr(de->d_name, ".kvc") && stat(f, &st) == 0)
-        total += (uint64_t)st.st_size;
-    }
-    if (d)
-      closedir(d);
-  }
+  t_each_chunk(dir, add_size, &total);
   return total;
 }
 
