@@ -27,14 +27,15 @@ static _Thread_local int g_has_bad;
 /* A chained entry whose chain was evicted under it (removed likewise). */
 static _Thread_local char g_lost[KVT_HASH_HEX_LEN + 1];
 
-int kvti_tier_chunks_wanted(const kvt_options *o) {
-  /* Compat mode writes what the reference reads: one entry per spill. The
-   * remote tier shares the chunks (tier/rchunks.h). */
+/* 1 when these options store native spills in chunks. Compat mode writes
+ * what the reference reads: one entry per spill. The remote tier shares the
+ * chunks (tier/rchunks.h). */
+static int chunks_wanted(const kvt_options *o) {
   return o->chunk_tokens != 0 && o->storage_mode == KVT_STORAGE_NATIVE;
 }
 
 int kvti_tier_chunks_open(kvt_tier *t) {
-  if (!kvti_tier_chunks_wanted(&t->opts))
+  if (!chunks_wanted(&t->opts))
     return 0;
   kvti_chunkstore_opts o = {t->opts.file_mode, t->opts.dir_mode,
                             t->opts.durability == KVT_DURABILITY_FSYNC};

@@ -13,9 +13,6 @@
 #include "store/chunked.h"
 #include "tier/tier.h"
 
-/* 1 when these options store native spills in chunks (chunk_tokens set,
- * native storage mode, no remote tier yet). */
-int kvti_tier_chunks_wanted(const kvt_options *o);
 int kvti_tier_chunks_open(kvt_tier *t);
 void kvti_tier_chunks_close(kvt_tier *t);
 /* After an index rebuild (or an open without index.db): the chain table is
