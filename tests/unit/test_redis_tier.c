@@ -724,43 +724,51 @@ static void test_prefix_paging(void) {
 }
 
 /* Eviction under maxmemory with allkeys-lru: some entries lose keys; every
- * promote is then bit-identical or a miss. */
+ * promote is then bit-identical or a miss. Which keys go is Redis's sampled
+ * LRU: a round where every entry lost a key (or none did) proves nothing
+ * about serving the survivors, so it is run again on an emptied server (at
+ * most 3 rounds); wrong data fails every round. */
 static void test_eviction(void) {
   int port;
   char url[128];
   start_standalone("redis-e", "--maxmemory 3mb --maxmemory-policy allkeys-lru",
                    url, &port);
-  kvt_options o = ropts("rt-e", url, "ev:", KVT_REMOTE_ONLY);
-  o.spill_queue_size = 256;
-  o.remote_queue_size = 256;
-  kvt_tier *a = t_open(&o);
-  kvt_tier_start_writer(a);
-  int n = 200; /* ~3.5 MB of values: over maxmemory */
-  for (int i = 0; i < n; i++) {
-    t_entry e = mk(1000 + (uint64_t)i);
-    CHECK(t_spill(a, &e) == 0);
-    t_free(&e);
-    if (i % 20 == 19)
-      kvt_tier_flush(a, 10000);
-  }
-  CHECK(kvt_tier_flush(a, 10000) == 0);
-  kvt_options ob = ropts("rt-e2", url, "ev:", KVT_REMOTE_ONLY);
-  kvt_tier *b = t_open(&ob);
   int hits = 0, misses = 0, bad = 0;
-  for (int i = 0; i < n; i++) {
-    t_entry e = mk(1000 + (uint64_t)i);
-    int r = promote_check(b, &e);
-    hits += r == 1;
-    misses += r == 0;
-    bad += r < 0;
-    t_free(&e);
+  for (int round = 0; round < 3 && !(hits > 0 && misses > 0); round++) {
+    CHECK(cli_ok(port, "FLUSHALL", "OK"));
+    kvt_options o = ropts("rt-e", url, "ev:", KVT_REMOTE_ONLY);
+    o.spill_queue_size = 256;
+    o.remote_queue_size = 256;
+    kvt_tier *a = t_open(&o);
+    kvt_tier_start_writer(a);
+    int n = 200; /* ~3.5 MB of values: over maxmemory */
+    for (int i = 0; i < n; i++) {
+      t_entry e = mk(1000 + (uint64_t)i);
+      CHECK(t_spill(a, &e) == 0);
+      t_free(&e);
+      if (i % 20 == 19)
+        kvt_tier_flush(a, 10000);
+    }
+    CHECK(kvt_tier_flush(a, 10000) == 0);
+    kvt_options ob = ropts("rt-e2", url, "ev:", KVT_REMOTE_ONLY);
+    kvt_tier *b = t_open(&ob);
+    hits = misses = 0;
+    for (int i = 0; i < n; i++) {
+      t_entry e = mk(1000 + (uint64_t)i);
+      int r = promote_check(b, &e);
+      hits += r == 1;
+      misses += r == 0;
+      bad += r < 0;
+      t_free(&e);
+    }
+    fprintf(stderr, "eviction round %d: %d hits, %d misses\n", round, hits,
+            misses);
+    kvt_tier_free(a);
+    kvt_tier_free(b);
   }
-  fprintf(stderr, "eviction: %d hits, %d misses\n", hits, misses);
   CHECK_EQ_INT(bad, 0);
   CHECK(hits > 0);
   CHECK(misses > 0);
-  kvt_tier_free(a);
-  kvt_tier_free(b);
 }
 
 /* ------------------------------------------------------------------------ */
