@@ -55,7 +55,7 @@ int cli_bench_chat(cli_flag *f, size_t nf, const char *given) {
   o.aligned_turns = quick ? 4 : 8;
   o.convs = quick ? 4 : 16;
   o.entries = quick ? 2 : 4;
-  o.rounds = quick ? 1 : 3;
+  o.rounds = quick ? 1 : 5;
   o.fio = !cli_flag_get(f, nf, "no-disk")->set;
   o.seed = 1;
   o.keep = keep;

@@ -8,6 +8,9 @@
  * write. Files stay open until finish (or a checkpoint every MAX_OPEN files),
  * which waits for all writes, trims preallocations and fsyncs them all at once.
  * Staging buffers come from a bufpool, so steady state allocates nothing.
+ * A file may reserve its first bytes for a header known only after its data
+ * (a chunk's block checksums): appends start past the reserve, and the head
+ * is one buffered pwrite at offset 0 before close, covered by the same fsync.
  */
 #include "engine/fwriter.h"
 #include "base/error.h"
@@ -37,6 +40,8 @@ struct kvti_fwriter {
   size_t fill;     /* bytes of this file in the current stage */
   uint64_t off;    /* file offset of the current stage's first byte */
   uint64_t prealloc;
+  uint64_t head; /* bytes reserved at offset 0 (opts.head_reserve) */
+  int head_put;  /* the reserved head was written */
   int closed;
   int own_group; /* made by kvti_fwriter_open */
   struct kvti_fwriter *next;
@@ -221,6 +226,8 @@ int kvti_wgroup_file(kvti_fwriter **out, kvti_wgroup *g, const char *path,
       return g->err = rc;
     w->prealloc = o->size_hint;
   }
+  w->head = o->head_reserve;
+  w->off = o->head_reserve; /* appends start past the reserved head */
   g->cur = w;
   *out = w;
   return 0;
@@ -282,12 +289,31 @@ int kvti_fwriter_append(kvti_fwriter *w, const void *data, size_t len) {
   return 0;
 }
 
+int kvti_fwriter_put_head(kvti_fwriter *w, const void *head, size_t len) {
+  kvti_wgroup *g = w->g;
+  if (g->err)
+    return g->err;
+  if (w->closed || g->cur != w || w->head_put || w->head == 0 || len != w->head)
+    return g->err = KVT_ERR(KVT_EINVAL,
+                            "fwriter: %s: head of %zu bytes does not fit its "
+                            "reserve of %llu (or was already written)",
+                            w->path, len, (unsigned long long)w->head);
+  int rc = kvti_pwrite_all(w->fd, head, len, 0, w->path);
+  if (rc)
+    return g->err = rc;
+  w->head_put = 1;
+  return 0;
+}
+
 int kvti_fwriter_close(kvti_fwriter *w, uint64_t *size, uint64_t *xxh3) {
   kvti_wgroup *g = w->g;
   if (g->err)
     return g->err;
   if (w->closed)
     return KVT_ERR(KVT_EINVAL, "fwriter: %s closed twice", w->path);
+  if (w->head && !w->head_put) /* never a file with a hole for a header */
+    return g->err = KVT_ERR(KVT_EINVAL, "fwriter: %s closed before its head",
+                            w->path);
   uint64_t total = w->off + w->fill;
   if (w->fill > 0) {
     int rc = flush_stage(w, w->fill);

@@ -46,9 +46,15 @@ typedef struct kvti_fwriter_opts {
    * hasher instead of the whole-file hash (`hash` is then ignored and close
    * reports no checksum: the caller finalizes the hasher after close). */
   kvti_blkhash *blocks;
+  /* > 0: the file's first head_reserve bytes are left for a header that is
+   * only known once the data is written (its checksums): appends start at
+   * offset head_reserve (a multiple of 4096 keeps them O_DIRECT) and the
+   * header is written by kvti_fwriter_put_head before the file is closed. The
+   * hash options cover the appended bytes only. */
+  uint64_t head_reserve;
 } kvti_fwriter_opts;
 #define KVTI_FWRITER_OPTS_INIT                                                 \
-  { 0, 0, 1, 0, 0600, 0, NULL, NULL }
+  { 0, 0, 1, 0, 0600, 0, NULL, NULL, 0 }
 
 /* Group: backend/pool as above; do_fsync: files are fsynced at finish (and at
  * the internal checkpoints that bound the number of open files). Returns 0,
@@ -58,6 +64,12 @@ int kvti_wgroup_open(kvti_wgroup **out, int backend, kvti_bufpool *pool,
 /* Starts a file in the group (o->backend/pool are ignored: the group's). */
 int kvti_wgroup_file(kvti_fwriter **out, kvti_wgroup *g, const char *path,
                      const kvti_fwriter_opts *o);
+/* Writes the reserved head (opts.head_reserve) of an open file: len must
+ * equal head_reserve. Written through the page cache at offset 0 (synchronous,
+ * a few KiB) and made durable with the file by the group's fsync. A file opened
+ * with a reserve cannot be closed before its head is put (KVT_EINVAL, and the
+ * group fails). Returns 0, KVT_EINVAL, or the I/O error (the group fails). */
+int kvti_fwriter_put_head(kvti_fwriter *w, const void *head, size_t len);
 /* Ends the current file: its last bytes are queued, *size / *xxh3 (may be NULL)
  * receive its size and checksum now; the writes complete by kvti_wgroup_finish.
  */

@@ -577,7 +577,7 @@ static int check_req(const kvti_iob_req *r) {
 }
 
 #if KVT_HAVE_URING
-static int uring_push(kvti_iobatch *b, kvti_iob_req *r) {
+static int uring_push(kvti_iobatch *b, kvti_iob_req *r, int defer) {
   while (b->f.code == 0 && !b->broken && r->pos_ < r->len) {
     if (b->nfree == 0) {
       u_pump(b, 1);
@@ -593,7 +593,8 @@ static int uring_push(kvti_iobatch *b, kvti_iob_req *r) {
     req_finish(r, &b->f);
   else if (r->pos_ < r->len && r->status == 0)
     r->status = KVT_ECANCELED;
-  u_pump(b, 0); /* hand the queued chunks to the kernel without waiting */
+  if (!defer)
+    u_pump(b, 0); /* hand the queued chunks to the kernel without waiting */
   return b->f.code;
 }
 #endif
@@ -611,9 +612,19 @@ int kvti_iobatch_push(kvti_iobatch *b, kvti_iob_req *r, unsigned flags,
   }
 #if KVT_HAVE_URING
   if (b->backend == KVT_IO_URING)
-    return uring_push(b, r) ? raise_failure(&b->f) : 0;
+    return uring_push(b, r, (flags & KVTI_IOB_DEFER) != 0)
+               ? raise_failure(&b->f)
+               : 0;
 #endif
   return portable_push(b, r);
+}
+
+int kvti_iobatch_submit(kvti_iobatch *b) {
+#if KVT_HAVE_URING
+  if (b->backend == KVT_IO_URING && !b->broken)
+    u_pump(b, 0);
+#endif
+  return b->f.code ? raise_failure(&b->f) : 0;
 }
 
 int kvti_iobatch_wait_req(kvti_iobatch *b, kvti_iob_req *r) {
@@ -660,7 +671,7 @@ int kvti_iobatch_run(kvti_iobatch *b, kvti_iob_req *reqs, size_t n,
         reqs[i].status = KVT_ECANCELED;
         continue;
       }
-      uring_push(b, &reqs[i]);
+      uring_push(b, &reqs[i], 1); /* wait_all submits what is queued */
     }
     return kvti_iobatch_wait_all(b);
   }

@@ -3,12 +3,13 @@
  * the byte layout (a fixed 128-byte part, namespace, tokens, layout
  * descriptor, block list and header checksum, then the layer-major,
  * head-contiguous data section), its strict parser, the durable writer and the
- * verified data reader. The writer hashes the chunk's rows of every layer
- * per block straight from the caller's tensors, then streams header and rows
- * through the staged O_DIRECT writer (engine/fwriter.h) into <key>.tmp, and
- * publishes it with fsync + rename + directory fsync, so a crash leaves either
- * no chunk or a complete one (at worst a stale <key>.tmp, removed when the
- * chunk is written again or by gc).
+ * verified data reader. The writer streams the chunk's rows of every layer
+ * from the caller's tensors through the staged O_DIRECT writer
+ * (engine/fwriter.h), which hashes each block as it copies it, into <key>.tmp
+ * past a reserved header; the header (with those block checksums) goes in
+ * last, and the file is published with fsync + rename + directory fsync, so a
+ * crash leaves either no chunk or a complete one (at worst a stale <key>.tmp,
+ * removed when the chunk is written again or by gc).
  */
 #include "format/chunk.h"
 #include "base/error.h"
@@ -259,8 +260,8 @@ int kvti_chunk_layout_hash(uint64_t *out, const kvti_chunk_src *src) {
  * layer-major, then tensor order, then one extent of n rows per outer index
  * (batch x head) - the rows [row0, row0 + n) of that head in the caller's
  * tensor, contiguous there too. The data section is exactly these extents
- * concatenated, so hashing and writing stream from the caller's tensors with
- * no gathering copy. */
+ * concatenated, so the writer (which hashes as it copies) streams from the
+ * caller's tensors with no gathering copy. */
 typedef int (*piece_fn)(void *ctx, const void *p, size_t n);
 static int for_pieces(const kvti_chunk_src *s, piece_fn fn, void *ctx) {
   for (uint32_t i = 0; i < s->n_layers; i++) {
@@ -281,17 +282,15 @@ static int for_pieces(const kvti_chunk_src *s, piece_fn fn, void *ctx) {
   return 0;
 }
 
-static int piece_hash(void *ctx, const void *p, size_t n) {
-  return kvti_blkhash_update(ctx, p, n);
-}
 static int piece_write(void *ctx, const void *p, size_t n) {
   return kvti_fwriter_append(ctx, p, n);
 }
 
-/* Fills hdr (header_bytes, zeroed) with the chunk's header; the block list is
- * computed from the caller's tensors (one XXH3 pass, no copy). */
-static int build(uint8_t *hdr, const plan *p, const kvti_chunk_src *s,
-                 kvti_chunk_written *w) {
+/* Fills hdr (header_bytes, zeroed) with the chunk's header except its block
+ * list and header checksum (head_seal adds them once the data's blocks are
+ * hashed, as the data streams to the file). */
+static int head_build(uint8_t *hdr, const plan *p, const kvti_chunk_src *s,
+                      kvti_chunk_written *w) {
   int rc = kvti_chunk_key(w->key, s->parent, s->tokens, s->n);
   if (rc)
     return rc;
@@ -300,23 +299,6 @@ static int build(uint8_t *hdr, const plan *p, const kvti_chunk_src *s,
   w->layout_hash = XXH3_64bits(lay, (size_t)p->layout_bytes);
   w->mem_bytes = p->data_bytes;
   w->size = p->header_bytes + p->data_bytes;
-  uint8_t *d = lay + p->layout_bytes;
-  kvti_blkhash *bh = NULL;
-  if ((rc = kvti_blkhash_new(&bh, KVTI_BLK_DEFAULT, p->data_bytes)) != 0)
-    return rc;
-  if ((rc = for_pieces(s, piece_hash, bh)) == 0)
-    rc = kvti_blkhash_final(bh, NULL);
-  if (rc == 0) {
-    size_t nl;
-    const uint64_t *list = kvti_blkhash_list(bh, &nl);
-    if (nl != p->n_blocks)
-      rc = KVT_ERR(KVT_EIO, "chunk: block count mismatch");
-    for (size_t k = 0; rc == 0 && k < nl; k++, d += 8)
-      kvti_le_put64(d, list[k]);
-  }
-  kvti_blkhash_free(bh);
-  if (rc)
-    return rc;
   memcpy(hdr, KVTI_CHUNK_MAGIC, 8);
   kvti_le_put32(hdr + 8, KVTI_CHUNK_VERSION);
   kvti_le_put32(hdr + 12, (uint32_t)p->header_bytes);
@@ -336,6 +318,22 @@ static int build(uint8_t *hdr, const plan *p, const kvti_chunk_src *s,
   uint8_t *tk = hdr + KVTI_CHUNK_FIXED + p->ns_pad;
   for (uint32_t i = 0; i < s->n; i++)
     kvti_le_put32(tk + 4ull * i, (uint32_t)s->tokens[i]);
+  return 0;
+}
+
+/* Completes hdr with the block list of the data bh hashed (finalized here) and
+ * the header checksum. */
+static int head_seal(uint8_t *hdr, const plan *p, kvti_blkhash *bh) {
+  int rc = kvti_blkhash_final(bh, NULL);
+  if (rc)
+    return rc;
+  size_t nl;
+  const uint64_t *list = kvti_blkhash_list(bh, &nl);
+  if (nl != p->n_blocks)
+    return KVT_ERR(KVT_EIO, "chunk: block count mismatch");
+  uint8_t *d = hdr + p->sum_pos - 8 * p->n_blocks;
+  for (size_t k = 0; k < nl; k++, d += 8)
+    kvti_le_put64(d, list[k]);
   kvti_le_put64(hdr + p->sum_pos, XXH3_64bits(hdr, p->sum_pos));
   return 0;
 }
@@ -365,14 +363,23 @@ int kvti_chunk_write(const char *path, const char *tmp,
   if (!hdr)
     return KVT_ERR_NOMEM();
   kvti_chunk_written w;
-  rc = build(hdr, &p, src, &w);
+  kvti_blkhash *bh = NULL;
+  rc = head_build(hdr, &p, src, &w);
+  if (rc == 0)
+    rc = kvti_blkhash_new(&bh, KVTI_BLK_DEFAULT, p.data_bytes);
   /* The file goes through the staged writer (engine/fwriter.h): the tensors'
-   * rows are copied once into aligned staging buffers and written with large
-   * O_DIRECT writes, several in flight (the page cache where O_DIRECT is
-   * unavailable, and for the last partial block); the file is preallocated to
-   * its exact size. */
+   * rows are copied once into aligned staging buffers, hashed there while hot
+   * and written with large O_DIRECT writes, several in flight (the page cache
+   * where O_DIRECT is unavailable, and for the last partial block); the file
+   * is preallocated to its exact size. The header, which holds the block
+   * checksums, is written last into the space reserved for it: one pass over
+   * the data, not a hashing pass before the writes (~5 ms of a 32 MiB chunk's
+   * ~75 ms). The tmp file is renamed only after the header and data are
+   * durable, so no reader ever sees the reserved space unfilled. */
   kvti_fwriter_opts fo = KVTI_FWRITER_OPTS_INIT;
   fo.hash = 0;
+  fo.blocks = bh;
+  fo.head_reserve = p.header_bytes;
   fo.size_hint = total;
   fo.file_mode = file_mode;
   fo.excl = 1;
@@ -383,9 +390,11 @@ int kvti_chunk_write(const char *path, const char *tmp,
     rc = kvti_fwriter_open(&fw, tmp, &fo);
   }
   if (rc == 0)
-    rc = kvti_fwriter_append(fw, hdr, (size_t)p.header_bytes);
-  if (rc == 0)
     rc = for_pieces(src, piece_write, fw);
+  if (rc == 0)
+    rc = head_seal(hdr, &p, bh);
+  if (rc == 0)
+    rc = kvti_fwriter_put_head(fw, hdr, (size_t)p.header_bytes);
   if (fw) {
     uint64_t size = 0;
     if (rc == 0)
@@ -397,6 +406,7 @@ int kvti_chunk_write(const char *path, const char *tmp,
                    (unsigned long long)size, (unsigned long long)total);
     fw = NULL;
   }
+  kvti_blkhash_free(bh);
   kvti_free(hdr);
   if (rc == 0 && (rc = kvti_rename(tmp, path)) != 0)
     kvti_unlink(tmp);

@@ -179,13 +179,15 @@ static int push(kvti_iobatch *b, inflight *f, void *buf, uint64_t len,
   r->buf = buf;
   r->len = len;
   r->off = f->c->h.header_bytes + off;
-  return kvti_iobatch_push(b, r, 0, "chunk");
+  /* Queued, not submitted one by one: a chunk has hundreds of head extents
+   * and issue() hands them over in batches (kvti_iobatch_submit). */
+  return kvti_iobatch_push(b, r, KVTI_IOB_DEFER, "chunk");
 }
 
-/* Issues the reads of chunk c (rows [row0, row0 + n) of p's tensors), in
- * file order. */
-static int issue(kvti_iobatch *b, inflight *f, opened *c, kvti_chunk_prefix *p,
-                 uint64_t row0, uint8_t *scratch) {
+/* Queues the reads of chunk c (rows [row0, row0 + n) of p's tensors), in
+ * file order (issue() submits them). */
+static int issue_queue(kvti_iobatch *b, inflight *f, opened *c,
+                       kvti_chunk_prefix *p, uint64_t row0, uint8_t *scratch) {
   const kvti_chunk_hdr *h = &c->h;
   memset(f, 0, sizeof *f);
   f->c = c;
@@ -236,6 +238,14 @@ static int issue(kvti_iobatch *b, inflight *f, opened *c, kvti_chunk_prefix *p,
     }
   }
   return 0;
+}
+
+/* Issues the reads of chunk c: queued, then handed to the kernel at once. */
+static int issue(kvti_iobatch *b, inflight *f, opened *c, kvti_chunk_prefix *p,
+                 uint64_t row0, uint8_t *scratch) {
+  int rc = issue_queue(b, f, c, p, row0, scratch);
+  int src = kvti_iobatch_submit(b);
+  return rc ? rc : src;
 }
 
 /* Waits for f's reads in file order and verifies every block as it lands;
