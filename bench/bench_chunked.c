@@ -15,7 +15,7 @@
  * entry at C=256), median of rounds of paired ratios; finally the chat
  * workload with default options (bench/benchchat.h, the same as `kvtier
  * bench --preset chat`). Usage: bench_chunked [chunk sizes, default
- * 16,32,64,128,256,512] [rounds=3]. No assertions.
+ * 16,32,64,128,256,512] [rounds=9]. No assertions.
  */
 #include "benchchat.h"
 #include "benchutil.h"
@@ -348,7 +348,7 @@ int main(int argc, char **argv) {
     ns = bu_parse_list(sizes, 16, s);
     free(s);
   }
-  int rounds = argc > 2 ? atoi(argv[2]) : 3;
+  int rounds = argc > 2 ? atoi(argv[2]) : 9;
   char *base = bu_mkdtemp(NULL);
   bu_header("bench_chunked: chunked native store (8-layer fp16 KV, 32 KiB "
             "per token)",
