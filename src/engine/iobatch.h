@@ -59,7 +59,7 @@ typedef struct kvti_iobatch kvti_iobatch;
 
 typedef struct kvti_iob_cfg {
   int backend; /* kvt_io_backend: KVT_IO_AUTO, KVT_IO_PORTABLE, KVT_IO_URING */
-  unsigned depth;   /* requests in flight (io_uring); 0 = 8 */
+  unsigned depth;   /* requests in flight (io_uring); 0 = 8, at most 256 */
   size_t chunk;     /* bytes per request; 0 = 1 MiB; rounded to 4096 */
   unsigned threads; /* portable backend: max threads per batch incl. the caller;
                        0 = 2 */
