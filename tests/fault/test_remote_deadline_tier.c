@@ -6,12 +6,13 @@
  * timeouts bound each read(2) alone, so such a peer used to hold one promote
  * for tens of seconds at remote_timeout_ms = 1000 without counting an error.
  * Here, with the per-call deadline: a promote that misses locally returns
- * within twice the timeout, the failure counts in remote_errors, the remote is
- * backed off (the next promote does not wait at all), and a spill's upload and
- * close are bounded the same way. Two server behaviours: everything dribbled
- * (the slot-map probe CLUSTER SLOTS times out), and CLUSTER SLOTS answered at
- * once with only the data commands dribbled (the batch itself times out).
- * Exit 77 when kvtier is built without hiredis.
+ * within three times the timeout (slack for sanitizer builds), the failure
+ * counts in remote_errors, the remote is backed off (the next promote does not
+ * wait at all), and a spill's upload and close are bounded the same way. Two
+ * server behaviours: everything dribbled (the slot-map probe CLUSTER SLOTS
+ * times out), and CLUSTER SLOTS answered at once with only the data commands
+ * dribbled (the batch itself times out). Exit 77 when kvtier is built without
+ * hiredis.
  */
 #include "rel_tier.h"
 
@@ -211,7 +212,10 @@ static void run_case(int fast_slots) {
           rc, dt);
   CHECK_EQ_INT(rc, KVT_ENOTFOUND);
   CHECK(got == NULL);
-  CHECK(dt < 2 * TIMEOUT_MS);
+  /* Bounded: the deadline is TIMEOUT_MS; the slack covers sanitizer builds on
+   * two shared cores (the unbounded wait this guards against was tens of
+   * seconds). */
+  CHECK(dt < 3 * TIMEOUT_MS);
   kvt_stats s = rel_stats(t);
   CHECK(s.remote_errors >= 1);
   if (fast_slots)
@@ -221,7 +225,7 @@ static void run_case(int fast_slots) {
   rc = kvt_tier_promote(&got, t, e.tokens, e.n_tokens, NULL);
   dt = rel_now_ms() - t0;
   CHECK_EQ_INT(rc, KVT_ENOTFOUND);
-  CHECK(dt < TIMEOUT_MS / 2);
+  CHECK(dt < TIMEOUT_MS); /* a promote that asked the peer would wait it out */
   /* Once the back-off has passed (0.25 s after the first failure), a spill
    * (local copy plus an upload the peer stalls), then close: bounded too. */
   rel_sleep_ms(400);
@@ -233,7 +237,7 @@ static void run_case(int fast_slots) {
   fprintf(stderr, "  close with an upload to the dribbling peer: %.0f ms\n",
           dt);
   CHECK_EQ_INT(rc, 0);
-  CHECK(dt < 2 * TIMEOUT_MS);
+  CHECK(dt < 3 * TIMEOUT_MS);
   CHECK(atomic_load(&d.seen) > seen); /* the upload did talk to the peer */
   kvt_tier_free(t);
   t_free(&e);
