@@ -235,25 +235,35 @@ static void run_size(const char *base, uint32_t C) {
          m ? (exact ? " bit-exact" : " MISMATCH") : "");
 }
 
+/* The disk's limits for one round: fio O_DIRECT write (ending in an fsync)
+ * and read of `bytes` in a fresh file. */
+static void fio_limits(const char *base, uint64_t bytes, double *wbw,
+                       double *rbw) {
+  char f[4096];
+  snprintf(f, sizeof f, "%s/fio.dat", base);
+  bu_fio_job job = {f, "write", 1, 1 << 20, bytes, 8, "io_uring", 1, 0};
+  if (bu_fio(wbw, &job) != 0)
+    *wbw = 0;
+  bu_fio_job rj = {f, "read", 1, 1 << 20, bytes, 8, "io_uring", 0, 1};
+  if (bu_fio(rbw, &rj) != 0)
+    *rbw = 0;
+  unlink(f);
+}
+
 /* (e) durable spill of an ntok-token Llama-3-8B-shaped entry vs fio O_DIRECT
  * write, then (f) its cold promote (chunk and entry files dropped from the
- * page cache) vs fio O_DIRECT read of the same bytes, paired per round. */
+ * page cache) vs fio O_DIRECT read of the same bytes, paired per round: fio
+ * runs before kvtier in even rounds and after it in odd ones, so a drift of
+ * the shared disk within a round favours neither. */
 static void run_spill(const char *base, uint32_t C, int rounds, int ntok) {
   enum { L8B = 32 };
   double ratios[16], bws[16], fios[16], pr[16], pbw[16], pfio[16];
   uint64_t bytes = (uint64_t)ntok * L8B * HEADS * DIM * 2 * 2;
   int k;
   for (k = 0; k < rounds && k < 16; k++) {
-    char f[4096];
-    snprintf(f, sizeof f, "%s/fio.dat", base);
-    bu_fio_job job = {f, "write", 1, 1 << 20, bytes, 8, "io_uring", 1, 0};
     double fbw = 0, frbw = 0;
-    if (bu_fio(&fbw, &job) != 0)
-      fbw = 0;
-    bu_fio_job rj = {f, "read", 1, 1 << 20, bytes, 8, "io_uring", 0, 1};
-    if (bu_fio(&frbw, &rj) != 0)
-      frbw = 0;
-    unlink(f);
+    if (k % 2 == 0)
+      fio_limits(base, bytes, &fbw, &frbw);
     env v;
     if (env_open(&v, base, "e", C, 1))
       exit(1);
@@ -307,6 +317,8 @@ static void run_spill(const char *base, uint32_t C, int rounds, int ntok) {
     kvt_entry_free(e);
     free(tok);
     env_close(&v);
+    if (k % 2 == 1)
+      fio_limits(base, bytes, &fbw, &frbw);
     if (rc || prc) {
       fprintf(stderr, "%s: %s\n", rc ? "spill" : "promote", kvt_last_error());
       return;
