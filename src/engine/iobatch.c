@@ -800,16 +800,30 @@ static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static kvti_iobatch *cache[3];
 static unsigned cache_n[3];
 
-int kvti_iobatch_get(kvti_iobatch **out, int backend) {
-  backend = auto_backend(backend);
-  if (backend >= 0 && backend < 3) {
+/* The configuration an engine was created with, as the cache matches it. */
+static int same_cfg(const kvti_iobatch *b, const kvti_iob_cfg *c) {
+  unsigned depth = c->depth ? c->depth : 8;
+  size_t csz = c->chunk ? c->chunk : (size_t)1 << 20;
+  csz = (csz + KVTI_IOB_ALIGN - 1) & ~(size_t)(KVTI_IOB_ALIGN - 1);
+  return b->depth == (depth > MAX_DEPTH ? MAX_DEPTH : depth) &&
+         b->chunk == (csz > ((size_t)1 << 30) ? (size_t)1 << 30 : csz) &&
+         b->threads == (c->threads ? c->threads : 2);
+}
+
+int kvti_iobatch_get_cfg(kvti_iobatch **out, const kvti_iob_cfg *cfg) {
+  kvti_iob_cfg c = cfg ? *cfg : (kvti_iob_cfg)KVTI_IOB_CFG_INIT;
+  c.backend = auto_backend(c.backend);
+  if (c.backend >= 0 && c.backend < 3) {
     pid_t me = getpid();
     for (;;) {
+      /* The first cached engine of this backend with this configuration. */
       pthread_mutex_lock(&cache_mu);
-      kvti_iobatch *b = cache[backend];
+      kvti_iobatch **pp = &cache[c.backend], *b;
+      while ((b = *pp) && !same_cfg(b, &c))
+        pp = &b->cache_next;
       if (b) {
-        cache[backend] = b->cache_next;
-        cache_n[backend]--;
+        *pp = b->cache_next;
+        cache_n[c.backend]--;
       }
       pthread_mutex_unlock(&cache_mu);
       if (!b)
@@ -826,9 +840,13 @@ int kvti_iobatch_get(kvti_iobatch **out, int backend) {
       return 0;
     }
   }
+  return kvti_iobatch_create(out, &c);
+}
+
+int kvti_iobatch_get(kvti_iobatch **out, int backend) {
   kvti_iob_cfg cfg = KVTI_IOB_CFG_INIT;
   cfg.backend = backend;
-  return kvti_iobatch_create(out, &cfg);
+  return kvti_iobatch_get_cfg(out, &cfg);
 }
 
 void kvti_iobatch_put(kvti_iobatch *b) {

@@ -130,8 +130,11 @@ int kvti_iob_open_direct(const char *path, int flags, unsigned mode);
 /* A process-wide cache of engines per backend so promotes and spills do not set
  * up a ring per call. get returns a cached engine or creates one (same codes as
  * create); put returns it (engines beyond a small bound are freed).
- * kvti_iobatch_cache_drain frees cached engines. */
+ * kvti_iobatch_cache_drain frees cached engines. get_cfg is get for an engine
+ * of cfg's depth, chunk and threads (a cached one of the same configuration,
+ * else a new one; the cache holds engines of several configurations). */
 int kvti_iobatch_get(kvti_iobatch **out, int backend);
+int kvti_iobatch_get_cfg(kvti_iobatch **out, const kvti_iob_cfg *cfg);
 void kvti_iobatch_put(kvti_iobatch *b);
 void kvti_iobatch_cache_drain(void);
 

@@ -301,7 +301,7 @@ int kvti_chunkstore_read_prefix(kvti_chunkstore *cs, const kvti_chain_rec *recs,
    * flight to keep the disk busy than 1 MiB pieces do. */
   kvti_iob_cfg cfg = KVTI_IOB_CFG_INIT;
   cfg.depth = 128; /* 8 MiB of 64 KiB extents, as fio's 8 x 1 MiB */
-  int rc = oc && pool ? kvti_iobatch_create(&b, &cfg) : KVT_ERR_NOMEM();
+  int rc = oc && pool ? kvti_iobatch_get_cfg(&b, &cfg) : KVT_ERR_NOMEM();
   if (rc)
     b = NULL;
   for (size_t w = 0; w < win; w++)
@@ -376,7 +376,7 @@ int kvti_chunkstore_read_prefix(kvti_chunkstore *cs, const kvti_chain_rec *recs,
   }
   if (rc && bad_index)
     *bad_index = bad;
-  kvti_iobatch_free(b);
+  kvti_iobatch_put(b); /* back to the cache: no ring set up per promote */
   kvti_bufpool_put(pool, scratch, (size_t)have);
   kvti_free(oc);
   if (rc) {

@@ -5,7 +5,8 @@
  * end of file, errors, EINTR/EAGAIN, short transfers and O_DIRECT refusals
  * injected through the io seam (pread/pwrite for the portable backend,
  * uring_result/uring_submit/uring_setup for io_uring), backend selection when
- * io_uring cannot be set up, registered buffers and the engine cache; deferred
+ * io_uring cannot be set up, registered buffers and the engine cache (engines
+ * of several depths cached side by side); deferred
  * pushes (many small requests sharing one submission, then submitted
  * explicitly or by a wait, with the data intact). io_uring
  * cases are skipped (not failed) where the ring cannot be created; the whole
@@ -655,6 +656,42 @@ static void deferred(int backend) {
   kvti_iobatch_free(b);
 }
 
+/* The engine cache holds engines of several configurations and hands back
+ * one of the asked configuration: a deep promote engine is reused, never
+ * given to a default-depth caller, and the default one never to it. */
+static void test_cache_cfg(void) {
+  kvti_iobatch_cache_drain();
+  int backends[2] = {KVT_IO_PORTABLE, KVT_IO_URING};
+  for (int bi = 0; bi < 2; bi++) {
+    if (backends[bi] == KVT_IO_URING && !uring_ok)
+      continue;
+    kvti_iob_cfg deep = KVTI_IOB_CFG_INIT;
+    deep.backend = backends[bi];
+    deep.depth = 128;
+    kvti_iobatch *d1 = NULL, *d2 = NULL, *n1 = NULL, *n2 = NULL, *o1 = NULL;
+    REQUIRE(kvti_iobatch_get_cfg(&d1, &deep) == 0);
+    REQUIRE(kvti_iobatch_get(&n1, backends[bi]) == 0);
+    CHECK(d1 != n1);
+    kvti_iobatch_put(d1);
+    kvti_iobatch_put(n1);
+    REQUIRE(kvti_iobatch_get(&n2, backends[bi]) == 0);
+    CHECK(n2 == n1); /* the default engine, not the deep one */
+    REQUIRE(kvti_iobatch_get_cfg(&d2, &deep) == 0);
+    CHECK(d2 == d1); /* the deep one, reused */
+    kvti_iob_cfg other = deep;
+    other.depth = 16;
+    REQUIRE(kvti_iobatch_get_cfg(&o1, &other) == 0);
+    CHECK(o1 != d1 && o1 != n1); /* nothing cached of that depth */
+    CHECK_EQ_INT(kvti_iobatch_backend(o1), backends[bi]);
+    kvti_iobatch_put(o1);
+    kvti_iobatch_put(d2);
+    kvti_iobatch_put(n2);
+    CHECK_EQ_INT(kvti_iobatch_get_cfg(&d1, NULL), 0); /* NULL: the defaults */
+    kvti_iobatch_put(d1);
+  }
+  kvti_iobatch_cache_drain();
+}
+
 static void test_deferred(void) {
   install();
   deferred(KVT_IO_PORTABLE);
@@ -746,6 +783,7 @@ int main(void) {
   RUN(test_submit_failure);
   RUN(test_push);
   RUN(test_deferred);
+  RUN(test_cache_cfg);
   RUN(test_fork);
   RUN(test_helpers);
   kvti_iobatch_cache_drain();
