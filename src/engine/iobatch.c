@@ -795,7 +795,9 @@ int kvti_iob_preallocate(int fd, uint64_t len) {
 
 /* ---------------------------------------------------------------- cache */
 
-#define CACHE_MAX 8
+/* Engines kept per backend, of every configuration together (the default ones
+ * of spills and entry reads, the deep ones of chunked promotes). */
+#define CACHE_MAX 16
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static kvti_iobatch *cache[3];
 static unsigned cache_n[3];
