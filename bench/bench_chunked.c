@@ -68,60 +68,14 @@ static void env_close(env *v) {
   free(v->dir);
 }
 
-/* The KV of a conversation: row t of every layer depends only on token t's
- * position and value (a deterministic "model"), so shared prefixes have
- * identical KV, as they would in an engine. */
-static void fill_row(uint16_t *row, int layer, int32_t tok, size_t pos) {
-  uint64_t x = (uint64_t)tok * 0x9e3779b97f4a7c15ull ^ (uint64_t)pos << 20 ^
-               (uint64_t)layer << 50;
-  for (int i = 0; i < DIM; i++) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    row[i] = (uint16_t)(0x3c00 | (x & 0x3ff)); /* f16 in [1, 2) */
-  }
-}
-
-typedef struct conv {
-  kvt_layer l[LAYERS];
-  kvt_tensor t[LAYERS][2];
-} conv;
-
-static void conv_make(conv *c, const int32_t *tok, size_t n, uint32_t layers) {
-  for (uint32_t L = 0; L < layers; L++) {
-    kvt_layer_init(&c->l[L], KVT_LAYER_KV);
-    c->l[L].num_tensors = 2;
-    c->l[L].tensors = c->t[L];
-    c->l[L].offset = (int64_t)n;
-    for (int k = 0; k < 2; k++) {
-      kvt_tensor *t = &c->t[L][k];
-      memset(t, 0, sizeof *t);
-      t->dtype = KVT_DTYPE_F16;
-      t->ndim = 4;
-      t->shape[0] = 1;
-      t->shape[1] = HEADS;
-      t->shape[2] = (int64_t)n;
-      t->shape[3] = DIM;
-      t->nbytes = (uint64_t)HEADS * n * DIM * 2;
-      t->data = malloc(t->nbytes ? t->nbytes : 1);
-      for (int h = 0; h < HEADS; h++)
-        for (size_t p = 0; p < n; p++)
-          fill_row((uint16_t *)t->data + ((size_t)h * n + p) * DIM,
-                   (int)(L * 2 + k) * 64 + h, tok[p], p);
-    }
-  }
-}
-static void conv_free(conv *c, uint32_t layers) {
-  for (uint32_t L = 0; L < layers; L++)
-    for (int k = 0; k < 2; k++)
-      free(c->t[L][k].data);
-}
-
 /* Spills tokens[0, n); returns bytes written (chunks + tail entry). */
 static uint64_t spill(env *v, const int32_t *tok, size_t n, uint32_t layers,
                       int fsync_) {
-  conv c;
-  conv_make(&c, tok, n, layers);
+  bu_kv c;
+  if (bu_kv_make(&c, tok, n, layers) != 0) {
+    fprintf(stderr, "out of memory\n");
+    exit(1);
+  }
   kvti_snapshot *s;
   if (kvti_snapshot_create(&s, tok, n, c.l, layers, n * TOKB, 0, NULL, NULL)) {
     fprintf(stderr, "snapshot: %s\n", kvt_last_error());
@@ -134,7 +88,7 @@ static uint64_t spill(env *v, const int32_t *tok, size_t n, uint32_t layers,
     exit(1);
   }
   kvti_snapshot_free(s);
-  conv_free(&c, layers);
+  bu_kv_free(&c);
   return r.entry_bytes + r.chunk_bytes;
 }
 
@@ -190,14 +144,10 @@ static void run_size(const char *base, uint32_t C) {
     kvti_read_opts o = {0};
     kvt_entry *e;
     if (kvti_chunked_get_prefix(v.ck, NULL, &e, tok, m, &o, NULL, NULL) == 0) {
-      conv ref;
-      conv_make(&ref, tok, (size_t)m, LAYERS);
-      exact = 1;
-      for (int L = 0; L < LAYERS; L++)
-        for (int k = 0; k < 2; k++)
-          exact &= memcmp(e->layers[L].tensors[k].data, ref.t[L][k].data,
-                          ref.t[L][k].nbytes) == 0;
-      conv_free(&ref, LAYERS);
+      bu_kv ref;
+      exact =
+          bu_kv_make(&ref, tok, (size_t)m, LAYERS) == 0 && bu_kv_same(e, &ref);
+      bu_kv_free(&ref);
       kvt_entry_free(e);
     }
   }

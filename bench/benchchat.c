@@ -51,15 +51,7 @@ static void fill_row(uint16_t *row, uint32_t tensor, int h, int32_t tok,
   }
 }
 
-/* The layers of tokens[0, n): fp16 KV [1, HEADS, n, DIM], offset n. */
-typedef struct conv {
-  kvt_layer *l;
-  kvt_tensor *t;
-  uint32_t layers;
-  uint64_t bytes;
-} conv;
-
-static int conv_make(conv *c, const int32_t *tok, size_t n, uint32_t layers) {
+int bu_kv_make(bu_kv *c, const int32_t *tok, size_t n, uint32_t layers) {
   memset(c, 0, sizeof *c);
   c->layers = layers;
   c->l = calloc(layers, sizeof *c->l);
@@ -93,7 +85,7 @@ static int conv_make(conv *c, const int32_t *tok, size_t n, uint32_t layers) {
   return 0;
 }
 
-static void conv_free(conv *c) {
+void bu_kv_free(bu_kv *c) {
   for (uint32_t i = 0; c->t && i < c->layers * 2; i++)
     free(c->t[i].data);
   free(c->t);
@@ -101,8 +93,7 @@ static void conv_free(conv *c) {
   memset(c, 0, sizeof *c);
 }
 
-/* 1 when entry e holds exactly the KV of c (the same tokens). */
-static int same_kv(const kvt_entry *e, const conv *c) {
+int bu_kv_same(const kvt_entry *e, const bu_kv *c) {
   if (kvt_entry_num_layers(e) != c->layers)
     return 0;
   for (uint32_t L = 0; L < c->layers; L++) {
@@ -151,13 +142,13 @@ static char *subdir(const char *base, const char *tag) {
 /* Spills tokens[0, n) (KV built for them) and waits until it is written. */
 static int spill(bu_chat_result *r, kvt_tier *t, const int32_t *tok, size_t n,
                  uint32_t layers) {
-  conv c;
-  int rc = conv_make(&c, tok, n, layers) == 0 ? 0 : KVT_ENOMEM;
+  bu_kv c;
+  int rc = bu_kv_make(&c, tok, n, layers) == 0 ? 0 : KVT_ENOMEM;
   if (rc == 0)
     rc = kvt_tier_spill(t, tok, n, c.l, layers, c.bytes);
   if (rc == 0)
     rc = kvt_tier_flush(t, -1);
-  conv_free(&c);
+  bu_kv_free(&c);
   if (rc)
     snprintf(r->error, sizeof r->error, "spill of %zu tokens: %s", n,
              kvt_last_error());
@@ -243,10 +234,10 @@ static int prefix_query(bu_chat_result *r, const bu_chat_opts *o) {
     r->prefix_served = info.num_tokens;
     if (kvt_tier_read_entry(&e, t, tok, (size_t)info.num_tokens,
                             info.token_hash) == 0) {
-      conv ref;
-      if (conv_make(&ref, tok, (size_t)info.num_tokens, r->layers) == 0)
-        r->prefix_exact = same_kv(e, &ref);
-      conv_free(&ref);
+      bu_kv ref;
+      if (bu_kv_make(&ref, tok, (size_t)info.num_tokens, r->layers) == 0)
+        r->prefix_exact = bu_kv_same(e, &ref);
+      bu_kv_free(&ref);
       kvt_entry_free(e);
     } else {
       snprintf(r->error, sizeof r->error, "read of the %llu-token prefix: %s",

@@ -18,6 +18,22 @@
 
 #include <stdio.h>
 
+/* The KV of tokens[0, n) for `layers` fp16 KV layers [1, 8, n, 128], offset
+ * n: row t of every tensor and head depends only on token t and its position
+ * (a deterministic "model"), so shared prefixes have identical KV, as they
+ * would in an engine. make returns 0, or -1 when out of memory (free is
+ * still needed); free accepts a zeroed or partly made c; same is 1 when entry
+ * e holds exactly c's KV. */
+typedef struct bu_kv {
+  kvt_layer *l;
+  kvt_tensor *t; /* layer L's tensors are t[2L], t[2L + 1] */
+  uint32_t layers;
+  uint64_t bytes;
+} bu_kv;
+int bu_kv_make(bu_kv *c, const int32_t *tok, size_t n, uint32_t layers);
+void bu_kv_free(bu_kv *c);
+int bu_kv_same(const kvt_entry *e, const bu_kv *c);
+
 typedef struct bu_chat_opts {
   const char *dir;       /* scratch directory (caches are made inside) */
   uint32_t chunk_tokens; /* 0: the library default (256 when that is 0) */
