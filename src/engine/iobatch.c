@@ -471,6 +471,21 @@ static int auto_backend(int backend) {
   return backend;
 }
 
+/* cfg with its defaults and bounds applied: what an engine made from it has
+ * (create) and what the cache matches (get_cfg). */
+static kvti_iob_cfg cfg_effective(const kvti_iob_cfg *c) {
+  kvti_iob_cfg e = *c;
+  e.depth = c->depth ? c->depth : 8;
+  if (e.depth > MAX_DEPTH)
+    e.depth = MAX_DEPTH;
+  e.chunk = c->chunk ? c->chunk : (size_t)1 << 20;
+  e.chunk = (e.chunk + KVTI_IOB_ALIGN - 1) & ~(size_t)(KVTI_IOB_ALIGN - 1);
+  if (e.chunk > ((size_t)1 << 30))
+    e.chunk = (size_t)1 << 30;
+  e.threads = c->threads ? c->threads : 2;
+  return e;
+}
+
 int kvti_iobatch_create(kvti_iobatch **out, const kvti_iob_cfg *cfg) {
   kvti_iob_cfg def = KVTI_IOB_CFG_INIT;
   if (!cfg)
@@ -486,14 +501,10 @@ int kvti_iobatch_create(kvti_iobatch **out, const kvti_iob_cfg *cfg) {
     return KVT_ERR_NOMEM();
   b->requested = cfg->backend;
   b->pid = getpid();
-  b->depth = cfg->depth ? cfg->depth : 8;
-  if (b->depth > MAX_DEPTH)
-    b->depth = MAX_DEPTH;
-  b->chunk = cfg->chunk ? cfg->chunk : (size_t)1 << 20;
-  b->chunk = (b->chunk + KVTI_IOB_ALIGN - 1) & ~(size_t)(KVTI_IOB_ALIGN - 1);
-  if (b->chunk > ((size_t)1 << 30))
-    b->chunk = (size_t)1 << 30;
-  b->threads = cfg->threads ? cfg->threads : 2;
+  kvti_iob_cfg e = cfg_effective(cfg);
+  b->depth = e.depth;
+  b->chunk = e.chunk;
+  b->threads = e.threads;
   b->backend = KVT_IO_PORTABLE;
   if (auto_backend(cfg->backend) != KVT_IO_PORTABLE) {
     int err = ENOSYS;
@@ -802,14 +813,10 @@ static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static kvti_iobatch *cache[3];
 static unsigned cache_n[3];
 
-/* The configuration an engine was created with, as the cache matches it. */
+/* Whether b was made from a configuration with c's effective values. */
 static int same_cfg(const kvti_iobatch *b, const kvti_iob_cfg *c) {
-  unsigned depth = c->depth ? c->depth : 8;
-  size_t csz = c->chunk ? c->chunk : (size_t)1 << 20;
-  csz = (csz + KVTI_IOB_ALIGN - 1) & ~(size_t)(KVTI_IOB_ALIGN - 1);
-  return b->depth == (depth > MAX_DEPTH ? MAX_DEPTH : depth) &&
-         b->chunk == (csz > ((size_t)1 << 30) ? (size_t)1 << 30 : csz) &&
-         b->threads == (c->threads ? c->threads : 2);
+  kvti_iob_cfg e = cfg_effective(c);
+  return b->depth == e.depth && b->chunk == e.chunk && b->threads == e.threads;
 }
 
 int kvti_iobatch_get_cfg(kvti_iobatch **out, const kvti_iob_cfg *cfg) {
