@@ -166,13 +166,26 @@ char *kvt_test_tmpdir(const char *tag) {
   return p;
 }
 
-int kvt_test_count_chunks(const char *cache_dir) {
+int kvt_test_each_chunk(const char *cache_dir,
+                        void (*fn)(void *ctx, const char *path), void *ctx) {
   char p[4096];
-  int total = 0;
+  int n = 0;
   for (int a = 0; a < 256; a++) {
     snprintf(p, sizeof p, "%s/chunks/%02x", cache_dir, a);
-    int k = kvt_test_count_dir(p, ".kvc");
-    total += k > 0 ? k : 0;
+    DIR *d = opendir(p);
+    struct dirent *de;
+    while (d && (de = readdir(d)) != NULL) {
+      size_t len = strlen(de->d_name);
+      if (len < 4 || strcmp(de->d_name + len - 4, ".kvc") != 0)
+        continue;
+      char f[4400];
+      snprintf(f, sizeof f, "%s/%s", p, de->d_name);
+      if (fn)
+        fn(ctx, f);
+      n++;
+    }
+    if (d)
+      closedir(d);
   }
-  return total;
+  return n;
 }

@@ -101,7 +101,10 @@ int kvt_test_exists(const char *path);
 /* Number of names in dir (without . and ..) ending in suffix (NULL: all), -1
  * when dir cannot be read. */
 int kvt_test_count_dir(const char *dir, const char *suffix);
-/* Chunk files (chunks/<kk>/<key>.kvc) of a chunked cache directory. */
-int kvt_test_count_chunks(const char *cache_dir);
+/* Calls fn (may be NULL) with the path of every chunk file
+ * (chunks/<kk>/<key>.kvc) of a chunked cache directory; returns their number.
+ */
+int kvt_test_each_chunk(const char *cache_dir,
+                        void (*fn)(void *ctx, const char *path), void *ctx);
 
 #endif

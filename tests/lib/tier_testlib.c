@@ -4,7 +4,6 @@
 #include "tier_testlib.h"
 #include "fmt_testlib.h"
 
-#include <dirent.h>
 
 int t_spill(kvt_tier *t, const t_entry *e) {
   return kvt_tier_spill(t, e->tokens, e->n_tokens, e->layers, e->n_layers,
@@ -120,30 +119,6 @@ int t_rows_match(const kvt_tensor *trim, const kvt_tensor *full, int64_t keep) {
                (size_t)keep * row) != 0)
       return 0;
   return 1;
-}
-
-int t_each_chunk(const char *dir, void (*fn)(void *ctx, const char *path),
-                 void *ctx) {
-  char p[4096];
-  int n = 0;
-  for (int a = 0; a < 256; a++) {
-    snprintf(p, sizeof p, "%s/chunks/%02x", dir, a);
-    DIR *d = opendir(p);
-    struct dirent *de;
-    while (d && (de = readdir(d)) != NULL) {
-      size_t len = strlen(de->d_name);
-      if (len < 4 || strcmp(de->d_name + len - 4, ".kvc") != 0)
-        continue;
-      char f[4400];
-      snprintf(f, sizeof f, "%s/%s", p, de->d_name);
-      if (fn)
-        fn(ctx, f);
-      n++;
-    }
-    if (d)
-      closedir(d);
-  }
-  return n;
 }
 
 int t_kv_spill(kvt_tier *t, const int32_t *tok, int n, int T, int layers,

@@ -62,11 +62,6 @@ char *t_entry_path(kvt_tier *t, const int32_t *tokens, size_t n,
 /* Flips one byte at offset off (from the end when off < 0) of path. */
 int t_flip(const char *path, long off);
 
-/* Calls fn(ctx, path) for each chunk file (chunks/<kk>/<key>.kvc) of the
- * cache directory dir (fn may be NULL). Returns how many there are. */
-int t_each_chunk(const char *dir, void (*fn)(void *ctx, const char *path),
-                 void *ctx);
-
 /* The chunked tests' spill: `layers` KV layers t_kv_tokens(tok, n, T, 8, L)
  * (KV a function of the tokens, so shared prefixes share their KV) spilled
  * with memory_bytes mem. Returns kvt_tier_spill's code. */

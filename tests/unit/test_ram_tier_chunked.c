@@ -90,7 +90,7 @@ static void flip_one(void *ctx, const char *path) {
 }
 static int flip_chunks(const char *dir, long off) {
   flip_ctx f = {off, 0};
-  t_each_chunk(dir, flip_one, &f);
+  kvt_test_each_chunk(dir, flip_one, &f);
   return f.flipped;
 }
 
@@ -356,7 +356,7 @@ static void test_quarantine(void) {
   CHECK_EQ_INT(flip_chunks(dir, -3), 2);
   key_ctx kc;
   memset(&kc, 0, sizeof kc);
-  t_each_chunk(dir, last_key, &kc);
+  kvt_test_each_chunk(dir, last_key, &kc);
   REQUIRE(kc.n == 2);
   int bad = 0;
   for (int i = 0; i < 2; i++) {

@@ -59,7 +59,7 @@ static void add_size(void *ctx, const char *path) {
 
 static uint64_t chunk_file_bytes(const char *dir) {
   uint64_t total = 0;
-  t_each_chunk(dir, add_size, &total);
+  kvt_test_each_chunk(dir, add_size, &total);
   return total;
 }
 
@@ -124,7 +124,8 @@ static void test_tier(void) {
   spill(t, a, 100, 128); /* 28 spare rows past offset */
   spill(t, b, 100, 128);
   REQUIRE(kvt_tier_flush(t, 30000) == 0);
-  CHECK_EQ_INT(kvt_test_count_chunks(dir), 6 + 2); /* 4 shared chunks once */
+  CHECK_EQ_INT(kvt_test_each_chunk(dir, NULL, NULL),
+               6 + 2); /* 4 shared chunks once */
   kvt_stats st0 = KVT_STATS_INIT;
   REQUIRE(kvt_tier_stats(&st0, t) == 0);
   CHECK(st0.disk_bytes > chunk_file_bytes(dir)); /* chunks once + tails */
