@@ -217,41 +217,19 @@ static void run_spill(const char *base, uint32_t C, int rounds, int ntok) {
     env v;
     if (env_open(&v, base, "e", C, 1))
       exit(1);
-    int32_t *tok = malloc((size_t)ntok * sizeof *tok);
-    for (int i = 0; i < ntok; i++)
-      tok[i] = 50000 + k * 10000 + i;
-    kvt_layer *ls = calloc(L8B, sizeof *ls);
-    kvt_tensor *ts = calloc(L8B * 2, sizeof *ts);
-    for (int L = 0; L < L8B; L++) {
-      kvt_layer_init(&ls[L], KVT_LAYER_KV);
-      ls[L].num_tensors = 2;
-      ls[L].tensors = &ts[2 * L];
-      ls[L].offset = ntok;
-      for (int j = 0; j < 2; j++) {
-        kvt_tensor *t = &ts[2 * L + j];
-        t->dtype = KVT_DTYPE_F16;
-        t->ndim = 4;
-        t->shape[0] = 1;
-        t->shape[1] = HEADS;
-        t->shape[2] = ntok;
-        t->shape[3] = DIM;
-        t->nbytes = (uint64_t)HEADS * ntok * DIM * 2;
-        t->data = malloc(t->nbytes);
-        memset(t->data, 0x3c + L + j, t->nbytes);
-      }
-    }
+    bu_workload w; /* distinct tokens every round (the salt) */
+    bu_workload_make(&w, L8B, 0, KVT_DTYPE_F16, HEADS, (size_t)ntok, DIM,
+                     50000 + k * 10000);
+    const int32_t *tok = w.tokens;
     kvti_snapshot *s;
-    kvti_snapshot_create(&s, tok, (size_t)ntok, ls, L8B, bytes, 0, NULL, NULL);
+    kvti_snapshot_create(&s, tok, (size_t)ntok, w.layers, L8B, w.bytes, 0, NULL,
+                         NULL);
     kvti_write_opts wo = {KVT_STORAGE_NATIVE, 1, 0600, 0700, 0};
     kvti_chunked_put_result res;
     double t0 = bu_now();
     int rc = kvti_chunked_put(v.ck, v.be, &res, s, &wo);
     double dt = bu_now() - t0;
     kvti_snapshot_free(s);
-    for (int i = 0; i < L8B * 2; i++)
-      free(ts[i].data);
-    free(ts);
-    free(ls);
     /* Cold promote: every file of the store out of the page cache. */
     char h[65], cdir[4200], ddir[4200];
     kvt_token_hash(h, tok, (size_t)ntok);
@@ -265,7 +243,7 @@ static void run_spill(const char *base, uint32_t C, int rounds, int ntok) {
     int prc = rc ? rc : kvti_chunked_get(v.ck, v.be, &e, h, &ro, NULL, NULL);
     double dp = bu_now() - t1;
     kvt_entry_free(e);
-    free(tok);
+    bu_workload_free(&w);
     env_close(&v);
     if (k % 2 == 1)
       fio_limits(base, bytes, &fbw, &frbw);
