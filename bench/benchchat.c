@@ -432,11 +432,8 @@ static int spill_promote(bu_chat_result *r, const bu_chat_opts *o) {
 
 int bu_chat_run(bu_chat_result *r, const bu_chat_opts *o) {
   memset(r, 0, sizeof *r);
-  kvt_options d;
-  kvt_options_init(&d, KVT_OPTIONS_VERSION);
-  r->chunk_tokens = o->chunk_tokens  ? o->chunk_tokens
-                    : d.chunk_tokens ? d.chunk_tokens
-                                     : 256;
+  r->chunk_tokens =
+      o->chunk_tokens ? o->chunk_tokens : KVT_CHUNK_TOKENS_DEFAULT;
   r->layers = o->layers ? o->layers : 8;
   r->kv_per_token = (uint64_t)r->layers * 2 * HEADS * DIM * 2;
   /* Aligned: every turn one chunk, so each spill ends on a boundary. */

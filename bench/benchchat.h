@@ -36,7 +36,7 @@ int bu_kv_same(const kvt_entry *e, const bu_kv *c);
 
 typedef struct bu_chat_opts {
   const char *dir;       /* scratch directory (caches are made inside) */
-  uint32_t chunk_tokens; /* 0: the library default (256 when that is 0) */
+  uint32_t chunk_tokens; /* 0: KVT_CHUNK_TOKENS_DEFAULT */
   uint32_t layers;       /* chat workloads: fp16 KV layers (8 heads x 128) */
   int turns;             /* unaligned chat: turns of 50-300 tokens */
   int aligned_turns;     /* aligned chat: turns of one chunk each */

@@ -533,7 +533,7 @@ int cli_cache_open(cli_cache *c, const char *dir, unsigned flags, int json,
    * whatever the serving process uses (tools read chains by parent links:
    * neither the chunk size nor the namespace has to match). */
   if (!o.chunk_tokens)
-    o.chunk_tokens = 256;
+    o.chunk_tokens = KVT_CHUNK_TOKENS_DEFAULT;
   int rc = kvt_tier_open(&c->tier, &o);
   if (rc != 0) {
     c->tier = NULL;

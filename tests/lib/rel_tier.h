@@ -57,9 +57,9 @@ void rel_scan_data(const char *dir, int *entries, int *tmps, int *other);
  * quarantined once something reads it). */
 int rel_check_dir(const char *dir, const char *known_corrupt);
 
-/* Monotonic milliseconds, and a sleep of ms milliseconds (timing tests). */
 /* Deletes dir's index.db with its -wal and -shm (a lost index). */
 void rel_rm_index(const char *dir);
+/* Monotonic milliseconds, and a sleep of ms milliseconds (timing tests). */
 double rel_now_ms(void);
 void rel_sleep_ms(int ms);
 
