@@ -89,8 +89,8 @@ static int chain_of(kvt_tier *t, const char *hash, const int32_t *tokens,
   kvti_chunkstore *cs = kvti_chunked_store(t->chunked);
   int rc;
   if (prefix) {
-    /* The callers' hash is that of tokens[0, n) (ram_read checks it; a read
-     * names its entry so). */
+    /* The callers' hash is the name of tokens[0, n) under the salt (ram_read's
+     * callers guarantee it). */
     rc = kvti_chunked_prefix_chain(t->chunked, salt, tokens, n, &out->recs,
                                    &out->m);
   } else {
@@ -246,15 +246,10 @@ static int ram_read(kvt_entry **out, kvt_tier *t, const char *hash,
                     const kvti_read_opts *ro, int prefix) {
   if (!t->hc || ro->keep_tokens || ro->verify_only || !ro->tokens)
     return KVT_ENOTFOUND;
-  /* Names not matching the tokens (a read_entry caller's mistake) are left
-   * to the disk path: they must not cost the record its place. Checked only
-   * when there is a record to serve, so a miss stays one map lookup. */
-  char h[KVT_HASH_HEX_LEN + 1];
-  if (kvti_hc_resident(t->hc, hash) &&
-      (kvt_token_hash(h, ro->tokens, ro->n_tokens) != 0 || strcmp(h, hash))) {
-    kvt_clear_error();
-    return KVT_ENOTFOUND;
-  }
+  /* hash is the name of ro->tokens under the call's salt: every caller has
+   * it from the index row of these tokens or has checked a read_entry
+   * caller's file_path against them (promote.c), so it is not recomputed
+   * here (an unsalted token hash would never match a salted name). */
   kvti_hc_item it;
   uint64_t id = 0;
   if (!kvti_hc_take(t->hc, hash, &it, &id))

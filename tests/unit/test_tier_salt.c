@@ -7,7 +7,7 @@
  * #44701 cases: a tenant's prompt must not be a hit, exact or prefix, for
  * another); salts never share or see each other's chunks; salted entries
  * survive a reopen and an index rebuild under their salted keys; bad salts
- * and versions are refused.
+ * and versions are refused; a salted entry is served from the host RAM tier.
  */
 #include "fmt_testlib.h"
 #include "kvtier.h"
@@ -216,6 +216,43 @@ static void run(const char *tag, uint32_t chunk) {
   free(dir);
 }
 
+/* A salted entry is served from the host RAM tier like any other: its
+ * second promote under its salt is a RAM hit, with the same KV (the RAM
+ * tier once compared the salted name with the unsalted token hash, so salted
+ * entries were cached but never served from RAM). */
+static void ram_hit(const char *tag, uint32_t chunk) {
+  char *dir = t_join(g_dir, tag);
+  kvt_tier *t = open_tier(dir, chunk);
+  kvt_rng r = {78};
+  int32_t a[72];
+  for (int i = 0; i < 72; i++)
+    a[i] = 900 + i;
+  kvt_layer l = t_kv(&r, KVT_DTYPE_F16, 1, 2, 72, 8, 72);
+  kvt_call_opts co = salt_of("carol");
+  REQUIRE(kvt_tier_spill_ex(t, a, 72, &l, 1, 4096, &co) == 0);
+  REQUIRE(kvt_tier_flush(t, 30000) == 0);
+  kvt_promote_opts po = popts("carol", 0);
+  kvt_stats s0 = KVT_STATS_INIT, s1 = KVT_STATS_INIT;
+  kvt_entry *e = NULL;
+  REQUIRE(kvt_tier_promote(&e, t, a, 72, &po) == 0);
+  kvt_entry_free(e);
+  REQUIRE(kvt_tier_stats(&s0, t) == 0);
+  REQUIRE(kvt_tier_promote(&e, t, a, 72, &po) == 0);
+  REQUIRE(kvt_tier_stats(&s1, t) == 0);
+  CHECK_EQ_INT(s1.host_cache_hits - s0.host_cache_hits, 1);
+  CHECK(t_layer_eq(kvt_entry_layer(e, 0), &l));
+  kvt_entry_free(e);
+  REQUIRE(kvt_tier_close(t, 30000) == 0);
+  kvt_tier_free(t);
+  t_layer_free(&l);
+  free(dir);
+}
+
+static void test_ram_hit(void) {
+  ram_hit("ram-whole", 0);
+  ram_hit("ram-chunked", C);
+}
+
 static void test_whole(void) {
   run("whole", 0);
 }
@@ -227,5 +264,6 @@ int main(void) {
   g_dir = kvt_test_tmpdir("tiersalt");
   RUN(test_whole);
   RUN(test_chunked);
+  RUN(test_ram_hit);
   return kvt_test_done();
 }
