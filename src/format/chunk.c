@@ -377,8 +377,7 @@ int kvti_chunk_write(const char *path, const char *tmp,
    * ~75 ms). The tmp file is renamed only after the header and data are
    * durable, so no reader ever sees the reserved space unfilled. */
   kvti_fwriter_opts fo = KVTI_FWRITER_OPTS_INIT;
-  fo.hash = 0;
-  fo.blocks = bh;
+  fo.blocks = bh; /* per block; the whole-file hash is then off */
   fo.head_reserve = p.header_bytes;
   fo.size_hint = total;
   fo.file_mode = file_mode;
@@ -401,9 +400,11 @@ int kvti_chunk_write(const char *path, const char *tmp,
       rc = kvti_fwriter_finish(fw, &size, NULL, do_fsync); /* frees fw */
     else
       kvti_fwriter_abort(fw); /* removes tmp */
-    if (rc == 0 && size != total)
+    if (rc == 0 && size != total) {
       rc = KVT_ERR(KVT_EIO, "%s: wrote %llu of %llu bytes", tmp,
                    (unsigned long long)size, (unsigned long long)total);
+      kvti_unlink(tmp); /* finished, so still there: nothing left at tmp */
+    }
     fw = NULL;
   }
   kvti_blkhash_free(bh);
