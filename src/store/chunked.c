@@ -260,14 +260,20 @@ static void fire(const kvt_entry *e, const kvti_read_opts *o) {
     o->on_layer(o->layer_ctx, i, &e->layers[i]);
 }
 
-static void note_bad(const kvti_chain_rec *recs, size_t bad, int rc,
-                     uint8_t bad_chunk[32], int *chunk_bad) {
+int kvti_chunked_read_chain(kvti_chunkstore *cs, const kvti_chain_rec *recs,
+                            size_t m, const int32_t *tokens,
+                            const kvti_chunk_read_opts *ro,
+                            kvti_chunk_prefix *p, uint8_t bad_chunk[32],
+                            int *chunk_bad) {
+  size_t bad = 0;
+  int rc = kvti_chunkstore_read_prefix(cs, recs, m, tokens, ro, p, &bad);
   if (chunk_bad)
     *chunk_bad = 0;
   if (rc == KVT_ECORRUPT && chunk_bad && bad_chunk) {
     memcpy(bad_chunk, recs[bad].key, 32);
     *chunk_bad = 1;
   }
+  return rc;
 }
 
 /* A tail entry (be->get, tail_ok) completed with the chain ce names. */
@@ -308,13 +314,11 @@ static int read_tail(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
                  "chained entry %.16s: chain incomplete "
                  "(evicted)",
                  hash);
-  kvti_chunk_read_opts ro = {o->alloc,  o->free_buf,   o->alloc_ctx,
-                             o->cancel, ce.total_rows, o->page_cache};
+  kvti_chunk_read_opts ro = kvti_chunked_read_opts(o, ce.total_rows);
   kvti_chunk_prefix p;
-  size_t bad = 0;
   if (rc == 0) {
-    rc = kvti_chunkstore_read_prefix(c->cs, recs, m, e->tokens, &ro, &p, &bad);
-    note_bad(recs, bad, rc, bad_chunk, chunk_bad);
+    rc = kvti_chunked_read_chain(c->cs, recs, m, e->tokens, &ro, &p, bad_chunk,
+                                 chunk_bad);
   }
   if (rc == 0) {
     uint64_t read = p.bytes_read;
@@ -433,14 +437,11 @@ int kvti_chunked_get_record(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
       return kvti_chunked_get_trim(c, be, out, hash, &ce, o, bad_chunk,
                                    chunk_bad);
     }
-    kvti_chunk_read_opts ro = {o->alloc,  o->free_buf,    o->alloc_ctx,
-                               o->cancel, o->keep_tokens, o->page_cache};
+    kvti_chunk_read_opts ro = kvti_chunked_read_opts(o, o->keep_tokens);
     kvti_chunk_prefix p;
-    size_t bad = 0;
-    if (trc == 0) {
-      trc = kvti_chunkstore_read_prefix(c->cs, r, m, o->tokens, &ro, &p, &bad);
-      note_bad(r, bad, trc, bad_chunk, chunk_bad);
-    }
+    if (trc == 0)
+      trc = kvti_chunked_read_chain(c->cs, r, m, o->tokens, &ro, &p, bad_chunk,
+                                    chunk_bad);
     kvt_entry *e = NULL;
     if (trc == 0)
       trc = kvti_chunk_prefix_entry(&e, &p, o->tokens, o->keep_tokens, &ro);
@@ -553,12 +554,10 @@ int kvti_chunked_get_prefix(kvti_chunked *c, const kvti_salt *salt,
     return KVT_ERR(KVT_ENOTFOUND, "no stored chain of %llu tokens",
                    (unsigned long long)m);
   }
-  kvti_chunk_read_opts ro = {o->alloc,  o->free_buf, o->alloc_ctx,
-                             o->cancel, 0,           o->page_cache};
+  kvti_chunk_read_opts ro = kvti_chunked_read_opts(o, 0);
   kvti_chunk_prefix p;
-  size_t bad = 0;
-  rc = kvti_chunkstore_read_prefix(c->cs, r, k, tokens, &ro, &p, &bad);
-  note_bad(r, bad, rc, bad_chunk, chunk_bad);
+  rc = kvti_chunked_read_chain(c->cs, r, k, tokens, &ro, &p, bad_chunk,
+                               chunk_bad);
   kvti_free(r);
   kvt_entry *e = NULL;
   if (rc == 0)

@@ -4,6 +4,7 @@
  * prefix read, then the record's tokens, name and memory estimate).
  */
 #include "store/chunked_rec.h"
+#include "store/chunked.h"
 
 #include "base/error.h"
 #include "base/hash.h"
@@ -57,17 +58,11 @@ int kvti_chunked_rec_get(kvti_chunkstore *cs, kvt_entry **out,
                  "chained entry %.16s: chain incomplete "
                  "(evicted)",
                  hex);
-  kvti_chunk_read_opts ro = {o->alloc,  o->free_buf,   o->alloc_ctx,
-                             o->cancel, r->total_rows, o->page_cache};
+  kvti_chunk_read_opts ro = kvti_chunked_read_opts(o, r->total_rows);
   kvti_chunk_prefix p;
-  size_t bad = 0;
-  if (rc == 0) {
-    rc = kvti_chunkstore_read_prefix(cs, recs, m, r->tokens, &ro, &p, &bad);
-    if (rc == KVT_ECORRUPT && chunk_bad && bad_chunk) {
-      memcpy(bad_chunk, recs[bad].key, 32);
-      *chunk_bad = 1;
-    }
-  }
+  if (rc == 0)
+    rc = kvti_chunked_read_chain(cs, recs, m, r->tokens, &ro, &p, bad_chunk,
+                                 chunk_bad);
   kvt_entry *e = NULL;
   if (rc == 0 && p.n_layers != r->num_layers) {
     kvti_chunk_prefix_free(&p, &ro);

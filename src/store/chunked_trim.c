@@ -141,18 +141,13 @@ int kvti_chunked_get_trim(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
                  "chained entry %.16s: chain incomplete "
                  "(evicted)",
                  hash);
-  kvti_chunk_read_opts ro = {o->alloc, o->free_buf, o->alloc_ctx, o->cancel,
-                             keep};
+  /* The trimmed read keeps the promote's O_DIRECT choice like any other. */
+  kvti_chunk_read_opts ro = kvti_chunked_read_opts(o, keep);
   kvti_chunk_prefix p;
   memset(&p, 0, sizeof p);
-  if (rc == 0) {
-    size_t bad = 0;
-    rc = kvti_chunkstore_read_prefix(cs, recs, k, tail->tokens, &ro, &p, &bad);
-    if (rc == KVT_ECORRUPT && chunk_bad && bad_chunk) {
-      memcpy(bad_chunk, recs[bad].key, 32);
-      *chunk_bad = 1;
-    }
-  }
+  if (rc == 0)
+    rc = kvti_chunked_read_chain(cs, recs, k, tail->tokens, &ro, &p, bad_chunk,
+                                 chunk_bad);
   kvti_free(recs);
   /* The result: chained layers from p (tail rows appended), others cut. */
   kvt_entry *e = NULL;
