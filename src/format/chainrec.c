@@ -36,16 +36,11 @@ uint64_t kvti_chainrec_size(size_t ns_len, uint64_t n_tokens) {
 
 #define BAD(...) KVT_ERR(KVT_ECORRUPT, __VA_ARGS__)
 
-static int is_pow2_chunk(uint32_t c) {
-  return c >= KVTI_CHUNK_TOKENS_MIN && c <= KVTI_CHUNK_TOKENS_MAX &&
-         (c & (c - 1)) == 0;
-}
-
 /* Encodes r into a kvti_malloc'ed buffer of exactly kvti_chainrec_size. */
 static int encode(uint8_t **out, size_t *len, const kvti_chainrec *r) {
   if (r->n_tokens > KVTI_CHAINREC_MAX_TOKENS || r->ns_len > KVTI_CHUNK_MAX_NS ||
       (!r->tokens && r->n_tokens) || (!r->ns && r->ns_len) ||
-      !is_pow2_chunk(r->chunk_tokens) || r->chunks == 0 ||
+      !kvti_chunk_tokens_ok(r->chunk_tokens) || r->chunks == 0 ||
       r->total_rows != r->chunks * r->chunk_tokens ||
       r->total_rows > r->n_tokens || r->num_layers == 0 ||
       r->num_layers > KVTI_MAX_LAYERS)
@@ -114,7 +109,7 @@ int kvti_chainrec_parse(kvti_chainrec *r, const uint8_t *buf, size_t len,
                (unsigned long long)kvti_chainrec_size(r->ns_len, r->n_tokens));
   if (kvti_le_get64(buf + len - 8) != kvti_xxh3(buf, len - 8))
     return BAD("%s: checksum mismatch", what);
-  if (!is_pow2_chunk(r->chunk_tokens) || r->chunks == 0 ||
+  if (!kvti_chunk_tokens_ok(r->chunk_tokens) || r->chunks == 0 ||
       r->chunks > r->n_tokens || r->total_rows != r->chunks * r->chunk_tokens ||
       r->total_rows > r->n_tokens || r->num_layers == 0 ||
       r->num_layers > KVTI_MAX_LAYERS)

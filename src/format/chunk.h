@@ -35,6 +35,12 @@
 /* chunk_tokens option: a power of two in this range (0 = chunking off). */
 #define KVTI_CHUNK_TOKENS_MIN 16u
 #define KVTI_CHUNK_TOKENS_MAX 4096u
+/* A valid chunk_tokens: a power of two in [MIN, MAX] (option, chunk header,
+ * chained-entry row or record, remote manifest). */
+static inline int kvti_chunk_tokens_ok(uint64_t c) {
+  return c >= KVTI_CHUNK_TOKENS_MIN && c <= KVTI_CHUNK_TOKENS_MAX &&
+         (c & (c - 1)) == 0;
+}
 /* Data sections of at least this many bytes start 4096-aligned (O_DIRECT). */
 #define KVTI_CHUNK_ALIGN_MIN ((uint64_t)1 << 20)
 

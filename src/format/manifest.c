@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "format/chunk.h"
 #include "format/layer.h"
 #include "format/layout.h"
 
@@ -217,7 +218,7 @@ static int parse_chain(kvti_chain_mark *c, const cJSON *kv, const char *where) {
     return rc;
   const cJSON *k = cJSON_GetObjectItemCaseSensitive(j, "last_key");
   const cJSON *l = cJSON_GetObjectItemCaseSensitive(j, "layout_hash");
-  if (c->chunks == 0 || ct < 16 || (ct & (ct - 1)) ||
+  if (c->chunks == 0 || !kvti_chunk_tokens_ok(ct) ||
       c->total_rows < c->chunks * ct || !cJSON_IsString(k) ||
       strlen(k->valuestring) != 64 ||
       kvti_unhex32(c->last_key, k->valuestring) != 0 || !cJSON_IsString(l) ||

@@ -12,6 +12,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/io.h"
+#include "format/chunk.h"
 
 #include <pthread.h>
 #include <sqlite3.h>
@@ -286,8 +287,7 @@ static int load_entries(kvti_chains *c) {
         sqlite3_column_type(s, 3) != SQLITE_BLOB ||
         sqlite3_column_bytes(s, 3) != 32 || row_u64(s, 1, &ch) ||
         row_u64(s, 2, &ct) || row_u64(s, 4, &lay) || row_u64(s, 5, &tr) ||
-        ch == 0 || tr < ch * ct || ct < KVTI_CHUNK_TOKENS_MIN ||
-        ct > KVTI_CHUNK_TOKENS_MAX) {
+        ch == 0 || tr < ch * ct || !kvti_chunk_tokens_ok(ct)) {
       c->idx->skipped++;
       continue;
     }

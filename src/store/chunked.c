@@ -49,9 +49,7 @@ int kvti_chunked_open(kvti_chunked **out, const char *cache_dir, kvt_index *idx,
                       uint32_t chunk_tokens, const char *model_id,
                       const kvti_chunkstore_opts *o) {
   *out = NULL;
-  if (chunk_tokens < KVTI_CHUNK_TOKENS_MIN ||
-      chunk_tokens > KVTI_CHUNK_TOKENS_MAX ||
-      (chunk_tokens & (chunk_tokens - 1)))
+  if (!kvti_chunk_tokens_ok(chunk_tokens))
     return KVT_ERR(KVT_EINVAL,
                    "chunk_tokens must be 0 or a power of two in [%u, %u], "
                    "got %u",

@@ -91,11 +91,6 @@ static int ensure_dir(const kvti_chunkstore *cs, const char *dir,
   return cs->o.do_fsync ? kvti_fsync_dir(parent) : 0;
 }
 
-static int is_pow2_chunk(uint32_t c) {
-  return c >= KVTI_CHUNK_TOKENS_MIN && c <= KVTI_CHUNK_TOKENS_MAX &&
-         (c & (c - 1)) == 0;
-}
-
 /* Rows every listed layer holds as valid KV: min(n, offsets, shape[-2]). */
 static uint64_t valid_rows(const kvti_chunkstore_spill *sp) {
   uint64_t rows = sp->n;
@@ -122,7 +117,7 @@ int kvti_chunkstore_put(kvti_chunkstore *cs, const kvti_chunkstore_spill *sp,
   if (!cs || !sp || !res || (!sp->tokens && sp->n) || !sp->layers ||
       !sp->layer_ids || sp->n_layers == 0 || (!sp->ns && sp->ns_len))
     return KVT_ERR(KVT_EINVAL, "kvti_chunkstore_put: bad argument");
-  if (!is_pow2_chunk(sp->chunk_tokens))
+  if (!kvti_chunk_tokens_ok(sp->chunk_tokens))
     return KVT_ERR(
         KVT_EINVAL, "chunk_tokens %u: must be a power of two in [%u, %u]",
         sp->chunk_tokens, KVTI_CHUNK_TOKENS_MIN, KVTI_CHUNK_TOKENS_MAX);
@@ -242,7 +237,7 @@ int kvti_chunkstore_lookup(kvti_chunkstore *cs, const uint8_t *ns,
                            size_t ns_len, const int32_t *tokens, size_t n,
                            uint32_t chunk_tokens, kvti_chain_rec *out,
                            size_t max, size_t *m) {
-  if (!is_pow2_chunk(chunk_tokens))
+  if (!kvti_chunk_tokens_ok(chunk_tokens))
     return KVT_ERR(KVT_EINVAL, "chunk_tokens %u invalid", chunk_tokens);
   return kvti_chains_lookup(cs->chains, ns, ns_len, tokens, n, chunk_tokens,
                             out, max, m);

@@ -34,6 +34,7 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "format/chunk.h"
 #include "store/redis.h"
 #include "store/redis/mirror.h"
 #include "store/redis/internal.h"
@@ -221,8 +222,7 @@ int kvti_rb_rman_parse(rmanifest *m, const char *txt, size_t len,
         num_u64(ch, "rows", &ce->total_rows) || !cJSON_IsString(lk) ||
         kvti_unhex32(ce->last_key, lk->valuestring) || !cJSON_IsString(ly) ||
         strlen(ly->valuestring) != 16 || kvti_unhex32(ce->hash, hash) ||
-        ce->chunks == 0 || ct < 16 || ct > 4096 || (ct & (ct - 1)) ||
-        !cJSON_IsString(sd) ||
+        ce->chunks == 0 || !kvti_chunk_tokens_ok(ct) || !cJSON_IsString(sd) ||
         kvti_unhex32(m->meta.chain_seed, sd->valuestring))
       goto out;
     char *end = NULL;

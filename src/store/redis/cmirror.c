@@ -197,7 +197,7 @@ int kvr_crec_parse(kvti_chain_rec *r, const char *key_hex, size_t key_len,
   if (sscanf(b, "%79s %16llx %16llx %16llx %llu %u %u %llu %llu%c", ph, &lo,
              &hi, &lay, &idx, &nt, &pure, &mem, &disk, &tail) != 9 ||
       kvti_unhex32(r->key, kh) != 0 || kvti_unhex32(r->parent, ph) != 0 ||
-      nt < KVTI_CHUNK_TOKENS_MIN || nt > KVTI_CHUNK_TOKENS_MAX || pure > 1)
+      !kvti_chunk_tokens_ok(nt) || pure > 1)
     return -1;
   r->ck.lo = lo;
   r->ck.hi = hi;
