@@ -26,7 +26,6 @@ static uint64_t key64(const uint8_t k[32]) {
 
 void kvr_ctab_free(kvr_ctab *t) {
   kvti_free(t->r);
-  kvti_free(t->used);
   kvti_free(t->freel);
   kvti_hm_free(&t->bykey);
   kvti_hm_free(&t->byck);
@@ -38,7 +37,7 @@ static size_t find_slot(const kvr_ctab *t, const uint8_t key[32],
   size_t pos = 0;
   kvti_hm_slot *s;
   while ((s = kvti_hm_next(&t->bykey, key64(key), &pos)) != NULL)
-    if (t->used[s->val] && !memcmp(t->r[s->val].key, key, 32)) {
+    if (!memcmp(t->r[s->val].key, key, 32)) {
       if (hs)
         *hs = s;
       return (size_t)s->val + 1;
@@ -63,10 +62,6 @@ int kvr_ctab_put(kvr_ctab *t, const kvti_chain_rec *rec) {
       if (!r)
         return KVT_ERR_NOMEM();
       t->r = r;
-      uint8_t *u = kvti_realloc(t->used, nc);
-      if (!u)
-        return KVT_ERR_NOMEM();
-      t->used = u;
       uint32_t *f = kvti_realloc(t->freel, nc * sizeof *f);
       if (!f)
         return KVT_ERR_NOMEM();
@@ -86,7 +81,6 @@ int kvr_ctab_put(kvr_ctab *t, const kvti_chain_rec *rec) {
   else
     t->n++;
   t->r[idx] = *rec;
-  t->used[idx] = 1;
   t->live++;
   return 0;
 }
@@ -99,7 +93,6 @@ void kvr_ctab_del(kvr_ctab *t, const uint8_t key[32]) {
   size_t idx = id1 - 1;
   kvti_hm_remove_slot(&t->bykey, hs);
   kvti_hm_remove(&t->byck, kvti_hm_key(t->r[idx].ck.lo), idx);
-  t->used[idx] = 0;
   t->freel[t->nfree++] = (uint32_t)idx;
   t->live--;
 }
@@ -113,8 +106,8 @@ static const kvti_chain_rec *child(const kvr_ctab *t, const uint8_t parent[32],
   kvti_hm_slot *s;
   while ((s = kvti_hm_next(&t->byck, kvti_hm_key(ck.lo), &pos)) != NULL) {
     const kvti_chain_rec *x = &t->r[s->val];
-    if (t->used[s->val] && x->ck.lo == ck.lo && x->ck.hi == ck.hi &&
-        x->index == i && x->n_tokens == C && x->layout_hash == layout &&
+    if (x->ck.lo == ck.lo && x->ck.hi == ck.hi && x->index == i &&
+        x->n_tokens == C && x->layout_hash == layout &&
         !memcmp(x->parent, parent, 32))
       return x;
   }
@@ -137,8 +130,8 @@ size_t kvr_ctab_lookup(const kvr_ctab *t, const uint8_t *ns, size_t ns_len,
   while ((s = kvti_hm_next(&t->byck, kvti_hm_key(ck0.lo), &pos)) != NULL) {
     const kvti_chain_rec *x = &t->r[s->val];
     uint8_t seed[32];
-    if (!t->used[s->val] || x->index || x->n_tokens != C ||
-        x->ck.lo != ck0.lo || x->ck.hi != ck0.hi ||
+    if (x->index || x->n_tokens != C || x->ck.lo != ck0.lo ||
+        x->ck.hi != ck0.hi ||
         kvti_chunk_seed(seed, ns, ns_len, x->layout_hash) != 0 ||
         memcmp(seed, x->parent, 32))
       continue;

@@ -23,9 +23,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Every slot the two maps reach is live: a deletion removes it from both and
+ * puts it on the free list. */
 typedef struct kvr_ctab {
   kvti_chain_rec *r;
-  uint8_t *used;
   size_t n, cap, live;
   uint32_t *freel;
   size_t nfree;
