@@ -589,7 +589,9 @@ KVT_API int kvt_tier_spill_prefix(kvt_tier *t, const int32_t *tokens,
                                   uint32_t n_layers, uint64_t memory_bytes);
 struct kvt_call_opts;
 /** kvt_tier_spill_prefix under a cache_salt (see kvt_call_opts; NULL: the
- *  plain call). */
+ *  plain call). Returns as kvt_tier_spill_prefix, plus KVT_EINVAL (unknown
+ *  kvt_call_opts version, salt longer than KVT_CACHE_SALT_MAX) and
+ *  KVT_EUNSUPPORTED (a salt with a remote tier configured). Thread-safe. */
 KVT_API int kvt_tier_spill_prefix_ex(kvt_tier *t, const int32_t *tokens,
                                      size_t n_keep, const kvt_layer *layers,
                                      uint32_t n_layers, uint64_t memory_bytes,
@@ -1006,8 +1008,10 @@ typedef struct kvt_chunk_info {
 } kvt_chunk_info;
 
 /** Calls fn for every stored chunk (in no particular order) until fn returns
- *  nonzero. fn must not call back into the tier. Returns 0, KVT_EINVAL,
- *  KVT_ECLOSED, KVT_ENOMEM. Thread-safe. */
+ *  nonzero. info is valid only during the call. fn runs with the chain table
+ *  read-locked and must not call back into the tier. Returns 0, fn's nonzero
+ *  value (the walk stopped there), KVT_EINVAL, KVT_ECLOSED, KVT_ENOMEM.
+ *  Thread-safe. */
 typedef int (*kvt_chunk_visit_fn)(void *ctx, const kvt_chunk_info *info);
 KVT_API int kvt_tier_chunk_foreach(kvt_tier *t, kvt_chunk_visit_fn fn,
                                    void *ctx);
@@ -1080,10 +1084,13 @@ typedef enum kvt_chunk_gc_action {
 } kvt_chunk_gc_action;
 
 /** Called per file acted on: path relative to cache_dir ("chunks/ab/...").
- *  detail says why (valid only during the call). Nonzero stops the gc. */
+ *  path and detail (why) are valid only during the call. Nonzero stops the
+ *  gc. Without dry_run fn runs with the tier's mutation lock held: it must
+ *  not call back into the tier (that would deadlock). */
 typedef int (*kvt_chunk_gc_fn)(void *ctx, const char *path, int action,
                                uint64_t bytes, const char *detail);
-/** Progress: done of total subdirectories of chunks/ scanned. */
+/** Progress: done of total subdirectories of chunks/ scanned (called with no
+ *  lock held). */
 typedef void (*kvt_chunk_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 
 typedef struct kvt_chunk_gc_result {
@@ -1104,7 +1111,10 @@ typedef struct kvt_chunk_gc_result {
  *  under an orphan that would be adopted counts as adoptable). fn and
  *  progress may be NULL; *res
  *  may be NULL. Returns 0, KVT_EINVAL (read-only tier without dry_run),
- *  KVT_ECLOSED, KVT_EIO, KVT_EDB, KVT_ENOMEM, or fn's nonzero value. */
+ *  KVT_ECLOSED, KVT_EIO, KVT_EDB, KVT_ENOMEM, or fn's nonzero value. A dry run
+ *  takes no lock and may race a running writer (its report is advisory).
+ *  Thread-safe: one subdirectory at a time is locked against spills,
+ *  evictions and other gcs. */
 KVT_API int kvt_tier_chunk_gc(kvt_tier *t, int dry_run, kvt_chunk_gc_fn fn,
                               kvt_chunk_progress_fn progress, void *ctx,
                               kvt_chunk_gc_result *res);
