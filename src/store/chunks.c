@@ -74,6 +74,15 @@ int kvti_chunkstore_path(const kvti_chunkstore *cs, const uint8_t key[32],
   return 0;
 }
 
+int kvti_chunk_file_key(uint8_t key[32], const char *name) {
+  char hex[65];
+  if (strlen(name) != 68 || strcmp(name + 64, ".kvc") != 0)
+    return -1;
+  memcpy(hex, name, 64);
+  hex[64] = '\0';
+  return kvti_unhex32(key, hex) == 0 ? 0 : -1;
+}
+
 /* Creates dir if missing; with do_fsync the parent is fsynced after a
  * creation, so the new directory entry is durable before chunks go in. */
 static int ensure_dir(const kvti_chunkstore *cs, const char *dir,

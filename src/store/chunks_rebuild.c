@@ -69,13 +69,6 @@ static int by_key(const void *a, const void *b) {
   return memcmp((*x)->key, (*y)->key, 32);
 }
 
-static int is_hex_name(const char *s, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
-      return 0;
-  return 1;
-}
-
 /* Pass 1: every chunks/<kk>/<key>.kvc whose header is valid and names its
  * own key, not indexed yet. Unreadable or invalid files are left for gc. */
 static int scan(kvti_chunkstore *cs, const char *root, found_v *f,
@@ -86,7 +79,7 @@ static int scan(kvti_chunkstore *cs, const char *root, found_v *f,
   int rc = 0;
   struct dirent *de;
   while (rc == 0 && (de = kvti_io->readdir(d)) != NULL) {
-    if (strlen(de->d_name) != 2 || !is_hex_name(de->d_name, 2))
+    if (strlen(de->d_name) != 2 || strspn(de->d_name, "0123456789abcdef") != 2)
       continue;
     char sub[4100];
     snprintf(sub, sizeof sub, "%s/%s", root, de->d_name);
@@ -97,13 +90,7 @@ static int scan(kvti_chunkstore *cs, const char *root, found_v *f,
     while (rc == 0 && (fe = kvti_io->readdir(sd)) != NULL) {
       const char *nm = fe->d_name;
       uint8_t key[32];
-      char hex[65];
-      if (strlen(nm) != 68 || strcmp(nm + 64, ".kvc") != 0 ||
-          !is_hex_name(nm, 64))
-        continue;
-      memcpy(hex, nm, 64);
-      hex[64] = 0;
-      if (kvti_unhex32(key, hex) != 0 ||
+      if (kvti_chunk_file_key(key, nm) != 0 ||
           kvti_chains_find(kvti_chunkstore_chains(cs), key, NULL))
         continue;
       char path[4600];

@@ -439,13 +439,6 @@ static void gc_unlink(gc_run *g, const char *rel) {
   kvti_free(p);
 }
 
-static int is_hex_n(const char *s, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
-      return 0;
-  return 1;
-}
-
 /* Scans chunks/<kk>: stale tmps removed, unindexed chunk files verified and
  * queued as orphans (valid) or removed (damaged); other names reported. */
 static int gc_dir(gc_run *g, unsigned kk) {
@@ -468,6 +461,12 @@ static int gc_dir(gc_run *g, unsigned kk) {
     const char *nm = de->d_name;
     if (!strcmp(nm, ".") || !strcmp(nm, ".."))
       continue;
+    /* An indexed chunk - nearly every name - costs no system call: the
+     * writer's lazy sweep runs this under mut_mu. */
+    uint8_t key[32];
+    int named = kvti_chunk_file_key(key, nm) == 0 && key[0] == kk;
+    if (named && kvti_chains_find(ch, key, NULL))
+      continue; /* indexed */
     char frel[400];
     snprintf(frel, sizeof frel, "%s/%.300s", rel, nm);
     snprintf(path, sizeof path, "%s/%.300s", dir, nm);
@@ -482,17 +481,11 @@ static int gc_dir(gc_run *g, unsigned kk) {
       gc_unlink(g, frel);
       continue;
     }
-    uint8_t key[32];
-    char hex[65];
-    if (!reg || len != 68 || strcmp(nm + 64, ".kvc") || !is_hex_n(nm, 64) ||
-        (memcpy(hex, nm, 64), hex[64] = 0, kvti_unhex32(key, hex)) != 0 ||
-        strtoul((char[3]){nm[0], nm[1], 0}, NULL, 16) != kk) {
+    if (!reg || !named) {
       gc_report(g, frel, KVT_CHUNK_GC_STRAY, (uint64_t)st.st_size,
                 reg ? "not a chunk file name" : "not a regular file");
       continue;
     }
-    if (kvti_chains_find(ch, key, NULL))
-      continue; /* indexed */
     /* An orphan: verified completely before anything else. */
     orphan o;
     memset(&o, 0, sizeof o);
