@@ -401,40 +401,37 @@ int kvti_fsync_dir(const char *path) {
   return rc;
 }
 
+int kvti_read_fd(char **out, size_t *len, int fd, const char *path, size_t max,
+                 struct stat *st_out) {
+  struct stat st;
+  if (kvti_io->fstat(fd, &st) != 0)
+    return KVT_ERR_OS(errno, "stat %s", path);
+  if (!S_ISREG(st.st_mode))
+    return KVT_ERR(KVT_ECORRUPT, "%s is not a regular file", path);
+  if ((uint64_t)st.st_size > max)
+    return KVT_ERR(KVT_ECORRUPT, "%s is too large (%lld bytes, limit %zu)",
+                   path, (long long)st.st_size, max);
+  char *buf = kvti_malloc((size_t)st.st_size + 1);
+  if (!buf)
+    return KVT_ERR_NOMEM();
+  int rc = kvti_pread_all(fd, buf, (size_t)st.st_size, 0, path);
+  if (rc != 0) {
+    kvti_free(buf);
+    return rc;
+  }
+  buf[st.st_size] = '\0';
+  *out = buf;
+  *len = (size_t)st.st_size;
+  if (st_out)
+    *st_out = st;
+  return 0;
+}
+
 int kvti_read_file(char **out, size_t *len, const char *path, size_t max) {
   int fd = kvti_open(path, O_RDONLY, 0);
   if (fd < 0)
     return fd;
-  struct stat st;
-  int rc = 0;
-  char *buf = NULL;
-  if (kvti_io->fstat(fd, &st) != 0) {
-    rc = KVT_ERR_OS(errno, "stat %s", path);
-    goto out;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    rc = KVT_ERR(KVT_ECORRUPT, "%s is not a regular file", path);
-    goto out;
-  }
-  if ((uint64_t)st.st_size > max) {
-    rc = KVT_ERR(KVT_ECORRUPT, "%s is too large (%lld bytes, limit %zu)", path,
-                 (long long)st.st_size, max);
-    goto out;
-  }
-  buf = kvti_malloc((size_t)st.st_size + 1);
-  if (!buf) {
-    rc = KVT_ERR_NOMEM();
-    goto out;
-  }
-  rc = kvti_pread_all(fd, buf, (size_t)st.st_size, 0, path);
-  if (rc == 0) {
-    buf[st.st_size] = '\0';
-    *out = buf;
-    *len = (size_t)st.st_size;
-    buf = NULL;
-  }
-out:
-  kvti_free(buf);
+  int rc = kvti_read_fd(out, len, fd, path, max, NULL);
   kvti_io->close(fd);
   return rc;
 }

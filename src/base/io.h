@@ -129,6 +129,10 @@ int kvti_fsync_dir(const char *path);
 /* Reads a whole regular file (refusing > max bytes or a non-regular file) into
  * a malloc'ed buffer with a NUL appended (not counted in *len). */
 int kvti_read_file(char **out, size_t *len, const char *path, size_t max);
+/* The same from an open descriptor (not closed; path names it in errors);
+ * *st_out (may be NULL) receives its fstat. */
+int kvti_read_fd(char **out, size_t *len, int fd, const char *path, size_t max,
+                 struct stat *st_out);
 /* Writes a whole file (O_CREAT|O_TRUNC|O_WRONLY with mode), optionally fsyncing
  * it. */
 int kvti_write_file(const char *path, const void *data, size_t len, mode_t mode,

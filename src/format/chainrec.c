@@ -225,27 +225,18 @@ static int read_file(kvti_chainrec *r, const char *path, const char *hash,
                        : KVT_ERR_OS(e, "open %s", path);
   }
   struct stat st;
-  int rc = 0;
-  uint8_t *buf = NULL;
-  uint64_t max =
-      kvti_chainrec_size(KVTI_CHUNK_MAX_NS, KVTI_CHAINREC_MAX_TOKENS);
-  if (kvti_io->fstat(fd, &st) != 0)
-    rc = KVT_ERR_OS(errno, "fstat %s", path);
-  else if (!S_ISREG(st.st_mode))
-    rc = BAD("%s: not a regular file", path);
-  else if ((uint64_t)st.st_size > max)
-    rc = BAD("%s: %lld bytes, more than a record can hold", path,
-             (long long)st.st_size);
-  if (rc == 0 && !(buf = kvti_malloc((size_t)st.st_size + 1)))
-    rc = KVT_ERR_NOMEM();
+  char *buf = NULL;
+  size_t len = 0;
+  int rc = kvti_read_fd(
+      &buf, &len, fd, path,
+      (size_t)kvti_chainrec_size(KVTI_CHUNK_MAX_NS, KVTI_CHAINREC_MAX_TOKENS),
+      &st);
+  kvti_close(fd);
   if (rc == 0)
-    rc = kvti_pread_all(fd, buf, (size_t)st.st_size, 0, path);
-  if (rc == 0)
-    rc = kvti_chainrec_parse(r, buf, (size_t)st.st_size, hash, path);
+    rc = kvti_chainrec_parse(r, (const uint8_t *)buf, len, hash, path);
   if (rc == 0 && mtime)
     *mtime = (double)st.st_mtim.tv_sec + st.st_mtim.tv_nsec / 1e9;
   kvti_free(buf);
-  kvti_close(fd);
   return rc;
 }
 
