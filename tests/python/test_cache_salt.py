@@ -1,6 +1,6 @@
 """Per-request cache salts through kvtier.ssd_cache (the drop-in's cache_salt=
 keyword on enqueue_spill, lookup_ssd, lookup_ssd_prefix, _read_entry,
-_index.touch and async_promote) and kvtier.Tier, in the default chunked
+_index.touch, _index.delete_entry and async_promote) and kvtier.Tier, in the default chunked
 native mode: the multi-tenant cases of SGLang PR #37058 and vLLM #44701 (a
 tenant's prompt, or any prefix of it, must never be a hit for another tenant
 or for a request without a salt; a namespace and a salt that concatenate
@@ -69,6 +69,14 @@ def test_dropin_tenants_never_see_each_other(cache_dir):
             assert np.array_equal(got[0]["values"], kv_for(PROMPT, tenant)[0].values)
         budget = Budget()
         assert run(t.async_promote(PROMPT, budget.reserve, budget.release)) is None
+        # _index.delete_entry takes the salt too: a salted entry is removed
+        # only with its own salt.
+        t._index.delete_entry(PROMPT)
+        t._index.delete_entry(PROMPT, cache_salt=b"tenant-b")
+        assert t.lookup_ssd(PROMPT, cache_salt="tenant-a") is not None
+        t._index.delete_entry(PROMPT, cache_salt="tenant-a")
+        assert t.lookup_ssd(PROMPT, cache_salt="tenant-a") is None
+        assert t.lookup_ssd(PROMPT, cache_salt=b"tenant-b") is None
         with pytest.raises(TypeError):
             t.lookup_ssd(PROMPT, cache_salt=5)
         assert not t.enqueue_spill(PROMPT, kv_for(PROMPT, 1), 1000, cache_salt="x" * 5000)

@@ -643,10 +643,16 @@ class SSDIndex:
             return self._rows(L.kvt_index_lookup_prefix, self._p(), tok, n,
                               keys=_PREFIX_KEYS)
 
-    def delete_entry(self, tokens_key: tuple[int, ...]) -> None:
-        """Delete an entry by token sequence (a tier's own: files and row)."""
+    def delete_entry(self, tokens_key: tuple[int, ...], *,
+                     cache_salt: str | bytes | None = None) -> None:
+        """Delete an entry by token sequence (a tier's own: files and row).
+        cache_salt (kvtier's): the tier's entry spilled under it (a salted
+        entry is deleted only with its salt; a standalone SSDIndex has no
+        salted rows)."""
         if self._via is not None:
-            return self._via.delete_entry(tokens_key)
+            return self._via.delete_entry(tokens_key, cache_salt=cache_salt)
+        if cache_salt is not None:
+            raise ValueError("cache_salt needs a tier's index (SSDCacheTier._index)")
         tok, n = tokens_arg(tokens_key)
         with self._db_lock:
             rc = L.kvt_index_delete(self._p(), tok, n)
@@ -739,10 +745,14 @@ class _TierIndex:
         r = self._tier.lookup_ssd_prefix(query_tokens)
         return [r] if r is not None else []
 
-    def delete_entry(self, tokens_key: tuple[int, ...]) -> None:
-        """Remove the entry (files and row)."""
+    def delete_entry(self, tokens_key: tuple[int, ...], *,
+                     cache_salt: str | bytes | None = None) -> None:
+        """Remove the entry (files and row); cache_salt: the entry spilled
+        under it (a salted entry is removed only with its salt)."""
         tok, n = tokens_arg(tokens_key)
-        rc = L.kvt_tier_remove(self._tier._h.ptr, tok, n)
+        co, keep = L.call_opts(cache_salt)
+        rc = L.kvt_tier_remove_ex(self._tier._h.ptr, tok, n, co)
+        del keep
         if rc != L.KVT_ENOTFOUND:
             L.check(rc, "delete_entry")
 
