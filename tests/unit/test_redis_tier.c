@@ -775,14 +775,6 @@ static void test_eviction(void) {
 /* Chunks shared between nodes (docs/REMOTE.md "Chunks")                    */
 /* ------------------------------------------------------------------------ */
 
-/* Chunk files under dir/chunks (the chunk store's). */
-static int count_chunk_files(const char *dir) {
-  char *o = sh_out("find '%s/chunks' -name '*.kvc' 2>/dev/null | wc -l", dir);
-  int n = o ? atoi(o) : -1;
-  free(o);
-  return n;
-}
-
 /* Rows [0, m) of every tensor of got equal e's (tensors [1, 2, T, D]). */
 static int same_rows(const kvt_entry *got, const t_entry *e, size_t m) {
   size_t n = 0;
@@ -840,7 +832,7 @@ static void test_chunks(void) {
   CHECK(promote_check(b, &e) == 1);
   kvt_stats sb = stats_of(b);
   CHECK(sb.remote_hits == 1 && sb.remote_read_bytes > 0);
-  CHECK(count_chunk_files(ob.cache_dir) == 6);
+  CHECK(kvt_test_each_chunk(ob.cache_dir, NULL, NULL) == 6);
   CHECK(promote_check(b, &e) == 1); /* now local: nothing fetched */
   CHECK(stats_of(b).remote_read_bytes == sb.remote_read_bytes);
 
@@ -863,7 +855,7 @@ static void test_chunks(void) {
   CHECK(kvt_tier_promote(&got, c, q, 80, &po) == 0);
   CHECK(same_rows(got, &e, 64));
   kvt_entry_free(got);
-  CHECK(count_chunk_files(oc.cache_dir) == 4);
+  CHECK(kvt_test_each_chunk(oc.cache_dir, NULL, NULL) == 4);
   /* read_entry of that prefix by its hash: local now */
   char h64[65];
   kvt_token_hash(h64, q, 64);
@@ -881,7 +873,7 @@ static void test_chunks(void) {
   CHECK(kvt_tier_lookup(&info, d, e.tokens, e.n_tokens) == KVT_ENOTFOUND);
   CHECK(kvt_tier_lookup_prefix(&info, d, q, 80) == KVT_ENOTFOUND);
   CHECK(promote_check(d, &e) == 0);
-  CHECK(count_chunk_files(od.cache_dir) == 0);
+  CHECK(kvt_test_each_chunk(od.cache_dir, NULL, NULL) == 0);
   kvt_tier_free(d);
 
   /* remote-only: the spill's chunks are uploaded from the snapshot (none
@@ -903,7 +895,7 @@ static void test_chunks(void) {
   CHECK(t_spill(ro, &f) == 0);
   CHECK(kvt_tier_flush(ro, 30000) == 0);
   CHECK(stats_of(ro).remote_spill_count == 1);
-  CHECK(count_chunk_files(oe.cache_dir) == 0);
+  CHECK(kvt_test_each_chunk(oe.cache_dir, NULL, NULL) == 0);
   char *o2 =
       sh_out("redis-cli -p %d --scan --pattern '%s{c:*' | wc -l", port, P);
   CHECK(o2 && atoi(o2) == 8); /* 6 shared + 2 new */
@@ -912,7 +904,8 @@ static void test_chunks(void) {
   while (kvt_tier_lookup(&info, b, f.tokens, f.n_tokens) != 0 && tries++ < 200)
     msleep(25);
   CHECK(promote_check(b, &f) == 1);
-  CHECK(count_chunk_files(ob.cache_dir) == 8); /* fetched only the 2 new */
+  CHECK(kvt_test_each_chunk(ob.cache_dir, NULL, NULL) ==
+        8); /* fetched only the 2 new */
   kvt_tier_free(ro);
   t_free(&f);
 
