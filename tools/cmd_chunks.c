@@ -45,7 +45,7 @@ static int collect_chunk(void *ctx, const kvt_chunk_info *info) {
     size_t nc = m->cap ? m->cap * 2 : 256;
     cli_chunk_ref *nv = realloc(m->v, nc * sizeof *nv);
     if (!nv)
-      return 1;
+      return KVT_ENOMEM; /* stops the walk; kvt_tier_chunk_foreach returns it */
     m->v = nv;
     m->cap = nc;
   }
@@ -73,9 +73,9 @@ int cli_chunkmap_load(cli_chunkmap *m, kvt_tier *t) {
   if (tot.chunks == 0)
     return 0;
   int rc = kvt_tier_chunk_foreach(t, collect_chunk, m);
-  if (rc != 0 || (m->n < tot.chunks && m->n == m->cap)) {
+  if (rc != 0) { /* KVT_ENOMEM from collect_chunk, or the walk's own code */
     cli_chunkmap_free(m);
-    return rc ? rc : KVT_ENOMEM;
+    return rc;
   }
   cli_qsort(m->v, m->n, sizeof *m->v, cmp_chunk_key);
   return 0;
