@@ -72,20 +72,26 @@ int kvti_rchunks_upload(kvt_tier *t, kvti_backend *be, const kvti_snapshot *s,
   rc = kvti_chunk_layout_hash(&layout, &src);
   if (rc == 0)
     rc = kvti_chunk_seed(seed, ns, ns_len, layout);
+  /* Every chunk's key first, then one pipelined question for all of them
+   * (one round trip, not one per chunk). */
+  uint8_t(*keys)[32] = NULL;
+  uint8_t *has = NULL;
+  if (rc == 0 && (!(keys = kvti_malloc(sp.chunks * sizeof *keys)) ||
+                  !(has = kvti_calloc(sp.chunks, 1))))
+    rc = KVT_ERR_NOMEM();
+  for (size_t i = 0; rc == 0 && i < sp.chunks; i++)
+    rc = kvti_chunk_key(keys[i], i ? keys[i - 1] : seed, tokens + i * C, C);
+  if (rc == 0)
+    rc = be->ops->chunk_has(be, (const uint8_t(*)[32])keys, sp.chunks, 0, has);
   memcpy(parent, seed, 32);
   kvti_ck ck = kvti_ck_seed(ns, ns_len);
   char *stage = NULL;
   uint64_t sent = 0;
   for (size_t i = 0; rc == 0 && i < sp.chunks; i++) {
     const int32_t *tk = tokens + i * C;
-    uint8_t key[32];
+    const uint8_t *key = keys[i];
     ck = kvti_ck_next(ck, tk, C);
-    if ((rc = kvti_chunk_key(key, parent, tk, C)) != 0)
-      break;
-    uint8_t has = 0;
-    if ((rc = be->ops->chunk_has(be, (const uint8_t(*)[32])key, 1, 0, &has)))
-      break;
-    if (!has) {
+    if (!has[i]) {
       src.parent = parent;
       src.index = i;
       src.tokens = tk;
@@ -129,6 +135,8 @@ int kvti_rchunks_upload(kvt_tier *t, kvti_backend *be, const kvti_snapshot *s,
     }
     memcpy(parent, key, 32);
   }
+  kvti_free(keys);
+  kvti_free(has);
   if (stage) {
     kvti_rmtree(stage);
     kvti_free(stage);
