@@ -79,7 +79,7 @@ static void problem_cb(void *ctx, const char *name, const char *kind,
                        const char *detail, const char *action) {
   problem *p = add_problem(ctx, name, kind, detail);
   if (p)
-    p->action = action; /* static strings, or see chunk_actions */
+    p->action = action; /* static strings (cmd_chunks.c gc_action) */
 }
 
 /* The problems as a JSON array arr of o ({name_key, problem, detail,
