@@ -153,6 +153,38 @@ static double ratio(double v, double l) {
   return l > 0 ? v / l : 0;
 }
 
+/* Evicts every file a promote of the cache's entries reads (data/ and the
+ * chunked store's chunks/) from the page cache; returns the fraction of their
+ * pages still cached (what the cold read will find). */
+static double evict_cache(const char *cache) {
+  bu_residency res = {0};
+  char p[4200];
+  snprintf(p, sizeof p, "%s/data", cache);
+  bu_evict_tree(p, &res);
+  snprintf(p, sizeof p, "%s/chunks", cache);
+  bu_evict_tree(p, &res);
+  return bu_resident_after(&res);
+}
+
+/* The reverse, for warm figures: data/ and chunks/ read into the cache. */
+static void warm_cache(const char *cache) {
+  char p[4200];
+  snprintf(p, sizeof p, "%s/data", cache);
+  bu_warm_cache_tree(p);
+  snprintf(p, sizeof p, "%s/chunks", cache);
+  bu_warm_cache_tree(p);
+}
+
+/* " FLAGGED: ..." for a figure bu_figure_flags rejects, else "". */
+static const char *flag_note(char *buf, size_t cap, double v, double l,
+                             double resident) {
+  unsigned f = bu_figure_flags(v, l, resident);
+  if (!f)
+    return "";
+  snprintf(buf, cap, " (FLAGGED %s)", bu_figure_flag_text(f));
+  return buf;
+}
+
 /* ------------------------------------------------------------ tier helpers */
 
 static kvt_tier *open_tier(const char *cache, int durability,
@@ -252,15 +284,14 @@ static void section_size(const char *dir, const size_t *toks, int ntoks,
       n = T >= 1024 ? 2 : 4;
     limits L;
     measure_limits(&L, dir, (uint64_t)n * w.bytes);
-    char cache[4096], data[4200];
+    char cache[4096];
     snprintf(cache, sizeof cache, "%s/size", dir);
-    snprintf(data, sizeof data, "%s/data", cache);
     kvt_test_rmtree(cache);
     kvt_tier *t = open_tier(cache, KVT_DURABILITY_FSYNC,
                             (uint64_t)(n + 1) * w.bytes, 64, 2, 0);
     uint64_t wb = 0;
     double tw = timed_drain(t, &w, 0, n, &wb);
-    bu_drop_cache_tree(data);
+    double resident = evict_cache(cache);
     uint64_t cb = 0;
     double t0 = bu_now();
     for (int k = 0; k < n; k++) {
@@ -270,7 +301,7 @@ static void section_size(const char *dir, const size_t *toks, int ntoks,
     double tc = bu_now() - t0;
     /* Warm: the page cache made hot first (cold promotes read with O_DIRECT
      * and leave nothing cached); best of two passes. */
-    bu_warm_cache_tree(data);
+    warm_cache(cache);
     double th = 0;
     uint64_t hb = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -296,14 +327,19 @@ static void section_size(const char *dir, const size_t *toks, int ntoks,
     double lim[3] = {L.w, L.rd, L.rb};
     double per[3] = {tw / n * 1e3, tc / n * 1e3, th / n * 1e3};
     for (int i = 0; i < 3; i++) {
-      fprintf(out, "| %zu | %.0f | %d | %s | %.2f | %.2f | %.2f | %.1f |\n", T,
-              m, n, names[i], val[i] / 1e9, lim[i] / 1e9, ratio(val[i], lim[i]),
-              per[i]);
+      char fb[160];
+      double res_i = i == 1 ? resident : -1;
+      unsigned fl = bu_figure_flags(val[i], lim[i], res_i);
+      fprintf(out, "| %zu | %.0f | %d | %s%s | %.2f | %.2f | %.2f | %.1f |\n",
+              T, m, n, names[i],
+              flag_note(fb, sizeof fb, val[i], lim[i], res_i), val[i] / 1e9,
+              lim[i] / 1e9, ratio(val[i], lim[i]), per[i]);
       jrow("\"section\":\"size\",\"tokens\":%zu,\"entry_mib\":%.1f,"
            "\"entries\":%d,\"figure\":\"%s\",\"value_gbps\":%.4f,"
-           "\"limit_gbps\":%.4f,\"ratio\":%.4f,\"ms_per_entry\":%.3f",
+           "\"limit_gbps\":%.4f,\"ratio\":%.4f,\"ms_per_entry\":%.3f,"
+           "\"resident_at_read\":%.4f,\"flagged\":%s",
            T, m, n, keys[i], val[i] / 1e9, lim[i] / 1e9, ratio(val[i], lim[i]),
-           per[i]);
+           per[i], res_i < 0 ? 0 : res_i, fl ? "true" : "false");
       ms[i][nf] = per[i];
     }
     mib[nf++] = m;
@@ -586,9 +622,8 @@ static void section_conc(const char *dir, int quick) {
   bu_workload_make(&w, 32, 0, KVT_DTYPE_F16, 8, T, 128, 7);
   limits L;
   measure_limits(&L, dir, quick ? (256ull << 20) : (512ull << 20));
-  char cache[4096], data[4200];
+  char cache[4096];
   snprintf(cache, sizeof cache, "%s/conc", dir);
-  snprintf(data, sizeof data, "%s/data", cache);
   kvt_test_rmtree(cache);
   fprintf(out,
           "\n## 3. Concurrency: %d distinct entries of %zu tokens (%.0f MiB "
@@ -612,11 +647,11 @@ static void section_conc(const char *dir, int quick) {
     if (nt > n)
       break;
     uint64_t cb = 0, hb = 0;
-    bu_drop_cache_tree(data);
+    double resident = evict_cache(cache);
     double tc = run_threads(t, &w, nt, n, 0, 0, &cb, NULL, NULL);
     /* Warm: page cache made hot first, as in section 1; best of two passes.
      */
-    bu_warm_cache_tree(data);
+    warm_cache(cache);
     double th = 0;
     for (int pass = 0; pass < 2; pass++) {
       uint64_t b = 0;
@@ -626,9 +661,11 @@ static void section_conc(const char *dir, int quick) {
         hb = b;
       }
     }
-    fprintf(out, "| sync promote | %d | %.2f | %.2f | %.2f | %.2f |\n", nt,
-            cb / tc / 1e9, ratio(cb / tc, L.rd), hb / th / 1e9,
-            ratio(hb / th, L.rb));
+    char f1[160], f2[160];
+    fprintf(out, "| sync promote | %d | %.2f%s | %.2f | %.2f%s | %.2f |\n", nt,
+            cb / tc / 1e9, flag_note(f1, sizeof f1, cb / tc, L.rd, resident),
+            ratio(cb / tc, L.rd), hb / th / 1e9,
+            flag_note(f2, sizeof f2, hb / th, L.rb, -1), ratio(hb / th, L.rb));
     jrow("\"section\":\"conc_promote\",\"threads\":%d,\"cold_gbps\":%.4f,"
          "\"cold_ratio\":%.4f,\"warm_gbps\":%.4f,\"warm_ratio\":%.4f",
          nt, cb / tc / 1e9, ratio(cb / tc, L.rd), hb / th / 1e9,
@@ -641,9 +678,9 @@ static void section_conc(const char *dir, int quick) {
   for (int i = 0; i < 2; i++) {
     t = open_tier(cache, KVT_DURABILITY_FSYNC, 0, 64, (uint32_t)infl[i], 0);
     uint64_t cb = 0, hb = 0;
-    bu_drop_cache_tree(data);
+    double resident = evict_cache(cache);
     double tc = run_async(t, &w, n, infl[i], &cb);
-    bu_warm_cache_tree(data);
+    warm_cache(cache);
     double th = 0;
     for (int pass = 0; pass < 2; pass++) {
       uint64_t b = 0;
@@ -654,11 +691,14 @@ static void section_conc(const char *dir, int quick) {
       }
     }
     close_tier(t);
+    char f1[160], f2[160];
     fprintf(out,
-            "| async promote (promote_threads %d) | %d | %.2f | %.2f | %.2f "
-            "| %.2f |\n",
-            infl[i], infl[i], cb / tc / 1e9, ratio(cb / tc, L.rd),
-            hb / th / 1e9, ratio(hb / th, L.rb));
+            "| async promote (promote_threads %d) | %d | %.2f%s | %.2f | "
+            "%.2f%s | %.2f |\n",
+            infl[i], infl[i], cb / tc / 1e9,
+            flag_note(f1, sizeof f1, cb / tc, L.rd, resident),
+            ratio(cb / tc, L.rd), hb / th / 1e9,
+            flag_note(f2, sizeof f2, hb / th, L.rb, -1), ratio(hb / th, L.rb));
     jrow("\"section\":\"conc_async\",\"in_flight\":%d,\"cold_gbps\":%.4f,"
          "\"cold_ratio\":%.4f,\"warm_gbps\":%.4f,\"warm_ratio\":%.4f",
          infl[i], cb / tc / 1e9, ratio(cb / tc, L.rd), hb / th / 1e9,

@@ -372,12 +372,18 @@ static int spill_promote(bu_chat_result *r, const bu_chat_opts *o) {
     if (fio_first && r->have_fio &&
         fio_limit(r, &frd[k], fio_file, "read", w[0].bytes, ne) != 0)
       r->have_fio = 0;
-    /* Cold: every file of the cache fsynced and dropped from the cache. */
+    /* Cold: every file of the cache (chunks and entries) fsynced and
+     * dropped from the cache, what stays cached counted for the report. */
     char sub[4400];
+    bu_residency res = {0};
     snprintf(sub, sizeof sub, "%s/chunks", dir);
-    bu_drop_cache_tree(sub);
+    bu_evict_tree(sub, &res);
     snprintf(sub, sizeof sub, "%s/data", dir);
-    bu_drop_cache_tree(sub);
+    bu_evict_tree(sub, &res);
+    r->cold_res.files += res.files;
+    r->cold_res.pages += res.pages;
+    r->cold_res.before += res.before;
+    r->cold_res.after += res.after;
     double busy_p = 0;
     for (int i = 0; rc == 0 && i < ne; i++) {
       kvt_entry *e = NULL;
@@ -406,11 +412,19 @@ static int spill_promote(bu_chat_result *r, const bu_chat_opts *o) {
     fio_limit_clean(fio_file, ne);
     sr[k] = fw[k] > 0 ? sb[k] / fw[k] : 0;
     pr[k] = frd[k] > 0 ? pb[k] / frd[k] : 0;
+    unsigned fs = bu_figure_flags(sb[k], r->have_fio ? fw[k] : 0, -1);
+    unsigned fp = bu_figure_flags(pb[k], r->have_fio ? frd[k] : 0,
+                                  bu_resident_after(&res));
+    r->spill_flags |= fs;
+    r->promote_flags |= fp;
+    r->spill_flagged_rounds += fs != 0;
+    r->promote_flagged_rounds += fp != 0;
     kvt_tier_free(t);
     rm_tree(dir);
     free(dir);
   }
   r->spill_rounds = k;
+  r->promote_resident = bu_resident_after(&r->cold_res);
   if (rc == 0 && k > 0) {
     r->spill_bps = bu_median(sb, k);
     r->fio_write_bps = bu_median(fw, k);
@@ -517,10 +531,26 @@ void bu_chat_print(const bu_chat_result *r, FILE *f) {
             r->promote_ratio);
     fprintf(f, "  fio jobs: %s\n            %s\n", r->fio_write_job,
             r->fio_read_job);
-  } else {
+  }
+  fprintf(f,
+          "  page cache over the cold promotes' %llu files (chunks and "
+          "entries): %.1f%% resident before eviction, %.2f%% at the read\n",
+          (unsigned long long)r->cold_res.files,
+          r->cold_res.pages
+              ? 100.0 * (double)r->cold_res.before / (double)r->cold_res.pages
+              : 0.0,
+          100 * r->promote_resident);
+  if (r->spill_flags)
+    fprintf(f, "  FLAGGED spill in %d of %d rounds: %s\n",
+            r->spill_flagged_rounds, r->spill_rounds,
+            bu_figure_flag_text(r->spill_flags));
+  if (r->promote_flags)
+    fprintf(f, "  FLAGGED promote (cold) in %d of %d rounds: %s\n",
+            r->promote_flagged_rounds, r->spill_rounds,
+            bu_figure_flag_text(r->promote_flags));
+  if (!r->have_fio)
     fprintf(f,
             "  spill (durable, writer) %8.1f MiB/s, promote (cold) %8.1f "
             "MiB/s (fio not run: no ratios)\n",
             r->spill_bps / 1048576.0, r->promote_bps / 1048576.0);
-  }
 }

@@ -75,6 +75,13 @@ typedef struct bu_chat_result {
   double spill_bps, fio_write_bps, spill_ratio;
   double promote_bps, fio_read_bps, promote_ratio;
   int promote_exact;
+  /* The cold promotes' files (chunks and entry directories of every round)
+   * in the page cache, counted as they were evicted; and bu_figure_flags of
+   * the rounds (OR over them) with how many rounds each flagged. */
+  bu_residency cold_res;
+  double promote_resident; /* bu_resident_after(&cold_res) */
+  unsigned spill_flags, promote_flags;
+  int spill_flagged_rounds, promote_flagged_rounds;
   char fio_engine[32];
   char fio_write_job[512], fio_read_job[512];
   char error[512]; /* when bu_chat_run failed */

@@ -110,6 +110,53 @@ int bu_drop_cache_tree(const char *dir);
  * their pages still cached afterwards (mincore; 0 for no pages). Returns 0, or
  * -1 when dir cannot be opened. */
 int bu_evict_dir(const char *dir, double *resident);
+/* Page-cache residency of the files a cold read is about to use, counted by
+ * the eviction helpers below (mincore over a read-only mapping of each file).
+ */
+typedef struct bu_residency {
+  uint64_t files;  /* regular files evicted */
+  uint64_t pages;  /* their pages */
+  uint64_t before; /* of those, cached before the eviction */
+  uint64_t after;  /* cached after it: what the cold read will find in RAM */
+} bu_residency;
+/* fdatasync + fadvise(DONTNEED) of one file (links not followed), its pages
+ * counted into *acc. Returns 0, or -1 when it cannot be opened (acc
+ * unchanged). */
+int bu_evict_file(const char *path, bu_residency *acc);
+/* The same for every regular file below dir (three levels: data/<hash>/,
+ * chunks/<kk>/), counted into *acc; the directories are fsynced. Returns 0, or
+ * -1 when dir cannot be opened. */
+int bu_evict_tree(const char *dir, bu_residency *acc);
+/* Every file a promote of entry token_hash reads in the cache at cache_dir of
+ * tier t: data/<hash>/ and, for an entry over a chain, each chunk file of the
+ * chain (chunks/<kk>/<key>.kvc, from kvt_tier_entry_chain). Counted into
+ * *acc. Returns 0, KVT_EIO when data/<hash>/ cannot be opened (errno set),
+ * or the library's error from kvt_tier_entry_chain. */
+int bu_evict_entry(kvt_tier *t, const char *cache_dir, const char *token_hash,
+                   bu_residency *acc);
+/* Fraction of r's pages cached after the eviction (0 for no pages). */
+double bu_resident_after(const bu_residency *r);
+
+/* The check every figure measured against a physical limit (fio in the same
+ * run) goes through before it is printed. A figure above its limit cannot
+ * have been measured on that device (the page cache, a skipped write, or a
+ * limit measured low), and a cold read whose files were still cached past
+ * BU_COLD_RESIDENT_MAX did not read the disk: either is flagged next to the
+ * figure. value and limit in the same unit; limit <= 0 (not measured): never
+ * flagged. resident: bu_resident_after of a cold read's files, or < 0 for a
+ * figure that is no cold read. */
+#define BU_FIG_ABOVE_LIMIT 0x1u
+#define BU_FIG_CACHED 0x2u
+#define BU_COLD_RESIDENT_MAX 0.01
+unsigned bu_figure_flags(double value, double limit, double resident);
+/* A short text for flags (never NULL; "" for 0). */
+const char *bu_figure_flag_text(unsigned flags);
+/* As bu_report_ratio, for a figure against a physical limit: the line also
+ * carries bu_figure_flags' verdict (a flagged figure is never a PASS). */
+int bu_report_limit(const char *name, double value, double limit, double ratio,
+                    const char *unit, const char *limit_desc, double want,
+                    double resident);
+
 /* sync, then drops the whole page cache through /proc/sys/vm/drop_caches
  * (root only): 0 or -1. */
 int bu_drop_all_caches(void);

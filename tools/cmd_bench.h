@@ -75,8 +75,9 @@ typedef struct bench_run {
   phase producer, spill, spill_e2e, lookup[2], warm, cold;
   size_t nlook;
   verify_count vc;
-  double resident_sum; /* page-cache residency after each cold eviction */
-  int resident_n;
+  /* The page cache over every file the cold rounds read (entry directories
+   * and chunk files), counted as each entry is evicted before its cold read. */
+  bu_residency cold_res;
   int code, reported;
   char fail[8192];
 } bench_run;
@@ -85,8 +86,11 @@ typedef struct bench_run {
 typedef struct bench_figs {
   double bps_spill, bps_e2e, bps_warm, bps_cold, bps_prod;
   uint64_t mem_total;
-  double resident; /* mean fraction resident after a cold eviction */
-  int ratios;      /* the disk was measured: print ratios */
+  double resident; /* fraction of the cold reads' pages cached at the read */
+  double resident_before; /* ... before their eviction */
+  /* bu_figure_flags of each figure against its limit */
+  unsigned flag_spill, flag_e2e, flag_warm, flag_cold;
+  int ratios; /* the disk was measured: print ratios */
   const char *dur, *cold_method;
 } bench_figs;
 

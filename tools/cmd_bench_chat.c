@@ -145,6 +145,26 @@ int cli_bench_chat(cli_flag *f, size_t nf, const char *given) {
   cJSON_AddNumberToObject(s, "spill_bytes_per_second", r.spill_bps);
   cJSON_AddNumberToObject(s, "promote_cold_bytes_per_second", r.promote_bps);
   cJSON_AddBoolToObject(s, "promote_bit_exact", r.promote_exact);
+  cJSON *pc = cJSON_AddObjectToObject(s, "page_cache");
+  cJSON_AddNumberToObject(pc, "files", (double)r.cold_res.files);
+  cJSON_AddNumberToObject(pc, "pages", (double)r.cold_res.pages);
+  cJSON_AddNumberToObject(pc, "resident_before_eviction",
+                          r.cold_res.pages ? (double)r.cold_res.before /
+                                                 (double)r.cold_res.pages
+                                           : 0);
+  cJSON_AddNumberToObject(pc, "resident_at_read", r.promote_resident);
+  cJSON_AddNumberToObject(pc, "resident_max", BU_COLD_RESIDENT_MAX);
+  cJSON_AddBoolToObject(s, "spill_flagged", r.spill_flags != 0);
+  cJSON_AddNumberToObject(s, "spill_flagged_rounds", r.spill_flagged_rounds);
+  if (r.spill_flags)
+    cJSON_AddStringToObject(s, "spill_flag",
+                            bu_figure_flag_text(r.spill_flags));
+  cJSON_AddBoolToObject(s, "promote_flagged", r.promote_flags != 0);
+  cJSON_AddNumberToObject(s, "promote_flagged_rounds",
+                          r.promote_flagged_rounds);
+  if (r.promote_flags)
+    cJSON_AddStringToObject(s, "promote_flag",
+                            bu_figure_flag_text(r.promote_flags));
   if (r.have_fio) {
     cJSON_AddNumberToObject(s, "fio_write_direct_bps", r.fio_write_bps);
     cJSON_AddNumberToObject(s, "fio_read_direct_bps", r.fio_read_bps);

@@ -513,6 +513,15 @@ def t_chunks():
               f"chat: prefix served bit-exact: {pq}")
         check(0 < j.get("unaligned", {}).get("written_per_unique", 9) <= 2.0,
               f"chat: unaligned writes/unique: {j.get('unaligned')}")
+        # The cold promotes' files (one chunk + a chain record per 256-token
+        # entry, 2 entries in the one --quick round) evicted and counted.
+        sp = j.get("spill_promote", {})
+        pc = sp.get("page_cache", {})
+        check(pc.get("files") == 2 * 2 and
+              0 <= pc.get("resident_at_read", -1) <= 1 and
+              sp.get("promote_flagged") ==
+              (pc.get("resident_at_read", 0) > pc.get("resident_max", 1)),
+              f"chat: cold residency reported and flagged: {sp}")
         d = os.path.join(base, "chat-prefix")
         state = tree_state(d)
         es = entries(d)
@@ -733,6 +742,20 @@ def t_bench():
     vc = jc.get("verified", {})
     check(vc.get("mismatched_tensors") == 0 and vc.get("exact_tensors", 0) > 0,
           f"bench with chunks: every promoted tensor exact: {vc}")
+    # The cold rounds evict every file a promote reads and report what stayed
+    # cached: 3 entries x 2 cold rounds, each a chain record in data/<hash>/
+    # and its 4 chunk files (64 tokens, C=16). Evicting data/<hash>/ alone
+    # (the chunks served from RAM) counted 6 files.
+    pc = jc.get("promote_cold", {}).get("page_cache", {})
+    check(pc.get("files") == 3 * 2 * 5 and pc.get("pages", 0) >= 30,
+          f"bench cold: every entry and chunk file evicted: {pc}")
+    ra = pc.get("resident_at_read", -1)
+    check(0 <= ra <= 1 and 0 <= pc.get("resident_before_eviction", -1) <= 1,
+          f"bench cold: residency reported: {pc}")
+    cold_flag = jc.get("promote_cold", {}).get("flagged")
+    check(cold_flag == (ra > pc.get("resident_max", 0)),
+          f"bench cold: flagged exactly when its files stayed cached: {pc}, "
+          f"flagged {cold_flag}")
     check(j.get("disk") is None, "--no-disk: no disk figures")
     check(not os.path.exists(wl.get("dir", "/nonexistent")),
           "bench removed its temporary directory")
@@ -745,6 +768,18 @@ def t_bench():
           disk.get("read_buffered_bps", 0) > 0, f"disk figures: {disk}")
     check("ratio" in j.get("spill", {}) and "ratio" in
           j.get("promote_cold", {}), "ratios present")
+    # Every figure held against a physical limit says whether it is flagged,
+    # and is flagged whenever it is above that limit (or, cold, read cached
+    # files): no figure above its limit goes out unmarked.
+    for k in ("spill", "spill_end_to_end", "promote_warm", "promote_cold"):
+        ph = j.get(k, {})
+        above = ph.get("ratio", 0) > 1
+        cached = k == "promote_cold" and \
+            ph.get("page_cache", {}).get("resident_at_read", 0) > \
+            ph.get("page_cache", {}).get("resident_max", 1)
+        check(ph.get("flagged") == (above or cached) and
+              (("flag" in ph) == ph.get("flagged")),
+              f"bench {k}: flagged iff above its limit: {ph}")
     # Without fio on PATH: the built-in O_DIRECT loop, and the report says so.
     env = dict(os.environ, PATH="/nonexistent")
     rc, out, err = run("bench", "--quick", "--no-progress", "--entries", "1",
