@@ -1351,11 +1351,16 @@ KVT_API int kvt_index_get(kvt_index_rows *out, kvt_index *idx,
                           const int32_t *tokens, size_t n);
 /** The reference's lookup_prefix: rows whose prefix_hash is the hash of one
  *  of the query's first 1..min(n, 16) tokens and num_tokens <= n, in
- *  num_tokens descending order, kept when their stored tokens equal the
- *  query's first num_tokens tokens (tokens filled). Candidates are bounded by
- *  the prefix hash (its index): a row that does not begin with one of those
- *  1..16-token prefixes of the query is never read. An empty list (count 0)
- *  when none or n == 0. */
+ *  num_tokens descending order (rows of equal num_tokens, which only a
+ *  table written by hand can hold, in insertion (rowid) order), kept when
+ *  their stored tokens equal the query's first num_tokens tokens (tokens
+ *  filled, every column as stored). Only candidate rows are read: an
+ *  in-memory map of (length, hash of the stored tokens) -> rowid, built at
+ *  the first lookup and rebuilt when another connection commits to index.db
+ *  (PRAGMA data_version), finds them in time linear in min(n, longest row)
+ *  plus the matches, however many rows share the query's first tokens; it
+ *  holds about 40 bytes per row. An empty list (count 0) when none or
+ *  n == 0; KVT_EINVAL for NULL tokens with n > 0. */
 KVT_API int kvt_index_lookup_prefix(kvt_index_rows *out, kvt_index *idx,
                                     const int32_t *tokens, size_t n);
 /** Deletes the row (absent: 0, as the reference). */

@@ -99,6 +99,10 @@ struct kvt_index {
   touch_rec *pend;
   size_t pend_n, pend_cap;
   double pend_first;
+
+  /* kvt_index_lookup_prefix's candidate map (ssdprefix.c; db_mu), made at
+   * the first lookup of a public index: NULL until then. */
+  struct kvti_pfx *pfx;
 };
 
 /* ---- mirror.c: keys and hashes ---- */
@@ -189,5 +193,26 @@ int kvti_idx_flush_locked(kvt_index *idx);
 /* True when the pending touches are due (a full batch, or the oldest waited
  * TOUCH_MAX_AGE). */
 int kvti_idx_touches_due(kvt_index *idx, double t);
+
+/* ---- ssdprefix.c: the public lookup_prefix's candidate map (db_mu held) ----
+ */
+
+/* The reference's lookup_prefix answer for tokens[0, n) (n >= 1), read
+ * through the candidate map (built or refreshed here). Returns 0 and *out, or
+ * an error code (*out untouched). */
+int kvti_pfx_lookup(kvt_index_rows *out, kvt_index *idx, sqlite3 *db,
+                    const int32_t *tokens, size_t n);
+/* The own connection inserted (or replaced) row rowid with these tokens and
+ * num_tokens column: its pair joins the map. */
+void kvti_pfx_inserted(kvt_index *idx, int64_t rowid, const int32_t *tokens,
+                       size_t n, uint64_t num_tokens);
+/* The own connection deleted a row (its pair goes stale). */
+void kvti_pfx_removed(kvt_index *idx);
+/* Frees the map and its statements (before the connection closes). */
+void kvti_pfx_free(kvt_index *idx);
+/* ssdindex.c: a row of the public API from a statement whose first seven
+ * columns are token_hash, tokens_blob, num_tokens, file_path, memory_bytes,
+ * created_at, accessed_at (tokens and the whole path in one allocation). */
+int kvti_ssd_read_row(kvt_index_row *r, sqlite3_stmt *s);
 
 #endif

@@ -1,18 +1,21 @@
 /*
  * ssdindex.c - the public kvt_index_* API: the reference's SSDIndex, call for
  * call. Each function runs the reference's own SQL statement (same text for
- * the insert, the same candidate query for lookup_prefix, the same ORDER BY
- * for lru/all) on the connection of an index opened with KVTI_INDEX_SQL_ONLY,
- * so rows are stored and returned exactly as the reference stores them: any
- * file_path string, any num_tokens. Safety does not rest on this table: a
- * tier loads only rows whose file_path is their own token hash (index/db.c's
- * row_valid) and never opens a path read from the index. The only additions
- * to the reference's statements: a validity filter (rows whose numbers or
- * blob kvt_index_row cannot hold are left out of every answer), and inserts
- * and deletes also drop the row's kvtier_meta record, so a tier re-measures
- * the entry's files. A list row's whole file_path lives after its tokens in
- * one allocation (kvt_index_row_file_path), which kvt_index_rows_free
- * releases with the tokens.
+ * the insert, the same ORDER BY for lru/all) on the connection of an index
+ * opened with KVTI_INDEX_SQL_ONLY, so rows are stored and returned exactly as
+ * the reference stores them: any file_path string, any num_tokens.
+ * lookup_prefix finds its candidates through ssdprefix.c's map instead of
+ * the reference's scan of every row sharing the first 16 tokens, and then
+ * applies the reference's condition to each candidate row as stored (the
+ * scan remains as the fallback when the map cannot be allocated). Safety does
+ * not rest on this table: a tier loads only rows whose file_path is their own
+ * token hash (index/db.c's row_valid) and never opens a path read from the
+ * index. The only additions to the reference's statements: a validity filter
+ * (rows whose numbers or blob kvt_index_row cannot hold are left out of every
+ * answer), and inserts and deletes also drop the row's kvtier_meta record, so a
+ * tier re-measures the entry's files. A list row's whole file_path lives after
+ * its tokens in one allocation (kvt_index_row_file_path), which
+ * kvt_index_rows_free releases with the tokens.
  */
 #include "index/internal.h"
 
@@ -153,6 +156,10 @@ static int read_row(kvt_index_row *r, sqlite3_stmt *s, int with_tokens) {
   return 0;
 }
 
+int kvti_ssd_read_row(kvt_index_row *r, sqlite3_stmt *s) {
+  return read_row(r, s, 1);
+}
+
 static int list_add(row_list *l, sqlite3_stmt *s) {
   if (l->n == l->cap) {
     size_t nc = l->cap ? l->cap * 2 : 8;
@@ -231,9 +238,12 @@ int kvt_index_insert(kvt_index *idx, const int32_t *tokens, size_t n,
     sqlite3_bind_double(s, 8, now);
     rc = run(idx, s, "insert");
   }
+  int64_t rowid = sqlite3_last_insert_rowid(db);
   if (!rc)
     rc = drop_meta(idx, db, th);
   rc = finish_tx(idx, db, rc);
+  if (!rc)
+    kvti_pfx_inserted(idx, rowid, tokens, n, num_tokens);
   kvti_index_sql_end(idx);
   return rc;
 }
@@ -322,7 +332,16 @@ int kvt_index_lookup_prefix(kvt_index_rows *out, kvt_index *idx,
     return KVT_ERR(KVT_EINVAL, "index: too many tokens (%zu)", n);
   if (n == 0)
     return 0; /* the reference: no prefix hashes, no query */
-  int rc;
+  if (!tokens)
+    return KVT_ERR(KVT_EINVAL, "kvt_index_lookup_prefix: NULL tokens");
+  /* The candidate map (ssdprefix.c) answers without reading the rows that
+   * share the query's first tokens; the reference's candidate query below
+   * stays for when the map cannot be made (out of memory). */
+  sqlite3 *mdb = kvti_index_sql_begin(idx);
+  int rc = kvti_pfx_lookup(out, idx, mdb, tokens, n);
+  kvti_index_sql_end(idx);
+  if (rc != KVT_ENOMEM)
+    return rc;
   /* The hashes of the query's first 1..m tokens, m = min(n, 16); the 16
    * placeholders repeat the last one when m < 16 (IN ignores duplicates). */
   size_t m = n < PREFIX_TOKENS ? n : PREFIX_TOKENS;
@@ -358,7 +377,10 @@ static int delete_fn(kvt_index *idx, sqlite3 *db, sqlite3_stmt *s,
     rc = step_one(idx, s, "delete");
   if (!rc)
     rc = drop_meta(idx, db, th);
-  return finish_tx(idx, db, rc);
+  rc = finish_tx(idx, db, rc);
+  if (!rc)
+    kvti_pfx_removed(idx);
+  return rc;
 }
 
 int kvt_index_delete(kvt_index *idx, const int32_t *tokens, size_t n) {
@@ -458,6 +480,7 @@ int kvt_index_open(kvt_index **out, const char *cache_dir) {
 void kvt_index_close(kvt_index *idx) {
   if (!idx)
     return;
+  kvti_pfx_free(idx); /* its statements before the connection closes */
   kvti_index_flush(idx);
   kvti_idx_destroy(idx);
 }
