@@ -1,6 +1,7 @@
 /*
  * test_chunk.c - chunk files (src/format/chunk.c, docs/FORMAT.md section 10):
- * the key chain (length prefix, namespace and salt seeds, parent dependence),
+ * the key chain (length prefix, namespace and salt seeds, parent dependence,
+ * known-answer vectors of the chunk keys and the lookup chain),
  * round trips of KV, rotating (not wrapped) and quantized layers with rows cut
  * from the middle of the spill compared byte for byte against the source,
  * which layers may be cut (wrapped rotating KV, offset shorter than the rows,
@@ -153,6 +154,70 @@ static int rows_match(const spill *s, const kvti_chunk_hdr *h,
     }
   }
   return 1;
+}
+
+/* Known answers for the keys of docs/FORMAT.md section 10, computed from the
+ * format's definitions outside kvtier (SHA-256 with Python's hashlib; the
+ * lookup chain with xxHash's own XXH3-128): a change to any encoding (the
+ * length prefix, the layout hash, the namespace, the seed mix) fails here
+ * even when every key stays self-consistent. */
+static void hex_eq(const uint8_t k[32], const char *want) {
+  char got[65];
+  for (int i = 0; i < 32; i++)
+    snprintf(got + 2 * i, 3, "%02x", k[i]);
+  if (strcmp(got, want) != 0)
+    fprintf(stderr, "key %s, want %s\n", got, want);
+  CHECK(strcmp(got, want) == 0);
+}
+
+static void test_key_vectors(void) {
+  int32_t t[32];
+  for (int i = 0; i < 32; i++)
+    t[i] = i * 7919 - 3;
+  uint8_t *ns;
+  size_t nl;
+  REQUIRE(kvti_chunk_ns_encode(&ns, &nl, "llama-3-8b", NULL) == 0);
+  static const uint8_t ns_want[] = {0x0a, 0,   0,   0,   'l', 'l',
+                                    'a',  'm', 'a', '-', '3', '-',
+                                    '8',  'b', 0,   0,   0,   0};
+  CHECK(nl == sizeof ns_want && memcmp(ns, ns_want, nl) == 0);
+  uint8_t seed[32], k0[32], k1[32], kp[32];
+  REQUIRE(kvti_chunk_seed(seed, ns, nl, 0x0123456789abcdefull) == 0);
+  hex_eq(seed,
+         "dc4cc441855cf08657df390bcff389016952016505ed047c61349a5655c3f7a2");
+  REQUIRE(kvti_chunk_key(k0, seed, t, 16) == 0);
+  hex_eq(k0,
+         "22c1f31d693d9350a311710271a10c925f1c0d61f7fb6120ebc7482a5b83dd06");
+  REQUIRE(kvti_chunk_key(k1, k0, t + 16, 16) == 0);
+  hex_eq(k1,
+         "f88ee3fd19d4d9eb06c6e6eaaceaa2130a23c7fdc674fbc0d950d8bc9149308f");
+  REQUIRE(kvti_chunk_key(kp, seed, t, 3) == 0);
+  hex_eq(kp,
+         "50163538c15c0515849c125093f3f3c9f6f4725a59d0d55d4c49bde0aa5a7f4d");
+  /* The lookup chain of the same namespace and tokens. */
+  kvti_ck c = kvti_ck_seed(ns, nl);
+  CHECK(c.lo == 0x9fa4d1f9541a8eb7ull && c.hi == 0x8a321c77b798dcb4ull);
+  kvti_ck c0 = kvti_ck_next(c, t, 16);
+  CHECK(c0.lo == 0xec823ab4021e15bcull && c0.hi == 0x46e77f90ddd3ce48ull);
+  kvti_ck c1 = kvti_ck_next(c0, t + 16, 16);
+  CHECK(c1.lo == 0x17c13b0d803727cfull && c1.hi == 0xd79eaf4e4afaa436ull);
+  kvti_ck cp = kvti_ck_next(c, t, 3);
+  CHECK(cp.lo == 0xec3fd3e546620530ull && cp.hi == 0x992a7cd107632a25ull);
+  kvti_free(ns);
+  /* A salted namespace (the salt field holds a 64-hex digest) and the int32
+   * extremes. */
+  char salt[65];
+  memset(salt, 'a', 64);
+  salt[64] = 0;
+  REQUIRE(kvti_chunk_ns_encode(&ns, &nl, "m", salt) == 0);
+  REQUIRE(kvti_chunk_seed(seed, ns, nl, 1) == 0);
+  hex_eq(seed,
+         "8bd82e211cd41399519845dfa8da9eb052faae0997fa2a0c4d28a974b69c4cbf");
+  const int32_t ext[4] = {-1, 0, INT32_MAX, INT32_MIN};
+  REQUIRE(kvti_chunk_key(k0, seed, ext, 4) == 0);
+  hex_eq(k0,
+         "0163c872725057a8fc4c78f06b650c60e31884237e816655abedee097d7d5216");
+  kvti_free(ns);
 }
 
 static void test_roundtrip(void) {
@@ -371,6 +436,7 @@ static void test_aligned(void) {
 int main(void) {
   g_dir = kvt_test_tmpdir("chunk");
   RUN(test_keys);
+  RUN(test_key_vectors);
   RUN(test_roundtrip);
   RUN(test_cuttable);
   RUN(test_corruption);
