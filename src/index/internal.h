@@ -100,8 +100,9 @@ struct kvt_index {
   size_t pend_n, pend_cap;
   double pend_first;
 
-  /* kvt_index_lookup_prefix's candidate map (ssdprefix.c; db_mu), made at
-   * the first lookup of a public index: NULL until then. */
+  /* kvt_index_lookup_prefix's candidate map (ssdprefix.c; db_mu): allocated
+   * by kvt_index_open only (a tier's index writes its table elsewhere and
+   * runs the reference's query), built at its first lookup. */
   struct kvti_pfx *pfx;
 };
 
@@ -208,6 +209,9 @@ void kvti_pfx_inserted(kvt_index *idx, int64_t rowid, const int32_t *tokens,
                        size_t n, uint64_t num_tokens);
 /* The own connection deleted a row (its pair goes stale). */
 void kvti_pfx_removed(kvt_index *idx);
+/* Gives a public index its (empty) map; left without one when out of
+ * memory. */
+void kvti_pfx_attach(kvt_index *idx);
 /* Frees the map and its statements (before the connection closes). */
 void kvti_pfx_free(kvt_index *idx);
 /* ssdindex.c: a row of the public API from a statement whose first seven

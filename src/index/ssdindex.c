@@ -337,8 +337,10 @@ int kvt_index_lookup_prefix(kvt_index_rows *out, kvt_index *idx,
   /* The candidate map (ssdprefix.c) answers without reading the rows that
    * share the query's first tokens; the reference's candidate query below
    * stays for when the map cannot be made (out of memory). */
+  int rc = KVT_ENOMEM;
   sqlite3 *mdb = kvti_index_sql_begin(idx);
-  int rc = kvti_pfx_lookup(out, idx, mdb, tokens, n);
+  if (idx->pfx)
+    rc = kvti_pfx_lookup(out, idx, mdb, tokens, n);
   kvti_index_sql_end(idx);
   if (rc != KVT_ENOMEM)
     return rc;
@@ -474,7 +476,14 @@ void kvt_index_rows_free(kvt_index_rows *rows) {
 }
 
 int kvt_index_open(kvt_index **out, const char *cache_dir) {
-  return kvti_index_open(out, cache_dir, NULL, KVTI_INDEX_SQL_ONLY);
+  int rc = kvti_index_open(out, cache_dir, NULL, KVTI_INDEX_SQL_ONLY);
+  /* Only a public index gets the prefix map: every write to its table from
+   * this connection goes through kvt_index_insert/delete, which keep it. (A
+   * tier's index writes rows elsewhere; without the map, or when it cannot
+   * be allocated, lookup_prefix runs the reference's query.) */
+  if (rc == 0)
+    kvti_pfx_attach(*out);
+  return rc;
 }
 
 void kvt_index_close(kvt_index *idx) {

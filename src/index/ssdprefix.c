@@ -207,6 +207,10 @@ static int pfx_ready(kvt_index *idx, sqlite3 *db, struct kvti_pfx *p) {
   return pfx_build(idx, db, p);
 }
 
+void kvti_pfx_attach(kvt_index *idx) {
+  idx->pfx = kvti_calloc(1, sizeof *idx->pfx);
+}
+
 void kvti_pfx_free(kvt_index *idx) {
   struct kvti_pfx *p = idx ? idx->pfx : NULL;
   if (!p)
@@ -280,8 +284,6 @@ static int qhash_has(qhash *q, const unsigned char *ph, uint64_t row_n) {
 
 int kvti_pfx_lookup(kvt_index_rows *out, kvt_index *idx, sqlite3 *db,
                     const int32_t *tokens, size_t n) {
-  if (!idx->pfx && !(idx->pfx = kvti_calloc(1, sizeof *idx->pfx)))
-    return KVT_ERR_NOMEM();
   struct kvti_pfx *p = idx->pfx;
   int rc = pfx_ready(idx, db, p);
   if (rc)
