@@ -290,6 +290,68 @@ static void test_invalidation(void) {
   t_free(&c);
 }
 
+/* A replace in both whole-entry layouts - compat mode (what the reference
+ * reads) and native - drops the RAM copy of the old version: the next promote
+ * serves the new version's data, whether it comes from RAM or from disk, the
+ * old one is never served again, and its copy never even reaches the block
+ * check. (The chunked store keys KV by tokens -
+ * a model's KV of the same tokens is the same - so a "replace" with other KV
+ * for the same tokens keeps its chunks by design; test_ram_tier_chunked
+ * covers its replaces.) */
+static void test_replace_each_mode(void) {
+  static const struct {
+    const char *tag;
+    int storage;
+    uint32_t chunk_tokens;
+  } modes[] = {{"ram-rep-compat", KVT_STORAGE_COMPAT, 0},
+               {"ram-rep-native", KVT_STORAGE_NATIVE, 0}};
+  for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
+    kvt_options o = t_opts(modes[m].tag);
+    o.host_cache_bytes = (uint64_t)64 << 20;
+    o.storage_mode = modes[m].storage;
+    o.chunk_tokens = modes[m].chunk_tokens;
+    kvt_tier *t = t_open(&o);
+    REQUIRE(kvt_tier_start_writer(t) == 0);
+    t_entry a = mk(30), a2 = mk(31);
+    memcpy(a2.tokens, a.tokens, a.n_tokens * sizeof(int32_t)); /* same key */
+    REQUIRE(t_spill(t, &a) == 0);
+    REQUIRE(kvt_tier_flush(t, -1) == 0);
+    /* The old version in RAM: a written spill is cached (native), a freed
+     * promote is (every mode); the second promote is served from there. */
+    kvt_entry *got = NULL;
+    for (int k = 0; k < 2; k++) {
+      got = promote(t, &a);
+      REQUIRE(got);
+      CHECK(t_same(got, &a));
+      kvt_entry_free(got);
+    }
+    CHECK(stats_of(t).promotes_from_ram >= 1);
+    REQUIRE(t_spill(t, &a2) == 0);
+    REQUIRE(kvt_tier_flush(t, -1) == 0);
+    for (int k = 0; k < 2; k++) { /* from disk or RAM: the new version */
+      got = promote(t, &a);
+      REQUIRE(got);
+      if (!t_same(got, &a2))
+        fprintf(stderr,
+                "%s: promote %d after the replace served the old "
+                "version\n",
+                modes[m].tag, k);
+      CHECK(t_same(got, &a2));
+      kvt_entry_free(got);
+    }
+    kvt_stats s = stats_of(t);
+    /* The old copy was dropped at the replace, not caught later by the
+     * block check against the new version's files (which would still
+     * serve the right data, at the cost of a failed check per hit). */
+    CHECK_EQ_INT(s.host_cache_verify_failures, 0);
+    CHECK_EQ_INT(s.quarantined, 0);
+    CHECK_EQ_INT(s.host_cache_entries, 1);
+    kvt_tier_free(t);
+    t_free(&a);
+    t_free(&a2);
+  }
+}
+
 static void test_retention(void) {
   kvt_options o = t_opts("ram5");
   o.retention_seconds = 1;
@@ -447,6 +509,7 @@ int main(void) {
   RUN(test_bound_and_pressure);
   RUN(test_trim_returns_memory);
   RUN(test_invalidation);
+  RUN(test_replace_each_mode);
   RUN(test_retention);
   RUN(test_altered_copy);
   RUN(test_caller_buffers_and_nocopy);
