@@ -488,3 +488,29 @@ def test_unsafe_directory_refused_with_permission_error(tmp_path):
     os.chmod(d, 0o777)  # writable by everyone: kvtier refuses it
     with pytest.raises(PermissionError):
         make_tier(str(d))
+
+
+@pytest.mark.parametrize("mode", ["native", "compat"])
+def test_original_dtype_sentinels_survive_spill_per_side(cache_dir, rng, mode):
+    # vllm-mlx casts bf16 KV to fp16 before the snapshot and leaves
+    # _ssd_keys_original_dtype / _ssd_values_original_dtype on the layer so
+    # the reload can cast back. Each side's hint is its own: a layer hinting
+    # only its values, one hinting only its keys, and a quantized layer
+    # hinting only its values come back with exactly those hints.
+    only_v = kv_layer(rng, 9, np.float16)
+    only_v._ssd_values_original_dtype = "bfloat16"
+    only_k = kv_layer(rng, 9, np.float16)
+    only_k._ssd_keys_original_dtype = "bfloat16"
+    layers = [only_v, only_k]
+    t = make_tier(cache_dir, storage_mode=mode)
+    t.start_writer()
+    try:
+        _spill_and_flush(t, (4, 2, 9), layers)
+        got = run(t.async_promote((4, 2, 9), lambda n: True, lambda n: None))
+    finally:
+        t.close()
+    assert got[0].get("values_original_dtype") == "bfloat16", got[0].keys()
+    assert got[0].get("keys_original_dtype") is None
+    assert got[1].get("keys_original_dtype") == "bfloat16", got[1].keys()
+    assert got[1].get("values_original_dtype") is None
+    assert np.array_equal(got[0]["values"], only_v.values)
