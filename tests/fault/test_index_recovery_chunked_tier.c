@@ -10,7 +10,9 @@
  * from the tails, and serves every entry bit-exact, plus the chunk-aligned
  * prefixes no spill ended at; a tier opened with chunk_tokens = 0 refuses the
  * tails (never serves them) and deletes nothing; a chain cut by a lost chunk
- * file serves only what is still whole, never a tail.
+ * file serves only what is still whole, never a tail; a hybrid spill's chain
+ * (KV chunks, arrays in the tail) is rebuilt not pure, so no prefix is served
+ * from its chunks alone.
  */
 #include "rel_tier.h"
 
@@ -214,6 +216,77 @@ static void test_cut_chain(void) {
   fx_free(&f);
 }
 
+/* A hybrid spill (KV layers + an arrays state, as Mamba/hybrid models) keeps
+ * its KV in chunks, but a chunk-aligned prefix of it is no state of those
+ * tokens (the arrays are the whole prompt's): its chain is not pure, and a
+ * prefix query must never be answered from its chunks alone - the entry
+ * itself (its end) still is. The chain table rebuilt from the chunk files
+ * after index.db is lost must say the same: were its rows all marked pure, a
+ * prefix query would be answered with a 32-token hit that then cannot be
+ * read. */
+static void test_hybrid_chain_rebuilt_not_pure(void) {
+  char *dir = rel_path(g_root, "hybrid", NULL);
+  enum { C = 16, N = 64 };
+  t_entry e = t_make(91, N, 2, N, 4);
+  kvt_layer layers[3];
+  memcpy(layers, e.layers, 2 * sizeof *layers);
+  static float state[8];
+  for (int i = 0; i < 8; i++)
+    state[i] = (float)i + 0.5f;
+  kvt_tensor st = {0};
+  st.dtype = KVT_DTYPE_F32;
+  st.ndim = 2;
+  st.shape[0] = 2;
+  st.shape[1] = 4;
+  st.nbytes = sizeof state;
+  st.data = state;
+  kvt_layer_init(&layers[2], KVT_LAYER_ARRAYS);
+  layers[2].num_tensors = 1;
+  layers[2].tensors = &st;
+  int32_t q[N];
+  memcpy(q, e.tokens, 2 * C * sizeof(int32_t));
+  for (int i = 2 * C; i < N; i++)
+    q[i] = 70000 + i; /* shares two chunks with the entry, then differs */
+  for (int pass = 0; pass < 2; pass++) {
+    kvt_options o = opts_of(dir, C);
+    kvt_tier *t = t_open(&o);
+    if (pass == 0) {
+      REQUIRE(kvt_tier_start_writer(t) == 0);
+      REQUIRE(kvt_tier_spill(t, e.tokens, N, layers, 3, e.memory_bytes) == 0);
+      REQUIRE(kvt_tier_flush(t, -1) == 0);
+    }
+    kvt_chunk_info *ch = NULL;
+    size_t n = 0;
+    CHECK_EQ_INT(kvt_tier_entry_chain(&ch, &n, NULL, t, e.hash, 0), 0);
+    CHECK_EQ_INT((int)n, N / C);
+    for (size_t i = 0; i < n; i++)
+      CHECK(!ch[i].pure);
+    kvt_free(ch);
+    kvt_entry_info info;
+    int rc = kvt_tier_lookup_prefix(&info, t, q, N);
+    if (rc == 0)
+      fprintf(stderr, "  pass %d: prefix hit of %llu tokens\n", pass,
+              (unsigned long long)info.num_tokens);
+    CHECK_EQ_INT(rc, KVT_ENOTFOUND);
+    /* The entry itself is whole and served, arrays included. */
+    kvt_entry *got = NULL;
+    CHECK_EQ_INT(kvt_tier_promote(&got, t, e.tokens, N, NULL), 0);
+    CHECK(got && kvt_entry_num_layers(got) == 3);
+    if (got) {
+      const kvt_layer *a = kvt_entry_layer(got, 2);
+      CHECK(a && a->kind == KVT_LAYER_ARRAYS && a->num_tensors == 1 &&
+            memcmp(a->tensors[0].data, state, sizeof state) == 0);
+    }
+    kvt_entry_free(got);
+    REQUIRE(kvt_tier_close(t, -1) == 0);
+    kvt_tier_free(t);
+    if (pass == 0)
+      rel_rm_index(dir); /* the next open rebuilds the chain table */
+  }
+  t_free(&e);
+  free(dir);
+}
+
 int main(void) {
   r_use_fast_tmp();
   snprintf(g_root, sizeof g_root, "%s", kvt_test_tmpdir("reidx-chunked"));
@@ -221,5 +294,6 @@ int main(void) {
   RUN(test_index_garbage);
   RUN(test_unchunked_open_refuses_tails);
   RUN(test_cut_chain);
+  RUN(test_hybrid_chain_rebuilt_not_pure);
   return kvt_test_done();
 }
