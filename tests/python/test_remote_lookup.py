@@ -172,7 +172,8 @@ def test_pythonic_tier_reaches_remote(tmp_path):
 
 def test_lookup_sees_later_spill_and_removal(tmp_path):
     """B's mirror follows A's spills (pub/sub) without a resync; a removal
-    on A is seen by B's next lookup."""
+    from the store reaches B's mirror as an event (B's next lookups miss
+    without a round trip)."""
     p, port = rs.start(str(tmp_path / "srv"))
     url = f"redis://127.0.0.1:{port}"
     try:
@@ -198,6 +199,20 @@ def test_lookup_sees_later_spill_and_removal(tmp_path):
             r = subprocess.run([cli, "gc", "--remote", url, "--remote-prefix", PREFIX,
                                 "--older-than", "1s"], capture_output=True, text=True)
             assert r.returncode == 0, r.stderr
+            # The removal reaches B's mirror as an event, not only through a
+            # failed manifest GET at B's next lookup: with the server hung
+            # (SIGSTOP) B's first lookups after it still miss without a
+            # round trip - no GET timing out, no remote error counted.
+            time.sleep(1.0)  # the event is delivered by now
+            errors = b.get_stats()["remote_errors"]
+            os.kill(p.pid, signal.SIGSTOP)
+            try:
+                assert b.lookup_ssd(toks) is None
+                assert b.lookup_ssd_prefix(toks + (1, 2)) is None
+                assert b.get_stats()["remote_errors"] == errors, \
+                    "a removed entry was still in B's mirror: its GET timed out"
+            finally:
+                os.kill(p.pid, signal.SIGCONT)
             assert b.lookup_ssd(toks) is None
             assert b.lookup_ssd_prefix(toks + (1, 2)) is None
         b.close()
