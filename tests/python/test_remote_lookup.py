@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import redis_servers as rs
-from conftest import kv_layer, make_tier
+from conftest import kv_layer, make_tier, run
 
 pytestmark = pytest.mark.skipif(not rs.have_redis(), reason="redis-server/redis-cli missing")
 
@@ -215,6 +215,43 @@ def test_lookup_sees_later_spill_and_removal(tmp_path):
                 os.kill(p.pid, signal.SIGCONT)
             assert b.lookup_ssd(toks) is None
             assert b.lookup_ssd_prefix(toks + (1, 2)) is None
+        b.close()
+    finally:
+        rs.stop([p])
+
+
+def test_retention_applies_to_remote_lookups(tmp_path):
+    """A node's retention_seconds bounds what its lookups and promotes serve
+    from the remote store too: an entry another node spilled (no retention
+    there) is found while young and is a miss once older than B's
+    retention - lookup_ssd, lookup_ssd_prefix and the promote alike."""
+    p, port = rs.start(str(tmp_path / "srv"))
+    url = f"redis://127.0.0.1:{port}"
+    try:
+        a = make_tier(str(tmp_path / "a"), remote_url=url, remote_mode="local+remote",
+                      remote_prefix=PREFIX)
+        b = open_b(str(tmp_path / "b"), url, retention_seconds=2)
+        a.start_writer()
+        rng = np.random.default_rng(21)
+        toks = tuple(range(800, 840))
+        layer = kv_layer(rng, 40)
+        assert a.enqueue_spill(toks, [layer], 13)
+        a.flush(timeout=30)
+        t_spilled = time.time()
+        deadline = time.monotonic() + 5
+        while b.lookup_ssd(toks) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        young = time.time() - t_spilled < 2
+        if young:  # seen while younger than B's retention
+            assert b.lookup_ssd(toks)["memory_bytes"] == 13
+        time.sleep(max(0.0, t_spilled + 2.5 - time.time()))
+        assert b.lookup_ssd(toks) is None
+        assert b.lookup_ssd_prefix(toks + (1, 2)) is None
+        got = run(b.async_promote(toks, lambda n: True, lambda n: None))
+        assert got is None
+        # A (no retention) still serves it: the entry is in the store.
+        assert a.lookup_ssd(toks) is not None
+        a.close()
         b.close()
     finally:
         rs.stop([p])
