@@ -79,8 +79,14 @@ def run_node_a(url: str, d: str, **kw) -> None:
     rs.run_node("test_remote_chunks", "child_a", url, d, repr(kw))
 
 
+# The lookup timeout every node here is opened with: time bounds below are
+# multiples of it, never wall-clock constants.
+LOOKUP_MS = 250
+
+
 def open_node(d: str, url: str, **kw):
     kw.setdefault("model_id", MODEL)
+    kw.setdefault("remote_lookup_timeout_ms", LOOKUP_MS)
     return rs.tier_or_skip(make_tier, d, remote_url=url, remote_mode="local+remote",
                            remote_prefix=PREFIX, chunk_tokens=C, **kw)
 
@@ -237,7 +243,10 @@ def two_nodes(tmp_path, url, procs, ports, tls=None, cli_tls=()):
         pre = b.lookup_ssd_prefix(cut)
         worst = max(worst, time.monotonic() - t0)
         assert pre is not None and pre["num_tokens"] == want
-    assert worst < 0.5, f"a lookup took {worst:.3f}s with the server down"
+    # a dead server refuses connections: no lookup waits out even a second
+    # lookup timeout (one bounded wait each, at most)
+    assert worst < 2 * LOOKUP_MS / 1000, \
+        f"a lookup took {worst:.3f}s with the server down (timeout {LOOKUP_MS} ms)"
     assert same(b._read_entry(cut[:want], token_hash(cut[:want])), cut[:want])
     b.close()
 
