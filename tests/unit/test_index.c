@@ -431,6 +431,76 @@ static void test_ssdindex_reference_rows(void) {
 
 /* Zero-length entries are stored and found exactly, never as a prefix (the
  * reference's filter uses prefix lengths 1..16). */
+/* kvt_index_lookup_prefix's candidate map across two connections to one
+ * index.db (the reference and kvtier, or two processes): rows inserted,
+ * replaced and deleted by either after the other's map was built are seen at
+ * its next lookup, with every column as stored; many rows sharing the first
+ * 16 tokens answer only the true prefixes. */
+static void test_ssdindex_prefix_two_connections(void) {
+  char *dir = kvt_test_tmpdir("idx-pfx2");
+  kvt_index *a = NULL, *b = NULL;
+  REQUIRE(kvt_index_open(&a, dir) == 0);
+  REQUIRE(kvt_index_open(&b, dir) == 0);
+  enum { P = 24, R = 300 };
+  int32_t t[P + 8];
+  seq(t, P + 8, 500);
+  /* R rows: the shared P-token prompt + 1..8 tokens of their own. */
+  for (int i = 0; i < R; i++) {
+    int32_t r[P + 8];
+    memcpy(r, t, P * sizeof *r);
+    size_t n = P + 1 + (size_t)(i % 8);
+    for (size_t j = P; j < n; j++)
+      r[j] = 9000 + i * 10 + (int32_t)j;
+    char fp[32];
+    snprintf(fp, sizeof fp, "row-%d", i);
+    REQUIRE(kvt_index_insert(i % 2 ? a : b, r, n, fp, (uint64_t)i, n) == 0);
+  }
+  kvt_index_rows rs = {0};
+  CHECK(kvt_index_lookup_prefix(&rs, a, t, P + 8) == 0);
+  CHECK_EQ_INT(rs.count, 0); /* the prompt's own tokens are no row */
+  kvt_index_rows_free(&rs);
+  CHECK(kvt_index_lookup_prefix(&rs, b, t, P + 8) == 0);
+  kvt_index_rows_free(&rs);
+  /* Both maps are built. Prefixes of the query of length 5, 12 and P, from
+   * either connection; a replace of the P-token row through the other. */
+  size_t lens[3] = {5, 12, P};
+  for (int k = 0; k < 3; k++)
+    REQUIRE(kvt_index_insert(k % 2 ? a : b, t, lens[k], "p", 1, lens[k]) == 0);
+  REQUIRE(kvt_index_insert(a, t, P, "replaced", 77, P) == 0);
+  for (int c = 0; c < 2; c++) {
+    CHECK(kvt_index_lookup_prefix(&rs, c ? b : a, t, P + 8) == 0);
+    CHECK_EQ_INT(rs.count, 3);
+    if (rs.count == 3) {
+      CHECK(rs.rows[0].num_tokens == P && rs.rows[0].memory_bytes == 77 &&
+            strcmp(kvt_index_row_file_path(&rs.rows[0]), "replaced") == 0);
+      CHECK(rs.rows[1].num_tokens == 12 && rs.rows[2].num_tokens == 5);
+    }
+    kvt_index_rows_free(&rs);
+  }
+  /* Deleted through one, gone from the other's answers. */
+  REQUIRE(kvt_index_delete(b, t, 12) == 0);
+  CHECK(kvt_index_lookup_prefix(&rs, a, t, P + 8) == 0);
+  CHECK_EQ_INT(rs.count, 2);
+  kvt_index_rows_free(&rs);
+  /* A row of the shared prompt found among the R, through both. */
+  int32_t q[P + 9];
+  memcpy(q, t, P * sizeof *q);
+  for (size_t j = P; j < P + 4; j++)
+    q[j] = 9000 + 3 * 10 + (int32_t)j; /* row 3: P + 4 tokens */
+  q[P + 4] = -1;
+  for (int c = 0; c < 2; c++) {
+    CHECK(kvt_index_lookup_prefix(&rs, c ? b : a, q, P + 5) == 0);
+    CHECK_EQ_INT(rs.count, 3); /* row 3, then the P- and 5-token rows */
+    if (rs.count == 3)
+      CHECK(rs.rows[0].num_tokens == P + 4 &&
+            strcmp(kvt_index_row_file_path(&rs.rows[0]), "row-3") == 0 &&
+            rs.rows[0].memory_bytes == 3);
+    kvt_index_rows_free(&rs);
+  }
+  kvt_index_close(a);
+  kvt_index_close(b);
+}
+
 static void test_empty_entry(void) {
   char *dir = kvt_test_tmpdir("idx-empty");
   kvt_index *idx = NULL;
@@ -1133,6 +1203,7 @@ int main(void) {
   RUN(test_hashmap);
   RUN(test_schema);
   RUN(test_ssdindex_ops);
+  RUN(test_ssdindex_prefix_two_connections);
   RUN(test_empty_entry);
   RUN(test_internal);
   RUN(test_put_many);
