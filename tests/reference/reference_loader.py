@@ -143,6 +143,8 @@ class Member:
         self.last_line = 0
         self.returns: str | None = None
         self.init_range = (0, 0)    # a class's __init__, whose source its heading holds
+        self.text_line = 0          # seed line number of text[0]
+        self.source_line = 0        # seed line number of source[0]
 
     @property
     def parent(self) -> str:
@@ -153,18 +155,20 @@ class Member:
         return self.name.rpartition(".")[2]
 
 
-def _split_source(lines: list[str]) -> list[str] | None:
-    """The code block that follows the source mark, trailing blanks dropped."""
+def _split_source(lines: list[str]) -> tuple[list[str] | None, int]:
+    """The code block that follows the source mark, blank lines around it
+    dropped, and the index in ``lines`` of its first line."""
     try:
-        at = lines.index(SOURCE_MARK)
+        at = lines.index(SOURCE_MARK) + 1
     except ValueError:
-        return None
-    code = lines[at + 1:]
+        return None, 0
+    code = lines[at:]
     while code and not code[0].strip():
         code.pop(0)
+        at += 1
     while code and not code[-1].strip():
         code.pop()
-    return code
+    return code, at
 
 
 def parse_seed(text: str) -> list[Member]:
@@ -178,10 +182,11 @@ def parse_seed(text: str) -> list[Member]:
     members: list[Member] = []
     by_name: dict[str, Member] = {}
     current: Member | None = None
-    for ln in lines[:split]:
+    for no, ln in enumerate(lines[:split], 1):
         m = _HEADING.match(ln)
         if m and m.group(1):
             current = Member(m.group(1), m.group(2).split())
+            current.text_line = no + 1
             members.append(current)
             by_name.setdefault(current.name, current)
             continue
@@ -191,7 +196,8 @@ def parse_seed(text: str) -> list[Member]:
         if current is not None:
             current.text.append(ln)
     for mem in members:
-        mem.source = _split_source(mem.text)
+        mem.source, at = _split_source(mem.text)
+        mem.source_line = mem.text_line + at
 
     listed: Member | None = None
     init = False
