@@ -12,6 +12,7 @@
 #include "tier_testlib.h"
 #include "testutil.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,6 +70,23 @@ static void test_reasons_and_live_file(void) {
   CHECK_EQ_INT(l.spill_refused_unsupported, 2);
   CHECK(memcmp(&l.spill_refused_unsupported, &s.spill_refused_unsupported,
                6 * sizeof(uint64_t)) == 0);
+  /* The file's word count covers the whole struct, version 3 included, and
+   * the last word is spill_refused_other (FORMAT.md section 9). */
+  char p[4200];
+  snprintf(p, sizeof p, "%s/stats.bin", o.cache_dir);
+  FILE *f = fopen(p, "rb");
+  REQUIRE(f);
+  unsigned char head[4096];
+  REQUIRE(fread(head, 1, sizeof head, f) == sizeof head);
+  fclose(f);
+  uint32_t nwords;
+  memcpy(&nwords, head + 12, 4);
+  CHECK_EQ_INT(nwords, sizeof(kvt_stats) / 8);
+  uint64_t last;
+  memcpy(&last, head + 64 + 8 * (nwords - 1), 8);
+  CHECK_EQ_INT(last, s.spill_refused_other);
+  memcpy(&last, head + 64 + 8 * (nwords - 4), 8);
+  CHECK_EQ_INT(last, s.spill_refused_too_big);
 
   /* Renderings. */
   char buf[1 << 16];
