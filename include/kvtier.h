@@ -1136,8 +1136,8 @@ KVT_API int kvt_tier_chunk_gc(kvt_tier *t, int dry_run, kvt_chunk_gc_fn fn,
 
 /** kvt_stats versions: 1 (up to remote_available), 2 (+ token counters,
  *  latency histograms, the host RAM tier's host_cache_* and promotes_from_*
- *  fields). */
-#define KVT_STATS_VERSION 2
+ *  fields), 3 (+ refused spills by reason, spill_refused_*). */
+#define KVT_STATS_VERSION 3
 
 /** Counters and gauges of a tier (output of kvt_tier_stats). The caller sets
  *  version (KVT_STATS_INIT or kvt_stats_init) before the call.
@@ -1213,6 +1213,28 @@ typedef struct kvt_stats {
   uint64_t promote_ram_bytes;          /* their entry bytes (files' size) */
   uint64_t promotes_from_disk;         /* local promotes read from the SSD */
   uint64_t promote_disk_bytes;         /* bytes read by them */
+  /* ---- version 3 ---- */
+  /* Spills refused, by reason: every spill call (spill, spill_ex,
+   * spill_nocopy[_ex], spill_prefix[_ex]) that returns an error adds 1 to
+   * exactly one of these, so a refusal is never only a return code.
+   * spill_drops and spill_rejects keep their version-1 meaning.
+   *   unsupported: a layer class kvtier does not store (KVT_EUNSUPPORTED;
+   *                also what a binding's own classification refuses, added
+   *                with kvt_tier_stats_add);
+   *   invalid:     a malformed layer or argument, or a read-only tier
+   *                (KVT_EINVAL);
+   *   too_big:     larger than spill_queue_bytes or the capacity
+   *                (KVT_ETOOBIG);
+   *   queue_full:  the spill queue was full (KVT_EFULL, as spill_drops);
+   *   closed:      the tier is closing or closed, its writer stopping
+   *                (KVT_ECLOSED);
+   *   other:       anything else (out of memory, a bad salt, ...). */
+  uint64_t spill_refused_unsupported;
+  uint64_t spill_refused_invalid;
+  uint64_t spill_refused_too_big;
+  uint64_t spill_refused_queue_full;
+  uint64_t spill_refused_closed;
+  uint64_t spill_refused_other;
 } kvt_stats;
 
 /** A kvt_stats ready for kvt_tier_stats (C99 designated initialiser). */

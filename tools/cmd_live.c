@@ -99,6 +99,13 @@ void cli_live_json(cJSON *o, const cli_live *l) {
   cJSON_AddNumberToObject(j, "spill_latency_sum_s", l->s.spill_latency_sum);
 }
 
+/* Spills refused for any reason (the spill_refused_* counters). */
+static uint64_t refused_total(const kvt_stats *s) {
+  return s->spill_refused_unsupported + s->spill_refused_invalid +
+         s->spill_refused_too_big + s->spill_refused_queue_full +
+         s->spill_refused_closed + s->spill_refused_other;
+}
+
 void cli_live_print(const cli_live *l, FILE *f) {
   char d[512], a[32], b[32];
   fprintf(f, "counters   %s\n", cli_live_describe(l, d, sizeof d));
@@ -112,6 +119,16 @@ void cli_live_print(const cli_live *l, FILE *f) {
           (unsigned long long)s->spill_drops,
           (unsigned long long)s->spill_rejects,
           (unsigned long long)s->write_failures);
+  fprintf(f,
+          "  refused  %llu: unsupported layer %llu, invalid %llu, too big "
+          "%llu, queue full %llu, closed %llu, other %llu\n",
+          (unsigned long long)refused_total(s),
+          (unsigned long long)s->spill_refused_unsupported,
+          (unsigned long long)s->spill_refused_invalid,
+          (unsigned long long)s->spill_refused_too_big,
+          (unsigned long long)s->spill_refused_queue_full,
+          (unsigned long long)s->spill_refused_closed,
+          (unsigned long long)s->spill_refused_other);
   fprintf(f,
           "  promotes %llu hits, %llu misses (hit rate %.1f%%), %llu failed, "
           "avg %.2f ms, %s read\n",
@@ -195,13 +212,15 @@ static void watch_line(const char *dir, const cli_live *l,
       const kvt_stats *s = &l->s;
       uint64_t lookups = s->ssd_hits + s->ssd_misses;
       printf(
-          "%s  pid %lld  spills %llu (+%llu) drops %llu  hits %llu (+%llu) "
+          "%s  pid %lld  spills %llu (+%llu) drops %llu  refused %llu  "
+          "hits %llu (+%llu) "
           "misses %llu  hit %.1f%%  tokens served %llu of %llu  entries %llu  "
           "queue "
           "%llu  promote avg %.2f ms\n",
           t, (long long)l->lv.pid, (unsigned long long)s->spill_count,
           (unsigned long long)(s->spill_count - prev->spill_count),
-          (unsigned long long)s->spill_drops, (unsigned long long)s->ssd_hits,
+          (unsigned long long)s->spill_drops,
+          (unsigned long long)refused_total(s), (unsigned long long)s->ssd_hits,
           (unsigned long long)(s->ssd_hits - prev->ssd_hits),
           (unsigned long long)s->ssd_misses,
           lookups ? 100.0 * (double)s->ssd_hits / (double)lookups : 0.0,

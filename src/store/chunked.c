@@ -332,6 +332,10 @@ static int read_tail(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
   return 0;
 }
 
+int kvti_chunked_record(kvti_chunked *c, const char *hash, kvti_chainrec *r) {
+  return kvti_chainrec_read(r, c->data_dir, hash);
+}
+
 int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
                      const char *hash, const kvti_read_opts *o,
                      uint8_t bad_chunk[32], int *chunk_bad) {

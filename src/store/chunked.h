@@ -17,6 +17,7 @@
 
 #include "format/entry.h"
 #include "store/backend.h"
+#include "format/chainrec.h"
 #include "store/chunks.h"
 
 #include <stdint.h>
@@ -169,6 +170,13 @@ int kvti_chunked_touch(kvti_chunked *c, const kvti_salt *salt,
 int kvti_chunked_prefix_chain(kvti_chunked *c, const kvti_salt *salt,
                               const int32_t *tokens, uint64_t m,
                               kvti_chain_rec **recs, size_t *k);
+
+/* The chain record of entry hash (chunked_rec.h: an entry that is its chain
+ * alone), read and parsed from its file into *r (kvti_chainrec_free). For the
+ * host RAM tier, which checks a cached copy of such an entry against it as a
+ * read of the entry would. Returns 0, KVT_ENOTFOUND (not a record entry),
+ * KVT_ECORRUPT, KVT_EIO, KVT_ENOMEM. */
+int kvti_chunked_record(kvti_chunked *c, const char *hash, kvti_chainrec *r);
 
 /* Bytes of all chunk files. */
 uint64_t kvti_chunked_disk_bytes(kvti_chunked *c);

@@ -65,10 +65,13 @@ int kvt_tier_spill_prefix_ex(kvt_tier *t, const int32_t *tokens, size_t n_keep,
                              uint64_t memory_bytes, const kvt_call_opts *co) {
   if (!t || (!tokens && n_keep) || (!layers && n_layers))
     return KVT_ERR(KVT_EINVAL, "kvt_tier_spill_prefix: NULL argument");
-  if (n_keep == 0)
-    return KVT_ERR(KVT_EINVAL, "kvt_tier_spill_prefix: n_keep is 0");
-  if (n_layers > KVTI_MAX_LAYERS)
-    return KVT_ERR(KVT_EINVAL, "kvt_tier_spill_prefix: too many layers");
+  if (n_keep == 0 || n_layers > KVTI_MAX_LAYERS) {
+    /* Counted like the spill's own refusals (kvt_tier_spill_ex below). */
+    kvti_stats_refused(&t->stats, KVT_EINVAL);
+    return n_keep == 0
+               ? KVT_ERR(KVT_EINVAL, "kvt_tier_spill_prefix: n_keep is 0")
+               : KVT_ERR(KVT_EINVAL, "kvt_tier_spill_prefix: too many layers");
+  }
   kvt_layer *ls = kvti_calloc(n_layers ? n_layers : 1, sizeof *ls);
   uint8_t *own = kvti_calloc(n_layers ? n_layers : 1, 1);
   int rc = ls && own ? 0 : KVT_ERR_NOMEM();
@@ -98,6 +101,8 @@ int kvt_tier_spill_prefix_ex(kvt_tier *t, const int32_t *tokens, size_t n_keep,
   }
   if (rc == 0)
     rc = kvt_tier_spill_ex(t, tokens, n_keep, ls, n_layers, memory_bytes, co);
+  else /* kvt_tier_spill_ex counts its own */
+    kvti_stats_refused(&t->stats, rc);
   for (uint32_t i = 0; ls && own && i < n_layers; i++)
     if (own[i])
       free_cut(&ls[i]);

@@ -14,7 +14,9 @@
  * files (store/chunks_verify.h: header, chain row, tokens, every block over
  * the cached rows) and, for an entry, against its tail's files
  * (kvti_entry_verify_mem over the rows past the chain): the same checks as
- * the disk read it replaces.
+ * the disk read it replaces. An entry stored as its chain record alone has
+ * no tail: its record (tokens, layer count, rows) is checked instead and the
+ * chain is all of its rows.
  */
 #include "tier/ramtier.h"
 #include "base/error.h"
@@ -78,7 +80,19 @@ typedef struct ram_chain {
   kvti_chain_rec *recs;
   size_t m;
   uint64_t bytes; /* chunk file bytes */
+  /* An entry stored as its chain record (store/chunked_rec.h): it has no
+   * tail files, so the record (its tokens, layer count, rows) stands where a
+   * tail's manifest and tokens.bin would be checked. */
+  int is_record;
+  uint64_t rec_rows;    /* total_rows: every layer holds exactly these */
+  uint32_t rec_layers;  /* num_layers */
+  int rec_tokens_match; /* the record's tokens are the caller's */
 } ram_chain;
+
+/* Rows the chain holds (every chunk has the chain's chunk_tokens rows). */
+static uint64_t ch_rows(const ram_chain *ch) {
+  return ch->m ? (uint64_t)ch->m * ch->recs[0].n_tokens : 0;
+}
 
 static int chain_of(kvt_tier *t, const char *hash, const int32_t *tokens,
                     size_t n, int prefix, const kvti_salt *salt,
@@ -96,9 +110,34 @@ static int chain_of(kvt_tier *t, const char *hash, const int32_t *tokens,
   } else {
     uint8_t hb[32];
     kvti_chained_entry ce;
-    if (kvti_unhex32(hb, hash) != 0 ||
-        !kvti_chains_entry_get(kvti_chunkstore_chains(cs), hb, &ce))
-      return 0; /* stored whole */
+    if (kvti_unhex32(hb, hash) != 0)
+      return 0; /* not a name the chunked store gives: stored whole */
+    /* The entry's own chain record rules over the chained-entry row, as in
+     * the disk read (kvti_chunked_get). */
+    kvti_chainrec rec;
+    rc = kvti_chunked_record(t->chunked, hash, &rec);
+    if (rc == 0) {
+      memset(&ce, 0, sizeof ce);
+      memcpy(ce.hash, hb, 32);
+      ce.chunks = rec.chunks;
+      ce.chunk_tokens = rec.chunk_tokens;
+      memcpy(ce.last_key, rec.last_key, 32);
+      ce.layout_hash = rec.layout_hash;
+      ce.total_rows = rec.total_rows;
+      out->is_record = 1;
+      out->rec_rows = rec.total_rows;
+      out->rec_layers = rec.num_layers;
+      out->rec_tokens_match =
+          tokens && rec.n_tokens == n &&
+          (n == 0 || memcmp(rec.tokens, tokens, n * sizeof *tokens) == 0);
+      kvti_chainrec_free(&rec);
+    } else if (rc != KVT_ENOTFOUND) {
+      return rc;
+    } else {
+      kvt_clear_error();
+      if (!kvti_chains_entry_get(kvti_chunkstore_chains(cs), hb, &ce))
+        return 0; /* stored whole */
+    }
     if (ce.chunks == 0 || (uint64_t)ce.chunks * ce.chunk_tokens > n)
       return KVT_ERR(KVT_ECORRUPT, "chained entry %.16s: bad record", hash);
     /* The chain the record names, walked up from its last chunk (as the
@@ -115,6 +154,11 @@ static int chain_of(kvt_tier *t, const char *hash, const int32_t *tokens,
     kvti_free(out->recs);
     memset(out, 0, sizeof *out);
     return rc;
+  }
+  if (out->is_record && (!out->recs[0].pure || ch_rows(out) != out->rec_rows)) {
+    kvti_free(out->recs);
+    memset(out, 0, sizeof *out);
+    return KVT_ERR(KVT_ENOTFOUND, "chain record %.16s: chain replaced", hash);
   }
   for (size_t i = 0; i < out->m; i++)
     out->bytes += out->recs[i].disk_bytes;
@@ -141,12 +185,19 @@ static int verify(kvt_tier *t, const char *hash, kvti_hc_item *it,
     return KVT_ERR(KVT_ENOTFOUND, "%.16s: cached from another chain", hash);
   }
   uint64_t *row0 = kvti_calloc(it->n_layers ? it->n_layers : 1, sizeof *row0);
-  uint64_t rows = (uint64_t)ch.m * ch.recs[0].n_tokens;
-  rc = row0 ? kvti_chunkstore_verify_mem(
+  uint64_t rows = ch_rows(&ch);
+  if (ch.is_record && !ch.rec_tokens_match)
+    rc = KVT_ERR(KVT_ENOTFOUND, "chain record %.16s: other tokens", hash);
+  else if (ch.is_record && ch.rec_layers != it->n_layers)
+    rc = KVT_ERR(KVT_ECORRUPT,
+                 "chain record %.16s: %u layers, the cached copy %u", hash,
+                 ch.rec_layers, it->n_layers);
+  else
+    rc = row0 ? kvti_chunkstore_verify_mem(
                   kvti_chunked_store(t->chunked), ch.recs, ch.m, ro->tokens,
                   it->layers, it->n_layers, ro->cancel, ro->read_threads, row0)
             : KVT_ERR_NOMEM();
-  if (rc == 0 && !prefix) {
+  if (rc == 0 && !prefix && !ch.is_record) {
     /* The tail's files hold the rows past the chain and every other layer. */
     kvti_read_opts vo = *ro;
     vo.mem_row0 = row0;
@@ -154,8 +205,9 @@ static int verify(kvt_tier *t, const char *hash, kvti_hc_item *it,
     rc = kvti_backend_local_verify_mem(t->be, hash, it->layers, it->n_layers,
                                        &vo);
   } else if (rc == 0) {
-    /* A pure prefix: the chain is all of it; attributes as
-     * kvti_chunk_prefix_entry sets them. */
+    /* A pure prefix, or an entry that is its chain record: the chain is all
+     * of it (no tail files to check); attributes as kvti_chunk_prefix_entry
+     * sets them, which is what a record's read returns. */
     for (uint32_t i = 0; rc == 0 && i < it->n_layers; i++) {
       kvt_layer *l = &it->layers[i];
       if (row0[i] != rows || l->kind == KVT_LAYER_ROTATING_KV)

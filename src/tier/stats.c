@@ -57,6 +57,31 @@ void kvti_stats_add_at(kvti_stats *st, size_t offset, uint64_t v) {
   pthread_mutex_unlock(&st->mu);
 }
 
+void kvti_stats_refused(kvti_stats *st, int rc) {
+  size_t off;
+  switch (rc) {
+  case KVT_EUNSUPPORTED:
+    off = offsetof(kvt_stats, spill_refused_unsupported);
+    break;
+  case KVT_EINVAL:
+    off = offsetof(kvt_stats, spill_refused_invalid);
+    break;
+  case KVT_ETOOBIG:
+    off = offsetof(kvt_stats, spill_refused_too_big);
+    break;
+  case KVT_EFULL:
+    off = offsetof(kvt_stats, spill_refused_queue_full);
+    break;
+  case KVT_ECLOSED:
+    off = offsetof(kvt_stats, spill_refused_closed);
+    break;
+  default:
+    off = offsetof(kvt_stats, spill_refused_other);
+    break;
+  }
+  kvti_stats_add_at(st, off, 1);
+}
+
 static const double latency_bounds[KVT_STATS_LATENCY_BUCKETS - 1] =
     KVT_STATS_LATENCY_BOUNDS_INIT;
 
@@ -223,6 +248,18 @@ static const metric metrics[] = {
     CNT(promote_ram_bytes, "Entry bytes of promotes served from RAM."),
     CNT(promotes_from_disk, "Local promotes read from the SSD."),
     CNT(promote_disk_bytes, "Bytes read from the SSD by local promotes."),
+    /* Refused spills by reason (version 3). */
+    CNT(spill_refused_unsupported,
+        "Spills refused: a layer class that is not stored."),
+    CNT(spill_refused_invalid,
+        "Spills refused: an invalid layer or argument, or a read-only tier."),
+    CNT(spill_refused_too_big,
+        "Spills refused: larger than the spill queue or the capacity."),
+    CNT(spill_refused_queue_full, "Spills refused: the spill queue was full."),
+    CNT(spill_refused_closed,
+        "Spills refused: the tier is closing or its writer stopped."),
+    CNT(spill_refused_other,
+        "Spills refused for another reason (out of memory, bad salt, ...)."),
 };
 #define NMETRICS (sizeof metrics / sizeof metrics[0])
 

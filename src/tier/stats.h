@@ -47,6 +47,9 @@ void kvti_stats_copy(kvt_stats *out, kvti_stats *st);
 /* Bytes of kvt_stats as version declared it (kvtier.h), 0 if unknown
  * (options.c, next to kvt_stats_init). */
 size_t kvti_stats_size(unsigned int version);
+/* A spill call refused with code rc (nonzero): adds 1 to the
+ * spill_refused_* counter of its reason (kvtier.h, version 3). */
+void kvti_stats_refused(kvti_stats *st, int rc);
 /* Adds delta to a counter by name (see kvt_tier_stats_add). */
 int kvti_stats_add_named(kvti_stats *st, const char *name, int64_t delta);
 

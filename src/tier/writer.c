@@ -355,11 +355,10 @@ static uint64_t layers_bytes(const kvt_layer *layers, uint32_t n_layers) {
   return sum;
 }
 
-static int spill_common(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
-                        const kvt_layer *layers, uint32_t n_layers,
-                        uint64_t memory_bytes, int copy,
-                        void (*release)(void *), void *release_ctx,
-                        const kvt_call_opts *co) {
+static int spill_try(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
+                     const kvt_layer *layers, uint32_t n_layers,
+                     uint64_t memory_bytes, int copy, void (*release)(void *),
+                     void *release_ctx, const kvt_call_opts *co) {
   int rc;
   kvti_salt salt;
   if (!t) {
@@ -477,6 +476,20 @@ fail:
 early_fail:
   if (!copy && release)
     release(release_ctx);
+  return rc;
+}
+
+/* Every refusal is counted by its reason (kvt_stats version 3), whichever
+ * check made it: the engine may ignore the return code, the stats may not. */
+static int spill_common(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
+                        const kvt_layer *layers, uint32_t n_layers,
+                        uint64_t memory_bytes, int copy,
+                        void (*release)(void *), void *release_ctx,
+                        const kvt_call_opts *co) {
+  int rc = spill_try(t, tokens, n_tokens, layers, n_layers, memory_bytes, copy,
+                     release, release_ctx, co);
+  if (rc != 0 && t)
+    kvti_stats_refused(&t->stats, rc);
   return rc;
 }
 

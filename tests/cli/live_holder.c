@@ -3,7 +3,8 @@
  * (test_cli.py, group "live"): opens DIR as a writable tier (so it publishes
  * DIR/stats.bin), prints "ready PID", then obeys one command per stdin line,
  * answering "ok" when done: "spill N" stores N more seeded entries of 32
- * tokens (and waits until they are written), "hit" promotes the first entry,
+ * tokens (and waits until they are written), "refuse N" makes N spills the
+ * library must refuse as invalid (layers NULL), "hit" promotes the first entry,
  * "miss" promotes tokens never stored, "quit" closes the tier and exits 0;
  * end of input closes too. Entries are tests/public_entry.h's; only the
  * public API is used.
@@ -51,6 +52,12 @@ int main(int argc, char **argv) {
         rc = pe_spill(t, next++);
       if (rc == 0)
         rc = kvt_tier_flush(t, -1);
+    } else if (sscanf(line, "refuse %d", &n) == 1 && n > 0 && n < 1000) {
+      int32_t tok[PE_T];
+      pe_tokens(tok, 7);
+      for (int i = 0; i < n && rc == 0; i++)
+        rc = kvt_tier_spill(t, tok, PE_T, NULL, 1, 0) == KVT_EINVAL ? 0 : 1;
+      kvt_clear_error();
     } else if (strncmp(line, "hit", 3) == 0) {
       rc = promote(t, 1);
     } else if (strncmp(line, "miss", 4) == 0) {

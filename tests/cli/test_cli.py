@@ -919,6 +919,24 @@ def t_live():
         check(rc == 0 and f"live from pid {h.pid}" in out and
               "5 (" in out, f"live: text output: {out}")
 
+        # Refused spills: counted by reason in --json, text and Prometheus.
+        h.send("refuse 4")
+        _, c = live_counters(d)
+        check(c.get("spill_refused_invalid") == 4 and
+              c.get("spill_refused_too_big") == 0 and
+              c.get("spill_refused_queue_full") == 0 and
+              c.get("spill_refused_unsupported") == 0 and
+              c.get("spill_refused_closed") == 0 and
+              c.get("spill_refused_other") == 0 and c.get("spill_count") == 5,
+              f"live: refusal counters: {c}")
+        rc, out, _ = run("stats", d)
+        check(rc == 0 and "refused  4: unsupported layer 0, invalid 4," in out,
+              f"live: refusals in the text output: {out}")
+        rc, out, _ = run("stats", d, "--prometheus")
+        check(rc == 0 and "\nkvtier_spill_refused_invalid_total 4\n" in out and
+              "# TYPE kvtier_spill_refused_other_total counter" in out,
+              f"live: refusals in prometheus: {out[-1500:]}")
+
         # --watch: one JSON line per tick, following the holder.
         rc, out, err = run("stats", d, "--watch", "0.05", "--count", "3",
                            "--json")

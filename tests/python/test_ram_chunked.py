@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 
 import numpy as np
 
@@ -139,5 +140,38 @@ def test_hybrid_entry_second_read_from_ram(cache_dir):
         assert s["host_cache_hits"] == 2  # both reads: the spill was cached
         assert s["host_cache_verify_failures"] == 0
         assert s["host_cache_entries"] == 1
+    finally:
+        t.close()
+
+
+def test_pure_chain_entry_served_from_ram_on_defaults(cache_dir):
+    """An entry whose length is a multiple of chunk_tokens is stored as its
+    chain record alone (no tail files).  On the default SSDCacheConfig (chunks,
+    RAM tier, fsync) its second promote and read are served from host RAM,
+    bit for bit, with no RAM copy failing its check."""
+    from kvtier.ssd_cache import SSDCacheConfig, SSDCacheTier
+
+    cfg = SSDCacheConfig(cache_dir=cache_dir)
+    assert cfg.chunk_tokens and 1024 % cfg.chunk_tokens == 0
+    t = SSDCacheTier(cfg)
+    t.start_writer()
+    try:
+        toks = tuple(range(5000, 5000 + 1024))
+        spill(t, toks)
+        t.flush(timeout=WAIT)
+        hit = t.lookup_ssd(toks)
+        assert hit is not None
+        assert os.path.exists(os.path.join(cache_dir, "data", hit["file_path"], "chain.kvr"))
+        for _ in range(2):
+            b = Budget()
+            layers = run(t.async_promote(toks, b.reserve, b.release))
+            _same_bits(layers, toks)
+            del layers
+            gc.collect()
+        _read(t, toks, hit["file_path"])
+        s = t.get_stats()
+        assert s["host_cache_verify_failures"] == 0
+        assert s["host_cache_hits"] == 3
+        assert s["promotes_from_ram"] == 2 and s["promotes_from_disk"] == 0
     finally:
         t.close()

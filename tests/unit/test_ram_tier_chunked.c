@@ -12,7 +12,8 @@
  * included (also when kvt_tier_chunk_verify repairs); a damaged chunk header
  * makes the RAM copy fail its check; reads
  * of a cached prefix racing with evictions of its chain return it whole or
- * nothing. No timings are asserted.
+ * nothing; an entry stored as its chain record alone (length a multiple of
+ * chunk_tokens) is served from RAM too. No timings are asserted.
  */
 #include "tier_testlib.h"
 
@@ -440,10 +441,76 @@ static void test_eviction_race(void) {
   kvt_tier_free(t);
 }
 
+/* An entry whose length is a multiple of C is stored as its chain record
+ * alone (no tail files). Its RAM copy - admitted by the copy-mode spill, or
+ * lent by a disk read after a trim emptied the cache - is served on the next
+ * promote and read_entry, bit for bit, with no verification failure; an
+ * altered row still fails the check and the disk is read. */
+static void test_record_entry(void) {
+  char *dir = kvt_test_tmpdir("ramch5");
+  kvt_tier *t = open_dir(dir, (uint64_t)64 << 20);
+  t_entry a = mk(5, 2 * C);
+  REQUIRE(t_spill(t, &a) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  /* Stored as a chain record: the entry's directory has no manifest. */
+  char rec[4096];
+  snprintf(rec, sizeof rec, "%s/data/%s/chain.kvr", dir, a.hash);
+  CHECK(access(rec, F_OK) == 0);
+  kvt_stats s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_entries, 1);
+  for (int i = 0; i < 2; i++) {
+    kvt_entry *got = promote(t, &a);
+    REQUIRE(got);
+    CHECK(t_same(got, &a));
+    kvt_entry_free(got);
+  }
+  kvt_entry *got = read_entry(t, &a);
+  REQUIRE(got);
+  CHECK(t_same(got, &a));
+  kvt_entry_free(got);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_hits, 3);
+  CHECK_EQ_INT(s.host_cache_verify_failures, 0);
+  CHECK_EQ_INT(s.promotes_from_ram, 2);
+  CHECK_EQ_INT(s.promotes_from_disk, 0);
+  /* Emptied, then read from disk: the read's buffers are lent to the cache
+   * and the next promote is served from RAM. */
+  REQUIRE(kvt_tier_trim(t, 0, NULL) == 0);
+  CHECK_EQ_INT(stats_of(t).host_cache_entries, 0);
+  got = promote(t, &a);
+  REQUIRE(got);
+  CHECK(t_same(got, &a));
+  kvt_entry_free(got);
+  got = promote(t, &a);
+  REQUIRE(got);
+  CHECK(t_same(got, &a));
+  kvt_entry_free(got);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.promotes_from_disk, 1);
+  CHECK_EQ_INT(s.promotes_from_ram, 3);
+  CHECK_EQ_INT(s.host_cache_verify_failures, 0);
+  /* An altered copy fails the check: the disk is read, bit for bit. */
+  got = promote(t, &a);
+  REQUIRE(got);
+  ((float *)kvt_entry_layer(got, 0)->tensors[1].data)[5 * D + 1] += 1.0f;
+  kvt_entry_free(got);
+  got = promote(t, &a);
+  REQUIRE(got);
+  CHECK(t_same(got, &a));
+  kvt_entry_free(got);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_verify_failures, 1);
+  CHECK_EQ_INT(s.promotes_from_disk, 2);
+  CHECK_EQ_INT(s.quarantined, 0);
+  t_free(&a);
+  kvt_tier_free(t);
+}
+
 int main(void) {
   RUN(test_entry);
   RUN(test_prefix_and_eviction);
   RUN(test_quarantine);
   RUN(test_eviction_race);
+  RUN(test_record_entry);
   return kvt_test_done();
 }

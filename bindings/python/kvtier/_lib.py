@@ -91,7 +91,13 @@ KVT_OPTIONS_VERSION = 4
 KVT_PROMOTE_OPTS_VERSION = 2
 KVT_CALL_OPTS_VERSION = 1
 KVT_CACHE_SALT_MAX = 4096
-KVT_STATS_VERSION = 2
+KVT_STATS_VERSION = 3
+
+# Reasons a spill is refused, as the kvt_stats counters spill_refused_<reason>
+# (version 3) name them; a refusal decided in Python adds to one of them with
+# kvt_tier_stats_add, as the library does for its own.
+SPILL_REFUSAL_REASONS = ("unsupported", "invalid", "too_big", "queue_full",
+                         "closed", "other")
 
 # --------------------------------------------------------------------------
 # Structs
@@ -277,7 +283,7 @@ def set_promote_salt(opts, cache_salt):
 
 
 class Stats(ctypes.Structure):
-    """struct kvt_stats (KVT_STATS_VERSION 2); a new one is ready for
+    """struct kvt_stats (KVT_STATS_VERSION 3); a new one is ready for
     kvt_tier_stats (its version is set)."""
 
     _fields_ = [
@@ -329,6 +335,13 @@ class Stats(ctypes.Structure):
         ("promote_ram_bytes", ctypes.c_uint64),
         ("promotes_from_disk", ctypes.c_uint64),
         ("promote_disk_bytes", ctypes.c_uint64),
+        # ---- version 3 ----
+        ("spill_refused_unsupported", ctypes.c_uint64),
+        ("spill_refused_invalid", ctypes.c_uint64),
+        ("spill_refused_too_big", ctypes.c_uint64),
+        ("spill_refused_queue_full", ctypes.c_uint64),
+        ("spill_refused_closed", ctypes.c_uint64),
+        ("spill_refused_other", ctypes.c_uint64),
     ]
 
     def __init__(self, *args: Any, **kw: Any) -> None:
@@ -755,6 +768,28 @@ for _struct, _cname, _size_fn in ((Options, "kvt_options", "kvt_options_size"),
                 f"{ctypes.sizeof(_struct)} bytes but {library_path} reports "
                 f"sizeof({_cname}) = {_c_size}; the binding and the library "
                 "disagree on include/kvtier.h")
+
+
+def exc_refusal_reason(exc: BaseException) -> str:
+    """The refusal reason of an exception raised while the layers were turned
+    into kvtier's (classification, conversion).  An exception may name its
+    own (attribute ``kvt_refusal_reason``, one of SPILL_REFUSAL_REASONS);
+    otherwise a layer class that is not stored reads "unsupported" in its
+    message, any other bad value is "invalid"."""
+    named = getattr(exc, "kvt_refusal_reason", None)
+    if named in SPILL_REFUSAL_REASONS:
+        return named
+    if "unsupported" in str(exc).lower() or isinstance(exc, NotImplementedError):
+        return "unsupported"
+    if isinstance(exc, (ValueError, TypeError, OverflowError)):
+        return "invalid"
+    return "other"
+
+
+def count_refusal(tier_ptr: int, reason: str) -> None:
+    """Adds a spill refused in Python (before the library saw it) to the
+    tier's spill_refused_<reason> counter."""
+    kvt_tier_stats_add(tier_ptr, f"spill_refused_{reason}".encode(), 1)
 
 
 def last_error() -> str:

@@ -69,6 +69,7 @@ import os
 import queue
 import sqlite3
 import threading
+import time
 import types
 import weakref
 from abc import ABC, abstractmethod
@@ -383,6 +384,47 @@ _HOST_CACHE_STAT_FIELDS = ("host_cache_bytes_used", "host_cache_bytes_bound",
                            "host_cache_verify_failures", "promotes_from_ram",
                            "promote_ram_bytes", "promotes_from_disk",
                            "promote_disk_bytes")
+# Refused spills by reason (kvt_stats version 3): the library counts its own
+# refusals, enqueue_spill adds the ones decided here.
+_REFUSAL_STAT_FIELDS = tuple(f"spill_refused_{r}" for r in L.SPILL_REFUSAL_REASONS)
+
+# Return codes of a refused spill and the reason they count under (the same
+# mapping as the library's own counting).
+_RC_REASON = {L.KVT_EUNSUPPORTED: "unsupported", L.KVT_EINVAL: "invalid",
+              L.KVT_ETOOBIG: "too_big", L.KVT_EFULL: "queue_full",
+              L.KVT_ECLOSED: "closed"}
+
+
+class _RefusalLog:
+    """The WARNING of refused spills, rate limited per reason: the first
+    refusal of a reason is logged, then at most one message per reason and
+    interval, which says how many were refused without a message since.  A
+    refusal comes from an eviction on the engine's thread; a server whose
+    every eviction is refused must not log one line per eviction (the counts
+    are in get_stats() either way)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}   # reason -> time of its last message
+        self._quiet: dict[str, int] = {}    # reason -> refusals since, not logged
+
+    def note(self, reason: str, what: str, interval: float, exc_info: Any = None) -> bool:
+        """Logs one refusal unless its reason was logged less than interval
+        seconds ago.  Returns whether it logged."""
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(reason)
+            if last is not None and now - last < interval:
+                self._quiet[reason] = self._quiet.get(reason, 0) + 1
+                return False
+            quiet = self._quiet.pop(reason, 0)
+            self._last[reason] = now
+        more = (f"; {quiet} more refused for this reason in the last "
+                f"{now - last:.0f}s" if quiet and last is not None else "")
+        logger.warning(f"[ssd_cache] spill refused ({reason}): {what}{more} "
+                       f"(counted in get_stats()['spill_refused_{reason}'])",
+                       exc_info=exc_info)
+        return True
 
 
 class _CounterValue(int):
@@ -1108,6 +1150,7 @@ class SSDCacheTier:
         self._closing = False
         self._writer_thread: Any = None
         self._hook_calls = 0  # calls of the write hook (replaced _write_entry)
+        self._refusal_log = _RefusalLog()
 
         if config.cache_dir is None:
             raise ValueError("SSDCacheConfig.cache_dir must be set")
@@ -1176,6 +1219,9 @@ class SSDCacheTier:
         d["remote_latency_sum_s"] = round(float(s.remote_latency_sum), 4)
         for f in _HOST_CACHE_STAT_FIELDS:
             d[f] = int(getattr(s, f))
+        for f in _REFUSAL_STAT_FIELDS:
+            d[f] = int(getattr(s, f))
+        d["spill_refused"] = sum(d[f] for f in _REFUSAL_STAT_FIELDS)
         return d
 
     def start_writer(self) -> None:
@@ -1209,35 +1255,31 @@ class SSDCacheTier:
         numpy.asarray accepts.
 
         Returns True if enqueued, False if the entry was dropped (queue full,
-        entry too big, unsupported layer, tier closed).
+        entry too big, unsupported layer, tier closed).  Every refusal counts
+        in get_stats() under its reason (``spill_refused_<reason>``) and is
+        logged as a WARNING at most once per reason and
+        ``_REFUSAL_LOG_INTERVAL_S`` seconds.
         """
         if self._closed or self._closing:
-            return False
+            return self._refused("closed", f"{len(tokens)} tokens: the tier is closed",
+                                 count=True)
         try:
             tok, n = tokens_arg(tokens)
             if memory_bytes < 0:
                 raise ValueError(f"memory_bytes must be >= 0, got {memory_bytes}")
             co, salt_keep = L.call_opts(cache_salt)
             layers, nl, keep = build_layers(cache)
-        except Exception:
-            logger.exception(
-                "[ssd_cache] failed to snapshot layers for spill "
-                f"({len(tokens)} tokens) — entry dropped"
-            )
-            return False
+        except Exception as e:
+            return self._refused(L.exc_refusal_reason(e), f"{len(tokens)} tokens: {e}",
+                                 count=True, exc_info=True)
         rc = L.kvt_tier_spill_ex(self._h.ptr, tok, n, layers, nl, int(memory_bytes), co)
         del keep, salt_keep
         if rc == 0:
             return True
-        if rc == L.KVT_EFULL:
-            logger.warning(
-                f"[ssd_cache] spill queue full, dropping entry "
-                f"({len(tokens)} tokens, {memory_bytes} bytes)"
-            )
-        elif rc != L.KVT_ECLOSED:
-            logger.warning(f"[ssd_cache] spill refused ({len(tokens)} tokens): "
-                           f"{L.last_error() or L.strerror(rc)}")
-        return False
+        # The library has counted it.
+        return self._refused(_RC_REASON.get(rc, "other"),
+                             f"{len(tokens)} tokens, {memory_bytes} bytes: "
+                             f"{L.last_error() or L.strerror(rc)}", count=False)
 
     def _write_entry(
         self,
@@ -1484,6 +1526,20 @@ class SSDCacheTier:
         return int(L.check(L.kvt_tier_reconcile(self._h.ptr), "reconcile"))
 
     _WRITER_JOIN_TIMEOUT_S = 5.0
+    # Seconds between two WARNINGs of refused spills of one reason (the first
+    # is logged at once); set on an instance to change one tier's.
+    _REFUSAL_LOG_INTERVAL_S = 60.0
+
+    def _refused(self, reason: str, what: str, *, count: bool,
+                 exc_info: Any = None) -> bool:
+        """A refused spill: counted under its reason (count: decided here,
+        not by the library, which counts its own) and logged as _RefusalLog
+        allows.  Returns False, enqueue_spill's answer."""
+        if count:
+            L.count_refusal(self._h.ptr, reason)
+        self._refusal_log.note(reason, what, float(self._REFUSAL_LOG_INTERVAL_S),
+                               exc_info)
+        return False
 
     def close(self, timeout: float | None = None) -> None:
         """Close the SSD cache tier and release resources.

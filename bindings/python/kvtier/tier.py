@@ -231,9 +231,13 @@ class Tier:
         the entry is then seen only by calls with the same cache_salt
         (kvt_call_opts).  Raises QueueFull, TooBig, ValueError (bad layer),
         KvtierClosed."""
-        tok, n = tokens_arg(tokens)
-        co, salt_keep = L.call_opts(cache_salt)
-        arr, nl, keep = build_layers(layers)
+        try:
+            tok, n = tokens_arg(tokens)
+            co, salt_keep = L.call_opts(cache_salt)
+            arr, nl, keep = build_layers(layers)
+        except Exception as e:  # counted like the library's own refusals
+            L.count_refusal(self._h.ptr, L.exc_refusal_reason(e))
+            raise
         if memory_bytes is None:
             memory_bytes = sum(int(getattr(x, "nbytes", 0)) for x in keep
                                if hasattr(x, "dtype"))
@@ -253,11 +257,15 @@ class Tier:
         may hold more tokens (their first n_keep rows are stored).  Such
         models get prefix hits only where a state was stored
         (kvt_tier_spill_prefix).  Raises as spill."""
-        n_keep = int(n_keep)
-        if not 0 < n_keep <= len(tokens):
-            raise ValueError(f"n_keep must be in 1..{len(tokens)}, got {n_keep}")
-        tok, _n = tokens_arg(tokens)
-        arr, nl, keep = build_layers(layers)
+        try:
+            n_keep = int(n_keep)
+            if not 0 < n_keep <= len(tokens):
+                raise ValueError(f"n_keep must be in 1..{len(tokens)}, got {n_keep}")
+            tok, _n = tokens_arg(tokens)
+            arr, nl, keep = build_layers(layers)
+        except Exception as e:  # counted like the library's own refusals
+            L.count_refusal(self._h.ptr, L.exc_refusal_reason(e))
+            raise
         if memory_bytes is None:
             memory_bytes = sum(int(getattr(x, "nbytes", 0)) for x in keep
                                if hasattr(x, "dtype")) * n_keep // max(1, len(tokens))
