@@ -660,6 +660,12 @@ int kvti_chunk_open(int *fdp, kvti_chunk_hdr *h, const char *path,
     rc = BAD("%s: not a regular file", path);
   else if ((uint64_t)st.st_size < KVTI_CHUNK_FIXED)
     rc = BAD("%s: truncated chunk", path);
+  else if (kvti_file_sparse(&st))
+    /* kvtier writes every byte of a chunk: a file that is mostly holes was
+     * planted to make a reader allocate by its apparent size. */
+    rc = BAD("%s: sparse chunk file (%llu bytes, %llu allocated)", path,
+             (unsigned long long)st.st_size,
+             (unsigned long long)st.st_blocks * 512u);
   if (rc == 0)
     rc = kvti_pread_all(fd, fixed, sizeof fixed, 0, path);
   uint32_t hb = 0;
@@ -685,6 +691,30 @@ int kvti_chunk_open(int *fdp, kvti_chunk_hdr *h, const char *path,
   }
   *fdp = fd;
   return 0;
+}
+
+int kvti_chunk_verify_data(int fd, const kvti_chunk_hdr *h,
+                           const char *path) {
+  const size_t piece = (size_t)4 << 20;
+  size_t cap = h->data_bytes < piece ? (size_t)h->data_bytes : piece;
+  uint8_t *buf = kvti_malloc(cap ? cap : 1);
+  if (!buf)
+    return KVT_ERR_NOMEM();
+  kvti_blkhash *bh = NULL;
+  int rc = kvti_blkhash_new(&bh, h->block_size, 0);
+  if (rc == 0)
+    kvti_blkhash_expect(bh, h->blocks, (size_t)h->n_blocks, path);
+  for (uint64_t off = 0; rc == 0 && off < h->data_bytes; off += cap) {
+    size_t n = (size_t)(h->data_bytes - off < cap ? h->data_bytes - off : cap);
+    rc = kvti_pread_all(fd, buf, n, h->header_bytes + off, path);
+    if (rc == 0)
+      rc = kvti_blkhash_update(bh, buf, n);
+  }
+  if (rc == 0)
+    rc = kvti_blkhash_final(bh, NULL);
+  kvti_blkhash_free(bh);
+  kvti_free(buf);
+  return rc;
 }
 
 int kvti_chunk_read_data(int fd, const kvti_chunk_hdr *h, void *dst,

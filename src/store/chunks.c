@@ -265,6 +265,18 @@ int kvti_chunkstore_open_chunk(kvti_chunkstore *cs, const kvti_chain_rec *rec,
       memcmp(h->parent, rec->parent, 32) != 0)
     rc = KVT_ERR(KVT_ECORRUPT, "%s: chunk header differs from its chain row",
                  path);
+  else if (h->data_bytes != rec->mem_bytes ||
+           (uint64_t)h->header_bytes + h->data_bytes != rec->disk_bytes)
+    /* The row's sizes are what a promote reserved and what the reader
+     * allocates by: a header promising more (or less) is refused before any
+     * buffer is sized from it. */
+    rc = KVT_ERR(KVT_ECORRUPT,
+                 "%s: chunk sizes (%llu data, %llu file bytes) differ from "
+                 "its chain row's (%llu, %llu)",
+                 path, (unsigned long long)h->data_bytes,
+                 (unsigned long long)h->header_bytes + h->data_bytes,
+                 (unsigned long long)rec->mem_bytes,
+                 (unsigned long long)rec->disk_bytes);
   else if (tokens &&
            memcmp(h->tokens, tokens, (size_t)h->n_tokens * sizeof *tokens))
     rc = KVT_ERR(KVT_ECORRUPT, "%s: chunk tokens differ from the prompt", path);

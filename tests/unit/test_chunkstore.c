@@ -17,7 +17,10 @@
 #include "index/index.h"
 #include "store/chunks.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <time.h>
 
 #define C 16
@@ -587,6 +590,97 @@ static void test_remove_deep(void) {
   free(dir);
 }
 
+/* A chunk's sizes are checked against its chain row - what a promote
+ * reserved and the reader allocates by - and a sparse chunk file is refused,
+ * both before any buffer is sized from the header. Before, a header that
+ * promised more than the row (a planted chunk, 8 GiB apparent) was read into
+ * buffers sized from the header and served; gc and the writer's sweep
+ * allocated a sparse orphan's whole apparent size to verify it. */
+static void test_sizes_vs_row(void) {
+  char *dir = t_join(g_dir, "sizes");
+  mkdir(dir, 0700);
+  store st;
+  sopen(&st, dir, 0);
+  kvt_rng r = {43};
+  /* One KV layer of 1 MiB per tensor per chunk, all zero: its sparse copy
+   * (header written, data left as a hole) has exactly the same bytes. */
+  kvt_layer l = t_kv(&r, KVT_DTYPE_F32, 1, 64, 2 * C, 128, 2 * C);
+  for (uint32_t j = 0; j < l.num_tensors; j++)
+    memset(l.tensors[j].data, 0, (size_t)l.tensors[j].nbytes);
+  uint32_t ids[1] = {0};
+  uint8_t *ns;
+  size_t nsl;
+  REQUIRE(kvti_chunk_ns_encode(&ns, &nsl, "m", NULL) == 0);
+  kvti_chunkstore_spill sp = {ns, nsl, g_tok, 2 * C, C, &l, ids, 1, 1};
+  kvti_chunkstore_result res;
+  REQUIRE(kvti_chunkstore_put(st.cs, &sp, &res) == 0);
+  kvti_chain_rec out[4];
+  size_t m, bad = 99;
+  REQUIRE(kvti_chunkstore_lookup(st.cs, ns, nsl, g_tok, 2 * C, C, out, 4,
+                                 &m) == 0);
+  REQUIRE(m == 2);
+  kvti_chunk_read_opts o = {t_alloc, t_free, NULL, NULL, 0};
+  kvti_chunk_prefix p;
+  g_live = 0;
+  REQUIRE(kvti_chunkstore_read_prefix(st.cs, out, 2, g_tok, &o, &p, &bad) == 0);
+  kvti_chunk_prefix_free(&p, &o);
+  /* The row (what was reserved) says less than the header: refused, and
+   * nothing was allocated. */
+  kvti_chain_rec t[2];
+  memcpy(t, out, sizeof t);
+  t[1].mem_bytes /= 2;
+  CHECK(kvti_chunkstore_read_prefix(st.cs, t, 2, g_tok, &o, &p, &bad) ==
+        KVT_ECORRUPT);
+  CHECK_EQ_INT(bad, 1);
+  CHECK(strstr(kvt_last_error(), "differ from its chain row") != NULL);
+  memcpy(t, out, sizeof t);
+  t[0].mem_bytes /= 2;
+  CHECK(kvti_chunkstore_read_prefix(st.cs, t, 2, g_tok, &o, &p, &bad) ==
+        KVT_ECORRUPT);
+  CHECK_EQ_INT(bad, 0);
+  CHECK_EQ_INT(g_live, 0);
+  memcpy(t, out, sizeof t);
+  t[1].disk_bytes += 4096;
+  CHECK(kvti_chunkstore_read_prefix(st.cs, t, 2, g_tok, &o, &p, &bad) ==
+        KVT_ECORRUPT);
+  CHECK_EQ_INT(g_live, 0);
+  /* Chunk 1 replaced by a sparse file holding the same bytes. */
+  char path[4096];
+  REQUIRE(kvti_chunkstore_path(st.cs, out[1].key, path, sizeof path) == 0);
+  int fd = -1;
+  kvti_chunk_hdr h;
+  REQUIRE(kvti_chunk_open(&fd, &h, path, out[1].key, 0) == 0);
+  uint32_t hb = h.header_bytes;
+  uint64_t size = (uint64_t)h.header_bytes + h.data_bytes;
+  kvti_chunk_hdr_free(&h);
+  uint8_t *hdr = malloc(hb);
+  REQUIRE(hdr && pread(fd, hdr, hb, 0) == (ssize_t)hb);
+  close(fd);
+  char sparse[4200];
+  snprintf(sparse, sizeof sparse, "%s.plant", path);
+  fd = open(sparse, O_CREAT | O_WRONLY | O_TRUNC, 0600);
+  REQUIRE(fd >= 0 && write(fd, hdr, hb) == (ssize_t)hb);
+  REQUIRE(ftruncate(fd, (off_t)size) == 0);
+  close(fd);
+  REQUIRE(rename(sparse, path) == 0);
+  free(hdr);
+  struct stat sst;
+  REQUIRE(stat(path, &sst) == 0);
+  if (!kvti_file_sparse(&sst)) {
+    kvt_test_skip("sparse-files", "this file system allocated the holes");
+  } else {
+    CHECK(kvti_chunkstore_read_prefix(st.cs, out, 2, g_tok, &o, &p, &bad) ==
+          KVT_ECORRUPT);
+    CHECK_EQ_INT(bad, 1);
+    CHECK(strstr(kvt_last_error(), "sparse") != NULL);
+    CHECK_EQ_INT(g_live, 0);
+  }
+  kvti_free(ns);
+  t_layer_free(&l);
+  sclose(&st);
+  free(dir);
+}
+
 int main(void) {
   g_dir = kvt_test_tmpdir("chunkstore");
   kvt_rng r = {99};
@@ -597,5 +691,6 @@ int main(void) {
   RUN(test_remove_lru);
   RUN(test_read_prefix);
   RUN(test_remove_deep);
+  RUN(test_sizes_vs_row);
   return kvt_test_done();
 }
