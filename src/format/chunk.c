@@ -651,6 +651,12 @@ int kvti_chunk_open(int *fdp, kvti_chunk_hdr *h, const char *path,
   int fd = kvti_open(path, O_RDONLY, 0);
   if (fd < 0)
     return fd;
+  return kvti_chunk_open_fd(fd, fdp, h, path, expect_key, expect_layout);
+}
+
+int kvti_chunk_open_fd(int fd, int *fdp, kvti_chunk_hdr *h, const char *path,
+                       const uint8_t expect_key[32], uint64_t expect_layout) {
+  memset(h, 0, sizeof *h);
   struct stat st;
   uint8_t fixed[KVTI_CHUNK_FIXED], *buf = NULL;
   int rc = 0;

@@ -188,6 +188,11 @@ int kvti_chunk_write(const char *path, const char *tmp,
  * meanwhile). Returns 0, KVT_ENOTFOUND, KVT_ECORRUPT, KVT_EIO, KVT_ENOMEM. */
 int kvti_chunk_open(int *fd, kvti_chunk_hdr *h, const char *path,
                     const uint8_t expect_key[32], uint64_t expect_layout);
+/* The same over fd, a regular file its caller opened (kvti_openat from the
+ * chunk's own directory). fd is taken over: *fdp on success, closed on
+ * failure; path names it in messages. */
+int kvti_chunk_open_fd(int fd, int *fdp, kvti_chunk_hdr *h, const char *path,
+                       const uint8_t expect_key[32], uint64_t expect_layout);
 /* Verifies every block of the data section through one buffer of at most
  * 4 MiB, whatever the file's size (checking a file nobody asked to read:
  * gc, the writer's sweep). Returns 0, KVT_ECORRUPT, KVT_EIO, KVT_ENOMEM. */

@@ -28,6 +28,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -428,10 +429,11 @@ static void gc_report(gc_run *g, const char *rel, int action, uint64_t bytes,
 static void gc_unlink(gc_run *g, const char *rel) {
   if (g->dry)
     return;
-  char *p = kvti_path_join(g->t->dir, rel);
-  if (p && kvti_unlink(p) != 0)
+  /* Relative to the cache's own descriptor: a chunks/ or chunks/<kk>
+   * replaced by a link since the scan is refused, nothing outside removed. */
+  kvti_chunkstore *cs = kvti_chunked_store(g->t->chunked);
+  if (kvti_chunkstore_unlink_rel(cs, rel) != 0)
     kvti_log(g->t, KVT_LOG_WARN, "kvtier: gc of %s: %s", rel, kvt_last_error());
-  kvti_free(p);
 }
 
 /* Scans chunks/<kk>: stale tmps removed, unindexed chunk files verified and
@@ -448,9 +450,22 @@ static int gc_dir(gc_run *g, unsigned kk) {
   if (!g->locked && !g->dry)
     pthread_mutex_lock(&t->mut_mu);
   int rc = 0;
-  DIR *d = kvti_io->opendir(dir);
-  if (!d && errno != ENOENT && errno != ENOTDIR)
+  /* Listed, stat'ed, opened and unlinked relative to the directory's own
+   * descriptor, reached without following links: a chunks/ or chunks/<kk>
+   * that is a link is reported, never entered. */
+  DIR *d = NULL;
+  int dfd = kvti_chunkstore_open_subdir(cs, kk);
+  if (dfd == KVT_EPERM) {
+    gc_report(g, rel, KVT_CHUNK_GC_STRAY, 0, kvt_last_error());
+    kvt_clear_error();
+  } else if (dfd < 0 && dfd != KVT_ENOTFOUND) {
+    rc = dfd;
+  } else if (dfd >= 0 && !(d = kvti_fdopendir(dfd))) {
     rc = KVT_ERR_OS(errno, "opendir %s", dir);
+    kvti_close(dfd);
+  }
+  if (dfd == KVT_ENOTFOUND)
+    kvt_clear_error();
   struct dirent *de;
   while (d && !g->stop && rc == 0 && (de = kvti_io->readdir(d)) != NULL) {
     const char *nm = de->d_name;
@@ -466,8 +481,10 @@ static int gc_dir(gc_run *g, unsigned kk) {
     snprintf(frel, sizeof frel, "%s/%.300s", rel, nm);
     snprintf(path, sizeof path, "%s/%.300s", dir, nm);
     struct stat st;
-    if (kvti_lstat(path, &st) != 0)
+    if (kvti_lstatat(dfd, nm, &st, path) != 0) {
+      kvt_clear_error();
       continue; /* gone meanwhile */
+    }
     size_t len = strlen(nm);
     int reg = S_ISREG(st.st_mode);
     if (reg && len > 4 && !strcmp(nm + len - 4, ".tmp")) {
@@ -488,9 +505,9 @@ static int gc_dir(gc_run *g, unsigned kk) {
     memcpy(o.key, key, 32);
     o.size = (uint64_t)st.st_size;
     int fd = -1;
-    int vrc = kvti_chunkstore_path(cs, key, path, sizeof path);
-    if (vrc == 0)
-      vrc = kvti_chunk_open(&fd, &o.h, path, key, 0);
+    int vrc = kvti_openat(dfd, nm, O_RDONLY, 0, path);
+    if (vrc >= 0)
+      vrc = kvti_chunk_open_fd(vrc, &fd, &o.h, path, key, 0);
     if (vrc == 0) {
       vrc = read_all(fd, &o.h, path);
       kvti_close(fd);
@@ -624,12 +641,23 @@ int kvt_tier_chunk_gc(kvt_tier *t, int dry_run, kvt_chunk_gc_fn fn,
   g.dry = dry_run != 0;
   g.fn = fn;
   g.ctx = ctx;
-  for (unsigned kk = 0; t->chunked && kk < 256 && rc == 0 && !g.stop; kk++) {
+  /* A chunks/ that is a link (or no directory) is reported once and never
+   * entered; its 256 subdirectories are not looked for through it. */
+  int top = t->chunked ? kvti_chunkstore_open_subdir(
+                             kvti_chunked_store(t->chunked), 256)
+                       : KVT_ENOTFOUND;
+  if (top >= 0)
+    kvti_close(top);
+  else if (top == KVT_EPERM)
+    gc_report(&g, "chunks", KVT_CHUNK_GC_STRAY, 0, kvt_last_error());
+  if (top < 0)
+    kvt_clear_error();
+  for (unsigned kk = 0; top >= 0 && kk < 256 && rc == 0 && !g.stop; kk++) {
     rc = gc_dir(&g, kk);
     if (progress)
       progress(ctx, kk + 1, 256);
   }
-  if (rc == 0 && t->chunked && !g.stop)
+  if (rc == 0 && top >= 0 && !g.stop)
     rc = gc_orphans(&g);
   gc_free(&g);
   if (res)

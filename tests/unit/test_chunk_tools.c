@@ -14,6 +14,8 @@
 #include "kvtier.h"
 
 #include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define C 16
 
@@ -304,6 +306,118 @@ static void test_lazy_sweep(const char *dir) {
   kvt_tier_free(t);
 }
 
+/* Copies every chunks/<kk>/<name> file of dir into to/<kk>/<name>. */
+static int copy_chunk_tree(const char *dir, const char *to) {
+  int n = 0;
+  mkdir(to, 0700);
+  for (int a = 0; a < 256; a++) {
+    char sub[4200], dsub[4400];
+    snprintf(sub, sizeof sub, "%s/chunks/%02x", dir, a);
+    DIR *d = opendir(sub);
+    if (!d)
+      continue;
+    snprintf(dsub, sizeof dsub, "%s/%02x", to, a);
+    mkdir(dsub, 0700);
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+      if (de->d_name[0] == '.')
+        continue;
+      char f1[4800], f2[4800];
+      snprintf(f1, sizeof f1, "%s/%s", sub, de->d_name);
+      snprintf(f2, sizeof f2, "%s/%s", dsub, de->d_name);
+      copy_file(f1, f2);
+      n++;
+    }
+    closedir(d);
+  }
+  return n;
+}
+
+static void write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "wb");
+  REQUIRE(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* Nothing outside the cache is read or removed through a link below it.
+ * A chunks/<kk> that is a symlink to a directory elsewhere, holding a
+ * chunk-named damaged file and a stale-looking .tmp, then chunks/ itself a
+ * symlink to a copy of the real chunk tree elsewhere: gc (dry and real)
+ * reports the link as a stray and removes nothing outside, a promote is not
+ * served from outside, and a rebuild indexes nothing from there. Before,
+ * gc --chunks followed the link and deleted those files. */
+static void test_links_not_followed(const char *dir, const char *outside) {
+  kvt_tier *t = open_tier(dir, C, NULL, 0);
+  int32_t tok[69];
+  conv(tok, 0);
+  spill(t, tok, 69);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  /* A chunks/<kk> no chunk of this cache uses. */
+  char kk[3] = "";
+  for (int a = 0; a < 256 && !kk[0]; a++) {
+    char sub[4200];
+    snprintf(sub, sizeof sub, "%s/chunks/%02x", dir, a);
+    if (!kvt_test_exists(sub))
+      snprintf(kk, sizeof kk, "%02x", a);
+  }
+  REQUIRE(kk[0]);
+  mkdir(outside, 0700);
+  char out1[4200], victim[4400], vtmp[4400], link[4200];
+  snprintf(out1, sizeof out1, "%s/one", outside);
+  mkdir(out1, 0700);
+  snprintf(victim, sizeof victim, "%s/%s%062d.kvc", out1, kk, 0);
+  write_text(victim, "not a chunk, and not the cache's");
+  snprintf(vtmp, sizeof vtmp, "%s/%s%062d.tmp", out1, kk, 1);
+  write_text(vtmp, "someone's temporary file");
+  snprintf(link, sizeof link, "%s/chunks/%s", dir, kk);
+  REQUIRE(symlink(out1, link) == 0);
+  gcseen g = {0};
+  kvt_chunk_gc_result res;
+  REQUIRE(kvt_tier_chunk_gc(t, 1, gc_cb, NULL, &g, &res) == 0);
+  CHECK_EQ_INT(g.stray, 1);
+  CHECK(g.tmp == 0 && g.removed == 0);
+  memset(&g, 0, sizeof g);
+  REQUIRE(kvt_tier_chunk_gc(t, 0, gc_cb, NULL, &g, &res) == 0);
+  CHECK_EQ_INT(g.stray, 1);
+  CHECK(g.tmp == 0 && g.removed == 0);
+  CHECK(kvt_test_exists(victim) && kvt_test_exists(vtmp));
+  REQUIRE(unlink(link) == 0);
+
+  /* chunks/ itself a link to a copy elsewhere, the real one moved aside. */
+  char out2[4200], real[4200], moved[4200], vict2[4400], vtmp2[4400];
+  snprintf(out2, sizeof out2, "%s/two", outside);
+  REQUIRE(copy_chunk_tree(dir, out2) == 4); /* 69 tokens: 4 chunks */
+  snprintf(vict2, sizeof vict2, "%s/%s", out2, kk);
+  mkdir(vict2, 0700);
+  snprintf(vtmp2, sizeof vtmp2, "%s/%s/%s%062d.tmp", out2, kk, kk, 2);
+  write_text(vtmp2, "someone's temporary file");
+  snprintf(vict2, sizeof vict2, "%s/%s/%s%062d.kvc", out2, kk, kk, 3);
+  write_text(vict2, "not a chunk, and not the cache's");
+  snprintf(real, sizeof real, "%s/chunks", dir);
+  snprintf(moved, sizeof moved, "%s/chunks.aside", dir);
+  REQUIRE(rename(real, moved) == 0);
+  REQUIRE(symlink(out2, real) == 0);
+  memset(&g, 0, sizeof g);
+  REQUIRE(kvt_tier_chunk_gc(t, 0, gc_cb, NULL, &g, &res) == 0);
+  CHECK_EQ_INT(g.stray, 1);
+  CHECK(g.tmp == 0 && g.removed == 0 && g.adopted == 0);
+  CHECK(kvt_test_exists(vict2) && kvt_test_exists(vtmp2));
+  /* The entry's chunks are reached only through the link: not served. */
+  kvt_entry *e = NULL;
+  CHECK(kvt_tier_promote(&e, t, tok, 69, NULL) != 0);
+  CHECK(e == NULL);
+  kvt_entry_free(e);
+  kvt_tier_free(t);
+  /* A rebuild of the index finds no chunk through the link. */
+  t = open_tier(dir, C, NULL, KVT_OPEN_REINDEX);
+  kvt_chunk_totals tot = KVT_CHUNK_TOTALS_INIT;
+  REQUIRE(kvt_tier_chunk_totals(&tot, t) == 0);
+  CHECK_EQ_INT(tot.chunks, 0);
+  kvt_tier_free(t);
+  CHECK(kvt_test_exists(vict2) && kvt_test_exists(vtmp2));
+}
+
 int main(void) {
   char *d = kvt_test_tmpdir("chunktools");
   char a[1024], b[1024];
@@ -311,5 +425,9 @@ int main(void) {
   snprintf(b, sizeof b, "%s/b", d);
   test_tools(a);
   test_lazy_sweep(b);
+  char c[1024], o[1024];
+  snprintf(c, sizeof c, "%s/c", d);
+  snprintf(o, sizeof o, "%s/outside", d);
+  test_links_not_followed(c, o);
   return kvt_test_done(); /* the tmpdir is removed at exit */
 }
