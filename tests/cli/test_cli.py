@@ -624,6 +624,32 @@ def t_chunks():
         check(len(entries(d)) == 0, "every entry through it quarantined")
         v = run_json("verify", d)
         check(v.get("clean") is True, f"clean after repair: {v}")
+
+        # A store written with chunk_tokens 16: stats names the stored size,
+        # not the default the CLI opens with (it said "of 256 tokens"), and
+        # ls counts a chained entry's layers (its record lists none: the
+        # chunks hold them; it said LAYERS 0).
+        d16 = os.path.join(base, "c16")
+        jb = run_json("bench", d16, "--quick", "--no-disk", "--no-progress",
+                      "--keep", "--entries", "2", "--tokens", "64",
+                      "--chunk-tokens", "16", "--durability", "none")
+        nl = jb.get("workload", {}).get("layers", 0)
+        st = run_json("stats", d16)
+        ch = st.get("chunks", {})
+        check(ch.get("chunk_tokens") == 16 and ch.get("chunk_sizes") == [16],
+              f"stats: the stored chunk size: {ch}")
+        rc, out, _ = run("stats", d16)
+        check(rc == 0 and " of 16 tokens" in out and "of 256" not in out,
+              f"stats text: the stored chunk size: {out}")
+        es = entries(d16)
+        check(len(es) == 2 and nl > 0 and
+              all(e.get("num_layers") == nl and e.get("chain_chunks") == 4
+                  for e in es), f"ls: {nl} layers of chained entries: {es}")
+        rc, out, _ = run("ls", d16)
+        rows = [ln.split() for ln in out.splitlines()[1:]
+                if ln.strip() and not ln.startswith("(")]
+        check(rc == 0 and len(rows) == 2 and
+              all(r[2] == str(nl) for r in rows), f"ls LAYERS column: {out}")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
