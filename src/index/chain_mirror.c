@@ -196,6 +196,17 @@ int kvti_chains_entries_ending(kvti_chains *c, const kvti_chain_rec *keys,
   return rc;
 }
 
+size_t kvti_chains_entries_page(kvti_chains *c, size_t *cursor, size_t max,
+                                uint8_t (*out)[32]) {
+  pthread_rwlock_rdlock(&c->rw);
+  size_t n = 0, i = *cursor < c->n_ents ? *cursor : 0;
+  for (; n < max && i < c->n_ents; i++)
+    memcpy(out[n++], c->ents[i].hash, 32);
+  *cursor = i < c->n_ents ? i : 0; /* wraps: the next page starts over */
+  pthread_rwlock_unlock(&c->rw);
+  return n;
+}
+
 int kvti_chains_find(kvti_chains *c, const uint8_t key[32],
                      kvti_chain_rec *rec) {
   pthread_rwlock_rdlock(&c->rw);

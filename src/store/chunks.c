@@ -74,6 +74,62 @@ int kvti_chunkstore_open_subdir(kvti_chunkstore *cs, unsigned kk) {
   return kvti_dir_open_rel(cs->root_fd, rel, cs->cache);
 }
 
+/* The sweep's position file: chunks/sweep.pos, "<kk> <cursor>\n". Not a
+ * chunk name, and gc lists only chunks/<kk>, so nothing else reads it. */
+#define SWEEP_POS "sweep.pos"
+
+void kvti_chunkstore_sweep_pos_get(kvti_chunkstore *cs, unsigned *kk,
+                                   uint64_t *cursor) {
+  *kk = 0;
+  *cursor = 0;
+  int dfd = kvti_chunkstore_open_subdir(cs, 256);
+  if (dfd < 0) {
+    kvt_clear_error();
+    return;
+  }
+  int fd = kvti_openat(dfd, SWEEP_POS, O_RDONLY, 0, SWEEP_POS);
+  kvti_close(dfd);
+  if (fd < 0) {
+    kvt_clear_error();
+    return;
+  }
+  char buf[64];
+  size_t len = 0;
+  char *text = NULL;
+  if (kvti_read_fd(&text, &len, fd, SWEEP_POS, sizeof buf, NULL) == 0) {
+    unsigned k = 0;
+    unsigned long long c = 0;
+    if (sscanf(text, "%u %llu", &k, &c) == 2 && k < 256) {
+      *kk = k;
+      *cursor = c;
+    }
+  } else {
+    kvt_clear_error(); /* damaged or planted: start over */
+  }
+  kvti_free(text);
+  kvti_close(fd);
+}
+
+int kvti_chunkstore_sweep_pos_set(kvti_chunkstore *cs, unsigned kk,
+                                  uint64_t cursor) {
+  int dfd = kvti_chunkstore_open_subdir(cs, 256);
+  if (dfd < 0)
+    return dfd;
+  char buf[64];
+  int n = snprintf(buf, sizeof buf, "%u %llu\n", kk % 256,
+                   (unsigned long long)cursor);
+  /* Rewritten in place (O_TRUNC): losing it to a crash costs only a pass
+   * started over, so it is not fsynced. */
+  int fd = kvti_openat(dfd, SWEEP_POS, O_WRONLY | O_CREAT | O_TRUNC,
+                       cs->o.file_mode, SWEEP_POS);
+  kvti_close(dfd);
+  if (fd < 0)
+    return fd;
+  int rc = kvti_pwrite_all(fd, buf, (size_t)n, 0, SWEEP_POS);
+  kvti_close(fd);
+  return rc;
+}
+
 int kvti_chunkstore_unlink_rel(kvti_chunkstore *cs, const char *rel) {
   return kvti_dir_unlink_rel(cs->root_fd, rel, cs->cache);
 }

@@ -67,6 +67,16 @@ int kvti_chunkstore_open_subdir(kvti_chunkstore *cs, unsigned kk);
 int kvti_chunkstore_unlink_rel(kvti_chunkstore *cs, const char *rel);
 int kvti_chunkstore_unlink(kvti_chunkstore *cs, const uint8_t key[32]);
 
+/* Where the writer's sweep stopped, kept in chunks/sweep.pos so a process
+ * that lives shorter than a full round continues its predecessor's: the
+ * next chunks/<kk> and the position in the chained-entry records. get
+ * yields 0, 0 when there is none (or it is unreadable); set returns 0 or a
+ * code (nothing is fsynced: a lost position only restarts the round). */
+void kvti_chunkstore_sweep_pos_get(kvti_chunkstore *cs, unsigned *kk,
+                                   uint64_t *cursor);
+int kvti_chunkstore_sweep_pos_set(kvti_chunkstore *cs, unsigned kk,
+                                  uint64_t cursor);
+
 /* Path of a chunk file: <cache_dir>/chunks/<kk>/<hex>.kvc into out (cap
  * bytes). Returns 0 or KVT_ERANGE. */
 int kvti_chunkstore_path(const kvti_chunkstore *cs, const uint8_t key[32],

@@ -666,30 +666,75 @@ int kvt_tier_chunk_gc(kvt_tier *t, int dry_run, kvt_chunk_gc_fn fn,
   return rc ? rc : g.stop;
 }
 
+/* Chained-entry records whose entry has neither a row nor files (a kill
+ * between the record and the row): page of at most KVTI_CHUNK_SWEEP_ENTRIES
+ * from *cursor, removed. mut_mu held, so no spill is between its record and
+ * its row here. Returns how many went. */
+static uint64_t sweep_dangling(kvt_tier *t, uint64_t *cursor) {
+  kvti_chains *ch = chains_of(t);
+  uint8_t(*hs)[32] = kvti_malloc(KVTI_CHUNK_SWEEP_ENTRIES * 32);
+  if (!hs)
+    return 0;
+  size_t cur = (size_t)*cursor;
+  size_t n = kvti_chains_entries_page(ch, &cur, KVTI_CHUNK_SWEEP_ENTRIES, hs);
+  uint64_t gone = 0;
+  for (size_t i = 0; i < n; i++) {
+    char hex[65];
+    kvti_hex32(hex, hs[i]);
+    kvt_entry_info info;
+    if (kvti_index_find_hash(&info, t->idx, hex) != KVT_ENOTFOUND ||
+        t->be->ops->present(t->be, hex) != 0)
+      continue; /* served, or files a reconcile may still adopt */
+    if (kvti_chains_entry_del(ch, hs[i]) == 0) {
+      gone++;
+      kvti_log(t, KVT_LOG_INFO,
+               "kvtier: chain record of %.16s removed: no entry row or files",
+               hex);
+    }
+  }
+  kvt_clear_error();
+  /* A removal moves a later record into a visited slot; the next round
+   * sees it. */
+  *cursor = cur;
+  kvti_free(hs);
+  return gone;
+}
+
 void kvti_tier_chunks_sweep_lazy(kvt_tier *t) {
+  /* The first chunked spill of a process sweeps, then every EVERY-th: a
+   * process killed early still does its share. */
   if (!t->chunked || t->readonly ||
-      ++t->chunk_sweep_calls % KVTI_CHUNK_SWEEP_EVERY != 0)
+      t->chunk_sweep_calls++ % KVTI_CHUNK_SWEEP_EVERY != 0)
     return;
   kvti_error_state es;
   kvti_error_state_capture(&es, 0);
+  kvti_chunkstore *cs = kvti_chunked_store(t->chunked);
+  unsigned kk;
+  uint64_t cursor;
+  /* Where the last pass - of this process or an earlier one - stopped. */
+  kvti_chunkstore_sweep_pos_get(cs, &kk, &cursor);
   gc_run g;
   memset(&g, 0, sizeof g);
   g.t = t;
   g.locked = 1;
-  unsigned kk = t->chunk_sweep_next++ % 256;
   int rc = gc_dir(&g, kk);
   if (rc == 0)
     rc = gc_orphans(&g);
   gc_free(&g);
+  uint64_t dangling = rc == 0 ? sweep_dangling(t, &cursor) : 0;
+  t->chunk_sweep_next = (kk + 1) % 256;
+  if (kvti_chunkstore_sweep_pos_set(cs, t->chunk_sweep_next, cursor) != 0)
+    kvt_clear_error(); /* the next pass starts over: only slower */
   if (rc)
     kvti_log(t, KVT_LOG_WARN, "kvtier: sweep of chunks/%02x: %s", kk,
              kvt_last_error());
-  else if (g.res.tmp_removed + g.res.adopted + g.res.removed)
+  else if (g.res.tmp_removed + g.res.adopted + g.res.removed + dangling)
     kvti_log(t, KVT_LOG_INFO,
              "kvtier: chunks/%02x: %llu stale tmp removed, %llu orphans "
-             "adopted, %llu removed",
+             "adopted, %llu removed; %llu dangling chain records removed",
              kk, (unsigned long long)g.res.tmp_removed,
              (unsigned long long)g.res.adopted,
-             (unsigned long long)g.res.removed);
+             (unsigned long long)g.res.removed,
+             (unsigned long long)dangling);
   kvti_error_state_restore(&es);
 }

@@ -14,6 +14,7 @@
 #include "kvtier.h"
 
 #include <dirent.h>
+#include <sqlite3.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -278,31 +279,85 @@ static void test_tools(const char *dir) {
 }
 
 /* The writer cleans chunks/00 after the 64th chunked spill of a fresh tier. */
-static void test_lazy_sweep(const char *dir) {
-  kvt_tier *t = open_tier(dir, C, NULL, 0);
-  char sub[4200], tmp[4300];
-  snprintf(sub, sizeof sub, "%s/chunks", dir); /* made by the first put */
+static void plant_tmp(char *out, size_t cap, const char *dir,
+                      const char *kk) {
+  char sub[4200];
+  snprintf(sub, sizeof sub, "%s/chunks", dir);
   mkdir(sub, 0700);
-  snprintf(sub, sizeof sub, "%s/chunks/00", dir);
+  snprintf(sub, sizeof sub, "%s/chunks/%s", dir, kk);
   mkdir(sub, 0700);
-  snprintf(tmp, sizeof tmp, "%s/stale.tmp", sub);
-  FILE *f = fopen(tmp, "wb");
+  snprintf(out, cap, "%s/stale.tmp", sub);
+  FILE *f = fopen(out, "wb");
   REQUIRE(f);
   fputs("interrupted", f);
   fclose(f);
+}
+
+static void spill_k(kvt_tier *t, int k) {
   int32_t tok[C];
-  for (int k = 0; k < 63; k++) {
-    for (int i = 0; i < C; i++)
-      tok[i] = 70000 + k * C + i;
-    spill(t, tok, C);
-  }
-  REQUIRE(kvt_tier_flush(t, -1) == 0);
-  CHECK(kvt_test_exists(tmp)); /* 63 spills: not yet */
   for (int i = 0; i < C; i++)
-    tok[i] = 90000 + i;
+    tok[i] = 70000 + k * C + i;
   spill(t, tok, C);
+}
+
+/* The writer's sweep: one chunks/<kk> on the first chunked spill and every
+ * 64th after it, resuming where the previous pass stopped - also a pass of
+ * a previous process (before, each process started at chunks/00 and swept
+ * only after 64 spills, so short-lived writers left their leftovers for
+ * ever) - and chained-entry records whose entry has neither a row nor
+ * files are removed (nothing removed them). */
+static void test_lazy_sweep(const char *dir) {
+  kvt_tier *t = open_tier(dir, C, NULL, 0);
+  char t00[4300], t01[4300], t02[4300];
+  plant_tmp(t00, sizeof t00, dir, "00");
+  plant_tmp(t01, sizeof t01, dir, "01");
+  spill_k(t, 0);
   REQUIRE(kvt_tier_flush(t, -1) == 0);
-  CHECK(!kvt_test_exists(tmp));
+  CHECK(!kvt_test_exists(t00) && kvt_test_exists(t01));
+  for (int k = 1; k < 64; k++)
+    spill_k(t, k);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  CHECK(kvt_test_exists(t01)); /* 63 more spills: not yet */
+  spill_k(t, 64);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  CHECK(!kvt_test_exists(t01));
+  kvt_tier_free(t);
+
+  /* A new process resumes at chunks/02, not 00. */
+  plant_tmp(t00, sizeof t00, dir, "00");
+  plant_tmp(t02, sizeof t02, dir, "02");
+  t = open_tier(dir, C, NULL, 0);
+  spill_k(t, 100);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  CHECK(!kvt_test_exists(t02) && kvt_test_exists(t00));
+  /* A chained entry whose row and files went (a kill between its chain
+   * record and its row leaves the same): its record is dangling. */
+  int32_t tok[2 * C + 3];
+  for (int i = 0; i < 2 * C + 3; i++)
+    tok[i] = 90000 + i;
+  spill(t, tok, 2 * C + 3);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  kvt_chunk_totals tot = KVT_CHUNK_TOTALS_INIT;
+  REQUIRE(kvt_tier_chunk_totals(&tot, t) == 0);
+  uint64_t before = tot.chained_entries;
+  kvt_tier_free(t);
+  char hash[65], db[4200], ed[4300], q[300];
+  REQUIRE(kvt_token_hash(hash, tok, 2 * C + 3) == 0);
+  snprintf(db, sizeof db, "%s/index.db", dir);
+  sqlite3 *raw;
+  REQUIRE(sqlite3_open(db, &raw) == SQLITE_OK);
+  snprintf(q, sizeof q, "DELETE FROM entries WHERE token_hash = '%s'", hash);
+  REQUIRE(sqlite3_exec(raw, q, NULL, NULL, NULL) == SQLITE_OK);
+  sqlite3_close(raw);
+  snprintf(ed, sizeof ed, "%s/data/%s", dir, hash);
+  kvt_test_rmtree(ed);
+  t = open_tier(dir, C, NULL, 0);
+  REQUIRE(kvt_tier_chunk_totals(&tot, t) == 0);
+  CHECK_EQ_INT(tot.chained_entries, before); /* open keeps it */
+  spill_k(t, 200); /* the first pass of this process */
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  REQUIRE(kvt_tier_chunk_totals(&tot, t) == 0);
+  CHECK_EQ_INT(tot.chained_entries, before); /* + 1 new, - 1 dangling */
   kvt_tier_free(t);
 }
 
