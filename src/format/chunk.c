@@ -457,9 +457,31 @@ int kvti_chunk_parse(kvti_chunk_hdr *h, const uint8_t *buf, size_t len,
   if (hb != len)
     return BAD("%s: header length %u, %zu bytes given", what, hb, len);
   h->version = kvti_le_get32(buf + 8);
-  if (h->version != KVTI_CHUNK_VERSION)
+  if (h->version != KVTI_CHUNK_VERSION) {
+    /* Another version, or ours with its version field damaged? The header
+     * checksum covers the field: when the header verifies with the field
+     * read as ours, this file was written in our format and damaged since
+     * (KVT_ECORRUPT: repairable, quarantined), not written by another
+     * kvtier (KVT_EUNSUPPORTED: left alone). */
+    uint32_t v = h->version;
+    uint8_t *copy = kvti_malloc(len);
+    if (!copy)
+      return KVT_ERR_NOMEM();
+    memcpy(copy, buf, len);
+    kvti_le_put32(copy + 8, KVTI_CHUNK_VERSION);
+    kvti_error_state es;
+    kvti_error_state_capture(&es, 0);
+    int ours = kvti_chunk_parse(h, copy, len, file_size, what) == 0;
+    kvti_chunk_hdr_free(h);
+    kvti_free(copy);
+    kvti_error_state_restore(&es);
+    if (ours)
+      return BAD("%s: chunk version field damaged (%u; the header verifies "
+                 "as version %u)",
+                 what, v, KVTI_CHUNK_VERSION);
     return KVT_ERR(KVT_EUNSUPPORTED, "%s: chunk version %u unsupported", what,
-                   h->version);
+                   v);
+  }
   h->header_bytes = hb;
   h->block_size = kvti_le_get32(buf + 16);
   if (!kvti_blk_size_ok(h->block_size))
