@@ -349,7 +349,16 @@ int kvti_chunkstore_open_key(kvti_chunkstore *cs, const uint8_t key[32],
   int dfd = kvti_chunkstore_open_subdir(cs, key[0]);
   if (dfd < 0)
     return dfd;
-  int ffd = kvti_openat(dfd, strrchr(path, '/') + 1, O_RDONLY, 0, path);
+  const char *name = strrchr(path, '/') + 1;
+  int ffd = kvti_openat(dfd, name, O_RDONLY, 0, path);
+  struct stat st;
+  if (ffd == KVT_EPERM && kvti_lstatat(dfd, name, &st, path) == 0 &&
+      S_ISLNK(st.st_mode))
+    /* kvtier never makes a link: one where an indexed chunk belongs is a
+     * damaged chunk (quarantined - the link itself moves, its target is
+     * never touched), not a permission problem that would last for ever. */
+    ffd = KVT_ERR(KVT_ECORRUPT, "%s is a symbolic link, not a chunk file "
+                                "(never followed)", path);
   kvti_close(dfd);
   if (ffd < 0)
     return ffd;

@@ -473,6 +473,61 @@ static void test_links_not_followed(const char *dir, const char *outside) {
   CHECK(kvt_test_exists(vict2) && kvt_test_exists(vtmp2));
 }
 
+/* A chunk file replaced by a symbolic link (to a valid copy outside): a
+ * damaged chunk. verify reports it, --repair moves the link itself to
+ * quarantine/ (the target is never touched) and the tier is clean after.
+ * Before, every read and verify failed with KVT_EPERM for ever while the
+ * repair claimed to have moved it. */
+static void test_linked_chunk_file(const char *dir, const char *outside) {
+  kvt_tier *t = open_tier(dir, C, NULL, 0);
+  int32_t tok[69];
+  conv(tok, 1);
+  spill(t, tok, 69);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  char hash[65];
+  REQUIRE(kvt_token_hash(hash, tok, 69) == 0);
+  kvt_chunk_info *ch = NULL;
+  size_t n = 0;
+  REQUIRE(kvt_tier_entry_chain(&ch, &n, NULL, t, hash, 0) == 0 && n == 4);
+  char key[65], p[4096], copy[4200];
+  snprintf(key, sizeof key, "%s", ch[3].key);
+  kvt_free(ch);
+  chunk_path(p, sizeof p, dir, key);
+  mkdir(outside, 0700);
+  snprintf(copy, sizeof copy, "%s/%s.kvc", outside, key);
+  copy_file(p, copy);
+  REQUIRE(unlink(p) == 0 && symlink(copy, p) == 0);
+  uint64_t ents = 99;
+  CHECK(kvt_tier_chunk_verify(t, key, 0, &ents) == KVT_ECORRUPT);
+  CHECK(strstr(kvt_last_error(), "symbolic link") != NULL);
+  CHECK(kvt_tier_chunk_verify(t, key, 1, &ents) == KVT_ECORRUPT);
+  CHECK_EQ_INT(ents, 1);
+  struct stat st;
+  CHECK(lstat(p, &st) != 0);    /* the link left chunks/ */
+  CHECK(kvt_test_exists(copy)); /* its target untouched */
+  kvt_entry *e = NULL;
+  CHECK(kvt_tier_promote(&e, t, tok, 69, NULL) == KVT_ENOTFOUND && !e);
+  kvt_entry_free(e);
+  /* The serving path finds it the same way: another entry, another link. */
+  conv(tok, 2);
+  spill(t, tok, 69);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  REQUIRE(kvt_token_hash(hash, tok, 69) == 0);
+  REQUIRE(kvt_tier_entry_chain(&ch, &n, NULL, t, hash, 0) == 0 && n == 4);
+  char key2[65], p2[4096];
+  snprintf(key2, sizeof key2, "%s", ch[3].key);
+  kvt_free(ch);
+  chunk_path(p2, sizeof p2, dir, key2);
+  snprintf(copy, sizeof copy, "%s/%s.kvc", outside, key2);
+  copy_file(p2, copy);
+  REQUIRE(unlink(p2) == 0 && symlink(copy, p2) == 0);
+  CHECK(kvt_tier_promote(&e, t, tok, 69, NULL) == KVT_ECORRUPT && !e);
+  CHECK(lstat(p2, &st) != 0 && kvt_test_exists(copy));
+  CHECK(kvt_tier_promote(&e, t, tok, 69, NULL) == KVT_ENOTFOUND && !e);
+  CHECK(kvt_tier_chunk_verify(t, key2, 0, NULL) == KVT_ENOTFOUND);
+  kvt_tier_free(t);
+}
+
 int main(void) {
   char *d = kvt_test_tmpdir("chunktools");
   char a[1024], b[1024];
@@ -484,5 +539,9 @@ int main(void) {
   snprintf(c, sizeof c, "%s/c", d);
   snprintf(o, sizeof o, "%s/outside", d);
   test_links_not_followed(c, o);
+  char e2[1024], o2[1024];
+  snprintf(e2, sizeof e2, "%s/e", d);
+  snprintf(o2, sizeof o2, "%s/outside2", d);
+  test_linked_chunk_file(e2, o2);
   return kvt_test_done(); /* the tmpdir is removed at exit */
 }
