@@ -139,7 +139,20 @@ static int same_problem(const problems *ps, const problem *p) {
  * orphan when the name is still there (and still has no row); a chunk
  * problem when a new chunk pass reports it again. Rounds stop when one
  * drops nothing. Strays and index.db problems are kept as found. */
+/* A file a live writer may still be writing or indexing: young (modified
+ * within this many seconds) while another process has the directory open
+ * for writing. Its own sweep reclaims it should it really be left over. */
+#define RECHECK_INFLIGHT_S 30
+
+static int inflight_kind(const char *kind) {
+  return !strcmp(kind, "stale-tmp") || !strcmp(kind, "orphan") ||
+         !strcmp(kind, "chunk-stale-tmp") || !strcmp(kind, "chunk-orphan");
+}
+
 static void recheck(const char *dir, problems *ps, int json, int verbose) {
+  cli_live lv;
+  cli_live_read(&lv, dir);
+  int writer = cli_live_alive(&lv);
   for (int round = 0; round < RECHECK_ROUNDS; round++) {
     int any = 0, chunks = 0;
     for (size_t i = 0; i < ps->n; i++)
@@ -180,8 +193,16 @@ static void recheck(const char *dir, problems *ps, int json, int verbose) {
       int has_row =
           cli_bsearch(&key, es.v, es.n, sizeof *es.v, cmp_hash) != NULL;
       snprintf(path, sizeof path, "%s/data/%s", dir, p->hash);
+      char fpath[4400];
+      snprintf(fpath, sizeof fpath, "%s/%s%s", dir,
+               strncmp(p->kind, "chunk-", 6) ? "data/" : "", p->hash);
       if (is_stray(p->kind)) {
         keep = 1;
+      } else if (inflight_kind(p->kind) && lstat(fpath, &st) != 0) {
+        keep = 0; /* gone by now (renamed into place or removed) */
+      } else if (writer && inflight_kind(p->kind) &&
+                 time(NULL) - st.st_mtime < RECHECK_INFLIGHT_S) {
+        keep = 0; /* the live writer's, most likely in flight */
       } else if (!strncmp(p->kind, "chunk-", 6)) {
         keep = same_problem(&fresh, p);
       } else if (!strcmp(p->kind, "stale-tmp")) {
