@@ -697,11 +697,11 @@ int cli_desc_parse(cli_desc *d, const char *json) {
       add_dtype(d->dtypes, sizeof d->dtypes, cli_jstr(tv, "dtype"));
     }
   }
-  if (!layers) {
-    double nl = cli_jnum(root, "num_layers", -1);
-    if (nl >= 0)
-      d->layers = (uint32_t)nl;
-  }
+  /* A chained entry's record lists no layers (its chunks hold them) but
+   * says how many: the count is num_layers, not the empty list. */
+  double nl = cli_jnum(root, "num_layers", -1);
+  if (nl >= 0 && (!layers || (uint32_t)nl > d->layers))
+    d->layers = (uint32_t)nl;
   for (int k = 1; k <= 4; k++) {
     if (!d->kind_count[k])
       continue;

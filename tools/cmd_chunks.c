@@ -228,16 +228,52 @@ double cli_dedup_ratio(const kvt_chunk_totals *t, uint64_t entry_bytes) {
              : 1.0;
 }
 
+/* The chunk sizes the stored chunks have (the CLI's tier is opened with the
+ * default chunk_tokens, which says nothing about what a serving process
+ * wrote): a bit per power of two up to 2^31. */
+static int size_visit(void *ctx, const kvt_chunk_info *in) {
+  uint32_t *bits = ctx;
+  for (uint32_t b = 0; b < 32; b++)
+    if (in->num_tokens == (uint32_t)1 << b)
+      *bits |= (uint32_t)1 << b;
+  return 0;
+}
+
+/* "16" or "16, 256" (every stored size) into out. */
+static void sizes_text(char *out, size_t cap, uint32_t bits) {
+  out[0] = 0;
+  for (uint32_t b = 0; b < 32; b++)
+    if (bits & ((uint32_t)1 << b)) {
+      size_t n = strlen(out);
+      snprintf(out + n, cap - n, "%s%u", n ? ", " : "", (uint32_t)1 << b);
+    }
+}
+
 void cli_chunk_stats(kvt_tier *t, uint64_t entry_bytes, int json, cJSON *o) {
   kvt_chunk_totals tot = KVT_CHUNK_TOTALS_INIT;
-  if (t)
+  uint32_t bits = 0;
+  if (t) {
     kvt_tier_chunk_totals(&tot, t);
+    kvt_tier_chunk_foreach(t, size_visit, &bits);
+  }
+  /* One stored size: that is the store's chunk size, whatever this process
+   * was opened with. */
+  if (bits && !(bits & (bits - 1))) {
+    uint32_t b = 0;
+    while (!(bits & ((uint32_t)1 << b)))
+      b++;
+    tot.chunk_tokens = (uint32_t)1 << b;
+  }
   double ratio = cli_dedup_ratio(&tot, entry_bytes);
   uint64_t logical = entry_bytes + tot.chain_logical_bytes;
   uint64_t disk = entry_bytes + tot.disk_bytes;
   if (json) {
     cJSON *c = cJSON_AddObjectToObject(o, "chunks");
     cJSON_AddNumberToObject(c, "chunk_tokens", tot.chunk_tokens);
+    cJSON *sz = cJSON_AddArrayToObject(c, "chunk_sizes");
+    for (uint32_t b = 0; sz && b < 32; b++)
+      if (bits & ((uint32_t)1 << b))
+        cJSON_AddItemToArray(sz, cJSON_CreateNumber((double)((uint32_t)1 << b)));
     cJSON_AddNumberToObject(c, "count", (double)tot.chunks);
     cJSON_AddNumberToObject(c, "disk_bytes", (double)tot.disk_bytes);
     cJSON_AddNumberToObject(c, "memory_bytes", (double)tot.memory_bytes);
@@ -256,9 +292,14 @@ void cli_chunk_stats(kvt_tier *t, uint64_t entry_bytes, int json, cJSON *o) {
            tot.chunk_tokens ? "" : " (the chunked store is off)");
     return;
   }
-  printf("chunks     %llu of %u tokens, %s on disk (%s of KV); %llu leaves, "
+  char szs[400];
+  if (bits)
+    sizes_text(szs, sizeof szs, bits);
+  else
+    snprintf(szs, sizeof szs, "%u", tot.chunk_tokens);
+  printf("chunks     %llu of %s tokens, %s on disk (%s of KV); %llu leaves, "
          "%llu shared by 2+ entries; %llu entries over chains\n",
-         (unsigned long long)tot.chunks, tot.chunk_tokens,
+         (unsigned long long)tot.chunks, szs,
          cli_fmt_bytes(a, sizeof a, tot.disk_bytes),
          cli_fmt_bytes(b, sizeof b, tot.memory_bytes),
          (unsigned long long)tot.leaves, (unsigned long long)tot.shared,

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 /* ---- verify ------------------------------------------------------------- */
 
@@ -118,6 +119,116 @@ static int is_stray(const char *kind) {
 static int cmp_hash(const void *a, const void *b) {
   return strcmp(((const kvt_entry_info *)a)->token_hash,
                 ((const kvt_entry_info *)b)->token_hash);
+}
+
+/* Rounds of recheck below: a real problem survives every one. */
+#define RECHECK_ROUNDS 3
+
+static int same_problem(const problems *ps, const problem *p) {
+  for (size_t i = 0; i < ps->n; i++)
+    if (!strcmp(ps->v[i].hash, p->hash) && !strcmp(ps->v[i].kind, p->kind))
+      return 1;
+  return 0;
+}
+
+/* A verify beside a live writer sees entries evicted or replaced, and chunk
+ * files written or removed, between its listing and its reads. So a problem
+ * of a read-only verify counts only when a fresh look - a new read-only
+ * open, i.e. the index as it is now - still finds it: an entry problem when
+ * the row is still there and the entry still fails; a data/ temporary or
+ * orphan when the name is still there (and still has no row); a chunk
+ * problem when a new chunk pass reports it again. Rounds stop when one
+ * drops nothing. Strays and index.db problems are kept as found. */
+/* A file a live writer may still be writing or indexing: young (modified
+ * within this many seconds) while another process has the directory open
+ * for writing. Its own sweep reclaims it should it really be left over. */
+#define RECHECK_INFLIGHT_S 30
+
+static int inflight_kind(const char *kind) {
+  return !strcmp(kind, "stale-tmp") || !strcmp(kind, "orphan") ||
+         !strcmp(kind, "chunk-stale-tmp") || !strcmp(kind, "chunk-orphan");
+}
+
+static void recheck(const char *dir, problems *ps, int json, int verbose) {
+  cli_live lv;
+  cli_live_read(&lv, dir);
+  int writer = cli_live_alive(&lv);
+  for (int round = 0; round < RECHECK_ROUNDS; round++) {
+    int any = 0, chunks = 0;
+    for (size_t i = 0; i < ps->n; i++)
+      if (!is_stray(ps->v[i].kind)) {
+        any = 1;
+        chunks |= !strncmp(ps->v[i].kind, "chunk-", 6);
+      }
+    if (!any)
+      return;
+    /* A spill in flight (its chunk files written, its rows not yet) lasts
+     * milliseconds: wait 20, 80, 320 ms before the looks so one write does
+     * not span them all. */
+    struct timespec ts = {0, 20000000L << (2 * round)};
+    nanosleep(&ts, NULL);
+    cli_cache c;
+    cli_entries es;
+    if (cli_cache_open_list(&c, &es, dir,
+                            KVT_OPEN_NO_RECONCILE | KVT_OPEN_READONLY, json,
+                            "verify", verbose) != 0)
+      return; /* cannot look again: report what was found */
+    cli_qsort(es.v, es.n, sizeof *es.v, cmp_hash);
+    problems fresh = {0};
+    if (chunks && c.tier) {
+      size_t a = 0, b = 0, r = 0, f = 0;
+      kvt_chunk_gc_result cg;
+      cli_verify_chunks(c.tier, 0, 0, problem_cb, &fresh, &a, &b, &r, &f);
+      cli_clean_chunks(c.tier, 1, 0, problem_cb, &fresh, &cg);
+    }
+    size_t w = 0, dropped = 0;
+    for (size_t i = 0; i < ps->n; i++) {
+      problem *p = &ps->v[i];
+      int keep = 1;
+      char path[4400];
+      struct stat st;
+      kvt_entry_info key;
+      memset(&key, 0, sizeof key);
+      snprintf(key.token_hash, sizeof key.token_hash, "%.64s", p->hash);
+      int has_row =
+          cli_bsearch(&key, es.v, es.n, sizeof *es.v, cmp_hash) != NULL;
+      snprintf(path, sizeof path, "%s/data/%s", dir, p->hash);
+      char fpath[4400];
+      snprintf(fpath, sizeof fpath, "%s/%s%s", dir,
+               strncmp(p->kind, "chunk-", 6) ? "data/" : "", p->hash);
+      if (is_stray(p->kind)) {
+        keep = 1;
+      } else if (inflight_kind(p->kind) && lstat(fpath, &st) != 0) {
+        keep = 0; /* gone by now (renamed into place or removed) */
+      } else if (writer && inflight_kind(p->kind) &&
+                 time(NULL) - st.st_mtime < RECHECK_INFLIGHT_S) {
+        keep = 0; /* the live writer's, most likely in flight */
+      } else if (!strncmp(p->kind, "chunk-", 6)) {
+        keep = same_problem(&fresh, p);
+      } else if (!strcmp(p->kind, "stale-tmp")) {
+        keep = lstat(path, &st) == 0;
+      } else if (!strcmp(p->kind, "orphan")) {
+        keep = lstat(path, &st) == 0 && !has_row;
+      } else if (cli_is_hex64(p->hash) && c.tier) {
+        /* An entry: gone from the index now (evicted, removed, replaced
+         * by a chained version...) or good now: not a problem. */
+        int r = has_row ? kvt_tier_verify(c.tier, p->hash, 0) : 0;
+        keep = has_row && r != 0;
+        if (keep)
+          snprintf(p->detail, sizeof p->detail, "%s", kvt_last_error());
+      }
+      if (keep)
+        ps->v[w++] = *p;
+      else
+        dropped++;
+    }
+    ps->n = w;
+    free(fresh.v);
+    cli_entries_free(&es);
+    cli_cache_close(&c);
+    if (!dropped)
+      return;
+  }
 }
 
 int cmd_verify(int argc, char **argv) {
@@ -265,6 +376,10 @@ int cmd_verify(int argc, char **argv) {
             kvt_last_error());
     failed_checks++;
   }
+
+  /* Beside a live writer: only what a fresh look still finds. */
+  if (!repair && c.tier)
+    recheck(c.dir, &ps, json, cli_flag_get(f, nf, "verbose")->set);
 
   int64_t reconciled = 0;
   int reconcile_failed = 0;

@@ -27,6 +27,9 @@
 static int d_open(const char *p, int f, mode_t m) {
   return open(p, f, m);
 }
+static int d_openat(int d, const char *p, int f, mode_t m) {
+  return openat(d, p, f, m);
+}
 static int d_mkdir(const char *p, mode_t m) {
   return mkdir(p, m);
 }
@@ -211,6 +214,10 @@ const kvti_io_ops kvti_io_default = {
     /* The portable build never reads with O_DIRECT, so it never asks. */
     .resident = d_resident,
 #endif
+    .openat = d_openat,
+    .unlinkat = unlinkat,
+    .fstatat = fstatat,
+    .fdopendir = fdopendir,
 };
 
 const kvti_io_ops *kvti_io = &kvti_io_default;
@@ -266,11 +273,16 @@ char *kvti_strdup(const char *s) {
  * inject faults into state changes and reads) needs no hook for it.
  * Returns the fd; -1 with errno set (open, fstat or fcntl failed); or -2 when
  * the path is of the wrong type (*mode_out receives its st_mode). */
-static int open_typed(const char *path, int flags, mode_t mode,
+static int open_typed(int dirfd, const char *path, int flags, mode_t mode,
                       mode_t *mode_out) {
   int fd;
+  int oflags = flags | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK;
   do {
-    fd = kvti_io->open(path, flags | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, mode);
+    if (dirfd == AT_FDCWD)
+      fd = kvti_io->open(path, oflags, mode);
+    else
+      fd = kvti_io->openat ? kvti_io->openat(dirfd, path, oflags, mode)
+                           : openat(dirfd, path, oflags, mode);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0)
     return -1;
@@ -317,9 +329,55 @@ const char *kvti_file_type_name(mode_t m) {
   return "special file";
 }
 
+int kvti_openat(int dirfd, const char *name, int flags, mode_t mode,
+                const char *path) {
+  if (!path)
+    path = name;
+  mode_t m = 0;
+  int fd = open_typed(dirfd, name, flags, mode, &m);
+  if (fd == -2)
+    return KVT_ERR(KVT_ECORRUPT, "%s is a %s, not a %s", path,
+                   kvti_file_type_name(m),
+                   (flags & O_DIRECTORY) ? "directory" : "regular file");
+  if (fd < 0 && errno == ELOOP)
+    return KVT_ERR(KVT_EPERM, "%s is a symbolic link (never followed)", path);
+  /* Linux reports a link opened with O_DIRECTORY | O_NOFOLLOW as ENOTDIR. */
+  if (fd < 0 && errno == ENOTDIR && (flags & O_DIRECTORY))
+    return KVT_ERR(KVT_EPERM, "%s is not a directory (links are never "
+                              "followed)", path);
+  if (fd < 0)
+    return KVT_ERR_OS(errno, "open %s", path);
+  return fd;
+}
+
+int kvti_unlinkat(int dirfd, const char *name, const char *path) {
+  int r = kvti_io->unlinkat ? kvti_io->unlinkat(dirfd, name, 0)
+                            : unlinkat(dirfd, name, 0);
+  if (r != 0 && errno != ENOENT)
+    return KVT_ERR_OS(errno, "unlink %s", path ? path : name);
+  return 0;
+}
+
+int kvti_lstatat(int dirfd, const char *name, struct stat *st,
+                 const char *path) {
+  int r = kvti_io->fstatat
+              ? kvti_io->fstatat(dirfd, name, st, AT_SYMLINK_NOFOLLOW)
+              : fstatat(dirfd, name, st, AT_SYMLINK_NOFOLLOW);
+  if (r != 0) {
+    if (errno == ENOENT)
+      return KVT_ERR(KVT_ENOTFOUND, "%s does not exist", path ? path : name);
+    return KVT_ERR_OS(errno, "stat %s", path ? path : name);
+  }
+  return 0;
+}
+
+DIR *kvti_fdopendir(int dirfd) {
+  return kvti_io->fdopendir ? kvti_io->fdopendir(dirfd) : fdopendir(dirfd);
+}
+
 int kvti_open(const char *path, int flags, mode_t mode) {
   mode_t m = 0;
-  int fd = open_typed(path, flags, mode, &m);
+  int fd = open_typed(AT_FDCWD, path, flags, mode, &m);
   if (fd == -2)
     return KVT_ERR(KVT_ECORRUPT, "%s is a %s, not a %s", path,
                    kvti_file_type_name(m),
@@ -331,7 +389,7 @@ int kvti_open(const char *path, int flags, mode_t mode) {
 
 int kvti_open_quiet(const char *path, int flags, mode_t mode) {
   mode_t m = 0;
-  int fd = open_typed(path, flags, mode, &m);
+  int fd = open_typed(AT_FDCWD, path, flags, mode, &m);
   if (fd == -2)
     errno = (flags & O_DIRECTORY) ? ENOTDIR : EINVAL;
   return fd < 0 ? -1 : fd;

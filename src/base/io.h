@@ -73,6 +73,13 @@ typedef struct kvti_io_ops {
    * warm ones. Default: cachestat(2) on Linux >= 6.5, else mmap + mincore.
    * NULL: unknown (the reader then keeps to the page cache). */
   int (*resident)(int fd, uint64_t len, uint64_t *bytes);
+  /* Calls relative to a directory descriptor (POSIX 2008: Linux and macOS),
+   * so a walk under the cache directory never resolves a name through a
+   * link planted above it. NULL in a test table: the libc call is used. */
+  int (*openat)(int dirfd, const char *name, int flags, mode_t mode);
+  int (*unlinkat)(int dirfd, const char *name, int flags);
+  int (*fstatat)(int dirfd, const char *name, struct stat *st, int flags);
+  DIR *(*fdopendir)(int fd);
 } kvti_io_ops;
 
 /* The residency probe the default `resident` hook falls back to where
@@ -109,6 +116,19 @@ char *kvti_strdup(const char *s);
  * sets the error and returns a negative kvt code (a symlink: KVT_EPERM with
  * errno ELOOP). */
 int kvti_open(const char *path, int flags, mode_t mode);
+/* kvti_open relative to directory descriptor dirfd: name is opened with
+ * O_NOFOLLOW (a link there is KVT_EPERM, errno ELOOP) and type-checked the
+ * same way. path (may be NULL: name) names the file in messages. */
+int kvti_openat(int dirfd, const char *name, int flags, mode_t mode,
+                const char *path);
+/* unlinkat(dirfd, name, 0): 0 (a missing name too) or a code. */
+int kvti_unlinkat(int dirfd, const char *name, const char *path);
+/* fstatat(dirfd, name, AT_SYMLINK_NOFOLLOW): 0, KVT_ENOTFOUND or a code. */
+int kvti_lstatat(int dirfd, const char *name, struct stat *st,
+                 const char *path);
+/* A directory stream over dirfd (which it takes over: closedir closes it);
+ * NULL with errno set, dirfd then still the caller's. */
+DIR *kvti_fdopendir(int dirfd);
 /* The same open and check without touching the error state (best-effort
  * callers: prefetch, the second O_DIRECT descriptor): fd, or -1 with errno set
  * (EINVAL / ENOTDIR: the path is of the wrong type). */

@@ -181,12 +181,22 @@ int kvti_chunk_write(const char *path, const char *tmp,
 
 /* ---- reading ---- */
 
-/* Opens path (O_NOFOLLOW), reads and parses its header; expect_key (may be
+/* Opens path (O_NOFOLLOW), reads and parses its header (a sparse file is
+ * KVT_ECORRUPT before anything is allocated by its size); expect_key (may be
  * NULL) must equal the header's key, expect_layout (0 = any) the layout hash.
  * *fd stays open for kvti_chunk_read_data (the file may be unlinked
  * meanwhile). Returns 0, KVT_ENOTFOUND, KVT_ECORRUPT, KVT_EIO, KVT_ENOMEM. */
 int kvti_chunk_open(int *fd, kvti_chunk_hdr *h, const char *path,
                     const uint8_t expect_key[32], uint64_t expect_layout);
+/* The same over fd, a regular file its caller opened (kvti_openat from the
+ * chunk's own directory). fd is taken over: *fdp on success, closed on
+ * failure; path names it in messages. */
+int kvti_chunk_open_fd(int fd, int *fdp, kvti_chunk_hdr *h, const char *path,
+                       const uint8_t expect_key[32], uint64_t expect_layout);
+/* Verifies every block of the data section through one buffer of at most
+ * 4 MiB, whatever the file's size (checking a file nobody asked to read:
+ * gc, the writer's sweep). Returns 0, KVT_ECORRUPT, KVT_EIO, KVT_ENOMEM. */
+int kvti_chunk_verify_data(int fd, const kvti_chunk_hdr *h, const char *path);
 /* Reads the whole data section into dst (h->data_bytes bytes), verifying every
  * block as it lands. Returns 0, KVT_ECORRUPT, KVT_EIO. */
 int kvti_chunk_read_data(int fd, const kvti_chunk_hdr *h, void *dst,

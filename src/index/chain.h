@@ -110,6 +110,11 @@ int kvti_chains_entry_get(kvti_chains *c, const uint8_t hash[32],
  * their chain when those chunks go). *out: kvti_malloc'ed, *n entries. */
 int kvti_chains_entries_ending(kvti_chains *c, const kvti_chain_rec *keys,
                                size_t nkeys, uint8_t (**out)[32], size_t *n);
+/* Up to max chained-entry hashes into out, from position *cursor of the
+ * records (advanced; back to 0 after the last), for a sweep that visits
+ * them a page at a time. Returns how many. */
+size_t kvti_chains_entries_page(kvti_chains *c, size_t *cursor, size_t max,
+                                uint8_t (*out)[32]);
 /* Removes the record (missing is success). 0, KVT_EPERM, KVT_EDB. */
 int kvti_chains_entry_del(kvti_chains *c, const uint8_t hash[32]);
 

@@ -450,7 +450,9 @@ int kvti_chains_put(kvti_chains *c, const kvti_chain_rec *recs, size_t n) {
       continue;
     uint32_t p = kvti_chain_find_key(c, r->parent);
     int ok = p && c->nodes[p - 1].r.index == r->index - 1;
-    for (size_t j = 0; !ok && j < i; j++)
+    /* Backwards: a spill lists each chunk right after its parent, so this
+     * finds it at once (a forward scan made deep batches quadratic). */
+    for (size_t j = i; !ok && j-- > 0;)
       ok = !memcmp(recs[j].key, r->parent, 32) && recs[j].index == r->index - 1;
     if (!ok)
       rc = KVT_ERR(KVT_EINVAL, "chain table: chunk %llu has no indexed parent",
@@ -520,31 +522,31 @@ int kvti_chains_remove_tree(kvti_chains *c, const uint8_t key[32],
     if (set)
       set[ns++] = root;
   } else if (rc == 0) {
-    /* Descendants: a node is in the set when its parent is; nodes are not in
-     * depth order, so sweep by increasing chain index. */
-    uint8_t *in = kvti_calloc(c->n ? c->n : 1, 1);
+    /* Descendants, in time linear in the table: one pass threads every live
+     * node onto its parent's child list (head/next, ids 1-based, 0 ends a
+     * list), then a breadth-first walk from the root over those lists. set
+     * doubles as the walk's queue, so it lists parents before children. */
+    uint32_t *head = kvti_calloc(c->n ? c->n : 1, sizeof *head);
+    uint32_t *next = kvti_calloc(c->n ? c->n : 1, sizeof *next);
     set = kvti_malloc((c->tot.chunks + 1) * sizeof *set);
-    if (in && set) {
-      in[root - 1] = 1;
-      set[ns++] = root;
-      uint64_t lvl = c->nodes[root - 1].r.index;
-      for (int grew = 1; grew;) {
-        grew = 0;
-        lvl++;
-        for (uint32_t i = 0; i < c->n; i++) {
-          node *x = &c->nodes[i];
-          if (x->live && !in[i] && x->parent && x->r.index == lvl &&
-              in[x->parent - 1]) {
-            in[i] = 1;
-            set[ns++] = i + 1;
-            grew = 1;
-          }
+    if (head && next && set) {
+      for (uint32_t i = 0; i < c->n; i++) {
+        const node *x = &c->nodes[i];
+        if (x->live && x->parent) {
+          next[i] = head[x->parent - 1];
+          head[x->parent - 1] = i + 1;
         }
       }
+      set[ns++] = root;
+      for (size_t q = 0; q < ns; q++)
+        for (uint32_t ch = head[set[q] - 1]; ch; ch = next[ch - 1])
+          if (ns <= c->tot.chunks)
+            set[ns++] = ch;
     }
-    kvti_free(in);
-    if (!in || !set)
+    if (!head || !next || !set)
       rc = KVT_ERR_NOMEM();
+    kvti_free(head);
+    kvti_free(next);
   }
   if (rc == 0 && !set)
     rc = KVT_ERR_NOMEM();

@@ -161,28 +161,50 @@ int kvti_chains_entries_ending(kvti_chains *c, const kvti_chain_rec *keys,
                                size_t nkeys, uint8_t (**out)[32], size_t *n) {
   *out = NULL;
   *n = 0;
+  /* The removed keys in a map first, so each entry costs one probe: the
+   * pairwise scan was entries x keys, quadratic for a deep chain's removal. */
+  kvti_hm set = {0};
+  if (kvti_hm_reserve(&set, nkeys ? nkeys : 1))
+    return KVT_ERR_NOMEM();
+  for (size_t k = 0; k < nkeys; k++)
+    kvti_hm_add(&set, key64(keys[k].key), k); /* cannot fail: reserved */
   pthread_rwlock_rdlock(&c->rw);
   size_t cap = 0;
   int rc = 0;
-  for (size_t i = 0; rc == 0 && i < c->n_ents; i++)
-    for (size_t k = 0; k < nkeys; k++) {
-      if (memcmp(c->ents[i].last_key, keys[k].key, 32))
-        continue;
-      if (*n == cap) {
-        size_t nc = cap ? cap * 2 : 8;
-        void *p = kvti_realloc(*out, nc * 32);
-        if (!p) {
-          rc = KVT_ERR_NOMEM();
-          break;
-        }
-        *out = p;
-        cap = nc;
+  for (size_t i = 0; rc == 0 && i < c->n_ents; i++) {
+    size_t pos = 0;
+    kvti_hm_slot *sl;
+    int hit = 0;
+    while (!hit && (sl = kvti_hm_next(&set, key64(c->ents[i].last_key), &pos)))
+      hit = !memcmp(c->ents[i].last_key, keys[sl->val].key, 32);
+    if (!hit)
+      continue;
+    if (*n == cap) {
+      size_t nc = cap ? cap * 2 : 8;
+      void *p = kvti_realloc(*out, nc * 32);
+      if (!p) {
+        rc = KVT_ERR_NOMEM();
+        break;
       }
-      memcpy((*out)[(*n)++], c->ents[i].hash, 32);
-      break;
+      *out = p;
+      cap = nc;
     }
+    memcpy((*out)[(*n)++], c->ents[i].hash, 32);
+  }
   pthread_rwlock_unlock(&c->rw);
+  kvti_hm_free(&set);
   return rc;
+}
+
+size_t kvti_chains_entries_page(kvti_chains *c, size_t *cursor, size_t max,
+                                uint8_t (*out)[32]) {
+  pthread_rwlock_rdlock(&c->rw);
+  size_t n = 0, i = *cursor < c->n_ents ? *cursor : 0;
+  for (; n < max && i < c->n_ents; i++)
+    memcpy(out[n++], c->ents[i].hash, 32);
+  *cursor = i < c->n_ents ? i : 0; /* wraps: the next page starts over */
+  pthread_rwlock_unlock(&c->rw);
+  return n;
 }
 
 int kvti_chains_find(kvti_chains *c, const uint8_t key[32],

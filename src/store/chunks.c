@@ -12,13 +12,17 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "store/local_dir.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
 struct kvti_chunkstore {
-  char *dir; /* <cache_dir>/chunks */
+  char *dir;   /* <cache_dir>/chunks */
+  char *cache; /* <cache_dir>, for messages */
+  int root_fd; /* cache_dir itself: reads and removals walk from here */
   kvti_chunkstore_opts o;
   kvti_chains *chains;
   int dir_ok; /* chunks/ known to exist */
@@ -34,12 +38,19 @@ int kvti_chunkstore_open(kvti_chunkstore **out, const char *cache_dir,
     return KVT_ERR_NOMEM();
   cs->o = *o;
   int rc = 0;
-  if (!(cs->dir = kvti_path_join(cache_dir, "chunks")))
+  cs->root_fd = kvti_dir_open_root(cache_dir);
+  if (cs->root_fd < 0)
+    rc = cs->root_fd;
+  if (rc == 0 && (!(cs->dir = kvti_path_join(cache_dir, "chunks")) ||
+                  !(cs->cache = kvti_strdup(cache_dir))))
     rc = KVT_ENOMEM;
   if (rc == 0)
     rc = kvti_chains_open(&cs->chains, idx);
   if (rc) {
+    if (cs->root_fd >= 0)
+      kvti_close(cs->root_fd);
     kvti_free(cs->dir);
+    kvti_free(cs->cache);
     kvti_free(cs);
     return rc;
   }
@@ -51,8 +62,83 @@ void kvti_chunkstore_close(kvti_chunkstore *cs) {
   if (!cs)
     return;
   kvti_chains_close(cs->chains);
+  kvti_close(cs->root_fd);
   kvti_free(cs->dir);
+  kvti_free(cs->cache);
   kvti_free(cs);
+}
+
+int kvti_chunkstore_open_subdir(kvti_chunkstore *cs, unsigned kk) {
+  char rel[16];
+  snprintf(rel, sizeof rel, kk < 256 ? "chunks/%02x" : "chunks", kk);
+  return kvti_dir_open_rel(cs->root_fd, rel, cs->cache);
+}
+
+/* The sweep's position file: chunks/sweep.pos, "<kk> <cursor>\n". Not a
+ * chunk name, and gc lists only chunks/<kk>, so nothing else reads it. */
+#define SWEEP_POS "sweep.pos"
+
+void kvti_chunkstore_sweep_pos_get(kvti_chunkstore *cs, unsigned *kk,
+                                   uint64_t *cursor) {
+  *kk = 0;
+  *cursor = 0;
+  int dfd = kvti_chunkstore_open_subdir(cs, 256);
+  if (dfd < 0) {
+    kvt_clear_error();
+    return;
+  }
+  int fd = kvti_openat(dfd, SWEEP_POS, O_RDONLY, 0, SWEEP_POS);
+  kvti_close(dfd);
+  if (fd < 0) {
+    kvt_clear_error();
+    return;
+  }
+  char buf[64];
+  size_t len = 0;
+  char *text = NULL;
+  if (kvti_read_fd(&text, &len, fd, SWEEP_POS, sizeof buf, NULL) == 0) {
+    unsigned k = 0;
+    unsigned long long c = 0;
+    if (sscanf(text, "%u %llu", &k, &c) == 2 && k < 256) {
+      *kk = k;
+      *cursor = c;
+    }
+  } else {
+    kvt_clear_error(); /* damaged or planted: start over */
+  }
+  kvti_free(text);
+  kvti_close(fd);
+}
+
+int kvti_chunkstore_sweep_pos_set(kvti_chunkstore *cs, unsigned kk,
+                                  uint64_t cursor) {
+  int dfd = kvti_chunkstore_open_subdir(cs, 256);
+  if (dfd < 0)
+    return dfd;
+  char buf[64];
+  int n = snprintf(buf, sizeof buf, "%u %llu\n", kk % 256,
+                   (unsigned long long)cursor);
+  /* Rewritten in place (O_TRUNC): losing it to a crash costs only a pass
+   * started over, so it is not fsynced. */
+  int fd = kvti_openat(dfd, SWEEP_POS, O_WRONLY | O_CREAT | O_TRUNC,
+                       cs->o.file_mode, SWEEP_POS);
+  kvti_close(dfd);
+  if (fd < 0)
+    return fd;
+  int rc = kvti_pwrite_all(fd, buf, (size_t)n, 0, SWEEP_POS);
+  kvti_close(fd);
+  return rc;
+}
+
+int kvti_chunkstore_unlink_rel(kvti_chunkstore *cs, const char *rel) {
+  return kvti_dir_unlink_rel(cs->root_fd, rel, cs->cache);
+}
+
+int kvti_chunkstore_unlink(kvti_chunkstore *cs, const uint8_t key[32]) {
+  char h[65], rel[80];
+  kvti_hex32(h, key);
+  snprintf(rel, sizeof rel, "chunks/%.2s/%s.kvc", h, h);
+  return kvti_chunkstore_unlink_rel(cs, rel);
 }
 
 kvti_chains *kvti_chunkstore_chains(kvti_chunkstore *cs) {
@@ -226,8 +312,7 @@ int kvti_chunkstore_put(kvti_chunkstore *cs, const kvti_chunkstore_spill *sp,
   if (prc) {
     /* Not indexed: remove the files so nothing unaccounted stays. */
     for (size_t i = 0; i < nnew; i++)
-      if (kvti_chunkstore_path(cs, recs[i].key, path, sizeof path) == 0)
-        kvti_unlink(path);
+      kvti_chunkstore_unlink(cs, recs[i].key);
     res->bytes_written = 0;
     nnew = 0;
     if (!rc)
@@ -252,6 +337,34 @@ int kvti_chunkstore_lookup(kvti_chunkstore *cs, const uint8_t *ns,
                             out, max, m);
 }
 
+int kvti_chunkstore_open_key(kvti_chunkstore *cs, const uint8_t key[32],
+                             uint64_t layout, int *fd, kvti_chunk_hdr *h) {
+  char path[4096];
+  memset(h, 0, sizeof *h);
+  int rc = kvti_chunkstore_path(cs, key, path, sizeof path);
+  if (rc)
+    return rc;
+  /* From cache_dir's descriptor, never through a link: a chunks/ or
+   * chunks/<kk> swapped for one is refused (KVT_EPERM). */
+  int dfd = kvti_chunkstore_open_subdir(cs, key[0]);
+  if (dfd < 0)
+    return dfd;
+  const char *name = strrchr(path, '/') + 1;
+  int ffd = kvti_openat(dfd, name, O_RDONLY, 0, path);
+  struct stat st;
+  if (ffd == KVT_EPERM && kvti_lstatat(dfd, name, &st, path) == 0 &&
+      S_ISLNK(st.st_mode))
+    /* kvtier never makes a link: one where an indexed chunk belongs is a
+     * damaged chunk (quarantined - the link itself moves, its target is
+     * never touched), not a permission problem that would last for ever. */
+    ffd = KVT_ERR(KVT_ECORRUPT, "%s is a symbolic link, not a chunk file "
+                                "(never followed)", path);
+  kvti_close(dfd);
+  if (ffd < 0)
+    return ffd;
+  return kvti_chunk_open_fd(ffd, fd, h, path, key, layout);
+}
+
 int kvti_chunkstore_open_chunk(kvti_chunkstore *cs, const kvti_chain_rec *rec,
                                const int32_t *tokens, int *fd,
                                kvti_chunk_hdr *h) {
@@ -259,12 +372,25 @@ int kvti_chunkstore_open_chunk(kvti_chunkstore *cs, const kvti_chain_rec *rec,
   int rc = kvti_chunkstore_path(cs, rec->key, path, sizeof path);
   if (rc)
     return rc;
-  if ((rc = kvti_chunk_open(fd, h, path, rec->key, rec->layout_hash)) != 0)
+  if ((rc = kvti_chunkstore_open_key(cs, rec->key, rec->layout_hash, fd, h)) !=
+      0)
     return rc;
   if (h->index != rec->index || h->n_tokens != rec->n_tokens ||
       memcmp(h->parent, rec->parent, 32) != 0)
     rc = KVT_ERR(KVT_ECORRUPT, "%s: chunk header differs from its chain row",
                  path);
+  else if (h->data_bytes != rec->mem_bytes ||
+           (uint64_t)h->header_bytes + h->data_bytes != rec->disk_bytes)
+    /* The row's sizes are what a promote reserved and what the reader
+     * allocates by: a header promising more (or less) is refused before any
+     * buffer is sized from it. */
+    rc = KVT_ERR(KVT_ECORRUPT,
+                 "%s: chunk sizes (%llu data, %llu file bytes) differ from "
+                 "its chain row's (%llu, %llu)",
+                 path, (unsigned long long)h->data_bytes,
+                 (unsigned long long)h->header_bytes + h->data_bytes,
+                 (unsigned long long)rec->mem_bytes,
+                 (unsigned long long)rec->disk_bytes);
   else if (tokens &&
            memcmp(h->tokens, tokens, (size_t)h->n_tokens * sizeof *tokens))
     rc = KVT_ERR(KVT_ECORRUPT, "%s: chunk tokens differ from the prompt", path);
@@ -282,16 +408,13 @@ int kvti_chunkstore_remove(kvti_chunkstore *cs, const uint8_t key[32],
   size_t nr = 0;
   int rc = kvti_chains_remove_tree(cs->chains, key, &rem, &nr);
   uint64_t b = 0;
-  char path[4096];
   /* Rows are gone: no lookup reaches these files any more. A reader that
    * opened one already keeps its descriptor. */
   for (size_t i = 0; rc == 0 && i < nr; i++) {
     b += rem[i].disk_bytes;
-    if (kvti_chunkstore_path(cs, rem[i].key, path, sizeof path) == 0) {
-      int urc = kvti_unlink(path);
-      (void)urc; /* a missing file is fine; another error leaves an orphan
-                    that gc removes */
-    }
+    int urc = kvti_chunkstore_unlink(cs, rem[i].key);
+    (void)urc; /* a missing file is fine; another error leaves an orphan that
+                  gc removes */
   }
   kvti_free(rem);
   if (n)

@@ -57,6 +57,26 @@ int kvti_chunk_rec_of(kvti_chain_rec *r, const kvti_chunk_hdr *h,
                       const kvti_ck *parent_ck, uint64_t file_size,
                       const char *path);
 
+/* Descriptor of chunks/<kk> (kk < 256) or of chunks/ itself (kk = 256),
+ * reached from cache_dir's descriptor without following any link (the
+ * caller closes it). fd, KVT_ENOTFOUND, KVT_EPERM (a link or a non-directory
+ * on the way: refused, the message names it), another negative code. */
+int kvti_chunkstore_open_subdir(kvti_chunkstore *cs, unsigned kk);
+/* Unlinks rel ("chunks/<kk>/<name>") or chunk key's file the same way: 0
+ * (missing too), KVT_EPERM (a link on the way: nothing removed), a code. */
+int kvti_chunkstore_unlink_rel(kvti_chunkstore *cs, const char *rel);
+int kvti_chunkstore_unlink(kvti_chunkstore *cs, const uint8_t key[32]);
+
+/* Where the writer's sweep stopped, kept in chunks/sweep.pos so a process
+ * that lives shorter than a full round continues its predecessor's: the
+ * next chunks/<kk> and the position in the chained-entry records. get
+ * yields 0, 0 when there is none (or it is unreadable); set returns 0 or a
+ * code (nothing is fsynced: a lost position only restarts the round). */
+void kvti_chunkstore_sweep_pos_get(kvti_chunkstore *cs, unsigned *kk,
+                                   uint64_t *cursor);
+int kvti_chunkstore_sweep_pos_set(kvti_chunkstore *cs, unsigned kk,
+                                  uint64_t cursor);
+
 /* Path of a chunk file: <cache_dir>/chunks/<kk>/<hex>.kvc into out (cap
  * bytes). Returns 0 or KVT_ERANGE. */
 int kvti_chunkstore_path(const kvti_chunkstore *cs, const uint8_t key[32],
@@ -109,6 +129,12 @@ int kvti_chunkstore_lookup(kvti_chunkstore *cs, const uint8_t *ns,
 int kvti_chunkstore_open_chunk(kvti_chunkstore *cs, const kvti_chain_rec *rec,
                                const int32_t *tokens, int *fd,
                                kvti_chunk_hdr *h);
+
+/* Opens chunk key's file from cache_dir's descriptor without following
+ * links and parses its header (kvti_chunk_open_fd; layout 0 = any): the
+ * part of open_chunk that needs no row. KVT_EPERM: a link on the way. */
+int kvti_chunkstore_open_key(kvti_chunkstore *cs, const uint8_t key[32],
+                             uint64_t layout, int *fd, kvti_chunk_hdr *h);
 
 /* Removes key and every chunk below it (rows first, then files). *n (may be
  * NULL) receives how many; *bytes (may be NULL) their disk bytes. Returns 0,

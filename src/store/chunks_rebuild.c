@@ -20,6 +20,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,9 +74,16 @@ static int by_key(const void *a, const void *b) {
  * own key, not indexed yet. Unreadable or invalid files are left for gc. */
 static int scan(kvti_chunkstore *cs, const char *root, found_v *f,
                 size_t *bad) {
-  DIR *d = kvti_io->opendir(root);
-  if (!d)
-    return 0; /* no chunks/ yet: nothing to rebuild */
+  /* Listed and opened from cache_dir's descriptor without following links:
+   * a linked chunks/ or chunks/<kk> contributes nothing. */
+  int rfd = kvti_chunkstore_open_subdir(cs, 256);
+  DIR *d = rfd >= 0 ? kvti_fdopendir(rfd) : NULL;
+  if (!d) {
+    if (rfd >= 0)
+      kvti_close(rfd);
+    kvt_clear_error();
+    return 0; /* no chunks/ yet (or not one to trust): nothing to rebuild */
+  }
   int rc = 0;
   struct dirent *de;
   while (rc == 0 && (de = kvti_io->readdir(d)) != NULL) {
@@ -83,9 +91,15 @@ static int scan(kvti_chunkstore *cs, const char *root, found_v *f,
       continue;
     char sub[4100];
     snprintf(sub, sizeof sub, "%s/%s", root, de->d_name);
-    DIR *sd = kvti_io->opendir(sub);
-    if (!sd)
+    int sfd = kvti_chunkstore_open_subdir(
+        cs, (unsigned)strtoul(de->d_name, NULL, 16));
+    DIR *sd = sfd >= 0 ? kvti_fdopendir(sfd) : NULL;
+    if (!sd) {
+      if (sfd >= 0)
+        kvti_close(sfd);
+      kvt_clear_error();
       continue;
+    }
     struct dirent *fe;
     while (rc == 0 && (fe = kvti_io->readdir(sd)) != NULL) {
       const char *nm = fe->d_name;
@@ -98,7 +112,9 @@ static int scan(kvti_chunkstore *cs, const char *root, found_v *f,
       int fd = -1;
       kvti_chunk_hdr h;
       memset(&h, 0, sizeof h);
-      int orc = kvti_chunk_open(&fd, &h, path, key, 0);
+      int orc = kvti_openat(sfd, nm, O_RDONLY, 0, path);
+      if (orc >= 0)
+        orc = kvti_chunk_open_fd(orc, &fd, &h, path, key, 0);
       if (orc == 0) {
         rc = push(f, &h);
         kvti_chunk_hdr_free(&h);
@@ -156,7 +172,7 @@ static int make_rec(kvti_chunkstore *cs, found *e, const kvti_ck *parent_ck,
   int fd = -1;
   kvti_chunk_hdr h;
   memset(&h, 0, sizeof h);
-  if ((rc = kvti_chunk_open(&fd, &h, path, e->key, 0)) != 0)
+  if ((rc = kvti_chunkstore_open_key(cs, e->key, 0, &fd, &h)) != 0)
     return rc;
   struct stat st;
   if (kvti_io->fstat(fd, &st) != 0)

@@ -28,6 +28,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -235,12 +236,7 @@ int kvt_tier_chunk_totals(kvt_chunk_totals *out, kvt_tier *t) {
 
 /* Reads the data section of an open chunk, verifying every block. */
 static int read_all(int fd, const kvti_chunk_hdr *h, const char *path) {
-  void *buf = kvti_malloc(h->data_bytes ? (size_t)h->data_bytes : 1);
-  if (!buf)
-    return KVT_ERR_NOMEM();
-  int rc = kvti_chunk_read_data(fd, h, buf, path);
-  kvti_free(buf);
-  return rc;
+  return kvti_chunk_verify_data(fd, h, path); /* bounded memory */
 }
 
 /* The lookup value of the parent of the chunk of header h: the indexed
@@ -433,10 +429,11 @@ static void gc_report(gc_run *g, const char *rel, int action, uint64_t bytes,
 static void gc_unlink(gc_run *g, const char *rel) {
   if (g->dry)
     return;
-  char *p = kvti_path_join(g->t->dir, rel);
-  if (p && kvti_unlink(p) != 0)
+  /* Relative to the cache's own descriptor: a chunks/ or chunks/<kk>
+   * replaced by a link since the scan is refused, nothing outside removed. */
+  kvti_chunkstore *cs = kvti_chunked_store(g->t->chunked);
+  if (kvti_chunkstore_unlink_rel(cs, rel) != 0)
     kvti_log(g->t, KVT_LOG_WARN, "kvtier: gc of %s: %s", rel, kvt_last_error());
-  kvti_free(p);
 }
 
 /* Scans chunks/<kk>: stale tmps removed, unindexed chunk files verified and
@@ -453,9 +450,22 @@ static int gc_dir(gc_run *g, unsigned kk) {
   if (!g->locked && !g->dry)
     pthread_mutex_lock(&t->mut_mu);
   int rc = 0;
-  DIR *d = kvti_io->opendir(dir);
-  if (!d && errno != ENOENT && errno != ENOTDIR)
+  /* Listed, stat'ed, opened and unlinked relative to the directory's own
+   * descriptor, reached without following links: a chunks/ or chunks/<kk>
+   * that is a link is reported, never entered. */
+  DIR *d = NULL;
+  int dfd = kvti_chunkstore_open_subdir(cs, kk);
+  if (dfd == KVT_EPERM) {
+    gc_report(g, rel, KVT_CHUNK_GC_STRAY, 0, kvt_last_error());
+    kvt_clear_error();
+  } else if (dfd < 0 && dfd != KVT_ENOTFOUND) {
+    rc = dfd;
+  } else if (dfd >= 0 && !(d = kvti_fdopendir(dfd))) {
     rc = KVT_ERR_OS(errno, "opendir %s", dir);
+    kvti_close(dfd);
+  }
+  if (dfd == KVT_ENOTFOUND)
+    kvt_clear_error();
   struct dirent *de;
   while (d && !g->stop && rc == 0 && (de = kvti_io->readdir(d)) != NULL) {
     const char *nm = de->d_name;
@@ -471,8 +481,10 @@ static int gc_dir(gc_run *g, unsigned kk) {
     snprintf(frel, sizeof frel, "%s/%.300s", rel, nm);
     snprintf(path, sizeof path, "%s/%.300s", dir, nm);
     struct stat st;
-    if (kvti_lstat(path, &st) != 0)
+    if (kvti_lstatat(dfd, nm, &st, path) != 0) {
+      kvt_clear_error();
       continue; /* gone meanwhile */
+    }
     size_t len = strlen(nm);
     int reg = S_ISREG(st.st_mode);
     if (reg && len > 4 && !strcmp(nm + len - 4, ".tmp")) {
@@ -493,9 +505,9 @@ static int gc_dir(gc_run *g, unsigned kk) {
     memcpy(o.key, key, 32);
     o.size = (uint64_t)st.st_size;
     int fd = -1;
-    int vrc = kvti_chunkstore_path(cs, key, path, sizeof path);
-    if (vrc == 0)
-      vrc = kvti_chunk_open(&fd, &o.h, path, key, 0);
+    int vrc = kvti_openat(dfd, nm, O_RDONLY, 0, path);
+    if (vrc >= 0)
+      vrc = kvti_chunk_open_fd(vrc, &fd, &o.h, path, key, 0);
     if (vrc == 0) {
       vrc = read_all(fd, &o.h, path);
       kvti_close(fd);
@@ -629,12 +641,23 @@ int kvt_tier_chunk_gc(kvt_tier *t, int dry_run, kvt_chunk_gc_fn fn,
   g.dry = dry_run != 0;
   g.fn = fn;
   g.ctx = ctx;
-  for (unsigned kk = 0; t->chunked && kk < 256 && rc == 0 && !g.stop; kk++) {
+  /* A chunks/ that is a link (or no directory) is reported once and never
+   * entered; its 256 subdirectories are not looked for through it. */
+  int top = t->chunked ? kvti_chunkstore_open_subdir(
+                             kvti_chunked_store(t->chunked), 256)
+                       : KVT_ENOTFOUND;
+  if (top >= 0)
+    kvti_close(top);
+  else if (top == KVT_EPERM)
+    gc_report(&g, "chunks", KVT_CHUNK_GC_STRAY, 0, kvt_last_error());
+  if (top < 0)
+    kvt_clear_error();
+  for (unsigned kk = 0; top >= 0 && kk < 256 && rc == 0 && !g.stop; kk++) {
     rc = gc_dir(&g, kk);
     if (progress)
       progress(ctx, kk + 1, 256);
   }
-  if (rc == 0 && t->chunked && !g.stop)
+  if (rc == 0 && top >= 0 && !g.stop)
     rc = gc_orphans(&g);
   gc_free(&g);
   if (res)
@@ -643,30 +666,75 @@ int kvt_tier_chunk_gc(kvt_tier *t, int dry_run, kvt_chunk_gc_fn fn,
   return rc ? rc : g.stop;
 }
 
+/* Chained-entry records whose entry has neither a row nor files (a kill
+ * between the record and the row): page of at most KVTI_CHUNK_SWEEP_ENTRIES
+ * from *cursor, removed. mut_mu held, so no spill is between its record and
+ * its row here. Returns how many went. */
+static uint64_t sweep_dangling(kvt_tier *t, uint64_t *cursor) {
+  kvti_chains *ch = chains_of(t);
+  uint8_t(*hs)[32] = kvti_malloc(KVTI_CHUNK_SWEEP_ENTRIES * 32);
+  if (!hs)
+    return 0;
+  size_t cur = (size_t)*cursor;
+  size_t n = kvti_chains_entries_page(ch, &cur, KVTI_CHUNK_SWEEP_ENTRIES, hs);
+  uint64_t gone = 0;
+  for (size_t i = 0; i < n; i++) {
+    char hex[65];
+    kvti_hex32(hex, hs[i]);
+    kvt_entry_info info;
+    if (kvti_index_find_hash(&info, t->idx, hex) != KVT_ENOTFOUND ||
+        t->be->ops->present(t->be, hex) != 0)
+      continue; /* served, or files a reconcile may still adopt */
+    if (kvti_chains_entry_del(ch, hs[i]) == 0) {
+      gone++;
+      kvti_log(t, KVT_LOG_INFO,
+               "kvtier: chain record of %.16s removed: no entry row or files",
+               hex);
+    }
+  }
+  kvt_clear_error();
+  /* A removal moves a later record into a visited slot; the next round
+   * sees it. */
+  *cursor = cur;
+  kvti_free(hs);
+  return gone;
+}
+
 void kvti_tier_chunks_sweep_lazy(kvt_tier *t) {
+  /* The first chunked spill of a process sweeps, then every EVERY-th: a
+   * process killed early still does its share. */
   if (!t->chunked || t->readonly ||
-      ++t->chunk_sweep_calls % KVTI_CHUNK_SWEEP_EVERY != 0)
+      t->chunk_sweep_calls++ % KVTI_CHUNK_SWEEP_EVERY != 0)
     return;
   kvti_error_state es;
   kvti_error_state_capture(&es, 0);
+  kvti_chunkstore *cs = kvti_chunked_store(t->chunked);
+  unsigned kk;
+  uint64_t cursor;
+  /* Where the last pass - of this process or an earlier one - stopped. */
+  kvti_chunkstore_sweep_pos_get(cs, &kk, &cursor);
   gc_run g;
   memset(&g, 0, sizeof g);
   g.t = t;
   g.locked = 1;
-  unsigned kk = t->chunk_sweep_next++ % 256;
   int rc = gc_dir(&g, kk);
   if (rc == 0)
     rc = gc_orphans(&g);
   gc_free(&g);
+  uint64_t dangling = rc == 0 ? sweep_dangling(t, &cursor) : 0;
+  t->chunk_sweep_next = (kk + 1) % 256;
+  if (kvti_chunkstore_sweep_pos_set(cs, t->chunk_sweep_next, cursor) != 0)
+    kvt_clear_error(); /* the next pass starts over: only slower */
   if (rc)
     kvti_log(t, KVT_LOG_WARN, "kvtier: sweep of chunks/%02x: %s", kk,
              kvt_last_error());
-  else if (g.res.tmp_removed + g.res.adopted + g.res.removed)
+  else if (g.res.tmp_removed + g.res.adopted + g.res.removed + dangling)
     kvti_log(t, KVT_LOG_INFO,
              "kvtier: chunks/%02x: %llu stale tmp removed, %llu orphans "
-             "adopted, %llu removed",
+             "adopted, %llu removed; %llu dangling chain records removed",
              kk, (unsigned long long)g.res.tmp_removed,
              (unsigned long long)g.res.adopted,
-             (unsigned long long)g.res.removed);
+             (unsigned long long)g.res.removed,
+             (unsigned long long)dangling);
   kvti_error_state_restore(&es);
 }

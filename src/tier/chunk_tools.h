@@ -9,12 +9,17 @@
 
 #include "tier/tier.h"
 
-/* After a chunked spill (writer, mut_mu held): every KVTI_CHUNK_SWEEP_EVERY
- * calls, cleans one subdirectory of chunks/ (round robin) as
- * kvt_tier_chunk_gc does - stale *.tmp removed, orphans adopted or removed -
- * so orphans left by a crash go without open ever listing chunks/. Errors are
- * logged, never returned (the spill succeeded). */
+/* After a chunked spill (writer, mut_mu held): on the first call and every
+ * KVTI_CHUNK_SWEEP_EVERY calls after it, one bounded pass: one subdirectory
+ * of chunks/ cleaned as kvt_tier_chunk_gc does (stale *.tmp removed, orphans
+ * adopted or removed) and up to KVTI_CHUNK_SWEEP_ENTRIES chained-entry
+ * records checked (those whose entry has neither row nor files removed).
+ * The pass resumes where the last one stopped, in this process or an
+ * earlier one (chunks/sweep.pos), so crash leftovers go however short-lived
+ * the writers are, without open ever listing chunks/. Errors are logged,
+ * never returned (the spill succeeded). */
 #define KVTI_CHUNK_SWEEP_EVERY 64u
+#define KVTI_CHUNK_SWEEP_ENTRIES 256u
 void kvti_tier_chunks_sweep_lazy(kvt_tier *t);
 
 #endif

@@ -133,10 +133,8 @@ static void drop_chunk_locked(kvt_tier *t, const uint8_t key[32], int why) {
   if (kvti_chains_remove_tree(ch, key, &rem, &nrem) != 0)
     return;
   kvti_ram_invalidate_chunks(t, rem, nrem); /* RAM copies through them */
-  char path[4096];
   for (size_t i = 0; i < nrem; i++)
-    if (kvti_chunkstore_path(cs, rem[i].key, path, sizeof path) == 0)
-      kvti_unlink(path);
+    kvti_chunkstore_unlink(cs, rem[i].key); /* never through a link */
   uint8_t(*hs)[32] = NULL;
   size_t nh = 0;
   if (kvti_chains_entries_ending(ch, rem, nrem, &hs, &nh) == 0)

@@ -6,8 +6,9 @@
  * tokens (and waits until they are written), "refuse N" makes N spills the
  * library must refuse as invalid (layers NULL), "hit" promotes the first entry,
  * "miss" promotes tokens never stored, "quit" closes the tier and exits 0;
- * end of input closes too. Entries are tests/public_entry.h's; only the
- * public API is used.
+ * end of input closes too. Optional CHUNK_TOKENS and MAX_ENTRIES make it a
+ * chunked writer that evicts as it goes (a busy neighbour for `verify`).
+ * Entries are tests/public_entry.h's; only the public API is used.
  */
 #include "public_entry.h"
 
@@ -28,14 +29,18 @@ static int promote(kvt_tier *t, int seed) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: live_holder DIR\n");
+  if (argc < 2 || argc > 4) {
+    fprintf(stderr, "usage: live_holder DIR [CHUNK_TOKENS [MAX_ENTRIES]]\n");
     return 2;
   }
   kvt_options o;
   kvt_options_init(&o, KVT_OPTIONS_VERSION);
   o.cache_dir = argv[1];
   o.durability = KVT_DURABILITY_NONE;
+  if (argc > 2)
+    o.chunk_tokens = (uint32_t)atoi(argv[2]);
+  if (argc > 3)
+    o.max_entries = (uint64_t)atoll(argv[3]);
   kvt_tier *t = NULL;
   if (kvt_tier_open(&t, &o) != 0 || kvt_tier_start_writer(t) != 0) {
     fprintf(stderr, "live_holder: open %s: %s\n", argv[1], kvt_last_error());

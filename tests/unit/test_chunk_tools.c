@@ -14,6 +14,9 @@
 #include "kvtier.h"
 
 #include <dirent.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define C 16
 
@@ -276,31 +279,252 @@ static void test_tools(const char *dir) {
 }
 
 /* The writer cleans chunks/00 after the 64th chunked spill of a fresh tier. */
-static void test_lazy_sweep(const char *dir) {
-  kvt_tier *t = open_tier(dir, C, NULL, 0);
-  char sub[4200], tmp[4300];
-  snprintf(sub, sizeof sub, "%s/chunks", dir); /* made by the first put */
+static void plant_tmp(char *out, size_t cap, const char *dir,
+                      const char *kk) {
+  char sub[4200];
+  snprintf(sub, sizeof sub, "%s/chunks", dir);
   mkdir(sub, 0700);
-  snprintf(sub, sizeof sub, "%s/chunks/00", dir);
+  snprintf(sub, sizeof sub, "%s/chunks/%s", dir, kk);
   mkdir(sub, 0700);
-  snprintf(tmp, sizeof tmp, "%s/stale.tmp", sub);
-  FILE *f = fopen(tmp, "wb");
+  snprintf(out, cap, "%s/stale.tmp", sub);
+  FILE *f = fopen(out, "wb");
   REQUIRE(f);
   fputs("interrupted", f);
   fclose(f);
+}
+
+static void spill_k(kvt_tier *t, int k) {
   int32_t tok[C];
-  for (int k = 0; k < 63; k++) {
-    for (int i = 0; i < C; i++)
-      tok[i] = 70000 + k * C + i;
-    spill(t, tok, C);
-  }
-  REQUIRE(kvt_tier_flush(t, -1) == 0);
-  CHECK(kvt_test_exists(tmp)); /* 63 spills: not yet */
   for (int i = 0; i < C; i++)
-    tok[i] = 90000 + i;
+    tok[i] = 70000 + k * C + i;
   spill(t, tok, C);
+}
+
+/* The writer's sweep: one chunks/<kk> on the first chunked spill and every
+ * 64th after it, resuming where the previous pass stopped - also a pass of
+ * a previous process (before, each process started at chunks/00 and swept
+ * only after 64 spills, so short-lived writers left their leftovers for
+ * ever) - and chained-entry records whose entry has neither a row nor
+ * files are removed (nothing removed them). */
+static void test_lazy_sweep(const char *dir) {
+  kvt_tier *t = open_tier(dir, C, NULL, 0);
+  char t00[4300], t01[4300], t02[4300];
+  plant_tmp(t00, sizeof t00, dir, "00");
+  plant_tmp(t01, sizeof t01, dir, "01");
+  spill_k(t, 0);
   REQUIRE(kvt_tier_flush(t, -1) == 0);
-  CHECK(!kvt_test_exists(tmp));
+  CHECK(!kvt_test_exists(t00) && kvt_test_exists(t01));
+  for (int k = 1; k < 64; k++)
+    spill_k(t, k);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  CHECK(kvt_test_exists(t01)); /* 63 more spills: not yet */
+  spill_k(t, 64);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  CHECK(!kvt_test_exists(t01));
+  kvt_tier_free(t);
+
+  /* A new process resumes at chunks/02, not 00. */
+  plant_tmp(t00, sizeof t00, dir, "00");
+  plant_tmp(t02, sizeof t02, dir, "02");
+  t = open_tier(dir, C, NULL, 0);
+  spill_k(t, 100);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  CHECK(!kvt_test_exists(t02) && kvt_test_exists(t00));
+  /* A chained entry whose row and files went (a kill between its chain
+   * record and its row leaves the same): its record is dangling. */
+  int32_t tok[2 * C + 3];
+  for (int i = 0; i < 2 * C + 3; i++)
+    tok[i] = 90000 + i;
+  spill(t, tok, 2 * C + 3);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  kvt_chunk_totals tot = KVT_CHUNK_TOTALS_INIT;
+  REQUIRE(kvt_tier_chunk_totals(&tot, t) == 0);
+  uint64_t before = tot.chained_entries;
+  kvt_tier_free(t);
+  char hash[65], db[4200], ed[4300], q[300];
+  REQUIRE(kvt_token_hash(hash, tok, 2 * C + 3) == 0);
+  snprintf(db, sizeof db, "%s/index.db", dir);
+  sqlite3 *raw;
+  REQUIRE(sqlite3_open(db, &raw) == SQLITE_OK);
+  snprintf(q, sizeof q, "DELETE FROM entries WHERE token_hash = '%s'", hash);
+  REQUIRE(sqlite3_exec(raw, q, NULL, NULL, NULL) == SQLITE_OK);
+  sqlite3_close(raw);
+  snprintf(ed, sizeof ed, "%s/data/%s", dir, hash);
+  kvt_test_rmtree(ed);
+  t = open_tier(dir, C, NULL, 0);
+  REQUIRE(kvt_tier_chunk_totals(&tot, t) == 0);
+  CHECK_EQ_INT(tot.chained_entries, before); /* open keeps it */
+  spill_k(t, 200); /* the first pass of this process */
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  REQUIRE(kvt_tier_chunk_totals(&tot, t) == 0);
+  CHECK_EQ_INT(tot.chained_entries, before); /* + 1 new, - 1 dangling */
+  kvt_tier_free(t);
+}
+
+/* Copies every chunks/<kk>/<name> file of dir into to/<kk>/<name>. */
+static int copy_chunk_tree(const char *dir, const char *to) {
+  int n = 0;
+  mkdir(to, 0700);
+  for (int a = 0; a < 256; a++) {
+    char sub[4200], dsub[4400];
+    snprintf(sub, sizeof sub, "%s/chunks/%02x", dir, a);
+    DIR *d = opendir(sub);
+    if (!d)
+      continue;
+    snprintf(dsub, sizeof dsub, "%s/%02x", to, a);
+    mkdir(dsub, 0700);
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+      if (de->d_name[0] == '.')
+        continue;
+      char f1[4800], f2[4800];
+      snprintf(f1, sizeof f1, "%s/%s", sub, de->d_name);
+      snprintf(f2, sizeof f2, "%s/%s", dsub, de->d_name);
+      copy_file(f1, f2);
+      n++;
+    }
+    closedir(d);
+  }
+  return n;
+}
+
+static void write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "wb");
+  REQUIRE(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* Nothing outside the cache is read or removed through a link below it.
+ * A chunks/<kk> that is a symlink to a directory elsewhere, holding a
+ * chunk-named damaged file and a stale-looking .tmp, then chunks/ itself a
+ * symlink to a copy of the real chunk tree elsewhere: gc (dry and real)
+ * reports the link as a stray and removes nothing outside, a promote is not
+ * served from outside, and a rebuild indexes nothing from there. Before,
+ * gc --chunks followed the link and deleted those files. */
+static void test_links_not_followed(const char *dir, const char *outside) {
+  kvt_tier *t = open_tier(dir, C, NULL, 0);
+  int32_t tok[69];
+  conv(tok, 0);
+  spill(t, tok, 69);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  /* A chunks/<kk> no chunk of this cache uses. */
+  char kk[3] = "";
+  for (int a = 0; a < 256 && !kk[0]; a++) {
+    char sub[4200];
+    snprintf(sub, sizeof sub, "%s/chunks/%02x", dir, a);
+    if (!kvt_test_exists(sub))
+      snprintf(kk, sizeof kk, "%02x", a);
+  }
+  REQUIRE(kk[0]);
+  mkdir(outside, 0700);
+  char out1[4200], victim[4400], vtmp[4400], link[4200];
+  snprintf(out1, sizeof out1, "%s/one", outside);
+  mkdir(out1, 0700);
+  snprintf(victim, sizeof victim, "%s/%s%062d.kvc", out1, kk, 0);
+  write_text(victim, "not a chunk, and not the cache's");
+  snprintf(vtmp, sizeof vtmp, "%s/%s%062d.tmp", out1, kk, 1);
+  write_text(vtmp, "someone's temporary file");
+  snprintf(link, sizeof link, "%s/chunks/%s", dir, kk);
+  REQUIRE(symlink(out1, link) == 0);
+  gcseen g = {0};
+  kvt_chunk_gc_result res;
+  REQUIRE(kvt_tier_chunk_gc(t, 1, gc_cb, NULL, &g, &res) == 0);
+  CHECK_EQ_INT(g.stray, 1);
+  CHECK(g.tmp == 0 && g.removed == 0);
+  memset(&g, 0, sizeof g);
+  REQUIRE(kvt_tier_chunk_gc(t, 0, gc_cb, NULL, &g, &res) == 0);
+  CHECK_EQ_INT(g.stray, 1);
+  CHECK(g.tmp == 0 && g.removed == 0);
+  CHECK(kvt_test_exists(victim) && kvt_test_exists(vtmp));
+  REQUIRE(unlink(link) == 0);
+
+  /* chunks/ itself a link to a copy elsewhere, the real one moved aside. */
+  char out2[4200], real[4200], moved[4200], vict2[4400], vtmp2[4400];
+  snprintf(out2, sizeof out2, "%s/two", outside);
+  REQUIRE(copy_chunk_tree(dir, out2) == 4); /* 69 tokens: 4 chunks */
+  snprintf(vict2, sizeof vict2, "%s/%s", out2, kk);
+  mkdir(vict2, 0700);
+  snprintf(vtmp2, sizeof vtmp2, "%s/%s/%s%062d.tmp", out2, kk, kk, 2);
+  write_text(vtmp2, "someone's temporary file");
+  snprintf(vict2, sizeof vict2, "%s/%s/%s%062d.kvc", out2, kk, kk, 3);
+  write_text(vict2, "not a chunk, and not the cache's");
+  snprintf(real, sizeof real, "%s/chunks", dir);
+  snprintf(moved, sizeof moved, "%s/chunks.aside", dir);
+  REQUIRE(rename(real, moved) == 0);
+  REQUIRE(symlink(out2, real) == 0);
+  memset(&g, 0, sizeof g);
+  REQUIRE(kvt_tier_chunk_gc(t, 0, gc_cb, NULL, &g, &res) == 0);
+  CHECK_EQ_INT(g.stray, 1);
+  CHECK(g.tmp == 0 && g.removed == 0 && g.adopted == 0);
+  CHECK(kvt_test_exists(vict2) && kvt_test_exists(vtmp2));
+  /* The entry's chunks are reached only through the link: not served. */
+  kvt_entry *e = NULL;
+  CHECK(kvt_tier_promote(&e, t, tok, 69, NULL) != 0);
+  CHECK(e == NULL);
+  kvt_entry_free(e);
+  kvt_tier_free(t);
+  /* A rebuild of the index finds no chunk through the link. */
+  t = open_tier(dir, C, NULL, KVT_OPEN_REINDEX);
+  kvt_chunk_totals tot = KVT_CHUNK_TOTALS_INIT;
+  REQUIRE(kvt_tier_chunk_totals(&tot, t) == 0);
+  CHECK_EQ_INT(tot.chunks, 0);
+  kvt_tier_free(t);
+  CHECK(kvt_test_exists(vict2) && kvt_test_exists(vtmp2));
+}
+
+/* A chunk file replaced by a symbolic link (to a valid copy outside): a
+ * damaged chunk. verify reports it, --repair moves the link itself to
+ * quarantine/ (the target is never touched) and the tier is clean after.
+ * Before, every read and verify failed with KVT_EPERM for ever while the
+ * repair claimed to have moved it. */
+static void test_linked_chunk_file(const char *dir, const char *outside) {
+  kvt_tier *t = open_tier(dir, C, NULL, 0);
+  int32_t tok[69];
+  conv(tok, 1);
+  spill(t, tok, 69);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  char hash[65];
+  REQUIRE(kvt_token_hash(hash, tok, 69) == 0);
+  kvt_chunk_info *ch = NULL;
+  size_t n = 0;
+  REQUIRE(kvt_tier_entry_chain(&ch, &n, NULL, t, hash, 0) == 0 && n == 4);
+  char key[65], p[4096], copy[4200];
+  snprintf(key, sizeof key, "%s", ch[3].key);
+  kvt_free(ch);
+  chunk_path(p, sizeof p, dir, key);
+  mkdir(outside, 0700);
+  snprintf(copy, sizeof copy, "%s/%s.kvc", outside, key);
+  copy_file(p, copy);
+  REQUIRE(unlink(p) == 0 && symlink(copy, p) == 0);
+  uint64_t ents = 99;
+  CHECK(kvt_tier_chunk_verify(t, key, 0, &ents) == KVT_ECORRUPT);
+  CHECK(strstr(kvt_last_error(), "symbolic link") != NULL);
+  CHECK(kvt_tier_chunk_verify(t, key, 1, &ents) == KVT_ECORRUPT);
+  CHECK_EQ_INT(ents, 1);
+  struct stat st;
+  CHECK(lstat(p, &st) != 0);    /* the link left chunks/ */
+  CHECK(kvt_test_exists(copy)); /* its target untouched */
+  kvt_entry *e = NULL;
+  CHECK(kvt_tier_promote(&e, t, tok, 69, NULL) == KVT_ENOTFOUND && !e);
+  kvt_entry_free(e);
+  /* The serving path finds it the same way: another entry, another link. */
+  conv(tok, 2);
+  spill(t, tok, 69);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  REQUIRE(kvt_token_hash(hash, tok, 69) == 0);
+  REQUIRE(kvt_tier_entry_chain(&ch, &n, NULL, t, hash, 0) == 0 && n == 4);
+  char key2[65], p2[4096];
+  snprintf(key2, sizeof key2, "%s", ch[3].key);
+  kvt_free(ch);
+  chunk_path(p2, sizeof p2, dir, key2);
+  snprintf(copy, sizeof copy, "%s/%s.kvc", outside, key2);
+  copy_file(p2, copy);
+  REQUIRE(unlink(p2) == 0 && symlink(copy, p2) == 0);
+  CHECK(kvt_tier_promote(&e, t, tok, 69, NULL) == KVT_ECORRUPT && !e);
+  CHECK(lstat(p2, &st) != 0 && kvt_test_exists(copy));
+  CHECK(kvt_tier_promote(&e, t, tok, 69, NULL) == KVT_ENOTFOUND && !e);
+  CHECK(kvt_tier_chunk_verify(t, key2, 0, NULL) == KVT_ENOTFOUND);
   kvt_tier_free(t);
 }
 
@@ -311,5 +535,13 @@ int main(void) {
   snprintf(b, sizeof b, "%s/b", d);
   test_tools(a);
   test_lazy_sweep(b);
+  char c[1024], o[1024];
+  snprintf(c, sizeof c, "%s/c", d);
+  snprintf(o, sizeof o, "%s/outside", d);
+  test_links_not_followed(c, o);
+  char e2[1024], o2[1024];
+  snprintf(e2, sizeof e2, "%s/e", d);
+  snprintf(o2, sizeof o2, "%s/outside2", d);
+  test_linked_chunk_file(e2, o2);
   return kvt_test_done(); /* the tmpdir is removed at exit */
 }

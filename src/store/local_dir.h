@@ -1,0 +1,30 @@
+/*
+ * local_dir.h - walking the cache directory by directory descriptor
+ * (local_dir.c), part of the local layout's ownership (local.h): a path
+ * below cache_dir is reached from a descriptor of cache_dir itself, one
+ * component at a time with openat(O_DIRECTORY | O_NOFOLLOW), and files are
+ * opened, listed, stat'ed and unlinked relative to the descriptor of their
+ * own directory. So a symbolic link planted anywhere below cache_dir (a
+ * chunks/ or chunks/<kk> pointing elsewhere) is refused, never followed, and
+ * nothing outside the cache can be read or removed through it.
+ */
+#ifndef KVT_STORE_LOCAL_DIR_H
+#define KVT_STORE_LOCAL_DIR_H
+
+#include <stddef.h>
+
+/* Opens cache_dir itself (O_DIRECTORY, O_NOFOLLOW on its last component:
+ * the layout checks at open refuse a linked cache_dir). fd or a negative
+ * kvt code (error set). */
+int kvti_dir_open_root(const char *cache_dir);
+/* Opens directory rel ("a/b", no leading '/', no "." or "..") below base_fd
+ * without following any link. fd, or KVT_ENOTFOUND (a component missing),
+ * KVT_EPERM (a component is a link or not a directory: the message names
+ * it), another negative code. where names base in messages. */
+int kvti_dir_open_rel(int base_fd, const char *rel, const char *where);
+/* Unlinks file rel ("a/b/name") below base_fd, reaching its directory as
+ * kvti_dir_open_rel does. 0 (also when it is missing), KVT_EPERM (a link on
+ * the way: nothing removed), another code. */
+int kvti_dir_unlink_rel(int base_fd, const char *rel, const char *where);
+
+#endif
