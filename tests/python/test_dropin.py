@@ -22,8 +22,10 @@ import time
 import pytest
 
 import ssd_cache_ref as ref
-from conftest import Budget, kv_layer, make_tier, run
+from conftest import Budget, drop_ram_copies, kv_layer, make_tier, run, tier_kw
 from kvtier import ssd_cache as kv
+
+pytestmark = pytest.mark.tier_profiles  # defaults and the bare disk path (conftest)
 
 WAIT = 20.0  # seconds: bound on any wait for another thread
 
@@ -172,6 +174,7 @@ def test_blocked_write_entry_stalls_neither_promotes_nor_quarantine(cache_dir, r
     assert t.enqueue_spill(good, [kv_layer(rng, 3)], 30)
     assert t.enqueue_spill(bad, [kv_layer(rng, 3)], 30)
     t.flush(timeout=WAIT)
+    drop_ram_copies(t)
     _corrupt(cache_dir, bad)
     gate = Gate(t)
     monkeypatch.setattr(t, "_write_entry", gate)
@@ -252,7 +255,7 @@ def test_subclass_write_entry_is_called(cache_dir, rng):
             seen.append(tokens_key)
             super()._write_entry(tokens_key, layer_snapshots, memory_bytes)
 
-    t = Recording(kv.SSDCacheConfig(cache_dir=cache_dir, durability="none"))
+    t = Recording(kv.SSDCacheConfig(cache_dir=cache_dir, **tier_kw()))
     t.start_writer()
     assert t.enqueue_spill((5, 5), [kv_layer(rng, 2)], 1)
     t.flush(timeout=WAIT)
@@ -487,5 +490,27 @@ def test_tier_index_is_an_ssdindex_bound_to_the_tier(cache_dir, rng):
             t._index.insert_entry((5,), "x", 1, 1)
         t._index.delete_entry((4, 4))
         assert t.lookup_ssd((4, 4)) is None
+    finally:
+        t.close()
+
+
+# ---- 5. the profiles reach the tier ----
+
+
+def test_each_profile_reaches_the_tier(cache_dir, tier_profile):
+    """The [defaults] run of every test here is SSDCacheConfig's defaults as a
+    user gets them (fsync, the host RAM tier at its derived size, chunks);
+    the [disk] run is the bare disk path.  Guards the profile plumbing: were
+    make_tier to ignore it, every [defaults] run would repeat [disk]."""
+    t = make_tier(cache_dir)
+    try:
+        c = t._config
+        bound = t.get_stats()["host_cache_bytes_bound"]
+        if tier_profile == "defaults":
+            d = kv.SSDCacheConfig(cache_dir=cache_dir)
+            assert c == d and c.durability == "fsync" and c.chunk_tokens == 256
+            assert c.host_cache_bytes is None and bound > 0
+        else:
+            assert c.durability == "none" and c.host_cache_bytes == 0 and bound == 0
     finally:
         t.close()
