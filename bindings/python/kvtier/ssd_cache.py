@@ -38,7 +38,8 @@ Differences a caller can observe, all deliberate:
   ``enqueue_spill`` once closing returns False.
 - ``_write_entry`` is called by the C writer only while it is replaced on the
   instance (or by a subclass), with an opaque ``layer_snapshots`` to pass on
-  to the original; ``_spill_queue`` is a read-only view of the C queue;
+  to the original; ``_spill_queue`` is a read-only view of the C queue
+  (a queue set in its place is served by a Python writer thread);
   ``tier._index`` is an ``SSDIndex`` bound to the tier (no second
   connection; no ``insert_entry``/``get_lru``/``all_entries``).
 - ``SSDIndex.insert_entry`` takes a ``str`` file_path without NUL characters
@@ -69,6 +70,7 @@ import os
 import queue
 import sqlite3
 import threading
+import time
 import types
 import weakref
 from abc import ABC, abstractmethod
@@ -574,6 +576,27 @@ class SSDIndex:
         self._ptr = p.value
         self._fin = weakref.finalize(self, L.kvt_index_close, p.value)
 
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        """A Python sqlite3 connection to this index's index.db (rows as
+        sqlite3.Row, usable from any thread), opened on first use and closed
+        by close(): for code that queries the table directly, as the
+        reference's own tests do.  Hold ``_db_lock`` around its use.  The
+        index's calls never use it.  A tier's own index has none (its rows
+        are the tier's in-memory index; open SSDIndex(cache_dir) instead)."""
+        if self._via is not None:
+            raise AttributeError(
+                "_conn: a tier's own index has no Python connection; open "
+                "SSDIndex(cache_dir) to query index.db")
+        self._p()  # closed -> sqlite3.ProgrammingError, as the reference's
+        c = self.__dict__.get("_py_conn")
+        if c is None:
+            c = sqlite3.connect(os.path.join(self._cache_dir, "index.db"),
+                                check_same_thread=False)
+            c.row_factory = sqlite3.Row
+            self.__dict__["_py_conn"] = c
+        return c
+
     def _tier_only(self, what: str) -> NotImplementedError:
         return NotImplementedError(
             f"SSDIndex.{what} on a tier's own index: the tier's rows are "
@@ -712,6 +735,9 @@ class SSDIndex:
         """Close the SQLite connection (a tier's own index: nothing; the
         tier closes it)."""
         with self._db_lock:
+            c = self.__dict__.pop("_py_conn", None)
+            if c is not None:
+                c.close()
             if self._ptr is not None:
                 self._ptr = None
                 self._fin()
@@ -1107,6 +1133,7 @@ class SSDCacheTier:
         self._closed = True
         self._closing = False
         self._writer_thread: Any = None
+        self._sentinel_queued = False  # on a replaced _spill_queue
         self._hook_calls = 0  # calls of the write hook (replaced _write_entry)
 
         if config.cache_dir is None:
@@ -1184,8 +1211,32 @@ class SSDCacheTier:
             return
         self._sync_write_hook()
         L.check(L.kvt_tier_start_writer(self._h.ptr), "start_writer")
-        self._writer_thread = _WriterInfo(self)
+        q = self._spill_queue
+        if isinstance(q, _SpillQueue):
+            self._writer_thread = _WriterInfo(self)
+        else:
+            # _spill_queue was replaced by a queue of the caller's: a Python
+            # thread serves it (the C writer still serves enqueue_spill).
+            th = threading.Thread(target=self._serve_replaced_queue, args=(q,),
+                                  daemon=True, name="ssd-cache-writer")
+            th.start()
+            self._writer_thread = th
         logger.info("[ssd_cache] writer thread started")
+
+    def _serve_replaced_queue(self, q: Any) -> None:
+        """Writer loop for a ``_spill_queue`` replaced by the caller: hands
+        each ``(tokens, layer_snapshots, memory_bytes)`` item to
+        ``_write_entry`` until the None sentinel close() queues; a failing
+        write is logged and the loop carries on."""
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            toks, snaps, mem = item
+            try:
+                self._write_entry(toks, snaps, mem)
+            except Exception:
+                logger.exception(f"[ssd_cache] failed to write entry ({len(toks)} tokens)")
 
     def enqueue_spill(
         self,
@@ -1512,14 +1563,17 @@ class SSDCacheTier:
             return
         if timeout is None:
             t = self._WRITER_JOIN_TIMEOUT_S
-            ms = -1 if t is None else max(0, int(float(t) * 1000))
+            deadline = None if t is None else time.monotonic() + float(t)
+            self._close_replaced_writer(t, deadline)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ms = -1 if left is None else int(left * 1000)
             self._closing = True
             rc = L.kvt_tier_close_queued(self._h.ptr, ms)
             if rc == L.KVT_EFULL:
                 self._closing = False
                 raise L.KvtierTimeoutError(
                     L.KVT_ETIMEDOUT, f"SSDCacheTier.close: could not queue the writer's "
-                    f"stop sentinel within {t}s (the spill queue stayed full); nothing "
+                    f"shutdown sentinel within {t}s (the spill queue stayed full); nothing "
                     "was closed and close() may be retried")
             if rc == L.KVT_ETIMEDOUT:
                 raise L.KvtierTimeoutError(
@@ -1541,6 +1595,37 @@ class SSDCacheTier:
             self._writer_thread = None
         self._index.close()
         logger.info("[ssd_cache] SSDCacheTier closed")
+
+    def _close_replaced_writer(self, t: float | None, deadline: float | None) -> None:
+        """close()'s steps for a ``_spill_queue`` or ``_writer_thread`` the
+        caller replaced (the C ones need neither): the None sentinel goes on
+        the replaced queue (bounded by t), then the replaced or Python writer
+        thread is joined until the deadline.  Raises TimeoutError, with the
+        C tier and the index untouched, when either does not happen."""
+        q = self._spill_queue
+        if not isinstance(q, _SpillQueue) and not self._sentinel_queued:
+            if self._writer_thread is None:
+                self.start_writer()  # queued items are written, not dropped
+            try:
+                q.put(None, timeout=t)
+            except queue.Full:
+                raise L.KvtierTimeoutError(
+                    L.KVT_ETIMEDOUT, f"SSDCacheTier.close: could not queue the writer's "
+                    f"shutdown sentinel within {t}s (the replaced spill queue stayed "
+                    "full); nothing was closed and close() may be retried") from None
+            self._sentinel_queued = True
+        wt = self._writer_thread
+        if wt is None or isinstance(wt, _WriterInfo):
+            return
+        self._closing = True
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        wt.join(timeout=left)
+        if wt.is_alive():
+            raise L.KvtierTimeoutError(
+                L.KVT_ETIMEDOUT, f"SSDCacheTier.close: the writer thread did not stop "
+                f"within {t}s; the writer and the index stay open and close() may be "
+                "called again")
+        self._writer_thread = None
 
     async def aclose(self, timeout: float | None = None) -> None:
         """``await asyncio.to_thread(self.close)``, as the reference's: the
