@@ -68,6 +68,7 @@ import inspect
 import logging
 import os
 import queue
+import re
 import sqlite3
 import threading
 import time
@@ -119,6 +120,11 @@ SERIALIZER_SUPPORT_MATRIX = {
 _STORAGE_MODES = {"native": L.STORAGE_NATIVE, "compat": L.STORAGE_COMPAT}
 _DURABILITIES = {"fsync": L.DURABILITY_FSYNC, "none": L.DURABILITY_NONE}
 _IO_BACKENDS = {"auto": L.IO_AUTO, "portable": L.IO_PORTABLE, "uring": L.IO_URING}
+# kvt_options' names of the fields SSDCacheConfig names otherwise.
+_C_FIELD_NAMES = {"file_mode": "file_permissions", "dir_mode": "dir_permissions"}
+_U32 = (1 << 32) - 1
+_U64 = (1 << 64) - 1
+_I64 = (1 << 63) - 1
 
 
 # --------------------------------------------------------------------------
@@ -217,109 +223,106 @@ class SSDCacheConfig:
     model_id: str | None = None
 
     def __post_init__(self) -> None:
-        if self.max_size_gb <= 0:
-            raise ValueError(f"max_size_gb must be > 0, got {self.max_size_gb}")
-        if self.max_entries < 1:
-            raise ValueError(f"max_entries must be >= 1, got {self.max_entries}")
-        if self.spill_queue_size < 1:
-            raise ValueError(
-                f"spill_queue_size must be >= 1, got {self.spill_queue_size}"
-            )
-        # kvtier's fields.
-        if self.storage_mode not in _STORAGE_MODES:
-            raise ValueError(
-                f"storage_mode must be 'native' or 'compat', got {self.storage_mode!r}"
-            )
-        if self.durability not in _DURABILITIES:
-            raise ValueError(
-                f"durability must be 'fsync' or 'none', got {self.durability!r}"
-            )
-        if self.io_backend not in _IO_BACKENDS:
-            raise ValueError(
-                "io_backend must be 'auto', 'portable' or 'uring', "
-                f"got {self.io_backend!r}"
-            )
-        if self.spill_queue_bytes < 0:
-            raise ValueError(
-                f"spill_queue_bytes must be >= 0, got {self.spill_queue_bytes}"
-            )
-        if self.promote_threads < 1:
-            raise ValueError(
-                f"promote_threads must be >= 1, got {self.promote_threads}"
-            )
-        if self.quarantine_max < 0:
-            raise ValueError(f"quarantine_max must be >= 0, got {self.quarantine_max}")
-        if self.remote_mode not in L.REMOTE_MODES:
-            raise ValueError(
-                "remote_mode must be 'local', 'local+remote' or 'remote', "
-                f"got {self.remote_mode!r}"
-            )
-        if (self.remote_mode == "local") != (self.remote_url is None):
-            raise ValueError(
-                "remote_url and remote_mode go together: set remote_mode to "
-                "'local+remote' or 'remote' with a remote_url, or neither"
-            )
-        if self.remote_timeout_ms < 1:
-            raise ValueError(
-                f"remote_timeout_ms must be >= 1, got {self.remote_timeout_ms}"
-            )
-        if self.host_cache_bytes is not None and self.host_cache_bytes < 0:
-            raise ValueError(
-                f"host_cache_bytes must be >= 0 or None, got {self.host_cache_bytes}"
-            )
-        if self.retention_seconds is not None and self.retention_seconds < 0:
-            raise ValueError(
-                f"retention_seconds must be >= 0 or None, got {self.retention_seconds}"
-            )
+        # One rule book: libkvtier's kvt_options_validate, the check
+        # kvt_tier_open itself applies.  The fields are converted to a
+        # kvt_options and judged there, so whatever the tier would refuse
+        # raises ValueError now, with C's message.
+        self._to_options(validate=True)
 
     @property
     def max_size_bytes(self) -> int:
         """Maximum cache size in bytes."""
         return int(self.max_size_gb * _BYTES_PER_GB)
 
-    def _to_options(self) -> tuple[L.Options, list]:
-        """The kvt_options equivalent (plus the byte strings it points to,
-        which must stay alive until kvt_tier_open returns)."""
+    def _to_options(self, validate: bool = False) -> tuple[L.Options, list]:
+        """This config as a kvt_options, with the byte strings its pointers
+        refer to (keep them alive until kvt_tier_open has returned).
+
+        With validate, the result is passed to kvt_options_validate and a
+        refusal raises ValueError.  A number that does not fit its C field is
+        passed as the nearest value that does, so C judges it; should C
+        accept that value, the original is refused here instead."""
         o = L.Options()
         L.check(L.kvt_options_init(ctypes.byref(o), L.KVT_OPTIONS_VERSION),
                 "kvt_options_init")
-        keep = []
+        keep: list = []
+        outside: list = []
+
+        def fit(name: str, value: Any, lo: int, hi: int) -> int:
+            v = int(value)
+            if lo <= v <= hi:
+                return v
+            outside.append((name, value, lo, hi))
+            return lo if v < lo else hi
+
+        for name, table in (("storage_mode", _STORAGE_MODES),
+                            ("durability", _DURABILITIES),
+                            ("io_backend", _IO_BACKENDS)):
+            value = getattr(self, name)
+            if value not in table:
+                raise ValueError(f"{name} must be one of "
+                                 f"{', '.join(repr(k) for k in table)}; got {value!r}")
         if self.cache_dir is not None:
-            b = L.fs_path(self.cache_dir)
-            keep.append(b)
-            o.cache_dir = b
+            keep.append(L.fs_path(self.cache_dir))
+            o.cache_dir = keep[-1]
         if self.model_name is not None:
-            b = self.model_name.encode("utf-8")
-            keep.append(b)
-            o.model_name = b
+            keep.append(self.model_name.encode("utf-8"))
+            o.model_name = keep[-1]
         o.max_size_gb = float(self.max_size_gb)
-        o.max_entries = int(self.max_entries)
-        o.file_mode = int(self.file_permissions)
-        o.dir_mode = int(self.dir_permissions)
-        o.spill_queue_size = int(self.spill_queue_size)
-        o.spill_queue_bytes = int(self.spill_queue_bytes)
-        o.retention_seconds = int(self.retention_seconds or 0)
+        o.max_entries = fit("max_entries", self.max_entries, -_I64 - 1, _I64)
+        o.file_mode = fit("file_permissions", self.file_permissions, 0, _U32)
+        o.dir_mode = fit("dir_permissions", self.dir_permissions, 0, _U32)
+        o.spill_queue_size = fit("spill_queue_size", self.spill_queue_size, 0, _U32)
+        o.spill_queue_bytes = fit("spill_queue_bytes", self.spill_queue_bytes, 0, _U64)
+        o.retention_seconds = fit("retention_seconds", self.retention_seconds or 0,
+                                  -_I64 - 1, _I64)
         o.storage_mode = _STORAGE_MODES[self.storage_mode]
         o.durability = _DURABILITIES[self.durability]
         o.io_backend = _IO_BACKENDS[self.io_backend]
-        o.promote_threads = int(self.promote_threads)
-        o.quarantine_max = int(self.quarantine_max)
+        o.promote_threads = fit("promote_threads", self.promote_threads, 0, _U32)
+        o.quarantine_max = fit("quarantine_max", self.quarantine_max, 0, _U32)
         L.set_remote_options(o, keep, self.remote_url, self.remote_mode,
-                             self.remote_prefix, self.remote_timeout_ms,
-                             self.remote_lookup_timeout_ms, self.remote_keep_local,
-                             self.remote_tls_ca_file, self.remote_tls_cert_file,
-                             self.remote_tls_key_file)
+                             self.remote_prefix,
+                             fit("remote_timeout_ms", self.remote_timeout_ms, 0, _U32),
+                             fit("remote_lookup_timeout_ms",
+                                 self.remote_lookup_timeout_ms, 0, _U32),
+                             self.remote_keep_local, self.remote_tls_ca_file,
+                             self.remote_tls_cert_file, self.remote_tls_key_file)
         if self.host_cache_bytes is not None:
-            o.host_cache_bytes = int(self.host_cache_bytes)
-        o.chunk_tokens = int(self.chunk_tokens)
+            o.host_cache_bytes = fit("host_cache_bytes", self.host_cache_bytes, 0, _U64)
+        o.chunk_tokens = fit("chunk_tokens", self.chunk_tokens, 0, _U32)
+        # The chunks' namespace defaults to the directory's name: the
+        # reference keeps one directory per model, so two models never share.
         mid = self.model_id
         if mid is None and self.chunk_tokens and self.cache_dir is not None:
             mid = os.path.basename(os.path.normpath(str(self.cache_dir)))
         if mid is not None:
-            b = mid.encode("utf-8")
-            keep.append(b)
-            o.model_id = b
+            keep.append(mid.encode("utf-8"))
+            o.model_id = keep[-1]
+        if validate:
+            rc = L.kvt_options_validate(ctypes.byref(o))
+            if rc != 0:
+                raise ValueError(self._option_message(L.last_error() or L.strerror(rc)))
+            if outside:
+                name, value, lo, hi = outside[0]
+                raise ValueError(f"{name} must be in {lo}..{hi}, got {value}")
         return o, keep
+
+    def _option_message(self, msg: str) -> str:
+        """kvt_options_validate's message in this class's terms: C's field
+        names replaced by the dataclass's, and the offending value shown as
+        Python prints the field ("got 0.0", as the reference says, where C
+        prints "got 0")."""
+        m = re.match(r"(\w+) (.*), got .*$", msg, re.S)
+        if m is None:
+            return msg
+        name = _C_FIELD_NAMES.get(m.group(1), m.group(1))
+        if not hasattr(self, name):
+            return msg
+        value = getattr(self, name)
+        if name in _C_FIELD_NAMES.values() and isinstance(value, int):
+            value = oct(value)  # the rule is written in octal too
+        return f"{name} {m.group(2)}, got {value}"
 
 
 @dataclass
