@@ -134,17 +134,24 @@ _I64 = (1 << 63) - 1
 
 @dataclass
 class SSDCacheConfig:
-    """Configuration for SSD cache tier.
+    """What an SSDCacheTier is opened with; every field is checked when the
+    config is made (ValueError), by the same C rules the tier's open applies.
 
-    Attributes:
-        cache_dir: Directory for SSD cache files. None = auto-detect
-            (~/.cache/vllm-mlx/ssd_cache/{model}/).
-        max_size_gb: Maximum total size of SSD cache in GB.
-        max_entries: Maximum number of entries in SSD cache.
-        file_permissions: Unix permission bits for cache data files.
-        dir_permissions: Unix permission bits for cache directories.
-        spill_queue_size: Max pending spill operations before dropping.
-        retention_seconds: Optional max age for cache entries (None = no expiry).
+    The reference's fields, first and with its defaults:
+        cache_dir: where the tier lives (index.db, data/).  SSDCacheTier
+            needs it set; kvtier.Tier picks a per-model directory under
+            ~/.cache when it is None.
+        max_size_gb: disk budget in GiB (2**30 bytes); the least recently
+            used entries go first when a spill would pass it.
+        max_entries: bound on the number of stored entries, enforced the
+            same way.
+        file_permissions / dir_permissions: modes of the files and
+            directories created; the owner's read/write (and, for
+            directories, search) bits are required.
+        spill_queue_size: spills that may wait for the writer; one more is
+            refused (enqueue_spill returns False).
+        retention_seconds: entries older than this are removed (None or 0:
+            kept until evicted).  The reference only records the value.
 
     kvtier's own fields (defaults keep the reference's API behaviour):
         storage_mode: "native" (lossless bf16/quantized, default) or "compat"
@@ -231,7 +238,7 @@ class SSDCacheConfig:
 
     @property
     def max_size_bytes(self) -> int:
-        """Maximum cache size in bytes."""
+        """max_size_gb in bytes, truncated to an integer."""
         return int(self.max_size_gb * _BYTES_PER_GB)
 
     def _to_options(self, validate: bool = False) -> tuple[L.Options, list]:
@@ -327,16 +334,18 @@ class SSDCacheConfig:
 
 @dataclass
 class SSDCacheStats:
-    """Statistics for SSD cache tier — exposed from day one.
+    """The reference's counters as a plain dataclass (a snapshot: the tier's
+    live counters are in C; get_stats() and tier._stats read them).
 
     Attributes:
-        spill_count: Number of entries spilled to SSD.
-        spill_bytes: Total bytes written to SSD.
-        ssd_hits: Number of successful SSD cache lookups.
-        ssd_misses: Number of SSD cache lookup misses.
-        reload_latency_sum: Sum of reload latencies in seconds.
-        reload_bytes: Total bytes read from SSD.
-        promotion_failures: Number of failed promotions (RAM budget exhausted).
+        spill_count / spill_bytes: entries the writer published, and the
+            bytes it wrote for them.
+        ssd_hits / ssd_misses: promotions that returned layers, and lookups
+            or promotions that found no entry.
+        reload_latency_sum: seconds spent in successful promotions, summed.
+        reload_bytes: bytes promoted entries brought back.
+        promotion_failures: promotions refused (budget) or failed (a bad or
+            vanished entry).
     """
 
     spill_count: int = 0
@@ -348,26 +357,25 @@ class SSDCacheStats:
     promotion_failures: int = 0
 
     def to_dict(self) -> dict:
-        """Return spill, lookup, reload, and promotion statistics."""
-
-        total_lookups = self.ssd_hits + self.ssd_misses
-        hit_rate = self.ssd_hits / total_lookups if total_lookups > 0 else 0.0
-        avg_latency_ms = (
-            (self.reload_latency_sum / self.ssd_hits * 1000)
-            if self.ssd_hits > 0
-            else 0.0
-        )
-        return {
-            "spill_count": self.spill_count,
-            "spill_bytes": self.spill_bytes,
-            "ssd_hits": self.ssd_hits,
-            "ssd_misses": self.ssd_misses,
-            "ssd_hit_rate": round(hit_rate, 4),
-            "reload_latency_sum_s": round(self.reload_latency_sum, 4),
-            "avg_reload_latency_ms": round(avg_latency_ms, 2),
-            "reload_bytes": self.reload_bytes,
-            "promotion_failures": self.promotion_failures,
-        }
+        """The counters and two derived figures, in the reference's key order
+        and rounding: ``ssd_hit_rate`` (hits over hits plus misses, 4
+        places), ``reload_latency_sum_s`` (4 places) and
+        ``avg_reload_latency_ms`` (per hit, 2 places); a ratio with nothing
+        to divide by is 0.0."""
+        looked = self.ssd_hits + self.ssd_misses
+        rate = 0.0 if looked <= 0 else self.ssd_hits / looked
+        # Divided first, then scaled: the reference's order, so the rounded
+        # figure is the same to the last digit.
+        per_hit_ms = 0.0 if self.ssd_hits <= 0 else \
+            self.reload_latency_sum / self.ssd_hits * 1000
+        out = {k: getattr(self, k) for k in ("spill_count", "spill_bytes",
+                                             "ssd_hits", "ssd_misses")}
+        out["ssd_hit_rate"] = round(rate, 4)
+        out["reload_latency_sum_s"] = round(self.reload_latency_sum, 4)
+        out["avg_reload_latency_ms"] = round(per_hit_ms, 2)
+        out["reload_bytes"] = self.reload_bytes
+        out["promotion_failures"] = self.promotion_failures
+        return out
 
 
 _REF_STAT_FIELDS = ("spill_count", "spill_bytes", "ssd_hits", "ssd_misses",
@@ -491,25 +499,28 @@ class _TierStats:
 
 
 def _tokens_to_blob(tokens: tuple[int, ...]) -> bytes:
-    """Serialize token tuple to a compact binary blob for SQLite storage."""
-    return _array.array("i", tokens).tobytes()
+    """The tokens as index.db stores them (``tokens_blob``): one native-endian
+    32-bit signed integer per token, packed."""
+    return bytes(_array.array("i", tokens))
 
 
 def _blob_to_tokens(blob: bytes) -> tuple[int, ...]:
-    """Deserialize binary blob back to token tuple."""
-    arr = _array.array("i")
-    arr.frombytes(blob)
-    return tuple(arr)
+    """The inverse of _tokens_to_blob."""
+    return tuple(_array.array("i", blob))
 
 
 def _tokens_hash(tokens: tuple[int, ...]) -> str:
-    """Compute SHA-256 hex digest of a token sequence for use as primary key."""
+    """An entry's key: lowercase hex SHA-256 of its tokens' blob.  It names
+    the row (``token_hash``) and the entry's directory under data/."""
     return hashlib.sha256(_tokens_to_blob(tokens)).hexdigest()
 
 
 def _prefix_hash(tokens: tuple[int, ...]) -> str:
-    """Hash the bounded token prefix used to prefilter prefix lookups."""
-    return _tokens_hash(tokens[:_PREFIX_FILTER_TOKENS])
+    """The key of the first _PREFIX_FILTER_TOKENS tokens (of all of them,
+    when there are fewer): index.db's ``prefix_hash`` column, which narrows
+    a prefix lookup to the rows that can match before their blobs are
+    compared."""
+    return _tokens_hash(tuple(tokens)[:_PREFIX_FILTER_TOKENS])
 
 
 # --------------------------------------------------------------------------
@@ -547,12 +558,13 @@ _TIER_OPENING = threading.local()
 
 
 class SSDIndex:
-    """SQLite-backed index for SSD cache entries (libkvtier's kvt_index_*).
+    """index.db, the table of stored entries, through libkvtier's kvt_index_*
+    calls.
 
-    Same schema as the reference (index.db opened by either program), same
-    methods and return values: rows are stored and returned as given (any
-    ``file_path``, any ``num_tokens``), by the reference's own SQL.  Thread
-    safety: every call is serialised, as in the reference.
+    The schema is the reference's, so either program opens a directory the
+    other wrote, and so are the methods and what they return: a row keeps
+    the ``file_path`` and ``num_tokens`` it was given.  Calls on one instance
+    take turns (``_db_lock``); any thread may make them.
 
     The instance a tier makes for itself (``tier._index``) is bound to the
     tier instead of opening index.db a second time: lookups, touch, delete
@@ -564,8 +576,11 @@ class SSDIndex:
     _SCHEMA_VERSION = 1
 
     def __init__(self, cache_dir: str) -> None:
-        self._cache_dir = cache_dir
+        """Opens (creating it and its tables when missing) cache_dir/index.db;
+        the directory must exist.  An older table without ``prefix_hash`` is
+        upgraded in place."""
         self._db_lock = threading.Lock()
+        self._cache_dir = cache_dir
         self._ptr: Optional[int] = None
         tier = getattr(_TIER_OPENING, "tier", None)
         if tier is not None:
@@ -625,11 +640,11 @@ class SSDIndex:
         memory_bytes: int,
         num_tokens: int,
     ) -> None:
-        """Insert or replace a cache entry in the index.
-
-        As the reference, ``file_path`` is stored as given (any str) and so
-        is ``num_tokens``; a tier only ever serves rows whose file_path is
-        their own token hash."""
+        """Stores the row for tokens_key, replacing one already there (its
+        created and accessed times are now).  ``file_path`` (a str without
+        NUL) and ``num_tokens`` are kept as given; a tier serves a row only
+        when file_path is the row's own token hash.  Not on a tier's own
+        index (NotImplementedError)."""
         if self._via is not None:
             raise self._tier_only("insert_entry")
         tok, n = tokens_arg(tokens_key)
@@ -646,7 +661,8 @@ class SSDIndex:
                     "insert_entry")
 
     def lookup_exact(self, tokens_key: tuple[int, ...]) -> dict | None:
-        """Look up an exact token sequence. Returns dict or None."""
+        """The row stored for exactly these tokens, as a dict of file_path,
+        memory_bytes and num_tokens, or None."""
         if self._via is not None:
             return self._via.lookup_exact(tokens_key)
         tok, n = tokens_arg(tokens_key)
@@ -655,11 +671,10 @@ class SSDIndex:
         return rows[0] if rows else None
 
     def lookup_prefix(self, query_tokens: tuple[int, ...]) -> list[dict]:
-        """Find entries whose token sequence is a prefix of query_tokens.
-
-        Returns list of dicts sorted by num_tokens descending (longest prefix first).
-        On a tier's own index: the longest stored prefix only (0 or 1 dicts).
-        """
+        """Every stored row whose tokens begin query_tokens (the whole query
+        included), longest first, as dicts of token_hash, file_path,
+        memory_bytes and num_tokens; [] for an empty query.  On a tier's own
+        index only the longest is returned (0 or 1 dicts)."""
         if self._via is not None:
             return self._via.lookup_prefix(query_tokens)
         tok, n = tokens_arg(query_tokens)
@@ -671,10 +686,10 @@ class SSDIndex:
 
     def delete_entry(self, tokens_key: tuple[int, ...], *,
                      cache_salt: str | bytes | None = None) -> None:
-        """Delete an entry by token sequence (a tier's own: files and row).
-        cache_salt (kvtier's): the tier's entry spilled under it (a salted
-        entry is deleted only with its salt; a standalone SSDIndex has no
-        salted rows)."""
+        """Removes the row for these tokens (nothing when there is none); on a
+        tier's own index the entry's files go too.  cache_salt (kvtier's):
+        the salt the tier's entry was spilled under; a salted entry is only
+        removed with it, and a standalone SSDIndex has no salted rows."""
         if self._via is not None:
             return self._via.delete_entry(tokens_key, cache_salt=cache_salt)
         if cache_salt is not None:
@@ -686,7 +701,8 @@ class SSDIndex:
             L.check(rc, "delete_entry")
 
     def get_lru(self, limit: int = 10) -> list[dict]:
-        """Get the least recently used entries, ordered oldest first."""
+        """Up to ``limit`` rows (all of them for a negative limit), least
+        recently accessed first, with their tokens_blob."""
         if self._via is not None:
             raise self._tier_only("get_lru")
         # SQLite's LIMIT with a negative value means "no limit".
@@ -695,7 +711,7 @@ class SSDIndex:
             return self._rows(L.kvt_index_lru, self._p(), lim, keys=_LRU_KEYS)
 
     def get_total_bytes(self) -> int:
-        """Get total memory_bytes across all entries."""
+        """The sum of memory_bytes over the rows (0 when empty)."""
         if self._via is not None:
             return self._via.get_total_bytes()
         v = ctypes.c_uint64()
@@ -704,7 +720,7 @@ class SSDIndex:
         return int(v.value)
 
     def get_entry_count(self) -> int:
-        """Get number of entries in the index."""
+        """How many rows there are."""
         if self._via is not None:
             return self._via.get_entry_count()
         v = ctypes.c_uint64()
@@ -714,9 +730,10 @@ class SSDIndex:
 
     def touch(self, tokens_key: tuple[int, ...], *,
               cache_salt: str | bytes | None = None) -> None:
-        """Update accessed_at timestamp for an entry (marks as recently used).
-        cache_salt (kvtier's): the tier's entry spilled under it (a
-        standalone SSDIndex has no salted rows)."""
+        """Sets the row's accessed time to now, so LRU eviction takes it
+        last; nothing when there is no such row.  cache_salt (kvtier's): the
+        salt the tier's entry was spilled under (a standalone SSDIndex has no
+        salted rows)."""
         if self._via is not None:
             return self._via.touch(tokens_key, cache_salt=cache_salt)
         if cache_salt is not None:
@@ -728,15 +745,17 @@ class SSDIndex:
             L.check(rc, "touch")
 
     def all_entries(self) -> list[dict]:
-        """Return all entries (for startup reconciliation)."""
+        """Every row, with its tokens_blob (what reconcile compares with the
+        directories on disk)."""
         if self._via is not None:
             raise self._tier_only("all_entries")
         with self._db_lock:
             return self._rows(L.kvt_index_all, self._p(), keys=_LRU_KEYS)
 
     def close(self) -> None:
-        """Close the SQLite connection (a tier's own index: nothing; the
-        tier closes it)."""
+        """Releases index.db (and the _conn connection, if one was opened);
+        later calls raise sqlite3.ProgrammingError.  On a tier's own index it
+        does nothing: the tier's close() releases it."""
         with self._db_lock:
             c = self.__dict__.pop("_py_conn", None)
             if c is not None:
@@ -756,8 +775,8 @@ class _TierIndex:
 
     def touch(self, tokens_key: tuple[int, ...], *,
               cache_salt: str | bytes | None = None) -> None:
-        """Update accessed_at timestamp for an entry (marks as recently used);
-        cache_salt: the entry spilled under it."""
+        """Marks the tier's entry as just used (kvt_tier_touch_ex), so its
+        LRU eviction comes last; cache_salt: the salt it was spilled under."""
         tok, n = tokens_arg(tokens_key)
         co, keep = L.call_opts(cache_salt)
         rc = L.kvt_tier_touch_ex(self._tier._h.ptr, tok, n, co)
@@ -827,10 +846,9 @@ class LayerSerializer(ABC):
 
 
 def _mx_to_numpy_safe(arr: Any) -> tuple[np.ndarray, str | None]:
-    """mx.array → np.ndarray, upcasting numpy-unsupported dtypes (bf16) to fp32.
-
-    Returns (numpy_array, original_dtype_name_or_None).
-    """
+    """A numpy copy of an MLX (or numpy-convertible) array, and the name of
+    its dtype when numpy had no such dtype and the copy was widened to
+    float32 (None otherwise): see kvtier._convert.to_numpy_safe."""
     return to_numpy_safe(arr)
 
 
@@ -1097,17 +1115,16 @@ class _ReplaceableWriteEntry:
 
 
 class SSDCacheTier:
-    """Cold-tier disk cache for KV cache entries, backed by libkvtier.
+    """The SSD tier behind vllm-mlx's prefix cache: entries the RAM cache
+    evicts are spilled here and promoted back on a later hit.  libkvtier does
+    the work (writer, index, files, reads); this class is the reference's
+    interface to it.
 
-    Directory layout (identical to the reference's)::
-
-        cache_dir/
-          index.db           # SQLite metadata index
-          data/              # safetensors files per entry
-            {hash}/          # one directory per entry
-              layer_0.safetensors ...
-              manifest.json  # per-entry layer metadata
-              tokens.bin
+    On disk, cache_dir holds what the reference writes - index.db (one row
+    per entry) and data/<token hash>/ with an entry's layer_<i>.safetensors,
+    manifest.json and tokens.bin - and kvtier's own files beside them
+    (manifest.sum checksums, chunks/ for the chunked store, stats.bin, the
+    kvtier.lock of the process that holds the directory).
 
     Typical use::
 
@@ -1118,12 +1135,13 @@ class SSDCacheTier:
         layers = await tier.async_promote(tokens, reserve, release)
         tier.close()
 
-    Thread-safe: spills, lookups and promotes may come from any thread.
+    Any thread may spill, look up and promote, concurrently.
     """
 
     def __init__(self, config: SSDCacheConfig) -> None:
-        """Opens (creating when missing) config.cache_dir and its index.  The
-        writer is not started (call start_writer(), as with the reference).
+        """Opens config.cache_dir, creating it (parents too) and index.db when
+        missing.  Spills wait in the queue until start_writer() is called, as
+        with the reference.
 
         Raises:
             ValueError: cache_dir is None, or an option libkvtier refuses.
@@ -1132,18 +1150,16 @@ class SSDCacheTier:
                 by group/others; another process holding it for writing).
             sqlite3.DatabaseError: index.db is unusable.
         """
+        if config.cache_dir is None:
+            raise ValueError("SSDCacheConfig.cache_dir must be set")
         self._config = config
-        self._closed = True
+        self._closed = True  # until every step below has worked
         self._closing = False
         self._writer_thread: Any = None
         self._sentinel_queued = False  # on a replaced _spill_queue
         self._hook_calls = 0  # calls of the write hook (replaced _write_entry)
-
-        if config.cache_dir is None:
-            raise ValueError("SSDCacheConfig.cache_dir must be set")
-
-        self._cache_dir = config.cache_dir
-        self._data_dir = os.path.join(self._cache_dir, "data")
+        self._cache_dir, self._data_dir = config.cache_dir, os.path.join(
+            config.cache_dir, "data")
 
         # The reference creates parents too; kvtier then checks ownership and
         # permissions of the leaf.
@@ -1172,16 +1188,22 @@ class SSDCacheTier:
             self._spill_queue = _SpillQueue(self._h, q.maxsize)
             self._closed = False
         except Exception:
-            index = getattr(self, "_index", None)
-            if index is not None:
-                try:
-                    index.close()
-                except Exception:
-                    logger.exception(
-                        "ssd_cache: failed to close index during init cleanup"
-                    )
-            self._h.free()  # the C tier (its index connection, the lock file)
+            self._undo_open()
             raise
+
+    def _undo_open(self) -> None:
+        """Undoes a half-done __init__: closes the index it got (whatever the
+        module's SSDIndex returned, a caller's stand-in too) and frees the C
+        tier, with its index connection and lock file.  A failing close is
+        logged, not raised, so the caller sees the error that stopped
+        __init__."""
+        idx = self.__dict__.get("_index")
+        if idx is not None:
+            try:
+                idx.close()
+            except Exception:
+                logger.exception("ssd_cache: failed to close index during init cleanup")
+        self._h.free()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("closing" if self._closing else "open")
@@ -1190,12 +1212,14 @@ class SSDCacheTier:
 
     @staticmethod
     def _entry_hash(tokens: tuple[int, ...]) -> str:
-        """Compute deterministic hash for a token sequence."""
+        """The key of an entry (its directory's name under data/): see
+        _tokens_hash."""
         return _tokens_hash(tokens)
 
     def get_stats(self) -> dict:
-        """Return current SSD cache statistics: the reference's keys (same
-        rounding) followed by kvtier's counters."""
+        """The tier's counters now: the nine keys of the reference's
+        SSDCacheStats.to_dict() first, rounded the same way, then kvtier's
+        (queue, evictions, quarantine, remote tier, host RAM tier...)."""
         s = self._h.stats()
         d = SSDCacheStats(**{f: getattr(s, f) for f in _REF_STAT_FIELDS}).to_dict()
         for f in _KVT_STAT_FIELDS:
@@ -1209,7 +1233,8 @@ class SSDCacheTier:
         return d
 
     def start_writer(self) -> None:
-        """Start the background spill writer thread (idempotent)."""
+        """Starts the writer, which takes spills off the queue and writes
+        them; a second call does nothing."""
         if self._writer_thread is not None:
             return
         self._sync_write_hook()
@@ -1249,7 +1274,7 @@ class SSDCacheTier:
         *,
         cache_salt: str | bytes | None = None,
     ) -> bool:
-        """Enqueue a cache entry for async spill to SSD.
+        """Hands an entry to the writer without waiting for the disk.
 
         cache_salt (kvtier's; str or bytes): a per-request namespace (vLLM's
         ``cache_salt``): the entry is then found, promoted, read and touched
@@ -1262,8 +1287,9 @@ class SSDCacheTier:
         with ``bits``/``group_size``; numpy arrays, bf16 arrays, or anything
         numpy.asarray accepts.
 
-        Returns True if enqueued, False if the entry was dropped (queue full,
-        entry too big, unsupported layer, tier closed).
+        True once the entry is queued: the writer will publish it unless the
+        write itself fails.  False, with nothing queued, when it is refused:
+        the queue is full, a layer cannot be stored, or the tier is closing.
         """
         if self._closed or self._closing:
             return False
@@ -1299,7 +1325,8 @@ class SSDCacheTier:
         layer_snapshots: Any,
         memory_bytes: int,
     ) -> None:
-        """Atomically persist one entry (writer thread), as the reference's.
+        """Writes one spill (on the writer thread): its files appear whole or
+        not at all.
 
         kvtier's C writer writes spills itself and calls this only while it
         is replaced on the instance (``tier._write_entry = f``, or
@@ -1338,14 +1365,10 @@ class SSDCacheTier:
 
     def lookup_ssd(self, tokens: tuple[int, ...], *,
                    cache_salt: str | bytes | None = None) -> dict | None:
-        """Synchronous check whether tokens exist in SSD tier.
-
-        Fast: an in-memory index lookup, no disk I/O.
-
-        Returns:
-            Dict with entry metadata (file_path, memory_bytes, num_tokens)
-            if found, None otherwise.
-        """
+        """Is an entry stored for exactly these tokens?  Answered from the
+        tier's in-memory index, without touching the disk.  Returns
+        ``{"file_path", "memory_bytes", "num_tokens"}`` (file_path: the
+        entry's directory under data/, its token hash) or None."""
         tok, n = tokens_arg(tokens)
         co, keep = L.call_opts(cache_salt)
         info = L.EntryInfo()
@@ -1362,11 +1385,11 @@ class SSDCacheTier:
 
     def lookup_ssd_prefix(self, tokens: tuple[int, ...], *,
                           cache_salt: str | bytes | None = None) -> dict | None:
-        """Find the longest prefix match in the SSD tier.
-
-        Returns the longest-prefix entry metadata (token_hash, file_path,
-        memory_bytes, num_tokens) or None.
-        """
+        """The longest stored entry whose tokens begin ``tokens``, from
+        memory like lookup_ssd: ``{"token_hash", "file_path",
+        "memory_bytes", "num_tokens"}`` or None.  In the chunked store this
+        may be a chunk-aligned prefix that no spill ended at (num_tokens and
+        memory_bytes then describe that prefix)."""
         tok, n = tokens_arg(tokens)
         if n == 0:
             return None
@@ -1419,23 +1442,20 @@ class SSDCacheTier:
         *,
         cache_salt: str | bytes | None = None,
     ) -> list | None:
-        """Promote an entry from SSD to RAM asynchronously.
+        """Reads the entry for ``tokens`` back into memory, off the event
+        loop (libkvtier's promote workers), and returns its layers.
 
-        CRITICAL: Reserves RAM budget BEFORE the disk read, to avoid
-        thrash when multiple promotions race.
+        The RAM is claimed first: ``reserve_budget_fn(memory_bytes)`` is
+        called on this thread before any byte is read, and a False return
+        ends the promotion there (no read, so racing promotions cannot
+        overcommit).  ``release_budget_fn(memory_bytes)`` gives it back, on
+        this thread, when the read then fails or the task is cancelled; on
+        success the caller owns the reservation.
 
-        Args:
-            tokens: Token sequence to promote.
-            reserve_budget_fn: Callable(nbytes) -> bool. Must return True
-                if budget is available and reserved, False otherwise. Called
-                on this (the event loop's) thread before any data is read.
-            release_budget_fn: Callable(nbytes) -> None. Called (on this
-                thread) to release budget on failure or cancellation.
-
-        Returns:
-            List of deserialized cache layers (dicts of numpy arrays), or
-            None if promotion failed (miss, budget refused, corrupt or
-            unreadable entry; counted in the stats).
+        Returns the layers as the reference's dicts of numpy arrays, or None
+        for a miss, a refused budget, or a damaged or unreadable entry (a
+        damaged one is quarantined); each outcome is counted in the stats.
+        An exception from reserve_budget_fn propagates.
 
         Cancelling the awaiting task stops the read, waits for it to finish,
         releases the budget and re-raises CancelledError.
@@ -1486,12 +1506,11 @@ class SSDCacheTier:
 
     def _read_entry(self, tokens: tuple[int, ...], relative_path: str, *,
                     cache_salt: str | bytes | None = None) -> list | None:
-        """Read a cache entry from disk synchronously (no budget, no stats,
-        no touch), as the reference's _read_entry.
-
-        Returns list of deserialized layer dicts, or None when the entry is
-        missing or corrupt (a corrupt entry is quarantined).
-        """
+        """The scheduler's direct read: the entry for ``tokens`` whose
+        directory is ``relative_path``, read on this thread with no budget,
+        no stats and no touch.  Returns its layers as async_promote does, or
+        None when it is missing, does not match, or is damaged (then
+        quarantined)."""
         tok, n = tokens_arg(tokens)
         co, keep = L.call_opts(cache_salt)
         e = ctypes.c_void_p()
@@ -1528,19 +1547,16 @@ class SSDCacheTier:
         return L.trim(self._h.ptr, target_bytes)
 
     def reconcile(self) -> int:
-        """Reconcile index with files on disk.
-
-        Removes index entries whose data files are missing and data
-        directories not in the index.
-
-        Returns number of entries cleaned up.
-        """
+        """Makes index.db and data/ agree: rows whose files are gone are
+        dropped, and directories no row names are removed.  Returns how many
+        were cleaned up."""
         return int(L.check(L.kvt_tier_reconcile(self._h.ptr), "reconcile"))
 
     _WRITER_JOIN_TIMEOUT_S = 5.0
 
     def close(self, timeout: float | None = None) -> None:
-        """Close the SSD cache tier and release resources.
+        """Stops the tier: the spills already accepted are written first,
+        then the writer stops and the index is released.
 
         As the reference's: queues a stop sentinel behind the accepted spills
         (FIFO: they are written first; spills are refused from then on) and
@@ -1593,10 +1609,8 @@ class SSDCacheTier:
                     rc, f"SSDCacheTier.close: the spill writer did not finish within "
                     f"{timeout}s; the tier is still open and close() may be retried")
             L.check(rc, "close")
-        self._closed = True
-        if self._writer_thread is not None:
-            self._writer_thread = None
-        self._index.close()
+        self._closed, self._writer_thread = True, None
+        self._index.close()  # nothing for the tier's own; a stand-in's runs
         logger.info("[ssd_cache] SSDCacheTier closed")
 
     def _close_replaced_writer(self, t: float | None, deadline: float | None) -> None:
