@@ -44,6 +44,9 @@ Differences a caller can observe, all deliberate:
   connection; no ``insert_entry``/``get_lru``/``all_entries``).
 - ``SSDIndex.insert_entry`` takes a ``str`` file_path without NUL characters
   and integers in [0, 2**63) (the reference binds any SQLite value).
+- ``SSDCacheConfig`` checks every field when it is made, by libkvtier's
+  rules (ValueError; the reference checks three and leaves the rest to
+  open time or to nobody).
 - ``retention_seconds`` is enforced (the reference only stores it).
 - ``get_stats()`` returns the reference's keys with the same rounding, plus
   kvtier's counters (``spill_drops``, ``evictions``, ...).
