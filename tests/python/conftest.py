@@ -4,7 +4,9 @@ Puts the package (bindings/python) and tests/reference (the stand-ins and
 the loader of the reference module) on sys.path when PYTHONPATH does not (ctest sets both and
 KVTIER_LIBRARY; run by hand the build tree's library is found).  Provides
 cache-directory fixtures, seeded layer factories (the duck-typed layer classes
-of tests/reference/make_ref_cache.py) and small helpers.
+of tests/reference/make_ref_cache.py), the option profiles the drop-in tests
+run under (SSDCacheConfig's defaults and the bare disk path; see
+TIER_PROFILES) and small helpers.
 """
 
 from __future__ import annotations
@@ -65,14 +67,75 @@ def kv_layer(rng, n_tokens, dtype=np.float16, heads=2, dim=16):
                    rng.standard_normal(shape).astype(dtype), n_tokens)
 
 
+# The option sets a drop-in behaviour test runs under.  "defaults" is what a
+# user gets from SSDCacheConfig(cache_dir=...): chunked native store, the host
+# RAM tier at its derived size, fsync.  "disk" is the disk path bare (no RAM
+# tier to serve fresh spills from memory, no fsync), where corruption and
+# fault tests look.  A module opts in with ``pytestmark =
+# pytest.mark.tier_profiles``: each of its tests then runs once per profile
+# (ids ``[defaults]``/``[disk]``), and make_tier / tier_kw() give that
+# profile's options; options a test passes itself win.  KVT_TEST_PROFILES
+# (comma-separated) narrows the set, e.g. to "defaults" for a quick run.
+TIER_PROFILES = {"defaults": {}, "disk": {"durability": "none", "host_cache_bytes": 0}}
+_current_profile = ["disk"]
+
+
+def _profiles_selected():
+    names = [n.strip() for n in os.environ.get("KVT_TEST_PROFILES", "").split(",") if n.strip()]
+    bad = [n for n in names if n not in TIER_PROFILES]
+    if bad:
+        raise pytest.UsageError(f"KVT_TEST_PROFILES: unknown profile(s) {bad}; "
+                                f"known: {sorted(TIER_PROFILES)}")
+    return names or list(TIER_PROFILES)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "tier_profiles: run each test once per TIER_PROFILES entry "
+        "(SSDCacheConfig defaults, and the bare disk path)")
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.definition.get_closest_marker("tier_profiles") is not None:
+        names = _profiles_selected()
+        metafunc.parametrize("tier_profile", names, ids=names, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def tier_profile(request):
+    """The profile this test runs under ("disk" where the module did not opt
+    in: the options tests had before profiles existed)."""
+    name = getattr(request, "param", "disk")
+    _current_profile[0] = name
+    yield name
+    _current_profile[0] = "disk"
+
+
+def tier_kw(**kw):
+    """SSDCacheConfig keyword arguments: the current profile's, then kw."""
+    out = dict(TIER_PROFILES[_current_profile[0]])
+    out.update(kw)
+    return out
+
+
+def on_defaults():
+    """True when the current profile is SSDCacheConfig's defaults (the host
+    RAM tier holds fresh spills)."""
+    return _current_profile[0] == "defaults"
+
+
+def drop_ram_copies(tier):
+    """Empties the tier's host RAM tier (a no-op without one), so the next
+    promote reads the disk: what a real workload sees once the RAM tier has
+    evicted an entry.  Tests that damage files on disk call it first."""
+    tier.trim(0)
+    assert tier.get_stats()["host_cache_bytes_used"] == 0
+
+
 def make_tier(cache_dir, **kw):
     from kvtier.ssd_cache import SSDCacheConfig, SSDCacheTier
 
-    kw.setdefault("durability", "none")
-    # The disk path is what most tests look at (corruption, faults): the host
-    # RAM tier would serve fresh spills from memory. test_ram_tier turns it on.
-    kw.setdefault("host_cache_bytes", 0)
-    return SSDCacheTier(SSDCacheConfig(cache_dir=cache_dir, **kw))
+    return SSDCacheTier(SSDCacheConfig(cache_dir=cache_dir, **tier_kw(**kw)))
 
 
 def run(coro):
@@ -100,7 +163,7 @@ class Budget:
 
 
 __all__ = ["ArraysLayer", "KVLayer", "QuantizedLayer", "RotatingLayer", "Budget",
-           "kv_layer", "make_tier", "run"]
+           "drop_ram_copies", "kv_layer", "make_tier", "on_defaults", "run", "tier_kw"]
 
 
 def pytest_terminal_summary(terminalreporter):

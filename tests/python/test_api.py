@@ -179,3 +179,20 @@ def test_token_hash_matches_reference():
         assert kvtier.token_hash(toks) == ref._tokens_hash(toks) == kv._tokens_hash(toks)
     with pytest.raises(OverflowError):
         kvtier.token_hash((2**31,))
+
+
+@pytest.mark.parametrize("kwargs,says", [
+    ({"promote_threads": 300}, "promote_threads must be in 1..256, got 300"),
+    ({"promote_threads": 0}, "promote_threads must be in 1..256, got 0"),
+    ({"chunk_tokens": 24}, "chunk_tokens"),
+    ({"file_permissions": 0o400}, "file_permissions must include 0600 (owner rw), got 0o400"),
+    ({"quarantine_max": -1}, "quarantine_max must be in 0..4294967295, got -1"),
+    ({"spill_queue_size": 2 ** 40}, "spill_queue_size must be in 0..4294967295"),
+])
+def test_config_refused_at_construction_by_the_c_rules(kwargs, says):
+    """SSDCacheConfig is judged by kvt_options_validate, the check the tier's
+    open applies, so a value the tier would refuse (or one that does not fit
+    its C field) raises ValueError when the config is made."""
+    with pytest.raises(ValueError) as e:
+        kv.SSDCacheConfig(cache_dir="/tmp/x", **kwargs)
+    assert says in str(e.value)

@@ -14,6 +14,8 @@ import pytest
 import kvtier
 from conftest import Budget, KVLayer, make_tier, run
 
+pytestmark = pytest.mark.tier_profiles  # defaults and the bare disk path (conftest)
+
 HEADS, DIM = 2, 16
 WAIT = 60.0
 

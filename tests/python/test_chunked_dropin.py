@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import numpy as np
 
 import kvtier.ssd_cache
 
 from conftest import ArraysLayer, kv_positional, make_tier
+
+pytestmark = pytest.mark.tier_profiles  # defaults and the bare disk path (conftest)
 
 C = 256
 LAYERS, HEADS, DIM = 8, 4, 32

@@ -14,8 +14,10 @@ import pytest
 
 import make_ref_cache
 import ssd_cache_ref as ref
-from conftest import Budget
+from conftest import Budget, tier_kw
 from kvtier import ssd_cache as kv
+
+pytestmark = pytest.mark.tier_profiles  # defaults and the bare disk path (conftest)
 
 
 def _wait_written(tier, tokens, present=True, timeout=30.0):
@@ -53,8 +55,8 @@ COUNTERS = ("spill_count", "ssd_hits", "ssd_misses", "promotion_failures")
 def test_same_operations_same_results(tmp_path, mode, kinds, bf16):
     rd, kd = str(tmp_path / "ref"), str(tmp_path / "kv")
     rt = ref.SSDCacheTier(ref.SSDCacheConfig(cache_dir=rd, max_entries=4))
-    kt = kv.SSDCacheTier(kv.SSDCacheConfig(cache_dir=kd, max_entries=4,
-                                           storage_mode=mode, durability="none"))
+    kt = kv.SSDCacheTier(kv.SSDCacheConfig(cache_dir=kd, **tier_kw(max_entries=4,
+                                                                   storage_mode=mode)))
     rt.start_writer()
     kt.start_writer()
     tiers = (rt, kt)

@@ -15,6 +15,7 @@ import asyncio
 import glob
 import logging
 import os
+import queue
 import sqlite3
 import threading
 import time
@@ -22,8 +23,10 @@ import time
 import pytest
 
 import ssd_cache_ref as ref
-from conftest import Budget, kv_layer, make_tier, run
+from conftest import Budget, drop_ram_copies, kv_layer, make_tier, run, tier_kw
 from kvtier import ssd_cache as kv
+
+pytestmark = pytest.mark.tier_profiles  # defaults and the bare disk path (conftest)
 
 WAIT = 20.0  # seconds: bound on any wait for another thread
 
@@ -172,6 +175,7 @@ def test_blocked_write_entry_stalls_neither_promotes_nor_quarantine(cache_dir, r
     assert t.enqueue_spill(good, [kv_layer(rng, 3)], 30)
     assert t.enqueue_spill(bad, [kv_layer(rng, 3)], 30)
     t.flush(timeout=WAIT)
+    drop_ram_copies(t)
     _corrupt(cache_dir, bad)
     gate = Gate(t)
     monkeypatch.setattr(t, "_write_entry", gate)
@@ -252,7 +256,7 @@ def test_subclass_write_entry_is_called(cache_dir, rng):
             seen.append(tokens_key)
             super()._write_entry(tokens_key, layer_snapshots, memory_bytes)
 
-    t = Recording(kv.SSDCacheConfig(cache_dir=cache_dir, durability="none"))
+    t = Recording(kv.SSDCacheConfig(cache_dir=cache_dir, **tier_kw()))
     t.start_writer()
     assert t.enqueue_spill((5, 5), [kv_layer(rng, 2)], 1)
     t.flush(timeout=WAIT)
@@ -487,5 +491,139 @@ def test_tier_index_is_an_ssdindex_bound_to_the_tier(cache_dir, rng):
             t._index.insert_entry((5,), "x", 1, 1)
         t._index.delete_entry((4, 4))
         assert t.lookup_ssd((4, 4)) is None
+    finally:
+        t.close()
+
+
+# ---- 5. the profiles reach the tier ----
+
+
+def test_each_profile_reaches_the_tier(cache_dir, tier_profile):
+    """The [defaults] run of every test here is SSDCacheConfig's defaults as a
+    user gets them (fsync, the host RAM tier at its derived size, chunks);
+    the [disk] run is the bare disk path.  Guards the profile plumbing: were
+    make_tier to ignore it, every [defaults] run would repeat [disk]."""
+    t = make_tier(cache_dir)
+    try:
+        c = t._config
+        bound = t.get_stats()["host_cache_bytes_bound"]
+        if tier_profile == "defaults":
+            d = kv.SSDCacheConfig(cache_dir=cache_dir)
+            assert c == d and c.durability == "fsync" and c.chunk_tokens == 256
+            assert c.host_cache_bytes is None and bound > 0
+        else:
+            assert c.durability == "none" and c.host_cache_bytes == 0 and bound == 0
+    finally:
+        t.close()
+
+
+# ---- 6. internals replaced the way the reference's own tests replace them ----
+
+
+class _SeenSentinelQueue(queue.Queue):
+    def __init__(self, maxsize=0):
+        super().__init__(maxsize=maxsize)
+        self.sentinel_put = threading.Event()
+
+    def put(self, item, block=True, timeout=None):
+        if item is None:
+            self.sentinel_put.set()
+        return super().put(item, block=block, timeout=timeout)
+
+
+def test_replaced_spill_queue_is_served_and_drained_by_close(cache_dir):
+    t = make_tier(cache_dir)
+    q = _SeenSentinelQueue(maxsize=4)
+    t._spill_queue = q
+    hold, seen = threading.Event(), []
+
+    def write(tokens, snaps, mem):
+        if tokens == ("a",):
+            assert hold.wait(WAIT)
+        seen.append((tokens, snaps, mem))
+
+    t._write_entry = write
+    t.start_writer()
+    q.put((("a",), "s1", 1))
+    q.put((("b",), "s2", 2))
+    closer = threading.Thread(target=t.close)
+    closer.start()
+    assert q.sentinel_put.wait(WAIT)
+    assert closer.is_alive() and seen == []  # close waits for the writer
+    hold.set()
+    closer.join(WAIT)
+    assert not closer.is_alive() and t._closed
+    assert seen == [(("a",), "s1", 1), (("b",), "s2", 2)] and q.empty()
+
+
+def test_replaced_spill_queue_that_stays_full_times_out_before_anything_closes(cache_dir):
+    t = make_tier(cache_dir)
+    q = queue.Queue(maxsize=1)
+    q.put(((1,), None, 1))  # nobody serves it: the writer is a stand-in
+    t._spill_queue = q
+
+    class NeverJoined:
+        def join(self, timeout=None):
+            raise AssertionError("no join without a sentinel")
+
+        def is_alive(self):
+            return True
+
+    t._writer_thread = NeverJoined()
+    t._WRITER_JOIN_TIMEOUT_S = 0.05
+    with pytest.raises(TimeoutError, match="shutdown sentinel"):
+        t.close()
+    assert not t._closed and t.lookup_ssd((1,)) is None  # the tier still answers
+    t._writer_thread = None  # no writer: close starts the Python one
+    q.get_nowait()
+    t._WRITER_JOIN_TIMEOUT_S = 5.0
+    t.close()
+    assert t._closed and q.empty() and t._writer_thread is None
+
+
+def test_replaced_writer_thread_still_alive_keeps_the_index_open(cache_dir, rng):
+    t = make_tier(cache_dir)
+    joined = []
+
+    class Alive:
+        alive = True
+
+        def join(self, timeout=None):
+            joined.append(timeout)
+
+        def is_alive(self):
+            return self.alive
+
+    w = Alive()
+    t._writer_thread = w
+    t._WRITER_JOIN_TIMEOUT_S = 0.05
+    with pytest.raises(TimeoutError, match="writer thread did not stop"):
+        t.close()
+    assert len(joined) == 1 and 0 < joined[0] <= 0.05
+    assert t._writer_thread is w and not t._closed
+    assert t.enqueue_spill((5,), [kv_layer(rng, 1)], 1) is False  # closing
+    w.alive = False
+    t.close()
+    assert t._closed and t._writer_thread is None
+
+
+def test_standalone_index_conn_queries_index_db(tmp_path):
+    d = str(tmp_path / "ix")
+    os.makedirs(d)
+    ix = kv.SSDIndex(d)
+    ix.insert_entry((1, 2, 3, 4), "m", 10, 4)
+    with ix._db_lock:
+        row = ix._conn.execute("SELECT file_path, prefix_hash FROM entries").fetchone()
+    assert row["file_path"] == "m" and row["prefix_hash"] == kv._prefix_hash((1, 2, 3, 4))
+    ix.close()
+    with pytest.raises(sqlite3.ProgrammingError):
+        ix._conn
+
+
+def test_tier_index_has_no_python_connection(cache_dir):
+    t = make_tier(cache_dir)
+    try:
+        with pytest.raises(AttributeError, match="SSDIndex\\(cache_dir\\)"):
+            t._index._conn
     finally:
         t.close()

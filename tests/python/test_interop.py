@@ -21,6 +21,8 @@ import ssd_cache_ref as ref
 from conftest import make_tier, run
 from kvtier import ssd_cache as kv
 
+pytestmark = pytest.mark.tier_profiles  # defaults and the bare disk path (conftest)
+
 ALL = ("kv", "rotating", "arrays", "quantized")
 REF_DIR = os.path.dirname(os.path.abspath(make_ref_cache.__file__))
 

@@ -9,9 +9,12 @@ import gc
 import os
 import tracemalloc
 
+import pytest
 import numpy as np
 
 from conftest import KVLayer, make_tier, run
+
+pytestmark = pytest.mark.tier_profiles  # defaults and the bare disk path (conftest)
 
 CYCLES = 1000
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -16,11 +16,14 @@ import ctypes
 import gc
 import os
 
+import pytest
 import numpy as np
 
 from conftest import Budget, make_tier, run
 from kvtier import _lib as L
 from test_chunked_dropin import C, LAYERS, SYS, TOKB, WAIT, kv_for, spill
+
+pytestmark = pytest.mark.tier_profiles  # defaults and the bare disk path (conftest)
 
 
 def _same_bits(layers, tokens):

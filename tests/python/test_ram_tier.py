@@ -12,6 +12,8 @@ import pytest
 from conftest import Budget, kv_layer, make_tier, run
 import kvtier
 
+pytestmark = pytest.mark.tier_profiles  # defaults and the bare disk path (conftest)
+
 
 def _layers(rng, n=3, t=64):
     return [kv_layer(rng, t, np.float16, heads=2, dim=64) for _ in range(n)]

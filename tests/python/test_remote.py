@@ -21,8 +21,9 @@ import redis_servers as rs
 from conftest import Budget, kv_layer, make_tier, run
 from kvtier import ssd_cache as kv
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
-                                reason="redis: redis-server not installed")
+pytestmark = [pytest.mark.tier_profiles,
+              pytest.mark.skipif(shutil.which("redis-server") is None,
+                                 reason="redis: redis-server not installed")]
 
 
 @pytest.fixture

@@ -33,7 +33,8 @@ import pytest
 import redis_servers as rs
 from conftest import kv_positional, make_tier
 
-pytestmark = pytest.mark.skipif(not rs.have_redis(), reason="redis-server/redis-cli missing")
+pytestmark = [pytest.mark.tier_profiles,
+              pytest.mark.skipif(not rs.have_redis(), reason="redis-server/redis-cli missing")]
 
 C = 64
 LAYERS, HEADS, DIM = 3, 2, 16

@@ -27,7 +27,8 @@ import pytest
 import redis_servers as rs
 from conftest import kv_layer, make_tier, run
 
-pytestmark = pytest.mark.skipif(not rs.have_redis(), reason="redis-server/redis-cli missing")
+pytestmark = [pytest.mark.tier_profiles,
+              pytest.mark.skipif(not rs.have_redis(), reason="redis-server/redis-cli missing")]
 
 N = 8
 PREFIX = "chk:"

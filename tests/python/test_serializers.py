@@ -127,3 +127,34 @@ def test_corrupt_layer_file_raises(rng, tmp_path):
         ser.deserialize_layer(path, meta)
     with pytest.raises(Exception):
         ref.KVCacheSerializer().deserialize_layer(path, meta)
+
+
+class _NoDtypeArg:
+    """An array-like as simple as the reference suite's mocks: __array__
+    takes no dtype argument; numpy cannot hold its dtype (it raises MLX's
+    buffer-format error), and astype gives a plain numpy-convertible one."""
+
+    def __init__(self, data, dtype_name):
+        self._data = data
+        self.dtype = type("dtype", (), {"__str__": lambda self: f"mlx.core.{dtype_name}"})()
+
+    def __array__(self):
+        raise RuntimeError("buffer format string mismatch")
+
+    def astype(self, _dt):
+        data = self._data
+
+        class Plain:
+            def __array__(self):
+                return data
+
+        return Plain()
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3"])
+def test_mx_to_numpy_safe_widens_what_numpy_cannot_hold(name):
+    data = np.arange(6, dtype=np.float64).reshape(2, 3)
+    out, orig = kv._mx_to_numpy_safe(_NoDtypeArg(data, name))
+    assert out.dtype == np.float32 and np.array_equal(out, data) and orig == name
+    plain, none = kv._mx_to_numpy_safe(np.ones(3, np.float16))
+    assert plain.dtype == np.float16 and none is None

@@ -15,8 +15,12 @@ import pytest
 
 import mlx_standin
 import ssd_cache_ref as ref
-from conftest import ArraysLayer, Budget, KVLayer, QuantizedLayer, RotatingLayer, kv_layer, make_tier, run
+from conftest import (ArraysLayer, Budget, KVLayer, QuantizedLayer, RotatingLayer, drop_ram_copies,
+                      kv_layer, make_tier, run)
 from kvtier import ssd_cache as kv
+
+pytestmark = pytest.mark.tier_profiles  # defaults and the bare disk path (conftest)
+
 
 def ref_stat_keys():
     return list(ref.SSDCacheStats().to_dict())
@@ -111,6 +115,7 @@ def test_reserve_exception_propagates_without_counting(tier, rng):
 def test_corrupt_entry_releases_budget_and_quarantines(tier, rng, cache_dir):
     toks = tuple(range(40))
     _spill_and_flush(tier, toks, [kv_layer(rng, 40), kv_layer(rng, 40)], mem=4242)
+    drop_ram_copies(tier)
     path = glob.glob(os.path.join(cache_dir, "data", kv._tokens_hash(toks), "layer_1.safetensors"))[0]
     with open(path, "r+b") as f:
         f.seek(-16, os.SEEK_END)

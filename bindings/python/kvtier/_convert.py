@@ -120,16 +120,23 @@ def bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
 
 
 def to_numpy_safe(arr: Any) -> Tuple[np.ndarray, Optional[str]]:
-    """The reference's _mx_to_numpy_safe: a numpy copy, upcasting bf16
-    (whose np.array() conversion fails with a 'buffer format string'
-    RuntimeError) to float32 and returning the original dtype name."""
-    try:
-        return np.array(arr), None
-    except RuntimeError as exc:
-        if "buffer format string" not in str(exc):
-            raise
-        original_dtype = str(arr.dtype).rsplit(".", 1)[-1]
-        return np.array(arr.astype(np.float32)), original_dtype
+    """``_mx_to_numpy_safe``: ``arr`` copied into a numpy array, plus the name
+    of its dtype when numpy has no such dtype and the copy had to be widened
+    to float32 (None otherwise).  bfloat16 is the case that occurs: it is
+    recognised by its dtype's name, and also by the "buffer format string"
+    RuntimeError MLX raises when numpy asks for such a buffer (any other
+    RuntimeError propagates).  The name lets the promote side narrow it
+    again."""
+    if not is_bf16(arr):
+        try:
+            return np.array(arr), None
+        except RuntimeError as e:
+            if "buffer format string" not in str(e):
+                raise
+    # np.array() without a dtype: array-likes whose __array__ takes no
+    # dtype argument must convert too.
+    widened = np.array(arr.astype(np.float32))
+    return widened.astype(np.float32, copy=False), str(arr.dtype).rpartition(".")[2]
 
 
 # --------------------------------------------------------------------------

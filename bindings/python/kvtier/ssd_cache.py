@@ -38,11 +38,15 @@ Differences a caller can observe, all deliberate:
   ``enqueue_spill`` once closing returns False.
 - ``_write_entry`` is called by the C writer only while it is replaced on the
   instance (or by a subclass), with an opaque ``layer_snapshots`` to pass on
-  to the original; ``_spill_queue`` is a read-only view of the C queue;
+  to the original; ``_spill_queue`` is a read-only view of the C queue
+  (a queue set in its place is served by a Python writer thread);
   ``tier._index`` is an ``SSDIndex`` bound to the tier (no second
   connection; no ``insert_entry``/``get_lru``/``all_entries``).
 - ``SSDIndex.insert_entry`` takes a ``str`` file_path without NUL characters
   and integers in [0, 2**63) (the reference binds any SQLite value).
+- ``SSDCacheConfig`` checks every field when it is made, by libkvtier's
+  rules (ValueError; the reference checks three and leaves the rest to
+  open time or to nobody).
 - ``retention_seconds`` is enforced (the reference only stores it).
 - ``get_stats()`` returns the reference's keys with the same rounding, plus
   kvtier's counters (``spill_drops``, ``evictions``, ...).
@@ -67,6 +71,7 @@ import inspect
 import logging
 import os
 import queue
+import re
 import sqlite3
 import threading
 import time
@@ -118,6 +123,11 @@ SERIALIZER_SUPPORT_MATRIX = {
 _STORAGE_MODES = {"native": L.STORAGE_NATIVE, "compat": L.STORAGE_COMPAT}
 _DURABILITIES = {"fsync": L.DURABILITY_FSYNC, "none": L.DURABILITY_NONE}
 _IO_BACKENDS = {"auto": L.IO_AUTO, "portable": L.IO_PORTABLE, "uring": L.IO_URING}
+# kvt_options' names of the fields SSDCacheConfig names otherwise.
+_C_FIELD_NAMES = {"file_mode": "file_permissions", "dir_mode": "dir_permissions"}
+_U32 = (1 << 32) - 1
+_U64 = (1 << 64) - 1
+_I64 = (1 << 63) - 1
 
 
 # --------------------------------------------------------------------------
@@ -127,17 +137,24 @@ _IO_BACKENDS = {"auto": L.IO_AUTO, "portable": L.IO_PORTABLE, "uring": L.IO_URIN
 
 @dataclass
 class SSDCacheConfig:
-    """Configuration for SSD cache tier.
+    """What an SSDCacheTier is opened with; every field is checked when the
+    config is made (ValueError), by the same C rules the tier's open applies.
 
-    Attributes:
-        cache_dir: Directory for SSD cache files. None = auto-detect
-            (~/.cache/vllm-mlx/ssd_cache/{model}/).
-        max_size_gb: Maximum total size of SSD cache in GB.
-        max_entries: Maximum number of entries in SSD cache.
-        file_permissions: Unix permission bits for cache data files.
-        dir_permissions: Unix permission bits for cache directories.
-        spill_queue_size: Max pending spill operations before dropping.
-        retention_seconds: Optional max age for cache entries (None = no expiry).
+    The reference's fields, first and with its defaults:
+        cache_dir: where the tier lives (index.db, data/).  SSDCacheTier
+            needs it set; kvtier.Tier picks a per-model directory under
+            ~/.cache when it is None.
+        max_size_gb: disk budget in GiB (2**30 bytes); the least recently
+            used entries go first when a spill would pass it.
+        max_entries: bound on the number of stored entries, enforced the
+            same way.
+        file_permissions / dir_permissions: modes of the files and
+            directories created; the owner's read/write (and, for
+            directories, search) bits are required.
+        spill_queue_size: spills that may wait for the writer; one more is
+            refused (enqueue_spill returns False).
+        retention_seconds: entries older than this are removed (None or 0:
+            kept until evicted).  The reference only records the value.
 
     kvtier's own fields (defaults keep the reference's API behaviour):
         storage_mode: "native" (lossless bf16/quantized, default) or "compat"
@@ -216,123 +233,122 @@ class SSDCacheConfig:
     model_id: str | None = None
 
     def __post_init__(self) -> None:
-        if self.max_size_gb <= 0:
-            raise ValueError(f"max_size_gb must be > 0, got {self.max_size_gb}")
-        if self.max_entries < 1:
-            raise ValueError(f"max_entries must be >= 1, got {self.max_entries}")
-        if self.spill_queue_size < 1:
-            raise ValueError(
-                f"spill_queue_size must be >= 1, got {self.spill_queue_size}"
-            )
-        # kvtier's fields.
-        if self.storage_mode not in _STORAGE_MODES:
-            raise ValueError(
-                f"storage_mode must be 'native' or 'compat', got {self.storage_mode!r}"
-            )
-        if self.durability not in _DURABILITIES:
-            raise ValueError(
-                f"durability must be 'fsync' or 'none', got {self.durability!r}"
-            )
-        if self.io_backend not in _IO_BACKENDS:
-            raise ValueError(
-                "io_backend must be 'auto', 'portable' or 'uring', "
-                f"got {self.io_backend!r}"
-            )
-        if self.spill_queue_bytes < 0:
-            raise ValueError(
-                f"spill_queue_bytes must be >= 0, got {self.spill_queue_bytes}"
-            )
-        if self.promote_threads < 1:
-            raise ValueError(
-                f"promote_threads must be >= 1, got {self.promote_threads}"
-            )
-        if self.quarantine_max < 0:
-            raise ValueError(f"quarantine_max must be >= 0, got {self.quarantine_max}")
-        if self.remote_mode not in L.REMOTE_MODES:
-            raise ValueError(
-                "remote_mode must be 'local', 'local+remote' or 'remote', "
-                f"got {self.remote_mode!r}"
-            )
-        if (self.remote_mode == "local") != (self.remote_url is None):
-            raise ValueError(
-                "remote_url and remote_mode go together: set remote_mode to "
-                "'local+remote' or 'remote' with a remote_url, or neither"
-            )
-        if self.remote_timeout_ms < 1:
-            raise ValueError(
-                f"remote_timeout_ms must be >= 1, got {self.remote_timeout_ms}"
-            )
-        if self.host_cache_bytes is not None and self.host_cache_bytes < 0:
-            raise ValueError(
-                f"host_cache_bytes must be >= 0 or None, got {self.host_cache_bytes}"
-            )
-        if self.retention_seconds is not None and self.retention_seconds < 0:
-            raise ValueError(
-                f"retention_seconds must be >= 0 or None, got {self.retention_seconds}"
-            )
+        # One rule book: libkvtier's kvt_options_validate, the check
+        # kvt_tier_open itself applies.  The fields are converted to a
+        # kvt_options and judged there, so whatever the tier would refuse
+        # raises ValueError now, with C's message.
+        self._to_options(validate=True)
 
     @property
     def max_size_bytes(self) -> int:
-        """Maximum cache size in bytes."""
+        """max_size_gb in bytes, truncated to an integer."""
         return int(self.max_size_gb * _BYTES_PER_GB)
 
-    def _to_options(self) -> tuple[L.Options, list]:
-        """The kvt_options equivalent (plus the byte strings it points to,
-        which must stay alive until kvt_tier_open returns)."""
+    def _to_options(self, validate: bool = False) -> tuple[L.Options, list]:
+        """This config as a kvt_options, with the byte strings its pointers
+        refer to (keep them alive until kvt_tier_open has returned).
+
+        With validate, the result is passed to kvt_options_validate and a
+        refusal raises ValueError.  A number that does not fit its C field is
+        passed as the nearest value that does, so C judges it; should C
+        accept that value, the original is refused here instead."""
         o = L.Options()
         L.check(L.kvt_options_init(ctypes.byref(o), L.KVT_OPTIONS_VERSION),
                 "kvt_options_init")
-        keep = []
+        keep: list = []
+        outside: list = []
+
+        def fit(name: str, value: Any, lo: int, hi: int) -> int:
+            v = int(value)
+            if lo <= v <= hi:
+                return v
+            outside.append((name, value, lo, hi))
+            return lo if v < lo else hi
+
+        for name, table in (("storage_mode", _STORAGE_MODES),
+                            ("durability", _DURABILITIES),
+                            ("io_backend", _IO_BACKENDS)):
+            value = getattr(self, name)
+            if value not in table:
+                raise ValueError(f"{name} must be one of "
+                                 f"{', '.join(repr(k) for k in table)}; got {value!r}")
         if self.cache_dir is not None:
-            b = L.fs_path(self.cache_dir)
-            keep.append(b)
-            o.cache_dir = b
+            keep.append(L.fs_path(self.cache_dir))
+            o.cache_dir = keep[-1]
         if self.model_name is not None:
-            b = self.model_name.encode("utf-8")
-            keep.append(b)
-            o.model_name = b
+            keep.append(self.model_name.encode("utf-8"))
+            o.model_name = keep[-1]
         o.max_size_gb = float(self.max_size_gb)
-        o.max_entries = int(self.max_entries)
-        o.file_mode = int(self.file_permissions)
-        o.dir_mode = int(self.dir_permissions)
-        o.spill_queue_size = int(self.spill_queue_size)
-        o.spill_queue_bytes = int(self.spill_queue_bytes)
-        o.retention_seconds = int(self.retention_seconds or 0)
+        o.max_entries = fit("max_entries", self.max_entries, -_I64 - 1, _I64)
+        o.file_mode = fit("file_permissions", self.file_permissions, 0, _U32)
+        o.dir_mode = fit("dir_permissions", self.dir_permissions, 0, _U32)
+        o.spill_queue_size = fit("spill_queue_size", self.spill_queue_size, 0, _U32)
+        o.spill_queue_bytes = fit("spill_queue_bytes", self.spill_queue_bytes, 0, _U64)
+        o.retention_seconds = fit("retention_seconds", self.retention_seconds or 0,
+                                  -_I64 - 1, _I64)
         o.storage_mode = _STORAGE_MODES[self.storage_mode]
         o.durability = _DURABILITIES[self.durability]
         o.io_backend = _IO_BACKENDS[self.io_backend]
-        o.promote_threads = int(self.promote_threads)
-        o.quarantine_max = int(self.quarantine_max)
+        o.promote_threads = fit("promote_threads", self.promote_threads, 0, _U32)
+        o.quarantine_max = fit("quarantine_max", self.quarantine_max, 0, _U32)
         L.set_remote_options(o, keep, self.remote_url, self.remote_mode,
-                             self.remote_prefix, self.remote_timeout_ms,
-                             self.remote_lookup_timeout_ms, self.remote_keep_local,
-                             self.remote_tls_ca_file, self.remote_tls_cert_file,
-                             self.remote_tls_key_file)
+                             self.remote_prefix,
+                             fit("remote_timeout_ms", self.remote_timeout_ms, 0, _U32),
+                             fit("remote_lookup_timeout_ms",
+                                 self.remote_lookup_timeout_ms, 0, _U32),
+                             self.remote_keep_local, self.remote_tls_ca_file,
+                             self.remote_tls_cert_file, self.remote_tls_key_file)
         if self.host_cache_bytes is not None:
-            o.host_cache_bytes = int(self.host_cache_bytes)
-        o.chunk_tokens = int(self.chunk_tokens)
+            o.host_cache_bytes = fit("host_cache_bytes", self.host_cache_bytes, 0, _U64)
+        o.chunk_tokens = fit("chunk_tokens", self.chunk_tokens, 0, _U32)
+        # The chunks' namespace defaults to the directory's name: the
+        # reference keeps one directory per model, so two models never share.
         mid = self.model_id
         if mid is None and self.chunk_tokens and self.cache_dir is not None:
             mid = os.path.basename(os.path.normpath(str(self.cache_dir)))
         if mid is not None:
-            b = mid.encode("utf-8")
-            keep.append(b)
-            o.model_id = b
+            keep.append(mid.encode("utf-8"))
+            o.model_id = keep[-1]
+        if validate:
+            rc = L.kvt_options_validate(ctypes.byref(o))
+            if rc != 0:
+                raise ValueError(self._option_message(L.last_error() or L.strerror(rc)))
+            if outside:
+                name, value, lo, hi = outside[0]
+                raise ValueError(f"{name} must be in {lo}..{hi}, got {value}")
         return o, keep
+
+    def _option_message(self, msg: str) -> str:
+        """kvt_options_validate's message in this class's terms: C's field
+        names replaced by the dataclass's, and the offending value shown as
+        Python prints the field ("got 0.0", as the reference says, where C
+        prints "got 0")."""
+        m = re.match(r"(\w+) (.*), got .*$", msg, re.S)
+        if m is None:
+            return msg
+        name = _C_FIELD_NAMES.get(m.group(1), m.group(1))
+        if not hasattr(self, name):
+            return msg
+        value = getattr(self, name)
+        if name in _C_FIELD_NAMES.values() and isinstance(value, int):
+            value = oct(value)  # the rule is written in octal too
+        return f"{name} {m.group(2)}, got {value}"
 
 
 @dataclass
 class SSDCacheStats:
-    """Statistics for SSD cache tier — exposed from day one.
+    """The reference's counters as a plain dataclass (a snapshot: the tier's
+    live counters are in C; get_stats() and tier._stats read them).
 
     Attributes:
-        spill_count: Number of entries spilled to SSD.
-        spill_bytes: Total bytes written to SSD.
-        ssd_hits: Number of successful SSD cache lookups.
-        ssd_misses: Number of SSD cache lookup misses.
-        reload_latency_sum: Sum of reload latencies in seconds.
-        reload_bytes: Total bytes read from SSD.
-        promotion_failures: Number of failed promotions (RAM budget exhausted).
+        spill_count / spill_bytes: entries the writer published, and the
+            bytes it wrote for them.
+        ssd_hits / ssd_misses: promotions that returned layers, and lookups
+            or promotions that found no entry.
+        reload_latency_sum: seconds spent in successful promotions, summed.
+        reload_bytes: bytes promoted entries brought back.
+        promotion_failures: promotions refused (budget) or failed (a bad or
+            vanished entry).
     """
 
     spill_count: int = 0
@@ -344,26 +360,25 @@ class SSDCacheStats:
     promotion_failures: int = 0
 
     def to_dict(self) -> dict:
-        """Return spill, lookup, reload, and promotion statistics."""
-
-        total_lookups = self.ssd_hits + self.ssd_misses
-        hit_rate = self.ssd_hits / total_lookups if total_lookups > 0 else 0.0
-        avg_latency_ms = (
-            (self.reload_latency_sum / self.ssd_hits * 1000)
-            if self.ssd_hits > 0
-            else 0.0
-        )
-        return {
-            "spill_count": self.spill_count,
-            "spill_bytes": self.spill_bytes,
-            "ssd_hits": self.ssd_hits,
-            "ssd_misses": self.ssd_misses,
-            "ssd_hit_rate": round(hit_rate, 4),
-            "reload_latency_sum_s": round(self.reload_latency_sum, 4),
-            "avg_reload_latency_ms": round(avg_latency_ms, 2),
-            "reload_bytes": self.reload_bytes,
-            "promotion_failures": self.promotion_failures,
-        }
+        """The counters and two derived figures, in the reference's key order
+        and rounding: ``ssd_hit_rate`` (hits over hits plus misses, 4
+        places), ``reload_latency_sum_s`` (4 places) and
+        ``avg_reload_latency_ms`` (per hit, 2 places); a ratio with nothing
+        to divide by is 0.0."""
+        looked = self.ssd_hits + self.ssd_misses
+        rate = 0.0 if looked <= 0 else self.ssd_hits / looked
+        # Divided first, then scaled: the reference's order, so the rounded
+        # figure is the same to the last digit.
+        per_hit_ms = 0.0 if self.ssd_hits <= 0 else \
+            self.reload_latency_sum / self.ssd_hits * 1000
+        out = {k: getattr(self, k) for k in ("spill_count", "spill_bytes",
+                                             "ssd_hits", "ssd_misses")}
+        out["ssd_hit_rate"] = round(rate, 4)
+        out["reload_latency_sum_s"] = round(self.reload_latency_sum, 4)
+        out["avg_reload_latency_ms"] = round(per_hit_ms, 2)
+        out["reload_bytes"] = self.reload_bytes
+        out["promotion_failures"] = self.promotion_failures
+        return out
 
 
 _REF_STAT_FIELDS = ("spill_count", "spill_bytes", "ssd_hits", "ssd_misses",
@@ -528,25 +543,28 @@ class _TierStats:
 
 
 def _tokens_to_blob(tokens: tuple[int, ...]) -> bytes:
-    """Serialize token tuple to a compact binary blob for SQLite storage."""
-    return _array.array("i", tokens).tobytes()
+    """The tokens as index.db stores them (``tokens_blob``): one native-endian
+    32-bit signed integer per token, packed."""
+    return bytes(_array.array("i", tokens))
 
 
 def _blob_to_tokens(blob: bytes) -> tuple[int, ...]:
-    """Deserialize binary blob back to token tuple."""
-    arr = _array.array("i")
-    arr.frombytes(blob)
-    return tuple(arr)
+    """The inverse of _tokens_to_blob."""
+    return tuple(_array.array("i", blob))
 
 
 def _tokens_hash(tokens: tuple[int, ...]) -> str:
-    """Compute SHA-256 hex digest of a token sequence for use as primary key."""
+    """An entry's key: lowercase hex SHA-256 of its tokens' blob.  It names
+    the row (``token_hash``) and the entry's directory under data/."""
     return hashlib.sha256(_tokens_to_blob(tokens)).hexdigest()
 
 
 def _prefix_hash(tokens: tuple[int, ...]) -> str:
-    """Hash the bounded token prefix used to prefilter prefix lookups."""
-    return _tokens_hash(tokens[:_PREFIX_FILTER_TOKENS])
+    """The key of the first _PREFIX_FILTER_TOKENS tokens (of all of them,
+    when there are fewer): index.db's ``prefix_hash`` column, which narrows
+    a prefix lookup to the rows that can match before their blobs are
+    compared."""
+    return _tokens_hash(tuple(tokens)[:_PREFIX_FILTER_TOKENS])
 
 
 # --------------------------------------------------------------------------
@@ -584,12 +602,13 @@ _TIER_OPENING = threading.local()
 
 
 class SSDIndex:
-    """SQLite-backed index for SSD cache entries (libkvtier's kvt_index_*).
+    """index.db, the table of stored entries, through libkvtier's kvt_index_*
+    calls.
 
-    Same schema as the reference (index.db opened by either program), same
-    methods and return values: rows are stored and returned as given (any
-    ``file_path``, any ``num_tokens``), by the reference's own SQL.  Thread
-    safety: every call is serialised, as in the reference.
+    The schema is the reference's, so either program opens a directory the
+    other wrote, and so are the methods and what they return: a row keeps
+    the ``file_path`` and ``num_tokens`` it was given.  Calls on one instance
+    take turns (``_db_lock``); any thread may make them.
 
     The instance a tier makes for itself (``tier._index``) is bound to the
     tier instead of opening index.db a second time: lookups, touch, delete
@@ -601,8 +620,11 @@ class SSDIndex:
     _SCHEMA_VERSION = 1
 
     def __init__(self, cache_dir: str) -> None:
-        self._cache_dir = cache_dir
+        """Opens (creating it and its tables when missing) cache_dir/index.db;
+        the directory must exist.  An older table without ``prefix_hash`` is
+        upgraded in place."""
         self._db_lock = threading.Lock()
+        self._cache_dir = cache_dir
         self._ptr: Optional[int] = None
         tier = getattr(_TIER_OPENING, "tier", None)
         if tier is not None:
@@ -615,6 +637,27 @@ class SSDIndex:
                 f"open index in {cache_dir}")
         self._ptr = p.value
         self._fin = weakref.finalize(self, L.kvt_index_close, p.value)
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        """A Python sqlite3 connection to this index's index.db (rows as
+        sqlite3.Row, usable from any thread), opened on first use and closed
+        by close(): for code that queries the table directly, as the
+        reference's own tests do.  Hold ``_db_lock`` around its use.  The
+        index's calls never use it.  A tier's own index has none (its rows
+        are the tier's in-memory index; open SSDIndex(cache_dir) instead)."""
+        if self._via is not None:
+            raise AttributeError(
+                "_conn: a tier's own index has no Python connection; open "
+                "SSDIndex(cache_dir) to query index.db")
+        self._p()  # closed -> sqlite3.ProgrammingError, as the reference's
+        c = self.__dict__.get("_py_conn")
+        if c is None:
+            c = sqlite3.connect(os.path.join(self._cache_dir, "index.db"),
+                                check_same_thread=False)
+            c.row_factory = sqlite3.Row
+            self.__dict__["_py_conn"] = c
+        return c
 
     def _tier_only(self, what: str) -> NotImplementedError:
         return NotImplementedError(
@@ -641,11 +684,11 @@ class SSDIndex:
         memory_bytes: int,
         num_tokens: int,
     ) -> None:
-        """Insert or replace a cache entry in the index.
-
-        As the reference, ``file_path`` is stored as given (any str) and so
-        is ``num_tokens``; a tier only ever serves rows whose file_path is
-        their own token hash."""
+        """Stores the row for tokens_key, replacing one already there (its
+        created and accessed times are now).  ``file_path`` (a str without
+        NUL) and ``num_tokens`` are kept as given; a tier serves a row only
+        when file_path is the row's own token hash.  Not on a tier's own
+        index (NotImplementedError)."""
         if self._via is not None:
             raise self._tier_only("insert_entry")
         tok, n = tokens_arg(tokens_key)
@@ -662,7 +705,8 @@ class SSDIndex:
                     "insert_entry")
 
     def lookup_exact(self, tokens_key: tuple[int, ...]) -> dict | None:
-        """Look up an exact token sequence. Returns dict or None."""
+        """The row stored for exactly these tokens, as a dict of file_path,
+        memory_bytes and num_tokens, or None."""
         if self._via is not None:
             return self._via.lookup_exact(tokens_key)
         tok, n = tokens_arg(tokens_key)
@@ -671,11 +715,10 @@ class SSDIndex:
         return rows[0] if rows else None
 
     def lookup_prefix(self, query_tokens: tuple[int, ...]) -> list[dict]:
-        """Find entries whose token sequence is a prefix of query_tokens.
-
-        Returns list of dicts sorted by num_tokens descending (longest prefix first).
-        On a tier's own index: the longest stored prefix only (0 or 1 dicts).
-        """
+        """Every stored row whose tokens begin query_tokens (the whole query
+        included), longest first, as dicts of token_hash, file_path,
+        memory_bytes and num_tokens; [] for an empty query.  On a tier's own
+        index only the longest is returned (0 or 1 dicts)."""
         if self._via is not None:
             return self._via.lookup_prefix(query_tokens)
         tok, n = tokens_arg(query_tokens)
@@ -687,10 +730,10 @@ class SSDIndex:
 
     def delete_entry(self, tokens_key: tuple[int, ...], *,
                      cache_salt: str | bytes | None = None) -> None:
-        """Delete an entry by token sequence (a tier's own: files and row).
-        cache_salt (kvtier's): the tier's entry spilled under it (a salted
-        entry is deleted only with its salt; a standalone SSDIndex has no
-        salted rows)."""
+        """Removes the row for these tokens (nothing when there is none); on a
+        tier's own index the entry's files go too.  cache_salt (kvtier's):
+        the salt the tier's entry was spilled under; a salted entry is only
+        removed with it, and a standalone SSDIndex has no salted rows."""
         if self._via is not None:
             return self._via.delete_entry(tokens_key, cache_salt=cache_salt)
         if cache_salt is not None:
@@ -702,7 +745,8 @@ class SSDIndex:
             L.check(rc, "delete_entry")
 
     def get_lru(self, limit: int = 10) -> list[dict]:
-        """Get the least recently used entries, ordered oldest first."""
+        """Up to ``limit`` rows (all of them for a negative limit), least
+        recently accessed first, with their tokens_blob."""
         if self._via is not None:
             raise self._tier_only("get_lru")
         # SQLite's LIMIT with a negative value means "no limit".
@@ -711,7 +755,7 @@ class SSDIndex:
             return self._rows(L.kvt_index_lru, self._p(), lim, keys=_LRU_KEYS)
 
     def get_total_bytes(self) -> int:
-        """Get total memory_bytes across all entries."""
+        """The sum of memory_bytes over the rows (0 when empty)."""
         if self._via is not None:
             return self._via.get_total_bytes()
         v = ctypes.c_uint64()
@@ -720,7 +764,7 @@ class SSDIndex:
         return int(v.value)
 
     def get_entry_count(self) -> int:
-        """Get number of entries in the index."""
+        """How many rows there are."""
         if self._via is not None:
             return self._via.get_entry_count()
         v = ctypes.c_uint64()
@@ -730,9 +774,10 @@ class SSDIndex:
 
     def touch(self, tokens_key: tuple[int, ...], *,
               cache_salt: str | bytes | None = None) -> None:
-        """Update accessed_at timestamp for an entry (marks as recently used).
-        cache_salt (kvtier's): the tier's entry spilled under it (a
-        standalone SSDIndex has no salted rows)."""
+        """Sets the row's accessed time to now, so LRU eviction takes it
+        last; nothing when there is no such row.  cache_salt (kvtier's): the
+        salt the tier's entry was spilled under (a standalone SSDIndex has no
+        salted rows)."""
         if self._via is not None:
             return self._via.touch(tokens_key, cache_salt=cache_salt)
         if cache_salt is not None:
@@ -744,16 +789,21 @@ class SSDIndex:
             L.check(rc, "touch")
 
     def all_entries(self) -> list[dict]:
-        """Return all entries (for startup reconciliation)."""
+        """Every row, with its tokens_blob (what reconcile compares with the
+        directories on disk)."""
         if self._via is not None:
             raise self._tier_only("all_entries")
         with self._db_lock:
             return self._rows(L.kvt_index_all, self._p(), keys=_LRU_KEYS)
 
     def close(self) -> None:
-        """Close the SQLite connection (a tier's own index: nothing; the
-        tier closes it)."""
+        """Releases index.db (and the _conn connection, if one was opened);
+        later calls raise sqlite3.ProgrammingError.  On a tier's own index it
+        does nothing: the tier's close() releases it."""
         with self._db_lock:
+            c = self.__dict__.pop("_py_conn", None)
+            if c is not None:
+                c.close()
             if self._ptr is not None:
                 self._ptr = None
                 self._fin()
@@ -769,8 +819,8 @@ class _TierIndex:
 
     def touch(self, tokens_key: tuple[int, ...], *,
               cache_salt: str | bytes | None = None) -> None:
-        """Update accessed_at timestamp for an entry (marks as recently used);
-        cache_salt: the entry spilled under it."""
+        """Marks the tier's entry as just used (kvt_tier_touch_ex), so its
+        LRU eviction comes last; cache_salt: the salt it was spilled under."""
         tok, n = tokens_arg(tokens_key)
         co, keep = L.call_opts(cache_salt)
         rc = L.kvt_tier_touch_ex(self._tier._h.ptr, tok, n, co)
@@ -840,10 +890,9 @@ class LayerSerializer(ABC):
 
 
 def _mx_to_numpy_safe(arr: Any) -> tuple[np.ndarray, str | None]:
-    """mx.array → np.ndarray, upcasting numpy-unsupported dtypes (bf16) to fp32.
-
-    Returns (numpy_array, original_dtype_name_or_None).
-    """
+    """A numpy copy of an MLX (or numpy-convertible) array, and the name of
+    its dtype when numpy had no such dtype and the copy was widened to
+    float32 (None otherwise): see kvtier._convert.to_numpy_safe."""
     return to_numpy_safe(arr)
 
 
@@ -1110,17 +1159,16 @@ class _ReplaceableWriteEntry:
 
 
 class SSDCacheTier:
-    """Cold-tier disk cache for KV cache entries, backed by libkvtier.
+    """The SSD tier behind vllm-mlx's prefix cache: entries the RAM cache
+    evicts are spilled here and promoted back on a later hit.  libkvtier does
+    the work (writer, index, files, reads); this class is the reference's
+    interface to it.
 
-    Directory layout (identical to the reference's)::
-
-        cache_dir/
-          index.db           # SQLite metadata index
-          data/              # safetensors files per entry
-            {hash}/          # one directory per entry
-              layer_0.safetensors ...
-              manifest.json  # per-entry layer metadata
-              tokens.bin
+    On disk, cache_dir holds what the reference writes - index.db (one row
+    per entry) and data/<token hash>/ with an entry's layer_<i>.safetensors,
+    manifest.json and tokens.bin - and kvtier's own files beside them
+    (manifest.sum checksums, chunks/ for the chunked store, stats.bin, the
+    kvtier.lock of the process that holds the directory).
 
     Typical use::
 
@@ -1131,12 +1179,13 @@ class SSDCacheTier:
         layers = await tier.async_promote(tokens, reserve, release)
         tier.close()
 
-    Thread-safe: spills, lookups and promotes may come from any thread.
+    Any thread may spill, look up and promote, concurrently.
     """
 
     def __init__(self, config: SSDCacheConfig) -> None:
-        """Opens (creating when missing) config.cache_dir and its index.  The
-        writer is not started (call start_writer(), as with the reference).
+        """Opens config.cache_dir, creating it (parents too) and index.db when
+        missing.  Spills wait in the queue until start_writer() is called, as
+        with the reference.
 
         Raises:
             ValueError: cache_dir is None, or an option libkvtier refuses.
@@ -1145,18 +1194,17 @@ class SSDCacheTier:
                 by group/others; another process holding it for writing).
             sqlite3.DatabaseError: index.db is unusable.
         """
-        self._config = config
-        self._closed = True
-        self._closing = False
-        self._writer_thread: Any = None
-        self._hook_calls = 0  # calls of the write hook (replaced _write_entry)
-        self._refusal_log = _RefusalLog()
-
         if config.cache_dir is None:
             raise ValueError("SSDCacheConfig.cache_dir must be set")
-
-        self._cache_dir = config.cache_dir
-        self._data_dir = os.path.join(self._cache_dir, "data")
+        self._config = config
+        self._closed = True  # until every step below has worked
+        self._closing = False
+        self._writer_thread: Any = None
+        self._sentinel_queued = False  # on a replaced _spill_queue
+        self._hook_calls = 0  # calls of the write hook (replaced _write_entry)
+        self._refusal_log = _RefusalLog()
+        self._cache_dir, self._data_dir = config.cache_dir, os.path.join(
+            config.cache_dir, "data")
 
         # The reference creates parents too; kvtier then checks ownership and
         # permissions of the leaf.
@@ -1185,16 +1233,22 @@ class SSDCacheTier:
             self._spill_queue = _SpillQueue(self._h, q.maxsize)
             self._closed = False
         except Exception:
-            index = getattr(self, "_index", None)
-            if index is not None:
-                try:
-                    index.close()
-                except Exception:
-                    logger.exception(
-                        "ssd_cache: failed to close index during init cleanup"
-                    )
-            self._h.free()  # the C tier (its index connection, the lock file)
+            self._undo_open()
             raise
+
+    def _undo_open(self) -> None:
+        """Undoes a half-done __init__: closes the index it got (whatever the
+        module's SSDIndex returned, a caller's stand-in too) and frees the C
+        tier, with its index connection and lock file.  A failing close is
+        logged, not raised, so the caller sees the error that stopped
+        __init__."""
+        idx = self.__dict__.get("_index")
+        if idx is not None:
+            try:
+                idx.close()
+            except Exception:
+                logger.exception("ssd_cache: failed to close index during init cleanup")
+        self._h.free()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("closing" if self._closing else "open")
@@ -1203,12 +1257,14 @@ class SSDCacheTier:
 
     @staticmethod
     def _entry_hash(tokens: tuple[int, ...]) -> str:
-        """Compute deterministic hash for a token sequence."""
+        """The key of an entry (its directory's name under data/): see
+        _tokens_hash."""
         return _tokens_hash(tokens)
 
     def get_stats(self) -> dict:
-        """Return current SSD cache statistics: the reference's keys (same
-        rounding) followed by kvtier's counters."""
+        """The tier's counters now: the nine keys of the reference's
+        SSDCacheStats.to_dict() first, rounded the same way, then kvtier's
+        (queue, evictions, quarantine, remote tier, host RAM tier...)."""
         s = self._h.stats()
         d = SSDCacheStats(**{f: getattr(s, f) for f in _REF_STAT_FIELDS}).to_dict()
         for f in _KVT_STAT_FIELDS:
@@ -1225,13 +1281,38 @@ class SSDCacheTier:
         return d
 
     def start_writer(self) -> None:
-        """Start the background spill writer thread (idempotent)."""
+        """Starts the writer, which takes spills off the queue and writes
+        them; a second call does nothing."""
         if self._writer_thread is not None:
             return
         self._sync_write_hook()
         L.check(L.kvt_tier_start_writer(self._h.ptr), "start_writer")
-        self._writer_thread = _WriterInfo(self)
+        q = self._spill_queue
+        if isinstance(q, _SpillQueue):
+            self._writer_thread = _WriterInfo(self)
+        else:
+            # _spill_queue was replaced by a queue of the caller's: a Python
+            # thread serves it (the C writer still serves enqueue_spill).
+            th = threading.Thread(target=self._serve_replaced_queue, args=(q,),
+                                  daemon=True, name="ssd-cache-writer")
+            th.start()
+            self._writer_thread = th
         logger.info("[ssd_cache] writer thread started")
+
+    def _serve_replaced_queue(self, q: Any) -> None:
+        """Writer loop for a ``_spill_queue`` replaced by the caller: hands
+        each ``(tokens, layer_snapshots, memory_bytes)`` item to
+        ``_write_entry`` until the None sentinel close() queues; a failing
+        write is logged and the loop carries on."""
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            toks, snaps, mem = item
+            try:
+                self._write_entry(toks, snaps, mem)
+            except Exception:
+                logger.exception(f"[ssd_cache] failed to write entry ({len(toks)} tokens)")
 
     def enqueue_spill(
         self,
@@ -1241,7 +1322,7 @@ class SSDCacheTier:
         *,
         cache_salt: str | bytes | None = None,
     ) -> bool:
-        """Enqueue a cache entry for async spill to SSD.
+        """Hands an entry to the writer without waiting for the disk.
 
         cache_salt (kvtier's; str or bytes): a per-request namespace (vLLM's
         ``cache_salt``): the entry is then found, promoted, read and touched
@@ -1254,11 +1335,12 @@ class SSDCacheTier:
         with ``bits``/``group_size``; numpy arrays, bf16 arrays, or anything
         numpy.asarray accepts.
 
-        Returns True if enqueued, False if the entry was dropped (queue full,
-        entry too big, unsupported layer, tier closed).  Every refusal counts
-        in get_stats() under its reason (``spill_refused_<reason>``) and is
-        logged as a WARNING at most once per reason and
-        ``_REFUSAL_LOG_INTERVAL_S`` seconds.
+        True once the entry is queued: the writer will publish it unless the
+        write itself fails.  False, with nothing queued, when it is refused:
+        the queue is full, a layer cannot be stored, or the tier is closing.
+        Every refusal counts in get_stats() under its reason
+        (``spill_refused_<reason>``) and is logged as a WARNING at most once per
+        reason and ``_REFUSAL_LOG_INTERVAL_S`` seconds.
         """
         if self._closed or self._closing:
             return self._refused("closed", f"{len(tokens)} tokens: the tier is closed",
@@ -1287,7 +1369,8 @@ class SSDCacheTier:
         layer_snapshots: Any,
         memory_bytes: int,
     ) -> None:
-        """Atomically persist one entry (writer thread), as the reference's.
+        """Writes one spill (on the writer thread): its files appear whole or
+        not at all.
 
         kvtier's C writer writes spills itself and calls this only while it
         is replaced on the instance (``tier._write_entry = f``, or
@@ -1326,14 +1409,10 @@ class SSDCacheTier:
 
     def lookup_ssd(self, tokens: tuple[int, ...], *,
                    cache_salt: str | bytes | None = None) -> dict | None:
-        """Synchronous check whether tokens exist in SSD tier.
-
-        Fast: an in-memory index lookup, no disk I/O.
-
-        Returns:
-            Dict with entry metadata (file_path, memory_bytes, num_tokens)
-            if found, None otherwise.
-        """
+        """Is an entry stored for exactly these tokens?  Answered from the
+        tier's in-memory index, without touching the disk.  Returns
+        ``{"file_path", "memory_bytes", "num_tokens"}`` (file_path: the
+        entry's directory under data/, its token hash) or None."""
         tok, n = tokens_arg(tokens)
         co, keep = L.call_opts(cache_salt)
         info = L.EntryInfo()
@@ -1350,11 +1429,11 @@ class SSDCacheTier:
 
     def lookup_ssd_prefix(self, tokens: tuple[int, ...], *,
                           cache_salt: str | bytes | None = None) -> dict | None:
-        """Find the longest prefix match in the SSD tier.
-
-        Returns the longest-prefix entry metadata (token_hash, file_path,
-        memory_bytes, num_tokens) or None.
-        """
+        """The longest stored entry whose tokens begin ``tokens``, from
+        memory like lookup_ssd: ``{"token_hash", "file_path",
+        "memory_bytes", "num_tokens"}`` or None.  In the chunked store this
+        may be a chunk-aligned prefix that no spill ended at (num_tokens and
+        memory_bytes then describe that prefix)."""
         tok, n = tokens_arg(tokens)
         if n == 0:
             return None
@@ -1407,23 +1486,20 @@ class SSDCacheTier:
         *,
         cache_salt: str | bytes | None = None,
     ) -> list | None:
-        """Promote an entry from SSD to RAM asynchronously.
+        """Reads the entry for ``tokens`` back into memory, off the event
+        loop (libkvtier's promote workers), and returns its layers.
 
-        CRITICAL: Reserves RAM budget BEFORE the disk read, to avoid
-        thrash when multiple promotions race.
+        The RAM is claimed first: ``reserve_budget_fn(memory_bytes)`` is
+        called on this thread before any byte is read, and a False return
+        ends the promotion there (no read, so racing promotions cannot
+        overcommit).  ``release_budget_fn(memory_bytes)`` gives it back, on
+        this thread, when the read then fails or the task is cancelled; on
+        success the caller owns the reservation.
 
-        Args:
-            tokens: Token sequence to promote.
-            reserve_budget_fn: Callable(nbytes) -> bool. Must return True
-                if budget is available and reserved, False otherwise. Called
-                on this (the event loop's) thread before any data is read.
-            release_budget_fn: Callable(nbytes) -> None. Called (on this
-                thread) to release budget on failure or cancellation.
-
-        Returns:
-            List of deserialized cache layers (dicts of numpy arrays), or
-            None if promotion failed (miss, budget refused, corrupt or
-            unreadable entry; counted in the stats).
+        Returns the layers as the reference's dicts of numpy arrays, or None
+        for a miss, a refused budget, or a damaged or unreadable entry (a
+        damaged one is quarantined); each outcome is counted in the stats.
+        An exception from reserve_budget_fn propagates.
 
         Cancelling the awaiting task stops the read, waits for it to finish,
         releases the budget and re-raises CancelledError.
@@ -1474,12 +1550,11 @@ class SSDCacheTier:
 
     def _read_entry(self, tokens: tuple[int, ...], relative_path: str, *,
                     cache_salt: str | bytes | None = None) -> list | None:
-        """Read a cache entry from disk synchronously (no budget, no stats,
-        no touch), as the reference's _read_entry.
-
-        Returns list of deserialized layer dicts, or None when the entry is
-        missing or corrupt (a corrupt entry is quarantined).
-        """
+        """The scheduler's direct read: the entry for ``tokens`` whose
+        directory is ``relative_path``, read on this thread with no budget,
+        no stats and no touch.  Returns its layers as async_promote does, or
+        None when it is missing, does not match, or is damaged (then
+        quarantined)."""
         tok, n = tokens_arg(tokens)
         co, keep = L.call_opts(cache_salt)
         e = ctypes.c_void_p()
@@ -1516,13 +1591,9 @@ class SSDCacheTier:
         return L.trim(self._h.ptr, target_bytes)
 
     def reconcile(self) -> int:
-        """Reconcile index with files on disk.
-
-        Removes index entries whose data files are missing and data
-        directories not in the index.
-
-        Returns number of entries cleaned up.
-        """
+        """Makes index.db and data/ agree: rows whose files are gone are
+        dropped, and directories no row names are removed.  Returns how many
+        were cleaned up."""
         return int(L.check(L.kvt_tier_reconcile(self._h.ptr), "reconcile"))
 
     _WRITER_JOIN_TIMEOUT_S = 5.0
@@ -1542,7 +1613,8 @@ class SSDCacheTier:
         return False
 
     def close(self, timeout: float | None = None) -> None:
-        """Close the SSD cache tier and release resources.
+        """Stops the tier: the spills already accepted are written first,
+        then the writer stops and the index is released.
 
         As the reference's: queues a stop sentinel behind the accepted spills
         (FIFO: they are written first; spills are refused from then on) and
@@ -1568,14 +1640,17 @@ class SSDCacheTier:
             return
         if timeout is None:
             t = self._WRITER_JOIN_TIMEOUT_S
-            ms = -1 if t is None else max(0, int(float(t) * 1000))
+            deadline = None if t is None else time.monotonic() + float(t)
+            self._close_replaced_writer(t, deadline)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ms = -1 if left is None else int(left * 1000)
             self._closing = True
             rc = L.kvt_tier_close_queued(self._h.ptr, ms)
             if rc == L.KVT_EFULL:
                 self._closing = False
                 raise L.KvtierTimeoutError(
                     L.KVT_ETIMEDOUT, f"SSDCacheTier.close: could not queue the writer's "
-                    f"stop sentinel within {t}s (the spill queue stayed full); nothing "
+                    f"shutdown sentinel within {t}s (the spill queue stayed full); nothing "
                     "was closed and close() may be retried")
             if rc == L.KVT_ETIMEDOUT:
                 raise L.KvtierTimeoutError(
@@ -1592,11 +1667,40 @@ class SSDCacheTier:
                     rc, f"SSDCacheTier.close: the spill writer did not finish within "
                     f"{timeout}s; the tier is still open and close() may be retried")
             L.check(rc, "close")
-        self._closed = True
-        if self._writer_thread is not None:
-            self._writer_thread = None
-        self._index.close()
+        self._closed, self._writer_thread = True, None
+        self._index.close()  # nothing for the tier's own; a stand-in's runs
         logger.info("[ssd_cache] SSDCacheTier closed")
+
+    def _close_replaced_writer(self, t: float | None, deadline: float | None) -> None:
+        """close()'s steps for a ``_spill_queue`` or ``_writer_thread`` the
+        caller replaced (the C ones need neither): the None sentinel goes on
+        the replaced queue (bounded by t), then the replaced or Python writer
+        thread is joined until the deadline.  Raises TimeoutError, with the
+        C tier and the index untouched, when either does not happen."""
+        q = self._spill_queue
+        if not isinstance(q, _SpillQueue) and not self._sentinel_queued:
+            if self._writer_thread is None:
+                self.start_writer()  # queued items are written, not dropped
+            try:
+                q.put(None, timeout=t)
+            except queue.Full:
+                raise L.KvtierTimeoutError(
+                    L.KVT_ETIMEDOUT, f"SSDCacheTier.close: could not queue the writer's "
+                    f"shutdown sentinel within {t}s (the replaced spill queue stayed "
+                    "full); nothing was closed and close() may be retried") from None
+            self._sentinel_queued = True
+        wt = self._writer_thread
+        if wt is None or isinstance(wt, _WriterInfo):
+            return
+        self._closing = True
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        wt.join(timeout=left)
+        if wt.is_alive():
+            raise L.KvtierTimeoutError(
+                L.KVT_ETIMEDOUT, f"SSDCacheTier.close: the writer thread did not stop "
+                f"within {t}s; the writer and the index stay open and close() may be "
+                "called again")
+        self._writer_thread = None
 
     async def aclose(self, timeout: float | None = None) -> None:
         """``await asyncio.to_thread(self.close)``, as the reference's: the
