@@ -13,6 +13,7 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "format/chunk.h"
 #include "index/index.h"
 #include "store/chunked.h"
 #include "tier/chunk_tools.h"
@@ -74,12 +75,16 @@ int kvti_tier_chunks_adopt(kvt_tier *t, const char *hash,
     if (rrc != 0)
       return rrc;
   }
-  if (m->chunk_tokens != kvti_chunked_chunk_tokens(t->chunked) ||
+  /* The chain is named by its last chunk and read by parent links, so a
+   * tier of another chunk_tokens (the CLI opens with the default) adopts it
+   * as the writer's own would: only a chain that is not stored whole, or
+   * whose last chunk holds another run length, is refused. */
+  if (!kvti_chunk_tokens_ok(m->chunk_tokens) ||
       !kvti_chains_find(ch, m->last_key, &last) ||
-      last.index + 1 != m->chunks || last.layout_hash != m->layout_hash)
+      last.index + 1 != m->chunks || last.layout_hash != m->layout_hash ||
+      last.n_tokens != m->chunk_tokens)
     return KVT_ERR(KVT_ECORRUPT,
-                   "data/%.16s is the tail of a chain that is not stored "
-                   "(or was written with another chunk_tokens)",
+                   "data/%.16s is the tail of a chain that is not stored",
                    hash);
   kvti_chained_entry ce;
   if (kvti_unhex32(ce.hash, hash) != 0)

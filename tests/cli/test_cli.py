@@ -954,6 +954,25 @@ def t_reindex():
     check(rc == 0, f"verify after reindex: exit {rc}: {err}")
     rc, out, err = run("reindex")
     check(rc == 2, "reindex without DIR is a usage error")
+    # A chunk_tokens=16 cache (bench's chat preset, --chunk-tokens 16) reindexed by the CLI,
+    # which opens with the default 256: every chained entry is adopted with
+    # its chain, nothing quarantined or deleted.
+    base = tmpdir("reindex-c16")
+    j = run_json("bench", base, "--preset", "chat", "--quick", "--keep",
+                 "--no-disk", "--no-progress", "--chunk-tokens", "16")
+    d = os.path.join(base, "chat-prefix")
+    before = data_names(d)
+    hashes = sorted(e["token_hash"] for e in entries(d))
+    check(len(before) >= 4 and hashes == before,
+          f"chat-prefix: {len(before)} entries to start with")
+    j = run_json("reindex", d)
+    check(j.get("entries") == len(before) and j.get("quarantined") == 0,
+          f"reindex --json of a chunk_tokens=16 cache: {j}")
+    check(data_names(d) == before, "reindex of a C=16 cache deleted nothing")
+    check(sorted(e["token_hash"] for e in entries(d)) == before,
+          "every C=16 entry listed after reindex")
+    rc, out, err = run("verify", d)
+    check(rc == 0, f"verify after reindex of a C=16 cache: exit {rc}: {err}")
 
 
 GROUPS = {"help": t_help, "errors": t_errors, "empty": t_empty,
