@@ -21,10 +21,17 @@ typedef struct node {
   uint32_t parent;   /* 1-based id of the parent node, 0 = root (chunk 0) */
   uint32_t children; /* live nodes whose parent is this one */
   uint8_t live, dirty;
+  /* The chunk's file was found damaged or missing and moved aside: the row
+   * stays (the chunks below it and the entries through it are kept), but
+   * no chain through it is walked or looked up until a spill writes the
+   * file again (in memory only: after a reopen the first read finds the
+   * file missing again). */
+  uint8_t damaged;
 } node;
 
 struct kvti_chains {
   kvt_index *idx;
+  uint32_t n_damaged; /* live nodes marked damaged (0: nothing to check) */
   pthread_rwlock_t rw;
   node *nodes;
   uint32_t n, cap;

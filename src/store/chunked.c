@@ -144,6 +144,7 @@ int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
   p->res.chunk_bytes = cr.bytes_written;
   p->res.written = cr.written;
   p->res.chunks = cr.chunks;
+  p->res.rewritten = cr.rewritten;
   if (rc == 0 && cr.chunks != sp.chunks)
     rc = KVT_ERR(KVT_EIO, "chunked put: %zu of %zu chunks stored", cr.chunks,
                  sp.chunks);
@@ -277,7 +278,10 @@ int kvti_chunked_read_chain(kvti_chunkstore *cs, const kvti_chain_rec *recs,
   int rc = kvti_chunkstore_read_prefix(cs, recs, m, tokens, ro, p, &bad);
   if (chunk_bad)
     *chunk_bad = 0;
-  if (rc == KVT_ECORRUPT && chunk_bad && bad_chunk) {
+  /* A chunk that fails its checks, or whose indexed file is missing, is the
+   * chunk's fault, not the entry's (the tier contains it: tier/chunks.h). */
+  if ((rc == KVT_ECORRUPT || rc == KVT_ENOTFOUND) && chunk_bad && bad_chunk &&
+      bad < m) {
     memcpy(bad_chunk, recs[bad].key, 32);
     *chunk_bad = 1;
   }

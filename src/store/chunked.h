@@ -39,6 +39,7 @@ typedef struct kvti_chunked_put_result {
   uint64_t entry_bytes;   /* bytes of the tail entry (the index row's) */
   uint64_t chunk_bytes;   /* chunk file bytes newly written */
   size_t chunks, written; /* chain length, newly written chunks */
+  size_t rewritten;       /* damaged chunks written again */
 } kvti_chunked_put_result;
 
 /* A spill being stored in steps, so the tier can stage, publish, commit or

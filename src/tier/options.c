@@ -71,6 +71,8 @@ size_t kvti_stats_size(unsigned int version) {
   case 1:
     return offsetof(kvt_stats, tokens_requested);
   case 2:
+    return offsetof(kvt_stats, chunks_quarantined);
+  case 3:
     return sizeof(kvt_stats);
   default:
     return 0;

@@ -223,6 +223,16 @@ static const metric metrics[] = {
     CNT(promote_ram_bytes, "Entry bytes of promotes served from RAM."),
     CNT(promotes_from_disk, "Local promotes read from the SSD."),
     CNT(promote_disk_bytes, "Bytes read from the SSD by local promotes."),
+    CNT(chunks_quarantined,
+        "Damaged or missing chunk files moved aside (alone; the chunks below "
+        "and the entries through them are kept)."),
+    CNT(entries_unservable,
+        "Entries made unservable by a damaged chunk (kept; served again once "
+        "a spill writes the chunk)."),
+    CNT(chunks_rewritten, "Damaged chunks written again by a spill."),
+    CNT(chain_cuts_kept,
+        "Chained reads that found their chain cut and kept the entry (a miss, "
+        "never a deletion)."),
 };
 #define NMETRICS (sizeof metrics / sizeof metrics[0])
 

@@ -91,7 +91,7 @@ KVT_OPTIONS_VERSION = 4
 KVT_PROMOTE_OPTS_VERSION = 2
 KVT_CALL_OPTS_VERSION = 1
 KVT_CACHE_SALT_MAX = 4096
-KVT_STATS_VERSION = 2
+KVT_STATS_VERSION = 3
 
 # --------------------------------------------------------------------------
 # Structs
@@ -277,7 +277,7 @@ def set_promote_salt(opts, cache_salt):
 
 
 class Stats(ctypes.Structure):
-    """struct kvt_stats (KVT_STATS_VERSION 2); a new one is ready for
+    """struct kvt_stats (KVT_STATS_VERSION 3); a new one is ready for
     kvt_tier_stats (its version is set)."""
 
     _fields_ = [
@@ -329,6 +329,11 @@ class Stats(ctypes.Structure):
         ("promote_ram_bytes", ctypes.c_uint64),
         ("promotes_from_disk", ctypes.c_uint64),
         ("promote_disk_bytes", ctypes.c_uint64),
+        # version 3: the chunked store's contained damage
+        ("chunks_quarantined", ctypes.c_uint64),
+        ("entries_unservable", ctypes.c_uint64),
+        ("chunks_rewritten", ctypes.c_uint64),
+        ("chain_cuts_kept", ctypes.c_uint64),
     ]
 
     def __init__(self, *args: Any, **kw: Any) -> None:
