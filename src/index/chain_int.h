@@ -14,6 +14,7 @@
 #include "index/internal.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 typedef struct node {
@@ -31,7 +32,9 @@ typedef struct node {
 
 struct kvti_chains {
   kvt_index *idx;
-  uint32_t n_damaged; /* live nodes marked damaged (0: nothing to check) */
+  /* Live nodes marked damaged (0: nothing to check). Changed under rw
+   * (write); read without it by kvti_chains_any_damaged. */
+  _Atomic uint32_t n_damaged;
   pthread_rwlock_t rw;
   node *nodes;
   uint32_t n, cap;

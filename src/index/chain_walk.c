@@ -50,6 +50,10 @@ int kvti_chains_path(kvti_chains *c, const uint8_t last_key[32], size_t n,
   return 0;
 }
 
+int kvti_chains_any_damaged(kvti_chains *c) {
+  return atomic_load_explicit(&c->n_damaged, memory_order_relaxed) != 0;
+}
+
 int kvti_chains_path_damaged(kvti_chains *c, const uint8_t last_key[32]) {
   pthread_rwlock_rdlock(&c->rw);
   int d = 0;

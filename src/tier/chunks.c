@@ -232,6 +232,8 @@ int kvti_tier_chunks_servable(kvt_tier *t, const kvt_entry_info *info,
   if (rc != 0 || !t->chunked)
     return rc;
   kvti_chains *ch = kvti_chunkstore_chains(kvti_chunked_store(t->chunked));
+  if (!kvti_chains_any_damaged(ch))
+    return rc; /* the common case: one atomic load */
   uint8_t h[32];
   kvti_chained_entry ce;
   if (kvti_unhex32(h, info->token_hash) != 0 ||
