@@ -10,6 +10,8 @@
  * chunks_rewritten). Damaged chunk rows - the kvtier_chunks table emptied, or
  * one row's parent_key replaced by random bytes - cost no entry either: the
  * chain table is rebuilt from the chunk files once, and every entry serves.
+ * A chained-entry row pointed at another salt's chain is never followed: the
+ * tail's own manifest names its chain.
  */
 #include "fmt_testlib.h"
 #include "tier_testlib.h"
@@ -190,10 +192,72 @@ static void test_random_parent_key(void) {
                "= 1 LIMIT 1)");
 }
 
+/* A chained-entry row pointed (index damaged or tampered with) at another
+ * salt's chain of the same tokens: the tail's own manifest names its chain,
+ * and the read uses that one - alice is served alice's KV, never bob's. */
+static void test_row_points_at_other_salt(void) {
+  char *dir = t_join(g_dir, "salts");
+  kvt_tier *t = open_tier(dir);
+  int32_t tok[40];
+  for (int i = 0; i < 40; i++)
+    tok[i] = 900 + i;
+  const char *salt[2] = {"alice", "bob"};
+  kvt_layer l[2][2];
+  char name[2][65];
+  kvt_rng r = {4321};
+  for (int s = 0; s < 2; s++) {
+    kvt_call_opts co = KVT_CALL_OPTS_INIT;
+    co.cache_salt = salt[s];
+    co.cache_salt_len = strlen(salt[s]);
+    for (int i = 0; i < 2; i++)
+      l[s][i] = t_kv(&r, KVT_DTYPE_F16, 1, 2, 48, 8, 40);
+    REQUIRE(kvt_tier_spill_ex(t, tok, 40, l[s], 2, 1000, &co) == 0);
+    REQUIRE(kvt_tier_flush(t, -1) == 0);
+    kvt_entry_info info;
+    REQUIRE(kvt_tier_lookup_ex(&info, t, tok, 40, &co) == 0);
+    memcpy(name[s], info.token_hash, 65);
+  }
+  REQUIRE(kvt_tier_close(t, -1) == 0);
+  kvt_tier_free(t);
+  char sql[512];
+  snprintf(sql, sizeof sql,
+           "UPDATE kvtier_chained_entries SET last_key = (SELECT last_key "
+           "FROM kvtier_chained_entries WHERE token_hash = x'%s') WHERE "
+           "token_hash = x'%s'",
+           name[1], name[0]);
+  damage_index(dir, sql);
+  t = open_tier(dir);
+  for (int s = 0; s < 2; s++) {
+    kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
+    po.cache_salt = salt[s];
+    po.cache_salt_len = strlen(salt[s]);
+    for (int trim = 0; trim < 2; trim++) {
+      kvt_entry *e = NULL;
+      int rc = trim ? kvt_tier_promote_trim(&e, t, tok, 40, 32, &po)
+                    : kvt_tier_promote(&e, t, tok, 40, &po);
+      CHECK_EQ_INT(rc, 0);
+      if (e && !trim)
+        CHECK(t_layer_eq(kvt_entry_layer(e, 0), &l[s][0]) &&
+              t_layer_eq(kvt_entry_layer(e, 1), &l[s][1]));
+      if (e && trim)
+        CHECK(t_rows_match(&kvt_entry_layer(e, 0)->tensors[0],
+                           &l[s][0].tensors[0], 32));
+      kvt_entry_free(e);
+    }
+  }
+  REQUIRE(kvt_tier_close(t, -1) == 0);
+  kvt_tier_free(t);
+  for (int s = 0; s < 2; s++)
+    for (int i = 0; i < 2; i++)
+      t_layer_free(&l[s][i]);
+  free(dir);
+}
+
 int main(void) {
   g_dir = kvt_test_tmpdir("contain");
   RUN(test_shared_chunk_flipped);
   RUN(test_chunk_table_emptied);
   RUN(test_random_parent_key);
+  RUN(test_row_points_at_other_salt);
   return kvt_test_done();
 }
