@@ -1060,12 +1060,14 @@ KVT_API int kvt_tier_chunk_totals(kvt_chunk_totals *out, kvt_tier *t);
  *  parent (the row's; for chunk 0 the seed of the file's namespace and
  *  layout), index and token count against its row, its tokens against the
  *  row's lookup chain value, and every XXH3 block checksum of its data.
- *  key_hex: 64 hex digits. With repair and a bad chunk (a writable tier):
- *  the chunk and every chunk below it leave the index and their files move
- *  to cache_dir/quarantine/chunk-<key>/ (never deleted: the ones below may
- *  be valid), and every entry whose chain ran through them is quarantined
- *  like a corrupt entry (kvt_tier_verify with repair). *removed_entries
- *  (may be NULL) receives that count. Returns 0 (good), KVT_ECORRUPT
+ *  key_hex: 64 hex digits. With repair and a bad (or missing) chunk, on a
+ *  writable tier: the routine the serving path uses - the chunk's file alone
+ *  moves to cache_dir/quarantine/chunk-<key>/ (deleted when quarantine_max
+ *  is 0) and the chunk is marked damaged; the chunks below it and the
+ *  entries through it are kept (indexed, on disk), not offered by lookups,
+ *  until a spill of those tokens writes the chunk again. *removed_entries
+ *  (may be NULL) receives the number of entries through it (made
+ *  unservable, none removed). Returns 0 (good), KVT_ECORRUPT
  *  (message says what; repaired when repair), KVT_ENOTFOUND (not indexed),
  *  KVT_EIO, KVT_EINVAL, KVT_ECLOSED, KVT_ENOMEM. Thread-safe. */
 KVT_API int kvt_tier_chunk_verify(kvt_tier *t, const char *key_hex, int repair,
@@ -1136,7 +1138,8 @@ KVT_API int kvt_tier_chunk_gc(kvt_tier *t, int dry_run, kvt_chunk_gc_fn fn,
 
 /** kvt_stats versions: 1 (up to remote_available), 2 (+ token counters,
  *  latency histograms, the host RAM tier's host_cache_* and promotes_from_*
- *  fields), 3 (+ refused spills by reason, spill_refused_*). */
+ *  fields), 3 (+ refused spills by reason, spill_refused_*, and the chunked
+ *  store's damage counters). */
 #define KVT_STATS_VERSION 3
 
 /** Counters and gauges of a tier (output of kvt_tier_stats). The caller sets
@@ -1235,6 +1238,18 @@ typedef struct kvt_stats {
   uint64_t spill_refused_queue_full;
   uint64_t spill_refused_closed;
   uint64_t spill_refused_other;
+  /* The chunked store's damage, contained (serving path and verify --repair
+   * alike): a chunk file found damaged or missing is moved aside alone (to
+   * quarantine/chunk-<key>/) and marked damaged; the chunks below it and the
+   * entries through it are kept, unservable until a spill writes the chunk
+   * again. */
+  uint64_t chunks_quarantined; /* chunk files moved aside (or found gone) */
+  uint64_t entries_unservable; /* entries through them at that moment */
+  uint64_t chunks_rewritten;   /* damaged chunks a spill wrote again */
+  uint64_t chain_cuts_kept;    /* chained reads that found their chain cut
+                                  (damaged chunk, missing or damaged chunk
+                                  rows) and kept the entry: a miss, never a
+                                  deletion */
 } kvt_stats;
 
 /** A kvt_stats ready for kvt_tier_stats (C99 designated initialiser). */

@@ -343,8 +343,7 @@ int cli_verify_chunks(kvt_tier *t, int repair, int progress, cli_problem_fn fn,
   int rc = cli_chunkmap_load(&m, t);
   if (rc != 0)
     return rc;
-  /* Chain order (index ascending): a repair of a bad chunk takes the ones
-   * below it, which are then gone rather than verified one by one. */
+  /* Chain order (index ascending), parents before the chunks below them. */
   cli_qsort(m.v, m.n, sizeof *m.v, cmp_chunk_index);
   cli_progress pg;
   cli_progress_start(&pg, repair ? "chunks (repair)" : "chunks", m.n, progress);
@@ -368,7 +367,8 @@ int cli_verify_chunks(kvt_tier *t, int repair, int progress, cli_problem_fn fn,
       act = "quarantined";
       size_t l = strlen(detail);
       snprintf(detail + l, sizeof detail - l,
-               " (with the chunks below it and %llu entries)",
+               " (the file alone; the chunks below it and %llu entries "
+               "through it kept, unservable until it is written again)",
                (unsigned long long)ents);
       (*repaired)++;
     } else if (r != KVT_ECORRUPT && r != KVT_EIO) {

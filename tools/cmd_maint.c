@@ -319,7 +319,15 @@ int cmd_verify(int argc, char **argv) {
     problem *p = add_problem(&ps, h, kind, kvt_last_error());
     if (!p)
       continue;
-    if (repair && (r == KVT_ECORRUPT || r == KVT_EPERM)) {
+    kvt_chunk_info *chain = NULL;
+    size_t nchain = 0;
+    if (repair && r == KVT_ECORRUPT &&
+        kvt_tier_entry_chain(&chain, &nchain, NULL, c.tier, h, 0) == 0) {
+      /* Still stored: the damage was a chunk of its chain, moved aside
+       * alone; the entry serves again once the chunk is written again. */
+      p->action = "kept (damaged chunk quarantined)";
+      repaired++;
+    } else if (repair && (r == KVT_ECORRUPT || r == KVT_EPERM)) {
       p->action = "quarantined";
       repaired++;
     } else if (repair && r == KVT_ENOTFOUND) {
@@ -328,6 +336,7 @@ int cmd_verify(int argc, char **argv) {
                r != KVT_EIO) {
       failed_checks++;
     }
+    kvt_free(chain);
   }
   cli_progress_end(&pg);
 

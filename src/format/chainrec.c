@@ -13,6 +13,7 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "base/salt.h"
 #include "format/chunk.h"
 #include "format/entry_int.h"
 #include "format/layer.h"
@@ -81,6 +82,37 @@ void kvti_chainrec_free(kvti_chainrec *r) {
   memset(r, 0, sizeof *r);
 }
 
+/* The salt a record's name is keyed with, from its namespace encoding
+ * (u32 len | model_id | u32 len | salt field): an empty salt field is no
+ * salt (the name is SHA-256 of the tokens), otherwise it is the hex of the
+ * salt's digest D (the name is SHA-256(D || tokens), base/salt.h). Anything
+ * else is a damaged record. */
+static int ns_salt(kvti_salt *out, const uint8_t *ns, size_t len,
+                   const char *what) {
+  memset(out, 0, sizeof *out);
+  if (len == 0)
+    return 0; /* no namespace at all: unsalted */
+  if (len < 8)
+    return BAD("%s: namespace of %zu bytes", what, len);
+  uint32_t a = kvti_le_get32(ns);
+  if (a > len - 8)
+    return BAD("%s: namespace lengths inconsistent", what);
+  uint32_t b = kvti_le_get32(ns + 4 + a);
+  if ((size_t)a + b + 8 != len)
+    return BAD("%s: namespace lengths inconsistent", what);
+  if (b == 0)
+    return 0;
+  char hex[65];
+  if (b != 64)
+    return BAD("%s: namespace salt field of %u bytes", what, b);
+  memcpy(hex, ns + 8 + a, 64);
+  hex[64] = 0;
+  if (kvti_unhex32(out->d, hex) != 0)
+    return BAD("%s: namespace salt field is not a digest", what);
+  out->has = 1;
+  return 0;
+}
+
 int kvti_chainrec_parse(kvti_chainrec *r, const uint8_t *buf, size_t len,
                         const char *expect_hash, const char *what) {
   memset(r, 0, sizeof *r);
@@ -131,7 +163,10 @@ int kvti_chainrec_parse(kvti_chainrec *r, const uint8_t *buf, size_t len,
   r->tokens = tok;
   r->ns = ns;
   char hex[65], name[65];
-  int rc = kvt_token_hash(hex, tok, (size_t)r->n_tokens);
+  kvti_salt salt;
+  int rc = ns_salt(&salt, ns, r->ns_len, what);
+  if (rc == 0)
+    rc = kvti_salt_hex(hex, &salt, tok, (size_t)r->n_tokens);
   kvti_hex32(name, r->hash);
   if (rc == 0 && strcmp(hex, name) != 0)
     rc = BAD("%s: tokens do not hash to the record's name", what);
@@ -278,6 +313,14 @@ int kvti_chainrec_probe(kvti_entry_probe_info *out, const char *data_dir,
   out->disk_bytes = kvti_chainrec_size(r.ns_len, r.n_tokens);
   out->storage_mode = KVT_STORAGE_NATIVE;
   out->mtime = mt;
+  /* Keyed by the salt its namespace names (parse checked it does). */
+  rc = ns_salt(&out->salt, r.ns, r.ns_len, hash);
+  if (rc) {
+    kvti_free(out->tokens);
+    out->tokens = NULL;
+    kvti_chainrec_free(&r);
+    return rc;
+  }
   /* Adopted like a tail: reconcile restores its chained-entry row from
    * this (tier/chunks.c kvti_tier_chunks_adopt). */
   out->chain.present = 1;

@@ -162,6 +162,10 @@ typedef struct kvti_read_opts {
   /* 1: the caller completes a tail entry with its chain (store/chunked.c);
    * 0: a tail is refused (KVT_EUNSUPPORTED), never served as an entry. */
   int tail_ok;
+  /* With tail_ok (may be NULL): receives the chain mark of the manifest the
+   * read used (present = 0: none), so the caller can check it against the
+   * row it read by. Backends that read no manifest leave it untouched. */
+  kvti_chain_mark *tail_mark;
   /* kvti_entry_verify_mem only: per layer, the first cached row the entry's
    * file holds (kvti_layer_read_opts.mem_row0); NULL: all 0. */
   const uint64_t *mem_row0;

@@ -194,6 +194,8 @@ int kvti_entry_reader_open_id(kvti_entry_reader **out, const char *data_dir,
   r->o = o ? *o : none;
   pthread_mutex_init(&r->cb_mu, NULL);
   int rc = kvti_manifest_load(&r->m, data_dir, hash, id);
+  if (rc == 0 && r->o.tail_ok && r->o.tail_mark)
+    *r->o.tail_mark = r->m.chain;
   if (rc == 0 && r->m.chain.present && !r->o.tail_ok) {
     /* Rows [0, chunks * C) are in chunk files: alone it is not the state of
      * its tokens, so it is never served as an entry. */

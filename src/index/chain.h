@@ -80,6 +80,19 @@ int kvti_chains_flush(kvti_chains *c);
 int kvti_chains_remove_tree(kvti_chains *c, const uint8_t key[32],
                             kvti_chain_rec **removed, size_t *n);
 
+/* Marks chunk key damaged (on = 1: its file is gone or bad, no chain
+ * through it is walked, looked up or served) or whole again (on = 0: its
+ * file was written again). The row and everything below it stay. Returns 1
+ * when key is indexed, else 0. */
+int kvti_chains_set_damaged(kvti_chains *c, const uint8_t key[32], int on);
+/* 1 when key is indexed and marked damaged. */
+int kvti_chains_is_damaged(kvti_chains *c, const uint8_t key[32]);
+/* Chunk key and every chunk below it, as kvti_chains_remove_tree would
+ * remove them, without removing anything: *out (kvti_malloc'ed), *n.
+ * KVT_ENOTFOUND when absent, KVT_ENOMEM. */
+int kvti_chains_subtree(kvti_chains *c, const uint8_t key[32],
+                        kvti_chain_rec **out, size_t *n);
+
 /* The least recently used leaf (a chunk no other chunk points at): eviction
  * order, leaf first. 1 and *rec, or 0 when empty. */
 int kvti_chains_lru_leaf(kvti_chains *c, kvti_chain_rec *rec);

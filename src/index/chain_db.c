@@ -505,14 +505,10 @@ int kvti_chains_put(kvti_chains *c, const kvti_chain_rec *recs, size_t n) {
   return rc;
 }
 
-int kvti_chains_remove_tree(kvti_chains *c, const uint8_t key[32],
-                            kvti_chain_rec **removed, size_t *nrem) {
-  if (c->idx->readonly || !c->del)
-    return KVT_ERR(KVT_EPERM, "chain table: opened read-only");
-  *removed = NULL;
-  *nrem = 0;
-  pthread_mutex_lock(&c->idx->db_mu);
-  pthread_rwlock_rdlock(&c->rw);
+/* The node ids of key's subtree (key first), rw held. *set kvti_malloc'ed.
+ * 0, KVT_ENOTFOUND, KVT_ENOMEM. */
+static int subtree_ids(kvti_chains *c, const uint8_t key[32], uint32_t **setp,
+                       size_t *nsp) {
   uint32_t root = kvti_chain_find_key(c, key);
   uint32_t *set = NULL;
   size_t ns = 0;
@@ -550,6 +546,49 @@ int kvti_chains_remove_tree(kvti_chains *c, const uint8_t key[32],
   }
   if (rc == 0 && !set)
     rc = KVT_ERR_NOMEM();
+  if (rc) {
+    kvti_free(set);
+    set = NULL;
+    ns = 0;
+  }
+  *setp = set;
+  *nsp = ns;
+  return rc;
+}
+
+int kvti_chains_subtree(kvti_chains *c, const uint8_t key[32],
+                        kvti_chain_rec **out, size_t *n) {
+  *out = NULL;
+  *n = 0;
+  pthread_rwlock_rdlock(&c->rw);
+  uint32_t *set = NULL;
+  size_t ns = 0;
+  int rc = subtree_ids(c, key, &set, &ns);
+  kvti_chain_rec *o = NULL;
+  if (rc == 0 && !(o = kvti_malloc((ns ? ns : 1) * sizeof *o)))
+    rc = KVT_ERR_NOMEM();
+  for (size_t i = 0; rc == 0 && i < ns; i++)
+    o[i] = c->nodes[set[i] - 1].r;
+  pthread_rwlock_unlock(&c->rw);
+  kvti_free(set);
+  if (rc == 0) {
+    *out = o;
+    *n = ns;
+  }
+  return rc;
+}
+
+int kvti_chains_remove_tree(kvti_chains *c, const uint8_t key[32],
+                            kvti_chain_rec **removed, size_t *nrem) {
+  if (c->idx->readonly || !c->del)
+    return KVT_ERR(KVT_EPERM, "chain table: opened read-only");
+  *removed = NULL;
+  *nrem = 0;
+  pthread_mutex_lock(&c->idx->db_mu);
+  pthread_rwlock_rdlock(&c->rw);
+  uint32_t *set = NULL;
+  size_t ns = 0;
+  int rc = subtree_ids(c, key, &set, &ns);
   kvti_chain_rec *out = NULL;
   if (rc == 0 && !(out = kvti_malloc(ns * sizeof *out)))
     rc = KVT_ERR_NOMEM();

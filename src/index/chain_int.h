@@ -14,6 +14,7 @@
 #include "index/internal.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 typedef struct node {
@@ -21,10 +22,19 @@ typedef struct node {
   uint32_t parent;   /* 1-based id of the parent node, 0 = root (chunk 0) */
   uint32_t children; /* live nodes whose parent is this one */
   uint8_t live, dirty;
+  /* The chunk's file was found damaged or missing and moved aside: the row
+   * stays (the chunks below it and the entries through it are kept), but
+   * no chain through it is walked or looked up until a spill writes the
+   * file again (in memory only: after a reopen the first read finds the
+   * file missing again). */
+  uint8_t damaged;
 } node;
 
 struct kvti_chains {
   kvt_index *idx;
+  /* Live nodes marked damaged (0: nothing to check). Changed under rw
+   * (write); read without it by kvti_chains_any_damaged. */
+  _Atomic uint32_t n_damaged;
   pthread_rwlock_t rw;
   node *nodes;
   uint32_t n, cap;

@@ -83,6 +83,9 @@ void kvti_chain_del_node(kvti_chains *c, uint32_t id1) {
   c->tot.chunks--;
   c->tot.disk_bytes -= x->r.disk_bytes;
   c->tot.mem_bytes -= x->r.mem_bytes;
+  if (x->damaged)
+    c->n_damaged--;
+  x->damaged = 0;
   x->live = 0;
   c->freel[c->nfree++] = id1 - 1;
 }
@@ -207,6 +210,29 @@ size_t kvti_chains_entries_page(kvti_chains *c, size_t *cursor, size_t max,
   return n;
 }
 
+int kvti_chains_set_damaged(kvti_chains *c, const uint8_t key[32], int on) {
+  pthread_rwlock_wrlock(&c->rw);
+  uint32_t id = kvti_chain_find_key(c, key);
+  if (id) {
+    node *x = &c->nodes[id - 1];
+    if (!x->damaged && on)
+      c->n_damaged++;
+    else if (x->damaged && !on)
+      c->n_damaged--;
+    x->damaged = (uint8_t)(on != 0);
+  }
+  pthread_rwlock_unlock(&c->rw);
+  return id != 0;
+}
+
+int kvti_chains_is_damaged(kvti_chains *c, const uint8_t key[32]) {
+  pthread_rwlock_rdlock(&c->rw);
+  uint32_t id = kvti_chain_find_key(c, key);
+  int d = id && c->nodes[id - 1].damaged;
+  pthread_rwlock_unlock(&c->rw);
+  return d;
+}
+
 int kvti_chains_find(kvti_chains *c, const uint8_t key[32],
                      kvti_chain_rec *rec) {
   pthread_rwlock_rdlock(&c->rw);
@@ -226,7 +252,7 @@ static uint32_t find_child(const kvti_chains *c, uint32_t parent, uint64_t i,
   uint32_t best = 0;
   while ((s = kvti_hm_next(&c->byck, kvti_hm_key(ck.lo), &pos))) {
     const node *x = &c->nodes[s->val];
-    if (!x->live || x->parent != parent || x->r.ck.lo != ck.lo ||
+    if (!x->live || x->damaged || x->parent != parent || x->r.ck.lo != ck.lo ||
         x->r.ck.hi != ck.hi || x->r.index != i || x->r.n_tokens != C ||
         (layout && x->r.layout_hash != layout))
       continue;
@@ -260,7 +286,8 @@ int kvti_chains_lookup(kvti_chains *c, const uint8_t *ns, size_t ns_len,
   kvti_hm_slot *s;
   while ((s = kvti_hm_next(&c->byck, kvti_hm_key(ck.lo), &pos))) {
     const node *x = &c->nodes[s->val];
-    if (!x->live || x->parent || x->r.index || x->r.ck.lo != ck.lo ||
+    if (!x->live || x->damaged || x->parent || x->r.index ||
+        x->r.ck.lo != ck.lo ||
         x->r.ck.hi != ck.hi || x->r.n_tokens != chunk_tokens)
       continue;
     uint32_t cur = (uint32_t)s->val + 1;

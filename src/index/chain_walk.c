@@ -26,19 +26,47 @@ int kvti_chains_path(kvti_chains *c, const uint8_t last_key[32], size_t n,
   size_t k = n;
   uint64_t layout = id ? c->nodes[id - 1].r.layout_hash : 0;
   /* From the leaf up: chunk k-1 must be at index k-1, each parent linked. */
+  int damaged = 0;
   while (id && k > 0) {
     const node *x = &c->nodes[id - 1];
     if (x->r.index != k - 1 || x->r.layout_hash != layout)
       break;
+    if (x->damaged) {
+      damaged = 1;
+      break;
+    }
     out[--k] = x->r;
     if (k == 0)
       break;
     id = x->parent;
   }
   pthread_rwlock_unlock(&c->rw);
+  if (damaged)
+    return KVT_ERR(KVT_ENOTFOUND,
+                   "chain has a damaged chunk (moved aside; served again "
+                   "once a spill writes it)");
   if (k != 0 || out[0].index != 0)
     return KVT_ERR(KVT_ENOTFOUND, "chain incomplete (evicted)");
   return 0;
+}
+
+int kvti_chains_any_damaged(kvti_chains *c) {
+  return atomic_load_explicit(&c->n_damaged, memory_order_relaxed) != 0;
+}
+
+int kvti_chains_path_damaged(kvti_chains *c, const uint8_t last_key[32]) {
+  pthread_rwlock_rdlock(&c->rw);
+  int d = 0;
+  if (c->n_damaged) {
+    uint32_t id = kvti_chain_find_key(c, last_key);
+    /* Parent links lead to the root: at most one step per chain level. */
+    for (uint64_t steps = 0; id && !d && steps <= c->n; steps++) {
+      d = c->nodes[id - 1].damaged;
+      id = c->nodes[id - 1].parent;
+    }
+  }
+  pthread_rwlock_unlock(&c->rw);
+  return d;
 }
 
 int kvti_chains_visit(kvti_chains *c, kvti_chain_visit_fn fn, void *ctx) {

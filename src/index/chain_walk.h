@@ -32,6 +32,13 @@ typedef int (*kvti_chain_visit_fn)(void *ctx, const kvti_chain_visit *v);
 /* Calls fn for every chunk (in table order) until it returns nonzero (then
  * returned). Runs under the table's read lock: fn must not call back. 0,
  * KVT_ENOMEM. */
+/* 1 when a chunk on the chain ending at last_key (itself or an ancestor)
+ * is marked damaged (kvti_chains_set_damaged); 0 otherwise - at once when
+ * nothing is damaged. */
+int kvti_chains_path_damaged(kvti_chains *c, const uint8_t last_key[32]);
+/* 1 when any chunk is marked damaged (a relaxed load: a lookup racing the
+ * mark may miss it; the read that follows walks the chain under the lock). */
+int kvti_chains_any_damaged(kvti_chains *c);
 int kvti_chains_visit(kvti_chains *c, kvti_chain_visit_fn fn, void *ctx);
 /* The row and child count of key (refs 0): 1, or 0 when not stored. */
 int kvti_chains_node(kvti_chains *c, const uint8_t key[32],

@@ -92,6 +92,11 @@ typedef struct kvti_index_put_args {
    * prefix_hash are then the salted keys, so only lookups with the same
    * salt find the row (kvti_index_find_salted). */
   const kvti_salt *salt;
+  /* 1: the same transaction drops the hash's chained-entry row, if that
+   * table exists (kvtier_chained_entries, index/chain.h). A tier without
+   * chunks sets it: the whole entry it publishes replaces whatever a chunked
+   * tier stored under the hash, whose row must not outlive it. */
+  int drop_chained;
 } kvti_index_put_args;
 int kvti_index_put_many(kvt_index *idx, const kvti_index_put_args *puts,
                         size_t count);

@@ -52,6 +52,27 @@ static int put_prepare(mirror_ent *e, const kvti_index_put_args *a) {
   return 0;
 }
 
+/* Deletes the chained-entry row of key sha inside the open transaction. A
+ * directory no chunked tier ever used has no such table: nothing to do. */
+static int drop_chained_sql(kvt_index *idx, const uint8_t sha[32]) {
+  sqlite3_stmt *d = NULL;
+  int rc = sqlite3_prepare_v2(
+      idx->db, "DELETE FROM kvtier_chained_entries WHERE token_hash = ?", -1,
+      &d, NULL);
+  if (rc != SQLITE_OK) {
+    sqlite3_finalize(d);
+    /* "no such table" is the only expected failure; anything else shows up
+     * in the insert that follows in the same transaction. */
+    return 0;
+  }
+  sqlite3_bind_blob(d, 1, sha, 32, SQLITE_STATIC);
+  rc = sqlite3_step(d);
+  int out = rc == SQLITE_DONE ? 0
+                              : kvti_idx_db_err(idx, rc, "delete chained row");
+  sqlite3_finalize(d);
+  return out;
+}
+
 /* The SQL of one put inside the open transaction: INSERT OR REPLACE as the
  * reference; with_meta writes kvtier_meta too, otherwise removes it (a
  * reference-style row: disk bytes get measured at the next open). */
@@ -71,6 +92,8 @@ static int put_sql(kvt_index *idx, const mirror_ent *e,
   sqlite3_bind_double(s, 7, e->created_at);
   sqlite3_bind_double(s, 8, e->accessed_at);
   int rc = kvti_idx_step(idx, ST_INSERT, "insert");
+  if (!rc && a->drop_chained)
+    rc = drop_chained_sql(idx, e->sha);
   if (!rc && with_meta) {
     s = idx->st[ST_META_PUT];
     sqlite3_bind_text(s, 1, th, 64, SQLITE_STATIC);

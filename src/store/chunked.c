@@ -141,10 +141,10 @@ int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
       ns.p, ns.len, tokens, (size_t)sp.rows, c->C, layers, sp.ids, sp.n_ids, L};
   kvti_chunkstore_result cr;
   rc = kvti_chunkstore_put(c->cs, &csp, &cr);
-  kvti_chunk_ns_free(&ns);
   p->res.chunk_bytes = cr.bytes_written;
   p->res.written = cr.written;
   p->res.chunks = cr.chunks;
+  p->res.rewritten = cr.rewritten;
   if (rc == 0 && cr.chunks != sp.chunks)
     rc = KVT_ERR(KVT_EIO, "chunked put: %zu of %zu chunks stored", cr.chunks,
                  sp.chunks);
@@ -178,13 +178,16 @@ int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
                        .total_rows = sp.T,
                        .chunk_tokens = c->C,
                        .num_layers = L,
-                       .ns = c->ns,
-                       .ns_len = c->ns_len,
+                       /* the chain's own namespace (salted or not): the
+                        * record's name is recomputed from it */
+                       .ns = ns.p,
+                       .ns_len = ns.len,
                        .tokens = tokens};
     memcpy(r.hash, p->rec.hash, 32);
     memcpy(r.last_key, cr.last_key, 32);
     rc = kvti_snapshot_set_chainrec(p->tail, &r);
   }
+  kvti_chunk_ns_free(&ns);
   return rc;
 }
 
@@ -251,6 +254,14 @@ int kvti_chunked_put(kvti_chunked *c, kvti_backend *be,
 }
 
 /* Fires on_layer for every layer in order (the read is complete). */
+int kvti_chunked_mark_is(const kvti_chain_mark *m,
+                         const kvti_chained_entry *ce) {
+  return m->present == 1 && m->chunks == ce->chunks &&
+         m->chunk_tokens == ce->chunk_tokens &&
+         memcmp(m->last_key, ce->last_key, 32) == 0 &&
+         m->layout_hash == ce->layout_hash && m->total_rows == ce->total_rows;
+}
+
 static void fire(const kvt_entry *e, const kvti_read_opts *o) {
   if (!o->on_layer)
     return;
@@ -267,7 +278,10 @@ int kvti_chunked_read_chain(kvti_chunkstore *cs, const kvti_chain_rec *recs,
   int rc = kvti_chunkstore_read_prefix(cs, recs, m, tokens, ro, p, &bad);
   if (chunk_bad)
     *chunk_bad = 0;
-  if (rc == KVT_ECORRUPT && chunk_bad && bad_chunk) {
+  /* A chunk that fails its checks, or whose indexed file is missing, is the
+   * chunk's fault, not the entry's (the tier contains it: tier/chunks.h). */
+  if ((rc == KVT_ECORRUPT || rc == KVT_ENOTFOUND) && chunk_bad && bad_chunk &&
+      bad < m) {
     memcpy(bad_chunk, recs[bad].key, 32);
     *chunk_bad = 1;
   }
@@ -286,10 +300,23 @@ static int read_tail(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
   o2.chain_rows =
       ce.chunks * ce.chunk_tokens; /* the tail's offsets count them */
   o2.tail_ok = 1;                  /* completed with its chain below */
+  kvti_chain_mark mark;
+  mark.present = -1; /* left so by a backend that reads no manifest */
+  o2.tail_mark = &mark;
   kvt_entry *e = NULL;
   int rc = be->ops->get(be, &e, hash, &o2);
   if (rc)
     return rc;
+  if (mark.present == 1 && !kvti_chunked_mark_is(&mark, &ce)) {
+    /* The row names another chain than the tail's own manifest (a crash
+     * between a replacement's row and its publication, or a damaged row):
+     * the caller retries with the manifest's chain, never with the row's. */
+    kvt_entry_free(e);
+    return KVT_ERR(KVT_ECORRUPT,
+                   "chained entry %.16s: the row names another chain than "
+                   "the tail's manifest",
+                   hash);
+  }
   if (ce.chunks == 0 || ce.chunks > e->n_tokens)
     rc = KVT_ERR(KVT_ECORRUPT, "chained entry %.16s: bad chain length", hash);
   kvti_chain_rec *recs =
@@ -412,6 +439,24 @@ int kvti_chunked_get_record(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
       *out = NULL;
     return vrc;
   }
+  if (o->keep_tokens && be->ops->probe) {
+    /* The tail's own manifest rules over the row (which a tier without
+     * chunks may have left behind, or damage changed): a trimmed read that
+     * would take its rows from the chain alone checks it first. A record
+     * entry has no manifest: its chain is the record's. */
+    kvti_entry_probe_info pi;
+    memset(&pi, 0, sizeof pi);
+    if (be->ops->probe(be, hash, &pi) == 0) {
+      if (pi.chain.present && !kvti_chunked_mark_is(&pi.chain, &ce)) {
+        ce.chunks = pi.chain.chunks;
+        ce.chunk_tokens = pi.chain.chunk_tokens;
+        memcpy(ce.last_key, pi.chain.last_key, 32);
+        ce.layout_hash = pi.chain.layout_hash;
+        ce.total_rows = pi.chain.total_rows;
+      }
+      kvti_free(pi.tokens);
+    }
+  }
   if (o->keep_tokens) {
     /* Trimmed: served from the chain alone when the kept tokens lie within
      * it and the chain holds every layer (a trim needs every layer
@@ -472,7 +517,17 @@ int kvti_chunked_get_record(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
      * acknowledged old version, read with the chain they name. */
     kvti_entry_probe_info pi;
     memset(&pi, 0, sizeof pi);
-    if (be->ops->probe(be, hash, &pi) == 0 && pi.chain.present &&
+    if (rc == KVT_ECORRUPT && be->ops->probe(be, hash, &pi) == 0 &&
+        !pi.chain.present) {
+      /* Files that do not complete with the row's chain and carry no chain
+       * mark: a whole entry under a stale row (a tier without chunks
+       * published it and crashed before dropping the row). Read as one;
+       * its own checks decide. (A tail fetched from a remote carries no
+       * mark either, but it completes with its row.) */
+      kvti_read_opts w = *o;
+      w.on_layer = NULL;
+      rc = be->ops->get(be, &e, hash, &w);
+    } else if (pi.chain.present &&
         (pi.chain.chunks != ce.chunks ||
          pi.chain.chunk_tokens != ce.chunk_tokens ||
          memcmp(pi.chain.last_key, ce.last_key, 32) ||

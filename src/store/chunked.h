@@ -40,6 +40,7 @@ typedef struct kvti_chunked_put_result {
   uint64_t entry_bytes;   /* bytes of the tail entry (the index row's) */
   uint64_t chunk_bytes;   /* chunk file bytes newly written */
   size_t chunks, written; /* chain length, newly written chunks */
+  size_t rewritten;       /* damaged chunks written again */
 } kvti_chunked_put_result;
 
 /* A spill being stored in steps, so the tier can stage, publish, commit or
@@ -126,6 +127,10 @@ int kvti_chunked_read_chain(kvti_chunkstore *cs, const kvti_chain_rec *recs,
  * tail's first rows when keep reaches past the chain (chunked_trim.c).
  * Returns as kvti_chunked_get, plus KVT_EUNSUPPORTED (a layer that cannot be
  * cut on the token axis) and KVT_EINVAL (a layer holding fewer valid rows). */
+/* 1 when mark m (a tail manifest's, present = 1) names exactly the chain of
+ * row ce. */
+int kvti_chunked_mark_is(const kvti_chain_mark *m,
+                         const kvti_chained_entry *ce);
 int kvti_chunked_get_trim(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
                           const char *hash, const kvti_chained_entry *ce,
                           const kvti_read_opts *o, uint8_t bad_chunk[32],

@@ -110,10 +110,25 @@ int kvti_chunked_get_trim(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
   to.verify_only = 0;
   to.chain_rows = rows;
   to.tail_ok = 1; /* completed with its chain below */
+  kvti_chain_mark mark;
+  mark.present = -1; /* left so by a backend that reads no manifest */
+  to.tail_mark = &mark;
   kvt_entry *tail = NULL;
   int rc = be->ops->get(be, &tail, hash, &to);
   if (rc)
     return rc;
+  if (mark.present == 1 && !kvti_chunked_mark_is(&mark, ce)) {
+    /* The tail's manifest names its chain: read with that one. */
+    kvt_entry_free(tail);
+    kvti_chained_entry own = *ce;
+    own.chunks = mark.chunks;
+    own.chunk_tokens = mark.chunk_tokens;
+    memcpy(own.last_key, mark.last_key, 32);
+    own.layout_hash = mark.layout_hash;
+    own.total_rows = mark.total_rows;
+    return kvti_chunked_get_trim(c, be, out, hash, &own, o, bad_chunk,
+                                 chunk_bad);
+  }
   if (keep > tail->n_tokens) {
     size_t have = tail->n_tokens;
     kvt_entry_free(tail);

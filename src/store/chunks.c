@@ -258,9 +258,16 @@ int kvti_chunkstore_put(kvti_chunkstore *cs, const kvti_chunkstore_spill *sp,
     ck = kvti_ck_next(ck, tk, C);
     if ((rc = kvti_chunk_key(key, parent, tk, C)) != 0)
       break;
+    int rewrite = 0;
     if (kvti_chains_find(cs->chains, key, NULL)) {
-      memcpy(parent, key, 32); /* stored once, never again */
-      continue;
+      /* Stored once, never again - unless its file was found damaged and
+       * moved aside: the same content-addressed file is written again (the
+       * row, the chunks below and the entries through it were kept). */
+      if (!kvti_chains_is_damaged(cs->chains, key)) {
+        memcpy(parent, key, 32);
+        continue;
+      }
+      rewrite = 1;
     }
     if ((rc = kvti_chunkstore_path(cs, key, path, sizeof path)) != 0)
       break;
@@ -291,6 +298,13 @@ int kvti_chunkstore_put(kvti_chunkstore *cs, const kvti_chunkstore_spill *sp,
     if ((rc = kvti_chunk_write(path, tmp, &src, cs->o.file_mode, cs->o.do_fsync,
                                &w)) != 0)
       break;
+    if (rewrite) {
+      kvti_chains_set_damaged(cs->chains, key, 0);
+      res->rewritten++;
+      res->bytes_written += w.size;
+      memcpy(parent, key, 32);
+      continue;
+    }
     kvti_chain_rec *r = &recs[nnew++];
     memset(r, 0, sizeof *r);
     memcpy(r->key, w.key, 32);

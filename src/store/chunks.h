@@ -106,6 +106,9 @@ typedef struct kvti_chunkstore_result {
   uint64_t bytes_written; /* file bytes written */
   uint64_t layout_hash;
   uint8_t last_key[32]; /* key of the last chunk (valid when chunks > 0) */
+  /* Indexed chunks marked damaged (kvti_chains_set_damaged) whose file this
+   * spill wrote again: the chains and entries through them serve again. */
+  size_t rewritten;
 } kvti_chunkstore_result;
 
 /* Stores the spill's chain: only missing chunks are written (durably), then

@@ -2,8 +2,9 @@
  * chunk_tools.c - the chunked native store as tools see it (include/kvtier.h,
  * "The chunked native store, for tools"): every chunk with its sharing, an
  * entry's chain, totals and the dedup figures, the complete verification of
- * one chunk file (with quarantine of it, everything below it and every entry
- * through it), and the cleaning of chunks/ - stale *.tmp files and orphans
+ * one chunk file, the one routine that contains a damaged chunk (serving
+ * path and repair: the file alone moves aside, what depends on it is kept,
+ * unservable until the chunk is written again), and the cleaning of chunks/ - stale *.tmp files and orphans
  * (chunk files without a row), adopted when valid and reachable, else
  * removed - by kvt_tier_chunk_gc and lazily by the writer, one subdirectory
  * at a time (kvti_tier_chunks_sweep_lazy), so open never lists chunks/.
@@ -12,9 +13,8 @@
  * only under an indexed parent (or the seed its own namespace and layout
  * give), so adoption never makes an unreachable or damaged chunk reachable;
  * every change runs under mut_mu, which every chunk write holds, so a *.tmp
- * or an unindexed file seen under it is never one being written. Quarantine
- * moves files, it never deletes a chunk (the ones below a bad chunk may be
- * valid).
+ * or an unindexed file seen under it is never one being written. Damage
+ * moves one file: no valid chunk, row or entry is deleted for it.
  */
 #include "tier/chunk_tools.h"
 #include "tier/ramtier.h"
@@ -258,72 +258,84 @@ static int parent_ck(kvti_chains *ch, const kvti_chunk_hdr *h, kvti_ck *pck,
 int kvt_tier_chunk_verify(kvt_tier *t, const char *key_hex, int repair,
                           uint64_t *removed_entries);
 
-/* Quarantines chunk key with everything below it: rows first (mut_mu held
- * while they go), then every entry through them (kvti_tier_quarantine), then
- * the files move to quarantine/chunk-<key>[.<n>]/. Returns the entries. */
-static uint64_t quarantine_chunk(kvt_tier *t, const uint8_t key[32]) {
+uint64_t kvti_tier_chunk_damaged(kvt_tier *t, const uint8_t key[32],
+                                 int found, const char *why) {
+  if (!t->chunked || t->readonly)
+    return 0;
   kvti_chains *ch = chains_of(t);
   kvti_chunkstore *cs = kvti_chunked_store(t->chunked);
-  kvti_error_state es;
-  kvti_error_state_capture(&es, KVT_ECORRUPT);
-  kvti_chain_rec *rem = NULL;
-  size_t nrem = 0;
+  char kh[65], path[4096], qdir[4200], dst[4400];
+  kvti_hex32(kh, key);
+  kvti_chain_rec *sub = NULL;
+  size_t nsub = 0;
   uint8_t(*hs)[32] = NULL;
   size_t nh = 0;
+  const char *fate = "already gone";
   pthread_mutex_lock(&t->mut_mu);
-  int rc = kvti_chains_remove_tree(ch, key, &rem, &nrem);
-  if (rc == 0) {
-    kvti_ram_invalidate_chunks(t, rem, nrem); /* RAM copies through them */
-    kvti_chains_entries_ending(ch, rem, nrem, &hs, &nh);
+  /* Still indexed and not handled yet (another reader may have been first;
+   * eviction removes rows before files under this lock, so a row seen here
+   * is not a chunk being evicted). */
+  if (!kvti_chains_find(ch, key, NULL) || kvti_chains_is_damaged(ch, key) ||
+      kvti_chunkstore_path(cs, key, path, sizeof path) != 0) {
+    pthread_mutex_unlock(&t->mut_mu);
+    return 0;
   }
-  if (rc == 0)
-    KVTI_STAT_ADD(&t->stats, quarantined, 1);
-  pthread_mutex_unlock(&t->mut_mu);
-  for (size_t i = 0; i < nh; i++) {
-    char hex[65];
-    kvti_hex32(hex, hs[i]);
-    kvt_entry_info info;
-    /* The version stored now (created_at names it; -1 would mean "only
-     * without a row"). Takes mut_mu; forgets the chained record. */
-    double created =
-        kvti_index_find_hash(&info, t->idx, hex) == 0 ? info.created_at : -1;
-    kvti_tier_quarantine(t, hex, created);
+  struct stat st;
+  int present = lstat(path, &st) == 0;
+  if (found == KVT_ENOTFOUND && present) {
+    /* The file is back (written again meanwhile): nothing is wrong. */
+    pthread_mutex_unlock(&t->mut_mu);
+    return 0;
   }
-  char kh[65], qdir[4200], dst[4400], path[4096];
-  kvti_hex32(kh, key);
-  char *qroot = kvti_path_join(t->dir, "quarantine");
-  int made = -1;
-  if (qroot && nrem && kvti_mkdir(qroot, t->opts.dir_mode) == 0)
-    for (unsigned a = 0; a < 1000 && made != 0; a++) {
-      if (a == 0)
-        snprintf(qdir, sizeof qdir, "%s/chunk-%s", qroot, kh);
-      else
-        snprintf(qdir, sizeof qdir, "%s/chunk-%s.%u", qroot, kh, a);
-      made = mkdir(qdir, t->opts.dir_mode) == 0 ? 0 : (errno == EEXIST ? 1 : 2);
-      if (made == 2)
-        break;
+  kvti_chains_set_damaged(ch, key, 1); /* no chain walks through it now */
+  /* What depends on it: counted and kept, never removed. RAM copies built
+   * through it go (they are checked against a chain no longer whole). */
+  if (kvti_chains_subtree(ch, key, &sub, &nsub) == 0) {
+    kvti_ram_invalidate_chunks(t, sub, nsub);
+    kvti_chains_entries_ending(ch, sub, nsub, &hs, &nh);
+  }
+  if (present && t->opts.quarantine_max == 0) {
+    fate = kvti_unlink(path) == 0 ? "deleted (quarantine_max 0)"
+                                  : "left in chunks/ (unlink failed)";
+  } else if (present) {
+    char *qroot = kvti_path_join(t->dir, "quarantine");
+    int made = -1;
+    if (qroot && kvti_mkdir(qroot, t->opts.dir_mode) == 0)
+      for (unsigned a = 0; a < 1000 && made != 0; a++) {
+        if (a == 0)
+          snprintf(qdir, sizeof qdir, "%s/chunk-%s", qroot, kh);
+        else
+          snprintf(qdir, sizeof qdir, "%s/chunk-%s.%u", qroot, kh, a);
+        made =
+            mkdir(qdir, t->opts.dir_mode) == 0 ? 0 : (errno == EEXIST ? 1 : 2);
+        if (made == 2)
+          break;
+      }
+    kvti_free(qroot);
+    snprintf(dst, sizeof dst, "%s/%s", made == 0 ? qdir : "",
+             strrchr(path, '/') + 1);
+    if (made == 0 && kvti_rename(path, dst) == 0) {
+      fate = "moved to quarantine/";
+      if (t->opts.durability == KVT_DURABILITY_FSYNC)
+        kvti_fsync_dir(qdir);
+    } else {
+      /* Unreadable as it is: it must not be read again (the mark keeps
+       * every chain off it) nor kept where a rewrite would find it taken. */
+      fate = kvti_unlink(path) == 0 ? "deleted (could not be moved)"
+                                    : "left in chunks/ (could not be moved)";
     }
-  for (size_t i = 0; i < nrem; i++) {
-    if (kvti_chunkstore_path(cs, rem[i].key, path, sizeof path) != 0)
-      continue;
-    const char *base = strrchr(path, '/') + 1;
-    snprintf(dst, sizeof dst, "%s/%s", qdir, base);
-    /* A file that cannot be moved stays, unindexed: gc removes it later (it
-     * is unreachable now). */
-    if (made != 0 || kvti_rename(path, dst) != 0)
-      kvti_log(t, KVT_LOG_WARN, "kvtier: chunk %s left in chunks/ (%s)", base,
-               made != 0 ? "no quarantine directory" : kvt_last_error());
   }
-  if (made == 0 && t->opts.durability == KVT_DURABILITY_FSYNC)
-    kvti_fsync_dir(qdir);
+  KVTI_STAT_ADD(&t->stats, chunks_quarantined, 1);
+  KVTI_STAT_ADD(&t->stats, entries_unservable, nh);
+  KVTI_STAT_ADD(&t->stats, quarantined, 1);
+  pthread_mutex_unlock(&t->mut_mu);
   kvti_log(t, KVT_LOG_WARN,
-           "kvtier: quarantined chunk %.16s, %zu chunks below it and %zu "
-           "entries (%s)",
-           kh, nrem ? nrem - 1 : 0, nh, es.msg);
-  kvti_free(qroot);
-  kvti_free(rem);
+           "kvtier: chunk %.16s is damaged (%s): file %s; %zu chunks below it "
+           "and %zu entries through it kept, unservable until a spill writes "
+           "the chunk again",
+           kh, why ? why : "", fate, nsub ? nsub - 1 : 0, nh);
+  kvti_free(sub);
   kvti_free(hs);
-  kvti_error_state_restore(&es);
   return nh;
 }
 
@@ -377,9 +389,17 @@ int kvt_tier_chunk_verify(kvt_tier *t, const char *key_hex, int repair,
     kvti_chunk_hdr_free(&h);
   }
   if (rc == KVT_ECORRUPT && repair && !t->readonly) {
-    uint64_t ne = quarantine_chunk(t, key);
+    /* The serving path's routine: the chunk alone moves; nothing that
+     * depends on it is removed. */
+    kvti_error_state es;
+    kvti_error_state_capture(&es, rc);
+    struct stat vst;
+    int gone = lstat(path, &vst) != 0 && errno == ENOENT;
+    uint64_t ne = kvti_tier_chunk_damaged(
+        t, key, gone ? KVT_ENOTFOUND : KVT_ECORRUPT, es.msg);
     if (removed_entries)
       *removed_entries = ne;
+    kvti_error_state_restore(&es);
   }
   kvti_tier_leave(t);
   return rc;

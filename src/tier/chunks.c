@@ -2,9 +2,10 @@
  * chunks.c - the tier's use of the chunked native store (chunks.h): opens it
  * when chunk_tokens is set, routes the writer's put and the readers' get
  * through it, answers chunk-aligned prefixes of pure-KV chains, touches
- * chains, drops an entry's chain record with the entry, quarantines a damaged
- * chunk (removing every chain and entry through it) and evicts leaf chunks
- * for capacity. Locks: as the backend calls it replaces (mut_mu for changes,
+ * chains, drops an entry's chain record with the entry, hands a damaged
+ * chunk to the one routine that contains the damage (chunk_tools.c,
+ * kvti_tier_chunk_damaged: only the chunk moves, what depends on it is kept
+ * unservable) and evicts leaf chunks for capacity. Locks: as the backend calls it replaces (mut_mu for changes,
  * the entry's stripe around reads); chunk files are immutable, so reads of
  * shared chunks take no common lock.
  */
@@ -13,6 +14,8 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "format/chunk.h"
+#include "index/chain_walk.h"
 #include "index/index.h"
 #include "store/chunked.h"
 #include "tier/chunk_tools.h"
@@ -24,6 +27,7 @@
  * kvti_tier_chunks_after_read once no lock is held). */
 static _Thread_local uint8_t g_bad[32];
 static _Thread_local int g_has_bad;
+static _Thread_local int g_bad_rc; /* KVT_ECORRUPT or KVT_ENOTFOUND */
 /* A chained entry whose chain was evicted under it (removed likewise). */
 static _Thread_local char g_lost[KVT_HASH_HEX_LEN + 1];
 
@@ -74,12 +78,16 @@ int kvti_tier_chunks_adopt(kvt_tier *t, const char *hash,
     if (rrc != 0)
       return rrc;
   }
-  if (m->chunk_tokens != kvti_chunked_chunk_tokens(t->chunked) ||
+  /* The chain is named by its last chunk and read by parent links, so a
+   * tier of another chunk_tokens (the CLI opens with the default) adopts it
+   * as the writer's own would: only a chain that is not stored whole, or
+   * whose last chunk holds another run length, is refused. */
+  if (!kvti_chunk_tokens_ok(m->chunk_tokens) ||
       !kvti_chains_find(ch, m->last_key, &last) ||
-      last.index + 1 != m->chunks || last.layout_hash != m->layout_hash)
+      last.index + 1 != m->chunks || last.layout_hash != m->layout_hash ||
+      last.n_tokens != m->chunk_tokens)
     return KVT_ERR(KVT_ECORRUPT,
-                   "data/%.16s is the tail of a chain that is not stored "
-                   "(or was written with another chunk_tokens)",
+                   "data/%.16s is the tail of a chain that is not stored",
                    hash);
   kvti_chained_entry ce;
   if (kvti_unhex32(ce.hash, hash) != 0)
@@ -107,6 +115,13 @@ int kvti_tier_chunks_prepare(kvt_tier *t, kvti_chunked_prep *p,
 }
 
 void kvti_tier_chunks_committed(kvt_tier *t, kvti_chunked_prep *p) {
+  if (p->res.rewritten) {
+    KVTI_STAT_ADD(&t->stats, chunks_rewritten, p->res.rewritten);
+    kvti_log(t, KVT_LOG_INFO,
+             "kvtier: %zu damaged chunk(s) written again: the chains through "
+             "them serve again",
+             p->res.rewritten);
+  }
   kvti_chunked_prep_commit(t->chunked, p);
   kvti_tier_chunks_sweep_lazy(t); /* orphans: one chunks/<kk> at a time */
 }
@@ -118,8 +133,10 @@ int kvti_tier_chunks_get(kvt_tier *t, kvt_entry **out, const char *hash,
   if (!t->chunked)
     return t->be->ops->get(t->be, out, hash, o);
   int rc = kvti_chunked_get(t->chunked, t->be, out, hash, o, g_bad, &g_has_bad);
-  if (rc == KVT_ENOTFOUND && kvti_chunked_is_chained(t->chunked, hash))
-    memcpy(g_lost, hash, sizeof g_lost); /* its tail alone is useless */
+  g_bad_rc = rc;
+  if (rc == KVT_ENOTFOUND && !g_has_bad &&
+      kvti_chunked_is_chained(t->chunked, hash))
+    memcpy(g_lost, hash, sizeof g_lost); /* its chain may be gone */
   return rc;
 }
 
@@ -147,35 +164,84 @@ static void drop_chunk_locked(kvt_tier *t, const uint8_t key[32], int why) {
   kvti_free(rem);
 }
 
-void kvti_tier_chunks_after_read(kvt_tier *t) {
+/* A chained entry whose read found its chain cut. Evicted chains are gone
+ * from the table (eviction removes the entries ending at a leaf with it),
+ * so an entry is removed only when its chain's last chunk is not indexed,
+ * even after the chunk files were rescanned once (a damaged or emptied
+ * chunk table is rebuilt from the files, as reindex would). Anything else -
+ * a damaged chunk, a damaged row in the middle - keeps the entry: a miss.
+ * mut_mu held. */
+static void chain_cut_locked(kvt_tier *t, const char *hash) {
+  kvti_chains *ch = kvti_chunkstore_chains(kvti_chunked_store(t->chunked));
+  uint8_t h[32];
+  kvti_chained_entry ce;
+  if (kvti_unhex32(h, hash) != 0 || !kvti_chains_entry_get(ch, h, &ce))
+    return; /* replaced or removed meanwhile */
+  if (!kvti_chains_find(ch, ce.last_key, NULL) && !t->chunks_rescanned)
+    kvti_tier_chunks_rebuild(t);
+  if (!kvti_chains_find(ch, ce.last_key, NULL)) {
+    kvti_tier_remove_locked(t, hash, KVTI_RM_EVICT);
+    return;
+  }
+  KVTI_STAT_ADD(&t->stats, chain_cuts_kept, 1);
+  kvti_log(t, KVT_LOG_WARN,
+           "kvtier: entry %.16s: its chain is cut (%s); kept, not served "
+           "until the chain is whole again (a spill of its tokens, or "
+           "kvtier reindex)",
+           hash, kvt_last_error());
+}
+
+int kvti_tier_chunks_after_read(kvt_tier *t) {
+  int chunk_fault = 0;
   if (t->chunked && g_lost[0] && !t->readonly) {
     kvti_error_state es;
     kvti_error_state_capture(&es, KVT_ENOTFOUND);
     pthread_mutex_lock(&t->mut_mu);
-    kvti_tier_remove_locked(t, g_lost, KVTI_RM_EVICT);
+    chain_cut_locked(t, g_lost);
     pthread_mutex_unlock(&t->mut_mu);
     kvti_error_state_restore(&es);
   }
   g_lost[0] = 0;
-  if (!t->chunked || !g_has_bad || t->readonly)
-    return;
+  if (!t->chunked || !g_has_bad)
+    return 0;
   g_has_bad = 0;
+  chunk_fault = 1;
+  if (t->readonly)
+    return chunk_fault;
   kvti_error_state es;
-  kvti_error_state_capture(&es, KVT_ECORRUPT);
-  pthread_mutex_lock(&t->mut_mu);
-  drop_chunk_locked(t, g_bad, KVTI_RM_USER);
-  KVTI_STAT_ADD(&t->stats, quarantined, 1);
-  pthread_mutex_unlock(&t->mut_mu);
-  kvti_log(t, KVT_LOG_WARN,
-           "kvtier: removed a corrupt chunk and every chain through it (%s)",
-           es.msg);
+  kvti_error_state_capture(&es, g_bad_rc ? g_bad_rc : KVT_ECORRUPT);
+  kvti_tier_chunk_damaged(t, g_bad, g_bad_rc == KVT_ENOTFOUND
+                                        ? KVT_ENOTFOUND
+                                        : KVT_ECORRUPT,
+                          es.msg);
   kvti_error_state_restore(&es);
+  return chunk_fault;
 }
 
 void kvti_tier_chunks_quarantine(kvt_tier *t, const uint8_t key[32]) {
   memcpy(g_bad, key, 32);
   g_has_bad = 1;
+  g_bad_rc = KVT_ECORRUPT;
   kvti_tier_chunks_after_read(t);
+}
+
+int kvti_tier_chunks_servable(kvt_tier *t, const kvt_entry_info *info,
+                              int rc) {
+  if (rc != 0 || !t->chunked)
+    return rc;
+  kvti_chains *ch = kvti_chunkstore_chains(kvti_chunked_store(t->chunked));
+  if (!kvti_chains_any_damaged(ch))
+    return rc; /* the common case: one atomic load */
+  uint8_t h[32];
+  kvti_chained_entry ce;
+  if (kvti_unhex32(h, info->token_hash) != 0 ||
+      !kvti_chains_entry_get(ch, h, &ce) ||
+      !kvti_chains_path_damaged(ch, ce.last_key))
+    return rc;
+  return KVT_ERR(KVT_ENOTFOUND,
+                 "entry %.16s is kept but unservable: a chunk of its chain is "
+                 "damaged (served again once a spill writes it)",
+                 info->token_hash);
 }
 
 int kvti_tier_chunks_prefix(kvt_tier *t, kvt_entry_info *info, int rc,

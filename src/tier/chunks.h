@@ -34,16 +34,36 @@ int kvti_tier_chunks_prepare(kvt_tier *t, kvti_chunked_prep *p,
                              const kvti_snapshot *s);
 void kvti_tier_chunks_committed(kvt_tier *t, kvti_chunked_prep *p);
 /* As be->get (caller holds the entry's stripe shared). A damaged chunk is
- * removed with everything below it after the stripe is released (see
- * kvti_tier_chunks_after_read). */
+ * handled after the stripe is released (kvti_tier_chunks_after_read). */
 int kvti_tier_chunks_get(kvt_tier *t, kvt_entry **out, const char *hash,
                          const kvti_read_opts *o);
-/* With no lock held, after a read that failed: quarantines a chunk the read
- * found damaged (removing every chain through it). */
-void kvti_tier_chunks_after_read(kvt_tier *t);
+/* With no lock held, after a read that failed: a chunk the read found
+ * damaged or missing goes through kvti_tier_chunk_damaged; a chained entry
+ * whose chain was cut is kept (a miss) unless its chain is gone from the
+ * table after one rescan of the chunk files (then it was evicted: removed).
+ * Returns 1 when the failure was a chunk's - the entry's own files are not
+ * at fault and must not be quarantined - else 0. */
+int kvti_tier_chunks_after_read(kvt_tier *t);
+/* The one routine for a damaged chunk, shared by the serving path and
+ * kvt_tier_chunk_verify's repair: under mut_mu, when key is still indexed,
+ * its file alone moves to quarantine/chunk-<key>/ (found == KVT_ECORRUPT;
+ * deleted when quarantine_max is 0; KVT_ENOTFOUND: the file is already gone
+ * and nothing moves) and the chunk is marked damaged. Nothing else is
+ * removed: the chunks below it stay indexed and on disk, the entries
+ * through it stay (unservable - their reads miss - until a spill of those
+ * tokens writes the chunk again, which makes them whole). Logged and
+ * counted (chunks_quarantined, entries_unservable, quarantined). Returns
+ * the number of entries through the chunk. No lock held by the caller. */
+uint64_t kvti_tier_chunk_damaged(kvt_tier *t, const uint8_t key[32],
+                                 int found, const char *why);
 /* The same for a chunk a read outside kvti_tier_chunks_get found damaged
  * (the remote tier's reads of chained entries). No lock held. */
 void kvti_tier_chunks_quarantine(kvt_tier *t, const uint8_t key[32]);
+
+/* rc (an index lookup's result for info) unless the entry is chained over
+ * a chunk marked damaged: then KVT_ENOTFOUND (kept, not offered). Cheap
+ * when nothing is damaged. */
+int kvti_tier_chunks_servable(kvt_tier *t, const kvt_entry_info *info, int rc);
 
 /* Prefix lookups: when a pure chain is longer than what info holds (rc =
  * the index's result), info becomes that prefix (num_tokens = m,

@@ -42,6 +42,7 @@ static int lookup_common(kvt_entry_info *out, kvt_tier *t,
   rc = prefix
            ? kvti_index_find_prefix_salted(out, t->idx, tokens, n, cutoff, salt)
            : kvti_index_find_salted(out, t->idx, tokens, n, cutoff, salt);
+  rc = kvti_tier_chunks_servable(t, out, rc); /* a damaged chain: kept */
   if (prefix) /* chunk-aligned prefixes of pure-KV chains (chunks.h) */
     rc = kvti_tier_chunks_prefix(t, out, rc, tokens, n, salt);
   if (remote && kvti_remote_enabled(t) && !salt->has &&
@@ -352,9 +353,13 @@ int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair) {
   kvti_stripe_unlock(&t->stripes, token_hash);
   kvt_entry_free(e);
   kvti_free(row_tokens);
-  if (rc == KVT_ECORRUPT && repair) {
-    kvti_tier_chunks_after_read(t); /* a damaged chunk and its chains */
-    kvti_tier_quarantine(t, token_hash, created);
+  if ((rc == KVT_ECORRUPT || rc == KVT_ENOTFOUND) && repair) {
+    /* A damaged chunk is contained (the chunk alone moves; this entry is
+     * kept, unservable until the chunk is written again); only the entry's
+     * own damage quarantines the entry. */
+    int chunk_fault = kvti_tier_chunks_after_read(t);
+    if (rc == KVT_ECORRUPT && !chunk_fault)
+      kvti_tier_quarantine(t, token_hash, created);
   }
   kvti_tier_leave(t);
   return rc;

@@ -142,7 +142,7 @@ static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
   kvti_stripe_unlock(&t->stripes, hash);
   if (rc == 0)
     return 0;
-  kvti_tier_chunks_after_read(t);
+  int chunk_fault = kvti_tier_chunks_after_read(t);
   if (rc == KVT_ECANCELED) {
     KVTI_STAT_ADD(&t->stats, promotions_cancelled, 1);
   } else if (rc == KVT_ENOTFOUND && !row_seen) {
@@ -151,9 +151,9 @@ static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
     KVTI_STAT_ADD(&t->stats, promotion_failures, 1);
     kvti_log(t, KVT_LOG_WARN, "kvtier: failed to read entry %.16s: %s", hash,
              kvt_last_error());
-    if (rc == KVT_ECORRUPT)
+    if (rc == KVT_ECORRUPT && !chunk_fault) /* a chunk's: contained */
       kvti_tier_quarantine(t, hash, cur.created_at);
-    else if (rc == KVT_ENOTFOUND)
+    else if (rc == KVT_ENOTFOUND && !chunk_fault)
       kvti_tier_drop_missing(t, hash, cur.created_at);
   }
   return rc;
@@ -193,6 +193,7 @@ static int begin(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
                ? kvti_index_find_prefix_salted(info, t->idx, tokens, n, cutoff,
                                                &salt)
                : kvti_index_find_salted(info, t->idx, tokens, n, cutoff, &salt);
+  rc = kvti_tier_chunks_servable(t, info, rc); /* a damaged chain: kept */
   if (prefix) /* chunk-aligned prefixes of pure-KV chains (chunks.h) */
     rc = kvti_tier_chunks_prefix(t, info, rc, tokens, n, &salt);
   memset(rs, 0, sizeof *rs);
@@ -421,9 +422,8 @@ int kvt_tier_read_entry_ex(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
   if (rc == KVT_ENOTFOUND && !has_row && t->chunked)
     rc = read_prefix(out, t, file_path, &ro);
   kvti_stripe_unlock(&t->stripes, file_path);
-  if (rc != 0)
-    kvti_tier_chunks_after_read(t);
-  if (rc == KVT_ECORRUPT)
+  int chunk_fault = rc != 0 ? kvti_tier_chunks_after_read(t) : 0;
+  if (rc == KVT_ECORRUPT && !chunk_fault) /* a chunk's: contained */
     kvti_tier_quarantine(t, file_path, created);
   if (rc == KVT_ENOTFOUND && created < 0 && kvti_remote_enabled(t)) {
     /* Not stored here: the entry a remote lookup reported (the reference's

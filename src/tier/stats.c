@@ -260,6 +260,16 @@ static const metric metrics[] = {
         "Spills refused: the tier is closing or its writer stopped."),
     CNT(spill_refused_other,
         "Spills refused for another reason (out of memory, bad salt, ...)."),
+    CNT(chunks_quarantined,
+        "Damaged or missing chunk files moved aside (alone; the chunks below "
+        "and the entries through them are kept)."),
+    CNT(entries_unservable,
+        "Entries made unservable by a damaged chunk (kept; served again once "
+        "a spill writes the chunk)."),
+    CNT(chunks_rewritten, "Damaged chunks written again by a spill."),
+    CNT(chain_cuts_kept,
+        "Chained reads that found their chain cut and kept the entry (a miss, "
+        "never a deletion)."),
 };
 #define NMETRICS (sizeof metrics / sizeof metrics[0])
 

@@ -70,7 +70,8 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
       kvti_index_put_args a = {tokens, n,
                                hash,   kvti_snapshot_memory_bytes(s),
                                *disk,  t->opts.storage_mode,
-                               0,      kvti_snapshot_salt(s)};
+                               0,      kvti_snapshot_salt(s),
+                               !t->chunked};
       rc = kvti_index_put_one(t->idx, &a, 1);
       if (rc != 0) {
         /* Published files without a row would be an entry nobody can see
@@ -124,7 +125,8 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
     kvti_index_put_args a = {tokens, n,
                              hash,   kvti_snapshot_memory_bytes(s),
                              *disk,  t->opts.storage_mode,
-                             0,      kvti_snapshot_salt(s)};
+                             0,      kvti_snapshot_salt(s),
+                             !chunked};
     rc = kvti_index_put_one(t->idx, &a, 0);
   }
   if (rc == 0) {

@@ -498,8 +498,8 @@ def t_gc():
 
 def t_chunks():
     """The chunked store through the CLI: chains in ls/show, totals and the
-    dedup ratio in stats, every chunk file verified (a damaged one
-    quarantined with every chain through it, never deleted), and gc's
+    dedup ratio in stats, every chunk file verified (a damaged one moved
+    aside alone: nothing that depends on it deleted), and gc's
     cleaning of chunks/ (stale tmp removed, a valid orphan adopted, a
     damaged one removed)."""
     import sqlite3
@@ -608,8 +608,10 @@ def t_chunks():
         v = run_json("verify", d)
         check(v.get("clean") is True, f"clean after gc: {v.get('problems')}")
 
-        # A damaged shared chunk: verify finds it; --repair quarantines it
-        # with every chunk below it and every entry through it.
+        # A damaged shared chunk: verify finds it; --repair moves its file
+        # alone aside and keeps every chunk below it and entry through it.
+        n_ent = len(entries(d))
+        names = data_names(d)
         bad = links[len(links) - 2]["key"]  # the last shared chunk
         p = os.path.join(d, "chunks", bad[:2], bad + ".kvc")
         with open(p, "r+b") as fh:
@@ -628,11 +630,28 @@ def t_chunks():
               f"verify --repair quarantines: {v.get('problems')}")
         qd = os.path.join(d, "quarantine", "chunk-" + bad)
         kept = set(os.listdir(qd)) if os.path.isdir(qd) else set()
-        check(bad + ".kvc" in kept and len(kept) == 1 + 4,
-              f"quarantine keeps the chunk and the 4 below it: {kept}")
-        check(len(entries(d)) == 0, "every entry through it quarantined")
+        check(kept == {bad + ".kvc"},
+              f"quarantine holds the damaged chunk alone: {kept}")
+        check(len(entries(d)) == n_ent and data_names(d) == names,
+              "every entry through it kept (nothing deleted)")
+        below = [l["key"] for l in links[len(links) - 1:]]
+        for k in below:
+            check(os.path.exists(os.path.join(d, "chunks", k[:2],
+                                              k + ".kvc")),
+                  f"the chunk below it kept: {k[:16]}")
+        # Still a real problem (the entries through it are unservable)...
+        v = run_json("verify", d, expect=1)
+        check(any(x["problem"] == "chunk-corrupt" and bad in x["entry"]
+                  for x in v.get("problems", [])),
+              f"verify after repair: the chunk is still missing: {v}")
+        # ...until the chunk is written again (here: the file put back).
+        with open(os.path.join(qd, bad + ".kvc"), "rb") as fh:
+            data = bytearray(fh.read())
+        data[-1] ^= 0x55
+        with open(p, "wb") as fh:
+            fh.write(bytes(data))
         v = run_json("verify", d)
-        check(v.get("clean") is True, f"clean after repair: {v}")
+        check(v.get("clean") is True, f"clean once the chunk is back: {v}")
 
         # A store written with chunk_tokens 16: stats names the stored size,
         # not the default the CLI opens with (it said "of 256 tokens"), and
@@ -1097,6 +1116,25 @@ def t_reindex():
     check(rc == 0, f"verify after reindex: exit {rc}: {err}")
     rc, out, err = run("reindex")
     check(rc == 2, "reindex without DIR is a usage error")
+    # A chunk_tokens=16 cache (bench's chat preset, --chunk-tokens 16) reindexed by the CLI,
+    # which opens with the default 256: every chained entry is adopted with
+    # its chain, nothing quarantined or deleted.
+    base = tmpdir("reindex-c16")
+    j = run_json("bench", base, "--preset", "chat", "--quick", "--keep",
+                 "--no-disk", "--no-progress", "--chunk-tokens", "16")
+    d = os.path.join(base, "chat-prefix")
+    before = data_names(d)
+    hashes = sorted(e["token_hash"] for e in entries(d))
+    check(len(before) >= 4 and hashes == before,
+          f"chat-prefix: {len(before)} entries to start with")
+    j = run_json("reindex", d)
+    check(j.get("entries") == len(before) and j.get("quarantined") == 0,
+          f"reindex --json of a chunk_tokens=16 cache: {j}")
+    check(data_names(d) == before, "reindex of a C=16 cache deleted nothing")
+    check(sorted(e["token_hash"] for e in entries(d)) == before,
+          "every C=16 entry listed after reindex")
+    rc, out, err = run("verify", d)
+    check(rc == 0, f"verify after reindex of a C=16 cache: exit {rc}: {err}")
 
 
 GROUPS = {"help": t_help, "errors": t_errors, "empty": t_empty,

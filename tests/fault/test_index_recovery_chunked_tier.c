@@ -287,6 +287,30 @@ static void test_hybrid_chain_rebuilt_not_pure(void) {
   free(dir);
 }
 
+/* The index rebuilt by a tier of another chunk_tokens (`kvtier reindex`
+ * opens with the default whatever the server used): every tail is adopted
+ * with its chain (read by parent links, whatever C), nothing is quarantined
+ * or deleted, and the server's own chunk size serves everything after. */
+static void test_reindex_other_chunk_size(void) {
+  fixture f;
+  fx_init(&f, "otherc");
+  rel_rm_index(f.dir);
+  kvt_options o = opts_of(f.dir, 16);
+  kvt_tier *t = t_open(&o);
+  for (int i = 0; i < N_ENT; i++)
+    CHECK_EQ_INT(serve(t, &f.e[i]), 1);
+  CHECK_EQ_INT(rel_stats(t).quarantined, 0);
+  kvt_tier_free(t);
+  char *q = rel_path(f.dir, "quarantine", NULL);
+  CHECK(!kvt_test_exists(q));
+  free(q);
+  o = opts_of(f.dir, KVT_CHUNK_TOKENS_DEFAULT);
+  t = t_open(&o);
+  check_all(t, &f);
+  kvt_tier_free(t);
+  fx_free(&f);
+}
+
 int main(void) {
   r_use_fast_tmp();
   snprintf(g_root, sizeof g_root, "%s", kvt_test_tmpdir("reidx-chunked"));
@@ -295,5 +319,6 @@ int main(void) {
   RUN(test_unchunked_open_refuses_tails);
   RUN(test_cut_chain);
   RUN(test_hybrid_chain_rebuilt_not_pure);
+  RUN(test_reindex_other_chunk_size);
   return kvt_test_done();
 }

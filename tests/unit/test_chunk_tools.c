@@ -4,10 +4,10 @@
  * and sharing, an entry's chain, totals and the logical bytes behind the
  * dedup ratio; a chained entry read by a tier of another model_id and chunk
  * size (chains are followed by parent links); chunk verification, and its
- * repair (the bad chunk and everything below it moved to quarantine/, never
- * deleted; the entries through it quarantined); gc of chunks/ (stale tmp
- * removed, orphans adopted in chain order under a stored parent, an orphan
- * whose parent is gone removed, strays left; a dry run changes nothing); and
+ * repair (the bad chunk's file alone moved to quarantine/; the chunks below
+ * it and the entries through it kept, unservable, until the next spill of
+ * those tokens writes the chunk again and they serve bit-exact); gc of
+ * chunks/ (stale tmp removed, strays left; a dry run changes nothing); and
  * the writer's lazy sweep of one chunks/<kk> every 64 chunked spills.
  */
 #include "fmt_testlib.h"
@@ -84,16 +84,6 @@ static void flip_last(const char *path) {
   fclose(f);
 }
 
-static void copy_file(const char *from, const char *to) {
-  size_t len = 0;
-  char *b = kvt_test_read_file(from, &len);
-  REQUIRE(b);
-  FILE *f = fopen(to, "wb");
-  REQUIRE(f);
-  REQUIRE(fwrite(b, 1, len, f) == len);
-  fclose(f);
-  free(b);
-}
 
 typedef struct gcseen {
   int tmp, adopted, removed, stray;
@@ -193,8 +183,11 @@ static void test_tools(const char *dir) {
   CHECK(kvt_tier_chunk_verify(t, none, 0, NULL) == KVT_ENOTFOUND);
   CHECK(kvt_tier_chunk_verify(t, "xyz", 0, NULL) == KVT_EINVAL);
 
-  /* Damage the shared chunk: reported without repair (nothing moves), then
-   * quarantined with the 3 chunks below it and the 3 entries through it. */
+  /* Damage the shared chunk: reported without repair (nothing moves); with
+   * repair the file alone moves to quarantine/chunk-<key>/ - the 3 chunks
+   * below it stay indexed and on disk, the 3 entries through it stay
+   * (unservable: a miss) - and the next spill of those tokens writes it
+   * again, after which every entry through it serves bit-exact. */
   char p[4096], q[4400];
   chunk_path(p, sizeof p, dir, shared_key);
   flip_last(p);
@@ -205,35 +198,64 @@ static void test_tools(const char *dir) {
   CHECK(ents == 3);
   CHECK(!kvt_test_exists(p));
   snprintf(q, sizeof q, "%s/quarantine/chunk-%s", dir, shared_key);
-  CHECK(kvt_test_count_dir(q, ".kvc") == 1 + 3 * 2);
+  CHECK(kvt_test_count_dir(q, ".kvc") == 1);
+  for (int c = 0; c < 3; c++) {
+    char bp[4096];
+    chunk_path(bp, sizeof bp, dir, below_key[c]);
+    CHECK(kvt_test_exists(bp));
+    CHECK(kvt_tier_chunk_verify(t, below_key[c], 0, NULL) == 0);
+    CHECK(kvt_tier_chunk_verify(t, last_key[c], 0, NULL) == 0);
+  }
   kvt_entry_info info;
-  for (int c = 0; c < 3; c++)
-    CHECK(kvt_tier_lookup(&info, t, tok[c], 69) == KVT_ENOTFOUND);
+  for (int c = 0; c < 3; c++) {
+    e = NULL;
+    CHECK(kvt_tier_promote(&e, t, tok[c], 69, NULL) == KVT_ENOTFOUND);
+    CHECK(e == NULL);
+    char h[65], d[4200];
+    REQUIRE(kvt_token_hash(h, tok[c], 69) == 0);
+    snprintf(d, sizeof d, "%s/data/%s", dir, h);
+    CHECK(kvt_test_exists(d)); /* kept */
+  }
+  /* The entries through it are not offered. */
+  CHECK(kvt_tier_lookup_prefix(&info, t, tok[0], 69) == KVT_ENOTFOUND);
+  CHECK(kvt_tier_lookup(&info, t, tok[1], 69) == KVT_ENOTFOUND);
   tot = (kvt_chunk_totals)KVT_CHUNK_TOTALS_INIT;
   REQUIRE(kvt_tier_chunk_totals(&tot, t) == 0);
-  CHECK(tot.chunks == 1 && tot.chained_entries == 0);
+  CHECK(tot.chunks == 8 && tot.chained_entries == 3);
+  kvt_stats st = KVT_STATS_INIT;
+  REQUIRE(kvt_tier_stats(&st, t) == 0);
+  CHECK_EQ_INT(st.chunks_quarantined, 1);
+  CHECK_EQ_INT(st.entries_unservable, 3);
+  CHECK_EQ_INT(st.chunks_rewritten, 0);
+  CHECK(kvt_tier_close(t, -1) == 0);
+  kvt_tier_free(t);
+  /* The writer's own tier reopened (the damage mark is not stored): the
+   * first read through the chunk finds its file gone and marks it again;
+   * a new conversation over the same system prompt writes it again. */
+  t = open_tier(dir, C, "model-a", 0);
+  CHECK(kvt_tier_promote(&e, t, tok[1], 69, NULL) == KVT_ENOTFOUND);
+  CHECK(kvt_tier_lookup(&info, t, tok[2], 69) == KVT_ENOTFOUND);
+  int32_t tok3[69];
+  conv(tok3, 3);
+  spill(t, tok3, 69);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  REQUIRE(kvt_tier_stats(&st, t) == 0);
+  CHECK_EQ_INT(st.chunks_rewritten, 1);
+  CHECK_EQ_INT(st.quarantined, 1);
+  CHECK(kvt_test_exists(p));
+  CHECK(kvt_tier_chunk_verify(t, shared_key, 0, NULL) == 0);
+  for (int c = 0; c < 3; c++) {
+    e = NULL;
+    CHECK(kvt_tier_promote(&e, t, tok[c], 69, NULL) == 0);
+    if (e) {
+      kvt_layer ref = kv_of(tok[c], 69);
+      CHECK(t_layer_eq(kvt_entry_layer(e, 0), &ref));
+      t_layer_free(&ref);
+    }
+    kvt_entry_free(e);
+  }
 
-  /* gc of chunks/: the shared chunk (its damage undone) and conversation
-   * 0's chunk 2 come back as orphans (adopted in chain order: the child
-   * after its parent); conversation 1's chunk 3, whose parent stays away, is
-   * removed; a stale tmp is removed, a stray left. */
-  char src[4600], dst[4096];
-  snprintf(src, sizeof src, "%s/%s.kvc", q, shared_key);
-  flip_last(src); /* undo the damage */
-  chunk_path(dst, sizeof dst, dir, shared_key);
-  copy_file(src, dst);
-  snprintf(src, sizeof src, "%s/%s.kvc", q, below_key[0]);
-  chunk_path(dst, sizeof dst, dir, below_key[0]);
-  copy_file(src, dst);
-  /* conversation 1's last chunk: its parent (chunk 2 of conversation 1)
-   * stays in quarantine, so it can never be reached. */
-  const char *orphan_key = last_key[1];
-  snprintf(src, sizeof src, "%s/%s.kvc", q, orphan_key);
-  chunk_path(dst, sizeof dst, dir, orphan_key);
-  char kk[4200];
-  snprintf(kk, sizeof kk, "%s/chunks/%.2s", dir, orphan_key);
-  mkdir(kk, 0700);
-  copy_file(src, dst);
+  /* gc of chunks/: a stale tmp is removed, a stray left, nothing else. */
   char tmp[4300], stray[4300];
   snprintf(tmp, sizeof tmp, "%s/chunks/%.2s/x.tmp", dir, shared_key);
   snprintf(stray, sizeof stray, "%s/chunks/%.2s/README", dir, shared_key);
@@ -243,38 +265,28 @@ static void test_tools(const char *dir) {
   f = fopen(stray, "wb");
   fputs("not mine", f);
   fclose(f);
-
   gcseen g = {0};
   kvt_chunk_gc_result res;
   REQUIRE(kvt_tier_chunk_gc(t, 1, gc_cb, NULL, &g, &res) == 0);
-  CHECK(g.tmp == 1 && g.adopted == 2 && g.removed == 1 && g.stray == 1);
-  CHECK(res.tmp_removed == 1 && res.adopted == 2 && res.removed == 1);
-  CHECK(kvt_test_exists(tmp) && kvt_test_exists(dst));
-  char adopted[4096];
-  chunk_path(adopted, sizeof adopted, dir, below_key[0]);
-  tot = (kvt_chunk_totals)KVT_CHUNK_TOTALS_INIT;
-  REQUIRE(kvt_tier_chunk_totals(&tot, t) == 0);
-  CHECK(tot.chunks == 1); /* a dry run adopts nothing */
+  CHECK(g.tmp == 1 && g.adopted == 0 && g.removed == 0 && g.stray == 1);
+  CHECK(kvt_test_exists(tmp));
   memset(&g, 0, sizeof g);
   REQUIRE(kvt_tier_chunk_gc(t, 0, gc_cb, NULL, &g, &res) == 0);
-  CHECK(g.tmp == 1 && g.adopted == 2 && g.removed == 1 && g.stray == 1);
-  CHECK(!kvt_test_exists(tmp) && !kvt_test_exists(dst));
+  CHECK(g.tmp == 1 && g.adopted == 0 && g.removed == 0 && g.stray == 1);
+  CHECK(!kvt_test_exists(tmp));
   CHECK(kvt_test_exists(stray));
   tot = (kvt_chunk_totals)KVT_CHUNK_TOTALS_INIT;
   REQUIRE(kvt_tier_chunk_totals(&tot, t) == 0);
-  CHECK(tot.chunks == 3);
-  CHECK(kvt_tier_chunk_verify(t, shared_key, 0, NULL) == 0);
-  CHECK(kvt_tier_chunk_verify(t, below_key[0], 0, NULL) == 0);
-  CHECK(kvt_test_exists(adopted));
+  CHECK(tot.chunks == 10 && tot.chained_entries == 4);
   CHECK(kvt_tier_close(t, -1) == 0);
   kvt_tier_free(t);
 
   t = open_tier(dir, C, "model-a", KVT_OPEN_READONLY | KVT_OPEN_NO_RECONCILE);
   CHECK(kvt_tier_chunk_gc(t, 0, NULL, NULL, NULL, NULL) == KVT_EINVAL);
   CHECK(kvt_tier_chunk_gc(t, 1, NULL, NULL, NULL, NULL) == 0);
-  /* The adopted chain serves a chunk-aligned prefix again (pure KV). */
+  /* The healed chain and its entry are offered again. */
   CHECK(kvt_tier_lookup_prefix(&info, t, tok[0], 69) == 0 &&
-        info.num_tokens == 48);
+        info.num_tokens == 69);
   kvt_tier_free(t);
 }
 

@@ -287,11 +287,93 @@ static void test_capacity(void) {
   free(dir);
 }
 
+static kvt_tier *open_chunks(const char *dir, uint32_t chunk, int compat) {
+  kvt_options o = KVT_OPTIONS_INIT;
+  o.cache_dir = dir;
+  o.durability = KVT_DURABILITY_NONE;
+  o.chunk_tokens = chunk;
+  o.model_id = "test-model";
+  if (compat)
+    o.storage_mode = KVT_STORAGE_COMPAT;
+  kvt_tier *t;
+  REQUIRE(kvt_tier_open(&t, &o) == 0);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  return t;
+}
+
+/* One directory used by a chunked tier, then by a tier without chunks
+ * (chunk_tokens = 0, or compat) replacing the same tokens with a whole
+ * entry: the chained-entry row the chunked tier left names a chain the
+ * acknowledged version does not use. The chunked tier reopened serves the
+ * whole entry (exact and trimmed: never the old chain's rows), quarantines
+ * nothing, and its next spill of those tokens is served too. */
+static void test_mixed_chunk_sizes(int compat) {
+  char *dir = t_join(g_dir, compat ? "mixed-compat" : "mixed-zero");
+  int32_t a[40];
+  for (int i = 0; i < 40; i++)
+    a[i] = 900 + i;
+  kvt_tier *t = open_chunks(dir, C, 0);
+  CHECK(t_kv_spill(t, a, 40, 48, 2, 1000) == 0); /* 2 chunks + a tail */
+  REQUIRE(kvt_tier_flush(t, 30000) == 0);
+  REQUIRE(kvt_tier_close(t, 30000) == 0);
+  kvt_tier_free(t);
+  /* The new version: other KV (random), another padding, another size. */
+  kvt_rng r = {91};
+  kvt_layer l[2];
+  for (int i = 0; i < 2; i++)
+    l[i] = t_kv(&r, KVT_DTYPE_F16, 1, 2, 64, 8, 40);
+  t = open_chunks(dir, 0, compat);
+  REQUIRE(kvt_tier_spill(t, a, 40, l, 2, 2000) == 0);
+  REQUIRE(kvt_tier_flush(t, 30000) == 0);
+  REQUIRE(kvt_tier_close(t, 30000) == 0);
+  kvt_tier_free(t);
+  t = open_chunks(dir, C, 0);
+  kvt_entry_info info;
+  REQUIRE(kvt_tier_lookup(&info, t, a, 40) == 0);
+  CHECK_EQ_INT(info.memory_bytes, 2000);
+  kvt_entry *e = NULL;
+  CHECK_EQ_INT(kvt_tier_promote(&e, t, a, 40, NULL), 0);
+  CHECK(e && kvt_entry_num_layers(e) == 2 &&
+        t_layer_eq(kvt_entry_layer(e, 0), &l[0]) &&
+        t_layer_eq(kvt_entry_layer(e, 1), &l[1]));
+  kvt_entry_free(e);
+  e = NULL;
+  kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
+  CHECK_EQ_INT(kvt_tier_promote_trim(&e, t, a, 40, 32, &po), 0);
+  CHECK(e && t_rows_match(&kvt_entry_layer(e, 0)->tensors[0],
+                          &l[0].tensors[0], 32));
+  kvt_entry_free(e);
+  e = NULL;
+  CHECK_EQ_INT(kvt_tier_verify(t, info.token_hash, 0), 0);
+  kvt_stats st = KVT_STATS_INIT;
+  REQUIRE(kvt_tier_stats(&st, t) == 0);
+  CHECK_EQ_INT(st.quarantined, 0);
+  /* The chunked tier's own replacement: a chained entry again. */
+  CHECK(t_kv_spill(t, a, 40, 48, 2, 3000) == 0);
+  REQUIRE(kvt_tier_flush(t, 30000) == 0);
+  CHECK_EQ_INT(kvt_tier_promote(&e, t, a, 40, NULL), 0);
+  CHECK(entry_matches(e, a, 40, 48));
+  kvt_entry_free(e);
+  REQUIRE(kvt_tier_close(t, 30000) == 0);
+  kvt_tier_free(t);
+  for (int i = 0; i < 2; i++)
+    t_layer_free(&l[i]);
+  free(dir);
+}
+static void test_mixed_zero(void) {
+  test_mixed_chunk_sizes(0);
+}
+static void test_mixed_compat(void) {
+  test_mixed_chunk_sizes(1);
+}
+
 int main(void) {
   g_dir = kvt_test_tmpdir("tierchunked");
   RUN(test_options);
   RUN(test_compat_ignores_chunks);
   RUN(test_tier);
   RUN(test_capacity);
+  RUN(test_mixed_zero);
+  RUN(test_mixed_compat);
   return kvt_test_done();
 }

@@ -342,6 +342,11 @@ class Stats(ctypes.Structure):
         ("spill_refused_queue_full", ctypes.c_uint64),
         ("spill_refused_closed", ctypes.c_uint64),
         ("spill_refused_other", ctypes.c_uint64),
+        # version 3: the chunked store's contained damage
+        ("chunks_quarantined", ctypes.c_uint64),
+        ("entries_unservable", ctypes.c_uint64),
+        ("chunks_rewritten", ctypes.c_uint64),
+        ("chain_cuts_kept", ctypes.c_uint64),
     ]
 
     def __init__(self, *args: Any, **kw: Any) -> None:
