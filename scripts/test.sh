@@ -12,7 +12,7 @@
 # above that line (scripts/test-count.awk does the counting).
 # Set KVT_TEST_QUICK=1 to run the plain build only (for local iteration).
 # Set KVT_TEST_STRICT=1 (.ci/run does) to fail on skips of what CI installs: the tags in
-# KVT_TEST_STRICT_TAGS (default: redis hiredis python clang ref-tree untagged). Other skips -
+# KVT_TEST_STRICT_TAGS (default: redis hiredis python clang ref-tree upstream untagged). Other skips -
 # uring (io_uring refused, e.g. by the host's seccomp filter), odirect, env, tsan - are reported
 # and never fail the run.
 set -euo pipefail
@@ -97,7 +97,7 @@ if [ "${KVT_TEST_QUICK:-0}" != 1 ]; then
 fi
 
 # The closing line. Strict (CI): a skip whose tag is in the strict list is a failure.
-strict_tags=" ${KVT_TEST_STRICT_TAGS:-redis hiredis python clang ref-tree untagged} "
+strict_tags=" ${KVT_TEST_STRICT_TAGS:-redis hiredis python clang ref-tree upstream untagged} "
 awk -F '\t' -v strict="${KVT_TEST_STRICT:-0}" -v tags="$strict_tags" '
   $1 == "pass" { p += $2 }
   $1 == "fail" { f += $2; print "failed: " $4 }
