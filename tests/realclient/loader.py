@@ -18,6 +18,7 @@ with the tag ``upstream`` (a failure in CI's strict mode).
 from __future__ import annotations
 
 import ast
+import functools
 import logging
 import os
 import sys
@@ -70,6 +71,12 @@ def load_client() -> types.SimpleNamespace:
     return types.SimpleNamespace(mx=mx, cache=cache, memory_cache=memory_cache, dir=up)
 
 
+@functools.lru_cache(maxsize=None)
+def _methods_code() -> Any:
+    return compile(scheduler_methods_source(),
+                   os.path.join(upstream_dir() or "", "vllm_mlx", "scheduler.py"), "exec")
+
+
 def scheduler_methods_source() -> str:
     """The source of the SSD methods of scheduler.py's Scheduler class, as
     written there (dedented to module level)."""
@@ -107,9 +114,7 @@ def make_scheduler_class(ssd_module: Any, client: types.SimpleNamespace,
          "logger": logging.getLogger("vllm_mlx.scheduler"),
          "SSDCacheConfig": cfg_cls, "SSDCacheTier": ssd_module.SSDCacheTier,
          "MemoryAwarePrefixCache": client.memory_cache.MemoryAwarePrefixCache}
-    code = compile(scheduler_methods_source(),
-                   os.path.join(upstream_dir() or "", "vllm_mlx", "scheduler.py"), "exec")
-    exec(code, g)  # noqa: S102 - the upstream methods, as written
+    exec(_methods_code(), g)  # noqa: S102 - the upstream methods, as written
 
     class MiniScheduler:
         """The state those methods read: config (ssd_cache_dir,

@@ -27,13 +27,28 @@ HEADS, DIM = 2, 64
 KV_KINDS = ("kv", "chunked")  # layers whose promoted rows are model rows
 
 
+_HASHES: dict = {}
+
+
 def prefix_hashes(tokens: Any) -> np.ndarray:
-    """h[t] depends on tokens[0..t] (all of them): a rolling hash."""
-    out = np.empty(len(tokens), dtype=np.int64)
-    h = 17
-    for i, t in enumerate(tokens):
-        h = (h * 1000003 + int(t) + 1) % 2147483647
+    """h[t] depends on tokens[0..t] (all of them): a rolling hash.  Memoised
+    (a decode step extends the previous step's answer by one)."""
+    key = tuple(int(t) for t in tokens)
+    got = _HASHES.get(key)
+    if got is not None:
+        return got
+    head = _HASHES.get(key[:-1]) if key else None
+    out = np.empty(len(key), dtype=np.int64)
+    start, h = 0, 17
+    if head is not None:
+        out[:-1] = head
+        start, h = len(key) - 1, int(head[-1]) if len(head) else 17
+    for i in range(start, len(key)):
+        h = (h * 1000003 + key[i] + 1) % 2147483647
         out[i] = h
+    if len(_HASHES) > 4096:
+        _HASHES.clear()
+    _HASHES[key] = out
     return out
 
 
