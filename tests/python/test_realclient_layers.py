@@ -199,3 +199,24 @@ def test_chain_prefix_candidate_is_promoted(tmp_path, path):
         assert t.get_stats()["ssd_hits"] == 1
     finally:
         t.close()
+
+
+def test_front_trimmed_chunked_kvcache_is_refused_with_its_reason(tmp_path, caplog):
+    # Past chunk_size mlx-lm's ChunkedKVCache drops its oldest rows (row i is
+    # then token start_position + i): stored as a KV layer it would be cut
+    # into chunks and prefixes serving other tokens' rows.  The reference
+    # stores it (and rebuilds a KVCache whose rows are misaligned); kvtier
+    # refuses it and says why.
+    layer = cm.ChunkedKVCache(128)
+    model = srv.Model(C, ["chunked:128"])
+    for a in range(0, 300, 50):
+        model._feed(layer, TOKENS, a, a + 50, 0, 0)
+    assert layer.start_position > 0
+    t = default_tier(str(tmp_path / "c"))
+    try:
+        with caplog.at_level("WARNING"):
+            assert t.enqueue_spill(tuple(TOKENS[:300]), [layer], 1) is False
+        assert "start_position" in caplog.text
+        assert t.lookup_ssd(tuple(TOKENS[:300])) is None
+    finally:
+        t.close()

@@ -204,7 +204,17 @@ def layer_kind(layer: Any) -> str:
     if isinstance(getattr(layer, "keys", None), (tuple, list)):
         return KIND_QUANTIZED
     if all(hasattr(layer, a) for a in ("keys", "values", "offset")):
-        return KIND_ROTATING if _has_window(layer) else KIND_KV
+        if _has_window(layer):
+            return KIND_ROTATING
+        # mlx-lm's ChunkedKVCache drops its oldest rows once it holds more
+        # than chunk_size tokens (start_position counts them): row i is then
+        # token start_position + i, which no KV layer can say, and chunks or
+        # prefixes cut from it would serve the wrong tokens' rows.
+        front = getattr(layer, "start_position", 0)
+        if isinstance(front, int) and front > 0:
+            raise ValueError(f"{type(layer).__name__} trimmed at the front (start_position "
+                             f"{front}): its rows do not start at token 0")
+        return KIND_KV
     if isinstance(getattr(layer, "state", None), list):
         return KIND_ARRAYS
     raise ValueError(f"Unsupported cache layer type: {type(layer).__name__}")
