@@ -5,7 +5,8 @@ In one process and one run, alternating per round, for Llama-3-8B-shaped fp16
 entries (32 KV layers, 8 KV heads, head dim 128: 128 KiB per token, 128 MiB at
 the default 1024 tokens):
 
-  reference   tests/reference/ssd_cache_ref.py: spill N entries, wait until
+  reference   ssd_cache_ref (tests/reference/reference_loader.py assembles it
+              from ../shared/seed/ssd_cache_reference.txt): spill N entries, wait until
               written, promote them twice; the second pass is the figure (the
               reference reads through the page cache, which still holds the
               files it just wrote).

@@ -633,6 +633,12 @@ def t_reference():
     if not os.path.exists(maker):
         print("SKIP(ref-tree): tests/reference/make_ref_cache.py not in this tree")
         sys.exit(77)
+    sys.path.insert(0, os.path.dirname(maker))
+    import reference_loader
+    if not os.path.exists(reference_loader.seed_path()):
+        print(f"SKIP(seed): {reference_loader.seed_path()} not found (the reference "
+              f"is assembled from it; set {reference_loader.SHARED_ENV})")
+        sys.exit(77)
     d = tmpdir("ref")
     shutil.rmtree(d)
     try:

@@ -1,7 +1,7 @@
 """Shared pytest fixtures for the kvtier Python binding tests.
 
-Puts the package (bindings/python) and the transcribed reference
-(tests/reference) on sys.path when PYTHONPATH does not (ctest sets both and
+Puts the package (bindings/python) and tests/reference (the stand-ins and
+the loader of the reference module) on sys.path when PYTHONPATH does not (ctest sets both and
 KVTIER_LIBRARY; run by hand the build tree's library is found).  Provides
 cache-directory fixtures, seeded layer factories (the duck-typed layer classes
 of tests/reference/make_ref_cache.py) and small helpers.

@@ -1,5 +1,5 @@
-"""Differential test: the same sequence of operations on the transcribed
-reference's SSDCacheTier and on kvtier's drop-in SSDCacheTier gives the same
+"""Differential test: the same sequence of operations on the reference's
+SSDCacheTier (assembled from the seed by tests/reference/reference_loader.py) and on kvtier's drop-in SSDCacheTier gives the same
 return values (lookups, prefix lookups, promoted layers, budget calls,
 reconcile counts, the reference's counters), in both storage modes."""
 

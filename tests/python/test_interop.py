@@ -1,5 +1,5 @@
 """Interop on one directory, both ways: a directory written by the
-transcribed reference is read by kvtier with identical results, and a
+reference (loaded from the seed) is read by kvtier with identical results, and a
 directory written by kvtier in compat mode is read by the reference with the
 same results as if the reference had written it.  bf16 and quantized layers
 included."""
@@ -16,6 +16,7 @@ import pytest
 
 import make_ref_cache
 import read_ref_cache
+import reference_loader
 import ssd_cache_ref as ref
 from conftest import make_tier, run
 from kvtier import ssd_cache as kv
@@ -153,6 +154,7 @@ def test_one_directory_both_writers(tmp_path):
 
 
 def test_scripts_run(tmp_path):
+    reference_loader.require()  # the scripts below need it too
     d = str(tmp_path / "scripted")
     py = sys.executable
     r = subprocess.run([py, os.path.join(REF_DIR, "make_ref_cache.py"), d, "--seed", "9",

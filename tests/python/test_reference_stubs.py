@@ -1,6 +1,7 @@
 """Sanity of the test oracle itself: the safetensors stand-in follows the
 spec, the MLX stand-in behaves like MLX where the reference depends on it,
-and the transcribed reference round-trips its own directories."""
+and the reference, as reference_loader assembles it, round-trips its own
+directories."""
 
 from __future__ import annotations
 

@@ -35,9 +35,10 @@ UPSTREAM_FILES = ("vllm_mlx/memory_cache.py", "vllm_mlx/scheduler.py",
 
 
 def upstream_dir() -> Optional[str]:
-    """<repo>/../shared/upstream when it holds the client files, else None."""
-    d = os.environ.get("KVT_UPSTREAM_DIR") or os.path.join(os.path.dirname(REPO), "shared",
-                                                           "upstream")
+    """<shared>/upstream when it holds the client files, else None; <shared>
+    is $KVT_SHARED_DIR or ../shared beside the repository (as for the seed)."""
+    shared = os.environ.get("KVT_SHARED_DIR") or os.path.join(os.path.dirname(REPO), "shared")
+    d = os.path.join(shared, "upstream")
     if all(os.path.isfile(os.path.join(d, f)) for f in UPSTREAM_FILES):
         return d
     return None

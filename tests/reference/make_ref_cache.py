@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-"""Writes a cache directory with the transcribed reference (ssd_cache_ref.py),
-so kvtier's CLI, C and Python tests can check they read reference-written
-directories.  Data is generated from a seed; ``build_entries`` is importable
+"""Writes a cache directory with the reference (ssd_cache_ref, assembled from
+the seed by reference_loader), so kvtier's CLI, C and Python tests can check
+they read reference-written directories.  Data is generated from a seed; ``build_entries`` is importable
 so a test can regenerate exactly what was written and compare values.
 
 Usage: make_ref_cache.py DIR [--seed N] [--entries K] [--layers L]
@@ -18,6 +18,7 @@ bf16, casts to F16 and records the "bfloat16" sentinel.  Spills go through
 SSDCacheTier.enqueue_spill (snapshot + dequantization path) and are then
 written synchronously with _write_entry (the reference's close() would stop
 the writer before draining).  Prints a JSON summary (tokens, hashes) on stdout.
+Exit status 3 when the reference cannot be loaded (no seed).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import mlx_standin  # noqa: E402
+import reference_loader  # noqa: E402
 import ssd_cache_ref as ref  # noqa: E402
 
 HEADS = 2
@@ -175,7 +177,11 @@ def main(argv=None):
             ap.error(f"unknown kind {k!r} (known: {','.join(ALL_KINDS)})")
     ents = build_entries(args.seed, args.entries, args.layers, kinds, args.bf16,
                          args.bits, args.group_size)
-    summary = write_cache(args.dir, ents)
+    try:
+        summary = write_cache(args.dir, ents)
+    except reference_loader.ReferenceUnavailable as e:
+        print(f"make_ref_cache: {e}", file=sys.stderr)
+        return reference_loader.EXIT_UNAVAILABLE
     json.dump(summary, sys.stdout, indent=1)
     sys.stdout.write("\n")
     return 0

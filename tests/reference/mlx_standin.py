@@ -1,6 +1,6 @@
 """Numpy stand-in for the few pieces of ``mlx.core`` (and of vllm-mlx /
-mlx-lm) that the reference ssd_cache module touches, so the transcription in
-ssd_cache_ref.py can run on a machine without MLX.
+mlx-lm) that the reference ssd_cache module touches, so the reference, as
+reference_loader.py assembles it from the seed, runs on a machine without MLX.
 
 What it emulates, and how:
 - ``BF16Array``: an MLX bfloat16 array.  It holds float32 values already

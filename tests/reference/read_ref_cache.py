@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Reads every entry of a cache directory with the transcribed reference
-(ssd_cache_ref.py) and prints a JSON summary, to prove that directories
+"""Reads every entry of a cache directory with the reference (ssd_cache_ref,
+assembled from the seed by reference_loader) and prints a JSON summary, to prove that directories
 written by kvtier (compat mode) are readable by the reference.
 
 Usage: read_ref_cache.py DIR [--quarantine]
@@ -12,7 +12,7 @@ SHA-256 of its little-endian C-order bytes and its float64 sum.  By default
 the reference's quarantine on a corrupt entry is suppressed (recorded in
 "errors" instead) so reading never changes the directory; --quarantine keeps
 the reference's behaviour.  Exit status: 0 when every entry was read, 1 when
-any failed, 2 on usage errors.
+any failed, 2 on usage errors, 3 when the reference cannot be loaded (no seed).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import reference_loader  # noqa: E402
 import ssd_cache_ref as ref  # noqa: E402
 
 
@@ -90,7 +91,11 @@ def main(argv=None):
         print(f"read_ref_cache: {args.dir}: not a directory", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.ERROR)
-    summary = read_cache(args.dir, args.quarantine)
+    try:
+        summary = read_cache(args.dir, args.quarantine)
+    except reference_loader.ReferenceUnavailable as e:
+        print(f"read_ref_cache: {e}", file=sys.stderr)
+        return reference_loader.EXIT_UNAVAILABLE
     json.dump(summary, sys.stdout, indent=1)
     sys.stdout.write("\n")
     return 0 if summary["failed"] == 0 else 1

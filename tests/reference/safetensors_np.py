@@ -1,5 +1,5 @@
 """Stand-in for ``safetensors.numpy`` (not packaged in Debian): a spec-faithful
-``save_file`` / ``load_file`` pair so the transcribed reference can run here.
+``save_file`` / ``load_file`` pair so the reference (reference_loader.py) can run here.
 
 Format (https://github.com/huggingface/safetensors, "Format" section):
 8-byte little-endian unsigned header length N, then N bytes of UTF-8 JSON

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1062,8 +1063,10 @@ static void test_alloc_failures(void) {
   fprintf(stderr, "  %ld allocation sites failed in turn\n", last - 1);
 }
 
-/* The reference's own queries, run by Python's sqlite3 over a kvtier-written
- * index.db. */
+/* The reference's own SSDIndex (assembled from the seed by
+ * tests/reference/reference_loader.py) opens a kvtier-written index.db,
+ * leaves it unchanged and finds its rows. The script exits 3 when the seed is
+ * missing: a skip tagged seed, which CI's strict mode fails. */
 static void test_python_reads(void) {
   if (access("/usr/bin/python3", X_OK) != 0 || !getenv("KVT_TEST_SRC")) {
     kvt_test_skip("python", "the reference's queries through Python's sqlite3: "
@@ -1085,7 +1088,12 @@ static void test_python_reads(void) {
   snprintf(cmd, sizeof cmd,
            "/usr/bin/python3 %s/tests/unit/index_reference_check.py %s",
            getenv("KVT_TEST_SRC"), dir);
-  CHECK(system(cmd) == 0);
+  int st = system(cmd);
+  if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 3)
+    kvt_test_skip("seed", "the reference's SSDIndex over kvtier's index.db: "
+                          "the reference could not be loaded (see above)");
+  else
+    CHECK(st == 0);
 }
 
 /* The multimap behind the mirror: random adds/removes with heavy home-slot

@@ -120,16 +120,18 @@ def bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
 
 
 def to_numpy_safe(arr: Any) -> Tuple[np.ndarray, Optional[str]]:
-    """The reference's _mx_to_numpy_safe: a numpy copy, upcasting bf16
-    (whose np.array() conversion fails with a 'buffer format string'
-    RuntimeError) to float32 and returning the original dtype name."""
+    """(numpy copy of arr, None), or for an array numpy cannot hold (MLX
+    bf16: its buffer export raises a RuntimeError about the buffer format
+    string) (float32 copy, name of its dtype) - the reference's
+    _mx_to_numpy_safe contract.  Other RuntimeErrors propagate."""
     try:
-        return np.array(arr), None
-    except RuntimeError as exc:
-        if "buffer format string" not in str(exc):
-            raise
-        original_dtype = str(arr.dtype).rsplit(".", 1)[-1]
-        return np.array(arr.astype(np.float32)), original_dtype
+        copied = np.array(arr)
+    except RuntimeError as err:
+        if "buffer format string" in str(err):
+            dtype_name = str(arr.dtype).split(".")[-1]
+            return np.array(arr.astype(np.float32)), dtype_name
+        raise
+    return copied, None
 
 
 # --------------------------------------------------------------------------

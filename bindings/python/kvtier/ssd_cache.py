@@ -881,16 +881,12 @@ class ArraysCacheSerializer(LayerSerializer):
 
     def snapshot_layer(self, layer: Any) -> dict[str, Any]:
         """Copy an arrays-cache state into NumPy-backed writer-thread data."""
-        state_np: list[np.ndarray] = []
-        original_dtypes: list[str | None] = []
-        for arr in layer.state:
-            np_arr, orig = _mx_to_numpy_safe(arr)
-            state_np.append(np_arr)
-            original_dtypes.append(orig)
-        snapshot: dict[str, Any] = {"state_np": state_np}
-        if any(d is not None for d in original_dtypes):
-            snapshot["state_original_dtypes"] = original_dtypes
-        return snapshot
+        pairs = [_mx_to_numpy_safe(a) for a in layer.state]
+        snap: dict[str, Any] = {"state_np": [arr for arr, _ in pairs]}
+        hints = [hint for _, hint in pairs]
+        if any(h is not None for h in hints):  # only when some array was upcast
+            snap["state_original_dtypes"] = hints
+        return snap
 
     def serialize_layer(
         self, snapshot: dict[str, Any], layer_idx: int, file_path: str
