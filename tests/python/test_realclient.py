@@ -43,6 +43,9 @@ MODELS = {
     "CacheList": (["list", "kv"], False),
     "vllm-mlx-quantized-wrapper": (["kv", "kv"], True),
     "mixed": (["kv", "rot:256:4", "q8", "chunked:4096"], False),
+    # bfloat16 KV (what MLX models usually run): native storage keeps bf16.
+    "KVCache-bf16": (["kv", "kv"], False),
+    "mixed-bf16": (["kv", "rot:256:4", "chunked:4096"], False),
 }
 STORAGE = {"default": None, "chunk_tokens=0": {"chunk_tokens": 0}}
 
@@ -67,7 +70,7 @@ def workload(seed: int = 7):
 
 def run_server(tmp_path, name, path, storage):
     specs, kvq = MODELS[name]
-    model = srv.Model(CLIENT, specs)
+    model = srv.Model(CLIENT, specs, bf16=name.endswith("-bf16"))
     systems, qs, users, order = workload()
     # A RAM budget of a few entries: the prefix cache's own LRU and prefix
     # eviction spill most of what it stores.

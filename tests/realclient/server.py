@@ -71,9 +71,10 @@ class Model:
     (ArraysCache of two state arrays), "list" (CacheList of a KVCache and a
     RotatingKVCache of 512)."""
 
-    def __init__(self, client: Any, specs: list) -> None:
+    def __init__(self, client: Any, specs: list, bf16: bool = False) -> None:
         self.c = client
         self.specs = list(specs)
+        self.bf16 = bf16  # KV rows in bfloat16 (MLX's usual dtype) instead of fp16
         self.config = types.SimpleNamespace(num_hidden_layers=len(specs), hidden_size=HEADS * DIM,
                                             model_type="standin-" + "-".join(specs))
 
@@ -115,7 +116,8 @@ class Model:
         if isinstance(layer, cm.ChunkedKVCache):
             layer.maybe_trim_front()
         k, v = model_rows(tokens, start, stop, li, sub)
-        layer.update_and_fetch(mx.array(k), mx.array(v))
+        dt = mx.bfloat16 if self.bf16 else None
+        layer.update_and_fetch(mx.array(k, dtype=dt), mx.array(v, dtype=dt))
 
     def forward(self, cache: list, tokens: Any, start: int, step: Optional[int] = None) -> None:
         """Runs positions start..len(tokens)-1 through every layer: one
@@ -130,8 +132,17 @@ class Model:
                 pos = end
 
 
-def _arr(x: Any) -> Optional[np.ndarray]:
-    return None if x is None else np.asarray(x)
+def as_numpy(x: Any) -> np.ndarray:
+    """An array's values as numpy: bf16 exactly as float32."""
+    if str(getattr(x, "dtype", "")).endswith("bfloat16"):
+        return np.asarray(x.astype(np.float32))
+    return np.asarray(x)
+
+
+def _picture(a: Any) -> tuple:
+    dt = "bfloat16" if str(getattr(a, "dtype", "")).endswith("bfloat16") else str(np.asarray(a).dtype)
+    v = as_numpy(a)
+    return (dt, v.shape, v.tobytes())
 
 
 def describe(layers: Optional[list]) -> Any:
@@ -148,8 +159,7 @@ def describe(layers: Optional[list]) -> Any:
             arrs = [lay.keys, lay.values]
         else:
             arrs = list(getattr(lay, "cache", []) or [])
-        d["arrays"] = [None if a is None else (str(np.asarray(a).dtype), np.asarray(a).shape,
-                                               np.asarray(a).tobytes()) for a in arrs]
+        d["arrays"] = [None if a is None else _picture(a) for a in arrs]
         out.append(d)
     return out
 
@@ -162,7 +172,8 @@ def trim_description(desc: list, m: int) -> list:
         arrays = []
         for item in d["arrays"]:
             dt, shape, raw = item
-            a = np.frombuffer(raw, dtype=dt).reshape(shape)[..., :m, :]
+            a = np.frombuffer(raw, dtype=np.float32 if dt == "bfloat16" else dt)
+            a = a.reshape(shape)[..., :m, :]
             arrays.append((dt, a.shape, np.ascontiguousarray(a).tobytes()))
         d["arrays"], d["offset"] = arrays, m
         out.append(d)
@@ -350,8 +361,7 @@ class Server:
         if req.cache_hit_type == "ssd_hit":
             self.hits += 1
             if how != "exact":
-                nbytes = sum(np.asarray(a).nbytes for lay in req.prompt_cache
-                             for a in (lay.keys, lay.values))
+                nbytes = sum(a.nbytes for lay in req.prompt_cache for a in (lay.keys, lay.values))
                 if nbytes != cand["memory_bytes"] and self.packed_chains:
                     # Chains hold quantized layers packed: memory_bytes is
                     # their stored size, while the promote hands them over
@@ -384,8 +394,15 @@ class Server:
                 continue
             off = lay.offset
             k, v = model_rows(list(toks), 0, off, li)
-            if not (np.array_equal(np.asarray(lay.keys)[..., :off, :], k) and
-                    np.array_equal(np.asarray(lay.values)[..., :off, :], v)):
+            if self.model.bf16:
+                mx = self.c.mx
+                k = as_numpy(mx.array(k, dtype=mx.bfloat16))
+                v = as_numpy(mx.array(v, dtype=mx.bfloat16))
+                if not (str(lay.keys.dtype).endswith("bfloat16") and
+                        str(lay.values.dtype).endswith("bfloat16")):
+                    self.problems.append(f"request {self.n}: layer {li} is not bf16 any more")
+            if not (np.array_equal(as_numpy(lay.keys)[..., :off, :], k) and
+                    np.array_equal(as_numpy(lay.values)[..., :off, :], v)):
                 self.problems.append(f"request {self.n}: layer {li} rows differ from the model's")
 
     def summary(self) -> dict:

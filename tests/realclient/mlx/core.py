@@ -7,9 +7,12 @@ relies on:
   itself, as MLX's slice assignment does.  Arithmetic and ``astype`` make new
   arrays, so vllm-mlx's ``arr + 0`` detach copies.
 - Buffer export works like MLX's: ``np.array(a)``, ``np.asarray(a)`` and
-  ``memoryview(a)`` see the data in its dtype.  bfloat16 is not available here
-  (numpy has none): asking for it raises TypeError, so a test cannot silently
-  run fp16 where it meant bf16.
+  ``memoryview(a)`` see the data in its dtype.  bfloat16 arrays (numpy has no
+  bfloat16) hold their 16-bit patterns and refuse that export the way MLX's
+  do (a RuntimeError about the buffer format string, the error the reference
+  and kvtier catch to upcast); ``astype`` converts them exactly, and
+  arithmetic on them rounds to nearest even as MLX does.  ``isinstance(x,
+  mx.array)`` holds for both kinds.
 - dtypes are objects with ``.size`` (bytes per element), as MLX's are
   (``mx.uint32.size`` is what QuantizedKVCache reads); arrays report numpy
   dtypes, which every operation here accepts too.
@@ -72,15 +75,94 @@ def _np_dtype(dtype: Any) -> Any:
         return None
     if isinstance(dtype, Dtype):
         if dtype.np is None:
-            raise TypeError("the MLX stand-in has no bfloat16 arrays")
+            raise TypeError("bfloat16 has no numpy dtype (the stand-in's BF16 holds it)")
         return dtype.np
     return np.dtype(dtype)
 
 
-class array(np.ndarray):  # noqa: N801 - MLX's name
+def _to_bf16_bits(values: Any) -> np.ndarray:
+    """float values -> bf16 bit patterns, round to nearest even (NaN kept)."""
+    f = np.ascontiguousarray(np.asarray(values, dtype=np.float32))
+    wide = f.view(np.uint32).astype(np.uint64)
+    bits = ((wide + (((wide >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16)
+    nan = np.isnan(f)
+    if nan.any():
+        bits[nan] = ((wide[nan] >> 16) | 0x40).astype(np.uint16)
+    return bits
+
+
+def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (np.ascontiguousarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+class _ArrayType(type):
+    """Lets isinstance(x, array) hold for bfloat16 arrays too, as one MLX
+    array type covers every dtype."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, BF16) or type.__instancecheck__(cls, obj)
+
+
+class BF16:
+    """A bfloat16 MLX array: its bit patterns in a uint16 numpy array."""
+
+    __slots__ = ("_bits",)
+
+    def __init__(self, bits: Any) -> None:
+        self._bits = np.array(bits, dtype=np.uint16)
+
+    @classmethod
+    def of(cls, values: Any) -> "BF16":
+        if isinstance(values, BF16):
+            return cls(values._bits)
+        return cls(_to_bf16_bits(values))
+
+    dtype = property(lambda self: bfloat16)
+    shape = property(lambda self: tuple(self._bits.shape))
+    ndim = property(lambda self: self._bits.ndim)
+    size = property(lambda self: int(self._bits.size))
+    nbytes = property(lambda self: int(self._bits.nbytes))
+
+    def __len__(self) -> int:
+        return len(self._bits)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        # What MLX's buffer export does for bf16 under numpy.
+        raise RuntimeError("Item size 2 for PEP 3118 buffer format string B does not "
+                           "match the dtype B item size 1.")
+
+    def __getitem__(self, idx: Any) -> "BF16":
+        return BF16(self._bits[idx])
+
+    def __setitem__(self, idx: Any, value: Any) -> None:
+        self._bits[idx] = value._bits if isinstance(value, BF16) else _to_bf16_bits(value)
+
+    def astype(self, dtype: Any, *args: Any, **kwargs: Any) -> Any:
+        if dtype == bfloat16:
+            return BF16(self._bits)
+        return _wrap(_bf16_to_f32(self._bits).astype(_np_dtype(dtype)))
+
+    def __add__(self, other: Any) -> "BF16":
+        o = other.astype(float32) if isinstance(other, BF16) else np.asarray(other, np.float32)
+        return BF16.of(_bf16_to_f32(self._bits) + o)
+
+    __radd__ = __add__
+
+    def __deepcopy__(self, memo: Any) -> "BF16":
+        return BF16(self._bits)
+
+    def __repr__(self) -> str:
+        return f"array(shape={self.shape}, dtype=bfloat16)"
+
+
+class array(np.ndarray, metaclass=_ArrayType):  # noqa: N801 - MLX's name
     """See the module docstring."""
 
-    def __new__(cls, values: Any, dtype: Any = None) -> "array":
+    def __new__(cls, values: Any, dtype: Any = None) -> Any:
+        if dtype == bfloat16 or (dtype is None and isinstance(values, BF16)):
+            return BF16.of(values)
+        if isinstance(values, BF16):
+            return values.astype(dtype)
         a = np.array(values, dtype=_np_dtype(dtype))
         if a.dtype == object:
             raise ValueError("cannot build an array from these values")
@@ -98,7 +180,9 @@ class array(np.ndarray):  # noqa: N801 - MLX's name
         base = self.view(np.ndarray)
         base[idx] = np.asarray(value)
 
-    def astype(self, dtype: Any, *args: Any, **kwargs: Any) -> "array":
+    def astype(self, dtype: Any, *args: Any, **kwargs: Any) -> Any:
+        if dtype == bfloat16:
+            return BF16.of(self)
         return np.array(self, dtype=_np_dtype(dtype)).view(array)
 
     def item(self, *args: Any) -> Any:
@@ -112,7 +196,9 @@ def _wrap(a: Any) -> array:
     return np.asarray(a).view(array)
 
 
-def zeros(shape: Any, dtype: Any = float32) -> array:
+def zeros(shape: Any, dtype: Any = float32) -> Any:
+    if dtype == bfloat16:
+        return BF16(np.zeros(shape, dtype=np.uint16))
     return _wrap(np.zeros(shape, dtype=_np_dtype(dtype)))
 
 
@@ -120,7 +206,11 @@ def ones(shape: Any, dtype: Any = float32) -> array:
     return _wrap(np.ones(shape, dtype=_np_dtype(dtype)))
 
 
-def concatenate(arrays: Sequence[Any], axis: int = 0) -> array:
+def concatenate(arrays: Sequence[Any], axis: int = 0) -> Any:
+    if any(isinstance(a, BF16) for a in arrays):
+        if not all(isinstance(a, BF16) for a in arrays):
+            raise TypeError("the stand-in concatenates bfloat16 with bfloat16 only")
+        return BF16(np.concatenate([a._bits for a in arrays], axis=axis))
     return _wrap(np.concatenate([np.asarray(a) for a in arrays], axis=axis))
 
 
@@ -160,6 +250,8 @@ def _check_quant(d: int, group_size: int, bits: int) -> None:
 
 
 def quantize(w: Any, group_size: int = 64, bits: int = 4, **_: Any) -> tuple:
+    if isinstance(w, BF16):
+        raise TypeError("the stand-in quantizes float16/float32 arrays only")
     x = np.asarray(w)
     d = x.shape[-1]
     _check_quant(d, group_size, bits)
