@@ -69,8 +69,11 @@ int kvt_test_done(void);
  * and pytest), ref-tree (a file of this tree missing), seed (the reference's
  * documentation, ../shared/seed/ssd_cache_reference.txt beside the clone or
  * under $KVT_SHARED_DIR, from which tests/reference/reference_loader.py
- * assembles the reference module), clang - things CI installs or provides,
- * so KVT_TEST_STRICT=1 (set by .ci/run) turns their skips into failures - and uring (io_uring refused, e.g. by a seccomp filter), odirect
+ * assembles the reference module), upstream (the client code in
+ * ../shared/upstream that the real-client tests load), clang - things CI
+ * installs or provides, so KVT_TEST_STRICT=1 (set by .ci/run) turns their
+ * skips into failures - and uring (io_uring refused, e.g. by a seccomp
+ * filter), odirect
  * (a file system without O_DIRECT), env (a host facility such as /proc),
  * which are reported but never fail. An untagged skip is treated as strict. */
 #if defined(__GNUC__)

@@ -194,8 +194,22 @@ static int begin(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
                                                &salt)
                : kvti_index_find_salted(info, t->idx, tokens, n, cutoff, &salt);
   rc = kvti_tier_chunks_servable(t, info, rc); /* a damaged chain: kept */
-  if (prefix) /* chunk-aligned prefixes of pure-KV chains (chunks.h) */
+  if (prefix) { /* chunk-aligned prefixes of pure-KV chains (chunks.h) */
     rc = kvti_tier_chunks_prefix(t, info, rc, tokens, n, &salt);
+  } else if (rc == KVT_ENOTFOUND && !keep) {
+    /* An exact promote of tokens that only a chain holds: a prefix lookup
+     * offered exactly these tokens (a chunk-aligned prefix no spill ended
+     * at), and the caller now asks for them by their own length. Served
+     * when the chain covers all n tokens; a shorter chain is still a miss. */
+    kvt_entry_info ci;
+    if (kvti_tier_chunks_prefix(t, &ci, KVT_ENOTFOUND, tokens, n, &salt) == 0 &&
+        ci.num_tokens == n) {
+      *info = ci;
+      rc = 0;
+    } else {
+      rc = KVT_ENOTFOUND;
+    }
+  }
   memset(rs, 0, sizeof *rs);
   /* A trimmed promote (keep > 0) reads local entries only; so does a salted
    * one (salts are refused with a remote tier). */

@@ -88,6 +88,17 @@ static void flip_last(const char *path) {
 typedef struct gcseen {
   int tmp, adopted, removed, stray;
 } gcseen;
+static void copy_file(const char *from, const char *to) {
+  size_t len = 0;
+  char *b = kvt_test_read_file(from, &len);
+  REQUIRE(b);
+  FILE *f = fopen(to, "wb");
+  REQUIRE(f);
+  REQUIRE(fwrite(b, 1, len, f) == len);
+  fclose(f);
+  free(b);
+}
+
 static int gc_cb(void *ctx, const char *path, int action, uint64_t bytes,
                  const char *detail) {
   gcseen *g = ctx;

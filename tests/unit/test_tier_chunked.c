@@ -3,7 +3,8 @@
  * API only): option validation; conversations sharing a prompt; exact promote
  * (sync and async) of chained entries bit for bit; a PREFIX promote of a
  * prompt sharing a chunk-aligned part of the system prompt reserves exactly
- * what it allocates and returns those tokens; trimmed promote; touch of a
+ * what it allocates and returns those tokens, and so does an exact promote
+ * of those tokens; trimmed promote; touch of a
  * prefix with no entry; a damaged chunk is never served and takes the chains
  * and entries through it; capacity evicts chunks and entries (no entry left
  * without its chain); the chunks survive a reopen.
@@ -168,6 +169,24 @@ static void test_tier(void) {
   REQUIRE(kvt_tier_read_entry(&e, t, q, 48, h) == 0);
   CHECK(entry_matches(e, q, 48, 48));
   kvt_entry_free(e);
+  /* The scheduler asks for that candidate by its own length (an exact
+   * promote of q[0, 48)): served sync and async, reserving the lookup's
+   * memory_bytes; a length no chain ends at stays a miss. */
+  po.flags = 0;
+  g_reserved = 0;
+  REQUIRE(kvt_tier_promote(&e, t, q, 48, &po) == 0);
+  CHECK_EQ_INT(g_reserved, info.memory_bytes);
+  CHECK(entry_matches(e, q, 48, 48));
+  kvt_entry_free(e);
+  REQUIRE(kvt_tier_promote_async(&pr, t, q, 48, &po) == 0);
+  REQUIRE(kvt_promise_wait(pr, 30000) == 0);
+  REQUIRE(kvt_promise_result(&e, pr) == 0);
+  CHECK(entry_matches(e, q, 48, 48));
+  kvt_entry_free(e);
+  kvt_promise_free(pr);
+  CHECK_EQ_INT(kvt_tier_promote(&e, t, q, 40, &po), KVT_ENOTFOUND);
+  CHECK_EQ_INT(kvt_tier_promote(&e, t, q, 64, &po), KVT_ENOTFOUND);
+  po.flags = KVT_PROMOTE_PREFIX;
   CHECK(kvt_tier_touch(t, q, 48) == 0);
   int32_t none[20] = {0};
   CHECK(kvt_tier_touch(t, none, 20) == KVT_ENOTFOUND);

@@ -64,7 +64,7 @@ _HINT_NAMES = {
 _HINT_CODES = {v: k for k, v in _HINT_NAMES.items()}
 _HINT_CODES["bool"] = L.DTYPE_BOOL
 
-ROTATING_ATTRS = ("max_size", "keep", "step", "_idx")
+KV_ATTRS = ("max_size", "keep", "step", "_idx")  # optional KV integers, reference order
 
 
 # --------------------------------------------------------------------------
@@ -182,26 +182,78 @@ def _hint_from_sentinel(layer: Any, attr: str) -> int:
     return 0
 
 
-def _opt_int(layer: Any, attr: str) -> int:
-    if hasattr(layer, attr):
-        v = getattr(layer, attr)
-        if v is None:
-            return L.KVT_ABSENT
-        return int(v)
-    return L.KVT_ABSENT
+# Layer classes.  The reference decides per layer with three questions, in
+# this order: are keys/values packed (a tuple or list of packed, scales,
+# biases: mlx-lm's QuantizedKVCache and vllm-mlx's quantized wrapper)? does it
+# carry keys, values and offset (the KV serializer)? is its state a list (the
+# arrays serializer)?  Among KV layers, mlx-lm has one class with a window,
+# RotatingKVCache, and that window is what max_size bounds; every other KV
+# class (KVCache, ChunkedKVCache, QuantizedKVCache dequantized, the KVCache
+# objects the scheduler rebuilds) has the class attribute step = 256 and no
+# bound.  So a KV layer is rotating when its class is (or derives from)
+# RotatingKVCache, or when it carries a max_size that is set (vllm-mlx copies
+# max_size/keep/step/_idx onto the layers it trims and rebuilds, keeping the
+# window).  step, keep and _idx are recorded whenever present, on any KV
+# layer, as the reference records them; they never decide the kind.
+KIND_QUANTIZED, KIND_KV, KIND_ROTATING, KIND_ARRAYS = "quantized", "kv", "rotating", "arrays"
+
+
+def _has_window(layer: Any) -> bool:
+    if any(k.__name__ == "RotatingKVCache" for k in type(layer).__mro__):
+        return True
+    return getattr(layer, "max_size", None) is not None
+
+
+def layer_kind(layer: Any) -> str:
+    """One of KIND_QUANTIZED, KIND_KV, KIND_ROTATING, KIND_ARRAYS for an
+    engine layer (see above); ValueError naming the class when the reference
+    would have no serializer for it."""
+    if isinstance(getattr(layer, "keys", None), (tuple, list)):
+        return KIND_QUANTIZED
+    if all(hasattr(layer, a) for a in ("keys", "values", "offset")):
+        if _has_window(layer):
+            return KIND_ROTATING
+        # mlx-lm's ChunkedKVCache drops its oldest rows once it holds more
+        # than chunk_size tokens (start_position counts them): row i is then
+        # token start_position + i, which no KV layer can say, and chunks or
+        # prefixes cut from it would serve the wrong tokens' rows.
+        front = getattr(layer, "start_position", 0)
+        if isinstance(front, int) and front > 0:
+            raise ValueError(f"{type(layer).__name__} trimmed at the front (start_position "
+                             f"{front}): its rows do not start at token 0")
+        return KIND_KV
+    if isinstance(getattr(layer, "state", None), list):
+        return KIND_ARRAYS
+    raise ValueError(f"Unsupported cache layer type: {type(layer).__name__}")
 
 
 def is_quantized_layer(layer: Any) -> bool:
-    """The reference's duck test: keys is a tuple/list (packed, scales,
-    biases)."""
-    return isinstance(getattr(layer, "keys", None), (tuple, list))
+    """True when the layer's keys are packed (see layer_kind)."""
+    return layer_kind_or_none(layer) == KIND_QUANTIZED
+
+
+def layer_kind_or_none(layer: Any) -> Optional[str]:
+    try:
+        return layer_kind(layer)
+    except ValueError:
+        return None
+
+
+def _set_kv_attrs(out: L.Layer, get: Any) -> None:
+    """Copies the optional KV integers (window bound, kept prefix, growth
+    step, write position) through get(name) -> value or None."""
+    for attr, field in (("max_size", "max_size"), ("keep", "keep"),
+                        ("step", "step"), ("_idx", "idx")):
+        v = get(attr)
+        setattr(out, field, L.KVT_ABSENT if v is None else int(v))
 
 
 def fill_layer(out: L.Layer, layer: Any, keep: _Keep) -> None:
-    """Describes one duck-typed engine layer in out (see module docstring).
-    Raises ValueError for an unsupported layer, as the reference's
-    get_serializer_for_layer does."""
-    if is_quantized_layer(layer):
+    """Describes one engine layer in out (see module docstring and
+    layer_kind).  Raises ValueError for a layer the reference has no
+    serializer for."""
+    kind = layer_kind(layer)
+    if kind == KIND_QUANTIZED:
         keys = tuple(layer.keys)
         values = tuple(getattr(layer, "values", ()))
         if len(keys) != 3 or len(values) != 3:
@@ -224,7 +276,7 @@ def fill_layer(out: L.Layer, layer: Any, keep: _Keep) -> None:
         out.offset = int(getattr(layer, "offset", default_off))
         out.orig_dtypes = hints if (kh or vh) else None
         return
-    if hasattr(layer, "keys") and hasattr(layer, "values") and hasattr(layer, "offset"):
+    if kind in (KIND_KV, KIND_ROTATING):
         tensors = (L.Tensor * 2)()
         hints = (ctypes.c_int32 * 2)()
         hints[0] = _fill_tensor(tensors[0], layer.keys, keep,
@@ -232,32 +284,25 @@ def fill_layer(out: L.Layer, layer: Any, keep: _Keep) -> None:
         hints[1] = _fill_tensor(tensors[1], layer.values, keep,
                                 _hint_from_sentinel(layer, "_ssd_values_original_dtype"))
         keep.extend((tensors, hints))
-        rot = any(hasattr(layer, a) for a in ROTATING_ATTRS)
-        L.kvt_layer_init(ctypes.byref(out), L.LAYER_ROTATING_KV if rot else L.LAYER_KV)
+        L.kvt_layer_init(ctypes.byref(out),
+                         L.LAYER_ROTATING_KV if kind == KIND_ROTATING else L.LAYER_KV)
         out.num_tensors = 2
         out.tensors = tensors
         out.offset = int(layer.offset)
-        if rot:
-            out.max_size = _opt_int(layer, "max_size")
-            out.keep = _opt_int(layer, "keep")
-            out.step = _opt_int(layer, "step")
-            out.idx = _opt_int(layer, "_idx")
+        _set_kv_attrs(out, lambda a: getattr(layer, a, None))
         out.orig_dtypes = hints if (hints[0] or hints[1]) else None
         return
-    if hasattr(layer, "state") and isinstance(getattr(layer, "state", None), list):
-        state = layer.state
-        n = len(state)
-        tensors = (L.Tensor * max(n, 1))()
-        hints = (ctypes.c_int32 * max(n, 1))()
-        for i, x in enumerate(state):
-            _fill_tensor(tensors[i], x, keep)
-        keep.extend((tensors, hints))
-        L.kvt_layer_init(ctypes.byref(out), L.LAYER_ARRAYS)
-        out.num_tensors = n
-        out.tensors = tensors
-        out.orig_dtypes = None
-        return
-    raise ValueError(f"Unsupported cache layer type: {type(layer).__name__}")
+    state = layer.state
+    n = len(state)
+    tensors = (L.Tensor * max(n, 1))()
+    hints = (ctypes.c_int32 * max(n, 1))()
+    for i, x in enumerate(state):
+        _fill_tensor(tensors[i], x, keep)
+    keep.extend((tensors, hints))
+    L.kvt_layer_init(ctypes.byref(out), L.LAYER_ARRAYS)
+    out.num_tensors = n
+    out.tensors = tensors
+    out.orig_dtypes = None
 
 
 def build_layers(cache: Sequence[Any]) -> Tuple[Any, int, _Keep]:
@@ -300,16 +345,14 @@ def layer_from_snapshot(snapshot: dict, keep: _Keep) -> L.Layer:
     hints[1] = _fill_tensor(tensors[1], snapshot["values_np"], keep,
                             _HINT_CODES.get(snapshot.get("values_original_dtype") or "", 0))
     keep.extend((tensors, hints))
-    rot = any(a in snapshot for a in ROTATING_ATTRS)
-    L.kvt_layer_init(ctypes.byref(out), L.LAYER_ROTATING_KV if rot else L.LAYER_KV)
+    # A snapshot keeps no class: the window bound alone tells a rotating
+    # layer (layer_kind's rule for layers without their class).
+    windowed = snapshot.get("max_size") is not None
+    L.kvt_layer_init(ctypes.byref(out), L.LAYER_ROTATING_KV if windowed else L.LAYER_KV)
     out.num_tensors = 2
     out.tensors = tensors
     out.offset = int(snapshot["offset"])
-    if rot:
-        for attr, field in (("max_size", "max_size"), ("keep", "keep"),
-                            ("step", "step"), ("_idx", "idx")):
-            v = snapshot.get(attr)
-            setattr(out, field, L.KVT_ABSENT if v is None else int(v))
+    _set_kv_attrs(out, snapshot.get)
     out.orig_dtypes = hints if (hints[0] or hints[1]) else None
     return out
 
@@ -406,12 +449,74 @@ def layer_to_dict(lay: L.Layer, owner: EntryHandle) -> dict:
     raise ValueError(f"unknown layer kind {kind} in entry")
 
 
-def entry_to_layers(ptr: int, tier: Any = None) -> List[dict]:
-    """Takes ownership of a kvt_entry and returns its layers as dicts."""
+def _unpack_codes(packed: np.ndarray, bits: int) -> np.ndarray:
+    """uint32 words [..., W] -> codes [..., W*32/bits]: each row is one
+    little-endian bit stream, code i in stream bits [i*bits, (i+1)*bits)."""
+    words = np.ascontiguousarray(packed, dtype="<u4")
+    if 32 % bits == 0:
+        per = 32 // bits
+        shifts = np.arange(per, dtype=np.uint32) * np.uint32(bits)
+        codes = (words[..., None] >> shifts) & np.uint32((1 << bits) - 1)
+        return codes.reshape(words.shape[:-1] + (words.shape[-1] * per,))
+    stream = np.unpackbits(words.view(np.uint8), axis=-1, bitorder="little")
+    n = stream.shape[-1] // bits
+    groups = stream[..., : n * bits].reshape(stream.shape[:-1] + (n, bits))
+    weights = (np.uint32(1) << np.arange(bits, dtype=np.uint32))
+    return (groups.astype(np.uint32) * weights).sum(axis=-1, dtype=np.uint32)
+
+
+def _dense_from_quantized(packed: np.ndarray, scales: np.ndarray, biases: np.ndarray,
+                          bits: int, group_size: int, scale_hint: Optional[str],
+                          rows: int) -> np.ndarray:
+    """MLX's affine dequantization of the first `rows` token rows: value =
+    scale * code + bias per group of group_size along the last axis, worked
+    in float32 and rounded once to the scales' dtype (a bf16 result stays
+    float32 holding bf16 values; the caller passes the hint on)."""
+    sl = (Ellipsis, slice(0, rows), slice(None))
+    q = _unpack_codes(packed[sl], bits).astype(np.float32)
+    s = np.repeat(np.asarray(scales[sl], dtype=np.float32), group_size, axis=-1)
+    b = np.repeat(np.asarray(biases[sl], dtype=np.float32), group_size, axis=-1)
+    if s.shape != q.shape or b.shape != q.shape:
+        raise ValueError("quantized layer: scales/biases do not match the packed rows")
+    w = s * q + b
+    if scale_hint == "bfloat16":
+        return bf16_bits_to_f32(f32_to_bf16_bits(w))
+    return w.astype(np.asarray(scales).dtype)
+
+
+def dense_kv_dict(d: dict) -> dict:
+    """A natively stored quantized layer dict as the KV dict the reference
+    returns for it (it dequantizes at spill): dense keys/values holding the
+    first offset rows, offset and the dtype hints, which the scheduler's
+    reconstruction turns into a KVCache.  Other dicts are returned as is."""
+    if not isinstance(d.get("keys"), tuple):
+        return d
+    kp, ks, kb = d["keys"]
+    vp, vs, vb = d["values"]
+    rows = int(kp.shape[-2]) if kp.ndim >= 2 else 0
+    off = d.get("offset", rows)
+    rows = min(rows, off) if off is not None and off >= 0 else rows
+    kh = d.get("keys_original_dtype")
+    vh = d.get("values_original_dtype")
+    out = {"keys": _dense_from_quantized(kp, ks, kb, d["bits"], d["group_size"], kh, rows),
+           "values": _dense_from_quantized(vp, vs, vb, d["bits"], d["group_size"], vh, rows),
+           "offset": rows if off is None or off < 0 else int(off)}
+    if kh is not None:
+        out["keys_original_dtype"] = kh
+    if vh is not None:
+        out["values_original_dtype"] = vh
+    return out
+
+
+def entry_to_layers(ptr: int, tier: Any = None, dense: bool = False) -> List[dict]:
+    """Takes ownership of a kvt_entry and returns its layers as dicts;
+    dense: natively stored quantized layers come back dequantized
+    (dense_kv_dict), as the reference's promote returns them."""
     owner = EntryHandle(ptr, tier)
     n = L.kvt_entry_num_layers(ptr)
     out = []
     for i in range(n):
         lp = L.kvt_entry_layer(ptr, i)
-        out.append(layer_to_dict(lp.contents, owner))
+        d = layer_to_dict(lp.contents, owner)
+        out.append(dense_kv_dict(d) if dense else d)
     return out

@@ -25,9 +25,10 @@ Differences a caller can observe, all deliberate:
   buffers (no copy).  numpy has no bfloat16: a bf16 tensor comes back as
   float32 with ``"keys_original_dtype": "bfloat16"`` (``values_...``,
   ``state_original_dtypes``), exactly the hint the reference's reload path
-  already casts back from.  A quantized layer stored natively comes back with
-  ``keys``/``values`` as ``(packed, scales, biases)`` tuples plus ``bits`` and
-  ``group_size``.
+  already casts back from.  A quantized layer stored natively (packed on
+  disk) comes back dequantized, as the reference returns it: dense
+  ``keys``/``values`` of its first ``offset`` rows, so the scheduler's
+  ``_reconstruct_ssd_layers`` rebuilds it as a ``KVCache``.
 - ``close()`` is the reference's (newer) close: a stop sentinel queued
   behind the accepted spills and the writer joined, within one deadline of
   ``_WRITER_JOIN_TIMEOUT_S``; ``TimeoutError`` when the sentinel cannot be
@@ -87,7 +88,13 @@ from . import _lib as L
 from ._convert import (
     _Keep,
     build_layers,
+    KIND_ARRAYS,
+    KIND_KV,
+    KIND_QUANTIZED,
+    KIND_ROTATING,
+    KV_ATTRS,
     entry_to_layers,
+    layer_kind,
     layer_from_snapshot,
     to_numpy_safe,
     tokens_arg,
@@ -924,31 +931,27 @@ class KVCacheSerializer(LayerSerializer):
     RotatingKVCache also has .max_size, .keep, .step, ._idx.
     """
 
-    _ROTATING_ATTRS = ("max_size", "keep", "step", "_idx")
+    _ROTATING_ATTRS = KV_ATTRS
 
     def snapshot_layer(self, layer: Any) -> dict[str, Any]:
         """Copy a KV cache layer into NumPy-backed writer-thread data."""
-        keys_np, keys_orig_dtype = _mx_to_numpy_safe(layer.keys)
-        values_np, values_orig_dtype = _mx_to_numpy_safe(layer.values)
-        keys_orig_dtype = (
-            getattr(layer, "_ssd_keys_original_dtype", None) or keys_orig_dtype
-        )
-        values_orig_dtype = (
-            getattr(layer, "_ssd_values_original_dtype", None) or values_orig_dtype
-        )
-        snapshot: dict[str, Any] = {
-            "keys_np": keys_np,
-            "values_np": values_np,
-            "offset": layer.offset,
-        }
-        if keys_orig_dtype is not None:
-            snapshot["keys_original_dtype"] = keys_orig_dtype
-        if values_orig_dtype is not None:
-            snapshot["values_original_dtype"] = values_orig_dtype
-        for attr in self._ROTATING_ATTRS:
-            if hasattr(layer, attr):
-                snapshot[attr] = getattr(layer, attr)
-        return snapshot
+        snap: dict[str, Any] = {}
+        for side in ("keys", "values"):
+            arr, upcast_from = _mx_to_numpy_safe(getattr(layer, side))
+            snap[side + "_np"] = arr
+            # A spill that already cast bf16 down leaves its own note on the
+            # layer; it outranks what the conversion saw.
+            hint = getattr(layer, f"_ssd_{side}_original_dtype", None) or upcast_from
+            if hint is not None:
+                snap[side + "_original_dtype"] = hint
+        # Reference key order: arrays, offset, hints, then the KV integers.
+        ordered = {"keys_np": snap["keys_np"], "values_np": snap["values_np"],
+                   "offset": layer.offset}
+        for k in ("keys_original_dtype", "values_original_dtype"):
+            if k in snap:
+                ordered[k] = snap[k]
+        ordered.update((a, getattr(layer, a)) for a in KV_ATTRS if hasattr(layer, a))
+        return ordered
 
     def serialize_layer(
         self, snapshot: dict[str, Any], layer_idx: int, file_path: str
@@ -969,16 +972,12 @@ class ArraysCacheSerializer(LayerSerializer):
 
     def snapshot_layer(self, layer: Any) -> dict[str, Any]:
         """Copy an arrays-cache state into NumPy-backed writer-thread data."""
-        state_np: list[np.ndarray] = []
-        original_dtypes: list[str | None] = []
-        for arr in layer.state:
-            np_arr, orig = _mx_to_numpy_safe(arr)
-            state_np.append(np_arr)
-            original_dtypes.append(orig)
-        snapshot: dict[str, Any] = {"state_np": state_np}
-        if any(d is not None for d in original_dtypes):
-            snapshot["state_original_dtypes"] = original_dtypes
-        return snapshot
+        pairs = [_mx_to_numpy_safe(a) for a in layer.state]
+        snap: dict[str, Any] = {"state_np": [arr for arr, _ in pairs]}
+        hints = [hint for _, hint in pairs]
+        if any(h is not None for h in hints):  # only when some array was upcast
+            snap["state_original_dtypes"] = hints
+        return snap
 
     def serialize_layer(
         self, snapshot: dict[str, Any], layer_idx: int, file_path: str
@@ -994,15 +993,21 @@ class ArraysCacheSerializer(LayerSerializer):
 def get_serializer_for_layer(layer: Any) -> LayerSerializer:
     """Return the appropriate serializer for a cache layer.
 
-    Dispatches based on duck-typing:
-    - If layer has .keys and .values and .offset -> KVCacheSerializer
-    - If layer has .state and it's a list -> ArraysCacheSerializer
+    KV layers of every kind (plain, windowed, packed) get the KV serializer,
+    layers whose state is a list the arrays serializer; the classification is
+    kvtier._convert.layer_kind's.
 
     Raises ValueError for unsupported layer types.
     """
-    if hasattr(layer, "keys") and hasattr(layer, "values") and hasattr(layer, "offset"):
+    try:
+        kind = layer_kind(layer)
+    except ValueError:
+        kind = None
+    if kind == KIND_QUANTIZED and not hasattr(layer, "offset"):
+        kind = KIND_ARRAYS if isinstance(getattr(layer, "state", None), list) else None
+    if kind in (KIND_KV, KIND_ROTATING, KIND_QUANTIZED):
         return KVCacheSerializer()
-    if hasattr(layer, "state") and isinstance(getattr(layer, "state", None), list):
+    if kind == KIND_ARRAYS:
         return ArraysCacheSerializer()
     raise ValueError(
         f"Unsupported cache layer type: {type(layer).__name__}. "
@@ -1546,7 +1551,7 @@ class SSDCacheTier:
             logger.warning(f"[ssd_cache] failed to read entry from disk "
                            f"({len(tokens)} tokens): {msg or L.strerror(rc)}")
             return None
-        return entry_to_layers(e.value, self._h)
+        return entry_to_layers(e.value, self._h, dense=True)
 
     def _read_entry(self, tokens: tuple[int, ...], relative_path: str, *,
                     cache_salt: str | bytes | None = None) -> list | None:
@@ -1567,7 +1572,7 @@ class SSDCacheTier:
             logger.warning(f"[ssd_cache] cannot read entry {relative_path}: "
                            f"{L.last_error() or L.strerror(rc)}")
             return None
-        return entry_to_layers(e.value, self._h)
+        return entry_to_layers(e.value, self._h, dense=True)
 
     def flush(self, timeout: float | None = None) -> None:
         """kvtier extension: block until every spill enqueued so far has been
