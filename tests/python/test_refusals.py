@@ -15,7 +15,7 @@ import logging
 import numpy as np
 import pytest
 
-from conftest import KVLayer, RotatingLayer, make_tier
+from conftest import KVLayer, make_tier
 
 TOK = tuple(range(1, 17))
 
@@ -42,10 +42,9 @@ def test_each_reason_counts(cache_dir):
         assert t.get_stats()["spill_refused_unsupported"] == 1
         # Python-side: a bad argument.
         assert t.enqueue_spill(TOK, _kv(), -1) is False
-        # Library-side: a rotating layer without max_size.
+        # Library-side: an offset past the layer's token rows.
         k = np.ones((1, 2, 16, 8), dtype=np.float16)
-        rot = RotatingLayer(k, k.copy(), 16, max_size=None, keep=0, step=256, idx=16)
-        assert t.enqueue_spill(TOK, [rot], 100) is False
+        assert t.enqueue_spill(TOK, [KVLayer(k, k.copy(), 32)], 100) is False
         s = t.get_stats()
         assert s["spill_refused_invalid"] == 2
         # A full queue (the writer is not started: the first stays queued).
@@ -108,7 +107,7 @@ def test_tier_counts_refusals(cache_dir):
             t.spill(TOK, [_Opaque()])
         k = np.ones((1, 2, 16, 8), dtype=np.float16)
         with pytest.raises(ValueError):
-            t.spill(TOK, [RotatingLayer(k, k.copy(), 16, max_size=None, keep=0, step=256, idx=16)])
+            t.spill(TOK, [KVLayer(k, k.copy(), 32)])
         st = t.stats()
         assert st["spill_refused_unsupported"] == 1
         assert st["spill_refused_invalid"] == 1

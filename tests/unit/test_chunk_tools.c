@@ -547,7 +547,12 @@ static void test_linked_chunk_file(const char *dir, const char *outside) {
   CHECK(kvt_tier_promote(&e, t, tok, 69, NULL) == KVT_ECORRUPT && !e);
   CHECK(lstat(p2, &st) != 0 && kvt_test_exists(copy));
   CHECK(kvt_tier_promote(&e, t, tok, 69, NULL) == KVT_ENOTFOUND && !e);
-  CHECK(kvt_tier_chunk_verify(t, key2, 0, NULL) == KVT_ENOTFOUND);
+  /* The chunk keeps its row (damage is contained: the entries through it
+   * stay, unservable until a spill writes it again), so verify still
+   * reports its file missing. */
+  int vrc = kvt_tier_chunk_verify(t, key2, 0, NULL);
+  CHECK(vrc != 0 && vrc != KVT_EPERM);
+  CHECK(strstr(kvt_last_error(), "missing") != NULL);
   kvt_tier_free(t);
 }
 
