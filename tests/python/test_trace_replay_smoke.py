@@ -108,7 +108,7 @@ def _common_checks(out):
         assert r["requests"] == out["requests"], what
         assert r["hit_tokens"] <= out["ideal"]["hit_tokens"], what
         assert r["rows_checked"] == r["hit_tokens"], what
-        assert r["disk_bytes"] > 0, what
+        assert r["disk_bytes"] > 0 and r["tier_spill_bytes"] > 0, what
         if os.path.exists("/proc/self/io"):
             assert r["device_bytes_written"] > 0, what
     return {(r["impl"], r["budget_fraction"]): r for r in out["results"]}
