@@ -206,7 +206,8 @@ def check_rows(layers, keys: np.ndarray, values: np.ndarray, n: int) -> str | No
         b = want[:, :, :n, :].view(np.uint16)
         if not np.array_equal(a, b):
             bad = np.argwhere(a != b)[0]
-            return f"{name} differ first at row {int(bad[2])} (head {int(bad[1])}, col {int(bad[3])})"
+            return (f"{name} differ first at row {int(bad[2])} "
+                    f"(head {int(bad[1])}, col {int(bad[3])})")
     if int(lay.get("offset", n)) != n:
         return f"offset {lay.get('offset')} != {n}"
     return None
@@ -510,7 +511,8 @@ def main(argv=None) -> int:
             results.append(row)
             print(f"{impl:<9} budget {frac:5.2f}x  requests {st['requests']:5d}  "
                   f"hit {rate:.4f} ({row['of_ideal'] or 0:.3f} of ideal)  "
-                  f"written {(wb or 0) / 2**20:9.1f} MiB ({row['written_over_unique'] or 0:.2f}x unique)  "
+                  f"written {(wb or 0) / 2**20:9.1f} MiB "
+                  f"({row['written_over_unique'] or 0:.2f}x unique)  "
                   f"on disk {st['disk_bytes'] / 2**20:8.1f} MiB  "
                   f"hit tok/B {row['hit_tokens_per_byte'] or 0:.5f}  "
                   f"rows {st['rows_checked']} checked, {st['row_mismatches']} bad  "
