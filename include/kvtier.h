@@ -1064,7 +1064,9 @@ KVT_API int kvt_tier_chunk_totals(kvt_chunk_totals *out, kvt_tier *t);
  *  row's lookup chain value, and every XXH3 block checksum of its data.
  *  key_hex: 64 hex digits. With repair and a bad (or missing) chunk, on a
  *  writable tier: the routine the serving path uses - the chunk's file alone
- *  moves to cache_dir/quarantine/chunk-<key>/ (deleted when quarantine_max
+ *  moves to cache_dir/quarantine/chunk-<key>/ (reached from cache_dir's
+ *  descriptor, never through a link; the oldest chunk-* directories beyond
+ *  quarantine_max are removed; the file is deleted when quarantine_max
  *  is 0) and the chunk is marked damaged; the chunks below it and the
  *  entries through it are kept (indexed, on disk), not offered by lookups,
  *  until a spill of those tokens writes the chunk again. *removed_entries

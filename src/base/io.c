@@ -218,6 +218,8 @@ const kvti_io_ops kvti_io_default = {
     .unlinkat = unlinkat,
     .fstatat = fstatat,
     .fdopendir = fdopendir,
+    .renameat = renameat,
+    .mkdirat = mkdirat,
 };
 
 const kvti_io_ops *kvti_io = &kvti_io_default;
@@ -369,6 +371,28 @@ int kvti_lstatat(int dirfd, const char *name, struct stat *st,
     return KVT_ERR_OS(errno, "stat %s", path ? path : name);
   }
   return 0;
+}
+
+int kvti_renameat(int fromfd, const char *from, int tofd, const char *to,
+                  const char *from_path, const char *to_path) {
+  int r = kvti_io->renameat ? kvti_io->renameat(fromfd, from, tofd, to)
+                            : renameat(fromfd, from, tofd, to);
+  if (r == 0)
+    return 0;
+  const char *fp = from_path ? from_path : from, *tp = to_path ? to_path : to;
+  if (errno == ENOENT)
+    return KVT_ERR(KVT_ENOTFOUND, "rename %s -> %s: no such file", fp, tp);
+  return KVT_ERR_OS(errno, "rename %s -> %s", fp, tp);
+}
+
+int kvti_mkdirat(int dirfd, const char *name, mode_t mode, const char *path) {
+  int r = kvti_io->mkdirat ? kvti_io->mkdirat(dirfd, name, mode)
+                           : mkdirat(dirfd, name, mode);
+  if (r == 0)
+    return 0;
+  if (errno == EEXIST)
+    return 1;
+  return KVT_ERR_OS(errno, "mkdir %s", path ? path : name);
 }
 
 DIR *kvti_fdopendir(int dirfd) {

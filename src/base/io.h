@@ -80,6 +80,8 @@ typedef struct kvti_io_ops {
   int (*unlinkat)(int dirfd, const char *name, int flags);
   int (*fstatat)(int dirfd, const char *name, struct stat *st, int flags);
   DIR *(*fdopendir)(int fd);
+  int (*renameat)(int fromfd, const char *from, int tofd, const char *to);
+  int (*mkdirat)(int dirfd, const char *name, mode_t mode);
 } kvti_io_ops;
 
 /* The residency probe the default `resident` hook falls back to where
@@ -126,6 +128,15 @@ int kvti_unlinkat(int dirfd, const char *name, const char *path);
 /* fstatat(dirfd, name, AT_SYMLINK_NOFOLLOW): 0, KVT_ENOTFOUND or a code. */
 int kvti_lstatat(int dirfd, const char *name, struct stat *st,
                  const char *path);
+/* renameat(fromfd, from, tofd, to): neither name is resolved through a link
+ * above its directory descriptor (a link as from itself is moved, not its
+ * target). 0 or a code (KVT_ENOTFOUND: from is missing); paths (may be NULL)
+ * name both sides in messages. */
+int kvti_renameat(int fromfd, const char *from, int tofd, const char *to,
+                  const char *from_path, const char *to_path);
+/* mkdirat(dirfd, name, mode): 0, 1 when name exists already (whatever it
+ * is: the caller opens it with O_DIRECTORY|O_NOFOLLOW to check), or a code. */
+int kvti_mkdirat(int dirfd, const char *name, mode_t mode, const char *path);
 /* A directory stream over dirfd (which it takes over: closedir closes it);
  * NULL with errno set, dirfd then still the caller's. */
 DIR *kvti_fdopendir(int dirfd);

@@ -130,6 +130,10 @@ int kvti_chunkstore_sweep_pos_set(kvti_chunkstore *cs, unsigned kk,
   return rc;
 }
 
+int kvti_chunkstore_root_fd(const kvti_chunkstore *cs) {
+  return cs->root_fd;
+}
+
 int kvti_chunkstore_unlink_rel(kvti_chunkstore *cs, const char *rel) {
   return kvti_dir_unlink_rel(cs->root_fd, rel, cs->cache);
 }

@@ -62,6 +62,9 @@ int kvti_chunk_rec_of(kvti_chain_rec *r, const kvti_chunk_hdr *h,
  * caller closes it). fd, KVT_ENOTFOUND, KVT_EPERM (a link or a non-directory
  * on the way: refused, the message names it), another negative code. */
 int kvti_chunkstore_open_subdir(kvti_chunkstore *cs, unsigned kk);
+/* cache_dir's own descriptor (borrowed: valid until the store closes), for
+ * other walks below cache_dir (quarantine/). */
+int kvti_chunkstore_root_fd(const kvti_chunkstore *cs);
 /* Unlinks rel ("chunks/<kk>/<name>") or chunk key's file the same way: 0
  * (missing too), KVT_EPERM (a link on the way: nothing removed), a code. */
 int kvti_chunkstore_unlink_rel(kvti_chunkstore *cs, const char *rel);

@@ -26,5 +26,13 @@ int kvti_dir_open_rel(int base_fd, const char *rel, const char *where);
  * kvti_dir_open_rel does. 0 (also when it is missing), KVT_EPERM (a link on
  * the way: nothing removed), another code. */
 int kvti_dir_unlink_rel(int base_fd, const char *rel, const char *where);
+/* Bounds directory dirfd to keep names starting with prefix (NULL: every
+ * name), removing the oldest by ctime (ties by name) first; except (may be
+ * NULL: the name just made) counts toward keep and is never removed; a removed
+ * directory is emptied through its own descriptor, a link is unlinked and
+ * its target never touched. *removed (may be NULL) receives how many went.
+ * 0 or the first failure's code (where names dirfd in messages). */
+int kvti_dir_bound(int dirfd, size_t keep, const char *prefix,
+                   const char *except, size_t *removed, const char *where);
 
 #endif

@@ -4,10 +4,11 @@
  * entry's chain, totals and the dedup figures, the complete verification of
  * one chunk file, the one routine that contains a damaged chunk (serving
  * path and repair: the file alone moves aside, what depends on it is kept,
- * unservable until the chunk is written again), and the cleaning of chunks/ - stale *.tmp files and orphans
- * (chunk files without a row), adopted when valid and reachable, else
- * removed - by kvt_tier_chunk_gc and lazily by the writer, one subdirectory
- * at a time (kvti_tier_chunks_sweep_lazy), so open never lists chunks/.
+ * unservable until the chunk is written again), and the cleaning of chunks/ -
+ * stale *.tmp files and orphans (chunk files without a row), adopted when valid
+ * and reachable, else removed - by kvt_tier_chunk_gc and lazily by the writer,
+ * one subdirectory at a time (kvti_tier_chunks_sweep_lazy), so open never lists
+ * chunks/.
  *
  * Invariants: an orphan is adopted only after its whole file verified and
  * only under an indexed parent (or the seed its own namespace and layout
@@ -24,6 +25,7 @@
 #include "base/io.h"
 #include "index/chain_walk.h"
 #include "store/chunked.h"
+#include "store/local_dir.h"
 #include "tier/chunks.h"
 
 #include <dirent.h>
@@ -258,8 +260,8 @@ static int parent_ck(kvti_chains *ch, const kvti_chunk_hdr *h, kvti_ck *pck,
 int kvt_tier_chunk_verify(kvt_tier *t, const char *key_hex, int repair,
                           uint64_t *removed_entries);
 
-uint64_t kvti_tier_chunk_damaged(kvt_tier *t, const uint8_t key[32],
-                                 int found, const char *why) {
+uint64_t kvti_tier_chunk_damaged(kvt_tier *t, const uint8_t key[32], int found,
+                                 const char *why) {
   if (!t->chunked || t->readonly)
     return 0;
   kvti_chains *ch = chains_of(t);
@@ -271,6 +273,10 @@ uint64_t kvti_tier_chunk_damaged(kvt_tier *t, const uint8_t key[32],
   uint8_t(*hs)[32] = NULL;
   size_t nh = 0;
   const char *fate = "already gone";
+  /* The caller reports the damage it found: file-system failures met while
+   * containing it are logged (fate), not left as this thread's error. */
+  kvti_error_state es;
+  kvti_error_state_capture(&es, 0);
   pthread_mutex_lock(&t->mut_mu);
   /* Still indexed and not handled yet (another reader may have been first;
    * eviction removes rows before files under this lock, so a row seen here
@@ -280,13 +286,27 @@ uint64_t kvti_tier_chunk_damaged(kvt_tier *t, const uint8_t key[32],
     pthread_mutex_unlock(&t->mut_mu);
     return 0;
   }
+  /* The file is reached from chunks/<kk>'s descriptor, itself opened from
+   * cache_dir's without following links: a chunks/ or chunks/<kk> that is a
+   * link leaves the file where it is (nothing outside the cache is moved or
+   * removed), a chunk file that is a link is moved as the link. */
+  const char *name = strrchr(path, '/') + 1;
+  int sfd = kvti_chunkstore_open_subdir(cs, key[0]);
   struct stat st;
-  int present = lstat(path, &st) == 0;
+  int present =
+      sfd >= 0 &&
+      (kvti_io->fstatat ? kvti_io->fstatat(sfd, name, &st, AT_SYMLINK_NOFOLLOW)
+                        : fstatat(sfd, name, &st, AT_SYMLINK_NOFOLLOW)) == 0;
   if (found == KVT_ENOTFOUND && present) {
     /* The file is back (written again meanwhile): nothing is wrong. */
     pthread_mutex_unlock(&t->mut_mu);
+    kvti_close(sfd);
+    kvti_error_state_restore(&es);
     return 0;
   }
+  if (sfd == KVT_EPERM)
+    fate = "left where it is (its directory is a link or not a directory: "
+           "never followed)";
   kvti_chains_set_damaged(ch, key, 1); /* no chain walks through it now */
   /* What depends on it: counted and kept, never removed. RAM copies built
    * through it go (they are checked against a chain no longer whole). */
@@ -295,40 +315,59 @@ uint64_t kvti_tier_chunk_damaged(kvt_tier *t, const uint8_t key[32],
     kvti_chains_entries_ending(ch, sub, nsub, &hs, &nh);
   }
   if (present && t->opts.quarantine_max == 0) {
-    fate = kvti_unlink(path) == 0 ? "deleted (quarantine_max 0)"
-                                  : "left in chunks/ (unlink failed)";
+    fate = kvti_unlinkat(sfd, name, path) == 0
+               ? "deleted (quarantine_max 0)"
+               : "left in chunks/ (unlink failed)";
   } else if (present) {
-    char *qroot = kvti_path_join(t->dir, "quarantine");
+    int root = kvti_chunkstore_root_fd(cs), qfd = -1, cfd = -1;
     int made = -1;
-    if (qroot && kvti_mkdir(qroot, t->opts.dir_mode) == 0)
-      for (unsigned a = 0; a < 1000 && made != 0; a++) {
-        if (a == 0)
-          snprintf(qdir, sizeof qdir, "%s/chunk-%s", qroot, kh);
-        else
-          snprintf(qdir, sizeof qdir, "%s/chunk-%s.%u", qroot, kh, a);
-        made =
-            mkdir(qdir, t->opts.dir_mode) == 0 ? 0 : (errno == EEXIST ? 1 : 2);
-        if (made == 2)
-          break;
-      }
-    kvti_free(qroot);
-    snprintf(dst, sizeof dst, "%s/%s", made == 0 ? qdir : "",
-             strrchr(path, '/') + 1);
-    if (made == 0 && kvti_rename(path, dst) == 0) {
+    if (kvti_mkdirat(root, "quarantine", t->opts.dir_mode, NULL) >= 0)
+      qfd = kvti_dir_open_rel(root, "quarantine", t->dir);
+    for (unsigned a = 0; qfd >= 0 && a < 1000 && made != 0; a++) {
+      if (a == 0)
+        snprintf(qdir, sizeof qdir, "chunk-%s", kh);
+      else
+        snprintf(qdir, sizeof qdir, "chunk-%s.%u", kh, a);
+      made = kvti_mkdirat(qfd, qdir, t->opts.dir_mode, qdir);
+      if (made < 0)
+        break;
+    }
+    if (made == 0)
+      cfd = kvti_dir_open_rel(qfd, qdir, t->dir);
+    snprintf(dst, sizeof dst, "%s/quarantine/%s/%s", t->dir, qdir, name);
+    if (cfd >= 0 && kvti_renameat(sfd, name, cfd, name, path, dst) == 0) {
       fate = "moved to quarantine/";
       if (t->opts.durability == KVT_DURABILITY_FSYNC)
-        kvti_fsync_dir(qdir);
+        kvti_fsync(cfd, dst);
+      /* quarantine_max bounds chunk moves as it bounds entry moves: the
+       * oldest go first, never the one just made. */
+      size_t gone = 0;
+      if (kvti_dir_bound(qfd, t->opts.quarantine_max, "chunk-", qdir, &gone,
+                         "quarantine") == 0 &&
+          gone)
+        kvti_log(t, KVT_LOG_INFO,
+                 "kvtier: %zu oldest quarantined chunk(s) removed "
+                 "(quarantine_max %u)",
+                 gone, (unsigned)t->opts.quarantine_max);
     } else {
       /* Unreadable as it is: it must not be read again (the mark keeps
        * every chain off it) nor kept where a rewrite would find it taken. */
-      fate = kvti_unlink(path) == 0 ? "deleted (could not be moved)"
-                                    : "left in chunks/ (could not be moved)";
+      fate = kvti_unlinkat(sfd, name, path) == 0
+                 ? "deleted (could not be moved)"
+                 : "left in chunks/ (could not be moved)";
     }
+    if (cfd >= 0)
+      kvti_close(cfd);
+    if (qfd >= 0)
+      kvti_close(qfd);
   }
+  if (sfd >= 0)
+    kvti_close(sfd);
   KVTI_STAT_ADD(&t->stats, chunks_quarantined, 1);
   KVTI_STAT_ADD(&t->stats, entries_unservable, nh);
   KVTI_STAT_ADD(&t->stats, quarantined, 1);
   pthread_mutex_unlock(&t->mut_mu);
+  kvti_error_state_restore(&es);
   kvti_log(t, KVT_LOG_WARN,
            "kvtier: chunk %.16s is damaged (%s): file %s; %zu chunks below it "
            "and %zu entries through it kept, unservable until a spill writes "
@@ -663,9 +702,10 @@ int kvt_tier_chunk_gc(kvt_tier *t, int dry_run, kvt_chunk_gc_fn fn,
   g.ctx = ctx;
   /* A chunks/ that is a link (or no directory) is reported once and never
    * entered; its 256 subdirectories are not looked for through it. */
-  int top = t->chunked ? kvti_chunkstore_open_subdir(
-                             kvti_chunked_store(t->chunked), 256)
-                       : KVT_ENOTFOUND;
+  int top =
+      t->chunked
+          ? kvti_chunkstore_open_subdir(kvti_chunked_store(t->chunked), 256)
+          : KVT_ENOTFOUND;
   if (top >= 0)
     kvti_close(top);
   else if (top == KVT_EPERM)
@@ -754,7 +794,6 @@ void kvti_tier_chunks_sweep_lazy(kvt_tier *t) {
              "adopted, %llu removed; %llu dangling chain records removed",
              kk, (unsigned long long)g.res.tmp_removed,
              (unsigned long long)g.res.adopted,
-             (unsigned long long)g.res.removed,
-             (unsigned long long)dangling);
+             (unsigned long long)g.res.removed, (unsigned long long)dangling);
   kvti_error_state_restore(&es);
 }

@@ -12,6 +12,7 @@
  */
 #include "fmt_testlib.h"
 #include "kvtier.h"
+#include "base/io.h"
 
 #include <dirent.h>
 #include <sqlite3.h>
@@ -83,7 +84,6 @@ static void flip_last(const char *path) {
   fputc(c ^ 0x5a, f);
   fclose(f);
 }
-
 
 typedef struct gcseen {
   int tmp, adopted, removed, stray;
@@ -302,8 +302,7 @@ static void test_tools(const char *dir) {
 }
 
 /* The writer cleans chunks/00 after the 64th chunked spill of a fresh tier. */
-static void plant_tmp(char *out, size_t cap, const char *dir,
-                      const char *kk) {
+static void plant_tmp(char *out, size_t cap, const char *dir, const char *kk) {
   char sub[4200];
   snprintf(sub, sizeof sub, "%s/chunks", dir);
   mkdir(sub, 0700);
@@ -556,6 +555,104 @@ static void test_linked_chunk_file(const char *dir, const char *outside) {
   kvt_tier_free(t);
 }
 
+/* Last chunk key of conversation c's entry (69 tokens: 4 chunks). */
+static void last_key(char key[65], kvt_tier *t, const int32_t *tok) {
+  char hash[65];
+  REQUIRE(kvt_token_hash(hash, tok, 69) == 0);
+  kvt_chunk_info *ch = NULL;
+  size_t n = 0;
+  REQUIRE(kvt_tier_entry_chain(&ch, &n, NULL, t, hash, 0) == 0 && n == 4);
+  snprintf(key, 65, "%s", ch[3].key);
+  kvt_free(ch);
+}
+
+/* chunks/<kk> swapped for a link to a directory outside the cache while a
+ * damaged chunk in it is being verified (the swap runs inside the verify's
+ * first read, after its file was opened): containing the damage must not
+ * move the file, now outside, into quarantine/. Before, the routine renamed
+ * by path, through the link. */
+static char g_swap_from[4200], g_swap_to[4200];
+static int g_swap_armed;
+static ssize_t swap_pread(int fd, void *buf, size_t n, off_t off) {
+  if (g_swap_armed) {
+    g_swap_armed = 0;
+    REQUIRE(rename(g_swap_from, g_swap_to) == 0 &&
+            symlink(g_swap_to, g_swap_from) == 0);
+  }
+  return kvti_io_default.pread(fd, buf, n, off);
+}
+
+static void test_damage_through_linked_subdir(const char *dir,
+                                              const char *outside) {
+  kvt_tier *t = open_tier(dir, C, NULL, 0);
+  int32_t tok[69];
+  conv(tok, 7);
+  spill(t, tok, 69);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  char key[65], p[4096], victim[4400];
+  last_key(key, t, tok);
+  chunk_path(p, sizeof p, dir, key);
+  flip_last(p);
+  mkdir(outside, 0700);
+  snprintf(g_swap_from, sizeof g_swap_from, "%s/chunks/%.2s", dir, key);
+  snprintf(g_swap_to, sizeof g_swap_to, "%s/%.2s", outside, key);
+  snprintf(victim, sizeof victim, "%s/%s.kvc", g_swap_to, key);
+  kvti_io_ops ops = kvti_io_default;
+  ops.pread = swap_pread;
+  g_swap_armed = 1;
+  const kvti_io_ops *prev = kvti_io_set(&ops);
+  uint64_t ents = 0;
+  CHECK(kvt_tier_chunk_verify(t, key, 1, &ents) == KVT_ECORRUPT);
+  kvti_io_set(prev);
+  CHECK(!g_swap_armed);
+  CHECK(kvt_test_exists(victim)); /* never moved through the link */
+  char q[4400];
+  snprintf(q, sizeof q, "%s/quarantine/chunk-%s/%s.kvc", dir, key, key);
+  CHECK(!kvt_test_exists(q));
+  kvt_tier_free(t);
+}
+
+/* quarantine_max bounds quarantined chunks as it bounds entries: the oldest
+ * moves go first, the newest stay. Before, every damaged chunk added a
+ * quarantine/chunk-* directory for ever. */
+static void test_chunk_quarantine_bounded(const char *dir) {
+  kvt_options o = KVT_OPTIONS_INIT;
+  o.cache_dir = dir;
+  o.durability = KVT_DURABILITY_NONE;
+  o.chunk_tokens = C;
+  o.host_cache_bytes = 0;
+  o.quarantine_max = 2;
+  kvt_tier *t;
+  REQUIRE(kvt_tier_open(&t, &o) == 0);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  char keys[4][65];
+  int32_t tok[69];
+  for (int c = 0; c < 4; c++) {
+    conv(tok, 20 + c);
+    spill(t, tok, 69);
+    REQUIRE(kvt_tier_flush(t, -1) == 0);
+    last_key(keys[c], t, tok);
+  }
+  for (int c = 0; c < 4; c++) {
+    char p[4096];
+    chunk_path(p, sizeof p, dir, keys[c]);
+    flip_last(p);
+    uint64_t ents = 0;
+    CHECK(kvt_tier_chunk_verify(t, keys[c], 1, &ents) == KVT_ECORRUPT);
+    CHECK_EQ_INT(ents, 1);
+  }
+  int kept = 0;
+  for (int c = 0; c < 4; c++) {
+    char q[4400];
+    snprintf(q, sizeof q, "%s/quarantine/chunk-%s", dir, keys[c]);
+    kept += kvt_test_exists(q);
+    if (c == 3)
+      CHECK(kvt_test_exists(q)); /* the newest is never the one to go */
+  }
+  CHECK_EQ_INT(kept, 2);
+  kvt_tier_free(t);
+}
+
 int main(void) {
   char *d = kvt_test_tmpdir("chunktools");
   char a[1024], b[1024];
@@ -571,5 +668,11 @@ int main(void) {
   snprintf(e2, sizeof e2, "%s/e", d);
   snprintf(o2, sizeof o2, "%s/outside2", d);
   test_linked_chunk_file(e2, o2);
+  char f[1024], o3[1024], g[1024];
+  snprintf(f, sizeof f, "%s/f", d);
+  snprintf(o3, sizeof o3, "%s/outside3", d);
+  test_damage_through_linked_subdir(f, o3);
+  snprintf(g, sizeof g, "%s/g", d);
+  test_chunk_quarantine_bounded(g);
   return kvt_test_done(); /* the tmpdir is removed at exit */
 }
