@@ -141,10 +141,34 @@ int kvti_tier_chunks_get(kvt_tier *t, kvt_entry **out, const char *hash,
 }
 
 /* Removes chunk key and everything below it, and the entries whose chain
- * ran through it. mut_mu held. */
+ * ran through it. The order makes every point a crash can cut it at
+ * recoverable: the entries go first (row, then files), while their chains
+ * are still whole - a cut there leaves either an entry the next open
+ * reconciles whole (its directory and its chain both present) or none; then
+ * the chain rows in one transaction, then the chunk files (a cut there
+ * leaves orphan files the sweep reclaims). Removing the rows first would let
+ * a cut leave an entry directory whose chain is no longer indexed, which
+ * reconcile must then call invalid and quarantine. mut_mu held. */
 static void drop_chunk_locked(kvt_tier *t, const uint8_t key[32], int why) {
   kvti_chunkstore *cs = kvti_chunked_store(t->chunked);
   kvti_chains *ch = kvti_chunkstore_chains(cs);
+  kvti_chain_rec *sub = NULL;
+  size_t nsub = 0;
+  if (kvti_chains_subtree(ch, key, &sub, &nsub) != 0)
+    return;
+  uint8_t(*hs)[32] = NULL;
+  size_t nh = 0;
+  if (kvti_chains_entries_ending(ch, sub, nsub, &hs, &nh) != 0) {
+    kvti_free(sub);
+    return; /* nothing removed: the chain and its entries stay whole */
+  }
+  kvti_free(sub);
+  for (size_t i = 0; i < nh; i++) {
+    char hex[65];
+    kvti_hex32(hex, hs[i]);
+    kvti_tier_remove_locked(t, hex, why); /* forgets the record too */
+  }
+  kvti_free(hs);
   kvti_chain_rec *rem = NULL;
   size_t nrem = 0;
   if (kvti_chains_remove_tree(ch, key, &rem, &nrem) != 0)
@@ -152,15 +176,6 @@ static void drop_chunk_locked(kvt_tier *t, const uint8_t key[32], int why) {
   kvti_ram_invalidate_chunks(t, rem, nrem); /* RAM copies through them */
   for (size_t i = 0; i < nrem; i++)
     kvti_chunkstore_unlink(cs, rem[i].key); /* never through a link */
-  uint8_t(*hs)[32] = NULL;
-  size_t nh = 0;
-  if (kvti_chains_entries_ending(ch, rem, nrem, &hs, &nh) == 0)
-    for (size_t i = 0; i < nh; i++) {
-      char hex[65];
-      kvti_hex32(hex, hs[i]);
-      kvti_tier_remove_locked(t, hex, why); /* forgets the record too */
-    }
-  kvti_free(hs);
   kvti_free(rem);
 }
 

@@ -11,7 +11,15 @@
  * written is still there, and each entry holds exactly one version that was
  * spilled for its key (the last acknowledged one or one spilled after it).
  * KVT_CRASH_TRIALS (default 500) and KVT_CRASH_SECONDS (default 45, wall time)
- * bound the run; KVT_CRASH_SEED changes the seed.
+ * bound the run; KVT_CRASH_SEED changes the seed. The evicting variant runs
+ * every call under a cache_salt on a chunked tier (chunk_tokens 16) whose
+ * max_size_gb holds about a third of the keys, so the writer evicts leaf
+ * chunks and entries all the time: an acknowledged entry may then be gone
+ * (evicted), but what is served is still one possible version, and nothing
+ * is ever quarantined (quarantine/ stays empty: an eviction cut by the kill
+ * leaves nothing reconcile calls invalid). KVT_CRASH_EVICT_TRIALS (default
+ * 30) and KVT_CRASH_EVICT_SECONDS (default 15) bound it;
+ * scripts/crash-campaign.sh runs both at campaign size.
  */
 #include "rel_tier.h"
 
@@ -68,10 +76,40 @@ static void child_done(void *ctx, const char *hash, int status) {
 }
 
 static int g_durability = KVT_DURABILITY_FSYNC;
+static int g_evict; /* the salted, chunked, evicting variant */
+static const char g_salt[] = "kill-tenant";
+
+/* The variant's options on top of rel_opts. */
+static kvt_options opts_for(int durability) {
+  kvt_options o = rel_opts(g_dir, durability);
+  if (g_evict) {
+    o.chunk_tokens = 16;
+    o.max_size_gb = 24.0 * 1024 / (1024.0 * 1024.0 * 1024.0);
+  }
+  return o;
+}
+static kvt_call_opts call_opts(void) {
+  kvt_call_opts co;
+  kvt_call_opts_init(&co, KVT_CALL_OPTS_VERSION);
+  if (g_evict) {
+    co.cache_salt = g_salt;
+    co.cache_salt_len = sizeof g_salt - 1;
+  }
+  return co;
+}
+static int promote(kvt_entry **out, kvt_tier *t, const t_entry *q) {
+  kvt_promote_opts po = t_popts(NULL);
+  if (g_evict) {
+    po.cache_salt = g_salt;
+    po.cache_salt_len = sizeof g_salt - 1;
+  }
+  return kvt_tier_promote(out, t, q->tokens, q->n_tokens, &po);
+}
 
 static void child(const plan *p) {
-  kvt_options o = rel_opts(g_dir, g_durability);
+  kvt_options o = opts_for(g_durability);
   o.spill_done_fn = child_done;
+  kvt_call_opts co = call_opts();
   kvt_tier *t = NULL;
   if (kvt_tier_open(&t, &o) != 0) {
     fprintf(stderr, "child: open failed: %s\n", kvt_last_error());
@@ -81,13 +119,14 @@ static void child(const plan *p) {
     _exit(2);
   for (int j = 0; j < N_SPILLS; j++) {
     t_entry e = make_version(p->key[j], p->ver[j]);
-    int rc = t_spill(t, &e);
+    int rc = kvt_tier_spill_ex(t, e.tokens, e.n_tokens, e.layers, e.n_layers,
+                               e.memory_bytes, &co);
     if (rc != 0)
       _exit(4);
     t_free(&e);
     t_entry q = make_version(p->key[(j * 7) % N_SPILLS], 0);
     kvt_entry *got = NULL;
-    kvt_tier_promote(&got, t, q.tokens, q.n_tokens, NULL);
+    promote(&got, t, &q);
     kvt_entry_free(got);
     t_free(&q);
   }
@@ -176,7 +215,7 @@ static double trial(const plan *p, long delay_us, int *acked_out,
       char h[65];
       kvt_token_hash(h, e.tokens, e.n_tokens);
       t_free(&e);
-      CHECK(strcmp(h, a.hash) == 0);
+      CHECK(g_evict || strcmp(h, a.hash) == 0); /* salted: another name */
       CHECK_EQ_INT(a.status, 0);
       if (a.status == 0) {
         keystate *k = &g_ks[p->key[j]];
@@ -207,22 +246,40 @@ static double trial(const plan *p, long delay_us, int *acked_out,
 }
 
 typedef struct totals {
-  long trials, killed_mid, acked, checked, lost, wrong;
+  long trials, killed_mid, acked, checked, lost, wrong, evicted, quarantined;
 } totals;
+
+static int quarantine_count(void) {
+  char q[4200];
+  snprintf(q, sizeof q, "%s/quarantine", g_dir);
+  struct stat st;
+  return stat(q, &st) == 0 ? kvt_test_count_dir(q, NULL) : 0;
+}
 
 /* Reopens and checks every key against what may be stored; then pins what was
  * found. */
 static void check_state(totals *tot) {
+  /* What the killed child's open and run left in quarantine/: nothing. */
+  int nq = quarantine_count();
+  if (g_evict && nq) {
+    tot->quarantined += nq;
+    fprintf(stderr, "  %d entries in quarantine/\n", nq);
+    CHECK_EQ_INT(nq, 0);
+  }
   rel_check_dir(g_dir, NULL);
-  kvt_options o = rel_opts(g_dir, KVT_DURABILITY_NONE);
+  kvt_options o = opts_for(KVT_DURABILITY_NONE);
   kvt_tier *t = t_open(&o);
   for (int k = 0; k < N_KEYS; k++) {
     keystate *ks = &g_ks[k];
     t_entry probe = make_version(k, 0);
     kvt_entry *got = NULL;
-    int rc = kvt_tier_promote(&got, t, probe.tokens, probe.n_tokens, NULL);
+    int rc = promote(&got, t, &probe);
     t_free(&probe);
     if (rc != 0) {
+      if (g_evict && ks->must_exist) {
+        tot->evicted++; /* capacity: acknowledged, then evicted */
+        ks->must_exist = 0;
+      }
       if (ks->must_exist) {
         tot->lost++;
         fprintf(stderr, "  key %d: acknowledged entry lost (%d: %s)\n", k, rc,
@@ -253,14 +310,18 @@ static void check_state(totals *tot) {
       ks_add(ks, found);
     ks->must_exist = 1;
   }
+  if (g_evict) {
+    kvt_stats st = rel_stats(t);
+    tot->quarantined += (long)st.quarantined;
+    CHECK_EQ_INT(st.quarantined, 0);
+  }
   CHECK_EQ_INT(kvt_tier_close(t, -1), 0);
   kvt_tier_free(t);
 }
 
-static void test_crash_kill(void) {
-  long max_trials = r_env_long("KVT_CRASH_TRIALS", 500);
-  double budget = (double)r_env_long("KVT_CRASH_SECONDS", 45);
-  kvt_rng rng = {(uint64_t)r_env_long("KVT_CRASH_SEED", 2026)};
+static void run_kills(long max_trials, double budget, uint64_t seed) {
+  kvt_rng rng = {seed};
+  memset(g_ks, 0, sizeof g_ks);
   totals tot = {0};
   plan p;
   int acked, mid;
@@ -291,15 +352,36 @@ static void test_crash_kill(void) {
   fprintf(stderr,
           "crash: %ld SIGKILL trials (%ld mid-run) in %.1f s, %ld acknowledged "
           "spills, "
-          "%ld key checks: %ld lost, %ld wrong version\n",
+          "%ld key checks: %ld lost, %ld wrong version%s\n",
           tot.trials, tot.killed_mid, now_s() - t0, tot.acked, tot.checked,
-          tot.lost, tot.wrong);
+          tot.lost, tot.wrong, g_evict ? " (salted, evicting)" : "");
+  if (g_evict)
+    fprintf(stderr, "  evicting: %ld acknowledged entries evicted, %ld quarantined\n",
+            tot.evicted, tot.quarantined);
   CHECK(tot.trials >= 10);
+  CHECK(!g_evict || tot.evicted > 0); /* it did evict */
+}
+
+static void test_crash_kill(void) {
+  g_evict = 0;
+  run_kills(r_env_long("KVT_CRASH_TRIALS", 500),
+            (double)r_env_long("KVT_CRASH_SECONDS", 45),
+            (uint64_t)r_env_long("KVT_CRASH_SEED", 2026));
+}
+
+static void test_crash_kill_evicting(void) {
+  g_evict = 1;
+  snprintf(g_dir, sizeof g_dir, "%s/cache-evict",
+           kvt_test_tmpdir("crash-kill-evict"));
+  run_kills(r_env_long("KVT_CRASH_EVICT_TRIALS", 30),
+            (double)r_env_long("KVT_CRASH_EVICT_SECONDS", 15),
+            (uint64_t)r_env_long("KVT_CRASH_SEED", 2026) + 1);
 }
 
 int main(void) {
   r_use_fast_tmp();
   snprintf(g_dir, sizeof g_dir, "%s/cache", kvt_test_tmpdir("crash-kill"));
   RUN(test_crash_kill);
+  RUN(test_crash_kill_evicting);
   return kvt_test_done();
 }
