@@ -766,12 +766,12 @@ KVT_API int kvt_promote_opts_init(kvt_promote_opts *opts, unsigned int version);
 /** Synchronous promote, in the reference's order: lookup (a miss counts
  *  ssd_misses -> KVT_ENOTFOUND; tokens that no spill ended at but a stored
  *  chain of chunks covers whole - a prefix kvt_tier_lookup_prefix reported -
- *  are found, with that lookup's memory_bytes); reserve(memory_bytes) BEFORE any data is
- *  read (refusal counts promotion_failures -> KVT_EBUDGET); read and verify
- *  every file; on I/O error or corruption release the reservation, count a
- *  promotion failure, quarantine a corrupt entry (KVT_EIO / KVT_ECORRUPT);
- *  on success count the hit, latency and bytes, touch the entry and return
- *  it in *out with the reservation handed to the caller. With a remote tier
+ *  are found, with that lookup's memory_bytes); reserve(memory_bytes) BEFORE
+ * any data is read (refusal counts promotion_failures -> KVT_EBUDGET); read and
+ * verify every file; on I/O error or corruption release the reservation, count
+ * a promotion failure, quarantine a corrupt entry (KVT_EIO / KVT_ECORRUPT); on
+ * success count the hit, latency and bytes, touch the entry and return it in
+ * *out with the reservation handed to the caller. With a remote tier
  *  (kvt_options.remote_mode), a local miss - or a local prefix shorter than
  *  a remote one - is looked up and read remotely (bounded by
  *  remote_timeout_ms per command; an unusable or unreachable remote is a

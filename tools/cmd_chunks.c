@@ -273,7 +273,8 @@ void cli_chunk_stats(kvt_tier *t, uint64_t entry_bytes, int json, cJSON *o) {
     cJSON *sz = cJSON_AddArrayToObject(c, "chunk_sizes");
     for (uint32_t b = 0; sz && b < 32; b++)
       if (bits & ((uint32_t)1 << b))
-        cJSON_AddItemToArray(sz, cJSON_CreateNumber((double)((uint32_t)1 << b)));
+        cJSON_AddItemToArray(sz,
+                             cJSON_CreateNumber((double)((uint32_t)1 << b)));
     cJSON_AddNumberToObject(c, "count", (double)tot.chunks);
     cJSON_AddNumberToObject(c, "disk_bytes", (double)tot.disk_bytes);
     cJSON_AddNumberToObject(c, "memory_bytes", (double)tot.memory_bytes);

@@ -345,8 +345,10 @@ int kvti_openat(int dirfd, const char *name, int flags, mode_t mode,
     return KVT_ERR(KVT_EPERM, "%s is a symbolic link (never followed)", path);
   /* Linux reports a link opened with O_DIRECTORY | O_NOFOLLOW as ENOTDIR. */
   if (fd < 0 && errno == ENOTDIR && (flags & O_DIRECTORY))
-    return KVT_ERR(KVT_EPERM, "%s is not a directory (links are never "
-                              "followed)", path);
+    return KVT_ERR(KVT_EPERM,
+                   "%s is not a directory (links are never "
+                   "followed)",
+                   path);
   if (fd < 0)
     return KVT_ERR_OS(errno, "open %s", path);
   return fd;

@@ -721,8 +721,7 @@ int kvti_chunk_open_fd(int fd, int *fdp, kvti_chunk_hdr *h, const char *path,
   return 0;
 }
 
-int kvti_chunk_verify_data(int fd, const kvti_chunk_hdr *h,
-                           const char *path) {
+int kvti_chunk_verify_data(int fd, const kvti_chunk_hdr *h, const char *path) {
   const size_t piece = (size_t)4 << 20;
   size_t cap = h->data_bytes < piece ? (size_t)h->data_bytes : piece;
   uint8_t *buf = kvti_malloc(cap ? cap : 1);

@@ -287,8 +287,8 @@ int kvti_chains_lookup(kvti_chains *c, const uint8_t *ns, size_t ns_len,
   while ((s = kvti_hm_next(&c->byck, kvti_hm_key(ck.lo), &pos))) {
     const node *x = &c->nodes[s->val];
     if (!x->live || x->damaged || x->parent || x->r.index ||
-        x->r.ck.lo != ck.lo ||
-        x->r.ck.hi != ck.hi || x->r.n_tokens != chunk_tokens)
+        x->r.ck.lo != ck.lo || x->r.ck.hi != ck.hi ||
+        x->r.n_tokens != chunk_tokens)
       continue;
     uint32_t cur = (uint32_t)s->val + 1;
     size_t len = 1;

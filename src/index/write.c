@@ -67,8 +67,8 @@ static int drop_chained_sql(kvt_index *idx, const uint8_t sha[32]) {
   }
   sqlite3_bind_blob(d, 1, sha, 32, SQLITE_STATIC);
   rc = sqlite3_step(d);
-  int out = rc == SQLITE_DONE ? 0
-                              : kvti_idx_db_err(idx, rc, "delete chained row");
+  int out =
+      rc == SQLITE_DONE ? 0 : kvti_idx_db_err(idx, rc, "delete chained row");
   sqlite3_finalize(d);
   return out;
 }

@@ -528,11 +528,11 @@ int kvti_chunked_get_record(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
       w.on_layer = NULL;
       rc = be->ops->get(be, &e, hash, &w);
     } else if (pi.chain.present &&
-        (pi.chain.chunks != ce.chunks ||
-         pi.chain.chunk_tokens != ce.chunk_tokens ||
-         memcmp(pi.chain.last_key, ce.last_key, 32) ||
-         pi.chain.layout_hash != ce.layout_hash ||
-         pi.chain.total_rows != ce.total_rows)) {
+               (pi.chain.chunks != ce.chunks ||
+                pi.chain.chunk_tokens != ce.chunk_tokens ||
+                memcmp(pi.chain.last_key, ce.last_key, 32) ||
+                pi.chain.layout_hash != ce.layout_hash ||
+                pi.chain.total_rows != ce.total_rows)) {
       ce.chunks = pi.chain.chunks;
       ce.chunk_tokens = pi.chain.chunk_tokens;
       memcpy(ce.last_key, pi.chain.last_key, 32);

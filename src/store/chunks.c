@@ -375,8 +375,10 @@ int kvti_chunkstore_open_key(kvti_chunkstore *cs, const uint8_t key[32],
     /* kvtier never makes a link: one where an indexed chunk belongs is a
      * damaged chunk (quarantined - the link itself moves, its target is
      * never touched), not a permission problem that would last for ever. */
-    ffd = KVT_ERR(KVT_ECORRUPT, "%s is a symbolic link, not a chunk file "
-                                "(never followed)", path);
+    ffd = KVT_ERR(KVT_ECORRUPT,
+                  "%s is a symbolic link, not a chunk file "
+                  "(never followed)",
+                  path);
   kvti_close(dfd);
   if (ffd < 0)
     return ffd;

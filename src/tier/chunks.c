@@ -5,9 +5,9 @@
  * chains, drops an entry's chain record with the entry, hands a damaged
  * chunk to the one routine that contains the damage (chunk_tools.c,
  * kvti_tier_chunk_damaged: only the chunk moves, what depends on it is kept
- * unservable) and evicts leaf chunks for capacity. Locks: as the backend calls it replaces (mut_mu for changes,
- * the entry's stripe around reads); chunk files are immutable, so reads of
- * shared chunks take no common lock.
+ * unservable) and evicts leaf chunks for capacity. Locks: as the backend calls
+ * it replaces (mut_mu for changes, the entry's stripe around reads); chunk
+ * files are immutable, so reads of shared chunks take no common lock.
  */
 #include "tier/chunks.h"
 
@@ -225,10 +225,9 @@ int kvti_tier_chunks_after_read(kvt_tier *t) {
     return chunk_fault;
   kvti_error_state es;
   kvti_error_state_capture(&es, g_bad_rc ? g_bad_rc : KVT_ECORRUPT);
-  kvti_tier_chunk_damaged(t, g_bad, g_bad_rc == KVT_ENOTFOUND
-                                        ? KVT_ENOTFOUND
-                                        : KVT_ECORRUPT,
-                          es.msg);
+  kvti_tier_chunk_damaged(
+      t, g_bad, g_bad_rc == KVT_ENOTFOUND ? KVT_ENOTFOUND : KVT_ECORRUPT,
+      es.msg);
   kvti_error_state_restore(&es);
   return chunk_fault;
 }
@@ -240,8 +239,7 @@ void kvti_tier_chunks_quarantine(kvt_tier *t, const uint8_t key[32]) {
   kvti_tier_chunks_after_read(t);
 }
 
-int kvti_tier_chunks_servable(kvt_tier *t, const kvt_entry_info *info,
-                              int rc) {
+int kvti_tier_chunks_servable(kvt_tier *t, const kvt_entry_info *info, int rc) {
   if (rc != 0 || !t->chunked)
     return rc;
   kvti_chains *ch = kvti_chunkstore_chains(kvti_chunked_store(t->chunked));

@@ -54,8 +54,8 @@ int kvti_tier_chunks_after_read(kvt_tier *t);
  * tokens writes the chunk again, which makes them whole). Logged and
  * counted (chunks_quarantined, entries_unservable, quarantined). Returns
  * the number of entries through the chunk. No lock held by the caller. */
-uint64_t kvti_tier_chunk_damaged(kvt_tier *t, const uint8_t key[32],
-                                 int found, const char *why);
+uint64_t kvti_tier_chunk_damaged(kvt_tier *t, const uint8_t key[32], int found,
+                                 const char *why);
 /* The same for a chunk a read outside kvti_tier_chunks_get found damaged
  * (the remote tier's reads of chained entries). No lock held. */
 void kvti_tier_chunks_quarantine(kvt_tier *t, const uint8_t key[32]);

@@ -193,10 +193,11 @@ static int verify(kvt_tier *t, const char *hash, kvti_hc_item *it,
                  "chain record %.16s: %u layers, the cached copy %u", hash,
                  ch.rec_layers, it->n_layers);
   else
-    rc = row0 ? kvti_chunkstore_verify_mem(
-                  kvti_chunked_store(t->chunked), ch.recs, ch.m, ro->tokens,
-                  it->layers, it->n_layers, ro->cancel, ro->read_threads, row0)
-            : KVT_ERR_NOMEM();
+    rc = row0 ? kvti_chunkstore_verify_mem(kvti_chunked_store(t->chunked),
+                                           ch.recs, ch.m, ro->tokens,
+                                           it->layers, it->n_layers, ro->cancel,
+                                           ro->read_threads, row0)
+              : KVT_ERR_NOMEM();
   if (rc == 0 && !prefix && !ch.is_record) {
     /* The tail's files hold the rows past the chain and every other layer. */
     kvti_read_opts vo = *ro;

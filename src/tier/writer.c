@@ -67,10 +67,10 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
     }
     int rc = t->be->ops->put(t->be, disk, s, wo);
     if (rc == 0) {
-      kvti_index_put_args a = {tokens, n,
-                               hash,   kvti_snapshot_memory_bytes(s),
-                               *disk,  t->opts.storage_mode,
-                               0,      kvti_snapshot_salt(s),
+      kvti_index_put_args a = {tokens,     n,
+                               hash,       kvti_snapshot_memory_bytes(s),
+                               *disk,      t->opts.storage_mode,
+                               0,          kvti_snapshot_salt(s),
                                !t->chunked};
       rc = kvti_index_put_one(t->idx, &a, 1);
       if (rc != 0) {
@@ -122,10 +122,10 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
     rc = ops->put_publish(t->be, x);
   }
   if (rc == 0) {
-    kvti_index_put_args a = {tokens, n,
-                             hash,   kvti_snapshot_memory_bytes(s),
-                             *disk,  t->opts.storage_mode,
-                             0,      kvti_snapshot_salt(s),
+    kvti_index_put_args a = {tokens,  n,
+                             hash,    kvti_snapshot_memory_bytes(s),
+                             *disk,   t->opts.storage_mode,
+                             0,       kvti_snapshot_salt(s),
                              !chunked};
     rc = kvti_index_put_one(t->idx, &a, 0);
   }

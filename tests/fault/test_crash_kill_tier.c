@@ -356,7 +356,8 @@ static void run_kills(long max_trials, double budget, uint64_t seed) {
           tot.trials, tot.killed_mid, now_s() - t0, tot.acked, tot.checked,
           tot.lost, tot.wrong, g_evict ? " (salted, evicting)" : "");
   if (g_evict)
-    fprintf(stderr, "  evicting: %ld acknowledged entries evicted, %ld quarantined\n",
+    fprintf(stderr,
+            "  evicting: %ld acknowledged entries evicted, %ld quarantined\n",
             tot.evicted, tot.quarantined);
   CHECK(tot.trials >= 10);
   CHECK(!g_evict || tot.evicted > 0); /* it did evict */

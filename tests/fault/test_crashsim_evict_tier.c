@@ -120,9 +120,9 @@ static void recorder_install(void) {
 /* ---- the conversations -------------------------------------------------- */
 
 static int g_keep[N_CONV + 1]; /* must serve in the cut state at hand */
-static int g_kept_dirs;         /* how many of them there are */
-static int g_ack_cut = -1;      /* cut points from here on follow the ack */
-static int g_damaged;           /* cut states checked with the damage */
+static int g_kept_dirs;        /* how many of them there are */
+static int g_ack_cut = -1;     /* cut points from here on follow the ack */
+static int g_damaged;          /* cut states checked with the damage */
 
 static void on_done(void *ctx, const char *hash, int status) {
   (void)ctx;
@@ -209,8 +209,8 @@ static int serve_x(kvt_tier *t, int c, int errors_ok) {
   int rc = kvt_tier_promote(&e, t, tok, (size_t)n, &po);
   int r = rc == KVT_ENOTFOUND || (rc != 0 && errors_ok) ? 0
           : rc != 0                                     ? -1
-          : t_kv_matches(e, tok, n, n, 2) ? 1
-                                          : -1;
+          : t_kv_matches(e, tok, n, n, 2)               ? 1
+                                                        : -1;
   if (r < 0 && !errors_ok)
     fprintf(stderr, "  conv %d: promote %d (%s)\n", c, rc,
             rc ? kvt_last_error() : "wrong data");
@@ -218,7 +218,9 @@ static int serve_x(kvt_tier *t, int c, int errors_ok) {
   return r;
 }
 
-static int serve(kvt_tier *t, int c) { return serve_x(t, c, 0); }
+static int serve(kvt_tier *t, int c) {
+  return serve_x(t, c, 0);
+}
 
 static kvt_stats stats_of(kvt_tier *t) {
   kvt_stats s = KVT_STATS_INIT;
@@ -238,7 +240,6 @@ static int data_dirs(const char *dir) {
 }
 
 /* ---- the checks --------------------------------------------------------- */
-
 
 /* Reopens the cut state at C=chunk_tokens; returns violations. must_serve:
  * the kept conversations must serve (else only: no wrong data). */
@@ -265,9 +266,9 @@ static int check_cut(const char *dir, int chunk_tokens, int must_serve) {
   return viol;
 }
 
-/* The system prompt's second chunk of the cut state: flipped, every conversation
- * misses and no entry directory goes; a spill over the prompt writes it
- * again and every kept conversation serves. */
+/* The system prompt's second chunk of the cut state: flipped, every
+ * conversation misses and no entry directory goes; a spill over the prompt
+ * writes it again and every kept conversation serves. */
 static int check_damage(const char *dir) {
   kvt_tier *t = open_tier(dir, C, 1.0);
   if (!t)
@@ -444,8 +445,12 @@ static int run_case(int salted) {
   return viol;
 }
 
-static void test_unsalted(void) { CHECK_EQ_INT(run_case(0), 0); }
-static void test_salted(void) { CHECK_EQ_INT(run_case(1), 0); }
+static void test_unsalted(void) {
+  CHECK_EQ_INT(run_case(0), 0);
+}
+static void test_salted(void) {
+  CHECK_EQ_INT(run_case(1), 0);
+}
 
 int main(void) {
   r_use_fast_tmp();

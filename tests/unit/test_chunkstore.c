@@ -616,8 +616,8 @@ static void test_sizes_vs_row(void) {
   REQUIRE(kvti_chunkstore_put(st.cs, &sp, &res) == 0);
   kvti_chain_rec out[4];
   size_t m, bad = 99;
-  REQUIRE(kvti_chunkstore_lookup(st.cs, ns, nsl, g_tok, 2 * C, C, out, 4,
-                                 &m) == 0);
+  REQUIRE(kvti_chunkstore_lookup(st.cs, ns, nsl, g_tok, 2 * C, C, out, 4, &m) ==
+          0);
   REQUIRE(m == 2);
   kvti_chunk_read_opts o = {t_alloc, t_free, NULL, NULL, 0};
   kvti_chunk_prefix p;

@@ -359,8 +359,8 @@ static void test_mixed_chunk_sizes(int compat) {
   e = NULL;
   kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
   CHECK_EQ_INT(kvt_tier_promote_trim(&e, t, a, 40, 32, &po), 0);
-  CHECK(e && t_rows_match(&kvt_entry_layer(e, 0)->tensors[0],
-                          &l[0].tensors[0], 32));
+  CHECK(e &&
+        t_rows_match(&kvt_entry_layer(e, 0)->tensors[0], &l[0].tensors[0], 32));
   kvt_entry_free(e);
   e = NULL;
   CHECK_EQ_INT(kvt_tier_verify(t, info.token_hash, 0), 0);

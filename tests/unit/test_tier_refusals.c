@@ -34,9 +34,10 @@ static void test_reasons_and_live_file(void) {
   kvt_options o = t_opts("refuse");
   o.spill_queue_size = 1;
   o.spill_queue_bytes = 64 << 10;
-  kvt_tier *t = t_open(&o); /* writer not started: the queue keeps what it has */
-  t_entry ok = t_make(1, 16, 2, 16, 16);       /* 4 KiB of tensors */
-  t_entry big = t_make(2, 600, 2, 600, 16);    /* 150 KiB > 64 KiB */
+  kvt_tier *t =
+      t_open(&o); /* writer not started: the queue keeps what it has */
+  t_entry ok = t_make(1, 16, 2, 16, 16);    /* 4 KiB of tensors */
+  t_entry big = t_make(2, 600, 2, 600, 16); /* 150 KiB > 64 KiB */
   t_entry rot = t_make(3, 16, 2, 16, 16);
   rot.layers[1].kind = KVT_LAYER_ROTATING_KV; /* max_size left absent */
 
