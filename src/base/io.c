@@ -220,6 +220,9 @@ const kvti_io_ops kvti_io_default = {
     .fdopendir = fdopendir,
     .renameat = renameat,
     .mkdirat = mkdirat,
+#if !KVT_PORTABLE
+    .preadv = preadv,
+#endif
 };
 
 const kvti_io_ops *kvti_io = &kvti_io_default;

@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 typedef struct kvti_io_ops {
   int (*open)(const char *path, int flags, mode_t mode);
@@ -82,6 +83,10 @@ typedef struct kvti_io_ops {
   DIR *(*fdopendir)(int fd);
   int (*renameat)(int fromfd, const char *from, int tofd, const char *to);
   int (*mkdirat)(int dirfd, const char *name, mode_t mode);
+  /* preadv(2): one read of a contiguous file range scattered over iovcnt
+   * buffers. NULL where the platform has none (the portable build): the
+   * engine then reads the buffers one pread at a time. */
+  ssize_t (*preadv)(int fd, const struct iovec *iov, int iovcnt, off_t off);
 } kvti_io_ops;
 
 /* The residency probe the default `resident` hook falls back to where

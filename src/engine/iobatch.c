@@ -52,10 +52,12 @@ int kvti_iobatch_uring_built(void) {
 
 typedef struct chunk {
   kvti_iob_req *r;
-  char *buf;
+  char *buf; /* plain requests */
   uint64_t off, len, done;
   int direct;
   int retries;
+  unsigned seg;  /* vectored requests: the segment holding the chunk's first */
+  uint64_t skip; /* byte, and that byte's offset inside it */
 } chunk;
 
 static int aligned(uint64_t v) {
@@ -70,12 +72,89 @@ static void req_init(kvti_iob_req *r, unsigned flags, const char *path) {
   r->pending_ = 0;
   r->flags_ = flags;
   r->path_ = path;
+  r->segi_ = 0;
+  r->segoff_ = 0;
+}
+
+/* Cuts the next chunk off a vectored request: up to max bytes and
+ * KVTI_IOB_MAX_IOV pieces. It goes O_DIRECT when its offset and its first
+ * piece are aligned, and then ends before the first unaligned piece (which
+ * starts the next, buffered chunk), so one odd extent costs only itself the
+ * page cache. */
+static int take_vec_chunk(kvti_iob_req *r, size_t max, chunk *ch) {
+  uint64_t off = r->off + r->pos_;
+  int can = r->dfd >= 0 && !(r->flags_ & KVTI_IOB_NO_DIRECT) && aligned(off);
+  int direct = -1; /* undecided until the first piece */
+  unsigned seg = r->segi_, n = 0;
+  uint64_t skip = r->segoff_, len = 0;
+  while (seg < r->iovcnt && len < max && n < KVTI_IOB_MAX_IOV) {
+    uint64_t sl = r->iov[seg].iov_len - skip;
+    if (sl == 0) {
+      seg++;
+      skip = 0;
+      continue;
+    }
+    uint64_t take = sl < max - len ? sl : max - len;
+    int ok =
+        aligned((uint64_t)(uintptr_t)r->iov[seg].iov_base + skip) &&
+        aligned(take);
+    if (direct < 0)
+      direct = can && ok;
+    else if (direct && !ok)
+      break;
+    len += take;
+    n++;
+    if (take == sl) {
+      seg++;
+      skip = 0;
+    } else {
+      skip += take;
+    }
+  }
+  if (len == 0)
+    return 0;
+  *ch = (chunk){r, NULL, off, len, 0, direct > 0, 0, r->segi_, r->segoff_};
+  r->segi_ = seg;
+  r->segoff_ = skip;
+  r->pos_ += len;
+  return 1;
+}
+
+/* The iovec of chunk ch's bytes not yet transferred ([done, len)) into out
+ * (cap entries, >= the chunk's pieces). Returns the count. */
+static unsigned chunk_iov(const chunk *ch, struct iovec *out, unsigned cap) {
+  const kvti_iob_req *r = ch->r;
+  unsigned seg = ch->seg, n = 0;
+  uint64_t skip = ch->skip, adv = ch->done, want = ch->len - ch->done;
+  while (seg < r->iovcnt && (adv > 0 || want > 0) && n < cap) {
+    uint64_t sl = r->iov[seg].iov_len - skip;
+    if (adv >= sl) {
+      adv -= sl;
+      seg++;
+      skip = 0;
+      continue;
+    }
+    skip += adv;
+    adv = 0;
+    uint64_t take = r->iov[seg].iov_len - skip;
+    if (take > want)
+      take = want;
+    out[n].iov_base = (char *)r->iov[seg].iov_base + skip;
+    out[n].iov_len = (size_t)take;
+    n++;
+    want -= take;
+    seg++;
+    skip = 0;
+  }
+  return n;
 }
 
 /* Cuts the next chunk off r (0 when r is fully handed out). */
 static int take_chunk(kvti_iob_req *r, size_t max, chunk *ch) {
   if (r->pos_ >= r->len)
     return 0;
+  if (r->iov)
+    return take_vec_chunk(r, max, ch);
   uint64_t rem = r->len - r->pos_;
   char *buf = (char *)r->buf + r->pos_;
   uint64_t off = r->off + r->pos_;
@@ -85,7 +164,7 @@ static int take_chunk(kvti_iob_req *r, size_t max, chunk *ch) {
   uint64_t len = direct ? rem & ~(uint64_t)(KVTI_IOB_ALIGN - 1) : rem;
   if (len > max)
     len = max;
-  *ch = (chunk){r, buf, off, len, 0, direct, 0};
+  *ch = (chunk){r, buf, off, len, 0, direct, 0, 0, 0};
   r->pos_ += len;
   return 1;
 }
@@ -165,6 +244,8 @@ struct kvti_iobatch {
   struct iovec regs[MAX_REGS];
   unsigned nregs;
   chunk slots[MAX_DEPTH];
+  struct iovec *slot_iov[MAX_DEPTH]; /* a vectored chunk's iovec, kept until
+                                        it completes (allocated on first use) */
   unsigned char inuse[MAX_DEPTH];
   unsigned freelist[MAX_DEPTH], nfree;
   unsigned inflight;    /* chunks queued or in the kernel */
@@ -211,15 +292,43 @@ static int judge(chunk *ch, int64_t res, failure *f) {
 
 /* ---------------------------------------------------------------- portable */
 
+/* A vectored read through the seam: its preadv, or one pread per segment
+ * where there is none - and also when a test replaced pread but left the
+ * default preadv, so injected faults see every transfer. Returns bytes read
+ * (short only where a pread was) or -1 with errno: a failing segment fails
+ * the whole call, as preadv would, never a short count that a retry might
+ * paper over. */
+static ssize_t read_vec(int fd, const struct iovec *v, unsigned n, off_t off) {
+  if (kvti_io->preadv && (kvti_io->preadv != kvti_io_default.preadv ||
+                          kvti_io->pread == kvti_io_default.pread))
+    return kvti_io->preadv(fd, v, (int)n, off);
+  ssize_t total = 0;
+  for (unsigned i = 0; i < n; i++) {
+    ssize_t got = kvti_io->pread(fd, v[i].iov_base, v[i].iov_len,
+                                 off + (off_t)total);
+    if (got < 0)
+      return -1;
+    total += got;
+    if ((size_t)got < v[i].iov_len)
+      break;
+  }
+  return total;
+}
+
 static void portable_chunk(chunk *ch, failure *f) {
   kvti_iob_req *r = ch->r;
+  struct iovec v[KVTI_IOB_MAX_IOV];
   for (;;) {
     int fd = ch->direct ? r->dfd : r->fd;
-    char *p = ch->buf + ch->done;
+    char *p = ch->buf ? ch->buf + ch->done : NULL;
     size_t n = (size_t)(ch->len - ch->done);
     off_t off = (off_t)(ch->off + ch->done);
-    ssize_t got = r->write ? kvti_io->pwrite(fd, p, n, off)
-                           : kvti_io->pread(fd, p, n, off);
+    ssize_t got;
+    if (r->iov)
+      got = read_vec(fd, v, chunk_iov(ch, v, KVTI_IOB_MAX_IOV), off);
+    else
+      got = r->write ? kvti_io->pwrite(fd, p, n, off)
+                     : kvti_io->pread(fd, p, n, off);
     int64_t res = got < 0 ? -(int64_t)errno : (int64_t)got;
     if (judge(ch, res, f) != CH_AGAIN)
       return;
@@ -354,6 +463,13 @@ static void u_chunk_done(kvti_iobatch *b, unsigned slot, int abandoned);
 static void u_issue(kvti_iobatch *b, unsigned slot) {
   chunk *ch = &b->slots[slot];
   kvti_iob_req *r = ch->r;
+  if (r->iov && !b->slot_iov[slot] &&
+      !(b->slot_iov[slot] =
+            kvti_malloc(KVTI_IOB_MAX_IOV * sizeof *b->slot_iov[slot]))) {
+    fail_os(&b->f, r, ENOMEM, ch->off + ch->done);
+    u_chunk_done(b, slot, 0);
+    return;
+  }
   struct io_uring_sqe *sqe = io_uring_get_sqe(&b->ring);
   if (!sqe) { /* the SQ is full of unsubmitted entries: hand them to the kernel
                  first */
@@ -370,9 +486,17 @@ static void u_issue(kvti_iobatch *b, unsigned slot) {
     return;
   }
   int fd = ch->direct ? r->dfd : r->fd;
+  uint64_t off = ch->off + ch->done;
+  if (r->iov) {
+    struct iovec *v = b->slot_iov[slot];
+    io_uring_prep_readv(sqe, fd, v, chunk_iov(ch, v, KVTI_IOB_MAX_IOV), off);
+    io_uring_sqe_set_data64(sqe, slot);
+    b->inflight++;
+    b->unsubmitted++;
+    return;
+  }
   char *p = ch->buf + ch->done;
   unsigned n = (unsigned)(ch->len - ch->done);
-  uint64_t off = ch->off + ch->done;
   int ri = b->nregs ? reg_index(b, p, n) : -1;
   if (r->write) {
     if (ri >= 0)
@@ -540,6 +664,8 @@ void kvti_iobatch_free(kvti_iobatch *b) {
 #if KVT_HAVE_URING
   if (b->ring_ok)
     io_uring_queue_exit(&b->ring);
+  for (unsigned i = 0; i < MAX_DEPTH; i++)
+    kvti_free(b->slot_iov[i]);
 #endif
   kvti_free(b);
 }
@@ -584,8 +710,22 @@ void kvti_iobatch_unregister(kvti_iobatch *b) {
 #endif
 }
 
+/* A vectored request: a read whose segments sum to exactly len. */
+static int check_vec(const kvti_iob_req *r) {
+  if (r->write || r->iovcnt == 0)
+    return 0;
+  uint64_t sum = 0;
+  for (unsigned i = 0; i < r->iovcnt; i++) {
+    uint64_t l = r->iov[i].iov_len;
+    if ((l && !r->iov[i].iov_base) || l > r->len - sum)
+      return 0;
+    sum += l;
+  }
+  return sum == r->len;
+}
+
 static int check_req(const kvti_iob_req *r) {
-  return r->fd >= 0 && (r->len == 0 || r->buf) &&
+  return r->fd >= 0 && (r->iov ? check_vec(r) : (r->len == 0 || r->buf)) &&
          r->off <= (uint64_t)INT64_MAX &&
          r->len <= (uint64_t)INT64_MAX - r->off;
 }

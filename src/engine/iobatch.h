@@ -9,7 +9,10 @@
  * descriptor of the same file opened with O_DIRECT (kvti_iob_open_direct): the
  * 4096-aligned part of a request whose buffer and offset are aligned then
  * bypasses the page cache; unaligned requests and tails use the buffered
- * descriptor, so any layout works and alignment only buys speed.
+ * descriptor, so any layout works and alignment only buys speed. A read may
+ * be vectored (a contiguous file range into scattered buffers: preadv, or
+ * io_uring's readv), so head extents bound for different places in memory
+ * still travel in requests of about a chunk.
  *
  * Every system call goes through the io seam (io.h): pread/pwrite/open for the
  * portable path, uring_setup/uring_submit/uring_result for io_uring, so tests
@@ -23,6 +26,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #define KVTI_IOB_ALIGN 4096u
 
@@ -42,7 +46,22 @@ typedef struct kvti_iob_req {
   unsigned pending_; /* chunks issued and not yet completed */
   unsigned flags_;
   const char *path_;
+  unsigned segi_;    /* vectored: the segment holding byte pos_ */
+  uint64_t segoff_;  /* and pos_'s offset inside it */
+  /* Vectored read (optional; NULL/0 for a plain request): the file range
+   * [off, off + len) is scattered over iov[0..iovcnt) in order, and buf is
+   * ignored. len must equal the sum of the segment lengths (else the request
+   * is invalid). Reads only. The array must stay untouched until the request
+   * completed. A segment may be of any length; a chunk goes to the O_DIRECT
+   * descriptor only when its offset and every piece of it (address and
+   * length) are 4096-aligned. */
+  const struct iovec *iov;
+  unsigned iovcnt;
 } kvti_iob_req;
+
+/* Segments per system call at most (Linux's UIO_MAXIOV is 1024): a chunk of
+ * a vectored request ends early where its segments would exceed this. */
+#define KVTI_IOB_MAX_IOV 256u
 
 /* kvti_iobatch_run flags. */
 #define KVTI_IOB_ALLOW_SHORT                                                   \

@@ -211,8 +211,9 @@ typedef struct kvti_chunk_prefix {
  * copied. All buffers are allocated (alloc) before the first read. Every
  * chunk file is opened (and its header checked) before any data is read
  * (chains beyond 256 chunks: 256 at a time), so an eviction may unlink them
- * meanwhile; cold chunks are read with O_DIRECT, the next chunk's read in
- * flight while the current one is verified and placed. No lock is taken:
+ * meanwhile; cold chunks are read with O_DIRECT, in vectored requests of
+ * 1 MiB into the destination, the reads of the next chunks (up to 128 MiB)
+ * in flight while the current one is verified. No lock is taken:
  * concurrent reads of shared chunks proceed in parallel. Returns 0,
  * KVT_ENOTFOUND (a chunk file vanished: evicted), KVT_ECORRUPT (the message
  * names the chunk; *bad_index (may be NULL) receives its position), KVT_EIO,

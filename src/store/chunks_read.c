@@ -3,11 +3,13 @@
  * (kvti_chunkstore_read_prefix, chunks.h): the destination tensors are
  * described from chunk 0's header and all allocated first (the caller's
  * alloc, so a budget reserved before the read covers them), then each chunk
- * is opened, checked against its chain row and the prompt's tokens, read into
- * one scratch buffer with every block verified, and only then copied into
- * place: one extent per head and tensor (the chunk's rows are head-contiguous,
- * the destination's rows [i*C, (i+1)*C) of each head are contiguous too).
- * Nothing is handed out unless every chunk verified.
+ * is opened and checked against its chain row and the prompt's tokens, and
+ * its data section is read straight into place: one extent per head and
+ * tensor (the chunk's rows are head-contiguous, the destination's rows
+ * [i*C, (i+1)*C) of each head are contiguous too), coalesced into vectored
+ * requests of 1 MiB (engine/ioplan.h), several chunk files' requests queued
+ * at once. Every block is verified as its bytes land, in file order, and
+ * nothing is handed out unless every chunk verified.
  */
 #include "store/chunks.h"
 
@@ -15,6 +17,7 @@
 #include "base/error.h"
 #include "base/io.h"
 #include "engine/iobatch.h"
+#include "engine/ioplan.h"
 #include "format/dtype.h"
 #include "format/layer.h"
 
@@ -116,8 +119,16 @@ static void place(kvti_chunk_prefix *p, const kvti_chunk_hdr *h,
  * the chain after this point does not affect the read. Chains longer than
  * this are opened window by window (bounded descriptors). */
 #define OPEN_WINDOW 256
-/* Bytes per read request; pieces are verified in order as they complete. */
-#define PIECE ((uint64_t)4 << 20)
+/* Bytes per read request: fio's block size; a chunk's extents are coalesced
+ * into requests of this size (engine/ioplan.h). */
+#define REQ_BYTES ((uint64_t)1 << 20)
+/* Chunks whose reads are in flight at once, and the bytes they may hold:
+ * the disk sees up to IN_FLIGHT_BYTES of requests queued across chunk files
+ * while earlier chunks are verified. */
+#define AHEAD 16
+#define IN_FLIGHT_BYTES ((uint64_t)128 << 20)
+/* io_uring slots of the private engine: IN_FLIGHT_BYTES of 1 MiB requests. */
+#define DEPTH 128
 
 /* One chunk opened for reading: descriptor, O_DIRECT descriptor (cold, or
  * -1) and parsed header. */
@@ -125,17 +136,6 @@ typedef struct opened {
   int fd, dfd;
   kvti_chunk_hdr h;
 } opened;
-
-/* A chunk's data section being read: straight into the destination
- * tensors (one request per head extent, or per tensor when the extents are
- * adjacent there), or into a scratch buffer when only part of the chunk is
- * kept (a trimmed read's last chunk: every block is still verified). */
-typedef struct inflight {
-  opened *c;
-  uint8_t *scratch; /* NULL: direct to the destination */
-  kvti_iob_req *q;
-  size_t nq;
-} inflight;
 
 /* Cold chunks are read with O_DIRECT, like entry layer files
  * (format/layer_read.c): the data section starts 4096-aligned when it holds
@@ -171,99 +171,122 @@ static void close_opened(opened *c) {
   c->fd = c->dfd = -1;
 }
 
-static int push(kvti_iobatch *b, inflight *f, void *buf, uint64_t len,
-                uint64_t off) {
-  kvti_iob_req *r = &f->q[f->nq++];
-  r->fd = f->c->fd;
-  r->dfd = f->c->dfd;
-  r->buf = buf;
-  r->len = len;
-  r->off = f->c->h.header_bytes + off;
-  /* Queued, not submitted one by one: a chunk has hundreds of head extents
-   * and issue() hands them over in batches (kvti_iobatch_submit). */
-  return kvti_iobatch_push(b, r, KVTI_IOB_DEFER, "chunk");
-}
+/* A chunk's data section being read: straight into the destination
+ * tensors (each head extent lands in its place; extents adjacent in the file
+ * share requests of REQ_BYTES), or into a scratch buffer when only part of
+ * the chunk is kept (a trimmed read's last chunk: every block is still
+ * verified). */
+typedef struct inflight {
+  opened *c;
+  uint8_t *scratch; /* NULL: direct to the destination */
+  kvti_ioplan plan;
+  uint64_t row0;
+} inflight;
 
-/* Queues the reads of chunk c (rows [row0, row0 + n) of p's tensors), in
- * file order (issue() submits them). */
-static int issue_queue(kvti_iobatch *b, inflight *f, opened *c,
-                       kvti_chunk_prefix *p, uint64_t row0, uint8_t *scratch) {
+/* The extents of chunk c (rows [row0, row0 + n) of p's tensors), in file
+ * order, into *ext (kvti_malloc). The data section is the tensors back to
+ * back, each head's n rows contiguous, so the extents cover it exactly. */
+static int chunk_extents(kvti_ioplan_ext **ext, size_t *next, const opened *c,
+                         kvti_chunk_prefix *p, uint64_t row0,
+                         uint8_t *scratch) {
   const kvti_chunk_hdr *h = &c->h;
-  memset(f, 0, sizeof *f);
-  f->c = c;
-  uint64_t n = h->n_tokens, nreq = 0;
-  for (uint32_t i = 0; i < h->n_layers; i++)
-    for (uint32_t j = 0; j < h->layers[i].num_tensors; j++) {
-      uint64_t outer, row;
-      kvti_chunk_tensor_geom(&p->layers[i].tensors[j], &outer, &row);
-      nreq += outer;
-    }
+  uint64_t n = h->n_tokens, cnt = 0, hb = h->header_bytes;
   uint64_t T = h->n_layers ? (uint64_t)p->layers[0]
                                  .tensors[0]
                                  .shape[p->layers[0].tensors[0].ndim - 2]
                            : 0;
-  f->scratch = row0 + n > T ? scratch : NULL;
-  if (f->scratch)
-    nreq = (h->data_bytes + PIECE - 1) / PIECE;
-  if (!(f->q = kvti_calloc(nreq ? nreq : 1, sizeof *f->q)))
-    return KVT_ERR_NOMEM();
-  if (f->scratch) {
-    int rc = 0;
-    for (uint64_t off = 0; rc == 0 && off < h->data_bytes; off += PIECE) {
-      uint64_t k = h->data_bytes - off;
-      rc = push(b, f, f->scratch + off, k < PIECE ? k : PIECE, off);
-    }
-    return rc;
+  *ext = NULL;
+  *next = 0;
+  if (scratch) {
+    if (!(*ext = kvti_malloc(sizeof **ext)))
+      return KVT_ERR_NOMEM();
+    (*ext)[0] = (kvti_ioplan_ext){hb, scratch, h->data_bytes};
+    *next = 1;
+    return 0;
   }
+  for (uint32_t i = 0; i < h->n_layers; i++)
+    for (uint32_t j = 0; j < h->layers[i].num_tensors; j++) {
+      uint64_t outer, row;
+      kvti_chunk_tensor_geom(&p->layers[i].tensors[j], &outer, &row);
+      cnt += T == n ? 1 : outer;
+    }
+  if (!(*ext = kvti_malloc((size_t)(cnt ? cnt : 1) * sizeof **ext)))
+    return KVT_ERR_NOMEM();
+  size_t k = 0;
   for (uint32_t i = 0; i < h->n_layers; i++) {
     const kvti_chunk_layer *L = &h->layers[i];
     for (uint32_t j = 0; j < L->num_tensors; j++) {
       kvt_tensor *t = &p->layers[i].tensors[j];
-      uint64_t outer, row, off = L->tensors[j].off;
+      uint64_t outer, row, off = hb + L->tensors[j].off;
       kvti_chunk_tensor_geom(t, &outer, &row);
-      if (!row || !outer)
-        continue;
       if (T == n) { /* the chunk's tensor is the whole destination */
-        int rc = push(b, f, t->data, outer * n * row, off);
-        if (rc)
-          return rc;
+        (*ext)[k++] = (kvti_ioplan_ext){off, t->data, outer * n * row};
         continue;
       }
-      for (uint64_t o = 0; o < outer; o++) {
-        int rc = push(b, f, (uint8_t *)t->data + (o * T + row0) * row, n * row,
-                      off + o * n * row);
-        if (rc)
-          return rc;
-      }
+      for (uint64_t o = 0; o < outer; o++)
+        (*ext)[k++] = (kvti_ioplan_ext){
+            off + o * n * row, (uint8_t *)t->data + (o * T + row0) * row,
+            n * row};
     }
   }
+  *next = k;
   return 0;
 }
 
-/* Issues the reads of chunk c: queued, then handed to the kernel at once. */
+/* Plans chunk c's reads and, on io_uring, queues them and hands them to the
+ * kernel at once (the portable engine runs them in complete(), on its
+ * threads). */
 static int issue(kvti_iobatch *b, inflight *f, opened *c, kvti_chunk_prefix *p,
                  uint64_t row0, uint8_t *scratch) {
-  int rc = issue_queue(b, f, c, p, row0, scratch);
+  memset(f, 0, sizeof *f);
+  f->c = c;
+  f->row0 = row0;
+  uint64_t T = c->h.n_layers ? (uint64_t)p->layers[0]
+                                   .tensors[0]
+                                   .shape[p->layers[0].tensors[0].ndim - 2]
+                             : 0;
+  f->scratch = row0 + c->h.n_tokens > T ? scratch : NULL;
+  kvti_ioplan_ext *ext = NULL;
+  size_t n = 0;
+  int rc = chunk_extents(&ext, &n, c, p, row0, f->scratch);
+  if (rc == 0)
+    rc = kvti_ioplan_build(&f->plan, ext, n, c->fd, c->dfd, REQ_BYTES, 0);
+  kvti_free(ext);
+  if (rc || kvti_iobatch_backend(b) != KVT_IO_URING)
+    return rc;
+  for (size_t k = 0; rc == 0 && k < f->plan.n; k++)
+    rc = kvti_iobatch_push(b, &f->plan.reqs[k], KVTI_IOB_DEFER, "chunk");
   int src = kvti_iobatch_submit(b);
   return rc ? rc : src;
 }
 
+/* Hashes request r's bytes (its buffer, or its segments in order). */
+static int hash_req(kvti_blkhash *bh, const kvti_iob_req *r) {
+  if (!r->iov)
+    return kvti_blkhash_update(bh, r->buf, (size_t)r->len);
+  int rc = 0;
+  for (unsigned s = 0; rc == 0 && s < r->iovcnt; s++)
+    rc = kvti_blkhash_update(bh, r->iov[s].iov_base, r->iov[s].iov_len);
+  return rc;
+}
+
 /* Waits for f's reads in file order and verifies every block as it lands;
  * a scratch read is then copied into place. */
-static int complete(kvti_iobatch *b, inflight *f, kvti_chunk_prefix *p,
-                    uint64_t row0) {
+static int complete(kvti_iobatch *b, inflight *f, kvti_chunk_prefix *p) {
   kvti_blkhash *bh = NULL;
   int rc = kvti_blkhash_new(&bh, f->c->h.block_size, 0);
   if (rc == 0)
     kvti_blkhash_expect(bh, f->c->h.blocks, (size_t)f->c->h.n_blocks, "chunk");
-  for (size_t k = 0; rc == 0 && k < f->nq; k++)
-    if ((rc = kvti_iobatch_wait_req(b, &f->q[k])) == 0)
-      rc = kvti_blkhash_update(bh, f->q[k].buf, (size_t)f->q[k].len);
+  if (rc == 0 && kvti_iobatch_backend(b) != KVT_IO_URING)
+    rc = kvti_iobatch_run(b, f->plan.reqs, f->plan.n, 0, "chunk");
+  for (size_t k = 0; rc == 0 && k < f->plan.n; k++)
+    if ((rc = kvti_iobatch_wait_req(b, &f->plan.reqs[k])) == 0)
+      rc = hash_req(bh, &f->plan.reqs[k]);
   if (rc == 0)
     rc = kvti_blkhash_final(bh, NULL);
   kvti_blkhash_free(bh);
   if (rc == 0 && f->scratch)
-    place(p, &f->c->h, f->scratch, row0);
+    place(p, &f->c->h, f->scratch, f->row0);
   return rc;
 }
 
@@ -293,15 +316,16 @@ int kvti_chunkstore_read_prefix(kvti_chunkstore *cs, const kvti_chain_rec *recs,
   kvti_iobatch *b = NULL;
   uint8_t *scratch = NULL;
   uint64_t scap = 1, have = 0; /* largest data section; bytes allocated */
-  inflight fl[2];
-  memset(fl, 0, sizeof fl);
+  inflight *fl = kvti_calloc(AHEAD, sizeof *fl);
   kvti_bufpool *pool = kvti_bufpool_default();
-  /* A private engine, deeper than the shared one: reads of head extents
-   * (64 KiB for a Llama-3-8B chunk of 256 tokens) need more of them in
-   * flight to keep the disk busy than 1 MiB pieces do. */
+  /* A private engine, deeper than the shared one, so the requests of
+   * several chunk files are queued at once; the portable engine reads each
+   * chunk's requests on a few threads instead. */
   kvti_iob_cfg cfg = KVTI_IOB_CFG_INIT;
-  cfg.depth = 128; /* 8 MiB of 64 KiB extents, as fio's 8 x 1 MiB */
-  int rc = oc && pool ? kvti_iobatch_get_cfg(&b, &cfg) : KVT_ERR_NOMEM();
+  cfg.depth = DEPTH;
+  cfg.chunk = (size_t)REQ_BYTES;
+  cfg.threads = 4;
+  int rc = oc && fl && pool ? kvti_iobatch_get_cfg(&b, &cfg) : KVT_ERR_NOMEM();
   if (rc)
     b = NULL;
   for (size_t w = 0; w < win; w++)
@@ -343,42 +367,63 @@ int kvti_chunkstore_read_prefix(kvti_chunkstore *cs, const kvti_chain_rec *recs,
       else
         have = scap;
     }
-    /* The reads of chunk k+1 are issued before chunk k is verified. */
-    if (rc == 0)
-      rc = issue(b, &fl[0], &oc[0], &p, (uint64_t)w0 * C, scratch);
-    for (size_t k = 0; rc == 0 && k < wn; k++) {
-      size_t i = w0 + k;
-      inflight *cur = &fl[k % 2];
+    /* Chunks ahead of the one being verified have their reads in flight:
+     * up to AHEAD chunks and IN_FLIGHT_BYTES (always at least the next). */
+    size_t next = 0, k = 0;
+    uint64_t ahead = 0;
+    int issue_failed = 0;
+    for (; rc == 0 && k < wn; k++) {
       if (o->cancel && atomic_load(o->cancel)) {
         rc = KVT_ERR(KVT_ECANCELED, "promote cancelled");
         break;
       }
-      if (k + 1 < wn && (rc = issue(b, &fl[(k + 1) % 2], &oc[k + 1], &p,
-                                    (uint64_t)(i + 1) * C, scratch)) != 0)
-        break;
-      if ((rc = complete(b, cur, &p, (uint64_t)i * C)) != 0) {
-        bad = i;
+      while (rc == 0 && next < wn && next < k + AHEAD &&
+             (next == k || ahead + oc[next].h.data_bytes <= IN_FLIGHT_BYTES)) {
+        rc = issue(b, &fl[next % AHEAD], &oc[next], &p,
+                   (uint64_t)(w0 + next) * C, scratch);
+        ahead += oc[next].h.data_bytes;
+        next++;
+      }
+      if (rc) {
+        issue_failed = 1;
         break;
       }
+      inflight *cur = &fl[k % AHEAD];
+      if ((rc = complete(b, cur, &p)) != 0) {
+        bad = w0 + k;
+        break;
+      }
+      ahead -= oc[k].h.data_bytes;
       p.bytes_read += oc[k].h.header_bytes + oc[k].h.data_bytes;
-      kvti_free(cur->q);
-      cur->q = NULL;
+      kvti_ioplan_free(&cur->plan);
       close_opened(&oc[k]);
     }
     if (b && rc)
       kvti_iobatch_wait_all(b); /* nothing in flight before buffers go */
-    for (int s = 0; s < 2; s++) {
-      kvti_free(fl[s].q);
-      fl[s].q = NULL;
+    /* A failure seen while queueing may be any queued chunk's: blame the
+     * first whose read failed. */
+    for (size_t s = k; issue_failed && s < next; s++) {
+      const kvti_ioplan *pl = &fl[s % AHEAD].plan;
+      size_t q = 0;
+      while (q < pl->n &&
+             (pl->reqs[q].status == 0 || pl->reqs[q].status == KVT_ECANCELED))
+        q++;
+      if (q < pl->n) {
+        bad = w0 + s;
+        break;
+      }
     }
-    for (size_t k = 0; k < wn; k++)
-      close_opened(&oc[k]);
+    for (int s = 0; s < AHEAD; s++)
+      kvti_ioplan_free(&fl[s].plan);
+    for (size_t c = 0; c < wn; c++)
+      close_opened(&oc[c]);
   }
   if (rc && bad_index)
     *bad_index = bad;
   kvti_iobatch_put(b); /* back to the cache: no ring set up per promote */
   kvti_bufpool_put(pool, scratch, (size_t)have);
   kvti_free(oc);
+  kvti_free(fl);
   if (rc) {
     kvti_chunk_prefix_free(&p, o);
     return rc;

@@ -9,8 +9,9 @@
  * temporary is left, and a retry without faults completes the chain writing
  * only the missing chunks. SIGKILL trials: a child process extends and
  * branches chains in a loop and is killed at a random moment; the reopened
- * store must satisfy the same invariants. Trials: KVT_CHUNK_KILL_TRIALS
- * (default 12).
+ * store must satisfy the same invariants. Reads: every read call of a chain
+ * read fails in turn (EIO: the read fails with nothing handed out; short:
+ * it completes with exact data). Trials: KVT_CHUNK_KILL_TRIALS (default 12).
  */
 #include "faultio.h"
 #include "rel_common.h"
@@ -175,6 +176,109 @@ static void test_faults(void) {
   fio_remove();
 }
 
+/* Whether prefix p (all NTOK rows of a chain spilled from layers l) holds
+ * exactly l's tensors. */
+static int prefix_is(const kvti_chunk_prefix *p, const kvt_layer *l,
+                     uint32_t nl) {
+  if (!p->layers || p->n_layers != nl)
+    return 0;
+  for (uint32_t k = 0; k < nl; k++) {
+    const kvt_layer *a = &p->layers[k], *b = &l[p->layer_idx[k]];
+    if (a->num_tensors != b->num_tensors)
+      return 0;
+    for (uint32_t j = 0; j < a->num_tensors; j++)
+      if (a->tensors[j].nbytes != b->tensors[j].nbytes ||
+          memcmp(a->tensors[j].data, b->tensors[j].data, b->tensors[j].nbytes))
+        return 0;
+  }
+  return 1;
+}
+
+/* The chain read a cold promote runs (head extents coalesced into vectored
+ * requests straight into the destination tensors) with every read call
+ * failing in turn: EIO fails the read cleanly (KVT_EIO, nothing handed
+ * out), a short transfer is completed (exact data). Twice: through the
+ * seam's preadv, and with none (one pread per segment: the EIO then hits
+ * the middle of a request). Two layouts: tiny layers (one request of many
+ * segments per chunk) and 1.5 MiB chunks (several 1 MiB requests each). */
+static void read_campaign(const char *tag, kvt_layer *l, uint32_t nl,
+                          int with_preadv) {
+  char dir[4096];
+  fresh(dir, sizeof dir, tag, with_preadv);
+  store s;
+  REQUIRE(sopen(&s, dir) == 0);
+  uint32_t ids[4] = {0, 1, 2, 3};
+  const uint8_t *ns = (const uint8_t *)"\0\0\0\0\0\0\0\0";
+  kvti_chunkstore_spill sp = {ns, 8, g_tok, NTOK, C, l, ids, nl, nl};
+  kvti_chunkstore_result res;
+  REQUIRE(kvti_chunkstore_put(s.cs, &sp, &res) == 0);
+  kvti_chain_rec recs[NTOK / C];
+  size_t m = 0;
+  REQUIRE(kvti_chunkstore_lookup(s.cs, ns, 8, g_tok, NTOK, C, recs, NTOK / C,
+                                 &m) == 0);
+  REQUIRE(m == NTOK / C);
+  fio_install();
+  kvti_io_ops np = *kvti_io;
+  if (!with_preadv) {
+    np.preadv = NULL;
+    kvti_io_set(&np);
+  }
+  for (int kind = 0; kind < 2; kind++) {
+    uint64_t sites = 0;
+    for (uint64_t nth = 1; nth < 100000; nth++) {
+      fio_arm(FIO_PREAD, nth, kind ? FIO_FAIL_SHORT : FIO_FAIL_ERRNO, EIO, 0);
+      kvti_chunk_read_opts o = {0};
+      kvti_chunk_prefix p;
+      size_t bad = 99;
+      int rc = kvti_chunkstore_read_prefix(s.cs, recs, m, g_tok, &o, &p, &bad);
+      uint64_t fired = fio_fired();
+      fio_disarm();
+      if (!fired) {
+        CHECK_EQ_INT(rc, 0);
+        if (rc == 0) {
+          CHECK(prefix_is(&p, l, nl));
+          kvti_chunk_prefix_free(&p, &o);
+        }
+        break;
+      }
+      sites++;
+      if (kind == 0) {
+        CHECK_EQ_INT(rc, KVT_EIO);
+        CHECK(p.layers == NULL && p.n_layers == 0);
+        if (rc == 0)
+          kvti_chunk_prefix_free(&p, &o);
+      } else {
+        CHECK_EQ_INT(rc, 0);
+        if (rc == 0) {
+          CHECK(prefix_is(&p, l, nl));
+          kvti_chunk_prefix_free(&p, &o);
+        }
+      }
+    }
+    /* More read calls than chunks: the data reads were failed too, not only
+     * the headers'. */
+    CHECK(sites > NTOK / C);
+    fprintf(stderr, "  %s (%s, %s): %llu read calls failed in turn\n", tag,
+            kind ? "short" : "EIO", with_preadv ? "preadv" : "pread per segment",
+            (unsigned long long)sites);
+  }
+  fio_remove();
+  sclose(&s);
+}
+
+static void test_read_faults(void) {
+  read_campaign("rd-small", g_l, 2, 1);
+  read_campaign("rd-small", g_l, 2, 0);
+  kvt_rng r = {11};
+  kvt_layer big[3];
+  for (int i = 0; i < 3; i++)
+    big[i] = t_kv(&r, KVT_DTYPE_F16, 1, 8, NTOK, 1024, NTOK);
+  read_campaign("rd-big", big, 3, 1);
+  read_campaign("rd-big", big, 3, 0);
+  for (int i = 0; i < 3; i++)
+    t_layer_free(&big[i]);
+}
+
 /* Child: extends and branches chains forever. */
 static void child_loop(const char *dir, uint64_t seed) {
   store s;
@@ -239,6 +343,7 @@ int main(void) {
     g_tok[i] = (int32_t)(kvt_rng_next(&r) % 50000);
   g_l[0] = t_kv(&r, KVT_DTYPE_F16, 1, 2, NTOK, 8, NTOK);
   g_l[1] = t_quant(&r, 4, 32, KVT_DTYPE_BF16, 1, 2, NTOK, 64, NTOK);
+  RUN(test_read_faults);
   RUN(test_faults);
   RUN(test_sigkill);
   t_layer_free(&g_l[0]);

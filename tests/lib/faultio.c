@@ -3,7 +3,8 @@
  * Every wrapper bumps its operation's counter, asks should_fail() whether this
  * call is the armed one, and otherwise forwards to kvti_io_default. Short
  * transfers forward a shortened request, so the bytes that were transferred are
- * real. The io_uring completion filter is wrapped only to count read bytes
+ * real; preadv (where the platform has it) is failed and shortened as a
+ * pread is. The io_uring completion filter is wrapped only to count read bytes
  * (faults are injected at the pread/pwrite hooks, which io_uring bypasses).
  */
 #include "faultio.h"
@@ -110,6 +111,35 @@ static ssize_t w_pread(int fd, void *b, size_t n, off_t o) {
   if (f == FIO_FAIL_SHORT + 1 && n > 1)
     n /= 2;
   ssize_t r = kvti_io_default.pread(fd, b, n, o);
+  if (r > 0)
+    atomic_fetch_add(&g_read_bytes, (uint64_t)r);
+  return r;
+}
+/* preadv counts and fails as a pread (FIO_PREAD); a short one reads at most
+ * half of the segments' bytes. */
+static ssize_t w_preadv(int fd, const struct iovec *iov, int cnt, off_t o) {
+  int f = should_fail_t(FIO_PREAD, fd_is_target(fd));
+  if (f == FIO_FAIL_ERRNO + 1)
+    return -1;
+  struct iovec v[1024];
+  if (cnt > 1024)
+    cnt = 1024;
+  size_t total = 0;
+  for (int i = 0; i < cnt; i++) {
+    v[i] = iov[i];
+    total += iov[i].iov_len;
+  }
+  if (f == FIO_FAIL_SHORT + 1 && total > 1) {
+    size_t left = total / 2;
+    int n = 0;
+    for (; n < cnt && left > 0; n++) {
+      if (v[n].iov_len > left)
+        v[n].iov_len = left;
+      left -= v[n].iov_len;
+    }
+    cnt = n;
+  }
+  ssize_t r = kvti_io_default.preadv(fd, v, cnt, o);
   if (r > 0)
     atomic_fetch_add(&g_read_bytes, (uint64_t)r);
   return r;
@@ -250,6 +280,8 @@ void fio_install(void) {
   g_ops.rename_exchange = w_rename_exchange;
   if (kvti_io_default.uring_result)
     g_ops.uring_result = w_uring_result;
+  if (kvti_io_default.preadv)
+    g_ops.preadv = w_preadv;
   atomic_store(&g_stall, 0);
   fio_reset();
   kvti_io_set(&g_ops);

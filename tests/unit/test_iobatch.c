@@ -81,6 +81,30 @@ static ssize_t inj_pread(int fd, void *buf, size_t n, off_t off) {
   return pread(fd, buf, (size_t)d, off);
 }
 
+/* preadv: the fate is decided for the whole transfer, a short one cuts the
+ * segments. */
+static ssize_t inj_preadv(int fd, const struct iovec *iov, int cnt,
+                          off_t off) {
+  size_t total = 0;
+  for (int i = 0; i < cnt; i++)
+    total += iov[i].iov_len;
+  long d = decide(fd, total);
+  if (d < 0) {
+    errno = (int)-d;
+    return -1;
+  }
+  struct iovec v[KVTI_IOB_MAX_IOV];
+  int n = 0;
+  size_t left = (size_t)d;
+  for (int i = 0; i < cnt && left > 0; i++, n++) {
+    v[n] = iov[i];
+    if (v[n].iov_len > left)
+      v[n].iov_len = left;
+    left -= v[n].iov_len;
+  }
+  return preadv(fd, v, n, off);
+}
+
 static ssize_t inj_pwrite(int fd, const void *buf, size_t n, off_t off) {
   long d = decide(fd, n);
   if (d < 0) {
@@ -125,6 +149,8 @@ static void install(void) {
   ops = kvti_io_default;
   ops.pread = inj_pread;
   ops.pwrite = inj_pwrite;
+  if (ops.preadv)
+    ops.preadv = inj_preadv;
   if (ops.uring_result)
     ops.uring_result = inj_uring_result;
   if (ops.uring_setup)
@@ -392,6 +418,111 @@ static void injected_errors(int backend, unsigned threads) {
   kvti_free(buf);
   kvti_free(rd);
   kvti_iobatch_free(b);
+}
+
+/* Vectored reads: one file range scattered over segments - aligned 64 KiB
+ * pieces at a stride (O_DIRECT), an unaligned piece, a zero-length segment,
+ * 300 small pieces (more than a chunk may carry), a tail - read whole, under
+ * short transfers, and failing with EIO mid-request. no_preadv: the portable
+ * backend without the seam's preadv (one pread per segment). */
+static void vectored(int backend, int no_preadv) {
+  reset_inject();
+  const kvti_io_ops *saved = kvti_io;
+  static kvti_io_ops np;
+  if (no_preadv) {
+    np = *kvti_io;
+    np.preadv = NULL;
+    kvti_io_set(&np);
+  }
+  kvti_iobatch *b = engine(backend, 256 * 1024, 2);
+  fpair f = open_pair("vec.bin", 1);
+  enum { NSEG = 20 + 1 + 1 + 300 + 1 };
+  struct iovec iov[NSEG];
+  size_t mem = 64u << 20;
+  char *dst = kvti_aligned_alloc(4096, mem);
+  REQUIRE(dst);
+  unsigned k = 0;
+  size_t at = 0;
+  for (int i = 0; i < 20; i++) /* head extents at a stride of 128 KiB */
+    iov[k++] = (struct iovec){dst + (size_t)i * 131072, 65536};
+  at = 20 * 131072;
+  iov[k++] = (struct iovec){dst + at + 1, 1000}; /* unaligned */
+  at += 8192;
+  iov[k++] = (struct iovec){dst + at, 0};
+  for (int i = 0; i < 300; i++)
+    iov[k++] = (struct iovec){dst + at + (size_t)i * 1024, 512};
+  at += 300 * 1024;
+  iov[k++] = (struct iovec){dst + at, 12345}; /* the tail */
+  REQUIRE(k == NSEG);
+  size_t len = 0;
+  for (unsigned i = 0; i < k; i++)
+    len += iov[i].iov_len;
+  char *src = kvti_aligned_alloc(4096, len);
+  REQUIRE(src);
+  kvt_rng rng = {77u + (unsigned)backend};
+  kvt_rng_fill(&rng, src, len);
+  CHECK(pwrite(f.fd, src, len, 0) == (ssize_t)len);
+  CHECK(fsync(f.fd) == 0);
+  kvti_iob_req r = {f.fd, f.dfd, 0, NULL, len, 0, 0, 0, 0};
+  r.iov = iov;
+  r.iovcnt = k;
+  for (int round = 0; round < 2; round++) { /* clean, then short transfers */
+    reset_inject();
+    short_transfers = round;
+    memset(dst, 0, at + 12345);
+    CHECK_EQ_INT(kvti_iobatch_run(b, &r, 1, 0, "vec.bin"), 0);
+    CHECK_EQ_INT(r.done, len);
+    size_t pos = 0, bad = 0;
+    for (unsigned i = 0; i < k; i++) {
+      if (memcmp(iov[i].iov_base, src + pos, iov[i].iov_len))
+        bad++;
+      pos += iov[i].iov_len;
+    }
+    CHECK_EQ_INT(bad, 0);
+    if (f.dfd >= 0)
+      CHECK(direct_calls > 0); /* the aligned head extents */
+    CHECK(buffered_calls > 0);  /* the unaligned and small pieces */
+  }
+  /* Pushed too (the path of a chunked promote). */
+  reset_inject();
+  memset(dst, 0, at + 12345);
+  CHECK_EQ_INT(kvti_iobatch_push(b, &r, KVTI_IOB_DEFER, "vec.bin"), 0);
+  CHECK_EQ_INT(kvti_iobatch_wait_req(b, &r), 0);
+  CHECK_EQ_INT(kvti_iobatch_wait_all(b), 0);
+  CHECK(!memcmp(iov[0].iov_base, src, 65536));
+  CHECK(!memcmp(iov[NSEG - 1].iov_base, src + len - 12345, 12345));
+  /* EIO in the middle of the request: it fails, naming file and offset. */
+  reset_inject();
+  fail_at_call = 3;
+  fail_errno = EIO;
+  CHECK_EQ_INT(kvti_iobatch_run(b, &r, 1, 0, "vec.bin"), KVT_EIO);
+  CHECK_EQ_INT(r.status, KVT_EIO);
+  CHECK(strstr(kvt_last_error(), "read vec.bin at offset") != NULL);
+  /* A file shorter than the segments: truncated. */
+  reset_inject();
+  CHECK(ftruncate(f.fd, (off_t)(len - 100)) == 0);
+  CHECK_EQ_INT(kvti_iobatch_run(b, &r, 1, 0, "vec.bin"), KVT_ECORRUPT);
+  CHECK(strstr(kvt_last_error(), "truncated") != NULL);
+  /* Segments not summing to len, or a vectored write: invalid. */
+  r.len = len + 1;
+  CHECK_EQ_INT(kvti_iobatch_run(b, &r, 1, 0, NULL), KVT_EINVAL);
+  r.len = len;
+  r.write = 1;
+  CHECK_EQ_INT(kvti_iobatch_run(b, &r, 1, 0, NULL), KVT_EINVAL);
+  close_pair(f);
+  kvti_free(src);
+  kvti_free(dst);
+  kvti_iobatch_free(b);
+  kvti_io_set(saved);
+}
+
+static void test_vectored(void) {
+  install();
+  vectored(KVT_IO_PORTABLE, 0);
+  vectored(KVT_IO_PORTABLE, 1);
+  if (uring_ok)
+    vectored(KVT_IO_URING, 0);
+  kvti_io_set(NULL);
 }
 
 static void test_injected_errors(void) {
@@ -778,6 +909,7 @@ int main(void) {
                   kvt_last_error());
   RUN(test_round_trips);
   RUN(test_short_reads);
+  RUN(test_vectored);
   RUN(test_injected_errors);
   RUN(test_backend_selection);
   RUN(test_submit_failure);
