@@ -1,0 +1,324 @@
+/*
+ * bench_promote_cold.c - the cold promote of one entry at a time against the
+ * disk's own O_DIRECT read, per entry size (default 256, 1024 and 4096
+ * Llama-3-8B-shaped fp16 tokens: 32, 128 and 512 MiB), through the public
+ * API on the default options (the chunked store) with the host RAM tier off.
+ * Per size, `--entries` entries are spilled durably once; then each of
+ * `--rounds` rounds runs, interleaved (fio first in even rounds, last in odd
+ * ones, so a drift of the shared disk weighs on both alike):
+ *   - fio: one O_DIRECT read job per entry, of a file of the entry's size,
+ *     1 MiB blocks, io_uring (libaio, psync where it is refused), at each
+ *     `--depth` (default 8 and 32); the limit is the fastest depth's
+ *     bytes over the jobs' summed times;
+ *   - kvtier: every file of the cache (chunks/ and data/) fsynced and
+ *     evicted from the page cache, the pages still cached counted with
+ *     mincore, then kvt_tier_promote of each entry, timed one by one, every
+ *     promoted tensor compared with what was spilled.
+ * The round's ratio is kvtier's bytes per second over fio's. Printed per
+ * size: every round's figures, the median ratio and its spread, against the
+ * target (0.95 of fio, no round below 0.85 of it); a figure above fio's or a
+ * cold read that found more than 1% of its files cached is FLAGGED (it did
+ * not measure the disk). fio's command lines are printed.
+ *
+ * bench_promote_cold [--tokens 256,1024,4096] [--rounds N] [--entries N]
+ *                    [--depth N,N] [--dir DIR] [--quick] [--no-fio]
+ */
+#define _GNU_SOURCE
+#include "benchutil.h"
+#include "kvtier.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define TARGET 0.95
+#define FLOOR 0.85 /* of the target, for every round */
+#define MAXR 16
+#define MAXD 4
+
+static int use_fio = 1;
+static size_t depths[MAXD] = {8, 32};
+static int ndepths = 2;
+static char fio_engine[32];
+static int all_exact = 1; /* every promoted tensor equal to what was spilled */
+
+static void die(const char *what) {
+  fprintf(stderr, "bench_promote_cold: %s: %s\n", what, kvt_last_error());
+  exit(1);
+}
+#define API(call, what)                                                        \
+  do {                                                                         \
+    if ((call) < 0)                                                            \
+      die(what);                                                               \
+  } while (0)
+
+/* One fio job with the first engine that works here (kept once found). */
+static int fio_job(double *bw, const char *file, const char *rw, uint64_t size,
+                   int depth) {
+  static const char *engines[] = {"io_uring", "libaio", "psync"};
+  for (int i = 0; i < 3; i++) {
+    if (fio_engine[0] && strcmp(fio_engine, engines[i]) != 0)
+      continue;
+    bu_fio_job j = {file,  rw, 1, 1u << 20, size, depth, engines[i],
+                    !strcmp(rw, "write"), 1, 1};
+    if (bu_fio(bw, &j) == 0) {
+      snprintf(fio_engine, sizeof fio_engine, "%s", engines[i]);
+      return 0;
+    }
+  }
+  return -1;
+}
+
+/* fio's limit for one round: per depth, the n files read one job each;
+ * bytes over the summed job times; the fastest depth. */
+static double fio_read_limit(const char *base, int n, uint64_t size,
+                             double *per_depth) {
+  double best = 0;
+  for (int d = 0; d < ndepths; d++) {
+    double secs = 0;
+    per_depth[d] = 0;
+    for (int i = 0; i < n; i++) {
+      char f[4300];
+      snprintf(f, sizeof f, "%s.%d", base, i);
+      double b = 0;
+      if (fio_job(&b, f, "read", size, (int)depths[d]) != 0 || b <= 0)
+        return -1;
+      secs += (double)size / b;
+    }
+    per_depth[d] = secs > 0 ? (double)size * n / secs : 0;
+    if (per_depth[d] > best)
+      best = per_depth[d];
+  }
+  return best;
+}
+
+static kvt_tier *open_tier(const char *cache, uint64_t queue_bytes) {
+  kvt_options o;
+  kvt_options_init(&o, KVT_OPTIONS_VERSION);
+  o.cache_dir = cache;
+  o.host_cache_bytes = 0; /* the disk path: no RAM tier in front */
+  o.max_size_gb = 64;
+  o.spill_queue_bytes = queue_bytes;
+  o.durability = KVT_DURABILITY_FSYNC;
+  kvt_tier *t = NULL;
+  API(kvt_tier_open(&t, &o), "kvt_tier_open");
+  API(kvt_tier_start_writer(t), "kvt_tier_start_writer");
+  return t;
+}
+
+/* Whether entry e holds exactly w's tensors. */
+static int same(const kvt_entry *e, const bu_workload *w) {
+  for (uint32_t L = 0; L < w->n_layers; L++) {
+    const kvt_layer *l = kvt_entry_layer(e, L);
+    if (!l || l->num_tensors != w->layers[L].num_tensors)
+      return 0;
+    for (uint32_t j = 0; j < l->num_tensors; j++)
+      if (l->tensors[j].nbytes != w->layers[L].tensors[j].nbytes ||
+          memcmp(l->tensors[j].data, w->layers[L].tensors[j].data,
+                 (size_t)l->tensors[j].nbytes))
+        return 0;
+  }
+  return 1;
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* One entry size: its rounds and its line. */
+static void one_size(const char *dir, size_t T, int n, int rounds) {
+  bu_workload *w = calloc((size_t)n, sizeof *w);
+  if (!w)
+    die("out of memory");
+  for (int i = 0; i < n; i++)
+    bu_workload_make(&w[i], 32, 0, KVT_DTYPE_F16, 8, T, 128,
+                     (int32_t)(T * 100 + (size_t)i * 7 + 1));
+  uint64_t eb = w[0].bytes;
+  char cache[4096], fbase[4096];
+  snprintf(cache, sizeof cache, "%s/cache-%zu", dir, T);
+  snprintf(fbase, sizeof fbase, "%s/fio-%zu.dat", dir, T);
+  kvt_test_rmtree(cache);
+  kvt_tier *t = open_tier(cache, eb * (uint64_t)(n + 1));
+  for (int i = 0; i < n; i++)
+    API(kvt_tier_spill(t, w[i].tokens, w[i].n_tokens, w[i].layers,
+                       w[i].n_layers, w[i].bytes),
+        "kvt_tier_spill");
+  API(kvt_tier_flush(t, -1), "kvt_tier_flush");
+  kvt_stats st = KVT_STATS_INIT;
+  API(kvt_tier_stats(&st, t), "kvt_tier_stats");
+  if (st.write_failures) {
+    fprintf(stderr, "bench_promote_cold: %llu spill(s) failed\n",
+            (unsigned long long)st.write_failures);
+    exit(1);
+  }
+  int have_fio = use_fio;
+  for (int i = 0; have_fio && i < n; i++) { /* fio's files, written once */
+    char f[4300];
+    snprintf(f, sizeof f, "%s.%d", fbase, i);
+    double b;
+    unlink(f);
+    if (fio_job(&b, f, "write", eb, 8) != 0)
+      have_fio = 0;
+  }
+  printf("\n## %zu tokens: %.0f MiB per entry, %d entries per round, %d "
+         "rounds\n\n",
+         T, eb / 1048576.0, n, rounds);
+  if (have_fio) {
+    printf("fio per entry and round, each depth:\n  fio --name=kvtbench "
+           "--filename=%s.<i> --rw=read --bs=1048576 --size=%llu "
+           "--direct=1 --ioengine=%s --iodepth=<",
+           fbase, (unsigned long long)eb, fio_engine);
+    for (int d = 0; d < ndepths; d++)
+      printf("%s%zu", d ? "|" : "", depths[d]);
+    printf("> --end_fsync=0 --invalidate=1 --numjobs=1 "
+           "--output-format=json\n  limit = the fastest depth's %d x %llu "
+           "bytes over its jobs' summed times\n\n",
+           n, (unsigned long long)eb);
+  }
+  printf("| round | order | kvtier cold GB/s | ms/entry | fio GB/s (");
+  for (int d = 0; d < ndepths; d++)
+    printf("%sdepth %zu", d ? ", " : "", depths[d]);
+  printf(") | ratio | resident at read | note |\n|---|---|---|---|---|---|---|"
+         "---|\n");
+  double ratio[MAXR], kv[MAXR], lim[MAXR];
+  int flagged = 0, exact = 1, k;
+  for (k = 0; k < rounds; k++) {
+    double perd[MAXD] = {0}, perd2[MAXD] = {0};
+    int fio_first = k % 2 == 0;
+    lim[k] = 0;
+    if (have_fio && fio_first &&
+        (lim[k] = fio_read_limit(fbase, n, eb, perd)) < 0)
+      have_fio = 0, lim[k] = 0;
+    bu_residency res = {0};
+    char sub[4200];
+    snprintf(sub, sizeof sub, "%s/chunks", cache);
+    bu_evict_tree(sub, &res);
+    snprintf(sub, sizeof sub, "%s/data", cache);
+    bu_evict_tree(sub, &res);
+    double resident = bu_resident_after(&res);
+    double busy = 0;
+    uint64_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+      kvt_entry *e = NULL;
+      double t0 = bu_now();
+      API(kvt_tier_promote(&e, t, w[i].tokens, w[i].n_tokens, NULL),
+          "kvt_tier_promote");
+      busy += bu_now() - t0;
+      bytes += kvt_entry_disk_bytes(e);
+      if (!same(e, &w[i]))
+        exact = 0;
+      kvt_entry_free(e);
+    }
+    if (have_fio && !fio_first) {
+      if ((lim[k] = fio_read_limit(fbase, n, eb, perd2)) < 0)
+        have_fio = 0, lim[k] = 0;
+      memcpy(perd, perd2, sizeof perd);
+    }
+    kv[k] = busy > 0 ? (double)bytes / busy : 0;
+    ratio[k] = lim[k] > 0 ? kv[k] / lim[k] : 0;
+    unsigned fl = bu_figure_flags(kv[k], lim[k], resident);
+    flagged |= fl != 0;
+    printf("| %d | %s | %.2f | %.1f | ", k + 1,
+           fio_first ? "fio, kvtier" : "kvtier, fio", kv[k] / 1e9,
+           busy / n * 1e3);
+    for (int d = 0; d < ndepths; d++)
+      printf("%s%.2f", d ? ", " : "", perd[d] / 1e9);
+    printf(" | %.3f | %.2f%% (%llu files) | %s |\n", ratio[k],
+           resident * 100, (unsigned long long)res.files,
+           fl ? bu_figure_flag_text(fl) : "");
+    fflush(stdout);
+  }
+  API(kvt_tier_close(t, -1), "kvt_tier_close");
+  kvt_tier_free(t);
+  kvt_test_rmtree(cache);
+  for (int i = 0; i < n; i++) {
+    char f[4300];
+    snprintf(f, sizeof f, "%s.%d", fbase, i);
+    unlink(f);
+    bu_workload_free(&w[i]);
+  }
+  free(w);
+  all_exact &= exact;
+  double sorted[MAXR];
+  memcpy(sorted, ratio, sizeof(double) * (size_t)k);
+  qsort(sorted, (size_t)k, sizeof *sorted, cmp_d);
+  double med = k % 2 ? sorted[k / 2] : (sorted[k / 2 - 1] + sorted[k / 2]) / 2;
+  double lo = sorted[0], hi = sorted[k - 1];
+  double kvm = bu_median(kv, k), limm = bu_median(lim, k);
+  int pass = have_fio && exact && !flagged && med >= TARGET &&
+             lo >= FLOOR * TARGET;
+  printf("\n%zu tokens: cold promote %.2f GB/s (median), fio O_DIRECT read "
+         "%.2f GB/s; ratio median %.3f, spread %.3f..%.3f over %d rounds "
+         "(target >= %.2f, every round >= %.3f); data %s -> %s\n",
+         T, kvm / 1e9, limm / 1e9, med, lo, hi, k, TARGET, FLOOR * TARGET,
+         exact ? "bit-exact" : "DIFFERS",
+         !have_fio ? "no fio (no verdict)"
+         : !exact  ? "FAIL"
+         : flagged ? "FLAGGED (not the disk)"
+         : pass    ? "PASS"
+                   : "MISS");
+}
+
+int main(int argc, char **argv) {
+  size_t toks[8] = {256, 1024, 4096};
+  int ntoks = 3, rounds = 5, entries = 0, quick = 0;
+  const char *base = NULL;
+  char cmd[2048] = ""; /* before the lists are parsed (in place) */
+  for (int i = 0; i < argc; i++)
+    snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), "%s%s", i ? " " : "",
+             argv[i]);
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--tokens") && i + 1 < argc)
+      ntoks = bu_parse_list(toks, 8, argv[++i]);
+    else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
+      rounds = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--entries") && i + 1 < argc)
+      entries = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--depth") && i + 1 < argc)
+      ndepths = bu_parse_list(depths, MAXD, argv[++i]);
+    else if (!strcmp(argv[i], "--dir") && i + 1 < argc)
+      base = argv[++i];
+    else if (!strcmp(argv[i], "--quick"))
+      quick = 1;
+    else if (!strcmp(argv[i], "--no-fio"))
+      use_fio = 0;
+    else {
+      fprintf(stderr,
+              "usage: bench_promote_cold [--tokens N,N..] [--rounds N] "
+              "[--entries N] [--depth N,N] [--dir DIR] [--quick] "
+              "[--no-fio]\n");
+      return 2;
+    }
+  }
+  if (quick && rounds == 5)
+    rounds = 1;
+  if (rounds < 1 || rounds > MAXR || ntoks < 1 || ndepths < 1) {
+    fprintf(stderr, "bench_promote_cold: rounds 1..%d, sizes and depths "
+                    "needed\n",
+            MAXR);
+    return 2;
+  }
+  if (use_fio && !bu_have_fio()) {
+    fprintf(stderr, "fio not found: no limits, no verdicts\n");
+    use_fio = 0;
+  }
+  char *dir = bu_mkdtemp(base);
+  if (!dir)
+    die("scratch directory");
+  bu_header("bench_promote_cold: per-entry cold promote vs fio O_DIRECT "
+            "read (1 MiB blocks)",
+            dir);
+  printf("command: %s\n", cmd);
+  for (int s = 0; s < ntoks; s++) {
+    size_t T = toks[s];
+    int n = entries > 0 ? entries : T >= 4096 ? 1 : T >= 1024 ? 2 : 4;
+    if (quick && entries <= 0)
+      n = 1;
+    one_size(dir, T, n, rounds);
+  }
+  kvt_test_rmtree(dir);
+  free(dir);
+  return all_exact ? 0 : 1; /* a MISS is a figure, wrong data an error */
+}
