@@ -6,7 +6,9 @@
  * temporary, count write_failures, keep a replaced entry intact, and the writer
  * goes on; close drains the queue, and a close that times out (writer stalled
  * in pwrite) is reported, leaves the tier readable and can be retried;
- * reconcile of missing files, orphan directories and stale temporaries.
+ * reconcile of missing files, orphan directories and stale temporaries; a
+ * cold chained promote under read faults (EIO fails it cleanly, short reads
+ * complete it).
  */
 #include "tier_testlib.h"
 
@@ -193,6 +195,63 @@ static void test_writer_failures(void) {
   t_free(&b2);
 }
 
+/* A cold promote of a chained entry (4 chunks and a tail) under read
+ * faults, every read call in turn: an EIO fails the promote cleanly (an
+ * error, no entry handed out, a promotion failure counted, nothing
+ * quarantined: the next promote serves the entry whole), a short read is
+ * completed (exact data). The chunk reads are vectored requests into the
+ * destination (preadv through the seam). */
+static void test_promote_read_faults(void) {
+  fio_install();
+  kvt_options o = t_opts("rdfail");
+  o.chunk_tokens = 16;
+  o.host_cache_bytes = 0;
+  kvt_tier *t = t_open(&o);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  int32_t tok[72];
+  for (int i = 0; i < 72; i++)
+    tok[i] = 1000 + 7 * i;
+  REQUIRE(t_kv_spill(t, tok, 72, 80, 3, 1000) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  for (int kind = 0; kind < 2; kind++) {
+    int sites = 0;
+    for (uint64_t nth = 1; nth < 10000; nth++) {
+      kvt_stats s0 = KVT_STATS_INIT, s1 = KVT_STATS_INIT;
+      kvt_tier_stats(&s0, t);
+      fio_arm(FIO_PREAD, nth, kind ? FIO_FAIL_SHORT : FIO_FAIL_ERRNO, EIO, 0);
+      kvt_entry *e = NULL;
+      int rc = kvt_tier_promote(&e, t, tok, 72, NULL);
+      uint64_t fired = fio_fired();
+      fio_disarm();
+      kvt_tier_stats(&s1, t);
+      if (!fired) {
+        CHECK_EQ_INT(rc, 0);
+        CHECK(e && t_kv_matches(e, tok, 72, 80, 3));
+        kvt_entry_free(e);
+        break;
+      }
+      sites++;
+      if (kind == 0) {
+        CHECK(rc < 0);
+        CHECK(e == NULL);
+        CHECK_EQ_INT(s1.promotion_failures, s0.promotion_failures + 1);
+        kvt_entry_free(e);
+        e = NULL;
+        CHECK_EQ_INT(kvt_tier_promote(&e, t, tok, 72, NULL), 0);
+      } else {
+        CHECK_EQ_INT(rc, 0);
+      }
+      CHECK(e && t_kv_matches(e, tok, 72, 80, 3));
+      kvt_entry_free(e);
+    }
+    fprintf(stderr, "  promote, %s: %d read calls failed in turn\n",
+            kind ? "short reads" : "EIO", sites);
+    CHECK(sites >= 5); /* the tail's reads and every chunk's */
+  }
+  kvt_tier_free(t);
+  fio_remove();
+}
+
 static void test_drain_on_close(void) {
   kvt_options o = t_opts("drain");
   kvt_tier *t = t_open(&o);
@@ -344,6 +403,7 @@ static void test_reconcile(void) {
 int main(void) {
   RUN(test_quarantine);
   RUN(test_writer_failures);
+  RUN(test_promote_read_faults);
   RUN(test_drain_on_close);
   RUN(test_close_timeout);
   RUN(test_reconcile);
