@@ -135,6 +135,9 @@ int bu_fio(double *bw, const bu_fio_job *j) {
   snprintf(a_depth, sizeof a_depth, "--iodepth=%d", j->depth);
   snprintf(a_fsync, sizeof a_fsync, "--end_fsync=%d", j->end_fsync);
   snprintf(a_inval, sizeof a_inval, "--invalidate=%d", j->invalidate);
+  char a_fst[96] = "--numjobs=1"; /* a harmless repeat when unset */
+  if (j->file_service)
+    snprintf(a_fst, sizeof a_fst, "--file_service_type=%s", j->file_service);
   char *argv[] = {"fio",
                   "--name=kvtbench",
                   a_file,
@@ -146,6 +149,7 @@ int bu_fio(double *bw, const bu_fio_job *j) {
                   a_depth,
                   a_fsync,
                   a_inval,
+                  a_fst,
                   "--numjobs=1",
                   "--output-format=json",
                   NULL};

@@ -89,6 +89,9 @@ typedef struct bu_fio_job {
   int end_fsync;
   int invalidate; /* 1: fio drops the file's cache before the job */
   int quiet;      /* 1: no message on failure (the caller has a fallback) */
+  /* With several files (file "a:b:c"): fio's file_service_type, e.g.
+   * "sequential" (one file after the other); NULL: fio's default. */
+  const char *file_service;
 } bu_fio_job;
 
 /* Runs fio (spawned with an argument vector, no shell; its stderr discarded);

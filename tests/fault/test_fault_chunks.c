@@ -259,7 +259,9 @@ static void read_campaign(const char *tag, kvt_layer *l, uint32_t nl,
      * the headers'. */
     CHECK(sites > NTOK / C);
     fprintf(stderr, "  %s (%s, %s): %llu read calls failed in turn\n", tag,
-            kind ? "short" : "EIO", with_preadv ? "preadv" : "pread per segment",
+            kind ? "short" : "EIO",
+            with_preadv && kvti_io_default.preadv ? "preadv"
+                                                  : "pread per segment",
             (unsigned long long)sites);
   }
   fio_remove();
