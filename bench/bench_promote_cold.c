@@ -64,8 +64,17 @@ static int fio_job(double *bw, const char *file, const char *rw, uint64_t size,
   for (int i = 0; i < 3; i++) {
     if (fio_engine[0] && strcmp(fio_engine, engines[i]) != 0)
       continue;
-    bu_fio_job j = {file,       rw, 1, 1u << 20, size, depth, engines[i],
-                    !strcmp(rw, "write"), 1, 1, strchr(file, ':') ? "sequential" : NULL};
+    bu_fio_job j = {file,
+                    rw,
+                    1,
+                    1u << 20,
+                    size,
+                    depth,
+                    engines[i],
+                    !strcmp(rw, "write"),
+                    1,
+                    1,
+                    strchr(file, ':') ? "sequential" : NULL};
     if (bu_fio(bw, &j) == 0) {
       snprintf(fio_engine, sizeof fio_engine, "%s", engines[i]);
       return 0;
@@ -322,15 +331,14 @@ static void one_size(const char *dir, size_t T, int n, int rounds) {
   double lo = sorted[0], hi = sorted[k - 1];
   double kvm = bu_median(kv, k), limm = bu_median(lim, k),
          ownm = bu_median(own, k);
-  int pass = have_fio && exact && !flagged && med >= TARGET &&
-             lo >= FLOOR * TARGET;
+  int pass =
+      have_fio && exact && !flagged && med >= TARGET && lo >= FLOOR * TARGET;
   printf("\n%zu tokens: cold promote %.2f GB/s (median), fio O_DIRECT read "
          "%.2f GB/s (on kvtier's own files %.2f); ratio median %.3f, spread "
          "%.3f..%.3f over %d rounds (target >= %.2f, every round >= %.3f); "
          "data %s -> %s\n",
          T, kvm / 1e9, limm / 1e9, ownm / 1e9, med, lo, hi, k, TARGET,
-         FLOOR * TARGET,
-         exact ? "bit-exact" : "DIFFERS",
+         FLOOR * TARGET, exact ? "bit-exact" : "DIFFERS",
          !have_fio ? "no fio (no verdict)"
          : !exact  ? "FAIL"
          : flagged ? "FLAGGED (not the disk)"
@@ -362,18 +370,18 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--no-fio"))
       use_fio = 0;
     else {
-      fprintf(stderr,
-              "usage: bench_promote_cold [--tokens N,N..] [--rounds N] "
-              "[--entries N] [--depth N,N] [--dir DIR] [--quick] "
-              "[--no-fio]\n");
+      fprintf(stderr, "usage: bench_promote_cold [--tokens N,N..] [--rounds N] "
+                      "[--entries N] [--depth N,N] [--dir DIR] [--quick] "
+                      "[--no-fio]\n");
       return 2;
     }
   }
   if (quick && rounds == 5)
     rounds = 1;
   if (rounds < 1 || rounds > MAXR || ntoks < 1 || ndepths < 1) {
-    fprintf(stderr, "bench_promote_cold: rounds 1..%d, sizes and depths "
-                    "needed\n",
+    fprintf(stderr,
+            "bench_promote_cold: rounds 1..%d, sizes and depths "
+            "needed\n",
             MAXR);
     return 2;
   }

@@ -138,20 +138,13 @@ int bu_fio(double *bw, const bu_fio_job *j) {
   char a_fst[96] = "--numjobs=1"; /* a harmless repeat when unset */
   if (j->file_service)
     snprintf(a_fst, sizeof a_fst, "--file_service_type=%s", j->file_service);
-  char *argv[] = {"fio",
-                  "--name=kvtbench",
-                  a_file,
-                  a_rw,
-                  a_bs,
-                  a_size,
-                  a_direct,
-                  a_engine,
-                  a_depth,
-                  a_fsync,
-                  a_inval,
-                  a_fst,
-                  "--numjobs=1",
-                  "--output-format=json",
+  char *argv[] = {"fio",         "--name=kvtbench",
+                  a_file,        a_rw,
+                  a_bs,          a_size,
+                  a_direct,      a_engine,
+                  a_depth,       a_fsync,
+                  a_inval,       a_fst,
+                  "--numjobs=1", "--output-format=json",
                   NULL};
   int st = 0;
   char *out = run_capture(argv, &st);

@@ -95,9 +95,8 @@ static int take_vec_chunk(kvti_iob_req *r, size_t max, chunk *ch) {
       continue;
     }
     uint64_t take = sl < max - len ? sl : max - len;
-    int ok =
-        aligned((uint64_t)(uintptr_t)r->iov[seg].iov_base + skip) &&
-        aligned(take);
+    int ok = aligned((uint64_t)(uintptr_t)r->iov[seg].iov_base + skip) &&
+             aligned(take);
     if (direct < 0)
       direct = can && ok;
     else if (direct && !ok)
@@ -304,8 +303,8 @@ static ssize_t read_vec(int fd, const struct iovec *v, unsigned n, off_t off) {
     return kvti_io->preadv(fd, v, (int)n, off);
   ssize_t total = 0;
   for (unsigned i = 0; i < n; i++) {
-    ssize_t got = kvti_io->pread(fd, v[i].iov_base, v[i].iov_len,
-                                 off + (off_t)total);
+    ssize_t got =
+        kvti_io->pread(fd, v[i].iov_base, v[i].iov_len, off + (off_t)total);
     if (got < 0)
       return -1;
     total += got;

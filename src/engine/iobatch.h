@@ -46,8 +46,8 @@ typedef struct kvti_iob_req {
   unsigned pending_; /* chunks issued and not yet completed */
   unsigned flags_;
   const char *path_;
-  unsigned segi_;    /* vectored: the segment holding byte pos_ */
-  uint64_t segoff_;  /* and pos_'s offset inside it */
+  unsigned segi_;   /* vectored: the segment holding byte pos_ */
+  uint64_t segoff_; /* and pos_'s offset inside it */
   /* Vectored read (optional; NULL/0 for a plain request): the file range
    * [off, off + len) is scattered over iov[0..iovcnt) in order, and buf is
    * ignored. len must equal the sum of the segment lengths (else the request

@@ -85,8 +85,7 @@ static int run(walk *w, const kvti_ioplan_ext *ext, size_t n, uint64_t limit,
       return KVT_ERR(KVT_EINVAL,
                      "read plan: extent %zu (offset %llu, %llu bytes) is "
                      "out of order, overlapping or out of range",
-                     i, (unsigned long long)e->off,
-                     (unsigned long long)e->len);
+                     i, (unsigned long long)e->off, (unsigned long long)e->len);
     any = 1;
     prev_end = e->off + e->len;
     for (uint64_t pos = 0; pos < e->len;) {

@@ -83,8 +83,7 @@ static ssize_t inj_pread(int fd, void *buf, size_t n, off_t off) {
 
 /* preadv: the fate is decided for the whole transfer, a short one cuts the
  * segments. */
-static ssize_t inj_preadv(int fd, const struct iovec *iov, int cnt,
-                          off_t off) {
+static ssize_t inj_preadv(int fd, const struct iovec *iov, int cnt, off_t off) {
   size_t total = 0;
   for (int i = 0; i < cnt; i++)
     total += iov[i].iov_len;
@@ -481,7 +480,7 @@ static void vectored(int backend, int no_preadv) {
     CHECK_EQ_INT(bad, 0);
     if (f.dfd >= 0)
       CHECK(direct_calls > 0); /* the aligned head extents */
-    CHECK(buffered_calls > 0);  /* the unaligned and small pieces */
+    CHECK(buffered_calls > 0); /* the unaligned and small pieces */
   }
   /* Pushed too (the path of a chunked promote). */
   reset_inject();

@@ -181,9 +181,9 @@ static void chunk_layout(const char *name, unsigned tensors, unsigned heads,
     bufs[t] = kvti_aligned_alloc(4096, tb);
     REQUIRE(bufs[t]);
     for (unsigned h = 0; h < heads; h++, k++)
-      ext[k] = (kvti_ioplan_ext){hdr + ((uint64_t)t * heads + h) * e,
-                                 bufs[t] + ((uint64_t)h * stride_mult + blk) * e,
-                                 e};
+      ext[k] =
+          (kvti_ioplan_ext){hdr + ((uint64_t)t * heads + h) * e,
+                            bufs[t] + ((uint64_t)h * stride_mult + blk) * e, e};
   }
   plan_and_read(name, ext, n, hdr + n * e, limit, max_iov);
   for (unsigned t = 0; t < tensors; t++)
@@ -234,11 +234,13 @@ static void test_odd_sizes(void) {
   REQUIRE(m);
   kvti_ioplan_ext ext[8] = {
       {0, m, 3000},
-      {3000, m + 5000, 0}, /* skipped */
-      {3000, m + 3000, 5000}, /* memory-adjacent: one segment */
+      {3000, m + 5000, 0},       /* skipped */
+      {3000, m + 3000, 5000},    /* memory-adjacent: one segment */
       {9000, m + 100000, 70000}, /* gap in the file before it */
-      {79000, m + 350001, 1}, {79001, m + 200000, 123456},
-      {300000, m + 400000, 9}, {300009, m + 500000, 4096 * 3}};
+      {79000, m + 350001, 1},
+      {79001, m + 200000, 123456},
+      {300000, m + 400000, 9},
+      {300009, m + 500000, 4096 * 3}};
   plan_and_read("gaps.bin", ext, 8, 400000, 65536, 0);
   kvti_ioplan p;
   REQUIRE(kvti_ioplan_build(&p, ext, 8, 3, -1, 1 << 20, 0) == 0);
@@ -265,16 +267,14 @@ static void test_refusals(void) {
   char b[64];
   kvti_ioplan p;
   kvti_ioplan_ext bad_order[2] = {{100, b, 10}, {50, b + 10, 10}};
-  CHECK_EQ_INT(kvti_ioplan_build(&p, bad_order, 2, 3, -1, 4096, 0),
-               KVT_EINVAL);
+  CHECK_EQ_INT(kvti_ioplan_build(&p, bad_order, 2, 3, -1, 4096, 0), KVT_EINVAL);
   CHECK(p.reqs == NULL && p.n == 0);
   kvti_ioplan_ext overlap[2] = {{0, b, 20}, {10, b + 20, 10}};
   CHECK_EQ_INT(kvti_ioplan_build(&p, overlap, 2, 3, -1, 4096, 0), KVT_EINVAL);
   kvti_ioplan_ext huge = {(uint64_t)INT64_MAX, b, 2};
   CHECK_EQ_INT(kvti_ioplan_build(&p, &huge, 1, 3, -1, 4096, 0), KVT_EINVAL);
   kvti_ioplan_ext null_buf = {0, NULL, 2};
-  CHECK_EQ_INT(kvti_ioplan_build(&p, &null_buf, 1, 3, -1, 4096, 0),
-               KVT_EINVAL);
+  CHECK_EQ_INT(kvti_ioplan_build(&p, &null_buf, 1, 3, -1, 4096, 0), KVT_EINVAL);
   kvti_ioplan_ext ok = {0, b, 10};
   CHECK_EQ_INT(kvti_ioplan_build(&p, &ok, 1, 3, -1, 0, 0), KVT_EINVAL);
   CHECK_EQ_INT(kvti_ioplan_build(NULL, &ok, 1, 3, -1, 4096, 0), KVT_EINVAL);
