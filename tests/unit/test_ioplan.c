@@ -214,7 +214,8 @@ static void test_contiguous(void) {
   REQUIRE(kvti_ioplan_build(&p, &one, 1, 3, -1, 1 << 20, 0) == 0);
   CHECK_EQ_INT(p.n, 6);
   for (size_t i = 0; i < p.n; i++) {
-    CHECK(p.reqs[i].iov == NULL); /* one segment: a plain request */
+    CHECK(p.reqs[i].iov == NULL);     /* one segment: a plain request */
+    CHECK(p.reqs[i].off % 4096 == 0); /* aligned start, 1 MiB cuts */
     CHECK_EQ_INT(p.reqs[i].fd, 3);
     CHECK_EQ_INT(p.reqs[i].dfd, -1);
   }
