@@ -15,7 +15,10 @@
  *     evicted from the page cache, the pages still cached counted with
  *     mincore, then kvt_tier_promote of each entry, timed one by one, every
  *     promoted tensor compared with what was spilled.
- * The round's ratio is kvtier's bytes per second over fio's. Printed per
+ * The round's ratio is kvtier's bytes per second over fio's; the CPU time
+ * the promotes took (with the data comparison) is printed next to it, as a
+ * starved CPU on a loaded machine caps kvtier (hashing every block) and
+ * not fio. Printed per
  * size: every round's figures, the median ratio and its spread, against the
  * target (0.95 of fio, no round below 0.85 of it); a figure above fio's or a
  * cold read that found more than 1% of its files cached is FLAGGED (it did
@@ -32,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -195,6 +199,15 @@ static int same(const kvt_entry *e, const bu_workload *w) {
   return 1;
 }
 
+/* CPU seconds (user + system) of the whole process so far: the promote
+ * threads' too. */
+static double cpu_now(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
+         (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+}
+
 static int cmp_d(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -259,11 +272,12 @@ static void one_size(const char *dir, size_t T, int n, int rounds) {
            "places on the disk (info, no verdict)\n\n",
            n, (unsigned long long)eb);
   }
-  printf("| round | order | kvtier cold GB/s | ms/entry | fio GB/s (");
+  printf("| round | order | kvtier cold GB/s | ms/entry | CPU ms/entry | fio "
+         "GB/s (");
   for (int d = 0; d < ndepths; d++)
     printf("%sdepth %zu", d ? ", " : "", depths[d]);
   printf(") | ratio | fio on kvtier's files GB/s | ratio to it | resident at "
-         "read | note |\n|---|---|---|---|---|---|---|---|---|---|\n");
+         "read | note |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   double ratio[MAXR], kv[MAXR], lim[MAXR], own[MAXR];
   int flagged = 0, exact = 1, k;
   for (k = 0; k < rounds; k++) {
@@ -280,7 +294,7 @@ static void one_size(const char *dir, size_t T, int n, int rounds) {
     snprintf(sub, sizeof sub, "%s/data", cache);
     bu_evict_tree(sub, &res);
     double resident = bu_resident_after(&res);
-    double busy = 0;
+    double busy = 0, cpu0 = cpu_now();
     uint64_t bytes = 0;
     for (int i = 0; i < n; i++) {
       kvt_entry *e = NULL;
@@ -293,6 +307,7 @@ static void one_size(const char *dir, size_t T, int n, int rounds) {
         exact = 0;
       kvt_entry_free(e);
     }
+    double cpu = cpu_now() - cpu0; /* includes the comparisons */
     if (have_fio && !fio_first) {
       if ((lim[k] = fio_read_limit(fbase, n, eb, perd2)) < 0)
         have_fio = 0, lim[k] = 0;
@@ -303,9 +318,9 @@ static void one_size(const char *dir, size_t T, int n, int rounds) {
     ratio[k] = lim[k] > 0 ? kv[k] / lim[k] : 0;
     unsigned fl = bu_figure_flags(kv[k], lim[k], resident);
     flagged |= fl != 0;
-    printf("| %d | %s | %.2f | %.1f | ", k + 1,
+    printf("| %d | %s | %.2f | %.1f | %.1f | ", k + 1,
            fio_first ? "fio, kvtier" : "kvtier, fio", kv[k] / 1e9,
-           busy / n * 1e3);
+           busy / n * 1e3, cpu / n * 1e3);
     for (int d = 0; d < ndepths; d++)
       printf("%s%.2f", d ? ", " : "", perd[d] / 1e9);
     printf(" | %.3f | %.2f | %.3f | %.2f%% (%llu files) | %s |\n", ratio[k],
