@@ -37,6 +37,10 @@ Differences a caller can observe, all deliberate:
   writer that was never started, so queued spills are written, not dropped.
   ``close(timeout=s)`` / ``aclose(timeout=s)`` are kvtier's bounded drain.
   ``enqueue_spill`` once closing returns False.
+- ``enqueue_spill`` copies only buffers the caller may still change: MLX
+  arrays and numpy arrays read-only down to an immutable owner are held
+  (zero-copy, ``kvt_tier_spill_nocopy``) until written, their bytes counted
+  against ``spill_queue_bytes`` meanwhile.
 - ``_write_entry`` is called by the C writer only while it is replaced on the
   instance (or by a subclass), with an opaque ``layer_snapshots`` to pass on
   to the original; ``_spill_queue`` is a read-only view of the C queue
