@@ -86,6 +86,13 @@ def test_same_operations_same_results(tmp_path, mode, kinds, bf16):
             assert kt.enqueue_spill(ek["tokens"], ek["layers"], ek["memory_bytes"]) is True
             for t in tiers:
                 _wait_written(t, er["tokens"])
+            # An entry is visible before its writer has enforced the capacity
+            # (both libraries evict after the index row): wait for that too,
+            # or a slow writer still holds the entry the other evicted.
+            kt.flush()
+            end = time.time() + 30
+            while rt._index.get_entry_count() > 4 and time.time() < end:
+                time.sleep(0.005)
             time.sleep(0.01)  # distinct accessed_at for the LRU order
         ents = entries()
         toks = [e["tokens"] for e in ents]

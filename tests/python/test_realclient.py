@@ -112,6 +112,12 @@ def check_real_client(tmp_path, name, path, storage):
         # one by one by the server); the rest are all taken.
         assert all(ok for _n, ok, ref_ok in s.spills if ref_ok)
         stats = s.sched._ssd_tier.get_stats()
+        # The stand-in's arrays are MLX values exported through the buffer
+        # protocol: every spill taken went to libkvtier without a copy on
+        # the engine's thread, and the writer released them all.
+        taken = sum(1 for _n, ok, _r in s.spills if ok)
+        assert stats["spill_nocopy"] == taken, stats
+        assert stats["spill_copied"] == 0 and stats["spill_held_bytes"] == 0
         # The scheduler's own _stats mutations (sync path) and kvtier's
         # counting (async path) agree with what the requests saw.
         assert stats["ssd_hits"] == s.expected_ssd_hits()

@@ -8,7 +8,14 @@ Two directions:
   ``astype(numpy.float32)``) or anything ``numpy.asarray`` accepts, become a
   ``kvt_layer`` array.  The numpy buffers are referenced, not copied: the
   ``_Keep`` object returned with them must stay alive until the C call that
-  reads them has returned (kvt_tier_spill copies before returning).
+  reads them has returned (kvt_tier_spill copies before returning).  In hold
+  mode (``build_layers(cache, hold=True)``, for kvt_tier_spill_nocopy) each
+  tensor is also classified: its buffer is *frozen* when nobody can change
+  it until the writer releases it (an MLX array, pinned through a reference
+  of our own; a numpy array read-only down to an immutable owner; an array
+  this module made), and *shared* otherwise; ``_Keep.unshared()`` then
+  copies the shared ones, so the keep-alive list can be held instead of
+  copied.
 - Promote: a ``kvt_entry`` becomes the reference's list of layer dicts.  Tensor
   data is shared, not copied: each array's ``base`` chain ends in a ctypes
   buffer whose ``_owner`` is the ``EntryHandle`` that frees the entry when the
@@ -20,7 +27,9 @@ Two directions:
 from __future__ import annotations
 
 import array as _array
+import copy as _copy
 import ctypes
+import sys
 import weakref
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -145,24 +154,144 @@ def to_numpy_safe(arr: Any) -> Tuple[np.ndarray, Optional[str]]:
 
 
 class _Keep(list):
-    """Objects that must outlive the C call reading the layers."""
+    """Objects that must outlive the C call reading the layers.  In hold mode
+    also the classification of the tensors (see the module docstring):
+    ``shared`` lists (kvt_tensor, array) pairs whose buffer the caller may
+    still change, ``frozen_bytes`` / ``shared_bytes`` their sizes."""
+
+    def __init__(self, hold: bool = False) -> None:
+        super().__init__()
+        self.hold = hold
+        self.shared: List[Tuple[Any, np.ndarray]] = []
+        self.frozen_bytes = 0
+        self.shared_bytes = 0
+
+    def unshared(self) -> int:
+        """Replaces every shared buffer by a private copy (the descriptors
+        are repointed), so that everything in the list may be held until a
+        kvt_tier_spill_nocopy releases it.  Returns the bytes copied."""
+        copied = 0
+        for t, arr in self.shared:
+            own = np.array(arr, copy=True, order="C")
+            self.append(own)
+            t.data = own.ctypes.data if own.nbytes else None
+            copied += int(own.nbytes)
+        self.frozen_bytes += copied
+        self.shared_bytes -= copied
+        self.shared = []
+        return copied
+
+    @property
+    def held_bytes(self) -> int:
+        """Tensor bytes the list holds (frozen and shared)."""
+        return self.frozen_bytes + self.shared_bytes
+
+
+def _mlx_array_type() -> Any:
+    """mlx.core.array when MLX (or the tests' stand-in of it) is loaded."""
+    mod = sys.modules.get("mlx.core")
+    return getattr(mod, "array", None) if mod is not None else None
+
+
+def frozen_numpy(a: np.ndarray) -> bool:
+    """True when nobody can write a's memory through numpy: a and every array
+    in its base chain are read-only, and the chain ends in an immutable
+    ``bytes`` object, a read-only memoryview of one, or a read-only array
+    that owns its memory (turning writes back on for that owner while a spill
+    holds it breaks the promise, as writing into a buffer handed to
+    kvt_tier_spill_nocopy does).  A read-only view of a writable array, or of
+    memory numpy does not own (mmap, ctypes, another library's buffer), is
+    not frozen: its owner can still write it."""
+    x: Any = a
+    for _ in range(64):  # base chains are short; a cycle would be a numpy bug
+        if isinstance(x, np.ndarray):
+            if x.flags.writeable:
+                return False
+            if x.base is None:
+                return bool(x.flags.owndata)
+            x = x.base
+        elif isinstance(x, memoryview):
+            if not x.readonly:
+                return False
+            x = x.obj
+        else:
+            return isinstance(x, bytes)
+    return False
+
+
+def _pinned_mlx(x: Any, keep: _Keep) -> Optional[Tuple[np.ndarray, int]]:
+    """(numpy array over x's data, kvt dtype) through MLX's buffer export, or
+    None when x's data cannot be held as it is (not C-contiguous, a dtype
+    with no numpy equivalent and no bit view).
+
+    MLX arrays are values: an engine that "changes" one (slice assignment,
+    ``+=``) rebinds its Python object to a new array, and MLX writes into the
+    old buffer in place (donation) only when no other array references it.
+    So the buffer is held through a reference of our own - ``copy.copy``
+    (MLX's __copy__ shares the array's data without copying it), or the
+    uint16 bit view of a bfloat16 array (``mlx.core.view``) - and never
+    through the caller's object.  The export itself (``memoryview``) is what
+    MLX gives numpy: the evaluated data, zero-copy; MLX marks it writable,
+    which is why the flag is not what decides here."""
+    mx = sys.modules.get("mlx.core")
+    if is_bf16(x):
+        view = getattr(mx, "view", None)
+        if view is None:
+            return None
+        pin = view(x, mx.uint16)
+        code = L.DTYPE_BF16
+    else:
+        pin = _copy.copy(x)
+        code = -1
+    try:
+        mv = memoryview(pin)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    a = np.asarray(mv)
+    if not a.flags.c_contiguous or a.dtype.byteorder not in ("=", "|"):
+        return None
+    if code == -1:
+        code = _NP_TO_KVT.get(a.dtype, -1)
+        if code == -1:
+            return None
+    elif a.dtype != np.uint16:
+        return None
+    keep.extend((pin, mv))
+    return a, code
 
 
 def _fill_tensor(t: L.Tensor, x: Any, keep: _Keep, hint_code: int = 0) -> int:
     """Fills t from x; returns the original-dtype hint code for the tensor
-    (hint_code, or 0)."""
-    if is_bf16(x):
+    (hint_code, or 0).  In hold mode also classifies x's buffer (keep)."""
+    frozen = False
+    pinned = None
+    if keep.hold:
+        mxa = _mlx_array_type()
+        if mxa is not None and isinstance(x, mxa):
+            pinned = _pinned_mlx(x, keep)
+    if pinned is not None:
+        arr, code = pinned
+        frozen = True
+    elif is_bf16(x):
         f32 = np.asarray(x.astype(np.float32), dtype=np.float32)
         arr = f32_to_bf16_bits(f32)
         code = L.DTYPE_BF16
+        frozen = True  # made here: nobody else has it
     else:
         a = np.asarray(x)
+        made = False  # a private array made here (nobody else has it)
         if a.dtype.byteorder not in ("=", "|"):
             a = a.astype(a.dtype.newbyteorder("="))
+            made = True
         code = _NP_TO_KVT.get(a.dtype)
         if code is None:
             raise ValueError(f"unsupported dtype {a.dtype} (safetensors has no such type)")
         arr = np.ascontiguousarray(a)
+        made = made or arr is not a
+        # Otherwise arr is x's own memory: frozen only if x is a numpy array
+        # nobody can write (anything else numpy.asarray accepted may be a
+        # view of memory its owner still changes).
+        frozen = keep.hold and (made or (isinstance(x, np.ndarray) and frozen_numpy(x)))
     if arr.ndim > L.KVT_MAX_DIMS:
         raise ValueError(f"tensor has {arr.ndim} dimensions (max {L.KVT_MAX_DIMS})")
     keep.append(arr)
@@ -172,6 +301,12 @@ def _fill_tensor(t: L.Tensor, x: Any, keep: _Keep, hint_code: int = 0) -> int:
         t.shape[i] = int(d)
     t.nbytes = int(arr.nbytes)
     t.data = arr.ctypes.data if arr.nbytes else None
+    if keep.hold:
+        if frozen:
+            keep.frozen_bytes += int(arr.nbytes)
+        else:
+            keep.shared.append((t, arr))
+            keep.shared_bytes += int(arr.nbytes)
     return hint_code
 
 
@@ -305,9 +440,10 @@ def fill_layer(out: L.Layer, layer: Any, keep: _Keep) -> None:
     out.orig_dtypes = None
 
 
-def build_layers(cache: Sequence[Any]) -> Tuple[Any, int, _Keep]:
-    """(kvt_layer array, count, keep-alive list) for a list of layers."""
-    keep = _Keep()
+def build_layers(cache: Sequence[Any], hold: bool = False) -> Tuple[Any, int, _Keep]:
+    """(kvt_layer array, count, keep-alive list) for a list of layers; hold:
+    classify the buffers for a zero-copy spill (_Keep)."""
+    keep = _Keep(hold)
     n = len(cache)
     layers = (L.Layer * max(n, 1))()
     for i, layer in enumerate(cache):

@@ -652,6 +652,12 @@ kvt_tier_write_pending = _proto("kvt_tier_write_pending", c_int, [c_void_p, c_ui
 kvt_tier_free = _proto("kvt_tier_free", None, [c_void_p])
 kvt_tier_spill = _proto("kvt_tier_spill", c_int,
                         [c_void_p, PI32, c_size_t, P(Layer), c_uint32, c_uint64])
+kvt_tier_spill_nocopy = _proto("kvt_tier_spill_nocopy", c_int,
+                               [c_void_p, PI32, c_size_t, P(Layer), c_uint32, c_uint64,
+                                RELEASE_CTX_FN, c_void_p])
+kvt_tier_spill_nocopy_ex = _proto("kvt_tier_spill_nocopy_ex", c_int,
+                                  [c_void_p, PI32, c_size_t, P(Layer), c_uint32, c_uint64,
+                                   RELEASE_CTX_FN, c_void_p, P(CallOpts)])
 kvt_tier_spill_prefix_ex = _proto("kvt_tier_spill_prefix_ex", c_int,
                                   [c_void_p, PI32, c_size_t, P(Layer), c_uint32, c_uint64,
                                    P(CallOpts)])

@@ -37,6 +37,10 @@ Differences a caller can observe, all deliberate:
   writer that was never started, so queued spills are written, not dropped.
   ``close(timeout=s)`` / ``aclose(timeout=s)`` are kvtier's bounded drain.
   ``enqueue_spill`` once closing returns False.
+- ``enqueue_spill`` copies only buffers the caller may still change: MLX
+  arrays and numpy arrays read-only down to an immutable owner are held
+  (zero-copy, ``kvt_tier_spill_nocopy``) until written, their bytes counted
+  against ``spill_queue_bytes`` meanwhile.
 - ``_write_entry`` is called by the C writer only while it is replaced on the
   instance (or by a subclass), with an opaque ``layer_snapshots`` to pass on
   to the original; ``_spill_queue`` is a read-only view of the C queue
@@ -85,6 +89,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from . import _lib as L
+from ._hold import Holds
 from ._convert import (
     _Keep,
     build_layers,
@@ -1223,6 +1228,11 @@ class SSDCacheTier:
         self._h = _TierHandle(p.value)
         self._c_write_hook = L.WRITE_HOOK_FN(_write_hook(weakref.ref(self)))
         self._h.keep.append(self._c_write_hook)
+        # Zero-copy spills' buffers: kept with the handle, so the release
+        # callback and what it drops outlive the writer (cleared after
+        # kvt_tier_free has joined it).
+        self._holds = Holds(config.spill_queue_bytes)
+        self._h.keep.append(self._holds)
         # The reference's setup steps, through the same module-level names
         # (tests patch SSDIndex and queue.Queue to make one fail): on failure
         # the index is closed and the original error re-raised.
@@ -1283,6 +1293,8 @@ class SSDCacheTier:
         for f in _REFUSAL_STAT_FIELDS:
             d[f] = int(getattr(s, f))
         d["spill_refused"] = sum(d[f] for f in _REFUSAL_STAT_FIELDS)
+        # The binding's zero-copy spills: spills per road, bytes held now.
+        d.update(self._holds.stats())
         return d
 
     def start_writer(self) -> None:
@@ -1334,8 +1346,14 @@ class SSDCacheTier:
         only by calls given the same cache_salt, and its chunks are never
         shared with other salts (or none).
 
-        The layers are copied before this returns; the caller may reuse them.
-        Layers: ``.keys/.values/.offset`` (+ ``max_size, keep, step, _idx``),
+        Buffers that cannot change until they are written are not copied:
+        MLX arrays (values: an engine that updates one rebinds its object,
+        and the spill holds its own reference) and numpy arrays read-only
+        down to an immutable owner are held, and released once the writer
+        has written them (or dropped them at close).  Any other buffer is
+        copied before this returns; the caller may reuse it.  What is held
+        counts against ``spill_queue_bytes``: a spill that would pass it is
+        refused as a full queue, never waited for.  Layers: ``.keys/.values/.offset`` (+ ``max_size, keep, step, _idx``),
         a list ``.state``, or quantized ``(packed, scales, biases)`` tuples
         with ``bits``/``group_size``; numpy arrays, bf16 arrays, or anything
         numpy.asarray accepts.
@@ -1355,14 +1373,22 @@ class SSDCacheTier:
             if memory_bytes < 0:
                 raise ValueError(f"memory_bytes must be >= 0, got {memory_bytes}")
             co, salt_keep = L.call_opts(cache_salt)
-            layers, nl, keep = build_layers(cache)
+            layers, nl, keep = build_layers(cache, hold=True)
         except Exception as e:
             return self._refused(L.exc_refusal_reason(e), f"{len(tokens)} tokens: {e}",
                                  count=True, exc_info=True)
-        rc = L.kvt_tier_spill_ex(self._h.ptr, tok, n, layers, nl, int(memory_bytes), co)
+        ptr, mem = self._h.ptr, int(memory_bytes)
+        rc, counted = self._holds.spill(
+            ptr, tok, n, layers, nl, mem, co, keep,
+            lambda: L.kvt_tier_spill_ex(ptr, tok, n, layers, nl, mem, co))
+        total = keep.held_bytes
         del keep, salt_keep
         if rc == 0:
             return True
+        if not counted:  # the held bytes' bound, decided in Python
+            L.kvt_tier_stats_add(ptr, b"spill_drops", 1)
+            return self._refused("queue_full", f"{len(tokens)} tokens: "
+                                 f"{self._holds.refusal_message(total)}", count=True)
         # The library has counted it.
         return self._refused(_RC_REASON.get(rc, "other"),
                              f"{len(tokens)} tokens, {memory_bytes} bytes: "
@@ -1673,6 +1699,9 @@ class SSDCacheTier:
                     f"{timeout}s; the tier is still open and close() may be retried")
             L.check(rc, "close")
         self._closed, self._writer_thread = True, None
+        if self._holds.pending():  # a closed tier has released every spill
+            logger.error(f"[ssd_cache] close: {self._holds.pending()} zero-copy spills "
+                         "still held after the writer stopped")
         self._index.close()  # nothing for the tier's own; a stand-in's runs
         logger.info("[ssd_cache] SSDCacheTier closed")
 

@@ -25,6 +25,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from . import _lib as L
 from ._convert import EntryHandle, build_layers, layer_to_dict, tokens_arg
+from ._hold import Holds
 from .ssd_cache import _DURABILITIES, _IO_BACKENDS, _STORAGE_MODES, _TierHandle
 
 
@@ -208,6 +209,9 @@ class Tier:
         p = ctypes.c_void_p()
         L.check(L.kvt_tier_open(ctypes.byref(p), ctypes.byref(o)), "open")
         self._h = _TierHandle(p.value)
+        # Zero-copy spills' buffers, kept with the handle (see ssd_cache).
+        self._holds = Holds(o.spill_queue_bytes)
+        self._h.keep.append(self._holds)
         self.storage_mode = storage_mode
         if start_writer and not readonly:
             L.check(L.kvt_tier_start_writer(self._h.ptr), "start_writer")
@@ -226,24 +230,34 @@ class Tier:
 
     def spill(self, tokens: Sequence[int], layers: Sequence[Any],
               memory_bytes: Optional[int] = None, *, cache_salt: Any = None) -> None:
-        """Enqueues a spill (layers copied before return).  memory_bytes
-        defaults to the layers' tensor bytes.  cache_salt (str or bytes):
-        the entry is then seen only by calls with the same cache_salt
-        (kvt_call_opts).  Raises QueueFull, TooBig, ValueError (bad layer),
-        KvtierClosed."""
+        """Enqueues a spill.  Buffers nobody can change before they are
+        written (MLX arrays; numpy arrays read-only down to an immutable
+        owner) are held until the writer releases them, the others copied
+        before return; the held bytes count against spill_queue_bytes (as
+        the drop-in's enqueue_spill).  memory_bytes defaults to the layers'
+        tensor bytes.  cache_salt (str or bytes): the entry is then seen
+        only by calls with the same cache_salt (kvt_call_opts).  Raises
+        QueueFull, TooBig, ValueError (bad layer), KvtierClosed."""
         try:
             tok, n = tokens_arg(tokens)
             co, salt_keep = L.call_opts(cache_salt)
-            arr, nl, keep = build_layers(layers)
+            arr, nl, keep = build_layers(layers, hold=True)
         except Exception as e:  # counted like the library's own refusals
             L.count_refusal(self._h.ptr, L.exc_refusal_reason(e))
             raise
         if memory_bytes is None:
-            memory_bytes = sum(int(getattr(x, "nbytes", 0)) for x in keep
-                               if hasattr(x, "dtype"))
-        rc = L.kvt_tier_spill_ex(self._h.ptr, tok, n, arr, nl, int(memory_bytes), co)
+            memory_bytes = keep.held_bytes
+        ptr, mem = self._h.ptr, int(memory_bytes)
+        rc, counted = self._holds.spill(
+            ptr, tok, n, arr, nl, mem, co, keep,
+            lambda: L.kvt_tier_spill_ex(ptr, tok, n, arr, nl, mem, co))
+        total = keep.held_bytes
         del salt_keep
         del keep
+        if not counted:  # the held bytes' bound, decided here
+            L.kvt_tier_stats_add(ptr, b"spill_drops", 1)
+            L.count_refusal(ptr, "queue_full")
+            raise QueueFull(rc, self._holds.refusal_message(total))
         if rc == L.KVT_EFULL:
             raise QueueFull(rc, L.last_error() or "spill queue full")
         if rc == L.KVT_ETOOBIG:
@@ -492,7 +506,10 @@ class Tier:
 
     def stats(self) -> dict:
         """The reference's stats keys (same rounding) plus kvtier's counters."""
-        return json.loads(self._render(L.kvt_stats_to_json))
+        d = json.loads(self._render(L.kvt_stats_to_json))
+        # The binding's zero-copy spills: spills per road, bytes held now.
+        d.update(self._holds.stats())
+        return d
 
     def set_host_cache_bytes(self, nbytes: Optional[int]) -> None:
         """Changes the host RAM tier's bound (None: the derived default, 0:

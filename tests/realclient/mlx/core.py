@@ -7,7 +7,15 @@ relies on:
   itself, as MLX's slice assignment does.  Arithmetic and ``astype`` make new
   arrays, so vllm-mlx's ``arr + 0`` detach copies.
 - Buffer export works like MLX's: ``np.array(a)``, ``np.asarray(a)`` and
-  ``memoryview(a)`` see the data in its dtype.  bfloat16 arrays (numpy has no
+  ``memoryview(a)`` see the data in its dtype, zero-copy, through an export
+  MLX marks writable (``readonly`` False, as MLX's getbuffer sets it) - so a
+  consumer cannot tell from the flag that MLX treats arrays as values.
+- ``copy.copy(a)`` and ``view(a, dtype)`` share a's data without copying, as
+  MLX's ``__copy__`` (the same array descriptor) and ``view`` do.  In MLX a
+  later ``a[idx] = x`` then rebinds ``a`` to a new buffer and leaves the
+  sharer's data as it was; an ndarray cannot be rebound, so here that write
+  raises RuntimeError instead of silently changing the sharer's data
+  (a test that passes never relied on MLX's copy-on-write).  bfloat16 arrays (numpy has no
   bfloat16) hold their 16-bit patterns and refuse that export the way MLX's
   do (a RuntimeError about the buffer format string, the error the reference
   and kvtier catch to upcast); ``astype`` converts them exactly, and
@@ -27,6 +35,7 @@ relies on:
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
@@ -95,6 +104,32 @@ def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     return (np.ascontiguousarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+# Arrays made by copy.copy / view that share another array's memory, while
+# they live (a dead one removes itself, on whichever thread dropped it).
+_SHARERS: dict = {}  # id(weakref) -> weakref
+
+
+def _unshare(r: Any) -> None:
+    _SHARERS.pop(id(r), None)
+
+
+def _share(a: np.ndarray) -> np.ndarray:
+    r = weakref.ref(a, _unshare)
+    _SHARERS[id(r)] = r
+    return a
+
+
+def _check_unshared(target: np.ndarray) -> None:
+    """RuntimeError when a live sharer sees target's memory (see the module
+    docstring: MLX would copy on write here)."""
+    for r in list(_SHARERS.values()):
+        other = r()
+        if other is not None and other is not target and np.may_share_memory(other, target):
+            raise RuntimeError("mlx stand-in: slice assignment into an array whose data a "
+                               "copy.copy()/view() of it still shares; MLX would give the "
+                               "assigned array a new buffer, which an ndarray cannot model")
+
+
 class _ArrayType(type):
     """Lets isinstance(x, array) hold for bfloat16 arrays too, as one MLX
     array type covers every dtype."""
@@ -135,7 +170,16 @@ class BF16:
         return BF16(self._bits[idx])
 
     def __setitem__(self, idx: Any, value: Any) -> None:
+        _check_unshared(self._bits)
         self._bits[idx] = value._bits if isinstance(value, BF16) else _to_bf16_bits(value)
+
+    def __copy__(self) -> "BF16":
+        out = BF16.__new__(BF16)
+        out._bits = _share(self._bits.view())
+        return out
+
+    def view(self, dtype: Any) -> Any:
+        return view(self, dtype)
 
     def astype(self, dtype: Any, *args: Any, **kwargs: Any) -> Any:
         if dtype == bfloat16:
@@ -177,8 +221,12 @@ class array(np.ndarray, metaclass=_ArrayType):  # noqa: N801 - MLX's name
     def __setitem__(self, idx: Any, value: Any) -> None:
         # Write through a plain view: ndarray's own slice assignment would go
         # through __getitem__ above and land in a copy.
+        _check_unshared(self)
         base = self.view(np.ndarray)
         base[idx] = np.asarray(value)
+
+    def __copy__(self) -> "array":
+        return _share(np.ndarray.view(self, array))
 
     def astype(self, dtype: Any, *args: Any, **kwargs: Any) -> Any:
         if dtype == bfloat16:
@@ -236,6 +284,19 @@ def contiguous(a: Any) -> array:
 
 def where(c: Any, x: Any, y: Any) -> array:
     return _wrap(np.where(c, x, y))
+
+
+def view(a: Any, dtype: Any) -> Any:
+    """MLX's view: a's bits as dtype (same item size), sharing a's data."""
+    if isinstance(a, BF16):
+        bits = a._bits
+    else:
+        bits = np.asarray(a)
+    if dtype == bfloat16:
+        out = BF16.__new__(BF16)
+        out._bits = _share(bits.view(np.uint16))
+        return out
+    return _share(bits.view(_np_dtype(dtype)).view(array))
 
 
 def eval(*args: Any) -> None:  # noqa: A001 - MLX's name
