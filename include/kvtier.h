@@ -1254,6 +1254,12 @@ typedef struct kvt_stats {
                                   (damaged chunk, missing or damaged chunk
                                   rows) and kept the entry: a miss, never a
                                   deletion */
+  /* The host RAM tier over the chunked store holds a chained entry as its
+   * tail (counted in host_cache_entries) plus its chain's chunks, each held
+   * once whatever the entries and prefixes through it (their bytes are part
+   * of host_cache_bytes_used). */
+  uint64_t host_cache_chunks;      /* now: chunks held in RAM */
+  uint64_t host_cache_chunk_bytes; /* now: their bytes */
 } kvt_stats;
 
 /** A kvt_stats ready for kvt_tier_stats (C99 designated initialiser). */
