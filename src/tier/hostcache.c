@@ -659,8 +659,15 @@ size_t kvti_hc_chunks_resident(kvti_hcache *c, const uint8_t *keys,
                                size_t stride, size_t m, uint8_t *have) {
   size_t k = 0;
   pthread_mutex_lock(&c->mu);
-  for (size_t i = 0; i < m; i++) {
-    have[i] = c->bound > 0 && !c->closed && find_chunk(c, keys + i * stride);
+  /* Last chunk first, as kvti_hc_pin_chunks: the entry asking uses them,
+   * so they are touched (a prompt shared by many stays while any of them
+   * is used). */
+  for (size_t i = m; i-- > 0;) {
+    rec *r = c->bound > 0 && !c->closed ? find_chunk(c, keys + i * stride)
+                                        : NULL;
+    have[i] = r != NULL;
+    if (r)
+      touch(c, r);
     k += have[i];
   }
   pthread_mutex_unlock(&c->mu);

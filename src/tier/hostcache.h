@@ -184,7 +184,8 @@ void kvti_hc_chunk_free(kvti_hc_chunk *ch); /* accepts NULL */
  * may have been removed meanwhile). */
 uint64_t kvti_hc_epoch(kvti_hcache *c);
 /* have[i] = 1 when the chunk with key keys + i * stride is resident (the
- * caller then need not build it). Returns how many are. */
+ * caller then need not build it; it is LRU-touched, the caller's entry
+ * uses it). Returns how many are. */
 size_t kvti_hc_chunks_resident(kvti_hcache *c, const uint8_t *keys,
                                size_t stride, size_t m, uint8_t *have);
 /* Makes chunks chs[0, n) resident (NULL slots skipped; ownership of every
