@@ -17,10 +17,12 @@
  * a LENT record with a fresh lend id; freeing that entry GIVES the layers BACK,
  * which re-admits them only while the record still carries that id. Every
  * invalidation (replace, evict, remove, quarantine, retention) deletes the
- * record, so a stale version can never come back; with the chunked native
- * store a record is also tagged with the last chunk of the chain its rows came
- * from, and removing any chunk of that chain (eviction, quarantine) deletes
- * it (kvti_hc_invalidate_chains). Entries promoted from disk
+ * record, so a stale version can never come back. With the chunked native
+ * store an entry is held at chunk granularity instead (see "chunk
+ * granularity" below): its tail plus one record per chunk, shared; the tail
+ * and lent records are tagged with the last chunk of their chain, and
+ * removing any chunk of that chain (eviction, quarantine) deletes them and
+ * the chunk records removed (kvti_hc_invalidate_chains). Entries promoted from disk
  * are registered as LENT (kvti_hc_lend) so their buffers are admitted when
  * freed. The bytes of lent entries belong to the caller (its RAM budget) and
  * are not counted here.
@@ -161,8 +163,9 @@ int kvti_hc_give_back(kvti_hcache *c, const char *hash, uint64_t lend_id,
 void kvti_hc_invalidate(kvti_hcache *c, const char *hash);
 /* Deletes every record tagged with one of n chunk keys (32 bytes each, at
  * keys + i * stride: an array of structs that start with the key works), in
- * any state: the chunks are gone, so nothing cached through them stays.
- * Returns how many records were deleted. */
+ * any state, and the chunk records of those keys: the chunks are gone, so
+ * nothing cached through them stays. Returns how many tagged records were
+ * deleted (chunk records not counted). */
 size_t kvti_hc_invalidate_chains(kvti_hcache *c, const uint8_t *keys,
                                  size_t stride, size_t n);
 

@@ -7,16 +7,20 @@
  * invalidation, the public bound/trim calls and the stats gauges. The hooks
  * in promote.c, writer.c, tier.c and chunks.c are one call each.
  *
- * With the chunked native store (chunk_tokens) a record holds the assembled
- * entry - chain rows and tail joined, as a read returns it - or a pure chain's
- * prefix (named by the hash of its tokens, as lookup_prefix reports it), and is
- * tagged with the chain's last chunk. A hit is verified against the chunk
- * files (store/chunks_verify.h: header, chain row, tokens, every block over
- * the cached rows) and, for an entry, against its tail's files
+ * With the chunked native store (chunk_tokens) RAM holds what the disk
+ * holds: a chained entry as its tail (the rows past its chain and its other
+ * layers, tagged with the chain's last chunk) plus its chain's chunks, one
+ * record per chunk key shared by every entry and prefix through it. Spills
+ * and freed disk reads are cut into the tail and the chunks RAM lacks; a hit
+ * assembles a fresh copy from the pinned chunks and tail (chunks RAM lacks
+ * read from their files and kept) and that copy is verified against the
+ * chunk files (store/chunks_verify.h: header, chain row, tokens, every block
+ * over the copy's rows) and, for an entry, against its tail's files
  * (kvti_entry_verify_mem over the rows past the chain): the same checks as
- * the disk read it replaces. An entry stored as its chain record alone has
- * no tail: its record (tokens, layer count, rows) is checked instead and the
- * chain is all of its rows.
+ * the disk read it replaces, on the bytes served. An entry stored as its
+ * chain record alone has no tail files: its record (tokens, layer count,
+ * rows) is checked instead and the chain is all of its rows. A pure prefix
+ * is its chunks alone.
  */
 #include "tier/ramtier.h"
 #include "base/error.h"
