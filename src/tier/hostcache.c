@@ -29,7 +29,7 @@ typedef struct rec {
   uint64_t key;
   int state;
   int kind;
-  kvti_hc_item it;  /* valid while RESIDENT (whole or tail) */
+  kvti_hc_item it;   /* valid while RESIDENT (whole or tail) */
   kvti_hc_chunk *ch; /* K_CHUNK (always RESIDENT) */
   /* Pins of readers copying out of it without the mutex: a record dropped
    * while pinned leaves the map and its list at once (dead) and is freed by
@@ -663,8 +663,8 @@ size_t kvti_hc_chunks_resident(kvti_hcache *c, const uint8_t *keys,
    * so they are touched (a prompt shared by many stays while any of them
    * is used). */
   for (size_t i = m; i-- > 0;) {
-    rec *r = c->bound > 0 && !c->closed ? find_chunk(c, keys + i * stride)
-                                        : NULL;
+    rec *r =
+        c->bound > 0 && !c->closed ? find_chunk(c, keys + i * stride) : NULL;
     have[i] = r != NULL;
     if (r)
       touch(c, r);
@@ -698,8 +698,7 @@ size_t kvti_hc_put_chunks(kvti_hcache *c, kvti_hc_chunk **chs, size_t n,
  * with its chain, and admits chs; evicts for room sparing r. Caller holds
  * mu. Returns 1, or 0 when the tail could not be kept (r is then deleted). */
 static int admit_tail(kvti_hcache *c, rec *r, kvti_hc_item *tail,
-                      kvti_hc_chunk **chs, size_t n, rec **g,
-                      int64_t *charge) {
+                      kvti_hc_chunk **chs, size_t n, rec **g, int64_t *charge) {
   if (c->closed || tail->bytes > c->bound ||
       set_chain(c, r, tail->has_chain ? tail->chain : NULL) != 0) {
     drop_unlisted(c, r, g);
@@ -744,8 +743,7 @@ int kvti_hc_put_tail(kvti_hcache *c, const char *hash, kvti_hc_item *tail,
 }
 
 int kvti_hc_give_back_tail(kvti_hcache *c, const char *hash, uint64_t lend_id,
-                           kvti_hc_item *tail, kvti_hc_chunk **chs,
-                           size_t n) {
+                           kvti_hc_item *tail, kvti_hc_chunk **chs, size_t n) {
   if (tail)
     tail->bytes = kvti_hc_layers_bytes(tail->layers, tail->n_layers);
   rec *g = NULL;
@@ -807,8 +805,8 @@ size_t kvti_hc_pin_chunks(kvti_hcache *c, const uint8_t *keys, size_t stride,
   /* Touched last chunk first, so the chain's head ends youngest: the LRU
    * then evicts a chain from its end, as the disk's eviction does. */
   for (size_t i = m; i-- > 0;) {
-    rec *r = c->bound > 0 && !c->closed ? find_chunk(c, keys + i * stride)
-                                        : NULL;
+    rec *r =
+        c->bound > 0 && !c->closed ? find_chunk(c, keys + i * stride) : NULL;
     refs[i] = (kvti_hc_ref *)r;
     if (r) {
       r->pins++;

@@ -22,8 +22,8 @@
  * granularity" below): its tail plus one record per chunk, shared; the tail
  * and lent records are tagged with the last chunk of their chain, and
  * removing any chunk of that chain (eviction, quarantine) deletes them and
- * the chunk records removed (kvti_hc_invalidate_chains). Entries promoted from disk
- * are registered as LENT (kvti_hc_lend) so their buffers are admitted when
+ * the chunk records removed (kvti_hc_invalidate_chains). Entries promoted from
+ * disk are registered as LENT (kvti_hc_lend) so their buffers are admitted when
  * freed. The bytes of lent entries belong to the caller (its RAM budget) and
  * are not counted here.
  *

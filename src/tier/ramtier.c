@@ -272,9 +272,8 @@ static kvti_hc_chunk *chunk_from_rows(const kvt_layer *layers,
       L->bits = l->bits;
       L->group_size = l->group_size;
     }
-    if (!(L->tensors =
-              kvti_calloc(l->num_tensors ? l->num_tensors : 1,
-                          sizeof *L->tensors)))
+    if (!(L->tensors = kvti_calloc(l->num_tensors ? l->num_tensors : 1,
+                                   sizeof *L->tensors)))
       goto fail;
     L->num_tensors = l->num_tensors;
     for (uint32_t j = 0; j < l->num_tensors; j++) {
@@ -390,8 +389,8 @@ static int load_chunk(kvt_tier *t, const kvti_chain_rec *rec,
   for (uint32_t i = 0; rc == 0 && i < h.n_layers; i++) {
     kvti_chunk_layer *L = &ch->layers[i];
     *L = h.layers[i];
-    L->tensors = kvti_malloc((L->num_tensors ? L->num_tensors : 1) *
-                             sizeof *L->tensors);
+    L->tensors =
+        kvti_malloc((L->num_tensors ? L->num_tensors : 1) * sizeof *L->tensors);
     if (!L->tensors) {
       L->num_tensors = 0;
       rc = KVT_ERR_NOMEM();
@@ -405,7 +404,8 @@ static int load_chunk(kvt_tier *t, const kvti_chain_rec *rec,
       !(ch->data = kvti_malloc(h.data_bytes ? (size_t)h.data_bytes : 1)))
     rc = KVT_ERR_NOMEM();
   char path[4096];
-  if (rc == 0 && (rc = kvti_chunkstore_path(cs, rec->key, path, sizeof path)) == 0)
+  if (rc == 0 &&
+      (rc = kvti_chunkstore_path(cs, rec->key, path, sizeof path)) == 0)
     rc = kvti_chunk_read_data(fd, &h, ch->data, path);
 out:
   kvti_close(fd);
@@ -532,8 +532,8 @@ static int assemble(const kvti_hc_item *tail, const kvti_hc_chunk *const *chs,
       const kvti_chunk_tensor *ct = &L->tensors[j];
       uint64_t tT = tt ? (uint64_t)tt->shape[tt->ndim - 2] : 0;
       if (tt && !same_but_rows(tt, ct)) {
-        rc = KVT_ERR(KVT_ECORRUPT, "cached tail: layer %u tensor %u differs",
-                     i, j);
+        rc = KVT_ERR(KVT_ECORRUPT, "cached tail: layer %u tensor %u differs", i,
+                     j);
         break;
       }
       dt->dtype = ct->dtype;
@@ -562,8 +562,8 @@ static int assemble(const kvti_hc_item *tail, const kvti_hc_chunk *const *chs,
             chs[c]->layers[which[i]].num_tensors != nt ||
             !same_but_rows(dt, cc) || cc->nbytes != outer * C * row ||
             cc->off + cc->nbytes > chs[c]->data_bytes) {
-          rc = KVT_ERR(KVT_ECORRUPT, "cached chunk %zu: layer %u differs", c,
-                       i);
+          rc =
+              KVT_ERR(KVT_ECORRUPT, "cached chunk %zu: layer %u differs", c, i);
           break;
         }
         for (uint64_t o = 0; o < outer && row; o++)
@@ -679,8 +679,7 @@ static void hook(kvt_tier *t, kvt_entry *e, uint64_t id,
  * the copy served is the one checked. *tried = 0 when nothing of it is
  * cached (the caller looks for a whole entry). */
 static int ram_read_chained(kvt_entry **out, kvt_tier *t, const char *hash,
-                            const kvti_read_opts *ro, int prefix,
-                            int *tried) {
+                            const kvti_read_opts *ro, int prefix, int *tried) {
   kvti_hc_ref *tref = NULL;
   const kvti_hc_item *tail = NULL;
   *tried = 0;
@@ -717,7 +716,8 @@ static int ram_read_chained(kvt_entry **out, kvt_tier *t, const char *hash,
       rc = KVT_ERR_NOMEM();
   }
   if (rc == 0 &&
-      kvti_hc_pin_chunks(t->hc, ch.recs[0].key, sizeof *ch.recs, m, refs) == 0 &&
+      kvti_hc_pin_chunks(t->hc, ch.recs[0].key, sizeof *ch.recs, m, refs) ==
+          0 &&
       prefix) {
     rc = KVT_ENOTFOUND; /* nothing of it in RAM: a plain miss */
     failed_check = 0;
@@ -968,8 +968,8 @@ static void after_read(kvt_tier *t, kvt_entry *e, const kvti_read_opts *ro,
   }
   if (prefix && !ch.recs)
     return;
-  if (kvti_hc_lend_chain(t->hc, e->hash,
-                         ch.recs ? ch.recs[ch.m - 1].key : NULL, &id))
+  if (kvti_hc_lend_chain(t->hc, e->hash, ch.recs ? ch.recs[ch.m - 1].key : NULL,
+                         &id))
     hook(t, e, id, ch.recs, ch.m, prefix);
   kvti_free(ch.recs);
 }
@@ -1022,8 +1022,7 @@ void kvti_ram_spilled(kvt_tier *t, kvti_snapshot *s, uint64_t disk_bytes) {
   memset(&tail, 0, sizeof tail);
   int rc = have && chs ? 0 : KVT_ERR_NOMEM();
   if (rc == 0) {
-    kvti_hc_chunks_resident(t->hc, ch.recs[0].key, sizeof *ch.recs, ch.m,
-                            have);
+    kvti_hc_chunks_resident(t->hc, ch.recs[0].key, sizeof *ch.recs, ch.m, have);
     rc = cut(it.layers, it.n_layers, n, ch.recs, ch.m, have, &tail, chs);
   } else {
     kvti_hc_item_free(&it);

@@ -93,8 +93,9 @@ static void test_shared_once(void) {
   CHECK_EQ_INT(s.host_cache_chunks, SHARED / C);
   uint64_t unique = (SHARED + (uint64_t)NE * OWN) * TOKB;
   uint64_t held = s.host_cache_bytes_used;
-  fprintf(stderr, "  %d entries sharing %d tokens: held %llu B, unique KV %llu "
-                  "B, ratio %.4f (an entry-granular cache holds %.2fx)\n",
+  fprintf(stderr,
+          "  %d entries sharing %d tokens: held %llu B, unique KV %llu "
+          "B, ratio %.4f (an entry-granular cache holds %.2fx)\n",
           NE, SHARED, (unsigned long long)held, (unsigned long long)unique,
           (double)held / (double)unique,
           (double)NE * (SHARED + OWN) * TOKB / (double)unique);
@@ -136,7 +137,7 @@ static void test_corrupt_shared_chunk(void) {
   kvt_entry *got = promote(t, &es[0]);
   REQUIRE(got);
   ((float *)kvt_entry_layer(got, 1)->tensors[0].data)[(SHARED + OWN + 5) * D +
-                                                       7] += 1.0f; /* head 1 */
+                                                      7] += 1.0f; /* head 1 */
   kvt_entry_free(got);
   kvt_stats s = stats_of(t);
   CHECK_EQ_INT(s.host_cache_chunks, SHARED / C);
