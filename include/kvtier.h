@@ -1208,12 +1208,14 @@ typedef struct kvt_stats {
   /* The host RAM tier (kvt_options.host_cache_bytes). Every successful local
    * promote is served either from RAM or from disk: promotes_from_ram +
    * promotes_from_disk = ssd_hits - remote_hits. */
-  uint64_t host_cache_bytes_used;  /* now: bytes of entries held in RAM */
+  uint64_t host_cache_bytes_used;  /* now: bytes held in RAM (entries,
+                                      tails and chunks) */
   uint64_t host_cache_bytes_bound; /* now: the bound (0: disabled) */
-  uint64_t host_cache_entries;     /* now: entries held in RAM */
+  uint64_t host_cache_entries;     /* now: entries (or tails) held in RAM */
   uint64_t host_cache_hits;        /* promotes that found the entry in RAM */
   uint64_t host_cache_misses;      /* local promotes that did not (cache on) */
-  uint64_t host_cache_evictions;   /* entries dropped for room or by a trim */
+  uint64_t host_cache_evictions;   /* entries, tails and chunks dropped for
+                                      room or by a trim */
   uint64_t host_cache_verify_failures; /* RAM copies that failed the check
                                           (dropped; read from disk instead) */
   uint64_t promotes_from_ram;          /* promotes served from the host cache */
@@ -1254,6 +1256,12 @@ typedef struct kvt_stats {
                                   (damaged chunk, missing or damaged chunk
                                   rows) and kept the entry: a miss, never a
                                   deletion */
+  /* The host RAM tier over the chunked store holds a chained entry as its
+   * tail (counted in host_cache_entries) plus its chain's chunks, each held
+   * once whatever the entries and prefixes through it (their bytes are part
+   * of host_cache_bytes_used). */
+  uint64_t host_cache_chunks;      /* now: chunks held in RAM */
+  uint64_t host_cache_chunk_bytes; /* now: their bytes */
 } kvt_stats;
 
 /** A kvt_stats ready for kvt_tier_stats (C99 designated initialiser). */
@@ -1472,7 +1480,10 @@ KVT_API int kvt_buffers_stats(uint64_t *idle_bytes, uint64_t *out_bytes,
 
 /* ---- the host RAM tier ----------------------------------------------------
  * Each tier keeps up to kvt_options.host_cache_bytes of entries in RAM (see
- * there). Its memory is given back on demand: */
+ * there); with chunk_tokens set, a chained entry is kept as its tail plus its
+ * chain's chunks, each chunk held once however many entries share it (a
+ * promote served from RAM is a fresh copy assembled from them and checked
+ * against the files). Its memory is given back on demand: */
 
 /** Sets the tier's host cache bound in bytes (0: disable and empty it);
  *  entries beyond the new bound (least recently used first) are freed

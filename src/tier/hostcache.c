@@ -20,12 +20,21 @@
 #include <unistd.h>
 
 enum { RESIDENT = 1, LENT = 2 };
+/* What a record is: a whole entry or an entry's tail (named by the entry's
+ * hash, in map) or a chunk (named by its key, in chunks). */
+enum { K_WHOLE = 0, K_TAIL = 1, K_CHUNK = 2 };
 
 typedef struct rec {
   char hash[KVT_HASH_HEX_LEN + 1];
   uint64_t key;
   int state;
-  kvti_hc_item it; /* valid while RESIDENT */
+  int kind;
+  kvti_hc_item it;   /* valid while RESIDENT (whole or tail) */
+  kvti_hc_chunk *ch; /* K_CHUNK (always RESIDENT) */
+  /* Pins of readers copying out of it without the mutex: a record dropped
+   * while pinned leaves the map and its list at once (dead) and is freed by
+   * its last unpin. */
+  int pins, dead;
   uint64_t lend_id;
   /* Chunked native store: the last chunk of the chain the cached rows come
    * from (has_chain), indexed in by_chain so that removing a chunk drops
@@ -48,8 +57,12 @@ struct kvti_hcache {
   kvti_bufpool *pool;
   kvti_hm map;
   kvti_hm by_chain; /* chain[0..8) -> records with has_chain */
+  kvti_hm chunks;   /* chunk key[0..8) -> K_CHUNK records */
   list lru, lent;
   uint64_t next_id;
+  /* Bumped by every kvti_hc_invalidate_chains: chunks read or built before
+   * a removal are admitted only while it is unchanged (kvti_hc_epoch). */
+  uint64_t epoch;
   kvti_hc_stats st;
 };
 
@@ -123,19 +136,49 @@ static rec *find(kvti_hcache *c, const char *hash, kvti_hm_slot **slot) {
   return NULL;
 }
 
+static rec *find_chunk(kvti_hcache *c, const uint8_t key[32]) {
+  size_t pos = 0;
+  kvti_hm_slot *s;
+  while ((s = kvti_hm_next(&c->chunks, chain_key(key), &pos)) != NULL) {
+    rec *r = (rec *)(uintptr_t)s->val;
+    if (memcmp(r->ch->key, key, 32) == 0)
+      return r;
+  }
+  return NULL;
+}
+
+/* Moves a resident record to the young end of the LRU. Caller holds mu. */
+static void touch(kvti_hcache *c, rec *r) {
+  list_unlink(&c->lru, r);
+  list_push(&c->lru, r);
+}
+
 /* Removes r from the map and its list, adjusting the gauges; *charge receives
  * the bytes to uncharge. r goes onto *garbage. Caller holds mu. */
 static void drop(kvti_hcache *c, rec *r, rec **garbage, int64_t *charge) {
-  kvti_hm_remove(&c->map, r->key, (uint64_t)(uintptr_t)r);
-  set_chain(c, r, NULL);
-  if (r->state == RESIDENT) {
+  if (r->kind == K_CHUNK) {
+    kvti_hm_remove(&c->chunks, r->key, (uint64_t)(uintptr_t)r);
     list_unlink(&c->lru, r);
-    c->st.used -= r->it.bytes;
-    c->st.resident--;
-    *charge -= (int64_t)r->it.bytes;
+    c->st.used -= r->ch->bytes;
+    c->st.chunks--;
+    c->st.chunk_bytes -= r->ch->bytes;
+    *charge -= (int64_t)r->ch->bytes;
   } else {
-    list_unlink(&c->lent, r);
-    c->st.lent--;
+    kvti_hm_remove(&c->map, r->key, (uint64_t)(uintptr_t)r);
+    set_chain(c, r, NULL);
+    if (r->state == RESIDENT) {
+      list_unlink(&c->lru, r);
+      c->st.used -= r->it.bytes;
+      c->st.resident--;
+      *charge -= (int64_t)r->it.bytes;
+    } else {
+      list_unlink(&c->lent, r);
+      c->st.lent--;
+    }
+  }
+  if (r->pins) { /* its last unpin frees it */
+    r->dead = 1;
+    return;
   }
   r->gnext = *garbage;
   *garbage = r;
@@ -163,7 +206,9 @@ static void settle(kvti_hcache *c, rec *garbage, int64_t charge) {
     kvti_bufpool_charge(c->pool, charge);
   while (garbage) {
     rec *next = garbage->gnext;
-    if (garbage->state == RESIDENT)
+    if (garbage->kind == K_CHUNK)
+      kvti_hc_chunk_free(garbage->ch);
+    else if (garbage->state == RESIDENT)
       kvti_hc_item_free(&garbage->it);
     kvti_free(garbage);
     garbage = next;
@@ -258,6 +303,7 @@ void kvti_hc_release(kvti_hcache *c) {
   settle(c, g, charge);
   kvti_hm_free(&c->map);
   kvti_hm_free(&c->by_chain);
+  kvti_hm_free(&c->chunks);
   kvti_bufpool_release(c->pool);
   pthread_mutex_destroy(&c->mu);
   kvti_free(c);
@@ -299,6 +345,7 @@ void kvti_hc_get_stats(kvti_hcache *c, kvti_hc_stats *out) {
 static void admit(kvti_hcache *c, rec *r, kvti_hc_item *it, rec **g,
                   int64_t *charge) {
   r->state = RESIDENT;
+  r->kind = it->is_tail ? K_TAIL : K_WHOLE;
   r->it = *it;
   r->lend_id = 0;
   list_push(&c->lru, r);
@@ -357,6 +404,7 @@ static void drop_unlisted(kvti_hcache *c, rec *r, rec **g) {
  * mu. */
 static uint64_t lend_locked(kvti_hcache *c, rec *r, rec **g, int64_t *charge) {
   r->state = LENT;
+  r->kind = K_WHOLE;
   r->lend_id = ++c->next_id;
   memset(&r->it, 0, sizeof r->it);
   list_push(&c->lent, r);
@@ -374,7 +422,7 @@ int kvti_hc_take(kvti_hcache *c, const char *hash, kvti_hc_item *out,
   pthread_mutex_lock(&c->mu);
   if (c->bound > 0 && !c->closed) {
     rec *r = find(c, hash, NULL);
-    if (r && r->state == RESIDENT) {
+    if (r && r->state == RESIDENT && r->kind == K_WHOLE && !r->pins) {
       *out = r->it;
       out->has_chain = r->has_chain;
       memcpy(out->chain, r->chain, sizeof out->chain);
@@ -397,7 +445,7 @@ int kvti_hc_take(kvti_hcache *c, const char *hash, kvti_hc_item *out,
 int kvti_hc_resident(kvti_hcache *c, const char *hash) {
   pthread_mutex_lock(&c->mu);
   rec *r = c->bound > 0 && !c->closed ? find(c, hash, NULL) : NULL;
-  int yes = r && r->state == RESIDENT;
+  int yes = r && r->state == RESIDENT && r->kind == K_WHOLE;
   pthread_mutex_unlock(&c->mu);
   return yes;
 }
@@ -510,6 +558,14 @@ size_t kvti_hc_invalidate_chains(kvti_hcache *c, const uint8_t *keys,
   int64_t charge = 0;
   size_t dropped = 0;
   pthread_mutex_lock(&c->mu);
+  c->epoch++;
+  for (size_t i = 0; c->chunks.n && i < n; i++) {
+    rec *r = find_chunk(c, keys + i * stride);
+    if (r) {
+      drop(c, r, &g, &charge);
+      c->st.invalidations++;
+    }
+  }
   for (size_t i = 0; c->by_chain.n && i < n; i++) {
     const uint8_t *k = keys + i * stride;
     size_t pos = 0;
@@ -528,6 +584,284 @@ size_t kvti_hc_invalidate_chains(kvti_hcache *c, const uint8_t *keys,
   pthread_mutex_unlock(&c->mu);
   settle(c, g, charge);
   return dropped;
+}
+
+/* ---- chunks and tails -------------------------------------------------- */
+
+uint64_t kvti_hc_chunk_bytes(const kvti_hc_chunk *ch) {
+  uint64_t b = sizeof(rec) + sizeof *ch + ch->data_bytes +
+               (uint64_t)ch->n_layers * sizeof(kvti_chunk_layer);
+  for (uint32_t i = 0; ch->layers && i < ch->n_layers; i++)
+    b += (uint64_t)ch->layers[i].num_tensors * sizeof(kvti_chunk_tensor);
+  return b;
+}
+
+void kvti_hc_chunk_free(kvti_hc_chunk *ch) {
+  if (!ch)
+    return;
+  for (uint32_t i = 0; ch->layers && i < ch->n_layers; i++)
+    kvti_free(ch->layers[i].tensors);
+  kvti_free(ch->layers);
+  kvti_free(ch->data);
+  kvti_free(ch);
+}
+
+uint64_t kvti_hc_epoch(kvti_hcache *c) {
+  pthread_mutex_lock(&c->mu);
+  uint64_t e = c->epoch;
+  pthread_mutex_unlock(&c->mu);
+  return e;
+}
+
+/* Makes chunk ch resident unless its key already is (then *dup is set and
+ * nothing changes). Returns 1 kept, 0 not (caller frees). Caller holds mu. */
+static int admit_chunk(kvti_hcache *c, kvti_hc_chunk *ch, int64_t *charge) {
+  ch->bytes = kvti_hc_chunk_bytes(ch);
+  if (c->closed || ch->bytes > c->bound || find_chunk(c, ch->key))
+    return 0;
+  rec *r = kvti_calloc(1, sizeof *r);
+  if (!r)
+    return 0;
+  r->kind = K_CHUNK;
+  r->state = RESIDENT;
+  r->ch = ch;
+  r->key = chain_key(ch->key);
+  if (kvti_hm_add(&c->chunks, r->key, (uint64_t)(uintptr_t)r) != 0) {
+    kvti_free(r);
+    return 0;
+  }
+  list_push(&c->lru, r);
+  c->st.used += ch->bytes;
+  c->st.chunks++;
+  c->st.chunk_bytes += ch->bytes;
+  c->st.chunk_inserts++;
+  *charge += (int64_t)ch->bytes;
+  return 1;
+}
+
+/* Admits chs[0, n) (NULL slots skipped; each slot set to NULL when kept, so
+ * the caller frees what is left). Caller holds mu. */
+static void admit_chunks(kvti_hcache *c, kvti_hc_chunk **chs, size_t n,
+                         int64_t *charge) {
+  for (size_t i = 0; i < n; i++)
+    if (chs[i] && admit_chunk(c, chs[i], charge))
+      chs[i] = NULL;
+}
+
+static void free_chunks(kvti_hc_chunk **chs, size_t n) {
+  for (size_t i = 0; chs && i < n; i++) {
+    kvti_hc_chunk_free(chs[i]);
+    chs[i] = NULL;
+  }
+}
+
+size_t kvti_hc_chunks_resident(kvti_hcache *c, const uint8_t *keys,
+                               size_t stride, size_t m, uint8_t *have) {
+  size_t k = 0;
+  pthread_mutex_lock(&c->mu);
+  /* Last chunk first, as kvti_hc_pin_chunks: the entry asking uses them,
+   * so they are touched (a prompt shared by many stays while any of them
+   * is used). */
+  for (size_t i = m; i-- > 0;) {
+    rec *r =
+        c->bound > 0 && !c->closed ? find_chunk(c, keys + i * stride) : NULL;
+    have[i] = r != NULL;
+    if (r)
+      touch(c, r);
+    k += have[i];
+  }
+  pthread_mutex_unlock(&c->mu);
+  return k;
+}
+
+size_t kvti_hc_put_chunks(kvti_hcache *c, kvti_hc_chunk **chs, size_t n,
+                          uint64_t epoch) {
+  rec *g = NULL;
+  int64_t charge = 0;
+  size_t kept = 0;
+  pthread_mutex_lock(&c->mu);
+  if (c->epoch == epoch && c->bound > 0) {
+    for (size_t i = 0; i < n; i++)
+      if (chs[i] && admit_chunk(c, chs[i], &charge)) {
+        chs[i] = NULL;
+        kept++;
+      }
+    evict_to(c, c->bound, NULL, &g, &charge);
+  }
+  pthread_mutex_unlock(&c->mu);
+  settle(c, g, charge);
+  free_chunks(chs, n);
+  return kept;
+}
+
+/* Makes record r (in the map, in no list) the resident tail *tail, tagged
+ * with its chain, and admits chs; evicts for room sparing r. Caller holds
+ * mu. Returns 1, or 0 when the tail could not be kept (r is then deleted). */
+static int admit_tail(kvti_hcache *c, rec *r, kvti_hc_item *tail,
+                      kvti_hc_chunk **chs, size_t n, rec **g, int64_t *charge) {
+  if (c->closed || tail->bytes > c->bound ||
+      set_chain(c, r, tail->has_chain ? tail->chain : NULL) != 0) {
+    drop_unlisted(c, r, g);
+    c->st.rejects++;
+    return 0;
+  }
+  tail->is_tail = 1;
+  admit_chunks(c, chs, n, charge);
+  admit(c, r, tail, g, charge);
+  return 1;
+}
+
+int kvti_hc_put_tail(kvti_hcache *c, const char *hash, kvti_hc_item *tail,
+                     kvti_hc_chunk **chs, size_t n, uint64_t epoch) {
+  tail->bytes = kvti_hc_layers_bytes(tail->layers, tail->n_layers);
+  rec *fresh = kvti_calloc(1, sizeof *fresh);
+  rec *g = NULL;
+  int64_t charge = 0;
+  int kept = 0;
+  pthread_mutex_lock(&c->mu);
+  rec *r = find(c, hash, NULL);
+  if (r)
+    drop(c, r, &g, &charge);
+  if (!fresh || c->epoch != epoch || c->bound == 0 ||
+      kvti_hm_add(&c->map, key_of(hash), (uint64_t)(uintptr_t)fresh) != 0) {
+    c->st.rejects++;
+  } else {
+    snprintf(fresh->hash, sizeof fresh->hash, "%s", hash);
+    fresh->key = key_of(hash);
+    kept = admit_tail(c, fresh, tail, chs, n, &g, &charge);
+    if (kept)
+      c->st.inserts++;
+    fresh = NULL; /* kept, or on the garbage list */
+  }
+  pthread_mutex_unlock(&c->mu);
+  settle(c, g, charge);
+  kvti_free(fresh);
+  free_chunks(chs, n);
+  if (!kept)
+    kvti_hc_item_free(tail);
+  return kept;
+}
+
+int kvti_hc_give_back_tail(kvti_hcache *c, const char *hash, uint64_t lend_id,
+                           kvti_hc_item *tail, kvti_hc_chunk **chs, size_t n) {
+  if (tail)
+    tail->bytes = kvti_hc_layers_bytes(tail->layers, tail->n_layers);
+  rec *g = NULL;
+  int64_t charge = 0;
+  int kept = 0;
+  pthread_mutex_lock(&c->mu);
+  rec *r = find(c, hash, NULL);
+  if (r && r->state == LENT && r->lend_id == lend_id) {
+    /* Still the version lent and its chain untouched since (a removal of
+     * any chunk of it deletes the lent record). */
+    list_unlink(&c->lent, r);
+    c->st.lent--;
+    if (tail) {
+      kept = admit_tail(c, r, tail, chs, n, &g, &charge);
+      if (kept)
+        c->st.returns++;
+    } else {
+      /* A prefix: its chunks are all it is. */
+      drop_unlisted(c, r, &g);
+      if (!c->closed) {
+        admit_chunks(c, chs, n, &charge);
+        evict_to(c, c->bound, NULL, &g, &charge);
+        c->st.returns++;
+        kept = 1;
+      }
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  settle(c, g, charge);
+  free_chunks(chs, n);
+  if (tail && !kept)
+    kvti_hc_item_free(tail);
+  return kept;
+}
+
+/* A kvti_hc_ref is a pinned record (the type stays opaque). */
+int kvti_hc_pin_tail(kvti_hcache *c, const char *hash, kvti_hc_ref **ref,
+                     const kvti_hc_item **it) {
+  int hit = 0;
+  pthread_mutex_lock(&c->mu);
+  if (c->bound > 0 && !c->closed) {
+    rec *r = find(c, hash, NULL);
+    if (r && r->state == RESIDENT && r->kind == K_TAIL) {
+      r->pins++;
+      touch(c, r);
+      *ref = (kvti_hc_ref *)r;
+      *it = &r->it;
+      hit = 1;
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  return hit;
+}
+
+size_t kvti_hc_pin_chunks(kvti_hcache *c, const uint8_t *keys, size_t stride,
+                          size_t m, kvti_hc_ref **refs) {
+  size_t k = 0;
+  pthread_mutex_lock(&c->mu);
+  /* Touched last chunk first, so the chain's head ends youngest: the LRU
+   * then evicts a chain from its end, as the disk's eviction does. */
+  for (size_t i = m; i-- > 0;) {
+    rec *r =
+        c->bound > 0 && !c->closed ? find_chunk(c, keys + i * stride) : NULL;
+    refs[i] = (kvti_hc_ref *)r;
+    if (r) {
+      r->pins++;
+      touch(c, r);
+      k++;
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  return k;
+}
+
+const kvti_hc_chunk *kvti_hc_ref_chunk(const kvti_hc_ref *ref) {
+  const rec *r = (const rec *)ref;
+  return r && r->kind == K_CHUNK ? r->ch : NULL;
+}
+
+void kvti_hc_unpin(kvti_hcache *c, kvti_hc_ref **refs, size_t n) {
+  rec *g = NULL;
+  pthread_mutex_lock(&c->mu);
+  for (size_t i = 0; i < n; i++) {
+    rec *r = (rec *)refs[i];
+    refs[i] = NULL;
+    if (r && --r->pins == 0 && r->dead) {
+      r->gnext = g;
+      g = r;
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  settle(c, g, 0); /* dropped records were uncharged when dropped */
+}
+
+void kvti_hc_count(kvti_hcache *c, int hit, int verify_failed) {
+  pthread_mutex_lock(&c->mu);
+  if (hit)
+    c->st.hits++;
+  else
+    c->st.misses++;
+  if (verify_failed)
+    c->st.verify_failures++;
+  pthread_mutex_unlock(&c->mu);
+}
+
+void kvti_hc_drop_chain(kvti_hcache *c, const char *hash, const uint8_t *keys,
+                        size_t stride, size_t m) {
+  rec *g = NULL;
+  int64_t charge = 0;
+  pthread_mutex_lock(&c->mu);
+  rec *r = hash ? find(c, hash, NULL) : NULL;
+  if (r && r->kind == K_TAIL)
+    drop(c, r, &g, &charge);
+  for (size_t i = 0; i < m; i++)
+    if ((r = find_chunk(c, keys + i * stride)) != NULL)
+      drop(c, r, &g, &charge);
+  pthread_mutex_unlock(&c->mu);
+  settle(c, g, charge);
 }
 
 /* ---- default bound ------------------------------------------------------ */

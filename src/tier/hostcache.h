@@ -17,11 +17,13 @@
  * a LENT record with a fresh lend id; freeing that entry GIVES the layers BACK,
  * which re-admits them only while the record still carries that id. Every
  * invalidation (replace, evict, remove, quarantine, retention) deletes the
- * record, so a stale version can never come back; with the chunked native
- * store a record is also tagged with the last chunk of the chain its rows came
- * from, and removing any chunk of that chain (eviction, quarantine) deletes
- * it (kvti_hc_invalidate_chains). Entries promoted from disk
- * are registered as LENT (kvti_hc_lend) so their buffers are admitted when
+ * record, so a stale version can never come back. With the chunked native
+ * store an entry is held at chunk granularity instead (see "chunk
+ * granularity" below): its tail plus one record per chunk, shared; the tail
+ * and lent records are tagged with the last chunk of their chain, and
+ * removing any chunk of that chain (eviction, quarantine) deletes them and
+ * the chunk records removed (kvti_hc_invalidate_chains). Entries promoted from
+ * disk are registered as LENT (kvti_hc_lend) so their buffers are admitted when
  * freed. The bytes of lent entries belong to the caller (its RAM budget) and
  * are not counted here.
  *
@@ -43,6 +45,7 @@
 #define KVT_HOSTCACHE_H
 
 #include "base/bufpool.h"
+#include "format/chunk.h"
 #include "kvtier.h"
 
 #include <stdint.h>
@@ -64,7 +67,25 @@ typedef struct kvti_hc_item {
    * record's tag). */
   int has_chain;
   uint8_t chain[32];
+  /* A chained entry's tail (kvti_hc_put_tail): its chunked layers hold only
+   * the rows past the chain, the chain's rows are chunk records. */
+  int is_tail;
 } kvti_hc_item;
+
+/* A chunk of the chunked native store held once in RAM, whatever the
+ * entries and prefixes through it: its data section as the chunk file
+ * stores it (the chunked layers' tensors in order, each [outer, n_tokens,
+ * row] contiguous), described by layers (shapes with n_tokens on axis -2,
+ * off/nbytes within data; tensors arrays kvti_malloc'ed per layer). Owned by
+ * the cache once put, and never changed while cached. */
+typedef struct kvti_hc_chunk {
+  uint8_t key[32];
+  uint32_t n_tokens, n_layers, spill_layers;
+  kvti_chunk_layer *layers;
+  uint8_t *data; /* kvti_malloc'ed, data_bytes */
+  uint64_t data_bytes;
+  uint64_t bytes; /* footprint (kvti_hc_chunk_bytes), set by the cache */
+} kvti_hc_chunk;
 
 typedef struct kvti_hc_stats {
   uint64_t bound;           /* bytes, now */
@@ -79,6 +100,9 @@ typedef struct kvti_hc_stats {
   uint64_t invalidations;   /* records deleted by kvti_hc_invalidate */
   uint64_t verify_failures; /* takes undone by kvti_hc_forget(.., 1) */
   uint64_t rejects;         /* puts/give-backs refused (too big, disabled) */
+  uint64_t chunks;          /* resident chunk records, now (not in resident) */
+  uint64_t chunk_bytes;     /* their bytes, now (part of used) */
+  uint64_t chunk_inserts;   /* chunk records made resident */
 } kvti_hc_stats;
 
 /* Bound on lent records (each is ~100 bytes): beyond it the oldest are
@@ -139,10 +163,71 @@ int kvti_hc_give_back(kvti_hcache *c, const char *hash, uint64_t lend_id,
 void kvti_hc_invalidate(kvti_hcache *c, const char *hash);
 /* Deletes every record tagged with one of n chunk keys (32 bytes each, at
  * keys + i * stride: an array of structs that start with the key works), in
- * any state: the chunks are gone, so nothing cached through them stays.
- * Returns how many records were deleted. */
+ * any state, and the chunk records of those keys: the chunks are gone, so
+ * nothing cached through them stays. Returns how many tagged records were
+ * deleted (chunk records not counted). */
 size_t kvti_hc_invalidate_chains(kvti_hcache *c, const uint8_t *keys,
                                  size_t stride, size_t n);
+
+/* ---- chunk granularity (the chunked native store) ----
+ * A chained entry is cached as its tail (a record named by the entry, tagged
+ * with its chain's last chunk) plus one record per chunk of its chain, keyed
+ * by the chunk's key and shared by every entry and prefix through it; all
+ * records share one LRU and one bound, so a chunk stays while anything
+ * using it is used. Readers pin what they copy from (kvti_hc_pin_*): no copy
+ * is made under the mutex, and a record dropped meanwhile is freed by its
+ * last unpin. Chunk records are dropped by kvti_hc_invalidate_chains (their
+ * key among the removed ones) and kvti_hc_drop_chain. */
+
+/* Footprint of a chunk as the cache counts it: data, descriptors, record. */
+uint64_t kvti_hc_chunk_bytes(const kvti_hc_chunk *ch);
+void kvti_hc_chunk_free(kvti_hc_chunk *ch); /* accepts NULL */
+/* The invalidation epoch: read it before resolving a chain whose chunks are
+ * to be put; a put with an older epoch admits nothing (a chunk of that chain
+ * may have been removed meanwhile). */
+uint64_t kvti_hc_epoch(kvti_hcache *c);
+/* have[i] = 1 when the chunk with key keys + i * stride is resident (the
+ * caller then need not build it; it is LRU-touched, the caller's entry
+ * uses it). Returns how many are. */
+size_t kvti_hc_chunks_resident(kvti_hcache *c, const uint8_t *keys,
+                               size_t stride, size_t m, uint8_t *have);
+/* Makes chunks chs[0, n) resident (NULL slots skipped; ownership of every
+ * one passes: those already resident, refused or put with a stale epoch are
+ * freed; every slot is NULL after). Returns how many were kept. */
+size_t kvti_hc_put_chunks(kvti_hcache *c, kvti_hc_chunk **chs, size_t n,
+                          uint64_t epoch);
+/* The resident tail of hash replaces any record of hash, with chunks chs
+ * (as kvti_hc_put_chunks); tail->has_chain names its chain. Ownership of
+ * everything passes. Returns 1 when the tail is kept. */
+int kvti_hc_put_tail(kvti_hcache *c, const char *hash, kvti_hc_item *tail,
+                     kvti_hc_chunk **chs, size_t n, uint64_t epoch);
+/* Gives back a lent chained entry cut into its tail (NULL for a prefix,
+ * whose chunks are all it is) and the chunks not yet resident: admitted only
+ * while the record still carries lend_id (an invalidation, a replacement or
+ * a removal of any chunk of its chain deletes it). Ownership passes. Returns
+ * 1 when admitted. */
+int kvti_hc_give_back_tail(kvti_hcache *c, const char *hash, uint64_t lend_id,
+                           kvti_hc_item *tail, kvti_hc_chunk **chs, size_t n);
+
+typedef struct kvti_hc_ref kvti_hc_ref; /* a pinned record */
+/* Pins the resident tail of hash (LRU-touched): 1 with *ref and *it (valid
+ * until kvti_hc_unpin), else 0. Counts neither hit nor miss. */
+int kvti_hc_pin_tail(kvti_hcache *c, const char *hash, kvti_hc_ref **ref,
+                     const kvti_hc_item **it);
+/* Pins every resident chunk of keys[0, m) (LRU-touched); refs[i] NULL for
+ * the others. Returns how many were pinned. */
+size_t kvti_hc_pin_chunks(kvti_hcache *c, const uint8_t *keys, size_t stride,
+                          size_t m, kvti_hc_ref **refs);
+const kvti_hc_chunk *kvti_hc_ref_chunk(const kvti_hc_ref *ref);
+/* Unpins refs[0, n) (NULL skipped; every slot NULL after). */
+void kvti_hc_unpin(kvti_hcache *c, kvti_hc_ref **refs, size_t n);
+/* Counts a chained lookup: a hit, or a miss (verify_failed: the copy failed
+ * its check). */
+void kvti_hc_count(kvti_hcache *c, int hit, int verify_failed);
+/* Deletes the tail of hash (NULL: none) and the chunk records of keys[0, m):
+ * a copy assembled from them failed its check. */
+void kvti_hc_drop_chain(kvti_hcache *c, const char *hash, const uint8_t *keys,
+                        size_t stride, size_t m);
 
 /* The default bound (kvt_options.host_cache_bytes = KVT_HOST_CACHE_AUTO): 1/8
  * of the memory this process may use, i.e. the smallest of physical RAM, the

@@ -7,21 +7,26 @@
  * invalidation, the public bound/trim calls and the stats gauges. The hooks
  * in promote.c, writer.c, tier.c and chunks.c are one call each.
  *
- * With the chunked native store (chunk_tokens) a record holds the assembled
- * entry - chain rows and tail joined, as a read returns it - or a pure chain's
- * prefix (named by the hash of its tokens, as lookup_prefix reports it), and is
- * tagged with the chain's last chunk. A hit is verified against the chunk
- * files (store/chunks_verify.h: header, chain row, tokens, every block over
- * the cached rows) and, for an entry, against its tail's files
+ * With the chunked native store (chunk_tokens) RAM holds what the disk
+ * holds: a chained entry as its tail (the rows past its chain and its other
+ * layers, tagged with the chain's last chunk) plus its chain's chunks, one
+ * record per chunk key shared by every entry and prefix through it. Spills
+ * and freed disk reads are cut into the tail and the chunks RAM lacks; a hit
+ * assembles a fresh copy from the pinned chunks and tail (chunks RAM lacks
+ * read from their files and kept) and that copy is verified against the
+ * chunk files (store/chunks_verify.h: header, chain row, tokens, every block
+ * over the copy's rows) and, for an entry, against its tail's files
  * (kvti_entry_verify_mem over the rows past the chain): the same checks as
- * the disk read it replaces. An entry stored as its chain record alone has
- * no tail: its record (tokens, layer count, rows) is checked instead and the
- * chain is all of its rows.
+ * the disk read it replaces, on the bytes served. An entry stored as its
+ * chain record alone has no tail files: its record (tokens, layer count,
+ * rows) is checked instead and the chain is all of its rows. A pure prefix
+ * is its chunks alone.
  */
 #include "tier/ramtier.h"
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "format/dtype.h"
 #include "format/entry.h"
 #include "format/layer.h"
 #include "tier/hostcache.h"
@@ -168,12 +173,11 @@ static int chain_of(kvt_tier *t, const char *hash, const int32_t *tokens,
 /* Checks a cached copy as the disk read it replaces would check the bytes it
  * reads (see the file comment); sets the layers' attributes as that read
  * does. */
-static int verify(kvt_tier *t, const char *hash, kvti_hc_item *it,
-                  const kvti_read_opts *ro, int prefix) {
-  ram_chain ch;
-  int rc = chain_of(t, hash, ro->tokens, ro->n_tokens, prefix, &ro->salt, &ch);
-  if (rc)
-    return rc;
+static int verify_with(kvt_tier *t, const char *hash, kvti_hc_item *it,
+                       const kvti_read_opts *ro, int prefix,
+                       const ram_chain *chp) {
+  const ram_chain ch = *chp;
+  int rc;
   if (!ch.recs) /* an entry stored whole */
     return kvti_backend_local_verify_mem(t->be, hash, it->layers, it->n_layers,
                                          ro);
@@ -181,7 +185,6 @@ static int verify(kvt_tier *t, const char *hash, kvti_hc_item *it,
     /* Not the chain these rows were cached from (another namespace's chain
      * over the same tokens, or a chain rebuilt since): never served, even if
      * the bytes matched. */
-    kvti_free(ch.recs);
     return KVT_ERR(KVT_ENOTFOUND, "%.16s: cached from another chain", hash);
   }
   uint64_t *row0 = kvti_calloc(it->n_layers ? it->n_layers : 1, sizeof *row0);
@@ -227,27 +230,601 @@ static int verify(kvt_tier *t, const char *hash, kvti_hc_item *it,
     }
   }
   kvti_free(row0);
+  return rc;
+}
+
+static int verify(kvt_tier *t, const char *hash, kvti_hc_item *it,
+                  const kvti_read_opts *ro, int prefix) {
+  ram_chain ch;
+  int rc = chain_of(t, hash, ro->tokens, ro->n_tokens, prefix, &ro->salt, &ch);
+  if (rc == 0)
+    rc = verify_with(t, hash, it, ro, prefix, &ch);
   kvti_free(ch.recs);
   return rc;
 }
 
+/* ---- chunk granularity --------------------------------------------------- */
+
+/* Chunk i of a chain (its key) built from rows [i*C, (i+1)*C) of the chunked
+ * layers ids[0, n_ids) of layers (tensors of T rows), in the chunk file's
+ * data order. NULL when out of memory. */
+static kvti_hc_chunk *chunk_from_rows(const kvt_layer *layers,
+                                      const uint32_t *ids, uint32_t n_ids,
+                                      uint32_t spill_layers, uint64_t T,
+                                      uint32_t C, size_t i,
+                                      const uint8_t key[32]) {
+  kvti_hc_chunk *ch = kvti_calloc(1, sizeof *ch);
+  if (!ch)
+    return NULL;
+  memcpy(ch->key, key, 32);
+  ch->n_tokens = C;
+  ch->spill_layers = spill_layers;
+  if (!(ch->layers = kvti_calloc(n_ids ? n_ids : 1, sizeof *ch->layers)))
+    goto fail;
+  ch->n_layers = n_ids;
+  uint64_t pos = 0;
+  for (uint32_t k = 0; k < n_ids; k++) {
+    const kvt_layer *l = &layers[ids[k]];
+    kvti_chunk_layer *L = &ch->layers[k];
+    L->kind = l->kind;
+    L->layer_idx = ids[k];
+    if (l->kind == KVT_LAYER_QUANTIZED_KV) {
+      L->bits = l->bits;
+      L->group_size = l->group_size;
+    }
+    if (!(L->tensors = kvti_calloc(l->num_tensors ? l->num_tensors : 1,
+                                   sizeof *L->tensors)))
+      goto fail;
+    L->num_tensors = l->num_tensors;
+    for (uint32_t j = 0; j < l->num_tensors; j++) {
+      const kvt_tensor *t = &l->tensors[j];
+      kvti_chunk_tensor *ct = &L->tensors[j];
+      uint64_t outer, row;
+      kvti_chunk_tensor_geom(t, &outer, &row);
+      ct->dtype = t->dtype;
+      ct->ndim = t->ndim;
+      memcpy(ct->shape, t->shape, sizeof ct->shape);
+      ct->shape[t->ndim - 2] = C;
+      ct->off = pos;
+      ct->nbytes = outer * C * row;
+      pos += ct->nbytes;
+    }
+  }
+  ch->data_bytes = pos;
+  if (!(ch->data = kvti_malloc(pos ? (size_t)pos : 1)))
+    goto fail;
+  for (uint32_t k = 0; k < n_ids; k++) {
+    const kvt_layer *l = &layers[ids[k]];
+    for (uint32_t j = 0; j < l->num_tensors; j++) {
+      const kvt_tensor *t = &l->tensors[j];
+      const kvti_chunk_tensor *ct = &ch->layers[k].tensors[j];
+      uint64_t outer, row;
+      kvti_chunk_tensor_geom(t, &outer, &row);
+      for (uint64_t o = 0; o < outer && row; o++)
+        memcpy(ch->data + ct->off + o * C * row,
+               (const uint8_t *)t->data + (o * T + (uint64_t)i * C) * row,
+               (size_t)(C * row));
+    }
+  }
+  return ch;
+fail:
+  kvti_hc_chunk_free(ch);
+  return NULL;
+}
+
+/* Cuts the layers of an entry of n_tokens (owned, a read's layout:
+ * kvti_buf_alloc'ed data; layers[0, n) and the array are consumed either
+ * way) over chain recs[0, m) into its tail (*tail when tail is non-NULL:
+ * the chunked layers' rows past the chain, copied, and every other layer,
+ * moved) and copies of the chunks with have[i] == 0 (chs[i]; NULL for the
+ * others). Returns 0, KVT_EINVAL (the layers do not cut into that chain:
+ * nothing built), KVT_ENOMEM. */
+static int cut(kvt_layer *layers, uint32_t n, size_t n_tokens,
+               const kvti_chain_rec *recs, size_t m, const uint8_t *have,
+               kvti_hc_item *tail, kvti_hc_chunk **chs) {
+  uint32_t C = recs[0].n_tokens;
+  kvti_chunk_split sp;
+  int rc = kvti_chunk_split_make(&sp, layers, n, n_tokens, C);
+  if (rc == 0 && sp.chunks != m)
+    rc = KVT_ERR(KVT_EINVAL, "cached entry: %zu chunks, its chain %zu",
+                 sp.chunks, m);
+  for (size_t i = 0; i < m; i++)
+    chs[i] = NULL;
+  for (size_t i = 0; rc == 0 && i < m; i++)
+    if (!(have && have[i]) &&
+        !(chs[i] = chunk_from_rows(layers, sp.ids, sp.n_ids, n, sp.T, C, i,
+                                   recs[i].key)))
+      rc = KVT_ERR_NOMEM();
+  if (rc == 0 && tail) {
+    /* sp.tail holds its own copies of the chunked layers' tail rows and
+     * shallow copies of everything else: those move out of layers. */
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      int chunked = k < sp.n_ids && sp.ids[k] == i;
+      k += chunked;
+      sp.tail[i].orig_dtypes = layers[i].orig_dtypes;
+      layers[i].orig_dtypes = NULL;
+      if (!chunked) {
+        layers[i].tensors = NULL;
+        layers[i].num_tensors = 0;
+      }
+    }
+    memset(tail, 0, sizeof *tail);
+    tail->layers = sp.tail;
+    tail->n_layers = n;
+    sp.tail = NULL;
+  }
+  if (rc)
+    for (size_t i = 0; i < m; i++) {
+      kvti_hc_chunk_free(chs[i]);
+      chs[i] = NULL;
+    }
+  kvti_chunk_split_free(&sp);
+  for (uint32_t i = 0; i < n; i++)
+    kvti_layer_release(&layers[i], 0, NULL, NULL);
+  kvti_free(layers);
+  return rc;
+}
+
+/* Chunk rec (the prompt's tokens for it) read from its file, every block
+ * verified as it lands (kvti_chunk_read_data), into a new chunk record. */
+static int load_chunk(kvt_tier *t, const kvti_chain_rec *rec,
+                      const int32_t *tokens, kvti_hc_chunk **out) {
+  kvti_chunkstore *cs = kvti_chunked_store(t->chunked);
+  int fd = -1;
+  kvti_chunk_hdr h;
+  int rc = kvti_chunkstore_open_chunk(cs, rec, tokens, &fd, &h);
+  if (rc)
+    return rc;
+  kvti_hc_chunk *ch = kvti_calloc(1, sizeof *ch);
+  if (!ch || !(ch->layers = kvti_calloc(h.n_layers ? h.n_layers : 1,
+                                        sizeof *ch->layers))) {
+    rc = KVT_ERR_NOMEM();
+    goto out;
+  }
+  memcpy(ch->key, rec->key, 32);
+  ch->n_tokens = h.n_tokens;
+  ch->spill_layers = h.spill_layers;
+  ch->n_layers = h.n_layers;
+  for (uint32_t i = 0; rc == 0 && i < h.n_layers; i++) {
+    kvti_chunk_layer *L = &ch->layers[i];
+    *L = h.layers[i];
+    L->tensors =
+        kvti_malloc((L->num_tensors ? L->num_tensors : 1) * sizeof *L->tensors);
+    if (!L->tensors) {
+      L->num_tensors = 0;
+      rc = KVT_ERR_NOMEM();
+    } else {
+      memcpy(L->tensors, h.layers[i].tensors,
+             L->num_tensors * sizeof *L->tensors);
+    }
+  }
+  ch->data_bytes = h.data_bytes;
+  if (rc == 0 &&
+      !(ch->data = kvti_malloc(h.data_bytes ? (size_t)h.data_bytes : 1)))
+    rc = KVT_ERR_NOMEM();
+  char path[4096];
+  if (rc == 0 &&
+      (rc = kvti_chunkstore_path(cs, rec->key, path, sizeof path)) == 0)
+    rc = kvti_chunk_read_data(fd, &h, ch->data, path);
+out:
+  kvti_close(fd);
+  kvti_chunk_hdr_free(&h);
+  if (rc)
+    kvti_hc_chunk_free(ch);
+  else
+    *out = ch;
+  return rc;
+}
+
+/* Frees layers built by assemble (caller buffers through ro->free_buf). */
+static void free_built(kvt_layer *ls, uint32_t n, const kvti_read_opts *ro) {
+  for (uint32_t i = 0; ls && i < n; i++)
+    kvti_layer_release(&ls[i], ro->alloc != NULL, ro->free_buf, ro->alloc_ctx);
+  kvti_free(ls);
+}
+
+static void *new_buf(const kvti_read_opts *ro, uint32_t i, uint32_t j,
+                     const kvt_tensor *d) {
+  if (!d->nbytes)
+    return NULL;
+  return ro->alloc ? ro->alloc(ro->alloc_ctx, i, j, d)
+                   : kvti_buf_alloc((size_t)d->nbytes);
+}
+
+/* The same geometry but for the token axis (and the same dtype). */
+static int same_but_rows(const kvt_tensor *t, const kvti_chunk_tensor *ct) {
+  if (t->dtype != ct->dtype || t->ndim != ct->ndim || t->ndim < 2)
+    return 0;
+  for (uint32_t d = 0; d < t->ndim; d++)
+    if (d != t->ndim - 2 && t->shape[d] != ct->shape[d])
+      return 0;
+  return 1;
+}
+
+/* New layers (ro's alloc, else kvti_buf_alloc) holding the chain's rows from
+ * chunks chs[0, m) followed by tail's rows, with tail's attributes and its
+ * other layers copied - the entry a disk read returns - or, tail NULL, the
+ * pure prefix of the chain alone (attributes set by the check that follows).
+ * Nothing here is trusted: the result is checked against the files before
+ * it is served. *bytes: tensor bytes allocated. Returns 0, KVT_ECORRUPT (the
+ * pieces do not fit together), KVT_ENOTFOUND (a prefix of a chain that is
+ * not pure), KVT_ENOMEM. */
+static int assemble(const kvti_hc_item *tail, const kvti_hc_chunk *const *chs,
+                    size_t m, const kvti_read_opts *ro, kvt_layer **out,
+                    uint32_t *n_out, uint64_t *bytes) {
+  const kvti_hc_chunk *c0 = chs[0];
+  uint32_t C = c0->n_tokens;
+  uint64_t rows = (uint64_t)m * C;
+  *bytes = 0;
+  for (size_t c = 1; c < m; c++)
+    if (chs[c]->n_tokens != C || chs[c]->n_layers != c0->n_layers)
+      return KVT_ERR(KVT_ECORRUPT, "cached chunks: layouts differ");
+  if (!tail && c0->spill_layers != c0->n_layers)
+    return KVT_ERR(KVT_ENOTFOUND, "cached chain: not pure");
+  uint32_t n = tail ? tail->n_layers : c0->spill_layers;
+  int32_t *which = kvti_malloc((n ? n : 1) * sizeof *which);
+  kvt_layer *ls = kvti_calloc(n ? n : 1, sizeof *ls);
+  int rc = which && ls ? 0 : KVT_ERR_NOMEM();
+  for (uint32_t i = 0; rc == 0 && i < n; i++)
+    which[i] = -1;
+  for (uint32_t k = 0; rc == 0 && k < c0->n_layers; k++) {
+    uint32_t li = c0->layers[k].layer_idx;
+    if (li >= n || which[li] >= 0)
+      rc = KVT_ERR(KVT_ECORRUPT, "cached chunk: layer %u out of place", li);
+    else
+      which[li] = (int32_t)k;
+  }
+  for (uint32_t i = 0; rc == 0 && i < n; i++) {
+    kvt_layer *d = &ls[i];
+    const kvt_layer *tl = tail ? &tail->layers[i] : NULL;
+    const kvti_chunk_layer *L = which[i] >= 0 ? &c0->layers[which[i]] : NULL;
+    if (!L && !tl) {
+      rc = KVT_ERR(KVT_ECORRUPT, "cached chain: layer %u missing", i);
+      break;
+    }
+    if (tl) {
+      *d = *tl;
+      d->tensors = NULL;
+      d->orig_dtypes = NULL;
+      d->num_tensors = 0;
+    } else {
+      kvt_layer_init(d, (kvt_layer_kind)L->kind);
+      d->offset = (int64_t)rows;
+      if (L->kind == KVT_LAYER_QUANTIZED_KV) {
+        d->bits = L->bits;
+        d->group_size = L->group_size;
+      }
+    }
+    uint32_t nt = L ? L->num_tensors : tl->num_tensors;
+    if (L && tl && (tl->num_tensors != nt || tl->kind != L->kind)) {
+      rc = KVT_ERR(KVT_ECORRUPT, "cached tail: layer %u differs", i);
+      break;
+    }
+    if (!(d->tensors = kvti_calloc(nt ? nt : 1, sizeof *d->tensors))) {
+      rc = KVT_ERR_NOMEM();
+      break;
+    }
+    d->num_tensors = nt;
+    if (tl && tl->orig_dtypes) {
+      if (!(d->orig_dtypes = kvti_malloc(nt * sizeof(int32_t)))) {
+        rc = KVT_ERR_NOMEM();
+        break;
+      }
+      memcpy(d->orig_dtypes, tl->orig_dtypes, nt * sizeof(int32_t));
+    }
+    for (uint32_t j = 0; rc == 0 && j < nt; j++) {
+      kvt_tensor *dt = &d->tensors[j];
+      const kvt_tensor *tt = tl ? &tl->tensors[j] : NULL;
+      if (!L) { /* a layer the chain does not hold: the tail's, copied */
+        *dt = *tt;
+        dt->data = NULL;
+        if (tt->nbytes && !(dt->data = new_buf(ro, i, j, dt))) {
+          dt->nbytes = 0;
+          rc = KVT_ERR(KVT_ENOMEM, "no buffer for layer %u tensor %u", i, j);
+          break;
+        }
+        if (tt->nbytes)
+          memcpy(dt->data, tt->data, (size_t)tt->nbytes);
+        *bytes += tt->nbytes;
+        continue;
+      }
+      const kvti_chunk_tensor *ct = &L->tensors[j];
+      uint64_t tT = tt ? (uint64_t)tt->shape[tt->ndim - 2] : 0;
+      if (tt && !same_but_rows(tt, ct)) {
+        rc = KVT_ERR(KVT_ECORRUPT, "cached tail: layer %u tensor %u differs", i,
+                     j);
+        break;
+      }
+      dt->dtype = ct->dtype;
+      dt->ndim = ct->ndim;
+      memcpy(dt->shape, ct->shape, sizeof dt->shape);
+      dt->shape[dt->ndim - 2] = (int64_t)(rows + tT);
+      uint64_t nb;
+      if (kvti_tensor_nbytes(&nb, (kvt_dtype)dt->dtype, dt->ndim, dt->shape) ||
+          nb > SIZE_MAX / 2) {
+        rc = KVT_ERR(KVT_ECORRUPT, "cached chain: layer %u tensor %u size", i,
+                     j);
+        break;
+      }
+      dt->nbytes = nb;
+      if (nb && !(dt->data = new_buf(ro, i, j, dt))) {
+        dt->nbytes = 0;
+        rc = KVT_ERR(KVT_ENOMEM, "no buffer for layer %u tensor %u", i, j);
+        break;
+      }
+      *bytes += nb;
+      uint64_t outer, row, T = rows + tT;
+      kvti_chunk_tensor_geom(dt, &outer, &row);
+      for (size_t c = 0; rc == 0 && c < m; c++) {
+        const kvti_chunk_tensor *cc = &chs[c]->layers[which[i]].tensors[j];
+        if (chs[c]->layers[which[i]].layer_idx != i ||
+            chs[c]->layers[which[i]].num_tensors != nt ||
+            !same_but_rows(dt, cc) || cc->nbytes != outer * C * row ||
+            cc->off + cc->nbytes > chs[c]->data_bytes) {
+          rc =
+              KVT_ERR(KVT_ECORRUPT, "cached chunk %zu: layer %u differs", c, i);
+          break;
+        }
+        for (uint64_t o = 0; o < outer && row; o++)
+          memcpy((uint8_t *)dt->data + (o * T + (uint64_t)c * C) * row,
+                 chs[c]->data + cc->off + o * C * row, (size_t)(C * row));
+      }
+      for (uint64_t o = 0; rc == 0 && o < outer && row && tT; o++)
+        memcpy((uint8_t *)dt->data + (o * T + rows) * row,
+               (const uint8_t *)tt->data + o * tT * row, (size_t)(tT * row));
+    }
+  }
+  kvti_free(which);
+  if (rc) {
+    free_built(ls, n, ro);
+    return rc;
+  }
+  *out = ls;
+  *n_out = n;
+  return 0;
+}
+
+/* What a lent entry needs when it is freed (kvt_entry_free -> recycle): the
+ * cache (a reference) and, for a chained entry or a prefix, the chain it was
+ * read through, to cut it into its tail and chunks without the tier (which
+ * may be closed by then). */
+typedef struct lend_ctx {
+  kvti_hcache *hc;
+  int prefix;
+  size_t m;
+  kvti_chain_rec *recs; /* NULL: a whole entry */
+} lend_ctx;
+
 /* kvt_entry_free's hook for an entry whose buffers the cache may take back. */
 static int recycle(kvt_entry *e) {
-  kvti_hcache *c = e->recycle_ctx;
-  kvti_hc_item it = {e->layers,       e->num_layers, 0,
-                     e->memory_bytes, e->disk_bytes, e->storage_mode};
-  kvti_hc_give_back(c, e->hash, e->recycle_id, &it);
+  lend_ctx *lc = e->recycle_ctx;
+  kvti_hcache *c = lc->hc;
+  if (!lc->recs) {
+    kvti_hc_item it = {e->layers,       e->num_layers, 0,
+                       e->memory_bytes, e->disk_bytes, e->storage_mode};
+    kvti_hc_give_back(c, e->hash, e->recycle_id, &it);
+  } else {
+    /* Only what RAM lacks is copied: the chunks another entry already
+     * brought stay as they are. */
+    uint8_t *have = kvti_calloc(lc->m, 1);
+    kvti_hc_chunk **chs = kvti_calloc(lc->m, sizeof *chs);
+    kvti_hc_item tail;
+    memset(&tail, 0, sizeof tail);
+    int rc = have && chs ? 0 : KVT_ERR_NOMEM();
+    if (rc == 0)
+      kvti_hc_chunks_resident(c, lc->recs[0].key, sizeof *lc->recs, lc->m,
+                              have);
+    if (rc == 0) { /* cut consumes the layers */
+      rc = cut(e->layers, e->num_layers, e->n_tokens, lc->recs, lc->m, have,
+               lc->prefix ? NULL : &tail, chs);
+    } else {
+      for (uint32_t i = 0; i < e->num_layers; i++)
+        kvti_layer_release(&e->layers[i], 0, NULL, NULL);
+      kvti_free(e->layers);
+    }
+    e->layers = NULL;
+    if (rc == 0) {
+      tail.memory_bytes = e->memory_bytes;
+      tail.disk_bytes = e->disk_bytes;
+      tail.storage_mode = e->storage_mode;
+      tail.has_chain = 1;
+      memcpy(tail.chain, lc->recs[lc->m - 1].key, 32);
+      kvti_hc_give_back_tail(c, e->hash, e->recycle_id,
+                             lc->prefix ? NULL : &tail, chs, lc->m);
+    } else {
+      kvt_clear_error();
+      kvti_hc_forget(c, e->hash, e->recycle_id, 0);
+    }
+    kvti_free(chs);
+    kvti_free(have);
+    kvti_free(lc->recs);
+  }
   kvti_hc_release(c);
+  kvti_free(lc);
   kvti_free(e->tokens);
   kvti_free(e);
   return 1;
 }
 
-static void hook(kvt_tier *t, kvt_entry *e, uint64_t id) {
+/* Hooks e (lent under id) so its buffers come back when freed; recs[0, m)
+ * (copied; NULL for a whole entry) is the chain it was read through. */
+static void hook(kvt_tier *t, kvt_entry *e, uint64_t id,
+                 const kvti_chain_rec *recs, size_t m, int prefix) {
+  lend_ctx *lc = kvti_calloc(1, sizeof *lc);
+  if (lc && recs) {
+    lc->recs = kvti_malloc(m * sizeof *recs);
+    if (lc->recs)
+      memcpy(lc->recs, recs, m * sizeof *recs);
+  }
+  if (!lc || (recs && !lc->recs)) {
+    kvti_free(lc);
+    kvti_hc_forget(t->hc, e->hash, id, 0);
+    kvt_clear_error();
+    return;
+  }
+  lc->m = m;
+  lc->prefix = prefix;
+  lc->hc = t->hc;
   kvti_hc_retain(t->hc);
   e->recycle = recycle;
-  e->recycle_ctx = t->hc;
+  e->recycle_ctx = lc;
   e->recycle_id = id;
+}
+
+/* The RAM read of a chained entry (its tail cached) or, prefix = 1, of a
+ * pure prefix (some chunk of it cached): assembled from the cached chunks
+ * and tail, the chunks RAM lacks read from their files (and kept), then
+ * checked against the files exactly as a cached whole entry is (verify) -
+ * the copy served is the one checked. *tried = 0 when nothing of it is
+ * cached (the caller looks for a whole entry). */
+static int ram_read_chained(kvt_entry **out, kvt_tier *t, const char *hash,
+                            const kvti_read_opts *ro, int prefix, int *tried) {
+  kvti_hc_ref *tref = NULL;
+  const kvti_hc_item *tail = NULL;
+  *tried = 0;
+  if (!prefix && !kvti_hc_pin_tail(t->hc, hash, &tref, &tail))
+    return KVT_ENOTFOUND;
+  *tried = 1;
+  uint64_t epoch = kvti_hc_epoch(t->hc);
+  ram_chain ch;
+  memset(&ch, 0, sizeof ch);
+  int rc = chain_of(t, hash, ro->tokens, ro->n_tokens, prefix, &ro->salt, &ch);
+  if (rc != 0 && prefix) { /* no such chain: a plain miss */
+    kvti_hc_count(t->hc, 0, 0);
+    kvt_clear_error();
+    return KVT_ENOTFOUND;
+  }
+  if (rc == 0 && !ch.recs)
+    rc = KVT_ERR(KVT_ENOTFOUND, "%.16s: stored whole now", hash);
+  if (rc == 0 && tail &&
+      (!tail->has_chain || memcmp(tail->chain, ch.recs[ch.m - 1].key, 32)))
+    rc = KVT_ERR(KVT_ENOTFOUND, "%.16s: cached from another chain", hash);
+  size_t m = ch.m;
+  kvti_hc_ref **refs = NULL;
+  kvti_hc_chunk **loaded = NULL;
+  const kvti_hc_chunk **chs = NULL;
+  kvt_layer *layers = NULL;
+  uint32_t nl = 0;
+  uint64_t abytes = 0;
+  int failed_check = rc != 0; /* a stale tail counts as a failed check */
+  if (rc == 0) {
+    refs = kvti_calloc(m, sizeof *refs);
+    loaded = kvti_calloc(m, sizeof *loaded);
+    chs = kvti_calloc(m, sizeof *chs);
+    if (!refs || !loaded || !chs)
+      rc = KVT_ERR_NOMEM();
+  }
+  if (rc == 0 &&
+      kvti_hc_pin_chunks(t->hc, ch.recs[0].key, sizeof *ch.recs, m, refs) ==
+          0 &&
+      prefix) {
+    rc = KVT_ENOTFOUND; /* nothing of it in RAM: a plain miss */
+    failed_check = 0;
+    *tried = 2;
+  }
+  uint32_t C = m ? ch.recs[0].n_tokens : 0;
+  for (size_t i = 0; rc == 0 && i < m; i++) {
+    if (refs[i]) {
+      chs[i] = kvti_hc_ref_chunk(refs[i]);
+    } else if ((rc = load_chunk(t, &ch.recs[i], ro->tokens + i * C,
+                                &loaded[i])) == 0) {
+      chs[i] = loaded[i];
+    }
+    /* A chunk that cannot be read: the disk read that follows meets the
+     * same fault and deals with it (quarantine, eviction). */
+  }
+  if (rc == 0 && ro->cancel && atomic_load(ro->cancel))
+    rc = KVT_ERR(KVT_ECANCELED, "promote cancelled");
+  if (rc == 0) {
+    rc = assemble(tail, chs, m, ro, &layers, &nl, &abytes);
+    failed_check = rc != 0 && rc != KVT_ENOMEM;
+  }
+  kvti_hc_item it;
+  memset(&it, 0, sizeof it);
+  if (tail) {
+    it.memory_bytes = tail->memory_bytes;
+    it.disk_bytes = tail->disk_bytes;
+    it.storage_mode = tail->storage_mode;
+  } else {
+    it.memory_bytes = abytes;
+    it.disk_bytes = ch.bytes;
+    it.storage_mode = KVT_STORAGE_NATIVE;
+  }
+  if (refs)
+    kvti_hc_unpin(t->hc, refs, m);
+  if (tref)
+    kvti_hc_unpin(t->hc, &tref, 1);
+  tail = NULL; /* not to be touched once unpinned */
+  if (rc == 0) {
+    it.layers = layers;
+    it.n_layers = nl;
+    it.has_chain = 1;
+    memcpy(it.chain, ch.recs[m - 1].key, 32);
+    rc = verify_with(t, hash, &it, ro, prefix, &ch);
+    failed_check = rc != 0;
+  }
+  kvt_entry *e = NULL;
+  if (rc == 0) {
+    e = kvti_entry_new();
+    if (e)
+      e->tokens =
+          kvti_malloc((ro->n_tokens ? ro->n_tokens : 1) * sizeof(int32_t));
+    if (!e || !e->tokens) {
+      rc = KVT_ERR_NOMEM();
+      failed_check = 0;
+    }
+  }
+  if (rc != 0) {
+    if (failed_check) {
+      kvti_log(t, KVT_LOG_INFO,
+               "kvtier: RAM copy of %.16s not served (%s); reading the disk",
+               hash, kvt_last_error());
+      /* Which piece is bad is not known: all of them go. */
+      kvti_hc_drop_chain(t->hc, prefix ? NULL : hash,
+                         ch.recs ? ch.recs[0].key : NULL, sizeof *ch.recs,
+                         ch.recs ? m : 0);
+    }
+    if (*tried == 1)
+      kvti_hc_count(t->hc, 0, failed_check);
+    if (*tried == 2)
+      kvti_hc_count(t->hc, 0, 0);
+    free_built(layers, nl, ro);
+    for (size_t i = 0; loaded && i < m; i++)
+      kvti_hc_chunk_free(loaded[i]);
+    kvt_entry_free(e);
+    rc = rc == KVT_ENOMEM || rc == KVT_ECANCELED ? rc : KVT_ENOTFOUND;
+    kvt_clear_error();
+  } else {
+    /* The chunks read from disk stay in RAM (unless one of the chain's
+     * chunks went meanwhile). */
+    kvti_hc_put_chunks(t->hc, loaded, m, epoch);
+    kvti_hc_count(t->hc, 1, 0);
+    if (ro->n_tokens)
+      memcpy(e->tokens, ro->tokens, ro->n_tokens * sizeof(int32_t));
+    e->n_tokens = ro->n_tokens;
+    memcpy(e->hash, hash, KVT_HASH_HEX_LEN + 1);
+    e->memory_bytes = it.memory_bytes;
+    e->disk_bytes = it.disk_bytes;
+    e->storage_mode = it.storage_mode;
+    e->from = KVTI_FROM_RAM;
+    e->layers = layers;
+    e->num_layers = nl;
+    if (ro->alloc) {
+      /* Caller buffers without a free_buf stay the caller's. */
+      e->free_buf = ro->free_buf ? ro->free_buf : kvti_keep_caller_buf;
+      e->alloc_ctx = ro->alloc_ctx;
+    }
+    if (ro->on_layer)
+      for (uint32_t i = 0; i < e->num_layers; i++)
+        ro->on_layer(ro->layer_ctx, i, &e->layers[i]);
+    *out = e;
+  }
+  kvti_free(refs);
+  kvti_free(loaded);
+  kvti_free(chs);
+  kvti_free(ch.recs);
+  return rc;
 }
 
 /* Copies a verified cached item into the caller's buffers (alloc). */
@@ -299,6 +876,12 @@ static int ram_read(kvt_entry **out, kvt_tier *t, const char *hash,
                     const kvti_read_opts *ro, int prefix) {
   if (!t->hc || ro->keep_tokens || ro->verify_only || !ro->tokens)
     return KVT_ENOTFOUND;
+  if (t->chunked) {
+    int tried;
+    int rc = ram_read_chained(out, t, hash, ro, prefix, &tried);
+    if (tried || prefix)
+      return rc;
+  }
   /* hash is the name of ro->tokens under the call's salt: every caller has
    * it from the index row of these tokens or has checked a read_entry
    * caller's file_path against them (promote.c), so it is not recomputed
@@ -346,7 +929,7 @@ static int ram_read(kvt_entry **out, kvt_tier *t, const char *hash,
   } else {
     e->layers = it.layers;
     e->num_layers = it.n_layers;
-    hook(t, e, id);
+    hook(t, e, id, NULL, 0, 0);
   }
   if (ro->on_layer)
     for (uint32_t i = 0; i < e->num_layers; i++)
@@ -369,22 +952,6 @@ int kvti_ram_promote_prefix(kvt_entry **out, kvt_tier *t, const char *hash,
   return t->chunked ? ram_read(out, t, hash, ro, 1) : KVT_ENOTFOUND;
 }
 
-/* The chain tag of what a read of e returned; 0 when untagged (a whole
- * entry, or its chain is gone). */
-static int tag_of(kvt_tier *t, const kvt_entry *e, int prefix,
-                  const kvti_salt *salt, uint8_t tag[32]) {
-  ram_chain ch;
-  if (!t->chunked ||
-      chain_of(t, e->hash, e->tokens, e->n_tokens, prefix, salt, &ch) != 0 ||
-      !ch.recs) {
-    kvt_clear_error();
-    return 0;
-  }
-  memcpy(tag, ch.recs[ch.m - 1].key, 32);
-  kvti_free(ch.recs);
-  return 1;
-}
-
 static void after_read(kvt_tier *t, kvt_entry *e, const kvti_read_opts *ro,
                        int prefix) {
   uint64_t id;
@@ -392,12 +959,19 @@ static void after_read(kvt_tier *t, kvt_entry *e, const kvti_read_opts *ro,
     e->from = KVTI_FROM_DISK;
   if (!t->hc || !e || ro->keep_tokens || ro->alloc || e->free_buf || e->recycle)
     return;
-  uint8_t tag[32];
-  int tagged = tag_of(t, e, prefix, &ro->salt, tag);
-  if (prefix && !tagged)
+  ram_chain ch;
+  memset(&ch, 0, sizeof ch);
+  if (t->chunked && chain_of(t, e->hash, e->tokens, e->n_tokens, prefix,
+                             &ro->salt, &ch) != 0) {
+    kvt_clear_error();
     return; /* its chain went meanwhile: nothing to keep */
-  if (kvti_hc_lend_chain(t->hc, e->hash, tagged ? tag : NULL, &id))
-    hook(t, e, id);
+  }
+  if (prefix && !ch.recs)
+    return;
+  if (kvti_hc_lend_chain(t->hc, e->hash, ch.recs ? ch.recs[ch.m - 1].key : NULL,
+                         &id))
+    hook(t, e, id, ch.recs, ch.m, prefix);
+  kvti_free(ch.recs);
 }
 
 void kvti_ram_after_disk(kvt_tier *t, kvt_entry *e, const kvti_read_opts *ro) {
@@ -421,25 +995,52 @@ void kvti_ram_spilled(kvt_tier *t, kvti_snapshot *s, uint64_t disk_bytes) {
   const char *hash = kvti_snapshot_hash(s);
   size_t n = 0;
   const int32_t *tokens = kvti_snapshot_tokens(s, &n);
+  uint64_t epoch = kvti_hc_epoch(t->hc);
   ram_chain ch;
   if (chain_of(t, hash, tokens, n, 0, NULL, &ch) != 0) {
     kvt_clear_error();
     kvti_hc_invalidate(t->hc, hash);
     return; /* its chain is not whole (cannot happen after a put) */
   }
-  if (ch.recs) {
-    it.has_chain = 1;
-    memcpy(it.chain, ch.recs[ch.m - 1].key, 32);
-    kvti_free(ch.recs);
-  }
   if (!kvti_snapshot_take_layers(s, &it.layers, &it.n_layers)) {
-    kvti_hc_invalidate(t->hc, hash); /* e.g. a prefix record of these tokens */
+    kvti_free(ch.recs);
+    kvti_hc_invalidate(t->hc, hash); /* the old version */
     return; /* zero-copy spill: not cached (see hostcache.h) */
   }
   it.memory_bytes = kvti_snapshot_memory_bytes(s);
   it.disk_bytes = disk_bytes + ch.bytes; /* tail + every chunk of its chain */
   it.storage_mode = KVT_STORAGE_NATIVE;
-  kvti_hc_put(t->hc, hash, &it);
+  if (!ch.recs) {
+    kvti_hc_put(t->hc, hash, &it);
+    return;
+  }
+  /* Chained: its tail, and copies of the chunks RAM does not hold yet (a
+   * prompt shared with earlier spills is there once). */
+  uint8_t *have = kvti_calloc(ch.m, 1);
+  kvti_hc_chunk **chs = kvti_calloc(ch.m, sizeof *chs);
+  kvti_hc_item tail;
+  memset(&tail, 0, sizeof tail);
+  int rc = have && chs ? 0 : KVT_ERR_NOMEM();
+  if (rc == 0) {
+    kvti_hc_chunks_resident(t->hc, ch.recs[0].key, sizeof *ch.recs, ch.m, have);
+    rc = cut(it.layers, it.n_layers, n, ch.recs, ch.m, have, &tail, chs);
+  } else {
+    kvti_hc_item_free(&it);
+  }
+  if (rc == 0) {
+    tail.memory_bytes = it.memory_bytes;
+    tail.disk_bytes = it.disk_bytes;
+    tail.storage_mode = it.storage_mode;
+    tail.has_chain = 1;
+    memcpy(tail.chain, ch.recs[ch.m - 1].key, 32);
+    kvti_hc_put_tail(t->hc, hash, &tail, chs, ch.m, epoch);
+  } else {
+    kvt_clear_error();
+    kvti_hc_invalidate(t->hc, hash);
+  }
+  kvti_free(chs);
+  kvti_free(have);
+  kvti_free(ch.recs);
 }
 
 void kvti_ram_gauges(kvt_tier *t, kvt_stats *s) {
@@ -454,6 +1055,8 @@ void kvti_ram_gauges(kvt_tier *t, kvt_stats *s) {
   s->host_cache_misses = st.misses;
   s->host_cache_evictions = st.evictions;
   s->host_cache_verify_failures = st.verify_failures;
+  s->host_cache_chunks = st.chunks;
+  s->host_cache_chunk_bytes = st.chunk_bytes;
 }
 
 void kvti_ram_account(kvt_tier *t, const kvt_entry *e) {

@@ -270,6 +270,11 @@ static const metric metrics[] = {
     CNT(chain_cuts_kept,
         "Chained reads that found their chain cut and kept the entry (a miss, "
         "never a deletion)."),
+    GAUGE(host_cache_chunks,
+          "Chunks held once in the host RAM cache (shared by the entries "
+          "through them)."),
+    GAUGE(host_cache_chunk_bytes,
+          "Bytes of the chunks held in the host RAM cache."),
 };
 #define NMETRICS (sizeof metrics / sizeof metrics[0])
 

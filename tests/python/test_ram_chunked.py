@@ -1,10 +1,12 @@
 """The host RAM tier over the chunked native store (chunk_tokens=256) through
 kvtier.ssd_cache, driven the way vllm-mlx's scheduler drives it: spill on
 eviction (enqueue_spill), lookup_ssd then lookup_ssd_prefix,
-_read_entry(prompt[:matched], file_path), _index.touch(prompt[:matched]).  A
-chunk-aligned prefix no spill ended at is read from its chain the first time
-and from host RAM the second time, bit for bit; so is a chained entry (chain
-+ tail) spilled a moment ago, through _read_entry and async_promote.
+_read_entry(prompt[:matched], file_path), _index.touch(prompt[:matched]).  The
+host RAM tier holds chunks: the system prompt two spills share is held once
+(bytes held within 1.1x the unique KV), and a chunk-aligned prefix of it no
+spill ended at is served from those chunks, bit for bit; so is a chained
+entry (chain + tail) spilled a moment ago, through _read_entry and
+async_promote.
 Dropping the system prompt's chunks (a capacity gc) drops the cached prefix
 too; the bound and trim hold over chained entries; a hybrid model's chained
 entry (arrays state in the tail) comes back from RAM whole.  No timings are
@@ -55,6 +57,11 @@ def test_prefix_and_entry_second_read_from_ram(cache_dir):
         t.flush(timeout=WAIT)
         s0 = t.get_stats()
         assert s0["host_cache_entries"] == 2  # the copy-mode spills
+        # Their tails, and the system prompt's chunks once (4 of them) plus
+        # each conversation's own chunk (1024 + 300 tokens: 5 chunks each).
+        assert s0["host_cache_chunks"] == 4 + 2
+        assert s0["host_cache_chunk_bytes"] >= 6 * C * TOKB
+        assert s0["host_cache_bytes_used"] < 2 * (len(SYS) + 300) * TOKB
         # A new prompt: the system prompt + 300 new tokens.
         prompt = tuple(SYS + [90000 + i for i in range(300)])
         assert t.lookup_ssd(prompt) is None
@@ -67,10 +74,12 @@ def test_prefix_and_entry_second_read_from_ram(cache_dir):
             _read(t, prompt[:m], hit["file_path"])
             t._index.touch(prompt[:m])  # the scheduler's only touch
             hits.append(t.get_stats()["host_cache_hits"])
-        assert hits[0] == s0["host_cache_hits"]  # first read: the chain
-        assert hits[1] == hits[0] + 1  # second: host RAM
+        # Both reads: the system prompt's chunks, cached by the spills.
+        assert hits[0] == s0["host_cache_hits"] + 1
+        assert hits[1] == hits[0] + 1
         s = t.get_stats()
-        assert s["host_cache_entries"] == 3
+        assert s["host_cache_entries"] == 2  # a prefix is its chunks
+        assert s["host_cache_chunks"] == s0["host_cache_chunks"]
         assert s["host_cache_verify_failures"] == 0
         assert 0 < s["host_cache_bytes_used"] <= s["host_cache_bytes_bound"]
         # A chained entry (4 chunks + 44 tail rows) spilled a moment ago.
@@ -91,6 +100,7 @@ def test_prefix_and_entry_second_read_from_ram(cache_dir):
         L.check(L.kvt_tier_gc(t._h.ptr, ctypes.byref(o), None, None), "gc")
         s = t.get_stats()
         assert s["host_cache_entries"] == 0
+        assert s["host_cache_chunks"] == 0 and s["host_cache_bytes_used"] == 0
         assert t.lookup_ssd_prefix(prompt) is None
         assert t._read_entry(prompt[:m], hit["file_path"]) is None
     finally:
@@ -98,8 +108,9 @@ def test_prefix_and_entry_second_read_from_ram(cache_dir):
 
 
 def test_bound_with_chunked_entries(cache_dir):
-    """set_host_cache_bytes and trim shrink a cache of chained entries
-    before they return; bytes used never exceed the bound."""
+    """Three chained entries sharing the system prompt hold it once;
+    set_host_cache_bytes and trim shrink the cache before they return;
+    bytes used never exceed the bound."""
     t = make_tier(cache_dir, chunk_tokens=C, host_cache_bytes=256 << 20)
     t.start_writer()
     try:
@@ -108,11 +119,14 @@ def test_bound_with_chunked_entries(cache_dir):
         t.flush(timeout=WAIT)
         s = t.get_stats()
         assert s["host_cache_entries"] == 3
+        assert s["host_cache_chunks"] == 4  # 1124 tokens: 4 chunks, shared
+        unique = (len(SYS) + 3 * 100) * TOKB
+        assert unique <= s["host_cache_bytes_used"] <= unique * 11 // 10
         one = (len(SYS) + 100) * TOKB * 5 // 4
-        t.set_host_cache_bytes(one)
+        t.set_host_cache_bytes(one // 2)
         s = t.get_stats()
-        assert s["host_cache_entries"] == 1
-        assert s["host_cache_bytes_used"] <= one == s["host_cache_bytes_bound"]
+        assert s["host_cache_chunks"] < 4
+        assert s["host_cache_bytes_used"] <= one // 2 == s["host_cache_bytes_bound"]
         assert t.trim(0) > 0
         assert t.get_stats()["host_cache_bytes_used"] == 0
     finally:

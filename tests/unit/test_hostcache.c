@@ -6,8 +6,12 @@
  * and a trim shrinking the cache before the call returns, invalidation of
  * resident and lent records (a stale lent copy never comes back), chain tags
  * (a removed chunk drops the records through it), the lent
- * record cap, a closed cache, concurrent use, and the cgroup-limit parser of
- * the default bound on generated files.
+ * record cap, a closed cache, concurrent use, the cgroup-limit parser of
+ * the default bound on generated files, and chunk records: each key held
+ * once, a pinned chunk dropped meanwhile still readable until its unpin
+ * frees it, puts after an invalidation (an older epoch) refused, tails given
+ * back only under their lend id, and the shared LRU and bound over tails and
+ * chunks.
  */
 #include "testutil.h"
 #include "base/bufpool.h"
@@ -434,6 +438,138 @@ static void test_chain_tags(void) {
   kvti_hc_release(c);
 }
 
+/* A one-layer chunk of nb data bytes filled with seed, key derived from it. */
+static kvti_hc_chunk *make_chunk(uint64_t nb, unsigned seed) {
+  kvti_hc_chunk *ch = kvti_calloc(1, sizeof *ch);
+  REQUIRE(ch);
+  memset(ch->key, (int)seed, 32);
+  ch->n_tokens = 16;
+  ch->n_layers = ch->spill_layers = 1;
+  ch->layers = kvti_calloc(1, sizeof *ch->layers);
+  REQUIRE(ch->layers);
+  ch->layers[0].kind = KVT_LAYER_KV;
+  ch->layers[0].num_tensors = 1;
+  ch->layers[0].tensors = kvti_calloc(1, sizeof(kvti_chunk_tensor));
+  REQUIRE(ch->layers[0].tensors);
+  ch->layers[0].tensors[0].nbytes = nb;
+  ch->data_bytes = nb;
+  ch->data = kvti_malloc((size_t)nb);
+  REQUIRE(ch->data);
+  memset(ch->data, (int)seed, (size_t)nb);
+  return ch;
+}
+
+static void test_chunks(void) {
+  kvti_hcache *c = NULL;
+  uint64_t nb = 100000;
+  REQUIRE(kvti_hc_create(&c, (uint64_t)64 << 20, NULL) == 0);
+  kvti_hc_chunk *chs[3] = {make_chunk(nb, 1), make_chunk(nb, 2),
+                           make_chunk(nb, 1)}; /* the third: a duplicate */
+  uint64_t one = kvti_hc_chunk_bytes(chs[0]);
+  CHECK(one >= nb && one < nb + 1024);
+  CHECK_EQ_INT(kvti_hc_put_chunks(c, chs, 3, kvti_hc_epoch(c)), 2);
+  CHECK(!chs[0] && !chs[1] && !chs[2]); /* ownership passed, dup freed */
+  kvti_hc_stats st;
+  kvti_hc_get_stats(c, &st);
+  CHECK_EQ_INT(st.chunks, 2);
+  CHECK_EQ_INT(st.used, 2 * one);
+  CHECK_EQ_INT(st.chunk_bytes, 2 * one);
+  CHECK_EQ_INT(st.resident, 0); /* chunks are not entries */
+  uint8_t keys[3][32], have[3];
+  for (int i = 0; i < 3; i++)
+    memset(keys[i], i + 1, 32);
+  CHECK_EQ_INT(kvti_hc_chunks_resident(c, keys[0], 32, 3, have), 2);
+  CHECK(have[0] && have[1] && !have[2]);
+  /* Pinned, then invalidated: gone from the cache at once, readable until
+   * unpinned (ASan: no use after free), freed by the unpin. */
+  kvti_hc_ref *refs[3];
+  CHECK_EQ_INT(kvti_hc_pin_chunks(c, keys[0], 32, 3, refs), 2);
+  CHECK(refs[2] == NULL);
+  const kvti_hc_chunk *p0 = kvti_hc_ref_chunk(refs[0]);
+  REQUIRE(p0);
+  uint64_t e0 = kvti_hc_epoch(c);
+  CHECK_EQ_INT(kvti_hc_invalidate_chains(c, keys[0], 32, 1), 0);
+  kvti_hc_get_stats(c, &st);
+  CHECK_EQ_INT(st.chunks, 1);
+  CHECK_EQ_INT(st.used, one);
+  CHECK(p0->data[0] == 1 && p0->data[nb - 1] == 1);
+  kvti_hc_unpin(c, refs, 3);
+  CHECK(refs[0] == NULL && refs[1] == NULL);
+  /* A chunk read before that invalidation is refused (epoch e0). */
+  kvti_hc_chunk *late[1] = {make_chunk(nb, 1)};
+  CHECK(kvti_hc_epoch(c) != e0);
+  CHECK_EQ_INT(kvti_hc_put_chunks(c, late, 1, e0), 0);
+  CHECK(late[0] == NULL);
+  kvti_hc_get_stats(c, &st);
+  CHECK_EQ_INT(st.chunks, 1);
+  /* A tail over chunks 1 and 3: put with its new chunk; pinned; a tail is
+   * never taken as a whole entry. */
+  char h[KVT_HASH_HEX_LEN + 1];
+  hash_of(h, 7);
+  kvti_hc_item tail = make_item(5000, 9);
+  tail.has_chain = 1;
+  memset(tail.chain, 3, 32);
+  kvti_hc_chunk *more[2] = {NULL, make_chunk(nb, 3)};
+  CHECK_EQ_INT(kvti_hc_put_tail(c, h, &tail, more, 2, kvti_hc_epoch(c)), 1);
+  kvti_hc_get_stats(c, &st);
+  CHECK_EQ_INT(st.resident, 1);
+  CHECK_EQ_INT(st.chunks, 2);
+  kvti_hc_item got;
+  uint64_t id = 0;
+  CHECK_EQ_INT(kvti_hc_take(c, h, &got, &id), 0);
+  CHECK_EQ_INT(kvti_hc_resident(c, h), 0);
+  kvti_hc_ref *tref = NULL;
+  const kvti_hc_item *tp = NULL;
+  REQUIRE(kvti_hc_pin_tail(c, h, &tref, &tp) == 1);
+  CHECK(item_is(tp, 5000, 9));
+  kvti_hc_unpin(c, &tref, 1);
+  /* Removing chunk 3 (the tail's last) drops the tail and chunk 3. */
+  CHECK_EQ_INT(kvti_hc_invalidate_chains(c, keys[2], 32, 1), 1);
+  kvti_hc_get_stats(c, &st);
+  CHECK_EQ_INT(st.resident, 0);
+  CHECK_EQ_INT(st.chunks, 1);
+  CHECK_EQ_INT(kvti_hc_pin_tail(c, h, &tref, &tp), 0);
+  /* A lent record gives back tail + chunks only under its lend id. */
+  uint8_t k3[32];
+  memset(k3, 3, 32);
+  REQUIRE(kvti_hc_lend_chain(c, h, k3, &id) == 1);
+  tail = make_item(5000, 9);
+  tail.has_chain = 1;
+  memcpy(tail.chain, k3, 32);
+  kvti_hc_chunk *back[1] = {make_chunk(nb, 3)};
+  CHECK_EQ_INT(kvti_hc_give_back_tail(c, h, id + 1, &tail, back, 1), 0);
+  kvti_hc_get_stats(c, &st);
+  CHECK_EQ_INT(st.resident, 0);
+  CHECK_EQ_INT(st.chunks, 1);
+  REQUIRE(kvti_hc_lend_chain(c, h, k3, &id) == 1);
+  tail = make_item(5000, 9);
+  tail.has_chain = 1;
+  memcpy(tail.chain, k3, 32);
+  back[0] = make_chunk(nb, 3);
+  CHECK_EQ_INT(kvti_hc_give_back_tail(c, h, id, &tail, back, 1), 1);
+  kvti_hc_get_stats(c, &st);
+  CHECK_EQ_INT(st.resident, 1);
+  CHECK_EQ_INT(st.chunks, 2);
+  /* One LRU and one bound: room for the tail and one chunk. Chunk 3 is
+   * touched (a use of the tail's chain), so chunk 2 is the oldest and goes
+   * first. */
+  CHECK_EQ_INT(kvti_hc_chunks_resident(c, k3, 32, 1, have), 1);
+  uint64_t tb = st.used - 2 * one;
+  kvti_hc_set_bound(c, tb + one);
+  kvti_hc_get_stats(c, &st);
+  CHECK(st.used <= tb + one);
+  CHECK_EQ_INT(st.chunks, 1);
+  CHECK_EQ_INT(kvti_hc_chunks_resident(c, keys[2], 32, 1, have), 1);
+  /* A verification failure drops the tail and its chunks. */
+  kvti_hc_drop_chain(c, h, keys[2], 32, 1);
+  kvti_hc_count(c, 0, 1);
+  kvti_hc_get_stats(c, &st);
+  CHECK_EQ_INT(st.used, 0);
+  CHECK_EQ_INT(st.verify_failures, 1);
+  kvti_hc_close(c);
+  kvti_hc_release(c);
+}
+
 int main(void) {
   RUN(test_life_cycle);
   RUN(test_invalidate);
@@ -443,5 +579,6 @@ int main(void) {
   RUN(test_lent_cap_and_close);
   RUN(test_threads);
   RUN(test_memory_limit);
+  RUN(test_chunks);
   return kvt_test_done();
 }

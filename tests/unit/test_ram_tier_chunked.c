@@ -1,19 +1,22 @@
 /*
  * test_ram_tier_chunked.c - the host RAM tier over the chunked native store
- * (chunk_tokens set; public API only): a chained entry (chain + tail) spilled
- * in copy mode is promoted and read (kvt_tier_read_entry) from RAM, bit for
- * bit, also into caller buffers; a chunk-aligned prefix no spill ended at is
- * read from its chain first and from RAM the second time (read_entry and a
- * PREFIX promote); an altered RAM copy - in the chain's rows or in the tail's -
- * fails the check and the disk is read; a replaced entry is served in its new
- * version; removing the entries leaves the prefixes (their chain is still
- * stored), evicting a leaf chunk drops exactly the prefixes through it; a
- * quarantined chunk drops every cached entry and prefix through it, lent ones
+ * (chunk_tokens set; public API only), which holds a chained entry as its
+ * tail plus its chain's chunks, each chunk once: a chained entry (chain +
+ * tail) spilled in copy mode is promoted and read (kvt_tier_read_entry) from
+ * RAM, bit for bit, also into caller buffers; a copy served from RAM is the
+ * caller's own (altering it changes nothing cached); a disk read's buffers
+ * altered before they are freed (given back to RAM) - in a chunk's rows or
+ * in the tail's - fail the check and the disk is read; a replaced entry is
+ * served in its new version; a chunk-aligned prefix no spill ended at is
+ * served from the chunks a spill left in RAM (read_entry and a PREFIX
+ * promote); removing the entries leaves the chunks (their chain is still
+ * stored), evicting a leaf chunk drops exactly it from RAM; a quarantined
+ * chunk drops every cached tail and chunk through it, lent disk reads
  * included (also when kvt_tier_chunk_verify repairs); a damaged chunk header
- * makes the RAM copy fail its check; reads
- * of a cached prefix racing with evictions of its chain return it whole or
- * nothing; an entry stored as its chain record alone (length a multiple of
- * chunk_tokens) is served from RAM too. No timings are asserted.
+ * makes the RAM copy fail its check; reads of a cached prefix racing with
+ * evictions of its chain return it whole or nothing; an entry stored as its
+ * chain record alone (length a multiple of chunk_tokens) is served from RAM
+ * too. No timings are asserted.
  */
 #include "tier_testlib.h"
 
@@ -158,22 +161,47 @@ static void test_entry(void) {
   s = stats_of(t);
   CHECK_EQ_INT(s.promotes_from_ram, 3);
   CHECK_EQ_INT(s.host_cache_entries, 1);
-  /* An altered copy - a row the chain holds, then one the tail holds - fails
-   * the check: the disk is read (and its result cached again). */
+  /* A copy served from RAM is the caller's own: altering it changes
+   * nothing cached. */
+  got = promote(t, &a);
+  REQUIRE(got);
+  ((float *)kvt_entry_layer(got, 1)->tensors[0].data)[(40 + 3) * D + 2] += 1;
+  kvt_entry_free(got);
+  got = promote(t, &a);
+  REQUIRE(got);
+  CHECK(t_same(got, &a));
+  kvt_entry_free(got);
+  CHECK_EQ_INT(stats_of(t).promotes_from_ram, 5);
+  /* A disk read's buffers go to RAM when freed (cut into chunks and tail):
+   * altered first - a row of a chunk, then one of the tail - the copy
+   * assembled from them fails the check and is not served: the disk is
+   * read (and its result cached again). */
   const int rows[2] = {3, 37};
   for (int k = 0; k < 2; k++) {
-    got = promote(t, &a);
+    REQUIRE(kvt_tier_trim(t, 0, NULL) == 0);
+    s = stats_of(t);
+    CHECK_EQ_INT(s.host_cache_entries + s.host_cache_chunks, 0);
+    got = promote(t, &a); /* from disk */
     REQUIRE(got);
     const kvt_layer *l = kvt_entry_layer(got, 1);
     ((float *)l->tensors[0].data)[(40 + rows[k]) * D + 2] += 1.0f; /* head 1 */
     kvt_entry_free(got);
+    s = stats_of(t);
+    CHECK_EQ_INT(s.host_cache_entries, 1);
+    CHECK_EQ_INT(s.host_cache_chunks, 2);
     got = promote(t, &a);
     REQUIRE(got);
     CHECK(t_same(got, &a));
     kvt_entry_free(got);
     s = stats_of(t);
     CHECK_EQ_INT(s.host_cache_verify_failures, (uint64_t)k + 1);
-    CHECK_EQ_INT(s.promotes_from_disk, (uint64_t)k + 1);
+    CHECK_EQ_INT(s.promotes_from_disk, 2 * ((uint64_t)k + 1));
+    /* The disk read's copy, given back whole, serves the next one. */
+    got = promote(t, &a);
+    REQUIRE(got);
+    CHECK(t_same(got, &a));
+    kvt_entry_free(got);
+    CHECK_EQ_INT(stats_of(t).promotes_from_ram, 6 + (uint64_t)k);
   }
   CHECK_EQ_INT(s.quarantined, 0);
   CHECK_EQ_INT(s.promotion_failures, 0);
@@ -183,7 +211,8 @@ static void test_entry(void) {
   memcpy(a2.tokens, a.tokens, 40 * sizeof(int32_t)); /* same tokens */
   kvt_token_hash(a2.hash, a2.tokens, a2.n_tokens);
   REQUIRE(strcmp(a2.hash, a.hash) == 0);
-  got = promote(t, &a); /* a copy of the old version is out meanwhile */
+  REQUIRE(kvt_tier_trim(t, 0, NULL) == 0);
+  got = promote(t, &a); /* a disk read of the old version is out (lent) */
   REQUIRE(got);
   REQUIRE(t_spill(t, &a2) == 0);
   REQUIRE(kvt_tier_flush(t, -1) == 0);
@@ -193,12 +222,15 @@ static void test_entry(void) {
   CHECK(t_same(got, &a2));
   kvt_entry_free(got);
   s = stats_of(t);
-  CHECK_EQ_INT(s.promotes_from_ram, 7);
+  CHECK_EQ_INT(s.promotes_from_ram, 8);
   CHECK_EQ_INT(s.host_cache_entries, 1);
+  CHECK_EQ_INT(s.host_cache_chunks, 2);
   /* Removed: gone from RAM too. */
   REQUIRE(kvt_tier_remove(t, a.tokens, a.n_tokens) == 0);
   CHECK_EQ_INT(stats_of(t).host_cache_entries, 0);
   CHECK(promote(t, &a) == NULL);
+  /* Its chain stays stored (no eviction yet), and so do its chunks in RAM. */
+  CHECK_EQ_INT(stats_of(t).host_cache_chunks, 2);
   t_free(&a);
   t_free(&a2);
   kvt_tier_free(t);
@@ -242,8 +274,12 @@ static void test_prefix_and_eviction(void) {
       kvt_entry_free(got);
     }
   kvt_stats s = stats_of(t);
-  CHECK_EQ_INT(s.host_cache_hits - s0.host_cache_hits, 2); /* second reads */
-  CHECK_EQ_INT(s.host_cache_entries, 3); /* a, p2, p1 (b: zero-copy) */
+  /* Every read: the chunks a's copy-mode spill left in RAM (a prefix is
+   * its chunks: no record of its own). */
+  CHECK_EQ_INT(s.host_cache_hits - s0.host_cache_hits, 4);
+  CHECK_EQ_INT(s.host_cache_entries, 1); /* a's tail (b: zero-copy) */
+  CHECK_EQ_INT(s.host_cache_chunks, 2);  /* shared by a, b, p2, p1 */
+  CHECK_EQ_INT(s.promotes_from_disk, 0);
   /* A PREFIX promote of the longer prompt: the cached 32-token prefix. */
   kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
   po.flags = KVT_PROMOTE_PREFIX;
@@ -262,7 +298,8 @@ static void test_prefix_and_eviction(void) {
   REQUIRE(kvt_tier_remove(t, b.tokens, b.n_tokens) == 0);
   s = stats_of(t);
   CHECK_EQ_INT(s.entries, 0);
-  CHECK_EQ_INT(s.host_cache_entries, 2);
+  CHECK_EQ_INT(s.host_cache_entries, 0);
+  CHECK_EQ_INT(s.host_cache_chunks, 2);
   got = read_entry(t, &p2);
   REQUIRE(got);
   CHECK(t_same(got, &p2));
@@ -275,7 +312,7 @@ static void test_prefix_and_eviction(void) {
   uint64_t removed = 0;
   REQUIRE(kvt_tier_gc(t, &g, &removed, NULL) == 0);
   s = stats_of(t);
-  CHECK_EQ_INT(s.host_cache_entries, 1);
+  CHECK_EQ_INT(s.host_cache_chunks, 1);
   CHECK(s.disk_bytes < g.max_bytes);
   CHECK(read_entry(t, &p2) == NULL);
   REQUIRE(kvt_tier_lookup_prefix(&info, t, q2.tokens, q2.n_tokens) == 0);
@@ -291,6 +328,8 @@ static void test_prefix_and_eviction(void) {
   REQUIRE(kvt_tier_gc(t, &g, &removed, NULL) == 0);
   s = stats_of(t);
   CHECK_EQ_INT(s.host_cache_entries, 0);
+  CHECK_EQ_INT(s.host_cache_chunks, 0);
+  CHECK_EQ_INT(s.host_cache_bytes_used, 0);
   CHECK(read_entry(t, &p1) == NULL);
   t_entry *all[] = {&a, &b, &q1, &q2, &p1, &p2};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++)
@@ -311,13 +350,17 @@ static void test_quarantine(void) {
   kvt_entry *got = read_entry(t, &p1);
   REQUIRE(got);
   kvt_entry_free(got);
-  CHECK_EQ_INT(stats_of(t).host_cache_entries, 2);
-  /* Damage the data of every chunk: the RAM copies are intact (and would pass
-   * their check), but a disk read through the chain finds the damage. */
-  CHECK_EQ_INT(flip_chunks(dir, -3), 2);
-  kvt_entry *held = promote(t, &a); /* lent while the chunk is quarantined */
+  CHECK_EQ_INT(stats_of(t).host_cache_entries, 1);
+  CHECK_EQ_INT(stats_of(t).host_cache_chunks, 2);
+  /* A disk read of a is out (lent) when its chain's chunk is quarantined. */
+  REQUIRE(kvt_tier_trim(t, 0, NULL) == 0);
+  kvt_entry *held = promote(t, &a);
   REQUIRE(held);
   CHECK(t_same(held, &a));
+  CHECK_EQ_INT(stats_of(t).promotes_from_disk, 1);
+  /* Damage the data of every chunk: a disk read through the chain finds
+   * the damage and quarantines the chunk. */
+  CHECK_EQ_INT(flip_chunks(dir, -3), 2);
   CHECK(promote(t, &f) == NULL);
   kvt_stats s = stats_of(t);
   CHECK(s.quarantined >= 1);
@@ -325,6 +368,7 @@ static void test_quarantine(void) {
   kvt_entry_free(held); /* its chain is damaged: freed, not re-admitted */
   s = stats_of(t);
   CHECK_EQ_INT(s.host_cache_entries, 0);
+  CHECK_EQ_INT(s.host_cache_chunks, 0);
   /* The entries are kept (unservable until the chunk is written again). */
   CHECK_EQ_INT(s.entries, 2);
   CHECK(s.chunks_quarantined >= 1);
@@ -345,6 +389,7 @@ static void test_quarantine(void) {
   CHECK_EQ_INT(s.promotes_from_ram, 0);
   CHECK(s.quarantined >= 1);
   CHECK_EQ_INT(s.host_cache_entries, 0);
+  CHECK_EQ_INT(s.host_cache_chunks, 0);
   kvt_tier_free(t);
   /* The chunk tools' verify with repair (kvt_tier_chunk_verify) quarantining
    * a damaged chunk: the cached entry and prefix through it go too. */
@@ -355,7 +400,8 @@ static void test_quarantine(void) {
   got = read_entry(t, &p1);
   REQUIRE(got);
   kvt_entry_free(got);
-  CHECK_EQ_INT(stats_of(t).host_cache_entries, 2);
+  CHECK_EQ_INT(stats_of(t).host_cache_entries, 1);
+  CHECK_EQ_INT(stats_of(t).host_cache_chunks, 2);
   CHECK_EQ_INT(flip_chunks(dir, -3), 2);
   key_ctx kc;
   memset(&kc, 0, sizeof kc);
@@ -371,6 +417,7 @@ static void test_quarantine(void) {
   CHECK(bad >= 1);
   s = stats_of(t);
   CHECK_EQ_INT(s.host_cache_entries, 0);
+  CHECK_EQ_INT(s.host_cache_chunks, 0);
   CHECK(promote(t, &a) == NULL);
   CHECK(read_entry(t, &p1) == NULL);
   t_free(&a);
@@ -491,7 +538,9 @@ static void test_record_entry(void) {
   CHECK_EQ_INT(s.promotes_from_disk, 1);
   CHECK_EQ_INT(s.promotes_from_ram, 3);
   CHECK_EQ_INT(s.host_cache_verify_failures, 0);
-  /* An altered copy fails the check: the disk is read, bit for bit. */
+  /* An altered copy given back (a disk read's) fails the check: the disk
+   * is read, bit for bit. */
+  REQUIRE(kvt_tier_trim(t, 0, NULL) == 0);
   got = promote(t, &a);
   REQUIRE(got);
   ((float *)kvt_entry_layer(got, 0)->tensors[1].data)[5 * D + 1] += 1.0f;
@@ -502,7 +551,7 @@ static void test_record_entry(void) {
   kvt_entry_free(got);
   s = stats_of(t);
   CHECK_EQ_INT(s.host_cache_verify_failures, 1);
-  CHECK_EQ_INT(s.promotes_from_disk, 2);
+  CHECK_EQ_INT(s.promotes_from_disk, 3);
   CHECK_EQ_INT(s.quarantined, 0);
   t_free(&a);
   kvt_tier_free(t);

@@ -410,7 +410,8 @@ _HOST_CACHE_STAT_FIELDS = ("host_cache_bytes_used", "host_cache_bytes_bound",
                            "host_cache_misses", "host_cache_evictions",
                            "host_cache_verify_failures", "promotes_from_ram",
                            "promote_ram_bytes", "promotes_from_disk",
-                           "promote_disk_bytes")
+                           "promote_disk_bytes", "host_cache_chunks",
+                           "host_cache_chunk_bytes")
 # Refused spills by reason (kvt_stats version 3): the library counts its own
 # refusals, enqueue_spill adds the ones decided here.
 _REFUSAL_STAT_FIELDS = tuple(f"spill_refused_{r}" for r in L.SPILL_REFUSAL_REASONS)
