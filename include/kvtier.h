@@ -1254,6 +1254,10 @@ typedef struct kvt_stats {
                                   (damaged chunk, missing or damaged chunk
                                   rows) and kept the entry: a miss, never a
                                   deletion */
+  /* Group commit: spills found waiting in the queue are written together
+   * and made durable by one fsync of data/ and one index transaction. */
+  uint64_t spill_batches;  /* group commits of two or more spills */
+  uint64_t spills_batched; /* spills acknowledged through one */
 } kvt_stats;
 
 /** A kvt_stats ready for kvt_tier_stats (C99 designated initialiser). */

@@ -270,6 +270,10 @@ static const metric metrics[] = {
     CNT(chain_cuts_kept,
         "Chained reads that found their chain cut and kept the entry (a miss, "
         "never a deletion)."),
+    CNT(spill_batches,
+        "Group commits: spills written together, made durable by one fsync "
+        "of data/ and one index transaction."),
+    CNT(spills_batched, "Spills acknowledged through a group commit."),
 };
 #define NMETRICS (sizeof metrics / sizeof metrics[0])
 

@@ -90,7 +90,7 @@ static void test_reasons_and_live_file(void) {
   memcpy(&w, head + 64 + offsetof(kvt_stats, spill_refused_too_big), 8);
   CHECK_EQ_INT(w, s.spill_refused_too_big);
   memcpy(&w, head + 64 + 8 * (nwords - 1), 8); /* the struct's last word */
-  CHECK_EQ_INT(w, s.chain_cuts_kept);
+  CHECK_EQ_INT(w, s.spills_batched);
 
   /* Renderings. */
   char buf[1 << 16];

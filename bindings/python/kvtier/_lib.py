@@ -347,6 +347,9 @@ class Stats(ctypes.Structure):
         ("entries_unservable", ctypes.c_uint64),
         ("chunks_rewritten", ctypes.c_uint64),
         ("chain_cuts_kept", ctypes.c_uint64),
+        # version 3: group commit of queued spills
+        ("spill_batches", ctypes.c_uint64),
+        ("spills_batched", ctypes.c_uint64),
     ]
 
     def __init__(self, *args: Any, **kw: Any) -> None:
