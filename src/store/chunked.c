@@ -114,7 +114,7 @@ void kvti_chunked_forget(kvti_chunked *c, const char *hash) {
 }
 
 int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
-                         const kvti_snapshot *s) {
+                         const kvti_snapshot *s, int with_record) {
   memset(p, 0, sizeof *p);
   uint32_t L;
   const kvt_layer *layers = kvti_snapshot_layers(s, &L);
@@ -141,7 +141,7 @@ int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
   p->rec.total_rows = sp.T;
   kvti_chunkstore_spill csp = {ns.p,  ns.len,  tokens,   (size_t)sp.rows,
                                c->C,  layers,  sp.ids,   sp.n_ids,
-                               L,     &p->rec};
+                               L,     with_record ? &p->rec : NULL};
   kvti_chunkstore_result cr;
   rc = kvti_chunkstore_put(c->cs, &csp, &cr);
   p->recorded = cr.recorded;
@@ -256,7 +256,7 @@ int kvti_chunked_put(kvti_chunked *c, kvti_backend *be,
                      kvti_chunked_put_result *res, const kvti_snapshot *s,
                      const kvti_write_opts *wo) {
   kvti_chunked_prep p;
-  int rc = kvti_chunked_prepare(c, &p, s);
+  int rc = kvti_chunked_prepare(c, &p, s, 1);
   if (rc == 0)
     rc = kvti_chunked_prep_record(c, &p);
   if (rc == 0) {
@@ -264,6 +264,8 @@ int kvti_chunked_put(kvti_chunked *c, kvti_backend *be,
                       wo);
     if (rc == 0)
       kvti_chunked_prep_commit(c, &p);
+    else
+      kvti_chunked_prep_undo(c, &p); /* nothing published: record back */
   }
   *res = p.res;
   kvti_chunked_prep_free(&p);

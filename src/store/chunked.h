@@ -47,14 +47,14 @@ typedef struct kvti_chunked_put_result {
  * roll back its tail entry as any other entry's (a failed replacement keeps
  * the acknowledged version, record included):
  *   prepare   writes the missing chunks (durable, indexed; immutable, so a
- *             later failure leaves only reusable prefixes), commits the
- *             chained-entry record in the same transaction as their rows
- *             (one commit; a failure of prepare after it puts the previous
- *             record back) and builds the tail;
+ *             later failure leaves only reusable prefixes), with_record
+ *             commits the chained-entry record in the same transaction as
+ *             their rows (one commit; p->recorded; a failure of prepare
+ *             after it puts the previous record back; a later failure must
+ *             undo it) and builds the tail;
  *   record    (before the tail is published) commits the record when
- *             prepare did not (nothing to chunk needs none: a no-op now for
- *             every chained spill), without waiting for another
- *             connection's lock (KVT_EBUSY);
+ *             prepare did not, without waiting for another connection's
+ *             lock (KVT_EBUSY);
  *   commit    (after the index row) touches the chain, or drops the record of
  *             a chained version replaced by a whole entry;
  *   undo      (the publish or the row failed) restores the previous record.
@@ -70,8 +70,11 @@ typedef struct kvti_chunked_prep {
   kvti_chunk_split split; /* has_split: the tail's layers live here */
   int has_split;
 } kvti_chunked_prep;
+/* with_record: commit the record with the chunk rows (only when nothing is
+ * stored under the hash: a reader of a previous version must not meet the
+ * new record before the stripe is held; record then commits it). */
 int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
-                         const kvti_snapshot *s);
+                         const kvti_snapshot *s, int with_record);
 const kvti_snapshot *kvti_chunked_prep_snapshot(const kvti_chunked_prep *p,
                                                 const kvti_snapshot *s);
 int kvti_chunked_prep_record(kvti_chunked *c, kvti_chunked_prep *p);

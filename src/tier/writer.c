@@ -99,7 +99,9 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
   kvti_chunked_prep cp;
   int chunked = t->chunked != NULL;
   if (chunked) {
-    int prc = kvti_tier_chunks_prepare(t, &cp, s);
+    /* A new entry's record commits with its chunk rows (no reader can
+     * reach it before its row); a replacement's waits for the stripe. */
+    int prc = kvti_tier_chunks_prepare(t, &cp, s, !replacing);
     if (prc != 0) {
       kvti_chunked_prep_free(&cp);
       return prc;
@@ -109,13 +111,20 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
   kvti_put_txn *x = NULL;
   int rc = ops->put_stage(t->be, &x, disk, ss, wo);
   if (rc != 0) {
-    if (chunked)
+    if (chunked) {
+      if (cp.recorded) { /* nothing published: the record goes back */
+        kvti_error_state es;
+        kvti_error_state_capture(&es, rc);
+        kvti_chunked_prep_undo(t->chunked, &cp);
+        kvti_error_state_restore(&es);
+      }
       kvti_chunked_prep_free(&cp);
+    }
     return rc;
   }
   if (replacing)
     kvti_stripe_wrlock(&t->stripes, hash);
-  int recorded = 0;
+  int recorded = chunked && cp.recorded;
   rc = chunked ? kvti_chunked_prep_record(t->chunked, &cp) : 0;
   if (rc == 0) {
     recorded = chunked;
@@ -305,7 +314,8 @@ static size_t batch_group_locked(kvt_tier *t, batch_ent *b, size_t i,
     int rc = 0;
     if (t->chunked) {
       e->has_cp = 1;
-      rc = kvti_tier_chunks_prepare(t, &e->cp, e->s);
+      rc = kvti_tier_chunks_prepare(t, &e->cp, e->s, 1); /* all new */
+      e->recorded = rc == 0 && e->cp.recorded;
     }
     const kvti_snapshot *ss =
         t->chunked ? kvti_chunked_prep_snapshot(&e->cp, e->s) : e->s;
@@ -313,7 +323,7 @@ static size_t batch_group_locked(kvt_tier *t, batch_ent *b, size_t i,
       rc = ops->put_stage(t->be, &e->x, &e->disk, ss, wo);
     if (rc == 0 && t->chunked) {
       rc = kvti_chunked_prep_record(t->chunked, &e->cp);
-      e->recorded = rc == 0 && e->cp.chained;
+      e->recorded = e->recorded || (rc == 0 && e->cp.chained);
     }
     if (rc == 0)
       rc = ops->put_publish(t->be, e->x);

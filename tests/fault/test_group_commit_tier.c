@@ -13,6 +13,9 @@
  */
 #include "rel_tier.h"
 
+#include "index/chain.h"
+#include "index/index.h"
+
 #include <fcntl.h>
 #include <stdatomic.h>
 
@@ -22,10 +25,11 @@
 
 /* ---- the counting seam -------------------------------------------------- */
 
-enum { K_OTHER, K_DATA, K_WAL };
+enum { K_OTHER, K_DATA, K_WAL, K_STAGED };
 static atomic_int g_kind[MAX_FD];
 static atomic_long g_data_fsyncs, g_wal_fsyncs, g_fsyncs;
 static atomic_int g_fail_data_fsync; /* fail the next n fsyncs of data/ */
+static atomic_int g_fail_staged_fsync; /* ... of a staged data/<h>.tmp/ */
 static kvti_io_ops g_ops;
 
 static int kind_of(const char *p) {
@@ -34,6 +38,8 @@ static int kind_of(const char *p) {
     return K_DATA;
   if (strstr(p, "index.db-wal"))
     return K_WAL;
+  if (n >= 4 && strcmp(p + n - 4, ".tmp") == 0 && strstr(p, "/data/"))
+    return K_STAGED;
   return K_OTHER;
 }
 static void note(int fd, const char *p) {
@@ -59,6 +65,11 @@ static int w_fsync(int fd) {
   int k = fd >= 0 && fd < MAX_FD ? atomic_load(&g_kind[fd]) : K_OTHER;
   if (k == K_DATA && atomic_load(&g_fail_data_fsync) > 0) {
     atomic_fetch_sub(&g_fail_data_fsync, 1);
+    errno = EIO;
+    return -1;
+  }
+  if (k == K_STAGED && atomic_load(&g_fail_staged_fsync) > 0) {
+    atomic_fetch_sub(&g_fail_staged_fsync, 1);
     errno = EIO;
     return -1;
   }
@@ -313,6 +324,66 @@ static void test_same_hash_twice(void) {
   free(dir);
 }
 
+/* A chunked spill whose staging fails after its chunk rows and record were
+ * committed together: the record is taken back (no chained-entry row for an
+ * entry that was never published), alone and inside a batch; the spill
+ * fails, the others of the batch are written, and a retry serves. */
+static int record_present(const char *dir, const char *hash) {
+  kvt_index *idx = NULL;
+  kvti_chains *ch = NULL;
+  REQUIRE(kvti_index_open(&idx, dir, NULL, 0) == 0);
+  REQUIRE(kvti_chains_open(&ch, idx) == 0);
+  uint8_t h[32];
+  REQUIRE(kvti_unhex32(h, hash) == 0);
+  int has = kvti_chains_entry_get(ch, h, NULL);
+  kvti_chains_close(ch);
+  kvt_index_close(idx);
+  return has;
+}
+static void test_stage_fails_record_undone(void) {
+  for (int batch = 0; batch <= 1; batch++) {
+    char *dir = rel_path(kvt_test_tmpdir("group-commit-s"), "cache", NULL);
+    kvt_tier *t = open_tier(dir, C);
+    if (!batch)
+      REQUIRE(kvt_tier_start_writer(t) == 0);
+    int32_t tok[3][64];
+    int n[3];
+    char h[3][KVT_HASH_HEX_LEN + 1];
+    atomic_store(&g_fail_staged_fsync, 1); /* the first spill's staging */
+    for (int i = 0; i < (batch ? 3 : 1); i++) {
+      n[i] = prompt(tok[i], i);
+      kvt_token_hash(h[i], tok[i], (size_t)n[i]);
+      REQUIRE(t_kv_spill(t, tok[i], n[i], n[i], 2, 1000) == 0);
+    }
+    if (batch)
+      REQUIRE(kvt_tier_start_writer(t) == 0);
+    REQUIRE(kvt_tier_flush(t, -1) == 0);
+    atomic_store(&g_fail_staged_fsync, 0);
+    kvt_stats s = stats_of(t);
+    CHECK_EQ_INT(s.write_failures, 1);
+    CHECK(rel_done_status(&g_done, h[0]) != 0);
+    for (int i = 1; i < (batch ? 3 : 1); i++) {
+      CHECK_EQ_INT(rel_done_status(&g_done, h[i]), 0);
+      CHECK(serves(t, tok[i], n[i], n[i]));
+    }
+    CHECK_EQ_INT(kvt_tier_close(t, -1), 0);
+    kvt_tier_free(t);
+    CHECK(!record_present(dir, h[0]));
+    t = open_tier(dir, C);
+    REQUIRE(kvt_tier_start_writer(t) == 0);
+    REQUIRE(t_kv_spill(t, tok[0], n[0], n[0], 2, 1000) == 0);
+    REQUIRE(kvt_tier_flush(t, -1) == 0);
+    CHECK(serves(t, tok[0], n[0], n[0]));
+    CHECK_EQ_INT(kvt_tier_close(t, -1), 0);
+    kvt_tier_free(t);
+    CHECK(record_present(dir, h[0]));
+    pthread_mutex_lock(&g_done.mu);
+    g_done.n = 0;
+    pthread_mutex_unlock(&g_done.mu);
+    free(dir);
+  }
+}
+
 int main(void) {
   r_use_fast_tmp();
   pthread_mutex_init(&g_done.mu, NULL);
@@ -323,6 +394,7 @@ int main(void) {
   RUN(test_single);
   RUN(test_replace_in_queue);
   RUN(test_same_hash_twice);
+  RUN(test_stage_fails_record_undone);
   kvti_io_set(NULL);
   return kvt_test_done();
 }
