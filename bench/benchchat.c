@@ -310,10 +310,10 @@ static void fio_limit_clean(const char *base, int n) {
 }
 
 /* One round of the burst figure: `nb` distinct 256-token entries queued at
- * once (no-copy spills) on a fresh durable tier (the writer running, as under an engine's
- * eviction), timed from the first enqueue to the flush's return; fio first
- * or last (as the spill rounds) writing nb files of the same size with an
- * fsync each. *bps, *fio and *batched receive the round's figures. */
+ * once (no-copy spills) on a fresh durable tier (the writer running, as under
+ * an engine's eviction), timed from the first enqueue to the flush's return;
+ * fio first or last (as the spill rounds) writing nb files of the same size
+ * with an fsync each. *bps, *fio and *batched receive the round's figures. */
 static int burst_round(bu_chat_result *r, const bu_chat_opts *o, int k,
                        const bu_workload *w, int nb, double *bps, double *fio,
                        uint64_t *batched) {

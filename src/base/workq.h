@@ -61,7 +61,7 @@ typedef struct kvti_workq {
   pthread_t *threads;
   uint32_t n_threads; /* started and not yet joined */
   int inited;         /* init ran (destroy of a zeroed queue is a no-op) */
-  uint64_t taken; /* items the running item's run took with take_more */
+  uint64_t taken;     /* items the running item's run took with take_more */
   kvti_workq_cfg cfg;
 } kvti_workq;
 

@@ -139,9 +139,11 @@ int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
     return rc;
   p->rec.chunk_tokens = c->C;
   p->rec.total_rows = sp.T;
-  kvti_chunkstore_spill csp = {ns.p,  ns.len,  tokens,   (size_t)sp.rows,
-                               c->C,  layers,  sp.ids,   sp.n_ids,
-                               L,     with_record ? &p->rec : NULL};
+  kvti_chunkstore_spill csp = {ns.p,   ns.len,
+                               tokens, (size_t)sp.rows,
+                               c->C,   layers,
+                               sp.ids, sp.n_ids,
+                               L,      with_record ? &p->rec : NULL};
   kvti_chunkstore_result cr;
   rc = kvti_chunkstore_put(c->cs, &csp, &cr);
   p->recorded = cr.recorded;

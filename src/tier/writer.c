@@ -300,8 +300,8 @@ static void batch_free_prep(batch_ent *b) {
  * replaces a stored entry, as described above. mut_mu held. Returns the
  * index of that member (n: none). Members end with done (rc final) or
  * single (to be written alone). */
-static size_t batch_group_locked(kvt_tier *t, batch_ent *b, size_t i,
-                                 size_t n, const kvti_write_opts *wo) {
+static size_t batch_group_locked(kvt_tier *t, batch_ent *b, size_t i, size_t n,
+                                 const kvti_write_opts *wo) {
   const kvti_backend_ops *ops = t->be->ops;
   size_t pub[WRITER_BATCH_MAX], np = 0, j;
   for (j = i; j < n; j++) {
@@ -360,14 +360,10 @@ static size_t batch_group_locked(kvt_tier *t, batch_ent *b, size_t i,
       batch_ent *e = &b[pub[k]];
       size_t nt = 0;
       const int32_t *tokens = kvti_snapshot_tokens(e->s, &nt);
-      kvti_index_put_args x = {tokens,
-                               nt,
-                               e->hash,
-                               kvti_snapshot_memory_bytes(e->s),
-                               e->disk,
-                               t->opts.storage_mode,
-                               0,
-                               kvti_snapshot_salt(e->s),
+      kvti_index_put_args x = {tokens,     nt,
+                               e->hash,    kvti_snapshot_memory_bytes(e->s),
+                               e->disk,    t->opts.storage_mode,
+                               0,          kvti_snapshot_salt(e->s),
                                !t->chunked};
       a[k] = x;
     }
@@ -502,8 +498,8 @@ static void run_spill(void *ctx, kvti_workq_item *qi) {
     take_ctx tc;
     tc.hashes[0] = kvti_snapshot_hash(it->snap);
     tc.n = 1;
-    nmore = kvti_workq_take_more(&t->w, more, WRITER_BATCH_MAX - 1, take_want,
-                                 &tc);
+    nmore =
+        kvti_workq_take_more(&t->w, more, WRITER_BATCH_MAX - 1, take_want, &tc);
   }
   if (nmore == 0) {
     kvti_writer_run_hooked(t, it->snap);

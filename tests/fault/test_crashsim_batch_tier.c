@@ -65,10 +65,10 @@ static int serve(kvt_tier *t, int i) {
   kvt_promote_opts po = t_popts(NULL);
   kvt_entry *e = NULL;
   int rc = kvt_tier_promote(&e, t, tok, (size_t)n, &po);
-  int r = rc == KVT_ENOTFOUND            ? 0
-          : rc != 0                      ? -1
+  int r = rc == KVT_ENOTFOUND             ? 0
+          : rc != 0                       ? -1
           : t_kv_matches(e, tok, n, n, 2) ? 1
-                                         : -1;
+                                          : -1;
   if (r < 0)
     fprintf(stderr, "  spill %d: promote %d (%s)\n", i, rc,
             rc ? kvt_last_error() : "wrong data");
@@ -170,7 +170,8 @@ static int check_state(size_t K, int quiet) {
   REQUIRE(kvt_tier_stats(&s, t) == 0);
   if (s.quarantined != 0) {
     if (!quiet)
-      fprintf(stderr, "  %llu quarantined\n", (unsigned long long)s.quarantined);
+      fprintf(stderr, "  %llu quarantined\n",
+              (unsigned long long)s.quarantined);
     viol = 1;
   }
   kvt_tier_close(t, -1);
@@ -222,8 +223,7 @@ static uint64_t campaign(int fates, uint64_t seed, int quiet) {
       install_index(K);
       int v = check_state(K, quiet);
       if (v && !quiet && viol < 5)
-        fprintf(stderr, "  ^ crash after op %zu/%zu (fate %d)\n", K, total,
-                f);
+        fprintf(stderr, "  ^ crash after op %zu/%zu (fate %d)\n", K, total, f);
       viol += (uint64_t)v;
     }
   if (!quiet)

@@ -28,7 +28,7 @@
 enum { K_OTHER, K_DATA, K_WAL, K_STAGED };
 static atomic_int g_kind[MAX_FD];
 static atomic_long g_data_fsyncs, g_wal_fsyncs, g_fsyncs;
-static atomic_int g_fail_data_fsync; /* fail the next n fsyncs of data/ */
+static atomic_int g_fail_data_fsync;   /* fail the next n fsyncs of data/ */
 static atomic_int g_fail_staged_fsync; /* ... of a staged data/<h>.tmp/ */
 static kvti_io_ops g_ops;
 
