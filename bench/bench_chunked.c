@@ -312,6 +312,7 @@ int main(int argc, char **argv) {
                      .aligned_turns = 8,
                      .convs = 16,
                      .entries = 4,
+                     .burst = 16,
                      .rounds = rounds,
                      .fio = 1,
                      .seed = 1};

@@ -44,6 +44,7 @@ typedef struct bu_chat_opts {
   int entries;           /* 256-token Llama-3-8B entries per round */
   int rounds;            /* spill/promote rounds (median) */
   int fio;               /* 0: skip the disk limits */
+  int burst;             /* queued spills of the burst figure (0: none) */
   uint64_t seed;
   int keep;                                 /* keep the chat caches */
   void (*step)(void *ctx, const char *msg); /* progress (may be NULL) */
@@ -75,6 +76,13 @@ typedef struct bu_chat_result {
   double spill_bps, fio_write_bps, spill_ratio;
   double promote_bps, fio_read_bps, promote_ratio;
   int promote_exact;
+  /* a burst of `burst` 256-token spills queued at once, enqueue to flush
+   * (wall time), vs fio writing as many files with an fsync each; how many
+   * of them the writer committed in groups (median of rounds) */
+  int burst;
+  double burst_bps, fio_burst_bps, burst_ratio;
+  uint64_t burst_batched;
+  unsigned burst_flags;
   /* The cold promotes' files (chunks and entry directories of every round)
    * in the page cache, counted as they were evicted; and bu_figure_flags of
    * the rounds (OR over them) with how many rounds each flagged. */
@@ -83,7 +91,7 @@ typedef struct bu_chat_result {
   unsigned spill_flags, promote_flags;
   int spill_flagged_rounds, promote_flagged_rounds;
   char fio_engine[32];
-  char fio_write_job[512], fio_read_job[512];
+  char fio_write_job[512], fio_read_job[512], fio_burst_job[512];
   char error[512]; /* when bu_chat_run failed */
 } bu_chat_result;
 

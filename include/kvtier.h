@@ -1262,6 +1262,10 @@ typedef struct kvt_stats {
    * of host_cache_bytes_used). */
   uint64_t host_cache_chunks;      /* now: chunks held in RAM */
   uint64_t host_cache_chunk_bytes; /* now: their bytes */
+  /* Group commit: spills found waiting in the queue are written together
+   * and made durable by one fsync of data/ and one index transaction. */
+  uint64_t spill_batches;  /* group commits of two or more spills */
+  uint64_t spills_batched; /* spills acknowledged through one */
 } kvt_stats;
 
 /** A kvt_stats ready for kvt_tier_stats (C99 designated initialiser). */

@@ -56,6 +56,7 @@ int cli_bench_chat(cli_flag *f, size_t nf, const char *given) {
   o.convs = quick ? 4 : 16;
   o.entries = quick ? 2 : 4;
   o.rounds = quick ? 1 : 5;
+  o.burst = quick ? 4 : 16; /* queued at once: the group commit's figure */
   o.fio = !cli_flag_get(f, nf, "no-disk")->set;
   o.seed = 1;
   o.keep = keep;
@@ -165,6 +166,18 @@ int cli_bench_chat(cli_flag *f, size_t nf, const char *given) {
   if (r.promote_flags)
     cJSON_AddStringToObject(s, "promote_flag",
                             bu_figure_flag_text(r.promote_flags));
+  cJSON *b = cJSON_AddObjectToObject(s, "burst");
+  cJSON_AddNumberToObject(b, "spills", r.burst);
+  cJSON_AddNumberToObject(b, "bytes_per_second", r.burst_bps);
+  cJSON_AddNumberToObject(b, "group_committed", (double)r.burst_batched);
+  cJSON_AddBoolToObject(b, "flagged", r.burst_flags != 0);
+  if (r.have_fio && r.burst > 0) {
+    cJSON_AddNumberToObject(b, "fio_files_fsync_each_bps", r.fio_burst_bps);
+    cJSON_AddNumberToObject(b, "ratio", r.burst_ratio);
+    cJSON_AddStringToObject(b, "fio_job", r.fio_burst_job);
+  } else {
+    cJSON_AddNullToObject(b, "ratio");
+  }
   if (r.have_fio) {
     cJSON_AddNumberToObject(s, "fio_write_direct_bps", r.fio_write_bps);
     cJSON_AddNumberToObject(s, "fio_read_direct_bps", r.fio_read_bps);

@@ -101,7 +101,8 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&q->mu);
     q->cfg.run(q->cfg.ctx, it);
     pthread_mutex_lock(&q->mu);
-    q->done_seq++;
+    q->done_seq += 1 + q->taken; /* with any items its run took along */
+    q->taken = 0;
     pthread_cond_broadcast(&q->cv_done);
     if (ticking && kvti_now_mono() >= next_tick)
       next_tick = tick_unlocked(q);
@@ -109,6 +110,21 @@ static void *worker_main(void *arg) {
   pthread_cond_broadcast(&q->cv_done);
   pthread_mutex_unlock(&q->mu);
   return NULL;
+}
+
+size_t kvti_workq_take_more(kvti_workq *q, kvti_workq_item **out, size_t max,
+                            int (*want)(void *ctx, const kvti_workq_item *it),
+                            void *ctx) {
+  size_t n = 0;
+  pthread_mutex_lock(&q->mu);
+  /* Items a dropping stop would not run are not taken to be run either. */
+  while (n < max && q->head && !q->drop && want(ctx, q->head))
+    out[n++] = pop_locked(q);
+  q->taken += n;
+  if (n)
+    pthread_cond_broadcast(&q->cv_done); /* slots are free (push_last) */
+  pthread_mutex_unlock(&q->mu);
+  return n;
 }
 
 /* Caller holds q->mu. */

@@ -61,6 +61,7 @@ typedef struct kvti_workq {
   pthread_t *threads;
   uint32_t n_threads; /* started and not yet joined */
   int inited;         /* init ran (destroy of a zeroed queue is a no-op) */
+  uint64_t taken;     /* items the running item's run took with take_more */
   kvti_workq_cfg cfg;
 } kvti_workq;
 
@@ -106,6 +107,15 @@ int kvti_workq_wait(kvti_workq *q, const struct timespec *ts, int has,
  * afterwards (no worker ever ran) is dropped too. The queue stays stopped. */
 void kvti_workq_stop(kvti_workq *q, int drop);
 
+/* From inside run, on a queue with one worker: takes up to max more items
+ * off the head, in FIFO order, while want(ctx, item) returns 1 (the first
+ * item it refuses stays queued, as does everything behind it), into out[].
+ * The caller owns them as it owns the item being run, and they count as
+ * done together with it, once run returns: a wait that covers any of them
+ * also covers the whole batch. Returns how many were taken. */
+size_t kvti_workq_take_more(kvti_workq *q, kvti_workq_item **out, size_t max,
+                            int (*want)(void *ctx, const kvti_workq_item *it),
+                            void *ctx);
 /* Items and bytes queued now (not counting items being run). */
 void kvti_workq_gauges(kvti_workq *q, uint64_t *depth, uint64_t *bytes);
 

@@ -58,6 +58,13 @@ int kvti_chains_find(kvti_chains *c, const uint8_t key[32],
  * accessed_at are set to now. Returns 0, KVT_EINVAL, KVT_EPERM (read-only),
  * KVT_EDB, KVT_ENOMEM. */
 int kvti_chains_put(kvti_chains *c, const kvti_chain_rec *recs, size_t n);
+/* kvti_chains_put and, in the same transaction, the chained-entry row e
+ * (INSERT OR REPLACE; NULL: none), so a spill's new chunk rows and its
+ * record cost one commit. All or none: a failure changes neither the table
+ * nor its mirror. Returns as kvti_chains_put. */
+struct kvti_chained_entry;
+int kvti_chains_put_with_entry(kvti_chains *c, const kvti_chain_rec *recs,
+                               size_t n, const struct kvti_chained_entry *e);
 
 /* The longest stored chain over tokens[0, n) in namespace ns: chunk i must
  * have ck_i of tokens [i*C, (i+1)*C), index i, n_tokens C and the parent

@@ -431,10 +431,15 @@ int kvti_chains_open(kvti_chains **out, kvt_index *idx) {
 }
 
 int kvti_chains_put(kvti_chains *c, const kvti_chain_rec *recs, size_t n) {
-  if (c->idx->readonly || !c->ins)
+  return kvti_chains_put_with_entry(c, recs, n, NULL);
+}
+
+int kvti_chains_put_with_entry(kvti_chains *c, const kvti_chain_rec *recs,
+                               size_t n, const kvti_chained_entry *e) {
+  if (c->idx->readonly || !c->ins || (e && !c->e_put))
     return KVT_ERR(KVT_EPERM, "chain table: opened read-only");
   if (n == 0)
-    return 0;
+    return e ? kvti_chains_entry_put(c, e) : 0;
   if (!recs)
     return KVT_ERR(KVT_EINVAL, "kvti_chains_put: NULL records");
   pthread_mutex_lock(&c->idx->db_mu);
@@ -480,6 +485,16 @@ int kvti_chains_put(kvti_chains *c, const kvti_chain_rec *recs, size_t n) {
     sqlite3_bind_int(s, 12, r->pure ? 1 : 0);
     rc = run(c, s, "insert kvtier_chunks");
   }
+  if (rc == 0 && e) {
+    sqlite3_stmt *s = c->e_put;
+    sqlite3_bind_blob(s, 1, e->hash, 32, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 2, (sqlite3_int64)e->chunks);
+    sqlite3_bind_int64(s, 3, e->chunk_tokens);
+    sqlite3_bind_blob(s, 4, e->last_key, 32, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 5, (sqlite3_int64)e->layout_hash);
+    sqlite3_bind_int64(s, 6, (sqlite3_int64)e->total_rows);
+    rc = run(c, s, "insert kvtier_chained_entries");
+  }
   if (rc == 0) {
     pthread_rwlock_wrlock(&c->rw);
     rc = kvti_chain_reserve_nodes(c, n);
@@ -499,6 +514,9 @@ int kvti_chains_put(kvti_chains *c, const kvti_chain_rec *recs, size_t n) {
       r.created_at = r.accessed_at = now;
       kvti_chain_add_node(c, &r, p);
     }
+    /* The record after its chain: a reader resolving it finds every node. */
+    if (e)
+      rc = kvti_chain_ent_add(c, e);
     pthread_rwlock_unlock(&c->rw);
   }
   pthread_mutex_unlock(&c->idx->db_mu);

@@ -136,6 +136,11 @@ int kvti_index_put_nowait(kvt_index *idx, const int32_t *tokens, size_t n,
 /* One put described by a (its salt included; created_at ignored): as
  * kvti_index_put (wait = 1) or kvti_index_put_nowait (wait = 0). */
 int kvti_index_put_one(kvt_index *idx, const kvti_index_put_args *a, int wait);
+/* count puts in ONE transaction (all or none: a failure changes neither
+ * SQLite nor the mirror), waiting for another connection's lock (wait = 1)
+ * or not (wait = 0: KVT_EBUSY at once). The writer's group commit. */
+int kvti_index_put_batch(kvt_index *idx, const kvti_index_put_args *a,
+                         size_t count, int wait);
 /* Waits up to timeout_ms until index.db's write lock can be taken (then
  * releases it at once). 0, KVT_EBUSY (still held by another connection), or
  * another code. */

@@ -210,6 +210,13 @@ int kvti_index_put_one(kvt_index *idx, const kvti_index_put_args *a, int wait) {
   return kvti_idx_put_common(idx, a, 1, 1, wait);
 }
 
+int kvti_index_put_batch(kvt_index *idx, const kvti_index_put_args *a,
+                         size_t count, int wait) {
+  if (!idx || (!a && count))
+    return KVT_ERR(KVT_EINVAL, "kvti_index_put_batch: NULL argument");
+  return kvti_idx_put_common(idx, a, count, 1, wait);
+}
+
 /* Polls rather than relying on SQLite's busy handler, which a WAL-mode BEGIN
  * IMMEDIATE does not always invoke. */
 int kvti_index_wait_writable(kvt_index *idx, int64_t timeout_ms) {

@@ -182,6 +182,12 @@ typedef struct kvti_backend_ops {
    * (kvti_entry_probe: the index is rebuilt from these). KVT_ECORRUPT: the
    * entry is invalid. NULL where entries cannot be listed and adopted. */
   int (*probe)(kvti_backend *b, const char *hash, kvti_entry_probe_info *out);
+  /* Makes every put_publish since the last sync durable (one fsync of the
+   * directory the entries are published in), for publishes staged with
+   * kvti_write_opts.defer_dir_sync. 0 or a code (then none of them may be
+   * counted durable). NULL where there is nothing to defer (then the writer
+   * never asks for deferral). */
+  int (*put_sync)(kvti_backend *b);
 } kvti_backend_ops;
 
 struct kvti_backend {

@@ -114,7 +114,7 @@ void kvti_chunked_forget(kvti_chunked *c, const char *hash) {
 }
 
 int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
-                         const kvti_snapshot *s) {
+                         const kvti_snapshot *s, int with_record) {
   memset(p, 0, sizeof *p);
   uint32_t L;
   const kvt_layer *layers = kvti_snapshot_layers(s, &L);
@@ -137,10 +137,16 @@ int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
   kvti_chunk_ns ns;
   if ((rc = kvti_chunked_ns_of(c, kvti_snapshot_salt(s), &ns)) != 0)
     return rc;
-  kvti_chunkstore_spill csp = {
-      ns.p, ns.len, tokens, (size_t)sp.rows, c->C, layers, sp.ids, sp.n_ids, L};
+  p->rec.chunk_tokens = c->C;
+  p->rec.total_rows = sp.T;
+  kvti_chunkstore_spill csp = {ns.p,   ns.len,
+                               tokens, (size_t)sp.rows,
+                               c->C,   layers,
+                               sp.ids, sp.n_ids,
+                               L,      with_record ? &p->rec : NULL};
   kvti_chunkstore_result cr;
   rc = kvti_chunkstore_put(c->cs, &csp, &cr);
+  p->recorded = cr.recorded;
   p->res.chunk_bytes = cr.bytes_written;
   p->res.written = cr.written;
   p->res.chunks = cr.chunks;
@@ -188,6 +194,19 @@ int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
     rc = kvti_snapshot_set_chainrec(p->tail, &r);
   }
   kvti_chunk_ns_free(&ns);
+  if (rc != 0 && p->recorded) {
+    /* Nothing of this spill is published: the record goes back to what it
+     * was (a failure here leaves the new record over the old version, which
+     * fails verification: never a wrong state). */
+    kvti_error_state es;
+    kvti_error_state_capture(&es, rc);
+    if (p->had_old)
+      kvti_chains_entry_put(ch, &p->old);
+    else
+      kvti_chains_entry_del(ch, p->rec.hash);
+    kvti_error_state_restore(&es);
+    p->recorded = 0;
+  }
   return rc;
 }
 
@@ -197,7 +216,7 @@ const kvti_snapshot *kvti_chunked_prep_snapshot(const kvti_chunked_prep *p,
 }
 
 int kvti_chunked_prep_record(kvti_chunked *c, kvti_chunked_prep *p) {
-  if (!p->chained)
+  if (!p->chained || p->recorded)
     return 0;
   /* Before the tail is published: a tail is never visible without it. */
   return kvti_chains_entry_put_ex(kvti_chunkstore_chains(c->cs), &p->rec, 0);
@@ -239,7 +258,7 @@ int kvti_chunked_put(kvti_chunked *c, kvti_backend *be,
                      kvti_chunked_put_result *res, const kvti_snapshot *s,
                      const kvti_write_opts *wo) {
   kvti_chunked_prep p;
-  int rc = kvti_chunked_prepare(c, &p, s);
+  int rc = kvti_chunked_prepare(c, &p, s, 1);
   if (rc == 0)
     rc = kvti_chunked_prep_record(c, &p);
   if (rc == 0) {
@@ -247,6 +266,8 @@ int kvti_chunked_put(kvti_chunked *c, kvti_backend *be,
                       wo);
     if (rc == 0)
       kvti_chunked_prep_commit(c, &p);
+    else
+      kvti_chunked_prep_undo(c, &p); /* nothing published: record back */
   }
   *res = p.res;
   kvti_chunked_prep_free(&p);

@@ -47,9 +47,14 @@ typedef struct kvti_chunked_put_result {
  * roll back its tail entry as any other entry's (a failed replacement keeps
  * the acknowledged version, record included):
  *   prepare   writes the missing chunks (durable, indexed; immutable, so a
- *             later failure leaves only reusable prefixes) and builds the tail;
- *   record    (before the tail is published) commits the chained-entry record
- *             without waiting for another connection's lock (KVT_EBUSY);
+ *             later failure leaves only reusable prefixes), with_record
+ *             commits the chained-entry record in the same transaction as
+ *             their rows (one commit; p->recorded; a failure of prepare
+ *             after it puts the previous record back; a later failure must
+ *             undo it) and builds the tail;
+ *   record    (before the tail is published) commits the record when
+ *             prepare did not, without waiting for another connection's
+ *             lock (KVT_EBUSY);
  *   commit    (after the index row) touches the chain, or drops the record of
  *             a chained version replaced by a whole entry;
  *   undo      (the publish or the row failed) restores the previous record.
@@ -59,13 +64,17 @@ typedef struct kvti_chunked_prep {
   kvti_snapshot *tail; /* NULL: s is stored whole */
   int chained;         /* rec is to be (was) written */
   int had_old;         /* old: the record before this spill */
+  int recorded;        /* rec committed by prepare, with the chunk rows */
   kvti_chained_entry rec, old;
   kvti_chunked_put_result res;
   kvti_chunk_split split; /* has_split: the tail's layers live here */
   int has_split;
 } kvti_chunked_prep;
+/* with_record: commit the record with the chunk rows (only when nothing is
+ * stored under the hash: a reader of a previous version must not meet the
+ * new record before the stripe is held; record then commits it). */
 int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
-                         const kvti_snapshot *s);
+                         const kvti_snapshot *s, int with_record);
 const kvti_snapshot *kvti_chunked_prep_snapshot(const kvti_chunked_prep *p,
                                                 const kvti_snapshot *s);
 int kvti_chunked_prep_record(kvti_chunked *c, kvti_chunked_prep *p);

@@ -326,7 +326,17 @@ int kvti_chunkstore_put(kvti_chunkstore *cs, const kvti_chunkstore_spill *sp,
   /* Index what was written, even after a failure: those chunks are durable
    * and form a chain from the seed (each one's parent is indexed or earlier
    * in recs), so they are safe to share. */
-  int prc = kvti_chains_put(cs->chains, recs, nnew);
+  /* The spill's record rides on the same commit when its chain is whole:
+   * its files are durable, so the record never names a missing chunk. */
+  kvti_chained_entry *e = NULL;
+  if (rc == 0 && sp->rec) {
+    e = sp->rec;
+    e->chunks = m;
+    memcpy(e->last_key, parent, 32);
+    e->layout_hash = res->layout_hash;
+  }
+  int prc = kvti_chains_put_with_entry(cs->chains, recs, nnew, e);
+  res->recorded = prc == 0 && e != NULL;
   if (prc) {
     /* Not indexed: remove the files so nothing unaccounted stays. */
     for (size_t i = 0; i < nnew; i++)

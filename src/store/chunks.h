@@ -101,6 +101,11 @@ typedef struct kvti_chunkstore_spill {
   const uint32_t *layer_ids;
   uint32_t n_layers;
   uint32_t spill_layers; /* layers of the whole spill (kvti_chunk_src) */
+  /* Optional (NULL: none): the spill's chained-entry record, hash,
+   * chunk_tokens and total_rows set by the caller; when every chunk is
+   * stored, put fills chunks, last_key and layout_hash and commits it in the
+   * same transaction as the new chunk rows (result.recorded). */
+  kvti_chained_entry *rec;
 } kvti_chunkstore_spill;
 
 typedef struct kvti_chunkstore_result {
@@ -112,6 +117,7 @@ typedef struct kvti_chunkstore_result {
   /* Indexed chunks marked damaged (kvti_chains_set_damaged) whose file this
    * spill wrote again: the chains and entries through them serve again. */
   size_t rewritten;
+  int recorded; /* sp->rec was committed (with the new chunk rows) */
 } kvti_chunkstore_result;
 
 /* Stores the spill's chain: only missing chunks are written (durably), then

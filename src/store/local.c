@@ -82,8 +82,9 @@ static int lb_stage(kvti_backend *b, kvti_put_txn **txn, uint64_t *disk_bytes,
   kvti_put_txn *x = kvti_calloc(1, sizeof *x);
   if (!x)
     return KVT_ERR_NOMEM();
+  /* A deferred directory sync: put_sync makes the rename durable. */
   int rc = kvti_publish_init(&x->pub, L(b)->data_dir, kvti_snapshot_hash(s),
-                             o->do_fsync);
+                             o->do_fsync && !o->defer_dir_sync);
   if (rc == 0)
     rc = kvti_entry_stage(disk_bytes, L(b)->data_dir, s, o);
   if (rc != 0) {
@@ -106,6 +107,10 @@ static void lb_commit(kvti_backend *b, kvti_put_txn *x) {
   kvti_publish_commit(&x->pub);
   kvti_publish_free(&x->pub);
   kvti_free(x);
+}
+
+static int lb_sync(kvti_backend *b) {
+  return kvti_fsync_dir(L(b)->data_dir);
 }
 
 static int lb_rollback(kvti_backend *b, kvti_put_txn *x) {
@@ -483,6 +488,7 @@ static const kvti_backend_ops local_ops = {
     .put_publish = lb_publish,
     .put_commit = lb_commit,
     .put_rollback = lb_rollback,
+    .put_sync = lb_sync,
     .probe = lb_probe,
     .get = lb_get,
     .remove = lb_remove,

@@ -107,8 +107,8 @@ void kvti_tier_chunks_close(kvt_tier *t) {
 }
 
 int kvti_tier_chunks_prepare(kvt_tier *t, kvti_chunked_prep *p,
-                             const kvti_snapshot *s) {
-  int rc = kvti_chunked_prepare(t->chunked, p, s);
+                             const kvti_snapshot *s, int with_record) {
+  int rc = kvti_chunked_prepare(t->chunked, p, s, with_record);
   if (p->res.chunk_bytes)
     KVTI_STAT_ADD(&t->stats, spill_bytes, p->res.chunk_bytes);
   return rc;

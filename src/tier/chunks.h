@@ -31,7 +31,7 @@ int kvti_tier_chunks_adopt(kvt_tier *t, const char *hash,
  * writes the missing chunks (counted in spill_bytes); committed runs after
  * the index row. Caller holds mut_mu. */
 int kvti_tier_chunks_prepare(kvt_tier *t, kvti_chunked_prep *p,
-                             const kvti_snapshot *s);
+                             const kvti_snapshot *s, int with_record);
 void kvti_tier_chunks_committed(kvt_tier *t, kvti_chunked_prep *p);
 /* As be->get (caller holds the entry's stripe shared). A damaged chunk is
  * handled after the stripe is released (kvti_tier_chunks_after_read). */

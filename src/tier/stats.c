@@ -275,6 +275,10 @@ static const metric metrics[] = {
           "through them)."),
     GAUGE(host_cache_chunk_bytes,
           "Bytes of the chunks held in the host RAM cache."),
+    CNT(spill_batches,
+        "Group commits: spills written together, made durable by one fsync "
+        "of data/ and one index transaction."),
+    CNT(spills_batched, "Spills acknowledged through a group commit."),
 };
 #define NMETRICS (sizeof metrics / sizeof metrics[0])
 

@@ -99,7 +99,9 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
   kvti_chunked_prep cp;
   int chunked = t->chunked != NULL;
   if (chunked) {
-    int prc = kvti_tier_chunks_prepare(t, &cp, s);
+    /* A new entry's record commits with its chunk rows (no reader can
+     * reach it before its row); a replacement's waits for the stripe. */
+    int prc = kvti_tier_chunks_prepare(t, &cp, s, !replacing);
     if (prc != 0) {
       kvti_chunked_prep_free(&cp);
       return prc;
@@ -109,13 +111,20 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
   kvti_put_txn *x = NULL;
   int rc = ops->put_stage(t->be, &x, disk, ss, wo);
   if (rc != 0) {
-    if (chunked)
+    if (chunked) {
+      if (cp.recorded) { /* nothing published: the record goes back */
+        kvti_error_state es;
+        kvti_error_state_capture(&es, rc);
+        kvti_chunked_prep_undo(t->chunked, &cp);
+        kvti_error_state_restore(&es);
+      }
       kvti_chunked_prep_free(&cp);
+    }
     return rc;
   }
   if (replacing)
     kvti_stripe_wrlock(&t->stripes, hash);
-  int recorded = 0;
+  int recorded = chunked && cp.recorded;
   rc = chunked ? kvti_chunked_prep_record(t->chunked, &cp) : 0;
   if (rc == 0) {
     recorded = chunked;
@@ -233,7 +242,249 @@ static void sweep(void *ctx) {
   pthread_mutex_unlock(&t->mut_mu);
 }
 
-/* The writer thread's work on one spill taken off the queue. */
+/* ---- group commit ----------------------------------------------------
+ * Spills waiting in the queue when the writer takes one are written as one
+ * batch (at most WRITER_BATCH_MAX, distinct hashes, none replacing a stored
+ * entry): each one's chunks, then its staged version (files and staging
+ * directory synced) published by rename with the fsync of data/ deferred;
+ * then ONE fsync of data/ makes every rename of the batch durable, then ONE
+ * index transaction commits every row, and only then is each spill
+ * acknowledged, in FIFO order. So an acknowledged spill is exactly as
+ * durable as a single one, and a crash anywhere before the commit leaves
+ * each spill of the batch published-without-row (adopted whole by the next
+ * open's reconcile) or only staged (removed): never a row without its
+ * files, never a partial entry. A replacement is written alone (it holds its
+ * stripe across publish and commit, and batching several stripes could
+ * deadlock readers). A spill whose batch step fails, or a batch whose sync
+ * or commit fails (all publishes rolled back first), is written again
+ * through the single path, which also waits out a busy index. */
+#define WRITER_BATCH_MAX 16
+
+typedef struct batch_ent {
+  kvti_snapshot *s;
+  char hash[KVT_HASH_HEX_LEN + 1];
+  kvti_chunked_prep cp;
+  int has_cp;   /* cp holds prepared state (prep_free pending) */
+  int recorded; /* the chained-entry record was written */
+  kvti_put_txn *x;
+  uint64_t disk;
+  double t0;
+  int rc;     /* the spill's result */
+  int single; /* to be written through the single path */
+  int done;   /* rc is final */
+} batch_ent;
+
+/* Undoes a published (or staged) batch member: record, then files. mut_mu
+ * held; takes its stripe for the rollback as the single path does. */
+static void batch_undo(kvt_tier *t, batch_ent *b) {
+  kvti_stripe_wrlock(&t->stripes, b->hash);
+  if (b->recorded)
+    kvti_chunked_prep_undo(t->chunked, &b->cp);
+  if (b->x && t->be->ops->put_rollback(t->be, b->x) != 0)
+    kvti_log(t, KVT_LOG_WARN,
+             "kvtier: undoing the publish of %.16s failed (%s); the new "
+             "version stays in place",
+             b->hash, kvt_last_error());
+  kvti_stripe_unlock(&t->stripes, b->hash);
+  b->x = NULL;
+  b->recorded = 0;
+}
+
+static void batch_free_prep(batch_ent *b) {
+  if (b->has_cp)
+    kvti_chunked_prep_free(&b->cp);
+  b->has_cp = 0;
+}
+
+/* Writes the batch members b[i..n) up to (not including) the first that
+ * replaces a stored entry, as described above. mut_mu held. Returns the
+ * index of that member (n: none). Members end with done (rc final) or
+ * single (to be written alone). */
+static size_t batch_group_locked(kvt_tier *t, batch_ent *b, size_t i, size_t n,
+                                 const kvti_write_opts *wo) {
+  const kvti_backend_ops *ops = t->be->ops;
+  size_t pub[WRITER_BATCH_MAX], np = 0, j;
+  for (j = i; j < n; j++) {
+    batch_ent *e = &b[j];
+    kvt_entry_info old;
+    if (kvti_index_find_hash(&old, t->idx, e->hash) == 0 ||
+        ops->present(t->be, e->hash) != 0)
+      break; /* a replacement: written alone, in its turn */
+    e->t0 = kvti_now_mono();
+    int rc = 0;
+    if (t->chunked) {
+      e->has_cp = 1;
+      rc = kvti_tier_chunks_prepare(t, &e->cp, e->s, 1); /* all new */
+      e->recorded = rc == 0 && e->cp.recorded;
+    }
+    const kvti_snapshot *ss =
+        t->chunked ? kvti_chunked_prep_snapshot(&e->cp, e->s) : e->s;
+    if (rc == 0)
+      rc = ops->put_stage(t->be, &e->x, &e->disk, ss, wo);
+    if (rc == 0 && t->chunked) {
+      rc = kvti_chunked_prep_record(t->chunked, &e->cp);
+      e->recorded = e->recorded || (rc == 0 && e->cp.chained);
+    }
+    if (rc == 0)
+      rc = ops->put_publish(t->be, e->x);
+    if (rc != 0) {
+      kvti_error_state es;
+      kvti_error_state_capture(&es, rc);
+      batch_undo(t, e);
+      batch_free_prep(e);
+      kvti_error_state_restore(&es);
+      /* A busy index is waited for by the single path; any other failure
+       * is this spill's own (the single path would meet it again). */
+      e->single = rc == KVT_EBUSY;
+      e->done = !e->single;
+      e->rc = rc;
+      if (e->done) {
+        KVTI_STAT_ADD(&t->stats, write_failures, 1);
+        size_t nt = 0;
+        kvti_snapshot_tokens(e->s, &nt);
+        kvti_log(t, KVT_LOG_ERROR,
+                 "kvtier: failed to write entry %.16s (%zu tokens): %s",
+                 e->hash, nt, kvt_last_error());
+      }
+      continue;
+    }
+    pub[np++] = j;
+  }
+  if (np == 0)
+    return j;
+  /* Every rename of the batch durable at once, then every row at once. */
+  int rc = wo->defer_dir_sync ? ops->put_sync(t->be) : 0;
+  if (rc == 0) {
+    kvti_index_put_args a[WRITER_BATCH_MAX];
+    for (size_t k = 0; k < np; k++) {
+      batch_ent *e = &b[pub[k]];
+      size_t nt = 0;
+      const int32_t *tokens = kvti_snapshot_tokens(e->s, &nt);
+      kvti_index_put_args x = {tokens,     nt,
+                               e->hash,    kvti_snapshot_memory_bytes(e->s),
+                               e->disk,    t->opts.storage_mode,
+                               0,          kvti_snapshot_salt(e->s),
+                               !t->chunked};
+      a[k] = x;
+    }
+    rc = kvti_index_put_batch(t->idx, a, np, 0);
+  }
+  if (rc != 0) {
+    kvti_error_state es;
+    kvti_error_state_capture(&es, rc);
+    for (size_t k = np; k-- > 0;) {
+      batch_ent *e = &b[pub[k]];
+      batch_undo(t, e);
+      batch_free_prep(e);
+      e->single = 1; /* each gets its own try (and its own error) */
+    }
+    kvti_log(t, KVT_LOG_DEBUG,
+             "kvtier: group commit of %zu spills failed (%s); writing them "
+             "one by one",
+             np, es.msg);
+    kvti_error_state_restore(&es);
+    return j;
+  }
+  if (np > 1) {
+    KVTI_STAT_ADD(&t->stats, spill_batches, 1);
+    KVTI_STAT_ADD(&t->stats, spills_batched, np);
+  }
+  for (size_t k = 0; k < np; k++) {
+    batch_ent *e = &b[pub[k]];
+    ops->put_commit(t->be, e->x);
+    e->x = NULL;
+    if (t->chunked)
+      kvti_tier_chunks_committed(t, &e->cp);
+    batch_free_prep(e);
+    e->rc = 0;
+    e->done = 1;
+    size_t nt = 0;
+    kvti_snapshot_tokens(e->s, &nt);
+    kvti_stats_spilled(&t->stats, e->disk, kvti_now_mono() - e->t0);
+    kvti_ram_spilled(t, e->s, e->disk); /* before enforcement may evict */
+    kvti_log(t, KVT_LOG_DEBUG,
+             "kvtier: spilled %.16s: %zu tokens, %llu bytes on disk "
+             "(group of %zu)",
+             e->hash, nt, (unsigned long long)e->disk, np);
+  }
+  kvti_tier_enforce_locked(t, t->opts.max_entries, t->max_bytes,
+                           kvti_tier_cutoff(t), NULL, NULL);
+  return j;
+}
+
+/* Writes n >= 2 spills taken off the queue together, then acknowledges each
+ * (spill_done_fn) in FIFO order. */
+static void write_batch(kvt_tier *t, kvti_snapshot **snaps, size_t n) {
+  batch_ent b[WRITER_BATCH_MAX];
+  memset(b, 0, sizeof b);
+  for (size_t k = 0; k < n; k++) {
+    b[k].s = snaps[k];
+    memcpy(b[k].hash, kvti_snapshot_hash(snaps[k]), sizeof b[k].hash);
+  }
+  kvti_write_opts wo = {
+      t->opts.storage_mode, t->opts.durability == KVT_DURABILITY_FSYNC,
+      t->opts.file_mode,    t->opts.dir_mode,
+      t->opts.io_backend,   0};
+  wo.defer_dir_sync = wo.do_fsync && t->be->ops->put_sync != NULL;
+  size_t i = 0;
+  while (i < n) {
+    pthread_mutex_lock(&t->mut_mu);
+    size_t j = batch_group_locked(t, b, i, n, &wo);
+    pthread_mutex_unlock(&t->mut_mu);
+    for (size_t k = i; k < j; k++)
+      if (b[k].single)
+        b[k].rc = kvti_writer_write(t, b[k].s, 0);
+    if (j < n) /* the replacement that ended the group */
+      b[j].rc = kvti_writer_write(t, b[j].s, 0);
+    i = j + 1;
+  }
+  kvti_stats_refresh_gauges(t); /* entries, bytes, queue: for the live file */
+  for (size_t k = 0; k < n; k++)
+    if (t->opts.spill_done_fn)
+      t->opts.spill_done_fn(t->opts.spill_done_ctx, b[k].hash, b[k].rc);
+}
+
+/* What the writer may take along with the spill it runs: spills (not
+ * close's stop marker) whose hashes differ from every one taken. */
+typedef struct take_ctx {
+  const char *hashes[WRITER_BATCH_MAX];
+  size_t n;
+} take_ctx;
+
+static int take_want(void *ctx, const kvti_workq_item *qi) {
+  take_ctx *c = ctx;
+  const kvti_spill_item *it = (const kvti_spill_item *)qi;
+  if (!it->snap || c->n >= WRITER_BATCH_MAX)
+    return 0;
+  const char *h = kvti_snapshot_hash(it->snap);
+  for (size_t k = 0; k < c->n; k++)
+    if (strcmp(c->hashes[k], h) == 0)
+      return 0;
+  c->hashes[c->n++] = h;
+  return 1;
+}
+
+/* 1 when the spills queued behind the one being run may be batched with it:
+ * they are written here (no write hook hands them out one by one) and
+ * locally, through a backend that writes in steps. */
+static int batchable(kvt_tier *t) {
+  if (!t->be->ops->put_stage || !kvti_remote_spills_local(t))
+    return 0;
+  pthread_mutex_lock(&t->hook.mu);
+  int hooked = t->hook.fn != NULL;
+  pthread_mutex_unlock(&t->hook.mu);
+  return !hooked;
+}
+
+/* Hands a written snapshot on (the remote upload queue may take it and free
+ * it later) or frees it (a no-copy spill's release runs on this thread). */
+static void spill_release(kvt_tier *t, kvti_snapshot *s) {
+  if (!kvti_remote_take(t, s))
+    kvti_snapshot_free(s);
+}
+
+/* The writer thread's work on one spill taken off the queue, and on those
+ * waiting behind it that it takes along (group commit). */
 static void run_spill(void *ctx, kvti_workq_item *qi) {
   kvt_tier *t = ctx;
   kvti_spill_item *it = (kvti_spill_item *)qi;
@@ -241,12 +492,32 @@ static void run_spill(void *ctx, kvti_workq_item *qi) {
     kvti_free(it);
     return;
   }
-  kvti_writer_run_hooked(t, it->snap);
-  /* The remote upload queue may take the snapshot (and free it later). */
-  if (!kvti_remote_take(t, it->snap))
-    kvti_snapshot_free(
-        it->snap); /* runs a no-copy spill's release on this thread */
+  kvti_workq_item *more[WRITER_BATCH_MAX - 1];
+  size_t nmore = 0;
+  if (batchable(t)) {
+    take_ctx tc;
+    tc.hashes[0] = kvti_snapshot_hash(it->snap);
+    tc.n = 1;
+    nmore =
+        kvti_workq_take_more(&t->w, more, WRITER_BATCH_MAX - 1, take_want, &tc);
+  }
+  if (nmore == 0) {
+    kvti_writer_run_hooked(t, it->snap);
+    spill_release(t, it->snap);
+    kvti_free(it);
+    return;
+  }
+  kvti_snapshot *snaps[WRITER_BATCH_MAX];
+  snaps[0] = it->snap;
+  for (size_t k = 0; k < nmore; k++)
+    snaps[k + 1] = ((kvti_spill_item *)more[k])->snap;
+  write_batch(t, snaps, nmore + 1);
+  spill_release(t, it->snap);
   kvti_free(it);
+  for (size_t k = 0; k < nmore; k++) {
+    spill_release(t, ((kvti_spill_item *)more[k])->snap);
+    kvti_free(more[k]);
+  }
 }
 
 /* A spill dropped unwritten (the tier is closing): its release callback runs

@@ -349,6 +349,9 @@ class Stats(ctypes.Structure):
         ("chain_cuts_kept", ctypes.c_uint64),
         ("host_cache_chunks", ctypes.c_uint64),
         ("host_cache_chunk_bytes", ctypes.c_uint64),
+        # version 3: group commit of queued spills
+        ("spill_batches", ctypes.c_uint64),
+        ("spills_batched", ctypes.c_uint64),
     ]
 
     def __init__(self, *args: Any, **kw: Any) -> None:
