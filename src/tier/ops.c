@@ -6,6 +6,7 @@
  * Each enters and leaves the tier; mutations take mut_mu.
  */
 #include "tier/tier.h"
+#include "tier/admission.h"
 #include "tier/chunks.h"
 #include "base/clock.h"
 #include "base/error.h"
@@ -45,6 +46,8 @@ static int lookup_common(kvt_entry_info *out, kvt_tier *t,
   rc = kvti_tier_chunks_servable(t, out, rc); /* a damaged chain: kept */
   if (prefix) /* chunk-aligned prefixes of pure-KV chains (chunks.h) */
     rc = kvti_tier_chunks_prefix(t, out, rc, tokens, n, salt);
+  if (rc == 0) /* a stored prefix found: admission's reuse signal */
+    kvti_admit_lookup_hit(t, tokens, (size_t)out->num_tokens, salt);
   if (remote && kvti_remote_enabled(t) && !salt->has &&
       (rc == KVT_ENOTFOUND || (rc == 0 && prefix && out->num_tokens < n))) {
     kvt_entry_info ri;
@@ -384,6 +387,8 @@ static void snapshot(kvt_stats *s, kvt_tier *t) {
   kvti_workq_gauges(&t->w, &s->queue_depth, &s->queue_bytes);
   kvti_remote_gauges(t, s);
   kvti_ram_gauges(t, s);
+  if (t->admit) /* bytes written today, the budget, the SSD's lifetime */
+    kvti_admit_gauges(t->admit, s, kvti_admit_now(t), s->spill_bytes);
 }
 
 void kvti_stats_refresh_gauges(kvt_tier *t) {
