@@ -479,6 +479,10 @@ def main(argv=None) -> int:
                     help="also run each policy under a daily write budget of this fraction "
                          "of write_all's own byte count (spill_bytes) at the same disk "
                          "budget, spread over --budget-days (0: none)")
+    ap.add_argument("--budget-base", type=int, default=0,
+                    help="write_all's own byte count at this disk budget from an earlier "
+                         "run of the same window: --write-budget is a fraction of it and "
+                         "write_all is not run again (one disk budget only)")
     ap.add_argument("--budget-days", type=float, default=1.0,
                     help="days the trace's span is stretched to by the tier's clock")
     ap.add_argument("--dir", default=os.environ.get("KVT_BENCH_DIR", "/var/tmp"))
@@ -509,7 +513,9 @@ def main(argv=None) -> int:
         ap.error("--policies: at least one")
     if a.write_budget < 0 or a.budget_days <= 0:
         ap.error("--write-budget must be >= 0 and --budget-days > 0")
-    if a.write_budget and "write_all" not in policies:
+    if a.budget_base < 0 or (a.budget_base and (not a.write_budget or len(budgets) != 1)):
+        ap.error("--budget-base needs --write-budget and a single --budgets value")
+    if a.write_budget and not a.budget_base and "write_all" not in policies:
         policies.insert(0, "write_all")   # the budget is a fraction of its bytes
     KVShape(a.kv_bytes_per_token)  # validates
     requests = load_trace(a.trace, a.requests, a.skip)
@@ -601,7 +607,10 @@ def main(argv=None) -> int:
                 run_one(impl, frac, None)
                 continue
             base = None
-            for p in policies:
+            if a.budget_base:   # write_all's figures of an earlier run
+                base = {"hit_tokens": 0, "device_bytes_written": None,
+                        "tier_spill_bytes": a.budget_base}
+            for p in policies if not a.budget_base else []:
                 row = run_one(impl, frac, p, base=base)
                 if p == "write_all":
                     base = row

@@ -436,9 +436,10 @@ typedef struct kvt_options {
    *  and holds one hour of it: while the bucket is over half full only
    *  spills that extend a reused prefix are written, when full none
    *  (admission_declined_budget). Over any span of s seconds kvtier so
-   *  writes at most budget * (s / 86400 + 1 / 24) bytes, plus the spills
-   *  already queued when the bucket filled (a spill is judged when it is
-   *  queued, charged when written). Up to 10^18. */
+   *  writes at most budget * (s / 86400 + 1 / 24) bytes plus the last spill
+   *  let in below the top (its size is known only once written: chunks it
+   *  shares are not written again) and the spills queued meanwhile (a spill
+   *  is judged when it is queued, charged when written). Up to 10^18. */
   uint64_t write_budget_bytes_per_day;
   /** Or the budget derived from the SSD's rating: write_budget_tbw terabytes
    *  (10^12 bytes) written over write_budget_years years (365.25 days):

@@ -284,6 +284,8 @@ void kvti_admit_gauges(kvti_admit *a, kvt_stats *s, double now,
                        uint64_t total) {
   pthread_mutex_lock(&a->mu);
   kvti_bucket *b = &a->bucket;
+  if (now < 0) /* no clock read: as of the last update's time */
+    now = b->started ? b->last_t : 0;
   kvti_bucket_update(b, now, total);
   s->bytes_written_today = kvti_bucket_today(b);
   s->write_budget_bytes_per_day = (uint64_t)b->per_day;

@@ -118,7 +118,8 @@ int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
 void kvti_admit_note_hit(kvti_admit *a, const int32_t *tokens, size_t m,
                          uint64_t seed);
 /* Fills the budget's gauges of s (bytes_written_today, write_budget_*,
- * ssd_lifetime_years) as of clock now and written counter total. */
+ * ssd_lifetime_years) as of clock now (< 0: the time of the last update, for
+ * threads that must not call the clock) and written counter total. */
 void kvti_admit_gauges(kvti_admit *a, kvt_stats *s, double now,
                        uint64_t total);
 

@@ -372,8 +372,10 @@ int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair) {
 /* Stats                                                                    */
 /* ------------------------------------------------------------------------ */
 
-/* Counters plus freshly measured gauges. */
-static void snapshot(kvt_stats *s, kvt_tier *t) {
+/* Counters plus freshly measured gauges. caller: on a caller's thread, where
+ * the budget's clock may be read (never on the writer thread: clock_fn may be
+ * a binding's callback). */
+static void snapshot(kvt_stats *s, kvt_tier *t, int caller) {
   kvti_stats_copy(s, &t->stats);
   /* Gauges: from the index while it is open (after close the last counters
    * remain). */
@@ -388,12 +390,13 @@ static void snapshot(kvt_stats *s, kvt_tier *t) {
   kvti_remote_gauges(t, s);
   kvti_ram_gauges(t, s);
   if (t->admit) /* bytes written today, the budget, the SSD's lifetime */
-    kvti_admit_gauges(t->admit, s, kvti_admit_now(t), s->spill_bytes);
+    kvti_admit_gauges(t->admit, s, caller ? kvti_admit_now(t) : -1,
+                      s->spill_bytes);
 }
 
 void kvti_stats_refresh_gauges(kvt_tier *t) {
   kvt_stats s;
-  snapshot(&s, t);
+  snapshot(&s, t, 0);
   kvti_stats_set_gauges(&t->stats, &s);
 }
 
@@ -409,7 +412,7 @@ int kvt_tier_stats(kvt_stats *out, kvt_tier *t) {
                    "with KVT_STATS_INIT or kvt_stats_init)",
                    KVT_STATS_VERSION, out->version);
   kvt_stats s;
-  snapshot(&s, t);
+  snapshot(&s, t, 1);
   kvti_stats_set_gauges(&t->stats, &s); /* the live file shows what we saw */
   s.version = out->version;
   memcpy(out, &s, n);
