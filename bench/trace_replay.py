@@ -252,12 +252,14 @@ def ideal(requests: list[dict]) -> dict:
 
 class TraceClock:
     """Trace time in seconds since the first request, advanced by the replay
-    (never by the wall clock).  A tier that takes a time source gets
-    `clock.now`."""
+    (never by the wall clock), times `scale`: the tier's time source
+    (kvtier's clock option) gets `clock.now`, so a trace of minutes can span
+    the days of a daily write budget."""
 
-    def __init__(self) -> None:
+    def __init__(self, scale: float = 1.0) -> None:
         self._t0: float | None = None
         self._now = 0.0
+        self.scale = scale
 
     def advance_to(self, timestamp_ms: float) -> None:
         if self._t0 is None:
@@ -266,24 +268,34 @@ class TraceClock:
         if t > self._now:           # traces may carry equal or unsorted stamps
             self._now = t
 
-    def now(self) -> float:
+    def trace_seconds(self) -> float:
         return self._now
 
+    def now(self) -> float:
+        return self._now * self.scale
 
-def make_tier(impl: str, cache_dir: str, max_size_gb: float, clock: TraceClock):
+
+def make_tier(impl: str, cache_dir: str, max_size_gb: float, clock: TraceClock,
+              policy: str | None = None, budget_per_day: int = 0):
     """The tier under test with the client's default configuration except the
-    directory and disk budget.  `clock` is not passed yet: no tier takes one."""
-    del clock
+    directory and disk budget, and for kvtier the admission policy and write
+    budget when given (None / 0: the defaults), timed by `clock`.  The
+    reference takes neither and no clock."""
     if impl == "kvtier":
         from kvtier.ssd_cache import SSDCacheConfig, SSDCacheTier
-    elif impl == "reference":
-        from ssd_cache_ref import SSDCacheConfig, SSDCacheTier
-    else:
-        raise ValueError(f"unknown implementation {impl!r}")
-    tier = SSDCacheTier(SSDCacheConfig(cache_dir=cache_dir, max_size_gb=max_size_gb))
-    if impl == "kvtier":
+        extra = {"clock": clock.now}
+        if policy is not None:
+            extra["admission_policy"] = policy
+        if budget_per_day:
+            extra["write_budget_bytes_per_day"] = int(budget_per_day)
+        tier = SSDCacheTier(SSDCacheConfig(cache_dir=cache_dir, max_size_gb=max_size_gb,
+                                           **extra))
         tier.start_writer()
-    return tier
+        return tier
+    if impl == "reference":
+        from ssd_cache_ref import SSDCacheConfig, SSDCacheTier
+        return SSDCacheTier(SSDCacheConfig(cache_dir=cache_dir, max_size_gb=max_size_gb))
+    raise ValueError(f"unknown implementation {impl!r}")
 
 
 def drain(impl: str, tier) -> None:
@@ -357,7 +369,7 @@ def replay(impl: str, tier, requests: list[dict], shape: KVShape, clock: TraceCl
     finally:
         if loop is not None:
             loop.close()
-    st["trace_seconds"] = clock.now()
+    st["trace_seconds"] = clock.trace_seconds()
     return st
 
 
@@ -408,12 +420,13 @@ def child_main(spec: dict) -> None:
     """One configuration in this (fresh) process; prints one JSON line."""
     requests = load_trace(spec["trace"], spec["requests"], spec["skip"])
     shape = KVShape(spec["kv_bytes_per_token"])
-    clock = TraceClock()
+    clock = TraceClock(spec.get("clock_scale", 1.0))
     import kvtier.ssd_cache  # noqa: F401  (imports and library load before the baseline)
     import ssd_cache_ref  # noqa: F401
     w0 = proc_io_written()
     t0 = time.monotonic()
-    tier = make_tier(spec["impl"], spec["cache_dir"], spec["max_size_gb"], clock)
+    tier = make_tier(spec["impl"], spec["cache_dir"], spec["max_size_gb"], clock,
+                     spec.get("policy"), spec.get("budget_per_day", 0))
     sync = make_syncer(spec["cache_dir"]) if spec["writeback"] == "request" else None
     try:
         st = replay(spec["impl"], tier, requests, shape, clock, spec["promote"],
@@ -423,6 +436,10 @@ def child_main(spec: dict) -> None:
         ts = tier.get_stats()
         st["tier_spill_count"] = int(ts.get("spill_count", 0))
         st["tier_spill_bytes"] = int(ts.get("spill_bytes", 0))
+        st["admission"] = {k: ts[k] for k in (
+            "admission_admitted", "admission_truncated", "admission_declined_unseen",
+            "admission_declined_budget", "admission_tokens_declined",
+            "bytes_written_today", "write_budget_left") if k in ts}
     finally:
         tier.close()
     os.sync()
@@ -455,6 +472,19 @@ def main(argv=None) -> int:
     ap.add_argument("--writeback", choices=("request", "kernel"), default="request",
                     help="sync the cache's file system after every request (default) "
                          "or leave writeback to the kernel")
+    ap.add_argument("--policies", default="write_all",
+                    help="kvtier admission policies to run (write_all, second_sighting, "
+                         "adaptive); the first is the reference point of the ratios")
+    ap.add_argument("--write-budget", type=float, default=0.0,
+                    help="also run each policy under a daily write budget of this fraction "
+                         "of write_all's own byte count (spill_bytes) at the same disk "
+                         "budget, spread over --budget-days (0: none)")
+    ap.add_argument("--budget-base", type=int, default=0,
+                    help="write_all's own byte count at this disk budget from an earlier "
+                         "run of the same window: --write-budget is a fraction of it and "
+                         "write_all is not run again (one disk budget only)")
+    ap.add_argument("--budget-days", type=float, default=1.0,
+                    help="days the trace's span is stretched to by the tier's clock")
     ap.add_argument("--dir", default=os.environ.get("KVT_BENCH_DIR", "/var/tmp"))
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -475,6 +505,18 @@ def main(argv=None) -> int:
         ap.error("--budgets: fractions > 0")
     if a.requests < 1 or a.skip < 0:
         ap.error("--requests must be >= 1, --skip >= 0")
+    policies = [p.strip() for p in a.policies.split(",") if p.strip()]
+    for p in policies:
+        if p not in ("write_all", "second_sighting", "adaptive"):
+            ap.error(f"--policies: unknown {p!r}")
+    if not policies:
+        ap.error("--policies: at least one")
+    if a.write_budget < 0 or a.budget_days <= 0:
+        ap.error("--write-budget must be >= 0 and --budget-days > 0")
+    if a.budget_base < 0 or (a.budget_base and (not a.write_budget or len(budgets) != 1)):
+        ap.error("--budget-base needs --write-budget and a single --budgets value")
+    if a.write_budget and not a.budget_base and "write_all" not in policies:
+        policies.insert(0, "write_all")   # the budget is a fraction of its bytes
     KVShape(a.kv_bytes_per_token)  # validates
     requests = load_trace(a.trace, a.requests, a.skip)
     if not requests:
@@ -489,42 +531,99 @@ def main(argv=None) -> int:
           f"ideal hit rate {ideal_rate:.4f}; promote={a.promote} writeback={a.writeback}",
           file=log, flush=True)
 
+    span_s = max(1e-3, (requests[-1]["timestamp"] - requests[0]["timestamp"]) / 1000.0)
     results = []
+
+    def run_one(impl: str, frac: float, policy: str | None, budget_per_day: int = 0,
+                base: dict | None = None) -> dict:
+        d = tempfile.mkdtemp(prefix="kvt-trace-", dir=a.dir)
+        spec = {"impl": impl, "trace": a.trace, "requests": a.requests, "skip": a.skip,
+                "kv_bytes_per_token": a.kv_bytes_per_token, "promote": a.promote,
+                "writeback": a.writeback, "cache_dir": os.path.join(d, "cache"),
+                "max_size_gb": frac * unique_kv / _GIB, "policy": policy,
+                "budget_per_day": budget_per_day,
+                "clock_scale": a.budget_days * 86400.0 / span_s}
+        try:
+            st = run_config(spec)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+        rate = st["hit_tokens"] / max(1, st["input_tokens"])
+        wb = st["device_bytes_written"]
+        row = {"impl": impl, "budget_fraction": frac, "max_size_gb": spec["max_size_gb"],
+               "policy": policy, "write_budget_per_day": budget_per_day,
+               "hit_rate": rate, "ideal_hit_rate": ideal_rate,
+               "of_ideal": rate / ideal_rate if ideal_rate else None,
+               "written_over_unique": wb / unique_kv if wb is not None and unique_kv else None,
+               "hit_tokens_per_byte": st["hit_tokens"] / wb if wb else None, **st}
+        if budget_per_day:
+            # A leaky bucket of an hour's budget: over the span it lets through
+            # the days' budget plus that hour.
+            row["budget_allowance"] = budget_per_day * (a.budget_days + 1 / 24)
+            row["budget_held"] = st["tier_spill_bytes"] <= row["budget_allowance"]
+        if base is not None:
+            row["hit_vs_write_all"] = (st["hit_tokens"] / base["hit_tokens"]
+                                       if base["hit_tokens"] else None)
+            bw = base["device_bytes_written"]
+            row["device_written_vs_write_all"] = wb / bw if wb is not None and bw else None
+            row["tier_written_vs_write_all"] = (st["tier_spill_bytes"] /
+                                                base["tier_spill_bytes"]
+                                                if base["tier_spill_bytes"] else None)
+        results.append(row)
+        name = impl if impl != "kvtier" else f"kvtier/{policy or 'default'}"
+        if budget_per_day:
+            name += f"+budget {budget_per_day / 2**20:.1f} MiB/day"
+        rel = ""
+        if base is not None:
+            rel = (f"  vs write_all: hit {row['hit_vs_write_all'] or 0:.3f}x, written "
+                   f"{row['device_written_vs_write_all'] or 0:.3f}x (device) "
+                   f"{row['tier_written_vs_write_all'] or 0:.3f}x (own count)")
+        if budget_per_day:
+            rel += (f"  budget allowance {row['budget_allowance'] / 2**20:.1f} MiB "
+                    f"{'held' if row['budget_held'] else 'EXCEEDED'}")
+        print(f"{name:<24} budget {frac:5.2f}x  requests {st['requests']:5d}  "
+              f"hit {rate:.4f} ({row['of_ideal'] or 0:.3f} of ideal)  "
+              f"written {(wb or 0) / 2**20:9.1f} MiB "
+              f"({row['written_over_unique'] or 0:.2f}x unique)  "
+              f"on disk {st['disk_bytes'] / 2**20:8.1f} MiB  "
+              f"hit tok/B {row['hit_tokens_per_byte'] or 0:.5f}  "
+              f"rows {st['rows_checked']} checked, {st['row_mismatches']} bad  "
+              f"drops {st['spill_drops']}  promote fails {st['promote_failures']}  "
+              f"tier counted {st['tier_spill_bytes'] / 2**20:.1f} MiB  "
+              f"{st['seconds']:.0f}s{rel}", file=log, flush=True)
+        if st.get("admission"):
+            print(f"  admission {st['admission']}", file=log, flush=True)
+        if st["first_mismatch"]:
+            print(f"  first mismatch: {st['first_mismatch']}", file=log, flush=True)
+        return row
+
     for frac in budgets:
         for impl in impls:
-            d = tempfile.mkdtemp(prefix="kvt-trace-", dir=a.dir)
-            spec = {"impl": impl, "trace": a.trace, "requests": a.requests, "skip": a.skip,
-                    "kv_bytes_per_token": a.kv_bytes_per_token, "promote": a.promote,
-                    "writeback": a.writeback, "cache_dir": os.path.join(d, "cache"),
-                    "max_size_gb": frac * unique_kv / _GIB}
-            try:
-                st = run_config(spec)
-            finally:
-                shutil.rmtree(d, ignore_errors=True)
-            rate = st["hit_tokens"] / max(1, st["input_tokens"])
-            wb = st["device_bytes_written"]
-            row = {"impl": impl, "budget_fraction": frac, "max_size_gb": spec["max_size_gb"],
-                   "hit_rate": rate, "ideal_hit_rate": ideal_rate,
-                   "of_ideal": rate / ideal_rate if ideal_rate else None,
-                   "written_over_unique": wb / unique_kv if wb is not None and unique_kv else None,
-                   "hit_tokens_per_byte": st["hit_tokens"] / wb if wb else None, **st}
-            results.append(row)
-            print(f"{impl:<9} budget {frac:5.2f}x  requests {st['requests']:5d}  "
-                  f"hit {rate:.4f} ({row['of_ideal'] or 0:.3f} of ideal)  "
-                  f"written {(wb or 0) / 2**20:9.1f} MiB "
-                  f"({row['written_over_unique'] or 0:.2f}x unique)  "
-                  f"on disk {st['disk_bytes'] / 2**20:8.1f} MiB  "
-                  f"hit tok/B {row['hit_tokens_per_byte'] or 0:.5f}  "
-                  f"rows {st['rows_checked']} checked, {st['row_mismatches']} bad  "
-                  f"drops {st['spill_drops']}  promote fails {st['promote_failures']}  "
-                  f"tier counted {st['tier_spill_bytes'] / 2**20:.1f} MiB  "
-                  f"{st['seconds']:.0f}s", file=log, flush=True)
-            if st["first_mismatch"]:
-                print(f"  first mismatch: {st['first_mismatch']}", file=log, flush=True)
+            if impl != "kvtier":
+                run_one(impl, frac, None)
+                continue
+            # One policy alone runs as the default (no option passed), the
+            # figures of the configuration a user gets.
+            if len(policies) == 1 and not a.write_budget and policies[0] == "write_all":
+                run_one(impl, frac, None)
+                continue
+            base = None
+            if a.budget_base:   # write_all's figures of an earlier run
+                base = {"hit_tokens": 0, "device_bytes_written": None,
+                        "tier_spill_bytes": a.budget_base}
+            for p in policies if not a.budget_base else []:
+                row = run_one(impl, frac, p, base=base)
+                if p == "write_all":
+                    base = row
+            if a.write_budget and base is not None:
+                per_day = int(a.write_budget * base["tier_spill_bytes"] / a.budget_days)
+                for p in policies:
+                    run_one(impl, frac, p, max(1, per_day), base=base)
     if a.json:
         print(json.dumps({"trace": a.trace, "requests": len(requests), "skip": a.skip,
                           "kv_bytes_per_token": a.kv_bytes_per_token, "promote": a.promote,
                           "writeback": a.writeback, "ideal": ide, "ideal_hit_rate": ideal_rate,
+                          "policies": policies, "write_budget": a.write_budget,
+                          "budget_days": a.budget_days,
                           "unique_kv_bytes": unique_kv, "results": results}, indent=1))
     bad = any(r["row_mismatches"] for r in results)
     return 1 if bad else 0

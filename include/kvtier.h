@@ -261,8 +261,45 @@ typedef void (*kvt_spill_done_fn)(void *ctx, const char *token_hash,
 
 /** kvt_options versions: 1 (up to remote_flags), 2 (+ read_threads), 3 (+
  *  host_cache_bytes, chunk_tokens, model_id), 4 (+ remote_lookup_timeout_ms,
- *  remote_tls_*). */
-#define KVT_OPTIONS_VERSION 4
+ *  remote_tls_*), 5 (+ admission_policy, admission_memory_bytes,
+ *  write_budget_*, clock_fn, clock_ctx). */
+#define KVT_OPTIONS_VERSION 5
+
+/** A time source for the write budget (kvt_options.clock_fn): seconds on any
+ *  fixed origin, never decreasing (a smaller value than the last is taken as
+ *  the last). Called from the threads that call spill, lookup and stats
+ *  functions (never from kvtier's own threads), with no tier lock held; it
+ *  must not call into the tier. */
+typedef double (*kvt_clock_fn)(void *ctx);
+
+/** What a spill must show to be written (kvt_options.admission_policy). A
+ *  spill is seen as segments of chunk_tokens tokens (256 when chunk_tokens
+ *  is 0), each named by a fingerprint of every token up to its end (and the
+ *  cache_salt), so equal fingerprints mean equal prefixes. A bounded in-RAM
+ *  record (admission_memory_bytes) remembers fingerprints seen, and those a
+ *  lookup found stored (a reused prefix). */
+typedef enum kvt_admission_policy {
+  /** Every spill is written (the reference's behaviour). */
+  KVT_ADMIT_WRITE_ALL = 0,
+  /** A segment is written from its second sighting on: a spill is written
+   *  up to the end of its leading segments that were seen before (a spill
+   *  of a prefix, as kvt_tier_spill_prefix stores it), all of it when every
+   *  segment was, not at all when its first segment is new. Spills with
+   *  layers that cannot be cut (arrays, rotating KV) are written whole or
+   *  not at all. */
+  KVT_ADMIT_SECOND_SIGHTING = 1,
+  /** Writes everything while the store has room (no entry or chunk evicted
+   *  for capacity since open); once it has had to evict, as SECOND_SIGHTING
+   *  except that a spill is written whole when it extends a prefix a lookup
+   *  found stored (a reused prefix: the conversation continues) or when its
+   *  first new segment is in a fixed sample of 1 in 8 fingerprints. At a
+   *  full disk, writing every spill evicts entries before their reuse comes
+   *  (most prompts are never sent again, and those that are come back after
+   *  a while); writing only what was seen before misses every prefix used
+   *  exactly twice. The sample lets new prefixes in at an eighth of the rate,
+   *  so the disk holds a history about eight times longer. */
+  KVT_ADMIT_ADAPTIVE = 2
+} kvt_admission_policy;
 
 /** Tier options; mirrors the reference's SSDCacheConfig plus kvtier's own. */
 typedef struct kvt_options {
@@ -380,6 +417,44 @@ typedef struct kvt_options {
   const char *remote_tls_ca_file;
   const char *remote_tls_cert_file;
   const char *remote_tls_key_file;
+  /* ---- version 5: admission and the write budget (docs/DESIGN.md) ---- */
+  /** kvt_admission_policy; KVT_ADMIT_WRITE_ALL. A spill declined or cut
+   *  short by the policy or the budget still returns 0 (it was handled: the
+   *  engine needs to do nothing), queues nothing for what it does not
+   *  write, runs a zero-copy spill's release before returning, and is
+   *  counted in admission_declined_* / admission_truncated; spill_done_fn is
+   *  called only for what is written. */
+  int32_t admission_policy;
+  /** Bytes of the admission record of fingerprints seen (about 8 bytes a
+   *  segment; when a slot is needed, the oldest of its set is forgotten). 0 = 4 MiB (half a million
+   *  segments: 128M tokens of history at 256 tokens a segment); else 64 KiB
+   *  .. 1 GiB. */
+  uint64_t admission_memory_bytes;
+  /** The write budget, in bytes a day (0 = none), enforced on kvtier's own
+   *  count of the bytes it writes (spill_bytes: entry and chunk files; not
+   *  the index's pages) as a leaky bucket that drains at the budget's rate
+   *  and holds one hour of it: while the bucket is over half full only
+   *  spills that extend a reused prefix are written, when full none
+   *  (admission_declined_budget). Over any span of s seconds kvtier so
+   *  writes at most budget * (s / 86400 + 1 / 24) bytes plus the last spill
+   *  let in below the top (its size is known only once written: chunks it
+   *  shares are not written again) and the spills queued meanwhile (a spill
+   *  is judged when it is queued, charged when written). Up to 10^18. */
+  uint64_t write_budget_bytes_per_day;
+  /** Or the budget derived from the SSD's rating: write_budget_tbw terabytes
+   *  (10^12 bytes) written over write_budget_years years (365.25 days):
+   *  tbw * 10^12 / (years * 365.25) bytes a day. Both or neither (0), not
+   *  with write_budget_bytes_per_day; tbw in (0, 10^6], years in (0, 100].
+   *  With a rating, the stats also project the SSD's lifetime at the rate
+   *  written so far (ssd_lifetime_years). 0 */
+  double write_budget_tbw;
+  double write_budget_years;
+  /** Time source of the write budget and of "today" (bytes_written_today:
+   *  days are [k * 86400, (k + 1) * 86400) of its seconds). NULL = the wall
+   *  clock (Unix seconds, UTC days). A replay or a test drives a day in
+   *  minutes with its own clock. */
+  kvt_clock_fn clock_fn;
+  void *clock_ctx;
 } kvt_options;
 
 /** kvt_options.host_cache_bytes: derive the bound from the machine. */
@@ -420,7 +495,8 @@ typedef enum kvt_remote_mode {
     .remote_timeout_ms = 1000, .remote_queue_size = 64,                        \
     .remote_chunk_bytes = 16u << 20, .read_threads = 0,                        \
     .host_cache_bytes = KVT_HOST_CACHE_AUTO,                                   \
-    .chunk_tokens = KVT_CHUNK_TOKENS_DEFAULT, .remote_lookup_timeout_ms = 250  \
+    .chunk_tokens = KVT_CHUNK_TOKENS_DEFAULT, .remote_lookup_timeout_ms = 250, \
+    .admission_policy = KVT_ADMIT_WRITE_ALL                                    \
   }
 
 /** Fills opts with the defaults of KVT_OPTIONS_INIT for the given version
@@ -1142,8 +1218,8 @@ KVT_API int kvt_tier_chunk_gc(kvt_tier *t, int dry_run, kvt_chunk_gc_fn fn,
 
 /** kvt_stats versions: 1 (up to remote_available), 2 (+ token counters,
  *  latency histograms, the host RAM tier's host_cache_* and promotes_from_*
- *  fields), 3 (+ refused spills by reason, spill_refused_*, and the chunked
- *  store's damage counters). */
+ *  fields), 3 (+ refused spills by reason, spill_refused_*, the chunked
+ *  store's damage counters, and admission and the write budget). */
 #define KVT_STATS_VERSION 3
 
 /** Counters and gauges of a tier (output of kvt_tier_stats). The caller sets
@@ -1266,6 +1342,23 @@ typedef struct kvt_stats {
    * and made durable by one fsync of data/ and one index transaction. */
   uint64_t spill_batches;  /* group commits of two or more spills */
   uint64_t spills_batched; /* spills acknowledged through one */
+  /* Admission and the write budget (kvt_options.admission_policy,
+   * write_budget_*). Every spill call that passes the admission decision
+   * adds 1 to exactly one of admitted, truncated, declined_unseen and
+   * declined_budget (write_all without a budget: admitted). */
+  uint64_t admission_admitted;        /* spills passed on whole */
+  uint64_t admission_truncated;       /* spills cut to their seen prefix */
+  uint64_t admission_declined_unseen; /* not written: first sighting */
+  uint64_t admission_declined_budget; /* not written: the write budget */
+  uint64_t admission_tokens_declined; /* tokens not written by those */
+  uint64_t bytes_written_today; /* now: spill_bytes since the clock's day
+                                   began (this open) */
+  uint64_t write_budget_bytes_per_day; /* now: the budget (0: none) */
+  uint64_t write_budget_left;          /* now: bytes the budget's bucket
+                                          takes before it is full */
+  double ssd_lifetime_years; /* now: write_budget_tbw at the rate written
+                                since open, in years (0: no rating or
+                                nothing written yet) */
 } kvt_stats;
 
 /** A kvt_stats ready for kvt_tier_stats (C99 designated initialiser). */

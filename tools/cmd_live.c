@@ -151,6 +151,30 @@ void cli_live_print(const cli_live *l, FILE *f) {
           (unsigned long long)s->quarantined,
           (unsigned long long)s->queue_depth,
           cli_fmt_bytes(a, sizeof a, s->queue_bytes));
+  char c[32], e[32];
+  if (s->write_budget_bytes_per_day)
+    snprintf(e, sizeof e, "%s", cli_fmt_bytes(c, sizeof c, s->write_budget_left));
+  fprintf(f, "  writes   %s today, %s in all; budget %s%s%s%s\n",
+          cli_fmt_bytes(a, sizeof a, s->bytes_written_today),
+          cli_fmt_bytes(b, sizeof b, s->spill_bytes),
+          s->write_budget_bytes_per_day
+              ? cli_fmt_bytes(d, sizeof d, s->write_budget_bytes_per_day)
+              : "none",
+          s->write_budget_bytes_per_day ? "/day, " : "",
+          s->write_budget_bytes_per_day ? e : "",
+          s->write_budget_bytes_per_day ? " left" : "");
+  if (s->ssd_lifetime_years > 0)
+    fprintf(f, "  ssd      %.1f years of rated writes at this rate\n",
+            s->ssd_lifetime_years);
+  fprintf(f,
+          "  admission %llu written whole, %llu cut to their seen prefix, "
+          "declined %llu first sighting, %llu budget (%llu tokens not "
+          "written)\n",
+          (unsigned long long)s->admission_admitted,
+          (unsigned long long)s->admission_truncated,
+          (unsigned long long)s->admission_declined_unseen,
+          (unsigned long long)s->admission_declined_budget,
+          (unsigned long long)s->admission_tokens_declined);
 }
 
 void cli_live_prom(const cli_live *l, FILE *f) {

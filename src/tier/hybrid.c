@@ -60,9 +60,12 @@ int kvt_tier_spill_prefix(kvt_tier *t, const int32_t *tokens, size_t n_keep,
                                   memory_bytes, NULL);
 }
 
-int kvt_tier_spill_prefix_ex(kvt_tier *t, const int32_t *tokens, size_t n_keep,
-                             const kvt_layer *layers, uint32_t n_layers,
-                             uint64_t memory_bytes, const kvt_call_opts *co) {
+/* admit: the cut spill goes through admission as any spill (the public
+ * call); else it is queued as it is (admission already cut it). */
+static int spill_prefix(kvt_tier *t, const int32_t *tokens, size_t n_keep,
+                        const kvt_layer *layers, uint32_t n_layers,
+                        uint64_t memory_bytes, const kvt_call_opts *co,
+                        int admit) {
   if (!t || (!tokens && n_keep) || (!layers && n_layers))
     return KVT_ERR(KVT_EINVAL, "kvt_tier_spill_prefix: NULL argument");
   if (n_keep == 0 || n_layers > KVTI_MAX_LAYERS) {
@@ -99,9 +102,12 @@ int kvt_tier_spill_prefix_ex(kvt_tier *t, const int32_t *tokens, size_t n_keep,
     own[i] = 1;
     rc = cut(&ls[i], l, n_keep);
   }
-  if (rc == 0)
+  if (rc == 0 && admit)
     rc = kvt_tier_spill_ex(t, tokens, n_keep, ls, n_layers, memory_bytes, co);
-  else /* kvt_tier_spill_ex counts its own */
+  else if (rc == 0)
+    rc = kvti_spill_enqueue(t, tokens, n_keep, ls, n_layers, memory_bytes, 1,
+                            NULL, NULL, co);
+  else /* the spill calls count their own */
     kvti_stats_refused(&t->stats, rc);
   for (uint32_t i = 0; ls && own && i < n_layers; i++)
     if (own[i])
@@ -109,4 +115,17 @@ int kvt_tier_spill_prefix_ex(kvt_tier *t, const int32_t *tokens, size_t n_keep,
   kvti_free(ls);
   kvti_free(own);
   return rc;
+}
+
+int kvt_tier_spill_prefix_ex(kvt_tier *t, const int32_t *tokens, size_t n_keep,
+                             const kvt_layer *layers, uint32_t n_layers,
+                             uint64_t memory_bytes, const kvt_call_opts *co) {
+  return spill_prefix(t, tokens, n_keep, layers, n_layers, memory_bytes, co, 1);
+}
+
+int kvti_spill_prefix_noadmit(kvt_tier *t, const int32_t *tokens,
+                              size_t n_keep, const kvt_layer *layers,
+                              uint32_t n_layers, uint64_t memory_bytes,
+                              const kvt_call_opts *co) {
+  return spill_prefix(t, tokens, n_keep, layers, n_layers, memory_bytes, co, 0);
 }

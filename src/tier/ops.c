@@ -6,6 +6,7 @@
  * Each enters and leaves the tier; mutations take mut_mu.
  */
 #include "tier/tier.h"
+#include "tier/admission.h"
 #include "tier/chunks.h"
 #include "base/clock.h"
 #include "base/error.h"
@@ -45,6 +46,8 @@ static int lookup_common(kvt_entry_info *out, kvt_tier *t,
   rc = kvti_tier_chunks_servable(t, out, rc); /* a damaged chain: kept */
   if (prefix) /* chunk-aligned prefixes of pure-KV chains (chunks.h) */
     rc = kvti_tier_chunks_prefix(t, out, rc, tokens, n, salt);
+  if (rc == 0) /* a stored prefix found: admission's reuse signal */
+    kvti_admit_lookup_hit(t, tokens, (size_t)out->num_tokens, salt);
   if (remote && kvti_remote_enabled(t) && !salt->has &&
       (rc == KVT_ENOTFOUND || (rc == 0 && prefix && out->num_tokens < n))) {
     kvt_entry_info ri;
@@ -369,8 +372,10 @@ int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair) {
 /* Stats                                                                    */
 /* ------------------------------------------------------------------------ */
 
-/* Counters plus freshly measured gauges. */
-static void snapshot(kvt_stats *s, kvt_tier *t) {
+/* Counters plus freshly measured gauges. caller: on a caller's thread, where
+ * the budget's clock may be read (never on the writer thread: clock_fn may be
+ * a binding's callback). */
+static void snapshot(kvt_stats *s, kvt_tier *t, int caller) {
   kvti_stats_copy(s, &t->stats);
   /* Gauges: from the index while it is open (after close the last counters
    * remain). */
@@ -384,11 +389,14 @@ static void snapshot(kvt_stats *s, kvt_tier *t) {
   kvti_workq_gauges(&t->w, &s->queue_depth, &s->queue_bytes);
   kvti_remote_gauges(t, s);
   kvti_ram_gauges(t, s);
+  if (t->admit) /* bytes written today, the budget, the SSD's lifetime */
+    kvti_admit_gauges(t->admit, s, caller ? kvti_admit_now(t) : -1,
+                      s->spill_bytes);
 }
 
 void kvti_stats_refresh_gauges(kvt_tier *t) {
   kvt_stats s;
-  snapshot(&s, t);
+  snapshot(&s, t, 0);
   kvti_stats_set_gauges(&t->stats, &s);
 }
 
@@ -404,7 +412,7 @@ int kvt_tier_stats(kvt_stats *out, kvt_tier *t) {
                    "with KVT_STATS_INIT or kvt_stats_init)",
                    KVT_STATS_VERSION, out->version);
   kvt_stats s;
-  snapshot(&s, t);
+  snapshot(&s, t, 1);
   kvti_stats_set_gauges(&t->stats, &s); /* the live file shows what we saw */
   s.version = out->version;
   memcpy(out, &s, n);

@@ -27,6 +27,8 @@ static size_t options_size(unsigned int version) {
   case 3:
     return offsetof(kvt_options, remote_lookup_timeout_ms);
   case 4:
+    return offsetof(kvt_options, admission_policy);
+  case 5:
     return sizeof(kvt_options);
   default:
     return 0;
@@ -159,6 +161,51 @@ static int validate_remote(const kvt_options *o) {
   return 0;
 }
 
+/* Admission and the write budget (see kvt_options). */
+static int validate_admission(const kvt_options *o) {
+  if (o->admission_policy < KVT_ADMIT_WRITE_ALL ||
+      o->admission_policy > KVT_ADMIT_ADAPTIVE)
+    return KVT_ERR(KVT_EINVAL,
+                   "admission_policy must be KVT_ADMIT_WRITE_ALL, "
+                   "KVT_ADMIT_SECOND_SIGHTING or KVT_ADMIT_ADAPTIVE, got %d",
+                   o->admission_policy);
+  if (o->admission_memory_bytes &&
+      (o->admission_memory_bytes < (64u << 10) ||
+       o->admission_memory_bytes > (1ull << 30)))
+    return KVT_ERR(KVT_EINVAL,
+                   "admission_memory_bytes must be 0 (default) or in "
+                   "64 KiB..1 GiB, got %llu",
+                   (unsigned long long)o->admission_memory_bytes);
+  if (o->write_budget_bytes_per_day > 1000000000000000000ull)
+    return KVT_ERR(KVT_EINVAL,
+                   "write_budget_bytes_per_day must be at most 10^18, got "
+                   "%llu",
+                   (unsigned long long)o->write_budget_bytes_per_day);
+  double tbw = o->write_budget_tbw, years = o->write_budget_years;
+  if (!isfinite(tbw) || tbw < 0 || tbw > 1e6)
+    return KVT_ERR(KVT_EINVAL,
+                   "write_budget_tbw must be 0 (none) or in (0, 10^6] "
+                   "terabytes, got %g",
+                   tbw);
+  if (!isfinite(years) || years < 0 || years > 100)
+    return KVT_ERR(KVT_EINVAL,
+                   "write_budget_years must be 0 (none) or in (0, 100], got "
+                   "%g",
+                   years);
+  if ((tbw > 0) != (years > 0))
+    return KVT_ERR(KVT_EINVAL, "write_budget_tbw and write_budget_years go "
+                               "together (the rating and the lifetime)");
+  if (tbw > 0 && o->write_budget_bytes_per_day)
+    return KVT_ERR(KVT_EINVAL,
+                   "give write_budget_bytes_per_day or write_budget_tbw with "
+                   "write_budget_years, not both");
+  if (tbw > 0 && tbw * 1e12 / (years * 365.25) < 1)
+    return KVT_ERR(KVT_EINVAL,
+                   "write_budget_tbw / write_budget_years gives less than one "
+                   "byte a day");
+  return 0;
+}
+
 int kvt_options_validate(const kvt_options *opts) {
   kvt_options cur = KVT_OPTIONS_INIT; /* set by upgrade; init for -O3 */
   int rc = kvti_options_upgrade(&cur, opts);
@@ -236,6 +283,8 @@ int kvt_options_validate(const kvt_options *opts) {
   if (o->model_id && strlen(o->model_id) > 4000)
     return KVT_ERR(KVT_EINVAL, "model_id must be at most 4000 bytes");
   int rrc = validate_remote(o);
+  if (rrc == 0)
+    rrc = validate_admission(o);
   if (rrc != 0)
     return rrc;
   if (!o->cache_dir && o->model_name && !valid_model_name(o->model_name))

@@ -125,6 +125,20 @@ void kvti_stats_set_gauges(kvti_stats *st, const kvt_stats *g) {
   st->s.queue_bytes = g->queue_bytes;
   st->s.remote_queue_depth = g->remote_queue_depth;
   st->s.remote_available = g->remote_available;
+  st->s.bytes_written_today = g->bytes_written_today;
+  st->s.write_budget_bytes_per_day = g->write_budget_bytes_per_day;
+  st->s.write_budget_left = g->write_budget_left;
+  st->s.ssd_lifetime_years = g->ssd_lifetime_years;
+  publish(st);
+  pthread_mutex_unlock(&st->mu);
+}
+
+void kvti_stats_set_budget_gauges(kvti_stats *st, const kvt_stats *g) {
+  pthread_mutex_lock(&st->mu);
+  st->s.bytes_written_today = g->bytes_written_today;
+  st->s.write_budget_bytes_per_day = g->write_budget_bytes_per_day;
+  st->s.write_budget_left = g->write_budget_left;
+  st->s.ssd_lifetime_years = g->ssd_lifetime_years;
   publish(st);
   pthread_mutex_unlock(&st->mu);
 }
@@ -157,6 +171,10 @@ static double avg_remote_ms(const kvt_stats *s) {
   return s->remote_hits > 0
              ? s->remote_latency_sum / (double)s->remote_hits * 1000
              : 0.0;
+}
+
+static double ssd_lifetime(const kvt_stats *s) {
+  return s->ssd_lifetime_years;
 }
 
 /* Every value of a kvt_stats, in the order both renderings print them. A
@@ -279,6 +297,25 @@ static const metric metrics[] = {
         "Group commits: spills written together, made durable by one fsync "
         "of data/ and one index transaction."),
     CNT(spills_batched, "Spills acknowledged through a group commit."),
+    /* Admission and the write budget (version 3). */
+    CNT(admission_admitted, "Spills the admission decision passed whole."),
+    CNT(admission_truncated,
+        "Spills written only up to their prefix seen before."),
+    CNT(admission_declined_unseen,
+        "Spills not written: first sighting (admission policy)."),
+    CNT(admission_declined_budget,
+        "Spills not written: the write budget."),
+    CNT(admission_tokens_declined,
+        "Tokens of spills that admission did not write."),
+    GAUGE(bytes_written_today,
+          "Bytes kvtier wrote since the day began (this open)."),
+    GAUGE(write_budget_bytes_per_day, "The write budget (0: none)."),
+    GAUGE(write_budget_left,
+          "Bytes the write budget's bucket takes before it is full."),
+    FLOAT("ssd_lifetime_years", "ssd_lifetime_years", 0,
+          "The SSD's rated TBW at the rate written since open, in years "
+          "(0: unknown).",
+          ssd_lifetime, 2),
 };
 #define NMETRICS (sizeof metrics / sizeof metrics[0])
 

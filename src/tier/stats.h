@@ -42,6 +42,10 @@ void kvti_stats_detach(kvti_stats *st);
 /* Stores the gauges of g (entries, bytes, queues, remote) into the counters
  * and publishes them. */
 void kvti_stats_set_gauges(kvti_stats *st, const kvt_stats *g);
+/* Stores only the write budget's gauges of g (bytes_written_today,
+ * write_budget_*, ssd_lifetime_years) and publishes them: admission's
+ * decisions change them without a write that would refresh the rest. */
+void kvti_stats_set_budget_gauges(kvti_stats *st, const kvt_stats *g);
 /* Copies the counters (gauges are left as stored: zero). */
 void kvti_stats_copy(kvt_stats *out, kvti_stats *st);
 /* Bytes of kvt_stats as version declared it (kvtier.h), 0 if unknown

@@ -9,6 +9,7 @@
  */
 #include "tier/ramtier.h"
 #include "tier/tier.h"
+#include "tier/admission.h"
 #include "tier/chunks.h"
 #include "base/error.h"
 #include "base/io.h"
@@ -82,6 +83,10 @@ static void tier_destroy(kvt_tier *t) {
     return;
   kvti_remote_free(t);
   kvti_ram_free(t);
+  if (t->admit) {
+    kvti_admit_destroy(t->admit);
+    kvti_free(t->admit);
+  }
   kvti_pool_destroy(t);
   kvti_writer_destroy(t);
   kvti_tier_chunks_close(t); /* before the index it shares */
@@ -176,6 +181,18 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
     goto fail;
   if ((rc = kvti_ram_open(t)) != 0)
     goto fail;
+  if (!t->readonly) { /* admission and the write budget (admission.h) */
+    t->admit = kvti_calloc(1, sizeof *t->admit);
+    if (!t->admit) {
+      rc = KVT_ERR_NOMEM();
+      goto fail;
+    }
+    if ((rc = kvti_admit_init(t->admit, opts)) != 0) {
+      kvti_free(t->admit);
+      t->admit = NULL;
+      goto fail;
+    }
+  }
 
   char *resolved = NULL;
   if ((rc = kvti_options_resolve_dir(&resolved, opts)) != 0)

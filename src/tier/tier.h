@@ -90,6 +90,8 @@ struct kvt_tier {
   /* The writer's lazy sweep of chunks/ (chunk_tools.h), under mut_mu. */
   unsigned chunk_sweep_calls, chunk_sweep_next;
   int chunks_rescanned; /* chain table rebuilt from the files (this open) */
+  /* Admission and the write budget (admission.h); NULL on read-only tiers. */
+  struct kvti_admit *admit;
 };
 
 /* Lifecycle guards: enter returns 0 or KVT_ECLOSED (message set). */
@@ -147,6 +149,32 @@ int kvti_writer_drain(kvt_tier *t, int64_t timeout_ms);
 void kvti_writer_stop(kvt_tier *t, int drop);
 /* Writes one spill (notify: run spill_done_fn); returns its result. */
 int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify);
+
+/* The spill queue's entry, past admission (admission.h decides first): the
+ * old kvt_tier_spill_ex/_nocopy_ex body, refusals counted by reason. */
+int kvti_spill_enqueue(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
+                       const kvt_layer *layers, uint32_t n_layers,
+                       uint64_t memory_bytes, int copy, void (*release)(void *),
+                       void *release_ctx, const kvt_call_opts *co);
+/* hybrid.c: kvt_tier_spill_prefix_ex without a second admission decision
+ * (admission's own cut of a spill to its seen prefix). */
+int kvti_spill_prefix_noadmit(kvt_tier *t, const int32_t *tokens,
+                              size_t n_keep, const kvt_layer *layers,
+                              uint32_t n_layers, uint64_t memory_bytes,
+                              const kvt_call_opts *co);
+
+/* The spill queue's entry, past admission (admission.h decides first): the
+ * old kvt_tier_spill_ex/_nocopy_ex body, refusals counted by reason. */
+int kvti_spill_enqueue(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
+                       const kvt_layer *layers, uint32_t n_layers,
+                       uint64_t memory_bytes, int copy, void (*release)(void *),
+                       void *release_ctx, const kvt_call_opts *co);
+/* hybrid.c: kvt_tier_spill_prefix_ex without a second admission decision
+ * (admission's own cut of a spill to its seen prefix). */
+int kvti_spill_prefix_noadmit(kvt_tier *t, const int32_t *tokens,
+                              size_t n_keep, const kvt_layer *layers,
+                              uint32_t n_layers, uint64_t memory_bytes,
+                              const kvt_call_opts *co);
 
 /* writer_hook.c */
 int kvti_writer_hook_init(kvt_tier *t);

@@ -17,6 +17,7 @@
  */
 #include "tier/ramtier.h"
 #include "tier/tier.h"
+#include "tier/admission.h"
 #include "tier/chunks.h"
 #include "base/error.h"
 #include "index/index.h"
@@ -754,16 +755,25 @@ early_fail:
 
 /* Every refusal is counted by its reason (kvt_stats version 3), whichever
  * check made it: the engine may ignore the return code, the stats may not. */
-static int spill_common(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
-                        const kvt_layer *layers, uint32_t n_layers,
-                        uint64_t memory_bytes, int copy,
-                        void (*release)(void *), void *release_ctx,
-                        const kvt_call_opts *co) {
+int kvti_spill_enqueue(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
+                       const kvt_layer *layers, uint32_t n_layers,
+                       uint64_t memory_bytes, int copy, void (*release)(void *),
+                       void *release_ctx, const kvt_call_opts *co) {
   int rc = spill_try(t, tokens, n_tokens, layers, n_layers, memory_bytes, copy,
                      release, release_ctx, co);
   if (rc != 0 && t)
     kvti_stats_refused(&t->stats, rc);
   return rc;
+}
+
+/* Every public spill passes the admission decision first (admission.h). */
+static int spill_common(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
+                        const kvt_layer *layers, uint32_t n_layers,
+                        uint64_t memory_bytes, int copy,
+                        void (*release)(void *), void *release_ctx,
+                        const kvt_call_opts *co) {
+  return kvti_admit_spill(t, tokens, n_tokens, layers, n_layers, memory_bytes,
+                          copy, release, release_ctx, co);
 }
 
 int kvt_tier_spill(kvt_tier *t, const int32_t *tokens, size_t n_tokens,

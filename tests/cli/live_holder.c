@@ -3,11 +3,14 @@
  * (test_cli.py, group "live"): opens DIR as a writable tier (so it publishes
  * DIR/stats.bin), prints "ready PID", then obeys one command per stdin line,
  * answering "ok" when done: "spill N" stores N more seeded entries of 32
- * tokens (and waits until they are written), "refuse N" makes N spills the
+ * tokens (and waits until they are written), "again N" spills the first N
+ * of them once more (and waits), "refuse N" makes N spills the
  * library must refuse as invalid (layers NULL), "hit" promotes the first entry,
  * "miss" promotes tokens never stored, "quit" closes the tier and exits 0;
  * end of input closes too. Optional CHUNK_TOKENS and MAX_ENTRIES make it a
- * chunked writer that evicts as it goes (a busy neighbour for `verify`).
+ * chunked writer that evicts as it goes (a busy neighbour for `verify`);
+ * POLICY (kvt_admission_policy) and BUDGET (write_budget_bytes_per_day) set
+ * admission and the write budget.
  * Entries are tests/public_entry.h's; only the public API is used.
  */
 #include "public_entry.h"
@@ -29,8 +32,9 @@ static int promote(kvt_tier *t, int seed) {
 }
 
 int main(int argc, char **argv) {
-  if (argc < 2 || argc > 4) {
-    fprintf(stderr, "usage: live_holder DIR [CHUNK_TOKENS [MAX_ENTRIES]]\n");
+  if (argc < 2 || argc > 6) {
+    fprintf(stderr, "usage: live_holder DIR [CHUNK_TOKENS [MAX_ENTRIES "
+                    "[POLICY [BUDGET]]]]\n");
     return 2;
   }
   kvt_options o;
@@ -41,6 +45,10 @@ int main(int argc, char **argv) {
     o.chunk_tokens = (uint32_t)atoi(argv[2]);
   if (argc > 3)
     o.max_entries = (uint64_t)atoll(argv[3]);
+  if (argc > 4)
+    o.admission_policy = atoi(argv[4]);
+  if (argc > 5)
+    o.write_budget_bytes_per_day = (uint64_t)strtoull(argv[5], NULL, 10);
   kvt_tier *t = NULL;
   if (kvt_tier_open(&t, &o) != 0 || kvt_tier_start_writer(t) != 0) {
     fprintf(stderr, "live_holder: open %s: %s\n", argv[1], kvt_last_error());
@@ -55,6 +63,11 @@ int main(int argc, char **argv) {
     if (sscanf(line, "spill %d", &n) == 1 && n > 0 && n < 1000) {
       for (int i = 0; i < n && rc == 0; i++)
         rc = pe_spill(t, next++);
+      if (rc == 0)
+        rc = kvt_tier_flush(t, -1);
+    } else if (sscanf(line, "again %d", &n) == 1 && n > 0 && n < next) {
+      for (int i = 1; i <= n && rc == 0; i++)
+        rc = pe_spill(t, i);
       if (rc == 0)
         rc = kvt_tier_flush(t, -1);
     } else if (sscanf(line, "refuse %d", &n) == 1 && n > 0 && n < 1000) {

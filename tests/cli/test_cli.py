@@ -1077,6 +1077,38 @@ def t_live():
         h = None
         live, _ = live_counters(d)
         check(live.get("status") == "not_running", f"live: after SIGKILL: {live}")
+
+        # Admission and the write budget: a second-sighting writer with a
+        # budget of 86.4 MB a day (its bucket holds an hour: 3.6 MB) declines
+        # three new prompts; every output shows the decisions and the budget.
+        h = Holder(d, "256", "10000", "1", "86400000")
+        h.send("spill 3")
+        _, c = live_counters(d)
+        check(c.get("admission_declined_unseen") == 3 and
+              c.get("admission_admitted") == 0 and c.get("spill_count") == 0 and
+              c.get("bytes_written_today") == 0 and
+              c.get("write_budget_bytes_per_day") == 86400000 and
+              c.get("write_budget_left") == 3600000 and
+              c.get("ssd_lifetime_years") == 0.0,
+              f"live: admission counters: {c}")
+        rc, out, _ = run("stats", d)
+        check(rc == 0 and "declined 3 first sighting, 0 budget" in out and
+              "/day, " in out and " today, " in out,
+              f"live: admission in the text output: {out}")
+        rc, out, _ = run("stats", d, "--prometheus")
+        check(rc == 0 and "\nkvtier_admission_declined_unseen_total 3\n" in out and
+              "\nkvtier_write_budget_left 3600000\n" in out and
+              "\nkvtier_bytes_written_today 0\n" in out,
+              f"live: admission in prometheus: {out[-1500:]}")
+        h.send("again 3")  # the same three prompts again: written
+        _, c = live_counters(d)
+        check(c.get("admission_admitted") == 3 and c.get("spill_count") == 3 and
+              c.get("bytes_written_today") == c.get("spill_bytes") > 0 and
+              # the bucket drains at 1000 B a wall-clock second meanwhile
+              0 <= c.get("write_budget_left") - (3600000 - c.get("spill_bytes")) < 60000,
+              f"live: second sighting written: {c}")
+        check(h.quit() == 0, "live: admission holder closed cleanly")
+        h = None
     finally:
         if h:
             h.kill()

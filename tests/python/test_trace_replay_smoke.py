@@ -162,3 +162,36 @@ def test_handmade_trace_async_promote_serves_what_check_ssd_found(tmp_path):
     r = out["results"][0]
     assert r["row_mismatches"] == 0, r["first_mismatch"]
     assert r["promote_failures"] == 0
+
+
+# Admission and the write budget in the replay: every policy's promoted rows are exact, the
+# ratios against write_all are printed, second_sighting declines the first sighting of every
+# prompt (and writes less), and a budget of a quarter of write_all's own bytes declines spills.
+def test_handmade_trace_with_policies_and_a_budget(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    _write_handmade(trace)
+    work = tmp_path / "work"
+    work.mkdir()
+    out = _run(["--trace", str(trace), "--impl", "kvtier", "--kv-bytes-per-token", "16",
+                "--budgets", "4", "--policies", "write_all,second_sighting,adaptive",
+                "--write-budget", "0.25"], work)
+    rows = out["results"]
+    assert [(r["policy"], bool(r["write_budget_per_day"])) for r in rows] == [
+        ("write_all", False), ("second_sighting", False), ("adaptive", False),
+        ("write_all", True), ("second_sighting", True), ("adaptive", True)]
+    for r in rows:
+        assert r["row_mismatches"] == 0, (r["policy"], r["first_mismatch"])
+        assert r["promote_failures"] == 0 and r["hit_tokens"] <= out["ideal"]["hit_tokens"]
+    wa, ss, ad = rows[0], rows[1], rows[2]
+    assert wa["admission"]["admission_admitted"] == len(HANDMADE)
+    assert ss["admission"]["admission_declined_unseen"] >= 1
+    assert ss["tier_spill_bytes"] < wa["tier_spill_bytes"]
+    assert ad["hit_tokens"] == wa["hit_tokens"]      # never full at 4x: as write_all
+    assert ss["hit_vs_write_all"] is not None and ss["tier_written_vs_write_all"] < 1
+    # Six requests: the first spill alone fills the bucket (the documented bound allows the
+    # last spill let in below the top); after it the budget declines.
+    bw = rows[3]
+    assert bw["admission"]["admission_declined_budget"] >= 1
+    assert bw["tier_spill_bytes"] < wa["tier_spill_bytes"]
+    for r in rows[3:]:
+        assert "budget_held" in r and r["budget_allowance"] > 0

@@ -93,8 +93,13 @@ static void test_reasons_and_live_file(void) {
   CHECK_EQ_INT(w, s.chain_cuts_kept);
   memcpy(&w, head + 64 + offsetof(kvt_stats, host_cache_chunk_bytes), 8);
   CHECK_EQ_INT(w, s.host_cache_chunk_bytes);
-  memcpy(&w, head + 64 + 8 * (nwords - 1), 8); /* the struct's last word */
+  memcpy(&w, head + 64 + offsetof(kvt_stats, spills_batched), 8);
   CHECK_EQ_INT(w, s.spills_batched);
+  memcpy(&w, head + 64 + offsetof(kvt_stats, admission_tokens_declined), 8);
+  CHECK_EQ_INT(w, s.admission_tokens_declined);
+  double last; /* the struct's last word, an f64 */
+  memcpy(&last, head + 64 + 8 * (nwords - 1), 8);
+  CHECK(last == s.ssd_lifetime_years);
 
   /* Renderings. */
   char buf[1 << 16];

@@ -87,7 +87,7 @@ REMOTE_NO_LOCAL_COPY = 0x1
 PROMOTE_PREFIX = 0x1
 PROMOTE_NO_TOUCH = 0x2
 
-KVT_OPTIONS_VERSION = 4
+KVT_OPTIONS_VERSION = 5
 KVT_PROMOTE_OPTS_VERSION = 2
 KVT_CALL_OPTS_VERSION = 1
 KVT_CACHE_SALT_MAX = 4096
@@ -105,6 +105,15 @@ SPILL_REFUSAL_REASONS = ("unsupported", "invalid", "too_big", "queue_full",
 
 LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
 SPILL_DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int)
+# kvt_clock_fn: the write budget's time source (seconds).
+CLOCK_FN = ctypes.CFUNCTYPE(ctypes.c_double, ctypes.c_void_p)
+# kvt_admission_policy, by the names the bindings take.
+ADMISSION_POLICIES = {"write_all": 0, "second_sighting": 1, "adaptive": 2}
+# The admission and write-budget fields of kvt_stats (version 3), in order.
+ADMISSION_STAT_FIELDS = ("admission_admitted", "admission_truncated",
+                         "admission_declined_unseen", "admission_declined_budget",
+                         "admission_tokens_declined", "bytes_written_today",
+                         "write_budget_bytes_per_day", "write_budget_left")
 RESERVE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)
 RELEASE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64)
 RELEASE_CTX_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -144,7 +153,7 @@ class Layer(ctypes.Structure):
 
 
 class Options(ctypes.Structure):
-    """struct kvt_options (KVT_OPTIONS_VERSION 4)."""
+    """struct kvt_options (KVT_OPTIONS_VERSION 5)."""
 
     _fields_ = [
         ("version", ctypes.c_uint),
@@ -188,6 +197,14 @@ class Options(ctypes.Structure):
         ("remote_tls_ca_file", ctypes.c_char_p),
         ("remote_tls_cert_file", ctypes.c_char_p),
         ("remote_tls_key_file", ctypes.c_char_p),
+        # Version 5: admission and the write budget.
+        ("admission_policy", ctypes.c_int32),
+        ("admission_memory_bytes", ctypes.c_uint64),
+        ("write_budget_bytes_per_day", ctypes.c_uint64),
+        ("write_budget_tbw", ctypes.c_double),
+        ("write_budget_years", ctypes.c_double),
+        ("clock_fn", CLOCK_FN),
+        ("clock_ctx", ctypes.c_void_p),
     ]
 
 
@@ -352,6 +369,16 @@ class Stats(ctypes.Structure):
         # version 3: group commit of queued spills
         ("spill_batches", ctypes.c_uint64),
         ("spills_batched", ctypes.c_uint64),
+        # version 3: admission and the write budget
+        ("admission_admitted", ctypes.c_uint64),
+        ("admission_truncated", ctypes.c_uint64),
+        ("admission_declined_unseen", ctypes.c_uint64),
+        ("admission_declined_budget", ctypes.c_uint64),
+        ("admission_tokens_declined", ctypes.c_uint64),
+        ("bytes_written_today", ctypes.c_uint64),
+        ("write_budget_bytes_per_day", ctypes.c_uint64),
+        ("write_budget_left", ctypes.c_uint64),
+        ("ssd_lifetime_years", ctypes.c_double),
     ]
 
     def __init__(self, *args: Any, **kw: Any) -> None:
@@ -866,6 +893,41 @@ def set_remote_options(o: Any, keep: list, url: Any = None, mode: str = "local",
     o.remote_lookup_timeout_ms = int(lookup_timeout_ms)
     if not keep_local:
         o.remote_flags |= REMOTE_NO_LOCAL_COPY
+
+
+def set_admission_options(o: Any, keep: list, policy: str = "write_all",
+                          memory_bytes: int = 0, budget_bytes_per_day: int = 0,
+                          budget_tbw: float = 0.0, budget_years: float = 0.0,
+                          clock: Any = None) -> None:
+    """Fills the admission and write-budget fields of a kvt_options (shared by
+    SSDCacheConfig and kvtier.Tier).  clock (a callable returning seconds, or
+    None for the wall clock) is wrapped as a kvt_clock_fn appended to keep,
+    which must then outlive the tier, not only kvt_tier_open.  Ranges are
+    kvt_options_validate's; a value no C field can hold is refused here."""
+    if policy not in ADMISSION_POLICIES:
+        raise ValueError("admission_policy must be one of "
+                         f"{', '.join(repr(k) for k in ADMISSION_POLICIES)}; got {policy!r}")
+    o.admission_policy = ADMISSION_POLICIES[policy]
+    for name, v in (("admission_memory_bytes", memory_bytes),
+                    ("write_budget_bytes_per_day", budget_bytes_per_day)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{name} must be an integer number of bytes, got {v!r}")
+        if not 0 <= v < 2**64:
+            raise ValueError(f"{name} must be >= 0 (0 = none/default), got {v}")
+        setattr(o, name, v)
+    for name, v in (("write_budget_tbw", budget_tbw), ("write_budget_years", budget_years)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"{name} must be a number, got {v!r}")
+        setattr(o, name, float(v))
+    if clock is not None:
+        if not callable(clock):
+            raise ValueError(f"clock must be a callable returning seconds, got {clock!r}")
+
+        def _now(_ctx: Any) -> float:
+            return float(clock())
+        fn = CLOCK_FN(_now)
+        keep.append(fn)
+        o.clock_fn = fn
 
 
 def fs_path(p: Any) -> bytes:

@@ -215,6 +215,23 @@ class SSDCacheConfig:
             (the reference's per-model directory), so two models never share
             chunks; nodes sharing a remote store share chunks only under the
             same model_id.
+        admission_policy: what a spill must show to be written (docs/DESIGN.md
+            "Admission and the write budget"): "write_all" (default, the
+            reference's behaviour), "second_sighting" (a 256-token segment
+            is written from its second sighting on, a spill up to its seen
+            prefix) or "adaptive" (everything while the disk has room; once
+            it has had to evict, as second_sighting, plus spills extending a
+            prefix a lookup found stored and a 1-in-8 sample of new ones).  A declined spill
+            is no error; get_stats() counts it (admission_*).
+        admission_memory_bytes: bound of the record of segments seen (0 =
+            4 MiB).
+        write_budget_bytes_per_day: write budget (0 = none), as a leaky
+            bucket over kvtier's own count of bytes written; or
+            write_budget_tbw (terabytes rated) with write_budget_years (the
+            lifetime wanted), which also makes get_stats() project the SSD's
+            lifetime (ssd_lifetime_years).
+        clock: time source of the budget, a callable returning seconds
+            (None = the wall clock), e.g. a replay's trace time.
     """
 
     cache_dir: str | None = None
@@ -243,6 +260,12 @@ class SSDCacheConfig:
     host_cache_bytes: int | None = None
     chunk_tokens: int = 256
     model_id: str | None = None
+    admission_policy: str = "write_all"
+    admission_memory_bytes: int = 0
+    write_budget_bytes_per_day: int = 0
+    write_budget_tbw: float = 0.0
+    write_budget_years: float = 0.0
+    clock: Any = None
 
     def __post_init__(self) -> None:
         # One rule book: libkvtier's kvt_options_validate, the check
@@ -321,6 +344,11 @@ class SSDCacheConfig:
         if mid is not None:
             keep.append(mid.encode("utf-8"))
             o.model_id = keep[-1]
+        L.set_admission_options(o, keep, self.admission_policy,
+                                self.admission_memory_bytes,
+                                self.write_budget_bytes_per_day,
+                                self.write_budget_tbw, self.write_budget_years,
+                                self.clock)
         if validate:
             rc = L.kvt_options_validate(ctypes.byref(o))
             if rc != 0:
@@ -1224,9 +1252,12 @@ class SSDCacheTier:
         opts, keep = config._to_options()
         p = ctypes.c_void_p()
         rc = L.kvt_tier_open(ctypes.byref(p), ctypes.byref(opts))
+        # The clock callback is called for as long as the tier lives.
+        clocks = [k for k in keep if isinstance(k, L.CLOCK_FN)]
         del keep
         L.check(rc, f"open {self._cache_dir}")
         self._h = _TierHandle(p.value)
+        self._h.keep.extend(clocks)
         self._c_write_hook = L.WRITE_HOOK_FN(_write_hook(weakref.ref(self)))
         self._h.keep.append(self._c_write_hook)
         # Zero-copy spills' buffers: kept with the handle, so the release
@@ -1296,6 +1327,10 @@ class SSDCacheTier:
         d["spill_refused"] = sum(d[f] for f in _REFUSAL_STAT_FIELDS)
         # The binding's zero-copy spills: spills per road, bytes held now.
         d.update(self._holds.stats())
+        for f in L.ADMISSION_STAT_FIELDS:
+            d[f] = int(getattr(s, f))
+        d["bytes_written_total"] = int(s.spill_bytes)
+        d["ssd_lifetime_years"] = round(float(s.ssd_lifetime_years), 2)
         return d
 
     def start_writer(self) -> None:

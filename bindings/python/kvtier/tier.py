@@ -139,7 +139,11 @@ class Tier:
     read_entry then see the remote entries.  The chunked native store
     (docs/DESIGN.md): chunk_tokens (None: the library's default, 256 in
     native mode; 0: off; else a power of two in 16..4096) and model_id (the
-    chunks' namespace; None: model_name).
+    chunks' namespace; None: model_name).  Admission and the write budget
+    (docs/DESIGN.md): admission_policy ("write_all", "second_sighting",
+    "adaptive"), admission_memory_bytes, write_budget_bytes_per_day or
+    write_budget_tbw with write_budget_years, and clock (a callable returning
+    seconds for the budget; None: the wall clock).
     """
 
     def __init__(self, cache_dir: Optional[str] = None, *, model_name: Optional[str] = None,
@@ -158,7 +162,11 @@ class Tier:
                  remote_tls_cert_file: Optional[str] = None,
                  remote_tls_key_file: Optional[str] = None,
                  chunk_tokens: Optional[int] = None,
-                 model_id: Optional[str] = None) -> None:
+                 model_id: Optional[str] = None,
+                 admission_policy: str = "write_all", admission_memory_bytes: int = 0,
+                 write_budget_bytes_per_day: int = 0, write_budget_tbw: float = 0.0,
+                 write_budget_years: float = 0.0,
+                 clock: Optional[Callable[[], float]] = None) -> None:
         o = L.Options()
         L.check(L.kvt_options_init(ctypes.byref(o), L.KVT_OPTIONS_VERSION))
         keep = []
@@ -205,6 +213,9 @@ class Tier:
                              remote_timeout_ms, remote_lookup_timeout_ms,
                              remote_keep_local, remote_tls_ca_file,
                              remote_tls_cert_file, remote_tls_key_file)
+        L.set_admission_options(o, keep, admission_policy, admission_memory_bytes,
+                                write_budget_bytes_per_day, write_budget_tbw,
+                                write_budget_years, clock)
         L.check(L.kvt_options_validate(ctypes.byref(o)), "options")
         p = ctypes.c_void_p()
         L.check(L.kvt_tier_open(ctypes.byref(p), ctypes.byref(o)), "open")
@@ -212,6 +223,8 @@ class Tier:
         # Zero-copy spills' buffers, kept with the handle (see ssd_cache).
         self._holds = Holds(o.spill_queue_bytes)
         self._h.keep.append(self._holds)
+        # The clock callback is called for as long as the tier lives.
+        self._h.keep.extend(k for k in keep if isinstance(k, L.CLOCK_FN))
         self.storage_mode = storage_mode
         if start_writer and not readonly:
             L.check(L.kvt_tier_start_writer(self._h.ptr), "start_writer")

@@ -1,0 +1,401 @@
+/*
+ * admission.c - admission and the write budget (admission.h): the record of
+ * prefixes seen, the leaky bucket, the decision, and the spill entry point
+ * that applies it before anything is copied or queued. Most spills of a
+ * serving engine are prompts nobody sends again; a segment seen twice is a
+ * prefix that is shared, and the segments after a prefix a lookup found
+ * stored belong to a conversation that is continuing - those are the bytes
+ * worth writing to an SSD whose endurance is finite.
+ */
+#include "tier/admission.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/hash.h"
+#include "base/io.h"
+#include "format/layer.h"
+#include "tier/tier.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------ */
+/* The record                                                               */
+/* ------------------------------------------------------------------------ */
+
+#define SEEN_FLAGS 3ull
+#define DEFAULT_RECORD_BYTES ((uint64_t)4 << 20)
+
+static uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+int kvti_seen_init(kvti_seen *s, uint64_t bytes) {
+  memset(s, 0, sizeof *s);
+  /* Each set costs WAYS slots and one cursor byte. */
+  uint64_t per_set = KVTI_SEEN_WAYS * sizeof(uint64_t) + 1;
+  size_t nsets = 1;
+  while ((uint64_t)nsets * 2 * per_set <= bytes)
+    nsets *= 2;
+  s->slot = kvti_calloc(nsets * KVTI_SEEN_WAYS, sizeof *s->slot);
+  s->next = kvti_calloc(nsets, 1);
+  if (!s->slot || !s->next) {
+    kvti_seen_destroy(s);
+    return KVT_ERR_NOMEM();
+  }
+  s->nsets = nsets;
+  return 0;
+}
+
+void kvti_seen_destroy(kvti_seen *s) {
+  kvti_free(s->slot);
+  kvti_free(s->next);
+  memset(s, 0, sizeof *s);
+}
+
+/* The stored form of fp: its flag bits cleared, never 0 (0 marks empty). */
+static uint64_t seen_key(uint64_t fp) {
+  uint64_t k = fp & ~SEEN_FLAGS;
+  return k ? k : 4;
+}
+
+static uint64_t *seen_set(const kvti_seen *s, uint64_t key) {
+  return s->slot + (size_t)(mix64(key) & (s->nsets - 1)) * KVTI_SEEN_WAYS;
+}
+
+unsigned kvti_seen_get(const kvti_seen *s, uint64_t fp) {
+  if (!s->nsets)
+    return 0;
+  uint64_t key = seen_key(fp);
+  const uint64_t *set = seen_set(s, key);
+  for (unsigned w = 0; w < KVTI_SEEN_WAYS; w++)
+    if ((set[w] & ~SEEN_FLAGS) == key)
+      return (unsigned)(set[w] & SEEN_FLAGS);
+  return 0;
+}
+
+void kvti_seen_put(kvti_seen *s, uint64_t fp, unsigned flags) {
+  if (!s->nsets)
+    return;
+  uint64_t key = seen_key(fp);
+  uint64_t *set = seen_set(s, key);
+  for (unsigned w = 0; w < KVTI_SEEN_WAYS; w++)
+    if ((set[w] & ~SEEN_FLAGS) == key) {
+      set[w] |= flags & SEEN_FLAGS;
+      return;
+    }
+  size_t si = (size_t)(set - s->slot) / KVTI_SEEN_WAYS;
+  unsigned w = s->next[si] % KVTI_SEEN_WAYS;
+  set[w] = key | (flags & SEEN_FLAGS);
+  s->next[si] = (uint8_t)((w + 1) % KVTI_SEEN_WAYS);
+}
+
+void kvti_seen_prints(uint64_t *fp, const int32_t *tokens, size_t n,
+                      uint32_t seg, uint64_t seed) {
+  uint64_t h = mix64(seed ^ 0x6B76746965722061ull);
+  for (size_t i = 0, k = 0; i < n; i += seg, k++) {
+    size_t len = n - i < seg ? n - i : seg;
+    /* Chained: each print covers every token before its segment's end, and
+     * the length tells a short last segment from a full one. */
+    h = mix64(h ^ kvti_xxh3(tokens + i, len * sizeof *tokens)) ^ (uint64_t)len;
+    fp[k] = h;
+  }
+}
+
+uint64_t kvti_seen_seed(const kvti_salt *salt) {
+  if (!salt || !salt->has)
+    return 0;
+  uint64_t s;
+  memcpy(&s, salt->d, sizeof s);
+  return s | 1; /* never the unsalted seed */
+}
+
+/* ------------------------------------------------------------------------ */
+/* The bucket                                                               */
+/* ------------------------------------------------------------------------ */
+
+#define DAY_S 86400.0
+
+void kvti_bucket_init(kvti_bucket *b, double per_day) {
+  memset(b, 0, sizeof *b);
+  b->per_day = per_day > 0 ? per_day : 0;
+  b->cap = b->per_day / 24.0;
+}
+
+void kvti_bucket_update(kvti_bucket *b, double now, uint64_t total) {
+  if (!b->started) {
+    b->started = 1;
+    b->last_t = b->t0 = now;
+    b->last_total = b->total0 = b->day_base = total;
+    b->day = (int64_t)floor(now / DAY_S);
+    return;
+  }
+  if (now < b->last_t)
+    now = b->last_t;
+  if (total > b->last_total)
+    b->level += (double)(total - b->last_total);
+  b->level -= b->per_day / DAY_S * (now - b->last_t);
+  if (b->level < 0)
+    b->level = 0;
+  int64_t day = (int64_t)floor(now / DAY_S);
+  if (day != b->day) {
+    /* What this update added is counted in the new day: its time is now. */
+    b->day = day;
+    b->day_base = b->last_total;
+  }
+  b->last_t = now;
+  b->last_total = total;
+}
+
+uint64_t kvti_bucket_left(const kvti_bucket *b) {
+  return b->level < b->cap ? (uint64_t)(b->cap - b->level) : 0;
+}
+
+uint64_t kvti_bucket_today(const kvti_bucket *b) {
+  return b->last_total - b->day_base;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The decision                                                             */
+/* ------------------------------------------------------------------------ */
+
+double kvti_admit_budget_per_day(const kvt_options *o) {
+  if (o->write_budget_bytes_per_day)
+    return (double)o->write_budget_bytes_per_day;
+  if (o->write_budget_tbw > 0 && o->write_budget_years > 0)
+    return o->write_budget_tbw * 1e12 / (o->write_budget_years * 365.25);
+  return 0;
+}
+
+int kvti_admit_needed(const kvt_options *o) {
+  return o->admission_policy != KVT_ADMIT_WRITE_ALL ||
+         kvti_admit_budget_per_day(o) > 0;
+}
+
+int kvti_admit_init(kvti_admit *a, const kvt_options *o) {
+  memset(a, 0, sizeof *a);
+  a->policy = o->admission_policy;
+  a->seg = o->chunk_tokens ? o->chunk_tokens : 256;
+  a->tbw_bytes = o->write_budget_tbw > 0 ? o->write_budget_tbw * 1e12 : 0;
+  kvti_bucket_init(&a->bucket, kvti_admit_budget_per_day(o));
+  if (kvti_admit_needed(o)) {
+    uint64_t bytes = o->admission_memory_bytes ? o->admission_memory_bytes
+                                               : DEFAULT_RECORD_BYTES;
+    int rc = kvti_seen_init(&a->seen, bytes);
+    if (rc != 0)
+      return rc;
+  }
+  pthread_mutex_init(&a->mu, NULL);
+  return 0;
+}
+
+void kvti_admit_destroy(kvti_admit *a) {
+  kvti_seen_destroy(&a->seen);
+  pthread_mutex_destroy(&a->mu);
+}
+
+/* Ranks of a spill: what the budget's soft zone lets through. */
+enum { RANK_NEW = 0, RANK_SEEN = 1, RANK_REUSED = 2 };
+
+int kvti_admit_sampled(uint64_t fp) {
+  return (mix64(fp ^ 0x73616D706C65ull) & 7) == 0;
+}
+
+int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
+                      const int32_t *tokens, size_t n, uint64_t seed,
+                      int cuttable, int pressure, double now, uint64_t total) {
+  *verdict = KVTI_ADMIT_WHOLE;
+  *keep = n;
+  int budget = a->bucket.per_day > 0;
+  pthread_mutex_lock(&a->mu);
+  kvti_bucket_update(&a->bucket, now, total);
+  pthread_mutex_unlock(&a->mu);
+  if ((a->policy == KVT_ADMIT_WRITE_ALL && !budget) || n == 0)
+    return 0;
+  size_t nseg = (n + a->seg - 1) / a->seg;
+  uint64_t *fp = kvti_malloc(nseg * sizeof *fp);
+  if (!fp)
+    return KVT_ERR_NOMEM();
+  kvti_seen_prints(fp, tokens, n, a->seg, seed); /* no lock: pure */
+  pthread_mutex_lock(&a->mu);
+  size_t run = 0; /* leading segments seen before */
+  while (run < nseg && kvti_seen_get(&a->seen, fp[run]))
+    run++;
+  /* A reused prefix: the spill starts with a segment a lookup found stored
+   * and goes on past the stored part. */
+  int reused = (kvti_seen_get(&a->seen, fp[0]) & KVTI_SEEN_REUSED) != 0;
+  for (size_t i = 0; i < nseg; i++)
+    kvti_seen_put(&a->seen, fp[i], KVTI_SEEN_ONCE);
+  int rank = reused ? RANK_REUSED : run ? RANK_SEEN : RANK_NEW;
+  size_t want = n; /* what the policy would write */
+  int strict = a->policy == KVT_ADMIT_SECOND_SIGHTING;
+  if (a->policy == KVT_ADMIT_ADAPTIVE && pressure && !reused && run < nseg &&
+      !kvti_admit_sampled(fp[run]))
+    strict = 1;
+  if (strict)
+    want = run == nseg ? n : run * (size_t)a->seg;
+  if (want < n && !cuttable)
+    want = 0; /* whole or nothing */
+  if (budget) {
+    double level = a->bucket.level, cap = a->bucket.cap;
+    if (level >= cap || (level >= cap / 2 && rank < RANK_REUSED)) {
+      *verdict = KVTI_ADMIT_BUDGET;
+      *keep = 0;
+      pthread_mutex_unlock(&a->mu);
+      kvti_free(fp);
+      return 0;
+    }
+  }
+  pthread_mutex_unlock(&a->mu);
+  kvti_free(fp);
+  *keep = want;
+  *verdict = want == n ? KVTI_ADMIT_WHOLE
+             : want   ? KVTI_ADMIT_TRUNCATED
+                      : KVTI_ADMIT_UNSEEN;
+  return 0;
+}
+
+void kvti_admit_note_hit(kvti_admit *a, const int32_t *tokens, size_t m,
+                         uint64_t seed) {
+  if (!a->seen.nsets || m == 0)
+    return;
+  /* Only whole segments are stored prefixes a longer spill can extend. */
+  size_t nseg = m / a->seg;
+  if (nseg == 0)
+    nseg = 1; /* a short entry is its own (only) segment */
+  size_t span = m / a->seg ? nseg * a->seg : m;
+  uint64_t *fp = kvti_malloc(nseg * sizeof *fp);
+  if (!fp) {
+    kvt_clear_error(); /* a lost hint, not a failure of the lookup */
+    return;
+  }
+  kvti_seen_prints(fp, tokens, span, a->seg, seed);
+  pthread_mutex_lock(&a->mu);
+  for (size_t i = 0; i < nseg; i++)
+    kvti_seen_put(&a->seen, fp[i], KVTI_SEEN_ONCE | KVTI_SEEN_REUSED);
+  pthread_mutex_unlock(&a->mu);
+  kvti_free(fp);
+}
+
+void kvti_admit_gauges(kvti_admit *a, kvt_stats *s, double now,
+                       uint64_t total) {
+  pthread_mutex_lock(&a->mu);
+  kvti_bucket *b = &a->bucket;
+  if (now < 0) /* no clock read: as of the last update's time */
+    now = b->started ? b->last_t : 0;
+  kvti_bucket_update(b, now, total);
+  s->bytes_written_today = kvti_bucket_today(b);
+  s->write_budget_bytes_per_day = (uint64_t)b->per_day;
+  s->write_budget_left = b->per_day > 0 ? kvti_bucket_left(b) : 0;
+  double span = b->last_t - b->t0;
+  uint64_t written = b->last_total - b->total0;
+  s->ssd_lifetime_years =
+      a->tbw_bytes > 0 && written > 0 && span > 0
+          ? a->tbw_bytes / ((double)written / span * DAY_S * 365.25)
+          : 0.0;
+  pthread_mutex_unlock(&a->mu);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The tier's side                                                          */
+/* ------------------------------------------------------------------------ */
+
+double kvti_admit_now(const kvt_tier *t) {
+  return t->opts.clock_fn ? t->opts.clock_fn(t->opts.clock_ctx)
+                          : kvti_now_wall();
+}
+
+/* 1 when the spill would be accepted as far as its arguments go (a writable
+ * open tier, well-formed layers): only such a spill may be declined with 0;
+ * any other is left to the enqueue, which refuses and counts it. */
+static int spill_acceptable(kvt_tier *t, const kvt_layer *layers, uint32_t n) {
+  if (t->readonly || kvti_tier_enter(t) != 0)
+    return 0;
+  kvti_tier_leave(t);
+  for (uint32_t i = 0; i < n; i++)
+    if (kvti_layer_validate(&layers[i], i, 1) != 0 ||
+        kvti_layer_check_rows(&layers[i], i, 0, UINT64_MAX, KVT_EINVAL,
+                              "spill") != 0)
+      return 0;
+  return 1;
+}
+
+static int layers_cuttable(const kvt_layer *layers, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++)
+    if (layers[i].kind != KVT_LAYER_KV &&
+        layers[i].kind != KVT_LAYER_QUANTIZED_KV)
+      return 0;
+  return 1;
+}
+
+int kvti_admit_spill(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
+                     const kvt_layer *layers, uint32_t n_layers,
+                     uint64_t memory_bytes, int copy, void (*release)(void *),
+                     void *release_ctx, const kvt_call_opts *co) {
+  kvti_salt salt;
+  /* Anything the enqueue would refuse is left to it (it counts refusals);
+   * so is a tier without a record (read-only) or a bad salt. */
+  if (!t || !t->admit || (!tokens && n_tokens) || (!layers && n_layers) ||
+      kvti_call_salt(&salt, t, co) != 0) {
+    kvt_clear_error();
+    return kvti_spill_enqueue(t, tokens, n_tokens, layers, n_layers,
+                              memory_bytes, copy, release, release_ctx, co);
+  }
+  int verdict = KVTI_ADMIT_WHOLE;
+  size_t keep = n_tokens;
+  double now = kvti_admit_now(t);
+  kvt_stats cs;
+  kvti_stats_copy(&cs, &t->stats);
+  if (kvti_admit_decide(t->admit, &verdict, &keep, tokens, n_tokens,
+                        kvti_seen_seed(&salt),
+                        layers_cuttable(layers, n_layers), cs.evictions > 0,
+                        now, cs.spill_bytes) != 0)
+    kvt_clear_error(); /* verdict WHOLE: the record's failure loses nothing */
+  kvt_stats g;
+  memset(&g, 0, sizeof g);
+  kvti_admit_gauges(t->admit, &g, now, cs.spill_bytes);
+  kvti_stats_set_budget_gauges(&t->stats, &g); /* the live file follows */
+  if (verdict != KVTI_ADMIT_WHOLE && !spill_acceptable(t, layers, n_layers)) {
+    kvt_clear_error();
+    verdict = KVTI_ADMIT_WHOLE; /* refused below, with its reason */
+  }
+  switch (verdict) {
+  case KVTI_ADMIT_WHOLE: {
+    int rc = kvti_spill_enqueue(t, tokens, n_tokens, layers, n_layers,
+                                memory_bytes, copy, release, release_ctx, co);
+    if (rc == 0) /* a refusal is counted by its reason instead */
+      KVTI_STAT_ADD(&t->stats, admission_admitted, 1);
+    return rc;
+  }
+  case KVTI_ADMIT_TRUNCATED: {
+    KVTI_STAT_ADD(&t->stats, admission_truncated, 1);
+    KVTI_STAT_ADD(&t->stats, admission_tokens_declined, n_tokens - keep);
+    /* The engine's RAM estimate, in proportion to what is kept. */
+    uint64_t mem = (uint64_t)((double)memory_bytes * (double)keep /
+                              (double)n_tokens);
+    int rc = kvti_spill_prefix_noadmit(t, tokens, keep, layers, n_layers, mem,
+                                       co);
+    if (!copy && release) /* the prefix was copied (or refused) */
+      release(release_ctx);
+    return rc;
+  }
+  default:
+    if (verdict == KVTI_ADMIT_BUDGET)
+      KVTI_STAT_ADD(&t->stats, admission_declined_budget, 1);
+    else
+      KVTI_STAT_ADD(&t->stats, admission_declined_unseen, 1);
+    KVTI_STAT_ADD(&t->stats, admission_tokens_declined, n_tokens);
+    if (!copy && release)
+      release(release_ctx);
+    return 0;
+  }
+}
+
+void kvti_admit_lookup_hit(kvt_tier *t, const int32_t *tokens, size_t m,
+                           const kvti_salt *salt) {
+  if (t->admit && t->admit->seen.nsets)
+    kvti_admit_note_hit(t->admit, tokens, m, kvti_seen_seed(salt));
+}

@@ -1,0 +1,144 @@
+/*
+ * admission.h - what a spill must show to be written, and the write budget
+ * (kvt_options.admission_policy, write_budget_*): a bounded record of the
+ * prefixes seen (set-associative fingerprints with two flags each), a leaky
+ * bucket over kvtier's own count of the bytes it writes, the decision that
+ * combines them (how many leading tokens of a spill to write), and the spill
+ * entry point that applies it. The record and the bucket are plain data with
+ * no clock and no tier of their own, so tests drive them deterministically;
+ * the tier feeds them its clock (clock_fn) and its spill_bytes counter.
+ */
+#ifndef KVT_ADMISSION_H
+#define KVT_ADMISSION_H
+
+#include "base/salt.h"
+#include "kvtier.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- the record of prefixes seen ---- */
+
+/* Flags of a fingerprint: seen in a spill or a lookup hit; found stored by a
+ * lookup (a reused prefix). */
+#define KVTI_SEEN_ONCE 1u
+#define KVTI_SEEN_REUSED 2u
+
+/* Slots of one set; a full set forgets its oldest insertion. */
+#define KVTI_SEEN_WAYS 8u
+
+typedef struct kvti_seen {
+  uint64_t *slot; /* nsets * WAYS: fingerprint with the low 2 bits the flags;
+                     0 = empty */
+  uint8_t *next;  /* per set: the way the next insertion replaces */
+  size_t nsets;   /* a power of two */
+} kvti_seen;
+
+/* A record of at most `bytes` bytes (at least one set). 0 or KVT_ENOMEM. */
+int kvti_seen_init(kvti_seen *s, uint64_t bytes);
+void kvti_seen_destroy(kvti_seen *s);
+/* The flags of fp (0: not remembered). */
+unsigned kvti_seen_get(const kvti_seen *s, uint64_t fp);
+/* Adds flags to fp, remembering it if it is not (which may forget another). */
+void kvti_seen_put(kvti_seen *s, uint64_t fp, unsigned flags);
+
+/* Fingerprints of the segments of tokens[0, n): fp[i] names tokens[0, end of
+ * segment i) under seed, segments being seg tokens (the last may be shorter):
+ * ceil(n / seg) of them into fp (caller-sized). */
+void kvti_seen_prints(uint64_t *fp, const int32_t *tokens, size_t n,
+                      uint32_t seg, uint64_t seed);
+/* The seed of a salt (0 for none). */
+uint64_t kvti_seen_seed(const kvti_salt *salt);
+
+/* ---- the leaky bucket ---- */
+
+typedef struct kvti_bucket {
+  double per_day;       /* the budget, bytes a day; 0 = none */
+  double cap;           /* what the bucket holds: an hour of the budget */
+  double level;         /* bytes in it now */
+  double last_t;        /* clock of the last update */
+  uint64_t last_total;  /* written counter at the last update */
+  int64_t day;          /* the clock's day of the last update */
+  uint64_t day_base;    /* written counter when that day began */
+  double t0;            /* clock at the first update */
+  uint64_t total0;      /* written counter then */
+  int started;
+} kvti_bucket;
+
+void kvti_bucket_init(kvti_bucket *b, double per_day);
+/* Brings the bucket to clock now with the written counter at total: adds
+ * what was written since the last update, drains what the elapsed time lets
+ * out. A clock that went back counts as not moved. */
+void kvti_bucket_update(kvti_bucket *b, double now, uint64_t total);
+/* Bytes it takes before it is full (as of the last update; 0 when full). */
+uint64_t kvti_bucket_left(const kvti_bucket *b);
+/* Written since the clock's current day began (as of the last update). */
+uint64_t kvti_bucket_today(const kvti_bucket *b);
+
+/* ---- the decision ---- */
+
+enum {
+  KVTI_ADMIT_WHOLE = 0,    /* write it all */
+  KVTI_ADMIT_TRUNCATED = 1, /* write tokens[0, keep) */
+  KVTI_ADMIT_UNSEEN = 2,   /* write nothing: the policy */
+  KVTI_ADMIT_BUDGET = 3    /* write nothing: the budget */
+};
+
+typedef struct kvti_admit {
+  pthread_mutex_t mu; /* the record and the bucket */
+  int policy;         /* kvt_admission_policy */
+  uint32_t seg;       /* tokens a segment */
+  double tbw_bytes;   /* the SSD's rating in bytes, 0 = none */
+  kvti_seen seen;
+  kvti_bucket bucket;
+} kvti_admit;
+
+/* Whether a tier with these options needs a kvti_admit at all. */
+int kvti_admit_needed(const kvt_options *o);
+/* 0 or KVT_ENOMEM; o must be valid (kvt_options_validate). */
+int kvti_admit_init(kvti_admit *a, const kvt_options *o);
+void kvti_admit_destroy(kvti_admit *a);
+/* The budget in bytes a day the options give (0: none). */
+double kvti_admit_budget_per_day(const kvt_options *o);
+
+/* 1 for the fixed 1-in-8 sample of fingerprints KVT_ADMIT_ADAPTIVE lets in
+ * on a first sighting. */
+int kvti_admit_sampled(uint64_t fp);
+/* The decision for a spill of tokens[0, n) (cuttable: every layer can be cut
+ * on the token axis; pressure: the store has evicted for capacity) at clock
+ * now with the written counter at total: one of
+ * KVTI_ADMIT_* and, for WHOLE/TRUNCATED, *keep tokens to write. Records the
+ * spill's segments as seen. 0 or KVT_ENOMEM (then *verdict WHOLE: a spill is
+ * never lost to the record's own failure). */
+int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
+                      const int32_t *tokens, size_t n, uint64_t seed,
+                      int cuttable, int pressure, double now, uint64_t total);
+/* A lookup found tokens[0, m) stored: its segments are reused prefixes. */
+void kvti_admit_note_hit(kvti_admit *a, const int32_t *tokens, size_t m,
+                         uint64_t seed);
+/* Fills the budget's gauges of s (bytes_written_today, write_budget_*,
+ * ssd_lifetime_years) as of clock now (< 0: the time of the last update, for
+ * threads that must not call the clock) and written counter total. */
+void kvti_admit_gauges(kvti_admit *a, kvt_stats *s, double now,
+                       uint64_t total);
+
+/* ---- the tier's side (admission.c; tier.h's struct kvt_tier) ---- */
+
+struct kvt_tier;
+/* The spill entry point (writer.c's public spill calls): decides, counts the
+ * decision, then queues the spill (kvti_spill_enqueue), its prefix
+ * (kvti_spill_prefix_noadmit) or nothing. A zero-copy spill's release runs
+ * exactly once whatever happens. Returns as kvt_tier_spill. */
+int kvti_admit_spill(struct kvt_tier *t, const int32_t *tokens,
+                     size_t n_tokens, const kvt_layer *layers,
+                     uint32_t n_layers, uint64_t memory_bytes, int copy,
+                     void (*release)(void *), void *release_ctx,
+                     const kvt_call_opts *co);
+/* A lookup of tokens under salt found m of them stored (lookup_common). */
+void kvti_admit_lookup_hit(struct kvt_tier *t, const int32_t *tokens,
+                           size_t m, const kvti_salt *salt);
+/* The tier's clock (clock_fn or the wall clock). */
+double kvti_admit_now(const struct kvt_tier *t);
+
+#endif
