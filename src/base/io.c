@@ -220,6 +220,7 @@ const kvti_io_ops kvti_io_default = {
     .fdopendir = fdopendir,
     .renameat = renameat,
     .mkdirat = mkdirat,
+    .fchmod = fchmod,
 };
 
 const kvti_io_ops *kvti_io = &kvti_io_default;
@@ -352,6 +353,21 @@ int kvti_openat(int dirfd, const char *name, int flags, mode_t mode,
   if (fd < 0)
     return KVT_ERR_OS(errno, "open %s", path);
   return fd;
+}
+
+int kvti_openat_quiet(int dirfd, const char *name, int flags, mode_t mode) {
+  mode_t m = 0;
+  int fd = open_typed(dirfd, name, flags, mode, &m);
+  if (fd == -2)
+    errno = (flags & O_DIRECTORY) ? ENOTDIR : EINVAL;
+  return fd < 0 ? -1 : fd;
+}
+
+int kvti_fchmod(int fd, mode_t mode, const char *path) {
+  int r = kvti_io->fchmod ? kvti_io->fchmod(fd, mode) : fchmod(fd, mode);
+  if (r != 0)
+    return KVT_ERR_OS(errno, "chmod %s", path ? path : "(descriptor)");
+  return 0;
 }
 
 int kvti_unlinkat(int dirfd, const char *name, const char *path) {

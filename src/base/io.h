@@ -82,6 +82,10 @@ typedef struct kvti_io_ops {
   DIR *(*fdopendir)(int fd);
   int (*renameat)(int fromfd, const char *from, int tofd, const char *to);
   int (*mkdirat)(int dirfd, const char *name, mode_t mode);
+  /* Mode of an open file (a file created relative to a directory descriptor
+   * is chmod'ed through its descriptor, never again by name). NULL in a test
+   * table: the libc call is used. */
+  int (*fchmod)(int fd, mode_t mode);
 } kvti_io_ops;
 
 /* The residency probe the default `resident` hook falls back to where
@@ -123,6 +127,11 @@ int kvti_open(const char *path, int flags, mode_t mode);
  * same way. path (may be NULL: name) names the file in messages. */
 int kvti_openat(int dirfd, const char *name, int flags, mode_t mode,
                 const char *path);
+/* kvti_open_quiet relative to dirfd (O_NOFOLLOW on name): fd, or -1 with
+ * errno set (ELOOP: a link; EINVAL / ENOTDIR: the wrong type). */
+int kvti_openat_quiet(int dirfd, const char *name, int flags, mode_t mode);
+/* fchmod through the seam: 0 or a code (path names fd in messages). */
+int kvti_fchmod(int fd, mode_t mode, const char *path);
 /* unlinkat(dirfd, name, 0): 0 (a missing name too) or a code. */
 int kvti_unlinkat(int dirfd, const char *name, const char *path);
 /* fstatat(dirfd, name, AT_SYMLINK_NOFOLLOW): 0, KVT_ENOTFOUND or a code. */
