@@ -227,8 +227,26 @@ static int rmtree_at(int dirfd, const char *name, int depth) {
   return rc;
 }
 
+/* The bound of kvti_dir_bound (prefix: the names it governs) and
+ * kvti_dir_bound_others (others: the names it leaves alone). */
+static int bound(int dirfd, size_t keep, const char *prefix,
+                 const char *others, const char *except, size_t *removed,
+                 const char *where);
+
 int kvti_dir_bound(int dirfd, size_t keep, const char *prefix,
                    const char *except, size_t *removed, const char *where) {
+  return bound(dirfd, keep, prefix, NULL, except, removed, where);
+}
+
+int kvti_dir_bound_others(int dirfd, size_t keep, const char *others,
+                          const char *except, size_t *removed,
+                          const char *where) {
+  return bound(dirfd, keep, NULL, others, except, removed, where);
+}
+
+static int bound(int dirfd, size_t keep, const char *prefix,
+                 const char *others, const char *except, size_t *removed,
+                 const char *where) {
   if (removed)
     *removed = 0;
   dir_names l;
@@ -240,7 +258,8 @@ int kvti_dir_bound(int dirfd, size_t keep, const char *prefix,
    * protect it). */
   size_t m = 0;
   for (size_t i = 0; i < l.n; i++) {
-    int skip = prefix && strncmp(l.names[i], prefix, strlen(prefix)) != 0;
+    int skip = (prefix && strncmp(l.names[i], prefix, strlen(prefix)) != 0) ||
+               (others && strncmp(l.names[i], others, strlen(others)) == 0);
     if (!skip && except && !strcmp(l.names[i], except)) {
       skip = 1;
       if (keep)

@@ -42,5 +42,11 @@ int kvti_dir_unlink_rel(int base_fd, const char *rel, const char *where);
  * 0 or the first failure's code (where names dirfd in messages). */
 int kvti_dir_bound(int dirfd, size_t keep, const char *prefix,
                    const char *except, size_t *removed, const char *where);
+/* The same bound over the names NOT starting with others: quarantine/
+ * holds entries and chunk-* directories, each kind bounded on its own so
+ * neither evicts (nor counts toward) the other. */
+int kvti_dir_bound_others(int dirfd, size_t keep, const char *others,
+                          const char *except, size_t *removed,
+                          const char *where);
 
 #endif
