@@ -623,8 +623,7 @@ char *kvti_path_join(const char *a, const char *b) {
  * link between the stat and the open is not entered - the link itself is
  * removed, its target never touched. Depth is bounded so a hostile deep
  * tree cannot exhaust the stack. */
-static int rmtree_at(int dirfd, const char *name, const char *path,
-                     int depth) {
+static int rmtree_at(int dirfd, const char *name, const char *path, int depth) {
   struct stat st;
   int r = kvti_io->fstatat
               ? kvti_io->fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW)
@@ -697,13 +696,13 @@ int kvti_rmtree(const char *path) {
   if (sl) {
     *sl = 0;
     mode_t m = 0;
-    dfd = open_typed(AT_FDCWD, sl == buf ? "/" : buf, O_RDONLY | O_DIRECTORY,
-                     0, &m);
+    dfd = open_typed(AT_FDCWD, sl == buf ? "/" : buf, O_RDONLY | O_DIRECTORY, 0,
+                     &m);
     *sl = '/';
     if (dfd < 0)
-      return errno == ENOENT ? 0
-                             : KVT_ERR_OS(errno, "open %.*s", (int)(sl - buf),
-                                          buf);
+      return errno == ENOENT
+                 ? 0
+                 : KVT_ERR_OS(errno, "open %.*s", (int)(sl - buf), buf);
   } else {
     dfd = AT_FDCWD;
   }

@@ -179,7 +179,10 @@ int kvti_write_file(const char *path, const void *data, size_t len, mode_t mode,
                     int do_fsync);
 /* mkdir that accepts an existing directory (not a symlink) and applies mode. */
 int kvti_mkdir(const char *path, mode_t mode);
-/* Removes a file tree without following symlinks. Missing path is success. */
+/* Removes a file tree without following symlinks: the directory above path
+ * is opened by path, everything below it by descriptor (openat with
+ * O_DIRECTORY|O_NOFOLLOW, unlinkat), so a directory swapped for a link is
+ * not entered (the link itself is removed). Missing path is success. */
 int kvti_rmtree(const char *path);
 int kvti_rename(const char *from, const char *to);
 /* Atomic swap of a and b through kvti_io->rename_exchange. Returns 0,

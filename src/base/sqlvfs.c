@@ -358,10 +358,9 @@ static int v_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f,
    * journal, or the -shm the underlying VFS maps and writes - is refused
    * before it looks, so nothing outside the cache is created or written. */
   if (name && (flags & state) &&
-      (is_link(name, "") ||
-       ((flags & SQLITE_OPEN_MAIN_DB) &&
-        (is_link(name, "-wal") || is_link(name, "-shm") ||
-         is_link(name, "-journal"))))) {
+      (is_link(name, "") || ((flags & SQLITE_OPEN_MAIN_DB) &&
+                             (is_link(name, "-wal") || is_link(name, "-shm") ||
+                              is_link(name, "-journal"))))) {
     v->base.pMethods = NULL;
     return SQLITE_CANTOPEN;
   }

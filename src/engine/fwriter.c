@@ -93,8 +93,9 @@ static void file_free(kvti_fwriter *w, int remove) {
     kvti_io->close(w->dfd);
   if (w->fd >= 0)
     kvti_io->close(w->fd);
-  if (remove && w->at >= 0 && w->name)
-    kvti_unlinkat(w->at, w->name, w->path);
+  if (remove && w->at >= 0 && w->name) /* best effort, as by path below */
+    (void)(kvti_io->unlinkat ? kvti_io->unlinkat(w->at, w->name, 0)
+                             : unlinkat(w->at, w->name, 0));
   else if (remove && w->path)
     kvti_io->unlink(w->path);
   if (w->own_h)
@@ -242,9 +243,9 @@ static int group_file(kvti_fwriter **out, kvti_wgroup *g, int at,
      * meanwhile (by whoever else writes into the directory) is not used. */
     struct stat st, ds;
     w->dfd = kvti_iob_open_direct_at(at, name, O_WRONLY, 0);
-    if (w->dfd >= 0 && (kvti_io->fstat(w->fd, &st) != 0 ||
-                        kvti_io->fstat(w->dfd, &ds) != 0 ||
-                        st.st_ino != ds.st_ino || st.st_dev != ds.st_dev)) {
+    if (w->dfd >= 0 &&
+        (kvti_io->fstat(w->fd, &st) != 0 || kvti_io->fstat(w->dfd, &ds) != 0 ||
+         st.st_ino != ds.st_ino || st.st_dev != ds.st_dev)) {
       kvti_io->close(w->dfd);
       w->dfd = -1;
     }

@@ -439,8 +439,8 @@ int kvti_chunk_write(const char *path, const char *tmp,
   if (dn >= sizeof dir)
     return KVT_ERR(KVT_ERANGE, "chunk path too long");
   if ((tsl ? (size_t)(tsl - tmp) : 0) != dn || strncmp(path, tmp, dn) != 0)
-    return KVT_ERR(KVT_EINVAL, "chunk write: %s and %s in two directories",
-                   tmp, path);
+    return KVT_ERR(KVT_EINVAL, "chunk write: %s and %s in two directories", tmp,
+                   path);
   snprintf(dir, sizeof dir, "%.*s", (int)(sl ? (dn ? dn : 1) : 1),
            sl ? path : ".");
   int dfd = kvti_open(dir, O_RDONLY | O_DIRECTORY, 0);

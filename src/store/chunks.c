@@ -386,8 +386,8 @@ int kvti_chunkstore_read_bytes(kvti_chunkstore *cs, const uint8_t key[32],
   if (kvti_io->fstat(fd, &st) != 0)
     rc = KVT_ERR_OS(errno, "stat %s", path);
   else if (kvti_file_sparse(&st))
-    rc = KVT_ERR(KVT_ECORRUPT, "%s is sparse (%lld bytes, mostly holes)",
-                 path, (long long)st.st_size);
+    rc = KVT_ERR(KVT_ECORRUPT, "%s is sparse (%lld bytes, mostly holes)", path,
+                 (long long)st.st_size);
   else
     rc = kvti_read_fd(out, len, fd, path, max, NULL);
   kvti_close(fd);

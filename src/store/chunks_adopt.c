@@ -106,8 +106,8 @@ int kvti_chunkstore_adopt(kvti_chunkstore *cs, const void *bytes, size_t len,
     return dfd;
   kvti_unlinkat(dfd, tname, tmp); /* a stale one from a crash */
   kvt_clear_error();
-  int fd = kvti_openat(dfd, tname, O_WRONLY | O_CREAT | O_EXCL, o.file_mode,
-                       tmp);
+  int fd =
+      kvti_openat(dfd, tname, O_WRONLY | O_CREAT | O_EXCL, o.file_mode, tmp);
   if (fd < 0) {
     kvti_close(dfd);
     return fd;

@@ -352,8 +352,7 @@ static int lb_purge(kvti_backend *b, const char *name) {
 }
 
 static int quarantine_at(const char *cache_dir, uint32_t dir_mode,
-                         const char *hash, uint32_t keep_max,
-                         size_t *bounded);
+                         const char *hash, uint32_t keep_max, size_t *bounded);
 
 static int lb_quarantine(kvti_backend *b, const char *hash, uint32_t keep_max) {
   local_backend *lb = L(b);
@@ -382,8 +381,7 @@ static int lb_quarantine(kvti_backend *b, const char *hash, uint32_t keep_max) {
  * and the entry just moved is never the one to go. KVT_ENOTFOUND: no such
  * entry (nothing to do). */
 static int quarantine_at(const char *cache_dir, uint32_t dir_mode,
-                         const char *hash, uint32_t keep_max,
-                         size_t *bounded) {
+                         const char *hash, uint32_t keep_max, size_t *bounded) {
   if (bounded)
     *bounded = 0;
   int root = kvti_dir_open_root(cache_dir);
@@ -434,8 +432,7 @@ static int quarantine_at(const char *cache_dir, uint32_t dir_mode,
   if (rc == 0) {
     kvti_error_state es;
     kvti_error_state_capture(&es, 0);
-    kvti_dir_bound_others(qfd, keep_max, "chunk-", dst, bounded,
-                          "quarantine");
+    kvti_dir_bound_others(qfd, keep_max, "chunk-", dst, bounded, "quarantine");
     kvti_error_state_restore(&es); /* the move is done: a bound left is not */
   }
   if (qfd >= 0)

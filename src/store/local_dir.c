@@ -61,8 +61,8 @@ int kvti_dir_open_rel(int base_fd, const char *rel, const char *where) {
   return open_rel(base_fd, rel, where, 0, 0);
 }
 
-int kvti_dir_open_mk(int base_fd, const char *rel, unsigned mode,
-                     int do_fsync, const char *where) {
+int kvti_dir_open_mk(int base_fd, const char *rel, unsigned mode, int do_fsync,
+                     const char *where) {
   return open_rel(base_fd, rel, where, mode ? mode : 0700, do_fsync);
 }
 
@@ -229,9 +229,8 @@ static int rmtree_at(int dirfd, const char *name, int depth) {
 
 /* The bound of kvti_dir_bound (prefix: the names it governs) and
  * kvti_dir_bound_others (others: the names it leaves alone). */
-static int bound(int dirfd, size_t keep, const char *prefix,
-                 const char *others, const char *except, size_t *removed,
-                 const char *where);
+static int bound(int dirfd, size_t keep, const char *prefix, const char *others,
+                 const char *except, size_t *removed, const char *where);
 
 int kvti_dir_bound(int dirfd, size_t keep, const char *prefix,
                    const char *except, size_t *removed, const char *where) {
@@ -244,9 +243,8 @@ int kvti_dir_bound_others(int dirfd, size_t keep, const char *others,
   return bound(dirfd, keep, NULL, others, except, removed, where);
 }
 
-static int bound(int dirfd, size_t keep, const char *prefix,
-                 const char *others, const char *except, size_t *removed,
-                 const char *where) {
+static int bound(int dirfd, size_t keep, const char *prefix, const char *others,
+                 const char *except, size_t *removed, const char *where) {
   if (removed)
     *removed = 0;
   dir_names l;

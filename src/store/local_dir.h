@@ -28,8 +28,8 @@ int kvti_dir_open_rel(int base_fd, const char *rel, const char *where);
  * durable before anything goes in). Something other than a directory on the
  * way - a link above all - is refused (KVT_EPERM, nothing created below it).
  * fd or a negative code. */
-int kvti_dir_open_mk(int base_fd, const char *rel, unsigned mode,
-                     int do_fsync, const char *where);
+int kvti_dir_open_mk(int base_fd, const char *rel, unsigned mode, int do_fsync,
+                     const char *where);
 /* Unlinks file rel ("a/b/name") below base_fd, reaching its directory as
  * kvti_dir_open_rel does. 0 (also when it is missing), KVT_EPERM (a link on
  * the way: nothing removed), another code. */

@@ -386,11 +386,11 @@ size_t kvti_tier_chunks_load_damaged(kvt_tier *t) {
   kvti_error_state es;
   kvti_error_state_capture(&es, 0);
   size_t n = 0;
-  int qfd = kvti_dir_open_rel(kvti_chunkstore_root_fd(cs), "quarantine",
-                              t->dir);
-  int sfd = qfd >= 0 ? kvti_openat(qfd, ".", O_RDONLY | O_DIRECTORY, 0,
-                                   "quarantine")
-                     : -1;
+  int qfd =
+      kvti_dir_open_rel(kvti_chunkstore_root_fd(cs), "quarantine", t->dir);
+  int sfd = qfd >= 0
+                ? kvti_openat(qfd, ".", O_RDONLY | O_DIRECTORY, 0, "quarantine")
+                : -1;
   DIR *d = sfd >= 0 ? kvti_fdopendir(sfd) : NULL;
   if (!d && sfd >= 0)
     kvti_close(sfd);

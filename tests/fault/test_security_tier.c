@@ -471,9 +471,9 @@ static void test_links_at_cache_files(void) {
   struct {
     const char *name;
     int dir; /* link to the outside directory, not the file */
-  } at[] = {{"index.db", 0},    {"index.db-wal", 0}, {"index.db-shm", 0},
-            {"stats.bin", 0},   {"kvtier.lock", 0},  {"quarantine", 1},
-            {"chunks", 1},      {chunk_sub, 1},      {data_ent, 1},
+  } at[] = {{"index.db", 0},  {"index.db-wal", 0}, {"index.db-shm", 0},
+            {"stats.bin", 0}, {"kvtier.lock", 0},  {"quarantine", 1},
+            {"chunks", 1},    {chunk_sub, 1},      {data_ent, 1},
             {ent_file, 0}};
   for (size_t k = 0; k < sizeof at / sizeof *at; k++) {
     for (int reindex = 0; reindex < 2; reindex++) {

@@ -229,8 +229,8 @@ static char g_rm_root[4096], g_rm_aside[4200], g_rm_out[4096];
 static int g_rm_armed;
 static void rm_swap(const char *p) {
   size_t n = strlen(p), m = strlen("/victim");
-  if (g_rm_armed && ((n >= m && !strcmp(p + n - m, "/victim")) ||
-                     !strcmp(p, "victim"))) {
+  if (g_rm_armed &&
+      ((n >= m && !strcmp(p + n - m, "/victim")) || !strcmp(p, "victim"))) {
     g_rm_armed = 0;
     REQUIRE(rename(g_rm_root, g_rm_aside) == 0 &&
             symlink(g_rm_out, g_rm_root) == 0);
