@@ -223,6 +223,7 @@ const kvti_io_ops kvti_io_default = {
 #if !KVT_PORTABLE
     .preadv = preadv,
 #endif
+    .fchmod = fchmod,
 };
 
 const kvti_io_ops *kvti_io = &kvti_io_default;
@@ -355,6 +356,21 @@ int kvti_openat(int dirfd, const char *name, int flags, mode_t mode,
   if (fd < 0)
     return KVT_ERR_OS(errno, "open %s", path);
   return fd;
+}
+
+int kvti_openat_quiet(int dirfd, const char *name, int flags, mode_t mode) {
+  mode_t m = 0;
+  int fd = open_typed(dirfd, name, flags, mode, &m);
+  if (fd == -2)
+    errno = (flags & O_DIRECTORY) ? ENOTDIR : EINVAL;
+  return fd < 0 ? -1 : fd;
+}
+
+int kvti_fchmod(int fd, mode_t mode, const char *path) {
+  int r = kvti_io->fchmod ? kvti_io->fchmod(fd, mode) : fchmod(fd, mode);
+  if (r != 0)
+    return KVT_ERR_OS(errno, "chmod %s", path ? path : "(descriptor)");
+  return 0;
 }
 
 int kvti_unlinkat(int dirfd, const char *name, const char *path) {
@@ -604,18 +620,40 @@ char *kvti_path_join(const char *a, const char *b) {
   return p;
 }
 
-/* Depth is bounded so a hostile deep tree cannot exhaust the stack. */
-static int rmtree_rec(const char *path, int depth) {
+/* Removes name below dirfd (path names it in messages). Every step is
+ * relative to the descriptor of the directory above, and a directory is
+ * entered only by an O_NOFOLLOW|O_DIRECTORY open: a directory swapped for a
+ * link between the stat and the open is not entered - the link itself is
+ * removed, its target never touched. Depth is bounded so a hostile deep
+ * tree cannot exhaust the stack. */
+static int rmtree_at(int dirfd, const char *name, const char *path, int depth) {
   struct stat st;
-  if (kvti_io->lstat(path, &st) != 0)
+  int r = kvti_io->fstatat
+              ? kvti_io->fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW)
+              : fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW);
+  if (r != 0)
     return errno == ENOENT ? 0 : KVT_ERR_OS(errno, "stat %s", path);
   if (!S_ISDIR(st.st_mode))
-    return kvti_unlink(path);
+    return kvti_unlinkat(dirfd, name, path);
   if (depth > 16)
     return KVT_ERR(KVT_EIO, "%s: directory tree too deep to remove", path);
-  DIR *d = kvti_io->opendir(path);
-  if (!d)
-    return KVT_ERR_OS(errno, "opendir %s", path);
+  mode_t m = 0;
+  int sub = open_typed(dirfd, name, O_RDONLY | O_DIRECTORY, 0, &m);
+  if (sub == -2 || (sub < 0 && (errno == ELOOP || errno == ENOTDIR)))
+    return kvti_unlinkat(dirfd, name, path); /* no longer a directory */
+  if (sub < 0)
+    return errno == ENOENT ? 0 : KVT_ERR_OS(errno, "open %s", path);
+  /* The stream gets its own descriptor (closedir closes it); sub stays for
+   * the removals below it. */
+  int sfd = open_typed(sub, ".", O_RDONLY | O_DIRECTORY, 0, &m);
+  DIR *d = sfd >= 0 ? kvti_fdopendir(sfd) : NULL;
+  if (!d) {
+    int e = sfd >= 0 ? errno : (sfd == -2 ? ENOTDIR : errno);
+    if (sfd >= 0)
+      kvti_io->close(sfd);
+    kvti_io->close(sub);
+    return KVT_ERR_OS(e, "opendir %s", path);
+  }
   int rc = 0;
   struct dirent *de;
   while ((de = kvti_io->readdir(d)) != NULL) {
@@ -626,19 +664,55 @@ static int rmtree_rec(const char *path, int depth) {
       rc = KVT_ENOMEM;
       break;
     }
-    int r = rmtree_rec(child, depth + 1);
+    int cr = rmtree_at(sub, de->d_name, child, depth + 1);
     kvti_free(child);
-    if (r != 0 && rc == 0)
-      rc = r;
+    if (cr != 0 && rc == 0)
+      rc = cr;
   }
   kvti_io->closedir(d);
-  if (rc == 0 && kvti_io->rmdir(path) != 0 && errno != ENOENT)
-    rc = KVT_ERR_OS(errno, "rmdir %s", path);
+  kvti_io->close(sub);
+  if (rc == 0) {
+    r = kvti_io->unlinkat ? kvti_io->unlinkat(dirfd, name, AT_REMOVEDIR)
+                          : unlinkat(dirfd, name, AT_REMOVEDIR);
+    if (r != 0 && errno != ENOENT)
+      rc = KVT_ERR_OS(errno, "rmdir %s", path);
+  }
   return rc;
 }
 
 int kvti_rmtree(const char *path) {
-  return rmtree_rec(path, 0);
+  size_t n = strlen(path);
+  while (n > 1 && path[n - 1] == '/')
+    n--;
+  char buf[4096];
+  if (n == 0 || n >= sizeof buf)
+    return KVT_ERR(KVT_EINVAL, "rmtree: bad path '%s'", path);
+  memcpy(buf, path, n);
+  buf[n] = 0;
+  char *sl = strrchr(buf, '/');
+  const char *name = sl ? sl + 1 : buf;
+  if (!*name || !strcmp(name, ".") || !strcmp(name, ".."))
+    return KVT_ERR(KVT_EINVAL, "rmtree: bad path '%s'", path);
+  /* The directory above is reached by path (the caller's, below a cache
+   * directory whose ancestors it trusts); from there on nothing is. */
+  int dfd;
+  if (sl) {
+    *sl = 0;
+    mode_t m = 0;
+    dfd = open_typed(AT_FDCWD, sl == buf ? "/" : buf, O_RDONLY | O_DIRECTORY, 0,
+                     &m);
+    *sl = '/';
+    if (dfd < 0)
+      return errno == ENOENT
+                 ? 0
+                 : KVT_ERR_OS(errno, "open %.*s", (int)(sl - buf), buf);
+  } else {
+    dfd = AT_FDCWD;
+  }
+  int rc = rmtree_at(dfd, name, buf, 0);
+  if (dfd >= 0)
+    kvti_io->close(dfd);
+  return rc;
 }
 
 int kvti_dir_bytes(uint64_t *out, const char *dir, int apparent) {

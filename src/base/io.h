@@ -87,6 +87,10 @@ typedef struct kvti_io_ops {
    * buffers. NULL where the platform has none (the portable build): the
    * engine then reads the buffers one pread at a time. */
   ssize_t (*preadv)(int fd, const struct iovec *iov, int iovcnt, off_t off);
+  /* Mode of an open file (a file created relative to a directory descriptor
+   * is chmod'ed through its descriptor, never again by name). NULL in a test
+   * table: the libc call is used. */
+  int (*fchmod)(int fd, mode_t mode);
 } kvti_io_ops;
 
 /* The residency probe the default `resident` hook falls back to where
@@ -128,6 +132,11 @@ int kvti_open(const char *path, int flags, mode_t mode);
  * same way. path (may be NULL: name) names the file in messages. */
 int kvti_openat(int dirfd, const char *name, int flags, mode_t mode,
                 const char *path);
+/* kvti_open_quiet relative to dirfd (O_NOFOLLOW on name): fd, or -1 with
+ * errno set (ELOOP: a link; EINVAL / ENOTDIR: the wrong type). */
+int kvti_openat_quiet(int dirfd, const char *name, int flags, mode_t mode);
+/* fchmod through the seam: 0 or a code (path names fd in messages). */
+int kvti_fchmod(int fd, mode_t mode, const char *path);
 /* unlinkat(dirfd, name, 0): 0 (a missing name too) or a code. */
 int kvti_unlinkat(int dirfd, const char *name, const char *path);
 /* fstatat(dirfd, name, AT_SYMLINK_NOFOLLOW): 0, KVT_ENOTFOUND or a code. */
@@ -175,7 +184,10 @@ int kvti_write_file(const char *path, const void *data, size_t len, mode_t mode,
                     int do_fsync);
 /* mkdir that accepts an existing directory (not a symlink) and applies mode. */
 int kvti_mkdir(const char *path, mode_t mode);
-/* Removes a file tree without following symlinks. Missing path is success. */
+/* Removes a file tree without following symlinks: the directory above path
+ * is opened by path, everything below it by descriptor (openat with
+ * O_DIRECTORY|O_NOFOLLOW, unlinkat), so a directory swapped for a link is
+ * not entered (the link itself is removed). Missing path is success. */
 int kvti_rmtree(const char *path);
 int kvti_rename(const char *from, const char *to);
 /* Atomic swap of a and b through kvti_io->rename_exchange. Returns 0,

@@ -45,6 +45,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sqlite3.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -334,6 +335,15 @@ static const sqlite3_io_methods g_methods = {
 /* The underlying VFS opens (and creates, with its permission rules and its
  * read-only fallback) the file first; then ours opens the same path for the
  * data, read-only if the underlying one had to be. */
+/* 1 when name (with suffix appended) is a symbolic link. */
+static int is_link(const char *name, const char *suffix) {
+  char p[4200];
+  if (snprintf(p, sizeof p, "%s%s", name, suffix) >= (int)sizeof p)
+    return 0;
+  struct stat st;
+  return kvti_io->lstat(p, &st) == 0 && S_ISLNK(st.st_mode);
+}
+
 static int v_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f,
                   int flags, int *out_flags) {
   (void)vfs;
@@ -341,6 +351,19 @@ static int v_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f,
   memset(v, 0, sizeof *v);
   v->fd = -1;
   v->real = (sqlite3_file *)((char *)f + VFILE_SIZE);
+  const int state =
+      SQLITE_OPEN_MAIN_DB | SQLITE_OPEN_WAL | SQLITE_OPEN_MAIN_JOURNAL;
+  /* The underlying VFS opens (and creates) by path, following a link: a
+   * link at one of the index's files - the main database, its WAL or
+   * journal, or the -shm the underlying VFS maps and writes - is refused
+   * before it looks, so nothing outside the cache is created or written. */
+  if (name && (flags & state) &&
+      (is_link(name, "") || ((flags & SQLITE_OPEN_MAIN_DB) &&
+                             (is_link(name, "-wal") || is_link(name, "-shm") ||
+                              is_link(name, "-journal"))))) {
+    v->base.pMethods = NULL;
+    return SQLITE_CANTOPEN;
+  }
   int oflags = 0;
   int rc = g_under->xOpen(g_under, name, v->real, flags, &oflags);
   if (rc != SQLITE_OK || !v->real->pMethods) {

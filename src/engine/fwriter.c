@@ -34,6 +34,11 @@
 struct kvti_fwriter {
   kvti_wgroup *g;
   char *path;
+  /* at >= 0: the file is name in directory descriptor at (borrowed from the
+   * caller until the group settles); every later call on it (chmod, the
+   * O_DIRECT descriptor, removal) goes by that descriptor, never by path. */
+  int at;
+  char *name;
   int fd, dfd;
   kvti_blkhash *h; /* the bytes' hasher (NULL: none) */
   int own_h;       /* h is the writer's whole-file hash, not the caller's */
@@ -88,11 +93,15 @@ static void file_free(kvti_fwriter *w, int remove) {
     kvti_io->close(w->dfd);
   if (w->fd >= 0)
     kvti_io->close(w->fd);
-  if (remove && w->path)
+  if (remove && w->at >= 0 && w->name) /* best effort, as by path below */
+    (void)(kvti_io->unlinkat ? kvti_io->unlinkat(w->at, w->name, 0)
+                             : unlinkat(w->at, w->name, 0));
+  else if (remove && w->path)
     kvti_io->unlink(w->path);
   if (w->own_h)
     kvti_blkhash_free(w->h);
   kvti_free(w->path);
+  kvti_free(w->name);
   kvti_free(w);
 }
 
@@ -167,8 +176,11 @@ void kvti_wgroup_abort(kvti_wgroup *g) {
   group_free(g);
 }
 
-int kvti_wgroup_file(kvti_fwriter **out, kvti_wgroup *g, const char *path,
-                     const kvti_fwriter_opts *o) {
+/* The file behind kvti_wgroup_file (at < 0: by path) and
+ * kvti_wgroup_file_at. */
+static int group_file(kvti_fwriter **out, kvti_wgroup *g, int at,
+                      const char *name, const char *path,
+                      const kvti_fwriter_opts *o) {
   kvti_fwriter_opts def = KVTI_FWRITER_OPTS_INIT;
   if (!o)
     o = &def;
@@ -187,8 +199,11 @@ int kvti_wgroup_file(kvti_fwriter **out, kvti_wgroup *g, const char *path,
     return KVT_ERR_NOMEM();
   w->g = g;
   w->fd = w->dfd = -1;
+  w->at = at;
   int rc = 0;
-  if (!(w->path = kvti_strdup(path))) {
+  if (!(w->path = kvti_strdup(path)) ||
+      (at >= 0 && !(w->name = kvti_strdup(name)))) {
+    kvti_free(w->path);
     kvti_free(w);
     return KVT_ENOMEM;
   }
@@ -204,7 +219,8 @@ int kvti_wgroup_file(kvti_fwriter **out, kvti_wgroup *g, const char *path,
   }
   int flags = O_WRONLY | O_CREAT | (o->excl ? O_EXCL : O_TRUNC);
   mode_t mode = o->file_mode ? (mode_t)o->file_mode : 0600;
-  w->fd = kvti_open(path, flags, mode);
+  w->fd = at >= 0 ? kvti_openat(at, name, flags, mode, path)
+                  : kvti_open(path, flags, mode);
   if (w->fd < 0) {
     rc = w->fd;
     w->fd = -1;
@@ -216,10 +232,26 @@ int kvti_wgroup_file(kvti_fwriter **out, kvti_wgroup *g, const char *path,
   w->next = g->files;
   g->files = w;
   g->nfiles++;
-  if (kvti_io->chmod(path, mode) != 0)
+  if (at >= 0) {
+    if ((rc = kvti_fchmod(w->fd, mode, path)) != 0)
+      return g->err = rc;
+  } else if (kvti_io->chmod(path, mode) != 0) {
     return g->err = KVT_ERR_OS(errno, "chmod %s", path);
-  if (!o->no_direct)
+  }
+  if (!o->no_direct && at >= 0) {
+    /* The second descriptor must be the file just created: a name swapped
+     * meanwhile (by whoever else writes into the directory) is not used. */
+    struct stat st, ds;
+    w->dfd = kvti_iob_open_direct_at(at, name, O_WRONLY, 0);
+    if (w->dfd >= 0 &&
+        (kvti_io->fstat(w->fd, &st) != 0 || kvti_io->fstat(w->dfd, &ds) != 0 ||
+         st.st_ino != ds.st_ino || st.st_dev != ds.st_dev)) {
+      kvti_io->close(w->dfd);
+      w->dfd = -1;
+    }
+  } else if (!o->no_direct) {
     w->dfd = kvti_iob_open_direct(path, O_WRONLY, 0);
+  }
   if (o->size_hint >= STAGE && w->dfd >= 0) {
     rc = kvti_iob_preallocate(w->fd, o->size_hint);
     if (rc)
@@ -231,6 +263,19 @@ int kvti_wgroup_file(kvti_fwriter **out, kvti_wgroup *g, const char *path,
   g->cur = w;
   *out = w;
   return 0;
+}
+
+int kvti_wgroup_file(kvti_fwriter **out, kvti_wgroup *g, const char *path,
+                     const kvti_fwriter_opts *o) {
+  return group_file(out, g, -1, NULL, path, o);
+}
+
+int kvti_wgroup_file_at(kvti_fwriter **out, kvti_wgroup *g, int dirfd,
+                        const char *name, const char *path,
+                        const kvti_fwriter_opts *o) {
+  if (dirfd < 0 || !name || !*name || strchr(name, '/'))
+    return KVT_ERR(KVT_EINVAL, "fwriter: bad directory descriptor or name");
+  return group_file(out, g, dirfd, name, path ? path : name, o);
 }
 
 /* Pushes len bytes of the current stage as w's data at w->off and makes the
@@ -336,8 +381,9 @@ int kvti_fwriter_close(kvti_fwriter *w, uint64_t *size, uint64_t *xxh3) {
   return 0;
 }
 
-int kvti_fwriter_open(kvti_fwriter **out, const char *path,
-                      const kvti_fwriter_opts *o) {
+/* The private group of one behind kvti_fwriter_open(_at). */
+static int open_single(kvti_fwriter **out, int dirfd, const char *name,
+                       const char *path, const kvti_fwriter_opts *o) {
   kvti_fwriter_opts def = KVTI_FWRITER_OPTS_INIT;
   if (!o)
     o = &def;
@@ -346,7 +392,8 @@ int kvti_fwriter_open(kvti_fwriter **out, const char *path,
   if (rc)
     return rc;
   kvti_fwriter *w = NULL;
-  rc = kvti_wgroup_file(&w, g, path, o);
+  rc = dirfd >= 0 ? kvti_wgroup_file_at(&w, g, dirfd, name, path, o)
+                  : kvti_wgroup_file(&w, g, path, o);
   if (rc) {
     kvti_wgroup_abort(g);
     return rc;
@@ -354,6 +401,18 @@ int kvti_fwriter_open(kvti_fwriter **out, const char *path,
   w->own_group = 1;
   *out = w;
   return 0;
+}
+
+int kvti_fwriter_open(kvti_fwriter **out, const char *path,
+                      const kvti_fwriter_opts *o) {
+  return open_single(out, -1, NULL, path, o);
+}
+
+int kvti_fwriter_open_at(kvti_fwriter **out, int dirfd, const char *name,
+                         const char *path, const kvti_fwriter_opts *o) {
+  if (dirfd < 0)
+    return KVT_ERR(KVT_EINVAL, "fwriter: bad directory descriptor");
+  return open_single(out, dirfd, name, path, o);
 }
 
 int kvti_fwriter_finish(kvti_fwriter *w, uint64_t *size, uint64_t *xxh3,

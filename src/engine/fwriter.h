@@ -64,6 +64,15 @@ int kvti_wgroup_open(kvti_wgroup **out, int backend, kvti_bufpool *pool,
 /* Starts a file in the group (o->backend/pool are ignored: the group's). */
 int kvti_wgroup_file(kvti_fwriter **out, kvti_wgroup *g, const char *path,
                      const kvti_fwriter_opts *o);
+/* The same for file name (no '/') in directory descriptor dirfd: created
+ * with O_NOFOLLOW relative to dirfd (a link planted at name is refused,
+ * never followed: KVT_EPERM), and chmod'ed, opened for O_DIRECT and removed
+ * on failure through dirfd, never by path. dirfd is borrowed: it must stay
+ * open until the group finishes or aborts. path (may be NULL: name) names
+ * the file in messages. KVT_EINVAL: dirfd < 0 or a bad name. */
+int kvti_wgroup_file_at(kvti_fwriter **out, kvti_wgroup *g, int dirfd,
+                        const char *name, const char *path,
+                        const kvti_fwriter_opts *o);
 /* Writes the reserved head (opts.head_reserve) of an open file: len must
  * equal head_reserve. Written through the page cache at offset 0 (synchronous,
  * a few KiB) and made durable with the file by the group's fsync. A file opened
@@ -86,6 +95,9 @@ void kvti_wgroup_abort(kvti_wgroup *g);
 /* Single-file convenience (a private group of one). */
 int kvti_fwriter_open(kvti_fwriter **out, const char *path,
                       const kvti_fwriter_opts *o);
+/* Single file in a directory descriptor (kvti_wgroup_file_at's rules). */
+int kvti_fwriter_open_at(kvti_fwriter **out, int dirfd, const char *name,
+                         const char *path, const kvti_fwriter_opts *o);
 /* Appends len bytes (copied before return). Returns 0 or the error. */
 int kvti_fwriter_append(kvti_fwriter *w, const void *data, size_t len);
 /* For a writer from kvti_fwriter_open: close + finish of its group (fsync when

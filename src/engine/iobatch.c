@@ -921,6 +921,16 @@ int kvti_iob_open_direct(const char *path, int flags, unsigned mode) {
 #endif
 }
 
+int kvti_iob_open_direct_at(int dirfd, const char *name, int flags,
+                            unsigned mode) {
+#if defined(O_DIRECT) && !KVT_PORTABLE
+  return kvti_openat_quiet(dirfd, name, flags | O_DIRECT, (mode_t)mode);
+#else
+  (void)dirfd, (void)name, (void)flags, (void)mode;
+  return -1;
+#endif
+}
+
 int kvti_iob_drop_cache(int fd) {
 #ifdef POSIX_FADV_DONTNEED
   if (kvti_io->fadvise) {

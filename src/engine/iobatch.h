@@ -145,6 +145,9 @@ int kvti_iobatch_fsync_many(kvti_iobatch *b, const int *fds, size_t n,
  * fd, or -1 when the platform or the file system has no O_DIRECT (the error is
  * not set: callers just use the buffered descriptor). */
 int kvti_iob_open_direct(const char *path, int flags, unsigned mode);
+/* The same for name relative to directory descriptor dirfd (O_NOFOLLOW). */
+int kvti_iob_open_direct_at(int dirfd, const char *name, int flags,
+                            unsigned mode);
 
 /* A process-wide cache of engines per backend so promotes and spills do not set
  * up a ring per call. get returns a cached engine or creates one (same codes as

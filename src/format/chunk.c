@@ -338,20 +338,18 @@ static int head_seal(uint8_t *hdr, const plan *p, kvti_blkhash *bh) {
   return 0;
 }
 
-static char *dir_of(const char *path) {
-  const char *sl = strrchr(path, '/');
-  size_t n = sl ? (size_t)(sl - path) : 1;
-  char *d = kvti_malloc(n + 1);
-  if (!d)
-    return NULL;
-  memcpy(d, sl ? path : ".", n);
-  d[n] = '\0';
-  return d;
-}
-
-int kvti_chunk_write(const char *path, const char *tmp,
-                     const kvti_chunk_src *src, uint32_t file_mode,
-                     int do_fsync, kvti_chunk_written *out) {
+int kvti_chunk_write_at(int dirfd, const char *name, const char *tmp,
+                        const char *path, const kvti_chunk_src *src,
+                        uint32_t file_mode, int do_fsync,
+                        kvti_chunk_written *out) {
+  if (dirfd < 0 || !name || !tmp || strchr(name, '/') || strchr(tmp, '/'))
+    return KVT_ERR(KVT_EINVAL, "chunk write: bad directory or name");
+  if (!path)
+    path = name;
+  char tpath[4200];
+  snprintf(tpath, sizeof tpath, "%.*s%s",
+           (int)(strrchr(path, '/') ? strrchr(path, '/') + 1 - path : 0), path,
+           tmp);
   plan p;
   int rc = make_plan(&p, src);
   if (rc)
@@ -375,7 +373,11 @@ int kvti_chunk_write(const char *path, const char *tmp,
    * checksums, is written last into the space reserved for it: one pass over
    * the data, not a hashing pass before the writes (~5 ms of a 32 MiB chunk's
    * ~75 ms). The tmp file is renamed only after the header and data are
-   * durable, so no reader ever sees the reserved space unfilled. */
+   * durable, so no reader ever sees the reserved space unfilled. Every name
+   * is resolved in dirfd alone (O_NOFOLLOW, O_EXCL, renameat, unlinkat): a
+   * link planted at tmp is removed as a stale tmp (never followed: the
+   * create is O_EXCL), a link at name is replaced by the rename, and
+   * nothing is written outside dirfd whatever links lie above it. */
   kvti_fwriter_opts fo = KVTI_FWRITER_OPTS_INIT;
   fo.blocks = bh; /* per block; the whole-file hash is then off */
   fo.head_reserve = p.header_bytes;
@@ -383,10 +385,11 @@ int kvti_chunk_write(const char *path, const char *tmp,
   fo.file_mode = file_mode;
   fo.excl = 1;
   kvti_fwriter *fw = NULL;
-  if (rc == 0 && kvti_fwriter_open(&fw, tmp, &fo) != 0) {
+  if (rc == 0 && kvti_fwriter_open_at(&fw, dirfd, tmp, tpath, &fo) != 0) {
     /* A stale tmp left by a crash: remove it and try once more. */
-    kvti_unlink(tmp);
-    rc = kvti_fwriter_open(&fw, tmp, &fo);
+    kvt_clear_error();
+    kvti_unlinkat(dirfd, tmp, tpath);
+    rc = kvti_fwriter_open_at(&fw, dirfd, tmp, tpath, &fo);
   }
   if (rc == 0)
     rc = for_pieces(src, piece_write, fw);
@@ -401,25 +404,51 @@ int kvti_chunk_write(const char *path, const char *tmp,
     else
       kvti_fwriter_abort(fw); /* removes tmp */
     if (rc == 0 && size != total) {
-      rc = KVT_ERR(KVT_EIO, "%s: wrote %llu of %llu bytes", tmp,
+      rc = KVT_ERR(KVT_EIO, "%s: wrote %llu of %llu bytes", tpath,
                    (unsigned long long)size, (unsigned long long)total);
-      kvti_unlink(tmp); /* finished, so still there: nothing left at tmp */
+      kvti_unlinkat(dirfd, tmp, tpath); /* finished, so still there */
     }
     fw = NULL;
   }
   kvti_blkhash_free(bh);
   kvti_free(hdr);
-  if (rc == 0 && (rc = kvti_rename(tmp, path)) != 0)
-    kvti_unlink(tmp);
-  if (rc == 0 && do_fsync) {
-    char *d = dir_of(path);
-    rc = d ? kvti_fsync_dir(d) : KVT_ERR_NOMEM();
-    kvti_free(d);
-    if (rc)
-      kvti_unlink(path); /* not durable: do not leave it to be indexed */
+  if (rc == 0 &&
+      (rc = kvti_renameat(dirfd, tmp, dirfd, name, tpath, path)) != 0) {
+    kvti_error_state es;
+    kvti_error_state_capture(&es, rc);
+    kvti_unlinkat(dirfd, tmp, tpath);
+    kvti_error_state_restore(&es);
+  }
+  if (rc == 0 && do_fsync && (rc = kvti_fsync(dirfd, path)) != 0) {
+    kvti_error_state es;
+    kvti_error_state_capture(&es, rc);
+    kvti_unlinkat(dirfd, name, path); /* not durable: never to be indexed */
+    kvti_error_state_restore(&es);
   }
   if (rc == 0 && out)
     *out = w;
+  return rc;
+}
+
+int kvti_chunk_write(const char *path, const char *tmp,
+                     const kvti_chunk_src *src, uint32_t file_mode,
+                     int do_fsync, kvti_chunk_written *out) {
+  const char *sl = strrchr(path, '/'), *tsl = strrchr(tmp, '/');
+  size_t dn = sl ? (size_t)(sl - path) : 0;
+  char dir[4096];
+  if (dn >= sizeof dir)
+    return KVT_ERR(KVT_ERANGE, "chunk path too long");
+  if ((tsl ? (size_t)(tsl - tmp) : 0) != dn || strncmp(path, tmp, dn) != 0)
+    return KVT_ERR(KVT_EINVAL, "chunk write: %s and %s in two directories", tmp,
+                   path);
+  snprintf(dir, sizeof dir, "%.*s", (int)(sl ? (dn ? dn : 1) : 1),
+           sl ? path : ".");
+  int dfd = kvti_open(dir, O_RDONLY | O_DIRECTORY, 0);
+  if (dfd < 0)
+    return dfd;
+  int rc = kvti_chunk_write_at(dfd, sl ? sl + 1 : path, tsl ? tsl + 1 : tmp,
+                               path, src, file_mode, do_fsync, out);
+  kvti_close(dfd);
   return rc;
 }
 

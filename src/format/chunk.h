@@ -178,6 +178,17 @@ typedef struct kvti_chunk_written {
 int kvti_chunk_write(const char *path, const char *tmp,
                      const kvti_chunk_src *src, uint32_t file_mode,
                      int do_fsync, kvti_chunk_written *out);
+/* The same in directory descriptor dirfd (borrowed): name and tmp are file
+ * names in it (no '/'), resolved there alone - created O_EXCL|O_NOFOLLOW,
+ * renamed with renameat, removed with unlinkat, the directory fsynced by
+ * its descriptor - so no link above or at either name is ever followed.
+ * path (may be NULL: name) names the file in messages; tmp's message name is
+ * made from path's directory. Same codes (KVT_EPERM: something at tmp that
+ * cannot be replaced). */
+int kvti_chunk_write_at(int dirfd, const char *name, const char *tmp,
+                        const char *path, const kvti_chunk_src *src,
+                        uint32_t file_mode, int do_fsync,
+                        kvti_chunk_written *out);
 
 /* ---- reading ---- */
 

@@ -14,6 +14,7 @@
 #include "base/io.h"
 #include "store/local_dir.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -25,7 +26,6 @@ struct kvti_chunkstore {
   int root_fd; /* cache_dir itself: reads and removals walk from here */
   kvti_chunkstore_opts o;
   kvti_chains *chains;
-  int dir_ok; /* chunks/ known to exist */
 };
 
 int kvti_chunkstore_open(kvti_chunkstore **out, const char *cache_dir,
@@ -72,6 +72,13 @@ int kvti_chunkstore_open_subdir(kvti_chunkstore *cs, unsigned kk) {
   char rel[16];
   snprintf(rel, sizeof rel, kk < 256 ? "chunks/%02x" : "chunks", kk);
   return kvti_dir_open_rel(cs->root_fd, rel, cs->cache);
+}
+
+int kvti_chunkstore_make_subdir(kvti_chunkstore *cs, unsigned kk) {
+  char rel[16];
+  snprintf(rel, sizeof rel, "chunks/%02x", kk & 0xffu);
+  return kvti_dir_open_mk(cs->root_fd, rel, cs->o.dir_mode, cs->o.do_fsync,
+                          cs->cache);
 }
 
 /* The sweep's position file: chunks/sweep.pos, "<kk> <cursor>\n". Not a
@@ -173,23 +180,6 @@ int kvti_chunk_file_key(uint8_t key[32], const char *name) {
   return kvti_unhex32(key, hex) == 0 ? 0 : -1;
 }
 
-/* Creates dir if missing; with do_fsync the parent is fsynced after a
- * creation, so the new directory entry is durable before chunks go in. */
-static int ensure_dir(const kvti_chunkstore *cs, const char *dir,
-                      const char *parent) {
-  struct stat st;
-  int rc = kvti_lstat(dir, &st);
-  if (rc == 0)
-    return S_ISDIR(st.st_mode)
-               ? 0
-               : KVT_ERR(KVT_EPERM, "%s is not a directory", dir);
-  if (rc != KVT_ENOTFOUND)
-    return rc;
-  if ((rc = kvti_mkdir(dir, cs->o.dir_mode)) != 0)
-    return rc;
-  return cs->o.do_fsync ? kvti_fsync_dir(parent) : 0;
-}
-
 /* Rows every listed layer holds as valid KV: min(n, offsets, shape[-2]). */
 static uint64_t valid_rows(const kvti_chunkstore_spill *sp) {
   uint64_t rows = sp->n;
@@ -255,7 +245,7 @@ int kvti_chunkstore_put(kvti_chunkstore *cs, const kvti_chunkstore_spill *sp,
   uint8_t parent[32];
   memcpy(parent, seed, 32);
   kvti_ck ck = kvti_ck_seed(sp->ns, sp->ns_len);
-  char path[4096], tmp[4200], sub[4096];
+  char path[4096];
   for (size_t i = 0; rc == 0 && i < m; i++) {
     const int32_t *tk = sp->tokens + i * C;
     uint8_t key[32];
@@ -275,32 +265,26 @@ int kvti_chunkstore_put(kvti_chunkstore *cs, const kvti_chunkstore_spill *sp,
     }
     if ((rc = kvti_chunkstore_path(cs, key, path, sizeof path)) != 0)
       break;
-    snprintf(sub, sizeof sub, "%.*s", (int)(strrchr(path, '/') - path), path);
-    snprintf(tmp, sizeof tmp, "%.*s.tmp", (int)(strlen(path) - 4), path);
-    if (!cs->dir_ok) {
-      char *root = kvti_strdup(cs->dir);
-      char *sl = root ? strrchr(root, '/') : NULL;
-      if (!root)
-        rc = KVT_ERR_NOMEM();
-      else {
-        if (sl)
-          *sl = 0;
-        rc = ensure_dir(cs, cs->dir, sl ? root : ".");
-      }
-      kvti_free(root);
-      if (rc)
-        break;
-      cs->dir_ok = 1;
-    }
-    if ((rc = ensure_dir(cs, sub, cs->dir)) != 0)
+    /* Written into chunks/<kk> reached from cache_dir's descriptor (made
+     * when missing, links refused): a chunks/ or chunks/<kk> swapped for a
+     * link is never written through. */
+    char name[72], tmpname[72];
+    snprintf(name, sizeof name, "%s", strrchr(path, '/') + 1);
+    snprintf(tmpname, sizeof tmpname, "%.64s.tmp", name);
+    int dfd = kvti_chunkstore_make_subdir(cs, key[0]);
+    if (dfd < 0) {
+      rc = dfd;
       break;
+    }
     src.parent = parent;
     src.index = i;
     src.tokens = tk;
     src.row0 = (uint64_t)i * C;
     kvti_chunk_written w;
-    if ((rc = kvti_chunk_write(path, tmp, &src, cs->o.file_mode, cs->o.do_fsync,
-                               &w)) != 0)
+    rc = kvti_chunk_write_at(dfd, name, tmpname, path, &src, cs->o.file_mode,
+                             cs->o.do_fsync, &w);
+    kvti_close(dfd);
+    if (rc)
       break;
     if (rewrite) {
       kvti_chains_set_damaged(cs->chains, key, 0);
@@ -393,6 +377,31 @@ int kvti_chunkstore_open_key(kvti_chunkstore *cs, const uint8_t key[32],
   if (ffd < 0)
     return ffd;
   return kvti_chunk_open_fd(ffd, fd, h, path, key, layout);
+}
+
+int kvti_chunkstore_read_bytes(kvti_chunkstore *cs, const uint8_t key[32],
+                               char **out, size_t *len, size_t max) {
+  char path[4096];
+  int rc = kvti_chunkstore_path(cs, key, path, sizeof path);
+  if (rc)
+    return rc;
+  int dfd = kvti_chunkstore_open_subdir(cs, key[0]);
+  if (dfd < 0)
+    return dfd;
+  int fd = kvti_openat(dfd, strrchr(path, '/') + 1, O_RDONLY, 0, path);
+  kvti_close(dfd);
+  if (fd < 0)
+    return fd;
+  struct stat st;
+  if (kvti_io->fstat(fd, &st) != 0)
+    rc = KVT_ERR_OS(errno, "stat %s", path);
+  else if (kvti_file_sparse(&st))
+    rc = KVT_ERR(KVT_ECORRUPT, "%s is sparse (%lld bytes, mostly holes)", path,
+                 (long long)st.st_size);
+  else
+    rc = kvti_read_fd(out, len, fd, path, max, NULL);
+  kvti_close(fd);
+  return rc;
 }
 
 int kvti_chunkstore_open_chunk(kvti_chunkstore *cs, const kvti_chain_rec *rec,

@@ -62,6 +62,11 @@ int kvti_chunk_rec_of(kvti_chain_rec *r, const kvti_chunk_hdr *h,
  * caller closes it). fd, KVT_ENOTFOUND, KVT_EPERM (a link or a non-directory
  * on the way: refused, the message names it), another negative code. */
 int kvti_chunkstore_open_subdir(kvti_chunkstore *cs, unsigned kk);
+/* The same for chunks/<kk> (kk < 256), made (with chunks/) when missing,
+ * relative to the descriptor above it, with the store's dir_mode and, with
+ * do_fsync, that descriptor fsynced after a creation: where chunk files are
+ * written. A link or non-directory on the way is KVT_EPERM, nothing made. */
+int kvti_chunkstore_make_subdir(kvti_chunkstore *cs, unsigned kk);
 /* cache_dir's own descriptor (borrowed: valid until the store closes), for
  * other walks below cache_dir (quarantine/). */
 int kvti_chunkstore_root_fd(const kvti_chunkstore *cs);
@@ -147,6 +152,15 @@ int kvti_chunkstore_open_chunk(kvti_chunkstore *cs, const kvti_chain_rec *rec,
  * part of open_chunk that needs no row. KVT_EPERM: a link on the way. */
 int kvti_chunkstore_open_key(kvti_chunkstore *cs, const uint8_t key[32],
                              uint64_t layout, int *fd, kvti_chunk_hdr *h);
+
+/* Reads chunk key's whole file (at most max bytes) into a malloc'ed buffer
+ * (kvti_read_fd: NUL appended, not counted), opened from cache_dir's
+ * descriptor without following links and refused when sparse. Nothing is
+ * parsed: the caller verifies. 0, KVT_ENOTFOUND, KVT_EPERM (a link on the
+ * way or at the name), KVT_ECORRUPT (too large, sparse, not a regular
+ * file), KVT_EIO, KVT_ENOMEM. */
+int kvti_chunkstore_read_bytes(kvti_chunkstore *cs, const uint8_t key[32],
+                               char **out, size_t *len, size_t max);
 
 /* Removes key and every chunk below it (rows first, then files). *n (may be
  * NULL) receives how many; *bytes (may be NULL) their disk bytes. Returns 0,

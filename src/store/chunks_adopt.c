@@ -84,22 +84,6 @@ int kvti_chunk_verify_bytes(const void *bytes, size_t len,
   return rc;
 }
 
-/* mkdir that also fsyncs the parent after a creation (durability FSYNC). */
-static int mkdir_durable(const char *dir, uint32_t mode, int do_fsync) {
-  struct stat st;
-  if (kvti_lstat(dir, &st) == 0)
-    return 0;
-  int rc = kvti_mkdir(dir, mode);
-  if (rc || !do_fsync)
-    return rc;
-  char parent[4096];
-  snprintf(parent, sizeof parent, "%s", dir);
-  char *sl = strrchr(parent, '/');
-  if (sl)
-    *sl = '\0';
-  return kvti_fsync_dir(sl ? parent : ".");
-}
-
 int kvti_chunkstore_adopt(kvti_chunkstore *cs, const void *bytes, size_t len,
                           const kvti_chain_rec *rec) {
   kvti_chains *ch = kvti_chunkstore_chains(cs);
@@ -107,21 +91,27 @@ int kvti_chunkstore_adopt(kvti_chunkstore *cs, const void *bytes, size_t len,
     return 0; /* stored meanwhile: never written twice */
   kvti_chunkstore_opts o;
   kvti_chunkstore_get_opts(cs, &o);
-  char path[4096], tmp[4200], sub[4096], root[4096];
+  char path[4096], tmp[4200];
   int rc = kvti_chunkstore_path(cs, rec->key, path, sizeof path);
   if (rc)
     return rc;
-  snprintf(sub, sizeof sub, "%.*s", (int)(strrchr(path, '/') - path), path);
-  snprintf(root, sizeof root, "%.*s", (int)(strrchr(sub, '/') - sub), sub);
   snprintf(tmp, sizeof tmp, "%.*s.tmp", (int)(strlen(path) - 4), path);
-  if ((rc = mkdir_durable(root, o.dir_mode, o.do_fsync)) != 0 ||
-      (rc = mkdir_durable(sub, o.dir_mode, o.do_fsync)) != 0)
-    return rc;
-  kvti_unlink(tmp); /* a stale one from a crash */
+  /* Every name is resolved in chunks/<kk>'s descriptor, reached from
+   * cache_dir's without following links (as a spill's chunk writes): a
+   * link at chunks/, chunks/<kk>, the tmp or the final name is never
+   * followed. */
+  const char *name = strrchr(path, '/') + 1, *tname = strrchr(tmp, '/') + 1;
+  int dfd = kvti_chunkstore_make_subdir(cs, rec->key[0]);
+  if (dfd < 0)
+    return dfd;
+  kvti_unlinkat(dfd, tname, tmp); /* a stale one from a crash */
   kvt_clear_error();
-  int fd = kvti_open(tmp, O_WRONLY | O_CREAT | O_EXCL, o.file_mode);
-  if (fd < 0)
+  int fd =
+      kvti_openat(dfd, tname, O_WRONLY | O_CREAT | O_EXCL, o.file_mode, tmp);
+  if (fd < 0) {
+    kvti_close(dfd);
     return fd;
+  }
   rc = kvti_pwrite_all(fd, bytes, len, 0, tmp);
   if (rc == 0 && o.do_fsync)
     rc = kvti_fsync(fd, tmp);
@@ -129,17 +119,22 @@ int kvti_chunkstore_adopt(kvti_chunkstore *cs, const void *bytes, size_t len,
   if (rc == 0)
     rc = crc;
   if (rc == 0)
-    rc = kvti_rename(tmp, path);
+    rc = kvti_renameat(dfd, tname, dfd, name, tmp, path);
   if (rc == 0 && o.do_fsync)
-    rc = kvti_fsync_dir(sub);
+    rc = kvti_fsync(dfd, path);
   /* Durable before indexed, as a spill's chunks. */
-  if (rc == 0 && (rc = kvti_chains_put(ch, rec, 1)) != 0)
-    kvti_unlink(path);
+  if (rc == 0 && (rc = kvti_chains_put(ch, rec, 1)) != 0) {
+    kvti_error_state es;
+    kvti_error_state_capture(&es, rc);
+    kvti_unlinkat(dfd, name, path);
+    kvti_error_state_restore(&es);
+  }
   if (rc) {
     kvti_error_state es;
     kvti_error_state_capture(&es, rc);
-    kvti_unlink(tmp);
+    kvti_unlinkat(dfd, tname, tmp);
     kvti_error_state_restore(&es);
   }
+  kvti_close(dfd);
   return rc;
 }

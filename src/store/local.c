@@ -13,6 +13,7 @@
  * mid-delete leaves only a *.tmp that the next open removes.
  */
 #include "store/local.h"
+#include "store/local_dir.h"
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/hash.h"
@@ -355,32 +356,8 @@ static int lb_purge(kvti_backend *b, const char *name) {
   return remove_tree(L(b), name);
 }
 
-/* Removes the oldest quarantined entries until at most keep remain. */
-static void quarantine_bound(local_backend *lb, uint32_t keep) {
-  name_list l;
-  if (names_read(&l, lb->quarantine_dir, 1) != 0)
-    return;
-  while (l.n > keep) {
-    size_t oldest = 0;
-    for (size_t i = 1; i < l.n; i++) {
-      if (l.sec[i] < l.sec[oldest] ||
-          (l.sec[i] == l.sec[oldest] && l.nsec[i] < l.nsec[oldest]) ||
-          (l.sec[i] == l.sec[oldest] && l.nsec[i] == l.nsec[oldest] &&
-           strcmp(l.names[i], l.names[oldest]) < 0))
-        oldest = i;
-    }
-    char *p = kvti_path_join(lb->quarantine_dir, l.names[oldest]);
-    if (p)
-      kvti_rmtree(p);
-    kvti_free(p);
-    kvti_free(l.names[oldest]);
-    l.n--;
-    l.names[oldest] = l.names[l.n];
-    l.sec[oldest] = l.sec[l.n];
-    l.nsec[oldest] = l.nsec[l.n];
-  }
-  names_free(&l);
-}
+static int quarantine_at(const char *cache_dir, uint32_t dir_mode,
+                         const char *hash, uint32_t keep_max, size_t *bounded);
 
 static int lb_quarantine(kvti_backend *b, const char *hash, uint32_t keep_max) {
   local_backend *lb = L(b);
@@ -388,57 +365,86 @@ static int lb_quarantine(kvti_backend *b, const char *hash, uint32_t keep_max) {
     return KVT_ERR(KVT_EINVAL, "invalid entry name");
   if (keep_max == 0)
     return remove_tree(lb, hash);
-  char *src = entry_path(lb, hash);
-  if (!src)
-    return KVT_ENOMEM;
-  struct stat st;
-  if (kvti_io->lstat(src, &st) != 0) {
-    int e = errno;
-    kvti_free(src);
-    return e == ENOENT ? 0 : KVT_ERR_OS(e, "stat data/%s", hash);
-  }
-  int rc = kvti_mkdir(lb->quarantine_dir, lb->dir_mode);
-  if (rc == 0) {
-    size_t n = strlen(lb->quarantine_dir) + KVT_HASH_HEX_LEN + 48;
-    char *dst = kvti_malloc(n);
-    if (!dst) {
-      rc = KVT_ERR_NOMEM();
-    } else {
-      /* Name clash (the same tokens quarantined before): try unique suffixes;
-       * never give up the move because a name is taken. */
-      rc = KVT_EIO;
-      for (unsigned attempt = 0; attempt < 1000; attempt++) {
-        if (attempt == 0)
-          snprintf(dst, n, "%s/%s", lb->quarantine_dir, hash);
-        else
-          snprintf(dst, n, "%s/%s.%lld-%u", lb->quarantine_dir, hash,
-                   (long long)kvti_now_wall(), attempt);
-        struct stat dst_st;
-        if (kvti_io->lstat(dst, &dst_st) == 0)
-          continue; /* taken (rename would replace an empty dir) */
-        if (kvti_io->rename(src, dst) == 0) {
-          rc = 0;
-          break;
-        }
-        if (errno != EEXIST && errno != ENOTEMPTY) {
-          rc = KVT_ERR_OS(errno, "rename data/%s -> quarantine", hash);
-          break;
-        }
-      }
-      kvti_free(dst);
-    }
-  }
-  if (rc != 0) {
+  int rc = quarantine_at(lb->cache_dir, lb->dir_mode, hash, keep_max, NULL);
+  if (rc != 0 && rc != KVT_ENOTFOUND) {
     /* The entry is corrupt: if it cannot be kept for inspection it must still
      * leave data/. */
     kvti_error_state es;
     kvti_error_state_capture(&es, rc);
     remove_tree(lb, hash);
     KVT_ERR(rc, "%s (entry deleted instead)", es.msg);
-  } else {
-    quarantine_bound(lb, keep_max);
   }
-  kvti_free(src);
+  return rc == KVT_ENOTFOUND ? 0 : rc;
+}
+
+/* The move of data/<hash> into quarantine/ and the bound, every name
+ * resolved from cache_dir's descriptor without following links (a
+ * quarantine/ or data/ swapped for a link is refused, nothing moved out of
+ * the cache or removed outside it). The bound governs the entries alone:
+ * the chunk-* directories of quarantined chunks are bounded by their own
+ * routine (tier/chunk_tools.c), so the two never evict or count each other,
+ * and the entry just moved is never the one to go. KVT_ENOTFOUND: no such
+ * entry (nothing to do). */
+static int quarantine_at(const char *cache_dir, uint32_t dir_mode,
+                         const char *hash, uint32_t keep_max, size_t *bounded) {
+  if (bounded)
+    *bounded = 0;
+  int root = kvti_dir_open_root(cache_dir);
+  if (root < 0)
+    return root;
+  int dfd = kvti_dir_open_rel(root, "data", cache_dir), qfd = -1, rc = 0;
+  struct stat st;
+  if (dfd < 0)
+    rc = dfd;
+  else if ((rc = kvti_lstatat(dfd, hash, &st, hash)) == KVT_ENOTFOUND)
+    kvt_clear_error();
+  if (rc == 0 && kvti_mkdirat(root, "quarantine", dir_mode, "quarantine") >= 0)
+    qfd = kvti_dir_open_rel(root, "quarantine", cache_dir);
+  else if (rc == 0)
+    rc = KVT_EIO;
+  if (rc == 0 && qfd < 0)
+    rc = qfd;
+  char dst[KVT_HASH_HEX_LEN + 48];
+  if (rc == 0) {
+    /* Name clash (the same tokens quarantined before): try unique suffixes;
+     * never give up the move because a name is taken. */
+    rc = KVT_ERR(KVT_EIO, "rename data/%s -> quarantine: no free name", hash);
+    for (unsigned attempt = 0; attempt < 1000; attempt++) {
+      if (attempt == 0)
+        snprintf(dst, sizeof dst, "%s", hash);
+      else
+        snprintf(dst, sizeof dst, "%s.%lld-%u", hash,
+                 (long long)kvti_now_wall(), attempt);
+      struct stat dst_st;
+      int r = kvti_io->fstatat
+                  ? kvti_io->fstatat(qfd, dst, &dst_st, AT_SYMLINK_NOFOLLOW)
+                  : fstatat(qfd, dst, &dst_st, AT_SYMLINK_NOFOLLOW);
+      if (r == 0)
+        continue; /* taken (rename would replace an empty dir) */
+      r = kvti_io->renameat ? kvti_io->renameat(dfd, hash, qfd, dst)
+                            : renameat(dfd, hash, qfd, dst);
+      if (r == 0) {
+        kvt_clear_error();
+        rc = 0;
+        break;
+      }
+      if (errno != EEXIST && errno != ENOTEMPTY) {
+        rc = KVT_ERR_OS(errno, "rename data/%s -> quarantine", hash);
+        break;
+      }
+    }
+  }
+  if (rc == 0) {
+    kvti_error_state es;
+    kvti_error_state_capture(&es, 0);
+    kvti_dir_bound_others(qfd, keep_max, "chunk-", dst, bounded, "quarantine");
+    kvti_error_state_restore(&es); /* the move is done: a bound left is not */
+  }
+  if (qfd >= 0)
+    kvti_close(qfd);
+  if (dfd >= 0)
+    kvti_close(dfd);
+  kvti_close(root);
   return rc;
 }
 

@@ -34,7 +34,40 @@ static int open_comp(int dirfd, const char *name, const char *where,
   return fd;
 }
 
+/* open_comp that makes the component when it is missing. */
+static int open_comp_mk(int dirfd, const char *name, const char *where,
+                        const char *prefix, unsigned mode, int do_fsync) {
+  int fd = open_comp(dirfd, name, where, prefix);
+  if (fd != KVT_ENOTFOUND || mode == 0)
+    return fd;
+  kvt_clear_error();
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s", where ? where : ".", prefix);
+  int rc = kvti_mkdirat(dirfd, name, (mode_t)mode, path);
+  if (rc < 0)
+    return rc;
+  /* rc == 1: made meanwhile by another process; its open below checks
+   * what it is. */
+  if (rc == 0 && do_fsync && (rc = kvti_fsync(dirfd, path)) != 0)
+    return rc;
+  return open_comp(dirfd, name, where, prefix);
+}
+
+/* The walk of kvti_dir_open_rel; mode != 0 creates missing components. */
+static int open_rel(int base_fd, const char *rel, const char *where,
+                    unsigned mode, int do_fsync);
+
 int kvti_dir_open_rel(int base_fd, const char *rel, const char *where) {
+  return open_rel(base_fd, rel, where, 0, 0);
+}
+
+int kvti_dir_open_mk(int base_fd, const char *rel, unsigned mode, int do_fsync,
+                     const char *where) {
+  return open_rel(base_fd, rel, where, mode ? mode : 0700, do_fsync);
+}
+
+static int open_rel(int base_fd, const char *rel, const char *where,
+                    unsigned mode, int do_fsync) {
   char buf[4096];
   size_t n = strlen(rel);
   if (n == 0 || n >= sizeof buf || rel[0] == '/')
@@ -50,7 +83,7 @@ int kvti_dir_open_rel(int base_fd, const char *rel, const char *where) {
         kvti_close(fd);
       return KVT_ERR(KVT_EINVAL, "bad relative directory '%s'", rel);
     }
-    int nfd = open_comp(fd, c, where, buf);
+    int nfd = open_comp_mk(fd, c, where, buf, mode, do_fsync);
     if (fd != base_fd)
       kvti_close(fd);
     if (nfd < 0)
@@ -194,8 +227,24 @@ static int rmtree_at(int dirfd, const char *name, int depth) {
   return rc;
 }
 
+/* The bound of kvti_dir_bound (prefix: the names it governs) and
+ * kvti_dir_bound_others (others: the names it leaves alone). */
+static int bound(int dirfd, size_t keep, const char *prefix, const char *others,
+                 const char *except, size_t *removed, const char *where);
+
 int kvti_dir_bound(int dirfd, size_t keep, const char *prefix,
                    const char *except, size_t *removed, const char *where) {
+  return bound(dirfd, keep, prefix, NULL, except, removed, where);
+}
+
+int kvti_dir_bound_others(int dirfd, size_t keep, const char *others,
+                          const char *except, size_t *removed,
+                          const char *where) {
+  return bound(dirfd, keep, NULL, others, except, removed, where);
+}
+
+static int bound(int dirfd, size_t keep, const char *prefix, const char *others,
+                 const char *except, size_t *removed, const char *where) {
   if (removed)
     *removed = 0;
   dir_names l;
@@ -207,7 +256,8 @@ int kvti_dir_bound(int dirfd, size_t keep, const char *prefix,
    * protect it). */
   size_t m = 0;
   for (size_t i = 0; i < l.n; i++) {
-    int skip = prefix && strncmp(l.names[i], prefix, strlen(prefix)) != 0;
+    int skip = (prefix && strncmp(l.names[i], prefix, strlen(prefix)) != 0) ||
+               (others && strncmp(l.names[i], others, strlen(others)) == 0);
     if (!skip && except && !strcmp(l.names[i], except)) {
       skip = 1;
       if (keep)

@@ -22,6 +22,14 @@ int kvti_dir_open_root(const char *cache_dir);
  * KVT_EPERM (a component is a link or not a directory: the message names
  * it), another negative code. where names base in messages. */
 int kvti_dir_open_rel(int base_fd, const char *rel, const char *where);
+/* kvti_dir_open_rel that creates the missing components (mkdirat with
+ * mode, relative to the descriptor of the component above; with do_fsync
+ * that descriptor is fsynced after a creation, so the new directory entry is
+ * durable before anything goes in). Something other than a directory on the
+ * way - a link above all - is refused (KVT_EPERM, nothing created below it).
+ * fd or a negative code. */
+int kvti_dir_open_mk(int base_fd, const char *rel, unsigned mode, int do_fsync,
+                     const char *where);
 /* Unlinks file rel ("a/b/name") below base_fd, reaching its directory as
  * kvti_dir_open_rel does. 0 (also when it is missing), KVT_EPERM (a link on
  * the way: nothing removed), another code. */
@@ -34,5 +42,11 @@ int kvti_dir_unlink_rel(int base_fd, const char *rel, const char *where);
  * 0 or the first failure's code (where names dirfd in messages). */
 int kvti_dir_bound(int dirfd, size_t keep, const char *prefix,
                    const char *except, size_t *removed, const char *where);
+/* The same bound over the names NOT starting with others: quarantine/
+ * holds entries and chunk-* directories, each kind bounded on its own so
+ * neither evicts (nor counts toward) the other. */
+int kvti_dir_bound_others(int dirfd, size_t keep, const char *others,
+                          const char *except, size_t *removed,
+                          const char *where);
 
 #endif

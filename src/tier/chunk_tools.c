@@ -378,6 +378,61 @@ uint64_t kvti_tier_chunk_damaged(kvt_tier *t, const uint8_t key[32], int found,
   return nh;
 }
 
+size_t kvti_tier_chunks_load_damaged(kvt_tier *t) {
+  if (!t->chunked)
+    return 0;
+  kvti_chains *ch = chains_of(t);
+  kvti_chunkstore *cs = kvti_chunked_store(t->chunked);
+  kvti_error_state es;
+  kvti_error_state_capture(&es, 0);
+  size_t n = 0;
+  int qfd =
+      kvti_dir_open_rel(kvti_chunkstore_root_fd(cs), "quarantine", t->dir);
+  int sfd = qfd >= 0
+                ? kvti_openat(qfd, ".", O_RDONLY | O_DIRECTORY, 0, "quarantine")
+                : -1;
+  DIR *d = sfd >= 0 ? kvti_fdopendir(sfd) : NULL;
+  if (!d && sfd >= 0)
+    kvti_close(sfd);
+  struct dirent *de;
+  while (d && (de = kvti_io->readdir(d)) != NULL) {
+    /* chunk-<64 hex>, or chunk-<64 hex>.<n> for a second move of one key */
+    const char *nm = de->d_name;
+    char hex[65];
+    uint8_t key[32];
+    if (strncmp(nm, "chunk-", 6) != 0 || strlen(nm) < 70 ||
+        (nm[70] != '\0' && nm[70] != '.'))
+      continue;
+    memcpy(hex, nm + 6, 64);
+    hex[64] = '\0';
+    if (kvti_unhex32(key, hex) != 0 || !kvti_chains_find(ch, key, NULL) ||
+        kvti_chains_is_damaged(ch, key))
+      continue;
+    /* Whole again when a spill wrote its file back after the move. */
+    char fname[80];
+    snprintf(fname, sizeof fname, "%s.kvc", hex);
+    int kfd = kvti_chunkstore_open_subdir(cs, key[0]);
+    struct stat st;
+    int back = kfd >= 0 && kvti_lstatat(kfd, fname, &st, fname) == 0 &&
+               S_ISREG(st.st_mode);
+    if (kfd >= 0)
+      kvti_close(kfd);
+    if (!back && kvti_chains_set_damaged(ch, key, 1))
+      n++;
+  }
+  if (d)
+    kvti_io->closedir(d);
+  if (qfd >= 0)
+    kvti_close(qfd);
+  kvti_error_state_restore(&es);
+  if (n)
+    kvti_log(t, KVT_LOG_INFO,
+             "kvtier: %zu chunk(s) quarantined earlier are still damaged: "
+             "kept unservable until a spill writes them again",
+             n);
+  return n;
+}
+
 int kvt_tier_chunk_verify(kvt_tier *t, const char *key_hex, int repair,
                           uint64_t *removed_entries) {
   if (removed_entries)

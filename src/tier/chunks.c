@@ -47,6 +47,8 @@ int kvti_tier_chunks_open(kvt_tier *t) {
   int rc = kvti_chunked_open(&t->chunked, t->dir, t->idx, t->opts.chunk_tokens,
                              id, &o);
   t->opts.model_id = NULL; /* the caller's string: encoded, not kept */
+  if (rc == 0)
+    kvti_tier_chunks_load_damaged(t);
   return rc;
 }
 

@@ -56,6 +56,16 @@ int kvti_tier_chunks_after_read(kvt_tier *t);
  * the number of entries through the chunk. No lock held by the caller. */
 uint64_t kvti_tier_chunk_damaged(kvt_tier *t, const uint8_t key[32], int found,
                                  const char *why);
+/* At open: the damaged marks a closed tier held, read back from their
+ * persistent record - the quarantine move (quarantine/chunk-<key>[.n]/).
+ * An indexed chunk quarantined so whose file is not back in chunks/<kk>
+ * is marked damaged again, uncounted and unlogged per chunk (it was
+ * counted when found), so a reopened tier neither offers nor re-counts
+ * what is already known damaged. A chunk whose record is gone (deleted
+ * with quarantine_max 0, or bounded away) is found again by its first read.
+ * Costs one listing of quarantine/ and a stat per quarantined chunk; open
+ * still lists nothing under chunks/. Returns how many were marked. */
+size_t kvti_tier_chunks_load_damaged(kvt_tier *t);
 /* The same for a chunk a read outside kvti_tier_chunks_get found damaged
  * (the remote tier's reads of chained entries). No lock held. */
 void kvti_tier_chunks_quarantine(kvt_tier *t, const uint8_t key[32]);

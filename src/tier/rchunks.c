@@ -100,9 +100,8 @@ int kvti_rchunks_upload(kvt_tier *t, kvti_backend *be, const kvti_snapshot *s,
       char *buf = NULL;
       size_t len = 0;
       int lrc = KVT_ENOTFOUND;
-      if (kvti_chains_find(kvti_chunkstore_chains(cs), key, NULL) &&
-          kvti_chunkstore_path(cs, key, path, sizeof path) == 0)
-        lrc = kvti_read_file(&buf, &len, path, (size_t)1 << 31);
+      if (kvti_chains_find(kvti_chunkstore_chains(cs), key, NULL))
+        lrc = kvti_chunkstore_read_bytes(cs, key, &buf, &len, (size_t)1 << 31);
       if (lrc != 0) { /* not local (remote-only mode, or evicted): write it */
         kvt_clear_error();
         char kh[65];

@@ -11,7 +11,8 @@
  * one row's parent_key replaced by random bytes - cost no entry either: the
  * chain table is rebuilt from the chunk files once, and every entry serves.
  * A chained-entry row pointed at another salt's chain is never followed: the
- * tail's own manifest names its chain.
+ * tail's own manifest names its chain. The damaged mark survives a reopen
+ * (read back from quarantine/): nothing is offered or counted again.
  */
 #include "fmt_testlib.h"
 #include "tier_testlib.h"
@@ -130,6 +131,69 @@ static void test_shared_chunk_flipped(void) {
   CHECK(kvt_test_exists(p));
   for (int c = 0; c <= N_CONV; c++)
     CHECK_EQ_INT(serve(t, tok[c]), 1);
+  REQUIRE(kvt_tier_close(t, -1) == 0);
+  kvt_tier_free(t);
+  free(dir);
+}
+
+/* The damaged mark outlives the tier that set it: its persistent record is
+ * the quarantine move. A tier reopened on the directory does not offer the
+ * entries through the quarantined chunk (lookups miss, as in the tier that
+ * found it) and counts nothing again (chunks_quarantined, quarantined and
+ * entries_unservable stay 0 in it however often they are asked for); a
+ * spill over the prompt writes the chunk again and they all serve, and a
+ * tier opened after that marks nothing. Before, a reopened tier offered
+ * them again (lookup hit, then a failed promote) and counted the chunk as
+ * newly quarantined. */
+static void test_mark_survives_reopen(void) {
+  char *dir = t_join(g_dir, "reopen");
+  kvt_tier *t = open_tier(dir);
+  int32_t tok[N_CONV + 1][N_TOK];
+  for (int c = 0; c <= N_CONV; c++)
+    conv(tok[c], c);
+  for (int c = 0; c < N_CONV; c++)
+    spill(t, tok[c]);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  char h[65];
+  kvt_token_hash(h, tok[0], N_TOK);
+  kvt_chunk_info *ch = NULL;
+  size_t n = 0;
+  REQUIRE(kvt_tier_entry_chain(&ch, &n, NULL, t, h, 0) == 0 && n == 4);
+  char p[4400];
+  snprintf(p, sizeof p, "%s/chunks/%.2s/%s.kvc", dir, ch[1].key, ch[1].key);
+  kvt_free(ch);
+  REQUIRE(t_flip(p, -1) == 0);
+  CHECK_EQ_INT(serve(t, tok[0]), 0);
+  CHECK_EQ_INT(stats_of(t).chunks_quarantined, 1);
+  REQUIRE(kvt_tier_close(t, -1) == 0);
+  kvt_tier_free(t);
+
+  t = open_tier(dir);
+  kvt_entry_info info;
+  for (int c = 0; c < N_CONV; c++) {
+    CHECK_EQ_INT(kvt_tier_lookup(&info, t, tok[c], N_TOK), KVT_ENOTFOUND);
+    CHECK_EQ_INT(serve(t, tok[c]), 0);
+  }
+  kvt_stats s = stats_of(t);
+  CHECK_EQ_INT(s.chunks_quarantined, 0);
+  CHECK_EQ_INT(s.quarantined, 0);
+  CHECK_EQ_INT(s.entries_unservable, 0);
+  CHECK_EQ_INT(s.entries, N_CONV); /* kept, never removed */
+  spill(t, tok[N_CONV]);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  CHECK_EQ_INT(stats_of(t).chunks_rewritten, 1);
+  for (int c = 0; c <= N_CONV; c++)
+    CHECK_EQ_INT(serve(t, tok[c]), 1);
+  REQUIRE(kvt_tier_close(t, -1) == 0);
+  kvt_tier_free(t);
+
+  /* The record is still in quarantine/, the file back: nothing marked. */
+  t = open_tier(dir);
+  for (int c = 0; c <= N_CONV; c++) {
+    CHECK_EQ_INT(kvt_tier_lookup(&info, t, tok[c], N_TOK), 0);
+    CHECK_EQ_INT(serve(t, tok[c]), 1);
+  }
+  CHECK_EQ_INT(stats_of(t).chunks_quarantined, 0);
   REQUIRE(kvt_tier_close(t, -1) == 0);
   kvt_tier_free(t);
   free(dir);
@@ -256,6 +320,7 @@ static void test_row_points_at_other_salt(void) {
 int main(void) {
   g_dir = kvt_test_tmpdir("contain");
   RUN(test_shared_chunk_flipped);
+  RUN(test_mark_survives_reopen);
   RUN(test_chunk_table_emptied);
   RUN(test_random_parent_key);
   RUN(test_row_points_at_other_salt);

@@ -18,6 +18,9 @@
 #include "index/chain.h"
 #include "index/index.h"
 #include "store/chunks.h"
+#include "store/local_dir.h"
+
+#include <fcntl.h>
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -279,6 +282,99 @@ static void test_read_faults(void) {
   read_campaign("rd-big", big, 3, 0);
   for (int i = 0; i < 3; i++)
     t_layer_free(&big[i]);
+/* The harness sees the calls relative to a directory descriptor: a fault
+ * armed on open, unlink, rmdir, lstat, rename, mkdir, opendir or chmod fires
+ * on openat, unlinkat (AT_REMOVEDIR), fstatat, renameat, mkdirat,
+ * fdopendir and fchmod, each reported to the caller; a target set on a
+ * directory reaches the calls below its descriptor; and a chunk put under a
+ * sticky rename fault aimed at chunks/ (its renameat of the tmp) fails,
+ * leaving no tmp and no row without its file. */
+static void test_at_calls_faulted(void) {
+  fio_install();
+  char dir[4096];
+  fresh(dir, sizeof dir, "at", 0);
+  int root = kvti_dir_open_root(dir);
+  REQUIRE(root >= 0);
+  int fd = openat(root, "f", O_WRONLY | O_CREAT, 0600);
+  REQUIRE(fd >= 0);
+  close(fd);
+  REQUIRE(mkdirat(root, "sub", 0700) == 0);
+  struct stat st;
+
+  fio_arm(FIO_OPEN, 1, FIO_FAIL_ERRNO, EIO, 0);
+  CHECK(kvti_openat(root, "f", O_RDONLY, 0, NULL) < 0);
+  CHECK_EQ_INT(fio_fired(), 1);
+  fio_arm(FIO_LSTAT, 1, FIO_FAIL_ERRNO, EIO, 0);
+  CHECK(kvti_lstatat(root, "f", &st, NULL) < 0);
+  CHECK_EQ_INT(fio_fired(), 1);
+  fio_arm(FIO_RENAME, 1, FIO_FAIL_ERRNO, EIO, 0);
+  CHECK(kvti_renameat(root, "f", root, "g", NULL, NULL) < 0);
+  CHECK_EQ_INT(fio_fired(), 1);
+  CHECK(kvt_test_exists(dir) && fstatat(root, "f", &st, 0) == 0);
+  fio_arm(FIO_MKDIR, 1, FIO_FAIL_ERRNO, EIO, 0);
+  CHECK(kvti_mkdirat(root, "d2", 0700, NULL) < 0);
+  CHECK_EQ_INT(fio_fired(), 1);
+  fio_arm(FIO_UNLINK, 1, FIO_FAIL_ERRNO, EIO, 0);
+  CHECK(kvti_unlinkat(root, "f", NULL) < 0);
+  CHECK_EQ_INT(fio_fired(), 1);
+  CHECK(fstatat(root, "f", &st, 0) == 0);
+  fio_arm(FIO_CHMOD, 1, FIO_FAIL_ERRNO, EIO, 0);
+  fd = kvti_openat(root, "f", O_RDONLY, 0, NULL);
+  REQUIRE(fd >= 0);
+  CHECK(kvti_fchmod(fd, 0600, NULL) < 0);
+  CHECK_EQ_INT(fio_fired(), 1);
+  kvti_close(fd);
+  fio_arm(FIO_OPENDIR, 1, FIO_FAIL_ERRNO, EIO, 0);
+  fd = openat(root, "sub", O_RDONLY | O_DIRECTORY);
+  REQUIRE(fd >= 0);
+  CHECK(kvti_fdopendir(fd) == NULL);
+  CHECK_EQ_INT(fio_fired(), 1);
+  close(fd);
+  /* A removal of a quarantined tree (kvti_dir_bound) goes through
+   * unlinkat(AT_REMOVEDIR): counted and failed as rmdir. */
+  fio_arm(FIO_RMDIR, 1, FIO_FAIL_ERRNO, EIO, 0);
+  size_t removed = 9;
+  CHECK(kvti_dir_bound(root, 0, "sub", NULL, &removed, dir) < 0);
+  CHECK_EQ_INT(fio_fired(), 1);
+  CHECK_EQ_INT(removed, 0);
+  CHECK(fstatat(root, "sub", &st, 0) == 0);
+  fio_disarm();
+
+  /* Targets below a directory descriptor: aimed at "sub", an open of a
+   * name in sub's descriptor fails; one in the root does not. */
+  fio_target("sub");
+  int sub = kvti_dir_open_rel(root, "sub", dir);
+  REQUIRE(sub >= 0);
+  fio_arm(FIO_OPEN, 1, FIO_FAIL_ERRNO, EIO, 1);
+  fd = kvti_openat(root, "f", O_RDONLY, 0, NULL);
+  CHECK(fd >= 0);
+  if (fd >= 0)
+    kvti_close(fd);
+  CHECK(kvti_openat(sub, "x", O_WRONLY | O_CREAT, 0600, NULL) < 0);
+  CHECK_EQ_INT(fio_fired(), 1);
+  fio_disarm();
+  fio_target(NULL);
+  kvti_close(sub);
+  kvti_close(root);
+
+  /* A chunk put whose tmp renames (renameat in chunks/<kk>) all fail. */
+  char d2[4096];
+  fresh(d2, sizeof d2, "at-put", 0);
+  store s;
+  REQUIRE(sopen(&s, d2) == 0);
+  kvti_chunkstore_result res;
+  fio_target("chunks");
+  fio_arm(FIO_RENAME, 1, FIO_FAIL_ERRNO, EIO, 1);
+  CHECK(put(&s, g_tok, NTOK, &res) < 0);
+  CHECK(fio_fired() >= 1);
+  fio_disarm();
+  fio_target(NULL);
+  CHECK_EQ_INT(check_store(&s, d2, 0), 0);
+  CHECK_EQ_INT(count_suffix(d2, ".kvc"), 0);
+  REQUIRE(put(&s, g_tok, NTOK, &res) == 0);
+  CHECK_EQ_INT(check_store(&s, d2, 0), NTOK / C);
+  sclose(&s);
+  fio_remove();
 }
 
 /* Child: extends and branches chains forever. */
@@ -347,6 +443,7 @@ int main(void) {
   g_l[1] = t_quant(&r, 4, 32, KVT_DTYPE_BF16, 1, 2, NTOK, 64, NTOK);
   RUN(test_read_faults);
   RUN(test_faults);
+  RUN(test_at_calls_faulted);
   RUN(test_sigkill);
   t_layer_free(&g_l[0]);
   t_layer_free(&g_l[1]);

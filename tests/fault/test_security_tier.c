@@ -11,7 +11,10 @@
  * never make kvtier touch anything outside either: canary files next to and
  * above the cache dir survive open, reconcile, promote, read_entry with hostile
  * paths, quarantine, gc and remove, byte for byte. Files and directories are
- * created with the configured modes regardless of the umask.
+ * created with the configured modes regardless of the umask. A link at
+ * index.db (-wal, -shm), stats.bin, kvtier.lock, quarantine/, chunks/,
+ * chunks/<kk> or inside an entry of a chunked cache, pointing outside,
+ * leaves the outside untouched through every operation.
  */
 #include "rel_tier.h"
 
@@ -363,6 +366,149 @@ static void test_tampered_index(void) {
   }
 }
 
+/* A link planted at any other name under the cache directory - index.db,
+ * its -wal and -shm, stats.bin, kvtier.lock, quarantine/, chunks/,
+ * chunks/<kk>, an entry's directory or one of its files - pointing at a file
+ * (or a directory) outside: open either sets the link aside or refuses with
+ * a clear message; spill, promote, read, verify --repair, chunk verify and
+ * gc, reconcile, gc, remove, stats and a reindexing open never write,
+ * rename or remove anything outside (the outside file keeps its bytes, the
+ * outside directory holds only its sentinel). */
+static int lk_count;
+
+static void lk_exercise(const char *dir, const t_entry *a, const t_entry *c,
+                        uint32_t flags) {
+  kvt_options o = rel_opts(dir, KVT_DURABILITY_FSYNC);
+  o.chunk_tokens = 16;
+  o.flags = flags;
+  kvt_tier *t = NULL;
+  kvt_clear_error();
+  int rc = kvt_tier_open(&t, &o);
+  if (rc != 0) {
+    /* Refused: the message says why (a link, never followed). */
+    CHECK(strstr(kvt_last_error(), "link") != NULL ||
+          strstr(kvt_last_error(), "not a directory") != NULL);
+    if (!(strstr(kvt_last_error(), "link") != NULL ||
+          strstr(kvt_last_error(), "not a directory") != NULL))
+      fprintf(stderr, "  open refused unclearly: %s\n", kvt_last_error());
+    return;
+  }
+  kvt_tier_start_writer(t);
+  t_spill(t, c);
+  kvt_tier_flush(t, -1);
+  kvt_entry *got = NULL;
+  if (kvt_tier_promote(&got, t, a->tokens, a->n_tokens, NULL) == 0)
+    CHECK(t_same(got, a));
+  kvt_entry_free(got);
+  got = NULL;
+  if (kvt_tier_promote(&got, t, c->tokens, c->n_tokens, NULL) == 0)
+    CHECK(t_same(got, c));
+  kvt_entry_free(got);
+  kvt_tier_verify(t, NULL, 1);
+  uint64_t rm = 0;
+  kvt_tier_chunk_verify(t, NULL, 1, &rm);
+  kvt_tier_chunk_gc(t, 0, NULL, NULL, NULL, NULL);
+  kvt_tier_reconcile(t);
+  kvt_stats st = KVT_STATS_INIT;
+  kvt_tier_stats(&st, t);
+  kvt_gc_opts g = KVT_GC_OPTS_INIT;
+  g.max_entries = 1;
+  kvt_tier_gc(t, &g, NULL, NULL);
+  kvt_tier_remove(t, a->tokens, a->n_tokens);
+  kvt_tier_close(t, -1);
+  kvt_tier_free(t);
+  kvt_stats_read_live(&st, NULL, dir);
+}
+
+static void test_links_at_cache_files(void) {
+  char *base = rel_path(g_root, "links", NULL);
+  REQUIRE(mkdir(base, 0700) == 0);
+  char *proto = rel_path(base, "proto", NULL);
+  t_entry a = t_make(31, 40, 2, 40, 4), c = t_make(32, 37, 2, 37, 4);
+  {
+    kvt_options o = rel_opts(proto, KVT_DURABILITY_FSYNC);
+    o.chunk_tokens = 16;
+    kvt_tier *t = t_open(&o);
+    REQUIRE(kvt_tier_start_writer(t) == 0);
+    REQUIRE(t_spill(t, &a) == 0);
+    REQUIRE(kvt_tier_flush(t, -1) == 0);
+    kvt_tier_close(t, -1);
+    kvt_tier_free(t);
+  }
+  char ha[65];
+  kvt_token_hash(ha, a.tokens, a.n_tokens);
+  /* One chunk directory of a's chain (every chunk file's). */
+  char kk[8] = "";
+  {
+    char *cd = rel_path(proto, "chunks", NULL);
+    DIR *d = opendir(cd);
+    REQUIRE(d != NULL);
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+      if (strlen(de->d_name) == 2)
+        snprintf(kk, sizeof kk, "%s", de->d_name);
+    closedir(d);
+    free(cd);
+  }
+  REQUIRE(kk[0] != 0);
+  char chunk_sub[32], data_ent[80], ent_file[400];
+  snprintf(chunk_sub, sizeof chunk_sub, "chunks/%s", kk);
+  snprintf(data_ent, sizeof data_ent, "data/%s", ha);
+  /* The tail of a chunked entry: whatever data/<ha>/ holds first. */
+  {
+    char *ed = rel_path(proto, "data", ha);
+    DIR *d = opendir(ed);
+    REQUIRE(d != NULL);
+    struct dirent *de;
+    ent_file[0] = 0;
+    while ((de = readdir(d)) != NULL)
+      if (de->d_name[0] != '.' && !ent_file[0])
+        snprintf(ent_file, sizeof ent_file, "data/%s/%s", ha, de->d_name);
+    closedir(d);
+    free(ed);
+    REQUIRE(ent_file[0] != 0);
+  }
+  struct {
+    const char *name;
+    int dir; /* link to the outside directory, not the file */
+  } at[] = {{"index.db", 0},  {"index.db-wal", 0}, {"index.db-shm", 0},
+            {"stats.bin", 0}, {"kvtier.lock", 0},  {"quarantine", 1},
+            {"chunks", 1},    {chunk_sub, 1},      {data_ent, 1},
+            {ent_file, 0}};
+  for (size_t k = 0; k < sizeof at / sizeof *at; k++) {
+    for (int reindex = 0; reindex < 2; reindex++) {
+      char name[32];
+      snprintf(name, sizeof name, "c%d", lk_count++);
+      char *root = rel_path(base, name, NULL);
+      REQUIRE(mkdir(root, 0700) == 0);
+      char *dir = rel_path(root, "cache", NULL),
+           *out = rel_path(root, "outside", NULL),
+           *outf = rel_path(out, "target", NULL);
+      r_copy_tree(proto, dir);
+      REQUIRE(mkdir(out, 0700) == 0);
+      canary_make(outf);
+      char *p = rel_path(dir, at[k].name, NULL);
+      kvt_test_rmtree(p);
+      REQUIRE(symlink(at[k].dir ? out : outf, p) == 0);
+      lk_exercise(dir, &a, &c, reindex ? KVT_OPEN_REINDEX : 0);
+      int ok = canary_ok(outf) && kvt_test_count_dir(out, NULL) == 1;
+      if (!ok)
+        fprintf(stderr, "  link at %s%s: something outside was changed\n",
+                at[k].name, reindex ? " (reindex)" : "");
+      CHECK(ok);
+      free(p);
+      free(dir);
+      free(out);
+      free(outf);
+      free(root);
+    }
+  }
+  t_free(&a);
+  t_free(&c);
+  free(proto);
+  free(base);
+}
+
 int main(void) {
   r_use_fast_tmp();
   snprintf(g_root, sizeof g_root, "%s", kvt_test_tmpdir("security"));
@@ -370,5 +516,6 @@ int main(void) {
   RUN(test_modes);
   RUN(test_symlinks_inside);
   RUN(test_tampered_index);
+  RUN(test_links_at_cache_files);
   return kvt_test_done();
 }

@@ -2,7 +2,9 @@
  * crashsim.c - the power-loss simulator of the reliability tests (crashsim.h),
  * after SQLite's test6.c: a recording I/O table logs every mutation (mkdir,
  * file creation, pwrite, ftruncate, fsync of files and directories, rename,
- * rename-exchange, unlink, rmdir) a write makes under a live directory; for a
+ * rename-exchange, unlink, rmdir, and the same made relative to a directory
+ * descriptor: openat, renameat, unlinkat, mkdirat, each logged under the
+ * path its descriptor names) a write makes under a live directory; for a
  * crash point K the state a power loss after the first K operations could
  * leave is rebuilt in a replay directory from a copy of the state before the
  * write: a write to a file is durable only if that file was fsynced after it,
@@ -95,6 +97,77 @@ static int r_open(const char *p, int f, mode_t m) {
   }
   return fd;
 }
+/* The path name names relative to directory descriptor dirfd: the path
+ * dirfd was opened with (recorded by r_open / r_openat), or on Linux what
+ * /proc says of a descriptor opened before the recorder was installed. 0 or
+ * -1 (unknown: the operation is not logged). */
+static int at_path(char *out, size_t cap, int dirfd, const char *name) {
+  if (dirfd == AT_FDCWD || name[0] == '/') {
+    snprintf(out, cap, "%s", name);
+    return 0;
+  }
+  char dir[4096];
+  if (dirfd >= 0 && dirfd < 4096 && g_fdpath[dirfd]) {
+    snprintf(dir, sizeof dir, "%s", g_fdpath[dirfd]);
+  } else {
+#if defined(__linux__)
+    char link[64];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", dirfd);
+    ssize_t n = readlink(link, dir, sizeof dir - 1);
+    if (n <= 0)
+      return -1;
+    dir[n] = '\0';
+#else
+    return -1;
+#endif
+  }
+  if (!strcmp(name, "."))
+    snprintf(out, cap, "%s", dir);
+  else
+    snprintf(out, cap, "%s/%s", dir, name);
+  return 0;
+}
+static int r_openat(int dirfd, const char *name, int f, mode_t m) {
+  char p[4200];
+  int known = at_path(p, sizeof p, dirfd, name) == 0;
+  struct stat st;
+  int existed = fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0;
+  int fd = kvti_io_default.openat(dirfd, name, f, m);
+  if (fd >= 0 && fd < 4096) {
+    free(g_fdpath[fd]);
+    g_fdpath[fd] = known ? strdup(p) : NULL;
+    if (known && (f & O_CREAT) && !existed)
+      log_op(OP_CREATE, p, NULL, 0, NULL, 0);
+    else if (known && (f & O_TRUNC) && existed)
+      log_op(OP_TRUNC, p, NULL, 0, NULL, 0);
+  }
+  return fd;
+}
+static int r_renameat(int fd1, const char *a, int fd2, const char *b) {
+  char pa[4200], pb[4200];
+  int known = at_path(pa, sizeof pa, fd1, a) == 0 &&
+              at_path(pb, sizeof pb, fd2, b) == 0;
+  int r = kvti_io_default.renameat(fd1, a, fd2, b);
+  if (r == 0 && known)
+    log_op(OP_RENAME, pa, pb, 0, NULL, 0);
+  return r;
+}
+static int r_unlinkat(int dirfd, const char *name, int flags) {
+  char p[4200];
+  int known = at_path(p, sizeof p, dirfd, name) == 0;
+  int r = kvti_io_default.unlinkat(dirfd, name, flags);
+  if (r == 0 && known)
+    log_op((flags & AT_REMOVEDIR) ? OP_RMDIR : OP_UNLINK, p, NULL, 0, NULL, 0);
+  return r;
+}
+static int r_mkdirat(int dirfd, const char *name, mode_t m) {
+  char p[4200];
+  int known = at_path(p, sizeof p, dirfd, name) == 0;
+  int r = kvti_io_default.mkdirat(dirfd, name, m);
+  if (r == 0 && known)
+    log_op(OP_MKDIR, p, NULL, 0, NULL, 0);
+  return r;
+}
 static int r_close(int fd) {
   if (fd >= 0 && fd < 4096) {
     free(g_fdpath[fd]);
@@ -171,6 +244,10 @@ void rec_install(void) {
   g_rec.mkdir = r_mkdir;
   g_rec.unlink = r_unlink;
   g_rec.rmdir = r_rmdir;
+  g_rec.openat = r_openat;
+  g_rec.renameat = r_renameat;
+  g_rec.unlinkat = r_unlinkat;
+  g_rec.mkdirat = r_mkdirat;
   kvti_io_set(&g_rec);
 }
 

@@ -11,6 +11,7 @@
 #include "base/io.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -231,6 +232,58 @@ static int w_rename_exchange(const char *a, const char *b) {
   }
   return kvti_io_default.rename_exchange(a, b);
 }
+/* The calls relative to a directory descriptor count as their path
+ * counterparts (openat as open, unlinkat as unlink or rmdir, fstatat as
+ * lstat, renameat as rename, mkdirat as mkdir, fdopendir as opendir, fchmod
+ * as chmod), so every loop over an operation covers both forms. A call is
+ * about a target file when its name contains the target or its directory
+ * descriptor was opened from a target (everything below a target directory
+ * is a target, as every path below it contains the substring). */
+static int at_is_target(int dirfd, const char *name) {
+  return fd_is_target(dirfd) || path_is_target(name);
+}
+static int w_openat(int d, const char *name, int f, mode_t m) {
+  int target = at_is_target(d, name);
+  if (should_fail_t(FIO_OPEN, target) == FIO_FAIL_ERRNO + 1)
+    return -1;
+  int fd = kvti_io_default.openat(d, name, f, m);
+  if (fd >= 0 && fd < FIO_MAX_FD)
+    atomic_store(&g_fd_target[fd], (unsigned char)target);
+  return fd;
+}
+static int w_unlinkat(int d, const char *name, int flags) {
+  fio_op op = (flags & AT_REMOVEDIR) ? FIO_RMDIR : FIO_UNLINK;
+  if (should_fail_t(op, at_is_target(d, name)) == FIO_FAIL_ERRNO + 1)
+    return -1;
+  return kvti_io_default.unlinkat(d, name, flags);
+}
+static int w_fstatat(int d, const char *name, struct stat *st, int flags) {
+  if (should_fail_t(FIO_LSTAT, at_is_target(d, name)) == FIO_FAIL_ERRNO + 1)
+    return -1;
+  return kvti_io_default.fstatat(d, name, st, flags);
+}
+static int w_renameat(int d1, const char *a, int d2, const char *b) {
+  if (should_fail_t(FIO_RENAME, at_is_target(d1, a)) == FIO_FAIL_ERRNO + 1)
+    return -1;
+  return kvti_io_default.renameat(d1, a, d2, b);
+}
+static int w_mkdirat(int d, const char *name, mode_t m) {
+  if (should_fail_t(FIO_MKDIR, at_is_target(d, name)) == FIO_FAIL_ERRNO + 1)
+    return -1;
+  return kvti_io_default.mkdirat(d, name, m);
+}
+static DIR *w_fdopendir(int fd) {
+  if (FAIL_FD(FIO_OPENDIR, fd))
+    return NULL;
+  DIR *dir = kvti_io_default.fdopendir(fd);
+  /* The stream owns fd now and closedir releases it without w_close. */
+  if (dir && fd >= 0 && fd < FIO_MAX_FD)
+    atomic_store(&g_fd_target[fd], 0);
+  return dir;
+}
+static int w_fchmod(int fd, mode_t m) {
+  return FAIL_FD(FIO_CHMOD, fd) ? -1 : kvti_io_default.fchmod(fd, m);
+}
 static void *w_malloc(size_t n) {
   return FAIL_ERRNO(FIO_ALLOC) ? NULL : kvti_io_default.malloc(n);
 }
@@ -278,6 +331,13 @@ void fio_install(void) {
   g_ops.realloc = w_realloc;
   g_ops.free = w_free;
   g_ops.rename_exchange = w_rename_exchange;
+  g_ops.openat = w_openat;
+  g_ops.unlinkat = w_unlinkat;
+  g_ops.fstatat = w_fstatat;
+  g_ops.renameat = w_renameat;
+  g_ops.mkdirat = w_mkdirat;
+  g_ops.fdopendir = w_fdopendir;
+  g_ops.fchmod = w_fchmod;
   if (kvti_io_default.uring_result)
     g_ops.uring_result = w_uring_result;
   if (kvti_io_default.preadv)

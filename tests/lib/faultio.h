@@ -9,6 +9,9 @@
  * that operation (the SQLite/curl "fail each site in turn" method). It also
  * counts the bytes reads return (pread and io_uring completions) and can hold
  * every pwrite in a stall, so a test can catch the writer mid-entry.
+ * The calls relative to a directory descriptor (openat, unlinkat, fstatat,
+ * renameat, mkdirat, fdopendir, fchmod) count and fail as their path
+ * counterparts (open, unlink/rmdir, lstat, rename, mkdir, opendir, chmod).
  * Thread-safe (atomic counters), so the tier's writer and promote threads can
  * run under it. The one I/O-table harness of the test library (tests/lib), used
  * by unit and reliability tests alike.
@@ -66,7 +69,9 @@ uint64_t fio_count(fio_op op);
 /* Restricts armed faults to calls about files whose path contains substr
  * (NULL or "": no restriction): path calls by their path (rename: its source),
  * descriptor calls by the path the descriptor was opened with; allocations
- * and directory reads are never targets. The nth of fio_arm then counts only
+ * and directory reads are never targets; a call relative to a directory
+ * descriptor is about a target when its name contains substr or its
+ * descriptor was opened from a target. The nth of fio_arm then counts only
  * target calls. Set it before opening the files it should see (descriptors are
  * classified when opened). E.g. "index.db" aims at the index's database and
  * WAL, which SQLite reaches through kvtier's VFS (src/sqlvfs.c). */

@@ -240,9 +240,10 @@ static void test_tools(const char *dir) {
   CHECK_EQ_INT(st.chunks_rewritten, 0);
   CHECK(kvt_tier_close(t, -1) == 0);
   kvt_tier_free(t);
-  /* The writer's own tier reopened (the damage mark is not stored): the
-   * first read through the chunk finds its file gone and marks it again;
-   * a new conversation over the same system prompt writes it again. */
+  /* The writer's own tier reopened: the damage mark is read back from
+   * quarantine/ (nothing is offered through the chunk, nothing counted
+   * again); a new conversation over the same system prompt writes it
+   * again. */
   t = open_tier(dir, C, "model-a", 0);
   CHECK(kvt_tier_promote(&e, t, tok[1], 69, NULL) == KVT_ENOTFOUND);
   CHECK(kvt_tier_lookup(&info, t, tok[2], 69) == KVT_ENOTFOUND);
@@ -252,7 +253,7 @@ static void test_tools(const char *dir) {
   REQUIRE(kvt_tier_flush(t, -1) == 0);
   REQUIRE(kvt_tier_stats(&st, t) == 0);
   CHECK_EQ_INT(st.chunks_rewritten, 1);
-  CHECK_EQ_INT(st.quarantined, 1);
+  CHECK_EQ_INT(st.quarantined, 0);
   CHECK(kvt_test_exists(p));
   CHECK(kvt_tier_chunk_verify(t, shared_key, 0, NULL) == 0);
   for (int c = 0; c < 3; c++) {
@@ -653,6 +654,74 @@ static void test_chunk_quarantine_bounded(const char *dir) {
   kvt_tier_free(t);
 }
 
+/* The entry and chunk quarantine bounds are separate: with quarantine_max
+ * 2, two quarantined chunks (quarantine/chunk-*) and three quarantined
+ * entries leave both chunks and the two newest entries - the entry bound
+ * neither removes chunk records (which a reopened tier reads its damaged
+ * marks from) nor counts them, and never removes the entry just moved.
+ * Before, the entry bound counted every name in quarantine/ and removed the
+ * chunk-* directories first (the oldest). */
+static void test_two_quarantine_bounds(const char *dir) {
+  kvt_options o = KVT_OPTIONS_INIT;
+  o.cache_dir = dir;
+  o.durability = KVT_DURABILITY_NONE;
+  o.chunk_tokens = C;
+  o.host_cache_bytes = 0;
+  o.quarantine_max = 2;
+  kvt_tier *t;
+  REQUIRE(kvt_tier_open(&t, &o) == 0);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  char keys[2][65];
+  int32_t tok[69];
+  for (int c = 0; c < 2; c++) {
+    conv(tok, 40 + c);
+    spill(t, tok, 69);
+    REQUIRE(kvt_tier_flush(t, -1) == 0);
+    last_key(keys[c], t, tok);
+  }
+  int32_t small[3][8];
+  char hs[3][65];
+  for (int e = 0; e < 3; e++) {
+    for (int i = 0; i < 8; i++)
+      small[e][i] = 90000 + e * 10 + i; /* shorter than a chunk: an entry */
+    spill(t, small[e], 8);
+    kvt_token_hash(hs[e], small[e], 8);
+  }
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  for (int c = 0; c < 2; c++) {
+    char p[4096];
+    chunk_path(p, sizeof p, dir, keys[c]);
+    flip_last(p);
+    uint64_t ents = 0;
+    CHECK(kvt_tier_chunk_verify(t, keys[c], 1, &ents) == KVT_ECORRUPT);
+  }
+  for (int e = 0; e < 3; e++) {
+    char p[4400];
+    snprintf(p, sizeof p, "%s/data/%s/layer_0.safetensors", dir, hs[e]);
+    flip_last(p);
+    CHECK(kvt_tier_verify(t, hs[e], 1) != 0);
+    char dd[4400];
+    snprintf(dd, sizeof dd, "%s/data/%s", dir, hs[e]);
+    CHECK(!kvt_test_exists(dd));
+  }
+  int chunks_kept = 0, entries_kept = 0;
+  for (int c = 0; c < 2; c++) {
+    char q[4400];
+    snprintf(q, sizeof q, "%s/quarantine/chunk-%s", dir, keys[c]);
+    chunks_kept += kvt_test_exists(q);
+  }
+  for (int e = 0; e < 3; e++) {
+    char q[4400];
+    snprintf(q, sizeof q, "%s/quarantine/%s", dir, hs[e]);
+    entries_kept += kvt_test_exists(q);
+    if (e == 2)
+      CHECK(kvt_test_exists(q)); /* the one just moved stays */
+  }
+  CHECK_EQ_INT(chunks_kept, 2);
+  CHECK_EQ_INT(entries_kept, 2);
+  kvt_tier_free(t);
+}
+
 int main(void) {
   char *d = kvt_test_tmpdir("chunktools");
   char a[1024], b[1024];
@@ -674,5 +743,8 @@ int main(void) {
   test_damage_through_linked_subdir(f, o3);
   snprintf(g, sizeof g, "%s/g", d);
   test_chunk_quarantine_bounded(g);
+  char h2[1024];
+  snprintf(h2, sizeof h2, "%s/h", d);
+  test_two_quarantine_bounds(h2);
   return kvt_test_done(); /* the tmpdir is removed at exit */
 }

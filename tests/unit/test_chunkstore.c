@@ -8,10 +8,12 @@
  * offsets shorter than the tokens limit the chain (never misalign); a chunk's
  * tokens are compared before it is read; removal takes the subtree (rows and
  * files); LRU picks leaves and touches refresh the whole path; a row whose
- * parent vanished is dropped at open.
+ * parent vanished is dropped at open; chunk writes, adoptions and byte
+ * reads never go through a link below the cache directory.
  */
 #include "fmt_testlib.h"
 #include "base/clock.h"
+#include "base/hash.h"
 #include "base/io.h"
 #include "index/chain.h"
 #include "index/index.h"
@@ -681,6 +683,142 @@ static void test_sizes_vs_row(void) {
   free(dir);
 }
 
+/* An outside directory holding one sentinel file: outside_clean says it
+ * still holds exactly that (nothing created, written or removed there). */
+static char *outside_make(const char *tag) {
+  char *o = t_join(g_dir, tag);
+  kvt_test_rmtree(o);
+  REQUIRE(mkdir(o, 0700) == 0);
+  char *f = t_join(o, "sentinel");
+  FILE *fp = fopen(f, "w");
+  REQUIRE(fp != NULL);
+  fputs("outside", fp);
+  fclose(fp);
+  free(f);
+  return o;
+}
+static int outside_clean(const char *o) {
+  char *f = t_join(o, "sentinel");
+  size_t len = 0;
+  char *b = kvt_test_read_file(f, &len);
+  int ok = b && len == 7 && !memcmp(b, "outside", 7) &&
+           kvt_test_count_dir(o, NULL) == 1;
+  free(b);
+  free(f);
+  return ok;
+}
+
+/* Chunk writes never go through a link: chunks/ swapped for a link after
+ * the store has written there, chunks/<kk> planted as a link, and a chunk
+ * adopted from another node into a linked chunks/ are all refused
+ * (KVT_EPERM, the message names the link) with nothing created, written or
+ * removed outside the cache; a link planted at the tmp or the final name is
+ * replaced, its target untouched. The local read of a chunk's bytes (what
+ * the remote tier uploads) refuses a linked chunks/ too. */
+static void test_writes_never_follow_links(void) {
+  kvt_rng r = {21};
+  spill s;
+  make(&s, &r, KVT_DTYPE_F16, NTOK);
+  kvti_chunkstore_result res;
+  /* The first chunk's key (its directory is chunks/<key[0]>). */
+  char *d0 = t_join(g_dir, "links0");
+  mkdir(d0, 0700);
+  store st;
+  sopen(&st, d0, 0);
+  kvti_chunkstore_spill sp = sp_of(&s, NULL, 0, 100);
+  REQUIRE(kvti_chunkstore_put(st.cs, &sp, &res) == 0);
+  kvti_chain_rec out[8];
+  size_t m = 0;
+  REQUIRE(kvti_chunkstore_lookup(st.cs, NULL, 0, g_tok, 100, C, out, 8, &m) ==
+          0);
+  REQUIRE(m == 6);
+  char *bytes = NULL;
+  size_t blen = 0;
+  REQUIRE(kvti_chunkstore_read_bytes(st.cs, out[0].key, &bytes, &blen,
+                                     (size_t)1 << 30) == 0);
+  CHECK_EQ_INT(blen, out[0].disk_bytes);
+  kvti_chain_rec rec0 = out[0];
+  char kk[3];
+  snprintf(kk, sizeof kk, "%02x", rec0.key[0]);
+
+  /* 1. chunks/ replaced by a link after a first write (the store had seen
+   * it as a directory): the next spill's chunks go nowhere. */
+  char *o1 = outside_make("outside1");
+  char *cd = t_join(d0, "chunks"), *aside = t_join(d0, "chunks.real");
+  REQUIRE(rename(cd, aside) == 0 && symlink(o1, cd) == 0);
+  kvti_chunkstore_spill sp2 = sp_of(&s, (const uint8_t *)"other", 5, 100);
+  CHECK_EQ_INT(kvti_chunkstore_put(st.cs, &sp2, &res), KVT_EPERM);
+  CHECK(strstr(kvt_last_error(), "chunks") != NULL);
+  CHECK_EQ_INT(res.written, 0);
+  CHECK(outside_clean(o1));
+  /* The read of a chunk's bytes refuses the link too. */
+  char *b2 = NULL;
+  size_t l2 = 0;
+  CHECK_EQ_INT(kvti_chunkstore_read_bytes(st.cs, rec0.key, &b2, &l2, 1 << 30),
+               KVT_EPERM);
+  CHECK(b2 == NULL);
+  REQUIRE(unlink(cd) == 0 && rename(aside, cd) == 0);
+  sclose(&st);
+
+  /* 2. A chunk from another node adopted into a cache whose chunks/ is a
+   * link: refused, nothing outside. */
+  char *d1 = t_join(g_dir, "links1");
+  mkdir(d1, 0700);
+  char *o2 = outside_make("outside2");
+  char *cd1 = t_join(d1, "chunks");
+  REQUIRE(symlink(o2, cd1) == 0);
+  sopen(&st, d1, 0);
+  CHECK_EQ_INT(kvti_chunkstore_adopt(st.cs, bytes, blen, &rec0), KVT_EPERM);
+  CHECK(outside_clean(o2));
+  CHECK(!kvti_chains_find(kvti_chunkstore_chains(st.cs), rec0.key, NULL));
+  /* 3. chunks/ real, chunks/<kk> a link: spill and adoption refused. */
+  REQUIRE(unlink(cd1) == 0 && mkdir(cd1, 0700) == 0);
+  char *kd = t_join(cd1, kk);
+  REQUIRE(symlink(o2, kd) == 0);
+  CHECK_EQ_INT(kvti_chunkstore_adopt(st.cs, bytes, blen, &rec0), KVT_EPERM);
+  CHECK_EQ_INT(kvti_chunkstore_put(st.cs, &sp, &res), KVT_EPERM);
+  CHECK(outside_clean(o2));
+  /* 4. Links planted at the tmp and at the final name of chunk 0 point at
+   * outside files: the write replaces them, never writes through them. */
+  REQUIRE(unlink(kd) == 0 && mkdir(kd, 0700) == 0);
+  char h[65];
+  kvti_hex32(h, rec0.key);
+  char fname[80], tname[80];
+  snprintf(fname, sizeof fname, "%s.kvc", h);
+  snprintf(tname, sizeof tname, "%s.tmp", h);
+  char *fl = t_join(kd, fname), *tl = t_join(kd, tname);
+  char *os = t_join(o2, "sentinel");
+  REQUIRE(symlink(os, fl) == 0 && symlink(os, tl) == 0);
+  REQUIRE(kvti_chunkstore_put(st.cs, &sp, &res) == 0);
+  CHECK_EQ_INT(res.written, 6);
+  CHECK(outside_clean(o2));
+  struct stat lst;
+  CHECK(lstat(fl, &lst) == 0 && S_ISREG(lst.st_mode));
+  CHECK(!kvt_test_exists(tl));
+  int fd = -1;
+  kvti_chunk_hdr hh;
+  CHECK(kvti_chunkstore_open_chunk(st.cs, &rec0, g_tok, &fd, &hh) == 0);
+  if (fd >= 0) {
+    kvti_chunk_hdr_free(&hh);
+    close(fd);
+  }
+  sclose(&st);
+
+  free(os);
+  free(fl);
+  free(tl);
+  free(kd);
+  free(cd1);
+  free(o2);
+  free(d1);
+  free(cd);
+  free(aside);
+  free(o1);
+  kvti_free(bytes);
+  unmake(&s);
+  free(d0);
+}
+
 int main(void) {
   g_dir = kvt_test_tmpdir("chunkstore");
   kvt_rng r = {99};
@@ -692,5 +830,6 @@ int main(void) {
   RUN(test_read_prefix);
   RUN(test_remove_deep);
   RUN(test_sizes_vs_row);
+  RUN(test_writes_never_follow_links);
   return kvt_test_done();
 }

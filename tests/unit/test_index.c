@@ -203,6 +203,35 @@ static void test_schema(void) {
   CHECK(kvt_index_open(&idx, dir2) == KVT_EDB);
   CHECK(idx == NULL);
   CHECK(strstr(kvt_last_error(), "index.db") != NULL);
+
+  /* A link at index.db-shm or -wal (which SQLite's own VFS maps and
+   * writes by path) to a file outside: refused, the file untouched.
+   * Before, opening the index wrote the WAL index into the -shm link's
+   * target. */
+  static const char *const sfx[] = {"-shm", "-wal"};
+  for (int k = 0; k < 2; k++) {
+    char *d3 = kvt_test_tmpdir(k ? "idx-wal-link" : "idx-shm-link");
+    char out[4200], lk[4200];
+    snprintf(out, sizeof out, "%s/outside", d3);
+    snprintf(lk, sizeof lk, "%s/index.db%s", d3, sfx[k]);
+    FILE *fp = fopen(out, "w");
+    REQUIRE(fp != NULL);
+    fputs("outside", fp);
+    fclose(fp);
+    REQUIRE(symlink(out, lk) == 0);
+    idx = NULL;
+    int rc = kvt_index_open(&idx, d3);
+    if (rc == 0) {
+      int32_t tk[4] = {1, 2, 3, 4};
+      kvt_index_insert(idx, tk, 4, "x", 100, 4);
+      kvt_index_close(idx);
+    }
+    CHECK(rc != 0);
+    size_t len = 0;
+    char *got = kvt_test_read_file(out, &len);
+    CHECK(got && len == 7 && !memcmp(got, "outside", 7));
+    free(got);
+  }
 }
 
 static void test_ssdindex_ops(void) {

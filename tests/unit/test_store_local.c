@@ -9,9 +9,11 @@
  * replace a stored one); and the remote constructor table checks URLs by
  * scheme and either builds a backend that offers find/stat/stage/fetch or, in
  * a build without that store (hiredis missing), refuses with KVT_EUNSUPPORTED
- * and a message saying how to get it, which kvt_tier_open passes on.
+ * and a message saying how to get it, which kvt_tier_open passes on. Tree
+ * removal never enters a directory swapped for a link.
  */
 #include "base/error.h"
+#include "base/io.h"
 #include "store/backend.h"
 #include "store/local.h"
 #include "testutil.h"
@@ -218,11 +220,74 @@ static void test_remote_table(void) {
   kvt_tier_free(t);
 }
 
+/* kvti_rmtree never enters a directory by a name that became a link: the
+ * tree's root is swapped for a link to a directory outside right after
+ * removal has looked at it (inside its stat). Before, the removal then
+ * listed and unlinked the outside directory's files through the link; now
+ * the link alone goes. */
+static char g_rm_root[4096], g_rm_aside[4200], g_rm_out[4096];
+static int g_rm_armed;
+static void rm_swap(const char *p) {
+  size_t n = strlen(p), m = strlen("/victim");
+  if (g_rm_armed &&
+      ((n >= m && !strcmp(p + n - m, "/victim")) || !strcmp(p, "victim"))) {
+    g_rm_armed = 0;
+    REQUIRE(rename(g_rm_root, g_rm_aside) == 0 &&
+            symlink(g_rm_out, g_rm_root) == 0);
+  }
+}
+static int rm_lstat(const char *p, struct stat *st) {
+  int r = kvti_io_default.lstat(p, st);
+  rm_swap(p);
+  return r;
+}
+static int rm_fstatat(int d, const char *p, struct stat *st, int fl) {
+  int r = kvti_io_default.fstatat(d, p, st, fl);
+  rm_swap(p);
+  return r;
+}
+
+static void test_rmtree_never_follows_a_swap(void) {
+  char *dir = kvt_test_tmpdir("rmtree-swap");
+  snprintf(g_rm_root, sizeof g_rm_root, "%s/victim", dir);
+  snprintf(g_rm_aside, sizeof g_rm_aside, "%s/victim.aside", dir);
+  snprintf(g_rm_out, sizeof g_rm_out, "%s/outside", dir);
+  char p[4400];
+  REQUIRE(mkdir(g_rm_root, 0700) == 0 && mkdir(g_rm_out, 0700) == 0);
+  snprintf(p, sizeof p, "%s/a", g_rm_root);
+  write_file(p, 10);
+  snprintf(p, sizeof p, "%s/keep1", g_rm_out);
+  write_file(p, 10);
+  snprintf(p, sizeof p, "%s/keep2", g_rm_out);
+  write_file(p, 10);
+  kvti_io_ops ops = kvti_io_default;
+  ops.lstat = rm_lstat;
+  ops.fstatat = rm_fstatat;
+  g_rm_armed = 1;
+  const kvti_io_ops *prev = kvti_io_set(&ops);
+  int rc = kvti_rmtree(g_rm_root);
+  kvti_io_set(prev);
+  CHECK(!g_rm_armed);
+  CHECK_EQ_INT(rc, 0);
+  CHECK_EQ_INT(kvt_test_count_dir(g_rm_out, NULL), 2);
+  struct stat st;
+  CHECK(lstat(g_rm_root, &st) != 0); /* the link itself is gone */
+  /* An ordinary tree goes entirely. */
+  snprintf(p, sizeof p, "%s/sub", g_rm_aside);
+  REQUIRE(mkdir(p, 0700) == 0);
+  snprintf(p, sizeof p, "%s/sub/b", g_rm_aside);
+  write_file(p, 3);
+  CHECK_EQ_INT(kvti_rmtree(g_rm_aside), 0);
+  CHECK(lstat(g_rm_aside, &st) != 0);
+  CHECK_EQ_INT(kvti_rmtree(g_rm_aside), 0); /* missing: success */
+}
+
 int main(void) {
   RUN(test_open_and_lock);
   RUN(test_prepare_index);
   RUN(test_stage_adopt_measure);
   RUN(test_reader_stage_root);
   RUN(test_remote_table);
+  RUN(test_rmtree_never_follows_a_swap);
   return kvt_test_done();
 }
