@@ -235,6 +235,8 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
   if (!t->readonly && opts->durability == KVT_DURABILITY_FSYNC &&
       (rc = kvti_index_set_durable(t->idx, 1)) != 0)
     goto fail;
+  if ((rc = kvti_tier_ns_init(t)) != 0) /* model_id's namespace (salt.c) */
+    goto fail;
   if ((rc = kvti_tier_chunks_open(t)) != 0) /* chunk_tokens (chunks.h) */
     goto fail;
   if ((rebuilt || !had_index) && (rc = kvti_tier_chunks_rebuild(t)) != 0)

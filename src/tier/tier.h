@@ -90,15 +90,22 @@ struct kvt_tier {
   /* The writer's lazy sweep of chunks/ (chunk_tools.h), under mut_mu. */
   unsigned chunk_sweep_calls, chunk_sweep_next;
   int chunks_rescanned; /* chain table rebuilt from the files (this open) */
+  /* The model_id's namespace (salt.c), joined into every call's salt: set
+   * once at open (native mode, no remote tier), read-only after. */
+  kvti_salt ns;
 };
 
 /* Lifecycle guards: enter returns 0 or KVT_ECLOSED (message set). */
 int kvti_tier_enter(kvt_tier *t);
 /* The salt of a call (salt.c): kvti_salt_make, refused (KVT_EUNSUPPORTED)
- * with a remote tier; kvti_call_salt reads a kvt_call_opts (NULL: none). */
+ * with a remote tier, then joined with the tier's model_id namespace;
+ * kvti_call_salt reads a kvt_call_opts (NULL: no salt, the namespace's
+ * alone). Every entry point keys its names by one of these. */
 int kvti_tier_salt(kvti_salt *out, const kvt_tier *t, const void *salt,
                    size_t len);
 int kvti_call_salt(kvti_salt *out, const kvt_tier *t, const kvt_call_opts *co);
+/* Sets t->ns from opts.model_id (before kvti_tier_chunks_open forgets it). */
+int kvti_tier_ns_init(kvt_tier *t);
 void kvti_tier_leave(kvt_tier *t);
 
 void kvti_log(kvt_tier *t, int level, const char *fmt, ...)
