@@ -1254,6 +1254,13 @@ typedef struct kvt_stats {
                                   (damaged chunk, missing or damaged chunk
                                   rows) and kept the entry: a miss, never a
                                   deletion */
+  /* Promotes and reads (native mode) refused because the entry's layout -
+   * layer count, kinds, dtypes, shapes other than the token axis - is none
+   * of the layouts this handle has spilled: another model's entry, a miss
+   * (KVT_ENOTFOUND; with on_layer, layers already reported belong to the
+   * entry, freed). A handle that has not spilled yet, or spilled more than 8
+   * layouts (not one model's), checks nothing. */
+  uint64_t layout_misses;
 } kvt_stats;
 
 /** A kvt_stats ready for kvt_tier_stats (C99 designated initialiser). */

@@ -140,6 +140,8 @@ static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
             "entry %.16s was evicted or expired before it was read", hash);
   }
   kvti_stripe_unlock(&t->stripes, hash);
+  if (rc == 0 && (rc = kvti_tier_layout_check(t, out)) != 0)
+    return rc; /* another model's layout: a miss, counted there */
   if (rc == 0)
     return 0;
   int chunk_fault = kvti_tier_chunks_after_read(t);
@@ -449,6 +451,8 @@ int kvt_tier_read_entry_ex(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
     memcpy(ri.token_hash, file_path, sizeof ri.token_hash);
     rc = kvti_remote_read(t, out, &ri, &ro);
   }
+  if (rc == 0)
+    rc = kvti_tier_layout_check(t, out); /* another model's: a miss */
   kvti_tier_leave(t);
   return rc;
 }

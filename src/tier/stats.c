@@ -270,6 +270,9 @@ static const metric metrics[] = {
     CNT(chain_cuts_kept,
         "Chained reads that found their chain cut and kept the entry (a miss, "
         "never a deletion)."),
+    CNT(layout_misses,
+        "Promotes and reads of an entry of another layout than this tier's "
+        "spills (another model's): a miss."),
 };
 #define NMETRICS (sizeof metrics / sizeof metrics[0])
 

@@ -164,6 +164,9 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
   kvti_stats_init(&t->stats);
   atomic_init(&t->state, KVTI_OPEN);
   atomic_init(&t->active, 0);
+  for (int i = 0; i < KVTI_LAYOUTS; i++)
+    atomic_init(&t->layouts[i], 0);
+  atomic_init(&t->layout_full, 0);
   if ((rc = kvti_cond_init(&t->life_cv)) != 0) {
     pthread_cond_init(&t->life_cv, NULL); /* so destroy is valid */
     goto fail;

@@ -308,6 +308,117 @@ static void test_compat_refuses_model_id(void) {
   free(dir);
 }
 
+/* One model's spill: L layers of random KV (H heads, dtype dt) over tok. */
+static void spill_layout(kvt_tier *t, const int32_t *tok, int n, int L, int H,
+                         kvt_dtype dt, uint64_t seed) {
+  kvt_rng r = {seed};
+  kvt_layer l[4];
+  memset(l, 0, sizeof l);
+  REQUIRE(L >= 1 && L <= 4);
+  for (int i = 0; i < L; i++)
+    l[i] = t_kv(&r, dt, 1, H, n + 8, 8, n);
+  REQUIRE(kvt_tier_spill(t, tok, (size_t)n, l, (uint32_t)L, 1000) == 0);
+  for (int i = 0; i < L; i++)
+    t_layer_free(&l[i]);
+}
+
+static uint64_t layout_misses(kvt_tier *t) {
+  kvt_stats st = KVT_STATS_INIT;
+  REQUIRE(kvt_tier_stats(&st, t) == 0);
+  return st.layout_misses;
+}
+
+/* One directory, no model_id (the real client's defaults): model A (2 F16
+ * layers of 2 heads) spills; model B of another layout - a layer count,
+ * head count or dtype of its own - spills its own prompt, and is then never
+ * served A's: exact, trimmed, prefix, async and read by name are misses
+ * counted in layout_misses (no error, nothing removed), while B's own hit
+ * and A's hit for A. A handle that spilled both layouts serves both. */
+static void test_layout_mismatch(void) {
+  const struct {
+    const char *tag;
+    int L, H;
+    kvt_dtype dt;
+  } b[] = {{"layers", 3, 2, KVT_DTYPE_F16},
+           {"heads", 2, 4, KVT_DTYPE_F16},
+           {"dtype", 2, 2, KVT_DTYPE_BF16}};
+  for (size_t c = 0; c < sizeof b / sizeof b[0]; c++) {
+    for (int chunk = 0; chunk < 2; chunk++) {
+      char tag[64];
+      snprintf(tag, sizeof tag, "layout-%s-%d", b[c].tag, chunk);
+      char *dir = t_join(g_dir, tag);
+      kvt_options o = KVT_OPTIONS_INIT;
+      o.cache_dir = dir;
+      o.durability = KVT_DURABILITY_NONE;
+      o.chunk_tokens = chunk ? C : 0;
+      kvt_tier *t;
+      REQUIRE(kvt_tier_open(&t, &o) == 0);
+      REQUIRE(kvt_tier_start_writer(t) == 0);
+      spill_layout(t, g_p, 48, 2, 2, KVT_DTYPE_F16, 1); /* model A */
+      REQUIRE(kvt_tier_flush(t, 30000) == 0);
+      REQUIRE(kvt_tier_close(t, 30000) == 0);
+      kvt_tier_free(t);
+
+      REQUIRE(kvt_tier_open(&t, &o) == 0); /* model B */
+      REQUIRE(kvt_tier_start_writer(t) == 0);
+      kvt_entry_info info;
+      REQUIRE(kvt_tier_lookup(&info, t, g_p, 48) == 0); /* index only */
+      char name[65];
+      memcpy(name, info.token_hash, 65);
+      int32_t own[40];
+      for (int i = 0; i < 40; i++)
+        own[i] = -7 - i;
+      spill_layout(t, own, 40, b[c].L, b[c].H, b[c].dt, 2);
+      REQUIRE(kvt_tier_flush(t, 30000) == 0);
+      kvt_entry *e = NULL;
+      kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
+      CHECK_EQ_INT(kvt_tier_promote(&e, t, g_p, 48, NULL), KVT_ENOTFOUND);
+      CHECK(e == NULL);
+      CHECK_EQ_INT(kvt_tier_promote_trim(&e, t, g_p, 48, 32, &po),
+                   KVT_ENOTFOUND);
+      po.flags = KVT_PROMOTE_PREFIX;
+      CHECK_EQ_INT(kvt_tier_promote(&e, t, g_p, 64, &po), KVT_ENOTFOUND);
+      CHECK_EQ_INT(kvt_tier_read_entry(&e, t, g_p, 48, name), KVT_ENOTFOUND);
+      kvt_promise *pr = NULL;
+      REQUIRE(kvt_tier_promote_async(&pr, t, g_p, 48, NULL) == 0);
+      REQUIRE(kvt_promise_wait(pr, 30000) == 0);
+      CHECK_EQ_INT(kvt_promise_result(&e, pr), KVT_ENOTFOUND);
+      kvt_promise_free(pr);
+      CHECK(e == NULL);
+      CHECK_EQ_INT(layout_misses(t), 5);
+      kvt_stats st = KVT_STATS_INIT;
+      REQUIRE(kvt_tier_stats(&st, t) == 0);
+      CHECK_EQ_INT(st.quarantined, 0); /* a miss, never damage */
+      CHECK(kvt_tier_promote(&e, t, own, 40, NULL) == 0); /* B's own */
+      kvt_entry_free(e);
+      e = NULL;
+      /* The same handle spilling A's layout too (one model with two
+       * layouts, e.g. KV quantization switched): both served. */
+      spill_layout(t, g_r, 52, 2, 2, KVT_DTYPE_F16, 3);
+      REQUIRE(kvt_tier_flush(t, 30000) == 0);
+      CHECK(kvt_tier_promote(&e, t, g_p, 48, NULL) == 0);
+      kvt_entry_free(e);
+      e = NULL;
+      CHECK(kvt_tier_promote(&e, t, own, 40, NULL) == 0);
+      kvt_entry_free(e);
+      CHECK_EQ_INT(layout_misses(t), 5);
+      REQUIRE(kvt_tier_close(t, 30000) == 0);
+      kvt_tier_free(t);
+      /* A's entry is still stored and A (its layout) is served it. */
+      REQUIRE(kvt_tier_open(&t, &o) == 0);
+      REQUIRE(kvt_tier_start_writer(t) == 0);
+      spill_layout(t, g_r, 20, 2, 2, KVT_DTYPE_F16, 4);
+      e = NULL;
+      CHECK(kvt_tier_promote(&e, t, g_p, 48, NULL) == 0);
+      kvt_entry_free(e);
+      CHECK_EQ_INT(layout_misses(t), 0);
+      REQUIRE(kvt_tier_close(t, 30000) == 0);
+      kvt_tier_free(t);
+      free(dir);
+    }
+  }
+}
+
 int main(void) {
   g_dir = kvt_test_tmpdir("isolation");
   for (int i = 0; i < 64; i++)
@@ -319,5 +430,6 @@ int main(void) {
   RUN(test_salts);
   RUN(test_known_answers);
   RUN(test_compat_refuses_model_id);
+  RUN(test_layout_mismatch);
   return kvt_test_done();
 }

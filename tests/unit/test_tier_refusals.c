@@ -89,8 +89,10 @@ static void test_reasons_and_live_file(void) {
   CHECK_EQ_INT(w, s.spill_refused_other);
   memcpy(&w, head + 64 + offsetof(kvt_stats, spill_refused_too_big), 8);
   CHECK_EQ_INT(w, s.spill_refused_too_big);
-  memcpy(&w, head + 64 + 8 * (nwords - 1), 8); /* the struct's last word */
+  memcpy(&w, head + 64 + offsetof(kvt_stats, chain_cuts_kept), 8);
   CHECK_EQ_INT(w, s.chain_cuts_kept);
+  memcpy(&w, head + 64 + 8 * (nwords - 1), 8); /* the struct's last word */
+  CHECK_EQ_INT(w, s.layout_misses);
 
   /* Renderings. */
   char buf[1 << 16];

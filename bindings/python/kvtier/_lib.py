@@ -347,6 +347,8 @@ class Stats(ctypes.Structure):
         ("entries_unservable", ctypes.c_uint64),
         ("chunks_rewritten", ctypes.c_uint64),
         ("chain_cuts_kept", ctypes.c_uint64),
+        # version 3: entries of another layout than the tier's spills
+        ("layout_misses", ctypes.c_uint64),
     ]
 
     def __init__(self, *args: Any, **kw: Any) -> None:

@@ -1288,6 +1288,8 @@ class SSDCacheTier:
         for f in _REFUSAL_STAT_FIELDS:
             d[f] = int(getattr(s, f))
         d["spill_refused"] = sum(d[f] for f in _REFUSAL_STAT_FIELDS)
+        # Reads of another model's layout (a miss, never served).
+        d["layout_misses"] = int(s.layout_misses)
         return d
 
     def start_writer(self) -> None:
@@ -1574,8 +1576,10 @@ class SSDCacheTier:
         if rc == L.KVT_ECLOSED:
             raise L.error(rc, "_read_entry")
         if rc != 0:
-            logger.warning(f"[ssd_cache] cannot read entry {relative_path}: "
-                           f"{L.last_error() or L.strerror(rc)}")
+            # A miss (gone, or another model's layout: counted) is no fault.
+            log = logger.debug if rc == L.KVT_ENOTFOUND else logger.warning
+            log(f"[ssd_cache] cannot read entry {relative_path}: "
+                f"{L.last_error() or L.strerror(rc)}")
             return None
         return entry_to_layers(e.value, self._h, dense=True)
 

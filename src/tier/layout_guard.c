@@ -1,0 +1,105 @@
+/*
+ * layout_guard.c - entries of another model's layout are never served. The
+ * real client names only a directory, so a tier cannot know its model; it
+ * learns the layout from its own spills instead: the signature of a spill's
+ * layers (layer count, and per layer its kind, quantization, and each
+ * tensor's dtype and shape other than the token axis) is remembered, and a
+ * promote or read whose entry has another signature is a miss (counted in
+ * layout_misses), not a wrong serve. A tier that has not spilled yet knows no
+ * layout and serves what its namespace holds, as the reference does; a
+ * base model and its fine-tune have one layout, so they need two directories
+ * or two model_ids (docs/DESIGN.md "Namespaces"). Native mode only: compat
+ * stores a converted form (bf16 upcast, quantized layers dequantized) whose
+ * signature differs from the spilled one by construction.
+ */
+#include "tier/tier.h"
+
+#include "base/error.h"
+#include "format/entry.h"
+
+#include <stdio.h>
+#include <xxhash.h>
+
+/* The signature of n layers: XXH3-64 over the fields above; never 0 (0 is
+ * "no layout known"). */
+static uint64_t layout_sig(const kvt_layer *layers, uint32_t n) {
+  XXH3_state_t *s = XXH3_createState();
+  if (!s)
+    return 0;
+  XXH3_64bits_reset(s);
+  XXH3_64bits_update(s, &n, sizeof n);
+  for (uint32_t i = 0; i < n; i++) {
+    const kvt_layer *l = &layers[i];
+    int32_t head[4] = {l->kind, 0, 0, 0};
+    /* Arrays layers (recurrent state) hold no token axis and may carry an
+     * absent state: their kind alone is their layout here. */
+    int kv = l->kind != KVT_LAYER_ARRAYS;
+    if (l->kind == KVT_LAYER_QUANTIZED_KV) {
+      head[1] = l->bits;
+      head[2] = l->group_size;
+    }
+    head[3] = kv ? (int32_t)l->num_tensors : 0;
+    XXH3_64bits_update(s, head, sizeof head);
+    for (uint32_t k = 0; kv && k < l->num_tensors; k++) {
+      const kvt_tensor *te = &l->tensors[k];
+      int64_t d[2 + KVT_MAX_DIMS] = {te->dtype, te->ndim};
+      for (uint32_t a = 0; a < te->ndim && a < KVT_MAX_DIMS; a++)
+        d[2 + a] = a + 2 == te->ndim ? -1 : te->shape[a]; /* -2: tokens */
+      XXH3_64bits_update(s, d, sizeof d);
+    }
+  }
+  uint64_t h = XXH3_64bits_digest(s);
+  XXH3_freeState(s);
+  return h ? h : 1;
+}
+
+void kvti_tier_layout_note(kvt_tier *t, const kvt_layer *layers, uint32_t n) {
+  if (t->opts.storage_mode != KVT_STORAGE_NATIVE || !layers || n == 0)
+    return;
+  uint64_t sig = layout_sig(layers, n);
+  if (!sig)
+    return;
+  /* Lock-free: slots only go from 0 to a signature; two spills racing for
+   * one slot are settled by the compare-exchange (the loser tries the next).
+   * A handle that spills more layouts than there are slots is not one
+   * model's: the guard is then off (layout_full). */
+  for (int i = 0; i < KVTI_LAYOUTS; i++) {
+    uint_fast64_t cur =
+        atomic_load_explicit(&t->layouts[i], memory_order_acquire);
+    if (cur == sig)
+      return;
+    if (cur == 0) {
+      uint_fast64_t zero = 0;
+      if (atomic_compare_exchange_strong(&t->layouts[i], &zero, sig) ||
+          zero == sig)
+        return;
+    }
+  }
+  atomic_store(&t->layout_full, 1);
+}
+
+int kvti_tier_layout_check(kvt_tier *t, kvt_entry **e) {
+  if (!*e || atomic_load_explicit(&t->layout_full, memory_order_relaxed) ||
+      atomic_load_explicit(&t->layouts[0], memory_order_acquire) == 0)
+    return 0; /* nothing spilled yet (or not one model): nothing known */
+  uint64_t got = layout_sig((*e)->layers, (*e)->num_layers);
+  if (got == 0)
+    return 0;
+  for (int i = 0; i < KVTI_LAYOUTS; i++) {
+    uint_fast64_t cur =
+        atomic_load_explicit(&t->layouts[i], memory_order_acquire);
+    if (cur == got)
+      return 0;
+    if (cur == 0)
+      break;
+  }
+  char h[17];
+  snprintf(h, sizeof h, "%.16s", (*e)->hash);
+  kvt_entry_free(*e);
+  *e = NULL;
+  KVTI_STAT_ADD(&t->stats, layout_misses, 1);
+  return KVT_ERR(KVT_ENOTFOUND,
+                 "entry %s has a layout (layer count, kinds, dtypes or "
+                 "shapes) this tier never spilled: another model's, a miss",
+                 h);
+}
