@@ -138,7 +138,9 @@ class Tier:
     read_entry then see the remote entries.  The chunked native store
     (docs/DESIGN.md): chunk_tokens (None: the library's default, 256 in
     native mode; 0: off; else a power of two in 16..4096) and model_id (the
-    chunks' namespace; None: model_name).
+    namespace of entries, chains and chunks in native mode: two model_ids on
+    one directory never meet; refused in compat mode; None: the directory is
+    the namespace, chunks seeded by model_name; docs/FORMAT.md section 6).
     """
 
     def __init__(self, cache_dir: Optional[str] = None, *, model_name: Optional[str] = None,
