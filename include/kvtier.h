@@ -1263,7 +1263,7 @@ typedef struct kvt_stats {
                                   rows) and kept the entry: a miss, never a
                                   deletion */
   /* Promotes and reads (native mode) refused because the entry's layout -
-   * layer count, kinds, dtypes, shapes other than the token axis - is none
+   * layer count; attention layers' heads, head sizes and dtype - is none
    * of the layouts this handle has spilled: another model's entry, a miss
    * (KVT_ENOTFOUND; with on_layer, layers already reported belong to the
    * entry, freed). A handle that has not spilled yet, or spilled more than 8

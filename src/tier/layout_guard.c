@@ -115,7 +115,7 @@ int kvti_tier_layout_check(kvt_tier *t, kvt_entry **e) {
   *e = NULL;
   KVTI_STAT_ADD(&t->stats, layout_misses, 1);
   return KVT_ERR(KVT_ENOTFOUND,
-                 "entry %s has a layout (layer count, kinds, dtypes or "
-                 "shapes) this tier never spilled: another model's, a miss",
+                 "entry %s has a layout (layer count, heads, head sizes or "
+                 "dtype) this tier never spilled: another model's, a miss",
                  h);
 }

@@ -12,6 +12,10 @@
 #include "fmt_testlib.h"
 #include "tier_testlib.h"
 #include "kvtier.h"
+#include "base/hash.h"
+#include "base/salt.h"
+#include "base/io.h"
+#include "format/chunk.h"
 
 #define C 16
 #define NL 2
@@ -290,6 +294,38 @@ static void test_known_answers(void) {
   free(dir);
 }
 
+/* The chunk seed of a model_id tier's unsalted spill (docs/FORMAT.md section
+ * 10: the salt field holds the hex of N; computed with Python's hashlib),
+ * layout_hash 0x0123456789abcdef. */
+static void test_chunk_seed_known_answer(void) {
+  kvti_salt n;
+  REQUIRE(kvti_salt_model(&n, "llama-3-8b") == 0 && n.has);
+  kvti_salt j;
+  REQUIRE(kvti_salt_join(&j, &n, &(kvti_salt){0}) == 0);
+  CHECK(j.has && memcmp(j.d, n.d, 32) == 0); /* no salt: N alone */
+  char hex[65];
+  kvti_hex32(hex, n.d);
+  CHECK(strcmp(hex, "2bb4b98675a06e59c809803de3c255d6"
+                    "535116611608fd7959f3d6b8b7f9686c") == 0);
+  uint8_t *enc = NULL;
+  size_t len = 0;
+  REQUIRE(kvti_chunk_ns_encode(&enc, &len, "llama-3-8b", hex) == 0);
+  uint8_t seed[32];
+  REQUIRE(kvti_chunk_seed(seed, enc, len, 0x0123456789abcdefull) == 0);
+  kvti_hex32(hex, seed);
+  CHECK(strcmp(hex, "93ee055b59aa3f79f189a6f135d20d5a"
+                    "34f32cff9ae505390b05fb8975b92d45") == 0);
+  int32_t tok[16];
+  for (int i = 0; i < 16; i++)
+    tok[i] = 7919 * i - 3;
+  uint8_t k0[32];
+  REQUIRE(kvti_chunk_key(k0, seed, tok, 16) == 0);
+  kvti_hex32(hex, k0);
+  CHECK(strcmp(hex, "59d285bc2bfc8cbd325539ba63d21ecd"
+                    "ae4cda5e43a6c92ac6d537a51c27fe6b") == 0);
+  kvti_free(enc);
+}
+
 /* A compat directory holds the reference's names (no namespace): a model_id
  * there is refused, not silently shared. */
 static void test_compat_refuses_model_id(void) {
@@ -429,6 +465,7 @@ int main(void) {
   RUN(test_model_ids);
   RUN(test_salts);
   RUN(test_known_answers);
+  RUN(test_chunk_seed_known_answer);
   RUN(test_compat_refuses_model_id);
   RUN(test_layout_mismatch);
   return kvt_test_done();
