@@ -400,8 +400,15 @@ typedef struct kvt_options {
    *  between nodes"): nodes with the same model_id and chunk_tokens store a
    *  shared prefix once and fetch only the chunks they lack. */
   uint32_t chunk_tokens;
-  /** Namespace of the chunks (with chunk_tokens): spills of two model_ids
-   *  never share or see each other's chunks. NULL = model_name (or ""). At
+  /** Namespace of a native local tier (docs/FORMAT.md section 6): folded
+   *  into the digest every call is keyed by, so entries, chain records and
+   *  chunks of two model_ids (or of one and none) on one directory never
+   *  meet, and names differ from the reference's. NULL or "" = none: the
+   *  directory is the namespace (the reference's one directory per model)
+   *  and chunks are seeded by model_name (or ""). A base model and its
+   *  fine-tune (one layout) on one directory need two model_ids. Refused
+   *  (KVT_EINVAL) in storage_mode COMPAT; with a remote tier only the chunks
+   *  are namespaced (the remote store is keyed by the reference's names). At
    *  most 4000 bytes. */
   const char *model_id;
   /* ---- version 4 ---- */
@@ -718,8 +725,9 @@ KVT_API int kvt_tier_lookup_prefix(kvt_entry_info *out, kvt_tier *t,
  * are its index row (token_hash, file_path = that name; prefix_hash the same
  * over the first 16 tokens: the reference's own lookups never see it) and
  * its manifest (kvtier.cache_salt = hex D; docs/FORMAT.md). Calls without a
- * salt are exactly the reference's. Salts are refused (KVT_EUNSUPPORTED) when
- * a remote tier is configured. */
+ * salt are exactly the reference's, unless the tier has a model_id (then D is
+ * joined with its namespace: kvt_options.model_id). Salts are refused
+ * (KVT_EUNSUPPORTED) when a remote tier is configured. */
 
 /** Longest cache_salt, in bytes. */
 #define KVT_CACHE_SALT_MAX 4096
@@ -1359,6 +1367,13 @@ typedef struct kvt_stats {
   double ssd_lifetime_years; /* now: write_budget_tbw at the rate written
                                 since open, in years (0: no rating or
                                 nothing written yet) */
+  /* Promotes and reads (native mode) refused because the entry's layout -
+   * layer count; attention layers' heads, head sizes and dtype - is none
+   * of the layouts this handle has spilled: another model's entry, a miss
+   * (KVT_ENOTFOUND; with on_layer, layers already reported belong to the
+   * entry, freed). A handle that has not spilled yet, or spilled more than 8
+   * layouts (not one model's), checks nothing. */
+  uint64_t layout_misses;
 } kvt_stats;
 
 /** A kvt_stats ready for kvt_tier_stats (C99 designated initialiser). */

@@ -5,6 +5,7 @@
 #include "testutil.h"
 
 #include <dirent.h>
+#include <openssl/evp.h>
 #include <stdarg.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -188,4 +189,27 @@ int kvt_test_each_chunk(const char *cache_dir,
       closedir(d);
   }
   return n;
+}
+
+void kvt_test_model_hash(char out[65], const char *model_id,
+                         const int32_t *tokens, size_t n) {
+  static const char tag[] = "kvtier model_id v1"; /* with its NUL */
+  unsigned char nsd[32], h[32];
+  unsigned int md = 0;
+  size_t len = model_id ? strlen(model_id) : 0;
+  EVP_MD_CTX *c = EVP_MD_CTX_new();
+  if (len) {
+    EVP_DigestInit_ex(c, EVP_sha256(), NULL);
+    EVP_DigestUpdate(c, tag, sizeof tag);
+    EVP_DigestUpdate(c, model_id, len);
+    EVP_DigestFinal_ex(c, nsd, &md);
+  }
+  EVP_DigestInit_ex(c, EVP_sha256(), NULL);
+  if (len)
+    EVP_DigestUpdate(c, nsd, 32);
+  EVP_DigestUpdate(c, tokens, n * sizeof *tokens);
+  EVP_DigestFinal_ex(c, h, &md);
+  EVP_MD_CTX_free(c);
+  for (int i = 0; i < 32; i++)
+    snprintf(out + 2 * i, 3, "%02x", h[i]);
 }

@@ -111,5 +111,12 @@ int kvt_test_count_dir(const char *dir, const char *suffix);
  */
 int kvt_test_each_chunk(const char *cache_dir,
                         void (*fn)(void *ctx, const char *path), void *ctx);
+/* The name (64 hex) of tokens[0, n) spilled without a cache_salt by a native
+ * local tier opened with model_id (docs/FORMAT.md section 6): SHA-256(N ||
+ * tokens), N = SHA-256("kvtier model_id v1" NUL || model_id); model_id NULL
+ * or "": the reference's SHA-256(tokens). Computed here with OpenSSL from the
+ * documented rule, not by the library's code. */
+void kvt_test_model_hash(char out[65], const char *model_id,
+                         const int32_t *tokens, size_t n);
 
 #endif

@@ -11,6 +11,7 @@
 #include <string.h>
 
 static const char TAG[] = "kvtier cache_salt v1"; /* hashed with its NUL */
+static const char MTAG[] = "kvtier model_id v1";  /* likewise */
 
 static int sha2(uint8_t out[32], const void *a, size_t alen, const void *b,
                 size_t blen) {
@@ -35,6 +36,35 @@ int kvti_salt_make(kvti_salt *out, const void *salt, size_t len) {
     return 0;
   int rc = sha2(out->d, TAG, sizeof TAG, salt, len);
   out->has = rc == 0;
+  return rc;
+}
+
+int kvti_salt_model(kvti_salt *out, const char *model_id) {
+  memset(out, 0, sizeof *out);
+  size_t len = model_id ? strlen(model_id) : 0;
+  if (len == 0)
+    return 0;
+  int rc = sha2(out->d, MTAG, sizeof MTAG, model_id, len);
+  out->has = rc == 0;
+  return rc;
+}
+
+int kvti_salt_join(kvti_salt *out, const kvti_salt *ns, const kvti_salt *req) {
+  if (!ns || !ns->has) {
+    if (out != req)
+      *out = *req;
+    return 0;
+  }
+  if (!req->has) {
+    *out = *ns;
+    return 0;
+  }
+  uint8_t d[32];
+  int rc = sha2(d, ns->d, 32, req->d, 32);
+  if (rc == 0) {
+    memcpy(out->d, d, 32);
+    out->has = 1;
+  }
   return rc;
 }
 

@@ -26,6 +26,17 @@ typedef struct kvti_salt {
  * with len > 0), KVT_ENOMEM. */
 int kvti_salt_make(kvti_salt *out, const void *salt, size_t len);
 
+/* A model_id's namespace N = SHA-256("kvtier model_id v1" NUL || model_id);
+ * NULL or "" gives none (has = 0: the directory alone is the namespace).
+ * 0 or KVT_ENOMEM. */
+int kvti_salt_model(kvti_salt *out, const char *model_id);
+
+/* The digest a call is keyed by, under namespace ns and request salt req:
+ * req alone when ns has none (exactly the keys without a model_id), ns alone
+ * when req has none, else SHA-256(N || D). In place (out may be req). 0 or
+ * KVT_ENOMEM. */
+int kvti_salt_join(kvti_salt *out, const kvti_salt *ns, const kvti_salt *req);
+
 /* Key of data[0, len) (an int32 token blob) under salt s (NULL or !has: the
  * plain SHA-256), binary and hex. 0 or KVT_ENOMEM. */
 int kvti_salt_sha(uint8_t out[32], const kvti_salt *s, const void *data,

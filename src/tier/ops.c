@@ -63,16 +63,14 @@ static int lookup_common(kvt_entry_info *out, kvt_tier *t,
   return rc;
 }
 
-static const kvti_salt NO_SALT = {0};
-
 int kvt_tier_lookup(kvt_entry_info *out, kvt_tier *t, const int32_t *tokens,
                     size_t n_tokens) {
-  return lookup_common(out, t, tokens, n_tokens, 0, 1, &NO_SALT);
+  return kvt_tier_lookup_ex(out, t, tokens, n_tokens, NULL);
 }
 
 int kvt_tier_lookup_prefix(kvt_entry_info *out, kvt_tier *t,
                            const int32_t *tokens, size_t n_tokens) {
-  return lookup_common(out, t, tokens, n_tokens, 1, 1, &NO_SALT);
+  return kvt_tier_lookup_prefix_ex(out, t, tokens, n_tokens, NULL);
 }
 
 int kvt_tier_lookup_ex(kvt_entry_info *out, kvt_tier *t, const int32_t *tokens,
@@ -122,7 +120,7 @@ static int touch_common(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
 }
 
 int kvt_tier_touch(kvt_tier *t, const int32_t *tokens, size_t n_tokens) {
-  return touch_common(t, tokens, n_tokens, &NO_SALT);
+  return kvt_tier_touch_ex(t, tokens, n_tokens, NULL);
 }
 
 int kvt_tier_touch_ex(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
@@ -157,7 +155,7 @@ static int remove_common(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
 }
 
 int kvt_tier_remove(kvt_tier *t, const int32_t *tokens, size_t n_tokens) {
-  return remove_common(t, tokens, n_tokens, &NO_SALT);
+  return kvt_tier_remove_ex(t, tokens, n_tokens, NULL);
 }
 
 int kvt_tier_remove_ex(kvt_tier *t, const int32_t *tokens, size_t n_tokens,

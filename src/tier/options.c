@@ -282,6 +282,13 @@ int kvt_options_validate(const kvt_options *opts) {
                    o->chunk_tokens);
   if (o->model_id && strlen(o->model_id) > 4000)
     return KVT_ERR(KVT_EINVAL, "model_id must be at most 4000 bytes");
+  /* A model_id namespaces kvtier's own names; a compat directory holds the
+   * reference's, which has none (one directory per model): refused rather
+   * than silently shared with every other model_id. */
+  if (o->model_id && o->model_id[0] && o->storage_mode == KVT_STORAGE_COMPAT)
+    return KVT_ERR(KVT_EINVAL,
+                   "model_id is not supported with storage_mode compat (the "
+                   "reference's directory is its namespace: one per model)");
   int rrc = validate_remote(o);
   if (rrc == 0)
     rrc = validate_admission(o);

@@ -140,6 +140,8 @@ static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
             "entry %.16s was evicted or expired before it was read", hash);
   }
   kvti_stripe_unlock(&t->stripes, hash);
+  if (rc == 0 && (rc = kvti_tier_layout_check(t, out)) != 0)
+    return rc; /* another model's layout: a miss, counted there */
   if (rc == 0)
     return 0;
   int chunk_fault = kvti_tier_chunks_after_read(t);
@@ -186,9 +188,11 @@ static int begin(kvt_tier *t, kvt_entry_info *info, uint64_t *reserved,
   double cutoff = kvti_tier_cutoff(t);
   int prefix = (flags & KVT_PROMOTE_PREFIX) != 0;
   KVTI_STAT_ADD(&t->stats, tokens_requested, keep ? keep : n);
-  kvti_salt salt = {0};
-  if (o) /* validated by check_args */
-    kvti_salt_make(&salt, o->cache_salt, o->cache_salt_len);
+  kvti_salt salt = {0}; /* validated by check_args: cannot fail but OOM */
+  int src = kvti_tier_salt(&salt, t, o ? o->cache_salt : NULL,
+                           o ? o->cache_salt_len : 0);
+  if (src != 0)
+    return src;
   int rc = prefix
                ? kvti_index_find_prefix_salted(info, t->idx, tokens, n, cutoff,
                                                &salt)
@@ -329,9 +333,9 @@ static int promote_sync(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
   if (rc == 0) {
     double t0 = kvti_now_mono();
     kvt_entry *e = NULL;
-    kvti_salt salt = {0};
-    if (opts) /* validated by check_args */
-      kvti_salt_make(&salt, opts->cache_salt, opts->cache_salt_len);
+    kvti_salt salt = {0}; /* as begin's (validated by check_args) */
+    kvti_tier_salt(&salt, t, opts ? opts->cache_salt : NULL,
+                   opts ? opts->cache_salt_len : 0);
     rc = read_selected(&e, t, &info, &rs, tokens, opts, NULL, keep, &salt);
     if (rc == 0) {
       e->reserved_bytes = reserved;
@@ -447,6 +451,8 @@ int kvt_tier_read_entry_ex(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
     memcpy(ri.token_hash, file_path, sizeof ri.token_hash);
     rc = kvti_remote_read(t, out, &ri, &ro);
   }
+  if (rc == 0)
+    rc = kvti_tier_layout_check(t, out); /* another model's: a miss */
   kvti_tier_leave(t);
   return rc;
 }
@@ -567,7 +573,8 @@ int kvt_tier_promote_async(kvt_promise **out, kvt_tier *t,
     p->opts = *opts;
   else
     kvt_promote_opts_init(&p->opts, KVT_PROMOTE_OPTS_VERSION);
-  kvti_salt_make(&p->salt, p->opts.cache_salt, p->opts.cache_salt_len);
+  /* validated by check_args; the namespace joined as in begin */
+  kvti_tier_salt(&p->salt, t, p->opts.cache_salt, p->opts.cache_salt_len);
   p->opts.cache_salt = NULL; /* p->salt holds it */
   p->opts.cache_salt_len = 0;
   rc = begin(t, &p->info, &p->reserved, &p->rs, tokens, n_tokens, opts, 0);

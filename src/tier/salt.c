@@ -9,6 +9,8 @@
 
 #include "base/error.h"
 
+#include <string.h>
+
 int kvt_call_opts_init(kvt_call_opts *o, unsigned int version) {
   if (!o || version < 1 || version > KVT_CALL_OPTS_VERSION)
     return KVT_ERR(KVT_EINVAL, "kvt_call_opts_init: bad argument");
@@ -27,13 +29,26 @@ int kvti_tier_salt(kvti_salt *out, const kvt_tier *t, const void *salt,
                  "cache_salt is not supported with a remote tier (the remote "
                  "store is keyed by unsalted names)");
   }
+  if (rc == 0 && t)
+    rc = kvti_salt_join(out, &t->ns, out);
   return rc;
+}
+
+int kvti_tier_ns_init(kvt_tier *t) {
+  memset(&t->ns, 0, sizeof t->ns);
+  /* Only where the names are ours: compat mode writes the reference's
+   * names (one directory per model, as it reads them), and the remote
+   * store is keyed by unsalted names shared between nodes. */
+  if (t->opts.storage_mode != KVT_STORAGE_NATIVE ||
+      t->opts.remote_mode != KVT_REMOTE_LOCAL)
+    return 0;
+  return kvti_salt_model(&t->ns, t->opts.model_id);
 }
 
 int kvti_call_salt(kvti_salt *out, const kvt_tier *t, const kvt_call_opts *co) {
   out->has = 0;
   if (!co)
-    return 0;
+    return kvti_tier_salt(out, t, NULL, 0);
   if (co->version < 1 || co->version > KVT_CALL_OPTS_VERSION)
     return KVT_ERR(KVT_EINVAL, "kvt_call_opts: unknown version %u",
                    co->version);

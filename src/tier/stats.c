@@ -316,6 +316,9 @@ static const metric metrics[] = {
           "The SSD's rated TBW at the rate written since open, in years "
           "(0: unknown).",
           ssd_lifetime, 2),
+    CNT(layout_misses,
+        "Promotes and reads of an entry of another layout than this tier's "
+        "spills (another model's): a miss."),
 };
 #define NMETRICS (sizeof metrics / sizeof metrics[0])
 

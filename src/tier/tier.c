@@ -169,6 +169,9 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
   kvti_stats_init(&t->stats);
   atomic_init(&t->state, KVTI_OPEN);
   atomic_init(&t->active, 0);
+  for (int i = 0; i < KVTI_LAYOUTS; i++)
+    atomic_init(&t->layouts[i], 0);
+  atomic_init(&t->layout_full, 0);
   if ((rc = kvti_cond_init(&t->life_cv)) != 0) {
     pthread_cond_init(&t->life_cv, NULL); /* so destroy is valid */
     goto fail;
@@ -251,6 +254,8 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
    * reconcile) in a power loss. */
   if (!t->readonly && opts->durability == KVT_DURABILITY_FSYNC &&
       (rc = kvti_index_set_durable(t->idx, 1)) != 0)
+    goto fail;
+  if ((rc = kvti_tier_ns_init(t)) != 0) /* model_id's namespace (salt.c) */
     goto fail;
   if ((rc = kvti_tier_chunks_open(t)) != 0) /* chunk_tokens (chunks.h) */
     goto fail;

@@ -65,6 +65,8 @@ typedef struct kvti_writer_hook {
 
 enum { KVTI_OPEN = 0, KVTI_TEARDOWN = 1, KVTI_CLOSED = 2 };
 
+#define KVTI_LAYOUTS 8 /* distinct spill layouts the layout guard keeps */
+
 struct kvt_tier {
   kvt_options opts; /* copy; opts.cache_dir points at dir */
   char *dir;        /* absolute cache directory */
@@ -92,15 +94,32 @@ struct kvt_tier {
   int chunks_rescanned; /* chain table rebuilt from the files (this open) */
   /* Admission and the write budget (admission.h); NULL on read-only tiers. */
   struct kvti_admit *admit;
+  /* The model_id's namespace (salt.c), joined into every call's salt: set
+   * once at open (native mode, no remote tier), read-only after. */
+  kvti_salt ns;
+  /* Signatures of the layouts this handle spilled (layout_guard.c; 0: free
+   * slot): promotes of none of them are misses; layout_full: more layouts
+   * than slots, guard off. */
+  atomic_uint_fast64_t layouts[KVTI_LAYOUTS];
+  atomic_int layout_full;
 };
 
 /* Lifecycle guards: enter returns 0 or KVT_ECLOSED (message set). */
 int kvti_tier_enter(kvt_tier *t);
 /* The salt of a call (salt.c): kvti_salt_make, refused (KVT_EUNSUPPORTED)
- * with a remote tier; kvti_call_salt reads a kvt_call_opts (NULL: none). */
+ * with a remote tier, then joined with the tier's model_id namespace;
+ * kvti_call_salt reads a kvt_call_opts (NULL: no salt, the namespace's
+ * alone). Every entry point keys its names by one of these. */
 int kvti_tier_salt(kvti_salt *out, const kvt_tier *t, const void *salt,
                    size_t len);
 int kvti_call_salt(kvti_salt *out, const kvt_tier *t, const kvt_call_opts *co);
+/* Sets t->ns from opts.model_id (before kvti_tier_chunks_open forgets it). */
+int kvti_tier_ns_init(kvt_tier *t);
+/* The layout guard (layout_guard.c): note the layers of an accepted spill;
+ * check a read entry against the noted layouts - on a mismatch *e is freed
+ * and NULL, layout_misses counted, KVT_ENOTFOUND returned; else 0. */
+void kvti_tier_layout_note(kvt_tier *t, const kvt_layer *layers, uint32_t n);
+int kvti_tier_layout_check(kvt_tier *t, kvt_entry **e);
 void kvti_tier_leave(kvt_tier *t);
 
 void kvti_log(kvt_tier *t, int level, const char *fmt, ...)

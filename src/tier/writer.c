@@ -763,6 +763,8 @@ int kvti_spill_enqueue(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
                      release, release_ctx, co);
   if (rc != 0 && t)
     kvti_stats_refused(&t->stats, rc);
+  if (rc == 0) /* this model's layout, for the layout guard */
+    kvti_tier_layout_note(t, layers, n_layers);
   return rc;
 }
 

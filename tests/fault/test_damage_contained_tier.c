@@ -95,7 +95,7 @@ static void test_shared_chunk_flipped(void) {
   CHECK_EQ_INT(files0, 2 + 2 * N_CONV);
   CHECK_EQ_INT(dirs0, N_CONV);
   char h[65];
-  kvt_token_hash(h, tok[0], N_TOK);
+  kvt_test_model_hash(h, "contain", tok[0], N_TOK);
   kvt_chunk_info *ch = NULL;
   size_t n = 0;
   REQUIRE(kvt_tier_entry_chain(&ch, &n, NULL, t, h, 0) == 0 && n == 4);

@@ -52,7 +52,7 @@ static int matches(const kvt_entry *e, const int32_t *tok, int n, int T) {
 /* Files in data/<hash of tok>/; *rec = 1 when one of them is chain.kvr. */
 static int entry_files(const char *dir, const int32_t *tok, int n, int *rec) {
   char h[65], p[4200];
-  kvt_token_hash(h, tok, (size_t)n);
+  kvt_test_model_hash(h, "rec-model", tok, (size_t)n);
   snprintf(p, sizeof p, "%s/data/%s", dir, h);
   DIR *d = opendir(p);
   int k = 0;
@@ -72,7 +72,7 @@ static int entry_files(const char *dir, const int32_t *tok, int n, int *rec) {
 static void rec_file(char *out, size_t cap, const char *dir, const int32_t *tok,
                      int n) {
   char h[65];
-  kvt_token_hash(h, tok, (size_t)n);
+  kvt_test_model_hash(h, "rec-model", tok, (size_t)n);
   snprintf(out, cap, "%s/data/%s/%s", dir, h, KVTI_CHAINREC_FILE);
 }
 
@@ -99,7 +99,7 @@ static void test_record_entry(void) {
   CHECK(matches(e, a, 64, 64));
   kvt_entry_free(e);
   char h[65];
-  kvt_token_hash(h, a, 64);
+  kvt_test_model_hash(h, "rec-model", a, 64);
   REQUIRE(kvt_tier_read_entry(&e, t, a, 64, h) == 0);
   CHECK(matches(e, a, 64, 64));
   kvt_entry_free(e);
@@ -152,7 +152,7 @@ static void test_parse_strict(void) {
   close_tier(t);
   char p[4400], h[65];
   rec_file(p, sizeof p, dir, a, 48);
-  kvt_token_hash(h, a, 48);
+  kvt_test_model_hash(h, "rec-model", a, 48);
   size_t n = 0;
   uint8_t *buf = (uint8_t *)kvt_test_read_file(p, &n);
   REQUIRE(buf != NULL);

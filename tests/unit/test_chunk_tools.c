@@ -2,13 +2,14 @@
  * test_chunk_tools.c - the chunked store's tools API (include/kvtier.h, "The
  * chunked native store, for tools"), public API only: listing with children
  * and sharing, an entry's chain, totals and the logical bytes behind the
- * dedup ratio; a chained entry read by a tier of another model_id and chunk
- * size (chains are followed by parent links); chunk verification, and its
- * repair (the bad chunk's file alone moved to quarantine/; the chunks below
- * it and the entries through it kept, unservable, until the next spill of
- * those tokens writes the chunk again and they serve bit-exact); gc of
- * chunks/ (stale tmp removed, strays left; a dry run changes nothing); and
- * the writer's lazy sweep of one chunks/<kk> every 64 chunked spills.
+ * dedup ratio; a chained entry read by a tier of another chunk size (chains
+ * are followed by parent links) and never by one of another model_id; chunk
+ * verification, and its repair (the bad chunk's file alone moved to
+ * quarantine/; the chunks below it and the entries through it kept, unservable,
+ * until the next spill of those tokens writes the chunk again and they serve
+ * bit-exact); gc of chunks/ (stale tmp removed, strays left; a dry run changes
+ * nothing); and the writer's lazy sweep of one chunks/<kk> every 64 chunked
+ * spills.
  */
 #include "fmt_testlib.h"
 #include "kvtier.h"
@@ -137,7 +138,7 @@ static void test_tools(const char *dir) {
   CHECK(s.bytes == tot.disk_bytes);
 
   char hash[65];
-  REQUIRE(kvt_token_hash(hash, tok[1], 69) == 0);
+  kvt_test_model_hash(hash, "model-a", tok[1], 69);
   kvt_chunk_info *ch = NULL;
   size_t n = 0;
   uint32_t ct = 0;
@@ -165,7 +166,7 @@ static void test_tools(const char *dir) {
   CHECK(kvt_tier_entry_chain(&ch, &n, NULL, t, none, 0) == KVT_ENOTFOUND);
   for (int c = 0; c < 3; c++) { /* the chunk below the shared one */
     char h[65];
-    REQUIRE(kvt_token_hash(h, tok[c], 69) == 0);
+    kvt_test_model_hash(h, "model-a", tok[c], 69);
     REQUIRE(kvt_tier_entry_chain(&ch, &n, NULL, t, h, 0) == 0 && n == 4);
     snprintf(below_key[c], 65, "%s", ch[2].key);
     snprintf(last_key[c], 65, "%s", ch[3].key);
@@ -174,10 +175,21 @@ static void test_tools(const char *dir) {
   CHECK(kvt_tier_close(t, -1) == 0);
   kvt_tier_free(t);
 
-  /* Another model_id and chunk size: the chained entries still read (by
-   * their records' parent links), and every chunk verifies. */
-  t = open_tier(dir, 64, "model-b", 0);
+  /* Another model_id: none of model-a's entries is found or served (names
+   * and chains are keyed by the model's namespace). */
+  t = open_tier(dir, C, "model-b", 0);
   kvt_entry *e = NULL;
+  kvt_entry_info mi;
+  for (int c = 0; c < 3; c++) {
+    CHECK(kvt_tier_lookup(&mi, t, tok[c], 69) == KVT_ENOTFOUND);
+    CHECK(kvt_tier_lookup_prefix(&mi, t, tok[c], 69) == KVT_ENOTFOUND);
+    CHECK(kvt_tier_promote(&e, t, tok[c], 69, NULL) == KVT_ENOTFOUND);
+  }
+  CHECK(kvt_tier_close(t, -1) == 0);
+  kvt_tier_free(t);
+  /* The same model_id with another chunk size: the chained entries still
+   * read (by their records' parent links), and every chunk verifies. */
+  t = open_tier(dir, 64, "model-a", 0);
   CHECK(kvt_tier_promote(&e, t, tok[2], 69, NULL) == 0);
   if (e) {
     kvt_layer ref = kv_of(tok[2], 69);
@@ -223,7 +235,7 @@ static void test_tools(const char *dir) {
     CHECK(kvt_tier_promote(&e, t, tok[c], 69, NULL) == KVT_ENOTFOUND);
     CHECK(e == NULL);
     char h[65], d[4200];
-    REQUIRE(kvt_token_hash(h, tok[c], 69) == 0);
+    kvt_test_model_hash(h, "model-a", tok[c], 69);
     snprintf(d, sizeof d, "%s/data/%s", dir, h);
     CHECK(kvt_test_exists(d)); /* kept */
   }

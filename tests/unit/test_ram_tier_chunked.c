@@ -30,13 +30,15 @@ static kvt_stats stats_of(kvt_tier *t) {
   return s;
 }
 
+#define MODEL "ram-chunked"
+
 static kvt_tier *open_dir(const char *dir, uint64_t host_bytes) {
   kvt_options o;
   kvt_options_init(&o, KVT_OPTIONS_VERSION);
   o.cache_dir = dir;
   o.durability = KVT_DURABILITY_NONE;
   o.chunk_tokens = C;
-  o.model_id = "ram-chunked";
+  o.model_id = MODEL;
   o.host_cache_bytes = host_bytes;
   kvt_tier *t = t_open(&o);
   REQUIRE(kvt_tier_start_writer(t) == 0);
@@ -47,7 +49,7 @@ static kvt_tier *open_dir(const char *dir, uint64_t host_bytes) {
  * of two prompts has the same KV, as in a real model. */
 static void share(t_entry *e, const t_entry *base, size_t p) {
   memcpy(e->tokens, base->tokens, p * sizeof(int32_t));
-  kvt_token_hash(e->hash, e->tokens, e->n_tokens);
+  kvt_test_model_hash(e->hash, MODEL, e->tokens, e->n_tokens);
   for (uint32_t l = 0; l < e->n_layers; l++)
     for (int k = 0; k < 2; k++) {
       kvt_tensor *d = &e->layers[l].tensors[k];
@@ -61,7 +63,9 @@ static void share(t_entry *e, const t_entry *base, size_t p) {
 
 /* A 40-token entry: 2 chunks + 8 tail rows. */
 static t_entry mk(uint64_t seed, size_t n) {
-  return t_make(seed, n, NL, (int)n, D);
+  t_entry e = t_make(seed, n, NL, (int)n, D);
+  kvt_test_model_hash(e.hash, MODEL, e.tokens, e.n_tokens); /* its name */
+  return e;
 }
 
 static int spill_nocopy(kvt_tier *t, const t_entry *e) {
@@ -209,7 +213,7 @@ static void test_entry(void) {
   t_entry a2 = mk(2, 40);
   share(&a2, &a, 32);
   memcpy(a2.tokens, a.tokens, 40 * sizeof(int32_t)); /* same tokens */
-  kvt_token_hash(a2.hash, a2.tokens, a2.n_tokens);
+  kvt_test_model_hash(a2.hash, MODEL, a2.tokens, a2.n_tokens);
   REQUIRE(strcmp(a2.hash, a.hash) == 0);
   REQUIRE(kvt_tier_trim(t, 0, NULL) == 0);
   got = promote(t, &a); /* a disk read of the old version is out (lent) */

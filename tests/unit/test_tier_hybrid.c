@@ -128,7 +128,7 @@ static void test_hybrid(void) {
               cases[c].want);
     CHECK(is_prefix_state(e, cases[c].want));
     char h[65];
-    kvt_token_hash(h, q, (size_t)cases[c].want);
+    kvt_test_model_hash(h, "hybrid", q, (size_t)cases[c].want);
     CHECK(strcmp(h, info.token_hash) == 0);
     kvt_entry_free(e);
     /* The drop-in's path: read_entry(prompt[:m], file_path). */
@@ -139,7 +139,7 @@ static void test_hybrid(void) {
   }
   /* A chunk-aligned prefix no state was stored at: no entry to read. */
   char h48[65];
-  kvt_token_hash(h48, g_p, 48);
+  kvt_test_model_hash(h48, "hybrid", g_p, 48);
   kvt_entry *e = NULL;
   CHECK_EQ_INT(kvt_tier_read_entry(&e, t, g_p, 48, h48), KVT_ENOTFOUND);
   /* Trimming cuts KV but not the state: refused. */

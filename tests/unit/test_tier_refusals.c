@@ -97,9 +97,11 @@ static void test_reasons_and_live_file(void) {
   CHECK_EQ_INT(w, s.spills_batched);
   memcpy(&w, head + 64 + offsetof(kvt_stats, admission_tokens_declined), 8);
   CHECK_EQ_INT(w, s.admission_tokens_declined);
-  double last; /* the struct's last word, an f64 */
-  memcpy(&last, head + 64 + 8 * (nwords - 1), 8);
-  CHECK(last == s.ssd_lifetime_years);
+  double life;
+  memcpy(&life, head + 64 + offsetof(kvt_stats, ssd_lifetime_years), 8);
+  CHECK(life == s.ssd_lifetime_years);
+  memcpy(&w, head + 64 + 8 * (nwords - 1), 8); /* the struct's last word */
+  CHECK_EQ_INT(w, s.layout_misses);
 
   /* Renderings. */
   char buf[1 << 16];

@@ -379,6 +379,8 @@ class Stats(ctypes.Structure):
         ("write_budget_bytes_per_day", ctypes.c_uint64),
         ("write_budget_left", ctypes.c_uint64),
         ("ssd_lifetime_years", ctypes.c_double),
+        # version 3: entries of another layout than the tier's spills
+        ("layout_misses", ctypes.c_uint64),
     ]
 
     def __init__(self, *args: Any, **kw: Any) -> None:

@@ -211,10 +211,16 @@ class SSDCacheConfig:
             reference. Ignored in "compat" mode (the reference's layout).
             With remote_url, chunks are shared between nodes of the same
             model_id (docs/REMOTE.md "Chunks shared between nodes").
-        model_id: namespace of the chunks; None = the cache directory's name
-            (the reference's per-model directory), so two models never share
-            chunks; nodes sharing a remote store share chunks only under the
-            same model_id.
+        model_id: namespace of the entries and chunks in native mode:
+            tiers of two model_ids on one directory never see each other's
+            entries, chains or chunks. None (default, what the real client
+            passes) = the directory alone is the namespace, as in the
+            reference (one directory per model): a base model and its
+            fine-tune have the same layout, so they need two directories or
+            two model_ids; models of another layout are told apart by it (a
+            layout mismatch is a miss). Refused with storage_mode "compat"
+            (the reference's names have no namespace). Nodes sharing a
+            remote store share chunks only under the same model_id.
         admission_policy: what a spill must show to be written (docs/DESIGN.md
             "Admission and the write budget"): "write_all" (default, the
             reference's behaviour), "second_sighting" (a 256-token segment
@@ -336,11 +342,10 @@ class SSDCacheConfig:
         if self.host_cache_bytes is not None:
             o.host_cache_bytes = fit("host_cache_bytes", self.host_cache_bytes, 0, _U64)
         o.chunk_tokens = fit("chunk_tokens", self.chunk_tokens, 0, _U32)
-        # The chunks' namespace defaults to the directory's name: the
-        # reference keeps one directory per model, so two models never share.
+        # No model_id by default: the directory is the namespace (the
+        # reference's convention, one directory per model), so the names stay
+        # the reference's and a renamed directory keeps serving its entries.
         mid = self.model_id
-        if mid is None and self.chunk_tokens and self.cache_dir is not None:
-            mid = os.path.basename(os.path.normpath(str(self.cache_dir)))
         if mid is not None:
             keep.append(mid.encode("utf-8"))
             o.model_id = keep[-1]
@@ -1331,6 +1336,8 @@ class SSDCacheTier:
             d[f] = int(getattr(s, f))
         d["bytes_written_total"] = int(s.spill_bytes)
         d["ssd_lifetime_years"] = round(float(s.ssd_lifetime_years), 2)
+        # Reads of another model's layout (a miss, never served).
+        d["layout_misses"] = int(s.layout_misses)
         return d
 
     def start_writer(self) -> None:
@@ -1631,8 +1638,10 @@ class SSDCacheTier:
         if rc == L.KVT_ECLOSED:
             raise L.error(rc, "_read_entry")
         if rc != 0:
-            logger.warning(f"[ssd_cache] cannot read entry {relative_path}: "
-                           f"{L.last_error() or L.strerror(rc)}")
+            # A miss (gone, or another model's layout: counted) is no fault.
+            log = logger.debug if rc == L.KVT_ENOTFOUND else logger.warning
+            log(f"[ssd_cache] cannot read entry {relative_path}: "
+                f"{L.last_error() or L.strerror(rc)}")
             return None
         return entry_to_layers(e.value, self._h, dense=True)
 

@@ -139,7 +139,9 @@ class Tier:
     read_entry then see the remote entries.  The chunked native store
     (docs/DESIGN.md): chunk_tokens (None: the library's default, 256 in
     native mode; 0: off; else a power of two in 16..4096) and model_id (the
-    chunks' namespace; None: model_name).  Admission and the write budget
+    namespace of entries, chains and chunks in native mode: two model_ids on
+    one directory never meet; refused in compat mode; None: the directory is
+    the namespace, chunks seeded by model_name; docs/FORMAT.md section 6).  Admission and the write budget
     (docs/DESIGN.md): admission_policy ("write_all", "second_sighting",
     "adaptive"), admission_memory_bytes, write_budget_bytes_per_day or
     write_budget_tbw with write_budget_years, and clock (a callable returning
