@@ -532,7 +532,10 @@ KVT_API uint32_t kvt_entry_num_layers(const kvt_entry *e);
 KVT_API const kvt_layer *kvt_entry_layer(const kvt_entry *e, uint32_t i);
 /** Tokens of the entry; *n receives the count. Owned by the entry. */
 KVT_API const int32_t *kvt_entry_tokens(const kvt_entry *e, size_t *n);
-/** memory_bytes recorded at spill (the RAM estimate the engine gave). */
+/** memory_bytes recorded at spill: the RAM estimate the engine gave, or for
+ *  a native entry holding a quantized KV layer its dense size
+ *  (kvt_tier_spill); a
+ *  chain prefix (KVT_PROMOTE_PREFIX) reports its chunks' memory_bytes. */
 KVT_API uint64_t kvt_entry_memory_bytes(const kvt_entry *e);
 /** Bytes reserved through the reserve callback for this entry (0 when no
  *  callback was given). The reservation now belongs to the caller: kvtier
@@ -630,7 +633,14 @@ KVT_API void kvt_tier_free(kvt_tier *t);
 /** Enqueues a spill without blocking on I/O. The layers are copied
  *  (snapshotted) on the calling thread before return; the writer never
  *  touches caller memory. memory_bytes is the engine's RAM estimate, stored
- *  as the reference does. Spilling tokens already stored replaces the entry.
+ *  as the reference does - except, with storage_mode native, when a layer
+ *  is KVT_LAYER_QUANTIZED_KV: then kvtier records the entry's dense size, what a promote that
+ *  dequantizes (the Python drop-in; the reference's entries) hands over: the
+ *  other layers' tensor bytes as given, each quantized layer's first
+ *  min(offset, rows) rows of keys and values as (packed bytes x 8 / bits)
+ *  elements of its scales' dtype. A caller reserving that figure before a
+ *  promote is exact for the dense form (a C promote of a native entry
+ *  allocates the packed form, less). Spilling tokens already stored replaces the entry.
  *  Returns 0 (enqueued; kvt_options.spill_done_fn reports the outcome),
  *  KVT_EFULL (queue full by count or bytes: dropped, counted in spill_drops),
  *  KVT_ETOOBIG (larger than max_size_gb or spill_queue_bytes: refused),
@@ -691,7 +701,10 @@ typedef struct kvt_entry_info {
   char token_hash[KVT_HASH_HEX_LEN + 1];
   char prefix_hash[KVT_HASH_HEX_LEN + 1];
   uint64_t num_tokens;
-  uint64_t memory_bytes; /* RAM estimate given at spill */
+  uint64_t memory_bytes; /* RAM estimate given at spill (dense size of a
+                            native entry holding a quantized layer:
+                            kvt_tier_spill);
+                            a chain prefix: its chunks' memory_bytes */
   uint64_t disk_bytes;   /* bytes of the entry's files on disk */
   double created_at;     /* Unix seconds */
   double accessed_at;    /* Unix seconds */
@@ -1088,7 +1101,13 @@ typedef struct kvt_chunk_info {
   int pure;              /* 1: the chain holds every layer (pure KV) */
   uint64_t layout_hash;  /* XXH3-64 of the KV layout descriptor */
   uint64_t disk_bytes;   /* the file's size */
-  uint64_t memory_bytes; /* its tensors' bytes (what a promote allocates) */
+  /** RAM its rows take loaded dense: its tensors' bytes, a quantized layer
+   *  counted dequantized (keys and values in the scales' dtype), as the
+   *  Python drop-in hands it over; what a prefix promote reserves for it (a
+   *  C promote of a quantized layer allocates less: the packed form).
+   *  Chunks an earlier build wrote record their tensors'
+   *  bytes. */
+  uint64_t memory_bytes;
   double created_at, accessed_at; /* Unix seconds; accessed: newest use of
                                      the chunk or any descendant */
 } kvt_chunk_info;
@@ -1125,7 +1144,7 @@ typedef struct kvt_chunk_totals {
   uint32_t chunk_tokens;    /* the tier's option (0: the store is off) */
   uint64_t chunks;          /* stored chunks */
   uint64_t disk_bytes;      /* bytes of chunk files (each counted once) */
-  uint64_t memory_bytes;    /* their tensor bytes */
+  uint64_t memory_bytes;    /* their kvt_chunk_info.memory_bytes */
   uint64_t leaves;          /* chunks no other chunk continues */
   uint64_t shared;          /* chunks in the chains of two or more entries */
   uint64_t chained_entries; /* entries stored over a chain */

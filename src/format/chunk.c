@@ -199,9 +199,48 @@ uint64_t kvti_chunk_file_size(const kvti_chunk_src *src) {
   return p.header_bytes + p.data_bytes;
 }
 
+/* Dense bytes of one layer's tensor j holding nb bytes in the chunk: for a
+ * quantized layer the packed tensors (0 and 3) count as the values they
+ * decode to, in the dtype of the scales beside them (1 and 4), and the scales
+ * and biases (folded into those values) count nothing. */
+static uint64_t dense_part(int32_t kind, int32_t bits, uint32_t num_tensors,
+                           uint32_t j, uint64_t nb, int32_t scales_dtype) {
+  if (kind != KVT_LAYER_QUANTIZED_KV || num_tensors != 6 || bits <= 0)
+    return nb;
+  if (j % 3 != 0)
+    return 0;
+  return nb * 8 / (uint64_t)bits * kvt_dtype_size((kvt_dtype)scales_dtype);
+}
+
 uint64_t kvti_chunk_mem_bytes(const kvti_chunk_src *src) {
   plan p;
-  return make_plan(&p, src) == 0 ? p.data_bytes : 0;
+  if (make_plan(&p, src) != 0)
+    return 0;
+  uint64_t mem = 0;
+  for (uint32_t i = 0; i < src->n_layers; i++) {
+    const kvt_layer *l = &src->layers[src->layer_ids[i]];
+    for (uint32_t j = 0; j < l->num_tensors; j++) {
+      uint64_t outer, row;
+      kvti_chunk_tensor_geom(&l->tensors[j], &outer, &row);
+      int32_t sd = j + 1 < l->num_tensors ? (int32_t)l->tensors[j + 1].dtype : 0;
+      mem += dense_part((int32_t)l->kind, l->bits, l->num_tensors, j,
+                        outer * row * src->n, sd);
+    }
+  }
+  return mem;
+}
+
+uint64_t kvti_chunk_hdr_mem_bytes(const kvti_chunk_hdr *h) {
+  uint64_t mem = 0;
+  for (uint32_t i = 0; i < h->n_layers; i++) {
+    const kvti_chunk_layer *L = &h->layers[i];
+    for (uint32_t j = 0; j < L->num_tensors; j++) {
+      int32_t sd = j + 1 < L->num_tensors ? (int32_t)L->tensors[j + 1].dtype : 0;
+      mem += dense_part(L->kind, L->bits, L->num_tensors, j,
+                        L->tensors[j].nbytes, sd);
+    }
+  }
+  return mem;
 }
 
 /* Writes the layout descriptor of s at d (p->layout_bytes bytes); with data
@@ -297,7 +336,7 @@ static int head_build(uint8_t *hdr, const plan *p, const kvti_chunk_src *s,
   uint8_t *lay = hdr + KVTI_CHUNK_FIXED + p->ns_pad + 4ull * s->n;
   put_desc(lay, s);
   w->layout_hash = XXH3_64bits(lay, (size_t)p->layout_bytes);
-  w->mem_bytes = p->data_bytes;
+  w->mem_bytes = kvti_chunk_mem_bytes(s);
   w->size = p->header_bytes + p->data_bytes;
   memcpy(hdr, KVTI_CHUNK_MAGIC, 8);
   kvti_le_put32(hdr + 8, KVTI_CHUNK_VERSION);

@@ -156,8 +156,16 @@ int kvti_chunk_layer_ok(const kvt_layer *l, uint64_t rows);
 
 /* Exact file size of the chunk src describes (0 with the error set). */
 uint64_t kvti_chunk_file_size(const kvti_chunk_src *src);
-/* RAM bytes of the chunk's tensors (the promote allocation it contributes). */
+/* A chunk's memory_bytes: the RAM its rows take once loaded dense - a
+ * quantized layer counted as its keys and values dequantized (packed bytes x
+ * 8 / bits elements in the scales' dtype), every other layer as its tensors'
+ * bytes. It is what the chain row records and what a promote of a prefix
+ * reserves: the drop-in hands quantized layers over dequantized, as the
+ * reference does, so the packed size would under-reserve; a native C promote
+ * allocates the packed bytes, never more than this. 0 with the error set. */
 uint64_t kvti_chunk_mem_bytes(const kvti_chunk_src *src);
+/* The same figure from a parsed header (its layers' descriptors). */
+uint64_t kvti_chunk_hdr_mem_bytes(const kvti_chunk_hdr *h);
 
 /* XXH3-64 of the layout descriptor src's chunk would carry (the
  * kvti_chunk_hdr.layout_hash of the file). 0, KVT_EINVAL, KVT_ENOMEM. */
@@ -166,7 +174,7 @@ int kvti_chunk_layout_hash(uint64_t *out, const kvti_chunk_src *src);
 typedef struct kvti_chunk_written {
   uint8_t key[32];
   uint64_t size;        /* file bytes */
-  uint64_t mem_bytes;   /* tensor bytes (data section) */
+  uint64_t mem_bytes;   /* kvti_chunk_mem_bytes (dense RAM bytes) */
   uint64_t layout_hash; /* as kvti_chunk_layout_hash */
 } kvti_chunk_written;
 

@@ -91,7 +91,16 @@ const char *kvti_snapshot_hash(const kvti_snapshot *s);
 int kvti_snapshot_take_layers(kvti_snapshot *s, kvt_layer **layers,
                               uint32_t *n_layers);
 const int32_t *kvti_snapshot_tokens(const kvti_snapshot *s, size_t *n);
+/* The entry's memory_bytes: the caller's estimate unless
+ * kvti_snapshot_report_dense replaced it. */
 uint64_t kvti_snapshot_memory_bytes(const kvti_snapshot *s);
+/* For an entry holding a quantized layer, makes memory_bytes
+ * kvti_layers_dense_bytes of its layers: the caller's estimate is of the
+ * packed form, a native entry is promoted dense by the drop-in, and the
+ * scheduler reserves this figure before the read. Other entries keep the
+ * caller's. Native storage only (the tier's writer calls it); compat entries
+ * keep the reference's manifest figure. */
+void kvti_snapshot_report_dense(kvti_snapshot *s);
 /* Keys the snapshot by cache_salt salt (base/salt.h): its hash becomes
  * SHA-256(D || tokens) and its manifest records D. Returns 0 or KVT_ENOMEM. */
 int kvti_snapshot_set_salt(kvti_snapshot *s, const kvti_salt *salt);

@@ -186,6 +186,14 @@ int kvti_dequantize(void *out, kvt_dtype out_dtype, const kvt_tensor *packed,
                     const kvt_tensor *scales, const kvt_tensor *biases,
                     int bits, int group_size, int64_t keep_rows);
 
+/* What the n layers take once promoted dense, as the Python drop-in hands
+ * them over (and the reference's dequantize-at-spill entries hold them): a
+ * quantized layer as its keys and values dequantized - min(offset, rows)
+ * token rows of (packed row bytes x 8 / bits) elements in the dtype of the
+ * scales beside them, scales and biases folded in - every other layer as its
+ * tensors' bytes. */
+uint64_t kvti_layers_dense_bytes(const kvt_layer *ls, uint32_t n);
+
 /* Checks that the in-memory layer l (a cached copy: tensors with data) holds
  * exactly what the layer file at path holds, as kvti_layer_read_file would
  * read it, without reading the tensor data: the file's header is read and

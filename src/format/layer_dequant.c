@@ -2,7 +2,8 @@
  * layer_dequant.c - MLX affine dequantization of a packed quantized tensor
  * (what compat mode stores instead of the packed form, as the reference's
  * enqueue_spill does), bit for bit: the same unpacking, the same intermediate
- * rounding to the scales dtype.
+ * rounding to the scales dtype - and the size of that dense form, which is
+ * what an entry holding quantized layers reports as its memory_bytes.
  */
 #include "format/layer.h"
 #include "base/error.h"
@@ -63,4 +64,38 @@ int kvti_dequantize(void *out, kvt_dtype out_dtype, const kvt_tensor *packed,
     }
   }
   return 0;
+}
+
+/* Dense bytes of one packed tensor p (scales dtype sd) over its first rows
+ * token rows: rows x (packed row bytes x 8 / bits) elements of sd. */
+static uint64_t dense_of(const kvt_tensor *p, kvt_dtype sd, uint64_t rows,
+                         int bits) {
+  uint32_t nd = p->ndim;
+  uint64_t outer = 1;
+  for (uint32_t d = 0; d + 2 < nd; d++)
+    outer *= (uint64_t)p->shape[d];
+  uint64_t row = (uint64_t)p->shape[nd - 1] * kvt_dtype_size((kvt_dtype)p->dtype);
+  return outer * rows * (row * 8 / (uint64_t)bits) * kvt_dtype_size(sd);
+}
+
+uint64_t kvti_layers_dense_bytes(const kvt_layer *ls, uint32_t n) {
+  uint64_t mem = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    const kvt_layer *l = &ls[i];
+    if (l->kind != KVT_LAYER_QUANTIZED_KV || l->num_tensors != 6 ||
+        l->bits <= 0 || l->tensors[0].ndim < 2 || l->tensors[3].ndim < 2) {
+      for (uint32_t j = 0; j < l->num_tensors; j++)
+        mem += l->tensors[j].nbytes;
+      continue;
+    }
+    for (uint32_t j = 0; j < 6; j += 3) {
+      const kvt_tensor *p = &l->tensors[j];
+      uint64_t rows = (uint64_t)p->shape[p->ndim - 2];
+      if (l->offset != KVT_ABSENT && l->offset >= 0 &&
+          (uint64_t)l->offset < rows)
+        rows = (uint64_t)l->offset;
+      mem += dense_of(p, (kvt_dtype)l->tensors[j + 1].dtype, rows, l->bits);
+    }
+  }
+  return mem;
 }

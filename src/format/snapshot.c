@@ -153,6 +153,13 @@ const kvt_layer *kvti_snapshot_layers(const kvti_snapshot *s, uint32_t *n) {
 uint64_t kvti_snapshot_memory_bytes(const kvti_snapshot *s) {
   return s->memory_bytes;
 }
+void kvti_snapshot_report_dense(kvti_snapshot *s) {
+  /* The packed size an engine estimates for a quantized layer is not what a
+   * dequantizing promote loads: record the loaded size, so a reservation of
+   * memory_bytes is exact for what comes back. */
+  if (s->has_quant)
+    s->memory_bytes = kvti_layers_dense_bytes(s->layers, s->n_layers);
+}
 int kvti_snapshot_set_salt(kvti_snapshot *s, const kvti_salt *salt) {
   if (!salt || !salt->has)
     return 0;

@@ -418,11 +418,14 @@ int kvti_chunkstore_open_chunk(kvti_chunkstore *cs, const kvti_chain_rec *rec,
       memcmp(h->parent, rec->parent, 32) != 0)
     rc = KVT_ERR(KVT_ECORRUPT, "%s: chunk header differs from its chain row",
                  path);
-  else if (h->data_bytes != rec->mem_bytes ||
+  else if ((rec->mem_bytes != kvti_chunk_hdr_mem_bytes(h) &&
+            rec->mem_bytes != h->data_bytes) ||
            (uint64_t)h->header_bytes + h->data_bytes != rec->disk_bytes)
     /* The row's sizes are what a promote reserved and what the reader
      * allocates by: a header promising more (or less) is refused before any
-     * buffer is sized from it. */
+     * buffer is sized from it. memory_bytes is the rows' dense size; rows
+     * written before it was (the packed data bytes, equal for unquantized
+     * chunks) still match their own header. */
     rc = KVT_ERR(KVT_ECORRUPT,
                  "%s: chunk sizes (%llu data, %llu file bytes) differ from "
                  "its chain row's (%llu, %llu)",

@@ -247,8 +247,9 @@ int kvti_chunkstore_read_prefix(kvti_chunkstore *cs, const kvti_chain_rec *recs,
  * allocated them). Accepts a zeroed prefix. */
 void kvti_chunk_prefix_free(kvti_chunk_prefix *p,
                             const kvti_chunk_read_opts *o);
-/* Bytes a read of m chunks of chain recs allocates: the sum of the chunks'
- * tensor bytes (mem_bytes), i.e. exactly what promote reserves. */
+/* What a promote of m chunks of chain recs reserves: the sum of the rows'
+ * mem_bytes (kvti_chunk_mem_bytes: the dense size, which is what the read
+ * allocates unless a layer is quantized, then more than it). */
 uint64_t kvti_chunk_prefix_bytes(const kvti_chain_rec *recs, size_t m);
 
 /* ---- entries over chains (chunks_entry.c) ---- */

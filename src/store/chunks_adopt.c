@@ -69,15 +69,11 @@ int kvti_chunk_verify_bytes(const void *bytes, size_t len,
     out->index = h.index;
     out->n_tokens = h.n_tokens;
     int pure = h.n_layers == h.spill_layers;
-    uint64_t mem = 0;
-    for (uint32_t i = 0; i < h.n_layers; i++) {
+    for (uint32_t i = 0; i < h.n_layers; i++)
       if (h.layers[i].kind == KVT_LAYER_ROTATING_KV)
         pure = 0;
-      for (uint32_t j = 0; j < h.layers[i].num_tensors; j++)
-        mem += h.layers[i].tensors[j].nbytes;
-    }
     out->pure = (uint8_t)pure;
-    out->mem_bytes = mem;
+    out->mem_bytes = kvti_chunk_hdr_mem_bytes(&h);
     out->disk_bytes = len;
   }
   kvti_chunk_hdr_free(&h);

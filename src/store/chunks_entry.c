@@ -231,9 +231,9 @@ int kvti_chunk_prefix_entry(struct kvt_entry **out, kvti_chunk_prefix *p,
                     ? (o->free_buf ? o->free_buf : kvti_keep_caller_buf)
                     : NULL;
   e->alloc_ctx = p->caller_alloc ? o->alloc_ctx : NULL;
-  for (uint32_t k = 0; k < p->n_layers; k++)
-    for (uint32_t j = 0; j < p->layers[k].num_tensors; j++)
-      e->memory_bytes += p->layers[k].tensors[j].nbytes;
+  /* What the lookup offering this prefix reported (and a promote reserved):
+   * the chunks' memory_bytes, a quantized layer counted dense. */
+  e->memory_bytes = kvti_layers_dense_bytes(e->layers, e->num_layers);
   p->layers = NULL;
   p->n_layers = 0;
   kvti_chunk_prefix_free(p, o);

@@ -158,7 +158,7 @@ int kvti_chunk_rec_of(kvti_chain_rec *r, const kvti_chunk_hdr *h,
     pure = h->layers[i].kind != KVT_LAYER_ROTATING_KV;
   r->pure = (uint8_t)pure;
   r->disk_bytes = file_size;
-  r->mem_bytes = h->data_bytes;
+  r->mem_bytes = kvti_chunk_hdr_mem_bytes(h);
   return 0;
 }
 

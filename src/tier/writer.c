@@ -698,6 +698,10 @@ static int spill_try(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
     kvti_snapshot_free(s);
     s = NULL;
   }
+  /* A native quantized layer is promoted dense by the drop-in: its entry
+   * reports that size (compat keeps the reference's figure). */
+  if (rc == 0 && t->opts.storage_mode == KVT_STORAGE_NATIVE)
+    kvti_snapshot_report_dense(s);
   if (rc != 0) {
     /* snapshot_create ran release already. */
     if (rc == KVT_EINVAL)

@@ -143,6 +143,6 @@ def check_real_client(tmp_path, name, path, storage):
         assert all((e[3] == "ssd_hit") == e[5] for e in cands)
         stats = s.sched._ssd_tier.get_stats()
         assert stats["ssd_hits"] == s.expected_ssd_hits() - hits_before
-        print("SUMMARY", name, path, storage, s.summary(), "notes", len(s.notes))
+        print("SUMMARY", name, path, storage, s.summary())
     finally:
         s.finish()

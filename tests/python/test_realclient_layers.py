@@ -201,6 +201,67 @@ def test_chain_prefix_candidate_is_promoted(tmp_path, path):
         t.close()
 
 
+def _promote(s, pc, prompt, path):
+    cand = pc.check_ssd(prompt)
+    req = types.SimpleNamespace(request_id=f"r-{path}", prompt_token_ids=prompt,
+                                cache_hit_type="ssd_pending", _ssd_candidate=cand)
+    if path == "sync":
+        s.waiting = [req]
+        s._try_promote_ssd_pending()
+        s.waiting = []
+    else:
+        asyncio.run(s.promote_from_ssd(req))
+    return cand, req
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+@pytest.mark.parametrize("kind", ["q4", "q8", "wrapper", "mixed"])
+def test_quantized_chain_prefix_reserves_what_it_loads(tmp_path, kind, path):
+    # A quantized layer is chunked packed and promoted dense (dequantized,
+    # so _reconstruct_ssd_layers rebuilds a KVCache): a chain prefix's
+    # memory_bytes (computed by kvtier from the chain, nobody spilled it) is
+    # the dense bytes the promote loads, before and after a reopen - the
+    # packed size under-reserved the budget by up to 3.6x.  Both paths also
+    # release what they reserved.
+    def quantized(li, bits):
+        if kind == "wrapper":
+            lay = mc._QuantizedCacheWrapper(filled(cm.KVCache(), 600, li), 8, 64)
+            lay.keys = tuple(a[..., :600, :] for a in lay.keys)  # as store() trims
+            lay.values = tuple(a[..., :600, :] for a in lay.values)
+            return lay
+        return filled(cm.QuantizedKVCache(group_size=64, bits=bits), 600, li)
+
+    if kind == "mixed":
+        layers = [filled(cm.KVCache(), 600, 0), quantized(1, 4), quantized(2, 8)]
+    else:
+        layers = [quantized(li, 4 if kind == "q4" else 8) for li in range(2)]
+    d = str(tmp_path / "c")
+    t = default_tier(d)
+    try:
+        assert t.enqueue_spill(tuple(TOKENS), layers, 4321) is True
+        t.flush(timeout=60)
+        for round_ in ("written", "reopened"):
+            if round_ == "reopened":
+                t.close()
+                t = default_tier(d)
+            s, pc = scheduler(d, t)
+            prompt = TOKENS[:530] + [7] * 40
+            assert t.lookup_ssd(tuple(TOKENS[:512])) is None  # no spill ended there
+            before = pc._current_memory
+            cand, req = _promote(s, pc, prompt, path)
+            assert cand is not None and cand["matched_tokens"] == 512
+            assert req.cache_hit_type == "ssd_hit", (round_, path)
+            loaded = 0
+            for lay in req.prompt_cache:
+                assert type(lay).__name__ == "KVCache" and lay.offset == 512
+                loaded += lay.keys.nbytes + lay.values.nbytes
+            assert cand["memory_bytes"] == loaded, round_
+            # store() accounted the entry; the reservation was given back whole.
+            assert pc._current_memory - before == mc.estimate_kv_cache_memory(req.prompt_cache)
+    finally:
+        t.close()
+
+
 def test_front_trimmed_chunked_kvcache_is_refused_with_its_reason(tmp_path, caplog):
     # Past chunk_size mlx-lm's ChunkedKVCache drops its oldest rows (row i is
     # then token start_position + i): stored as a KV layer it would be cut

@@ -145,6 +145,18 @@ def _picture(a: Any) -> tuple:
     return (dt, v.shape, v.tobytes())
 
 
+def loaded_bytes(layers: list) -> int:
+    """Bytes of the arrays the scheduler's reconstruction holds: a KVCache's
+    keys and values, an ArraysCache's state arrays."""
+    total = 0
+    for lay in layers:
+        if hasattr(lay, "keys") and hasattr(lay, "values") and not callable(lay.keys):
+            total += int(lay.keys.nbytes) + int(lay.values.nbytes)
+        else:
+            total += sum(int(a.nbytes) for a in lay.state if a is not None)
+    return total
+
+
 def describe(layers: Optional[list]) -> Any:
     """A comparable picture of reconstructed layers: class, integers and
     arrays (dtype, shape, bytes)."""
@@ -264,12 +276,21 @@ class Server:
         self.shadow = Shadow(ref, client, shadow_dir)
         self.events: list = []
         self.problems: list = []
-        self.notes: list = []
-        self.packed_chains = kv_quantize or any(sp[0] == "q" for sp in model.specs)
+        self.quantized = kv_quantize or any(sp[0] == "q" for sp in model.specs)
         self.spills: list = []
         self.spilled: dict = {}
         self.hits = self.fails = self.unrebuilt = 0
         self.n = 0
+        # Every reservation the scheduler's promote paths make (a tap on the
+        # prefix cache's own method; the cache's logic runs unchanged).
+        self.reserved: list = []
+        reserve = self.pc.try_reserve_memory
+
+        def tapped_reserve(nbytes: int) -> bool:
+            self.reserved.append(int(nbytes))
+            return reserve(nbytes)
+
+        self.pc.try_reserve_memory = tapped_reserve
         self.open()
 
     def open(self) -> None:
@@ -349,28 +370,31 @@ class Server:
             self.problems.append(f"request {self.n}: kvtier offers {m} tokens, reference {ref_m}")
         if ref_m is not None and m < ref_m:
             self.problems.append(f"request {self.n}: kvtier offers {m} < reference's {ref_m}")
-        if how == "exact" and cand["memory_bytes"] != self.shadow.keys[toks]:
+        # An exact entry reports the spill's memory_bytes, as the reference's
+        # does, unless it holds a quantized layer: the spill's figure is then
+        # the packed size, and kvtier reports what the promote loads (dense).
+        if (how == "exact" and not self.quantized
+                and cand["memory_bytes"] != self.shadow.keys[toks]):
             self.problems.append(f"request {self.n}: memory_bytes {cand['memory_bytes']} for an "
                                  f"entry spilled with {self.shadow.keys[toks]}")
         before = self.pc._current_memory
         budget_ok = before + cand["memory_bytes"] <= self.pc._max_memory
+        self.reserved = []
         self._promote(req)
         got = describe(req.prompt_cache) if req.cache_hit_type == "ssd_hit" else None
         self.events.append(("candidate", m, how, req.cache_hit_type, budget_ok,
                             want is not None))
         if req.cache_hit_type == "ssd_hit":
             self.hits += 1
-            if how != "exact":
-                nbytes = sum(a.nbytes for lay in req.prompt_cache for a in (lay.keys, lay.values))
-                if nbytes != cand["memory_bytes"] and self.packed_chains:
-                    # Chains hold quantized layers packed: memory_bytes is
-                    # their stored size, while the promote hands them over
-                    # dequantized (as the reference's entries are).
-                    self.notes.append(f"request {self.n}: chain prefix of {m} tokens reserved "
-                                      f"{cand['memory_bytes']} (packed), loaded {nbytes}")
-                elif nbytes != cand["memory_bytes"]:
-                    self.problems.append(f"request {self.n}: chain prefix of {m} tokens reserved "
-                                         f"{cand['memory_bytes']} bytes, loaded {nbytes}")
+            # The scheduler reserved memory_bytes once, and that is exactly
+            # the bytes of the arrays it was handed (exact entries and chain
+            # prefixes, quantized layers included: stored packed, promoted
+            # dense).
+            nbytes = loaded_bytes(req.prompt_cache)
+            if nbytes != cand["memory_bytes"] or self.reserved != [cand["memory_bytes"]]:
+                self.problems.append(f"request {self.n}: {how} candidate of {m} tokens: "
+                                     f"memory_bytes {cand['memory_bytes']}, reserved "
+                                     f"{self.reserved}, loaded {nbytes}")
             self._check_rows(toks, req.prompt_cache)
         elif budget_ok and self._reconstruct_fails(want, how):
             self.unrebuilt += 1  # read, then not rebuilt (the reference's too)

@@ -245,7 +245,13 @@ static void test_roundtrip(void) {
   CHECK(memcmp(h.tokens, TOK + 16, 64) == 0);
   CHECK(h.ns_len == s.ns_len && memcmp(h.ns, s.ns, s.ns_len) == 0);
   CHECK(h.header_bytes % 64 == 0);
-  CHECK_EQ_INT(h.data_bytes, kvti_chunk_mem_bytes(&c1));
+  /* 16 rows: F16 KV (2 heads x 8) 1024 bytes, BF16 rotating (3 x 4) 768, and
+   * the 4-bit layer (2 heads, 64 wide, groups of 32: 32 packed + 4 scale + 4
+   * bias bytes a row) 2560 packed in the file, 8192 dense (64 BF16 values a
+   * row for keys and values). memory_bytes is the dense figure. */
+  CHECK_EQ_INT(h.data_bytes, 1024 + 768 + 2560);
+  CHECK_EQ_INT(kvti_chunk_mem_bytes(&c1), 1024 + 768 + 8192);
+  CHECK_EQ_INT(kvti_chunk_hdr_mem_bytes(&h), kvti_chunk_mem_bytes(&c1));
   CHECK_EQ_INT(h.layers[2].bits, 4);
   CHECK_EQ_INT(h.layers[2].group_size, 32);
   CHECK_EQ_INT(h.layers[2].layer_idx, 3);

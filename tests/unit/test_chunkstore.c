@@ -9,13 +9,16 @@
  * tokens are compared before it is read; removal takes the subtree (rows and
  * files); LRU picks leaves and touches refresh the whole path; a row whose
  * parent vanished is dropped at open; chunk writes, adoptions and byte
- * reads never go through a link below the cache directory.
+ * reads never go through a link below the cache directory; rows record their
+ * chunks' dense size (rows of an earlier build, the packed size, are still
+ * served).
  */
 #include "fmt_testlib.h"
 #include "base/clock.h"
 #include "base/hash.h"
 #include "base/io.h"
 #include "index/chain.h"
+#include "format/layer.h"
 #include "index/index.h"
 #include "store/chunks.h"
 
@@ -419,11 +422,19 @@ static void test_read_prefix(void) {
   CHECK_EQ_INT(p.layers[0].tensors[0].shape[2], 80);
   CHECK_EQ_INT(p.layers[1].bits, 4);
   CHECK(prefix_eq(&p, &s, 80));
+  /* What is reserved: the rows read, the 4-bit layer counted dense (80 rows
+   * x 2 heads x 64 F16 values, keys and values) while its packed tensors
+   * (32 packed + 4 scale + 4 bias bytes a row and head) are what the C read
+   * allocated. */
   uint64_t sum = 0;
   for (uint32_t i = 0; i < p.n_layers; i++)
     for (uint32_t j = 0; j < p.layers[i].num_tensors; j++)
       sum += p.layers[i].tensors[j].nbytes;
-  CHECK_EQ_INT(sum, kvti_chunk_prefix_bytes(out, 5)); /* what is reserved */
+  uint64_t kv = 2ull * 80 * 2 * 8 * 2; /* BF16 keys and values */
+  CHECK_EQ_INT(sum, kv + 2ull * 80 * 2 * 40);
+  CHECK_EQ_INT(kvti_chunk_prefix_bytes(out, 5), kv + 2ull * 80 * 2 * 64 * 2);
+  CHECK_EQ_INT(kvti_layers_dense_bytes(p.layers, p.n_layers),
+               kvti_chunk_prefix_bytes(out, 5));
   CHECK_EQ_INT(g_live, 8);
   kvti_chunk_prefix_free(&p, &o);
   CHECK_EQ_INT(g_live, 0);
@@ -817,6 +828,81 @@ static void test_writes_never_follow_links(void) {
   kvti_free(bytes);
   unmake(&s);
   free(d0);
+/* Chunk rows record the dense size of their rows (a quantized layer counted
+ * dequantized). Rows an earlier build wrote hold the packed data bytes: they
+ * are still served (their header matches them), and a rebuild from the files
+ * records the dense size. */
+static void test_packed_rows(void) {
+  char *dir = t_join(g_dir, "packed");
+  mkdir(dir, 0700);
+  store st;
+  sopen(&st, dir, 0);
+  kvt_rng r = {51};
+  spill s;
+  make(&s, &r, KVT_DTYPE_F16, NTOK);
+  uint8_t *ns;
+  size_t nsl;
+  REQUIRE(kvti_chunk_ns_encode(&ns, &nsl, "m", NULL) == 0);
+  kvti_chunkstore_spill sp = sp_of(&s, ns, nsl, 4 * C);
+  kvti_chunkstore_result res;
+  REQUIRE(kvti_chunkstore_put(st.cs, &sp, &res) == 0);
+  /* A chunk of 16 rows: F16 KV (2 heads x 8) 1024 bytes; the 4-bit layer
+   * 2560 packed, 8192 dense (2 heads x 64 F16 values, keys and values). */
+  const uint64_t dense = 1024 + 8192, packed = 1024 + 2560;
+  kvti_chain_rec out[8];
+  size_t m, bad = 99;
+  REQUIRE(kvti_chunkstore_lookup(st.cs, ns, nsl, g_tok, 4 * C, C, out, 8, &m) ==
+          0);
+  REQUIRE(m == 4);
+  for (size_t i = 0; i < m; i++)
+    CHECK_EQ_INT(out[i].mem_bytes, dense);
+  sclose(&st);
+  char *db = t_join(dir, "index.db");
+  sqlite3 *raw;
+  char sql[128];
+  snprintf(sql, sizeof sql, "UPDATE kvtier_chunks SET memory_bytes = %llu",
+           (unsigned long long)packed);
+  REQUIRE(sqlite3_open(db, &raw) == SQLITE_OK);
+  REQUIRE(sqlite3_exec(raw, sql, NULL, NULL, NULL) == SQLITE_OK);
+  sqlite3_close(raw);
+  sopen(&st, dir, 0);
+  REQUIRE(kvti_chunkstore_lookup(st.cs, ns, nsl, g_tok, 4 * C, C, out, 8, &m) ==
+          0);
+  REQUIRE(m == 4);
+  CHECK_EQ_INT(out[3].mem_bytes, packed);
+  kvti_chunk_read_opts o = {t_alloc, t_free, NULL, NULL, 0};
+  kvti_chunk_prefix p;
+  g_live = 0;
+  CHECK(kvti_chunkstore_read_prefix(st.cs, out, 4, g_tok, &o, &p, &bad) == 0);
+  CHECK(prefix_eq(&p, &s, 4 * C));
+  kvti_chunk_prefix_free(&p, &o);
+  /* Any other figure is still refused. */
+  out[2].mem_bytes = packed + 1;
+  CHECK(kvti_chunkstore_read_prefix(st.cs, out, 4, g_tok, &o, &p, &bad) ==
+        KVT_ECORRUPT);
+  CHECK_EQ_INT(bad, 2);
+  CHECK_EQ_INT(g_live, 0);
+  sclose(&st);
+  /* Rebuilt from the files (the index lost its rows): dense again. */
+  REQUIRE(sqlite3_open(db, &raw) == SQLITE_OK);
+  REQUIRE(sqlite3_exec(raw, "DELETE FROM kvtier_chunks", NULL, NULL, NULL) ==
+          SQLITE_OK);
+  sqlite3_close(raw);
+  sopen(&st, dir, 0);
+  size_t indexed = 0, skipped = 0;
+  REQUIRE(kvti_chunkstore_rebuild(st.cs, dir, &indexed, &skipped) == 0);
+  CHECK_EQ_INT(indexed, 4);
+  REQUIRE(kvti_chunkstore_lookup(st.cs, ns, nsl, g_tok, 4 * C, C, out, 8, &m) ==
+          0);
+  REQUIRE(m == 4);
+  for (size_t i = 0; i < m; i++)
+    CHECK_EQ_INT(out[i].mem_bytes, dense);
+  CHECK_EQ_INT(kvti_chunk_prefix_bytes(out, 4), 4 * dense);
+  sclose(&st);
+  free(db);
+  kvti_free(ns);
+  unmake(&s);
+  free(dir);
 }
 
 int main(void) {
@@ -831,5 +917,6 @@ int main(void) {
   RUN(test_remove_deep);
   RUN(test_sizes_vs_row);
   RUN(test_writes_never_follow_links);
+  RUN(test_packed_rows);
   return kvt_test_done();
 }

@@ -11,6 +11,7 @@
 #include "fmt_testlib.h"
 #include "format/dtype.h"
 #include "format/entry.h"
+#include "format/layer.h"
 #include "base/hash.h"
 #include "base/io.h"
 
@@ -224,8 +225,38 @@ static void test_compat_roundtrip(void) {
     REQUIRE(kvti_entry_read(&e, dir, h, NULL) == 0);
     CHECK_EQ_INT(kvt_entry_storage_mode(e), KVT_STORAGE_COMPAT);
     REQUIRE(kvt_entry_num_layers(e) == n);
-    for (uint32_t i = 0; i < n; i++)
+    uint64_t held = 0;
+    for (uint32_t i = 0; i < n; i++) {
       check_compat_layer(kvt_entry_layer(e, i), &ls[i], with_quant);
+      const kvt_layer *el = kvt_entry_layer(e, i);
+      for (uint32_t j = 0; j < el->num_tensors; j++) {
+        const kvt_tensor *x = &el->tensors[j];
+        int32_t od = el->orig_dtypes ? el->orig_dtypes[j] : KVT_DTYPE_INVALID;
+        held += od == KVT_DTYPE_INVALID
+                    ? x->nbytes
+                    : x->nbytes / kvt_dtype_size((kvt_dtype)x->dtype) *
+                          kvt_dtype_size((kvt_dtype)od);
+      }
+    }
+    /* The entry keeps the reference's figure; the dense size kvtier reports
+     * for a native entry holding quantized layers is exactly what this one
+     * holds once read (stored dequantized), each tensor in the dtype its
+     * hint casts it back to. */
+    CHECK_EQ_INT(kvt_entry_memory_bytes(e), 12345);
+    CHECK_EQ_INT(kvti_layers_dense_bytes(ls, n), held);
+    if (with_quant) {
+      /* the KV, rotating and arrays tensors as given (320 + 320 + 512 +
+       * 120) and the quantized layers' first offset rows in their scales'
+       * dtype (2 x 2 x 4 x 64 BF16, 2 x 2 x 3 x 64 F16) */
+      kvti_snapshot *sn;
+      REQUIRE(kvti_snapshot_create(&sn, tok, 7, ls, n, 12345, 1, NULL, NULL) ==
+              0);
+      CHECK_EQ_INT(kvti_snapshot_memory_bytes(sn), 12345);
+      kvti_snapshot_report_dense(sn);
+      CHECK_EQ_INT(kvti_snapshot_memory_bytes(sn),
+                   320 + 320 + 512 + 120 + 2048 + 1536);
+      kvti_snapshot_free(sn);
+    }
     kvt_entry_free(e);
     /* the manifest uses only the reference's layer types */
     char *ed = t_join(dir, h), *mp = t_join(ed, "manifest.json");

@@ -7,7 +7,8 @@
  * of those tokens; trimmed promote; touch of a
  * prefix with no entry; a damaged chunk is never served and takes the chains
  * and entries through it; capacity evicts chunks and entries (no entry left
- * without its chain); the chunks survive a reopen.
+ * without its chain); the chunks survive a reopen; an entry or chain prefix
+ * holding a quantized layer reports (and reserves) its dense size.
  */
 #include "fmt_testlib.h"
 #include "tier_testlib.h"
@@ -388,6 +389,98 @@ static void test_mixed_compat(void) {
   test_mixed_chunk_sizes(1);
 }
 
+/* memory_bytes of an entry holding a quantized layer, and of a chain prefix
+ * through one, is what a dense promote hands over (the drop-in dequantizes;
+ * the scheduler reserves the figure before the read), not the packed size
+ * nor the caller's estimate of it; a C promote reserves that figure and
+ * allocates the packed form, less. chunk_tokens 0 too (no chains). */
+static void test_quantized_memory_bytes(uint32_t chunk_tokens) {
+  char *dir = t_join(g_dir, chunk_tokens ? "q" : "q0");
+  kvt_options opt = KVT_OPTIONS_INIT;
+  opt.cache_dir = dir;
+  opt.durability = KVT_DURABILITY_NONE;
+  opt.chunk_tokens = chunk_tokens;
+  opt.model_id = "test-model";
+  kvt_tier *t;
+  REQUIRE(kvt_tier_open(&t, &opt) == 0);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  kvt_rng r = {77};
+  /* 40 tokens in buffers of 48 rows: KV kept whole (2 heads x 8 F16), the
+   * 4-bit layer's first 40 rows dequantized (2 heads x 64 F16). */
+  kvt_layer l[2] = {t_kv(&r, KVT_DTYPE_F16, 1, 2, 48, 8, 40),
+                    t_quant(&r, 4, 32, KVT_DTYPE_F16, 1, 2, 48, 64, 40)};
+  int32_t tok[50];
+  for (int i = 0; i < 50; i++)
+    tok[i] = 300 + i;
+  REQUIRE(kvt_tier_spill(t, tok, 40, l, 2, 1000) == 0);
+  REQUIRE(kvt_tier_flush(t, 30000) == 0);
+  const uint64_t exact = 2ull * 2 * 48 * 8 * 2 + 2ull * 2 * 40 * 64 * 2;
+  kvt_entry_info info;
+  REQUIRE(kvt_tier_lookup(&info, t, tok, 40) == 0);
+  CHECK_EQ_INT(info.memory_bytes, exact);
+  kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
+  po.reserve = reserve;
+  po.release = release;
+  g_reserved = 0;
+  kvt_entry *e = NULL;
+  REQUIRE(kvt_tier_promote(&e, t, tok, 40, &po) == 0);
+  CHECK_EQ_INT(g_reserved, exact);
+  CHECK_EQ_INT(kvt_entry_memory_bytes(e), exact);
+  kvt_entry_free(e);
+  /* A prompt sharing 36 tokens: the 32-token chain prefix. */
+  int32_t q[50];
+  memcpy(q, tok, sizeof q);
+  for (int i = 36; i < 50; i++)
+    q[i] = -i;
+  int rc = kvt_tier_lookup_prefix(&info, t, q, 50);
+  if (!chunk_tokens) {
+    CHECK_EQ_INT(rc, KVT_ENOTFOUND);
+  } else {
+    REQUIRE(rc == 0);
+    CHECK_EQ_INT(info.num_tokens, 32);
+    const uint64_t pre = 2ull * 2 * 32 * 8 * 2 + 2ull * 2 * 32 * 64 * 2;
+    CHECK_EQ_INT(info.memory_bytes, pre);
+    po.flags = KVT_PROMOTE_PREFIX;
+    g_reserved = 0;
+    REQUIRE(kvt_tier_promote(&e, t, q, 50, &po) == 0);
+    CHECK_EQ_INT(g_reserved, pre);
+    CHECK_EQ_INT(kvt_entry_memory_bytes(e), pre);
+    uint64_t alloc = 0;
+    for (uint32_t L = 0; L < kvt_entry_num_layers(e); L++)
+      for (uint32_t j = 0; j < kvt_entry_layer(e, L)->num_tensors; j++)
+        alloc += kvt_entry_layer(e, L)->tensors[j].nbytes;
+    /* packed: 32 + 4 + 4 bytes a row and head for keys and values */
+    CHECK_EQ_INT(alloc, 2ull * 2 * 32 * 8 * 2 + 2ull * 2 * 32 * 40);
+    kvt_entry_free(e);
+    /* The same tokens asked for by their own length (the scheduler's
+     * promote of a candidate): the same reservation, sync and async. */
+    po.flags = 0;
+    g_reserved = 0;
+    REQUIRE(kvt_tier_promote(&e, t, q, 32, &po) == 0);
+    CHECK_EQ_INT(g_reserved, pre);
+    kvt_entry_free(e);
+    kvt_promise *pr;
+    g_reserved = 0;
+    REQUIRE(kvt_tier_promote_async(&pr, t, q, 32, &po) == 0);
+    REQUIRE(kvt_promise_wait(pr, 30000) == 0);
+    REQUIRE(kvt_promise_result(&e, pr) == 0);
+    CHECK_EQ_INT(g_reserved, pre);
+    kvt_entry_free(e);
+    kvt_promise_free(pr);
+  }
+  kvt_tier_free(t);
+  t_layer_free(&l[0]);
+  t_layer_free(&l[1]);
+  free(dir);
+}
+
+static void test_quantized_memory_bytes_chunked(void) {
+  test_quantized_memory_bytes(C);
+}
+static void test_quantized_memory_bytes_unchunked(void) {
+  test_quantized_memory_bytes(0);
+}
+
 int main(void) {
   g_dir = kvt_test_tmpdir("tierchunked");
   RUN(test_options);
@@ -396,5 +489,7 @@ int main(void) {
   RUN(test_capacity);
   RUN(test_mixed_zero);
   RUN(test_mixed_compat);
+  RUN(test_quantized_memory_bytes_chunked);
+  RUN(test_quantized_memory_bytes_unchunked);
   return kvt_test_done();
 }

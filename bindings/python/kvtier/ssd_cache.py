@@ -28,7 +28,11 @@ Differences a caller can observe, all deliberate:
   already casts back from.  A quantized layer stored natively (packed on
   disk) comes back dequantized, as the reference returns it: dense
   ``keys``/``values`` of its first ``offset`` rows, so the scheduler's
-  ``_reconstruct_ssd_layers`` rebuilds it as a ``KVCache``.
+  ``_reconstruct_ssd_layers`` rebuilds it as a ``KVCache``.  The
+  ``memory_bytes`` of a native entry (or chain prefix) holding such a
+  layer is therefore the dense size of what comes back, not the spill's
+  estimate of the packed tuples (the reference's, which under-reserves):
+  the bytes the scheduler reserves are the bytes it loads.
 - ``close()`` is the reference's (newer) close: a stop sentinel queued
   behind the accepted spills and the writer joined, within one deadline of
   ``_WRITER_JOIN_TIMEOUT_S``; ``TimeoutError`` when the sentinel cannot be
