@@ -282,6 +282,8 @@ static void test_read_faults(void) {
   read_campaign("rd-big", big, 3, 0);
   for (int i = 0; i < 3; i++)
     t_layer_free(&big[i]);
+}
+
 /* The harness sees the calls relative to a directory descriptor: a fault
  * armed on open, unlink, rmdir, lstat, rename, mkdir, opendir or chmod fires
  * on openat, unlinkat (AT_REMOVEDIR), fstatat, renameat, mkdirat,

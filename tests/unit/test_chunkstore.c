@@ -828,6 +828,8 @@ static void test_writes_never_follow_links(void) {
   kvti_free(bytes);
   unmake(&s);
   free(d0);
+}
+
 /* Chunk rows record the dense size of their rows (a quantized layer counted
  * dequantized). Rows an earlier build wrote hold the packed data bytes: they
  * are still served (their header matches them), and a rebuild from the files
