@@ -747,7 +747,10 @@ static int ram_read_chained(kvt_entry **out, kvt_tier *t, const char *hash,
     it.disk_bytes = tail->disk_bytes;
     it.storage_mode = tail->storage_mode;
   } else {
-    it.memory_bytes = abytes;
+    /* A chain prefix reports what a promote of it loads: its quantized
+     * layers counted dense, as the chunk rows and the disk read do. */
+    it.memory_bytes =
+        rc == 0 ? kvti_layers_dense_bytes(layers, nl) : abytes;
     it.disk_bytes = ch.bytes;
     it.storage_mode = KVT_STORAGE_NATIVE;
   }

@@ -155,7 +155,7 @@ static void test_mark_survives_reopen(void) {
     spill(t, tok[c]);
   REQUIRE(kvt_tier_flush(t, -1) == 0);
   char h[65];
-  kvt_token_hash(h, tok[0], N_TOK);
+  kvt_test_model_hash(h, "contain", tok[0], N_TOK);
   kvt_chunk_info *ch = NULL;
   size_t n = 0;
   REQUIRE(kvt_tier_entry_chain(&ch, &n, NULL, t, h, 0) == 0 && n == 4);
