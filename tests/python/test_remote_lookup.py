@@ -129,7 +129,9 @@ def two_nodes(tmp_path, url, procs) -> None:
     rng = np.random.default_rng(5)
     local = tuple(range(90000, 90020))
     b.start_writer()
-    assert b.enqueue_spill(local, [kv_layer(rng, 20)], 7)
+    # B runs A's model: its own entry has A's layout (entries of another
+    # layout than a node's spills are misses, docs/FORMAT.md section 6)
+    assert b.enqueue_spill(local, [kv_layer(rng, 20), kv_layer(rng, 20, np.float32)], 7)
     b.flush(timeout=30)
     check_ssd_flow(b)
     # the flow again once the mirror is surely in sync: same answers
