@@ -1439,6 +1439,12 @@ int kvt_tier_set_host_cache_bytes(kvt_tier *t, uint64_t bytes) {
     return rc;
   if (t->hc)
     kvti_hc_set_bound(t->hc, bound_of(bytes));
+  if (t->ram_bg) { /* prefixes waiting for the cutter: the same bound */
+    uint64_t b = bound_of(bytes);
+    pthread_mutex_lock(&t->ram_bg->q.mu);
+    t->ram_bg->q.cfg.max_bytes = b ? b : 1;
+    pthread_mutex_unlock(&t->ram_bg->q.mu);
+  }
   kvti_tier_leave(t);
   return rc;
 }
