@@ -89,6 +89,7 @@ async def run(args) -> int:
                 raise RuntimeError("promote missed")
             del got
             gc.collect()
+        tier.flush()  # the RAM tier's cutter has cut the freed reads
         s = tier.get_stats()
         held = s["host_cache_bytes_used"]
         unique = (args.prompt + args.chats * args.own) * tokb

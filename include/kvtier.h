@@ -691,8 +691,10 @@ KVT_API int kvt_tier_spill_prefix_ex(kvt_tier *t, const int32_t *tokens,
                                      const struct kvt_call_opts *co);
 
 /** Blocks until every spill enqueued before the call has been written (or
- *  failed) - with a remote tier, uploaded (or failed/dropped) too - or
- *  timeout_ms passes (< 0: forever). Returns 0, KVT_ETIMEDOUT,
+ *  failed) - with a remote tier, uploaded (or failed/dropped) too - and the
+ *  host RAM tier has finished admitting the entries freed before the call
+ *  (their tails and chunks cut off the freeing thread), or timeout_ms passes
+ *  (< 0: forever). Returns 0, KVT_ETIMEDOUT,
  *  KVT_EINVAL (writer not started while the queue is non-empty). */
 KVT_API int kvt_tier_flush(kvt_tier *t, int64_t timeout_ms);
 

@@ -36,6 +36,9 @@ typedef struct rec {
    * its last unpin. */
   int pins, dead;
   uint64_t lend_id;
+  /* LENT to the RAM tier's cutter (kvti_hc_take_whole, kvti_hc_mark_cut):
+   * its tail and chunks are coming; kvti_hc_wait_cut waits for them. */
+  int cutting;
   /* Chunked native store: the last chunk of the chain the cached rows come
    * from (has_chain), indexed in by_chain so that removing a chunk drops
    * every record through it (kvti_hc_invalidate_chains). */
@@ -51,6 +54,7 @@ typedef struct list {
 
 struct kvti_hcache {
   pthread_mutex_t mu;
+  pthread_cond_t cut_cv; /* broadcast by settle: some record changed */
   int refs;
   int closed;
   uint64_t bound;
@@ -202,6 +206,9 @@ static void evict_to(kvti_hcache *c, uint64_t target, const rec *keep,
 /* After unlocking: uncharge/charge the pool, then free what was dropped (the
  * buffers go back to the pool, which keeps them idle within its cap). */
 static void settle(kvti_hcache *c, rec *garbage, int64_t charge) {
+  /* Every change of state ends here (after the mutex is released): wakes
+   * kvti_hc_wait_cut, which re-checks under the mutex. */
+  pthread_cond_broadcast(&c->cut_cv);
   if (charge && c->pool)
     kvti_bufpool_charge(c->pool, charge);
   while (garbage) {
@@ -249,6 +256,11 @@ int kvti_hc_create(kvti_hcache **out, uint64_t bound, kvti_bufpool *pool) {
   if (!c)
     return KVT_ERR_NOMEM();
   if (pthread_mutex_init(&c->mu, NULL) != 0) {
+    kvti_free(c);
+    return KVT_ERR_NOMEM();
+  }
+  if (pthread_cond_init(&c->cut_cv, NULL) != 0) {
+    pthread_mutex_destroy(&c->mu);
     kvti_free(c);
     return KVT_ERR_NOMEM();
   }
@@ -305,6 +317,7 @@ void kvti_hc_release(kvti_hcache *c) {
   kvti_hm_free(&c->by_chain);
   kvti_hm_free(&c->chunks);
   kvti_bufpool_release(c->pool);
+  pthread_cond_destroy(&c->cut_cv);
   pthread_mutex_destroy(&c->mu);
   kvti_free(c);
 }
@@ -405,6 +418,7 @@ static void drop_unlisted(kvti_hcache *c, rec *r, rec **g) {
 static uint64_t lend_locked(kvti_hcache *c, rec *r, rec **g, int64_t *charge) {
   r->state = LENT;
   r->kind = K_WHOLE;
+  r->cutting = 0;
   r->lend_id = ++c->next_id;
   memset(&r->it, 0, sizeof r->it);
   list_push(&c->lent, r);
@@ -414,14 +428,19 @@ static uint64_t lend_locked(kvti_hcache *c, rec *r, rec **g, int64_t *charge) {
   return r->lend_id;
 }
 
-int kvti_hc_take(kvti_hcache *c, const char *hash, kvti_hc_item *out,
-                 uint64_t *lend_id) {
+/* kvti_hc_take and kvti_hc_take_whole: chain non-NULL takes only a record
+ * tagged with it, and counts neither a hit nor a miss. */
+static int take(kvti_hcache *c, const char *hash, const uint8_t *chain,
+                kvti_hc_item *out, uint64_t *lend_id) {
   rec *g = NULL;
   int64_t charge = 0;
   int hit = 0;
   pthread_mutex_lock(&c->mu);
   if (c->bound > 0 && !c->closed) {
     rec *r = find(c, hash, NULL);
+    if (r && chain &&
+        !(r->has_chain && memcmp(r->chain, chain, sizeof r->chain) == 0))
+      r = NULL;
     if (r && r->state == RESIDENT && r->kind == K_WHOLE && !r->pins) {
       *out = r->it;
       out->has_chain = r->has_chain;
@@ -431,15 +450,51 @@ int kvti_hc_take(kvti_hcache *c, const char *hash, kvti_hc_item *out,
       c->st.resident--;
       charge -= (int64_t)r->it.bytes;
       *lend_id = lend_locked(c, r, &g, &charge);
-      c->st.hits++;
+      r->cutting = chain != NULL;
+      if (!chain)
+        c->st.hits++;
       hit = 1;
-    } else {
+    } else if (!chain) {
       c->st.misses++;
     }
   }
   pthread_mutex_unlock(&c->mu);
   settle(c, g, charge);
   return hit;
+}
+
+int kvti_hc_take(kvti_hcache *c, const char *hash, kvti_hc_item *out,
+                 uint64_t *lend_id) {
+  return take(c, hash, NULL, out, lend_id);
+}
+
+int kvti_hc_take_whole(kvti_hcache *c, const char *hash, const uint8_t *chain,
+                       kvti_hc_item *out, uint64_t *lend_id) {
+  return take(c, hash, chain, out, lend_id);
+}
+
+int kvti_hc_mark_cut(kvti_hcache *c, const char *hash, uint64_t lend_id) {
+  pthread_mutex_lock(&c->mu);
+  rec *r = find(c, hash, NULL);
+  int ok = r && r->state == LENT && r->lend_id == lend_id && !c->closed;
+  if (ok)
+    r->cutting = 1;
+  pthread_mutex_unlock(&c->mu);
+  return ok;
+}
+
+int kvti_hc_wait_cut(kvti_hcache *c, const char *hash) {
+  int waited = 0;
+  pthread_mutex_lock(&c->mu);
+  for (;;) {
+    rec *r = c->closed ? NULL : find(c, hash, NULL);
+    if (!r || r->state != LENT || !r->cutting)
+      break;
+    waited = 1;
+    pthread_cond_wait(&c->cut_cv, &c->mu);
+  }
+  pthread_mutex_unlock(&c->mu);
+  return waited;
 }
 
 int kvti_hc_resident(kvti_hcache *c, const char *hash) {

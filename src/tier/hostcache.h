@@ -3,12 +3,12 @@
  * entries (their verified layers, tensor buffers included) between the engine
  * and the SSD, so an entry spilled or promoted a moment ago comes back at
  * memory speed although kvtier's own writes and cold reads bypass the page
- * cache (O_DIRECT). It is filled from two sources without copying: the
- * writer's copy-mode snapshots once they are on disk (native mode), and the
- * buffers of promoted entries when the caller frees them (kvt_entry_free).
- * Zero-copy spills are not cached at spill time (the caller kept the memory;
- * caching it would cost a copy on the writer thread); their first promote
- * fills the cache when it is freed.
+ * cache (O_DIRECT). It is filled from three sources: the writer's copy-mode
+ * snapshots once they are on disk (native mode, moved in), zero-copy spills
+ * (copied by the writer thread before it releases the caller's buffers, what
+ * RAM lacks of them only), and the buffers of promoted entries when the
+ * caller frees them (kvt_entry_free: kept as they are, a chained entry's cut
+ * into tail and chunks later by the RAM tier's cutter, ramtier.c).
  *
  * Records and their states. A RESIDENT record owns its layers and counts
  * against the byte bound; an LRU list (oldest first) decides what goes when a
@@ -140,6 +140,20 @@ int kvti_hc_put(kvti_hcache *c, const char *hash, kvti_hc_item *it);
  * with *lend_id. Otherwise 0 (counted as a miss while enabled). */
 int kvti_hc_take(kvti_hcache *c, const char *hash, kvti_hc_item *out,
                  uint64_t *lend_id);
+/* The same for the RAM tier's own compaction of a whole record of a chained
+ * entry into its tail and chunks: takes only a record tagged with chain (32
+ * bytes) and counts neither a hit nor a miss. */
+int kvti_hc_take_whole(kvti_hcache *c, const char *hash, const uint8_t *chain,
+                       kvti_hc_item *out, uint64_t *lend_id);
+/* Marks the lent record of hash (lend_id) as being cut by the RAM tier's
+ * cutter (a prefix handed to it). Returns 1, or 0 when it is not lent under
+ * that id. */
+int kvti_hc_mark_cut(kvti_hcache *c, const char *hash, uint64_t lend_id);
+/* While the record of hash is lent to the cutter (taken by
+ * kvti_hc_take_whole or marked), waits until it is given back, forgotten or
+ * dropped: its pieces are a memory copy away, cheaper than the disk read a
+ * miss would cost. Returns 1 when it waited. */
+int kvti_hc_wait_cut(kvti_hcache *c, const char *hash);
 /* 1 when hash has a resident record now (a take would find it), else 0. */
 int kvti_hc_resident(kvti_hcache *c, const char *hash);
 /* Undoes a take whose item the caller could not use: the record is deleted

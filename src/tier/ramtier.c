@@ -25,6 +25,7 @@
 #include "tier/ramtier.h"
 #include "base/error.h"
 #include "base/hash.h"
+#include "base/workq.h"
 #include "base/io.h"
 #include "format/dtype.h"
 #include "format/entry.h"
@@ -37,6 +38,7 @@
 #include "store/local.h"
 #include "tier/tier.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #if defined(__GLIBC__)
@@ -47,21 +49,135 @@ static uint64_t bound_of(uint64_t opt) {
   return opt == KVT_HOST_CACHE_AUTO ? kvti_hc_default_bytes() : opt;
 }
 
+/* ---- the background cutter ---------------------------------------------
+ * Freeing an entry read from disk must not copy on the freeing thread (often
+ * the engine's). A chained entry's buffers are therefore admitted as they are,
+ * as a whole record tagged with its chain (servable at once, zero copy), and a
+ * job names it for this worker, which later takes that record, cuts it into
+ * its tail and the chunks RAM lacks and gives those back in its place. A
+ * prefix has no whole record to become: its job owns its layers until cut,
+ * and those pending bytes are bounded by the cache's bound (beyond it the
+ * prefix is simply freed). Lent entries may outlive the tier, so the worker's
+ * state is reference counted (the tier and every lent entry hold one); the
+ * tier's close stops the worker (pending jobs dropped: a whole record stays
+ * whole, a prefix is freed) before the last reference can go, so no worker
+ * thread ever drops the last one. */
+typedef struct kvti_ram_bg {
+  kvti_workq q;
+  atomic_uint refs;
+  kvti_hcache *hc; /* a reference */
+} ram_bg;
+
+typedef struct ram_job {
+  kvti_workq_item qi;
+  char hash[KVT_HASH_HEX_LEN + 1];
+  int prefix;
+  uint64_t lend_id; /* a prefix's lent record */
+  size_t n_tokens;
+  size_t m;
+  kvti_chain_rec *recs; /* owned */
+  kvt_layer *layers;    /* a prefix's layers, owned; NULL for an entry */
+  uint32_t n_layers;
+  uint64_t memory_bytes, disk_bytes;
+  int storage_mode;
+} ram_job;
+
+static void release_layers(kvt_layer *ls, uint32_t n) {
+  for (uint32_t i = 0; ls && i < n; i++)
+    kvti_layer_release(&ls[i], 0, NULL, NULL);
+  kvti_free(ls);
+}
+
+static void bg_release(ram_bg *bg) {
+  if (!bg || atomic_fetch_sub(&bg->refs, 1) != 1)
+    return;
+  kvti_workq_destroy(&bg->q);
+  kvti_hc_release(bg->hc);
+  kvti_free(bg);
+}
+
+static void job_free(ram_job *j) {
+  release_layers(j->layers, j->n_layers);
+  kvti_free(j->recs);
+  kvti_free(j);
+}
+
+static void run_job(void *ctx, kvti_workq_item *qi);
+
+static void drop_job(void *ctx, kvti_workq_item *qi) {
+  ram_bg *bg = ctx;
+  ram_job *j = (ram_job *)qi;
+  if (j->prefix)
+    kvti_hc_forget(bg->hc, j->hash, j->lend_id, 0);
+  job_free(j);
+}
+
+static int bg_open(kvt_tier *t, uint64_t bound) {
+  ram_bg *bg = kvti_calloc(1, sizeof *bg);
+  if (!bg)
+    return KVT_ERR_NOMEM();
+  atomic_init(&bg->refs, 1);
+  kvti_workq_cfg cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.threads = 1;
+  cfg.max_items = KVTI_HC_MAX_LENT; /* every job names a lent record */
+  cfg.max_bytes = bound ? bound : 1; /* prefixes' pending bytes */
+  cfg.start_on_push = 1;
+  cfg.run = run_job;
+  cfg.drop = drop_job;
+  cfg.ctx = bg;
+  cfg.name = "RAM tier cutter";
+  int rc = kvti_workq_init(&bg->q, &cfg);
+  if (rc) {
+    kvti_workq_destroy(&bg->q);
+    kvti_free(bg);
+    return rc;
+  }
+  bg->hc = t->hc;
+  kvti_hc_retain(t->hc);
+  t->ram_bg = bg;
+  return 0;
+}
+
 int kvti_ram_open(kvt_tier *t) {
-  return kvti_hc_create(&t->hc, bound_of(t->opts.host_cache_bytes),
-                        kvti_bufpool_default());
+  uint64_t bound = bound_of(t->opts.host_cache_bytes);
+  int rc = kvti_hc_create(&t->hc, bound, kvti_bufpool_default());
+  if (rc == 0)
+    rc = bg_open(t, bound);
+  return rc;
 }
 
 void kvti_ram_close(kvt_tier *t) {
+  if (t->ram_bg)
+    kvti_workq_stop(&t->ram_bg->q, 1);
   if (t->hc)
     kvti_hc_close(t->hc);
 }
 
 void kvti_ram_free(kvt_tier *t) {
   kvti_ram_close(t);
+  bg_release(t->ram_bg);
+  t->ram_bg = NULL;
   kvti_hc_release(t->hc);
   t->hc = NULL;
 }
+
+int kvti_ram_drain(kvt_tier *t, const struct timespec *ts, int has) {
+  if (!t->ram_bg)
+    return 0;
+  uint64_t pending = 0;
+  int rc = kvti_workq_wait(&t->ram_bg->q, ts, has, &pending);
+  if (rc == KVT_ETIMEDOUT)
+    return KVT_ERR(KVT_ETIMEDOUT,
+                   "flush: %llu freed entries still being cut for the RAM "
+                   "tier",
+                   (unsigned long long)pending);
+  return 0; /* pending > 0 only once stopped: those were dropped */
+}
+
+static _Thread_local uint64_t tl_cut_bytes;
+
+uint64_t kvti_ram_thread_cut_bytes(void) { return tl_cut_bytes; }
 
 void kvti_ram_invalidate(kvt_tier *t, const char *hash) {
   if (t->hc)
@@ -233,16 +349,6 @@ static int verify_with(kvt_tier *t, const char *hash, kvti_hc_item *it,
   return rc;
 }
 
-static int verify(kvt_tier *t, const char *hash, kvti_hc_item *it,
-                  const kvti_read_opts *ro, int prefix) {
-  ram_chain ch;
-  int rc = chain_of(t, hash, ro->tokens, ro->n_tokens, prefix, &ro->salt, &ch);
-  if (rc == 0)
-    rc = verify_with(t, hash, it, ro, prefix, &ch);
-  kvti_free(ch.recs);
-  return rc;
-}
-
 /* ---- chunk granularity --------------------------------------------------- */
 
 /* Chunk i of a chain (its key) built from rows [i*C, (i+1)*C) of the chunked
@@ -319,6 +425,44 @@ fail:
  * moved) and copies of the chunks with have[i] == 0 (chs[i]; NULL for the
  * others). Returns 0, KVT_EINVAL (the layers do not cut into that chain:
  * nothing built), KVT_ENOMEM. */
+/* A deep copy of s into d in a read's layout (kvti_buf_alloc'ed data). On
+ * KVT_ENOMEM d holds what was copied (kvti_layer_release frees it). */
+static int dup_layer(kvt_layer *d, const kvt_layer *s) {
+  *d = *s;
+  d->tensors = NULL;
+  d->orig_dtypes = NULL;
+  d->num_tensors = 0;
+  if (s->orig_dtypes) {
+    if (!(d->orig_dtypes = kvti_malloc(
+              (s->num_tensors ? s->num_tensors : 1) * sizeof(int32_t))))
+      return KVT_ERR_NOMEM();
+    memcpy(d->orig_dtypes, s->orig_dtypes, s->num_tensors * sizeof(int32_t));
+  }
+  if (!(d->tensors = kvti_calloc(s->num_tensors ? s->num_tensors : 1,
+                                 sizeof *d->tensors)))
+    return KVT_ERR_NOMEM();
+  for (uint32_t j = 0; j < s->num_tensors; j++) {
+    d->tensors[j] = s->tensors[j];
+    d->tensors[j].data = NULL;
+    d->num_tensors = j + 1;
+    if (!s->tensors[j].nbytes)
+      continue;
+    if (!(d->tensors[j].data = kvti_buf_alloc((size_t)s->tensors[j].nbytes)))
+      return KVT_ERR_NOMEM();
+    memcpy(d->tensors[j].data, s->tensors[j].data,
+           (size_t)s->tensors[j].nbytes);
+    tl_cut_bytes += s->tensors[j].nbytes;
+  }
+  return 0;
+}
+
+/* As cut, for layers that stay the caller's (a zero-copy spill): nothing is
+ * consumed, the tail is a deep copy. */
+static int cut_borrowed(const kvt_layer *layers, uint32_t n, size_t n_tokens,
+                        const kvti_chain_rec *recs, size_t m,
+                        const uint8_t *have, kvti_hc_item *tail,
+                        kvti_hc_chunk **chs);
+
 static int cut(kvt_layer *layers, uint32_t n, size_t n_tokens,
                const kvti_chain_rec *recs, size_t m, const uint8_t *have,
                kvti_hc_item *tail, kvti_hc_chunk **chs) {
@@ -335,6 +479,8 @@ static int cut(kvt_layer *layers, uint32_t n, size_t n_tokens,
         !(chs[i] = chunk_from_rows(layers, sp.ids, sp.n_ids, n, sp.T, C, i,
                                    recs[i].key)))
       rc = KVT_ERR_NOMEM();
+    else if (chs[i])
+      tl_cut_bytes += chs[i]->data_bytes;
   if (rc == 0 && tail) {
     /* sp.tail holds its own copies of the chunked layers' tail rows and
      * shallow copies of everything else: those move out of layers. */
@@ -363,6 +509,73 @@ static int cut(kvt_layer *layers, uint32_t n, size_t n_tokens,
   for (uint32_t i = 0; i < n; i++)
     kvti_layer_release(&layers[i], 0, NULL, NULL);
   kvti_free(layers);
+  return rc;
+}
+
+static int cut_borrowed(const kvt_layer *layers, uint32_t n, size_t n_tokens,
+                        const kvti_chain_rec *recs, size_t m,
+                        const uint8_t *have, kvti_hc_item *tail,
+                        kvti_hc_chunk **chs) {
+  uint32_t C = recs[0].n_tokens;
+  kvti_chunk_split sp;
+  int rc = kvti_chunk_split_make(&sp, layers, n, n_tokens, C);
+  if (rc == 0 && sp.chunks != m)
+    rc = KVT_ERR(KVT_EINVAL, "spilled entry: %zu chunks, its chain %zu",
+                 sp.chunks, m);
+  for (size_t i = 0; i < m; i++)
+    chs[i] = NULL;
+  for (size_t i = 0; rc == 0 && i < m; i++)
+    if (!(have && have[i]) &&
+        !(chs[i] = chunk_from_rows(layers, sp.ids, sp.n_ids, n, sp.T, C, i,
+                                   recs[i].key)))
+      rc = KVT_ERR_NOMEM();
+    else if (chs[i])
+      tl_cut_bytes += chs[i]->data_bytes;
+  memset(tail, 0, sizeof *tail);
+  if (rc == 0) {
+    /* sp.tail's chunked layers own their tail rows; everything else in it
+     * is the caller's: cleared first, so the item only ever owns its own
+     * memory, then copied. */
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      int chunked = k < sp.n_ids && sp.ids[k] == i;
+      k += chunked;
+      sp.tail[i].orig_dtypes = NULL;
+      if (!chunked) {
+        sp.tail[i].tensors = NULL;
+        sp.tail[i].num_tensors = 0;
+      } else {
+        for (uint32_t j = 0; j < sp.tail[i].num_tensors; j++)
+          tl_cut_bytes += sp.tail[i].tensors[j].nbytes;
+      }
+    }
+    tail->layers = sp.tail;
+    tail->n_layers = n;
+    sp.tail = NULL;
+    k = 0;
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+      int chunked = k < sp.n_ids && sp.ids[k] == i;
+      k += chunked;
+      kvt_layer *d = &tail->layers[i];
+      if (!chunked) {
+        rc = dup_layer(d, &layers[i]);
+      } else if (layers[i].orig_dtypes) {
+        uint32_t nt = layers[i].num_tensors;
+        if (!(d->orig_dtypes = kvti_malloc((nt ? nt : 1) * sizeof(int32_t))))
+          rc = KVT_ERR_NOMEM();
+        else
+          memcpy(d->orig_dtypes, layers[i].orig_dtypes, nt * sizeof(int32_t));
+      }
+    }
+    if (rc)
+      kvti_hc_item_free(tail);
+  }
+  if (rc)
+    for (size_t i = 0; i < m; i++) {
+      kvti_hc_chunk_free(chs[i]);
+      chs[i] = NULL;
+    }
+  kvti_chunk_split_free(&sp);
   return rc;
 }
 
@@ -586,60 +799,126 @@ static int assemble(const kvti_hc_item *tail, const kvti_hc_chunk *const *chs,
 }
 
 /* What a lent entry needs when it is freed (kvt_entry_free -> recycle): the
- * cache (a reference) and, for a chained entry or a prefix, the chain it was
- * read through, to cut it into its tail and chunks without the tier (which
- * may be closed by then). */
+ * cache and the cutter (a reference each) and, for a chained entry or a
+ * prefix, the chain it was read through, to cut it into its tail and chunks
+ * without the tier (which may be closed by then). */
 typedef struct lend_ctx {
   kvti_hcache *hc;
+  ram_bg *bg;
   int prefix;
   size_t m;
   kvti_chain_rec *recs; /* NULL: a whole entry */
 } lend_ctx;
 
-/* kvt_entry_free's hook for an entry whose buffers the cache may take back. */
+/* The cutter's work on a lent record (lend_id) of hash: its layers (owned,
+ * consumed) over recs[0, m) become its tail (none for a prefix) and the
+ * chunks RAM lacks, given back in its place (only what RAM lacks is copied:
+ * chunks another entry brought stay as they are); on failure the record is
+ * forgotten. */
+static void cut_back(kvti_hcache *c, const char *hash, uint64_t lend_id,
+                     kvt_layer *layers, uint32_t n, size_t n_tokens,
+                     const kvti_chain_rec *recs, size_t m, int prefix,
+                     uint64_t memory_bytes, uint64_t disk_bytes,
+                     int storage_mode) {
+  uint8_t *have = kvti_calloc(m, 1);
+  kvti_hc_chunk **chs = kvti_calloc(m, sizeof *chs);
+  kvti_hc_item tail;
+  memset(&tail, 0, sizeof tail);
+  int rc = have && chs ? 0 : KVT_ERR_NOMEM();
+  if (rc == 0) {
+    kvti_hc_chunks_resident(c, recs[0].key, sizeof *recs, m, have);
+    rc = cut(layers, n, n_tokens, recs, m, have, prefix ? NULL : &tail, chs);
+  } else {
+    release_layers(layers, n);
+  }
+  if (rc == 0) {
+    tail.memory_bytes = memory_bytes;
+    tail.disk_bytes = disk_bytes;
+    tail.storage_mode = storage_mode;
+    tail.has_chain = 1;
+    memcpy(tail.chain, recs[m - 1].key, 32);
+    kvti_hc_give_back_tail(c, hash, lend_id, prefix ? NULL : &tail, chs, m);
+  } else {
+    kvt_clear_error();
+    kvti_hc_forget(c, hash, lend_id, 0);
+  }
+  kvti_free(chs);
+  kvti_free(have);
+}
+
+static void run_job(void *ctx, kvti_workq_item *qi) {
+  ram_bg *bg = ctx;
+  ram_job *j = (ram_job *)qi;
+  if (j->prefix) {
+    cut_back(bg->hc, j->hash, j->lend_id, j->layers, j->n_layers, j->n_tokens,
+             j->recs, j->m, 1, j->memory_bytes, j->disk_bytes,
+             j->storage_mode);
+    j->layers = NULL;
+  } else {
+    /* The whole record the entry became, unless it was served, replaced or
+     * dropped meanwhile (then there is nothing of it to cut). */
+    kvti_hc_item it;
+    uint64_t id;
+    if (kvti_hc_take_whole(bg->hc, j->hash, j->recs[j->m - 1].key, &it, &id))
+      cut_back(bg->hc, j->hash, id, it.layers, it.n_layers, j->n_tokens,
+               j->recs, j->m, 0, it.memory_bytes, it.disk_bytes,
+               it.storage_mode);
+  }
+  job_free(j);
+}
+
+/* kvt_entry_free's hook for an entry whose buffers the cache may take back.
+ * Nothing is copied here (see the cutter above). */
 static int recycle(kvt_entry *e) {
   lend_ctx *lc = e->recycle_ctx;
   kvti_hcache *c = lc->hc;
-  if (!lc->recs) {
+  ram_job *j = lc->recs ? kvti_calloc(1, sizeof *j) : NULL;
+  if (j) {
+    memcpy(j->hash, e->hash, sizeof j->hash);
+    j->prefix = lc->prefix;
+    j->lend_id = e->recycle_id;
+    j->n_tokens = e->n_tokens;
+    j->m = lc->m;
+    j->recs = lc->recs;
+    lc->recs = NULL;
+    j->memory_bytes = e->memory_bytes;
+    j->disk_bytes = e->disk_bytes;
+    j->storage_mode = e->storage_mode;
+  }
+  if (!lc->prefix) {
+    /* The buffers become the record as they are: a whole entry stays so, a
+     * chained one is cut later by the cutter. */
     kvti_hc_item it = {e->layers,       e->num_layers, 0,
                        e->memory_bytes, e->disk_bytes, e->storage_mode};
-    kvti_hc_give_back(c, e->hash, e->recycle_id, &it);
-  } else {
-    /* Only what RAM lacks is copied: the chunks another entry already
-     * brought stay as they are. */
-    uint8_t *have = kvti_calloc(lc->m, 1);
-    kvti_hc_chunk **chs = kvti_calloc(lc->m, sizeof *chs);
-    kvti_hc_item tail;
-    memset(&tail, 0, sizeof tail);
-    int rc = have && chs ? 0 : KVT_ERR_NOMEM();
-    if (rc == 0)
-      kvti_hc_chunks_resident(c, lc->recs[0].key, sizeof *lc->recs, lc->m,
-                              have);
-    if (rc == 0) { /* cut consumes the layers */
-      rc = cut(e->layers, e->num_layers, e->n_tokens, lc->recs, lc->m, have,
-               lc->prefix ? NULL : &tail, chs);
+    if (kvti_hc_give_back(c, e->hash, e->recycle_id, &it) && j &&
+        kvti_workq_push(&lc->bg->q, &j->qi, 0) == 0)
+      j = NULL;
+  } else if (j) {
+    /* A prefix waits for the cutter with its layers, its bytes bounded by
+     * the cutter's queue (the cache's bound). */
+    j->layers = e->layers;
+    j->n_layers = e->num_layers;
+    if (kvti_hc_mark_cut(c, e->hash, e->recycle_id) &&
+        kvti_workq_push(&lc->bg->q, &j->qi,
+                        kvti_hc_layers_bytes(e->layers, e->num_layers)) ==
+        0) {
+      j = NULL;
     } else {
-      for (uint32_t i = 0; i < e->num_layers; i++)
-        kvti_layer_release(&e->layers[i], 0, NULL, NULL);
-      kvti_free(e->layers);
-    }
-    e->layers = NULL;
-    if (rc == 0) {
-      tail.memory_bytes = e->memory_bytes;
-      tail.disk_bytes = e->disk_bytes;
-      tail.storage_mode = e->storage_mode;
-      tail.has_chain = 1;
-      memcpy(tail.chain, lc->recs[lc->m - 1].key, 32);
-      kvti_hc_give_back_tail(c, e->hash, e->recycle_id,
-                             lc->prefix ? NULL : &tail, chs, lc->m);
-    } else {
-      kvt_clear_error();
       kvti_hc_forget(c, e->hash, e->recycle_id, 0);
+      release_layers(j->layers, j->n_layers);
+      j->layers = NULL;
     }
-    kvti_free(chs);
-    kvti_free(have);
-    kvti_free(lc->recs);
+  } else { /* no memory for the job */
+    kvti_hc_forget(c, e->hash, e->recycle_id, 0);
+    release_layers(e->layers, e->num_layers);
   }
+  if (j)
+    kvt_clear_error(); /* a refused push: the entry is simply not kept */
+  e->layers = NULL;
+  if (j)
+    job_free(j);
+  kvti_free(lc->recs);
+  bg_release(lc->bg);
   kvti_hc_release(c);
   kvti_free(lc);
   kvti_free(e->tokens);
@@ -667,6 +946,8 @@ static void hook(kvt_tier *t, kvt_entry *e, uint64_t id,
   lc->prefix = prefix;
   lc->hc = t->hc;
   kvti_hc_retain(t->hc);
+  lc->bg = t->ram_bg;
+  atomic_fetch_add(&t->ram_bg->refs, 1);
   e->recycle = recycle;
   e->recycle_ctx = lc;
   e->recycle_id = id;
@@ -879,27 +1160,43 @@ static int ram_read(kvt_entry **out, kvt_tier *t, const char *hash,
                     const kvti_read_opts *ro, int prefix) {
   if (!t->hc || ro->keep_tokens || ro->verify_only || !ro->tokens)
     return KVT_ENOTFOUND;
-  if (t->chunked) {
-    int tried;
-    int rc = ram_read_chained(out, t, hash, ro, prefix, &tried);
-    if (tried || prefix)
-      return rc;
-  }
+  kvti_hc_item it;
+  uint64_t id = 0;
   /* hash is the name of ro->tokens under the call's salt: every caller has
    * it from the index row of these tokens or has checked a read_entry
    * caller's file_path against them (promote.c), so it is not recomputed
    * here (an unsalted token hash would never match a salted name). */
-  kvti_hc_item it;
-  uint64_t id = 0;
-  if (!kvti_hc_take(t->hc, hash, &it, &id))
-    return KVT_ENOTFOUND;
+  for (int attempt = 0;; attempt++) {
+    if (t->chunked) {
+      int tried;
+      /* A freed copy of it being cut into tail and chunks: they come at
+       * memory speed (a miss would read the disk). */
+      kvti_hc_wait_cut(t->hc, hash);
+      int rc = ram_read_chained(out, t, hash, ro, prefix, &tried);
+      if (tried || prefix)
+        return rc;
+    }
+    if (kvti_hc_take(t->hc, hash, &it, &id))
+      break;
+    /* The cutter may have taken the whole record between the two looks:
+     * its tail is then there (or coming), looked for once more. */
+    if (!t->chunked || attempt > 0)
+      return KVT_ENOTFOUND;
+  }
   kvt_entry *e = NULL;
   /* Same checks as a disk read - manifest, tokens against the request, each
    * layer file's header against the cached tensors, every block checksum
    * over the cached bytes - so a stale, altered or damaged copy is never
    * served; it is dropped and the disk read that follows decides. */
-  int rc = verify(t, hash, &it, ro, prefix);
+  /* The chain too (when it has one): the entry served is hooked with it, so
+   * that freeing it lets the cutter make its tail and chunks. */
+  ram_chain ch;
+  int rc = chain_of(t, hash, ro->tokens, ro->n_tokens, prefix, &ro->salt, &ch);
+  if (rc == 0)
+    rc = verify_with(t, hash, &it, ro, prefix, &ch);
   if (rc != 0) {
+    kvti_free(ch.recs);
+    ch.recs = NULL;
     kvti_log(t, KVT_LOG_INFO,
              "kvtier: RAM copy of %.16s not served (%s); reading the disk",
              hash, kvt_last_error());
@@ -932,14 +1229,16 @@ static int ram_read(kvt_entry **out, kvt_tier *t, const char *hash,
   } else {
     e->layers = it.layers;
     e->num_layers = it.n_layers;
-    hook(t, e, id, NULL, 0, 0);
+    hook(t, e, id, ch.recs, ch.m, 0);
   }
+  kvti_free(ch.recs);
   if (ro->on_layer)
     for (uint32_t i = 0; i < e->num_layers; i++)
       ro->on_layer(ro->layer_ctx, i, &e->layers[i]);
   *out = e;
   return 0;
 undo:
+  kvti_free(ch.recs);
   kvt_entry_free(e);
   kvti_hc_give_back(t->hc, hash, id, &it);
   return rc;
@@ -986,6 +1285,67 @@ void kvti_ram_after_prefix(kvt_tier *t, kvt_entry *e,
   after_read(t, e, ro, 1);
 }
 
+/* A zero-copy spill, on the writer thread before the caller's buffers are
+ * released: what RAM lacks of it (an entry stored whole: all of it; a chained
+ * one: its tail and the chunks not resident) is copied in, unless the layers
+ * exceed the cache's bound (they would not stay). meta: the record's
+ * memory/disk bytes and mode. */
+static void spilled_borrowed(kvt_tier *t, kvti_snapshot *s, const char *hash,
+                             size_t n_tokens, const ram_chain *ch,
+                             uint64_t epoch, const kvti_hc_item *meta) {
+  uint32_t nl = 0;
+  const kvt_layer *src = kvti_snapshot_layers(s, &nl);
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; src && i < nl; i++)
+    for (uint32_t j = 0; j < src[i].num_tensors; j++)
+      bytes += src[i].tensors[j].nbytes;
+  kvti_hc_stats st;
+  kvti_hc_get_stats(t->hc, &st);
+  if (!src || bytes > st.bound) {
+    kvti_hc_invalidate(t->hc, hash); /* the old version */
+    return;
+  }
+  int rc;
+  if (!ch->recs) {
+    kvti_hc_item it = *meta;
+    it.n_layers = nl;
+    it.layers = kvti_calloc(nl ? nl : 1, sizeof *it.layers);
+    rc = it.layers ? 0 : KVT_ERR_NOMEM();
+    for (uint32_t i = 0; rc == 0 && i < nl; i++)
+      rc = dup_layer(&it.layers[i], &src[i]);
+    if (rc == 0) {
+      kvti_hc_put(t->hc, hash, &it);
+      return;
+    }
+    kvti_hc_item_free(&it);
+  } else {
+    uint8_t *have = kvti_calloc(ch->m, 1);
+    kvti_hc_chunk **chs = kvti_calloc(ch->m, sizeof *chs);
+    kvti_hc_item tail;
+    memset(&tail, 0, sizeof tail);
+    rc = have && chs ? 0 : KVT_ERR_NOMEM();
+    if (rc == 0) {
+      kvti_hc_chunks_resident(t->hc, ch->recs[0].key, sizeof *ch->recs, ch->m,
+                              have);
+      rc = cut_borrowed(src, nl, n_tokens, ch->recs, ch->m, have, &tail, chs);
+    }
+    if (rc == 0) {
+      tail.memory_bytes = meta->memory_bytes;
+      tail.disk_bytes = meta->disk_bytes;
+      tail.storage_mode = meta->storage_mode;
+      tail.has_chain = 1;
+      memcpy(tail.chain, ch->recs[ch->m - 1].key, 32);
+      kvti_hc_put_tail(t->hc, hash, &tail, chs, ch->m, epoch);
+    }
+    kvti_free(chs);
+    kvti_free(have);
+    if (rc == 0)
+      return;
+  }
+  kvt_clear_error();
+  kvti_hc_invalidate(t->hc, hash);
+}
+
 void kvti_ram_spilled(kvt_tier *t, kvti_snapshot *s, uint64_t disk_bytes) {
   /* Native mode only: there the files hold the snapshot's tensors as they
    * are (compat mode converts them); not when the remote upload queue still
@@ -1005,14 +1365,14 @@ void kvti_ram_spilled(kvt_tier *t, kvti_snapshot *s, uint64_t disk_bytes) {
     kvti_hc_invalidate(t->hc, hash);
     return; /* its chain is not whole (cannot happen after a put) */
   }
-  if (!kvti_snapshot_take_layers(s, &it.layers, &it.n_layers)) {
-    kvti_free(ch.recs);
-    kvti_hc_invalidate(t->hc, hash); /* the old version */
-    return; /* zero-copy spill: not cached (see hostcache.h) */
-  }
   it.memory_bytes = kvti_snapshot_memory_bytes(s);
   it.disk_bytes = disk_bytes + ch.bytes; /* tail + every chunk of its chain */
   it.storage_mode = KVT_STORAGE_NATIVE;
+  if (!kvti_snapshot_take_layers(s, &it.layers, &it.n_layers)) {
+    spilled_borrowed(t, s, hash, n, &ch, epoch, &it);
+    kvti_free(ch.recs);
+    return;
+  }
   if (!ch.recs) {
     kvti_hc_put(t->hc, hash, &it);
     return;
@@ -1082,6 +1442,12 @@ int kvt_tier_set_host_cache_bytes(kvt_tier *t, uint64_t bytes) {
     return rc;
   if (t->hc)
     kvti_hc_set_bound(t->hc, bound_of(bytes));
+  if (t->ram_bg) { /* prefixes waiting for the cutter: the same bound */
+    uint64_t b = bound_of(bytes);
+    pthread_mutex_lock(&t->ram_bg->q.mu);
+    t->ram_bg->q.cfg.max_bytes = b ? b : 1;
+    pthread_mutex_unlock(&t->ram_bg->q.mu);
+  }
   kvti_tier_leave(t);
   return rc;
 }

@@ -46,9 +46,19 @@ void kvti_ram_after_disk(struct kvt_tier *t, kvt_entry *e,
 /* The same after a prefix read (kvti_tier_chunks_get_prefix). */
 void kvti_ram_after_prefix(struct kvt_tier *t, kvt_entry *e,
                            const kvti_read_opts *ro);
-/* After the writer published s (disk_bytes on disk): admits its layers. */
+/* After the writer published s (disk_bytes on disk), on the writer thread:
+ * admits its layers (a copy-mode snapshot's move in; a zero-copy one's are
+ * copied, before the caller's buffers are released). */
 void kvti_ram_spilled(struct kvt_tier *t, kvti_snapshot *s,
                       uint64_t disk_bytes);
+/* Waits (deadline ts when has) until the RAM tier's cutter has done every
+ * job queued before the call: freed chained entries cut into their tails and
+ * chunks. Returns 0 or KVT_ETIMEDOUT (message set). */
+struct timespec;
+int kvti_ram_drain(struct kvt_tier *t, const struct timespec *ts, int has);
+/* Bytes this thread has copied cutting entries into chunks and tails (for
+ * tests: freeing an entry must not copy on the freeing thread). */
+uint64_t kvti_ram_thread_cut_bytes(void);
 /* A successful promote: promotes_from_ram/_disk and their bytes. */
 void kvti_ram_account(struct kvt_tier *t, const kvt_entry *e);
 /* Fills the host_cache_* fields of s. */

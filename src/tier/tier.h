@@ -87,6 +87,7 @@ struct kvt_tier {
   pthread_mutex_t close_mu;   /* serialises close/free */
   struct kvti_remote *remote; /* shared remote tier (remote.h), NULL: none */
   struct kvti_hcache *hc;     /* host RAM cache (ramtier.h) */
+  struct kvti_ram_bg *ram_bg; /* its background cutter (ramtier.c) */
   /* The chunked native store (chunks.h), NULL when chunk_tokens is 0. */
   struct kvti_chunked *chunked;
   /* The writer's lazy sweep of chunks/ (chunk_tools.h), under mut_mu. */

@@ -836,6 +836,8 @@ int kvt_tier_flush(kvt_tier *t, int64_t timeout_ms) {
                  (unsigned long long)pending);
   if (rc == 0)
     rc = kvti_remote_drain(t, &ts, has); /* uploads of those spills too */
+  if (rc == 0)
+    rc = kvti_ram_drain(t, &ts, has); /* freed entries' RAM admission */
   kvti_tier_leave(t);
   return rc;
 }

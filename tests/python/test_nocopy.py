@@ -419,3 +419,43 @@ def test_remote_upload_releases_held_spill(tmp_path, mode):
         assert a._holds.pending() == 0
     finally:
         rs.stop([proc])
+
+
+# -- a zero-copy spill is in the RAM tier once written ---------------------
+
+
+@pytest.mark.parametrize("n", [SHAPE[2], 600])
+def test_nocopy_spill_then_promote_is_a_ram_hit(tmp_path, n):
+    """The writer copies what RAM lacks of a zero-copy spill (the entry, or
+    its tail and chunks) before it releases the MLX arrays, so the first
+    promote after the spill is served from RAM, bit for bit (defaults: the
+    600-token entry is chunked, the 32-token one stored whole)."""
+    import asyncio
+
+    rng = np.random.default_rng(n)
+    shape = (1, 2, n, 16)
+    k = rng.standard_normal(shape).astype(np.float16)
+    v = rng.standard_normal(shape).astype(np.float16)
+    tokens = tuple(range(7000, 7000 + n))
+    t = tier(tmp_path / "kv")
+    try:
+        t.start_writer()
+        assert t.enqueue_spill(tokens, [KV(mx.array(k), mx.array(v), n)], 100)
+        t.flush()
+        s0 = t.get_stats()
+        assert (s0["spill_nocopy"], s0["spill_copied"]) == (1, 0)
+        assert s0["spill_held_bytes"] == 0
+
+        async def run():
+            return await t.async_promote(tokens, lambda b: True, lambda b: None)
+
+        got = asyncio.run(run())
+        assert got is not None
+        s = t.get_stats()
+        assert s["host_cache_hits"] == s0["host_cache_hits"] + 1
+        assert s["promotes_from_ram"] == s0["promotes_from_ram"] + 1
+        assert s["promotes_from_disk"] == s0["promotes_from_disk"]
+        assert np.asarray(got[0]["keys"]).tobytes() == k.tobytes()
+        assert np.asarray(got[0]["values"]).tobytes() == v.tobytes()
+    finally:
+        t.close()

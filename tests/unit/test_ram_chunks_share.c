@@ -27,8 +27,11 @@
 /* KV bytes per token: layers x (keys, values) x 2 heads x D x F32. */
 #define TOKB ((uint64_t)NL * 2 * 2 * D * 4)
 
+/* After the RAM tier's cutter is done (kvt_tier_flush waits for it): freed
+ * disk reads are then in RAM as tails and chunks. */
 static kvt_stats stats_of(kvt_tier *t) {
   kvt_stats s = KVT_STATS_INIT;
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
   REQUIRE(kvt_tier_stats(&s, t) == 0);
   return s;
 }

@@ -18,14 +18,18 @@
  * chain record alone (length a multiple of chunk_tokens) is served from RAM
  * too. No timings are asserted.
  */
+#include "tier/ramtier.h"
 #include "tier_testlib.h"
 
 #define C 16
 #define D 8
 #define NL 2
 
+/* After the RAM tier's cutter is done (kvt_tier_flush waits for it): freed
+ * disk reads are then in RAM as tails and chunks. */
 static kvt_stats stats_of(kvt_tier *t) {
   kvt_stats s = KVT_STATS_INIT;
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
   REQUIRE(kvt_tier_stats(&s, t) == 0);
   return s;
 }
@@ -281,7 +285,8 @@ static void test_prefix_and_eviction(void) {
   /* Every read: the chunks a's copy-mode spill left in RAM (a prefix is
    * its chunks: no record of its own). */
   CHECK_EQ_INT(s.host_cache_hits - s0.host_cache_hits, 4);
-  CHECK_EQ_INT(s.host_cache_entries, 1); /* a's tail (b: zero-copy) */
+  /* a's tail and b's (its zero-copy spill copied in by the writer) */
+  CHECK_EQ_INT(s.host_cache_entries, 2);
   CHECK_EQ_INT(s.host_cache_chunks, 2);  /* shared by a, b, p2, p1 */
   CHECK_EQ_INT(s.promotes_from_disk, 0);
   /* A PREFIX promote of the longer prompt: the cached 32-token prefix. */
@@ -349,12 +354,12 @@ static void test_quarantine(void) {
   share(&q, &a, 20);
   t_entry p1 = prefix_of(&a, 16);
   REQUIRE(t_spill(t, &a) == 0);
-  REQUIRE(spill_nocopy(t, &f) == 0); /* not cached */
+  REQUIRE(spill_nocopy(t, &f) == 0); /* its tail cached by the writer */
   REQUIRE(kvt_tier_flush(t, -1) == 0);
   kvt_entry *got = read_entry(t, &p1);
   REQUIRE(got);
   kvt_entry_free(got);
-  CHECK_EQ_INT(stats_of(t).host_cache_entries, 1);
+  CHECK_EQ_INT(stats_of(t).host_cache_entries, 2);
   CHECK_EQ_INT(stats_of(t).host_cache_chunks, 2);
   /* A disk read of a is out (lent) when its chain's chunk is quarantined. */
   REQUIRE(kvt_tier_trim(t, 0, NULL) == 0);
@@ -561,11 +566,111 @@ static void test_record_entry(void) {
   kvt_tier_free(t);
 }
 
+
+/* Freeing a disk read copies nothing on the freeing thread: the buffers are
+ * kept as they are and the RAM tier's cutter makes the tail and chunks of
+ * them; a promote right after the free is served from RAM all the same (the
+ * whole record, or the pieces the cutter is making), bit for bit. The same
+ * for a prefix read. A zero-copy spill is in RAM once written. */
+static void test_free_copies_nothing_here(void) {
+  char *dir = kvt_test_tmpdir("ramch6");
+  kvt_tier *t = open_dir(dir, (uint64_t)64 << 20);
+  t_entry a = mk(60, 40), b = mk(61, 40), q = mk(62, 42);
+  share(&b, &a, 32);
+  share(&q, &a, 20);
+  t_entry p1 = prefix_of(&a, 16);
+  REQUIRE(t_spill(t, &a) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  for (int round = 0; round < 3; round++) {
+    REQUIRE(kvt_tier_trim(t, 0, NULL) == 0);
+    kvt_stats s = stats_of(t);
+    CHECK_EQ_INT(s.host_cache_entries + s.host_cache_chunks, 0);
+    uint64_t d0 = s.promotes_from_disk, r0 = s.promotes_from_ram;
+    kvt_entry *got = promote(t, &a); /* from disk */
+    REQUIRE(got);
+    CHECK(t_same(got, &a));
+    uint64_t here = kvti_ram_thread_cut_bytes();
+    kvt_entry_free(got);
+    CHECK_EQ_INT(kvti_ram_thread_cut_bytes(), here);
+    got = promote(t, &a); /* no flush: RAM all the same */
+    REQUIRE(got);
+    CHECK(t_same(got, &a));
+    kvt_entry_free(got);
+    CHECK_EQ_INT(kvti_ram_thread_cut_bytes(), here);
+    s = stats_of(t);
+    CHECK_EQ_INT(s.promotes_from_disk, d0 + 1);
+    CHECK_EQ_INT(s.promotes_from_ram, r0 + 1);
+    CHECK_EQ_INT(s.host_cache_entries, 1); /* a's tail, cut by the cutter */
+    CHECK_EQ_INT(s.host_cache_chunks, 2);
+  }
+  /* A prefix read from disk: freed without a copy here, then its chunks are
+   * in RAM and serve the next read. */
+  REQUIRE(kvt_tier_trim(t, 0, NULL) == 0);
+  kvt_entry *got = read_entry(t, &p1);
+  REQUIRE(got);
+  CHECK(t_same(got, &p1));
+  uint64_t here = kvti_ram_thread_cut_bytes();
+  kvt_entry_free(got);
+  CHECK_EQ_INT(kvti_ram_thread_cut_bytes(), here);
+  kvt_stats s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_chunks, 1); /* its 16 rows */
+  uint64_t h0 = s.host_cache_hits;
+  got = read_entry(t, &p1);
+  REQUIRE(got);
+  CHECK(t_same(got, &p1));
+  kvt_entry_free(got);
+  CHECK_EQ_INT(stats_of(t).host_cache_hits, h0 + 1);
+  /* A zero-copy spill sharing a's chain: its first promote is a RAM hit
+   * (its tail copied in on the writer thread; its chunks already there). */
+  REQUIRE(spill_nocopy(t, &b) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_chunks, 2);
+  h0 = s.host_cache_hits;
+  uint64_t d0 = s.promotes_from_disk;
+  got = promote(t, &b);
+  REQUIRE(got);
+  CHECK(t_same(got, &b));
+  kvt_entry_free(got);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_hits, h0 + 1);
+  CHECK_EQ_INT(s.promotes_from_disk, d0);
+  t_entry *all[] = {&a, &b, &q, &p1};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+    t_free(all[i]);
+  kvt_tier_free(t);
+}
+
+/* A zero-copy spill into an empty RAM tier: its chunks and tail are copied
+ * in by the writer, so the first promote is a RAM hit, bit for bit. */
+static void test_nocopy_spill_in_ram(void) {
+  char *dir = kvt_test_tmpdir("ramch7");
+  kvt_tier *t = open_dir(dir, (uint64_t)64 << 20);
+  t_entry a = mk(70, 40);
+  REQUIRE(spill_nocopy(t, &a) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  kvt_stats s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_entries, 1);
+  CHECK_EQ_INT(s.host_cache_chunks, 2);
+  kvt_entry *got = promote(t, &a);
+  REQUIRE(got);
+  CHECK(t_same(got, &a));
+  kvt_entry_free(got);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_hits, 1);
+  CHECK_EQ_INT(s.promotes_from_ram, 1);
+  CHECK_EQ_INT(s.promotes_from_disk, 0);
+  t_free(&a);
+  kvt_tier_free(t);
+}
+
 int main(void) {
   RUN(test_entry);
   RUN(test_prefix_and_eviction);
   RUN(test_quarantine);
   RUN(test_eviction_race);
   RUN(test_record_entry);
+  RUN(test_free_copies_nothing_here);
+  RUN(test_nocopy_spill_in_ram);
   return kvt_test_done();
 }
