@@ -145,8 +145,11 @@ int kvti_idx_put_common(kvt_index *idx, const kvti_index_put_args *a,
   double now = kvti_now_wall();
   for (size_t i = 0; !rc && i < count; i++) {
     rc = put_prepare(&e[i], &a[i]);
+    /* Rows of one batch keep their queue order in time (a microsecond
+     * apart): with one shared instant, the LRU and retention order among
+     * them - which of a group commit is evicted first - would be a tie. */
     e[i].created_at = e[i].accessed_at =
-        a[i].created_at > 0 ? a[i].created_at : now;
+        a[i].created_at > 0 ? a[i].created_at : now + (double)i * 1e-6;
   }
   if (rc)
     goto out;
