@@ -433,8 +433,9 @@ typedef struct kvt_options {
    *  called only for what is written. */
   int32_t admission_policy;
   /** Bytes of the admission record of fingerprints seen (about 8 bytes a
-   *  segment; when a slot is needed, the oldest of its set is forgotten). 0 = 4 MiB (half a million
-   *  segments: 128M tokens of history at 256 tokens a segment); else 64 KiB
+   *  segment; when a slot is needed, the oldest of its set is forgotten). 0 = 4
+   * MiB (half a million segments: 128M tokens of history at 256 tokens a
+   * segment); else 64 KiB
    *  .. 1 GiB. */
   uint64_t admission_memory_bytes;
   /** The write budget, in bytes a day (0 = none), enforced on kvtier's own
@@ -634,17 +635,17 @@ KVT_API void kvt_tier_free(kvt_tier *t);
  *  (snapshotted) on the calling thread before return; the writer never
  *  touches caller memory. memory_bytes is the engine's RAM estimate, stored
  *  as the reference does - except, with storage_mode native, when a layer
- *  is KVT_LAYER_QUANTIZED_KV: then kvtier records the entry's dense size, what a promote that
- *  dequantizes (the Python drop-in; the reference's entries) hands over: the
- *  other layers' tensor bytes as given, each quantized layer's first
- *  min(offset, rows) rows of keys and values as (packed bytes x 8 / bits)
+ *  is KVT_LAYER_QUANTIZED_KV: then kvtier records the entry's dense size, what
+ * a promote that dequantizes (the Python drop-in; the reference's entries)
+ * hands over: the other layers' tensor bytes as given, each quantized layer's
+ * first min(offset, rows) rows of keys and values as (packed bytes x 8 / bits)
  *  elements of its scales' dtype. A caller reserving that figure before a
  *  promote is exact for the dense form (a C promote of a native entry
- *  allocates the packed form, less). Spilling tokens already stored replaces the entry.
- *  Returns 0 (enqueued; kvt_options.spill_done_fn reports the outcome),
- *  KVT_EFULL (queue full by count or bytes: dropped, counted in spill_drops),
- *  KVT_ETOOBIG (larger than max_size_gb or spill_queue_bytes: refused),
- *  KVT_EINVAL (bad layer: message says which layer and why; nothing
+ *  allocates the packed form, less). Spilling tokens already stored replaces
+ * the entry. Returns 0 (enqueued; kvt_options.spill_done_fn reports the
+ * outcome), KVT_EFULL (queue full by count or bytes: dropped, counted in
+ * spill_drops), KVT_ETOOBIG (larger than max_size_gb or spill_queue_bytes:
+ * refused), KVT_EINVAL (bad layer: message says which layer and why; nothing
  *  enqueued), KVT_ECLOSED, KVT_ENOMEM. Thread-safe. */
 KVT_API int kvt_tier_spill(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
                            const kvt_layer *layers, uint32_t n_layers,
@@ -1100,9 +1101,9 @@ typedef struct kvt_chunk_info {
   /** Entries whose chain runs through this chunk (how often it is shared);
    *  0 for a chunk only prefix lookups reach. */
   uint32_t entries;
-  int pure;              /* 1: the chain holds every layer (pure KV) */
-  uint64_t layout_hash;  /* XXH3-64 of the KV layout descriptor */
-  uint64_t disk_bytes;   /* the file's size */
+  int pure;             /* 1: the chain holds every layer (pure KV) */
+  uint64_t layout_hash; /* XXH3-64 of the KV layout descriptor */
+  uint64_t disk_bytes;  /* the file's size */
   /** RAM its rows take loaded dense: its tensors' bytes, a quantized layer
    *  counted dequantized (keys and values in the scales' dtype), as the
    *  Python drop-in hands it over; what a prefix promote reserves for it (a
@@ -1375,13 +1376,13 @@ typedef struct kvt_stats {
    * write_budget_*). Every spill call that passes the admission decision
    * adds 1 to exactly one of admitted, truncated, declined_unseen and
    * declined_budget (write_all without a budget: admitted). */
-  uint64_t admission_admitted;        /* spills passed on whole */
-  uint64_t admission_truncated;       /* spills cut to their seen prefix */
-  uint64_t admission_declined_unseen; /* not written: first sighting */
-  uint64_t admission_declined_budget; /* not written: the write budget */
-  uint64_t admission_tokens_declined; /* tokens not written by those */
-  uint64_t bytes_written_today; /* now: spill_bytes since the clock's day
-                                   began (this open) */
+  uint64_t admission_admitted;         /* spills passed on whole */
+  uint64_t admission_truncated;        /* spills cut to their seen prefix */
+  uint64_t admission_declined_unseen;  /* not written: first sighting */
+  uint64_t admission_declined_budget;  /* not written: the write budget */
+  uint64_t admission_tokens_declined;  /* tokens not written by those */
+  uint64_t bytes_written_today;        /* now: spill_bytes since the clock's day
+                                          began (this open) */
   uint64_t write_budget_bytes_per_day; /* now: the budget (0: none) */
   uint64_t write_budget_left;          /* now: bytes the budget's bucket
                                           takes before it is full */

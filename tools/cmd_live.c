@@ -153,7 +153,8 @@ void cli_live_print(const cli_live *l, FILE *f) {
           cli_fmt_bytes(a, sizeof a, s->queue_bytes));
   char c[32], e[32];
   if (s->write_budget_bytes_per_day)
-    snprintf(e, sizeof e, "%s", cli_fmt_bytes(c, sizeof c, s->write_budget_left));
+    snprintf(e, sizeof e, "%s",
+             cli_fmt_bytes(c, sizeof c, s->write_budget_left));
   fprintf(f, "  writes   %s today, %s in all; budget %s%s%s%s\n",
           cli_fmt_bytes(a, sizeof a, s->bytes_written_today),
           cli_fmt_bytes(b, sizeof b, s->spill_bytes),

@@ -222,7 +222,8 @@ uint64_t kvti_chunk_mem_bytes(const kvti_chunk_src *src) {
     for (uint32_t j = 0; j < l->num_tensors; j++) {
       uint64_t outer, row;
       kvti_chunk_tensor_geom(&l->tensors[j], &outer, &row);
-      int32_t sd = j + 1 < l->num_tensors ? (int32_t)l->tensors[j + 1].dtype : 0;
+      int32_t sd =
+          j + 1 < l->num_tensors ? (int32_t)l->tensors[j + 1].dtype : 0;
       mem += dense_part((int32_t)l->kind, l->bits, l->num_tensors, j,
                         outer * row * src->n, sd);
     }
@@ -235,7 +236,8 @@ uint64_t kvti_chunk_hdr_mem_bytes(const kvti_chunk_hdr *h) {
   for (uint32_t i = 0; i < h->n_layers; i++) {
     const kvti_chunk_layer *L = &h->layers[i];
     for (uint32_t j = 0; j < L->num_tensors; j++) {
-      int32_t sd = j + 1 < L->num_tensors ? (int32_t)L->tensors[j + 1].dtype : 0;
+      int32_t sd =
+          j + 1 < L->num_tensors ? (int32_t)L->tensors[j + 1].dtype : 0;
       mem += dense_part(L->kind, L->bits, L->num_tensors, j,
                         L->tensors[j].nbytes, sd);
     }

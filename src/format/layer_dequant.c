@@ -74,7 +74,8 @@ static uint64_t dense_of(const kvt_tensor *p, kvt_dtype sd, uint64_t rows,
   uint64_t outer = 1;
   for (uint32_t d = 0; d + 2 < nd; d++)
     outer *= (uint64_t)p->shape[d];
-  uint64_t row = (uint64_t)p->shape[nd - 1] * kvt_dtype_size((kvt_dtype)p->dtype);
+  uint64_t row =
+      (uint64_t)p->shape[nd - 1] * kvt_dtype_size((kvt_dtype)p->dtype);
   return outer * rows * (row * 8 / (uint64_t)bits) * kvt_dtype_size(sd);
 }
 

@@ -253,8 +253,8 @@ int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
   kvti_free(fp);
   *keep = want;
   *verdict = want == n ? KVTI_ADMIT_WHOLE
-             : want   ? KVTI_ADMIT_TRUNCATED
-                      : KVTI_ADMIT_UNSEEN;
+             : want    ? KVTI_ADMIT_TRUNCATED
+                       : KVTI_ADMIT_UNSEEN;
   return 0;
 }
 
@@ -374,10 +374,10 @@ int kvti_admit_spill(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
     KVTI_STAT_ADD(&t->stats, admission_truncated, 1);
     KVTI_STAT_ADD(&t->stats, admission_tokens_declined, n_tokens - keep);
     /* The engine's RAM estimate, in proportion to what is kept. */
-    uint64_t mem = (uint64_t)((double)memory_bytes * (double)keep /
-                              (double)n_tokens);
-    int rc = kvti_spill_prefix_noadmit(t, tokens, keep, layers, n_layers, mem,
-                                       co);
+    uint64_t mem =
+        (uint64_t)((double)memory_bytes * (double)keep / (double)n_tokens);
+    int rc =
+        kvti_spill_prefix_noadmit(t, tokens, keep, layers, n_layers, mem, co);
     if (!copy && release) /* the prefix was copied (or refused) */
       release(release_ctx);
     return rc;

@@ -54,15 +54,15 @@ uint64_t kvti_seen_seed(const kvti_salt *salt);
 /* ---- the leaky bucket ---- */
 
 typedef struct kvti_bucket {
-  double per_day;       /* the budget, bytes a day; 0 = none */
-  double cap;           /* what the bucket holds: an hour of the budget */
-  double level;         /* bytes in it now */
-  double last_t;        /* clock of the last update */
-  uint64_t last_total;  /* written counter at the last update */
-  int64_t day;          /* the clock's day of the last update */
-  uint64_t day_base;    /* written counter when that day began */
-  double t0;            /* clock at the first update */
-  uint64_t total0;      /* written counter then */
+  double per_day;      /* the budget, bytes a day; 0 = none */
+  double cap;          /* what the bucket holds: an hour of the budget */
+  double level;        /* bytes in it now */
+  double last_t;       /* clock of the last update */
+  uint64_t last_total; /* written counter at the last update */
+  int64_t day;         /* the clock's day of the last update */
+  uint64_t day_base;   /* written counter when that day began */
+  double t0;           /* clock at the first update */
+  uint64_t total0;     /* written counter then */
   int started;
 } kvti_bucket;
 
@@ -79,10 +79,10 @@ uint64_t kvti_bucket_today(const kvti_bucket *b);
 /* ---- the decision ---- */
 
 enum {
-  KVTI_ADMIT_WHOLE = 0,    /* write it all */
+  KVTI_ADMIT_WHOLE = 0,     /* write it all */
   KVTI_ADMIT_TRUNCATED = 1, /* write tokens[0, keep) */
-  KVTI_ADMIT_UNSEEN = 2,   /* write nothing: the policy */
-  KVTI_ADMIT_BUDGET = 3    /* write nothing: the budget */
+  KVTI_ADMIT_UNSEEN = 2,    /* write nothing: the policy */
+  KVTI_ADMIT_BUDGET = 3     /* write nothing: the budget */
 };
 
 typedef struct kvti_admit {
@@ -120,8 +120,7 @@ void kvti_admit_note_hit(kvti_admit *a, const int32_t *tokens, size_t m,
 /* Fills the budget's gauges of s (bytes_written_today, write_budget_*,
  * ssd_lifetime_years) as of clock now (< 0: the time of the last update, for
  * threads that must not call the clock) and written counter total. */
-void kvti_admit_gauges(kvti_admit *a, kvt_stats *s, double now,
-                       uint64_t total);
+void kvti_admit_gauges(kvti_admit *a, kvt_stats *s, double now, uint64_t total);
 
 /* ---- the tier's side (admission.c; tier.h's struct kvt_tier) ---- */
 
@@ -130,14 +129,13 @@ struct kvt_tier;
  * decision, then queues the spill (kvti_spill_enqueue), its prefix
  * (kvti_spill_prefix_noadmit) or nothing. A zero-copy spill's release runs
  * exactly once whatever happens. Returns as kvt_tier_spill. */
-int kvti_admit_spill(struct kvt_tier *t, const int32_t *tokens,
-                     size_t n_tokens, const kvt_layer *layers,
-                     uint32_t n_layers, uint64_t memory_bytes, int copy,
-                     void (*release)(void *), void *release_ctx,
-                     const kvt_call_opts *co);
+int kvti_admit_spill(struct kvt_tier *t, const int32_t *tokens, size_t n_tokens,
+                     const kvt_layer *layers, uint32_t n_layers,
+                     uint64_t memory_bytes, int copy, void (*release)(void *),
+                     void *release_ctx, const kvt_call_opts *co);
 /* A lookup of tokens under salt found m of them stored (lookup_common). */
-void kvti_admit_lookup_hit(struct kvt_tier *t, const int32_t *tokens,
-                           size_t m, const kvti_salt *salt);
+void kvti_admit_lookup_hit(struct kvt_tier *t, const int32_t *tokens, size_t m,
+                           const kvti_salt *salt);
 /* The tier's clock (clock_fn or the wall clock). */
 double kvti_admit_now(const struct kvt_tier *t);
 

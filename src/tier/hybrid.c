@@ -123,9 +123,8 @@ int kvt_tier_spill_prefix_ex(kvt_tier *t, const int32_t *tokens, size_t n_keep,
   return spill_prefix(t, tokens, n_keep, layers, n_layers, memory_bytes, co, 1);
 }
 
-int kvti_spill_prefix_noadmit(kvt_tier *t, const int32_t *tokens,
-                              size_t n_keep, const kvt_layer *layers,
-                              uint32_t n_layers, uint64_t memory_bytes,
-                              const kvt_call_opts *co) {
+int kvti_spill_prefix_noadmit(kvt_tier *t, const int32_t *tokens, size_t n_keep,
+                              const kvt_layer *layers, uint32_t n_layers,
+                              uint64_t memory_bytes, const kvt_call_opts *co) {
   return spill_prefix(t, tokens, n_keep, layers, n_layers, memory_bytes, co, 0);
 }

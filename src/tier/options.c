@@ -169,9 +169,8 @@ static int validate_admission(const kvt_options *o) {
                    "admission_policy must be KVT_ADMIT_WRITE_ALL, "
                    "KVT_ADMIT_SECOND_SIGHTING or KVT_ADMIT_ADAPTIVE, got %d",
                    o->admission_policy);
-  if (o->admission_memory_bytes &&
-      (o->admission_memory_bytes < (64u << 10) ||
-       o->admission_memory_bytes > (1ull << 30)))
+  if (o->admission_memory_bytes && (o->admission_memory_bytes < (64u << 10) ||
+                                    o->admission_memory_bytes > (1ull << 30)))
     return KVT_ERR(KVT_EINVAL,
                    "admission_memory_bytes must be 0 (default) or in "
                    "64 KiB..1 GiB, got %llu",

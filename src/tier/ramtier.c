@@ -120,7 +120,7 @@ static int bg_open(kvt_tier *t, uint64_t bound) {
   kvti_workq_cfg cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.threads = 1;
-  cfg.max_items = KVTI_HC_MAX_LENT; /* every job names a lent record */
+  cfg.max_items = KVTI_HC_MAX_LENT;  /* every job names a lent record */
   cfg.max_bytes = bound ? bound : 1; /* prefixes' pending bytes */
   cfg.start_on_push = 1;
   cfg.run = run_job;
@@ -177,7 +177,9 @@ int kvti_ram_drain(kvt_tier *t, const struct timespec *ts, int has) {
 
 static _Thread_local uint64_t tl_cut_bytes;
 
-uint64_t kvti_ram_thread_cut_bytes(void) { return tl_cut_bytes; }
+uint64_t kvti_ram_thread_cut_bytes(void) {
+  return tl_cut_bytes;
+}
 
 void kvti_ram_invalidate(kvt_tier *t, const char *hash) {
   if (t->hc)
@@ -433,8 +435,8 @@ static int dup_layer(kvt_layer *d, const kvt_layer *s) {
   d->orig_dtypes = NULL;
   d->num_tensors = 0;
   if (s->orig_dtypes) {
-    if (!(d->orig_dtypes = kvti_malloc(
-              (s->num_tensors ? s->num_tensors : 1) * sizeof(int32_t))))
+    if (!(d->orig_dtypes = kvti_malloc((s->num_tensors ? s->num_tensors : 1) *
+                                       sizeof(int32_t))))
       return KVT_ERR_NOMEM();
     memcpy(d->orig_dtypes, s->orig_dtypes, s->num_tensors * sizeof(int32_t));
   }
@@ -851,8 +853,7 @@ static void run_job(void *ctx, kvti_workq_item *qi) {
   ram_job *j = (ram_job *)qi;
   if (j->prefix) {
     cut_back(bg->hc, j->hash, j->lend_id, j->layers, j->n_layers, j->n_tokens,
-             j->recs, j->m, 1, j->memory_bytes, j->disk_bytes,
-             j->storage_mode);
+             j->recs, j->m, 1, j->memory_bytes, j->disk_bytes, j->storage_mode);
     j->layers = NULL;
   } else {
     /* The whole record the entry became, unless it was served, replaced or
@@ -900,8 +901,7 @@ static int recycle(kvt_entry *e) {
     j->n_layers = e->num_layers;
     if (kvti_hc_mark_cut(c, e->hash, e->recycle_id) &&
         kvti_workq_push(&lc->bg->q, &j->qi,
-                        kvti_hc_layers_bytes(e->layers, e->num_layers)) ==
-        0) {
+                        kvti_hc_layers_bytes(e->layers, e->num_layers)) == 0) {
       j = NULL;
     } else {
       kvti_hc_forget(c, e->hash, e->recycle_id, 0);
@@ -1030,8 +1030,7 @@ static int ram_read_chained(kvt_entry **out, kvt_tier *t, const char *hash,
   } else {
     /* A chain prefix reports what a promote of it loads: its quantized
      * layers counted dense, as the chunk rows and the disk read do. */
-    it.memory_bytes =
-        rc == 0 ? kvti_layers_dense_bytes(layers, nl) : abytes;
+    it.memory_bytes = rc == 0 ? kvti_layers_dense_bytes(layers, nl) : abytes;
     it.disk_bytes = ch.bytes;
     it.storage_mode = KVT_STORAGE_NATIVE;
   }

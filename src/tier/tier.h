@@ -178,10 +178,9 @@ int kvti_spill_enqueue(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
                        void *release_ctx, const kvt_call_opts *co);
 /* hybrid.c: kvt_tier_spill_prefix_ex without a second admission decision
  * (admission's own cut of a spill to its seen prefix). */
-int kvti_spill_prefix_noadmit(kvt_tier *t, const int32_t *tokens,
-                              size_t n_keep, const kvt_layer *layers,
-                              uint32_t n_layers, uint64_t memory_bytes,
-                              const kvt_call_opts *co);
+int kvti_spill_prefix_noadmit(kvt_tier *t, const int32_t *tokens, size_t n_keep,
+                              const kvt_layer *layers, uint32_t n_layers,
+                              uint64_t memory_bytes, const kvt_call_opts *co);
 
 /* The spill queue's entry, past admission (admission.h decides first): the
  * old kvt_tier_spill_ex/_nocopy_ex body, refusals counted by reason. */
@@ -191,10 +190,9 @@ int kvti_spill_enqueue(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
                        void *release_ctx, const kvt_call_opts *co);
 /* hybrid.c: kvt_tier_spill_prefix_ex without a second admission decision
  * (admission's own cut of a spill to its seen prefix). */
-int kvti_spill_prefix_noadmit(kvt_tier *t, const int32_t *tokens,
-                              size_t n_keep, const kvt_layer *layers,
-                              uint32_t n_layers, uint64_t memory_bytes,
-                              const kvt_call_opts *co);
+int kvti_spill_prefix_noadmit(kvt_tier *t, const int32_t *tokens, size_t n_keep,
+                              const kvt_layer *layers, uint32_t n_layers,
+                              uint64_t memory_bytes, const kvt_call_opts *co);
 
 /* writer_hook.c */
 int kvti_writer_hook_init(kvt_tier *t);

@@ -45,9 +45,8 @@ typedef enum fio_op {
 
 typedef enum fio_kind {
   FIO_FAIL_ERRNO = 0, /* return -1 (NULL) with the armed errno */
-  FIO_FAIL_SHORT =
-      1 /* pread/preadv/pwrite: transfer at most half (>= 1 byte) and return
-           it */
+  FIO_FAIL_SHORT = 1  /* pread/preadv/pwrite: transfer at most half (>= 1 byte)
+                         and return  it */
 } fio_kind;
 
 /* Installs the counting table (nothing armed, counters zero). Call before

@@ -287,7 +287,7 @@ static void test_prefix_and_eviction(void) {
   CHECK_EQ_INT(s.host_cache_hits - s0.host_cache_hits, 4);
   /* a's tail and b's (its zero-copy spill copied in by the writer) */
   CHECK_EQ_INT(s.host_cache_entries, 2);
-  CHECK_EQ_INT(s.host_cache_chunks, 2);  /* shared by a, b, p2, p1 */
+  CHECK_EQ_INT(s.host_cache_chunks, 2); /* shared by a, b, p2, p1 */
   CHECK_EQ_INT(s.promotes_from_disk, 0);
   /* A PREFIX promote of the longer prompt: the cached 32-token prefix. */
   kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
@@ -565,7 +565,6 @@ static void test_record_entry(void) {
   t_free(&a);
   kvt_tier_free(t);
 }
-
 
 /* Freeing a disk read copies nothing on the freeing thread: the buffers are
  * kept as they are and the RAM tier's cutter makes the tail and chunks of

@@ -199,8 +199,8 @@ static void test_decisions(void) {
   CHECK(fabs(a.bucket.per_day - 1e12 / 3652.5) < 1);
   kvti_admit_gauges(&a, &s, 100, 0);
   kvti_admit_gauges(&a, &s, 2100, 4000);
-  CHECK(fabs(s.ssd_lifetime_years - 1e12 / (2.0 * 86400 * 365.25)) < 1e-6 *
-                                                                         s.ssd_lifetime_years);
+  CHECK(fabs(s.ssd_lifetime_years - 1e12 / (2.0 * 86400 * 365.25)) <
+        1e-6 * s.ssd_lifetime_years);
   kvti_admit_destroy(&a);
 }
 
