@@ -465,24 +465,36 @@ static int cut_borrowed(const kvt_layer *layers, uint32_t n, size_t n_tokens,
                         const uint8_t *have, kvti_hc_item *tail,
                         kvti_hc_chunk **chs);
 
-static int cut(kvt_layer *layers, uint32_t n, size_t n_tokens,
-               const kvti_chain_rec *recs, size_t m, const uint8_t *have,
-               kvti_hc_item *tail, kvti_hc_chunk **chs) {
+/* Splits layers along their chain's chunks and makes the chunks RAM lacks
+ * (have[i] set: already held), counting their bytes as cut on this thread.
+ * chs[i] is NULL for a chunk held; on failure every made chunk is still in
+ * chs for the caller to free. what names the entry in the error. */
+static int split_chunks(kvti_chunk_split *sp, const kvt_layer *layers,
+                        uint32_t n, size_t n_tokens, const kvti_chain_rec *recs,
+                        size_t m, const uint8_t *have, kvti_hc_chunk **chs,
+                        const char *what) {
   uint32_t C = recs[0].n_tokens;
-  kvti_chunk_split sp;
-  int rc = kvti_chunk_split_make(&sp, layers, n, n_tokens, C);
-  if (rc == 0 && sp.chunks != m)
-    rc = KVT_ERR(KVT_EINVAL, "cached entry: %zu chunks, its chain %zu",
-                 sp.chunks, m);
+  int rc = kvti_chunk_split_make(sp, layers, n, n_tokens, C);
+  if (rc == 0 && sp->chunks != m)
+    rc = KVT_ERR(KVT_EINVAL, "%s entry: %zu chunks, its chain %zu", what,
+                 sp->chunks, m);
   for (size_t i = 0; i < m; i++)
     chs[i] = NULL;
   for (size_t i = 0; rc == 0 && i < m; i++)
     if (!(have && have[i]) &&
-        !(chs[i] = chunk_from_rows(layers, sp.ids, sp.n_ids, n, sp.T, C, i,
+        !(chs[i] = chunk_from_rows(layers, sp->ids, sp->n_ids, n, sp->T, C, i,
                                    recs[i].key)))
       rc = KVT_ERR_NOMEM();
     else if (chs[i])
       tl_cut_bytes += chs[i]->data_bytes;
+  return rc;
+}
+
+static int cut(kvt_layer *layers, uint32_t n, size_t n_tokens,
+               const kvti_chain_rec *recs, size_t m, const uint8_t *have,
+               kvti_hc_item *tail, kvti_hc_chunk **chs) {
+  kvti_chunk_split sp;
+  int rc = split_chunks(&sp, layers, n, n_tokens, recs, m, have, chs, "cached");
   if (rc == 0 && tail) {
     /* sp.tail holds its own copies of the chunked layers' tail rows and
      * shallow copies of everything else: those move out of layers. */
@@ -518,21 +530,9 @@ static int cut_borrowed(const kvt_layer *layers, uint32_t n, size_t n_tokens,
                         const kvti_chain_rec *recs, size_t m,
                         const uint8_t *have, kvti_hc_item *tail,
                         kvti_hc_chunk **chs) {
-  uint32_t C = recs[0].n_tokens;
   kvti_chunk_split sp;
-  int rc = kvti_chunk_split_make(&sp, layers, n, n_tokens, C);
-  if (rc == 0 && sp.chunks != m)
-    rc = KVT_ERR(KVT_EINVAL, "spilled entry: %zu chunks, its chain %zu",
-                 sp.chunks, m);
-  for (size_t i = 0; i < m; i++)
-    chs[i] = NULL;
-  for (size_t i = 0; rc == 0 && i < m; i++)
-    if (!(have && have[i]) &&
-        !(chs[i] = chunk_from_rows(layers, sp.ids, sp.n_ids, n, sp.T, C, i,
-                                   recs[i].key)))
-      rc = KVT_ERR_NOMEM();
-    else if (chs[i])
-      tl_cut_bytes += chs[i]->data_bytes;
+  int rc =
+      split_chunks(&sp, layers, n, n_tokens, recs, m, have, chs, "spilled");
   memset(tail, 0, sizeof *tail);
   if (rc == 0) {
     /* sp.tail's chunked layers own their tail rows; everything else in it
