@@ -11,7 +11,10 @@
  * holds: a chained entry as its tail (the rows past its chain and its other
  * layers, tagged with the chain's last chunk) plus its chain's chunks, one
  * record per chunk key shared by every entry and prefix through it. Spills
- * and freed disk reads are cut into the tail and the chunks RAM lacks; a hit
+ * are cut into the tail and the chunks RAM lacks; freed disk reads are too,
+ * by the cutter, once their chain shares a chunk with what RAM holds (until
+ * then they stay whole records and are served zero copy, verified like a
+ * whole entry, see the cutter below); a hit on a tail
  * assembles a fresh copy from the pinned chunks and tail (chunks RAM lacks
  * read from their files and kept) and that copy is verified against the
  * chunk files (store/chunks_verify.h: header, chain row, tokens, every block
@@ -53,26 +56,50 @@ static uint64_t bound_of(uint64_t opt) {
  * Freeing an entry read from disk must not copy on the freeing thread (often
  * the engine's). A chained entry's buffers are therefore admitted as they are,
  * as a whole record tagged with its chain (servable at once, zero copy), and a
- * job names it for this worker, which later takes that record, cuts it into
- * its tail and the chunks RAM lacks and gives those back in its place. A
- * prefix has no whole record to become: its job owns its layers until cut,
- * and those pending bytes are bounded by the cache's bound (beyond it the
- * prefix is simply freed). Lent entries may outlive the tier, so the worker's
- * state is reference counted (the tier and every lent entry hold one); the
- * tier's close stops the worker (pending jobs dropped: a whole record stays
- * whole, a prefix is freed) before the last reference can go, so no worker
- * thread ever drops the last one. */
+ * job names it for this worker. A prefix has no whole record to become: its
+ * job owns its layers until cut, and those pending bytes are bounded by the
+ * cache's bound (beyond it the prefix is simply freed).
+ *
+ * Cutting pays only where RAM would hold rows twice. The worker cuts a whole
+ * record into its tail and the chunks RAM lacks when its chain shares a chunk
+ * with what RAM holds: a resident chunk, or another whole record waiting with
+ * the same first chunk (chains that share any chunk share their first). An
+ * entry that shares nothing stays whole - served again zero copy, no assembly
+ * - and its job waits in a bounded list until something sharing its first
+ * chunk is cut or spilled into RAM (that "wakes" it: cut then, tail only).
+ * The list is the worker thread's alone; a job in it whose record was served,
+ * replaced or dropped meanwhile finds nothing to cut.
+ *
+ * Lent entries may outlive the tier, so the worker's state is reference
+ * counted (the tier and every lent entry hold one); the tier's close stops the
+ * worker (pending jobs dropped: a whole record stays whole, a prefix is freed)
+ * before the last reference can go, so no worker thread ever drops the last
+ * one. */
+#define RAM_MAX_DEFERRED 1024u
+
+typedef struct ram_job ram_job;
+
 typedef struct kvti_ram_bg {
   kvti_workq q;
   atomic_uint refs;
   kvti_hcache *hc; /* a reference */
+  /* Whole records left uncut (see above), newest first: the worker's alone
+   * (and bg_release's, once no worker runs). */
+  ram_job *deferred;
+  size_t n_deferred;
 } ram_bg;
 
-typedef struct ram_job {
+enum { JOB_ENTRY, JOB_PREFIX, JOB_WAKE };
+
+struct ram_job {
   kvti_workq_item qi;
+  ram_job *next; /* in ram_bg.deferred */
   char hash[KVT_HASH_HEX_LEN + 1];
   int prefix;
-  uint64_t lend_id; /* a prefix's lent record */
+  int wake;   /* JOB_WAKE: cut the deferred records through first */
+  int shared; /* an entry's chain had a resident chunk when it was freed */
+  uint8_t first[32]; /* JOB_WAKE: a first chunk's key */
+  uint64_t lend_id;  /* a prefix's lent record */
   size_t n_tokens;
   size_t m;
   kvti_chain_rec *recs; /* owned */
@@ -80,7 +107,7 @@ typedef struct ram_job {
   uint32_t n_layers;
   uint64_t memory_bytes, disk_bytes;
   int storage_mode;
-} ram_job;
+};
 
 static void release_layers(kvt_layer *ls, uint32_t n) {
   for (uint32_t i = 0; ls && i < n; i++)
@@ -88,10 +115,17 @@ static void release_layers(kvt_layer *ls, uint32_t n) {
   kvti_free(ls);
 }
 
+static void job_free(ram_job *j);
+
 static void bg_release(ram_bg *bg) {
   if (!bg || atomic_fetch_sub(&bg->refs, 1) != 1)
     return;
   kvti_workq_destroy(&bg->q);
+  while (bg->deferred) {
+    ram_job *j = bg->deferred;
+    bg->deferred = j->next;
+    job_free(j);
+  }
   kvti_hc_release(bg->hc);
   kvti_free(bg);
 }
@@ -848,24 +882,122 @@ static void cut_back(kvti_hcache *c, const char *hash, uint64_t lend_id,
   kvti_free(have);
 }
 
+/* The whole record j names, unless it was served, replaced or dropped
+ * meanwhile (then there is nothing of it to cut), cut into its tail and the
+ * chunks RAM lacks. */
+static void cut_entry(ram_bg *bg, const ram_job *j) {
+  kvti_hc_item it;
+  uint64_t id;
+  if (kvti_hc_take_whole(bg->hc, j->hash, j->recs[j->m - 1].key, &it, &id))
+    cut_back(bg->hc, j->hash, id, it.layers, it.n_layers, j->n_tokens, j->recs,
+             j->m, 0, it.memory_bytes, it.disk_bytes, it.storage_mode);
+}
+
+/* 1 when cutting j's record would let RAM hold some of its rows once for
+ * several users: a chunk of its chain is resident, or another deferred
+ * record, still resident, starts with the same chunk (those no longer
+ * resident are dropped on the way). */
+static int shares(ram_bg *bg, const ram_job *j) {
+  if (j->shared)
+    return 1;
+  for (ram_job **pp = &bg->deferred; *pp;) {
+    ram_job *d = *pp;
+    if (memcmp(d->recs[0].key, j->recs[0].key, 32) != 0) {
+      pp = &d->next;
+    } else if (kvti_hc_resident(bg->hc, d->hash)) {
+      return 1;
+    } else {
+      *pp = d->next;
+      bg->n_deferred--;
+      job_free(d);
+    }
+  }
+  uint8_t *have = kvti_calloc(j->m, 1);
+  if (!have)
+    return 1; /* cut, as nothing better is known */
+  size_t n = kvti_hc_chunks_resident(bg->hc, j->recs[0].key, sizeof *j->recs,
+                                     j->m, have);
+  kvti_free(have);
+  return n > 0;
+}
+
+/* Unlinks (and frees) the deferred jobs matching: hash non-NULL, that
+ * record's (a newer job supersedes it); else those whose chain starts with
+ * first, each cut first. */
+static void take_deferred(ram_bg *bg, const char *hash, const uint8_t *first) {
+  ram_job **pp = &bg->deferred;
+  while (*pp) {
+    ram_job *d = *pp;
+    if (hash ? strcmp(d->hash, hash) != 0
+             : memcmp(d->recs[0].key, first, 32) != 0) {
+      pp = &d->next;
+      continue;
+    }
+    *pp = d->next;
+    bg->n_deferred--;
+    if (!hash)
+      cut_entry(bg, d);
+    job_free(d);
+  }
+}
+
+/* Keeps j (owned) uncut, newest first; beyond the bound the oldest are
+ * dropped - their records stay whole, served as they are, and are looked at
+ * again when next freed. */
+static void defer(ram_bg *bg, ram_job *j) {
+  if (bg->n_deferred >= RAM_MAX_DEFERRED) {
+    ram_job **pp = &bg->deferred;
+    for (size_t i = 1; *pp && i < RAM_MAX_DEFERRED; i++)
+      pp = &(*pp)->next;
+    while (*pp) {
+      ram_job *d = *pp;
+      *pp = d->next;
+      bg->n_deferred--;
+      job_free(d);
+    }
+  }
+  j->next = bg->deferred;
+  bg->deferred = j;
+  bg->n_deferred++;
+}
+
 static void run_job(void *ctx, kvti_workq_item *qi) {
   ram_bg *bg = ctx;
   ram_job *j = (ram_job *)qi;
-  if (j->prefix) {
+  if (j->wake) {
+    take_deferred(bg, NULL, j->first);
+  } else if (j->prefix) {
     cut_back(bg->hc, j->hash, j->lend_id, j->layers, j->n_layers, j->n_tokens,
              j->recs, j->m, 1, j->memory_bytes, j->disk_bytes, j->storage_mode);
     j->layers = NULL;
+    take_deferred(bg, NULL, j->recs[0].key); /* its chunks are resident */
   } else {
-    /* The whole record the entry became, unless it was served, replaced or
-     * dropped meanwhile (then there is nothing of it to cut). */
-    kvti_hc_item it;
-    uint64_t id;
-    if (kvti_hc_take_whole(bg->hc, j->hash, j->recs[j->m - 1].key, &it, &id))
-      cut_back(bg->hc, j->hash, id, it.layers, it.n_layers, j->n_tokens,
-               j->recs, j->m, 0, it.memory_bytes, it.disk_bytes,
-               it.storage_mode);
+    take_deferred(bg, j->hash, NULL);
+    if (!shares(bg, j)) {
+      defer(bg, j);
+      return;
+    }
+    cut_entry(bg, j);
+    take_deferred(bg, NULL, j->recs[0].key);
   }
   job_free(j);
+}
+
+/* Asks the cutter to cut the deferred records whose chain starts with first
+ * (its chunks were just made resident by another path). Best effort: a
+ * refused push leaves them whole. */
+static void push_wake(kvt_tier *t, const uint8_t *first) {
+  if (!t->ram_bg)
+    return;
+  ram_job *j = kvti_calloc(1, sizeof *j);
+  if (!j)
+    return;
+  j->wake = 1;
+  memcpy(j->first, first, 32);
+  if (kvti_workq_push(&t->ram_bg->q, &j->qi, 0) != 0) {
+    kvt_clear_error();
+    kvti_free(j);
+  }
 }
 
 /* kvt_entry_free's hook for an entry whose buffers the cache may take back.
@@ -888,7 +1020,17 @@ static int recycle(kvt_entry *e) {
   }
   if (!lc->prefix) {
     /* The buffers become the record as they are: a whole entry stays so, a
-     * chained one is cut later by the cutter. */
+     * chained one is cut later by the cutter when it shares. Its resident
+     * chunks are looked at (and LRU-touched) before the record is admitted,
+     * which may need their room: a chain that shared then is cut, the
+     * chunks it lost meanwhile made again. */
+    if (j) {
+      uint8_t *have = kvti_calloc(j->m, 1);
+      j->shared =
+          !have || kvti_hc_chunks_resident(c, j->recs[0].key, sizeof *j->recs,
+                                           j->m, have) > 0;
+      kvti_free(have);
+    }
     kvti_hc_item it = {e->layers,       e->num_layers, 0,
                        e->memory_bytes, e->disk_bytes, e->storage_mode};
     if (kvti_hc_give_back(c, e->hash, e->recycle_id, &it) && j &&
@@ -1335,6 +1477,7 @@ static void spilled_borrowed(kvt_tier *t, kvti_snapshot *s, const char *hash,
       tail.has_chain = 1;
       memcpy(tail.chain, ch->recs[ch->m - 1].key, 32);
       kvti_hc_put_tail(t->hc, hash, &tail, chs, ch->m, epoch);
+      push_wake(t, ch->recs[0].key);
     }
     kvti_free(chs);
     kvti_free(have);
@@ -1396,6 +1539,7 @@ void kvti_ram_spilled(kvt_tier *t, kvti_snapshot *s, uint64_t disk_bytes) {
     tail.has_chain = 1;
     memcpy(tail.chain, ch.recs[ch.m - 1].key, 32);
     kvti_hc_put_tail(t->hc, hash, &tail, chs, ch.m, epoch);
+    push_wake(t, ch.recs[0].key);
   } else {
     kvt_clear_error();
     kvti_hc_invalidate(t->hc, hash);

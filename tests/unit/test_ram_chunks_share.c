@@ -134,20 +134,28 @@ static void test_corrupt_shared_chunk(void) {
   t_entry es[NE];
   make_all(es);
   spill_all(t, es);
-  /* A disk read of entry 0, altered in a shared row (chunk 0) before it is
-   * freed: its chunks go to RAM with the alteration. */
+  /* Disk reads of entries 1 and 0, freed in that order: entry 1 alone
+   * shares nothing (kept whole); entry 0, altered in a shared row (chunk 0)
+   * before it is freed, shares entry 1's chain, so it is cut: its chunks go
+   * to RAM with the alteration, and entry 1 adds its tail. */
   REQUIRE(kvt_tier_trim(t, 0, NULL) == 0);
-  kvt_entry *got = promote(t, &es[0]);
+  kvt_entry *got = promote(t, &es[1]);
+  REQUIRE(got);
+  kvt_entry_free(got);
+  kvt_stats s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_chunks, 0);
+  CHECK_EQ_INT(s.host_cache_entries, 1);
+  got = promote(t, &es[0]);
   REQUIRE(got);
   ((float *)kvt_entry_layer(got, 1)->tensors[0].data)[(SHARED + OWN + 5) * D +
                                                       7] += 1.0f; /* head 1 */
   kvt_entry_free(got);
-  kvt_stats s = stats_of(t);
+  s = stats_of(t);
   CHECK_EQ_INT(s.host_cache_chunks, SHARED / C);
-  CHECK_EQ_INT(s.host_cache_entries, 1);
+  CHECK_EQ_INT(s.host_cache_entries, 2);
   /* The other entries' tails come back with their copy-mode re-spills (the
    * chunks are in RAM already: only tails are added). */
-  for (int i = 1; i < NE; i++)
+  for (int i = 2; i < NE; i++)
     REQUIRE(t_spill(t, &es[i]) == 0);
   REQUIRE(kvt_tier_flush(t, -1) == 0);
   s = stats_of(t);
@@ -160,14 +168,14 @@ static void test_corrupt_shared_chunk(void) {
   CHECK(t_same(held, &es[1]));
   s = stats_of(t);
   CHECK_EQ_INT(s.host_cache_verify_failures, 1);
-  CHECK_EQ_INT(s.promotes_from_disk, 2);
+  CHECK_EQ_INT(s.promotes_from_disk, 3);
   CHECK_EQ_INT(s.host_cache_chunks, 0);
   CHECK_EQ_INT(s.host_cache_entries, NE - 1);
   /* Entry 2's tail is still there: its chunks are read from their files
    * (and kept), the copy is served from RAM. */
   CHECK(promote_same(t, &es[2]));
   s = stats_of(t);
-  CHECK_EQ_INT(s.promotes_from_disk, 2);
+  CHECK_EQ_INT(s.promotes_from_disk, 3);
   CHECK_EQ_INT(s.promotes_from_ram, 1);
   CHECK_EQ_INT(s.host_cache_chunks, SHARED / C);
   /* Entry 1's disk read given back adds only its tail. */

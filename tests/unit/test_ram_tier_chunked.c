@@ -180,10 +180,10 @@ static void test_entry(void) {
   CHECK(t_same(got, &a));
   kvt_entry_free(got);
   CHECK_EQ_INT(stats_of(t).promotes_from_ram, 5);
-  /* A disk read's buffers go to RAM when freed (cut into chunks and tail):
-   * altered first - a row of a chunk, then one of the tail - the copy
-   * assembled from them fails the check and is not served: the disk is
-   * read (and its result cached again). */
+  /* A disk read's buffers go to RAM when freed (kept whole: nothing else in
+   * RAM shares its chain): altered first - a row of a chunk, then one of the
+   * tail - the copy fails the check and is not served: the disk is read (and
+   * its result cached again). */
   const int rows[2] = {3, 37};
   for (int k = 0; k < 2; k++) {
     REQUIRE(kvt_tier_trim(t, 0, NULL) == 0);
@@ -196,7 +196,7 @@ static void test_entry(void) {
     kvt_entry_free(got);
     s = stats_of(t);
     CHECK_EQ_INT(s.host_cache_entries, 1);
-    CHECK_EQ_INT(s.host_cache_chunks, 2);
+    CHECK_EQ_INT(s.host_cache_chunks, 0);
     got = promote(t, &a);
     REQUIRE(got);
     CHECK(t_same(got, &a));
@@ -567,10 +567,10 @@ static void test_record_entry(void) {
 }
 
 /* Freeing a disk read copies nothing on the freeing thread: the buffers are
- * kept as they are and the RAM tier's cutter makes the tail and chunks of
- * them; a promote right after the free is served from RAM all the same (the
- * whole record, or the pieces the cutter is making), bit for bit. The same
- * for a prefix read. A zero-copy spill is in RAM once written. */
+ * kept as they are (and the RAM tier's cutter makes the tail and chunks of
+ * them once they share); a promote right after the free is served from RAM
+ * all the same, bit for bit. The same for a prefix read (always cut: it has
+ * no whole record). A zero-copy spill is in RAM once written. */
 static void test_free_copies_nothing_here(void) {
   char *dir = kvt_test_tmpdir("ramch6");
   kvt_tier *t = open_dir(dir, (uint64_t)64 << 20);
@@ -599,8 +599,8 @@ static void test_free_copies_nothing_here(void) {
     s = stats_of(t);
     CHECK_EQ_INT(s.promotes_from_disk, d0 + 1);
     CHECK_EQ_INT(s.promotes_from_ram, r0 + 1);
-    CHECK_EQ_INT(s.host_cache_entries, 1); /* a's tail, cut by the cutter */
-    CHECK_EQ_INT(s.host_cache_chunks, 2);
+    CHECK_EQ_INT(s.host_cache_entries, 1); /* a, whole: it shares nothing */
+    CHECK_EQ_INT(s.host_cache_chunks, 0);
   }
   /* A prefix read from disk: freed without a copy here, then its chunks are
    * in RAM and serve the next read. */
@@ -663,6 +663,121 @@ static void test_nocopy_spill_in_ram(void) {
   kvt_tier_free(t);
 }
 
+/* The first tensor buffer of a promoted entry (to tell a zero-copy serve of
+ * the same record from an assembled copy). */
+static const void *buf0(const kvt_entry *e) {
+  return kvt_entry_layer(e, 0)->tensors[0].data;
+}
+
+/* A freed disk read stays a whole record while nothing in RAM shares its
+ * chain - served again zero copy (the same buffers back), bit for bit - and
+ * is cut into its tail and chunks once something does: a second disk read
+ * through the same chunks freed next (both cut, the chunks held once), or a
+ * spill through them (the whole record left from before is cut when the
+ * spill's chunks arrive). A tail row altered in a disk read freed into a
+ * shared chain is caught by the check of the copy assembled from it. */
+static void test_cut_when_shared(void) {
+  char *dir = kvt_test_tmpdir("ramch8");
+  kvt_tier *t = open_dir(dir, (uint64_t)64 << 20);
+  t_entry a = mk(80, 40), b = mk(81, 40), c = mk(82, 40), x = mk(83, 40);
+  share(&b, &a, 32);
+  share(&c, &a, 32);
+  REQUIRE(t_spill(t, &a) == 0);
+  REQUIRE(t_spill(t, &b) == 0);
+  REQUIRE(t_spill(t, &x) == 0); /* shares nothing with a */
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  REQUIRE(kvt_tier_trim(t, 0, NULL) == 0);
+  /* a alone: whole, and served as it is. */
+  kvt_entry *got = promote(t, &a); /* from disk */
+  REQUIRE(got);
+  const void *p = buf0(got);
+  kvt_entry_free(got);
+  kvt_stats s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_entries, 1);
+  CHECK_EQ_INT(s.host_cache_chunks, 0);
+  for (int i = 0; i < 2; i++) {
+    got = promote(t, &a);
+    REQUIRE(got);
+    CHECK(t_same(got, &a));
+    CHECK(buf0(got) == p);
+    kvt_entry_free(got);
+  }
+  /* x shares no chunk with a: both stay whole. */
+  got = promote(t, &x);
+  REQUIRE(got);
+  kvt_entry_free(got);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_entries, 2);
+  CHECK_EQ_INT(s.host_cache_chunks, 0);
+  uint64_t whole = s.host_cache_bytes_used / 2;
+  /* b through a's two chunks: b is cut, and a with it (its tail only). */
+  got = promote(t, &b); /* from disk */
+  REQUIRE(got);
+  kvt_entry_free(got);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_entries, 3); /* a's and b's tails, x whole */
+  CHECK_EQ_INT(s.host_cache_chunks, 2);
+  CHECK(s.host_cache_bytes_used < 3 * whole);
+  for (int i = 0; i < 2; i++) {
+    const t_entry *e = i ? &b : &a;
+    got = promote(t, e);
+    REQUIRE(got);
+    CHECK(t_same(got, e));
+    kvt_entry_free(got);
+  }
+  s = stats_of(t);
+  CHECK_EQ_INT(s.promotes_from_disk, 3);
+  CHECK_EQ_INT(s.promotes_from_ram, 4);
+  CHECK_EQ_INT(s.host_cache_verify_failures, 0);
+  /* A tail row of b's disk read altered before it is freed into the shared
+   * chain: cut (the chunks are resident), its tail fails the next check. */
+  REQUIRE(kvt_tier_trim(t, 0, NULL) == 0);
+  got = promote(t, &a);
+  REQUIRE(got);
+  kvt_entry_free(got); /* a: whole again, nothing shares */
+  got = promote(t, &b);
+  REQUIRE(got);
+  ((float *)kvt_entry_layer(got, 1)->tensors[0].data)[(40 + 37) * D + 2] +=
+      1.0f; /* head 1, a row past the chain */
+  kvt_entry_free(got);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_chunks, 2);
+  got = promote(t, &b);
+  REQUIRE(got);
+  CHECK(t_same(got, &b));
+  kvt_entry_free(got);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_verify_failures, 1);
+  CHECK_EQ_INT(s.promotes_from_disk, 6);
+  /* A spill through the chain wakes a whole record left from before. */
+  REQUIRE(kvt_tier_trim(t, 0, NULL) == 0);
+  got = promote(t, &a);
+  REQUIRE(got);
+  kvt_entry_free(got);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_entries, 1);
+  CHECK_EQ_INT(s.host_cache_chunks, 0);
+  REQUIRE(t_spill(t, &c) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_entries, 2); /* a's and c's tails */
+  CHECK_EQ_INT(s.host_cache_chunks, 2);
+  CHECK(s.host_cache_bytes_used < 2 * whole);
+  t_entry *all[] = {&a, &b, &c, &x};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+    got = promote(t, all[i]);
+    REQUIRE(got);
+    CHECK(t_same(got, all[i]));
+    kvt_entry_free(got);
+  }
+  s = stats_of(t);
+  CHECK_EQ_INT(s.host_cache_verify_failures, 1);
+  CHECK_EQ_INT(s.quarantined, 0);
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+    t_free(all[i]);
+  kvt_tier_free(t);
+}
+
 int main(void) {
   RUN(test_entry);
   RUN(test_prefix_and_eviction);
@@ -671,5 +786,6 @@ int main(void) {
   RUN(test_record_entry);
   RUN(test_free_copies_nothing_here);
   RUN(test_nocopy_spill_in_ram);
+  RUN(test_cut_when_shared);
   return kvt_test_done();
 }
