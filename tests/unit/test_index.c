@@ -1236,6 +1236,68 @@ static void test_hashmap(void) {
   kvti_hm_free(&m);
 }
 
+/* A link planted at one of the index's files in the instant after kvtier's
+ * own check of that name (the lstat hook below plants it as the check
+ * returns): the open that follows - SQLite's unix VFS underneath, which
+ * opens index.db, -wal, -journal and -shm with O_NOFOLLOW, and kvtier's own
+ * descriptor - meets the link and refuses it; the file outside is never
+ * written. This is the guarantee RELIABILITY.md names for the index's
+ * files, the pre-check alone being racy. */
+static char g_plant_at[4200], g_plant_to[4200];
+static int g_plant_armed;
+static int plant_lstat(const char *path, struct stat *st) {
+  int rc = kvti_io_default.lstat(path, st);
+  if (g_plant_armed && strcmp(path, g_plant_at) == 0) {
+    g_plant_armed = 0;
+    int u = unlink(path);
+    (void)u;
+    REQUIRE(symlink(g_plant_to, path) == 0);
+  }
+  return rc;
+}
+
+static void test_link_planted_after_check(void) {
+  static const char *const sfx[] = {"", "-wal", "-shm"};
+  for (int k = 0; k < 3; k++) {
+    char *d = kvt_test_tmpdir("idx-plant");
+    if (k > 0) { /* an index that exists, so -wal and -shm are opened */
+      kvt_index *idx = NULL;
+      REQUIRE(kvt_index_open(&idx, d) == 0);
+      kvt_index_close(idx);
+    }
+    snprintf(g_plant_to, sizeof g_plant_to, "%s/outside", d);
+    FILE *fp = fopen(g_plant_to, "w");
+    REQUIRE(fp != NULL);
+    fputs("outside", fp);
+    fclose(fp);
+    snprintf(g_plant_at, sizeof g_plant_at, "%s/index.db%s", d, sfx[k]);
+    if (k == 0) {
+      /* index.db itself: an existing file swapped for the link. */
+      kvt_index *idx = NULL;
+      REQUIRE(kvt_index_open(&idx, d) == 0);
+      kvt_index_close(idx);
+    }
+    kvti_io_ops ops = kvti_io_default;
+    ops.lstat = plant_lstat;
+    g_plant_armed = 1;
+    const kvti_io_ops *prev = kvti_io_set(&ops);
+    kvt_index *idx = NULL;
+    int rc = kvt_index_open(&idx, d);
+    if (rc == 0) {
+      int32_t tk[4] = {1, 2, 3, 4};
+      kvt_index_insert(idx, tk, 4, "x", 100, 4);
+      kvt_index_close(idx);
+    }
+    kvti_io_set(prev);
+    CHECK(!g_plant_armed); /* the check did run on that name */
+    CHECK(rc != 0);
+    size_t len = 0;
+    char *got = kvt_test_read_file(g_plant_to, &len);
+    CHECK(got && len == 7 && !memcmp(got, "outside", 7));
+    free(got);
+  }
+}
+
 int main(void) {
   RUN(test_hashmap);
   RUN(test_schema);
@@ -1252,5 +1314,6 @@ int main(void) {
   RUN(test_bad_schema);
   RUN(test_alloc_failures);
   RUN(test_python_reads);
+  RUN(test_link_planted_after_check);
   return kvt_test_done();
 }
