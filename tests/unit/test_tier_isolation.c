@@ -7,7 +7,8 @@
  * the index is rebuilt from the files (KVT_OPEN_REINDEX). Each case has its
  * positive control: the owner's own calls still hit, bit for bit. Also the
  * documented known-answer names (docs/FORMAT.md section 6) and the refusal
- * of a model_id in compat mode. Public API only.
+ * of a model_id in compat mode; a tail directory of another salt put in
+ * place of an entry's own is refused. Public API only.
  */
 #include "fmt_testlib.h"
 #include "tier_testlib.h"
@@ -455,6 +456,60 @@ static void test_layout_mismatch(void) {
   }
 }
 
+/* A chained entry's tail directory replaced by the tail of the same tokens
+ * spilled under another cache_salt (a copied or restored directory): every
+ * file of it is intact, its tokens are the request's and its chain is whole,
+ * but its files name the other salt's entry (the tokens hash to the name
+ * under the salt they were stored with), so the read refuses it and the
+ * other salt's KV is never served under this salt's name. */
+static void test_foreign_chain_in_tail(void) {
+  char *dir = kvt_test_tmpdir("iso-foreign");
+  ns a = {NULL, "salt-one"}, b = {NULL, "salt-two"};
+  kvt_tier *t = open_ns(dir, &a, 0);
+  spill(t, &a, g_p, 44);
+  /* The other salt's KV over the same tokens differs. */
+  kvt_layer l[NL];
+  for (int i = 0; i < NL; i++) {
+    l[i] = t_kv_tokens(g_p, 44, 44, 8, i);
+    for (uint32_t j = 0; j < l[i].num_tensors; j++)
+      ((float *)l[i].tensors[j].data)[3] += 1.0f;
+  }
+  kvt_call_opts cb = co_of(&b);
+  REQUIRE(kvt_tier_spill_ex(t, g_p, 44, l, NL, 1000, &cb) == 0);
+  for (int i = 0; i < NL; i++)
+    t_layer_free(&l[i]);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  kvt_call_opts ca = co_of(&a);
+  kvt_entry_info ia, ib;
+  REQUIRE(kvt_tier_lookup_ex(&ia, t, g_p, 44, &ca) == 0);
+  REQUIRE(kvt_tier_lookup_ex(&ib, t, g_p, 44, &cb) == 0);
+  REQUIRE(strcmp(ia.token_hash, ib.token_hash) != 0);
+  kvt_tier_free(t);
+  char pa[4200], pb[4200];
+  snprintf(pa, sizeof pa, "%s/data/%s", dir, ia.token_hash);
+  snprintf(pb, sizeof pb, "%s/data/%s", dir, ib.token_hash);
+  REQUIRE(kvt_test_exists(pa) && kvt_test_exists(pb));
+  kvt_test_rmtree(pa);
+  REQUIRE(rename(pb, pa) == 0);
+  t = open_ns(dir, &a, 0);
+  kvt_promote_opts po = po_of(&a, 0);
+  kvt_entry *e = NULL;
+  int rc = kvt_tier_promote(&e, t, g_p, 44, &po);
+  CHECK(rc != 0);
+  if (rc == 0)
+    kvt_entry_free(e);
+  e = NULL;
+  rc = kvt_tier_read_entry_ex(&e, t, g_p, 44, ia.token_hash, &ca);
+  CHECK(rc != 0);
+  if (rc == 0)
+    kvt_entry_free(e);
+  /* The other salt's chain itself is untouched and still its own. */
+  kvt_stats st = KVT_STATS_INIT;
+  REQUIRE(kvt_tier_stats(&st, t) == 0);
+  CHECK_EQ_INT(st.chunks_quarantined, 0);
+  kvt_tier_free(t);
+}
+
 int main(void) {
   g_dir = kvt_test_tmpdir("isolation");
   for (int i = 0; i < 64; i++)
@@ -468,5 +523,6 @@ int main(void) {
   RUN(test_chunk_seed_known_answer);
   RUN(test_compat_refuses_model_id);
   RUN(test_layout_mismatch);
+  RUN(test_foreign_chain_in_tail);
   return kvt_test_done();
 }
