@@ -173,6 +173,11 @@ typedef struct kvti_read_opts {
   /* The caller's cache_salt (has = 0: none): a trimmed read names its result
    * SHA-256(D || kept tokens), and a chained read seeds its chain with it. */
   kvti_salt salt;
+  /* 1: salt (with the reader's model_id) is the namespace the entry was
+   * stored in - a promote or read_entry by tokens computed the name from it
+   * - so a chained entry's chain must be rooted there when the name is
+   * salted (store/chunked.c); 0: unknown (tools, verify), not checked. */
+  int ns_check;
   /* 1: the caller completes a tail entry with its chain (store/chunked.c);
    * 0: a tail is refused (KVT_EUNSUPPORTED), never served as an entry. */
   int tail_ok;

@@ -309,6 +309,33 @@ int kvti_chunked_read_chain(kvti_chunkstore *cs, const kvti_chain_rec *recs,
   return rc;
 }
 
+/* With o->ns_check and a salted name (a cache_salt or a model_id): the
+ * chain recs[0] starts must be rooted in the namespace the entry was named
+ * in (its first chunk's parent is that namespace's seed for the chain's
+ * layout); the chunk keys, each checked against its parent and tokens, then
+ * bind every chunk to it. A chain of another namespace is the entry's fault
+ * (its files name it), never the chunks'. An unsalted name carries no
+ * namespace to check against: directories written before model_id entered
+ * the names root their chains in the directory's old model name and are
+ * served as they are. */
+static int root_ok(kvti_chunked *c, const kvti_read_opts *o,
+                   const kvti_chain_rec *r0, const char *hash) {
+  if (!o->ns_check || !o->salt.has)
+    return 0;
+  kvti_chunk_ns ns;
+  uint8_t seed[32];
+  int rc = kvti_chunked_ns_of(c, &o->salt, &ns);
+  if (rc == 0)
+    rc = kvti_chunk_seed(seed, ns.p, ns.len, r0->layout_hash);
+  kvti_chunk_ns_free(&ns);
+  if (rc == 0 && (r0->index != 0 || memcmp(seed, r0->parent, 32) != 0))
+    rc = KVT_ERR(KVT_ECORRUPT,
+                 "chained entry %.16s: its chain belongs to another namespace "
+                 "(model_id or cache_salt)",
+                 hash);
+  return rc;
+}
+
 /* A tail entry (be->get, tail_ok) completed with the chain ce names. */
 static int read_tail(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
                      const char *hash, const kvti_chained_entry *cep,
@@ -360,6 +387,8 @@ static int read_tail(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
                  "chained entry %.16s: chain incomplete "
                  "(evicted)",
                  hash);
+  if (rc == 0)
+    rc = root_ok(c, o, &recs[0], hash);
   kvti_chunk_read_opts ro = kvti_chunked_read_opts(o, ce.total_rows);
   kvti_chunk_prefix p;
   if (rc == 0) {

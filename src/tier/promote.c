@@ -107,6 +107,7 @@ static int read_entry(kvt_entry **out, kvt_tier *t, const kvt_entry_info *info,
   ro.read_threads = t->opts.read_threads;
   ro.keep_tokens = keep; /* trimmed promote (local entries only: see begin) */
   ro.salt = *salt;       /* the request's salt names what is read */
+  ro.ns_check = 1;
   if (o) {
     ro.page_cache = (o->flags & KVT_PROMOTE_PAGE_CACHE) != 0;
     ro.alloc = o->alloc;
@@ -410,6 +411,7 @@ int kvt_tier_read_entry_ex(kvt_entry **out, kvt_tier *t, const int32_t *tokens,
   kvti_read_opts ro;
   memset(&ro, 0, sizeof ro);
   ro.salt = salt;
+  ro.ns_check = 1; /* file_path was checked against this salt above */
   ro.tokens = tokens;
   ro.n_tokens = n_tokens;
   ro.io_backend = t->opts.io_backend;

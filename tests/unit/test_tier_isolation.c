@@ -18,6 +18,8 @@
 #include "base/io.h"
 #include "format/chunk.h"
 
+#include <sqlite3.h>
+
 #define C 16
 #define NL 2
 
@@ -510,6 +512,96 @@ static void test_foreign_chain_in_tail(void) {
   kvt_tier_free(t);
 }
 
+/* Replaces the first occurrence of from (64 hex) by to in file path. */
+static void swap_in_file(const char *path, const char *from, const char *to) {
+  size_t len = 0;
+  char *b = kvt_test_read_file(path, &len);
+  REQUIRE(b);
+  char *at = strstr(b, from);
+  REQUIRE(at);
+  memcpy(at, to, 64);
+  FILE *fp = fopen(path, "wb");
+  REQUIRE(fp && fwrite(b, 1, len, fp) == len && fclose(fp) == 0);
+  /* The manifest's own checksum, recomputed (a consistent rewrite). */
+  char sum[4200], x[24];
+  snprintf(sum, sizeof sum, "%.*s/manifest.sum",
+           (int)(strrchr(path, '/') - path), path);
+  kvti_xxh3_format(x, kvti_xxh3(b, len));
+  fp = fopen(sum, "wb");
+  REQUIRE(fp && fprintf(fp, "%s\n", x) > 0 && fclose(fp) == 0);
+  free(b);
+}
+
+/* A chained entry whose tail (manifest and index row alike, so they agree)
+ * names the chain of the same tokens stored under another cache_salt:
+ * every file is intact, the tokens are the request's and that chain is
+ * whole, but it is rooted in the other salt's namespace. A read checks that
+ * the chain it assembles belongs to the entry's namespace and refuses it;
+ * the other salt's KV rows never come back under this salt's name. Before,
+ * the promote returned them joined with this entry's tail. */
+static void test_foreign_chain_named(void) {
+  char *dir = kvt_test_tmpdir("iso-chain");
+  ns a = {NULL, "salt-one"}, b = {NULL, "salt-two"};
+  kvt_tier *t = open_ns(dir, &a, 0);
+  spill(t, &a, g_p, 44);
+  kvt_layer l[NL];
+  for (int i = 0; i < NL; i++) {
+    l[i] = t_kv_tokens(g_p, 44, 44, 8, i);
+    for (uint32_t j = 0; j < l[i].num_tensors; j++)
+      ((float *)l[i].tensors[j].data)[3] += 1.0f; /* a chain row differs */
+  }
+  kvt_call_opts cb = co_of(&b), ca = co_of(&a);
+  REQUIRE(kvt_tier_spill_ex(t, g_p, 44, l, NL, 1000, &cb) == 0);
+  for (int i = 0; i < NL; i++)
+    t_layer_free(&l[i]);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  kvt_entry_info ia, ib;
+  REQUIRE(kvt_tier_lookup_ex(&ia, t, g_p, 44, &ca) == 0);
+  REQUIRE(kvt_tier_lookup_ex(&ib, t, g_p, 44, &cb) == 0);
+  kvt_chunk_info *cha = NULL, *chb = NULL;
+  size_t na = 0, nb = 0;
+  REQUIRE(kvt_tier_entry_chain(&cha, &na, NULL, t, ia.token_hash, 0) == 0);
+  REQUIRE(kvt_tier_entry_chain(&chb, &nb, NULL, t, ib.token_hash, 0) == 0);
+  REQUIRE(na == 2 && nb == 2 && strcmp(cha[1].key, chb[1].key) != 0);
+  char ka[65], kb[65];
+  snprintf(ka, sizeof ka, "%s", cha[1].key);
+  snprintf(kb, sizeof kb, "%s", chb[1].key);
+  kvt_free(cha);
+  kvt_free(chb);
+  kvt_tier_free(t);
+  char mf[4200], sql[512], db[4200];
+  snprintf(mf, sizeof mf, "%s/data/%s/manifest.json", dir, ia.token_hash);
+  swap_in_file(mf, ka, kb);
+  snprintf(sql, sizeof sql,
+           "UPDATE kvtier_chained_entries SET last_key = X'%s' WHERE "
+           "token_hash = X'%s'",
+           kb, ia.token_hash);
+  snprintf(db, sizeof db, "%s/index.db", dir);
+  sqlite3 *h = NULL;
+  REQUIRE(sqlite3_open(db, &h) == SQLITE_OK);
+  REQUIRE(sqlite3_exec(h, sql, NULL, NULL, NULL) == SQLITE_OK);
+  CHECK(sqlite3_changes(h) == 1);
+  sqlite3_close(h);
+  t = open_ns(dir, &a, 0);
+  kvt_promote_opts po = po_of(&a, 0);
+  kvt_entry *e = NULL;
+  int rc = kvt_tier_promote(&e, t, g_p, 44, &po);
+  CHECK(rc != 0);
+  if (rc == 0)
+    kvt_entry_free(e);
+  e = NULL;
+  rc = kvt_tier_read_entry_ex(&e, t, g_p, 44, ia.token_hash, &ca);
+  CHECK(rc != 0);
+  if (rc == 0)
+    kvt_entry_free(e);
+  /* The other salt's entry is its own still (its chain was not damaged). */
+  kvt_promote_opts pb = po_of(&b, 0);
+  e = NULL;
+  CHECK(kvt_tier_promote(&e, t, g_p, 44, &pb) == 0);
+  kvt_entry_free(e);
+  kvt_tier_free(t);
+}
+
 int main(void) {
   g_dir = kvt_test_tmpdir("isolation");
   for (int i = 0; i < 64; i++)
@@ -524,5 +616,6 @@ int main(void) {
   RUN(test_compat_refuses_model_id);
   RUN(test_layout_mismatch);
   RUN(test_foreign_chain_in_tail);
+  RUN(test_foreign_chain_named);
   return kvt_test_done();
 }
