@@ -458,6 +458,28 @@ static void test_layout_mismatch(void) {
   }
 }
 
+/* Spills g_p[0, 44) under a (the KV t_kv_tokens gives) and under b (one
+ * value changed in every tensor: the other salt's KV differs), flushes, and
+ * looks both up. */
+static void spill_two_salts(kvt_tier *t, const ns *a, const ns *b,
+                            kvt_entry_info *ia, kvt_entry_info *ib) {
+  spill(t, a, g_p, 44);
+  kvt_layer l[NL];
+  for (int i = 0; i < NL; i++) {
+    l[i] = t_kv_tokens(g_p, 44, 44, 8, i);
+    for (uint32_t j = 0; j < l[i].num_tensors; j++)
+      ((float *)l[i].tensors[j].data)[3] += 1.0f;
+  }
+  kvt_call_opts ca = co_of(a), cb = co_of(b);
+  REQUIRE(kvt_tier_spill_ex(t, g_p, 44, l, NL, 1000, &cb) == 0);
+  for (int i = 0; i < NL; i++)
+    t_layer_free(&l[i]);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  REQUIRE(kvt_tier_lookup_ex(ia, t, g_p, 44, &ca) == 0);
+  REQUIRE(kvt_tier_lookup_ex(ib, t, g_p, 44, &cb) == 0);
+  REQUIRE(strcmp(ia->token_hash, ib->token_hash) != 0);
+}
+
 /* A chained entry's tail directory replaced by the tail of the same tokens
  * spilled under another cache_salt (a copied or restored directory): every
  * file of it is intact, its tokens are the request's and its chain is whole,
@@ -468,24 +490,9 @@ static void test_foreign_chain_in_tail(void) {
   char *dir = kvt_test_tmpdir("iso-foreign");
   ns a = {NULL, "salt-one"}, b = {NULL, "salt-two"};
   kvt_tier *t = open_ns(dir, &a, 0);
-  spill(t, &a, g_p, 44);
-  /* The other salt's KV over the same tokens differs. */
-  kvt_layer l[NL];
-  for (int i = 0; i < NL; i++) {
-    l[i] = t_kv_tokens(g_p, 44, 44, 8, i);
-    for (uint32_t j = 0; j < l[i].num_tensors; j++)
-      ((float *)l[i].tensors[j].data)[3] += 1.0f;
-  }
-  kvt_call_opts cb = co_of(&b);
-  REQUIRE(kvt_tier_spill_ex(t, g_p, 44, l, NL, 1000, &cb) == 0);
-  for (int i = 0; i < NL; i++)
-    t_layer_free(&l[i]);
-  REQUIRE(kvt_tier_flush(t, -1) == 0);
-  kvt_call_opts ca = co_of(&a);
   kvt_entry_info ia, ib;
-  REQUIRE(kvt_tier_lookup_ex(&ia, t, g_p, 44, &ca) == 0);
-  REQUIRE(kvt_tier_lookup_ex(&ib, t, g_p, 44, &cb) == 0);
-  REQUIRE(strcmp(ia.token_hash, ib.token_hash) != 0);
+  spill_two_salts(t, &a, &b, &ia, &ib);
+  kvt_call_opts ca = co_of(&a);
   kvt_tier_free(t);
   char pa[4200], pb[4200];
   snprintf(pa, sizeof pa, "%s/data/%s", dir, ia.token_hash);
@@ -543,21 +550,9 @@ static void test_foreign_chain_named(void) {
   char *dir = kvt_test_tmpdir("iso-chain");
   ns a = {NULL, "salt-one"}, b = {NULL, "salt-two"};
   kvt_tier *t = open_ns(dir, &a, 0);
-  spill(t, &a, g_p, 44);
-  kvt_layer l[NL];
-  for (int i = 0; i < NL; i++) {
-    l[i] = t_kv_tokens(g_p, 44, 44, 8, i);
-    for (uint32_t j = 0; j < l[i].num_tensors; j++)
-      ((float *)l[i].tensors[j].data)[3] += 1.0f; /* a chain row differs */
-  }
-  kvt_call_opts cb = co_of(&b), ca = co_of(&a);
-  REQUIRE(kvt_tier_spill_ex(t, g_p, 44, l, NL, 1000, &cb) == 0);
-  for (int i = 0; i < NL; i++)
-    t_layer_free(&l[i]);
-  REQUIRE(kvt_tier_flush(t, -1) == 0);
   kvt_entry_info ia, ib;
-  REQUIRE(kvt_tier_lookup_ex(&ia, t, g_p, 44, &ca) == 0);
-  REQUIRE(kvt_tier_lookup_ex(&ib, t, g_p, 44, &cb) == 0);
+  spill_two_salts(t, &a, &b, &ia, &ib); /* a chain row differs */
+  kvt_call_opts ca = co_of(&a);
   kvt_chunk_info *cha = NULL, *chb = NULL;
   size_t na = 0, nb = 0;
   REQUIRE(kvt_tier_entry_chain(&cha, &na, NULL, t, ia.token_hash, 0) == 0);
