@@ -846,6 +846,18 @@ typedef struct lend_ctx {
   kvti_chain_rec *recs; /* NULL: a whole entry */
 } lend_ctx;
 
+/* A cut tail's record: the entry's figures, tagged with the chain's last
+ * chunk. */
+static void tail_meta(kvti_hc_item *tail, uint64_t memory_bytes,
+                      uint64_t disk_bytes, int storage_mode,
+                      const kvti_chain_rec *recs, size_t m) {
+  tail->memory_bytes = memory_bytes;
+  tail->disk_bytes = disk_bytes;
+  tail->storage_mode = storage_mode;
+  tail->has_chain = 1;
+  memcpy(tail->chain, recs[m - 1].key, 32);
+}
+
 /* The cutter's work on a lent record (lend_id) of hash: its layers (owned,
  * consumed) over recs[0, m) become its tail (none for a prefix) and the
  * chunks RAM lacks, given back in its place (only what RAM lacks is copied:
@@ -868,11 +880,7 @@ static void cut_back(kvti_hcache *c, const char *hash, uint64_t lend_id,
     release_layers(layers, n);
   }
   if (rc == 0) {
-    tail.memory_bytes = memory_bytes;
-    tail.disk_bytes = disk_bytes;
-    tail.storage_mode = storage_mode;
-    tail.has_chain = 1;
-    memcpy(tail.chain, recs[m - 1].key, 32);
+    tail_meta(&tail, memory_bytes, disk_bytes, storage_mode, recs, m);
     kvti_hc_give_back_tail(c, hash, lend_id, prefix ? NULL : &tail, chs, m);
   } else {
     kvt_clear_error();
@@ -1095,6 +1103,30 @@ static void hook(kvt_tier *t, kvt_entry *e, uint64_t id,
   e->recycle_id = id;
 }
 
+/* A new entry served from RAM for the read ro of hash, with meta's figures
+ * and no layers yet; NULL when out of memory (error set). */
+static kvt_entry *ram_entry(const char *hash, const kvti_read_opts *ro,
+                            const kvti_hc_item *meta) {
+  kvt_entry *e = kvti_entry_new();
+  if (e)
+    e->tokens =
+        kvti_malloc((ro->n_tokens ? ro->n_tokens : 1) * sizeof(int32_t));
+  if (!e || !e->tokens) {
+    kvt_entry_free(e);
+    KVT_ERR_NOMEM();
+    return NULL;
+  }
+  if (ro->n_tokens)
+    memcpy(e->tokens, ro->tokens, ro->n_tokens * sizeof(int32_t));
+  e->n_tokens = ro->n_tokens;
+  memcpy(e->hash, hash, KVT_HASH_HEX_LEN + 1);
+  e->memory_bytes = meta->memory_bytes;
+  e->disk_bytes = meta->disk_bytes;
+  e->storage_mode = meta->storage_mode;
+  e->from = KVTI_FROM_RAM;
+  return e;
+}
+
 /* The RAM read of a chained entry (its tail cached) or, prefix = 1, of a
  * pure prefix (some chunk of it cached): assembled from the cached chunks
  * and tail, the chunks RAM lacks read from their files (and kept), then
@@ -1190,15 +1222,9 @@ static int ram_read_chained(kvt_entry **out, kvt_tier *t, const char *hash,
     failed_check = rc != 0;
   }
   kvt_entry *e = NULL;
-  if (rc == 0) {
-    e = kvti_entry_new();
-    if (e)
-      e->tokens =
-          kvti_malloc((ro->n_tokens ? ro->n_tokens : 1) * sizeof(int32_t));
-    if (!e || !e->tokens) {
-      rc = KVT_ERR_NOMEM();
-      failed_check = 0;
-    }
+  if (rc == 0 && !(e = ram_entry(hash, ro, &it))) {
+    rc = KVT_ENOMEM;
+    failed_check = 0;
   }
   if (rc != 0) {
     if (failed_check) {
@@ -1225,14 +1251,6 @@ static int ram_read_chained(kvt_entry **out, kvt_tier *t, const char *hash,
      * chunks went meanwhile). */
     kvti_hc_put_chunks(t->hc, loaded, m, epoch);
     kvti_hc_count(t->hc, 1, 0);
-    if (ro->n_tokens)
-      memcpy(e->tokens, ro->tokens, ro->n_tokens * sizeof(int32_t));
-    e->n_tokens = ro->n_tokens;
-    memcpy(e->hash, hash, KVT_HASH_HEX_LEN + 1);
-    e->memory_bytes = it.memory_bytes;
-    e->disk_bytes = it.disk_bytes;
-    e->storage_mode = it.storage_mode;
-    e->from = KVTI_FROM_RAM;
     e->layers = layers;
     e->num_layers = nl;
     if (ro->alloc) {
@@ -1346,22 +1364,10 @@ static int ram_read(kvt_entry **out, kvt_tier *t, const char *hash,
     kvt_clear_error();
     return KVT_ENOTFOUND;
   }
-  e = kvti_entry_new();
-  if (e)
-    e->tokens =
-        kvti_malloc((ro->n_tokens ? ro->n_tokens : 1) * sizeof(int32_t));
-  if (!e || !e->tokens) {
-    rc = KVT_ERR_NOMEM();
+  if (!(e = ram_entry(hash, ro, &it))) {
+    rc = KVT_ENOMEM;
     goto undo;
   }
-  if (ro->n_tokens)
-    memcpy(e->tokens, ro->tokens, ro->n_tokens * sizeof(int32_t));
-  e->n_tokens = ro->n_tokens;
-  memcpy(e->hash, hash, KVT_HASH_HEX_LEN + 1);
-  e->memory_bytes = it.memory_bytes;
-  e->disk_bytes = it.disk_bytes;
-  e->storage_mode = it.storage_mode;
-  e->from = KVTI_FROM_RAM;
   if (ro->alloc) {
     rc = copy_out(e, &it, ro);
     if (rc != 0)
@@ -1426,6 +1432,40 @@ void kvti_ram_after_prefix(kvt_tier *t, kvt_entry *e,
   after_read(t, e, ro, 1);
 }
 
+/* A chained spill made resident as its tail and the chunks RAM lacks (a
+ * prompt shared with earlier spills is there once), then the cutter woken for
+ * whole records through the same chain: cut from own (the snapshot's layers,
+ * consumed) or copied from borrowed (a zero-copy spill's, untouched). meta:
+ * the record's figures. Returns 0, or an error with nothing kept. */
+static int put_spilled_cut(kvt_tier *t, const char *hash, size_t n_tokens,
+                           kvt_layer *own, const kvt_layer *borrowed,
+                           uint32_t nl, const ram_chain *ch, uint64_t epoch,
+                           const kvti_hc_item *meta) {
+  uint8_t *have = kvti_calloc(ch->m, 1);
+  kvti_hc_chunk **chs = kvti_calloc(ch->m, sizeof *chs);
+  kvti_hc_item tail;
+  memset(&tail, 0, sizeof tail);
+  int rc = have && chs ? 0 : KVT_ERR_NOMEM();
+  if (rc == 0) {
+    kvti_hc_chunks_resident(t->hc, ch->recs[0].key, sizeof *ch->recs, ch->m,
+                            have);
+    rc = own ? cut(own, nl, n_tokens, ch->recs, ch->m, have, &tail, chs)
+             : cut_borrowed(borrowed, nl, n_tokens, ch->recs, ch->m, have,
+                            &tail, chs);
+  } else if (own) {
+    release_layers(own, nl);
+  }
+  if (rc == 0) {
+    tail_meta(&tail, meta->memory_bytes, meta->disk_bytes, meta->storage_mode,
+              ch->recs, ch->m);
+    kvti_hc_put_tail(t->hc, hash, &tail, chs, ch->m, epoch);
+    push_wake(t, ch->recs[0].key);
+  }
+  kvti_free(chs);
+  kvti_free(have);
+  return rc;
+}
+
 /* A zero-copy spill, on the writer thread before the caller's buffers are
  * released: what RAM lacks of it (an entry stored whole: all of it; a chained
  * one: its tail and the chunks not resident) is copied in, unless the layers
@@ -1459,30 +1499,9 @@ static void spilled_borrowed(kvt_tier *t, kvti_snapshot *s, const char *hash,
       return;
     }
     kvti_hc_item_free(&it);
-  } else {
-    uint8_t *have = kvti_calloc(ch->m, 1);
-    kvti_hc_chunk **chs = kvti_calloc(ch->m, sizeof *chs);
-    kvti_hc_item tail;
-    memset(&tail, 0, sizeof tail);
-    rc = have && chs ? 0 : KVT_ERR_NOMEM();
-    if (rc == 0) {
-      kvti_hc_chunks_resident(t->hc, ch->recs[0].key, sizeof *ch->recs, ch->m,
-                              have);
-      rc = cut_borrowed(src, nl, n_tokens, ch->recs, ch->m, have, &tail, chs);
-    }
-    if (rc == 0) {
-      tail.memory_bytes = meta->memory_bytes;
-      tail.disk_bytes = meta->disk_bytes;
-      tail.storage_mode = meta->storage_mode;
-      tail.has_chain = 1;
-      memcpy(tail.chain, ch->recs[ch->m - 1].key, 32);
-      kvti_hc_put_tail(t->hc, hash, &tail, chs, ch->m, epoch);
-      push_wake(t, ch->recs[0].key);
-    }
-    kvti_free(chs);
-    kvti_free(have);
-    if (rc == 0)
-      return;
+  } else if (put_spilled_cut(t, hash, n_tokens, NULL, src, nl, ch, epoch,
+                             meta) == 0) {
+    return;
   }
   kvt_clear_error();
   kvti_hc_invalidate(t->hc, hash);
@@ -1519,33 +1538,11 @@ void kvti_ram_spilled(kvt_tier *t, kvti_snapshot *s, uint64_t disk_bytes) {
     kvti_hc_put(t->hc, hash, &it);
     return;
   }
-  /* Chained: its tail, and copies of the chunks RAM does not hold yet (a
-   * prompt shared with earlier spills is there once). */
-  uint8_t *have = kvti_calloc(ch.m, 1);
-  kvti_hc_chunk **chs = kvti_calloc(ch.m, sizeof *chs);
-  kvti_hc_item tail;
-  memset(&tail, 0, sizeof tail);
-  int rc = have && chs ? 0 : KVT_ERR_NOMEM();
-  if (rc == 0) {
-    kvti_hc_chunks_resident(t->hc, ch.recs[0].key, sizeof *ch.recs, ch.m, have);
-    rc = cut(it.layers, it.n_layers, n, ch.recs, ch.m, have, &tail, chs);
-  } else {
-    kvti_hc_item_free(&it);
-  }
-  if (rc == 0) {
-    tail.memory_bytes = it.memory_bytes;
-    tail.disk_bytes = it.disk_bytes;
-    tail.storage_mode = it.storage_mode;
-    tail.has_chain = 1;
-    memcpy(tail.chain, ch.recs[ch.m - 1].key, 32);
-    kvti_hc_put_tail(t->hc, hash, &tail, chs, ch.m, epoch);
-    push_wake(t, ch.recs[0].key);
-  } else {
+  if (put_spilled_cut(t, hash, n, it.layers, NULL, it.n_layers, &ch, epoch,
+                      &it) != 0) {
     kvt_clear_error();
     kvti_hc_invalidate(t->hc, hash);
   }
-  kvti_free(chs);
-  kvti_free(have);
   kvti_free(ch.recs);
 }
 
