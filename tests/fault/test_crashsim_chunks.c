@@ -18,6 +18,7 @@
  * per crash point.
  */
 #include "crashsim.h"
+#include "crashsim_index.h"
 #include "fmt_testlib.h"
 #include "rel_common.h"
 
@@ -133,73 +134,6 @@ static int check_chunk(void *ctx, const kvti_chain_rec *r) {
 
 static uint64_t g_states, g_new, g_old, g_missing;
 
-/* The index as SQLite guarantees it with synchronous=FULL: a transaction is
- * durable once its WAL is synced. Its files are not replayed write by write
- * (the simulator's torn-write model is not SQLite's, whose own tests cover
- * it); instead a copy of index.db and its WAL is taken at every WAL fsync,
- * and a crash after K operations finds the copy of the last fsync before K
- * (or the index before the spill). */
-#define MAX_SNAP 256
-static size_t g_snap_at[MAX_SNAP];
-static int g_nsnap;
-
-static int skip_index(const char *path) {
-  return strstr(path, "/index.db") != NULL;
-}
-static void snap_dir(char *out, size_t cap, int k) {
-  snprintf(out, cap, "%s.snap/%d", g_base, k);
-}
-static void copy_file(const char *from, const char *to) {
-  size_t n = 0;
-  char *b = kvt_test_read_file(from, &n);
-  unlink(to);
-  if (b) {
-    t_write_all(to, b, n);
-    free(b);
-  }
-}
-static void copy_index(const char *from_dir, const char *to_dir) {
-  static const char *const f[] = {"index.db", "index.db-wal"};
-  char a[4200], b[4200];
-  for (int i = 0; i < 2; i++) {
-    snprintf(a, sizeof a, "%s/%s", from_dir, f[i]);
-    snprintf(b, sizeof b, "%s/%s", to_dir, f[i]);
-    struct stat st;
-    if (stat(a, &st) == 0)
-      copy_file(a, b);
-    else
-      unlink(b);
-  }
-  snprintf(b, sizeof b, "%s/index.db-shm", to_dir);
-  unlink(b); /* rebuilt from the WAL */
-}
-static void on_fsync(const char *path, size_t op) {
-  if (!strstr(path, "index.db-wal") || g_nsnap == MAX_SNAP)
-    return;
-  char d[4200];
-  snap_dir(d, sizeof d, g_nsnap);
-  kvt_test_rmtree(d);
-  char parent[4200];
-  snprintf(parent, sizeof parent, "%s.snap", g_base);
-  mkdir(parent, 0700);
-  REQUIRE(mkdir(d, 0700) == 0);
-  copy_index(g_live, d);
-  g_snap_at[g_nsnap++] = op;
-}
-/* The index a crash after K logged operations leaves. */
-static void install_index(size_t K) {
-  int k = -1;
-  for (int i = 0; i < g_nsnap; i++)
-    if (g_snap_at[i] <= K)
-      k = i;
-  char d[4200];
-  if (k < 0)
-    snprintf(d, sizeof d, "%s", g_base);
-  else
-    snap_dir(d, sizeof d, k);
-  copy_index(d, g_replay);
-}
-
 /* Checks the state in dir; returns 1 on a violation. */
 static int check_state(const char *dir, const spec *old, const spec *neu,
                        int acked, int before_chunks, int strict) {
@@ -284,9 +218,7 @@ static uint64_t campaign(const spec *old, const spec *neu, int before,
   kvt_test_rmtree(g_live);
   r_copy_tree(g_base, g_live);
   log_clear();
-  g_nsnap = 0;
-  g_cs_skip = skip_index;
-  g_cs_on_fsync = on_fsync;
+  cs_index_install(); /* index.db: copies at its WAL fsyncs */
   /* Opened under the recorder, so the index's WAL fsyncs are seen. */
   rec_install();
   REQUIRE(sopen(&s, g_live) == 0);
@@ -304,7 +236,7 @@ static uint64_t campaign(const spec *old, const spec *neu, int before,
   for (size_t K = 0; K <= n; K++)
     for (int f = 0; f < fates; f++) {
       replay(K, &rng);
-      install_index(K);
+      cs_index_restore(K);
       int v = check_state(g_replay, old, neu, K == n, before, strict);
       if (v && !quiet && viol < 5)
         fprintf(stderr, "  ^ crash after op %zu/%zu (fate %d)\n", K, n, f);

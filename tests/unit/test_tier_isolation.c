@@ -480,6 +480,23 @@ static void spill_two_salts(kvt_tier *t, const ns *a, const ns *b,
   REQUIRE(strcmp(ia->token_hash, ib->token_hash) != 0);
 }
 
+/* Neither a promote of g_p[0, 44) under n nor a read of it by its name hash
+ * is served. */
+static void refused(kvt_tier *t, const ns *n, const char *hash) {
+  kvt_promote_opts po = po_of(n, 0);
+  kvt_call_opts co = co_of(n);
+  kvt_entry *e = NULL;
+  int rc = kvt_tier_promote(&e, t, g_p, 44, &po);
+  CHECK(rc != 0);
+  if (rc == 0)
+    kvt_entry_free(e);
+  e = NULL;
+  rc = kvt_tier_read_entry_ex(&e, t, g_p, 44, hash, &co);
+  CHECK(rc != 0);
+  if (rc == 0)
+    kvt_entry_free(e);
+}
+
 /* A chained entry's tail directory replaced by the tail of the same tokens
  * spilled under another cache_salt (a copied or restored directory): every
  * file of it is intact, its tokens are the request's and its chain is whole,
@@ -492,7 +509,6 @@ static void test_foreign_chain_in_tail(void) {
   kvt_tier *t = open_ns(dir, &a, 0);
   kvt_entry_info ia, ib;
   spill_two_salts(t, &a, &b, &ia, &ib);
-  kvt_call_opts ca = co_of(&a);
   kvt_tier_free(t);
   char pa[4200], pb[4200];
   snprintf(pa, sizeof pa, "%s/data/%s", dir, ia.token_hash);
@@ -501,17 +517,7 @@ static void test_foreign_chain_in_tail(void) {
   kvt_test_rmtree(pa);
   REQUIRE(rename(pb, pa) == 0);
   t = open_ns(dir, &a, 0);
-  kvt_promote_opts po = po_of(&a, 0);
-  kvt_entry *e = NULL;
-  int rc = kvt_tier_promote(&e, t, g_p, 44, &po);
-  CHECK(rc != 0);
-  if (rc == 0)
-    kvt_entry_free(e);
-  e = NULL;
-  rc = kvt_tier_read_entry_ex(&e, t, g_p, 44, ia.token_hash, &ca);
-  CHECK(rc != 0);
-  if (rc == 0)
-    kvt_entry_free(e);
+  refused(t, &a, ia.token_hash);
   /* The other salt's chain itself is untouched and still its own. */
   kvt_stats st = KVT_STATS_INIT;
   REQUIRE(kvt_tier_stats(&st, t) == 0);
@@ -552,7 +558,6 @@ static void test_foreign_chain_named(void) {
   kvt_tier *t = open_ns(dir, &a, 0);
   kvt_entry_info ia, ib;
   spill_two_salts(t, &a, &b, &ia, &ib); /* a chain row differs */
-  kvt_call_opts ca = co_of(&a);
   kvt_chunk_info *cha = NULL, *chb = NULL;
   size_t na = 0, nb = 0;
   REQUIRE(kvt_tier_entry_chain(&cha, &na, NULL, t, ia.token_hash, 0) == 0);
@@ -578,20 +583,10 @@ static void test_foreign_chain_named(void) {
   CHECK(sqlite3_changes(h) == 1);
   sqlite3_close(h);
   t = open_ns(dir, &a, 0);
-  kvt_promote_opts po = po_of(&a, 0);
-  kvt_entry *e = NULL;
-  int rc = kvt_tier_promote(&e, t, g_p, 44, &po);
-  CHECK(rc != 0);
-  if (rc == 0)
-    kvt_entry_free(e);
-  e = NULL;
-  rc = kvt_tier_read_entry_ex(&e, t, g_p, 44, ia.token_hash, &ca);
-  CHECK(rc != 0);
-  if (rc == 0)
-    kvt_entry_free(e);
+  refused(t, &a, ia.token_hash);
   /* The other salt's entry is its own still (its chain was not damaged). */
   kvt_promote_opts pb = po_of(&b, 0);
-  e = NULL;
+  kvt_entry *e = NULL;
   CHECK(kvt_tier_promote(&e, t, g_p, 44, &pb) == 0);
   kvt_entry_free(e);
   kvt_tier_free(t);
