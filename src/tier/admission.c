@@ -1,7 +1,7 @@
 /*
  * admission.c - admission and the write budget (admission.h): the record of
- * prefixes seen, the leaky bucket, the decision, and the spill entry point
- * that applies it before anything is copied or queued. Most spills of a
+ * prefixes seen, the leaky bucket and the decision (spill.c applies it before
+ * anything is copied or queued). Most spills of a
  * serving engine are prompts nobody sends again; a segment seen twice is a
  * prefix that is shared, and the segments after a prefix a lookup found
  * stored belong to a conversation that is continuing - those are the bytes
@@ -306,92 +306,6 @@ void kvti_admit_gauges(kvti_admit *a, kvt_stats *s, double now,
 double kvti_admit_now(const kvt_tier *t) {
   return t->opts.clock_fn ? t->opts.clock_fn(t->opts.clock_ctx)
                           : kvti_now_wall();
-}
-
-/* 1 when the spill would be accepted as far as its arguments go (a writable
- * open tier, well-formed layers): only such a spill may be declined with 0;
- * any other is left to the enqueue, which refuses and counts it. */
-static int spill_acceptable(kvt_tier *t, const kvt_layer *layers, uint32_t n) {
-  if (t->readonly || kvti_tier_enter(t) != 0)
-    return 0;
-  kvti_tier_leave(t);
-  for (uint32_t i = 0; i < n; i++)
-    if (kvti_layer_validate(&layers[i], i, 1) != 0 ||
-        kvti_layer_check_rows(&layers[i], i, 0, UINT64_MAX, KVT_EINVAL,
-                              "spill") != 0)
-      return 0;
-  return 1;
-}
-
-static int layers_cuttable(const kvt_layer *layers, uint32_t n) {
-  for (uint32_t i = 0; i < n; i++)
-    if (layers[i].kind != KVT_LAYER_KV &&
-        layers[i].kind != KVT_LAYER_QUANTIZED_KV)
-      return 0;
-  return 1;
-}
-
-int kvti_admit_spill(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
-                     const kvt_layer *layers, uint32_t n_layers,
-                     uint64_t memory_bytes, int copy, void (*release)(void *),
-                     void *release_ctx, const kvt_call_opts *co) {
-  kvti_salt salt;
-  /* Anything the enqueue would refuse is left to it (it counts refusals);
-   * so is a tier without a record (read-only) or a bad salt. */
-  if (!t || !t->admit || (!tokens && n_tokens) || (!layers && n_layers) ||
-      kvti_call_salt(&salt, t, co) != 0) {
-    kvt_clear_error();
-    return kvti_spill_enqueue(t, tokens, n_tokens, layers, n_layers,
-                              memory_bytes, copy, release, release_ctx, co);
-  }
-  int verdict = KVTI_ADMIT_WHOLE;
-  size_t keep = n_tokens;
-  double now = kvti_admit_now(t);
-  kvt_stats cs;
-  kvti_stats_copy(&cs, &t->stats);
-  if (kvti_admit_decide(t->admit, &verdict, &keep, tokens, n_tokens,
-                        kvti_seen_seed(&salt),
-                        layers_cuttable(layers, n_layers), cs.evictions > 0,
-                        now, cs.spill_bytes) != 0)
-    kvt_clear_error(); /* verdict WHOLE: the record's failure loses nothing */
-  kvt_stats g;
-  memset(&g, 0, sizeof g);
-  kvti_admit_gauges(t->admit, &g, now, cs.spill_bytes);
-  kvti_stats_set_budget_gauges(&t->stats, &g); /* the live file follows */
-  if (verdict != KVTI_ADMIT_WHOLE && !spill_acceptable(t, layers, n_layers)) {
-    kvt_clear_error();
-    verdict = KVTI_ADMIT_WHOLE; /* refused below, with its reason */
-  }
-  switch (verdict) {
-  case KVTI_ADMIT_WHOLE: {
-    int rc = kvti_spill_enqueue(t, tokens, n_tokens, layers, n_layers,
-                                memory_bytes, copy, release, release_ctx, co);
-    if (rc == 0) /* a refusal is counted by its reason instead */
-      KVTI_STAT_ADD(&t->stats, admission_admitted, 1);
-    return rc;
-  }
-  case KVTI_ADMIT_TRUNCATED: {
-    KVTI_STAT_ADD(&t->stats, admission_truncated, 1);
-    KVTI_STAT_ADD(&t->stats, admission_tokens_declined, n_tokens - keep);
-    /* The engine's RAM estimate, in proportion to what is kept. */
-    uint64_t mem =
-        (uint64_t)((double)memory_bytes * (double)keep / (double)n_tokens);
-    int rc =
-        kvti_spill_prefix_noadmit(t, tokens, keep, layers, n_layers, mem, co);
-    if (!copy && release) /* the prefix was copied (or refused) */
-      release(release_ctx);
-    return rc;
-  }
-  default:
-    if (verdict == KVTI_ADMIT_BUDGET)
-      KVTI_STAT_ADD(&t->stats, admission_declined_budget, 1);
-    else
-      KVTI_STAT_ADD(&t->stats, admission_declined_unseen, 1);
-    KVTI_STAT_ADD(&t->stats, admission_tokens_declined, n_tokens);
-    if (!copy && release)
-      release(release_ctx);
-    return 0;
-  }
 }
 
 void kvti_admit_lookup_hit(kvt_tier *t, const int32_t *tokens, size_t m,

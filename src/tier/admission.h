@@ -125,14 +125,6 @@ void kvti_admit_gauges(kvti_admit *a, kvt_stats *s, double now, uint64_t total);
 /* ---- the tier's side (admission.c; tier.h's struct kvt_tier) ---- */
 
 struct kvt_tier;
-/* The spill entry point (writer.c's public spill calls): decides, counts the
- * decision, then queues the spill (kvti_spill_enqueue), its prefix
- * (kvti_spill_prefix_noadmit) or nothing. A zero-copy spill's release runs
- * exactly once whatever happens. Returns as kvt_tier_spill. */
-int kvti_admit_spill(struct kvt_tier *t, const int32_t *tokens, size_t n_tokens,
-                     const kvt_layer *layers, uint32_t n_layers,
-                     uint64_t memory_bytes, int copy, void (*release)(void *),
-                     void *release_ctx, const kvt_call_opts *co);
 /* A lookup of tokens under salt found m of them stored (lookup_common). */
 void kvti_admit_lookup_hit(struct kvt_tier *t, const int32_t *tokens, size_t m,
                            const kvti_salt *salt);

@@ -25,10 +25,10 @@
 #include "base/io.h"
 #include "index/chain_walk.h"
 #include "store/chunked.h"
-#include "store/local_dir.h"
+#include "store/local_chunks.h"
+#include "store/local_layout.h"
 #include "tier/chunks.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -266,7 +266,7 @@ uint64_t kvti_tier_chunk_damaged(kvt_tier *t, const uint8_t key[32], int found,
     return 0;
   kvti_chains *ch = chains_of(t);
   kvti_chunkstore *cs = kvti_chunked_store(t->chunked);
-  char kh[65], path[4096], qdir[4200], dst[4400];
+  char kh[65];
   kvti_hex32(kh, key);
   kvti_chain_rec *sub = NULL;
   size_t nsub = 0;
@@ -281,32 +281,25 @@ uint64_t kvti_tier_chunk_damaged(kvt_tier *t, const uint8_t key[32], int found,
   /* Still indexed and not handled yet (another reader may have been first;
    * eviction removes rows before files under this lock, so a row seen here
    * is not a chunk being evicted). */
-  if (!kvti_chains_find(ch, key, NULL) || kvti_chains_is_damaged(ch, key) ||
-      kvti_chunkstore_path(cs, key, path, sizeof path) != 0) {
+  if (!kvti_chains_find(ch, key, NULL) || kvti_chains_is_damaged(ch, key)) {
     pthread_mutex_unlock(&t->mut_mu);
     return 0;
   }
-  /* The file is reached from chunks/<kk>'s descriptor, itself opened from
-   * cache_dir's without following links: a chunks/ or chunks/<kk> that is a
-   * link leaves the file where it is (nothing outside the cache is moved or
-   * removed), a chunk file that is a link is moved as the link. */
-  const char *name = strrchr(path, '/') + 1;
-  int sfd = kvti_chunkstore_open_subdir(cs, key[0]);
-  struct stat st;
-  int present =
-      sfd >= 0 &&
-      (kvti_io->fstatat ? kvti_io->fstatat(sfd, name, &st, AT_SYMLINK_NOFOLLOW)
-                        : fstatat(sfd, name, &st, AT_SYMLINK_NOFOLLOW)) == 0;
-  if (found == KVT_ENOTFOUND && present) {
+  /* The file is reached without following links (store/local_chunks.h): a
+   * chunks/ or chunks/<kk> that is a link leaves the file where it is
+   * (nothing outside the cache is moved or removed), a chunk file that is a
+   * link is moved as the link. */
+  int present = kvti_local_chunk_present(cs, key, 0);
+  if (found == KVT_ENOTFOUND && present == 1) {
     /* The file is back (written again meanwhile): nothing is wrong. */
     pthread_mutex_unlock(&t->mut_mu);
-    kvti_close(sfd);
     kvti_error_state_restore(&es);
     return 0;
   }
-  if (sfd == KVT_EPERM)
+  if (present == KVT_EPERM)
     fate = "left where it is (its directory is a link or not a directory: "
            "never followed)";
+  kvt_clear_error();
   kvti_chains_set_damaged(ch, key, 1); /* no chain walks through it now */
   /* What depends on it: counted and kept, never removed. RAM copies built
    * through it go (they are checked against a chain no longer whole). */
@@ -314,55 +307,17 @@ uint64_t kvti_tier_chunk_damaged(kvt_tier *t, const uint8_t key[32], int found,
     kvti_ram_invalidate_chunks(t, sub, nsub);
     kvti_chains_entries_ending(ch, sub, nsub, &hs, &nh);
   }
-  if (present && t->opts.quarantine_max == 0) {
-    fate = kvti_unlinkat(sfd, name, path) == 0
-               ? "deleted (quarantine_max 0)"
-               : "left in chunks/ (unlink failed)";
-  } else if (present) {
-    int root = kvti_chunkstore_root_fd(cs), qfd = -1, cfd = -1;
-    int made = -1;
-    if (kvti_mkdirat(root, "quarantine", t->opts.dir_mode, NULL) >= 0)
-      qfd = kvti_dir_open_rel(root, "quarantine", t->dir);
-    for (unsigned a = 0; qfd >= 0 && a < 1000 && made != 0; a++) {
-      if (a == 0)
-        snprintf(qdir, sizeof qdir, "chunk-%s", kh);
-      else
-        snprintf(qdir, sizeof qdir, "chunk-%s.%u", kh, a);
-      made = kvti_mkdirat(qfd, qdir, t->opts.dir_mode, qdir);
-      if (made < 0)
-        break;
-    }
-    if (made == 0)
-      cfd = kvti_dir_open_rel(qfd, qdir, t->dir);
-    snprintf(dst, sizeof dst, "%s/quarantine/%s/%s", t->dir, qdir, name);
-    if (cfd >= 0 && kvti_renameat(sfd, name, cfd, name, path, dst) == 0) {
-      fate = "moved to quarantine/";
-      if (t->opts.durability == KVT_DURABILITY_FSYNC)
-        kvti_fsync(cfd, dst);
-      /* quarantine_max bounds chunk moves as it bounds entry moves: the
-       * oldest go first, never the one just made. */
-      size_t gone = 0;
-      if (kvti_dir_bound(qfd, t->opts.quarantine_max, "chunk-", qdir, &gone,
-                         "quarantine") == 0 &&
-          gone)
-        kvti_log(t, KVT_LOG_INFO,
-                 "kvtier: %zu oldest quarantined chunk(s) removed "
-                 "(quarantine_max %u)",
-                 gone, (unsigned)t->opts.quarantine_max);
-    } else {
-      /* Unreadable as it is: it must not be read again (the mark keeps
-       * every chain off it) nor kept where a rewrite would find it taken. */
-      fate = kvti_unlinkat(sfd, name, path) == 0
-                 ? "deleted (could not be moved)"
-                 : "left in chunks/ (could not be moved)";
-    }
-    if (cfd >= 0)
-      kvti_close(cfd);
-    if (qfd >= 0)
-      kvti_close(qfd);
+  if (present == 1) {
+    kvti_chunk_qpolicy qp = {t->opts.quarantine_max, t->opts.dir_mode,
+                             t->opts.durability == KVT_DURABILITY_FSYNC};
+    size_t gone = 0;
+    fate = kvti_local_chunk_quarantine(cs, key, &qp, &gone);
+    if (gone)
+      kvti_log(t, KVT_LOG_INFO,
+               "kvtier: %zu oldest quarantined chunk(s) removed "
+               "(quarantine_max %u)",
+               gone, (unsigned)t->opts.quarantine_max);
   }
-  if (sfd >= 0)
-    kvti_close(sfd);
   KVTI_STAT_ADD(&t->stats, chunks_quarantined, 1);
   KVTI_STAT_ADD(&t->stats, entries_unservable, nh);
   KVTI_STAT_ADD(&t->stats, quarantined, 1);
@@ -378,59 +333,41 @@ uint64_t kvti_tier_chunk_damaged(kvt_tier *t, const uint8_t key[32], int found,
   return nh;
 }
 
+typedef struct damaged_ctx {
+  kvt_tier *t;
+  size_t n;
+} damaged_ctx;
+
+/* A quarantine record's key: damaged again unless it is no longer indexed,
+ * already marked, or its file was written back after the move. */
+static int mark_damaged(void *ctx, const uint8_t key[32]) {
+  damaged_ctx *dc = ctx;
+  kvti_chains *ch = chains_of(dc->t);
+  if (!kvti_chains_find(ch, key, NULL) || kvti_chains_is_damaged(ch, key))
+    return 0;
+  kvti_chunkstore *cs = kvti_chunked_store(dc->t->chunked);
+  if (kvti_local_chunk_present(cs, key, 1) != 1 &&
+      kvti_chains_set_damaged(ch, key, 1))
+    dc->n++;
+  kvt_clear_error();
+  return 0;
+}
+
 size_t kvti_tier_chunks_load_damaged(kvt_tier *t) {
   if (!t->chunked)
     return 0;
-  kvti_chains *ch = chains_of(t);
-  kvti_chunkstore *cs = kvti_chunked_store(t->chunked);
   kvti_error_state es;
   kvti_error_state_capture(&es, 0);
-  size_t n = 0;
-  int qfd =
-      kvti_dir_open_rel(kvti_chunkstore_root_fd(cs), "quarantine", t->dir);
-  int sfd = qfd >= 0
-                ? kvti_openat(qfd, ".", O_RDONLY | O_DIRECTORY, 0, "quarantine")
-                : -1;
-  DIR *d = sfd >= 0 ? kvti_fdopendir(sfd) : NULL;
-  if (!d && sfd >= 0)
-    kvti_close(sfd);
-  struct dirent *de;
-  while (d && (de = kvti_io->readdir(d)) != NULL) {
-    /* chunk-<64 hex>, or chunk-<64 hex>.<n> for a second move of one key */
-    const char *nm = de->d_name;
-    char hex[65];
-    uint8_t key[32];
-    if (strncmp(nm, "chunk-", 6) != 0 || strlen(nm) < 70 ||
-        (nm[70] != '\0' && nm[70] != '.'))
-      continue;
-    memcpy(hex, nm + 6, 64);
-    hex[64] = '\0';
-    if (kvti_unhex32(key, hex) != 0 || !kvti_chains_find(ch, key, NULL) ||
-        kvti_chains_is_damaged(ch, key))
-      continue;
-    /* Whole again when a spill wrote its file back after the move. */
-    char fname[80];
-    snprintf(fname, sizeof fname, "%s.kvc", hex);
-    int kfd = kvti_chunkstore_open_subdir(cs, key[0]);
-    struct stat st;
-    int back = kfd >= 0 && kvti_lstatat(kfd, fname, &st, fname) == 0 &&
-               S_ISREG(st.st_mode);
-    if (kfd >= 0)
-      kvti_close(kfd);
-    if (!back && kvti_chains_set_damaged(ch, key, 1))
-      n++;
-  }
-  if (d)
-    kvti_io->closedir(d);
-  if (qfd >= 0)
-    kvti_close(qfd);
+  damaged_ctx dc = {t, 0};
+  kvti_local_chunks_quarantined(kvti_chunked_store(t->chunked), mark_damaged,
+                                &dc);
   kvti_error_state_restore(&es);
-  if (n)
+  if (dc.n)
     kvti_log(t, KVT_LOG_INFO,
              "kvtier: %zu chunk(s) quarantined earlier are still damaged: "
              "kept unservable until a spill writes them again",
-             n);
-  return n;
+             dc.n);
+  return dc.n;
 }
 
 int kvt_tier_chunk_verify(kvt_tier *t, const char *key_hex, int repair,
@@ -487,8 +424,8 @@ int kvt_tier_chunk_verify(kvt_tier *t, const char *key_hex, int repair,
      * depends on it is removed. */
     kvti_error_state es;
     kvti_error_state_capture(&es, rc);
-    struct stat vst;
-    int gone = lstat(path, &vst) != 0 && errno == ENOENT;
+    int gone = kvti_local_chunk_present(cs, key, 0) == 0;
+    kvt_clear_error();
     uint64_t ne = kvti_tier_chunk_damaged(
         t, key, gone ? KVT_ENOTFOUND : KVT_ECORRUPT, es.msg);
     if (removed_entries)
@@ -550,117 +487,55 @@ static void gc_unlink(gc_run *g, const char *rel) {
     kvti_log(g->t, KVT_LOG_WARN, "kvtier: gc of %s: %s", rel, kvt_last_error());
 }
 
-/* Scans chunks/<kk>: stale tmps removed, unindexed chunk files verified and
- * queued as orphans (valid) or removed (damaged); other names reported. */
-static int gc_dir(gc_run *g, unsigned kk) {
-  kvt_tier *t = g->t;
-  kvti_chunkstore *cs = kvti_chunked_store(t->chunked);
-  kvti_chains *ch = chains_of(t);
-  char rel[64], path[4096];
-  snprintf(rel, sizeof rel, "chunks/%02x", kk);
-  char *dir = kvti_path_join(t->dir, rel);
-  if (!dir)
-    return KVT_ERR_NOMEM();
-  if (!g->locked && !g->dry)
-    pthread_mutex_lock(&t->mut_mu);
-  int rc = 0;
-  /* Listed, stat'ed, opened and unlinked relative to the directory's own
-   * descriptor, reached without following links: a chunks/ or chunks/<kk>
-   * that is a link is reported, never entered. */
-  DIR *d = NULL;
-  int dfd = kvti_chunkstore_open_subdir(cs, kk);
-  if (dfd == KVT_EPERM) {
-    gc_report(g, rel, KVT_CHUNK_GC_STRAY, 0, kvt_last_error());
-    kvt_clear_error();
-  } else if (dfd < 0 && dfd != KVT_ENOTFOUND) {
-    rc = dfd;
-  } else if (dfd >= 0 && !(d = kvti_fdopendir(dfd))) {
-    rc = KVT_ERR_OS(errno, "opendir %s", dir);
-    kvti_close(dfd);
-  }
-  if (dfd == KVT_ENOTFOUND)
-    kvt_clear_error();
-  struct dirent *de;
-  while (d && !g->stop && rc == 0 && (de = kvti_io->readdir(d)) != NULL) {
-    const char *nm = de->d_name;
-    if (!strcmp(nm, ".") || !strcmp(nm, ".."))
-      continue;
-    /* An indexed chunk - nearly every name - costs no system call: the
-     * writer's lazy sweep runs this under mut_mu. */
-    uint8_t key[32];
-    int named = kvti_chunk_file_key(key, nm) == 0 && key[0] == kk;
-    if (named && kvti_chains_find(ch, key, NULL))
-      continue; /* indexed */
-    char frel[400];
-    snprintf(frel, sizeof frel, "%s/%.300s", rel, nm);
-    snprintf(path, sizeof path, "%s/%.300s", dir, nm);
-    struct stat st;
-    if (kvti_lstatat(dfd, nm, &st, path) != 0) {
-      kvt_clear_error();
-      continue; /* gone meanwhile */
-    }
-    size_t len = strlen(nm);
-    int reg = S_ISREG(st.st_mode);
-    if (reg && len > 4 && !strcmp(nm + len - 4, ".tmp")) {
-      gc_report(g, frel, KVT_CHUNK_GC_TMP, (uint64_t)st.st_size,
-                "interrupted chunk write");
-      gc_unlink(g, frel);
-      continue;
-    }
-    if (!reg || !named) {
-      gc_report(g, frel, KVT_CHUNK_GC_STRAY, (uint64_t)st.st_size,
-                reg ? "not a chunk file name" : "not a regular file");
-      continue;
-    }
-    /* An orphan: verified completely before anything else. */
-    orphan o;
-    memset(&o, 0, sizeof o);
-    snprintf(o.rel, sizeof o.rel, "%.9s/%.68s", rel, nm);
-    memcpy(o.key, key, 32);
-    o.size = (uint64_t)st.st_size;
-    int fd = -1;
-    int vrc = kvti_openat(dfd, nm, O_RDONLY, 0, path);
-    if (vrc >= 0)
-      vrc = kvti_chunk_open_fd(vrc, &fd, &o.h, path, key, 0);
-    if (vrc == 0) {
-      vrc = read_all(fd, &o.h, path);
-      kvti_close(fd);
-    }
-    if (vrc == KVT_ENOTFOUND) {
-      kvti_chunk_hdr_free(&o.h);
-      continue;
-    }
-    if (vrc == KVT_ENOMEM) {
-      kvti_chunk_hdr_free(&o.h);
-      rc = vrc;
-      break;
-    }
-    if (vrc != 0) {
-      kvti_chunk_hdr_free(&o.h);
-      gc_report(g, frel, KVT_CHUNK_GC_REMOVED, o.size, kvt_last_error());
-      gc_unlink(g, frel);
-      continue;
-    }
-    o.index = o.h.index;
+/* One name of a scan of chunks/<kk> (store/local_chunks.h): stale tmps and
+ * damaged files removed, valid orphans queued, other names reported. */
+static int gc_visit(void *ctx, kvti_chunk_scan_item *it) {
+  gc_run *g = ctx;
+  switch (it->kind) {
+  case KVTI_SCAN_TMP:
+    gc_report(g, it->rel, KVT_CHUNK_GC_TMP, it->size, it->why);
+    gc_unlink(g, it->rel);
+    break;
+  case KVTI_SCAN_DAMAGED:
+    gc_report(g, it->rel, KVT_CHUNK_GC_REMOVED, it->size, it->why);
+    gc_unlink(g, it->rel);
+    break;
+  case KVTI_SCAN_ORPHAN: {
     if (g->norph == g->cap) {
       size_t nc = g->cap ? g->cap * 2 : 16;
       orphan *no = kvti_realloc(g->orph, nc * sizeof *no);
-      if (!no) {
-        kvti_chunk_hdr_free(&o.h);
-        rc = KVT_ERR_NOMEM();
-        break;
-      }
+      if (!no)
+        return KVT_ERR_NOMEM();
       g->orph = no;
       g->cap = nc;
     }
-    g->orph[g->norph++] = o;
+    orphan *o = &g->orph[g->norph++];
+    memset(o, 0, sizeof *o);
+    snprintf(o->rel, sizeof o->rel, "%.95s", it->rel);
+    memcpy(o->key, it->key, 32);
+    o->size = it->size;
+    o->h = it->hdr; /* taken */
+    memset(&it->hdr, 0, sizeof it->hdr);
+    o->index = o->h.index;
+    break;
   }
-  if (d)
-    kvti_io->closedir(d);
+  default:
+    gc_report(g, it->rel, KVT_CHUNK_GC_STRAY, it->size, it->why);
+  }
+  return g->stop;
+}
+
+/* Scans chunks/<kk> under mut_mu (unless the caller holds it or the run is
+ * dry). */
+static int gc_dir(gc_run *g, unsigned kk) {
+  kvt_tier *t = g->t;
+  if (!g->locked && !g->dry)
+    pthread_mutex_lock(&t->mut_mu);
+  int rc =
+      kvti_local_chunks_scan(kvti_chunked_store(t->chunked), kk, gc_visit, g);
   if (!g->locked && !g->dry)
     pthread_mutex_unlock(&t->mut_mu);
-  kvti_free(dir);
-  return rc;
+  return rc == g->stop ? 0 : rc;
 }
 
 static int cmp_orphan(const void *a, const void *b) {
@@ -764,7 +639,7 @@ int kvt_tier_chunk_gc(kvt_tier *t, int dry_run, kvt_chunk_gc_fn fn,
   if (top >= 0)
     kvti_close(top);
   else if (top == KVT_EPERM)
-    gc_report(&g, "chunks", KVT_CHUNK_GC_STRAY, 0, kvt_last_error());
+    gc_report(&g, KVTI_LOCAL_CHUNKS, KVT_CHUNK_GC_STRAY, 0, kvt_last_error());
   if (top < 0)
     kvt_clear_error();
   for (unsigned kk = 0; top >= 0 && kk < 256 && rc == 0 && !g.stop; kk++) {

@@ -4,8 +4,10 @@
  * writer makes instead of the backend's, the verified read promote and
  * read_entry make instead of the backend's (with chunk quarantine), prefix
  * lookups that chunk-aligned chains can answer, touches, forgetting an entry's
- * record on removal, and chunk capacity. Every function is a no-op (or falls
- * through to the backend) when chunking is off (t->chunked == NULL).
+ * record on removal, and the bytes of chunk files (chunks.c); the reads and
+ * their aftermath (chunk_reads.c); the damage routine (chunk_tools.c). Every
+ * function is a no-op (or falls through to the backend) when chunking is off
+ * (t->chunked == NULL).
  */
 #ifndef KVT_TIER_CHUNKS_H
 #define KVT_TIER_CHUNKS_H
@@ -93,9 +95,5 @@ int kvti_tier_chunks_touch(kvt_tier *t, const int32_t *tokens, size_t n,
 void kvti_tier_chunks_forget(kvt_tier *t, const char *hash);
 /* Bytes of chunk files (0 when off). */
 uint64_t kvti_tier_chunks_bytes(kvt_tier *t);
-/* Evicts the least recently used leaf chunk (and the entries over it) when
- * it is older than accessed_at (< 0: any); 1 when something was removed.
- * mut_mu held. */
-int kvti_tier_chunks_evict_older(kvt_tier *t, double accessed_at);
 
 #endif

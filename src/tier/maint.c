@@ -3,14 +3,20 @@
  * first, then files, under the entry's exclusive stripe), capacity by LRU over
  * bytes on disk and entry count, retention since written, quarantine of a
  * corrupt entry and dropping the row of an entry whose files vanished (both
- * only if the index still holds the version the reader saw). Every function
+ * only if the index still holds the version the reader saw), and the
+ * eviction of leaf chunks with the entries over them (which is removal: the
+ * two recurse into each other, so they live together). Every function
  * here runs with mut_mu held (or takes it) - see tier.h.
  */
 #include "tier/ramtier.h"
 #include "tier/tier.h"
 #include "tier/chunks.h"
 #include "base/error.h"
+#include "base/hash.h"
+#include "base/io.h"
+#include "index/chain_walk.h"
 #include "index/index.h"
+#include "store/chunked.h"
 
 /* ------------------------------------------------------------------------ */
 /* Removal, capacity, retention, quarantine                                 */
@@ -66,6 +72,58 @@ int kvti_tier_remove_locked(kvt_tier *t, const char *hash, int why) {
   return rc;
 }
 
+/* Removes chunk key and everything below it, and the entries whose chain
+ * ran through it. The order makes every point a crash can cut it at
+ * recoverable: the entries go first (row, then files), while their chains
+ * are still whole - a cut there leaves either an entry the next open
+ * reconciles whole (its directory and its chain both present) or none; then
+ * the chain rows in one transaction, then the chunk files (a cut there
+ * leaves orphan files the sweep reclaims). Removing the rows first would let
+ * a cut leave an entry directory whose chain is no longer indexed, which
+ * reconcile must then call invalid and quarantine. mut_mu held. */
+static void drop_chunk_locked(kvt_tier *t, const uint8_t key[32], int why) {
+  kvti_chunkstore *cs = kvti_chunked_store(t->chunked);
+  kvti_chains *ch = kvti_chunkstore_chains(cs);
+  kvti_chain_rec *sub = NULL;
+  size_t nsub = 0;
+  if (kvti_chains_subtree(ch, key, &sub, &nsub) != 0)
+    return;
+  uint8_t(*hs)[32] = NULL;
+  size_t nh = 0;
+  if (kvti_chains_entries_ending(ch, sub, nsub, &hs, &nh) != 0) {
+    kvti_free(sub);
+    return; /* nothing removed: the chain and its entries stay whole */
+  }
+  kvti_free(sub);
+  for (size_t i = 0; i < nh; i++) {
+    char hex[65];
+    kvti_hex32(hex, hs[i]);
+    kvti_tier_remove_locked(t, hex, why); /* forgets the record too */
+  }
+  kvti_free(hs);
+  kvti_chain_rec *rem = NULL;
+  size_t nrem = 0;
+  if (kvti_chains_remove_tree(ch, key, &rem, &nrem) != 0)
+    return;
+  kvti_ram_invalidate_chunks(t, rem, nrem); /* RAM copies through them */
+  for (size_t i = 0; i < nrem; i++)
+    kvti_chunkstore_unlink(cs, rem[i].key); /* never through a link */
+  kvti_free(rem);
+}
+
+static int chunks_evict_older(kvt_tier *t, double accessed_at) {
+  if (!t->chunked)
+    return 0;
+  kvti_chain_rec leaf;
+  kvti_chains *ch = kvti_chunkstore_chains(kvti_chunked_store(t->chunked));
+  if (!kvti_chains_lru_leaf(ch, &leaf) ||
+      (accessed_at >= 0 && leaf.accessed_at > accessed_at))
+    return 0;
+  drop_chunk_locked(t, leaf.key, KVTI_RM_EVICT);
+  KVTI_STAT_ADD(&t->stats, evictions, 1);
+  return 1;
+}
+
 void kvti_tier_enforce_locked(kvt_tier *t, int64_t max_entries,
                               uint64_t max_bytes, double cutoff,
                               uint64_t *removed, uint64_t *removed_bytes) {
@@ -90,8 +148,7 @@ void kvti_tier_enforce_locked(kvt_tier *t, int64_t max_entries,
     int have = kvti_index_lru_victim(&v, t->idx) == 0;
     /* Over bytes: a leaf chunk older than the LRU entry goes first (chunks.h;
      * the entries over it go with it). */
-    if (bytes > max_bytes &&
-        kvti_tier_chunks_evict_older(t, have ? v.accessed_at : -1.0))
+    if (bytes > max_bytes && chunks_evict_older(t, have ? v.accessed_at : -1.0))
       continue;
     if (!have)
       break;

@@ -12,6 +12,7 @@
  * everything again as it copies. A damaged remote chunk is deleted remotely
  * (and published); a missing one is a miss, never data.
  */
+#include "store/local_layout.h"
 #include "tier/rchunks.h"
 
 #include "base/error.h"
@@ -96,7 +97,7 @@ int kvti_rchunks_upload(kvt_tier *t, kvti_backend *be, const kvti_snapshot *s,
       src.index = i;
       src.tokens = tk;
       src.row0 = (uint64_t)i * C;
-      char path[4096], tmp[4200];
+      char path[4200] = "", tmp[4200];
       char *buf = NULL;
       size_t len = 0;
       int lrc = KVT_ENOTFOUND;
@@ -108,12 +109,13 @@ int kvti_rchunks_upload(kvt_tier *t, kvti_backend *be, const kvti_snapshot *s,
         kvti_hex32(kh, key);
         if (!stage && (rc = be->ops->stage(be, &stage)) != 0)
           break;
-        snprintf(path, sizeof path, "%s/%s.kvc", stage, kh);
-        snprintf(tmp, sizeof tmp, "%s/%s.tmp", stage, kh);
-        rc = kvti_chunk_write(path, tmp, &src, t->opts.file_mode, 0, NULL);
+        rc = kvti_local_stage_chunk_paths(path, tmp, sizeof path, stage, kh);
+        if (rc == 0)
+          rc = kvti_chunk_write(path, tmp, &src, t->opts.file_mode, 0, NULL);
         if (rc == 0)
           rc = kvti_read_file(&buf, &len, path, (size_t)1 << 31);
-        kvti_unlink(path);
+        if (path[0])
+          kvti_unlink(path);
       }
       if (rc == 0) {
         kvti_chain_rec rec;

@@ -18,69 +18,26 @@
 #include "base/io.h"
 #include "index/index.h"
 #include "tier/chunks.h"
+#include "store/local_layout.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
-/* Renames cache_dir/index.db (and its -wal) to index.db.<why>-<time>[-wal]
- * and deletes its -shm, so a fresh index starts clean (a WAL left next to a
- * new database would be replayed into it). */
-int kvti_tier_index_set_aside(kvt_tier *t, const char *why) {
-  char stamp[32];
-  time_t now = time(NULL);
-  struct tm tm;
-  gmtime_r(&now, &tm);
-  strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
-  char from[4200], to[4300];
-  int rc = 0;
-  static const char *const sfx[] = {"", "-wal"};
-  for (int i = 0; i < 2 && rc == 0; i++) {
-    snprintf(from, sizeof from, "%s/index.db%s", t->dir, sfx[i]);
-    struct stat st;
-    if (kvti_io->lstat(from, &st) != 0)
-      continue;
-    for (unsigned k = 0;; k++) {
-      struct stat ts;
-      if (k == 0)
-        snprintf(to, sizeof to, "%s/index.db.%s-%s%s", t->dir, why, stamp,
-                 sfx[i]);
-      else
-        snprintf(to, sizeof to, "%s/index.db.%s-%s.%u%s", t->dir, why, stamp, k,
-                 sfx[i]);
-      if (kvti_io->lstat(to, &ts) != 0)
-        break;
-    }
-    rc = kvti_rename(from, to);
-    if (rc == 0)
-      kvti_log(t, KVT_LOG_WARN, "kvtier: %s set aside as %s", from, to);
-  }
-  snprintf(from, sizeof from, "%s/index.db-shm", t->dir);
-  if (rc == 0)
-    rc = kvti_unlink(from);
-  return rc;
+static void note_moved(void *ctx, const char *from, const char *to) {
+  kvti_log(ctx, KVT_LOG_WARN, "kvtier: %s set aside as %s", from, to);
 }
 
-/* 1 when index.db, -wal or -shm exists but is not a regular file (a FIFO
- * there would stall SQLite's first read forever). */
-static int index_files_hostile(const kvt_tier *t) {
-  static const char *const sfx[] = {"", "-wal", "-shm"};
-  for (int i = 0; i < 3; i++) {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/index.db%s", t->dir, sfx[i]);
-    struct stat st;
-    if (kvti_io->lstat(p, &st) == 0 && !S_ISREG(st.st_mode))
-      return 1;
-  }
-  return 0;
+int kvti_tier_index_set_aside(kvt_tier *t, const char *why) {
+  return kvti_local_index_set_aside(t->dir, why, note_moved, t);
 }
 
 int kvti_tier_open_index(kvt_tier *t, const kvti_index_measure *measure,
                          int *rebuilt) {
   *rebuilt = 0;
   if (t->readonly) {
-    if (index_files_hostile(t))
+    if (kvti_local_index_hostile(t->dir))
       return KVT_ERR(KVT_ECORRUPT,
                      "%s/index.db is not a regular file; open the directory "
                      "writable (or run `kvtier reindex`) to rebuild it",
@@ -92,7 +49,7 @@ int kvti_tier_open_index(kvt_tier *t, const kvti_index_measure *measure,
     if ((rc = kvti_tier_index_set_aside(t, "reindexed")) != 0)
       return rc;
     *rebuilt = 1;
-  } else if (index_files_hostile(t)) {
+  } else if (kvti_local_index_hostile(t->dir)) {
     if ((rc = kvti_tier_index_set_aside(t, "corrupt")) != 0)
       return rc;
     *rebuilt = 1;

@@ -297,10 +297,6 @@ int kvti_remote_open(kvt_tier *t) {
 
 /* ---- promotes ---- */
 
-int kvti_remote_enabled(const kvt_tier *t) {
-  return RM(t) != NULL;
-}
-
 /* The remote lookup of promotes (count: misses counted) and of
  * kvt_tier_lookup* (not counted, as local lookups are not). */
 static int lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,

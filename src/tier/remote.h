@@ -37,8 +37,6 @@ int kvti_remote_drain(struct kvt_tier *t, const struct timespec *ts, int has);
 /* Stops the upload thread (dropping queued uploads when drop). */
 void kvti_remote_stop(struct kvt_tier *t, int drop);
 void kvti_remote_free(struct kvt_tier *t);
-/* 1 when promotes may consult the remote store. */
-int kvti_remote_enabled(const struct kvt_tier *t);
 /* Remote lookup for a promote (counts remote misses/errors). Fills info from
  * the remote manifest. Returns 0, KVT_ENOTFOUND (also when the remote is
  * unavailable: degraded, counted as an error). */

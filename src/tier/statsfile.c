@@ -8,6 +8,7 @@
  * side, acquire load / relaxed copy / acquire fence / relaxed reload on the
  * reader side.
  */
+#include "store/local_layout.h"
 #include "tier/statsfile.h"
 #include "base/clock.h"
 #include "base/error.h"
@@ -65,7 +66,7 @@ static double bitsd(uint64_t u) {
   return d;
 }
 static char *stats_path(const char *dir) {
-  return kvti_path_join(dir, KVTI_STATSFILE_NAME);
+  return kvti_local_path(dir, KVTI_LOCAL_STATS); /* the layout's name */
 }
 
 int kvti_statsfile_open(kvti_statsfile **out, const char *dir, mode_t mode,

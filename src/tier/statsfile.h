@@ -17,7 +17,6 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define KVTI_STATSFILE_NAME "stats.bin"
 #define KVTI_STATSFILE_MAGIC "KVTSTAT" /* 8 bytes with its NUL */
 #define KVTI_STATSFILE_VERSION 1u
 #define KVTI_STATSFILE_SIZE 4096u
@@ -27,7 +26,7 @@
 
 typedef struct kvti_statsfile kvti_statsfile;
 
-/* Creates (or takes over) dir/stats.bin, stamps it with this process's pid
+/* Creates (or takes over) dir's stats file (store/local_layout.h), stamps it with this process's pid
  * and publishes s. Returns 0 or a negative code (error set). */
 int kvti_statsfile_open(kvti_statsfile **out, const char *dir, mode_t mode,
                         const kvt_stats *s);

@@ -1,10 +1,12 @@
 /*
- * tier.h - the internal state of a kvt_tier shared by the tier files: tier.c
- * (open/close/free, enter/leave, log), maint.c (removal, capacity, retention,
- * quarantine), reconcile.c, ops.c (lookups and entry operations, stats entry
- * points), writer.c (spill queue + writer thread), promote.c (promote, worker
- * pool, promises) and remote.c (the remote glue). stats.h and options.h sit
- * below it and know nothing of a kvt_tier.
+ * tier.h - the internal state of a kvt_tier shared by the tier files, and
+ * the calls between them. The files form layers (docs/DESIGN.md, "Source
+ * map"): tier.c (enter/leave, log) at the bottom; maint.c (removal,
+ * capacity, retention, quarantine), reconcile.c/recover.c, ops.c (lookups
+ * and entry operations), promote.c (promote, worker pool, promises),
+ * commit.c (durable writes), writer.c (spill queue + writer thread), spill.c
+ * (the public spill calls) above; lifecycle.c (open/close/free) on top.
+ * stats.h and options.h sit below it and know nothing of a kvt_tier.
  *
  * Threads and locks (full story in docs/DESIGN.md):
  *  - life_mu/life_cv: lifecycle state and the count of operations in flight.
@@ -159,7 +161,10 @@ int64_t kvti_tier_reconcile_locked(kvt_tier *t);
  * publishes them to the live stats file. Call with no tier lock held. */
 void kvti_stats_refresh_gauges(kvt_tier *t);
 
-/* writer.c */
+/* tier.c: 1 when a remote tier is configured (promotes may consult it). */
+int kvti_remote_enabled(const kvt_tier *t);
+
+/* writer.c: the spill queue and its thread. */
 int kvti_writer_init(kvt_tier *t);
 void kvti_writer_destroy(kvt_tier *t);
 /* Waits up to timeout for the queue to drain (accepting must already be 0).
@@ -167,44 +172,33 @@ void kvti_writer_destroy(kvt_tier *t);
 int kvti_writer_drain(kvt_tier *t, int64_t timeout_ms);
 /* Stops (dropping queued spills when drop) and joins the writer thread. */
 void kvti_writer_stop(kvt_tier *t, int drop);
+/* The spill queue's entry, past admission (spill.c decides first): checks,
+ * snapshot, enqueue; refusals counted by reason. */
+int kvti_spill_enqueue(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
+                       const kvt_layer *layers, uint32_t n_layers,
+                       uint64_t memory_bytes, int copy, void (*release)(void *),
+                       void *release_ctx, const kvt_call_opts *co);
+/* Close's first step: queues the stop marker behind the accepted spills once
+ * a queue slot is free (before the deadline: else KVT_EFULL, nothing changed)
+ * and stops accepting spills. No-op without a writer to stop. */
+int kvti_writer_queue_marker(kvt_tier *t, const struct timespec *ts, int has);
+
+/* commit.c: durable writes of spills taken off the queue. */
+/* The most spills written as one group. */
+#define KVTI_WRITER_BATCH_MAX 16
 /* Writes one spill (notify: run spill_done_fn); returns its result. */
 int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify);
+/* Writes n >= 2 spills together (group commit), then acknowledges each
+ * (spill_done_fn) in FIFO order. */
+void kvti_writer_write_batch(kvt_tier *t, kvti_snapshot **snaps, size_t n);
 
-/* The spill queue's entry, past admission (admission.h decides first): the
- * old kvt_tier_spill_ex/_nocopy_ex body, refusals counted by reason. */
-int kvti_spill_enqueue(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
-                       const kvt_layer *layers, uint32_t n_layers,
-                       uint64_t memory_bytes, int copy, void (*release)(void *),
-                       void *release_ctx, const kvt_call_opts *co);
-/* hybrid.c: kvt_tier_spill_prefix_ex without a second admission decision
- * (admission's own cut of a spill to its seen prefix). */
-int kvti_spill_prefix_noadmit(kvt_tier *t, const int32_t *tokens, size_t n_keep,
-                              const kvt_layer *layers, uint32_t n_layers,
-                              uint64_t memory_bytes, const kvt_call_opts *co);
-
-/* The spill queue's entry, past admission (admission.h decides first): the
- * old kvt_tier_spill_ex/_nocopy_ex body, refusals counted by reason. */
-int kvti_spill_enqueue(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
-                       const kvt_layer *layers, uint32_t n_layers,
-                       uint64_t memory_bytes, int copy, void (*release)(void *),
-                       void *release_ctx, const kvt_call_opts *co);
-/* hybrid.c: kvt_tier_spill_prefix_ex without a second admission decision
- * (admission's own cut of a spill to its seen prefix). */
-int kvti_spill_prefix_noadmit(kvt_tier *t, const int32_t *tokens, size_t n_keep,
-                              const kvt_layer *layers, uint32_t n_layers,
-                              uint64_t memory_bytes, const kvt_call_opts *co);
-
-/* writer_hook.c */
+/* writer_hook.c: a binding's write hook. */
 int kvti_writer_hook_init(kvt_tier *t);
 void kvti_writer_hook_destroy(kvt_tier *t);
 /* The writer thread's write of one spill: kvti_writer_write, or, with a hook
  * set, the hook with nothing locked, then the report (stats, log,
  * spill_done_fn). */
 void kvti_writer_run_hooked(kvt_tier *t, kvti_snapshot *s);
-/* Close's first step: queues the stop marker behind the accepted spills once
- * a queue slot is free (before the deadline: else KVT_EFULL, nothing changed)
- * and stops accepting spills. No-op without a writer to stop. */
-int kvti_writer_queue_marker(kvt_tier *t, const struct timespec *ts, int has);
 
 /* promote.c */
 int kvti_pool_init(kvt_tier *t);

@@ -1,14 +1,13 @@
 /*
- * writer.c - the spill path: kvt_tier_spill snapshots the caller's layers on
- * the caller's thread and enqueues them without blocking (bounded by
+ * writer.c - the spill queue and its thread: kvti_spill_enqueue checks a spill,
+ * snapshots the caller's layers on the caller's thread (or holds them, for a
+ * no-copy spill) and enqueues them without blocking (bounded by
  * spill_queue_size entries and spill_queue_bytes bytes; a spill that does not
  * fit is dropped with KVT_EFULL, one that could never fit is refused with
- * KVT_ETOOBIG), and one writer thread drains the queue in FIFO order: backend
- * put (atomic, durable per the durability option), index row, stats, capacity
- * enforcement, the spill_done callback, and a periodic retention sweep. A
- * failed write leaves no entry and no row - and a failed replacement the
- * previous version and its row, exactly as they were - is counted in
- * write_failures, and the writer carries on with the next spill.
+ * KVT_ETOOBIG); one writer thread drains the queue in FIFO order, taking the
+ * spills waiting behind the one it runs along as a group, and hands them to
+ * commit.c (or a binding's write hook), then runs a periodic retention sweep.
+ * Also kvt_tier_flush and close's stop marker.
  *
  * The queue and the thread are a kvti_workq (base/workq.h) with one worker:
  * enq_seq counts spills accepted, done_seq spills finished (written, failed or
@@ -29,201 +28,6 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Writes one spill (notify: then runs spill_done_fn). Runs on the writer
- * thread - or a write hook's caller, writer_hook.c - with nothing locked on
- * entry. Returns the write's result. */
-/* How long the writer keeps retrying a spill whose index commit finds
- * index.db locked by another connection (SQLite's own busy timeout, which it
- * no longer waits for while holding mut_mu). */
-#define WRITER_BUSY_BUDGET_S 5.0
-
-/* One attempt at a spill, with mut_mu held. Order: stage the new version
- * (nobody sees it), publish it keeping the previous version, commit the index
- * row without waiting for another connection's lock, then drop the previous
- * version - or, when the commit failed, roll the publish back: the previous
- * version and its row are served exactly as before (the row never changed:
- * a failed index put changes neither SQLite nor the mirror). *busy is set
- * when the commit found index.db locked (worth a retry). A chunked tier
- * (chunks.h) takes the same steps for its tail entry and chained-entry
- * record (its chunks are immutable and written first). */
-static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
-                        const kvti_write_opts *wo, uint64_t *disk, int *busy) {
-  size_t n = 0;
-  const int32_t *tokens = kvti_snapshot_tokens(s, &n);
-  const kvti_backend_ops *ops = t->be->ops;
-  *busy = 0;
-  /* Readers must be excluded only when something is already stored under this
-   * hash (a replace: a reader could otherwise mix files of two versions). A new
-   * entry appears atomically by rename and its row only after that, and nobody
-   * else can create either while we hold mut_mu, so readers of other entries in
-   * the stripe need not wait for this write. Staging needs no lock at all: the
-   * staged version is invisible. */
-  kvt_entry_info old;
-  int replacing = kvti_index_find_hash(&old, t->idx, hash) == 0 ||
-                  ops->present(t->be, hash) != 0;
-  if (!ops->put_stage) {
-    if (replacing) {
-      kvti_stripe_wrlock(&t->stripes, hash);
-      kvti_ram_invalidate(t, hash); /* the RAM copy is the old version */
-    }
-    int rc = t->be->ops->put(t->be, disk, s, wo);
-    if (rc == 0) {
-      kvti_index_put_args a = {tokens,     n,
-                               hash,       kvti_snapshot_memory_bytes(s),
-                               *disk,      t->opts.storage_mode,
-                               0,          kvti_snapshot_salt(s),
-                               !t->chunked};
-      rc = kvti_index_put_one(t->idx, &a, 1);
-      if (rc != 0) {
-        /* Published files without a row would be an entry nobody can see
-         * and capacity does not count: remove them (and any row of a
-         * replaced version) so no trace remains. */
-        kvti_error_state es;
-        kvti_error_state_capture(&es, rc);
-        if (!replacing)
-          kvti_stripe_wrlock(&t->stripes, hash);
-        kvti_index_remove_hash(t->idx, hash);
-        ops->remove(t->be, hash);
-        if (!replacing)
-          kvti_stripe_unlock(&t->stripes, hash);
-        kvti_error_state_restore(&es);
-      }
-    }
-    if (replacing)
-      kvti_stripe_unlock(&t->stripes, hash);
-    return rc;
-  }
-  /* A chunked tier (chunks.h) first writes the chunks the chain lacks - they
-   * are immutable and never replaced, so nothing of an old version changes -
-   * then stages its tail like any entry; the chained-entry record changes
-   * only under the stripe's write lock and is put back if the row fails. */
-  kvti_chunked_prep cp;
-  int chunked = t->chunked != NULL;
-  if (chunked) {
-    /* A new entry's record commits with its chunk rows (no reader can
-     * reach it before its row); a replacement's waits for the stripe. */
-    int prc = kvti_tier_chunks_prepare(t, &cp, s, !replacing);
-    if (prc != 0) {
-      kvti_chunked_prep_free(&cp);
-      return prc;
-    }
-  }
-  const kvti_snapshot *ss = chunked ? kvti_chunked_prep_snapshot(&cp, s) : s;
-  kvti_put_txn *x = NULL;
-  int rc = ops->put_stage(t->be, &x, disk, ss, wo);
-  if (rc != 0) {
-    if (chunked) {
-      if (cp.recorded) { /* nothing published: the record goes back */
-        kvti_error_state es;
-        kvti_error_state_capture(&es, rc);
-        kvti_chunked_prep_undo(t->chunked, &cp);
-        kvti_error_state_restore(&es);
-      }
-      kvti_chunked_prep_free(&cp);
-    }
-    return rc;
-  }
-  if (replacing)
-    kvti_stripe_wrlock(&t->stripes, hash);
-  int recorded = chunked && cp.recorded;
-  rc = chunked ? kvti_chunked_prep_record(t->chunked, &cp) : 0;
-  if (rc == 0) {
-    recorded = chunked;
-    rc = ops->put_publish(t->be, x);
-  }
-  if (rc == 0) {
-    kvti_index_put_args a = {tokens,  n,
-                             hash,    kvti_snapshot_memory_bytes(s),
-                             *disk,   t->opts.storage_mode,
-                             0,       kvti_snapshot_salt(s),
-                             !chunked};
-    rc = kvti_index_put_one(t->idx, &a, 0);
-  }
-  if (rc == 0) {
-    ops->put_commit(t->be, x);
-    if (chunked)
-      kvti_tier_chunks_committed(t, &cp);
-    if (replacing)
-      kvti_ram_invalidate(t, hash); /* the RAM copy is the old version */
-  } else {
-    kvti_error_state es;
-    kvti_error_state_capture(&es, rc);
-    if (!replacing)
-      kvti_stripe_wrlock(&t->stripes, hash);
-    if (recorded)
-      kvti_chunked_prep_undo(t->chunked, &cp);
-    if (ops->put_rollback(t->be, x) != 0)
-      kvti_log(t, KVT_LOG_WARN,
-               "kvtier: undoing the publish of %.16s failed (%s); the new "
-               "version stays in place",
-               hash, kvt_last_error());
-    if (!replacing)
-      kvti_stripe_unlock(&t->stripes, hash);
-    *busy = rc == KVT_EBUSY;
-    kvti_error_state_restore(&es);
-  }
-  if (replacing)
-    kvti_stripe_unlock(&t->stripes, hash);
-  if (chunked)
-    kvti_chunked_prep_free(&cp);
-  return rc;
-}
-
-/* Writes one spill (notify: then runs spill_done_fn). Runs on the writer
- * thread - or a write hook's caller, writer_hook.c - with nothing locked on
- * entry. A busy index is waited for without mut_mu (so removals, quarantines
- * and reconciles are not held up by another process's lock) and the write is
- * retried, within WRITER_BUSY_BUDGET_S. Returns the write's result. */
-int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify) {
-  if (!kvti_remote_spills_local(t))
-    return 0; /* remote only: the upload thread writes it and reports it */
-  char hash[KVT_HASH_HEX_LEN + 1];
-  memcpy(hash, kvti_snapshot_hash(s), sizeof hash);
-  size_t n = 0;
-  kvti_snapshot_tokens(s, &n);
-  kvti_write_opts wo = {
-      t->opts.storage_mode, t->opts.durability == KVT_DURABILITY_FSYNC,
-      t->opts.file_mode, t->opts.dir_mode, t->opts.io_backend};
-  uint64_t disk = 0;
-  double t0 = kvti_now_mono();
-  double deadline = t0 + WRITER_BUSY_BUDGET_S;
-  int rc;
-  pthread_mutex_lock(&t->mut_mu);
-  for (;;) {
-    int busy = 0;
-    rc = write_locked(t, s, hash, &wo, &disk, &busy);
-    double left = deadline - kvti_now_mono();
-    if (!busy || left <= 0)
-      break;
-    pthread_mutex_unlock(&t->mut_mu);
-    int w = kvti_index_wait_writable(t->idx, (int64_t)(left * 1000) + 1);
-    pthread_mutex_lock(&t->mut_mu);
-    if (w != 0) {
-      rc = w;
-      break;
-    }
-  }
-  if (rc == 0) {
-    kvti_stats_spilled(&t->stats, disk, kvti_now_mono() - t0);
-    kvti_ram_spilled(t, s, disk); /* before capacity enforcement may evict */
-    kvti_log(t, KVT_LOG_DEBUG,
-             "kvtier: spilled %.16s: %zu tokens, %llu bytes on disk", hash, n,
-             (unsigned long long)disk);
-    kvti_tier_enforce_locked(t, t->opts.max_entries, t->max_bytes,
-                             kvti_tier_cutoff(t), NULL, NULL);
-  } else {
-    KVTI_STAT_ADD(&t->stats, write_failures, 1);
-    kvti_log(t, KVT_LOG_ERROR,
-             "kvtier: failed to write entry %.16s (%zu tokens): %s", hash, n,
-             kvt_last_error());
-  }
-  pthread_mutex_unlock(&t->mut_mu);
-  kvti_stats_refresh_gauges(t); /* entries, bytes, queue: for the live file */
-  if (notify && t->opts.spill_done_fn)
-    t->opts.spill_done_fn(t->opts.spill_done_ctx, hash, rc);
-  return rc;
-}
-
 /* Seconds between retention sweeps: a quarter of the retention, within [0.05 s,
  * 30 s]. */
 static double sweep_interval(const kvt_tier *t) {
@@ -243,219 +47,17 @@ static void sweep(void *ctx) {
   pthread_mutex_unlock(&t->mut_mu);
 }
 
-/* ---- group commit ----------------------------------------------------
- * Spills waiting in the queue when the writer takes one are written as one
- * batch (at most WRITER_BATCH_MAX, distinct hashes, none replacing a stored
- * entry): each one's chunks, then its staged version (files and staging
- * directory synced) published by rename with the fsync of data/ deferred;
- * then ONE fsync of data/ makes every rename of the batch durable, then ONE
- * index transaction commits every row, and only then is each spill
- * acknowledged, in FIFO order. So an acknowledged spill is exactly as
- * durable as a single one, and a crash anywhere before the commit leaves
- * each spill of the batch published-without-row (adopted whole by the next
- * open's reconcile) or only staged (removed): never a row without its
- * files, never a partial entry. A replacement is written alone (it holds its
- * stripe across publish and commit, and batching several stripes could
- * deadlock readers). A spill whose batch step fails, or a batch whose sync
- * or commit fails (all publishes rolled back first), is written again
- * through the single path, which also waits out a busy index. */
-#define WRITER_BATCH_MAX 16
-
-typedef struct batch_ent {
-  kvti_snapshot *s;
-  char hash[KVT_HASH_HEX_LEN + 1];
-  kvti_chunked_prep cp;
-  int has_cp;   /* cp holds prepared state (prep_free pending) */
-  int recorded; /* the chained-entry record was written */
-  kvti_put_txn *x;
-  uint64_t disk;
-  double t0;
-  int rc;     /* the spill's result */
-  int single; /* to be written through the single path */
-  int done;   /* rc is final */
-} batch_ent;
-
-/* Undoes a published (or staged) batch member: record, then files. mut_mu
- * held; takes its stripe for the rollback as the single path does. */
-static void batch_undo(kvt_tier *t, batch_ent *b) {
-  kvti_stripe_wrlock(&t->stripes, b->hash);
-  if (b->recorded)
-    kvti_chunked_prep_undo(t->chunked, &b->cp);
-  if (b->x && t->be->ops->put_rollback(t->be, b->x) != 0)
-    kvti_log(t, KVT_LOG_WARN,
-             "kvtier: undoing the publish of %.16s failed (%s); the new "
-             "version stays in place",
-             b->hash, kvt_last_error());
-  kvti_stripe_unlock(&t->stripes, b->hash);
-  b->x = NULL;
-  b->recorded = 0;
-}
-
-static void batch_free_prep(batch_ent *b) {
-  if (b->has_cp)
-    kvti_chunked_prep_free(&b->cp);
-  b->has_cp = 0;
-}
-
-/* Writes the batch members b[i..n) up to (not including) the first that
- * replaces a stored entry, as described above. mut_mu held. Returns the
- * index of that member (n: none). Members end with done (rc final) or
- * single (to be written alone). */
-static size_t batch_group_locked(kvt_tier *t, batch_ent *b, size_t i, size_t n,
-                                 const kvti_write_opts *wo) {
-  const kvti_backend_ops *ops = t->be->ops;
-  size_t pub[WRITER_BATCH_MAX], np = 0, j;
-  for (j = i; j < n; j++) {
-    batch_ent *e = &b[j];
-    kvt_entry_info old;
-    if (kvti_index_find_hash(&old, t->idx, e->hash) == 0 ||
-        ops->present(t->be, e->hash) != 0)
-      break; /* a replacement: written alone, in its turn */
-    e->t0 = kvti_now_mono();
-    int rc = 0;
-    if (t->chunked) {
-      e->has_cp = 1;
-      rc = kvti_tier_chunks_prepare(t, &e->cp, e->s, 1); /* all new */
-      e->recorded = rc == 0 && e->cp.recorded;
-    }
-    const kvti_snapshot *ss =
-        t->chunked ? kvti_chunked_prep_snapshot(&e->cp, e->s) : e->s;
-    if (rc == 0)
-      rc = ops->put_stage(t->be, &e->x, &e->disk, ss, wo);
-    if (rc == 0 && t->chunked) {
-      rc = kvti_chunked_prep_record(t->chunked, &e->cp);
-      e->recorded = e->recorded || (rc == 0 && e->cp.chained);
-    }
-    if (rc == 0)
-      rc = ops->put_publish(t->be, e->x);
-    if (rc != 0) {
-      kvti_error_state es;
-      kvti_error_state_capture(&es, rc);
-      batch_undo(t, e);
-      batch_free_prep(e);
-      kvti_error_state_restore(&es);
-      /* A busy index is waited for by the single path; any other failure
-       * is this spill's own (the single path would meet it again). */
-      e->single = rc == KVT_EBUSY;
-      e->done = !e->single;
-      e->rc = rc;
-      if (e->done) {
-        KVTI_STAT_ADD(&t->stats, write_failures, 1);
-        size_t nt = 0;
-        kvti_snapshot_tokens(e->s, &nt);
-        kvti_log(t, KVT_LOG_ERROR,
-                 "kvtier: failed to write entry %.16s (%zu tokens): %s",
-                 e->hash, nt, kvt_last_error());
-      }
-      continue;
-    }
-    pub[np++] = j;
-  }
-  if (np == 0)
-    return j;
-  /* Every rename of the batch durable at once, then every row at once. */
-  int rc = wo->defer_dir_sync ? ops->put_sync(t->be) : 0;
-  if (rc == 0) {
-    kvti_index_put_args a[WRITER_BATCH_MAX];
-    for (size_t k = 0; k < np; k++) {
-      batch_ent *e = &b[pub[k]];
-      size_t nt = 0;
-      const int32_t *tokens = kvti_snapshot_tokens(e->s, &nt);
-      kvti_index_put_args x = {tokens,     nt,
-                               e->hash,    kvti_snapshot_memory_bytes(e->s),
-                               e->disk,    t->opts.storage_mode,
-                               0,          kvti_snapshot_salt(e->s),
-                               !t->chunked};
-      a[k] = x;
-    }
-    rc = kvti_index_put_batch(t->idx, a, np, 0);
-  }
-  if (rc != 0) {
-    kvti_error_state es;
-    kvti_error_state_capture(&es, rc);
-    for (size_t k = np; k-- > 0;) {
-      batch_ent *e = &b[pub[k]];
-      batch_undo(t, e);
-      batch_free_prep(e);
-      e->single = 1; /* each gets its own try (and its own error) */
-    }
-    kvti_log(t, KVT_LOG_DEBUG,
-             "kvtier: group commit of %zu spills failed (%s); writing them "
-             "one by one",
-             np, es.msg);
-    kvti_error_state_restore(&es);
-    return j;
-  }
-  if (np > 1) {
-    KVTI_STAT_ADD(&t->stats, spill_batches, 1);
-    KVTI_STAT_ADD(&t->stats, spills_batched, np);
-  }
-  for (size_t k = 0; k < np; k++) {
-    batch_ent *e = &b[pub[k]];
-    ops->put_commit(t->be, e->x);
-    e->x = NULL;
-    if (t->chunked)
-      kvti_tier_chunks_committed(t, &e->cp);
-    batch_free_prep(e);
-    e->rc = 0;
-    e->done = 1;
-    size_t nt = 0;
-    kvti_snapshot_tokens(e->s, &nt);
-    kvti_stats_spilled(&t->stats, e->disk, kvti_now_mono() - e->t0);
-    kvti_ram_spilled(t, e->s, e->disk); /* before enforcement may evict */
-    kvti_log(t, KVT_LOG_DEBUG,
-             "kvtier: spilled %.16s: %zu tokens, %llu bytes on disk "
-             "(group of %zu)",
-             e->hash, nt, (unsigned long long)e->disk, np);
-  }
-  kvti_tier_enforce_locked(t, t->opts.max_entries, t->max_bytes,
-                           kvti_tier_cutoff(t), NULL, NULL);
-  return j;
-}
-
-/* Writes n >= 2 spills taken off the queue together, then acknowledges each
- * (spill_done_fn) in FIFO order. */
-static void write_batch(kvt_tier *t, kvti_snapshot **snaps, size_t n) {
-  batch_ent b[WRITER_BATCH_MAX];
-  memset(b, 0, sizeof b);
-  for (size_t k = 0; k < n; k++) {
-    b[k].s = snaps[k];
-    memcpy(b[k].hash, kvti_snapshot_hash(snaps[k]), sizeof b[k].hash);
-  }
-  kvti_write_opts wo = {
-      t->opts.storage_mode, t->opts.durability == KVT_DURABILITY_FSYNC,
-      t->opts.file_mode,    t->opts.dir_mode,
-      t->opts.io_backend,   0};
-  wo.defer_dir_sync = wo.do_fsync && t->be->ops->put_sync != NULL;
-  size_t i = 0;
-  while (i < n) {
-    pthread_mutex_lock(&t->mut_mu);
-    size_t j = batch_group_locked(t, b, i, n, &wo);
-    pthread_mutex_unlock(&t->mut_mu);
-    for (size_t k = i; k < j; k++)
-      if (b[k].single)
-        b[k].rc = kvti_writer_write(t, b[k].s, 0);
-    if (j < n) /* the replacement that ended the group */
-      b[j].rc = kvti_writer_write(t, b[j].s, 0);
-    i = j + 1;
-  }
-  kvti_stats_refresh_gauges(t); /* entries, bytes, queue: for the live file */
-  for (size_t k = 0; k < n; k++)
-    if (t->opts.spill_done_fn)
-      t->opts.spill_done_fn(t->opts.spill_done_ctx, b[k].hash, b[k].rc);
-}
-
 /* What the writer may take along with the spill it runs: spills (not
  * close's stop marker) whose hashes differ from every one taken. */
 typedef struct take_ctx {
-  const char *hashes[WRITER_BATCH_MAX];
+  const char *hashes[KVTI_WRITER_BATCH_MAX];
   size_t n;
 } take_ctx;
 
 static int take_want(void *ctx, const kvti_workq_item *qi) {
   take_ctx *c = ctx;
   const kvti_spill_item *it = (const kvti_spill_item *)qi;
-  if (!it->snap || c->n >= WRITER_BATCH_MAX)
+  if (!it->snap || c->n >= KVTI_WRITER_BATCH_MAX)
     return 0;
   const char *h = kvti_snapshot_hash(it->snap);
   for (size_t k = 0; k < c->n; k++)
@@ -493,14 +95,14 @@ static void run_spill(void *ctx, kvti_workq_item *qi) {
     kvti_free(it);
     return;
   }
-  kvti_workq_item *more[WRITER_BATCH_MAX - 1];
+  kvti_workq_item *more[KVTI_WRITER_BATCH_MAX - 1];
   size_t nmore = 0;
   if (batchable(t)) {
     take_ctx tc;
     tc.hashes[0] = kvti_snapshot_hash(it->snap);
     tc.n = 1;
-    nmore =
-        kvti_workq_take_more(&t->w, more, WRITER_BATCH_MAX - 1, take_want, &tc);
+    nmore = kvti_workq_take_more(&t->w, more, KVTI_WRITER_BATCH_MAX - 1,
+                                 take_want, &tc);
   }
   if (nmore == 0) {
     kvti_writer_run_hooked(t, it->snap);
@@ -508,11 +110,11 @@ static void run_spill(void *ctx, kvti_workq_item *qi) {
     kvti_free(it);
     return;
   }
-  kvti_snapshot *snaps[WRITER_BATCH_MAX];
+  kvti_snapshot *snaps[KVTI_WRITER_BATCH_MAX];
   snaps[0] = it->snap;
   for (size_t k = 0; k < nmore; k++)
     snaps[k + 1] = ((kvti_spill_item *)more[k])->snap;
-  write_batch(t, snaps, nmore + 1);
+  kvti_writer_write_batch(t, snaps, nmore + 1);
   spill_release(t, it->snap);
   kvti_free(it);
   for (size_t k = 0; k < nmore; k++) {
@@ -772,47 +374,6 @@ int kvti_spill_enqueue(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
   return rc;
 }
 
-/* Every public spill passes the admission decision first (admission.h). */
-static int spill_common(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
-                        const kvt_layer *layers, uint32_t n_layers,
-                        uint64_t memory_bytes, int copy,
-                        void (*release)(void *), void *release_ctx,
-                        const kvt_call_opts *co) {
-  return kvti_admit_spill(t, tokens, n_tokens, layers, n_layers, memory_bytes,
-                          copy, release, release_ctx, co);
-}
-
-int kvt_tier_spill(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
-                   const kvt_layer *layers, uint32_t n_layers,
-                   uint64_t memory_bytes) {
-  return spill_common(t, tokens, n_tokens, layers, n_layers, memory_bytes, 1,
-                      NULL, NULL, NULL);
-}
-
-int kvt_tier_spill_ex(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
-                      const kvt_layer *layers, uint32_t n_layers,
-                      uint64_t memory_bytes, const kvt_call_opts *co) {
-  return spill_common(t, tokens, n_tokens, layers, n_layers, memory_bytes, 1,
-                      NULL, NULL, co);
-}
-
-int kvt_tier_spill_nocopy_ex(kvt_tier *t, const int32_t *tokens,
-                             size_t n_tokens, const kvt_layer *layers,
-                             uint32_t n_layers, uint64_t memory_bytes,
-                             void (*release)(void *ctx), void *release_ctx,
-                             const kvt_call_opts *co) {
-  return spill_common(t, tokens, n_tokens, layers, n_layers, memory_bytes, 0,
-                      release, release_ctx, co);
-}
-
-int kvt_tier_spill_nocopy(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
-                          const kvt_layer *layers, uint32_t n_layers,
-                          uint64_t memory_bytes, void (*release)(void *ctx),
-                          void *release_ctx) {
-  return spill_common(t, tokens, n_tokens, layers, n_layers, memory_bytes, 0,
-                      release, release_ctx, NULL);
-}
-
 int kvt_tier_flush(kvt_tier *t, int64_t timeout_ms) {
   if (!t)
     return KVT_ERR(KVT_EINVAL, "tier is NULL");
@@ -840,4 +401,45 @@ int kvt_tier_flush(kvt_tier *t, int64_t timeout_ms) {
     rc = kvti_ram_drain(t, &ts, has); /* freed entries' RAM admission */
   kvti_tier_leave(t);
   return rc;
+}
+
+int kvti_writer_queue_marker(kvt_tier *t, const struct timespec *ts, int has) {
+  kvti_writer_hook *h = &t->hook;
+  uint64_t depth = 0;
+  kvti_workq_gauges(&t->w, &depth, NULL);
+  int started = kvti_workq_started(&t->w);
+  pthread_mutex_lock(&h->mu);
+  int nothing = h->marker || kvti_workq_check(&t->w, 0) == KVT_ECLOSED ||
+                (!started && depth == 0);
+  pthread_mutex_unlock(&h->mu);
+  if (nothing)
+    return 0;
+  /* Spills queued before any writer: start one, so slots free up and the
+   * spills before the marker get written (close drains, it never drops). */
+  if (!started) {
+    int rc = kvt_tier_start_writer(t);
+    if (rc != 0)
+      return rc;
+  }
+  kvti_spill_item *marker = kvti_calloc(1, sizeof *marker);
+  if (!marker)
+    return KVT_ERR_NOMEM();
+  int rc = kvti_workq_push_last(&t->w, &marker->link, ts, has);
+  if (rc == KVT_ETIMEDOUT) {
+    kvti_free(marker);
+    kvti_workq_gauges(&t->w, &depth, NULL);
+    return KVT_ERR(KVT_EFULL,
+                   "close: the spill queue stayed full (%llu of %u) until "
+                   "the deadline; the writer's stop marker could not be "
+                   "queued (nothing changed, close may be retried)",
+                   (unsigned long long)depth, t->opts.spill_queue_size);
+  }
+  if (rc != 0) { /* closed meanwhile: nothing to stop */
+    kvti_free(marker);
+    return 0;
+  }
+  pthread_mutex_lock(&h->mu);
+  h->marker = 1;
+  pthread_mutex_unlock(&h->mu);
+  return 0;
 }

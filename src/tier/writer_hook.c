@@ -1,12 +1,11 @@
 /*
- * writer_hook.c - two pieces of the writer that exist for the reference's
- * Python API (the drop-in kvtier.ssd_cache): the per-tier write hook, through
- * which a binding lets SSDCacheTier._write_entry be replaced on one instance
- * (the writer thread hands each spill to the hook with nothing locked, and the
- * hook may run the C write through kvt_tier_write_pending while the spill is
- * in its hands), and close's stop marker, the reference's None sentinel: a
- * queue item that takes a slot, queued behind the accepted spills, after
- * which the queue accepts nothing. Without a hook the writer never calls out.
+ * writer_hook.c - the per-tier write hook, which exists for the reference's
+ * Python API (the drop-in kvtier.ssd_cache): through it a binding lets
+ * SSDCacheTier._write_entry be replaced on one instance (the writer thread
+ * hands each spill to the hook with nothing locked, and the hook may run the
+ * C write through kvt_tier_write_pending while the spill is in its hands).
+ * Without a hook the writer never calls out. (Close's stop marker, the
+ * reference's None sentinel, is writer.c's; it shares the hook's mutex.)
  * Invariants, all under t->hook.mu (a leaf lock): hook.id names the one spill
  * in the hook (0: none) and hook.snap its snapshot, which stays alive until
  * the hook has returned and no kvt_tier_write_pending call is running
@@ -112,45 +111,4 @@ void kvti_writer_run_hooked(kvt_tier *t, kvti_snapshot *s) {
   }
   if (t->opts.spill_done_fn)
     t->opts.spill_done_fn(t->opts.spill_done_ctx, hash, rc);
-}
-
-int kvti_writer_queue_marker(kvt_tier *t, const struct timespec *ts, int has) {
-  kvti_writer_hook *h = &t->hook;
-  uint64_t depth = 0;
-  kvti_workq_gauges(&t->w, &depth, NULL);
-  int started = kvti_workq_started(&t->w);
-  pthread_mutex_lock(&h->mu);
-  int nothing = h->marker || kvti_workq_check(&t->w, 0) == KVT_ECLOSED ||
-                (!started && depth == 0);
-  pthread_mutex_unlock(&h->mu);
-  if (nothing)
-    return 0;
-  /* Spills queued before any writer: start one, so slots free up and the
-   * spills before the marker get written (close drains, it never drops). */
-  if (!started) {
-    int rc = kvt_tier_start_writer(t);
-    if (rc != 0)
-      return rc;
-  }
-  kvti_spill_item *marker = kvti_calloc(1, sizeof *marker);
-  if (!marker)
-    return KVT_ERR_NOMEM();
-  int rc = kvti_workq_push_last(&t->w, &marker->link, ts, has);
-  if (rc == KVT_ETIMEDOUT) {
-    kvti_free(marker);
-    kvti_workq_gauges(&t->w, &depth, NULL);
-    return KVT_ERR(KVT_EFULL,
-                   "close: the spill queue stayed full (%llu of %u) until "
-                   "the deadline; the writer's stop marker could not be "
-                   "queued (nothing changed, close may be retried)",
-                   (unsigned long long)depth, t->opts.spill_queue_size);
-  }
-  if (rc != 0) { /* closed meanwhile: nothing to stop */
-    kvti_free(marker);
-    return 0;
-  }
-  pthread_mutex_lock(&h->mu);
-  h->marker = 1;
-  pthread_mutex_unlock(&h->mu);
-  return 0;
 }
