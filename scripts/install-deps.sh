@@ -7,7 +7,7 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config clang libclang-rt-14-dev
       libsqlite3-dev libssl-dev libxxhash-dev libcjson-dev liburing-dev
       python3 python3-numpy python3-pytest python3-setuptools python3-pip fio sqlite3
-      libhiredis-dev redis-server redis-tools)
+      libhiredis-dev redis-server redis-tools cflow)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

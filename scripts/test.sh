@@ -13,7 +13,7 @@
 # Set KVT_TEST_QUICK=1 to run the plain build only (for local iteration).
 # Set KVT_TEST_STRICT=1 (.ci/run does) to fail on skips of what CI installs or has beside its
 # clone: the tags in KVT_TEST_STRICT_TAGS (default: redis hiredis python clang ref-tree seed
-# upstream untagged; seed is ../shared/seed/ssd_cache_reference.txt, from which the tests assemble
+# upstream cflow untagged; seed is ../shared/seed/ssd_cache_reference.txt, from which the tests assemble
 # the reference module; upstream is ../shared/upstream, the client code the real-client tests
 # load). Other skips -
 # uring (io_uring refused, e.g. by the host's seccomp filter), odirect, env, tsan - are reported
@@ -100,7 +100,7 @@ if [ "${KVT_TEST_QUICK:-0}" != 1 ]; then
 fi
 
 # The closing line. Strict (CI): a skip whose tag is in the strict list is a failure.
-strict_tags=" ${KVT_TEST_STRICT_TAGS:-redis hiredis python clang ref-tree seed upstream untagged} "
+strict_tags=" ${KVT_TEST_STRICT_TAGS:-redis hiredis python clang ref-tree seed upstream cflow untagged} "
 awk -F '\t' -v strict="${KVT_TEST_STRICT:-0}" -v tags="$strict_tags" '
   $1 == "pass" { p += $2 }
   $1 == "fail" { f += $2; print "failed: " $4 }

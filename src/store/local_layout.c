@@ -10,9 +10,13 @@
 #include "base/error.h"
 #include "base/io.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 /* cache_dir/index.db<sfx> into p (n bytes); 0, or KVT_EINVAL when too long. */
 static int index_file(char *p, size_t n, const char *cache_dir,
@@ -92,4 +96,41 @@ int kvti_local_stage_chunk_paths(char *path, char *tmp, size_t n,
     return KVT_ERR(KVT_EINVAL, "staging path too long: %.64s...", stage_root);
   }
   return 0;
+}
+
+int kvti_local_default_dir(char **out, const char *model) {
+  const char *xdg = getenv("XDG_CACHE_HOME");
+  const char *home = getenv("HOME");
+  char *base;
+  if (xdg && xdg[0] == '/')
+    base = kvti_strdup(xdg);
+  else if (home && home[0] == '/')
+    base = kvti_path_join(home, ".cache");
+  else
+    return KVT_ERR(KVT_EINVAL,
+                   "cache_dir is NULL and neither XDG_CACHE_HOME nor "
+                   "HOME is an absolute path");
+  if (!base)
+    return KVT_ERR_NOMEM();
+  size_t n = strlen(base) + strlen(model) + 16;
+  char *p = kvti_malloc(n);
+  if (!p) {
+    kvti_free(base);
+    return KVT_ERR_NOMEM();
+  }
+  snprintf(p, n, "%s/kvtier/%s", base, model);
+  kvti_free(base);
+  *out = p;
+  return 0;
+}
+
+char *kvti_local_absolute_dir(const char *dir) {
+  if (dir[0] == '/')
+    return kvti_strdup(dir);
+  char cwd[4096];
+  if (!getcwd(cwd, sizeof cwd)) {
+    KVT_ERR_OS(errno, "getcwd (to make %s absolute)", dir);
+    return NULL;
+  }
+  return kvti_path_join(cwd, dir);
 }

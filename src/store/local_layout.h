@@ -22,6 +22,16 @@
 #define KVTI_LOCAL_CHUNK_QDIR "chunk-"
 #define KVTI_LOCAL_CHUNK_EXT ".kvc"
 
+/* The default cache directory of a model: $XDG_CACHE_HOME/kvtier/<model>,
+ * else $HOME/.cache/kvtier/<model> (only an absolute variable counts).
+ * *out allocated (kvti_free). 0, KVT_EINVAL (neither is absolute),
+ * KVT_ENOMEM. */
+int kvti_local_default_dir(char **out, const char *model);
+
+/* dir made absolute against the working directory (allocated; NULL with the
+ * error set). */
+char *kvti_local_absolute_dir(const char *dir);
+
 /* cache_dir/name for one of the names above, allocated (kvti_free), or
  * NULL with KVT_ENOMEM set. */
 char *kvti_local_path(const char *cache_dir, const char *name);

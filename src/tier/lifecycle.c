@@ -58,17 +58,6 @@ static void tier_destroy(kvt_tier *t) {
   kvti_free(t);
 }
 
-static char *absolute_dir(const char *dir) {
-  if (dir[0] == '/')
-    return kvti_strdup(dir);
-  char cwd[4096];
-  if (!getcwd(cwd, sizeof cwd)) {
-    KVT_ERR_OS(errno, "getcwd (to make %s absolute)", dir);
-    return NULL;
-  }
-  return kvti_path_join(cwd, dir);
-}
-
 /* The index's measuring callback (kvti_index_measure) over the store. */
 static int measure_entry(void *ctx, const char *hash, uint64_t *bytes) {
   kvti_backend *be = ctx;
@@ -145,7 +134,7 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
   char *resolved = NULL;
   if ((rc = kvti_options_resolve_dir(&resolved, opts)) != 0)
     goto fail;
-  t->dir = absolute_dir(resolved);
+  t->dir = kvti_local_absolute_dir(resolved);
   kvti_free(resolved);
   if (!t->dir) {
     rc = KVT_ENOMEM;

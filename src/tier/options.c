@@ -4,6 +4,7 @@
  * own fields) and resolution of the default cache directory ($XDG_CACHE_HOME or
  * ~/.cache, then kvtier/<model name>).
  */
+#include "store/local_layout.h"
 #include "tier/options.h"
 #include "base/error.h"
 #include "base/io.h"
@@ -311,29 +312,6 @@ int kvti_options_resolve_dir(char **out, const kvt_options *o) {
     *out = kvti_strdup(o->cache_dir);
     return *out ? 0 : KVT_ENOMEM;
   }
-  const char *model = o->model_name ? o->model_name : "default";
-  const char *xdg = getenv("XDG_CACHE_HOME");
-  const char *home = getenv("HOME");
-  char *base;
-  if (xdg && xdg[0] == '/') {
-    base = kvti_strdup(xdg);
-  } else if (home && home[0] == '/') {
-    base = kvti_path_join(home, ".cache");
-  } else {
-    return KVT_ERR(KVT_EINVAL,
-                   "cache_dir is NULL and neither XDG_CACHE_HOME nor "
-                   "HOME is an absolute path");
-  }
-  if (!base)
-    return KVT_ENOMEM;
-  size_t n = strlen(base) + strlen(model) + 16;
-  char *p = kvti_malloc(n);
-  if (!p) {
-    kvti_free(base);
-    return KVT_ERR_NOMEM();
-  }
-  snprintf(p, n, "%s/kvtier/%s", base, model);
-  kvti_free(base);
-  *out = p;
-  return 0;
+  /* The reference's default place, under the user's cache directory. */
+  return kvti_local_default_dir(out, o->model_name ? o->model_name : "default");
 }
