@@ -201,10 +201,12 @@ class Tier:
         o.flags = ((L.OPEN_READONLY if readonly else 0)
                    | (0 if reconcile else L.OPEN_NO_RECONCILE))
         if chunk_tokens is not None:
+            # Only what its C field cannot hold is refused here (ctypes would
+            # store it modulo 2**32); the rule itself is kvt_options_validate's.
             if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) \
                     or not 0 <= chunk_tokens < 2**32:
-                raise ValueError(f"chunk_tokens must be 0 or a power of two in "
-                                 f"16..4096, got {chunk_tokens!r}")
+                raise ValueError(f"chunk_tokens must be an integer in 0..{2**32 - 1}, "
+                                 f"got {chunk_tokens!r}")
             o.chunk_tokens = chunk_tokens
         if model_id is not None:
             keep.append(model_id.encode("utf-8"))
