@@ -183,6 +183,7 @@ def test_token_hash_matches_reference():
 
 @pytest.mark.parametrize("kwargs,says", [
     ({"promote_threads": 300}, "promote_threads must be in 1..256, got 300"),
+    ({"promote_threads": 257}, "promote_threads must be in 1..256, got 257"),
     ({"promote_threads": 0}, "promote_threads must be in 1..256, got 0"),
     ({"chunk_tokens": 24}, "chunk_tokens"),
     ({"file_permissions": 0o400}, "file_permissions must include 0600 (owner rw), got 0o400"),
@@ -196,3 +197,33 @@ def test_config_refused_at_construction_by_the_c_rules(kwargs, says):
     with pytest.raises(ValueError) as e:
         kv.SSDCacheConfig(cache_dir="/tmp/x", **kwargs)
     assert says in str(e.value)
+
+
+@pytest.mark.parametrize("bad", [0, 257])
+def test_promote_threads_is_judged_by_c_alone_in_both_front_ends(bad, tmp_path):
+    """promote_threads has no Python range check: kvt_options_validate
+    (1..256) refuses 0 and 257 with its own message in SSDCacheConfig and in
+    kvtier.Tier alike, and takes both ends of its range."""
+    says = f"promote_threads must be in 1..256, got {bad}"
+    with pytest.raises(ValueError, match=says):
+        kv.SSDCacheConfig(cache_dir=str(tmp_path / "a"), promote_threads=bad)
+    with pytest.raises(ValueError, match=says):
+        kvtier.Tier(str(tmp_path / "b"), promote_threads=bad)
+    assert not (tmp_path / "b").exists()  # refused before the open
+    for good in (1, 256):
+        kv.SSDCacheConfig(cache_dir=str(tmp_path / "a"), promote_threads=good)
+        kvtier.Tier(str(tmp_path / f"c{good}"), promote_threads=good,
+                    start_writer=False).close()
+
+
+def test_tier_chunk_tokens_rule_is_cs_and_only_the_field_width_is_pythons(tmp_path):
+    """kvtier.Tier refuses in Python only a chunk_tokens its uint32 field
+    cannot hold (ctypes would store it modulo 2**32); every value the field
+    holds is judged by kvt_options_validate, with its message."""
+    with pytest.raises(ValueError, match=r"chunk_tokens must be 0 or a power of two "
+                                         r"in 16\.\.4096, got 24"):
+        kvtier.Tier(str(tmp_path / "a"), chunk_tokens=24)
+    for bad in (2**32 + 256, -1):
+        with pytest.raises(ValueError, match=f"chunk_tokens must be an integer in "
+                                             f"0..4294967295, got {bad}"):
+            kvtier.Tier(str(tmp_path / "b"), chunk_tokens=bad)

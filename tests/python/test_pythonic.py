@@ -95,6 +95,94 @@ def test_promote_async(tier, rng):
     assert np.array_equal(e.layers[0]["values"], layer.values)
 
 
+def _front_end_promote(which, cache_dir):
+    """An open tier of either front end and its async promote as
+    promote(tokens, budget) -> the layers' values array of layer 0 or None."""
+    if which == "Tier":
+        t = kvtier.Tier(cache_dir, durability="none")
+
+        async def promote(toks, b):
+            e = await t.promote_async(toks, reserve=b.reserve, release=b.release)
+            return None if e is None else e.layers[0]["values"]
+        return t, t.spill, promote
+    t = kvtier.ssd_cache.SSDCacheTier(kvtier.ssd_cache.SSDCacheConfig(
+        cache_dir=cache_dir, durability="none"))
+    t.start_writer()
+
+    async def promote(toks, b):
+        got = await t.async_promote(toks, b.reserve, b.release)
+        return None if got is None else got[0]["values"]
+    return t, lambda toks, layers: t.enqueue_spill(toks, layers, 1000), promote
+
+
+@pytest.mark.parametrize("which", ["Tier", "SSDCacheTier"])
+@pytest.mark.parametrize("no_watch", ["no fd", "no add_reader"])
+def test_async_promote_polls_when_the_loop_cannot_watch_the_promise(
+        which, no_watch, cache_dir, rng, monkeypatch):
+    """Without a promise fd, or on a loop without add_reader, both front ends
+    wait by polling the promise and return the entry all the same."""
+    t, spill, promote = _front_end_promote(which, cache_dir)
+    try:
+        layer = kv_layer(rng, 6)
+        spill((6,) * 6, [layer])
+        t.flush(30)
+        if no_watch == "no fd":
+            monkeypatch.setattr(kvtier._lib, "kvt_promise_fd", lambda p: -1)
+
+        async def main(b):
+            if no_watch == "no add_reader":
+                def refuse(*_a):
+                    raise NotImplementedError
+                asyncio.get_running_loop().add_reader = refuse
+            return await promote((6,) * 6, b)
+
+        b = Budget()
+        assert np.array_equal(asyncio.run(main(b)), layer.values)
+        assert b.calls == [("reserve", b.reserved)] and b.reserved > 0
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("which", ["Tier", "SSDCacheTier"])
+def test_cancelled_async_promote_cancels_and_frees_the_promise_once(
+        which, cache_dir, rng, monkeypatch):
+    """A task cancelled while it awaits the promise cancels it and frees it,
+    each exactly once, never collects it, and gets the reservation back once
+    on its own thread; the CancelledError reaches the caller."""
+    t, spill, promote = _front_end_promote(which, cache_dir)
+    r, w = os.pipe()  # never written: the promise never looks ready
+    calls = []
+    for name in ("kvt_promise_fd", "kvt_promise_cancel", "kvt_promise_free",
+                 "kvt_promise_result"):
+        real = getattr(kvtier._lib, name)
+
+        def spy(*a, _real=real, _name=name):
+            calls.append(_name)
+            rc = _real(*a)
+            return r if _name == "kvt_promise_fd" else rc
+        monkeypatch.setattr(kvtier._lib, name, spy)
+    try:
+        spill((7,) * 7, [kv_layer(rng, 7)])
+        t.flush(30)
+        b = Budget()
+
+        async def main():
+            task = asyncio.ensure_future(promote((7,) * 7, b))
+            while "kvt_promise_fd" not in calls:
+                await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(main())
+        assert calls == ["kvt_promise_fd", "kvt_promise_cancel", "kvt_promise_free"]
+        assert [c for c, _n in b.calls] == ["reserve", "release"] and b.reserved == 0
+    finally:
+        os.close(r)
+        os.close(w)
+        t.close()
+
+
 def test_queue_full_raises(cache_dir, rng):
     t = kvtier.Tier(cache_dir, spill_queue_size=1, start_writer=False, durability="none")
     try:

@@ -642,18 +642,13 @@ def _proto(name: str, restype: Any, argtypes: list) -> Callable:
 
 # Version, errors.
 kvt_version = _proto("kvt_version", c_char_p, [])
-kvt_version_number = _proto("kvt_version_number", c_int, [])
 kvt_strerror = _proto("kvt_strerror", c_char_p, [c_int])
 kvt_last_error = _proto("kvt_last_error", c_char_p, [])
 kvt_last_errno = _proto("kvt_last_errno", c_int, [])
-kvt_clear_error = _proto("kvt_clear_error", None, [])
 kvt_free = _proto("kvt_free", None, [c_void_p])
 
 # Dtypes, hashes.
-kvt_dtype_size = _proto("kvt_dtype_size", c_size_t, [c_int])
-kvt_dtype_name = _proto("kvt_dtype_name", c_char_p, [c_int])
 kvt_token_hash = _proto("kvt_token_hash", c_int, [c_char_p, PI32, c_size_t])
-kvt_prefix_hash = _proto("kvt_prefix_hash", c_int, [c_char_p, PI32, c_size_t])
 kvt_layer_init = _proto("kvt_layer_init", None, [P(Layer), c_int])
 
 # Options.
@@ -684,11 +679,6 @@ kvt_tier_set_write_hook = _proto("kvt_tier_set_write_hook", c_int,
                                  [c_void_p, WRITE_HOOK_FN, c_void_p])
 kvt_tier_write_pending = _proto("kvt_tier_write_pending", c_int, [c_void_p, c_uint64])
 kvt_tier_free = _proto("kvt_tier_free", None, [c_void_p])
-kvt_tier_spill = _proto("kvt_tier_spill", c_int,
-                        [c_void_p, PI32, c_size_t, P(Layer), c_uint32, c_uint64])
-kvt_tier_spill_nocopy = _proto("kvt_tier_spill_nocopy", c_int,
-                               [c_void_p, PI32, c_size_t, P(Layer), c_uint32, c_uint64,
-                                RELEASE_CTX_FN, c_void_p])
 kvt_tier_spill_nocopy_ex = _proto("kvt_tier_spill_nocopy_ex", c_int,
                                   [c_void_p, PI32, c_size_t, P(Layer), c_uint32, c_uint64,
                                    RELEASE_CTX_FN, c_void_p, P(CallOpts)])
@@ -696,10 +686,6 @@ kvt_tier_spill_prefix_ex = _proto("kvt_tier_spill_prefix_ex", c_int,
                                   [c_void_p, PI32, c_size_t, P(Layer), c_uint32, c_uint64,
                                    P(CallOpts)])
 kvt_tier_flush = _proto("kvt_tier_flush", c_int, [c_void_p, c_int64])
-kvt_tier_lookup = _proto("kvt_tier_lookup", c_int,
-                         [P(EntryInfo), c_void_p, PI32, c_size_t])
-kvt_tier_lookup_prefix = _proto("kvt_tier_lookup_prefix", c_int,
-                                [P(EntryInfo), c_void_p, PI32, c_size_t])
 kvt_tier_promote = _proto("kvt_tier_promote", c_int,
                           [P(c_void_p), c_void_p, PI32, c_size_t, P(PromoteOpts)])
 kvt_tier_promote_trim = _proto("kvt_tier_promote_trim", c_int,
@@ -732,8 +718,6 @@ def trim(tier_ptr: int, target_bytes: int) -> int:
 kvt_buffers_stats = _proto("kvt_buffers_stats", c_int,
                            [P(ctypes.c_uint64), P(ctypes.c_uint64),
                             P(ctypes.c_uint64)])
-kvt_common_prefix = _proto("kvt_common_prefix", c_size_t,
-                           [PI32, c_size_t, PI32, c_size_t])
 kvt_tier_promote_async = _proto("kvt_tier_promote_async", c_int,
                                 [P(c_void_p), c_void_p, PI32, c_size_t,
                                  P(PromoteOpts)])
@@ -742,11 +726,7 @@ kvt_promise_fd = _proto("kvt_promise_fd", c_int, [c_void_p])
 kvt_promise_result = _proto("kvt_promise_result", c_int, [P(c_void_p), c_void_p])
 kvt_promise_cancel = _proto("kvt_promise_cancel", c_int, [c_void_p])
 kvt_promise_free = _proto("kvt_promise_free", None, [c_void_p])
-kvt_tier_read_entry = _proto("kvt_tier_read_entry", c_int,
-                             [P(c_void_p), c_void_p, PI32, c_size_t, c_char_p])
-kvt_tier_touch = _proto("kvt_tier_touch", c_int, [c_void_p, PI32, c_size_t])
-kvt_tier_remove = _proto("kvt_tier_remove", c_int, [c_void_p, PI32, c_size_t])
-# cache_salt variants (kvt_call_opts; NULL = the plain call)
+# The cache_salt calls (kvt_call_opts; NULL = no salt).
 kvt_tier_spill_ex = _proto("kvt_tier_spill_ex", c_int,
                            [c_void_p, PI32, c_size_t, P(Layer), c_uint32, c_uint64,
                             P(CallOpts)])
@@ -782,8 +762,6 @@ kvt_index_open = _proto("kvt_index_open", c_int, [P(c_void_p), c_char_p])
 kvt_index_close = _proto("kvt_index_close", None, [c_void_p])
 kvt_index_insert = _proto("kvt_index_insert", c_int,
                           [c_void_p, PI32, c_size_t, c_char_p, c_uint64, c_uint64])
-kvt_index_lookup_exact = _proto("kvt_index_lookup_exact", c_int,
-                                [P(IndexRow), c_void_p, PI32, c_size_t])
 kvt_index_get = _proto("kvt_index_get", c_int,
                        [P(IndexRows), c_void_p, PI32, c_size_t])
 kvt_index_row_file_path = _proto("kvt_index_row_file_path", c_char_p, [P(IndexRow)])

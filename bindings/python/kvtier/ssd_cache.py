@@ -94,6 +94,7 @@ import numpy as np
 
 from . import _lib as L
 from ._hold import Holds
+from ._promise import Budget, settle
 from ._convert import (
     _Keep,
     build_layers,
@@ -1063,39 +1064,6 @@ def get_serializer_for_layer(layer: Any) -> LayerSerializer:
 # --------------------------------------------------------------------------
 
 
-class _Budget:
-    """C callbacks around the caller's reserve/release functions.  Must stay
-    alive until the promise is freed (release may run then)."""
-
-    def __init__(self, reserve_fn: Callable[[int], bool],
-                 release_fn: Callable[[int], None]) -> None:
-        self.reserve_fn = reserve_fn
-        self.release_fn = release_fn
-        self.exc: Optional[BaseException] = None
-        self.c_reserve = L.RESERVE_FN(self._reserve)
-        self.c_release = L.RELEASE_FN(self._release)
-
-    def _reserve(self, _ctx: Any, nbytes: int) -> int:
-        try:
-            return 1 if self.reserve_fn(int(nbytes)) else 0
-        except BaseException as e:  # re-raised by async_promote
-            self.exc = e
-            return 0
-
-    def _release(self, _ctx: Any, nbytes: int) -> None:
-        try:
-            self.release_fn(int(nbytes))
-        except BaseException:
-            logger.exception("[ssd_cache] release_budget_fn raised")
-
-    def opts(self) -> L.PromoteOpts:
-        o = L.PromoteOpts()
-        L.check(L.kvt_promote_opts_init(ctypes.byref(o), L.KVT_PROMOTE_OPTS_VERSION))
-        o.reserve = self.c_reserve
-        o.release = self.c_release
-        return o
-
-
 class _WriterInfo:
     """Stands in for the reference's ``_writer_thread`` (a threading.Thread):
     kvtier's writer is a C thread; this reports its name and liveness."""
@@ -1530,32 +1498,6 @@ class SSDCacheTier:
             "num_tokens": int(info.num_tokens),
         }
 
-    async def _wait_promise(self, promise: int) -> None:
-        loop = asyncio.get_running_loop()
-        fd = L.kvt_promise_fd(promise)
-        if fd >= 0:
-            fut = loop.create_future()
-
-            def _ready() -> None:
-                if not fut.done():
-                    fut.set_result(None)
-
-            try:
-                loop.add_reader(fd, _ready)
-            except (NotImplementedError, RuntimeError):
-                pass
-            else:
-                try:
-                    await fut
-                finally:
-                    loop.remove_reader(fd)
-                return
-        # Event loops without add_reader: poll without blocking the loop.
-        delay = 0.0005
-        while L.kvt_promise_wait(promise, 0) == L.KVT_ETIMEDOUT:
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.01)
-
     async def async_promote(
         self,
         tokens: tuple[int, ...],
@@ -1582,13 +1524,13 @@ class SSDCacheTier:
         Cancelling the awaiting task stops the read, waits for it to finish,
         releases the budget and re-raises CancelledError.
         """
-        budget = _Budget(reserve_budget_fn, release_budget_fn)
-        opts = budget.opts()
-        budget.salt = L.set_promote_salt(opts, cache_salt)  # kept with budget
+        budget = Budget(reserve_budget_fn, release_budget_fn,
+                        lambda: logger.exception("[ssd_cache] release_budget_fn raised"))
+        budget.salt = L.set_promote_salt(budget.opts, cache_salt)  # kept with budget
         tok, n = tokens_arg(tokens)
         p = ctypes.c_void_p()
         rc = L.kvt_tier_promote_async(ctypes.byref(p), self._h.ptr, tok, n,
-                                      ctypes.byref(opts))
+                                      ctypes.byref(budget.opts))
         if rc != 0:
             if budget.exc is not None:
                 # The reference propagates the reserve function's exception
@@ -1605,26 +1547,17 @@ class SSDCacheTier:
                 raise L.error(rc, "async_promote")
             logger.warning(f"[ssd_cache] promote failed: {L.last_error()}")
             return None
-        promise = p.value
-        try:
-            await self._wait_promise(promise)
-        except BaseException:
-            # Cancelled (or the loop is going away): stop the read, wait for
-            # it, release the reservation on this thread, then re-raise.
-            L.kvt_promise_cancel(promise)
-            L.kvt_promise_free(promise)
-            raise
-        e = ctypes.c_void_p()
-        rc = L.kvt_promise_result(ctypes.byref(e), promise)
-        if rc != 0:
-            msg = L.last_error()
-        L.kvt_promise_free(promise)
+        # When the task is cancelled (or the loop goes away), settle stops
+        # the read, waits for it and releases the reservation on this
+        # thread, then re-raises.
+        rc, e, msg = await settle(
+            p.value, lambda rc, e: (rc, e.value, L.last_error() if rc else ""))
         del budget
         if rc != 0:
             logger.warning(f"[ssd_cache] failed to read entry from disk "
                            f"({len(tokens)} tokens): {msg or L.strerror(rc)}")
             return None
-        return entry_to_layers(e.value, self._h, dense=True)
+        return entry_to_layers(e, self._h, dense=True)
 
     def _read_entry(self, tokens: tuple[int, ...], relative_path: str, *,
                     cache_salt: str | bytes | None = None) -> list | None:

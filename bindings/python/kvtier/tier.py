@@ -26,6 +26,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 from . import _lib as L
 from ._convert import EntryHandle, build_layers, layer_to_dict, tokens_arg
 from ._hold import Holds
+from ._promise import Budget, settle
 from .ssd_cache import _DURABILITIES, _IO_BACKENDS, _STORAGE_MODES, _TierHandle
 
 
@@ -84,40 +85,6 @@ class Entry:
     def __repr__(self) -> str:
         return (f"<kvtier.Entry {self.token_hash[:12]}… {len(self.tokens)} tokens, "
                 f"{len(self.layers)} layers, {self.storage_mode}>")
-
-
-class _Budget:
-    def __init__(self, reserve: Optional[Callable[[int], bool]],
-                 release: Optional[Callable[[int], None]]) -> None:
-        self.exc: Optional[BaseException] = None
-        self.reserve = reserve
-        self.release = release
-        self.opts = L.PromoteOpts()
-        L.check(L.kvt_promote_opts_init(ctypes.byref(self.opts), L.KVT_PROMOTE_OPTS_VERSION))
-        if reserve is not None:
-            self.c_reserve = L.RESERVE_FN(self._reserve)
-            self.opts.reserve = self.c_reserve
-        # Both callbacks are optional here; the C API wants a release with
-        # every reserve (the budget must be given back on failure), so a
-        # reserve alone gets one that does nothing.
-        if release is not None or reserve is not None:
-            self.c_release = L.RELEASE_FN(self._release)
-            self.opts.release = self.c_release
-
-    def _reserve(self, _ctx: Any, n: int) -> int:
-        try:
-            return 1 if self.reserve(int(n)) else 0
-        except BaseException as e:
-            self.exc = e
-            return 0
-
-    def _release(self, _ctx: Any, n: int) -> None:
-        if self.release is None:
-            return
-        try:
-            self.release(int(n))
-        except BaseException:
-            pass
 
 
 class Tier:
@@ -201,10 +168,12 @@ class Tier:
         o.flags = ((L.OPEN_READONLY if readonly else 0)
                    | (0 if reconcile else L.OPEN_NO_RECONCILE))
         if chunk_tokens is not None:
+            # Only what its C field cannot hold is refused here (ctypes would
+            # store it modulo 2**32); the rule itself is kvt_options_validate's.
             if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) \
                     or not 0 <= chunk_tokens < 2**32:
-                raise ValueError(f"chunk_tokens must be 0 or a power of two in "
-                                 f"16..4096, got {chunk_tokens!r}")
+                raise ValueError(f"chunk_tokens must be an integer in 0..{2**32 - 1}, "
+                                 f"got {chunk_tokens!r}")
             o.chunk_tokens = chunk_tokens
         if model_id is not None:
             keep.append(model_id.encode("utf-8"))
@@ -358,7 +327,7 @@ class Tier:
 
     # -- promote ------------------------------------------------------------
 
-    def _finish(self, rc: int, budget: _Budget, e: ctypes.c_void_p) -> Optional[Entry]:
+    def _finish(self, rc: int, budget: Budget, e: ctypes.c_void_p) -> Optional[Entry]:
         if budget.exc is not None:
             raise budget.exc
         if rc == L.KVT_ENOTFOUND:
@@ -387,7 +356,7 @@ class Tier:
         KvtierUnsupported (a
         NotImplementedError) for a layer that cannot be trimmed (arrays,
         rotating KV).  cache_salt: only entries spilled with it."""
-        budget = _Budget(reserve, release)
+        budget = Budget(reserve, release)
         budget.opts.flags = ((L.PROMOTE_PREFIX if prefix else 0)
                              | (0 if touch else L.PROMOTE_NO_TOUCH))
         budget.salt = L.set_promote_salt(budget.opts, cache_salt)
@@ -416,7 +385,7 @@ class Tier:
                             cache_salt: Any = None) -> Optional[Entry]:
         """promote() without blocking the event loop.  Cancelling stops the
         read, waits for it and releases the reservation."""
-        budget = _Budget(reserve, release)
+        budget = Budget(reserve, release)
         budget.opts.flags = ((L.PROMOTE_PREFIX if prefix else 0)
                              | (0 if touch else L.PROMOTE_NO_TOUCH))
         budget.salt = L.set_promote_salt(budget.opts, cache_salt)
@@ -426,26 +395,7 @@ class Tier:
                                       ctypes.byref(budget.opts))
         if rc != 0:
             return self._finish(rc, budget, ctypes.c_void_p())
-        promise = p.value
-        loop = asyncio.get_running_loop()
-        fd = L.kvt_promise_fd(promise)
-        try:
-            fut = loop.create_future()
-            loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
-            try:
-                await fut
-            finally:
-                loop.remove_reader(fd)
-        except BaseException:
-            L.kvt_promise_cancel(promise)
-            L.kvt_promise_free(promise)
-            raise
-        e = ctypes.c_void_p()
-        rc = L.kvt_promise_result(ctypes.byref(e), promise)
-        try:
-            return self._finish(rc, budget, e)
-        finally:
-            L.kvt_promise_free(promise)
+        return await settle(p.value, lambda rc, e: self._finish(rc, budget, e))
 
     # -- maintenance --------------------------------------------------------
 
