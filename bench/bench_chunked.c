@@ -24,6 +24,7 @@
 #include "index/index.h"
 #include "store/local.h"
 #include "store/chunked.h"
+#include "kvtier_sys.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -15,6 +15,7 @@
 #include "index/chain.h"
 #include "index/index.h"
 #include "kvtier.h"
+#include "kvtier_sys.h"
 
 #include <sqlite3.h>
 #include <stdio.h>

@@ -16,6 +16,7 @@
  */
 #include "index/index.h"
 #include "kvtier.h"
+#include "kvtier_sys.h"
 #include "benchutil.h"
 
 #include <fcntl.h>

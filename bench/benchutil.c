@@ -1,11 +1,12 @@
 /*
  * benchutil.c - implementation of the bench helpers (see benchutil.h).
  * Benchmarks are not library code: they call libc, posix_spawn and popen
- * directly. Only the public API (kvtier.h) is used, so `kvtier bench` can link
- * this file against the shared library.
+ * directly. Only the public API (kvtier.h, kvtier_sys.h) is used, so `kvtier
+ * bench` can link this file against the shared library.
  */
 #define _GNU_SOURCE 1
 #include "benchutil.h"
+#include "kvtier_sys.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>

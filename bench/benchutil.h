@@ -6,9 +6,10 @@
  * resident), peak/current RSS from /proc, a scratch directory on the disk
  * under test, and the one report-line format every bench target uses ("name
  * value  limit  ratio  target  verdict"). Built as the static library
- * kvt_benchutil, which uses only the public API (include/kvtier.h): the
- * command-line tool links it against the shared library, exactly as an outside
- * program would, and the bench programs against the static one.
+ * kvt_benchutil, which uses only the public API (include/kvtier.h and
+ * include/kvtier_sys.h): the command-line tool links it against the shared
+ * library, exactly as an outside program would, and the bench programs
+ * against the static one.
  */
 #ifndef KVT_BENCHUTIL_H
 #define KVT_BENCHUTIL_H

@@ -1,22 +1,47 @@
 /*
  * kvtier.h - the public C API of kvtier, a cold KV-cache tier on local SSD for
- * LLM inference servers. This header is the manual: every function documents
- * its return codes, what state remains after a failure, who owns what, and
- * which threads may call it. It is the only header kvtier installs.
+ * LLM inference servers: everything an inference engine (or a binding for
+ * one) calls to configure a tier, spill, look up and promote KV caches, keep
+ * tenants apart, maintain the directory and read the counters. This header is
+ * the manual: every function documents its return codes, what state remains
+ * after a failure, who owns what, and which threads may call it.
  *
- * Conventions (shared by every function below):
+ * Stability: within a major version (the library's soname) every call here
+ * keeps its signature and meaning, and every struct keeps its layout, growing
+ * only at its end (versioned structs, below), so a program built against one
+ * 0.x release runs against any later 0.x library. kvtier installs a second
+ * header, kvtier_sys.h (which includes this one), for its own tools and for
+ * the reference implementation's index and layer files; its calls carry a
+ * weaker promise, stated there.
+ *
+ * Conventions (shared by every function below and in kvtier_sys.h):
  *  - Return codes: 0 (KVT_OK) on success, a negative KVT_E* code on failure.
  *    Functions that return a count return it as a non-negative int64_t or via
  *    an out-parameter. After any failure, kvt_last_error() on the same thread
  *    holds a human-readable message and kvt_last_errno() the OS errno (0 when
  *    the failure did not come from the OS).
- *  - Out-parameters come first. They are written only on success unless the
- *    function says otherwise.
+ *  - Out-parameters come first, before the object the call acts on and its
+ *    inputs (a caller's buffer is followed by its capacity). They are written
+ *    only on success unless the function says otherwise. The exceptions keep
+ *    their order because a signature is part of the ABI: kvt_entry_tokens
+ *    (returns the tokens, their count in the trailing *n), kvt_tier_gc and
+ *    kvt_tier_trim (optional counts last, NULL when not wanted), and in
+ *    kvtier_sys.h kvt_tier_chunk_verify and kvt_tier_chunk_gc (optional
+ *    result last, NULL when not wanted).
  *  - Objects come in create/free pairs; every *_free function accepts NULL.
- *  - Strings passed in are copied; the caller keeps ownership.
+ *  - Strings passed in are copied; the caller keeps ownership. Memory kvtier
+ *    hands over (JSON strings, chain lists) is freed with kvt_free.
  *  - Sizes are sized integers (uint64_t bytes, int32_t tokens).
- *  - Options structs are versioned: initialise with the *_INIT macro or the
- *    *_init() function (callable from ctypes), then set fields.
+ *  - Versioned structs (kvt_options, kvt_promote_opts, kvt_call_opts,
+ *    kvt_gc_opts, kvt_stats; kvtier_sys.h's kvt_chunk_totals): the first
+ *    field is the version of the header the caller was built with. Fields
+ *    are only ever appended, and each append raises the struct's version, so
+ *    the library knows how much of the caller's struct exists: fields newer
+ *    than the caller's version take their defaults (input structs) or are not
+ *    written (output structs). Fill them with their _INIT macro (C99
+ *    designated initialisers, naming each default once) or, where there is
+ *    one, their _init() function (any language: the way for C++ before C++20
+ *    and for bindings such as ctypes), then set fields.
  */
 #ifndef KVTIER_H
 #define KVTIER_H
@@ -186,7 +211,7 @@ typedef struct kvt_layer {
 KVT_API void kvt_layer_init(kvt_layer *layer, kvt_layer_kind kind);
 
 /* ------------------------------------------------------------------------ */
-/* Keys                                                                     */
+/* Token keys                                                               */
 /* ------------------------------------------------------------------------ */
 
 #define KVT_HASH_HEX_LEN 64
@@ -248,16 +273,6 @@ typedef enum kvt_io_backend {
  *  Must not block for long and must not close the tier. */
 typedef void (*kvt_spill_done_fn)(void *ctx, const char *token_hash,
                                   int status);
-
-/** Versioned public structs (kvt_options, kvt_stats, kvt_promote_opts,
- *  kvt_gc_opts): the first field is the version of the header the caller was
- *  built with. Fields are only ever appended, and each append raises the
- *  struct's version, so the library knows how much of the caller's struct
- *  exists: fields newer than the caller's version take their defaults (input
- *  structs) or are not written (output structs). Fill them with their _INIT
- *  macro (C99 designated initialisers, naming each default once) or, where
- *  there is one, their _init() function (any language: the way for C++
- *  before C++20 and for bindings). */
 
 /** kvt_options versions: 1 (up to remote_flags), 2 (+ read_threads), 3 (+
  *  host_cache_bytes, chunk_tokens, model_id), 4 (+ remote_lookup_timeout_ms,
@@ -521,47 +536,7 @@ KVT_API int kvt_options_validate(const kvt_options *opts);
 KVT_API size_t kvt_options_size(void);
 
 /* ------------------------------------------------------------------------ */
-/* Entries (promoted data)                                                  */
-/* ------------------------------------------------------------------------ */
-
-/** A promoted entry: tokens, layers and tensor data, all owned by it.
- *  Immutable once returned: any number of threads may read it at once. */
-typedef struct kvt_entry kvt_entry;
-
-KVT_API uint32_t kvt_entry_num_layers(const kvt_entry *e);
-/** Layer i (NULL if out of range). Owned by the entry. */
-KVT_API const kvt_layer *kvt_entry_layer(const kvt_entry *e, uint32_t i);
-/** Tokens of the entry; *n receives the count. Owned by the entry. */
-KVT_API const int32_t *kvt_entry_tokens(const kvt_entry *e, size_t *n);
-/** memory_bytes recorded at spill: the RAM estimate the engine gave, or for
- *  a native entry holding a quantized KV layer its dense size
- *  (kvt_tier_spill); a
- *  chain prefix (KVT_PROMOTE_PREFIX) reports its chunks' memory_bytes. */
-KVT_API uint64_t kvt_entry_memory_bytes(const kvt_entry *e);
-/** Bytes reserved through the reserve callback for this entry (0 when no
- *  callback was given). The reservation now belongs to the caller: kvtier
- *  never releases it after a successful promote. */
-KVT_API uint64_t kvt_entry_reserved_bytes(const kvt_entry *e);
-/** Bytes read from disk to build this entry; for an entry served from the
- *  host RAM cache (kvt_options.host_cache_bytes), the bytes of its files
- *  (nothing was read). */
-KVT_API uint64_t kvt_entry_disk_bytes(const kvt_entry *e);
-/** Token hash (64 hex chars). Owned by the entry. */
-KVT_API const char *kvt_entry_hash(const kvt_entry *e);
-/** Storage mode the entry was written in (kvt_storage_mode). */
-KVT_API int kvt_entry_storage_mode(const kvt_entry *e);
-/** Frees the entry and its tensors (via the caller's free callback for
- *  buffers the caller allocated). Accepts NULL. Not thread-safe against
- *  readers of the same entry. With the host RAM tier on, kvtier-allocated
- *  buffers of a promoted entry go back into its tier's cache instead (also
- *  after the tier is freed: then they are simply freed), so that the next
- *  promote of the entry is served from memory - which is why a promoted entry
- *  must stay unmodified (a modified one fails the next check and is read from
- *  disk again). */
-KVT_API void kvt_entry_free(kvt_entry *e);
-
-/* ------------------------------------------------------------------------ */
-/* The tier                                                                 */
+/* Opening and closing a tier                                               */
 /* ------------------------------------------------------------------------ */
 
 typedef struct kvt_tier kvt_tier;
@@ -570,8 +545,9 @@ typedef struct kvt_tier kvt_tier;
  *  with dir_mode, index.db (WAL), removes stale *.tmp dirs (putting back the
  *  previous version of a replace a crash interrupted), and reconciles
  *  unless KVT_OPEN_NO_RECONCILE. A writable open also publishes the tier's
- *  counters in cache_dir/stats.bin until close (kvt_stats_read_live). Does
- *  NOT start the writer (see kvt_tier_start_writer), as in the reference.
+ *  counters in cache_dir/stats.bin until close (any process reads them with
+ *  kvtier_sys.h's kvt_stats_read_live). Does NOT start the writer (see
+ *  kvt_tier_start_writer), as in the reference.
  *  Returns 0 and *out; or KVT_EINVAL (bad options), KVT_EPERM (directory not
  *  owned by the user, writable by group/others, or a symlink), KVT_EBUSY
  *  (another process holds the directory for writing), KVT_EIO/KVT_ENOSPC,
@@ -604,32 +580,17 @@ KVT_API int kvt_tier_close(kvt_tier *t, int64_t timeout_ms);
  *  and with an empty queue there is nothing to stop: as kvt_tier_close. */
 KVT_API int kvt_tier_close_queued(kvt_tier *t, int64_t timeout_ms);
 
-/** A language binding's per-tier override of the writer's write step (the
- *  Python drop-in's SSDCacheTier._write_entry replaced on an instance). While
- *  set, the writer thread calls fn for each spill it takes off the queue, in
- *  FIFO order, with nothing locked (no tier mutex: promotes, lookups and
- *  quarantine run meanwhile), instead of writing it. spill_id names the spill
- *  for kvt_tier_write_pending, which fn may call (on any thread, while fn has
- *  not returned) to run the C write; tokens are valid until fn returns. fn
- *  returns 0 or a KVT_E* code (then counted in write_failures and logged);
- *  spill_done_fn then gets that code, the write's result, or KVT_ECANCELED
- *  when fn wrote nothing. fn NULL restores the C write at full speed (no
- *  call out); a change applies from the next spill taken. Returns 0,
- *  KVT_EINVAL, KVT_ECLOSED. */
-typedef int (*kvt_write_hook_fn)(void *ctx, uint64_t spill_id,
-                                 const int32_t *tokens, size_t n_tokens,
-                                 uint64_t memory_bytes);
-KVT_API int kvt_tier_set_write_hook(kvt_tier *t, kvt_write_hook_fn fn,
-                                    void *ctx);
-/** Writes spill spill_id now, as the writer does without a hook (entry files,
- *  row, stats, capacity), from inside that spill's hook call. Returns the
- *  write's result, or KVT_EINVAL when spill_id is not in the hook. */
-KVT_API int kvt_tier_write_pending(kvt_tier *t, uint64_t spill_id);
-
 /** Closes if needed (dropping spills not yet started, waiting for the one in
  *  progress and for promotes), and frees the tier. Accepts NULL. After it,
  *  the pointer is invalid; no other call may be in flight on this tier. */
 KVT_API void kvt_tier_free(kvt_tier *t);
+
+/** The cache directory actually in use (absolute). Owned by the tier. */
+KVT_API const char *kvt_tier_dir(const kvt_tier *t);
+
+/* ------------------------------------------------------------------------ */
+/* Spilling                                                                 */
+/* ------------------------------------------------------------------------ */
 
 /** Enqueues a spill without blocking on I/O. The layers are copied
  *  (snapshotted) on the calling thread before return; the writer never
@@ -681,15 +642,6 @@ KVT_API int kvt_tier_spill_nocopy(kvt_tier *t, const int32_t *tokens,
 KVT_API int kvt_tier_spill_prefix(kvt_tier *t, const int32_t *tokens,
                                   size_t n_keep, const kvt_layer *layers,
                                   uint32_t n_layers, uint64_t memory_bytes);
-struct kvt_call_opts;
-/** kvt_tier_spill_prefix under a cache_salt (see kvt_call_opts; NULL: the
- *  plain call). Returns as kvt_tier_spill_prefix, plus KVT_EINVAL (unknown
- *  kvt_call_opts version, salt longer than KVT_CACHE_SALT_MAX) and
- *  KVT_EUNSUPPORTED (a salt with a remote tier configured). Thread-safe. */
-KVT_API int kvt_tier_spill_prefix_ex(kvt_tier *t, const int32_t *tokens,
-                                     size_t n_keep, const kvt_layer *layers,
-                                     uint32_t n_layers, uint64_t memory_bytes,
-                                     const struct kvt_call_opts *co);
 
 /** Blocks until every spill enqueued before the call has been written (or
  *  failed) - with a remote tier, uploaded (or failed/dropped) too - and the
@@ -698,6 +650,32 @@ KVT_API int kvt_tier_spill_prefix_ex(kvt_tier *t, const int32_t *tokens,
  *  (< 0: forever). Returns 0, KVT_ETIMEDOUT,
  *  KVT_EINVAL (writer not started while the queue is non-empty). */
 KVT_API int kvt_tier_flush(kvt_tier *t, int64_t timeout_ms);
+
+/** A language binding's per-tier override of the writer's write step (the
+ *  Python drop-in's SSDCacheTier._write_entry replaced on an instance). While
+ *  set, the writer thread calls fn for each spill it takes off the queue, in
+ *  FIFO order, with nothing locked (no tier mutex: promotes, lookups and
+ *  quarantine run meanwhile), instead of writing it. spill_id names the spill
+ *  for kvt_tier_write_pending, which fn may call (on any thread, while fn has
+ *  not returned) to run the C write; tokens are valid until fn returns. fn
+ *  returns 0 or a KVT_E* code (then counted in write_failures and logged);
+ *  spill_done_fn then gets that code, the write's result, or KVT_ECANCELED
+ *  when fn wrote nothing. fn NULL restores the C write at full speed (no
+ *  call out); a change applies from the next spill taken. Returns 0,
+ *  KVT_EINVAL, KVT_ECLOSED. */
+typedef int (*kvt_write_hook_fn)(void *ctx, uint64_t spill_id,
+                                 const int32_t *tokens, size_t n_tokens,
+                                 uint64_t memory_bytes);
+KVT_API int kvt_tier_set_write_hook(kvt_tier *t, kvt_write_hook_fn fn,
+                                    void *ctx);
+/** Writes spill spill_id now, as the writer does without a hook (entry files,
+ *  row, stats, capacity), from inside that spill's hook call. Returns the
+ *  write's result, or KVT_EINVAL when spill_id is not in the hook. */
+KVT_API int kvt_tier_write_pending(kvt_tier *t, uint64_t spill_id);
+
+/* ------------------------------------------------------------------------ */
+/* Looking up stored entries                                                */
+/* ------------------------------------------------------------------------ */
 
 /** Metadata of a stored entry, read without touching tensor data. */
 typedef struct kvt_entry_info {
@@ -730,70 +708,49 @@ KVT_API int kvt_tier_lookup(kvt_entry_info *out, kvt_tier *t,
 KVT_API int kvt_tier_lookup_prefix(kvt_entry_info *out, kvt_tier *t,
                                    const int32_t *tokens, size_t n_tokens);
 
-/* ---- cache salts (per-request namespaces) ---------------------------------
- * A cache_salt (vLLM's per-request `cache_salt`, SGLang's namespaces) keeps
- * the entries of different tenants apart in one cache: an entry spilled with
- * salt S is found, promoted, read, touched and removed only by calls with the
- * same S, never by calls with another salt or none, and its chunks are never
- * shared with - nor seen by - them (the chain is seeded by model_id and S).
- * kvtier stores only SHA-256 digests of S: a salted entry is named
- * SHA-256(D || tokens), D = SHA-256("kvtier cache_salt v1" NUL || S), and so
- * are its index row (token_hash, file_path = that name; prefix_hash the same
- * over the first 16 tokens: the reference's own lookups never see it) and
- * its manifest (kvtier.cache_salt = hex D; docs/FORMAT.md). Calls without a
- * salt are exactly the reference's, unless the tier has a model_id (then D is
- * joined with its namespace: kvt_options.model_id). Salts are refused
- * (KVT_EUNSUPPORTED) when a remote tier is configured. */
+/* ------------------------------------------------------------------------ */
+/* Promoted entries                                                         */
+/* ------------------------------------------------------------------------ */
 
-/** Longest cache_salt, in bytes. */
-#define KVT_CACHE_SALT_MAX 4096
+/** A promoted entry: tokens, layers and tensor data, all owned by it.
+ *  Immutable once returned: any number of threads may read it at once. */
+typedef struct kvt_entry kvt_entry;
 
-/** kvt_call_opts versions: 1. */
-#define KVT_CALL_OPTS_VERSION 1
-/** Per-call options of the *_ex functions. NULL = none (the plain call). */
-typedef struct kvt_call_opts {
-  unsigned int version;   /* KVT_CALL_OPTS_VERSION */
-  const void *cache_salt; /* bytes (any); NULL or length 0: no salt */
-  size_t cache_salt_len;  /* <= KVT_CACHE_SALT_MAX */
-} kvt_call_opts;
-#define KVT_CALL_OPTS_INIT                                                     \
-  { .version = KVT_CALL_OPTS_VERSION }
-/** Fills o with the defaults for version. 0 or KVT_EINVAL. */
-KVT_API int kvt_call_opts_init(kvt_call_opts *o, unsigned int version);
+KVT_API uint32_t kvt_entry_num_layers(const kvt_entry *e);
+/** Layer i (NULL if out of range). Owned by the entry. */
+KVT_API const kvt_layer *kvt_entry_layer(const kvt_entry *e, uint32_t i);
+/** Tokens of the entry; *n receives the count. Owned by the entry. */
+KVT_API const int32_t *kvt_entry_tokens(const kvt_entry *e, size_t *n);
+/** memory_bytes recorded at spill: the RAM estimate the engine gave, or for
+ *  a native entry holding a quantized KV layer its dense size
+ *  (kvt_tier_spill); a
+ *  chain prefix (KVT_PROMOTE_PREFIX) reports its chunks' memory_bytes. */
+KVT_API uint64_t kvt_entry_memory_bytes(const kvt_entry *e);
+/** Bytes reserved through the reserve callback for this entry (0 when no
+ *  callback was given). The reservation now belongs to the caller: kvtier
+ *  never releases it after a successful promote. */
+KVT_API uint64_t kvt_entry_reserved_bytes(const kvt_entry *e);
+/** Bytes read from disk to build this entry; for an entry served from the
+ *  host RAM cache (kvt_options.host_cache_bytes), the bytes of its files
+ *  (nothing was read). */
+KVT_API uint64_t kvt_entry_disk_bytes(const kvt_entry *e);
+/** Token hash (64 hex chars). Owned by the entry. */
+KVT_API const char *kvt_entry_hash(const kvt_entry *e);
+/** Storage mode the entry was written in (kvt_storage_mode). */
+KVT_API int kvt_entry_storage_mode(const kvt_entry *e);
+/** Frees the entry and its tensors (via the caller's free callback for
+ *  buffers the caller allocated). Accepts NULL. Not thread-safe against
+ *  readers of the same entry. With the host RAM tier on, kvtier-allocated
+ *  buffers of a promoted entry go back into its tier's cache instead (also
+ *  after the tier is freed: then they are simply freed), so that the next
+ *  promote of the entry is served from memory - which is why a promoted entry
+ *  must stay unmodified (a modified one fails the next check and is read from
+ *  disk again). */
+KVT_API void kvt_entry_free(kvt_entry *e);
 
-/** kvt_tier_spill, kvt_tier_spill_nocopy, kvt_tier_lookup,
- *  kvt_tier_lookup_prefix, kvt_tier_read_entry, kvt_tier_touch and
- *  kvt_tier_remove under co's cache_salt (co NULL: exactly the plain call).
- *  Return as the plain calls, plus KVT_EINVAL (unknown co->version, a salt
- *  longer than KVT_CACHE_SALT_MAX) and KVT_EUNSUPPORTED (a salt with a
- *  remote tier). A lookup's token_hash is the salted name: pass it to
- *  kvt_tier_read_entry_ex with the same salt (read_entry refuses a name that
- *  is not SHA-256(D || tokens) of its own salt: KVT_EINVAL). Promotes take
- *  the salt in kvt_promote_opts (version 2). Thread-safe. */
-KVT_API int kvt_tier_spill_ex(kvt_tier *t, const int32_t *tokens,
-                              size_t n_tokens, const kvt_layer *layers,
-                              uint32_t n_layers, uint64_t memory_bytes,
-                              const kvt_call_opts *co);
-KVT_API int kvt_tier_spill_nocopy_ex(kvt_tier *t, const int32_t *tokens,
-                                     size_t n_tokens, const kvt_layer *layers,
-                                     uint32_t n_layers, uint64_t memory_bytes,
-                                     void (*release)(void *ctx),
-                                     void *release_ctx,
-                                     const kvt_call_opts *co);
-KVT_API int kvt_tier_lookup_ex(kvt_entry_info *out, kvt_tier *t,
-                               const int32_t *tokens, size_t n_tokens,
-                               const kvt_call_opts *co);
-KVT_API int kvt_tier_lookup_prefix_ex(kvt_entry_info *out, kvt_tier *t,
-                                      const int32_t *tokens, size_t n_tokens,
-                                      const kvt_call_opts *co);
-KVT_API int kvt_tier_read_entry_ex(kvt_entry **out, kvt_tier *t,
-                                   const int32_t *tokens, size_t n_tokens,
-                                   const char *file_path,
-                                   const kvt_call_opts *co);
-KVT_API int kvt_tier_touch_ex(kvt_tier *t, const int32_t *tokens,
-                              size_t n_tokens, const kvt_call_opts *co);
-KVT_API int kvt_tier_remove_ex(kvt_tier *t, const int32_t *tokens,
-                               size_t n_tokens, const kvt_call_opts *co);
+/* ------------------------------------------------------------------------ */
+/* Promoting                                                                */
+/* ------------------------------------------------------------------------ */
 
 /** Budget callbacks. reserve returns nonzero when nbytes were reserved.
  *  Both run on the thread that calls kvt_tier_promote, kvt_tier_promote_async
@@ -957,6 +914,10 @@ KVT_API int kvt_promise_cancel(kvt_promise *p);
  *  (as kvt_promise_cancel). Accepts NULL. */
 KVT_API void kvt_promise_free(kvt_promise *p);
 
+/* ------------------------------------------------------------------------ */
+/* Reading, touching and removing one entry                                 */
+/* ------------------------------------------------------------------------ */
+
 /** Reads an entry by its relative path in data/ (the index's file_path), as
  *  the reference's _read_entry(tokens, file_path): no budget, no stats, no
  *  touch. A corrupt entry is quarantined. Served from the host RAM tier when
@@ -979,6 +940,87 @@ KVT_API int kvt_tier_touch(kvt_tier *t, const int32_t *tokens, size_t n_tokens);
 /** Removes an entry (files and row). Returns 0, KVT_ENOTFOUND. */
 KVT_API int kvt_tier_remove(kvt_tier *t, const int32_t *tokens,
                             size_t n_tokens);
+
+/* ------------------------------------------------------------------------ */
+/* Cache salts (per-request namespaces)                                     */
+/* ------------------------------------------------------------------------ */
+
+/* A cache_salt (vLLM's per-request `cache_salt`, SGLang's namespaces) keeps
+ * the entries of different tenants apart in one cache: an entry spilled with
+ * salt S is found, promoted, read, touched and removed only by calls with the
+ * same S, never by calls with another salt or none, and its chunks are never
+ * shared with - nor seen by - them (the chain is seeded by model_id and S).
+ * kvtier stores only SHA-256 digests of S: a salted entry is named
+ * SHA-256(D || tokens), D = SHA-256("kvtier cache_salt v1" NUL || S), and so
+ * are its index row (token_hash, file_path = that name; prefix_hash the same
+ * over the first 16 tokens: the reference's own lookups never see it) and
+ * its manifest (kvtier.cache_salt = hex D; docs/FORMAT.md). Calls without a
+ * salt are exactly the reference's, unless the tier has a model_id (then D is
+ * joined with its namespace: kvt_options.model_id). Salts are refused
+ * (KVT_EUNSUPPORTED) when a remote tier is configured. */
+
+/** Longest cache_salt, in bytes. */
+#define KVT_CACHE_SALT_MAX 4096
+
+/** kvt_call_opts versions: 1. */
+#define KVT_CALL_OPTS_VERSION 1
+/** Per-call options of the *_ex functions. NULL = none (the plain call). */
+typedef struct kvt_call_opts {
+  unsigned int version;   /* KVT_CALL_OPTS_VERSION */
+  const void *cache_salt; /* bytes (any); NULL or length 0: no salt */
+  size_t cache_salt_len;  /* <= KVT_CACHE_SALT_MAX */
+} kvt_call_opts;
+#define KVT_CALL_OPTS_INIT                                                     \
+  { .version = KVT_CALL_OPTS_VERSION }
+/** Fills o with the defaults for version. 0 or KVT_EINVAL. */
+KVT_API int kvt_call_opts_init(kvt_call_opts *o, unsigned int version);
+
+/** kvt_tier_spill, kvt_tier_spill_nocopy, kvt_tier_lookup,
+ *  kvt_tier_lookup_prefix, kvt_tier_read_entry, kvt_tier_touch and
+ *  kvt_tier_remove under co's cache_salt (co NULL: exactly the plain call).
+ *  Return as the plain calls, plus KVT_EINVAL (unknown co->version, a salt
+ *  longer than KVT_CACHE_SALT_MAX) and KVT_EUNSUPPORTED (a salt with a
+ *  remote tier). A lookup's token_hash is the salted name: pass it to
+ *  kvt_tier_read_entry_ex with the same salt (read_entry refuses a name that
+ *  is not SHA-256(D || tokens) of its own salt: KVT_EINVAL). Promotes take
+ *  the salt in kvt_promote_opts (version 2). Thread-safe. */
+KVT_API int kvt_tier_spill_ex(kvt_tier *t, const int32_t *tokens,
+                              size_t n_tokens, const kvt_layer *layers,
+                              uint32_t n_layers, uint64_t memory_bytes,
+                              const kvt_call_opts *co);
+KVT_API int kvt_tier_spill_nocopy_ex(kvt_tier *t, const int32_t *tokens,
+                                     size_t n_tokens, const kvt_layer *layers,
+                                     uint32_t n_layers, uint64_t memory_bytes,
+                                     void (*release)(void *ctx),
+                                     void *release_ctx,
+                                     const kvt_call_opts *co);
+KVT_API int kvt_tier_lookup_ex(kvt_entry_info *out, kvt_tier *t,
+                               const int32_t *tokens, size_t n_tokens,
+                               const kvt_call_opts *co);
+KVT_API int kvt_tier_lookup_prefix_ex(kvt_entry_info *out, kvt_tier *t,
+                                      const int32_t *tokens, size_t n_tokens,
+                                      const kvt_call_opts *co);
+KVT_API int kvt_tier_read_entry_ex(kvt_entry **out, kvt_tier *t,
+                                   const int32_t *tokens, size_t n_tokens,
+                                   const char *file_path,
+                                   const kvt_call_opts *co);
+KVT_API int kvt_tier_touch_ex(kvt_tier *t, const int32_t *tokens,
+                              size_t n_tokens, const kvt_call_opts *co);
+KVT_API int kvt_tier_remove_ex(kvt_tier *t, const int32_t *tokens,
+                               size_t n_tokens, const kvt_call_opts *co);
+
+/** kvt_tier_spill_prefix under a cache_salt (see kvt_call_opts; NULL: the
+ *  plain call). Returns as kvt_tier_spill_prefix, plus KVT_EINVAL (unknown
+ *  kvt_call_opts version, salt longer than KVT_CACHE_SALT_MAX) and
+ *  KVT_EUNSUPPORTED (a salt with a remote tier configured). Thread-safe. */
+KVT_API int kvt_tier_spill_prefix_ex(kvt_tier *t, const int32_t *tokens,
+                                     size_t n_keep, const kvt_layer *layers,
+                                     uint32_t n_layers, uint64_t memory_bytes,
+                                     const kvt_call_opts *co);
+
+/* ------------------------------------------------------------------------ */
+/* Maintenance and inspection of one tier                                   */
+/* ------------------------------------------------------------------------ */
 
 /** Reconciles the index with the files: drops rows whose entry directory or
  *  manifest is missing; a data directory with no row is adopted (its row
@@ -1024,212 +1066,6 @@ KVT_API int kvt_tier_describe(char **json, kvt_tier *t, const char *token_hash);
  *  (good), KVT_ECORRUPT (message says what is wrong; with repair nonzero the
  *  entry is quarantined and its row dropped), KVT_ENOTFOUND, KVT_EIO. */
 KVT_API int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair);
-
-/** Checks index.db itself: SQLite's PRAGMA quick_check over the file (not
- *  what the process has cached), as `kvtier verify` does. Returns 0 (ok),
- *  KVT_ECORRUPT (damaged), KVT_EDB, KVT_EIO, KVT_EINVAL, KVT_ECLOSED. A
- *  damaged index - found here, or by any statement SQLite reports
- *  SQLITE_CORRUPT / SQLITE_NOTADB for after open - costs no entry: the tier
- *  goes on serving from its in-memory index, and a writable tier sets
- *  index.db aside as index.db.corrupt-<time> when it closes, so the next
- *  open rebuilds it from the entry directories (and the chain table from the
- *  chunk files). Thread-safe; takes the index's lock for the check. */
-KVT_API int kvt_tier_check_index(kvt_tier *t);
-
-/** Tools (the CLI's ls/stats/verify --remote): visits every entry of the
- *  tier's remote store under its remote_prefix, with info read from each
- *  entry's remote manifest (disk_bytes = bytes stored, accessed_at =
- *  created_at), in no particular order, until fn returns nonzero. A SCAN of
- *  every master plus one read per entry: never used on the serving path.
- *  Returns 0, KVT_EINVAL (no remote tier configured: always so in a build
- *  without hiredis, whose kvt_tier_open refuses a remote_url with
- *  KVT_EUNSUPPORTED), KVT_EIO / KVT_ETIMEDOUT (server), KVT_ENOMEM,
- *  KVT_ECLOSED.
- *  Thread-safe; fn must not call back into the tier. */
-KVT_API int kvt_tier_remote_foreach(kvt_tier *t, kvt_entry_visit_fn fn,
-                                    void *ctx);
-
-/** Downloads and verifies one entry of the remote store completely (chunk
- *  checksums, then every file as kvt_tier_verify does). An incomplete or
- *  damaged entry is removed from the store (as every remote reader does).
- *  Returns 0 (good), KVT_ECORRUPT, KVT_ENOTFOUND, KVT_EINVAL (no remote tier,
- *  or token_hash not 64 hex digits), KVT_EIO / KVT_ETIMEDOUT, KVT_ENOMEM.
- *  Thread-safe. */
-KVT_API int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash);
-
-/** Tools (the CLI's show --remote): kvt_tier_describe for an entry of the
- *  remote store (its files are fetched to a staging directory, checked
- *  against the chunk checksums, described, and deleted). Returns as
- *  kvt_tier_describe, plus KVT_EINVAL (no remote tier), KVT_EUNSUPPORTED,
- *  KVT_ETIMEDOUT. Thread-safe. */
-KVT_API int kvt_tier_remote_describe(char **json, kvt_tier *t,
-                                     const char *token_hash);
-
-/** Tools (the CLI's gc --remote): deletes one entry of the remote store (its
- *  manifest first, then its chunks) and tells the other nodes' lookup
- *  mirrors. A missing entry is success. Returns 0, KVT_EINVAL (no remote
- *  tier, read-only tier, bad hash), KVT_EUNSUPPORTED, KVT_EIO /
- *  KVT_ETIMEDOUT. Thread-safe. */
-KVT_API int kvt_tier_remote_remove(kvt_tier *t, const char *token_hash);
-
-/** The cache directory actually in use (absolute). Owned by the tier. */
-KVT_API const char *kvt_tier_dir(const kvt_tier *t);
-
-/* ------------------------------------------------------------------------ */
-/* The chunked native store, for tools (the CLI's ls/show/verify/gc/stats)  */
-/* ------------------------------------------------------------------------ */
-
-/* A tier opened with kvt_options.chunk_tokens keeps the KV of its native
- * spills in chunk files under cache_dir/chunks/<kk>/<key>.kvc (docs/FORMAT.md
- * section 10), each stored once however many entries share it; an entry then
- * holds only its tail in data/<hash>/ and names its chain. These calls show
- * and maintain that store. They follow parent links, never lookup values, so
- * they see every namespace and salt (a tool knows neither). On a tier opened
- * with chunk_tokens 0 the store is not loaded: there are no chunks to list
- * (kvtier's CLI therefore always opens with chunk_tokens set). None of them
- * is meant for the serving path. */
-
-/** One stored chunk. */
-typedef struct kvt_chunk_info {
-  char key[KVT_HASH_HEX_LEN + 1]; /* SHA-256 chain key (the file's name) */
-  /** The parent's key; for chunk 0 the chain's seed (namespace + layout),
-   *  which is not a chunk. */
-  char parent[KVT_HASH_HEX_LEN + 1];
-  uint64_t index;      /* position in its chain */
-  uint32_t num_tokens; /* token positions [index * C, index * C + num_tokens) */
-  uint32_t children;   /* stored chunks whose parent this is */
-  /** Entries whose chain runs through this chunk (how often it is shared);
-   *  0 for a chunk only prefix lookups reach. */
-  uint32_t entries;
-  int pure;             /* 1: the chain holds every layer (pure KV) */
-  uint64_t layout_hash; /* XXH3-64 of the KV layout descriptor */
-  uint64_t disk_bytes;  /* the file's size */
-  /** RAM its rows take loaded dense: its tensors' bytes, a quantized layer
-   *  counted dequantized (keys and values in the scales' dtype), as the
-   *  Python drop-in hands it over; what a prefix promote reserves for it (a
-   *  C promote of a quantized layer allocates less: the packed form).
-   *  Chunks an earlier build wrote record their tensors'
-   *  bytes. */
-  uint64_t memory_bytes;
-  double created_at, accessed_at; /* Unix seconds; accessed: newest use of
-                                     the chunk or any descendant */
-} kvt_chunk_info;
-
-/** Calls fn for every stored chunk (in no particular order) until fn returns
- *  nonzero. info is valid only during the call. fn runs with the chain table
- *  read-locked and must not call back into the tier. Returns 0, fn's nonzero
- *  value (the walk stopped there), KVT_EINVAL, KVT_ECLOSED, KVT_ENOMEM.
- *  Thread-safe. */
-typedef int (*kvt_chunk_visit_fn)(void *ctx, const kvt_chunk_info *info);
-KVT_API int kvt_tier_chunk_foreach(kvt_tier *t, kvt_chunk_visit_fn fn,
-                                   void *ctx);
-
-/** The chain of entry token_hash, chunk 0 first: *out (malloc'ed, free with
- *  kvt_free; NULL when *n is 0) and *n chunks of *chunk_tokens tokens each
- *  (chunk_tokens may be NULL; 0 for an entry stored whole, which has *n 0);
- *  flags: KVT_CHAIN_* (0: everything filled).
- *  Returns 0, KVT_ENOTFOUND (no such entry, or its chain is no longer
- *  complete - the message names the missing chunk; such an entry cannot be
- *  served), KVT_EINVAL (token_hash not 64 hex digits), KVT_ECLOSED,
- *  KVT_ENOMEM. Thread-safe. */
-KVT_API int kvt_tier_entry_chain(kvt_chunk_info **out, size_t *n,
-                                 uint32_t *chunk_tokens, kvt_tier *t,
-                                 const char *token_hash, unsigned flags);
-/** kvt_tier_entry_chain flags: leave kvt_chunk_info.entries 0 (counting the
- *  entries through each chunk walks every chained entry's chain; without it
- *  the call costs only the chain's length - for listing many entries). */
-#define KVT_CHAIN_NO_SHARING 0x1u
-
-#define KVT_CHUNK_TOTALS_VERSION 1
-/** Totals of the chunked store (kvt_tier_chunk_totals). */
-typedef struct kvt_chunk_totals {
-  unsigned int version;     /* KVT_CHUNK_TOTALS_VERSION; set by the caller */
-  uint32_t chunk_tokens;    /* the tier's option (0: the store is off) */
-  uint64_t chunks;          /* stored chunks */
-  uint64_t disk_bytes;      /* bytes of chunk files (each counted once) */
-  uint64_t memory_bytes;    /* their kvt_chunk_info.memory_bytes */
-  uint64_t leaves;          /* chunks no other chunk continues */
-  uint64_t shared;          /* chunks in the chains of two or more entries */
-  uint64_t chained_entries; /* entries stored over a chain */
-  /** Bytes the chained entries' chains would take if each entry stored its
-   *  own copy: the sum over chained entries of their chain's chunk bytes.
-   *  (entry bytes + this) / (entry bytes + disk_bytes) is the dedup ratio. */
-  uint64_t chain_logical_bytes;
-} kvt_chunk_totals;
-#define KVT_CHUNK_TOTALS_INIT                                                  \
-  { .version = KVT_CHUNK_TOTALS_VERSION }
-
-/** Fills *out (whose version the caller set). Returns 0, KVT_EINVAL (NULL or
- *  unknown version), KVT_ECLOSED, KVT_ENOMEM. Thread-safe. */
-KVT_API int kvt_tier_chunk_totals(kvt_chunk_totals *out, kvt_tier *t);
-
-/** Reads and verifies one chunk file completely: its header (magic,
- *  version, checksum, key = SHA-256 of parent and tokens, the name), its
- *  parent (the row's; for chunk 0 the seed of the file's namespace and
- *  layout), index and token count against its row, its tokens against the
- *  row's lookup chain value, and every XXH3 block checksum of its data.
- *  key_hex: 64 hex digits. With repair and a bad (or missing) chunk, on a
- *  writable tier: the routine the serving path uses - the chunk's file alone
- *  moves to cache_dir/quarantine/chunk-<key>/ (reached from cache_dir's
- *  descriptor, never through a link; the oldest chunk-* directories beyond
- *  quarantine_max are removed; the file is deleted when quarantine_max
- *  is 0) and the chunk is marked damaged; the chunks below it and the
- *  entries through it are kept (indexed, on disk), not offered by lookups,
- *  until a spill of those tokens writes the chunk again. *removed_entries
- *  (may be NULL) receives the number of entries through it (made
- *  unservable, none removed). Returns 0 (good), KVT_ECORRUPT
- *  (message says what; repaired when repair), KVT_ENOTFOUND (not indexed),
- *  KVT_EIO, KVT_EINVAL, KVT_ECLOSED, KVT_ENOMEM. Thread-safe. */
-KVT_API int kvt_tier_chunk_verify(kvt_tier *t, const char *key_hex, int repair,
-                                  uint64_t *removed_entries);
-
-/** What kvt_tier_chunk_gc did (or would do) with one file under chunks/. */
-typedef enum kvt_chunk_gc_action {
-  KVT_CHUNK_GC_TMP = 1,     /* a stale *.tmp (an interrupted write): removed */
-  KVT_CHUNK_GC_ADOPTED = 2, /* an unindexed chunk file that is valid and
-                               whose parent is indexed (or is the seed):
-                               indexed again */
-  KVT_CHUNK_GC_REMOVED = 3, /* an unindexed chunk file that is damaged, or
-                               whose parent is not stored: removed (it can
-                               never be reached) */
-  KVT_CHUNK_GC_STRAY = 4    /* a name that is no chunk: left, reported */
-} kvt_chunk_gc_action;
-
-/** Called per file acted on: path relative to cache_dir ("chunks/ab/...").
- *  path and detail (why) are valid only during the call. Nonzero stops the
- *  gc. Without dry_run fn runs with the tier's mutation lock held: it must
- *  not call back into the tier (that would deadlock). */
-typedef int (*kvt_chunk_gc_fn)(void *ctx, const char *path, int action,
-                               uint64_t bytes, const char *detail);
-/** Progress: done of total subdirectories of chunks/ scanned (called with no
- *  lock held). */
-typedef void (*kvt_chunk_progress_fn)(void *ctx, uint64_t done, uint64_t total);
-
-typedef struct kvt_chunk_gc_result {
-  uint64_t tmp_removed, adopted, removed, stray;
-  uint64_t bytes_freed; /* of tmp and removed files */
-} kvt_chunk_gc_result;
-
-/** Cleans chunks/: stale *.tmp files and chunk files without a row
- *  (orphans, left by a crash between a chunk's write and its row, or by a
- *  removal that could not unlink). An orphan is adopted when it verifies
- *  completely (kvt_tier_chunk_verify's checks) and its parent is indexed or
- *  is adopted first (orphans are taken in chain order); otherwise it can
- *  never be reached and is removed. Files being written are never touched
- *  (each subdirectory is cleaned under the tier's mutation lock, which every
- *  chunk write holds). A running tier also cleans lazily: the writer sweeps
- *  one subdirectory of chunks/ after every 64 chunked spills (open never
- *  lists chunks/). dry_run: report only, the same decisions (an orphan
- *  under an orphan that would be adopted counts as adoptable). fn and
- *  progress may be NULL; *res
- *  may be NULL. Returns 0, KVT_EINVAL (read-only tier without dry_run),
- *  KVT_ECLOSED, KVT_EIO, KVT_EDB, KVT_ENOMEM, or fn's nonzero value. A dry run
- *  takes no lock and may race a running writer (its report is advisory).
- *  Thread-safe: one subdirectory at a time is locked against spills,
- *  evictions and other gcs. */
-KVT_API int kvt_tier_chunk_gc(kvt_tier *t, int dry_run, kvt_chunk_gc_fn fn,
-                              kvt_chunk_progress_fn progress, void *ctx,
-                              kvt_chunk_gc_result *res);
 
 /* ------------------------------------------------------------------------ */
 /* Stats                                                                    */
@@ -1419,30 +1255,6 @@ KVT_API int kvt_tier_stats(kvt_stats *out, kvt_tier *t);
  *  0, KVT_EINVAL (unknown name or a result below 0). */
 KVT_API int kvt_tier_stats_add(kvt_tier *t, const char *counter, int64_t delta);
 
-/** The live counters of the process that has cache_dir open for writing.
- *  A writable tier publishes its counters (and its entry and queue gauges,
- *  refreshed after each spill and at each kvt_tier_stats call) to
- *  <cache_dir>/stats.bin, a small memory-mapped file (docs/FORMAT.md); this
- *  reads a consistent snapshot of it from any process, without opening the
- *  tier or taking any lock the writer uses. */
-typedef struct kvt_stats_live {
-  int64_t pid;       /* the process that published the file */
-  int alive;         /* 1: it still has the directory open (its tier is open
-                        and the process is running) */
-  double started_at; /* unix seconds: when that tier opened */
-  double updated_at; /* unix seconds: its last update */
-} kvt_stats_live;
-
-/** Reads <cache_dir>/stats.bin into *out and *live (either may be NULL).
- *  Returns 0 (read; live->alive says whether the publisher is still there -
- *  otherwise these are its last figures), KVT_ENOTFOUND (no stats file: no
- *  writer has opened the directory with this version), KVT_ECORRUPT (not a
- *  kvtier stats file, or an unknown layout version), KVT_EIO, KVT_EINVAL.
- *  Fields the file's writer did not know (an older kvtier) read as 0.
- *  Thread-safe; never writes. */
-KVT_API int kvt_stats_read_live(kvt_stats *out, kvt_stats_live *live,
-                                const char *cache_dir);
-
 /** Renders stats as JSON: the reference's to_dict keys (same rounding) plus
  *  kvtier's. Size-then-copy: writes at most cap bytes including the NUL and
  *  sets *needed to the full size including the NUL. Returns 0, or KVT_ERANGE
@@ -1455,127 +1267,8 @@ KVT_API int kvt_stats_to_prometheus(char *buf, size_t cap, size_t *needed,
                                     const kvt_stats *s);
 
 /* ------------------------------------------------------------------------ */
-/* The index on its own (the reference's SSDIndex)                          */
+/* Memory: handed-over blocks, the buffer pool, the host RAM tier          */
 /* ------------------------------------------------------------------------ */
-
-/** The SQLite index of a cache directory, usable without a tier (the
- *  reference exposes SSDIndex publicly). Every call is the reference's own SQL
- *  statement on the same schema, so it stores and returns rows exactly as the
- *  reference's SSDIndex does: any file_path string and any num_tokens (the
- *  reference's SSDIndex is a general table; only its tier writes file_path =
- *  token hash). A tier never takes a path from the index: it ignores rows
- *  whose file_path is not the row's own 64-hex token hash (or whose num_tokens
- *  is not the length of its tokens), and names entry files by the hash only.
- *  Rows whose numbers or blob the row struct cannot hold (num_tokens or
- *  memory_bytes not a non-negative integer, tokens_blob not a blob of whole
- *  int32s, token_hash not 64 characters, file_path not text) are left out of
- *  every answer, counts and sums included. Thread-safe: one mutex serialises
- *  every call, as in the reference. */
-typedef struct kvt_index kvt_index;
-
-/** A row of the entries table. file_path holds the stored path when it is
- *  shorter than KVT_HASH_HEX_LEN + 8 bytes (every path a tier writes), else
- *  ""; kvt_index_row_file_path gives the whole path of a row in a
- *  kvt_index_rows list, whatever its length. tokens points into memory owned
- *  by the list it came from (num_tokens is the stored column, n_tokens the
- *  length of the stored tokens; the reference lets them differ). */
-typedef struct kvt_index_row {
-  char token_hash[KVT_HASH_HEX_LEN + 1];
-  char file_path[KVT_HASH_HEX_LEN + 8];
-  uint64_t num_tokens;
-  uint64_t memory_bytes;
-  double created_at;
-  double accessed_at;
-  const int32_t *tokens;
-  size_t n_tokens;
-} kvt_index_row;
-
-/** A list of rows, owned by the caller; free with kvt_index_rows_free. */
-typedef struct kvt_index_rows {
-  kvt_index_row *rows;
-  size_t count;
-} kvt_index_rows;
-
-KVT_API void kvt_index_rows_free(kvt_index_rows *rows);
-
-/** The whole stored file_path of a row (any length, NUL-terminated; owned
- *  like its tokens): for a row of a kvt_index_rows list it stays valid until
- *  the list is freed; for a row filled by kvt_index_lookup_exact (tokens NULL)
- *  it is row->file_path. NULL for a NULL row. An accessor rather than a
- *  longer field, so kvt_index_row and kvt_index_rows keep their layout (ABI):
- *  a list row's path is kept after its tokens, in the same allocation, and
- *  freed with them. */
-KVT_API const char *kvt_index_row_file_path(const kvt_index_row *row);
-
-/** Opens cache_dir/index.db (creating it, WAL, synchronous=NORMAL, schema
- *  and migration of a legacy table lacking prefix_hash, whose rows get their
- *  prefix_hash backfilled). Returns 0, KVT_EDB, KVT_EIO, KVT_ENOMEM,
- *  KVT_EINVAL. */
-KVT_API int kvt_index_open(kvt_index **out, const char *cache_dir);
-KVT_API void kvt_index_close(kvt_index *idx); /* accepts NULL */
-/** INSERT OR REPLACE with created_at = accessed_at = now and prefix_hash =
- *  the hash of the first min(n, 16) tokens, as the reference's insert_entry:
- *  file_path is any NUL-terminated string, stored as given (a tier ignores
- *  the row unless it is the tokens' hash and num_tokens == n). memory_bytes
- *  and num_tokens must be at most INT64_MAX, n at most 2^28. Returns 0,
- *  KVT_EINVAL, KVT_EDB, KVT_ENOSPC, KVT_EIO, KVT_ENOMEM. */
-KVT_API int kvt_index_insert(kvt_index *idx, const int32_t *tokens, size_t n,
-                             const char *file_path, uint64_t memory_bytes,
-                             uint64_t num_tokens);
-/** The row of exactly these tokens: 0 and *out (tokens NULL), KVT_ENOTFOUND,
- *  or KVT_ERANGE when its file_path does not fit out->file_path (use
- *  kvt_index_get). */
-KVT_API int kvt_index_lookup_exact(kvt_index_row *out, kvt_index *idx,
-                                   const int32_t *tokens, size_t n);
-/** The row of exactly these tokens as a list of 0 or 1 rows (tokens filled,
- *  any file_path length through kvt_index_row_file_path). Returns 0 (count 0
- *  when absent) or an error code. */
-KVT_API int kvt_index_get(kvt_index_rows *out, kvt_index *idx,
-                          const int32_t *tokens, size_t n);
-/** The reference's lookup_prefix: rows whose prefix_hash is the hash of one
- *  of the query's first 1..min(n, 16) tokens and num_tokens <= n, in
- *  num_tokens descending order (rows of equal num_tokens, which only a
- *  table written by hand can hold, in insertion (rowid) order), kept when
- *  their stored tokens equal the query's first num_tokens tokens (tokens
- *  filled, every column as stored). Only candidate rows are read: an
- *  in-memory map of (length, hash of the stored tokens) -> rowid, built at
- *  the first lookup and rebuilt when another connection commits to index.db
- *  (PRAGMA data_version), finds them in time linear in min(n, longest row)
- *  plus the matches, however many rows share the query's first tokens; it
- *  holds about 40 bytes per row. An empty list (count 0) when none or
- *  n == 0; KVT_EINVAL for NULL tokens with n > 0. */
-KVT_API int kvt_index_lookup_prefix(kvt_index_rows *out, kvt_index *idx,
-                                    const int32_t *tokens, size_t n);
-/** Deletes the row (absent: 0, as the reference). */
-KVT_API int kvt_index_delete(kvt_index *idx, const int32_t *tokens, size_t n);
-/** Least recently accessed first, at most limit rows (tokens filled). */
-KVT_API int kvt_index_lru(kvt_index_rows *out, kvt_index *idx, size_t limit);
-KVT_API int kvt_index_total_bytes(uint64_t *out, kvt_index *idx);
-KVT_API int kvt_index_count(uint64_t *out, kvt_index *idx);
-/** accessed_at = now (absent: 0), written at once as the reference's touch. */
-KVT_API int kvt_index_touch(kvt_index *idx, const int32_t *tokens, size_t n);
-/** Every row, most recently accessed first (tokens filled). */
-KVT_API int kvt_index_all(kvt_index_rows *out, kvt_index *idx);
-
-/* ------------------------------------------------------------------------ */
-/* Single layer files (the reference's LayerSerializer)                     */
-/* ------------------------------------------------------------------------ */
-
-/** Writes one layer as a safetensors file at path (tensor names
- *  layer_<idx>_keys/_values/_state_<j>, quantized names in native mode) and
- *  returns its manifest metadata as a malloc'ed JSON object string in
- *  *meta_json (free with kvt_free). mode is a kvt_storage_mode. Not atomic
- *  on its own (the tier publishes whole entry directories atomically).
- *  Returns 0, KVT_EINVAL, KVT_EIO/KVT_ENOSPC, KVT_ENOMEM. */
-KVT_API int kvt_layer_save(char **meta_json, const char *path,
-                           const kvt_layer *layer, uint32_t layer_idx, int mode,
-                           uint32_t file_mode);
-
-/** Reads one layer file given its manifest metadata JSON. The result is
- *  owned by a single-layer kvt_entry (*out; kvt_entry_layer(*out, 0)).
- *  Returns 0, KVT_ECORRUPT, KVT_EIO, KVT_ENOMEM, KVT_EINVAL. */
-KVT_API int kvt_layer_load(kvt_entry **out, const char *path,
-                           const char *meta_json);
 
 /** Frees memory kvtier allocated and handed over (JSON strings). */
 KVT_API void kvt_free(void *p);

@@ -3,14 +3,16 @@
  * option parser every command uses, size/duration/time formatting, aligned
  * tables, the terminal progress bar, JSON output through cJSON, and opening a
  * cache directory with clear diagnostics. The tool uses only the public API
- * (include/kvtier.h) plus POSIX; nothing here reaches into the library's
- * internals, so it works on any directory the library (or the reference
- * Python implementation) wrote.
+ * (include/kvtier.h and, for its maintenance commands, include/kvtier_sys.h)
+ * plus POSIX; nothing here reaches into the library's internals, so it works
+ * on any directory the library (or the reference Python implementation)
+ * wrote.
  */
 #ifndef KVT_CLI_H
 #define KVT_CLI_H
 
 #include "kvtier.h"
+#include "kvtier_sys.h"
 
 #include <cjson/cJSON.h>
 #include <stddef.h>

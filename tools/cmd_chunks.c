@@ -10,6 +10,7 @@
  * shows none of it.
  */
 #include "cli.h"
+#include "kvtier_sys.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -8,6 +8,7 @@
  * says so, with the pid that last published and why it is not live.
  */
 #include "cli.h"
+#include "kvtier_sys.h"
 
 #include <errno.h>
 #include <math.h>

@@ -13,6 +13,7 @@
  */
 #define _GNU_SOURCE
 #include "cli.h"
+#include "kvtier_sys.h"
 
 #include <dirent.h>
 #include <stdlib.h>

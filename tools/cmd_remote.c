@@ -11,6 +11,7 @@
  */
 #define _XOPEN_SOURCE 700
 #include "cli.h"
+#include "kvtier_sys.h"
 
 #include <ftw.h>
 #include <stdlib.h>

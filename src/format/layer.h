@@ -13,6 +13,7 @@
 #define KVT_LAYER_H
 
 #include "kvtier.h"
+#include "kvtier_sys.h"
 #include "format/layout.h"
 #include "format/safetensors.h"
 

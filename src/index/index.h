@@ -22,6 +22,7 @@
 
 #include "base/salt.h"
 #include "kvtier.h"
+#include "kvtier_sys.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -13,6 +13,7 @@
 #define KVT_STATSFILE_H
 
 #include "kvtier.h"
+#include "kvtier_sys.h"
 
 #include <stdint.h>
 #include <sys/types.h>

@@ -17,6 +17,7 @@
 #include "base/hash.h"
 #include "index/index.h"
 #include "rel_common.h"
+#include "kvtier_sys.h"
 
 static char g_data[4096];
 

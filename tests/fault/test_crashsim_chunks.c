@@ -27,6 +27,7 @@
 #include "index/index.h"
 #include "store/chunked.h"
 #include "store/local.h"
+#include "kvtier_sys.h"
 
 #define C 16
 #define NTOK 96

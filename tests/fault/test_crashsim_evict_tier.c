@@ -23,6 +23,7 @@
 #include "rel_common.h"
 #include "tier_testlib.h"
 #include "kvtier.h"
+#include "kvtier_sys.h"
 
 #include "base/io.h"
 

@@ -17,6 +17,7 @@
 #include "fmt_testlib.h"
 #include "tier_testlib.h"
 #include "kvtier.h"
+#include "kvtier_sys.h"
 
 #include <dirent.h>
 #include <sqlite3.h>

@@ -19,6 +19,7 @@
 #include "index/index.h"
 #include "store/chunks.h"
 #include "store/local_dir.h"
+#include "kvtier_sys.h"
 
 #include <fcntl.h>
 

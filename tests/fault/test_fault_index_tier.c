@@ -16,6 +16,7 @@
 #include "faultio.h"
 #include "index/index.h"
 #include "rel_tier.h"
+#include "kvtier_sys.h"
 
 #include <errno.h>
 

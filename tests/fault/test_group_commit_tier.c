@@ -15,6 +15,7 @@
 
 #include "index/chain.h"
 #include "index/index.h"
+#include "kvtier_sys.h"
 
 #include <fcntl.h>
 #include <stdatomic.h>

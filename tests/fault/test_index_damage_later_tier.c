@@ -10,6 +10,7 @@
  * bit-exact.
  */
 #include "rel_tier.h"
+#include "kvtier_sys.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -17,6 +17,7 @@
 #include "rel_tier.h"
 
 #include "format/chunk.h"
+#include "kvtier_sys.h"
 
 #include <dirent.h>
 #include <sys/stat.h>

@@ -17,6 +17,7 @@
  * leaves the outside untouched through every operation.
  */
 #include "rel_tier.h"
+#include "kvtier_sys.h"
 
 #include <sqlite3.h>
 

@@ -3,9 +3,10 @@
 # Installs BUILD_DIR into a fresh prefix and checks the three ways a user consumes it (see
 # CMakeLists.txt here): pkg-config (shared), pkg-config --static (libkvtier.a plus every
 # Requires.private/Libs.private library), find_package(kvtier) with kvtier::kvtier and
-# kvtier::kvtier_static, the installed CLI, and the Python package pip-installed into the same
-# prefix, imported with only PYTHONPATH set. Everything lives under one mktemp directory that
-# is removed on every exit path.
+# kvtier::kvtier_static, both installed headers (prog.c uses <kvtier.h>, prog_sys.c
+# <kvtier_sys.h>, built warning-free as C11), the installed CLI, and the Python package
+# pip-installed into the same prefix, imported with only PYTHONPATH set. Everything lives under
+# one mktemp directory that is removed on every exit path.
 set -eu
 CMAKE=$1 BUILD=$2 SRC=$3 CC=$4 HAVE_URING=$5 HAVE_REDIS=$6
 command -v pkg-config >/dev/null || { echo "SKIP: no pkg-config"; exit 77; }
@@ -21,6 +22,7 @@ PCDIR=$(dirname "$(find "$P" -name kvtier.pc | head -n1)")
 LIBDIR=$(dirname "$PCDIR")
 [ -f "$LIBDIR/libkvtier.a" ] || fail "no libkvtier.a in $LIBDIR"
 [ -f "$P/include/kvtier.h" ] || fail "no kvtier.h in $P/include"
+[ -f "$P/include/kvtier_sys.h" ] || fail "no kvtier_sys.h in $P/include"
 export PKG_CONFIG_PATH="$PCDIR"
 unset PKG_CONFIG_LIBDIR KVTIER_LIBRARY LD_LIBRARY_PATH 2>/dev/null || true
 
@@ -51,6 +53,13 @@ echo "== pkg-config (shared)"
 ldd "$T/prog_pc" | grep -q "$LIBDIR/libkvtier.so" || fail "prog_pc does not load $LIBDIR/libkvtier.so"
 run pkg-config "$T/prog_pc"
 
+echo "== pkg-config (shared), <kvtier_sys.h>"
+# Strict C11 and warnings as errors: the installed headers must compile cleanly for a user.
+# shellcheck disable=SC2046
+"$CC" -std=c11 -Wall -Wextra -Wpedantic -Werror -o "$T/prog_sys" "$SRC/tests/install/prog_sys.c" \
+  -I"$SRC/tests" $(pkg-config --cflags --libs kvtier) -Wl,-rpath,"$LIBDIR"
+run pkg-config-sys "$T/prog_sys"
+
 echo "== pkg-config --static"
 # libkvtier.a by path (both archives share a directory), every other library as listed.
 # shellcheck disable=SC2046
@@ -71,6 +80,8 @@ add_executable(prog_cmake $SRC/tests/install/prog.c)
 target_link_libraries(prog_cmake PRIVATE kvtier::kvtier)
 add_executable(prog_cmake_static $SRC/tests/install/prog.c)
 target_link_libraries(prog_cmake_static PRIVATE kvtier::kvtier_static)
+add_executable(prog_cmake_sys $SRC/tests/install/prog_sys.c)
+target_link_libraries(prog_cmake_sys PRIVATE kvtier::kvtier)
 # tests/public_entry.h only (it includes nothing but <kvtier.h>).
 include_directories($SRC/tests)
 EOC
@@ -83,6 +94,7 @@ run find_package "$T/consumer/build/prog_cmake"
 readelf -d "$T/consumer/build/prog_cmake_static" | grep NEEDED | grep -q libkvtier &&
   fail "prog_cmake_static needs libkvtier.so"
 run find_package-static "$T/consumer/build/prog_cmake_static"
+run find_package-sys "$T/consumer/build/prog_cmake_sys"
 
 echo "== installed CLI"
 if [ -x "$P/bin/kvtier" ]; then

@@ -11,6 +11,7 @@
  * accessed_at never goes back.
  */
 #include "tier_testlib.h"
+#include "kvtier_sys.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -1,7 +1,7 @@
 /*
- * test_chunk_tools.c - the chunked store's tools API (include/kvtier.h, "The
- * chunked native store, for tools"), public API only: listing with children
- * and sharing, an entry's chain, totals and the logical bytes behind the
+ * test_chunk_tools.c - the chunked store's tools API (include/kvtier_sys.h,
+ * "The chunked native store"), public API only: listing with children and
+ * sharing, an entry's chain, totals and the logical bytes behind the
  * dedup ratio; a chained entry read by a tier of another chunk size (chains
  * are followed by parent links) and never by one of another model_id; chunk
  * verification, and its repair (the bad chunk's file alone moved to
@@ -13,6 +13,7 @@
  */
 #include "fmt_testlib.h"
 #include "kvtier.h"
+#include "kvtier_sys.h"
 #include "base/io.h"
 
 #include <dirent.h>

@@ -15,6 +15,7 @@
 #include "index/index.h"
 #include "store/local.h"
 #include "store/chunked.h"
+#include "kvtier_sys.h"
 
 #define C 16
 

@@ -14,6 +14,7 @@
 #include "base/io.h"
 #include "format/entry.h"
 #include "store/chunks.h"
+#include "kvtier_sys.h"
 
 #define C 16
 

@@ -21,6 +21,7 @@
 #include "format/layer.h"
 #include "index/index.h"
 #include "store/chunks.h"
+#include "kvtier_sys.h"
 
 #include <fcntl.h>
 #include <sqlite3.h>

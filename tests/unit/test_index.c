@@ -17,6 +17,7 @@
 #include "base/hashmap.h"
 #include "index/index.h"
 #include "base/io.h"
+#include "kvtier_sys.h"
 
 #include <math.h>
 #include <sqlite3.h>

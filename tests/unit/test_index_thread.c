@@ -8,6 +8,7 @@
  */
 #include "testutil.h"
 #include "index/index.h"
+#include "kvtier_sys.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -10,6 +10,7 @@
  */
 #include "fmt_testlib.h"
 #include "kvtier.h"
+#include "kvtier_sys.h"
 
 #include <stdio.h>
 #include <sys/stat.h>

@@ -11,6 +11,7 @@
 #include "fmt_testlib.h"
 #include "format/dtype.h"
 #include "format/layer.h"
+#include "kvtier_sys.h"
 
 static char *g_dir;
 

@@ -12,6 +12,7 @@
 #include "tier_testlib.h"
 #include "fmt_testlib.h"
 #include "format/layer.h"
+#include "kvtier_sys.h"
 
 #include <cjson/cJSON.h>
 

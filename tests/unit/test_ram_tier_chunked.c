@@ -20,6 +20,7 @@
  */
 #include "tier/ramtier.h"
 #include "tier_testlib.h"
+#include "kvtier_sys.h"
 
 #define C 16
 #define D 8

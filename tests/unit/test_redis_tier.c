@@ -14,6 +14,7 @@
  * redis-cli is missing or kvtier was built without hiredis.
  */
 #include "tier_testlib.h"
+#include "kvtier_sys.h"
 
 #include <netinet/in.h>
 #include <signal.h>

@@ -13,6 +13,7 @@
 #include "tier_testlib.h"
 #include "testutil.h"
 #include "tier/admission.h"
+#include "kvtier_sys.h"
 
 #include <math.h>
 #include <stdio.h>

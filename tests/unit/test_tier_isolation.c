@@ -13,6 +13,7 @@
 #include "fmt_testlib.h"
 #include "tier_testlib.h"
 #include "kvtier.h"
+#include "kvtier_sys.h"
 #include "base/hash.h"
 #include "base/salt.h"
 #include "base/io.h"

@@ -10,6 +10,7 @@
  */
 #include "tier_testlib.h"
 #include "testutil.h"
+#include "kvtier_sys.h"
 
 #include <fcntl.h>
 #include <pthread.h>

@@ -11,6 +11,7 @@
  */
 #include "tier_testlib.h"
 #include "testutil.h"
+#include "kvtier_sys.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -2,13 +2,15 @@
 
 This module finds the shared library (``KVTIER_LIBRARY``, then the build tree
 of the source checkout this package lives in, then the installation prefix
-this package was pip-installed into, then the system's library path), mirrors the public structs of ``include/kvtier.h`` as ctypes
-Structures (checked against ``kvt_options_size()`` at import so a layout
-drift fails loudly instead of corrupting memory), declares the prototype of
-every function the binding calls, and maps ``KVT_E*`` codes to Python
-exceptions.  A function missing from an older library is replaced by a stub
-that raises ``NotImplementedError`` when called, so the parts that do exist
-stay usable.
+this package was pip-installed into, then the system's library path),
+mirrors the public structs of ``include/kvtier.h`` (and of
+``include/kvtier_sys.h``, whose index and layer-file calls the drop-in uses)
+as ctypes Structures (checked against ``kvt_options_size()`` at import so a
+layout drift fails loudly instead of corrupting memory), declares the
+prototype of every function the binding calls, and maps ``KVT_E*`` codes to
+Python exceptions.  A function missing from an older library is replaced by
+a stub that raises ``NotImplementedError`` when called, so the parts that do
+exist stay usable.
 """
 
 from __future__ import annotations
@@ -389,7 +391,7 @@ class Stats(ctypes.Structure):
 
 
 class IndexRow(ctypes.Structure):
-    """struct kvt_index_row."""
+    """struct kvt_index_row (include/kvtier_sys.h)."""
 
     _fields_ = [
         ("token_hash", ctypes.c_char * (KVT_HASH_HEX_LEN + 1)),
@@ -404,7 +406,7 @@ class IndexRow(ctypes.Structure):
 
 
 class IndexRows(ctypes.Structure):
-    """struct kvt_index_rows."""
+    """struct kvt_index_rows (include/kvtier_sys.h)."""
 
     _fields_ = [("rows", ctypes.POINTER(IndexRow)), ("count", ctypes.c_size_t)]
 
