@@ -5,7 +5,8 @@
  * kvti_idx_* helpers each file lends the others. db.c owns SQLite (schema,
  * open/migrate, load, close), write.c the puts and removes, touch.c the touch
  * batching, mirror.c the mirror (block trie, heaps, lookups) and ssdindex.c the
- * public kvt_index_* API. The design (trie keys, memory per entry, lock order)
+ * public kvt_index_* API (with ssdprefix.c its prefix candidate map and
+ * ssdrows.c its rows). The design (trie keys, memory per entry, lock order)
  * is described in mirror.c and db.c; index.h is the interface the tier uses.
  *
  * Locks: db_mu serialises SQLite; rw protects the mirror; pend_mu the pending
@@ -214,9 +215,19 @@ void kvti_pfx_removed(kvt_index *idx);
 void kvti_pfx_attach(kvt_index *idx);
 /* Frees the map and its statements (before the connection closes). */
 void kvti_pfx_free(kvt_index *idx);
-/* ssdindex.c: a row of the public API from a statement whose first seven
- * columns are token_hash, tokens_blob, num_tokens, file_path, memory_bytes,
- * created_at, accessed_at (tokens and the whole path in one allocation). */
-int kvti_ssd_read_row(kvt_index_row *r, sqlite3_stmt *s);
+
+/* ---- ssdrows.c: rows of the public API (ssdindex.c, ssdprefix.c) ---- */
+
+/* Fills r from a statement whose first seven columns are token_hash,
+ * tokens_blob, num_tokens, file_path, memory_bytes, created_at, accessed_at;
+ * with_tokens: tokens and the whole path in one allocation (list rows), else
+ * tokens NULL and KVT_ERANGE when the path does not fit r->file_path. */
+int kvti_ssd_read_row(kvt_index_row *r, sqlite3_stmt *s, int with_tokens);
+/* Steps s to the end, collecting list rows (keep: NULL or a filter on the row
+ * just read, which drops it when it returns 0). Hands the list to out on
+ * success, frees it on failure. */
+int kvti_ssd_collect(kvt_index_rows *out, kvt_index *idx, sqlite3_stmt *s,
+                     int (*keep)(const kvt_index_row *, const void *),
+                     const void *kctx);
 
 #endif

@@ -13,9 +13,8 @@
  * index. The only additions to the reference's statements: a validity filter
  * (rows whose numbers or blob kvt_index_row cannot hold are left out of every
  * answer), and inserts and deletes also drop the row's kvtier_meta record, so a
- * tier re-measures the entry's files. A list row's whole file_path lives after
- * its tokens in one allocation (kvt_index_row_file_path), which
- * kvt_index_rows_free releases with the tokens.
+ * tier re-measures the entry's files. The rows themselves are read, listed
+ * and freed by ssdrows.c.
  */
 #include "index/internal.h"
 
@@ -112,102 +111,6 @@ static int finish_tx(kvt_index *idx, sqlite3 *db, int rc) {
   return rc;
 }
 
-/* ---- reading rows ---- */
-
-typedef struct row_list {
-  kvt_index_row *rows;
-  size_t n, cap;
-} row_list;
-
-/* Fills r from the COLS columns of s; with_tokens: tokens and the whole path
- * in one allocation (list rows), else tokens NULL and KVT_ERANGE when the path
- * does not fit r->file_path. */
-static int read_row(kvt_index_row *r, sqlite3_stmt *s, int with_tokens) {
-  memset(r, 0, sizeof *r);
-  memcpy(r->token_hash, sqlite3_column_text(s, 0), 64);
-  r->num_tokens = (uint64_t)sqlite3_column_int64(s, 2);
-  r->memory_bytes = (uint64_t)sqlite3_column_int64(s, 4);
-  r->created_at = sqlite3_column_double(s, 5);
-  r->accessed_at = sqlite3_column_double(s, 6);
-  const unsigned char *fp = sqlite3_column_text(s, 3);
-  size_t fl = (size_t)sqlite3_column_bytes(s, 3);
-  if (!fp)
-    return KVT_ERR_NOMEM();
-  if (fl < sizeof r->file_path)
-    memcpy(r->file_path, fp, fl + 1);
-  if (!with_tokens) {
-    if (fl >= sizeof r->file_path)
-      return KVT_ERR(KVT_ERANGE,
-                     "index: file_path of %zu bytes does not fit "
-                     "kvt_index_row.file_path; use kvt_index_get",
-                     fl);
-    return 0;
-  }
-  size_t bl = (size_t)sqlite3_column_bytes(s, 1);
-  char *block = kvti_malloc(bl + fl + 1);
-  if (!block)
-    return KVT_ERR_NOMEM();
-  if (bl)
-    memcpy(block, sqlite3_column_blob(s, 1), bl);
-  memcpy(block + bl, fp, fl);
-  block[bl + fl] = '\0';
-  r->tokens = (const int32_t *)(void *)block;
-  r->n_tokens = bl / 4;
-  return 0;
-}
-
-int kvti_ssd_read_row(kvt_index_row *r, sqlite3_stmt *s) {
-  return read_row(r, s, 1);
-}
-
-static int list_add(row_list *l, sqlite3_stmt *s) {
-  if (l->n == l->cap) {
-    size_t nc = l->cap ? l->cap * 2 : 8;
-    kvt_index_row *r = kvti_realloc(l->rows, nc * sizeof *r);
-    if (!r)
-      return KVT_ERR_NOMEM();
-    l->rows = r;
-    l->cap = nc;
-  }
-  int rc = read_row(&l->rows[l->n], s, 1);
-  if (rc == 0)
-    l->n++;
-  return rc;
-}
-
-/* Steps s to the end, collecting rows (keep: NULL or a filter on the row just
- * read, which drops it when it returns 0). Hands the list to out on success,
- * frees it on failure. */
-static int collect(kvt_index_rows *out, kvt_index *idx, sqlite3_stmt *s,
-                   int (*keep)(const kvt_index_row *, const void *),
-                   const void *kctx) {
-  row_list l = {0};
-  int rc = 0, src;
-  while ((src = sqlite3_step(s)) == SQLITE_ROW) {
-    if ((rc = list_add(&l, s)) != 0)
-      break;
-    if (keep && !keep(&l.rows[l.n - 1], kctx)) {
-      kvti_free((void *)l.rows[l.n - 1].tokens);
-      l.n--;
-    }
-  }
-  if (!rc && src != SQLITE_DONE)
-    rc = kvti_index_sql_err(idx, src, "select");
-  kvt_index_rows rows = {l.rows, l.n};
-  if (rc)
-    kvt_index_rows_free(&rows);
-  else
-    *out = rows;
-  return rc;
-}
-
-const char *kvt_index_row_file_path(const kvt_index_row *row) {
-  if (!row)
-    return NULL;
-  return row->tokens ? (const char *)(row->tokens + row->n_tokens)
-                     : row->file_path;
-}
-
 /* ---- the SSDIndex methods ---- */
 
 int kvt_index_insert(kvt_index *idx, const int32_t *tokens, size_t n,
@@ -281,7 +184,7 @@ static int exact_fn(kvt_index *idx, sqlite3 *db, sqlite3_stmt *s,
   (void)th;
   int src = sqlite3_step(s);
   if (src == SQLITE_ROW)
-    return read_row(out, s, 0);
+    return kvti_ssd_read_row(out, s, 0);
   if (src == SQLITE_DONE)
     return KVT_ERR(KVT_ENOTFOUND, "index: no such entry");
   return kvti_index_sql_err(idx, src, "lookup");
@@ -298,7 +201,7 @@ static int get_fn(kvt_index *idx, sqlite3 *db, sqlite3_stmt *s, const char *th,
                   void *out) {
   (void)db;
   (void)th;
-  return collect(out, idx, s, NULL, NULL);
+  return kvti_ssd_collect(out, idx, s, NULL, NULL);
 }
 
 int kvt_index_get(kvt_index_rows *out, kvt_index *idx, const int32_t *tokens,
@@ -364,7 +267,7 @@ int kvt_index_lookup_prefix(kvt_index_rows *out, kvt_index *idx,
       sqlite3_bind_text(s, (int)k + 2, ph[k < m ? k : m - 1], 64,
                         SQLITE_STATIC);
     query q = {tokens, n};
-    rc = collect(out, idx, s, is_prefix, &q);
+    rc = kvti_ssd_collect(out, idx, s, is_prefix, &q);
     sqlite3_finalize(s);
   }
   kvti_index_sql_end(idx);
@@ -402,7 +305,7 @@ static int ordered(kvt_index_rows *out, kvt_index *idx, const char *sql,
   if (!rc) {
     if (limit >= 0)
       sqlite3_bind_int64(s, 1, limit);
-    rc = collect(out, idx, s, NULL, NULL);
+    rc = kvti_ssd_collect(out, idx, s, NULL, NULL);
     sqlite3_finalize(s);
   }
   kvti_index_sql_end(idx);
@@ -463,16 +366,6 @@ int kvt_index_touch(kvt_index *idx, const int32_t *tokens, size_t n) {
   return keyed(idx, tokens, n,
                "UPDATE entries SET accessed_at = ? WHERE token_hash = ?",
                touch_fn, NULL);
-}
-
-void kvt_index_rows_free(kvt_index_rows *rows) {
-  if (!rows)
-    return;
-  for (size_t i = 0; i < rows->count; i++)
-    kvti_free((void *)rows->rows[i].tokens);
-  kvti_free(rows->rows);
-  rows->rows = NULL;
-  rows->count = 0;
 }
 
 int kvt_index_open(kvt_index **out, const char *cache_dir) {

@@ -357,7 +357,7 @@ int kvti_pfx_lookup(kvt_index_rows *out, kvt_index *idx, sqlite3 *db,
           rc = KVT_ERR_NOMEM();
         else {
           rows = nrw;
-          if ((rc = kvti_ssd_read_row(&rows[nr], s)) == 0)
+          if ((rc = kvti_ssd_read_row(&rows[nr], s, 1)) == 0)
             nr++;
         }
       }

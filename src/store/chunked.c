@@ -2,11 +2,14 @@
  * chunked.c - the chunked native store over a storage backend (chunked.h):
  * spill = chain (chunks.c, only missing chunks written) + chained-entry record
  * + tail entry (backend put); read = tail entry (backend get, no on_layer) +
- * chain prefix (chunks_read.c) joined in the caller's buffers
- * (chunks_entry.c), on_layer fired per layer once everything verified; prefix
- * lookups and reads of pure chains; touches along a chain.
+ * chain prefix (chunked_chain.c) joined in the caller's buffers
+ * (chunks_entry.c), on_layer fired per layer once everything verified, with
+ * record entries read by chunked_rec.c and trimmed reads reaching past the
+ * chain by chunked_trim.c; prefix lookups and reads of pure chains; touches
+ * along a chain.
  */
 #include "store/chunked.h"
+#include "store/chunked_chain.h"
 #include "store/chunked_rec.h"
 
 #include "base/error.h"
@@ -275,38 +278,11 @@ int kvti_chunked_put(kvti_chunked *c, kvti_backend *be,
 }
 
 /* Fires on_layer for every layer in order (the read is complete). */
-int kvti_chunked_mark_is(const kvti_chain_mark *m,
-                         const kvti_chained_entry *ce) {
-  return m->present == 1 && m->chunks == ce->chunks &&
-         m->chunk_tokens == ce->chunk_tokens &&
-         memcmp(m->last_key, ce->last_key, 32) == 0 &&
-         m->layout_hash == ce->layout_hash && m->total_rows == ce->total_rows;
-}
-
 static void fire(const kvt_entry *e, const kvti_read_opts *o) {
   if (!o->on_layer)
     return;
   for (uint32_t i = 0; i < e->num_layers; i++)
     o->on_layer(o->layer_ctx, i, &e->layers[i]);
-}
-
-int kvti_chunked_read_chain(kvti_chunkstore *cs, const kvti_chain_rec *recs,
-                            size_t m, const int32_t *tokens,
-                            const kvti_chunk_read_opts *ro,
-                            kvti_chunk_prefix *p, uint8_t bad_chunk[32],
-                            int *chunk_bad) {
-  size_t bad = 0;
-  int rc = kvti_chunkstore_read_prefix(cs, recs, m, tokens, ro, p, &bad);
-  if (chunk_bad)
-    *chunk_bad = 0;
-  /* A chunk that fails its checks, or whose indexed file is missing, is the
-   * chunk's fault, not the entry's (the tier contains it: tier/chunks.h). */
-  if ((rc == KVT_ECORRUPT || rc == KVT_ENOTFOUND) && chunk_bad && bad_chunk &&
-      bad < m) {
-    memcpy(bad_chunk, recs[bad].key, 32);
-    *chunk_bad = 1;
-  }
-  return rc;
 }
 
 /* With o->ns_check and a salted name (a cache_salt or a model_id): the
@@ -513,7 +489,7 @@ int kvti_chunked_get_record(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
      * trimmable anyway); else chain + tail (chunked_trim.c). */
     uint64_t rows = ce.chunks * ce.chunk_tokens;
     if (o->keep_tokens > rows || !o->tokens || o->n_tokens < o->keep_tokens)
-      return kvti_chunked_get_trim(c, be, out, hash, &ce, o, bad_chunk,
+      return kvti_chunked_get_trim(c->cs, be, out, hash, &ce, o, bad_chunk,
                                    chunk_bad);
     size_t k =
         (size_t)((o->keep_tokens + ce.chunk_tokens - 1) / ce.chunk_tokens);
@@ -531,7 +507,7 @@ int kvti_chunked_get_record(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
       trc = KVT_ERR(KVT_ENOTFOUND, "chain incomplete (evicted)");
     if (trc == 0 && !r[0].pure) {
       kvti_free(r);
-      return kvti_chunked_get_trim(c, be, out, hash, &ce, o, bad_chunk,
+      return kvti_chunked_get_trim(c->cs, be, out, hash, &ce, o, bad_chunk,
                                    chunk_bad);
     }
     kvti_chunk_read_opts ro = kvti_chunked_read_opts(o, o->keep_tokens);

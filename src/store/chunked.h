@@ -112,38 +112,16 @@ int kvti_chunked_ns_of(const kvti_chunked *c, const kvti_salt *s,
                        kvti_chunk_ns *ns);
 void kvti_chunk_ns_free(kvti_chunk_ns *ns);
 
-/* The chunk reader's options for a read with o of a chain whose destination
- * tensors hold total_rows rows (kvti_chunk_read_opts.total_rows; 0 = the
- * chain's). One place, so a new read option reaches every chained read. */
-static inline kvti_chunk_read_opts
-kvti_chunked_read_opts(const kvti_read_opts *o, uint64_t total_rows) {
-  kvti_chunk_read_opts ro = {o->alloc,  o->free_buf, o->alloc_ctx,
-                             o->cancel, total_rows,  o->page_cache};
-  return ro;
-}
-
-/* kvti_chunkstore_read_prefix of chain recs[0, m) for tokens with ro; on
- * KVT_ECORRUPT bad_chunk receives the damaged chunk's key and *chunk_bad 1
- * (both may be NULL; *chunk_bad is 0 otherwise). */
-int kvti_chunked_read_chain(kvti_chunkstore *cs, const kvti_chain_rec *recs,
-                            size_t m, const int32_t *tokens,
-                            const kvti_chunk_read_opts *ro,
-                            kvti_chunk_prefix *p, uint8_t bad_chunk[32],
-                            int *chunk_bad);
-
 /* A trimmed read (o->keep_tokens in [1, entry tokens]) of chained entry hash
- * (record ce), for any kept length: chunks covering the kept tokens, plus the
- * tail's first rows when keep reaches past the chain (chunked_trim.c).
- * Returns as kvti_chunked_get, plus KVT_EUNSUPPORTED (a layer that cannot be
- * cut on the token axis) and KVT_EINVAL (a layer holding fewer valid rows). */
-/* 1 when mark m (a tail manifest's, present = 1) names exactly the chain of
- * row ce. */
-int kvti_chunked_mark_is(const kvti_chain_mark *m,
-                         const kvti_chained_entry *ce);
-int kvti_chunked_get_trim(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
-                          const char *hash, const kvti_chained_entry *ce,
-                          const kvti_read_opts *o, uint8_t bad_chunk[32],
-                          int *chunk_bad);
+ * (record ce) from the chunk store cs, for any kept length: chunks covering
+ * the kept tokens, plus the tail's first rows when keep reaches past the
+ * chain (chunked_trim.c). Returns as kvti_chunked_get, plus KVT_EUNSUPPORTED
+ * (a layer that cannot be cut on the token axis) and KVT_EINVAL (a layer
+ * holding fewer valid rows). */
+int kvti_chunked_get_trim(kvti_chunkstore *cs, kvti_backend *be,
+                          kvt_entry **out, const char *hash,
+                          const kvti_chained_entry *ce, const kvti_read_opts *o,
+                          uint8_t bad_chunk[32], int *chunk_bad);
 
 /* kvti_chunked_get of a chained entry whose record ce is given rather than
  * indexed (a tail fetched from the remote tier into a staging backend): the

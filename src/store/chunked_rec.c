@@ -4,7 +4,7 @@
  * prefix read, then the record's tokens, name and memory estimate).
  */
 #include "store/chunked_rec.h"
-#include "store/chunked.h"
+#include "store/chunked_chain.h"
 
 #include "base/error.h"
 #include "base/hash.h"

@@ -12,6 +12,7 @@
  * KV and arrays cannot be cut on the token axis (KVT_EUNSUPPORTED).
  */
 #include "store/chunked.h"
+#include "store/chunked_chain.h"
 
 #include "format/dtype.h"
 #include "base/error.h"
@@ -94,12 +95,11 @@ static int cut_layer(kvt_layer *out, const kvt_layer *tl, uint32_t li,
   return 0;
 }
 
-int kvti_chunked_get_trim(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
-                          const char *hash, const kvti_chained_entry *ce,
-                          const kvti_read_opts *o, uint8_t bad_chunk[32],
-                          int *chunk_bad) {
+int kvti_chunked_get_trim(kvti_chunkstore *cs, kvti_backend *be,
+                          kvt_entry **out, const char *hash,
+                          const kvti_chained_entry *ce, const kvti_read_opts *o,
+                          uint8_t bad_chunk[32], int *chunk_bad) {
   uint64_t keep = o->keep_tokens, rows = ce->chunks * ce->chunk_tokens;
-  kvti_chunkstore *cs = kvti_chunked_store(c);
   /* The tail, whole, in kvtier's buffers: its tokens are the entry's. */
   kvti_read_opts to = *o;
   to.keep_tokens = 0;
@@ -126,7 +126,7 @@ int kvti_chunked_get_trim(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
     memcpy(own.last_key, mark.last_key, 32);
     own.layout_hash = mark.layout_hash;
     own.total_rows = mark.total_rows;
-    return kvti_chunked_get_trim(c, be, out, hash, &own, o, bad_chunk,
+    return kvti_chunked_get_trim(cs, be, out, hash, &own, o, bad_chunk,
                                  chunk_bad);
   }
   if (keep > tail->n_tokens) {

@@ -1,10 +1,11 @@
 /*
  * internal.h - private to src/store/redis/: the Redis backend's object
  * (redis_backend), its key, batch and remote-manifest types, and the helpers
- * that the write/delete side (backend.c, which holds the vtable), the read
- * path (fetch.c) and the lookups (find.c) share. Key layout and the entry's
- * protocol are described at the top of backend.c. Nothing here is seen
- * outside this folder.
+ * that the put and the vtable (backend.c), the read path (fetch.c), the
+ * lookups (find.c) and the shared chunks (chunks.c) use: keys, commands and
+ * batches (keys.c), the remote manifest (rmanifest.c), deletion (remove.c),
+ * staging (stage.c). Key layout and the entry's protocol are described at the
+ * top of backend.c. Nothing here is seen outside this folder.
  */
 #ifndef KVT_STORE_REDIS_INTERNAL_H
 #define KVT_STORE_REDIS_INTERNAL_H
@@ -82,7 +83,7 @@ typedef struct rmanifest {
   size_t raw_len;
 } rmanifest;
 
-/* ---- keys (backend.c) ---- */
+/* ---- keys (keys.c) ---- */
 
 /* k = <prefix> followed by fmt (the caller keeps it under 512 bytes). */
 void kvti_rb_key_fmt(rkey *k, const redis_backend *rb, const char *fmt, ...)
@@ -99,7 +100,7 @@ int kvti_rb_pset_id(char id[80], const int32_t *tokens, size_t n);
 int kvti_rb_key_pset(rkey *k, const redis_backend *rb, const int32_t *tokens,
                      size_t n);
 
-/* ---- commands and replies (backend.c) ---- */
+/* ---- commands and replies (keys.c) ---- */
 
 /* Appends an argument of len bytes to c (fewer than KVR_MAX_ARGS). */
 void kvti_rb_cmd_arg(kvr_cmd *c, const char *a, size_t len);
@@ -118,9 +119,13 @@ int kvti_rb_batch_open(chunk_batch *b, const redis_backend *rb,
 int kvti_rb_batch_exec(redis_backend *rb, chunk_batch *b);
 void kvti_rb_batch_close(chunk_batch *b);
 
-/* ---- the remote manifest (backend.c) ---- */
+/* ---- the remote manifest (rmanifest.c) ---- */
 
 void kvti_rb_rman_free(rmanifest *m);
+/* 1 when s may name a file of a remote entry (what a manifest may list and a
+ * put may upload): [A-Za-z0-9_.-], not empty, no leading dot, shorter than
+ * rfile.name. */
+int kvti_rb_safe_file_name(const char *s);
 /* Parses and validates a remote manifest for entry hash. */
 int kvti_rb_rman_parse(rmanifest *m, const char *txt, size_t len,
                        const char *hash, uint64_t chunk_limit);
@@ -133,14 +138,20 @@ int kvti_rb_rman_get_raw(redis_backend *rb, kvr_client *cl, const char *hash,
 int kvti_rb_rman_get(redis_backend *rb, kvr_client *cl, rmanifest *m,
                      const char *hash);
 
-/* ---- deleting and staging (backend.c) ---- */
+/* ---- deleting (remove.c) ---- */
 
+/* Deletes chunks [0, n) of generation gen (pipelined, one slot). */
+int kvti_rb_del_chunks(redis_backend *rb, const char *hash, const char *gen,
+                       uint64_t n);
 /* ZREM of hash from the prefix set pset (a stale member). */
 int kvti_rb_zrem(redis_backend *rb, const rkey *pset, const char *hash);
 /* Deletes every key of one version of an entry (known: the version a reader
  * found damaged; NULL: whatever version is stored now). */
 int kvti_rb_remove_entry(redis_backend *rb, const char *hash,
                          const rmanifest *known);
+
+/* ---- staging (stage.c) ---- */
+
 /* The vtable's stage: a fresh local staging directory (*out kvti_malloc'ed). */
 int kvti_rb_stage(kvti_backend *b, char **out);
 
