@@ -215,7 +215,7 @@ def self_test():
             "tier/t1.c": "int t2(void);\nint t1(void) { return t2(); }\n",
             "tier/t2.c": "int t1(void);\nint t2(void) { return t1(); }\n",
             "tier/long.c": "int l(void) { return 0; }\n" + "\n" * (MAX_LINES + 1),
-            /* a function that calls itself (cflow marks it) still has its edges */
+            # a function that calls itself (cflow marks it) still has its edges
             "tier/r1.c": "int r2(void);\nint r1(int n) { return n ? r1(n - 1) : r2(); }\n",
             "tier/r2.c": "int r1(int n);\nint r2(void) { return r1(1); }\n",
         }
