@@ -91,17 +91,6 @@ int kvti_ram_drain(kvt_tier *t, const struct timespec *ts, int has) {
   return 0; /* pending > 0 only once stopped: those were dropped */
 }
 
-void kvti_ram_invalidate(kvt_tier *t, const char *hash) {
-  if (t->hc)
-    kvti_hc_invalidate(t->hc, hash);
-}
-
-void kvti_ram_invalidate_chunks(kvt_tier *t, const kvti_chain_rec *recs,
-                                size_t n) {
-  if (t->hc && n)
-    kvti_hc_invalidate_chains(t->hc, recs[0].key, sizeof *recs, n);
-}
-
 /* A new entry served from RAM for the read ro of hash, with meta's figures
  * and no layers yet; NULL when out of memory (error set). */
 static kvt_entry *ram_entry(const char *hash, const kvti_read_opts *ro,

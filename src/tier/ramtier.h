@@ -22,7 +22,8 @@ int kvti_ram_open(struct kvt_tier *t);
 void kvti_ram_close(struct kvt_tier *t);
 /* Tier destruction: closes and drops the tier's reference. */
 void kvti_ram_free(struct kvt_tier *t);
-/* The stored version of hash is going away or being replaced. */
+/* The stored version of hash is going away or being replaced (tier.c: the
+ * removal paths sit below this file). */
 void kvti_ram_invalidate(struct kvt_tier *t, const char *hash);
 /* Chunks recs[0, n) were removed (evicted, quarantined): every cached entry or
  * prefix whose chain ran through one of them is dropped. */

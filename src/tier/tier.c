@@ -6,6 +6,8 @@
  * lifecycle.c.
  */
 #include "tier/tier.h"
+#include "tier/hostcache.h"
+#include "tier/ramtier.h"
 #include "base/error.h"
 
 #include <stdarg.h>
@@ -60,6 +62,20 @@ void kvti_tier_leave(kvt_tier *t) {
 
 int kvti_remote_enabled(const kvt_tier *t) {
   return t->remote != NULL;
+}
+
+/* The RAM tier's copies go with what they copy (ramtier.h): here, below
+ * every file that removes or replaces stored data, as they touch only the
+ * host cache. */
+void kvti_ram_invalidate(kvt_tier *t, const char *hash) {
+  if (t->hc)
+    kvti_hc_invalidate(t->hc, hash);
+}
+
+void kvti_ram_invalidate_chunks(kvt_tier *t, const kvti_chain_rec *recs,
+                                size_t n) {
+  if (t->hc && n)
+    kvti_hc_invalidate_chains(t->hc, recs[0].key, sizeof *recs, n);
 }
 
 const char *kvt_tier_dir(const kvt_tier *t) {
