@@ -47,7 +47,7 @@ typedef struct kvti_io_ops {
    * renamex_np(RENAME_SWAP)). -1 with errno ENOTSUP/ENOSYS/EINVAL where
    * unsupported. May be NULL in a test table (treated as unsupported). */
   int (*rename_exchange)(const char *a, const char *b);
-  /* --- Added for the batched I/O engine (iobatch.c, issue 7); all optional: a
+  /* --- For the batched I/O engine (engine/iobatch*.c); all optional: a
    * NULL hook means "not available" (uring_*: io_uring unusable;
    * fallocate/fadvise: skipped). --- */
   /* 4096-or-larger aligned allocation (posix_memalign semantics: NULL on

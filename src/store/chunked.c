@@ -8,6 +8,7 @@
  * chain by chunked_trim.c; prefix lookups and reads of pure chains; touches
  * along a chain.
  */
+#include "store/local_layout.h"
 #include "store/chunked.h"
 #include "store/chunked_chain.h"
 #include "store/chunked_rec.h"
@@ -67,7 +68,7 @@ int kvti_chunked_open(kvti_chunked **out, const char *cache_dir, kvt_index *idx,
                : KVT_ERR_NOMEM();
   if (rc == 0)
     rc = kvti_chunkstore_open(&c->cs, cache_dir, idx, o);
-  if (rc == 0 && !(c->data_dir = kvti_path_join(cache_dir, "data")))
+  if (rc == 0 && !(c->data_dir = kvti_path_join(cache_dir, KVTI_LOCAL_DATA)))
     rc = KVT_ERR_NOMEM();
   if (rc) {
     kvti_chunked_close(c);

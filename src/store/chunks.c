@@ -7,6 +7,7 @@
  * durability FSYNC, their parent is fsynced when one is created, so a chunk
  * that was acknowledged survives a power loss with its directory entry.
  */
+#include "store/local_layout.h"
 #include "store/chunks.h"
 
 #include "base/error.h"
@@ -41,7 +42,7 @@ int kvti_chunkstore_open(kvti_chunkstore **out, const char *cache_dir,
   cs->root_fd = kvti_dir_open_root(cache_dir);
   if (cs->root_fd < 0)
     rc = cs->root_fd;
-  if (rc == 0 && (!(cs->dir = kvti_path_join(cache_dir, "chunks")) ||
+  if (rc == 0 && (!(cs->dir = kvti_path_join(cache_dir, KVTI_LOCAL_CHUNKS)) ||
                   !(cs->cache = kvti_strdup(cache_dir))))
     rc = KVT_ENOMEM;
   if (rc == 0)

@@ -1,7 +1,7 @@
 /*
  * chunks_rebuild.c - the chain table rebuilt from the chunk files alone, so
- * index.db is never the only copy of what the chunked store holds (issue 18's
- * rule, applied to issue 13's chunks). Every chunk file carries its key, its
+ * index.db is never the only copy of what the chunked store holds (as for
+ * whole entries, recover.c in the tier). Every chunk file carries its key, its
  * parent's key, its position, its tokens, the namespace and the KV layout
  * (docs/FORMAT.md section 10), and its key is the SHA-256 of parent + tokens,
  * so a file whose header parses and whose key matches its name can be indexed
@@ -11,6 +11,7 @@
  * Runs only when the index was rebuilt (missing, damaged, or `kvtier
  * reindex`), never at an ordinary open: it lists every chunk file.
  */
+#include "store/local_layout.h"
 #include "store/chunks.h"
 
 #include "base/error.h"
@@ -189,7 +190,7 @@ static int make_rec(kvti_chunkstore *cs, found *e, const kvti_ck *parent_ck,
 int kvti_chunkstore_rebuild(kvti_chunkstore *cs, const char *cache_dir,
                             size_t *indexed, size_t *skipped) {
   *indexed = *skipped = 0;
-  char *root = kvti_path_join(cache_dir, "chunks");
+  char *root = kvti_path_join(cache_dir, KVTI_LOCAL_CHUNKS);
   if (!root)
     return KVT_ERR_NOMEM();
   found_v f = {0};

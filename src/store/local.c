@@ -14,6 +14,7 @@
  */
 #include "store/local.h"
 #include "store/local_dir.h"
+#include "store/local_layout.h"
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/hash.h"
@@ -31,12 +32,6 @@
 #include <sys/file.h>
 #include <time.h>
 #include <unistd.h>
-
-/* The layout's names below cache_dir (index.db's is the index's). */
-#define LOCAL_DATA_DIR "data"
-#define LOCAL_QUARANTINE_DIR "quarantine"
-#define LOCAL_LOCK_FILE "kvtier.lock"
-#define LOCAL_STAGE_DIR "remote.tmp"
 
 typedef struct local_backend {
   kvti_backend base; /* first: the tier holds a kvti_backend* */
@@ -392,14 +387,16 @@ static int quarantine_at(const char *cache_dir, uint32_t dir_mode,
   int root = kvti_dir_open_root(cache_dir);
   if (root < 0)
     return root;
-  int dfd = kvti_dir_open_rel(root, "data", cache_dir), qfd = -1, rc = 0;
+  int dfd = kvti_dir_open_rel(root, KVTI_LOCAL_DATA, cache_dir), qfd = -1,
+      rc = 0;
   struct stat st;
   if (dfd < 0)
     rc = dfd;
   else if ((rc = kvti_lstatat(dfd, hash, &st, hash)) == KVT_ENOTFOUND)
     kvt_clear_error();
-  if (rc == 0 && kvti_mkdirat(root, "quarantine", dir_mode, "quarantine") >= 0)
-    qfd = kvti_dir_open_rel(root, "quarantine", cache_dir);
+  if (rc == 0 && kvti_mkdirat(root, KVTI_LOCAL_QUARANTINE, dir_mode,
+                              KVTI_LOCAL_QUARANTINE) >= 0)
+    qfd = kvti_dir_open_rel(root, KVTI_LOCAL_QUARANTINE, cache_dir);
   else if (rc == 0)
     rc = KVT_EIO;
   if (rc == 0 && qfd < 0)
@@ -437,7 +434,8 @@ static int quarantine_at(const char *cache_dir, uint32_t dir_mode,
   if (rc == 0) {
     kvti_error_state es;
     kvti_error_state_capture(&es, 0);
-    kvti_dir_bound_others(qfd, keep_max, "chunk-", dst, bounded, "quarantine");
+    kvti_dir_bound_others(qfd, keep_max, KVTI_LOCAL_CHUNK_QDIR, dst, bounded,
+                          KVTI_LOCAL_QUARANTINE);
     kvti_error_state_restore(&es); /* the move is done: a bound left is not */
   }
   if (qfd >= 0)
@@ -579,7 +577,7 @@ static int secure_dir(const char *dir, mode_t mode, int create,
  * until unlock. flock (not fcntl) so a second tier in the same process is
  * refused as well. */
 static int take_lock(local_backend *lb) {
-  char *lp = kvti_path_join(lb->cache_dir, LOCAL_LOCK_FILE);
+  char *lp = kvti_path_join(lb->cache_dir, KVTI_LOCAL_LOCK);
   if (!lp)
     return KVT_ENOMEM;
   int fd = kvti_open(lp, O_RDWR | O_CREAT, lb->file_mode);
@@ -629,9 +627,9 @@ int kvti_backend_local_open(kvti_backend **out, const kvti_local_cfg *cfg) {
   lb->dir_lock_fd = -1;
   lb->cache_dir = kvti_strdup(cfg->dir);
   lb->data_dir =
-      lb->cache_dir ? kvti_path_join(cfg->dir, LOCAL_DATA_DIR) : NULL;
+      lb->cache_dir ? kvti_path_join(cfg->dir, KVTI_LOCAL_DATA) : NULL;
   lb->quarantine_dir =
-      lb->data_dir ? kvti_path_join(cfg->dir, LOCAL_QUARANTINE_DIR) : NULL;
+      lb->data_dir ? kvti_path_join(cfg->dir, KVTI_LOCAL_QUARANTINE) : NULL;
   int rc = lb->quarantine_dir ? 0 : KVT_ENOMEM;
   if (rc == 0)
     rc = secure_dir(lb->cache_dir, cfg->dir_mode, !cfg->readonly,
@@ -700,7 +698,7 @@ int kvti_backend_local_stage_root(kvti_backend *b, const char **root) {
   if (!lb->readonly) {
     /* Next to data/ (same file system: a fetched entry is adopted by rename).
      * The one writer process owns it, so a leftover is stale. */
-    char *p = kvti_path_join(lb->cache_dir, LOCAL_STAGE_DIR);
+    char *p = kvti_path_join(lb->cache_dir, KVTI_LOCAL_STAGE);
     if (!p)
       return KVT_ENOMEM;
     kvti_rmtree(p);

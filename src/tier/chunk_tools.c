@@ -1,14 +1,14 @@
 /*
- * chunk_tools.c - the chunked native store as tools see it (include/kvtier.h,
- * "The chunked native store, for tools"): every chunk with its sharing, an
- * entry's chain, totals and the dedup figures, the complete verification of
- * one chunk file, the one routine that contains a damaged chunk (serving
- * path and repair: the file alone moves aside, what depends on it is kept,
- * unservable until the chunk is written again), and the cleaning of chunks/ -
- * stale *.tmp files and orphans (chunk files without a row), adopted when valid
- * and reachable, else removed - by kvt_tier_chunk_gc and lazily by the writer,
- * one subdirectory at a time (kvti_tier_chunks_sweep_lazy), so open never lists
- * chunks/.
+ * chunk_tools.c - the chunked native store as tools see it
+ * (include/kvtier_sys.h, "The chunked native store, for tools"): every chunk
+ * with its sharing, an entry's chain, totals and the dedup figures, the
+ * complete verification of one chunk file, the one routine that contains a
+ * damaged chunk (serving path and repair: the file alone moves aside, what
+ * depends on it is kept, unservable until the chunk is written again), and the
+ * cleaning of chunks/ - stale *.tmp files and orphans (chunk files without a
+ * row), adopted when valid and reachable, else removed - by kvt_tier_chunk_gc
+ * and lazily by the writer, one subdirectory at a time
+ * (kvti_tier_chunks_sweep_lazy), so open never lists chunks/.
  *
  * Invariants: an orphan is adopted only after its whole file verified and
  * only under an indexed parent (or the seed its own namespace and layout

@@ -2,7 +2,7 @@
  * chunk_tools.h - the tools' side of the chunked native store inside the tier
  * (chunk_tools.c implements kvt_tier_chunk_foreach, kvt_tier_entry_chain,
  * kvt_tier_chunk_totals, kvt_tier_chunk_verify and kvt_tier_chunk_gc of
- * include/kvtier.h) and the writer's lazy orphan sweep declared here.
+ * include/kvtier_sys.h) and the writer's lazy orphan sweep declared here.
  */
 #ifndef KVT_TIER_CHUNK_TOOLS_H
 #define KVT_TIER_CHUNK_TOOLS_H

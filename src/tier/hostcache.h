@@ -1,5 +1,5 @@
 /*
- * hostcache.h - host RAM as a tier (issue 15): an in-process cache of whole
+ * hostcache.h - host RAM as a tier: an in-process cache of whole
  * entries (their verified layers, tensor buffers included) between the engine
  * and the SSD, so an entry spilled or promoted a moment ago comes back at
  * memory speed although kvtier's own writes and cold reads bypass the page

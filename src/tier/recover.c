@@ -1,5 +1,5 @@
 /*
- * recover.c - the index is never the only copy (issue 18). Every entry
+ * recover.c - the index is never the only copy of what is stored. Every entry
  * directory holds what its row says (manifest, tokens), so index.db can
  * always be rebuilt: at open, an index.db that is not a regular file, or that
  * SQLite reports damaged (SQLITE_NOTADB / SQLITE_CORRUPT while it is opened
