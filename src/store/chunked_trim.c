@@ -193,9 +193,11 @@ int kvti_chunked_get_trim(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
     }
     if (rc)
       break;
+    /* The tail layer's attributes are the spilled layer's, as for the whole
+     * read (kvti_chunk_join) and the layers cut from the tail below; only
+     * the offset becomes the rows kept. */
+    kvti_layer_copy_attrs(pl, tl);
     pl->offset = (int64_t)keep;
-    pl->bits = tl->bits;
-    pl->group_size = tl->group_size;
     e->layers[li] = *pl;
     memset(pl, 0, sizeof *pl);
     from_chain[li] = 1;
