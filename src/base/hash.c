@@ -8,6 +8,7 @@
 #include "kvtier.h"
 #include "base/error.h"
 #include "base/io.h"
+#include "base/vec.h"
 
 #include <openssl/evp.h>
 #include <stdio.h>
@@ -214,14 +215,9 @@ static int emit(kvti_blkhash *h, uint64_t v) {
     h->n++;
     return 0;
   }
-  if (h->n == h->cap) {
-    size_t cap = h->cap ? 2 * h->cap : 16;
-    uint64_t *l = kvti_realloc(h->list, cap * sizeof *l);
-    if (!l)
-      return h->err = KVT_ERR_NOMEM();
-    h->list = l;
-    h->cap = cap;
-  }
+  int rc = KVTI_VEC_RESERVE(&h->list, &h->cap, h->n + 1, 16);
+  if (rc)
+    return h->err = rc;
   h->list[h->n++] = v;
   return 0;
 }

@@ -5,9 +5,10 @@
  * upcast with hints, MLX affine dequantization, trim to offset, bf16 -> F16
  * cast), the manifest object of a layer (emitted the way Python's json.dumps
  * writes it) and its parser, and the verified read of one layer file straight
- * into the final tensor buffers. Implemented by layer_check.c (validation),
- * layer_dequant.c, layer_plan.c, layer_write.c, layer_meta.c, layer_read.c and
- * layer_blocks.c. Knows nothing of entries (entry.h builds on it).
+ * into the final tensor buffers, and the cut of a layer's tensors to a range
+ * of token rows. Implemented by layer_check.c (validation), layer_dequant.c,
+ * layer_plan.c, layer_write.c, layer_meta.c, layer_read.c, layer_blocks.c and
+ * layer_rows.c. Knows nothing of entries (entry.h builds on it).
  */
 #ifndef KVT_LAYER_H
 #define KVT_LAYER_H
@@ -45,6 +46,17 @@ int kvti_layer_validate(const kvt_layer *l, uint32_t idx, int need_data);
  * layer. */
 int kvti_layer_check_rows(const kvt_layer *l, uint32_t idx, uint64_t row_base,
                           uint64_t n_tokens, int err, const char *what);
+
+/* Token rows of a KV tensor (ndim >= 2; axis -2 = tokens, token i is row i).
+ * kvti_tensor_cut_desc: *d = s described with n token rows (shape[-2] = n,
+ * nbytes to match, data NULL: the caller gives it a buffer of d->nbytes).
+ * kvti_tensor_copy_rows: rows [from, from + n) of src into rows [at, at + n)
+ * of dst, head by head (each index of the axes before -2 holds its own run of
+ * rows). dst has src's geometry but for the token axis, each tensor's row
+ * count is its shape[-2], and both ranges lie within them. */
+void kvti_tensor_cut_desc(kvt_tensor *d, const kvt_tensor *s, uint64_t n);
+void kvti_tensor_copy_rows(kvt_tensor *dst, uint64_t at, const kvt_tensor *src,
+                           uint64_t from, uint64_t n);
 
 /* True when the layer's stored form needs MLX dequantization in compat mode. */
 static inline int kvti_layer_is_quantized(const kvt_layer *l) {
@@ -107,6 +119,17 @@ typedef struct kvti_layer_meta {
   uint32_t num_tensors;
   int32_t *orig_dtypes; /* num_tensors entries or NULL (kvti_malloc) */
 } kvti_layer_meta;
+
+/* A layer's attributes: kind, offset, the rotating KV fields (max_size, keep,
+ * step, idx) and the quantized ones (bits, group_size) - everything of a
+ * layer but its tensors and orig_dtypes, whose ownership each caller settles
+ * itself (moved, copied or left). kvti_layer_meta_attrs sets them from a
+ * parsed manifest object, as a read of the layer's file does;
+ * kvti_layer_copy_attrs from another form of the same layer (a chained
+ * entry's tail onto the rows read from its chain). One list of fields serves
+ * both (layer_meta.c). */
+void kvti_layer_meta_attrs(kvt_layer *dst, const kvti_layer_meta *src);
+void kvti_layer_copy_attrs(kvt_layer *dst, const kvt_layer *src);
 
 /* Parses one layer object (a cJSON *, passed as void * to keep cJSON out of
  * this header). expect_idx >= 0: layer_idx must equal it. Returns 0,

@@ -3,7 +3,8 @@
  * validates it (every layer_type the reference accepts plus kvtier's
  * QuantizedKVCache) into a kvti_layer_meta, and checks a layer file's parsed
  * safetensors header against it (exactly the tensors the metadata calls for,
- * with consistent dtypes and shapes).
+ * with consistent dtypes and shapes); and the one list of a layer's
+ * attributes, copied onto a kvt_layer from a parsed object or another layer.
  */
 #include "format/layer_int.h"
 #include "base/error.h"
@@ -61,6 +62,20 @@ static int hint_of(int32_t *out, const cJSON *j, const char *key,
     return BAD("%s: '%s' is not a string", what, key);
   *out = kvti_dtype_from_np_name(j->valuestring);
   return 0;
+}
+
+/* Every attribute of a layer (kvt_layer and kvti_layer_meta name them alike):
+ * adding one to the structs means adding it here, and every copy follows. */
+#define LAYER_ATTRS(F)                                                         \
+  F(kind) F(offset) F(max_size) F(keep) F(step) F(idx) F(bits) F(group_size)
+#define COPY_ATTR(f) dst->f = src->f;
+
+void kvti_layer_copy_attrs(kvt_layer *dst, const kvt_layer *src) {
+  LAYER_ATTRS(COPY_ATTR)
+}
+
+void kvti_layer_meta_attrs(kvt_layer *dst, const kvti_layer_meta *src) {
+  LAYER_ATTRS(COPY_ATTR)
 }
 
 void kvti_layer_meta_free(kvti_layer_meta *m) {
@@ -205,9 +220,7 @@ int kvti_layer_check_header(const kvti_st_tensor **slot,
       t[j].nbytes = slot[j]->nbytes;
     }
     l.tensors = t;
-    l.bits = m->bits;
-    l.group_size = m->group_size;
-    l.offset = m->offset;
+    kvti_layer_meta_attrs(&l, m);
     if (kvti_layer_validate(&l, m->layer_idx, 0) != 0) {
       char why[256];
       snprintf(why, sizeof why, "%s", kvt_last_error());

@@ -245,13 +245,7 @@ int kvti_layer_read_file(kvt_layer *out, uint64_t *file_bytes, const char *path,
   rc = kvti_layer_check_header(slot, &hd, m, path);
   if (rc)
     goto out;
-  l.offset = m->offset;
-  l.max_size = m->max_size;
-  l.keep = m->keep;
-  l.step = m->step;
-  l.idx = m->idx;
-  l.bits = m->bits;
-  l.group_size = m->group_size;
+  kvti_layer_meta_attrs(&l, m);
   if (m->orig_dtypes) {
     l.orig_dtypes = kvti_malloc(m->num_tensors * sizeof(int32_t));
     if (!l.orig_dtypes) {

@@ -13,6 +13,7 @@
 #include "format/dtype.h"
 #include "base/error.h"
 #include "base/io.h"
+#include "base/vec.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -26,23 +27,10 @@
 static void sb_reserve(kvti_sb *b, size_t extra) {
   if (b->oom)
     return;
-  if (b->len + extra + 1 <= b->cap)
-    return;
-  size_t cap = b->cap ? b->cap : 256;
-  while (cap < b->len + extra + 1) {
-    if (cap > SIZE_MAX / 2) {
-      b->oom = 1;
-      return;
-    }
-    cap *= 2;
-  }
-  char *n = kvti_realloc(b->s, cap);
-  if (!n) {
+  /* Room for the text and its NUL; a failure is kept in oom for take. */
+  if (extra > SIZE_MAX - 1 - b->len ||
+      KVTI_VEC_RESERVE(&b->s, &b->cap, b->len + extra + 1, 256) != 0)
     b->oom = 1;
-    return;
-  }
-  b->s = n;
-  b->cap = cap;
 }
 
 void kvti_sb_putn(kvti_sb *b, const char *s, size_t n) {

@@ -136,14 +136,7 @@ int kvti_layer_verify_mem(kvt_layer *l, const char *path,
   if ((rc = kvti_blkhash_final(h, NULL)) != 0)
     goto out;
   /* The attributes as a read sets them. */
-  l->kind = m->kind;
-  l->offset = m->offset;
-  l->max_size = m->max_size;
-  l->keep = m->keep;
-  l->step = m->step;
-  l->idx = m->idx;
-  l->bits = m->bits;
-  l->group_size = m->group_size;
+  kvti_layer_meta_attrs(l, m);
   kvti_free(l->orig_dtypes);
   l->orig_dtypes = NULL;
   if (m->orig_dtypes) {

@@ -12,6 +12,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/io.h"
+#include "base/vec.h"
 #include "format/chunk.h"
 
 #include <pthread.h>
@@ -151,14 +152,9 @@ static int row_u64(sqlite3_stmt *s, int col, uint64_t *out) {
 
 static int push_orph(uint8_t (**orph)[32], size_t *norph, size_t *cap,
                      const uint8_t key[32]) {
-  if (*norph == *cap) {
-    size_t nc = *cap ? *cap * 2 : 16;
-    void *np = kvti_realloc(*orph, nc * 32);
-    if (!np)
-      return KVT_ERR_NOMEM();
-    *orph = np;
-    *cap = nc;
-  }
+  int rc = KVTI_VEC_RESERVE(orph, cap, *norph + 1, 16);
+  if (rc)
+    return rc;
   memcpy((*orph)[(*norph)++], key, 32);
   return 0;
 }

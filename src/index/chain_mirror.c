@@ -12,6 +12,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/io.h"
+#include "base/vec.h"
 
 #include <string.h>
 
@@ -37,19 +38,15 @@ int kvti_chain_reserve_nodes(kvti_chains *c, size_t more) {
     return KVT_ERR_NOMEM();
   if (c->nfree >= more || c->n + more - c->nfree <= c->cap)
     return 0;
-  size_t cap = c->cap ? c->cap : 64;
-  while (cap < c->n + more)
-    cap *= 2;
+  /* nodes and freel share one capacity; node ids are 32-bit. */
+  size_t cap = kvti_vec_cap(c->cap, (size_t)c->n + more, sizeof *c->nodes, 64);
   if (cap > UINT32_MAX - 1)
     return KVT_ERR(KVT_ENOMEM, "chain table: too many chunks");
-  node *nn = kvti_realloc(c->nodes, cap * sizeof *nn);
-  if (!nn)
-    return KVT_ERR_NOMEM();
-  c->nodes = nn;
-  uint32_t *nf = kvti_realloc(c->freel, cap * sizeof *nf);
-  if (!nf)
-    return KVT_ERR_NOMEM();
-  c->freel = nf;
+  int rc = KVTI_VEC_RESIZE(&c->nodes, cap);
+  if (rc == 0)
+    rc = KVTI_VEC_RESIZE(&c->freel, cap);
+  if (rc)
+    return rc;
   c->cap = (uint32_t)cap;
   return 0;
 }
@@ -100,14 +97,9 @@ int kvti_chain_ent_add(kvti_chains *c, const kvti_chained_entry *e) {
       c->ents[sl->val] = *e;
       return 0;
     }
-  if (c->n_ents == c->cap_ents) {
-    size_t nc = c->cap_ents ? c->cap_ents * 2 : 64;
-    kvti_chained_entry *ne = kvti_realloc(c->ents, nc * sizeof *ne);
-    if (!ne)
-      return KVT_ERR_NOMEM();
-    c->ents = ne;
-    c->cap_ents = nc;
-  }
+  int rc = KVTI_VEC_RESERVE(&c->ents, &c->cap_ents, c->n_ents + 1, 64);
+  if (rc)
+    return rc;
   if (kvti_hm_add(&c->byent, kvti_hm_key(k), c->n_ents))
     return KVT_ERR_NOMEM();
   c->ents[c->n_ents++] = *e;
@@ -182,16 +174,8 @@ int kvti_chains_entries_ending(kvti_chains *c, const kvti_chain_rec *keys,
       hit = !memcmp(c->ents[i].last_key, keys[sl->val].key, 32);
     if (!hit)
       continue;
-    if (*n == cap) {
-      size_t nc = cap ? cap * 2 : 8;
-      void *p = kvti_realloc(*out, nc * 32);
-      if (!p) {
-        rc = KVT_ERR_NOMEM();
-        break;
-      }
-      *out = p;
-      cap = nc;
-    }
+    if ((rc = KVTI_VEC_RESERVE(out, &cap, *n + 1, 8)) != 0)
+      break;
     memcpy((*out)[(*n)++], c->ents[i].hash, 32);
   }
   pthread_rwlock_unlock(&c->rw);
@@ -329,14 +313,8 @@ int kvti_chains_touch(kvti_chains *c, const uint8_t key[32]) {
       x->r.accessed_at = now;
     if (x->dirty)
       continue;
-    if (c->ndirty == c->capdirty) {
-      size_t nc = c->capdirty ? c->capdirty * 2 : 64;
-      uint32_t *nd = kvti_realloc(c->dirty, nc * sizeof *nd);
-      if (!nd)
-        continue; /* the touch stays in memory only */
-      c->dirty = nd;
-      c->capdirty = nc;
-    }
+    if (KVTI_VEC_RESERVE(&c->dirty, &c->capdirty, c->ndirty + 1, 64) != 0)
+      continue; /* the touch stays in memory only */
     x->dirty = 1;
     c->dirty[c->ndirty++] = id - 1;
   }

@@ -19,6 +19,7 @@
 #include "base/hash.h"
 #include "base/hashmap.h"
 #include "base/io.h"
+#include "base/vec.h"
 #include "base/sqlvfs.h"
 
 #include <math.h>
@@ -261,16 +262,8 @@ static int backfill(kvt_index *idx) {
     int blen = sqlite3_column_bytes(sel, 1);
     if (!th || thlen > 64 || blen < 0 || blen % 4)
       continue;
-    if (n == cap) {
-      size_t nc = cap ? cap * 2 : 64;
-      bf_row *r = kvti_realloc(rows, nc * sizeof *r);
-      if (!r) {
-        ret = KVT_ERR_NOMEM();
-        break;
-      }
-      rows = r;
-      cap = nc;
-    }
+    if ((ret = KVTI_VEC_RESERVE(&rows, &cap, n + 1, 64)) != 0)
+      break;
     memcpy(rows[n].th, th, (size_t)thlen);
     rows[n].th[thlen] = '\0';
     size_t nt = (size_t)blen / 4;
@@ -511,16 +504,8 @@ static int load_mirror(kvt_index *idx) {
         if (m == 1) {
           e.disk_bytes = b;
           if (!idx->readonly) {
-            if (nfix == capfix) {
-              size_t nc = capfix ? capfix * 2 : 64;
-              meta_fix *f = kvti_realloc(fix, nc * sizeof *f);
-              if (!f) {
-                ret = KVT_ERR_NOMEM();
-                break;
-              }
-              fix = f;
-              capfix = nc;
-            }
+            if ((ret = KVTI_VEC_RESERVE(&fix, &capfix, nfix + 1, 64)) != 0)
+              break;
             memcpy(fix[nfix].th, th, 65);
             fix[nfix].disk_bytes = b;
             nfix++;

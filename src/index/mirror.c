@@ -28,6 +28,7 @@
 #include "base/hash.h"
 #include "base/hashmap.h"
 #include "base/io.h"
+#include "base/vec.h"
 
 #include <openssl/evp.h>
 #include <pthread.h>
@@ -162,28 +163,28 @@ int kvti_idx_mirror_find(const kvt_index *idx, const uint8_t sha[32],
 }
 
 int kvti_idx_mirror_reserve(kvt_index *idx) {
+  int rc;
   if (idx->free_head == 0 && idx->n_ents == idx->cap_ents) {
-    uint32_t cap = idx->cap_ents ? idx->cap_ents * 2 : 64;
+    /* Entry ids are 32-bit. */
+    size_t cap = kvti_vec_cap(idx->cap_ents, (size_t)idx->n_ents + 1,
+                              sizeof *idx->ents, 64);
     if (cap > UINT32_MAX / 2)
       return KVT_ERR(KVT_ENOMEM, "index mirror: too many entries");
-    mirror_ent *e = kvti_realloc(idx->ents, (size_t)cap * sizeof *e);
-    if (!e)
-      return KVT_ERR_NOMEM();
-    idx->ents = e;
-    idx->cap_ents = cap;
+    if ((rc = KVTI_VEC_RESIZE(&idx->ents, cap)) != 0)
+      return rc;
+    idx->cap_ents = (uint32_t)cap;
   }
   if (idx->heap_n == idx->heap_cap) {
-    uint32_t cap = idx->heap_cap ? idx->heap_cap * 2 : 64;
-    for (int h = 0; h < 2; h++) {
-      uint32_t *a = kvti_realloc(idx->heap[h], (size_t)cap * sizeof *a);
-      if (!a)
-        return KVT_ERR_NOMEM();
-      idx->heap[h] = a;
-    }
-    idx->heap_cap = cap;
+    /* The two heaps share one capacity: each grows to it in turn. */
+    size_t cap = kvti_vec_cap(idx->heap_cap, (size_t)idx->heap_n + 1,
+                              sizeof(uint32_t), 64);
+    for (int h = 0; h < 2; h++)
+      if ((rc = KVTI_VEC_RESIZE(&idx->heap[h], cap)) != 0)
+        return rc;
+    idx->heap_cap = (uint32_t)cap;
   }
   /* Reserve map room now so the insert below cannot fail half-way. */
-  int rc = kvti_hm_reserve(&idx->exact, idx->exact.n + 1);
+  rc = kvti_hm_reserve(&idx->exact, idx->exact.n + 1);
   if (!rc)
     rc = kvti_hm_reserve(&idx->seq, idx->seq.n + 1);
   if (!rc)

@@ -12,6 +12,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/io.h"
+#include "base/vec.h"
 
 #include <pthread.h>
 #include <sqlite3.h>
@@ -105,16 +106,7 @@ int kvti_idx_touch_sha(kvt_index *idx, const uint8_t sha[32]) {
   }
   pthread_mutex_lock(&idx->pend_mu);
   int rc = 0, need_flush = 0, must_flush = 0;
-  if (idx->pend_n == idx->pend_cap) {
-    size_t nc = idx->pend_cap ? idx->pend_cap * 2 : 64;
-    touch_rec *p = kvti_realloc(idx->pend, nc * sizeof *p);
-    if (!p)
-      rc = KVT_ERR_NOMEM();
-    else {
-      idx->pend = p;
-      idx->pend_cap = nc;
-    }
-  }
+  rc = KVTI_VEC_RESERVE(&idx->pend, &idx->pend_cap, idx->pend_n + 1, 64);
   if (!rc) {
     if (idx->pend_n == 0)
       idx->pend_first = t;

@@ -41,17 +41,6 @@ static int trimmable(const kvt_layer *l, uint32_t li, uint64_t keep) {
   return 0;
 }
 
-/* Copies rows [0, n) of src (src_T rows) into rows [at, at + n) of dst
- * (dst_T rows), head by head. */
-static void copy_rows(kvt_tensor *dst, uint64_t dst_T, uint64_t at,
-                      const kvt_tensor *src, uint64_t src_T, uint64_t n) {
-  uint64_t outer, row;
-  kvti_chunk_tensor_geom(src, &outer, &row);
-  for (uint64_t q = 0; q < outer && n && row; q++)
-    memcpy((uint8_t *)dst->data + (q * dst_T + at) * row,
-           (const uint8_t *)src->data + q * src_T * row, n * row);
-}
-
 /* A layer of the tail not in the chain, cut to its first keep rows into new
  * buffers (the caller's alloc when given). */
 static int cut_layer(kvt_layer *out, const kvt_layer *tl, uint32_t li,
@@ -67,8 +56,6 @@ static int cut_layer(kvt_layer *out, const kvt_layer *tl, uint32_t li,
   for (uint32_t j = 0; j < tl->num_tensors; j++) {
     const kvt_tensor *s = &tl->tensors[j];
     kvt_tensor *d = &out->tensors[j];
-    *d = *s;
-    d->data = NULL;
     if (rows_of(s) < keep) {
       out->num_tensors = j;
       return KVT_ERR(KVT_EINVAL,
@@ -76,10 +63,7 @@ static int cut_layer(kvt_layer *out, const kvt_layer *tl, uint32_t li,
                      "%llu tokens to keep",
                      li, j, (unsigned long long)keep);
     }
-    uint64_t outer, row;
-    kvti_chunk_tensor_geom(s, &outer, &row);
-    d->shape[d->ndim - 2] = (int64_t)keep;
-    d->nbytes = outer * keep * row;
+    kvti_tensor_cut_desc(d, s, keep);
     if (d->nbytes) {
       d->data = o->alloc ? o->alloc(o->alloc_ctx, li, j, d)
                          : kvti_buf_alloc((size_t)d->nbytes);
@@ -89,7 +73,7 @@ static int cut_layer(kvt_layer *out, const kvt_layer *tl, uint32_t li,
                        (unsigned long long)d->nbytes);
       }
     }
-    copy_rows(d, keep, 0, s, rows_of(s), keep);
+    kvti_tensor_copy_rows(d, 0, s, 0, keep);
   }
   out->offset = (int64_t)keep;
   return 0;
@@ -205,13 +189,15 @@ int kvti_chunked_get_trim(kvti_chunkstore *cs, kvti_backend *be,
                      "disagree",
                      li, j);
       else
-        copy_rows(&pl->tensors[j], keep, rows, tt, rows_of(tt), more);
+        kvti_tensor_copy_rows(&pl->tensors[j], rows, tt, 0, more);
     }
     if (rc)
       break;
+    /* The tail layer's attributes are the spilled layer's, as for the whole
+     * read (kvti_chunk_join) and the layers cut from the tail below; only
+     * the offset becomes the rows kept. */
+    kvti_layer_copy_attrs(pl, tl);
     pl->offset = (int64_t)keep;
-    pl->bits = tl->bits;
-    pl->group_size = tl->group_size;
     e->layers[li] = *pl;
     memset(pl, 0, sizeof *pl);
     from_chain[li] = 1;

@@ -103,22 +103,15 @@ int kvti_chunk_split_make(kvti_chunk_split *sp, const kvt_layer *layers,
     for (uint32_t j = 0; j < l->num_tensors; j++) {
       const kvt_tensor *s = &l->tensors[j];
       kvt_tensor *d = &t->tensors[j];
-      *d = *s;
-      uint64_t outer, row;
-      kvti_chunk_tensor_geom(s, &outer, &row);
       uint64_t keep = sp->T - sp->rows;
-      d->shape[d->ndim - 2] = (int64_t)keep;
-      d->nbytes = outer * keep * row;
+      kvti_tensor_cut_desc(d, s, keep);
       d->data = d->nbytes ? kvti_buf_alloc((size_t)d->nbytes) : NULL;
       if (d->nbytes && !d->data) {
         sp->n_ids = k + 1;
         kvti_chunk_split_free(sp);
         return KVT_ERR_NOMEM();
       }
-      for (uint64_t o = 0; o < outer && keep && row; o++)
-        memcpy((uint8_t *)d->data + o * keep * row,
-               (const uint8_t *)s->data + (o * sp->T + sp->rows) * row,
-               keep * row);
+      kvti_tensor_copy_rows(d, 0, s, sp->rows, keep);
     }
   }
   return 0;
@@ -167,25 +160,12 @@ int kvti_chunk_join(struct kvt_entry *e, kvti_chunk_prefix *p, uint64_t rows,
   for (uint32_t k = 0; k < p->n_layers; k++) {
     uint32_t li = p->layer_idx[k];
     kvt_layer *tl = &e->layers[li], *pl = &p->layers[k];
-    for (uint32_t j = 0; j < tl->num_tensors; j++) {
-      const kvt_tensor *tt = &tl->tensors[j];
-      kvt_tensor *pt = &pl->tensors[j];
-      uint64_t outer, row;
-      kvti_chunk_tensor_geom(tt, &outer, &row);
-      uint64_t keep = tensor_T(tt), T = rows + keep;
-      for (uint64_t q = 0; q < outer && keep && row; q++)
-        memcpy((uint8_t *)pt->data + (q * T + rows) * row,
-               (const uint8_t *)tt->data + q * keep * row, keep * row);
-    }
+    /* The tail's rows follow the chain's (their shapes checked above). */
+    for (uint32_t j = 0; j < tl->num_tensors; j++)
+      kvti_tensor_copy_rows(&pl->tensors[j], rows, &tl->tensors[j], 0,
+                            tensor_T(&tl->tensors[j]));
     /* The tail layer's attributes are the spilled layer's. */
-    pl->kind = tl->kind;
-    pl->offset = tl->offset;
-    pl->max_size = tl->max_size;
-    pl->keep = tl->keep;
-    pl->step = tl->step;
-    pl->idx = tl->idx;
-    pl->bits = tl->bits;
-    pl->group_size = tl->group_size;
+    kvti_layer_copy_attrs(pl, tl);
     pl->orig_dtypes = tl->orig_dtypes;
     tl->orig_dtypes = NULL;
     kvti_layer_release(tl, e->free_buf != NULL, e->free_buf, e->alloc_ctx);

@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "base/vec.h"
 #include "format/chunk.h"
 
 #include <dirent.h>
@@ -43,14 +44,9 @@ typedef struct found_v {
 } found_v;
 
 static int push(found_v *f, const kvti_chunk_hdr *h) {
-  if (f->n == f->cap) {
-    size_t nc = f->cap ? f->cap * 2 : 1024;
-    found *nv = kvti_realloc(f->v, nc * sizeof *nv);
-    if (!nv)
-      return KVT_ERR_NOMEM();
-    f->v = nv;
-    f->cap = nc;
-  }
+  int rc = KVTI_VEC_RESERVE(&f->v, &f->cap, f->n + 1, 1024);
+  if (rc)
+    return rc;
   found *e = &f->v[f->n++];
   memset(e, 0, sizeof *e);
   memcpy(e->key, h->key, 32);

@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "base/vec.h"
 #include "format/chainrec.h"
 #include "format/entry_restore.h"
 #include "index/index.h"
@@ -266,22 +267,13 @@ static int names_read(name_list *l, const char *dir, int want_ctime) {
     if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
       continue;
     if (l->n == l->cap) {
-      size_t nc = l->cap ? l->cap * 2 : 32;
-      char **nn = kvti_realloc(l->names, nc * sizeof *nn);
-      if (nn)
-        l->names = nn;
-      time_t *ns = nn ? kvti_realloc(l->sec, nc * sizeof *ns) : NULL;
-      if (ns)
-        l->sec = ns;
-      long *nns = ns ? kvti_realloc(l->nsec, nc * sizeof *nns) : NULL;
-      if (nns)
-        l->nsec = nns;
-      unsigned char *nt = nns ? kvti_realloc(l->type, nc) : NULL;
-      if (!nt) {
-        rc = KVT_ERR_NOMEM();
+      /* The four arrays share one capacity: each grows to it in turn. */
+      size_t nc = kvti_vec_cap(l->cap, l->n + 1, sizeof(int64_t), 32);
+      if ((rc = KVTI_VEC_RESIZE(&l->names, nc)) != 0 ||
+          (rc = KVTI_VEC_RESIZE(&l->sec, nc)) != 0 ||
+          (rc = KVTI_VEC_RESIZE(&l->nsec, nc)) != 0 ||
+          (rc = KVTI_VEC_RESIZE(&l->type, nc)) != 0)
         break;
-      }
-      l->type = nt;
       l->cap = nc;
     }
     char *s = kvti_strdup(de->d_name);

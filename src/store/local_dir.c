@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "base/io.h"
+#include "base/vec.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -163,19 +164,12 @@ static int dir_names_read(dir_names *l, int dirfd, int want_ctime) {
     if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
       continue;
     if (l->n == l->cap) {
-      size_t nc = l->cap ? l->cap * 2 : 16;
-      char **nn = kvti_realloc(l->names, nc * sizeof *nn);
-      if (nn)
-        l->names = nn;
-      int64_t *ns = nn ? kvti_realloc(l->sec, nc * sizeof *ns) : NULL;
-      if (ns)
-        l->sec = ns;
-      int64_t *nns = ns ? kvti_realloc(l->nsec, nc * sizeof *nns) : NULL;
-      if (!nns) {
-        rc = KVT_ERR_NOMEM();
+      /* The three arrays share one capacity: each grows to it in turn. */
+      size_t nc = kvti_vec_cap(l->cap, l->n + 1, sizeof(int64_t), 16);
+      if ((rc = KVTI_VEC_RESIZE(&l->names, nc)) != 0 ||
+          (rc = KVTI_VEC_RESIZE(&l->sec, nc)) != 0 ||
+          (rc = KVTI_VEC_RESIZE(&l->nsec, nc)) != 0)
         break;
-      }
-      l->nsec = nns;
       l->cap = nc;
     }
     if (!(l->names[l->n] = kvti_strdup(de->d_name))) {
