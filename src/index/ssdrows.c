@@ -9,6 +9,7 @@
  */
 #include "index/internal.h"
 
+#include "base/vec.h"
 #include "base/error.h"
 #include "base/io.h"
 #include "kvtier.h"
@@ -57,14 +58,8 @@ int kvti_ssd_read_row(kvt_index_row *r, sqlite3_stmt *s, int with_tokens) {
 }
 
 static int list_add(row_list *l, sqlite3_stmt *s) {
-  if (l->n == l->cap) {
-    size_t nc = l->cap ? l->cap * 2 : 8;
-    kvt_index_row *r = kvti_realloc(l->rows, nc * sizeof *r);
-    if (!r)
-      return KVT_ERR_NOMEM();
-    l->rows = r;
-    l->cap = nc;
-  }
+  if (KVTI_VEC_RESERVE(&l->rows, &l->cap, l->n + 1, 8) != 0)
+    return KVT_ENOMEM;
   int rc = kvti_ssd_read_row(&l->rows[l->n], s, 1);
   if (rc == 0)
     l->n++;

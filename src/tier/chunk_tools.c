@@ -20,6 +20,7 @@
 #include "tier/chunk_tools.h"
 #include "tier/ramtier.h"
 
+#include "base/vec.h"
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
@@ -501,14 +502,8 @@ static int gc_visit(void *ctx, kvti_chunk_scan_item *it) {
     gc_unlink(g, it->rel);
     break;
   case KVTI_SCAN_ORPHAN: {
-    if (g->norph == g->cap) {
-      size_t nc = g->cap ? g->cap * 2 : 16;
-      orphan *no = kvti_realloc(g->orph, nc * sizeof *no);
-      if (!no)
-        return KVT_ERR_NOMEM();
-      g->orph = no;
-      g->cap = nc;
-    }
+    if (KVTI_VEC_RESERVE(&g->orph, &g->cap, g->norph + 1, 16) != 0)
+      return KVT_ENOMEM;
     orphan *o = &g->orph[g->norph++];
     memset(o, 0, sizeof *o);
     snprintf(o->rel, sizeof o->rel, "%.95s", it->rel);

@@ -8,6 +8,7 @@
 #include "tier/tier.h"
 #include "tier/admission.h"
 #include "tier/chunks.h"
+#include "base/vec.h"
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/hash.h"
@@ -173,15 +174,9 @@ typedef struct info_vec {
 
 static int collect_info(void *ctx, const kvt_entry_info *info) {
   info_vec *l = ctx;
-  if (l->n == l->cap) {
-    size_t nc = l->cap ? l->cap * 2 : 64;
-    kvt_entry_info *p = kvti_realloc(l->v, nc * sizeof *p);
-    if (!p) {
-      l->oom = 1;
-      return 1;
-    }
-    l->v = p;
-    l->cap = nc;
+  if (KVTI_VEC_RESERVE(&l->v, &l->cap, l->n + 1, 64) != 0) {
+    l->oom = 1;
+    return 1;
   }
   l->v[l->n++] = *info;
   return 0;

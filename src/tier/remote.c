@@ -16,6 +16,7 @@
  * depends on how the tier was built.
  */
 #include "tier/remote.h"
+#include "base/vec.h"
 #include "base/error.h"
 #include "base/hash.h"
 #include "index/index.h"
@@ -512,15 +513,9 @@ static int collect_hash(void *ctx, const char *name, int kind) {
   name_vec *l = ctx;
   if (kind != KVTI_BK_ENTRY)
     return 0;
-  if (l->n == l->cap) {
-    size_t nc = l->cap ? l->cap * 2 : 256;
-    void *p = kvti_realloc(l->v, nc * sizeof *l->v);
-    if (!p) {
-      l->oom = 1;
-      return 1;
-    }
-    l->v = p;
-    l->cap = nc;
+  if (KVTI_VEC_RESERVE(&l->v, &l->cap, l->n + 1, 256) != 0) {
+    l->oom = 1;
+    return 1;
   }
   snprintf(l->v[l->n++], KVT_HASH_HEX_LEN + 1, "%s", name);
   return 0;

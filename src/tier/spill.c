@@ -30,19 +30,11 @@ static int cut(kvt_layer *out, const kvt_layer *l, uint64_t m) {
   for (uint32_t j = 0; j < l->num_tensors; j++) {
     const kvt_tensor *s = &l->tensors[j];
     kvt_tensor *d = &out->tensors[j];
-    *d = *s;
-    d->data = NULL;
-    uint64_t T = (uint64_t)s->shape[s->ndim - 2], outer = 1;
-    for (uint32_t k = 0; k + 2 < s->ndim; k++)
-      outer *= (uint64_t)s->shape[k];
-    uint64_t row = outer && T ? s->nbytes / outer / T : 0;
-    d->shape[d->ndim - 2] = (int64_t)m;
-    d->nbytes = outer * m * row;
+    kvti_tensor_cut_desc(d, s, m);
     if (d->nbytes && !(d->data = kvti_malloc((size_t)d->nbytes)))
       return KVT_ERR_NOMEM();
-    for (uint64_t q = 0; q < outer && m && row; q++)
-      memcpy((uint8_t *)d->data + q * m * row,
-             (const uint8_t *)s->data + q * T * row, m * row);
+    if (d->nbytes)
+      kvti_tensor_copy_rows(d, 0, s, 0, m);
   }
   out->offset = (int64_t)m;
   return 0;

@@ -35,6 +35,7 @@
  * are chunks.c.
  */
 #include "store/backend.h"
+#include "base/vec.h"
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/hash.h"
@@ -90,15 +91,9 @@ static int list_files(rfile **out, size_t *n, const char *dir) {
                    de->d_name);
       break;
     }
-    if (cnt == cap) {
-      size_t nc = cap ? cap * 2 : 16;
-      rfile *p = kvti_realloc(v, nc * sizeof *p);
-      if (!p) {
-        rc = KVT_ERR_NOMEM();
-        break;
-      }
-      v = p;
-      cap = nc;
+    if (KVTI_VEC_RESERVE(&v, &cap, cnt + 1, 16) != 0) {
+      rc = KVT_ERR_NOMEM();
+      break;
     }
     memcpy(v[cnt].name, de->d_name, strlen(de->d_name) + 1); /* < 128 */
     char *path = kvti_path_join(dir, de->d_name);

@@ -13,6 +13,7 @@
  */
 #include "store/redis/mirror.h"
 #include "store/redis/cmirror.h"
+#include "base/vec.h"
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/hashmap.h"
@@ -127,14 +128,8 @@ static int tab_put(mtab *t, const char *hash, const char *set, uint64_t len) {
   if (t->free_head) {
     idx = t->free_head - 1;
   } else {
-    if (t->n == t->cap) {
-      size_t nc = t->cap ? t->cap * 2 : 256;
-      mrec *p = kvti_realloc(t->r, nc * sizeof *p);
-      if (!p)
-        return KVT_ERR_NOMEM();
-      t->r = p;
-      t->cap = nc;
-    }
+    if (KVTI_VEC_RESERVE(&t->r, &t->cap, t->n + 1, 256) != 0)
+      return KVT_ENOMEM;
     idx = t->n;
   }
   if (kvti_hm_add(&t->by_hash, hash_key(hash), idx) != 0)

@@ -20,6 +20,7 @@
  * remote tier counts as a failure and backs off on.
  */
 #include "store/redis/rclient.h"
+#include "base/vec.h"
 #include "base/error.h"
 #include "store/redis/transport.h"
 #include "base/io.h"
@@ -472,15 +473,9 @@ static void wb_seg(wbuf *w, const char *p, size_t off, size_t len) {
     w->segs[w->n - 1].len += len;
     return;
   }
-  if (w->n == w->cap) {
-    size_t nc = w->cap ? w->cap * 2 : 64;
-    seg *ns = kvti_realloc(w->segs, nc * sizeof *ns);
-    if (!ns) {
-      w->oom = 1;
-      return;
-    }
-    w->segs = ns;
-    w->cap = nc;
+  if (KVTI_VEC_RESERVE(&w->segs, &w->cap, w->n + 1, 64) != 0) {
+    w->oom = 1;
+    return;
   }
   w->segs[w->n].p = p;
   w->segs[w->n].off = off;
