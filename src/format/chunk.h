@@ -7,7 +7,7 @@
  * chain the in-memory lookup uses), the parsed header, the pure header parser
  * (hostile input: the fuzz target drives it), the durable writer (tmp ->
  * fsync -> rename -> fsync dir) and the verified reader. It knows nothing of
- * the index or the tier: the store (src/store/chunks.c) names the files and
+ * the index or the tier: the store (src/store/chunkstore.c) names the files and
  * keeps the chain table.
  *
  * Invariants: a chunk's key is SHA-256(parent || u32 n || tokens), so a file

@@ -3,7 +3,7 @@
  * spill = chain (chunks.c, only missing chunks written) + chained-entry record
  * + tail entry (backend put); read = tail entry (backend get, no on_layer) +
  * chain prefix (chunked_chain.c) joined in the caller's buffers
- * (chunks_entry.c), on_layer fired per layer once everything verified, with
+ * (chunkstore_entry.c), on_layer fired per layer once everything verified, with
  * record entries read by chunked_rec.c and trimmed reads reaching past the
  * chain by chunked_trim.c; prefix lookups and reads of pure chains; touches
  * along a chain.

@@ -18,7 +18,7 @@
 #include "format/entry.h"
 #include "store/backend.h"
 #include "format/chainrec.h"
-#include "store/chunks.h"
+#include "store/chunkstore.h"
 
 #include <stdint.h>
 

@@ -14,7 +14,7 @@
 
 #include "format/entry.h"
 #include "index/chain.h"
-#include "store/chunks.h"
+#include "store/chunkstore.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -7,7 +7,7 @@
  * (every chunk verified); the record itself is format/chainrec.h. After an
  * index loss reconcile adopts it like a tail (its probe gives the chain
  * mark) and the chain table is rebuilt from the chunk files
- * (store/chunks_rebuild.c).
+ * (store/chunkstore_rebuild.c).
  *
  * Invariants: a record is published only after its chunks are durable and
  * indexed and after the chained-entry row (as a tail entry); a record entry
@@ -17,7 +17,7 @@
 #define KVT_STORE_CHUNKED_REC_H
 
 #include "format/chainrec.h"
-#include "store/chunks.h"
+#include "store/chunkstore.h"
 
 /* 1 when the split spill can be stored as a chain record: chunks > 0, every
  * layer chunked, no tail rows (rows = T), every layer plain or quantized KV

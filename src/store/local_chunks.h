@@ -14,7 +14,7 @@
 #define KVT_STORE_LOCAL_CHUNKS_H
 
 #include "format/chunk.h"
-#include "store/chunks.h"
+#include "store/chunkstore.h"
 
 #include <stdint.h>
 

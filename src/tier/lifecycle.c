@@ -179,7 +179,7 @@ int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {
   kvti_index_measure measure = {measure_entry, t->be};
   int rebuilt = 0;
   /* Without index.db (deleted, or a new directory) the chain table is
-   * rebuilt from the chunk files too (chunks_rebuild.c). */
+   * rebuilt from the chunk files too (chunkstore_rebuild.c). */
   int had_index = kvti_local_index_present(t->dir);
   if ((rc = kvti_tier_open_index(t, &measure, &rebuilt)) != 0) /* recover.c */
     goto fail;

@@ -1,6 +1,6 @@
 /*
  * test_fault_chunks.c - the chunk store under faults and crashes
- * (src/store/chunks.c, src/format/chunk.c, src/index/chain.c). Fault
+ * (src/store/chunkstore.c, src/format/chunk.c, src/index/chain.c). Fault
  * injection: for every I/O operation a chunk put uses (open, pwrite, fsync,
  * rename, mkdir, lstat, close, fstat, unlink, allocation), each call site in
  * turn fails (EIO, then a sticky ENOSPC for writes) while a chain is extended;
@@ -17,7 +17,7 @@
 #include "rel_common.h"
 #include "index/chain.h"
 #include "index/index.h"
-#include "store/chunks.h"
+#include "store/chunkstore.h"
 #include "store/local_dir.h"
 #include "kvtier_sys.h"
 

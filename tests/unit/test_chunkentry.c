@@ -1,5 +1,5 @@
 /*
- * test_chunkentry.c - entries over chains (src/store/chunks_entry.c): a
+ * test_chunkentry.c - entries over chains (src/store/chunkstore_entry.c): a
  * hybrid spill (fp16 KV with preallocated rows past its offset, an arrays
  * state, a wrapped rotating layer, 4-bit quantized KV) is cut into a chain
  * and a tail; the tail is written and read back as an entry, completed with
@@ -13,7 +13,7 @@
 #include "fmt_testlib.h"
 #include "base/io.h"
 #include "format/entry.h"
-#include "store/chunks.h"
+#include "store/chunkstore.h"
 #include "kvtier_sys.h"
 
 #define C 16

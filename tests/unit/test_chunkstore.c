@@ -1,5 +1,5 @@
 /*
- * test_chunkstore.c - the chunk store and its chain table (src/store/chunks.c,
+ * test_chunkstore.c - the chunk store and its chain table (src/store/chunkstore.c,
  * src/index/chain.c): a spill becomes a chain of full chunks under
  * chunks/<kk>/; spilling it again writes nothing; an extension writes only the
  * new chunks; a prompt sharing a prefix finds the longest chunk-aligned chain
@@ -20,7 +20,7 @@
 #include "index/chain.h"
 #include "format/layer.h"
 #include "index/index.h"
-#include "store/chunks.h"
+#include "store/chunkstore.h"
 #include "kvtier_sys.h"
 
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 /*
- * chunks_read.c - assembling a stored prefix from its chain of chunks
- * (kvti_chunkstore_read_prefix, chunks.h): the destination tensors are
+ * chunkstore_read.c - assembling a stored prefix from its chain of chunks
+ * (kvti_chunkstore_read_prefix, chunkstore.h): the destination tensors are
  * described from chunk 0's header and all allocated first (the caller's
  * alloc, so a budget reserved before the read covers them), then each chunk
  * is opened and checked against its chain row and the prompt's tokens, and
@@ -11,7 +11,7 @@
  * at once. Every block is verified as its bytes land, in file order, and
  * nothing is handed out unless every chunk verified.
  */
-#include "store/chunks.h"
+#include "store/chunkstore.h"
 
 #include "base/bufpool.h"
 #include "base/error.h"

@@ -1,5 +1,5 @@
 /*
- * chunks_rebuild.c - the chain table rebuilt from the chunk files alone, so
+ * chunkstore_rebuild.c - the chain table rebuilt from the chunk files alone, so
  * index.db is never the only copy of what the chunked store holds (as for
  * whole entries, recover.c in the tier). Every chunk file carries its key, its
  * parent's key, its position, its tokens, the namespace and the KV layout
@@ -12,7 +12,7 @@
  * reindex`), never at an ordinary open: it lists every chunk file.
  */
 #include "store/local_layout.h"
-#include "store/chunks.h"
+#include "store/chunkstore.h"
 
 #include "base/error.h"
 #include "base/hash.h"

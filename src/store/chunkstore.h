@@ -1,5 +1,5 @@
 /*
- * chunks.h - the chunk store of the chunked native store: chunk files under
+ * chunkstore.h - the chunk store of the chunked native store: chunk files under
  * <cache_dir>/chunks/<kk>/<key>.kvc (format/chunk.h) and their chain table in
  * the index (index/chain.h), kept consistent. A spill becomes a chain of full
  * chunks of which only the missing ones are written; a lookup returns the
@@ -42,13 +42,13 @@ void kvti_chunkstore_close(kvti_chunkstore *cs);
 kvti_chains *kvti_chunkstore_chains(kvti_chunkstore *cs);
 
 /* Indexes every valid chunk file under cache_dir/chunks that the chain table
- * lacks, parents first (chunks_rebuild.c): for an index rebuilt from the
+ * lacks, parents first (chunkstore_rebuild.c): for an index rebuilt from the
  * files (missing, damaged, reindex), never an ordinary open. Chunks whose
  * chain is cut and invalid files are left out (*skipped; gc removes them).
  * Returns 0, KVT_ENOMEM, KVT_EDB, KVT_EPERM. */
 int kvti_chunkstore_rebuild(kvti_chunkstore *cs, const char *cache_dir,
                             size_t *indexed, size_t *skipped);
-/* The chain row a chunk file's parsed header h stands for (chunks_rebuild.c;
+/* The chain row a chunk file's parsed header h stands for (chunkstore_rebuild.c;
  * also the tools' adoption of orphans, tier/chunk_tools.c): ck continues
  * parent_ck (chunk 0: the seed of its namespace, and its parent must be the
  * seed of its namespace and layout), pure from its layers, disk_bytes =
@@ -168,7 +168,7 @@ int kvti_chunkstore_read_bytes(kvti_chunkstore *cs, const uint8_t key[32],
 int kvti_chunkstore_remove(kvti_chunkstore *cs, const uint8_t key[32],
                            size_t *n, uint64_t *bytes);
 
-/* ---- chunks from another node (chunks_adopt.c) ---- */
+/* ---- chunks from another node (chunkstore_adopt.c) ---- */
 
 /* What the chain expects of a chunk fetched by key. */
 typedef struct kvti_chunk_expect {
@@ -199,7 +199,7 @@ int kvti_chunkstore_adopt(kvti_chunkstore *cs, const void *bytes, size_t len,
 void kvti_chunkstore_get_opts(const kvti_chunkstore *cs,
                               kvti_chunkstore_opts *o);
 
-/* ---- assembling a prefix from chunks (chunks_read.c) ---- */
+/* ---- assembling a prefix from chunks (chunkstore_read.c) ---- */
 
 typedef struct kvti_chunk_read_opts {
   kvt_alloc_fn alloc; /* NULL: kvtier allocates (kvti_buf_alloc) */
@@ -252,7 +252,7 @@ void kvti_chunk_prefix_free(kvti_chunk_prefix *p,
  * allocates unless a layer is quantized, then more than it). */
 uint64_t kvti_chunk_prefix_bytes(const kvti_chain_rec *recs, size_t m);
 
-/* ---- entries over chains (chunks_entry.c) ---- */
+/* ---- entries over chains (chunkstore_entry.c) ---- */
 
 /* How a spill is cut: layers ids[0, n_ids) give their rows [0, rows) (=
  * chunks * C) to the chain; the tail snapshot holds everything else. Chunked

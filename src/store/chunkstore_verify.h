@@ -1,5 +1,5 @@
 /*
- * chunks_verify.h - checking an in-memory copy of a chain's rows (the host RAM
+ * chunkstore_verify.h - checking an in-memory copy of a chain's rows (the host RAM
  * tier's cached entries and prefixes of the chunked native store,
  * tier/ramtier.c) against the chunk files exactly as a read checks the bytes
  * it reads, without reading any tensor data: each chunk file is opened and
@@ -11,7 +11,7 @@
 #ifndef KVT_STORE_CHUNKS_VERIFY_H
 #define KVT_STORE_CHUNKS_VERIFY_H
 
-#include "store/chunks.h"
+#include "store/chunkstore.h"
 
 #include <stdatomic.h>
 

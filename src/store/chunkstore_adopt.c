@@ -1,5 +1,5 @@
 /*
- * chunks_adopt.c - chunks that arrive from another node (the remote tier's
+ * chunkstore_adopt.c - chunks that arrive from another node (the remote tier's
  * chunk sharing, docs/REMOTE.md "Chunks"): a chunk file received as bytes is
  * verified completely - header parse (checksum, key = SHA-256 of parent and
  * tokens, descriptor), the key, parent, position, tokens, namespace and layout
@@ -10,7 +10,7 @@
  * is used only through the local, verified read path, and the next promote of
  * the same prefix is local.
  */
-#include "store/chunks.h"
+#include "store/chunkstore.h"
 
 #include "base/error.h"
 #include "base/hash.h"

@@ -1,5 +1,5 @@
 /*
- * chunks.c - the chunk store (chunks.h): names chunk files (chunks/<kk>/ with
+ * chunkstore.c - the chunk store (chunkstore.h): names chunk files (chunks/<kk>/ with
  * kk the key's first two hex digits: 256 directories, so a million chunks
  * make about 4000 files per directory), writes the missing chunks of a spill
  * durably and only then indexes them, opens chunks for verified reads and
@@ -8,7 +8,7 @@
  * that was acknowledged survives a power loss with its directory entry.
  */
 #include "store/local_layout.h"
-#include "store/chunks.h"
+#include "store/chunkstore.h"
 
 #include "base/error.h"
 #include "base/hash.h"

@@ -1,5 +1,5 @@
 /*
- * chunks_entry.c - entries over chains (chunks.h): cutting a spill into the
+ * chunkstore_entry.c - entries over chains (chunkstore.h): cutting a spill into the
  * rows its chain stores and the tail an entry keeps (kvti_chunk_split_make),
  * and the reverse on promote: a tail entry completed with its chain's prefix
  * (kvti_chunk_join), or a prefix that no spill ended at turned into an entry
@@ -8,7 +8,7 @@
  * room) stay in the tail, so a promote returns every tensor bit for bit with
  * its original shape.
  */
-#include "store/chunks.h"
+#include "store/chunkstore.h"
 
 #include "base/error.h"
 #include "base/hash.h"
