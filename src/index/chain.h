@@ -4,8 +4,8 @@
  * tables) and an in-memory mirror of it, a forest in which each chunk points
  * at its parent and is found by its SHA-256 key or by its XXH3-128 lookup
  * chain value (format/chunk.h). Lookups walk a prompt chunk by chunk with no
- * SQL and no file I/O; the store (store/chunkstore.c) compares the tokens against
- * the chunk files before anything is served.
+ * SQL and no file I/O; the store (store/chunkstore.c) compares the tokens
+ * against the chunk files before anything is served.
  *
  * Invariants: a row is inserted only after its file is durable and its parent
  * is indexed (so nothing reachable has a missing ancestor); a chunk's

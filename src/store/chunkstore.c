@@ -1,11 +1,11 @@
 /*
- * chunkstore.c - the chunk store (chunkstore.h): names chunk files (chunks/<kk>/ with
- * kk the key's first two hex digits: 256 directories, so a million chunks
- * make about 4000 files per directory), writes the missing chunks of a spill
- * durably and only then indexes them, opens chunks for verified reads and
- * removes chains rows-first. Directories are created lazily and, with
- * durability FSYNC, their parent is fsynced when one is created, so a chunk
- * that was acknowledged survives a power loss with its directory entry.
+ * chunkstore.c - the chunk store (chunkstore.h): names chunk files
+ * (chunks/<kk>/ with kk the key's first two hex digits: 256 directories, so a
+ * million chunks make about 4000 files per directory), writes the missing
+ * chunks of a spill durably and only then indexes them, opens chunks for
+ * verified reads and removes chains rows-first. Directories are created lazily
+ * and, with durability FSYNC, their parent is fsynced when one is created, so a
+ * chunk that was acknowledged survives a power loss with its directory entry.
  */
 #include "store/local_layout.h"
 #include "store/chunkstore.h"

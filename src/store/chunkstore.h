@@ -48,11 +48,12 @@ kvti_chains *kvti_chunkstore_chains(kvti_chunkstore *cs);
  * Returns 0, KVT_ENOMEM, KVT_EDB, KVT_EPERM. */
 int kvti_chunkstore_rebuild(kvti_chunkstore *cs, const char *cache_dir,
                             size_t *indexed, size_t *skipped);
-/* The chain row a chunk file's parsed header h stands for (chunkstore_rebuild.c;
- * also the tools' adoption of orphans, tier/chunk_tools.c): ck continues
- * parent_ck (chunk 0: the seed of its namespace, and its parent must be the
- * seed of its namespace and layout), pure from its layers, disk_bytes =
- * file_size. Returns 0 or KVT_ECORRUPT (path names the file). */
+/* The chain row a chunk file's parsed header h stands for
+ * (chunkstore_rebuild.c; also the tools' adoption of orphans,
+ * tier/chunk_tools.c): ck continues parent_ck (chunk 0: the seed of its
+ * namespace, and its parent must be the seed of its namespace and layout), pure
+ * from its layers, disk_bytes = file_size. Returns 0 or KVT_ECORRUPT (path
+ * names the file). */
 int kvti_chunk_rec_of(kvti_chain_rec *r, const kvti_chunk_hdr *h,
                       const kvti_ck *parent_ck, uint64_t file_size,
                       const char *path);

@@ -1,12 +1,12 @@
 /*
- * chunkstore_entry.c - entries over chains (chunkstore.h): cutting a spill into the
- * rows its chain stores and the tail an entry keeps (kvti_chunk_split_make),
- * and the reverse on promote: a tail entry completed with its chain's prefix
- * (kvti_chunk_join), or a prefix that no spill ended at turned into an entry
- * of its own (kvti_chunk_prefix_entry, pure chains only). Token i is row i of
- * every chunked layer; rows past a layer's offset (an engine's preallocated
- * room) stay in the tail, so a promote returns every tensor bit for bit with
- * its original shape.
+ * chunkstore_entry.c - entries over chains (chunkstore.h): cutting a spill into
+ * the rows its chain stores and the tail an entry keeps
+ * (kvti_chunk_split_make), and the reverse on promote: a tail entry completed
+ * with its chain's prefix (kvti_chunk_join), or a prefix that no spill ended at
+ * turned into an entry of its own (kvti_chunk_prefix_entry, pure chains only).
+ * Token i is row i of every chunked layer; rows past a layer's offset (an
+ * engine's preallocated room) stay in the tail, so a promote returns every
+ * tensor bit for bit with its original shape.
  */
 #include "store/chunkstore.h"
 

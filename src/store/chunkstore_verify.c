@@ -1,6 +1,6 @@
 /*
- * chunkstore_verify.c - a cached copy of a chain's rows checked against the chunk
- * files (chunkstore_verify.h): the host RAM tier's equivalent of
+ * chunkstore_verify.c - a cached copy of a chain's rows checked against the
+ * chunk files (chunkstore_verify.h): the host RAM tier's equivalent of
  * kvti_chunkstore_read_prefix. Each chunk is opened through
  * kvti_chunkstore_open_chunk (key, layout, chain row, tokens checked), the
  * cached tensors must have the chunk's geometry but for the token axis, and

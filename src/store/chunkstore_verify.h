@@ -1,6 +1,6 @@
 /*
- * chunkstore_verify.h - checking an in-memory copy of a chain's rows (the host RAM
- * tier's cached entries and prefixes of the chunked native store,
+ * chunkstore_verify.h - checking an in-memory copy of a chain's rows (the host
+ * RAM tier's cached entries and prefixes of the chunked native store,
  * tier/ramtier.c) against the chunk files exactly as a read checks the bytes
  * it reads, without reading any tensor data: each chunk file is opened and
  * its header checked against its chain row and the prompt's tokens (as

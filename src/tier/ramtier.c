@@ -17,8 +17,8 @@
  * whole entry, see the cutter below); a hit on a tail
  * assembles a fresh copy from the pinned chunks and tail (chunks RAM lacks
  * read from their files and kept) and that copy is verified against the
- * chunk files (store/chunkstore_verify.h: header, chain row, tokens, every block
- * over the copy's rows) and, for an entry, against its tail's files
+ * chunk files (store/chunkstore_verify.h: header, chain row, tokens, every
+ * block over the copy's rows) and, for an entry, against its tail's files
  * (kvti_entry_verify_mem over the rows past the chain): the same checks as
  * the disk read it replaces, on the bytes served. An entry stored as its
  * chain record alone has no tail files: its record (tokens, layer count,

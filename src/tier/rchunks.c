@@ -7,8 +7,8 @@
  * into a staging directory first, as the entry upload does), then the tail
  * with its chain record. Reads compute the chain's keys from the prompt, fetch
  * only the chunks not indexed locally, verify each one completely
- * (store/chunkstore_adopt.c) and adopt it under mut_mu, parents first; the entry
- * or prefix is then read by the local chunked read path, which verifies
+ * (store/chunkstore_adopt.c) and adopt it under mut_mu, parents first; the
+ * entry or prefix is then read by the local chunked read path, which verifies
  * everything again as it copies. A damaged remote chunk is deleted remotely
  * (and published); a missing one is a miss, never data.
  */

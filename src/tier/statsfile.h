@@ -27,8 +27,9 @@
 
 typedef struct kvti_statsfile kvti_statsfile;
 
-/* Creates (or takes over) dir's stats file (store/local_layout.h), stamps it with this process's pid
- * and publishes s. Returns 0 or a negative code (error set). */
+/* Creates (or takes over) dir's stats file (store/local_layout.h), stamps it
+ * with this process's pid and publishes s. Returns 0 or a negative code (error
+ * set). */
 int kvti_statsfile_open(kvti_statsfile **out, const char *dir, mode_t mode,
                         const kvt_stats *s);
 /* Publishes s. Callers serialise calls (the tier's stats mutex). */

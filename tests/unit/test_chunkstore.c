@@ -1,17 +1,17 @@
 /*
- * test_chunkstore.c - the chunk store and its chain table (src/store/chunkstore.c,
- * src/index/chain.c): a spill becomes a chain of full chunks under
- * chunks/<kk>/; spilling it again writes nothing; an extension writes only the
- * new chunks; a prompt sharing a prefix finds the longest chunk-aligned chain
- * even where no spill ended; namespaces, salts and layouts never share or see
- * each other's chunks; rows and lookups survive a reopen (read-only too);
- * offsets shorter than the tokens limit the chain (never misalign); a chunk's
- * tokens are compared before it is read; removal takes the subtree (rows and
- * files); LRU picks leaves and touches refresh the whole path; a row whose
- * parent vanished is dropped at open; chunk writes, adoptions and byte
- * reads never go through a link below the cache directory; rows record their
- * chunks' dense size (rows of an earlier build, the packed size, are still
- * served).
+ * test_chunkstore.c - the chunk store and its chain table
+ * (src/store/chunkstore.c, src/index/chain.c): a spill becomes a chain of full
+ * chunks under chunks/<kk>/; spilling it again writes nothing; an extension
+ * writes only the new chunks; a prompt sharing a prefix finds the longest
+ * chunk-aligned chain even where no spill ended; namespaces, salts and layouts
+ * never share or see each other's chunks; rows and lookups survive a reopen
+ * (read-only too); offsets shorter than the tokens limit the chain (never
+ * misalign); a chunk's tokens are compared before it is read; removal takes the
+ * subtree (rows and files); LRU picks leaves and touches refresh the whole
+ * path; a row whose parent vanished is dropped at open; chunk writes, adoptions
+ * and byte reads never go through a link below the cache directory; rows record
+ * their chunks' dense size (rows of an earlier build, the packed size, are
+ * still served).
  */
 #include "fmt_testlib.h"
 #include "base/clock.h"

@@ -10,9 +10,9 @@
  *                       (cmirror.h) lookups need, read by mirror resyncs
  * and the events "kvt1 + c <key> <record>" / "kvt1 - c <key>" on <P>events.
  * Nothing is verified here: a reader parses and block-verifies every chunk
- * file before it uses or keeps it (store/chunkstore_adopt.c). A chunk found gone
- * (evicted) or removed (damaged) is dropped from the index and published, so
- * other nodes' mirrors stop reporting it.
+ * file before it uses or keeps it (store/chunkstore_adopt.c). A chunk found
+ * gone (evicted) or removed (damaged) is dropped from the index and published,
+ * so other nodes' mirrors stop reporting it.
  */
 #include "base/error.h"
 #include "base/hash.h"
