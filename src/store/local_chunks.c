@@ -151,7 +151,7 @@ int kvti_local_chunks_quarantined(kvti_chunkstore *cs,
 int kvti_local_chunks_scan(kvti_chunkstore *cs, unsigned kk,
                            kvti_chunk_scan_fn fn, void *ctx) {
   kvti_chains *ch = kvti_chunkstore_chains(cs);
-  char rel[64], path[4096];
+  char rel[64];
   snprintf(rel, sizeof rel, "%s/%02x", KVTI_LOCAL_CHUNKS, kk);
   int rc = 0;
   DIR *d = NULL;
@@ -189,10 +189,11 @@ int kvti_local_chunks_scan(kvti_chunkstore *cs, unsigned kk,
     int named = kvti_chunk_file_key(it.key, nm) == 0 && it.key[0] == kk;
     if (named && kvti_chains_find(ch, it.key, NULL))
       continue;
-    char frel[400];
-    snprintf(frel, sizeof frel, "%s/%.300s", rel, nm);
+    /* The name relative to the cache directory: what reports and error
+     * messages show, and what an unlink through the store is given. */
+    char path[400];
     snprintf(path, sizeof path, "%s/%.300s", rel, nm);
-    it.rel = frel;
+    it.rel = path;
     struct stat st;
     if (kvti_lstatat(dfd, nm, &st, path) != 0) {
       kvt_clear_error();

@@ -423,6 +423,20 @@ int kvti_hc_take(kvti_hcache *c, const char *hash, kvti_hc_item *out,
   return take(c, hash, NULL, out, lend_id);
 }
 
+rec *kvti_hci_find_lent(kvti_hcache *c, const char *hash, uint64_t lend_id) {
+  rec *r = kvti_hci_find(c, hash, NULL);
+  return r && r->state == LENT && r->lend_id == lend_id ? r : NULL;
+}
+
+rec *kvti_hci_take_lent(kvti_hcache *c, const char *hash, uint64_t lend_id) {
+  rec *r = kvti_hci_find_lent(c, hash, lend_id);
+  if (r) {
+    kvti_hci_list_unlink(&c->lent, r);
+    c->st.lent--;
+  }
+  return r;
+}
+
 int kvti_hc_take_whole(kvti_hcache *c, const char *hash, const uint8_t *chain,
                        kvti_hc_item *out, uint64_t *lend_id) {
   return take(c, hash, chain, out, lend_id);
@@ -430,8 +444,8 @@ int kvti_hc_take_whole(kvti_hcache *c, const char *hash, const uint8_t *chain,
 
 int kvti_hc_mark_cut(kvti_hcache *c, const char *hash, uint64_t lend_id) {
   pthread_mutex_lock(&c->mu);
-  rec *r = kvti_hci_find(c, hash, NULL);
-  int ok = r && r->state == LENT && r->lend_id == lend_id && !c->closed;
+  rec *r = kvti_hci_find_lent(c, hash, lend_id);
+  int ok = r && !c->closed;
   if (ok)
     r->cutting = 1;
   pthread_mutex_unlock(&c->mu);
@@ -465,8 +479,8 @@ void kvti_hc_forget(kvti_hcache *c, const char *hash, uint64_t lend_id,
   rec *g = NULL;
   int64_t charge = 0;
   pthread_mutex_lock(&c->mu);
-  rec *r = kvti_hci_find(c, hash, NULL);
-  if (r && r->state == LENT && r->lend_id == lend_id)
+  rec *r = kvti_hci_find_lent(c, hash, lend_id);
+  if (r)
     kvti_hci_drop(c, r, &g, &charge);
   if (verify_failed) {
     c->st.verify_failures++;
@@ -529,10 +543,8 @@ int kvti_hc_give_back(kvti_hcache *c, const char *hash, uint64_t lend_id,
   int64_t charge = 0;
   int kept = 0;
   pthread_mutex_lock(&c->mu);
-  rec *r = kvti_hci_find(c, hash, NULL);
-  if (r && r->state == LENT && r->lend_id == lend_id) {
-    kvti_hci_list_unlink(&c->lent, r);
-    c->st.lent--;
+  rec *r = kvti_hci_take_lent(c, hash, lend_id);
+  if (r) {
     if (!c->closed && it->bytes <= c->bound) {
       kvti_hci_admit(c, r, it, &g, &charge);
       c->st.returns++;

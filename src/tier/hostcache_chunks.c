@@ -200,12 +200,10 @@ int kvti_hc_give_back_tail(kvti_hcache *c, const char *hash, uint64_t lend_id,
   int64_t charge = 0;
   int kept = 0;
   pthread_mutex_lock(&c->mu);
-  rec *r = kvti_hci_find(c, hash, NULL);
-  if (r && r->state == LENT && r->lend_id == lend_id) {
-    /* Still the version lent and its chain untouched since (a removal of
-     * any chunk of it deletes the lent record). */
-    kvti_hci_list_unlink(&c->lent, r);
-    c->st.lent--;
+  /* Still the version lent and its chain untouched since (a removal of any
+   * chunk of it deletes the lent record). */
+  rec *r = kvti_hci_take_lent(c, hash, lend_id);
+  if (r) {
     if (tail) {
       kept = admit_tail(c, r, tail, chs, n, &g, &charge);
       if (kept)

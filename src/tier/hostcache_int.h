@@ -7,17 +7,9 @@
 #define KVT_TIER_HOSTCACHE_INT_H
 
 #include "tier/hostcache.h"
-#include "base/error.h"
 #include "base/hashmap.h"
-#include "base/io.h"
-#include "format/dtype.h"
-#include "format/layer.h"
 
 #include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
 
 enum { RESIDENT = 1, LENT = 2 };
 
@@ -102,5 +94,11 @@ void kvti_hci_admit(kvti_hcache *c, rec *r, kvti_hc_item *it, rec **g,
 /* Deletes r, which is in the map but in no list (no bytes charged). Caller
  * holds mu. */
 void kvti_hci_drop_unlisted(kvti_hcache *c, rec *r, rec **g);
+
+/* The record of hash if it is still the version lent under lend_id, else
+ * NULL. */
+rec *kvti_hci_find_lent(kvti_hcache *c, const char *hash, uint64_t lend_id);
+/* The same, taken off the lent list for a give-back (NULL: nothing taken). */
+rec *kvti_hci_take_lent(kvti_hcache *c, const char *hash, uint64_t lend_id);
 
 #endif

@@ -20,11 +20,9 @@
 #include "store/local_layout.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------------------ */

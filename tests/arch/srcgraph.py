@@ -180,7 +180,7 @@ class Graph:
             return best[f]
 
         sys.setrecursionlimit(10000)
-        return chain(start[0] if isinstance(start, tuple) else start, frozenset())
+        return chain(start, frozenset())
 
 
 def breaches(root):
