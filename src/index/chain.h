@@ -104,6 +104,40 @@ int kvti_chains_subtree(kvti_chains *c, const uint8_t key[32],
  * order, leaf first. 1 and *rec, or 0 when empty. */
 int kvti_chains_lru_leaf(kvti_chains *c, kvti_chain_rec *rec);
 
+/* ---- length classes: what eviction by value weighs ----
+ * A chunk carries the length class of the spill that first wrote it (in the
+ * mirror only: a reopened table knows none, KVTI_LEN_UNKNOWN). Classes are
+ * half-octaves of the spill's tokens from 256 up; the admission record
+ * learns how often each class is used again (tier/admission.h). */
+#define KVTI_LEN_CLASSES 16
+#define KVTI_LEN_UNKNOWN KVTI_LEN_CLASSES
+static inline unsigned kvti_len_class(uint64_t n_tokens) {
+  unsigned c = 0; /* 2 * log2(n / 256), floored, by squaring */
+  uint64_t lo = 256;
+  if (n_tokens > ((uint64_t)1 << 30))
+    n_tokens = (uint64_t)1 << 30; /* past the top class; no overflow below */
+  while (c + 2 < KVTI_LEN_CLASSES && n_tokens >= lo * 2) {
+    lo *= 2;
+    c += 2;
+  }
+  /* the upper half of the octave: n >= lo * sqrt(2) */
+  if (c + 1 < KVTI_LEN_CLASSES && n_tokens * n_tokens >= lo * lo * 2)
+    c++;
+  return c;
+}
+/* Gives key and every ancestor still without a class the class cls (the
+ * spill that made them). Returns 0 or KVT_ENOTFOUND. */
+int kvti_chains_set_class(kvti_chains *c, const uint8_t key[32], unsigned cls);
+/* Eviction by value: among the leaves accessed in the oldest `window`
+ * fraction of the leaves' time span (0: the LRU leaf alone, 1: every leaf),
+ * the one whose class is worth least (value[cls], value[KVTI_LEN_UNKNOWN]
+ * for a chunk without one; the older on a tie). 1, *rec and *lru_at (the
+ * LRU leaf's accessed_at), or 0 when empty. Leaves only: a parent never goes
+ * before its children. */
+int kvti_chains_value_leaf(kvti_chains *c,
+                           const double value[KVTI_LEN_CLASSES + 1],
+                           double window, kvti_chain_rec *rec, double *lru_at);
+
 /* ---- entries stored over chains ----
  * An entry of the chunked native store keeps only its tail (and non-trimmable
  * layers) in data/<hash>/; this record says which chain holds the rest. It is

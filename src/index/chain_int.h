@@ -3,9 +3,9 @@
  * halves: chain_db.c (the SQL of tables kvtier_chunks and
  * kvtier_chained_entries: open/load, inserts, deletes, batched touches) and
  * chain_mirror.c (the in-memory forest and entry records: node add/remove,
- * lookups, touches, LRU leaf, totals). Invariant: the mirror holds exactly
- * the rows committed to SQLite; the helpers below require c->rw held for
- * writing unless stated.
+ * lookups, touches, LRU and value leaves, length classes, totals). Invariant:
+ * the mirror holds exactly the rows committed to SQLite; the helpers below
+ * require c->rw held for writing unless stated.
  */
 #ifndef KVT_INDEX_CHAIN_INT_H
 #define KVT_INDEX_CHAIN_INT_H
@@ -28,6 +28,7 @@ typedef struct node {
    * file again (in memory only: after a reopen the first read finds the
    * file missing again). */
   uint8_t damaged;
+  uint8_t cls; /* length class (chain.h), KVTI_LEN_UNKNOWN until set */
 } node;
 
 struct kvti_chains {

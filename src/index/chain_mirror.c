@@ -3,7 +3,8 @@
  * forest of chunk nodes (parent links and child counts, two multimaps:
  * SHA-256 key -> node and lookup chain value -> node) and the chained-entry
  * records, with the lookups, touches (marked dirty here, written to SQLite
- * by chain_db.c), the LRU leaf, totals and iteration. Everything here runs
+ * by chain_db.c), the LRU leaf, the length classes and the value leaf,
+ * totals and iteration. Everything here runs
  * under the table's read-write lock only, never the index's db_mu. Memory:
  * about 150 bytes per chunk plus the two maps (23-46 bytes per pair each).
  */
@@ -61,6 +62,7 @@ uint32_t kvti_chain_add_node(kvti_chains *c, const kvti_chain_rec *r,
   x->r = *r;
   x->parent = parent;
   x->live = 1;
+  x->cls = KVTI_LEN_UNKNOWN;
   kvti_hm_add(&c->bykey, key64(r->key), id); /* cannot fail: reserved */
   kvti_hm_add(&c->byck, kvti_hm_key(r->ck.lo), id);
   if (parent)
@@ -333,6 +335,60 @@ int kvti_chains_lru_leaf(kvti_chains *c, kvti_chain_rec *rec) {
   }
   if (best)
     *rec = c->nodes[best - 1].r;
+  pthread_rwlock_unlock(&c->rw);
+  return best != 0;
+}
+
+int kvti_chains_set_class(kvti_chains *c, const uint8_t key[32], unsigned cls) {
+  if (cls > KVTI_LEN_UNKNOWN)
+    cls = KVTI_LEN_UNKNOWN;
+  pthread_rwlock_wrlock(&c->rw);
+  uint32_t id = kvti_chain_find_key(c, key);
+  int rc = id ? 0 : KVT_ENOTFOUND;
+  /* Up to the first chunk that has one: the ones above it were made by an
+   * earlier spill (a shared prefix) and keep that spill's class. */
+  for (; id && c->nodes[id - 1].cls == KVTI_LEN_UNKNOWN;
+       id = c->nodes[id - 1].parent)
+    c->nodes[id - 1].cls = (uint8_t)cls;
+  pthread_rwlock_unlock(&c->rw);
+  return rc;
+}
+
+int kvti_chains_value_leaf(kvti_chains *c,
+                           const double value[KVTI_LEN_CLASSES + 1],
+                           double window, kvti_chain_rec *rec, double *lru_at) {
+  pthread_rwlock_rdlock(&c->rw);
+  /* Two scans: the leaves' time span, then the cheapest leaf old enough. */
+  double t0 = 0, t1 = 0;
+  int any = 0;
+  for (uint32_t i = 0; i < c->n; i++) {
+    const node *x = &c->nodes[i];
+    if (!x->live || x->children)
+      continue;
+    double a = x->r.accessed_at;
+    if (!any || a < t0)
+      t0 = a;
+    if (!any || a > t1)
+      t1 = a;
+    any = 1;
+  }
+  uint32_t best = 0;
+  double best_v = 0, cut = t0 + window * (t1 - t0);
+  for (uint32_t i = 0; any && i < c->n; i++) {
+    const node *x = &c->nodes[i];
+    if (!x->live || x->children || x->r.accessed_at > cut)
+      continue;
+    double v = value[x->cls <= KVTI_LEN_UNKNOWN ? x->cls : KVTI_LEN_UNKNOWN];
+    if (!best || v < best_v ||
+        (v == best_v && x->r.accessed_at < c->nodes[best - 1].r.accessed_at)) {
+      best = i + 1;
+      best_v = v;
+    }
+  }
+  if (best) {
+    *rec = c->nodes[best - 1].r;
+    *lru_at = t0;
+  }
   pthread_rwlock_unlock(&c->rw);
   return best != 0;
 }

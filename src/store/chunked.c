@@ -124,6 +124,7 @@ int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
   const kvt_layer *layers = kvti_snapshot_layers(s, &L);
   size_t n;
   const int32_t *tokens = kvti_snapshot_tokens(s, &n);
+  p->n_tokens = n;
   if (kvti_unhex32(p->rec.hash, kvti_snapshot_hash(s)) != 0)
     return KVT_ERR(KVT_EINVAL, "chunked put: bad hash");
   kvti_chains *ch = kvti_chunkstore_chains(c->cs);
@@ -228,9 +229,10 @@ int kvti_chunked_prep_record(kvti_chunked *c, kvti_chunked_prep *p) {
 
 void kvti_chunked_prep_commit(kvti_chunked *c, kvti_chunked_prep *p) {
   kvti_chains *ch = kvti_chunkstore_chains(c->cs);
-  if (p->chained) /* the chain is as recent as its newest entry */
+  if (p->chained) { /* the chain is as recent as its newest entry */
     kvti_chains_touch(ch, p->rec.last_key);
-  else if (p->had_old)
+    kvti_chains_set_class(ch, p->rec.last_key, kvti_len_class(p->n_tokens));
+  } else if (p->had_old)
     /* A chained version replaced by a whole one loses its record only once
      * the whole one is committed (a crash in between leaves record + whole
      * entry, which fails verification: never a wrong state). */

@@ -65,6 +65,7 @@ typedef struct kvti_chunked_prep {
   int chained;         /* rec is to be (was) written */
   int had_old;         /* old: the record before this spill */
   int recorded;        /* rec committed by prepare, with the chunk rows */
+  uint64_t n_tokens;   /* the spill's: its length class marks new chunks */
   kvti_chained_entry rec, old;
   kvti_chunked_put_result res;
   kvti_chunk_split split; /* has_split: the tail's layers live here */

@@ -23,6 +23,8 @@
 /* ------------------------------------------------------------------------ */
 
 #define SEEN_FLAGS 3ull
+#define SEEN_LOW 127ull /* flags (bits 0-1) and class (bits 2-6) */
+#define SEEN_CLASS(v) ((unsigned)(((v) >> 2) & 31u))
 #define DEFAULT_RECORD_BYTES ((uint64_t)4 << 20)
 
 static uint64_t mix64(uint64_t x) {
@@ -56,41 +58,62 @@ void kvti_seen_destroy(kvti_seen *s) {
   memset(s, 0, sizeof *s);
 }
 
-/* The stored form of fp: its flag bits cleared, never 0 (0 marks empty). */
+/* The stored form of fp: its low bits cleared, never 0 (0 marks empty). */
 static uint64_t seen_key(uint64_t fp) {
-  uint64_t k = fp & ~SEEN_FLAGS;
-  return k ? k : 4;
+  uint64_t k = fp & ~SEEN_LOW;
+  return k ? k : SEEN_LOW + 1;
 }
 
 static uint64_t *seen_set(const kvti_seen *s, uint64_t key) {
   return s->slot + (size_t)(mix64(key) & (s->nsets - 1)) * KVTI_SEEN_WAYS;
 }
 
-unsigned kvti_seen_get(const kvti_seen *s, uint64_t fp) {
+/* The slot remembering fp, or NULL. */
+static const uint64_t *seen_find(const kvti_seen *s, uint64_t fp) {
   if (!s->nsets)
-    return 0;
+    return NULL;
   uint64_t key = seen_key(fp);
   const uint64_t *set = seen_set(s, key);
   for (unsigned w = 0; w < KVTI_SEEN_WAYS; w++)
-    if ((set[w] & ~SEEN_FLAGS) == key)
-      return (unsigned)(set[w] & SEEN_FLAGS);
-  return 0;
+    if ((set[w] & ~SEEN_LOW) == key)
+      return &set[w];
+  return NULL;
+}
+
+unsigned kvti_seen_get(const kvti_seen *s, uint64_t fp) {
+  const uint64_t *v = seen_find(s, fp);
+  return v ? (unsigned)(*v & SEEN_FLAGS) : 0;
+}
+
+unsigned kvti_seen_class(const kvti_seen *s, uint64_t fp) {
+  const uint64_t *v = seen_find(s, fp);
+  unsigned c = v ? SEEN_CLASS(*v) : KVTI_LEN_UNKNOWN;
+  return c < KVTI_LEN_UNKNOWN ? c : KVTI_LEN_UNKNOWN;
+}
+
+void kvti_seen_put_class(kvti_seen *s, uint64_t fp, unsigned flags,
+                         unsigned cls) {
+  if (!s->nsets)
+    return;
+  if (cls > KVTI_LEN_UNKNOWN)
+    cls = KVTI_LEN_UNKNOWN;
+  uint64_t *v = (uint64_t *)seen_find(s, fp);
+  if (v) {
+    *v |= flags & SEEN_FLAGS;
+    if (SEEN_CLASS(*v) >= KVTI_LEN_UNKNOWN)
+      *v = (*v & ~(SEEN_LOW & ~SEEN_FLAGS)) | ((uint64_t)cls << 2);
+    return;
+  }
+  uint64_t key = seen_key(fp);
+  uint64_t *set = seen_set(s, key);
+  size_t si = (size_t)(set - s->slot) / KVTI_SEEN_WAYS;
+  unsigned w = s->next[si] % KVTI_SEEN_WAYS;
+  set[w] = key | ((uint64_t)cls << 2) | (flags & SEEN_FLAGS);
+  s->next[si] = (uint8_t)((w + 1) % KVTI_SEEN_WAYS);
 }
 
 void kvti_seen_put(kvti_seen *s, uint64_t fp, unsigned flags) {
-  if (!s->nsets)
-    return;
-  uint64_t key = seen_key(fp);
-  uint64_t *set = seen_set(s, key);
-  for (unsigned w = 0; w < KVTI_SEEN_WAYS; w++)
-    if ((set[w] & ~SEEN_FLAGS) == key) {
-      set[w] |= flags & SEEN_FLAGS;
-      return;
-    }
-  size_t si = (size_t)(set - s->slot) / KVTI_SEEN_WAYS;
-  unsigned w = s->next[si] % KVTI_SEEN_WAYS;
-  set[w] = key | (flags & SEEN_FLAGS);
-  s->next[si] = (uint8_t)((w + 1) % KVTI_SEEN_WAYS);
+  kvti_seen_put_class(s, fp, flags, KVTI_LEN_UNKNOWN);
 }
 
 void kvti_seen_prints(uint64_t *fp, const int32_t *tokens, size_t n,
@@ -200,6 +223,29 @@ void kvti_admit_destroy(kvti_admit *a) {
 /* Ranks of a spill: what the budget's soft zone lets through. */
 enum { RANK_NEW = 0, RANK_SEEN = 1, RANK_REUSED = 2 };
 
+/* Spills a class needs before its own rate outweighs the mean. */
+#define VALUE_PRIOR 8.0
+
+static void values_locked(const kvti_admit *a,
+                          double value[KVTI_LEN_CLASSES + 1]) {
+  double rr = 0, st = 0;
+  for (unsigned c = 0; c <= KVTI_LEN_UNKNOWN; c++) {
+    rr += (double)a->rereads[c];
+    st += (double)a->starts[c];
+  }
+  double mean = (rr + 1.0) / (st + 1.0);
+  for (unsigned c = 0; c < KVTI_LEN_CLASSES; c++)
+    value[c] = ((double)a->rereads[c] + VALUE_PRIOR * mean) /
+               ((double)a->starts[c] + VALUE_PRIOR);
+  value[KVTI_LEN_UNKNOWN] = mean;
+}
+
+void kvti_admit_values(kvti_admit *a, double value[KVTI_LEN_CLASSES + 1]) {
+  pthread_mutex_lock(&a->mu);
+  values_locked(a, value);
+  pthread_mutex_unlock(&a->mu);
+}
+
 int kvti_admit_sampled(uint64_t fp) {
   return (mix64(fp ^ 0x73616D706C65ull) & 7) == 0;
 }
@@ -227,8 +273,16 @@ int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
   /* A reused prefix: the spill starts with a segment a lookup found stored
    * and goes on past the stored part. */
   int reused = (kvti_seen_get(&a->seen, fp[0]) & KVTI_SEEN_REUSED) != 0;
+  unsigned cls = kvti_len_class(n);
+  /* Learning: this spill goes on from the deepest segment seen before,
+   * which credits the class of the spill that first showed it; new
+   * segments count as a start of this spill's class. */
+  if (run > 0)
+    a->rereads[kvti_seen_class(&a->seen, fp[run - 1])]++;
+  if (run < nseg)
+    a->starts[cls]++;
   for (size_t i = 0; i < nseg; i++)
-    kvti_seen_put(&a->seen, fp[i], KVTI_SEEN_ONCE);
+    kvti_seen_put_class(&a->seen, fp[i], KVTI_SEEN_ONCE, cls);
   int rank = reused ? RANK_REUSED : run ? RANK_SEEN : RANK_NEW;
   size_t want = n; /* what the policy would write */
   int strict = a->policy == KVT_ADMIT_SECOND_SIGHTING;
@@ -241,7 +295,12 @@ int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
     want = 0; /* whole or nothing */
   if (budget) {
     double level = a->bucket.level, cap = a->bucket.cap;
-    if (level >= cap || (level >= cap / 2 && rank < RANK_REUSED)) {
+    /* The soft zone (over half full) keeps reused prefixes and spills of a
+     * class that has been worth more than the mean. */
+    double v[KVTI_LEN_CLASSES + 1];
+    values_locked(a, v);
+    int worth = v[cls] > v[KVTI_LEN_UNKNOWN];
+    if (level >= cap || (level >= cap / 2 && rank < RANK_REUSED && !worth)) {
       *verdict = KVTI_ADMIT_BUDGET;
       *keep = 0;
       pthread_mutex_unlock(&a->mu);

@@ -1,7 +1,9 @@
 /*
  * admission.h - what a spill must show to be written, and the write budget
  * (kvt_options.admission_policy, write_budget_*): a bounded record of the
- * prefixes seen (set-associative fingerprints with two flags each), a leaky
+ * prefixes seen (set-associative fingerprints with two flags and the length
+ * class of their first spill each) and what it learns of how often each
+ * class is gone on from (what eviction by value weighs), a leaky
  * bucket over kvtier's own count of the bytes it writes, the decision that
  * combines them (how many leading tokens of a spill to write), and the spill
  * entry point that applies it. The record and the bucket are plain data with
@@ -12,6 +14,7 @@
 #define KVT_ADMISSION_H
 
 #include "base/salt.h"
+#include "index/chain.h"
 #include "kvtier.h"
 
 #include <pthread.h>
@@ -21,7 +24,9 @@
 /* ---- the record of prefixes seen ---- */
 
 /* Flags of a fingerprint: seen in a spill or a lookup hit; found stored by a
- * lookup (a reused prefix). */
+ * lookup (a reused prefix). Beside them a slot keeps the length class
+ * (index/chain.h) of the spill that first showed the segment, so that a
+ * later sighting credits the kind of spill that proved worth writing. */
 #define KVTI_SEEN_ONCE 1u
 #define KVTI_SEEN_REUSED 2u
 
@@ -29,8 +34,8 @@
 #define KVTI_SEEN_WAYS 8u
 
 typedef struct kvti_seen {
-  uint64_t *slot; /* nsets * WAYS: fingerprint with the low 2 bits the flags;
-                     0 = empty */
+  uint64_t *slot; /* nsets * WAYS: fingerprint with its low 7 bits the flags
+                     (2) and the class (5); 0 = empty */
   uint8_t *next;  /* per set: the way the next insertion replaces */
   size_t nsets;   /* a power of two */
 } kvti_seen;
@@ -40,8 +45,15 @@ int kvti_seen_init(kvti_seen *s, uint64_t bytes);
 void kvti_seen_destroy(kvti_seen *s);
 /* The flags of fp (0: not remembered). */
 unsigned kvti_seen_get(const kvti_seen *s, uint64_t fp);
-/* Adds flags to fp, remembering it if it is not (which may forget another). */
+/* Adds flags to fp, remembering it if it is not (which may forget another;
+ * its class then KVTI_LEN_UNKNOWN). */
 void kvti_seen_put(kvti_seen *s, uint64_t fp, unsigned flags);
+/* As kvti_seen_put; a fingerprint not yet remembered gets class cls, or one
+ * remembered without a class. */
+void kvti_seen_put_class(kvti_seen *s, uint64_t fp, unsigned flags,
+                         unsigned cls);
+/* The class of fp (KVTI_LEN_UNKNOWN: none, or not remembered). */
+unsigned kvti_seen_class(const kvti_seen *s, uint64_t fp);
 
 /* Fingerprints of the segments of tokens[0, n): fp[i] names tokens[0, end of
  * segment i) under seed, segments being seg tokens (the last may be shorter):
@@ -92,6 +104,10 @@ typedef struct kvti_admit {
   double tbw_bytes;   /* the SSD's rating in bytes, 0 = none */
   kvti_seen seen;
   kvti_bucket bucket;
+  /* What the record has learnt, per length class: spills that brought new
+   * segments (starts) and later spills that went on from a segment one of
+   * those brought (rereads, credited to the class that brought it). */
+  uint64_t starts[KVTI_LEN_CLASSES + 1], rereads[KVTI_LEN_CLASSES + 1];
 } kvti_admit;
 
 /* Whether a tier with these options needs a kvti_admit at all. */
@@ -114,6 +130,10 @@ int kvti_admit_sampled(uint64_t fp);
 int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
                       const int32_t *tokens, size_t n, uint64_t seed,
                       int cuttable, int pressure, double now, uint64_t total);
+/* The learnt worth of each length class (and of KVTI_LEN_UNKNOWN, the mean):
+ * how often a spill of that class was gone on from later, shrunk toward the
+ * mean while a class has few spills. All equal before anything is learnt. */
+void kvti_admit_values(kvti_admit *a, double value[KVTI_LEN_CLASSES + 1]);
 /* A lookup found tokens[0, m) stored: its segments are reused prefixes. */
 void kvti_admit_note_hit(kvti_admit *a, const int32_t *tokens, size_t m,
                          uint64_t seed);

@@ -8,6 +8,7 @@
  * two recurse into each other, so they live together). Every function
  * here runs with mut_mu held (or takes it) - see tier.h.
  */
+#include "tier/admission.h"
 #include "tier/ramtier.h"
 #include "tier/tier.h"
 #include "tier/chunks.h"
@@ -111,13 +112,29 @@ static void drop_chunk_locked(kvt_tier *t, const uint8_t key[32], int why) {
   kvti_free(rem);
 }
 
+/* How far past the LRU leaf eviction looks for a cheaper one: the oldest
+ * half of the leaves' time span. Wider lets a valued class outlive recent
+ * chunks of a worthless one; narrower is closer to plain LRU. */
+#define VALUE_WINDOW 0.5
+
 static int chunks_evict_older(kvt_tier *t, double accessed_at) {
   if (!t->chunked)
     return 0;
   kvti_chain_rec leaf;
   kvti_chains *ch = kvti_chunkstore_chains(kvti_chunked_store(t->chunked));
-  if (!kvti_chains_lru_leaf(ch, &leaf) ||
-      (accessed_at >= 0 && leaf.accessed_at > accessed_at))
+  int found;
+  double lru_at = 0;
+  if (t->admit) { /* by value: what the admission record has learnt */
+    double v[KVTI_LEN_CLASSES + 1];
+    kvti_admit_values(t->admit, v);
+    found = kvti_chains_value_leaf(ch, v, VALUE_WINDOW, &leaf, &lru_at);
+  } else {
+    found = kvti_chains_lru_leaf(ch, &leaf);
+    lru_at = leaf.accessed_at;
+  }
+  /* Chunks or entries: the older of the LRU leaf and the LRU entry says
+   * which kind goes; the value picks the leaf. */
+  if (!found || (accessed_at >= 0 && lru_at > accessed_at))
     return 0;
   drop_chunk_locked(t, leaf.key, KVTI_RM_EVICT);
   KVTI_STAT_ADD(&t->stats, evictions, 1);

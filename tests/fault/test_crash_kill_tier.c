@@ -85,6 +85,9 @@ static kvt_options opts_for(int durability) {
   if (g_evict) {
     o.chunk_tokens = 16;
     o.max_size_gb = 24.0 * 1024 / (1024.0 * 1024.0 * 1024.0);
+    /* Outcomes are matched to spills by their order: a spill declined by
+     * the default's admission would shift them, so every spill is written. */
+    o.admission_policy = KVT_ADMIT_WRITE_ALL;
   }
   return o;
 }

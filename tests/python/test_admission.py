@@ -1,6 +1,7 @@
 """Admission and the write budget through the drop-in (kvtier.ssd_cache) and
-kvtier.Tier: on SSDCacheConfig's defaults every spill is written on its first
-sighting (write_all, no budget) and get_stats() shows the decision and the
+kvtier.Tier: on SSDCacheConfig's defaults ("adaptive", no budget) every spill
+is written on its first sighting while the disk has room, and only a sample of
+first sightings once it is full, and get_stats() shows the decision and the
 bytes written today and in all; "second_sighting" declines a prompt until it
 comes back, and cuts a spill to the prefix seen before; a daily budget driven
 by an injected clock stops writes when its bucket is full and lets them in
@@ -32,13 +33,13 @@ def _spill(t, tokens):
     t.flush(timeout=60)
 
 
-def test_defaults_write_everything_and_show_the_counters(cache_dir):
+def test_defaults_write_while_there_is_room_and_show_the_counters(cache_dir):
     cfg = SSDCacheConfig(cache_dir=cache_dir)
-    assert cfg.admission_policy == "write_all" and cfg.write_budget_bytes_per_day == 0
+    assert cfg.admission_policy == "adaptive" and cfg.write_budget_bytes_per_day == 0
     t = _tier(cache_dir)
     try:
         _spill(t, TOK)
-        assert t.lookup_ssd(TOK) is not None  # written on its first sighting
+        assert t.lookup_ssd(TOK) is not None  # room: written on its first sighting
         s = t.get_stats()
         assert s["admission_admitted"] == 1
         assert s["admission_declined_unseen"] == s["admission_declined_budget"] == 0
@@ -46,6 +47,33 @@ def test_defaults_write_everything_and_show_the_counters(cache_dir):
         assert s["bytes_written_today"] == s["bytes_written_total"] == s["spill_bytes"]
         assert s["write_budget_bytes_per_day"] == 0 and s["write_budget_left"] == 0
         assert s["ssd_lifetime_years"] == 0.0
+    finally:
+        t.close()
+
+
+def test_full_disk_declines_most_first_sightings_on_the_default(cache_dir):
+    # 512 tokens x 128 B (fp16): 64 KiB a prompt; the disk holds about eight.
+    t = _tier(cache_dir, max_size_gb=0.5 / 1024)
+    try:
+        prompts = [tuple(range(10_000 * (i + 1), 10_000 * (i + 1) + 512)) for i in range(52)]
+        for p in prompts[:12]:  # fills the disk: it evicts, and so learns it is full
+            _spill(t, p)
+        s = t.get_stats()
+        assert s["evictions"] > 0 and s["admission_admitted"] >= 8  # written while room
+        for p in prompts[12:]:
+            _spill(t, p)
+        s = t.get_stats()
+        # Only a fixed 1-in-8 sample of new prompts is let in now.
+        declined = [p for p in prompts[12:] if t.lookup_ssd(p) is None]
+        assert s["admission_declined_unseen"] >= 25 and len(declined) >= 25
+        assert s["admission_admitted"] + s["admission_declined_unseen"] == len(prompts)
+        again = declined[-1]
+        _spill(t, again)  # a prompt seen before is worth its bytes
+        assert t.lookup_ssd(again) is not None
+        got = t._read_entry(again, t.lookup_ssd(again)["file_path"])
+        want = kv_positional(again, 2, 2, 8)
+        for lay, w in zip(got, want):
+            assert np.array_equal(np.asarray(lay["keys"]), w.keys)
     finally:
         t.close()
 

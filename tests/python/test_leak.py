@@ -32,7 +32,9 @@ def test_spill_promote_cycles_do_not_leak(tmp_path):
                       rng.standard_normal((1, 4, 32, 64)).astype(np.float32), 32)
               for _ in range(2)]
     per_entry = sum(l.keys.nbytes + l.values.nbytes for l in layers)
-    t = make_tier(str(tmp_path / "c"), max_entries=8)
+    # write_all: every cycle's spill is written and promoted back (the
+    # default's admission would decline the new ones once the tier evicts).
+    t = make_tier(str(tmp_path / "c"), max_entries=8, admission_policy="write_all")
     t.start_writer()
 
     async def cycles(n, start):

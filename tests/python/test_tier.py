@@ -242,7 +242,8 @@ def test_spill_replaces_existing_entry(tier, rng):
 
 
 def test_capacity_evicts_lru(cache_dir, rng):
-    t = make_tier(cache_dir, max_entries=3)
+    # The LRU order of write_all; the default declines new prompts once full.
+    t = make_tier(cache_dir, max_entries=3, admission_policy="write_all")
     t.start_writer()
     try:
         for i in range(5):

@@ -304,6 +304,32 @@ static void test_remove_lru(void) {
   kvti_chain_rec a0;
   CHECK(kvti_chains_find(ch, out[0].key, &a0));
   CHECK(a0.accessed_at > leaf.accessed_at);
+  /* By value: A's spill was of a class worth little, B's of one worth
+   * more. Over every leaf's span A's (newer) leaf goes first; over none,
+   * the LRU leaf (B's); without classes, by age too. */
+  double val[KVTI_LEN_CLASSES + 1];
+  for (int i = 0; i <= KVTI_LEN_CLASSES; i++)
+    val[i] = 0.5;
+  kvti_chain_rec vl;
+  double lru_at = -1;
+  REQUIRE(kvti_chains_value_leaf(ch, val, 1.0, &vl, &lru_at));
+  CHECK(memcmp(vl.key, leaf.key, 32) == 0 && lru_at == leaf.accessed_at);
+  CHECK(kvti_chains_set_class(ch, out[5].key, 3) == 0);
+  CHECK(kvti_chains_set_class(ch, leaf.key, 5) == 0);
+  val[3] = 0.1;
+  val[5] = 1.0;
+  REQUIRE(kvti_chains_value_leaf(ch, val, 1.0, &vl, &lru_at));
+  CHECK(memcmp(vl.key, out[5].key, 32) == 0);
+  CHECK(lru_at == leaf.accessed_at);
+  REQUIRE(kvti_chains_value_leaf(ch, val, 0.0, &vl, &lru_at));
+  CHECK(memcmp(vl.key, leaf.key, 32) == 0);
+  val[3] = 2.0; /* now A's is worth more: B's goes first */
+  REQUIRE(kvti_chains_value_leaf(ch, val, 1.0, &vl, &lru_at));
+  CHECK(memcmp(vl.key, leaf.key, 32) == 0);
+  /* The shared chunks took A's class (its spill made them): B's set_class
+   * stopped there, so they are never reclassed by a later spill. */
+  uint8_t unknown[32] = {0};
+  CHECK(kvti_chains_set_class(ch, unknown, 1) == KVT_ENOTFOUND);
   /* Removing chunk 3 of A takes 3, 4, 5 of A (rows and files) only. */
   size_t nrem;
   uint64_t brem;

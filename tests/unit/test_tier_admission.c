@@ -3,7 +3,8 @@
  * record of prefixes seen (flags, bounded memory, the oldest forgotten), the
  * segment fingerprints (equal prefixes, equal prints; a salt separates), the
  * leaky bucket and its day (driven by explicit times, so every figure is
- * exact), each policy's decision, then a tier under an injected clock: a
+ * exact), each policy's decision, the length classes and what the record
+ * learns of them, then a tier under an injected clock: a
  * second-sighting tier writes a prompt only when it comes back, cuts a spill
  * to its seen prefix, counts each decision by reason in kvt_stats, the live
  * file, JSON and Prometheus; a budgeted tier stops writing when its bucket is
@@ -224,6 +225,80 @@ static int found(kvt_tier *t, const int32_t *tok, size_t n) {
   return kvt_tier_lookup(&info, t, tok, n) == 0;
 }
 
+/* Length classes, the class a record slot keeps, and what the record
+ * learns: a class whose spills are gone on from later is worth more than
+ * the mean, one whose spills never come back less; and in the budget's soft
+ * zone a spill of the valued class passes where a new one of the other does
+ * not. */
+/* 40 spills of 64 tokens (class 0) never seen again, and 40 of 1024 tokens
+ * (class 4) each continued by a longer spill over it. */
+static void teach(kvti_admit *a) {
+  static int32_t big[1024 + 64], small[64];
+  size_t keep;
+  for (int i = 0; i < 40; i++) {
+    seq(small, 64, 100000 + 64 * i);
+    decide(a, &keep, small, 64, 1, 0, 0, 0);
+    seq(big, 1024 + 64, 1000000 + 2048 * i);
+    decide(a, &keep, big, 1024, 1, 0, 0, 0);
+    decide(a, &keep, big, 1024 + 64, 1, 0, 0, 0);
+  }
+}
+
+static void test_learning(void) {
+  CHECK_EQ_INT(kvti_len_class(0), 0);
+  CHECK_EQ_INT(kvti_len_class(362), 0);
+  CHECK_EQ_INT(kvti_len_class(363), 1);
+  CHECK_EQ_INT(kvti_len_class(512), 2);
+  CHECK_EQ_INT(kvti_len_class(1024), 4);
+  CHECK_EQ_INT(kvti_len_class(46340), 14);
+  CHECK_EQ_INT(kvti_len_class(46341), 15);
+  CHECK_EQ_INT(kvti_len_class(UINT64_MAX), KVTI_LEN_CLASSES - 1);
+  for (uint64_t n = 1; n < 100000; n += 97)
+    CHECK(kvti_len_class(n) <= kvti_len_class(n + 97));
+
+  kvti_seen r;
+  REQUIRE(kvti_seen_init(&r, 64 << 10) == 0);
+  CHECK_EQ_INT(kvti_seen_class(&r, 777), KVTI_LEN_UNKNOWN);
+  kvti_seen_put(&r, 777, KVTI_SEEN_ONCE); /* no class yet */
+  CHECK_EQ_INT(kvti_seen_class(&r, 777), KVTI_LEN_UNKNOWN);
+  kvti_seen_put_class(&r, 777, KVTI_SEEN_REUSED, 5); /* the first one sticks */
+  kvti_seen_put_class(&r, 777, 0, 9);
+  CHECK_EQ_INT(kvti_seen_class(&r, 777), 5);
+  CHECK_EQ_INT(kvti_seen_get(&r, 777), KVTI_SEEN_ONCE | KVTI_SEEN_REUSED);
+  kvti_seen_destroy(&r);
+
+  kvti_admit a;
+  kvt_options o = admit_opts(KVT_ADMIT_ADAPTIVE, 0);
+  REQUIRE(kvti_admit_init(&a, &o) == 0);
+  double v[KVTI_LEN_CLASSES + 1];
+  kvti_admit_values(&a, v);
+  CHECK(v[0] == v[4] && v[4] == v[KVTI_LEN_UNKNOWN]);
+  int32_t big[1024], small[64];
+  size_t keep;
+  teach(&a);
+  kvti_admit_values(&a, v);
+  CHECK(v[4] > v[KVTI_LEN_UNKNOWN]);
+  CHECK(v[0] < v[KVTI_LEN_UNKNOWN]);
+  CHECK(v[9] == v[KVTI_LEN_UNKNOWN] || fabs(v[9] - v[KVTI_LEN_UNKNOWN]) < 1e-9);
+  kvti_admit_destroy(&a);
+
+  /* The soft zone with what was learnt: 86400 B a day holds 3600 B; 2000 B
+   * in it is over half. */
+  o = admit_opts(KVT_ADMIT_ADAPTIVE, 86400);
+  REQUIRE(kvti_admit_init(&a, &o) == 0);
+  teach(&a);
+  seq(small, 64, 100000); /* seen: but of the worthless class */
+  CHECK_EQ_INT(decide(&a, &keep, small, 64, 1, 0, 0, 2000), KVTI_ADMIT_BUDGET);
+  seq(small, 64, 900000); /* new, of the worthless class */
+  CHECK_EQ_INT(decide(&a, &keep, small, 64, 1, 0, 0, 2000), KVTI_ADMIT_BUDGET);
+  seq(big, 1024, 5000000); /* new, of the valued class */
+  CHECK_EQ_INT(decide(&a, &keep, big, 1024, 1, 0, 0, 2000), KVTI_ADMIT_WHOLE);
+  /* Full: nothing, whatever its class. */
+  seq(big, 1024, 6000000);
+  CHECK_EQ_INT(decide(&a, &keep, big, 1024, 1, 0, 0, 4000), KVTI_ADMIT_BUDGET);
+  kvti_admit_destroy(&a);
+}
+
 static void test_tier_second_sighting(void) {
   kvt_options o = t_opts("admit");
   o.admission_policy = KVT_ADMIT_SECOND_SIGHTING;
@@ -345,7 +420,7 @@ static void bad(kvt_options *o, const char *want) {
 static void test_options(void) {
   kvt_options base = KVT_OPTIONS_INIT;
   base.cache_dir = "/nonexistent/kvtier-admission";
-  CHECK_EQ_INT(base.admission_policy, KVT_ADMIT_WRITE_ALL);
+  CHECK_EQ_INT(base.admission_policy, KVT_ADMIT_ADAPTIVE);
   CHECK_EQ_INT(kvt_options_validate(&base), 0);
   kvt_options o = base;
   o.admission_policy = 3;
@@ -384,6 +459,7 @@ int main(void) {
   RUN(test_prints);
   RUN(test_bucket);
   RUN(test_decisions);
+  RUN(test_learning);
   RUN(test_tier_second_sighting);
   RUN(test_tier_budget);
   RUN(test_options);

@@ -165,6 +165,8 @@ static void *byte_spiller(void *arg) {
 static void test_bytes_concurrent(void) {
   kvt_options o = t_opts("bytesconc");
   o.max_size_gb = 20000.0 / 1073741824.0; /* ~20 KB: a handful of entries */
+  /* Every spill is written or dropped (the count below): no admission. */
+  o.admission_policy = KVT_ADMIT_WRITE_ALL;
   o.spill_queue_size = 4;
   tier = t_open(&o);
   REQUIRE(kvt_tier_start_writer(tier) == 0);

@@ -877,7 +877,7 @@ def set_remote_options(o: Any, keep: list, url: Any = None, mode: str = "local",
         o.remote_flags |= REMOTE_NO_LOCAL_COPY
 
 
-def set_admission_options(o: Any, keep: list, policy: str = "write_all",
+def set_admission_options(o: Any, keep: list, policy: str = "adaptive",
                           memory_bytes: int = 0, budget_bytes_per_day: int = 0,
                           budget_tbw: float = 0.0, budget_years: float = 0.0,
                           clock: Any = None) -> None:

@@ -227,12 +227,14 @@ class SSDCacheConfig:
             (the reference's names have no namespace). Nodes sharing a
             remote store share chunks only under the same model_id.
         admission_policy: what a spill must show to be written (docs/DESIGN.md
-            "Admission and the write budget"): "write_all" (default, the
-            reference's behaviour), "second_sighting" (a 256-token segment
+            "Admission and the write budget"): "adaptive" (default:
+            everything while the disk has room; once it has had to evict, as
+            second_sighting, plus spills extending a prefix a lookup found
+            stored and a 1-in-8 sample of new ones; the chunks of the spill
+            lengths least reused go first at a full disk), "write_all" (the
+            reference's behaviour) or "second_sighting" (a 256-token segment
             is written from its second sighting on, a spill up to its seen
-            prefix) or "adaptive" (everything while the disk has room; once
-            it has had to evict, as second_sighting, plus spills extending a
-            prefix a lookup found stored and a 1-in-8 sample of new ones).  A declined spill
+            prefix).  A declined spill
             is no error; get_stats() counts it (admission_*).
         admission_memory_bytes: bound of the record of segments seen (0 =
             4 MiB).
@@ -271,7 +273,7 @@ class SSDCacheConfig:
     host_cache_bytes: int | None = None
     chunk_tokens: int = 256
     model_id: str | None = None
-    admission_policy: str = "write_all"
+    admission_policy: str = "adaptive"
     admission_memory_bytes: int = 0
     write_budget_bytes_per_day: int = 0
     write_budget_tbw: float = 0.0

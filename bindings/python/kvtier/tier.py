@@ -132,7 +132,7 @@ class Tier:
                  remote_tls_key_file: Optional[str] = None,
                  chunk_tokens: Optional[int] = None,
                  model_id: Optional[str] = None,
-                 admission_policy: str = "write_all", admission_memory_bytes: int = 0,
+                 admission_policy: str = "adaptive", admission_memory_bytes: int = 0,
                  write_budget_bytes_per_day: int = 0, write_budget_tbw: float = 0.0,
                  write_budget_years: float = 0.0,
                  clock: Optional[Callable[[], float]] = None) -> None:
