@@ -463,13 +463,15 @@ typedef struct kvt_options {
   /** The write budget, in bytes a day (0 = none), enforced on kvtier's own
    *  count of the bytes it writes (spill_bytes: entry and chunk files; not
    *  the index's pages) as a leaky bucket that drains at the budget's rate
-   *  and holds one hour of it: while the bucket is over half full only
-   *  spills that extend a reused prefix are written, when full none
-   *  (admission_declined_budget). Over any span of s seconds kvtier so
-   *  writes at most budget * (s / 86400 + 1 / 24) bytes plus the last spill
-   *  let in below the top (its size is known only once written: chunks it
-   *  shares are not written again) and the spills queued meanwhile (a spill
-   *  is judged when it is queued, charged when written). Up to 10^18. */
+   *  and holds one hour of it. Its top is that hour less room for one
+   *  spill as large as the largest yet (at most half an hour): past the top
+   *  no spill is written (admission_declined_budget), over half the top only
+   *  spills that extend a reused prefix or are of a length that has been
+   *  reused more than the mean. Over any span of s seconds kvtier so writes
+   *  at most budget * (s / 86400 + 1 / 24) bytes, unless a spill larger than
+   *  any before it (its size is known only once written: chunks it shares
+   *  are not written again) or spills queued meanwhile (a spill is judged
+   *  when it is queued, charged when written) carry it over. Up to 10^18. */
   uint64_t write_budget_bytes_per_day;
   /** Or the budget derived from the SSD's rating: write_budget_tbw terabytes
    *  (10^12 bytes) written over write_budget_years years (365.25 days):

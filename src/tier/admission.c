@@ -158,8 +158,12 @@ void kvti_bucket_update(kvti_bucket *b, double now, uint64_t total) {
   }
   if (now < b->last_t)
     now = b->last_t;
-  if (total > b->last_total)
-    b->level += (double)(total - b->last_total);
+  if (total > b->last_total) {
+    double step = (double)(total - b->last_total);
+    b->level += step;
+    if (step > b->max_step)
+      b->max_step = step;
+  }
   b->level -= b->per_day / DAY_S * (now - b->last_t);
   if (b->level < 0)
     b->level = 0;
@@ -171,6 +175,11 @@ void kvti_bucket_update(kvti_bucket *b, double now, uint64_t total) {
   }
   b->last_t = now;
   b->last_total = total;
+}
+
+double kvti_bucket_top(const kvti_bucket *b) {
+  double room = b->max_step < b->cap / 4 ? b->max_step : b->cap / 4;
+  return b->cap - room;
 }
 
 uint64_t kvti_bucket_left(const kvti_bucket *b) {
@@ -225,6 +234,9 @@ enum { RANK_NEW = 0, RANK_SEEN = 1, RANK_REUSED = 2 };
 
 /* Spills a class needs before its own rate outweighs the mean. */
 #define VALUE_PRIOR 8.0
+/* How far above the mean a class must be to count as worth more: a class
+ * alone is the mean, and rounding must not make it more. */
+#define WORTH_MARGIN 1.1
 
 static void values_locked(const kvti_admit *a,
                           double value[KVTI_LEN_CLASSES + 1]) {
@@ -233,7 +245,7 @@ static void values_locked(const kvti_admit *a,
     rr += (double)a->rereads[c];
     st += (double)a->starts[c];
   }
-  double mean = (rr + 1.0) / (st + 1.0);
+  double mean = st > 0 ? rr / st : 0;
   for (unsigned c = 0; c < KVTI_LEN_CLASSES; c++)
     value[c] = ((double)a->rereads[c] + VALUE_PRIOR * mean) /
                ((double)a->starts[c] + VALUE_PRIOR);
@@ -294,13 +306,15 @@ int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
   if (want < n && !cuttable)
     want = 0; /* whole or nothing */
   if (budget) {
-    double level = a->bucket.level, cap = a->bucket.cap;
-    /* The soft zone (over half full) keeps reused prefixes and spills of a
-     * class that has been worth more than the mean. */
+    double level = a->bucket.level, top = kvti_bucket_top(&a->bucket);
+    /* Past the top nothing; the soft zone (over half the top) keeps reused
+     * prefixes and spills of a class that has been worth more than the
+     * mean. */
     double v[KVTI_LEN_CLASSES + 1];
     values_locked(a, v);
-    int worth = v[cls] > v[KVTI_LEN_UNKNOWN];
-    if (level >= cap || (level >= cap / 2 && rank < RANK_REUSED && !worth)) {
+    int worth = v[cls] > WORTH_MARGIN * v[KVTI_LEN_UNKNOWN] + 1e-9;
+    if (level >= top ||
+        (level >= a->bucket.cap / 2 && rank < RANK_REUSED && !worth)) {
       *verdict = KVTI_ADMIT_BUDGET;
       *keep = 0;
       pthread_mutex_unlock(&a->mu);

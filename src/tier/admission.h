@@ -68,6 +68,7 @@ uint64_t kvti_seen_seed(const kvti_salt *salt);
 typedef struct kvti_bucket {
   double per_day;      /* the budget, bytes a day; 0 = none */
   double cap;          /* what the bucket holds: an hour of the budget */
+  double max_step;     /* the most one update has added (a spill's bytes) */
   double level;        /* bytes in it now */
   double last_t;       /* clock of the last update */
   uint64_t last_total; /* written counter at the last update */
@@ -83,6 +84,10 @@ void kvti_bucket_init(kvti_bucket *b, double per_day);
  * what was written since the last update, drains what the elapsed time lets
  * out. A clock that went back counts as not moved. */
 void kvti_bucket_update(kvti_bucket *b, double now, uint64_t total);
+/* Where spills stop being let in: the capacity less room for one more spill
+ * as large as the largest yet (at most half the capacity), so the spill let
+ * in just below it does not carry the bucket over. */
+double kvti_bucket_top(const kvti_bucket *b);
 /* Bytes it takes before it is full (as of the last update; 0 when full). */
 uint64_t kvti_bucket_left(const kvti_bucket *b);
 /* Written since the clock's current day began (as of the last update). */

@@ -168,27 +168,35 @@ static void test_decisions(void) {
   CHECK_EQ_INT(decide(&a, &keep, longer, 80, 1, 1, 0, 0), KVTI_ADMIT_WHOLE);
   kvti_admit_destroy(&a);
 
-  /* The budget: 24 * 3600 B a day holds 3600 B. Full: nothing; over half:
-   * only an extension of a reused prefix; drained: as the policy says. */
+  /* The budget: 24 * 3600 B a day holds 3600 B, and stops spills short of
+   * that by room for one as large as the largest yet. Full: nothing; over
+   * half the top: only an extension of a reused prefix; drained: as the
+   * policy says. Time stands at 100 s while the bucket fills. */
   o = admit_opts(KVT_ADMIT_WRITE_ALL, 86400);
   REQUIRE(kvti_admit_needed(&o) == 1);
   REQUIRE(kvti_admit_init(&a, &o) == 0);
   CHECK_EQ_INT(decide(&a, &keep, p, 64, 1, 0, 100, 0), KVTI_ADMIT_WHOLE);
-  CHECK_EQ_INT(decide(&a, &keep, p, 64, 1, 0, 100, 4000), KVTI_ADMIT_BUDGET);
+  for (uint64_t w = 200; w <= 2600; w += 200) /* 13 spills of 200 B */
+    kvti_bucket_update(&a.bucket, 100, w);
+  CHECK(fabs(kvti_bucket_top(&a.bucket) - 3400) < 1e-9);
+  /* 2600 B in it: over half the top (1700). */
+  CHECK_EQ_INT(decide(&a, &keep, q, 64, 1, 0, 100, 2600), KVTI_ADMIT_BUDGET);
   CHECK_EQ_INT(keep, 0);
-  /* 1000 s later 2600 B remain: over half full. */
-  CHECK_EQ_INT(decide(&a, &keep, q, 64, 1, 0, 1100, 4000), KVTI_ADMIT_BUDGET);
   kvti_admit_note_hit(&a, p, 32, 0);
-  CHECK_EQ_INT(decide(&a, &keep, p, 64, 1, 0, 1100, 4000), KVTI_ADMIT_WHOLE);
-  CHECK_EQ_INT(decide(&a, &keep, q, 64, 1, 0, 2100, 4000), KVTI_ADMIT_WHOLE);
+  CHECK_EQ_INT(decide(&a, &keep, p, 64, 1, 0, 100, 2600), KVTI_ADMIT_WHOLE);
+  /* A 900 B spill: 3500 B in it, past the top (now 3600 - 900). */
+  CHECK_EQ_INT(decide(&a, &keep, p, 64, 1, 0, 100, 3500), KVTI_ADMIT_BUDGET);
+  CHECK(fabs(kvti_bucket_top(&a.bucket) - 2700) < 1e-9);
+  /* 2200 s later 1300 B remain: under half the top. */
+  CHECK_EQ_INT(decide(&a, &keep, q, 64, 1, 0, 2300, 3500), KVTI_ADMIT_WHOLE);
   kvt_stats s;
   memset(&s, 0, sizeof s);
-  kvti_admit_gauges(&a, &s, 2100, 4000);
+  kvti_admit_gauges(&a, &s, 2300, 3500);
   CHECK_EQ_INT(s.write_budget_bytes_per_day, 86400);
-  CHECK_EQ_INT(s.write_budget_left, 1600);
-  kvti_admit_gauges(&a, &s, -1, 4100); /* no clock: as of the last time */
-  CHECK_EQ_INT(s.write_budget_left, 1500);
-  CHECK_EQ_INT(s.bytes_written_today, 4100);
+  CHECK_EQ_INT(s.write_budget_left, 2300);
+  kvti_admit_gauges(&a, &s, -1, 3600); /* no clock: as of the last time */
+  CHECK_EQ_INT(s.write_budget_left, 2200);
+  CHECK_EQ_INT(s.bytes_written_today, 3600);
   CHECK(s.ssd_lifetime_years == 0); /* no rating */
   kvti_admit_destroy(&a);
 
@@ -283,11 +291,13 @@ static void test_learning(void) {
   kvti_admit_destroy(&a);
 
   /* The soft zone with what was learnt: 86400 B a day holds 3600 B; 2000 B
-   * in it is over half. */
+   * in it is over half the top (3500). */
   o = admit_opts(KVT_ADMIT_ADAPTIVE, 86400);
   REQUIRE(kvti_admit_init(&a, &o) == 0);
   teach(&a);
   seq(small, 64, 100000); /* seen: but of the worthless class */
+  for (uint64_t w = 100; w <= 2000; w += 100) /* 2000 B in it, 100 B a spill */
+    kvti_bucket_update(&a.bucket, 0, w);
   CHECK_EQ_INT(decide(&a, &keep, small, 64, 1, 0, 0, 2000), KVTI_ADMIT_BUDGET);
   seq(small, 64, 900000); /* new, of the worthless class */
   CHECK_EQ_INT(decide(&a, &keep, small, 64, 1, 0, 0, 2000), KVTI_ADMIT_BUDGET);
