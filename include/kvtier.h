@@ -464,8 +464,9 @@ typedef struct kvt_options {
    *  count of the bytes it writes (spill_bytes: entry and chunk files; not
    *  the index's pages) as a leaky bucket that drains at the budget's rate
    *  and holds one hour of it. Its top is that hour less room for one
-   *  spill as large as the largest yet (at most half an hour): past the top
-   *  no spill is written (admission_declined_budget), over half the top only
+   *  spill as large as the largest yet (at most an eighth of the hour): past
+   *  the top no spill is written (admission_declined_budget), over half
+   *  full only
    *  spills that extend a reused prefix or are of a length that has been
    *  reused more than the mean. Over any span of s seconds kvtier so writes
    *  at most budget * (s / 86400 + 1 / 24) bytes, unless a spill larger than

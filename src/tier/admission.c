@@ -178,7 +178,7 @@ void kvti_bucket_update(kvti_bucket *b, double now, uint64_t total) {
 }
 
 double kvti_bucket_top(const kvti_bucket *b) {
-  double room = b->max_step < b->cap / 4 ? b->max_step : b->cap / 4;
+  double room = b->max_step < b->cap / 8 ? b->max_step : b->cap / 8;
   return b->cap - room;
 }
 
@@ -234,9 +234,8 @@ enum { RANK_NEW = 0, RANK_SEEN = 1, RANK_REUSED = 2 };
 
 /* Spills a class needs before its own rate outweighs the mean. */
 #define VALUE_PRIOR 8.0
-/* How far above the mean a class must be to count as worth more: a class
- * alone is the mean, and rounding must not make it more. */
-#define WORTH_MARGIN 1.1
+/* A class alone is the mean: rounding must not make it worth more. */
+#define WORTH_EPS 1e-9
 
 static void values_locked(const kvti_admit *a,
                           double value[KVTI_LEN_CLASSES + 1]) {
@@ -307,12 +306,12 @@ int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
     want = 0; /* whole or nothing */
   if (budget) {
     double level = a->bucket.level, top = kvti_bucket_top(&a->bucket);
-    /* Past the top nothing; the soft zone (over half the top) keeps reused
+    /* Past the top nothing; the soft zone (over half full) keeps reused
      * prefixes and spills of a class that has been worth more than the
      * mean. */
     double v[KVTI_LEN_CLASSES + 1];
     values_locked(a, v);
-    int worth = v[cls] > WORTH_MARGIN * v[KVTI_LEN_UNKNOWN] + 1e-9;
+    int worth = v[cls] > v[KVTI_LEN_UNKNOWN] + WORTH_EPS;
     if (level >= top ||
         (level >= a->bucket.cap / 2 && rank < RANK_REUSED && !worth)) {
       *verdict = KVTI_ADMIT_BUDGET;

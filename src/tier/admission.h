@@ -85,8 +85,9 @@ void kvti_bucket_init(kvti_bucket *b, double per_day);
  * out. A clock that went back counts as not moved. */
 void kvti_bucket_update(kvti_bucket *b, double now, uint64_t total);
 /* Where spills stop being let in: the capacity less room for one more spill
- * as large as the largest yet (at most half the capacity), so the spill let
- * in just below it does not carry the bucket over. */
+ * as large as the largest yet (at most an eighth of the capacity, so that a
+ * single huge spill does not shut the bucket), so the spill let in just
+ * below it does not carry the bucket over. */
 double kvti_bucket_top(const kvti_bucket *b);
 /* Bytes it takes before it is full (as of the last update; 0 when full). */
 uint64_t kvti_bucket_left(const kvti_bucket *b);

@@ -170,7 +170,7 @@ static void test_decisions(void) {
 
   /* The budget: 24 * 3600 B a day holds 3600 B, and stops spills short of
    * that by room for one as large as the largest yet. Full: nothing; over
-   * half the top: only an extension of a reused prefix; drained: as the
+   * half full: only an extension of a reused prefix; drained: as the
    * policy says. Time stands at 100 s while the bucket fills. */
   o = admit_opts(KVT_ADMIT_WRITE_ALL, 86400);
   REQUIRE(kvti_admit_needed(&o) == 1);
@@ -179,15 +179,16 @@ static void test_decisions(void) {
   for (uint64_t w = 200; w <= 2600; w += 200) /* 13 spills of 200 B */
     kvti_bucket_update(&a.bucket, 100, w);
   CHECK(fabs(kvti_bucket_top(&a.bucket) - 3400) < 1e-9);
-  /* 2600 B in it: over half the top (1700). */
+  /* 2600 B in it: over half full (1800). */
   CHECK_EQ_INT(decide(&a, &keep, q, 64, 1, 0, 100, 2600), KVTI_ADMIT_BUDGET);
   CHECK_EQ_INT(keep, 0);
   kvti_admit_note_hit(&a, p, 32, 0);
   CHECK_EQ_INT(decide(&a, &keep, p, 64, 1, 0, 100, 2600), KVTI_ADMIT_WHOLE);
-  /* A 900 B spill: 3500 B in it, past the top (now 3600 - 900). */
+  /* A 900 B spill: 3500 B in it, past the top (now 3600 less the room's
+   * bound, an eighth). */
   CHECK_EQ_INT(decide(&a, &keep, p, 64, 1, 0, 100, 3500), KVTI_ADMIT_BUDGET);
-  CHECK(fabs(kvti_bucket_top(&a.bucket) - 2700) < 1e-9);
-  /* 2200 s later 1300 B remain: under half the top. */
+  CHECK(fabs(kvti_bucket_top(&a.bucket) - 3150) < 1e-9);
+  /* 2200 s later 1300 B remain: under half full. */
   CHECK_EQ_INT(decide(&a, &keep, q, 64, 1, 0, 2300, 3500), KVTI_ADMIT_WHOLE);
   kvt_stats s;
   memset(&s, 0, sizeof s);
@@ -291,7 +292,7 @@ static void test_learning(void) {
   kvti_admit_destroy(&a);
 
   /* The soft zone with what was learnt: 86400 B a day holds 3600 B; 2000 B
-   * in it is over half the top (3500). */
+   * in it is over half full. */
   o = admit_opts(KVT_ADMIT_ADAPTIVE, 86400);
   REQUIRE(kvti_admit_init(&a, &o) == 0);
   teach(&a);
