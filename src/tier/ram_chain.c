@@ -18,6 +18,7 @@
 #include "tier/remote.h"
 #include "index/chain_walk.h"
 #include "store/chunked.h"
+#include "store/chunked_chain.h"
 #include "store/chunkstore_verify.h"
 #include "store/local.h"
 #include "tier/tier.h"
@@ -58,13 +59,7 @@ int kvti_ram_chain_of(kvt_tier *t, const char *hash, const int32_t *tokens,
     kvti_chainrec rec;
     rc = kvti_chunked_record(t->chunked, hash, &rec);
     if (rc == 0) {
-      memset(&ce, 0, sizeof ce);
-      memcpy(ce.hash, hb, 32);
-      ce.chunks = rec.chunks;
-      ce.chunk_tokens = rec.chunk_tokens;
-      memcpy(ce.last_key, rec.last_key, 32);
-      ce.layout_hash = rec.layout_hash;
-      ce.total_rows = rec.total_rows;
+      kvti_chunked_rec_row(&ce, &rec); /* its hash is hb: named by it */
       out->is_record = 1;
       out->rec_rows = rec.total_rows;
       out->rec_layers = rec.num_layers;
