@@ -352,7 +352,7 @@ int kvti_ram_assemble(const kvti_hc_item *tail, const kvti_hc_chunk *const *chs,
         break;
       }
       *bytes += nb;
-      uint64_t outer, row, T = rows + tT;
+      uint64_t outer, row;
       kvti_chunk_tensor_geom(dt, &outer, &row);
       for (size_t c = 0; rc == 0 && c < m; c++) {
         const kvti_chunk_tensor *cc = &chs[c]->layers[which[i]].tensors[j];
@@ -364,13 +364,12 @@ int kvti_ram_assemble(const kvti_hc_item *tail, const kvti_hc_chunk *const *chs,
               KVT_ERR(KVT_ECORRUPT, "cached chunk %zu: layer %u differs", c, i);
           break;
         }
-        for (uint64_t o = 0; o < outer && row; o++)
-          memcpy((uint8_t *)dt->data + (o * T + (uint64_t)c * C) * row,
-                 chs[c]->data + cc->off + o * C * row, (size_t)(C * row));
+        kvt_tensor s;
+        kvti_tensor_of_chunk(&s, cc, chs[c]->data, C);
+        kvti_tensor_copy_rows(dt, (uint64_t)c * C, &s, 0, C);
       }
-      for (uint64_t o = 0; rc == 0 && o < outer && row && tT; o++)
-        memcpy((uint8_t *)dt->data + (o * T + rows) * row,
-               (const uint8_t *)tt->data + o * tT * row, (size_t)(tT * row));
+      if (rc == 0 && tT)
+        kvti_tensor_copy_rows(dt, rows, tt, 0, tT);
     }
   }
   kvti_free(which);
