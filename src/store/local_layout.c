@@ -9,6 +9,7 @@
 #include "store/local_layout.h"
 #include "base/error.h"
 #include "base/io.h"
+#include "base/strbuf.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -112,14 +113,10 @@ int kvti_local_default_dir(char **out, const char *model) {
                    "HOME is an absolute path");
   if (!base)
     return KVT_ERR_NOMEM();
-  size_t n = strlen(base) + strlen(model) + 16;
-  char *p = kvti_malloc(n);
-  if (!p) {
-    kvti_free(base);
-    return KVT_ERR_NOMEM();
-  }
-  snprintf(p, n, "%s/kvtier/%s", base, model);
+  char *p = kvti_strfmt("%s/kvtier/%s", base, model); /* sets KVT_ENOMEM */
   kvti_free(base);
+  if (!p)
+    return KVT_ENOMEM;
   *out = p;
   return 0;
 }
