@@ -13,6 +13,7 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "base/strbuf.h"
 #include "base/salt.h"
 #include "format/chunk.h"
 #include "format/entry_int.h"
@@ -178,11 +179,7 @@ int kvti_chainrec_parse(kvti_chainrec *r, const uint8_t *buf, size_t len,
 }
 
 static char *rec_path(const char *data_dir, const char *name) {
-  size_t n = strlen(data_dir) + strlen(name) + sizeof KVTI_CHAINREC_FILE + 3;
-  char *p = kvti_malloc(n);
-  if (p)
-    snprintf(p, n, "%s/%s/%s", data_dir, name, KVTI_CHAINREC_FILE);
-  return p;
+  return kvti_strfmt("%s/%s/%s", data_dir, name, KVTI_CHAINREC_FILE);
 }
 
 int kvti_snapshot_set_chainrec(kvti_snapshot *s, const kvti_chainrec *r) {

@@ -57,6 +57,12 @@ int kvti_layer_check_rows(const kvt_layer *l, uint32_t idx, uint64_t row_base,
 void kvti_tensor_cut_desc(kvt_tensor *d, const kvt_tensor *s, uint64_t n);
 void kvti_tensor_copy_rows(kvt_tensor *dst, uint64_t at, const kvt_tensor *src,
                            uint64_t from, uint64_t n);
+/* *v = tensor ct of a chunk (format/chunk.h) described with n token rows, its
+ * bytes at data + ct->off (data: the chunk's data section), so a chunk's rows
+ * are copied by kvti_tensor_copy_rows as any tensor's. */
+struct kvti_chunk_tensor;
+void kvti_tensor_of_chunk(kvt_tensor *v, const struct kvti_chunk_tensor *ct,
+                          const void *data, uint64_t n);
 
 /* True when the layer's stored form needs MLX dequantization in compat mode. */
 static inline int kvti_layer_is_quantized(const kvt_layer *l) {

@@ -13,61 +13,14 @@
 #include "format/dtype.h"
 #include "base/error.h"
 #include "base/io.h"
-#include "base/vec.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- string builder ---------------------------------------------------- */
-
-static void sb_reserve(kvti_sb *b, size_t extra) {
-  if (b->oom)
-    return;
-  /* Room for the text and its NUL; a failure is kept in oom for take. */
-  if (extra > SIZE_MAX - 1 - b->len ||
-      KVTI_VEC_RESERVE(&b->s, &b->cap, b->len + extra + 1, 256) != 0)
-    b->oom = 1;
-}
-
-void kvti_sb_putn(kvti_sb *b, const char *s, size_t n) {
-  sb_reserve(b, n);
-  if (b->oom)
-    return;
-  memcpy(b->s + b->len, s, n);
-  b->len += n;
-  b->s[b->len] = '\0';
-}
-
-void kvti_sb_puts(kvti_sb *b, const char *s) {
-  kvti_sb_putn(b, s, strlen(s));
-}
-
-void kvti_sb_printf(kvti_sb *b, const char *fmt, ...) {
-  char tmp[256];
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-  va_end(ap);
-  if (n < 0) {
-    b->oom = 1;
-    return;
-  }
-  if ((size_t)n < sizeof tmp) {
-    kvti_sb_putn(b, tmp, (size_t)n);
-    return;
-  }
-  sb_reserve(b, (size_t)n);
-  if (b->oom)
-    return;
-  va_start(ap, fmt);
-  vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
-  va_end(ap);
-  b->len += (size_t)n;
-}
+/* ---- JSON strings ------------------------------------------------------ */
 
 /* Python's json.dumps escaping with ensure_ascii=True: \" \\ \n \r \t \b \f,
  * other control characters and every non-ASCII code point as \uXXXX (UTF-16
@@ -155,31 +108,6 @@ void kvti_sb_json_str(kvti_sb *b, const char *s) {
     }
   }
   kvti_sb_putn(b, "\"", 1);
-}
-
-char *kvti_sb_take(kvti_sb *b) {
-  if (b->oom || !b->s) {
-    if (!b->oom && !b->s) {
-      sb_reserve(b, 0);
-      if (!b->oom) {
-        b->s[0] = '\0';
-        char *s = b->s;
-        memset(b, 0, sizeof *b);
-        return s;
-      }
-    }
-    kvti_sb_free(b);
-    KVT_ERR_NOMEM();
-    return NULL;
-  }
-  char *s = b->s;
-  memset(b, 0, sizeof *b);
-  return s;
-}
-
-void kvti_sb_free(kvti_sb *b) {
-  kvti_free(b->s);
-  memset(b, 0, sizeof *b);
 }
 
 /* ---- parsing ------------------------------------------------------------ */

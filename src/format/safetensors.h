@@ -13,6 +13,7 @@
 #define KVT_SAFETENSORS_H
 
 #include "base/hash.h"
+#include "base/strbuf.h"
 #include "kvtier.h"
 
 #include <stddef.h>
@@ -111,24 +112,9 @@ int kvti_st_write(uint64_t *size, uint64_t *xxh3, int fd, const char *path,
 uint64_t kvti_st_file_size(const kvti_st_item *items, size_t n,
                            const char *const *meta, size_t n_meta);
 
-/* Growable NUL-terminated string (kvti_malloc'ed). On OOM `oom` is set and
- * appends stop. */
-typedef struct kvti_sb {
-  char *s;
-  size_t len, cap;
-  int oom;
-} kvti_sb;
-void kvti_sb_putn(kvti_sb *b, const char *s, size_t n);
-void kvti_sb_puts(kvti_sb *b, const char *s);
-void kvti_sb_printf(kvti_sb *b, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-/* Appends s as a JSON string literal, escaping like Python's json.dumps
- * (ensure_ascii=True). */
+/* Appends s to b (base/strbuf.h) as a JSON string literal, escaping like
+ * Python's json.dumps (ensure_ascii=True). */
 void kvti_sb_json_str(kvti_sb *b, const char *s);
-/* Returns the string (caller frees with kvti_free) or NULL with KVT_ENOMEM set.
- */
-char *kvti_sb_take(kvti_sb *b);
-void kvti_sb_free(kvti_sb *b);
 
 /* An upper bound on the number of JSON values in text (every value but the
  * first follows a ',' ':' or '[' outside strings), counted without parsing:

@@ -91,15 +91,6 @@ int kvti_chunked_put(kvti_chunked *c, kvti_backend *be,
                      kvti_chunked_put_result *res, const kvti_snapshot *s,
                      const kvti_write_opts *wo);
 
-/* Reads entry hash (as be->get with o): a chained entry is read as its tail
- * (on_layer not called for it) and completed with its chain; on_layer then
- * runs for every layer in order. KVT_ENOTFOUND when the chain is incomplete
- * (evicted), KVT_ECORRUPT when a chunk or the tail is damaged (*bad_chunk
- * receives the damaged chunk's key, when it was a chunk; may be NULL). */
-int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
-                     const char *hash, const kvti_read_opts *o,
-                     uint8_t bad_chunk[32], int *chunk_bad);
-
 /* The namespace chain keys are seeded with: model_id, plus the digest of
  * cache_salt s when s->has (NULL: none), so two salts never share or see
  * each other's chunks. ns->own (freed by kvti_chunk_ns_free) holds a salted
@@ -113,25 +104,6 @@ int kvti_chunked_ns_of(const kvti_chunked *c, const kvti_salt *s,
                        kvti_chunk_ns *ns);
 void kvti_chunk_ns_free(kvti_chunk_ns *ns);
 
-/* A trimmed read (o->keep_tokens in [1, entry tokens]) of chained entry hash
- * (record ce) from the chunk store cs, for any kept length: chunks covering
- * the kept tokens, plus the tail's first rows when keep reaches past the
- * chain (chunked_trim.c). Returns as kvti_chunked_get, plus KVT_EUNSUPPORTED
- * (a layer that cannot be cut on the token axis) and KVT_EINVAL (a layer
- * holding fewer valid rows). */
-int kvti_chunked_get_trim(kvti_chunkstore *cs, kvti_backend *be,
-                          kvt_entry **out, const char *hash,
-                          const kvti_chained_entry *ce, const kvti_read_opts *o,
-                          uint8_t bad_chunk[32], int *chunk_bad);
-
-/* kvti_chunked_get of a chained entry whose record ce is given rather than
- * indexed (a tail fetched from the remote tier into a staging backend): the
- * chain must be stored locally and match ce. */
-int kvti_chunked_get_record(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
-                            const char *hash, const kvti_chained_entry *ce,
-                            const kvti_read_opts *o, uint8_t bad_chunk[32],
-                            int *chunk_bad);
-
 /* 1 when hash is a chained entry (its files alone are a tail). */
 int kvti_chunked_is_chained(kvti_chunked *c, const char *hash);
 /* After the entry's files are removed: drops its record. */
@@ -143,13 +115,6 @@ void kvti_chunked_forget(kvti_chunked *c, const char *hash);
 int kvti_chunked_lookup_prefix(kvti_chunked *c, const kvti_salt *salt,
                                const int32_t *tokens, size_t n, uint64_t *m,
                                uint64_t *mem, char hash[65]);
-/* Reads tokens[0, m) from their pure chain (m from lookup_prefix) into a new
- * entry, as kvti_chunked_get (alloc, cancel, on_layer of o). Returns 0,
- * KVT_ENOTFOUND (chain shorter now), KVT_ECORRUPT (bad_chunk set), ... */
-int kvti_chunked_get_prefix(kvti_chunked *c, const kvti_salt *salt,
-                            kvt_entry **out, const int32_t *tokens, uint64_t m,
-                            const kvti_read_opts *o, uint8_t bad_chunk[32],
-                            int *chunk_bad);
 /* Refreshes the chain under tokens[0, m) (leaf and every ancestor). 0 or
  * KVT_ENOTFOUND. */
 int kvti_chunked_touch(kvti_chunked *c, const kvti_salt *salt,
@@ -173,5 +138,43 @@ int kvti_chunked_record(kvti_chunked *c, const char *hash, kvti_chainrec *r);
 
 /* Bytes of all chunk files. */
 uint64_t kvti_chunked_disk_bytes(kvti_chunked *c);
+
+/* ---- reads (chunked_read.c) ---- */
+
+/* Reads entry hash (as be->get with o): a chained entry is read as its tail
+ * (on_layer not called for it) and completed with its chain; on_layer then
+ * runs for every layer in order. KVT_ENOTFOUND when the chain is incomplete
+ * (evicted), KVT_ECORRUPT when a chunk or the tail is damaged (*bad_chunk
+ * receives the damaged chunk's key, when it was a chunk; may be NULL). */
+int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
+                     const char *hash, const kvti_read_opts *o,
+                     uint8_t bad_chunk[32], int *chunk_bad);
+
+/* A trimmed read (o->keep_tokens in [1, entry tokens]) of chained entry hash
+ * (record ce) from the chunk store cs, for any kept length: chunks covering
+ * the kept tokens, plus the tail's first rows when keep reaches past the
+ * chain (chunked_trim.c). Returns as kvti_chunked_get, plus KVT_EUNSUPPORTED
+ * (a layer that cannot be cut on the token axis) and KVT_EINVAL (a layer
+ * holding fewer valid rows). */
+int kvti_chunked_get_trim(kvti_chunkstore *cs, kvti_backend *be,
+                          kvt_entry **out, const char *hash,
+                          const kvti_chained_entry *ce, const kvti_read_opts *o,
+                          uint8_t bad_chunk[32], int *chunk_bad);
+
+/* kvti_chunked_get of a chained entry whose record ce is given rather than
+ * indexed (a tail fetched from the remote tier into a staging backend): the
+ * chain must be stored locally and match ce. */
+int kvti_chunked_get_record(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
+                            const char *hash, const kvti_chained_entry *ce,
+                            const kvti_read_opts *o, uint8_t bad_chunk[32],
+                            int *chunk_bad);
+
+/* Reads tokens[0, m) from their pure chain (m from lookup_prefix) into a new
+ * entry, as kvti_chunked_get (alloc, cancel, on_layer of o). Returns 0,
+ * KVT_ENOTFOUND (chain shorter now), KVT_ECORRUPT (bad_chunk set), ... */
+int kvti_chunked_get_prefix(kvti_chunked *c, const kvti_salt *salt,
+                            kvt_entry **out, const int32_t *tokens, uint64_t m,
+                            const kvti_read_opts *o, uint8_t bad_chunk[32],
+                            int *chunk_bad);
 
 #endif

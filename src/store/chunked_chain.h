@@ -4,7 +4,8 @@
  * a read, the read of a resolved chain prefix with the damaged chunk named
  * when it was a chunk's fault, and the check that a tail's chain mark names
  * the chain an index row gives. Kept below the three readers so none of them
- * calls back into another for it.
+ * calls back into another for it. The same goes for the tail's read and for a
+ * row made from the chain a tail's mark or a chain record names.
  *
  * Invariant: a chunk that fails its checks, or whose indexed file is missing,
  * is reported as that chunk (its key), never as the entry's fault.
@@ -12,8 +13,10 @@
 #ifndef KVT_STORE_CHUNKED_CHAIN_H
 #define KVT_STORE_CHUNKED_CHAIN_H
 
+#include "format/chainrec.h"
 #include "format/entry.h"
 #include "index/chain.h"
+#include "store/backend.h"
 #include "store/chunkstore.h"
 
 #include <stddef.h>
@@ -42,5 +45,19 @@ int kvti_chunked_read_chain(kvti_chunkstore *cs, const kvti_chain_rec *recs,
  * row ce. */
 int kvti_chunked_mark_is(const kvti_chain_mark *m,
                          const kvti_chained_entry *ce);
+/* Row ce made to name the chain of mark m (its hash kept): a tail's own
+ * manifest rules over the row. */
+void kvti_chunked_mark_row(kvti_chained_entry *ce, const kvti_chain_mark *m);
+/* The row chain record r stands for (hash and chain from the record, which
+ * rules over an indexed row). */
+void kvti_chunked_rec_row(kvti_chained_entry *ce, const kvti_chainrec *r);
+
+/* be->get of hash's tail entry with o, its offsets counting the chain's rows
+ * first: on_layer is never called (the entry is whole only once joined with
+ * its chain) and *mark receives the chain the tail's manifest names
+ * (present = -1 from a backend that reads no manifest). */
+int kvti_chunked_get_tail(kvti_backend *be, kvt_entry **out, const char *hash,
+                          const kvti_read_opts *o, uint64_t rows,
+                          kvti_chain_mark *mark);
 
 #endif

@@ -90,26 +90,17 @@ int kvti_chunked_get_trim(kvti_chunkstore *cs, kvti_backend *be,
   to.alloc = NULL;
   to.free_buf = NULL;
   to.alloc_ctx = NULL;
-  to.on_layer = NULL;
   to.verify_only = 0;
-  to.chain_rows = rows;
-  to.tail_ok = 1; /* completed with its chain below */
   kvti_chain_mark mark;
-  mark.present = -1; /* left so by a backend that reads no manifest */
-  to.tail_mark = &mark;
   kvt_entry *tail = NULL;
-  int rc = be->ops->get(be, &tail, hash, &to);
+  int rc = kvti_chunked_get_tail(be, &tail, hash, &to, rows, &mark);
   if (rc)
     return rc;
   if (mark.present == 1 && !kvti_chunked_mark_is(&mark, ce)) {
     /* The tail's manifest names its chain: read with that one. */
     kvt_entry_free(tail);
     kvti_chained_entry own = *ce;
-    own.chunks = mark.chunks;
-    own.chunk_tokens = mark.chunk_tokens;
-    memcpy(own.last_key, mark.last_key, 32);
-    own.layout_hash = mark.layout_hash;
-    own.total_rows = mark.total_rows;
+    kvti_chunked_mark_row(&own, &mark);
     return kvti_chunked_get_trim(cs, be, out, hash, &own, o, bad_chunk,
                                  chunk_bad);
   }

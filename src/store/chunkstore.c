@@ -1,7 +1,7 @@
 /*
- * chunkstore.c - the chunk store (chunkstore.h): names chunk files
- * (chunks/<kk>/ with kk the key's first two hex digits: 256 directories, so a
- * million chunks make about 4000 files per directory), writes the missing
+ * chunkstore.c - the chunk store (chunkstore.h): places chunk files where
+ * the cache directory's layout names them (chunks/<kk>/<key>.kvc,
+ * store/local_layout.h), writes the missing
  * chunks of a spill durably and only then indexes them, opens chunks for
  * verified reads and removes chains rows-first. Directories are created lazily
  * and, with durability FSYNC, their parent is fsynced when one is created, so a
@@ -71,20 +71,17 @@ void kvti_chunkstore_close(kvti_chunkstore *cs) {
 
 int kvti_chunkstore_open_subdir(kvti_chunkstore *cs, unsigned kk) {
   char rel[16];
-  snprintf(rel, sizeof rel, kk < 256 ? "chunks/%02x" : "chunks", kk);
-  return kvti_dir_open_rel(cs->root_fd, rel, cs->cache);
+  int rc = kvti_local_chunk_dir_rel(rel, sizeof rel, kk);
+  return rc ? rc : kvti_dir_open_rel(cs->root_fd, rel, cs->cache);
 }
 
 int kvti_chunkstore_make_subdir(kvti_chunkstore *cs, unsigned kk) {
   char rel[16];
-  snprintf(rel, sizeof rel, "chunks/%02x", kk & 0xffu);
-  return kvti_dir_open_mk(cs->root_fd, rel, cs->o.dir_mode, cs->o.do_fsync,
-                          cs->cache);
+  int rc = kvti_local_chunk_dir_rel(rel, sizeof rel, kk & 0xffu);
+  return rc ? rc
+            : kvti_dir_open_mk(cs->root_fd, rel, cs->o.dir_mode, cs->o.do_fsync,
+                               cs->cache);
 }
-
-/* The sweep's position file: chunks/sweep.pos, "<kk> <cursor>\n". Not a
- * chunk name, and gc lists only chunks/<kk>, so nothing else reads it. */
-#define SWEEP_POS "sweep.pos"
 
 void kvti_chunkstore_sweep_pos_get(kvti_chunkstore *cs, unsigned *kk,
                                    uint64_t *cursor) {
@@ -95,7 +92,8 @@ void kvti_chunkstore_sweep_pos_get(kvti_chunkstore *cs, unsigned *kk,
     kvt_clear_error();
     return;
   }
-  int fd = kvti_openat(dfd, SWEEP_POS, O_RDONLY, 0, SWEEP_POS);
+  int fd =
+      kvti_openat(dfd, KVTI_LOCAL_SWEEP_POS, O_RDONLY, 0, KVTI_LOCAL_SWEEP_POS);
   kvti_close(dfd);
   if (fd < 0) {
     kvt_clear_error();
@@ -104,7 +102,8 @@ void kvti_chunkstore_sweep_pos_get(kvti_chunkstore *cs, unsigned *kk,
   char buf[64];
   size_t len = 0;
   char *text = NULL;
-  if (kvti_read_fd(&text, &len, fd, SWEEP_POS, sizeof buf, NULL) == 0) {
+  if (kvti_read_fd(&text, &len, fd, KVTI_LOCAL_SWEEP_POS, sizeof buf, NULL) ==
+      0) {
     unsigned k = 0;
     unsigned long long c = 0;
     if (sscanf(text, "%u %llu", &k, &c) == 2 && k < 256) {
@@ -128,12 +127,12 @@ int kvti_chunkstore_sweep_pos_set(kvti_chunkstore *cs, unsigned kk,
                    (unsigned long long)cursor);
   /* Rewritten in place (O_TRUNC): losing it to a crash costs only a pass
    * started over, so it is not fsynced. */
-  int fd = kvti_openat(dfd, SWEEP_POS, O_WRONLY | O_CREAT | O_TRUNC,
-                       cs->o.file_mode, SWEEP_POS);
+  int fd = kvti_openat(dfd, KVTI_LOCAL_SWEEP_POS, O_WRONLY | O_CREAT | O_TRUNC,
+                       cs->o.file_mode, KVTI_LOCAL_SWEEP_POS);
   kvti_close(dfd);
   if (fd < 0)
     return fd;
-  int rc = kvti_pwrite_all(fd, buf, (size_t)n, 0, SWEEP_POS);
+  int rc = kvti_pwrite_all(fd, buf, (size_t)n, 0, KVTI_LOCAL_SWEEP_POS);
   kvti_close(fd);
   return rc;
 }
@@ -147,10 +146,9 @@ int kvti_chunkstore_unlink_rel(kvti_chunkstore *cs, const char *rel) {
 }
 
 int kvti_chunkstore_unlink(kvti_chunkstore *cs, const uint8_t key[32]) {
-  char h[65], rel[80];
-  kvti_hex32(h, key);
-  snprintf(rel, sizeof rel, "chunks/%.2s/%s.kvc", h, h);
-  return kvti_chunkstore_unlink_rel(cs, rel);
+  char rel[96];
+  int rc = kvti_local_chunk_rel(rel, sizeof rel, key);
+  return rc ? rc : kvti_chunkstore_unlink_rel(cs, rel);
 }
 
 kvti_chains *kvti_chunkstore_chains(kvti_chunkstore *cs) {
@@ -164,21 +162,7 @@ void kvti_chunkstore_get_opts(const kvti_chunkstore *cs,
 
 int kvti_chunkstore_path(const kvti_chunkstore *cs, const uint8_t key[32],
                          char *out, size_t cap) {
-  char h[65];
-  kvti_hex32(h, key);
-  int n = snprintf(out, cap, "%s/%.2s/%s.kvc", cs->dir, h, h);
-  if (n < 0 || (size_t)n >= cap)
-    return KVT_ERR(KVT_ERANGE, "chunk path too long");
-  return 0;
-}
-
-int kvti_chunk_file_key(uint8_t key[32], const char *name) {
-  char hex[65];
-  if (strlen(name) != 68 || strcmp(name + 64, ".kvc") != 0)
-    return -1;
-  memcpy(hex, name, 64);
-  hex[64] = '\0';
-  return kvti_unhex32(key, hex) == 0 ? 0 : -1;
+  return kvti_local_chunk_path(out, cap, cs->dir, key);
 }
 
 /* Rows every listed layer holds as valid KV: min(n, offsets, shape[-2]). */
@@ -269,9 +253,9 @@ int kvti_chunkstore_put(kvti_chunkstore *cs, const kvti_chunkstore_spill *sp,
     /* Written into chunks/<kk> reached from cache_dir's descriptor (made
      * when missing, links refused): a chunks/ or chunks/<kk> swapped for a
      * link is never written through. */
-    char name[72], tmpname[72];
-    snprintf(name, sizeof name, "%s", strrchr(path, '/') + 1);
-    snprintf(tmpname, sizeof tmpname, "%.64s.tmp", name);
+    char name[KVTI_LOCAL_CHUNK_NAME_MAX], tmpname[KVTI_LOCAL_CHUNK_NAME_MAX];
+    kvti_local_chunk_name(name, key, 0);
+    kvti_local_chunk_name(tmpname, key, 1);
     int dfd = kvti_chunkstore_make_subdir(cs, key[0]);
     if (dfd < 0) {
       rc = dfd;

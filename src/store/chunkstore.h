@@ -90,10 +90,6 @@ int kvti_chunkstore_sweep_pos_set(kvti_chunkstore *cs, unsigned kk,
  * bytes). Returns 0 or KVT_ERANGE. */
 int kvti_chunkstore_path(const kvti_chunkstore *cs, const uint8_t key[32],
                          char *out, size_t cap);
-/* The key a chunk file name "<64 lowercase hex>.kvc" stands for (the file
- * name kvti_chunkstore_path makes; it belongs in chunks/<hex of key[0]>).
- * Returns 0, or -1 for any other name. */
-int kvti_chunk_file_key(uint8_t key[32], const char *name);
 
 /* A spill to store as chunks: the full chunks of tokens[0, n) (n / C of
  * them, C = chunk_tokens) over layers layer_ids (trimmable, validated). */

@@ -101,7 +101,7 @@ static int scan(kvti_chunkstore *cs, const char *root, found_v *f,
     while (rc == 0 && (fe = kvti_io->readdir(sd)) != NULL) {
       const char *nm = fe->d_name;
       uint8_t key[32];
-      if (kvti_chunk_file_key(key, nm) != 0 ||
+      if (kvti_local_chunk_key(key, nm) != 0 ||
           kvti_chains_find(kvti_chunkstore_chains(cs), key, NULL))
         continue;
       char path[4600];

@@ -20,17 +20,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* "<hex>.kvc", the file name of chunk key inside chunks/<kk>. */
-static void chunk_name(char out[80], const uint8_t key[32]) {
-  char hex[65];
-  kvti_hex32(hex, key);
-  snprintf(out, 80, "%s%s", hex, KVTI_LOCAL_CHUNK_EXT);
-}
-
 int kvti_local_chunk_present(kvti_chunkstore *cs, const uint8_t key[32],
                              int regular_only) {
-  char name[80];
-  chunk_name(name, key);
+  char name[KVTI_LOCAL_CHUNK_NAME_MAX];
+  kvti_local_chunk_name(name, key, 0);
   int sfd = kvti_chunkstore_open_subdir(cs, key[0]);
   if (sfd == KVT_ENOTFOUND) {
     kvt_clear_error();
@@ -51,8 +44,9 @@ const char *kvti_local_chunk_quarantine(kvti_chunkstore *cs,
                                         const uint8_t key[32],
                                         const kvti_chunk_qpolicy *p,
                                         size_t *bounded) {
-  char name[80], kh[65], qdir[100], path[4096], dst[4400];
-  chunk_name(name, key);
+  char name[KVTI_LOCAL_CHUNK_NAME_MAX], kh[65], qdir[100], path[4096],
+      dst[4400];
+  kvti_local_chunk_name(name, key, 0);
   kvti_hex32(kh, key);
   *bounded = 0;
   if (kvti_chunkstore_path(cs, key, path, sizeof path) != 0)
@@ -152,7 +146,7 @@ int kvti_local_chunks_scan(kvti_chunkstore *cs, unsigned kk,
                            kvti_chunk_scan_fn fn, void *ctx) {
   kvti_chains *ch = kvti_chunkstore_chains(cs);
   char rel[64];
-  snprintf(rel, sizeof rel, "%s/%02x", KVTI_LOCAL_CHUNKS, kk);
+  kvti_local_chunk_dir_rel(rel, sizeof rel, kk); /* kk < 256: it fits */
   int rc = 0;
   DIR *d = NULL;
   int dfd = kvti_chunkstore_open_subdir(cs, kk);
@@ -186,7 +180,7 @@ int kvti_local_chunks_scan(kvti_chunkstore *cs, unsigned kk,
      * writer's lazy sweep runs this under the tier's mutation lock. */
     kvti_chunk_scan_item it;
     memset(&it, 0, sizeof it);
-    int named = kvti_chunk_file_key(it.key, nm) == 0 && it.key[0] == kk;
+    int named = kvti_local_chunk_key(it.key, nm) == 0 && it.key[0] == kk;
     if (named && kvti_chains_find(ch, it.key, NULL))
       continue;
     /* The name relative to the cache directory: what reports and error

@@ -8,7 +8,9 @@
  */
 #include "store/local_layout.h"
 #include "base/error.h"
+#include "base/hash.h"
 #include "base/io.h"
+#include "base/strbuf.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -98,6 +100,59 @@ int kvti_local_stage_chunk_paths(char *path, char *tmp, size_t n,
   return 0;
 }
 
+int kvti_local_chunk_dir_rel(char *out, size_t n, unsigned kk) {
+  int w = kk < 256 ? snprintf(out, n, "%s/%02x", KVTI_LOCAL_CHUNKS, kk)
+                   : snprintf(out, n, "%s", KVTI_LOCAL_CHUNKS);
+  if (w < 0 || (size_t)w >= n) {
+    if (n)
+      out[0] = '\0';
+    return KVT_ERR(KVT_EINVAL, "chunk directory name too long");
+  }
+  return 0;
+}
+
+void kvti_local_chunk_name(char out[KVTI_LOCAL_CHUNK_NAME_MAX],
+                           const uint8_t key[32], int tmp) {
+  char h[65];
+  kvti_hex32(h, key);
+  snprintf(out, KVTI_LOCAL_CHUNK_NAME_MAX, "%s%s", h,
+           tmp ? ".tmp" : KVTI_LOCAL_CHUNK_EXT);
+}
+
+int kvti_local_chunk_rel(char *out, size_t n, const uint8_t key[32]) {
+  char h[65];
+  kvti_hex32(h, key);
+  int w = snprintf(out, n, "%s/%.2s/%s%s", KVTI_LOCAL_CHUNKS, h, h,
+                   KVTI_LOCAL_CHUNK_EXT);
+  if (w < 0 || (size_t)w >= n) {
+    if (n)
+      out[0] = '\0';
+    return KVT_ERR(KVT_EINVAL, "chunk name too long");
+  }
+  return 0;
+}
+
+int kvti_local_chunk_path(char *out, size_t n, const char *chunks_dir,
+                          const uint8_t key[32]) {
+  char h[65];
+  kvti_hex32(h, key);
+  int w =
+      snprintf(out, n, "%s/%.2s/%s%s", chunks_dir, h, h, KVTI_LOCAL_CHUNK_EXT);
+  if (w < 0 || (size_t)w >= n)
+    return KVT_ERR(KVT_ERANGE, "chunk path too long");
+  return 0;
+}
+
+int kvti_local_chunk_key(uint8_t key[32], const char *name) {
+  const size_t ext = sizeof KVTI_LOCAL_CHUNK_EXT - 1;
+  char hex[65];
+  if (strlen(name) != 64 + ext || strcmp(name + 64, KVTI_LOCAL_CHUNK_EXT) != 0)
+    return -1;
+  memcpy(hex, name, 64);
+  hex[64] = '\0';
+  return kvti_unhex32(key, hex) == 0 ? 0 : -1;
+}
+
 int kvti_local_default_dir(char **out, const char *model) {
   const char *xdg = getenv("XDG_CACHE_HOME");
   const char *home = getenv("HOME");
@@ -112,14 +167,10 @@ int kvti_local_default_dir(char **out, const char *model) {
                    "HOME is an absolute path");
   if (!base)
     return KVT_ERR_NOMEM();
-  size_t n = strlen(base) + strlen(model) + 16;
-  char *p = kvti_malloc(n);
-  if (!p) {
-    kvti_free(base);
-    return KVT_ERR_NOMEM();
-  }
-  snprintf(p, n, "%s/kvtier/%s", base, model);
+  char *p = kvti_strfmt("%s/kvtier/%s", base, model); /* sets KVT_ENOMEM */
   kvti_free(base);
+  if (!p)
+    return KVT_ENOMEM;
   *out = p;
   return 0;
 }

@@ -10,6 +10,7 @@
 #define KVT_STORE_LOCAL_LAYOUT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define KVTI_LOCAL_DATA "data"             /* data/<hash>/: entries */
 #define KVTI_LOCAL_CHUNKS "chunks"         /* chunks/<kk>/<key>.kvc */
@@ -21,6 +22,9 @@
 /* quarantine/chunk-<key hex>[.<n>]/: one quarantined chunk file. */
 #define KVTI_LOCAL_CHUNK_QDIR "chunk-"
 #define KVTI_LOCAL_CHUNK_EXT ".kvc"
+/* chunks/sweep.pos: where the writer's lazy sweep stopped (not a chunk name:
+ * only chunks/<kk> is listed, so nothing else reads it). */
+#define KVTI_LOCAL_SWEEP_POS "sweep.pos"
 
 /* The default cache directory of a model: $XDG_CACHE_HOME/kvtier/<model>,
  * else $HOME/.cache/kvtier/<model> (only an absolute variable counts).
@@ -42,6 +46,33 @@ char *kvti_local_path(const char *cache_dir, const char *name);
  * (both then hold ""). */
 int kvti_local_stage_chunk_paths(char *path, char *tmp, size_t n,
                                  const char *stage_root, const char *key_hex);
+
+/* ---- chunk files: chunks/<kk>/<key hex>.kvc ----
+ * kk is the key's first byte as two lowercase hex digits, the first two of
+ * the file name: 256 directories, so a million chunks make about 4000 files
+ * in each. */
+
+/* Room for a chunk file's name and its NUL ("<64 hex>.kvc", or ".tmp"). */
+#define KVTI_LOCAL_CHUNK_NAME_MAX 72
+/* chunks/<kk> (kk < 256) or chunks itself (kk >= 256), relative to the cache
+ * directory, into out (n bytes). 0, or KVT_EINVAL when out is too small
+ * (then ""). */
+int kvti_local_chunk_dir_rel(char *out, size_t n, unsigned kk);
+/* The file name of chunk key inside its chunks/<kk>: "<hex>.kvc", or with
+ * tmp "<hex>.tmp", the name it is written under before its rename. */
+void kvti_local_chunk_name(char out[KVTI_LOCAL_CHUNK_NAME_MAX],
+                           const uint8_t key[32], int tmp);
+/* chunks/<kk>/<hex>.kvc of chunk key, relative to the cache directory. 0 or
+ * KVT_EINVAL (out too small: ""). */
+int kvti_local_chunk_rel(char *out, size_t n, const uint8_t key[32]);
+/* <chunks_dir>/<kk>/<hex>.kvc, chunks_dir being the cache directory's
+ * chunks/ (kvti_local_path(cache_dir, KVTI_LOCAL_CHUNKS)). 0 or KVT_ERANGE
+ * (out too small). */
+int kvti_local_chunk_path(char *out, size_t n, const char *chunks_dir,
+                          const uint8_t key[32]);
+/* The key a chunk file name "<64 lowercase hex>.kvc" stands for (it belongs
+ * in chunks/<hex of key[0]>). 0, or -1 for any other name. */
+int kvti_local_chunk_key(uint8_t key[32], const char *name);
 
 /* ---- index.db's files ---- */
 

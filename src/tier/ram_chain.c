@@ -18,6 +18,7 @@
 #include "tier/remote.h"
 #include "index/chain_walk.h"
 #include "store/chunked.h"
+#include "store/chunked_chain.h"
 #include "store/chunkstore_verify.h"
 #include "store/local.h"
 #include "tier/tier.h"
@@ -58,13 +59,7 @@ int kvti_ram_chain_of(kvt_tier *t, const char *hash, const int32_t *tokens,
     kvti_chainrec rec;
     rc = kvti_chunked_record(t->chunked, hash, &rec);
     if (rc == 0) {
-      memset(&ce, 0, sizeof ce);
-      memcpy(ce.hash, hb, 32);
-      ce.chunks = rec.chunks;
-      ce.chunk_tokens = rec.chunk_tokens;
-      memcpy(ce.last_key, rec.last_key, 32);
-      ce.layout_hash = rec.layout_hash;
-      ce.total_rows = rec.total_rows;
+      kvti_chunked_rec_row(&ce, &rec); /* its hash is hb: named by it */
       out->is_record = 1;
       out->rec_rows = rec.total_rows;
       out->rec_layers = rec.num_layers;
@@ -357,7 +352,7 @@ int kvti_ram_assemble(const kvti_hc_item *tail, const kvti_hc_chunk *const *chs,
         break;
       }
       *bytes += nb;
-      uint64_t outer, row, T = rows + tT;
+      uint64_t outer, row;
       kvti_chunk_tensor_geom(dt, &outer, &row);
       for (size_t c = 0; rc == 0 && c < m; c++) {
         const kvti_chunk_tensor *cc = &chs[c]->layers[which[i]].tensors[j];
@@ -369,13 +364,12 @@ int kvti_ram_assemble(const kvti_hc_item *tail, const kvti_hc_chunk *const *chs,
               KVT_ERR(KVT_ECORRUPT, "cached chunk %zu: layer %u differs", c, i);
           break;
         }
-        for (uint64_t o = 0; o < outer && row; o++)
-          memcpy((uint8_t *)dt->data + (o * T + (uint64_t)c * C) * row,
-                 chs[c]->data + cc->off + o * C * row, (size_t)(C * row));
+        kvt_tensor s;
+        kvti_tensor_of_chunk(&s, cc, chs[c]->data, C);
+        kvti_tensor_copy_rows(dt, (uint64_t)c * C, &s, 0, C);
       }
-      for (uint64_t o = 0; rc == 0 && o < outer && row && tT; o++)
-        memcpy((uint8_t *)dt->data + (o * T + rows) * row,
-               (const uint8_t *)tt->data + o * tT * row, (size_t)(tT * row));
+      if (rc == 0 && tT)
+        kvti_tensor_copy_rows(dt, rows, tt, 0, tT);
     }
   }
   kvti_free(which);

@@ -45,13 +45,12 @@ uint64_t kvti_ram_thread_cut_bytes(void) {
 /* ---- chunk granularity --------------------------------------------------- */
 
 /* Chunk i of a chain (its key) built from rows [i*C, (i+1)*C) of the chunked
- * layers ids[0, n_ids) of layers (tensors of T rows), in the chunk file's
- * data order. NULL when out of memory. */
+ * layers ids[0, n_ids) of layers (tensors of one token extent, the split's
+ * T), in the chunk file's data order. NULL when out of memory. */
 static kvti_hc_chunk *chunk_from_rows(const kvt_layer *layers,
                                       const uint32_t *ids, uint32_t n_ids,
-                                      uint32_t spill_layers, uint64_t T,
-                                      uint32_t C, size_t i,
-                                      const uint8_t key[32]) {
+                                      uint32_t spill_layers, uint32_t C,
+                                      size_t i, const uint8_t key[32]) {
   kvti_hc_chunk *ch = kvti_calloc(1, sizeof *ch);
   if (!ch)
     return NULL;
@@ -96,13 +95,9 @@ static kvti_hc_chunk *chunk_from_rows(const kvt_layer *layers,
     const kvt_layer *l = &layers[ids[k]];
     for (uint32_t j = 0; j < l->num_tensors; j++) {
       const kvt_tensor *t = &l->tensors[j];
-      const kvti_chunk_tensor *ct = &ch->layers[k].tensors[j];
-      uint64_t outer, row;
-      kvti_chunk_tensor_geom(t, &outer, &row);
-      for (uint64_t o = 0; o < outer && row; o++)
-        memcpy(ch->data + ct->off + o * C * row,
-               (const uint8_t *)t->data + (o * T + (uint64_t)i * C) * row,
-               (size_t)(C * row));
+      kvt_tensor d;
+      kvti_tensor_of_chunk(&d, &ch->layers[k].tensors[j], ch->data, C);
+      kvti_tensor_copy_rows(&d, 0, t, (uint64_t)i * C, C);
     }
   }
   return ch;
@@ -166,7 +161,7 @@ static int split_chunks(kvti_chunk_split *sp, const kvt_layer *layers,
     chs[i] = NULL;
   for (size_t i = 0; rc == 0 && i < m; i++)
     if (!(have && have[i]) &&
-        !(chs[i] = chunk_from_rows(layers, sp->ids, sp->n_ids, n, sp->T, C, i,
+        !(chs[i] = chunk_from_rows(layers, sp->ids, sp->n_ids, n, C, i,
                                    recs[i].key)))
       rc = KVT_ERR_NOMEM();
     else if (chs[i])

@@ -11,6 +11,7 @@
 #include "tier/stats.h"
 #include "base/error.h"
 #include "base/io.h"
+#include "base/strbuf.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -465,70 +466,31 @@ int kvt_stats_to_json(char *buf, size_t cap, size_t *needed,
   return rc;
 }
 
-/* A growing text buffer for the Prometheus rendering. */
-typedef struct sbuf {
-  char *p;
-  size_t n, cap;
-  int oom;
-} sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-#include <stdarg.h>
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-  if (b->oom)
-    return;
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    int w =
-        vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
-    va_end(ap);
-    if (w < 0) {
-      b->oom = 1;
-      return;
-    }
-    if (b->p && b->n + (size_t)w < b->cap) {
-      b->n += (size_t)w;
-      return;
-    }
-    size_t nc = (b->cap ? b->cap * 2 : 2048) + (size_t)w;
-    char *np = kvti_realloc(b->p, nc);
-    if (!np) {
-      b->oom = 1;
-      return;
-    }
-    b->p = np;
-    b->cap = nc;
-  }
-}
-
 /* A Prometheus histogram from per-bucket counts: cumulative _bucket lines,
  * then _sum and _count. */
-static void prom_hist(sbuf *b, const char *name, const char *help,
+static void prom_hist(kvti_sb *b, const char *name, const char *help,
                       const uint64_t *h, double sum) {
-  sb_printf(b, "# HELP kvtier_%s %s\n# TYPE kvtier_%s histogram\n", name, help,
-            name);
+  kvti_sb_printf(b, "# HELP kvtier_%s %s\n# TYPE kvtier_%s histogram\n", name,
+                 help, name);
   uint64_t cum = 0;
   for (size_t i = 0; i < KVT_STATS_LATENCY_BUCKETS; i++) {
     cum += h[i];
     if (i < KVT_STATS_LATENCY_BUCKETS - 1)
-      sb_printf(b, "kvtier_%s_bucket{le=\"%g\"} %llu\n", name,
-                latency_bounds[i], (unsigned long long)cum);
+      kvti_sb_printf(b, "kvtier_%s_bucket{le=\"%g\"} %llu\n", name,
+                     latency_bounds[i], (unsigned long long)cum);
     else
-      sb_printf(b, "kvtier_%s_bucket{le=\"+Inf\"} %llu\n", name,
-                (unsigned long long)cum);
+      kvti_sb_printf(b, "kvtier_%s_bucket{le=\"+Inf\"} %llu\n", name,
+                     (unsigned long long)cum);
   }
-  sb_printf(b, "kvtier_%s_sum %.17g\nkvtier_%s_count %llu\n", name, sum, name,
-            (unsigned long long)cum);
+  kvti_sb_printf(b, "kvtier_%s_sum %.17g\nkvtier_%s_count %llu\n", name, sum,
+                 name, (unsigned long long)cum);
 }
 
 int kvt_stats_to_prometheus(char *buf, size_t cap, size_t *needed,
                             const kvt_stats *s) {
   if (!s)
     return KVT_ERR(KVT_EINVAL, "stats is NULL");
-  sbuf b = {0};
+  kvti_sb b = {0};
   for (size_t i = 0; i < NMETRICS; i++) {
     const metric *m = &metrics[i];
     if (!m->prom || !metric_present(m, s))
@@ -538,9 +500,9 @@ int kvt_stats_to_prometheus(char *buf, size_t cap, size_t *needed,
       snprintf(v, sizeof v, "%.17g", m->getf(s));
     else
       snprintf(v, sizeof v, "%llu", (unsigned long long)metric_u64(m, s));
-    sb_printf(&b, "# HELP kvtier_%s %s\n# TYPE kvtier_%s %s\nkvtier_%s %s\n",
-              m->prom, m->help, m->prom, m->counter ? "counter" : "gauge",
-              m->prom, v);
+    kvti_sb_printf(
+        &b, "# HELP kvtier_%s %s\n# TYPE kvtier_%s %s\nkvtier_%s %s\n", m->prom,
+        m->help, m->prom, m->counter ? "counter" : "gauge", m->prom, v);
   }
   size_t have = kvti_stats_size(s->version);
   if (!have ||
@@ -553,11 +515,10 @@ int kvt_stats_to_prometheus(char *buf, size_t cap, size_t *needed,
               "publication, index row).",
               s->spill_latency_hist, s->spill_latency_sum);
   }
-  if (b.oom) {
-    kvti_free(b.p);
-    return KVT_ERR_NOMEM();
-  }
-  int rc = copy_out(buf, cap, needed, b.p ? b.p : "");
-  kvti_free(b.p);
+  char *txt = kvti_sb_take(&b); /* NULL: KVT_ENOMEM set */
+  if (!txt)
+    return KVT_ENOMEM;
+  int rc = copy_out(buf, cap, needed, txt);
+  kvti_free(txt);
   return rc;
 }

@@ -26,7 +26,7 @@ import sys
 import tempfile
 
 MAX_LINES = 900
-PROMOTE_FILES = 12
+PROMOTE_FILES = 10
 ORCHESTRATION = ("index", "store", "tier")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 DEFINED = re.compile(r"^(\w+)\(\) <.* at (\S+):\d+>(?: \(R\))?:?$")

@@ -10,12 +10,16 @@
  * scheme and either builds a backend that offers find/stat/stage/fetch or, in
  * a build without that store (hiredis missing), refuses with KVT_EUNSUPPORTED
  * and a message saying how to get it, which kvt_tier_open passes on. Tree
- * removal never enters a directory swapped for a link.
+ * removal never enters a directory swapped for a link. The chunk files' names
+ * come from the layout alone: chunks/<kk> from the key's first byte, the
+ * file name and its temporary, the path under chunks/, and a name read back
+ * as its key (anything else refused).
  */
 #include "base/error.h"
 #include "base/io.h"
 #include "store/backend.h"
 #include "store/local.h"
+#include "store/local_layout.h"
 #include "testutil.h"
 
 #include "kvtier.h"
@@ -282,6 +286,49 @@ static void test_rmtree_never_follows_a_swap(void) {
   CHECK_EQ_INT(kvti_rmtree(g_rm_aside), 0); /* missing: success */
 }
 
+static void test_chunk_names(void) {
+  uint8_t key[32], back[32];
+  for (int i = 0; i < 32; i++)
+    key[i] = (uint8_t)(0xa7 + 3 * i);
+  char hex[65], want[200], out[200];
+  for (int i = 0; i < 32; i++)
+    snprintf(hex + 2 * i, 3, "%02x", key[i]);
+  CHECK_EQ_INT(kvti_local_chunk_dir_rel(out, sizeof out, 0x0b), 0);
+  CHECK(strcmp(out, "chunks/0b") == 0);
+  CHECK_EQ_INT(kvti_local_chunk_dir_rel(out, sizeof out, 256), 0);
+  CHECK(strcmp(out, "chunks") == 0);
+  CHECK_EQ_INT(kvti_local_chunk_dir_rel(out, 5, 0x0b), KVT_EINVAL);
+  CHECK(out[0] == '\0'); /* nothing truncated is left to use */
+
+  char name[KVTI_LOCAL_CHUNK_NAME_MAX];
+  kvti_local_chunk_name(name, key, 0);
+  snprintf(want, sizeof want, "%s.kvc", hex);
+  CHECK(strcmp(name, want) == 0);
+  kvti_local_chunk_name(name, key, 1);
+  snprintf(want, sizeof want, "%s.tmp", hex);
+  CHECK(strcmp(name, want) == 0);
+
+  CHECK_EQ_INT(kvti_local_chunk_rel(out, sizeof out, key), 0);
+  snprintf(want, sizeof want, "chunks/a7/%s.kvc", hex);
+  CHECK(strcmp(out, want) == 0);
+  CHECK_EQ_INT(kvti_local_chunk_rel(out, 20, key), KVT_EINVAL);
+  CHECK_EQ_INT(kvti_local_chunk_path(out, sizeof out, "/c/chunks", key), 0);
+  snprintf(want, sizeof want, "/c/chunks/a7/%s.kvc", hex);
+  CHECK(strcmp(out, want) == 0);
+  CHECK_EQ_INT(kvti_local_chunk_path(out, 30, "/c/chunks", key), KVT_ERANGE);
+
+  kvti_local_chunk_name(name, key, 0);
+  CHECK_EQ_INT(kvti_local_chunk_key(back, name), 0);
+  CHECK(memcmp(back, key, 32) == 0);
+  kvti_local_chunk_name(name, key, 1);
+  CHECK_EQ_INT(kvti_local_chunk_key(back, name), -1); /* a temporary */
+  CHECK_EQ_INT(kvti_local_chunk_key(back, "sweep.pos"), -1);
+  snprintf(want, sizeof want, "%.63s.kvc", hex); /* one digit short */
+  CHECK_EQ_INT(kvti_local_chunk_key(back, want), -1);
+  snprintf(want, sizeof want, "%.63sg.kvc", hex); /* not hex */
+  CHECK_EQ_INT(kvti_local_chunk_key(back, want), -1);
+}
+
 int main(void) {
   RUN(test_open_and_lock);
   RUN(test_prepare_index);
@@ -289,5 +336,6 @@ int main(void) {
   RUN(test_reader_stage_root);
   RUN(test_remote_table);
   RUN(test_rmtree_never_follows_a_swap);
+  RUN(test_chunk_names);
   return kvt_test_done();
 }

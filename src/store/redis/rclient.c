@@ -20,6 +20,7 @@
  * remote tier counts as a failure and backs off on.
  */
 #include "store/redis/rclient.h"
+#include "base/strbuf.h"
 #include "base/vec.h"
 #include "base/error.h"
 #include "store/redis/transport.h"
@@ -458,8 +459,7 @@ typedef struct seg {
 } seg;
 
 typedef struct wbuf {
-  char *text;
-  size_t tlen, tcap;
+  kvti_sb text; /* the commands' own bytes; segs point into it by offset */
   seg *segs;
   size_t n, cap;
   int oom;
@@ -486,19 +486,13 @@ static void wb_seg(wbuf *w, const char *p, size_t off, size_t len) {
 static void wb_text(wbuf *w, const void *p, size_t len) {
   if (w->oom)
     return;
-  if (w->tlen + len > w->tcap) {
-    size_t nc = (w->tcap ? w->tcap * 2 : 4096) + len;
-    char *nt = kvti_realloc(w->text, nc);
-    if (!nt) {
-      w->oom = 1;
-      return;
-    }
-    w->text = nt;
-    w->tcap = nc;
+  size_t at = w->text.len;
+  kvti_sb_putn(&w->text, (const char *)p, len);
+  if (w->text.oom) {
+    w->oom = 1;
+    return;
   }
-  memcpy(w->text + w->tlen, p, len);
-  wb_seg(w, NULL, w->tlen, len);
-  w->tlen += len;
+  wb_seg(w, NULL, at, len);
 }
 
 static void wb_cmd(wbuf *w, int argc, const char *const *argv,
@@ -536,13 +530,13 @@ static int send_direct(kvr_conn *ctx, int64_t dl, const kvr_cmd *cmds,
   } else {
     for (size_t j = 0; j < w.n; j++) {
       const seg *g = &w.segs[j];
-      iov[j].iov_base = (void *)(g->p ? g->p : w.text + g->off);
+      iov[j].iov_base = (void *)(g->p ? g->p : w.text.s + g->off);
       iov[j].iov_len = g->len;
     }
     rc = kvr_conn_writev(ctx, iov, (int)w.n, kvr_ms_left(dl));
   }
   kvti_free(iov);
-  kvti_free(w.text);
+  kvti_sb_free(&w.text);
   kvti_free(w.segs);
   return rc;
 }
