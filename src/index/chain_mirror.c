@@ -4,8 +4,8 @@
  * SHA-256 key -> node and lookup chain value -> node) and the chained-entry
  * records, with the lookups, touches (marked dirty here, written to SQLite
  * by chain_db.c), the LRU leaf, the length classes and the value leaf,
- * totals and iteration. Everything here runs
- * under the table's read-write lock only, never the index's db_mu. Memory:
+ * totals and iteration. Everything here runs under the table's read-write
+ * lock only, never the index's db_mu. Memory:
  * about 150 bytes per chunk plus the two maps (23-46 bytes per pair each).
  */
 #include "index/chain_int.h"

@@ -69,11 +69,11 @@ static uint64_t *seen_set(const kvti_seen *s, uint64_t key) {
 }
 
 /* The slot remembering fp, or NULL. */
-static const uint64_t *seen_find(const kvti_seen *s, uint64_t fp) {
+static uint64_t *seen_find(const kvti_seen *s, uint64_t fp) {
   if (!s->nsets)
     return NULL;
   uint64_t key = seen_key(fp);
-  const uint64_t *set = seen_set(s, key);
+  uint64_t *set = seen_set(s, key);
   for (unsigned w = 0; w < KVTI_SEEN_WAYS; w++)
     if ((set[w] & ~SEEN_LOW) == key)
       return &set[w];
@@ -97,7 +97,7 @@ void kvti_seen_put_class(kvti_seen *s, uint64_t fp, unsigned flags,
     return;
   if (cls > KVTI_LEN_UNKNOWN)
     cls = KVTI_LEN_UNKNOWN;
-  uint64_t *v = (uint64_t *)seen_find(s, fp);
+  uint64_t *v = seen_find(s, fp);
   if (v) {
     *v |= flags & SEEN_FLAGS;
     if (SEEN_CLASS(*v) >= KVTI_LEN_UNKNOWN)
