@@ -309,23 +309,42 @@ static void fio_limit_clean(const char *base, int n) {
   }
 }
 
+/* The burst's fio figures: nb files with an fsync each (*fio), then the
+ * disk's limit, one job of all their bytes with one fsync (*seq, its job line
+ * in r->fio_burst_seq_job). */
+static void burst_fio(bu_chat_result *r, const char *fio_file, uint64_t size,
+                      int nb, double *fio, double *seq) {
+  if (!r->have_fio)
+    return;
+  if (fio_limit(r, fio, fio_file, "write", size, nb) != 0)
+    *fio = 0;
+  memcpy(r->fio_burst_job, r->fio_write_job, sizeof r->fio_burst_job);
+  char f[4300];
+  snprintf(f, sizeof f, "%s.seq", fio_file);
+  unlink(f);
+  if (fio_run(r, seq, f, f, "write", size * (uint64_t)nb, 1) != 0)
+    *seq = 0;
+  memcpy(r->fio_burst_seq_job, r->fio_write_job, sizeof r->fio_burst_seq_job);
+  unlink(f);
+}
+
 /* One round of the burst figure: `nb` distinct 256-token entries queued at
  * once (no-copy spills) on a fresh durable tier (the writer running, as under
  * an engine's eviction), timed from the first enqueue to the flush's return;
  * fio first or last (as the spill rounds) writing nb files of the same size
- * with an fsync each. *bps, *fio and *batched receive the round's figures. */
+ * with an fsync each, then their bytes in one job. *bps, *fio, *seq and
+ * *batched receive the round's figures. */
 static int burst_round(bu_chat_result *r, const bu_chat_opts *o, int k,
                        const bu_workload *w, int nb, double *bps, double *fio,
-                       uint64_t *batched) {
+                       double *seq, uint64_t *batched) {
   char fio_file[4200];
   snprintf(fio_file, sizeof fio_file, "%s/fio-burst.dat", o->dir);
   int fio_first = k % 2 == 0;
   char keep[sizeof r->fio_write_job]; /* the single spills' job line */
   memcpy(keep, r->fio_write_job, sizeof keep);
-  *fio = 0;
-  if (fio_first && r->have_fio &&
-      fio_limit(r, fio, fio_file, "write", w[0].bytes, nb) != 0)
-    *fio = 0;
+  *fio = *seq = 0;
+  if (fio_first)
+    burst_fio(r, fio_file, w[0].bytes, nb, fio, seq);
   char tag[32];
   snprintf(tag, sizeof tag, "chat-burst-%d", k);
   char *dir = subdir(o->dir, tag);
@@ -359,14 +378,11 @@ static int burst_round(bu_chat_result *r, const bu_chat_opts *o, int k,
   kvt_tier_free(t);
   rm_tree(dir);
   free(dir);
-  if (!fio_first && r->have_fio &&
-      fio_limit(r, fio, fio_file, "write", w[0].bytes, nb) != 0)
-    *fio = 0;
+  if (!fio_first)
+    burst_fio(r, fio_file, w[0].bytes, nb, fio, seq);
   fio_limit_clean(fio_file, nb);
-  if (r->have_fio) {
-    memcpy(r->fio_burst_job, r->fio_write_job, sizeof r->fio_burst_job);
+  if (r->have_fio)
     memcpy(r->fio_write_job, keep, sizeof keep);
-  }
   return rc;
 }
 
@@ -382,7 +398,7 @@ static int spill_promote(bu_chat_result *r, const bu_chat_opts *o) {
   int ne = o->entries < 1 ? 1 : o->entries;
   int nb = o->burst < 0 ? 0 : o->burst > 64 ? 64 : o->burst;
   int nw = nb > ne ? nb : ne;
-  double bb[MAXR], bf[MAXR], br[MAXR], bq[MAXR];
+  double bb[MAXR], bf[MAXR], br[MAXR], bq[MAXR], bs[MAXR];
   bu_workload *w = calloc((size_t)nw, sizeof *w);
   if (!w)
     return -1;
@@ -476,10 +492,10 @@ static int spill_promote(bu_chat_result *r, const bu_chat_opts *o) {
     fio_limit_clean(fio_file, ne);
     if (rc == 0 && nb > 0) {
       uint64_t q = 0;
-      rc = burst_round(r, o, k, w, nb, &bb[k], &bf[k], &q);
+      rc = burst_round(r, o, k, w, nb, &bb[k], &bf[k], &bs[k], &q);
       bq[k] = (double)q;
       br[k] = bf[k] > 0 ? bb[k] / bf[k] : 0;
-      r->burst_flags |= bu_figure_flags(bb[k], r->have_fio ? bf[k] : 0, -1);
+      r->burst_flags |= bu_figure_flags(bb[k], r->have_fio ? bs[k] : 0, -1);
     }
     sr[k] = fw[k] > 0 ? sb[k] / fw[k] : 0;
     pr[k] = frd[k] > 0 ? pb[k] / frd[k] : 0;
@@ -508,6 +524,14 @@ static int spill_promote(bu_chat_result *r, const bu_chat_opts *o) {
       r->burst_bps = bu_median(bb, k);
       r->fio_burst_bps = bu_median(bf, k);
       r->burst_ratio = bu_median(br, k);
+      r->fio_burst_seq_bps = bu_median(bs, k);
+      r->burst_ratio_min = r->burst_ratio_max = br[0];
+      for (int i = 1; i < k; i++) {
+        r->burst_ratio_min =
+            br[i] < r->burst_ratio_min ? br[i] : r->burst_ratio_min;
+        r->burst_ratio_max =
+            br[i] > r->burst_ratio_max ? br[i] : r->burst_ratio_max;
+      }
       r->burst_batched = (uint64_t)bu_median(bq, k);
     }
   }
@@ -607,18 +631,27 @@ void bu_chat_print(const bu_chat_result *r, FILE *f) {
             "MiB/s  ratio %.2f (target 0.85)\n",
             r->promote_bps / 1048576.0, r->fio_read_bps / 1048576.0,
             r->promote_ratio);
-    if (r->burst > 0)
+    if (r->burst > 0) {
       fprintf(f,
               "  burst of %d (no-copy)  %8.1f MiB/s  fio %d files, fsync each "
-              "%8.1f MiB/s  ratio %.2f (target 1.2); %llu of %d spills "
-              "group-committed\n",
+              "%8.1f MiB/s  ratio %.2f (rounds %.2f-%.2f; target 1.2); "
+              "%llu of %d spills group-committed\n",
               r->burst, r->burst_bps / 1048576.0, r->burst,
-              r->fio_burst_bps / 1048576.0, r->burst_ratio,
-              (unsigned long long)r->burst_batched, r->burst);
+              r->fio_burst_bps / 1048576.0, r->burst_ratio, r->burst_ratio_min,
+              r->burst_ratio_max, (unsigned long long)r->burst_batched,
+              r->burst);
+      fprintf(f,
+              "  burst's disk limit      fio one job of its bytes, one fsync "
+              "%8.1f MiB/s  (burst / limit %.2f)\n",
+              r->fio_burst_seq_bps / 1048576.0,
+              r->fio_burst_seq_bps > 0 ? r->burst_bps / r->fio_burst_seq_bps
+                                       : 0);
+    }
     fprintf(f, "  fio jobs: %s\n            %s\n", r->fio_write_job,
             r->fio_read_job);
     if (r->burst > 0)
-      fprintf(f, "  burst fio: %s\n", r->fio_burst_job);
+      fprintf(f, "  burst fio: %s\n             %s\n", r->fio_burst_job,
+              r->fio_burst_seq_job);
   }
   if (r->burst_flags)
     fprintf(f, "  FLAGGED burst: %s\n", bu_figure_flag_text(r->burst_flags));

@@ -77,10 +77,15 @@ typedef struct bu_chat_result {
   double promote_bps, fio_read_bps, promote_ratio;
   int promote_exact;
   /* a burst of `burst` 256-token spills queued at once, enqueue to flush
-   * (wall time), vs fio writing as many files with an fsync each; how many
-   * of them the writer committed in groups (median of rounds) */
+   * (wall time), vs fio writing as many files with an fsync each (the
+   * ratio's median and its spread over the rounds); how many of them the
+   * writer committed in groups (median of rounds). The burst's limit - what
+   * flags it - is the disk's: one fio job writing the burst's bytes to one
+   * file with one fsync (a group commit may beat the fsync per file, never
+   * that). */
   int burst;
   double burst_bps, fio_burst_bps, burst_ratio;
+  double burst_ratio_min, burst_ratio_max, fio_burst_seq_bps;
   uint64_t burst_batched;
   unsigned burst_flags;
   /* The cold promotes' files (chunks and entry directories of every round)
@@ -92,6 +97,7 @@ typedef struct bu_chat_result {
   int spill_flagged_rounds, promote_flagged_rounds;
   char fio_engine[32];
   char fio_write_job[512], fio_read_job[512], fio_burst_job[512];
+  char fio_burst_seq_job[512];
   char error[512]; /* when bu_chat_run failed */
 } bu_chat_result;
 

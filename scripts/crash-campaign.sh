@@ -25,7 +25,8 @@ cmake --build "$build" -j2 --target test_crash_kill_tier test_crashsim_evict_tie
 secs=$((trials / 2 + 60))
 echo "== test_crash_kill_tier: $trials trials per variant, seed $seed" >&2
 KVT_CRASH_TRIALS=$trials KVT_CRASH_SECONDS=$secs KVT_CRASH_EVICT_TRIALS=$trials \
-  KVT_CRASH_EVICT_SECONDS=$secs KVT_CRASH_SEED=$seed \
+  KVT_CRASH_EVICT_SECONDS=$secs KVT_CRASH_BATCH_TRIALS=$trials \
+  KVT_CRASH_BATCH_SECONDS=$secs KVT_CRASH_SEED=$seed \
   "$build/tests/fault/test_crash_kill_tier"
 echo "== test_crashsim_evict_tier" >&2
 "$build/tests/fault/test_crashsim_evict_tier"

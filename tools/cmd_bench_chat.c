@@ -174,7 +174,11 @@ int cli_bench_chat(cli_flag *f, size_t nf, const char *given) {
   if (r.have_fio && r.burst > 0) {
     cJSON_AddNumberToObject(b, "fio_files_fsync_each_bps", r.fio_burst_bps);
     cJSON_AddNumberToObject(b, "ratio", r.burst_ratio);
+    cJSON_AddNumberToObject(b, "ratio_min", r.burst_ratio_min);
+    cJSON_AddNumberToObject(b, "ratio_max", r.burst_ratio_max);
     cJSON_AddStringToObject(b, "fio_job", r.fio_burst_job);
+    cJSON_AddNumberToObject(b, "fio_one_job_bps", r.fio_burst_seq_bps);
+    cJSON_AddStringToObject(b, "fio_one_job", r.fio_burst_seq_job);
   } else {
     cJSON_AddNullToObject(b, "ratio");
   }

@@ -15,6 +15,8 @@
 #include "base/io.h"
 #include "base/strbuf.h"
 #include "base/salt.h"
+#include "engine/fwriter.h"
+#include "engine/syncset.h"
 #include "format/chunk.h"
 #include "format/entry_int.h"
 #include "format/layer.h"
@@ -200,11 +202,41 @@ int kvti_snapshot_set_chainrec(kvti_snapshot *s, const kvti_chainrec *r) {
   return 0;
 }
 
+/* kvti_chainrec_stage into a group commit's set: the record is a file of
+ * the set's group and dir is listed with the set (synced by its rounds). */
+static int stage_in_set(const char *file, const char *dir,
+                        const kvti_snapshot *s, const kvti_write_opts *o) {
+  kvti_wgroup *g = kvti_syncset_group(o->sync);
+  if (!g)
+    return KVT_ERR(KVT_EINVAL, "chain record: the set's files were synced");
+  kvti_fwriter_opts fo = KVTI_FWRITER_OPTS_INIT;
+  fo.hash = 0;
+  fo.no_direct = 1; /* a few KiB */
+  fo.excl = 1;
+  fo.file_mode = o->file_mode;
+  kvti_fwriter *w = NULL;
+  int rc = kvti_wgroup_file(&w, g, file, &fo);
+  if (rc == 0)
+    rc = kvti_fwriter_append(w, s->chainrec, s->chainrec_len);
+  if (rc == 0)
+    rc = kvti_fwriter_close(w, NULL, NULL);
+  if (rc == 0)
+    rc = kvti_syncset_dir(o->sync, dir);
+  return rc;
+}
+
 int kvti_chainrec_stage(uint64_t *disk, const char *dir, const kvti_snapshot *s,
                         const kvti_write_opts *o) {
   char *file = kvti_path_join(dir, KVTI_CHAINREC_FILE);
   if (!file)
     return KVT_ERR_NOMEM();
+  if (o->sync) {
+    int rc = stage_in_set(file, dir, s, o);
+    kvti_free(file);
+    if (rc == 0 && disk)
+      *disk = s->chainrec_len;
+    return rc;
+  }
   int rc = 0,
       fd = kvti_open(file, O_WRONLY | O_CREAT | O_EXCL, (mode_t)o->file_mode);
   if (fd < 0)

@@ -379,18 +379,13 @@ static int head_seal(uint8_t *hdr, const plan *p, kvti_blkhash *bh) {
   return 0;
 }
 
-int kvti_chunk_write_at(int dirfd, const char *name, const char *tmp,
-                        const char *path, const kvti_chunk_src *src,
-                        uint32_t file_mode, int do_fsync,
-                        kvti_chunk_written *out) {
-  if (dirfd < 0 || !name || !tmp || strchr(name, '/') || strchr(tmp, '/'))
+int kvti_chunk_write_into(kvti_wgroup *g, int dirfd, const char *tmp,
+                          const char *tpath, const kvti_chunk_src *src,
+                          uint32_t file_mode, kvti_chunk_written *out) {
+  if (!g || dirfd < 0 || !tmp || strchr(tmp, '/'))
     return KVT_ERR(KVT_EINVAL, "chunk write: bad directory or name");
-  if (!path)
-    path = name;
-  char tpath[4200];
-  snprintf(tpath, sizeof tpath, "%.*s%s",
-           (int)(strrchr(path, '/') ? strrchr(path, '/') + 1 - path : 0), path,
-           tmp);
+  if (!tpath)
+    tpath = tmp;
   plan p;
   int rc = make_plan(&p, src);
   if (rc)
@@ -413,12 +408,10 @@ int kvti_chunk_write_at(int dirfd, const char *name, const char *tmp,
    * is preallocated to its exact size. The header, which holds the block
    * checksums, is written last into the space reserved for it: one pass over
    * the data, not a hashing pass before the writes (~5 ms of a 32 MiB chunk's
-   * ~75 ms). The tmp file is renamed only after the header and data are
-   * durable, so no reader ever sees the reserved space unfilled. Every name
-   * is resolved in dirfd alone (O_NOFOLLOW, O_EXCL, renameat, unlinkat): a
-   * link planted at tmp is removed as a stale tmp (never followed: the
-   * create is O_EXCL), a link at name is replaced by the rename, and
-   * nothing is written outside dirfd whatever links lie above it. */
+   * ~75 ms). Every name is resolved in dirfd alone (O_NOFOLLOW, O_EXCL): a
+   * link planted at tmp is removed as a stale tmp (never followed: the create
+   * is O_EXCL), and nothing is written outside dirfd whatever links lie above
+   * it. */
   kvti_fwriter_opts fo = KVTI_FWRITER_OPTS_INIT;
   fo.blocks = bh; /* per block; the whole-file hash is then off */
   fo.head_reserve = p.header_bytes;
@@ -426,11 +419,12 @@ int kvti_chunk_write_at(int dirfd, const char *name, const char *tmp,
   fo.file_mode = file_mode;
   fo.excl = 1;
   kvti_fwriter *fw = NULL;
-  if (rc == 0 && kvti_fwriter_open_at(&fw, dirfd, tmp, tpath, &fo) != 0) {
-    /* A stale tmp left by a crash: remove it and try once more. */
+  if (rc == 0 && kvti_wgroup_file_at(&fw, g, dirfd, tmp, tpath, &fo) != 0) {
+    /* A stale tmp left by a crash: remove it and try once more (a refused
+     * create leaves the group as it was). */
     kvt_clear_error();
     kvti_unlinkat(dirfd, tmp, tpath);
-    rc = kvti_fwriter_open_at(&fw, dirfd, tmp, tpath, &fo);
+    rc = kvti_wgroup_file_at(&fw, g, dirfd, tmp, tpath, &fo);
   }
   if (rc == 0)
     rc = for_pieces(src, piece_write, fw);
@@ -438,21 +432,44 @@ int kvti_chunk_write_at(int dirfd, const char *name, const char *tmp,
     rc = head_seal(hdr, &p, bh);
   if (rc == 0)
     rc = kvti_fwriter_put_head(fw, hdr, (size_t)p.header_bytes);
-  if (fw) {
-    uint64_t size = 0;
-    if (rc == 0)
-      rc = kvti_fwriter_finish(fw, &size, NULL, do_fsync); /* frees fw */
-    else
-      kvti_fwriter_abort(fw); /* removes tmp */
-    if (rc == 0 && size != total) {
-      rc = KVT_ERR(KVT_EIO, "%s: wrote %llu of %llu bytes", tpath,
-                   (unsigned long long)size, (unsigned long long)total);
-      kvti_unlinkat(dirfd, tmp, tpath); /* finished, so still there */
-    }
-    fw = NULL;
-  }
+  uint64_t size = 0;
+  if (rc == 0)
+    rc = kvti_fwriter_close(fw, &size, NULL);
+  if (rc == 0 && size != total)
+    rc = KVT_ERR(KVT_EIO, "%s: wrote %llu of %llu bytes", tpath,
+                 (unsigned long long)size, (unsigned long long)total);
   kvti_blkhash_free(bh);
   kvti_free(hdr);
+  if (rc == 0 && out)
+    *out = w;
+  return rc;
+}
+
+int kvti_chunk_write_at(int dirfd, const char *name, const char *tmp,
+                        const char *path, const kvti_chunk_src *src,
+                        uint32_t file_mode, int do_fsync,
+                        kvti_chunk_written *out) {
+  if (dirfd < 0 || !name || !tmp || strchr(name, '/') || strchr(tmp, '/'))
+    return KVT_ERR(KVT_EINVAL, "chunk write: bad directory or name");
+  if (!path)
+    path = name;
+  char tpath[4200];
+  snprintf(tpath, sizeof tpath, "%.*s%s",
+           (int)(strrchr(path, '/') ? strrchr(path, '/') + 1 - path : 0), path,
+           tmp);
+  /* A group of one: its finish fsyncs the file (header and data) before the
+   * rename, so no reader ever sees the reserved space unfilled; a failure
+   * removes tmp. */
+  kvti_wgroup *g = NULL;
+  int rc = kvti_wgroup_open(&g, 0, NULL, do_fsync);
+  if (rc)
+    return rc;
+  kvti_chunk_written w;
+  rc = kvti_chunk_write_into(g, dirfd, tmp, tpath, src, file_mode, &w);
+  if (rc == 0)
+    rc = kvti_wgroup_finish(g);
+  else
+    kvti_wgroup_abort(g);
   if (rc == 0 &&
       (rc = kvti_renameat(dirfd, tmp, dirfd, name, tpath, path)) != 0) {
     kvti_error_state es;

@@ -198,6 +198,18 @@ int kvti_chunk_write_at(int dirfd, const char *name, const char *tmp,
                         uint32_t file_mode, int do_fsync,
                         kvti_chunk_written *out);
 
+/* The file part of kvti_chunk_write_at, into write group g (engine/fwriter.h,
+ * borrowing dirfd until the group settles): tmp created O_EXCL|O_NOFOLLOW in
+ * dirfd (a stale one removed first), the data after a reserved header, then
+ * the header; closed, not synced, not renamed. The group's finish makes it
+ * durable (or, on any failure of the group, removes it); the caller renames
+ * it only after that. tpath (may be NULL: tmp) names it in messages. Same
+ * codes as kvti_chunk_write_at. */
+typedef struct kvti_wgroup kvti_wgroup;
+int kvti_chunk_write_into(kvti_wgroup *g, int dirfd, const char *tmp,
+                          const char *tpath, const kvti_chunk_src *src,
+                          uint32_t file_mode, kvti_chunk_written *out);
+
 /* ---- reading ---- */
 
 /* Opens path (O_NOFOLLOW), reads and parses its header (a sparse file is

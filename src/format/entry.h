@@ -126,6 +126,11 @@ typedef struct kvti_write_opts {
    * one put_sync before it commits any index row for them (a group commit).
    * The staged files and their directory are still synced when do_fsync. */
   int defer_dir_sync;
+  /* Non-NULL (a group commit's set, engine/syncset.h): a stage writes its
+   * files into the set's group and lists its tmp directory with the set
+   * instead of syncing either; the caller runs the set's rounds before it
+   * publishes the staged version. do_fsync is then the set's. */
+  struct kvti_syncset *sync;
 } kvti_write_opts;
 
 /* Writes data_dir/<hash>.tmp/ (removing a stale one first), fsyncs each file

@@ -12,6 +12,7 @@
 #include "base/hash.h"
 #include "base/io.h"
 #include "engine/fwriter.h"
+#include "engine/syncset.h"
 #include "format/layer.h"
 #include "format/layout.h"
 #include "format/chainrec.h"
@@ -94,9 +95,16 @@ int kvti_entry_stage(uint64_t *disk_bytes, const char *data_dir,
   }
   /* Every file of the entry goes through one write group: the writes stay in
    * flight across files and all files are fsynced together at the end
-   * (fwriter.h). */
-  rc = kvti_wgroup_open(&g, o->io_backend, NULL, o->do_fsync);
-  if (rc) {
+   * (fwriter.h) - or, in a group commit's set, together with the files of
+   * every other spill of the batch, when the caller runs the set's rounds. */
+  if (o->sync) {
+    g = kvti_syncset_group(o->sync);
+    if (!g) {
+      rc = KVT_ERR(KVT_EINVAL, "entry stage: the set's files were synced");
+      goto out;
+    }
+  } else if ((rc = kvti_wgroup_open(&g, o->io_backend, NULL, o->do_fsync)) !=
+             0) {
     g = NULL;
     goto out;
   }
@@ -147,19 +155,26 @@ int kvti_entry_stage(uint64_t *disk_bytes, const char *data_dir,
   if (rc)
     goto out;
   total += KVTI_SUM_LEN;
-  rc = kvti_wgroup_finish(
-      g); /* waits, fsyncs every file (durability FSYNC), closes */
-  g = NULL;
-  if (rc)
-    goto out;
-  if (o->do_fsync && (rc = kvti_fsync_dir(tmp)) != 0)
-    goto out;
+  if (o->sync) { /* the set's rounds sync the files, then tmp */
+    g = NULL;
+    if ((rc = kvti_syncset_dir(o->sync, tmp)) != 0)
+      goto out;
+  } else {
+    rc = kvti_wgroup_finish(
+        g); /* waits, fsyncs every file (durability FSYNC), closes */
+    g = NULL;
+    if (rc)
+      goto out;
+    if (o->do_fsync && (rc = kvti_fsync_dir(tmp)) != 0)
+      goto out;
+  }
 
   if (disk_bytes)
     *disk_bytes = total;
   rc = 0;
 out:
-  kvti_wgroup_abort(g);
+  if (!o->sync) /* the set's group is the set's to abort */
+    kvti_wgroup_abort(g);
   if (rc && tmp_made) {
     int keep = rc;
     kvti_rmtree(tmp);

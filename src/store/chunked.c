@@ -114,8 +114,10 @@ void kvti_chunked_forget(kvti_chunked *c, const char *hash) {
     kvti_chains_entry_del(kvti_chunkstore_chains(c->cs), h);
 }
 
-int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
-                         const kvti_snapshot *s, int with_record) {
+/* kvti_chunked_prepare (b NULL) and kvti_chunked_prepare_in. */
+static int prepare(kvti_chunked *c, kvti_chunked_prep *p,
+                   const kvti_snapshot *s, int with_record,
+                   kvti_chunkstore_batch *b) {
   memset(p, 0, sizeof *p);
   uint32_t L;
   const kvt_layer *layers = kvti_snapshot_layers(s, &L);
@@ -145,9 +147,14 @@ int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
                                tokens, (size_t)sp.rows,
                                c->C,   layers,
                                sp.ids, sp.n_ids,
-                               L,      with_record ? &p->rec : NULL};
+                               L,      with_record && !b ? &p->rec : NULL};
   kvti_chunkstore_result cr;
-  rc = kvti_chunkstore_put(c->cs, &csp, &cr);
+  if (b) { /* the rows and the record commit in prep_record */
+    p->batch = b;
+    rc = kvti_chunkstore_batch_put(b, &csp, &cr, &p->member);
+  } else {
+    rc = kvti_chunkstore_put(c->cs, &csp, &cr);
+  }
   p->recorded = cr.recorded;
   p->res.chunk_bytes = cr.bytes_written;
   p->res.written = cr.written;
@@ -212,6 +219,18 @@ int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
   return rc;
 }
 
+int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
+                         const kvti_snapshot *s, int with_record) {
+  return prepare(c, p, s, with_record, NULL);
+}
+
+int kvti_chunked_prepare_in(kvti_chunked *c, kvti_chunked_prep *p,
+                            const kvti_snapshot *s, kvti_chunkstore_batch *b) {
+  if (!b)
+    return KVT_ERR(KVT_EINVAL, "chunked prepare: no batch");
+  return prepare(c, p, s, 1, b);
+}
+
 const kvti_snapshot *kvti_chunked_prep_snapshot(const kvti_chunked_prep *p,
                                                 const kvti_snapshot *s) {
   return p->tail ? p->tail : s;
@@ -220,6 +239,9 @@ const kvti_snapshot *kvti_chunked_prep_snapshot(const kvti_chunked_prep *p,
 int kvti_chunked_prep_record(kvti_chunked *c, kvti_chunked_prep *p) {
   if (!p->chained || p->recorded)
     return 0;
+  if (p->batch) /* the chunk rows first become visible here, with it */
+    return kvti_chunkstore_batch_index(p->batch, p->member, &p->rec,
+                                       &p->recorded);
   /* Before the tail is published: a tail is never visible without it. */
   return kvti_chains_entry_put_ex(kvti_chunkstore_chains(c->cs), &p->rec, 0);
 }

@@ -70,12 +70,21 @@ typedef struct kvti_chunked_prep {
   kvti_chunked_put_result res;
   kvti_chunk_split split; /* has_split: the tail's layers live here */
   int has_split;
+  kvti_chunkstore_batch *batch; /* prepare_in's: the rows wait for record */
+  size_t member;
 } kvti_chunked_prep;
 /* with_record: commit the record with the chunk rows (only when nothing is
  * stored under the hash: a reader of a previous version must not meet the
  * new record before the stripe is held; record then commits it). */
 int kvti_chunked_prepare(kvti_chunked *c, kvti_chunked_prep *p,
                          const kvti_snapshot *s, int with_record);
+/* prepare for a spill of a group commit: its missing chunks are written into
+ * batch b (store/chunkstore.h: not yet durable or indexed); after b's set
+ * is synced and b published, record commits the chunk rows and the record
+ * in one transaction (recorded then). For a new entry only (no reader of a
+ * previous version). */
+int kvti_chunked_prepare_in(kvti_chunked *c, kvti_chunked_prep *p,
+                            const kvti_snapshot *s, kvti_chunkstore_batch *b);
 const kvti_snapshot *kvti_chunked_prep_snapshot(const kvti_chunked_prep *p,
                                                 const kvti_snapshot *s);
 int kvti_chunked_prep_record(kvti_chunked *c, kvti_chunked_prep *p);

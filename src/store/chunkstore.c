@@ -1,10 +1,10 @@
 /*
  * chunkstore.c - the chunk store (chunkstore.h): places chunk files where
  * the cache directory's layout names them (chunks/<kk>/<key>.kvc,
- * store/local_layout.h), writes the missing
- * chunks of a spill durably and only then indexes them, opens chunks for
- * verified reads and removes chains rows-first. Directories are created lazily
- * and, with durability FSYNC, their parent is fsynced when one is created, so a
+ * store/local_layout.h), opens chunks for verified reads and removes chains
+ * rows-first; a spill's chunks are written by chunkstore_write.c. Directories
+ * are created lazily and, with durability FSYNC, their parent is fsynced when
+ * one is created (at once, or in the batch's round of directory fsyncs), so a
  * chunk that was acknowledged survives a power loss with its directory entry.
  */
 #include "store/local_layout.h"
@@ -76,10 +76,15 @@ int kvti_chunkstore_open_subdir(kvti_chunkstore *cs, unsigned kk) {
 }
 
 int kvti_chunkstore_make_subdir(kvti_chunkstore *cs, unsigned kk) {
+  return kvti_chunkstore_make_subdir_ex(cs, kk, cs->o.do_fsync);
+}
+
+int kvti_chunkstore_make_subdir_ex(kvti_chunkstore *cs, unsigned kk,
+                                   int do_fsync) {
   char rel[16];
   int rc = kvti_local_chunk_dir_rel(rel, sizeof rel, kk & 0xffu);
   return rc ? rc
-            : kvti_dir_open_mk(cs->root_fd, rel, cs->o.dir_mode, cs->o.do_fsync,
+            : kvti_dir_open_mk(cs->root_fd, rel, cs->o.dir_mode, do_fsync,
                                cs->cache);
 }
 
@@ -163,165 +168,6 @@ void kvti_chunkstore_get_opts(const kvti_chunkstore *cs,
 int kvti_chunkstore_path(const kvti_chunkstore *cs, const uint8_t key[32],
                          char *out, size_t cap) {
   return kvti_local_chunk_path(out, cap, cs->dir, key);
-}
-
-/* Rows every listed layer holds as valid KV: min(n, offsets, shape[-2]). */
-static uint64_t valid_rows(const kvti_chunkstore_spill *sp) {
-  uint64_t rows = sp->n;
-  for (uint32_t i = 0; i < sp->n_layers; i++) {
-    const kvt_layer *l = &sp->layers[sp->layer_ids[i]];
-    if (l->offset == KVT_ABSENT ? l->kind != KVT_LAYER_QUANTIZED_KV
-                                : l->offset < 0)
-      return 0;
-    if (l->offset != KVT_ABSENT && (uint64_t)l->offset < rows)
-      rows = (uint64_t)l->offset;
-    for (uint32_t j = 0; j < l->num_tensors; j++) {
-      const kvt_tensor *t = &l->tensors[j];
-      if (t->ndim < 2 || t->shape[t->ndim - 2] < 0)
-        return 0;
-      if ((uint64_t)t->shape[t->ndim - 2] < rows)
-        rows = (uint64_t)t->shape[t->ndim - 2];
-    }
-  }
-  return rows;
-}
-
-int kvti_chunkstore_put(kvti_chunkstore *cs, const kvti_chunkstore_spill *sp,
-                        kvti_chunkstore_result *res) {
-  if (!cs || !sp || !res || (!sp->tokens && sp->n) || !sp->layers ||
-      !sp->layer_ids || sp->n_layers == 0 || (!sp->ns && sp->ns_len))
-    return KVT_ERR(KVT_EINVAL, "kvti_chunkstore_put: bad argument");
-  if (!kvti_chunk_tokens_ok(sp->chunk_tokens))
-    return KVT_ERR(
-        KVT_EINVAL, "chunk_tokens %u: must be a power of two in [%u, %u]",
-        sp->chunk_tokens, KVTI_CHUNK_TOKENS_MIN, KVTI_CHUNK_TOKENS_MAX);
-  memset(res, 0, sizeof *res);
-  const uint32_t C = sp->chunk_tokens;
-  /* Token i is row i: only rows valid in every layer are chunked (a layer
-   * whose offset or shape[-2] is short of the entry's tokens limits the
-   * chain; nothing is ever shifted). */
-  size_t m = (size_t)(valid_rows(sp) / C);
-  if (m == 0)
-    return 0;
-  kvti_chunk_src src = {.ns = sp->ns,
-                        .ns_len = sp->ns_len,
-                        .tokens = sp->tokens,
-                        .n = C,
-                        .layers = sp->layers,
-                        .layer_ids = sp->layer_ids,
-                        .n_layers = sp->n_layers,
-                        .spill_layers = sp->spill_layers};
-  /* Pure: the chain holds every layer and none needs attributes kept in the
-   * entry (rotating), so any chunk boundary is a complete prefix state. */
-  int pure = sp->n_layers == sp->spill_layers;
-  for (uint32_t i = 0; pure && i < sp->n_layers; i++)
-    pure = sp->layers[sp->layer_ids[i]].kind != KVT_LAYER_ROTATING_KV;
-  uint8_t seed[32];
-  src.parent = seed; /* any 32 bytes: the layout does not depend on it */
-  int rc = kvti_chunk_layout_hash(&res->layout_hash, &src);
-  if (rc == 0)
-    rc = kvti_chunk_seed(seed, sp->ns, sp->ns_len, res->layout_hash);
-  if (rc)
-    return rc;
-  kvti_chain_rec *recs = kvti_malloc(m * sizeof *recs);
-  if (!recs)
-    return KVT_ERR_NOMEM();
-  size_t nnew = 0;
-  uint8_t parent[32];
-  memcpy(parent, seed, 32);
-  kvti_ck ck = kvti_ck_seed(sp->ns, sp->ns_len);
-  char path[4096];
-  for (size_t i = 0; rc == 0 && i < m; i++) {
-    const int32_t *tk = sp->tokens + i * C;
-    uint8_t key[32];
-    ck = kvti_ck_next(ck, tk, C);
-    if ((rc = kvti_chunk_key(key, parent, tk, C)) != 0)
-      break;
-    int rewrite = 0;
-    if (kvti_chains_find(cs->chains, key, NULL)) {
-      /* Stored once, never again - unless its file was found damaged and
-       * moved aside: the same content-addressed file is written again (the
-       * row, the chunks below and the entries through it were kept). */
-      if (!kvti_chains_is_damaged(cs->chains, key)) {
-        memcpy(parent, key, 32);
-        continue;
-      }
-      rewrite = 1;
-    }
-    if ((rc = kvti_chunkstore_path(cs, key, path, sizeof path)) != 0)
-      break;
-    /* Written into chunks/<kk> reached from cache_dir's descriptor (made
-     * when missing, links refused): a chunks/ or chunks/<kk> swapped for a
-     * link is never written through. */
-    char name[KVTI_LOCAL_CHUNK_NAME_MAX], tmpname[KVTI_LOCAL_CHUNK_NAME_MAX];
-    kvti_local_chunk_name(name, key, 0);
-    kvti_local_chunk_name(tmpname, key, 1);
-    int dfd = kvti_chunkstore_make_subdir(cs, key[0]);
-    if (dfd < 0) {
-      rc = dfd;
-      break;
-    }
-    src.parent = parent;
-    src.index = i;
-    src.tokens = tk;
-    src.row0 = (uint64_t)i * C;
-    kvti_chunk_written w;
-    rc = kvti_chunk_write_at(dfd, name, tmpname, path, &src, cs->o.file_mode,
-                             cs->o.do_fsync, &w);
-    kvti_close(dfd);
-    if (rc)
-      break;
-    if (rewrite) {
-      kvti_chains_set_damaged(cs->chains, key, 0);
-      res->rewritten++;
-      res->bytes_written += w.size;
-      memcpy(parent, key, 32);
-      continue;
-    }
-    kvti_chain_rec *r = &recs[nnew++];
-    memset(r, 0, sizeof *r);
-    memcpy(r->key, w.key, 32);
-    memcpy(r->parent, parent, 32);
-    r->ck = ck;
-    r->layout_hash = w.layout_hash;
-    r->index = i;
-    r->n_tokens = C;
-    r->pure = (uint8_t)pure;
-    r->disk_bytes = w.size;
-    r->mem_bytes = w.mem_bytes;
-    res->bytes_written += w.size;
-    memcpy(parent, key, 32);
-  }
-  /* Index what was written, even after a failure: those chunks are durable
-   * and form a chain from the seed (each one's parent is indexed or earlier
-   * in recs), so they are safe to share. */
-  /* The spill's record rides on the same commit when its chain is whole:
-   * its files are durable, so the record never names a missing chunk. */
-  kvti_chained_entry *e = NULL;
-  if (rc == 0 && sp->rec) {
-    e = sp->rec;
-    e->chunks = m;
-    memcpy(e->last_key, parent, 32);
-    e->layout_hash = res->layout_hash;
-  }
-  int prc = kvti_chains_put_with_entry(cs->chains, recs, nnew, e);
-  res->recorded = prc == 0 && e != NULL;
-  if (prc) {
-    /* Not indexed: remove the files so nothing unaccounted stays. */
-    for (size_t i = 0; i < nnew; i++)
-      kvti_chunkstore_unlink(cs, recs[i].key);
-    res->bytes_written = 0;
-    nnew = 0;
-    if (!rc)
-      rc = prc;
-  }
-  res->written = nnew;
-  if (rc == 0) {
-    res->chunks = m;
-    memcpy(res->last_key, parent, 32);
-  }
-  kvti_free(recs);
-  return rc;
 }
 
 int kvti_chunkstore_lookup(kvti_chunkstore *cs, const uint8_t *ns,

@@ -68,6 +68,10 @@ int kvti_chunkstore_open_subdir(kvti_chunkstore *cs, unsigned kk);
  * do_fsync, that descriptor fsynced after a creation: where chunk files are
  * written. A link or non-directory on the way is KVT_EPERM, nothing made. */
 int kvti_chunkstore_make_subdir(kvti_chunkstore *cs, unsigned kk);
+/* The same, the parent fsynced after a creation only when do_fsync (a
+ * batch fsyncs it with its other directories, chunkstore_write.c). */
+int kvti_chunkstore_make_subdir_ex(kvti_chunkstore *cs, unsigned kk,
+                                   int do_fsync);
 /* cache_dir's own descriptor (borrowed: valid until the store closes), for
  * other walks below cache_dir (quarantine/). */
 int kvti_chunkstore_root_fd(const kvti_chunkstore *cs);
@@ -122,12 +126,51 @@ typedef struct kvti_chunkstore_result {
   int recorded; /* sp->rec was committed (with the new chunk rows) */
 } kvti_chunkstore_result;
 
-/* Stores the spill's chain: only missing chunks are written (durably), then
- * indexed in one transaction. A failure leaves every chunk already indexed as
- * it was and no row without its file. Returns 0, KVT_EINVAL (a layer cannot
- * be cut, bad chunk_tokens), KVT_ENOSPC, KVT_EIO, KVT_EDB, KVT_ENOMEM. */
+/* Stores the spill's chain (chunkstore_write.c): only missing chunks are
+ * written, all in one write group, fsynced together, renamed into place, their
+ * directories fsynced together, then indexed in one transaction. A failure
+ * leaves every chunk already indexed as it was, no row without its file and
+ * none of this spill's files. Returns 0, KVT_EINVAL (a layer cannot be cut,
+ * bad chunk_tokens), KVT_ENOSPC, KVT_EIO, KVT_EDB, KVT_ENOMEM. */
 int kvti_chunkstore_put(kvti_chunkstore *cs, const kvti_chunkstore_spill *sp,
                         kvti_chunkstore_result *res);
+
+/* The same in steps, for several spills at once (the writer's group commit):
+ * the chains of a batch's spills are written into one syncset
+ * (engine/syncset.h), made durable by its two rounds, and indexed spill by
+ * spill in FIFO order, each spill's rows (and its chained-entry record) in one
+ * transaction:
+ *   put      writes the spill's missing chunks under their tmp names into the
+ *            set's group (nothing durable, renamed or indexed yet; a chunk an
+ *            earlier spill of the batch wrote counts as stored) and fills res
+ *            as kvti_chunkstore_put does (recorded 0); *member names the
+ *            spill for index. A failure leaves the batch unusable (the set's
+ *            group may be failed): free it (the set first);
+ *   publish  after kvti_syncset_files: renames every chunk file into place
+ *            and lists its directory (and chunks/ and cache_dir when the batch
+ *            made a directory) with the set for kvti_syncset_dirs;
+ *   index    after kvti_syncset_dirs: member's rows, and e (NULL: none) in
+ *            the same transaction (*recorded = 1 then); damaged chunks it
+ *            wrote again are marked whole. Members in put's order: a chunk's
+ *            parent is indexed by an earlier member or earlier in the same
+ *            rows.
+ * free removes the renamed files of members never indexed (they would be
+ * orphans) and closes the batch's directories; free the set before it (an
+ * aborted set removes the unrenamed files through those directories). The
+ * caller serialises the batch with other puts and removals (the tier's
+ * mut_mu). */
+typedef struct kvti_chunkstore_batch kvti_chunkstore_batch;
+struct kvti_syncset;
+int kvti_chunkstore_batch_new(kvti_chunkstore_batch **out, kvti_chunkstore *cs,
+                              struct kvti_syncset *set);
+int kvti_chunkstore_batch_put(kvti_chunkstore_batch *b,
+                              const kvti_chunkstore_spill *sp,
+                              kvti_chunkstore_result *res, size_t *member);
+int kvti_chunkstore_batch_publish(kvti_chunkstore_batch *b);
+int kvti_chunkstore_batch_index(kvti_chunkstore_batch *b, size_t member,
+                                const struct kvti_chained_entry *e,
+                                int *recorded);
+void kvti_chunkstore_batch_free(kvti_chunkstore_batch *b);
 
 /* Longest stored chain over tokens (kvti_chains_lookup). */
 int kvti_chunkstore_lookup(kvti_chunkstore *cs, const uint8_t *ns,

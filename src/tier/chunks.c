@@ -107,6 +107,23 @@ int kvti_tier_chunks_prepare(kvt_tier *t, kvti_chunked_prep *p,
   return rc;
 }
 
+int kvti_tier_chunks_batch_new(kvt_tier *t, kvti_chunkstore_batch **b,
+                               struct kvti_syncset *set) {
+  *b = NULL;
+  if (!t->chunked)
+    return 0;
+  return kvti_chunkstore_batch_new(b, kvti_chunked_store(t->chunked), set);
+}
+
+int kvti_tier_chunks_prepare_in(kvt_tier *t, kvti_chunked_prep *p,
+                                const kvti_snapshot *s,
+                                kvti_chunkstore_batch *b) {
+  int rc = kvti_chunked_prepare_in(t->chunked, p, s, b);
+  if (p->res.chunk_bytes)
+    KVTI_STAT_ADD(&t->stats, spill_bytes, p->res.chunk_bytes);
+  return rc;
+}
+
 void kvti_tier_chunks_committed(kvt_tier *t, kvti_chunked_prep *p) {
   if (p->res.rewritten) {
     KVTI_STAT_ADD(&t->stats, chunks_rewritten, p->res.rewritten);

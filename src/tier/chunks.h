@@ -35,6 +35,15 @@ int kvti_tier_chunks_adopt(kvt_tier *t, const char *hash,
 int kvti_tier_chunks_prepare(kvt_tier *t, kvti_chunked_prep *p,
                              const kvti_snapshot *s, int with_record);
 void kvti_tier_chunks_committed(kvt_tier *t, kvti_chunked_prep *p);
+/* The same steps for the spills of a group commit (store/chunkstore.h's
+ * batch): batch_new opens the chunk batch over set (*b NULL when chunking is
+ * off), prepare_in writes a spill's missing chunks into it. Caller holds
+ * mut_mu. */
+int kvti_tier_chunks_batch_new(kvt_tier *t, kvti_chunkstore_batch **b,
+                               struct kvti_syncset *set);
+int kvti_tier_chunks_prepare_in(kvt_tier *t, kvti_chunked_prep *p,
+                                const kvti_snapshot *s,
+                                kvti_chunkstore_batch *b);
 /* As be->get (caller holds the entry's stripe shared). A damaged chunk is
  * handled after the stripe is released (kvti_tier_chunks_after_read). */
 int kvti_tier_chunks_get(kvt_tier *t, kvt_entry **out, const char *hash,

@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "index/index.h"
 #include "base/io.h"
+#include "engine/syncset.h"
 #include "format/layer.h"
 #include "tier/remote.h"
 
@@ -218,19 +219,34 @@ int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify) {
 /* ---- group commit ----------------------------------------------------
  * Spills waiting in the queue when the writer takes one are written as one
  * batch (at most KVTI_WRITER_BATCH_MAX, distinct hashes, none replacing a
- * stored entry): each one's chunks, then its staged version (files and staging
- * directory synced) published by rename with the fsync of data/ deferred;
- * then ONE fsync of data/ makes every rename of the batch durable, then ONE
- * index transaction commits every row, and only then is each spill
- * acknowledged, in FIFO order. So an acknowledged spill is exactly as
- * durable as a single one, and a crash anywhere before the commit leaves
- * each spill of the batch published-without-row (adopted whole by the next
- * open's reconcile) or only staged (removed): never a row without its
- * files, never a partial entry. A replacement is written alone (it holds its
- * stripe across publish and commit, and batching several stripes could
- * deadlock readers). A spill whose batch step fails, or a batch whose sync
- * or commit fails (all publishes rolled back first), is written again
- * through the single path, which also waits out a busy index. */
+ * stored entry), each step once for the whole batch:
+ *   1. write: each spill's missing chunks (under their tmp names) and its
+ *      staged version, all into one syncset (engine/syncset.h): nothing is
+ *      synced yet;
+ *   2. one round of file fsyncs (every chunk and staged file at once), the
+ *      chunks renamed into place, one round of directory fsyncs (their
+ *      chunks/<kk>, every staged directory);
+ *   3. chunked: each spill's chunk rows and chained-entry record, one
+ *      transaction per spill in FIFO order, all but the last with the index's
+ *      fsync off: the last one's WAL fsync makes them all durable (SQLite's
+ *      WAL is one append-only file, recovered as a prefix of its commits, so
+ *      a crash keeps some first records or all of them, never a later one
+ *      without an earlier);
+ *   4. each staged version published by rename, ONE fsync of data/, ONE
+ *      index transaction for every row; only then is each spill
+ *      acknowledged, in FIFO order.
+ * So an acknowledged spill is exactly as durable as a single one: its files
+ * are durable before any row names them, its record before its tail is
+ * published, its rename before its row. A crash before step 3 leaves only
+ * unindexed chunk files (gc) and staged temporaries (removed at open); during
+ * 3 chunk rows with their durable files and records without a published
+ * entry (the state a single spill's crash leaves there too); during 4 spills
+ * published without a row (adopted whole by the next open's reconcile). A
+ * replacement is written alone (it holds its stripe across publish and
+ * commit, and batching several stripes could deadlock readers). Any failure
+ * of a step rolls the whole batch back (the set's group may be failed for
+ * everyone), and each spill is written again through the single path, which
+ * also waits out a busy index and reports each spill's own error. */
 typedef struct batch_ent {
   kvti_snapshot *s;
   char hash[KVT_HASH_HEX_LEN + 1];
@@ -267,6 +283,48 @@ static void batch_free_prep(batch_ent *b) {
   b->has_cp = 0;
 }
 
+/* Step 3: the chunk rows and record of every chained member of b[i, end),
+ * in order; with durability FSYNC only the last commit waits for the WAL's
+ * fsync. mut_mu held. */
+static int batch_records(kvt_tier *t, batch_ent *b, size_t i, size_t end) {
+  size_t last = end, nrec = 0;
+  for (size_t k = i; k < end; k++)
+    if (b[k].cp.chained) {
+      last = k;
+      nrec++;
+    }
+  int defer = nrec > 1 && t->opts.durability == KVT_DURABILITY_FSYNC;
+  int rc = defer ? kvti_index_set_durable(t->idx, 0) : 0;
+  for (size_t k = i; rc == 0 && k < end; k++) {
+    if (!b[k].cp.chained)
+      continue;
+    if (defer && k == last) {
+      defer = 0;
+      if ((rc = kvti_index_set_durable(t->idx, 1)) != 0)
+        break;
+    }
+    rc = kvti_chunked_prep_record(t->chunked, &b[k].cp);
+    b[k].recorded = b[k].cp.recorded;
+  }
+  if (defer) { /* failed before the last: every commit durable again */
+    kvti_error_state es;
+    kvti_error_state_capture(&es, rc);
+    if (kvti_index_set_durable(t->idx, 1) != 0)
+      kvti_log(t, KVT_LOG_ERROR,
+               "kvtier: index commits could not be made durable again (%s)",
+               kvt_last_error());
+    kvti_error_state_restore(&es);
+  }
+  return rc;
+}
+
+/* 1 when hash names a stored entry (a replacement). */
+static int batch_replaces(kvt_tier *t, const char *hash) {
+  kvt_entry_info old;
+  return kvti_index_find_hash(&old, t->idx, hash) == 0 ||
+         t->be->ops->present(t->be, hash) != 0;
+}
+
 /* Writes the batch members b[i..n) up to (not including) the first that
  * replaces a stored entry, as described above. mut_mu held. Returns the
  * index of that member (n: none). Members end with done (rc final) or
@@ -274,61 +332,50 @@ static void batch_free_prep(batch_ent *b) {
 static size_t batch_group_locked(kvt_tier *t, batch_ent *b, size_t i, size_t n,
                                  const kvti_write_opts *wo) {
   const kvti_backend_ops *ops = t->be->ops;
-  size_t pub[KVTI_WRITER_BATCH_MAX], np = 0, j;
-  for (j = i; j < n; j++) {
-    batch_ent *e = &b[j];
-    kvt_entry_info old;
-    if (kvti_index_find_hash(&old, t->idx, e->hash) == 0 ||
-        ops->present(t->be, e->hash) != 0)
-      break; /* a replacement: written alone, in its turn */
+  size_t end = i;
+  while (end < n && !batch_replaces(t, b[end].hash))
+    end++;
+  if (end == i)
+    return end;
+  kvti_syncset *set = NULL;
+  kvti_chunkstore_batch *cb = NULL;
+  int rc = kvti_syncset_open(&set, wo->io_backend, wo->do_fsync);
+  if (rc == 0)
+    rc = kvti_tier_chunks_batch_new(t, &cb, set);
+  kvti_write_opts ws = *wo;
+  ws.sync = set;
+  /* 1. Everything written, nothing synced. */
+  for (size_t k = i; rc == 0 && k < end; k++) {
+    batch_ent *e = &b[k];
     e->t0 = kvti_now_mono();
-    int rc = 0;
     if (t->chunked) {
       e->has_cp = 1;
-      rc = kvti_tier_chunks_prepare(t, &e->cp, e->s, 1); /* all new */
-      e->recorded = rc == 0 && e->cp.recorded;
+      rc = kvti_tier_chunks_prepare_in(t, &e->cp, e->s, cb);
     }
     const kvti_snapshot *ss =
         t->chunked ? kvti_chunked_prep_snapshot(&e->cp, e->s) : e->s;
     if (rc == 0)
-      rc = ops->put_stage(t->be, &e->x, &e->disk, ss, wo);
-    if (rc == 0 && t->chunked) {
-      rc = kvti_chunked_prep_record(t->chunked, &e->cp);
-      e->recorded = e->recorded || (rc == 0 && e->cp.chained);
-    }
-    if (rc == 0)
-      rc = ops->put_publish(t->be, e->x);
-    if (rc != 0) {
-      kvti_error_state es;
-      kvti_error_state_capture(&es, rc);
-      batch_undo(t, e);
-      batch_free_prep(e);
-      kvti_error_state_restore(&es);
-      /* A busy index is waited for by the single path; any other failure
-       * is this spill's own (the single path would meet it again). */
-      e->single = rc == KVT_EBUSY;
-      e->done = !e->single;
-      e->rc = rc;
-      if (e->done) {
-        KVTI_STAT_ADD(&t->stats, write_failures, 1);
-        size_t nt = 0;
-        kvti_snapshot_tokens(e->s, &nt);
-        kvti_log(t, KVT_LOG_ERROR,
-                 "kvtier: failed to write entry %.16s (%zu tokens): %s",
-                 e->hash, nt, kvt_last_error());
-      }
-      continue;
-    }
-    pub[np++] = j;
+      rc = ops->put_stage(t->be, &e->x, &e->disk, ss, &ws);
   }
-  if (np == 0)
-    return j;
-  /* Every rename of the batch durable at once, then every row at once. */
-  int rc = wo->defer_dir_sync ? ops->put_sync(t->be) : 0;
+  /* 2. Every file durable at once, the chunks renamed, every directory. */
+  if (rc == 0)
+    rc = kvti_syncset_files(set);
+  if (rc == 0 && cb)
+    rc = kvti_chunkstore_batch_publish(cb);
+  if (rc == 0)
+    rc = kvti_syncset_dirs(set);
+  /* 3. Chunk rows and records. */
+  if (rc == 0 && t->chunked)
+    rc = batch_records(t, b, i, end);
+  /* 4. Every rename, made durable at once, then every row at once. */
+  for (size_t k = i; rc == 0 && k < end; k++)
+    rc = ops->put_publish(t->be, b[k].x);
+  if (rc == 0 && wo->defer_dir_sync)
+    rc = ops->put_sync(t->be);
   if (rc == 0) {
     kvti_index_put_args a[KVTI_WRITER_BATCH_MAX];
-    for (size_t k = 0; k < np; k++) {
-      batch_ent *e = &b[pub[k]];
+    for (size_t k = i; k < end; k++) {
+      batch_ent *e = &b[k];
       size_t nt = 0;
       const int32_t *tokens = kvti_snapshot_tokens(e->s, &nt);
       kvti_index_put_args x = {tokens,     nt,
@@ -336,32 +383,38 @@ static size_t batch_group_locked(kvt_tier *t, batch_ent *b, size_t i, size_t n,
                                e->disk,    t->opts.storage_mode,
                                0,          kvti_snapshot_salt(e->s),
                                !t->chunked};
-      a[k] = x;
+      a[k - i] = x;
     }
-    rc = kvti_index_put_batch(t->idx, a, np, 0);
+    rc = kvti_index_put_batch(t->idx, a, end - i, 0);
   }
   if (rc != 0) {
     kvti_error_state es;
     kvti_error_state_capture(&es, rc);
-    for (size_t k = np; k-- > 0;) {
-      batch_ent *e = &b[pub[k]];
-      batch_undo(t, e);
+    for (size_t k = end; k-- > i;) {
+      batch_ent *e = &b[k];
+      if (e->x || e->recorded)
+        batch_undo(t, e);
       batch_free_prep(e);
       e->single = 1; /* each gets its own try (and its own error) */
     }
+    kvti_syncset_free(set); /* first: it removes files through cb's dirs */
+    kvti_chunkstore_batch_free(cb);
     kvti_log(t, KVT_LOG_DEBUG,
              "kvtier: group commit of %zu spills failed (%s); writing them "
              "one by one",
-             np, es.msg);
+             end - i, es.msg);
     kvti_error_state_restore(&es);
-    return j;
+    return end;
   }
+  kvti_syncset_free(set);
+  kvti_chunkstore_batch_free(cb);
+  size_t np = end - i;
   if (np > 1) {
     KVTI_STAT_ADD(&t->stats, spill_batches, 1);
     KVTI_STAT_ADD(&t->stats, spills_batched, np);
   }
-  for (size_t k = 0; k < np; k++) {
-    batch_ent *e = &b[pub[k]];
+  for (size_t k = i; k < end; k++) {
+    batch_ent *e = &b[k];
     ops->put_commit(t->be, e->x);
     e->x = NULL;
     if (t->chunked)
@@ -380,7 +433,7 @@ static size_t batch_group_locked(kvt_tier *t, batch_ent *b, size_t i, size_t n,
   }
   kvti_tier_enforce_locked(t, t->opts.max_entries, t->max_bytes,
                            kvti_tier_cutoff(t), NULL, NULL);
-  return j;
+  return end;
 }
 
 /* Writes n >= 2 spills taken off the queue together, then acknowledges each

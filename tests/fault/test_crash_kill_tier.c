@@ -19,7 +19,13 @@
  * is ever quarantined (quarantine/ stays empty: an eviction cut by the kill
  * leaves nothing reconcile calls invalid). KVT_CRASH_EVICT_TRIALS (default
  * 30) and KVT_CRASH_EVICT_SECONDS (default 15) bound it;
- * scripts/crash-campaign.sh runs both at campaign size.
+ * The batching variant (a chunked tier, chunk_tokens 16) queues every spill
+ * of a trial before it starts the writer, so the writer takes them in group
+ * commits (batches of new keys: the directory starts empty each trial; a key
+ * spilled twice splits a batch), and is killed inside them: an acknowledged
+ * spill of a batch must survive exactly as one written alone.
+ * KVT_CRASH_BATCH_TRIALS (default 40) and KVT_CRASH_BATCH_SECONDS (default
+ * 15) bound it. scripts/crash-campaign.sh runs them at campaign size.
  */
 #include "rel_tier.h"
 
@@ -77,11 +83,17 @@ static void child_done(void *ctx, const char *hash, int status) {
 
 static int g_durability = KVT_DURABILITY_FSYNC;
 static int g_evict; /* the salted, chunked, evicting variant */
+static int g_batch; /* the chunked variant whose spills queue up first */
+static unsigned long long g_batched; /* spills_batched of a full child run */
 static const char g_salt[] = "kill-tenant";
 
 /* The variant's options on top of rel_opts. */
 static kvt_options opts_for(int durability) {
   kvt_options o = rel_opts(g_dir, durability);
+  if (g_batch) {
+    o.chunk_tokens = 16;
+    o.admission_policy = KVT_ADMIT_WRITE_ALL; /* as below */
+  }
   if (g_evict) {
     o.chunk_tokens = 16;
     o.max_size_gb = 24.0 * 1024 / (1024.0 * 1024.0 * 1024.0);
@@ -118,7 +130,7 @@ static void child(const plan *p) {
     fprintf(stderr, "child: open failed: %s\n", kvt_last_error());
     _exit(2);
   }
-  if (kvt_tier_start_writer(t) != 0)
+  if (!g_batch && kvt_tier_start_writer(t) != 0)
     _exit(2);
   for (int j = 0; j < N_SPILLS; j++) {
     t_entry e = make_version(p->key[j], p->ver[j]);
@@ -127,16 +139,32 @@ static void child(const plan *p) {
     if (rc != 0)
       _exit(4);
     t_free(&e);
+    if (g_batch)
+      continue; /* queued: the writer starts after the last one */
     t_entry q = make_version(p->key[(j * 7) % N_SPILLS], 0);
     kvt_entry *got = NULL;
     promote(&got, t, &q);
     kvt_entry_free(got);
     t_free(&q);
   }
+  if (g_batch) {
+    if (kvt_tier_start_writer(t) != 0)
+      _exit(2);
+    for (int j = 0; j < N_SPILLS; j++) { /* reads while the batches go */
+      t_entry q = make_version(p->key[(j * 7) % N_SPILLS], 0);
+      kvt_entry *got = NULL;
+      promote(&got, t, &q);
+      kvt_entry_free(got);
+      t_free(&q);
+    }
+  }
   kvt_tier_flush(t, -1);
+  kvt_stats st = rel_stats(t);
   ack end;
   memset(&end, 0, sizeof end);
   end.status = 999;
+  snprintf(end.hash, sizeof end.hash, "%llu",
+           (unsigned long long)st.spills_batched);
   if (write(g_pipe, &end, sizeof end) < 0)
     _exit(3);
   for (;;)
@@ -192,6 +220,7 @@ static double trial(const plan *p, long delay_us, int *acked_out,
       if (a.status == 999)
         break;
     }
+    g_batched = strtoull(a.hash, NULL, 10);
     ended = 1;
   }
   double dt = now_s() - t0;
@@ -331,10 +360,19 @@ static void run_kills(long max_trials, double budget, uint64_t seed) {
   make_plan(&p, &rng);
   double full = trial(&p, -1, &acked, &mid);
   check_state(&tot);
+  if (g_batch) {
+    fprintf(stderr, "calibration: %llu of %d spills group-committed\n",
+            g_batched, N_SPILLS);
+    CHECK(g_batched >= N_SPILLS / 3); /* or no batch is killed below */
+  }
   long span_us = (long)(full * 1.3e6) + 1000;
   fprintf(stderr, "calibration: a full child run takes %.1f ms\n", full * 1000);
   double t0 = now_s();
   for (long i = 0; i < max_trials && now_s() - t0 < budget; i++) {
+    if (g_batch) { /* new keys only: batches are of new entries */
+      kvt_test_rmtree(g_dir);
+      memset(g_ks, 0, sizeof g_ks);
+    }
     make_plan(&p, &rng);
     /* A process crash loses nothing the kernel has: both durability modes must
      * keep every acknowledged entry. Odd trials run without fsync. */
@@ -357,7 +395,10 @@ static void run_kills(long max_trials, double budget, uint64_t seed) {
           "spills, "
           "%ld key checks: %ld lost, %ld wrong version%s\n",
           tot.trials, tot.killed_mid, now_s() - t0, tot.acked, tot.checked,
-          tot.lost, tot.wrong, g_evict ? " (salted, evicting)" : "");
+          tot.lost, tot.wrong,
+          g_evict   ? " (salted, evicting)"
+          : g_batch ? " (spills queued first: group commits)"
+                    : "");
   if (g_evict)
     fprintf(stderr,
             "  evicting: %ld acknowledged entries evicted, %ld quarantined\n",
@@ -373,13 +414,28 @@ static void test_crash_kill(void) {
             (uint64_t)r_env_long("KVT_CRASH_SEED", 2026));
 }
 
+/* A variant in its own directory: its trials and seconds from the
+ * environment (KVT_CRASH_<env>_TRIALS, _SECONDS), its own seed. */
+static void run_variant(const char *tag, const char *env, long trials,
+                        long seconds, uint64_t seed_add) {
+  char te[64], se[64];
+  snprintf(g_dir, sizeof g_dir, "%s/cache", kvt_test_tmpdir(tag));
+  snprintf(te, sizeof te, "KVT_CRASH_%s_TRIALS", env);
+  snprintf(se, sizeof se, "KVT_CRASH_%s_SECONDS", env);
+  run_kills(r_env_long(te, trials), (double)r_env_long(se, seconds),
+            (uint64_t)r_env_long("KVT_CRASH_SEED", 2026) + seed_add);
+}
+
 static void test_crash_kill_evicting(void) {
   g_evict = 1;
-  snprintf(g_dir, sizeof g_dir, "%s/cache-evict",
-           kvt_test_tmpdir("crash-kill-evict"));
-  run_kills(r_env_long("KVT_CRASH_EVICT_TRIALS", 30),
-            (double)r_env_long("KVT_CRASH_EVICT_SECONDS", 15),
-            (uint64_t)r_env_long("KVT_CRASH_SEED", 2026) + 1);
+  run_variant("crash-kill-evict", "EVICT", 30, 15, 1);
+  g_evict = 0;
+}
+
+static void test_crash_kill_batch(void) {
+  g_batch = 1;
+  run_variant("crash-kill-batch", "BATCH", 40, 15, 2);
+  g_batch = 0;
 }
 
 int main(void) {
@@ -387,5 +443,6 @@ int main(void) {
   snprintf(g_dir, sizeof g_dir, "%s/cache", kvt_test_tmpdir("crash-kill"));
   RUN(test_crash_kill);
   RUN(test_crash_kill_evicting);
+  RUN(test_crash_kill_batch);
   return kvt_test_done();
 }

@@ -237,7 +237,7 @@ static uint64_t campaign(const spec *old, const spec *neu, int before,
   for (size_t K = 0; K <= n; K++)
     for (int f = 0; f < fates; f++) {
       replay(K, &rng);
-      cs_index_restore(K);
+      cs_index_restore(K, &rng);
       int v = check_state(g_replay, old, neu, K == n, before, strict);
       if (v && !quiet && viol < 5)
         fprintf(stderr, "  ^ crash after op %zu/%zu (fate %d)\n", K, n, f);

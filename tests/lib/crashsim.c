@@ -49,12 +49,16 @@ static kvti_io_ops g_rec;
 
 int (*g_cs_skip)(const char *path);
 void (*g_cs_on_fsync)(const char *path, size_t op);
+void (*g_cs_on_write)(const char *path, uint64_t off, const void *data,
+                      size_t n, size_t op);
 
 static void log_op(int kind, const char *a, const char *b, uint64_t off,
                    const void *d, size_t n) {
   if (g_cs_skip && g_cs_skip(a)) {
     if (kind == OP_FSYNC && g_cs_on_fsync)
       g_cs_on_fsync(a, g_nlog); /* durable from this point of the log on */
+    if (kind == OP_WRITE && g_cs_on_write)
+      g_cs_on_write(a, off, d, n, g_nlog);
     return;
   }
   if (g_nlog == g_caplog) {

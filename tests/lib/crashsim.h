@@ -15,6 +15,7 @@
 #include "testutil.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 extern char g_base[4096], g_live[4096], g_replay[4096];
 extern size_t g_nlog;
@@ -26,6 +27,10 @@ extern int g_fsync_files, g_exch_ok;
  * (so a crash after K >= n operations happened after that fsync). */
 extern int (*g_cs_skip)(const char *path);
 extern void (*g_cs_on_fsync)(const char *path, size_t op);
+/* Optional: a skipped path's writes call g_cs_on_write with the bytes
+ * written and op as above (the caller's model of that file may need them). */
+extern void (*g_cs_on_write)(const char *path, uint64_t off, const void *data,
+                             size_t n, size_t op);
 
 void rec_install(void);
 void log_clear(void);
