@@ -1,5 +1,6 @@
 /*
- * backend.h - the storage-backend seam of the tier. The tier logic (queue,
+ * backend.h - the entry-store seam of the tier (its chunk-store seam is
+ * store/chunk_backend.h). The tier logic (queue,
  * locks, index, capacity, retention, budget, stats, the remote upload queue
  * and back-off) talks to entry storage only through this vtable and the
  * constructors below: the local backend (store/local.h, which alone knows the
@@ -25,6 +26,7 @@
 #include "format/entry.h"
 #include "index/chain.h"
 #include "kvtier.h"
+#include "store/chunk_backend.h"
 
 #include <stdint.h>
 
@@ -126,31 +128,13 @@ typedef struct kvti_backend_ops {
   int (*reach)(kvti_backend *b);
 
   /* ---- optional: chunks shared between nodes (docs/REMOTE.md "Chunks") ----
-   * Chunk files (format/chunk.h) stored by their chain key, content
-   * addressed: the same key is the same tokens under the same namespace and
-   * layout, so a chunk is stored once whoever spills it. */
-  /* present[i] = 1 when chunk keys[i] is stored, else 0 (one pipeline
-   * where the store allows it). 0 or a connection error. lookup: on the
-   * lookup client (remote_lookup_timeout_ms). */
-  int (*chunk_has)(kvti_backend *b, const uint8_t (*keys)[32], size_t n,
-                   int lookup, uint8_t *present);
-  /* Stores the chunk file bytes under rec->key unless present and makes
-   * rec known to every node's lookups. */
-  int (*chunk_put)(kvti_backend *b, const kvti_chain_rec *rec,
-                   const void *bytes, size_t len);
-  /* The chunk file's bytes (*bytes kvti_malloc'ed): 0, KVT_ENOTFOUND (gone:
-   * also forgotten by every node's lookups), or a connection error. Nothing
-   * is verified here: the caller parses and verifies the file. */
-  int (*chunk_get)(kvti_backend *b, const uint8_t key[32], void **bytes,
-                   size_t *len);
-  /* Deletes a chunk (found damaged) and tells every node. */
-  int (*chunk_remove)(kvti_backend *b, const uint8_t key[32]);
-  /* The longest chain over tokens[0, n) the store holds in namespace ns, as
-   * kvti_chains_lookup, answered without I/O from the store's lookup mirror
-   * (*m = 0 while it is not in sync). */
-  int (*chunk_lookup)(kvti_backend *b, const uint8_t *ns, size_t ns_len,
-                      const int32_t *tokens, size_t n, uint32_t chunk_tokens,
-                      kvti_chain_rec *out, size_t max, size_t *m);
+   * The chunk store beside this backend's entries, behind the chunk-store
+   * seam (store/chunk_backend.h), or NULL when there is none: the Redis
+   * backend's own (valid until destroy); the local backend's is the chunked
+   * store's (kvti_chunked_chunks, opened over the index after the backend
+   * and attached with kvti_backend_local_set_chunks: NULL when chunking is
+   * off). */
+  kvti_chunk_backend *(*chunks)(kvti_backend *b);
   /* put of a chained entry's tail snapshot s: ce and its chain's seed are
    * stored with it (meta's chain, chain_seed) so that no reader serves the
    * tail alone. */
@@ -193,6 +177,11 @@ typedef struct kvti_backend_ops {
 struct kvti_backend {
   const kvti_backend_ops *ops;
 };
+
+/* b's chunk store behind the chunk-store seam, or NULL (none, or b NULL). */
+static inline kvti_chunk_backend *kvti_backend_chunks(kvti_backend *b) {
+  return b && b->ops->chunks ? b->ops->chunks(b) : NULL;
+}
 
 /* ---- the remote constructor table (store/registry.c) ---- */
 

@@ -20,7 +20,8 @@
 
 struct kvti_chunked {
   kvti_chunkstore *cs;
-  uint8_t *ns; /* the namespace of unsalted spills */
+  kvti_chunkstore_seam seam; /* cs behind the chunk-store seam */
+  uint8_t *ns;               /* the namespace of unsalted spills */
   size_t ns_len;
   uint32_t C;
   char *model_id; /* for the namespaces of salted ones */
@@ -65,6 +66,8 @@ int kvti_chunked_open(kvti_chunked **out, const char *cache_dir, kvt_index *idx,
                : KVT_ERR_NOMEM();
   if (rc == 0)
     rc = kvti_chunkstore_open(&c->cs, cache_dir, idx, o);
+  if (rc == 0)
+    kvti_chunkstore_seam_init(&c->seam, c->cs);
   if (rc == 0 && !(c->data_dir = kvti_path_join(cache_dir, KVTI_LOCAL_DATA)))
     rc = KVT_ERR_NOMEM();
   if (rc) {
@@ -87,6 +90,9 @@ void kvti_chunked_close(kvti_chunked *c) {
 
 kvti_chunkstore *kvti_chunked_store(kvti_chunked *c) {
   return c->cs;
+}
+kvti_chunk_backend *kvti_chunked_chunks(kvti_chunked *c) {
+  return &c->seam.base;
 }
 uint32_t kvti_chunked_chunk_tokens(const kvti_chunked *c) {
   return c->C;
@@ -307,27 +313,15 @@ int kvti_chunked_record(kvti_chunked *c, const char *hash, kvti_chainrec *r) {
 static int pure_chain(kvti_chunked *c, const kvti_salt *salt,
                       const int32_t *tokens, size_t n, kvti_chain_rec **recs,
                       size_t *m) {
-  size_t max = n / c->C;
   *recs = NULL;
   *m = 0;
-  if (max == 0)
-    return 0;
-  kvti_chain_rec *r = kvti_malloc(max * sizeof *r);
-  if (!r)
-    return KVT_ERR_NOMEM();
   kvti_chunk_ns ns;
   int rc = kvti_chunked_ns_of(c, salt, &ns);
   if (rc == 0)
-    rc =
-        kvti_chunkstore_lookup(c->cs, ns.p, ns.len, tokens, n, c->C, r, max, m);
+    rc = kvti_chunk_backend_pure(&c->seam.base, ns.p, ns.len, tokens, n, c->C,
+                                 recs, m);
   kvti_chunk_ns_free(&ns);
-  if (rc || *m == 0 || !r[0].pure) {
-    kvti_free(r);
-    *m = 0;
-    return rc;
-  }
-  *recs = r;
-  return 0;
+  return rc;
 }
 
 int kvti_chunked_lookup_prefix(kvti_chunked *c, const kvti_salt *salt,

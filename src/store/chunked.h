@@ -31,6 +31,9 @@ int kvti_chunked_open(kvti_chunked **out, const char *cache_dir, kvt_index *idx,
                       const kvti_chunkstore_opts *o);
 void kvti_chunked_close(kvti_chunked *c); /* NULL is a no-op */
 kvti_chunkstore *kvti_chunked_store(kvti_chunked *c);
+/* The same store behind the chunk-store seam (store/chunk_backend.h): what
+ * the tier moves chunks into and out of, as it does a remote store's. */
+kvti_chunk_backend *kvti_chunked_chunks(kvti_chunked *c);
 uint32_t kvti_chunked_chunk_tokens(const kvti_chunked *c);
 /* The namespace encoding the chains are seeded with (kvti_chunk_ns_encode of
  * model_id, no salt). */

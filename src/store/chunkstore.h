@@ -20,6 +20,7 @@
 #include "format/chunk.h"
 #include "index/chain.h"
 #include "index/index.h"
+#include "store/chunk_backend.h"
 
 #include <stdatomic.h>
 #include <stddef.h>
@@ -238,6 +239,19 @@ int kvti_chunkstore_adopt(kvti_chunkstore *cs, const void *bytes, size_t len,
 /* The options the store was opened with. */
 void kvti_chunkstore_get_opts(const kvti_chunkstore *cs,
                               kvti_chunkstore_opts *o);
+
+/* ---- the store behind the chunk seam (chunkstore_seam.c) ---- */
+
+/* The local store as store/chunk_backend.h's kvti_chunk_backend: has is the
+ * chain table's answer, get reads the file's bytes, put adopts a verified
+ * chunk (kvti_chunkstore_adopt), remove takes the chunk with everything
+ * below it (kvti_chunkstore_remove), lookup is kvti_chunkstore_lookup. Owned
+ * by whoever owns cs (the chunked store), valid while cs is open. */
+typedef struct kvti_chunkstore_seam {
+  kvti_chunk_backend base;
+  kvti_chunkstore *cs;
+} kvti_chunkstore_seam;
+void kvti_chunkstore_seam_init(kvti_chunkstore_seam *s, kvti_chunkstore *cs);
 
 /* ---- assembling a prefix from chunks (chunkstore_read.c) ---- */
 

@@ -42,8 +42,9 @@ typedef struct local_backend {
   char *stage_root; /* NULL until kvti_backend_local_stage_root */
   uint32_t dir_mode, file_mode;
   int readonly;
-  int lock_fd;     /* flock'ed kvtier.lock, -1: none */
-  int dir_lock_fd; /* the flock'ed cache directory, -1: none */
+  int lock_fd;                /* flock'ed kvtier.lock, -1: none */
+  int dir_lock_fd;            /* the flock'ed cache directory, -1: none */
+  kvti_chunk_backend *chunks; /* borrowed (kvti_backend_local_set_chunks) */
 } local_backend;
 
 static local_backend *L(kvti_backend *b) {
@@ -477,6 +478,14 @@ static void lb_destroy(kvti_backend *b) {
   kvti_free(lb);
 }
 
+static kvti_chunk_backend *lb_chunks(kvti_backend *b) {
+  return L(b)->chunks;
+}
+
+void kvti_backend_local_set_chunks(kvti_backend *b, kvti_chunk_backend *cb) {
+  L(b)->chunks = cb;
+}
+
 static const kvti_backend_ops local_ops = {
     .name = "local",
     .put = lb_put,
@@ -496,6 +505,7 @@ static const kvti_backend_ops local_ops = {
     .quarantine = lb_quarantine,
     .adopt = lb_adopt,
     .measure = lb_measure,
+    .chunks = lb_chunks,
     .destroy = lb_destroy,
 };
 

@@ -53,4 +53,10 @@ int kvti_backend_local_verify_mem(kvti_backend *b, const char *hash,
                                   kvt_layer *layers, uint32_t n_layers,
                                   const kvti_read_opts *o);
 
+/* The local chunk store (the chunked store's, kvti_chunked_chunks: opened
+ * over the index, after this backend) handed out by the backend's chunks op,
+ * so the tier reaches local chunks as it reaches a remote backend's; NULL
+ * detaches it (before the chunked store closes). Borrowed, not owned. */
+void kvti_backend_local_set_chunks(kvti_backend *b, kvti_chunk_backend *cb);
+
 #endif

@@ -17,6 +17,7 @@
 #include "index/chain_walk.h"
 #include "index/index.h"
 #include "store/chunked.h"
+#include "store/local.h"
 #include "tier/chunk_tools.h"
 #include "tier/ramtier.h"
 
@@ -38,8 +39,10 @@ int kvti_tier_chunks_open(kvt_tier *t) {
   int rc = kvti_chunked_open(&t->chunked, t->dir, t->idx, t->opts.chunk_tokens,
                              id, &o);
   t->opts.model_id = NULL; /* the caller's string: encoded, not kept */
-  if (rc == 0)
+  if (rc == 0) {
+    kvti_backend_local_set_chunks(t->be, kvti_chunked_chunks(t->chunked));
     kvti_tier_chunks_load_damaged(t);
+  }
   return rc;
 }
 
@@ -95,6 +98,8 @@ int kvti_tier_chunks_adopt(kvt_tier *t, const char *hash,
 }
 
 void kvti_tier_chunks_close(kvt_tier *t) {
+  if (t->chunked && t->be)
+    kvti_backend_local_set_chunks(t->be, NULL);
   kvti_chunked_close(t->chunked);
   t->chunked = NULL;
 }

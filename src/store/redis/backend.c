@@ -474,6 +474,10 @@ static void rb_destroy(kvti_backend *b) {
   kvti_free(rb);
 }
 
+static kvti_chunk_backend *rb_chunks(kvti_backend *b) {
+  return &kvti_rb(b)->chunks;
+}
+
 static const kvti_backend_ops redis_ops = {.name = "redis",
                                            .put = rb_put,
                                            .get = kvti_rb_get,
@@ -489,11 +493,7 @@ static const kvti_backend_ops redis_ops = {.name = "redis",
                                            .stage = kvti_rb_stage,
                                            .fetch = kvti_rb_fetch,
                                            .reach = kvti_rb_reach,
-                                           .chunk_has = kvti_rb_chunk_has,
-                                           .chunk_put = kvti_rb_chunk_put,
-                                           .chunk_get = kvti_rb_chunk_get,
-                                           .chunk_remove = kvti_rb_chunk_remove,
-                                           .chunk_lookup = kvti_rb_chunk_lookup,
+                                           .chunks = rb_chunks,
                                            .put_chained = rb_put_chained,
                                            .destroy = rb_destroy};
 
@@ -502,6 +502,7 @@ int kvti_backend_redis_new(kvti_backend **out, const kvti_remote_cfg *cfg) {
   if (!rb)
     return KVT_ERR_NOMEM();
   rb->base.ops = &redis_ops;
+  kvti_rb_chunks_init(rb);
   rb->chunk_bytes = cfg->chunk_bytes;
   rb->ttl_ms = cfg->ttl_ms;
   rb->file_mode = cfg->file_mode;

@@ -1,6 +1,7 @@
 /*
- * chunks.c - the Redis backend's share of the chunked native store (the
- * vtable's chunk_* ops, backend.h; docs/REMOTE.md "Chunks"): chunk files
+ * chunks.c - the Redis backend's share of the chunked native store, behind
+ * the chunk-store seam (store/chunk_backend.h; docs/REMOTE.md "Chunks"),
+ * reached through the backend's chunks op: chunk files
  * stored whole under their chain key, content addressed, so two nodes that
  * spill the same prefix store it once:
  *   <P>{c:<key hex>}    the chunk file (format/chunk.h), SET NX: never
@@ -21,8 +22,13 @@
 #include "store/redis/internal.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+
+static redis_backend *rb_of(kvti_chunk_backend *cb) {
+  return (redis_backend *)((char *)cb - offsetof(redis_backend, chunks));
+}
 
 static void key_data(rkey *k, const redis_backend *rb, const uint8_t key[32]) {
   char h[65];
@@ -108,9 +114,9 @@ static int exists_batch(redis_backend *rb, kvr_client *cl,
   return rc;
 }
 
-int kvti_rb_chunk_has(kvti_backend *b, const uint8_t (*keys)[32], size_t n,
-                      int lookup, uint8_t *present) {
-  redis_backend *rb = kvti_rb(b);
+static int chunk_has(kvti_chunk_backend *b, const uint8_t (*keys)[32], size_t n,
+                     int lookup, uint8_t *present) {
+  redis_backend *rb = rb_of(b);
   kvr_client *cl = lookup ? rb->lcl : rb->cl;
   if (n == 0)
     return 0;
@@ -124,9 +130,9 @@ int kvti_rb_chunk_has(kvti_backend *b, const uint8_t (*keys)[32], size_t n,
   return rc;
 }
 
-int kvti_rb_chunk_put(kvti_backend *b, const kvti_chain_rec *rec,
-                      const void *bytes, size_t len) {
-  redis_backend *rb = kvti_rb(b);
+static int chunk_put(kvti_chunk_backend *b, const kvti_chain_rec *rec,
+                     const void *bytes, size_t len) {
+  redis_backend *rb = rb_of(b);
   rkey k;
   key_data(&k, rb, rec->key);
   char ttl[32];
@@ -142,9 +148,9 @@ int kvti_rb_chunk_put(kvti_backend *b, const kvti_chain_rec *rec,
   return rc;
 }
 
-int kvti_rb_chunk_get(kvti_backend *b, const uint8_t key[32], void **bytes,
-                      size_t *len) {
-  redis_backend *rb = kvti_rb(b);
+static int chunk_get(kvti_chunk_backend *b, const uint8_t key[32], void **bytes,
+                     size_t *len) {
+  redis_backend *rb = rb_of(b);
   rkey k;
   key_data(&k, rb, key);
   kvr_cmd c;
@@ -179,8 +185,8 @@ int kvti_rb_chunk_get(kvti_backend *b, const uint8_t key[32], void **bytes,
   return rc;
 }
 
-int kvti_rb_chunk_remove(kvti_backend *b, const uint8_t key[32]) {
-  redis_backend *rb = kvti_rb(b);
+static int chunk_remove(kvti_chunk_backend *b, const uint8_t key[32]) {
+  redis_backend *rb = rb_of(b);
   rkey k;
   key_data(&k, rb, key);
   kvr_cmd c;
@@ -190,10 +196,21 @@ int kvti_rb_chunk_remove(kvti_backend *b, const uint8_t key[32]) {
   return rc;
 }
 
-int kvti_rb_chunk_lookup(kvti_backend *b, const uint8_t *ns, size_t ns_len,
-                         const int32_t *tokens, size_t n, uint32_t C,
-                         kvti_chain_rec *out, size_t max, size_t *m) {
-  *m = kvr_mirror_chunk_lookup(kvti_rb(b)->mirror, ns, ns_len, tokens, n, C,
-                               out, max);
+static int chunk_lookup(kvti_chunk_backend *b, const uint8_t *ns, size_t ns_len,
+                        const int32_t *tokens, size_t n, uint32_t C,
+                        kvti_chain_rec *out, size_t max, size_t *m) {
+  *m = kvr_mirror_chunk_lookup(rb_of(b)->mirror, ns, ns_len, tokens, n, C, out,
+                               max);
   return 0;
+}
+
+static const kvti_chunk_backend_ops chunk_ops = {.name = "redis",
+                                                 .has = chunk_has,
+                                                 .get = chunk_get,
+                                                 .put = chunk_put,
+                                                 .remove = chunk_remove,
+                                                 .lookup = chunk_lookup};
+
+void kvti_rb_chunks_init(redis_backend *rb) {
+  rb->chunks.ops = &chunk_ops;
 }

@@ -35,8 +35,9 @@ typedef struct neg_slot {
 
 typedef struct redis_backend {
   kvti_backend base;
-  kvr_client *cl;  /* data: remote_timeout_ms */
-  kvr_client *lcl; /* lookups: remote_lookup_timeout_ms */
+  kvti_chunk_backend chunks; /* the shared chunks behind the chunk seam */
+  kvr_client *cl;            /* data: remote_timeout_ms */
+  kvr_client *lcl;           /* lookups: remote_lookup_timeout_ms */
   kvr_mirror *mirror;
   pthread_mutex_t neg_mu;
   neg_slot neg[RB_NEG_SLOTS];
@@ -165,17 +166,10 @@ int kvti_rb_find(kvti_backend *b, kvti_backend_meta *out, const int32_t *tokens,
                  size_t n, int prefix, uint64_t min_len);
 int kvti_rb_reach(kvti_backend *b);
 
-/* ---- chunks of the chunked store (chunks.c; backend.h's chunk_* ops) ---- */
+/* ---- chunks of the chunked store (chunks.c) ---- */
 
-int kvti_rb_chunk_has(kvti_backend *b, const uint8_t (*keys)[32], size_t n,
-                      int lookup, uint8_t *present);
-int kvti_rb_chunk_put(kvti_backend *b, const kvti_chain_rec *rec,
-                      const void *bytes, size_t len);
-int kvti_rb_chunk_get(kvti_backend *b, const uint8_t key[32], void **bytes,
-                      size_t *len);
-int kvti_rb_chunk_remove(kvti_backend *b, const uint8_t key[32]);
-int kvti_rb_chunk_lookup(kvti_backend *b, const uint8_t *ns, size_t ns_len,
-                         const int32_t *tokens, size_t n, uint32_t C,
-                         kvti_chain_rec *out, size_t max, size_t *m);
+/* Sets rb->chunks up as the chunk-store seam's Redis store
+ * (store/chunk_backend.h). */
+void kvti_rb_chunks_init(redis_backend *rb);
 
 #endif
