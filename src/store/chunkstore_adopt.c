@@ -27,7 +27,7 @@ int kvti_chunk_verify_bytes(const void *bytes, size_t len,
   char what[96];
   char kh[65];
   kvti_hex32(kh, x->key);
-  snprintf(what, sizeof what, "remote chunk %.16s", kh);
+  snprintf(what, sizeof what, "chunk %.16s", kh);
   if (len < KVTI_CHUNK_FIXED)
     return KVT_ERR(KVT_ECORRUPT, "%s: %zu bytes, shorter than a header", what,
                    len);

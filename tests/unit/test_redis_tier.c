@@ -926,6 +926,85 @@ static void test_chunks(void) {
   kill_server(srv);
 }
 
+/* Overwrites 8 bytes every 64 through the second half of the first chunk
+ * file it is given: the data section lies there (only its block checksums
+ * can tell), whatever padding the header has. */
+static void damage_first(void *ctx, const char *path) {
+  int *done = ctx;
+  if (*done)
+    return;
+  FILE *f = fopen(path, "r+b");
+  if (!f)
+    return;
+  long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+  for (long at = size / 2; size > 64 && at + 8 <= size; at += 64)
+    if (fseek(f, at, SEEK_SET) == 0 && fwrite("XXXXXXXX", 1, 8, f) == 8)
+      *done = 1;
+  fclose(f);
+}
+
+/* A chunked local+remote tier of namespace "m", 16 tokens a chunk. */
+static kvt_tier *open_chunked(const char *tag, const char *url,
+                              const char *prefix, const char **dir) {
+  kvt_options o = ropts(tag, url, prefix, KVT_REMOTE_LOCAL_AND_REMOTE);
+  o.chunk_tokens = 16;
+  o.model_id = "m";
+  *dir = o.cache_dir;
+  kvt_tier *t = t_open(&o);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  return t;
+}
+
+/* Chunks the server holds under prefix. */
+static int server_chunks(int port, const char *prefix) {
+  char *out =
+      sh_out("redis-cli -p %d --scan --pattern '%s{c:*' | wc -l", port, prefix);
+  int n = out ? atoi(out) : -1;
+  free(out);
+  return n;
+}
+
+/* An upload reads the chunks the remote store lacks from the local store and
+ * verifies each: a local chunk damaged on disk is not sent; it goes to the
+ * local quarantine and the upload writes that chunk from the spill instead,
+ * so another node fetches a chain that verifies. */
+static void test_chunks_damaged_upload(void) {
+  int port;
+  char url[128];
+  int srv =
+      start_standalone("redis-cd", "--notify-keyspace-events Exe", url, &port);
+  const char *adir, *bdir;
+  kvt_tier *a = open_chunked("rt-cd-a", url, "cd:", &adir);
+  t_entry e = t_make(91, 100, 2, 100, 8); /* 6 chunks + a 4-token tail */
+  int spilled = t_spill(a, &e) == 0 && kvt_tier_flush(a, 30000) == 0;
+  CHECK(spilled && stats_of(a).remote_spill_count == 1);
+  /* The server loses everything; a local chunk is damaged on disk. */
+  free(sh_out("redis-cli -p %d FLUSHALL", port));
+  CHECK_EQ_INT(server_chunks(port, "cd:"), 0);
+  int damaged = 0;
+  CHECK(kvt_test_each_chunk(adir, damage_first, &damaged) == 6);
+  REQUIRE(damaged == 1);
+  /* The same spill again writes no chunk locally and uploads all six from
+   * the local store, the damaged one from the spill. */
+  spilled = t_spill(a, &e) == 0 && kvt_tier_flush(a, 30000) == 0;
+  kvt_stats sa = stats_of(a);
+  CHECK(spilled && sa.remote_spill_count == 2);
+  CHECK_EQ_INT(sa.chunks_quarantined, 1);
+  CHECK_EQ_INT(server_chunks(port, "cd:"), 6);
+  /* Another node fetches the chain (every chunk verified) and serves it. */
+  kvt_tier *b = open_chunked("rt-cd-b", url, "cd:", &bdir);
+  kvt_entry_info info;
+  for (int i = 0; i < 200 && kvt_tier_lookup(&info, b, e.tokens, 100); i++)
+    msleep(25);
+  CHECK_EQ_INT(promote_check(b, &e), 1);
+  CHECK_EQ_INT(kvt_test_each_chunk(bdir, NULL, NULL), 6);
+  CHECK_EQ_INT(kvt_tier_remote_verify(a, e.hash), 0);
+  kvt_tier_free(b);
+  kvt_tier_free(a);
+  t_free(&e);
+  kill_server(srv);
+}
+
 /* ------------------------------------------------------------------------ */
 
 /* Cluster                                                                  */
@@ -1286,6 +1365,7 @@ int main(int argc, char **argv) {
   RUN(test_prefix_paging);
   RUN(test_eviction);
   RUN(test_chunks);
+  RUN(test_chunks_damaged_upload);
   RUN(test_cluster);
   kill_all();
   return kvt_test_done();
