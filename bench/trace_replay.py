@@ -109,7 +109,8 @@ def load_trace(path: str, n: int, skip: int = 0) -> list[dict]:
             if not ids or not (BLOCK_TOKENS * (len(ids) - 1) < length <= BLOCK_TOKENS * len(ids)):
                 raise ValueError(f"{path}:{lineno}: input_length {length} does not fit "
                                  f"{len(ids)} blocks of {BLOCK_TOKENS}")
-            out.append({"timestamp": float(r["timestamp"]), "length": length, "ids": ids})
+            out.append({"timestamp": float(r["timestamp"]), "length": length, "ids": ids,
+                        "output": int(r.get("output_length", 0))})
     return out
 
 
