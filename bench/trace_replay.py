@@ -23,6 +23,12 @@ rows exactly as far as they share a prefix.  Per request, in trace order:
            flush(); the reference: its queued item written synchronously with
            _write_entry), so a run is deterministic; refused spills are counted.
 
+With --spills client the spills come instead from the real client in front of
+the tier (bench/trace_client.py): vllm-mlx's MemoryAwarePrefixCache with a RAM
+budget of --ram-prompts of the window's longest prompts spills its LRU
+evictions, and the scheduler's own methods build the tier and promote what
+check_ssd finds (RAM hits are counted apart).
+
 Time follows the trace through TraceClock, which the replay advances to each
 request's timestamp before it is served.  Neither tier takes a clock today; the
 clock is handed to make_tier so a tier that accepts one (a write budget per
@@ -109,7 +115,8 @@ def load_trace(path: str, n: int, skip: int = 0) -> list[dict]:
             if not ids or not (BLOCK_TOKENS * (len(ids) - 1) < length <= BLOCK_TOKENS * len(ids)):
                 raise ValueError(f"{path}:{lineno}: input_length {length} does not fit "
                                  f"{len(ids)} blocks of {BLOCK_TOKENS}")
-            out.append({"timestamp": float(r["timestamp"]), "length": length, "ids": ids})
+            out.append({"timestamp": float(r["timestamp"]), "length": length, "ids": ids,
+                        "output": int(r.get("output_length", 0))})
     return out
 
 
@@ -275,6 +282,17 @@ class TraceClock:
         return self._now * self.scale
 
 
+def kvtier_options(clock: TraceClock, policy: str | None, budget_per_day: int) -> dict:
+    """SSDCacheConfig fields the replay sets for kvtier beyond the client's
+    own: the trace clock, and the policy and write budget when given."""
+    extra = {"clock": clock.now}
+    if policy is not None:
+        extra["admission_policy"] = policy
+    if budget_per_day:
+        extra["write_budget_bytes_per_day"] = int(budget_per_day)
+    return extra
+
+
 def make_tier(impl: str, cache_dir: str, max_size_gb: float, clock: TraceClock,
               policy: str | None = None, budget_per_day: int = 0):
     """The tier under test with the client's default configuration except the
@@ -283,13 +301,8 @@ def make_tier(impl: str, cache_dir: str, max_size_gb: float, clock: TraceClock,
     reference takes neither and no clock."""
     if impl == "kvtier":
         from kvtier.ssd_cache import SSDCacheConfig, SSDCacheTier
-        extra = {"clock": clock.now}
-        if policy is not None:
-            extra["admission_policy"] = policy
-        if budget_per_day:
-            extra["write_budget_bytes_per_day"] = int(budget_per_day)
         tier = SSDCacheTier(SSDCacheConfig(cache_dir=cache_dir, max_size_gb=max_size_gb,
-                                           **extra))
+                                           **kvtier_options(clock, policy, budget_per_day)))
         tier.start_writer()
         return tier
     if impl == "reference":
@@ -425,23 +438,34 @@ def child_main(spec: dict) -> None:
     import ssd_cache_ref  # noqa: F401
     w0 = proc_io_written()
     t0 = time.monotonic()
-    tier = make_tier(spec["impl"], spec["cache_dir"], spec["max_size_gb"], clock,
-                     spec.get("policy"), spec.get("budget_per_day", 0))
+    os.makedirs(spec["cache_dir"], exist_ok=True)
     sync = make_syncer(spec["cache_dir"]) if spec["writeback"] == "request" else None
-    try:
-        st = replay(spec["impl"], tier, requests, shape, clock, spec["promote"],
-                    on_request=(lambda _st: sync()) if sync else None)
-        # The tier's own count of what it wrote, next to the kernel's: the
-        # figure a portable write budget will have to go by.
-        ts = tier.get_stats()
-        st["tier_spill_count"] = int(ts.get("spill_count", 0))
-        st["tier_spill_bytes"] = int(ts.get("spill_bytes", 0))
-        st["admission"] = {k: ts[k] for k in (
-            "admission_admitted", "admission_truncated", "admission_declined_unseen",
-            "admission_declined_budget", "admission_tokens_declined",
-            "bytes_written_today", "write_budget_left") if k in ts}
-    finally:
-        tier.close()
+    each = (lambda _st: sync()) if sync else None
+    if spec.get("spills", "every") == "client":
+        import trace_client
+        st = trace_client.replay_client(
+            spec["impl"], requests, prompt_tokens, spec["kv_bytes_per_token"],
+            spec["cache_dir"], spec["max_size_gb"], clock, spec["ram_prompts"],
+            kvtier_options(clock, spec.get("policy"), spec.get("budget_per_day", 0)),
+            on_request=each)
+        ts = st.pop("tier_stats")
+    else:
+        tier = make_tier(spec["impl"], spec["cache_dir"], spec["max_size_gb"], clock,
+                         spec.get("policy"), spec.get("budget_per_day", 0))
+        try:
+            st = replay(spec["impl"], tier, requests, shape, clock, spec["promote"],
+                        on_request=each)
+            ts = tier.get_stats()
+        finally:
+            tier.close()
+    # The tier's own count of what it wrote, next to the kernel's: the
+    # figure a portable write budget will have to go by.
+    st["tier_spill_count"] = int(ts.get("spill_count", 0))
+    st["tier_spill_bytes"] = int(ts.get("spill_bytes", 0))
+    st["admission"] = {k: ts[k] for k in (
+        "admission_admitted", "admission_truncated", "admission_declined_unseen",
+        "admission_declined_budget", "admission_tokens_declined",
+        "bytes_written_today", "write_budget_left") if k in ts}
     os.sync()
     w1 = proc_io_written()
     st["seconds"] = time.monotonic() - t0
@@ -485,6 +509,11 @@ def main(argv=None) -> int:
                          "write_all is not run again (one disk budget only)")
     ap.add_argument("--budget-days", type=float, default=1.0,
                     help="days the trace's span is stretched to by the tier's clock")
+    ap.add_argument("--spills", choices=("every", "client"), default="every", help=(
+        "every: each prompt is spilled (no RAM cache in front); client: vllm-mlx's "
+        "MemoryAwarePrefixCache spills its LRU evictions (bench/trace_client.py)"))
+    ap.add_argument("--ram-prompts", type=float, default=4.0, help=(
+        "--spills client: the prefix cache's RAM budget in the window's longest prompts"))
     ap.add_argument("--dir", default=os.environ.get("KVT_BENCH_DIR", "/var/tmp"))
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -518,6 +547,17 @@ def main(argv=None) -> int:
     if a.write_budget and not a.budget_base and "write_all" not in policies:
         policies.insert(0, "write_all")   # the budget is a fraction of its bytes
     KVShape(a.kv_bytes_per_token)  # validates
+    if a.spills == "client":
+        import trace_client
+        try:
+            trace_client.heads_for(a.kv_bytes_per_token, 64)
+        except ValueError as e:
+            ap.error(str(e))
+        if a.promote != "read":
+            ap.error("--spills client promotes through the scheduler's synchronous path: "
+                     "--promote read only")
+        if not a.ram_prompts > 0:
+            ap.error("--ram-prompts must be > 0")
     requests = load_trace(a.trace, a.requests, a.skip)
     if not requests:
         ap.error(f"{a.trace}: no requests after the first {a.skip}")
@@ -528,7 +568,8 @@ def main(argv=None) -> int:
     print(f"# trace {os.path.basename(a.trace)}: {len(requests)} requests, "
           f"{ide['input_tokens']} input tokens, {ide['unique_blocks']} unique blocks, "
           f"unique KV {unique_kv / 2**20:.1f} MiB at {a.kv_bytes_per_token} B/token; "
-          f"ideal hit rate {ideal_rate:.4f}; promote={a.promote} writeback={a.writeback}",
+          f"ideal hit rate {ideal_rate:.4f}; promote={a.promote} writeback={a.writeback} "
+          f"spills={a.spills}",
           file=log, flush=True)
 
     span_s = max(1e-3, (requests[-1]["timestamp"] - requests[0]["timestamp"]) / 1000.0)
@@ -541,7 +582,8 @@ def main(argv=None) -> int:
                 "kv_bytes_per_token": a.kv_bytes_per_token, "promote": a.promote,
                 "writeback": a.writeback, "cache_dir": os.path.join(d, "cache"),
                 "max_size_gb": frac * unique_kv / _GIB, "policy": policy,
-                "budget_per_day": budget_per_day,
+                "budget_per_day": budget_per_day, "spills": a.spills,
+                "ram_prompts": a.ram_prompts,
                 "clock_scale": a.budget_days * 86400.0 / span_s}
         try:
             st = run_config(spec)
@@ -590,6 +632,14 @@ def main(argv=None) -> int:
               f"drops {st['spill_drops']}  promote fails {st['promote_failures']}  "
               f"tier counted {st['tier_spill_bytes'] / 2**20:.1f} MiB  "
               f"{st['seconds']:.0f}s{rel}", file=log, flush=True)
+        if "ram_hit_tokens" in st:
+            both = (st["hit_tokens"] + st["ram_hit_tokens"]) / max(1, st["input_tokens"])
+            row["ram_and_ssd_of_ideal"] = both / ideal_rate if ideal_rate else None
+            print(f"  client: RAM {st['ram_mb']} MB, RAM hit tokens {st['ram_hit_tokens']}, "
+                  f"RAM + SSD {row['ram_and_ssd_of_ideal'] or 0:.3f} of ideal, "
+                  f"{st['spills'] + st['spill_drops']} spills made by the client, "
+                  f"{st['budget_denied']} matches the RAM budget could not take",
+                  file=log, flush=True)
         if st.get("admission"):
             print(f"  admission {st['admission']}", file=log, flush=True)
         if st["first_mismatch"]:

@@ -47,8 +47,8 @@ kvti_chains *kvti_chunkstore_chains(kvti_chunkstore *cs);
  * files (missing, damaged, reindex), never an ordinary open. Chunks whose
  * chain is cut and invalid files are left out (*skipped; gc removes them).
  * Returns 0, KVT_ENOMEM, KVT_EDB, KVT_EPERM. */
-int kvti_chunkstore_rebuild(kvti_chunkstore *cs, const char *cache_dir,
-                            size_t *indexed, size_t *skipped);
+int kvti_chunkstore_rebuild(kvti_chunkstore *cs, size_t *indexed,
+                            size_t *skipped);
 /* The chain row a chunk file's parsed header h stands for
  * (chunkstore_rebuild.c; also the tools' adoption of orphans,
  * tier/chunk_tools.c): ck continues parent_ck (chunk 0: the seed of its

@@ -69,8 +69,7 @@ static int by_key(const void *a, const void *b) {
 
 /* Pass 1: every chunks/<kk>/<key>.kvc whose header is valid and names its
  * own key, not indexed yet. Unreadable or invalid files are left for gc. */
-static int scan(kvti_chunkstore *cs, const char *root, found_v *f,
-                size_t *bad) {
+static int scan(kvti_chunkstore *cs, found_v *f, size_t *bad) {
   /* Listed and opened from cache_dir's descriptor without following links:
    * a linked chunks/ or chunks/<kk> contributes nothing. */
   int rfd = kvti_chunkstore_open_subdir(cs, 256);
@@ -86,8 +85,6 @@ static int scan(kvti_chunkstore *cs, const char *root, found_v *f,
   while (rc == 0 && (de = kvti_io->readdir(d)) != NULL) {
     if (strlen(de->d_name) != 2 || strspn(de->d_name, "0123456789abcdef") != 2)
       continue;
-    char sub[4100];
-    snprintf(sub, sizeof sub, "%s/%s", root, de->d_name);
     int sfd = kvti_chunkstore_open_subdir(
         cs, (unsigned)strtoul(de->d_name, NULL, 16));
     DIR *sd = sfd >= 0 ? kvti_fdopendir(sfd) : NULL;
@@ -104,8 +101,12 @@ static int scan(kvti_chunkstore *cs, const char *root, found_v *f,
       if (kvti_local_chunk_key(key, nm) != 0 ||
           kvti_chains_find(kvti_chunkstore_chains(cs), key, NULL))
         continue;
-      char path[4600];
-      snprintf(path, sizeof path, "%s/%s", sub, nm);
+      char path[4200]; /* for messages: the layout's name of that key */
+      if (kvti_chunkstore_path(cs, key, path, sizeof path) != 0) {
+        (*bad)++;
+        kvt_clear_error();
+        continue;
+      }
       int fd = -1;
       kvti_chunk_hdr h;
       memset(&h, 0, sizeof h);
@@ -183,16 +184,12 @@ static int make_rec(kvti_chunkstore *cs, found *e, const kvti_ck *parent_ck,
   return rc;
 }
 
-int kvti_chunkstore_rebuild(kvti_chunkstore *cs, const char *cache_dir,
-                            size_t *indexed, size_t *skipped) {
+int kvti_chunkstore_rebuild(kvti_chunkstore *cs, size_t *indexed,
+                            size_t *skipped) {
   *indexed = *skipped = 0;
-  char *root = kvti_path_join(cache_dir, KVTI_LOCAL_CHUNKS);
-  if (!root)
-    return KVT_ERR_NOMEM();
   found_v f = {0};
   size_t bad = 0;
-  int rc = scan(cs, root, &f, &bad);
-  kvti_free(root);
+  int rc = scan(cs, &f, &bad);
   found **byk = NULL;
   kvti_chain_rec *batch = NULL;
   if (rc == 0 && f.n) {

@@ -22,9 +22,10 @@
 /* The record                                                               */
 /* ------------------------------------------------------------------------ */
 
-#define SEEN_FLAGS 3ull
-#define SEEN_LOW 127ull /* flags (bits 0-1) and class (bits 2-6) */
-#define SEEN_CLASS(v) ((unsigned)(((v) >> 2) & 31u))
+#define SEEN_FLAGS 7ull
+#define SEEN_CLASS_SHIFT 3
+#define SEEN_LOW 255ull /* flags (bits 0-2) and class (bits 3-7) */
+#define SEEN_CLASS(v) ((unsigned)(((v) >> SEEN_CLASS_SHIFT) & 31u))
 #define DEFAULT_RECORD_BYTES ((uint64_t)4 << 20)
 
 static uint64_t mix64(uint64_t x) {
@@ -101,14 +102,15 @@ void kvti_seen_put_class(kvti_seen *s, uint64_t fp, unsigned flags,
   if (v) {
     *v |= flags & SEEN_FLAGS;
     if (SEEN_CLASS(*v) >= KVTI_LEN_UNKNOWN)
-      *v = (*v & ~(SEEN_LOW & ~SEEN_FLAGS)) | ((uint64_t)cls << 2);
+      *v = (*v & ~(SEEN_LOW & ~SEEN_FLAGS)) |
+           ((uint64_t)cls << SEEN_CLASS_SHIFT);
     return;
   }
   uint64_t key = seen_key(fp);
   uint64_t *set = seen_set(s, key);
   size_t si = (size_t)(set - s->slot) / KVTI_SEEN_WAYS;
   unsigned w = s->next[si] % KVTI_SEEN_WAYS;
-  set[w] = key | ((uint64_t)cls << 2) | (flags & SEEN_FLAGS);
+  set[w] = key | ((uint64_t)cls << SEEN_CLASS_SHIFT) | (flags & SEEN_FLAGS);
   s->next[si] = (uint8_t)((w + 1) % KVTI_SEEN_WAYS);
 }
 
@@ -278,9 +280,15 @@ int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
     return KVT_ERR_NOMEM();
   kvti_seen_prints(fp, tokens, n, a->seg, seed); /* no lock: pure */
   pthread_mutex_lock(&a->mu);
-  size_t run = 0; /* leading segments seen before */
-  while (run < nseg && kvti_seen_get(&a->seen, fp[run]))
+  /* run: leading segments seen before; came: leading segments a request
+   * came back for (looked up after they were seen, or found stored). */
+  size_t run = 0, came = 0;
+  unsigned f;
+  while (run < nseg && (f = kvti_seen_get(&a->seen, fp[run])) != 0) {
+    if (came == run && (f & (KVTI_SEEN_ASKED | KVTI_SEEN_REUSED)))
+      came++;
     run++;
+  }
   /* A reused prefix: the spill starts with a segment a lookup found stored
    * and goes on past the stored part. */
   int reused = (kvti_seen_get(&a->seen, fp[0]) & KVTI_SEEN_REUSED) != 0;
@@ -296,12 +304,16 @@ int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
     kvti_seen_put_class(&a->seen, fp[i], KVTI_SEEN_ONCE, cls);
   int rank = reused ? RANK_REUSED : run ? RANK_SEEN : RANK_NEW;
   size_t want = n; /* what the policy would write */
-  int strict = a->policy == KVT_ADMIT_SECOND_SIGHTING;
-  if (a->policy == KVT_ADMIT_ADAPTIVE && pressure && !reused && run < nseg &&
-      !kvti_admit_sampled(fp[run]))
-    strict = 1;
-  if (strict)
+  if (a->policy == KVT_ADMIT_SECOND_SIGHTING)
     want = run == nseg ? n : run * (size_t)a->seg;
+  /* Adaptive, under pressure: only segments a request came back for. A
+   * segment seen in a spill alone is not one: vllm-mlx spills a prompt and
+   * then the same prompt with its answer, and the second spill must not
+   * pass for a second request. A request shows itself by its lookup
+   * (KVTI_SEEN_ASKED, kvti_admit_note_ask). */
+  if (a->policy == KVT_ADMIT_ADAPTIVE && pressure && !reused && came < nseg &&
+      !kvti_admit_sampled(fp[came]))
+    want = came * (size_t)a->seg;
   if (want < n && !cuttable)
     want = 0; /* whole or nothing */
   if (budget) {
@@ -352,6 +364,26 @@ void kvti_admit_note_hit(kvti_admit *a, const int32_t *tokens, size_t m,
   kvti_free(fp);
 }
 
+void kvti_admit_note_ask(kvti_admit *a, const int32_t *tokens, size_t n,
+                         uint64_t seed) {
+  if (!a->seen.nsets || n == 0 || a->policy != KVT_ADMIT_ADAPTIVE)
+    return;
+  size_t nseg = (n + a->seg - 1) / a->seg;
+  uint64_t *fp = kvti_malloc(nseg * sizeof *fp);
+  if (!fp) {
+    kvt_clear_error(); /* a lost hint, not a failure of the lookup */
+    return;
+  }
+  kvti_seen_prints(fp, tokens, n, a->seg, seed);
+  pthread_mutex_lock(&a->mu);
+  /* Only what was seen before is asked for again; the rest stays unknown
+   * (a lookup alone never makes a first sighting). */
+  for (size_t i = 0; i < nseg && kvti_seen_get(&a->seen, fp[i]); i++)
+    kvti_seen_put(&a->seen, fp[i], KVTI_SEEN_ASKED);
+  pthread_mutex_unlock(&a->mu);
+  kvti_free(fp);
+}
+
 void kvti_admit_gauges(kvti_admit *a, kvt_stats *s, double now,
                        uint64_t total) {
   pthread_mutex_lock(&a->mu);
@@ -384,4 +416,10 @@ void kvti_admit_lookup_hit(kvt_tier *t, const int32_t *tokens, size_t m,
                            const kvti_salt *salt) {
   if (t->admit && t->admit->seen.nsets)
     kvti_admit_note_hit(t->admit, tokens, m, kvti_seen_seed(salt));
+}
+
+void kvti_admit_lookup_ask(kvt_tier *t, const int32_t *tokens, size_t n,
+                           const kvti_salt *salt) {
+  if (t->admit && t->admit->seen.nsets)
+    kvti_admit_note_ask(t->admit, tokens, n, kvti_seen_seed(salt));
 }

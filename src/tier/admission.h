@@ -24,18 +24,21 @@
 /* ---- the record of prefixes seen ---- */
 
 /* Flags of a fingerprint: seen in a spill or a lookup hit; found stored by a
- * lookup (a reused prefix). Beside them a slot keeps the length class
+ * lookup (a reused prefix); asked for by a prefix lookup after it was seen
+ * (a request came back for it, whether or not it was stored). Beside them a
+ * slot keeps the length class
  * (index/chain.h) of the spill that first showed the segment, so that a
  * later sighting credits the kind of spill that proved worth writing. */
 #define KVTI_SEEN_ONCE 1u
 #define KVTI_SEEN_REUSED 2u
+#define KVTI_SEEN_ASKED 4u
 
 /* Slots of one set; a full set forgets its oldest insertion. */
 #define KVTI_SEEN_WAYS 8u
 
 typedef struct kvti_seen {
-  uint64_t *slot; /* nsets * WAYS: fingerprint with its low 7 bits the flags
-                     (2) and the class (5); 0 = empty */
+  uint64_t *slot; /* nsets * WAYS: fingerprint with its low 8 bits the flags
+                     (3) and the class (5); 0 = empty */
   uint8_t *next;  /* per set: the way the next insertion replaces */
   size_t nsets;   /* a power of two */
 } kvti_seen;
@@ -143,6 +146,11 @@ void kvti_admit_values(kvti_admit *a, double value[KVTI_LEN_CLASSES + 1]);
 /* A lookup found tokens[0, m) stored: its segments are reused prefixes. */
 void kvti_admit_note_hit(kvti_admit *a, const int32_t *tokens, size_t m,
                          uint64_t seed);
+/* A prefix lookup asked for tokens[0, n): the leading segments already seen
+ * are marked asked (KVT_ADMIT_ADAPTIVE counts only those, or stored ones, as
+ * a request that came back). */
+void kvti_admit_note_ask(kvti_admit *a, const int32_t *tokens, size_t n,
+                         uint64_t seed);
 /* Fills the budget's gauges of s (bytes_written_today, write_budget_*,
  * ssd_lifetime_years) as of clock now (< 0: the time of the last update, for
  * threads that must not call the clock) and written counter total. */
@@ -153,6 +161,9 @@ void kvti_admit_gauges(kvti_admit *a, kvt_stats *s, double now, uint64_t total);
 struct kvt_tier;
 /* A lookup of tokens under salt found m of them stored (lookup_common). */
 void kvti_admit_lookup_hit(struct kvt_tier *t, const int32_t *tokens, size_t m,
+                           const kvti_salt *salt);
+/* A prefix lookup of tokens[0, n) under salt (lookup_common). */
+void kvti_admit_lookup_ask(struct kvt_tier *t, const int32_t *tokens, size_t n,
                            const kvti_salt *salt);
 /* The tier's clock (clock_fn or the wall clock). */
 double kvti_admit_now(const struct kvt_tier *t);

@@ -51,8 +51,8 @@ int kvti_tier_chunks_rebuild(kvt_tier *t) {
     return 0;
   t->chunks_rescanned = 1;
   size_t n = 0, skipped = 0;
-  int rc = kvti_chunkstore_rebuild(kvti_chunked_store(t->chunked), t->dir, &n,
-                                   &skipped);
+  int rc =
+      kvti_chunkstore_rebuild(kvti_chunked_store(t->chunked), &n, &skipped);
   if (rc == 0 && (n || skipped))
     kvti_log(t, KVT_LOG_WARN,
              "kvtier: %s: chain table rebuilt from the chunk files: %zu "

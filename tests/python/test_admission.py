@@ -68,7 +68,18 @@ def test_full_disk_declines_most_first_sightings_on_the_default(cache_dir):
         assert s["admission_declined_unseen"] >= 25 and len(declined) >= 25
         assert s["admission_admitted"] + s["admission_declined_unseen"] == len(prompts)
         again = declined[-1]
-        _spill(t, again)  # a prompt seen before is worth its bytes
+        # The same prompt spilled again with its answer and no request in
+        # between (what vllm-mlx's prefix cache evicts for one request): not
+        # a second request, so still declined.
+        answered = again + (7, 8, 9, 10)
+        _spill(t, answered)
+        assert t.lookup_ssd(answered) is None and t.lookup_ssd(again) is None
+        assert t.get_stats()["admission_declined_unseen"] == s["admission_declined_unseen"] + 1
+        # A request comes back for it (check_ssd: lookup_ssd, then
+        # lookup_ssd_prefix): a prompt seen before and asked for again is
+        # worth its bytes.
+        assert t.lookup_ssd_prefix(again) is None
+        _spill(t, again)
         assert t.lookup_ssd(again) is not None
         got = t._read_entry(again, t.lookup_ssd(again)["file_path"])
         want = kv_positional(again, 2, 2, 8)

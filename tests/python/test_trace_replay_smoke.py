@@ -195,3 +195,48 @@ def test_handmade_trace_with_policies_and_a_budget(tmp_path):
     assert bw["tier_spill_bytes"] < wa["tier_spill_bytes"]
     for r in rows[3:]:
         assert "budget_held" in r and r["budget_allowance"] > 0
+
+
+# --spills client: vllm-mlx's MemoryAwarePrefixCache (loaded unchanged from ../shared/upstream)
+# spills its LRU evictions. RAM is 1.5 of the longest prompt (3 MB at 256 B/token): A's prompt
+# entry is evicted by A + its decoded token, both by B and B + its token; A' shares A's first
+# three blocks. Only a tier that serves a chunk-aligned prefix of a longer entry finds them,
+# and the promote of 1536 tokens fits beside B + its token in RAM.
+CLIENT_TRACE = [
+    {"timestamp": 0, "length": 8192, "ids": list(range(1, 17))},
+    {"timestamp": 1000, "length": 8192, "ids": list(range(17, 33))},
+    {"timestamp": 2000, "length": 2048, "ids": [1, 2, 3, 50]},
+]
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(os.path.dirname(_ROOT), "shared",
+                                                   "upstream")),
+                    reason="upstream: ../shared/upstream not beside the repo")
+def test_client_spills_are_served_back_through_the_scheduler(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": r["timestamp"], "input_length": r["length"],
+                                         "output_length": 1, "hash_ids": r["ids"]}) + "\n"
+                             for r in CLIENT_TRACE))
+    work = tmp_path / "work"
+    work.mkdir()
+    out = _run(["--trace", str(trace), "--spills", "client", "--ram-prompts", "1.5",
+                "--budgets", "4"], work)
+    assert out["ideal"]["hit_tokens"] == 1536
+    by = _common_checks(out)
+    kvt, ref = by[("kvtier", 4.0)], by[("reference", 4.0)]
+    for r in (kvt, ref):
+        assert r["ram_mb"] == 3 and r["budget_denied"] == 0
+        assert r["spills"] == 4, r        # A, A + 1, B, B + 1 (the last stays in RAM)
+    assert kvt["hit_tokens"] == 1536 and kvt["hits"] == 1 and kvt["exact_hits"] == 0
+    assert ref["hit_tokens"] == 0         # no stored prompt is a prefix of A'
+    assert kvt["admission"]["admission_admitted"] == 4
+
+
+def test_client_spills_refuse_what_they_cannot_do(tmp_path):
+    for bad, why in ((["--kv-bytes-per-token", "16"], "multiple of 256"),
+                     (["--promote", "async"], "--promote read only"),
+                     (["--ram-prompts", "0"], "--ram-prompts")):
+        p = subprocess.run([sys.executable, _BENCH, "--spills", "client", "--dir", str(tmp_path),
+                            *bad], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           timeout=120)
+        assert p.returncode == 2 and why in p.stderr, (bad, p.stderr[-500:])

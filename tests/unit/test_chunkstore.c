@@ -919,7 +919,7 @@ static void test_packed_rows(void) {
   sqlite3_close(raw);
   sopen(&st, dir, 0);
   size_t indexed = 0, skipped = 0;
-  REQUIRE(kvti_chunkstore_rebuild(st.cs, dir, &indexed, &skipped) == 0);
+  REQUIRE(kvti_chunkstore_rebuild(st.cs, &indexed, &skipped) == 0);
   CHECK_EQ_INT(indexed, 4);
   REQUIRE(kvti_chunkstore_lookup(st.cs, ns, nsl, g_tok, 4 * C, C, out, 8, &m) ==
           0);

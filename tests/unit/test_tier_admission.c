@@ -166,6 +166,34 @@ static void test_decisions(void) {
   kvti_seen_prints(lf, longer, 80, 16, 0);
   kvti_admit_note_hit(&a, longer, 32, 0);
   CHECK_EQ_INT(decide(&a, &keep, longer, 80, 1, 1, 0, 0), KVTI_ADMIT_WHOLE);
+
+  /* A prompt spilled, then the same prompt with its answer (what vllm-mlx's
+   * prefix cache evicts for one request): the second is no second request,
+   * so neither is written. Once a lookup asked for the prompt, a spill over
+   * it writes the part asked for. */
+  int32_t pr[48], pa[52];
+  uint64_t pf[4];
+  int32_t base = 200000;
+  do { /* a prompt outside the sample, and its answer's segment too */
+    seq(pr, 48, base += 64);
+    memcpy(pa, pr, sizeof pr);
+    seq(pa + 48, 4, base + 10000);
+    kvti_seen_prints(pf, pa, 52, 16, 0);
+  } while (kvti_admit_sampled(pf[0]) || kvti_admit_sampled(pf[3]));
+  CHECK_EQ_INT(decide(&a, &keep, pr, 48, 1, 1, 0, 0), KVTI_ADMIT_UNSEEN);
+  CHECK_EQ_INT(decide(&a, &keep, pa, 52, 1, 1, 0, 0), KVTI_ADMIT_UNSEEN);
+  CHECK_EQ_INT(keep, 0);
+  CHECK_EQ_INT(kvti_seen_get(&a.seen, pf[0]) & KVTI_SEEN_ASKED, 0);
+  kvti_admit_note_ask(&a, pa, 52, 0); /* a request for the prompt + more */
+  CHECK(kvti_seen_get(&a.seen, pf[2]) & KVTI_SEEN_ASKED);
+  uint64_t unseen_fp[5];
+  int32_t ext[80];
+  memcpy(ext, pr, sizeof pr);
+  seq(ext + 48, 32, base + 20000);
+  kvti_seen_prints(unseen_fp, ext, 80, 16, 0);
+  CHECK_EQ_INT(kvti_seen_get(&a.seen, unseen_fp[3]), 0); /* never a first */
+  CHECK_EQ_INT(decide(&a, &keep, ext, 80, 1, 1, 0, 0), KVTI_ADMIT_TRUNCATED);
+  CHECK_EQ_INT(keep, 48);
   kvti_admit_destroy(&a);
 
   /* The budget: 24 * 3600 B a day holds 3600 B, and stops spills short of

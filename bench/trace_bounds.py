@@ -1,0 +1,217 @@
+#!/usr/bin/python3
+"""trace_bounds.py - how much of a trace's ideal hit rate any admission rule
+could reach at a given disk budget, so that a hit-rate target can be judged
+against what the trace allows before a tier is blamed for missing it.  It
+models the disk as a token-weighted LRU over the trace's chain blocks (the
+same (parent, id) chains and lengths as trace_replay.py's ideal, which it
+imports) and replays the requests through it under several admission rules:
+write everything; the oracle that writes only blocks some later request will
+hit; the best fixed input-length threshold, chosen with hindsight among the
+trace's own length fortieths;
+the same with the output length too (which a tier never sees at spill time);
+and an online rule that learns each length class's reuse from a record of
+every block seen (kvtier's admission record, with unlimited memory).  Only the
+admission differs between rules, so the gap between the oracle and the others
+is what the trace's visible signals fail to predict.  Nothing here touches a
+tier or a disk: it is a model, and its figures bound, not measure, kvtier.
+
+    /usr/bin/python3 bench/trace_bounds.py --requests 1000 --budgets 0.25,1.0 [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import trace_replay as tr  # noqa: E402  (bench/ is not a package)
+
+
+def chains(requests: list[dict]) -> list[list[tuple[int, int]]]:
+    """Each request as its list of (node, tokens): node numbers name equal
+    (parent, id) chains, as in trace_replay.ideal."""
+    node_of: dict[tuple[int, int], int] = {}
+    out = []
+    for req in requests:
+        parent, row = -1, []
+        for bid, blen in zip(req["ids"], tr.block_lengths(req)):
+            node = node_of.setdefault((parent, bid), len(node_of))
+            row.append((node, blen))
+            parent = node
+        out.append(row)
+    return out
+
+
+def simulate(rows: list[list[tuple[int, int]]], capacity: int, admit) -> dict:
+    """A token-weighted LRU of `capacity` tokens: per request, the prefix held
+    (each block at least as long as asked) hits and is touched; then, if
+    admit(i, missing) says so, the request's blocks are written (a block held
+    shorter is rewritten at the longer length) and the oldest evicted to fit.
+    admit(i, nodes) is also told nothing else: a rule decides from what it
+    learned itself."""
+    held: collections.OrderedDict[int, int] = collections.OrderedDict()
+    used = hit = written = 0
+    for i, row in enumerate(rows):
+        k = 0
+        for node, blen in row:
+            if held.get(node, 0) < blen:
+                break
+            held.move_to_end(node)
+            hit += blen
+            k += 1
+        if not admit(i, k):
+            continue
+        for node, blen in row[k:]:
+            have = held.get(node, 0)
+            if have >= blen:
+                held.move_to_end(node)
+                continue
+            held[node] = blen
+            held.move_to_end(node)
+            used += blen - have
+            written += blen - have
+        while used > capacity and held:
+            _, blen = held.popitem(last=False)
+            used -= blen
+    return {"hit_tokens": hit, "written_tokens": written}
+
+
+def length_class(n: int) -> int:
+    """Half-octaves from 256 tokens, 16 classes (kvtier's kvti_len_class)."""
+    return max(0, min(15, int(2 * math.log2(max(n, 256) / 256))))
+
+
+def online_rule(requests, rows, threshold: float, prior: float):
+    """Admit a request whose length class has earned, per block it brought,
+    at least `threshold` times the mean reuse so far (shrunk toward the mean
+    by `prior` blocks): learned from every block ever seen, stored or not."""
+    owner: dict[int, int] = {}
+    brought: collections.Counter = collections.Counter()
+    reread: collections.Counter = collections.Counter()
+
+    def admit(i: int, _k: int) -> bool:
+        row, c = rows[i], length_class(requests[i]["length"])
+        k = 0
+        while k < len(row) and row[k][0] in owner:
+            k += 1
+        if k:
+            reread[owner[row[k - 1][0]]] += k
+        new = [n for n, _ in row[k:] if n not in owner]
+        for n in new:
+            owner[n] = c
+        brought[c] += len(new)
+        total = sum(brought.values())
+        mean = sum(reread.values()) / total if total else 0.0
+        value = (reread[c] + prior * mean) / (brought[c] + prior)
+        return value >= threshold * mean
+
+    return admit
+
+
+def bounds(requests: list[dict], fraction: float) -> dict:
+    rows = chains(requests)
+    ide = tr.ideal(requests)
+    capacity = int(fraction * ide["unique_tokens"])
+    ideal_hit = max(1, ide["hit_tokens"])
+
+    def rate(res):
+        return res["hit_tokens"] / ideal_hit
+
+    # Blocks some later request hits in the ideal: the oracle writes a
+    # request only where it brings such a block, and then only up to it.
+    later_hit: set[int] = set()
+    seen: set[int] = set()
+    for row in rows:
+        for node, _ in row:
+            if node not in seen:
+                break
+            later_hit.add(node)
+        seen.update(n for n, _ in row)
+    oracle_rows = []
+    for row in rows:
+        last = max((j for j, (n, _) in enumerate(row) if n in later_hit), default=-1)
+        oracle_rows.append(row[:last + 1])
+
+    out = {"fraction": fraction, "capacity_tokens": capacity,
+           "ideal_hit_tokens": ide["hit_tokens"]}
+    res = simulate(rows, capacity, lambda i, k: True)
+    out["write_all"] = {"of_ideal": rate(res), **res}
+    res = simulate(oracle_rows, capacity, lambda i, k: True)
+    out["oracle"] = {"of_ideal": rate(res), **res}
+
+    # Thresholds at the trace's own input-length fortieths (the shortest
+    # included, which admits everything).
+    by_len = sorted(r["length"] for r in requests)
+    lengths = sorted({by_len[(len(by_len) * j) // 40] for j in range(40)})
+    best = None
+    for t in lengths:
+        res = simulate(rows, capacity, lambda i, k, t=t: requests[i]["length"] >= t)
+        if best is None or rate(res) > best["of_ideal"]:
+            best = {"of_ideal": rate(res), "min_input_tokens": t, **res}
+    out["best_length_threshold"] = best
+
+    best = None
+    for t in lengths:
+        for o in (10, 20, 50, 100, 200, 500, 1000):
+            res = simulate(rows, capacity, lambda i, k, t=t, o=o:
+                           requests[i]["length"] >= t and requests[i].get("output", 0) < o)
+            if best is None or rate(res) > best["of_ideal"]:
+                best = {"of_ideal": rate(res), "min_input_tokens": t, "max_output_tokens": o,
+                        **res}
+    out["best_length_and_output_threshold"] = best
+
+    best = None
+    for thr in (0.5, 0.8, 1.0, 1.2, 1.5, 2.0):
+        for prior in (1.0, 8.0, 64.0):
+            res = simulate(rows, capacity, online_rule(requests, rows, thr, prior))
+            if best is None or rate(res) > best["of_ideal"]:
+                best = {"of_ideal": rate(res), "threshold": thr, "prior_blocks": prior, **res}
+    out["best_online_length_class"] = best
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", default=tr.default_trace())
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--skip", type=int, default=0)
+    ap.add_argument("--budgets", default="0.25,1.0",
+                    help="disk budgets as fractions of the trace's unique KV")
+    ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    a = ap.parse_args(argv)
+    try:
+        fractions = [float(x) for x in a.budgets.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--budgets {a.budgets!r}: comma-separated numbers expected")
+    if not fractions or any(not (f > 0) for f in fractions):
+        ap.error("--budgets: every fraction must be > 0")
+    if a.requests <= 0:
+        ap.error("--requests must be > 0")
+    requests = tr.load_trace(a.trace, a.requests, a.skip)
+    result = {"trace": a.trace, "requests": len(requests),
+              "budgets": [bounds(requests, f) for f in fractions]}
+    if a.json:
+        json.dump(result, sys.stdout, indent=1)
+        print()
+        return 0
+    print(f"{len(requests)} requests of {a.trace}: hit tokens as a fraction of the ideal "
+          f"(an infinite cache), token-weighted block LRU")
+    for b in result["budgets"]:
+        print(f"\ndisk budget {b['fraction']}x the unique KV ({b['capacity_tokens']} tokens), "
+              f"ideal {b['ideal_hit_tokens']} hit tokens")
+        for name in ("write_all", "oracle", "best_length_threshold",
+                     "best_length_and_output_threshold", "best_online_length_class"):
+            r = b[name]
+            extra = ", ".join(f"{k}={v}" for k, v in r.items()
+                              if k not in ("of_ideal", "hit_tokens", "written_tokens"))
+            print(f"  {name:34s} {r['of_ideal']:.3f} of ideal, writes {r['written_tokens']} "
+                  f"tokens{'  (' + extra + ')' if extra else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
