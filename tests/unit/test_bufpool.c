@@ -4,7 +4,8 @@
  * buffers, the idle-bytes cap and the soft limit, statistics, allocation
  * failures injected through the io seam (aligned_alloc and malloc), and the
  * reference-counted lifetime (buffers returned after the creator released the
- * pool).
+ * pool), huge-page blocks (aligned, and advised on Linux where transparent
+ * huge pages are granted on advice).
  */
 #include "testutil.h"
 #include "base/bufpool.h"
@@ -13,6 +14,7 @@
 #include "base/io.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 static void test_classes(void) {
@@ -264,6 +266,67 @@ static void test_default_pool(void) {
   kvti_bufpool_trim(d);
 }
 
+/* The "THPeligible:" line of the smaps mapping holding p: 1 or 0, or -1 when
+ * /proc/self/smaps is unreadable or has no such line. */
+static int thp_eligible(const void *p) {
+  FILE *f = fopen("/proc/self/smaps", "r");
+  if (!f)
+    return -1;
+  char line[512];
+  int in = 0, got = -1;
+  uintptr_t a = (uintptr_t)p;
+  while (got < 0 && fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') &&
+        line[0] != ' ')
+      in = a >= lo && a < hi;
+    else if (in && strncmp(line, "THPeligible:", 12) == 0)
+      got = atoi(line + 12) ? 1 : 0;
+  }
+  fclose(f);
+  return got;
+}
+
+/* Whether transparent huge pages are granted on advice only ("[madvise]"):
+ * then a mapping is eligible only if advised, so the check can fail. */
+static int thp_on_advice(void) {
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  char buf[128] = {0};
+  int on = f && fgets(buf, sizeof buf, f) && strstr(buf, "[madvise]");
+  if (f)
+    fclose(f);
+  return on;
+}
+
+static void test_huge_blocks(void) {
+  kvti_bufpool *p = NULL;
+  REQUIRE(kvti_bufpool_create(&p, 64u << 20) == 0);
+  size_t big = (4u << 20) + 4096, small = 1u << 20;
+  char *b = kvti_bufpool_get(p, big, NULL);
+  char *s = kvti_bufpool_get(p, small, NULL);
+  REQUIRE(b && s);
+  CHECK(kvti_bufpool_class(big) > (4u << 20) + 4096);
+  CHECK((uintptr_t)b % (2u << 20) == 0); /* whole huge pages from its start */
+  CHECK((uintptr_t)s % 4096 == 0);
+  memset(b, 1, big);
+  memset(s, 1, small);
+#if defined(__linux__) && !KVT_PORTABLE
+  if (!thp_on_advice() || thp_eligible(b) < 0) {
+    kvt_test_skip("env", "transparent huge pages not on advice, or no "
+                         "THPeligible in /proc/self/smaps");
+  } else {
+    CHECK_EQ_INT(thp_eligible(b), 1);
+    CHECK_EQ_INT(thp_eligible(b + (2u << 20)), 1);
+    /* The class slack past the bytes asked for is not advised: no huge
+     * page is faulted in for bytes nobody asked for. */
+    CHECK_EQ_INT(thp_eligible(b + (4u << 20)), 0);
+  }
+#endif
+  kvti_bufpool_put(p, b, big);
+  kvti_bufpool_put(p, s, small);
+  kvti_bufpool_release(p);
+}
+
 int main(void) {
   RUN(test_classes);
   RUN(test_reuse_and_cap);
@@ -274,5 +337,6 @@ int main(void) {
   RUN(test_retain_release_keeps_idle);
   RUN(test_default_pool);
   RUN(test_public_api);
+  RUN(test_huge_blocks);
   return kvt_test_done();
 }
