@@ -5,7 +5,9 @@
  * failures injected through the io seam (aligned_alloc and malloc), and the
  * reference-counted lifetime (buffers returned after the creator released the
  * pool), huge-page blocks (aligned, and advised on Linux where transparent
- * huge pages are granted on advice).
+ * huge pages are granted on advice), and groups of buffers carved from one
+ * block (aligned, disjoint, freed one by one in any order, the block back in
+ * the pool only with the last).
  */
 #include "testutil.h"
 #include "base/bufpool.h"
@@ -327,6 +329,43 @@ static void test_huge_blocks(void) {
   kvti_bufpool_release(p);
 }
 
+static void test_buf_group(void) {
+  kvti_bufpool *d = kvti_bufpool_default();
+  REQUIRE(d);
+  kvti_bufpool_trim(d);
+  kvti_bufpool_stats s0, s1, s2;
+  kvti_bufpool_get_stats(d, &s0);
+  enum { N = 9 };
+  size_t sizes[N] = {512u << 10, 512u << 10,       0,     100, 4096,
+                     512u << 10, (512u << 10) + 1, 65536, 3};
+  void *b[N];
+  REQUIRE(kvti_buf_alloc_group(b, sizes, N) == 0);
+  for (int i = 0; i < N; i++) {
+    REQUIRE(b[i]);
+    CHECK((uintptr_t)b[i] % 4096 == 0);
+    memset(b[i], 0x40 + i, sizes[i]);
+  }
+  for (int i = 0; i < N; i++) /* disjoint: each still holds its own bytes */
+    for (size_t k = 0; k < sizes[i]; k += 997)
+      CHECK(((unsigned char *)b[i])[k] == 0x40 + i);
+  kvti_bufpool_get_stats(d, &s1);
+  CHECK_EQ_INT(s1.gets - s0.gets, 1); /* one block for all of them */
+  static const int order[N] = {4, 0, 8, 2, 6, 1, 7, 3, 5};
+  for (int i = 0; i < N - 1; i++)
+    kvti_buf_free(b[order[i]]);
+  kvti_bufpool_get_stats(d, &s2);
+  CHECK_EQ_INT(s2.out_bytes, s1.out_bytes); /* one buffer still lives */
+  CHECK(((unsigned char *)b[order[N - 1]])[0] == 0x40 + order[N - 1]);
+  kvti_buf_free(b[order[N - 1]]);
+  kvti_bufpool_get_stats(d, &s2);
+  CHECK_EQ_INT(s2.out_bytes, s0.out_bytes);
+  CHECK_EQ_INT(kvti_buf_alloc_group(b, sizes, 0), 0);
+  size_t huge[2] = {SIZE_MAX / 2, 1};
+  CHECK(kvti_buf_alloc_group(b, huge, 2) == KVT_ENOMEM);
+  CHECK(b[0] == NULL && b[1] == NULL);
+  kvti_bufpool_trim(d);
+}
+
 int main(void) {
   RUN(test_classes);
   RUN(test_reuse_and_cap);
@@ -338,5 +377,6 @@ int main(void) {
   RUN(test_default_pool);
   RUN(test_public_api);
   RUN(test_huge_blocks);
+  RUN(test_buf_group);
   return kvt_test_done();
 }
