@@ -32,11 +32,26 @@ double bu_now(void) {
 }
 
 /* Runs argv (stderr to /dev/null) and returns its stdout, malloc'ed and
- * NUL-terminated, or NULL; *status receives the wait status. */
-static char *run_capture(char *const argv[], int *status) {
-  int pfd[2];
-  if (pipe(pfd) != 0)
+ * NUL-terminated, or NULL; *status receives the wait status. extra (or NULL):
+ * one "NAME=value" for the child's environment, replacing any NAME there. */
+static char *run_capture(char *const argv[], const char *extra, int *status) {
+  size_t ne = 0, kept = 0;
+  while (environ[ne])
+    ne++;
+  char **env = calloc(ne + 2, sizeof *env);
+  if (!env)
     return NULL;
+  size_t nl = extra ? strcspn(extra, "=") + 1 : 0;
+  for (size_t i = 0; i < ne; i++)
+    if (!extra || strncmp(environ[i], extra, nl) != 0)
+      env[kept++] = environ[i];
+  if (extra)
+    env[kept++] = (char *)extra;
+  int pfd[2];
+  if (pipe(pfd) != 0) {
+    free(env);
+    return NULL;
+  }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, pfd[1], STDOUT_FILENO);
@@ -44,8 +59,9 @@ static char *run_capture(char *const argv[], int *status) {
   posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, "/dev/null", O_WRONLY,
                                    0);
   pid_t pid;
-  int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+  int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, env);
   posix_spawn_file_actions_destroy(&fa);
+  free(env);
   close(pfd[1]);
   if (rc != 0) {
     close(pfd[0]);
@@ -87,7 +103,7 @@ static char *run_capture(char *const argv[], int *status) {
 int bu_fio_version(char *buf, size_t cap) {
   char *argv[] = {"fio", "--version", NULL};
   int st = 0;
-  char *out = run_capture(argv, &st);
+  char *out = run_capture(argv, NULL, &st);
   if (!out)
     return -1;
   int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0 && strncmp(out, "fio", 3) == 0;
@@ -148,7 +164,9 @@ int bu_fio(double *bw, const bu_fio_job *j) {
                   "--numjobs=1", "--output-format=json",
                   NULL};
   int st = 0;
-  char *out = run_capture(argv, &st);
+  char *out = run_capture(
+      argv, j->huge_buffers ? "GLIBC_TUNABLES=glibc.malloc.hugetlb=1" : NULL,
+      &st);
   double v =
       out && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? fio_bw(out, j->rw) : -1;
   free(out);

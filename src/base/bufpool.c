@@ -14,6 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#if !KVT_PORTABLE
+#include <sys/mman.h>
+#endif
 
 /* 8 classes of 4 KiB steps up to 32 KiB, then 8 per power of two up to 2^64. */
 #define NCLASSES (8 + 49 * 8)
@@ -206,6 +209,31 @@ kvti_bufpool *kvti_bufpool_default(void) {
   return default_pool;
 }
 
+/* A new block of cap bytes for a request of n. From a huge page up, the block
+ * is aligned to huge pages and those wholly within the n bytes asked for are
+ * advised as such (transparent huge pages, granted on advice in the usual
+ * "madvise" mode): an O_DIRECT read or write into 4 KiB pages is one device
+ * segment per page, so a 1 MiB request into them is split (virtio disks take
+ * about 254 segments) and every page is pinned one by one, while a huge page
+ * is one physically contiguous segment. Measured on the target VMs (1 MiB
+ * io_uring reads, bench_promote_cold and fio): 0.8-1.0 GB/s into 4 KiB pages,
+ * 1.8-2.1 GB/s into huge pages. Only pages the caller asked for are advised, so
+ * no huge page is faulted in for the class slack beyond n; refused advice
+ * (huge pages off, a system without them) leaves the block as it is. */
+#define HUGE_PAGE ((size_t)2 << 20)
+static void *new_block(size_t n, size_t cap) {
+#if !KVT_PORTABLE && defined(MADV_HUGEPAGE)
+  if (n >= HUGE_PAGE) {
+    void *b = kvti_aligned_alloc(HUGE_PAGE, cap);
+    if (b)
+      (void)madvise(b, n / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE);
+    return b;
+  }
+#endif
+  (void)n;
+  return kvti_aligned_alloc(KVTI_BUF_ALIGN, cap);
+}
+
 void *kvti_bufpool_get(kvti_bufpool *p, size_t n, size_t *capp) {
   size_t cap;
   int ci = class_index(n, &cap);
@@ -236,7 +264,7 @@ void *kvti_bufpool_get(kvti_bufpool *p, size_t n, size_t *capp) {
     buf = hit->buf;
     kvti_free(hit);
   } else {
-    buf = kvti_aligned_alloc(KVTI_BUF_ALIGN, cap);
+    buf = new_block(n, cap);
   }
   pthread_mutex_lock(&p->mu);
   if (!buf) {

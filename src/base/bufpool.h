@@ -6,7 +6,10 @@
  * here and go back here instead of to the allocator. Buffers are rounded up to
  * a size class (4 KiB granularity below 32 KiB, then 8 classes per power of
  * two, so at most 12.5% slack) and a freed buffer is kept for the next request
- * of the same class.
+ * of the same class. Blocks of a huge page (2 MiB) and more are aligned to
+ * one, and the huge pages within the bytes asked for are advised as such
+ * (bufpool.c: O_DIRECT transfers into them are one device segment per huge
+ * page instead of one per 4 KiB).
  *
  * Bounds: the pool never holds more than `max_cached` bytes of idle buffers (a
  * put that would exceed it frees the oldest idle buffers first), and gets never

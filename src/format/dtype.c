@@ -11,6 +11,7 @@
 #include "base/io.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 static const struct {
@@ -226,6 +227,7 @@ int kvti_tensor_nbytes(uint64_t *out, kvt_dtype dt, uint32_t ndim,
 #define KVTI_BUF_POOL_MIN ((size_t)64 << 10)
 #define TAG_MALLOC UINT64_C(0x6b76746d616c6c63)
 #define TAG_POOL UINT64_C(0x6b7674706f6f6c21)
+#define TAG_GROUP UINT64_C(0x6b76746772707321)
 
 void *kvti_buf_alloc(size_t n) {
   if (n >= KVTI_BUF_POOL_MIN && n <= SIZE_MAX - 2 * KVTI_BUF_ALIGN) {
@@ -253,10 +255,59 @@ void *kvti_buf_alloc(size_t n) {
   return (void *)a;
 }
 
+/* A group block (kvti_buf_alloc_group): its first page starts with this
+ * header; buffer i lies at a 4096-aligned offset with a free page before it
+ * whose last two words are the block's address and TAG_GROUP. */
+typedef struct group_hdr {
+  _Atomic uint64_t live; /* buffers not yet freed */
+  uint64_t want;         /* the block's pool size */
+} group_hdr;
+
+#define PAGE_UP(n)                                                             \
+  (((n) + (uint64_t)KVTI_BUF_ALIGN - 1) & ~((uint64_t)KVTI_BUF_ALIGN - 1))
+
+int kvti_buf_alloc_group(void **out, const size_t *sizes, size_t count) {
+  uint64_t want = 0;
+  for (size_t i = 0; i < count; i++)
+    out[i] = NULL;
+  for (size_t i = 0; i < count; i++) {
+    if (sizes[i] > SIZE_MAX / 4)
+      return KVT_ERR(KVT_ENOMEM, "buffer of %zu bytes is too large", sizes[i]);
+    want += KVTI_BUF_ALIGN + PAGE_UP((uint64_t)sizes[i]);
+    if (want > SIZE_MAX / 2)
+      return KVT_ERR(KVT_ENOMEM, "buffer group too large");
+  }
+  if (count == 0)
+    return 0;
+  kvti_bufpool *pool = kvti_bufpool_default();
+  char *base = pool ? kvti_bufpool_get(pool, (size_t)want, NULL) : NULL;
+  if (!base)
+    return KVT_ERR_NOMEM();
+  group_hdr *g = (group_hdr *)(void *)base;
+  atomic_init(&g->live, (uint64_t)count);
+  g->want = want;
+  uint64_t off = 0;
+  for (size_t i = 0; i < count; i++) {
+    off += KVTI_BUF_ALIGN;
+    uint64_t *hdr = (uint64_t *)(void *)(base + off);
+    hdr[-2] = (uint64_t)(uintptr_t)base;
+    hdr[-1] = TAG_GROUP;
+    out[i] = base + off;
+    off += PAGE_UP((uint64_t)sizes[i]);
+  }
+  return 0;
+}
+
 void kvti_buf_free(void *p) {
   if (!p)
     return;
   uint64_t *hdr = p;
+  if (hdr[-1] == TAG_GROUP) {
+    group_hdr *g = (group_hdr *)(uintptr_t)hdr[-2];
+    if (atomic_fetch_sub(&g->live, 1) == 1)
+      kvti_bufpool_put(kvti_bufpool_default(), g, (size_t)g->want);
+    return;
+  }
   if (hdr[-1] == TAG_POOL)
     kvti_bufpool_put(kvti_bufpool_default(), (char *)p - KVTI_BUF_ALIGN,
                      (size_t)hdr[-2]);

@@ -43,6 +43,15 @@ int kvti_tensor_nbytes(uint64_t *out, kvt_dtype dt, uint32_t ndim,
  * (bufpool.h), so tensor copies and promoted tensors reuse memory instead of
  * faulting in fresh pages. */
 void *kvti_buf_alloc(size_t n);
+/* count buffers of sizes[i] bytes (each 4096-aligned) carved from one pool
+ * block, each freed with kvti_buf_free on its own; the block goes back to the
+ * pool when the last of them is freed. For many buffers below a huge page
+ * that are used and freed together (an entry's tensors): the block is one
+ * run of huge pages (bufpool.h), which separate buffers of that size never
+ * get. The first page and one page before each buffer hold bookkeeping. Any
+ * buffer kept alive keeps the whole block. Returns 0 with out[0..count)
+ * set, or KVT_ENOMEM with every out[i] NULL. */
+int kvti_buf_alloc_group(void **out, const size_t *sizes, size_t count);
 void kvti_buf_free(void *p);
 
 #endif

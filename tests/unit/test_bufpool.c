@@ -4,7 +4,10 @@
  * buffers, the idle-bytes cap and the soft limit, statistics, allocation
  * failures injected through the io seam (aligned_alloc and malloc), and the
  * reference-counted lifetime (buffers returned after the creator released the
- * pool).
+ * pool), huge-page blocks (aligned, and advised on Linux where transparent
+ * huge pages are granted on advice), and groups of buffers carved from one
+ * block (aligned, disjoint, freed one by one in any order, the block back in
+ * the pool only with the last).
  */
 #include "testutil.h"
 #include "base/bufpool.h"
@@ -13,6 +16,7 @@
 #include "base/io.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 static void test_classes(void) {
@@ -264,6 +268,104 @@ static void test_default_pool(void) {
   kvti_bufpool_trim(d);
 }
 
+/* The "THPeligible:" line of the smaps mapping holding p: 1 or 0, or -1 when
+ * /proc/self/smaps is unreadable or has no such line. */
+static int thp_eligible(const void *p) {
+  FILE *f = fopen("/proc/self/smaps", "r");
+  if (!f)
+    return -1;
+  char line[512];
+  int in = 0, got = -1;
+  uintptr_t a = (uintptr_t)p;
+  while (got < 0 && fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') &&
+        line[0] != ' ')
+      in = a >= lo && a < hi;
+    else if (in && strncmp(line, "THPeligible:", 12) == 0)
+      got = atoi(line + 12) ? 1 : 0;
+  }
+  fclose(f);
+  return got;
+}
+
+/* Whether transparent huge pages are granted on advice only ("[madvise]"):
+ * then a mapping is eligible only if advised, so the check can fail. */
+static int thp_on_advice(void) {
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  char buf[128] = {0};
+  int on = f && fgets(buf, sizeof buf, f) && strstr(buf, "[madvise]");
+  if (f)
+    fclose(f);
+  return on;
+}
+
+static void test_huge_blocks(void) {
+  kvti_bufpool *p = NULL;
+  REQUIRE(kvti_bufpool_create(&p, 64u << 20) == 0);
+  size_t big = (4u << 20) + 4096, small = 1u << 20;
+  char *b = kvti_bufpool_get(p, big, NULL);
+  char *s = kvti_bufpool_get(p, small, NULL);
+  REQUIRE(b && s);
+  CHECK(kvti_bufpool_class(big) > (4u << 20) + 4096);
+  CHECK((uintptr_t)b % (2u << 20) == 0); /* whole huge pages from its start */
+  CHECK((uintptr_t)s % 4096 == 0);
+  memset(b, 1, big);
+  memset(s, 1, small);
+#if defined(__linux__) && !KVT_PORTABLE
+  if (!thp_on_advice() || thp_eligible(b) < 0) {
+    kvt_test_skip("env", "transparent huge pages not on advice, or no "
+                         "THPeligible in /proc/self/smaps");
+  } else {
+    CHECK_EQ_INT(thp_eligible(b), 1);
+    CHECK_EQ_INT(thp_eligible(b + (2u << 20)), 1);
+    /* The class slack past the bytes asked for is not advised: no huge
+     * page is faulted in for bytes nobody asked for. */
+    CHECK_EQ_INT(thp_eligible(b + (4u << 20)), 0);
+  }
+#endif
+  kvti_bufpool_put(p, b, big);
+  kvti_bufpool_put(p, s, small);
+  kvti_bufpool_release(p);
+}
+
+static void test_buf_group(void) {
+  kvti_bufpool *d = kvti_bufpool_default();
+  REQUIRE(d);
+  kvti_bufpool_trim(d);
+  kvti_bufpool_stats s0, s1, s2;
+  kvti_bufpool_get_stats(d, &s0);
+  enum { N = 9 };
+  size_t sizes[N] = {512u << 10, 512u << 10,       0,     100, 4096,
+                     512u << 10, (512u << 10) + 1, 65536, 3};
+  void *b[N];
+  REQUIRE(kvti_buf_alloc_group(b, sizes, N) == 0);
+  for (int i = 0; i < N; i++) {
+    REQUIRE(b[i]);
+    CHECK((uintptr_t)b[i] % 4096 == 0);
+    memset(b[i], 0x40 + i, sizes[i]);
+  }
+  for (int i = 0; i < N; i++) /* disjoint: each still holds its own bytes */
+    for (size_t k = 0; k < sizes[i]; k += 997)
+      CHECK(((unsigned char *)b[i])[k] == 0x40 + i);
+  kvti_bufpool_get_stats(d, &s1);
+  CHECK_EQ_INT(s1.gets - s0.gets, 1); /* one block for all of them */
+  static const int order[N] = {4, 0, 8, 2, 6, 1, 7, 3, 5};
+  for (int i = 0; i < N - 1; i++)
+    kvti_buf_free(b[order[i]]);
+  kvti_bufpool_get_stats(d, &s2);
+  CHECK_EQ_INT(s2.out_bytes, s1.out_bytes); /* one buffer still lives */
+  CHECK(((unsigned char *)b[order[N - 1]])[0] == 0x40 + order[N - 1]);
+  kvti_buf_free(b[order[N - 1]]);
+  kvti_bufpool_get_stats(d, &s2);
+  CHECK_EQ_INT(s2.out_bytes, s0.out_bytes);
+  CHECK_EQ_INT(kvti_buf_alloc_group(b, sizes, 0), 0);
+  size_t huge[2] = {SIZE_MAX / 2, 1};
+  CHECK(kvti_buf_alloc_group(b, huge, 2) == KVT_ENOMEM);
+  CHECK(b[0] == NULL && b[1] == NULL);
+  kvti_bufpool_trim(d);
+}
+
 int main(void) {
   RUN(test_classes);
   RUN(test_reuse_and_cap);
@@ -274,5 +376,7 @@ int main(void) {
   RUN(test_retain_release_keeps_idle);
   RUN(test_default_pool);
   RUN(test_public_api);
+  RUN(test_huge_blocks);
+  RUN(test_buf_group);
   return kvt_test_done();
 }

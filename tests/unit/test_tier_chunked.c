@@ -8,7 +8,9 @@
  * prefix with no entry; a damaged chunk is never served and takes the chains
  * and entries through it; capacity evicts chunks and entries (no entry left
  * without its chain); the chunks survive a reopen; an entry or chain prefix
- * holding a quantized layer reports (and reserves) its dense size.
+ * holding a quantized layer reports (and reserves) its dense size; an
+ * entry's tensors below a huge page are promoted into one shared block,
+ * bit for bit.
  */
 #include "fmt_testlib.h"
 #include "tier_testlib.h"
@@ -481,6 +483,57 @@ static void test_quantized_memory_bytes_unchunked(void) {
   test_quantized_memory_bytes(0);
 }
 
+/* Tensors of 1 MiB (below a huge page), 8 MiB in all: the promote carves
+ * them from one block (kvti_buf_alloc_group), each 4096-aligned after a
+ * bookkeeping page, and they still hold exactly what was spilled - also
+ * freed one entry at a time across repeated promotes (the block back in
+ * the pool and reused). */
+static void test_small_tensors_share_a_block(void) {
+  char *dir = t_join(g_dir, "shared-block");
+  kvt_options o = KVT_OPTIONS_INIT;
+  o.cache_dir = dir;
+  o.durability = KVT_DURABILITY_NONE;
+  o.chunk_tokens = 128;
+  o.host_cache_bytes = 0; /* every promote reads the chunk files */
+  kvt_tier *t;
+  REQUIRE(kvt_tier_open(&t, &o) == 0);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  enum { N = 256, D = 1024, L = 4 };
+  int32_t tok[N];
+  for (int i = 0; i < N; i++)
+    tok[i] = 4000 + i;
+  kvt_layer l[L];
+  for (int i = 0; i < L; i++)
+    l[i] = t_kv_tokens(tok, N, N, D, i);
+  REQUIRE(kvt_tier_spill(t, tok, N, l, L, 0) == 0);
+  REQUIRE(kvt_tier_flush(t, 30000) == 0);
+  for (int round = 0; round < 3; round++) {
+    kvt_entry *e = NULL;
+    REQUIRE(kvt_tier_promote(&e, t, tok, N, NULL) == 0 && e);
+    CHECK_EQ_INT(kvt_entry_num_layers(e), L);
+    const char *prev = NULL;
+    for (uint32_t i = 0; i < L; i++) {
+      const kvt_layer *got = kvt_entry_layer(e, i);
+      REQUIRE(got && got->num_tensors == 2);
+      CHECK(t_layer_eq(got, &l[i]));
+      for (uint32_t j = 0; j < 2; j++) {
+        const char *d = got->tensors[j].data;
+        CHECK_EQ_INT(got->tensors[j].nbytes, 2u * N * D * 2);
+        CHECK((uintptr_t)d % 4096 == 0);
+        if (prev) /* the next buffer of the same block */
+          CHECK(d == prev + 2u * N * D * 2 + 4096);
+        prev = d;
+      }
+    }
+    kvt_entry_free(e);
+  }
+  for (int i = 0; i < L; i++)
+    t_layer_free(&l[i]);
+  REQUIRE(kvt_tier_close(t, 30000) == 0);
+  kvt_tier_free(t);
+  free(dir);
+}
+
 int main(void) {
   g_dir = kvt_test_tmpdir("tierchunked");
   RUN(test_options);
@@ -491,5 +544,6 @@ int main(void) {
   RUN(test_mixed_compat);
   RUN(test_quantized_memory_bytes_chunked);
   RUN(test_quantized_memory_bytes_unchunked);
+  RUN(test_small_tensors_share_a_block);
   return kvt_test_done();
 }
