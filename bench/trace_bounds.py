@@ -11,8 +11,11 @@ trace's own length fortieths;
 the same with the output length too (which a tier never sees at spill time);
 and an online rule that learns each length class's reuse from a record of
 every block seen (kvtier's admission record, with unlimited memory).  Only the
-admission differs between rules, so the gap between the oracle and the others
-is what the trace's visible signals fail to predict.  Nothing here touches a
+admission differs between those rules, so the gap between the oracle and the
+others is what the trace's visible signals fail to predict.  Two more rows
+write everything and change the eviction instead: the shorter prompts' blocks
+go first (by kvtier's length classes, and by the best of a few fixed-width
+length buckets, chosen with hindsight).  Nothing here touches a
 tier or a disk: it is a model, and its figures bound, not measure, kvtier.
 
     /usr/bin/python3 bench/trace_bounds.py --requests 1000 --budgets 0.25,1.0 [--json]
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import heapq
 import json
 import math
 import os
@@ -77,6 +81,43 @@ def simulate(rows: list[list[tuple[int, int]]], capacity: int, admit) -> dict:
         while used > capacity and held:
             _, blen = held.popitem(last=False)
             used -= blen
+    return {"hit_tokens": hit, "written_tokens": written}
+
+
+def simulate_by_priority(rows: list[list[tuple[int, int]]], capacity: int, priority) -> dict:
+    """As simulate with everything written, but a full disk evicts the block
+    of the lowest priority(i) of the request that last wrote or hit it, the
+    least recently used among equals (a value eviction with a fixed value)."""
+    held: dict[int, tuple[int, int, int]] = {}  # node -> (tokens, priority, stamp)
+    heap: list[tuple[int, int, int]] = []
+    used = hit = written = stamp = 0
+    for i, row in enumerate(rows):
+        pr = priority(i)
+        k = 0
+        for node, blen in row:
+            h = held.get(node)
+            if h is None or h[0] < blen:
+                break
+            hit += blen
+            k += 1
+            stamp += 1
+            held[node] = (h[0], h[1], stamp)
+            heapq.heappush(heap, (h[1], stamp, node))
+        for node, blen in row[k:]:
+            h = held.get(node)
+            have = h[0] if h else 0
+            stamp += 1
+            held[node] = (max(blen, have), pr, stamp)
+            heapq.heappush(heap, (pr, stamp, node))
+            used += max(0, blen - have)
+            written += max(0, blen - have)
+        while used > capacity and heap:
+            _, st, node = heapq.heappop(heap)
+            h = held.get(node)
+            if h is None or h[2] != st:
+                continue  # a stale heap entry: the block was touched since
+            used -= h[0]
+            del held[node]
     return {"hit_tokens": hit, "written_tokens": written}
 
 
@@ -171,6 +212,20 @@ def bounds(requests: list[dict], fraction: float) -> dict:
             if best is None or rate(res) > best["of_ideal"]:
                 best = {"of_ideal": rate(res), "threshold": thr, "prior_blocks": prior, **res}
     out["best_online_length_class"] = best
+
+    # Eviction instead of admission: everything written, the shorter
+    # prompts' blocks evicted first (by kvtier's half-octave classes, or by
+    # fixed-width length buckets chosen with hindsight).
+    best = None
+    for width in (0, 1000, 2000, 3000, 4000, 8000):
+        res = simulate_by_priority(rows, capacity, lambda i, w=width: (
+            length_class(requests[i]["length"]) if w == 0 else requests[i]["length"] // w))
+        r = {"of_ideal": rate(res), "bucket_tokens": width or "half-octave classes", **res}
+        if width == 0:
+            out["evict_shorter_first_classes"] = r
+        if best is None or r["of_ideal"] > best["of_ideal"]:
+            best = r
+    out["best_evict_shorter_first"] = best
     return out
 
 
@@ -204,7 +259,8 @@ def main(argv=None) -> int:
         print(f"\ndisk budget {b['fraction']}x the unique KV ({b['capacity_tokens']} tokens), "
               f"ideal {b['ideal_hit_tokens']} hit tokens")
         for name in ("write_all", "oracle", "best_length_threshold",
-                     "best_length_and_output_threshold", "best_online_length_class"):
+                     "best_length_and_output_threshold", "best_online_length_class",
+                     "evict_shorter_first_classes", "best_evict_shorter_first"):
             r = b[name]
             extra = ", ".join(f"{k}={v}" for k, v in r.items()
                               if k not in ("of_ideal", "hit_tokens", "written_tokens"))

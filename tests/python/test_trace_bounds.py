@@ -102,3 +102,15 @@ def test_command_line_text_json_and_refusals():
         r = subprocess.run(run + ["--budgets", bad], capture_output=True, text=True,
                            timeout=120)
         assert r.returncode == 2 and "--budgets" in r.stderr
+
+
+def test_eviction_by_priority_keeps_the_long_prompt_lru_loses():
+    reqs = [_req([1, 2], 1024), _req([3], 512), _req([4], 512), _req([5], 512),
+            _req([1, 2], 1024)]
+    rows = tb.chains(reqs)
+    by_len = tb.simulate_by_priority(rows, 3 * 512, lambda i: reqs[i]["length"])
+    assert by_len["hit_tokens"] == 1024 and by_len["written_tokens"] == 1024 + 3 * 512
+    flat = tb.simulate_by_priority(rows, 3 * 512, lambda i: 0)  # LRU among equals
+    assert flat == tb.simulate(rows, 3 * 512, lambda i, k: True)
+    b = tb.bounds(reqs, 0.6)
+    assert b["best_evict_shorter_first"]["of_ideal"] == 1.0
