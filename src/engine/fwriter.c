@@ -34,10 +34,11 @@
 /* Held appends (kvti_fwriter_append_held): a run of the caller's memory is
  * written from where it lies once it reaches HELD_MIN bytes (shorter runs are
  * copied: small direct writes cost the disk more than the copy costs the CPU),
- * at most HELD_MAX per write, NHELD such writes in flight. */
+ * at most HELD_MAX per write, NHELD such writes queued (the engine's depth
+ * bounds those in flight). */
 #define HELD_MIN ((size_t)256 << 10)
 #define HELD_MAX ((size_t)1 << 20)
-#define NHELD 8
+#define NHELD 16
 
 struct kvti_fwriter {
   kvti_wgroup *g;
@@ -82,8 +83,8 @@ struct kvti_wgroup {
   int err;
 };
 
-int kvti_wgroup_open(kvti_wgroup **out, int backend, kvti_bufpool *pool,
-                     int do_fsync) {
+int kvti_wgroup_open_depth(kvti_wgroup **out, int backend, kvti_bufpool *pool,
+                           int do_fsync, unsigned depth) {
   kvti_wgroup *g = kvti_calloc(1, sizeof *g);
   if (!g)
     return KVT_ERR_NOMEM();
@@ -94,7 +95,11 @@ int kvti_wgroup_open(kvti_wgroup **out, int backend, kvti_bufpool *pool,
   }
   kvti_bufpool_retain(g->pool);
   g->do_fsync = do_fsync;
-  int rc = kvti_iobatch_get(&g->b, backend);
+  kvti_iob_cfg cfg = KVTI_IOB_CFG_INIT;
+  cfg.backend = backend;
+  cfg.depth = depth;
+  int rc = depth ? kvti_iobatch_get_cfg(&g->b, &cfg)
+                 : kvti_iobatch_get(&g->b, backend);
   if (rc) {
     kvti_bufpool_release(g->pool);
     kvti_free(g);
@@ -102,6 +107,11 @@ int kvti_wgroup_open(kvti_wgroup **out, int backend, kvti_bufpool *pool,
   }
   *out = g;
   return 0;
+}
+
+int kvti_wgroup_open(kvti_wgroup **out, int backend, kvti_bufpool *pool,
+                     int do_fsync) {
+  return kvti_wgroup_open_depth(out, backend, pool, do_fsync, 0);
 }
 
 static void file_free(kvti_fwriter *w, int remove) {
