@@ -64,9 +64,9 @@ typedef struct kvti_fwriter_opts {
 int kvti_wgroup_open(kvti_wgroup **out, int backend, kvti_bufpool *pool,
                      int do_fsync);
 /* The same with depth writes in flight (0: the engine's default of 8). A
- * group of many large files gains from 16 (one file's 512 KiB tensors
- * written from where they lie keep 8 MiB in flight); a single spill's lost
- * to it in measurements on the 2-core VM (docs/PERFORMANCE.md). */
+ * group of many large files gains from 16 (512 KiB tensors written from
+ * where they lie then keep 8 MiB in flight); a single spill's group measured
+ * slower with 16 on the 2-core VM (docs/PERFORMANCE.md). */
 int kvti_wgroup_open_depth(kvti_wgroup **out, int backend, kvti_bufpool *pool,
                            int do_fsync, unsigned depth);
 /* Starts a file in the group (o->backend/pool are ignored: the group's). */
