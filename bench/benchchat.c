@@ -386,6 +386,16 @@ static int burst_round(bu_chat_result *r, const bu_chat_opts *o, int k,
   return rc;
 }
 
+/* The smallest and largest of v[0, k), k >= 1: a figure's spread over the
+ * rounds. */
+static void spread(const double *v, int k, double *lo, double *hi) {
+  *lo = *hi = v[0];
+  for (int i = 1; i < k; i++) {
+    *lo = v[i] < *lo ? v[i] : *lo;
+    *hi = v[i] > *hi ? v[i] : *hi;
+  }
+}
+
 /* Rounds of (fio first in even rounds, last in odd ones): fio O_DIRECT
  * durable writes of the entries' bytes (fio_limit), the durable spill of
  * `entries` 256-token Llama-3-8B-shaped entries (writer throughput:
@@ -516,6 +526,7 @@ static int spill_promote(bu_chat_result *r, const bu_chat_opts *o) {
     r->spill_bps = bu_median(sb, k);
     r->fio_write_bps = bu_median(fw, k);
     r->spill_ratio = bu_median(sr, k);
+    spread(sr, k, &r->spill_ratio_min, &r->spill_ratio_max);
     r->promote_bps = bu_median(pb, k);
     r->fio_read_bps = bu_median(frd, k);
     r->promote_ratio = bu_median(pr, k);
@@ -525,13 +536,7 @@ static int spill_promote(bu_chat_result *r, const bu_chat_opts *o) {
       r->fio_burst_bps = bu_median(bf, k);
       r->burst_ratio = bu_median(br, k);
       r->fio_burst_seq_bps = bu_median(bs, k);
-      r->burst_ratio_min = r->burst_ratio_max = br[0];
-      for (int i = 1; i < k; i++) {
-        r->burst_ratio_min =
-            br[i] < r->burst_ratio_min ? br[i] : r->burst_ratio_min;
-        r->burst_ratio_max =
-            br[i] > r->burst_ratio_max ? br[i] : r->burst_ratio_max;
-      }
+      spread(br, k, &r->burst_ratio_min, &r->burst_ratio_max);
       r->burst_batched = (uint64_t)bu_median(bq, k);
     }
   }
@@ -623,23 +628,25 @@ void bu_chat_print(const bu_chat_result *r, FILE *f) {
   if (r->have_fio) {
     fprintf(f,
             "  spill (durable, writer) %8.1f MiB/s  fio O_DIRECT write %8.1f "
-            "MiB/s  ratio %.2f (target 0.85)\n",
+            "MiB/s  ratio %.2f (rounds %.2f-%.2f; target 0.95)\n",
             r->spill_bps / 1048576.0, r->fio_write_bps / 1048576.0,
-            r->spill_ratio);
+            r->spill_ratio, r->spill_ratio_min, r->spill_ratio_max);
     fprintf(f,
             "  promote (cold)          %8.1f MiB/s  fio O_DIRECT read  %8.1f "
-            "MiB/s  ratio %.2f (target 0.85)\n",
+            "MiB/s  ratio %.2f (target 0.95)\n",
             r->promote_bps / 1048576.0, r->fio_read_bps / 1048576.0,
             r->promote_ratio);
     if (r->burst > 0) {
       fprintf(f,
               "  burst of %d (no-copy)  %8.1f MiB/s  fio %d files, fsync each "
-              "%8.1f MiB/s  ratio %.2f (rounds %.2f-%.2f; target 1.2); "
-              "%llu of %d spills group-committed\n",
+              "%8.1f MiB/s  ratio %.2f (rounds %.2f-%.2f; target 1.2, the "
+              "disk's limit %.2f); %llu of %d spills group-committed\n",
               r->burst, r->burst_bps / 1048576.0, r->burst,
               r->fio_burst_bps / 1048576.0, r->burst_ratio, r->burst_ratio_min,
-              r->burst_ratio_max, (unsigned long long)r->burst_batched,
-              r->burst);
+              r->burst_ratio_max,
+              r->fio_burst_bps > 0 ? r->fio_burst_seq_bps / r->fio_burst_bps
+                                   : 0,
+              (unsigned long long)r->burst_batched, r->burst);
       fprintf(f,
               "  burst's disk limit      fio one job of its bytes, one fsync "
               "%8.1f MiB/s  (burst / limit %.2f)\n",

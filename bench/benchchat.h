@@ -74,6 +74,7 @@ typedef struct bu_chat_result {
   int have_fio, spill_rounds;
   uint64_t spill_entry_bytes;
   double spill_bps, fio_write_bps, spill_ratio;
+  double spill_ratio_min, spill_ratio_max; /* over the rounds */
   double promote_bps, fio_read_bps, promote_ratio;
   int promote_exact;
   /* a burst of `burst` 256-token spills queued at once, enqueue to flush

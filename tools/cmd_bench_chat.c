@@ -186,6 +186,8 @@ int cli_bench_chat(cli_flag *f, size_t nf, const char *given) {
     cJSON_AddNumberToObject(s, "fio_write_direct_bps", r.fio_write_bps);
     cJSON_AddNumberToObject(s, "fio_read_direct_bps", r.fio_read_bps);
     cJSON_AddNumberToObject(s, "spill_ratio", r.spill_ratio);
+    cJSON_AddNumberToObject(s, "spill_ratio_min", r.spill_ratio_min);
+    cJSON_AddNumberToObject(s, "spill_ratio_max", r.spill_ratio_max);
     cJSON_AddNumberToObject(s, "promote_ratio", r.promote_ratio);
     cJSON_AddStringToObject(s, "fio_write_job", r.fio_write_job);
     cJSON_AddStringToObject(s, "fio_read_job", r.fio_read_job);

@@ -21,6 +21,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -30,6 +31,14 @@
  */
 #define PIECE ((size_t)64 << 10)
 #define MAX_OPEN 64 /* files kept open before a checkpoint */
+/* Held appends (kvti_fwriter_append_held): a run of the caller's memory is
+ * written from where it lies once it reaches HELD_MIN bytes (shorter runs are
+ * copied: small direct writes cost the disk more than the copy costs the CPU),
+ * at most HELD_MAX per write, NHELD such writes queued (the engine's depth
+ * bounds those in flight). */
+#define HELD_MIN ((size_t)256 << 10)
+#define HELD_MAX ((size_t)1 << 20)
+#define NHELD 16
 
 struct kvti_fwriter {
   kvti_wgroup *g;
@@ -47,6 +56,11 @@ struct kvti_fwriter {
   uint64_t prealloc;
   uint64_t head; /* bytes reserved at offset 0 (opts.head_reserve) */
   int head_put;  /* the reserved head was written */
+  /* A held run not yet written: the caller's bytes [run, run + run_len),
+   * already hashed, the file's bytes from off on (the stage is empty while a
+   * run is open). */
+  const char *run;
+  size_t run_len;
   int closed;
   int own_group; /* made by kvti_fwriter_open */
   struct kvti_fwriter *next;
@@ -60,14 +74,17 @@ struct kvti_wgroup {
   kvti_iob_req req[NSTAGE];
   int busy[NSTAGE];
   unsigned k;
+  kvti_iob_req hreq[NHELD]; /* writes from held memory */
+  int hbusy[NHELD];
+  unsigned hk;
   kvti_fwriter *files; /* every file not yet checkpointed, newest first */
   unsigned nfiles;
   kvti_fwriter *cur; /* the file being appended to */
   int err;
 };
 
-int kvti_wgroup_open(kvti_wgroup **out, int backend, kvti_bufpool *pool,
-                     int do_fsync) {
+int kvti_wgroup_open_depth(kvti_wgroup **out, int backend, kvti_bufpool *pool,
+                           int do_fsync, unsigned depth) {
   kvti_wgroup *g = kvti_calloc(1, sizeof *g);
   if (!g)
     return KVT_ERR_NOMEM();
@@ -78,7 +95,11 @@ int kvti_wgroup_open(kvti_wgroup **out, int backend, kvti_bufpool *pool,
   }
   kvti_bufpool_retain(g->pool);
   g->do_fsync = do_fsync;
-  int rc = kvti_iobatch_get(&g->b, backend);
+  kvti_iob_cfg cfg = KVTI_IOB_CFG_INIT;
+  cfg.backend = backend;
+  cfg.depth = depth;
+  int rc = depth ? kvti_iobatch_get_cfg(&g->b, &cfg)
+                 : kvti_iobatch_get(&g->b, backend);
   if (rc) {
     kvti_bufpool_release(g->pool);
     kvti_free(g);
@@ -86,6 +107,11 @@ int kvti_wgroup_open(kvti_wgroup **out, int backend, kvti_bufpool *pool,
   }
   *out = g;
   return 0;
+}
+
+int kvti_wgroup_open(kvti_wgroup **out, int backend, kvti_bufpool *pool,
+                     int do_fsync) {
+  return kvti_wgroup_open_depth(out, backend, pool, do_fsync, 0);
 }
 
 static void file_free(kvti_fwriter *w, int remove) {
@@ -111,6 +137,7 @@ static int settle(kvti_wgroup *g, int remove) {
   int rc = kvti_iobatch_wait_all(
       g->b); /* no write may touch a buffer or fd after this */
   memset(g->busy, 0, sizeof g->busy);
+  memset(g->hbusy, 0, sizeof g->hbusy);
   if (g->err && !rc)
     rc = g->err;
   if (remove)
@@ -297,13 +324,16 @@ static int flush_stage(kvti_fwriter *w, size_t len) {
   return rc;
 }
 
-int kvti_fwriter_append(kvti_fwriter *w, const void *data, size_t len) {
+/* Feeds n bytes to w's hasher (if any); an error fails the group. */
+static int hash_bytes(kvti_fwriter *w, const void *p, size_t n) {
+  int rc = w->h ? kvti_blkhash_update(w->h, p, n) : 0;
+  return rc ? (w->g->err = rc) : 0;
+}
+
+/* Copies len bytes into the stages (hashing them while hot unless hashed
+ * already), pushing every stage that fills. */
+static int stage_copy(kvti_fwriter *w, const char *p, size_t len, int hash) {
   kvti_wgroup *g = w->g;
-  if (g->err)
-    return g->err;
-  if (w->closed || g->cur != w)
-    return KVT_ERR(KVT_EINVAL, "fwriter: %s is closed", w->path);
-  const char *p = data;
   while (len > 0) {
     if (!g->stage[g->k]) {
       g->stage[g->k] = kvti_bufpool_get(g->pool, STAGE, NULL);
@@ -317,18 +347,111 @@ int kvti_fwriter_append(kvti_fwriter *w, const void *data, size_t len) {
       n = PIECE;
     char *dst = g->stage[g->k] + w->fill;
     memcpy(dst, p, n);
-    if (w->h) {
-      int rc = kvti_blkhash_update(w->h, dst, n);
-      if (rc)
-        return g->err = rc;
-    }
+    int rc = hash ? hash_bytes(w, dst, n) : 0;
+    if (rc)
+      return rc;
     w->fill += n;
     p += n;
     len -= n;
-    if (w->fill == STAGE) {
-      int rc = flush_stage(w, STAGE);
+    if (w->fill == STAGE && (rc = flush_stage(w, STAGE)) != 0)
+      return g->err = rc;
+  }
+  return 0;
+}
+
+/* Ends w's held run: written from the caller's memory when long enough,
+ * else copied into the stage (its bytes were hashed when appended). */
+static int run_end(kvti_fwriter *w) {
+  kvti_wgroup *g = w->g;
+  const char *p = w->run;
+  size_t len = w->run_len;
+  w->run = NULL;
+  w->run_len = 0;
+  if (len == 0)
+    return 0;
+  if (len < HELD_MIN || w->dfd < 0)
+    return stage_copy(w, p, len, 0);
+  unsigned k = g->hk;
+  if (g->hbusy[k]) {
+    g->hbusy[k] = 0;
+    int rc = kvti_iobatch_wait_req(g->b, &g->hreq[k]);
+    if (rc)
+      return g->err = rc;
+  }
+  /* The request only reads buf: the cast drops const for the engine's
+   * read/write request type. */
+  g->hreq[k] = (kvti_iob_req){.fd = w->fd,
+                              .dfd = w->dfd,
+                              .write = 1,
+                              .buf = (void *)(uintptr_t)p,
+                              .len = len,
+                              .off = w->off};
+  g->hbusy[k] = 1;
+  g->hk = (k + 1) % NHELD;
+  w->off += len;
+  int rc = kvti_iobatch_push(g->b, &g->hreq[k], 0, w->path);
+  return rc ? (g->err = rc) : 0;
+}
+
+/* 1 when the file's next byte may start a held run at p: an aligned address,
+ * at an aligned file offset with the stage empty or pushable as it is. */
+static int run_can_start(const kvti_fwriter *w, const char *p) {
+  return w->dfd >= 0 && ((uintptr_t)p % KVTI_IOB_ALIGN) == 0 &&
+         (w->off + w->fill) % KVTI_IOB_ALIGN == 0;
+}
+
+/* 0 when w may be appended to: its group not failed, w the open file. */
+static int appendable(const kvti_fwriter *w) {
+  if (w->g->err)
+    return w->g->err;
+  if (w->closed || w->g->cur != w)
+    return KVT_ERR(KVT_EINVAL, "fwriter: %s is closed", w->path);
+  return 0;
+}
+
+int kvti_fwriter_append(kvti_fwriter *w, const void *data, size_t len) {
+  int rc = appendable(w);
+  if (rc == 0)
+    rc = run_end(w);
+  return rc ? rc : stage_copy(w, data, len, 1);
+}
+
+int kvti_fwriter_append_held(kvti_fwriter *w, const void *data, size_t len) {
+  int rc0 = appendable(w);
+  if (rc0 || len == 0)
+    return rc0;
+  kvti_wgroup *g = w->g;
+  const char *p = data;
+  if (w->run && p != w->run + w->run_len) {
+    int rc = run_end(w);
+    if (rc)
+      return rc;
+  }
+  if (!w->run) {
+    if (!run_can_start(w, p))
+      return stage_copy(w, p, len, 1);
+    if (w->fill > 0) { /* aligned: pushed as it is, the run follows it */
+      int rc = flush_stage(w, w->fill);
       if (rc)
         return g->err = rc;
+    }
+    w->run = p;
+  }
+  while (len > 0) {
+    size_t n = HELD_MAX - w->run_len;
+    if (n > len)
+      n = len;
+    int rc = hash_bytes(w, p, n);
+    if (rc)
+      return rc;
+    w->run_len += n;
+    p += n;
+    len -= n;
+    if (w->run_len == HELD_MAX) {
+      if ((rc = run_end(w)) != 0)
+        return rc;
+      if (len > 0)
+        w->run = p; /* still aligned: HELD_MAX is a multiple of 4096 */
     }
   }
   return 0;
@@ -359,6 +482,9 @@ int kvti_fwriter_close(kvti_fwriter *w, uint64_t *size, uint64_t *xxh3) {
   if (w->head && !w->head_put) /* never a file with a hole for a header */
     return g->err = KVT_ERR(KVT_EINVAL, "fwriter: %s closed before its head",
                             w->path);
+  int rc0 = run_end(w);
+  if (rc0)
+    return rc0;
   uint64_t total = w->off + w->fill;
   if (w->fill > 0) {
     int rc = flush_stage(w, w->fill);

@@ -6,7 +6,9 @@
  * cache; each full staging buffer is written at an aligned file offset
  * through O_DIRECT with several writes in flight (iobatch push/wait) while the
  * caller fills the next one. Only a file's final partial block goes through the
- * page cache. Files are preallocated to their expected size so direct writes do
+ * page cache. Bytes the caller keeps until the group finishes may skip the
+ * copy (kvti_fwriter_append_held): aligned runs of them are written from where
+ * they lie. Files are preallocated to their expected size so direct writes do
  * not extend them (ext4 serialises extending direct writes).
  *
  * Files are written in a group (one entry = one group): closing a file does not
@@ -61,6 +63,12 @@ typedef struct kvti_fwriter_opts {
  * KVT_ENOMEM, KVT_EUNSUPPORTED. */
 int kvti_wgroup_open(kvti_wgroup **out, int backend, kvti_bufpool *pool,
                      int do_fsync);
+/* The same with depth writes in flight (0: the engine's default of 8). A
+ * group of many large files gains from 16 (512 KiB tensors written from
+ * where they lie then keep 8 MiB in flight); a single spill's group measured
+ * slower with 16 on the 2-core VM (docs/PERFORMANCE.md). */
+int kvti_wgroup_open_depth(kvti_wgroup **out, int backend, kvti_bufpool *pool,
+                           int do_fsync, unsigned depth);
 /* Starts a file in the group (o->backend/pool are ignored: the group's). */
 int kvti_wgroup_file(kvti_fwriter **out, kvti_wgroup *g, const char *path,
                      const kvti_fwriter_opts *o);
@@ -100,6 +108,13 @@ int kvti_fwriter_open_at(kvti_fwriter **out, int dirfd, const char *name,
                          const char *path, const kvti_fwriter_opts *o);
 /* Appends len bytes (copied before return). Returns 0 or the error. */
 int kvti_fwriter_append(kvti_fwriter *w, const void *data, size_t len);
+/* Appends len bytes the caller keeps untouched (and allocated) until the
+ * group finishes or aborts: hashed at once, then written with O_DIRECT
+ * straight from there - no copy - when they start at a 4096-aligned address
+ * and file offset and appends adjacent in memory add up to a long enough run
+ * (else copied as kvti_fwriter_append does). The file's bytes are the same
+ * either way. Returns 0 or the error. */
+int kvti_fwriter_append_held(kvti_fwriter *w, const void *data, size_t len);
 /* For a writer from kvti_fwriter_open: close + finish of its group (fsync when
  * do_fsync). */
 int kvti_fwriter_finish(kvti_fwriter *w, uint64_t *size, uint64_t *xxh3,

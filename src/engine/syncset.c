@@ -26,20 +26,25 @@ struct kvti_syncset {
   size_t ndirs, capdirs;
 };
 
-int kvti_syncset_open(kvti_syncset **out, int backend, int do_fsync) {
+int kvti_syncset_open_depth(kvti_syncset **out, int backend, int do_fsync,
+                            unsigned depth) {
   *out = NULL;
   kvti_syncset *s = kvti_calloc(1, sizeof *s);
   if (!s)
     return KVT_ERR_NOMEM();
   s->backend = backend;
   s->do_fsync = do_fsync;
-  int rc = kvti_wgroup_open(&s->g, backend, NULL, do_fsync);
+  int rc = kvti_wgroup_open_depth(&s->g, backend, NULL, do_fsync, depth);
   if (rc) {
     kvti_free(s);
     return rc;
   }
   *out = s;
   return 0;
+}
+
+int kvti_syncset_open(kvti_syncset **out, int backend, int do_fsync) {
+  return kvti_syncset_open_depth(out, backend, do_fsync, 0);
 }
 
 kvti_wgroup *kvti_syncset_group(kvti_syncset *s) {

@@ -23,6 +23,9 @@ typedef struct kvti_syncset kvti_syncset;
 /* backend: kvt_io_backend of the set's engine (0 = AUTO). Returns 0,
  * KVT_ENOMEM, KVT_EUNSUPPORTED. */
 int kvti_syncset_open(kvti_syncset **out, int backend, int do_fsync);
+/* The same with its write group's depth (kvti_wgroup_open_depth). */
+int kvti_syncset_open_depth(kvti_syncset **out, int backend, int do_fsync,
+                            unsigned depth);
 /* The group the set's files are written into (kvti_wgroup_file*). Its files
  * stay open until kvti_syncset_files (or a checkpoint of the group, which
  * fsyncs the files it closes: syncing early is always allowed). NULL once

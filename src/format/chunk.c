@@ -5,7 +5,7 @@
  * head-contiguous data section), its strict parser, the durable writer and the
  * verified data reader. The writer streams the chunk's rows of every layer
  * from the caller's tensors through the staged O_DIRECT writer
- * (engine/fwriter.h), which hashes each block as it copies it, into <key>.tmp
+ * (engine/fwriter.h), which hashes each block as it passes, into <key>.tmp
  * past a reserved header; the header (with those block checksums) goes in
  * last, and the file is published with fsync + rename + directory fsync, so a
  * crash leaves either no chunk or a complete one (at worst a stale <key>.tmp,
@@ -301,7 +301,7 @@ int kvti_chunk_layout_hash(uint64_t *out, const kvti_chunk_src *src) {
  * layer-major, then tensor order, then one extent of n rows per outer index
  * (batch x head) - the rows [row0, row0 + n) of that head in the caller's
  * tensor, contiguous there too. The data section is exactly these extents
- * concatenated, so the writer (which hashes as it copies) streams from the
+ * concatenated, so the writer (which hashes as the bytes pass) streams from the
  * caller's tensors with no gathering copy. */
 typedef int (*piece_fn)(void *ctx, const void *p, size_t n);
 static int for_pieces(const kvti_chunk_src *s, piece_fn fn, void *ctx) {
@@ -323,8 +323,11 @@ static int for_pieces(const kvti_chunk_src *s, piece_fn fn, void *ctx) {
   return 0;
 }
 
+/* The caller's tensors stay untouched until the group finishes (see
+ * kvti_chunk_write_into), so the writer may write runs of them from where they
+ * lie instead of copying them. */
 static int piece_write(void *ctx, const void *p, size_t n) {
-  return kvti_fwriter_append(ctx, p, n);
+  return kvti_fwriter_append_held(ctx, p, n);
 }
 
 /* Fills hdr (header_bytes, zeroed) with the chunk's header except its block
@@ -402,9 +405,11 @@ int kvti_chunk_write_into(kvti_wgroup *g, int dirfd, const char *tmp,
   if (rc == 0)
     rc = kvti_blkhash_new(&bh, KVTI_BLK_DEFAULT, p.data_bytes);
   /* The file goes through the staged writer (engine/fwriter.h): the tensors'
-   * rows are copied once into aligned staging buffers, hashed there while hot
-   * and written with large O_DIRECT writes, several in flight (the page cache
-   * where O_DIRECT is unavailable, and for the last partial block); the file
+   * rows are hashed once and written with large O_DIRECT writes, several in
+   * flight - straight from the tensors where their runs are aligned and long
+   * (a one-chunk entry's tensor is one run), else copied into aligned staging
+   * buffers first (the page cache where O_DIRECT is unavailable, and for the
+   * last partial block); the file
    * is preallocated to its exact size. The header, which holds the block
    * checksums, is written last into the space reserved for it: one pass over
    * the data, not a hashing pass before the writes (~5 ms of a 32 MiB chunk's

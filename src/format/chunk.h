@@ -203,8 +203,10 @@ int kvti_chunk_write_at(int dirfd, const char *name, const char *tmp,
  * dirfd (a stale one removed first), the data after a reserved header, then
  * the header; closed, not synced, not renamed. The group's finish makes it
  * durable (or, on any failure of the group, removes it); the caller renames
- * it only after that. tpath (may be NULL: tmp) names it in messages. Same
- * codes as kvti_chunk_write_at. */
+ * it only after that. src's tensors must stay untouched until the group
+ * finishes or aborts: aligned runs of them are written from where they lie
+ * (kvti_fwriter_append_held). tpath (may be NULL: tmp) names it in messages.
+ * Same codes as kvti_chunk_write_at. */
 typedef struct kvti_wgroup kvti_wgroup;
 int kvti_chunk_write_into(kvti_wgroup *g, int dirfd, const char *tmp,
                           const char *tpath, const kvti_chunk_src *src,

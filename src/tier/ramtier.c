@@ -505,9 +505,17 @@ void kvti_ram_spilled(kvt_tier *t, kvti_snapshot *s, uint64_t disk_bytes) {
   if (!t->hc || t->opts.storage_mode != KVT_STORAGE_NATIVE ||
       kvti_remote_enabled(t))
     return;
+  const char *hash = kvti_snapshot_hash(s);
+  /* A bound of 0 (the cache off) keeps nothing: no cut (a copy of every
+   * row on the writer's thread), only the old version dropped. */
+  kvti_hc_stats st;
+  kvti_hc_get_stats(t->hc, &st);
+  if (st.bound == 0) {
+    kvti_hc_invalidate(t->hc, hash);
+    return;
+  }
   kvti_hc_item it;
   memset(&it, 0, sizeof it);
-  const char *hash = kvti_snapshot_hash(s);
   size_t n = 0;
   const int32_t *tokens = kvti_snapshot_tokens(s, &n);
   uint64_t epoch = kvti_hc_epoch(t->hc);

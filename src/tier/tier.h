@@ -188,7 +188,7 @@ int kvti_writer_queue_marker(kvt_tier *t, const struct timespec *ts, int has);
 #define KVTI_WRITER_BATCH_MAX 16
 /* Writes one spill (notify: run spill_done_fn); returns its result. */
 int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify);
-/* Writes n >= 2 spills together (group commit), then acknowledges each
+/* Writes n >= 1 spills together (group commit), then acknowledges each
  * (spill_done_fn) in FIFO order. */
 void kvti_writer_write_batch(kvt_tier *t, kvti_snapshot **snaps, size_t n);
 

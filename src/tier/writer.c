@@ -97,14 +97,19 @@ static void run_spill(void *ctx, kvti_workq_item *qi) {
   }
   kvti_workq_item *more[KVTI_WRITER_BATCH_MAX - 1];
   size_t nmore = 0;
-  if (batchable(t)) {
+  int group = batchable(t);
+  if (group) {
     take_ctx tc;
     tc.hashes[0] = kvti_snapshot_hash(it->snap);
     tc.n = 1;
     nmore = kvti_workq_take_more(&t->w, more, KVTI_WRITER_BATCH_MAX - 1,
                                  take_want, &tc);
   }
-  if (nmore == 0) {
+  /* A durable spill alone goes the group's way too, as a group of one: its
+   * chunks and staged files share one round of file fsyncs and one of
+   * directory fsyncs (the single path syncs each file and directory as it
+   * writes it: two more flushes one after the other). */
+  if (nmore == 0 && !(group && t->opts.durability == KVT_DURABILITY_FSYNC)) {
     kvti_writer_run_hooked(t, it->snap);
     spill_release(t, it->snap);
     kvti_free(it);

@@ -3,7 +3,8 @@
  * I/O seam (never timed). Spills queued before the writer starts are all
  * waiting when it takes the first, so it must write them as one batch: one
  * fsync of data/ and one index transaction (WAL fsync) for the batch, where a
- * spill written alone costs one of each. Checked with whole entries and with
+ * spill written alone costs one of each (and, as a group of one, syncs all
+ * its files before all its directories, and those before the index). Checked with whole entries and with
  * the chunked store (prompts sharing their first chunk inside the batch), on
  * a replacement in the middle of the queue (written alone, in its turn: the
  * batch splits around it), and on a failed fsync of data/ (every publish of
@@ -26,7 +27,7 @@
 
 /* ---- the counting seam -------------------------------------------------- */
 
-enum { K_OTHER, K_DATA, K_WAL, K_STAGED };
+enum { K_OTHER, K_DATA, K_WAL, K_STAGED, K_INDEX };
 static atomic_int g_kind[MAX_FD];
 static atomic_long g_data_fsyncs, g_wal_fsyncs, g_fsyncs;
 static atomic_int g_fail_data_fsync;   /* fail the next n fsyncs of data/ */
@@ -39,6 +40,8 @@ static int kind_of(const char *p) {
     return K_DATA;
   if (strstr(p, "index.db-wal"))
     return K_WAL;
+  if (n >= 8 && strcmp(p + n - 8, "index.db") == 0)
+    return K_INDEX;
   if (n >= 4 && strcmp(p + n - 4, ".tmp") == 0 && strstr(p, "/data/"))
     return K_STAGED;
   return K_OTHER;
@@ -96,6 +99,27 @@ static int dir_sync_max(int *ndirs) {
   return m;
 }
 
+/* The order of the fsyncs since counters_zero, one letter each: f a file
+ * (chunk, layer or chain record), d a directory but data/, D data/, w the
+ * WAL (index.db itself, a checkpoint, is left out). */
+#define MAX_SEQ 256
+static char g_seq[MAX_SEQ + 1];
+static int g_nseq;
+static void seq_note(int fd, int k) {
+  struct stat st;
+  if (k == K_INDEX || fstat(fd, &st) != 0)
+    return;
+  char c = k == K_WAL            ? 'w'
+           : k == K_DATA         ? 'D'
+           : S_ISDIR(st.st_mode) ? 'd'
+                                 : 'f';
+  pthread_mutex_lock(&g_dir_mu);
+  if (g_nseq < MAX_SEQ)
+    g_seq[g_nseq++] = c;
+  g_seq[g_nseq] = '\0';
+  pthread_mutex_unlock(&g_dir_mu);
+}
+
 static int w_fsync(int fd) {
   int k = fd >= 0 && fd < MAX_FD ? atomic_load(&g_kind[fd]) : K_OTHER;
   if (k == K_DATA && atomic_load(&g_fail_data_fsync) > 0) {
@@ -111,6 +135,7 @@ static int w_fsync(int fd) {
   int r = kvti_io_default.fsync(fd);
   atomic_fetch_add(&g_fsyncs, 1);
   dir_synced(fd);
+  seq_note(fd, k);
   if (k == K_DATA)
     atomic_fetch_add(&g_data_fsyncs, 1);
   else if (k == K_WAL)
@@ -131,7 +156,21 @@ static void counters_zero(void) {
   atomic_store(&g_fsyncs, 0);
   pthread_mutex_lock(&g_dir_mu);
   g_ndirs = 0;
+  g_nseq = 0;
+  g_seq[0] = '\0';
   pthread_mutex_unlock(&g_dir_mu);
+}
+
+/* 1 when seq is a run of f, then a run of d, then the tail given: every file
+ * synced in one round before every directory, in one round, before the
+ * index. */
+static int seq_is(const char *seq, const char *tail) {
+  size_t i = 0, f = 0, d = 0;
+  while (seq[i] == 'f')
+    i++, f++;
+  while (seq[i] == 'd')
+    i++, d++;
+  return f > 0 && d > 0 && strcmp(seq + i, tail) == 0;
 }
 
 /* ---- spills ------------------------------------------------------------- */
@@ -316,7 +355,10 @@ static void test_batch_fewer_flushes(void) {
 /* A single spill still costs one fsync of data/ and one index commit for
  * its row, plus (chunked) one for its chunk rows and chained-entry row
  * together (they were two commits): nothing is deferred past its
- * acknowledgement. */
+ * acknowledgement. A durable spill alone is a group of one: its chunk files
+ * and its staged files are synced in one round, then every directory in one
+ * round, and only then come the index commits and data/ (where the single
+ * path synced the chunks' directory before it wrote the chain record). */
 static void single_case(int chunk_tokens) {
   char *dir = rel_path(kvt_test_tmpdir("group-commit-1"), "cache", NULL);
   kvt_tier *t = open_tier(dir, chunk_tokens);
@@ -333,6 +375,12 @@ static void single_case(int chunk_tokens) {
           atomic_load(&g_wal_fsyncs));
   CHECK_EQ_INT(atomic_load(&g_data_fsyncs), 1);
   CHECK_EQ_INT(atomic_load(&g_wal_fsyncs), chunk_tokens ? 2 : 1);
+  pthread_mutex_lock(&g_dir_mu);
+  char seq[MAX_SEQ + 1];
+  memcpy(seq, g_seq, sizeof seq);
+  pthread_mutex_unlock(&g_dir_mu);
+  fprintf(stderr, "C=%d: one spill's fsyncs in order: %s\n", chunk_tokens, seq);
+  CHECK(seq_is(seq, chunk_tokens ? "wDw" : "Dw"));
   check_acks(h, 1);
   CHECK(serves(t, tok, n, n));
   CHECK_EQ_INT(kvt_tier_close(t, -1), 0);
