@@ -342,6 +342,25 @@ int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
   return 0;
 }
 
+/* Adds flags to the nseg segments of tokens[0, span) a lookup walked: all
+ * of them, or (seen_only) the leading ones already remembered. A lost hint
+ * (no memory) is not a failure of the lookup. */
+static void mark(kvti_admit *a, const int32_t *tokens, size_t span, size_t nseg,
+                 uint64_t seed, unsigned flags, int seen_only) {
+  uint64_t *fp = kvti_malloc(nseg * sizeof *fp);
+  if (!fp) {
+    kvt_clear_error();
+    return;
+  }
+  kvti_seen_prints(fp, tokens, span, a->seg, seed);
+  pthread_mutex_lock(&a->mu);
+  for (size_t i = 0; i < nseg && (!seen_only || kvti_seen_get(&a->seen, fp[i]));
+       i++)
+    kvti_seen_put(&a->seen, fp[i], flags);
+  pthread_mutex_unlock(&a->mu);
+  kvti_free(fp);
+}
+
 void kvti_admit_note_hit(kvti_admit *a, const int32_t *tokens, size_t m,
                          uint64_t seed) {
   if (!a->seen.nsets || m == 0)
@@ -351,37 +370,16 @@ void kvti_admit_note_hit(kvti_admit *a, const int32_t *tokens, size_t m,
   if (nseg == 0)
     nseg = 1; /* a short entry is its own (only) segment */
   size_t span = m / a->seg ? nseg * a->seg : m;
-  uint64_t *fp = kvti_malloc(nseg * sizeof *fp);
-  if (!fp) {
-    kvt_clear_error(); /* a lost hint, not a failure of the lookup */
-    return;
-  }
-  kvti_seen_prints(fp, tokens, span, a->seg, seed);
-  pthread_mutex_lock(&a->mu);
-  for (size_t i = 0; i < nseg; i++)
-    kvti_seen_put(&a->seen, fp[i], KVTI_SEEN_ONCE | KVTI_SEEN_REUSED);
-  pthread_mutex_unlock(&a->mu);
-  kvti_free(fp);
+  mark(a, tokens, span, nseg, seed, KVTI_SEEN_ONCE | KVTI_SEEN_REUSED, 0);
 }
 
 void kvti_admit_note_ask(kvti_admit *a, const int32_t *tokens, size_t n,
                          uint64_t seed) {
   if (!a->seen.nsets || n == 0 || a->policy != KVT_ADMIT_ADAPTIVE)
     return;
-  size_t nseg = (n + a->seg - 1) / a->seg;
-  uint64_t *fp = kvti_malloc(nseg * sizeof *fp);
-  if (!fp) {
-    kvt_clear_error(); /* a lost hint, not a failure of the lookup */
-    return;
-  }
-  kvti_seen_prints(fp, tokens, n, a->seg, seed);
-  pthread_mutex_lock(&a->mu);
   /* Only what was seen before is asked for again; the rest stays unknown
    * (a lookup alone never makes a first sighting). */
-  for (size_t i = 0; i < nseg && kvti_seen_get(&a->seen, fp[i]); i++)
-    kvti_seen_put(&a->seen, fp[i], KVTI_SEEN_ASKED);
-  pthread_mutex_unlock(&a->mu);
-  kvti_free(fp);
+  mark(a, tokens, n, (n + a->seg - 1) / a->seg, seed, KVTI_SEEN_ASKED, 1);
 }
 
 void kvti_admit_gauges(kvti_admit *a, kvt_stats *s, double now,
