@@ -268,6 +268,7 @@ static void test_default_pool(void) {
   kvti_bufpool_trim(d);
 }
 
+#if defined(__linux__) && !KVT_PORTABLE
 /* The "THPeligible:" line of the smaps mapping holding p: 1 or 0, or -1 when
  * /proc/self/smaps is unreadable or has no such line. */
 static int thp_eligible(const void *p) {
@@ -299,6 +300,7 @@ static int thp_on_advice(void) {
     fclose(f);
   return on;
 }
+#endif
 
 static void test_huge_blocks(void) {
   kvti_bufpool *p = NULL;
