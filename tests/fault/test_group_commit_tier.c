@@ -4,13 +4,13 @@
  * waiting when it takes the first, so it must write them as one batch: one
  * fsync of data/ and one index transaction (WAL fsync) for the batch, where a
  * spill written alone costs one of each (and, as a group of one, syncs all
- * its files before all its directories, and those before the index). Checked with whole entries and with
- * the chunked store (prompts sharing their first chunk inside the batch), on
- * a replacement in the middle of the queue (written alone, in its turn: the
- * batch splits around it), and on a failed fsync of data/ (every publish of
- * the batch rolled back, each spill written again alone). In every case each
- * spill is acknowledged once, successfully, in FIFO order, and serves bit for
- * bit; the directory passes the post-mortem check.
+ * its files before all its directories, and those before the index). Checked
+ * with whole entries and with the chunked store (prompts sharing their first
+ * chunk inside the batch), on a replacement in the middle of the queue (written
+ * alone, in its turn: the batch splits around it), and on a failed fsync of
+ * data/ (every publish of the batch rolled back, each spill written again
+ * alone). In every case each spill is acknowledged once, successfully, in FIFO
+ * order, and serves bit for bit; the directory passes the post-mortem check.
  */
 #include "rel_tier.h"
 
