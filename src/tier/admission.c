@@ -377,6 +377,15 @@ void kvti_admit_note_ask(kvti_admit *a, const int32_t *tokens, size_t n,
                          uint64_t seed) {
   if (!a->seen.nsets || n == 0 || a->policy != KVT_ADMIT_ADAPTIVE)
     return;
+  /* Most prompts looked up are new: their first segment decides, before the
+   * whole prompt is hashed on the engine's thread. */
+  uint64_t first;
+  kvti_seen_prints(&first, tokens, n < a->seg ? n : a->seg, a->seg, seed);
+  pthread_mutex_lock(&a->mu);
+  int seen = kvti_seen_get(&a->seen, first) != 0;
+  pthread_mutex_unlock(&a->mu);
+  if (!seen)
+    return;
   /* Only what was seen before is asked for again; the rest stays unknown
    * (a lookup alone never makes a first sighting). */
   mark(a, tokens, n, (n + a->seg - 1) / a->seg, seed, KVTI_SEEN_ASKED, 1);

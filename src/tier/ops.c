@@ -49,7 +49,9 @@ static int lookup_common(kvt_entry_info *out, kvt_tier *t,
     rc = kvti_tier_chunks_prefix(t, out, rc, tokens, n, salt);
   if (rc == 0) /* a stored prefix found: admission's reuse signal */
     kvti_admit_lookup_hit(t, tokens, (size_t)out->num_tokens, salt);
-  if (prefix) /* a request for these tokens: what it asks for came back */
+  /* A request for these tokens: what it asks for came back (all of it
+   * stored: the hit above has marked it already). */
+  if (prefix && !(rc == 0 && out->num_tokens >= n))
     kvti_admit_lookup_ask(t, tokens, n, salt);
   if (remote && kvti_remote_enabled(t) && !salt->has &&
       (rc == KVT_ENOTFOUND || (rc == 0 && prefix && out->num_tokens < n))) {
