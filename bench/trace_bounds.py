@@ -50,67 +50,46 @@ def chains(requests: list[dict]) -> list[list[tuple[int, int]]]:
     return out
 
 
-def simulate(rows: list[list[tuple[int, int]]], capacity: int, admit) -> dict:
-    """A token-weighted LRU of `capacity` tokens: per request, the prefix held
+def simulate(rows: list[list[tuple[int, int]]], capacity: int, admit,
+             priority=lambda i: 0) -> dict:
+    """A token-weighted disk of `capacity` tokens: per request, the prefix held
     (each block at least as long as asked) hits and is touched; then, if
-    admit(i, missing) says so, the request's blocks are written (a block held
-    shorter is rewritten at the longer length) and the oldest evicted to fit.
-    admit(i, nodes) is also told nothing else: a rule decides from what it
-    learned itself."""
-    held: collections.OrderedDict[int, int] = collections.OrderedDict()
-    used = hit = written = 0
-    for i, row in enumerate(rows):
-        k = 0
-        for node, blen in row:
-            if held.get(node, 0) < blen:
-                break
-            held.move_to_end(node)
-            hit += blen
-            k += 1
-        if not admit(i, k):
-            continue
-        for node, blen in row[k:]:
-            have = held.get(node, 0)
-            if have >= blen:
-                held.move_to_end(node)
-                continue
-            held[node] = blen
-            held.move_to_end(node)
-            used += blen - have
-            written += blen - have
-        while used > capacity and held:
-            _, blen = held.popitem(last=False)
-            used -= blen
-    return {"hit_tokens": hit, "written_tokens": written}
-
-
-def simulate_by_priority(rows: list[list[tuple[int, int]]], capacity: int, priority) -> dict:
-    """As simulate with everything written, but a full disk evicts the block
-    of the lowest priority(i) of the request that last wrote or hit it, the
-    least recently used among equals (a value eviction with a fixed value)."""
+    admit(i, hit_blocks) says so, the request's blocks are written (a block
+    held shorter is rewritten at the longer length). A full disk evicts the
+    block of the lowest priority(i) of the request that wrote it, the least
+    recently used among equals (plain LRU by default). admit is told nothing
+    else: a rule decides from what it learned itself."""
     held: dict[int, tuple[int, int, int]] = {}  # node -> (tokens, priority, stamp)
     heap: list[tuple[int, int, int]] = []
     used = hit = written = stamp = 0
+
+    def touch(node: int, tokens: int, pr: int) -> None:
+        nonlocal stamp
+        stamp += 1
+        held[node] = (tokens, pr, stamp)
+        heapq.heappush(heap, (pr, stamp, node))
+
     for i, row in enumerate(rows):
-        pr = priority(i)
         k = 0
         for node, blen in row:
             h = held.get(node)
             if h is None or h[0] < blen:
                 break
+            touch(node, h[0], h[1])
             hit += blen
             k += 1
-            stamp += 1
-            held[node] = (h[0], h[1], stamp)
-            heapq.heappush(heap, (h[1], stamp, node))
+        if not admit(i, k):
+            continue
+        pr = priority(i)
         for node, blen in row[k:]:
             h = held.get(node)
             have = h[0] if h else 0
-            stamp += 1
-            held[node] = (max(blen, have), pr, stamp)
-            heapq.heappush(heap, (pr, stamp, node))
-            used += max(0, blen - have)
-            written += max(0, blen - have)
+            if have >= blen:
+                touch(node, have, h[1])
+                continue
+            touch(node, blen, pr)
+            used += blen - have
+            written += blen - have
         while used > capacity and heap:
             _, st, node = heapq.heappop(heap)
             h = held.get(node)
@@ -119,6 +98,11 @@ def simulate_by_priority(rows: list[list[tuple[int, int]]], capacity: int, prior
             used -= h[0]
             del held[node]
     return {"hit_tokens": hit, "written_tokens": written}
+
+
+def simulate_by_priority(rows: list[list[tuple[int, int]]], capacity: int, priority) -> dict:
+    """Everything written; a full disk evicts by priority (simulate)."""
+    return simulate(rows, capacity, lambda i, k: True, priority)
 
 
 def length_class(n: int) -> int:
