@@ -307,7 +307,10 @@ typedef enum kvt_admission_policy {
    *  for capacity since open); once it has had to evict, as SECOND_SIGHTING
    *  except that a spill is written whole when it extends a prefix a lookup
    *  found stored (a reused prefix: the conversation continues) or when its
-   *  first new segment is in a fixed sample of 1 in 8 fingerprints. At a
+   *  first new segment is in a fixed sample of 1 in 8 fingerprints; "seen
+   *  before" here means asked for by a kvt_tier_lookup_prefix* call after a
+   *  spill showed it (a spill alone, such as the same prompt spilled again
+   *  with its answer, is no second request). At a
    *  full disk, writing every spill evicts entries before their reuse comes
    *  (most prompts are never sent again, and those that are come back after
    *  a while); writing only what was seen before misses every prefix used
