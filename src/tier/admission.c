@@ -379,7 +379,7 @@ void kvti_admit_note_ask(kvti_admit *a, const int32_t *tokens, size_t n,
     return;
   /* Most prompts looked up are new: their first segment decides, before the
    * whole prompt is hashed on the engine's thread. */
-  uint64_t first;
+  uint64_t first = 0; /* n > 0 and seg > 0: always written */
   kvti_seen_prints(&first, tokens, n < a->seg ? n : a->seg, a->seg, seed);
   pthread_mutex_lock(&a->mu);
   int seen = kvti_seen_get(&a->seen, first) != 0;
