@@ -117,6 +117,7 @@ def replay_client(impl: str, requests: list, prompt_tokens, bytes_per_token: int
     ram_mb = max(1, int(-(-ram_prompts * largest_prompt_bytes(requests, bytes_per_token)
                           // 2**20)))
     pc = mc.MemoryAwarePrefixCache(model, mc.MemoryCacheConfig(max_memory_mb=ram_mb))
+    refusals = _tap_reservations(pc)
     sched = loader.make_scheduler_class(module, client, overrides)(cache_dir, pc,
                                                                     max_gb=max_size_gb)
     sched.ensure_ssd_tier()
@@ -149,7 +150,8 @@ def replay_client(impl: str, requests: list, prompt_tokens, bytes_per_token: int
                 cache = None
                 cand = pc.check_ssd(prompt)
                 if cand is not None:
-                    cache, remaining = _promote(sched, pc, server, prompt, cand, n, st)
+                    cache, remaining = _promote(sched, server, prompt, cand, n, st,
+                                                refusals)
             start = len(prompt) - len(remaining) if cache else 0
             if cache is None:
                 cache = model.make_cache()
@@ -175,7 +177,25 @@ def replay_client(impl: str, requests: list, prompt_tokens, bytes_per_token: int
     return st
 
 
-def _promote(sched, pc, server, prompt, cand, n, st):
+def _tap_reservations(pc) -> list:
+    """Counts the RAM reservations the prefix cache refuses, by wrapping the
+    instance's own try_reserve_memory (the scheduler calls it through the
+    instance, so its logic runs unchanged).  Returns the list refusals are
+    appended to."""
+    refused = []
+    reserve = pc.try_reserve_memory
+
+    def tapped(nbytes):
+        ok = reserve(nbytes)
+        if not ok:
+            refused.append(nbytes)
+        return ok
+
+    pc.try_reserve_memory = tapped
+    return refused
+
+
+def _promote(sched, server, prompt, cand, n, st, refusals):
     """The scheduler's synchronous promote of a check_ssd match; the layers
     handed back are checked row for row.  Returns (cache, remaining)."""
     m = int(cand["matched_tokens"])
@@ -183,15 +203,15 @@ def _promote(sched, pc, server, prompt, cand, n, st):
                                 cache_hit_type="ssd_pending", _ssd_candidate=cand,
                                 prompt_cache=None, cached_tokens=0,
                                 remaining_tokens=list(prompt))
-    budget_ok = pc._current_memory + cand["memory_bytes"] <= pc._max_memory
+    refused_before = len(refusals)
     sched.waiting = [req]
     sched._try_promote_ssd_pending()
     sched.waiting = []
     if req.cache_hit_type != "ssd_hit":
-        if budget_ok:
-            st["promote_failures"] += 1
-        else:
+        if len(refusals) > refused_before:
             st["budget_denied"] += 1
+        else:
+            st["promote_failures"] += 1
         return None, prompt
     lay = req.prompt_cache[0]
     off = int(lay.offset)

@@ -232,6 +232,30 @@ def test_client_spills_are_served_back_through_the_scheduler(tmp_path):
     assert kvt["admission"]["admission_admitted"] == 4
 
 
+# The same RAM, but A'' shares A's first 15 blocks: the 7,680-token match does not fit beside
+# B + its token, and vllm-mlx's own try_reserve_memory refuses it. The replay counts the refusal
+# it observed (not a guess from the cache's fields); the reference finds no match to refuse.
+@pytest.mark.skipif(not os.path.isdir(os.path.join(os.path.dirname(_ROOT), "shared",
+                                                   "upstream")),
+                    reason="upstream: ../shared/upstream not beside the repo")
+def test_client_spills_count_the_ram_budgets_refusals(tmp_path):
+    rows = CLIENT_TRACE[:2] + [{"timestamp": 2000, "length": 8192,
+                                "ids": list(range(1, 16)) + [50]}]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": r["timestamp"], "input_length": r["length"],
+                                         "output_length": 1, "hash_ids": r["ids"]}) + "\n"
+                             for r in rows))
+    work = tmp_path / "work"
+    work.mkdir()
+    out = _run(["--trace", str(trace), "--spills", "client", "--ram-prompts", "1.5",
+                "--budgets", "4"], work)
+    by = _common_checks(out)
+    kvt, ref = by[("kvtier", 4.0)], by[("reference", 4.0)]
+    assert kvt["budget_denied"] == 1 and kvt["promote_failures"] == 0, kvt
+    assert kvt["hits"] == 0 and kvt["hit_tokens"] == 0
+    assert ref["budget_denied"] == 0 and ref["hits"] == 0
+
+
 def test_client_spills_refuse_what_they_cannot_do(tmp_path):
     for bad, why in ((["--kv-bytes-per-token", "16"], "multiple of 256"),
                      (["--promote", "async"], "--promote read only"),
