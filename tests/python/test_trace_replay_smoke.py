@@ -209,18 +209,23 @@ CLIENT_TRACE = [
 ]
 
 
+def _client_replay(tmp_path, rows):
+    """Replays rows with --spills client, 1.5 of the longest prompt of RAM, a 4x disk."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": r["timestamp"], "input_length": r["length"],
+                                         "output_length": 1, "hash_ids": r["ids"]}) + "\n"
+                             for r in rows))
+    work = tmp_path / "work"
+    work.mkdir()
+    return _run(["--trace", str(trace), "--spills", "client", "--ram-prompts", "1.5",
+                 "--budgets", "4"], work)
+
+
 @pytest.mark.skipif(not os.path.isdir(os.path.join(os.path.dirname(_ROOT), "shared",
                                                    "upstream")),
                     reason="upstream: ../shared/upstream not beside the repo")
 def test_client_spills_are_served_back_through_the_scheduler(tmp_path):
-    trace = tmp_path / "trace.jsonl"
-    trace.write_text("".join(json.dumps({"timestamp": r["timestamp"], "input_length": r["length"],
-                                         "output_length": 1, "hash_ids": r["ids"]}) + "\n"
-                             for r in CLIENT_TRACE))
-    work = tmp_path / "work"
-    work.mkdir()
-    out = _run(["--trace", str(trace), "--spills", "client", "--ram-prompts", "1.5",
-                "--budgets", "4"], work)
+    out = _client_replay(tmp_path, CLIENT_TRACE)
     assert out["ideal"]["hit_tokens"] == 1536
     by = _common_checks(out)
     kvt, ref = by[("kvtier", 4.0)], by[("reference", 4.0)]
@@ -241,14 +246,7 @@ def test_client_spills_are_served_back_through_the_scheduler(tmp_path):
 def test_client_spills_count_the_ram_budgets_refusals(tmp_path):
     rows = CLIENT_TRACE[:2] + [{"timestamp": 2000, "length": 8192,
                                 "ids": list(range(1, 16)) + [50]}]
-    trace = tmp_path / "trace.jsonl"
-    trace.write_text("".join(json.dumps({"timestamp": r["timestamp"], "input_length": r["length"],
-                                         "output_length": 1, "hash_ids": r["ids"]}) + "\n"
-                             for r in rows))
-    work = tmp_path / "work"
-    work.mkdir()
-    out = _run(["--trace", str(trace), "--spills", "client", "--ram-prompts", "1.5",
-                "--budgets", "4"], work)
+    out = _client_replay(tmp_path, rows)
     by = _common_checks(out)
     kvt, ref = by[("kvtier", 4.0)], by[("reference", 4.0)]
     assert kvt["budget_denied"] == 1 and kvt["promote_failures"] == 0, kvt
