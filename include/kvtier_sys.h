@@ -239,6 +239,36 @@ KVT_API int kvt_tier_remote_remove(kvt_tier *t, const char *token_hash);
 KVT_API int kvt_tier_check_index(kvt_tier *t);
 
 /* ------------------------------------------------------------------------ */
+/* What a directory holds, before anything opens it                         */
+/* ------------------------------------------------------------------------ */
+
+#define KVT_CACHE_DIR_PROBE_VERSION 1
+/** What kvt_cache_dir_probe found in a directory, read with the tier's own
+ *  names for its layout (docs/FORMAT.md), so a tool need not spell them. */
+typedef struct kvt_cache_dir_probe_info {
+  unsigned int version; /* KVT_CACHE_DIR_PROBE_VERSION; set by the caller */
+  int empty;            /* 1: it holds nothing at all */
+  int has_index;        /* 1: index.db is there (as any kind of file) */
+  int index_errno;      /* 0, or why index.db cannot be opened for reading */
+  int has_data;         /* 1: the data/ directory of entries is there */
+  uint64_t quarantined; /* names set aside under quarantine/ (entries and
+                           chunks a check found damaged) */
+} kvt_cache_dir_probe_info;
+#define KVT_CACHE_DIR_PROBE_INIT                                               \
+  { .version = KVT_CACHE_DIR_PROBE_VERSION }
+
+/** Looks into dir without opening a tier, taking a lock or changing
+ *  anything: a snapshot that a writer may change right after. A kvtier (or
+ *  reference) cache holds index.db or data/; an empty directory is one a tier
+ *  may start in. Returns 0 (*out filled, its version kept), KVT_EINVAL (NULL
+ *  or empty argument, unknown version, dir not a directory), KVT_ENOTFOUND (no
+ *  such dir), KVT_EPERM / KVT_EIO (dir, index.db's name or quarantine/ cannot
+ *  be read: kvt_last_errno() says why), KVT_ENOMEM. On failure *out is zeroed
+ *  past its version.
+ *  Thread-safe. */
+KVT_API int kvt_cache_dir_probe(kvt_cache_dir_probe_info *out, const char *dir);
+
+/* ------------------------------------------------------------------------ */
 /* The live counters of another process                                     */
 /* ------------------------------------------------------------------------ */
 

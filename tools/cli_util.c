@@ -10,7 +10,6 @@
 #include "cli.h"
 
 #include <ctype.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -480,42 +479,25 @@ int cli_cache_open(cli_cache *c, const char *dir, unsigned flags, int json,
     return cli_fail(json, cmd, CLI_NOOPEN,
                     "%s: not a directory (expected a kvtier cache directory)",
                     dir);
-  DIR *d = opendir(dir);
-  if (!d)
-    return cli_fail(json, cmd, CLI_NOOPEN, "%s: cannot read directory: %s", dir,
-                    strerror(errno));
-  int n = 0, has_index = 0, has_data = 0;
-  struct dirent *de;
-  while ((de = readdir(d)) != NULL) {
-    if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-      continue;
-    n++;
-    if (strcmp(de->d_name, "index.db") == 0)
-      has_index = 1;
-    else if (strcmp(de->d_name, "data") == 0)
-      has_data = 1;
-  }
-  closedir(d);
-  if (n == 0) {
+  kvt_cache_dir_probe_info pr = KVT_CACHE_DIR_PROBE_INIT;
+  if (kvt_cache_dir_probe(&pr, dir) != 0)
+    return cli_fail(json, cmd, CLI_NOOPEN, "%s", kvt_last_error());
+  if (pr.empty) {
     c->empty = 1; /* an empty cache: nothing to open, nothing to change */
     return 0;
   }
-  if (!has_index && !has_data)
+  if (!pr.has_index && !pr.has_data)
     return cli_fail(json, cmd, CLI_NOOPEN,
                     "%s: not a kvtier cache directory (no index.db or data/)",
                     dir);
-  if (!has_index && (flags & KVT_OPEN_READONLY))
+  if (!pr.has_index && (flags & KVT_OPEN_READONLY))
     return cli_fail(json, cmd, CLI_NOOPEN,
                     "%s: has data/ but no index.db: nothing to read (the "
                     "index is missing)",
                     dir);
-  if (has_index) {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/index.db", dir);
-    if (access(p, R_OK) != 0)
-      return cli_fail(json, cmd, CLI_NOOPEN, "%s: cannot read: %s", p,
-                      strerror(errno));
-  }
+  if (pr.has_index && pr.index_errno)
+    return cli_fail(json, cmd, CLI_NOOPEN, "%s/index.db: cannot read: %s", dir,
+                    strerror(pr.index_errno));
   kvt_options o;
   kvt_options_init(&o, KVT_OPTIONS_VERSION);
   o.cache_dir = dir;

@@ -23,7 +23,6 @@
 #define _GNU_SOURCE
 #include "cmd_bench.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -315,20 +314,9 @@ static void on_signal(int sig) {
 
 /* An empty directory, or one holding index.db or data/. */
 static int looks_like_cache(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d)
-    return 0;
-  int n = 0, cache = 0;
-  struct dirent *de;
-  while ((de = readdir(d)) != NULL) {
-    if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-      continue;
-    n++;
-    if (strcmp(de->d_name, "index.db") == 0 || strcmp(de->d_name, "data") == 0)
-      cache = 1;
-  }
-  closedir(d);
-  return n == 0 || cache;
+  kvt_cache_dir_probe_info pr = KVT_CACHE_DIR_PROBE_INIT;
+  return kvt_cache_dir_probe(&pr, dir) == 0 &&
+         (pr.empty || pr.has_index || pr.has_data);
 }
 /* p50/p99 of p from its n latencies in lat (sorted in place). */
 static void phase_percentiles(phase *p, double *lat, size_t n) {

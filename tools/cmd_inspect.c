@@ -10,7 +10,6 @@
 #define _GNU_SOURCE
 #include "cli.h"
 
-#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/statvfs.h>
@@ -288,21 +287,6 @@ static const char *STATS_HELP =
     "  --no-describe   skip reading manifests (no per-kind/dtype "
     "counts)\n" CLI_REMOTE_HELP;
 
-static uint64_t count_dir(const char *dir, const char *sub) {
-  char p[4200];
-  snprintf(p, sizeof p, "%s/%s", dir, sub);
-  DIR *d = opendir(p);
-  if (!d)
-    return 0;
-  uint64_t n = 0;
-  struct dirent *de;
-  while ((de = readdir(d)) != NULL)
-    if (de->d_name[0] != '.')
-      n++;
-  closedir(d);
-  return n;
-}
-
 int cmd_stats(int argc, char **argv) {
   cli_flag f[] = {{"json", 0},        {"prometheus", 0},  {"max-size", 1},
                   {"max-entries", 1}, {"no-describe", 0}, {"verbose", 0},
@@ -461,7 +445,9 @@ int cmd_stats(int argc, char **argv) {
     disk = s.disk_bytes ? s.disk_bytes : disk;
     mem = s.memory_bytes ? s.memory_bytes : mem;
   }
-  uint64_t quarantined = count_dir(c.dir, "quarantine");
+  kvt_cache_dir_probe_info pr = KVT_CACHE_DIR_PROBE_INIT;
+  uint64_t quarantined =
+      kvt_cache_dir_probe(&pr, c.dir) == 0 ? pr.quarantined : 0;
   struct statvfs vfs;
   int have_vfs = statvfs(c.dir, &vfs) == 0;
   uint64_t fs_total = have_vfs ? (uint64_t)vfs.f_blocks * vfs.f_frsize : 0;
