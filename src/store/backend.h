@@ -2,9 +2,10 @@
  * backend.h - the entry-store seam of the tier (its chunk-store seam is
  * store/chunk_backend.h). The tier logic (queue,
  * locks, index, capacity, retention, budget, stats, the remote upload queue
- * and back-off) talks to entry storage only through this vtable and the
- * constructors below: the local backend (store/local.h, which alone knows the
- * cache directory's layout) and the remote constructor table
+ * and back-off) talks to entry storage only through this vtable, the remote
+ * stores' own operations (kvti_remote_ops) and the constructors below: the
+ * local backend (store/local.h, which alone knows the cache directory's
+ * layout and has the local-only operations) and the remote constructor table
  * (kvti_backend_remote_new, store/registry.c), so adding a remote store
  * (another key-value server, an object store) touches no tier file.
  * store/local.c implements it over a local cache directory in the reference's

@@ -23,7 +23,6 @@
 #include "base/hash.h"
 #include "base/io.h"
 #include "store/chunked.h"
-#include "store/chunkstore.h"
 #include "tier/chunks.h"
 
 #include <stdio.h>
