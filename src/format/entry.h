@@ -121,9 +121,10 @@ typedef struct kvti_write_opts {
   uint32_t file_mode;
   uint32_t dir_mode;
   int io_backend; /* kvt_io_backend for the layer files (0 = AUTO) */
-  /* 1: a publish through the backend's put_stage/put_publish does not fsync
-   * data/ itself; the caller makes every rename of its batch durable with
-   * one put_sync before it commits any index row for them (a group commit).
+  /* 1: a publish through the local store's steps (store/local.h's
+   * put_stage/put_publish) does not fsync data/ itself; the caller makes
+   * every rename of its batch durable with one put_sync before it commits
+   * any index row for them (a group commit).
    * The staged files and their directory are still synced when do_fsync. */
   int defer_dir_sync;
   /* Non-NULL (a group commit's set, engine/syncset.h): a stage writes its

@@ -2,9 +2,10 @@
  * backend.h - the entry-store seam of the tier (its chunk-store seam is
  * store/chunk_backend.h). The tier logic (queue,
  * locks, index, capacity, retention, budget, stats, the remote upload queue
- * and back-off) talks to entry storage only through this vtable and the
- * constructors below: the local backend (store/local.h, which alone knows the
- * cache directory's layout) and the remote constructor table
+ * and back-off) talks to entry storage only through this vtable, the remote
+ * stores' own operations (kvti_remote_ops) and the constructors below: the
+ * local backend (store/local.h, which alone knows the cache directory's
+ * layout and has the local-only operations) and the remote constructor table
  * (kvti_backend_remote_new, store/registry.c), so adding a remote store
  * (another key-value server, an object store) touches no tier file.
  * store/local.c implements it over a local cache directory in the reference's
@@ -60,9 +61,14 @@ typedef struct kvti_backend_meta {
   uint8_t chain_seed[32]; /* its chain's key_{-1}: namespace + layout */
 } kvti_backend_meta;
 
-/* One put in progress, split in steps (see the ops below); backend-owned. */
-typedef struct kvti_put_txn kvti_put_txn;
-
+/* The entry-store seam proper: every operation here is filled by every
+ * backend (tests/arch/entry_seam.py fails on a backend that leaves one out),
+ * so the tier drives both stores the same way. What only one kind of store
+ * has sits outside it: the steps of a local put, probing, adoption and
+ * measuring are the local directory's (store/local.h, kvti_backend_local_*;
+ * the tier's own store t->be is always local), and lookups by tokens,
+ * staging and fetching, reachability and chained uploads are a remote
+ * store's (kvti_remote_ops below, reached through kvti_backend.remote). */
 typedef struct kvti_backend_ops {
   const char *name; /* "local", "redis" */
   /* Publishes snapshot s under its hash, replacing an existing entry
@@ -91,13 +97,28 @@ typedef struct kvti_backend_ops {
    * keep_max, oldest dropped first; keep_max 0 deletes it). A missing entry is
    * success. */
   int (*quarantine)(kvti_backend *b, const char *hash, uint32_t keep_max);
+  /* The chunk store beside this backend's entries, behind the chunk-store
+   * seam (store/chunk_backend.h; chunks shared between nodes: docs/REMOTE.md
+   * "Chunks"). The op is always there; its answer is NULL when the store
+   * holds no chunks: the Redis backend's own (valid until destroy); the
+   * local backend's is the chunked store's (kvti_chunked_chunks, opened over
+   * the index after the backend and attached with
+   * kvti_backend_local_set_chunks: NULL while chunking is off). */
+  kvti_chunk_backend *(*chunks)(kvti_backend *b);
+  /* Frees the backend. */
+  void (*destroy)(kvti_backend *b);
+} kvti_backend_ops;
 
-  /* ---- optional: NULL when the store does not offer it ---- */
-
-  /* Lookup by tokens, for a store without the tier's index in front of it (a
-   * remote one): exact (prefix 0) or the longest stored prefix of tokens among
-   * entries of at least min_len tokens. 0 and *out, KVT_ENOTFOUND, or a
-   * connection error. The local backend has none: the index answers. */
+/* What only a remote store does: it answers lookups itself (there is no
+ * tier index in front of it), its entries reach the local store by staging
+ * and fetching, it can be unreachable, and it keeps chained entries' tails
+ * for other nodes. Every remote backend fills every operation (the Redis
+ * one: tests/arch/entry_seam.py); the local backend has none
+ * (kvti_backend.remote NULL). */
+typedef struct kvti_remote_ops {
+  /* Lookup by tokens: exact (prefix 0) or the longest stored prefix of
+   * tokens among entries of at least min_len tokens. 0 and *out,
+   * KVT_ENOTFOUND, or a connection error. */
   int (*find)(kvti_backend *b, kvti_backend_meta *out, const int32_t *tokens,
               size_t n, int prefix, uint64_t min_len);
   /* The stored metadata of entry hash: 0 and *out, KVT_ENOTFOUND,
@@ -113,74 +134,27 @@ typedef struct kvti_backend_ops {
    * KVT_ECORRUPT. */
   int (*fetch)(kvti_backend *b, kvti_backend_meta *out, const char *hash,
                const char *stage_dir);
-  /* Takes stage_dir/<hash>/ (a verified entry, e.g. fetched from another
-   * store into a staging directory this backend handed out) in as entry hash,
-   * by rename: nothing is copied. Fails when an entry is stored under hash. */
-  int (*adopt)(kvti_backend *b, const char *stage_dir, const char *hash);
-  /* Bytes stored for entry hash (the index's measuring callback): 1 with
-   * *bytes set, 0 when it cannot be measured, or KVT_ENOMEM. */
-  int (*measure)(kvti_backend *b, const char *hash, uint64_t *bytes);
-
   /* Contacts the store now: 0, KVT_EPERM (credentials / certificates
-   * refused: a configuration error), KVT_EIO / KVT_ETIMEDOUT (unreachable).
-   * NULL: nothing to contact (a local store). Not `probe`, which inspects one
-   * stored entry (below). */
+   * refused: a configuration error), KVT_EIO / KVT_ETIMEDOUT (unreachable). */
   int (*reach)(kvti_backend *b);
-
-  /* ---- optional: chunks shared between nodes (docs/REMOTE.md "Chunks") ----
-   * The chunk store beside this backend's entries, behind the chunk-store
-   * seam (store/chunk_backend.h), or NULL when there is none: the Redis
-   * backend's own (valid until destroy); the local backend's is the chunked
-   * store's (kvti_chunked_chunks, opened over the index after the backend
-   * and attached with kvti_backend_local_set_chunks: NULL when chunking is
-   * off). */
-  kvti_chunk_backend *(*chunks)(kvti_backend *b);
   /* put of a chained entry's tail snapshot s: ce and its chain's seed are
    * stored with it (meta's chain, chain_seed) so that no reader serves the
    * tail alone. */
   int (*put_chained)(kvti_backend *b, uint64_t *disk_bytes,
                      const kvti_snapshot *s, const kvti_write_opts *o,
                      const kvti_chained_entry *ce, const uint8_t seed[32]);
-
-  /* Frees the backend. */
-  void (*destroy)(kvti_backend *b);
-  /* The same put in steps, so that the tier can order a replacement's
-   * publication and its index commit safely (the commit may fail after the
-   * publish: busy, EIO, ENOSPC). put_stage writes the new version where no
-   * reader sees it (on failure nothing remains and *txn is NULL); put_publish
-   * makes it the live version atomically while keeping the previous one;
-   * then exactly one of put_commit (drops the previous version) or
-   * put_rollback
-   * (puts the previous version back, or removes the new entry when there was
-   * none; also valid after a failed publish) ends the txn and frees it. The
-   * previous version is readable again as soon as rollback returns 0; a
-   * failed rollback leaves the new complete version live. The local backend
-   * has them (the writer requires them); a backend only ever written through
-   * put (the Redis one: uploads) leaves them NULL. */
-  int (*put_stage)(kvti_backend *b, kvti_put_txn **txn, uint64_t *disk_bytes,
-                   const kvti_snapshot *s, const kvti_write_opts *o);
-  int (*put_publish)(kvti_backend *b, kvti_put_txn *txn);
-  void (*put_commit)(kvti_backend *b, kvti_put_txn *txn);
-  int (*put_rollback)(kvti_backend *b, kvti_put_txn *txn);
-  /* What the index needs of a stored entry, from the entry alone
-   * (kvti_entry_probe: the index is rebuilt from these). KVT_ECORRUPT: the
-   * entry is invalid. NULL where entries cannot be listed and adopted. */
-  int (*probe)(kvti_backend *b, const char *hash, kvti_entry_probe_info *out);
-  /* Makes every put_publish since the last sync durable (one fsync of the
-   * directory the entries are published in), for publishes staged with
-   * kvti_write_opts.defer_dir_sync. 0 or a code (then none of them may be
-   * counted durable). NULL where there is nothing to defer (then the writer
-   * never asks for deferral). */
-  int (*put_sync)(kvti_backend *b);
-} kvti_backend_ops;
+} kvti_remote_ops;
 
 struct kvti_backend {
   const kvti_backend_ops *ops;
+  /* A remote store's own operations; NULL for the local backend and for
+   * read-only shims over a staging directory. */
+  const kvti_remote_ops *remote;
 };
 
 /* b's chunk store behind the chunk-store seam, or NULL (none, or b NULL). */
 static inline kvti_chunk_backend *kvti_backend_chunks(kvti_backend *b) {
-  return b && b->ops->chunks ? b->ops->chunks(b) : NULL;
+  return b ? b->ops->chunks(b) : NULL;
 }
 
 /* ---- the remote constructor table (store/registry.c) ---- */
@@ -206,9 +180,9 @@ typedef struct kvti_remote_cfg {
  * without connecting, the same in every build. 0 or KVT_EINVAL. */
 int kvti_backend_remote_check_url(const char *url);
 /* Makes the remote backend cfg->url names. No connection is made here. The
- * backend offers find, stat, stage and fetch. Returns 0, KVT_EINVAL (URL),
- * KVT_EUNSUPPORTED (a backend this build does not include: the message says
- * how to get it), KVT_ENOMEM. */
+ * backend's remote is set (every kvti_remote_ops operation filled). Returns 0,
+ * KVT_EINVAL (URL), KVT_EUNSUPPORTED (a backend this build does not include:
+ * the message says how to get it), KVT_ENOMEM. */
 int kvti_backend_remote_new(kvti_backend **out, const kvti_remote_cfg *cfg);
 
 #endif

@@ -16,7 +16,11 @@
  * the remote entry backend). The local store's own reads of whole chains
  * (O_DIRECT into the destination tensors, store/chunkstore.h) stay below
  * this seam: a chain is always served from the local store, a remote one
- * after its missing chunks were copied in.
+ * after its missing chunks were copied in. So do a local spill's own chunk
+ * writes (store/chunkstore_write.c through the chunked store): they write
+ * chunk files from the spill's tensors and make them durable with the
+ * entry's group commit, where put takes a chunk file's verified bytes to
+ * copy it from another store.
  *
  * Ownership: the object is owned by the store it belongs to and lives as
  * long as that store; the seam has no constructor or destructor of its own.

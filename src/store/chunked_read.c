@@ -12,6 +12,7 @@
 #include "store/chunked.h"
 #include "store/chunked_chain.h"
 #include "store/chunked_rec.h"
+#include "store/local.h"
 
 #include "base/error.h"
 #include "base/hash.h"
@@ -195,14 +196,14 @@ int kvti_chunked_get_record(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
       *out = NULL;
     return vrc;
   }
-  if (o->keep_tokens && be->ops->probe) {
+  if (o->keep_tokens && kvti_backend_is_local(be)) {
     /* The tail's own manifest rules over the row (which a tier without
      * chunks may have left behind, or damage changed): a trimmed read that
      * would take its rows from the chain alone checks it first. A record
      * entry has no manifest: its chain is the record's. */
     kvti_entry_probe_info pi;
     memset(&pi, 0, sizeof pi);
-    if (be->ops->probe(be, hash, &pi) == 0) {
+    if (kvti_backend_local_probe(be, hash, &pi) == 0) {
       if (pi.chain.present && !kvti_chunked_mark_is(&pi.chain, &ce))
         kvti_chunked_mark_row(&ce, &pi.chain);
       kvti_free(pi.tokens);
@@ -261,14 +262,14 @@ int kvti_chunked_get_record(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
   kvt_entry *e = NULL;
   int rc = read_tail(c, be, &e, hash, &ce, o, bad_chunk, chunk_bad);
   if (rc != 0 && rc != KVT_ENOMEM && rc != KVT_ECANCELED &&
-      !(chunk_bad && *chunk_bad) && be->ops->probe) {
+      !(chunk_bad && *chunk_bad) && kvti_backend_is_local(be)) {
     /* The tail's own manifest names its chain (kvtier.chain). It differs
      * from the row when a crash (or a failed replacement) came between a new
      * version's chained-entry row and its publication: the files are the
      * acknowledged old version, read with the chain they name. */
     kvti_entry_probe_info pi;
     memset(&pi, 0, sizeof pi);
-    if (rc == KVT_ECORRUPT && be->ops->probe(be, hash, &pi) == 0 &&
+    if (rc == KVT_ECORRUPT && kvti_backend_local_probe(be, hash, &pi) == 0 &&
         !pi.chain.present) {
       /* Files that do not complete with the row's chain and carry no chain
        * mark: a whole entry under a stale row (a tier without chunks

@@ -74,8 +74,9 @@ struct kvti_put_txn {
   kvti_publish pub;
 };
 
-static int lb_stage(kvti_backend *b, kvti_put_txn **txn, uint64_t *disk_bytes,
-                    const kvti_snapshot *s, const kvti_write_opts *o) {
+int kvti_backend_local_put_stage(kvti_backend *b, kvti_put_txn **txn,
+                                 uint64_t *disk_bytes, const kvti_snapshot *s,
+                                 const kvti_write_opts *o) {
   *txn = NULL;
   kvti_put_txn *x = kvti_calloc(1, sizeof *x);
   if (!x)
@@ -94,24 +95,24 @@ static int lb_stage(kvti_backend *b, kvti_put_txn **txn, uint64_t *disk_bytes,
   return 0;
 }
 
-static int lb_publish(kvti_backend *b, kvti_put_txn *x) {
+int kvti_backend_local_put_publish(kvti_backend *b, kvti_put_txn *x) {
   (void)b;
   int rc = kvti_publish_do(&x->pub);
   return rc == KVT_ENOTFOUND ? KVT_EIO : rc;
 }
 
-static void lb_commit(kvti_backend *b, kvti_put_txn *x) {
+void kvti_backend_local_put_commit(kvti_backend *b, kvti_put_txn *x) {
   (void)b;
   kvti_publish_commit(&x->pub);
   kvti_publish_free(&x->pub);
   kvti_free(x);
 }
 
-static int lb_sync(kvti_backend *b) {
+int kvti_backend_local_put_sync(kvti_backend *b) {
   return kvti_fsync_dir(L(b)->data_dir);
 }
 
-static int lb_rollback(kvti_backend *b, kvti_put_txn *x) {
+int kvti_backend_local_put_rollback(kvti_backend *b, kvti_put_txn *x) {
   (void)b;
   if (!x)
     return 0;
@@ -124,8 +125,8 @@ static int lb_rollback(kvti_backend *b, kvti_put_txn *x) {
   return rc;
 }
 
-static int lb_probe(kvti_backend *b, const char *hash,
-                    kvti_entry_probe_info *out) {
+int kvti_backend_local_probe(kvti_backend *b, const char *hash,
+                             kvti_entry_probe_info *out) {
   if (!kvti_is_hash_name(hash))
     return KVT_ERR(KVT_EINVAL, "invalid entry name");
   /* An entry of the chunked store that is its chain alone holds one chain
@@ -441,7 +442,8 @@ static int quarantine_at(const char *cache_dir, uint32_t dir_mode,
 
 /* ---- the remote path: adopting a staged entry, measuring ---- */
 
-static int lb_adopt(kvti_backend *b, const char *stage_dir, const char *hash) {
+int kvti_backend_local_adopt(kvti_backend *b, const char *stage_dir,
+                             const char *hash) {
   if (!kvti_is_hash_name(hash))
     return KVT_ERR(KVT_EINVAL, "invalid entry name");
   char *from = kvti_path_join(stage_dir, hash);
@@ -454,7 +456,8 @@ static int lb_adopt(kvti_backend *b, const char *stage_dir, const char *hash) {
 
 /* The apparent bytes of data/<hash>/ (a row the reference wrote has no
  * kvtier_meta). */
-static int lb_measure(kvti_backend *b, const char *hash, uint64_t *bytes) {
+int kvti_backend_local_measure(kvti_backend *b, const char *hash,
+                               uint64_t *bytes) {
   char *dir = entry_path(L(b), hash);
   if (!dir)
     return KVT_ENOMEM;
@@ -489,12 +492,6 @@ void kvti_backend_local_set_chunks(kvti_backend *b, kvti_chunk_backend *cb) {
 static const kvti_backend_ops local_ops = {
     .name = "local",
     .put = lb_put,
-    .put_stage = lb_stage,
-    .put_publish = lb_publish,
-    .put_commit = lb_commit,
-    .put_rollback = lb_rollback,
-    .put_sync = lb_sync,
-    .probe = lb_probe,
     .get = lb_get,
     .remove = lb_remove,
     .exists = lb_exists,
@@ -503,11 +500,13 @@ static const kvti_backend_ops local_ops = {
     .list = lb_list,
     .purge = lb_purge,
     .quarantine = lb_quarantine,
-    .adopt = lb_adopt,
-    .measure = lb_measure,
     .chunks = lb_chunks,
     .destroy = lb_destroy,
 };
+
+int kvti_backend_is_local(const kvti_backend *b) {
+  return b && b->ops == &local_ops;
+}
 
 /* ------------------------------------------------------------------------ */
 /* The layout: open, lock, index.db, staging                               */

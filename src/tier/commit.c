@@ -19,6 +19,7 @@
 #include "engine/syncset.h"
 #include "format/layer.h"
 #include "tier/remote.h"
+#include "store/local.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -53,38 +54,6 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
   kvt_entry_info old;
   int replacing = kvti_index_find_hash(&old, t->idx, hash) == 0 ||
                   ops->present(t->be, hash) != 0;
-  if (!ops->put_stage) {
-    if (replacing) {
-      kvti_stripe_wrlock(&t->stripes, hash);
-      kvti_ram_invalidate(t, hash); /* the RAM copy is the old version */
-    }
-    int rc = t->be->ops->put(t->be, disk, s, wo);
-    if (rc == 0) {
-      kvti_index_put_args a = {tokens,     n,
-                               hash,       kvti_snapshot_memory_bytes(s),
-                               *disk,      t->opts.storage_mode,
-                               0,          kvti_snapshot_salt(s),
-                               !t->chunked};
-      rc = kvti_index_put_one(t->idx, &a, 1);
-      if (rc != 0) {
-        /* Published files without a row would be an entry nobody can see
-         * and capacity does not count: remove them (and any row of a
-         * replaced version) so no trace remains. */
-        kvti_error_state es;
-        kvti_error_state_capture(&es, rc);
-        if (!replacing)
-          kvti_stripe_wrlock(&t->stripes, hash);
-        kvti_index_remove_hash(t->idx, hash);
-        ops->remove(t->be, hash);
-        if (!replacing)
-          kvti_stripe_unlock(&t->stripes, hash);
-        kvti_error_state_restore(&es);
-      }
-    }
-    if (replacing)
-      kvti_stripe_unlock(&t->stripes, hash);
-    return rc;
-  }
   /* A chunked tier (chunks.h) first writes the chunks the chain lacks - they
    * are immutable and never replaced, so nothing of an old version changes -
    * then stages its tail like any entry; the chained-entry record changes
@@ -102,7 +71,7 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
   }
   const kvti_snapshot *ss = chunked ? kvti_chunked_prep_snapshot(&cp, s) : s;
   kvti_put_txn *x = NULL;
-  int rc = ops->put_stage(t->be, &x, disk, ss, wo);
+  int rc = kvti_backend_local_put_stage(t->be, &x, disk, ss, wo);
   if (rc != 0) {
     if (chunked) {
       if (cp.recorded) { /* nothing published: the record goes back */
@@ -121,7 +90,7 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
   rc = chunked ? kvti_chunked_prep_record(t->chunked, &cp) : 0;
   if (rc == 0) {
     recorded = chunked;
-    rc = ops->put_publish(t->be, x);
+    rc = kvti_backend_local_put_publish(t->be, x);
   }
   if (rc == 0) {
     kvti_index_put_args a = {tokens,  n,
@@ -132,7 +101,7 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
     rc = kvti_index_put_one(t->idx, &a, 0);
   }
   if (rc == 0) {
-    ops->put_commit(t->be, x);
+    kvti_backend_local_put_commit(t->be, x);
     if (chunked)
       kvti_tier_chunks_committed(t, &cp);
     if (replacing)
@@ -144,7 +113,7 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
       kvti_stripe_wrlock(&t->stripes, hash);
     if (recorded)
       kvti_chunked_prep_undo(t->chunked, &cp);
-    if (ops->put_rollback(t->be, x) != 0)
+    if (kvti_backend_local_put_rollback(t->be, x) != 0)
       kvti_log(t, KVT_LOG_WARN,
                "kvtier: undoing the publish of %.16s failed (%s); the new "
                "version stays in place",
@@ -267,7 +236,7 @@ static void batch_undo(kvt_tier *t, batch_ent *b) {
   kvti_stripe_wrlock(&t->stripes, b->hash);
   if (b->recorded)
     kvti_chunked_prep_undo(t->chunked, &b->cp);
-  if (b->x && t->be->ops->put_rollback(t->be, b->x) != 0)
+  if (b->x && kvti_backend_local_put_rollback(t->be, b->x) != 0)
     kvti_log(t, KVT_LOG_WARN,
              "kvtier: undoing the publish of %.16s failed (%s); the new "
              "version stays in place",
@@ -331,7 +300,6 @@ static int batch_replaces(kvt_tier *t, const char *hash) {
  * single (to be written alone). */
 static size_t batch_group_locked(kvt_tier *t, batch_ent *b, size_t i, size_t n,
                                  const kvti_write_opts *wo) {
-  const kvti_backend_ops *ops = t->be->ops;
   size_t end = i;
   while (end < n && !batch_replaces(t, b[end].hash))
     end++;
@@ -359,7 +327,7 @@ static size_t batch_group_locked(kvt_tier *t, batch_ent *b, size_t i, size_t n,
     const kvti_snapshot *ss =
         t->chunked ? kvti_chunked_prep_snapshot(&e->cp, e->s) : e->s;
     if (rc == 0)
-      rc = ops->put_stage(t->be, &e->x, &e->disk, ss, &ws);
+      rc = kvti_backend_local_put_stage(t->be, &e->x, &e->disk, ss, &ws);
   }
   /* 2. Every file durable at once, the chunks renamed, every directory. */
   if (rc == 0)
@@ -373,9 +341,9 @@ static size_t batch_group_locked(kvt_tier *t, batch_ent *b, size_t i, size_t n,
     rc = batch_records(t, b, i, end);
   /* 4. Every rename, made durable at once, then every row at once. */
   for (size_t k = i; rc == 0 && k < end; k++)
-    rc = ops->put_publish(t->be, b[k].x);
+    rc = kvti_backend_local_put_publish(t->be, b[k].x);
   if (rc == 0 && wo->defer_dir_sync)
-    rc = ops->put_sync(t->be);
+    rc = kvti_backend_local_put_sync(t->be);
   if (rc == 0) {
     kvti_index_put_args a[KVTI_WRITER_BATCH_MAX];
     for (size_t k = i; k < end; k++) {
@@ -434,7 +402,7 @@ static size_t batch_group_locked(kvt_tier *t, batch_ent *b, size_t i, size_t n,
   }
   for (size_t k = i; k < end; k++) {
     batch_ent *e = &b[k];
-    ops->put_commit(t->be, e->x);
+    kvti_backend_local_put_commit(t->be, e->x);
     e->x = NULL;
     if (t->chunked)
       kvti_tier_chunks_committed(t, &e->cp);
@@ -468,7 +436,7 @@ void kvti_writer_write_batch(kvt_tier *t, kvti_snapshot **snaps, size_t n) {
       t->opts.storage_mode, t->opts.durability == KVT_DURABILITY_FSYNC,
       t->opts.file_mode,    t->opts.dir_mode,
       t->opts.io_backend,   0};
-  wo.defer_dir_sync = wo.do_fsync && t->be->ops->put_sync != NULL;
+  wo.defer_dir_sync = wo.do_fsync;
   size_t i = 0;
   while (i < n) {
     pthread_mutex_lock(&t->mut_mu);

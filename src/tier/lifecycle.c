@@ -59,7 +59,7 @@ static void tier_destroy(kvt_tier *t) {
 /* The index's measuring callback (kvti_index_measure) over the store. */
 static int measure_entry(void *ctx, const char *hash, uint64_t *bytes) {
   kvti_backend *be = ctx;
-  return be->ops->measure(be, hash, bytes);
+  return kvti_backend_local_measure(be, hash, bytes);
 }
 
 int kvt_tier_open(kvt_tier **out, const kvt_options *user_opts) {

@@ -37,7 +37,6 @@
 #include "tier/remote.h"
 #include "index/chain_walk.h"
 #include "store/chunked.h"
-#include "store/chunkstore_verify.h"
 #include "store/local.h"
 #include "tier/tier.h"
 

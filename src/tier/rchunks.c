@@ -23,7 +23,6 @@
 #include "base/hash.h"
 #include "base/io.h"
 #include "store/chunked.h"
-#include "store/chunkstore.h"
 #include "tier/chunks.h"
 
 #include <stdio.h>
@@ -34,9 +33,8 @@
  * on). */
 static kvti_chunk_backend *remote_chunks(const kvt_tier *t, kvti_backend *be) {
   kvti_chunk_backend *cb = kvti_backend_chunks(be);
-  return t->chunked && kvti_backend_chunks(t->be) && cb && be->ops->put_chained
-             ? cb
-             : NULL;
+  return t->chunked && kvti_backend_chunks(t->be) && cb && be->remote ? cb
+                                                                      : NULL;
 }
 
 /* ---- the road: a chain copied between two chunk stores ---- */
@@ -207,7 +205,7 @@ static int make_from_spill(void *ctx, uint64_t i, const uint8_t parent[32],
   char kh[65], path[4200] = "", tmp[4200];
   int rc = kvti_chunk_key(key, parent, src.tokens, C);
   if (rc == 0 && !mk->stage)
-    rc = mk->be->ops->stage(mk->be, &mk->stage);
+    rc = mk->be->remote->stage(mk->be, &mk->stage);
   if (rc == 0) {
     kvti_hex32(kh, key);
     rc = kvti_local_stage_chunk_paths(path, tmp, sizeof path, mk->stage, kh);
@@ -297,7 +295,7 @@ int kvti_rchunks_upload(kvt_tier *t, kvti_backend *be, const kvti_snapshot *s,
     ce.total_rows = sp.T;
     uint64_t tb = 0;
     if (rc == 0)
-      rc = be->ops->put_chained(be, &tb, tail, wo, &ce, w.seed);
+      rc = be->remote->put_chained(be, &tb, tail, wo, &ce, w.seed);
     sent += tb;
   }
   kvti_snapshot_free(tail);
@@ -401,8 +399,11 @@ int kvti_rchunks_entry_ok(kvt_tier *t, const kvti_backend_meta *m) {
 
 /* ---- reads ---- */
 
-/* A backend over a staging directory holding one fetched tail: the chunked
- * read path gets the tail through it as it gets a local one. */
+/* A read-only shim over a staging directory holding one fetched tail, not a
+ * store: the chunked read path gets the tail through its get as it gets a
+ * local one. Only get is filled; the chunked read asks nothing else of a
+ * backend that is not local (kvti_backend_is_local), and the shim never
+ * leaves this file. */
 typedef struct stage_be {
   kvti_backend base;
   const char *dir;

@@ -102,8 +102,6 @@ static int adopt_flush(kvt_tier *t, adopt_batch *b, int64_t *adopted) {
 int64_t kvti_tier_adopt_locked(kvt_tier *t, char *const *names, size_t n,
                                int64_t *quarantined) {
   *quarantined = 0;
-  if (!t->be->ops->probe)
-    return 0;
   adopt_batch *b = kvti_calloc(1, sizeof *b);
   if (!b)
     return KVT_ERR_NOMEM();
@@ -115,7 +113,7 @@ int64_t kvti_tier_adopt_locked(kvt_tier *t, char *const *names, size_t n,
     if (kvti_index_find_hash(&info, t->idx, h) != KVT_ENOTFOUND)
       continue; /* indexed (or no longer listable): not ours to adopt */
     kvti_entry_probe_info *p = &b->p[b->n];
-    int r = t->be->ops->probe(t->be, h, p);
+    int r = kvti_backend_local_probe(t->be, h, p);
     if (r == 0 && p->chain.present) {
       /* A tail of the chunked store: adopted only with its chain record. */
       int a = kvti_tier_chunks_adopt(t, h, &p->chain);

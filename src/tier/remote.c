@@ -269,17 +269,16 @@ int kvti_remote_open(kvt_tier *t) {
         1};
     rc = kvti_backend_remote_new(&r->be, &cfg);
   }
-  if (rc == 0 && (!r->be->ops->find || !r->be->ops->stat ||
-                  !r->be->ops->stage || !r->be->ops->fetch))
+  if (rc == 0 && !r->be->remote)
     rc = KVT_ERR(KVT_EUNSUPPORTED,
                  "remote store %s cannot serve as a remote tier (no "
                  "find/stat/stage/fetch)",
                  r->be->ops->name);
-  if (rc == 0 && r->be->ops->reach) {
+  if (rc == 0) {
     /* One contact now: refused credentials or certificates are a
      * configuration error the caller must see at open; an unreachable
      * server is not (warned, then the usual back-off). */
-    int p = r->be->ops->reach(r->be);
+    int p = r->be->remote->reach(r->be);
     if (p == KVT_EPERM)
       rc = p;
     else if (p != 0)
@@ -311,7 +310,7 @@ static int lookup(kvt_tier *t, kvt_entry_info *info, const int32_t *tokens,
     return KVT_ERR(KVT_ENOTFOUND, "remote store unavailable (backing off)");
   }
   kvti_backend_meta m;
-  int rc = r->be->ops->find(r->be, &m, tokens, n, prefix, min_len);
+  int rc = r->be->remote->find(r->be, &m, tokens, n, prefix, min_len);
   if (rc == 0) {
     remote_success(r);
     double cutoff = kvti_tier_cutoff(t);
@@ -393,7 +392,7 @@ static void adopt(kvt_tier *t, const char *stage, const kvt_entry *e,
       if (ch)
         rc = kvti_chains_entry_put(ch, &m->chain);
       if (rc == 0)
-        rc = t->be->ops->adopt(t->be, stage, hash);
+        rc = kvti_backend_local_adopt(t->be, stage, hash);
       if (rc == 0) {
         rc = kvti_index_put(
             t->idx, e->tokens, e->n_tokens, hash, e->memory_bytes,
@@ -423,7 +422,7 @@ int kvti_remote_read(kvt_tier *t, kvt_entry **out, const kvt_entry_info *info,
   if (!remote_ok(r))
     return KVT_ERR(KVT_ENOTFOUND, "remote store unavailable (backing off)");
   char *stage = NULL;
-  int rc = r->be->ops->stage(r->be, &stage);
+  int rc = r->be->remote->stage(r->be, &stage);
   if (rc != 0) {
     KVTI_STAT_ADD(&t->stats, promotion_failures, 1);
     return rc;
@@ -433,7 +432,7 @@ int kvti_remote_read(kvt_tier *t, kvt_entry **out, const kvt_entry_info *info,
   memset(&m, 0, sizeof m);
   uint64_t chunk_bytes = 0;
   int via_chain = 0;
-  rc = r->be->ops->fetch(r->be, &m, hash, stage);
+  rc = r->be->remote->fetch(r->be, &m, hash, stage);
   if (rc == KVT_ENOTFOUND && t->chunked) {
     /* No entry ends there: a chain other nodes stored (rchunks.h). */
     kvti_error_state es;
@@ -536,7 +535,7 @@ int kvt_tier_remote_foreach(kvt_tier *t, kvt_entry_visit_fn fn, void *ctx) {
     rc = KVT_ERR_NOMEM();
   for (size_t i = 0; rc == 0 && i < l.n; i++) {
     kvti_backend_meta m;
-    int g = be->ops->stat(be, &m, l.v[i]);
+    int g = be->remote->stat(be, &m, l.v[i]);
     if (g == KVT_ENOTFOUND || g == KVT_ECORRUPT) {
       kvt_clear_error(); /* gone since the scan, or damaged: not an entry */
       continue;
@@ -580,11 +579,11 @@ int kvt_tier_remote_verify(kvt_tier *t, const char *token_hash) {
   if (rc != 0)
     return rc;
   char *stage = NULL;
-  rc = be->ops->stage(be, &stage);
+  rc = be->remote->stage(be, &stage);
   if (rc == 0) {
     kvti_backend_meta m;
     memset(&m, 0, sizeof m);
-    rc = be->ops->fetch(be, &m, token_hash, stage);
+    rc = be->remote->fetch(be, &m, token_hash, stage);
     if (rc == 0) {
       kvti_read_opts ro;
       memset(&ro, 0, sizeof ro);

@@ -69,9 +69,9 @@ static int take_want(void *ctx, const kvti_workq_item *qi) {
 
 /* 1 when the spills queued behind the one being run may be batched with it:
  * they are written here (no write hook hands them out one by one) and
- * locally, through a backend that writes in steps. */
+ * locally (the local store writes in steps). */
 static int batchable(kvt_tier *t) {
-  if (!t->be->ops->put_stage || !kvti_remote_spills_local(t))
+  if (!kvti_remote_spills_local(t))
     return 0;
   pthread_mutex_lock(&t->hook.mu);
   int hooked = t->hook.fn != NULL;

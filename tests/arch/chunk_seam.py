@@ -9,6 +9,11 @@ fails on:
   * a call from src/tier/ to a function the seam stands for: the local store's
     kvti_chunkstore_read_bytes/_adopt/_lookup/_remove, the local seam's constructor, anything
     of the Redis backend's (kvti_rb_*, kvr_*), or an include of a store/redis/ header;
+  * a src/tier/ file outside LOCAL_CHUNKS_OK that includes a local chunk store header
+    (store/chunkstore*.h, store/local_chunks.h) directly: the tier's chunk orchestration reaches
+    local chunks as it reaches remote ones, through the seam and the chunked store
+    (store/chunked.h); LOCAL_CHUNKS_OK names the few files whose work is the local chunk
+    directory's own and has no seam operation, each with its reason;
   * a member of kvti_backend_ops (store/backend.h) named chunk_*: chunk operations belong to
     the chunk-store vtable;
   * a chunk-store vtable missing one of the five operations in either implementation.
@@ -23,6 +28,18 @@ BEHIND_SEAM = ("kvti_chunkstore_read_bytes", "kvti_chunkstore_adopt", "kvti_chun
                "kvti_chunkstore_remove", "kvti_chunkstore_seam_init")
 CALL_RE = re.compile(r"(?<![\w.>])(%s|kvti_rb_\w+|kvr_\w+)\s*\(" % "|".join(BEHIND_SEAM))
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"(store/redis/[^"]+)"', re.M)
+LOCAL_INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"(store/(?:chunkstore\w*|local_chunks)\.h)"', re.M)
+LOCAL_CHUNKS_OK = {
+    # The tools' view and upkeep of chunks/ (verify one file, contain damage, gc of strays,
+    # the lazy sweep): the local directory's maintenance, which a remote store does not have
+    # and the seam (has, get, put, remove, lookup) does not carry.
+    "chunk_tools.c": "local chunk maintenance",
+    # The host RAM tier checks a cached chain against the local chunk files it stands for
+    # (kvti_chunkstore_verify_mem) and walks the local chain table: a chain is always served
+    # from the local store (a remote one after its chunks were copied in), so a RAM copy only
+    # ever replaces local files.
+    "ram_chain.c": "RAM copies checked against local chunk files",
+}
 OPS = ("has", "get", "put", "remove", "lookup")
 IMPLS = ("store/chunkstore_seam.c", "store/redis/chunks.c")
 
@@ -45,6 +62,9 @@ def tier_breaches(path):
            for m in CALL_RE.finditer(bare)]
     out += ["%s:%d: includes %s, a backend's inside" % (path, line(m.start(1)), m.group(1))
             for m in INCLUDE_RE.finditer(code)]
+    if os.path.basename(path) not in LOCAL_CHUNKS_OK:
+        out += ["%s:%d: includes %s: the local chunk store is reached through the seam"
+                % (path, line(m.start(1)), m.group(1)) for m in LOCAL_INCLUDE_RE.finditer(code)]
     return out
 
 
@@ -73,10 +93,15 @@ def impl_breaches(path):
 def self_test():
     d = tempfile.mkdtemp()
     try:
-        tier, be, impl = (os.path.join(d, n) for n in ("t.c", "backend.h", "impl.c"))
+        tier, be, impl, ok = (os.path.join(d, n)
+                              for n in ("t.c", "backend.h", "impl.c", "chunk_tools.c"))
+        with open(ok, "w") as f:
+            f.write('#include "store/local_chunks.h"\n')
         with open(tier, "w") as f:
             f.write('/* kvti_rb_chunk_get( in a comment is fine */\n'
                     '#include "store/redis/internal.h"\n'
+                    '#include "store/chunkstore_verify.h"\n'
+                    '#include "store/chunked.h"\n'
                     'void a(void) {\n'
                     '  kvti_log(t, 1, "kvti_chunkstore_adopt( in a message");\n'
                     '  kvti_chunkstore_read_bytes(cs, k, &b, &n, 9);\n'
@@ -88,13 +113,14 @@ def self_test():
         with open(impl, "w") as f:
             f.write("static const kvti_chunk_backend_ops o = {.name = \"x\", .has = h,\n"
                     "  .get = g, .put = p, .lookup = l};\n")
-        found = tier_breaches(tier) + entry_vtable_breaches(be) + impl_breaches(impl)
+        found = tier_breaches(tier) + tier_breaches(ok) + entry_vtable_breaches(be)
+        found += impl_breaches(impl)
     finally:
         for n in os.listdir(d):
             os.unlink(os.path.join(d, n))
         os.rmdir(d)
     want = ("kvti_chunkstore_read_bytes()", "kvti_rb_chunks_init()", "store/redis/internal.h",
-            "chunk_get", "lacks remove")
+            "chunk_get", "lacks remove", "store/chunkstore_verify.h: the local chunk store")
     if len(found) != len(want) or not all(any(w in b for b in found) for w in want):
         raise SystemExit("chunk_seam: self-test failed: %s" % found)
 

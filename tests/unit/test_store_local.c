@@ -113,7 +113,7 @@ static void test_stage_adopt_measure(void) {
   kvti_local_cfg c = cfg_of(dir, 0);
   REQUIRE(kvti_backend_local_open(&b, &c) == 0);
   uint64_t bytes = 7;
-  CHECK_EQ_INT(b->ops->measure(b, HASH, &bytes), 0);
+  CHECK_EQ_INT(kvti_backend_local_measure(b, HASH, &bytes), 0);
   const char *root = NULL;
   REQUIRE(kvti_backend_local_stage_root(b, &root) == 0);
   snprintf(p, sizeof p, "%s/remote.tmp", dir);
@@ -126,21 +126,21 @@ static void test_stage_adopt_measure(void) {
   REQUIRE(mkdir(p, 0700) == 0);
   snprintf(q, sizeof q, "%s/f", p);
   write_file(q, 1000);
-  CHECK_EQ_INT(b->ops->adopt(b, root, HASH), 0);
+  CHECK_EQ_INT(kvti_backend_local_adopt(b, root, HASH), 0);
   CHECK(!kvt_test_exists(p));
   snprintf(q, sizeof q, "%s/data/%s/f", dir, HASH);
   CHECK(kvt_test_exists(q));
   CHECK_EQ_INT(b->ops->present(b, HASH), 1);
-  CHECK_EQ_INT(b->ops->measure(b, HASH, &bytes), 1);
+  CHECK_EQ_INT(kvti_backend_local_measure(b, HASH, &bytes), 1);
   CHECK_EQ_INT(bytes, 1000);
   /* A stored entry is never replaced by an adopt. */
   REQUIRE(mkdir(p, 0700) == 0);
   snprintf(q, sizeof q, "%s/g", p);
   write_file(q, 5);
-  CHECK(b->ops->adopt(b, root, HASH) < 0);
-  CHECK_EQ_INT(b->ops->measure(b, HASH, &bytes), 1);
+  CHECK(kvti_backend_local_adopt(b, root, HASH) < 0);
+  CHECK_EQ_INT(kvti_backend_local_measure(b, HASH, &bytes), 1);
   CHECK_EQ_INT(bytes, 1000);
-  CHECK_EQ_INT(b->ops->adopt(b, root, "../x"), KVT_EINVAL);
+  CHECK_EQ_INT(kvti_backend_local_adopt(b, root, "../x"), KVT_EINVAL);
   char keep[4300];
   snprintf(keep, sizeof keep, "%s", root);
   b->ops->destroy(b);
@@ -195,8 +195,9 @@ static void test_remote_table(void) {
      * operations are all there. */
     REQUIRE(b != NULL);
     CHECK_EQ_INT(strcmp(b->ops->name, "redis"), 0);
-    CHECK(b->ops->find && b->ops->stat && b->ops->stage && b->ops->fetch);
-    CHECK(b->ops->adopt == NULL);
+    CHECK(b->remote && b->remote->find && b->remote->stat && b->remote->stage &&
+          b->remote->fetch);
+    CHECK(!kvti_backend_is_local(b));
     b->ops->destroy(b);
   } else {
     /* The null remote. */

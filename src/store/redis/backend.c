@@ -488,20 +488,22 @@ static const kvti_backend_ops redis_ops = {.name = "redis",
                                            .list = rb_list,
                                            .purge = rb_purge,
                                            .quarantine = rb_quarantine,
-                                           .find = kvti_rb_find,
-                                           .stat = rb_stat,
-                                           .stage = kvti_rb_stage,
-                                           .fetch = kvti_rb_fetch,
-                                           .reach = kvti_rb_reach,
                                            .chunks = rb_chunks,
-                                           .put_chained = rb_put_chained,
                                            .destroy = rb_destroy};
+
+static const kvti_remote_ops redis_remote_ops = {.find = kvti_rb_find,
+                                                 .stat = rb_stat,
+                                                 .stage = kvti_rb_stage,
+                                                 .fetch = kvti_rb_fetch,
+                                                 .reach = kvti_rb_reach,
+                                                 .put_chained = rb_put_chained};
 
 int kvti_backend_redis_new(kvti_backend **out, const kvti_remote_cfg *cfg) {
   redis_backend *rb = kvti_calloc(1, sizeof *rb);
   if (!rb)
     return KVT_ERR_NOMEM();
   rb->base.ops = &redis_ops;
+  rb->base.remote = &redis_remote_ops;
   kvti_rb_chunks_init(rb);
   rb->chunk_bytes = cfg->chunk_bytes;
   rb->ttl_ms = cfg->ttl_ms;
