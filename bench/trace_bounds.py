@@ -15,7 +15,9 @@ admission differs between those rules, so the gap between the oracle and the
 others is what the trace's visible signals fail to predict.  Two more rows
 write everything and change the eviction instead: the shorter prompts' blocks
 go first (by kvtier's length classes, and by the best of a few fixed-width
-length buckets, chosen with hindsight).  Nothing here touches a
+length buckets, chosen with hindsight); and, online, blocks hit since
+written are kept over the rest up to half the disk, each by recency plus its
+length class's learnt worth (simulate_by_reuse).  Nothing here touches a
 tier or a disk: it is a model, and its figures bound, not measure, kvtier.
 
     /usr/bin/python3 bench/trace_bounds.py --requests 1000 --budgets 0.25,1.0 [--json]
@@ -96,6 +98,84 @@ def simulate(rows: list[list[tuple[int, int]]], capacity: int, admit,
             if h is None or h[2] != st:
                 continue  # a stale heap entry: the block was touched since
             used -= h[0]
+            del held[node]
+    return {"hit_tokens": hit, "written_tokens": written}
+
+
+def simulate_by_reuse(requests: list[dict], rows: list[list[tuple[int, int]]], capacity: int,
+                      guard: float = 0.5, horizon: float = 4.0, prior: float = 8.0) -> dict:
+    """Everything written; a full disk evicts by expected reuse, online: two
+    pools, blocks hit since they were written and the rest, the hit pool
+    giving up a block only while it holds more than `guard` of the tokens
+    held (or the other pool is empty); within a pool the lowest last touch
+    (counted in block touches) plus `horizon` times the blocks held times
+    the block's length class's worth relative to the mean (online_rule's
+    learning, from every block seen) goes first."""
+    owner: dict[int, int] = {}
+    brought: collections.Counter = collections.Counter()
+    reread: collections.Counter = collections.Counter()
+    held: dict[int, list] = {}  # node -> [tokens, class, stamp, hit]
+    pools: tuple[list, list] = ([], [])
+    used = hit = written = stamp = hit_used = 0
+
+    def worth(c: int) -> float:
+        total = sum(brought.values())
+        mean = sum(reread.values()) / total if total else 0.0
+        if mean <= 0:
+            return 1.0
+        return (reread[c] + prior * mean) / (brought[c] + prior) / mean
+
+    def touch(node: int, tokens: int, c: int, was_hit: bool) -> None:
+        nonlocal stamp, hit_used
+        stamp += 1
+        old = held.get(node)
+        now_hit = bool(old and old[3]) or was_hit
+        if now_hit and not (old and old[3]):
+            hit_used += tokens
+        held[node] = [tokens, c, stamp, now_hit]
+        key = stamp + horizon * len(held) * worth(c)
+        heapq.heappush(pools[now_hit], (key, stamp, node))
+
+    for i, row in enumerate(rows):
+        c = length_class(requests[i]["length"])
+        k = 0
+        for node, blen in row:
+            h = held.get(node)
+            if h is None or h[0] < blen:
+                break
+            touch(node, h[0], h[1], True)
+            hit += blen
+            k += 1
+        j = 0
+        while j < len(row) and row[j][0] in owner:
+            j += 1
+        if j:
+            reread[owner[row[j - 1][0]]] += 1
+        new = [n for n, _ in row[j:] if n not in owner]
+        for n in new:
+            owner[n] = c
+        if new:
+            brought[c] += 1
+        for node, blen in row[k:]:
+            h = held.get(node)
+            have = h[0] if h else 0
+            if have >= blen:
+                touch(node, have, h[1], False)
+                continue
+            if h and h[3]:
+                hit_used += blen - have
+            touch(node, blen, h[1] if h else c, False)
+            used += blen - have
+            written += blen - have
+        while used > capacity and (pools[0] or pools[1]):
+            p = 1 if (hit_used > guard * used and pools[1]) or not pools[0] else 0
+            _, st, node = heapq.heappop(pools[p])
+            h = held.get(node)
+            if h is None or h[2] != st or h[3] != bool(p):
+                continue  # stale: touched since, or moved to the hit pool
+            used -= h[0]
+            if h[3]:
+                hit_used -= h[0]
             del held[node]
     return {"hit_tokens": hit, "written_tokens": written}
 
@@ -210,6 +290,8 @@ def bounds(requests: list[dict], fraction: float) -> dict:
         if best is None or r["of_ideal"] > best["of_ideal"]:
             best = r
     out["best_evict_shorter_first"] = best
+    res = simulate_by_reuse(requests, rows, capacity)
+    out["evict_by_reuse_online"] = {"of_ideal": rate(res), "guard": 0.5, "horizon": 4.0, **res}
     return out
 
 
@@ -244,7 +326,8 @@ def main(argv=None) -> int:
               f"ideal {b['ideal_hit_tokens']} hit tokens")
         for name in ("write_all", "oracle", "best_length_threshold",
                      "best_length_and_output_threshold", "best_online_length_class",
-                     "evict_shorter_first_classes", "best_evict_shorter_first"):
+                     "evict_shorter_first_classes", "best_evict_shorter_first",
+                     "evict_by_reuse_online"):
             r = b[name]
             extra = ", ".join(f"{k}={v}" for k, v in r.items()
                               if k not in ("of_ideal", "hit_tokens", "written_tokens"))

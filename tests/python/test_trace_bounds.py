@@ -75,6 +75,20 @@ def test_online_rule_learns_only_from_reuse_it_saw():
     assert not got[4]
 
 
+def test_eviction_by_reuse_keeps_a_block_a_request_came_back_for():
+    # A is asked for twice, then three one-block prompts fill a 3-block disk,
+    # then A again: LRU evicted A for the last newcomer, reuse evicts the
+    # oldest block nobody came back for.
+    reqs = [_req([1], 512), _req([1], 512), _req([2], 512), _req([3], 512), _req([4], 512),
+            _req([1], 512)]
+    rows = tb.chains(reqs)
+    assert tb.simulate(rows, 3 * 512, lambda i, k: True)["hit_tokens"] == 512
+    res = tb.simulate_by_reuse(reqs, rows, 3 * 512)
+    assert res == {"hit_tokens": 1024, "written_tokens": 4 * 512}
+    # A guard of nothing hands the hit pool's block over first: A is lost.
+    assert tb.simulate_by_reuse(reqs, rows, 3 * 512, guard=0.0)["hit_tokens"] == 512
+
+
 def test_full_budget_matches_the_replays_ideal_on_the_shared_trace():
     if not os.path.exists(_TRACE):
         pytest.skip(f"{_TRACE} not present")
