@@ -130,6 +130,18 @@ static int write_locked(kvt_tier *t, kvti_snapshot *s, const char *hash,
   return rc;
 }
 
+/* A spill that will not be written: counted and logged once, whichever
+ * road (alone or in a group) it failed on. */
+static void write_failed(kvt_tier *t, const kvti_snapshot *s, const char *hash,
+                         const char *why) {
+  size_t n = 0;
+  kvti_snapshot_tokens(s, &n);
+  KVTI_STAT_ADD(&t->stats, write_failures, 1);
+  kvti_log(t, KVT_LOG_ERROR,
+           "kvtier: failed to write entry %.16s (%zu tokens): %s", hash, n,
+           why);
+}
+
 /* Writes one spill (notify: then runs spill_done_fn). Runs on the writer
  * thread - or a write hook's caller, writer_hook.c - with nothing locked on
  * entry. A busy index is waited for without mut_mu (so removals, quarantines
@@ -173,10 +185,7 @@ int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify) {
     kvti_tier_enforce_locked(t, t->opts.max_entries, t->max_bytes,
                              kvti_tier_cutoff(t), NULL, NULL);
   } else {
-    KVTI_STAT_ADD(&t->stats, write_failures, 1);
-    kvti_log(t, KVT_LOG_ERROR,
-             "kvtier: failed to write entry %.16s (%zu tokens): %s", hash, n,
-             kvt_last_error());
+    write_failed(t, s, hash, kvt_last_error());
   }
   pthread_mutex_unlock(&t->mut_mu);
   kvti_stats_refresh_gauges(t); /* entries, bytes, queue: for the live file */
@@ -375,14 +384,9 @@ static size_t batch_group_locked(kvt_tier *t, batch_ent *b, size_t i, size_t n,
     kvti_syncset_free(set); /* first: it removes files through cb's dirs */
     kvti_chunkstore_batch_free(cb);
     if (alone) {
-      size_t nt = 0;
-      kvti_snapshot_tokens(b[i].s, &nt);
       b[i].rc = rc;
       b[i].done = 1;
-      KVTI_STAT_ADD(&t->stats, write_failures, 1);
-      kvti_log(t, KVT_LOG_ERROR,
-               "kvtier: failed to write entry %.16s (%zu tokens): %s",
-               b[i].hash, nt, es.msg);
+      write_failed(t, b[i].s, b[i].hash, es.msg);
       kvti_error_state_restore(&es);
       return end;
     }
