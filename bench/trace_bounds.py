@@ -8,9 +8,10 @@ imports) and replays the requests through it under several admission rules:
 write everything; the oracle that writes only blocks some later request will
 hit; the best fixed input-length threshold, chosen with hindsight among the
 trace's own length fortieths;
-the same with the output length too (which a tier never sees at spill time);
-and an online rule that learns each length class's reuse from a record of
-every block seen (kvtier's admission record, with unlimited memory).  Only the
+the same with the output length too (which the replay's spills do not carry);
+and an online rule that learns each class's reuse from a record of every
+block seen (kvtier's admission record, with unlimited memory), the class
+being the length class or the output and length classes together.  Only the
 admission differs between those rules, so the gap between the oracle and the
 others is what the trace's visible signals fail to predict.  Two more rows
 write everything and change the eviction instead: the shorter prompts' blocks
@@ -190,16 +191,25 @@ def length_class(n: int) -> int:
     return max(0, min(15, int(2 * math.log2(max(n, 256) / 256))))
 
 
-def online_rule(requests, rows, threshold: float, prior: float):
-    """Admit a request whose length class has earned, per block it brought,
-    at least `threshold` times the mean reuse so far (shrunk toward the mean
-    by `prior` blocks): learned from every block ever seen, stored or not."""
+def output_class(n: int) -> int:
+    """Octaves of the output length, 1 token and below in class 0."""
+    return max(0, int(math.log2(max(n, 1))))
+
+
+def online_rule(requests, rows, threshold: float, prior: float, key=None):
+    """Admit a request whose class has earned, per block it brought, at
+    least `threshold` times the mean reuse so far (shrunk toward the mean by
+    `prior` blocks): learned from every block ever seen, stored or not.  The
+    class is the prompt's length class unless key(request) says otherwise."""
+    if key is None:
+        def key(r):
+            return length_class(r["length"])
     owner: dict[int, int] = {}
     brought: collections.Counter = collections.Counter()
     reread: collections.Counter = collections.Counter()
 
     def admit(i: int, _k: int) -> bool:
-        row, c = rows[i], length_class(requests[i]["length"])
+        row, c = rows[i], key(requests[i])
         k = 0
         while k < len(row) and row[k][0] in owner:
             k += 1
@@ -277,6 +287,21 @@ def bounds(requests: list[dict], fraction: float) -> dict:
                 best = {"of_ideal": rate(res), "threshold": thr, "prior_blocks": prior, **res}
     out["best_online_length_class"] = best
 
+    # The same learning over (output class, length class): the replay's
+    # spills carry prompts only, but the real scheduler stores prompt plus
+    # output, so a tier that remembers each prompt's lookup could learn the
+    # output length at spill time.  Its figure bounds what that signal adds.
+    best = None
+    for thr in (0.5, 0.8, 1.0, 1.2, 1.5, 2.0):
+        for prior in (1.0, 8.0, 64.0):
+            rule = online_rule(requests, rows, thr, prior,
+                               key=lambda r: (output_class(r.get("output", 0)),
+                                              length_class(r["length"])))
+            res = simulate(rows, capacity, rule)
+            if best is None or rate(res) > best["of_ideal"]:
+                best = {"of_ideal": rate(res), "threshold": thr, "prior_blocks": prior, **res}
+    out["best_online_length_output_class"] = best
+
     # Eviction instead of admission: everything written, the shorter
     # prompts' blocks evicted first (by kvtier's half-octave classes, or by
     # fixed-width length buckets chosen with hindsight).
@@ -326,6 +351,7 @@ def main(argv=None) -> int:
               f"ideal {b['ideal_hit_tokens']} hit tokens")
         for name in ("write_all", "oracle", "best_length_threshold",
                      "best_length_and_output_threshold", "best_online_length_class",
+                     "best_online_length_output_class",
                      "evict_shorter_first_classes", "best_evict_shorter_first",
                      "evict_by_reuse_online"):
             r = b[name]

@@ -75,6 +75,23 @@ def test_online_rule_learns_only_from_reuse_it_saw():
     assert not got[4]
 
 
+def test_online_rule_by_output_class_tells_apart_what_length_cannot():
+    # Same lengths; the short-output prompt is reused, the long-output one
+    # never.  By length both share a class and are admitted; keyed by the
+    # output class too, the long-output class falls below the mean.
+    reqs = [_req([1], 512, out=4), _req([2], 512, out=900), _req([1], 512, out=4),
+            _req([3], 512, out=900), _req([4], 512, out=900)]
+    rows = tb.chains(reqs)
+    by_len = tb.online_rule(reqs, rows, 1.0, 1.0)
+    assert all(by_len(i, 0) for i in range(len(reqs)))
+    by_out = tb.online_rule(reqs, rows, 1.0, 1.0, key=lambda r: (
+        tb.output_class(r["output"]), tb.length_class(r["length"])))
+    got = [by_out(i, 0) for i in range(len(reqs))]
+    assert got[0] and got[2]
+    assert not got[4]
+    assert tb.output_class(0) == 0 and tb.output_class(4) == 2 and tb.output_class(900) == 9
+
+
 def test_eviction_by_reuse_keeps_a_block_a_request_came_back_for():
     # A is asked for twice, then three one-block prompts fill a 3-block disk,
     # then A again: LRU evicted A for the last newcomer, reuse evicts the
@@ -97,7 +114,7 @@ def test_full_budget_matches_the_replays_ideal_on_the_shared_trace():
     assert b["ideal_hit_tokens"] == tb.tr.ideal(reqs)["hit_tokens"]
     assert b["write_all"]["hit_tokens"] == b["ideal_hit_tokens"]
     for name in ("best_length_threshold", "best_length_and_output_threshold",
-                 "best_online_length_class"):
+                 "best_online_length_class", "best_online_length_output_class"):
         assert 0.0 <= b[name]["of_ideal"] <= b["oracle"]["of_ideal"] + 1e-12
 
 
