@@ -2,11 +2,12 @@
  * kvtier_sys.h - the part of kvtier's C API that serves tools and
  * compatibility rather than an engine's serving path: the chunked store's and
  * the remote store's entry-by-entry inspection and repair, the check of
- * index.db, another process's live counters (kvtier's command-line tool is
- * built on them), and the index of a cache directory and single layer files
- * on their own (the reference implementation's SSDIndex and LayerSerializer,
- * which the Python drop-in exposes). Nothing here is needed to spill, look up
- * or promote.
+ * index.db, what a cache directory holds (read with the tier's own names for
+ * its layout, so a tool never spells them), another process's live counters
+ * (kvtier's command-line tool is built on them), and the index of a cache
+ * directory and single layer files on their own (the reference implementation's
+ * SSDIndex and LayerSerializer, which the Python drop-in exposes). Nothing here
+ * is needed to spill, look up or promote.
  *
  * Stability: unlike kvtier.h's, these calls, structs and constants may change
  * or go away between minor versions (0.1 to 0.2); they stay as they are
