@@ -2,11 +2,12 @@
  * kvtier_sys.h - the part of kvtier's C API that serves tools and
  * compatibility rather than an engine's serving path: the chunked store's and
  * the remote store's entry-by-entry inspection and repair, the check of
- * index.db, another process's live counters (kvtier's command-line tool is
- * built on them), and the index of a cache directory and single layer files
- * on their own (the reference implementation's SSDIndex and LayerSerializer,
- * which the Python drop-in exposes). Nothing here is needed to spill, look up
- * or promote.
+ * index.db, what a cache directory holds (read with the tier's own names for
+ * its layout, so a tool never spells them), another process's live counters
+ * (kvtier's command-line tool is built on them), and the index of a cache
+ * directory and single layer files on their own (the reference implementation's
+ * SSDIndex and LayerSerializer, which the Python drop-in exposes). Nothing here
+ * is needed to spill, look up or promote.
  *
  * Stability: unlike kvtier.h's, these calls, structs and constants may change
  * or go away between minor versions (0.1 to 0.2); they stay as they are
@@ -267,6 +268,71 @@ typedef struct kvt_cache_dir_probe_info {
  *  past its version.
  *  Thread-safe. */
 KVT_API int kvt_cache_dir_probe(kvt_cache_dir_probe_info *out, const char *dir);
+
+/** What a name in a cache directory's data/ is, read from the name alone
+ *  (kvt_cache_dir_list). */
+typedef enum kvt_cache_name_kind {
+  KVT_CACHE_NAME_ENTRY = 1, /* 64 lowercase hex digits: an entry's name
+                               (whatever the file's type) */
+  KVT_CACHE_NAME_TMP = 2,   /* "<something>.tmp": an unfinished write or
+                               removal, which a reconcile deletes */
+  KVT_CACHE_NAME_STRAY = 4  /* anything else: not kvtier's (left alone) */
+} kvt_cache_name_kind;
+
+/** Called per name: name (valid only during the call) is as stored in data/,
+ *  kind one kvt_cache_name_kind. Nonzero stops the walk. */
+typedef int (*kvt_cache_name_fn)(void *ctx, const char *name, int kind);
+
+/** Calls fn for each name in dir's data/ (never "." or "..") whose kind is
+ *  in kinds (a mask of kvt_cache_name_kind; 0: every kind), in no particular
+ *  order, without opening a tier, taking a lock or changing anything (a
+ *  writer may add or remove names during the walk: each is reported at most
+ *  once). data/ is reached from dir without following a link below it.
+ *  Returns 0, fn's nonzero value (the walk stopped there), KVT_ENOTFOUND
+ *  (dir or its data/ does not exist), KVT_EPERM (data/ is a link or not a
+ *  directory), KVT_EIO, KVT_EINVAL (NULL or empty argument, or fn NULL),
+ *  KVT_ENOMEM. Thread-safe; fn may call anything. */
+KVT_API int kvt_cache_dir_list(const char *dir, unsigned kinds,
+                               kvt_cache_name_fn fn, void *ctx);
+
+/** Where a name given to kvt_cache_name_stat is. */
+#define KVT_CACHE_AREA_DATA                                                    \
+  1 /* a name in data/, as kvt_cache_dir_list                                  \
+       reports it */
+#define KVT_CACHE_AREA_CHUNKS                                                  \
+  2 /* a path under chunks/, relative to the                                   \
+       cache directory, as kvt_tier_chunk_gc and                               \
+       kvt_cache_chunk_name give it */
+
+#define KVT_CACHE_NAME_STAT_VERSION 1
+/** One name's state (kvt_cache_name_stat). */
+typedef struct kvt_cache_name_stat_info {
+  unsigned int version; /* KVT_CACHE_NAME_STAT_VERSION; set by the caller */
+  int is_dir;           /* 1: a directory (a link is not followed) */
+  double mtime;         /* Unix seconds of its last modification */
+} kvt_cache_name_stat_info;
+#define KVT_CACHE_NAME_STAT_INIT                                               \
+  { .version = KVT_CACHE_NAME_STAT_VERSION }
+
+/** Looks name up in dir (area: KVT_CACHE_AREA_*) without following a link
+ *  on the way or at its end: whether it is there, and its type and time -
+ *  so a tool can look at a name again without spelling the layout. Returns
+ *  0 (there: *out filled, its version kept), KVT_ENOTFOUND (not there, or a
+ *  directory on the way is missing), KVT_EPERM (a link or non-directory on
+ *  the way), KVT_EINVAL (NULL or empty argument, unknown version or area, a
+ *  data/ name holding '/' or a chunks/ path not of the form
+ *  chunks/<name>[/<name>], "." and ".." refused), KVT_EIO. On failure *out
+ *  is zeroed past its version. Thread-safe. */
+KVT_API int kvt_cache_name_stat(kvt_cache_name_stat_info *out, const char *dir,
+                                int area, const char *name);
+
+/** The path of chunk key_hex (64 lowercase hex digits) relative to the cache
+ *  directory, "chunks/<kk>/<key>.kvc" (docs/FORMAT.md section 10), into out
+ *  (n bytes; KVT_CACHE_CHUNK_NAME_MAX is always enough). Returns 0, or
+ *  KVT_EINVAL (NULL argument, key_hex not a key, n too small: out then ""
+ *  when n > 0). */
+#define KVT_CACHE_CHUNK_NAME_MAX 80
+KVT_API int kvt_cache_chunk_name(char *out, size_t n, const char *key_hex);
 
 /* ------------------------------------------------------------------------ */
 /* The live counters of another process                                     */

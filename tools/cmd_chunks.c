@@ -376,8 +376,8 @@ int cli_verify_chunks(kvt_tier *t, int repair, int progress, cli_problem_fn fn,
     } else if (r != KVT_ECORRUPT && r != KVT_EIO) {
       (*failed)++;
     }
-    char name[80];
-    snprintf(name, sizeof name, "chunks/%.2s/%.64s.kvc", key, key);
+    char name[KVT_CACHE_CHUNK_NAME_MAX];
+    kvt_cache_chunk_name(name, sizeof name, key);
     fn(ctx, name,
        r == KVT_ECORRUPT ? "chunk-corrupt"
        : r == KVT_EIO    ? "io-error"

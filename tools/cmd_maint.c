@@ -15,10 +15,8 @@
 #include "cli.h"
 #include "kvtier_sys.h"
 
-#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 /* ---- verify ------------------------------------------------------------- */
@@ -186,30 +184,31 @@ static void recheck(const char *dir, problems *ps, int json, int verbose) {
     for (size_t i = 0; i < ps->n; i++) {
       problem *p = &ps->v[i];
       int keep = 1;
-      char path[4400];
-      struct stat st;
       kvt_entry_info key;
       memset(&key, 0, sizeof key);
       snprintf(key.token_hash, sizeof key.token_hash, "%.64s", p->hash);
       int has_row =
           cli_bsearch(&key, es.v, es.n, sizeof *es.v, cmp_hash) != NULL;
-      snprintf(path, sizeof path, "%s/data/%s", dir, p->hash);
-      char fpath[4400];
-      snprintf(fpath, sizeof fpath, "%s/%s%s", dir,
-               strncmp(p->kind, "chunk-", 6) ? "data/" : "", p->hash);
+      /* A leftover file named by the problem: a chunk problem names its
+       * path under chunks/, any other its name in data/. */
+      kvt_cache_name_stat_info st = KVT_CACHE_NAME_STAT_INIT;
+      int area = strncmp(p->kind, "chunk-", 6) ? KVT_CACHE_AREA_DATA
+                                               : KVT_CACHE_AREA_CHUNKS;
+      int there = inflight_kind(p->kind) &&
+                  kvt_cache_name_stat(&st, dir, area, p->hash) == 0;
       if (is_stray(p->kind)) {
         keep = 1;
-      } else if (inflight_kind(p->kind) && lstat(fpath, &st) != 0) {
+      } else if (inflight_kind(p->kind) && !there) {
         keep = 0; /* gone by now (renamed into place or removed) */
       } else if (writer && inflight_kind(p->kind) &&
-                 time(NULL) - st.st_mtime < RECHECK_INFLIGHT_S) {
+                 (double)time(NULL) - st.mtime < RECHECK_INFLIGHT_S) {
         keep = 0; /* the live writer's, most likely in flight */
       } else if (!strncmp(p->kind, "chunk-", 6)) {
         keep = same_problem(&fresh, p);
       } else if (!strcmp(p->kind, "stale-tmp")) {
-        keep = lstat(path, &st) == 0;
+        keep = there;
       } else if (!strcmp(p->kind, "orphan")) {
-        keep = lstat(path, &st) == 0 && !has_row;
+        keep = there && !has_row;
       } else if (cli_is_hex64(p->hash) && c.tier) {
         /* An entry: gone from the index now (evicted, removed, replaced
          * by a chained version...) or good now: not a problem. */
@@ -230,6 +229,29 @@ static void recheck(const char *dir, problems *ps, int json, int verbose) {
     if (!dropped)
       return;
   }
+}
+
+/* kvt_cache_dir_list over data/: each name that has no business there. */
+typedef struct data_walk {
+  problems *ps;
+  const cli_entries *es;
+} data_walk;
+
+static int data_name(void *ctx, const char *n, int kind) {
+  data_walk *w = ctx;
+  if (kind == KVT_CACHE_NAME_TMP) {
+    add_problem(w->ps, n, "stale-tmp",
+                "unfinished write left behind (removed by reconcile)");
+  } else if (kind == KVT_CACHE_NAME_STRAY) {
+    add_problem(w->ps, n, "stray", "unexpected name in data/ (left alone)");
+  } else {
+    kvt_entry_info key;
+    memset(&key, 0, sizeof key);
+    snprintf(key.token_hash, sizeof key.token_hash, "%s", n);
+    if (!cli_bsearch(&key, w->es->v, w->es->n, sizeof *w->es->v, cmp_hash))
+      add_problem(w->ps, n, "orphan", "entry directory without an index row");
+  }
+  return 0;
 }
 
 int cmd_verify(int argc, char **argv) {
@@ -342,38 +364,11 @@ int cmd_verify(int argc, char **argv) {
   cli_progress_end(&pg);
 
   /* data/ against the index: names that should not be there. */
-  char data[4200];
-  snprintf(data, sizeof data, "%s/data", c.dir);
-  DIR *d = c.empty ? NULL : opendir(data);
   size_t orphans_before = ps.n;
-  if (d) {
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL) {
-      const char *n = de->d_name;
-      if (strcmp(n, ".") == 0 || strcmp(n, "..") == 0)
-        continue;
-      size_t l = strlen(n);
-      if (l > 4 && strcmp(n + l - 4, ".tmp") == 0) {
-        add_problem(&ps, n, "stale-tmp",
-                    "unfinished write left behind (removed by reconcile)");
-        continue;
-      }
-      if (!cli_is_hex64(n)) {
-        add_problem(&ps, n, "stray", "unexpected name in data/ (left alone)");
-        continue;
-      }
-      kvt_entry_info key;
-      memset(&key, 0, sizeof key);
-      memcpy(key.token_hash, n, 65);
-      if (!cli_bsearch(&key, es.v, es.n, sizeof *es.v, cmp_hash))
-        add_problem(&ps, n, "orphan", "entry directory without an index row");
-    }
-    closedir(d);
-  } else if (!c.empty && c.tier) {
-    struct stat st;
-    if (stat(data, &st) != 0 && es.n > 0)
-      add_problem(&ps, "data/", "missing", "data/ directory is missing");
-  }
+  data_walk dw = {&ps, &es};
+  int lrc = c.empty ? 0 : kvt_cache_dir_list(c.dir, 0, data_name, &dw);
+  if (lrc == KVT_ENOTFOUND && c.tier && es.n > 0)
+    add_problem(&ps, "data/", "missing", "data/ directory is missing");
 
   /* chunks/ against the chain table: stale *.tmp files and orphans (a dry
    * run of kvt_tier_chunk_gc; with --repair the real one, after reconcile

@@ -8,6 +8,7 @@
  * pure chain over a prompt, touches along a chain). The reads are
  * chunked_read.c's, which calls this file and never the other way round.
  */
+#include "index/chain_walk.h"
 #include "store/local_layout.h"
 #include "store/chunked.h"
 #include "store/chunked_rec.h"
@@ -307,6 +308,10 @@ int kvti_chunked_put(kvti_chunked *c, kvti_backend *be,
 
 int kvti_chunked_record(kvti_chunked *c, const char *hash, kvti_chainrec *r) {
   return kvti_chainrec_read(r, c->data_dir, hash);
+}
+
+int kvti_chunked_adopt_record(kvti_chunked *c, const kvti_chained_entry *ce) {
+  return kvti_chains_entry_put(kvti_chunkstore_chains(c->cs), ce);
 }
 
 /* The longest chain; *m chunks, only when pure. */

@@ -148,10 +148,43 @@ int kvti_chunked_prefix_chain(kvti_chunked *c, const kvti_salt *salt,
  * KVT_ECORRUPT, KVT_EIO, KVT_ENOMEM. */
 int kvti_chunked_record(kvti_chunked *c, const char *hash, kvti_chainrec *r);
 
+/* The chained-entry row of a tail adopted from elsewhere (a remote fetch
+ * renamed into data/, its chunks adopted by the read): committed before the
+ * tail is published, as a spill's record is; kvti_chunked_forget drops it
+ * when the adoption fails. 0 or KVT_EDB. */
+int kvti_chunked_adopt_record(kvti_chunked *c, const kvti_chained_entry *ce);
+
 /* Bytes of all chunk files. */
 uint64_t kvti_chunked_disk_bytes(kvti_chunked *c);
 
 /* ---- reads (chunked_read.c) ---- */
+
+/* What an entry that is its chain record alone (chunked_rec.h) says of
+ * itself, where a tail's manifest and tokens.bin would be checked. */
+typedef struct kvti_chunked_rec_facts {
+  int is_record;    /* 1: the entry is a chain record */
+  uint64_t rows;    /* total_rows: every layer holds exactly these */
+  uint32_t layers;  /* num_layers */
+  int tokens_match; /* the record's tokens are the caller's */
+} kvti_chunked_rec_facts;
+/* The chain a read of entry hash is served from, resolved as
+ * kvti_chunked_get resolves it (the entry's own chain record rules over its
+ * chained-entry row) and walked up from its last chunk by parent links (no
+ * namespace or salt needed). For the host RAM tier, which checks a cached
+ * copy of the entry against the chunk files it stands for. */
+typedef struct kvti_chunked_chain {
+  kvti_chain_rec *recs; /* chunk 0 first (kvti_malloc'ed); NULL: none */
+  size_t m;             /* 0: the entry is stored whole */
+  kvti_chunked_rec_facts rec;
+} kvti_chunked_chain;
+/* Fills *out (zeroed first) for entry hash, whose caller holds tokens[0, n).
+ * A name the store never gives, or an entry stored whole, is 0 with out->m
+ * 0. Returns 0, KVT_ENOTFOUND (its chain replaced or no longer stored),
+ * KVT_ECORRUPT (a chain longer than the entry), KVT_EIO, KVT_ENOMEM; *out is
+ * zeroed on failure. */
+int kvti_chunked_entry_chain(kvti_chunked *c, const char *hash,
+                             const int32_t *tokens, size_t n,
+                             kvti_chunked_chain *out);
 
 /* Reads entry hash (as be->get with o): a chained entry is read as its tail
  * (on_layer not called for it) and completed with its chain; on_layer then

@@ -4,7 +4,8 @@
  * its chain prefix (chunked_chain.c) in the caller's buffers
  * (chunkstore_entry.c), on_layer fired per layer once everything verified;
  * record entries read by chunked_rec.c, trimmed reads reaching past the chain
- * by chunked_trim.c; a pure chain's prefix read as an entry of its own. It
+ * by chunked_trim.c; a pure chain's prefix read as an entry of its own; the
+ * chain a read of an entry is served from, resolved for the host RAM tier. It
  * reaches the store object only through chunked.c's accessors, so chunked.c
  * (the spill side and the bookkeeping a removal or a lookup needs) never
  * depends on the read path.
@@ -121,6 +122,57 @@ static int read_tail(kvti_chunked *c, kvti_backend *be, kvt_entry **out,
   }
   *out = e;
   return 0;
+}
+
+/* kvti_chunked_entry_chain of a chained entry; out zeroed by the caller. */
+static int entry_chain(kvti_chunked *c, const char *hash, const int32_t *tokens,
+                       size_t n, kvti_chunked_chain *out) {
+  uint8_t hb[32];
+  kvti_chained_entry ce;
+  if (kvti_unhex32(hb, hash) != 0)
+    return 0; /* not a name the chunked store gives: stored whole */
+  kvti_chainrec rec;
+  int rc = kvti_chunked_record(c, hash, &rec);
+  if (rc == 0) {
+    kvti_chunked_rec_row(&ce, &rec); /* its hash is hb: named by it */
+    out->rec.is_record = 1;
+    out->rec.rows = rec.total_rows;
+    out->rec.layers = rec.num_layers;
+    out->rec.tokens_match =
+        tokens && rec.n_tokens == n &&
+        (n == 0 || memcmp(rec.tokens, tokens, n * sizeof *tokens) == 0);
+    kvti_chainrec_free(&rec);
+  } else if (rc != KVT_ENOTFOUND) {
+    return rc;
+  } else {
+    kvt_clear_error();
+    if (!kvti_chains_entry_get(kvti_chunkstore_chains(kvti_chunked_store(c)),
+                               hb, &ce))
+      return 0; /* stored whole */
+  }
+  if (ce.chunks == 0 || (uint64_t)ce.chunks * ce.chunk_tokens > n)
+    return KVT_ERR(KVT_ECORRUPT, "chained entry %.16s: bad record", hash);
+  out->recs = kvti_malloc((size_t)ce.chunks * sizeof *out->recs);
+  if (!out->recs)
+    return KVT_ERR_NOMEM();
+  out->m = (size_t)ce.chunks;
+  rc = kvti_chains_path(kvti_chunkstore_chains(kvti_chunked_store(c)),
+                        ce.last_key, out->m, out->recs);
+  if (rc == 0 && out->recs[0].layout_hash != ce.layout_hash)
+    rc = KVT_ERR(KVT_ENOTFOUND, "chained entry %.16s: chain replaced", hash);
+  return rc;
+}
+
+int kvti_chunked_entry_chain(kvti_chunked *c, const char *hash,
+                             const int32_t *tokens, size_t n,
+                             kvti_chunked_chain *out) {
+  memset(out, 0, sizeof *out);
+  int rc = entry_chain(c, hash, tokens, n, out);
+  if (rc != 0) {
+    kvti_free(out->recs);
+    memset(out, 0, sizeof *out);
+  }
+  return rc;
 }
 
 int kvti_chunked_get(kvti_chunked *c, kvti_backend *be, kvt_entry **out,

@@ -1,18 +1,23 @@
 /*
- * local_probe.c - kvt_cache_dir_probe: what a directory holds, read the way
- * the tier's layout names it, so a tool can tell an empty directory, a cache
- * and something else apart (and count what was set aside) before it opens
- * anything, without spelling the layout itself. It only lists and opens for
- * reading: probing never changes the directory, and it needs no lock (the
- * answer is a snapshot a writer may change right after).
+ * local_probe.c - a cache directory read from outside, the way the tier's
+ * layout names it, so a tool never spells the layout itself:
+ * kvt_cache_dir_probe (an empty directory, a cache or something else, and
+ * what was set aside), kvt_cache_dir_list (the names in data/ and what each
+ * is), kvt_cache_name_stat (one such name, or a chunk file's, looked at
+ * again) and kvt_cache_chunk_name (where a chunk file lives). It only lists,
+ * stats and opens for reading: nothing here changes the directory, and it
+ * needs no lock (every answer is a snapshot a writer may change right after).
  */
 #include "base/error.h"
+#include "base/hash.h"
 #include "base/io.h"
 #include "kvtier_sys.h"
+#include "store/local_dir.h"
 #include "store/local_layout.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -107,4 +112,132 @@ int kvt_cache_dir_probe(kvt_cache_dir_probe_info *out, const char *dir) {
     r = (kvt_cache_dir_probe_info){.version = out->version};
   *out = r;
   return rc;
+}
+
+/* What a name in data/ is, from the name alone: the reconcile's reading. */
+static int name_kind(const char *n) {
+  size_t l = strlen(n);
+  if (l > 4 && strcmp(n + l - 4, ".tmp") == 0)
+    return KVT_CACHE_NAME_TMP;
+  return kvti_is_hash_name(n) ? KVT_CACHE_NAME_ENTRY : KVT_CACHE_NAME_STRAY;
+}
+
+int kvt_cache_dir_list(const char *dir, unsigned kinds, kvt_cache_name_fn fn,
+                       void *ctx) {
+  if (!dir || !*dir || !fn)
+    return KVT_ERR(KVT_EINVAL, "kvt_cache_dir_list: NULL or empty argument");
+  int root = kvti_dir_open_root(dir);
+  if (root < 0)
+    return root;
+  int dfd = kvti_dir_open_rel(root, KVTI_LOCAL_DATA, dir);
+  kvti_io->close(root);
+  if (dfd < 0)
+    return dfd;
+  DIR *d = kvti_fdopendir(dfd);
+  if (!d) {
+    int e = errno;
+    kvti_io->close(dfd);
+    return KVT_ERR_OS(e, "%s/%s: cannot read directory", dir, KVTI_LOCAL_DATA);
+  }
+  int rc = 0;
+  struct dirent *de;
+  while (rc == 0 && (errno = 0, de = kvti_io->readdir(d)) != NULL) {
+    const char *n = de->d_name;
+    if (strcmp(n, ".") == 0 || strcmp(n, "..") == 0)
+      continue;
+    int kind = name_kind(n);
+    if (kinds == 0 || (kinds & (unsigned)kind))
+      rc = fn(ctx, n, kind);
+  }
+  if (rc == 0 && errno != 0)
+    rc =
+        KVT_ERR_OS(errno, "%s/%s: cannot read directory", dir, KVTI_LOCAL_DATA);
+  kvti_io->closedir(d);
+  return rc;
+}
+
+/* A path component: not empty, ".", ".." and without '/'. */
+static int component(const char *s, size_t n) {
+  if (n == 0 || (n == 1 && s[0] == '.') || (n == 2 && !memcmp(s, "..", 2)))
+    return 0;
+  return memchr(s, '/', n) == NULL;
+}
+
+/* Splits name (in area) into the directory holding it, relative to the
+ * cache directory, and its last component. 0 or KVT_EINVAL. */
+static int split_name(char *parent, size_t np, const char **last, int area,
+                      const char *name) {
+  if (area == KVT_CACHE_AREA_DATA) {
+    if (!component(name, strlen(name)))
+      return KVT_ERR(KVT_EINVAL, "kvt_cache_name_stat: bad data/ name");
+    snprintf(parent, np, "%s", KVTI_LOCAL_DATA);
+    *last = name;
+    return 0;
+  }
+  size_t lc = strlen(KVTI_LOCAL_CHUNKS);
+  if (area != KVT_CACHE_AREA_CHUNKS)
+    return KVT_ERR(KVT_EINVAL, "kvt_cache_name_stat: unknown area %d", area);
+  if (strncmp(name, KVTI_LOCAL_CHUNKS, lc) != 0 || name[lc] != '/')
+    return KVT_ERR(KVT_EINVAL, "kvt_cache_name_stat: not a chunks/ path");
+  const char *a = name + lc + 1, *b = strchr(a, '/');
+  size_t la = b ? (size_t)(b - a) : strlen(a);
+  if (!component(a, la) || (b && !component(b + 1, strlen(b + 1))) ||
+      la + lc + 2 > np)
+    return KVT_ERR(KVT_EINVAL, "kvt_cache_name_stat: not a chunks/ path");
+  if (!b) {
+    snprintf(parent, np, "%s", KVTI_LOCAL_CHUNKS);
+    *last = a;
+  } else {
+    snprintf(parent, np, "%.*s", (int)(b - name), name);
+    *last = b + 1;
+  }
+  return 0;
+}
+
+static int name_stat(kvt_cache_name_stat_info *out, const char *dir, int area,
+                     const char *name) {
+  char parent[320];
+  const char *last = NULL;
+  int rc = split_name(parent, sizeof parent, &last, area, name);
+  if (rc != 0)
+    return rc;
+  int root = kvti_dir_open_root(dir);
+  if (root < 0)
+    return root;
+  int dfd = kvti_dir_open_rel(root, parent, dir);
+  kvti_io->close(root);
+  if (dfd < 0)
+    return dfd;
+  struct stat st;
+  rc = kvti_lstatat(dfd, last, &st, name);
+  kvti_io->close(dfd);
+  if (rc != 0)
+    return rc;
+  out->is_dir = S_ISDIR(st.st_mode);
+  out->mtime = (double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec / 1e9;
+  return 0;
+}
+
+int kvt_cache_name_stat(kvt_cache_name_stat_info *out, const char *dir,
+                        int area, const char *name) {
+  if (!out || !dir || !*dir || !name || !*name)
+    return KVT_ERR(KVT_EINVAL, "kvt_cache_name_stat: NULL or empty argument");
+  if (out->version != KVT_CACHE_NAME_STAT_VERSION)
+    return KVT_ERR(KVT_EINVAL, "kvt_cache_name_stat: unknown version %u",
+                   out->version);
+  kvt_cache_name_stat_info r = {.version = out->version};
+  int rc = name_stat(&r, dir, area, name);
+  if (rc != 0)
+    r = (kvt_cache_name_stat_info){.version = out->version};
+  *out = r;
+  return rc;
+}
+
+int kvt_cache_chunk_name(char *out, size_t n, const char *key_hex) {
+  uint8_t key[32];
+  if (out && n)
+    out[0] = '\0';
+  if (!out || !key_hex || kvti_unhex32(key, key_hex) != 0)
+    return KVT_ERR(KVT_EINVAL, "kvt_cache_chunk_name: not a chunk key");
+  return kvti_local_chunk_rel(out, n, key);
 }

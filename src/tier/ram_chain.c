@@ -16,9 +16,7 @@
 #include "format/layer.h"
 #include "tier/hostcache.h"
 #include "tier/remote.h"
-#include "index/chain_walk.h"
 #include "store/chunked.h"
-#include "store/chunked_chain.h"
 #include "store/chunkstore_verify.h"
 #include "store/local.h"
 #include "tier/tier.h"
@@ -42,7 +40,6 @@ int kvti_ram_chain_of(kvt_tier *t, const char *hash, const int32_t *tokens,
   memset(out, 0, sizeof *out);
   if (!t->chunked)
     return prefix ? KVT_ERR(KVT_ENOTFOUND, "no chunked store") : 0;
-  kvti_chunkstore *cs = kvti_chunked_store(t->chunked);
   int rc;
   if (prefix) {
     /* The callers' hash is the name of tokens[0, n) under the salt (ram_read's
@@ -50,48 +47,23 @@ int kvti_ram_chain_of(kvt_tier *t, const char *hash, const int32_t *tokens,
     rc = kvti_chunked_prefix_chain(t->chunked, salt, tokens, n, &out->recs,
                                    &out->m);
   } else {
-    uint8_t hb[32];
-    kvti_chained_entry ce;
-    if (kvti_unhex32(hb, hash) != 0)
-      return 0; /* not a name the chunked store gives: stored whole */
-    /* The entry's own chain record rules over the chained-entry row, as in
-     * the disk read (kvti_chunked_get). */
-    kvti_chainrec rec;
-    rc = kvti_chunked_record(t->chunked, hash, &rec);
-    if (rc == 0) {
-      kvti_chunked_rec_row(&ce, &rec); /* its hash is hb: named by it */
-      out->is_record = 1;
-      out->rec_rows = rec.total_rows;
-      out->rec_layers = rec.num_layers;
-      out->rec_tokens_match =
-          tokens && rec.n_tokens == n &&
-          (n == 0 || memcmp(rec.tokens, tokens, n * sizeof *tokens) == 0);
-      kvti_chainrec_free(&rec);
-    } else if (rc != KVT_ENOTFOUND) {
-      return rc;
-    } else {
-      kvt_clear_error();
-      if (!kvti_chains_entry_get(kvti_chunkstore_chains(cs), hb, &ce))
-        return 0; /* stored whole */
-    }
-    if (ce.chunks == 0 || (uint64_t)ce.chunks * ce.chunk_tokens > n)
-      return KVT_ERR(KVT_ECORRUPT, "chained entry %.16s: bad record", hash);
-    /* The chain the record names, walked up from its last chunk (as the
-     * chunked read does: no namespace or salt needed). */
-    out->recs = kvti_malloc((size_t)ce.chunks * sizeof *out->recs);
-    rc = out->recs ? kvti_chains_path(kvti_chunkstore_chains(cs), ce.last_key,
-                                      (size_t)ce.chunks, out->recs)
-                   : KVT_ERR_NOMEM();
-    out->m = (size_t)ce.chunks;
-    if (rc == 0 && out->recs[0].layout_hash != ce.layout_hash)
-      rc = KVT_ERR(KVT_ENOTFOUND, "chained entry %.16s: chain replaced", hash);
+    /* The chain a disk read of the entry would use (its record, else its
+     * row): the chunked store resolves it. */
+    kvti_chunked_chain cc;
+    rc = kvti_chunked_entry_chain(t->chunked, hash, tokens, n, &cc);
+    out->recs = cc.recs;
+    out->m = cc.m;
+    out->rec = cc.rec;
+    if (rc == 0 && !cc.m)
+      return 0; /* stored whole */
   }
   if (rc) {
     kvti_free(out->recs);
     memset(out, 0, sizeof *out);
     return rc;
   }
-  if (out->is_record && (!out->recs[0].pure || ch_rows(out) != out->rec_rows)) {
+  if (out->rec.is_record &&
+      (!out->recs[0].pure || ch_rows(out) != out->rec.rows)) {
     kvti_free(out->recs);
     memset(out, 0, sizeof *out);
     return KVT_ERR(KVT_ENOTFOUND, "chain record %.16s: chain replaced", hash);
@@ -120,19 +92,19 @@ int kvti_ram_verify_with(kvt_tier *t, const char *hash, kvti_hc_item *it,
   }
   uint64_t *row0 = kvti_calloc(it->n_layers ? it->n_layers : 1, sizeof *row0);
   uint64_t rows = ch_rows(&ch);
-  if (ch.is_record && !ch.rec_tokens_match)
+  if (ch.rec.is_record && !ch.rec.tokens_match)
     rc = KVT_ERR(KVT_ENOTFOUND, "chain record %.16s: other tokens", hash);
-  else if (ch.is_record && ch.rec_layers != it->n_layers)
+  else if (ch.rec.is_record && ch.rec.layers != it->n_layers)
     rc = KVT_ERR(KVT_ECORRUPT,
                  "chain record %.16s: %u layers, the cached copy %u", hash,
-                 ch.rec_layers, it->n_layers);
+                 ch.rec.layers, it->n_layers);
   else
     rc = row0 ? kvti_chunkstore_verify_mem(kvti_chunked_store(t->chunked),
                                            ch.recs, ch.m, ro->tokens,
                                            it->layers, it->n_layers, ro->cancel,
                                            ro->read_threads, row0)
               : KVT_ERR_NOMEM();
-  if (rc == 0 && !prefix && !ch.is_record) {
+  if (rc == 0 && !prefix && !ch.rec.is_record) {
     /* The tail's files hold the rows past the chain and every other layer. */
     kvti_read_opts vo = *ro;
     vo.mem_row0 = row0;

@@ -86,13 +86,10 @@ typedef struct ram_chain {
   kvti_chain_rec *recs;
   size_t m;
   uint64_t bytes; /* chunk file bytes */
-  /* An entry stored as its chain record (store/chunked_rec.h): it has no
-   * tail files, so the record (its tokens, layer count, rows) stands where a
-   * tail's manifest and tokens.bin would be checked. */
-  int is_record;
-  uint64_t rec_rows;    /* total_rows: every layer holds exactly these */
-  uint32_t rec_layers;  /* num_layers */
-  int rec_tokens_match; /* the record's tokens are the caller's */
+  /* An entry stored as its chain record: it has no tail files, so the
+   * record (its tokens, layer count, rows) stands where a tail's manifest
+   * and tokens.bin would be checked. */
+  kvti_chunked_rec_facts rec;
 } ram_chain;
 
 int kvti_ram_chain_of(kvt_tier *t, const char *hash, const int32_t *tokens,

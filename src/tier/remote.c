@@ -386,11 +386,9 @@ static void adopt(kvt_tier *t, const char *stage, const kvt_entry *e,
         t->be->ops->present(t->be, hash) == 0) {
       /* A chained entry's tail: its record goes first (a tail is never
        * visible without it), its chunks were adopted by the read. */
-      kvti_chains *ch =
-          m->chained ? kvti_chunkstore_chains(kvti_chunked_store(t->chunked))
-                     : NULL;
+      kvti_chunked *ch = m->chained ? t->chunked : NULL;
       if (ch)
-        rc = kvti_chains_entry_put(ch, &m->chain);
+        rc = kvti_chunked_adopt_record(ch, &m->chain);
       if (rc == 0)
         rc = kvti_backend_local_adopt(t->be, stage, hash);
       if (rc == 0) {
@@ -401,7 +399,7 @@ static void adopt(kvt_tier *t, const char *stage, const kvt_entry *e,
           t->be->ops->remove(t->be, hash);
       }
       if (rc != 0 && ch)
-        kvti_chains_entry_del(ch, m->chain.hash);
+        kvti_chunked_forget(ch, hash);
     }
     kvti_stripe_unlock(&t->stripes, hash);
     if (rc == 0)

@@ -35,9 +35,9 @@ LOCAL_CHUNKS_OK = {
     # and the seam (has, get, put, remove, lookup) does not carry.
     "chunk_tools.c": "local chunk maintenance",
     # The host RAM tier checks a cached chain against the local chunk files it stands for
-    # (kvti_chunkstore_verify_mem) and walks the local chain table: a chain is always served
-    # from the local store (a remote one after its chunks were copied in), so a RAM copy only
-    # ever replaces local files.
+    # (kvti_chunkstore_verify_mem; the chain itself it asks the chunked store for): a chain is
+    # always served from the local store (a remote one after its chunks were copied in), so a
+    # RAM copy only ever replaces local files.
     "ram_chain.c": "RAM copies checked against local chunk files",
 }
 OPS = ("has", "get", "put", "remove", "lookup")

@@ -89,6 +89,7 @@ static void flip_last(const char *path) {
 
 typedef struct gcseen {
   int tmp, adopted, removed, stray;
+  char tmp_path[300]; /* the last stale tmp's, as reported */
 } gcseen;
 static void copy_file(const char *from, const char *to) {
   size_t len = 0;
@@ -104,7 +105,8 @@ static void copy_file(const char *from, const char *to) {
 static int gc_cb(void *ctx, const char *path, int action, uint64_t bytes,
                  const char *detail) {
   gcseen *g = ctx;
-  (void)path;
+  if (action == KVT_CHUNK_GC_TMP)
+    snprintf(g->tmp_path, sizeof g->tmp_path, "%s", path);
   (void)bytes;
   (void)detail;
   g->tmp += action == KVT_CHUNK_GC_TMP;
@@ -295,10 +297,26 @@ static void test_tools(const char *dir) {
   REQUIRE(kvt_tier_chunk_gc(t, 1, gc_cb, NULL, &g, &res) == 0);
   CHECK(g.tmp == 1 && g.adopted == 0 && g.removed == 0 && g.stray == 1);
   CHECK(kvt_test_exists(tmp));
+  /* The path gc reports is one kvt_cache_name_stat looks at again, as is a
+   * chunk's kvt_cache_chunk_name: both the layout's real names. */
+  kvt_cache_name_stat_info ns = KVT_CACHE_NAME_STAT_INIT;
+  CHECK(strstr(tmp, g.tmp_path) != NULL);
+  CHECK_EQ_INT(kvt_cache_name_stat(&ns, dir, KVT_CACHE_AREA_CHUNKS, g.tmp_path),
+               0);
+  CHECK(!ns.is_dir && ns.mtime > 0);
+  char cname[KVT_CACHE_CHUNK_NAME_MAX], cpath[4300];
+  REQUIRE(kvt_cache_chunk_name(cname, sizeof cname, shared_key) == 0);
+  chunk_path(cpath, sizeof cpath, dir, shared_key);
+  CHECK(strlen(cpath) > strlen(cname) &&
+        strcmp(cpath + strlen(cpath) - strlen(cname), cname) == 0);
+  CHECK_EQ_INT(kvt_cache_name_stat(&ns, dir, KVT_CACHE_AREA_CHUNKS, cname), 0);
+  CHECK(!ns.is_dir);
   memset(&g, 0, sizeof g);
   REQUIRE(kvt_tier_chunk_gc(t, 0, gc_cb, NULL, &g, &res) == 0);
   CHECK(g.tmp == 1 && g.adopted == 0 && g.removed == 0 && g.stray == 1);
   CHECK(!kvt_test_exists(tmp));
+  CHECK_EQ_INT(kvt_cache_name_stat(&ns, dir, KVT_CACHE_AREA_CHUNKS, g.tmp_path),
+               KVT_ENOTFOUND);
   CHECK(kvt_test_exists(stray));
   tot = (kvt_chunk_totals)KVT_CHUNK_TOTALS_INIT;
   REQUIRE(kvt_tier_chunk_totals(&tot, t) == 0);
