@@ -30,5 +30,8 @@ void cs_index_install(void);
 void cs_index_restore(size_t K, kvt_rng *rng);
 /* Commits written to the WAL and WAL fsyncs seen since cs_index_install. */
 void cs_index_counts(size_t *commits, size_t *syncs);
+/* Commits since cs_index_install that another commit followed before any
+ * WAL fsync: the ones a crash may lose while keeping nothing later. */
+size_t cs_index_unsynced(void);
 
 #endif
