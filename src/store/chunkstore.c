@@ -27,6 +27,10 @@ struct kvti_chunkstore {
   int root_fd; /* cache_dir itself: reads and removals walk from here */
   kvti_chunkstore_opts o;
   kvti_chains *chains;
+  /* chunks/ whose name in cache_dir is known durable (known: 1). */
+  dev_t chunks_dev;
+  ino_t chunks_ino;
+  int chunks_known;
 };
 
 int kvti_chunkstore_open(kvti_chunkstore **out, const char *cache_dir,
@@ -144,6 +148,21 @@ int kvti_chunkstore_sweep_pos_set(kvti_chunkstore *cs, unsigned kk,
 
 int kvti_chunkstore_root_fd(const kvti_chunkstore *cs) {
   return cs->root_fd;
+}
+
+int kvti_chunkstore_chunks_durable(const kvti_chunkstore *cs, int chunks_fd) {
+  struct stat st;
+  return cs->chunks_known && kvti_io->fstat(chunks_fd, &st) == 0 &&
+         st.st_dev == cs->chunks_dev && st.st_ino == cs->chunks_ino;
+}
+
+void kvti_chunkstore_note_chunks_durable(kvti_chunkstore *cs, int chunks_fd) {
+  struct stat st;
+  if (kvti_io->fstat(chunks_fd, &st) != 0)
+    return; /* not known: cache_dir is fsynced again next time */
+  cs->chunks_dev = st.st_dev;
+  cs->chunks_ino = st.st_ino;
+  cs->chunks_known = 1;
 }
 
 int kvti_chunkstore_unlink_rel(kvti_chunkstore *cs, const char *rel) {

@@ -76,6 +76,14 @@ int kvti_chunkstore_make_subdir_ex(kvti_chunkstore *cs, unsigned kk,
 /* cache_dir's own descriptor (borrowed: valid until the store closes), for
  * other walks below cache_dir (quarantine/). */
 int kvti_chunkstore_root_fd(const kvti_chunkstore *cs);
+/* Whether chunks_fd (chunks/ itself) is the directory whose name in
+ * cache_dir this store already made durable (a round of directory fsyncs
+ * that included cache_dir succeeded after it was made): then a new
+ * chunks/<kk> needs chunks/ fsynced, not cache_dir again. Noted by
+ * kvti_chunkstore_note_chunks_durable; kept by (device, inode), so a chunks/
+ * removed and made again is fsynced into cache_dir again. */
+int kvti_chunkstore_chunks_durable(const kvti_chunkstore *cs, int chunks_fd);
+void kvti_chunkstore_note_chunks_durable(kvti_chunkstore *cs, int chunks_fd);
 /* Unlinks rel ("chunks/<kk>/<name>") or chunk key's file the same way: 0
  * (missing too), KVT_EPERM (a link on the way: nothing removed), a code. */
 int kvti_chunkstore_unlink_rel(kvti_chunkstore *cs, const char *rel);

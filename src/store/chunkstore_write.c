@@ -43,6 +43,7 @@ struct kvti_chunkstore_batch {
   int dirfd[256]; /* chunks/<kk> as the batch opened it, -1: not yet */
   int chunks_fd;  /* chunks/ itself, when the batch made a directory */
   int made;       /* a directory was created: its parents join the round */
+  int root_added; /* cache_dir joined the round (for chunks/'s name) */
   wfile *files;
   size_t nfiles, capfiles;
   kvti_chain_rec *recs;
@@ -282,7 +283,8 @@ int kvti_chunkstore_batch_publish(kvti_chunkstore_batch *b) {
   if (!b->made)
     return 0;
   /* A chunks/<kk> (and maybe chunks/) made by this batch: their names
-   * become durable in the same round. */
+   * become durable in the same round - chunks/'s in cache_dir only until
+   * one round has made it durable (it was there before any chunks/<kk>). */
   if (b->chunks_fd < 0) {
     int fd = kvti_chunkstore_open_subdir(b->cs, 256);
     if (fd < 0)
@@ -290,9 +292,11 @@ int kvti_chunkstore_batch_publish(kvti_chunkstore_batch *b) {
     b->chunks_fd = fd;
   }
   int rc = kvti_syncset_dirfd(b->set, b->chunks_fd, "chunks");
-  if (rc == 0)
+  if (rc == 0 && !kvti_chunkstore_chunks_durable(b->cs, b->chunks_fd)) {
     rc = kvti_syncset_dirfd(b->set, kvti_chunkstore_root_fd(b->cs),
                             "cache directory");
+    b->root_added = rc == 0;
+  }
   return rc;
 }
 
@@ -304,6 +308,10 @@ int kvti_chunkstore_batch_index(kvti_chunkstore_batch *b, size_t member,
     return KVT_ERR(KVT_EINVAL, "chunk batch: no member %zu", member);
   wmember *mb = &b->members[member];
   kvti_chains *chains = kvti_chunkstore_chains(b->cs);
+  /* Rows come only after the round of directory fsyncs succeeded. */
+  if (b->root_added && kvti_syncset_do_fsync(b->set))
+    kvti_chunkstore_note_chunks_durable(b->cs, b->chunks_fd);
+  b->root_added = 0;
   /* Called with nothing to insert too: a read-only table refuses it. */
   int rc = kvti_chains_put_with_entry(chains, b->recs + mb->first, mb->n, e);
   if (rc)

@@ -205,21 +205,23 @@ int kvti_writer_write(kvt_tier *t, kvti_snapshot *s, int notify) {
  *      chunks renamed into place, one round of directory fsyncs (their
  *      chunks/<kk>, every staged directory);
  *   3. chunked: each spill's chunk rows and chained-entry record, one
- *      transaction per spill in FIFO order, all but the last with the index's
- *      fsync off: the last one's WAL fsync makes them all durable (SQLite's
- *      WAL is one append-only file, recovered as a prefix of its commits, so
- *      a crash keeps some first records or all of them, never a later one
- *      without an earlier);
+ *      transaction per spill in FIFO order, with the index's fsync off
+ *      (SQLite's WAL is one append-only file, recovered as a prefix of its
+ *      commits, so a crash keeps some first records or all of them, never a
+ *      later one without an earlier);
  *   4. each staged version published by rename, ONE fsync of data/, ONE
- *      index transaction for every row; only then is each spill
- *      acknowledged, in FIFO order.
+ *      index transaction for every row, whose WAL fsync makes step 3's
+ *      commits durable too; only then is each spill acknowledged, in FIFO
+ *      order.
  * So an acknowledged spill is exactly as durable as a single one: its files
- * are durable before any row names them, its record before its tail is
- * published, its rename before its row. A crash before step 3 leaves only
+ * are durable before any row names them, its rename before its row, and its
+ * records no later than its row. A crash before step 3 leaves only
  * unindexed chunk files (gc) and staged temporaries (removed at open); during
- * 3 chunk rows with their durable files and records without a published
- * entry (the state a single spill's crash leaves there too); during 4 spills
- * published without a row (adopted whole by the next open's reconcile). A
+ * 3 or 4 chunk rows with their durable files and records without a published
+ * entry, or spills published (their chunk files durable and named) with or
+ * without their records and chunk rows but without an entry row: the next
+ * open's reconcile adopts each whole (a tail whose chain has no rows has its
+ * chunk files indexed again first, tier/chunks.c). A
  * replacement is written alone (it holds its stripe across publish and
  * commit, and batching several stripes could deadlock readers). Any failure
  * of a step rolls the whole batch back (the set's group may be failed for
@@ -262,29 +264,25 @@ static void batch_free_prep(batch_ent *b) {
 }
 
 /* Step 3: the chunk rows and record of every chained member of b[i, end),
- * in order; with durability FSYNC only the last commit waits for the WAL's
- * fsync. mut_mu held. */
+ * in order. With durability FSYNC none of these commits waits for the WAL's
+ * fsync: step 4's row transaction fsyncs the WAL, which makes them durable
+ * with it (the WAL is recovered as a prefix of its commits), and no spill is
+ * acknowledged before that. Lost to a crash, a record leaves a published
+ * tail without rows, which the next open's reconcile adopts with its chain
+ * (the chunk files are durable and named: steps 1-2). The index is durable
+ * again on return, whatever happened. mut_mu held. */
 static int batch_records(kvt_tier *t, batch_ent *b, size_t i, size_t end) {
-  size_t last = end, nrec = 0;
-  for (size_t k = i; k < end; k++)
-    if (b[k].cp.chained) {
-      last = k;
-      nrec++;
-    }
-  int defer = nrec > 1 && t->opts.durability == KVT_DURABILITY_FSYNC;
+  int defer = t->opts.durability == KVT_DURABILITY_FSYNC;
   int rc = defer ? kvti_index_set_durable(t->idx, 0) : 0;
   for (size_t k = i; rc == 0 && k < end; k++) {
     if (!b[k].cp.chained)
       continue;
-    if (defer && k == last) {
-      defer = 0;
-      if ((rc = kvti_index_set_durable(t->idx, 1)) != 0)
-        break;
-    }
     rc = kvti_chunked_prep_record(t->chunked, &b[k].cp);
     b[k].recorded = b[k].cp.recorded;
   }
-  if (defer) { /* failed before the last: every commit durable again */
+  if (defer && rc == 0) /* the rows must not commit with the fsync off */
+    return kvti_index_set_durable(t->idx, 1);
+  if (defer) {
     kvti_error_state es;
     kvti_error_state_capture(&es, rc);
     if (kvti_index_set_durable(t->idx, 1) != 0)

@@ -263,9 +263,9 @@ static void batch_case(int chunk_tokens, int fail_sync) {
     CHECK_EQ_INT(dsync, 1); /* one spill at a time made NSP */
     /* Whole entries: the rows are the only index writes (one commit); a
      * chunked batch also commits each spill's chunk rows with its
-     * chained-entry row before publishing, but only the last of those
-     * commits fsyncs the WAL: 2 where single spills make 2 * NSP. */
-    CHECK_EQ_INT(wal, chunk_tokens == 0 ? 1 : 2);
+     * chained-entry row before publishing, but none of those commits
+     * fsyncs the WAL: the rows' commit does, once for the batch. */
+    CHECK_EQ_INT(wal, 1);
   } else {
     /* The failed sync rolled the whole batch back; each spill then went
      * alone (its own data/ fsync, its own commit). */
@@ -294,8 +294,7 @@ static void test_batch_sync_fails(void) {
 /* The same NSP spills written one at a time (each flushed before the next
  * is queued) and queued together (one batch), on fresh directories: the batch
  * fsyncs fewer times in all, data/ once where the singles fsync it NSP
- * times, the WAL twice where they do 2 * NSP (chunked; 1 and NSP for whole
- * entries), and no directory more than once. */
+ * times, the WAL once where they do NSP, and no directory more than once. */
 typedef struct flush_count {
   long all, data, wal;
   int dir_max, ndirs;
@@ -345,47 +344,74 @@ static void test_batch_fewer_flushes(void) {
     CHECK(all.all < one.all);
     CHECK_EQ_INT(one.data, NSP);
     CHECK_EQ_INT(all.data, 1);
-    CHECK_EQ_INT(one.wal, C_ ? 2 * NSP : NSP);
-    CHECK_EQ_INT(all.wal, C_ ? 2 : 1);
+    CHECK_EQ_INT(one.wal, NSP);
+    CHECK_EQ_INT(all.wal, 1);
     CHECK(one.dir_max >= NSP); /* data/ */
     CHECK_EQ_INT(all.dir_max, 1);
   }
 }
 
-/* A single spill still costs one fsync of data/ and one index commit for
- * its row, plus (chunked) one for its chunk rows and chained-entry row
- * together (they were two commits): nothing is deferred past its
- * acknowledgement. A durable spill alone is a group of one: its chunk files
- * and its staged files are synced in one round, then every directory in one
- * round, and only then come the index commits and data/ (where the single
- * path synced the chunks' directory before it wrote the chain record). */
+/* One durable spill alone, flushes counted: a group of one. Its chunk files
+ * and staged files are synced in one round, then every directory in one
+ * round, then data/ once, then the WAL once: the commit of its chunk rows and
+ * chained-entry record does not fsync the WAL, its row's commit does (both
+ * before the acknowledgement). Chain records (32 tokens at C = 16, two
+ * chunks): the first spill writes both chunks (3 files: chunks and
+ * chain.kvr) and syncs data/H.tmp, the chunk directories, chunks/ (new
+ * directories in it) and the cache directory once (chunks/ new in it); the
+ * second shares the first chunk (2 files) and syncs the cache directory no
+ * more. Whole entries: their files, data/H.tmp, data/, the WAL. */
+static int count_of(const char *seq, char c) {
+  int n = 0;
+  for (; *seq; seq++)
+    n += *seq == c;
+  return n;
+}
 static void single_case(int chunk_tokens) {
   char *dir = rel_path(kvt_test_tmpdir("group-commit-1"), "cache", NULL);
   kvt_tier *t = open_tier(dir, chunk_tokens);
   REQUIRE(kvt_tier_start_writer(t) == 0);
-  int32_t tok[64];
-  int n = prompt(tok, 0);
-  char h[1][KVT_HASH_HEX_LEN + 1];
-  kvt_token_hash(h[0], tok, (size_t)n);
-  counters_zero();
-  REQUIRE(t_kv_spill(t, tok, n, n, 2, 1000) == 0);
-  REQUIRE(kvt_tier_flush(t, -1) == 0);
-  fprintf(stderr, "C=%d: one spill: %ld fsyncs of data/, %ld WAL fsyncs\n",
-          chunk_tokens, atomic_load(&g_data_fsyncs),
-          atomic_load(&g_wal_fsyncs));
-  CHECK_EQ_INT(atomic_load(&g_data_fsyncs), 1);
-  CHECK_EQ_INT(atomic_load(&g_wal_fsyncs), chunk_tokens ? 2 : 1);
-  pthread_mutex_lock(&g_dir_mu);
-  char seq[MAX_SEQ + 1];
-  memcpy(seq, g_seq, sizeof seq);
-  pthread_mutex_unlock(&g_dir_mu);
-  fprintf(stderr, "C=%d: one spill's fsyncs in order: %s\n", chunk_tokens, seq);
-  CHECK(seq_is(seq, chunk_tokens ? "wDw" : "Dw"));
-  check_acks(h, 1);
-  CHECK(serves(t, tok, n, n));
+  struct stat root;
+  REQUIRE(stat(dir, &root) == 0);
+  for (int i = 1; i <= 3; i += 2) {
+    int32_t tok[64];
+    int n = prompt(tok, i);
+    char h[1][KVT_HASH_HEX_LEN + 1];
+    kvt_token_hash(h[0], tok, (size_t)n);
+    counters_zero();
+    REQUIRE(t_kv_spill(t, tok, n, n, 2, 1000) == 0);
+    REQUIRE(kvt_tier_flush(t, -1) == 0);
+    pthread_mutex_lock(&g_dir_mu);
+    char seq[MAX_SEQ + 1];
+    memcpy(seq, g_seq, sizeof seq);
+    int root_syncs = 0;
+    for (int d = 0; d < g_ndirs; d++)
+      if (g_dir_ino[d] == root.st_ino)
+        root_syncs = g_dir_cnt[d];
+    pthread_mutex_unlock(&g_dir_mu);
+    long all = atomic_load(&g_fsyncs);
+    fprintf(stderr,
+            "C=%d, spill %d: %ld fsyncs (data/ %ld, WAL %ld, cache directory "
+            "%d), in order: %s\n",
+            chunk_tokens, i, all, atomic_load(&g_data_fsyncs),
+            atomic_load(&g_wal_fsyncs), root_syncs, seq);
+    CHECK_EQ_INT(atomic_load(&g_data_fsyncs), 1);
+    CHECK_EQ_INT(atomic_load(&g_wal_fsyncs), 1);
+    CHECK(seq_is(seq, "Dw"));
+    if (chunk_tokens) {
+      CHECK_EQ_INT(count_of(seq, 'f'), i == 1 ? 3 : 2);
+      CHECK_EQ_INT(root_syncs, i == 1 ? 1 : 0);
+    } else {
+      CHECK_EQ_INT(count_of(seq, 'd'), 1); /* data/H.tmp */
+      CHECK_EQ_INT(root_syncs, 0);
+    }
+    CHECK_EQ_INT(all, (long)strlen(seq));
+    check_acks(h, 1);
+    CHECK(serves(t, tok, n, n));
+  }
   CHECK_EQ_INT(kvt_tier_close(t, -1), 0);
   kvt_tier_free(t);
-  CHECK_EQ_INT(rel_check_dir(dir, NULL), 1);
+  CHECK_EQ_INT(rel_check_dir(dir, NULL), 2);
   free(dir);
 }
 static void test_single(void) {

@@ -25,6 +25,8 @@ static int g_snap_synced[MAX_SNAP]; /* 1: at a fsync, 0: a commit's end */
 static int g_nsnap;
 static int g_commit_next; /* the next WAL write is a commit frame's page */
 static size_t g_ncommits, g_nsyncs;
+static size_t g_pending;  /* commits since the last WAL fsync */
+static size_t g_unsynced; /* commits another one followed before a fsync */
 
 static int skip_index(const char *path) {
   return strstr(path, "/index.db") != NULL;
@@ -78,6 +80,7 @@ static void on_fsync(const char *path, size_t op) {
   if (!strstr(path, "index.db-wal"))
     return;
   g_nsyncs++;
+  g_pending = 0;
   snapshot(op, 1);
 }
 
@@ -89,6 +92,8 @@ static void on_write(const char *path, uint64_t off, const void *data, size_t n,
   if (g_commit_next) { /* the commit frame's page: the commit is written */
     g_commit_next = 0;
     g_ncommits++;
+    g_unsynced += g_pending;
+    g_pending = 1;
     snapshot(op, 0);
     return;
   }
@@ -101,10 +106,15 @@ void cs_index_counts(size_t *commits, size_t *syncs) {
   *syncs = g_nsyncs;
 }
 
+size_t cs_index_unsynced(void) {
+  return g_unsynced;
+}
+
 void cs_index_install(void) {
   g_nsnap = 0;
   g_commit_next = 0;
   g_ncommits = g_nsyncs = 0;
+  g_pending = g_unsynced = 0;
   g_cs_skip = skip_index;
   g_cs_on_fsync = on_fsync;
   g_cs_on_write = on_write;

@@ -2,9 +2,9 @@
  * crashsim_index.h - the index as SQLite guarantees it, for the crash
  * simulator (crashsim.h): a transaction is durable once its WAL is synced
  * (synchronous=FULL syncs at each commit; a group commit turns that off for
- * all but its last commit), and a commit written but not yet synced may
- * survive a crash or not - but only as a prefix: SQLite recovers the WAL's
- * frames up to the first that does not check, so a later commit never
+ * its records, which its rows' commit then syncs), and a commit written but not
+ * yet synced may survive a crash or not - but only as a prefix: SQLite recovers
+ * the WAL's frames up to the first that does not check, so a later commit never
  * survives without the earlier ones. index.db and its WAL are not replayed
  * write by write (the simulator's torn-write model is not SQLite's, whose own
  * tests cover it); instead a copy of both is taken at every WAL fsync and at
@@ -30,5 +30,8 @@ void cs_index_install(void);
 void cs_index_restore(size_t K, kvt_rng *rng);
 /* Commits written to the WAL and WAL fsyncs seen since cs_index_install. */
 void cs_index_counts(size_t *commits, size_t *syncs);
+/* Commits since cs_index_install that another commit followed before any
+ * WAL fsync: the ones a crash may lose while keeping nothing later. */
+size_t cs_index_unsynced(void);
 
 #endif
