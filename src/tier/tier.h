@@ -41,10 +41,12 @@
 #include <time.h>
 
 /* A spill queued for the writer (writer.c); link.cost is the bytes charged
- * against spill_queue_bytes. */
+ * against spill_queue_bytes, reserved the write budget's reservation it
+ * holds (admission.h), given back once it is written, failed or dropped. */
 typedef struct kvti_spill_item {
   kvti_workq_item link; /* first: the queue hands back this pointer */
   kvti_snapshot *snap;
+  uint64_t reserved;
 } kvti_spill_item;
 
 /* writer_hook.c: a binding's write hook and close's stop marker. Its own
@@ -173,11 +175,14 @@ int kvti_writer_drain(kvt_tier *t, int64_t timeout_ms);
 /* Stops (dropping queued spills when drop) and joins the writer thread. */
 void kvti_writer_stop(kvt_tier *t, int drop);
 /* The spill queue's entry, past admission (spill.c decides first): checks,
- * snapshot, enqueue; refusals counted by reason. */
+ * snapshot, enqueue; refusals counted by reason. reserved: the write
+ * budget's reservation the queued spill takes over (0: none); on a refusal
+ * it stays the caller's to give back. */
 int kvti_spill_enqueue(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
                        const kvt_layer *layers, uint32_t n_layers,
                        uint64_t memory_bytes, int copy, void (*release)(void *),
-                       void *release_ctx, const kvt_call_opts *co);
+                       void *release_ctx, const kvt_call_opts *co,
+                       uint64_t reserved);
 /* Close's first step: queues the stop marker behind the accepted spills once
  * a queue slot is free (before the deadline: else KVT_EFULL, nothing changed)
  * and stops accepting spills. No-op without a writer to stop. */
