@@ -528,4 +528,10 @@ void kvti_admit_release(kvt_tier *t, uint64_t reserved) {
   kvt_stats cs;
   kvti_stats_copy(&cs, &t->stats);
   kvti_admit_settle(t->admit, reserved, cs.spill_bytes);
+  /* The budget left grew back: the live file follows (no clock read on the
+   * writer's thread: as of the last decision's time). */
+  kvt_stats g;
+  memset(&g, 0, sizeof g);
+  kvti_admit_gauges(t->admit, &g, -1, cs.spill_bytes);
+  kvti_stats_set_budget_gauges(&t->stats, &g);
 }
