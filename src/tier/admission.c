@@ -444,9 +444,8 @@ void kvti_admit_gauges(kvti_admit *a, kvt_stats *s, double now,
 /* The tier's side                                                          */
 /* ------------------------------------------------------------------------ */
 
-double kvti_admit_now(const kvt_tier *t) {
-  return t->opts.clock_fn ? t->opts.clock_fn(t->opts.clock_ctx)
-                          : kvti_now_wall();
+double kvti_admit_now(kvt_tier *t) {
+  return kvti_tier_clock(t);
 }
 
 void kvti_admit_lookup_hit(kvt_tier *t, const int32_t *tokens, size_t m,

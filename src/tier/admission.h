@@ -185,7 +185,7 @@ void kvti_admit_lookup_hit(struct kvt_tier *t, const int32_t *tokens, size_t m,
 void kvti_admit_lookup_ask(struct kvt_tier *t, const int32_t *tokens, size_t n,
                            const kvti_salt *salt);
 /* The tier's clock (clock_fn or the wall clock). */
-double kvti_admit_now(const struct kvt_tier *t);
+double kvti_admit_now(struct kvt_tier *t);
 /* The most bytes of the tier's written counter (spill_bytes) a spill of
  * tokens[0, n) with these layers can add when it is written: its entry
  * files and manifest, and in a chunked tier every chunk file as if none were

@@ -80,6 +80,8 @@ static int spill_admitted(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
                           void (*release)(void *), void *release_ctx,
                           const kvt_call_opts *co) {
   kvti_salt salt;
+  if (t && t->opts.clock_fn) /* the spill's time, for its recency */
+    kvti_tier_clock(t);
   /* Anything the enqueue would refuse is left to it (it counts refusals);
    * so is a tier without a record (read-only) or a bad salt. */
   if (!t || !t->admit || (!tokens && n_tokens) || (!layers && n_layers) ||

@@ -99,6 +99,10 @@ struct kvt_tier {
   int chunks_rescanned; /* chain table rebuilt from the files (this open) */
   /* Admission and the write budget (admission.h); NULL on read-only tiers. */
   struct kvti_admit *admit;
+  /* With clock_fn: the bits of its latest reading, taken on a caller's
+   * thread (kvti_tier_clock); the index stamps recency with it, so no other
+   * thread calls into the caller's clock. */
+  _Atomic uint64_t clock_seen;
   /* The model_id's namespace (salt.c), joined into every call's salt: set
    * once at open (native mode, no remote tier), read-only after. */
   kvti_salt ns;
@@ -133,6 +137,13 @@ void kvti_log(kvt_tier *t, int level, const char *fmt, ...)
 /* created_before for lookups: now - retention_seconds, or 0 when entries never
  * expire. */
 double kvti_tier_cutoff(const kvt_tier *t);
+/* The tier's clock on a caller's thread: clock_fn's reading (kept for
+ * kvti_tier_recency_now), or the wall clock. */
+double kvti_tier_clock(kvt_tier *t);
+/* Recency's time (the index's clock, kvti_index_set_clock; ctx the tier):
+ * the latest kvti_tier_clock reading when clock_fn is set, else the wall
+ * clock. Any thread. */
+double kvti_tier_recency_now(void *ctx);
 
 /* Why an entry is removed (which counter rises). */
 enum { KVTI_RM_EVICT = 1, KVTI_RM_EXPIRE = 2, KVTI_RM_USER = 3 };
