@@ -466,16 +466,16 @@ typedef struct kvt_options {
   /** The write budget, in bytes a day (0 = none), enforced on kvtier's own
    *  count of the bytes it writes (spill_bytes: entry and chunk files; not
    *  the index's pages) as a leaky bucket that drains at the budget's rate
-   *  and holds one hour of it. Its top is that hour less room for one
-   *  spill as large as the largest yet (at most an eighth of the hour): past
-   *  the top no spill is written (admission_declined_budget), over half
-   *  full only
-   *  spills that extend a reused prefix or are of a length that has been
-   *  reused more than the mean. Over any span of s seconds kvtier so writes
-   *  at most budget * (s / 86400 + 1 / 24) bytes, unless a spill larger than
-   *  any before it (its size is known only once written: chunks it shares
-   *  are not written again) or spills queued meanwhile (a spill is judged
-   *  when it is queued, charged when written) carry it over. Up to 10^18. */
+   *  and holds one hour of it. A spill let in reserves the most it can
+   *  write (its entry files and, chunked, every chunk file as if none were
+   *  stored) until it is written, refused or dropped, then is charged what
+   *  it wrote; a spill whose reservation does not fit beside what is in the
+   *  bucket and what the queued spills reserved is not written
+   *  (admission_declined_budget), and over half full only spills that
+   *  extend a reused prefix or are of a length that has been reused more
+   *  than the mean are. Over any span of s seconds kvtier so writes at most
+   *  budget * (s / 86400 + 1 / 24) bytes, queued spills included; a spill
+   *  larger than the hour is never written under the budget. Up to 10^18. */
   uint64_t write_budget_bytes_per_day;
   /** Or the budget derived from the SSD's rating: write_budget_tbw terabytes
    *  (10^12 bytes) written over write_budget_years years (365.25 days):
@@ -486,9 +486,14 @@ typedef struct kvt_options {
   double write_budget_tbw;
   double write_budget_years;
   /** Time source of the write budget and of "today" (bytes_written_today:
-   *  days are [k * 86400, (k + 1) * 86400) of its seconds). NULL = the wall
-   *  clock (Unix seconds, UTC days). A replay or a test drives a day in
-   *  minutes with its own clock. */
+   *  days are [k * 86400, (k + 1) * 86400) of its seconds), and of recency:
+   *  entries' and chunks' created_at / accessed_at (so LRU and eviction by
+   *  value, and retention_seconds) are its readings, taken on the caller's
+   *  thread at open, at each lookup and spill (the writer stamps with the
+   *  latest). NULL = the wall clock (Unix seconds, UTC days). A replay or a
+   *  test drives a day in minutes with its own clock, and evicts by the
+   *  trace's time, not by how fast it ran; stamps of one clock mean nothing
+   *  to a tier opened later with another. */
   kvt_clock_fn clock_fn;
   void *clock_ctx;
 } kvt_options;

@@ -460,7 +460,7 @@ int kvti_chains_put_with_entry(kvti_chains *c, const kvti_chain_rec *recs,
                    (unsigned long long)r->index);
   }
   pthread_rwlock_unlock(&c->rw);
-  double now = kvti_now_wall();
+  double now = kvti_index_now(c->idx);
   if (rc == 0)
     rc = begin(c);
   for (size_t i = 0; rc == 0 && i < n; i++) {

@@ -305,7 +305,7 @@ int kvti_chains_lookup(kvti_chains *c, const uint8_t *ns, size_t ns_len,
 }
 
 int kvti_chains_touch(kvti_chains *c, const uint8_t key[32]) {
-  double now = kvti_now_wall();
+  double now = kvti_index_now(c->idx);
   pthread_rwlock_wrlock(&c->rw);
   uint32_t id = kvti_chain_find_key(c, key);
   int rc = id ? 0 : KVT_ENOTFOUND;

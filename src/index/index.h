@@ -56,6 +56,12 @@ typedef struct kvti_index_measure {
 #define KVTI_INDEX_SQL_ONLY 0x2
 int kvti_index_open(kvt_index **out, const char *cache_dir,
                     const kvti_index_measure *measure, int mode);
+/* The time recency is stamped with (rows' and chunks' created_at and
+ * accessed_at): fn(ctx), or the wall clock for fn NULL (the default). Set
+ * before the index is shared between threads; fn is called on any thread
+ * that writes a stamp, so it must not call back into the caller's runtime. */
+void kvti_index_set_clock(kvt_index *idx, double (*fn)(void *), void *ctx);
+double kvti_index_now(const kvt_index *idx);
 
 /* The SQLite connection for the public SSDIndex API (ssdindex.c), with the
  * index's SQL mutex held until kvti_index_sql_end; sql_err maps an SQLite

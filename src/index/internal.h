@@ -82,6 +82,8 @@ struct kvt_index {
    * the next open rebuilds it from the entry directories. */
   atomic_int damaged;
   kvti_index_measure measure; /* fn NULL: rows lacking kvtier_meta get 0 */
+  double (*now_fn)(void *);   /* recency's clock (NULL: the wall clock) */
+  void *now_ctx;
   char *db_path;
 
   pthread_rwlock_t rw;

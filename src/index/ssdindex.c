@@ -125,7 +125,7 @@ int kvt_index_insert(kvt_index *idx, const int32_t *tokens, size_t n,
   int rc = row_key(th, tokens, n);
   if (rc || (rc = kvt_prefix_hash(ph, tokens, n)) != 0)
     return rc;
-  double now = kvti_now_wall();
+  double now = kvti_index_now(idx);
   sqlite3 *db = kvti_index_sql_begin(idx);
   sqlite3_stmt *s = NULL;
   rc = exec(idx, db, "BEGIN IMMEDIATE");
@@ -356,7 +356,7 @@ static int touch_fn(kvt_index *idx, sqlite3 *db, sqlite3_stmt *s,
   (void)db;
   (void)th;
   (void)ctx;
-  sqlite3_bind_double(s, 1, kvti_now_wall());
+  sqlite3_bind_double(s, 1, kvti_index_now(idx));
   return step_one(idx, s, "touch");
 }
 

@@ -5,7 +5,8 @@
  * toucher that finds SQLite free, by kvti_index_flush or at close) with
  * "accessed_at = max(old, new)" so a late batch never rewinds an entry
  * re-inserted meanwhile. Past 16 batches a toucher waits for SQLite, so the
- * queue stays bounded.
+ * queue stays bounded. Also the index's clock, which every recency stamp
+ * reads.
  */
 #include "index/internal.h"
 
@@ -87,8 +88,17 @@ int kvti_idx_touches_due(kvt_index *idx, double t) {
   return due;
 }
 
+void kvti_index_set_clock(kvt_index *idx, double (*fn)(void *), void *ctx) {
+  idx->now_fn = fn;
+  idx->now_ctx = ctx;
+}
+
+double kvti_index_now(const kvt_index *idx) {
+  return idx && idx->now_fn ? idx->now_fn(idx->now_ctx) : kvti_now_wall();
+}
+
 int kvti_idx_touch_sha(kvt_index *idx, const uint8_t sha[32]) {
-  double t = kvti_now_wall();
+  double t = kvti_index_now(idx);
   pthread_rwlock_wrlock(&idx->rw);
   uint32_t id;
   if (!kvti_idx_mirror_find(idx, sha, &id)) {

@@ -142,7 +142,7 @@ int kvti_idx_put_common(kvt_index *idx, const kvti_index_put_args *a,
       return KVT_ERR_NOMEM();
   }
   int rc = 0;
-  double now = kvti_now_wall();
+  double now = kvti_index_now(idx);
   for (size_t i = 0; !rc && i < count; i++) {
     rc = put_prepare(&e[i], &a[i]);
     /* Rows of one batch keep their queue order in time (a microsecond

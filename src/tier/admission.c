@@ -12,6 +12,9 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "format/chainrec.h"
+#include "format/chunk.h"
+#include "format/entry.h"
 #include "format/layer.h"
 #include "tier/tier.h"
 
@@ -160,6 +163,8 @@ void kvti_bucket_update(kvti_bucket *b, double now, uint64_t total) {
   }
   if (now < b->last_t)
     now = b->last_t;
+  if (total < b->last_total)
+    total = b->last_total; /* the counter only grows: an older reading */
   if (total > b->last_total) {
     double step = (double)(total - b->last_total);
     b->level += step;
@@ -265,9 +270,11 @@ int kvti_admit_sampled(uint64_t fp) {
 
 int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
                       const int32_t *tokens, size_t n, uint64_t seed,
-                      int cuttable, int pressure, double now, uint64_t total) {
+                      int cuttable, int pressure, double now, uint64_t total,
+                      uint64_t bound, uint64_t *reserved) {
   *verdict = KVTI_ADMIT_WHOLE;
   *keep = n;
+  *reserved = 0;
   int budget = a->bucket.per_day > 0;
   pthread_mutex_lock(&a->mu);
   kvti_bucket_update(&a->bucket, now, total);
@@ -317,20 +324,28 @@ int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
   if (want < n && !cuttable)
     want = 0; /* whole or nothing */
   if (budget) {
-    double level = a->bucket.level, top = kvti_bucket_top(&a->bucket);
-    /* Past the top nothing; the soft zone (over half full) keeps reused
+    /* What is in the bucket or promised to it: the spills admitted and not
+     * yet written count at their bound. */
+    double level = a->bucket.level + (double)a->reserved;
+    /* Nothing that would carry the bucket over (with a bound), or past the
+     * top (without one); the soft zone (over half full) keeps reused
      * prefixes and spills of a class that has been worth more than the
      * mean. */
+    int over = bound ? level + (double)bound > a->bucket.cap
+                     : level >= kvti_bucket_top(&a->bucket);
     double v[KVTI_LEN_CLASSES + 1];
     values_locked(a, v);
     int worth = v[cls] > v[KVTI_LEN_UNKNOWN] + WORTH_EPS;
-    if (level >= top ||
-        (level >= a->bucket.cap / 2 && rank < RANK_REUSED && !worth)) {
+    if (over || (level >= a->bucket.cap / 2 && rank < RANK_REUSED && !worth)) {
       *verdict = KVTI_ADMIT_BUDGET;
       *keep = 0;
       pthread_mutex_unlock(&a->mu);
       kvti_free(fp);
       return 0;
+    }
+    if (want) { /* what nothing is written for reserves nothing */
+      a->reserved += bound;
+      *reserved = bound;
     }
   }
   pthread_mutex_unlock(&a->mu);
@@ -340,6 +355,20 @@ int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
              : want    ? KVTI_ADMIT_TRUNCATED
                        : KVTI_ADMIT_UNSEEN;
   return 0;
+}
+
+void kvti_admit_settle(kvti_admit *a, uint64_t reserved, uint64_t total) {
+  if (!reserved)
+    return;
+  pthread_mutex_lock(&a->mu);
+  kvti_bucket *b = &a->bucket;
+  /* The bytes in first, at the last update's time (this thread need not
+   * call the clock): the next decision sees them even if its own reading of
+   * the counter is older. */
+  if (b->started)
+    kvti_bucket_update(b, b->last_t, total);
+  a->reserved = a->reserved > reserved ? a->reserved - reserved : 0;
+  pthread_mutex_unlock(&a->mu);
 }
 
 /* Adds flags to the nseg segments of tokens[0, span) a lookup walked: all
@@ -400,7 +429,8 @@ void kvti_admit_gauges(kvti_admit *a, kvt_stats *s, double now,
   kvti_bucket_update(b, now, total);
   s->bytes_written_today = kvti_bucket_today(b);
   s->write_budget_bytes_per_day = (uint64_t)b->per_day;
-  s->write_budget_left = b->per_day > 0 ? kvti_bucket_left(b) : 0;
+  uint64_t left = b->per_day > 0 ? kvti_bucket_left(b) : 0;
+  s->write_budget_left = left > a->reserved ? left - a->reserved : 0;
   double span = b->last_t - b->t0;
   uint64_t written = b->last_total - b->total0;
   s->ssd_lifetime_years =
@@ -414,9 +444,8 @@ void kvti_admit_gauges(kvti_admit *a, kvt_stats *s, double now,
 /* The tier's side                                                          */
 /* ------------------------------------------------------------------------ */
 
-double kvti_admit_now(const kvt_tier *t) {
-  return t->opts.clock_fn ? t->opts.clock_fn(t->opts.clock_ctx)
-                          : kvti_now_wall();
+double kvti_admit_now(kvt_tier *t) {
+  return kvti_tier_clock(t);
 }
 
 void kvti_admit_lookup_hit(kvt_tier *t, const int32_t *tokens, size_t m,
@@ -429,4 +458,79 @@ void kvti_admit_lookup_ask(kvt_tier *t, const int32_t *tokens, size_t n,
                            const kvti_salt *salt) {
   if (t->admit && t->admit->seen.nsets)
     kvti_admit_note_ask(t->admit, tokens, n, kvti_seen_seed(salt));
+}
+
+/* Slack for what a manifest holds beyond what the bound's snapshot shows:
+ * the salt, a chained tail's mark (hex keys and counts, fixed widths but for
+ * the counts' digits). */
+#define MANIFEST_SLACK 512u
+
+/* The most one chunk file's header can take for a chunk of C tokens of these
+ * layers (format/chunk.c's plan): the fixed part, the namespace, the tokens,
+ * the layout descriptor, the checksum list's share not counted per 64 KiB of
+ * data (one partial block) and the header's rounding (to 4096 before a data
+ * section of 1 MiB or more, else to 64). */
+static uint64_t chunk_head_bound(const kvt_layer *layers, uint32_t n_layers,
+                                 uint64_t C, uint64_t ns_len) {
+  uint64_t layout = 4, data = 0;
+  for (uint32_t i = 0; i < n_layers; i++) {
+    layout += 20;
+    for (uint32_t j = 0; j < layers[i].num_tensors; j++) {
+      const kvt_tensor *x = &layers[i].tensors[j];
+      layout += 8 + 8ull * x->ndim + 16;
+      if (x->ndim >= 2) {
+        uint64_t outer, row;
+        kvti_chunk_tensor_geom(x, &outer, &row);
+        data += outer * row * C;
+      }
+    }
+  }
+  uint64_t align = data >= KVTI_CHUNK_ALIGN_MIN ? 4096 : 64;
+  return KVTI_CHUNK_FIXED + ns_len + 4 + 4 * C + layout + 8 + 8 + align;
+}
+
+uint64_t kvti_admit_spill_bound(kvt_tier *t, const int32_t *tokens, size_t n,
+                                const kvt_layer *layers, uint32_t n_layers) {
+  /* A snapshot that only points at the caller's layers: the entry's exact
+   * size without copying or converting anything. */
+  kvti_snapshot *s = NULL;
+  if (kvti_snapshot_create(&s, tokens, n, layers, n_layers, 0, 0, NULL, NULL) !=
+      0) {
+    kvt_clear_error();
+    return 0;
+  }
+  uint64_t entry = kvti_snapshot_disk_bytes(s, t->opts.storage_mode);
+  kvti_snapshot_free(s);
+  if (!entry) {
+    kvt_clear_error();
+    return 0;
+  }
+  uint64_t bound = entry + MANIFEST_SLACK;
+  if (t->chunked && t->opts.chunk_tokens) {
+    /* Chunks and tail split the rows the whole entry holds, so its data
+     * counts once; each chunk adds its own header, and the tail may be a
+     * chain record instead. The namespace: model id and a salt's hex. */
+    uint64_t C = t->opts.chunk_tokens;
+    uint64_t ns = 8 + (t->opts.model_id ? strlen(t->opts.model_id) : 0) + 64;
+    ns = (ns + 3) & ~(uint64_t)3;
+    uint64_t chunks = ((uint64_t)n + C - 1) / C;
+    bound += chunks * chunk_head_bound(layers, n_layers, C, ns) +
+             8 * (entry / KVTI_BLK_DEFAULT + 1) +
+             kvti_chainrec_size((size_t)ns, n);
+  }
+  return bound;
+}
+
+void kvti_admit_release(kvt_tier *t, uint64_t reserved) {
+  if (!reserved || !t->admit)
+    return;
+  kvt_stats cs;
+  kvti_stats_copy(&cs, &t->stats);
+  kvti_admit_settle(t->admit, reserved, cs.spill_bytes);
+  /* The budget left grew back: the live file follows (no clock read on the
+   * writer's thread: as of the last decision's time). */
+  kvt_stats g;
+  memset(&g, 0, sizeof g);
+  kvti_admit_gauges(t->admit, &g, -1, cs.spill_bytes);
+  kvti_stats_set_budget_gauges(&t->stats, &g);
 }

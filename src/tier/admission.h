@@ -5,10 +5,12 @@
  * class of their first spill each) and what it learns of how often each
  * class is gone on from (what eviction by value weighs), a leaky
  * bucket over kvtier's own count of the bytes it writes, the decision that
- * combines them (how many leading tokens of a spill to write), and the spill
- * entry point that applies it. The record and the bucket are plain data with
- * no clock and no tier of their own, so tests drive them deterministically;
- * the tier feeds them its clock (clock_fn) and its spill_bytes counter.
+ * combines them (how many leading tokens of a spill to write), the
+ * reservation an admitted spill holds in the bucket until it is written or
+ * dropped, and the spill entry point that applies it. The record and the bucket
+ * are plain data with no clock and no tier of their own, so tests drive them
+ * deterministically; the tier feeds them its clock (clock_fn) and its
+ * spill_bytes counter.
  */
 #ifndef KVT_ADMISSION_H
 #define KVT_ADMISSION_H
@@ -74,7 +76,8 @@ typedef struct kvti_bucket {
   double max_step;     /* the most one update has added (a spill's bytes) */
   double level;        /* bytes in it now */
   double last_t;       /* clock of the last update */
-  uint64_t last_total; /* written counter at the last update */
+  uint64_t last_total; /* written counter at the last update (never goes
+                          back: a caller's older reading adds nothing) */
   int64_t day;         /* the clock's day of the last update */
   uint64_t day_base;   /* written counter when that day began */
   double t0;           /* clock at the first update */
@@ -85,12 +88,14 @@ typedef struct kvti_bucket {
 void kvti_bucket_init(kvti_bucket *b, double per_day);
 /* Brings the bucket to clock now with the written counter at total: adds
  * what was written since the last update, drains what the elapsed time lets
- * out. A clock that went back counts as not moved. */
+ * out. A clock that went back counts as not moved, a counter below the last
+ * one (read before another thread's update) as not moved either. */
 void kvti_bucket_update(kvti_bucket *b, double now, uint64_t total);
-/* Where spills stop being let in: the capacity less room for one more spill
- * as large as the largest yet (at most an eighth of the capacity, so that a
- * single huge spill does not shut the bucket), so the spill let in just
- * below it does not carry the bucket over. */
+/* Where spills stop being let in when a spill's bytes are not known in
+ * advance: the capacity less room for one more spill as large as the largest
+ * yet (at most an eighth of the capacity, so that a single huge spill does
+ * not shut the bucket). A spill with a bound (kvti_admit_decide) is let in
+ * only while the bucket, the reservations and its bound fit the capacity. */
 double kvti_bucket_top(const kvti_bucket *b);
 /* Bytes it takes before it is full (as of the last update; 0 when full). */
 uint64_t kvti_bucket_left(const kvti_bucket *b);
@@ -113,6 +118,11 @@ typedef struct kvti_admit {
   double tbw_bytes;   /* the SSD's rating in bytes, 0 = none */
   kvti_seen seen;
   kvti_bucket bucket;
+  /* Bytes reserved by admitted spills not yet written, dropped or failed:
+   * each holds the most it can write (kvti_admit_spill_bound) from its
+   * admission until kvti_admit_settle, after its bytes are counted, so the
+   * spills queued together can never carry the bucket over. */
+  uint64_t reserved;
   /* What the record has learnt, per length class: spills that brought new
    * segments (starts) and later spills that went on from a segment one of
    * those brought (rereads, credited to the class that brought it). */
@@ -134,11 +144,20 @@ int kvti_admit_sampled(uint64_t fp);
  * on the token axis; pressure: the store has evicted for capacity) at clock
  * now with the written counter at total: one of
  * KVTI_ADMIT_* and, for WHOLE/TRUNCATED, *keep tokens to write. Records the
- * spill's segments as seen. 0 or KVT_ENOMEM (then *verdict WHOLE: a spill is
- * never lost to the record's own failure). */
+ * spill's segments as seen. bound: the most bytes the spill can write (0:
+ * unknown, the bucket's top decides); under a budget a spill let in with a
+ * bound reserves it (*reserved, else 0), which the caller must give back
+ * with kvti_admit_settle whatever becomes of the spill. 0 or KVT_ENOMEM
+ * (then *verdict WHOLE and nothing reserved: a spill is never lost to the
+ * record's own failure). */
 int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
                       const int32_t *tokens, size_t n, uint64_t seed,
-                      int cuttable, int pressure, double now, uint64_t total);
+                      int cuttable, int pressure, double now, uint64_t total,
+                      uint64_t bound, uint64_t *reserved);
+/* Gives back a reservation of kvti_admit_decide once the spill's bytes (if
+ * any) are in the written counter, now total: the bucket takes total first,
+ * so no bytes are ever out of both. */
+void kvti_admit_settle(kvti_admit *a, uint64_t reserved, uint64_t total);
 /* The learnt worth of each length class (and of KVTI_LEN_UNKNOWN, the mean):
  * how often a spill of that class was gone on from later, shrunk toward the
  * mean while a class has few spills. All equal before anything is learnt. */
@@ -166,6 +185,16 @@ void kvti_admit_lookup_hit(struct kvt_tier *t, const int32_t *tokens, size_t m,
 void kvti_admit_lookup_ask(struct kvt_tier *t, const int32_t *tokens, size_t n,
                            const kvti_salt *salt);
 /* The tier's clock (clock_fn or the wall clock). */
-double kvti_admit_now(const struct kvt_tier *t);
+double kvti_admit_now(struct kvt_tier *t);
+/* The most bytes of the tier's written counter (spill_bytes) a spill of
+ * tokens[0, n) with these layers can add when it is written: its entry
+ * files and manifest, and in a chunked tier every chunk file as if none were
+ * stored yet plus the chain record. 0 when it cannot be told (the spill is
+ * malformed and will be refused, or memory ran out). */
+uint64_t kvti_admit_spill_bound(struct kvt_tier *t, const int32_t *tokens,
+                                size_t n, const kvt_layer *layers,
+                                uint32_t n_layers);
+/* kvti_admit_settle with the tier's written counter; no-op for 0. */
+void kvti_admit_release(struct kvt_tier *t, uint64_t reserved);
 
 #endif

@@ -174,7 +174,7 @@ int kvti_tier_chunks_prefix(kvt_tier *t, kvt_entry_info *info, int rc,
   memcpy(info->token_hash, h, sizeof info->token_hash);
   info->num_tokens = m;
   info->memory_bytes = mem;
-  info->created_at = info->accessed_at = kvti_now_wall();
+  info->created_at = info->accessed_at = kvti_tier_recency_now(t);
   return 0;
 }
 

@@ -40,6 +40,8 @@ static int lookup_common(kvt_entry_info *out, kvt_tier *t,
   int rc = check_tokens(tokens, n);
   if (rc != 0 || (rc = kvti_tier_enter(t)) != 0)
     return rc;
+  if (t->opts.clock_fn) /* the request's time, for what it touches */
+    kvti_tier_clock(t);
   double cutoff = kvti_tier_cutoff(t);
   rc = prefix
            ? kvti_index_find_prefix_salted(out, t->idx, tokens, n, cutoff, salt)
@@ -244,7 +246,7 @@ int kvt_tier_gc(kvt_tier *t, const kvt_gc_opts *o, uint64_t *removed,
       (o && o->max_entries > 0) ? o->max_entries : t->opts.max_entries;
   double cutoff = kvti_tier_cutoff(t);
   if (o && o->older_than_seconds >= 0)
-    cutoff = kvti_now_wall() - (double)o->older_than_seconds;
+    cutoff = kvti_tier_recency_now(t) - (double)o->older_than_seconds;
   uint64_t n = 0, bytes = 0;
   if (o && o->dry_run) {
     rc = gc_plan(t, max_entries, max_bytes, cutoff, &n, &bytes);

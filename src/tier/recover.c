@@ -36,15 +36,16 @@ int kvti_tier_index_set_aside(kvt_tier *t, const char *why) {
 int kvti_tier_open_index(kvt_tier *t, const kvti_index_measure *measure,
                          int *rebuilt) {
   *rebuilt = 0;
+  int rc = 0;
   if (t->readonly) {
     if (kvti_local_index_hostile(t->dir))
       return KVT_ERR(KVT_ECORRUPT,
                      "%s/index.db is not a regular file; open the directory "
                      "writable (or run `kvtier reindex`) to rebuild it",
                      t->dir);
-    return kvti_index_open(&t->idx, t->dir, measure, KVTI_INDEX_READONLY);
+    rc = kvti_index_open(&t->idx, t->dir, measure, KVTI_INDEX_READONLY);
+    goto opened;
   }
-  int rc = 0;
   if (t->opts.flags & KVT_OPEN_REINDEX) {
     if ((rc = kvti_tier_index_set_aside(t, "reindexed")) != 0)
       return rc;
@@ -73,6 +74,13 @@ int kvti_tier_open_index(kvt_tier *t, const kvti_index_measure *measure,
              "kvtier: %s: new index; entries are adopted from their "
              "directories",
              t->dir);
+opened:
+  /* An injected clock times recency too (a replay's eviction follows its
+   * trace, not how fast it ran): read here first, on the opener's thread. */
+  if (rc == 0 && t->opts.clock_fn) {
+    kvti_tier_clock(t);
+    kvti_index_set_clock(t->idx, kvti_tier_recency_now, t);
+  }
   return rc;
 }
 

@@ -49,7 +49,7 @@ static void free_cut(kvt_layer *l) {
 static int spill_prefix_noadmit(kvt_tier *t, const int32_t *tokens,
                                 size_t n_keep, const kvt_layer *layers,
                                 uint32_t n_layers, uint64_t memory_bytes,
-                                const kvt_call_opts *co);
+                                const kvt_call_opts *co, uint64_t reserved);
 
 /* 1 when the spill would be accepted as far as its arguments go (a writable
  * open tier, well-formed layers): only such a spill may be declined with 0;
@@ -80,23 +80,33 @@ static int spill_admitted(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
                           void (*release)(void *), void *release_ctx,
                           const kvt_call_opts *co) {
   kvti_salt salt;
+  if (t && t->opts.clock_fn) /* the spill's time, for its recency */
+    kvti_tier_clock(t);
   /* Anything the enqueue would refuse is left to it (it counts refusals);
    * so is a tier without a record (read-only) or a bad salt. */
   if (!t || !t->admit || (!tokens && n_tokens) || (!layers && n_layers) ||
       kvti_call_salt(&salt, t, co) != 0) {
     kvt_clear_error();
     return kvti_spill_enqueue(t, tokens, n_tokens, layers, n_layers,
-                              memory_bytes, copy, release, release_ctx, co);
+                              memory_bytes, copy, release, release_ctx, co, 0);
   }
   int verdict = KVTI_ADMIT_WHOLE;
   size_t keep = n_tokens;
+  /* Under a budget a spill reserves the most it can write (a cut one the
+   * whole spill's: it writes less), so spills queued together cannot carry
+   * the bucket over; 0 when that cannot be told (then the bucket's top). */
+  uint64_t bound =
+      t->admit->bucket.per_day > 0
+          ? kvti_admit_spill_bound(t, tokens, n_tokens, layers, n_layers)
+          : 0;
+  uint64_t reserved = 0;
   double now = kvti_admit_now(t);
   kvt_stats cs;
   kvti_stats_copy(&cs, &t->stats);
   if (kvti_admit_decide(t->admit, &verdict, &keep, tokens, n_tokens,
                         kvti_seen_seed(&salt),
                         layers_cuttable(layers, n_layers), cs.evictions > 0,
-                        now, cs.spill_bytes) != 0)
+                        now, cs.spill_bytes, bound, &reserved) != 0)
     kvt_clear_error(); /* verdict WHOLE: the record's failure loses nothing */
   kvt_stats g;
   memset(&g, 0, sizeof g);
@@ -108,10 +118,13 @@ static int spill_admitted(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
   }
   switch (verdict) {
   case KVTI_ADMIT_WHOLE: {
-    int rc = kvti_spill_enqueue(t, tokens, n_tokens, layers, n_layers,
-                                memory_bytes, copy, release, release_ctx, co);
+    int rc =
+        kvti_spill_enqueue(t, tokens, n_tokens, layers, n_layers, memory_bytes,
+                           copy, release, release_ctx, co, reserved);
     if (rc == 0) /* a refusal is counted by its reason instead */
       KVTI_STAT_ADD(&t->stats, admission_admitted, 1);
+    else /* nothing queued holds the reservation */
+      kvti_admit_release(t, reserved);
     return rc;
   }
   case KVTI_ADMIT_TRUNCATED: {
@@ -120,7 +133,10 @@ static int spill_admitted(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
     /* The engine's RAM estimate, in proportion to what is kept. */
     uint64_t mem =
         (uint64_t)((double)memory_bytes * (double)keep / (double)n_tokens);
-    int rc = spill_prefix_noadmit(t, tokens, keep, layers, n_layers, mem, co);
+    int rc = spill_prefix_noadmit(t, tokens, keep, layers, n_layers, mem, co,
+                                  reserved);
+    if (rc != 0)
+      kvti_admit_release(t, reserved);
     if (!copy && release) /* the prefix was copied (or refused) */
       release(release_ctx);
     return rc;
@@ -131,6 +147,7 @@ static int spill_admitted(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
     else
       KVTI_STAT_ADD(&t->stats, admission_declined_unseen, 1);
     KVTI_STAT_ADD(&t->stats, admission_tokens_declined, n_tokens);
+    kvti_admit_release(t, reserved); /* none: nothing is written */
     if (!copy && release)
       release(release_ctx);
     return 0;
@@ -149,7 +166,7 @@ int kvt_tier_spill_prefix(kvt_tier *t, const int32_t *tokens, size_t n_keep,
 static int spill_prefix(kvt_tier *t, const int32_t *tokens, size_t n_keep,
                         const kvt_layer *layers, uint32_t n_layers,
                         uint64_t memory_bytes, const kvt_call_opts *co,
-                        int admit) {
+                        int admit, uint64_t reserved) {
   if (!t || (!tokens && n_keep) || (!layers && n_layers))
     return KVT_ERR(KVT_EINVAL, "kvt_tier_spill_prefix: NULL argument");
   if (n_keep == 0 || n_layers > KVTI_MAX_LAYERS) {
@@ -191,7 +208,7 @@ static int spill_prefix(kvt_tier *t, const int32_t *tokens, size_t n_keep,
                         NULL, co);
   else if (rc == 0)
     rc = kvti_spill_enqueue(t, tokens, n_keep, ls, n_layers, memory_bytes, 1,
-                            NULL, NULL, co);
+                            NULL, NULL, co, reserved);
   else /* the spill calls count their own */
     kvti_stats_refused(&t->stats, rc);
   for (uint32_t i = 0; ls && own && i < n_layers; i++)
@@ -205,14 +222,16 @@ static int spill_prefix(kvt_tier *t, const int32_t *tokens, size_t n_keep,
 int kvt_tier_spill_prefix_ex(kvt_tier *t, const int32_t *tokens, size_t n_keep,
                              const kvt_layer *layers, uint32_t n_layers,
                              uint64_t memory_bytes, const kvt_call_opts *co) {
-  return spill_prefix(t, tokens, n_keep, layers, n_layers, memory_bytes, co, 1);
+  return spill_prefix(t, tokens, n_keep, layers, n_layers, memory_bytes, co, 1,
+                      0);
 }
 
 static int spill_prefix_noadmit(kvt_tier *t, const int32_t *tokens,
                                 size_t n_keep, const kvt_layer *layers,
                                 uint32_t n_layers, uint64_t memory_bytes,
-                                const kvt_call_opts *co) {
-  return spill_prefix(t, tokens, n_keep, layers, n_layers, memory_bytes, co, 0);
+                                const kvt_call_opts *co, uint64_t reserved) {
+  return spill_prefix(t, tokens, n_keep, layers, n_layers, memory_bytes, co, 0,
+                      reserved);
 }
 
 int kvt_tier_spill(kvt_tier *t, const int32_t *tokens, size_t n_tokens,

@@ -1,9 +1,9 @@
 /*
  * tier.c - the small helpers every tier file shares: enter/leave (the
- * reference count that close waits on), the log, the retention cutoff and
- * the directory accessor. Nothing here calls another tier file, so every
- * tier file may call it; the lifecycle that wires the pieces together is
- * lifecycle.c.
+ * reference count that close waits on), the log, the retention cutoff, the
+ * tier's clock and recency's, and the directory accessor. Nothing here calls
+ * another tier file, so every tier file may call it; the lifecycle that wires
+ * the pieces together is lifecycle.c.
  */
 #include "tier/tier.h"
 #include "tier/hostcache.h"
@@ -12,6 +12,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 /* ------------------------------------------------------------------------ */
 /* Small shared helpers                                                     */
@@ -20,7 +21,27 @@
 double kvti_tier_cutoff(const kvt_tier *t) {
   if (t->opts.retention_seconds <= 0)
     return 0;
-  return kvti_now_wall() - (double)t->opts.retention_seconds;
+  return kvti_tier_recency_now((void *)t) - (double)t->opts.retention_seconds;
+}
+
+double kvti_tier_clock(kvt_tier *t) {
+  if (!t->opts.clock_fn)
+    return kvti_now_wall();
+  double now = t->opts.clock_fn(t->opts.clock_ctx);
+  uint64_t bits;
+  memcpy(&bits, &now, sizeof bits);
+  atomic_store(&t->clock_seen, bits);
+  return now;
+}
+
+double kvti_tier_recency_now(void *ctx) {
+  const kvt_tier *t = ctx;
+  if (!t->opts.clock_fn)
+    return kvti_now_wall();
+  uint64_t bits = atomic_load(&((kvt_tier *)ctx)->clock_seen);
+  double now;
+  memcpy(&now, &bits, sizeof now);
+  return now;
 }
 
 void kvti_log(kvt_tier *t, int level, const char *fmt, ...) {

@@ -41,10 +41,12 @@
 #include <time.h>
 
 /* A spill queued for the writer (writer.c); link.cost is the bytes charged
- * against spill_queue_bytes. */
+ * against spill_queue_bytes, reserved the write budget's reservation it
+ * holds (admission.h), given back once it is written, failed or dropped. */
 typedef struct kvti_spill_item {
   kvti_workq_item link; /* first: the queue hands back this pointer */
   kvti_snapshot *snap;
+  uint64_t reserved;
 } kvti_spill_item;
 
 /* writer_hook.c: a binding's write hook and close's stop marker. Its own
@@ -97,6 +99,10 @@ struct kvt_tier {
   int chunks_rescanned; /* chain table rebuilt from the files (this open) */
   /* Admission and the write budget (admission.h); NULL on read-only tiers. */
   struct kvti_admit *admit;
+  /* With clock_fn: the bits of its latest reading, taken on a caller's
+   * thread (kvti_tier_clock); the index stamps recency with it, so no other
+   * thread calls into the caller's clock. */
+  _Atomic uint64_t clock_seen;
   /* The model_id's namespace (salt.c), joined into every call's salt: set
    * once at open (native mode, no remote tier), read-only after. */
   kvti_salt ns;
@@ -131,6 +137,13 @@ void kvti_log(kvt_tier *t, int level, const char *fmt, ...)
 /* created_before for lookups: now - retention_seconds, or 0 when entries never
  * expire. */
 double kvti_tier_cutoff(const kvt_tier *t);
+/* The tier's clock on a caller's thread: clock_fn's reading (kept for
+ * kvti_tier_recency_now), or the wall clock. */
+double kvti_tier_clock(kvt_tier *t);
+/* Recency's time (the index's clock, kvti_index_set_clock; ctx the tier):
+ * the latest kvti_tier_clock reading when clock_fn is set, else the wall
+ * clock. Any thread. */
+double kvti_tier_recency_now(void *ctx);
 
 /* Why an entry is removed (which counter rises). */
 enum { KVTI_RM_EVICT = 1, KVTI_RM_EXPIRE = 2, KVTI_RM_USER = 3 };
@@ -173,11 +186,14 @@ int kvti_writer_drain(kvt_tier *t, int64_t timeout_ms);
 /* Stops (dropping queued spills when drop) and joins the writer thread. */
 void kvti_writer_stop(kvt_tier *t, int drop);
 /* The spill queue's entry, past admission (spill.c decides first): checks,
- * snapshot, enqueue; refusals counted by reason. */
+ * snapshot, enqueue; refusals counted by reason. reserved: the write
+ * budget's reservation the queued spill takes over (0: none); on a refusal
+ * it stays the caller's to give back. */
 int kvti_spill_enqueue(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
                        const kvt_layer *layers, uint32_t n_layers,
                        uint64_t memory_bytes, int copy, void (*release)(void *),
-                       void *release_ctx, const kvt_call_opts *co);
+                       void *release_ctx, const kvt_call_opts *co,
+                       uint64_t reserved);
 /* Close's first step: queues the stop marker behind the accepted spills once
  * a queue slot is free (before the deadline: else KVT_EFULL, nothing changed)
  * and stops accepting spills. No-op without a writer to stop. */

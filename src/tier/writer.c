@@ -111,6 +111,7 @@ static void run_spill(void *ctx, kvti_workq_item *qi) {
    * writes it: two more flushes one after the other). */
   if (nmore == 0 && !(group && t->opts.durability == KVT_DURABILITY_FSYNC)) {
     kvti_writer_run_hooked(t, it->snap);
+    kvti_admit_release(t, it->reserved); /* its bytes are counted */
     spill_release(t, it->snap);
     kvti_free(it);
     return;
@@ -120,9 +121,11 @@ static void run_spill(void *ctx, kvti_workq_item *qi) {
   for (size_t k = 0; k < nmore; k++)
     snaps[k + 1] = ((kvti_spill_item *)more[k])->snap;
   kvti_writer_write_batch(t, snaps, nmore + 1);
+  kvti_admit_release(t, it->reserved); /* their bytes are counted */
   spill_release(t, it->snap);
   kvti_free(it);
   for (size_t k = 0; k < nmore; k++) {
+    kvti_admit_release(t, ((kvti_spill_item *)more[k])->reserved);
     spill_release(t, ((kvti_spill_item *)more[k])->snap);
     kvti_free(more[k]);
   }
@@ -140,6 +143,7 @@ static void drop_spill(void *ctx, kvti_workq_item *qi) {
   if (t->opts.spill_done_fn)
     t->opts.spill_done_fn(t->opts.spill_done_ctx, kvti_snapshot_hash(it->snap),
                           KVT_ECLOSED);
+  kvti_admit_release(t, it->reserved);
   kvti_snapshot_free(it->snap);
   kvti_free(it);
 }
@@ -239,7 +243,8 @@ static uint64_t layers_bytes(const kvt_layer *layers, uint32_t n_layers) {
 static int spill_try(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
                      const kvt_layer *layers, uint32_t n_layers,
                      uint64_t memory_bytes, int copy, void (*release)(void *),
-                     void *release_ctx, const kvt_call_opts *co) {
+                     void *release_ctx, const kvt_call_opts *co,
+                     uint64_t reserved) {
   int rc;
   kvti_salt salt;
   if (!t) {
@@ -338,6 +343,7 @@ static int spill_try(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
     goto fail;
   }
   it->snap = s;
+  it->reserved = reserved;
   rc = kvti_workq_push(&t->w, &it->link, cost);
   if (rc == KVT_ECLOSED) {
     KVT_ERR(KVT_ECLOSED, "the tier is closing; spill refused");
@@ -369,9 +375,10 @@ early_fail:
 int kvti_spill_enqueue(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
                        const kvt_layer *layers, uint32_t n_layers,
                        uint64_t memory_bytes, int copy, void (*release)(void *),
-                       void *release_ctx, const kvt_call_opts *co) {
+                       void *release_ctx, const kvt_call_opts *co,
+                       uint64_t reserved) {
   int rc = spill_try(t, tokens, n_tokens, layers, n_layers, memory_bytes, copy,
-                     release, release_ctx, co);
+                     release, release_ctx, co, reserved);
   if (rc != 0 && t)
     kvti_stats_refused(&t->stats, rc);
   if (rc == 0) /* this model's layout, for the layout guard */

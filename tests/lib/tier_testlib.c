@@ -4,7 +4,6 @@
 #include "tier_testlib.h"
 #include "fmt_testlib.h"
 
-
 int t_spill(kvt_tier *t, const t_entry *e) {
   return kvt_tier_spill(t, e->tokens, e->n_tokens, e->layers, e->n_layers,
                         e->memory_bytes);
@@ -30,6 +29,18 @@ kvt_tier *t_open(const kvt_options *o) {
             kvt_last_error());
   REQUIRE(rc == 0 && t);
   return t;
+}
+
+kvt_stats t_stats(kvt_tier *t) {
+  kvt_stats s = KVT_STATS_INIT;
+  REQUIRE(kvt_tier_stats(&s, t) == 0);
+  return s;
+}
+
+double t_clock_now;
+double t_clock(void *ctx) {
+  (void)ctx;
+  return t_clock_now;
 }
 
 void t_budget_init(t_budget *b, uint64_t limit) {

@@ -35,6 +35,14 @@ kvt_options t_opts(const char *tag);
 /* kvt_tier_open, REQUIRE'd to succeed. */
 kvt_tier *t_open(const kvt_options *o);
 
+/* kvt_tier_stats, REQUIRE'd to succeed. */
+kvt_stats t_stats(kvt_tier *t);
+
+/* A clock for kvt_options.clock_fn that reads t_clock_now (ctx unused):
+ * a test sets the time its tier sees. */
+extern double t_clock_now;
+double t_clock(void *ctx);
+
 /* Budget bookkeeping: counts calls and bytes; refuses when limit would be
  * exceeded. */
 typedef struct t_budget {

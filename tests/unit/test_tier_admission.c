@@ -102,9 +102,11 @@ static void seq(int32_t *t, size_t n, int32_t base) {
 static int decide(kvti_admit *a, size_t *keep, const int32_t *t, size_t n,
                   int cuttable, int pressure, double now, uint64_t total) {
   int v = -1;
-  CHECK_EQ_INT(
-      kvti_admit_decide(a, &v, keep, t, n, 0, cuttable, pressure, now, total),
-      0);
+  uint64_t reserved = 1;
+  CHECK_EQ_INT(kvti_admit_decide(a, &v, keep, t, n, 0, cuttable, pressure, now,
+                                 total, 0, &reserved),
+               0);
+  CHECK_EQ_INT(reserved, 0); /* no bound: nothing reserved */
   return v;
 }
 
@@ -245,18 +247,6 @@ static void test_decisions(void) {
 
 /* ---- a tier under an injected clock ---- */
 
-static double fake_now;
-static double fake_clock(void *ctx) {
-  (void)ctx;
-  return fake_now;
-}
-
-static kvt_stats stats_of(kvt_tier *t) {
-  kvt_stats s = KVT_STATS_INIT;
-  REQUIRE(kvt_tier_stats(&s, t) == 0);
-  return s;
-}
-
 static int found(kvt_tier *t, const int32_t *tok, size_t n) {
   kvt_entry_info info;
   return kvt_tier_lookup(&info, t, tok, n) == 0;
@@ -342,8 +332,8 @@ static void test_tier_second_sighting(void) {
   kvt_options o = t_opts("admit");
   o.admission_policy = KVT_ADMIT_SECOND_SIGHTING;
   o.chunk_tokens = 16;
-  o.clock_fn = fake_clock;
-  fake_now = 1000;
+  o.clock_fn = t_clock;
+  t_clock_now = 1000;
   kvt_tier *t = t_open(&o);
   REQUIRE(kvt_tier_start_writer(t) == 0);
   int32_t p[64], q[64];
@@ -354,7 +344,7 @@ static void test_tier_second_sighting(void) {
   CHECK_EQ_INT(t_kv_spill(t, p, 64, 64, 2, 4096), 0); /* first sighting */
   REQUIRE(kvt_tier_flush(t, -1) == 0);
   CHECK(!found(t, p, 64));
-  kvt_stats s = stats_of(t);
+  kvt_stats s = t_stats(t);
   CHECK_EQ_INT(s.admission_declined_unseen, 1);
   CHECK_EQ_INT(s.admission_tokens_declined, 64);
   CHECK_EQ_INT(s.spill_count, 0);
@@ -365,7 +355,7 @@ static void test_tier_second_sighting(void) {
   CHECK_EQ_INT(t_kv_spill(t, q, 64, 64, 2, 4096), 0); /* cut to 48 */
   REQUIRE(kvt_tier_flush(t, -1) == 0);
   CHECK(found(t, q, 48) && !found(t, q, 64));
-  s = stats_of(t);
+  s = t_stats(t);
   CHECK_EQ_INT(s.admission_admitted, 1);
   CHECK_EQ_INT(s.admission_truncated, 1);
   CHECK_EQ_INT(s.admission_tokens_declined, 64 + 16);
@@ -388,7 +378,7 @@ static void test_tier_second_sighting(void) {
   /* The live file and the renderings carry the counters. */
   kvt_stats live = KVT_STATS_INIT;
   REQUIRE(kvt_stats_read_live(&live, NULL, o.cache_dir) == 0);
-  s = stats_of(t);
+  s = t_stats(t);
   CHECK_EQ_INT(live.admission_truncated, 1);
   CHECK_EQ_INT(live.admission_declined_unseen, s.admission_declined_unseen);
   CHECK_EQ_INT(live.bytes_written_today, s.bytes_written_today);
@@ -407,11 +397,11 @@ static void test_tier_second_sighting(void) {
 static void test_tier_budget(void) {
   kvt_options o = t_opts("budget");
   o.chunk_tokens = 16;
-  o.clock_fn = fake_clock;
+  o.clock_fn = t_clock;
   /* 64 tokens x 2 layers of [1, 2, 64, 8] F32 (t_kv_spill): 8 KiB of KV a
    * spill; the bucket holds 24 KiB (an hour of 576 KiB a day). */
   o.write_budget_bytes_per_day = 576 << 10;
-  fake_now = 86400.0 * 3;
+  t_clock_now = 86400.0 * 3;
   kvt_tier *t = t_open(&o);
   REQUIRE(kvt_tier_start_writer(t) == 0);
   int32_t p[64];
@@ -422,7 +412,7 @@ static void test_tier_budget(void) {
     REQUIRE(kvt_tier_flush(t, -1) == 0);
     spilled++;
   }
-  kvt_stats s = stats_of(t);
+  kvt_stats s = t_stats(t);
   CHECK(s.admission_declined_budget > 0);
   CHECK_EQ_INT(s.admission_admitted + s.admission_declined_budget, spilled);
   /* At most the bucket plus the one spill that filled it. */
@@ -434,11 +424,11 @@ static void test_tier_budget(void) {
 
   /* An hour of trace time later the bucket has drained: writes resume, and
    * the next day starts counting from zero. */
-  fake_now = 86400.0 * 4 + 10;
+  t_clock_now = 86400.0 * 4 + 10;
   seq(p, 64, 900000);
   CHECK_EQ_INT(t_kv_spill(t, p, 64, 64, 2, 8192), 0);
   REQUIRE(kvt_tier_flush(t, -1) == 0);
-  s = stats_of(t);
+  s = t_stats(t);
   CHECK_EQ_INT(s.admission_declined_budget, declined);
   CHECK(s.spill_bytes > written);
   CHECK_EQ_INT(s.bytes_written_today, s.spill_bytes - written);

@@ -1,0 +1,214 @@
+/*
+ * test_tier_budget_queue.c - the write budget holds for spills queued
+ * together: the bound a spill reserves at admission is at least what its
+ * write adds to kvtier's written counter (spill_bytes), in a plain and a
+ * chunked tier, for a fresh spill, one that ends in a partial chunk and one
+ * that shares its chunks with a stored one; with the writer held back many
+ * spills are judged before any is written, and the counter never passes
+ * the bucket, at any completion or at the end; each spill not queued is
+ * counted by its reason (the budget, a full queue), and every reservation is
+ * given back once its spill is written, shares what is stored, or is
+ * refused, so the budget left is the bucket less what was written.
+ */
+#include "tier_testlib.h"
+#include "testutil.h"
+#include "tier/admission.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* A chunked tier under t_clock whose bucket holds `bucket` bytes (an
+ * hour of 24 x that a day). */
+static kvt_options budget_opts(const char *tag, uint64_t bucket) {
+  kvt_options o = t_opts(tag);
+  o.chunk_tokens = 16;
+  o.clock_fn = t_clock;
+  o.write_budget_bytes_per_day = 24 * bucket;
+  return o;
+}
+
+/* Nothing reserved any more: the budget left is the bucket less the bytes
+ * written (the bucket keeps fractions; the gauge rounds down). Time has not
+ * moved since the bucket was empty. */
+static void check_given_back(kvt_tier *t, uint64_t cap) {
+  kvt_stats s = t_stats(t);
+  CHECK(s.spill_bytes <= cap);
+  CHECK(s.write_budget_left + 1 >= cap - s.spill_bytes &&
+        s.write_budget_left <= cap - s.spill_bytes);
+}
+
+static void seq(int32_t *t, size_t n, int32_t base) {
+  for (size_t i = 0; i < n; i++)
+    t[i] = base + (int32_t)i;
+}
+
+/* kvti_admit_spill_bound of the t_kv_spill spill of tok[0, n) (T rows). */
+static uint64_t bound_of(kvt_tier *t, const int32_t *tok, int n, int T,
+                         int layers) {
+  kvt_layer l[8];
+  for (int i = 0; i < layers; i++)
+    l[i] = t_kv_tokens(tok, n, T, 8, i);
+  uint64_t b = kvti_admit_spill_bound(t, tok, (size_t)n, l, (uint32_t)layers);
+  for (int i = 0; i < layers; i++)
+    t_layer_free(&l[i]);
+  return b;
+}
+
+/* Spills tok[0, n) and returns what the write added to spill_bytes. */
+static uint64_t written_by(kvt_tier *t, const int32_t *tok, int n, int T,
+                           int layers) {
+  uint64_t before = t_stats(t).spill_bytes;
+  CHECK_EQ_INT(t_kv_spill(t, tok, n, T, layers, 4096), 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  return t_stats(t).spill_bytes - before;
+}
+
+static void check_bound(uint32_t chunk_tokens, const char *model_id) {
+  kvt_options o = t_opts("bound");
+  o.chunk_tokens = chunk_tokens;
+  o.model_id = model_id;
+  kvt_tier *t = t_open(&o);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  int32_t p[200];
+  /* Fresh, 4 layers; fresh with a partial last chunk; a longer spill
+   * sharing the second one's chunks (it writes less than its bound, never
+   * more). {tokens, rows, layers, first token} */
+  const int cases[][4] = {
+      {64, 64, 4, 5000}, {70, 80, 4, 9000}, {150, 160, 4, 9000}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    int n = cases[k][0], T = cases[k][1], L = cases[k][2];
+    seq(p, 200, cases[k][3]);
+    uint64_t b = bound_of(t, p, n, T, L);
+    uint64_t w = written_by(t, p, n, T, L);
+    CHECK(w > 0);
+    CHECK(b >= w);
+    if (k < 2) /* a fresh spill: the bound is not far above its bytes */
+      CHECK(b < w + w / 4 + 2048);
+  }
+  /* A malformed spill has no bound (it is refused at the queue). */
+  kvt_layer bad = t_kv_tokens(p, 64, 64, 8, 0);
+  bad.num_tensors = 1;
+  CHECK_EQ_INT(kvti_admit_spill_bound(t, p, 64, &bad, 1), 0);
+  bad.num_tensors = 2;
+  t_layer_free(&bad);
+  kvt_tier_free(t);
+  kvt_test_rmtree(o.cache_dir);
+}
+
+static void test_bound(void) {
+  check_bound(0, NULL);
+  check_bound(16, NULL);
+  check_bound(16, "a-model-id-long-enough-to-widen-the-chunk-namespace");
+}
+
+/* spill_done_fn: spill_bytes as each spill completes, against the bucket. */
+typedef struct watch {
+  kvt_tier *t;
+  uint64_t cap, most;
+  int done, over;
+} watch;
+
+static void on_done(void *ctx, const char *hash, int rc) {
+  (void)hash;
+  watch *w = ctx;
+  kvt_stats s = t_stats(w->t);
+  if (s.spill_bytes > w->most)
+    w->most = s.spill_bytes;
+  if (s.spill_bytes > w->cap)
+    w->over++;
+  if (rc == 0)
+    w->done++;
+}
+
+static void test_queued_spills_hold_the_budget(void) {
+  /* 64 tokens x 2 layers of [1, 2, 64, 8] F32: 8 KiB of KV a spill; the
+   * bucket holds 40 KiB and time stands still, so nothing drains: at most
+   * 40 KiB may ever be written. */
+  const uint64_t cap = 40u << 10;
+  kvt_options o = budget_opts("queued", cap);
+  watch w = {0};
+  o.spill_done_fn = on_done;
+  o.spill_done_ctx = &w;
+  t_clock_now = 1000.0;
+  kvt_tier *t = t_open(&o);
+  w.t = t;
+  w.cap = cap;
+  /* The writer is not started: every spill is judged while the bucket is
+   * still empty by its own count. */
+  int32_t p[64];
+  const int N = 30;
+  for (int i = 0; i < N; i++) {
+    seq(p, 64, 200000 + 64 * i);
+    CHECK_EQ_INT(t_kv_spill(t, p, 64, 64, 2, 8192), 0);
+  }
+  kvt_stats s = t_stats(t);
+  CHECK_EQ_INT(s.spill_bytes, 0);
+  CHECK(s.admission_admitted >= 2);       /* 8 KiB spills fit a 40 KiB bucket */
+  CHECK(s.admission_declined_budget > 0); /* but not 30 of them */
+  CHECK_EQ_INT(s.admission_admitted + s.admission_declined_budget, N);
+  CHECK_EQ_INT(s.admission_declined_unseen + s.admission_truncated, 0);
+  CHECK_EQ_INT(s.queue_depth, s.admission_admitted);
+  CHECK(s.write_budget_left < cap); /* the queued spills' reservations */
+  uint64_t admitted = s.admission_admitted;
+
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  s = t_stats(t);
+  CHECK_EQ_INT(w.done, admitted);
+  CHECK_EQ_INT(w.over, 0);
+  CHECK(w.most <= cap);
+  CHECK(s.spill_bytes <= cap);
+  CHECK_EQ_INT(s.spill_count, admitted);
+  check_given_back(t, cap);
+
+  /* A spill that shares every chunk it has with a stored one writes only
+   * its tail: its reservation comes back whole but for those bytes. */
+  uint64_t before = s.spill_bytes;
+  seq(p, 64, 200000);
+  CHECK_EQ_INT(t_kv_spill(t, p, 48, 64, 2, 8192), 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  s = t_stats(t);
+  if (s.admission_admitted > admitted) /* it fitted beside what is written */
+    CHECK(s.spill_bytes - before < (8u << 10));
+  check_given_back(t, cap);
+  kvt_tier_free(t);
+  kvt_test_rmtree(o.cache_dir);
+}
+
+/* Spills admitted under the budget but refused by a full queue: counted as
+ * queue_full, their reservations given back (the budget left is the bucket
+ * less what the queued ones wrote). */
+static void test_refused_spills_give_back(void) {
+  const uint64_t cap = 400u << 10;
+  kvt_options o = budget_opts("refused", cap);
+  o.spill_queue_size = 2;
+  t_clock_now = 5000.0;
+  kvt_tier *t = t_open(&o);
+  int32_t p[64];
+  int full = 0;
+  for (int i = 0; i < 6; i++) {
+    seq(p, 64, 700000 + 64 * i);
+    int rc = t_kv_spill(t, p, 64, 64, 2, 8192);
+    CHECK(rc == 0 || rc == KVT_EFULL);
+    full += rc == KVT_EFULL;
+  }
+  CHECK_EQ_INT(full, 4);
+  kvt_stats s = t_stats(t);
+  CHECK_EQ_INT(s.spill_refused_queue_full, 4);
+  CHECK_EQ_INT(s.admission_admitted, 2);
+  CHECK_EQ_INT(s.admission_declined_budget, 0);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  s = t_stats(t);
+  CHECK_EQ_INT(s.spill_count, 2);
+  check_given_back(t, cap);
+  kvt_tier_free(t);
+  kvt_test_rmtree(o.cache_dir);
+}
+
+int main(void) {
+  RUN(test_bound);
+  RUN(test_queued_spills_hold_the_budget);
+  RUN(test_refused_spills_give_back);
+  return kvt_test_done();
+}
