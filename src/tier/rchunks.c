@@ -380,7 +380,9 @@ int kvti_rchunks_lookup(kvt_tier *t, kvti_backend *be, kvt_entry_info *info,
     rc = kvt_token_hash(info->token_hash, tokens, (size_t)info->num_tokens);
     if (rc == 0)
       kvt_prefix_hash(info->prefix_hash, tokens, (size_t)info->num_tokens);
-    info->created_at = info->accessed_at = kvti_now_wall();
+    /* A chain has no time of its own: the request's, on the tier's clock
+     * (clock_fn's latest reading), as a local chain prefix is stamped. */
+    info->created_at = info->accessed_at = kvti_tier_recency_now(t);
   }
   kvti_free(r);
   return rc;

@@ -841,6 +841,8 @@ static void test_chunks(void) {
   kvt_options oc = ropts("rt-ch-c", url, P, KVT_REMOTE_LOCAL_AND_REMOTE);
   oc.chunk_tokens = 16;
   oc.model_id = "m";
+  oc.clock_fn = t_clock; /* the chain's stamps are this clock's */
+  t_clock_now = 4242.0;
   kvt_tier *c = t_open(&oc);
   int32_t q[80];
   memcpy(q, e.tokens, 70 * sizeof *q);
@@ -850,6 +852,7 @@ static void test_chunks(void) {
   while (kvt_tier_lookup_prefix(&info, c, q, 80) != 0 && tries++ < 200)
     msleep(25);
   CHECK(info.num_tokens == 64);
+  CHECK(info.created_at == 4242.0 && info.accessed_at == 4242.0);
   kvt_promote_opts po = KVT_PROMOTE_OPTS_INIT;
   po.flags = KVT_PROMOTE_PREFIX;
   kvt_entry *got = NULL;
