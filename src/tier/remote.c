@@ -23,6 +23,7 @@
 #include "base/io.h"
 #include "store/local.h"
 #include "store/chunked.h"
+#include "tier/admission.h"
 #include "tier/rchunks.h"
 #include "tier/tier.h"
 
@@ -33,10 +34,14 @@
 #include <unistd.h>
 
 /* An upload queued for the remote thread; link.cost is the snapshot's held
- * bytes, charged against spill_queue_bytes. */
+ * bytes, charged against spill_queue_bytes. reserved: in remote-only mode the
+ * spill's write-budget reservation, held until the upload's bytes are in
+ * spill_bytes, so no byte is ever out of both the bucket and the
+ * reservations (admission.h). */
 typedef struct up_item {
   kvti_workq_item link; /* first: the queue hands back this pointer */
   kvti_snapshot *snap;
+  uint64_t reserved;
 } up_item;
 
 struct kvti_remote {
@@ -99,7 +104,8 @@ static void spill_done(kvt_tier *t, kvti_snapshot *s, int rc) {
     t->opts.spill_done_fn(t->opts.spill_done_ctx, kvti_snapshot_hash(s), rc);
 }
 
-static void upload_one(kvt_tier *t, kvti_snapshot *s) {
+/* Uploads s; reserved is given back once what it wrote is counted. */
+static void upload_one(kvt_tier *t, kvti_snapshot *s, uint64_t reserved) {
   struct kvti_remote *r = RM(t);
   int rc;
   if (!remote_ok(r)) {
@@ -124,19 +130,24 @@ static void upload_one(kvt_tier *t, kvti_snapshot *s) {
         KVTI_STAT_ADD(&t->stats, spill_count, 1);
         KVTI_STAT_ADD(&t->stats, spill_bytes, bytes);
       }
+      /* Counted first, then given back: a decision in between sees both
+       * (too much, never too little). */
+      kvti_admit_release(t, reserved);
+      reserved = 0;
     } else {
       remote_failed(t, rc, "upload");
       if (r->mode == KVT_REMOTE_ONLY)
         KVTI_STAT_ADD(&t->stats, write_failures, 1);
     }
   }
+  kvti_admit_release(t, reserved); /* nothing written: nothing to count */
   spill_done(t, s, rc);
 }
 
 static void upload_run(void *ctx, kvti_workq_item *qi) {
   kvt_tier *t = ctx;
   up_item *it = (up_item *)qi;
-  upload_one(t, it->snap);
+  upload_one(t, it->snap, it->reserved);
   kvti_snapshot_free(it->snap);
   kvti_free(it);
 }
@@ -146,6 +157,7 @@ static void upload_drop(void *ctx, kvti_workq_item *qi) {
   kvt_tier *t = ctx;
   up_item *it = (up_item *)qi;
   KVTI_STAT_ADD(&t->stats, remote_spill_drops, 1);
+  kvti_admit_release(t, it->reserved);
   spill_done(t, it->snap,
              KVT_ERR(KVT_ECLOSED, "tier closed before the upload"));
   kvti_snapshot_free(it->snap);
@@ -156,10 +168,12 @@ int kvti_remote_spills_local(const kvt_tier *t) {
   return !RM(t) || RM(t)->mode != KVT_REMOTE_ONLY;
 }
 
-int kvti_remote_take(kvt_tier *t, kvti_snapshot *s) {
+int kvti_remote_take(kvt_tier *t, kvti_snapshot *s, uint64_t reserved) {
   struct kvti_remote *r = RM(t);
-  if (!r)
+  if (!r) {
+    kvti_admit_release(t, reserved);
     return 0;
+  }
   uint64_t cost = kvti_snapshot_held_bytes(s);
   up_item *it = kvti_calloc(1, sizeof *it);
   int rc;
@@ -167,6 +181,7 @@ int kvti_remote_take(kvt_tier *t, kvti_snapshot *s) {
     rc = KVT_ERR_NOMEM();
   } else {
     it->snap = s;
+    it->reserved = reserved;
     rc = kvti_workq_push(&r->q, &it->link, cost);
     if (rc == KVT_ECLOSED) {
       KVT_ERR(KVT_ECLOSED, "the tier is closing; upload refused");
@@ -183,6 +198,7 @@ int kvti_remote_take(kvt_tier *t, kvti_snapshot *s) {
   if (rc == 0)
     return 1;
   kvti_free(it);
+  kvti_admit_release(t, reserved); /* refused: nothing will be uploaded */
   KVTI_STAT_ADD(&t->stats, remote_spill_drops, 1);
   if (r->mode == KVT_REMOTE_ONLY)
     KVTI_STAT_ADD(&t->stats, spill_drops, 1);

@@ -29,8 +29,12 @@ int kvti_remote_spills_local(const struct kvt_tier *t);
 /* After the local write of a spill: hands the snapshot to the upload queue.
  * Returns 1 when it took ownership (frees it later), 0 when the caller frees
  * it. In remote-only mode it also reports the outcome through spill_done_fn
- * (KVT_EFULL when the queue is full). */
-int kvti_remote_take(struct kvt_tier *t, struct kvti_snapshot *s);
+ * (KVT_EFULL when the queue is full). reserved: the spill's write-budget
+ * reservation when the upload is what writes it (remote only; else 0),
+ * always given back here: after the upload has counted its bytes, or at
+ * once when nothing will be uploaded. */
+int kvti_remote_take(struct kvt_tier *t, struct kvti_snapshot *s,
+                     uint64_t reserved);
 /* Waits for uploads queued so far (absolute deadline; has = 0: forever).
  * 0 or KVT_ETIMEDOUT. */
 int kvti_remote_drain(struct kvt_tier *t, const struct timespec *ts, int has);

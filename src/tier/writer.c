@@ -80,9 +80,16 @@ static int batchable(kvt_tier *t) {
 }
 
 /* Hands a written snapshot on (the remote upload queue may take it and free
- * it later) or frees it (a no-copy spill's release runs on this thread). */
-static void spill_release(kvt_tier *t, kvti_snapshot *s) {
-  if (!kvti_remote_take(t, s))
+ * it later) or frees it (a no-copy spill's release runs on this thread), and
+ * gives its write-budget reservation back once its bytes are counted: here
+ * when it was written locally, after the upload when the upload is the
+ * write (remote only: nothing is counted yet). */
+static void spill_release(kvt_tier *t, kvti_snapshot *s, uint64_t reserved) {
+  if (kvti_remote_spills_local(t)) {
+    kvti_admit_release(t, reserved);
+    reserved = 0;
+  }
+  if (!kvti_remote_take(t, s, reserved))
     kvti_snapshot_free(s);
 }
 
@@ -111,8 +118,7 @@ static void run_spill(void *ctx, kvti_workq_item *qi) {
    * writes it: two more flushes one after the other). */
   if (nmore == 0 && !(group && t->opts.durability == KVT_DURABILITY_FSYNC)) {
     kvti_writer_run_hooked(t, it->snap);
-    kvti_admit_release(t, it->reserved); /* its bytes are counted */
-    spill_release(t, it->snap);
+    spill_release(t, it->snap, it->reserved);
     kvti_free(it);
     return;
   }
@@ -121,12 +127,11 @@ static void run_spill(void *ctx, kvti_workq_item *qi) {
   for (size_t k = 0; k < nmore; k++)
     snaps[k + 1] = ((kvti_spill_item *)more[k])->snap;
   kvti_writer_write_batch(t, snaps, nmore + 1);
-  kvti_admit_release(t, it->reserved); /* their bytes are counted */
-  spill_release(t, it->snap);
+  spill_release(t, it->snap, it->reserved);
   kvti_free(it);
   for (size_t k = 0; k < nmore; k++) {
-    kvti_admit_release(t, ((kvti_spill_item *)more[k])->reserved);
-    spill_release(t, ((kvti_spill_item *)more[k])->snap);
+    spill_release(t, ((kvti_spill_item *)more[k])->snap,
+                  ((kvti_spill_item *)more[k])->reserved);
     kvti_free(more[k]);
   }
 }

@@ -9,14 +9,18 @@
  * damaged, keys are evicted, a slot is migrated mid-run (MIGRATING/IMPORTING +
  * MIGRATE: ASK then MOVED), a cluster node is killed, the standalone server is
  * killed - never wrong data, clear errors, and the local tier keeps working.
+ * In remote-only mode the write budget holds a spill's reservation until its
+ * upload is counted, and remote chain lookups are stamped by the tier's clock.
  * Every server is in one process group killed at exit (atexit, and
  * PR_SET_PDEATHSIG should the test itself die). Exit 77 when redis-server or
  * redis-cli is missing or kvtier was built without hiredis.
  */
 #include "tier_testlib.h"
 #include "kvtier_sys.h"
+#include "tier/admission.h"
 
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdarg.h>
@@ -1267,6 +1271,110 @@ static void test_cluster(void) {
   kvt_tier_free(d);
 }
 
+/* The write budget in remote-only mode: the upload is the write, so a
+ * spill's reservation must stay in the bucket until the upload thread has
+ * counted its bytes. spill_done_fn holds the upload thread in A's report
+ * (A counted, a bytes); B, handed over by the writer, waits behind it; C is
+ * judged then. With B's reservation still held the bucket (2a + bound) is
+ * over half full and C is declined; had the writer given B's reservation
+ * back on handing it over, C would see only a and be let in. */
+typedef struct held_upload {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int entered, open;
+} held_upload;
+
+static void hold_first(void *ctx, const char *hash, int rc) {
+  (void)hash;
+  (void)rc;
+  held_upload *h = ctx;
+  pthread_mutex_lock(&h->mu);
+  if (h->entered++ == 0) {
+    pthread_cond_broadcast(&h->cv);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 60; /* a broken test must not hang the suite */
+    while (!h->open)
+      if (pthread_cond_timedwait(&h->cv, &h->mu, &ts) != 0)
+        break;
+  }
+  pthread_mutex_unlock(&h->mu);
+}
+
+/* Polls the stats (up to 10 s) until the remote queue holds want uploads. */
+static int remote_queued(kvt_tier *t, uint64_t want) {
+  for (int i = 0; i < 1000; i++) {
+    if (stats_of(t).remote_queue_depth == want)
+      return 1;
+    msleep(10);
+  }
+  return 0;
+}
+
+static void test_remote_budget(void) {
+  int port;
+  char url[128];
+  int srv = start_standalone("redis-budget", NULL, url, &port);
+  t_entry e[4];
+  for (int i = 0; i < 4; i++)
+    e[i] = t_make(5100 + (uint64_t)i, 32, 2, 32, 32);
+  /* Calibration, without a budget: what one upload adds to spill_bytes, and
+   * the bound a spill of this shape reserves. */
+  kvt_options oc = ropts("rt-bud-cal", url, "bcal:", KVT_REMOTE_ONLY);
+  oc.admission_policy = KVT_ADMIT_WRITE_ALL;
+  kvt_tier *cal = t_open(&oc);
+  REQUIRE(kvt_tier_start_writer(cal) == 0);
+  CHECK(t_spill(cal, &e[3]) == 0);
+  CHECK(kvt_tier_flush(cal, 30000) == 0);
+  uint64_t a = stats_of(cal).spill_bytes;
+  uint64_t bound = kvti_admit_spill_bound(cal, e[3].tokens, e[3].n_tokens,
+                                          e[3].layers, e[3].n_layers);
+  kvt_tier_free(cal);
+  REQUIRE(a > 0 && bound > 0);
+
+  held_upload h = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+  const uint64_t cap = 2 * a + bound; /* half: a + bound / 2 */
+  kvt_options o = ropts("rt-bud", url, "bud:", KVT_REMOTE_ONLY);
+  o.admission_policy = KVT_ADMIT_WRITE_ALL;
+  o.write_budget_bytes_per_day = 24 * cap;
+  o.clock_fn = t_clock; /* time stands still: nothing drains */
+  t_clock_now = 7000.0;
+  o.spill_done_fn = hold_first;
+  o.spill_done_ctx = &h;
+  kvt_tier *t = t_open(&o);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  CHECK(t_spill(t, &e[0]) == 0); /* A */
+  pthread_mutex_lock(&h.mu);
+  while (!h.entered)
+    pthread_cond_wait(&h.cv, &h.mu);
+  pthread_mutex_unlock(&h.mu);
+  CHECK(t_spill(t, &e[1]) == 0); /* B: fits beside A's bytes */
+  CHECK(remote_queued(t, 1));    /* B handed over, waiting behind A */
+  kvt_stats s = stats_of(t);
+  CHECK_EQ_INT(s.admission_admitted, 2);
+  CHECK(s.write_budget_left + bound <= cap - s.spill_bytes);
+  CHECK(t_spill(t, &e[2]) == 0); /* C */
+  s = stats_of(t);
+  CHECK_EQ_INT(s.admission_declined_budget, 1);
+  CHECK_EQ_INT(s.admission_admitted, 2);
+  pthread_mutex_lock(&h.mu);
+  h.open = 1;
+  pthread_cond_broadcast(&h.cv);
+  pthread_mutex_unlock(&h.mu);
+  CHECK(kvt_tier_flush(t, 30000) == 0);
+  s = stats_of(t);
+  CHECK_EQ_INT(s.remote_spill_count, 2);
+  CHECK(s.spill_bytes <= cap);
+  /* Both reservations given back: the budget left is the bucket less the
+   * bytes (the gauge rounds down). */
+  CHECK(s.write_budget_left + 1 >= cap - s.spill_bytes &&
+        s.write_budget_left <= cap - s.spill_bytes);
+  kvt_tier_free(t);
+  for (int i = 0; i < 4; i++)
+    t_free(&e[i]);
+  kill_server(srv);
+}
+
 /* Options: validation without connecting, and an unreachable server does not
  * fail open nor stall promotes. */
 static void test_options(void) {
@@ -1363,6 +1471,7 @@ int main(int argc, char **argv) {
   signal(SIGABRT, on_signal);
   RUN(test_options);
   RUN(test_standalone);
+  RUN(test_remote_budget);
   RUN(test_lookup_mirror);
   RUN(test_retention_ttl);
   RUN(test_prefix_paging);
