@@ -474,8 +474,12 @@ typedef struct kvt_options {
    *  (admission_declined_budget), and over half full only spills that
    *  extend a reused prefix or are of a length that has been reused more
    *  than the mean are. Over any span of s seconds kvtier so writes at most
-   *  budget * (s / 86400 + 1 / 24) bytes, queued spills included; a spill
-   *  larger than the hour is never written under the budget. Up to 10^18. */
+   *  budget * (s / 86400 + 1 / 24) bytes, queued spills included. A spill
+   *  whose reservation is larger than the whole bucket (the hour) is never
+   *  written under the budget, however long it waits: it is counted in
+   *  admission_declined_oversize as well as admission_declined_budget, and
+   *  the first one on a handle is logged at KVT_LOG_WARN (raise the budget
+   *  or spill shorter prompts). Up to 10^18. */
   uint64_t write_budget_bytes_per_day;
   /** Or the budget derived from the SSD's rating: write_budget_tbw terabytes
    *  (10^12 bytes) written over write_budget_years years (365.25 days):
@@ -1103,7 +1107,8 @@ KVT_API int kvt_tier_verify(kvt_tier *t, const char *token_hash, int repair);
 /** kvt_stats versions: 1 (up to remote_available), 2 (+ token counters,
  *  latency histograms, the host RAM tier's host_cache_* and promotes_from_*
  *  fields), 3 (+ refused spills by reason, spill_refused_*, the chunked
- *  store's damage counters, and admission and the write budget). */
+ *  store's damage counters, admission and the write budget, then
+ *  layout_misses and admission_declined_oversize, appended). */
 #define KVT_STATS_VERSION 3
 
 /** Counters and gauges of a tier (output of kvt_tier_stats). The caller sets
@@ -1250,6 +1255,11 @@ typedef struct kvt_stats {
    * entry, freed). A handle that has not spilled yet, or spilled more than 8
    * layouts (not one model's), checks nothing. */
   uint64_t layout_misses;
+  /* Of admission_declined_budget: spills whose reservation alone (the most
+   * they can write) is more than the write budget's whole bucket, an hour
+   * of the budget. Unlike the others they would be declined by an empty
+   * bucket too: under this budget they are never written. */
+  uint64_t admission_declined_oversize;
 } kvt_stats;
 
 /** A kvt_stats ready for kvt_tier_stats (C99 designated initialiser). */

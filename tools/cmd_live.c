@@ -177,6 +177,11 @@ void cli_live_print(const cli_live *l, FILE *f) {
           (unsigned long long)s->admission_declined_unseen,
           (unsigned long long)s->admission_declined_budget,
           (unsigned long long)s->admission_tokens_declined);
+  if (s->admission_declined_oversize)
+    fprintf(f,
+            "  admission %llu of the budget's declines larger than its whole "
+            "bucket: never written under this budget\n",
+            (unsigned long long)s->admission_declined_oversize);
 }
 
 void cli_live_prom(const cli_live *l, FILE *f) {

@@ -337,7 +337,10 @@ int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
     values_locked(a, v);
     int worth = v[cls] > v[KVTI_LEN_UNKNOWN] + WORTH_EPS;
     if (over || (level >= a->bucket.cap / 2 && rank < RANK_REUSED && !worth)) {
-      *verdict = KVTI_ADMIT_BUDGET;
+      /* Told apart: waiting cannot help a spill that would not fit an empty
+       * bucket. */
+      *verdict = (double)bound > a->bucket.cap ? KVTI_ADMIT_OVERSIZE
+                                               : KVTI_ADMIT_BUDGET;
       *keep = 0;
       pthread_mutex_unlock(&a->mu);
       kvti_free(fp);

@@ -20,6 +20,7 @@
 #include "kvtier.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -108,7 +109,10 @@ enum {
   KVTI_ADMIT_WHOLE = 0,     /* write it all */
   KVTI_ADMIT_TRUNCATED = 1, /* write tokens[0, keep) */
   KVTI_ADMIT_UNSEEN = 2,    /* write nothing: the policy */
-  KVTI_ADMIT_BUDGET = 3     /* write nothing: the budget */
+  KVTI_ADMIT_BUDGET = 3,    /* write nothing: the budget */
+  KVTI_ADMIT_OVERSIZE = 4   /* write nothing: its bound alone is more than
+                               the bucket holds, so the budget never lets it
+                               in (a decline of the budget too) */
 };
 
 typedef struct kvti_admit {
@@ -123,6 +127,8 @@ typedef struct kvti_admit {
    * admission until kvti_admit_settle, after its bytes are counted, so the
    * spills queued together can never carry the bucket over. */
   uint64_t reserved;
+  /* 1 once a spill larger than the bucket has been logged (spill.c). */
+  atomic_int oversize_logged;
   /* What the record has learnt, per length class: spills that brought new
    * segments (starts) and later spills that went on from a segment one of
    * those brought (rereads, credited to the class that brought it). */

@@ -74,6 +74,21 @@ static int layers_cuttable(const kvt_layer *layers, uint32_t n) {
   return 1;
 }
 
+/* A spill the write budget can never let in: counted apart, and logged the
+ * first time on this handle (the budget or the spills need changing; a log
+ * line per spill would flood). */
+static void oversize_declined(kvt_tier *t, size_t n_tokens, uint64_t bound) {
+  KVTI_STAT_ADD(&t->stats, admission_declined_oversize, 1);
+  if (atomic_exchange(&t->admit->oversize_logged, 1))
+    return;
+  kvti_log(t, KVT_LOG_WARN,
+           "kvtier: a spill of %zu tokens can write up to %llu bytes, more "
+           "than the write budget's bucket holds (%.0f bytes, an hour of the "
+           "budget): such spills are never written under this budget "
+           "(counted in admission_declined_oversize)",
+           n_tokens, (unsigned long long)bound, t->admit->bucket.cap);
+}
+
 static int spill_admitted(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
                           const kvt_layer *layers, uint32_t n_layers,
                           uint64_t memory_bytes, int copy,
@@ -142,10 +157,12 @@ static int spill_admitted(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
     return rc;
   }
   default:
-    if (verdict == KVTI_ADMIT_BUDGET)
+    if (verdict == KVTI_ADMIT_BUDGET || verdict == KVTI_ADMIT_OVERSIZE)
       KVTI_STAT_ADD(&t->stats, admission_declined_budget, 1);
     else
       KVTI_STAT_ADD(&t->stats, admission_declined_unseen, 1);
+    if (verdict == KVTI_ADMIT_OVERSIZE)
+      oversize_declined(t, n_tokens, bound);
     KVTI_STAT_ADD(&t->stats, admission_tokens_declined, n_tokens);
     kvti_admit_release(t, reserved); /* none: nothing is written */
     if (!copy && release)

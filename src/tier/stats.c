@@ -319,6 +319,10 @@ static const metric metrics[] = {
     CNT(layout_misses,
         "Promotes and reads of an entry of another layout than this tier's "
         "spills (another model's): a miss."),
+    CNT(admission_declined_oversize,
+        "Spills not written because they are larger than the write budget's "
+        "whole bucket (never written under this budget; also counted in "
+        "admission_declined_budget)."),
 };
 #define NMETRICS (sizeof metrics / sizeof metrics[0])
 

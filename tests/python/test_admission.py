@@ -5,7 +5,8 @@ first sightings once it is full, and get_stats() shows the decision and the
 bytes written today and in all; "second_sighting" declines a prompt until it
 comes back, and cuts a spill to the prefix seen before; a daily budget driven
 by an injected clock stops writes when its bucket is full and lets them in
-again a trace-day later; bad policy and budget values are refused with
+again a trace-day later, and a spill larger than the whole bucket is counted
+apart (admission_declined_oversize); bad policy and budget values are refused with
 ValueError naming the field."""
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ def test_budget_follows_the_injected_clock(cache_dir):
         s = t.get_stats()
         assert s["admission_declined_budget"] > 0
         assert s["admission_admitted"] + s["admission_declined_budget"] == 12
+        assert s["admission_declined_oversize"] == 0  # full for now, not too big
         assert s["write_budget_bytes_per_day"] == per_day
         assert s["spill_bytes"] <= 200_000 + s["spill_bytes"] // max(1, s["spill_count"])
         written = s["spill_bytes"]
@@ -131,6 +133,21 @@ def test_budget_follows_the_injected_clock(cache_dir):
         assert s["spill_bytes"] > written
         assert s["bytes_written_today"] == s["spill_bytes"] - written
         assert 0 < s["write_budget_left"] < 200_000
+    finally:
+        t.close()
+
+
+def test_spill_larger_than_the_bucket_is_counted(cache_dir):
+    # A 20 kB bucket and 64 kB spills: none can ever be written under it.
+    t = _tier(cache_dir, write_budget_bytes_per_day=24 * 20_000,
+              clock=lambda: 5000.0)
+    try:
+        _spill(t, TOK)
+        _spill(t, tuple(range(7000, 7512)))
+        s = t.get_stats()
+        assert s["spill_bytes"] == 0
+        assert s["admission_declined_budget"] == 2
+        assert s["admission_declined_oversize"] == 2
     finally:
         t.close()
 

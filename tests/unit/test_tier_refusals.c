@@ -101,8 +101,10 @@ static void test_reasons_and_live_file(void) {
   double life;
   memcpy(&life, head + 64 + offsetof(kvt_stats, ssd_lifetime_years), 8);
   CHECK(life == s.ssd_lifetime_years);
-  memcpy(&w, head + 64 + 8 * (nwords - 1), 8); /* the struct's last word */
+  memcpy(&w, head + 64 + offsetof(kvt_stats, layout_misses), 8);
   CHECK_EQ_INT(w, s.layout_misses);
+  memcpy(&w, head + 64 + 8 * (nwords - 1), 8); /* the struct's last word */
+  CHECK_EQ_INT(w, s.admission_declined_oversize);
 
   /* Renderings. */
   char buf[1 << 16];

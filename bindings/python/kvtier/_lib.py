@@ -111,11 +111,13 @@ SPILL_DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.
 CLOCK_FN = ctypes.CFUNCTYPE(ctypes.c_double, ctypes.c_void_p)
 # kvt_admission_policy, by the names the bindings take.
 ADMISSION_POLICIES = {"write_all": 0, "second_sighting": 1, "adaptive": 2}
-# The admission and write-budget fields of kvt_stats (version 3), in order.
+# The admission and write-budget fields of kvt_stats (version 3), in the
+# struct's order (admission_declined_oversize was appended after the others).
 ADMISSION_STAT_FIELDS = ("admission_admitted", "admission_truncated",
                          "admission_declined_unseen", "admission_declined_budget",
                          "admission_tokens_declined", "bytes_written_today",
-                         "write_budget_bytes_per_day", "write_budget_left")
+                         "write_budget_bytes_per_day", "write_budget_left",
+                         "admission_declined_oversize")
 RESERVE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)
 RELEASE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64)
 RELEASE_CTX_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -383,6 +385,8 @@ class Stats(ctypes.Structure):
         ("ssd_lifetime_years", ctypes.c_double),
         # version 3: entries of another layout than the tier's spills
         ("layout_misses", ctypes.c_uint64),
+        # version 3: spills larger than the write budget's whole bucket
+        ("admission_declined_oversize", ctypes.c_uint64),
     ]
 
     def __init__(self, *args: Any, **kw: Any) -> None:
