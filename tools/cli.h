@@ -229,7 +229,10 @@ const char *cli_kind_name(int kind); /* "kv", "rotating", "arrays", "quant" */
 /* ---- misc ------------------------------------------------------------- */
 
 int cli_isatty_err(void);
-/* rm -rf without following symlinks. Returns 0 or -1. */
+/* rm -rf without following symlinks, for a scratch directory the command
+ * made itself (bench's fresh run directory): it removes whatever is there and
+ * spells no name of the cache layout, so it is no way into a user's cache
+ * (those are read through kvtier_sys.h's listing API). Returns 0 or -1. */
 int cli_rmtree(const char *path);
 int cli_is_hex64(const char *s);
 /* qsort/bsearch that accept an empty (NULL) array. */

@@ -54,6 +54,8 @@ static void rstore_close(rstore *r) {
   cli_entries_free(&r->es);
   kvt_tier_free(r->t);
   r->t = NULL;
+  /* The private directory made by rstore_open, removed whole: no name of
+   * the layout is spelled and no user's cache is walked. */
   if (r->tmp[0])
     nftw(r->tmp, rm_one, 16, FTW_DEPTH | FTW_PHYS);
   r->tmp[0] = '\0';
