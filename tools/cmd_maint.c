@@ -45,7 +45,8 @@ static const char *VERIFY_HELP =
 
 typedef struct problem {
   char hash[80];
-  const char *kind; /* corrupt, missing, io-error, orphan, stale-tmp, stray */
+  const char *kind; /* corrupt, missing, io-error, orphan, stale-tmp, stray,
+                       unlistable (data/ itself) */
   char detail[512];
   const char *action;
 } problem;
@@ -367,8 +368,21 @@ int cmd_verify(int argc, char **argv) {
   size_t orphans_before = ps.n;
   data_walk dw = {&ps, &es};
   int lrc = c.empty ? 0 : kvt_cache_dir_list(c.dir, 0, data_name, &dw);
-  if (lrc == KVT_ENOTFOUND && c.tier && es.n > 0)
-    add_problem(&ps, "data/", "missing", "data/ directory is missing");
+  int unlisted = lrc != 0 && lrc != KVT_ENOTFOUND;
+  if (lrc == KVT_ENOTFOUND) {
+    if (c.tier && es.n > 0)
+      add_problem(&ps, "data/", "missing", "data/ directory is missing");
+  } else if (lrc != 0) {
+    /* A read-only open does not list data/: a directory it cannot read
+     * (permissions, an I/O error, replaced since) shows up only here, and
+     * the comparison with the index did not run - never a clean verify. */
+    char why[600];
+    snprintf(why, sizeof why, "cannot list data/: %s (%s)", kvt_last_error(),
+             kvt_strerror(lrc));
+    fprintf(stderr, "kvtier verify: %s\n", why);
+    add_problem(&ps, "data/", "unlistable", why);
+    failed_checks++;
+  }
 
   /* chunks/ against the chain table: stale *.tmp files and orphans (a dry
    * run of kvt_tier_chunk_gc; with --repair the real one, after reconcile
@@ -460,7 +474,7 @@ int cmd_verify(int argc, char **argv) {
     printf("\n");
     if (ck_checked)
       printf("checked %zu chunks: %zu ok\n", ck_checked, ck_ok);
-    if (real && !repair)
+    if (real && !repair && !unlisted) /* a repair could not list it either */
       printf("run `kvtier verify %s --repair` to quarantine bad entries and "
              "reconcile\n",
              c.dir);

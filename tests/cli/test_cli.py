@@ -445,6 +445,90 @@ def t_corrupt():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def unprivileged():
+    """The argv prefix that runs a command without root's way past file
+    modes: [] when not root, setpriv to uid/gid 65534 when root, None when
+    neither can be had."""
+    if os.geteuid() != 0:
+        return []
+    sp = shutil.which("setpriv")
+    if not sp:
+        return None
+    return [sp, "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def t_unlistable():
+    """data/ that cannot be listed: never a clean verify. A read-only open
+    does not list data/, so verify's comparison of data/ with the index is
+    where it shows; a writable open (verify --repair, gc) refuses it."""
+    d = tmpdir("unlistable")
+    try:
+        make_good(d, small=True)
+        data = os.path.join(d, "data")
+        # data/ replaced by a file, or by a link: every open refuses it.
+        os.rename(data, data + ".real")
+        with open(data, "w") as f:
+            f.write("x")
+        for args in (("verify", d), ("verify", d, "--repair"),
+                     ("gc", d, "--max-entries", "1")):
+            rc, out, err = run(*args)
+            check(rc == 3 and "data" in err and "not a directory" in err,
+                  f"{args}: data/ a file: exit {rc}: {err.strip()[:300]}")
+        os.unlink(data)
+        os.symlink(data + ".real", data)
+        rc, _, err = run("verify", d)
+        check(rc == 3 and "symlink" in err,
+              f"verify: data/ a link: exit {rc}: {err.strip()[:300]}")
+        os.unlink(data)
+        os.rename(data + ".real", data)
+        rc, _, _ = run("verify", d)
+        check(rc == 0, "verify clean again")
+        # data/ that this user cannot read (write and search only).
+        pre = unprivileged()
+        if pre is None:
+            print("SKIP(setpriv): cannot drop root to test an unreadable "
+                  "data/")
+            return
+        if pre:
+            for root, dirs, files in os.walk(d):
+                for n in [root] + [os.path.join(root, x) for x in dirs + files]:
+                    os.lchown(n, 65534, 65534)
+        os.chmod(data, 0o311)
+        p = subprocess.run(pre + [KVTIER, "verify", d], capture_output=True,
+                           text=True, timeout=300)
+        check(p.returncode == 4 and "cannot list data/" in p.stderr and
+              "Permission denied" in p.stderr,
+              f"verify: unreadable data/: exit {p.returncode}: "
+              f"{p.stdout.strip()[-300:]} {p.stderr.strip()[:300]}")
+        check("unlistable" in p.stdout and "--repair" not in p.stdout,
+              f"verify names it, without offering a repair: {p.stdout}")
+        p = subprocess.run(pre + [KVTIER, "verify", d, "--json"],
+                           capture_output=True, text=True, timeout=300)
+        try:
+            j = json.loads(p.stdout)
+        except ValueError:
+            j = {}
+        probs = {x["entry"]: x for x in j.get("problems", [])}
+        check(p.returncode == 4 and j.get("exit_code") == 4 and
+              j.get("clean") is False and
+              probs.get("data/", {}).get("problem") == "unlistable" and
+              "Permission denied" in probs["data/"].get("detail", ""),
+              f"verify --json: unreadable data/: exit {p.returncode}: {j}")
+        # Writable opens list data/ themselves and refuse it.
+        for args in (("verify", d, "--repair"), ("gc", d, "--max-entries", "1")):
+            p = subprocess.run(pre + [KVTIER, *args], capture_output=True,
+                               text=True, timeout=300)
+            check(p.returncode == 3 and "Permission denied" in p.stderr,
+                  f"{args}: unreadable data/: exit {p.returncode}: "
+                  f"{p.stderr.strip()[:300]}")
+    finally:
+        try:
+            os.chmod(os.path.join(d, "data"), 0o700)
+        except OSError:
+            pass
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def t_gc():
     d = tmpdir("gc")
     try:
@@ -1173,7 +1257,8 @@ GROUPS = {"help": t_help, "errors": t_errors, "empty": t_empty,
           "good": t_good, "corrupt": t_corrupt, "gc": t_gc,
           "chunks": t_chunks,
           "reference": t_reference, "bench": t_bench, "live": t_live,
-          "reindex": t_reindex, "verify_live": t_verify_live}
+          "reindex": t_reindex, "verify_live": t_verify_live,
+          "unlistable": t_unlistable}
 
 
 def main():
