@@ -90,7 +90,7 @@ typedef enum kvt_error {
   KVT_ECLOSED = -7,   /* the tier is closed                               */
   KVT_ETIMEDOUT = -8, /* a wait ran out; the operation may be retried     */
   KVT_ECANCELED = -9, /* the operation was cancelled                      */
-  KVT_EBUDGET = -10,  /* the caller's reserve callback refused the bytes  */
+  KVT_EBUDGET = -10,  /* a reserve callback or the write budget refused */
   KVT_ETOOBIG = -11,  /* entry larger than the configured capacity/queue  */
   KVT_EPERM = -12,    /* unsafe ownership/permissions or symlink          */
   KVT_EBUSY = -13,    /* resource in use (e.g. another writer process)    */
@@ -267,7 +267,8 @@ typedef enum kvt_io_backend {
 
 /** Called by the writer thread after each spill finished (status 0: the entry
  *  is published, durably when durability is FSYNC; negative: it was not
- *  written and no trace of it remains). token_hash is valid during the call.
+ *  written and no trace of it remains; KVT_EBUDGET: the write budget had no
+ *  room for it when the writer took it, see write_budget_bytes_per_day). token_hash is valid during the call.
  *  In KVT_REMOTE_ONLY mode it reports the upload instead, from the remote
  *  upload thread (KVT_EFULL when the upload queue was full).
  *  Must not block for long and must not close the tier. */
@@ -467,9 +468,13 @@ typedef struct kvt_options {
    *  count of the bytes it writes (spill_bytes: entry and chunk files; not
    *  the index's pages) as a leaky bucket that drains at the budget's rate
    *  and holds one hour of it. A spill let in reserves the most it can
-   *  write (its entry files and, chunked, every chunk file as if none were
-   *  stored) until it is written, refused or dropped, then is charged what
-   *  it wrote; a spill whose reservation does not fit beside what is in the
+   *  write (its entry files and, chunked, the chunk files not yet stored)
+   *  until it is written, refused or dropped, then is charged what it
+   *  wrote; the writer checks that bound again before the write (a chunk
+   *  counted as stored may have been evicted since) and, when the bucket
+   *  has no room for what it grew by, does not write the spill
+   *  (admission_declined_budget, spill_done_fn with KVT_EBUDGET). A spill
+   *  whose reservation does not fit beside what is in the
    *  bucket and what the queued spills reserved is not written
    *  (admission_declined_budget), and over half full only spills that
    *  extend a reused prefix or are of a length that has been reused more
