@@ -474,6 +474,8 @@ typedef struct kvt_options {
    *  counted as stored may have been evicted since) and, when the bucket
    *  has no room for what it grew by, does not write the spill
    *  (admission_declined_budget, spill_done_fn with KVT_EBUDGET). A spill
+   *  of KV layers that fits only in part is cut to its longest
+   *  chunk-aligned prefix that fits (admission_truncated). A spill
    *  whose reservation does not fit beside what is in the
    *  bucket and what the queued spills reserved is not written
    *  (admission_declined_budget), and over half full only spills that

@@ -563,10 +563,11 @@ static int bound_parts_of(bound_parts *b, kvt_tier *t, const int32_t *tokens,
   }
   b->n = n;
   b->row = row_bytes(layers, n_layers);
-  /* A cut entry's files hold fewer rows under the same headers; each
-   * tensor's data may start and end on another alignment boundary. */
-  for (uint32_t i = 0; i < n_layers; i++)
-    b->pad += 2 * 4096 * (uint64_t)(layers[i].num_tensors + 1);
+  /* A cut entry's files (one a layer) hold fewer rows under headers no
+   * larger; slack for a header rounded to another boundary. The writer's
+   * recheck takes the cut's exact bound, so this only makes a cut likelier
+   * to hold. */
+  b->pad = 4096 * ((uint64_t)n_layers + 1);
   if (t->chunked && t->opts.chunk_tokens) {
     /* The namespace: model id and a salt's hex. */
     b->C = t->opts.chunk_tokens;

@@ -147,13 +147,13 @@ int kvti_admit_sampled(uint64_t fp);
 /* The decision for a spill of tokens[0, n) (cuttable: every layer can be cut
  * on the token axis; pressure: the store has evicted for capacity) at clock
  * now with the written counter at total: one of
- * KVTI_ADMIT_* and, for WHOLE/TRUNCATED, *keep tokens to write. Records the
- * spill's segments as seen. bound: the most bytes the spill can write (0:
- * unknown, the bucket's top decides); under a budget a spill let in with a
- * bound reserves it (*reserved, else 0), which the caller must give back
- * with kvti_admit_settle whatever becomes of the spill. 0 or KVT_ENOMEM
- * (then *verdict WHOLE and nothing reserved: a spill is never lost to the
- * record's own failure). */
+ * KVTI_ADMIT_* and, for WHOLE/TRUNCATED/NOROOM, *keep tokens to write (NOROOM:
+ * at most; nothing reserved). Records the spill's segments as seen. bound: the
+ * most bytes the spill can write (0: unknown, the bucket's top decides); under
+ * a budget a spill let in with a bound reserves it (*reserved, else 0), which
+ * the caller must give back with kvti_admit_settle whatever becomes of the
+ * spill. 0 or KVT_ENOMEM (then *verdict WHOLE and nothing reserved: a spill is
+ * never lost to the record's own failure). */
 int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
                       const int32_t *tokens, size_t n, uint64_t seed,
                       int cuttable, int pressure, double now, uint64_t total,

@@ -11,7 +11,8 @@
  * refused, so the budget left is the bucket less what was written; a queued
  * spill whose stored chunks went before the writer took it is weighed again:
  * not written when the bucket has no room for the difference, written within
- * the bucket when it has.
+ * the bucket when it has; a spill with room for part of it is cut to the
+ * longest chunk-aligned prefix that fits.
  */
 #include "tier_testlib.h"
 #include "testutil.h"
@@ -306,10 +307,50 @@ static void test_recheck(void) {
   check_recheck(1);
 }
 
+/* The bucket has room for part of a spill: its longest chunk-aligned prefix
+ * that fits is written (admission_truncated), within the bucket, and reads
+ * back exact. */
+static void test_cut_to_fit(void) {
+  int32_t p[256];
+  seq(p, 256, 400000);
+  kvt_options fresh = t_opts("fit-fresh");
+  fresh.chunk_tokens = 16;
+  kvt_tier *t = t_open(&fresh);
+  uint64_t part = bound_of(t, p, 160, 160, 2);
+  uint64_t whole = bound_of(t, p, 256, 256, 2);
+  kvt_tier_free(t);
+  kvt_test_rmtree(fresh.cache_dir);
+  const uint64_t cap = part + 4096;
+  CHECK(cap < whole);
+  kvt_options o = budget_opts("fit", cap);
+  t_clock_now = 12000.0;
+  t = t_open(&o);
+  REQUIRE(kvt_tier_start_writer(t) == 0);
+  CHECK_EQ_INT(t_kv_spill(t, p, 256, 256, 2, 8192), 0);
+  REQUIRE(kvt_tier_flush(t, -1) == 0);
+  kvt_stats s = t_stats(t);
+  CHECK_EQ_INT(s.admission_truncated, 1);
+  CHECK_EQ_INT(s.admission_declined_budget, 0);
+  CHECK(s.spill_bytes <= cap);
+  kvt_entry_info info;
+  REQUIRE(kvt_tier_lookup_prefix(&info, t, p, 256) == 0);
+  CHECK(info.num_tokens >= 96 && info.num_tokens <= 160);
+  CHECK_EQ_INT(info.num_tokens % 16, 0);
+  CHECK_EQ_INT(s.admission_tokens_declined, 256 - info.num_tokens);
+  kvt_entry *e = NULL;
+  REQUIRE(kvt_tier_promote(&e, t, p, info.num_tokens, NULL) == 0 && e);
+  CHECK(t_kv_matches(e, p, (int)info.num_tokens, (int)info.num_tokens, 2));
+  kvt_entry_free(e);
+  check_given_back(t, cap);
+  kvt_tier_free(t);
+  kvt_test_rmtree(o.cache_dir);
+}
+
 int main(void) {
   RUN(test_bound);
   RUN(test_queued_spills_hold_the_budget);
   RUN(test_refused_spills_give_back);
   RUN(test_recheck);
+  RUN(test_cut_to_fit);
   return kvt_test_done();
 }
