@@ -90,7 +90,7 @@ typedef enum kvt_error {
   KVT_ECLOSED = -7,   /* the tier is closed                               */
   KVT_ETIMEDOUT = -8, /* a wait ran out; the operation may be retried     */
   KVT_ECANCELED = -9, /* the operation was cancelled                      */
-  KVT_EBUDGET = -10,  /* the caller's reserve callback refused the bytes  */
+  KVT_EBUDGET = -10,  /* a reserve callback or the write budget refused */
   KVT_ETOOBIG = -11,  /* entry larger than the configured capacity/queue  */
   KVT_EPERM = -12,    /* unsafe ownership/permissions or symlink          */
   KVT_EBUSY = -13,    /* resource in use (e.g. another writer process)    */
@@ -267,7 +267,8 @@ typedef enum kvt_io_backend {
 
 /** Called by the writer thread after each spill finished (status 0: the entry
  *  is published, durably when durability is FSYNC; negative: it was not
- *  written and no trace of it remains). token_hash is valid during the call.
+ *  written and no trace of it remains; KVT_EBUDGET: the write budget had no
+ *  room for it when the writer took it, see write_budget_bytes_per_day). token_hash is valid during the call.
  *  In KVT_REMOTE_ONLY mode it reports the upload instead, from the remote
  *  upload thread (KVT_EFULL when the upload queue was full).
  *  Must not block for long and must not close the tier. */
@@ -467,16 +468,23 @@ typedef struct kvt_options {
    *  count of the bytes it writes (spill_bytes: entry and chunk files; not
    *  the index's pages) as a leaky bucket that drains at the budget's rate
    *  and holds one hour of it. A spill let in reserves the most it can
-   *  write (its entry files and, chunked, every chunk file as if none were
-   *  stored) until it is written, refused or dropped, then is charged what
-   *  it wrote; a spill whose reservation does not fit beside what is in the
+   *  write (its entry files and, chunked, the chunk files not yet stored)
+   *  until it is written, refused or dropped, then is charged what it
+   *  wrote; the writer checks that bound again before the write (a chunk
+   *  counted as stored may have been evicted since) and, when the bucket
+   *  has no room for what it grew by, does not write the spill
+   *  (admission_declined_budget, spill_done_fn with KVT_EBUDGET). A spill
+   *  of KV layers that fits only in part is cut to its longest
+   *  chunk-aligned prefix that fits (admission_truncated). A spill
+   *  whose reservation does not fit beside what is in the
    *  bucket and what the queued spills reserved is not written
    *  (admission_declined_budget), and over half full only spills that
    *  extend a reused prefix or are of a length that has been reused more
    *  than the mean are. Over any span of s seconds kvtier so writes at most
    *  budget * (s / 86400 + 1 / 24) bytes, queued spills included. A spill
-   *  whose reservation is larger than the whole bucket (the hour) is never
-   *  written under the budget, however long it waits: it is counted in
+   *  whose reservation is larger than the whole bucket (the hour) and that
+   *  cannot be cut (or whose shortest cut is too) is never written under
+   *  the budget, however long it waits: it is counted in
    *  admission_declined_oversize as well as admission_declined_budget, and
    *  the first one on a handle is logged at KVT_LOG_WARN (raise the budget
    *  or spill shorter prompts). Up to 10^18. */
@@ -1256,9 +1264,10 @@ typedef struct kvt_stats {
    * layouts (not one model's), checks nothing. */
   uint64_t layout_misses;
   /* Of admission_declined_budget: spills whose reservation alone (the most
-   * they can write) is more than the write budget's whole bucket, an hour
-   * of the budget. Unlike the others they would be declined by an empty
-   * bucket too: under this budget they are never written. */
+   * they can write; of a spill of KV layers, of its shortest chunk-aligned
+   * cut) is more than the write budget's whole bucket, an hour of the
+   * budget. Unlike the others they would be declined by an empty bucket
+   * too: under this budget they are never written. */
   uint64_t admission_declined_oversize;
 } kvt_stats;
 

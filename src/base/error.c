@@ -39,7 +39,7 @@ const char *kvt_strerror(int err) {
   case KVT_ECANCELED:
     return "cancelled";
   case KVT_EBUDGET:
-    return "memory budget refused";
+    return "budget refused (a reserve callback or the write budget)";
   case KVT_ETOOBIG:
     return "entry too big";
   case KVT_EPERM:

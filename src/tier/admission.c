@@ -16,6 +16,7 @@
 #include "format/chunk.h"
 #include "format/entry.h"
 #include "format/layer.h"
+#include "tier/chunks.h"
 #include "tier/tier.h"
 
 #include <math.h>
@@ -331,14 +332,35 @@ int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
      * top (without one); the soft zone (over half full) keeps reused
      * prefixes and spills of a class that has been worth more than the
      * mean. */
-    int over = bound ? level + (double)bound > a->bucket.cap
-                     : level >= kvti_bucket_top(&a->bucket);
+    int over = bound ? 0 : level >= kvti_bucket_top(&a->bucket);
     double v[KVTI_LEN_CLASSES + 1];
     values_locked(a, v);
     int worth = v[cls] > v[KVTI_LEN_UNKNOWN] + WORTH_EPS;
     if (over || (level >= a->bucket.cap / 2 && rank < RANK_REUSED && !worth)) {
       /* Told apart: waiting cannot help a spill that would not fit an empty
        * bucket. */
+      *verdict = (double)bound > a->bucket.cap && !cuttable
+                     ? KVTI_ADMIT_OVERSIZE
+                     : KVTI_ADMIT_BUDGET;
+      *keep = 0;
+      pthread_mutex_unlock(&a->mu);
+      kvti_free(fp);
+      return 0;
+    }
+    if (want && cuttable && level + (double)bound > a->bucket.cap) {
+      /* Room for a part: the caller cuts the spill to what fits. A prompt's
+       * reused part is its beginning, so its prefix is worth its bytes
+       * where the whole is not; refusing it instead let the short spills
+       * that do fit take the room as it drained, and the long prompts that
+       * carry the shared prefixes were never written. */
+      *verdict = KVTI_ADMIT_NOROOM;
+      *keep = want;
+      pthread_mutex_unlock(&a->mu);
+      kvti_free(fp);
+      return 0;
+    }
+    if (bound && level + (double)bound > a->bucket.cap) {
+      /* Whole or nothing, and no room (never, when it is over the bucket). */
       *verdict = (double)bound > a->bucket.cap ? KVTI_ADMIT_OVERSIZE
                                                : KVTI_ADMIT_BUDGET;
       *keep = 0;
@@ -492,8 +514,45 @@ static uint64_t chunk_head_bound(const kvt_layer *layers, uint32_t n_layers,
   return KVTI_CHUNK_FIXED + ns_len + 4 + 4 * C + layout + 8 + 8 + align;
 }
 
-uint64_t kvti_admit_spill_bound(kvt_tier *t, const int32_t *tokens, size_t n,
-                                const kvt_layer *layers, uint32_t n_layers) {
+/* Bytes a token's rows take in a chunk file's data, summed over the layers
+ * (the data chunk_head_bound counts per token). */
+static uint64_t row_bytes(const kvt_layer *layers, uint32_t n_layers) {
+  uint64_t b = 0;
+  for (uint32_t i = 0; i < n_layers; i++)
+    for (uint32_t j = 0; j < layers[i].num_tensors; j++) {
+      const kvt_tensor *x = &layers[i].tensors[j];
+      if (x->ndim >= 2) {
+        uint64_t outer, row;
+        kvti_chunk_tensor_geom(x, &outer, &row);
+        b += outer * row;
+      }
+    }
+  return b;
+}
+
+int kvti_admit_cuttable(const kvt_layer *layers, uint32_t n_layers) {
+  for (uint32_t i = 0; i < n_layers; i++)
+    if (layers[i].kind != KVT_LAYER_KV &&
+        layers[i].kind != KVT_LAYER_QUANTIZED_KV)
+      return 0;
+  return 1;
+}
+
+/* What the bound of a spill and of its prefixes is made of. */
+typedef struct bound_parts {
+  uint64_t entry;  /* the whole entry's files */
+  uint64_t row;    /* bytes a token's rows take (row_bytes) */
+  uint64_t head;   /* a chunk file's header bound */
+  uint64_t C, ns;  /* chunk_tokens (0: not chunked), the namespace's bytes */
+  uint64_t stored; /* tokens whose chunks are stored */
+  uint64_t pad;    /* slack for a cut entry's alignment */
+  size_t n;
+} bound_parts;
+
+static int bound_parts_of(bound_parts *b, kvt_tier *t, const int32_t *tokens,
+                          size_t n, const kvt_layer *layers, uint32_t n_layers,
+                          const kvti_salt *salt) {
+  memset(b, 0, sizeof *b);
   /* A snapshot that only points at the caller's layers: the entry's exact
    * size without copying or converting anything. */
   kvti_snapshot *s = NULL;
@@ -502,26 +561,147 @@ uint64_t kvti_admit_spill_bound(kvt_tier *t, const int32_t *tokens, size_t n,
     kvt_clear_error();
     return 0;
   }
-  uint64_t entry = kvti_snapshot_disk_bytes(s, t->opts.storage_mode);
+  b->entry = kvti_snapshot_disk_bytes(s, t->opts.storage_mode);
   kvti_snapshot_free(s);
-  if (!entry) {
+  if (!b->entry) {
     kvt_clear_error();
     return 0;
   }
-  uint64_t bound = entry + MANIFEST_SLACK;
+  b->n = n;
+  b->row = row_bytes(layers, n_layers);
+  /* A cut entry's files (one a layer) hold fewer rows under headers no
+   * larger; slack for a header rounded to another boundary. The writer's
+   * recheck takes the cut's exact bound, so this only makes a cut likelier
+   * to hold. */
+  b->pad = 4096 * ((uint64_t)n_layers + 1);
   if (t->chunked && t->opts.chunk_tokens) {
-    /* Chunks and tail split the rows the whole entry holds, so its data
-     * counts once; each chunk adds its own header, and the tail may be a
-     * chain record instead. The namespace: model id and a salt's hex. */
-    uint64_t C = t->opts.chunk_tokens;
-    uint64_t ns = 8 + (t->opts.model_id ? strlen(t->opts.model_id) : 0) + 64;
-    ns = (ns + 3) & ~(uint64_t)3;
-    uint64_t chunks = ((uint64_t)n + C - 1) / C;
-    bound += chunks * chunk_head_bound(layers, n_layers, C, ns) +
-             8 * (entry / KVTI_BLK_DEFAULT + 1) +
-             kvti_chainrec_size((size_t)ns, n);
+    /* The namespace: model id and a salt's hex. */
+    b->C = t->opts.chunk_tokens;
+    b->ns = 8 + (t->opts.model_id ? strlen(t->opts.model_id) : 0) + 64;
+    b->ns = (b->ns + 3) & ~(uint64_t)3;
+    b->head = chunk_head_bound(layers, n_layers, b->C, b->ns);
+    /* Only as true as the store when the bound is taken: the writer checks
+     * it again before the write (kvti_admit_recheck). */
+    b->stored = kvti_admit_cuttable(layers, n_layers)
+                    ? kvti_tier_chunks_stored(t, tokens, n, salt)
+                    : 0;
+  }
+  return 1;
+}
+
+/* The bound of the spill's prefix tokens[0, k) (k == n: the spill). */
+static uint64_t bound_at(const bound_parts *b, size_t k) {
+  uint64_t entry = b->entry;
+  if (k < b->n) {
+    uint64_t cut = b->row * (uint64_t)(b->n - k);
+    entry = entry > cut ? entry - cut + b->pad : entry;
+  }
+  uint64_t bound = entry + MANIFEST_SLACK;
+  if (b->C) {
+    /* Chunks and tail split the rows the entry holds, so its data counts
+     * once; each chunk adds its own header, and the tail may be a chain
+     * record instead. */
+    uint64_t chunks = ((uint64_t)k + b->C - 1) / b->C;
+    bound += chunks * b->head + 8 * (b->entry / KVTI_BLK_DEFAULT + 1) +
+             kvti_chainrec_size((size_t)b->ns, k);
+    /* The chunks already stored are not written again (the store dedups
+     * them by key): their rows and headers come off. The entry's bytes hold
+     * every row in the chunk's own dtype (chunking is native only), so what
+     * is left still covers the new chunks' data and the tail's files. */
+    uint64_t m = b->stored < k ? b->stored : (uint64_t)k / b->C * b->C;
+    uint64_t saved = m * b->row + (m / b->C) * b->head;
+    if (saved < bound)
+      bound -= saved;
   }
   return bound;
+}
+
+uint64_t kvti_admit_spill_bound(kvt_tier *t, const int32_t *tokens, size_t n,
+                                const kvt_layer *layers, uint32_t n_layers,
+                                const kvti_salt *salt) {
+  bound_parts b;
+  return bound_parts_of(&b, t, tokens, n, layers, n_layers, salt)
+             ? bound_at(&b, n)
+             : 0;
+}
+
+/* Takes bytes from the bucket's room if they fit beside its level and the
+ * reservations (the level as of the last update, with the counter's
+ * latest bytes in: no clock read here). 1 when reserved. */
+static int take_room(kvt_tier *t, uint64_t bytes) {
+  kvt_stats cs;
+  kvti_stats_copy(&cs, &t->stats);
+  kvti_admit *a = t->admit;
+  pthread_mutex_lock(&a->mu);
+  kvti_bucket *b = &a->bucket;
+  if (b->started)
+    kvti_bucket_update(b, b->last_t, cs.spill_bytes);
+  int fits = b->level + (double)a->reserved + (double)bytes <= b->cap;
+  if (fits)
+    a->reserved += bytes;
+  pthread_mutex_unlock(&a->mu);
+  return fits;
+}
+
+static double room_now(kvt_tier *t) {
+  kvti_admit *a = t->admit;
+  pthread_mutex_lock(&a->mu);
+  double room = a->bucket.cap - a->bucket.level - (double)a->reserved;
+  pthread_mutex_unlock(&a->mu);
+  return room;
+}
+
+size_t kvti_admit_fit(kvt_tier *t, const int32_t *tokens, size_t n, size_t keep,
+                      const kvt_layer *layers, uint32_t n_layers,
+                      const kvti_salt *salt, uint64_t *reserved, int *never) {
+  *reserved = 0;
+  *never = 0;
+  bound_parts b;
+  if (!t->admit || keep > n ||
+      !bound_parts_of(&b, t, tokens, n, layers, n_layers, salt))
+    return 0;
+  size_t g = b.C ? (size_t)b.C : t->admit->seg;
+  /* The shortest cut that adds to what is stored: over the whole bucket,
+   * no part of this spill is ever written under the budget. */
+  size_t first = ((size_t)b.stored / g + 1) * g;
+  *never = first > keep || (double)bound_at(&b, first) > t->admit->bucket.cap;
+  double room = room_now(t);
+  /* bound_at grows with k: the longest multiple of g that fits. */
+  size_t lo = 0, hi = keep / g;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo + 1) / 2;
+    if ((double)bound_at(&b, mid * g) <= room)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  size_t k = lo * g;
+  if (k == 0 || k <= b.stored) /* nothing this spill would add */
+    return 0;
+  uint64_t need = bound_at(&b, k);
+  if (!take_room(t, need)) /* another spill took the room meanwhile */
+    return 0;
+  *reserved = need;
+  return k;
+}
+
+int kvti_admit_recheck(kvt_tier *t, uint64_t *reserved,
+                       const kvti_snapshot *s) {
+  if (!*reserved || !t->admit)
+    return 1;
+  uint32_t L;
+  size_t n;
+  const kvt_layer *layers = kvti_snapshot_layers(s, &L);
+  const int32_t *tokens = kvti_snapshot_tokens(s, &n);
+  uint64_t now =
+      kvti_admit_spill_bound(t, tokens, n, layers, L, kvti_snapshot_salt(s));
+  if (!now || now <= *reserved)
+    return 1;
+  uint64_t extra = now - *reserved;
+  if (!take_room(t, extra))
+    return 0;
+  *reserved += extra;
+  return 1;
 }
 
 void kvti_admit_release(kvt_tier *t, uint64_t reserved) {

@@ -16,6 +16,7 @@
 #define KVT_ADMISSION_H
 
 #include "base/salt.h"
+#include "format/entry.h"
 #include "index/chain.h"
 #include "kvtier.h"
 
@@ -110,9 +111,12 @@ enum {
   KVTI_ADMIT_TRUNCATED = 1, /* write tokens[0, keep) */
   KVTI_ADMIT_UNSEEN = 2,    /* write nothing: the policy */
   KVTI_ADMIT_BUDGET = 3,    /* write nothing: the budget */
-  KVTI_ADMIT_OVERSIZE = 4   /* write nothing: its bound alone is more than
-                               the bucket holds, so the budget never lets it
-                               in (a decline of the budget too) */
+  KVTI_ADMIT_OVERSIZE = 4,  /* write nothing: its bound alone is more than
+                                the bucket holds, so the budget never lets it
+                                in (a decline of the budget too) */
+  /* the budget has room below the hour, but not for all of it: write the
+   * longest prefix of tokens[0, keep) whose bound fits (kvti_admit_fit) */
+  KVTI_ADMIT_NOROOM = 5
 };
 
 typedef struct kvti_admit {
@@ -149,13 +153,13 @@ int kvti_admit_sampled(uint64_t fp);
 /* The decision for a spill of tokens[0, n) (cuttable: every layer can be cut
  * on the token axis; pressure: the store has evicted for capacity) at clock
  * now with the written counter at total: one of
- * KVTI_ADMIT_* and, for WHOLE/TRUNCATED, *keep tokens to write. Records the
- * spill's segments as seen. bound: the most bytes the spill can write (0:
- * unknown, the bucket's top decides); under a budget a spill let in with a
- * bound reserves it (*reserved, else 0), which the caller must give back
- * with kvti_admit_settle whatever becomes of the spill. 0 or KVT_ENOMEM
- * (then *verdict WHOLE and nothing reserved: a spill is never lost to the
- * record's own failure). */
+ * KVTI_ADMIT_* and, for WHOLE/TRUNCATED/NOROOM, *keep tokens to write (NOROOM:
+ * at most; nothing reserved). Records the spill's segments as seen. bound: the
+ * most bytes the spill can write (0: unknown, the bucket's top decides); under
+ * a budget a spill let in with a bound reserves it (*reserved, else 0), which
+ * the caller must give back with kvti_admit_settle whatever becomes of the
+ * spill. 0 or KVT_ENOMEM (then *verdict WHOLE and nothing reserved: a spill is
+ * never lost to the record's own failure). */
 int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
                       const int32_t *tokens, size_t n, uint64_t seed,
                       int cuttable, int pressure, double now, uint64_t total,
@@ -193,13 +197,34 @@ void kvti_admit_lookup_ask(struct kvt_tier *t, const int32_t *tokens, size_t n,
 /* The tier's clock (clock_fn or the wall clock). */
 double kvti_admit_now(struct kvt_tier *t);
 /* The most bytes of the tier's written counter (spill_bytes) a spill of
- * tokens[0, n) with these layers can add when it is written: its entry
- * files and manifest, and in a chunked tier every chunk file as if none were
- * stored yet plus the chain record. 0 when it cannot be told (the spill is
+ * tokens[0, n) with these layers under salt can add when it is written: its
+ * entry files and manifest, and in a chunked tier the chunk files not stored
+ * now plus the chain record. 0 when it cannot be told (the spill is
  * malformed and will be refused, or memory ran out). */
 uint64_t kvti_admit_spill_bound(struct kvt_tier *t, const int32_t *tokens,
                                 size_t n, const kvt_layer *layers,
-                                uint32_t n_layers);
+                                uint32_t n_layers, const kvti_salt *salt);
+/* 1 when every layer is KV or quantized KV: cut on the token axis by a
+ * truncated spill, and chunked row by row. */
+int kvti_admit_cuttable(const kvt_layer *layers, uint32_t n_layers);
+/* On the writer's thread, before a spill that holds *reserved is written:
+ * its bound taken again from its snapshot s. Chunks counted as stored when it
+ * was let in may have been evicted since (by the spills written before it);
+ * the reservation then grows by the difference if that fits beside the bucket
+ * and the other reservations. Returns 1 (write it; *reserved is what it now
+ * holds) or 0 (it would carry the bucket over: not written; *reserved is
+ * unchanged and still to be given back). */
+int kvti_admit_recheck(struct kvt_tier *t, uint64_t *reserved,
+                       const kvti_snapshot *s);
+/* For KVTI_ADMIT_NOROOM: the longest prefix tokens[0, k), k <= keep and a
+ * multiple of the tier's chunk_tokens (of the admission segment without
+ * chunking), longer than what is stored of it, whose bound fits the
+ * bucket's room now; its bound is reserved (*reserved, to be given back as
+ * any reservation). Returns k, or 0 when none fits (nothing reserved; *never
+ * 1 when not even the shortest such cut fits the whole bucket). */
+size_t kvti_admit_fit(struct kvt_tier *t, const int32_t *tokens, size_t n,
+                      size_t keep, const kvt_layer *layers, uint32_t n_layers,
+                      const kvti_salt *salt, uint64_t *reserved, int *never);
 /* kvti_admit_settle with the tier's written counter; no-op for 0. */
 void kvti_admit_release(struct kvt_tier *t, uint64_t reserved);
 

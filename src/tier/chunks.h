@@ -104,5 +104,10 @@ int kvti_tier_chunks_touch(kvt_tier *t, const int32_t *tokens, size_t n,
 void kvti_tier_chunks_forget(kvt_tier *t, const char *hash);
 /* Bytes of chunk files (0 when off). */
 uint64_t kvti_tier_chunks_bytes(kvt_tier *t);
+/* Tokens of tokens[0, n) whose chunks are stored under salt (the longest
+ * pure chain, a multiple of chunk_tokens): what a spill of them now would not
+ * write again. 0 without chunking or when it cannot be told. No lock needed. */
+uint64_t kvti_tier_chunks_stored(kvt_tier *t, const int32_t *tokens, size_t n,
+                                 const kvti_salt *salt);
 
 #endif

@@ -66,14 +66,6 @@ static int spill_acceptable(kvt_tier *t, const kvt_layer *layers, uint32_t n) {
   return 1;
 }
 
-static int layers_cuttable(const kvt_layer *layers, uint32_t n) {
-  for (uint32_t i = 0; i < n; i++)
-    if (layers[i].kind != KVT_LAYER_KV &&
-        layers[i].kind != KVT_LAYER_QUANTIZED_KV)
-      return 0;
-  return 1;
-}
-
 /* A spill the write budget can never let in: counted apart, and logged the
  * first time on this handle (the budget or the spills need changing; a log
  * line per spill would flood). */
@@ -112,7 +104,7 @@ static int spill_admitted(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
    * the bucket over; 0 when that cannot be told (then the bucket's top). */
   uint64_t bound =
       t->admit->bucket.per_day > 0
-          ? kvti_admit_spill_bound(t, tokens, n_tokens, layers, n_layers)
+          ? kvti_admit_spill_bound(t, tokens, n_tokens, layers, n_layers, &salt)
           : 0;
   uint64_t reserved = 0;
   double now = kvti_admit_now(t);
@@ -120,7 +112,7 @@ static int spill_admitted(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
   kvti_stats_copy(&cs, &t->stats);
   if (kvti_admit_decide(t->admit, &verdict, &keep, tokens, n_tokens,
                         kvti_seen_seed(&salt),
-                        layers_cuttable(layers, n_layers), cs.evictions > 0,
+                        kvti_admit_cuttable(layers, n_layers), cs.evictions > 0,
                         now, cs.spill_bytes, bound, &reserved) != 0)
     kvt_clear_error(); /* verdict WHOLE: the record's failure loses nothing */
   kvt_stats g;
@@ -130,6 +122,16 @@ static int spill_admitted(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
   if (verdict != KVTI_ADMIT_WHOLE && !spill_acceptable(t, layers, n_layers)) {
     kvt_clear_error();
     verdict = KVTI_ADMIT_WHOLE; /* refused below, with its reason */
+  }
+  if (verdict == KVTI_ADMIT_NOROOM) {
+    /* The part of it that fits the budget's room, or nothing. */
+    int never = 0;
+    keep = kvti_admit_fit(t, tokens, n_tokens, keep, layers, n_layers, &salt,
+                          &reserved, &never);
+    verdict = keep == n_tokens ? KVTI_ADMIT_WHOLE
+              : keep           ? KVTI_ADMIT_TRUNCATED
+              : never          ? KVTI_ADMIT_OVERSIZE
+                               : KVTI_ADMIT_BUDGET;
   }
   switch (verdict) {
   case KVTI_ADMIT_WHOLE: {

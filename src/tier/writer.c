@@ -93,6 +93,37 @@ static void spill_release(kvt_tier *t, kvti_snapshot *s, uint64_t reserved) {
     kvti_snapshot_free(s);
 }
 
+/* A spill that is not written: spill_done_fn hears status, its reservation
+ * goes back, it is freed (a no-copy spill's release runs here). */
+static void spill_gone(kvt_tier *t, kvti_spill_item *it, int status) {
+  if (t->opts.spill_done_fn)
+    t->opts.spill_done_fn(t->opts.spill_done_ctx, kvti_snapshot_hash(it->snap),
+                          status);
+  kvti_admit_release(t, it->reserved);
+  kvti_snapshot_free(it->snap);
+  kvti_free(it);
+}
+
+/* A spill let in under the write budget whose bound has grown since (chunks
+ * it counted as stored were evicted by the spills written before it) beyond
+ * the bucket's room is not written: counted as declined for the budget (it
+ * was also counted admitted), reported to spill_done_fn with KVT_EBUDGET, its
+ * reservation given back. Returns 1 when it was so dropped (it is freed). */
+static int budget_refused(kvt_tier *t, kvti_spill_item *it) {
+  if (kvti_admit_recheck(t, &it->reserved, it->snap))
+    return 0;
+  size_t n;
+  (void)kvti_snapshot_tokens(it->snap, &n);
+  KVTI_STAT_ADD(&t->stats, admission_declined_budget, 1);
+  KVTI_STAT_ADD(&t->stats, admission_tokens_declined, n);
+  kvti_log(t, KVT_LOG_INFO,
+           "kvtier: spill %.16s not written: chunks it shared were evicted "
+           "since it was let in, and the write budget has no room for them",
+           kvti_snapshot_hash(it->snap));
+  spill_gone(t, it, KVT_EBUDGET);
+  return 1;
+}
+
 /* The writer thread's work on one spill taken off the queue, and on those
  * waiting behind it that it takes along (group commit). */
 static void run_spill(void *ctx, kvti_workq_item *qi) {
@@ -102,6 +133,8 @@ static void run_spill(void *ctx, kvti_workq_item *qi) {
     kvti_free(it);
     return;
   }
+  if (budget_refused(t, it))
+    return;
   kvti_workq_item *more[KVTI_WRITER_BATCH_MAX - 1];
   size_t nmore = 0;
   int group = batchable(t);
@@ -109,8 +142,11 @@ static void run_spill(void *ctx, kvti_workq_item *qi) {
     take_ctx tc;
     tc.hashes[0] = kvti_snapshot_hash(it->snap);
     tc.n = 1;
-    nmore = kvti_workq_take_more(&t->w, more, KVTI_WRITER_BATCH_MAX - 1,
-                                 take_want, &tc);
+    size_t took = kvti_workq_take_more(&t->w, more, KVTI_WRITER_BATCH_MAX - 1,
+                                       take_want, &tc);
+    for (size_t k = 0; k < took; k++) /* each taken is done when this returns */
+      if (!budget_refused(t, (kvti_spill_item *)more[k]))
+        more[nmore++] = more[k];
   }
   /* A durable spill alone goes the group's way too, as a group of one: its
    * chunks and staged files share one round of file fsyncs and one of
@@ -145,12 +181,7 @@ static void drop_spill(void *ctx, kvti_workq_item *qi) {
     kvti_free(it);
     return;
   }
-  if (t->opts.spill_done_fn)
-    t->opts.spill_done_fn(t->opts.spill_done_ctx, kvti_snapshot_hash(it->snap),
-                          KVT_ECLOSED);
-  kvti_admit_release(t, it->reserved);
-  kvti_snapshot_free(it->snap);
-  kvti_free(it);
+  spill_gone(t, it, KVT_ECLOSED);
 }
 
 int kvti_writer_init(kvt_tier *t) {

@@ -1328,7 +1328,7 @@ static void test_remote_budget(void) {
   CHECK(kvt_tier_flush(cal, 30000) == 0);
   uint64_t a = stats_of(cal).spill_bytes;
   uint64_t bound = kvti_admit_spill_bound(cal, e[3].tokens, e[3].n_tokens,
-                                          e[3].layers, e[3].n_layers);
+                                          e[3].layers, e[3].n_layers, NULL);
   kvt_tier_free(cal);
   REQUIRE(a > 0 && bound > 0);
 
