@@ -464,7 +464,8 @@ def child_main(spec: dict) -> None:
     st["tier_spill_bytes"] = int(ts.get("spill_bytes", 0))
     st["admission"] = {k: ts[k] for k in (
         "admission_admitted", "admission_truncated", "admission_declined_unseen",
-        "admission_declined_budget", "admission_tokens_declined",
+        "admission_declined_budget", "admission_declined_oversize",
+        "admission_tokens_declined",
         "bytes_written_today", "write_budget_left") if k in ts}
     os.sync()
     w1 = proc_io_written()
