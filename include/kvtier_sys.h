@@ -175,8 +175,11 @@ typedef struct kvt_chunk_gc_result {
  *  lists chunks/). dry_run: report only, the same decisions (an orphan
  *  under an orphan that would be adopted counts as adoptable). fn and
  *  progress may be NULL; *res
- *  may be NULL. Returns 0, KVT_EINVAL (read-only tier without dry_run),
- *  KVT_ECLOSED, KVT_EIO, KVT_EDB, KVT_ENOMEM, or fn's nonzero value. A dry run
+ *  may be NULL. A chunks/ that is a link or not a directory is reported as
+ *  a stray and not entered. Returns 0, KVT_EINVAL (read-only tier without
+ *  dry_run), KVT_EPERM (chunks/ cannot be opened, e.g. permission denied:
+ *  nothing was cleaned), KVT_ECLOSED, KVT_EIO, KVT_EDB, KVT_ENOMEM, or fn's
+ *  nonzero value. A dry run
  *  takes no lock and may race a running writer (its report is advisory).
  *  Thread-safe: one subdirectory at a time is locked against spills,
  *  evictions and other gcs. */

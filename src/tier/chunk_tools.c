@@ -626,16 +626,20 @@ int kvt_tier_chunk_gc(kvt_tier *t, int dry_run, kvt_chunk_gc_fn fn,
   g.fn = fn;
   g.ctx = ctx;
   /* A chunks/ that is a link (or no directory) is reported once and never
-   * entered; its 256 subdirectories are not looked for through it. */
+   * entered; its 256 subdirectories are not looked for through it. One that
+   * cannot be opened otherwise (permission, I/O) fails the gc, its message
+   * kept: nothing under it was looked at, so nothing may pass for clean. */
   int top =
       t->chunked
           ? kvti_chunkstore_open_subdir(kvti_chunked_store(t->chunked), 256)
           : KVT_ENOTFOUND;
   if (top >= 0)
     kvti_close(top);
-  else if (top == KVT_EPERM)
+  else if (top == KVT_EPERM && kvt_last_errno() != EACCES)
     gc_report(&g, KVTI_LOCAL_CHUNKS, KVT_CHUNK_GC_STRAY, 0, kvt_last_error());
-  if (top < 0)
+  else if (top != KVT_ENOTFOUND)
+    rc = top;
+  if (top < 0 && rc == 0)
     kvt_clear_error();
   for (unsigned kk = 0; top >= 0 && kk < 256 && rc == 0 && !g.stop; kk++) {
     rc = gc_dir(&g, kk);

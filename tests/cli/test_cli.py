@@ -460,7 +460,8 @@ def unprivileged():
 def t_unlistable():
     """data/ that cannot be listed: never a clean verify. A read-only open
     does not list data/, so verify's comparison of data/ with the index is
-    where it shows; a writable open (verify --repair, gc) refuses it."""
+    where it shows; a writable open (verify --repair, gc) refuses it. A
+    chunks/ that cannot be listed fails gc --chunks and verify."""
     d = tmpdir("unlistable")
     try:
         make_good(d, small=True)
@@ -521,11 +522,32 @@ def t_unlistable():
             check(p.returncode == 3 and "Permission denied" in p.stderr,
                   f"{args}: unreadable data/: exit {p.returncode}: "
                   f"{p.stderr.strip()[:300]}")
+        # chunks/ that cannot be listed: the chunk gc did not run, so neither
+        # gc --chunks nor verify may end as if it had.
+        os.chmod(data, 0o700)
+        chunks = os.path.join(d, "chunks")
+        if not os.path.isdir(chunks):  # entries below a chunk: none yet
+            os.mkdir(chunks)
+            if pre:
+                os.lchown(chunks, 65534, 65534)
+        os.chmod(chunks, 0o311)
+        p = subprocess.run(pre + [KVTIER, "gc", d, "--chunks"],
+                           capture_output=True, text=True, timeout=300)
+        check(p.returncode != 0 and "cleaning chunks/ failed" in p.stderr and
+              "Permission denied" in p.stderr,
+              f"gc --chunks: unreadable chunks/: exit {p.returncode}: "
+              f"{p.stdout.strip()[-300:]} {p.stderr.strip()[:300]}")
+        p = subprocess.run(pre + [KVTIER, "verify", d], capture_output=True,
+                           text=True, timeout=300)
+        check(p.returncode == 4 and "cannot scan chunks/" in p.stderr,
+              f"verify: unreadable chunks/: exit {p.returncode}: "
+              f"{p.stderr.strip()[:300]}")
     finally:
-        try:
-            os.chmod(os.path.join(d, "data"), 0o700)
-        except OSError:
-            pass
+        for sub in ("data", "chunks"):
+            try:
+                os.chmod(os.path.join(d, sub), 0o700)
+            except OSError:
+                pass
         shutil.rmtree(d, ignore_errors=True)
 
 
