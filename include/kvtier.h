@@ -480,7 +480,8 @@ typedef struct kvt_options {
    *  bucket and what the queued spills reserved is not written
    *  (admission_declined_budget), and over half full only spills that
    *  extend a reused prefix or are of a length that has been reused more
-   *  than the mean are. Over any span of s seconds kvtier so writes at most
+   *  than the mean are, and of the others (adaptive) the leading part a
+   *  request asked for again. Over any span of s seconds kvtier so writes at most
    *  budget * (s / 86400 + 1 / 24) bytes, queued spills included. A spill
    *  whose reservation is larger than the whole bucket (the hour) and that
    *  cannot be cut (or whose shortest cut is too) is never written under

@@ -330,13 +330,22 @@ int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
     double level = a->bucket.level + (double)a->reserved;
     /* Nothing that would carry the bucket over (with a bound), or past the
      * top (without one); the soft zone (over half full) keeps reused
-     * prefixes and spills of a class that has been worth more than the
-     * mean. */
+     * prefixes, spills of a class that has been worth more than the mean,
+     * and of the others the leading segments a request came back for. */
     int over = bound ? 0 : level >= kvti_bucket_top(&a->bucket);
     double v[KVTI_LEN_CLASSES + 1];
     values_locked(a, v);
     int worth = v[cls] > v[KVTI_LEN_UNKNOWN] + WORTH_EPS;
-    if (over || (level >= a->bucket.cap / 2 && rank < RANK_REUSED && !worth)) {
+    int soft = level >= a->bucket.cap / 2 && rank < RANK_REUSED && !worth;
+    if (soft && !over && cuttable && came > 0) {
+      /* Its leading segments were asked for by a request after an earlier
+       * spill showed them: a prefix wanted twice, worth its bytes here too;
+       * the rest waits for the same evidence. */
+      if (want > came * (size_t)a->seg)
+        want = came * (size_t)a->seg;
+      soft = 0;
+    }
+    if (over || soft) {
       /* Told apart: waiting cannot help a spill that would not fit an empty
        * bucket. */
       *verdict = (double)bound > a->bucket.cap && !cuttable

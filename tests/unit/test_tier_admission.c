@@ -231,6 +231,21 @@ static void test_decisions(void) {
   CHECK(s.ssd_lifetime_years == 0); /* no rating */
   kvti_admit_destroy(&a);
 
+  /* Adaptive in the soft zone: q declined, then a request asks for its
+   * first 32 tokens, and that part is written (a spill that cannot be cut
+   * still is not). */
+  o = admit_opts(KVT_ADMIT_ADAPTIVE, 86400);
+  REQUIRE(kvti_admit_init(&a, &o) == 0);
+  CHECK_EQ_INT(decide(&a, &keep, p, 64, 1, 0, 100, 0), KVTI_ADMIT_WHOLE);
+  for (uint64_t w = 200; w <= 2600; w += 200)
+    kvti_bucket_update(&a.bucket, 100, w);
+  CHECK_EQ_INT(decide(&a, &keep, q, 64, 1, 0, 100, 2600), KVTI_ADMIT_BUDGET);
+  kvti_admit_note_ask(&a, q, 32, 0);
+  CHECK_EQ_INT(decide(&a, &keep, q, 64, 0, 0, 100, 2600), KVTI_ADMIT_BUDGET);
+  CHECK_EQ_INT(decide(&a, &keep, q, 64, 1, 0, 100, 2600), KVTI_ADMIT_TRUNCATED);
+  CHECK_EQ_INT(keep, 32);
+  kvti_admit_destroy(&a);
+
   /* A rating: 1 TB over 10 years; at 4000 B in 2000 s the SSD lasts
    * 1e12 / (2 B/s * 86400 * 365.25) years. */
   o = admit_opts(KVT_ADMIT_WRITE_ALL, 0);
