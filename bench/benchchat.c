@@ -656,6 +656,8 @@ void bu_chat_print(const bu_chat_result *r, FILE *f) {
     }
     fprintf(f, "  fio jobs: %s\n            %s\n", r->fio_write_job,
             r->fio_read_job);
+    fprintf(f, "  timed: fio %s\n         kvtier %s\n", BU_CHAT_FIO_WRITE_TIMED,
+            BU_CHAT_SPILL_TIMED);
     if (r->burst > 0)
       fprintf(f, "  burst fio: %s\n             %s\n", r->fio_burst_job,
               r->fio_burst_seq_job);

@@ -34,6 +34,19 @@ int bu_kv_make(bu_kv *c, const int32_t *tok, size_t n, uint32_t layers);
 void bu_kv_free(bu_kv *c);
 int bu_kv_same(const kvt_entry *e, const bu_kv *c);
 
+/* What each side of the spill ratio times (printed with it). fio lays its
+ * file out before the job starts (created and preallocated with fallocate,
+ * 0.02 ms for a fresh 32 MiB file on the VM of docs/PERFORMANCE.md) and reports
+ * its runtime in whole milliseconds, rounded up; kvtier's figure is the
+ * writer's time per spill, its file's creation and preallocation included,
+ * with the protocol's flushes and index commits. */
+#define BU_CHAT_FIO_WRITE_TIMED                                                \
+  "write: the job's runtime (whole ms, rounded up), from its start through "   \
+  "its end_fsync; its file created and preallocated before, untimed"
+#define BU_CHAT_SPILL_TIMED                                                    \
+  "spill: the writer taking it to its durable acknowledgement (file "          \
+  "creation, preallocation, data, every flush, both index commits)"
+
 typedef struct bu_chat_opts {
   const char *dir;       /* scratch directory (caches are made inside) */
   uint32_t chunk_tokens; /* 0: KVT_CHUNK_TOKENS_DEFAULT */

@@ -191,6 +191,8 @@ int cli_bench_chat(cli_flag *f, size_t nf, const char *given) {
     cJSON_AddNumberToObject(s, "promote_ratio", r.promote_ratio);
     cJSON_AddStringToObject(s, "fio_write_job", r.fio_write_job);
     cJSON_AddStringToObject(s, "fio_read_job", r.fio_read_job);
+    cJSON_AddStringToObject(s, "fio_write_timed", BU_CHAT_FIO_WRITE_TIMED);
+    cJSON_AddStringToObject(s, "spill_timed", BU_CHAT_SPILL_TIMED);
   } else {
     cJSON_AddNullToObject(s, "spill_ratio");
     cJSON_AddNullToObject(s, "promote_ratio");
