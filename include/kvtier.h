@@ -268,10 +268,11 @@ typedef enum kvt_io_backend {
 /** Called by the writer thread after each spill finished (status 0: the entry
  *  is published, durably when durability is FSYNC; negative: it was not
  *  written and no trace of it remains; KVT_EBUDGET: the write budget had no
- *  room for it when the writer took it, see write_budget_bytes_per_day). token_hash is valid during the call.
- *  In KVT_REMOTE_ONLY mode it reports the upload instead, from the remote
- *  upload thread (KVT_EFULL when the upload queue was full).
- *  Must not block for long and must not close the tier. */
+ *  room for it when the writer took it, see write_budget_bytes_per_day).
+ *  token_hash is valid during the call. In KVT_REMOTE_ONLY mode it reports
+ *  the upload instead, from the remote upload thread (KVT_EFULL when the
+ *  upload queue was full). Must not block for long and must not close the
+ *  tier. */
 typedef void (*kvt_spill_done_fn)(void *ctx, const char *token_hash,
                                   int status);
 
@@ -470,25 +471,25 @@ typedef struct kvt_options {
    *  and holds one hour of it. A spill let in reserves the most it can
    *  write (its entry files and, chunked, the chunk files not yet stored)
    *  until it is written, refused or dropped, then is charged what it
-   *  wrote; the writer checks that bound again before the write (a chunk
-   *  counted as stored may have been evicted since) and, when the bucket
-   *  has no room for what it grew by, does not write the spill
-   *  (admission_declined_budget, spill_done_fn with KVT_EBUDGET). A spill
-   *  of KV layers that fits only in part is cut to its longest
-   *  chunk-aligned prefix that fits (admission_truncated). A spill
-   *  whose reservation does not fit beside what is in the
-   *  bucket and what the queued spills reserved is not written
-   *  (admission_declined_budget), and over half full only spills that
-   *  extend a reused prefix or are of a length that has been reused more
-   *  than the mean are, and of the others (adaptive) the leading part a
-   *  request asked for again. Over any span of s seconds kvtier so writes at most
-   *  budget * (s / 86400 + 1 / 24) bytes, queued spills included. A spill
-   *  whose reservation is larger than the whole bucket (the hour) and that
-   *  cannot be cut (or whose shortest cut is too) is never written under
-   *  the budget, however long it waits: it is counted in
-   *  admission_declined_oversize as well as admission_declined_budget, and
-   *  the first one on a handle is logged at KVT_LOG_WARN (raise the budget
-   *  or spill shorter prompts). Up to 10^18. */
+   *  wrote. A spill whose reservation does not fit beside what is in the
+   *  bucket and what the queued spills reserved is cut, when its layers
+   *  are KV, to its longest chunk-aligned prefix that fits
+   *  (admission_truncated), else not written (admission_declined_budget).
+   *  Over half full only spills that extend a reused prefix or are of a
+   *  length that has been reused more than the mean are written, and of
+   *  the others (adaptive) the leading part a request asked for again. The
+   *  writer checks the bound again before the write (a chunk counted as
+   *  stored may have been evicted since) and, when the bucket has no room
+   *  for what it grew by, does not write the spill
+   *  (admission_declined_budget, spill_done_fn with KVT_EBUDGET). Over any
+   *  span of s seconds kvtier so writes at most budget * (s / 86400 + 1 /
+   *  24) bytes, queued spills included. A spill whose reservation is
+   *  larger than the whole bucket (the hour) and that cannot be cut (or
+   *  whose shortest cut is too) is never written under the budget, however
+   *  long it waits: it is counted in admission_declined_oversize as well as
+   *  admission_declined_budget, and the first one on a handle is logged at
+   *  KVT_LOG_WARN (raise the budget or spill shorter prompts). Up to
+   *  10^18. */
   uint64_t write_budget_bytes_per_day;
   /** Or the budget derived from the SSD's rating: write_budget_tbw terabytes
    *  (10^12 bytes) written over write_budget_years years (365.25 days):
