@@ -315,13 +315,12 @@ static void fio_read_all(bu_chat_result *r, double *bw, const char *base,
     return;
   if (b > *bw)
     *bw = b;
-  size_t at = strlen(r->fio_read_job);
-  if (!strstr(r->fio_read_job, "file_service_type"))
-    snprintf(r->fio_read_job + at, sizeof r->fio_read_job - at,
-             "; the faster of that and 1 x the %d files in one job "
-             "(--filename=<f.0>:...:<f.%d> --bs=4M --size=%llu "
-             "--file_service_type=sequential)",
-             n, n - 1, (unsigned long long)(size * (uint64_t)n));
+  size_t at = strlen(r->fio_read_job); /* fio_run's line of this round */
+  snprintf(r->fio_read_job + at, sizeof r->fio_read_job - at,
+           "; the faster of that and 1 x the %d files in one job "
+           "(--filename=<f.0>:...:<f.%d> --bs=4M --size=%llu "
+           "--file_service_type=sequential)",
+           n, n - 1, (unsigned long long)(size * (uint64_t)n));
 }
 
 /* The disk's own limit for what the spills (or promotes) of one round do:

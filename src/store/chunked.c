@@ -342,7 +342,7 @@ int kvti_chunked_lookup_prefix(kvti_chunked *c, const kvti_salt *salt,
   *m = (uint64_t)k * c->C;
   *mem = kvti_chunk_prefix_bytes(r, k);
   kvti_free(r);
-  return kvti_salt_hex(hash, salt, tokens, (size_t)*m);
+  return hash ? kvti_salt_hex(hash, salt, tokens, (size_t)*m) : 0;
 }
 
 int kvti_chunked_touch(kvti_chunked *c, const kvti_salt *salt,

@@ -123,7 +123,7 @@ void kvti_chunked_forget(kvti_chunked *c, const char *hash);
 
 /* Longest pure chain over tokens: *m tokens (a multiple of C; 0 = none),
  * *mem = the bytes a promote of them allocates, *hash = hex SHA-256 of
- * tokens[0, m). Returns 0 or KVT_EINVAL. */
+ * tokens[0, m) (hash NULL: not computed). Returns 0 or KVT_EINVAL. */
 int kvti_chunked_lookup_prefix(kvti_chunked *c, const kvti_salt *salt,
                                const int32_t *tokens, size_t n, uint64_t *m,
                                uint64_t *mem, char hash[65]);

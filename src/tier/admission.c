@@ -391,16 +391,19 @@ int kvti_admit_decide(kvti_admit *a, int *verdict, size_t *keep,
   return 0;
 }
 
+/* The written counter's bytes into the bucket at its last update's time
+ * (threads that must not call the clock): the next decision sees them even if
+ * its own reading of the counter is older. a->mu held. */
+static void catch_up_locked(kvti_bucket *b, uint64_t total) {
+  if (b->started)
+    kvti_bucket_update(b, b->last_t, total);
+}
+
 void kvti_admit_settle(kvti_admit *a, uint64_t reserved, uint64_t total) {
   if (!reserved)
     return;
   pthread_mutex_lock(&a->mu);
-  kvti_bucket *b = &a->bucket;
-  /* The bytes in first, at the last update's time (this thread need not
-   * call the clock): the next decision sees them even if its own reading of
-   * the counter is older. */
-  if (b->started)
-    kvti_bucket_update(b, b->last_t, total);
+  catch_up_locked(&a->bucket, total);
   a->reserved = a->reserved > reserved ? a->reserved - reserved : 0;
   pthread_mutex_unlock(&a->mu);
 }
@@ -547,20 +550,9 @@ int kvti_admit_cuttable(const kvt_layer *layers, uint32_t n_layers) {
   return 1;
 }
 
-/* What the bound of a spill and of its prefixes is made of. */
-typedef struct bound_parts {
-  uint64_t entry;  /* the whole entry's files */
-  uint64_t row;    /* bytes a token's rows take (row_bytes) */
-  uint64_t head;   /* a chunk file's header bound */
-  uint64_t C, ns;  /* chunk_tokens (0: not chunked), the namespace's bytes */
-  uint64_t stored; /* tokens whose chunks are stored */
-  uint64_t pad;    /* slack for a cut entry's alignment */
-  size_t n;
-} bound_parts;
-
-static int bound_parts_of(bound_parts *b, kvt_tier *t, const int32_t *tokens,
-                          size_t n, const kvt_layer *layers, uint32_t n_layers,
-                          const kvti_salt *salt) {
+int kvti_admit_bound_of(kvti_spill_bound *b, kvt_tier *t, const int32_t *tokens,
+                        size_t n, const kvt_layer *layers, uint32_t n_layers,
+                        const kvti_salt *salt) {
   memset(b, 0, sizeof *b);
   /* A snapshot that only points at the caller's layers: the entry's exact
    * size without copying or converting anything. */
@@ -598,8 +590,7 @@ static int bound_parts_of(bound_parts *b, kvt_tier *t, const int32_t *tokens,
   return 1;
 }
 
-/* The bound of the spill's prefix tokens[0, k) (k == n: the spill). */
-static uint64_t bound_at(const bound_parts *b, size_t k) {
+uint64_t kvti_admit_bound_at(const kvti_spill_bound *b, size_t k) {
   uint64_t entry = b->entry;
   if (k < b->n) {
     uint64_t cut = b->row * (uint64_t)(b->n - k);
@@ -628,9 +619,9 @@ static uint64_t bound_at(const bound_parts *b, size_t k) {
 uint64_t kvti_admit_spill_bound(kvt_tier *t, const int32_t *tokens, size_t n,
                                 const kvt_layer *layers, uint32_t n_layers,
                                 const kvti_salt *salt) {
-  bound_parts b;
-  return bound_parts_of(&b, t, tokens, n, layers, n_layers, salt)
-             ? bound_at(&b, n)
+  kvti_spill_bound b;
+  return kvti_admit_bound_of(&b, t, tokens, n, layers, n_layers, salt)
+             ? kvti_admit_bound_at(&b, n)
              : 0;
 }
 
@@ -642,52 +633,53 @@ static int take_room(kvt_tier *t, uint64_t bytes) {
   kvti_stats_copy(&cs, &t->stats);
   kvti_admit *a = t->admit;
   pthread_mutex_lock(&a->mu);
-  kvti_bucket *b = &a->bucket;
-  if (b->started)
-    kvti_bucket_update(b, b->last_t, cs.spill_bytes);
-  int fits = b->level + (double)a->reserved + (double)bytes <= b->cap;
+  catch_up_locked(&a->bucket, cs.spill_bytes);
+  int fits =
+      a->bucket.level + (double)a->reserved + (double)bytes <= a->bucket.cap;
   if (fits)
     a->reserved += bytes;
   pthread_mutex_unlock(&a->mu);
   return fits;
 }
 
+/* The room take_room would find now. */
 static double room_now(kvt_tier *t) {
+  kvt_stats cs;
+  kvti_stats_copy(&cs, &t->stats);
   kvti_admit *a = t->admit;
   pthread_mutex_lock(&a->mu);
+  catch_up_locked(&a->bucket, cs.spill_bytes);
   double room = a->bucket.cap - a->bucket.level - (double)a->reserved;
   pthread_mutex_unlock(&a->mu);
   return room;
 }
 
-size_t kvti_admit_fit(kvt_tier *t, const int32_t *tokens, size_t n, size_t keep,
-                      const kvt_layer *layers, uint32_t n_layers,
-                      const kvti_salt *salt, uint64_t *reserved, int *never) {
+size_t kvti_admit_fit(kvt_tier *t, const kvti_spill_bound *b, size_t keep,
+                      uint64_t *reserved, int *never) {
   *reserved = 0;
   *never = 0;
-  bound_parts b;
-  if (!t->admit || keep > n ||
-      !bound_parts_of(&b, t, tokens, n, layers, n_layers, salt))
+  if (!t->admit || keep > b->n)
     return 0;
-  size_t g = b.C ? (size_t)b.C : t->admit->seg;
+  size_t g = b->C ? (size_t)b->C : t->admit->seg;
   /* The shortest cut that adds to what is stored: over the whole bucket,
    * no part of this spill is ever written under the budget. */
-  size_t first = ((size_t)b.stored / g + 1) * g;
-  *never = first > keep || (double)bound_at(&b, first) > t->admit->bucket.cap;
+  size_t first = ((size_t)b->stored / g + 1) * g;
+  *never = first <= keep &&
+           (double)kvti_admit_bound_at(b, first) > t->admit->bucket.cap;
   double room = room_now(t);
-  /* bound_at grows with k: the longest multiple of g that fits. */
+  /* The bound grows with k: the longest multiple of g that fits. */
   size_t lo = 0, hi = keep / g;
   while (lo < hi) {
     size_t mid = lo + (hi - lo + 1) / 2;
-    if ((double)bound_at(&b, mid * g) <= room)
+    if ((double)kvti_admit_bound_at(b, mid * g) <= room)
       lo = mid;
     else
       hi = mid - 1;
   }
   size_t k = lo * g;
-  if (k == 0 || k <= b.stored) /* nothing this spill would add */
+  if (k == 0 || k <= b->stored) /* nothing this spill would add */
     return 0;
-  uint64_t need = bound_at(&b, k);
+  uint64_t need = kvti_admit_bound_at(b, k);
   if (!take_room(t, need)) /* another spill took the room meanwhile */
     return 0;
   *reserved = need;

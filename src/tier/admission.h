@@ -204,6 +204,28 @@ double kvti_admit_now(struct kvt_tier *t);
 uint64_t kvti_admit_spill_bound(struct kvt_tier *t, const int32_t *tokens,
                                 size_t n, const kvt_layer *layers,
                                 uint32_t n_layers, const kvti_salt *salt);
+/* What the bound of a spill and of its prefixes is made of, taken once per
+ * spill (kvti_admit_bound_of) and evaluated at any cut (kvti_admit_bound_at).
+ */
+typedef struct kvti_spill_bound {
+  uint64_t entry;  /* the whole entry's files */
+  uint64_t row;    /* bytes a token's rows take in a chunk's data */
+  uint64_t head;   /* a chunk file's header bound */
+  uint64_t C, ns;  /* chunk_tokens (0: not chunked), the namespace's bytes */
+  uint64_t stored; /* tokens whose chunks are stored when it was taken */
+  uint64_t pad;    /* slack for a cut entry's alignment */
+  size_t n;        /* the spill's tokens */
+} kvti_spill_bound;
+/* Fills *b for a spill of tokens[0, n) with these layers under salt (in a
+ * chunked tier one lookup of the stored chain). 1, or 0 when the bound
+ * cannot be told (as kvti_admit_spill_bound's 0). */
+int kvti_admit_bound_of(kvti_spill_bound *b, struct kvt_tier *t,
+                        const int32_t *tokens, size_t n,
+                        const kvt_layer *layers, uint32_t n_layers,
+                        const kvti_salt *salt);
+/* The bound of the spill's prefix tokens[0, k), k <= b->n (k == n: the
+ * whole spill, kvti_admit_spill_bound's figure). */
+uint64_t kvti_admit_bound_at(const kvti_spill_bound *b, size_t k);
 /* 1 when every layer is KV or quantized KV: cut on the token axis by a
  * truncated spill, and chunked row by row. */
 int kvti_admit_cuttable(const kvt_layer *layers, uint32_t n_layers);
@@ -216,15 +238,15 @@ int kvti_admit_cuttable(const kvt_layer *layers, uint32_t n_layers);
  * unchanged and still to be given back). */
 int kvti_admit_recheck(struct kvt_tier *t, uint64_t *reserved,
                        const kvti_snapshot *s);
-/* For KVTI_ADMIT_NOROOM: the longest prefix tokens[0, k), k <= keep and a
- * multiple of the tier's chunk_tokens (of the admission segment without
- * chunking), longer than what is stored of it, whose bound fits the
- * bucket's room now; its bound is reserved (*reserved, to be given back as
- * any reservation). Returns k, or 0 when none fits (nothing reserved; *never
- * 1 when not even the shortest such cut fits the whole bucket). */
-size_t kvti_admit_fit(struct kvt_tier *t, const int32_t *tokens, size_t n,
-                      size_t keep, const kvt_layer *layers, uint32_t n_layers,
-                      const kvti_salt *salt, uint64_t *reserved, int *never);
+/* For KVTI_ADMIT_NOROOM, with the spill's bound b: the longest prefix
+ * tokens[0, k), k <= keep and a multiple of the tier's chunk_tokens (of the
+ * admission segment without chunking), longer than what is stored of it,
+ * whose bound fits the bucket's room now; its bound is reserved (*reserved,
+ * to be given back as any reservation). Returns k, or 0 when none fits
+ * (nothing reserved; *never 1 when the shortest cut that would add anything
+ * is over the whole bucket). */
+size_t kvti_admit_fit(struct kvt_tier *t, const kvti_spill_bound *b,
+                      size_t keep, uint64_t *reserved, int *never);
 /* kvti_admit_settle with the tier's written counter; no-op for 0. */
 void kvti_admit_release(struct kvt_tier *t, uint64_t reserved);
 

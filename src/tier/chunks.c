@@ -181,9 +181,8 @@ int kvti_tier_chunks_prefix(kvt_tier *t, kvt_entry_info *info, int rc,
 uint64_t kvti_tier_chunks_stored(kvt_tier *t, const int32_t *tokens, size_t n,
                                  const kvti_salt *salt) {
   uint64_t m = 0, mem = 0;
-  char h[65];
   if (!t->chunked || kvti_chunked_lookup_prefix(t->chunked, salt, tokens, n, &m,
-                                                &mem, h) != 0) {
+                                                &mem, NULL) != 0) {
     kvt_clear_error(); /* counted as nothing stored: the larger bound */
     return 0;
   }

@@ -102,10 +102,12 @@ static int spill_admitted(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
   /* Under a budget a spill reserves the most it can write (a cut one the
    * whole spill's: it writes less), so spills queued together cannot carry
    * the bucket over; 0 when that cannot be told (then the bucket's top). */
-  uint64_t bound =
-      t->admit->bucket.per_day > 0
-          ? kvti_admit_spill_bound(t, tokens, n_tokens, layers, n_layers, &salt)
-          : 0;
+  kvti_spill_bound parts;
+  uint64_t bound = t->admit->bucket.per_day > 0 &&
+                           kvti_admit_bound_of(&parts, t, tokens, n_tokens,
+                                               layers, n_layers, &salt)
+                       ? kvti_admit_bound_at(&parts, n_tokens)
+                       : 0;
   uint64_t reserved = 0;
   double now = kvti_admit_now(t);
   kvt_stats cs;
@@ -123,11 +125,12 @@ static int spill_admitted(kvt_tier *t, const int32_t *tokens, size_t n_tokens,
     kvt_clear_error();
     verdict = KVTI_ADMIT_WHOLE; /* refused below, with its reason */
   }
+  if (verdict == KVTI_ADMIT_NOROOM && !bound) /* no parts to cut by */
+    verdict = KVTI_ADMIT_BUDGET;
   if (verdict == KVTI_ADMIT_NOROOM) {
     /* The part of it that fits the budget's room, or nothing. */
     int never = 0;
-    keep = kvti_admit_fit(t, tokens, n_tokens, keep, layers, n_layers, &salt,
-                          &reserved, &never);
+    keep = kvti_admit_fit(t, &parts, keep, &reserved, &never);
     verdict = keep == n_tokens ? KVTI_ADMIT_WHOLE
               : keep           ? KVTI_ADMIT_TRUNCATED
               : never          ? KVTI_ADMIT_OVERSIZE
