@@ -8,11 +8,12 @@
  * `--rounds` rounds runs, interleaved (fio first in even rounds, last in odd
  * ones, so a drift of the shared disk weighs on both alike):
  *   - fio: one O_DIRECT read job per entry, of a file of the entry's size,
- *     1 MiB blocks, io_uring (libaio, psync where it is refused), at each
- *     `--depth` (default 8 and 32), with fio's buffers in 4 KiB pages and
- *     in transparent huge pages (glibc's tunable: kvtier's large buffers
- *     are huge pages too, and a virtio disk reads into them about twice as
- *     fast); per entry, the fastest depth and buffer kind's bytes over
+ *     io_uring (libaio, psync where it is refused), at each `--depth`
+ *     (default 8 and 32), three kinds of job: 1 MiB blocks into 4 KiB-page
+ *     buffers, 1 MiB and 4 MiB blocks into transparent huge pages (glibc's
+ *     tunable: kvtier's large buffers are huge pages too, and a virtio disk
+ *     reads into them about twice as fast; 4 MiB at depth 32 is kvtier's
+ *     bytes in flight); per entry, the fastest depth and kind's bytes over
  *     the jobs' summed times;
  *   - kvtier: every file of the cache (chunks/ and data/) fsynced and
  *     evicted from the page cache, the pages still cached counted with
@@ -70,7 +71,7 @@ static void die(const char *what) {
 /* One fio job with the first engine that works here (kept once found);
  * file may list several ("a:b:c"), read one after the other. */
 static int fio_job(double *bw, const char *file, const char *rw, uint64_t size,
-                   int depth, int huge) {
+                   int depth, int huge, size_t bs) {
   static const char *engines[] = {"io_uring", "libaio", "psync"};
   for (int i = 0; i < 3; i++) {
     if (fio_engine[0] && strcmp(fio_engine, engines[i]) != 0)
@@ -78,7 +79,7 @@ static int fio_job(double *bw, const char *file, const char *rw, uint64_t size,
     bu_fio_job j = {file,
                     rw,
                     1,
-                    1u << 20,
+                    bs,
                     size,
                     depth,
                     engines[i],
@@ -95,11 +96,29 @@ static int fio_job(double *bw, const char *file, const char *rw, uint64_t size,
   return -1;
 }
 
+/* The kinds of fio read job each limit is measured with: 1 MiB blocks into
+ * 4 KiB-page buffers (fio as is), 1 MiB blocks into huge-page buffers
+ * (bu_fio_job.huge_buffers: kvtier's large buffers are huge pages), and
+ * 4 MiB blocks into huge-page buffers. kvtier's chunked read hands the
+ * kernel its 1 MiB requests four at a time into huge pages, so the disk
+ * sees 4 MiB requests with up to 128 MiB in flight; fio at 1 MiB and depth
+ * 32 keeps a quarter of that in flight, and on a disk that reads faster the
+ * more it is given, that would be a limit kvtier can pass without the disk
+ * being any faster. The 4 MiB kind at depth 32 is the same bytes in flight
+ * as kvtier. */
+#define NKINDS 3
+static const struct {
+  int huge;
+  size_t bs;
+  const char *name;
+} kinds[NKINDS] = {{0, 1u << 20, "1 MiB blocks, 4 KiB-page buffers"},
+                   {1, 1u << 20, "1 MiB blocks, huge-page buffers"},
+                   {1, 4u << 20, "4 MiB blocks, huge-page buffers"}};
+
 /* fio's limit for one round: per depth, the n files read one job each;
- * bytes over the summed job times; the fastest depth. huge: fio's buffers in
- * huge pages (bu_fio_job.huge_buffers). */
+ * bytes over the summed job times; the fastest depth. kind: kinds[]. */
 static double fio_read_limit(const char *base, int n, uint64_t size,
-                             double *per_depth, int huge) {
+                             double *per_depth, int kind) {
   double best = 0;
   for (int d = 0; d < ndepths; d++) {
     double secs = 0;
@@ -108,7 +127,9 @@ static double fio_read_limit(const char *base, int n, uint64_t size,
       char f[4300];
       snprintf(f, sizeof f, "%s.%d", base, i);
       double b = 0;
-      if (fio_job(&b, f, "read", size, (int)depths[d], huge) != 0 || b <= 0)
+      if (fio_job(&b, f, "read", size, (int)depths[d], kinds[kind].huge,
+                  kinds[kind].bs) != 0 ||
+          b <= 0)
         return -1;
       secs += (double)size / b;
     }
@@ -119,13 +140,12 @@ static double fio_read_limit(const char *base, int n, uint64_t size,
   return best;
 }
 
-/* The round's limit: fio_read_limit with fio's buffers in 4 KiB pages
- * (per[0]) and in huge pages (per[1], as kvtier's own large buffers are),
- * the faster; -1 when fio cannot run. */
+/* The round's limit: fio_read_limit of every kind (per[kind]), the
+ * fastest; -1 when fio cannot run. */
 static double fio_limit(const char *base, int n, uint64_t size,
-                        double per[2][MAXD]) {
+                        double per[NKINDS][MAXD]) {
   double best = 0;
-  for (int h = 0; h < 2; h++) {
+  for (int h = 0; h < NKINDS; h++) {
     double b = fio_read_limit(base, n, size, per[h], h);
     if (b < 0)
       return -1;
@@ -149,11 +169,11 @@ static double fio_one_job(const char *base, int n, uint64_t size) {
     used += (size_t)w;
   }
   double best = 0;
-  for (int h = 0; h < 2; h++)
+  for (int h = 0; h < NKINDS; h++)
     for (int d = 0; d < ndepths; d++) {
       double b = 0;
-      if (fio_job(&b, list, "read", size * (uint64_t)n, (int)depths[d], h) ==
-              0 &&
+      if (fio_job(&b, list, "read", size * (uint64_t)n, (int)depths[d],
+                  kinds[h].huge, kinds[h].bs) == 0 &&
           b > best)
         best = b;
     }
@@ -212,10 +232,12 @@ static double fio_files_limit(const char *cache) {
   if (chunk_list(cache, list, sizeof list, &bytes) != 0)
     return 0;
   double best = 0;
-  for (int h = 0; h < 2; h++)
+  for (int h = 0; h < NKINDS; h++)
     for (int d = 0; d < ndepths; d++) {
       double b = 0;
-      if (fio_job(&b, list, "read", bytes, (int)depths[d], h) == 0 && b > best)
+      if (fio_job(&b, list, "read", bytes, (int)depths[d], kinds[h].huge,
+                  kinds[h].bs) == 0 &&
+          b > best)
         best = b;
     }
   return best;
@@ -289,7 +311,7 @@ static void one_size(const char *dir, size_t T, int n, int rounds) {
       snprintf(f, sizeof f, "%s.%d", fbase, i);
       double b;
       unlink(f);
-      if (fio_job(&b, f, "write", eb, 8, 0) != 0)
+      if (fio_job(&b, f, "write", eb, 8, 0, 1u << 20) != 0)
         have_fio = 0;
     }
     API(kvt_tier_spill(t, w[i].tokens, w[i].n_tokens, w[i].layers,
@@ -309,31 +331,32 @@ static void one_size(const char *dir, size_t T, int n, int rounds) {
          T, eb / 1048576.0, n, rounds);
   if (have_fio) {
     printf("fio per entry and round, each depth:\n  fio --name=kvtbench "
-           "--filename=%s.<i> --rw=read --bs=1048576 --size=%llu "
+           "--filename=%s.<i> --rw=read --bs=<1048576|4194304> --size=%llu "
            "--direct=1 --ioengine=%s --iodepth=<",
            fbase, (unsigned long long)eb, fio_engine);
     for (int d = 0; d < ndepths; d++)
       printf("%s%zu", d ? "|" : "", depths[d]);
     printf("> --end_fsync=0 --invalidate=1 --numjobs=1 "
-           "--output-format=json\n  run twice: as is (fio's buffers in "
-           "4 KiB pages) and with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 in "
-           "its environment (its buffers in transparent huge pages, as "
-           "kvtier's are)\n  fio per entry = the fastest depth and buffer "
-           "kind's %d "
+           "--output-format=json\n  run three ways: 1 MiB blocks as is "
+           "(fio's buffers in 4 KiB pages); 1 MiB and 4 MiB blocks with "
+           "GLIBC_TUNABLES=glibc.malloc.hugetlb=1 in its environment (its "
+           "buffers in transparent huge pages, as kvtier's are; 4 MiB at "
+           "depth 32 keeps kvtier's 128 MiB in flight)\n  fio per entry = "
+           "the fastest depth and kind's %d "
            "x %llu bytes over its jobs' summed times\n"
            "and, after kvtier's promotes, fio over kvtier's own chunk files "
            "(--filename=<file>:<file>:... --file_service_type=sequential, "
-           "same parameters, fastest depth and buffers): the same bytes in the "
+           "same parameters, fastest depth and kind): the same bytes in the "
            "same places on the disk\n"
            "and fio over the %d files in one job, back to back "
-           "(--file_service_type=sequential, fastest depth and buffers), as "
+           "(--file_service_type=sequential, fastest depth and kind), as "
            "kvtier's pass reads its entries without a pause\n"
            "limit = the fastest of the three\n\n",
            n, (unsigned long long)eb, n);
   }
   printf("| round | order | kvtier cold GB/s | ms/entry | CPU ms/entry");
-  for (int h = 0; h < 2; h++) {
-    printf(" | fio GB/s, %s buffers (", h ? "huge-page" : "4 KiB-page");
+  for (int h = 0; h < NKINDS; h++) {
+    printf(" | fio GB/s, %s (", kinds[h].name);
     for (int d = 0; d < ndepths; d++)
       printf("%sdepth %zu", d ? ", " : "", depths[d]);
     printf(")");
@@ -341,11 +364,11 @@ static void one_size(const char *dir, size_t T, int n, int rounds) {
   printf(
       " | fio per entry (faster kind) | fio on kvtier's files GB/s | fio one "
       "job GB/s | limit (the fastest fio) | ratio | resident at read | note "
-      "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   double ratio[MAXR], kv[MAXR], lim[MAXR], own[MAXR], one[MAXR];
   int flagged = 0, exact = 1, k;
   for (k = 0; k < rounds; k++) {
-    double perd[2][MAXD] = {{0}}, perd2[2][MAXD] = {{0}};
+    double perd[NKINDS][MAXD] = {{0}}, perd2[NKINDS][MAXD] = {{0}};
     int fio_first = k % 2 == 0;
     lim[k] = 0;
     if (have_fio && fio_first && (lim[k] = fio_limit(fbase, n, eb, perd)) < 0)
@@ -393,7 +416,7 @@ static void one_size(const char *dir, size_t T, int n, int rounds) {
     printf("| %d | %s | %.2f | %.1f | %.1f | ", k + 1,
            fio_first ? "fio, kvtier" : "kvtier, fio", kv[k] / 1e9,
            busy / n * 1e3, cpu / n * 1e3);
-    for (int h = 0; h < 2; h++) {
+    for (int h = 0; h < NKINDS; h++) {
       for (int d = 0; d < ndepths; d++)
         printf("%s%.2f", d ? ", " : "", perd[h][d] / 1e9);
       printf(" | ");

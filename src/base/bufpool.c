@@ -221,6 +221,13 @@ kvti_bufpool *kvti_bufpool_default(void) {
  * no huge page is faulted in for the class slack beyond n; refused advice
  * (huge pages off, a system without them) leaves the block as it is. */
 #define HUGE_PAGE ((size_t)2 << 20)
+size_t kvti_bufpool_huge_bytes(void) {
+#if !KVT_PORTABLE && defined(MADV_HUGEPAGE)
+  return HUGE_PAGE;
+#else
+  return 0;
+#endif
+}
 static void *new_block(size_t n, size_t cap) {
 #if !KVT_PORTABLE && defined(MADV_HUGEPAGE)
   if (n >= HUGE_PAGE) {

@@ -92,6 +92,11 @@ void *kvti_bufpool_get(kvti_bufpool *p, size_t n, size_t *cap);
 /* Returns a buffer obtained from kvti_bufpool_get(p, n, ...) with the same n
  * (or its cap). Accepts buf == NULL (no-op). */
 void kvti_bufpool_put(kvti_bufpool *p, void *buf, size_t n);
+/* The size from which buffers are huge-page aligned and advised as huge
+ * pages, or 0 where this build advises none (the portable build, systems
+ * without transparent huge pages). Whether the kernel grants the advice is
+ * its own policy. */
+size_t kvti_bufpool_huge_bytes(void);
 /* Frees every idle buffer now. */
 void kvti_bufpool_trim(kvti_bufpool *p);
 void kvti_bufpool_get_stats(kvti_bufpool *p, kvti_bufpool_stats *out);

@@ -8,8 +8,9 @@
  * caller fills the next one. Only a file's final partial block goes through the
  * page cache. Bytes the caller keeps until the group finishes may skip the
  * copy (kvti_fwriter_append_held): aligned runs of them are written from where
- * they lie. Files are preallocated to their expected size so direct writes do
- * not extend them (ext4 serialises extending direct writes).
+ * they lie where the stages are not huge pages (kvti_wgroup_in_place). Files
+ * are preallocated to their expected size so direct writes do not extend them
+ * (ext4 serialises extending direct writes).
  *
  * Files are written in a group (one entry = one group): closing a file does not
  * wait for its writes, so the pipeline stays full across the 32+ layer files of
@@ -69,6 +70,14 @@ int kvti_wgroup_open(kvti_wgroup **out, int backend, kvti_bufpool *pool,
  * slower with 16 on the 2-core VM (docs/PERFORMANCE.md). */
 int kvti_wgroup_open_depth(kvti_wgroup **out, int backend, kvti_bufpool *pool,
                            int do_fsync, unsigned depth);
+/* Whether held appends are written from the caller's memory (1) or copied
+ * into the stages like any append (0). The default is 0 where the pool's
+ * stage buffers are huge pages (kvti_bufpool_huge_bytes: a disk takes writes
+ * from them in fewer, larger requests, which outweighs the copy), 1 where
+ * they are not (no copy for nothing). set_in_place changes it for later
+ * appends (either way the file's bytes are the same); accepts NULL. */
+void kvti_wgroup_set_in_place(kvti_wgroup *g, int in_place);
+int kvti_wgroup_in_place(const kvti_wgroup *g);
 /* Starts a file in the group (o->backend/pool are ignored: the group's). */
 int kvti_wgroup_file(kvti_fwriter **out, kvti_wgroup *g, const char *path,
                      const kvti_fwriter_opts *o);
@@ -109,8 +118,9 @@ int kvti_fwriter_open_at(kvti_fwriter **out, int dirfd, const char *name,
 /* Appends len bytes (copied before return). Returns 0 or the error. */
 int kvti_fwriter_append(kvti_fwriter *w, const void *data, size_t len);
 /* Appends len bytes the caller keeps untouched (and allocated) until the
- * group finishes or aborts: hashed at once, then written with O_DIRECT
- * straight from there - no copy - when they start at a 4096-aligned address
+ * group finishes or aborts: hashed at once, then, in a group that writes in
+ * place (kvti_wgroup_in_place), written with O_DIRECT straight from there -
+ * no copy - when they start at a 4096-aligned address
  * and file offset and appends adjacent in memory add up to a long enough run
  * (else copied as kvti_fwriter_append does). The file's bytes are the same
  * either way. Returns 0 or the error. */
@@ -119,6 +129,9 @@ int kvti_fwriter_append_held(kvti_fwriter *w, const void *data, size_t len);
  * do_fsync). */
 int kvti_fwriter_finish(kvti_fwriter *w, uint64_t *size, uint64_t *xxh3,
                         int do_fsync);
+/* The group w writes in (for a writer from kvti_fwriter_open, its private
+ * one: kvti_wgroup_set_in_place applies to it). */
+kvti_wgroup *kvti_fwriter_group(kvti_fwriter *w);
 /* For a writer from kvti_fwriter_open: abort of its group. Accepts NULL. */
 void kvti_fwriter_abort(kvti_fwriter *w);
 

@@ -416,14 +416,21 @@ static void test_groups(void) {
  * adjacency, the file holds exactly the bytes appended, and the hashes cover
  * them once. On the portable backend the io seam sees where each write's
  * bytes come from: runs of aligned, adjacent memory long enough are written
- * from the caller's memory itself, a misaligned source, a misaligned file
- * offset, short runs or a file without O_DIRECT are copied first. */
+ * from the caller's memory itself in a group that writes in place, a
+ * misaligned source, a misaligned file offset, short runs or a file without
+ * O_DIRECT are copied first. A group on its default, where the stages are
+ * huge pages, copies every run into them: its full stages are written from
+ * huge-page-aligned buffers. */
 static const char *held_lo, *held_hi; /* the caller's memory under test */
 static int held_direct;               /* writes issued from inside it */
+static int held_huge;                 /* writes from huge-page-aligned memory */
 static ssize_t held_pwrite(int fd, const void *b, size_t n, off_t off) {
   const char *p = b;
+  size_t hb = kvti_bufpool_huge_bytes();
   if (held_lo && p >= held_lo && p < held_hi)
     held_direct++;
+  else if (hb && n >= 4096 && (uintptr_t)p % hb == 0)
+    held_huge++; /* the engine may split a stage's write: its first piece */
   return pwrite(fd, b, n, off);
 }
 
@@ -431,8 +438,9 @@ static ssize_t held_pwrite(int fd, const void *b, size_t n, off_t off) {
  * same 16 bytes off alignment, 2 64 KiB pieces from every other place (runs
  * too short), 3 seven bytes by plain append first (misaligned file offset),
  * 4 an aligned run of 3 MiB + 12 KiB + 5 in one call. */
+/* in_place: 1 or 0 set on the writer's group, -1 its default. */
 static void held_one(int backend, int no_direct, int mode, uint64_t head,
-                     int want_direct) {
+                     int want_direct, int in_place) {
   char path[4096];
   snprintf(path, sizeof path, "%s/held_%d_%d_%d.bin", dir, backend, no_direct,
            mode);
@@ -451,9 +459,13 @@ static void held_one(int backend, int no_direct, int mode, uint64_t head,
   o.size_hint = head + ((size_t)4 << 20);
   kvti_fwriter *w = NULL;
   REQUIRE(kvti_fwriter_open(&w, path, &o) == 0);
+  if (in_place >= 0)
+    kvti_wgroup_set_in_place(kvti_fwriter_group(w), in_place);
+  CHECK_EQ_INT(kvti_wgroup_in_place(kvti_fwriter_group(w)),
+               in_place >= 0 ? in_place : kvti_bufpool_huge_bytes() == 0);
   held_lo = src;
   held_hi = src + cap;
-  held_direct = 0;
+  held_direct = held_huge = 0;
   const size_t P = (size_t)64 << 10;
   if (mode == 3) {
     CHECK_EQ_INT(kvti_fwriter_append(w, src + cap - 7, 7), 0);
@@ -497,10 +509,16 @@ static void held_one(int backend, int no_direct, int mode, uint64_t head,
   CHECK(got == head + wn && memcmp(back + head, want, wn) == 0);
   CHECK(!head || memcmp(back, hd, (size_t)head) == 0);
   if (backend == KVT_IO_PORTABLE) {
-    if (want_direct && direct_ok)
+    int in_place_now =
+        in_place >= 0 ? in_place : kvti_bufpool_huge_bytes() == 0;
+    if (want_direct && direct_ok && in_place_now)
       CHECK(held_direct > 0);
-    else /* copied first: no O_DIRECT here, or a run it does not take */
+    else /* copied first: no O_DIRECT here, a run it does not take, or a
+          * group that stages everything */
       CHECK_EQ_INT(held_direct, 0);
+    if (!in_place_now && kvti_bufpool_huge_bytes() && direct_ok && !no_direct &&
+        wn >= ((size_t)2 << 20))
+      CHECK(held_huge > 0);
   }
   kvti_free(back);
   free(hd);
@@ -527,13 +545,18 @@ static void test_held(void) {
       continue;
     }
     int b = backends[bi];
-    held_one(b, 0, 0, 0, 1);
-    held_one(b, 0, 0, 12288, 1); /* after a reserved head */
-    held_one(b, 0, 1, 0, 0);
-    held_one(b, 0, 2, 0, 0);
-    held_one(b, 0, 3, 0, 0);
-    held_one(b, 0, 4, 4096, 1);
-    held_one(b, 1, 0, 0, 0); /* no O_DIRECT: always copied */
+    held_one(b, 0, 0, 0, 1, 1);
+    held_one(b, 0, 0, 12288, 1, 1); /* after a reserved head */
+    held_one(b, 0, 1, 0, 0, 1);
+    held_one(b, 0, 2, 0, 0, 1);
+    held_one(b, 0, 3, 0, 0, 1);
+    held_one(b, 0, 4, 4096, 1, 1);
+    held_one(b, 1, 0, 0, 0, 1); /* no O_DIRECT: always copied */
+    /* The group's default, and staging forced: the same bytes either way. */
+    held_one(b, 0, 0, 0, 1, -1);
+    held_one(b, 0, 4, 4096, 1, -1);
+    held_one(b, 0, 0, 12288, 1, 0);
+    held_one(b, 1, 0, 0, 0, -1);
   }
   kvti_io_set(NULL);
   kvti_iobatch_cache_drain();
