@@ -155,13 +155,26 @@ int bu_fio(double *bw, const bu_fio_job *j) {
   char a_fst[96] = "--numjobs=1"; /* a harmless repeat when unset */
   if (j->file_service)
     snprintf(a_fst, sizeof a_fst, "--file_service_type=%s", j->file_service);
-  char *argv[] = {"fio",         "--name=kvtbench",
-                  a_file,        a_rw,
-                  a_bs,          a_size,
-                  a_direct,      a_engine,
-                  a_depth,       a_fsync,
-                  a_inval,       a_fst,
-                  "--numjobs=1", "--output-format=json",
+  char a_jobs[48] = "--numjobs=1", a_group[32] = "--numjobs=1";
+  if (j->numjobs > 1) {
+    snprintf(a_jobs, sizeof a_jobs, "--numjobs=%d", j->numjobs);
+    snprintf(a_group, sizeof a_group, "--group_reporting");
+  }
+  char *argv[] = {"fio",
+                  "--name=kvtbench",
+                  a_file,
+                  a_rw,
+                  a_bs,
+                  a_size,
+                  a_direct,
+                  a_engine,
+                  a_depth,
+                  a_fsync,
+                  a_inval,
+                  a_fst,
+                  a_jobs,
+                  a_group,
+                  "--output-format=json",
                   NULL};
   int st = 0;
   char *out = run_capture(

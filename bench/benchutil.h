@@ -99,6 +99,9 @@ typedef struct bu_fio_job {
    * instead of one per 4 KiB page, which some disks (virtio here) read
    * twice as fast. No effect where glibc or the kernel lacks it. */
   int huge_buffers;
+  /* > 1: that many jobs over the same file at once (--numjobs, with
+   * --group_reporting: *bw is their sum); 0 or 1: one. */
+  int numjobs;
 } bu_fio_job;
 
 /* Runs fio (spawned with an argument vector, no shell; its stderr discarded);

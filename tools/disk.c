@@ -2,8 +2,13 @@
  * disk.c - measures the sequential limits of the disk under a directory, so
  * that `kvtier bench` can print every figure as a ratio of what the hardware
  * allows: sequential write with O_DIRECT, sequential read with O_DIRECT, and
- * buffered sequential read with the page cache hot, all with 1 MiB blocks
- * (the same jobs as bench/'s programs). It
+ * buffered sequential read with the page cache hot, with 1 MiB blocks (the
+ * same jobs as bench/'s programs). Each read limit is the faster of two
+ * ways, so that it is the disk's or the page cache's and not one job's:
+ * the O_DIRECT read also in 4 MiB blocks (kvtier's cold reads reach the disk
+ * in requests of about that size), the cached read also with two jobs at
+ * once (kvtier's warm reads copy out of the page cache on more than one
+ * thread). It
  * runs fio when installed (bench/'s runner, benchutil.h: --output-format=json
  * parsed with cJSON) and otherwise its own pwrite/pread loop (queue depth 1),
  * and says which one it used. The scratch file is always removed.
@@ -29,15 +34,16 @@
 
 #define BLOCK (1u << 20)
 
-/* One fio job with 1 MiB blocks (bench/'s runner); returns bytes/s or a
- * negative value on failure. */
+/* One fio job of bs-byte blocks, jobs at once over the file (bench/'s
+ * runner); returns bytes/s or a negative value on failure. */
 static double fio_job(const char *path, const char *rw, int direct,
                       const char *engine, int iodepth, uint64_t size,
-                      int invalidate) {
+                      int invalidate, size_t bs, int jobs) {
   bu_fio_job j = {.file = path,
                   .rw = rw,
                   .direct = direct,
-                  .bs = BLOCK,
+                  .bs = bs,
+                  .numjobs = jobs,
                   .size = size,
                   .depth = iodepth,
                   .engine = engine,
@@ -51,6 +57,36 @@ static double fio_job(const char *path, const char *rw, int direct,
                   .quiet = 1}; /* a failure falls back to the own loop */
   double bps = -1;
   return bu_fio(&bps, &j) == 0 ? bps : -1;
+}
+
+/* The O_DIRECT read limit: the faster of 1 MiB and 4 MiB blocks. */
+static double direct_read(const char *path, const char *engine, int depth,
+                          uint64_t size) {
+  double rd = fio_job(path, "read", 1, engine, depth, size, 1, BLOCK, 1);
+  if (rd > 0) {
+    double rd4 = fio_job(path, "read", 1, engine, depth, size, 1, 4 * BLOCK, 1);
+    rd = rd4 > rd ? rd4 : rd;
+  }
+  return rd;
+}
+
+void disk_measure_read_again(disk_result *r, const char *dir) {
+  if (!r->ok || !r->used_fio)
+    return;
+  char path[4200];
+  snprintf(path, sizeof path, "%s/.kvtier-bench-disk.tmp", dir);
+  unlink(path);
+  double rd = -1;
+  if (fio_job(path, "write", 1, r->engine, r->iodepth, r->size, 1, BLOCK, 1) >
+      0)
+    rd = direct_read(path, r->engine, r->iodepth, r->size);
+  unlink(path);
+  if (rd > r->read_direct)
+    r->read_direct = rd;
+  size_t at = strlen(r->note);
+  snprintf(r->note + at, sizeof r->note - at,
+           "; the O_DIRECT read is the faster of its measure before the "
+           "promotes and again after the cold ones");
 }
 
 /* ---- the built-in fallback --------------------------------------------- */
@@ -122,14 +158,18 @@ int disk_measure(disk_result *r, const char *dir, uint64_t size, int progress) {
       engine = engines[i];
       depth = i == 2 ? 1 : 8;
       unlink(path);
-      w = fio_job(path, "write", 1, engine, depth, size, 1);
+      w = fio_job(path, "write", 1, engine, depth, size, 1, BLOCK, 1);
     }
     cli_progress_update(&pg, 1);
-    double rd = w > 0 ? fio_job(path, "read", 1, engine, depth, size, 1) : -1;
+    double rd = w > 0 ? direct_read(path, engine, depth, size) : -1;
     cli_progress_update(&pg, 2);
     double rb = -1;
-    if (w > 0 && fio_job(path, "read", 0, "psync", 1, size, 0) > 0)
-      rb = fio_job(path, "read", 0, "psync", 1, size, 0);
+    if (w > 0 && fio_job(path, "read", 0, "psync", 1, size, 0, BLOCK, 1) > 0)
+      rb = fio_job(path, "read", 0, "psync", 1, size, 0, BLOCK, 1);
+    if (rb > 0) {
+      double rb2 = fio_job(path, "read", 0, "psync", 1, size, 0, BLOCK, 2);
+      rb = rb2 > rb ? rb2 : rb;
+    }
     cli_progress_update(&pg, 3);
     if (w > 0 && rd > 0 && rb > 0) {
       r->ok = 1;
@@ -142,7 +182,9 @@ int disk_measure(disk_result *r, const char *dir, uint64_t size, int progress) {
       snprintf(r->engine, sizeof r->engine, "%s", engine);
       snprintf(r->note, sizeof r->note,
                "O_DIRECT jobs read and write huge-page buffers "
-               "(GLIBC_TUNABLES=glibc.malloc.hugetlb=1), as kvtier's do");
+               "(GLIBC_TUNABLES=glibc.malloc.hugetlb=1), as kvtier's do; "
+               "each read is the faster of 1 MiB and 4 MiB blocks "
+               "(O_DIRECT) or of 1 and 2 jobs (cached)");
     } else {
       snprintf(r->note, sizeof r->note,
                "fio failed here; measured with kvtier's own loop instead");
