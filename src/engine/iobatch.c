@@ -82,6 +82,9 @@ int kvti_iobatch_create(kvti_iobatch **out, const kvti_iob_cfg *cfg) {
       int rc = kvti_io->uring_setup(b->depth, &b->ring, 0);
       if (rc == 0) {
         b->ring_ok = 1;
+#ifdef IORING_FEAT_FAST_POLL
+        b->async_buffered = (b->ring.features & IORING_FEAT_FAST_POLL) != 0;
+#endif
         b->backend = KVT_IO_URING;
         err = 0;
         for (unsigned i = 0; i < b->depth; i++)

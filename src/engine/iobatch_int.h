@@ -65,6 +65,15 @@ struct kvti_iobatch {
 #if KVT_HAVE_URING
   struct io_uring ring;
   int ring_ok;
+  /* Buffered reads go to the kernel's workers (IOSQE_ASYNC): a read of
+   * cached pages otherwise copies inline in io_uring_enter, on the one
+   * submitting thread, and several in flight then copy one after the other;
+   * on the workers they copy in parallel (a warm 1024-token promote measured
+   * 6.8-7.4 GB/s against 5.6-5.8 inline, 2 cores). Set when the kernel takes
+   * the flag (its ring reports IORING_FEAT_FAST_POLL, 5.7 on; the flag came
+   * in 5.6). O_DIRECT reads and writes stay as they are: they wait for the
+   * device, not for a copy. */
+  int async_buffered;
   struct iovec regs[MAX_REGS];
   unsigned nregs;
   chunk slots[MAX_DEPTH];

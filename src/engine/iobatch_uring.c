@@ -72,6 +72,8 @@ static void u_issue(kvti_iobatch *b, unsigned slot) {
     io_uring_prep_readv(sqe, fd, v, kvti_iob_chunk_iov(ch, v, KVTI_IOB_MAX_IOV),
                         off);
     io_uring_sqe_set_data64(sqe, slot);
+    if (!ch->direct && !r->write && b->async_buffered)
+      io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
     b->inflight++;
     b->unsubmitted++;
     return;
@@ -89,6 +91,8 @@ static void u_issue(kvti_iobatch *b, unsigned slot) {
       io_uring_prep_read_fixed(sqe, fd, p, n, off, ri);
     else
       io_uring_prep_read(sqe, fd, p, n, off);
+    if (!ch->direct && b->async_buffered)
+      io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
   }
   io_uring_sqe_set_data64(sqe, slot);
   b->inflight++;

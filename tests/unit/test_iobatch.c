@@ -20,6 +20,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#if defined(__has_include)
+#if __has_include(<liburing.h>)
+#include <liburing.h> /* the ring's layout, to read the queued SQEs */
+#define TEST_URING_H 1
+#endif
+#endif
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -882,6 +888,80 @@ static void test_fork(void) {
   kvti_iobatch_cache_drain();
 }
 
+/* Buffered reads through io_uring go to the kernel's workers (IOSQE_ASYNC)
+ * where the ring says the kernel takes the flag, so reads of cached pages
+ * copy in parallel; O_DIRECT reads never do. Seen from the submit seam: the
+ * SQEs queued since the last submit are between the ring's sqe_head and
+ * sqe_tail. */
+#if TEST_URING_H
+static int scan_fd = -1, scan_dfd = -1;
+static int sqe_buffered, sqe_buffered_async, sqe_direct, sqe_direct_async;
+static unsigned ring_features;
+static int scan_submit(void *ring_, unsigned wait_nr) {
+  struct io_uring *ring = ring_;
+  ring_features = ring->features;
+  for (unsigned i = ring->sq.sqe_head; i != ring->sq.sqe_tail; i++) {
+    const struct io_uring_sqe *s = &ring->sq.sqes[i & ring->sq.ring_mask];
+    int rd = s->opcode == IORING_OP_READ || s->opcode == IORING_OP_READV ||
+             s->opcode == IORING_OP_READ_FIXED;
+    int async = (s->flags & IOSQE_ASYNC) != 0;
+    if (rd && s->fd == scan_fd)
+      sqe_buffered++, sqe_buffered_async += async;
+    else if (rd && s->fd == scan_dfd)
+      sqe_direct++, sqe_direct_async += async;
+  }
+  return kvti_io_default.uring_submit(ring_, wait_nr);
+}
+#endif
+
+static void test_async_buffered(void) {
+#if TEST_URING_H
+  if (!uring_ok)
+    return; /* skipped once for every io_uring case (main) */
+  ops = kvti_io_default;
+  ops.uring_submit = scan_submit;
+  kvti_io_set(&ops);
+  kvti_iobatch *b = engine(KVT_IO_URING, 65536, 1);
+  fpair f = open_pair("async.bin", 1);
+  size_t n = 262144;
+  char *buf = kvti_aligned_alloc(4096, n), *rd = kvti_aligned_alloc(4096, n);
+  REQUIRE(buf && rd);
+  kvt_rng rng = {11};
+  kvt_rng_fill(&rng, buf, n);
+  CHECK(pwrite(f.fd, buf, n, 0) == (ssize_t)n);
+  scan_fd = f.fd;
+  scan_dfd = f.dfd;
+  /* Buffered (no O_DIRECT descriptor), then direct where the file system
+   * takes it. */
+  kvti_iob_req r = {f.fd, -1, 0, rd, n, 0, 0, 0, 0};
+  CHECK_EQ_INT(kvti_iobatch_run(b, &r, 1, 0, "async.bin"), 0);
+  CHECK(!memcmp(rd, buf, n));
+  if (f.dfd >= 0) {
+    CHECK(fsync(f.fd) == 0);
+    memset(rd, 0, n);
+    kvti_iob_req d = {f.fd, f.dfd, 0, rd, n, 0, 0, 0, 0};
+    CHECK_EQ_INT(kvti_iobatch_run(b, &d, 1, 0, "async.bin"), 0);
+    CHECK(!memcmp(rd, buf, n));
+    CHECK(sqe_direct >= 4);
+    CHECK_EQ_INT(sqe_direct_async, 0);
+  }
+  CHECK(sqe_buffered >= 4); /* 256 KiB in 64 KiB chunks */
+  if (ring_features & IORING_FEAT_FAST_POLL)
+    CHECK_EQ_INT(sqe_buffered_async, sqe_buffered);
+  else
+    CHECK_EQ_INT(sqe_buffered_async, 0);
+  scan_fd = scan_dfd = -1;
+  close_pair(f);
+  kvti_free(buf);
+  kvti_free(rd);
+  kvti_iobatch_free(b);
+  kvti_io_set(NULL);
+#else
+  kvt_test_skip("uring", "async buffered reads: no liburing.h to read the "
+                         "ring's queued SQEs with");
+#endif
+}
+
 static void test_helpers(void) {
   fpair f = open_pair("adv.bin", 1);
   CHECK_EQ_INT(kvti_iob_preallocate(f.fd, 1 << 20), 0);
@@ -917,6 +997,7 @@ int main(void) {
   RUN(test_cache_cfg);
   RUN(test_fork);
   RUN(test_helpers);
+  RUN(test_async_buffered);
   kvti_iobatch_cache_drain();
   return kvt_test_done();
 }
