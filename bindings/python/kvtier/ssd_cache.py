@@ -374,8 +374,9 @@ class SSDCacheConfig:
         """kvt_options_validate's message in this class's terms: C's field
         names replaced by the dataclass's, and the offending value shown as
         Python prints the field ("got 0.0", as the reference says, where C
-        prints "got 0")."""
-        m = re.match(r"(\w+) (.*), got .*$", msg, re.S)
+        prints "got 0"). A debug build's "file.c:LINE: " in front of C's
+        message is dropped with it."""
+        m = re.match(r"(?:\S+:\d+: )?(\w+) (.*), got .*$", msg, re.S)
         if m is None:
             return msg
         name = _C_FIELD_NAMES.get(m.group(1), m.group(1))
