@@ -750,7 +750,7 @@ static int run_promotes(bench_run *r) {
     }
   phase_percentiles(&r->cold, lat, r->cold.count);
   cli_progress_end(&r->pg);
-  if (!c->no_disk) /* the cold rounds' limit, taken on both sides of them */
+  if (!c->no_disk) /* the promotes' limits, taken on both sides of them */
     disk_measure_read_again(&r->disk, r->dir);
   kvt_tier_stats(&r->st, r->t);
   free(r->lat);

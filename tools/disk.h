@@ -22,8 +22,9 @@ typedef struct disk_result {
 /* Measures with a scratch file in dir (removed afterwards). Returns 0, or -1
  * with r->note saying why (r->ok == 0). progress: allow the stderr bar. */
 int disk_measure(disk_result *r, const char *dir, uint64_t size, int progress);
-/* Measures the O_DIRECT read again (fio only; a fresh scratch file, removed)
- * and keeps the faster of the two in r->read_direct, saying so in r->note:
+/* Measures the O_DIRECT and the cached read again (fio only; a fresh scratch
+ * file, removed) and keeps the faster of each pair in r->read_direct and
+ * r->read_buffered, saying so in r->note:
  * a shared disk's speed drifts between a limit taken before a phase and the
  * phase. Nothing changes when r was not measured with fio. */
 void disk_measure_read_again(disk_result *r, const char *dir);
