@@ -351,10 +351,11 @@ static int fio_limit(bu_chat_result *r, double *bw, const char *base,
       secs += (double)size / b;
     }
     double kind = secs > 0 ? (double)size * n / secs : 0;
-    if (wr && kind > *bw)
-      memcpy(best_job, r->fio_write_job, sizeof best_job);
-    if (kind > *bw)
+    if (kind > *bw) {
       *bw = kind;
+      if (wr)
+        memcpy(best_job, r->fio_write_job, sizeof best_job);
+    }
   }
   if (wr) /* the faster kind's line, and that both ran */
     snprintf(r->fio_write_job, sizeof r->fio_write_job,
@@ -382,24 +383,12 @@ static void burst_fio(bu_chat_result *r, const char *fio_file, uint64_t size,
   if (fio_limit(r, fio, fio_file, "write", size, nb) != 0)
     *fio = 0;
   memcpy(r->fio_burst_job, r->fio_write_job, sizeof r->fio_burst_job);
-  char f[4300];
-  snprintf(f, sizeof f, "%s.seq", fio_file);
-  unlink(f);
-  *seq = 0;
-  char seq_job[sizeof r->fio_write_job] = "";
-  for (int huge = 0; huge < 2; huge++) { /* the faster buffer kind */
-    double b = 0;
-    unlink(f);
-    if (fio_run(r, &b, f, f, "write", size * (uint64_t)nb, 1, huge) == 0 &&
-        b > *seq) {
-      *seq = b;
-      memcpy(seq_job, r->fio_write_job, sizeof seq_job);
-    }
-  }
-  snprintf(r->fio_write_job, sizeof r->fio_write_job,
-           "%.440s (the faster of 4 KiB-page and huge-page buffers)", seq_job);
+  char base[4200];
+  snprintf(base, sizeof base, "%.4190s.seq", fio_file);
+  if (fio_limit(r, seq, base, "write", size * (uint64_t)nb, 1) != 0)
+    *seq = 0;
   memcpy(r->fio_burst_seq_job, r->fio_write_job, sizeof r->fio_burst_seq_job);
-  unlink(f);
+  fio_limit_clean(base, 1);
 }
 
 /* One round of the burst figure: `nb` distinct 256-token entries queued at

@@ -70,9 +70,11 @@ static double direct_read(const char *path, const char *engine, int depth,
   return rd;
 }
 
-/* The cached read limit of a file whose pages are cached: the faster of one
- * job and two at once. */
+/* The cached read limit: a first buffered pass warms the page cache, then
+ * the faster of one job and two at once. */
 static double cached_read(const char *path, uint64_t size) {
+  if (fio_job(path, "read", 0, "psync", 1, size, 0, BLOCK, 1) <= 0)
+    return -1;
   double rb = fio_job(path, "read", 0, "psync", 1, size, 0, BLOCK, 1);
   double rb2 = fio_job(path, "read", 0, "psync", 1, size, 0, BLOCK, 2);
   return rb2 > rb ? rb2 : rb;
@@ -88,8 +90,7 @@ void disk_measure_read_again(disk_result *r, const char *dir) {
   if (fio_job(path, "write", 1, r->engine, r->iodepth, r->size, 1, BLOCK, 1) >
       0) {
     rd = direct_read(path, r->engine, r->iodepth, r->size);
-    if (fio_job(path, "read", 0, "psync", 1, r->size, 0, BLOCK, 1) > 0)
-      rb = cached_read(path, r->size); /* the pass before warmed it */
+    rb = cached_read(path, r->size);
   }
   unlink(path);
   if (rd > r->read_direct)
@@ -176,11 +177,7 @@ int disk_measure(disk_result *r, const char *dir, uint64_t size, int progress) {
     cli_progress_update(&pg, 1);
     double rd = w > 0 ? direct_read(path, engine, depth, size) : -1;
     cli_progress_update(&pg, 2);
-    double rb = -1;
-    if (w > 0 && fio_job(path, "read", 0, "psync", 1, size, 0, BLOCK, 1) > 0)
-      rb = fio_job(path, "read", 0, "psync", 1, size, 0, BLOCK, 1);
-    if (rb > 0)
-      rb = cached_read(path, size);
+    double rb = w > 0 ? cached_read(path, size) : -1;
     cli_progress_update(&pg, 3);
     if (w > 0 && rd > 0 && rb > 0) {
       r->ok = 1;

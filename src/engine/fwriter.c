@@ -103,8 +103,8 @@ int kvti_wgroup_open_depth(kvti_wgroup **out, int backend, kvti_bufpool *pool,
   }
   kvti_bufpool_retain(g->pool);
   g->do_fsync = do_fsync;
-  g->in_place = kvti_bufpool_huge_bytes() == 0 ||
-                kvti_bufpool_huge_bytes() > STAGE; /* stages not huge pages */
+  size_t huge = kvti_bufpool_huge_bytes();
+  g->in_place = huge == 0 || huge > STAGE; /* the stages are not huge pages */
   kvti_iob_cfg cfg = KVTI_IOB_CFG_INIT;
   cfg.backend = backend;
   cfg.depth = depth;

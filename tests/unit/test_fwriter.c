@@ -461,8 +461,8 @@ static void held_one(int backend, int no_direct, int mode, uint64_t head,
   REQUIRE(kvti_fwriter_open(&w, path, &o) == 0);
   if (in_place >= 0)
     kvti_wgroup_set_in_place(kvti_fwriter_group(w), in_place);
-  CHECK_EQ_INT(kvti_wgroup_in_place(kvti_fwriter_group(w)),
-               in_place >= 0 ? in_place : kvti_bufpool_huge_bytes() == 0);
+  int in_place_now = in_place >= 0 ? in_place : kvti_bufpool_huge_bytes() == 0;
+  CHECK_EQ_INT(kvti_wgroup_in_place(kvti_fwriter_group(w)), in_place_now);
   held_lo = src;
   held_hi = src + cap;
   held_direct = held_huge = 0;
@@ -509,8 +509,6 @@ static void held_one(int backend, int no_direct, int mode, uint64_t head,
   CHECK(got == head + wn && memcmp(back + head, want, wn) == 0);
   CHECK(!head || memcmp(back, hd, (size_t)head) == 0);
   if (backend == KVT_IO_PORTABLE) {
-    int in_place_now =
-        in_place >= 0 ? in_place : kvti_bufpool_huge_bytes() == 0;
     if (want_direct && direct_ok && in_place_now)
       CHECK(held_direct > 0);
     else /* copied first: no O_DIRECT here, a run it does not take, or a
